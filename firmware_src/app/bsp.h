@@ -1,0 +1,17 @@
+/* What a board support package provides to the application. */
+#ifndef COLIBRI_BSP_H
+#define COLIBRI_BSP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Write bytes of the result protocol (stdout on Linux boards, the UART on MCUs). */
+void bsp_write(const char *data, size_t len);
+
+/* A monotonic clock in microseconds, for the stats frame. */
+uint64_t bsp_time_us(void);
+
+/* Called with every step's logits; boards that can store them (host: --logits-out) do. */
+void bsp_logits_sink(int32_t step, const float *logits, int32_t n);
+
+#endif

@@ -1,0 +1,132 @@
+#include "decode.h"
+
+#include "../runtime/checksum.h"
+#include "../runtime/image_loader.h"
+#include "../runtime/kernels/kernels.h"
+#include "../runtime/model.h"
+#include "bsp.h"
+#include "protocol.h"
+
+void colibri_report_error(int code, const char *message)
+{
+    proto_begin("error");
+    proto_u64("code", (uint64_t)code);
+    proto_str("msg", message);
+    proto_end();
+}
+
+static void send_hello(void)
+{
+    proto_begin("hello");
+    proto_u64("proto", PROTO_VERSION);
+    proto_str("fw", COLIBRI_FW_VERSION);
+    proto_str("board", COLIBRI_BOARD);
+    proto_str("arch", COLIBRI_ARCHITECTURE);
+    proto_str("quant", COLIBRI_QUANT_NAME);
+    proto_u64("ctx", COLIBRI_N_CTX);
+    proto_u64("vocab", COLIBRI_VOCAB);
+    proto_str("kernels", kernel_set_name);
+    proto_hex("model", colibri_model_hash, 32);
+    proto_end();
+}
+
+static int is_eos(int32_t token)
+{
+    for (int i = 0; i < COLIBRI_N_EOS; i++) {
+        if (colibri_eos_ids[i] == token) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int check_request(const ColibriRequest *req)
+{
+    if (req->n_prompt < 1 || req->n_steps < 1) {
+        colibri_report_error(COLIBRI_ERR_REQUEST, "need a prompt of at least one token and at least one step");
+        return COLIBRI_ERR_REQUEST;
+    }
+    if ((int64_t)req->n_prompt + req->n_steps - 1 > COLIBRI_N_CTX) {
+        colibri_report_error(COLIBRI_ERR_REQUEST, "prompt + steps exceed the context this firmware was built for");
+        return COLIBRI_ERR_REQUEST;
+    }
+    for (int32_t i = 0; i < req->n_prompt; i++) {
+        if (req->prompt[i] < 0 || req->prompt[i] >= COLIBRI_VOCAB) {
+            colibri_report_error(COLIBRI_ERR_REQUEST, "prompt token id outside the vocabulary");
+            return COLIBRI_ERR_REQUEST;
+        }
+    }
+    return 0;
+}
+
+int colibri_decode(const ColibriRequest *req, const uint8_t *image, uint64_t image_len)
+{
+    static ColibriWeights weights;
+    ColibriBuffers b;
+
+    send_hello();
+    int status = colibri_image_open(image, image_len, &weights);
+    if (status != COLIBRI_OK) {
+        colibri_report_error(status, colibri_status_message(status));
+        return status;
+    }
+    status = check_request(req);
+    if (status != 0) {
+        return status;
+    }
+    colibri_buffers_init(&b);
+    ColibriRng rng;
+    rng_seed(&rng, req->sampling.seed);
+
+    uint64_t t0 = bsp_time_us();
+    for (int32_t i = 0; i < req->n_prompt; i++) {
+        colibri_forward(&weights, &b, req->prompt[i], i, i == req->n_prompt - 1);
+    }
+    uint64_t t1 = bsp_time_us();
+
+    int32_t pos = req->n_prompt;
+    int32_t generated = 0;
+    int32_t decode_passes = 0; /* forward passes after the prompt (the first token needs none) */
+    const char *reason = "length";
+    for (int32_t step = 0; step < req->n_steps; step++) {
+        int32_t token = sample_token(b.logits, COLIBRI_VOCAB, &req->sampling, &rng, b.probs, b.cand);
+        uint8_t digest[32];
+        Sha256 sha;
+        sha256_init(&sha);
+        sha256_update(&sha, (const uint8_t *)b.logits, COLIBRI_VOCAB * sizeof(float));
+        sha256_final(&sha, digest);
+        bsp_logits_sink(step, b.logits, COLIBRI_VOCAB);
+
+        proto_begin("token");
+        proto_u64("step", (uint64_t)step);
+        proto_u64("id", (uint64_t)token);
+        proto_hex("logits", digest, 32);
+        proto_end();
+        generated++;
+
+        if (req->stop_at_eos && is_eos(token)) {
+            reason = "eos";
+            break;
+        }
+        if (step == req->n_steps - 1) {
+            break;
+        }
+        colibri_forward(&weights, &b, token, pos, 1);
+        decode_passes++;
+        pos++;
+    }
+    uint64_t t2 = bsp_time_us();
+
+    proto_begin("stats");
+    proto_u64("prompt", (uint64_t)req->n_prompt);
+    proto_u64("prefill_us", t1 - t0);
+    proto_u64("decode", (uint64_t)decode_passes);
+    proto_u64("decode_us", t2 - t1);
+    proto_end();
+
+    proto_begin("done");
+    proto_u64("tokens", (uint64_t)generated);
+    proto_str("reason", reason);
+    proto_end();
+    return 0;
+}

@@ -1,0 +1,112 @@
+#include "protocol.h"
+
+#include <string.h>
+
+#include "../runtime/checksum.h"
+#include "bsp.h"
+
+#define LINE_CAPACITY 512
+
+static char line[LINE_CAPACITY];
+static int line_len;
+static uint64_t next_seq;
+
+static void put_char(char c)
+{
+    /* Room is kept for the " *xxxxxxxx\n" trailer; an over-long value is cut, never overflows. */
+    if (line_len < LINE_CAPACITY - 12) {
+        line[line_len++] = c;
+    }
+}
+
+static void put_text(const char *s)
+{
+    while (*s) {
+        put_char(*s++);
+    }
+}
+
+static void put_u64(uint64_t v)
+{
+    char digits[20];
+    int n = 0;
+    do {
+        digits[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n) {
+        put_char(digits[--n]);
+    }
+}
+
+static const char hex_digits[] = "0123456789abcdef";
+
+void proto_begin(const char *kind)
+{
+    line_len = 0;
+    put_text("@CLB ");
+    put_u64(next_seq);
+    put_char(' ');
+    put_text(kind);
+}
+
+void proto_u64(const char *key, uint64_t value)
+{
+    put_char(' ');
+    put_text(key);
+    put_char('=');
+    put_u64(value);
+}
+
+void proto_i64(const char *key, int64_t value)
+{
+    put_char(' ');
+    put_text(key);
+    put_char('=');
+    if (value < 0) {
+        put_char('-');
+        put_u64((uint64_t)0 - (uint64_t)value);
+    } else {
+        put_u64((uint64_t)value);
+    }
+}
+
+void proto_str(const char *key, const char *value)
+{
+    put_char(' ');
+    put_text(key);
+    put_char('=');
+    for (const unsigned char *p = (const unsigned char *)value; *p; p++) {
+        if (*p <= ' ' || *p >= 0x7f || *p == '%' || *p == '*' || *p == '=') {
+            put_char('%');
+            put_char(hex_digits[*p >> 4]);
+            put_char(hex_digits[*p & 15]);
+        } else {
+            put_char((char)*p);
+        }
+    }
+}
+
+void proto_hex(const char *key, const uint8_t *bytes, int n)
+{
+    put_char(' ');
+    put_text(key);
+    put_char('=');
+    for (int i = 0; i < n; i++) {
+        put_char(hex_digits[bytes[i] >> 4]);
+        put_char(hex_digits[bytes[i] & 15]);
+    }
+}
+
+void proto_end(void)
+{
+    uint32_t crc = crc32_update(0, (const uint8_t *)line, (size_t)line_len);
+    line[line_len++] = ' ';
+    line[line_len++] = '*';
+    for (int i = 7; i >= 0; i--) {
+        line[line_len++] = hex_digits[(crc >> (4 * i)) & 15];
+    }
+    line[line_len++] = '\n';
+    bsp_write(line, (size_t)line_len);
+    next_seq++;
+}

@@ -1,0 +1,22 @@
+/* The framed result protocol (generator/protocol.py reads it):
+ *
+ *   @CLB <seq> <kind> <key>=<value> ... *<crc32>\n
+ *
+ * seq counts frames from 0 since reset; kind is hello, token, stats, done or error; values contain
+ * no spaces (strings are percent-encoded); crc32 is 8 lowercase hex digits of the CRC-32 of every
+ * byte from '@' up to the space before '*'. Anything else on the line is not a frame. */
+#ifndef COLIBRI_PROTOCOL_H
+#define COLIBRI_PROTOCOL_H
+
+#include <stdint.h>
+
+#define PROTO_VERSION 1
+
+void proto_begin(const char *kind);
+void proto_u64(const char *key, uint64_t value);
+void proto_i64(const char *key, int64_t value);
+void proto_str(const char *key, const char *value);
+void proto_hex(const char *key, const uint8_t *bytes, int n);
+void proto_end(void);
+
+#endif

@@ -1,0 +1,187 @@
+/* Host BSP: the firmware as a Linux process. Arguments carry the request; results go to stdout. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../app/bsp.h"
+#include "../../app/decode.h"
+#include "../../runtime/image_loader.h"
+#include "model_def.h"
+
+static FILE *logits_file;
+
+void bsp_write(const char *data, size_t len)
+{
+    fwrite(data, 1, len, stdout);
+    fflush(stdout);
+}
+
+uint64_t bsp_time_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
+{
+    (void)step;
+    if (logits_file != NULL) {
+        fwrite(logits, sizeof(float), (size_t)n, logits_file);
+    }
+}
+
+static const char usage[] =
+    "usage: firmware --weights IMAGE --prompt-ids ID,ID,... [--steps N] [--temperature T] [--top-k K]\n"
+    "                [--top-p P] [--min-p P] [--seed S] [--ignore-eos] [--logits-out FILE]\n";
+
+static int fail(const char *message)
+{
+    colibri_report_error(COLIBRI_ERR_REQUEST, message);
+    fprintf(stderr, "%s%s\n", usage, message);
+    return 2;
+}
+
+static int parse_float(const char *text, float *out)
+{
+    char *end;
+    errno = 0;
+    *out = strtof(text, &end); /* the host passes exact hexadecimal floats */
+    return errno == 0 && end != text && *end == '\0';
+}
+
+static int parse_long(const char *text, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) {
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static uint8_t *read_image(const char *path, uint64_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        return NULL;
+    }
+    uint8_t *buf = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long size = ftell(f);
+        if (size > 0 && fseek(f, 0, SEEK_SET) == 0) {
+            size_t rounded = ((size_t)size + 63u) & ~(size_t)63u;
+            buf = aligned_alloc(64, rounded);
+            if (buf != NULL && fread(buf, 1, (size_t)size, f) != (size_t)size) {
+                free(buf);
+                buf = NULL;
+            }
+            *len = (uint64_t)size;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+int main(int argc, char **argv)
+{
+    const char *weights_path = NULL;
+    const char *logits_path = NULL;
+    static int32_t prompt[COLIBRI_N_CTX];
+    ColibriRequest req = {prompt, 0, 16, {0.0f, 0, 1.0f, 0.0f, 0}, 1};
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *val = (i + 1 < argc) ? argv[i + 1] : NULL;
+        long long n;
+        if (strcmp(arg, "--ignore-eos") == 0) {
+            req.stop_at_eos = 0;
+            continue;
+        }
+        if (val == NULL) {
+            return fail("missing value after an option");
+        }
+        i++;
+        if (strcmp(arg, "--weights") == 0) {
+            weights_path = val;
+        } else if (strcmp(arg, "--logits-out") == 0) {
+            logits_path = val;
+        } else if (strcmp(arg, "--prompt-ids") == 0) {
+            const char *p = val;
+            while (*p) {
+                char *end;
+                errno = 0;
+                long long id = strtoll(p, &end, 10);
+                if (end == p || errno != 0 || id < 0 || id > INT32_MAX) {
+                    return fail("--prompt-ids must be comma-separated non-negative integers");
+                }
+                if (req.n_prompt == COLIBRI_N_CTX) {
+                    return fail("prompt is longer than the context this firmware was built for");
+                }
+                prompt[req.n_prompt++] = (int32_t)id;
+                p = (*end == ',') ? end + 1 : end;
+                if (*end != ',' && *end != '\0') {
+                    return fail("--prompt-ids must be comma-separated non-negative integers");
+                }
+            }
+        } else if (strcmp(arg, "--steps") == 0) {
+            if (!parse_long(val, 1, COLIBRI_N_CTX, &n)) {
+                return fail("--steps must be between 1 and the context length");
+            }
+            req.n_steps = (int32_t)n;
+        } else if (strcmp(arg, "--temperature") == 0) {
+            if (!parse_float(val, &req.sampling.temperature) || !(req.sampling.temperature >= 0.0f)) {
+                return fail("--temperature must be a number >= 0");
+            }
+        } else if (strcmp(arg, "--top-k") == 0) {
+            if (!parse_long(val, 0, INT32_MAX, &n)) {
+                return fail("--top-k must be a non-negative integer");
+            }
+            req.sampling.top_k = (int32_t)n;
+        } else if (strcmp(arg, "--top-p") == 0) {
+            if (!parse_float(val, &req.sampling.top_p) || !(req.sampling.top_p > 0.0f && req.sampling.top_p <= 1.0f)) {
+                return fail("--top-p must be in (0, 1]");
+            }
+        } else if (strcmp(arg, "--min-p") == 0) {
+            if (!parse_float(val, &req.sampling.min_p) || !(req.sampling.min_p >= 0.0f && req.sampling.min_p <= 1.0f)) {
+                return fail("--min-p must be in [0, 1]");
+            }
+        } else if (strcmp(arg, "--seed") == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long seed = strtoull(val, &end, 10);
+            if (errno != 0 || end == val || *end != '\0' || val[0] == '-') {
+                return fail("--seed must be a non-negative integer");
+            }
+            req.sampling.seed = (uint64_t)seed;
+        } else {
+            return fail("unknown option");
+        }
+    }
+    if (weights_path == NULL || req.n_prompt == 0) {
+        return fail("--weights and --prompt-ids are required");
+    }
+    uint64_t image_len = 0;
+    uint8_t *image = read_image(weights_path, &image_len);
+    if (image == NULL) {
+        colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file");
+        return 1;
+    }
+    if (logits_path != NULL) {
+        logits_file = fopen(logits_path, "wb");
+        if (logits_file == NULL) {
+            return fail("cannot open the --logits-out file");
+        }
+    }
+    int status = colibri_decode(&req, image, image_len);
+    if (logits_file != NULL) {
+        fclose(logits_file);
+    }
+    free(image);
+    return status == 0 ? 0 : 1;
+}

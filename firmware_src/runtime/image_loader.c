@@ -1,0 +1,155 @@
+#include "image_loader.h"
+
+#include <string.h>
+
+#include "checksum.h"
+
+static const uint8_t image_magic[8] = {'C', 'O', 'L', 'I', 'B', 'R', 'I', 'W'};
+static const uint8_t end_magic[4] = {'C', 'E', 'N', 'D'};
+
+static uint32_t rd_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t rd_u64(const uint8_t *p)
+{
+    return (uint64_t)rd_u32(p) | (uint64_t)rd_u32(p + 4) << 32;
+}
+
+/* a + b without wrapping; returns 0 on overflow. */
+static int add_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    if (a > UINT64_MAX - b) {
+        return 0;
+    }
+    *out = a + b;
+    return 1;
+}
+
+static int mul_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    if (a != 0 && b > UINT64_MAX / a) {
+        return 0;
+    }
+    *out = a * b;
+    return 1;
+}
+
+const char *colibri_status_message(int status)
+{
+    switch (status) {
+    case COLIBRI_OK: return "ok";
+    case COLIBRI_ERR_NO_IMAGE: return "no weight image";
+    case COLIBRI_ERR_TRUNCATED: return "weight image is truncated";
+    case COLIBRI_ERR_MAGIC: return "not a Colibri weight image";
+    case COLIBRI_ERR_VERSION: return "unsupported weight image format version";
+    case COLIBRI_ERR_HEADER: return "weight image header is malformed";
+    case COLIBRI_ERR_LENGTH: return "weight image length does not match its header";
+    case COLIBRI_ERR_CHECKSUM: return "weight image is corrupted (CRC-32 mismatch)";
+    case COLIBRI_ERR_TENSOR_COUNT: return "weight image has a different number of tensors than this firmware";
+    case COLIBRI_ERR_DIRECTORY_RANGE: return "weight image directory lies outside the image";
+    case COLIBRI_ERR_DATA_RANGE: return "weight image data region lies outside the image";
+    case COLIBRI_ERR_ALIGNMENT: return "weight image data is not 64-byte aligned";
+    case COLIBRI_ERR_QUANT: return "weight image quantization differs from this firmware's";
+    case COLIBRI_ERR_MODEL_HASH: return "weight image is for another model (model hash differs)";
+    case COLIBRI_ERR_TENSOR: return "weight image tensor directory differs from this firmware's plan";
+    case COLIBRI_ERR_OVERFLOW: return "weight image sizes overflow";
+    default: return "unknown error";
+    }
+}
+
+int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights *weights)
+{
+    if (image == NULL || weights == NULL) {
+        return COLIBRI_ERR_NO_IMAGE;
+    }
+    if (image_len < (uint64_t)COLIBRI_IMAGE_HEADER_BYTES + COLIBRI_IMAGE_TRAILER_BYTES) {
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    if (memcmp(image, image_magic, sizeof image_magic) != 0) {
+        return COLIBRI_ERR_MAGIC;
+    }
+    if (rd_u32(image + 8) != COLIBRI_IMAGE_FORMAT_VERSION) {
+        return COLIBRI_ERR_VERSION;
+    }
+    if (rd_u32(image + 12) != COLIBRI_IMAGE_HEADER_BYTES || rd_u32(image + 20) != COLIBRI_IMAGE_DIR_ENTRY_BYTES) {
+        return COLIBRI_ERR_HEADER;
+    }
+    uint64_t declared_len = rd_u64(image + 48);
+    if (declared_len > image_len) {
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    if (declared_len != image_len) {
+        return COLIBRI_ERR_LENGTH;
+    }
+    uint64_t crc_at = image_len - COLIBRI_IMAGE_TRAILER_BYTES;
+    if (memcmp(image + crc_at + 4, end_magic, sizeof end_magic) != 0) {
+        return COLIBRI_ERR_TRUNCATED;
+    }
+    uint32_t crc = 0;
+    for (uint64_t done = 0; done < crc_at;) {
+        /* Feed at most 1 MiB at a time so size_t stays in range on 32-bit targets. */
+        uint64_t chunk = crc_at - done > (1u << 20) ? (1u << 20) : crc_at - done;
+        crc = crc32_update(crc, image + done, (size_t)chunk);
+        done += chunk;
+    }
+    if (crc != rd_u32(image + crc_at)) {
+        return COLIBRI_ERR_CHECKSUM;
+    }
+
+    uint32_t tensor_count = rd_u32(image + 16);
+    if (tensor_count != COLIBRI_IMAGE_TENSOR_COUNT) {
+        return COLIBRI_ERR_TENSOR_COUNT;
+    }
+    uint64_t dir_offset = rd_u64(image + 24);
+    uint64_t dir_bytes, dir_end;
+    if (!mul_u64(tensor_count, COLIBRI_IMAGE_DIR_ENTRY_BYTES, &dir_bytes) || !add_u64(dir_offset, dir_bytes, &dir_end)) {
+        return COLIBRI_ERR_OVERFLOW;
+    }
+    if (dir_offset < COLIBRI_IMAGE_HEADER_BYTES || dir_end > crc_at) {
+        return COLIBRI_ERR_DIRECTORY_RANGE;
+    }
+    uint64_t data_offset = rd_u64(image + 32);
+    uint64_t data_bytes = rd_u64(image + 40);
+    uint64_t data_end;
+    if (!add_u64(data_offset, data_bytes, &data_end)) {
+        return COLIBRI_ERR_OVERFLOW;
+    }
+    if (data_offset < dir_end || data_end > crc_at) {
+        return COLIBRI_ERR_DATA_RANGE;
+    }
+    if (data_offset % COLIBRI_IMAGE_ALIGN != 0 || ((uintptr_t)image % COLIBRI_IMAGE_ALIGN) != 0) {
+        return COLIBRI_ERR_ALIGNMENT;
+    }
+    if (rd_u32(image + 88) != COLIBRI_QUANT_CODE) {
+        return COLIBRI_ERR_QUANT;
+    }
+    if (memcmp(image + 56, colibri_model_hash, 32) != 0) {
+        return COLIBRI_ERR_MODEL_HASH;
+    }
+    if (data_offset != COLIBRI_IMAGE_DATA_OFFSET || data_bytes != COLIBRI_IMAGE_DATA_BYTES) {
+        return COLIBRI_ERR_TENSOR;
+    }
+    for (uint32_t i = 0; i < tensor_count; i++) {
+        const uint8_t *e = image + dir_offset + (uint64_t)i * COLIBRI_IMAGE_DIR_ENTRY_BYTES;
+        const ColibriTensorDesc *want = &colibri_tensor_table[i];
+        char name[COLIBRI_IMAGE_NAME_BYTES];
+        memset(name, 0, sizeof name);
+        strncpy(name, want->name, sizeof name - 1);
+        uint64_t offset = rd_u64(e + 80), bytes = rd_u64(e + 88), end;
+        if (memcmp(e, name, COLIBRI_IMAGE_NAME_BYTES) != 0 || rd_u32(e + 64) != want->dtype ||
+            rd_u32(e + 68) != want->rows || rd_u32(e + 72) != want->cols || rd_u32(e + 76) != 0 ||
+            offset != want->offset || bytes != want->bytes) {
+            return COLIBRI_ERR_TENSOR;
+        }
+        if (!add_u64(offset, bytes, &end)) {
+            return COLIBRI_ERR_OVERFLOW;
+        }
+        if (end > data_bytes) {
+            return COLIBRI_ERR_DATA_RANGE;
+        }
+    }
+    colibri_bind_weights(image + data_offset, weights);
+    return COLIBRI_OK;
+}

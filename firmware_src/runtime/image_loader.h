@@ -1,0 +1,34 @@
+/* Weight image loader: validates an image in a caller-owned buffer against the plan compiled into
+ * this firmware (model_def.h) and binds the weight pointers. It never asserts on its input: every
+ * problem is an error code. All size arithmetic is 64-bit and checked (size_t is 32-bit on MCUs). */
+#ifndef COLIBRI_IMAGE_LOADER_H
+#define COLIBRI_IMAGE_LOADER_H
+
+#include <stdint.h>
+
+#include "model_def.h"
+
+typedef enum {
+    COLIBRI_OK = 0,
+    COLIBRI_ERR_NO_IMAGE = 1,        /* null buffer */
+    COLIBRI_ERR_TRUNCATED = 2,       /* shorter than header + trailer, or than the header says */
+    COLIBRI_ERR_MAGIC = 3,           /* not a Colibri weight image */
+    COLIBRI_ERR_VERSION = 4,         /* image format version not supported */
+    COLIBRI_ERR_HEADER = 5,          /* header or directory entry size wrong */
+    COLIBRI_ERR_LENGTH = 6,          /* image length field differs from the buffer length */
+    COLIBRI_ERR_CHECKSUM = 7,        /* CRC-32 trailer mismatch: corrupted image */
+    COLIBRI_ERR_TENSOR_COUNT = 8,    /* tensor count differs from this firmware's plan */
+    COLIBRI_ERR_DIRECTORY_RANGE = 9, /* directory outside the image */
+    COLIBRI_ERR_DATA_RANGE = 10,     /* data region outside the image or overlapping the directory */
+    COLIBRI_ERR_ALIGNMENT = 11,      /* data or buffer not 64-byte aligned */
+    COLIBRI_ERR_QUANT = 12,          /* quantization differs from this firmware's */
+    COLIBRI_ERR_MODEL_HASH = 13,     /* a valid image of another model */
+    COLIBRI_ERR_TENSOR = 14,         /* a directory entry differs from this firmware's plan */
+    COLIBRI_ERR_OVERFLOW = 15,       /* a size computation overflows 64 bits */
+} colibri_status;
+
+const char *colibri_status_message(int status);
+
+int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights *weights);
+
+#endif

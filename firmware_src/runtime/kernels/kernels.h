@@ -1,0 +1,27 @@
+/* The kernel interface: the only operations whose speed matters, one implementation per ISA.
+ *
+ * kernels/scalar.c is the reference every other implementation is tested against; a faster
+ * kernel must return the same bits (docs/numerics.md): integer dot products within a q8_0 block,
+ * then float32 accumulation over blocks in order, and sequential float32 sums for f32 rows. */
+#ifndef COLIBRI_KERNELS_H
+#define COLIBRI_KERNELS_H
+
+#include <stdint.h>
+
+#define KERNEL_QK 32 /* values per q8_0 block */
+
+/* out[r] = sum_j w[r*cols + j] * x[j], j ascending. */
+void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols);
+
+/* out[r] = sum over blocks b ascending of (float)isum(r, b) * (w_d[r*nb + b] * x_d[b]),
+ * where isum is the exact int32 dot product of the 32 quants of block b. cols % 32 == 0. */
+void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols);
+
+/* Quantize n floats (n % 32 == 0) to q8_0: d = max|x| / 127, q = round_half_even(x / d). */
+void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
+
+/* Name of the kernel set, reported in the hello frame. */
+extern const char kernel_set_name[];
+
+#endif

@@ -1,0 +1,63 @@
+/* Portable scalar kernels: the reference for every ISA-specific kernel set. */
+#include "kernels.h"
+#include "../ops.h"
+
+const char kernel_set_name[] = "scalar";
+
+void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *row = w + (int64_t)r * cols;
+        float acc = row[0] * x[0];
+        for (int j = 1; j < cols; j++) {
+            acc = acc + row[j] * x[j];
+        }
+        out[r] = acc;
+    }
+}
+
+void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    for (int r = 0; r < rows; r++) {
+        const int8_t *wq = w_qs + (int64_t)r * cols;
+        const float *wd = w_d + (int64_t)r * nb;
+        float acc = 0.0f;
+        for (int b = 0; b < nb; b++) {
+            int32_t isum = 0;
+            for (int i = 0; i < KERNEL_QK; i++) {
+                isum += (int32_t)wq[b * KERNEL_QK + i] * (int32_t)x_qs[b * KERNEL_QK + i];
+            }
+            float term = (float)isum * (wd[b] * x_d[b]);
+            acc = (b == 0) ? term : acc + term;
+        }
+        out[r] = acc;
+    }
+}
+
+void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
+{
+    for (int b = 0; b < n / KERNEL_QK; b++) {
+        const float *xb = x + b * KERNEL_QK;
+        float amax = 0.0f;
+        for (int i = 0; i < KERNEL_QK; i++) {
+            float a = xb[i] < 0.0f ? -xb[i] : xb[i];
+            if (a > amax) {
+                amax = a;
+            }
+        }
+        float scale = amax / 127.0f;
+        float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        d[b] = scale;
+        for (int i = 0; i < KERNEL_QK; i++) {
+            float q = op_round_even(xb[i] * inv);
+            if (q > 127.0f) {
+                q = 127.0f;
+            } else if (q < -127.0f) {
+                q = -127.0f;
+            }
+            qs[b * KERNEL_QK + i] = (int8_t)(int32_t)q;
+        }
+    }
+}

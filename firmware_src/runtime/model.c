@@ -1,0 +1,166 @@
+#include "model.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "ops.h"
+
+#define GROUP (COLIBRI_N_HEADS / COLIBRI_N_KV_HEADS) /* query heads per KV head */
+
+void colibri_buffers_init(ColibriBuffers *b)
+{
+    uint8_t *s = colibri_scratch;
+    b->x = (float *)(s + COLIBRI_SCRATCH_X_OFFSET);
+    b->xn = (float *)(s + COLIBRI_SCRATCH_XN_OFFSET);
+    b->q = (float *)(s + COLIBRI_SCRATCH_Q_OFFSET);
+    b->k = (float *)(s + COLIBRI_SCRATCH_K_OFFSET);
+    b->v = (float *)(s + COLIBRI_SCRATCH_V_OFFSET);
+    b->att = (float *)(s + COLIBRI_SCRATCH_ATT_OFFSET);
+    b->attn_out = (float *)(s + COLIBRI_SCRATCH_ATTN_OUT_OFFSET);
+    b->proj = (float *)(s + COLIBRI_SCRATCH_PROJ_OFFSET);
+    b->gate = (float *)(s + COLIBRI_SCRATCH_GATE_OFFSET);
+    b->up = (float *)(s + COLIBRI_SCRATCH_UP_OFFSET);
+    b->logits = (float *)(s + COLIBRI_SCRATCH_LOGITS_OFFSET);
+    b->probs = (float *)(s + COLIBRI_SCRATCH_PROBS_OFFSET);
+    b->cand = (int32_t *)(s + COLIBRI_SCRATCH_CAND_OFFSET);
+#if COLIBRI_QUANT_Q8_0
+    b->act_qs = (int8_t *)(s + COLIBRI_SCRATCH_ACT_QS_OFFSET);
+    b->act_d = (float *)(s + COLIBRI_SCRATCH_ACT_D_OFFSET);
+#else
+    b->act_qs = NULL;
+    b->act_d = NULL;
+#endif
+}
+
+/* Make x the input of the following linear() calls (q8_0: quantize it once for all of them). */
+static void set_input(ColibriBuffers *b, const float *x, int n)
+{
+#if COLIBRI_QUANT_Q8_0
+    kernel_quantize_q8_0(b->act_qs, b->act_d, x, n);
+#else
+    (void)b;
+    (void)x;
+    (void)n;
+#endif
+}
+
+/* out = W x (+ bias), x being the input last given to set_input(). */
+static void linear(float *out, const ColibriMatrix *m, const float *bias, const ColibriBuffers *b,
+                   const float *x, int rows, int cols)
+{
+#if COLIBRI_QUANT_Q8_0
+    (void)x;
+    kernel_matvec_q8_0(out, m->qs, m->d, b->act_qs, b->act_d, rows, cols);
+#else
+    (void)b;
+    kernel_matvec_f32(out, m->w, x, rows, cols);
+#endif
+    if (bias != NULL) {
+        for (int i = 0; i < rows; i++) {
+            out[i] = out[i] + bias[i];
+        }
+    }
+}
+
+static void embed(float *x, const ColibriMatrix *m, int32_t token)
+{
+#if COLIBRI_QUANT_Q8_0
+    const int8_t *qs = m->qs + (int64_t)token * COLIBRI_DIM;
+    const float *d = m->d + (int64_t)token * (COLIBRI_DIM / KERNEL_QK);
+    for (int i = 0; i < COLIBRI_DIM; i++) {
+        x[i] = (float)qs[i] * d[i / KERNEL_QK];
+    }
+#else
+    memcpy(x, m->w + (int64_t)token * COLIBRI_DIM, COLIBRI_DIM * sizeof(float));
+#endif
+}
+
+static void attention(const ColibriBuffers *b, int layer, int32_t pos)
+{
+    const int32_t window = colibri_layer_window[layer];
+    const int32_t start = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
+    const float *keys = colibri_key_cache + (int64_t)layer * COLIBRI_N_CTX * COLIBRI_KV_DIM;
+    const float *values = colibri_value_cache + (int64_t)layer * COLIBRI_N_CTX * COLIBRI_KV_DIM;
+    for (int h = 0; h < COLIBRI_N_HEADS; h++) {
+        const float *qh = b->q + h * COLIBRI_HEAD_DIM;
+        const int kv_head = (h / GROUP) * COLIBRI_HEAD_DIM;
+        for (int32_t t = start; t <= pos; t++) {
+            b->att[t] = op_dot(qh, keys + (int64_t)t * COLIBRI_KV_DIM + kv_head, COLIBRI_HEAD_DIM) * COLIBRI_ATTN_SCALE;
+        }
+        op_softmax(b->att + start, pos - start + 1);
+        float *out = b->attn_out + h * COLIBRI_HEAD_DIM;
+        const float *v0 = values + (int64_t)start * COLIBRI_KV_DIM + kv_head;
+        for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
+            out[i] = b->att[start] * v0[i];
+        }
+        for (int32_t t = start + 1; t <= pos; t++) {
+            const float *vt = values + (int64_t)t * COLIBRI_KV_DIM + kv_head;
+            for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
+                out[i] = out[i] + b->att[t] * vt[i];
+            }
+        }
+    }
+}
+
+void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, int32_t token, int32_t pos, int want_logits)
+{
+    const float eps = COLIBRI_RMS_NORM_EPS;
+    const float *cos = colibri_rope_cos + (int64_t)pos * COLIBRI_ROPE_HALF;
+    const float *sin = colibri_rope_sin + (int64_t)pos * COLIBRI_ROPE_HALF;
+    embed(b->x, &w->embed, token);
+
+    for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
+        const ColibriLayerWeights *lw = &w->layers[l];
+
+        /* Attention block. */
+        op_rmsnorm(b->xn, b->x, lw->attn_norm, COLIBRI_DIM, eps);
+        set_input(b, b->xn, COLIBRI_DIM);
+        linear(b->q, &lw->wq, lw->bq, b, b->xn, COLIBRI_Q_DIM, COLIBRI_DIM);
+        linear(b->k, &lw->wk, lw->bk, b, b->xn, COLIBRI_KV_DIM, COLIBRI_DIM);
+        linear(b->v, &lw->wv, lw->bv, b, b->xn, COLIBRI_KV_DIM, COLIBRI_DIM);
+        for (int h = 0; h < COLIBRI_N_HEADS; h++) {
+            float *qh = b->q + h * COLIBRI_HEAD_DIM;
+            if (lw->q_norm != NULL) {
+                op_rmsnorm(qh, qh, lw->q_norm, COLIBRI_HEAD_DIM, eps);
+            }
+            op_rope(qh, cos, sin, COLIBRI_ROPE_HALF);
+        }
+        for (int h = 0; h < COLIBRI_N_KV_HEADS; h++) {
+            float *kh = b->k + h * COLIBRI_HEAD_DIM;
+            if (lw->k_norm != NULL) {
+                op_rmsnorm(kh, kh, lw->k_norm, COLIBRI_HEAD_DIM, eps);
+            }
+            op_rope(kh, cos, sin, COLIBRI_ROPE_HALF);
+        }
+        int64_t slot = ((int64_t)l * COLIBRI_N_CTX + pos) * COLIBRI_KV_DIM;
+        memcpy(colibri_key_cache + slot, b->k, COLIBRI_KV_DIM * sizeof(float));
+        memcpy(colibri_value_cache + slot, b->v, COLIBRI_KV_DIM * sizeof(float));
+        attention(b, l, pos);
+        set_input(b, b->attn_out, COLIBRI_Q_DIM);
+        linear(b->proj, &lw->wo, lw->bo, b, b->attn_out, COLIBRI_DIM, COLIBRI_Q_DIM);
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            b->x[i] = b->x[i] + b->proj[i];
+        }
+
+        /* Gated feed-forward block: down(silu(gate(x)) * up(x)). */
+        op_rmsnorm(b->xn, b->x, lw->ffn_norm, COLIBRI_DIM, eps);
+        set_input(b, b->xn, COLIBRI_DIM);
+        linear(b->gate, &lw->w_gate, lw->b_gate, b, b->xn, COLIBRI_FFN_DIM, COLIBRI_DIM);
+        linear(b->up, &lw->w_up, lw->b_up, b, b->xn, COLIBRI_FFN_DIM, COLIBRI_DIM);
+        for (int i = 0; i < COLIBRI_FFN_DIM; i++) {
+            b->up[i] = op_silu(b->gate[i]) * b->up[i];
+        }
+        set_input(b, b->up, COLIBRI_FFN_DIM);
+        linear(b->proj, &lw->w_down, lw->b_down, b, b->up, COLIBRI_DIM, COLIBRI_FFN_DIM);
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            b->x[i] = b->x[i] + b->proj[i];
+        }
+    }
+    if (!want_logits) {
+        return;
+    }
+    op_rmsnorm(b->xn, b->x, w->final_norm, COLIBRI_DIM, eps);
+    set_input(b, b->xn, COLIBRI_DIM);
+    linear(b->logits, &w->lm_head, NULL, b, b->xn, COLIBRI_VOCAB, COLIBRI_DIM);
+}

@@ -1,0 +1,23 @@
+/* The forward pass of one token, specialised at compile time by the generated model_def.h. */
+#ifndef COLIBRI_MODEL_H
+#define COLIBRI_MODEL_H
+
+#include <stdint.h>
+
+#include "model_def.h"
+
+/* Views into the generated scratch arena (offsets from model_def.h). */
+typedef struct {
+    float *x, *xn, *q, *k, *v, *att, *attn_out, *proj, *gate, *up, *logits, *probs;
+    int32_t *cand;
+    int8_t *act_qs; /* q8_0 builds only */
+    float *act_d;
+} ColibriBuffers;
+
+void colibri_buffers_init(ColibriBuffers *b);
+
+/* Run token `token` at position `pos` (0 <= pos < COLIBRI_N_CTX) through the model, filling the
+ * KV cache; with want_logits, b->logits holds the next-token logits afterwards. */
+void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, int32_t token, int32_t pos, int want_logits);
+
+#endif

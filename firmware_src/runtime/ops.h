@@ -1,0 +1,25 @@
+/* Element-wise and reduction operations, defined once (docs/numerics.md) and mirrored by
+ * generator/numerics.py. Every sum runs from the first term to the last. */
+#ifndef COLIBRI_OPS_H
+#define COLIBRI_OPS_H
+
+#include <stdint.h>
+
+/* Round to the nearest integer, ties to even, for |v| < 2^22: (v + 1.5*2^23) - 1.5*2^23. */
+static inline float op_round_even(float v)
+{
+    float shifted = v + 12582912.0f; /* exact IEEE add: the fraction is rounded off here */
+    return shifted - 12582912.0f;
+}
+
+float op_expf(float x);
+float op_silu(float x);
+float op_dot(const float *a, const float *b, int n);
+/* out[i] = (x[i] * (1 / sqrt(sum(x^2) / n + eps))) * w[i]; out may equal x. */
+void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* In place: x[i] = exp(x[i] - max) / sum. */
+void op_softmax(float *x, int n);
+/* Rotate-half RoPE of one head: pairs (i, i + half) with cos/sin of the position. */
+void op_rope(float *head, const float *cos, const float *sin, int half);
+
+#endif

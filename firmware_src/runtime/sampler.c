@@ -1,0 +1,139 @@
+#include "sampler.h"
+
+#include "ops.h"
+
+void rng_seed(ColibriRng *rng, uint64_t seed)
+{
+    rng->state = seed ^ 0x9E3779B97F4A7C15ull;
+    if (rng->state == 0) {
+        rng->state = 0x9E3779B97F4A7C15ull;
+    }
+}
+
+uint32_t rng_next_u32(ColibriRng *rng)
+{
+    uint64_t s = rng->state;
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    rng->state = s;
+    return (uint32_t)((s * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+float rng_uniform(ColibriRng *rng)
+{
+    return (float)(rng_next_u32(rng) >> 8) * (1.0f / 16777216.0f);
+}
+
+/* Candidate order: higher probability first, lower token id first among equals. */
+static int ranks_before(const float *probs, int32_t a, int32_t b)
+{
+    return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+}
+
+static void sift_down(int32_t *cand, const float *probs, int32_t root, int32_t n)
+{
+    for (;;) {
+        int32_t child = 2 * root + 1;
+        if (child >= n) {
+            return;
+        }
+        if (child + 1 < n && ranks_before(probs, cand[child + 1], cand[child])) {
+            child++;
+        }
+        if (!ranks_before(probs, cand[child], cand[root])) {
+            return;
+        }
+        int32_t t = cand[root];
+        cand[root] = cand[child];
+        cand[child] = t;
+        root = child;
+    }
+}
+
+/* Heap sort of candidate ids, best first (deterministic: the order is total). */
+static void sort_candidates(int32_t *cand, const float *probs, int32_t n)
+{
+    for (int32_t i = n / 2 - 1; i >= 0; i--) {
+        sift_down(cand, probs, i, n);
+    }
+    /* Each pass moves the best remaining candidate to the end: worst-first, reversed below. */
+    for (int32_t end = n - 1; end > 0; end--) {
+        int32_t t = cand[0];
+        cand[0] = cand[end];
+        cand[end] = t;
+        sift_down(cand, probs, 0, end);
+    }
+    for (int32_t i = 0, j = n - 1; i < j; i++, j--) {
+        int32_t t = cand[i];
+        cand[i] = cand[j];
+        cand[j] = t;
+    }
+}
+
+int32_t sample_token(const float *logits, int32_t n, const ColibriSampling *s, ColibriRng *rng,
+                     float *probs, int32_t *cand)
+{
+    if (!(s->temperature > 0.0f)) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n; i++) {
+            if (logits[i] > logits[best]) {
+                best = i;
+            }
+        }
+        return best;
+    }
+    float max = logits[0] / s->temperature;
+    for (int32_t i = 0; i < n; i++) {
+        probs[i] = logits[i] / s->temperature;
+        if (probs[i] > max) {
+            max = probs[i];
+        }
+    }
+    float sum = 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        probs[i] = op_expf(probs[i] - max);
+        sum = (i == 0) ? probs[i] : sum + probs[i];
+    }
+    for (int32_t i = 0; i < n; i++) {
+        probs[i] = probs[i] / sum;
+        cand[i] = i;
+    }
+    sort_candidates(cand, probs, n);
+
+    int32_t keep = n;
+    if (s->top_k > 0 && s->top_k < keep) {
+        keep = s->top_k;
+    }
+    if (s->top_p < 1.0f) {
+        float cum = 0.0f;
+        for (int32_t j = 0; j < keep; j++) {
+            cum = (j == 0) ? probs[cand[0]] : cum + probs[cand[j]];
+            if (cum >= s->top_p) {
+                keep = j + 1;
+                break;
+            }
+        }
+    }
+    if (s->min_p > 0.0f) {
+        float threshold = s->min_p * probs[cand[0]];
+        int32_t count = 0;
+        while (count < keep && probs[cand[count]] >= threshold) {
+            count++;
+        }
+        keep = count > 0 ? count : 1;
+    }
+    float total = 0.0f;
+    for (int32_t j = 0; j < keep; j++) {
+        total = (j == 0) ? probs[cand[0]] : total + probs[cand[j]];
+    }
+    float r = rng_uniform(rng) * total;
+    float cum = 0.0f;
+    for (int32_t j = 0; j < keep; j++) {
+        cum = (j == 0) ? probs[cand[0]] : cum + probs[cand[j]];
+        if (r < cum) {
+            return cand[j];
+        }
+    }
+    return cand[keep - 1];
+}

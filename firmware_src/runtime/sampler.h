@@ -1,0 +1,27 @@
+/* Token sampling with a portable RNG, mirrored by generator/sampling.py. */
+#ifndef COLIBRI_SAMPLER_H
+#define COLIBRI_SAMPLER_H
+
+#include <stdint.h>
+
+typedef struct {
+    float temperature; /* 0: greedy (argmax, lowest id wins ties) */
+    int32_t top_k;     /* 0: off */
+    float top_p;       /* 1: off */
+    float min_p;       /* 0: off */
+    uint64_t seed;
+} ColibriSampling;
+
+typedef struct {
+    uint64_t state;
+} ColibriRng;
+
+void rng_seed(ColibriRng *rng, uint64_t seed);
+uint32_t rng_next_u32(ColibriRng *rng);
+float rng_uniform(ColibriRng *rng); /* [0, 1), 24 random bits */
+
+/* probs and cand are scratch of n entries each. */
+int32_t sample_token(const float *logits, int32_t n, const ColibriSampling *s, ColibriRng *rng,
+                     float *probs, int32_t *cand);
+
+#endif

@@ -1,0 +1,148 @@
+"""Emit stage: Plan + weight image identity -> model_def.h and model_data.c, through templates/.
+
+Templates only loop and look up: every value arrives here already computed and formatted.
+Strings that come from the model go through c_string/c_comment, which escape them, and the
+environment is StrictUndefined, so a missing value is an error rather than an empty string.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+from . import __version__, rope
+from .plan import (ALIGN, DTYPE_CODES, IMAGE_DIR_ENTRY_BYTES, IMAGE_FORMAT_VERSION, IMAGE_HEADER_BYTES,
+                   IMAGE_NAME_BYTES, IMAGE_TRAILER_BYTES, Plan)
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+GENERATED_FILES = ("model_def.h", "model_data.c")
+
+
+def c_float(value) -> str:
+    """An exact C literal for a float32 value (hexadecimal floating constant)."""
+    v = float(np.float32(value))
+    if v == 0.0:
+        return "-0.0f" if str(v).startswith("-") else "0.0f"
+    mantissa, exponent = float.hex(v).split("p")
+    return mantissa.rstrip("0") + "p" + exponent + "f"
+
+
+def c_string(text: str) -> str:
+    """A C string literal showing `text` literally (octal escapes for anything unusual)."""
+    out = []
+    for byte in str(text).encode("utf-8"):
+        ch = chr(byte)
+        if ch in '"\\?':
+            out.append("\\" + ch)
+        elif 0x20 <= byte < 0x7F:
+            out.append(ch)
+        else:
+            out.append(f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def c_comment(text: str) -> str:
+    """Text safe inside a /* */ comment: one line, printable ASCII, no comment terminator."""
+    clean = "".join(ch if 0x20 <= ord(ch) < 0x7F else "?" for ch in str(text))
+    return clean.replace("*/", "* /").replace("/*", "/ *")
+
+
+def c_ident(text: str) -> str:
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    if not ident or ident[0].isdigit():
+        ident = "_" + ident
+    return ident
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(c_string=c_string, c_comment=c_comment, c_float=c_float, c_ident=c_ident)
+    return env
+
+
+def _float_rows(values: np.ndarray, per_line: int = 6) -> list[str]:
+    flat = [c_float(v) for v in np.asarray(values, dtype=np.float32).reshape(-1)]
+    return [", ".join(flat[i:i + per_line]) for i in range(0, len(flat), per_line)]
+
+
+def template_context(plan: Plan, model_hash: bytes) -> dict:
+    spec = plan.spec
+    cos, sin = rope.tables(spec.rope, spec.head_dim, plan.n_ctx)
+    tensors = [
+        dict(name=t.name, c_name=t.c_name, dtype=t.dtype, dtype_code=DTYPE_CODES[t.dtype], rows=t.rows,
+             cols=t.cols, offset=t.offset, nbytes=t.nbytes, scales_offset=t.scales_offset,
+             is_matrix=(t.dtype == "q8_0" or t.rows > 1))
+        for t in plan.tensors
+    ]
+    present = {t.name for t in plan.tensors}
+    layer_fields = []
+    for part in ("attn_norm", "wq", "bq", "wk", "bk", "wv", "bv", "q_norm", "k_norm", "wo", "bo",
+                 "ffn_norm", "w_gate", "b_gate", "w_up", "b_up", "w_down", "b_down"):
+        matrix = part.startswith("w")
+        layer_fields.append(dict(part=part, matrix=matrix,
+                                 present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)]))
+    return dict(
+        fw_version=__version__,
+        spec=spec,
+        plan=plan,
+        board=plan.board,
+        quant=plan.quant,
+        quant_code=DTYPE_CODES[plan.quant],
+        q8=plan.quant == "q8_0",
+        tensors=tensors,
+        tensor_by_name={t["name"]: t for t in tensors},
+        layer_fields=layer_fields,
+        scratch=[dict(name=b.name, c_name=b.name.upper(), ctype=b.ctype, count=b.count, offset=b.offset,
+                      nbytes=b.nbytes, purpose=b.purpose) for b in plan.scratch],
+        image=plan.image,
+        align=ALIGN,
+        image_format_version=IMAGE_FORMAT_VERSION,
+        image_header_bytes=IMAGE_HEADER_BYTES,
+        image_dir_entry_bytes=IMAGE_DIR_ENTRY_BYTES,
+        image_name_bytes=IMAGE_NAME_BYTES,
+        image_trailer_bytes=IMAGE_TRAILER_BYTES,
+        model_hash_hex=model_hash.hex(),
+        model_hash_bytes=", ".join(f"0x{b:02x}" for b in model_hash),
+        rms_norm_eps=c_float(spec.rms_norm_eps),
+        attn_scale=c_float(spec.head_dim ** -0.5),
+        rope_half=spec.head_dim // 2,
+        rope_cos_rows=_float_rows(cos),
+        rope_sin_rows=_float_rows(sin),
+        layer_windows=", ".join(str(w) for w in spec.layer_windows),
+        eos_ids=", ".join(str(t) for t in spec.eos_token_ids) or "-1",
+        n_eos=len(spec.eos_token_ids),
+    )
+
+
+def render(plan: Plan, model_hash: bytes) -> dict[str, str]:
+    env = _environment()
+    context = template_context(plan, model_hash)
+    return {name: env.get_template(name + ".j2").render(context) for name in GENERATED_FILES}
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write via a temporary file in the same directory, so a failure leaves no partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

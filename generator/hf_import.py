@@ -1,0 +1,398 @@
+"""Import stage: a Hugging Face model directory -> ModelSpec + float32 tensors under canonical names.
+
+Canonical tensor names (used by the planner, the weight image, the generated C and the reference):
+  embed, final_norm, lm_head (untied only), and per layer ``layers.N.<part>`` with parts
+  attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, q_norm, k_norm, ffn_norm, w_gate, w_up, w_down,
+  b_gate, b_up, b_down (biases and q/k norms only where the architecture has them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ColibriError
+from .safetensors_io import TensorInfo, load_f32, read_header
+from .spec import ModelSpec, RopeSpec
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+HF_LAYER_PARTS = {
+    "input_layernorm.weight": "attn_norm",
+    "self_attn.q_proj.weight": "wq",
+    "self_attn.k_proj.weight": "wk",
+    "self_attn.v_proj.weight": "wv",
+    "self_attn.o_proj.weight": "wo",
+    "self_attn.q_proj.bias": "bq",
+    "self_attn.k_proj.bias": "bk",
+    "self_attn.v_proj.bias": "bv",
+    "self_attn.o_proj.bias": "bo",
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
+    "post_attention_layernorm.weight": "ffn_norm",
+    "mlp.gate_proj.weight": "w_gate",
+    "mlp.up_proj.weight": "w_up",
+    "mlp.down_proj.weight": "w_down",
+    "mlp.gate_proj.bias": "b_gate",
+    "mlp.up_proj.bias": "b_up",
+    "mlp.down_proj.bias": "b_down",
+}
+HF_GLOBAL = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
+
+
+@dataclass
+class Checkpoint:
+    spec: ModelSpec
+    tensors: dict[str, np.ndarray]  # canonical name -> float32 array
+    input_files: list[Path]  # every file the checkpoint was read from (build dependencies)
+
+
+def _reject_duplicates(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not allowed")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ColibriError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ColibriError(f"{path}: cannot read ({e})") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+    except ValueError as e:
+        raise ColibriError(f"{path.name}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ColibriError(f"{path.name}: expected a JSON object at the top level")
+    return data
+
+
+class _Config:
+    """Typed accessors over config.json that fail with the key's name."""
+
+    def __init__(self, data: dict, where: str):
+        self.data, self.where = data, where
+
+    def int(self, key: str, default=None, minimum: int = 1) -> int:
+        value = self.data.get(key, default)
+        if value is None:
+            raise ColibriError(f"{self.where}: missing required integer {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ColibriError(f"{self.where}: {key!r} must be an integer, got {json.dumps(value)}")
+        if value < minimum:
+            raise ColibriError(f"{self.where}: {key!r} must be at least {minimum}, got {value}")
+        return value
+
+    def float(self, key: str, default=None, data: dict | None = None) -> float:
+        value = (self.data if data is None else data).get(key, default)
+        if value is None:
+            raise ColibriError(f"{self.where}: missing required number {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ColibriError(f"{self.where}: {key!r} must be a finite number, got {json.dumps(value)}")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ColibriError(f"{self.where}: {key!r} must be true or false, got {json.dumps(value)}")
+        return value
+
+
+def _token_ids(value, where: str, key: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ColibriError(f"{where}: {key!r} must be a token id or a list of token ids, got {json.dumps(value)}")
+    return tuple(values)
+
+
+def _rope(cfg: _Config, max_pos: int) -> RopeSpec:
+    data = cfg.data
+    if isinstance(data.get("rope_parameters"), dict):
+        params = data["rope_parameters"]
+        theta = cfg.float("rope_theta", None, params)
+    else:
+        params = data.get("rope_scaling") or {}
+        if not isinstance(params, dict):
+            raise ColibriError(f"{cfg.where}: 'rope_scaling' must be an object or null")
+        theta = cfg.float("rope_theta", 10000.0)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ColibriError(f"{cfg.where}: unsupported rope type {kind!r} (supported: {', '.join(ROPE_TYPES)})")
+    if theta <= 0:
+        raise ColibriError(f"{cfg.where}: 'rope_theta' must be positive")
+    if kind == "default":
+        return RopeSpec(theta=theta)
+    factor = cfg.float("factor", None, params)
+    if factor <= 0:
+        raise ColibriError(f"{cfg.where}: rope 'factor' must be positive")
+    if kind == "linear":
+        return RopeSpec(theta=theta, scaling="linear", factor=factor)
+    low = cfg.float("low_freq_factor", None, params)
+    high = cfg.float("high_freq_factor", None, params)
+    if not 0 < low < high:
+        raise ColibriError(f"{cfg.where}: llama3 rope needs 0 < low_freq_factor < high_freq_factor")
+    original = params.get("original_max_position_embeddings", max_pos)
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ColibriError(f"{cfg.where}: 'original_max_position_embeddings' must be a positive integer")
+    return RopeSpec(theta=theta, scaling="llama3", factor=factor, low_freq_factor=low,
+                    high_freq_factor=high, original_max_position_embeddings=original)
+
+
+def _layer_windows(cfg: _Config, family: str, n_layers: int) -> tuple[int, ...]:
+    data = cfg.data
+    window = data.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ColibriError(f"{cfg.where}: 'sliding_window' must be a positive integer or null")
+    layer_types = data.get("layer_types")
+    if family in ("qwen2", "qwen3") and not cfg.bool("use_sliding_window", False):
+        return (0,) * n_layers
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+            raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
+        out = []
+        for t in layer_types:
+            if t == "full_attention":
+                out.append(0)
+            elif t == "sliding_attention":
+                if window is None:
+                    raise ColibriError(f"{cfg.where}: sliding_attention layers need 'sliding_window'")
+                out.append(window)
+            else:
+                raise ColibriError(f"{cfg.where}: unsupported layer type {t!r} (supported: full_attention, sliding_attention)")
+        return tuple(out)
+    if window is None:
+        return (0,) * n_layers
+    if family == "mistral":
+        return (window,) * n_layers
+    first = cfg.int("max_window_layers", n_layers, minimum=0)
+    return tuple(window if i >= first else 0 for i in range(n_layers))
+
+
+def parse_config(data: dict, name: str, generation: dict | None = None) -> ModelSpec:
+    """config.json (+ optional generation_config.json) -> ModelSpec, with every field checked."""
+    cfg = _Config(data, "config.json")
+    archs = data.get("architectures")
+    supported = ", ".join(ARCHITECTURES)
+    if not isinstance(archs, list) or len(archs) != 1 or not isinstance(archs[0], str):
+        raise ColibriError(f"config.json: 'architectures' must name one architecture (supported: {supported})")
+    arch = archs[0]
+    if arch not in ARCHITECTURES:
+        raise ColibriError(f"unsupported architecture {arch!r} (supported: {supported})")
+    family = ARCHITECTURES[arch]
+
+    hidden = cfg.int("hidden_size")
+    n_heads = cfg.int("num_attention_heads")
+    n_kv = cfg.int("num_key_value_heads", n_heads)
+    head_dim = data.get("head_dim")
+    if head_dim is None:
+        if hidden % n_heads:
+            raise ColibriError(f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {n_heads}")
+        head_dim = hidden // n_heads
+    else:
+        head_dim = cfg.int("head_dim")
+    if n_heads % n_kv:
+        raise ColibriError(f"config.json: num_attention_heads {n_heads} is not divisible by num_key_value_heads {n_kv}")
+    if head_dim % 2:
+        raise ColibriError(f"config.json: head_dim {head_dim} must be even for rotary embeddings")
+    act = data.get("hidden_act", "silu")
+    if act != "silu":
+        raise ColibriError(f"config.json: unsupported hidden_act {act!r} for {arch} (supported: silu)")
+    if data.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ColibriError("config.json: partial_rotary_factor other than 1.0 is not supported")
+    n_layers = cfg.int("num_hidden_layers")
+    max_pos = cfg.int("max_position_embeddings", 2048)
+    eps = cfg.float("rms_norm_eps", 1e-6)
+    if not 0 < eps < 1:
+        raise ColibriError("config.json: 'rms_norm_eps' must be between 0 and 1")
+
+    attention_bias = cfg.bool("attention_bias", False)
+    qkv_bias = True if family == "qwen2" else attention_bias
+    o_bias = False if family == "qwen2" else attention_bias
+    mlp_bias = cfg.bool("mlp_bias", False) if family == "llama" else False
+
+    bos = _token_ids(data.get("bos_token_id"), "config.json", "bos_token_id")
+    eos = _token_ids(data.get("eos_token_id"), "config.json", "eos_token_id")
+    if generation:
+        if "bos_token_id" in generation:
+            bos = _token_ids(generation["bos_token_id"], "generation_config.json", "bos_token_id") or bos
+        if "eos_token_id" in generation:
+            eos = _token_ids(generation["eos_token_id"], "generation_config.json", "eos_token_id") or eos
+    vocab = cfg.int("vocab_size")
+    for t in bos + eos:
+        if t >= vocab:
+            raise ColibriError(f"config.json: special token id {t} is outside the vocabulary ({vocab})")
+
+    return ModelSpec(
+        name=name,
+        architecture=arch,
+        family=family,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=cfg.int("intermediate_size"),
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        rms_norm_eps=eps,
+        rope=_rope(cfg, max_pos),
+        max_position_embeddings=max_pos,
+        tie_embeddings=cfg.bool("tie_word_embeddings", False),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=mlp_bias,
+        qk_norm=(family == "qwen3"),
+        layer_windows=_layer_windows(cfg, family, n_layers),
+        bos_token_id=bos[0] if bos else None,
+        eos_token_ids=eos,
+    )
+
+
+def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Canonical tensor name -> shape, in the order the weight image stores them."""
+    d, f, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+    shapes: dict[str, tuple[int, ...]] = {"embed": (v, d)}
+    for i in range(spec.n_layers):
+        p = f"layers.{i}."
+        shapes[p + "attn_norm"] = (d,)
+        shapes[p + "wq"] = (spec.q_dim, d)
+        shapes[p + "wk"] = (spec.kv_dim, d)
+        shapes[p + "wv"] = (spec.kv_dim, d)
+        if spec.qkv_bias:
+            shapes[p + "bq"] = (spec.q_dim,)
+            shapes[p + "bk"] = (spec.kv_dim,)
+            shapes[p + "bv"] = (spec.kv_dim,)
+        if spec.qk_norm:
+            shapes[p + "q_norm"] = (spec.head_dim,)
+            shapes[p + "k_norm"] = (spec.head_dim,)
+        shapes[p + "wo"] = (d, spec.q_dim)
+        if spec.o_bias:
+            shapes[p + "bo"] = (d,)
+        shapes[p + "ffn_norm"] = (d,)
+        shapes[p + "w_gate"] = (f, d)
+        shapes[p + "w_up"] = (f, d)
+        shapes[p + "w_down"] = (d, f)
+        if spec.mlp_bias:
+            shapes[p + "b_gate"] = (f,)
+            shapes[p + "b_up"] = (f,)
+            shapes[p + "b_down"] = (d,)
+    shapes["final_norm"] = (d,)
+    if not spec.tie_embeddings:
+        shapes["lm_head"] = (v, d)
+    return shapes
+
+
+def _canonical(hf_name: str) -> str | None:
+    if hf_name in HF_GLOBAL:
+        return HF_GLOBAL[hf_name]
+    if hf_name.startswith("model.layers."):
+        rest = hf_name[len("model.layers."):]
+        index, _, part = rest.partition(".")
+        if index.isdigit() and part in HF_LAYER_PARTS and str(int(index)) == index:
+            return f"layers.{index}.{HF_LAYER_PARTS[part]}"
+    return None
+
+
+def _tensor_files(model_dir: Path) -> dict[str, tuple[Path, TensorInfo]]:
+    """HF tensor name -> (file, header entry), from one file or a sharded index."""
+    single = model_dir / "model.safetensors"
+    index = model_dir / "model.safetensors.index.json"
+    located: dict[str, tuple[Path, TensorInfo]] = {}
+    if single.is_file():
+        for name, info in read_header(single).items():
+            located[name] = (single, info)
+        return located
+    if not index.is_file():
+        raise ColibriError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ColibriError("model.safetensors.index.json: 'weight_map' must be a non-empty object")
+    root = model_dir.resolve()
+    headers: dict[Path, dict[str, TensorInfo]] = {}
+    for name, shard in sorted(weight_map.items()):
+        if not isinstance(shard, str) or not shard:
+            raise ColibriError(f"model.safetensors.index.json: tensor {name!r} has no shard file name")
+        path = (model_dir / shard).resolve()
+        if path.parent != root:
+            raise ColibriError(f"model.safetensors.index.json: shard {shard!r} is outside the model directory")
+        if not path.is_file():
+            raise ColibriError(f"model.safetensors.index.json: shard {shard!r} for tensor {name!r} does not exist")
+        if path not in headers:
+            headers[path] = read_header(path)
+        if name not in headers[path]:
+            raise ColibriError(f"model.safetensors.index.json: tensor {name!r} is not in shard {shard!r}")
+        located[name] = (path, headers[path][name])
+    for path, header in headers.items():
+        for name in header:
+            if weight_map.get(name) is None:
+                raise ColibriError(f"{path.name}: tensor {name!r} is not listed in model.safetensors.index.json")
+    return located
+
+
+def load_checkpoint(model_dir: Path | str, load_tensors: bool = True) -> Checkpoint:
+    """Read a model directory. With load_tensors=False only the headers are checked (fast planning)."""
+    model_dir = Path(model_dir)
+    if not model_dir.exists():
+        raise ColibriError(f"model directory {model_dir} does not exist")
+    if not model_dir.is_dir():
+        raise ColibriError(f"{model_dir} is not a directory (give the folder holding config.json)")
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise ColibriError(f"{model_dir}: no config.json (is this a Hugging Face model directory?)")
+    gen_path = model_dir / "generation_config.json"
+    generation = read_json(gen_path) if gen_path.is_file() else None
+    spec = parse_config(read_json(config_path), model_dir.resolve().name, generation)
+
+    located = _tensor_files(model_dir)
+    wanted = expected_shapes(spec)
+    by_canonical: dict[str, tuple[Path, TensorInfo]] = {}
+    for hf_name, (path, info) in sorted(located.items()):
+        canonical = _canonical(hf_name)
+        if canonical is None:
+            if hf_name.endswith("rotary_emb.inv_freq"):
+                continue  # a cache some exporters save; recomputed by the generator
+            raise ColibriError(f"unexpected tensor {hf_name!r} for {spec.architecture} with this config.json")
+        if canonical == "lm_head" and spec.tie_embeddings:
+            continue  # some exporters also save the tied copy
+        if canonical not in wanted:
+            raise ColibriError(f"unexpected tensor {hf_name!r} for {spec.architecture} with this config.json")
+        by_canonical[canonical] = (path, info)
+    for canonical, shape in wanted.items():
+        if canonical not in by_canonical:
+            raise ColibriError(f"missing tensor for {canonical!r} ({spec.architecture}, expected shape {list(shape)})")
+        info = by_canonical[canonical][1]
+        if info.shape != shape:
+            raise ColibriError(f"tensor {info.name!r} has shape {list(info.shape)}, config.json implies {list(shape)}")
+
+    tensors: dict[str, np.ndarray] = {}
+    if load_tensors:
+        for canonical in wanted:
+            path, info = by_canonical[canonical]
+            tensors[canonical] = load_f32(path, info)
+    files = sorted({config_path, *(p for p, _ in by_canonical.values())}
+                   | ({gen_path} if gen_path.is_file() else set())
+                   | ({model_dir / "model.safetensors.index.json"} if (model_dir / "model.safetensors.index.json").is_file() else set()))
+    return Checkpoint(spec=spec, tensors=tensors, input_files=files)

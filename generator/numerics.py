@@ -1,0 +1,94 @@
+"""The one definition of every operation, in NumPy float32, mirrored line for line by
+firmware_src/runtime/ops.c and kernels/scalar.c. docs/numerics.md states the rules.
+
+Rules that make the bits match on every target:
+- every intermediate is float32 and rounded after each operation (C: -ffp-contract=off);
+- a sum runs from the first term to the last: ((t0 + t1) + t2) + ... (np.add.accumulate);
+- rounding to integer is round-half-to-even, done by adding and subtracting 1.5 * 2^23;
+- exp is our own polynomial, never libm's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+F32 = np.float32
+ROUND_MAGIC = F32(12582912.0)  # 1.5 * 2^23: x + M - M rounds |x| < 2^22 to the nearest even integer
+LOG2E = F32(1.44269504088896341)
+LN2_HI = F32(0.693145751953125)
+LN2_LO = F32(1.42860676533018e-06)
+EXP_MIN = F32(-87.0)
+EXP_MAX = F32(88.0)
+# Taylor coefficients 1/k! for the polynomial on |r| <= ln2/2, highest first.
+EXP_POLY = [F32(1.0 / 720.0), F32(1.0 / 120.0), F32(1.0 / 24.0), F32(1.0 / 6.0), F32(0.5), F32(1.0), F32(1.0)]
+
+
+def f32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+def round_even(v: np.ndarray) -> np.ndarray:
+    v = f32(v)
+    return (v + ROUND_MAGIC) - ROUND_MAGIC
+
+
+def seq_sum(terms: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Sum along axis from the first term to the last, in float32."""
+    terms = f32(terms)
+    return np.add.accumulate(terms, axis=axis, dtype=np.float32).take(-1, axis=axis)
+
+
+def dot(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+    return seq_sum(f32(a) * f32(b), axis=axis)
+
+
+def expf(x: np.ndarray) -> np.ndarray:
+    """e^x: 2^n * p(r), x = n ln2 + r. Below -87 gives 0; above 88 is clamped to 88."""
+    x = f32(x)
+    xc = np.minimum(np.maximum(x, EXP_MIN), EXP_MAX)
+    n = round_even(xc * LOG2E)
+    r = xc - n * LN2_HI
+    r = r - n * LN2_LO
+    p = np.full_like(r, EXP_POLY[0])
+    for c in EXP_POLY[1:]:
+        p = p * r + c
+    scale = ((n.astype(np.int32) + 127) << 23).astype(np.int32).view(np.float32)
+    out = p * scale
+    return np.where(x < EXP_MIN, F32(0.0), out).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    x = f32(x)
+    return x / (F32(1.0) + expf(-x))
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Normalise along the last axis: (x_i * (1 / sqrt(mean(x^2) + eps))) * w_i."""
+    x = f32(x)
+    n = x.shape[-1]
+    ss = dot(x, x)
+    mean = ss / F32(n)
+    inv = F32(1.0) / np.sqrt(mean + F32(eps), dtype=np.float32)
+    return (x * f32(inv)[..., None]) * f32(weight)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    x = f32(x)
+    m = np.max(x)
+    e = expf(x - m)
+    return e / seq_sum(e)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE on (..., n_heads, head_dim) with cos/sin of shape (head_dim/2,)."""
+    x = f32(x)
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    ra = a * cos - b * sin
+    rb = b * cos + a * sin
+    return np.concatenate([ra, rb], axis=-1).astype(np.float32)
+
+
+def matvec_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """out_r = sum_j w[r, j] * x[j], sequential in j."""
+    return seq_sum(f32(w) * f32(x)[None, :], axis=1)

@@ -1,0 +1,74 @@
+"""generate(): one model through import -> quantize -> plan -> image -> emit, into a directory.
+
+SCons calls this from its generation builder; the CLI never writes generated files itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .emit import render, write_atomic
+from .errors import ColibriError
+from .hf_import import load_checkpoint
+from .image import build_image
+from .plan import Plan, make_plan
+from .targets import Board
+
+WEIGHTS_FILE = "weights.img"
+PLAN_FILE = "plan.json"
+OUTPUT_FILES = ("model_def.h", "model_data.c", WEIGHTS_FILE, PLAN_FILE)
+
+
+@dataclass(frozen=True)
+class Generated:
+    plan: Plan
+    model_hash: bytes
+    files: tuple[Path, ...]
+
+
+def resolve_ctx(board: Board, max_position_embeddings: int, ctx: int | None) -> int:
+    if ctx is None:
+        return min(board.default_ctx, max_position_embeddings)
+    return ctx
+
+
+def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir: Path,
+             progress=None) -> Generated:
+    checkpoint = load_checkpoint(model_dir)
+    n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
+    plan = make_plan(checkpoint.spec, board.name, quant, n_ctx)
+
+    def report(i, n, name):
+        if progress:
+            progress(f"quantizing {i}/{n} {name}")
+
+    image = build_image(plan, checkpoint.tensors, report if quant == "q8_0" else None)
+    sources = render(plan, image.model_hash)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for name, text in sources.items():
+        write_atomic(out_dir / name, text)
+        files.append(out_dir / name)
+    write_atomic(out_dir / WEIGHTS_FILE, image.data)
+    write_atomic(out_dir / PLAN_FILE, plan.to_json())
+    files += [out_dir / WEIGHTS_FILE, out_dir / PLAN_FILE]
+    return Generated(plan, image.model_hash, tuple(files))
+
+
+def main(argv: list[str]) -> int:
+    """Entry for SCons: python -m generator.pipeline MODEL BOARD QUANT CTX OUT_DIR."""
+    from .targets import load_board
+    model, board, quant, ctx, out = argv
+    try:
+        generate(Path(model), load_board(board), quant, int(ctx) if ctx != "auto" else None, Path(out),
+                 progress=lambda msg: print(f"  {msg}", file=sys.stderr))
+    except ColibriError as e:
+        print(f"colibri: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,193 @@
+"""Plan stage: where every byte lives. Tensor layout in the weight image, the scratch arena,
+the KV cache arena and the RoPE tables, all 64-byte aligned, all computed here once.
+
+The emitter turns a Plan into named C constants; the image writer follows the same offsets;
+`report` and the tests read plan.json. Nothing downstream recomputes a size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from .errors import ColibriError
+from .hf_import import expected_shapes
+from .quantize import QK, QUANTS
+from .spec import ModelSpec
+
+ALIGN = 64
+IMAGE_MAGIC = b"COLIBRIW"
+IMAGE_FORMAT_VERSION = 1
+IMAGE_HEADER_BYTES = 128
+IMAGE_DIR_ENTRY_BYTES = 96
+IMAGE_NAME_BYTES = 64
+IMAGE_TRAILER_BYTES = 8  # u32 CRC-32 of everything before it, then the end magic "CEND"
+DTYPE_CODES = {"f32": 0, "q8_0": 1}
+PLAN_FORMAT = 1
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str  # canonical name, e.g. "layers.0.wq"
+    c_name: str  # C identifier fragment, e.g. "LAYERS_0_WQ"
+    dtype: str  # "f32" | "q8_0"
+    rows: int
+    cols: int
+    offset: int  # from the start of the image's data region; multiple of ALIGN
+    nbytes: int
+    scales_offset: int  # q8_0: where the float32 block scales start, relative to `offset`; else 0
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    ctype: str  # "float" | "int8_t" | "int32_t"
+    count: int
+    offset: int  # from the start of the arena; multiple of ALIGN
+    nbytes: int
+    purpose: str
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    header_bytes: int
+    dir_offset: int
+    dir_bytes: int
+    data_offset: int
+    data_bytes: int
+    image_bytes: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: ModelSpec
+    board: str
+    quant: str
+    n_ctx: int
+    tensors: tuple[TensorEntry, ...]
+    image: ImageLayout
+    scratch: tuple[Buffer, ...]
+    scratch_bytes: int
+    kv_layer_bytes: int  # one of K or V for one layer: n_ctx * kv_dim floats
+    kv_bytes: int  # K and V for all layers
+    rope_table_bytes: int  # cos + sin
+    max_input: int  # longest matrix row: the activation quantization buffer's length
+
+    def tensor(self, name: str) -> TensorEntry:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def to_dict(self) -> dict:
+        return {
+            "format": PLAN_FORMAT,
+            "board": self.board,
+            "quant": self.quant,
+            "n_ctx": self.n_ctx,
+            "spec": asdict(self.spec),
+            "image": asdict(self.image),
+            "tensors": [asdict(t) for t in self.tensors],
+            "scratch": {"bytes": self.scratch_bytes, "buffers": [asdict(b) for b in self.scratch]},
+            "kv_cache": {"bytes": self.kv_bytes, "layer_bytes": self.kv_layer_bytes,
+                         "shape": [self.spec.n_layers, self.n_ctx, self.spec.n_kv_heads, self.spec.head_dim]},
+            "rope_tables": {"bytes": self.rope_table_bytes},
+            "totals": self.totals(),
+        }
+
+    def totals(self) -> dict:
+        return {
+            "weights": self.image.image_bytes,
+            "kv_cache": self.kv_bytes,
+            "scratch": self.scratch_bytes,
+            "rope_tables": self.rope_table_bytes,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def _c_name(name: str) -> str:
+    return name.replace(".", "_").upper()
+
+
+def _tensor_layout(spec: ModelSpec, quant: str) -> tuple[tuple[TensorEntry, ...], int]:
+    entries = []
+    cursor = 0
+    for name, shape in expected_shapes(spec).items():
+        if len(shape) == 2 and quant == "q8_0":
+            rows, cols = shape
+            if cols % QK:
+                raise ColibriError(f"q8_0 needs every matrix row to be a multiple of {QK} long; "
+                                   f"{name} has rows of {cols} (use --quant f32)")
+            scales_offset = align_up(rows * cols)
+            nbytes = scales_offset + rows * (cols // QK) * 4
+            dtype = "q8_0"
+        else:
+            rows, cols = (shape if len(shape) == 2 else (1, shape[0]))
+            scales_offset = 0
+            nbytes = rows * cols * 4
+            dtype = "f32"
+        entries.append(TensorEntry(name, _c_name(name), dtype, rows, cols, cursor, nbytes, scales_offset))
+        cursor = align_up(cursor + nbytes)
+    return tuple(entries), cursor
+
+
+def _arena(items: list[tuple[str, str, int, str]]) -> tuple[tuple[Buffer, ...], int]:
+    sizes = {"float": 4, "int8_t": 1, "int32_t": 4}
+    out, cursor = [], 0
+    for name, ctype, count, purpose in items:
+        nbytes = count * sizes[ctype]
+        out.append(Buffer(name, ctype, count, cursor, nbytes, purpose))
+        cursor = align_up(cursor + nbytes)
+    return tuple(out), cursor
+
+
+def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int) -> Plan:
+    if quant not in QUANTS:
+        raise ColibriError(f"unknown quantization {quant!r} (supported: {', '.join(QUANTS)})")
+    if n_ctx < 2:
+        raise ColibriError(f"context length must be at least 2, got {n_ctx}")
+    if n_ctx > spec.max_position_embeddings:
+        raise ColibriError(f"context length {n_ctx} exceeds the model's max_position_embeddings "
+                           f"({spec.max_position_embeddings})")
+    tensors, data_bytes = _tensor_layout(spec, quant)
+    dir_bytes = IMAGE_DIR_ENTRY_BYTES * len(tensors)
+    data_offset = align_up(IMAGE_HEADER_BYTES + dir_bytes)
+    image = ImageLayout(IMAGE_HEADER_BYTES, IMAGE_HEADER_BYTES, dir_bytes, data_offset, data_bytes,
+                        data_offset + data_bytes + IMAGE_TRAILER_BYTES)
+
+    d, f, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+    max_input = max(d, spec.q_dim, f)
+    items = [
+        ("x", "float", d, "residual stream"),
+        ("xn", "float", d, "normalised input of the current block"),
+        ("q", "float", spec.q_dim, "queries of the current token"),
+        ("k", "float", spec.kv_dim, "keys of the current token (copied into the KV cache)"),
+        ("v", "float", spec.kv_dim, "values of the current token (copied into the KV cache)"),
+        ("att", "float", n_ctx, "attention scores of one head over the context"),
+        ("attn_out", "float", spec.q_dim, "attention output of all heads"),
+        ("proj", "float", d, "output of wo or w_down before the residual add"),
+        ("gate", "float", f, "FFN gate projection"),
+        ("up", "float", f, "FFN up projection, then the gated product"),
+        ("logits", "float", v, "logits of the current step"),
+        ("probs", "float", v, "sampling: probabilities, sorted"),
+        ("cand", "int32_t", v, "sampling: candidate token ids, sorted"),
+    ]
+    if quant == "q8_0":
+        items += [
+            ("act_qs", "int8_t", max_input, "q8_0 quants of the current matmul input"),
+            ("act_d", "float", max_input // QK, "q8_0 block scales of the current matmul input"),
+        ]
+    scratch, scratch_bytes = _arena(items)
+    kv_layer = n_ctx * spec.kv_dim * 4
+    return Plan(
+        spec=spec, board=board, quant=quant, n_ctx=n_ctx, tensors=tensors, image=image,
+        scratch=scratch, scratch_bytes=scratch_bytes, kv_layer_bytes=kv_layer,
+        kv_bytes=2 * spec.n_layers * kv_layer, rope_table_bytes=2 * n_ctx * (spec.head_dim // 2) * 4,
+        max_input=max_input,
+    )

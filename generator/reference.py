@@ -1,0 +1,144 @@
+"""The NumPy reference decoder: the same forward pass as firmware_src/runtime/model.c, operation
+for operation (numerics.py), reading its weights from the same weight image. For q8_0 weights its
+logits are bit-identical to the firmware's on every board; `verify` compares their SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import rope
+from .image import read_header
+from .numerics import F32, dot, f32, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, silu, softmax
+from .plan import Plan
+from .quantize import dequantize_q8_0, matvec_q8_0, quantize_q8_0
+from .sampling import Rng, SamplingParams, sample
+
+
+def logits_digest(logits: np.ndarray) -> str:
+    return hashlib.sha256(np.asarray(logits, dtype="<f4").tobytes()).hexdigest()
+
+
+@dataclass
+class Generation:
+    tokens: list[int] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    logits: list[np.ndarray] = field(default_factory=list)
+    stop_reason: str = "length"
+
+
+class Reference:
+    def __init__(self, plan: Plan, image: bytes):
+        header = read_header(image)
+        self.plan, self.spec = plan, plan.spec
+        base = header.data_offset
+        self.w: dict[str, object] = {}
+        for t in plan.tensors:
+            start = base + t.offset
+            if t.dtype == "q8_0":
+                qs = np.frombuffer(image, dtype=np.int8, count=t.rows * t.cols, offset=start).reshape(t.rows, t.cols)
+                d = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
+                                  offset=start + t.scales_offset).reshape(t.rows, t.cols // 32).astype(np.float32)
+                self.w[t.name] = (qs, d)
+            else:
+                arr = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols, offset=start).astype(np.float32)
+                self.w[t.name] = arr.reshape(t.rows, t.cols) if t.rows > 1 else arr
+        self.cos, self.sin = rope.tables(self.spec.rope, self.spec.head_dim, plan.n_ctx)
+        self.scale = F32(self.spec.head_dim ** -0.5)
+        s = self.spec
+        self.k_cache = np.zeros((s.n_layers, plan.n_ctx, s.n_kv_heads, s.head_dim), dtype=np.float32)
+        self.v_cache = np.zeros_like(self.k_cache)
+
+    # -- building blocks -------------------------------------------------------------------
+    def _prepare(self, x: np.ndarray):
+        """The matmul input as the kernels see it: quantized once for q8_0."""
+        return quantize_q8_0(x) if self.plan.quant == "q8_0" else x
+
+    def _linear(self, name: str, act, bias: str | None = None) -> np.ndarray:
+        w = self.w[name]
+        if self.plan.quant == "q8_0" and isinstance(w, tuple):
+            out = matvec_q8_0(w[0], w[1], act[0], act[1])
+        else:
+            out = matvec_f32(w, act)
+        if bias is not None:
+            out = out + self.w[bias]
+        return out
+
+    def _embed(self, token: int) -> np.ndarray:
+        w = self.w["embed"]
+        if isinstance(w, tuple):
+            return dequantize_q8_0(w[0][token], w[1][token])
+        return w[token].copy()
+
+    # -- the forward pass ------------------------------------------------------------------
+    def forward(self, token: int, pos: int, want_logits: bool = True) -> np.ndarray | None:
+        s = self.spec
+        eps = s.rms_norm_eps
+        hd, group = s.head_dim, s.n_heads // s.n_kv_heads
+        x = self._embed(token)
+        for layer in range(s.n_layers):
+            p = f"layers.{layer}."
+            xn = rmsnorm(x, self.w[p + "attn_norm"], eps)
+            act = self._prepare(xn)
+            q = self._linear(p + "wq", act, p + "bq" if s.qkv_bias else None).reshape(s.n_heads, hd)
+            k = self._linear(p + "wk", act, p + "bk" if s.qkv_bias else None).reshape(s.n_kv_heads, hd)
+            v = self._linear(p + "wv", act, p + "bv" if s.qkv_bias else None).reshape(s.n_kv_heads, hd)
+            if s.qk_norm:
+                q = rmsnorm(q, self.w[p + "q_norm"], eps)
+                k = rmsnorm(k, self.w[p + "k_norm"], eps)
+            q = apply_rope(q, self.cos[pos], self.sin[pos])
+            k = apply_rope(k, self.cos[pos], self.sin[pos])
+            self.k_cache[layer, pos] = k
+            self.v_cache[layer, pos] = v
+
+            window = s.layer_windows[layer]
+            start = max(0, pos - window + 1) if window else 0
+            out = np.empty((s.n_heads, hd), dtype=np.float32)
+            for h in range(s.n_heads):
+                keys = self.k_cache[layer, start:pos + 1, h // group]
+                values = self.v_cache[layer, start:pos + 1, h // group]
+                scores = dot(keys, q[h][None, :], axis=1) * self.scale
+                probs = softmax(scores)
+                out[h] = seq_sum(probs[:, None] * values, axis=0)
+            proj = self._linear(p + "wo", self._prepare(out.reshape(-1)), p + "bo" if s.o_bias else None)
+            x = x + proj
+
+            xn = rmsnorm(x, self.w[p + "ffn_norm"], eps)
+            act = self._prepare(xn)
+            gate = self._linear(p + "w_gate", act, p + "b_gate" if s.mlp_bias else None)
+            up = self._linear(p + "w_up", act, p + "b_up" if s.mlp_bias else None)
+            hidden = silu(gate) * up
+            down = self._linear(p + "w_down", self._prepare(hidden), p + "b_down" if s.mlp_bias else None)
+            x = x + down
+        if not want_logits:
+            return None
+        xn = rmsnorm(x, self.w["final_norm"], eps)
+        head = "embed" if s.tie_embeddings else "lm_head"
+        return f32(self._linear(head, self._prepare(xn)))
+
+    def generate(self, prompt: list[int], steps: int, params: SamplingParams,
+                 stop_at_eos: bool = True, keep_logits: bool = False) -> Generation:
+        params = params.as_f32()
+        rng = Rng(params.seed)
+        out = Generation()
+        logits = None
+        for i, tok in enumerate(prompt):
+            logits = self.forward(tok, i, want_logits=(i == len(prompt) - 1))
+        pos = len(prompt)
+        for step in range(steps):
+            token = sample(logits, params, rng)
+            out.tokens.append(token)
+            out.digests.append(logits_digest(logits))
+            if keep_logits:
+                out.logits.append(logits.copy())
+            if stop_at_eos and token in self.spec.eos_token_ids:
+                out.stop_reason = "eos"
+                break
+            if step == steps - 1:
+                break
+            logits = self.forward(token, pos)
+            pos += 1
+        return out

@@ -1,0 +1,131 @@
+"""A strict reader for the safetensors format that hands tensors to NumPy as float32.
+
+Written here rather than taken from the `safetensors` package because checkpoints are usually
+bfloat16 (which NumPy cannot hold) and because every malformed file must end in one clear line.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ColibriError
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # offset of the first byte, from the start of the file
+    end: int
+
+
+def _reject_duplicates(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Parse and validate the header of one safetensors file."""
+    where = path.name
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise ColibriError(f"{where}: not a safetensors file (shorter than its 8-byte header length)")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len < 2:
+                raise ColibriError(f"{where}: safetensors header length {header_len} is too small")
+            if header_len > MAX_HEADER_BYTES:
+                raise ColibriError(f"{where}: safetensors header length {header_len} exceeds {MAX_HEADER_BYTES} bytes")
+            if 8 + header_len > size:
+                raise ColibriError(f"{where}: safetensors header length {header_len} runs past the end of the file ({size} bytes)")
+            raw = f.read(header_len)
+    except OSError as e:
+        raise ColibriError(f"{where}: cannot read: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ColibriError(f"{where}: safetensors header is not UTF-8") from None
+    try:
+        header = json.loads(text, object_pairs_hook=_reject_duplicates,
+                            parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"bad constant {c}")))
+    except ValueError as e:
+        raise ColibriError(f"{where}: safetensors header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ColibriError(f"{where}: safetensors header is not a JSON object")
+
+    data_start = 8 + header_len
+    data_len = size - data_start
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise ColibriError(f"{where}: tensor {name!r}: entry must have exactly dtype, shape and data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in DTYPE_BYTES:
+            raise ColibriError(f"{where}: tensor {name!r}: unsupported dtype {dtype!r} (supported: {', '.join(DTYPE_BYTES)})")
+        if (not isinstance(shape, list) or
+                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise ColibriError(f"{where}: tensor {name!r}: shape must be a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or
+                not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+            raise ColibriError(f"{where}: tensor {name!r}: data_offsets must be two integers")
+        begin, end = offsets
+        if begin < 0 or end < begin:
+            raise ColibriError(f"{where}: tensor {name!r}: data_offsets [{begin}, {end}] end before they begin")
+        count = 1
+        for d in shape:
+            count *= d  # Python integers cannot overflow; the size check below catches absurd shapes
+        if count * DTYPE_BYTES[dtype] != end - begin:
+            raise ColibriError(f"{where}: tensor {name!r}: {end - begin} bytes do not hold shape {shape} of {dtype}")
+        if end > data_len:
+            raise ColibriError(f"{where}: tensor {name!r}: data ends at byte {end}, past the {data_len} data bytes in the file")
+        tensors[name] = TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)
+
+    # The data region must be covered exactly: no overlaps, no holes, nothing trailing.
+    cursor = 0
+    for info in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+        rel = info.begin - data_start
+        if rel < cursor:
+            raise ColibriError(f"{where}: tensor {info.name!r} overlaps the tensor before it")
+        if rel > cursor:
+            raise ColibriError(f"{where}: {rel - cursor} unused bytes before tensor {info.name!r}")
+        cursor = info.end - data_start
+    if cursor != data_len:
+        raise ColibriError(f"{where}: {data_len - cursor} trailing bytes after the last tensor")
+    return tensors
+
+
+def load_f32(path: Path, info: TensorInfo) -> np.ndarray:
+    """Read one tensor and convert it to float32 (exactly: every supported dtype but F64 widens)."""
+    count = (info.end - info.begin) // DTYPE_BYTES[info.dtype]
+    with open(path, "rb") as f:
+        f.seek(info.begin)
+        raw = f.read(info.end - info.begin)
+    if info.dtype == "F32":
+        arr = np.frombuffer(raw, dtype="<f4", count=count).astype(np.float32)
+    elif info.dtype == "F16":
+        arr = np.frombuffer(raw, dtype="<f2", count=count).astype(np.float32)
+    elif info.dtype == "BF16":
+        arr = (np.frombuffer(raw, dtype="<u2", count=count).astype(np.uint32) << 16).view(np.float32)
+    else:
+        arr = np.frombuffer(raw, dtype="<f8", count=count).astype(np.float32)
+    arr = arr.reshape(info.shape)
+    if not np.all(np.isfinite(arr)):
+        raise ColibriError(f"{path.name}: tensor {info.name!r} contains NaN or Inf")
+    return arr

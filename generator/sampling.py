@@ -1,0 +1,88 @@
+"""Token sampling and its portable RNG, mirrored by firmware_src/runtime/sampler.c.
+
+Every target draws the same tokens because the RNG is 64-bit integer arithmetic and every
+probability is computed with the float32 rules of numerics.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .numerics import F32, expf, f32, seq_sum
+
+MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k 0, top_p 1 and min_p 0 disable those filters."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+
+    def as_f32(self) -> "SamplingParams":
+        """The values exactly as the firmware holds them (float32)."""
+        return SamplingParams(float(F32(self.temperature)), self.top_k, float(F32(self.top_p)),
+                              float(F32(self.min_p)), self.seed)
+
+
+class Rng:
+    """xorshift64*: state ^= >>12, <<25, >>27; output the high 32 bits of state * M."""
+
+    MULT = 0x2545F4914F6CDD1D
+
+    def __init__(self, seed: int):
+        self.state = (seed ^ 0x9E3779B97F4A7C15) & MASK64
+        if self.state == 0:
+            self.state = 0x9E3779B97F4A7C15
+
+    def next_u32(self) -> int:
+        s = self.state
+        s ^= s >> 12
+        s ^= (s << 25) & MASK64
+        s ^= s >> 27
+        self.state = s
+        return ((s * self.MULT) & MASK64) >> 32
+
+    def uniform(self) -> np.float32:
+        """A float32 in [0, 1) with 24 random bits."""
+        return F32(self.next_u32() >> 8) * F32(1.0 / 16777216.0)
+
+
+def argmax(logits: np.ndarray) -> int:
+    """Index of the largest logit; the lowest index wins a tie."""
+    return int(np.argmax(logits))
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: Rng) -> int:
+    if params.temperature <= 0.0:
+        return argmax(logits)
+    scaled = f32(logits) / F32(params.temperature)
+    m = np.max(scaled)
+    e = expf(scaled - m)
+    probs = e / seq_sum(e)
+    # Candidates by probability, highest first; ties by lower token id.
+    order = np.lexsort((np.arange(len(probs)), -probs))
+    p_sorted = probs[order]
+    keep = len(order)
+    if 0 < params.top_k < keep:
+        keep = params.top_k
+    if params.top_p < 1.0:
+        cum = np.add.accumulate(p_sorted[:keep], dtype=np.float32)
+        reached = np.nonzero(cum >= F32(params.top_p))[0]
+        if len(reached):
+            keep = int(reached[0]) + 1
+    if params.min_p > 0.0:
+        threshold = F32(params.min_p) * p_sorted[0]
+        keep = max(1, int(np.count_nonzero(p_sorted[:keep] >= threshold)))
+    kept = p_sorted[:keep]
+    cum = np.add.accumulate(kept, dtype=np.float32)
+    r = rng.uniform() * cum[-1]
+    above = np.nonzero(r < cum)[0]
+    chosen = int(above[0]) if len(above) else keep - 1
+    return int(order[chosen])

@@ -1,0 +1,58 @@
+"""ModelSpec: the architecture of one checkpoint, independent of how it will be stored or run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+import json
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary position embedding parameters (rotate-half convention, as in Hugging Face)."""
+
+    theta: float
+    scaling: str = "default"  # "default" | "linear" | "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the planner, emitter, runtime and reference need to know about a model."""
+
+    name: str
+    architecture: str  # Hugging Face class name, e.g. "LlamaForCausalLM"
+    family: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeSpec
+    max_position_embeddings: int
+    tie_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    # Per layer: how many most recent positions (current included) attention sees; 0 = all.
+    layer_windows: tuple[int, ...] = field(default_factory=tuple)
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys, no whitespace variance): part of the model hash."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))

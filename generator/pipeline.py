@@ -41,8 +41,8 @@ def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir
     plan = make_plan(checkpoint.spec, board.name, quant, n_ctx)
 
     def report(i, n, name):
-        if progress:
-            progress(f"quantizing {i}/{n} {name}")
+        if progress and (i == n or i % max(1, n // 8) == 0):
+            progress(f"quantizing weights: {i}/{n} tensors")
 
     image = build_image(plan, checkpoint.tensors, report if quant == "q8_0" else None)
     sources = render(plan, image.model_hash)

@@ -29,6 +29,7 @@ class Board:
     default_ctx: int
     program: str
     cc: str
+    apt_packages: tuple[str, ...]
     cflags: tuple[str, ...]
     ldflags: tuple[str, ...]
     libs: tuple[str, ...]
@@ -52,7 +53,7 @@ def load_board(name: str) -> Board:
         return Board(
             name=data["name"], description=data["description"], isa=data["isa"], bsp=data["bsp"],
             kernels=tuple(data["kernels"]), default_ctx=int(data["default_ctx"]), program=data["program"],
-            cc=tc["cc"], cflags=tuple(tc["cflags"]), ldflags=tuple(tc["ldflags"]), libs=tuple(tc["libs"]),
+            cc=tc["cc"], apt_packages=tuple(tc.get("apt", ())), cflags=tuple(tc["cflags"]), ldflags=tuple(tc["ldflags"]), libs=tuple(tc["libs"]),
             runner=runner["kind"], weights=runner["weights"],
             memory=tuple(MemoryRegion(m["name"], m["kind"], int(m["size"]), tuple(m["holds"]))
                          for m in data["memory"]),

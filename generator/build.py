@@ -1,0 +1,98 @@
+"""Build stage driver: checks the request in Python (clear errors before any compiling), then
+runs SCons, which generates the sources (pipeline.generate) and cross-builds them for the board."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ColibriError
+from .hf_import import load_checkpoint
+from .pipeline import PLAN_FILE, WEIGHTS_FILE, resolve_ctx
+from .plan import Plan, make_plan
+from .targets import Board
+
+REPO = Path(__file__).resolve().parent.parent
+GENERATED_DIR = "generated"
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    board: Board
+    model_dir: Path
+    quant: str
+    n_ctx: int
+    out_dir: Path
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    out_dir: Path
+    program: Path
+    weights: Path
+    plan_json: Path
+    generated: Path
+
+    def plan(self) -> dict:
+        return json.loads(self.plan_json.read_text())
+
+    def model_hash(self) -> str:
+        from .image import read_header
+        return read_header(self.weights.read_bytes()).model_hash.hex()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "model"
+
+
+def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
+            out_dir: Path | str | None = None) -> tuple[BuildRequest, Plan]:
+    """Validate everything that can be validated without compiling; returns the plan too."""
+    model_dir = Path(model_dir)
+    checkpoint = load_checkpoint(model_dir, load_tensors=False)
+    n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
+    plan = make_plan(checkpoint.spec, board.name, quant, n_ctx)
+    if out_dir is None:
+        out_dir = REPO / "build" / board.name / f"{_slug(model_dir.resolve().name)}-{quant}-ctx{n_ctx}"
+    return BuildRequest(board, model_dir.resolve(), quant, n_ctx, Path(out_dir).resolve()), plan
+
+
+def artifacts(req: BuildRequest) -> Artifacts:
+    gen = req.out_dir / GENERATED_DIR
+    return Artifacts(req.out_dir, req.out_dir / req.board.program, gen / WEIGHTS_FILE, gen / PLAN_FILE, gen)
+
+
+def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str]:
+    scons = Path(sys.executable).parent / "scons"
+    return [str(scons), "-Q", "-C", str(REPO), f"board={req.board.name}", f"model={req.model_dir}",
+            f"quant={req.quant}", f"ctx={req.n_ctx}", f"out={req.out_dir}", *(extra or [])]
+
+
+def run_scons(req: BuildRequest, echo=None) -> Artifacts:
+    """Run the SCons build; progress lines go to `echo`. A failure raises ColibriError."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONHASHSEED", "0")
+    try:
+        proc = subprocess.Popen(scons_command(req), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, text=True, errors="replace")
+    except OSError as e:
+        raise ColibriError(f"cannot run SCons ({e.strerror}); run ./colibri from the repository root") from None
+    lines = []
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        lines.append(line)
+        if echo and not line.startswith("colibri: error:") and not line.endswith("is up to date."):
+            echo(line)
+    proc.wait()
+    if proc.returncode != 0:
+        for line in lines:
+            if line.startswith("colibri: error: "):
+                raise ColibriError(line[len("colibri: error: "):])
+        tail = "\n".join(lines[-30:])
+        raise ColibriError(f"the build for board {req.board.name} failed:\n{tail}")
+    return artifacts(req)

@@ -1,0 +1,379 @@
+"""The colibri command line: build, run, verify, report and bench, for a board and a model."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from . import __version__
+from .build import REPO, Artifacts, prepare, run_scons
+from .elfsize import read_elf
+from .errors import ColibriError
+from .hf_import import read_json
+from .quantize import QUANTS
+from .reference import Reference
+from .report import format_report, report_dict
+from .runner import RunRequest, run_on_board
+from .sampling import SamplingParams
+from .setup_toolchain import ensure_toolchain
+from .targets import available_boards, load_board
+from .tokenizer import Tokenizer, parse_prompt_ids
+
+DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---- argument helpers -----------------------------------------------------------------------
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def unit_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--board", default="host", help=f"target board (available: {', '.join(available_boards())})")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory "
+                   "(default: the bundled models/kjv-tiny)")
+    p.add_argument("--quant", default="q8_0", choices=QUANTS, help="weight format (default q8_0)")
+    p.add_argument("--ctx", type=positive_int, help="context length the firmware is built for "
+                   "(default: the board's default, capped by the model)")
+    p.add_argument("--out", type=Path, help="build directory (default build/<board>/<model>-<quant>-ctx<N>)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+
+def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
+    p.add_argument("--prompt", help="prompt text (needs the model's tokenizer.json)")
+    p.add_argument("--prompt-ids", help="prompt as comma-separated token ids")
+    p.add_argument("--steps", type=positive_int, default=steps, help=f"tokens to generate (default {steps})")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--temperature", type=non_negative_float, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-k", type=non_negative_int, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=unit_float, help="keep the smallest set with this total probability")
+    p.add_argument("--min-p", type=unit_float, help="drop tokens below min-p times the top probability")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+
+
+# ---- shared steps ---------------------------------------------------------------------------
+
+def build_for(args, quiet: bool) -> tuple[Artifacts, object]:
+    board = load_board(args.board)
+    ensure_toolchain(board)
+    req, plan = prepare(board, args.model, args.quant, args.ctx, args.out)
+    echo = None if quiet else progress
+    return run_scons(req, echo), (board, plan)
+
+
+def sampling_from(args, model_dir: Path) -> SamplingParams:
+    """generation_config.json's defaults, overridden by the command line."""
+    gen_path = Path(model_dir) / "generation_config.json"
+    gen = read_json(gen_path) if gen_path.is_file() else {}
+    temperature, top_k, top_p, min_p = 0.0, 0, 1.0, 0.0
+    if gen.get("do_sample") is True:
+        temperature = float(gen.get("temperature") or 1.0)
+        top_k = int(gen.get("top_k") if gen.get("top_k") is not None else 50)
+        top_p = float(gen.get("top_p") if gen.get("top_p") is not None else 1.0)
+        min_p = float(gen.get("min_p") or 0.0)
+    if args.temperature is not None:
+        temperature = args.temperature
+    if args.greedy:
+        temperature = 0.0
+    if args.top_k is not None:
+        top_k = args.top_k
+    if args.top_p is not None:
+        if args.top_p <= 0.0:
+            raise ColibriError("--top-p must be greater than 0")
+        top_p = args.top_p
+    if args.min_p is not None:
+        min_p = args.min_p
+    return SamplingParams(temperature, top_k, top_p, min_p, args.seed)
+
+
+def prompt_from(args, tokenizer: Tokenizer | None, vocab: int) -> list[int]:
+    if args.prompt is not None and args.prompt_ids is not None:
+        raise ColibriError("give --prompt or --prompt-ids, not both")
+    if args.prompt_ids is not None:
+        ids = parse_prompt_ids(args.prompt_ids)
+    elif args.prompt is not None:
+        if tokenizer is None:
+            raise ColibriError(f"{args.model}: no tokenizer.json, so --prompt cannot be used; give --prompt-ids")
+        ids = tokenizer.encode(args.prompt)
+        if not ids:
+            raise ColibriError("the prompt encodes to no tokens")
+    else:
+        raise ColibriError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3")
+    bad = [i for i in ids if i >= vocab]
+    if bad:
+        raise ColibriError(f"prompt token id {bad[0]} is outside the vocabulary ({vocab})")
+    return ids
+
+
+def check_fits_context(prompt: list[int], steps: int, n_ctx: int) -> None:
+    if len(prompt) + steps - 1 > n_ctx:
+        raise ColibriError(f"prompt ({len(prompt)} tokens) + {steps} steps need a context of "
+                           f"{len(prompt) + steps - 1}, the firmware is built for {n_ctx} (use --ctx or fewer --steps)")
+
+
+class TextStream:
+    """Prints generated text as tokens arrive (decoding the whole suffix each time keeps
+    multi-token characters and spacing right)."""
+
+    def __init__(self, tokenizer: Tokenizer | None, enabled: bool):
+        self.tokenizer, self.enabled = tokenizer, enabled
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def __call__(self, step: int, token: int) -> None:
+        self.ids.append(token)
+        if not self.enabled:
+            return
+        if self.tokenizer is None:
+            print(f"{token} ", end="", flush=True)
+            return
+        text = self.tokenizer.decode(self.ids)
+        if text.startswith(self.shown):
+            print(text[len(self.shown):], end="", flush=True)
+            self.shown = text
+
+
+def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
+    return tokenizer.decode(ids) if tokenizer else None
+
+
+# ---- commands -------------------------------------------------------------------------------
+
+def cmd_build(args) -> int:
+    art, (board, plan) = build_for(args, quiet=False)
+    info = {"board": board.name, "program": str(art.program), "weights": str(art.weights),
+            "plan": str(art.plan_json), "generated": str(art.generated), "model_hash": art.model_hash(),
+            "quant": plan.quant, "n_ctx": plan.n_ctx}
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(f"built {art.program} for {board.name} ({plan.spec.architecture}, {plan.quant}, context {plan.n_ctx})")
+        print(f"weight image {art.weights} ({art.weights.stat().st_size:,} bytes, model hash {info['model_hash'][:16]})")
+    return 0
+
+
+def _run(args, stream: bool):
+    art, (board, plan) = build_for(args, quiet=args.json)
+    tokenizer = Tokenizer.for_model(args.model)
+    prompt = prompt_from(args, tokenizer, plan.spec.vocab_size)
+    check_fits_context(prompt, args.steps, plan.n_ctx)
+    request = RunRequest(prompt, args.steps, sampling_from(args, args.model), not args.ignore_eos)
+    text_out = TextStream(tokenizer, enabled=stream and not args.json)
+    if stream and not args.json and tokenizer is not None and args.prompt is not None:
+        print(args.prompt, end="", flush=True)
+    result = run_on_board(board, art.program, art.weights, request, art.model_hash(), on_token=text_out)
+    if stream and not args.json:
+        print()
+    return art, board, plan, tokenizer, request, result
+
+
+def rates(result) -> dict:
+    s = result.stats
+    prefill_us, decode_us = int(s.get("prefill_us", 0)), int(s.get("decode_us", 0))
+    n_prompt, n_decode = int(s.get("prompt", 0)), int(s.get("decode", 0))
+    return {
+        "prompt_tokens": n_prompt,
+        "prefill_seconds": prefill_us / 1e6,
+        "prefill_tok_s": n_prompt / (prefill_us / 1e6) if prefill_us else None,
+        "decode_forward_passes": n_decode,
+        "decode_seconds": decode_us / 1e6,
+        "decode_tok_s": n_decode / (decode_us / 1e6) if decode_us and n_decode else None,
+    }
+
+
+def cmd_run(args) -> int:
+    art, board, plan, tokenizer, request, result = _run(args, stream=True)
+    r = rates(result)
+    if args.json:
+        print(json.dumps({"board": board.name, "prompt": request.prompt, "tokens": result.tokens,
+                          "text": decode_text(tokenizer, result.tokens), "logits_sha256": result.digests,
+                          "stop_reason": result.stop_reason, "stats": r}, indent=2))
+    else:
+        speed = f", {r['decode_tok_s']:.1f} tok/s decode" if r["decode_tok_s"] else ""
+        print(f"[{len(result.tokens)} tokens on {board.name}, stopped by {result.stop_reason}{speed}]", file=sys.stderr)
+    return 0
+
+
+def first_divergence(fw_tokens, fw_digests, ref_tokens, ref_digests) -> int | None:
+    for i in range(max(len(fw_tokens), len(ref_tokens))):
+        if i >= len(fw_tokens) or i >= len(ref_tokens):
+            return i
+        if fw_tokens[i] != ref_tokens[i] or fw_digests[i] != ref_digests[i]:
+            return i
+    return None
+
+
+def cmd_verify(args) -> int:
+    art, board, plan, tokenizer, request, result = _run(args, stream=True)
+    if not args.json:
+        progress(f"running the NumPy reference on the same weight image ({len(request.prompt)} prompt tokens, "
+                 f"{request.steps} steps)")
+    from .plan import make_plan
+    from .hf_import import load_checkpoint
+    spec = load_checkpoint(args.model, load_tensors=False).spec
+    ref_plan = make_plan(spec, board.name, plan.quant, plan.n_ctx)
+    reference = Reference(ref_plan, art.weights.read_bytes())
+    ref = reference.generate(request.prompt, request.steps, request.sampling, request.stop_at_eos)
+    diverged = first_divergence(result.tokens, result.digests, ref.tokens, ref.digests)
+    mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
+    summary = {
+        "board": board.name, "model": str(args.model), "quant": plan.quant, "n_ctx": plan.n_ctx,
+        "prompt": request.prompt, "sampling": asdict(request.sampling),
+        "firmware": {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason},
+        "reference": {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason},
+        "text": decode_text(tokenizer, result.tokens),
+        "pass": diverged is None,
+        "first_divergent_step": diverged,
+        "stats": rates(result),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    elif diverged is None:
+        print(f"PASS: {board.name} firmware matches the NumPy reference bit for bit: {len(result.tokens)} tokens "
+              f"and {len(result.digests)} per-step logits SHA-256 identical ({plan.quant}, {mode})")
+    else:
+        def at(tokens, digests):
+            if diverged < len(tokens):
+                return f"token {tokens[diverged]}, logits {digests[diverged][:16]}"
+            return "no token (stopped earlier)"
+        print(f"FAIL: first divergent step {diverged}: firmware {at(result.tokens, result.digests)}; "
+              f"reference {at(ref.tokens, ref.digests)}")
+    return 0 if diverged is None else 1
+
+
+def cmd_report(args) -> int:
+    art, (board, plan) = build_for(args, quiet=args.json)
+    rep = report_dict(board, plan, read_elf(art.program))
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        print(format_report(rep))
+    if not rep["fits"]:
+        over = [r for r in rep["regions"] if r["over_budget"]]
+        raise ColibriError("; ".join(f"region {r['name']} needs {r['used']:,} B but has {r['budget']:,} B"
+                                     for r in over))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    art, (board, plan) = build_for(args, quiet=True)
+    vocab = plan.spec.vocab_size
+    start = plan.spec.bos_token_id if plan.spec.bos_token_id is not None else 1
+    # A fixed synthetic prompt: the BOS token, then ids spread over the vocabulary.
+    prompt = [start] + [(7919 * (i + 1)) % vocab for i in range(args.prompt_tokens - 1)]
+    check_fits_context(prompt, args.steps, plan.n_ctx)
+    request = RunRequest(prompt, args.steps, SamplingParams(), stop_at_eos=False)
+    runs = []
+    for i in range(args.repeat):
+        result = run_on_board(board, art.program, art.weights, request, art.model_hash())
+        runs.append(rates(result))
+        if not args.json:
+            progress(f"  run {i + 1}/{args.repeat}: prefill {runs[-1]['prefill_tok_s']:.1f} tok/s, "
+                     f"decode {runs[-1]['decode_tok_s']:.1f} tok/s")
+    prefill = statistics.median(r["prefill_tok_s"] for r in runs)
+    decode = statistics.median(r["decode_tok_s"] for r in runs)
+    out = {"board": board.name, "model": str(args.model), "architecture": plan.spec.architecture,
+           "quant": plan.quant, "n_ctx": plan.n_ctx, "threads": 1, "kernels": "scalar",
+           "prompt_tokens": len(prompt), "decode_steps": args.steps, "repeat": args.repeat,
+           "prefill_tok_s": prefill, "decode_tok_s": decode, "decode_ms_per_token": 1000.0 / decode,
+           "weight_bytes": art.weights.stat().st_size, "runs": runs}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, 1 thread, {len(prompt)}-token prompt, "
+              f"{args.steps} steps, median of {args.repeat}): prefill {prefill:.1f} tok/s, "
+              f"decode {decode:.1f} tok/s ({1000.0 / decode:.2f} ms/token)")
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="colibri", description="Hugging Face checkpoints to verified C firmware.")
+    parser.add_argument("--version", action="version", version=f"colibri {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("build", help="generate the sources and build the firmware for a board")
+    add_target_args(p)
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("run", help="build, run the firmware on a prompt and print the text")
+    add_target_args(p)
+    add_decode_args(p, steps=64)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("verify", help="run the firmware and the NumPy reference; PASS only if bit-identical")
+    add_target_args(p)
+    add_decode_args(p, steps=32)
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("report", help="where every byte goes, per memory region, checked against the ELF")
+    add_target_args(p)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("bench", help="measure prefill and decode speed")
+    add_target_args(p)
+    p.add_argument("--steps", type=positive_int, default=128, help="decoded tokens per run (default 128)")
+    p.add_argument("--prompt-tokens", type=positive_int, default=8, help="prompt length (default 8)")
+    p.add_argument("--repeat", type=positive_int, default=3, help="runs; the median is reported (default 3)")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ColibriError as e:
+        print(f"colibri: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("colibri: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Read the linked firmware with pyelftools: where the bytes went, to check the plan against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elftools.elf.constants import SH_FLAGS
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+from .errors import ColibriError
+
+ARENA_SYMBOLS = ("colibri_scratch", "colibri_key_cache", "colibri_value_cache", "colibri_rope_cos",
+                 "colibri_rope_sin", "colibri_tensor_table")
+
+
+@dataclass
+class ElfSizes:
+    code: int = 0  # executable sections
+    rodata: int = 0  # read-only data (RoPE tables included)
+    data: int = 0  # initialised writable data
+    bss: int = 0  # zero-initialised (the arenas)
+    symbols: dict[str, int] = field(default_factory=dict)  # size of each ARENA_SYMBOLS symbol
+    sections: dict[str, int] = field(default_factory=dict)
+
+
+def read_elf(path: Path) -> ElfSizes:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise ColibriError(f"cannot read firmware {path}: {e.strerror} (run build first)") from None
+    sizes = ElfSizes()
+    with f:
+        elf = ELFFile(f)
+        for section in elf.iter_sections():
+            flags = section["sh_flags"]
+            if not flags & SH_FLAGS.SHF_ALLOC or section["sh_size"] == 0:
+                continue
+            size = section["sh_size"]
+            sizes.sections[section.name] = size
+            if flags & SH_FLAGS.SHF_EXECINSTR:
+                sizes.code += size
+            elif section["sh_type"] == "SHT_NOBITS":
+                sizes.bss += size
+            elif flags & SH_FLAGS.SHF_WRITE:
+                sizes.data += size
+            else:
+                sizes.rodata += size
+        symtab = elf.get_section_by_name(".symtab")
+        if isinstance(symtab, SymbolTableSection):
+            for sym in symtab.iter_symbols():
+                if sym.name in ARENA_SYMBOLS:
+                    sizes.symbols[sym.name] = sym["st_size"]
+    return sizes

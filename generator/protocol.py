@@ -1,0 +1,98 @@
+"""The framed result protocol, host side (firmware_src/app/protocol.h is the other side).
+
+    @CLB <seq> <kind> <key>=<value> ... *<crc32>\\n
+
+FrameReader takes bytes in arbitrary pieces (split reads), keeps whatever is not a frame as log
+lines (ROM banners, boot logs), rejects frames whose CRC does not match, and notices a reset
+(a hello frame with sequence number 0 after other frames).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+START = b"@CLB "
+KINDS = ("hello", "token", "stats", "done", "error")
+MAX_LINE = 4096
+_FRAME = re.compile(rb"@CLB (\d+) ([a-z]+)((?: [a-z_]+=[^ ]*)*) \*([0-9a-f]{8})\r?$")
+_SAFE = re.compile(r"[^\x21-\x7e]|[%*=]")
+
+
+@dataclass(frozen=True)
+class Frame:
+    seq: int
+    kind: str
+    fields: dict[str, str]
+
+    def int(self, key: str) -> int:
+        return int(self.fields[key])
+
+
+def _escape(value: str) -> str:
+    return _SAFE.sub(lambda m: "".join(f"%{b:02x}" for b in m.group(0).encode()), value)
+
+
+def encode_frame(seq: int, kind: str, fields: dict[str, object]) -> bytes:
+    body = f"@CLB {seq} {kind}" + "".join(f" {k}={_escape(str(v))}" for k, v in fields.items())
+    crc = zlib.crc32(body.encode())
+    return f"{body} *{crc:08x}\n".encode()
+
+
+def parse_frame(line: bytes) -> Frame | None:
+    """A Frame if `line` holds a well-formed frame with a matching CRC, else None."""
+    start = line.find(START)
+    if start < 0:
+        return None
+    m = _FRAME.match(line, start)
+    if not m:
+        return None
+    body = line[start:m.start(4) - 2]
+    if zlib.crc32(body) != int(m.group(4), 16):
+        return None
+    kind = m.group(2).decode()
+    if kind not in KINDS:
+        return None
+    fields = {}
+    for item in m.group(3).decode().split():
+        key, _, value = item.partition("=")
+        fields[key] = unquote(value)
+    return Frame(int(m.group(1)), kind, fields)
+
+
+@dataclass
+class FrameReader:
+    frames: list[Frame] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+    rejected: int = 0  # lines that started a frame but failed to parse or match their CRC
+    resets: int = 0
+    _buffer: bytearray = field(default_factory=bytearray)
+    _next_seq: int = 0
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Consume bytes; return the complete, valid frames they finished."""
+        self._buffer += data
+        out = []
+        while True:
+            nl = self._buffer.find(b"\n")
+            if nl < 0:
+                if len(self._buffer) > MAX_LINE:  # a runaway line: keep it as log, resynchronise
+                    self.log.append(self._buffer[:MAX_LINE].decode("utf-8", "replace"))
+                    del self._buffer[:MAX_LINE]
+                break
+            line = bytes(self._buffer[:nl])
+            del self._buffer[:nl + 1]
+            frame = parse_frame(line)
+            if frame is None:
+                if START in line:
+                    self.rejected += 1
+                self.log.append(line.decode("utf-8", "replace").rstrip("\r"))
+                continue
+            if frame.kind == "hello" and frame.seq == 0 and self._next_seq > 0:
+                self.resets += 1
+            self._next_seq = frame.seq + 1
+            self.frames.append(frame)
+            out.append(frame)
+        return out

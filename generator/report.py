@@ -1,0 +1,134 @@
+"""Memory report: every byte of the firmware per memory region (plan, checked against the ELF),
+against the board's budgets, with the largest context that would still fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .elfsize import ElfSizes
+from .errors import ColibriError
+from .plan import Plan, make_plan
+from .targets import Board
+
+CATEGORIES = ("code", "weights", "kv_cache", "scratch", "rope_tables", "other_data")
+
+
+@dataclass(frozen=True)
+class RegionUse:
+    name: str
+    kind: str
+    budget: int  # 0: no fixed budget
+    items: dict[str, int]
+
+    @property
+    def used(self) -> int:
+        return sum(self.items.values())
+
+    @property
+    def over_budget(self) -> bool:
+        return self.budget > 0 and self.used > self.budget
+
+
+def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
+    """The linked arenas must be exactly the sizes the plan computed."""
+    expected = {
+        "colibri_scratch": plan.scratch_bytes,
+        "colibri_key_cache": plan.kv_bytes // 2,
+        "colibri_value_cache": plan.kv_bytes // 2,
+        "colibri_rope_cos": plan.rope_table_bytes // 2,
+        "colibri_rope_sin": plan.rope_table_bytes // 2,
+    }
+    for symbol, size in expected.items():
+        got = elf.symbols.get(symbol)
+        if got != size:
+            raise ColibriError(f"the linked firmware disagrees with the plan: {symbol} is {got} bytes, "
+                               f"the plan says {size} (rebuild)")
+
+
+def category_bytes(plan: Plan, elf: ElfSizes) -> dict[str, int]:
+    arenas = plan.kv_bytes + plan.scratch_bytes
+    return {
+        "code": elf.code,
+        "weights": plan.image.image_bytes,
+        "kv_cache": plan.kv_bytes,
+        "scratch": plan.scratch_bytes,
+        "rope_tables": plan.rope_table_bytes,
+        # Everything else the ELF holds: constant tables, libc data, stack-free globals.
+        "other_data": max(0, elf.rodata - plan.rope_table_bytes) + elf.data + max(0, elf.bss - arenas),
+    }
+
+
+def regions(board: Board, plan: Plan, elf: ElfSizes) -> list[RegionUse]:
+    sizes = category_bytes(plan, elf)
+    out = []
+    for region in board.memory:
+        holds = set(region.holds)
+        if "code" in holds:
+            holds.add("other_data")
+        out.append(RegionUse(region.name, region.kind, region.size,
+                             {c: sizes[c] for c in CATEGORIES if c in holds}))
+    return out
+
+
+def largest_fitting_ctx(board: Board, plan: Plan, elf: ElfSizes) -> int | None:
+    """Largest context whose plan fits every budgeted region (None: no region has a budget)."""
+    if not any(r.size > 0 for r in board.memory):
+        return None
+    fixed = category_bytes(plan, elf)
+
+    def fits(n_ctx: int) -> bool:
+        trial = make_plan(plan.spec, plan.board, plan.quant, n_ctx)
+        sizes = dict(fixed, kv_cache=trial.kv_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes)
+        for region in board.memory:
+            holds = set(region.holds) | ({"other_data"} if "code" in region.holds else set())
+            if region.size and sum(sizes[c] for c in CATEGORIES if c in holds) > region.size:
+                return False
+        return True
+
+    lo, hi = 1, plan.spec.max_position_embeddings
+    if not fits(2):
+        return 0
+    lo = 2
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
+    check_elf_against_plan(plan, elf)
+    uses = regions(board, plan, elf)
+    return {
+        "board": board.name,
+        "model": plan.spec.name,
+        "architecture": plan.spec.architecture,
+        "quant": plan.quant,
+        "n_ctx": plan.n_ctx,
+        "regions": [
+            {"name": r.name, "kind": r.kind, "budget": r.budget, "used": r.used, "over_budget": r.over_budget,
+             "items": r.items}
+            for r in uses
+        ],
+        "elf_sections": elf.sections,
+        "largest_ctx_that_fits": largest_fitting_ctx(board, plan, elf),
+        "fits": not any(r.over_budget for r in uses),
+    }
+
+
+def format_report(rep: dict) -> str:
+    lines = [f"memory report: {rep['model']} ({rep['architecture']}), {rep['quant']}, context {rep['n_ctx']}, "
+             f"board {rep['board']}"]
+    for r in rep["regions"]:
+        budget = f"budget {r['budget']:,} B" if r["budget"] else "no fixed budget"
+        lines.append(f"  region {r['name']} ({r['kind']}, {budget})")
+        for name, size in r["items"].items():
+            lines.append(f"    {name:<12} {size:>14,} B")
+        status = "OVER BUDGET" if r["over_budget"] else ("fits" if r["budget"] else "")
+        share = f" ({100 * r['used'] / r['budget']:.1f}% of budget)" if r["budget"] else ""
+        lines.append(f"    {'total':<12} {r['used']:>14,} B{share} {status}".rstrip())
+    largest = rep["largest_ctx_that_fits"]
+    lines.append("  largest context that fits: " + ("no limit on this board" if largest is None else str(largest)))
+    return "\n".join(lines)

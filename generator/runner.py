@@ -1,0 +1,149 @@
+"""Run stage: start the firmware on a board, send it the request, read its frames back.
+
+How a board is run comes from its board file (runner.kind); the frames are interpreted the same
+way for every board by Session.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .errors import ColibriError
+from .protocol import Frame, FrameReader
+from .sampling import SamplingParams
+from .targets import Board
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    prompt: list[int]
+    steps: int
+    sampling: SamplingParams = SamplingParams()
+    stop_at_eos: bool = True
+
+
+@dataclass
+class RunResult:
+    hello: dict[str, str] = field(default_factory=dict)
+    tokens: list[int] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    stats: dict[str, str] = field(default_factory=dict)
+    stop_reason: str = ""
+    log: list[str] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+
+class Session:
+    """Interprets one run's frames: hello, token..., stats, done; or an error frame."""
+
+    def __init__(self, expected_model: str | None = None, on_token: Callable[[int, int], None] | None = None):
+        self.result = RunResult()
+        self.expected_model = expected_model
+        self.on_token = on_token
+        self.finished = False
+
+    def handle(self, frame: Frame) -> None:
+        r = self.result
+        if frame.kind == "hello":
+            if r.hello and frame.seq == 0:
+                raise ColibriError("the board reset during the run (a second hello frame arrived)")
+            r.hello = frame.fields
+            if self.expected_model and frame.fields.get("model") != self.expected_model:
+                raise ColibriError(f"the board runs firmware for model {frame.fields.get('model', '?')[:16]}…, "
+                                   f"expected {self.expected_model[:16]}… (flash the matching build)")
+        elif frame.kind == "error":
+            msg = frame.fields.get("msg", "unknown error")
+            raise ColibriError(f"firmware reported error {frame.fields.get('code', '?')}: {msg}")
+        elif frame.kind == "token":
+            step = frame.int("step")
+            if step != len(r.tokens):
+                raise ColibriError(f"token frame for step {step} arrived when step {len(r.tokens)} was expected")
+            r.tokens.append(frame.int("id"))
+            r.digests.append(frame.fields["logits"])
+            if self.on_token:
+                self.on_token(step, r.tokens[-1])
+        elif frame.kind == "stats":
+            r.stats = frame.fields
+        elif frame.kind == "done":
+            r.stop_reason = frame.fields.get("reason", "")
+            self.finished = True
+
+
+def f32_arg(value: float) -> str:
+    """A float exactly as the firmware will hold it (hexadecimal float32)."""
+    return float.hex(float(np.float32(value)))
+
+
+def firmware_args(request: RunRequest) -> list[str]:
+    s = request.sampling
+    args = ["--prompt-ids", ",".join(str(t) for t in request.prompt), "--steps", str(request.steps),
+            "--temperature", f32_arg(s.temperature), "--top-k", str(s.top_k), "--top-p", f32_arg(s.top_p),
+            "--min-p", f32_arg(s.min_p), "--seed", str(s.seed)]
+    if not request.stop_at_eos:
+        args.append("--ignore-eos")
+    return args
+
+
+def default_timeout(request: RunRequest, weights_bytes: int) -> float:
+    """Generous for this machine: 20 s to start plus time for every token at >= 20 MB/s of weights."""
+    per_token = max(0.05, weights_bytes / 20e6)
+    return 20.0 + per_token * (len(request.prompt) + request.steps)
+
+
+def run_process(argv: list[str], session: Session, timeout: float) -> RunResult:
+    reader = FrameReader()
+    start = time.monotonic()
+    deadline = start + timeout
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        raise ColibriError(f"cannot start the firmware {argv[0]}: {e.strerror}") from None
+    try:
+        fd = proc.stdout.fileno()
+        while not session.finished:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ColibriError(f"no complete result from the firmware within {timeout:.0f} s "
+                                   f"({len(session.result.tokens)} tokens received)")
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            for frame in reader.feed(chunk):
+                session.handle(frame)
+        if not session.finished:
+            proc.wait(timeout=5)
+            err = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+            detail = f": {err[-1]}" if err else ""
+            raise ColibriError(f"the firmware exited with status {proc.returncode} before finishing{detail}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    session.result.log = reader.log
+    session.result.wall_seconds = time.monotonic() - start
+    return session.result
+
+
+def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest, expected_model: str,
+                 on_token=None, logits_out: Path | None = None, timeout: float | None = None) -> RunResult:
+    if board.runner != "process":
+        raise ColibriError(f"board {board.name!r}: runner {board.runner!r} is not available in this version")
+    argv = [str(program), "--weights", str(weights), *firmware_args(request)]
+    if logits_out is not None:
+        argv += ["--logits-out", str(logits_out)]
+    if timeout is None:
+        timeout = default_timeout(request, weights.stat().st_size)
+    return run_process(argv, Session(expected_model, on_token), timeout)

@@ -1,0 +1,40 @@
+"""Host-side text <-> token ids through the model's tokenizer.json (the firmware sees only ids)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import ColibriError
+
+
+class Tokenizer:
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the tokenizers library raises plain Exceptions
+            raise ColibriError(f"{path.name}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
+
+    @staticmethod
+    def for_model(model_dir: Path) -> "Tokenizer | None":
+        path = Path(model_dir) / "tokenizer.json"
+        return Tokenizer(path) if path.is_file() else None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+
+def parse_prompt_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise ColibriError("--prompt-ids must be comma-separated integers, e.g. 1,422,13") from None
+    if not ids:
+        raise ColibriError("--prompt-ids is empty")
+    if any(i < 0 for i in ids):
+        raise ColibriError("--prompt-ids must not be negative")
+    return ids

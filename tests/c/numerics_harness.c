@@ -1,0 +1,113 @@
+/* Test harness: runs one runtime operation on binary input from stdin, writes the result to
+ * stdout, so tests can compare the C runtime with generator/numerics.py bit for bit.
+ *
+ *   harness expf N | silu N | softmax N | rmsnorm N EPS | quantize N
+ *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS
+ *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "ops.h"
+#include "sampler.h"
+
+static void *read_exact(size_t bytes)
+{
+    void *buf = malloc(bytes ? bytes : 1);
+    if (buf == NULL || fread(buf, 1, bytes, stdin) != bytes) {
+        fprintf(stderr, "short input\n");
+        exit(3);
+    }
+    return buf;
+}
+
+static void write_all(const void *data, size_t bytes)
+{
+    fwrite(data, 1, bytes, stdout);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: harness OP ARGS...\n");
+        return 2;
+    }
+    const char *op = argv[1];
+    int n = atoi(argv[2]);
+    if (strcmp(op, "expf") == 0 || strcmp(op, "silu") == 0) {
+        float *x = read_exact(n * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            x[i] = (op[0] == 'e') ? op_expf(x[i]) : op_silu(x[i]);
+        }
+        write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "softmax") == 0) {
+        float *x = read_exact(n * sizeof(float));
+        op_softmax(x, n);
+        write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "rmsnorm") == 0) {
+        float eps = strtof(argv[3], NULL);
+        float *x = read_exact(n * sizeof(float));
+        float *w = read_exact(n * sizeof(float));
+        op_rmsnorm(x, x, w, n, eps);
+        write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "quantize") == 0) {
+        float *x = read_exact(n * sizeof(float));
+        int8_t *qs = malloc(n);
+        float *d = malloc(n / KERNEL_QK * sizeof(float));
+        kernel_quantize_q8_0(qs, d, x, n);
+        write_all(qs, n);
+        write_all(d, n / KERNEL_QK * sizeof(float));
+    } else if (strcmp(op, "matvec_f32") == 0) {
+        int cols = atoi(argv[3]);
+        float *w = read_exact((size_t)n * cols * sizeof(float));
+        float *x = read_exact(cols * sizeof(float));
+        float *out = malloc(n * sizeof(float));
+        kernel_matvec_f32(out, w, x, n, cols);
+        write_all(out, n * sizeof(float));
+    } else if (strcmp(op, "matvec_q8_0") == 0) {
+        int cols = atoi(argv[3]);
+        int nb = cols / KERNEL_QK;
+        int8_t *wq = read_exact((size_t)n * cols);
+        float *wd = read_exact((size_t)n * nb * sizeof(float));
+        int8_t *xq = read_exact(cols);
+        float *xd = read_exact(nb * sizeof(float));
+        float *out = malloc(n * sizeof(float));
+        kernel_matvec_q8_0(out, wq, wd, xq, xd, n, cols);
+        write_all(out, n * sizeof(float));
+    } else if (strcmp(op, "rng") == 0) {
+        ColibriRng rng;
+        rng_seed(&rng, strtoull(argv[2], NULL, 10));
+        int count = atoi(argv[3]);
+        for (int i = 0; i < count; i++) {
+            uint32_t u = rng_next_u32(&rng);
+            write_all(&u, sizeof u);
+        }
+        for (int i = 0; i < count; i++) {
+            float f = rng_uniform(&rng);
+            write_all(&f, sizeof f);
+        }
+    } else if (strcmp(op, "sample") == 0) {
+        int count = atoi(argv[3]);
+        ColibriSampling s;
+        s.temperature = strtof(argv[4], NULL);
+        s.top_k = atoi(argv[5]);
+        s.top_p = strtof(argv[6], NULL);
+        s.min_p = strtof(argv[7], NULL);
+        s.seed = strtoull(argv[8], NULL, 10);
+        float *logits = read_exact(n * sizeof(float));
+        float *probs = malloc(n * sizeof(float));
+        int32_t *cand = malloc(n * sizeof(int32_t));
+        ColibriRng rng;
+        rng_seed(&rng, s.seed);
+        for (int i = 0; i < count; i++) {
+            int32_t t = sample_token(logits, n, &s, &rng, probs, cand);
+            write_all(&t, sizeof t);
+        }
+    } else {
+        fprintf(stderr, "unknown op %s\n", op);
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,95 @@
+"""Shared fixtures: tiny checkpoints, builds into temporary directories, firmware runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from generator.build import prepare, run_scons  # noqa: E402
+from generator.runner import RunRequest, run_on_board  # noqa: E402
+from generator.sampling import SamplingParams  # noqa: E402
+from generator.targets import load_board  # noqa: E402
+
+DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
+
+
+class Builder:
+    """Builds (model, quant, ctx) for the host board once per test session."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.cache = {}
+
+    def build(self, model_dir: Path, quant: str = "q8_0", ctx: int = 64, board: str = "host"):
+        key = (str(model_dir), quant, ctx, board)
+        if key not in self.cache:
+            b = load_board(board)
+            out = self.root / f"{Path(model_dir).name}-{quant}-{ctx}-{board}"
+            req, plan = prepare(b, model_dir, quant, ctx, out)
+            self.cache[key] = (b, run_scons(req), plan)
+        return self.cache[key]
+
+    def run(self, model_dir: Path, prompt, steps, quant="q8_0", ctx=64, sampling=SamplingParams(),
+            stop_at_eos=False, logits_out=None):
+        board, art, plan = self.build(model_dir, quant, ctx)
+        request = RunRequest(list(prompt), steps, sampling, stop_at_eos)
+        result = run_on_board(board, art.program, art.weights, request, art.model_hash(), logits_out=logits_out)
+        return art, plan, request, result
+
+
+@pytest.fixture(scope="session")
+def builder(tmp_path_factory) -> Builder:
+    return Builder(tmp_path_factory.mktemp("builds"))
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """kind -> model directory, made on first use."""
+    from models import make_checkpoint
+
+    root = tmp_path_factory.mktemp("checkpoints")
+    made = {}
+
+    def get(kind: str, **kwargs) -> Path:
+        key = (kind, tuple(sorted(kwargs.items())))
+        if key not in made:
+            name = kind + "".join(f"-{k}{v}" for k, v in sorted(kwargs.items()))
+            made[key] = make_checkpoint(kind, root / name, **kwargs)
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def harness(tmp_path_factory) -> Path:
+    """tests/c/numerics_harness.c built against the runtime's scalar kernels, ops and sampler."""
+    out = tmp_path_factory.mktemp("harness") / "harness"
+    rt = REPO / "firmware_src" / "runtime"
+    cmd = ["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-fno-math-errno",
+           f"-I{rt}", str(REPO / "tests" / "c" / "numerics_harness.c"), str(rt / "ops.c"), str(rt / "sampler.c"),
+           str(rt / "kernels" / "scalar.c"), "-lm", "-o", str(out)]
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def run_harness(harness: Path, args: list, payload: bytes) -> bytes:
+    done = subprocess.run([str(harness), *map(str, args)], input=payload, capture_output=True, check=True)
+    return done.stdout
+
+
+def f32_bytes(*arrays) -> bytes:
+    return b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for a in arrays)
+
+
+def run_cli(*args, cwd=REPO, timeout=600):
+    """Run the CLI in a subprocess, as a user would (python -m generator.cli)."""
+    return subprocess.run([sys.executable, "-m", "generator.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)

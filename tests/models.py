@@ -1,0 +1,70 @@
+"""Tiny random-init checkpoints made with transformers at fixed seeds (the tests' oracle models).
+
+Every config is small enough to build and run in seconds, yet covers what the issue asks:
+GQA ratios > 1, head_dim 48, a vocabulary that is not a multiple of 32, untied lm_head, RoPE
+scaling (linear and llama3), a Mistral sliding window shorter than the decode, Qwen2 q/k/v
+biases, Qwen3 q/k norms with head_dim independent of hidden/heads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ORACLE_CONFIGS = {
+    # GQA 2:1, head_dim 48, vocab 250, untied, linear RoPE scaling.
+    "llama_gqa_linear": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=250, hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=128, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "linear", "factor": 2.0}, rms_norm_eps=1e-5)),
+    # GQA 4:1, tied, llama3 RoPE scaling, attention biases.
+    "llama3_rope_bias": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=203, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, attention_bias=True,
+        mlp_bias=True, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 32})),
+    # Sliding window 8, shorter than the 28-step decode.
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(
+        vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, sliding_window=8, tie_word_embeddings=False)),
+    # q/k/v biases, tied.
+    "qwen2_bias": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        vocab_size=151, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)),
+    # q/k RMSNorm, head_dim 32 with hidden 64 and 4 heads (q_dim 128 != hidden), untied.
+    "qwen3_qknorm": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=128, tie_word_embeddings=False)),
+}
+
+
+def make_checkpoint(kind: str, out: Path, seed: int = 1234, dtype: str = "float32",
+                    max_shard_size: str | None = None) -> Path:
+    """Write a random-init checkpoint of ORACLE_CONFIGS[kind] (or a custom tuple) to `out`."""
+    import torch
+    import transformers
+
+    config_cls, model_cls, kwargs = ORACLE_CONFIGS[kind] if isinstance(kind, str) else kind
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(initializer_range=0.1, bos_token_id=1, eos_token_id=2, **kwargs)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        # Default init leaves norms at 1 and biases at 0; randomise them so those paths are tested.
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    if dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+    save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out, safe_serialization=True, **save_kwargs)
+    return out
+
+
+def load_hf(model_dir: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    return model.eval()

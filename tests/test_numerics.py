@@ -1,0 +1,80 @@
+"""The C runtime's operations return exactly the bits of generator/numerics.py."""
+
+import numpy as np
+import pytest
+
+from conftest import f32_bytes, run_harness
+from generator import numerics
+from generator.quantize import matvec_q8_0, quantize_q8_0
+
+rng = np.random.default_rng(7)
+
+
+def c_floats(harness, args, payload, count):
+    out = np.frombuffer(run_harness(harness, args, payload), dtype="<f4")
+    assert out.size == count
+    return out
+
+
+def assert_same_bits(a, b):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert a.shape == b.shape
+    mismatch = np.nonzero(a.view(np.uint32) != b.view(np.uint32))[0]
+    assert mismatch.size == 0, f"first mismatch at {mismatch[0]}: {a.flat[mismatch[0]]!r} vs {b.flat[mismatch[0]]!r}"
+
+
+def test_expf_matches_bit_for_bit_over_its_whole_range(harness):
+    x = np.concatenate([np.linspace(-100, 100, 20001, dtype=np.float32),
+                        rng.normal(0, 10, 5000).astype(np.float32),
+                        np.array([-87.0, -86.99999, 88.0, 88.5, 0.0, -0.0, 1e-30], np.float32)])
+    assert_same_bits(c_floats(harness, ["expf", x.size], f32_bytes(x), x.size), numerics.expf(x))
+
+
+def test_expf_is_accurate_to_a_few_ulp():
+    x = np.linspace(-80, 80, 100001, dtype=np.float32)
+    ours = numerics.expf(x).astype(np.float64)
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(ours - exact) / exact) < 4e-7
+    assert numerics.expf(np.float32(-100.0)) == 0.0
+
+
+def test_silu_softmax_rmsnorm_match(harness):
+    x = rng.normal(0, 4, 777).astype(np.float32)
+    assert_same_bits(c_floats(harness, ["silu", x.size], f32_bytes(x), x.size), numerics.silu(x))
+    assert_same_bits(c_floats(harness, ["softmax", x.size], f32_bytes(x), x.size), numerics.softmax(x))
+    w = rng.normal(1, 0.3, x.size).astype(np.float32)
+    eps = np.float32(1e-5)
+    got = c_floats(harness, ["rmsnorm", x.size, float.hex(float(eps))], f32_bytes(x, w), x.size)
+    assert_same_bits(got, numerics.rmsnorm(x, w, eps))
+
+
+@pytest.mark.parametrize("n", [32, 96, 4096])
+def test_activation_quantization_matches(harness, n):
+    x = (rng.normal(0, 3, n) * rng.choice([0.0, 1.0, 1e-3, 100.0], n)).astype(np.float32)
+    x[:32] = 0.0  # an all-zero block has scale 0
+    raw = run_harness(harness, ["quantize", n], f32_bytes(x))
+    qs, d = quantize_q8_0(x)
+    assert raw[:n] == qs.astype(np.int8).tobytes()
+    assert_same_bits(np.frombuffer(raw[n:], "<f4"), d)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536)])
+def test_q8_0_matvec_matches(harness, rows, cols):
+    wq, wd = quantize_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
+    xq, xd = quantize_q8_0(rng.normal(0, 1, cols).astype(np.float32))
+    payload = wq.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matvec_q8_0", rows, cols], payload, rows)
+    assert_same_bits(got, matvec_q8_0(wq, wd, xq, xd))
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 17), (64, 96), (3, 1000)])
+def test_f32_matvec_matches(harness, rows, cols):
+    w = rng.normal(0, 1, (rows, cols)).astype(np.float32)
+    x = rng.normal(0, 1, cols).astype(np.float32)
+    got = c_floats(harness, ["matvec_f32", rows, cols], f32_bytes(w, x), rows)
+    assert_same_bits(got, numerics.matvec_f32(w, x))
+
+
+def test_round_even_ties_to_even():
+    v = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 0.49999997], np.float32)
+    assert list(numerics.round_even(v)) == [0.0, 2.0, 2.0, -0.0, -2.0, 126.0, 0.0]

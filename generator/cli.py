@@ -331,10 +331,17 @@ def cmd_bench(args) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"colibri: error: {message} (see {self.prog} --help)\n")
+
+
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="colibri", description="Hugging Face checkpoints to verified C firmware.")
+    parser = Parser(prog="colibri", description="Hugging Face checkpoints to verified C firmware.")
     parser.add_argument("--version", action="version", version=f"colibri {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     p = sub.add_parser("build", help="generate the sources and build the firmware for a board")
     add_target_args(p)

@@ -121,7 +121,12 @@ def run_process(argv: list[str], session: Session, timeout: float) -> RunResult:
                 break
             for frame in reader.feed(chunk):
                 session.handle(frame)
-        if not session.finished:
+        if session.finished:
+            try:
+                proc.wait(timeout=10)  # let it flush and exit on its own
+            except subprocess.TimeoutExpired:
+                pass
+        else:
             proc.wait(timeout=5)
             err = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
             detail = f": {err[-1]}" if err else ""

@@ -1,0 +1,89 @@
+"""q8_0 blocks and the memory planner."""
+
+import json
+
+import numpy as np
+import pytest
+
+from generator.errors import ColibriError
+from generator.hf_import import parse_config
+from generator.plan import ALIGN, make_plan
+from generator.quantize import dequantize_q8_0, quantize_q8_0
+
+
+def test_q8_0_round_trip_error_is_within_half_a_step_per_block():
+    x = np.random.default_rng(0).normal(0, 2, (16, 256)).astype(np.float32)
+    qs, d = quantize_q8_0(x)
+    assert qs.dtype == np.int8 and d.shape == (16, 8)
+    back = dequantize_q8_0(qs, d)
+    step = np.repeat(d, 32, axis=1)
+    assert np.all(np.abs(back - x) <= 0.5 * step + 1e-7)
+    assert np.abs(qs).max() == 127  # every block uses the full range
+
+
+def test_q8_0_zero_block_has_zero_scale_and_quants():
+    qs, d = quantize_q8_0(np.zeros((1, 64), np.float32))
+    assert not qs.any() and not d.any()
+
+
+def test_q8_0_rejects_rows_that_are_not_whole_blocks():
+    with pytest.raises(ColibriError, match="multiple of 32"):
+        quantize_q8_0(np.ones((2, 40), np.float32))
+
+
+def spec(**over):
+    cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 250, "hidden_size": 96, "intermediate_size": 160,
+           "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "max_position_embeddings": 512, "tie_word_embeddings": False}
+    cfg.update(over)
+    return parse_config(cfg, "m")
+
+
+@pytest.mark.parametrize("quant", ["f32", "q8_0"])
+def test_plan_places_tensors_aligned_in_order_without_overlap(quant):
+    plan = make_plan(spec(), "host", quant, 100)
+    prev_end = 0
+    for t in plan.tensors:
+        assert t.offset % ALIGN == 0 and t.offset >= prev_end
+        prev_end = t.offset + t.nbytes
+        if t.dtype == "q8_0":
+            assert t.scales_offset % ALIGN == 0 and t.scales_offset >= t.rows * t.cols
+            assert t.nbytes == t.scales_offset + t.rows * t.cols // 32 * 4
+    assert prev_end <= plan.image.data_bytes
+    assert plan.image.data_offset % ALIGN == 0
+    assert plan.image.image_bytes == plan.image.data_offset + plan.image.data_bytes + 8
+    names = [t.name for t in plan.tensors]
+    assert names[0] == "embed" and names[-1] == "lm_head" and "layers.2.w_down" in names
+
+
+def test_plan_scratch_and_kv_cache_sizes():
+    s = spec()
+    plan = make_plan(s, "host", "q8_0", 100)
+    buffers = {b.name: b for b in plan.scratch}
+    assert buffers["att"].count == 100 and buffers["logits"].count == 250
+    assert buffers["act_qs"].count == max(96, 2 * 48, 160)
+    end = 0
+    for b in plan.scratch:
+        assert b.offset % ALIGN == 0 and b.offset >= end
+        end = b.offset + b.nbytes
+    assert plan.scratch_bytes >= end
+    assert plan.kv_bytes == 2 * s.n_layers * 100 * s.n_kv_heads * s.head_dim * 4
+    assert plan.rope_table_bytes == 2 * 100 * 24 * 4
+    assert "act_qs" not in {b.name for b in make_plan(s, "host", "f32", 100).scratch}
+
+
+def test_plan_json_round_trips_and_states_totals():
+    plan = make_plan(spec(), "host", "q8_0", 64)
+    data = json.loads(plan.to_json())
+    assert data["totals"] == {"weights": plan.image.image_bytes, "kv_cache": plan.kv_bytes,
+                              "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes}
+    assert data["kv_cache"]["shape"] == [3, 64, 1, 48]
+    assert len(data["tensors"]) == len(plan.tensors)
+
+
+def test_plan_rejects_a_context_beyond_the_model_and_q8_0_odd_rows():
+    with pytest.raises(ColibriError, match="exceeds the model's max_position_embeddings"):
+        make_plan(spec(), "host", "q8_0", 1024)
+    with pytest.raises(ColibriError, match="multiple of 32"):
+        make_plan(spec(hidden_size=80, num_attention_heads=2), "host", "q8_0", 64)
+    make_plan(spec(hidden_size=80, num_attention_heads=2), "host", "f32", 64)  # f32 has no block constraint

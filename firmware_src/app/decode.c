@@ -87,6 +87,7 @@ int colibri_decode(const ColibriRequest *req, const uint8_t *image, uint64_t ima
     int32_t pos = req->n_prompt;
     int32_t generated = 0;
     int32_t decode_passes = 0; /* forward passes after the prompt (the first token needs none) */
+    uint64_t forward_us = 0;   /* time in those forward passes alone (no sampling, hashing, output) */
     const char *reason = "length";
     for (int32_t step = 0; step < req->n_steps; step++) {
         int32_t token = sample_token(b.logits, COLIBRI_VOCAB, &req->sampling, &rng, b.probs, b.cand);
@@ -111,7 +112,9 @@ int colibri_decode(const ColibriRequest *req, const uint8_t *image, uint64_t ima
         if (step == req->n_steps - 1) {
             break;
         }
+        uint64_t f0 = bsp_time_us();
         colibri_forward(&weights, &b, token, pos, 1);
+        forward_us += bsp_time_us() - f0;
         decode_passes++;
         pos++;
     }
@@ -122,6 +125,7 @@ int colibri_decode(const ColibriRequest *req, const uint8_t *image, uint64_t ima
     proto_u64("prefill_us", t1 - t0);
     proto_u64("decode", (uint64_t)decode_passes);
     proto_u64("decode_us", t2 - t1);
+    proto_u64("forward_us", forward_us);
     proto_end();
 
     proto_begin("done");

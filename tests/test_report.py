@@ -1,0 +1,35 @@
+"""report: the memory plan per region, checked against the linked ELF."""
+
+import json
+
+from conftest import run_cli
+from generator.elfsize import read_elf
+from generator.report import check_elf_against_plan
+
+
+def test_report_json_accounts_for_every_category_and_matches_the_elf(checkpoints, builder):
+    model = checkpoints("llama_gqa_linear")
+    board, art, plan = builder.build(model, "q8_0", 64)
+    done = run_cli("report", "--model", model, "--ctx", "64", "--out", art.out_dir, "--json")
+    assert done.returncode == 0, done.stderr
+    rep = json.loads(done.stdout)
+    (region,) = rep["regions"]
+    assert region["name"] == "ram" and region["budget"] == 0 and rep["fits"]
+    assert region["items"]["weights"] == plan.image.image_bytes
+    assert region["items"]["kv_cache"] == plan.kv_bytes == 2 * 2 * 64 * 48 * 4
+    assert region["items"]["scratch"] == plan.scratch_bytes
+    assert region["items"]["code"] > 1000
+    assert region["used"] == sum(region["items"].values())
+    assert rep["largest_ctx_that_fits"] is None  # the host has no fixed budget
+
+    elf = read_elf(art.program)
+    check_elf_against_plan(plan, elf)
+    assert elf.symbols["colibri_key_cache"] == plan.kv_bytes // 2
+
+
+def test_report_text_names_the_region_and_totals(checkpoints, builder):
+    model = checkpoints("llama_gqa_linear")
+    board, art, plan = builder.build(model, "q8_0", 64)
+    done = run_cli("report", "--model", model, "--ctx", "64", "--out", art.out_dir)
+    assert done.returncode == 0, done.stderr
+    assert "region ram" in done.stdout and "kv_cache" in done.stdout and "total" in done.stdout

@@ -254,8 +254,10 @@ def first_divergence(fw_tokens, fw_digests, ref_tokens, ref_digests) -> int | No
 def cmd_verify(args) -> int:
     art, board, plan, tokenizer, request, result = _run(args, stream=True)
     if not args.json:
-        progress(f"running the NumPy reference on the same weight image ({len(request.prompt)} prompt tokens, "
-                 f"{request.steps} steps)")
+        r = rates(result)
+        speed = f" at {r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
+        progress(f"firmware on {board.name}: {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
+                 f"running the NumPy reference on the same weight image")
     from .plan import make_plan
     from .hf_import import load_checkpoint
     spec = load_checkpoint(args.model, load_tensors=False).spec

@@ -422,7 +422,7 @@ Byte-level BPE (`tokenizers` {L['versions']['tokenizers']}), trained on the whol
   ({tr['tokens_seen']:,} tokens, {tr['tokens_seen'] / tr['train_tokens']:.1f} passes
   over the training tokens); default Hugging Face initialisation (normal, std
   {c['initializer_range']}); no dropout.
-- Hardware: one CPU thread ({L['versions']['torch']}); wall time
+- Hardware: one CPU thread (PyTorch {L['versions']['torch']}); wall time
   {fmt_duration(tr['train_seconds'])} for the training loop
   ({fmt_duration(L['total_seconds'])} for the whole script).
 
@@ -463,16 +463,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="output directory, e.g. models/kjv-tiny")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=5e-3, help="peak learning rate")
-    ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=5000)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-2, help="peak learning rate")
+    ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--holdout", type=float, default=0.02, help="fraction of characters held out")
     ap.add_argument("--log-every", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--eval-every", type=int, default=1000)
     args = ap.parse_args()
 
     t_script = time.time()
@@ -484,6 +484,7 @@ def main() -> None:
         from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     except ImportError as e:
         sys.exit(f"error: {e}; run this with the project venv (.venv/bin/python)")
+    transformers.utils.logging.disable_progress_bar()
 
     random.seed(args.seed)
     np.random.seed(args.seed)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ColibriError
-from .safetensors_io import TensorInfo, load_f32, read_header
+from .safetensors_io import TensorInfo, load_f32, read_header, strict_json
 from .spec import ModelSpec, RopeSpec
 
 ARCHITECTURES = {
@@ -57,19 +57,6 @@ class Checkpoint:
     input_files: list[Path]  # every file the checkpoint was read from (build dependencies)
 
 
-def _reject_duplicates(pairs):
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _reject_constant(name):
-    raise ValueError(f"{name} is not allowed")
-
-
 def read_json(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
@@ -78,7 +65,7 @@ def read_json(path: Path) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise ColibriError(f"{path}: cannot read ({e})") from None
     try:
-        data = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+        data = strict_json(text)
     except ValueError as e:
         raise ColibriError(f"{path.name}: not valid JSON ({e})") from None
     if not isinstance(data, dict):

@@ -37,6 +37,15 @@ def _reject_duplicates(pairs):
     return out
 
 
+def _reject_constant(name):
+    raise ValueError(f"{name} is not allowed")
+
+
+def strict_json(text: str):
+    """json.loads that refuses duplicate keys and NaN/Infinity (raises ValueError)."""
+    return json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+
+
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """Parse and validate the header of one safetensors file."""
     where = path.name
@@ -61,8 +70,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     except UnicodeDecodeError:
         raise ColibriError(f"{where}: safetensors header is not UTF-8") from None
     try:
-        header = json.loads(text, object_pairs_hook=_reject_duplicates,
-                            parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"bad constant {c}")))
+        header = strict_json(text)
     except ValueError as e:
         raise ColibriError(f"{where}: safetensors header is not valid JSON ({e})") from None
     if not isinstance(header, dict):

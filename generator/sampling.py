@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .numerics import F32, expf, f32, seq_sum
+from .numerics import F32, f32, softmax
 
 MASK64 = (1 << 64) - 1
 
@@ -62,10 +62,7 @@ def argmax(logits: np.ndarray) -> int:
 def sample(logits: np.ndarray, params: SamplingParams, rng: Rng) -> int:
     if params.temperature <= 0.0:
         return argmax(logits)
-    scaled = f32(logits) / F32(params.temperature)
-    m = np.max(scaled)
-    e = expf(scaled - m)
-    probs = e / seq_sum(e)
+    probs = softmax(f32(logits) / F32(params.temperature))
     # Candidates by probability, highest first; ties by lower token id.
     order = np.lexsort((np.arange(len(probs)), -probs))
     p_sorted = probs[order]

@@ -83,22 +83,11 @@ int32_t sample_token(const float *logits, int32_t n, const ColibriSampling *s, C
         }
         return best;
     }
-    float max = logits[0] / s->temperature;
     for (int32_t i = 0; i < n; i++) {
         probs[i] = logits[i] / s->temperature;
-        if (probs[i] > max) {
-            max = probs[i];
-        }
-    }
-    float sum = 0.0f;
-    for (int32_t i = 0; i < n; i++) {
-        probs[i] = op_expf(probs[i] - max);
-        sum = (i == 0) ? probs[i] : sum + probs[i];
-    }
-    for (int32_t i = 0; i < n; i++) {
-        probs[i] = probs[i] / sum;
         cand[i] = i;
     }
+    op_softmax(probs, n);
     sort_candidates(cand, probs, n);
 
     int32_t keep = n;

@@ -340,7 +340,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="run the firmware and the NumPy reference; PASS only if bit-identical")
     add_target_args(p)
-    add_decode_args(p, steps=32)
+    add_decode_args(p, steps=64)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("report", help="where every byte goes, per memory region, checked against the ELF")

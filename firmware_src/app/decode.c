@@ -15,7 +15,7 @@ void colibri_report_error(int code, const char *message)
     proto_end();
 }
 
-static void send_hello(void)
+void colibri_hello(void)
 {
     proto_begin("hello");
     proto_u64("proto", PROTO_VERSION);
@@ -59,18 +59,27 @@ static int check_request(const ColibriRequest *req)
     return 0;
 }
 
-int colibri_decode(const ColibriRequest *req, const uint8_t *image, uint64_t image_len)
-{
-    static ColibriWeights weights;
-    ColibriBuffers b;
+static ColibriWeights weights;
+static int weights_loaded;
 
-    send_hello();
+int colibri_load(const uint8_t *image, uint64_t image_len)
+{
     int status = colibri_image_open(image, image_len, &weights);
+    weights_loaded = (status == COLIBRI_OK);
     if (status != COLIBRI_OK) {
         colibri_report_error(status, colibri_status_message(status));
-        return status;
     }
-    status = check_request(req);
+    return status;
+}
+
+int colibri_decode(const ColibriRequest *req)
+{
+    ColibriBuffers b;
+    if (!weights_loaded) {
+        colibri_report_error(COLIBRI_ERR_NO_IMAGE, "no valid weight image is loaded");
+        return COLIBRI_ERR_NO_IMAGE;
+    }
+    int status = check_request(req);
     if (status != 0) {
         return status;
     }
@@ -78,11 +87,16 @@ int colibri_decode(const ColibriRequest *req, const uint8_t *image, uint64_t ima
     ColibriRng rng;
     rng_seed(&rng, req->sampling.seed);
 
+    uint64_t i0 = 0, i1 = 0, i2 = 0;
+    const int counted = bsp_instructions(&i0);
     uint64_t t0 = bsp_time_us();
     for (int32_t i = 0; i < req->n_prompt; i++) {
         colibri_forward(&weights, &b, req->prompt[i], i, i == req->n_prompt - 1);
     }
     uint64_t t1 = bsp_time_us();
+    if (counted) {
+        bsp_instructions(&i1);
+    }
 
     int32_t pos = req->n_prompt;
     int32_t generated = 0;
@@ -119,6 +133,9 @@ int colibri_decode(const ColibriRequest *req, const uint8_t *image, uint64_t ima
         pos++;
     }
     uint64_t t2 = bsp_time_us();
+    if (counted) {
+        bsp_instructions(&i2);
+    }
 
     proto_begin("stats");
     proto_u64("prompt", (uint64_t)req->n_prompt);
@@ -126,6 +143,11 @@ int colibri_decode(const ColibriRequest *req, const uint8_t *image, uint64_t ima
     proto_u64("decode", (uint64_t)decode_passes);
     proto_u64("decode_us", t2 - t1);
     proto_u64("forward_us", forward_us);
+    if (counted) {
+        /* Exact retired instructions (emulators with -icount, or a CPU counter). */
+        proto_u64("prefill_instret", i1 - i0);
+        proto_u64("decode_instret", i2 - i1);
+    }
     proto_end();
 
     proto_begin("done");

@@ -19,8 +19,20 @@ enum {
     COLIBRI_ERR_REQUEST = 100, /* prompt empty, token id out of range, or too long for the context */
 };
 
-/* Returns 0 on success, else the error code also sent in the error frame. */
-int colibri_decode(const ColibriRequest *req, const uint8_t *image, uint64_t image_len);
+/* The first frame a board sends after reset: protocol, firmware, board, model hash. */
+void colibri_hello(void);
+
+/* Validate the weight image against this firmware's plan and bind the weights. Returns 0, or the
+ * loader's error code (also sent as an error frame). */
+int colibri_load(const uint8_t *image, uint64_t image_len);
+
+/* Prefill the prompt and decode, sending token, stats and done frames. Returns 0 on success, else
+ * the error code also sent in the error frame. */
+int colibri_decode(const ColibriRequest *req);
+
+/* Parse a request frame (generator/protocol.py encode_request) into req, whose prompt points to
+ * prompt_buf (capacity entries). Returns 1 if `line` is a valid request frame. */
+int colibri_parse_request(const char *line, int len, ColibriRequest *req, int32_t *prompt_buf, int32_t capacity);
 
 /* Send an error frame (for BSPs that fail before decoding starts). */
 void colibri_report_error(int code, const char *message);

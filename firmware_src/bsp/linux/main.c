@@ -1,4 +1,4 @@
-/* Host BSP: the firmware as a Linux process. Arguments carry the request; results go to stdout. */
+/* Linux BSP (host, linux-aarch64): the firmware as a Linux process. Arguments carry the request; results go to stdout. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
@@ -25,6 +25,12 @@ uint64_t bsp_time_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+int bsp_instructions(uint64_t *count)
+{
+    (void)count;
+    return 0; /* wall-clock time only on Linux boards */
 }
 
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
@@ -94,6 +100,7 @@ int main(int argc, char **argv)
     const char *weights_path = NULL;
     const char *logits_path = NULL;
     static int32_t prompt[COLIBRI_N_CTX];
+    colibri_hello();
     ColibriRequest req = {prompt, 0, 16, {0.0f, 0, 1.0f, 0.0f, 0}, 1};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -178,7 +185,10 @@ int main(int argc, char **argv)
             return fail("cannot open the --logits-out file");
         }
     }
-    int status = colibri_decode(&req, image, image_len);
+    int status = colibri_load(image, image_len);
+    if (status == 0) {
+        status = colibri_decode(&req);
+    }
     if (logits_file != NULL) {
         fclose(logits_file);
     }

@@ -37,6 +37,7 @@ class Artifacts:
     weights: Path
     plan_json: Path
     generated: Path
+    flash_image: Path | None  # what an emulator maps as the board's flash (mapped-weights boards)
 
     def plan(self) -> dict:
         return json.loads(self.plan_json.read_text())
@@ -64,7 +65,8 @@ def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
 
 def artifacts(req: BuildRequest) -> Artifacts:
     gen = req.out_dir / GENERATED_DIR
-    return Artifacts(req.out_dir, req.out_dir / req.board.program, gen / WEIGHTS_FILE, gen / PLAN_FILE, gen)
+    flash = gen / WEIGHTS_FILE if req.board.weights == "mapped" else None
+    return Artifacts(req.out_dir, req.out_dir / req.board.program, gen / WEIGHTS_FILE, gen / PLAN_FILE, gen, flash)
 
 
 def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str]:

@@ -185,7 +185,8 @@ def _run(args, stream: bool):
     text_out = TextStream(tokenizer, enabled=stream and not args.json)
     if stream and not args.json and tokenizer is not None and args.prompt is not None:
         print(args.prompt, end="", flush=True)
-    result = run_on_board(board, art.program, art.weights, request, art.model_hash(), on_token=text_out)
+    result = run_on_board(board, art.program, art.weights, request, art.model_hash(), on_token=text_out,
+                          flash_image=art.flash_image, port=getattr(args, "port", None))
     if stream and not args.json:
         print()
     return art, board, plan, tokenizer, request, result
@@ -294,7 +295,8 @@ def cmd_bench(args) -> int:
     request = RunRequest(prompt, args.steps, SamplingParams(), stop_at_eos=False)
     runs = []
     for i in range(args.repeat):
-        result = run_on_board(board, art.program, art.weights, request, art.model_hash())
+        result = run_on_board(board, art.program, art.weights, request, art.model_hash(),
+                              flash_image=art.flash_image, port=getattr(args, "port", None))
         runs.append(rates(result))
         if not args.json:
             progress(f"  run {i + 1}/{args.repeat}: prefill {runs[-1]['prefill_tok_s']:.1f} tok/s, "

@@ -20,7 +20,7 @@ from .plan import (ALIGN, DTYPE_CODES, IMAGE_DIR_ENTRY_BYTES, IMAGE_FORMAT_VERSI
                    IMAGE_NAME_BYTES, IMAGE_TRAILER_BYTES, Plan)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
-GENERATED_FILES = ("model_def.h", "model_data.c")
+GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h")
 
 
 def c_float(value) -> str:
@@ -126,9 +126,18 @@ def template_context(plan: Plan, model_hash: bytes) -> dict:
     )
 
 
-def render(plan: Plan, model_hash: bytes) -> dict[str, str]:
+def board_context(board) -> dict:
+    regions = [dict(name=r.name, c_name=c_ident(r.name).upper(), kind=r.kind, base=f"0x{r.base:08x}",
+                    size=r.size, holds=", ".join(r.holds)) for r in board.memory]
+    weights = board.region_holding("weights") if board.weights == "mapped" else None
+    weights_region = next((r for r in regions if weights and r["name"] == weights.name), None)
+    return dict(target=board, regions=regions, weights_region=weights_region)
+
+
+def render(plan: Plan, model_hash: bytes, board) -> dict[str, str]:
     env = _environment()
     context = template_context(plan, model_hash)
+    context.update(board_context(board))
     return {name: env.get_template(name + ".j2").render(context) for name in GENERATED_FILES}
 
 

@@ -18,7 +18,7 @@ from .targets import Board
 
 WEIGHTS_FILE = "weights.img"
 PLAN_FILE = "plan.json"
-OUTPUT_FILES = ("model_def.h", "model_data.c", WEIGHTS_FILE, PLAN_FILE)
+OUTPUT_FILES = ("model_def.h", "model_data.c", "board_def.h", WEIGHTS_FILE, PLAN_FILE)
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir
             progress(f"quantizing weights: {i}/{n} tensors")
 
     image = build_image(plan, checkpoint.tensors, report if quant == "q8_0" else None)
-    sources = render(plan, image.model_hash)
+    sources = render(plan, image.model_hash, board)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     for name, text in sources.items():

@@ -142,13 +142,80 @@ def run_process(argv: list[str], session: Session, timeout: float) -> RunResult:
     return session.result
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_qemu_system(board: Board, program: Path, flash_image: Path, request: RunRequest, session: Session,
+                    timeout: float | None) -> RunResult:
+    """Start the emulator with its UART on a local TCP socket and talk to it like a real board."""
+    from .serial_link import SerialLink, Timeouts
+
+    port = free_port()
+    argv = [a.format(program=program, flash_image=flash_image, port=port) for a in board.command]
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        raise ColibriError(f"cannot start {argv[0]}: {e.strerror}") from None
+    link = None
+    try:
+        link = SerialLink.connect(f"socket://127.0.0.1:{port}", time.monotonic() + 20.0)
+        timeouts = Timeouts(boot=20.0, per_token=2.0, silence=60.0)
+        if timeout is not None:
+            timeouts = Timeouts(boot=timeout, per_token=timeout / max(1, len(request.prompt) + request.steps),
+                                silence=timeout)
+        result = link.run(request, session, timeouts)
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code not in (0, None):
+            raise ColibriError(f"{argv[0]} exited with status {code} after the run")
+        return result
+    except ColibriError:
+        if proc.poll() is not None and proc.returncode != 0:
+            err = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+            if err:
+                raise ColibriError(f"{argv[0]} failed: {err[-1]}") from None
+        raise
+    finally:
+        if link:
+            link.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stderr.close()
+
+
 def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest, expected_model: str,
-                 on_token=None, logits_out: Path | None = None, timeout: float | None = None) -> RunResult:
-    if board.runner != "process":
-        raise ColibriError(f"board {board.name!r}: runner {board.runner!r} is not available in this version")
-    argv = [str(program), "--weights", str(weights), *firmware_args(request)]
+                 on_token=None, logits_out: Path | None = None, timeout: float | None = None,
+                 flash_image: Path | None = None, port: str | None = None) -> RunResult:
+    session = Session(expected_model, on_token)
+    if board.runner == "process":
+        argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights),
+                *firmware_args(request)]
+        if logits_out is not None:
+            argv += ["--logits-out", str(logits_out)]
+        if timeout is None:
+            timeout = default_timeout(request, weights.stat().st_size) * (4 if board.needs_emulator() else 1)
+        return run_process(argv, session, timeout)
     if logits_out is not None:
-        argv += ["--logits-out", str(logits_out)]
-    if timeout is None:
-        timeout = default_timeout(request, weights.stat().st_size)
-    return run_process(argv, Session(expected_model, on_token), timeout)
+        raise ColibriError(f"board {board.name} cannot store raw logits (only Linux boards can)")
+    if board.runner == "qemu-system":
+        return run_qemu_system(board, program, flash_image or weights, request, session, timeout)
+    if board.runner == "serial":
+        from .serial_link import SerialLink, Timeouts
+
+        if not port:
+            raise ColibriError(f"board {board.name} is a real board: give its serial port with --port")
+        link = SerialLink.open(port)
+        try:
+            return link.run(request, session, Timeouts() if timeout is None else
+                            Timeouts(boot=timeout, per_token=timeout, silence=timeout))
+        finally:
+            link.close()
+    raise ColibriError(f"board {board.name} cannot be run from here (runner {board.runner!r})")

@@ -16,13 +16,14 @@ from .targets import Board, available_boards, load_board
 
 
 def ensure_toolchain(board: Board) -> None:
-    if shutil.which(board.cc):
+    missing = [t for t in board.tools() if not shutil.which(t)]
+    if not missing:
         return
     packages = list(board.apt_packages)
     if not packages:
-        raise ColibriError(f"compiler {board.cc!r} for board {board.name} not found")
+        raise ColibriError(f"{missing[0]!r} for board {board.name} not found")
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise ColibriError(f"compiler {board.cc!r} for board {board.name} not found: "
+        raise ColibriError(f"{missing[0]!r} for board {board.name} not found: "
                            f"install {' '.join(packages)} (e.g. sudo apt-get install {' '.join(packages)})")
     print(f"colibri: installing the {board.name} toolchain: {' '.join(packages)}", file=sys.stderr, flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -31,8 +32,9 @@ def ensure_toolchain(board: Board) -> None:
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise ColibriError(f"{' '.join(cmd[:2])} failed: {last}")
-    if not shutil.which(board.cc):
-        raise ColibriError(f"installed {' '.join(packages)} but {board.cc!r} is still not on PATH")
+    still = [t for t in board.tools() if not shutil.which(t)]
+    if still:
+        raise ColibriError(f"installed {' '.join(packages)} but {still[0]!r} is still not on PATH")
 
 
 def main(argv: list[str]) -> int:

@@ -38,10 +38,11 @@ class Builder:
         return self.cache[key]
 
     def run(self, model_dir: Path, prompt, steps, quant="q8_0", ctx=64, sampling=SamplingParams(),
-            stop_at_eos=False, logits_out=None):
-        board, art, plan = self.build(model_dir, quant, ctx)
+            stop_at_eos=False, logits_out=None, board="host"):
+        board, art, plan = self.build(model_dir, quant, ctx, board)
         request = RunRequest(list(prompt), steps, sampling, stop_at_eos)
-        result = run_on_board(board, art.program, art.weights, request, art.model_hash(), logits_out=logits_out)
+        result = run_on_board(board, art.program, art.weights, request, art.model_hash(), logits_out=logits_out,
+                              flash_image=art.flash_image)
         return art, plan, request, result
 
 

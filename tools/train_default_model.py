@@ -330,6 +330,7 @@ Files:
 | `model.safetensors` | float32 weights, Hugging Face names (`model.embed_tokens.weight`, `model.layers.N.self_attn.q_proj.weight`, ..., `model.norm.weight`); the output head is tied to the embedding, so there is no `lm_head.weight` |
 | `generation_config.json` | BOS/EOS ids and the demo's sampling settings |
 | `tokenizer.json` | `tokenizers` BPE tokenizer, {t['vocab_size']} entries |
+| `tokenizer_config.json` | lets `transformers.AutoTokenizer` load `tokenizer.json` with its special tokens |
 | `training_log.json` | the numbers on this page, machine-readable |
 
 ## Architecture
@@ -447,6 +448,9 @@ Generated with `transformers` from the saved files; prompts are encoded with
 
 ### Greedy
 
+A model this small soon falls into loops under greedy decoding, which is why the
+demo samples.
+
 {block(samples['greedy'])}
 ### Sampled
 
@@ -463,7 +467,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="output directory, e.g. models/kjv-tiny")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--steps", type=int, default=5000)
+    ap.add_argument("--steps", type=int, default=6500)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-2, help="peak learning rate")
     ap.add_argument("--warmup", type=int, default=200)
@@ -507,6 +511,13 @@ def main() -> None:
     if tok.decode(tok.encode(corpus).ids, skip_special_tokens=True) != corpus:
         sys.exit("error: tokenizer does not round-trip the corpus")
     tok.save(str(out / "tokenizer.json"), pretty=True)
+    # Lets transformers.AutoTokenizer load tokenizer.json with its special tokens.
+    tok_cfg = dict(
+        bos_token="<s>", clean_up_tokenization_spaces=False, eos_token="</s>",
+        model_max_length=MODEL_CONFIG["max_position_embeddings"],
+        tokenizer_class="PreTrainedTokenizerFast", unk_token="<unk>",
+    )
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     bos_id, eos_id, unk_id = (tok.token_to_id(s) for s in ("<s>", "</s>", "<unk>"))
     example = tok.encode("In the beginning")
     log(f"tokenizer: vocab {tok.get_vocab_size()}, bos {bos_id}, eos {eos_id}, "

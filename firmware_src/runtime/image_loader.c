@@ -59,6 +59,15 @@ const char *colibri_status_message(int status)
     }
 }
 
+uint64_t colibri_image_length_in_region(const uint8_t *region, uint64_t region_bytes)
+{
+    if (region == NULL || region_bytes < COLIBRI_IMAGE_HEADER_BYTES) {
+        return region_bytes;
+    }
+    uint64_t declared = rd_u64(region + 48);
+    return declared < region_bytes ? declared : region_bytes;
+}
+
 int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights *weights)
 {
     if (image == NULL || weights == NULL) {

@@ -31,4 +31,8 @@ const char *colibri_status_message(int status);
 
 int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights *weights);
 
+/* For an image stored at the start of a larger region (flash, a partition): the length to give
+ * colibri_image_open — the length its header declares, bounded by the region. */
+uint64_t colibri_image_length_in_region(const uint8_t *region, uint64_t region_bytes);
+
 #endif

@@ -15,6 +15,7 @@ from .errors import ColibriError
 from .hf_import import load_checkpoint
 from .pipeline import PLAN_FILE, WEIGHTS_FILE, resolve_ctx
 from .plan import Plan, make_plan
+from .report import check_fits
 from .targets import Board
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +59,7 @@ def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
     checkpoint = load_checkpoint(model_dir, load_tensors=False)
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
     plan = make_plan(checkpoint.spec, board.name, quant, n_ctx)
+    check_fits(board, plan)
     if out_dir is None:
         out_dir = REPO / "build" / board.name / f"{_slug(model_dir.resolve().name)}-{quant}-ctx{n_ctx}"
     return BuildRequest(board, model_dir.resolve(), quant, n_ctx, Path(out_dir).resolve()), plan

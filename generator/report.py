@@ -10,7 +10,8 @@ from .errors import ColibriError
 from .plan import Plan, make_plan
 from .targets import Board
 
-CATEGORIES = ("code", "weights", "kv_cache", "scratch", "rope_tables", "other_data")
+CATEGORIES = ("code", "weights", "kv_cache", "scratch", "rope_tables", "stack", "other_data")
+WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
 
 
 @dataclass(frozen=True)
@@ -45,42 +46,67 @@ def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
                                f"the plan says {size} (rebuild)")
 
 
-def category_bytes(plan: Plan, elf: ElfSizes) -> dict[str, int]:
+def category_bytes(board: Board, plan: Plan, elf: ElfSizes) -> dict[str, int]:
     arenas = plan.kv_bytes + plan.scratch_bytes
+    stack = elf.sections.get(".stack", 0)
+    embedded = plan.image.image_bytes if board.weights == "embedded" else 0
     return {
         "code": elf.code,
         "weights": plan.image.image_bytes,
         "kv_cache": plan.kv_bytes,
         "scratch": plan.scratch_bytes,
         "rope_tables": plan.rope_table_bytes,
-        # Everything else the ELF holds: constant tables, libc data, stack-free globals.
-        "other_data": max(0, elf.rodata - plan.rope_table_bytes) + elf.data + max(0, elf.bss - arenas),
+        "stack": stack,
+        # Everything else the ELF holds: constant tables, libc data, other globals.
+        "other_data": max(0, elf.rodata - plan.rope_table_bytes - embedded) + elf.data
+        + max(0, elf.bss - arenas - stack),
     }
 
 
 def regions(board: Board, plan: Plan, elf: ElfSizes) -> list[RegionUse]:
-    sizes = category_bytes(plan, elf)
+    sizes = category_bytes(board, plan, elf)
     out = []
     for region in board.memory:
         holds = set(region.holds)
         if "code" in holds:
-            holds.add("other_data")
+            holds.update(WITH_CODE)
         out.append(RegionUse(region.name, region.kind, region.size,
                              {c: sizes[c] for c in CATEGORIES if c in holds}))
     return out
+
+
+def planned_use(board: Board, plan: Plan) -> list[RegionUse]:
+    """Per region, what the plan puts there, with the board's code_reserve standing in for the code
+    (which is only known after linking): the check made before anything is compiled."""
+    reserve = int(board.data.get("code_reserve", 0))
+    sizes = {"code": reserve, "weights": plan.image.image_bytes, "kv_cache": plan.kv_bytes,
+             "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes}
+    return [RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds})
+            for r in board.memory]
+
+
+def check_fits(board: Board, plan: Plan) -> None:
+    """Refuse, before compiling, a model or context that cannot fit the board's budgets."""
+    for use in planned_use(board, plan):
+        if use.over_budget:
+            parts = ", ".join(f"{name} {size:,}" for name, size in use.items.items() if size)
+            raise ColibriError(
+                f"{plan.spec.name} ({plan.quant}, context {plan.n_ctx}) does not fit board {board.name}: "
+                f"region {use.name} needs {use.used:,} B ({parts}; code is the board's reserve) "
+                f"but has {use.budget:,} B")
 
 
 def largest_fitting_ctx(board: Board, plan: Plan, elf: ElfSizes) -> int | None:
     """Largest context whose plan fits every budgeted region (None: no region has a budget)."""
     if not any(r.size > 0 for r in board.memory):
         return None
-    fixed = category_bytes(plan, elf)
+    fixed = category_bytes(board, plan, elf)
 
     def fits(n_ctx: int) -> bool:
         trial = make_plan(plan.spec, plan.board, plan.quant, n_ctx)
         sizes = dict(fixed, kv_cache=trial.kv_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes)
         for region in board.memory:
-            holds = set(region.holds) | ({"other_data"} if "code" in region.holds else set())
+            holds = set(region.holds) | (set(WITH_CODE) if "code" in region.holds else set())
             if region.size and sum(sizes[c] for c in CATEGORIES if c in holds) > region.size:
                 return False
         return True

@@ -7,7 +7,8 @@ Common fields (every board):
   [runner]    kind: "process" (a Linux program; `emulator` prefixes it when this machine's ISA
               differs), "qemu-system" (`command` with {program} {flash_image} {port}),
               "serial" (a real board on a serial port) or "none" (build only);
-              weights: "file" | "pflash" | "embedded" | "partition"
+              weights: "file" | "mapped" (read in place at the base of the region holding
+              weights) | "embedded" (linked into the program) | "partition" (an ESP-IDF data partition)
   [[memory]]  name, kind (sram | psram | flash | dram), base, size (0 = no fixed budget), holds
               (which of code, weights, kv_cache, scratch, rope_tables live there)
 The whole file, board-specific sections ([flash], [idf], runner options) included, is kept in

@@ -70,8 +70,24 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
     (void)n;
 }
 
+/* Read and drop input for up to `us` microseconds or until a newline: a host that sent its request
+ * before it saw our error frame must have it consumed, or closing the socket would reset the
+ * connection and lose the frames still on their way to it. */
+static void drain_input(uint64_t us)
+{
+    uint64_t start = bsp_time_us();
+    while (bsp_time_us() - start < us) {
+        if ((uart[UART_LSR] & UART_LSR_DATA_READY) && uart[UART_RBR] == '\n') {
+            return;
+        }
+    }
+}
+
 void bsp_exit(int code)
 {
+    if (code != 0) {
+        drain_input(200000);
+    }
     volatile uint32_t *finisher = (volatile uint32_t *)TEST_DEVICE;
     *finisher = code == 0 ? 0x5555u : (((uint32_t)code & 0xFFFFu) << 16) | 0x3333u;
     for (;;) {

@@ -1,0 +1,156 @@
+/* esp32p4 BSP: bare metal on the HP core, booted by the ROM loader (no ESP-IDF). Frames go out
+ * and requests come in on UART0 (TX GPIO37, 115200 baud as the ROM left it) through the ROM's UART
+ * functions; time from mcycle, instruction counts from minstret; the weight image is linked in. */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../app/bsp.h"
+#include "../../app/decode.h"
+#include "../../runtime/image_loader.h"
+#include "model_def.h"
+
+/* ROM functions; addresses in link.ld. */
+extern uint32_t ets_get_cpu_frequency(void); /* MHz */
+extern int uart_tx_one_char(uint8_t c);
+extern int uart_rx_one_char(uint8_t *c); /* 0 when a byte was read */
+extern void uart_tx_flush(uint8_t uart_no);
+extern void disable_default_watchdog(void);
+
+extern const uint8_t colibri_weights_image[];
+extern const uint8_t colibri_weights_end[];
+
+/* Watchdog registers (ESP32-P4 TRM; ESP-IDF soc/esp32p4/register). */
+#define WDT_WRITE_KEY 0x50D83AA1u
+#define LP_WDT_BASE 0x50116000u
+#define LP_WDT_CONFIG0 (LP_WDT_BASE + 0x00u)
+#define LP_WDT_WPROTECT (LP_WDT_BASE + 0x18u)
+#define LP_WDT_SWD_CONFIG (LP_WDT_BASE + 0x1Cu)
+#define LP_WDT_SWD_WPROTECT (LP_WDT_BASE + 0x20u)
+#define LP_WDT_SWD_AUTO_FEED_EN (1u << 18)
+#define TIMG0_BASE 0x500C2000u
+#define TIMG1_BASE 0x500C3000u
+#define TIMG_WDTCONFIG0 0x48u
+#define TIMG_WDTWPROTECT 0x64u
+
+static void write_reg(uint32_t addr, uint32_t value)
+{
+    *(volatile uint32_t *)addr = value;
+}
+
+static uint32_t read_reg(uint32_t addr)
+{
+    return *(volatile uint32_t *)addr;
+}
+
+static void watchdogs_off(void)
+{
+    disable_default_watchdog();
+    const uint32_t timg[2] = {TIMG0_BASE, TIMG1_BASE};
+    for (int i = 0; i < 2; i++) {
+        write_reg(timg[i] + TIMG_WDTWPROTECT, WDT_WRITE_KEY);
+        write_reg(timg[i] + TIMG_WDTCONFIG0, 0);
+        write_reg(timg[i] + TIMG_WDTWPROTECT, 0);
+    }
+    write_reg(LP_WDT_WPROTECT, WDT_WRITE_KEY);
+    write_reg(LP_WDT_CONFIG0, 0);
+    write_reg(LP_WDT_WPROTECT, 0);
+    /* The super watchdog cannot be turned off; let the hardware feed it. */
+    write_reg(LP_WDT_SWD_WPROTECT, WDT_WRITE_KEY);
+    write_reg(LP_WDT_SWD_CONFIG, read_reg(LP_WDT_SWD_CONFIG) | LP_WDT_SWD_AUTO_FEED_EN);
+    write_reg(LP_WDT_SWD_WPROTECT, 0);
+}
+
+void bsp_write(const char *data, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        uart_tx_one_char((uint8_t)data[i]);
+    }
+    uart_tx_flush(0);
+}
+
+static uint64_t read_cycles(void)
+{
+    uint32_t hi, lo, hi2;
+    do {
+        __asm__ volatile("csrr %0, mcycleh" : "=r"(hi));
+        __asm__ volatile("csrr %0, mcycle" : "=r"(lo));
+        __asm__ volatile("csrr %0, mcycleh" : "=r"(hi2));
+    } while (hi != hi2);
+    return ((uint64_t)hi << 32) | lo;
+}
+
+uint64_t bsp_time_us(void)
+{
+    uint32_t mhz = ets_get_cpu_frequency();
+    return read_cycles() / (mhz ? mhz : 1u);
+}
+
+int bsp_instructions(uint64_t *count)
+{
+    uint32_t hi, lo, hi2;
+    do {
+        __asm__ volatile("csrr %0, minstreth" : "=r"(hi));
+        __asm__ volatile("csrr %0, minstret" : "=r"(lo));
+        __asm__ volatile("csrr %0, minstreth" : "=r"(hi2));
+    } while (hi != hi2);
+    *count = ((uint64_t)hi << 32) | lo;
+    return 1;
+}
+
+void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
+{
+    (void)step;
+    (void)logits;
+    (void)n;
+}
+
+void bsp_trap(uint32_t cause, uint32_t pc, uint32_t value)
+{
+    static const char hex[] = "0123456789abcdef";
+    char msg[] = "cpu trap: mcause ******** mepc ******** mtval ********";
+    uint32_t fields[3] = {cause, pc, value};
+    int at[3] = {17, 31, 46};
+    for (int f = 0; f < 3; f++) {
+        for (int i = 0; i < 8; i++) {
+            msg[at[f] + i] = hex[(fields[f] >> (28 - 4 * i)) & 15];
+        }
+    }
+    colibri_report_error(200, msg);
+    for (;;) {
+    }
+}
+
+#define REQUEST_LINE_BYTES (COLIBRI_N_CTX * 11 + 256)
+
+int main(void)
+{
+    static char line[REQUEST_LINE_BYTES];
+    static int32_t prompt[COLIBRI_N_CTX];
+    ColibriRequest req;
+
+    watchdogs_off();
+    colibri_hello();
+    uint64_t image_bytes = (uint64_t)(colibri_weights_end - colibri_weights_image);
+    if (colibri_load(colibri_weights_image, image_bytes) != 0) {
+        for (;;) {
+        }
+    }
+    /* Serve requests for as long as the board is powered; noise between them is ignored. */
+    int len = 0;
+    for (;;) {
+        uint8_t c;
+        if (uart_rx_one_char(&c) != 0) {
+            continue;
+        }
+        if (len < REQUEST_LINE_BYTES) {
+            line[len++] = (char)c;
+        }
+        if (c != '\n') {
+            continue;
+        }
+        if (len < REQUEST_LINE_BYTES && colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX)) {
+            colibri_decode(&req);
+        }
+        len = 0;
+    }
+}

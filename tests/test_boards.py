@@ -1,0 +1,101 @@
+"""Cross targets: the same logits on every board, ESP32-P4 images esptool accepts, budgets."""
+
+import json
+
+import pytest
+
+from conftest import DEFAULT_MODEL, run_cli
+from generator.errors import ColibriError
+from generator.esp_image import check_app_image, load_segments
+from generator.reference import Reference
+from generator.sampling import SamplingParams
+from generator.targets import available_boards, load_board
+
+PROMPT = [1, 21, 51, 68, 104, 44, 74, 51, 100]  # "In the beginning"
+SAMPLED = SamplingParams(0.8, top_k=40, top_p=0.95, seed=11)
+
+
+@pytest.fixture(scope="module")
+def host_run(builder):
+    return builder.run(DEFAULT_MODEL, PROMPT, 40, ctx=128, sampling=SAMPLED)
+
+
+@pytest.mark.parametrize("board", ["linux-aarch64", "qemu-rv32"])
+def test_every_board_decodes_the_same_bits_as_host_and_the_reference(board, builder, host_run):
+    art, plan, request, result = builder.run(DEFAULT_MODEL, PROMPT, 40, ctx=128, sampling=SAMPLED, board=board)
+    host = host_run[3]
+    assert result.tokens == host.tokens
+    assert result.digests == host.digests
+    ref = Reference(plan, art.weights.read_bytes()).generate(PROMPT, 40, SAMPLED, stop_at_eos=False)
+    assert result.digests == ref.digests
+    assert result.hello["board"] == board
+
+
+def test_qemu_rv32_reports_exact_instruction_counts(builder):
+    runs = [builder.run(DEFAULT_MODEL, PROMPT, 8, ctx=128, board="qemu-rv32")[3] for _ in range(2)]
+    first, second = (r.stats for r in runs)
+    assert int(first["decode_instret"]) > 0 and int(first["prefill_instret"]) > 0
+    # -icount shift=0: the count is exact, so two runs agree to the instruction.
+    assert first["decode_instret"] == second["decode_instret"]
+    assert first["prefill_instret"] == second["prefill_instret"]
+
+
+def test_qemu_rv32_reads_the_weights_in_place_and_refuses_a_damaged_image(builder, tmp_path):
+    from generator.runner import RunRequest, run_on_board
+
+    board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, "qemu-rv32")
+    blob = bytearray(art.weights.read_bytes())
+    blob[5000] ^= 0x40
+    damaged = tmp_path / "damaged.img"
+    damaged.write_bytes(bytes(blob))
+    with pytest.raises(ColibriError, match="error 7: weight image is corrupted"):
+        run_on_board(board, art.program, art.weights, RunRequest(PROMPT, 4), art.model_hash(), flash_image=damaged)
+
+
+def test_esp32p4_build_gives_an_image_esptool_accepts_inside_the_safe_window(builder):
+    board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, "esp32p4")
+    app = art.out_dir / "firmware.bin"
+    info = check_app_image(board, app)
+    assert "ESP32-P4" in info and "v1.0" in info and "v3.99" in info
+    lo, hi = board.data["flash"]["load_window"]
+    assert (lo, hi) == (0x4FF40000, 0x4FFA0000)
+    segments = load_segments(art.program)
+    assert segments and all(lo <= a and a + n <= hi for a, n in segments)
+    merged = (art.out_dir / "flash.bin").read_bytes()
+    assert merged[0x2000:0x2000 + app.stat().st_size] == app.read_bytes()
+    assert merged[0x2000] == 0xE9  # ESP image magic at the ROM loader's offset
+
+
+def test_a_model_too_big_for_esp32p4_fails_before_compiling_with_the_numbers(checkpoints, tmp_path):
+    out = tmp_path / "out"
+    done = run_cli("build", "--board", "esp32p4", "--model", checkpoints("llama3_rope_bias"), "--ctx", "256",
+                   "--out", out)
+    assert done.returncode == 2
+    assert "does not fit board esp32p4: region l2mem needs" in done.stderr and "but has 393,216 B" in done.stderr
+    assert not out.exists()
+    done = run_cli("build", "--board", "esp32p4", "--model", DEFAULT_MODEL, "--ctx", "300", "--out", out)
+    assert done.returncode == 2 and "max_position_embeddings" in done.stderr
+
+
+@pytest.mark.parametrize("board", ["host", "linux-aarch64", "qemu-rv32", "esp32p4"])
+def test_report_json_exists_for_every_board_and_accounts_for_each_region(board, builder):
+    b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, board)
+    done = run_cli("report", "--board", board, "--model", DEFAULT_MODEL, "--ctx", "128", "--out", art.out_dir,
+                   "--json")
+    assert done.returncode == 0, done.stderr
+    rep = json.loads(done.stdout)
+    assert [r["name"] for r in rep["regions"]] == [m.name for m in b.memory]
+    placed = {k for r in rep["regions"] for k in r["items"]}
+    assert {"code", "weights", "kv_cache", "scratch", "rope_tables"} <= placed
+    assert rep["fits"]
+    if board == "esp32p4":
+        (l2mem,) = rep["regions"]
+        assert l2mem["used"] <= 0.85 * l2mem["budget"]  # the default model fits with room to spare
+        assert l2mem["items"]["stack"] > 0 and rep["largest_ctx_that_fits"] >= 128
+
+
+def test_every_board_file_loads():
+    assert {"host", "linux-aarch64", "qemu-rv32", "esp32p4"} <= set(available_boards())
+    for name in available_boards():
+        board = load_board(name)
+        assert board.memory and board.cc

@@ -62,6 +62,10 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
 
+def add_port_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", help="serial port of a real board (e.g. /dev/ttyUSB0), for boards run over serial")
+
+
 def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
     p.add_argument("--prompt", help="prompt text (needs the model's tokenizer.json)")
     p.add_argument("--prompt-ids", help="prompt as comma-separated token ids")
@@ -206,7 +210,16 @@ def rates(result) -> dict:
         "decode_tok_s": n_decode / (decode_us / 1e6) if decode_us and n_decode else None,
         # The forward passes alone, without sampling, logits hashing and frame output.
         "forward_tok_s": n_decode / (forward_us / 1e6) if forward_us and n_decode else None,
+        # Exact retired instructions, on boards that count them (qemu-rv32, esp32p4).
+        "prefill_instructions_per_token": int(s["prefill_instret"]) / n_prompt if "prefill_instret" in s and n_prompt else None,
+        "decode_instructions_per_token": int(s["decode_instret"]) / n_decode if "decode_instret" in s and n_decode else None,
     }
+
+
+def speed_text(r: dict) -> str:
+    if r["decode_instructions_per_token"]:
+        return f"{r['decode_instructions_per_token'] / 1e6:.2f} M instructions/token"
+    return f"{r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
 
 
 def cmd_run(args) -> int:
@@ -217,7 +230,7 @@ def cmd_run(args) -> int:
                           "text": decode_text(tokenizer, result.tokens), "logits_sha256": result.digests,
                           "stop_reason": result.stop_reason, "stats": r}, indent=2))
     else:
-        speed = f", {r['decode_tok_s']:.1f} tok/s decode" if r["decode_tok_s"] else ""
+        speed = f", {speed_text(r)} decode" if speed_text(r) else ""
         print(f"[{len(result.tokens)} tokens on {board.name}, stopped by {result.stop_reason}{speed}]", file=sys.stderr)
     return 0
 
@@ -235,7 +248,7 @@ def cmd_verify(args) -> int:
     art, board, plan, tokenizer, request, result = _run(args, stream=True)
     if not args.json:
         r = rates(result)
-        speed = f" at {r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
+        speed = f" at {speed_text(r)}" if speed_text(r) else ""
         progress(f"firmware on {board.name}: {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
                  f"running the NumPy reference on the same weight image")
     from .plan import make_plan
@@ -299,8 +312,7 @@ def cmd_bench(args) -> int:
                               flash_image=art.flash_image, port=getattr(args, "port", None))
         runs.append(rates(result))
         if not args.json:
-            progress(f"  run {i + 1}/{args.repeat}: prefill {runs[-1]['prefill_tok_s']:.1f} tok/s, "
-                     f"decode {runs[-1]['decode_tok_s']:.1f} tok/s")
+            progress(f"  run {i + 1}/{args.repeat}: {speed_text(runs[-1])}")
     prefill = statistics.median(r["prefill_tok_s"] for r in runs)
     decode = statistics.median(r["decode_tok_s"] for r in runs)
     forward = statistics.median(r["forward_tok_s"] for r in runs)
@@ -309,9 +321,15 @@ def cmd_bench(args) -> int:
            "prompt_tokens": len(prompt), "decode_steps": args.steps, "repeat": args.repeat,
            "prefill_tok_s": prefill, "decode_tok_s": decode, "decode_ms_per_token": 1000.0 / decode,
            "forward_only_tok_s": forward,
+           "decode_instructions_per_token": runs[0]["decode_instructions_per_token"],
            "weight_bytes": art.weights.stat().st_size, "runs": runs}
     if args.json:
         print(json.dumps(out, indent=2))
+    elif out["decode_instructions_per_token"]:
+        # An emulator's clock is not the board's: exact instruction counts are the measure there.
+        print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, {len(prompt)}-token prompt, {args.steps} steps): "
+              f"{out['decode_instructions_per_token'] / 1e6:.3f} M instructions per decoded token, "
+              f"{runs[0]['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token")
     else:
         print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, 1 thread, {len(prompt)}-token prompt, "
               f"{args.steps} steps, median of {args.repeat}): prefill {prefill:.1f} tok/s, "
@@ -338,11 +356,13 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="build, run the firmware on a prompt and print the text")
     add_target_args(p)
     add_decode_args(p, steps=64)
+    add_port_arg(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("verify", help="run the firmware and the NumPy reference; PASS only if bit-identical")
     add_target_args(p)
     add_decode_args(p, steps=64)
+    add_port_arg(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("report", help="where every byte goes, per memory region, checked against the ELF")
@@ -354,6 +374,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=positive_int, default=128, help="decoded tokens per run (default 128)")
     p.add_argument("--prompt-tokens", type=positive_int, default=8, help="prompt length (default 8)")
     p.add_argument("--repeat", type=positive_int, default=3, help="runs; the median is reported (default 3)")
+    add_port_arg(p)
     p.set_defaults(func=cmd_bench)
     return parser
 

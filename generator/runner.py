@@ -177,7 +177,8 @@ def run_qemu_system(board: Board, program: Path, flash_image: Path, request: Run
             raise ColibriError(f"{argv[0]} exited with status {code} after the run")
         return result
     except ColibriError:
-        if proc.poll() is not None and proc.returncode != 0:
+        # The emulator failing to start explains a silent link; a board's own error frame stands.
+        if not session.result.hello and proc.poll() is not None and proc.returncode != 0:
             err = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
             if err:
                 raise ColibriError(f"{argv[0]} failed: {err[-1]}") from None

@@ -79,7 +79,9 @@ def _float_rows(values: np.ndarray, per_line: int = 6) -> list[str]:
 
 def template_context(plan: Plan, model_hash: bytes) -> dict:
     spec = plan.spec
-    cos, sin = rope.tables(spec.rope, spec.head_dim, plan.n_ctx)
+    tables = [rope.tables(r, spec.head_dim, plan.n_ctx) for r in plan.ropes]
+    cos = np.concatenate([c for c, _ in tables])
+    sin = np.concatenate([s_ for _, s_ in tables])
     tensors = [
         dict(name=t.name, c_name=t.c_name, dtype=t.dtype, dtype_code=DTYPE_CODES[t.dtype], rows=t.rows,
              cols=t.cols, offset=t.offset, nbytes=t.nbytes, scales_offset=t.scales_offset,
@@ -89,7 +91,8 @@ def template_context(plan: Plan, model_hash: bytes) -> dict:
     present = {t.name for t in plan.tensors}
     layer_fields = []
     for part in ("attn_norm", "wq", "bq", "wk", "bk", "wv", "bv", "q_norm", "k_norm", "wo", "bo",
-                 "ffn_norm", "w_gate", "b_gate", "w_up", "b_up", "w_down", "b_down"):
+                 "post_attn_norm", "ffn_norm", "w_gate", "b_gate", "w_up", "b_up", "w_down", "b_down",
+                 "post_ffn_norm"):
         matrix = part.startswith("w")
         layer_fields.append(dict(part=part, matrix=matrix,
                                  present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)]))
@@ -116,7 +119,18 @@ def template_context(plan: Plan, model_hash: bytes) -> dict:
         model_hash_hex=model_hash.hex(),
         model_hash_bytes=", ".join(f"0x{b:02x}" for b in model_hash),
         rms_norm_eps=c_float(spec.rms_norm_eps),
-        attn_scale=c_float(spec.head_dim ** -0.5),
+        attn_scale=c_float(spec.score_scale),
+        attn_scale_doc="1 / sqrt(query_pre_attn_scalar)" if spec.attn_scale else "1 / sqrt(HEAD_DIM)",
+        embed_scale=c_float(spec.embed_scale),
+        final_softcap=c_float(spec.final_softcap),
+        gelu=spec.activation == "gelu_tanh",
+        n_rope_tables=len(plan.ropes),
+        rope_doc=[f"table {i}: {r.scaling}, theta {r.theta:g}" + (f", factor {r.factor:g}" if r.scaling != "default" else "")
+                  for i, r in enumerate(plan.ropes)],
+        layer_rope=", ".join(str(i) for i in plan.layer_rope),
+        kv_slots=", ".join(str(n) for n in plan.kv_slots),
+        kv_offsets=", ".join(str(n) for n in plan.kv_offsets),
+        kv_floats=plan.kv_bytes // 8,
         rope_half=spec.head_dim // 2,
         rope_cos_rows=_float_rows(cos),
         rope_sin_rows=_float_rows(sin),

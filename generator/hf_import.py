@@ -24,7 +24,10 @@ ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its text tower; the vision tower is ignored
 }
+GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 ROPE_TYPES = ("default", "linear", "llama3")
 
 HF_LAYER_PARTS = {
@@ -47,6 +50,17 @@ HF_LAYER_PARTS = {
     "mlp.up_proj.bias": "b_up",
     "mlp.down_proj.bias": "b_down",
 }
+# Gemma's norms: post_attention_layernorm normalises the attention output (not the FFN input).
+HF_GEMMA_LAYER_PARTS = dict(HF_LAYER_PARTS, **{
+    "post_attention_layernorm.weight": "post_attn_norm",
+    "pre_feedforward_layernorm.weight": "ffn_norm",
+    "post_feedforward_layernorm.weight": "post_ffn_norm",
+})
+# Prefixes under which multimodal checkpoints keep their text tower, and parts that are not text.
+TEXT_TOWER_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                       ("language_model.lm_head.", "lm_head."))
+NOT_TEXT_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
+                     "multi_modal_projector.")
 HF_GLOBAL = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 
 
@@ -116,16 +130,7 @@ def _token_ids(value, where: str, key: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _rope(cfg: _Config, max_pos: int) -> RopeSpec:
-    data = cfg.data
-    if isinstance(data.get("rope_parameters"), dict):
-        params = data["rope_parameters"]
-        theta = cfg.float("rope_theta", None, params)
-    else:
-        params = data.get("rope_scaling") or {}
-        if not isinstance(params, dict):
-            raise ColibriError(f"{cfg.where}: 'rope_scaling' must be an object or null")
-        theta = cfg.float("rope_theta", 10000.0)
+def _rope_from(cfg: _Config, params: dict, theta: float, max_pos: int) -> RopeSpec:
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise ColibriError(f"{cfg.where}: unsupported rope type {kind!r} (supported: {', '.join(ROPE_TYPES)})")
@@ -147,6 +152,29 @@ def _rope(cfg: _Config, max_pos: int) -> RopeSpec:
         raise ColibriError(f"{cfg.where}: 'original_max_position_embeddings' must be a positive integer")
     return RopeSpec(theta=theta, scaling="llama3", factor=factor, low_freq_factor=low,
                     high_freq_factor=high, original_max_position_embeddings=original)
+
+
+def _rope(cfg: _Config, max_pos: int, default_theta: float = 10000.0) -> RopeSpec:
+    """RoPE of (global) attention layers: transformers 5 `rope_parameters`, or legacy keys."""
+    data = cfg.data
+    params = data.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]  # per layer type (Gemma 3)
+    if isinstance(params, dict):
+        return _rope_from(cfg, params, cfg.float("rope_theta", default_theta, params), max_pos)
+    params = data.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise ColibriError(f"{cfg.where}: 'rope_scaling' must be an object or null")
+    return _rope_from(cfg, params, cfg.float("rope_theta", default_theta), max_pos)
+
+
+def _rope_local(cfg: _Config, max_pos: int) -> RopeSpec:
+    """RoPE of Gemma 3's sliding-window layers: their own base, never scaled."""
+    params = cfg.data.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
+        local = params["sliding_attention"]
+        return _rope_from(cfg, local, cfg.float("rope_theta", 10000.0, local), max_pos)
+    return RopeSpec(theta=cfg.float("rope_local_base_freq", 10000.0))
 
 
 def _layer_windows(cfg: _Config, family: str, n_layers: int) -> tuple[int, ...]:
@@ -173,10 +201,25 @@ def _layer_windows(cfg: _Config, family: str, n_layers: int) -> tuple[int, ...]:
         return tuple(out)
     if window is None:
         return (0,) * n_layers
+    if family == "gemma3":
+        pattern = data.get("sliding_window_pattern", data.get("_sliding_window_pattern", 6))
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise ColibriError(f"{cfg.where}: 'sliding_window_pattern' must be a positive integer")
+        return tuple(0 if (i + 1) % pattern == 0 else window for i in range(n_layers))
     if family == "mistral":
         return (window,) * n_layers
     first = cfg.int("max_window_layers", n_layers, minimum=0)
     return tuple(window if i >= first else 0 for i in range(n_layers))
+
+
+def _softcap(cfg: _Config, key: str) -> float:
+    value = cfg.data.get(key)
+    if value is None:
+        return 0.0
+    cap = cfg.float(key)
+    if cap <= 0:
+        raise ColibriError(f"{cfg.where}: {key!r} must be positive or null")
+    return cap
 
 
 def parse_config(data: dict, name: str, generation: dict | None = None) -> ModelSpec:
@@ -190,6 +233,13 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
     if arch not in ARCHITECTURES:
         raise ColibriError(f"unsupported architecture {arch!r} (supported: {supported})")
     family = ARCHITECTURES[arch]
+    if arch == "Gemma3ForConditionalGeneration":
+        text = data.get("text_config")
+        if not isinstance(text, dict):
+            raise ColibriError("config.json: Gemma3ForConditionalGeneration needs a 'text_config' object")
+        cfg = _Config(text, "config.json text_config")
+        data = text
+    gemma = family == "gemma3"
 
     hidden = cfg.int("hidden_size")
     n_heads = cfg.int("num_attention_heads")
@@ -205,9 +255,17 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         raise ColibriError(f"config.json: num_attention_heads {n_heads} is not divisible by num_key_value_heads {n_kv}")
     if head_dim % 2:
         raise ColibriError(f"config.json: head_dim {head_dim} must be even for rotary embeddings")
-    act = data.get("hidden_act", "silu")
-    if act != "silu":
-        raise ColibriError(f"config.json: unsupported hidden_act {act!r} for {arch} (supported: silu)")
+    if gemma:
+        act = data.get("hidden_activation", data.get("hidden_act", "gelu_pytorch_tanh"))
+        if act not in GELU_TANH:
+            raise ColibriError(f"config.json: unsupported hidden_activation {act!r} for {arch} "
+                               f"(supported: {', '.join(GELU_TANH)})")
+        activation = "gelu_tanh"
+    else:
+        act = data.get("hidden_act", "silu")
+        if act != "silu":
+            raise ColibriError(f"config.json: unsupported hidden_act {act!r} for {arch} (supported: silu)")
+        activation = "silu"
     if data.get("partial_rotary_factor", 1.0) != 1.0:
         raise ColibriError("config.json: partial_rotary_factor other than 1.0 is not supported")
     n_layers = cfg.int("num_hidden_layers")
@@ -245,16 +303,24 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         n_kv_heads=n_kv,
         head_dim=head_dim,
         rms_norm_eps=eps,
-        rope=_rope(cfg, max_pos),
+        rope=_rope(cfg, max_pos, 1000000.0 if gemma else 10000.0),
         max_position_embeddings=max_pos,
-        tie_embeddings=cfg.bool("tie_word_embeddings", False),
+        tie_embeddings=cfg.bool("tie_word_embeddings", gemma),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,
-        qk_norm=(family == "qwen3"),
+        qk_norm=family in ("qwen3", "gemma3"),
         layer_windows=_layer_windows(cfg, family, n_layers),
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=eos,
+        activation=activation,
+        embed_scale=float(np.float32(hidden ** 0.5)) if gemma else 1.0,
+        attn_scale=(cfg.float("query_pre_attn_scalar", head_dim) ** -0.5) if gemma else 0.0,
+        post_norms=gemma,
+        rope_local=_rope_local(cfg, max_pos) if gemma else None,
+        # (Gemma 3 configs may carry attn_logit_softcapping, but transformers' Gemma 3 never applies it.)
+        # transformers applies final_logit_softcapping in Gemma3ForCausalLM, not in the multimodal class.
+        final_softcap=_softcap(cfg, "final_logit_softcapping") if arch != "Gemma3ForConditionalGeneration" else 0.0,
     )
 
 
@@ -278,6 +344,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         shapes[p + "wo"] = (d, spec.q_dim)
         if spec.o_bias:
             shapes[p + "bo"] = (d,)
+        if spec.post_norms:
+            shapes[p + "post_attn_norm"] = (d,)
         shapes[p + "ffn_norm"] = (d,)
         shapes[p + "w_gate"] = (f, d)
         shapes[p + "w_up"] = (f, d)
@@ -286,20 +354,27 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             shapes[p + "b_gate"] = (f,)
             shapes[p + "b_up"] = (f,)
             shapes[p + "b_down"] = (d,)
+        if spec.post_norms:
+            shapes[p + "post_ffn_norm"] = (d,)
     shapes["final_norm"] = (d,)
     if not spec.tie_embeddings:
         shapes["lm_head"] = (v, d)
     return shapes
 
 
-def _canonical(hf_name: str) -> str | None:
+def _canonical(hf_name: str, family: str) -> str | None:
+    for prefix, replacement in TEXT_TOWER_PREFIXES:
+        if hf_name.startswith(prefix):
+            hf_name = replacement + hf_name[len(prefix):]
+            break
     if hf_name in HF_GLOBAL:
         return HF_GLOBAL[hf_name]
+    parts = HF_GEMMA_LAYER_PARTS if family == "gemma3" else HF_LAYER_PARTS
     if hf_name.startswith("model.layers."):
         rest = hf_name[len("model.layers."):]
         index, _, part = rest.partition(".")
-        if index.isdigit() and part in HF_LAYER_PARTS and str(int(index)) == index:
-            return f"layers.{index}.{HF_LAYER_PARTS[part]}"
+        if index.isdigit() and part in parts and str(int(index)) == index:
+            return f"layers.{index}.{parts[part]}"
     return None
 
 
@@ -357,7 +432,9 @@ def load_checkpoint(model_dir: Path | str, load_tensors: bool = True) -> Checkpo
     wanted = expected_shapes(spec)
     by_canonical: dict[str, tuple[Path, TensorInfo]] = {}
     for hf_name, (path, info) in sorted(located.items()):
-        canonical = _canonical(hf_name)
+        if hf_name.startswith(NOT_TEXT_PREFIXES):
+            continue  # the vision tower of a multimodal checkpoint
+        canonical = _canonical(hf_name, spec.family)
         if canonical is None:
             if hf_name.endswith("rotary_emb.inv_freq"):
                 continue  # a cache some exporters save; recomputed by the generator
@@ -379,6 +456,10 @@ def load_checkpoint(model_dir: Path | str, load_tensors: bool = True) -> Checkpo
         for canonical in wanted:
             path, info = by_canonical[canonical]
             tensors[canonical] = load_f32(path, info)
+            if spec.family == "gemma3" and canonical.endswith("norm"):
+                # Gemma's RMSNorm scales by (1 + w), computed in float32: fold it in once here,
+                # so every norm in the runtime is the same x * inv * w.
+                tensors[canonical] = (np.float32(1.0) + tensors[canonical]).astype(np.float32)
     files = sorted({config_path, *(p for p, _ in by_canonical.values())}
                    | ({gen_path} if gen_path.is_file() else set())
                    | ({model_dir / "model.safetensors.index.json"} if (model_dir / "model.safetensors.index.json").is_file() else set()))

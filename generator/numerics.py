@@ -62,6 +62,28 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (F32(1.0) + expf(-x))
 
 
+def tanh(x: np.ndarray) -> np.ndarray:
+    """1 - 2 / (exp(2x) + 1), with our exp."""
+    x = f32(x)
+    return F32(1.0) - F32(2.0) / (expf(F32(2.0) * x) + F32(1.0))
+
+
+GELU_K = F32(0.7978845608028654)  # sqrt(2 / pi)
+GELU_C = F32(0.044715)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation: (0.5 x) (1 + tanh(k (x + c x^3)))."""
+    x = f32(x)
+    inner = GELU_K * (x + GELU_C * ((x * x) * x))
+    return (F32(0.5) * x) * (F32(1.0) + tanh(inner))
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """tanh(x / cap) * cap."""
+    return tanh(f32(x) / F32(cap)) * F32(cap)
+
+
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """Normalise along the last axis: (x_i * (1 / sqrt(mean(x^2) + eps))) * w_i."""
     x = f32(x)

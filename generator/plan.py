@@ -72,9 +72,12 @@ class Plan:
     image: ImageLayout
     scratch: tuple[Buffer, ...]
     scratch_bytes: int
-    kv_layer_bytes: int  # one of K or V for one layer: n_ctx * kv_dim floats
+    kv_slots: tuple[int, ...]  # per layer: positions its KV cache holds (a ring of `window` for sliding layers)
+    kv_offsets: tuple[int, ...]  # per layer: first float of its keys (or values) in the K (or V) arena
     kv_bytes: int  # K and V for all layers
-    rope_table_bytes: int  # cos + sin
+    ropes: tuple  # distinct RopeSpecs; layer_rope[i] indexes this
+    layer_rope: tuple[int, ...]
+    rope_table_bytes: int  # cos + sin of every table
     max_input: int  # longest matrix row: the activation quantization buffer's length
 
     def tensor(self, name: str) -> TensorEntry:
@@ -93,9 +96,10 @@ class Plan:
             "image": asdict(self.image),
             "tensors": [asdict(t) for t in self.tensors],
             "scratch": {"bytes": self.scratch_bytes, "buffers": [asdict(b) for b in self.scratch]},
-            "kv_cache": {"bytes": self.kv_bytes, "layer_bytes": self.kv_layer_bytes,
-                         "shape": [self.spec.n_layers, self.n_ctx, self.spec.n_kv_heads, self.spec.head_dim]},
-            "rope_tables": {"bytes": self.rope_table_bytes},
+            "kv_cache": {"bytes": self.kv_bytes, "slots_per_layer": list(self.kv_slots),
+                         "kv_heads": self.spec.n_kv_heads, "head_dim": self.spec.head_dim},
+            "rope_tables": {"bytes": self.rope_table_bytes, "tables": [asdict(r) for r in self.ropes],
+                            "layer_table": list(self.layer_rope)},
             "totals": self.totals(),
         }
 
@@ -184,10 +188,22 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int) -> Plan:
             ("act_d", "float", max_input // QK, "q8_0 block scales of the current matmul input"),
         ]
     scratch, scratch_bytes = _arena(items)
-    kv_layer = n_ctx * spec.kv_dim * 4
+    # Sliding-window layers keep only their window: position t lives in slot t % slots.
+    kv_slots = tuple(min(w, n_ctx) if w else n_ctx for w in spec.layer_windows)
+    kv_offsets, cursor = [], 0
+    for slots in kv_slots:
+        kv_offsets.append(cursor)
+        cursor += slots * spec.kv_dim
+    ropes: list = []
+    layer_rope = []
+    for layer in range(spec.n_layers):
+        r = spec.layer_rope(layer)
+        if r not in ropes:
+            ropes.append(r)
+        layer_rope.append(ropes.index(r))
     return Plan(
         spec=spec, board=board, quant=quant, n_ctx=n_ctx, tensors=tensors, image=image,
-        scratch=scratch, scratch_bytes=scratch_bytes, kv_layer_bytes=kv_layer,
-        kv_bytes=2 * spec.n_layers * kv_layer, rope_table_bytes=2 * n_ctx * (spec.head_dim // 2) * 4,
-        max_input=max_input,
+        scratch=scratch, scratch_bytes=scratch_bytes, kv_slots=kv_slots, kv_offsets=tuple(kv_offsets),
+        kv_bytes=2 * cursor * 4, ropes=tuple(ropes), layer_rope=tuple(layer_rope),
+        rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.head_dim // 2) * 4, max_input=max_input,
     )

@@ -12,7 +12,8 @@ import numpy as np
 
 from . import rope
 from .image import read_header
-from .numerics import F32, dot, f32, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, silu, softmax
+from .numerics import (F32, dot, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, silu, softcap,
+                       softmax)
 from .plan import Plan
 from .quantize import dequantize_q8_0, matvec_q8_0, quantize_q8_0
 from .sampling import Rng, SamplingParams, sample
@@ -46,11 +47,12 @@ class Reference:
             else:
                 arr = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols, offset=start).astype(np.float32)
                 self.w[t.name] = arr.reshape(t.rows, t.cols) if t.rows > 1 else arr
-        self.cos, self.sin = rope.tables(self.spec.rope, self.spec.head_dim, plan.n_ctx)
-        self.scale = F32(self.spec.head_dim ** -0.5)
+        self.tables = [rope.tables(r, self.spec.head_dim, plan.n_ctx) for r in plan.ropes]
+        self.scale = F32(self.spec.score_scale)
         s = self.spec
-        self.k_cache = np.zeros((s.n_layers, plan.n_ctx, s.n_kv_heads, s.head_dim), dtype=np.float32)
-        self.v_cache = np.zeros_like(self.k_cache)
+        # Per layer, a ring of kv_slots[layer] positions: position t lives in slot t % slots.
+        self.k_cache = [np.zeros((n, s.n_kv_heads, s.head_dim), dtype=np.float32) for n in plan.kv_slots]
+        self.v_cache = [np.zeros_like(k) for k in self.k_cache]
 
     # -- building blocks -------------------------------------------------------------------
     def _prepare(self, x: np.ndarray):
@@ -69,9 +71,10 @@ class Reference:
 
     def _embed(self, token: int) -> np.ndarray:
         w = self.w["embed"]
-        if isinstance(w, tuple):
-            return dequantize_q8_0(w[0][token], w[1][token])
-        return w[token].copy()
+        row = dequantize_q8_0(w[0][token], w[1][token]) if isinstance(w, tuple) else w[token].copy()
+        if self.spec.embed_scale != 1.0:
+            row = row * F32(self.spec.embed_scale)
+        return row
 
     # -- the forward pass ------------------------------------------------------------------
     def forward(self, token: int, pos: int, want_logits: bool = True) -> np.ndarray | None:
@@ -89,35 +92,43 @@ class Reference:
             if s.qk_norm:
                 q = rmsnorm(q, self.w[p + "q_norm"], eps)
                 k = rmsnorm(k, self.w[p + "k_norm"], eps)
-            q = apply_rope(q, self.cos[pos], self.sin[pos])
-            k = apply_rope(k, self.cos[pos], self.sin[pos])
-            self.k_cache[layer, pos] = k
-            self.v_cache[layer, pos] = v
+            cos, sin = self.tables[self.plan.layer_rope[layer]]
+            q = apply_rope(q, cos[pos], sin[pos])
+            k = apply_rope(k, cos[pos], sin[pos])
+            slots = self.plan.kv_slots[layer]
+            self.k_cache[layer][pos % slots] = k
+            self.v_cache[layer][pos % slots] = v
 
             window = s.layer_windows[layer]
             start = max(0, pos - window + 1) if window else 0
+            ring = [t % slots for t in range(start, pos + 1)]
             out = np.empty((s.n_heads, hd), dtype=np.float32)
             for h in range(s.n_heads):
-                keys = self.k_cache[layer, start:pos + 1, h // group]
-                values = self.v_cache[layer, start:pos + 1, h // group]
+                keys = self.k_cache[layer][ring, h // group]
+                values = self.v_cache[layer][ring, h // group]
                 scores = dot(keys, q[h][None, :], axis=1) * self.scale
                 probs = softmax(scores)
                 out[h] = seq_sum(probs[:, None] * values, axis=0)
             proj = self._linear(p + "wo", self._prepare(out.reshape(-1)), p + "bo" if s.o_bias else None)
+            if s.post_norms:
+                proj = rmsnorm(proj, self.w[p + "post_attn_norm"], eps)
             x = x + proj
 
             xn = rmsnorm(x, self.w[p + "ffn_norm"], eps)
             act = self._prepare(xn)
             gate = self._linear(p + "w_gate", act, p + "b_gate" if s.mlp_bias else None)
             up = self._linear(p + "w_up", act, p + "b_up" if s.mlp_bias else None)
-            hidden = silu(gate) * up
+            hidden = (gelu_tanh(gate) if s.activation == "gelu_tanh" else silu(gate)) * up
             down = self._linear(p + "w_down", self._prepare(hidden), p + "b_down" if s.mlp_bias else None)
+            if s.post_norms:
+                down = rmsnorm(down, self.w[p + "post_ffn_norm"], eps)
             x = x + down
         if not want_logits:
             return None
         xn = rmsnorm(x, self.w["final_norm"], eps)
         head = "embed" if s.tie_embeddings else "lm_head"
-        return f32(self._linear(head, self._prepare(xn)))
+        logits = f32(self._linear(head, self._prepare(xn)))
+        return softcap(logits, s.final_softcap) if s.final_softcap else logits
 
     def generate(self, prompt: list[int], steps: int, params: SamplingParams,
                  stop_at_eos: bool = True, keep_logits: bool = False) -> Generation:

@@ -44,6 +44,13 @@ class ModelSpec:
     layer_windows: tuple[int, ...] = field(default_factory=tuple)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Gemma-style variations of the same decoder (defaults: Llama).
+    activation: str = "silu"  # gated FFN activation: "silu" | "gelu_tanh"
+    embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(hidden_size))
+    attn_scale: float = 0.0  # score scale; 0 means 1/sqrt(head_dim)
+    post_norms: bool = False  # RMSNorm of the attention and FFN outputs before the residual add
+    rope_local: RopeSpec | None = None  # RoPE of sliding-window layers, when it differs
+    final_softcap: float = 0.0  # logits -> tanh(l / cap) * cap; 0 = off
 
     @property
     def q_dim(self) -> int:
@@ -52,6 +59,13 @@ class ModelSpec:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def score_scale(self) -> float:
+        return self.attn_scale if self.attn_scale else self.head_dim ** -0.5
+
+    def layer_rope(self, layer: int) -> RopeSpec:
+        return self.rope_local if (self.rope_local and self.layer_windows[layer]) else self.rope
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no whitespace variance): part of the model hash."""

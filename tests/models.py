@@ -35,6 +35,14 @@ ORACLE_CONFIGS = {
     "qwen3_qknorm": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, max_position_embeddings=128, tie_word_embeddings=False)),
+    # Gemma 3: 5 sliding layers (window 4) + 1 global, each kind with its own RoPE (global scaled),
+    # head_dim 32 independent of hidden/heads, query_pre_attn_scalar, both softcaps, vocab 262.
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        vocab_size=262, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, max_position_embeddings=128,
+        sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
 }
 
 
@@ -68,3 +76,25 @@ def load_hf(model_dir: Path):
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
     return model.eval()
+
+
+def make_gemma3_multimodal(out: Path, seed: int = 7) -> Path:
+    """A tiny Gemma3ForConditionalGeneration (SigLIP vision tower + Gemma 3 text tower)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    text = dict(ORACLE_CONFIGS["gemma3_text"][2], num_hidden_layers=2, sliding_window=3)
+    text.pop("rope_parameters")
+    config = transformers.Gemma3Config(
+        text_config=transformers.Gemma3TextConfig(initializer_range=0.1, **text),
+        vision_config=transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                                      num_attention_heads=2, image_size=32, patch_size=16),
+        mm_tokens_per_image=4, image_token_index=261, boi_token_index=259, eoi_token_index=260)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and "language_model" in name:
+                p.copy_(0.2 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return out

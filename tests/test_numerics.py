@@ -38,6 +38,16 @@ def test_expf_is_accurate_to_a_few_ulp():
     assert numerics.expf(np.float32(-100.0)) == 0.0
 
 
+def test_tanh_and_gelu_match_and_are_accurate(harness):
+    x = np.concatenate([np.linspace(-20, 20, 8001, dtype=np.float32), rng.normal(0, 2, 2000).astype(np.float32)])
+    assert_same_bits(c_floats(harness, ["tanh", x.size], f32_bytes(x), x.size), numerics.tanh(x))
+    assert_same_bits(c_floats(harness, ["gelu", x.size], f32_bytes(x), x.size), numerics.gelu_tanh(x))
+    assert np.max(np.abs(numerics.tanh(x) - np.tanh(x.astype(np.float64)))) < 2e-7
+    import math
+    exact = np.array([0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))) for v in x.astype(float)])
+    assert np.max(np.abs(numerics.gelu_tanh(x) - exact) / np.maximum(1.0, np.abs(exact))) < 1e-6
+
+
 def test_silu_softmax_rmsnorm_match(harness):
     x = rng.normal(0, 4, 777).astype(np.float32)
     assert_same_bits(c_floats(harness, ["silu", x.size], f32_bytes(x), x.size), numerics.silu(x))

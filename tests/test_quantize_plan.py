@@ -77,7 +77,8 @@ def test_plan_json_round_trips_and_states_totals():
     data = json.loads(plan.to_json())
     assert data["totals"] == {"weights": plan.image.image_bytes, "kv_cache": plan.kv_bytes,
                               "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes}
-    assert data["kv_cache"]["shape"] == [3, 64, 1, 48]
+    assert data["kv_cache"]["slots_per_layer"] == [64, 64, 64]
+    assert (data["kv_cache"]["kv_heads"], data["kv_cache"]["head_dim"]) == (1, 48)
     assert len(data["tensors"]) == len(plan.tensors)
 
 

@@ -74,28 +74,46 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
 #else
     memcpy(x, m->w + (int64_t)token * COLIBRI_DIM, COLIBRI_DIM * sizeof(float));
 #endif
+    if (COLIBRI_EMBED_SCALE != 1.0f) {
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            x[i] = x[i] * COLIBRI_EMBED_SCALE;
+        }
+    }
+}
+
+static float ffn_activation(float x)
+{
+#if COLIBRI_FFN_GELU_TANH
+    return op_gelu_tanh(x);
+#else
+    return op_silu(x);
+#endif
+}
+
+/* Position t of layer `layer` lives in slot t % slots of that layer's part of the KV arenas. */
+static int64_t kv_slot(int layer, int32_t t)
+{
+    return colibri_kv_offset[layer] + (int64_t)(t % colibri_kv_slots[layer]) * COLIBRI_KV_DIM;
 }
 
 static void attention(const ColibriBuffers *b, int layer, int32_t pos)
 {
     const int32_t window = colibri_layer_window[layer];
     const int32_t start = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
-    const float *keys = colibri_key_cache + (int64_t)layer * COLIBRI_N_CTX * COLIBRI_KV_DIM;
-    const float *values = colibri_value_cache + (int64_t)layer * COLIBRI_N_CTX * COLIBRI_KV_DIM;
     for (int h = 0; h < COLIBRI_N_HEADS; h++) {
         const float *qh = b->q + h * COLIBRI_HEAD_DIM;
         const int kv_head = (h / GROUP) * COLIBRI_HEAD_DIM;
         for (int32_t t = start; t <= pos; t++) {
-            b->att[t] = op_dot(qh, keys + (int64_t)t * COLIBRI_KV_DIM + kv_head, COLIBRI_HEAD_DIM) * COLIBRI_ATTN_SCALE;
+            b->att[t] = op_dot(qh, colibri_key_cache + kv_slot(layer, t) + kv_head, COLIBRI_HEAD_DIM) * COLIBRI_ATTN_SCALE;
         }
         op_softmax(b->att + start, pos - start + 1);
         float *out = b->attn_out + h * COLIBRI_HEAD_DIM;
-        const float *v0 = values + (int64_t)start * COLIBRI_KV_DIM + kv_head;
+        const float *v0 = colibri_value_cache + kv_slot(layer, start) + kv_head;
         for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
             out[i] = b->att[start] * v0[i];
         }
         for (int32_t t = start + 1; t <= pos; t++) {
-            const float *vt = values + (int64_t)t * COLIBRI_KV_DIM + kv_head;
+            const float *vt = colibri_value_cache + kv_slot(layer, t) + kv_head;
             for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
                 out[i] = out[i] + b->att[t] * vt[i];
             }
@@ -106,12 +124,13 @@ static void attention(const ColibriBuffers *b, int layer, int32_t pos)
 void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, int32_t token, int32_t pos, int want_logits)
 {
     const float eps = COLIBRI_RMS_NORM_EPS;
-    const float *cos = colibri_rope_cos + (int64_t)pos * COLIBRI_ROPE_HALF;
-    const float *sin = colibri_rope_sin + (int64_t)pos * COLIBRI_ROPE_HALF;
     embed(b->x, &w->embed, token);
 
     for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
         const ColibriLayerWeights *lw = &w->layers[l];
+        const int64_t rope_row = ((int64_t)colibri_layer_rope[l] * COLIBRI_N_CTX + pos) * COLIBRI_ROPE_HALF;
+        const float *cos = colibri_rope_cos + rope_row;
+        const float *sin = colibri_rope_sin + rope_row;
 
         /* Attention block. */
         op_rmsnorm(b->xn, b->x, lw->attn_norm, COLIBRI_DIM, eps);
@@ -133,26 +152,31 @@ void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, int32_t token, 
             }
             op_rope(kh, cos, sin, COLIBRI_ROPE_HALF);
         }
-        int64_t slot = ((int64_t)l * COLIBRI_N_CTX + pos) * COLIBRI_KV_DIM;
-        memcpy(colibri_key_cache + slot, b->k, COLIBRI_KV_DIM * sizeof(float));
-        memcpy(colibri_value_cache + slot, b->v, COLIBRI_KV_DIM * sizeof(float));
+        memcpy(colibri_key_cache + kv_slot(l, pos), b->k, COLIBRI_KV_DIM * sizeof(float));
+        memcpy(colibri_value_cache + kv_slot(l, pos), b->v, COLIBRI_KV_DIM * sizeof(float));
         attention(b, l, pos);
         set_input(b, b->attn_out, COLIBRI_Q_DIM);
         linear(b->proj, &lw->wo, lw->bo, b, b->attn_out, COLIBRI_DIM, COLIBRI_Q_DIM);
+        if (lw->post_attn_norm != NULL) {
+            op_rmsnorm(b->proj, b->proj, lw->post_attn_norm, COLIBRI_DIM, eps);
+        }
         for (int i = 0; i < COLIBRI_DIM; i++) {
             b->x[i] = b->x[i] + b->proj[i];
         }
 
-        /* Gated feed-forward block: down(silu(gate(x)) * up(x)). */
+        /* Gated feed-forward block: down(act(gate(x)) * up(x)), act SiLU or GELU. */
         op_rmsnorm(b->xn, b->x, lw->ffn_norm, COLIBRI_DIM, eps);
         set_input(b, b->xn, COLIBRI_DIM);
         linear(b->gate, &lw->w_gate, lw->b_gate, b, b->xn, COLIBRI_FFN_DIM, COLIBRI_DIM);
         linear(b->up, &lw->w_up, lw->b_up, b, b->xn, COLIBRI_FFN_DIM, COLIBRI_DIM);
         for (int i = 0; i < COLIBRI_FFN_DIM; i++) {
-            b->up[i] = op_silu(b->gate[i]) * b->up[i];
+            b->up[i] = ffn_activation(b->gate[i]) * b->up[i];
         }
         set_input(b, b->up, COLIBRI_FFN_DIM);
         linear(b->proj, &lw->w_down, lw->b_down, b, b->up, COLIBRI_DIM, COLIBRI_FFN_DIM);
+        if (lw->post_ffn_norm != NULL) {
+            op_rmsnorm(b->proj, b->proj, lw->post_ffn_norm, COLIBRI_DIM, eps);
+        }
         for (int i = 0; i < COLIBRI_DIM; i++) {
             b->x[i] = b->x[i] + b->proj[i];
         }
@@ -163,4 +187,9 @@ void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, int32_t token, 
     op_rmsnorm(b->xn, b->x, w->final_norm, COLIBRI_DIM, eps);
     set_input(b, b->xn, COLIBRI_DIM);
     linear(b->logits, &w->lm_head, NULL, b, b->xn, COLIBRI_VOCAB, COLIBRI_DIM);
+    if (COLIBRI_FINAL_SOFTCAP != 0.0f) {
+        for (int i = 0; i < COLIBRI_VOCAB; i++) {
+            b->logits[i] = op_softcap(b->logits[i], COLIBRI_FINAL_SOFTCAP);
+        }
+    }
 }

@@ -36,6 +36,22 @@ float op_silu(float x)
     return x / (1.0f + op_expf(-x));
 }
 
+float op_tanh(float x)
+{
+    return 1.0f - 2.0f / (op_expf(2.0f * x) + 1.0f);
+}
+
+float op_gelu_tanh(float x)
+{
+    float inner = 0.7978845608028654f * (x + 0.044715f * ((x * x) * x));
+    return (0.5f * x) * (1.0f + op_tanh(inner));
+}
+
+float op_softcap(float x, float cap)
+{
+    return op_tanh(x / cap) * cap;
+}
+
 float op_dot(const float *a, const float *b, int n)
 {
     float acc = a[0] * b[0];

@@ -1,7 +1,7 @@
 /* Test harness: runs one runtime operation on binary input from stdin, writes the result to
  * stdout, so tests can compare the C runtime with generator/numerics.py bit for bit.
  *
- *   harness expf N | silu N | softmax N | rmsnorm N EPS | quantize N
+ *   harness expf N | silu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS
  *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
  */
@@ -36,10 +36,15 @@ int main(int argc, char **argv)
     }
     const char *op = argv[1];
     int n = atoi(argv[2]);
-    if (strcmp(op, "expf") == 0 || strcmp(op, "silu") == 0) {
+    if (strcmp(op, "expf") == 0 || strcmp(op, "silu") == 0 || strcmp(op, "tanh") == 0 || strcmp(op, "gelu") == 0) {
         float *x = read_exact(n * sizeof(float));
         for (int i = 0; i < n; i++) {
-            x[i] = (op[0] == 'e') ? op_expf(x[i]) : op_silu(x[i]);
+            switch (op[0]) {
+            case 'e': x[i] = op_expf(x[i]); break;
+            case 's': x[i] = op_silu(x[i]); break;
+            case 't': x[i] = op_tanh(x[i]); break;
+            default: x[i] = op_gelu_tanh(x[i]); break;
+            }
         }
         write_all(x, n * sizeof(float));
     } else if (strcmp(op, "softmax") == 0) {

@@ -258,6 +258,7 @@ def cmd_verify(args) -> int:
     reference = Reference(ref_plan, art.weights.read_bytes())
     ref = reference.generate(request.prompt, request.steps, request.sampling, request.stop_at_eos)
     diverged = first_divergence(result.tokens, result.digests, ref.tokens, ref.digests)
+    routing_ok = result.expert_counts == ref.expert_counts
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
     summary = {
         "board": board.name, "model": str(args.model), "quant": plan.quant, "n_ctx": plan.n_ctx,
@@ -265,15 +266,22 @@ def cmd_verify(args) -> int:
         "firmware": {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason},
         "reference": {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason},
         "text": decode_text(tokenizer, result.tokens),
-        "pass": diverged is None,
+        "pass": diverged is None and routing_ok,
+        "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts} if ref.expert_counts else None,
         "first_divergent_step": diverged,
         "stats": rates(result),
     }
     if args.json:
         print(json.dumps(summary, indent=2))
-    elif diverged is None:
+    elif diverged is None and routing_ok:
+        routing = f", expert routing of {len(ref.expert_counts)} MoE layers identical" if ref.expert_counts else ""
         print(f"PASS: {board.name} firmware matches the NumPy reference bit for bit: {len(result.tokens)} tokens "
-              f"and {len(result.digests)} per-step logits SHA-256 identical ({plan.quant}, {mode})")
+              f"and {len(result.digests)} per-step logits SHA-256 identical{routing} ({plan.quant}, {mode})")
+    elif diverged is None:
+        layer = next(i for i in sorted(set(result.expert_counts) | set(ref.expert_counts))
+                     if result.expert_counts.get(i) != ref.expert_counts.get(i))
+        print(f"FAIL: expert routing differs in layer {layer}: firmware {result.expert_counts.get(layer)}, "
+              f"reference {ref.expert_counts.get(layer)}")
     else:
         def at(tokens, digests):
             if diverged < len(tokens):
@@ -281,7 +289,7 @@ def cmd_verify(args) -> int:
             return "no token (stopped earlier)"
         print(f"FAIL: first divergent step {diverged}: firmware {at(result.tokens, result.digests)}; "
               f"reference {at(ref.tokens, ref.digests)}")
-    return 0 if diverged is None else 1
+    return 0 if diverged is None and routing_ok else 1
 
 
 def cmd_report(args) -> int:

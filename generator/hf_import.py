@@ -26,7 +26,11 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text tower; the vision tower is ignored
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -61,6 +65,17 @@ TEXT_TOWER_PREFIXES = (("model.language_model.", "model."), ("language_model.mod
                        ("language_model.lm_head.", "lm_head."))
 NOT_TEXT_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
                      "multi_modal_projector.")
+# Expert weights: Mixtral's block_sparse_moe.experts.E.w1/w3/w2, Qwen-MoE's mlp.experts.E.*_proj.
+HF_EXPERT_PARTS = {"w1": "w_gate", "w3": "w_up", "w2": "w_down",
+                   "gate_proj": "w_gate", "up_proj": "w_up", "down_proj": "w_down"}
+HF_MOE_LAYER_PARTS = {
+    "block_sparse_moe.gate.weight": "router",
+    "mlp.gate.weight": "router",
+    "mlp.shared_expert.gate_proj.weight": "shared.w_gate",
+    "mlp.shared_expert.up_proj.weight": "shared.w_up",
+    "mlp.shared_expert.down_proj.weight": "shared.w_down",
+    "mlp.shared_expert_gate.weight": "shared_gate",
+}
 HF_GLOBAL = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 
 
@@ -180,11 +195,11 @@ def _rope_local(cfg: _Config, max_pos: int) -> RopeSpec:
 def _layer_windows(cfg: _Config, family: str, n_layers: int) -> tuple[int, ...]:
     data = cfg.data
     window = data.get("sliding_window")
+    layer_types = data.get("layer_types")
+    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.bool("use_sliding_window", False):
+        return (0,) * n_layers  # (their configs may carry a sliding_window, even 0, that is not used)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ColibriError(f"{cfg.where}: 'sliding_window' must be a positive integer or null")
-    layer_types = data.get("layer_types")
-    if family in ("qwen2", "qwen3") and not cfg.bool("use_sliding_window", False):
-        return (0,) * n_layers
     if layer_types is not None:
         if not isinstance(layer_types, list) or len(layer_types) != n_layers:
             raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
@@ -206,7 +221,7 @@ def _layer_windows(cfg: _Config, family: str, n_layers: int) -> tuple[int, ...]:
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             raise ColibriError(f"{cfg.where}: 'sliding_window_pattern' must be a positive integer")
         return tuple(0 if (i + 1) % pattern == 0 else window for i in range(n_layers))
-    if family == "mistral":
+    if family in ("mistral", "mixtral"):
         return (window,) * n_layers
     first = cfg.int("max_window_layers", n_layers, minimum=0)
     return tuple(window if i >= first else 0 for i in range(n_layers))
@@ -220,6 +235,28 @@ def _softcap(cfg: _Config, key: str) -> float:
     if cap <= 0:
         raise ColibriError(f"{cfg.where}: {key!r} must be positive or null")
     return cap
+
+
+def _moe(cfg: _Config, family: str, n_layers: int) -> dict:
+    """Mixture-of-experts settings: which layers route, to how many experts, how big they are."""
+    key = "num_local_experts" if "num_local_experts" in cfg.data else "num_experts"
+    n_experts = cfg.int(key)
+    top_k = cfg.int("num_experts_per_tok")
+    if top_k > n_experts:
+        raise ColibriError(f"{cfg.where}: num_experts_per_tok {top_k} exceeds the {n_experts} experts")
+    if family == "mixtral":
+        # Mixtral: every layer routes; experts have intermediate_size; top-k weights always renormalised.
+        return dict(n_experts=n_experts, experts_per_token=top_k, expert_intermediate_size=cfg.int("intermediate_size"),
+                    norm_topk_prob=True, moe_layers=(True,) * n_layers)
+    step = cfg.int("decoder_sparse_step", 1)
+    dense = cfg.data.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+        raise ColibriError(f"{cfg.where}: 'mlp_only_layers' must be a list of layer indices")
+    shared = cfg.int("shared_expert_intermediate_size", 0, minimum=0) if family == "qwen2_moe" else 0
+    return dict(n_experts=n_experts, experts_per_token=top_k,
+                expert_intermediate_size=cfg.int("moe_intermediate_size"),
+                norm_topk_prob=cfg.bool("norm_topk_prob", False), shared_expert_intermediate_size=shared,
+                moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n_layers)))
 
 
 def parse_config(data: dict, name: str, generation: dict | None = None) -> ModelSpec:
@@ -275,8 +312,8 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         raise ColibriError("config.json: 'rms_norm_eps' must be between 0 and 1")
 
     attention_bias = cfg.bool("attention_bias", False)
-    qkv_bias = True if family == "qwen2" else attention_bias
-    o_bias = False if family == "qwen2" else attention_bias
+    qkv_bias = True if family in ("qwen2", "qwen2_moe") else attention_bias
+    o_bias = False if family in ("qwen2", "qwen2_moe") else attention_bias
     mlp_bias = cfg.bool("mlp_bias", False) if family == "llama" else False
 
     bos = _token_ids(data.get("bos_token_id"), "config.json", "bos_token_id")
@@ -309,7 +346,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,
-        qk_norm=family in ("qwen3", "gemma3"),
+        qk_norm=family in ("qwen3", "gemma3", "qwen3_moe"),
         layer_windows=_layer_windows(cfg, family, n_layers),
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=eos,
@@ -321,6 +358,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         # (Gemma 3 configs may carry attn_logit_softcapping, but transformers' Gemma 3 never applies it.)
         # transformers applies final_logit_softcapping in Gemma3ForCausalLM, not in the multimodal class.
         final_softcap=_softcap(cfg, "final_logit_softcapping") if arch != "Gemma3ForConditionalGeneration" else 0.0,
+        **(_moe(cfg, family, n_layers) if family in MOE_FAMILIES else {}),
     )
 
 
@@ -347,9 +385,27 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         if spec.post_norms:
             shapes[p + "post_attn_norm"] = (d,)
         shapes[p + "ffn_norm"] = (d,)
-        shapes[p + "w_gate"] = (f, d)
-        shapes[p + "w_up"] = (f, d)
-        shapes[p + "w_down"] = (d, f)
+        if spec.moe_layers and spec.moe_layers[i]:
+            # Expert-major: each expert's three matrices together, so a token reads only its experts.
+            fe = spec.expert_intermediate_size
+            shapes[p + "router"] = (spec.n_experts, d)
+            for e in range(spec.n_experts):
+                shapes[p + f"experts.{e}.w_gate"] = (fe, d)
+                shapes[p + f"experts.{e}.w_up"] = (fe, d)
+                shapes[p + f"experts.{e}.w_down"] = (d, fe)
+            if spec.shared_expert_intermediate_size:
+                fs = spec.shared_expert_intermediate_size
+                shapes[p + "shared.w_gate"] = (fs, d)
+                shapes[p + "shared.w_up"] = (fs, d)
+                shapes[p + "shared.w_down"] = (d, fs)
+                shapes[p + "shared_gate"] = (1, d)
+            continue_dense = False
+        else:
+            continue_dense = True
+        if continue_dense:
+            shapes[p + "w_gate"] = (f, d)
+            shapes[p + "w_up"] = (f, d)
+            shapes[p + "w_down"] = (d, f)
         if spec.mlp_bias:
             shapes[p + "b_gate"] = (f,)
             shapes[p + "b_up"] = (f,)
@@ -373,8 +429,18 @@ def _canonical(hf_name: str, family: str) -> str | None:
     if hf_name.startswith("model.layers."):
         rest = hf_name[len("model.layers."):]
         index, _, part = rest.partition(".")
-        if index.isdigit() and part in parts and str(int(index)) == index:
+        if not index.isdigit() or str(int(index)) != index:
+            return None
+        if part in parts:
             return f"layers.{index}.{parts[part]}"
+        if part in HF_MOE_LAYER_PARTS:
+            return f"layers.{index}.{HF_MOE_LAYER_PARTS[part]}"
+        for prefix in ("block_sparse_moe.experts.", "mlp.experts."):
+            if part.startswith(prefix):
+                expert, _, rest = part[len(prefix):].partition(".")
+                name = rest[:-len(".weight")] if rest.endswith(".weight") else None
+                if expert.isdigit() and str(int(expert)) == expert and name in HF_EXPERT_PARTS:
+                    return f"layers.{index}.experts.{expert}.{HF_EXPERT_PARTS[name]}"
     return None
 
 

@@ -62,6 +62,11 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (F32(1.0) + expf(-x))
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    x = f32(x)
+    return F32(1.0) / (F32(1.0) + expf(-x))
+
+
 def tanh(x: np.ndarray) -> np.ndarray:
     """1 - 2 / (exp(2x) + 1), with our exp."""
     x = f32(x)

@@ -165,7 +165,8 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int) -> Plan:
     image = ImageLayout(IMAGE_HEADER_BYTES, IMAGE_HEADER_BYTES, dir_bytes, data_offset, data_bytes,
                         data_offset + data_bytes + IMAGE_TRAILER_BYTES)
 
-    d, f, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+    d, v = spec.hidden_size, spec.vocab_size
+    f = max(spec.intermediate_size, spec.expert_intermediate_size, spec.shared_expert_intermediate_size)
     max_input = max(d, spec.q_dim, f)
     items = [
         ("x", "float", d, "residual stream"),
@@ -176,12 +177,20 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int) -> Plan:
         ("att", "float", n_ctx, "attention scores of one head over the context"),
         ("attn_out", "float", spec.q_dim, "attention output of all heads"),
         ("proj", "float", d, "output of wo or w_down before the residual add"),
-        ("gate", "float", f, "FFN gate projection"),
+        ("gate", "float", f, "FFN gate projection (of a dense FFN or of one expert)"),
         ("up", "float", f, "FFN up projection, then the gated product"),
         ("logits", "float", v, "logits of the current step"),
         ("probs", "float", v, "sampling: probabilities, sorted"),
         ("cand", "int32_t", v, "sampling: candidate token ids, sorted"),
     ]
+    if spec.n_experts:
+        items += [
+            ("router_logits", "float", spec.n_experts, "MoE: router logits, then probabilities"),
+            ("moe_out", "float", d, "MoE: weighted sum of the selected experts' outputs"),
+            ("expert_ids", "int32_t", spec.experts_per_token, "MoE: experts selected for this token, best first"),
+            ("expert_weights", "float", spec.experts_per_token, "MoE: their routing weights"),
+            ("expert_counts", "int32_t", spec.n_layers * spec.n_experts, "MoE: selections per layer and expert in this run"),
+        ]
     if quant == "q8_0":
         items += [
             ("act_qs", "int8_t", max_input, "q8_0 quants of the current matmul input"),

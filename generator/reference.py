@@ -12,8 +12,8 @@ import numpy as np
 
 from . import rope
 from .image import read_header
-from .numerics import (F32, dot, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, silu, softcap,
-                       softmax)
+from .numerics import (F32, dot, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
+                       softcap, softmax)
 from .plan import Plan
 from .quantize import dequantize_q8_0, matvec_q8_0, quantize_q8_0
 from .sampling import Rng, SamplingParams, sample
@@ -29,6 +29,7 @@ class Generation:
     digests: list[str] = field(default_factory=list)
     logits: list[np.ndarray] = field(default_factory=list)
     stop_reason: str = "length"
+    expert_counts: dict[int, list[int]] = field(default_factory=dict)
 
 
 class Reference:
@@ -53,6 +54,7 @@ class Reference:
         # Per layer, a ring of kv_slots[layer] positions: position t lives in slot t % slots.
         self.k_cache = [np.zeros((n, s.n_kv_heads, s.head_dim), dtype=np.float32) for n in plan.kv_slots]
         self.v_cache = [np.zeros_like(k) for k in self.k_cache]
+        self.expert_counts = np.zeros((s.n_layers, max(1, s.n_experts)), dtype=np.int64)
 
     # -- building blocks -------------------------------------------------------------------
     def _prepare(self, x: np.ndarray):
@@ -75,6 +77,32 @@ class Reference:
         if self.spec.embed_scale != 1.0:
             row = row * F32(self.spec.embed_scale)
         return row
+
+    def _gated_ffn(self, prefix: str, act, biases: bool = False) -> np.ndarray:
+        """down(act(gate x) * up x) with the weights under `prefix` (w_gate, w_up, w_down)."""
+        gate = self._linear(prefix + "w_gate", act, prefix + "b_gate" if biases else None)
+        up = self._linear(prefix + "w_up", act, prefix + "b_up" if biases else None)
+        hidden = (gelu_tanh(gate) if self.spec.activation == "gelu_tanh" else silu(gate)) * up
+        return self._linear(prefix + "w_down", self._prepare(hidden), prefix + "b_down" if biases else None)
+
+    def _moe(self, layer: int, act) -> np.ndarray:
+        """Softmax over the router logits, top k (best first, lowest id on ties), optional
+        renormalisation, expert outputs summed in rank order, plus the gated shared expert."""
+        s, p = self.spec, f"layers.{layer}."
+        probs = softmax(self._linear(p + "router", act))
+        chosen = np.lexsort((np.arange(s.n_experts), -probs))[:s.experts_per_token]
+        weights = probs[chosen]
+        if s.norm_topk_prob:
+            weights = weights / seq_sum(weights)
+        out = None
+        for rank, expert in enumerate(chosen):
+            self.expert_counts[layer, expert] += 1
+            term = weights[rank] * self._gated_ffn(f"{p}experts.{expert}.", act)
+            out = term if out is None else out + term
+        if s.shared_expert_intermediate_size:
+            scale = sigmoid(self._linear(p + "shared_gate", act))[0]
+            out = out + scale * self._gated_ffn(p + "shared.", act)
+        return out
 
     # -- the forward pass ------------------------------------------------------------------
     def forward(self, token: int, pos: int, want_logits: bool = True) -> np.ndarray | None:
@@ -116,10 +144,10 @@ class Reference:
 
             xn = rmsnorm(x, self.w[p + "ffn_norm"], eps)
             act = self._prepare(xn)
-            gate = self._linear(p + "w_gate", act, p + "b_gate" if s.mlp_bias else None)
-            up = self._linear(p + "w_up", act, p + "b_up" if s.mlp_bias else None)
-            hidden = (gelu_tanh(gate) if s.activation == "gelu_tanh" else silu(gate)) * up
-            down = self._linear(p + "w_down", self._prepare(hidden), p + "b_down" if s.mlp_bias else None)
+            if s.moe_layers and s.moe_layers[layer]:
+                down = self._moe(layer, act)
+            else:
+                down = self._gated_ffn(p, act, s.mlp_bias)
             if s.post_norms:
                 down = rmsnorm(down, self.w[p + "post_ffn_norm"], eps)
             x = x + down
@@ -135,6 +163,7 @@ class Reference:
         params = params.as_f32()
         rng = Rng(params.seed)
         out = Generation()
+        self.expert_counts[:] = 0
         logits = None
         for i, tok in enumerate(prompt):
             logits = self.forward(tok, i, want_logits=(i == len(prompt) - 1))
@@ -152,4 +181,7 @@ class Reference:
                 break
             logits = self.forward(token, pos)
             pos += 1
+        s = self.spec
+        out.expert_counts = {i: self.expert_counts[i].tolist() for i in range(s.n_layers)
+                             if s.moe_layers and s.moe_layers[i]}
         return out

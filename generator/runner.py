@@ -36,6 +36,7 @@ class RunResult:
     tokens: list[int] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     stats: dict[str, str] = field(default_factory=dict)
+    expert_counts: dict[int, list[int]] = field(default_factory=dict)  # MoE layer -> selections per expert
     stop_reason: str = ""
     log: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
@@ -72,7 +73,14 @@ class Session:
                 self.on_token(step, r.tokens[-1])
         elif frame.kind == "stats":
             r.stats = frame.fields
+        elif frame.kind == "experts":
+            try:
+                r.expert_counts[frame.int("layer")] = [int(c) for c in frame.fields["counts"].split(",")]
+            except (KeyError, ValueError):
+                raise ColibriError("malformed experts frame from the board") from None
         elif frame.kind == "done":
+            if "tokens" in frame.fields and frame.int("tokens") != len(r.tokens):
+                raise ColibriError(f"the board reports {frame.fields['tokens']} tokens but {len(r.tokens)} arrived")
             r.stop_reason = frame.fields.get("reason", "")
             self.finished = True
 
@@ -216,7 +224,8 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
         link = SerialLink.open(port)
         try:
             return link.run(request, session, Timeouts() if timeout is None else
-                            Timeouts(boot=timeout, per_token=timeout, silence=timeout))
+                            Timeouts(boot=timeout, per_token=timeout / max(1, len(request.prompt) + request.steps),
+                                     silence=timeout))
         finally:
             link.close()
     raise ColibriError(f"board {board.name} cannot be run from here (runner {board.runner!r})")

@@ -51,6 +51,13 @@ class ModelSpec:
     post_norms: bool = False  # RMSNorm of the attention and FFN outputs before the residual add
     rope_local: RopeSpec | None = None  # RoPE of sliding-window layers, when it differs
     final_softcap: float = 0.0  # logits -> tanh(l / cap) * cap; 0 = off
+    # Mixture of experts (0 experts: every FFN is dense).
+    n_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert with a sigmoid gate
+    moe_layers: tuple[bool, ...] = field(default_factory=tuple)  # True where the FFN is a mixture
 
     @property
     def q_dim(self) -> int:

@@ -43,6 +43,23 @@ ORACLE_CONFIGS = {
         sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    # Mixtral: 4 experts, top-2 (softmax over the top-k logits), GQA, a sliding window.
+    "mixtral_moe": ("MixtralConfig", "MixtralForCausalLM", dict(
+        vocab_size=150, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=16, tie_word_embeddings=False)),
+    # Qwen2-MoE: shared expert with a sigmoid gate, no top-k renormalisation, q/k/v biases,
+    # decoder_sparse_step 2 plus mlp_only_layers: layers 0 and 2 dense, 1 and 3... 3 listed dense.
+    "qwen2_moe_shared": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        vocab_size=170, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, num_experts=6, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False,
+        decoder_sparse_step=2, mlp_only_layers=[3], tie_word_embeddings=False)),
+    # Qwen3-MoE: q/k norms, top-k renormalised, every layer routed.
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        vocab_size=140, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=128, num_experts=8, num_experts_per_tok=3,
+        moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=True)),
 }
 
 

@@ -43,6 +43,12 @@ def test_q8_0_firmware_is_bit_identical_to_the_reference(kind, sampling, checkpo
     ref = Reference(plan, art.weights.read_bytes()).generate(PROMPT, STEPS, sampling, stop_at_eos=False)
     assert result.tokens == ref.tokens
     assert result.digests == ref.digests
+    assert result.expert_counts == ref.expert_counts
+    if plan.spec.n_experts:
+        # Every MoE layer reports its routing: k selections per forward pass.
+        assert set(result.expert_counts) == {i for i, m in enumerate(plan.spec.moe_layers) if m}
+        passes = len(PROMPT) + STEPS - 1
+        assert all(sum(c) == plan.spec.experts_per_token * passes for c in result.expert_counts.values())
 
 
 def test_f32_firmware_is_bit_identical_to_the_reference_too(checkpoints, builder):

@@ -1,5 +1,7 @@
 #include "decode.h"
 
+#include <string.h>
+
 #include "../runtime/checksum.h"
 #include "../runtime/image_loader.h"
 #include "../runtime/kernels/kernels.h"
@@ -84,6 +86,9 @@ int colibri_decode(const ColibriRequest *req)
         return status;
     }
     colibri_buffers_init(&b);
+#if COLIBRI_N_EXPERTS > 0
+    memset(b.expert_counts, 0, sizeof(int32_t) * COLIBRI_N_LAYERS * COLIBRI_N_EXPERTS);
+#endif
     ColibriRng rng;
     rng_seed(&rng, req->sampling.seed);
 
@@ -150,6 +155,17 @@ int colibri_decode(const ColibriRequest *req)
     }
     proto_end();
 
+#if COLIBRI_N_EXPERTS > 0
+    /* How often each expert was chosen, per MoE layer, over the prompt and the decode. */
+    for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
+        if (colibri_layer_moe[l]) {
+            proto_begin("experts");
+            proto_u64("layer", (uint64_t)l);
+            proto_u32_list("counts", b.expert_counts + l * COLIBRI_N_EXPERTS, COLIBRI_N_EXPERTS);
+            proto_end();
+        }
+    }
+#endif
     proto_begin("done");
     proto_u64("tokens", (uint64_t)generated);
     proto_str("reason", reason);

@@ -5,7 +5,7 @@
 #include "../runtime/checksum.h"
 #include "bsp.h"
 
-#define LINE_CAPACITY 512
+#define LINE_CAPACITY 2048 /* an experts frame lists one count per expert */
 
 static char line[LINE_CAPACITY];
 static int line_len;
@@ -95,6 +95,19 @@ void proto_hex(const char *key, const uint8_t *bytes, int n)
     for (int i = 0; i < n; i++) {
         put_char(hex_digits[bytes[i] >> 4]);
         put_char(hex_digits[bytes[i] & 15]);
+    }
+}
+
+void proto_u32_list(const char *key, const int32_t *values, int n)
+{
+    put_char(' ');
+    put_text(key);
+    put_char('=');
+    for (int i = 0; i < n; i++) {
+        if (i > 0) {
+            put_char(',');
+        }
+        put_u64((uint64_t)(uint32_t)values[i]);
     }
 }
 

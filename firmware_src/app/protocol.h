@@ -2,7 +2,7 @@
  *
  *   @CLB <seq> <kind> <key>=<value> ... *<crc32>\n
  *
- * seq counts frames from 0 since reset; kind is hello, token, stats, done or error; values contain
+ * seq counts frames from 0 since reset; kind is hello, token, stats, experts, done or error; values contain
  * no spaces (strings are percent-encoded); crc32 is 8 lowercase hex digits of the CRC-32 of every
  * byte from '@' up to the space before '*'. Anything else on the line is not a frame. */
 #ifndef COLIBRI_PROTOCOL_H
@@ -17,6 +17,7 @@ void proto_u64(const char *key, uint64_t value);
 void proto_i64(const char *key, int64_t value);
 void proto_str(const char *key, const char *value);
 void proto_hex(const char *key, const uint8_t *bytes, int n);
+void proto_u32_list(const char *key, const int32_t *values, int n); /* comma-separated */
 void proto_end(void);
 
 #endif

@@ -24,6 +24,16 @@ void colibri_buffers_init(ColibriBuffers *b)
     b->logits = (float *)(s + COLIBRI_SCRATCH_LOGITS_OFFSET);
     b->probs = (float *)(s + COLIBRI_SCRATCH_PROBS_OFFSET);
     b->cand = (int32_t *)(s + COLIBRI_SCRATCH_CAND_OFFSET);
+#if COLIBRI_N_EXPERTS > 0
+    b->router_logits = (float *)(s + COLIBRI_SCRATCH_ROUTER_LOGITS_OFFSET);
+    b->moe_out = (float *)(s + COLIBRI_SCRATCH_MOE_OUT_OFFSET);
+    b->expert_ids = (int32_t *)(s + COLIBRI_SCRATCH_EXPERT_IDS_OFFSET);
+    b->expert_weights = (float *)(s + COLIBRI_SCRATCH_EXPERT_WEIGHTS_OFFSET);
+    b->expert_counts = (int32_t *)(s + COLIBRI_SCRATCH_EXPERT_COUNTS_OFFSET);
+#else
+    b->router_logits = b->moe_out = b->expert_weights = NULL;
+    b->expert_ids = b->expert_counts = NULL;
+#endif
 #if COLIBRI_QUANT_Q8_0
     b->act_qs = (int8_t *)(s + COLIBRI_SCRATCH_ACT_QS_OFFSET);
     b->act_d = (float *)(s + COLIBRI_SCRATCH_ACT_D_OFFSET);
@@ -89,6 +99,77 @@ static float ffn_activation(float x)
     return op_silu(x);
 #endif
 }
+
+/* One gated FFN on the current input x (of width COLIBRI_DIM) into b->proj:
+ * down(act(gate x) * up x). Leaves the matmul input set to the hidden activation. */
+static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const ColibriMatrix *w_up,
+                      const ColibriMatrix *w_down, const float *b_gate, const float *b_up, const float *b_down,
+                      const float *x, int inner)
+{
+    linear(b->gate, w_gate, b_gate, b, x, inner, COLIBRI_DIM);
+    linear(b->up, w_up, b_up, b, x, inner, COLIBRI_DIM);
+    for (int i = 0; i < inner; i++) {
+        b->up[i] = ffn_activation(b->gate[i]) * b->up[i];
+    }
+    set_input(b, b->up, inner);
+    linear(b->proj, w_down, b_down, b, b->up, COLIBRI_DIM, inner);
+}
+
+#if COLIBRI_N_EXPERTS > 0
+/* Mixture of experts on b->xn into b->proj: softmax over the router logits, the top k experts
+ * (best first, lowest id on ties), weights optionally renormalised, outputs summed in rank order,
+ * plus the shared expert scaled by sigmoid(shared_gate x) where the model has one. */
+static void moe_ffn(const ColibriLayerWeights *lw, ColibriBuffers *b, int layer)
+{
+    set_input(b, b->xn, COLIBRI_DIM);
+    linear(b->router_logits, &lw->router, NULL, b, b->xn, COLIBRI_N_EXPERTS, COLIBRI_DIM);
+    op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
+    for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
+        int best = -1;
+        for (int e = 0; e < COLIBRI_N_EXPERTS; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) {
+                taken |= (b->expert_ids[j] == e);
+            }
+            if (!taken && (best < 0 || b->router_logits[e] > b->router_logits[best])) {
+                best = e;
+            }
+        }
+        b->expert_ids[k] = best;
+        b->expert_weights[k] = b->router_logits[best];
+        b->expert_counts[layer * COLIBRI_N_EXPERTS + best]++;
+    }
+    if (COLIBRI_NORM_TOPK_PROB) {
+        float sum = b->expert_weights[0];
+        for (int k = 1; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
+            sum = sum + b->expert_weights[k];
+        }
+        for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
+            b->expert_weights[k] = b->expert_weights[k] / sum;
+        }
+    }
+    for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
+        const ColibriExpert *ex = &lw->experts[b->expert_ids[k]];
+        set_input(b, b->xn, COLIBRI_DIM);
+        gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, b->xn, COLIBRI_EXPERT_FFN_DIM);
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            float term = b->expert_weights[k] * b->proj[i];
+            b->moe_out[i] = (k == 0) ? term : b->moe_out[i] + term;
+        }
+    }
+    if (COLIBRI_SHARED_FFN_DIM > 0) {
+        set_input(b, b->xn, COLIBRI_DIM);
+        linear(b->router_logits, &lw->shared_gate, NULL, b, b->xn, 1, COLIBRI_DIM);
+        float scale = op_sigmoid(b->router_logits[0]);
+        gated_ffn(b, &lw->shared.w_gate, &lw->shared.w_up, &lw->shared.w_down, NULL, NULL, NULL, b->xn,
+                  COLIBRI_SHARED_FFN_DIM);
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            b->moe_out[i] = b->moe_out[i] + scale * b->proj[i];
+        }
+    }
+    memcpy(b->proj, b->moe_out, COLIBRI_DIM * sizeof(float));
+}
+#endif
 
 /* Position t of layer `layer` lives in slot t % slots of that layer's part of the KV arenas. */
 static int64_t kv_slot(int layer, int32_t t)
@@ -164,16 +245,19 @@ void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, int32_t token, 
             b->x[i] = b->x[i] + b->proj[i];
         }
 
-        /* Gated feed-forward block: down(act(gate(x)) * up(x)), act SiLU or GELU. */
+        /* Feed-forward block: a gated FFN, down(act(gate(x)) * up(x)) with act SiLU or GELU, or
+         * on MoE layers a routed mixture of such FFNs. */
         op_rmsnorm(b->xn, b->x, lw->ffn_norm, COLIBRI_DIM, eps);
-        set_input(b, b->xn, COLIBRI_DIM);
-        linear(b->gate, &lw->w_gate, lw->b_gate, b, b->xn, COLIBRI_FFN_DIM, COLIBRI_DIM);
-        linear(b->up, &lw->w_up, lw->b_up, b, b->xn, COLIBRI_FFN_DIM, COLIBRI_DIM);
-        for (int i = 0; i < COLIBRI_FFN_DIM; i++) {
-            b->up[i] = ffn_activation(b->gate[i]) * b->up[i];
+#if COLIBRI_N_EXPERTS > 0
+        if (colibri_layer_moe[l]) {
+            moe_ffn(lw, b, l);
+        } else
+#endif
+        {
+            set_input(b, b->xn, COLIBRI_DIM);
+            gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, lw->b_gate, lw->b_up, lw->b_down, b->xn,
+                      COLIBRI_FFN_DIM);
         }
-        set_input(b, b->up, COLIBRI_FFN_DIM);
-        linear(b->proj, &lw->w_down, lw->b_down, b, b->up, COLIBRI_DIM, COLIBRI_FFN_DIM);
         if (lw->post_ffn_norm != NULL) {
             op_rmsnorm(b->proj, b->proj, lw->post_ffn_norm, COLIBRI_DIM, eps);
         }

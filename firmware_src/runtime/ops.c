@@ -36,6 +36,11 @@ float op_silu(float x)
     return x / (1.0f + op_expf(-x));
 }
 
+float op_sigmoid(float x)
+{
+    return 1.0f / (1.0f + op_expf(-x));
+}
+
 float op_tanh(float x)
 {
     return 1.0f - 2.0f / (op_expf(2.0f * x) + 1.0f);

@@ -14,6 +14,7 @@ static inline float op_round_even(float v)
 
 float op_expf(float x);
 float op_silu(float x);
+float op_sigmoid(float x);   /* 1 / (1 + exp(-x)) */
 float op_tanh(float x);      /* 1 - 2 / (exp(2x) + 1) */
 float op_gelu_tanh(float x); /* (0.5 x) (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
 float op_softcap(float x, float cap); /* tanh(x / cap) * cap */

@@ -13,10 +13,11 @@ from . import __version__
 from .build import REPO, Artifacts, prepare, run_scons
 from .elfsize import read_elf
 from .errors import ColibriError
-from .hf_import import read_json
+from .hf_import import parse_config, read_json
 from .quantize import QUANTS
 from .reference import Reference
-from .report import format_report, report_dict
+from .plan import make_plan
+from .report import format_report, planned_report_dict, report_dict
 from .runner import RunRequest, run_on_board
 from .sampling import SamplingParams
 from .setup_toolchain import ensure_toolchain
@@ -64,6 +65,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
 
 def add_port_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", help="serial port of a real board (e.g. /dev/ttyUSB0), for boards run over serial")
+    p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening its port")
 
 
 def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
@@ -172,8 +174,16 @@ def cmd_build(args) -> int:
     info = {"board": board.name, "program": str(art.program), "weights": str(art.weights),
             "plan": str(art.plan_json), "generated": str(art.generated), "model_hash": art.model_hash(),
             "quant": plan.quant, "n_ctx": plan.n_ctx}
+    idf = board.data.get("idf")
+    if idf:
+        info["idf_project"] = str(art.out_dir / idf["project_dir"])
+        info["idf_built"] = art.program.exists()
     if args.json:
         print(json.dumps(info, indent=2))
+    elif idf and not art.program.exists():
+        print(f"generated the ESP-IDF project {info['idf_project']} for {board.name} ({plan.spec.architecture}, "
+              f"{plan.quant}, context {plan.n_ctx}); ESP-IDF is not installed here, so build it with "
+              f"`idf.py build` in that directory (ESP-IDF >= {idf['min_version']}), then `./colibri flash`")
     else:
         print(f"built {art.program} for {board.name} ({plan.spec.architecture}, {plan.quant}, context {plan.n_ctx})")
         print(f"weight image {art.weights} ({art.weights.stat().st_size:,} bytes, model hash {info['model_hash'][:16]})")
@@ -190,7 +200,8 @@ def _run(args, stream: bool):
     if stream and not args.json and tokenizer is not None and args.prompt is not None:
         print(args.prompt, end="", flush=True)
     result = run_on_board(board, art.program, art.weights, request, art.model_hash(), on_token=text_out,
-                          flash_image=art.flash_image, port=getattr(args, "port", None))
+                          flash_image=art.flash_image, port=getattr(args, "port", None),
+                          reset=getattr(args, "reset", False))
     if stream and not args.json:
         print()
     return art, board, plan, tokenizer, request, result
@@ -292,17 +303,32 @@ def cmd_verify(args) -> int:
     return 0 if diverged is None and routing_ok else 1
 
 
+def has_weights(model_dir: Path) -> bool:
+    return (Path(model_dir) / "model.safetensors").is_file() or (Path(model_dir) / "model.safetensors.index.json").is_file()
+
+
 def cmd_report(args) -> int:
-    art, (board, plan) = build_for(args, quiet=args.json)
-    rep = report_dict(board, plan, read_elf(art.program))
+    if not has_weights(args.model) and (Path(args.model) / "config.json").is_file():
+        # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
+        board = load_board(args.board)
+        spec = parse_config(read_json(Path(args.model) / "config.json"), Path(args.model).resolve().name)
+        n_ctx = args.ctx or min(board.default_ctx, spec.max_position_embeddings)
+        rep = planned_report_dict(board, make_plan(spec, board.name, args.quant, n_ctx))
+    else:
+        art, (board, plan) = build_for(args, quiet=args.json)
+        if art.program.exists():
+            rep = report_dict(board, plan, read_elf(art.program))
+        else:  # an ESP-IDF project that idf.py has not built here
+            rep = planned_report_dict(board, plan)
     if args.json:
         print(json.dumps(rep, indent=2))
     else:
         print(format_report(rep))
     if not rep["fits"]:
         over = [r for r in rep["regions"] if r["over_budget"]]
-        raise ColibriError("; ".join(f"region {r['name']} needs {r['used']:,} B but has {r['budget']:,} B"
-                                     for r in over))
+        raise ColibriError(f"{rep['model']} ({rep['quant']}, context {rep['n_ctx']}) does not fit board "
+                           f"{rep['board']}: " + "; ".join(f"region {r['name']} needs {r['used']:,} B but has "
+                                                           f"{r['budget']:,} B" for r in over))
     return 0
 
 
@@ -317,7 +343,8 @@ def cmd_bench(args) -> int:
     runs = []
     for i in range(args.repeat):
         result = run_on_board(board, art.program, art.weights, request, art.model_hash(),
-                              flash_image=art.flash_image, port=getattr(args, "port", None))
+                              flash_image=art.flash_image, port=getattr(args, "port", None),
+                              reset=getattr(args, "reset", False))
         runs.append(rates(result))
         if not args.json:
             progress(f"  run {i + 1}/{args.repeat}: {speed_text(runs[-1])}")
@@ -343,6 +370,32 @@ def cmd_bench(args) -> int:
               f"{args.steps} steps, median of {args.repeat}): prefill {prefill:.1f} tok/s, "
               f"decode {decode:.1f} tok/s ({1000.0 / decode:.2f} ms/token; forward passes alone {forward:.1f} tok/s)")
     return 0
+
+
+def cmd_flash(args) -> int:
+    from .flash import flash_images, flash_plan
+
+    art, (board, plan) = build_for(args, quiet=args.json)
+    if "flash" not in board.data:
+        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
+    images = flash_plan(board, art.out_dir)
+    baud = args.baud or int(board.data["flash"].get("baud", 460800))
+    flash_images(board, args.port, images, baud=baud, progress=progress, reset=not args.no_reset)
+    summary = {"board": board.name, "port": args.port, "images": [{"offset": o, "file": str(p)} for o, p in images],
+               "model_hash": art.model_hash()}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"flashed {len(images)} image(s) to {board.name} on {args.port} and verified them; "
+              f"model hash {summary['model_hash'][:16]}")
+    return 0
+
+
+def cmd_monitor(args) -> int:
+    from .monitor import monitor
+
+    return monitor(args.port, args.baud, args.reset, duration=args.duration, expected_model=args.expect_model,
+                   json_lines=args.json)
 
 
 class Parser(argparse.ArgumentParser):
@@ -384,6 +437,22 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=positive_int, default=3, help="runs; the median is reported (default 3)")
     add_port_arg(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("flash", help="write a board's images with esptool, verify them, reset the board")
+    add_target_args(p)
+    p.add_argument("--port", required=True, help="serial port of the board (e.g. /dev/ttyUSB0)")
+    p.add_argument("--baud", type=positive_int, help="flashing baud rate (default: the board file's, or 460800)")
+    p.add_argument("--no-reset", action="store_true", help="leave the board in the bootloader afterwards")
+    p.set_defaults(func=cmd_flash)
+
+    p = sub.add_parser("monitor", help="show what a board prints: logs and decoded frames (Ctrl-C to stop)")
+    p.add_argument("--port", required=True, help="serial device or pyserial URL (e.g. socket://127.0.0.1:4444)")
+    p.add_argument("--baud", type=positive_int, default=115200, help="baud rate (default 115200)")
+    p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening (default: leave it alone)")
+    p.add_argument("--duration", type=non_negative_float, help="stop after this many seconds")
+    p.add_argument("--expect-model", metavar="HASH", help="model hash (or a prefix) the firmware must carry")
+    p.add_argument("--json", action="store_true", help="one JSON object per frame or log line")
+    p.set_defaults(func=cmd_monitor)
     return parser
 
 

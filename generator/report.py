@@ -144,9 +144,40 @@ def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
     }
 
 
+def planned_report_dict(board: Board, plan: Plan) -> dict:
+    """The report for a configuration alone (no weights, nothing linked): the code is the board's
+    reserve, and a region that does not fit says so with the numbers."""
+    uses = planned_use(board, plan)
+    reserve = int(board.data.get("code_reserve", 0))
+
+    def fits(n_ctx: int) -> bool:
+        trial = make_plan(plan.spec, plan.board, plan.quant, n_ctx)
+        return not any(u.over_budget for u in planned_use(board, trial))
+
+    largest = None
+    if any(r.size > 0 for r in board.memory):
+        lo, hi = 0, plan.spec.max_position_embeddings
+        if fits(2):
+            lo = 2
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        largest = lo
+    return {
+        "board": board.name, "model": plan.spec.name, "architecture": plan.spec.architecture,
+        "quant": plan.quant, "n_ctx": plan.n_ctx, "planned_only": True,
+        "code_estimate": reserve,
+        "regions": [{"name": u.name, "kind": u.kind, "budget": u.budget, "used": u.used,
+                     "over_budget": u.over_budget, "items": u.items} for u in uses],
+        "largest_ctx_that_fits": largest,
+        "fits": not any(u.over_budget for u in uses),
+    }
+
+
 def format_report(rep: dict) -> str:
     lines = [f"memory report: {rep['model']} ({rep['architecture']}), {rep['quant']}, context {rep['n_ctx']}, "
-             f"board {rep['board']}"]
+             f"board {rep['board']}" + (" (planned, not linked: code is the board's reserve)"
+                                         if rep.get("planned_only") else "")]
     for r in rep["regions"]:
         budget = f"budget {r['budget']:,} B" if r["budget"] else "no fixed budget"
         lines.append(f"  region {r['name']} ({r['kind']}, {budget})")
@@ -156,5 +187,6 @@ def format_report(rep: dict) -> str:
         share = f" ({100 * r['used'] / r['budget']:.1f}% of budget)" if r["budget"] else ""
         lines.append(f"    {'total':<12} {r['used']:>14,} B{share} {status}".rstrip())
     largest = rep["largest_ctx_that_fits"]
-    lines.append("  largest context that fits: " + ("no limit on this board" if largest is None else str(largest)))
+    lines.append("  largest context that fits: " + ("no limit on this board" if largest is None
+                                                     else "none" if largest == 0 else str(largest)))
     return "\n".join(lines)

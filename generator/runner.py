@@ -202,7 +202,7 @@ def run_qemu_system(board: Board, program: Path, flash_image: Path, request: Run
 
 def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest, expected_model: str,
                  on_token=None, logits_out: Path | None = None, timeout: float | None = None,
-                 flash_image: Path | None = None, port: str | None = None) -> RunResult:
+                 flash_image: Path | None = None, port: str | None = None, reset: bool = False) -> RunResult:
     session = Session(expected_model, on_token)
     if board.runner == "process":
         argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights),
@@ -221,7 +221,7 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
 
         if not port:
             raise ColibriError(f"board {board.name} is a real board: give its serial port with --port")
-        link = SerialLink.open(port)
+        link = SerialLink.open(port, reset=reset)
         try:
             return link.run(request, session, Timeouts() if timeout is None else
                             Timeouts(boot=timeout, per_token=timeout / max(1, len(request.prompt) + request.steps),

@@ -1,0 +1,168 @@
+/* ESP32-P4 BSP on ESP-IDF: the runtime inside an ESP-IDF application (generator/idf_project.py
+ * generates the project around it).
+ *
+ * Results go out and requests come in on UART0 (the console UART, on the board's USB-serial
+ * bridge). The weight image sits in a flash data partition, mapped into the data address space
+ * with esp_partition_mmap and read in place. The arenas live in PSRAM and the hot code in IRAM
+ * because of the project's linker fragment, not because of anything here. After reset the
+ * firmware sends its hello frame and loads the image, then serves request frames forever; while
+ * idle it repeats the hello frame, so a host that opens the port later still sees one. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "driver/uart.h"
+#include "esp_err.h"
+#include "esp_partition.h"
+#include "esp_timer.h"
+#include "freertos/FreeRTOS.h"
+#include "freertos/task.h"
+
+#include "../../app/bsp.h"
+#include "../../app/decode.h"
+#include "../../runtime/image_loader.h"
+#include "colibri_idf.h" /* generated with the project: partition label and subtype, UART settings */
+#include "model_def.h"
+
+/* Longest request line: every prompt id as up to 10 digits and a comma, plus the other fields. */
+#define REQUEST_LINE_BYTES (COLIBRI_N_CTX * 12 + 256)
+#define UART_PORT ((uart_port_t)COLIBRI_IDF_UART_NUM)
+#define READ_CHUNK 128
+#define READ_WAIT_MS 20
+
+static int uart_ready;
+
+void bsp_write(const char *data, size_t len)
+{
+    if (!uart_ready) { /* before the driver is installed (or if it could not be): the console */
+        fwrite(data, 1, len, stdout);
+        fflush(stdout);
+        return;
+    }
+    while (len > 0) {
+        int sent = uart_write_bytes(UART_PORT, data, len); /* no TX ring buffer: blocks until sent */
+        if (sent <= 0) {
+            return;
+        }
+        data += sent;
+        len -= (size_t)sent;
+    }
+}
+
+uint64_t bsp_time_us(void)
+{
+    return (uint64_t)esp_timer_get_time();
+}
+
+int bsp_instructions(uint64_t *count)
+{
+    (void)count;
+    return 0; /* the P4's HP core has no retired-instruction counter ESP-IDF exposes reliably */
+}
+
+void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
+{
+    (void)step;
+    (void)logits;
+    (void)n;
+}
+
+/* The result of loading the weight image, repeated in answer to every request when it failed. */
+static int load_status = COLIBRI_ERR_NO_IMAGE;
+static const char *load_message = "the weight image was not loaded";
+
+static void load_weights(void)
+{
+    const esp_partition_t *part = esp_partition_find_first(
+        ESP_PARTITION_TYPE_DATA, (esp_partition_subtype_t)COLIBRI_IDF_WEIGHTS_SUBTYPE, COLIBRI_IDF_WEIGHTS_LABEL);
+    if (part == NULL) {
+        load_message = "no weights partition in the partition table (flash the project's partition table)";
+        colibri_report_error(load_status, load_message);
+        return;
+    }
+    const void *mapped = NULL;
+    esp_partition_mmap_handle_t handle; /* kept mapped for the life of the firmware */
+    if (esp_partition_mmap(part, 0, part->size, ESP_PARTITION_MMAP_DATA, &mapped, &handle) != ESP_OK ||
+        mapped == NULL) {
+        load_message = "cannot map the weights partition (esp_partition_mmap failed)";
+        colibri_report_error(load_status, load_message);
+        return;
+    }
+    const uint8_t *image = (const uint8_t *)mapped;
+    /* The length the image's header declares (read only if the partition can hold a header),
+     * bounded by the partition: the loader checks everything else. */
+    load_status = colibri_load(image, colibri_image_length_in_region(image, (uint64_t)part->size));
+    load_message = colibri_status_message(load_status);
+}
+
+static void serve_line(const char *line, int len, int32_t *prompt)
+{
+    ColibriRequest req;
+    if (colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX)) {
+        if (load_status != COLIBRI_OK) {
+            colibri_report_error(load_status, load_message);
+        } else {
+            colibri_decode(&req);
+        }
+    } else if (len >= 5 && memcmp(line, "@CLB ", 5) == 0) {
+        colibri_report_error(COLIBRI_ERR_REQUEST, "malformed request frame (bad CRC or field)");
+    }
+    /* Anything else (a stray newline, noise) is not addressed to the firmware. */
+}
+
+void app_main(void)
+{
+    static char line[REQUEST_LINE_BYTES];
+    static int32_t prompt[COLIBRI_N_CTX];
+    static uint8_t chunk[READ_CHUNK];
+
+    uart_ready = uart_driver_install(UART_PORT, COLIBRI_IDF_UART_RX_BUFFER, 0, 0, NULL, 0) == ESP_OK;
+    colibri_hello();
+    if (!uart_ready) {
+        colibri_report_error(COLIBRI_ERR_REQUEST, "cannot install the UART driver: no requests can be read");
+        for (;;) {
+            vTaskDelay(portMAX_DELAY);
+        }
+    }
+    load_weights();
+
+    int len = 0;
+    int too_long = 0;
+    int64_t idle_since = esp_timer_get_time();
+    for (;;) {
+        int n = uart_read_bytes(UART_PORT, chunk, READ_CHUNK, pdMS_TO_TICKS(READ_WAIT_MS));
+        if (n <= 0) {
+            int64_t now = esp_timer_get_time();
+            if (len == 0 && !too_long && now - idle_since >= (int64_t)COLIBRI_IDF_IDLE_HELLO_MS * 1000) {
+                colibri_hello();
+                idle_since = now;
+            }
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            char c = (char)chunk[i];
+            if (too_long) { /* drop the rest of an over-long line, then say so */
+                if (c == '\n') {
+                    too_long = 0;
+                    colibri_report_error(COLIBRI_ERR_REQUEST, "request line longer than this firmware's context allows");
+                }
+                continue;
+            }
+            if (len == REQUEST_LINE_BYTES) {
+                len = 0;
+                too_long = (c != '\n');
+                if (!too_long) {
+                    colibri_report_error(COLIBRI_ERR_REQUEST, "request line longer than this firmware's context allows");
+                }
+                continue;
+            }
+            line[len++] = c;
+            if (c == '\n') {
+                serve_line(line, len, prompt);
+                len = 0;
+            }
+        }
+        idle_since = esp_timer_get_time();
+    }
+}

@@ -1,0 +1,222 @@
+"""Flash stage: write a board's images over its serial port through esptool's Python API (esptool 5.x).
+
+flash_plan() says what to write (the board file's [[flash.images]], relative to the build
+directory); flash_images() connects, refuses a chip or chip revision the board (or an image) was
+not built for, runs the flasher stub, writes every image at its offset, verifies it, and resets
+the board. Whatever goes wrong (no port, a busy port, no answer, a bad write) ends in one
+ColibriError line, and the port is closed in every case.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Callable
+
+from .errors import ColibriError
+from .targets import Board
+
+SECTOR = 0x1000  # flash erase sector: images start on one
+ESP_IMAGE_MAGIC = 0xE9  # first byte of an ESP bootloader or app image
+UNLIMITED_REV = 0xFFFF  # max_rev_full meaning "no upper bound"
+
+
+def _flash_section(board: Board) -> dict:
+    flash = board.data.get("flash")
+    if not isinstance(flash, dict) or not flash.get("images"):
+        raise ColibriError(f"board {board.name} has nothing to flash (no [[flash.images]] in its board file)")
+    return flash
+
+
+def _rev(full: int) -> str:
+    return f"v{full // 100}.{full % 100}"
+
+
+def _flash_bytes(size: str) -> int | None:
+    return int(size[:-2]) << 20 if isinstance(size, str) and size.endswith("MB") and size[:-2].isdigit() else None
+
+
+def flash_plan(board: Board, build_dir: Path) -> list[tuple[int, Path]]:
+    """(offset, file) for everything the board's flash holds, from [[flash.images]] (files relative
+    to build_dir, the board's build directory), checked to exist; sorted by offset."""
+    flash = _flash_section(board)
+    build_dir = Path(build_dir)
+    plan, missing = [], []
+    for entry in sorted(flash["images"], key=lambda e: e["offset"]):
+        path = build_dir / entry["file"]
+        plan.append((int(entry["offset"]), path))
+        if not path.is_file():
+            missing.append(path)
+    idf = board.data.get("idf")
+    if missing:
+        if isinstance(idf, dict):
+            project = build_dir / idf.get("project_dir", "")
+            raise ColibriError(f"build the ESP-IDF project first: {missing[0]} does not exist "
+                               f"(run 'idf.py build' in {project})")
+        raise ColibriError(f"{missing[0]} does not exist: build first (./colibri build --board {board.name})")
+    if isinstance(idf, dict):
+        _check_against_partition_table(board, flash, build_dir, build_dir / idf.get("project_dir", ""))
+    return plan
+
+
+def _check_against_partition_table(board: Board, flash: dict, build_dir: Path, project: Path) -> None:
+    """The images must fit the partitions the project was built with (a stale project would not)."""
+    from .idf_project import parse_partitions_csv
+
+    csv = project / "partitions.csv"
+    if not csv.is_file():
+        raise ColibriError(f"build the ESP-IDF project first: {csv} does not exist")
+    parts = {p.name: p for p in parse_partitions_csv(csv.read_text())}
+    by_name = {e.get("name"): e for e in flash["images"]}
+    wanted = {"app": "factory", "weights": board.data["idf"].get("weights_partition", "weights")}
+    for image_name, part_name in wanted.items():
+        entry, part = by_name.get(image_name), parts.get(part_name)
+        if entry is None:
+            continue
+        if part is None or part.offset != entry["offset"]:
+            raise ColibriError(f"{csv} puts partition {part_name} at "
+                               f"{'nowhere' if part is None else hex(part.offset)}, but board {board.name} "
+                               f"flashes {image_name} at 0x{entry['offset']:x}: regenerate the project")
+        file_size = (build_dir / entry["file"]).stat().st_size
+        if file_size > part.size:
+            raise ColibriError(f"{entry['file']} is {file_size:,} B but partition {part_name} has {part.size:,} B: "
+                               f"regenerate the project")
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:300]
+
+
+def _image_revisions(data: bytes) -> tuple[int, int, int] | None:
+    """(chip id, min_rev_full, max_rev_full) from an ESP image's extended header, None if not one."""
+    if len(data) < 24 or data[0] != ESP_IMAGE_MAGIC:
+        return None
+    chip_id, _min_rev, min_full, max_full = struct.unpack_from("<HBHH", data, 12)
+    return chip_id, min_full, max_full
+
+
+def _chip_names() -> dict[int, str]:
+    from esptool.targets import CHIP_DEFS
+
+    return {getattr(cls, "IMAGE_CHIP_ID", None): cls.CHIP_NAME for cls in CHIP_DEFS.values()}
+
+
+def _check_images(flash: dict, images: list[tuple[int, Path]]) -> list[tuple[int, Path, bytes]]:
+    if not images:
+        raise ColibriError("nothing to flash (no images given)")
+    out = []
+    for offset, path in images:
+        path = Path(path)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or offset % SECTOR:
+            raise ColibriError(f"cannot write {path.name} at {offset!r}: flash offsets must be multiples of 0x{SECTOR:x}")
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ColibriError(f"cannot read {path}: {e.strerror}") from None
+        if not data:
+            raise ColibriError(f"{path} is empty")
+        out.append((offset, path, data))
+    out.sort(key=lambda item: item[0])
+    for (a, pa, da), (b, pb, _) in zip(out, out[1:]):
+        if a + len(da) > b:
+            raise ColibriError(f"{pa.name} at 0x{a:x} ({len(da):,} B) overlaps {pb.name} at 0x{b:x}")
+    size = _flash_bytes(flash.get("size", ""))
+    last_offset, last_path, last_data = out[-1]
+    if size and last_offset + len(last_data) > size:
+        raise ColibriError(f"{last_path.name} at 0x{last_offset:x} ({len(last_data):,} B) does not fit the "
+                           f"board's {flash['size']} flash")
+    return out
+
+
+def _check_chip(board: Board, flash: dict, esp, port: str, images: list[tuple[int, Path, bytes]]) -> None:
+    from esptool.targets import CHIP_DEFS
+
+    chip = flash["chip"]
+    expected = CHIP_DEFS[chip].CHIP_NAME if chip in CHIP_DEFS else chip.upper()
+    if esp.CHIP_NAME != expected:
+        raise ColibriError(f"found {esp.CHIP_NAME} on {port}; board {board.name} needs an {expected}")
+    revision = esp.get_chip_revision()  # MAJOR * 100 + MINOR
+    majors = [int(r) for r in flash.get("supported_revisions", [])]
+    if majors and revision // 100 not in majors:
+        supported = ", ".join(f"v{m}.x" for m in majors)
+        raise ColibriError(f"the {expected} on {port} is revision {_rev(revision)}; board {board.name} "
+                           f"supports revisions {supported}")
+    least = flash.get("min_revision")
+    if isinstance(least, int) and revision < least:
+        raise ColibriError(f"the {expected} on {port} is revision {_rev(revision)}; board {board.name} "
+                           f"needs {_rev(least)} or later")
+    names = _chip_names()
+    for offset, path, data in images:
+        header = _image_revisions(data)
+        if header is None:
+            continue
+        chip_id, lo, hi = header
+        expected_id = CHIP_DEFS[chip].IMAGE_CHIP_ID if chip in CHIP_DEFS else flash.get("chip_id")
+        if expected_id is not None and chip_id != expected_id:
+            raise ColibriError(f"{path.name} is an image for {names.get(chip_id, f'chip id {chip_id}')}, "
+                               f"not {expected}: rebuild it for board {board.name}")
+        if revision < lo or (hi != UNLIMITED_REV and revision > hi):
+            span = f"{_rev(lo)} or later" if hi == UNLIMITED_REV else f"{_rev(lo)} to {_rev(hi)}"
+            raise ColibriError(f"{path.name} is built for {expected} revisions {span}, but the chip on {port} is "
+                               f"{_rev(revision)}: rebuild for this revision")
+
+
+def _open_port(port: str):
+    import serial
+
+    try:
+        ser = serial.serial_for_url(port, exclusive=True, do_not_open=True)
+        ser.open()
+    except (serial.SerialException, OSError, ValueError) as e:
+        reason = getattr(e, "strerror", None) or _one_line(e)
+        raise ColibriError(f"cannot open serial port {port}: {reason} (is the board connected, and is the "
+                           f"port free?)") from None
+    return ser
+
+
+def flash_images(board: Board, port: str, images: list[tuple[int, Path]], baud: int = 460800,
+                 progress: Callable[[str], None] = print, reset: bool = True) -> None:
+    """Write `images` ((offset, file) pairs, e.g. flash_plan()'s) to the board on `port`, verify
+    each, then hard-reset the board (unless reset=False)."""
+    flash = _flash_section(board)
+    checked = _check_images(flash, images)
+    if not port:
+        raise ColibriError(f"board {board.name} is flashed over a serial port: give it with --port "
+                           f"(e.g. /dev/ttyUSB0)")
+    try:
+        from esptool import cmds
+        from esptool.loader import ESPLoader
+        from esptool.util import FatalError
+        import serial
+    except ImportError:
+        raise ColibriError("esptool is not installed (./colibri sets up its environment with it)") from None
+
+    ser = _open_port(port)
+    try:
+        try:
+            progress(f"connecting to the board on {port}")
+            esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode="default-reset")
+            _check_chip(board, flash, esp, port, checked)
+            progress(f"found {esp.CHIP_NAME} revision {_rev(esp.get_chip_revision())}")
+            esp = cmds.run_stub(esp)
+            if baud > ESPLoader.ESP_ROM_BAUD:
+                esp.change_baud(baud)
+            cmds.attach_flash(esp)
+            params = dict(flash_mode=flash.get("mode", "keep"), flash_freq=flash.get("frequency", "keep"),
+                          flash_size=flash.get("size", "keep"))
+            for i, (offset, path, data) in enumerate(checked, 1):
+                progress(f"[{i}/{len(checked)}] writing {path.name} ({len(data):,} B) at 0x{offset:x}")
+                cmds.write_flash(esp, [(offset, str(path))], compress=True, **params)
+                cmds.verify_flash(esp, [(offset, str(path))], **params)
+                progress(f"[{i}/{len(checked)}] {path.name} verified")
+            if reset:
+                progress("resetting the board")
+                cmds.reset_chip(esp, "hard-reset")
+        except (FatalError, serial.SerialException, OSError) as e:
+            raise ColibriError(f"flashing board {board.name} on {port} failed: {_one_line(e)}") from None
+    finally:
+        try:
+            ser.close()
+        except Exception:  # noqa: BLE001 - closing must not hide the real outcome
+            pass

@@ -1,0 +1,486 @@
+"""ESP-IDF project stage (board esp32p4-idf): the generated sources, the runtime and the BSP become a
+complete, self-contained ESP-IDF project that `idf.py build` turns into the bootloader, the
+partition table and the app, beside the weight image for its flash partition.
+
+    project/
+      CMakeLists.txt            project(colibri_fw); idf.py's entry
+      sdkconfig.defaults        target, PSRAM (hex), CPU clock, -O2, watchdogs, flash, partition table
+      partitions.csv            nvs, the factory app, the weights data partition
+      weights.bin               the weight image (generated/weights.img), for the weights partition
+      flash_args, README.txt    which file goes at which offset (esptool's @file syntax)
+      main/CMakeLists.txt       idf_component_register: every source below, numerics flags
+      main/colibri.lf           linker fragment: arenas in PSRAM, hot code in IRAM, RoPE tables in RAM
+      main/colibri/...          copies of firmware_src/{runtime,app,bsp/<bsp>} and generated/
+
+Every value is computed here from the board file ([flash], [idf]) and the plan; the templates in
+templates/idf/ only loop and look up. Writes are atomic, the output has no timestamps and no
+absolute paths, so the same inputs give the same bytes in any directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from . import __version__
+from .emit import GENERATED_FILES, c_comment, c_string, write_atomic
+from .errors import ColibriError
+from .image import read_header
+from .pipeline import WEIGHTS_FILE
+from .plan import Plan, align_up
+from .targets import Board
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "idf"
+MMU_PAGE = 0x10000  # flash MMU page: the weights partition is mapped in pages of 64 KiB
+SECTOR = 0x1000  # flash erase sector: every partition starts on one
+COLIBRI_DIR = "main/colibri"  # inside the project: copies of firmware_src and the generated files
+
+# templates/idf/<name>.j2 -> path in the project
+TEMPLATES = {
+    "CMakeLists.txt": "CMakeLists.txt",
+    "main_CMakeLists.txt": "main/CMakeLists.txt",
+    "colibri.lf": "main/colibri.lf",
+    "colibri_idf.h": f"{COLIBRI_DIR}/generated/colibri_idf.h",
+    "sdkconfig.defaults": "sdkconfig.defaults",
+    "partitions.csv": "partitions.csv",
+    "flash_args": "flash_args",
+    "README.txt": "README.txt",
+}
+# ESP-IDF components the BSP uses (header -> component): driver/uart.h, esp_partition.h,
+# esp_timer.h, FreeRTOS; spi_flash provides the mmap types esp_partition.h uses.
+REQUIRES = ("esp_driver_uart", "esp_partition", "esp_timer", "freertos", "spi_flash")
+# The numerics contract (docs/numerics.md), on top of ESP-IDF's own flags.
+COMPILE_OPTIONS = ("-ffp-contract=off", "-fno-fast-math", "-fno-math-errno")
+# Objects whose code runs for every weight: in IRAM, so streaming weights through the cache cannot
+# evict them. (Their constants go to internal RAM with them: the `noflash` scheme.)
+HOT_OBJECTS = ("checksum", "model", "ops", "sampler")
+DATA_SUBTYPES = {"ota": 0x00, "phy": 0x01, "nvs": 0x02, "coredump": 0x03, "nvs_keys": 0x04, "efuse": 0x05,
+                 "undefined": 0x06, "esphttpd": 0x80, "fat": 0x81, "spiffs": 0x82, "littlefs": 0x83}
+FLASH_MODES = ("qio", "qout", "dio", "dout")
+FLASH_FREQS = {"80m": "80M", "40m": "40M", "20m": "20M", "120m": "120M"}
+# ESP32-P4 minimum-revision choices of ESP-IDF (CONFIG_ESP32P4_REV_MIN_<n>), by revision family.
+REV_MIN_CHOICES = {False: (300, 301), True: (0, 1, 100)}  # key: builds for revisions < v3.0
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    type: str  # "app" | "data"
+    subtype: str  # a name gen_esp32part.py knows, or 0xNN
+    offset: int
+    size: int
+    flags: str = ""
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(frozen=True)
+class FlashImage:
+    name: str
+    offset: int
+    file: str  # relative to the build directory
+    size: int | None  # the partition's size where the board gives one
+
+
+@dataclass(frozen=True)
+class IdfSettings:
+    """The board file's [flash] and [idf] sections, checked."""
+
+    chip: str
+    chip_id: int
+    flash_mode: str
+    flash_freq: str
+    flash_size: str
+    flash_bytes: int
+    supported_revisions: tuple[int, ...]  # chip revision majors
+    min_revision: int  # MAJOR * 100 + MINOR
+    images: dict[str, FlashImage]
+    target: str
+    min_version: str
+    project_dir: str
+    project_name: str
+    weights_partition: str
+    weights_subtype: str
+    nvs_offset: int
+    nvs_size: int
+    uart_num: int
+    uart_baud: int
+    uart_rx_buffer: int
+    idle_hello_ms: int
+    cpu_mhz: int
+    sdkconfig: dict
+
+    @property
+    def weights_subtype_value(self) -> int:
+        name = self.weights_subtype
+        return DATA_SUBTYPES[name] if name in DATA_SUBTYPES else int(name, 16)
+
+    @property
+    def rev_less_v3(self) -> bool:
+        return max(self.supported_revisions) < 3
+
+
+def _flash_bytes(size: str) -> int:
+    m = re.fullmatch(r"(\d+)MB", size)
+    if not m or int(m.group(1)) not in (1, 2, 4, 8, 16, 32, 64, 128):
+        raise ValueError(f"flash size {size!r} is not one of 1MB, 2MB, 4MB, ... 128MB")
+    return int(m.group(1)) << 20
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def idf_settings(board: Board) -> IdfSettings:
+    """The board's [flash] and [idf] sections as typed values; a malformed one is a ColibriError."""
+    flash, idf = board.data.get("flash"), board.data.get("idf")
+    if not isinstance(flash, dict) or not isinstance(idf, dict):
+        raise ColibriError(f"board {board.name} has no [flash] and [idf] sections: it is not an ESP-IDF board")
+    try:
+        images = {}
+        for entry in flash["images"]:
+            image = FlashImage(str(entry["name"]), _positive_int(entry["offset"], "offset"), str(entry["file"]),
+                               _positive_int(entry["size"], "size") if "size" in entry else None)
+            images[image.name] = image
+        for needed in ("bootloader", "partition-table", "app", "weights"):
+            if needed not in images:
+                raise ValueError(f"[[flash.images]] has no entry named {needed!r}")
+        for needed in ("app", "weights"):
+            if images[needed].size is None:
+                raise ValueError(f"[[flash.images]] entry {needed!r} needs a size (its partition's)")
+        revisions = tuple(_positive_int(r, "supported_revisions entry") for r in flash["supported_revisions"])
+        if not revisions:
+            raise ValueError("supported_revisions is empty")
+        mode = flash["mode"]
+        if mode not in FLASH_MODES:
+            raise ValueError(f"flash mode {mode!r} is not one of {', '.join(FLASH_MODES)}")
+        freq = flash["frequency"]
+        if freq not in FLASH_FREQS:
+            raise ValueError(f"flash frequency {freq!r} is not one of {', '.join(FLASH_FREQS)}")
+        subtype = idf["weights_subtype"]
+        if isinstance(subtype, str) and subtype not in DATA_SUBTYPES:
+            raise ValueError(f"weights_subtype {subtype!r} is not a data subtype name")
+        extra = idf.get("sdkconfig", {})
+        for key, value in extra.items():
+            if not re.fullmatch(r"[A-Z0-9_]+", key) or not isinstance(value, (bool, int, str)):
+                raise ValueError(f"[idf.sdkconfig] {key} = {value!r} is not a Kconfig name and value")
+        settings = IdfSettings(
+            chip=str(flash["chip"]), chip_id=_positive_int(flash["chip_id"], "chip_id"), flash_mode=mode,
+            flash_freq=freq, flash_size=str(flash["size"]), flash_bytes=_flash_bytes(str(flash["size"])),
+            supported_revisions=revisions, min_revision=_positive_int(flash["min_revision"], "min_revision"),
+            images=images, target=str(idf["target"]), min_version=str(idf["min_version"]),
+            project_dir=str(idf["project_dir"]), project_name=str(idf["project_name"]),
+            weights_partition=str(idf["weights_partition"]),
+            weights_subtype=subtype if isinstance(subtype, str) else f"0x{_positive_int(subtype, 'subtype'):02x}",
+            nvs_offset=_positive_int(idf["nvs_offset"], "nvs_offset"), nvs_size=_positive_int(idf["nvs_size"], "nvs_size"),
+            uart_num=_positive_int(idf["uart_num"], "uart_num"), uart_baud=_positive_int(idf["uart_baud"], "uart_baud"),
+            uart_rx_buffer=_positive_int(idf["uart_rx_buffer"], "uart_rx_buffer"),
+            idle_hello_ms=_positive_int(idf["idle_hello_ms"], "idle_hello_ms"),
+            cpu_mhz=_positive_int(idf["cpu_mhz"], "cpu_mhz"), sdkconfig=dict(extra),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ColibriError(f"{board.path.name}: malformed [flash]/[idf] section ({e})") from None
+    _check_settings(board, settings)
+    return settings
+
+
+def _check_settings(board: Board, s: IdfSettings) -> None:
+    def bad(msg: str):
+        raise ColibriError(f"{board.path.name}: {msg}")
+
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s.project_name):
+        bad(f"project_name {s.project_name!r} must be a C/CMake identifier")
+    if not re.fullmatch(r"[A-Za-z0-9_]{1,16}", s.weights_partition):
+        bad(f"weights_partition {s.weights_partition!r} must be 1-16 letters, digits or '_'")
+    if s.uart_num != 0:
+        bad("uart_num must be 0: requests and results share UART0 with the console")
+    if s.uart_rx_buffer <= 128:
+        bad("uart_rx_buffer must be larger than the UART's 128-byte FIFO")
+    if s.images["partition-table"].offset % SECTOR or s.images["partition-table"].offset < 0x8000:
+        bad("the partition table must start on a 4 KiB sector at 0x8000 or above")
+    if s.images["app"].offset % MMU_PAGE or s.images["weights"].offset % MMU_PAGE:
+        bad("the app and weights partitions must start on 64 KiB boundaries")
+    mixed = {r < 3 for r in s.supported_revisions}
+    if len(mixed) > 1:
+        bad("an ESP-IDF build supports ESP32-P4 revisions below v3.0 or from v3.0 on, not both: "
+            f"supported_revisions {list(s.supported_revisions)} mixes them")
+    if s.min_revision // 100 not in s.supported_revisions or s.min_revision not in REV_MIN_CHOICES[s.rev_less_v3]:
+        choices = ", ".join(f"{r // 100}.{r % 100}" for r in REV_MIN_CHOICES[s.rev_less_v3])
+        bad(f"min_revision {s.min_revision} is not one ESP-IDF offers for these revisions (v{choices})")
+    if s.cpu_mhz not in ((360,) if s.rev_less_v3 else (360, 400)):
+        bad(f"cpu_mhz {s.cpu_mhz} is not available on ESP32-P4 revisions {list(s.supported_revisions)}")
+
+
+def partition_table(s: IdfSettings, image_bytes: int) -> list[Partition]:
+    """nvs, the factory app and the weights partition (the image rounded up to 64 KiB)."""
+    app, weights = s.images["app"], s.images["weights"]
+    needed = align_up(max(image_bytes, 1), MMU_PAGE)
+    if needed > weights.size:
+        raise ColibriError(f"the weight image ({image_bytes:,} B) needs a {needed:,} B partition but the board's "
+                           f"weights partition can have at most {weights.size:,} B")
+    parts = [
+        Partition("nvs", "data", "nvs", s.nvs_offset, s.nvs_size),
+        Partition("factory", "app", "factory", app.offset, app.size),
+        Partition(s.weights_partition, "data", s.weights_subtype, weights.offset, needed, "readonly"),
+    ]
+    check_partitions(parts, s.images["partition-table"].offset, s.flash_bytes)
+    return parts
+
+
+def check_partitions(parts: list[Partition], table_offset: int, flash_bytes: int) -> None:
+    """The rules gen_esp32part.py enforces that matter here, with this project's own messages."""
+    lo = table_offset + SECTOR  # the table takes one sector
+    for p in sorted(parts, key=lambda p: p.offset):
+        align = MMU_PAGE if p.type == "app" else SECTOR
+        if p.offset % align or p.size % SECTOR or p.size == 0:
+            raise ColibriError(f"partition {p.name} at 0x{p.offset:x} (+0x{p.size:x}) is not aligned")
+        if p.offset < lo:
+            raise ColibriError(f"partition {p.name} at 0x{p.offset:x} overlaps what comes before it (ends 0x{lo:x})")
+        lo = p.end
+    if lo > flash_bytes:
+        raise ColibriError(f"the partitions end at 0x{lo:x}, beyond the {flash_bytes >> 20} MB flash")
+
+
+def parse_partitions_csv(text: str) -> list[Partition]:
+    """Read back a partitions.csv (name, type, subtype, offset, size[, flags]) with explicit offsets."""
+    parts = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) < 5:
+            raise ColibriError(f"partitions.csv line {n}: expected name, type, subtype, offset, size")
+        try:
+            offset, size = int(cols[3], 0), int(cols[4], 0)
+        except ValueError:
+            raise ColibriError(f"partitions.csv line {n}: offset and size must be numbers") from None
+        parts.append(Partition(cols[0], cols[1], cols[2], offset, size, cols[5] if len(cols) > 5 else ""))
+    return parts
+
+
+def _kconfig_string(text: str) -> str:
+    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _sdkconfig_line(key: str, value) -> str:
+    if value is True:
+        return f"CONFIG_{key}=y"
+    if value is False:
+        return f"# CONFIG_{key} is not set"
+    if isinstance(value, int):
+        return f"CONFIG_{key}={value}"
+    return f"CONFIG_{key}={_kconfig_string(value)}"
+
+
+def sdkconfig_entries(s: IdfSettings) -> list[dict]:
+    """Groups of (comment, lines) for sdkconfig.defaults: what follows from the board, then its extras."""
+    rev_min = f"ESP32P4_REV_MIN_{s.min_revision}" if s.target == "esp32p4" else None
+    derived = [
+        ("Target and chip revisions", [("IDF_TARGET", s.target)]
+         + ([("ESP32P4_SELECTS_REV_LESS_V3", s.rev_less_v3), (rev_min, True)] if rev_min else [])),
+        (f"CPU at {s.cpu_mhz} MHz", [(f"ESP_DEFAULT_CPU_FREQ_MHZ_{s.cpu_mhz}", True)]),
+        (f"Flash: {s.flash_size}, {s.flash_mode.upper()}, {s.flash_freq}",
+         [(f"ESPTOOLPY_FLASHMODE_{s.flash_mode.upper()}", True), (f"ESPTOOLPY_FLASHFREQ_{FLASH_FREQS[s.flash_freq]}", True),
+          (f"ESPTOOLPY_FLASHSIZE_{s.flash_size}", True)]),
+        ("Partition table: partitions.csv", [
+            ("PARTITION_TABLE_CUSTOM", True), ("PARTITION_TABLE_CUSTOM_FILENAME", "partitions.csv"),
+            ("PARTITION_TABLE_OFFSET", f"0x{s.images['partition-table'].offset:x}")]),
+        ("Requests and results on the console UART", [("ESP_CONSOLE_UART_BAUDRATE", s.uart_baud)]),
+    ]
+    taken = {key for _, items in derived for key, _ in items}
+    clash = sorted(taken & set(s.sdkconfig))
+    if clash:
+        raise ColibriError(f"[idf.sdkconfig] sets {', '.join(clash)}, which the board's [flash]/[idf] settings decide")
+    groups = derived + [("Board settings ([idf.sdkconfig])", list(s.sdkconfig.items()))]
+    out = []
+    for comment, items in groups:
+        lines = []
+        for key, value in items:
+            if key == "PARTITION_TABLE_OFFSET":  # a Kconfig hex value: unquoted
+                lines.append(f"CONFIG_{key}={value}")
+            else:
+                lines.append(_sdkconfig_line(key, value))
+        out.append(dict(comment=comment, lines=lines))
+    return out
+
+
+def project_sources(board: Board, repo: Path) -> list[tuple[Path, str]]:
+    """(file in the repository, path in the project) for every hand-written file the project copies."""
+    src = repo / "firmware_src"
+    bsp = src / "bsp" / board.bsp
+    if not (bsp / "main.c").is_file():
+        raise ColibriError(f"board {board.name}: no BSP at firmware_src/bsp/{board.bsp}/main.c")
+    files = sorted((src / "runtime").glob("*.[ch]")) + [src / "runtime" / "kernels" / "kernels.h"]
+    for k in board.kernels:
+        kernel = src / "runtime" / "kernels" / f"{k}.c"
+        if not kernel.is_file():
+            raise ColibriError(f"board {board.name}: kernel set {k!r} has no firmware_src/runtime/kernels/{k}.c")
+        files.append(kernel)
+    files += sorted((src / "app").glob("*.[ch]")) + sorted(bsp.glob("*.[ch]"))
+    # runtime/*.S are for bare-metal boards (e.g. weights linked into the image): not this project.
+    return [(f, f"{COLIBRI_DIR}/{f.relative_to(src).as_posix()}") for f in files]
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(c_string=c_string, c_comment=c_comment)
+    return env
+
+
+def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes,
+                     sources: list[str]) -> dict:
+    parts = partition_table(s, plan.image.image_bytes)
+    weights = next(p for p in parts if p.name == s.weights_partition)
+    table = s.images["partition-table"]
+    idf_build_dir = f"{s.project_dir}/build/"
+
+    def in_project(image: FlashImage) -> str:
+        """An image's path relative to the project (the board gives it relative to the build dir)."""
+        if image.name == "weights":
+            return "weights.bin"
+        if not image.file.startswith(idf_build_dir):
+            raise ColibriError(f"{board.path.name}: image {image.name} ({image.file}) is not an idf.py output "
+                               f"under {idf_build_dir}")
+        return image.file[len(s.project_dir) + 1:]
+
+    if s.images["app"].file != f"{idf_build_dir}{s.project_name}.bin" or s.images["weights"].file != \
+            f"{s.project_dir}/weights.bin":
+        raise ColibriError(f"{board.path.name}: the app and weights images must be "
+                           f"{idf_build_dir}{s.project_name}.bin and {s.project_dir}/weights.bin")
+    flash_files = [dict(name=i.name, offset=f"0x{i.offset:x}", path=in_project(i))
+                   for i in sorted(s.images.values(), key=lambda i: i.offset)]
+    return dict(
+        fw_version=__version__,
+        board=board.name,
+        description=board.description,
+        model_name=plan.spec.name,
+        architecture=plan.spec.architecture,
+        quant=plan.quant,
+        n_ctx=plan.n_ctx,
+        model_hash_hex=model_hash.hex(),
+        image_bytes=plan.image.image_bytes,
+        idf=s,
+        project_name=s.project_name,
+        sources=[p[len("main/"):] for p in sources if p.endswith(".c")],
+        include_dirs=["colibri/generated"],
+        requires=sorted(REQUIRES),
+        compile_options=list(COMPILE_OPTIONS),
+        hot_objects=sorted(HOT_OBJECTS + tuple(board.kernels)),
+        partitions=[dict(name=p.name, type=p.type, subtype=p.subtype, offset=f"0x{p.offset:x}", size=f"0x{p.size:x}",
+                         flags=p.flags) for p in parts],
+        weights_partition=dict(name=weights.name, offset=f"0x{weights.offset:x}", size=f"0x{weights.size:x}",
+                               subtype=f"0x{s.weights_subtype_value:02x}"),
+        partition_table_offset=f"0x{table.offset:x}",
+        sdkconfig=sdkconfig_entries(s),
+        flash_files=flash_files,
+        flash_header=f"--flash-mode {s.flash_mode} --flash-freq {s.flash_freq} --flash-size {s.flash_size}",
+        flash_baud=int(board.data["flash"].get("baud", 460800)),
+        uart_rx_buffer=s.uart_rx_buffer,
+        uart_num=s.uart_num,
+        idle_hello_ms=s.idle_hello_ms,
+    )
+
+
+def write_project(board: Board, plan: Plan, generated_dir: Path, project_dir: Path, repo: Path) -> list[Path]:
+    """Write the ESP-IDF project for `plan` (whose files pipeline.generate wrote to generated_dir)
+    into project_dir; returns the files written, sorted. Files of an earlier project that this one
+    no longer has are removed from main/; idf.py's own build/ and sdkconfig are left alone."""
+    generated_dir, project_dir, repo = Path(generated_dir), Path(project_dir), Path(repo)
+    if plan.board != board.name:
+        raise ColibriError(f"the plan is for board {plan.board}, not {board.name}")
+    s = idf_settings(board)
+    missing = [n for n in (*GENERATED_FILES, WEIGHTS_FILE) if not (generated_dir / n).is_file()]
+    if missing:
+        raise ColibriError(f"{generated_dir} lacks {', '.join(missing)}: generate the sources first")
+    image = (generated_dir / WEIGHTS_FILE).read_bytes()
+    header = read_header(image)
+    if header.image_bytes != plan.image.image_bytes:
+        raise ColibriError(f"{generated_dir / WEIGHTS_FILE} is {header.image_bytes:,} B but the plan says "
+                           f"{plan.image.image_bytes:,} B: regenerate")
+
+    if header.model_hash.hex() not in (generated_dir / "model_data.c").read_text(errors="replace"):
+        raise ColibriError(f"{generated_dir}: weights.img and model_data.c are from different generations: regenerate")
+
+    copies = project_sources(board, repo)
+    copies += [(generated_dir / n, f"{COLIBRI_DIR}/generated/{n}") for n in sorted(GENERATED_FILES)]
+    rel_paths = [rel for _, rel in copies] + [TEMPLATES["colibri_idf.h"]]
+    context = template_context(board, plan, s, header.model_hash, sorted(rel_paths))
+
+    outputs: dict[str, bytes] = {rel: path.read_bytes() for path, rel in copies}
+    env = _environment()
+    for name, rel in TEMPLATES.items():
+        outputs[rel] = env.get_template(name + ".j2").render(context).encode()
+    outputs["weights.bin"] = image
+
+    written = []
+    for rel in sorted(outputs):
+        target = project_dir / rel
+        if not (target.is_file() and target.read_bytes() == outputs[rel]):
+            write_atomic(target, outputs[rel])
+        written.append(target)
+    owned = project_dir / COLIBRI_DIR
+    keep = {project_dir / rel for rel in outputs}
+    for stale in sorted(p for p in owned.rglob("*") if p.is_file() and p not in keep):
+        stale.unlink()
+    return sorted(written)
+
+
+def find_idf() -> Path | None:
+    """idf.py on PATH (ESP-IDF's export.sh puts it there), else $IDF_PATH/tools/idf.py."""
+    found = shutil.which("idf.py")
+    if found:
+        return Path(found)
+    idf_path = os.environ.get("IDF_PATH")
+    if idf_path and (Path(idf_path) / "tools" / "idf.py").is_file():
+        return Path(idf_path) / "tools" / "idf.py"
+    return None
+
+
+def idf_build(project_dir: Path, echo=None, min_version: str = "5.5.3") -> None:
+    """Run `idf.py build` in project_dir, passing its output to `echo`; a failure is one ColibriError line.
+    (min_version, the board's [idf] min_version, only goes into the message when ESP-IDF is missing.)"""
+    project_dir = Path(project_dir)
+    if not (project_dir / "CMakeLists.txt").is_file():
+        raise ColibriError(f"{project_dir} is not an ESP-IDF project (no CMakeLists.txt): generate it first")
+    idf = find_idf()
+    if idf is None:
+        raise ColibriError(f"ESP-IDF not found (no idf.py on PATH and IDF_PATH is not set): install ESP-IDF "
+                           f">= {min_version} and run '. $IDF_PATH/export.sh', or build {project_dir} on a machine that has it")
+    env = dict(os.environ, LC_ALL="C", TZ="UTC")
+    env.setdefault("SOURCE_DATE_EPOCH", "0")
+    try:
+        proc = subprocess.Popen([str(idf), "-C", str(project_dir), "build"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, text=True,
+                                errors="replace")
+    except OSError as e:
+        raise ColibriError(f"cannot run {idf}: {e.strerror} (run '. $IDF_PATH/export.sh' first)") from None
+    lines = []
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        lines.append(line)
+        if echo:
+            echo(line)
+    proc.wait()
+    if proc.returncode != 0:
+        errors = [ln.strip() for ln in lines if re.search(r"\berror\b", ln, re.IGNORECASE) and ln.strip()]
+        tail = [ln.strip() for ln in lines if ln.strip()]
+        detail = (errors or tail or ["no output"])[0 if errors else -1]
+        raise ColibriError(f"idf.py build failed in {project_dir} (exit {proc.returncode}): {detail[:300]}")

@@ -1,0 +1,307 @@
+"""Flashing through esptool's Python API, with esptool's chip-facing functions replaced by fakes
+(no board here). The fakes check every call against the real esptool function's signature, so a
+call esptool 5.x would reject fails here too. The serial port is a real pyserial loop:// port, so
+"closed in every case" is checked on a real port object."""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import esptool.cmds
+import pytest
+import serial
+from esptool.bin_image import ELFSection, ESP32P4FirmwareImage, ESP32S3FirmwareImage
+from esptool.util import FatalError
+
+from conftest import DEFAULT_MODEL, REPO
+
+from generator.errors import ColibriError
+from generator.flash import flash_images, flash_plan
+from generator.idf_project import idf_settings, parse_partitions_csv, write_project
+from generator.pipeline import generate
+from generator.targets import load_board
+
+PORT = "loop://"
+FAKED = ("detect_chip", "run_stub", "attach_flash", "write_flash", "verify_flash", "reset_chip")
+
+
+@pytest.fixture(scope="module")
+def board():
+    return load_board("esp32p4-idf")
+
+
+class FakeESP:
+    def __init__(self, port, chip_name, revision):
+        self._port = port
+        self.CHIP_NAME = chip_name
+        self.revision = revision
+        self.IS_STUB = False
+        self.bauds = []
+
+    def get_chip_revision(self):
+        return self.revision
+
+    def change_baud(self, baud):
+        self.bauds.append(baud)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """esptool.cmds with the functions that talk to a chip replaced; `fake.fail = (name, exc)` makes
+    one of them raise."""
+    state = SimpleNamespace(chip="ESP32-P4", revision=301, calls=[], fail=None, esp=None, port=None)
+
+    def make(name):
+        real = getattr(esptool.cmds, name)
+
+        def fn(*args, **kwargs):
+            inspect.signature(real).bind(*args, **kwargs)  # a call the real function accepts
+            state.calls.append((name, args, kwargs))
+            if name == "detect_chip":
+                state.port = args[0]
+                assert isinstance(state.port, serial.SerialBase) and state.port.is_open
+            if state.fail and state.fail[0] == name:
+                raise state.fail[1]
+            if name == "detect_chip":
+                state.esp = FakeESP(state.port, state.chip, state.revision)
+                return state.esp
+            if name == "run_stub":
+                args[0].IS_STUB = True
+                return args[0]
+            return None
+
+        return fn
+
+    for name in FAKED:
+        monkeypatch.setattr(esptool.cmds, name, make(name))
+    state.names = lambda: [c[0] for c in state.calls]
+    return state
+
+
+def esp_image(path: Path, min_rev: int = 301, max_rev: int = 399, cls=ESP32P4FirmwareImage) -> Path:
+    """A real ESP image (esptool's own writer), with the chip id and revision range in its header."""
+    img = cls()
+    img.entrypoint = 0x4FF00000
+    img.min_rev_full, img.max_rev_full = min_rev, max_rev
+    img.segments = [ELFSection(b".text", 0x4FF00000, b"\x13\x00\x00\x00" * 16, 0)]
+    img.save(str(path))
+    return path
+
+
+@pytest.fixture
+def images(tmp_path):
+    boot = esp_image(tmp_path / "bootloader.bin")
+    table = tmp_path / "partition-table.bin"
+    table.write_bytes(b"\xaa\x50" + bytes(3070))
+    app = esp_image(tmp_path / "colibri_fw.bin")
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(b"COLIBRIW" + bytes(5000))
+    return [(0x2000, boot), (0x8000, table), (0x10000, app), (0x200000, weights)]
+
+
+def test_images_are_written_at_their_offsets_verified_and_the_board_reset(board, fake, images):
+    lines = []
+    flash_images(board, PORT, list(reversed(images)), baud=921600, progress=lines.append)
+    names = fake.names()
+    assert names == ["detect_chip", "run_stub", "attach_flash"] + ["write_flash", "verify_flash"] * 4 + ["reset_chip"]
+    writes = [c for c in fake.calls if c[0] == "write_flash"]
+    verifies = [c for c in fake.calls if c[0] == "verify_flash"]
+    expected = [(offset, str(path)) for offset, path in images]  # in offset order
+    assert [c[1][1] for c in writes] == [[e] for e in expected]
+    assert [c[1][1] for c in verifies] == [[e] for e in expected]
+    for _, args, kwargs in writes + verifies:
+        assert args[0] is fake.esp and args[0].IS_STUB
+        assert (kwargs["flash_mode"], kwargs["flash_freq"], kwargs["flash_size"]) == ("dio", "80m", "16MB")
+    assert all(kwargs["compress"] for _, _, kwargs in writes)
+    assert fake.calls[-1][1:] == ((fake.esp, "hard-reset"), {})
+    assert fake.esp.bauds == [921600]
+    detect_kwargs = fake.calls[0][2]
+    assert detect_kwargs["baud"] == 115200  # sync at the ROM's rate, then switch
+    assert not fake.port.is_open
+    for offset, path in images:  # progress per image
+        assert any(path.name in ln and f"0x{offset:x}" in ln for ln in lines)
+        assert any(path.name in ln and "verified" in ln for ln in lines)
+
+
+def test_without_reset_the_board_stays_in_the_loader(board, fake, images):
+    flash_images(board, PORT, images, progress=lambda _: None, reset=False)
+    assert "reset_chip" not in fake.names() and not fake.port.is_open
+
+
+def test_a_wrong_chip_is_refused_before_anything_is_written(board, fake, images):
+    fake.chip = "ESP32-S3"
+    with pytest.raises(ColibriError) as e:
+        flash_images(board, PORT, images, progress=lambda _: None)
+    assert str(e.value) == "found ESP32-S3 on loop://; board esp32p4-idf needs an ESP32-P4"
+    assert fake.names() == ["detect_chip"] and not fake.port.is_open
+
+
+@pytest.mark.parametrize("revision, shown", [(100, "v1.0"), (103, "v1.3"), (0, "v0.0")])
+def test_a_chip_revision_the_board_does_not_support_is_refused(board, fake, images, revision, shown):
+    fake.revision = revision
+    with pytest.raises(ColibriError) as e:
+        flash_images(board, PORT, images, progress=lambda _: None)
+    assert f"revision {shown}" in str(e.value) and "supports revisions v3.x" in str(e.value)
+    assert fake.names() == ["detect_chip"] and not fake.port.is_open
+
+
+def test_a_chip_older_than_the_boards_minimum_revision_is_refused(board, fake, images):
+    fake.revision = 300  # a v3.x chip, but the board (and ESP-IDF's build) wants v3.1 and later
+    with pytest.raises(ColibriError) as e:
+        flash_images(board, PORT, images, progress=lambda _: None)
+    assert str(e.value) == "the ESP32-P4 on loop:// is revision v3.0; board esp32p4-idf needs v3.1 or later"
+    assert fake.names() == ["detect_chip"] and not fake.port.is_open
+
+
+def test_a_chip_outside_an_images_revision_range_is_refused(board, fake, images, tmp_path):
+    images[0] = (0x2000, esp_image(tmp_path / "bootloader.bin", min_rev=302, max_rev=399))
+    images[2] = (0x10000, esp_image(tmp_path / "colibri_fw.bin", min_rev=301, max_rev=301))
+    for revision, name, span in ((301, "bootloader.bin", "v3.2 to v3.99"), (303, "colibri_fw.bin", "v3.1 to v3.1")):
+        fake.revision = revision
+        with pytest.raises(ColibriError) as e:
+            flash_images(board, PORT, images, progress=lambda _: None)
+        msg = str(e.value)
+        assert name in msg and span in msg and f"is v3.{revision % 100}" in msg and "rebuild" in msg
+    assert "write_flash" not in fake.names() and not fake.port.is_open
+
+
+def test_an_image_built_for_another_chip_is_refused(board, fake, images, tmp_path):
+    images[2] = (0x10000, esp_image(tmp_path / "s3_app.bin", cls=ESP32S3FirmwareImage))
+    with pytest.raises(ColibriError) as e:
+        flash_images(board, PORT, images, progress=lambda _: None)
+    assert "s3_app.bin is an image for ESP32-S3, not ESP32-P4" in str(e.value)
+    assert "write_flash" not in fake.names()
+
+
+@pytest.mark.parametrize("failing", ["detect_chip", "run_stub", "attach_flash", "write_flash", "verify_flash",
+                                     "reset_chip"])
+def test_esptool_errors_become_one_line_and_the_port_is_closed(board, fake, images, failing):
+    fake.fail = (failing, FatalError("Failed to connect to ESP32-P4: No serial data received.\n"
+                                     "For troubleshooting steps visit: https://docs.espressif.com/"))
+    with pytest.raises(ColibriError) as e:
+        flash_images(board, PORT, images, progress=lambda _: None)
+    msg = str(e.value)
+    assert msg.startswith("flashing board esp32p4-idf on loop:// failed: Failed to connect to ESP32-P4")
+    assert "\n" not in msg and "troubleshooting" in msg
+    assert fake.port is not None and not fake.port.is_open
+
+
+def test_serial_errors_and_interrupts_also_close_the_port(board, fake, images):
+    fake.fail = ("write_flash", serial.SerialException("device reports readiness to read but returned no data"))
+    with pytest.raises(ColibriError, match="failed: device reports readiness"):
+        flash_images(board, PORT, images, progress=lambda _: None)
+    assert not fake.port.is_open
+    fake.calls.clear()
+    fake.fail = ("write_flash", KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        flash_images(board, PORT, images, progress=lambda _: None)
+    assert not fake.port.is_open
+
+
+@pytest.mark.parametrize("port, words", [
+    ("", "give it with --port"),
+    (None, "give it with --port"),
+    ("/dev/ttyCOLIBRI_NO_SUCH_PORT", "cannot open serial port /dev/ttyCOLIBRI_NO_SUCH_PORT"),
+])
+def test_a_missing_port_is_a_clear_error(board, fake, images, port, words):
+    with pytest.raises(ColibriError) as e:
+        flash_images(board, port, images, progress=lambda _: None)
+    assert words in str(e.value) and "\n" not in str(e.value)
+    assert fake.calls == []
+
+
+def test_bad_image_lists_are_refused_before_connecting(board, fake, images, tmp_path):
+    cases = [
+        ([], "no images"),
+        ([(0x2001, images[0][1])], "multiples of 0x1000"),
+        ([(0x2000, tmp_path / "absent.bin")], "cannot read"),
+        ([(0x2000, images[0][1]), (0x2000, images[2][1])], "overlaps"),
+        ([(0xFFF000, images[3][1])], "does not fit the board's 16MB flash"),
+    ]
+    (tmp_path / "empty.bin").write_bytes(b"")
+    cases.append(([(0x2000, tmp_path / "empty.bin")], "is empty"))
+    for bad, words in cases:
+        with pytest.raises(ColibriError, match=words):
+            flash_images(board, PORT, bad, progress=lambda _: None)
+    assert fake.calls == []
+
+
+# ---- What to write: flash_plan ----
+
+@pytest.fixture
+def build_dir(board, tmp_path):
+    """A build directory as `./colibri build` would leave it: generated/ and the ESP-IDF project in idf/."""
+    gen = tmp_path / "generated"
+    generated = generate(DEFAULT_MODEL, board, "q8_0", 64, gen)
+    write_project(board, generated.plan, gen, tmp_path / "idf", REPO)
+    return tmp_path
+
+
+def idf_outputs(build: Path) -> None:
+    """What `idf.py build` leaves in idf/build/."""
+    out = build / "idf" / "build"
+    (out / "bootloader").mkdir(parents=True)
+    (out / "partition_table").mkdir()
+    esp_image(out / "bootloader" / "bootloader.bin")
+    (out / "partition_table" / "partition-table.bin").write_bytes(b"\xaa\x50" + bytes(3070))
+    esp_image(out / "colibri_fw.bin")
+
+
+def test_flash_plan_without_the_idf_build_says_to_build_it(board, build_dir):
+    with pytest.raises(ColibriError) as e:
+        flash_plan(board, build_dir)
+    assert str(e.value).startswith("build the ESP-IDF project first") and "idf.py build" in str(e.value)
+
+
+def test_flash_plan_lists_the_idf_outputs_and_the_weights_at_their_partitions(board, build_dir):
+    idf_outputs(build_dir)
+    plan = flash_plan(board, build_dir)
+    assert plan == [(0x2000, build_dir / "idf/build/bootloader/bootloader.bin"),
+                    (0x8000, build_dir / "idf/build/partition_table/partition-table.bin"),
+                    (0x10000, build_dir / "idf/build/colibri_fw.bin"),
+                    (0x200000, build_dir / "idf/weights.bin")]
+    parts = {p.name: p for p in parse_partitions_csv((build_dir / "idf/partitions.csv").read_text())}
+    assert parts["factory"].offset == plan[2][0] and parts["weights"].offset == plan[3][0]
+    assert plan[3][1].read_bytes() == (build_dir / "generated/weights.img").read_bytes()
+    assert all(off == img.offset for (off, _), img in zip(plan, sorted(idf_settings(board).images.values(),
+                                                                          key=lambda i: i.offset)))
+
+
+def test_flash_plan_refuses_a_project_whose_partitions_disagree_with_the_board(board, build_dir):
+    idf_outputs(build_dir)
+    csv = build_dir / "idf/partitions.csv"
+    csv.write_text(csv.read_text().replace("0x200000", "0x300000"))
+    with pytest.raises(ColibriError, match="puts partition weights at 0x300000.*regenerate"):
+        flash_plan(board, build_dir)
+    csv.write_text(csv.read_text().replace("0x300000", "0x200000").replace("0x40000, readonly", "0x1000, readonly"))
+    with pytest.raises(ColibriError, match="partition weights has 4,096 B"):
+        flash_plan(board, build_dir)
+
+
+def test_flash_plan_and_flash_images_work_together(board, build_dir, fake):
+    idf_outputs(build_dir)
+    flash_images(board, PORT, flash_plan(board, build_dir), progress=lambda _: None)
+    assert [c[1][1][0][0] for c in fake.calls if c[0] == "write_flash"] == [0x2000, 0x8000, 0x10000, 0x200000]
+
+
+def test_a_board_without_flash_images_has_nothing_to_flash(tmp_path):
+    host = load_board("host")
+    with pytest.raises(ColibriError, match="nothing to flash"):
+        flash_plan(host, tmp_path)
+    with pytest.raises(ColibriError, match="nothing to flash"):
+        flash_images(host, PORT, [(0, tmp_path)], progress=lambda _: None)
+
+
+def test_flash_plan_works_for_the_bare_metal_board_too(tmp_path):
+    try:
+        bare = load_board("esp32p4")
+    except ColibriError:
+        pytest.skip("no esp32p4 board file")
+    with pytest.raises(ColibriError, match="build first"):
+        flash_plan(bare, tmp_path)
+    for entry in bare.data["flash"]["images"]:
+        shutil.copy(esp_image(tmp_path / "img.bin", 100, 399), tmp_path / entry["file"])
+    assert [off for off, _ in flash_plan(bare, tmp_path)] == [e["offset"] for e in bare.data["flash"]["images"]]

@@ -69,14 +69,15 @@ def checkpoints(tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="session")
-def harness(tmp_path_factory) -> Path:
-    """tests/c/numerics_harness.c built against the runtime's scalar kernels, ops and sampler."""
-    out = tmp_path_factory.mktemp("harness") / "harness"
+@pytest.fixture(scope="session", params=["generic", "x86_avx2"])
+def harness(request, tmp_path_factory) -> Path:
+    """tests/c/numerics_harness.c built against the runtime's ops, sampler and each kernel set that
+    runs on this machine: the scalar kernels (generic.c) and the AVX2 ones (x86_avx2.c)."""
+    out = tmp_path_factory.mktemp("harness") / f"harness-{request.param}"
     rt = REPO / "firmware_src" / "runtime"
     cmd = ["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-fno-math-errno",
            f"-I{rt}", str(REPO / "tests" / "c" / "numerics_harness.c"), str(rt / "ops.c"), str(rt / "sampler.c"),
-           str(rt / "kernels" / "scalar.c"), "-lm", "-o", str(out)]
+           str(rt / "kernels" / "scalar.c"), str(rt / "kernels" / f"{request.param}.c"), "-lm", "-o", str(out)]
     subprocess.run(cmd, check=True)
     return out
 

@@ -68,7 +68,8 @@ def test_activation_quantization_matches(harness, n):
     assert_same_bits(np.frombuffer(raw[n:], "<f4"), d)
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536)])
+@pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536), (5, 256), (3, 288), (9, 576),
+                                       (2, 32 * 17)])
 def test_q8_0_matvec_matches(harness, rows, cols):
     wq, wd = quantize_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
     xq, xd = quantize_q8_0(rng.normal(0, 1, cols).astype(np.float32))

@@ -27,7 +27,7 @@ void colibri_hello(void)
     proto_str("quant", COLIBRI_QUANT_NAME);
     proto_u64("ctx", COLIBRI_N_CTX);
     proto_u64("vocab", COLIBRI_VOCAB);
-    proto_str("kernels", kernel_set_name);
+    proto_str("kernels", kernel_set());
     proto_hex("model", colibri_model_hash, 32);
     proto_end();
 }

@@ -1,8 +1,11 @@
 /* The kernel interface: the only operations whose speed matters, one implementation per ISA.
  *
- * kernels/scalar.c is the reference every other implementation is tested against; a faster
- * kernel must return the same bits (docs/numerics.md): integer dot products within a q8_0 block,
- * then float32 accumulation over blocks in order, and sequential float32 sums for f32 rows. */
+ * kernels/scalar.c (kernel_scalar_*) is the reference every other implementation is tested
+ * against; a faster kernel must return the same bits (docs/numerics.md): integer dot products
+ * within a q8_0 block, then float32 accumulation over blocks in order, and sequential float32
+ * sums for f32 rows. A board's kernel list names scalar.c plus one file that provides the
+ * kernel_* entry points: generic.c (the scalar kernels) or an ISA file such as x86_avx2.c,
+ * which picks its SIMD code at run time when the CPU has it and the scalar kernels otherwise. */
 #ifndef COLIBRI_KERNELS_H
 #define COLIBRI_KERNELS_H
 
@@ -21,7 +24,13 @@ void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
 /* Quantize n floats (n % 32 == 0) to q8_0: d = max|x| / 127, q = round_half_even(x / d). */
 void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 
-/* Name of the kernel set, reported in the hello frame. */
-extern const char kernel_set_name[];
+/* Name of the kernel set in use, reported in the hello frame. */
+const char *kernel_set(void);
+
+/* The scalar reference kernels (kernels/scalar.c). */
+void kernel_scalar_matvec_f32(float *out, const float *w, const float *x, int rows, int cols);
+void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
+                               const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 
 #endif

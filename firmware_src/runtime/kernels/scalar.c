@@ -2,9 +2,7 @@
 #include "kernels.h"
 #include "../ops.h"
 
-const char kernel_set_name[] = "scalar";
-
-void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
+void kernel_scalar_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
 {
     for (int r = 0; r < rows; r++) {
         const float *row = w + (int64_t)r * cols;
@@ -16,8 +14,8 @@ void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int
     }
 }
 
-void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
-                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
+                               const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     for (int r = 0; r < rows; r++) {
@@ -36,7 +34,7 @@ void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
     }
 }
 
-void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
+void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
 {
     for (int b = 0; b < n / KERNEL_QK; b++) {
         const float *xb = x + b * KERNEL_QK;

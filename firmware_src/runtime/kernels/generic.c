@@ -1,0 +1,23 @@
+/* The kernel entry points for boards without an ISA-specific set: the scalar kernels. */
+#include "kernels.h"
+
+const char *kernel_set(void)
+{
+    return "scalar";
+}
+
+void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
+{
+    kernel_scalar_matvec_f32(out, w, x, rows, cols);
+}
+
+void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
+}
+
+void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
+{
+    kernel_scalar_quantize_q8_0(qs, d, x, n);
+}

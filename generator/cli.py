@@ -79,6 +79,12 @@ def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
     p.add_argument("--min-p", type=unit_float, help="drop tokens below min-p times the top probability")
     p.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed (default 0)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    add_threads_arg(p)
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=number(int, 1, 64, what="a thread count from 1 to 64"), default=1,
+                   help="threads on Linux boards (default 1; the same bits at any count)")
 
 
 # ---- shared steps ---------------------------------------------------------------------------
@@ -195,7 +201,7 @@ def _run(args, stream: bool):
     tokenizer = Tokenizer.for_model(args.model)
     prompt = prompt_from(args, tokenizer, plan.spec.vocab_size)
     check_fits_context(prompt, args.steps, plan.n_ctx)
-    request = RunRequest(prompt, args.steps, sampling_from(args, args.model), not args.ignore_eos)
+    request = RunRequest(prompt, args.steps, sampling_from(args, args.model), not args.ignore_eos, args.threads)
     text_out = TextStream(tokenizer, enabled=stream and not args.json)
     if stream and not args.json and tokenizer is not None and args.prompt is not None:
         print(args.prompt, end="", flush=True)
@@ -339,20 +345,22 @@ def cmd_bench(args) -> int:
     # A fixed synthetic prompt: the BOS token, then ids spread over the vocabulary.
     prompt = [start] + [(7919 * (i + 1)) % vocab for i in range(args.prompt_tokens - 1)]
     check_fits_context(prompt, args.steps, plan.n_ctx)
-    request = RunRequest(prompt, args.steps, SamplingParams(), stop_at_eos=False)
+    request = RunRequest(prompt, args.steps, SamplingParams(), stop_at_eos=False, threads=args.threads)
     runs = []
+    kernels = "?"
     for i in range(args.repeat):
         result = run_on_board(board, art.program, art.weights, request, art.model_hash(),
                               flash_image=art.flash_image, port=getattr(args, "port", None),
                               reset=getattr(args, "reset", False))
         runs.append(rates(result))
+        kernels = result.hello.get("kernels", "?")
         if not args.json:
             progress(f"  run {i + 1}/{args.repeat}: {speed_text(runs[-1])}")
     prefill = statistics.median(r["prefill_tok_s"] for r in runs)
     decode = statistics.median(r["decode_tok_s"] for r in runs)
     forward = statistics.median(r["forward_tok_s"] for r in runs)
     out = {"board": board.name, "model": str(args.model), "architecture": plan.spec.architecture,
-           "quant": plan.quant, "n_ctx": plan.n_ctx, "threads": 1, "kernels": "scalar",
+           "quant": plan.quant, "n_ctx": plan.n_ctx, "threads": args.threads, "kernels": kernels,
            "prompt_tokens": len(prompt), "decode_steps": args.steps, "repeat": args.repeat,
            "prefill_tok_s": prefill, "decode_tok_s": decode, "decode_ms_per_token": 1000.0 / decode,
            "forward_only_tok_s": forward,
@@ -366,7 +374,8 @@ def cmd_bench(args) -> int:
               f"{out['decode_instructions_per_token'] / 1e6:.3f} M instructions per decoded token, "
               f"{runs[0]['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token")
     else:
-        print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, 1 thread, {len(prompt)}-token prompt, "
+        print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, {kernels} kernels, {args.threads} thread(s), "
+              f"{len(prompt)}-token prompt, "
               f"{args.steps} steps, median of {args.repeat}): prefill {prefill:.1f} tok/s, "
               f"decode {decode:.1f} tok/s ({1000.0 / decode:.2f} ms/token; forward passes alone {forward:.1f} tok/s)")
     return 0
@@ -435,6 +444,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=positive_int, default=128, help="decoded tokens per run (default 128)")
     p.add_argument("--prompt-tokens", type=positive_int, default=8, help="prompt length (default 8)")
     p.add_argument("--repeat", type=positive_int, default=3, help="runs; the median is reported (default 3)")
+    add_threads_arg(p)
     add_port_arg(p)
     p.set_defaults(func=cmd_bench)
 

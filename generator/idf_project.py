@@ -327,6 +327,7 @@ def project_sources(board: Board, repo: Path) -> list[tuple[Path, str]]:
         if not kernel.is_file():
             raise ColibriError(f"board {board.name}: kernel set {k!r} has no firmware_src/runtime/kernels/{k}.c")
         files.append(kernel)
+    files.append(src / "runtime" / "parallel" / f"{board.data.get('parallel', 'none')}.c")
     files += sorted((src / "app").glob("*.[ch]")) + sorted(bsp.glob("*.[ch]"))
     # runtime/*.S are for bare-metal boards (e.g. weights linked into the image): not this project.
     return [(f, f"{COLIBRI_DIR}/{f.relative_to(src).as_posix()}") for f in files]

@@ -28,6 +28,7 @@ class RunRequest:
     steps: int
     sampling: SamplingParams = SamplingParams()
     stop_at_eos: bool = True
+    threads: int = 1
 
 
 @dataclass
@@ -97,6 +98,8 @@ def firmware_args(request: RunRequest) -> list[str]:
             "--min-p", f32_arg(s.min_p), "--seed", str(s.seed)]
     if not request.stop_at_eos:
         args.append("--ignore-eos")
+    if request.threads != 1:
+        args += ["--threads", str(request.threads)]
     return args
 
 
@@ -204,6 +207,8 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
                  on_token=None, logits_out: Path | None = None, timeout: float | None = None,
                  flash_image: Path | None = None, port: str | None = None, reset: bool = False) -> RunResult:
     session = Session(expected_model, on_token)
+    if request.threads > 1 and board.data.get("parallel", "none") == "none":
+        raise ColibriError(f"board {board.name} runs single-threaded (--threads {request.threads} is for Linux boards)")
     if board.runner == "process":
         argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights),
                 *firmware_args(request)]

@@ -99,3 +99,23 @@ def test_every_board_file_loads():
     for name in available_boards():
         board = load_board(name)
         assert board.memory and board.cc
+
+
+@pytest.mark.parametrize("board,threads", [("host", 2), ("host", 3), ("linux-aarch64", 2)])
+def test_threads_give_the_same_bits(board, threads, builder, host_run):
+    from generator.runner import RunRequest, run_on_board
+
+    b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, board)
+    request = RunRequest(PROMPT, 40, SAMPLED, stop_at_eos=False, threads=threads)
+    result = run_on_board(b, art.program, art.weights, request, art.model_hash())
+    assert result.stats["threads"] == str(threads)
+    assert result.tokens == host_run[3].tokens and result.digests == host_run[3].digests
+
+
+def test_mcu_boards_refuse_threads(builder):
+    from generator.runner import RunRequest, run_on_board
+
+    b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, "qemu-rv32")
+    with pytest.raises(ColibriError, match="runs single-threaded"):
+        run_on_board(b, art.program, art.weights, RunRequest(PROMPT, 4, threads=2), art.model_hash(),
+                     flash_image=art.flash_image)

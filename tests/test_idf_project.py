@@ -213,6 +213,7 @@ def test_cmake_files_list_every_copied_source_and_the_idf_pieces(name, projects,
     src = REPO / "firmware_src"
     expected = ([f"colibri/runtime/{f.name}" for f in (src / "runtime").glob("*.c")]
                 + [f"colibri/runtime/kernels/{k}.c" for k in board.kernels]
+                + [f"colibri/runtime/parallel/{board.data.get('parallel', 'none')}.c"]
                 + [f"colibri/app/{f.name}" for f in (src / "app").glob("*.c")]
                 + ["colibri/bsp/esp32p4-idf/main.c", "colibri/generated/model_data.c"])
     assert sorted(srcs) == sorted(expected)

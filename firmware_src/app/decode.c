@@ -6,6 +6,7 @@
 #include "../runtime/image_loader.h"
 #include "../runtime/kernels/kernels.h"
 #include "../runtime/model.h"
+#include "../runtime/parallel.h"
 #include "bsp.h"
 #include "protocol.h"
 
@@ -148,6 +149,7 @@ int colibri_decode(const ColibriRequest *req)
     proto_u64("decode", (uint64_t)decode_passes);
     proto_u64("decode_us", t2 - t1);
     proto_u64("forward_us", forward_us);
+    proto_u64("threads", (uint64_t)parallel_threads());
     if (counted) {
         /* Exact retired instructions (emulators with -icount, or a CPU counter). */
         proto_u64("prefill_instret", i1 - i0);

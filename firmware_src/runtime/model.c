@@ -5,6 +5,7 @@
 
 #include "kernels/kernels.h"
 #include "ops.h"
+#include "parallel.h"
 
 #define GROUP (COLIBRI_N_HEADS / COLIBRI_N_KV_HEADS) /* query heads per KV head */
 
@@ -55,17 +56,40 @@ static void set_input(ColibriBuffers *b, const float *x, int n)
 #endif
 }
 
+/* One matrix-vector product, split by rows over the threads (each row's sum is unchanged). */
+typedef struct {
+    float *out;
+    const ColibriMatrix *m;
+    const ColibriBuffers *b;
+    const float *x;
+    int cols;
+} LinearJob;
+
+static void linear_rows(void *ctx, int begin, int end)
+{
+    const LinearJob *j = ctx;
+#if COLIBRI_QUANT_Q8_0
+    kernel_matvec_q8_0(j->out + begin, j->m->qs + (int64_t)begin * j->cols,
+                       j->m->d + (int64_t)begin * (j->cols / KERNEL_QK), j->b->act_qs, j->b->act_d, end - begin,
+                       j->cols);
+#else
+    kernel_matvec_f32(j->out + begin, j->m->w + (int64_t)begin * j->cols, j->x, end - begin, j->cols);
+#endif
+}
+
+/* Below this many multiply-adds a product is not worth waking the other threads for. */
+#define PARALLEL_MIN_MACS 32768
+
 /* out = W x (+ bias), x being the input last given to set_input(). */
 static void linear(float *out, const ColibriMatrix *m, const float *bias, const ColibriBuffers *b,
                    const float *x, int rows, int cols)
 {
-#if COLIBRI_QUANT_Q8_0
-    (void)x;
-    kernel_matvec_q8_0(out, m->qs, m->d, b->act_qs, b->act_d, rows, cols);
-#else
-    (void)b;
-    kernel_matvec_f32(out, m->w, x, rows, cols);
-#endif
+    LinearJob job = {out, m, b, x, cols};
+    if ((int64_t)rows * cols < PARALLEL_MIN_MACS) {
+        linear_rows(&job, 0, rows);
+    } else {
+        parallel_for(linear_rows, &job, rows);
+    }
     if (bias != NULL) {
         for (int i = 0; i < rows; i++) {
             out[i] = out[i] + bias[i];

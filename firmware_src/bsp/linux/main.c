@@ -10,6 +10,7 @@
 #include "../../app/bsp.h"
 #include "../../app/decode.h"
 #include "../../runtime/image_loader.h"
+#include "../../runtime/parallel.h"
 #include "model_def.h"
 
 static FILE *logits_file;
@@ -43,7 +44,7 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 
 static const char usage[] =
     "usage: firmware --weights IMAGE --prompt-ids ID,ID,... [--steps N] [--temperature T] [--top-k K]\n"
-    "                [--top-p P] [--min-p P] [--seed S] [--ignore-eos] [--logits-out FILE]\n";
+    "                [--top-p P] [--min-p P] [--seed S] [--ignore-eos] [--logits-out FILE] [--threads N]\n";
 
 static int fail(const char *message)
 {
@@ -158,6 +159,11 @@ int main(int argc, char **argv)
             if (!parse_float(val, &req.sampling.min_p) || !(req.sampling.min_p >= 0.0f && req.sampling.min_p <= 1.0f)) {
                 return fail("--min-p must be in [0, 1]");
             }
+        } else if (strcmp(arg, "--threads") == 0) {
+            if (!parse_long(val, 1, 64, &n)) {
+                return fail("--threads must be between 1 and 64");
+            }
+            parallel_start((int)n);
         } else if (strcmp(arg, "--seed") == 0) {
             char *end;
             errno = 0;

@@ -1,4 +1,5 @@
-"""The colibri command line: build, run, verify, report and bench, for a board and a model."""
+"""The colibri command line: build, run, verify, report, bench, flash, monitor, release and
+verify-release, for a board and a model."""
 
 from __future__ import annotations
 
@@ -407,6 +408,29 @@ def cmd_monitor(args) -> int:
                    json_lines=args.json)
 
 
+def cmd_release(args) -> int:
+    from .release import make_release
+
+    release = make_release(args.board, args.model, args.quant, args.ctx, args.out, sign_key=args.sign,
+                           progress=None if args.json else progress)
+    print(json.dumps(release.summary(), indent=2) if args.json else release.describe())
+    return 0
+
+
+def cmd_verify_release(args) -> int:
+    from .release import check_release
+
+    result = check_release(args.bundle, verify_key=args.verify_key, model_dir=args.model,
+                           rebuild=not args.no_rebuild, progress=None if args.json else progress)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        for note in result.notes:
+            progress(f"note: {note}")
+        print(result.describe())
+    return 0 if result.ok else 1
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
@@ -463,6 +487,30 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect-model", metavar="HASH", help="model hash (or a prefix) the firmware must carry")
     p.add_argument("--json", action="store_true", help="one JSON object per frame or log line")
     p.set_defaults(func=cmd_monitor)
+
+    p = sub.add_parser("release", help="build, verify and bundle a reproducible firmware release")
+    p.add_argument("--board", default="host", help=f"target board (available: {', '.join(available_boards())})")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory "
+                   "(default: the bundled models/kjv-tiny)")
+    p.add_argument("--quant", default="q8_0", choices=QUANTS, help="weight format (default q8_0)")
+    p.add_argument("--ctx", type=positive_int, help="context length the firmware is built for "
+                   "(default: the board's default, capped by the model)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="directory for the bundle, its .tar.gz and measurements.json")
+    p.add_argument("--sign", type=Path, metavar="KEY", help="sign manifest.json with this ed25519 private key "
+                   "(PEM, e.g. from `openssl genpkey -algorithm ed25519`, or OpenSSH)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("verify-release", help="check a release's hashes and signature, rebuild it from its "
+                       "manifest and compare byte for byte")
+    p.add_argument("bundle", type=Path, help="the release bundle directory or its .tar.gz")
+    p.add_argument("--verify-key", type=Path, metavar="KEY", help="ed25519 public key manifest.json must be signed with")
+    p.add_argument("--model", type=Path, help="directory holding the release's model files "
+                   "(default: models/<the release's model name>)")
+    p.add_argument("--no-rebuild", action="store_true", help="check hashes and the signature only")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+    p.set_defaults(func=cmd_verify_release)
     return parser
 
 

@@ -77,7 +77,7 @@ def _float_rows(values: np.ndarray, per_line: int = 6) -> list[str]:
     return [", ".join(flat[i:i + per_line]) for i in range(0, len(flat), per_line)]
 
 
-def template_context(plan: Plan, model_hash: bytes) -> dict:
+def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = bytes(32)) -> dict:
     spec = plan.spec
     tables = [rope.tables(r, spec.head_dim, plan.n_ctx) for r in plan.ropes]
     cos = np.concatenate([c for c, _ in tables])
@@ -118,6 +118,8 @@ def template_context(plan: Plan, model_hash: bytes) -> dict:
         image_trailer_bytes=IMAGE_TRAILER_BYTES,
         model_hash_hex=model_hash.hex(),
         model_hash_bytes=", ".join(f"0x{b:02x}" for b in model_hash),
+        weights_sha256_hex=weights_sha256.hex(),
+        weights_sha256_bytes=", ".join(f"0x{b:02x}" for b in weights_sha256),
         rms_norm_eps=c_float(spec.rms_norm_eps),
         attn_scale=c_float(spec.score_scale),
         attn_scale_doc="1 / sqrt(query_pre_attn_scalar)" if spec.attn_scale else "1 / sqrt(HEAD_DIM)",
@@ -151,9 +153,9 @@ def board_context(board) -> dict:
     return dict(target=board, regions=regions, weights_region=weights_region)
 
 
-def render(plan: Plan, model_hash: bytes, board) -> dict[str, str]:
+def render(plan: Plan, model_hash: bytes, board, weights_sha256: bytes = bytes(32)) -> dict[str, str]:
     env = _environment()
-    context = template_context(plan, model_hash)
+    context = template_context(plan, model_hash, weights_sha256)
     context.update(board_context(board))
     return {name: env.get_template(name + ".j2").render(context) for name in GENERATED_FILES}
 

@@ -54,7 +54,7 @@ TEMPLATES = {
 }
 # ESP-IDF components the BSP uses (header -> component): driver/uart.h, esp_partition.h,
 # esp_timer.h, FreeRTOS; spi_flash provides the mmap types esp_partition.h uses.
-REQUIRES = ("esp_driver_uart", "esp_partition", "esp_timer", "freertos", "spi_flash")
+REQUIRES = ("esp_app_format", "esp_driver_uart", "esp_partition", "esp_timer", "freertos", "spi_flash")
 # The numerics contract (docs/numerics.md), on top of ESP-IDF's own flags.
 COMPILE_OPTIONS = ("-ffp-contract=off", "-fno-fast-math", "-fno-math-errno")
 # Objects whose code runs for every weight: in IRAM, so streaming weights through the cache cannot

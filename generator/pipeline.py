@@ -5,6 +5,7 @@ SCons calls this from its generation builder; the CLI never writes generated fil
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,7 @@ def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir
             progress(f"quantizing weights: {i}/{n} tensors")
 
     image = build_image(plan, checkpoint.tensors, report if quant == "q8_0" else None)
-    sources = render(plan, image.model_hash, board)
+    sources = render(plan, image.model_hash, board, hashlib.sha256(image.data).digest())
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     for name, text in sources.items():

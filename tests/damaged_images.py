@@ -45,6 +45,9 @@ def cases(blob, other_model, f32_image):
         "f32_image_of_same_model": (f32_image, 12),
         "other_model": (other_model, 13),
         "model_hash_edited": (patched(blob, 56, "<B", blob[56] ^ 0xFF), 13),
+        # Well formed, claims the right model hash, CRC recomputed: only the image's SHA-256 tells.
+        "data_edited_crc_fixed": (patched(blob, read_header(blob).data_offset + 1, "<B",
+                                          blob[read_header(blob).data_offset + 1] ^ 1), 16),
         "dir_name_changed": (patched(blob, dir_entry, "<B", ord("X")), 14),
         "dir_dtype_unknown": (patched(blob, dir_entry + 64, "<I", 9), 14),
         "dir_rows_changed": (patched(blob, dir_entry + 68, "<I", 1), 14),

@@ -372,6 +372,11 @@ typedef int esp_err_t;
 #define ESP_OK 0
 #define ESP_FAIL -1
 """,
+    "esp_app_desc.h": """
+#include <stdint.h>
+typedef struct { uint8_t app_elf_sha256[32]; } esp_app_desc_t;
+const esp_app_desc_t *esp_app_get_description(void);
+""",
     "esp_timer.h": """
 #include <stdint.h>
 int64_t esp_timer_get_time(void);
@@ -431,9 +436,17 @@ STUB_C = r"""
 #include "driver/uart.h"
 #include "esp_partition.h"
 #include "esp_timer.h"
+#include "esp_app_desc.h"
 #include "freertos/task.h"
 
 void app_main(void);
+
+static const esp_app_desc_t app_desc = {{0xc0, 0x11, 0xb7, 0x1d}};
+
+const esp_app_desc_t *esp_app_get_description(void)
+{
+    return &app_desc;
+}
 
 static esp_partition_t part;
 static int installed;

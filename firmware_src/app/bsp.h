@@ -14,6 +14,10 @@ uint64_t bsp_time_us(void);
 /* Retired-instruction counter: returns 1 and sets *count where the board has one, else 0. */
 int bsp_instructions(uint64_t *count);
 
+/* This firmware's GNU build-id (the linker's hash of the program): points *id at it and returns
+ * its length, or returns 0 where the program carries none. */
+size_t bsp_build_id(const uint8_t **id);
+
 /* Called with every step's logits; boards that can store them (host: --logits-out) do. */
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n);
 

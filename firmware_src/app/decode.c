@@ -30,6 +30,12 @@ void colibri_hello(void)
     proto_u64("vocab", COLIBRI_VOCAB);
     proto_str("kernels", kernel_set());
     proto_hex("model", colibri_model_hash, 32);
+    proto_hex("weights", colibri_weights_sha256, 32);
+    const uint8_t *build_id = NULL;
+    size_t build_id_len = bsp_build_id(&build_id);
+    if (build_id_len > 0) {
+        proto_hex("build", build_id, (int)build_id_len);
+    }
     proto_end();
 }
 

@@ -55,6 +55,7 @@ const char *colibri_status_message(int status)
     case COLIBRI_ERR_MODEL_HASH: return "weight image is for another model (model hash differs)";
     case COLIBRI_ERR_TENSOR: return "weight image tensor directory differs from this firmware's plan";
     case COLIBRI_ERR_OVERFLOW: return "weight image sizes overflow";
+    case COLIBRI_ERR_WEIGHTS_SHA256: return "weight image is not the one this firmware was built for (SHA-256 differs)";
     default: return "unknown error";
     }
 }
@@ -162,6 +163,20 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
         if (end > data_bytes) {
             return COLIBRI_ERR_DATA_RANGE;
         }
+    }
+    /* The whole image (header, directory, data, trailer) must be the file this firmware was
+     * generated with, not just claim its model hash. */
+    Sha256 sha;
+    uint8_t digest[32];
+    sha256_init(&sha);
+    for (uint64_t done = 0; done < image_len;) {
+        uint64_t chunk = image_len - done > 65536u ? 65536u : image_len - done;
+        sha256_update(&sha, image + done, (size_t)chunk);
+        done += chunk;
+    }
+    sha256_final(&sha, digest);
+    if (memcmp(digest, colibri_weights_sha256, 32) != 0) {
+        return COLIBRI_ERR_WEIGHTS_SHA256;
     }
     colibri_bind_weights(image + data_offset, weights);
     return COLIBRI_OK;

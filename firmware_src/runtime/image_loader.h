@@ -25,6 +25,7 @@ typedef enum {
     COLIBRI_ERR_MODEL_HASH = 13,     /* a valid image of another model */
     COLIBRI_ERR_TENSOR = 14,         /* a directory entry differs from this firmware's plan */
     COLIBRI_ERR_OVERFLOW = 15,       /* a size computation overflows 64 bits */
+    COLIBRI_ERR_WEIGHTS_SHA256 = 16, /* well-formed, but not the image this firmware was built for */
 } colibri_status;
 
 const char *colibri_status_message(int status);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "driver/uart.h"
+#include "esp_app_desc.h"
 #include "esp_err.h"
 #include "esp_partition.h"
 #include "esp_timer.h"
@@ -109,6 +110,13 @@ static void serve_line(const char *line, int len, int32_t *prompt)
         colibri_report_error(COLIBRI_ERR_REQUEST, "malformed request frame (bad CRC or field)");
     }
     /* Anything else (a stray newline, noise) is not addressed to the firmware. */
+}
+
+/* The firmware's identity in the hello frame: ESP-IDF's SHA-256 of the application ELF. */
+size_t bsp_build_id(const uint8_t **id)
+{
+    *id = esp_app_get_description()->app_elf_sha256;
+    return sizeof esp_app_get_description()->app_elf_sha256;
 }
 
 void app_main(void)

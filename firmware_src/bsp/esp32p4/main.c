@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "../../app/bsp.h"
+#include "../../app/build_id.h"
 #include "../../app/decode.h"
 #include "../../runtime/image_loader.h"
 #include "model_def.h"
@@ -95,6 +96,13 @@ int bsp_instructions(uint64_t *count)
     } while (hi != hi2);
     *count = ((uint64_t)hi << 32) | lo;
     return 1;
+}
+
+extern const uint8_t __colibri_build_id_note[]; /* link.ld: the .note.gnu.build-id section */
+
+size_t bsp_build_id(const uint8_t **id)
+{
+    return colibri_build_id_from_note(__colibri_build_id_note, 16 + 64, id);
 }
 
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n)

@@ -1,13 +1,16 @@
 /* Linux BSP (host, linux-aarch64): the firmware as a Linux process. Arguments carry the request; results go to stdout. */
+#define _GNU_SOURCE /* dl_iterate_phdr, for the build-id */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "../../app/bsp.h"
+#include "../../app/build_id.h"
 #include "../../app/decode.h"
 #include "../../runtime/image_loader.h"
 #include "../../runtime/parallel.h"
@@ -32,6 +35,46 @@ int bsp_instructions(uint64_t *count)
 {
     (void)count;
     return 0; /* wall-clock time only on Linux boards */
+}
+
+typedef struct {
+    const uint8_t *id;
+    size_t len;
+} BuildId;
+
+static int find_build_id(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    BuildId *found = data;
+    for (int i = 0; i < info->dlpi_phnum && found->len == 0; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_NOTE) {
+            continue;
+        }
+        const uint8_t *note = (const uint8_t *)(info->dlpi_addr + ph->p_vaddr);
+        size_t left = ph->p_memsz;
+        while (left >= 16 && found->len == 0) {
+            uint32_t namesz, descsz;
+            memcpy(&namesz, note, 4);
+            memcpy(&descsz, note + 4, 4);
+            size_t step = 12 + (((size_t)namesz + 3u) & ~(size_t)3u) + (((size_t)descsz + 3u) & ~(size_t)3u);
+            found->len = colibri_build_id_from_note(note, left, &found->id);
+            if (step > left) {
+                break;
+            }
+            note += step;
+            left -= step;
+        }
+    }
+    return 1; /* the first object is the program itself */
+}
+
+size_t bsp_build_id(const uint8_t **id)
+{
+    BuildId found = {NULL, 0};
+    dl_iterate_phdr(find_build_id, &found);
+    *id = found.id;
+    return found.len;
 }
 
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n)

@@ -59,9 +59,10 @@ def c_ident(text: str) -> str:
     return ident
 
 
-def _environment() -> jinja2.Environment:
+def environment(template_dir: Path = TEMPLATE_DIR) -> jinja2.Environment:
+    """Jinja2 for generated files: StrictUndefined, no autoescaping (C is not HTML), the C filters."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        loader=jinja2.FileSystemLoader(str(template_dir)),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -154,7 +155,7 @@ def board_context(board) -> dict:
 
 
 def render(plan: Plan, model_hash: bytes, board, weights_sha256: bytes = bytes(32)) -> dict[str, str]:
-    env = _environment()
+    env = environment()
     context = template_context(plan, model_hash, weights_sha256)
     context.update(board_context(board))
     return {name: env.get_template(name + ".j2").render(context) for name in GENERATED_FILES}

@@ -26,10 +26,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
 
 from . import __version__
-from .emit import GENERATED_FILES, c_comment, c_string, write_atomic
+from .emit import GENERATED_FILES, environment, write_atomic
 from .errors import ColibriError
 from .image import read_header
 from .pipeline import WEIGHTS_FILE
@@ -333,19 +332,6 @@ def project_sources(board: Board, repo: Path) -> list[tuple[Path, str]]:
     return [(f, f"{COLIBRI_DIR}/{f.relative_to(src).as_posix()}") for f in files]
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(c_string=c_string, c_comment=c_comment)
-    return env
-
-
 def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes,
                      sources: list[str]) -> dict:
     parts = partition_table(s, plan.image.image_bytes)
@@ -426,7 +412,7 @@ def write_project(board: Board, plan: Plan, generated_dir: Path, project_dir: Pa
     context = template_context(board, plan, s, header.model_hash, sorted(rel_paths))
 
     outputs: dict[str, bytes] = {rel: path.read_bytes() for path, rel in copies}
-    env = _environment()
+    env = environment(TEMPLATE_DIR)
     for name, rel in TEMPLATES.items():
         outputs[rel] = env.get_template(name + ".j2").render(context).encode()
     outputs["weights.bin"] = image

@@ -5,7 +5,6 @@ logits are bit-identical to the firmware's on every board; `verify` compares the
 from __future__ import annotations
 
 import hashlib
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -7,6 +7,7 @@
 #include "../../app/bsp.h"
 #include "../../app/build_id.h"
 #include "../../app/decode.h"
+#include "../../app/mcu.h"
 #include "../../runtime/image_loader.h"
 #include "model_def.h"
 
@@ -114,28 +115,21 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 
 void bsp_trap(uint32_t cause, uint32_t pc, uint32_t value)
 {
-    static const char hex[] = "0123456789abcdef";
-    char msg[] = "cpu trap: mcause ******** mepc ******** mtval ********";
-    uint32_t fields[3] = {cause, pc, value};
-    int at[3] = {17, 31, 46};
-    for (int f = 0; f < 3; f++) {
-        for (int i = 0; i < 8; i++) {
-            msg[at[f] + i] = hex[(fields[f] >> (28 - 4 * i)) & 15];
-        }
-    }
-    colibri_report_error(200, msg);
+    colibri_report_trap(cause, pc, value);
     for (;;) {
     }
 }
 
-#define REQUEST_LINE_BYTES (COLIBRI_N_CTX * 11 + 256)
+static int uart_read_byte(void)
+{
+    uint8_t c;
+    while (uart_rx_one_char(&c) != 0) {
+    }
+    return c;
+}
 
 int main(void)
 {
-    static char line[REQUEST_LINE_BYTES];
-    static int32_t prompt[COLIBRI_N_CTX];
-    ColibriRequest req;
-
     watchdogs_off();
     colibri_hello();
     uint64_t image_bytes = (uint64_t)(colibri_weights_end - colibri_weights_image);
@@ -144,21 +138,5 @@ int main(void)
         }
     }
     /* Serve requests for as long as the board is powered; noise between them is ignored. */
-    int len = 0;
-    for (;;) {
-        uint8_t c;
-        if (uart_rx_one_char(&c) != 0) {
-            continue;
-        }
-        if (len < REQUEST_LINE_BYTES) {
-            line[len++] = (char)c;
-        }
-        if (c != '\n') {
-            continue;
-        }
-        if (len < REQUEST_LINE_BYTES && colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX)) {
-            colibri_decode(&req);
-        }
-        len = 0;
-    }
+    return colibri_serve(uart_read_byte, 1);
 }

@@ -8,6 +8,7 @@
 #include "../../app/bsp.h"
 #include "../../app/build_id.h"
 #include "../../app/decode.h"
+#include "../../app/mcu.h"
 #include "../../runtime/image_loader.h"
 #include "board_def.h"
 #include "model_def.h"
@@ -104,28 +105,12 @@ void bsp_exit(int code)
 
 void bsp_trap(uint32_t cause, uint32_t pc, uint32_t value)
 {
-    static const char hex[] = "0123456789abcdef";
-    char msg[] = "cpu trap: mcause ******** mepc ******** mtval ********";
-    uint32_t fields[3] = {cause, pc, value};
-    int at[3] = {17, 31, 46};
-    for (int f = 0; f < 3; f++) {
-        for (int i = 0; i < 8; i++) {
-            msg[at[f] + i] = hex[(fields[f] >> (28 - 4 * i)) & 15];
-        }
-    }
-    colibri_report_error(200, msg);
+    colibri_report_trap(cause, pc, value);
     bsp_exit(3);
 }
 
-/* Longest request line: every prompt id as up to 10 digits and a comma, plus the other fields. */
-#define REQUEST_LINE_BYTES (COLIBRI_N_CTX * 11 + 256)
-
 int main(void)
 {
-    static char line[REQUEST_LINE_BYTES];
-    static int32_t prompt[COLIBRI_N_CTX];
-    ColibriRequest req;
-
     uart[UART_FCR] = 0x07; /* enable and clear the FIFOs */
     colibri_hello();
     const uint8_t *flash = (const uint8_t *)COLIBRI_WEIGHTS_ADDR;
@@ -133,19 +118,5 @@ int main(void)
     if (status != 0) {
         return status;
     }
-    /* Wait for one request; anything that is not a valid request line is ignored. */
-    int len = 0;
-    for (;;) {
-        int c = uart_read_byte();
-        if (len < REQUEST_LINE_BYTES) {
-            line[len++] = (char)c;
-        }
-        if (c != '\n') {
-            continue;
-        }
-        if (len < REQUEST_LINE_BYTES && colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX)) {
-            return colibri_decode(&req);
-        }
-        len = 0;
-    }
+    return colibri_serve(uart_read_byte, 0); /* one request, then exit through the test device */
 }

@@ -69,10 +69,11 @@ def checkpoints(tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="session", params=["generic", "x86_avx2"])
+@pytest.fixture(scope="session", params=["generic", "x86_avx2", "rv32"])
 def harness(request, tmp_path_factory) -> Path:
     """tests/c/numerics_harness.c built against the runtime's ops, sampler and each kernel set that
-    runs on this machine: the scalar kernels (generic.c) and the AVX2 ones (x86_avx2.c)."""
+    runs on this machine: the scalar kernels (generic.c), the AVX2 ones (x86_avx2.c) and the
+    portable-C rv32 ones (rv32.c)."""
     out = tmp_path_factory.mktemp("harness") / f"harness-{request.param}"
     rt = REPO / "firmware_src" / "runtime"
     cmd = ["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-fno-math-errno",

@@ -340,45 +340,69 @@ def cmd_report(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from . import bench
+
     art, (board, plan) = build_for(args, quiet=True)
     vocab = plan.spec.vocab_size
     start = plan.spec.bos_token_id if plan.spec.bos_token_id is not None else 1
     # A fixed synthetic prompt: the BOS token, then ids spread over the vocabulary.
     prompt = [start] + [(7919 * (i + 1)) % vocab for i in range(args.prompt_tokens - 1)]
     check_fits_context(prompt, args.steps, plan.n_ctx)
-    request = RunRequest(prompt, args.steps, SamplingParams(), stop_at_eos=False, threads=args.threads)
-    runs = []
+    # No logits hashes: the bench measures decoding, not verification.
+    request = RunRequest(prompt, args.steps, SamplingParams(), stop_at_eos=False, threads=args.threads, digests=False)
+    runs, latencies, peaks = [], [], []
     kernels = "?"
     for i in range(args.repeat):
         result = run_on_board(board, art.program, art.weights, request, art.model_hash(),
                               flash_image=art.flash_image, port=getattr(args, "port", None),
                               reset=getattr(args, "reset", False))
         runs.append(rates(result))
+        latencies.append(bench.latency_percentiles(result.token_us))
+        peaks.append(int(result.stats.get("peak_rss", 0)))
         kernels = result.hello.get("kernels", "?")
         if not args.json:
             progress(f"  run {i + 1}/{args.repeat}: {speed_text(runs[-1])}")
-    prefill = statistics.median(r["prefill_tok_s"] for r in runs)
-    decode = statistics.median(r["decode_tok_s"] for r in runs)
-    forward = statistics.median(r["forward_tok_s"] for r in runs)
+    weight_bytes = bench.weight_bytes_per_token(plan)
+    macs = bench.macs_per_token(plan)
     out = {"board": board.name, "model": str(args.model), "architecture": plan.spec.architecture,
            "quant": plan.quant, "n_ctx": plan.n_ctx, "threads": args.threads, "kernels": kernels,
            "prompt_tokens": len(prompt), "decode_steps": args.steps, "repeat": args.repeat,
-           "prefill_tok_s": prefill, "decode_tok_s": decode, "decode_ms_per_token": 1000.0 / decode,
-           "forward_only_tok_s": forward,
-           "decode_instructions_per_token": runs[0]["decode_instructions_per_token"],
-           "weight_bytes": art.weights.stat().st_size, "runs": runs}
+           "weight_bytes_per_token": weight_bytes, "macs_per_token": macs, "runs": runs}
+    instructions = runs[0]["decode_instructions_per_token"]
+    if instructions:
+        # An emulator's clock is not the board's: exact instruction counts are the measure there.
+        out.update(decode_instructions_per_token=instructions,
+                   prefill_instructions_per_token=runs[0]["prefill_instructions_per_token"],
+                   instructions_per_mac=instructions / macs,
+                   predicted_esp32p4=bench.predict_p4(instructions, weight_bytes))
+    else:
+        decode = statistics.median(r["decode_tok_s"] for r in runs)
+        bandwidth = bench.read_bandwidth()
+        out.update(prefill_tok_s=statistics.median(r["prefill_tok_s"] for r in runs), decode_tok_s=decode,
+                   forward_only_tok_s=statistics.median(r["forward_tok_s"] for r in runs),
+                   ms_per_token=latencies[len(latencies) // 2],
+                   peak_rss_bytes=max(peaks),
+                   read_bandwidth_bytes_s=bandwidth,
+                   bandwidth_fraction=weight_bytes * decode / bandwidth,
+                   bandwidth_limit_tok_s=bandwidth / weight_bytes)
     if args.json:
         print(json.dumps(out, indent=2))
-    elif out["decode_instructions_per_token"]:
-        # An emulator's clock is not the board's: exact instruction counts are the measure there.
-        print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, {len(prompt)}-token prompt, {args.steps} steps): "
-              f"{out['decode_instructions_per_token'] / 1e6:.3f} M instructions per decoded token, "
-              f"{runs[0]['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token")
+    elif instructions:
+        p4 = out["predicted_esp32p4"]
+        print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, {kernels} kernels, {len(prompt)}-token prompt, "
+              f"{args.steps} steps): {instructions / 1e6:.3f} M instructions per decoded token "
+              f"({out['instructions_per_mac']:.2f} per multiply-accumulate of its {macs:,}), "
+              f"{out['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token; predicted ESP32-P4: "
+              f"{p4['tok_s']:.1f} tok/s ({p4['model']})")
     else:
+        ms = out["ms_per_token"]
         print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, {kernels} kernels, {args.threads} thread(s), "
-              f"{len(prompt)}-token prompt, "
-              f"{args.steps} steps, median of {args.repeat}): prefill {prefill:.1f} tok/s, "
-              f"decode {decode:.1f} tok/s ({1000.0 / decode:.2f} ms/token; forward passes alone {forward:.1f} tok/s)")
+              f"{len(prompt)}-token prompt, {args.steps} steps, median of {args.repeat}): "
+              f"prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} tok/s "
+              f"(ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}); "
+              f"{weight_bytes / 1e6:.1f} MB of weights per token = {100 * out['bandwidth_fraction']:.0f}% of the "
+              f"{out['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s this machine reads single-threaded "
+              f"(limit {out['bandwidth_limit_tok_s']:.0f} tok/s); peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB")
     return 0
 
 

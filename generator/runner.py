@@ -29,6 +29,7 @@ class RunRequest:
     sampling: SamplingParams = SamplingParams()
     stop_at_eos: bool = True
     threads: int = 1
+    digests: bool = True  # hash every step's logits (verify needs them; bench does not)
 
 
 @dataclass
@@ -38,6 +39,7 @@ class RunResult:
     digests: list[str] = field(default_factory=list)
     stats: dict[str, str] = field(default_factory=dict)
     expert_counts: dict[int, list[int]] = field(default_factory=dict)  # MoE layer -> selections per expert
+    token_us: list[int] = field(default_factory=list)  # per step: microseconds since the prompt was done
     stop_reason: str = ""
     log: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
@@ -69,7 +71,9 @@ class Session:
             if step != len(r.tokens):
                 raise ColibriError(f"token frame for step {step} arrived when step {len(r.tokens)} was expected")
             r.tokens.append(frame.int("id"))
-            r.digests.append(frame.fields["logits"])
+            r.digests.append(frame.fields.get("logits", ""))
+            if "us" in frame.fields:
+                r.token_us.append(frame.int("us"))
             if self.on_token:
                 self.on_token(step, r.tokens[-1])
         elif frame.kind == "stats":
@@ -100,6 +104,8 @@ def firmware_args(request: RunRequest) -> list[str]:
         args.append("--ignore-eos")
     if request.threads != 1:
         args += ["--threads", str(request.threads)]
+    if not request.digests:
+        args.append("--no-digests")
     return args
 
 

@@ -237,7 +237,7 @@ class SerialLink:
                 if frame.kind == "hello" and request and not sent:
                     s = request.sampling.as_f32()
                     self.send(encode_request(0, request.prompt, request.steps, s.temperature, s.top_k, s.top_p,
-                                             s.min_p, s.seed, request.stop_at_eos))
+                                             s.min_p, s.seed, request.stop_at_eos, request.digests))
                     sent = True
                 if session.finished:
                     self._check_done(frame, session)

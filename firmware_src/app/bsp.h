@@ -11,6 +11,9 @@ void bsp_write(const char *data, size_t len);
 /* A monotonic clock in microseconds, for the stats frame. */
 uint64_t bsp_time_us(void);
 
+/* Peak resident memory of the firmware in bytes, where the board can tell (Linux); else 0. */
+uint64_t bsp_peak_memory(void);
+
 /* Retired-instruction counter: returns 1 and sets *count where the board has one, else 0. */
 int bsp_instructions(uint64_t *count);
 

@@ -117,17 +117,19 @@ int colibri_decode(const ColibriRequest *req)
     const char *reason = "length";
     for (int32_t step = 0; step < req->n_steps; step++) {
         int32_t token = sample_token(b.logits, COLIBRI_VOCAB, &req->sampling, &rng, b.probs, b.cand);
-        uint8_t digest[32];
-        Sha256 sha;
-        sha256_init(&sha);
-        sha256_update(&sha, (const uint8_t *)b.logits, COLIBRI_VOCAB * sizeof(float));
-        sha256_final(&sha, digest);
         bsp_logits_sink(step, b.logits, COLIBRI_VOCAB);
-
         proto_begin("token");
         proto_u64("step", (uint64_t)step);
         proto_u64("id", (uint64_t)token);
-        proto_hex("logits", digest, 32);
+        if (req->digests) {
+            uint8_t digest[32];
+            Sha256 sha;
+            sha256_init(&sha);
+            sha256_update(&sha, (const uint8_t *)b.logits, COLIBRI_VOCAB * sizeof(float));
+            sha256_final(&sha, digest);
+            proto_hex("logits", digest, 32);
+        }
+        proto_u64("us", bsp_time_us() - t1); /* since the prompt was done: per-token latencies */
         proto_end();
         generated++;
 
@@ -156,6 +158,9 @@ int colibri_decode(const ColibriRequest *req)
     proto_u64("decode_us", t2 - t1);
     proto_u64("forward_us", forward_us);
     proto_u64("threads", (uint64_t)parallel_threads());
+    if (bsp_peak_memory() > 0) {
+        proto_u64("peak_rss", bsp_peak_memory());
+    }
     if (counted) {
         /* Exact retired instructions (emulators with -icount, or a CPU counter). */
         proto_u64("prefill_instret", i1 - i0);

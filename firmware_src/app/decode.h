@@ -12,6 +12,7 @@ typedef struct {
     int32_t n_steps; /* tokens to generate */
     ColibriSampling sampling;
     int stop_at_eos;
+    int digests; /* 1: hash every step's logits (verify); 0: skip it (bench measures decoding alone) */
 } ColibriRequest;
 
 /* Application-level errors reported in the error frame (image errors use colibri_status codes). */

@@ -1,7 +1,7 @@
 /* The request frame a host sends to an MCU board after its hello (Linux boards take argv instead):
  *
  *   @CLB <seq> request prompt=1,2,3 steps=N temperature=XXXXXXXX top_k=K top_p=XXXXXXXX
- *        min_p=XXXXXXXX seed=S eos=0|1 *<crc32>
+ *        min_p=XXXXXXXX seed=S eos=0|1 [digests=0|1] *<crc32>
  *
  * Floats travel as the 8 hex digits of their IEEE-754 bits, so both sides hold the same value. */
 #include <string.h>
@@ -91,7 +91,7 @@ int colibri_parse_request(const char *line, int len, ColibriRequest *req, int32_
         return 0;
     }
     p += 8;
-    ColibriRequest r = {prompt_buf, 0, 0, {0.0f, 0, 1.0f, 0.0f, 0}, 1};
+    ColibriRequest r = {prompt_buf, 0, 0, {0.0f, 0, 1.0f, 0.0f, 0}, 1, 1};
     int have_prompt = 0, have_steps = 0;
     while (p < end) {
         if (*p != ' ') {
@@ -144,6 +144,11 @@ int colibri_parse_request(const char *line, int len, ColibriRequest *req, int32_
                 return 0;
             }
             r.stop_at_eos = (int)v;
+        } else if (key_is(key, key_end, "digests")) {
+            if (!parse_dec(&q, val_end, 1, &v) || q != val_end) {
+                return 0;
+            }
+            r.digests = (int)v;
         } else if (key_is(key, key_end, "temperature")) {
             if (!parse_f32_bits(val, val_end, &r.sampling.temperature)) {
                 return 0;

@@ -62,6 +62,11 @@ int bsp_instructions(uint64_t *count)
     return 0; /* the P4's HP core has no retired-instruction counter ESP-IDF exposes reliably */
 }
 
+uint64_t bsp_peak_memory(void)
+{
+    return 0; /* static arenas: `./colibri report` gives every byte */
+}
+
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 {
     (void)step;

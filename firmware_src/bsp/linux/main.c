@@ -77,6 +77,25 @@ size_t bsp_build_id(const uint8_t **id)
     return found.len;
 }
 
+/* VmHWM of this process image (getrusage's ru_maxrss would include the launcher's memory from
+ * before exec). */
+uint64_t bsp_peak_memory(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f == NULL) {
+        return 0;
+    }
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) {
+            break;
+        }
+    }
+    fclose(f);
+    return (uint64_t)kb * 1024u;
+}
+
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 {
     (void)step;
@@ -87,7 +106,8 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 
 static const char usage[] =
     "usage: firmware --weights IMAGE --prompt-ids ID,ID,... [--steps N] [--temperature T] [--top-k K]\n"
-    "                [--top-p P] [--min-p P] [--seed S] [--ignore-eos] [--logits-out FILE] [--threads N]\n";
+    "                [--top-p P] [--min-p P] [--seed S] [--ignore-eos] [--logits-out FILE] [--threads N]\n"
+    "                [--no-digests]\n";
 
 static int fail(const char *message)
 {
@@ -145,13 +165,17 @@ int main(int argc, char **argv)
     const char *logits_path = NULL;
     static int32_t prompt[COLIBRI_N_CTX];
     colibri_hello();
-    ColibriRequest req = {prompt, 0, 16, {0.0f, 0, 1.0f, 0.0f, 0}, 1};
+    ColibriRequest req = {prompt, 0, 16, {0.0f, 0, 1.0f, 0.0f, 0}, 1, 1};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const char *val = (i + 1 < argc) ? argv[i + 1] : NULL;
         long long n;
         if (strcmp(arg, "--ignore-eos") == 0) {
             req.stop_at_eos = 0;
+            continue;
+        }
+        if (strcmp(arg, "--no-digests") == 0) {
+            req.digests = 0;
             continue;
         }
         if (val == NULL) {

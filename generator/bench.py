@@ -1,0 +1,81 @@
+"""What bench measures besides tokens per second: the weight bytes one token reads, the memory
+bandwidth of this machine (measured in the same run), and for an emulated MCU a prediction of an
+ESP32-P4's speed from exact instruction counts."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from .plan import Plan
+
+# The stated model behind the ESP32-P4 prediction: the HP core at 400 MHz retiring about one
+# instruction per cycle, and weights streamed from PSRAM or flash at the low end of the measured
+# 84-107 MB/s; a token takes whichever is longer (compute and memory do not overlap on this core).
+P4_HZ = 400e6
+P4_CYCLES_PER_INSTRUCTION = 1.0
+P4_WEIGHT_BYTES_PER_S = 84e6
+
+
+def weight_bytes_per_token(plan: Plan) -> int:
+    """Bytes of weights one decoded token reads: every tensor once, except the embedding table,
+    of which it reads one row (unless the output head is tied to it, which reads all of it), and
+    for MoE layers only k of the experts (their share of the expert bytes)."""
+    spec = plan.spec
+    total = 0
+    for t in plan.tensors:
+        if t.name == "embed":
+            row = t.nbytes // t.rows
+            total += t.nbytes if spec.tie_embeddings else row
+        elif ".experts." in t.name:
+            total += t.nbytes * spec.experts_per_token // spec.n_experts
+        else:
+            total += t.nbytes
+    return total
+
+
+def macs_per_token(plan: Plan) -> int:
+    """Multiply-accumulates of the matrix products of one decoded token (attention excluded)."""
+    spec = plan.spec
+    total = 0
+    for t in plan.tensors:
+        if t.rows == 1 and t.name != "embed":
+            continue  # norms and biases
+        if t.name == "embed":
+            total += t.rows * t.cols if spec.tie_embeddings else 0
+        elif ".experts." in t.name:
+            total += t.rows * t.cols * spec.experts_per_token // spec.n_experts
+        else:
+            total += t.rows * t.cols
+    return total
+
+
+def read_bandwidth(megabytes: int = 256, repeats: int = 3) -> float:
+    """This machine's single-thread memory read bandwidth in bytes/s: the best of a few sums over
+    an array much larger than the caches."""
+    data = np.ones(megabytes * 2**20 // 8, dtype=np.int64)
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        data.sum()
+        best = max(best, data.nbytes / (time.perf_counter() - start))
+    return best
+
+
+def latency_percentiles(token_us: list[int]) -> dict:
+    """Milliseconds between consecutive tokens: p50, p90, p99 and max."""
+    gaps = [(b - a) / 1000.0 for a, b in zip(token_us, token_us[1:])]
+    if not gaps:
+        return {}
+    q = statistics.quantiles(gaps, n=100, method="inclusive") if len(gaps) > 1 else gaps * 99
+    return {"p50": q[49], "p90": q[89], "p99": q[98], "max": max(gaps)}
+
+
+def predict_p4(instructions_per_token: float, bytes_per_token: int) -> dict:
+    compute = instructions_per_token * P4_CYCLES_PER_INSTRUCTION / P4_HZ
+    memory = bytes_per_token / P4_WEIGHT_BYTES_PER_S
+    return {"tok_s": 1.0 / max(compute, memory), "compute_s": compute, "memory_s": memory,
+            "model": f"{P4_HZ / 1e6:.0f} MHz, {P4_CYCLES_PER_INSTRUCTION} cycles/instruction, "
+                     f"weights at {P4_WEIGHT_BYTES_PER_S / 1e6:.0f} MB/s, the slower of the two"}

@@ -69,22 +69,35 @@ def checkpoints(tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="session", params=["generic", "x86_avx2", "rv32"])
-def harness(request, tmp_path_factory) -> Path:
-    """tests/c/numerics_harness.c built against the runtime's ops, sampler and each kernel set that
-    runs on this machine: the scalar kernels (generic.c), the AVX2 ones (x86_avx2.c) and the
-    portable-C rv32 ones (rv32.c)."""
+# Kernel sets to check against NumPy: (name, compiler, extra flags, how to run it).
+HARNESS_BUILDS = {
+    "generic": ("gcc", [], []),
+    "x86_avx2": ("gcc", [], []),
+    "rv32": ("gcc", [], []),  # portable C: checked here, run for real on qemu-rv32
+    # aarch64 under qemu-aarch64: a CPU with the dot-product extension and one without.
+    "arm_neon-dotprod": ("aarch64-linux-gnu-gcc", ["-static"], ["qemu-aarch64", "-cpu", "max"]),
+    "arm_neon-plain": ("aarch64-linux-gnu-gcc", ["-static"], ["qemu-aarch64", "-cpu", "cortex-a72"]),
+}
+
+
+@pytest.fixture(scope="session", params=sorted(HARNESS_BUILDS))
+def harness(request, tmp_path_factory) -> list[str]:
+    """tests/c/numerics_harness.c built against the runtime's ops, sampler and each kernel set:
+    the scalar kernels (generic.c), AVX2 (x86_avx2.c), the rv32 set (rv32.c, portable C) and NEON
+    (arm_neon.c, with and without SDOT, under qemu-aarch64). Returns the command that runs it."""
+    cc, flags, runner = HARNESS_BUILDS[request.param]
+    kernel = request.param.split("-")[0]
     out = tmp_path_factory.mktemp("harness") / f"harness-{request.param}"
     rt = REPO / "firmware_src" / "runtime"
-    cmd = ["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-fno-math-errno",
+    cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-fno-math-errno", *flags,
            f"-I{rt}", str(REPO / "tests" / "c" / "numerics_harness.c"), str(rt / "ops.c"), str(rt / "sampler.c"),
-           str(rt / "kernels" / "scalar.c"), str(rt / "kernels" / f"{request.param}.c"), "-lm", "-o", str(out)]
+           str(rt / "kernels" / "scalar.c"), str(rt / "kernels" / f"{kernel}.c"), "-lm", "-o", str(out)]
     subprocess.run(cmd, check=True)
-    return out
+    return [*runner, str(out)]
 
 
-def run_harness(harness: Path, args: list, payload: bytes) -> bytes:
-    done = subprocess.run([str(harness), *map(str, args)], input=payload, capture_output=True, check=True)
+def run_harness(harness: list[str], args: list, payload: bytes) -> bytes:
+    done = subprocess.run([*harness, *map(str, args)], input=payload, capture_output=True, check=True)
     return done.stdout
 
 

@@ -88,3 +88,14 @@ def test_text_tower_of_a_gemma3_multimodal_checkpoint_matches_transformers(build
     with torch.no_grad():
         hf = hf_model(input_ids=torch.tensor([PROMPT + result.tokens[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
     assert np.abs(fw - hf).max() <= 1e-4 * np.abs(hf).max()
+
+
+@pytest.mark.parametrize("kind", ["gemma3_text", "qwen2_moe_shared", "mixtral_moe"])
+def test_gemma3_and_moe_are_bit_identical_on_qemu_rv32(kind, checkpoints, builder):
+    sampling = SamplingParams(0.9, top_k=40, seed=3)
+    art, plan, request, result = builder.run(checkpoints(kind), PROMPT, 20, quant="q8_0", sampling=sampling,
+                                             board="qemu-rv32")
+    ref = Reference(plan, art.weights.read_bytes()).generate(PROMPT, 20, sampling, stop_at_eos=False)
+    assert result.hello["board"] == "qemu-rv32"
+    assert result.tokens == ref.tokens and result.digests == ref.digests
+    assert result.expert_counts == ref.expert_counts

@@ -6,12 +6,10 @@ SCons calls this from its generation builder; the CLI never writes generated fil
 from __future__ import annotations
 
 import hashlib
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .emit import render, write_atomic
-from .errors import ColibriError
 from .hf_import import load_checkpoint
 from .image import build_image
 from .plan import Plan, make_plan
@@ -56,20 +54,3 @@ def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir
     write_atomic(out_dir / PLAN_FILE, plan.to_json())
     files += [out_dir / WEIGHTS_FILE, out_dir / PLAN_FILE]
     return Generated(plan, image.model_hash, tuple(files))
-
-
-def main(argv: list[str]) -> int:
-    """Entry for SCons: python -m generator.pipeline MODEL BOARD QUANT CTX OUT_DIR."""
-    from .targets import load_board
-    model, board, quant, ctx, out = argv
-    try:
-        generate(Path(model), load_board(board), quant, int(ctx) if ctx != "auto" else None, Path(out),
-                 progress=lambda msg: print(f"  {msg}", file=sys.stderr))
-    except ColibriError as e:
-        print(f"colibri: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

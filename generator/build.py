@@ -58,7 +58,7 @@ def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
     model_dir = Path(model_dir)
     checkpoint = load_checkpoint(model_dir, load_tensors=False)
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
-    plan = make_plan(checkpoint.spec, board.name, quant, n_ctx)
+    plan = make_plan(checkpoint.spec, board.name, quant, n_ctx, board.prefill_batch)
     check_fits(board, plan)
     if out_dir is None:
         out_dir = REPO / "build" / board.name / f"{_slug(model_dir.resolve().name)}-{quant}-ctx{n_ctx}"

@@ -272,7 +272,7 @@ def cmd_verify(args) -> int:
     from .plan import make_plan
     from .hf_import import load_checkpoint
     spec = load_checkpoint(args.model, load_tensors=False).spec
-    ref_plan = make_plan(spec, board.name, plan.quant, plan.n_ctx)
+    ref_plan = make_plan(spec, board.name, plan.quant, plan.n_ctx, board.prefill_batch)
     reference = Reference(ref_plan, art.weights.read_bytes())
     ref = reference.generate(request.prompt, request.steps, request.sampling, request.stop_at_eos)
     diverged = first_divergence(result.tokens, result.digests, ref.tokens, ref.digests)
@@ -320,7 +320,7 @@ def cmd_report(args) -> int:
         board = load_board(args.board)
         spec = parse_config(read_json(Path(args.model) / "config.json"), Path(args.model).resolve().name)
         n_ctx = args.ctx or min(board.default_ctx, spec.max_position_embeddings)
-        rep = planned_report_dict(board, make_plan(spec, board.name, args.quant, n_ctx))
+        rep = planned_report_dict(board, make_plan(spec, board.name, args.quant, n_ctx, board.prefill_batch))
     else:
         art, (board, plan) = build_for(args, quiet=args.json)
         if art.program.exists():

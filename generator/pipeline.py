@@ -37,7 +37,7 @@ def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir
              progress=None) -> Generated:
     checkpoint = load_checkpoint(model_dir)
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
-    plan = make_plan(checkpoint.spec, board.name, quant, n_ctx)
+    plan = make_plan(checkpoint.spec, board.name, quant, n_ctx, board.prefill_batch)
 
     def report(i, n, name):
         if progress and (i == n or i % max(1, n // 8) == 0):

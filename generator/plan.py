@@ -79,6 +79,7 @@ class Plan:
     layer_rope: tuple[int, ...]
     rope_table_bytes: int  # cos + sin of every table
     max_input: int  # longest matrix row: the activation quantization buffer's length
+    prefill_batch: int = 1  # prompt tokens one forward pass takes at once (the board's choice)
 
     def tensor(self, name: str) -> TensorEntry:
         for t in self.tensors:
@@ -92,6 +93,7 @@ class Plan:
             "board": self.board,
             "quant": self.quant,
             "n_ctx": self.n_ctx,
+            "prefill_batch": self.prefill_batch,
             "spec": asdict(self.spec),
             "image": asdict(self.image),
             "tensors": [asdict(t) for t in self.tensors],
@@ -151,11 +153,16 @@ def _arena(items: list[tuple[str, str, int, str]]) -> tuple[tuple[Buffer, ...], 
     return tuple(out), cursor
 
 
-def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int) -> Plan:
+def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch: int = 1) -> Plan:
+    """The plan for `spec` on `board`. Buffers of per-token activations have room for
+    `prefill_batch` tokens: the prompt goes through the model that many tokens at a time, each
+    weight row read once for all of them; decoding uses the first slot."""
     if quant not in QUANTS:
         raise ColibriError(f"unknown quantization {quant!r} (supported: {', '.join(QUANTS)})")
     if n_ctx < 2:
         raise ColibriError(f"context length must be at least 2, got {n_ctx}")
+    if prefill_batch < 1:
+        raise ColibriError(f"prefill batch must be at least 1, got {prefill_batch}")
     if n_ctx > spec.max_position_embeddings:
         raise ColibriError(f"context length {n_ctx} exceeds the model's max_position_embeddings "
                            f"({spec.max_position_embeddings})")
@@ -168,17 +175,18 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int) -> Plan:
     d, v = spec.hidden_size, spec.vocab_size
     f = max(spec.intermediate_size, spec.expert_intermediate_size, spec.shared_expert_intermediate_size)
     max_input = max(d, spec.q_dim, f)
+    n = prefill_batch
     items = [
-        ("x", "float", d, "residual stream"),
-        ("xn", "float", d, "normalised input of the current block"),
-        ("q", "float", spec.q_dim, "queries of the current token"),
-        ("k", "float", spec.kv_dim, "keys of the current token (copied into the KV cache)"),
-        ("v", "float", spec.kv_dim, "values of the current token (copied into the KV cache)"),
+        ("x", "float", n * d, "residual stream, per token of the batch"),
+        ("xn", "float", n * d, "normalised input of the current block, per token"),
+        ("q", "float", n * spec.q_dim, "queries, per token"),
+        ("k", "float", n * spec.kv_dim, "keys, per token (copied into the KV cache)"),
+        ("v", "float", n * spec.kv_dim, "values, per token (copied into the KV cache)"),
         ("att", "float", n_ctx, "attention scores of one head over the context"),
-        ("attn_out", "float", spec.q_dim, "attention output of all heads"),
-        ("proj", "float", d, "output of wo or w_down before the residual add"),
-        ("gate", "float", f, "FFN gate projection (of a dense FFN or of one expert)"),
-        ("up", "float", f, "FFN up projection, then the gated product"),
+        ("attn_out", "float", n * spec.q_dim, "attention output of all heads, per token"),
+        ("proj", "float", n * d, "output of wo or w_down before the residual add, per token"),
+        ("gate", "float", n * f, "FFN gate projection (of a dense FFN or of one expert), per token"),
+        ("up", "float", n * f, "FFN up projection, then the gated product, per token"),
         ("logits", "float", v, "logits of the current step"),
         ("probs", "float", v, "sampling: probabilities, sorted"),
         ("cand", "int32_t", v, "sampling: candidate token ids, sorted"),
@@ -186,15 +194,15 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int) -> Plan:
     if spec.n_experts:
         items += [
             ("router_logits", "float", spec.n_experts, "MoE: router logits, then probabilities"),
-            ("moe_out", "float", d, "MoE: weighted sum of the selected experts' outputs"),
+            ("moe_out", "float", n * d, "MoE: weighted sum of the selected experts' outputs, per token"),
             ("expert_ids", "int32_t", spec.experts_per_token, "MoE: experts selected for this token, best first"),
             ("expert_weights", "float", spec.experts_per_token, "MoE: their routing weights"),
             ("expert_counts", "int32_t", spec.n_layers * spec.n_experts, "MoE: selections per layer and expert in this run"),
         ]
     if quant == "q8_0":
         items += [
-            ("act_qs", "int8_t", max_input, "q8_0 quants of the current matmul input"),
-            ("act_d", "float", max_input // QK, "q8_0 block scales of the current matmul input"),
+            ("act_qs", "int8_t", n * max_input, "q8_0 quants of the current matmul input, per token"),
+            ("act_d", "float", n * max_input // QK, "q8_0 block scales of the current matmul input, per token"),
         ]
     scratch, scratch_bytes = _arena(items)
     # Sliding-window layers keep only their window: position t lives in slot t % slots.
@@ -215,4 +223,10 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int) -> Plan:
         scratch=scratch, scratch_bytes=scratch_bytes, kv_slots=kv_slots, kv_offsets=tuple(kv_offsets),
         kv_bytes=2 * cursor * 4, ropes=tuple(ropes), layer_rope=tuple(layer_rope),
         rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.head_dim // 2) * 4, max_input=max_input,
+        prefill_batch=prefill_batch,
     )
+
+
+def replan(plan: Plan, n_ctx: int) -> Plan:
+    """The same plan at another context length."""
+    return make_plan(plan.spec, plan.board, plan.quant, n_ctx, plan.prefill_batch)

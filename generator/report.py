@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .elfsize import ElfSizes
 from .errors import ColibriError
-from .plan import Plan, make_plan
+from .plan import Plan, replan
 from .targets import Board
 
 CATEGORIES = ("code", "weights", "kv_cache", "scratch", "rope_tables", "stack", "other_data")
@@ -103,7 +103,7 @@ def largest_fitting_ctx(board: Board, plan: Plan, elf: ElfSizes) -> int | None:
     fixed = category_bytes(board, plan, elf)
 
     def fits(n_ctx: int) -> bool:
-        trial = make_plan(plan.spec, plan.board, plan.quant, n_ctx)
+        trial = replan(plan, n_ctx)
         sizes = dict(fixed, kv_cache=trial.kv_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes)
         for region in board.memory:
             holds = set(region.holds) | (set(WITH_CODE) if "code" in region.holds else set())
@@ -151,7 +151,7 @@ def planned_report_dict(board: Board, plan: Plan) -> dict:
     reserve = int(board.data.get("code_reserve", 0))
 
     def fits(n_ctx: int) -> bool:
-        trial = make_plan(plan.spec, plan.board, plan.quant, n_ctx)
+        trial = replan(plan, n_ctx)
         return not any(u.over_budget for u in planned_use(board, trial))
 
     largest = None

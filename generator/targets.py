@@ -3,6 +3,8 @@
 Common fields (every board):
   name, description, isa, bsp (firmware_src/bsp/<bsp>), kernels (runtime/kernels/<k>.c),
   default_ctx, program (linked file name)
+  prefill_batch (optional, default 1): prompt tokens per forward pass; their activations all
+              live in the scratch arena, so MCU boards keep it small
   [toolchain] cc, apt (Debian packages providing it), cflags, ldflags, libs, linker_script (optional)
   [runner]    kind: "process" (a Linux program; `emulator` prefixes it when this machine's ISA
               differs), "qemu-system" (`command` with {program} {flash_image} {port}),
@@ -59,6 +61,7 @@ class Board:
     command: tuple[str, ...]
     memory: tuple[MemoryRegion, ...]
     path: Path
+    prefill_batch: int = 1
     data: dict = field(default_factory=dict, compare=False, hash=False)
 
     def region_holding(self, category: str) -> MemoryRegion | None:
@@ -111,7 +114,7 @@ def load_board(name: str) -> Board:
             ldflags=tuple(tc["ldflags"]), libs=tuple(tc["libs"]), linker_script=tc.get("linker_script"),
             runner=runner["kind"], weights=runner["weights"], emulator=tuple(runner.get("emulator", ())),
             command=tuple(runner.get("command", ())), memory=memory, path=path,
-            data=data,
+            prefill_batch=_int(data.get("prefill_batch", 1)), data=data,
         )
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
         raise ColibriError(f"{path.name}: malformed board file ({e})") from None

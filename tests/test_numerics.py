@@ -78,6 +78,27 @@ def test_q8_0_matvec_matches(harness, rows, cols):
     assert_same_bits(got, matvec_q8_0(wq, wd, xq, xd))
 
 
+@pytest.mark.parametrize("tokens,rows,cols", [(1, 9, 64), (2, 1, 32), (7, 13, 96), (8, 8, 576), (9, 5, 288),
+                                              (17, 33, 1536), (64, 3, 32 * 17)])
+def test_batched_q8_0_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
+    wq, wd = quantize_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
+    xq, xd = quantize_q8_0((rng.normal(0, 1, (tokens, cols)) * rng.choice([1e-3, 1.0, 50.0], (tokens, 1)))
+                           .astype(np.float32))
+    payload = wq.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matmul_q8_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
+
+
+@pytest.mark.parametrize("tokens,rows,cols", [(1, 5, 17), (3, 64, 96), (10, 3, 1000)])
+def test_batched_f32_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
+    w = rng.normal(0, 1, (rows, cols)).astype(np.float32)
+    x = rng.normal(0, 1, (tokens, cols)).astype(np.float32)
+    got = c_floats(harness, ["matmul_f32", tokens, rows, cols], f32_bytes(w, x), tokens * rows).reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], numerics.matvec_f32(w, x[t]))
+
+
 @pytest.mark.parametrize("rows,cols", [(1, 1), (5, 17), (64, 96), (3, 1000)])
 def test_f32_matvec_matches(harness, rows, cols):
     w = rng.normal(0, 1, (rows, cols)).astype(np.float32)

@@ -45,7 +45,7 @@ def render() -> str:
         for name in available_boards():
             board = load_board(name)
             n_ctx = min(board.default_ctx, spec.max_position_embeddings)
-            plan = make_plan(spec, board.name, "q8_0", n_ctx)
+            plan = make_plan(spec, board.name, "q8_0", n_ctx, board.prefill_batch)
             params = sum(t.rows * t.cols for t in plan.tensors) / 1e6
             rep = planned_report_dict(board, plan)
             items = {}

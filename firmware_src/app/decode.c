@@ -102,8 +102,9 @@ int colibri_decode(const ColibriRequest *req)
     uint64_t i0 = 0, i1 = 0, i2 = 0;
     const int counted = bsp_instructions(&i0);
     uint64_t t0 = bsp_time_us();
-    for (int32_t i = 0; i < req->n_prompt; i++) {
-        colibri_forward(&weights, &b, req->prompt[i], i, i == req->n_prompt - 1);
+    for (int32_t i = 0; i < req->n_prompt; i += COLIBRI_PREFILL_BATCH) {
+        const int n = req->n_prompt - i < COLIBRI_PREFILL_BATCH ? (int)(req->n_prompt - i) : COLIBRI_PREFILL_BATCH;
+        colibri_forward(&weights, &b, req->prompt + i, n, i, i + n == req->n_prompt);
     }
     uint64_t t1 = bsp_time_us();
     if (counted) {
@@ -141,7 +142,7 @@ int colibri_decode(const ColibriRequest *req)
             break;
         }
         uint64_t f0 = bsp_time_us();
-        colibri_forward(&weights, &b, token, pos, 1);
+        colibri_forward(&weights, &b, &token, 1, pos, 1);
         forward_us += bsp_time_us() - f0;
         decode_passes++;
         pos++;

@@ -44,55 +44,65 @@ void colibri_buffers_init(ColibriBuffers *b)
 #endif
 }
 
-/* Make x the input of the following linear() calls (q8_0: quantize it once for all of them). */
-static void set_input(ColibriBuffers *b, const float *x, int n)
+/* Make the n_tok rows of x (each n long, one after another) the input of the following linear()
+ * calls (q8_0: quantize them once for all of those calls). */
+static void set_input(ColibriBuffers *b, const float *x, int n_tok, int n)
 {
 #if COLIBRI_QUANT_Q8_0
-    kernel_quantize_q8_0(b->act_qs, b->act_d, x, n);
+    for (int t = 0; t < n_tok; t++) {
+        kernel_quantize_q8_0(b->act_qs + (int64_t)t * n, b->act_d + (int64_t)t * (n / KERNEL_QK),
+                             x + (int64_t)t * n, n);
+    }
 #else
     (void)b;
     (void)x;
+    (void)n_tok;
     (void)n;
 #endif
 }
 
-/* One matrix-vector product, split by rows over the threads (each row's sum is unchanged). */
+/* One matrix times n_tok input rows, split by weight rows over the threads (each sum unchanged). */
 typedef struct {
     float *out;
     const ColibriMatrix *m;
     const ColibriBuffers *b;
     const float *x;
-    int cols;
+    int n_tok, rows, cols;
 } LinearJob;
 
 static void linear_rows(void *ctx, int begin, int end)
 {
     const LinearJob *j = ctx;
 #if COLIBRI_QUANT_Q8_0
-    kernel_matvec_q8_0(j->out + begin, j->m->qs + (int64_t)begin * j->cols,
-                       j->m->d + (int64_t)begin * (j->cols / KERNEL_QK), j->b->act_qs, j->b->act_d, end - begin,
-                       j->cols);
+    kernel_matmul_q8_0(j->out + begin, j->rows, j->m->qs + (int64_t)begin * j->cols,
+                       j->m->d + (int64_t)begin * (j->cols / KERNEL_QK), j->b->act_qs, j->b->act_d, j->n_tok,
+                       end - begin, j->cols);
 #else
-    kernel_matvec_f32(j->out + begin, j->m->w + (int64_t)begin * j->cols, j->x, end - begin, j->cols);
+    kernel_matmul_f32(j->out + begin, j->rows, j->m->w + (int64_t)begin * j->cols, j->x, j->n_tok, end - begin,
+                      j->cols);
 #endif
 }
 
 /* Below this many multiply-adds a product is not worth waking the other threads for. */
 #define PARALLEL_MIN_MACS 32768
 
-/* out = W x (+ bias), x being the input last given to set_input(). */
+/* out[t] = W x[t] (+ bias) for the n_tok rows of x last given to set_input(); out rows are `rows`
+ * long, one after another. */
 static void linear(float *out, const ColibriMatrix *m, const float *bias, const ColibriBuffers *b,
-                   const float *x, int rows, int cols)
+                   const float *x, int n_tok, int rows, int cols)
 {
-    LinearJob job = {out, m, b, x, cols};
-    if ((int64_t)rows * cols < PARALLEL_MIN_MACS) {
+    LinearJob job = {out, m, b, x, n_tok, rows, cols};
+    if ((int64_t)n_tok * rows * cols < PARALLEL_MIN_MACS) {
         linear_rows(&job, 0, rows);
     } else {
         parallel_for(linear_rows, &job, rows);
     }
     if (bias != NULL) {
-        for (int i = 0; i < rows; i++) {
-            out[i] = out[i] + bias[i];
+        for (int t = 0; t < n_tok; t++) {
+            float *o = out + (int64_t)t * rows;
+            for (int i = 0; i < rows; i++) {
+                o[i] = o[i] + bias[i];
+            }
         }
     }
 }
@@ -124,29 +134,30 @@ static float ffn_activation(float x)
 #endif
 }
 
-/* One gated FFN on the current input x (of width COLIBRI_DIM) into b->proj:
- * down(act(gate x) * up x). Leaves the matmul input set to the hidden activation. */
+/* One gated FFN on the n_tok input rows last given to set_input() (each COLIBRI_DIM wide) into
+ * b->proj: down(act(gate x) * up x). Leaves the matmul input set to the hidden activations. */
 static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const ColibriMatrix *w_up,
                       const ColibriMatrix *w_down, const float *b_gate, const float *b_up, const float *b_down,
-                      const float *x, int inner)
+                      const float *x, int n_tok, int inner)
 {
-    linear(b->gate, w_gate, b_gate, b, x, inner, COLIBRI_DIM);
-    linear(b->up, w_up, b_up, b, x, inner, COLIBRI_DIM);
-    for (int i = 0; i < inner; i++) {
+    linear(b->gate, w_gate, b_gate, b, x, n_tok, inner, COLIBRI_DIM);
+    linear(b->up, w_up, b_up, b, x, n_tok, inner, COLIBRI_DIM);
+    for (int64_t i = 0; i < (int64_t)n_tok * inner; i++) {
         b->up[i] = ffn_activation(b->gate[i]) * b->up[i];
     }
-    set_input(b, b->up, inner);
-    linear(b->proj, w_down, b_down, b, b->up, COLIBRI_DIM, inner);
+    set_input(b, b->up, n_tok, inner);
+    linear(b->proj, w_down, b_down, b, b->up, n_tok, COLIBRI_DIM, inner);
 }
 
 #if COLIBRI_N_EXPERTS > 0
-/* Mixture of experts on b->xn into b->proj: softmax over the router logits, the top k experts
- * (best first, lowest id on ties), weights optionally renormalised, outputs summed in rank order,
- * plus the shared expert scaled by sigmoid(shared_gate x) where the model has one. */
-static void moe_ffn(const ColibriLayerWeights *lw, ColibriBuffers *b, int layer)
+/* Mixture of experts for one token, xn into out: softmax over the router logits, the top k
+ * experts (best first, lowest id on ties), weights optionally renormalised, outputs summed in rank
+ * order, plus the shared expert scaled by sigmoid(shared_gate x) where the model has one. Tokens
+ * are routed one at a time; the first slot of the per-token buffers is its workspace. */
+static void moe_ffn(const ColibriLayerWeights *lw, ColibriBuffers *b, int layer, const float *xn, float *out)
 {
-    set_input(b, b->xn, COLIBRI_DIM);
-    linear(b->router_logits, &lw->router, NULL, b, b->xn, COLIBRI_N_EXPERTS, COLIBRI_DIM);
+    set_input(b, xn, 1, COLIBRI_DIM);
+    linear(b->router_logits, &lw->router, NULL, b, xn, 1, COLIBRI_N_EXPERTS, COLIBRI_DIM);
     op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
     for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
         int best = -1;
@@ -174,24 +185,23 @@ static void moe_ffn(const ColibriLayerWeights *lw, ColibriBuffers *b, int layer)
     }
     for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
         const ColibriExpert *ex = &lw->experts[b->expert_ids[k]];
-        set_input(b, b->xn, COLIBRI_DIM);
-        gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, b->xn, COLIBRI_EXPERT_FFN_DIM);
+        set_input(b, xn, 1, COLIBRI_DIM);
+        gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, xn, 1, COLIBRI_EXPERT_FFN_DIM);
         for (int i = 0; i < COLIBRI_DIM; i++) {
             float term = b->expert_weights[k] * b->proj[i];
-            b->moe_out[i] = (k == 0) ? term : b->moe_out[i] + term;
+            out[i] = (k == 0) ? term : out[i] + term;
         }
     }
     if (COLIBRI_SHARED_FFN_DIM > 0) {
-        set_input(b, b->xn, COLIBRI_DIM);
-        linear(b->router_logits, &lw->shared_gate, NULL, b, b->xn, 1, COLIBRI_DIM);
+        set_input(b, xn, 1, COLIBRI_DIM);
+        linear(b->router_logits, &lw->shared_gate, NULL, b, xn, 1, 1, COLIBRI_DIM);
         float scale = op_sigmoid(b->router_logits[0]);
-        gated_ffn(b, &lw->shared.w_gate, &lw->shared.w_up, &lw->shared.w_down, NULL, NULL, NULL, b->xn,
+        gated_ffn(b, &lw->shared.w_gate, &lw->shared.w_up, &lw->shared.w_down, NULL, NULL, NULL, xn, 1,
                   COLIBRI_SHARED_FFN_DIM);
         for (int i = 0; i < COLIBRI_DIM; i++) {
-            b->moe_out[i] = b->moe_out[i] + scale * b->proj[i];
+            out[i] = out[i] + scale * b->proj[i];
         }
     }
-    memcpy(b->proj, b->moe_out, COLIBRI_DIM * sizeof(float));
 }
 #endif
 
@@ -201,100 +211,142 @@ static int64_t kv_slot(int layer, int32_t t)
     return colibri_kv_offset[layer] + (int64_t)(t % colibri_kv_slots[layer]) * COLIBRI_KV_DIM;
 }
 
-static void attention(const ColibriBuffers *b, int layer, int32_t pos)
+/* out[i] += a * v[i] over one head. Each element's sum is its own, so the compiler may do several
+ * elements per instruction (restrict tells it out and v never overlap) without changing a bit. */
+static void add_scaled(float *restrict out, float a, const float *restrict v)
+{
+    for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
+        out[i] = out[i] + a * v[i];
+    }
+}
+
+/* Attention of one token at position pos (its keys and values already in the cache): q holds its
+ * queries, out receives all heads' outputs. */
+static void attention(const ColibriBuffers *b, int layer, int32_t pos, const float *q, float *out)
 {
     const int32_t window = colibri_layer_window[layer];
     const int32_t start = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
     for (int h = 0; h < COLIBRI_N_HEADS; h++) {
-        const float *qh = b->q + h * COLIBRI_HEAD_DIM;
+        const float *qh = q + h * COLIBRI_HEAD_DIM;
         const int kv_head = (h / GROUP) * COLIBRI_HEAD_DIM;
         for (int32_t t = start; t <= pos; t++) {
             b->att[t] = op_dot(qh, colibri_key_cache + kv_slot(layer, t) + kv_head, COLIBRI_HEAD_DIM) * COLIBRI_ATTN_SCALE;
         }
         op_softmax(b->att + start, pos - start + 1);
-        float *out = b->attn_out + h * COLIBRI_HEAD_DIM;
+        float *oh = out + h * COLIBRI_HEAD_DIM;
         const float *v0 = colibri_value_cache + kv_slot(layer, start) + kv_head;
         for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
-            out[i] = b->att[start] * v0[i];
+            oh[i] = b->att[start] * v0[i];
         }
         for (int32_t t = start + 1; t <= pos; t++) {
-            const float *vt = colibri_value_cache + kv_slot(layer, t) + kv_head;
-            for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
-                out[i] = out[i] + b->att[t] * vt[i];
-            }
+            add_scaled(oh, b->att[t], colibri_value_cache + kv_slot(layer, t) + kv_head);
         }
     }
 }
 
-void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, int32_t token, int32_t pos, int want_logits)
+/* Queries and keys of one token at position pos: optional per-head RMSNorm, then RoPE. */
+static void position_qk(const ColibriLayerWeights *lw, int layer, int32_t pos, float *q, float *k)
 {
     const float eps = COLIBRI_RMS_NORM_EPS;
-    embed(b->x, &w->embed, token);
+    const int64_t rope_row = ((int64_t)colibri_layer_rope[layer] * COLIBRI_N_CTX + pos) * COLIBRI_ROPE_HALF;
+    const float *cos = colibri_rope_cos + rope_row;
+    const float *sin = colibri_rope_sin + rope_row;
+    for (int h = 0; h < COLIBRI_N_HEADS; h++) {
+        float *qh = q + h * COLIBRI_HEAD_DIM;
+        if (lw->q_norm != NULL) {
+            op_rmsnorm(qh, qh, lw->q_norm, COLIBRI_HEAD_DIM, eps);
+        }
+        op_rope(qh, cos, sin, COLIBRI_ROPE_HALF);
+    }
+    for (int h = 0; h < COLIBRI_N_KV_HEADS; h++) {
+        float *kh = k + h * COLIBRI_HEAD_DIM;
+        if (lw->k_norm != NULL) {
+            op_rmsnorm(kh, kh, lw->k_norm, COLIBRI_HEAD_DIM, eps);
+        }
+        op_rope(kh, cos, sin, COLIBRI_ROPE_HALF);
+    }
+}
+
+/* x[t] += norm(proj[t]) (the norm only where the model has one) for each token of the batch. */
+static void residual_add(ColibriBuffers *b, const float *post_norm, int n)
+{
+    for (int t = 0; t < n; t++) {
+        float *x = b->x + (int64_t)t * COLIBRI_DIM;
+        float *proj = b->proj + (int64_t)t * COLIBRI_DIM;
+        if (post_norm != NULL) {
+            op_rmsnorm(proj, proj, post_norm, COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
+        }
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            x[i] = x[i] + proj[i];
+        }
+    }
+}
+
+/* xn[t] = RMSNorm(x[t]) for each token of the batch. */
+static void normalize(ColibriBuffers *b, const float *weight, int n)
+{
+    for (int t = 0; t < n; t++) {
+        op_rmsnorm(b->xn + (int64_t)t * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, weight, COLIBRI_DIM,
+                   COLIBRI_RMS_NORM_EPS);
+    }
+}
+
+void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos,
+                     int want_logits)
+{
+    for (int t = 0; t < n; t++) {
+        embed(b->x + (int64_t)t * COLIBRI_DIM, &w->embed, tokens[t]);
+    }
 
     for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
         const ColibriLayerWeights *lw = &w->layers[l];
-        const int64_t rope_row = ((int64_t)colibri_layer_rope[l] * COLIBRI_N_CTX + pos) * COLIBRI_ROPE_HALF;
-        const float *cos = colibri_rope_cos + rope_row;
-        const float *sin = colibri_rope_sin + rope_row;
 
-        /* Attention block. */
-        op_rmsnorm(b->xn, b->x, lw->attn_norm, COLIBRI_DIM, eps);
-        set_input(b, b->xn, COLIBRI_DIM);
-        linear(b->q, &lw->wq, lw->bq, b, b->xn, COLIBRI_Q_DIM, COLIBRI_DIM);
-        linear(b->k, &lw->wk, lw->bk, b, b->xn, COLIBRI_KV_DIM, COLIBRI_DIM);
-        linear(b->v, &lw->wv, lw->bv, b, b->xn, COLIBRI_KV_DIM, COLIBRI_DIM);
-        for (int h = 0; h < COLIBRI_N_HEADS; h++) {
-            float *qh = b->q + h * COLIBRI_HEAD_DIM;
-            if (lw->q_norm != NULL) {
-                op_rmsnorm(qh, qh, lw->q_norm, COLIBRI_HEAD_DIM, eps);
-            }
-            op_rope(qh, cos, sin, COLIBRI_ROPE_HALF);
+        /* Attention block: the projections for all tokens at once, then token after token
+         * (each one's keys and values enter the cache before it attends, so a token sees
+         * exactly the positions up to its own, and a sliding layer's ring is never overrun). */
+        normalize(b, lw->attn_norm, n);
+        set_input(b, b->xn, n, COLIBRI_DIM);
+        linear(b->q, &lw->wq, lw->bq, b, b->xn, n, COLIBRI_Q_DIM, COLIBRI_DIM);
+        linear(b->k, &lw->wk, lw->bk, b, b->xn, n, COLIBRI_KV_DIM, COLIBRI_DIM);
+        linear(b->v, &lw->wv, lw->bv, b, b->xn, n, COLIBRI_KV_DIM, COLIBRI_DIM);
+        for (int t = 0; t < n; t++) {
+            float *q = b->q + (int64_t)t * COLIBRI_Q_DIM;
+            float *k = b->k + (int64_t)t * COLIBRI_KV_DIM;
+            position_qk(lw, l, pos + t, q, k);
+            memcpy(colibri_key_cache + kv_slot(l, pos + t), k, COLIBRI_KV_DIM * sizeof(float));
+            memcpy(colibri_value_cache + kv_slot(l, pos + t), b->v + (int64_t)t * COLIBRI_KV_DIM,
+                   COLIBRI_KV_DIM * sizeof(float));
+            attention(b, l, pos + t, q, b->attn_out + (int64_t)t * COLIBRI_Q_DIM);
         }
-        for (int h = 0; h < COLIBRI_N_KV_HEADS; h++) {
-            float *kh = b->k + h * COLIBRI_HEAD_DIM;
-            if (lw->k_norm != NULL) {
-                op_rmsnorm(kh, kh, lw->k_norm, COLIBRI_HEAD_DIM, eps);
-            }
-            op_rope(kh, cos, sin, COLIBRI_ROPE_HALF);
-        }
-        memcpy(colibri_key_cache + kv_slot(l, pos), b->k, COLIBRI_KV_DIM * sizeof(float));
-        memcpy(colibri_value_cache + kv_slot(l, pos), b->v, COLIBRI_KV_DIM * sizeof(float));
-        attention(b, l, pos);
-        set_input(b, b->attn_out, COLIBRI_Q_DIM);
-        linear(b->proj, &lw->wo, lw->bo, b, b->attn_out, COLIBRI_DIM, COLIBRI_Q_DIM);
-        if (lw->post_attn_norm != NULL) {
-            op_rmsnorm(b->proj, b->proj, lw->post_attn_norm, COLIBRI_DIM, eps);
-        }
-        for (int i = 0; i < COLIBRI_DIM; i++) {
-            b->x[i] = b->x[i] + b->proj[i];
-        }
+        set_input(b, b->attn_out, n, COLIBRI_Q_DIM);
+        linear(b->proj, &lw->wo, lw->bo, b, b->attn_out, n, COLIBRI_DIM, COLIBRI_Q_DIM);
+        residual_add(b, lw->post_attn_norm, n);
 
         /* Feed-forward block: a gated FFN, down(act(gate(x)) * up(x)) with act SiLU or GELU, or
-         * on MoE layers a routed mixture of such FFNs. */
-        op_rmsnorm(b->xn, b->x, lw->ffn_norm, COLIBRI_DIM, eps);
+         * on MoE layers a routed mixture of such FFNs, token by token. */
+        normalize(b, lw->ffn_norm, n);
 #if COLIBRI_N_EXPERTS > 0
         if (colibri_layer_moe[l]) {
-            moe_ffn(lw, b, l);
+            for (int t = 0; t < n; t++) {
+                moe_ffn(lw, b, l, b->xn + (int64_t)t * COLIBRI_DIM, b->moe_out + (int64_t)t * COLIBRI_DIM);
+            }
+            memcpy(b->proj, b->moe_out, (size_t)n * COLIBRI_DIM * sizeof(float));
         } else
 #endif
         {
-            set_input(b, b->xn, COLIBRI_DIM);
-            gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, lw->b_gate, lw->b_up, lw->b_down, b->xn,
+            set_input(b, b->xn, n, COLIBRI_DIM);
+            gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, lw->b_gate, lw->b_up, lw->b_down, b->xn, n,
                       COLIBRI_FFN_DIM);
         }
-        if (lw->post_ffn_norm != NULL) {
-            op_rmsnorm(b->proj, b->proj, lw->post_ffn_norm, COLIBRI_DIM, eps);
-        }
-        for (int i = 0; i < COLIBRI_DIM; i++) {
-            b->x[i] = b->x[i] + b->proj[i];
-        }
+        residual_add(b, lw->post_ffn_norm, n);
     }
     if (!want_logits) {
         return;
     }
-    op_rmsnorm(b->xn, b->x, w->final_norm, COLIBRI_DIM, eps);
-    set_input(b, b->xn, COLIBRI_DIM);
-    linear(b->logits, &w->lm_head, NULL, b, b->xn, COLIBRI_VOCAB, COLIBRI_DIM);
+    /* Only the last token's next-token logits are wanted. */
+    op_rmsnorm(b->xn, b->x + (int64_t)(n - 1) * COLIBRI_DIM, w->final_norm, COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
+    set_input(b, b->xn, 1, COLIBRI_DIM);
+    linear(b->logits, &w->lm_head, NULL, b, b->xn, 1, COLIBRI_VOCAB, COLIBRI_DIM);
     if (COLIBRI_FINAL_SOFTCAP != 0.0f) {
         for (int i = 0; i < COLIBRI_VOCAB; i++) {
             b->logits[i] = op_softcap(b->logits[i], COLIBRI_FINAL_SOFTCAP);

@@ -1,4 +1,4 @@
-/* The forward pass of one token, specialised at compile time by the generated model_def.h. */
+/* The forward pass of a batch of tokens, specialised at compile time by the generated model_def.h. */
 #ifndef COLIBRI_MODEL_H
 #define COLIBRI_MODEL_H
 
@@ -18,8 +18,10 @@ typedef struct {
 
 void colibri_buffers_init(ColibriBuffers *b);
 
-/* Run token `token` at position `pos` (0 <= pos < COLIBRI_N_CTX) through the model, filling the
- * KV cache; with want_logits, b->logits holds the next-token logits afterwards. */
-void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, int32_t token, int32_t pos, int want_logits);
+/* Run the n tokens (1 <= n <= COLIBRI_PREFILL_BATCH) at positions pos .. pos + n - 1 (all below
+ * COLIBRI_N_CTX) through the model, filling the KV cache; with want_logits, b->logits holds the
+ * logits that follow the last of them. Decoding passes one token; the prompt goes in batches. */
+void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos,
+                     int want_logits);
 
 #endif

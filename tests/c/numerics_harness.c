@@ -3,6 +3,7 @@
  *
  *   harness expf N | silu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS
+ *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 TOKENS ROWS COLS  (output: token-major)
  *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
  */
 #include <stdio.h>
@@ -81,6 +82,34 @@ int main(int argc, char **argv)
         float *out = malloc(n * sizeof(float));
         kernel_matvec_q8_0(out, wq, wd, xq, xd, n, cols);
         write_all(out, n * sizeof(float));
+    } else if (strcmp(op, "matmul_f32") == 0 || strcmp(op, "matmul_q8_0") == 0) {
+        /* n tokens; the output rows are written with a stride of rows + 3 to check that the
+         * kernel honours out_stride, and the gaps must stay untouched. */
+        int rows = atoi(argv[3]), cols = atoi(argv[4]), nb = cols / KERNEL_QK, stride = rows + 3;
+        float *out = malloc((size_t)n * stride * sizeof(float));
+        for (int i = 0; i < n * stride; i++) {
+            out[i] = -7.0f;
+        }
+        if (op[7] == 'f') {
+            float *w = read_exact((size_t)rows * cols * sizeof(float));
+            float *x = read_exact((size_t)n * cols * sizeof(float));
+            kernel_matmul_f32(out, stride, w, x, n, rows, cols);
+        } else {
+            int8_t *wq = read_exact((size_t)rows * cols);
+            float *wd = read_exact((size_t)rows * nb * sizeof(float));
+            int8_t *xq = read_exact((size_t)n * cols);
+            float *xd = read_exact((size_t)n * nb * sizeof(float));
+            kernel_matmul_q8_0(out, stride, wq, wd, xq, xd, n, rows, cols);
+        }
+        for (int t = 0; t < n; t++) {
+            for (int i = rows; i < stride; i++) {
+                if (out[t * stride + i] != -7.0f) {
+                    fprintf(stderr, "matmul wrote outside its rows\n");
+                    return 4;
+                }
+            }
+            write_all(out + (size_t)t * stride, rows * sizeof(float));
+        }
     } else if (strcmp(op, "rng") == 0) {
         ColibriRng rng;
         rng_seed(&rng, strtoull(argv[2], NULL, 10));

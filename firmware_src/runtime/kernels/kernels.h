@@ -21,6 +21,15 @@ void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int
 void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols);
 
+/* The same products for n_tok inputs at once (batched prefill): for every token t < n_tok,
+ * out[t * out_stride + r] is exactly what kernel_matvec_* gives for row r and token t's input
+ * (x + t * cols; q8_0: x_qs + t * cols, x_d + t * cols / 32). Each weight row is read from memory
+ * once for all the tokens instead of once per token. */
+void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows,
+                       int cols);
+void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
+
 /* Quantize n floats (n % 32 == 0) to q8_0: d = max|x| / 127, q = round_half_even(x / d). */
 void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 
@@ -32,5 +41,12 @@ void kernel_scalar_matvec_f32(float *out, const float *w, const float *x, int ro
 void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
+
+/* Batched products for kernel sets without a batched kernel of their own: the set's
+ * kernel_matvec_* over tiles of rows small enough to stay in cache while every token passes. */
+void kernel_tiled_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows,
+                             int cols);
+void kernel_tiled_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+                              const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
 
 #endif

@@ -93,3 +93,14 @@ void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
 {
     kernel_scalar_quantize_q8_0(qs, d, x, n);
 }
+
+void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)
+{
+    kernel_tiled_matmul_f32(out, out_stride, w, x, n_tok, rows, cols);
+}
+
+void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+}

@@ -59,3 +59,38 @@ void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
         }
     }
 }
+
+/* Rows per tile: enough weight bytes to make the per-tile work worthwhile, few enough (with the
+ * 16 KiB target below) that a tile stays in the L1 or L2 cache while every token passes over it. */
+static int tile_rows(int row_bytes)
+{
+    int rows = 16384 / (row_bytes > 0 ? row_bytes : 1);
+    return rows < 1 ? 1 : rows;
+}
+
+void kernel_tiled_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows,
+                             int cols)
+{
+    const int tile = tile_rows(cols * (int)sizeof(float));
+    for (int r = 0; r < rows; r += tile) {
+        const int n = rows - r < tile ? rows - r : tile;
+        for (int t = 0; t < n_tok; t++) {
+            kernel_matvec_f32(out + (int64_t)t * out_stride + r, w + (int64_t)r * cols, x + (int64_t)t * cols, n,
+                              cols);
+        }
+    }
+}
+
+void kernel_tiled_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+                              const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int tile = tile_rows(cols + nb * (int)sizeof(float));
+    for (int r = 0; r < rows; r += tile) {
+        const int n = rows - r < tile ? rows - r : tile;
+        for (int t = 0; t < n_tok; t++) {
+            kernel_matvec_q8_0(out + (int64_t)t * out_stride + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb,
+                               x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
+        }
+    }
+}

@@ -83,6 +83,65 @@ __attribute__((target("avx2"))) static void matvec_q8_0_avx2(float *out, const i
     }
 }
 
+/* The batched kernel lays the eight tokens' scales out block-major on the stack: rows of up to
+ * MAX_BLOCKS blocks (16384 values); longer rows take the tiled matvec path. */
+#define MAX_BLOCKS 512
+
+/* The eight tokens' sums of one weight block, as one vector (lane i = token i). |w| is computed
+ * once for all eight. */
+__attribute__((target("avx2"))) static inline __m256i token_block_sums(__m256i wv, const int8_t *const x[8], int o)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i wabs = _mm256_sign_epi8(wv, wv);
+    __m256i p[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x[i] + o));
+        p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, wv)), ones);
+    }
+    return block_sums8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
+}
+
+/* Batched: one weight row against eight tokens at a time, one float lane per token. Each lane is
+ * one (row, token) sum built block after block exactly as in the matvec kernel, so the results
+ * are its bits; the weight row is read once for eight tokens and stays in L1 for the next eight. */
+__attribute__((target("avx2"))) static void matmul_q8_0_avx2(float *out, int out_stride, const int8_t *w_qs,
+                                                             const float *w_d, const int8_t *x_qs,
+                                                             const float *x_d, int n_tok, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    float token_scales[MAX_BLOCKS * 8];
+    for (int t0 = 0; t0 < n_tok; t0 += 8) {
+        const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
+        /* Missing tokens of a short last group repeat the group's first token; their lanes are
+         * computed and dropped. */
+        const int8_t *x[8];
+        for (int i = 0; i < 8; i++) {
+            const int t = t0 + (i < n ? i : 0);
+            x[i] = x_qs + (int64_t)t * cols;
+            for (int b = 0; b < nb; b++) {
+                token_scales[b * 8 + i] = x_d[(int64_t)t * nb + b];
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            const int8_t *wq = w_qs + (int64_t)r * cols;
+            const float *wd = w_d + (int64_t)r * nb;
+            __m256 acc = _mm256_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(wq + b * KERNEL_QK));
+                const __m256 scales = _mm256_mul_ps(_mm256_set1_ps(wd[b]), _mm256_loadu_ps(token_scales + b * 8));
+                const __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(token_block_sums(wv, x, b * KERNEL_QK)), scales);
+                acc = (b == 0) ? terms : _mm256_add_ps(acc, terms);
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, acc);
+            for (int i = 0; i < n; i++) {
+                out[(int64_t)(t0 + i) * out_stride + r] = lanes[i];
+            }
+        }
+    }
+}
+
 void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
@@ -93,13 +152,69 @@ void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
     }
 }
 
+void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matmul_q8_0_avx2(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)
+{
+    kernel_tiled_matmul_f32(out, out_stride, w, x, n_tok, rows, cols);
+}
+
 /* A row's f32 sum is sequential by definition; only the q8_0 path has a SIMD kernel here. */
 void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
 {
     kernel_scalar_matvec_f32(out, w, x, rows, cols);
 }
 
+/* The scalar quantizer's operations, eight values at a time: the block maximum (order does not
+ * matter for a maximum), the same scale and reciprocal, the same rounding by adding and
+ * subtracting 1.5 * 2^23, the same clamp. */
+__attribute__((target("avx2"))) static void quantize_q8_0_avx2(int8_t *qs, float *d, const float *x, int n)
+{
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    /* packs interleaves 128-bit lanes; this puts the 32 quants back in order */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < n / KERNEL_QK; b++) {
+        const float *xb = x + b * KERNEL_QK;
+        __m256 v[4];
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign_bit, v[i]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float scale = _mm_cvtss_f32(m4) / 127.0f;
+        const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        d[b] = scale;
+        const __m256 vinv = _mm256_set1_ps(inv);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) {
+            __m256 t = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v[i], vinv), magic), magic);
+            q[i] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
+        }
+        __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(qs + b * KERNEL_QK), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+}
+
 void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
 {
-    kernel_scalar_quantize_q8_0(qs, d, x, n);
+    if (have_avx2()) {
+        quantize_q8_0_avx2(qs, d, x, n);
+    } else {
+        kernel_scalar_quantize_q8_0(qs, d, x, n);
+    }
 }

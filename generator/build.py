@@ -14,8 +14,8 @@ from pathlib import Path
 from .errors import ColibriError
 from .hf_import import load_checkpoint
 from .pipeline import PLAN_FILE, WEIGHTS_FILE, resolve_ctx
-from .plan import Plan, make_plan
-from .report import check_fits
+from .plan import Plan
+from .report import check_fits, plan_for_board
 from .targets import Board
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +58,7 @@ def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
     model_dir = Path(model_dir)
     checkpoint = load_checkpoint(model_dir, load_tensors=False)
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
-    plan = make_plan(checkpoint.spec, board.name, quant, n_ctx, board.prefill_batch)
+    plan = plan_for_board(checkpoint.spec, board, quant, n_ctx)
     check_fits(board, plan)
     if out_dir is None:
         out_dir = REPO / "build" / board.name / f"{_slug(model_dir.resolve().name)}-{quant}-ctx{n_ctx}"

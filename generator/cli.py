@@ -18,7 +18,7 @@ from .hf_import import parse_config, read_json
 from .quantize import QUANTS
 from .reference import Reference
 from .plan import make_plan
-from .report import format_report, planned_report_dict, report_dict
+from .report import format_report, plan_for_board, planned_report_dict, report_dict
 from .runner import RunRequest, run_on_board
 from .sampling import SamplingParams
 from .setup_toolchain import ensure_toolchain
@@ -320,7 +320,7 @@ def cmd_report(args) -> int:
         board = load_board(args.board)
         spec = parse_config(read_json(Path(args.model) / "config.json"), Path(args.model).resolve().name)
         n_ctx = args.ctx or min(board.default_ctx, spec.max_position_embeddings)
-        rep = planned_report_dict(board, make_plan(spec, board.name, args.quant, n_ctx, board.prefill_batch))
+        rep = planned_report_dict(board, plan_for_board(spec, board, args.quant, n_ctx))
     else:
         art, (board, plan) = build_for(args, quiet=args.json)
         if art.program.exists():

@@ -17,7 +17,8 @@ import numpy as np
 
 from . import __version__, rope
 from .plan import (ALIGN, DTYPE_CODES, IMAGE_DIR_ENTRY_BYTES, IMAGE_FORMAT_VERSION, IMAGE_HEADER_BYTES,
-                   IMAGE_NAME_BYTES, IMAGE_TRAILER_BYTES, Plan)
+                   IMAGE_NAME_BYTES, IMAGE_TRAILER_BYTES, Plan, align_up)
+from .quantize import INTEGER_QUANTS
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h")
@@ -86,7 +87,8 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
     tensors = [
         dict(name=t.name, c_name=t.c_name, dtype=t.dtype, dtype_code=DTYPE_CODES[t.dtype], rows=t.rows,
              cols=t.cols, offset=t.offset, nbytes=t.nbytes, scales_offset=t.scales_offset,
-             is_matrix=(t.dtype == "q8_0" or t.rows > 1))
+             expanded_offset=t.expanded_offset, expanded_scales_offset=align_up(t.rows * t.cols),
+             is_matrix=(t.dtype != "f32" or t.rows > 1))
         for t in plan.tensors
     ]
     present = {t.name for t in plan.tensors}
@@ -104,7 +106,9 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         board=plan.board,
         quant=plan.quant,
         quant_code=DTYPE_CODES[plan.quant],
-        q8=plan.quant == "q8_0",
+        q8=plan.quant in INTEGER_QUANTS,  # integer quants: matmul inputs quantized to q8_0
+        q4_direct=plan.quant == "q4_0" and not plan.expand_q4,
+        q4_expanded=plan.expand_q4,
         tensors=tensors,
         tensor_by_name={t["name"]: t for t in tensors},
         layer_fields=layer_fields,

@@ -6,13 +6,14 @@ Layout (little-endian; offsets from the start of the image):
     16  u32 tensor count             20  u32 directory entry bytes (96)
     24  u64 directory offset         32  u64 data offset (multiple of 64)
     40  u64 data bytes               48  u64 image bytes (everything, trailer included)
-    56  u8[32] model hash            88  u32 quantization (0 f32, 1 q8_0)
+    56  u8[32] model hash            88  u32 quantization (0 f32, 1 q8_0, 2 q4_0)
     92  zeros to 128
   directory: one 96-byte entry per tensor, in plan order
-     0  char[64] canonical name, NUL padded   64 u32 dtype (0 f32, 1 q8_0)
+     0  char[64] canonical name, NUL padded   64 u32 dtype (0 f32, 1 q8_0, 2 q4_0)
     68  u32 rows   72 u32 cols   76 u32 zero   80 u64 offset (from data offset)   88 u64 bytes
   data: each tensor at a 64-byte aligned offset; a q8_0 tensor is rows*cols int8 quants, zero
-        padding to 64, then rows*cols/32 float32 scales. Padding is zero.
+        padding to 64, then rows*cols/32 float32 scales; a q4_0 tensor is the same with rows*cols/2
+        bytes of packed 4-bit quants (generator/quantize.py). Padding is zero.
   trailer: u32 CRC-32 (IEEE) of every byte before it, then "CEND".
 
 The model hash is SHA-256 over "colibri-image-v1\\0", the canonical ModelSpec JSON (without its
@@ -33,7 +34,7 @@ import numpy as np
 from .errors import ColibriError
 from .plan import (DTYPE_CODES, IMAGE_DIR_ENTRY_BYTES, IMAGE_FORMAT_VERSION, IMAGE_HEADER_BYTES,
                    IMAGE_MAGIC, IMAGE_NAME_BYTES, IMAGE_TRAILER_BYTES, Plan)
-from .quantize import quantize_q8_0
+from .quantize import quantize_q4_0, quantize_q8_0
 
 END_MAGIC = b"CEND"
 HEADER_STRUCT = struct.Struct("<8sIIIIQQQQ32sI")
@@ -60,9 +61,9 @@ def build_image(plan: Plan, tensors: dict[str, np.ndarray], progress=None) -> We
         if progress:
             progress(i + 1, len(plan.tensors), t.name)
         array = np.asarray(tensors[t.name], dtype=np.float32).reshape(t.rows, t.cols)
-        if t.dtype == "q8_0":
-            qs, d = quantize_q8_0(array)
-            data[t.offset:t.offset + qs.size] = qs.astype(np.int8).tobytes()
+        if t.dtype in ("q8_0", "q4_0"):
+            qs, d = quantize_q8_0(array) if t.dtype == "q8_0" else quantize_q4_0(array)
+            data[t.offset:t.offset + qs.size] = qs.tobytes()
             scales = d.astype("<f4").tobytes()
             start = t.offset + t.scales_offset
             data[start:start + len(scales)] = scales

@@ -12,7 +12,8 @@ from pathlib import Path
 from .emit import render, write_atomic
 from .hf_import import load_checkpoint
 from .image import build_image
-from .plan import Plan, make_plan
+from .plan import Plan
+from .report import plan_for_board
 from .targets import Board
 
 WEIGHTS_FILE = "weights.img"
@@ -37,13 +38,13 @@ def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir
              progress=None) -> Generated:
     checkpoint = load_checkpoint(model_dir)
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
-    plan = make_plan(checkpoint.spec, board.name, quant, n_ctx, board.prefill_batch)
+    plan = plan_for_board(checkpoint.spec, board, quant, n_ctx)
 
     def report(i, n, name):
         if progress and (i == n or i % max(1, n // 8) == 0):
             progress(f"quantizing weights: {i}/{n} tensors")
 
-    image = build_image(plan, checkpoint.tensors, report if quant == "q8_0" else None)
+    image = build_image(plan, checkpoint.tensors, report if quant != "f32" else None)
     sources = render(plan, image.model_hash, board, hashlib.sha256(image.data).digest())
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []

@@ -8,11 +8,11 @@ The emitter turns a Plan into named C constants; the image writer follows the sa
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .errors import ColibriError
 from .hf_import import expected_shapes
-from .quantize import QK, QUANTS
+from .quantize import INTEGER_QUANTS, QK, QUANTS
 from .spec import ModelSpec
 
 ALIGN = 64
@@ -22,7 +22,7 @@ IMAGE_HEADER_BYTES = 128
 IMAGE_DIR_ENTRY_BYTES = 96
 IMAGE_NAME_BYTES = 64
 IMAGE_TRAILER_BYTES = 8  # u32 CRC-32 of everything before it, then the end magic "CEND"
-DTYPE_CODES = {"f32": 0, "q8_0": 1}
+DTYPE_CODES = {"f32": 0, "q8_0": 1, "q4_0": 2}
 PLAN_FORMAT = 1
 
 
@@ -34,12 +34,13 @@ def align_up(n: int, a: int = ALIGN) -> int:
 class TensorEntry:
     name: str  # canonical name, e.g. "layers.0.wq"
     c_name: str  # C identifier fragment, e.g. "LAYERS_0_WQ"
-    dtype: str  # "f32" | "q8_0"
+    dtype: str  # "f32" | "q8_0" | "q4_0"
     rows: int
     cols: int
     offset: int  # from the start of the image's data region; multiple of ALIGN
     nbytes: int
-    scales_offset: int  # q8_0: where the float32 block scales start, relative to `offset`; else 0
+    scales_offset: int  # q8_0, q4_0: where the float32 block scales start, relative to `offset`; else 0
+    expanded_offset: int = -1  # q4_0 expanded at load: where its int8 copy starts in the RAM arena
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class Plan:
     rope_table_bytes: int  # cos + sin of every table
     max_input: int  # longest matrix row: the activation quantization buffer's length
     prefill_batch: int = 1  # prompt tokens one forward pass takes at once (the board's choice)
+    expand_q4: bool = False  # q4_0 matrices are expanded to int8 + scales in RAM when the image loads
+    expanded_bytes: int = 0  # the RAM arena those expanded matrices take
 
     def tensor(self, name: str) -> TensorEntry:
         for t in self.tensors:
@@ -94,6 +97,8 @@ class Plan:
             "quant": self.quant,
             "n_ctx": self.n_ctx,
             "prefill_batch": self.prefill_batch,
+            "q4_0_weights": ("expanded to int8 in RAM at load" if self.expand_q4 else "read in place")
+            if self.quant == "q4_0" else None,
             "spec": asdict(self.spec),
             "image": asdict(self.image),
             "tensors": [asdict(t) for t in self.tensors],
@@ -111,6 +116,7 @@ class Plan:
             "kv_cache": self.kv_bytes,
             "scratch": self.scratch_bytes,
             "rope_tables": self.rope_table_bytes,
+            "expanded_weights": self.expanded_bytes,
         }
 
     def to_json(self) -> str:
@@ -125,14 +131,15 @@ def _tensor_layout(spec: ModelSpec, quant: str) -> tuple[tuple[TensorEntry, ...]
     entries = []
     cursor = 0
     for name, shape in expected_shapes(spec).items():
-        if len(shape) == 2 and quant == "q8_0":
+        if len(shape) == 2 and quant in INTEGER_QUANTS:
             rows, cols = shape
             if cols % QK:
-                raise ColibriError(f"q8_0 needs every matrix row to be a multiple of {QK} long; "
+                raise ColibriError(f"{quant} needs every matrix row to be a multiple of {QK} long; "
                                    f"{name} has rows of {cols} (use --quant f32)")
-            scales_offset = align_up(rows * cols)
+            quant_bytes = rows * cols if quant == "q8_0" else rows * cols // 2
+            scales_offset = align_up(quant_bytes)
             nbytes = scales_offset + rows * (cols // QK) * 4
-            dtype = "q8_0"
+            dtype = quant
         else:
             rows, cols = (shape if len(shape) == 2 else (1, shape[0]))
             scales_offset = 0
@@ -153,10 +160,25 @@ def _arena(items: list[tuple[str, str, int, str]]) -> tuple[tuple[Buffer, ...], 
     return tuple(out), cursor
 
 
-def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch: int = 1) -> Plan:
+def _expanded_layout(tensors: tuple[TensorEntry, ...]) -> tuple[tuple[TensorEntry, ...], int]:
+    """Places in the RAM arena for the int8 copies of q4_0 matrices: quants, padding to 64,
+    scales, exactly the q8_0 layout, so the q8_0 kernels read them."""
+    out, cursor = [], 0
+    for t in tensors:
+        if t.dtype == "q4_0":
+            out.append(replace(t, expanded_offset=cursor))
+            cursor = align_up(cursor + align_up(t.rows * t.cols) + t.rows * (t.cols // QK) * 4)
+        else:
+            out.append(t)
+    return tuple(out), cursor
+
+
+def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch: int = 1,
+              expand_q4: bool = False) -> Plan:
     """The plan for `spec` on `board`. Buffers of per-token activations have room for
     `prefill_batch` tokens: the prompt goes through the model that many tokens at a time, each
-    weight row read once for all of them; decoding uses the first slot."""
+    weight row read once for all of them; decoding uses the first slot. With expand_q4, q4_0
+    matrices stay q4_0 in the image (flash) and get int8 copies in a RAM arena at load."""
     if quant not in QUANTS:
         raise ColibriError(f"unknown quantization {quant!r} (supported: {', '.join(QUANTS)})")
     if n_ctx < 2:
@@ -167,6 +189,10 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
         raise ColibriError(f"context length {n_ctx} exceeds the model's max_position_embeddings "
                            f"({spec.max_position_embeddings})")
     tensors, data_bytes = _tensor_layout(spec, quant)
+    expand_q4 = expand_q4 and quant == "q4_0"
+    expanded_bytes = 0
+    if expand_q4:
+        tensors, expanded_bytes = _expanded_layout(tensors)
     dir_bytes = IMAGE_DIR_ENTRY_BYTES * len(tensors)
     data_offset = align_up(IMAGE_HEADER_BYTES + dir_bytes)
     image = ImageLayout(IMAGE_HEADER_BYTES, IMAGE_HEADER_BYTES, dir_bytes, data_offset, data_bytes,
@@ -199,7 +225,7 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
             ("expert_weights", "float", spec.experts_per_token, "MoE: their routing weights"),
             ("expert_counts", "int32_t", spec.n_layers * spec.n_experts, "MoE: selections per layer and expert in this run"),
         ]
-    if quant == "q8_0":
+    if quant in INTEGER_QUANTS:
         items += [
             ("act_qs", "int8_t", n * max_input, "q8_0 quants of the current matmul input, per token"),
             ("act_d", "float", n * max_input // QK, "q8_0 block scales of the current matmul input, per token"),
@@ -223,10 +249,10 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
         scratch=scratch, scratch_bytes=scratch_bytes, kv_slots=kv_slots, kv_offsets=tuple(kv_offsets),
         kv_bytes=2 * cursor * 4, ropes=tuple(ropes), layer_rope=tuple(layer_rope),
         rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.head_dim // 2) * 4, max_input=max_input,
-        prefill_batch=prefill_batch,
+        prefill_batch=prefill_batch, expand_q4=expand_q4, expanded_bytes=expanded_bytes,
     )
 
 
 def replan(plan: Plan, n_ctx: int) -> Plan:
     """The same plan at another context length."""
-    return make_plan(plan.spec, plan.board, plan.quant, n_ctx, plan.prefill_batch)
+    return make_plan(plan.spec, plan.board, plan.quant, n_ctx, plan.prefill_batch, plan.expand_q4)

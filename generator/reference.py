@@ -14,7 +14,7 @@ from .image import read_header
 from .numerics import (F32, dot, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
                        softcap, softmax)
 from .plan import Plan
-from .quantize import dequantize_q8_0, matvec_q8_0, quantize_q8_0
+from .quantize import INTEGER_QUANTS, dequantize_q8_0, matvec_q8_0, quantize_q8_0, unpack_q4_0
 from .sampling import Rng, SamplingParams, sample
 
 
@@ -41,6 +41,10 @@ class Reference:
             start = base + t.offset
             if t.dtype == "q8_0":
                 qs = np.frombuffer(image, dtype=np.int8, count=t.rows * t.cols, offset=start).reshape(t.rows, t.cols)
+            if t.dtype == "q4_0":  # the int8 values q - 8 the nibbles stand for: then exactly q8_0
+                qs = unpack_q4_0(np.frombuffer(image, dtype=np.uint8, count=t.rows * t.cols // 2,
+                                               offset=start).reshape(t.rows, t.cols // 2))
+            if t.dtype in INTEGER_QUANTS:
                 d = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
                                   offset=start + t.scales_offset).reshape(t.rows, t.cols // 32).astype(np.float32)
                 self.w[t.name] = (qs, d)
@@ -57,12 +61,12 @@ class Reference:
 
     # -- building blocks -------------------------------------------------------------------
     def _prepare(self, x: np.ndarray):
-        """The matmul input as the kernels see it: quantized once for q8_0."""
-        return quantize_q8_0(x) if self.plan.quant == "q8_0" else x
+        """The matmul input as the kernels see it: quantized to q8_0 once for q8_0 and q4_0 weights."""
+        return quantize_q8_0(x) if self.plan.quant in INTEGER_QUANTS else x
 
     def _linear(self, name: str, act, bias: str | None = None) -> np.ndarray:
         w = self.w[name]
-        if self.plan.quant == "q8_0" and isinstance(w, tuple):
+        if isinstance(w, tuple):
             out = matvec_q8_0(w[0], w[1], act[0], act[1])
         else:
             out = matvec_f32(w, act)

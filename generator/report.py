@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from .elfsize import ElfSizes
 from .errors import ColibriError
-from .plan import Plan, replan
+from .plan import Plan, make_plan, replan
+from .spec import ModelSpec
 from .targets import Board
 
-CATEGORIES = ("code", "weights", "kv_cache", "scratch", "rope_tables", "stack", "other_data")
+CATEGORIES = ("code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables", "stack", "other_data")
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
 
 
@@ -39,6 +40,8 @@ def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
         "colibri_rope_cos": plan.rope_table_bytes // 2,
         "colibri_rope_sin": plan.rope_table_bytes // 2,
     }
+    if plan.expand_q4:
+        expected["colibri_expanded"] = plan.expanded_bytes
     for symbol, size in expected.items():
         got = elf.symbols.get(symbol)
         if got != size:
@@ -47,12 +50,13 @@ def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
 
 
 def category_bytes(board: Board, plan: Plan, elf: ElfSizes) -> dict[str, int]:
-    arenas = plan.kv_bytes + plan.scratch_bytes
+    arenas = plan.kv_bytes + plan.scratch_bytes + plan.expanded_bytes
     stack = elf.sections.get(".stack", 0)
     embedded = plan.image.image_bytes if board.weights == "embedded" else 0
     return {
         "code": elf.code,
         "weights": plan.image.image_bytes,
+        "expanded_weights": plan.expanded_bytes,
         "kv_cache": plan.kv_bytes,
         "scratch": plan.scratch_bytes,
         "rope_tables": plan.rope_table_bytes,
@@ -79,10 +83,22 @@ def planned_use(board: Board, plan: Plan) -> list[RegionUse]:
     """Per region, what the plan puts there, with the board's code_reserve standing in for the code
     (which is only known after linking): the check made before anything is compiled."""
     reserve = int(board.data.get("code_reserve", 0))
-    sizes = {"code": reserve, "weights": plan.image.image_bytes, "kv_cache": plan.kv_bytes,
-             "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes}
+    sizes = {"code": reserve, "weights": plan.image.image_bytes, "expanded_weights": plan.expanded_bytes,
+             "kv_cache": plan.kv_bytes, "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes}
     return [RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds})
             for r in board.memory]
+
+
+def plan_for_board(spec: ModelSpec, board: Board, quant: str, n_ctx: int) -> Plan:
+    """The plan for a board. q4_0 weights are expanded to int8 in RAM at load (the q8_0 kernels
+    then read them, with no nibbles to unpack per token) when the board has a region for expanded
+    weights and everything still fits; otherwise the q4_0 kernels read them in place."""
+    plan = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch)
+    if quant == "q4_0" and board.region_holding("expanded_weights") is not None:
+        expanded = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch, expand_q4=True)
+        if not any(use.over_budget for use in planned_use(board, expanded)):
+            return expanded
+    return plan
 
 
 def check_fits(board: Board, plan: Plan) -> None:
@@ -124,6 +140,13 @@ def largest_fitting_ctx(board: Board, plan: Plan, elf: ElfSizes) -> int | None:
     return lo
 
 
+def q4_0_mode(plan: Plan) -> str | None:
+    if plan.quant != "q4_0":
+        return None
+    return ("expanded to int8 + scales in RAM at load, read by the q8_0 kernels" if plan.expand_q4
+            else "read in place by the q4_0 kernels")
+
+
 def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
     check_elf_against_plan(plan, elf)
     uses = regions(board, plan, elf)
@@ -133,6 +156,7 @@ def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
         "architecture": plan.spec.architecture,
         "quant": plan.quant,
         "n_ctx": plan.n_ctx,
+        "q4_0_weights": q4_0_mode(plan),
         "regions": [
             {"name": r.name, "kind": r.kind, "budget": r.budget, "used": r.used, "over_budget": r.over_budget,
              "items": r.items}
@@ -165,7 +189,7 @@ def planned_report_dict(board: Board, plan: Plan) -> dict:
         largest = lo
     return {
         "board": board.name, "model": plan.spec.name, "architecture": plan.spec.architecture,
-        "quant": plan.quant, "n_ctx": plan.n_ctx, "planned_only": True,
+        "quant": plan.quant, "n_ctx": plan.n_ctx, "planned_only": True, "q4_0_weights": q4_0_mode(plan),
         "code_estimate": reserve,
         "regions": [{"name": u.name, "kind": u.kind, "budget": u.budget, "used": u.used,
                      "over_budget": u.over_budget, "items": u.items} for u in uses],
@@ -178,14 +202,16 @@ def format_report(rep: dict) -> str:
     lines = [f"memory report: {rep['model']} ({rep['architecture']}), {rep['quant']}, context {rep['n_ctx']}, "
              f"board {rep['board']}" + (" (planned, not linked: code is the board's reserve)"
                                          if rep.get("planned_only") else "")]
+    if rep.get("q4_0_weights"):
+        lines.append(f"  q4_0 weights: {rep['q4_0_weights']}")
     for r in rep["regions"]:
         budget = f"budget {r['budget']:,} B" if r["budget"] else "no fixed budget"
         lines.append(f"  region {r['name']} ({r['kind']}, {budget})")
         for name, size in r["items"].items():
-            lines.append(f"    {name:<12} {size:>14,} B")
+            lines.append(f"    {name:<16} {size:>14,} B")
         status = "OVER BUDGET" if r["over_budget"] else ("fits" if r["budget"] else "")
         share = f" ({100 * r['used'] / r['budget']:.1f}% of budget)" if r["budget"] else ""
-        lines.append(f"    {'total':<12} {r['used']:>14,} B{share} {status}".rstrip())
+        lines.append(f"    {'total':<16} {r['used']:>14,} B{share} {status}".rstrip())
     largest = rep["largest_ctx_that_fits"]
     lines.append("  largest context that fits: " + ("no limit on this board" if largest is None
                                                      else "none" if largest == 0 else str(largest)))

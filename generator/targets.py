@@ -12,7 +12,9 @@ Common fields (every board):
               weights: "file" | "mapped" (read in place at the base of the region holding
               weights) | "embedded" (linked into the program) | "partition" (an ESP-IDF data partition)
   [[memory]]  name, kind (sram | psram | flash | dram), base, size (0 = no fixed budget), holds
-              (which of code, weights, kv_cache, scratch, rope_tables live there)
+              (which of code, weights, expanded_weights, kv_cache, scratch, rope_tables live
+              there; a board naming a region for expanded_weights gets q4_0 matrices expanded to
+              int8 there at load whenever they fit)
 The whole file, board-specific sections ([flash], [idf], runner options) included, is kept in
 Board.data for the modules that use them.
 """
@@ -28,7 +30,7 @@ from .errors import ColibriError
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS_DIR = REPO / "targets"
-CATEGORIES = ("code", "weights", "kv_cache", "scratch", "rope_tables")
+CATEGORIES = ("code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables")
 
 
 @dataclass(frozen=True)

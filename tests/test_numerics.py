@@ -5,7 +5,7 @@ import pytest
 
 from conftest import f32_bytes, run_harness
 from generator import numerics
-from generator.quantize import matvec_q8_0, quantize_q8_0
+from generator.quantize import dequantize_q8_0, matvec_q8_0, quantize_q4_0, quantize_q8_0, unpack_q4_0
 
 rng = np.random.default_rng(7)
 
@@ -88,6 +88,42 @@ def test_batched_q8_0_product_gives_each_token_the_matvec_bits(harness, tokens, 
     got = c_floats(harness, ["matmul_q8_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
     for t in range(tokens):
         assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
+
+
+def test_q4_0_quants_span_minus_8_to_7_and_reconstruct_within_half_a_step_except_at_the_clipped_end():
+    x = (rng.normal(0, 1, (40, 256)) * rng.choice([1e-4, 1.0, 30.0], (40, 1))).astype(np.float32)
+    x[0, :32] = 0.0
+    x[1, :32] = np.linspace(-1, 3, 32)  # the largest magnitude positive: it maps to quant 0 (-8)
+    packed, d = quantize_q4_0(x)
+    assert packed.shape == (40, 128) and packed.dtype == np.uint8 and d.shape == (40, 8)
+    q = unpack_q4_0(packed)
+    assert q.min() >= -8 and q.max() <= 7
+    assert q[1, 31] == -8 and d[1, 0] == np.float32(3.0) / np.float32(-8.0)
+    err = np.abs(dequantize_q8_0(q, d) - x).reshape(40, 8, 32)
+    step = np.abs(d)[..., None] * (1 + 1e-6)
+    clipped = q.reshape(40, 8, 32) == 7  # +8 steps would be needed on the side opposite m
+    assert np.all(err[~clipped] <= (step * 0.5 + 1e-30).repeat(32, -1)[~clipped])
+    assert np.all(err <= step)
+    assert not np.any(dequantize_q8_0(q, d)[0, :32])
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536), (9, 576), (2, 32 * 17)])
+def test_q4_0_matvec_is_the_q8_0_product_of_its_int8_values(harness, rows, cols):
+    packed, wd = quantize_q4_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
+    xq, xd = quantize_q8_0(rng.normal(0, 1, cols).astype(np.float32))
+    payload = packed.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matvec_q4_0", rows, cols], payload, rows)
+    assert_same_bits(got, matvec_q8_0(unpack_q4_0(packed), wd, xq, xd))
+
+
+@pytest.mark.parametrize("tokens,rows,cols", [(2, 9, 64), (9, 5, 288), (17, 3, 1536)])
+def test_batched_q4_0_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
+    packed, wd = quantize_q4_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
+    xq, xd = quantize_q8_0(rng.normal(0, 1, (tokens, cols)).astype(np.float32))
+    payload = packed.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matmul_q4_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], matvec_q8_0(unpack_q4_0(packed), wd, xq[t], xd[t]))
 
 
 @pytest.mark.parametrize("tokens,rows,cols", [(1, 5, 17), (3, 64, 96), (10, 3, 1000)])

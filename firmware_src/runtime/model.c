@@ -35,7 +35,7 @@ void colibri_buffers_init(ColibriBuffers *b)
     b->router_logits = b->moe_out = b->expert_weights = NULL;
     b->expert_ids = b->expert_counts = NULL;
 #endif
-#if COLIBRI_QUANT_Q8_0
+#if COLIBRI_ACT_Q8_0
     b->act_qs = (int8_t *)(s + COLIBRI_SCRATCH_ACT_QS_OFFSET);
     b->act_d = (float *)(s + COLIBRI_SCRATCH_ACT_D_OFFSET);
 #else
@@ -48,7 +48,7 @@ void colibri_buffers_init(ColibriBuffers *b)
  * calls (q8_0: quantize them once for all of those calls). */
 static void set_input(ColibriBuffers *b, const float *x, int n_tok, int n)
 {
-#if COLIBRI_QUANT_Q8_0
+#if COLIBRI_ACT_Q8_0
     for (int t = 0; t < n_tok; t++) {
         kernel_quantize_q8_0(b->act_qs + (int64_t)t * n, b->act_d + (int64_t)t * (n / KERNEL_QK),
                              x + (int64_t)t * n, n);
@@ -73,7 +73,11 @@ typedef struct {
 static void linear_rows(void *ctx, int begin, int end)
 {
     const LinearJob *j = ctx;
-#if COLIBRI_QUANT_Q8_0
+#if COLIBRI_MATRIX_Q4_0
+    kernel_matmul_q4_0(j->out + begin, j->rows, j->m->qs + (int64_t)begin * (j->cols / 2),
+                       j->m->d + (int64_t)begin * (j->cols / KERNEL_QK), j->b->act_qs, j->b->act_d, j->n_tok,
+                       end - begin, j->cols);
+#elif COLIBRI_ACT_Q8_0
     kernel_matmul_q8_0(j->out + begin, j->rows, j->m->qs + (int64_t)begin * j->cols,
                        j->m->d + (int64_t)begin * (j->cols / KERNEL_QK), j->b->act_qs, j->b->act_d, j->n_tok,
                        end - begin, j->cols);
@@ -109,7 +113,16 @@ static void linear(float *out, const ColibriMatrix *m, const float *bias, const 
 
 static void embed(float *x, const ColibriMatrix *m, int32_t token)
 {
-#if COLIBRI_QUANT_Q8_0
+#if COLIBRI_MATRIX_Q4_0
+    const uint8_t *qs = m->qs + (int64_t)token * (COLIBRI_DIM / 2);
+    const float *d = m->d + (int64_t)token * (COLIBRI_DIM / KERNEL_QK);
+    for (int i = 0; i < COLIBRI_DIM; i++) {
+        const int b = i / KERNEL_QK, j = i % KERNEL_QK;
+        const uint8_t byte = qs[b * (KERNEL_QK / 2) + j % (KERNEL_QK / 2)];
+        const int q = (j < KERNEL_QK / 2 ? byte & 0x0F : byte >> 4) - 8;
+        x[i] = (float)q * d[b];
+    }
+#elif COLIBRI_ACT_Q8_0
     const int8_t *qs = m->qs + (int64_t)token * COLIBRI_DIM;
     const float *d = m->d + (int64_t)token * (COLIBRI_DIM / KERNEL_QK);
     for (int i = 0; i < COLIBRI_DIM; i++) {

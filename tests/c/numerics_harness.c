@@ -2,7 +2,7 @@
  * stdout, so tests can compare the C runtime with generator/numerics.py bit for bit.
  *
  *   harness expf N | silu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
- *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS
+ *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS
  *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 TOKENS ROWS COLS  (output: token-major)
  *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
  */
@@ -82,7 +82,17 @@ int main(int argc, char **argv)
         float *out = malloc(n * sizeof(float));
         kernel_matvec_q8_0(out, wq, wd, xq, xd, n, cols);
         write_all(out, n * sizeof(float));
-    } else if (strcmp(op, "matmul_f32") == 0 || strcmp(op, "matmul_q8_0") == 0) {
+    } else if (strcmp(op, "matvec_q4_0") == 0) {
+        int cols = atoi(argv[3]);
+        int nb = cols / KERNEL_QK;
+        uint8_t *wq = read_exact((size_t)n * cols / 2);
+        float *wd = read_exact((size_t)n * nb * sizeof(float));
+        int8_t *xq = read_exact(cols);
+        float *xd = read_exact(nb * sizeof(float));
+        float *out = malloc(n * sizeof(float));
+        kernel_matvec_q4_0(out, wq, wd, xq, xd, n, cols);
+        write_all(out, n * sizeof(float));
+    } else if (strncmp(op, "matmul_", 7) == 0) {
         /* n tokens; the output rows are written with a stride of rows + 3 to check that the
          * kernel honours out_stride, and the gaps must stay untouched. */
         int rows = atoi(argv[3]), cols = atoi(argv[4]), nb = cols / KERNEL_QK, stride = rows + 3;
@@ -90,16 +100,22 @@ int main(int argc, char **argv)
         for (int i = 0; i < n * stride; i++) {
             out[i] = -7.0f;
         }
-        if (op[7] == 'f') {
+        if (strcmp(op, "matmul_f32") == 0) {
             float *w = read_exact((size_t)rows * cols * sizeof(float));
             float *x = read_exact((size_t)n * cols * sizeof(float));
             kernel_matmul_f32(out, stride, w, x, n, rows, cols);
-        } else {
+        } else if (strcmp(op, "matmul_q8_0") == 0) {
             int8_t *wq = read_exact((size_t)rows * cols);
             float *wd = read_exact((size_t)rows * nb * sizeof(float));
             int8_t *xq = read_exact((size_t)n * cols);
             float *xd = read_exact((size_t)n * nb * sizeof(float));
             kernel_matmul_q8_0(out, stride, wq, wd, xq, xd, n, rows, cols);
+        } else {
+            uint8_t *wq = read_exact((size_t)rows * cols / 2);
+            float *wd = read_exact((size_t)rows * nb * sizeof(float));
+            int8_t *xq = read_exact((size_t)n * cols);
+            float *xd = read_exact((size_t)n * nb * sizeof(float));
+            kernel_matmul_q4_0(out, stride, wq, wd, xq, xd, n, rows, cols);
         }
         for (int t = 0; t < n; t++) {
             for (int i = rows; i < stride; i++) {

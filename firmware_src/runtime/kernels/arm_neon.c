@@ -25,17 +25,18 @@ const char *kernel_set(void)
     return have_dotprod() ? "neon-dotprod" : "neon";
 }
 
-__attribute__((target("arch=armv8.2-a+dotprod"))) static int32_t block_sum_dotprod(const int8_t *w, const int8_t *x)
+/* The exact int32 sum of a block's 32 products, weights given as two vectors of 16. */
+__attribute__((target("arch=armv8.2-a+dotprod"))) static int32_t block_sum_dotprod(int8x16_t w0, int8x16_t w1,
+                                                                                   const int8_t *x)
 {
     int32x4_t acc = vdupq_n_s32(0);
-    acc = vdotq_s32(acc, vld1q_s8(w), vld1q_s8(x));
-    acc = vdotq_s32(acc, vld1q_s8(w + 16), vld1q_s8(x + 16));
+    acc = vdotq_s32(acc, w0, vld1q_s8(x));
+    acc = vdotq_s32(acc, w1, vld1q_s8(x + 16));
     return vaddvq_s32(acc);
 }
 
-static int32_t block_sum_neon(const int8_t *w, const int8_t *x)
+static int32_t block_sum_neon(int8x16_t w0, int8x16_t w1, const int8_t *x)
 {
-    const int8x16_t w0 = vld1q_s8(w), w1 = vld1q_s8(w + 16);
     const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
     int32x4_t acc = vpaddlq_s16(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)));
     acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(w0), vget_high_s8(x0)));
@@ -55,7 +56,34 @@ void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
         float acc = 0.0f;
         for (int b = 0; b < nb; b++) {
             const int8_t *w = wq + b * KERNEL_QK, *x = x_qs + b * KERNEL_QK;
-            int32_t isum = dotprod ? block_sum_dotprod(w, x) : block_sum_neon(w, x);
+            const int8x16_t w0 = vld1q_s8(w), w1 = vld1q_s8(w + 16);
+            int32_t isum = dotprod ? block_sum_dotprod(w0, w1, x) : block_sum_neon(w0, w1, x);
+            float term = (float)isum * (wd[b] * x_d[b]);
+            acc = (b == 0) ? term : acc + term;
+        }
+        out[r] = acc;
+    }
+}
+
+/* q4_0 rows: each block's nibbles become the int8 values quant - 8 (low nibbles are values 0..15,
+ * high nibbles 16..31), then the q8_0 block sum. */
+void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int dotprod = have_dotprod();
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    const int8x16_t eight = vdupq_n_s8(8);
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
+        const float *wd = w_d + (int64_t)r * nb;
+        float acc = 0.0f;
+        for (int b = 0; b < nb; b++) {
+            const uint8x16_t packed = vld1q_u8(wq + b * (KERNEL_QK / 2));
+            const int8x16_t w0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(packed, low4)), eight);
+            const int8x16_t w1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(packed, 4)), eight);
+            const int8_t *x = x_qs + b * KERNEL_QK;
+            int32_t isum = dotprod ? block_sum_dotprod(w0, w1, x) : block_sum_neon(w0, w1, x);
             float term = (float)isum * (wd[b] * x_d[b]);
             acc = (b == 0) ? term : acc + term;
         }
@@ -83,4 +111,10 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+}
+
+void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
 }

@@ -21,6 +21,12 @@ void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int
 void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols);
 
+/* The q8_0 product with q4_0 weights: w_q4 holds rows x cols/2 bytes, byte j of each 16-byte block
+ * holding the quants of values j (low nibble) and j + 16 (high nibble), each standing for the
+ * int8 value quant - 8. The result is kernel_matvec_q8_0's on those int8 values, bit for bit. */
+void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols);
+
 /* The same products for n_tok inputs at once (batched prefill): for every token t < n_tok,
  * out[t * out_stride + r] is exactly what kernel_matvec_* gives for row r and token t's input
  * (x + t * cols; q8_0: x_qs + t * cols, x_d + t * cols / 32). Each weight row is read from memory
@@ -28,6 +34,8 @@ void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
 void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows,
                        int cols);
 void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
+void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
 
 /* Quantize n floats (n % 32 == 0) to q8_0: d = max|x| / 127, q = round_half_even(x / d). */
@@ -40,6 +48,8 @@ const char *kernel_set(void);
 void kernel_scalar_matvec_f32(float *out, const float *w, const float *x, int rows, int cols);
 void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+                               const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 
 /* Batched products for kernel sets without a batched kernel of their own: the set's
@@ -47,6 +57,8 @@ void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 void kernel_tiled_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows,
                              int cols);
 void kernel_tiled_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+                              const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
+void kernel_tiled_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
                               const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
 
 #endif

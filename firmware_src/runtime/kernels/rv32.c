@@ -104,3 +104,15 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
 {
     kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
 }
+
+void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
+}
+
+void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+}

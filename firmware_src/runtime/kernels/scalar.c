@@ -34,6 +34,29 @@ void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
     }
 }
 
+void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+                               const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
+        const float *wd = w_d + (int64_t)r * nb;
+        float acc = 0.0f;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *wb = wq + b * (KERNEL_QK / 2);
+            const int8_t *xb = x_qs + b * KERNEL_QK;
+            int32_t isum = 0;
+            for (int j = 0; j < KERNEL_QK / 2; j++) {
+                isum += ((int32_t)(wb[j] & 0x0F) - 8) * (int32_t)xb[j];
+                isum += ((int32_t)(wb[j] >> 4) - 8) * (int32_t)xb[j + KERNEL_QK / 2];
+            }
+            float term = (float)isum * (wd[b] * x_d[b]);
+            acc = (b == 0) ? term : acc + term;
+        }
+        out[r] = acc;
+    }
+}
+
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
 {
     for (int b = 0; b < n / KERNEL_QK; b++) {
@@ -91,6 +114,20 @@ void kernel_tiled_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, co
         for (int t = 0; t < n_tok; t++) {
             kernel_matvec_q8_0(out + (int64_t)t * out_stride + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb,
                                x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
+        }
+    }
+}
+
+void kernel_tiled_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
+                              const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int tile = tile_rows(cols / 2 + nb * (int)sizeof(float));
+    for (int r = 0; r < rows; r += tile) {
+        const int n = rows - r < tile ? rows - r : tile;
+        for (int t = 0; t < n_tok; t++) {
+            kernel_matvec_q4_0(out + (int64_t)t * out_stride + r, w_q4 + (int64_t)r * (cols / 2),
+                               w_d + (int64_t)r * nb, x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
         }
     }
 }

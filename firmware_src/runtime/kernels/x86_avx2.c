@@ -142,6 +142,76 @@ __attribute__((target("avx2"))) static void matmul_q8_0_avx2(float *out, int out
     }
 }
 
+/* A q4_0 block's 32 products as 8 int32 partial sums: the nibbles become the int8 values
+ * quant - 8 (low nibbles are values 0..15, high nibbles 16..31), then as for q8_0. */
+__attribute__((target("avx2"))) static inline __m256i block_products_q4(const uint8_t *w, const int8_t *x)
+{
+    const __m128i packed = _mm_loadu_si128((const __m128i *)w);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m256i q = _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4),
+                                                       _mm_and_si128(packed, low4)),
+                                      _mm256_set1_epi8(8));
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+/* The q8_0 kernel's structure over q4_0 rows: eight blocks' sums per vector, then the float terms
+ * in block order. */
+__attribute__((target("avx2"))) static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4, const float *w_d,
+                                                             const int8_t *x_qs, const float *x_d, int rows,
+                                                             int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int half = KERNEL_QK / 2;
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
+        const float *wd = w_d + (int64_t)r * nb;
+        float acc = 0.0f;
+        int b = 0;
+        for (; b + 8 <= nb; b += 8) {
+            const uint8_t *w = wq + b * half;
+            const int8_t *x = x_qs + b * KERNEL_QK;
+            __m256i sums = block_sums8(block_products_q4(w, x), block_products_q4(w + half, x + 32),
+                                       block_products_q4(w + 2 * half, x + 64), block_products_q4(w + 3 * half, x + 96),
+                                       block_products_q4(w + 4 * half, x + 128), block_products_q4(w + 5 * half, x + 160),
+                                       block_products_q4(w + 6 * half, x + 192), block_products_q4(w + 7 * half, x + 224));
+            __m256 scales = _mm256_mul_ps(_mm256_loadu_ps(wd + b), _mm256_loadu_ps(x_d + b));
+            float terms[8];
+            _mm256_storeu_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(sums), scales));
+            for (int i = 0; i < 8; i++) {
+                acc = (b + i == 0) ? terms[i] : acc + terms[i];
+            }
+        }
+        for (; b < nb; b++) {
+            __m256i v = block_products_q4(wq + b * half, x_qs + b * KERNEL_QK);
+            __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            s = _mm_hadd_epi32(s, s);
+            s = _mm_hadd_epi32(s, s);
+            float term = (float)_mm_cvtsi128_si32(s) * (wd[b] * x_d[b]);
+            acc = (b == 0) ? term : acc + term;
+        }
+        out[r] = acc;
+    }
+}
+
+void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_avx2()) {
+        matvec_q4_0_avx2(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    }
+}
+
+/* Batched q4_0: the AVX2 matvec over row tiles that stay in cache while every token passes. */
+void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+}
+
 void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {

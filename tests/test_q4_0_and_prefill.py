@@ -2,13 +2,15 @@
 reference's bits."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from conftest import DEFAULT_MODEL, run_cli
 from generator.hf_import import load_checkpoint
 from generator.reference import Reference
-from generator.report import plan_for_board
+from generator.plan import make_plan
+from generator.report import plan_for_board, planned_use
 from generator.sampling import SamplingParams
 from generator.targets import load_board
 
@@ -40,12 +42,15 @@ def test_the_plan_expands_q4_0_only_where_the_board_has_room():
     rv32 = load_board("qemu-rv32")
     roomy = plan_for_board(spec, rv32, "q4_0", 128)
     assert roomy.expand_q4 and roomy.expanded_bytes >= sum(t.rows * t.cols for t in roomy.tensors if t.dtype == "q4_0")
-    # The same board with a RAM region just too small for the expanded copy: read in place.
+    # The same board with a RAM region one byte too small for the expanded copy: read in place.
     ram = rv32.region_holding("expanded_weights")
-    direct_bytes = 18_604 + plan_for_board(spec, load_board("host"), "q4_0", 128).scratch_bytes
-    tight = [type(ram)(ram.name, ram.kind, ram.base, roomy.expanded_bytes // 2 + direct_bytes * 4, ram.holds)]
-    small = type(rv32)(**{**rv32.__dict__, "memory": tuple(tight) + rv32.memory[1:]})
+    in_place = make_plan(spec, "qemu-rv32", "q4_0", 128, rv32.prefill_batch)
+    used = next(u.used for u in planned_use(rv32, in_place) if u.name == ram.name)
+    tight = replace(ram, size=used + roomy.expanded_bytes - 1)
+    small = replace(rv32, memory=(tight,) + rv32.memory[1:])
     assert not plan_for_board(spec, small, "q4_0", 128).expand_q4
+    assert plan_for_board(spec, replace(rv32, memory=(replace(tight, size=tight.size + 1),) + rv32.memory[1:]),
+                          "q4_0", 128).expand_q4
     # Boards without such a region (weights already in RAM, or a Linux process) never expand.
     assert not plan_for_board(spec, load_board("esp32p4"), "q4_0", 128).expand_q4
     assert not plan_for_board(spec, load_board("host"), "q4_0", 128).expand_q4

@@ -79,3 +79,53 @@ def predict_p4(instructions_per_token: float, bytes_per_token: int) -> dict:
     return {"tok_s": 1.0 / max(compute, memory), "compute_s": compute, "memory_s": memory,
             "model": f"{P4_HZ / 1e6:.0f} MHz, {P4_CYCLES_PER_INSTRUCTION} cycles/instruction, "
                      f"weights at {P4_WEIGHT_BYTES_PER_S / 1e6:.0f} MB/s, the slower of the two"}
+
+
+def rate_by_context(n_prompt: int, token_us_runs: list[list[int]]) -> tuple[list[int], list[float]]:
+    """Decode tok/s at each context length: per token, the median over the runs of the gap to the
+    previous token, as a rate. The token at index i (i >= 1) was computed with n_prompt + i
+    positions in the KV cache."""
+    gaps = [[(b - a) for a, b in zip(us, us[1:])] for us in token_us_runs]
+    n = min(len(g) for g in gaps)
+    contexts, rates = [], []
+    for i in range(n):
+        gap = statistics.median(g[i] for g in gaps)
+        if gap > 0:
+            contexts.append(n_prompt + i + 1)
+            rates.append(1e6 / gap)
+    return contexts, rates
+
+
+def plot_rate_vs_context(path, contexts: list[int], rates: list[float], title: str) -> None:
+    """A PNG of decode tok/s against context length (each token, and a 16-token moving median)."""
+    import os
+    import tempfile
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    window = 16
+    smooth = [statistics.median(rates[max(0, i - window + 1):i + 1]) for i in range(len(rates))]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    ax.plot(contexts, rates, ".", markersize=3, alpha=0.35, label="each token")
+    ax.plot(contexts, smooth, "-", linewidth=2, label=f"moving median of {window}")
+    ax.set_xlabel("context length (positions in the KV cache)")
+    ax.set_ylabel("decode tok/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    # Written next to the target and renamed into place: never a half-written PNG.
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(suffix=".png", dir=directory)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -348,9 +348,17 @@ def cmd_bench(args) -> int:
     # A fixed synthetic prompt: the BOS token, then ids spread over the vocabulary.
     prompt = [start] + [(7919 * (i + 1)) % vocab for i in range(args.prompt_tokens - 1)]
     check_fits_context(prompt, args.steps, plan.n_ctx)
+    if args.plot is not None:
+        if board.runner in ("qemu-system",):
+            raise ColibriError(f"--plot draws tok/s against wall-clock time; {board.name} is emulated and "
+                               f"reports exact instruction counts instead (use --json)")
+        if args.steps < 3:
+            raise ColibriError("--plot needs at least 3 decode steps (--steps)")
+        if not args.plot.parent.is_dir():
+            raise ColibriError(f"--plot: directory {args.plot.parent} does not exist")
     # No logits hashes: the bench measures decoding, not verification.
     request = RunRequest(prompt, args.steps, SamplingParams(), stop_at_eos=False, threads=args.threads, digests=False)
-    runs, latencies, peaks = [], [], []
+    runs, latencies, peaks, token_us = [], [], [], []
     kernels = "?"
     for i in range(args.repeat):
         result = run_on_board(board, art.program, art.weights, request, art.model_hash(),
@@ -359,6 +367,7 @@ def cmd_bench(args) -> int:
         runs.append(rates(result))
         latencies.append(bench.latency_percentiles(result.token_us))
         peaks.append(int(result.stats.get("peak_rss", 0)))
+        token_us.append(result.token_us)
         kernels = result.hello.get("kernels", "?")
         if not args.json:
             progress(f"  run {i + 1}/{args.repeat}: {speed_text(runs[-1])}")
@@ -385,6 +394,14 @@ def cmd_bench(args) -> int:
                    read_bandwidth_bytes_s=bandwidth,
                    bandwidth_fraction=weight_bytes * decode / bandwidth,
                    bandwidth_limit_tok_s=bandwidth / weight_bytes)
+    if args.plot is not None:
+        contexts, per_token = bench.rate_by_context(len(prompt), token_us)
+        bench.plot_rate_vs_context(args.plot, contexts, per_token,
+                                   f"{plan.spec.name} on {board.name}: {plan.quant}, {kernels} kernels, "
+                                   f"{args.threads} thread(s), median of {args.repeat} runs")
+        out["plot"] = str(args.plot)
+        if not args.json:
+            progress(f"wrote {args.plot}: decode tok/s against context length {contexts[0]}..{contexts[-1]}")
     if args.json:
         print(json.dumps(out, indent=2))
     elif instructions:
@@ -492,6 +509,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=positive_int, default=128, help="decoded tokens per run (default 128)")
     p.add_argument("--prompt-tokens", type=positive_int, default=8, help="prompt length (default 8)")
     p.add_argument("--repeat", type=positive_int, default=3, help="runs; the median is reported (default 3)")
+    p.add_argument("--plot", type=Path, metavar="PNG", help="also draw decode tok/s against context length into PNG")
     add_threads_arg(p)
     add_port_arg(p)
     p.set_defaults(func=cmd_bench)

@@ -76,7 +76,8 @@ def test_plan_json_round_trips_and_states_totals():
     plan = make_plan(spec(), "host", "q8_0", 64)
     data = json.loads(plan.to_json())
     assert data["totals"] == {"weights": plan.image.image_bytes, "kv_cache": plan.kv_bytes,
-                              "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes}
+                              "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes,
+                              "expanded_weights": 0}
     assert data["kv_cache"]["slots_per_layer"] == [64, 64, 64]
     assert (data["kv_cache"]["kv_heads"], data["kv_cache"]["head_dim"]) == (1, 48)
     assert len(data["tensors"]) == len(plan.tensors)

@@ -81,7 +81,7 @@ def test_board_file_describes_the_p4_with_idf(board):
         ("sram", 0x4FF00000, {"code", "rope_tables"})
     assert regions["l2mem"].base + regions["l2mem"].size == 0x4FFC0000
     assert (regions["psram"].kind, regions["psram"].base, regions["psram"].size, set(regions["psram"].holds)) == \
-        ("psram", 0x48000000, 32 << 20, {"kv_cache", "scratch"})
+        ("psram", 0x48000000, 32 << 20, {"expanded_weights", "kv_cache", "scratch"})
     assert (regions["flash"].kind, regions["flash"].base, regions["flash"].holds) == ("flash", 0x40000000, ("weights",))
     placed = [c for r in board.memory for c in r.holds]
     assert sorted(placed) == sorted(set(placed)) == sorted(["code", "weights", "kv_cache", "scratch", "rope_tables"])

@@ -84,7 +84,7 @@ def test_board_file_describes_the_p4_with_idf(board):
         ("psram", 0x48000000, 32 << 20, {"expanded_weights", "kv_cache", "scratch"})
     assert (regions["flash"].kind, regions["flash"].base, regions["flash"].holds) == ("flash", 0x40000000, ("weights",))
     placed = [c for r in board.memory for c in r.holds]
-    assert sorted(placed) == sorted(set(placed)) == sorted(["code", "weights", "kv_cache", "scratch", "rope_tables"])
+    assert sorted(placed) == sorted(set(placed)) == sorted(["code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables"])
     assert "-mabi=ilp32f" in board.cflags and "-ffp-contract=off" in board.cflags
     assert any(f.startswith("-march=rv32imafc") for f in board.cflags)
 

@@ -90,6 +90,15 @@ static void check_quantize(int n)
         }
         xf[5] = 2.5f * xf[6]; /* ties and the block maximum */
     }
+    if (n >= 160) {
+        for (int i = 64; i < 96; i++) {
+            xf[i] = (float)(int32_t)(next() % 2001u - 1000) * 1e-39f; /* a subnormal d */
+            xf[i + 32] = (float)(int32_t)(next() % 2001u - 1000) * 1e-44f; /* 1/d overflows */
+        }
+        xf[100] = 1.0f / 0.0f;        /* an infinite value: d = inf, 1/d = 0 */
+        xf[130] = 0.0f / 0.0f;        /* NaN takes no part in the maximum */
+        xf[131] = -xf[132];
+    }
     kernel_quantize_q8_0(qa, da, xf, n);
     kernel_scalar_quantize_q8_0(qb, db, xf, n);
     if (memcmp(qa, qb, n) != 0 || memcmp(da, db, n / KERNEL_QK * sizeof(float)) != 0) {

@@ -8,6 +8,8 @@
  * kernels on the host. */
 #include "kernels.h"
 
+#include <math.h>
+
 #if defined(__GNUC__) && !defined(__clang__)
 /* GCC's first scheduling pass hoists the 256 loads of an unrolled block ahead of their use and
  * then spills the registers it ran out of; in program order the block fits in registers. */
@@ -268,9 +270,46 @@ void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int
     kernel_scalar_matvec_f32(out, w, x, rows, cols);
 }
 
+/* The scalar kernel's quantization, with shortcuts that give the same bits: values are rounded
+ * to the nearest integer, ties to even, by lrintf in the default rounding mode (one fcvt.w.s
+ * instead of op_round_even's two additions and a conversion); and the clamp to +-127 is skipped
+ * for a block whose largest magnitude times 1/d stays below 127.5, since rounding is monotonic and
+ * no value of the block can then round beyond 127. (Where the clamp is needed it is applied
+ * before rounding: the bounds are integers, so that is the same as after.) */
 void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
 {
-    kernel_scalar_quantize_q8_0(qs, d, x, n);
+    for (int b = 0; b < n / KERNEL_QK; b++) {
+        const float *xb = x + b * KERNEL_QK;
+        int8_t *qb = qs + b * KERNEL_QK;
+        float amax = 0.0f;
+#pragma GCC unroll 32
+        for (int i = 0; i < KERNEL_QK; i++) {
+            const float a = fabsf(xb[i]);
+            if (a > amax) {
+                amax = a;
+            }
+        }
+        const float scale = amax / 127.0f;
+        const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        d[b] = scale;
+        if (amax * inv < 127.5f) {
+#pragma GCC unroll 32
+            for (int i = 0; i < KERNEL_QK; i++) {
+                qb[i] = (int8_t)lrintf(xb[i] * inv);
+            }
+        } else {
+            for (int i = 0; i < KERNEL_QK; i++) {
+                float v = xb[i] * inv;
+                if (v > 127.0f) {
+                    v = 127.0f;
+                }
+                if (v < -127.0f) {
+                    v = -127.0f;
+                }
+                qb[i] = (int8_t)lrintf(v);
+            }
+        }
+    }
 }
 
 void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)

@@ -39,18 +39,20 @@ static float value(void)
     return ((float)(int32_t)(next() % 200001u) - 100000.0f) * 1e-4f;
 }
 
-#define MAX_ROWS 40
+#define MAX_WEIGHTS (40 * 2304)
 #define MAX_COLS 2304
-static int8_t w_qs[MAX_ROWS * MAX_COLS];
-static float w_d[MAX_ROWS * MAX_COLS / KERNEL_QK];
-static int8_t x_qs[MAX_COLS];
-static float x_d[MAX_COLS / KERNEL_QK];
-static float out_fast[MAX_ROWS], out_ref[MAX_ROWS];
+#define MAX_TOKENS 4
+#define MAX_OUT 1024
+static int8_t w_qs[MAX_WEIGHTS];
+static float w_d[MAX_WEIGHTS / KERNEL_QK];
+static int8_t x_qs[MAX_TOKENS * MAX_COLS];
+static float x_d[MAX_TOKENS * MAX_COLS / KERNEL_QK];
+static float out_fast[MAX_OUT], out_ref[MAX_OUT];
 static float xf[MAX_COLS], yf[MAX_COLS];
 
 static int mismatches;
 
-static void fill(int rows, int cols, int extreme)
+static void fill(int rows, int cols, int extreme, int tokens)
 {
     for (int i = 0; i < rows * cols; i++) {
         w_qs[i] = quant(extreme);
@@ -58,21 +60,36 @@ static void fill(int rows, int cols, int extreme)
     for (int i = 0; i < rows * cols / KERNEL_QK; i++) {
         w_d[i] = scale();
     }
-    for (int i = 0; i < cols; i++) {
+    for (int i = 0; i < tokens * cols; i++) {
         x_qs[i] = quant(extreme);
     }
-    for (int i = 0; i < cols / KERNEL_QK; i++) {
+    for (int i = 0; i < tokens * cols / KERNEL_QK; i++) {
         x_d[i] = scale();
     }
 }
 
 static void check_matvec(int rows, int cols, int extreme)
 {
-    fill(rows, cols, extreme);
+    fill(rows, cols, extreme, 1);
     kernel_matvec_q8_0(out_fast, w_qs, w_d, x_qs, x_d, rows, cols);
     kernel_scalar_matvec_q8_0(out_ref, w_qs, w_d, x_qs, x_d, rows, cols);
     if (memcmp(out_fast, out_ref, rows * sizeof(float)) != 0) {
         printf("matvec_q8_0 %dx%d%s differs from the scalar kernel\n", rows, cols, extreme ? " (extremes)" : "");
+        mismatches++;
+    }
+}
+
+/* The batched product: every token's rows as the scalar kernel gives them one token at a time. */
+static void check_matmul(int tokens, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    fill(rows, cols, 0, tokens);
+    kernel_matmul_q8_0(out_fast, rows, w_qs, w_d, x_qs, x_d, tokens, rows, cols);
+    for (int t = 0; t < tokens; t++) {
+        kernel_scalar_matvec_q8_0(out_ref + t * rows, w_qs, w_d, x_qs + t * cols, x_d + t * nb, rows, cols);
+    }
+    if (memcmp(out_fast, out_ref, (size_t)tokens * rows * sizeof(float)) != 0) {
+        printf("matmul_q8_0 %d tokens %dx%d differs from the scalar kernel\n", tokens, rows, cols);
         mismatches++;
     }
 }
@@ -133,7 +150,7 @@ static uint32_t instret(void)
 
 static void count_matvec(int rows, int cols)
 {
-    fill(rows, cols, 0);
+    fill(rows, cols, 0, 1);
     uint32_t a = instret();
     kernel_matvec_q8_0(out_fast, w_qs, w_d, x_qs, x_d, rows, cols);
     uint32_t b = instret();
@@ -177,6 +194,11 @@ int main(void)
             check_matvec(rows[r], cols[c], 1);
         }
     }
+    check_matmul(1, 512, 64);
+    check_matmul(3, 240, 64);
+    check_matmul(4, 130, 128);
+    check_matmul(2, 37, 96);
+    check_matmul(2, 40, 576);
     for (int n = 32; n <= 288; n += 32) {
         check_quantize(n);
     }

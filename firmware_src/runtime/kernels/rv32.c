@@ -175,11 +175,14 @@ __attribute__((noinline)) static void rows4(float *out, const int8_t *w, const f
 
 #define ADD_TERM(k) a##k = a##k + (float)s##k * (d[(k) * NB] * xd)
 
+/* `groups` groups of sixteen rows, one after another. */
 #define ROWS16_FIXED(NAME, COLS_VALUE)                                                              \
     __attribute__((noinline)) static void NAME(float *out, const int8_t *w, const float *wd,         \
-                                               const int8_t *x, const float *x_d)                   \
+                                               const int8_t *x_qs, const float *x_d, int groups)    \
     {                                                                                               \
         enum { COLS = COLS_VALUE, NB = COLS_VALUE / KERNEL_QK };                                    \
+        for (; groups > 0; groups--, out += 16, w += 16 * COLS, wd += 16 * NB) {                    \
+        const int8_t *x = x_qs;                                                                     \
         float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START, a4 = ACC_START;       \
         float a5 = ACC_START, a6 = ACC_START, a7 = ACC_START, a8 = ACC_START, a9 = ACC_START;       \
         float a10 = ACC_START, a11 = ACC_START, a12 = ACC_START, a13 = ACC_START;                   \
@@ -232,6 +235,7 @@ __attribute__((noinline)) static void rows4(float *out, const int8_t *w, const f
         out[13] = a13;                                                                              \
         out[14] = a14;                                                                              \
         out[15] = a15;                                                                              \
+        }                                                                                           \
     }
 
 ROWS16_FIXED(rows16_cols64, 64)
@@ -242,16 +246,12 @@ void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
 {
     const int nb = cols / KERNEL_QK;
     int r = 0;
-    if (cols == 64 || cols == 128) {
-        for (; r + 16 <= rows; r += 16) {
-            const int8_t *w = w_qs + (int64_t)r * cols;
-            const float *wd = w_d + (int64_t)r * nb;
-            if (cols == 64) {
-                rows16_cols64(out + r, w, wd, x_qs, x_d);
-            } else {
-                rows16_cols128(out + r, w, wd, x_qs, x_d);
-            }
-        }
+    if (cols == 64) {
+        rows16_cols64(out, w_qs, w_d, x_qs, x_d, rows / 16);
+        r = rows / 16 * 16;
+    } else if (cols == 128) {
+        rows16_cols128(out, w_qs, w_d, x_qs, x_d, rows / 16);
+        r = rows / 16 * 16;
     }
     for (; r + 8 <= rows; r += 8) {
         rows8(out + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb, x_qs, x_d, cols);
@@ -317,10 +317,25 @@ void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *
     kernel_tiled_matmul_f32(out, out_stride, w, x, n_tok, rows, cols);
 }
 
+/* Batched products (prefill) as in kernel_tiled_matmul_q8_0, tiles of rows that stay in cache
+ * while every token passes over them, but a multiple of 16 rows each, so that all of a tile goes
+ * through the 16-row passes; one token (decode) is a single tile of all the rows. */
 void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
-    kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+    const int nb = cols / KERNEL_QK;
+    int tile = rows;
+    if (n_tok > 1) {
+        tile = 16384 / (cols + nb * (int)sizeof(float)) / 16 * 16;
+        tile = tile < 16 ? 16 : tile;
+    }
+    for (int r = 0; r < rows; r += tile) {
+        const int n = rows - r < tile ? rows - r : tile;
+        for (int t = 0; t < n_tok; t++) {
+            kernel_matvec_q8_0(out + (int64_t)t * out_stride + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb,
+                               x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
+        }
+    }
 }
 
 void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,

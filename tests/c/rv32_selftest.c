@@ -210,6 +210,7 @@ int main(void)
     count_matvec(128, 64);
     count_matvec(64, 128);
     count_matvec(512, 64);
+    count_matvec(32, 288); /* the 8-row passes of wider models */
     count_dot(16);
     count_dot(64);
     count_quantize(64);

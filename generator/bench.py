@@ -52,6 +52,26 @@ def macs_per_token(plan: Plan) -> int:
     return total
 
 
+def attention_macs(plan: Plan, context: int) -> int:
+    """Multiply-accumulates of attention for one token that sees `context` positions (itself
+    included): per layer and query head, the scores q . k_t and the weighted sum of the values,
+    head_dim each per position the layer sees (all of them, or its sliding window)."""
+    spec = plan.spec
+    windows = spec.layer_windows or (0,) * spec.n_layers
+    seen = sum(min(context, w) if w else context for w in windows)
+    return spec.n_heads * 2 * spec.head_dim * seen
+
+
+def decode_attention_macs(plan: Plan, prompt_tokens: int, steps: int) -> float:
+    """Attention multiply-accumulates per decoded token of a run, averaged over its forward
+    passes: after the prompt, `steps` tokens are sampled and all but the last are fed back, the
+    i-th at position prompt_tokens + i, seeing prompt_tokens + i + 1 positions."""
+    passes = steps - 1
+    if passes < 1:
+        return 0.0
+    return sum(attention_macs(plan, prompt_tokens + i + 1) for i in range(passes)) / passes
+
+
 def read_bandwidth(megabytes: int = 256, repeats: int = 3) -> float:
     """This machine's single-thread memory read bandwidth in bytes/s: the best of a few sums over
     an array much larger than the caches."""

@@ -380,9 +380,15 @@ def cmd_bench(args) -> int:
     instructions = runs[0]["decode_instructions_per_token"]
     if instructions:
         # An emulator's clock is not the board's: exact instruction counts are the measure there.
+        # Per multiply-accumulate two ways: of the matrices alone (fixed per token), and with the
+        # attention's, which grow with the context (averaged over this run's decode passes).
+        attention = bench.decode_attention_macs(plan, len(prompt), args.steps)
         out.update(decode_instructions_per_token=instructions,
                    prefill_instructions_per_token=runs[0]["prefill_instructions_per_token"],
                    instructions_per_mac=instructions / macs,
+                   attention_macs_per_token=attention,
+                   mean_context=len(prompt) + args.steps / 2,  # of contexts P+1 .. P+S-1
+                   instructions_per_mac_with_attention=instructions / (macs + attention),
                    predicted_esp32p4=bench.predict_p4(instructions, weight_bytes))
     else:
         decode = statistics.median(r["decode_tok_s"] for r in runs)
@@ -407,9 +413,11 @@ def cmd_bench(args) -> int:
     elif instructions:
         p4 = out["predicted_esp32p4"]
         print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, {kernels} kernels, {len(prompt)}-token prompt, "
-              f"{args.steps} steps): {instructions / 1e6:.3f} M instructions per decoded token "
-              f"({out['instructions_per_mac']:.2f} per multiply-accumulate of its {macs:,}), "
-              f"{out['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token; predicted ESP32-P4: "
+              f"{args.steps} steps): {instructions / 1e6:.3f} M instructions per decoded token, "
+              f"{out['instructions_per_mac_with_attention']:.2f} per multiply-accumulate: {macs:,} in the matrices "
+              f"+ {out['attention_macs_per_token']:,.0f} in attention at this context (mean "
+              f"{out['mean_context']:g} positions); {out['instructions_per_mac']:.2f} per matrix multiply-accumulate "
+              f"alone; {out['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token; predicted ESP32-P4: "
               f"{p4['tok_s']:.1f} tok/s ({p4['model']})")
     else:
         ms = out["ms_per_token"]

@@ -3,21 +3,15 @@
 #include <math.h>
 #include <string.h>
 
-/* e^x = 2^n * p(r) with x = n*ln2 + r, |r| <= ln2/2 and p a degree-6 Taylor polynomial. */
-float op_expf(float x)
+/* e^x = 2^n * p(r) with x = n*ln2 + r, |r| <= ln2/2 and p a degree-6 Taylor polynomial, for
+ * -87 <= x <= 88. n is x/ln2 rounded half to even: lrintf in the default rounding mode gives the
+ * same integer as op_round_even (|x/ln2| < 128), in one conversion, and (float)n is exact.
+ * Inline, so that op_softmax's loop keeps the constants in registers. */
+static inline float expf_in_range(float x)
 {
-    if (x != x) {
-        return x;
-    }
-    if (x < -87.0f) {
-        return 0.0f;
-    }
-    if (x > 88.0f) {
-        x = 88.0f;
-    }
-    float n = op_round_even(x * 1.44269504088896341f);
-    float r = x - n * 0.693145751953125f;
-    r = r - n * 1.42860676533018e-06f;
+    const int32_t n = (int32_t)lrintf(x * 1.44269504088896341f);
+    float r = x - (float)n * 0.693145751953125f;
+    r = r - (float)n * 1.42860676533018e-06f;
     float p = 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
     p = p * r + 1.0f / 24.0f;
@@ -25,15 +19,32 @@ float op_expf(float x)
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    uint32_t bits = (uint32_t)(n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
 }
 
+/* NaN stays NaN, below -87 gives 0, above 88 is clamped to 88. */
+static inline float expf_inline(float x)
+{
+    if (!(x >= -87.0f)) {
+        return x != x ? x : 0.0f;
+    }
+    if (x > 88.0f) {
+        x = 88.0f;
+    }
+    return expf_in_range(x);
+}
+
+float op_expf(float x)
+{
+    return expf_inline(x);
+}
+
 float op_silu(float x)
 {
-    return x / (1.0f + op_expf(-x));
+    return x / (1.0f + expf_inline(-x));
 }
 
 float op_sigmoid(float x)
@@ -57,11 +68,39 @@ float op_softcap(float x, float cap)
     return op_tanh(x / cap) * cap;
 }
 
+/* acc starts at -0.0f, which the first product replaces exactly (-0.0f + t == t for every t),
+ * so every term goes through the same loop body; the sum is still a[0]*b[0] + a[1]*b[1] + ...
+ * from the first term on. Lengths that are a multiple of 16 (head widths, model widths) take
+ * sixteen terms per pass: the loop overhead, not the arithmetic, was most of the cost of an
+ * attention dot product on an in-order core. */
+#define DOT_TERM(k) acc = acc + a[k] * b[k]
+
 float op_dot(const float *a, const float *b, int n)
 {
-    float acc = a[0] * b[0];
-    for (int i = 1; i < n; i++) {
-        acc = acc + a[i] * b[i];
+    float acc = -0.0f;
+    if (n % 16 == 0) {
+        for (const float *end = a + n; a < end; a += 16, b += 16) {
+            DOT_TERM(0);
+            DOT_TERM(1);
+            DOT_TERM(2);
+            DOT_TERM(3);
+            DOT_TERM(4);
+            DOT_TERM(5);
+            DOT_TERM(6);
+            DOT_TERM(7);
+            DOT_TERM(8);
+            DOT_TERM(9);
+            DOT_TERM(10);
+            DOT_TERM(11);
+            DOT_TERM(12);
+            DOT_TERM(13);
+            DOT_TERM(14);
+            DOT_TERM(15);
+        }
+        return acc;
+    }
+    for (int i = 0; i < n; i++) {
+        DOT_TERM(i);
     }
     return acc;
 }
@@ -84,10 +123,12 @@ void op_softmax(float *x, int n)
             max = x[i];
         }
     }
-    float sum = 0.0f;
+    float sum = -0.0f; /* replaced exactly by the first term: the sum runs from x[0] */
     for (int i = 0; i < n; i++) {
-        x[i] = op_expf(x[i] - max);
-        sum = (i == 0) ? x[i] : sum + x[i];
+        /* x[i] - max is <= 0 or NaN (never above 88): only the low end needs a check. */
+        const float v = x[i] - max;
+        x[i] = v >= -87.0f ? expf_in_range(v) : (v != v ? v : 0.0f);
+        sum = sum + x[i];
     }
     for (int i = 0; i < n; i++) {
         x[i] = x[i] / sum;

@@ -1,83 +1,264 @@
 /* Kernels for rv32imafc MCUs (no SIMD): the scalar kernels' arithmetic, arranged for fewer
- * instructions. The q8_0 product works on four rows at once, so each activation quant is loaded
- * once for four multiply-adds, and the 32-value block loop is unrolled: about 3.3 instructions per
- * multiply-add instead of about 6 (``./colibri bench --board qemu-rv32`` counts them exactly). Each row's block sums and their order are unchanged, so the bits
- * are the scalar kernel's. Portable C: it is tested against the scalar kernels on any machine. */
+ * instructions (``./colibri bench --board qemu-rv32`` counts them exactly, tests/c/rv32_selftest.c
+ * each kernel alone). The q8_0 product works on 16 rows at once for a small model's 64- and
+ * 128-column matrices and on 8 rows otherwise, with the 32-value block unrolled: every
+ * multiply-add is an lb of the weight, a mul and an add, one lb of each activation quant serves
+ * all the rows, and each row's block scale costs five more per block; about 3.25 instructions per
+ * multiply-add. Each row's block sums and their order are unchanged, so the bits are the scalar
+ * kernel's. Portable C: it is also tested against NumPy on the host. */
 #include "kernels.h"
+
+#include <math.h>
+
+#if defined(__GNUC__) && !defined(__clang__)
+/* GCC's first scheduling pass hoists the 256 loads of an unrolled block ahead of their use and
+ * then spills the registers it ran out of; in program order the block fits in registers. */
+#pragma GCC optimize("no-schedule-insns")
+#endif
 
 const char *kernel_set(void)
 {
     return "rv32";
 }
 
+/* Every row's accumulator starts at -0.0f and every block term is added to it: -0.0f + t == t
+ * for every float t (+0.0f included), so this is the scalar kernel's "first term is the initial
+ * value" without a branch. */
+#define ACC_START (-0.0f)
+
 /* One row: the scalar kernel's loop. */
 static void one_row(float *out, const int8_t *w, const float *wd, const int8_t *x_qs, const float *x_d, int nb)
 {
-    float acc = 0.0f;
+    float acc = ACC_START;
     for (int b = 0; b < nb; b++) {
         int32_t s = 0;
         for (int i = 0; i < KERNEL_QK; i++) {
             s += (int32_t)w[i] * (int32_t)x_qs[i];
         }
-        float term = (float)s * (wd[b] * x_d[b]);
-        acc = (b == 0) ? term : acc + term;
+        acc = acc + (float)s * (wd[b] * x_d[b]);
         w += KERNEL_QK;
         x_qs += KERNEL_QK;
     }
     *out = acc;
 }
 
+/* Eight rows side by side: one load of each activation quant serves eight products, and each
+ * row keeps its own int32 block sum and float accumulator. Written out row by row (no arrays),
+ * so that GCC keeps all of it in registers. */
+#define MAC8(i)                                                                                     \
+    do {                                                                                            \
+        const int32_t xi = x[i];                                                                    \
+        s0 += p0[i] * xi;                                                                           \
+        s1 += p1[i] * xi;                                                                           \
+        s2 += p2[i] * xi;                                                                           \
+        s3 += p3[i] * xi;                                                                           \
+        s4 += p4[i] * xi;                                                                           \
+        s5 += p5[i] * xi;                                                                           \
+        s6 += p6[i] * xi;                                                                           \
+        s7 += p7[i] * xi;                                                                           \
+    } while (0)
+
+__attribute__((noinline)) static void rows8(float *out, const int8_t *w, const float *wd, const int8_t *x,
+                                            const float *x_d, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int8_t *p0 = w, *p1 = p0 + cols, *p2 = p1 + cols, *p3 = p2 + cols;
+    const int8_t *p4 = p3 + cols, *p5 = p4 + cols, *p6 = p5 + cols, *p7 = p6 + cols;
+    float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
+    float a4 = ACC_START, a5 = ACC_START, a6 = ACC_START, a7 = ACC_START;
+    for (int b = 0; b < nb; b++) {
+        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+#pragma GCC unroll 8
+        for (int i = 0; i < KERNEL_QK; i += 4) {
+            MAC8(i);
+            MAC8(i + 1);
+            MAC8(i + 2);
+            MAC8(i + 3);
+        }
+        const float xd = x_d[b];
+        const float *d = wd + b;
+        a0 = a0 + (float)s0 * (d[0] * xd);
+        a1 = a1 + (float)s1 * (d[nb] * xd);
+        a2 = a2 + (float)s2 * (d[2 * nb] * xd);
+        a3 = a3 + (float)s3 * (d[3 * nb] * xd);
+        a4 = a4 + (float)s4 * (d[4 * nb] * xd);
+        a5 = a5 + (float)s5 * (d[5 * nb] * xd);
+        a6 = a6 + (float)s6 * (d[6 * nb] * xd);
+        a7 = a7 + (float)s7 * (d[7 * nb] * xd);
+        p0 += KERNEL_QK;
+        p1 += KERNEL_QK;
+        p2 += KERNEL_QK;
+        p3 += KERNEL_QK;
+        p4 += KERNEL_QK;
+        p5 += KERNEL_QK;
+        p6 += KERNEL_QK;
+        p7 += KERNEL_QK;
+        x += KERNEL_QK;
+    }
+    out[0] = a0;
+    out[1] = a1;
+    out[2] = a2;
+    out[3] = a3;
+    out[4] = a4;
+    out[5] = a5;
+    out[6] = a6;
+    out[7] = a7;
+}
+
+/* The same for the last four rows of a matrix whose row count is not a multiple of eight. */
+#define MAC4(i)                                                                                     \
+    do {                                                                                            \
+        const int32_t xi = x[i];                                                                    \
+        s0 += p0[i] * xi;                                                                           \
+        s1 += p1[i] * xi;                                                                           \
+        s2 += p2[i] * xi;                                                                           \
+        s3 += p3[i] * xi;                                                                           \
+    } while (0)
+
+__attribute__((noinline)) static void rows4(float *out, const int8_t *w, const float *wd, const int8_t *x,
+                                            const float *x_d, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int8_t *p0 = w, *p1 = p0 + cols, *p2 = p1 + cols, *p3 = p2 + cols;
+    float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
+    for (int b = 0; b < nb; b++) {
+        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma GCC unroll 8
+        for (int i = 0; i < KERNEL_QK; i += 4) {
+            MAC4(i);
+            MAC4(i + 1);
+            MAC4(i + 2);
+            MAC4(i + 3);
+        }
+        const float xd = x_d[b];
+        const float *d = wd + b;
+        a0 = a0 + (float)s0 * (d[0] * xd);
+        a1 = a1 + (float)s1 * (d[nb] * xd);
+        a2 = a2 + (float)s2 * (d[2 * nb] * xd);
+        a3 = a3 + (float)s3 * (d[3 * nb] * xd);
+        p0 += KERNEL_QK;
+        p1 += KERNEL_QK;
+        p2 += KERNEL_QK;
+        p3 += KERNEL_QK;
+        x += KERNEL_QK;
+    }
+    out[0] = a0;
+    out[1] = a1;
+    out[2] = a2;
+    out[3] = a3;
+}
+
+/* Sixteen rows of a matrix with COLS columns known at compile time (a small model's, COLS <=
+ * 128): all sixteen rows are reached from one pointer with constant offsets (15 * 128 + 31 fits
+ * a load's 12-bit offset), which leaves the registers for sixteen sums, so one load of each
+ * activation quant serves sixteen products. */
+#define MAC16(i)                                                                                    \
+    do {                                                                                            \
+        const int32_t xi = x[i];                                                                    \
+        s0 += p[0 * COLS + (i)] * xi;                                                               \
+        s1 += p[1 * COLS + (i)] * xi;                                                               \
+        s2 += p[2 * COLS + (i)] * xi;                                                               \
+        s3 += p[3 * COLS + (i)] * xi;                                                               \
+        s4 += p[4 * COLS + (i)] * xi;                                                               \
+        s5 += p[5 * COLS + (i)] * xi;                                                               \
+        s6 += p[6 * COLS + (i)] * xi;                                                               \
+        s7 += p[7 * COLS + (i)] * xi;                                                               \
+        s8 += p[8 * COLS + (i)] * xi;                                                               \
+        s9 += p[9 * COLS + (i)] * xi;                                                               \
+        s10 += p[10 * COLS + (i)] * xi;                                                             \
+        s11 += p[11 * COLS + (i)] * xi;                                                             \
+        s12 += p[12 * COLS + (i)] * xi;                                                             \
+        s13 += p[13 * COLS + (i)] * xi;                                                             \
+        s14 += p[14 * COLS + (i)] * xi;                                                             \
+        s15 += p[15 * COLS + (i)] * xi;                                                             \
+    } while (0)
+
+#define ADD_TERM(k) a##k = a##k + (float)s##k * (d[(k) * NB] * xd)
+
+/* `groups` groups of sixteen rows, one after another. */
+#define ROWS16_FIXED(NAME, COLS_VALUE)                                                              \
+    __attribute__((noinline)) static void NAME(float *out, const int8_t *w, const float *wd,         \
+                                               const int8_t *x_qs, const float *x_d, int groups)    \
+    {                                                                                               \
+        enum { COLS = COLS_VALUE, NB = COLS_VALUE / KERNEL_QK };                                    \
+        for (; groups > 0; groups--, out += 16, w += 16 * COLS, wd += 16 * NB) {                    \
+        const int8_t *x = x_qs;                                                                     \
+        float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START, a4 = ACC_START;       \
+        float a5 = ACC_START, a6 = ACC_START, a7 = ACC_START, a8 = ACC_START, a9 = ACC_START;       \
+        float a10 = ACC_START, a11 = ACC_START, a12 = ACC_START, a13 = ACC_START;                   \
+        float a14 = ACC_START, a15 = ACC_START;                                                     \
+        const int8_t *p = w;                                                                        \
+        for (int b = 0; b < NB; b++) {                                                              \
+            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;                \
+            int32_t s8 = 0, s9 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0, s14 = 0, s15 = 0;           \
+            _Pragma("GCC unroll 8") for (int i = 0; i < KERNEL_QK; i += 4)                          \
+            {                                                                                       \
+                MAC16(i);                                                                           \
+                MAC16(i + 1);                                                                       \
+                MAC16(i + 2);                                                                       \
+                MAC16(i + 3);                                                                       \
+            }                                                                                       \
+            const float xd = x_d[b];                                                                \
+            const float *d = wd + b;                                                                \
+            ADD_TERM(0);                                                                            \
+            ADD_TERM(1);                                                                            \
+            ADD_TERM(2);                                                                            \
+            ADD_TERM(3);                                                                            \
+            ADD_TERM(4);                                                                            \
+            ADD_TERM(5);                                                                            \
+            ADD_TERM(6);                                                                            \
+            ADD_TERM(7);                                                                            \
+            ADD_TERM(8);                                                                            \
+            ADD_TERM(9);                                                                            \
+            ADD_TERM(10);                                                                           \
+            ADD_TERM(11);                                                                           \
+            ADD_TERM(12);                                                                           \
+            ADD_TERM(13);                                                                           \
+            ADD_TERM(14);                                                                           \
+            ADD_TERM(15);                                                                           \
+            p += KERNEL_QK;                                                                         \
+            x += KERNEL_QK;                                                                         \
+        }                                                                                           \
+        out[0] = a0;                                                                                \
+        out[1] = a1;                                                                                \
+        out[2] = a2;                                                                                \
+        out[3] = a3;                                                                                \
+        out[4] = a4;                                                                                \
+        out[5] = a5;                                                                                \
+        out[6] = a6;                                                                                \
+        out[7] = a7;                                                                                \
+        out[8] = a8;                                                                                \
+        out[9] = a9;                                                                                \
+        out[10] = a10;                                                                              \
+        out[11] = a11;                                                                              \
+        out[12] = a12;                                                                              \
+        out[13] = a13;                                                                              \
+        out[14] = a14;                                                                              \
+        out[15] = a15;                                                                              \
+        }                                                                                           \
+    }
+
+ROWS16_FIXED(rows16_cols64, 64)
+ROWS16_FIXED(rows16_cols128, 128)
+
 void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     int r = 0;
-    for (; r + 4 <= rows; r += 4) {
-        /* Four rows side by side: one load of each activation quant serves four products. */
-        const int8_t *w0 = w_qs + (int64_t)r * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
-        const float *d0 = w_d + (int64_t)r * nb, *d1 = d0 + nb, *d2 = d1 + nb, *d3 = d2 + nb;
-        const int8_t *x = x_qs;
-        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-        for (int b = 0; b < nb; b++) {
-            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-            /* Four quants at a time through advancing pointers: loads with constant offsets. */
-            const int8_t *p0 = w0, *p1 = w1, *p2 = w2, *p3 = w3, *px = x;
-            for (int k = 0; k < KERNEL_QK / 4; k++) {
-                const int32_t x0 = px[0], x1 = px[1], x2 = px[2], x3 = px[3];
-                s0 += p0[0] * x0 + p0[1] * x1 + p0[2] * x2 + p0[3] * x3;
-                s1 += p1[0] * x0 + p1[1] * x1 + p1[2] * x2 + p1[3] * x3;
-                s2 += p2[0] * x0 + p2[1] * x1 + p2[2] * x2 + p2[3] * x3;
-                s3 += p3[0] * x0 + p3[1] * x1 + p3[2] * x2 + p3[3] * x3;
-                p0 += 4;
-                p1 += 4;
-                p2 += 4;
-                p3 += 4;
-                px += 4;
-            }
-            const float xd = x_d[b];
-            const float t0 = (float)s0 * (d0[b] * xd), t1 = (float)s1 * (d1[b] * xd);
-            const float t2 = (float)s2 * (d2[b] * xd), t3 = (float)s3 * (d3[b] * xd);
-            if (b == 0) {
-                a0 = t0;
-                a1 = t1;
-                a2 = t2;
-                a3 = t3;
-            } else {
-                a0 = a0 + t0;
-                a1 = a1 + t1;
-                a2 = a2 + t2;
-                a3 = a3 + t3;
-            }
-            w0 += KERNEL_QK;
-            w1 += KERNEL_QK;
-            w2 += KERNEL_QK;
-            w3 += KERNEL_QK;
-            x += KERNEL_QK;
-        }
-        out[r] = a0;
-        out[r + 1] = a1;
-        out[r + 2] = a2;
-        out[r + 3] = a3;
+    if (cols == 64) {
+        rows16_cols64(out, w_qs, w_d, x_qs, x_d, rows / 16);
+        r = rows / 16 * 16;
+    } else if (cols == 128) {
+        rows16_cols128(out, w_qs, w_d, x_qs, x_d, rows / 16);
+        r = rows / 16 * 16;
+    }
+    for (; r + 8 <= rows; r += 8) {
+        rows8(out + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb, x_qs, x_d, cols);
+    }
+    if (r + 4 <= rows) {
+        rows4(out + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb, x_qs, x_d, cols);
+        r += 4;
     }
     for (; r < rows; r++) {
         one_row(out + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb, x_qs, x_d, nb);
@@ -89,9 +270,46 @@ void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int
     kernel_scalar_matvec_f32(out, w, x, rows, cols);
 }
 
+/* The scalar kernel's quantization, with shortcuts that give the same bits: values are rounded
+ * to the nearest integer, ties to even, by lrintf in the default rounding mode (one fcvt.w.s
+ * instead of op_round_even's two additions and a conversion); and the clamp to +-127 is skipped
+ * for a block whose largest magnitude times 1/d stays below 127.5, since rounding is monotonic and
+ * no value of the block can then round beyond 127. (Where the clamp is needed it is applied
+ * before rounding: the bounds are integers, so that is the same as after.) */
 void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
 {
-    kernel_scalar_quantize_q8_0(qs, d, x, n);
+    for (int b = 0; b < n / KERNEL_QK; b++) {
+        const float *xb = x + b * KERNEL_QK;
+        int8_t *qb = qs + b * KERNEL_QK;
+        float amax = 0.0f;
+#pragma GCC unroll 32
+        for (int i = 0; i < KERNEL_QK; i++) {
+            const float a = fabsf(xb[i]);
+            if (a > amax) {
+                amax = a;
+            }
+        }
+        const float scale = amax / 127.0f;
+        const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        d[b] = scale;
+        if (amax * inv < 127.5f) {
+#pragma GCC unroll 32
+            for (int i = 0; i < KERNEL_QK; i++) {
+                qb[i] = (int8_t)lrintf(xb[i] * inv);
+            }
+        } else {
+            for (int i = 0; i < KERNEL_QK; i++) {
+                float v = xb[i] * inv;
+                if (v > 127.0f) {
+                    v = 127.0f;
+                }
+                if (v < -127.0f) {
+                    v = -127.0f;
+                }
+                qb[i] = (int8_t)lrintf(v);
+            }
+        }
+    }
 }
 
 void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)
@@ -99,10 +317,25 @@ void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *
     kernel_tiled_matmul_f32(out, out_stride, w, x, n_tok, rows, cols);
 }
 
+/* Batched products (prefill) as in kernel_tiled_matmul_q8_0, tiles of rows that stay in cache
+ * while every token passes over them, but a multiple of 16 rows each, so that all of a tile goes
+ * through the 16-row passes; one token (decode) is a single tile of all the rows. */
 void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
-    kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+    const int nb = cols / KERNEL_QK;
+    int tile = rows;
+    if (n_tok > 1) {
+        tile = 16384 / (cols + nb * (int)sizeof(float)) / 16 * 16;
+        tile = tile < 16 ? 16 : tile;
+    }
+    for (int r = 0; r < rows; r += tile) {
+        const int n = rows - r < tile ? rows - r : tile;
+        for (int t = 0; t < n_tok; t++) {
+            kernel_matvec_q8_0(out + (int64_t)t * out_stride + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb,
+                               x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
+        }
+    }
 }
 
 void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,

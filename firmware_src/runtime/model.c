@@ -224,35 +224,54 @@ static int64_t kv_slot(int layer, int32_t t)
     return colibri_kv_offset[layer] + (int64_t)(t % colibri_kv_slots[layer]) * COLIBRI_KV_DIM;
 }
 
-/* out[i] += a * v[i] over one head. Each element's sum is its own, so the compiler may do several
- * elements per instruction (restrict tells it out and v never overlap) without changing a bit. */
-static void add_scaled(float *restrict out, float a, const float *restrict v)
-{
-    for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
-        out[i] = out[i] + a * v[i];
-    }
-}
-
 /* Attention of one token at position pos (its keys and values already in the cache): q holds its
- * queries, out receives all heads' outputs. */
+ * queries, out receives all heads' outputs. A head's query and its output sums live in local
+ * arrays, which the compiler keeps in registers for a small head (each sum still runs over t in
+ * order, element by element), and the ring buffer is walked with a slot index, not t % slots. */
 static void attention(const ColibriBuffers *b, int layer, int32_t pos, const float *q, float *out)
 {
     const int32_t window = colibri_layer_window[layer];
     const int32_t start = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
+    const int32_t slots = colibri_kv_slots[layer];
+    /* Through volatile copies of the arenas' addresses: with -mcmodel=medany GCC would otherwise
+     * form every element's address from the symbol anew (auipc, addi, add: three per load). */
+    const float *volatile key_cache = colibri_key_cache, *volatile value_cache = colibri_value_cache;
+    const float *keys = key_cache + colibri_kv_offset[layer];
+    const float *values = value_cache + colibri_kv_offset[layer];
+    float *att = b->att;
     for (int h = 0; h < COLIBRI_N_HEADS; h++) {
-        const float *qh = q + h * COLIBRI_HEAD_DIM;
         const int kv_head = (h / GROUP) * COLIBRI_HEAD_DIM;
-        for (int32_t t = start; t <= pos; t++) {
-            b->att[t] = op_dot(qh, colibri_key_cache + kv_slot(layer, t) + kv_head, COLIBRI_HEAD_DIM) * COLIBRI_ATTN_SCALE;
-        }
-        op_softmax(b->att + start, pos - start + 1);
-        float *oh = out + h * COLIBRI_HEAD_DIM;
-        const float *v0 = colibri_value_cache + kv_slot(layer, start) + kv_head;
+        float qh[COLIBRI_HEAD_DIM], acc[COLIBRI_HEAD_DIM];
+#pragma GCC unroll 16
         for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
-            oh[i] = b->att[start] * v0[i];
+            qh[i] = q[h * COLIBRI_HEAD_DIM + i];
+            acc[i] = -0.0f; /* replaced exactly by the first term */
         }
-        for (int32_t t = start + 1; t <= pos; t++) {
-            add_scaled(oh, b->att[t], colibri_value_cache + kv_slot(layer, t) + kv_head);
+        int32_t slot = start % slots;
+        for (int32_t t = start; t <= pos; t++) {
+            const float *kt = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
+            float s = -0.0f;
+#pragma GCC unroll 16
+            for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
+                s = s + qh[i] * kt[i];
+            }
+            att[t] = s * COLIBRI_ATTN_SCALE;
+            slot = slot + 1 == slots ? 0 : slot + 1;
+        }
+        op_softmax(att + start, pos - start + 1);
+        slot = start % slots;
+        for (int32_t t = start; t <= pos; t++) {
+            const float *vt = values + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
+            const float p = att[t];
+#pragma GCC unroll 16
+            for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
+                acc[i] = acc[i] + p * vt[i];
+            }
+            slot = slot + 1 == slots ? 0 : slot + 1;
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
+            out[h * COLIBRI_HEAD_DIM + i] = acc[i];
         }
     }
 }

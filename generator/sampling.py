@@ -55,8 +55,13 @@ class Rng:
 
 
 def argmax(logits: np.ndarray) -> int:
-    """Index of the largest logit; the lowest index wins a tie."""
-    return int(np.argmax(logits))
+    """Index of the largest logit; the lowest index wins a tie (-0 and +0 are equal). As in a scan
+    from index 0 with `>`: a NaN at index 0 wins, a NaN anywhere else is never larger."""
+    x = np.asarray(logits, dtype=np.float32)
+    if np.isnan(x[0]):
+        return 0
+    x = np.where(np.isnan(x), np.float32(-np.inf), x)
+    return int(np.flatnonzero(x == x.max())[0])
 
 
 def sample(logits: np.ndarray, params: SamplingParams, rng: Rng) -> int:

@@ -63,3 +63,20 @@ def test_filters_restrict_the_candidates():
     assert {sample(logits, SamplingParams(1.0, top_p=0.79), rng) for _ in range(500)} == {0, 1}
     assert {sample(logits, SamplingParams(1.0, min_p=0.5), rng) for _ in range(500)} == {0, 1}
     assert {sample(logits, SamplingParams(1.0), rng) for _ in range(2000)} == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 511, 512, 513])
+def test_greedy_agrees_with_the_reference_on_ties_signed_zeros_and_nans_at_every_length(harness, n):
+    cases = [np.zeros(n, np.float32), np.full(n, -np.inf, np.float32)]
+    for seed in range(6):
+        r = np.random.default_rng(seed)
+        x = r.choice(np.array([-1.0, -0.0, 0.0, 2.0, 7.0], np.float32), n)
+        if seed % 2 and n > 1:
+            x[r.integers(1, n)] = np.nan  # a NaN after the start is never larger
+        cases.append(x)
+    nan_first = np.ones(n, np.float32)
+    nan_first[0] = np.nan
+    cases.append(nan_first)
+    for logits in cases:
+        raw = run_harness(harness, ["sample", n, 1, "0", 0, "1", "0", 0], f32_bytes(logits))
+        assert np.frombuffer(raw, "<i4").tolist() == [sample(logits, SamplingParams(), Rng(0))]

@@ -71,17 +71,46 @@ static void sort_candidates(int32_t *cand, const float *probs, int32_t n)
     }
 }
 
+/* The first index of the largest value (a NaN at index 0 wins, as with a plain scan from 0; other
+ * NaNs are never larger). Four interleaved scans, each keeping its first best, merged preferring
+ * the larger value and then the lower index: the plain scan's answer without its one long chain
+ * of dependent compares. */
+static int32_t argmax(const float *x, int32_t n)
+{
+    if (x[0] != x[0]) {
+        return 0;
+    }
+    float best[4] = {x[0], x[0], x[0], x[0]};
+    int32_t at[4] = {0, 0, 0, 0};
+    int32_t i = 1;
+    for (; i + 3 < n; i += 4) {
+        for (int j = 0; j < 4; j++) {
+            if (x[i + j] > best[j]) {
+                best[j] = x[i + j];
+                at[j] = i + j;
+            }
+        }
+    }
+    for (; i < n; i++) {
+        if (x[i] > best[0]) {
+            best[0] = x[i];
+            at[0] = i;
+        }
+    }
+    int32_t winner = 0;
+    for (int j = 1; j < 4; j++) {
+        if (best[j] > best[winner] || (best[j] == best[winner] && at[j] < at[winner])) {
+            winner = j;
+        }
+    }
+    return at[winner];
+}
+
 int32_t sample_token(const float *logits, int32_t n, const ColibriSampling *s, ColibriRng *rng,
                      float *probs, int32_t *cand)
 {
     if (!(s->temperature > 0.0f)) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < n; i++) {
-            if (logits[i] > logits[best]) {
-                best = i;
-            }
-        }
-        return best;
+        return argmax(logits, n);
     }
     for (int32_t i = 0; i < n; i++) {
         probs[i] = logits[i] / s->temperature;

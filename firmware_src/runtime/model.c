@@ -138,15 +138,6 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
     }
 }
 
-static float ffn_activation(float x)
-{
-#if COLIBRI_FFN_GELU_TANH
-    return op_gelu_tanh(x);
-#else
-    return op_silu(x);
-#endif
-}
-
 /* One gated FFN on the n_tok input rows last given to set_input() (each COLIBRI_DIM wide) into
  * b->proj: down(act(gate x) * up x). Leaves the matmul input set to the hidden activations. */
 static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const ColibriMatrix *w_up,
@@ -155,9 +146,13 @@ static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const Coli
 {
     linear(b->gate, w_gate, b_gate, b, x, n_tok, inner, COLIBRI_DIM);
     linear(b->up, w_up, b_up, b, x, n_tok, inner, COLIBRI_DIM);
+#if COLIBRI_FFN_GELU_TANH
     for (int64_t i = 0; i < (int64_t)n_tok * inner; i++) {
-        b->up[i] = ffn_activation(b->gate[i]) * b->up[i];
+        b->up[i] = op_gelu_tanh(b->gate[i]) * b->up[i];
     }
+#else
+    kernel_swiglu(b->up, b->gate, n_tok * inner);
+#endif
     set_input(b, b->up, n_tok, inner);
     linear(b->proj, w_down, b_down, b, b->up, n_tok, COLIBRI_DIM, inner);
 }

@@ -1,7 +1,7 @@
 /* Test harness: runs one runtime operation on binary input from stdin, writes the result to
  * stdout, so tests can compare the C runtime with generator/numerics.py bit for bit.
  *
- *   harness expf N | silu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
+ *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS
  *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 TOKENS ROWS COLS  (output: token-major)
  *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
@@ -48,6 +48,11 @@ int main(int argc, char **argv)
             }
         }
         write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "swiglu") == 0) {
+        float *gate = read_exact(n * sizeof(float));
+        float *up = read_exact(n * sizeof(float));
+        kernel_swiglu(up, gate, n);
+        write_all(up, n * sizeof(float));
     } else if (strcmp(op, "softmax") == 0) {
         float *x = read_exact(n * sizeof(float));
         op_softmax(x, n);

@@ -118,3 +118,8 @@ void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const f
 {
     kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
 }
+
+void kernel_swiglu(float *up, const float *gate, int n)
+{
+    kernel_scalar_swiglu(up, gate, n);
+}

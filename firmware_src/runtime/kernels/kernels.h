@@ -38,6 +38,9 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
 void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
 
+/* SwiGLU: up[i] = silu(gate[i]) * up[i], silu being op_silu (ops.c) bit for bit. */
+void kernel_swiglu(float *up, const float *gate, int n);
+
 /* Quantize n floats (n % 32 == 0) to q8_0: d = max|x| / 127, q = round_half_even(x / d). */
 void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 
@@ -51,6 +54,7 @@ void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
 void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
+void kernel_scalar_swiglu(float *up, const float *gate, int n);
 
 /* Batched products for kernel sets without a batched kernel of their own: the set's
  * kernel_matvec_* over tiles of rows small enough to stay in cache while every token passes. */

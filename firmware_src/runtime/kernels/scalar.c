@@ -57,6 +57,13 @@ void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d
     }
 }
 
+void kernel_scalar_swiglu(float *up, const float *gate, int n)
+{
+    for (int i = 0; i < n; i++) {
+        up[i] = op_silu(gate[i]) * up[i];
+    }
+}
+
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
 {
     for (int b = 0; b < n / KERNEL_QK; b++) {

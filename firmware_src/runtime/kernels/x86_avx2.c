@@ -102,6 +102,7 @@ __attribute__((target("avx2"))) static void matvec_q8_0_avx2(float *out, const i
 /* The batched kernel lays the eight tokens' scales out block-major on the stack: rows of up to
  * MAX_BLOCKS blocks (16384 values); longer rows take the tiled matvec path. */
 #define MAX_BLOCKS 512
+#define TILE_ROWS 32
 
 /* The eight tokens' sums of one weight block, as one vector (lane i = token i). |w| is computed
  * once for all eight. */
@@ -118,44 +119,77 @@ __attribute__((target("avx2"))) static inline __m256i token_block_sums(__m256i w
     return block_sums8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
 }
 
-/* Batched: one weight row against eight tokens at a time, one float lane per token. Each lane is
- * one (row, token) sum built block after block exactly as in the matvec kernel, so the results
- * are its bits; the weight row is read once for eight tokens and stays in L1 for the next eight. */
+/* Batched: one weight row against eight tokens at a time, one float lane per token (q8_0 or q4_0
+ * weights, the flag being a constant in each caller). Each lane is one (row, token) sum built
+ * block after block exactly as in the matvec kernel, so the results are its bits. */
+/* The 32 int8 values of weight block b of a row: q8_0 quants as they are, or q4_0 nibbles as the
+ * values quant - 8 (low nibbles are values 0..15, high nibbles 16..31). */
+__attribute__((target("avx2"))) static inline __m256i weight_block(const uint8_t *row, int b, int q4)
+{
+    if (!q4) {
+        return _mm256_loadu_si256((const __m256i *)(row + b * KERNEL_QK));
+    }
+    const __m128i packed = _mm_loadu_si128((const __m128i *)(row + b * (KERNEL_QK / 2)));
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    return _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4)),
+                           _mm256_set1_epi8(8));
+}
+
+__attribute__((target("avx2"), always_inline)) static inline void
+matmul_avx2(float *out, int out_stride, const uint8_t *w, int q4, const float *w_d, const int8_t *x_qs,
+            const float *x_d, int n_tok, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int row_bytes = q4 ? cols / 2 : cols;
+    float token_scales[MAX_BLOCKS * 8];
+    /* Tiles of TILE_ROWS rows: every group of eight tokens passes over a tile while it sits in L1,
+     * so each weight comes from memory once per batch, not once per group. */
+    for (int r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+        const int r1 = rows - r0 < TILE_ROWS ? rows : r0 + TILE_ROWS;
+        for (int t0 = 0; t0 < n_tok; t0 += 8) {
+            const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
+            /* Missing tokens of a short last group repeat the group's first token; their lanes
+             * are computed and dropped. */
+            const int8_t *x[8];
+            for (int i = 0; i < 8; i++) {
+                const int t = t0 + (i < n ? i : 0);
+                x[i] = x_qs + (int64_t)t * cols;
+                for (int b = 0; b < nb; b++) {
+                    token_scales[b * 8 + i] = x_d[(int64_t)t * nb + b];
+                }
+            }
+            for (int r = r0; r < r1; r++) {
+                const uint8_t *wq = w + (int64_t)r * row_bytes;
+                const float *wd = w_d + (int64_t)r * nb;
+                __m256 acc = _mm256_setzero_ps();
+                for (int b = 0; b < nb; b++) {
+                    const __m256i wv = weight_block(wq, b, q4);
+                    const __m256 scales = _mm256_mul_ps(_mm256_set1_ps(wd[b]), _mm256_loadu_ps(token_scales + b * 8));
+                    const __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(token_block_sums(wv, x, b * KERNEL_QK)), scales);
+                    acc = (b == 0) ? terms : _mm256_add_ps(acc, terms);
+                }
+                float lanes[8];
+                _mm256_storeu_ps(lanes, acc);
+                for (int i = 0; i < n; i++) {
+                    out[(int64_t)(t0 + i) * out_stride + r] = lanes[i];
+                }
+            }
+        }
+    }
+}
+
 __attribute__((target("avx2"))) static void matmul_q8_0_avx2(float *out, int out_stride, const int8_t *w_qs,
                                                              const float *w_d, const int8_t *x_qs,
                                                              const float *x_d, int n_tok, int rows, int cols)
 {
-    const int nb = cols / KERNEL_QK;
-    float token_scales[MAX_BLOCKS * 8];
-    for (int t0 = 0; t0 < n_tok; t0 += 8) {
-        const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
-        /* Missing tokens of a short last group repeat the group's first token; their lanes are
-         * computed and dropped. */
-        const int8_t *x[8];
-        for (int i = 0; i < 8; i++) {
-            const int t = t0 + (i < n ? i : 0);
-            x[i] = x_qs + (int64_t)t * cols;
-            for (int b = 0; b < nb; b++) {
-                token_scales[b * 8 + i] = x_d[(int64_t)t * nb + b];
-            }
-        }
-        for (int r = 0; r < rows; r++) {
-            const int8_t *wq = w_qs + (int64_t)r * cols;
-            const float *wd = w_d + (int64_t)r * nb;
-            __m256 acc = _mm256_setzero_ps();
-            for (int b = 0; b < nb; b++) {
-                const __m256i wv = _mm256_loadu_si256((const __m256i *)(wq + b * KERNEL_QK));
-                const __m256 scales = _mm256_mul_ps(_mm256_set1_ps(wd[b]), _mm256_loadu_ps(token_scales + b * 8));
-                const __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(token_block_sums(wv, x, b * KERNEL_QK)), scales);
-                acc = (b == 0) ? terms : _mm256_add_ps(acc, terms);
-            }
-            float lanes[8];
-            _mm256_storeu_ps(lanes, acc);
-            for (int i = 0; i < n; i++) {
-                out[(int64_t)(t0 + i) * out_stride + r] = lanes[i];
-            }
-        }
-    }
+    matmul_avx2(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
+}
+
+__attribute__((target("avx2"))) static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4,
+                                                             const float *w_d, const int8_t *x_qs,
+                                                             const float *x_d, int n_tok, int rows, int cols)
+{
+    matmul_avx2(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
 }
 
 /* A q4_0 block's 32 products as 8 int32 partial sums: the nibbles become the int8 values
@@ -222,11 +256,16 @@ void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
     }
 }
 
-/* Batched q4_0: the AVX2 matvec over row tiles that stay in cache while every token passes. */
 void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
-    kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+    if (n_tok == 1) {
+        kernel_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matmul_q4_0_avx2(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+    }
 }
 
 void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
@@ -294,6 +333,53 @@ __attribute__((target("avx2"))) static void quantize_q8_0_avx2(int8_t *qs, float
         }
         __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i *)(qs + b * KERNEL_QK), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+}
+
+/* op_silu eight lanes at a time, with op_expf's operations in its order (ops.c): n = x/ln2 rounded
+ * half to even (cvtps under the default rounding mode, as lrintf), the two-part ln2 reduction,
+ * the degree-6 polynomial, 2^n from the exponent bits; below -87 e^x is 0 (NaN stays NaN), above
+ * 88 x is clamped. Every step is one IEEE single-precision operation, so each lane is the scalar
+ * result bit for bit. */
+__attribute__((target("avx2"))) static inline __m256 silu8(__m256 x)
+{
+    const __m256 neg = _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); /* e^-x */
+    const __m256 below = _mm256_cmp_ps(neg, _mm256_set1_ps(-87.0f), _CMP_NGE_UQ);
+    const __m256 nan = _mm256_cmp_ps(neg, neg, _CMP_UNORD_Q);
+    const __m256 v = _mm256_min_ps(neg, _mm256_set1_ps(88.0f));
+    const __m256i n = _mm256_cvtps_epi32(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)));
+    const __m256 nf = _mm256_cvtepi32_ps(n);
+    __m256 r = _mm256_sub_ps(v, _mm256_mul_ps(nf, _mm256_set1_ps(0.693145751953125f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(nf, _mm256_set1_ps(1.42860676533018e-06f)));
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+    __m256 e = _mm256_mul_ps(p, scale);
+    e = _mm256_blendv_ps(e, _mm256_and_ps(nan, neg), below); /* 0, or the NaN itself */
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+__attribute__((target("avx2"))) static void swiglu_avx2(float *up, const float *gate, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 s = silu8(_mm256_loadu_ps(gate + i));
+        _mm256_storeu_ps(up + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+    kernel_scalar_swiglu(up + i, gate + i, n - i);
+}
+
+void kernel_swiglu(float *up, const float *gate, int n)
+{
+    if (have_avx2()) {
+        swiglu_avx2(up, gate, n);
+    } else {
+        kernel_scalar_swiglu(up, gate, n);
     }
 }
 

@@ -52,7 +52,8 @@ def expf(x: np.ndarray) -> np.ndarray:
     p = np.full_like(r, EXP_POLY[0])
     for c in EXP_POLY[1:]:
         p = p * r + c
-    scale = ((n.astype(np.int32) + 127) << 23).astype(np.int32).view(np.float32)
+    with np.errstate(invalid="ignore"):  # a NaN input's n: its lane is NaN through p anyway
+        scale = ((n.astype(np.int32) + 127) << 23).astype(np.int32).view(np.float32)
     out = p * scale
     return np.where(x < EXP_MIN, F32(0.0), out).astype(np.float32)
 

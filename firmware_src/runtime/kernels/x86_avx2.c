@@ -51,35 +51,52 @@ static inline void prefetch_ahead(const void *p)
     _mm_prefetch(c + 192, _MM_HINT_T0);
 }
 
-/* The 32 products of one block, as 8 int32 partial sums. q8_0 quants lie in [-127, 127], so
- * |w| * x pairs summed by maddubs stay within int16. */
-__attribute__((target("avx2"))) static inline __m256i block_products(const int8_t *w, const int8_t *x)
+/* The 32 int8 values of weight block b of a row: q8_0 quants as they are, or q4_0 nibbles as the
+ * values quant - 8 (low nibbles are values 0..15, high nibbles 16..31). */
+__attribute__((target("avx2"))) static inline __m256i weight_block(const uint8_t *row, int b, int q4)
 {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i wv = _mm256_loadu_si256((const __m256i *)w);
-    __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-    return _mm256_madd_epi16(pairs, ones);
+    if (!q4) {
+        return _mm256_loadu_si256((const __m256i *)(row + b * KERNEL_QK));
+    }
+    const __m128i packed = _mm_loadu_si128((const __m128i *)(row + b * (KERNEL_QK / 2)));
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    return _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4)),
+                           _mm256_set1_epi8(8));
 }
 
-__attribute__((target("avx2"))) static void matvec_q8_0_avx2(float *out, const int8_t *w_qs, const float *w_d,
-                                                             const int8_t *x_qs, const float *x_d, int rows,
-                                                             int cols)
+/* The 32 products of one block (weights wv, activations at x), as 8 int32 partial sums. The
+ * int8 values lie in [-127, 127], so |w| * x pairs summed by maddubs stay within int16. */
+__attribute__((target("avx2"))) static inline __m256i block_products(__m256i wv, const int8_t *x)
+{
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+/* One row after another (q8_0 or q4_0 weights, the flag being a constant in each caller): eight
+ * blocks' integer sums per vector, then their float terms added to the row's sum in block order. */
+__attribute__((target("avx2"), always_inline)) static inline void
+matvec_avx2(float *out, const uint8_t *w, int q4, const float *w_d, const int8_t *x_qs, const float *x_d, int rows,
+            int cols)
 {
     const int nb = cols / KERNEL_QK;
+    const int block_bytes = q4 ? KERNEL_QK / 2 : KERNEL_QK;
     for (int r = 0; r < rows; r++) {
-        const int8_t *wq = w_qs + (int64_t)r * cols;
+        const uint8_t *wq = w + (int64_t)r * nb * block_bytes;
         const float *wd = w_d + (int64_t)r * nb;
         float acc = 0.0f;
         int b = 0;
         for (; b + 8 <= nb; b += 8) {
-            const int8_t *w = wq + b * KERNEL_QK;
             const int8_t *x = x_qs + b * KERNEL_QK;
-            prefetch_ahead(w);
-            __m256i sums = block_sums8(block_products(w, x), block_products(w + 32, x + 32),
-                                       block_products(w + 64, x + 64), block_products(w + 96, x + 96),
-                                       block_products(w + 128, x + 128), block_products(w + 160, x + 160),
-                                       block_products(w + 192, x + 192), block_products(w + 224, x + 224));
+            prefetch_ahead(wq + b * block_bytes);
+            __m256i sums = block_sums8(block_products(weight_block(wq, b, q4), x),
+                                       block_products(weight_block(wq, b + 1, q4), x + 32),
+                                       block_products(weight_block(wq, b + 2, q4), x + 64),
+                                       block_products(weight_block(wq, b + 3, q4), x + 96),
+                                       block_products(weight_block(wq, b + 4, q4), x + 128),
+                                       block_products(weight_block(wq, b + 5, q4), x + 160),
+                                       block_products(weight_block(wq, b + 6, q4), x + 192),
+                                       block_products(weight_block(wq, b + 7, q4), x + 224));
             __m256 scales = _mm256_mul_ps(_mm256_loadu_ps(wd + b), _mm256_loadu_ps(x_d + b));
             float terms[8];
             _mm256_storeu_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(sums), scales));
@@ -88,7 +105,7 @@ __attribute__((target("avx2"))) static void matvec_q8_0_avx2(float *out, const i
             }
         }
         for (; b < nb; b++) {
-            __m256i v = block_products(wq + b * KERNEL_QK, x_qs + b * KERNEL_QK);
+            __m256i v = block_products(weight_block(wq, b, q4), x_qs + b * KERNEL_QK);
             __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
             s = _mm_hadd_epi32(s, s);
             s = _mm_hadd_epi32(s, s);
@@ -97,6 +114,20 @@ __attribute__((target("avx2"))) static void matvec_q8_0_avx2(float *out, const i
         }
         out[r] = acc;
     }
+}
+
+__attribute__((target("avx2"))) static void matvec_q8_0_avx2(float *out, const int8_t *w_qs, const float *w_d,
+                                                             const int8_t *x_qs, const float *x_d, int rows,
+                                                             int cols)
+{
+    matvec_avx2(out, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, rows, cols);
+}
+
+__attribute__((target("avx2"))) static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4, const float *w_d,
+                                                             const int8_t *x_qs, const float *x_d, int rows,
+                                                             int cols)
+{
+    matvec_avx2(out, w_q4, 1, w_d, x_qs, x_d, rows, cols);
 }
 
 /* The batched kernel lays the eight tokens' scales out block-major on the stack: rows of up to
@@ -122,19 +153,6 @@ __attribute__((target("avx2"))) static inline __m256i token_block_sums(__m256i w
 /* Batched: one weight row against eight tokens at a time, one float lane per token (q8_0 or q4_0
  * weights, the flag being a constant in each caller). Each lane is one (row, token) sum built
  * block after block exactly as in the matvec kernel, so the results are its bits. */
-/* The 32 int8 values of weight block b of a row: q8_0 quants as they are, or q4_0 nibbles as the
- * values quant - 8 (low nibbles are values 0..15, high nibbles 16..31). */
-__attribute__((target("avx2"))) static inline __m256i weight_block(const uint8_t *row, int b, int q4)
-{
-    if (!q4) {
-        return _mm256_loadu_si256((const __m256i *)(row + b * KERNEL_QK));
-    }
-    const __m128i packed = _mm_loadu_si128((const __m128i *)(row + b * (KERNEL_QK / 2)));
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    return _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4)),
-                           _mm256_set1_epi8(8));
-}
-
 __attribute__((target("avx2"), always_inline)) static inline void
 matmul_avx2(float *out, int out_stride, const uint8_t *w, int q4, const float *w_d, const int8_t *x_qs,
             const float *x_d, int n_tok, int rows, int cols)
@@ -190,60 +208,6 @@ __attribute__((target("avx2"))) static void matmul_q4_0_avx2(float *out, int out
                                                              const float *x_d, int n_tok, int rows, int cols)
 {
     matmul_avx2(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
-}
-
-/* A q4_0 block's 32 products as 8 int32 partial sums: the nibbles become the int8 values
- * quant - 8 (low nibbles are values 0..15, high nibbles 16..31), then as for q8_0. */
-__attribute__((target("avx2"))) static inline __m256i block_products_q4(const uint8_t *w, const int8_t *x)
-{
-    const __m128i packed = _mm_loadu_si128((const __m128i *)w);
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    const __m256i q = _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4),
-                                                       _mm_and_si128(packed, low4)),
-                                      _mm256_set1_epi8(8));
-    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-    const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-}
-
-/* The q8_0 kernel's structure over q4_0 rows: eight blocks' sums per vector, then the float terms
- * in block order. */
-__attribute__((target("avx2"))) static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4, const float *w_d,
-                                                             const int8_t *x_qs, const float *x_d, int rows,
-                                                             int cols)
-{
-    const int nb = cols / KERNEL_QK;
-    const int half = KERNEL_QK / 2;
-    for (int r = 0; r < rows; r++) {
-        const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
-        const float *wd = w_d + (int64_t)r * nb;
-        float acc = 0.0f;
-        int b = 0;
-        for (; b + 8 <= nb; b += 8) {
-            const uint8_t *w = wq + b * half;
-            const int8_t *x = x_qs + b * KERNEL_QK;
-            prefetch_ahead(w);
-            __m256i sums = block_sums8(block_products_q4(w, x), block_products_q4(w + half, x + 32),
-                                       block_products_q4(w + 2 * half, x + 64), block_products_q4(w + 3 * half, x + 96),
-                                       block_products_q4(w + 4 * half, x + 128), block_products_q4(w + 5 * half, x + 160),
-                                       block_products_q4(w + 6 * half, x + 192), block_products_q4(w + 7 * half, x + 224));
-            __m256 scales = _mm256_mul_ps(_mm256_loadu_ps(wd + b), _mm256_loadu_ps(x_d + b));
-            float terms[8];
-            _mm256_storeu_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(sums), scales));
-            for (int i = 0; i < 8; i++) {
-                acc = (b + i == 0) ? terms[i] : acc + terms[i];
-            }
-        }
-        for (; b < nb; b++) {
-            __m256i v = block_products_q4(wq + b * half, x_qs + b * KERNEL_QK);
-            __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-            s = _mm_hadd_epi32(s, s);
-            s = _mm_hadd_epi32(s, s);
-            float term = (float)_mm_cvtsi128_si32(s) * (wd[b] * x_d[b]);
-            acc = (b == 0) ? term : acc + term;
-        }
-        out[r] = acc;
-    }
 }
 
 void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,

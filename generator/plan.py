@@ -208,7 +208,7 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
         ("q", "float", n * spec.q_dim, "queries, per token"),
         ("k", "float", n * spec.kv_dim, "keys, per token (copied into the KV cache)"),
         ("v", "float", n * spec.kv_dim, "values, per token (copied into the KV cache)"),
-        ("att", "float", n_ctx, "attention scores of one head over the context"),
+        ("att", "float", spec.n_heads * n_ctx, "attention scores over the context, per head (heads run in parallel)"),
         ("attn_out", "float", n * spec.q_dim, "attention output of all heads, per token"),
         ("proj", "float", n * d, "output of wo or w_down before the residual add, per token"),
         ("gate", "float", n * f, "FFN gate projection (of a dense FFN or of one expert), per token"),

@@ -60,7 +60,7 @@ def test_plan_scratch_and_kv_cache_sizes():
     s = spec()
     plan = make_plan(s, "host", "q8_0", 100)
     buffers = {b.name: b for b in plan.scratch}
-    assert buffers["att"].count == 100 and buffers["logits"].count == 250
+    assert buffers["att"].count == s.n_heads * 100 and buffers["logits"].count == 250  # scores per head
     assert buffers["act_qs"].count == max(96, 2 * 48, 160)
     end = 0
     for b in plan.scratch:

@@ -223,8 +223,21 @@ static int64_t kv_slot(int layer, int32_t t)
  * queries, out receives all heads' outputs. A head's query and its output sums live in local
  * arrays, which the compiler keeps in registers for a small head (each sum still runs over t in
  * order, element by element), and the ring buffer is walked with a slot index, not t % slots. */
-static void attention(const ColibriBuffers *b, int layer, int32_t pos, const float *q, float *out)
+typedef struct {
+    const ColibriBuffers *b;
+    int layer;
+    int32_t pos;
+    const float *q;
+    float *out;
+} AttentionJob;
+
+static void attention_heads(void *ctx, int h_begin, int h_end)
 {
+    const AttentionJob *j = ctx;
+    const int layer = j->layer;
+    const int32_t pos = j->pos;
+    const float *q = j->q;
+    float *out = j->out;
     const int32_t window = colibri_layer_window[layer];
     const int32_t start = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
     const int32_t slots = colibri_kv_slots[layer];
@@ -233,8 +246,8 @@ static void attention(const ColibriBuffers *b, int layer, int32_t pos, const flo
     const float *volatile key_cache = colibri_key_cache, *volatile value_cache = colibri_value_cache;
     const float *keys = key_cache + colibri_kv_offset[layer];
     const float *values = value_cache + colibri_kv_offset[layer];
-    float *att = b->att;
-    for (int h = 0; h < COLIBRI_N_HEADS; h++) {
+    for (int h = h_begin; h < h_end; h++) {
+        float *att = j->b->att + (int64_t)h * COLIBRI_N_CTX; /* each head its own scores: heads run in parallel */
         const int kv_head = (h / GROUP) * COLIBRI_HEAD_DIM;
         float qh[COLIBRI_HEAD_DIM], acc[COLIBRI_HEAD_DIM];
 #pragma GCC unroll 16
@@ -268,6 +281,18 @@ static void attention(const ColibriBuffers *b, int layer, int32_t pos, const flo
         for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
             out[h * COLIBRI_HEAD_DIM + i] = acc[i];
         }
+    }
+}
+
+/* The heads split over the threads once the context makes it worth waking them. */
+static void attention(const ColibriBuffers *b, int layer, int32_t pos, const float *q, float *out)
+{
+    AttentionJob job = {b, layer, pos, q, out};
+    const int64_t macs = 2 * (int64_t)COLIBRI_N_HEADS * (pos + 1) * COLIBRI_HEAD_DIM;
+    if (macs < PARALLEL_MIN_MACS) {
+        attention_heads(&job, 0, COLIBRI_N_HEADS);
+    } else {
+        parallel_for(attention_heads, &job, COLIBRI_N_HEADS);
     }
 }
 

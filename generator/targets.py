@@ -5,6 +5,8 @@ Common fields (every board):
   default_ctx, program (linked file name)
   prefill_batch (optional, default 1): prompt tokens per forward pass; their activations all
               live in the scratch arena, so MCU boards keep it small
+  attention_chains (optional, 1 or 4, default 1): attention scores computed side by side (each
+              still its own sum in order): 4 for out-of-order cores, 1 for in-order MCUs
   [toolchain] cc, apt (Debian packages providing it), cflags, ldflags, libs, linker_script (optional)
   [runner]    kind: "process" (a Linux program; `emulator` prefixes it when this machine's ISA
               differs), "qemu-system" (`command` with {program} {flash_image} {port}),
@@ -64,6 +66,7 @@ class Board:
     memory: tuple[MemoryRegion, ...]
     path: Path
     prefill_batch: int = 1
+    attention_chains: int = 1
     data: dict = field(default_factory=dict, compare=False, hash=False)
 
     def region_holding(self, category: str) -> MemoryRegion | None:
@@ -96,6 +99,12 @@ def _int(value) -> int:
     return value
 
 
+def _chains(value) -> int:
+    if _int(value) not in (1, 4):
+        raise ValueError(f"attention_chains must be 1 or 4, got {value}")
+    return value
+
+
 def load_board(name: str) -> Board:
     path = TARGETS_DIR / f"{name}.toml"
     if not path.is_file():
@@ -116,7 +125,8 @@ def load_board(name: str) -> Board:
             ldflags=tuple(tc["ldflags"]), libs=tuple(tc["libs"]), linker_script=tc.get("linker_script"),
             runner=runner["kind"], weights=runner["weights"], emulator=tuple(runner.get("emulator", ())),
             command=tuple(runner.get("command", ())), memory=memory, path=path,
-            prefill_batch=_int(data.get("prefill_batch", 1)), data=data,
+            prefill_batch=_int(data.get("prefill_batch", 1)),
+            attention_chains=_chains(data.get("attention_chains", 1)), data=data,
         )
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
         raise ColibriError(f"{path.name}: malformed board file ({e})") from None

@@ -3,6 +3,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "board_def.h"
 #include "kernels/kernels.h"
 #include "ops.h"
 #include "parallel.h"
@@ -256,7 +257,33 @@ static void attention_heads(void *ctx, int h_begin, int h_end)
             acc[i] = -0.0f; /* replaced exactly by the first term */
         }
         int32_t slot = start % slots;
-        for (int32_t t = start; t <= pos; t++) {
+        int32_t t = start;
+#if COLIBRI_ATTENTION_CHAINS == 4
+        /* Four positions side by side (the board's choice): four independent sums, each over i in
+         * order, which an out-of-order core overlaps instead of waiting on one chain of adds. */
+        for (; t + 3 <= pos; t += 4) {
+            const float *k0 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
+            slot = slot + 1 == slots ? 0 : slot + 1;
+            const float *k1 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
+            slot = slot + 1 == slots ? 0 : slot + 1;
+            const float *k2 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
+            slot = slot + 1 == slots ? 0 : slot + 1;
+            const float *k3 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
+            slot = slot + 1 == slots ? 0 : slot + 1;
+            float s0 = -0.0f, s1 = -0.0f, s2 = -0.0f, s3 = -0.0f;
+            for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
+                s0 = s0 + qh[i] * k0[i];
+                s1 = s1 + qh[i] * k1[i];
+                s2 = s2 + qh[i] * k2[i];
+                s3 = s3 + qh[i] * k3[i];
+            }
+            att[t] = s0 * COLIBRI_ATTN_SCALE;
+            att[t + 1] = s1 * COLIBRI_ATTN_SCALE;
+            att[t + 2] = s2 * COLIBRI_ATTN_SCALE;
+            att[t + 3] = s3 * COLIBRI_ATTN_SCALE;
+        }
+#endif
+        for (; t <= pos; t++) {
             const float *kt = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
             float s = -0.0f;
 #pragma GCC unroll 16

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -118,13 +119,14 @@ def rate_by_context(n_prompt: int, token_us_runs: list[list[int]]) -> tuple[list
 
 def plot_rate_vs_context(path, contexts: list[int], rates: list[float], title: str) -> None:
     """A PNG of decode tok/s against context length (each token, and a 16-token moving median)."""
-    import os
-    import tempfile
+    import io
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from .emit import write_atomic
 
     window = 16
     smooth = [statistics.median(rates[max(0, i - window + 1):i + 1]) for i in range(len(rates))]
@@ -138,14 +140,7 @@ def plot_rate_vs_context(path, contexts: list[int], rates: list[float], title: s
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    # Written next to the target and renamed into place: never a half-written PNG.
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=directory)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    plt.close(fig)
+    write_atomic(Path(path), png.getvalue())  # never a half-written PNG

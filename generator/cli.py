@@ -17,7 +17,6 @@ from .errors import ColibriError
 from .hf_import import parse_config, read_json
 from .quantize import QUANTS
 from .reference import Reference
-from .plan import make_plan
 from .report import format_report, plan_for_board, planned_report_dict, report_dict
 from .runner import RunRequest, run_on_board
 from .sampling import SamplingParams
@@ -269,11 +268,7 @@ def cmd_verify(args) -> int:
         speed = f" at {speed_text(r)}" if speed_text(r) else ""
         progress(f"firmware on {board.name}: {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
                  f"running the NumPy reference on the same weight image")
-    from .plan import make_plan
-    from .hf_import import load_checkpoint
-    spec = load_checkpoint(args.model, load_tensors=False).spec
-    ref_plan = make_plan(spec, board.name, plan.quant, plan.n_ctx, board.prefill_batch)
-    reference = Reference(ref_plan, art.weights.read_bytes())
+    reference = Reference(plan, art.weights.read_bytes())
     ref = reference.generate(request.prompt, request.steps, request.sampling, request.stop_at_eos)
     diverged = first_divergence(result.tokens, result.digests, ref.tokens, ref.digests)
     routing_ok = result.expert_counts == ref.expert_counts

@@ -84,6 +84,14 @@ class Plan:
     expand_q4: bool = False  # q4_0 matrices are expanded to int8 + scales in RAM when the image loads
     expanded_bytes: int = 0  # the RAM arena those expanded matrices take
 
+    @property
+    def q4_0_weights(self) -> str | None:
+        """How the firmware reads q4_0 matrices (None for other quantizations)."""
+        if self.quant != "q4_0":
+            return None
+        return ("expanded to int8 + scales in RAM at load, read by the q8_0 kernels" if self.expand_q4
+                else "read in place by the q4_0 kernels")
+
     def tensor(self, name: str) -> TensorEntry:
         for t in self.tensors:
             if t.name == name:
@@ -97,8 +105,7 @@ class Plan:
             "quant": self.quant,
             "n_ctx": self.n_ctx,
             "prefill_batch": self.prefill_batch,
-            "q4_0_weights": ("expanded to int8 in RAM at load" if self.expand_q4 else "read in place")
-            if self.quant == "q4_0" else None,
+            "q4_0_weights": self.q4_0_weights,
             "spec": asdict(self.spec),
             "image": asdict(self.image),
             "tensors": [asdict(t) for t in self.tensors],

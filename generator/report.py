@@ -140,13 +140,6 @@ def largest_fitting_ctx(board: Board, plan: Plan, elf: ElfSizes) -> int | None:
     return lo
 
 
-def q4_0_mode(plan: Plan) -> str | None:
-    if plan.quant != "q4_0":
-        return None
-    return ("expanded to int8 + scales in RAM at load, read by the q8_0 kernels" if plan.expand_q4
-            else "read in place by the q4_0 kernels")
-
-
 def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
     check_elf_against_plan(plan, elf)
     uses = regions(board, plan, elf)
@@ -156,7 +149,7 @@ def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
         "architecture": plan.spec.architecture,
         "quant": plan.quant,
         "n_ctx": plan.n_ctx,
-        "q4_0_weights": q4_0_mode(plan),
+        "q4_0_weights": plan.q4_0_weights,
         "regions": [
             {"name": r.name, "kind": r.kind, "budget": r.budget, "used": r.used, "over_budget": r.over_budget,
              "items": r.items}
@@ -189,7 +182,7 @@ def planned_report_dict(board: Board, plan: Plan) -> dict:
         largest = lo
     return {
         "board": board.name, "model": plan.spec.name, "architecture": plan.spec.architecture,
-        "quant": plan.quant, "n_ctx": plan.n_ctx, "planned_only": True, "q4_0_weights": q4_0_mode(plan),
+        "quant": plan.quant, "n_ctx": plan.n_ctx, "planned_only": True, "q4_0_weights": plan.q4_0_weights,
         "code_estimate": reserve,
         "regions": [{"name": u.name, "kind": u.kind, "budget": u.budget, "used": u.used,
                      "over_budget": u.over_budget, "items": u.items} for u in uses],

@@ -220,10 +220,13 @@ static int64_t kv_slot(int layer, int32_t t)
     return colibri_kv_offset[layer] + (int64_t)(t % colibri_kv_slots[layer]) * COLIBRI_KV_DIM;
 }
 
-/* Attention of one token at position pos (its keys and values already in the cache): q holds its
- * queries, out receives all heads' outputs. A head's query and its output sums live in local
- * arrays, which the compiler keeps in registers for a small head (each sum still runs over t in
- * order, element by element), and the ring buffer is walked with a slot index, not t % slots. */
+/* The ring slot after `slot` in a layer's KV cache of `slots` positions (no division). */
+static inline int32_t next_slot(int32_t slot, int32_t slots)
+{
+    return slot + 1 == slots ? 0 : slot + 1;
+}
+
+/* One token's attention, for the heads a thread takes. */
 typedef struct {
     const ColibriBuffers *b;
     int layer;
@@ -232,6 +235,11 @@ typedef struct {
     float *out;
 } AttentionJob;
 
+/* Attention of one token at position pos (its keys and values already in the cache) for heads
+ * h_begin .. h_end - 1: q holds its queries, out receives those heads' outputs. A head's query and
+ * its output sums live in local arrays, which the compiler keeps in registers for a small head
+ * (each sum still runs over t in order, element by element), and the ring buffer is walked with a
+ * slot index, not t % slots. */
 static void attention_heads(void *ctx, int h_begin, int h_end)
 {
     const AttentionJob *j = ctx;
@@ -263,13 +271,13 @@ static void attention_heads(void *ctx, int h_begin, int h_end)
          * order, which an out-of-order core overlaps instead of waiting on one chain of adds. */
         for (; t + 3 <= pos; t += 4) {
             const float *k0 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
-            slot = slot + 1 == slots ? 0 : slot + 1;
+            slot = next_slot(slot, slots);
             const float *k1 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
-            slot = slot + 1 == slots ? 0 : slot + 1;
+            slot = next_slot(slot, slots);
             const float *k2 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
-            slot = slot + 1 == slots ? 0 : slot + 1;
+            slot = next_slot(slot, slots);
             const float *k3 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
-            slot = slot + 1 == slots ? 0 : slot + 1;
+            slot = next_slot(slot, slots);
             float s0 = -0.0f, s1 = -0.0f, s2 = -0.0f, s3 = -0.0f;
             for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
                 s0 = s0 + qh[i] * k0[i];
@@ -291,7 +299,7 @@ static void attention_heads(void *ctx, int h_begin, int h_end)
                 s = s + qh[i] * kt[i];
             }
             att[t] = s * COLIBRI_ATTN_SCALE;
-            slot = slot + 1 == slots ? 0 : slot + 1;
+            slot = next_slot(slot, slots);
         }
         op_softmax(att + start, pos - start + 1);
         slot = start % slots;
@@ -302,7 +310,7 @@ static void attention_heads(void *ctx, int h_begin, int h_end)
             for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
                 acc[i] = acc[i] + p * vt[i];
             }
-            slot = slot + 1 == slots ? 0 : slot + 1;
+            slot = next_slot(slot, slots);
         }
 #pragma GCC unroll 16
         for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -78,7 +79,34 @@ def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str
 
 
 def run_scons(req: BuildRequest, echo=None) -> Artifacts:
-    """Run the SCons build; progress lines go to `echo`. A failure raises ColibriError."""
+    """Run the SCons build; progress lines go to `echo`. A failure raises ColibriError and, when
+    this run created the build directory, removes it: a refused model leaves nothing behind."""
+    fresh = not req.out_dir.exists()
+    try:
+        made = _run_scons(req, echo)
+    except BaseException:
+        if fresh:
+            shutil.rmtree(req.out_dir, ignore_errors=True)
+        raise
+    link_compile_commands(req.out_dir, REPO / "build")
+    return made
+
+
+def link_compile_commands(out_dir: Path, build_root: Path) -> None:
+    """Point build/compile_commands.json at the latest build under build/: clangd looks for the
+    database in a `build` directory above the sources, so firmware_src/ opens with that build's
+    flags and generated headers."""
+    database = out_dir / "compile_commands.json"
+    if not out_dir.is_relative_to(build_root) or not database.is_file():
+        return
+    link = build_root / "compile_commands.json"
+    partial = build_root / ".compile_commands.json.partial"
+    partial.unlink(missing_ok=True)
+    partial.symlink_to(database.relative_to(build_root))
+    os.replace(partial, link)
+
+
+def _run_scons(req: BuildRequest, echo) -> Artifacts:
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")
     try:

@@ -918,15 +918,37 @@ def _compare_tarballs(given: Path, expected: Path, what: str) -> str | None:
     return f"{given.name}: differs from {what}"
 
 
+def locate_bundle(path: Path) -> Path:
+    """The bundle a user means by `path`: a bundle directory, its tarball, or the `release --out`
+    directory when that holds one bundle (with several, say which there are)."""
+    if not path.exists():
+        raise ColibriError(f"{path} does not exist (give a release bundle directory, its .tar.gz, or the "
+                           f"release's --out directory)")
+    if not path.is_dir() or (path / MANIFEST).is_file():
+        return path
+    bundles = sorted(d.name for d in path.iterdir()
+                     if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST).is_file())
+    if len(bundles) == 1:
+        return path / bundles[0]
+    if bundles:
+        raise ColibriError(f"{path} holds {len(bundles)} release bundles; name one: "
+                           + ", ".join(str(path / b) for b in bundles))
+    tarballs = sorted(t.name for t in path.glob("*.tar.gz") if not t.name.startswith("."))
+    if len(tarballs) == 1:
+        return path / tarballs[0]
+    if tarballs:
+        raise ColibriError(f"{path} holds {len(tarballs)} release tarballs; name one: "
+                           + ", ".join(str(path / t) for t in tarballs))
+    raise ColibriError(f"{path} is not a release bundle (no {MANIFEST}) and holds none")
+
+
 def check_release(bundle: Path | str, verify_key: Path | str | None = None, model_dir: Path | str | None = None,
                   rebuild: bool = True, progress: Progress = None) -> VerifyResult:
     """verify_release with the details (what was checked, notes) for the CLI."""
     from .setup_toolchain import ensure_toolchain
 
-    path = Path(bundle)
-    result = VerifyResult(str(bundle))
-    if not path.exists():
-        raise ColibriError(f"{path} does not exist (give a release bundle directory or its .tar.gz)")
+    path = locate_bundle(Path(bundle))
+    result = VerifyResult(str(path))
     with tempfile.TemporaryDirectory(prefix="colibri-verify-") as tmp:
         tmp = Path(tmp)
         if path.is_dir():

@@ -29,29 +29,76 @@ def apt_install(packages: list[str], why: str) -> None:
             raise ColibriError(f"{' '.join(cmd[:2])} failed: {last}")
 
 
+# dpkg's package states (dpkg-query(1), "Package states"): the files are on disk and configured in
+# these; in the others (not-installed, config-files, half-installed, unpacked, half-configured)
+# the package cannot be relied on.
+USABLE_STATES = ("installed", "triggers-awaited", "triggers-pending")
+
+
+def status_is_installed(status: str) -> bool:
+    """Whether dpkg's `${Status}` ("want error-flag state", e.g. "install ok installed") says the
+    package is installed and usable. A package dpkg has seen but never installed reads
+    "unknown ok not-installed"; "reinstreq" marks a broken installation."""
+    words = status.split()
+    return len(words) == 3 and words[1] == "ok" and words[2] in USABLE_STATES
+
+
+def installed_packages(packages: list[str]) -> set[str]:
+    """Those of `packages` that dpkg reports installed (any architecture of a multi-arch one)."""
+    if not packages:
+        return set()
+    done = subprocess.run(["dpkg-query", "-W", "-f=${binary:Package}\t${Status}\n", *packages],
+                          capture_output=True, text=True)
+    # Exit status 1 only says that some name is unknown to dpkg; the others are still listed.
+    found = set()
+    for line in done.stdout.splitlines():
+        name, _, status = line.partition("\t")
+        if status_is_installed(status):
+            found.add(name.split(":")[0])
+    return found
+
+
 def installed(package: str) -> bool:
-    done = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
-    return done.returncode == 0 and done.stdout.strip().endswith("installed")
+    return package in installed_packages([package])
+
+
+def have_dpkg() -> bool:
+    return shutil.which("dpkg-query") is not None
 
 
 def ensure_packages(listing: Path) -> None:
-    wanted = [line.split("#")[0].strip() for line in listing.read_text().splitlines()]
-    missing = [p for p in wanted if p and not installed(p)]
+    wanted = [p for p in (line.split("#")[0].strip() for line in listing.read_text().splitlines()) if p]
+    present = installed_packages(wanted)
+    missing = [p for p in wanted if p not in present]
     if missing:
         apt_install(missing, f"packages listed in {listing.name}")
 
 
+def missing_for(board: Board) -> tuple[list[str], list[str]]:
+    """What this machine lacks for a board: its Debian packages that dpkg does not report installed
+    (on machines with dpkg; a library such as picolibc has no program to look for) and its programs
+    that are not on PATH."""
+    tools = [t for t in board.tools() if not shutil.which(t)]
+    packages = []
+    if have_dpkg():
+        present = installed_packages(list(board.apt_packages))
+        packages = [p for p in board.apt_packages if p not in present]
+    return packages, tools
+
+
 def ensure_toolchain(board: Board) -> None:
-    missing = [t for t in board.tools() if not shutil.which(t)]
-    if not missing:
+    packages, tools = missing_for(board)
+    if not packages and not tools:
         return
-    packages = list(board.apt_packages)
-    if not packages:
-        raise ColibriError(f"{missing[0]!r} for board {board.name} not found")
-    apt_install(packages, f"the {board.name} toolchain ({missing[0]} not found)")
-    still = [t for t in board.tools() if not shutil.which(t)]
-    if still:
-        raise ColibriError(f"installed {' '.join(packages)} but {still[0]!r} is still not on PATH")
+    if not board.apt_packages:
+        raise ColibriError(f"{tools[0]!r} for board {board.name} not found")
+    why = f"{tools[0]} not found" if tools else f"{packages[0]} not installed"
+    apt_install(packages or list(board.apt_packages), f"the {board.name} toolchain ({why})")
+    packages, tools = missing_for(board)
+    if tools:
+        raise ColibriError(f"installed {' '.join(board.apt_packages)} but {tools[0]!r} is still not on PATH")
+    if packages:
+        raise ColibriError(f"apt-get ran but dpkg still does not report {' '.join(packages)} installed")
 
 
 def main(argv: list[str]) -> int:

@@ -82,3 +82,38 @@ def test_cli_build_and_plain_scons_give_identical_artifacts(checkpoints, tmp_pat
     for rel in ("generated/model_def.h", "generated/model_data.c", "generated/weights.img",
                 "generated/plan.json", "firmware"):
         assert (tmp_path / "cli" / rel).read_bytes() == (tmp_path / "direct" / rel).read_bytes(), rel
+
+
+def test_every_build_writes_a_compilation_database_for_editors(checkpoints, tmp_path):
+    import json
+
+    out = tmp_path / "out"
+    scons(REPO, checkpoints("llama_gqa_linear"), out)
+    entries = json.loads((out / "compile_commands.json").read_text())
+    by_file = {Path(e["file"]).resolve(): e for e in entries}
+    model_c = (REPO / "firmware_src" / "runtime" / "model.c").resolve()
+    assert model_c in by_file and (out / "generated" / "model_data.c").resolve() in by_file
+    entry = by_file[model_c]
+    assert Path(entry["directory"]).is_absolute()
+    # The generated headers are on the include path, so an editor resolves model_def.h's constants.
+    assert f"-I{out / 'generated'}" in entry["command"] and (out / "generated" / "model_def.h").is_file()
+    assert "-ffp-contract=off" in entry["command"]
+    assert all(Path(e["file"]).is_file() for e in entries)
+    assert scons(REPO, checkpoints("llama_gqa_linear"), out) == []  # and it costs no rebuild
+
+
+def test_the_latest_default_build_is_where_clangd_looks(tmp_path):
+    from generator.build import link_compile_commands
+
+    build_root = tmp_path / "build"
+    for board in ("host", "qemu-rv32"):
+        out = build_root / board / "m-q8_0-ctx64"
+        out.mkdir(parents=True)
+        (out / "compile_commands.json").write_text(f'["{board}"]')
+        link_compile_commands(out, build_root)
+        assert (build_root / "compile_commands.json").read_text() == f'["{board}"]'
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "compile_commands.json").write_text("[]")
+    link_compile_commands(elsewhere, build_root)  # a build outside build/ does not take the link
+    assert (build_root / "compile_commands.json").read_text() == '["qemu-rv32"]'

@@ -133,7 +133,19 @@ def test_nan_in_weights_is_refused_without_output(model, tmp_path):
     write_safetensors(path, header, data)
     done = run_cli("build", "--model", model, "--out", tmp_path / "out")
     assert done.returncode == 2 and "contains NaN or Inf" in done.stderr
-    assert not (tmp_path / "out" / "firmware").exists()
+    assert not (tmp_path / "out").exists(), "a rejected model left its build directory behind"
+
+
+def test_a_rejected_model_leaves_an_earlier_build_of_the_same_directory_alone(model, tmp_path):
+    out = tmp_path / "out"
+    assert run_cli("build", "--model", model, "--out", out).returncode == 0
+    path = model / "model.safetensors"
+    header, data = safetensors_parts(path)
+    begin = header["model.norm.weight"]["data_offsets"][0]
+    write_safetensors(path, header, data[:begin] + np.float32(np.nan).tobytes() + data[begin + 4:])
+    done = run_cli("build", "--model", model, "--out", out)
+    assert done.returncode == 2 and "contains NaN or Inf" in done.stderr
+    assert (out / "firmware").is_file(), "the earlier build was removed"
 
 
 @pytest.mark.parametrize("index,message", [

@@ -20,7 +20,7 @@ import pytest
 from conftest import DEFAULT_MODEL, REPO, run_cli
 from generator.errors import ColibriError
 from generator.release import (MANIFEST, SIGNATURE, SUMS, check_release, default_source_date_epoch,
-                               generate_signing_key, json_bytes, make_release, sha256_file, source_info,
+                               generate_signing_key, json_bytes, locate_bundle, make_release, sha256_file, source_info,
                                verify_release, write_sums, write_tarball)
 from generator.targets import load_board
 
@@ -366,3 +366,31 @@ def test_cli_release_and_verify_release(tmp_path, keys):
     assert any(p.startswith("memory-report.txt:") for p in problems), problems
     done = run_cli("release", "--board", "host", "--model", tmp_path / "missing", "--out", out)
     assert done.returncode == 2 and done.stderr.startswith("colibri: error:") and "Traceback" not in done.stderr
+
+
+def test_verify_release_accepts_the_out_directory_holding_one_bundle(host_release, keys):
+    """What a user types after `release --out DIR`: `verify-release DIR`."""
+    out = host_release.bundle.parent
+    assert locate_bundle(out) == host_release.bundle
+    result = check_release(out, verify_key=keys / "release.pub", rebuild=False)
+    assert result.problems == [] and result.tarball_checked and result.bundle == str(host_release.bundle)
+
+
+def test_an_out_directory_with_several_bundles_names_them(host_release, tmp_path):
+    for name in ("a", "b"):
+        copy_release(host_release, tmp_path / "out" / name)
+    (tmp_path / "out" / "a" / host_release.bundle.name).rename(tmp_path / "out" / "first")
+    (tmp_path / "out" / "b" / host_release.bundle.name).rename(tmp_path / "out" / "second")
+    with pytest.raises(ColibriError, match=r"holds 2 release bundles; name one: .*first, .*second"):
+        locate_bundle(tmp_path / "out")
+
+
+def test_an_out_directory_with_only_a_tarball_uses_it(host_release, tmp_path):
+    shutil.copyfile(host_release.tarball, tmp_path / host_release.tarball.name)
+    assert locate_bundle(tmp_path) == tmp_path / host_release.tarball.name
+
+
+def test_a_directory_without_a_release_is_refused_in_one_line(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ColibriError, match="is not a release bundle"):
+        locate_bundle(tmp_path)

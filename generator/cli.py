@@ -93,6 +93,8 @@ def build_for(args, quiet: bool) -> tuple[Artifacts, object]:
     board = load_board(args.board)
     ensure_toolchain(board)
     req, plan = prepare(board, args.model, args.quant, args.ctx, args.out)
+    if plan.kept_f32 and not quiet:
+        progress(f"note: {plan.kept_f32_summary()}")
     echo = None if quiet else progress
     return run_scons(req, echo), (board, plan)
 

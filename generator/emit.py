@@ -107,8 +107,11 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         quant=plan.quant,
         quant_code=DTYPE_CODES[plan.quant],
         q8=plan.quant in INTEGER_QUANTS,  # integer quants: matmul inputs quantized to q8_0
-        q4_direct=plan.quant == "q4_0" and not plan.expand_q4,
         q4_expanded=plan.expand_q4,
+        dtype_codes=sorted(DTYPE_CODES.items(), key=lambda kv: kv[1]),
+        dtype_doc=", ".join(f"{code} {name}" for name, code in sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])),
+        kept_f32=list(plan.kept_f32),
+        kept_f32_bytes=sum(plan.tensor(name).nbytes for name in plan.kept_f32),
         tensors=tensors,
         tensor_by_name={t["name"]: t for t in tensors},
         layer_fields=layer_fields,

@@ -8,6 +8,7 @@ The emitter turns a Plan into named C constants; the image writer follows the sa
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, replace
 
 from .errors import ColibriError
@@ -83,6 +84,17 @@ class Plan:
     prefill_batch: int = 1  # prompt tokens one forward pass takes at once (the board's choice)
     expand_q4: bool = False  # q4_0 matrices are expanded to int8 + scales in RAM when the image loads
     expanded_bytes: int = 0  # the RAM arena those expanded matrices take
+    kept_f32: tuple[str, ...] = ()  # matrices kept in f32 under q8_0/q4_0: rows not whole blocks of QK
+
+    def kept_f32_summary(self) -> str | None:
+        """One line on the matrices kept in f32 (None when there are none)."""
+        if not self.kept_f32:
+            return None
+        widths = sorted({self.tensor(n).cols for n in self.kept_f32})
+        nbytes = sum(self.tensor(n).nbytes for n in self.kept_f32)
+        names = _name_patterns(self.kept_f32)
+        return (f"{len(self.kept_f32)} matrices kept in f32 ({nbytes:,} B; rows of {', '.join(map(str, widths))} "
+                f"are not whole blocks of {QK}): {', '.join(names)}")
 
     @property
     def q4_0_weights(self) -> str | None:
@@ -106,6 +118,7 @@ class Plan:
             "n_ctx": self.n_ctx,
             "prefill_batch": self.prefill_batch,
             "q4_0_weights": self.q4_0_weights,
+            "kept_f32": list(self.kept_f32),
             "spec": asdict(self.spec),
             "image": asdict(self.image),
             "tensors": [asdict(t) for t in self.tensors],
@@ -130,19 +143,31 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
+def _name_patterns(names) -> list[str]:
+    """Tensor names with their layer and expert numbers folded: layers.*.experts.*.w_down."""
+    out = []
+    for name in names:
+        pattern = re.sub(r"(?<=layers\.)\d+|(?<=experts\.)\d+", "*", name)
+        if pattern not in out:
+            out.append(pattern)
+    return out
+
+
 def _c_name(name: str) -> str:
     return name.replace(".", "_").upper()
 
 
-def _tensor_layout(spec: ModelSpec, quant: str) -> tuple[tuple[TensorEntry, ...], int]:
-    entries = []
+def _tensor_layout(spec: ModelSpec, quant: str) -> tuple[tuple[TensorEntry, ...], int, tuple[str, ...]]:
+    """Every tensor's place in the image's data region, and the matrices kept in f32 under an
+    integer quantization because their rows are not whole blocks of QK (as llama.cpp does, rather
+    than refusing the model)."""
+    entries, kept_f32 = [], []
     cursor = 0
     for name, shape in expected_shapes(spec).items():
-        if len(shape) == 2 and quant in INTEGER_QUANTS:
+        if len(shape) == 2 and quant in INTEGER_QUANTS and shape[1] % QK:
+            kept_f32.append(name)
+        if len(shape) == 2 and quant in INTEGER_QUANTS and not shape[1] % QK:
             rows, cols = shape
-            if cols % QK:
-                raise ColibriError(f"{quant} needs every matrix row to be a multiple of {QK} long; "
-                                   f"{name} has rows of {cols} (use --quant f32)")
             quant_bytes = rows * cols if quant == "q8_0" else rows * cols // 2
             scales_offset = align_up(quant_bytes)
             nbytes = scales_offset + rows * (cols // QK) * 4
@@ -154,7 +179,7 @@ def _tensor_layout(spec: ModelSpec, quant: str) -> tuple[tuple[TensorEntry, ...]
             dtype = "f32"
         entries.append(TensorEntry(name, _c_name(name), dtype, rows, cols, cursor, nbytes, scales_offset))
         cursor = align_up(cursor + nbytes)
-    return tuple(entries), cursor
+    return tuple(entries), cursor, tuple(kept_f32)
 
 
 def _arena(items: list[tuple[str, str, int, str]]) -> tuple[tuple[Buffer, ...], int]:
@@ -195,7 +220,7 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
     if n_ctx > spec.max_position_embeddings:
         raise ColibriError(f"context length {n_ctx} exceeds the model's max_position_embeddings "
                            f"({spec.max_position_embeddings})")
-    tensors, data_bytes = _tensor_layout(spec, quant)
+    tensors, data_bytes, kept_f32 = _tensor_layout(spec, quant)
     expand_q4 = expand_q4 and quant == "q4_0"
     expanded_bytes = 0
     if expand_q4:
@@ -256,7 +281,7 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
         scratch=scratch, scratch_bytes=scratch_bytes, kv_slots=kv_slots, kv_offsets=tuple(kv_offsets),
         kv_bytes=2 * cursor * 4, ropes=tuple(ropes), layer_rope=tuple(layer_rope),
         rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.head_dim // 2) * 4, max_input=max_input,
-        prefill_batch=prefill_batch, expand_q4=expand_q4, expanded_bytes=expanded_bytes,
+        prefill_batch=prefill_batch, expand_q4=expand_q4, expanded_bytes=expanded_bytes, kept_f32=kept_f32,
     )
 
 

@@ -14,7 +14,7 @@ from .image import read_header
 from .numerics import (F32, dot, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
                        softcap, softmax)
 from .plan import Plan
-from .quantize import INTEGER_QUANTS, dequantize_q8_0, matvec_q8_0, quantize_q8_0, unpack_q4_0
+from .quantize import INTEGER_QUANTS, QK, dequantize_q8_0, matvec_q8_0, quantize_q8_0, unpack_q4_0
 from .sampling import Rng, SamplingParams, sample
 
 
@@ -61,15 +61,19 @@ class Reference:
 
     # -- building blocks -------------------------------------------------------------------
     def _prepare(self, x: np.ndarray):
-        """The matmul input as the kernels see it: quantized to q8_0 once for q8_0 and q4_0 weights."""
-        return quantize_q8_0(x) if self.plan.quant in INTEGER_QUANTS else x
+        """The matmul input as the kernels see it: the floats, and for q8_0 and q4_0 weights their
+        q8_0 quants (made once, when the input's length is whole blocks: matrices whose rows are
+        not stay f32 and read the floats)."""
+        quantized = self.plan.quant in INTEGER_QUANTS and x.shape[-1] % QK == 0
+        return x, (quantize_q8_0(x) if quantized else None)
 
     def _linear(self, name: str, act, bias: str | None = None) -> np.ndarray:
         w = self.w[name]
+        x, q = act
         if isinstance(w, tuple):
-            out = matvec_q8_0(w[0], w[1], act[0], act[1])
+            out = matvec_q8_0(w[0], w[1], q[0], q[1])
         else:
-            out = matvec_f32(w, act)
+            out = matvec_f32(w, x)
         if bias is not None:
             out = out + self.w[bias]
         return out

@@ -60,6 +60,12 @@ ORACLE_CONFIGS = {
         vocab_size=140, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, max_position_embeddings=128, num_experts=8, num_experts_per_tok=3,
         moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=True)),
+    # Qwen3-MoE whose experts are 48 wide: their down projections' rows are not whole q8_0 blocks,
+    # so a q8_0 or q4_0 plan keeps those matrices in f32 and quantizes the rest.
+    "qwen3_moe_odd_experts": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        vocab_size=140, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=128, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=48, norm_topk_prob=True, tie_word_embeddings=False)),
 }
 
 

@@ -83,9 +83,24 @@ def test_plan_json_round_trips_and_states_totals():
     assert len(data["tensors"]) == len(plan.tensors)
 
 
-def test_plan_rejects_a_context_beyond_the_model_and_q8_0_odd_rows():
+def test_plan_rejects_a_context_beyond_the_model():
     with pytest.raises(ColibriError, match="exceeds the model's max_position_embeddings"):
         make_plan(spec(), "host", "q8_0", 1024)
-    with pytest.raises(ColibriError, match="multiple of 32"):
-        make_plan(spec(hidden_size=80, num_attention_heads=2), "host", "q8_0", 64)
-    make_plan(spec(hidden_size=80, num_attention_heads=2), "host", "f32", 64)  # f32 has no block constraint
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
+def test_matrices_whose_rows_are_not_whole_blocks_stay_f32_and_the_rest_is_quantized(quant):
+    """Intermediate 176 = 5.5 blocks: w_down's rows (176 long) stay f32; w_gate and w_up (rows of
+    hidden 96) are quantized, as llama.cpp does rather than refusing the model."""
+    plan = make_plan(spec(intermediate_size=176), "host", quant, 64)
+    dtypes = {t.name: t.dtype for t in plan.tensors}
+    assert plan.kept_f32 == tuple(f"layers.{i}.w_down" for i in range(3))
+    assert all(dtypes[name] == "f32" for name in plan.kept_f32)
+    assert dtypes["layers.0.w_gate"] == dtypes["layers.0.wq"] == dtypes["embed"] == quant
+    down = plan.tensor("layers.0.w_down")
+    assert down.nbytes == 96 * 176 * 4 and down.scales_offset == 0
+    summary = plan.kept_f32_summary()
+    assert summary.startswith(f"3 matrices kept in f32 ({3 * down.nbytes:,} B; rows of 176 are not whole blocks of 32)")
+    assert summary.endswith("layers.*.w_down")
+    assert json.loads(plan.to_json())["kept_f32"] == list(plan.kept_f32)
+    assert make_plan(spec(), "host", quant, 64).kept_f32 == () and make_plan(spec(), "host", quant, 64).kept_f32_summary() is None

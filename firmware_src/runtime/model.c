@@ -45,65 +45,80 @@ void colibri_buffers_init(ColibriBuffers *b)
 #endif
 }
 
-/* Make the n_tok rows of x (each n long, one after another) the input of the following linear()
- * calls (q8_0: quantize them once for all of those calls). */
-static void set_input(ColibriBuffers *b, const float *x, int n_tok, int n)
+/* The input of one or more matrix products: n_tok rows of `cols` floats and, when the model has
+ * integer weights and the rows are whole q8_0 blocks, their q8_0 quants, made once for every matrix
+ * that takes this input (run.c quantizes x the same way before its matmuls). The quants live in the
+ * scratch arena's act_qs/act_d: an input stays valid until the next matmul_input(). */
+typedef struct {
+    const float *x;
+    const int8_t *qs; /* NULL: not quantized (f32 model, or rows that are not whole blocks) */
+    const float *d;
+    int n_tok, cols;
+} MatmulInput;
+
+static MatmulInput matmul_input(const ColibriBuffers *b, const float *x, int n_tok, int cols)
 {
+    MatmulInput in = {x, NULL, NULL, n_tok, cols};
 #if COLIBRI_ACT_Q8_0
-    for (int t = 0; t < n_tok; t++) {
-        kernel_quantize_q8_0(b->act_qs + (int64_t)t * n, b->act_d + (int64_t)t * (n / KERNEL_QK),
-                             x + (int64_t)t * n, n);
+    if (cols % KERNEL_QK == 0) {
+        for (int t = 0; t < n_tok; t++) {
+            kernel_quantize_q8_0(b->act_qs + (int64_t)t * cols, b->act_d + (int64_t)t * (cols / KERNEL_QK),
+                                 x + (int64_t)t * cols, cols);
+        }
+        in.qs = b->act_qs;
+        in.d = b->act_d;
     }
 #else
     (void)b;
-    (void)x;
-    (void)n_tok;
-    (void)n;
 #endif
+    return in;
 }
 
-/* One matrix times n_tok input rows, split by weight rows over the threads (each sum unchanged). */
+/* One matrix times the input's rows, split by weight rows over the threads (each sum unchanged). */
 typedef struct {
     float *out;
-    const ColibriMatrix *m;
-    const ColibriBuffers *b;
-    const float *x;
-    int n_tok, rows, cols;
+    const MatmulInput *in;
+    const ColibriMatrix *w;
+    int rows;
 } LinearJob;
 
 static void linear_rows(void *ctx, int begin, int end)
 {
     const LinearJob *j = ctx;
-#if COLIBRI_MATRIX_Q4_0
-    kernel_matmul_q4_0(j->out + begin, j->rows, j->m->qs + (int64_t)begin * (j->cols / 2),
-                       j->m->d + (int64_t)begin * (j->cols / KERNEL_QK), j->b->act_qs, j->b->act_d, j->n_tok,
-                       end - begin, j->cols);
-#elif COLIBRI_ACT_Q8_0
-    kernel_matmul_q8_0(j->out + begin, j->rows, j->m->qs + (int64_t)begin * j->cols,
-                       j->m->d + (int64_t)begin * (j->cols / KERNEL_QK), j->b->act_qs, j->b->act_d, j->n_tok,
-                       end - begin, j->cols);
-#else
-    kernel_matmul_f32(j->out + begin, j->rows, j->m->w + (int64_t)begin * j->cols, j->x, j->n_tok, end - begin,
-                      j->cols);
-#endif
+    const int cols = j->in->cols, n = end - begin;
+    const int64_t first_scale = (int64_t)begin * (cols / KERNEL_QK);
+    switch (j->w->dtype) {
+    case COLIBRI_DTYPE_Q4_0:
+        kernel_matmul_q4_0(j->out + begin, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
+                           j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
+        break;
+    case COLIBRI_DTYPE_Q8_0:
+        kernel_matmul_q8_0(j->out + begin, j->rows, (const int8_t *)j->w->w + (int64_t)begin * cols,
+                           j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
+        break;
+    default:
+        kernel_matmul_f32(j->out + begin, j->rows, (const float *)j->w->w + (int64_t)begin * cols, j->in->x,
+                          j->in->n_tok, n, cols);
+        break;
+    }
 }
 
 /* Below this many multiply-adds a product is not worth waking the other threads for. */
 #define PARALLEL_MIN_MACS 32768
 
-/* out[t] = W x[t] (+ bias) for the n_tok rows of x last given to set_input(); out rows are `rows`
- * long, one after another. */
-static void linear(float *out, const ColibriMatrix *m, const float *bias, const ColibriBuffers *b,
-                   const float *x, int n_tok, int rows, int cols)
+/* out[t] = W in[t] (+ bias) for each of the input's rows; out rows are `rows` long, one after
+ * another. Each matrix is read in its own form (the plan may keep a matrix in f32 when its rows
+ * are not whole blocks), so the product picks its kernel by the matrix's element type. */
+static void linear(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows)
 {
-    LinearJob job = {out, m, b, x, n_tok, rows, cols};
-    if ((int64_t)n_tok * rows * cols < PARALLEL_MIN_MACS) {
+    LinearJob job = {out, in, w, rows};
+    if ((int64_t)in->n_tok * rows * in->cols < PARALLEL_MIN_MACS) {
         linear_rows(&job, 0, rows);
     } else {
         parallel_for(linear_rows, &job, rows);
     }
     if (bias != NULL) {
-        for (int t = 0; t < n_tok; t++) {
+        for (int t = 0; t < in->n_tok; t++) {
             float *o = out + (int64_t)t * rows;
             for (int i = 0; i < rows; i++) {
                 o[i] = o[i] + bias[i];
@@ -114,24 +129,29 @@ static void linear(float *out, const ColibriMatrix *m, const float *bias, const 
 
 static void embed(float *x, const ColibriMatrix *m, int32_t token)
 {
-#if COLIBRI_MATRIX_Q4_0
-    const uint8_t *qs = m->qs + (int64_t)token * (COLIBRI_DIM / 2);
-    const float *d = m->d + (int64_t)token * (COLIBRI_DIM / KERNEL_QK);
-    for (int i = 0; i < COLIBRI_DIM; i++) {
-        const int b = i / KERNEL_QK, j = i % KERNEL_QK;
-        const uint8_t byte = qs[b * (KERNEL_QK / 2) + j % (KERNEL_QK / 2)];
-        const int q = (j < KERNEL_QK / 2 ? byte & 0x0F : byte >> 4) - 8;
-        x[i] = (float)q * d[b];
+    const int64_t first_scale = (int64_t)token * (COLIBRI_DIM / KERNEL_QK);
+    switch (m->dtype) {
+    case COLIBRI_DTYPE_Q4_0: {
+        const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (COLIBRI_DIM / 2);
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            const int b = i / KERNEL_QK, j = i % KERNEL_QK;
+            const uint8_t byte = qs[b * (KERNEL_QK / 2) + j % (KERNEL_QK / 2)];
+            const int q = (j < KERNEL_QK / 2 ? byte & 0x0F : byte >> 4) - 8;
+            x[i] = (float)q * m->d[first_scale + b];
+        }
+        break;
     }
-#elif COLIBRI_ACT_Q8_0
-    const int8_t *qs = m->qs + (int64_t)token * COLIBRI_DIM;
-    const float *d = m->d + (int64_t)token * (COLIBRI_DIM / KERNEL_QK);
-    for (int i = 0; i < COLIBRI_DIM; i++) {
-        x[i] = (float)qs[i] * d[i / KERNEL_QK];
+    case COLIBRI_DTYPE_Q8_0: {
+        const int8_t *qs = (const int8_t *)m->w + (int64_t)token * COLIBRI_DIM;
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            x[i] = (float)qs[i] * m->d[first_scale + i / KERNEL_QK];
+        }
+        break;
     }
-#else
-    memcpy(x, m->w + (int64_t)token * COLIBRI_DIM, COLIBRI_DIM * sizeof(float));
-#endif
+    default:
+        memcpy(x, (const float *)m->w + (int64_t)token * COLIBRI_DIM, COLIBRI_DIM * sizeof(float));
+        break;
+    }
     if (COLIBRI_EMBED_SCALE != 1.0f) {
         for (int i = 0; i < COLIBRI_DIM; i++) {
             x[i] = x[i] * COLIBRI_EMBED_SCALE;
@@ -139,14 +159,15 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
     }
 }
 
-/* One gated FFN on the n_tok input rows last given to set_input() (each COLIBRI_DIM wide) into
- * b->proj: down(act(gate x) * up x). Leaves the matmul input set to the hidden activations. */
+/* One gated FFN on the n_tok rows of x (each COLIBRI_DIM wide) into b->proj:
+ * down(act(gate x) * up x), act SiLU or GELU (tanh). */
 static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const ColibriMatrix *w_up,
                       const ColibriMatrix *w_down, const float *b_gate, const float *b_up, const float *b_down,
                       const float *x, int n_tok, int inner)
 {
-    linear(b->gate, w_gate, b_gate, b, x, n_tok, inner, COLIBRI_DIM);
-    linear(b->up, w_up, b_up, b, x, n_tok, inner, COLIBRI_DIM);
+    const MatmulInput in = matmul_input(b, x, n_tok, COLIBRI_DIM);
+    linear(b->gate, &in, w_gate, b_gate, inner);
+    linear(b->up, &in, w_up, b_up, inner);
 #if COLIBRI_FFN_GELU_TANH
     for (int64_t i = 0; i < (int64_t)n_tok * inner; i++) {
         b->up[i] = op_gelu_tanh(b->gate[i]) * b->up[i];
@@ -154,8 +175,8 @@ static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const Coli
 #else
     kernel_swiglu(b->up, b->gate, n_tok * inner);
 #endif
-    set_input(b, b->up, n_tok, inner);
-    linear(b->proj, w_down, b_down, b, b->up, n_tok, COLIBRI_DIM, inner);
+    const MatmulInput hidden = matmul_input(b, b->up, n_tok, inner);
+    linear(b->proj, &hidden, w_down, b_down, COLIBRI_DIM);
 }
 
 #if COLIBRI_N_EXPERTS > 0
@@ -165,8 +186,8 @@ static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const Coli
  * are routed one at a time; the first slot of the per-token buffers is its workspace. */
 static void moe_ffn(const ColibriLayerWeights *lw, ColibriBuffers *b, int layer, const float *xn, float *out)
 {
-    set_input(b, xn, 1, COLIBRI_DIM);
-    linear(b->router_logits, &lw->router, NULL, b, xn, 1, COLIBRI_N_EXPERTS, COLIBRI_DIM);
+    const MatmulInput in = matmul_input(b, xn, 1, COLIBRI_DIM);
+    linear(b->router_logits, &in, &lw->router, NULL, COLIBRI_N_EXPERTS);
     op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
     for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
         int best = -1;
@@ -194,7 +215,6 @@ static void moe_ffn(const ColibriLayerWeights *lw, ColibriBuffers *b, int layer,
     }
     for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
         const ColibriExpert *ex = &lw->experts[b->expert_ids[k]];
-        set_input(b, xn, 1, COLIBRI_DIM);
         gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, xn, 1, COLIBRI_EXPERT_FFN_DIM);
         for (int i = 0; i < COLIBRI_DIM; i++) {
             float term = b->expert_weights[k] * b->proj[i];
@@ -202,8 +222,8 @@ static void moe_ffn(const ColibriLayerWeights *lw, ColibriBuffers *b, int layer,
         }
     }
     if (COLIBRI_SHARED_FFN_DIM > 0) {
-        set_input(b, xn, 1, COLIBRI_DIM);
-        linear(b->router_logits, &lw->shared_gate, NULL, b, xn, 1, 1, COLIBRI_DIM);
+        const MatmulInput shared_in = matmul_input(b, xn, 1, COLIBRI_DIM);
+        linear(b->router_logits, &shared_in, &lw->shared_gate, NULL, 1);
         float scale = op_sigmoid(b->router_logits[0]);
         gated_ffn(b, &lw->shared.w_gate, &lw->shared.w_up, &lw->shared.w_down, NULL, NULL, NULL, xn, 1,
                   COLIBRI_SHARED_FFN_DIM);
@@ -392,10 +412,10 @@ void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *
          * (each one's keys and values enter the cache before it attends, so a token sees
          * exactly the positions up to its own, and a sliding layer's ring is never overrun). */
         normalize(b, lw->attn_norm, n);
-        set_input(b, b->xn, n, COLIBRI_DIM);
-        linear(b->q, &lw->wq, lw->bq, b, b->xn, n, COLIBRI_Q_DIM, COLIBRI_DIM);
-        linear(b->k, &lw->wk, lw->bk, b, b->xn, n, COLIBRI_KV_DIM, COLIBRI_DIM);
-        linear(b->v, &lw->wv, lw->bv, b, b->xn, n, COLIBRI_KV_DIM, COLIBRI_DIM);
+        const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
+        linear(b->q, &xn, &lw->wq, lw->bq, COLIBRI_Q_DIM);
+        linear(b->k, &xn, &lw->wk, lw->bk, COLIBRI_KV_DIM);
+        linear(b->v, &xn, &lw->wv, lw->bv, COLIBRI_KV_DIM);
         for (int t = 0; t < n; t++) {
             float *q = b->q + (int64_t)t * COLIBRI_Q_DIM;
             float *k = b->k + (int64_t)t * COLIBRI_KV_DIM;
@@ -405,8 +425,8 @@ void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *
                    COLIBRI_KV_DIM * sizeof(float));
             attention(b, l, pos + t, q, b->attn_out + (int64_t)t * COLIBRI_Q_DIM);
         }
-        set_input(b, b->attn_out, n, COLIBRI_Q_DIM);
-        linear(b->proj, &lw->wo, lw->bo, b, b->attn_out, n, COLIBRI_DIM, COLIBRI_Q_DIM);
+        const MatmulInput attn_out = matmul_input(b, b->attn_out, n, COLIBRI_Q_DIM);
+        linear(b->proj, &attn_out, &lw->wo, lw->bo, COLIBRI_DIM);
         residual_add(b, lw->post_attn_norm, n);
 
         /* Feed-forward block: a gated FFN, down(act(gate(x)) * up(x)) with act SiLU or GELU, or
@@ -421,7 +441,6 @@ void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *
         } else
 #endif
         {
-            set_input(b, b->xn, n, COLIBRI_DIM);
             gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, lw->b_gate, lw->b_up, lw->b_down, b->xn, n,
                       COLIBRI_FFN_DIM);
         }
@@ -432,8 +451,8 @@ void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *
     }
     /* Only the last token's next-token logits are wanted. */
     op_rmsnorm(b->xn, b->x + (int64_t)(n - 1) * COLIBRI_DIM, w->final_norm, COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
-    set_input(b, b->xn, 1, COLIBRI_DIM);
-    linear(b->logits, &w->lm_head, NULL, b, b->xn, 1, COLIBRI_VOCAB, COLIBRI_DIM);
+    const MatmulInput last = matmul_input(b, b->xn, 1, COLIBRI_DIM);
+    linear(b->logits, &last, &w->lm_head, NULL, COLIBRI_VOCAB);
     if (COLIBRI_FINAL_SOFTCAP != 0.0f) {
         for (int i = 0; i < COLIBRI_VOCAB; i++) {
             b->logits[i] = op_softcap(b->logits[i], COLIBRI_FINAL_SOFTCAP);

@@ -16,12 +16,13 @@ import jinja2
 import numpy as np
 
 from . import __version__, rope
-from .plan import (ALIGN, DTYPE_CODES, IMAGE_DIR_ENTRY_BYTES, IMAGE_FORMAT_VERSION, IMAGE_HEADER_BYTES,
-                   IMAGE_NAME_BYTES, IMAGE_TRAILER_BYTES, Plan, align_up)
+from . import image_format
+from .image_format import DTYPE_CODES
+from .plan import ALIGN, Plan, align_up
 from .quantize import INTEGER_QUANTS
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
-GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h")
+GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")
 
 
 def c_float(value) -> str:
@@ -79,6 +80,29 @@ def _float_rows(values: np.ndarray, per_line: int = 6) -> list[str]:
     return [", ".join(flat[i:i + per_line]) for i in range(0, len(flat), per_line)]
 
 
+def _bindings(spec, by_name: dict, layer_fields: list) -> tuple[list[dict], list[dict]]:
+    """ColibriWeights' fields in order, each with the tensor it points at: matrices and vectors."""
+    matrices, vectors = [dict(field="embed", t=by_name["embed"])], []
+    for i in range(spec.n_layers):
+        for f in layer_fields:
+            name = f"layers.{i}.{f['part']}"
+            if name in by_name:
+                (matrices if f["matrix"] else vectors).append(dict(field=f"layers[{i}].{f['part']}", t=by_name[name]))
+        if spec.moe_layers and spec.moe_layers[i]:
+            matrices.append(dict(field=f"layers[{i}].router", t=by_name[f"layers.{i}.router"]))
+            for e in range(spec.n_experts):
+                for part in ("w_gate", "w_up", "w_down"):
+                    matrices.append(dict(field=f"layers[{i}].experts[{e}].{part}",
+                                         t=by_name[f"layers.{i}.experts.{e}.{part}"]))
+            if spec.shared_expert_intermediate_size:
+                for part in ("w_gate", "w_up", "w_down"):
+                    matrices.append(dict(field=f"layers[{i}].shared.{part}", t=by_name[f"layers.{i}.shared.{part}"]))
+                matrices.append(dict(field=f"layers[{i}].shared_gate", t=by_name[f"layers.{i}.shared_gate"]))
+    vectors.append(dict(field="final_norm", t=by_name["final_norm"]))
+    matrices.append(dict(field="lm_head", t=by_name["embed" if spec.tie_embeddings else "lm_head"]))
+    return matrices, vectors
+
+
 def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = bytes(32)) -> dict:
     spec = plan.spec
     tables = [rope.tables(r, spec.head_dim, plan.n_ctx) for r in plan.ropes]
@@ -99,8 +123,11 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         matrix = part.startswith("w")
         layer_fields.append(dict(part=part, matrix=matrix,
                                  present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)]))
+    matrix_bindings, vector_bindings = _bindings(spec, {t["name"]: t for t in tensors}, layer_fields)
     return dict(
         fw_version=__version__,
+        matrix_bindings=matrix_bindings,
+        vector_bindings=vector_bindings,
         spec=spec,
         plan=plan,
         board=plan.board,
@@ -119,11 +146,9 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
                       nbytes=b.nbytes, purpose=b.purpose) for b in plan.scratch],
         image=plan.image,
         align=ALIGN,
-        image_format_version=IMAGE_FORMAT_VERSION,
-        image_header_bytes=IMAGE_HEADER_BYTES,
-        image_dir_entry_bytes=IMAGE_DIR_ENTRY_BYTES,
-        image_name_bytes=IMAGE_NAME_BYTES,
-        image_trailer_bytes=IMAGE_TRAILER_BYTES,
+        image_format=image_format,
+        image_header_fields=list(image_format.HEADER.values()),
+        image_entry_fields=list(image_format.DIR_ENTRY.values()),
         model_hash_hex=model_hash.hex(),
         model_hash_bytes=", ".join(f"0x{b:02x}" for b in model_hash),
         weights_sha256_hex=weights_sha256.hex(),

@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .emit import render, write_atomic
+from .emit import GENERATED_FILES, render, write_atomic
 from .hf_import import load_checkpoint
 from .image import build_image
 from .plan import Plan
@@ -18,7 +18,7 @@ from .targets import Board
 
 WEIGHTS_FILE = "weights.img"
 PLAN_FILE = "plan.json"
-OUTPUT_FILES = ("model_def.h", "model_data.c", "board_def.h", WEIGHTS_FILE, PLAN_FILE)
+OUTPUT_FILES = (*GENERATED_FILES, WEIGHTS_FILE, PLAN_FILE)
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,13 @@ import json
 import re
 from dataclasses import asdict, dataclass, replace
 
+from . import image_format
 from .errors import ColibriError
 from .hf_import import expected_shapes
 from .quantize import INTEGER_QUANTS, QK, QUANTS
 from .spec import ModelSpec
 
-ALIGN = 64
-IMAGE_MAGIC = b"COLIBRIW"
-IMAGE_FORMAT_VERSION = 1
-IMAGE_HEADER_BYTES = 128
-IMAGE_DIR_ENTRY_BYTES = 96
-IMAGE_NAME_BYTES = 64
-IMAGE_TRAILER_BYTES = 8  # u32 CRC-32 of everything before it, then the end magic "CEND"
-DTYPE_CODES = {"f32": 0, "q8_0": 1, "q4_0": 2}
+ALIGN = image_format.ALIGN  # tensors in the image, buffers in the arenas
 PLAN_FORMAT = 1
 
 
@@ -225,10 +219,10 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
     expanded_bytes = 0
     if expand_q4:
         tensors, expanded_bytes = _expanded_layout(tensors)
-    dir_bytes = IMAGE_DIR_ENTRY_BYTES * len(tensors)
-    data_offset = align_up(IMAGE_HEADER_BYTES + dir_bytes)
-    image = ImageLayout(IMAGE_HEADER_BYTES, IMAGE_HEADER_BYTES, dir_bytes, data_offset, data_bytes,
-                        data_offset + data_bytes + IMAGE_TRAILER_BYTES)
+    dir_bytes = image_format.DIR_ENTRY_BYTES * len(tensors)
+    data_offset = align_up(image_format.HEADER_BYTES + dir_bytes)
+    image = ImageLayout(image_format.HEADER_BYTES, image_format.HEADER_BYTES, dir_bytes, data_offset, data_bytes,
+                        data_offset + data_bytes + image_format.TRAILER_BYTES)
 
     d, v = spec.hidden_size, spec.vocab_size
     f = max(spec.intermediate_size, spec.expert_intermediate_size, spec.shared_expert_intermediate_size)

@@ -22,7 +22,9 @@ def apt_install(packages: list[str], why: str) -> None:
         raise ColibriError(f"missing {why}: install {' '.join(packages)} (e.g. sudo apt-get install {' '.join(packages)})")
     print(f"colibri: installing {why}: {' '.join(packages)}", file=sys.stderr, flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
+    # --no-remove: apt must not make room by removing packages (a board's cross compiler, say);
+    # it fails instead, and the failure names the conflict.
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-remove", *packages]):
         done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]

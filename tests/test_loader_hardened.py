@@ -59,7 +59,8 @@ def images(tmp_path_factory):
 
 def build(root, name, cc, flags):
     out = root / name
-    sources = [C_TESTS / "loader_harness.c", RUNTIME / "image_loader.c", RUNTIME / "checksum.c", root / "gen" / "model_data.c"]
+    sources = [C_TESTS / "loader_harness.c", RUNTIME / "image_loader.c", RUNTIME / "checksum.c", RUNTIME / "weights.c",
+               root / "gen" / "model_data.c"]
     cmd = [cc, "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", f"-I{RUNTIME}", f"-I{root / 'gen'}", *flags,
            *map(str, sources), "-o", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -113,7 +114,8 @@ def test_libfuzzer_finds_no_crash_in_a_bounded_run(images, tmp_path):
     clang = shutil.which("clang-14") or shutil.which("clang")
     assert clang, "clang is installed by ./colibri test (tests/apt-packages.txt)"
     fuzzer = tmp_path / "fuzz_loader"
-    sources = [C_TESTS / "fuzz_loader.c", RUNTIME / "image_loader.c", RUNTIME / "checksum.c", root / "gen" / "model_data.c"]
+    sources = [C_TESTS / "fuzz_loader.c", RUNTIME / "image_loader.c", RUNTIME / "checksum.c", RUNTIME / "weights.c",
+               root / "gen" / "model_data.c"]
     done = subprocess.run([clang, "-std=c11", "-g", "-O1", "-fsanitize=fuzzer,address,undefined",
                            "-fno-sanitize-recover=all", "-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION",
                            f"-I{RUNTIME}", f"-I{root / 'gen'}", *map(str, sources), "-o", str(fuzzer)],

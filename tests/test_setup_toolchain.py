@@ -85,3 +85,29 @@ def test_a_board_library_without_a_program_is_checked_too(fake_dpkg, monkeypatch
                         lambda name: "/usr/bin/dpkg-query" if name == "dpkg-query" else f"/usr/bin/{name}")
     packages, tools = setup_toolchain.missing_for(board)
     assert packages == ["picolibc-riscv64-unknown-elf"] and tools == []
+
+
+def test_installing_never_removes_other_packages(monkeypatch):
+    """apt-get would remove a cross compiler to install a package that conflicts with it."""
+    ran = []
+
+    class Done:
+        returncode, stderr = 0, ""
+
+    monkeypatch.setattr(setup_toolchain.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(setup_toolchain.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(setup_toolchain.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or Done())
+    setup_toolchain.apt_install(["gcc-12-multilib"], "test packages")
+    install = [cmd for cmd in ran if "install" in cmd]
+    assert install and all("--no-remove" in cmd for cmd in install)
+
+
+def test_the_test_packages_do_not_conflict_with_a_board_toolchain():
+    """gcc-multilib conflicts with every Debian cross compiler; the suite names gcc-12-multilib."""
+    from generator.targets import available_boards, load_board
+
+    listed = {line.split("#")[0].strip() for line in
+              (Path(__file__).parent / "apt-packages.txt").read_text().splitlines()} - {""}
+    board_packages = {p for name in available_boards() for p in load_board(name).apt_packages}
+    assert "gcc-multilib" not in listed and "gcc-12-multilib" in listed
+    assert any(p.startswith("gcc-aarch64") for p in board_packages)

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "checksum.h"
+#include "weights.h"
 
 static const uint8_t image_magic[8] = {'C', 'O', 'L', 'I', 'B', 'R', 'I', 'W'};
 static const uint8_t end_magic[4] = {'C', 'E', 'N', 'D'};
@@ -65,7 +66,7 @@ uint64_t colibri_image_length_in_region(const uint8_t *region, uint64_t region_b
     if (region == NULL || region_bytes < COLIBRI_IMAGE_HEADER_BYTES) {
         return region_bytes;
     }
-    uint64_t declared = rd_u64(region + 48);
+    uint64_t declared = rd_u64(region + COLIBRI_IMAGE_IMAGE_BYTES_AT);
     return declared < region_bytes ? declared : region_bytes;
 }
 
@@ -77,16 +78,17 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
     if (image_len < (uint64_t)COLIBRI_IMAGE_HEADER_BYTES + COLIBRI_IMAGE_TRAILER_BYTES) {
         return COLIBRI_ERR_TRUNCATED;
     }
-    if (memcmp(image, image_magic, sizeof image_magic) != 0) {
+    if (memcmp(image + COLIBRI_IMAGE_MAGIC_AT, image_magic, sizeof image_magic) != 0) {
         return COLIBRI_ERR_MAGIC;
     }
-    if (rd_u32(image + 8) != COLIBRI_IMAGE_FORMAT_VERSION) {
+    if (rd_u32(image + COLIBRI_IMAGE_VERSION_AT) != COLIBRI_IMAGE_FORMAT_VERSION) {
         return COLIBRI_ERR_VERSION;
     }
-    if (rd_u32(image + 12) != COLIBRI_IMAGE_HEADER_BYTES || rd_u32(image + 20) != COLIBRI_IMAGE_DIR_ENTRY_BYTES) {
+    if (rd_u32(image + COLIBRI_IMAGE_HEADER_BYTES_AT) != COLIBRI_IMAGE_HEADER_BYTES ||
+        rd_u32(image + COLIBRI_IMAGE_DIR_ENTRY_BYTES_AT) != COLIBRI_IMAGE_DIR_ENTRY_BYTES) {
         return COLIBRI_ERR_HEADER;
     }
-    uint64_t declared_len = rd_u64(image + 48);
+    uint64_t declared_len = rd_u64(image + COLIBRI_IMAGE_IMAGE_BYTES_AT);
     if (declared_len > image_len) {
         return COLIBRI_ERR_TRUNCATED;
     }
@@ -112,11 +114,11 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
     (void)crc;
 #endif
 
-    uint32_t tensor_count = rd_u32(image + 16);
+    uint32_t tensor_count = rd_u32(image + COLIBRI_IMAGE_TENSOR_COUNT_AT);
     if (tensor_count != COLIBRI_IMAGE_TENSOR_COUNT) {
         return COLIBRI_ERR_TENSOR_COUNT;
     }
-    uint64_t dir_offset = rd_u64(image + 24);
+    uint64_t dir_offset = rd_u64(image + COLIBRI_IMAGE_DIR_OFFSET_AT);
     uint64_t dir_bytes, dir_end;
     if (!mul_u64(tensor_count, COLIBRI_IMAGE_DIR_ENTRY_BYTES, &dir_bytes) || !add_u64(dir_offset, dir_bytes, &dir_end)) {
         return COLIBRI_ERR_OVERFLOW;
@@ -124,8 +126,8 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
     if (dir_offset < COLIBRI_IMAGE_HEADER_BYTES || dir_end > crc_at) {
         return COLIBRI_ERR_DIRECTORY_RANGE;
     }
-    uint64_t data_offset = rd_u64(image + 32);
-    uint64_t data_bytes = rd_u64(image + 40);
+    uint64_t data_offset = rd_u64(image + COLIBRI_IMAGE_DATA_OFFSET_AT);
+    uint64_t data_bytes = rd_u64(image + COLIBRI_IMAGE_DATA_BYTES_AT);
     uint64_t data_end;
     if (!add_u64(data_offset, data_bytes, &data_end)) {
         return COLIBRI_ERR_OVERFLOW;
@@ -136,10 +138,10 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
     if (data_offset % COLIBRI_IMAGE_ALIGN != 0 || ((uintptr_t)image % COLIBRI_IMAGE_ALIGN) != 0) {
         return COLIBRI_ERR_ALIGNMENT;
     }
-    if (rd_u32(image + 88) != COLIBRI_QUANT_CODE) {
+    if (rd_u32(image + COLIBRI_IMAGE_QUANT_AT) != COLIBRI_QUANT_CODE) {
         return COLIBRI_ERR_QUANT;
     }
-    if (memcmp(image + 56, colibri_model_hash, 32) != 0) {
+    if (memcmp(image + COLIBRI_IMAGE_MODEL_HASH_AT, colibri_model_hash, 32) != 0) {
         return COLIBRI_ERR_MODEL_HASH;
     }
     if (data_offset != COLIBRI_IMAGE_DATA_OFFSET || data_bytes != COLIBRI_IMAGE_DATA_BYTES) {
@@ -151,9 +153,10 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
         char name[COLIBRI_IMAGE_NAME_BYTES];
         memset(name, 0, sizeof name);
         strncpy(name, want->name, sizeof name - 1);
-        uint64_t offset = rd_u64(e + 80), bytes = rd_u64(e + 88), end;
-        if (memcmp(e, name, COLIBRI_IMAGE_NAME_BYTES) != 0 || rd_u32(e + 64) != want->dtype ||
-            rd_u32(e + 68) != want->rows || rd_u32(e + 72) != want->cols || rd_u32(e + 76) != 0 ||
+        uint64_t offset = rd_u64(e + COLIBRI_ENTRY_OFFSET_AT), bytes = rd_u64(e + COLIBRI_ENTRY_BYTES_AT), end;
+        if (memcmp(e + COLIBRI_ENTRY_NAME_AT, name, COLIBRI_IMAGE_NAME_BYTES) != 0 ||
+            rd_u32(e + COLIBRI_ENTRY_DTYPE_AT) != want->dtype || rd_u32(e + COLIBRI_ENTRY_ROWS_AT) != want->rows ||
+            rd_u32(e + COLIBRI_ENTRY_COLS_AT) != want->cols || rd_u32(e + COLIBRI_ENTRY_RESERVED_AT) != 0 ||
             offset != want->offset || bytes != want->bytes) {
             return COLIBRI_ERR_TENSOR;
         }

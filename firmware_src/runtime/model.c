@@ -134,10 +134,8 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
     case COLIBRI_DTYPE_Q4_0: {
         const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (COLIBRI_DIM / 2);
         for (int i = 0; i < COLIBRI_DIM; i++) {
-            const int b = i / KERNEL_QK, j = i % KERNEL_QK;
-            const uint8_t byte = qs[b * (KERNEL_QK / 2) + j % (KERNEL_QK / 2)];
-            const int q = (j < KERNEL_QK / 2 ? byte & 0x0F : byte >> 4) - 8;
-            x[i] = (float)q * m->d[first_scale + b];
+            const int b = i / KERNEL_QK;
+            x[i] = (float)kernel_q4_0_value(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * m->d[first_scale + b];
         }
         break;
     }

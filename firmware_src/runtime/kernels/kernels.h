@@ -44,6 +44,14 @@ void kernel_swiglu(float *up, const float *gate, int n);
 /* Quantize n floats (n % 32 == 0) to q8_0: d = max|x| / 127, q = round_half_even(x / d). */
 void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 
+/* Value j (0..31) of a q4_0 block's 16 bytes: byte j % 16 holds values j (low nibble) and j + 16
+ * (high nibble), each quant standing for the int8 value quant - 8. */
+static inline int8_t kernel_q4_0_value(const uint8_t *block, int j)
+{
+    const uint8_t byte = block[j % (KERNEL_QK / 2)];
+    return (int8_t)((j < KERNEL_QK / 2 ? byte & 0x0F : byte >> 4) - 8);
+}
+
 /* Name of the kernel set in use, reported in the hello frame. */
 const char *kernel_set(void);
 

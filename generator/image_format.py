@@ -1,0 +1,98 @@
+"""The weight image format (version 1), described once: every field of the header and of a
+directory entry with its offset, size and meaning. The writer and reader (image.py), the plan's
+layout, the generated C header image_format.h (the loader's offsets) and the damaged-image tests
+all read this table; nothing else spells an offset.
+
+Layout (little-endian; offsets from the start of the image):
+  header       HEADER_BYTES, the fields of HEADER, zero to the end
+  directory    one DIR_ENTRY_BYTES entry per tensor (the fields of DIR_ENTRY), in plan order
+  data         each tensor at an ALIGN-byte aligned offset from the data region's start; a q8_0
+               tensor is rows*cols int8 quants, zero padding to ALIGN, then rows*cols/32 float32
+               scales; a q4_0 tensor the same with rows*cols/2 bytes of packed 4-bit quants
+               (quantize.py); padding is zero
+  trailer      u32 CRC-32 (IEEE) of every byte before it, then END_MAGIC
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"COLIBRIW"
+END_MAGIC = b"CEND"
+FORMAT_VERSION = 1
+ALIGN = 64  # the data region and every tensor in it
+HEADER_BYTES = 128
+DIR_ENTRY_BYTES = 96
+NAME_BYTES = 64
+TRAILER_BYTES = 8  # u32 CRC-32 of everything before it, then END_MAGIC
+# Element types of a tensor, as the directory stores them (and the firmware's ColibriMatrix).
+DTYPE_CODES = {"f32": 0, "q8_0": 1, "q4_0": 2}
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    offset: int
+    code: str  # struct code: "I" u32, "Q" u64, "Ns" N bytes
+    doc: str
+
+    @property
+    def size(self) -> int:
+        return struct.calcsize("<" + self.code)
+
+    def read(self, blob, base: int = 0):
+        (value,) = struct.unpack_from("<" + self.code, blob, base + self.offset)
+        return value
+
+    def write(self, blob: bytearray, value, base: int = 0) -> None:
+        struct.pack_into("<" + self.code, blob, base + self.offset, value)
+
+
+def _table(size: int, *fields: Field) -> dict[str, Field]:
+    """Fields in order, each starting where the one before ends, all within `size` bytes."""
+    end = 0
+    for f in fields:
+        assert f.offset == end, f"{f.name} at {f.offset}, expected {end}"
+        end = f.offset + f.size
+    assert end <= size
+    return {f.name: f for f in fields}
+
+
+HEADER = _table(
+    HEADER_BYTES,
+    Field("magic", 0, "8s", 'the bytes "COLIBRIW"'),
+    Field("version", 8, "I", "format version"),
+    Field("header_bytes", 12, "I", "bytes of this header"),
+    Field("tensor_count", 16, "I", "directory entries"),
+    Field("dir_entry_bytes", 20, "I", "bytes of one directory entry"),
+    Field("dir_offset", 24, "Q", "where the directory starts"),
+    Field("data_offset", 32, "Q", "where the data region starts (a multiple of ALIGN)"),
+    Field("data_bytes", 40, "Q", "bytes of the data region"),
+    Field("image_bytes", 48, "Q", "bytes of the whole image, trailer included"),
+    Field("model_hash", 56, "32s", "SHA-256 naming the model and its weights (image.py)"),
+    Field("quant", 88, "I", "the model's quantization, a DTYPE_CODES value"),
+)
+
+DIR_ENTRY = _table(
+    DIR_ENTRY_BYTES,
+    Field("name", 0, f"{NAME_BYTES}s", "canonical tensor name, NUL padded"),
+    Field("dtype", 64, "I", "element type, a DTYPE_CODES value"),
+    Field("rows", 68, "I", "rows (1 for a vector)"),
+    Field("cols", 72, "I", "values per row"),
+    Field("reserved", 76, "I", "zero"),
+    Field("offset", 80, "Q", "where the tensor starts, from the data region's start"),
+    Field("bytes", 88, "Q", "bytes of the tensor (quants, padding and scales)"),
+)
+
+
+def pack(table: dict[str, Field], size: int, **values) -> bytes:
+    """A header or directory entry with the given fields (every field of the table), zero padded."""
+    out = bytearray(size)
+    for name, f in table.items():
+        f.write(out, values[name])
+    return bytes(out)
+
+
+def unpack(table: dict[str, Field], blob, base: int = 0) -> dict:
+    return {name: f.read(blob, base) for name, f in table.items()}

@@ -18,7 +18,8 @@ from .hf_import import parse_config, read_json
 from .quantize import QUANTS
 from .reference import Reference
 from .report import format_report, plan_for_board, planned_report_dict, report_dict
-from .runner import RunRequest, run_on_board
+from .rates import rates, speed_text
+from .runner import RunRequest, check_fits_context, run_on_board
 from .sampling import SamplingParams
 from .setup_toolchain import ensure_toolchain
 from .targets import available_boards, load_board
@@ -141,12 +142,6 @@ def prompt_from(args, tokenizer: Tokenizer | None, vocab: int) -> list[int]:
     return ids
 
 
-def check_fits_context(prompt: list[int], steps: int, n_ctx: int) -> None:
-    if len(prompt) + steps - 1 > n_ctx:
-        raise ColibriError(f"prompt ({len(prompt)} tokens) + {steps} steps need a context of "
-                           f"{len(prompt) + steps - 1}, the firmware is built for {n_ctx} (use --ctx or fewer --steps)")
-
-
 class TextStream:
     """Prints generated text as tokens arrive (decoding the whole suffix each time keeps
     multi-token characters and spacing right)."""
@@ -211,32 +206,6 @@ def _run(args, stream: bool):
     if stream and not args.json:
         print()
     return art, board, plan, tokenizer, request, result
-
-
-def rates(result) -> dict:
-    s = result.stats
-    prefill_us, decode_us = int(s.get("prefill_us", 0)), int(s.get("decode_us", 0))
-    forward_us = int(s.get("forward_us", 0))
-    n_prompt, n_decode = int(s.get("prompt", 0)), int(s.get("decode", 0))
-    return {
-        "prompt_tokens": n_prompt,
-        "prefill_seconds": prefill_us / 1e6,
-        "prefill_tok_s": n_prompt / (prefill_us / 1e6) if prefill_us else None,
-        "decode_forward_passes": n_decode,
-        "decode_seconds": decode_us / 1e6,
-        "decode_tok_s": n_decode / (decode_us / 1e6) if decode_us and n_decode else None,
-        # The forward passes alone, without sampling, logits hashing and frame output.
-        "forward_tok_s": n_decode / (forward_us / 1e6) if forward_us and n_decode else None,
-        # Exact retired instructions, on boards that count them (qemu-rv32, esp32p4).
-        "prefill_instructions_per_token": int(s["prefill_instret"]) / n_prompt if "prefill_instret" in s and n_prompt else None,
-        "decode_instructions_per_token": int(s["decode_instret"]) / n_decode if "decode_instret" in s and n_decode else None,
-    }
-
-
-def speed_text(r: dict) -> str:
-    if r["decode_instructions_per_token"]:
-        return f"{r['decode_instructions_per_token'] / 1e6:.2f} M instructions/token"
-    return f"{r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
 
 
 def cmd_run(args) -> int:

@@ -96,6 +96,12 @@ class Session:
             self.finished = True
 
 
+def check_fits_context(prompt: list[int], steps: int, n_ctx: int) -> None:
+    if len(prompt) + steps - 1 > n_ctx:
+        raise ColibriError(f"prompt ({len(prompt)} tokens) + {steps} steps need a context of "
+                           f"{len(prompt) + steps - 1}, the firmware is built for {n_ctx} (use --ctx or fewer --steps)")
+
+
 def f32_arg(value: float) -> str:
     """A float exactly as the firmware will hold it (hexadecimal float32)."""
     return float.hex(float(np.float32(value)))

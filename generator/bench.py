@@ -1,16 +1,20 @@
-"""What bench measures besides tokens per second: the weight bytes one token reads, the memory
-bandwidth of this machine (measured in the same run), and for an emulated MCU a prediction of an
-ESP32-P4's speed from exact instruction counts."""
+"""bench: runs the firmware --repeat times and measures what decoding costs and achieves: prefill
+and decode tokens per second, latencies, peak memory, the weight bytes one token reads against the
+memory read bandwidth the firmware measures next to each run (Linux boards), and for an emulated MCU
+exact instruction counts and a prediction of an ESP32-P4's speed."""
 
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
+from typing import Callable
 
-import numpy as np
-
+from .errors import ColibriError
 from .plan import Plan
+from .rates import rates, speed_text
+from .runner import RunRequest, RunResult, check_fits_context, run_on_board
+from .sampling import SamplingParams
+from .targets import Board
 
 # The stated model behind the ESP32-P4 prediction: the HP core at 400 MHz retiring about one
 # instruction per cycle, and weights streamed from PSRAM or flash at the low end of the measured
@@ -73,18 +77,6 @@ def decode_attention_macs(plan: Plan, prompt_tokens: int, steps: int) -> float:
     return sum(attention_macs(plan, prompt_tokens + i + 1) for i in range(passes)) / passes
 
 
-def read_bandwidth(megabytes: int = 256, repeats: int = 3) -> float:
-    """This machine's single-thread memory read bandwidth in bytes/s: the best of a few sums over
-    an array much larger than the caches."""
-    data = np.ones(megabytes * 2**20 // 8, dtype=np.int64)
-    best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        data.sum()
-        best = max(best, data.nbytes / (time.perf_counter() - start))
-    return best
-
-
 def latency_percentiles(token_us: list[int]) -> dict:
     """Milliseconds between consecutive tokens: p50, p90, p99 and max."""
     gaps = [(b - a) / 1000.0 for a, b in zip(token_us, token_us[1:])]
@@ -117,7 +109,7 @@ def rate_by_context(n_prompt: int, token_us_runs: list[list[int]]) -> tuple[list
     return contexts, rates
 
 
-def plot_rate_vs_context(path, contexts: list[int], rates: list[float], title: str) -> None:
+def plot_rate_vs_context(path, contexts: list[int], tok_s: list[float], title: str) -> None:
     """A PNG of decode tok/s against context length (each token, and a 16-token moving median)."""
     import io
 
@@ -129,9 +121,9 @@ def plot_rate_vs_context(path, contexts: list[int], rates: list[float], title: s
     from .emit import write_atomic
 
     window = 16
-    smooth = [statistics.median(rates[max(0, i - window + 1):i + 1]) for i in range(len(rates))]
+    smooth = [statistics.median(tok_s[max(0, i - window + 1):i + 1]) for i in range(len(tok_s))]
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    ax.plot(contexts, rates, ".", markersize=3, alpha=0.35, label="each token")
+    ax.plot(contexts, tok_s, ".", markersize=3, alpha=0.35, label="each token")
     ax.plot(contexts, smooth, "-", linewidth=2, label=f"moving median of {window}")
     ax.set_xlabel("context length (positions in the KV cache)")
     ax.set_ylabel("decode tok/s")
@@ -144,3 +136,148 @@ def plot_rate_vs_context(path, contexts: list[int], rates: list[float], title: s
     fig.savefig(png, format="png")
     plt.close(fig)
     write_atomic(Path(path), png.getvalue())  # never a half-written PNG
+
+
+# The firmware sizes the probe's buffer itself, from the caches of the machine it runs on: twice the
+# largest, at least 256 MiB (firmware_src/bsp/linux/read_probe.c).
+PROBE_MIB = 0
+
+
+def synthetic_prompt(plan: Plan, n: int) -> list[int]:
+    """A fixed prompt of n tokens: the BOS token, then ids spread over the vocabulary."""
+    vocab = plan.spec.vocab_size
+    start = plan.spec.bos_token_id if plan.spec.bos_token_id is not None else 1
+    return [start] + [(7919 * (i + 1)) % vocab for i in range(n - 1)]
+
+
+def probes_bandwidth(board: Board) -> bool:
+    """Whether bench has the firmware measure the read bandwidth next to each run: on Linux boards
+    that run natively. Under an emulator (linux-aarch64 on this x86 machine) the figure would be
+    the emulator's, not the board's; MCUs report instruction counts instead."""
+    return board.runner == "process" and not board.needs_emulator()
+
+
+def run_figures(result: RunResult, weight_bytes: int) -> dict:
+    """One run's speeds and, where the firmware probed the read bandwidth just before it, that
+    figure and the share of it the decode's weight reads took: weight bytes per token x this run's
+    decode tok/s / this run's own probe (never another run's: the machine's bandwidth moves)."""
+    r = rates(result)
+    bandwidth = int(result.bandwidth["read_bw"]) if result.bandwidth else None
+    r["read_bandwidth_bytes_s"] = bandwidth
+    r["bandwidth_fraction"] = weight_bytes * r["decode_tok_s"] / bandwidth if bandwidth and r["decode_tok_s"] else None
+    return r
+
+
+def bandwidth_summary(weight_bytes: int, runs: list[dict]) -> dict:
+    """Over the runs: the probes' min, median and max, the median of the runs' own shares, and the
+    decode speed the median bandwidth would allow if a token only read its weights."""
+    probes = [r["read_bandwidth_bytes_s"] for r in runs if r["read_bandwidth_bytes_s"]]
+    shares = [r["bandwidth_fraction"] for r in runs if r["bandwidth_fraction"] is not None]
+    if not probes:
+        return {"read_bandwidth_bytes_s": None, "bandwidth_fraction": None, "bandwidth_limit_tok_s": None}
+    median = statistics.median(probes)
+    return {"read_bandwidth_bytes_s": {"min": min(probes), "median": median, "max": max(probes)},
+            "bandwidth_fraction": statistics.median(shares) if shares else None,
+            "bandwidth_limit_tok_s": median / weight_bytes}
+
+
+def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, steps: int, repeat: int,
+              threads: int = 1, plot: Path | None = None, port: str | None = None, reset: bool = False,
+              progress: Callable[[str], None] | None = None) -> dict:
+    """Run the built firmware `art` (build.Artifacts) `repeat` times and return bench's figures (the
+    --json document). On Linux boards run natively, each run first has the firmware probe the read
+    bandwidth with the same threads: probe, decode, probe, decode..."""
+    prompt = synthetic_prompt(plan, prompt_tokens)
+    check_fits_context(prompt, steps, plan.n_ctx)
+    if plot is not None:
+        if board.runner in ("qemu-system",):
+            raise ColibriError(f"--plot draws tok/s against wall-clock time; {board.name} is emulated and "
+                               f"reports exact instruction counts instead (use --json)")
+        if steps < 3:
+            raise ColibriError("--plot needs at least 3 decode steps (--steps)")
+        if not plot.parent.is_dir():
+            raise ColibriError(f"--plot: directory {plot.parent} does not exist")
+    # No logits hashes: the bench measures decoding, not verification.
+    request = RunRequest(prompt, steps, SamplingParams(), stop_at_eos=False, threads=threads, digests=False,
+                         probe_bandwidth_mib=PROBE_MIB if probes_bandwidth(board) else None)
+    weight_bytes = weight_bytes_per_token(plan)
+    macs = macs_per_token(plan)
+    results = []
+    for i in range(repeat):
+        result = run_on_board(board, art.program, art.weights, request, art.model_hash(),
+                              flash_image=art.flash_image, port=port, reset=reset)
+        results.append(result)
+        if progress:
+            r = run_figures(result, weight_bytes)
+            probe = (f", read bandwidth {r['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s just before"
+                     if r["read_bandwidth_bytes_s"] else "")
+            progress(f"  run {i + 1}/{repeat}: {speed_text(r)}{probe}")
+    runs = [run_figures(r, weight_bytes) for r in results]
+    kernels = results[-1].hello.get("kernels", "?")
+    out = {"board": board.name, "model": model, "architecture": plan.spec.architecture,
+           "quant": plan.quant, "n_ctx": plan.n_ctx, "threads": threads, "kernels": kernels,
+           "prompt_tokens": len(prompt), "decode_steps": steps, "repeat": repeat,
+           "weight_bytes_per_token": weight_bytes, "macs_per_token": macs, "runs": runs}
+    instructions = runs[0]["decode_instructions_per_token"]
+    if instructions:
+        # An emulator's clock is not the board's: exact instruction counts are the measure there.
+        # Per multiply-accumulate two ways: of the matrices alone (fixed per token), and with the
+        # attention's, which grow with the context (averaged over this run's decode passes).
+        attention = decode_attention_macs(plan, len(prompt), steps)
+        out.update(decode_instructions_per_token=instructions,
+                   prefill_instructions_per_token=runs[0]["prefill_instructions_per_token"],
+                   instructions_per_mac=instructions / macs,
+                   attention_macs_per_token=attention,
+                   mean_context=len(prompt) + steps / 2,  # of contexts P+1 .. P+S-1
+                   instructions_per_mac_with_attention=instructions / (macs + attention),
+                   predicted_esp32p4=predict_p4(instructions, weight_bytes))
+    else:
+        latencies = [latency_percentiles(r.token_us) for r in results]
+        probe = results[0].bandwidth
+        out.update(prefill_tok_s=statistics.median(r["prefill_tok_s"] for r in runs),
+                   decode_tok_s=statistics.median(r["decode_tok_s"] for r in runs),
+                   forward_only_tok_s=statistics.median(r["forward_tok_s"] for r in runs),
+                   ms_per_token=latencies[len(latencies) // 2],
+                   peak_rss_bytes=max(int(r.stats.get("peak_rss", 0)) for r in results),
+                   **bandwidth_summary(weight_bytes, runs),
+                   read_bandwidth_probe={"mib": int(probe["mib"]), "threads": int(probe["threads"]),
+                                         "passes": int(probe["passes"])} if probe else None)
+    if plot is not None:
+        contexts, per_token = rate_by_context(len(prompt), [r.token_us for r in results])
+        plot_rate_vs_context(plot, contexts, per_token,
+                             f"{plan.spec.name} on {board.name}: {plan.quant}, {kernels} kernels, "
+                             f"{threads} thread(s), median of {repeat} runs")
+        out["plot"] = str(plot)
+        if progress:
+            progress(f"wrote {plot}: decode tok/s against context length {contexts[0]}..{contexts[-1]}")
+    return out
+
+
+def bench_line(out: dict, name: str) -> str:
+    """bench's one line of text for a run_bench() result; `name` is the model's."""
+    head = f"bench {name} on {out['board']} ({out['quant']}, {out['kernels']} kernels, "
+    if "decode_instructions_per_token" in out:
+        instructions = out["decode_instructions_per_token"]
+        p4 = out["predicted_esp32p4"]
+        return (f"{head}{out['prompt_tokens']}-token prompt, {out['decode_steps']} steps): "
+                f"{instructions / 1e6:.3f} M instructions per decoded token, "
+                f"{out['instructions_per_mac_with_attention']:.2f} per multiply-accumulate: {out['macs_per_token']:,} in "
+                f"the matrices + {out['attention_macs_per_token']:,.0f} in attention at this context (mean "
+                f"{out['mean_context']:g} positions); {out['instructions_per_mac']:.2f} per matrix multiply-accumulate "
+                f"alone; {out['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token; predicted ESP32-P4: "
+                f"{p4['tok_s']:.1f} tok/s ({p4['model']})")
+    ms = out["ms_per_token"]
+    weights = f"{out['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token"
+    bandwidth = out["read_bandwidth_bytes_s"]
+    if bandwidth is None:
+        share = f"{weights} (no bandwidth figure: {out['board']} runs emulated here)"
+    else:
+        probe = out["read_bandwidth_probe"]
+        share = (f"{weights} = {100 * out['bandwidth_fraction']:.0f}% of the read bandwidth the firmware measured "
+                 f"just before each run (median of the runs' shares; probes {bandwidth['min'] / 1e9:.1f}–"
+                 f"{bandwidth['max'] / 1e9:.1f} GB/s, median {bandwidth['median'] / 1e9:.1f}, {probe['threads']} "
+                 f"thread(s) over {probe['mib']} MiB; limit {out['bandwidth_limit_tok_s']:.0f} tok/s)")
+    return (f"{head}{out['threads']} thread(s), {out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, "
+            f"median of {out['repeat']}): prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} "
+            f"tok/s (ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}); {share}; "
+            f"peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -18,7 +17,8 @@ from .hf_import import parse_config, read_json
 from .quantize import QUANTS
 from .reference import Reference
 from .report import format_report, plan_for_board, planned_report_dict, report_dict
-from .runner import RunRequest, run_on_board
+from .rates import rates, speed_text
+from .runner import RunRequest, check_fits_context, run_on_board
 from .sampling import SamplingParams
 from .setup_toolchain import ensure_toolchain
 from .targets import available_boards, load_board
@@ -143,12 +143,6 @@ def prompt_from(args, tokenizer: Tokenizer | None, vocab: int) -> list[int]:
     return ids
 
 
-def check_fits_context(prompt: list[int], steps: int, n_ctx: int) -> None:
-    if len(prompt) + steps - 1 > n_ctx:
-        raise ColibriError(f"prompt ({len(prompt)} tokens) + {steps} steps need a context of "
-                           f"{len(prompt) + steps - 1}, the firmware is built for {n_ctx} (use --ctx or fewer --steps)")
-
-
 class TextStream:
     """Prints generated text as tokens arrive (decoding the whole suffix each time keeps
     multi-token characters and spacing right)."""
@@ -213,32 +207,6 @@ def _run(args, stream: bool):
     if stream and not args.json:
         print()
     return art, board, plan, tokenizer, request, result
-
-
-def rates(result) -> dict:
-    s = result.stats
-    prefill_us, decode_us = int(s.get("prefill_us", 0)), int(s.get("decode_us", 0))
-    forward_us = int(s.get("forward_us", 0))
-    n_prompt, n_decode = int(s.get("prompt", 0)), int(s.get("decode", 0))
-    return {
-        "prompt_tokens": n_prompt,
-        "prefill_seconds": prefill_us / 1e6,
-        "prefill_tok_s": n_prompt / (prefill_us / 1e6) if prefill_us else None,
-        "decode_forward_passes": n_decode,
-        "decode_seconds": decode_us / 1e6,
-        "decode_tok_s": n_decode / (decode_us / 1e6) if decode_us and n_decode else None,
-        # The forward passes alone, without sampling, logits hashing and frame output.
-        "forward_tok_s": n_decode / (forward_us / 1e6) if forward_us and n_decode else None,
-        # Exact retired instructions, on boards that count them (qemu-rv32, esp32p4).
-        "prefill_instructions_per_token": int(s["prefill_instret"]) / n_prompt if "prefill_instret" in s and n_prompt else None,
-        "decode_instructions_per_token": int(s["decode_instret"]) / n_decode if "decode_instret" in s and n_decode else None,
-    }
-
-
-def speed_text(r: dict) -> str:
-    if r["decode_instructions_per_token"]:
-        return f"{r['decode_instructions_per_token'] / 1e6:.2f} M instructions/token"
-    return f"{r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
 
 
 def cmd_run(args) -> int:
@@ -340,91 +308,13 @@ def cmd_bench(args) -> int:
     from . import bench
 
     art, (board, plan) = build_for(args, quiet=True)
-    vocab = plan.spec.vocab_size
-    start = plan.spec.bos_token_id if plan.spec.bos_token_id is not None else 1
-    # A fixed synthetic prompt: the BOS token, then ids spread over the vocabulary.
-    prompt = [start] + [(7919 * (i + 1)) % vocab for i in range(args.prompt_tokens - 1)]
-    check_fits_context(prompt, args.steps, plan.n_ctx)
-    if args.plot is not None:
-        if board.runner in ("qemu-system",):
-            raise ColibriError(f"--plot draws tok/s against wall-clock time; {board.name} is emulated and "
-                               f"reports exact instruction counts instead (use --json)")
-        if args.steps < 3:
-            raise ColibriError("--plot needs at least 3 decode steps (--steps)")
-        if not args.plot.parent.is_dir():
-            raise ColibriError(f"--plot: directory {args.plot.parent} does not exist")
-    # No logits hashes: the bench measures decoding, not verification.
-    request = RunRequest(prompt, args.steps, SamplingParams(), stop_at_eos=False, threads=args.threads, digests=False)
-    runs, latencies, peaks, token_us = [], [], [], []
-    kernels = "?"
-    for i in range(args.repeat):
-        result = run_on_board(board, art.program, art.weights, request, art.model_hash(),
-                              flash_image=art.flash_image, port=getattr(args, "port", None),
-                              reset=getattr(args, "reset", False))
-        runs.append(rates(result))
-        latencies.append(bench.latency_percentiles(result.token_us))
-        peaks.append(int(result.stats.get("peak_rss", 0)))
-        token_us.append(result.token_us)
-        kernels = result.hello.get("kernels", "?")
-        if not args.json:
-            progress(f"  run {i + 1}/{args.repeat}: {speed_text(runs[-1])}")
-    weight_bytes = bench.weight_bytes_per_token(plan)
-    macs = bench.macs_per_token(plan)
-    out = {"board": board.name, "model": str(args.model), "architecture": plan.spec.architecture,
-           "quant": plan.quant, "n_ctx": plan.n_ctx, "threads": args.threads, "kernels": kernels,
-           "prompt_tokens": len(prompt), "decode_steps": args.steps, "repeat": args.repeat,
-           "weight_bytes_per_token": weight_bytes, "macs_per_token": macs, "runs": runs}
-    instructions = runs[0]["decode_instructions_per_token"]
-    if instructions:
-        # An emulator's clock is not the board's: exact instruction counts are the measure there.
-        # Per multiply-accumulate two ways: of the matrices alone (fixed per token), and with the
-        # attention's, which grow with the context (averaged over this run's decode passes).
-        attention = bench.decode_attention_macs(plan, len(prompt), args.steps)
-        out.update(decode_instructions_per_token=instructions,
-                   prefill_instructions_per_token=runs[0]["prefill_instructions_per_token"],
-                   instructions_per_mac=instructions / macs,
-                   attention_macs_per_token=attention,
-                   mean_context=len(prompt) + args.steps / 2,  # of contexts P+1 .. P+S-1
-                   instructions_per_mac_with_attention=instructions / (macs + attention),
-                   predicted_esp32p4=bench.predict_p4(instructions, weight_bytes))
-    else:
-        decode = statistics.median(r["decode_tok_s"] for r in runs)
-        bandwidth = bench.read_bandwidth()
-        out.update(prefill_tok_s=statistics.median(r["prefill_tok_s"] for r in runs), decode_tok_s=decode,
-                   forward_only_tok_s=statistics.median(r["forward_tok_s"] for r in runs),
-                   ms_per_token=latencies[len(latencies) // 2],
-                   peak_rss_bytes=max(peaks),
-                   read_bandwidth_bytes_s=bandwidth,
-                   bandwidth_fraction=weight_bytes * decode / bandwidth,
-                   bandwidth_limit_tok_s=bandwidth / weight_bytes)
-    if args.plot is not None:
-        contexts, per_token = bench.rate_by_context(len(prompt), token_us)
-        bench.plot_rate_vs_context(args.plot, contexts, per_token,
-                                   f"{plan.spec.name} on {board.name}: {plan.quant}, {kernels} kernels, "
-                                   f"{args.threads} thread(s), median of {args.repeat} runs")
-        out["plot"] = str(args.plot)
-        if not args.json:
-            progress(f"wrote {args.plot}: decode tok/s against context length {contexts[0]}..{contexts[-1]}")
+    out = bench.run_bench(board, plan, art, model=str(args.model), prompt_tokens=args.prompt_tokens, steps=args.steps,
+                          repeat=args.repeat, threads=args.threads, plot=args.plot, port=getattr(args, "port", None),
+                          reset=getattr(args, "reset", False), progress=None if args.json else progress)
     if args.json:
         print(json.dumps(out, indent=2))
-    elif instructions:
-        p4 = out["predicted_esp32p4"]
-        print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, {kernels} kernels, {len(prompt)}-token prompt, "
-              f"{args.steps} steps): {instructions / 1e6:.3f} M instructions per decoded token, "
-              f"{out['instructions_per_mac_with_attention']:.2f} per multiply-accumulate: {macs:,} in the matrices "
-              f"+ {out['attention_macs_per_token']:,.0f} in attention at this context (mean "
-              f"{out['mean_context']:g} positions); {out['instructions_per_mac']:.2f} per matrix multiply-accumulate "
-              f"alone; {out['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token; predicted ESP32-P4: "
-              f"{p4['tok_s']:.1f} tok/s ({p4['model']})")
     else:
-        ms = out["ms_per_token"]
-        print(f"bench {plan.spec.name} on {board.name} ({plan.quant}, {kernels} kernels, {args.threads} thread(s), "
-              f"{len(prompt)}-token prompt, {args.steps} steps, median of {args.repeat}): "
-              f"prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} tok/s "
-              f"(ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}); "
-              f"{weight_bytes / 1e6:.1f} MB of weights per token = {100 * out['bandwidth_fraction']:.0f}% of the "
-              f"{out['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s this machine reads single-threaded "
-              f"(limit {out['bandwidth_limit_tok_s']:.0f} tok/s); peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB")
+        print(bench.bench_line(out, plan.spec.name))
     return 0
 
 

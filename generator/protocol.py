@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 START = b"@CLB "
-KINDS = ("hello", "token", "stats", "experts", "done", "error", "request")
+KINDS = ("hello", "bandwidth", "token", "stats", "experts", "done", "error", "request")
 MAX_LINE = 4096
 _FRAME = re.compile(rb"@CLB (\d+) ([a-z]+)((?: [a-z_]+=[^ ]*)*) \*([0-9a-f]{8})\r?$")
 _SAFE = re.compile(r"[^\x21-\x7e]|[%*=]")

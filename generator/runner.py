@@ -30,6 +30,9 @@ class RunRequest:
     stop_at_eos: bool = True
     threads: int = 1
     digests: bool = True  # hash every step's logits (verify needs them; bench does not)
+    # Measure the read bandwidth first, in the firmware, with the same threads (Linux boards; bench):
+    # None: no probe; 0: a buffer twice the largest cache (at least 256 MiB); else its size in MiB.
+    probe_bandwidth_mib: int | None = None
 
 
 @dataclass
@@ -38,6 +41,7 @@ class RunResult:
     tokens: list[int] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     stats: dict[str, str] = field(default_factory=dict)
+    bandwidth: dict[str, str] = field(default_factory=dict)  # read_bw (bytes/s), mib, threads, passes; if probed
     expert_counts: dict[int, list[int]] = field(default_factory=dict)  # MoE layer -> selections per expert
     token_us: list[int] = field(default_factory=list)  # per step: microseconds since the prompt was done
     stop_reason: str = ""
@@ -78,6 +82,8 @@ class Session:
                 self.on_token(step, r.tokens[-1])
         elif frame.kind == "stats":
             r.stats = frame.fields
+        elif frame.kind == "bandwidth":
+            r.bandwidth = frame.fields
         elif frame.kind == "experts":
             try:
                 r.expert_counts[frame.int("layer")] = [int(c) for c in frame.fields["counts"].split(",")]
@@ -88,6 +94,12 @@ class Session:
                 raise ColibriError(f"the board reports {frame.fields['tokens']} tokens but {len(r.tokens)} arrived")
             r.stop_reason = frame.fields.get("reason", "")
             self.finished = True
+
+
+def check_fits_context(prompt: list[int], steps: int, n_ctx: int) -> None:
+    if len(prompt) + steps - 1 > n_ctx:
+        raise ColibriError(f"prompt ({len(prompt)} tokens) + {steps} steps need a context of "
+                           f"{len(prompt) + steps - 1}, the firmware is built for {n_ctx} (use --ctx or fewer --steps)")
 
 
 def f32_arg(value: float) -> str:
@@ -106,6 +118,8 @@ def firmware_args(request: RunRequest) -> list[str]:
         args += ["--threads", str(request.threads)]
     if not request.digests:
         args.append("--no-digests")
+    if request.probe_bandwidth_mib is not None:
+        args += ["--probe-bandwidth", str(request.probe_bandwidth_mib)]
     return args
 
 
@@ -215,6 +229,8 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
     session = Session(expected_model, on_token)
     if request.threads > 1 and board.data.get("parallel", "none") == "none":
         raise ColibriError(f"board {board.name} runs single-threaded (--threads {request.threads} is for Linux boards)")
+    if request.probe_bandwidth_mib is not None and board.runner != "process":
+        raise ColibriError(f"board {board.name} cannot measure its read bandwidth (only Linux boards can)")
     if board.runner == "process":
         argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights),
                 *firmware_args(request)]

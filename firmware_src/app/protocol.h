@@ -2,9 +2,9 @@
  *
  *   @CLB <seq> <kind> <key>=<value> ... *<crc32>\n
  *
- * seq counts frames from 0 since reset; kind is hello, token, stats, experts, done or error; values contain
- * no spaces (strings are percent-encoded); crc32 is 8 lowercase hex digits of the CRC-32 of every
- * byte from '@' up to the space before '*'. Anything else on the line is not a frame. */
+ * seq counts frames from 0 since reset; kind is hello, bandwidth (Linux boards, when asked), token, stats,
+ * experts, done or error; values contain no spaces (strings are percent-encoded); crc32 is 8 lowercase hex
+ * digits of the CRC-32 of every byte from '@' up to the space before '*'. Anything else is not a frame. */
 #ifndef COLIBRI_PROTOCOL_H
 #define COLIBRI_PROTOCOL_H
 

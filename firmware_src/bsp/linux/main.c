@@ -12,9 +12,11 @@
 #include "../../app/bsp.h"
 #include "../../app/build_id.h"
 #include "../../app/decode.h"
+#include "../../app/protocol.h"
 #include "../../runtime/image_loader.h"
 #include "../../runtime/parallel.h"
 #include "model_def.h"
+#include "read_probe.h"
 
 static FILE *logits_file;
 
@@ -107,7 +109,9 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 static const char usage[] =
     "usage: firmware --weights IMAGE --prompt-ids ID,ID,... [--steps N] [--temperature T] [--top-k K]\n"
     "                [--top-p P] [--min-p P] [--seed S] [--ignore-eos] [--logits-out FILE] [--threads N]\n"
-    "                [--no-digests]\n";
+    "                [--no-digests] [--probe-bandwidth MIB]\n"
+    "--probe-bandwidth: first measure the memory read bandwidth over MIB MiB (0: twice the largest cache)\n"
+    "with the same threads, in a child process, and report it in a bandwidth frame\n";
 
 static int fail(const char *message)
 {
@@ -166,6 +170,8 @@ int main(int argc, char **argv)
     static int32_t prompt[COLIBRI_N_CTX];
     colibri_hello();
     ColibriRequest req = {prompt, 0, 16, {0.0f, 0, 1.0f, 0.0f, 0}, 1, 1};
+    int threads = 1;
+    long long probe_mib = -1; /* -1: no bandwidth probe */
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const char *val = (i + 1 < argc) ? argv[i + 1] : NULL;
@@ -230,7 +236,7 @@ int main(int argc, char **argv)
             if (!parse_long(val, 1, 64, &n)) {
                 return fail("--threads must be between 1 and 64");
             }
-            parallel_start((int)n);
+            threads = (int)n; /* the pool starts after the probe: a fork copies only this thread */
         } else if (strcmp(arg, "--seed") == 0) {
             char *end;
             errno = 0;
@@ -239,6 +245,10 @@ int main(int argc, char **argv)
                 return fail("--seed must be a non-negative integer");
             }
             req.sampling.seed = (uint64_t)seed;
+        } else if (strcmp(arg, "--probe-bandwidth") == 0) {
+            if (!parse_long(val, 0, 1 << 20, &probe_mib)) {
+                return fail("--probe-bandwidth must be a size in MiB (0: chosen from the caches)");
+            }
         } else {
             return fail("unknown option");
         }
@@ -246,6 +256,23 @@ int main(int argc, char **argv)
     if (weights_path == NULL || req.n_prompt == 0) {
         return fail("--weights and --prompt-ids are required");
     }
+    if (probe_mib >= 0) {
+        /* Before the weight image is read: the child then copies almost nothing, and the board
+         * never holds the probe's buffer and the weights at once. */
+        ReadProbe probe;
+        uint64_t mib = probe_mib > 0 ? (uint64_t)probe_mib : read_probe_default_mib();
+        if (read_probe_run(threads, mib, &probe) != 0) {
+            colibri_report_error(COLIBRI_ERR_REQUEST, "the bandwidth probe failed (no child process or no memory for its buffer)");
+            return 1;
+        }
+        proto_begin("bandwidth");
+        proto_u64("read_bw", probe.bytes_per_s);
+        proto_u64("mib", probe.mib);
+        proto_u64("threads", (uint64_t)probe.threads);
+        proto_u64("passes", (uint64_t)probe.passes);
+        proto_end();
+    }
+    parallel_start(threads);
     uint64_t image_len = 0;
     uint8_t *image = read_image(weights_path, &image_len);
     if (image == NULL) {

@@ -12,7 +12,8 @@ from typing import Callable
 from .errors import ColibriError
 from .plan import Plan
 from .rates import rates, speed_text
-from .runner import RunRequest, RunResult, check_fits_context, run_on_board
+from .runner import run_on_board
+from .session import RunRequest, RunResult, check_fits_context
 from .sampling import SamplingParams
 from .targets import Board
 

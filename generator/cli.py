@@ -18,7 +18,8 @@ from .quantize import QUANTS
 from .reference import Reference
 from .report import format_report, plan_for_board, planned_report_dict, report_dict
 from .rates import rates, speed_text
-from .runner import RunRequest, check_fits_context, run_on_board
+from .runner import run_on_board
+from .session import RunRequest, check_fits_context
 from .sampling import SamplingParams
 from .setup_toolchain import ensure_toolchain
 from .targets import available_boards, load_board

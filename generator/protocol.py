@@ -49,12 +49,16 @@ def f32_bits(value: float) -> str:
 
 
 def encode_request(seq: int, prompt: list[int], steps: int, temperature: float, top_k: int, top_p: float,
-                   min_p: float, seed: int, stop_at_eos: bool, digests: bool = True) -> bytes:
-    """The request frame an MCU board waits for after its hello (firmware_src/app/request.c)."""
+                   min_p: float, seed: int, stop_at_eos: bool, digests: bool = True, threads: int = 1,
+                   probe_mib: int | None = None) -> bytes:
+    """The request frame every board reads (firmware_src/app/request.c): an MCU after its hello on
+    its UART, a Linux firmware on its stdin."""
     return encode_frame(seq, "request", {
         "prompt": ",".join(str(t) for t in prompt), "steps": steps, "temperature": f32_bits(temperature),
         "top_k": top_k, "top_p": f32_bits(top_p), "min_p": f32_bits(min_p), "seed": seed,
-        "eos": int(stop_at_eos), **({} if digests else {"digests": 0})})
+        "eos": int(stop_at_eos), **({} if digests else {"digests": 0}),
+        **({} if threads == 1 else {"threads": threads}),
+        **({} if probe_mib is None else {"probe_mib": probe_mib})})
 
 
 def parse_frame(line: bytes) -> Frame | None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .runner import RunResult
+from .session import RunResult
 
 
 def rates(result: RunResult) -> dict:

@@ -46,7 +46,8 @@ from .build import GENERATED_DIR, REPO, _slug, prepare, run_scons
 from .errors import ColibriError
 from .hf_import import load_checkpoint, read_json
 from .pipeline import OUTPUT_FILES
-from .runner import RunRequest, RunResult, run_on_board
+from .runner import run_on_board
+from .session import RunRequest, RunResult
 from .sampling import SamplingParams
 from .targets import Board, load_board
 

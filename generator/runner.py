@@ -10,117 +10,13 @@ import os
 import select
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
-
-import numpy as np
 
 from .errors import ColibriError
-from .protocol import Frame, FrameReader
-from .sampling import SamplingParams
+from .protocol import FrameReader
+from .serial_link import SerialLink, Timeouts
+from .session import RunRequest, RunResult, Session, request_frame
 from .targets import Board
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    prompt: list[int]
-    steps: int
-    sampling: SamplingParams = SamplingParams()
-    stop_at_eos: bool = True
-    threads: int = 1
-    digests: bool = True  # hash every step's logits (verify needs them; bench does not)
-    # Measure the read bandwidth first, in the firmware, with the same threads (Linux boards; bench):
-    # None: no probe; 0: a buffer twice the largest cache (at least 256 MiB); else its size in MiB.
-    probe_bandwidth_mib: int | None = None
-
-
-@dataclass
-class RunResult:
-    hello: dict[str, str] = field(default_factory=dict)
-    tokens: list[int] = field(default_factory=list)
-    digests: list[str] = field(default_factory=list)
-    stats: dict[str, str] = field(default_factory=dict)
-    bandwidth: dict[str, str] = field(default_factory=dict)  # read_bw (bytes/s), mib, threads, passes; if probed
-    expert_counts: dict[int, list[int]] = field(default_factory=dict)  # MoE layer -> selections per expert
-    token_us: list[int] = field(default_factory=list)  # per step: microseconds since the prompt was done
-    stop_reason: str = ""
-    log: list[str] = field(default_factory=list)
-    wall_seconds: float = 0.0
-
-
-class Session:
-    """Interprets one run's frames: hello, token..., stats, done; or an error frame."""
-
-    def __init__(self, expected_model: str | None = None, on_token: Callable[[int, int], None] | None = None):
-        self.result = RunResult()
-        self.expected_model = expected_model
-        self.on_token = on_token
-        self.finished = False
-
-    def handle(self, frame: Frame) -> None:
-        r = self.result
-        if frame.kind == "hello":
-            if r.hello and frame.seq == 0:
-                raise ColibriError("the board reset during the run (a second hello frame arrived)")
-            r.hello = frame.fields
-            if self.expected_model and frame.fields.get("model") != self.expected_model:
-                raise ColibriError(f"the board runs firmware for model {frame.fields.get('model', '?')[:16]}…, "
-                                   f"expected {self.expected_model[:16]}… (flash the matching build)")
-        elif frame.kind == "error":
-            msg = frame.fields.get("msg", "unknown error")
-            raise ColibriError(f"firmware reported error {frame.fields.get('code', '?')}: {msg}")
-        elif frame.kind == "token":
-            step = frame.int("step")
-            if step != len(r.tokens):
-                raise ColibriError(f"token frame for step {step} arrived when step {len(r.tokens)} was expected")
-            r.tokens.append(frame.int("id"))
-            r.digests.append(frame.fields.get("logits", ""))
-            if "us" in frame.fields:
-                r.token_us.append(frame.int("us"))
-            if self.on_token:
-                self.on_token(step, r.tokens[-1])
-        elif frame.kind == "stats":
-            r.stats = frame.fields
-        elif frame.kind == "bandwidth":
-            r.bandwidth = frame.fields
-        elif frame.kind == "experts":
-            try:
-                r.expert_counts[frame.int("layer")] = [int(c) for c in frame.fields["counts"].split(",")]
-            except (KeyError, ValueError):
-                raise ColibriError("malformed experts frame from the board") from None
-        elif frame.kind == "done":
-            if "tokens" in frame.fields and frame.int("tokens") != len(r.tokens):
-                raise ColibriError(f"the board reports {frame.fields['tokens']} tokens but {len(r.tokens)} arrived")
-            r.stop_reason = frame.fields.get("reason", "")
-            self.finished = True
-
-
-def check_fits_context(prompt: list[int], steps: int, n_ctx: int) -> None:
-    if len(prompt) + steps - 1 > n_ctx:
-        raise ColibriError(f"prompt ({len(prompt)} tokens) + {steps} steps need a context of "
-                           f"{len(prompt) + steps - 1}, the firmware is built for {n_ctx} (use --ctx or fewer --steps)")
-
-
-def f32_arg(value: float) -> str:
-    """A float exactly as the firmware will hold it (hexadecimal float32)."""
-    return float.hex(float(np.float32(value)))
-
-
-def firmware_args(request: RunRequest) -> list[str]:
-    s = request.sampling
-    args = ["--prompt-ids", ",".join(str(t) for t in request.prompt), "--steps", str(request.steps),
-            "--temperature", f32_arg(s.temperature), "--top-k", str(s.top_k), "--top-p", f32_arg(s.top_p),
-            "--min-p", f32_arg(s.min_p), "--seed", str(s.seed)]
-    if not request.stop_at_eos:
-        args.append("--ignore-eos")
-    if request.threads != 1:
-        args += ["--threads", str(request.threads)]
-    if not request.digests:
-        args.append("--no-digests")
-    if request.probe_bandwidth_mib is not None:
-        args += ["--probe-bandwidth", str(request.probe_bandwidth_mib)]
-    return args
 
 
 def default_timeout(request: RunRequest, weights_bytes: int) -> float:
@@ -129,15 +25,21 @@ def default_timeout(request: RunRequest, weights_bytes: int) -> float:
     return 20.0 + per_token * (len(request.prompt) + request.steps)
 
 
-def run_process(argv: list[str], session: Session, timeout: float) -> RunResult:
+def run_process(argv: list[str], request: bytes, session: Session, timeout: float) -> RunResult:
+    """A Linux firmware as a local process: the request frame on its stdin, frames on its stdout."""
     reader = FrameReader()
     start = time.monotonic()
     deadline = start + timeout
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE)
     except OSError as e:
         raise ColibriError(f"cannot start the firmware {argv[0]}: {e.strerror}") from None
     try:
+        try:
+            proc.stdin.write(request)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it exited before reading: its frames or its status say why
         fd = proc.stdout.fileno()
         while not session.finished:
             left = deadline - time.monotonic()
@@ -184,8 +86,6 @@ def free_port() -> int:
 def run_qemu_system(board: Board, program: Path, flash_image: Path, request: RunRequest, session: Session,
                     timeout: float | None) -> RunResult:
     """Start the emulator with its UART on a local TCP socket and talk to it like a real board."""
-    from .serial_link import SerialLink, Timeouts
-
     port = free_port()
     argv = [a.format(program=program, flash_image=flash_image, port=port) for a in board.command]
     try:
@@ -232,20 +132,17 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
     if request.probe_bandwidth_mib is not None and board.runner != "process":
         raise ColibriError(f"board {board.name} cannot measure its read bandwidth (only Linux boards can)")
     if board.runner == "process":
-        argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights),
-                *firmware_args(request)]
+        argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights)]
         if logits_out is not None:
             argv += ["--logits-out", str(logits_out)]
         if timeout is None:
             timeout = default_timeout(request, weights.stat().st_size) * (4 if board.needs_emulator() else 1)
-        return run_process(argv, session, timeout)
+        return run_process(argv, request_frame(request), session, timeout)
     if logits_out is not None:
         raise ColibriError(f"board {board.name} cannot store raw logits (only Linux boards can)")
     if board.runner == "qemu-system":
         return run_qemu_system(board, program, flash_image or weights, request, session, timeout)
     if board.runner == "serial":
-        from .serial_link import SerialLink, Timeouts
-
         if not port:
             raise ColibriError(f"board {board.name} is a real board: give its serial port with --port")
         link = SerialLink.open(port, reset=reset)

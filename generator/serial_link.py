@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import serial
 
 from .errors import ColibriError
-from .protocol import Frame, FrameReader, encode_request
-from .runner import RunRequest, RunResult, Session
+from .protocol import Frame, FrameReader
+from .session import RunRequest, RunResult, Session, request_frame
 
 READ_SLICE = 0.05  # longest single blocking read; every deadline is checked at least this often
 
@@ -235,9 +235,7 @@ class SerialLink:
                 last_frame = time.monotonic()
                 log_at_last_frame = log_index
                 if frame.kind == "hello" and request and not sent:
-                    s = request.sampling.as_f32()
-                    self.send(encode_request(0, request.prompt, request.steps, s.temperature, s.top_k, s.top_p,
-                                             s.min_p, s.seed, request.stop_at_eos, request.digests))
+                    self.send(request_frame(request))
                     sent = True
                 if session.finished:
                     self._check_done(frame, session)

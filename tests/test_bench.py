@@ -9,7 +9,7 @@ import pytest
 
 from conftest import DEFAULT_MODEL, run_cli
 from generator import bench
-from generator.runner import RunResult
+from generator.session import RunResult
 from generator.targets import load_board
 
 

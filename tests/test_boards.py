@@ -41,7 +41,8 @@ def test_qemu_rv32_reports_exact_instruction_counts(builder):
 
 
 def test_qemu_rv32_reads_the_weights_in_place_and_refuses_a_damaged_image(builder, tmp_path):
-    from generator.runner import RunRequest, run_on_board
+    from generator.runner import run_on_board
+    from generator.session import RunRequest
 
     board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, "qemu-rv32")
     blob = bytearray(art.weights.read_bytes())
@@ -103,7 +104,8 @@ def test_every_board_file_loads():
 
 @pytest.mark.parametrize("board,threads", [("host", 2), ("host", 3), ("linux-aarch64", 2)])
 def test_threads_give_the_same_bits(board, threads, builder, host_run):
-    from generator.runner import RunRequest, run_on_board
+    from generator.runner import run_on_board
+    from generator.session import RunRequest
 
     b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, board)
     request = RunRequest(PROMPT, 40, SAMPLED, stop_at_eos=False, threads=threads)
@@ -113,7 +115,8 @@ def test_threads_give_the_same_bits(board, threads, builder, host_run):
 
 
 def test_mcu_boards_refuse_threads(builder):
-    from generator.runner import RunRequest, run_on_board
+    from generator.runner import run_on_board
+    from generator.session import RunRequest
 
     b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, "qemu-rv32")
     with pytest.raises(ColibriError, match="runs single-threaded"):

@@ -8,12 +8,13 @@ from damaged_images import cases
 from generator.errors import ColibriError
 from generator.image import read_header
 from generator.protocol import FrameReader
+from generator.session import RunRequest, request_frame
 
 PROMPT = [1, 5, 9]
 
 
 def run_with_image(program, image_path):
-    out = subprocess.run([str(program), "--weights", str(image_path), "--prompt-ids", "1,5,9", "--steps", "2"],
+    out = subprocess.run([str(program), "--weights", str(image_path)], input=request_frame(RunRequest(PROMPT, 2)),
                          capture_output=True, timeout=60)
     reader = FrameReader()
     reader.feed(out.stdout)

@@ -6,7 +6,7 @@ import pytest
 
 from generator.errors import ColibriError
 from generator.protocol import FrameReader, encode_frame, parse_frame
-from generator.runner import Session
+from generator.session import Session
 
 
 def session_bytes():

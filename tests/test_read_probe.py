@@ -1,5 +1,5 @@
 """The firmware's own read-bandwidth probe (firmware_src/bsp/linux/read_probe.c): asked for with
---probe-bandwidth, reported in a bandwidth frame before the decode, run in a child process."""
+probe_mib in the request frame, reported in a bandwidth frame before the decode, run in a child process."""
 
 from pathlib import Path
 
@@ -8,7 +8,8 @@ import pytest
 from conftest import DEFAULT_MODEL
 from generator.errors import ColibriError
 from generator.protocol import encode_frame, parse_frame
-from generator.runner import RunRequest, Session, firmware_args, run_on_board
+from generator.runner import run_on_board
+from generator.session import RunRequest, Session, request_frame
 from generator.targets import load_board
 
 
@@ -26,9 +27,8 @@ def test_the_bandwidth_frame_is_parsed_into_the_run_result():
 
 
 def test_the_probe_is_asked_for_only_when_the_request_says_so():
-    assert "--probe-bandwidth" not in firmware_args(RunRequest([1], 4))
-    args = firmware_args(RunRequest([1], 4, probe_bandwidth_mib=0))
-    assert args[args.index("--probe-bandwidth") + 1] == "0"
+    assert parse_frame(request_frame(RunRequest([1], 4)).rstrip(b"\n")).fields.get("probe_mib") is None
+    assert parse_frame(request_frame(RunRequest([1], 4, probe_bandwidth_mib=0)).rstrip(b"\n")).fields["probe_mib"] == "0"
 
 
 def test_an_mcu_board_cannot_probe_its_bandwidth(tmp_path):

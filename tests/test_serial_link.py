@@ -19,7 +19,8 @@ import generator.serial_link as serial_link
 from generator.errors import ColibriError
 from generator.protocol import encode_frame, f32_bits, parse_frame
 from generator.reference import Reference
-from generator.runner import RunRequest, Session, run_on_board
+from generator.runner import run_on_board
+from generator.session import RunRequest, Session
 from generator.sampling import SamplingParams
 from generator.serial_link import SerialLink, Timeouts
 

@@ -13,6 +13,9 @@ typedef struct {
     ColibriSampling sampling;
     int stop_at_eos;
     int digests; /* 1: hash every step's logits (verify); 0: skip it (bench measures decoding alone) */
+    int threads; /* Linux boards: threads of the decode (MCUs run one) */
+    int64_t probe_mib; /* Linux boards: measure the read bandwidth over this many MiB first (0: sized from
+                        * the caches); -1: no probe */
 } ColibriRequest;
 
 /* Application-level errors reported in the error frame (image errors use colibri_status codes). */
@@ -32,8 +35,14 @@ int colibri_load(const uint8_t *image, uint64_t image_len);
 int colibri_decode(const ColibriRequest *req);
 
 /* Parse a request frame (generator/protocol.py encode_request) into req, whose prompt points to
- * prompt_buf (capacity entries). Returns 1 if `line` is a valid request frame. */
-int colibri_parse_request(const char *line, int len, ColibriRequest *req, int32_t *prompt_buf, int32_t capacity);
+ * prompt_buf (capacity entries: the context, which also bounds steps). Returns NULL for a valid
+ * request, else why it is not one (for an error frame). */
+const char *colibri_parse_request(const char *line, int len, ColibriRequest *req, int32_t *prompt_buf,
+                                  int32_t capacity);
+
+/* Longest request line for a context of n_ctx: every prompt id as up to 10 digits and a comma,
+ * plus the other fields. */
+#define COLIBRI_REQUEST_LINE_BYTES(n_ctx) ((n_ctx) * 11 + 256)
 
 /* Send an error frame (for BSPs that fail before decoding starts). */
 void colibri_report_error(int code, const char *message);

@@ -1,5 +1,8 @@
 #include "mcu.h"
 
+#include <string.h>
+
+#include "../runtime/image_loader.h"
 #include "decode.h"
 #include "model_def.h"
 
@@ -17,29 +20,56 @@ void colibri_report_trap(uint32_t cause, uint32_t pc, uint32_t value)
     colibri_report_error(200, msg);
 }
 
-/* Longest request line: every prompt id as up to 10 digits and a comma, plus the other fields. */
-#define REQUEST_LINE_BYTES (COLIBRI_N_CTX * 11 + 256)
+#define REQUEST_LINE_BYTES COLIBRI_REQUEST_LINE_BYTES(COLIBRI_N_CTX)
+
+int colibri_serve_line(const char *line, int len, int load_status, const char *load_message)
+{
+    static int32_t prompt[COLIBRI_N_CTX];
+    ColibriRequest req;
+    if (len < 5 || memcmp(line, "@CLB ", 5) != 0) {
+        return -1; /* a stray newline or noise: not addressed to the firmware */
+    }
+    const char *problem = colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX);
+    if (problem == NULL && req.threads != 1) {
+        problem = "this board runs one thread";
+    }
+    if (problem == NULL && req.probe_mib >= 0) {
+        problem = "this board has no read-bandwidth probe";
+    }
+    if (problem != NULL) {
+        colibri_report_error(COLIBRI_ERR_REQUEST, problem);
+        return COLIBRI_ERR_REQUEST;
+    }
+    if (load_status != 0) {
+        colibri_report_error(load_status, load_message != NULL ? load_message : colibri_status_message(load_status));
+        return load_status;
+    }
+    return colibri_decode(&req);
+}
 
 int colibri_serve(int (*read_byte)(void), int forever)
 {
     static char line[REQUEST_LINE_BYTES];
-    static int32_t prompt[COLIBRI_N_CTX];
-    ColibriRequest req;
-    int len = 0;
+    int len = 0, too_long = 0;
     for (;;) {
         int c = read_byte();
-        if (len < REQUEST_LINE_BYTES) {
-            line[len++] = (char)c;
-        }
         if (c != '\n') {
+            if (len < REQUEST_LINE_BYTES) {
+                line[len++] = (char)c;
+            } else {
+                too_long = 1;
+            }
             continue;
         }
-        if (len < REQUEST_LINE_BYTES && colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX)) {
-            int status = colibri_decode(&req);
-            if (!forever) {
-                return status;
-            }
+        int status = -1;
+        if (too_long) {
+            colibri_report_error(COLIBRI_ERR_REQUEST, "request line longer than this firmware's context allows");
+        } else {
+            status = colibri_serve_line(line, len, 0, NULL);
         }
-        len = 0;
+        len = too_long = 0;
+        if (status == 0 && !forever) {
+            return status;
+        }
     }
 }

@@ -8,8 +8,15 @@
 /* Send an error frame naming the trap (code 200). */
 void colibri_report_trap(uint32_t cause, uint32_t pc, uint32_t value);
 
-/* Read lines with read_byte (blocking) and decode each valid request frame; anything else is
- * ignored. With forever = 0 return the status of the first decode, else never return. */
+/* Serve one line that arrived on the link: a request frame is decoded (when load_status, the weight
+ * image's colibri_status, is 0; load_message says why it is not, or NULL for the status's own
+ * message); a bad one is answered with an error frame saying why. Returns the
+ * decode's status, the error code, or -1 for a line that is not a frame (noise, a stray newline). */
+int colibri_serve_line(const char *line, int len, int load_status, const char *load_message);
+
+/* Read lines with read_byte (blocking) and serve each (colibri_serve_line); a line longer than any
+ * request is answered with an error frame. With forever = 0 return after the first successful
+ * decode, else never return. */
 int colibri_serve(int (*read_byte)(void), int forever);
 
 #endif

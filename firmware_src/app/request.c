@@ -1,13 +1,20 @@
-/* The request frame a host sends to an MCU board after its hello (Linux boards take argv instead):
+/* The request frame: the one grammar every board reads its work in, whatever the link (an MCU's
+ * UART, a Linux firmware's stdin, an SSH channel to it):
  *
- *   @CLB <seq> request prompt=1,2,3 steps=N temperature=XXXXXXXX top_k=K top_p=XXXXXXXX
- *        min_p=XXXXXXXX seed=S eos=0|1 [digests=0|1] *<crc32>
+ *   @CLB <seq> request prompt=1,2,3 steps=N [temperature=XXXXXXXX] [top_k=K] [top_p=XXXXXXXX]
+ *        [min_p=XXXXXXXX] [seed=S] [eos=0|1] [digests=0|1] [threads=N] [probe_mib=N] *<crc32>
  *
- * Floats travel as the 8 hex digits of their IEEE-754 bits, so both sides hold the same value. */
+ * Floats travel as the 8 hex digits of their IEEE-754 bits, so both sides hold the same value.
+ * Every key at most once; decimals are plain ASCII digits; prompt and steps are required. The
+ * ranges of every field are checked here, once, for every board. */
+#include <float.h>
 #include <string.h>
 
 #include "../runtime/checksum.h"
 #include "decode.h"
+
+#define MAX_THREADS 64
+#define MAX_PROBE_MIB (1u << 20)
 
 static int hex_digit(char c)
 {
@@ -20,14 +27,14 @@ static int hex_digit(char c)
     return -1;
 }
 
-/* Parse an unsigned decimal at *p (advancing it); 0 on no digits or overflow past `max`. */
+/* Parse an unsigned decimal at *p (advancing it); 0 on no digits or a value above `max`. */
 static int parse_dec(const char **p, const char *end, uint64_t max, uint64_t *out)
 {
     uint64_t v = 0;
     const char *s = *p;
     while (s < end && *s >= '0' && *s <= '9') {
         uint64_t d = (uint64_t)(*s - '0');
-        if (v > (max - d) / 10) {
+        if (d > max || v > (max - d) / 10) {
             return 0;
         }
         v = v * 10 + d;
@@ -39,6 +46,12 @@ static int parse_dec(const char **p, const char *end, uint64_t max, uint64_t *ou
     *p = s;
     *out = v;
     return 1;
+}
+
+/* The whole value [s, end) as one decimal no larger than max. */
+static int parse_whole_dec(const char *s, const char *end, uint64_t max, uint64_t *out)
+{
+    return parse_dec(&s, end, max, out) && s == end;
 }
 
 static int parse_f32_bits(const char *s, const char *end, float *out)
@@ -58,116 +71,171 @@ static int parse_f32_bits(const char *s, const char *end, float *out)
     return 1;
 }
 
-static int key_is(const char *key, const char *key_end, const char *name)
+enum { KEY_PROMPT, KEY_STEPS, KEY_TEMPERATURE, KEY_TOP_K, KEY_TOP_P, KEY_MIN_P, KEY_SEED, KEY_EOS, KEY_DIGESTS,
+       KEY_THREADS, KEY_PROBE_MIB, N_KEYS };
+static const char *const key_names[N_KEYS] = {"prompt", "steps", "temperature", "top_k", "top_p", "min_p",
+                                              "seed", "eos", "digests", "threads", "probe_mib"};
+
+static int key_index(const char *key, const char *key_end)
 {
-    size_t n = strlen(name);
-    return (size_t)(key_end - key) == n && memcmp(key, name, n) == 0;
+    for (int i = 0; i < N_KEYS; i++) {
+        size_t n = strlen(key_names[i]);
+        if ((size_t)(key_end - key) == n && memcmp(key, key_names[i], n) == 0) {
+            return i;
+        }
+    }
+    return -1;
 }
 
-int colibri_parse_request(const char *line, int len, ColibriRequest *req, int32_t *prompt_buf, int32_t capacity)
+/* Token ids "1,2,3": at least one, no empty item, at most `capacity`. */
+static const char *parse_prompt(const char *s, const char *end, int32_t *ids, int32_t capacity, int32_t *n)
+{
+    *n = 0;
+    for (;;) {
+        uint64_t v;
+        if (*n == capacity) {
+            return "prompt is longer than the context this firmware was built for";
+        }
+        if (!parse_dec(&s, end, INT32_MAX, &v)) {
+            return "prompt must be comma-separated token ids";
+        }
+        ids[(*n)++] = (int32_t)v;
+        if (s == end) {
+            return NULL;
+        }
+        if (*s++ != ',' || s == end) {
+            return "prompt must be comma-separated token ids";
+        }
+    }
+}
+
+static const char *parse_field(int key, const char *val, const char *end, ColibriRequest *r, int32_t *prompt_buf,
+                               int32_t capacity)
+{
+    uint64_t v;
+    switch (key) {
+    case KEY_PROMPT:
+        return parse_prompt(val, end, prompt_buf, capacity, &r->n_prompt);
+    case KEY_STEPS:
+        if (!parse_whole_dec(val, end, (uint64_t)capacity, &v) || v < 1) {
+            return "steps must be between 1 and the context length";
+        }
+        r->n_steps = (int32_t)v;
+        return NULL;
+    case KEY_TEMPERATURE:
+        if (!parse_f32_bits(val, end, &r->sampling.temperature) ||
+            !(r->sampling.temperature >= 0.0f && r->sampling.temperature <= FLT_MAX)) {
+            return "temperature must be a finite number >= 0";
+        }
+        return NULL;
+    case KEY_TOP_K:
+        if (!parse_whole_dec(val, end, INT32_MAX, &v)) {
+            return "top_k must be a non-negative integer";
+        }
+        r->sampling.top_k = (int32_t)v;
+        return NULL;
+    case KEY_TOP_P:
+        if (!parse_f32_bits(val, end, &r->sampling.top_p) || !(r->sampling.top_p > 0.0f && r->sampling.top_p <= 1.0f)) {
+            return "top_p must be in (0, 1]";
+        }
+        return NULL;
+    case KEY_MIN_P:
+        if (!parse_f32_bits(val, end, &r->sampling.min_p) || !(r->sampling.min_p >= 0.0f && r->sampling.min_p <= 1.0f)) {
+            return "min_p must be in [0, 1]";
+        }
+        return NULL;
+    case KEY_SEED:
+        if (!parse_whole_dec(val, end, UINT64_MAX, &v)) {
+            return "seed must be a non-negative integer";
+        }
+        r->sampling.seed = v;
+        return NULL;
+    case KEY_EOS:
+    case KEY_DIGESTS:
+        if (!parse_whole_dec(val, end, 1, &v)) {
+            return key == KEY_EOS ? "eos must be 0 or 1" : "digests must be 0 or 1";
+        }
+        *(key == KEY_EOS ? &r->stop_at_eos : &r->digests) = (int)v;
+        return NULL;
+    case KEY_THREADS:
+        if (!parse_whole_dec(val, end, MAX_THREADS, &v) || v < 1) {
+            return "threads must be between 1 and 64";
+        }
+        r->threads = (int)v;
+        return NULL;
+    default: /* KEY_PROBE_MIB */
+        if (!parse_whole_dec(val, end, MAX_PROBE_MIB, &v)) {
+            return "probe_mib must be a size in MiB (0: chosen from the caches)";
+        }
+        r->probe_mib = (int64_t)v;
+        return NULL;
+    }
+}
+
+const char *colibri_parse_request(const char *line, int len, ColibriRequest *req, int32_t *prompt_buf, int32_t capacity)
 {
     while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) {
         len--;
     }
     /* "@CLB " ... " *xxxxxxxx" */
     if (len < 16 || memcmp(line, "@CLB ", 5) != 0 || line[len - 10] != ' ' || line[len - 9] != '*') {
-        return 0;
+        return "not a request frame";
     }
     uint32_t want = 0;
     for (int i = len - 8; i < len; i++) {
         int d = hex_digit(line[i]);
         if (d < 0) {
-            return 0;
+            return "not a request frame (bad CRC digits)";
         }
         want = want << 4 | (uint32_t)d;
     }
     const char *end = line + len - 10;
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION /* fuzzing: let mutated requests past the CRC */
     if (crc32_update(0, (const uint8_t *)line, (size_t)(end - line)) != want) {
-        return 0;
+        return "request frame damaged in transit (CRC mismatch)";
     }
+#endif
     const char *p = line + 5;
     uint64_t seq;
     if (!parse_dec(&p, end, UINT32_MAX, &seq) || end - p < 8 || memcmp(p, " request", 8) != 0) {
-        return 0;
+        return "not a request frame";
     }
     p += 8;
-    ColibriRequest r = {prompt_buf, 0, 0, {0.0f, 0, 1.0f, 0.0f, 0}, 1, 1};
-    int have_prompt = 0, have_steps = 0;
+    ColibriRequest r = {.prompt = prompt_buf, .n_prompt = 0, .n_steps = 0,
+                        .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0},
+                        .stop_at_eos = 1, .digests = 1, .threads = 1, .probe_mib = -1};
+    unsigned seen = 0;
     while (p < end) {
         if (*p != ' ') {
-            return 0;
+            return "malformed request field";
         }
         const char *key = ++p;
-        while (p < end && *p != '=') {
+        while (p < end && *p != '=' && *p != ' ') {
             p++;
         }
-        if (p == end) {
-            return 0;
+        if (p == end || *p != '=') {
+            return "malformed request field";
         }
-        const char *key_end = p++;
-        const char *val = p;
+        const int k = key_index(key, p);
+        if (k < 0) {
+            return "unknown request field";
+        }
+        if (seen & (1u << k)) {
+            return "a request field is repeated";
+        }
+        seen |= 1u << k;
+        const char *val = ++p;
         while (p < end && *p != ' ') {
             p++;
         }
-        const char *val_end = p;
-        uint64_t v;
-        const char *q = val;
-        if (key_is(key, key_end, "prompt")) {
-            while (q < val_end) {
-                if (r.n_prompt == capacity || !parse_dec(&q, val_end, INT32_MAX, &v)) {
-                    return 0;
-                }
-                prompt_buf[r.n_prompt++] = (int32_t)v;
-                if (q < val_end && *q++ != ',') {
-                    return 0;
-                }
-            }
-            have_prompt = r.n_prompt > 0;
-        } else if (key_is(key, key_end, "steps")) {
-            if (!parse_dec(&q, val_end, INT32_MAX, &v) || q != val_end) {
-                return 0;
-            }
-            r.n_steps = (int32_t)v;
-            have_steps = 1;
-        } else if (key_is(key, key_end, "top_k")) {
-            if (!parse_dec(&q, val_end, INT32_MAX, &v) || q != val_end) {
-                return 0;
-            }
-            r.sampling.top_k = (int32_t)v;
-        } else if (key_is(key, key_end, "seed")) {
-            if (!parse_dec(&q, val_end, UINT64_MAX, &v) || q != val_end) {
-                return 0;
-            }
-            r.sampling.seed = v;
-        } else if (key_is(key, key_end, "eos")) {
-            if (!parse_dec(&q, val_end, 1, &v) || q != val_end) {
-                return 0;
-            }
-            r.stop_at_eos = (int)v;
-        } else if (key_is(key, key_end, "digests")) {
-            if (!parse_dec(&q, val_end, 1, &v) || q != val_end) {
-                return 0;
-            }
-            r.digests = (int)v;
-        } else if (key_is(key, key_end, "temperature")) {
-            if (!parse_f32_bits(val, val_end, &r.sampling.temperature)) {
-                return 0;
-            }
-        } else if (key_is(key, key_end, "top_p")) {
-            if (!parse_f32_bits(val, val_end, &r.sampling.top_p)) {
-                return 0;
-            }
-        } else if (key_is(key, key_end, "min_p")) {
-            if (!parse_f32_bits(val, val_end, &r.sampling.min_p)) {
-                return 0;
-            }
-        } else {
-            return 0;
+        const char *problem = parse_field(k, val, p, &r, prompt_buf, capacity);
+        if (problem != NULL) {
+            return problem;
         }
     }
-    if (!have_prompt || !have_steps) {
-        return 0;
+    if (!(seen & (1u << KEY_PROMPT)) || !(seen & (1u << KEY_STEPS))) {
+        return "a request needs prompt and steps";
     }
     *req = r;
-    return 1;
+    return NULL;
 }

@@ -22,12 +22,12 @@
 
 #include "../../app/bsp.h"
 #include "../../app/decode.h"
+#include "../../app/mcu.h"
 #include "../../runtime/image_loader.h"
 #include "colibri_idf.h" /* generated with the project: partition label and subtype, UART settings */
 #include "model_def.h"
 
-/* Longest request line: every prompt id as up to 10 digits and a comma, plus the other fields. */
-#define REQUEST_LINE_BYTES (COLIBRI_N_CTX * 12 + 256)
+#define REQUEST_LINE_BYTES COLIBRI_REQUEST_LINE_BYTES(COLIBRI_N_CTX)
 #define UART_PORT ((uart_port_t)COLIBRI_IDF_UART_NUM)
 #define READ_CHUNK 128
 #define READ_WAIT_MS 20
@@ -102,21 +102,6 @@ static void load_weights(void)
     load_message = colibri_status_message(load_status);
 }
 
-static void serve_line(const char *line, int len, int32_t *prompt)
-{
-    ColibriRequest req;
-    if (colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX)) {
-        if (load_status != COLIBRI_OK) {
-            colibri_report_error(load_status, load_message);
-        } else {
-            colibri_decode(&req);
-        }
-    } else if (len >= 5 && memcmp(line, "@CLB ", 5) == 0) {
-        colibri_report_error(COLIBRI_ERR_REQUEST, "malformed request frame (bad CRC or field)");
-    }
-    /* Anything else (a stray newline, noise) is not addressed to the firmware. */
-}
-
 /* The firmware's identity in the hello frame: ESP-IDF's SHA-256 of the application ELF. */
 size_t bsp_build_id(const uint8_t **id)
 {
@@ -127,7 +112,6 @@ size_t bsp_build_id(const uint8_t **id)
 void app_main(void)
 {
     static char line[REQUEST_LINE_BYTES];
-    static int32_t prompt[COLIBRI_N_CTX];
     static uint8_t chunk[READ_CHUNK];
 
     uart_ready = uart_driver_install(UART_PORT, COLIBRI_IDF_UART_RX_BUFFER, 0, 0, NULL, 0) == ESP_OK;
@@ -172,7 +156,7 @@ void app_main(void)
             }
             line[len++] = c;
             if (c == '\n') {
-                serve_line(line, len, prompt);
+                colibri_serve_line(line, len, load_status, load_message);
                 len = 0;
             }
         }

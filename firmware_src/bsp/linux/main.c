@@ -1,8 +1,8 @@
-/* Linux BSP (host, linux-aarch64): the firmware as a Linux process. Arguments carry the request; results go to stdout. */
+/* Linux BSP (host, linux-aarch64): the firmware as a Linux process. The request arrives on stdin as a
+ * request frame (the grammar every board reads); results go to stdout. */
 #define _GNU_SOURCE /* dl_iterate_phdr, for the build-id */
 #define _POSIX_C_SOURCE 200809L
 
-#include <errno.h>
 #include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,37 +107,29 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 }
 
 static const char usage[] =
-    "usage: firmware --weights IMAGE --prompt-ids ID,ID,... [--steps N] [--temperature T] [--top-k K]\n"
-    "                [--top-p P] [--min-p P] [--seed S] [--ignore-eos] [--logits-out FILE] [--threads N]\n"
-    "                [--no-digests] [--probe-bandwidth MIB]\n"
-    "--probe-bandwidth: first measure the memory read bandwidth over MIB MiB (0: twice the largest cache)\n"
-    "with the same threads, in a child process, and report it in a bandwidth frame\n";
+    "usage: firmware --weights IMAGE [--logits-out FILE] < REQUEST\n"
+    "The request is one request frame on stdin, the same line an MCU board reads on its UART\n"
+    "(firmware_src/app/request.c); results go to stdout as frames.\n";
 
-static int fail(const char *message)
+static int fail(int code, const char *message)
 {
-    colibri_report_error(COLIBRI_ERR_REQUEST, message);
+    colibri_report_error(code, message);
     fprintf(stderr, "%s%s\n", usage, message);
     return 2;
 }
 
-static int parse_float(const char *text, float *out)
+/* One line from stdin into line (capacity bytes): its length, or -1 if there is none or it is
+ * longer than any request. */
+static int read_request_line(char *line, int capacity)
 {
-    char *end;
-    errno = 0;
-    *out = strtof(text, &end); /* the host passes exact hexadecimal floats */
-    return errno == 0 && end != text && *end == '\0';
-}
-
-static int parse_long(const char *text, long long lo, long long hi, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) {
-        return 0;
+    if (fgets(line, capacity, stdin) == NULL) {
+        return -1;
     }
-    *out = v;
-    return 1;
+    size_t len = strlen(line);
+    if (len == (size_t)capacity - 1 && line[len - 1] != '\n') {
+        return -1;
+    }
+    return (int)len;
 }
 
 static uint8_t *read_image(const char *path, uint64_t *len)
@@ -163,105 +155,46 @@ static uint8_t *read_image(const char *path, uint64_t *len)
     return buf;
 }
 
+#define REQUEST_LINE_BYTES COLIBRI_REQUEST_LINE_BYTES(COLIBRI_N_CTX)
+
 int main(int argc, char **argv)
 {
     const char *weights_path = NULL;
     const char *logits_path = NULL;
     static int32_t prompt[COLIBRI_N_CTX];
+    static char line[REQUEST_LINE_BYTES + 2];
     colibri_hello();
-    ColibriRequest req = {prompt, 0, 16, {0.0f, 0, 1.0f, 0.0f, 0}, 1, 1};
-    int threads = 1;
-    long long probe_mib = -1; /* -1: no bandwidth probe */
     for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        const char *val = (i + 1 < argc) ? argv[i + 1] : NULL;
-        long long n;
-        if (strcmp(arg, "--ignore-eos") == 0) {
-            req.stop_at_eos = 0;
-            continue;
+        if (i + 1 == argc) {
+            return fail(COLIBRI_ERR_REQUEST, "missing value after an option");
         }
-        if (strcmp(arg, "--no-digests") == 0) {
-            req.digests = 0;
-            continue;
-        }
-        if (val == NULL) {
-            return fail("missing value after an option");
-        }
-        i++;
-        if (strcmp(arg, "--weights") == 0) {
-            weights_path = val;
-        } else if (strcmp(arg, "--logits-out") == 0) {
-            logits_path = val;
-        } else if (strcmp(arg, "--prompt-ids") == 0) {
-            const char *p = val;
-            while (*p) {
-                char *end;
-                errno = 0;
-                long long id = strtoll(p, &end, 10);
-                if (end == p || errno != 0 || id < 0 || id > INT32_MAX) {
-                    return fail("--prompt-ids must be comma-separated non-negative integers");
-                }
-                if (req.n_prompt == COLIBRI_N_CTX) {
-                    return fail("prompt is longer than the context this firmware was built for");
-                }
-                prompt[req.n_prompt++] = (int32_t)id;
-                p = (*end == ',') ? end + 1 : end;
-                if (*end != ',' && *end != '\0') {
-                    return fail("--prompt-ids must be comma-separated non-negative integers");
-                }
-            }
-        } else if (strcmp(arg, "--steps") == 0) {
-            if (!parse_long(val, 1, COLIBRI_N_CTX, &n)) {
-                return fail("--steps must be between 1 and the context length");
-            }
-            req.n_steps = (int32_t)n;
-        } else if (strcmp(arg, "--temperature") == 0) {
-            if (!parse_float(val, &req.sampling.temperature) || !(req.sampling.temperature >= 0.0f)) {
-                return fail("--temperature must be a number >= 0");
-            }
-        } else if (strcmp(arg, "--top-k") == 0) {
-            if (!parse_long(val, 0, INT32_MAX, &n)) {
-                return fail("--top-k must be a non-negative integer");
-            }
-            req.sampling.top_k = (int32_t)n;
-        } else if (strcmp(arg, "--top-p") == 0) {
-            if (!parse_float(val, &req.sampling.top_p) || !(req.sampling.top_p > 0.0f && req.sampling.top_p <= 1.0f)) {
-                return fail("--top-p must be in (0, 1]");
-            }
-        } else if (strcmp(arg, "--min-p") == 0) {
-            if (!parse_float(val, &req.sampling.min_p) || !(req.sampling.min_p >= 0.0f && req.sampling.min_p <= 1.0f)) {
-                return fail("--min-p must be in [0, 1]");
-            }
-        } else if (strcmp(arg, "--threads") == 0) {
-            if (!parse_long(val, 1, 64, &n)) {
-                return fail("--threads must be between 1 and 64");
-            }
-            threads = (int)n; /* the pool starts after the probe: a fork copies only this thread */
-        } else if (strcmp(arg, "--seed") == 0) {
-            char *end;
-            errno = 0;
-            unsigned long long seed = strtoull(val, &end, 10);
-            if (errno != 0 || end == val || *end != '\0' || val[0] == '-') {
-                return fail("--seed must be a non-negative integer");
-            }
-            req.sampling.seed = (uint64_t)seed;
-        } else if (strcmp(arg, "--probe-bandwidth") == 0) {
-            if (!parse_long(val, 0, 1 << 20, &probe_mib)) {
-                return fail("--probe-bandwidth must be a size in MiB (0: chosen from the caches)");
-            }
+        if (strcmp(argv[i], "--weights") == 0) {
+            weights_path = argv[++i];
+        } else if (strcmp(argv[i], "--logits-out") == 0) {
+            logits_path = argv[++i];
         } else {
-            return fail("unknown option");
+            return fail(COLIBRI_ERR_REQUEST, "unknown option");
         }
     }
-    if (weights_path == NULL || req.n_prompt == 0) {
-        return fail("--weights and --prompt-ids are required");
+    if (weights_path == NULL) {
+        return fail(COLIBRI_ERR_REQUEST, "--weights is required");
     }
-    if (probe_mib >= 0) {
-        /* Before the weight image is read: the child then copies almost nothing, and the board
-         * never holds the probe's buffer and the weights at once. */
+    int len = read_request_line(line, (int)sizeof line);
+    if (len < 0) {
+        return fail(COLIBRI_ERR_REQUEST, "no request frame on stdin (or a line longer than any request)");
+    }
+    ColibriRequest req;
+    const char *problem = colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX);
+    if (problem != NULL) {
+        return fail(COLIBRI_ERR_REQUEST, problem);
+    }
+    if (req.probe_mib >= 0) {
+        /* Before the weight image is read and before the thread pool starts (a fork copies only
+         * this thread): the child then copies almost nothing, and the board never holds the
+         * probe's buffer and the weights at once. */
         ReadProbe probe;
-        uint64_t mib = probe_mib > 0 ? (uint64_t)probe_mib : read_probe_default_mib();
-        if (read_probe_run(threads, mib, &probe) != 0) {
+        uint64_t mib = req.probe_mib > 0 ? (uint64_t)req.probe_mib : read_probe_default_mib();
+        if (read_probe_run(req.threads, mib, &probe) != 0) {
             colibri_report_error(COLIBRI_ERR_REQUEST, "the bandwidth probe failed (no child process or no memory for its buffer)");
             return 1;
         }
@@ -272,7 +205,7 @@ int main(int argc, char **argv)
         proto_u64("passes", (uint64_t)probe.passes);
         proto_end();
     }
-    parallel_start(threads);
+    parallel_start(req.threads);
     uint64_t image_len = 0;
     uint8_t *image = read_image(weights_path, &image_len);
     if (image == NULL) {
@@ -282,7 +215,7 @@ int main(int argc, char **argv)
     if (logits_path != NULL) {
         logits_file = fopen(logits_path, "wb");
         if (logits_file == NULL) {
-            return fail("cannot open the --logits-out file");
+            return fail(COLIBRI_ERR_REQUEST, "cannot open the --logits-out file");
         }
     }
     int status = colibri_load(image, image_len);

@@ -126,7 +126,16 @@ def test_batched_q4_0_product_gives_each_token_the_matvec_bits(harness, tokens, 
         assert_same_bits(got[t], matvec_q8_0(unpack_q4_0(packed), wd, xq[t], xd[t]))
 
 
-@pytest.mark.parametrize("tokens,rows,cols", [(1, 5, 17), (3, 64, 96), (10, 3, 1000)])
+# The SIMD f32 kernels put one row per vector lane (8 on AVX2, 4 on NEON) and work in groups of
+# rows and in column blocks of 8 or 4: these shapes cover partial row groups (1, 3, 7, 9, 17, 33
+# rows), partial column blocks (1, 5, 31, 100 columns), rows shorter than one block, and long rows.
+F32_MATVEC_SHAPES = [(1, 1), (5, 17), (64, 96), (3, 1000), (1, 5), (3, 31), (7, 8), (8, 8), (9, 100), (16, 4),
+                     (17, 33), (33, 64), (15, 7), (31, 576), (48, 1536), (2, 4099), (40, 3)]
+F32_MATMUL_SHAPES = [(1, 5, 17), (3, 64, 96), (10, 3, 1000), (2, 1, 1), (2, 17, 31), (5, 33, 100), (9, 16, 8),
+                     (4, 7, 576), (3, 40, 1536), (65, 9, 40), (7, 3, 4)]
+
+
+@pytest.mark.parametrize("tokens,rows,cols", F32_MATMUL_SHAPES)
 def test_batched_f32_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
     w = rng.normal(0, 1, (rows, cols)).astype(np.float32)
     x = rng.normal(0, 1, (tokens, cols)).astype(np.float32)
@@ -135,12 +144,57 @@ def test_batched_f32_product_gives_each_token_the_matvec_bits(harness, tokens, r
         assert_same_bits(got[t], numerics.matvec_f32(w, x[t]))
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 17), (64, 96), (3, 1000)])
+@pytest.mark.parametrize("rows,cols", F32_MATVEC_SHAPES)
 def test_f32_matvec_matches(harness, rows, cols):
     w = rng.normal(0, 1, (rows, cols)).astype(np.float32)
     x = rng.normal(0, 1, cols).astype(np.float32)
     got = c_floats(harness, ["matvec_f32", rows, cols], f32_bytes(w, x), rows)
     assert_same_bits(got, numerics.matvec_f32(w, x))
+
+
+def special_rows(rows, cols, x):
+    """Random weights with rows that make the sum's order and its first term visible in the bits:
+    all products -0.0 (a sum started from +0.0 would end +0.0), one NaN, one infinity, products
+    that underflow to subnormals or whose sum does, and rows cancelling to 0 then continuing. The
+    only NaN is a quiet one in the weights (a NaN made by inf - inf or 0 * inf has a different sign
+    on x86 and on aarch64). Special rows sit in several lanes of the first and the last row group."""
+    w = rng.normal(0, 1, (rows, cols)).astype(np.float32)
+    sign = np.where(np.signbit(x), 1.0, -1.0).astype(np.float32)
+    for r in range(0, rows, 5):
+        kind = (r // 5) % 6
+        if kind == 0:
+            w[r] = np.float32(0.0) * sign  # -0.0 * |x| or +0.0 * -|x|: every product -0.0
+        elif kind == 1:
+            w[r, (r * 7) % cols] = np.nan
+        elif kind == 2:
+            w[r, (r * 3) % cols] = np.inf if x[(r * 3) % cols] != 0 else 1.0
+        elif kind == 3:
+            w[r] = rng.normal(0, 1e-39, cols).astype(np.float32)  # subnormal weights
+        elif kind == 4:
+            w[r] = (rng.normal(0, 1, cols) * 1e-38).astype(np.float32)  # products below the normal range
+        else:
+            w[r, : cols // 2] = np.float32(1e30)
+            w[r, cols // 2: 2 * (cols // 2)] = np.float32(-1e30)
+    return w
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 5), (19, 37), (40, 100)])
+def test_f32_products_keep_signed_zeros_nan_inf_and_subnormals(harness, rows, cols):
+    tokens = 3
+    x = rng.normal(0, 1, (tokens, cols)).astype(np.float32)
+    x[:, ::4] = np.float32(-0.0)
+    x[:, 1::6] *= np.float32(1e-20)
+    # Tokens 1 and 2: x * 2 and -x, exactly, so that the special rows stay special (no 0 * inf).
+    x[1] = x[0] * np.float32(2.0)
+    x[2] = -x[0]
+    w = special_rows(rows, cols, x[0])
+    with np.errstate(all="ignore"):
+        want = [numerics.matvec_f32(w, x[t]) for t in range(tokens)]
+    got = c_floats(harness, ["matvec_f32", rows, cols], f32_bytes(w, x[0]), rows)
+    assert_same_bits(got, want[0])
+    got = c_floats(harness, ["matmul_f32", tokens, rows, cols], f32_bytes(w, x), tokens * rows).reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], want[t])
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 1536, 4099])

@@ -11,7 +11,7 @@ from typing import Callable
 
 from .errors import ColibriError
 from .plan import Plan
-from .rates import rates, speed_text
+from .verify import rates, speed_text
 from .runner import run_on_board
 from .session import RunRequest, RunResult, check_fits_context
 from .sampling import SamplingParams
@@ -119,7 +119,7 @@ def plot_rate_vs_context(path, contexts: list[int], tok_s: list[float], title: s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .emit import write_atomic
+    from .files import write_atomic
 
     window = 16
     smooth = [statistics.median(tok_s[max(0, i - window + 1):i + 1]) for i in range(len(tok_s))]

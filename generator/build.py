@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -13,13 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ColibriError
+from .files import REPO, slug
 from .hf_import import load_checkpoint
 from .pipeline import PLAN_FILE, WEIGHTS_FILE, resolve_ctx
-from .plan import Plan
-from .report import check_fits, plan_for_board
+from .plan import Plan, check_fits, plan_for_board
 from .targets import Board
 
-REPO = Path(__file__).resolve().parent.parent
 GENERATED_DIR = "generated"
 
 
@@ -49,10 +47,6 @@ class Artifacts:
         return read_header(self.weights.read_bytes()).model_hash.hex()
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "model"
-
-
 def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
             out_dir: Path | str | None = None) -> tuple[BuildRequest, Plan]:
     """Validate everything that can be validated without compiling; returns the plan too."""
@@ -62,7 +56,7 @@ def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
     plan = plan_for_board(checkpoint.spec, board, quant, n_ctx)
     check_fits(board, plan)
     if out_dir is None:
-        out_dir = REPO / "build" / board.name / f"{_slug(model_dir.resolve().name)}-{quant}-ctx{n_ctx}"
+        out_dir = REPO / "build" / board.name / f"{slug(model_dir.resolve().name)}-{quant}-ctx{n_ctx}"
     return BuildRequest(board, model_dir.resolve(), quant, n_ctx, Path(out_dir).resolve()), plan
 
 

@@ -10,15 +10,16 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .build import REPO, Artifacts, prepare, run_scons
+from .build import Artifacts, prepare, run_scons
+from .files import REPO
 from .elfsize import read_elf
 from .errors import ColibriError
 from .hf_import import parse_config, read_json
 from .quantize import QUANTS
-from .reference import Reference
-from .report import format_report, plan_for_board, planned_report_dict, report_dict
-from .rates import rates, speed_text
+from .plan import plan_for_board
+from .report import format_report, planned_report_dict, report_dict
 from .runner import run_on_board
+from .verify import compare, rates, reference_run, speed_text
 from .session import RunRequest, check_fits_context
 from .sampling import SamplingParams
 from .setup_toolchain import ensure_toolchain
@@ -223,15 +224,6 @@ def cmd_run(args) -> int:
     return 0
 
 
-def first_divergence(fw_tokens, fw_digests, ref_tokens, ref_digests) -> int | None:
-    for i in range(max(len(fw_tokens), len(ref_tokens))):
-        if i >= len(fw_tokens) or i >= len(ref_tokens):
-            return i
-        if fw_tokens[i] != ref_tokens[i] or fw_digests[i] != ref_digests[i]:
-            return i
-    return None
-
-
 def cmd_verify(args) -> int:
     art, board, plan, tokenizer, request, result = _run(args, stream=True)
     if not args.json:
@@ -239,10 +231,8 @@ def cmd_verify(args) -> int:
         speed = f" at {speed_text(r)}" if speed_text(r) else ""
         progress(f"firmware on {board.name}: {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
                  f"running the NumPy reference on the same weight image")
-    reference = Reference(plan, art.weights.read_bytes())
-    ref = reference.generate(request.prompt, request.steps, request.sampling, request.stop_at_eos)
-    diverged = first_divergence(result.tokens, result.digests, ref.tokens, ref.digests)
-    routing_ok = result.expert_counts == ref.expert_counts
+    ref = reference_run(plan, art.weights, request)
+    comparison = compare(result, ref)
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
     summary = {
         "board": board.name, "model": str(args.model), "quant": plan.quant, "n_ctx": plan.n_ctx,
@@ -250,30 +240,16 @@ def cmd_verify(args) -> int:
         "firmware": {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason},
         "reference": {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason},
         "text": decode_text(tokenizer, result.tokens),
-        "pass": diverged is None and routing_ok,
+        "pass": comparison.passed,
         "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts} if ref.expert_counts else None,
-        "first_divergent_step": diverged,
+        "first_divergent_step": comparison.first_divergent_step,
         "stats": rates(result),
     }
     if args.json:
         print(json.dumps(summary, indent=2))
-    elif diverged is None and routing_ok:
-        routing = f", expert routing of {len(ref.expert_counts)} MoE layers identical" if ref.expert_counts else ""
-        print(f"PASS: {board.name} firmware matches the NumPy reference bit for bit: {len(result.tokens)} tokens "
-              f"and {len(result.digests)} per-step logits SHA-256 identical{routing} ({plan.quant}, {mode})")
-    elif diverged is None:
-        layer = next(i for i in sorted(set(result.expert_counts) | set(ref.expert_counts))
-                     if result.expert_counts.get(i) != ref.expert_counts.get(i))
-        print(f"FAIL: expert routing differs in layer {layer}: firmware {result.expert_counts.get(layer)}, "
-              f"reference {ref.expert_counts.get(layer)}")
     else:
-        def at(tokens, digests):
-            if diverged < len(tokens):
-                return f"token {tokens[diverged]}, logits {digests[diverged][:16]}"
-            return "no token (stopped earlier)"
-        print(f"FAIL: first divergent step {diverged}: firmware {at(result.tokens, result.digests)}; "
-              f"reference {at(ref.tokens, ref.digests)}")
-    return 0 if diverged is None and routing_ok else 1
+        print(comparison.verdict(board.name, plan.quant, mode))
+    return 0 if comparison.passed else 1
 
 
 def has_weights(model_dir: Path) -> bool:

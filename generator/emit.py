@@ -7,9 +7,7 @@ environment is StrictUndefined, so a missing value is an error rather than an em
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import jinja2
@@ -191,19 +189,3 @@ def render(plan: Plan, model_hash: bytes, board, weights_sha256: bytes = bytes(3
     context = template_context(plan, model_hash, weights_sha256)
     context.update(board_context(board))
     return {name: env.get_template(name + ".j2").render(context) for name in GENERATED_FILES}
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write via a temporary file in the same directory, so a failure leaves no partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import ColibriError
 from .safetensors_io import TensorInfo, load_f32, read_header, strict_json
-from .spec import ModelSpec, RopeSpec
+from .spec import ModelSpec, RopeSpec, expected_shapes
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -360,62 +360,6 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         final_softcap=_softcap(cfg, "final_logit_softcapping") if arch != "Gemma3ForConditionalGeneration" else 0.0,
         **(_moe(cfg, family, n_layers) if family in MOE_FAMILIES else {}),
     )
-
-
-def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Canonical tensor name -> shape, in the order the weight image stores them."""
-    d, f, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
-    shapes: dict[str, tuple[int, ...]] = {"embed": (v, d)}
-    for i in range(spec.n_layers):
-        p = f"layers.{i}."
-        shapes[p + "attn_norm"] = (d,)
-        shapes[p + "wq"] = (spec.q_dim, d)
-        shapes[p + "wk"] = (spec.kv_dim, d)
-        shapes[p + "wv"] = (spec.kv_dim, d)
-        if spec.qkv_bias:
-            shapes[p + "bq"] = (spec.q_dim,)
-            shapes[p + "bk"] = (spec.kv_dim,)
-            shapes[p + "bv"] = (spec.kv_dim,)
-        if spec.qk_norm:
-            shapes[p + "q_norm"] = (spec.head_dim,)
-            shapes[p + "k_norm"] = (spec.head_dim,)
-        shapes[p + "wo"] = (d, spec.q_dim)
-        if spec.o_bias:
-            shapes[p + "bo"] = (d,)
-        if spec.post_norms:
-            shapes[p + "post_attn_norm"] = (d,)
-        shapes[p + "ffn_norm"] = (d,)
-        if spec.moe_layers and spec.moe_layers[i]:
-            # Expert-major: each expert's three matrices together, so a token reads only its experts.
-            fe = spec.expert_intermediate_size
-            shapes[p + "router"] = (spec.n_experts, d)
-            for e in range(spec.n_experts):
-                shapes[p + f"experts.{e}.w_gate"] = (fe, d)
-                shapes[p + f"experts.{e}.w_up"] = (fe, d)
-                shapes[p + f"experts.{e}.w_down"] = (d, fe)
-            if spec.shared_expert_intermediate_size:
-                fs = spec.shared_expert_intermediate_size
-                shapes[p + "shared.w_gate"] = (fs, d)
-                shapes[p + "shared.w_up"] = (fs, d)
-                shapes[p + "shared.w_down"] = (d, fs)
-                shapes[p + "shared_gate"] = (1, d)
-            continue_dense = False
-        else:
-            continue_dense = True
-        if continue_dense:
-            shapes[p + "w_gate"] = (f, d)
-            shapes[p + "w_up"] = (f, d)
-            shapes[p + "w_down"] = (d, f)
-        if spec.mlp_bias:
-            shapes[p + "b_gate"] = (f,)
-            shapes[p + "b_up"] = (f,)
-            shapes[p + "b_down"] = (d,)
-        if spec.post_norms:
-            shapes[p + "post_ffn_norm"] = (d,)
-    shapes["final_norm"] = (d,)
-    if not spec.tie_embeddings:
-        shapes["lm_head"] = (v, d)
-    return shapes
 
 
 def _canonical(hf_name: str, family: str) -> str | None:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 
 from . import __version__
-from .emit import GENERATED_FILES, environment, write_atomic
+from .emit import GENERATED_FILES, environment
+from .files import write_atomic
 from .errors import ColibriError
 from .image import read_header
 from .pipeline import WEIGHTS_FILE

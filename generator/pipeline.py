@@ -9,11 +9,11 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .emit import GENERATED_FILES, render, write_atomic
+from .emit import GENERATED_FILES, render
+from .files import write_atomic
 from .hf_import import load_checkpoint
 from .image import build_image
-from .plan import Plan
-from .report import plan_for_board
+from .plan import Plan, plan_for_board
 from .targets import Board
 
 WEIGHTS_FILE = "weights.img"

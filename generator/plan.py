@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, replace
 
 from . import image_format
 from .errors import ColibriError
-from .hf_import import expected_shapes
 from .quantize import INTEGER_QUANTS, QK, QUANTS
-from .spec import ModelSpec
+from .spec import ModelSpec, expected_shapes
+from .targets import CATEGORIES, Board
 
 ALIGN = image_format.ALIGN  # tensors in the image, buffers in the arenas
 PLAN_FORMAT = 1
@@ -23,6 +23,22 @@ PLAN_FORMAT = 1
 
 def align_up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class RegionUse:
+    name: str
+    kind: str
+    budget: int  # 0: no fixed budget
+    items: dict[str, int]
+
+    @property
+    def used(self) -> int:
+        return sum(self.items.values())
+
+    @property
+    def over_budget(self) -> bool:
+        return self.budget > 0 and self.used > self.budget
 
 
 @dataclass(frozen=True)
@@ -282,3 +298,38 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
 def replan(plan: Plan, n_ctx: int) -> Plan:
     """The same plan at another context length."""
     return make_plan(plan.spec, plan.board, plan.quant, n_ctx, plan.prefill_batch, plan.expand_q4)
+
+
+# ---- a plan for a board: what fits where -----------------------------------------------------
+
+def planned_use(board: Board, plan: Plan) -> list[RegionUse]:
+    """Per region, what the plan puts there, with the board's code_reserve standing in for the code
+    (which is only known after linking): the check made before anything is compiled."""
+    reserve = int(board.data.get("code_reserve", 0))
+    sizes = {"code": reserve, "weights": plan.image.image_bytes, "expanded_weights": plan.expanded_bytes,
+             "kv_cache": plan.kv_bytes, "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes}
+    return [RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds})
+            for r in board.memory]
+
+
+def plan_for_board(spec: ModelSpec, board: Board, quant: str, n_ctx: int) -> Plan:
+    """The plan for a board. q4_0 weights are expanded to int8 in RAM at load (the q8_0 kernels
+    then read them, with no nibbles to unpack per token) when the board has a region for expanded
+    weights and everything still fits; otherwise the q4_0 kernels read them in place."""
+    plan = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch)
+    if quant == "q4_0" and board.region_holding("expanded_weights") is not None:
+        expanded = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch, expand_q4=True)
+        if not any(use.over_budget for use in planned_use(board, expanded)):
+            return expanded
+    return plan
+
+
+def check_fits(board: Board, plan: Plan) -> None:
+    """Refuse, before compiling, a model or context that cannot fit the board's budgets."""
+    for use in planned_use(board, plan):
+        if use.over_budget:
+            parts = ", ".join(f"{name} {size:,}" for name, size in use.items.items() if size)
+            raise ColibriError(
+                f"{plan.spec.name} ({plan.quant}, context {plan.n_ctx}) does not fit board {board.name}: "
+                f"region {use.name} needs {use.used:,} B ({parts}; code is the board's reserve) "
+                f"but has {use.budget:,} B")

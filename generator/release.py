@@ -42,11 +42,13 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from . import __version__
-from .build import GENERATED_DIR, REPO, _slug, prepare, run_scons
+from .build import GENERATED_DIR, prepare, run_scons
+from .files import REPO, slug
 from .errors import ColibriError
 from .hf_import import load_checkpoint, read_json
 from .pipeline import OUTPUT_FILES
 from .runner import run_on_board
+from .verify import compare, rates, reference_run
 from .session import RunRequest, RunResult
 from .sampling import SamplingParams
 from .targets import Board, load_board
@@ -278,7 +280,7 @@ def _request_from(data: dict) -> RunRequest:
 
 
 def bundle_name(model_name: str, board: str, quant: str, n_ctx: int) -> str:
-    return f"colibri-{_slug(model_name)}-{board}-{quant}-ctx{n_ctx}"
+    return f"colibri-{slug(model_name)}-{board}-{quant}-ctx{n_ctx}"
 
 
 # ---- build, verify, assemble -----------------------------------------------------------------
@@ -333,10 +335,7 @@ def _flash_layout(board: Board) -> dict | None:
 
 def _verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict, dict]:
     """(verification.json, measurements) for this exact firmware."""
-    from .reference import Reference
-
-    ref = Reference(plan, art.weights.read_bytes()).generate(request.prompt, request.steps, request.sampling,
-                                                             request.stop_at_eos)
+    ref = reference_run(plan, art.weights, request)
     reference = {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason}
     if ref.expert_counts:
         reference["expert_counts"] = {str(k): v for k, v in ref.expert_counts.items()}
@@ -353,12 +352,8 @@ def _verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict
     firmware = {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason}
     if result.expert_counts:
         firmware["expert_counts"] = {str(k): v for k, v in result.expert_counts.items()}
-    diverged = None
-    for i in range(max(len(result.tokens), len(ref.tokens))):
-        if (i >= len(result.tokens) or i >= len(ref.tokens) or result.tokens[i] != ref.tokens[i]
-                or result.digests[i] != ref.digests[i]):
-            diverged = i
-            break
+    comparison = compare(result, ref)
+    diverged = comparison.first_divergent_step
     # A firmware whose hello frame names its weight image (SHA-256) and itself (GNU build-id) must
     # name these very files.
     identity = []
@@ -368,7 +363,7 @@ def _verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict
     build_id = _build_id(art.program)
     if "build" in result.hello and build_id and result.hello["build"] != build_id:
         identity.append(f"the hello frame reports build {result.hello['build'][:16]}…, not the ELF's build-id")
-    passed = diverged is None and result.expert_counts == ref.expert_counts and not identity
+    passed = comparison.passed and not identity
     s = result.stats
     hello = {k: v for k, v in result.hello.items() if k in HELLO_IDENTITY}
     verification.update(ran=True, passed=passed, first_divergent_step=diverged, hello=hello, firmware=firmware)
@@ -383,15 +378,12 @@ def _verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict
             "prefill_per_token": pre / n_prompt if n_prompt else None,
             "decode_per_token": dec / n_decode if n_decode else None}
 
-    def rate(count, us):
-        return count / (us / 1e6) if us and count else None
-
-    pre_us, dec_us, fwd_us = (int(s.get(k, 0)) for k in ("prefill_us", "decode_us", "forward_us"))
+    r = rates(result)
     measurements = {"ran": True, "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
-                    "wall_seconds": round(result.wall_seconds, 6), "prompt_tokens": n_prompt,
-                    "decode_forward_passes": n_decode, "prefill_us": pre_us, "decode_us": dec_us,
-                    "forward_us": fwd_us, "prefill_tok_s": rate(n_prompt, pre_us),
-                    "decode_tok_s": rate(n_decode, dec_us), "forward_tok_s": rate(n_decode, fwd_us)}
+                    "wall_seconds": round(result.wall_seconds, 6),
+                    **{k: int(s.get(k, 0)) for k in ("prefill_us", "decode_us", "forward_us")},
+                    **{k: r[k] for k in ("prompt_tokens", "decode_forward_passes", "prefill_tok_s", "decode_tok_s",
+                                         "forward_tok_s")}}
     return verification, measurements
 
 

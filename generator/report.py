@@ -3,32 +3,14 @@ against the board's budgets, with the largest context that would still fit."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from .elfsize import ElfSizes
 from .errors import ColibriError
-from .plan import Plan, make_plan, replan
-from .spec import ModelSpec
-from .targets import Board
+from .plan import Plan, RegionUse, planned_use, replan
+from .targets import CATEGORIES, Board
 
-CATEGORIES = ("code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables", "stack", "other_data")
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
-
-
-@dataclass(frozen=True)
-class RegionUse:
-    name: str
-    kind: str
-    budget: int  # 0: no fixed budget
-    items: dict[str, int]
-
-    @property
-    def used(self) -> int:
-        return sum(self.items.values())
-
-    @property
-    def over_budget(self) -> bool:
-        return self.budget > 0 and self.used > self.budget
+ROWS = CATEGORIES + WITH_CODE  # what the report shows per region
 
 
 def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
@@ -75,41 +57,8 @@ def regions(board: Board, plan: Plan, elf: ElfSizes) -> list[RegionUse]:
         if "code" in holds:
             holds.update(WITH_CODE)
         out.append(RegionUse(region.name, region.kind, region.size,
-                             {c: sizes[c] for c in CATEGORIES if c in holds}))
+                             {c: sizes[c] for c in ROWS if c in holds}))
     return out
-
-
-def planned_use(board: Board, plan: Plan) -> list[RegionUse]:
-    """Per region, what the plan puts there, with the board's code_reserve standing in for the code
-    (which is only known after linking): the check made before anything is compiled."""
-    reserve = int(board.data.get("code_reserve", 0))
-    sizes = {"code": reserve, "weights": plan.image.image_bytes, "expanded_weights": plan.expanded_bytes,
-             "kv_cache": plan.kv_bytes, "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes}
-    return [RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds})
-            for r in board.memory]
-
-
-def plan_for_board(spec: ModelSpec, board: Board, quant: str, n_ctx: int) -> Plan:
-    """The plan for a board. q4_0 weights are expanded to int8 in RAM at load (the q8_0 kernels
-    then read them, with no nibbles to unpack per token) when the board has a region for expanded
-    weights and everything still fits; otherwise the q4_0 kernels read them in place."""
-    plan = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch)
-    if quant == "q4_0" and board.region_holding("expanded_weights") is not None:
-        expanded = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch, expand_q4=True)
-        if not any(use.over_budget for use in planned_use(board, expanded)):
-            return expanded
-    return plan
-
-
-def check_fits(board: Board, plan: Plan) -> None:
-    """Refuse, before compiling, a model or context that cannot fit the board's budgets."""
-    for use in planned_use(board, plan):
-        if use.over_budget:
-            parts = ", ".join(f"{name} {size:,}" for name, size in use.items.items() if size)
-            raise ColibriError(
-                f"{plan.spec.name} ({plan.quant}, context {plan.n_ctx}) does not fit board {board.name}: "
-                f"region {use.name} needs {use.used:,} B ({parts}; code is the board's reserve) "
-                f"but has {use.budget:,} B")
 
 
 def largest_fitting_ctx(board: Board, plan: Plan, elf: ElfSizes) -> int | None:

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ColibriError
+from .files import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 TARGETS_DIR = REPO / "targets"
 CATEGORIES = ("code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables")
 

@@ -10,7 +10,7 @@ from conftest import DEFAULT_MODEL, run_cli
 from generator.hf_import import load_checkpoint
 from generator.reference import Reference
 from generator.plan import make_plan
-from generator.report import plan_for_board, planned_use
+from generator.plan import plan_for_board, planned_use
 from generator.sampling import SamplingParams
 from generator.targets import load_board
 

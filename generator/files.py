@@ -1,0 +1,31 @@
+"""Where the repository is, and writing files so that a failure never leaves half of one."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write via a temporary file in the same directory, so a failure leaves no partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def slug(text: str) -> str:
+    """A name safe for a file or directory, from a model's name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "model"

@@ -1,0 +1,96 @@
+"""Verify: a firmware's run against the NumPy reference on the same weight image. The comparison
+(tokens, per-step logits hashes, MoE routing counts, the first divergent step) and the rates a run
+reports are computed here, once, for `verify`, `release` and `bench`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .plan import Plan
+from .reference import Generation, Reference
+from .session import RunRequest, RunResult
+
+
+def reference_run(plan: Plan, weights: Path, request: RunRequest) -> Generation:
+    """What the firmware must produce for `request`: the reference's decode of the same image."""
+    return Reference(plan, Path(weights).read_bytes()).generate(request.prompt, request.steps, request.sampling,
+                                                                request.stop_at_eos)
+
+
+def first_divergence(fw_tokens, fw_digests, ref_tokens, ref_digests) -> int | None:
+    """The first step whose token or logits hash differs, or where one side stopped earlier."""
+    for i in range(max(len(fw_tokens), len(ref_tokens))):
+        if i >= len(fw_tokens) or i >= len(ref_tokens):
+            return i
+        if fw_tokens[i] != ref_tokens[i] or fw_digests[i] != ref_digests[i]:
+            return i
+    return None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    firmware: RunResult
+    reference: Generation
+    first_divergent_step: int | None
+    routing_layer: int | None  # the first MoE layer whose expert counts differ
+
+    @property
+    def passed(self) -> bool:
+        return self.first_divergent_step is None and self.routing_layer is None
+
+    def verdict(self, board: str, quant: str, mode: str) -> str:
+        """The one line verify prints: PASS with what matched, or FAIL with where it first differs."""
+        fw, ref = self.firmware, self.reference
+        if self.passed:
+            routing = (f", expert routing of {len(ref.expert_counts)} MoE layers identical"
+                       if ref.expert_counts else "")
+            return (f"PASS: {board} firmware matches the NumPy reference bit for bit: {len(fw.tokens)} tokens "
+                    f"and {len(fw.digests)} per-step logits SHA-256 identical{routing} ({quant}, {mode})")
+        if self.first_divergent_step is None:
+            layer = self.routing_layer
+            return (f"FAIL: expert routing differs in layer {layer}: firmware {fw.expert_counts.get(layer)}, "
+                    f"reference {ref.expert_counts.get(layer)}")
+        step = self.first_divergent_step
+
+        def at(tokens, digests):
+            if step < len(tokens):
+                return f"token {tokens[step]}, logits {digests[step][:16]}"
+            return "no token (stopped earlier)"
+
+        return (f"FAIL: first divergent step {step}: firmware {at(fw.tokens, fw.digests)}; "
+                f"reference {at(ref.tokens, ref.digests)}")
+
+
+def compare(result: RunResult, ref: Generation) -> Comparison:
+    layers = sorted(set(result.expert_counts) | set(ref.expert_counts))
+    routing = next((i for i in layers if result.expert_counts.get(i) != ref.expert_counts.get(i)), None)
+    return Comparison(result, ref, first_divergence(result.tokens, result.digests, ref.tokens, ref.digests), routing)
+
+
+def rates(result: RunResult) -> dict:
+    """A run's speeds from its stats frame: tokens per second (wall clock) or instructions per
+    token (boards that count them)."""
+    s = result.stats
+    prefill_us, decode_us = int(s.get("prefill_us", 0)), int(s.get("decode_us", 0))
+    forward_us = int(s.get("forward_us", 0))
+    n_prompt, n_decode = int(s.get("prompt", 0)), int(s.get("decode", 0))
+    return {
+        "prompt_tokens": n_prompt,
+        "prefill_seconds": prefill_us / 1e6,
+        "prefill_tok_s": n_prompt / (prefill_us / 1e6) if prefill_us else None,
+        "decode_forward_passes": n_decode,
+        "decode_seconds": decode_us / 1e6,
+        "decode_tok_s": n_decode / (decode_us / 1e6) if decode_us and n_decode else None,
+        # The forward passes alone, without sampling, logits hashing and frame output.
+        "forward_tok_s": n_decode / (forward_us / 1e6) if forward_us and n_decode else None,
+        # Exact retired instructions, on boards that count them (qemu-rv32, esp32p4).
+        "prefill_instructions_per_token": int(s["prefill_instret"]) / n_prompt if "prefill_instret" in s and n_prompt else None,
+        "decode_instructions_per_token": int(s["decode_instret"]) / n_decode if "decode_instret" in s and n_decode else None,
+    }
+
+
+def speed_text(r: dict) -> str:
+    if r["decode_instructions_per_token"]:
+        return f"{r['decode_instructions_per_token'] / 1e6:.2f} M instructions/token"
+    return f"{r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""

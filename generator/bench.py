@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import ColibriError
-from .plan import Plan
+from .compile.plan import Plan
 from .verify import rates, speed_text
-from .runner import run_on_board
-from .session import RunRequest, RunResult, check_fits_context
-from .sampling import SamplingParams
-from .targets import Board
+from .device.runner import run_on_board
+from .device.session import RunRequest, RunResult, check_fits_context
+from .numerics.sampling import SamplingParams
+from .compile.targets import Board
 
 # The stated model behind the ESP32-P4 prediction: the HP core at 400 MHz retiring about one
 # instruction per cycle, and weights streamed from PSRAM or flash at the low end of the measured

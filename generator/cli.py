@@ -10,21 +10,21 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .build import Artifacts, prepare, run_scons
+from .compile.build import Artifacts, prepare, run_scons
 from .files import REPO
-from .elfsize import read_elf
+from .compile.elfsize import read_elf
 from .errors import ColibriError
-from .hf_import import parse_config, read_json
-from .quantize import QUANTS
-from .plan import plan_for_board
+from .model.hf_import import parse_config, read_json
+from .numerics.quantize import QUANTS
+from .compile.plan import plan_for_board
 from .report import format_report, planned_report_dict, report_dict
-from .runner import run_on_board
+from .device.runner import run_on_board
 from .verify import compare, rates, reference_run, speed_text
-from .session import RunRequest, check_fits_context
-from .sampling import SamplingParams
-from .setup_toolchain import ensure_toolchain
-from .targets import available_boards, load_board
-from .tokenizer import Tokenizer, parse_prompt_ids
+from .device.session import RunRequest, check_fits_context
+from .numerics.sampling import SamplingParams
+from .device.setup_toolchain import ensure_toolchain
+from .compile.targets import available_boards, load_board
+from .model.tokenizer import Tokenizer, parse_prompt_ids
 
 DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
 
@@ -296,7 +296,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_flash(args) -> int:
-    from .flash import flash_images, flash_plan
+    from .device.flash import flash_images, flash_plan
 
     art, (board, plan) = build_for(args, quiet=args.json)
     if "flash" not in board.data:
@@ -315,14 +315,14 @@ def cmd_flash(args) -> int:
 
 
 def cmd_monitor(args) -> int:
-    from .monitor import monitor
+    from .device.monitor import monitor
 
     return monitor(args.port, args.baud, args.reset, duration=args.duration, expected_model=args.expect_model,
                    json_lines=args.json)
 
 
 def cmd_release(args) -> int:
-    from .release import make_release
+    from .release.make import make_release
 
     release = make_release(args.board, args.model, args.quant, args.ctx, args.out, sign_key=args.sign,
                            progress=None if args.json else progress)
@@ -331,7 +331,7 @@ def cmd_release(args) -> int:
 
 
 def cmd_verify_release(args) -> int:
-    from .release import check_release
+    from .release.check import check_release
 
     result = check_release(args.bundle, verify_key=args.verify_key, model_dir=args.model,
                            rebuild=not args.no_rebuild, progress=None if args.json else progress)

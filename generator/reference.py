@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import rope
-from .image import read_header
-from .numerics import (F32, dot, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
+from .numerics import rope
+from .compile.image import read_header
+from .numerics.ops import (F32, dot, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
                        softcap, softmax)
-from .plan import Plan
-from .quantize import INTEGER_QUANTS, QK, dequantize_q8_0, matvec_q8_0, quantize_q8_0, unpack_q4_0
-from .sampling import Rng, SamplingParams, sample
+from .compile.plan import Plan
+from .numerics.quantize import INTEGER_QUANTS, QK, dequantize_q8_0, matvec_q8_0, quantize_q8_0, unpack_q4_0
+from .numerics.sampling import Rng, SamplingParams, sample
 
 
 def logits_digest(logits: np.ndarray) -> str:

@@ -4,10 +4,10 @@ against the board's budgets, with the largest context that would still fit."""
 from __future__ import annotations
 
 
-from .elfsize import ElfSizes
+from .compile.elfsize import ElfSizes
 from .errors import ColibriError
-from .plan import Plan, RegionUse, planned_use, replan
-from .targets import CATEGORIES, Board
+from .compile.plan import Plan, RegionUse, planned_use, replan
+from .compile.targets import CATEGORIES, Board
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
 ROWS = CATEGORIES + WITH_CODE  # what the report shows per region

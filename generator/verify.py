@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .plan import Plan
+from .compile.plan import Plan
 from .reference import Generation, Reference
-from .session import RunRequest, RunResult
+from .device.session import RunRequest, RunResult
 
 
 def reference_run(plan: Plan, weights: Path, request: RunRequest) -> Generation:

@@ -4,8 +4,8 @@ field is reached through the format's own table (generator/image_format.py), as 
 import struct
 import zlib
 
-from generator.image import read_header
-from generator.image_format import DIR_ENTRY, DIR_ENTRY_BYTES, HEADER, HEADER_BYTES, TRAILER_BYTES
+from generator.compile.image import read_header
+from generator.compile.image_format import DIR_ENTRY, DIR_ENTRY_BYTES, HEADER, HEADER_BYTES, TRAILER_BYTES
 
 
 def fix_crc(blob: bytearray) -> bytes:

@@ -6,10 +6,10 @@ import pytest
 
 from conftest import DEFAULT_MODEL, run_cli
 from generator.errors import ColibriError
-from generator.esp_image import check_app_image, load_segments
+from generator.compile.esp_image import check_app_image, load_segments
 from generator.reference import Reference
-from generator.sampling import SamplingParams
-from generator.targets import available_boards, load_board
+from generator.numerics.sampling import SamplingParams
+from generator.compile.targets import available_boards, load_board
 
 PROMPT = [1, 21, 51, 68, 104, 44, 74, 51, 100]  # "In the beginning"
 SAMPLED = SamplingParams(0.8, top_k=40, top_p=0.95, seed=11)
@@ -41,8 +41,8 @@ def test_qemu_rv32_reports_exact_instruction_counts(builder):
 
 
 def test_qemu_rv32_reads_the_weights_in_place_and_refuses_a_damaged_image(builder, tmp_path):
-    from generator.runner import run_on_board
-    from generator.session import RunRequest
+    from generator.device.runner import run_on_board
+    from generator.device.session import RunRequest
 
     board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, "qemu-rv32")
     blob = bytearray(art.weights.read_bytes())
@@ -104,8 +104,8 @@ def test_every_board_file_loads():
 
 @pytest.mark.parametrize("board,threads", [("host", 2), ("host", 3), ("linux-aarch64", 2)])
 def test_threads_give_the_same_bits(board, threads, builder, host_run):
-    from generator.runner import run_on_board
-    from generator.session import RunRequest
+    from generator.device.runner import run_on_board
+    from generator.device.session import RunRequest
 
     b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, board)
     request = RunRequest(PROMPT, 40, SAMPLED, stop_at_eos=False, threads=threads)
@@ -115,8 +115,8 @@ def test_threads_give_the_same_bits(board, threads, builder, host_run):
 
 
 def test_mcu_boards_refuse_threads(builder):
-    from generator.runner import run_on_board
-    from generator.session import RunRequest
+    from generator.device.runner import run_on_board
+    from generator.device.session import RunRequest
 
     b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, "qemu-rv32")
     with pytest.raises(ColibriError, match="runs single-threaded"):

@@ -60,8 +60,13 @@ def test_second_build_does_nothing_and_changes_rebuild_what_depends_on_them(repo
     assert rebuilt[0].startswith("GEN")
     assert [c for c in rebuilt if c.startswith("CC")] == [f"CC      {out}/generated/model_data.c"]
 
-    append(repo_copy / "generator" / "plan.py", "\n# edited generator module\n")
+    append(repo_copy / "generator" / "compile" / "plan.py", "\n# edited generator module\n")
     assert scons(repo_copy, model, out) == [f"GEN     {out}/generated"]  # same output: nothing recompiled
+    # A module of every stage package counts: the glob follows the packages.
+    for package in sorted(p for p in (repo_copy / "generator").iterdir() if (p / "__init__.py").is_file()):
+        module = sorted(m for m in package.glob("*.py") if m.name != "__init__.py")[0]
+        append(module, "\n# edited\n")
+        assert scons(repo_copy, model, out) == [f"GEN     {out}/generated"], module
 
     config = model / "config.json"
     config.write_text(config.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 2e-05'))
@@ -103,7 +108,7 @@ def test_every_build_writes_a_compilation_database_for_editors(checkpoints, tmp_
 
 
 def test_the_latest_default_build_is_where_clangd_looks(tmp_path):
-    from generator.build import link_compile_commands
+    from generator.compile.build import link_compile_commands
 
     build_root = tmp_path / "build"
     for board in ("host", "qemu-rv32"):

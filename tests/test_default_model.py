@@ -4,9 +4,9 @@ the esp32p4 board later (q8_0 weights + KV cache for ctx 128 + scratch + code we
 import json
 
 from conftest import DEFAULT_MODEL, run_cli
-from generator.hf_import import load_checkpoint
-from generator.plan import make_plan
-from generator.tokenizer import Tokenizer
+from generator.model.hf_import import load_checkpoint
+from generator.compile.plan import make_plan
+from generator.model.tokenizer import Tokenizer
 
 
 def test_readme_first_command_passes_and_prints_text():

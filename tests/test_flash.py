@@ -19,10 +19,11 @@ from esptool.util import FatalError
 from conftest import DEFAULT_MODEL, REPO
 
 from generator.errors import ColibriError
-from generator.flash import flash_images, flash_plan
-from generator.idf_project import idf_settings, parse_partitions_csv, write_project
-from generator.pipeline import generate
-from generator.targets import load_board
+from generator.device.flash import flash_images, flash_plan
+from generator.compile.esp_partitions import parse_partitions_csv
+from generator.compile.idf_project import idf_settings, write_project
+from generator.compile.pipeline import generate
+from generator.compile.targets import load_board
 
 PORT = "loop://"
 FAKED = ("detect_chip", "run_stub", "attach_flash", "write_flash", "verify_flash", "reset_chip")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from generator.errors import ColibriError
-from generator.hf_import import load_checkpoint, parse_config, read_json
-from generator.safetensors_io import load_f32, read_header
+from generator.model.hf_import import load_checkpoint, parse_config, read_json
+from generator.model.safetensors_io import load_f32, read_header
 
 BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}

@@ -168,7 +168,7 @@ HOSTILE = 'we"ird\\name\n{{ 7*7 }}*'
 
 
 def test_c_literals_and_comments_survive_any_text():
-    from generator.emit import c_comment, c_string
+    from generator.compile.emit import c_comment, c_string
 
     assert c_string('a"b\\c\n*/{{ 7*7 }}?') == '"a\\"b\\\\c\\012*/{{ 7*7 }}\\?"'
     assert c_comment("end */ here /* nested\nnext") == "end * / here / * nested?next"

@@ -18,17 +18,18 @@ import pytest
 
 from conftest import DEFAULT_MODEL, REPO
 
-from generator import idf_project
+from generator.compile import idf_project
 from generator.errors import ColibriError
-from generator.idf_project import (COLIBRI_DIR, find_idf, idf_build, idf_settings, parse_partitions_csv,
-                                   write_project)
-from generator.image import read_header
-from generator.pipeline import generate
-from generator.plan import align_up
-from generator.protocol import FrameReader, encode_request
+from generator.compile.esp_partitions import parse_partitions_csv
+from generator.compile.idf_build import find_idf, idf_build
+from generator.compile.idf_project import COLIBRI_DIR, idf_settings, write_project
+from generator.compile.image import read_header
+from generator.compile.pipeline import generate
+from generator.compile.plan import align_up
+from generator.device.protocol import FrameReader, encode_request
 from generator.reference import Reference
-from generator.sampling import SamplingParams
-from generator.targets import load_board
+from generator.numerics.sampling import SamplingParams
+from generator.compile.targets import load_board
 
 BOARD = "esp32p4-idf"
 RISCV_CC = "riscv64-unknown-elf-gcc"
@@ -641,7 +642,7 @@ def test_bsp_refuses_an_overlong_or_corrupted_request_line_and_keeps_serving(sim
     corrupted = good.replace(b"steps=2", b"steps=3")  # CRC no longer matches
     frames = run_simulated(exe, image, overlong + corrupted + good, tmp_path)
     assert [f.kind for f in frames] == ["hello", "error", "error", "token", "token", "stats", "done"]
-    assert "longer" in frames[1].fields["msg"] and "malformed" in frames[2].fields["msg"]
+    assert "longer" in frames[1].fields["msg"] and "CRC mismatch" in frames[2].fields["msg"]
     assert frames[1].int("code") == frames[2].int("code") == 100
 
 

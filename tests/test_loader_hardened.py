@@ -10,8 +10,8 @@ from safetensors.numpy import save_file
 
 from conftest import REPO
 from damaged_images import cases, flip
-from generator.pipeline import generate
-from generator.targets import load_board
+from generator.compile.pipeline import generate
+from generator.compile.targets import load_board
 
 RUNTIME = REPO / "firmware_src" / "runtime"
 C_TESTS = REPO / "tests" / "c"
@@ -137,8 +137,8 @@ def test_libfuzzer_finds_no_crash_in_a_bounded_run(images, tmp_path):
 def test_the_table_on_qemu_rv32_where_size_t_is_32_bits(images, builder, checkpoints, tmp_path):
     from damaged_images import cases as table_for
     from generator.errors import ColibriError
-    from generator.runner import run_on_board
-    from generator.session import RunRequest
+    from generator.device.runner import run_on_board
+    from generator.device.session import RunRequest
 
     board, art, plan = builder.build(checkpoints("qwen2_bias"), "q8_0", 64, "qemu-rv32")
     blob = art.weights.read_bytes()

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from generator.errors import ColibriError
-from generator.monitor import describe, monitor, printable
-from generator.protocol import encode_frame, parse_frame
-from generator.serial_link import SerialLink
+from generator.device.monitor import describe, monitor, printable
+from generator.device.protocol import encode_frame, parse_frame
+from generator.device.serial_link import SerialLink
 
 from test_serial_link import BANNER, MODEL, OTHER_MODEL, PtyBoard, answer, hello, token
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from conftest import f32_bytes, run_harness
-from generator import numerics
-from generator.quantize import dequantize_q8_0, matvec_q8_0, quantize_q4_0, quantize_q8_0, unpack_q4_0
+from generator.numerics import ops as numerics
+from generator.numerics.quantize import dequantize_q8_0, matvec_q8_0, quantize_q4_0, quantize_q8_0, unpack_q4_0
 
 rng = np.random.default_rng(7)
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from generator.reference import Reference
-from generator.sampling import SamplingParams
+from generator.numerics.sampling import SamplingParams
 from models import ORACLE_CONFIGS, load_hf
 
 PROMPT = [1, 17, 42, 99, 7]

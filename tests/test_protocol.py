@@ -5,8 +5,8 @@ import random
 import pytest
 
 from generator.errors import ColibriError
-from generator.protocol import FrameReader, encode_frame, parse_frame
-from generator.session import Session
+from generator.device.protocol import FrameReader, encode_frame, parse_frame
+from generator.device.session import Session
 
 
 def session_bytes():

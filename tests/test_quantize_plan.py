@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from generator.errors import ColibriError
-from generator.hf_import import parse_config
-from generator.plan import ALIGN, make_plan
-from generator.quantize import dequantize_q8_0, quantize_q8_0
+from generator.model.hf_import import parse_config
+from generator.compile.plan import ALIGN, make_plan
+from generator.numerics.quantize import dequantize_q8_0, quantize_q8_0
 
 
 def test_q8_0_round_trip_error_is_within_half_a_step_per_block():

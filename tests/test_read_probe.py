@@ -7,10 +7,10 @@ import pytest
 
 from conftest import DEFAULT_MODEL
 from generator.errors import ColibriError
-from generator.protocol import encode_frame, parse_frame
-from generator.runner import run_on_board
-from generator.session import RunRequest, Session, request_frame
-from generator.targets import load_board
+from generator.device.protocol import encode_frame, parse_frame
+from generator.device.runner import run_on_board
+from generator.device.session import RunRequest, Session, request_frame
+from generator.compile.targets import load_board
 
 
 def test_the_bandwidth_frame_is_parsed_into_the_run_result():

@@ -19,10 +19,12 @@ import pytest
 
 from conftest import DEFAULT_MODEL, REPO, run_cli
 from generator.errors import ColibriError
-from generator.release import (MANIFEST, SIGNATURE, SUMS, check_release, default_source_date_epoch,
-                               generate_signing_key, json_bytes, locate_bundle, make_release, sha256_file, source_info,
-                               verify_release, write_sums, write_tarball)
-from generator.targets import load_board
+from generator.release.bundle import MANIFEST, SIGNATURE, SUMS, json_bytes, sha256_file, write_sums, write_tarball
+from generator.release.check import check_release, locate_bundle, verify_release
+from generator.release.make import make_release
+from generator.release.provenance import default_source_date_epoch, source_info
+from generator.release.signing import generate_signing_key
+from generator.compile.targets import load_board
 
 BOARDS = ("host", "linux-aarch64", "qemu-rv32", "esp32p4")
 EPOCH = 1700000000  # SOURCE_DATE_EPOCH given to both builds of the rebuild test
@@ -34,7 +36,7 @@ MAKE = """
 import sys
 sys.path.insert(0, ".")
 from generator.errors import ColibriError
-from generator.release import make_release
+from generator.release.make import make_release
 try:
     make_release(sys.argv[1], sys.argv[2], "q8_0", 64, sys.argv[3])
 except ColibriError as e:

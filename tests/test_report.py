@@ -3,7 +3,7 @@
 import json
 
 from conftest import run_cli
-from generator.elfsize import read_elf
+from generator.compile.elfsize import read_elf
 from generator.report import check_elf_against_plan
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from conftest import DEFAULT_MODEL, REPO
 from generator.errors import ColibriError
-from generator.protocol import FrameReader, encode_frame, f32_bits
-from generator.runner import run_on_board
-from generator.session import RunRequest, request_frame
+from generator.device.protocol import FrameReader, encode_frame, f32_bits
+from generator.device.runner import run_on_board
+from generator.device.session import RunRequest, request_frame
 
 APP = REPO / "firmware_src" / "app"
 RUNTIME = REPO / "firmware_src" / "runtime"
@@ -103,7 +103,7 @@ def test_the_argv_keeps_only_what_is_not_a_request(host_firmware):
 
 def test_an_mcu_answers_a_bad_request_with_an_error_frame_instead_of_silence(builder, monkeypatch):
     """qemu-rv32's serve loop used to drop a bad line and leave the host waiting for its timeout."""
-    from generator import serial_link
+    from generator.device import serial_link
 
     board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64, "qemu-rv32")
     monkeypatch.setattr(serial_link, "request_frame", lambda request: frame(GOOD + " eos=5"))
@@ -113,7 +113,7 @@ def test_an_mcu_answers_a_bad_request_with_an_error_frame_instead_of_silence(bui
 
 
 def test_an_mcu_refuses_threads_and_a_bandwidth_probe(builder, monkeypatch):
-    from generator import serial_link
+    from generator.device import serial_link
 
     board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64, "qemu-rv32")
     monkeypatch.setattr(serial_link, "request_frame", lambda request: frame(GOOD + " threads=2"))

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO, f32_bytes, run_harness
-from generator import bench, numerics
-from generator.quantize import matvec_q8_0, quantize_q8_0
-from generator.targets import load_board
+from generator import bench
+from generator.numerics import ops as numerics
+from generator.numerics.quantize import matvec_q8_0, quantize_q8_0
+from generator.compile.targets import load_board
 
 from test_numerics import assert_same_bits, c_floats
 

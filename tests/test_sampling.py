@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import f32_bytes, run_harness
-from generator.sampling import Rng, SamplingParams, sample
+from generator.numerics.sampling import Rng, SamplingParams, sample
 
 
 def test_rng_stream_is_identical_in_c_and_python(harness):

@@ -15,14 +15,14 @@ import tty
 
 import pytest
 
-import generator.serial_link as serial_link
+import generator.device.serial_link as serial_link
 from generator.errors import ColibriError
-from generator.protocol import encode_frame, f32_bits, parse_frame
+from generator.device.protocol import encode_frame, f32_bits, parse_frame
 from generator.reference import Reference
-from generator.runner import run_on_board
-from generator.session import RunRequest, Session
-from generator.sampling import SamplingParams
-from generator.serial_link import SerialLink, Timeouts
+from generator.device.runner import run_on_board
+from generator.device.session import RunRequest, Session
+from generator.numerics.sampling import SamplingParams
+from generator.device.serial_link import SerialLink, Timeouts
 
 from conftest import DEFAULT_MODEL
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from generator import setup_toolchain
-from generator.setup_toolchain import USABLE_STATES, status_is_installed
+from generator.device import setup_toolchain
+from generator.device.setup_toolchain import USABLE_STATES, status_is_installed
 
 WANTS = ("unknown", "install", "hold", "deinstall", "purge")
 FLAGS = ("ok", "reinstreq")
@@ -76,7 +76,7 @@ def test_the_test_packages_not_installed_are_handed_to_apt(fake_dpkg, tmp_path, 
 
 def test_a_board_library_without_a_program_is_checked_too(fake_dpkg, monkeypatch):
     """qemu-rv32 needs picolibc, which puts no program on PATH: its package state decides."""
-    from generator.targets import load_board
+    from generator.compile.targets import load_board
 
     board = load_board("qemu-rv32")
     fake_dpkg({p: "install ok installed" for p in board.apt_packages if "picolibc" not in p}
@@ -104,7 +104,7 @@ def test_installing_never_removes_other_packages(monkeypatch):
 
 def test_the_test_packages_do_not_conflict_with_a_board_toolchain():
     """gcc-multilib conflicts with every Debian cross compiler; the suite names gcc-12-multilib."""
-    from generator.targets import available_boards, load_board
+    from generator.compile.targets import available_boards, load_board
 
     listed = {line.split("#")[0].strip() for line in
               (Path(__file__).parent / "apt-packages.txt").read_text().splitlines()} - {""}

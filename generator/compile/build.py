@@ -11,9 +11,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ColibriError
-from .files import REPO, slug
-from .hf_import import load_checkpoint
+from ..errors import ColibriError
+from ..files import REPO, slug
+from ..model.hf_import import load_checkpoint
 from .pipeline import PLAN_FILE, WEIGHTS_FILE, resolve_ctx
 from .plan import Plan, check_fits, plan_for_board
 from .targets import Board

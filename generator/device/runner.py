@@ -12,11 +12,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from .errors import ColibriError
+from ..errors import ColibriError
 from .protocol import FrameReader
 from .serial_link import SerialLink, Timeouts
 from .session import RunRequest, RunResult, Session, request_frame
-from .targets import Board
+from ..compile.targets import Board
 
 
 def default_timeout(request: RunRequest, weights_bytes: int) -> float:

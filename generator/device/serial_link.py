@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import serial
 
-from .errors import ColibriError
+from ..errors import ColibriError
 from .protocol import Frame, FrameReader
 from .session import RunRequest, RunResult, Session, request_frame
 

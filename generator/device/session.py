@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import ColibriError
+from ..errors import ColibriError
 from .protocol import Frame, encode_request
-from .sampling import SamplingParams
+from ..numerics.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

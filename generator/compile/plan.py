@@ -12,9 +12,9 @@ import re
 from dataclasses import asdict, dataclass, replace
 
 from . import image_format
-from .errors import ColibriError
-from .quantize import INTEGER_QUANTS, QK, QUANTS
-from .spec import ModelSpec, expected_shapes
+from ..errors import ColibriError
+from ..numerics.quantize import INTEGER_QUANTS, QK, QUANTS
+from ..model.spec import ModelSpec, expected_shapes
 from .targets import CATEGORIES, Board
 
 ALIGN = image_format.ALIGN  # tensors in the image, buffers in the arenas

@@ -9,7 +9,7 @@ from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from .errors import ColibriError
+from ..errors import ColibriError
 
 ARENA_SYMBOLS = ("colibri_scratch", "colibri_key_cache", "colibri_value_cache", "colibri_rope_cos",
                  "colibri_rope_sin", "colibri_tensor_table", "colibri_expanded")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ColibriError
-from .numerics import F32, f32, round_even, seq_sum
+from ..errors import ColibriError
+from .ops import F32, f32, round_even, seq_sum
 
 QK = 32  # values per q8_0 block
 QUANTS = ("f32", "q8_0", "q4_0")

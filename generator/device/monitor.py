@@ -23,7 +23,7 @@ import sys
 import time
 from typing import TextIO
 
-from .errors import ColibriError
+from ..errors import ColibriError
 from .protocol import Frame
 from .serial_link import SerialLink
 

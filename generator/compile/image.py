@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import image_format as fmt
-from .errors import ColibriError
+from ..errors import ColibriError
 from .plan import Plan
-from .quantize import quantize_q4_0, quantize_q8_0
+from ..numerics.quantize import quantize_q4_0, quantize_q8_0
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ColibriError
-from .files import REPO
+from ..errors import ColibriError
+from ..files import REPO
 
 TARGETS_DIR = REPO / "targets"
 CATEGORIES = ("code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables")

@@ -13,8 +13,8 @@ import struct
 from pathlib import Path
 from typing import Callable
 
-from .errors import ColibriError
-from .targets import Board
+from ..errors import ColibriError
+from ..compile.targets import Board
 
 SECTOR = 0x1000  # flash erase sector: images start on one
 ESP_IMAGE_MAGIC = 0xE9  # first byte of an ESP bootloader or app image
@@ -61,7 +61,7 @@ def flash_plan(board: Board, build_dir: Path) -> list[tuple[int, Path]]:
 
 def _check_against_partition_table(board: Board, flash: dict, build_dir: Path, project: Path) -> None:
     """The images must fit the partitions the project was built with (a stale project would not)."""
-    from .idf_project import parse_partitions_csv
+    from ..compile.esp_partitions import parse_partitions_csv
 
     csv = project / "partitions.csv"
     if not csv.is_file():

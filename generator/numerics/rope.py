@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from .spec import RopeSpec
+from ..model.spec import RopeSpec
 
 
 def inverse_frequencies(rope: RopeSpec, head_dim: int) -> np.ndarray:

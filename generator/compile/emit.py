@@ -13,13 +13,16 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from . import __version__, rope
+from .. import __version__
+from ..files import REPO
+
+from ..numerics import rope
 from . import image_format
 from .image_format import DTYPE_CODES
 from .plan import ALIGN, Plan, align_up
-from .quantize import INTEGER_QUANTS
+from ..numerics.quantize import INTEGER_QUANTS
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATE_DIR = REPO / "templates"
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")
 
 

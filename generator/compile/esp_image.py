@@ -10,7 +10,7 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
-from .errors import ColibriError
+from ..errors import ColibriError
 from .targets import Board
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ColibriError
+from ..errors import ColibriError
 from .safetensors_io import TensorInfo, load_f32, read_header, strict_json
 from .spec import ModelSpec, RopeSpec, expected_shapes
 

@@ -19,26 +19,22 @@ absolute paths, so the same inputs give the same bytes in any directory.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 
-from . import __version__
+from .. import __version__
 from .emit import GENERATED_FILES, environment
-from .files import write_atomic
-from .errors import ColibriError
+from ..files import REPO, write_atomic
+from ..errors import ColibriError
 from .image import read_header
 from .pipeline import WEIGHTS_FILE
 from .plan import Plan, align_up
+from .esp_partitions import DATA_SUBTYPES, MMU_PAGE, SECTOR, Partition, check_partitions
 from .targets import Board
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "idf"
-MMU_PAGE = 0x10000  # flash MMU page: the weights partition is mapped in pages of 64 KiB
-SECTOR = 0x1000  # flash erase sector: every partition starts on one
+TEMPLATE_DIR = REPO / "templates" / "idf"
 COLIBRI_DIR = "main/colibri"  # inside the project: copies of firmware_src and the generated files
 
 # templates/idf/<name>.j2 -> path in the project
@@ -60,26 +56,10 @@ COMPILE_OPTIONS = ("-ffp-contract=off", "-fno-fast-math", "-fno-math-errno")
 # Objects whose code runs for every weight: in IRAM, so streaming weights through the cache cannot
 # evict them. (Their constants go to internal RAM with them: the `noflash` scheme.)
 HOT_OBJECTS = ("checksum", "model", "ops", "sampler")
-DATA_SUBTYPES = {"ota": 0x00, "phy": 0x01, "nvs": 0x02, "coredump": 0x03, "nvs_keys": 0x04, "efuse": 0x05,
-                 "undefined": 0x06, "esphttpd": 0x80, "fat": 0x81, "spiffs": 0x82, "littlefs": 0x83}
 FLASH_MODES = ("qio", "qout", "dio", "dout")
 FLASH_FREQS = {"80m": "80M", "40m": "40M", "20m": "20M", "120m": "120M"}
 # ESP32-P4 minimum-revision choices of ESP-IDF (CONFIG_ESP32P4_REV_MIN_<n>), by revision family.
 REV_MIN_CHOICES = {False: (300, 301), True: (0, 1, 100)}  # key: builds for revisions < v3.0
-
-
-@dataclass(frozen=True)
-class Partition:
-    name: str
-    type: str  # "app" | "data"
-    subtype: str  # a name gen_esp32part.py knows, or 0xNN
-    offset: int
-    size: int
-    flags: str = ""
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.size
 
 
 @dataclass(frozen=True)
@@ -234,38 +214,6 @@ def partition_table(s: IdfSettings, image_bytes: int) -> list[Partition]:
         Partition(s.weights_partition, "data", s.weights_subtype, weights.offset, needed, "readonly"),
     ]
     check_partitions(parts, s.images["partition-table"].offset, s.flash_bytes)
-    return parts
-
-
-def check_partitions(parts: list[Partition], table_offset: int, flash_bytes: int) -> None:
-    """The rules gen_esp32part.py enforces that matter here, with this project's own messages."""
-    lo = table_offset + SECTOR  # the table takes one sector
-    for p in sorted(parts, key=lambda p: p.offset):
-        align = MMU_PAGE if p.type == "app" else SECTOR
-        if p.offset % align or p.size % SECTOR or p.size == 0:
-            raise ColibriError(f"partition {p.name} at 0x{p.offset:x} (+0x{p.size:x}) is not aligned")
-        if p.offset < lo:
-            raise ColibriError(f"partition {p.name} at 0x{p.offset:x} overlaps what comes before it (ends 0x{lo:x})")
-        lo = p.end
-    if lo > flash_bytes:
-        raise ColibriError(f"the partitions end at 0x{lo:x}, beyond the {flash_bytes >> 20} MB flash")
-
-
-def parse_partitions_csv(text: str) -> list[Partition]:
-    """Read back a partitions.csv (name, type, subtype, offset, size[, flags]) with explicit offsets."""
-    parts = []
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        cols = [c.strip() for c in line.split(",")]
-        if len(cols) < 5:
-            raise ColibriError(f"partitions.csv line {n}: expected name, type, subtype, offset, size")
-        try:
-            offset, size = int(cols[3], 0), int(cols[4], 0)
-        except ValueError:
-            raise ColibriError(f"partitions.csv line {n}: offset and size must be numbers") from None
-        parts.append(Partition(cols[0], cols[1], cols[2], offset, size, cols[5] if len(cols) > 5 else ""))
     return parts
 
 
@@ -431,44 +379,3 @@ def write_project(board: Board, plan: Plan, generated_dir: Path, project_dir: Pa
     return sorted(written)
 
 
-def find_idf() -> Path | None:
-    """idf.py on PATH (ESP-IDF's export.sh puts it there), else $IDF_PATH/tools/idf.py."""
-    found = shutil.which("idf.py")
-    if found:
-        return Path(found)
-    idf_path = os.environ.get("IDF_PATH")
-    if idf_path and (Path(idf_path) / "tools" / "idf.py").is_file():
-        return Path(idf_path) / "tools" / "idf.py"
-    return None
-
-
-def idf_build(project_dir: Path, echo=None, min_version: str = "5.5.3") -> None:
-    """Run `idf.py build` in project_dir, passing its output to `echo`; a failure is one ColibriError line.
-    (min_version, the board's [idf] min_version, only goes into the message when ESP-IDF is missing.)"""
-    project_dir = Path(project_dir)
-    if not (project_dir / "CMakeLists.txt").is_file():
-        raise ColibriError(f"{project_dir} is not an ESP-IDF project (no CMakeLists.txt): generate it first")
-    idf = find_idf()
-    if idf is None:
-        raise ColibriError(f"ESP-IDF not found (no idf.py on PATH and IDF_PATH is not set): install ESP-IDF "
-                           f">= {min_version} and run '. $IDF_PATH/export.sh', or build {project_dir} on a machine that has it")
-    env = dict(os.environ, LC_ALL="C", TZ="UTC")
-    env.setdefault("SOURCE_DATE_EPOCH", "0")
-    try:
-        proc = subprocess.Popen([str(idf), "-C", str(project_dir), "build"], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, text=True,
-                                errors="replace")
-    except OSError as e:
-        raise ColibriError(f"cannot run {idf}: {e.strerror} (run '. $IDF_PATH/export.sh' first)") from None
-    lines = []
-    for line in proc.stdout:
-        line = line.rstrip("\n")
-        lines.append(line)
-        if echo:
-            echo(line)
-    proc.wait()
-    if proc.returncode != 0:
-        errors = [ln.strip() for ln in lines if re.search(r"\berror\b", ln, re.IGNORECASE) and ln.strip()]
-        tail = [ln.strip() for ln in lines if ln.strip()]
-        detail = (errors or tail or ["no output"])[0 if errors else -1]
-        raise ColibriError(f"idf.py build failed in {project_dir} (exit {proc.returncode}): {detail[:300]}")

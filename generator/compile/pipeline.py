@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .emit import GENERATED_FILES, render
-from .files import write_atomic
-from .hf_import import load_checkpoint
+from ..files import write_atomic
+from ..model.hf_import import load_checkpoint
 from .image import build_image
 from .plan import Plan, plan_for_board
 from .targets import Board

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .numerics import F32, f32, softmax
+from .ops import F32, f32, softmax
 
 MASK64 = (1 << 64) - 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import ColibriError
+from ..errors import ColibriError
 
 
 class Tokenizer:

@@ -1,0 +1,60 @@
+"""ESP flash partition tables: the partitions a project's partitions.csv lists, the rules
+gen_esp32part.py enforces that matter here, and reading a partitions.csv back (flash checks the
+images it writes against it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ColibriError
+
+MMU_PAGE = 0x10000  # flash MMU page: the weights partition is mapped in pages of 64 KiB
+SECTOR = 0x1000  # flash erase sector: every partition starts on one
+DATA_SUBTYPES = {"ota": 0x00, "phy": 0x01, "nvs": 0x02, "coredump": 0x03, "nvs_keys": 0x04, "efuse": 0x05,
+                 "undefined": 0x06, "esphttpd": 0x80, "fat": 0x81, "spiffs": 0x82, "littlefs": 0x83}
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    type: str  # "app" | "data"
+    subtype: str  # a name gen_esp32part.py knows, or 0xNN
+    offset: int
+    size: int
+    flags: str = ""
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+def check_partitions(parts: list[Partition], table_offset: int, flash_bytes: int) -> None:
+    """The rules gen_esp32part.py enforces that matter here, with this project's own messages."""
+    lo = table_offset + SECTOR  # the table takes one sector
+    for p in sorted(parts, key=lambda p: p.offset):
+        align = MMU_PAGE if p.type == "app" else SECTOR
+        if p.offset % align or p.size % SECTOR or p.size == 0:
+            raise ColibriError(f"partition {p.name} at 0x{p.offset:x} (+0x{p.size:x}) is not aligned")
+        if p.offset < lo:
+            raise ColibriError(f"partition {p.name} at 0x{p.offset:x} overlaps what comes before it (ends 0x{lo:x})")
+        lo = p.end
+    if lo > flash_bytes:
+        raise ColibriError(f"the partitions end at 0x{lo:x}, beyond the {flash_bytes >> 20} MB flash")
+
+
+def parse_partitions_csv(text: str) -> list[Partition]:
+    """Read back a partitions.csv (name, type, subtype, offset, size[, flags]) with explicit offsets."""
+    parts = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) < 5:
+            raise ColibriError(f"partitions.csv line {n}: expected name, type, subtype, offset, size")
+        try:
+            offset, size = int(cols[3], 0), int(cols[4], 0)
+        except ValueError:
+            raise ColibriError(f"partitions.csv line {n}: offset and size must be numbers") from None
+        parts.append(Partition(cols[0], cols[1], cols[2], offset, size, cols[5] if len(cols) > 5 else ""))
+    return parts

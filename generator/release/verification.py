@@ -1,0 +1,78 @@
+"""The verify run a release records: this exact firmware's decode against the NumPy reference
+(verify.py), and whether its hello frame names these very files.
+"""
+
+from __future__ import annotations
+
+
+from ..device.runner import run_on_board
+from ..verify import compare, rates, reference_run
+from ..device.session import RunRequest, RunResult
+from ..compile.targets import Board
+
+from .bundle import RELEASE_FORMAT, elf_build_id, sha256_file
+from .provenance import request_dict
+
+
+# Boards whose runner works here without hardware.
+RUNNABLE = ("process", "qemu-system")
+
+
+# Hello-frame fields that describe the firmware itself, recorded in verification.json. The others
+# describe the machine it ran on (e.g. `kernels`, chosen at run time from the CPU's features) and go
+# to measurements.json.
+HELLO_IDENTITY = ("proto", "fw", "board", "arch", "quant", "ctx", "vocab", "model", "weights", "build")
+
+
+def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict, dict]:
+    """(verification.json, measurements) for this exact firmware."""
+    ref = reference_run(plan, art.weights, request)
+    reference = {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason}
+    if ref.expert_counts:
+        reference["expert_counts"] = {str(k): v for k, v in ref.expert_counts.items()}
+    verification = {"format": RELEASE_FORMAT, "board": board.name, "quant": plan.quant, "n_ctx": plan.n_ctx,
+                    "request": request_dict(request), "reference": reference}
+    if board.runner not in RUNNABLE:
+        verification.update(ran=False, passed=None, reason=(
+            f"board {board.name} runs on hardware over a serial port; nothing ran this firmware here. "
+            f"`./colibri verify --board {board.name} --port PORT` with this request must reproduce the "
+            f"reference's tokens and logits hashes"))
+        return verification, {"ran": False}
+    result: RunResult = run_on_board(board, art.program, art.weights, request, art.model_hash(),
+                                     flash_image=art.flash_image)
+    firmware = {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason}
+    if result.expert_counts:
+        firmware["expert_counts"] = {str(k): v for k, v in result.expert_counts.items()}
+    comparison = compare(result, ref)
+    diverged = comparison.first_divergent_step
+    # A firmware whose hello frame names its weight image (SHA-256) and itself (GNU build-id) must
+    # name these very files.
+    identity = []
+    if "weights" in result.hello and result.hello["weights"] != sha256_file(art.weights):
+        identity.append(f"the hello frame reports weights {result.hello['weights'][:16]}…, "
+                        f"not the SHA-256 of {art.weights.name}")
+    build_id = elf_build_id(art.program)
+    if "build" in result.hello and build_id and result.hello["build"] != build_id:
+        identity.append(f"the hello frame reports build {result.hello['build'][:16]}…, not the ELF's build-id")
+    passed = comparison.passed and not identity
+    s = result.stats
+    hello = {k: v for k, v in result.hello.items() if k in HELLO_IDENTITY}
+    verification.update(ran=True, passed=passed, first_divergent_step=diverged, hello=hello, firmware=firmware)
+    if identity:
+        verification["identity_problems"] = identity
+    n_prompt, n_decode = int(s.get("prompt", 0)), int(s.get("decode", 0))
+    if "prefill_instret" in s and "decode_instret" in s:
+        # Exact under qemu's -icount shift=0: part of what a rebuild must reproduce.
+        pre, dec = int(s["prefill_instret"]), int(s["decode_instret"])
+        verification["instructions"] = {
+            "prompt_tokens": n_prompt, "decode_forward_passes": n_decode, "prefill": pre, "decode": dec,
+            "prefill_per_token": pre / n_prompt if n_prompt else None,
+            "decode_per_token": dec / n_decode if n_decode else None}
+
+    r = rates(result)
+    measurements = {"ran": True, "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
+                    "wall_seconds": round(result.wall_seconds, 6),
+                    **{k: int(s.get(k, 0)) for k in ("prefill_us", "decode_us", "forward_us")},
+                    **{k: r[k] for k in ("prompt_tokens", "decode_forward_passes", "prefill_tok_s", "decode_tok_s",
+                                         "forward_tok_s")}}
+    return verification, measurements

@@ -178,7 +178,7 @@ def cmd_build(args) -> int:
     info = {"board": board.name, "program": str(art.program), "weights": str(art.weights),
             "plan": str(art.plan_json), "generated": str(art.generated), "model_hash": art.model_hash(),
             "quant": plan.quant, "n_ctx": plan.n_ctx}
-    idf = board.data.get("idf")
+    idf = board.idf
     if idf:
         info["idf_project"] = str(art.out_dir / idf["project_dir"])
         info["idf_built"] = art.program.exists()
@@ -302,7 +302,7 @@ def cmd_flash(args) -> int:
     if "flash" not in board.data:
         raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
     images = flash_plan(board, art.out_dir)
-    baud = args.baud or int(board.data["flash"].get("baud", 460800))
+    baud = args.baud or board.flash.baud
     flash_images(board, args.port, images, baud=baud, progress=progress, reset=not args.no_reset)
     summary = {"board": board.name, "port": args.port, "images": [{"offset": o, "file": str(p)} for o, p in images],
                "model_hash": art.model_hash()}

@@ -121,7 +121,7 @@ def planned_report_dict(board: Board, plan: Plan) -> dict:
     """The report for a configuration alone (no weights, nothing linked): the code is the board's
     reserve, and a region that does not fit says so with the numbers."""
     uses = planned_use(board, plan)
-    reserve = int(board.data.get("code_reserve", 0))
+    reserve = board.code_reserve
 
     def fits(n_ctx: int) -> bool:
         trial = replan(plan, n_ctx)

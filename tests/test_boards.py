@@ -58,7 +58,7 @@ def test_esp32p4_build_gives_an_image_esptool_accepts_inside_the_safe_window(bui
     app = art.out_dir / "firmware.bin"
     info = check_app_image(board, app)
     assert "ESP32-P4" in info and "v1.0" in info and "v3.99" in info
-    lo, hi = board.data["flash"]["load_window"]
+    lo, hi = board.flash.load_window
     assert (lo, hi) == (0x4FF40000, 0x4FFA0000)
     segments = load_segments(art.program)
     assert segments and all(lo <= a and a + n <= hi for a, n in segments)

@@ -303,6 +303,6 @@ def test_flash_plan_works_for_the_bare_metal_board_too(tmp_path):
         pytest.skip("no esp32p4 board file")
     with pytest.raises(ColibriError, match="build first"):
         flash_plan(bare, tmp_path)
-    for entry in bare.data["flash"]["images"]:
-        shutil.copy(esp_image(tmp_path / "img.bin", 100, 399), tmp_path / entry["file"])
-    assert [off for off, _ in flash_plan(bare, tmp_path)] == [e["offset"] for e in bare.data["flash"]["images"]]
+    for entry in bare.flash.images:
+        shutil.copy(esp_image(tmp_path / "img.bin", 100, 399), tmp_path / entry.file)
+    assert [off for off, _ in flash_plan(bare, tmp_path)] == [e.offset for e in bare.flash.images]

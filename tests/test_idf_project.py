@@ -24,6 +24,7 @@ from generator.compile.esp_partitions import parse_partitions_csv
 from generator.compile.idf_build import find_idf, idf_build
 from generator.compile.idf_project import COLIBRI_DIR, idf_settings, write_project
 from generator.compile.image import read_header
+from generator.compile.targets import board_from_data
 from generator.compile.pipeline import generate
 from generator.compile.plan import align_up
 from generator.device.protocol import FrameReader, encode_request
@@ -115,7 +116,7 @@ def test_malformed_idf_settings_are_refused_with_the_reason(board, change, messa
 
     data = copy.deepcopy(board.data)
     change(data)
-    bad = dataclasses.replace(board, data=data)
+    bad = board_from_data(data, board.path)
     if message is None:
         with pytest.raises(ColibriError, match="IDF_TARGET"):
             idf_project.sdkconfig_entries(idf_settings(bad))
@@ -214,7 +215,7 @@ def test_cmake_files_list_every_copied_source_and_the_idf_pieces(name, projects,
     src = REPO / "firmware_src"
     expected = ([f"colibri/runtime/{f.name}" for f in (src / "runtime").glob("*.c")]
                 + [f"colibri/runtime/kernels/{k}.c" for k in board.kernels]
-                + [f"colibri/runtime/parallel/{board.data.get('parallel', 'none')}.c"]
+                + [f"colibri/runtime/parallel/{board.parallel}.c"]
                 + [f"colibri/app/{f.name}" for f in (src / "app").glob("*.c")]
                 + ["colibri/bsp/esp32p4-idf/main.c", "colibri/generated/model_data.c"])
     assert sorted(srcs) == sorted(expected)
@@ -303,7 +304,7 @@ def test_a_weight_image_larger_than_the_partition_is_refused_with_the_numbers(bo
 
     data = copy.deepcopy(board.data)
     data["flash"]["images"][3]["size"] = 0x10000
-    small = dataclasses.replace(board, data=data)
+    small = board_from_data(data, board.path)
     gen = tmp_path / "generated"
     generated = generate(DEFAULT_MODEL, small, "q8_0", 64, gen)
     with pytest.raises(ColibriError) as e:

@@ -27,19 +27,18 @@ def _quiet(fn, *args, **kwargs):
 def make_app_image(board: Board, elf: Path, out: Path) -> None:
     from esptool.cmds import elf2image
 
-    flash = board.data["flash"]
-    majors = flash["supported_revisions"]
+    flash = board.flash
+    majors = flash.supported_revisions
     # The ROM refuses to boot an image outside [min, max]: vMAJOR.MINOR is stored as MAJOR * 100 + MINOR.
-    _quiet(elf2image, str(elf), flash["chip"], output=str(out), flash_mode=flash["mode"],
-           flash_freq=flash["frequency"], flash_size=flash["size"],
+    _quiet(elf2image, str(elf), flash.chip, output=str(out), flash_mode=flash.mode,
+           flash_freq=flash.frequency, flash_size=flash.size,
            min_rev_full=min(majors) * 100, max_rev_full=max(majors) * 100 + 99)
 
 
 def merge_flash_image(board: Board, images: list[tuple[int, Path]], out: Path) -> None:
     from esptool.cmds import merge_bin
 
-    flash = board.data["flash"]
-    _quiet(merge_bin, [(offset, str(path)) for offset, path in images], flash["chip"], output=str(out))
+    _quiet(merge_bin, [(offset, str(path)) for offset, path in images], board.flash.chip, output=str(out))
 
 
 def load_segments(elf: Path) -> list[tuple[int, int]]:
@@ -50,7 +49,7 @@ def load_segments(elf: Path) -> list[tuple[int, int]]:
 
 
 def check_segments(board: Board, elf: Path) -> None:
-    lo, hi = board.data["flash"]["load_window"]
+    lo, hi = board.flash.load_window
     for addr, size in load_segments(elf):
         if addr < lo or addr + size > hi:
             raise ColibriError(f"segment at 0x{addr:08x} (+{size:,} B) leaves the load window "
@@ -61,17 +60,17 @@ def check_app_image(board: Board, image: Path) -> str:
     """Parse the image with esptool; returns its summary. Fails unless it is for this chip."""
     from esptool.bin_image import LoadFirmwareImage
 
-    flash = board.data["flash"]
+    flash = board.flash
     try:
-        parsed = LoadFirmwareImage(flash["chip"], str(image))
+        parsed = LoadFirmwareImage(flash.chip, str(image))
     except Exception as e:
         raise ColibriError(f"esptool cannot parse {image.name}: {e}") from None
     chip_id = getattr(parsed, "chip_id", None)
-    if chip_id != flash["chip_id"]:
-        raise ColibriError(f"{image.name} has chip id {chip_id}, board {board.name} needs {flash['chip_id']}")
+    if chip_id != flash.chip_id:
+        raise ColibriError(f"{image.name} has chip id {chip_id}, board {board.name} needs {flash.chip_id}")
     from esptool.cmds import image_info
 
-    return _quiet_capture(image_info, str(image), chip=flash["chip"])
+    return _quiet_capture(image_info, str(image), chip=flash.chip)
 
 
 def _quiet_capture(fn, *args, **kwargs) -> str:

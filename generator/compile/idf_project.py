@@ -32,7 +32,7 @@ from .image import read_header
 from .pipeline import WEIGHTS_FILE
 from .plan import Plan, align_up
 from .esp_partitions import DATA_SUBTYPES, MMU_PAGE, SECTOR, Partition, check_partitions
-from .targets import Board
+from .targets import Board, FlashImage, firmware_sources
 
 TEMPLATE_DIR = REPO / "templates" / "idf"
 COLIBRI_DIR = "main/colibri"  # inside the project: copies of firmware_src and the generated files
@@ -60,14 +60,6 @@ FLASH_MODES = ("qio", "qout", "dio", "dout")
 FLASH_FREQS = {"80m": "80M", "40m": "40M", "20m": "20M", "120m": "120M"}
 # ESP32-P4 minimum-revision choices of ESP-IDF (CONFIG_ESP32P4_REV_MIN_<n>), by revision family.
 REV_MIN_CHOICES = {False: (300, 301), True: (0, 1, 100)}  # key: builds for revisions < v3.0
-
-
-@dataclass(frozen=True)
-class FlashImage:
-    name: str
-    offset: int
-    file: str  # relative to the build directory
-    size: int | None  # the partition's size where the board gives one
 
 
 @dataclass(frozen=True)
@@ -123,30 +115,26 @@ def _positive_int(value, what: str) -> int:
 
 def idf_settings(board: Board) -> IdfSettings:
     """The board's [flash] and [idf] sections as typed values; a malformed one is a ColibriError."""
-    flash, idf = board.data.get("flash"), board.data.get("idf")
-    if not isinstance(flash, dict) or not isinstance(idf, dict):
+    flash, idf = board.flash, board.idf
+    if flash is None or not isinstance(idf, dict):
         raise ColibriError(f"board {board.name} has no [flash] and [idf] sections: it is not an ESP-IDF board")
     try:
-        images = {}
-        for entry in flash["images"]:
-            image = FlashImage(str(entry["name"]), _positive_int(entry["offset"], "offset"), str(entry["file"]),
-                               _positive_int(entry["size"], "size") if "size" in entry else None)
-            images[image.name] = image
+        images = {image.name: image for image in flash.images}
         for needed in ("bootloader", "partition-table", "app", "weights"):
             if needed not in images:
                 raise ValueError(f"[[flash.images]] has no entry named {needed!r}")
         for needed in ("app", "weights"):
             if images[needed].size is None:
                 raise ValueError(f"[[flash.images]] entry {needed!r} needs a size (its partition's)")
-        revisions = tuple(_positive_int(r, "supported_revisions entry") for r in flash["supported_revisions"])
+        revisions = flash.supported_revisions
         if not revisions:
             raise ValueError("supported_revisions is empty")
-        mode = flash["mode"]
-        if mode not in FLASH_MODES:
-            raise ValueError(f"flash mode {mode!r} is not one of {', '.join(FLASH_MODES)}")
-        freq = flash["frequency"]
-        if freq not in FLASH_FREQS:
-            raise ValueError(f"flash frequency {freq!r} is not one of {', '.join(FLASH_FREQS)}")
+        if flash.mode not in FLASH_MODES:
+            raise ValueError(f"flash mode {flash.mode!r} is not one of {', '.join(FLASH_MODES)}")
+        if flash.frequency not in FLASH_FREQS:
+            raise ValueError(f"flash frequency {flash.frequency!r} is not one of {', '.join(FLASH_FREQS)}")
+        if flash.min_revision is None:
+            raise ValueError("[flash] has no min_revision")
         subtype = idf["weights_subtype"]
         if isinstance(subtype, str) and subtype not in DATA_SUBTYPES:
             raise ValueError(f"weights_subtype {subtype!r} is not a data subtype name")
@@ -155,9 +143,9 @@ def idf_settings(board: Board) -> IdfSettings:
             if not re.fullmatch(r"[A-Z0-9_]+", key) or not isinstance(value, (bool, int, str)):
                 raise ValueError(f"[idf.sdkconfig] {key} = {value!r} is not a Kconfig name and value")
         settings = IdfSettings(
-            chip=str(flash["chip"]), chip_id=_positive_int(flash["chip_id"], "chip_id"), flash_mode=mode,
-            flash_freq=freq, flash_size=str(flash["size"]), flash_bytes=_flash_bytes(str(flash["size"])),
-            supported_revisions=revisions, min_revision=_positive_int(flash["min_revision"], "min_revision"),
+            chip=flash.chip, chip_id=flash.chip_id, flash_mode=flash.mode, flash_freq=flash.frequency,
+            flash_size=flash.size, flash_bytes=_flash_bytes(flash.size), supported_revisions=revisions,
+            min_revision=flash.min_revision,
             images=images, target=str(idf["target"]), min_version=str(idf["min_version"]),
             project_dir=str(idf["project_dir"]), project_name=str(idf["project_name"]),
             weights_partition=str(idf["weights_partition"]),
@@ -264,21 +252,12 @@ def sdkconfig_entries(s: IdfSettings) -> list[dict]:
 
 
 def project_sources(board: Board, repo: Path) -> list[tuple[Path, str]]:
-    """(file in the repository, path in the project) for every hand-written file the project copies."""
+    """(file in the repository, path in the project) for every hand-written file the project copies:
+    the board's firmware sources (the ones the SConstruct compiles, and the BSP) and their headers."""
     src = repo / "firmware_src"
-    bsp = src / "bsp" / board.bsp
-    if not (bsp / "main.c").is_file():
-        raise ColibriError(f"board {board.name}: no BSP at firmware_src/bsp/{board.bsp}/main.c")
-    files = sorted((src / "runtime").glob("*.[ch]")) + [src / "runtime" / "kernels" / "kernels.h"]
-    for k in board.kernels:
-        kernel = src / "runtime" / "kernels" / f"{k}.c"
-        if not kernel.is_file():
-            raise ColibriError(f"board {board.name}: kernel set {k!r} has no firmware_src/runtime/kernels/{k}.c")
-        files.append(kernel)
-    files.append(src / "runtime" / "parallel" / f"{board.data.get('parallel', 'none')}.c")
-    files += sorted((src / "app").glob("*.[ch]")) + sorted(bsp.glob("*.[ch]"))
-    # runtime/*.S are for bare-metal boards (e.g. weights linked into the image): not this project.
-    return [(f, f"{COLIBRI_DIR}/{f.relative_to(src).as_posix()}") for f in files]
+    c_files = [f for f in firmware_sources(board, repo) if f.suffix == ".c"]
+    headers = sorted({h for f in c_files for h in f.parent.glob("*.h")})
+    return [(f, f"{COLIBRI_DIR}/{f.relative_to(src).as_posix()}") for f in sorted(set(c_files) | set(headers))]
 
 
 def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes,
@@ -328,7 +307,7 @@ def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes
         sdkconfig=sdkconfig_entries(s),
         flash_files=flash_files,
         flash_header=f"--flash-mode {s.flash_mode} --flash-freq {s.flash_freq} --flash-size {s.flash_size}",
-        flash_baud=int(board.data["flash"].get("baud", 460800)),
+        flash_baud=board.flash.baud,
         uart_rx_buffer=s.uart_rx_buffer,
         uart_num=s.uart_num,
         idle_hello_ms=s.idle_hello_ms,

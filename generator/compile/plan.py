@@ -305,7 +305,7 @@ def replan(plan: Plan, n_ctx: int) -> Plan:
 def planned_use(board: Board, plan: Plan) -> list[RegionUse]:
     """Per region, what the plan puts there, with the board's code_reserve standing in for the code
     (which is only known after linking): the check made before anything is compiled."""
-    reserve = int(board.data.get("code_reserve", 0))
+    reserve = board.code_reserve
     sizes = {"code": reserve, "weights": plan.image.image_bytes, "expanded_weights": plan.expanded_bytes,
              "kv_cache": plan.kv_bytes, "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes}
     return [RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds})

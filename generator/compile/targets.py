@@ -17,8 +17,14 @@ Common fields (every board):
               (which of code, weights, expanded_weights, kv_cache, scratch, rope_tables live
               there; a board naming a region for expanded_weights gets q4_0 matrices expanded to
               int8 there at load whenever they fit)
-The whole file, board-specific sections ([flash], [idf], runner options) included, is kept in
-Board.data for the modules that use them.
+  parallel    (optional, default "none") runtime/parallel/<name>.c: "pthread" on Linux boards
+  code_reserve (optional) bytes set aside for code, constants and stack when checking a plan's fit
+              before anything is compiled
+  [flash]     (boards flashed with esptool) chip, chip_id, mode, frequency, size, baud,
+              supported_revisions, min_revision, load_window, app_image, flash_image, and
+              [[flash.images]] (offset, file, optional name and size): what goes where in flash
+  [idf]       (ESP-IDF boards) the project's settings, checked by compile/idf_project.py
+Every section is read into typed fields here; Board.data keeps the parsed file as it was.
 """
 
 from __future__ import annotations
@@ -45,6 +51,35 @@ class MemoryRegion:
 
 
 @dataclass(frozen=True)
+class FlashImage:
+    offset: int
+    file: str  # relative to the build directory
+    name: str = ""
+    size: int | None = None  # the partition's size where the board gives one
+
+
+@dataclass(frozen=True)
+class Flash:
+    """A board's [flash] section: what esptool writes and how the ROM loader must see it."""
+
+    chip: str
+    chip_id: int
+    mode: str
+    frequency: str
+    size: str
+    baud: int
+    supported_revisions: tuple[int, ...]  # chip revision majors
+    images: tuple[FlashImage, ...]
+    min_revision: int | None = None  # MAJOR * 100 + MINOR
+    load_window: tuple[int, int] | None = None  # where a bare-metal image's segments must load
+    app_image: str | None = None  # elf2image output
+    flash_image: str | None = None  # the merged image written at offset 0
+
+    def image(self, name: str) -> FlashImage | None:
+        return next((i for i in self.images if i.name == name), None)
+
+
+@dataclass(frozen=True)
 class Board:
     name: str
     description: str
@@ -67,6 +102,10 @@ class Board:
     path: Path
     prefill_batch: int = 1
     attention_chains: int = 1
+    parallel: str = "none"  # runtime/parallel/<name>.c
+    code_reserve: int = 0
+    flash: Flash | None = None
+    idf: dict | None = None  # the [idf] section; compile/idf_project.py checks it (IdfSettings)
     data: dict = field(default_factory=dict, compare=False, hash=False)
 
     def region_holding(self, category: str) -> MemoryRegion | None:
@@ -105,12 +144,34 @@ def _chains(value) -> int:
     return value
 
 
+def _flash(section: dict | None) -> Flash | None:
+    if section is None:
+        return None
+    images = tuple(FlashImage(_int(i["offset"]), str(i["file"]), str(i.get("name", "")),
+                              _int(i["size"]) if "size" in i else None) for i in section.get("images", ()))
+    window = section.get("load_window")
+    return Flash(chip=str(section["chip"]), chip_id=_int(section["chip_id"]), mode=str(section["mode"]),
+                 frequency=str(section["frequency"]), size=str(section["size"]), baud=_int(section.get("baud", 460800)),
+                 supported_revisions=tuple(_int(r) for r in section["supported_revisions"]), images=images,
+                 min_revision=_int(section["min_revision"]) if "min_revision" in section else None,
+                 load_window=(_int(window[0]), _int(window[1])) if window is not None else None,
+                 app_image=section.get("app_image"), flash_image=section.get("flash_image"))
+
+
 def load_board(name: str) -> Board:
     path = TARGETS_DIR / f"{name}.toml"
     if not path.is_file():
         raise ColibriError(f"unknown board {name!r} (available: {', '.join(available_boards())})")
     try:
         data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ColibriError(f"{path.name}: malformed board file ({e})") from None
+    return board_from_data(data, path)
+
+
+def board_from_data(data: dict, path: Path) -> Board:
+    """A Board from a parsed board file (load_board reads targets/<name>.toml into this)."""
+    try:
         tc, runner = data["toolchain"], data["runner"]
         memory = tuple(MemoryRegion(m["name"], m["kind"], _int(m.get("base", 0)), _int(m["size"]), tuple(m["holds"]))
                        for m in data["memory"])
@@ -126,7 +187,30 @@ def load_board(name: str) -> Board:
             runner=runner["kind"], weights=runner["weights"], emulator=tuple(runner.get("emulator", ())),
             command=tuple(runner.get("command", ())), memory=memory, path=path,
             prefill_batch=_int(data.get("prefill_batch", 1)),
-            attention_chains=_chains(data.get("attention_chains", 1)), data=data,
+            attention_chains=_chains(data.get("attention_chains", 1)),
+            parallel=str(data.get("parallel", "none")), code_reserve=_int(data.get("code_reserve", 0)),
+            flash=_flash(data.get("flash")), idf=data.get("idf"), data=data,
         )
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ColibriError(f"{path.name}: malformed board file ({e})") from None
+
+
+def firmware_sources(board: Board, repo: Path = REPO) -> list[Path]:
+    """The hand-written C files a board's firmware is compiled from: the runtime, the board's kernel
+    sets and parallel backend, the application and the BSP. (An ESP-IDF board's BSP is compiled by
+    idf.py, which supplies its headers; the SConstruct compiles the rest as a check.)"""
+    src = repo / "firmware_src"
+    bsp = src / "bsp" / board.bsp
+    kernels = [src / "runtime" / "kernels" / f"{k}.c" for k in board.kernels]
+    for kernel in kernels:
+        if not kernel.is_file():
+            raise ColibriError(f"board {board.name}: kernel set {kernel.stem!r} has no "
+                               f"firmware_src/runtime/kernels/{kernel.name}")
+    if not (bsp / "main.c").is_file():
+        raise ColibriError(f"board {board.name}: no BSP at firmware_src/bsp/{board.bsp}/main.c")
+    sources = (sorted((src / "runtime").glob("*.c")) + kernels
+               + [src / "runtime" / "parallel" / f"{board.parallel}.c"]
+               + sorted((src / "app").glob("*.c")) + sorted(bsp.glob("*.c")) + sorted(bsp.glob("*.S")))
+    if board.weights == "embedded":
+        sources.append(src / "runtime" / "weights_embedded.S")  # the image linked into the program
+    return sources

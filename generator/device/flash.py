@@ -14,18 +14,17 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ColibriError
-from ..compile.targets import Board
+from ..compile.targets import Board, Flash
 
 SECTOR = 0x1000  # flash erase sector: images start on one
 ESP_IMAGE_MAGIC = 0xE9  # first byte of an ESP bootloader or app image
 UNLIMITED_REV = 0xFFFF  # max_rev_full meaning "no upper bound"
 
 
-def _flash_section(board: Board) -> dict:
-    flash = board.data.get("flash")
-    if not isinstance(flash, dict) or not flash.get("images"):
+def _flash_section(board: Board) -> Flash:
+    if board.flash is None or not board.flash.images:
         raise ColibriError(f"board {board.name} has nothing to flash (no [[flash.images]] in its board file)")
-    return flash
+    return board.flash
 
 
 def _rev(full: int) -> str:
@@ -42,24 +41,24 @@ def flash_plan(board: Board, build_dir: Path) -> list[tuple[int, Path]]:
     flash = _flash_section(board)
     build_dir = Path(build_dir)
     plan, missing = [], []
-    for entry in sorted(flash["images"], key=lambda e: e["offset"]):
-        path = build_dir / entry["file"]
-        plan.append((int(entry["offset"]), path))
+    for entry in sorted(flash.images, key=lambda e: e.offset):
+        path = build_dir / entry.file
+        plan.append((entry.offset, path))
         if not path.is_file():
             missing.append(path)
-    idf = board.data.get("idf")
+    idf = board.idf
     if missing:
-        if isinstance(idf, dict):
+        if idf:
             project = build_dir / idf.get("project_dir", "")
             raise ColibriError(f"build the ESP-IDF project first: {missing[0]} does not exist "
                                f"(run 'idf.py build' in {project})")
         raise ColibriError(f"{missing[0]} does not exist: build first (./colibri build --board {board.name})")
-    if isinstance(idf, dict):
+    if idf:
         _check_against_partition_table(board, flash, build_dir, build_dir / idf.get("project_dir", ""))
     return plan
 
 
-def _check_against_partition_table(board: Board, flash: dict, build_dir: Path, project: Path) -> None:
+def _check_against_partition_table(board: Board, flash: Flash, build_dir: Path, project: Path) -> None:
     """The images must fit the partitions the project was built with (a stale project would not)."""
     from ..compile.esp_partitions import parse_partitions_csv
 
@@ -67,19 +66,18 @@ def _check_against_partition_table(board: Board, flash: dict, build_dir: Path, p
     if not csv.is_file():
         raise ColibriError(f"build the ESP-IDF project first: {csv} does not exist")
     parts = {p.name: p for p in parse_partitions_csv(csv.read_text())}
-    by_name = {e.get("name"): e for e in flash["images"]}
-    wanted = {"app": "factory", "weights": board.data["idf"].get("weights_partition", "weights")}
+    wanted = {"app": "factory", "weights": board.idf.get("weights_partition", "weights")}
     for image_name, part_name in wanted.items():
-        entry, part = by_name.get(image_name), parts.get(part_name)
+        entry, part = flash.image(image_name), parts.get(part_name)
         if entry is None:
             continue
-        if part is None or part.offset != entry["offset"]:
+        if part is None or part.offset != entry.offset:
             raise ColibriError(f"{csv} puts partition {part_name} at "
                                f"{'nowhere' if part is None else hex(part.offset)}, but board {board.name} "
-                               f"flashes {image_name} at 0x{entry['offset']:x}: regenerate the project")
-        file_size = (build_dir / entry["file"]).stat().st_size
+                               f"flashes {image_name} at 0x{entry.offset:x}: regenerate the project")
+        file_size = (build_dir / entry.file).stat().st_size
         if file_size > part.size:
-            raise ColibriError(f"{entry['file']} is {file_size:,} B but partition {part_name} has {part.size:,} B: "
+            raise ColibriError(f"{entry.file} is {file_size:,} B but partition {part_name} has {part.size:,} B: "
                                f"regenerate the project")
 
 
@@ -102,7 +100,7 @@ def _chip_names() -> dict[int, str]:
     return {getattr(cls, "IMAGE_CHIP_ID", None): cls.CHIP_NAME for cls in CHIP_DEFS.values()}
 
 
-def _check_images(flash: dict, images: list[tuple[int, Path]]) -> list[tuple[int, Path, bytes]]:
+def _check_images(flash: Flash, images: list[tuple[int, Path]]) -> list[tuple[int, Path, bytes]]:
     if not images:
         raise ColibriError("nothing to flash (no images given)")
     out = []
@@ -121,28 +119,28 @@ def _check_images(flash: dict, images: list[tuple[int, Path]]) -> list[tuple[int
     for (a, pa, da), (b, pb, _) in zip(out, out[1:]):
         if a + len(da) > b:
             raise ColibriError(f"{pa.name} at 0x{a:x} ({len(da):,} B) overlaps {pb.name} at 0x{b:x}")
-    size = _flash_bytes(flash.get("size", ""))
+    size = _flash_bytes(flash.size)
     last_offset, last_path, last_data = out[-1]
     if size and last_offset + len(last_data) > size:
         raise ColibriError(f"{last_path.name} at 0x{last_offset:x} ({len(last_data):,} B) does not fit the "
-                           f"board's {flash['size']} flash")
+                           f"board's {flash.size} flash")
     return out
 
 
-def _check_chip(board: Board, flash: dict, esp, port: str, images: list[tuple[int, Path, bytes]]) -> None:
+def _check_chip(board: Board, flash: Flash, esp, port: str, images: list[tuple[int, Path, bytes]]) -> None:
     from esptool.targets import CHIP_DEFS
 
-    chip = flash["chip"]
+    chip = flash.chip
     expected = CHIP_DEFS[chip].CHIP_NAME if chip in CHIP_DEFS else chip.upper()
     if esp.CHIP_NAME != expected:
         raise ColibriError(f"found {esp.CHIP_NAME} on {port}; board {board.name} needs an {expected}")
     revision = esp.get_chip_revision()  # MAJOR * 100 + MINOR
-    majors = [int(r) for r in flash.get("supported_revisions", [])]
+    majors = list(flash.supported_revisions)
     if majors and revision // 100 not in majors:
         supported = ", ".join(f"v{m}.x" for m in majors)
         raise ColibriError(f"the {expected} on {port} is revision {_rev(revision)}; board {board.name} "
                            f"supports revisions {supported}")
-    least = flash.get("min_revision")
+    least = flash.min_revision
     if isinstance(least, int) and revision < least:
         raise ColibriError(f"the {expected} on {port} is revision {_rev(revision)}; board {board.name} "
                            f"needs {_rev(least)} or later")
@@ -152,7 +150,7 @@ def _check_chip(board: Board, flash: dict, esp, port: str, images: list[tuple[in
         if header is None:
             continue
         chip_id, lo, hi = header
-        expected_id = CHIP_DEFS[chip].IMAGE_CHIP_ID if chip in CHIP_DEFS else flash.get("chip_id")
+        expected_id = CHIP_DEFS[chip].IMAGE_CHIP_ID if chip in CHIP_DEFS else flash.chip_id
         if expected_id is not None and chip_id != expected_id:
             raise ColibriError(f"{path.name} is an image for {names.get(chip_id, f'chip id {chip_id}')}, "
                                f"not {expected}: rebuild it for board {board.name}")
@@ -203,8 +201,7 @@ def flash_images(board: Board, port: str, images: list[tuple[int, Path]], baud: 
             if baud > ESPLoader.ESP_ROM_BAUD:
                 esp.change_baud(baud)
             cmds.attach_flash(esp)
-            params = dict(flash_mode=flash.get("mode", "keep"), flash_freq=flash.get("frequency", "keep"),
-                          flash_size=flash.get("size", "keep"))
+            params = dict(flash_mode=flash.mode, flash_freq=flash.frequency, flash_size=flash.size)
             for i, (offset, path, data) in enumerate(checked, 1):
                 progress(f"[{i}/{len(checked)}] writing {path.name} ({len(data):,} B) at 0x{offset:x}")
                 cmds.write_flash(esp, [(offset, str(path))], compress=True, **params)

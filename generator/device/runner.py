@@ -127,7 +127,7 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
                  on_token=None, logits_out: Path | None = None, timeout: float | None = None,
                  flash_image: Path | None = None, port: str | None = None, reset: bool = False) -> RunResult:
     session = Session(expected_model, on_token)
-    if request.threads > 1 and board.data.get("parallel", "none") == "none":
+    if request.threads > 1 and board.parallel == "none":
         raise ColibriError(f"board {board.name} runs single-threaded (--threads {request.threads} is for Linux boards)")
     if request.probe_bandwidth_mib is not None and board.runner != "process":
         raise ColibriError(f"board {board.name} cannot measure its read bandwidth (only Linux boards can)")

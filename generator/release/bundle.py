@@ -86,32 +86,28 @@ def elf_build_id(elf: Path) -> str | None:
 
 def firmware_files(board: Board, out: Path) -> list[str]:
     """Paths (relative to the build directory) of the ELF and every flashable image built."""
-    names = [board.program]
-    flash = board.data.get("flash") or {}
-    for key in ("app_image", "flash_image"):
-        if flash.get(key):
-            names.append(flash[key])
-    names += [i["file"] for i in flash.get("images", ()) if i.get("file")]
+    flash = board.flash
+    built = [board.program] + ([f for f in (flash.app_image, flash.flash_image) if f] if flash else [])
+    names = built + ([i.file for i in flash.images] if flash else [])
     found = []
     for name in dict.fromkeys(names):
         if (out / name).is_file():
             found.append(name)
-        elif name in (board.program, flash.get("app_image"), flash.get("flash_image")):
+        elif name in built:
             raise ColibriError(f"the {board.name} build did not produce {name}"
                                + (" (ESP-IDF is not installed here: build the project with idf.py, where it is, "
-                                  "and make the release there)" if board.data.get("idf") else ""))
+                                  "and make the release there)" if board.idf else ""))
     return found
 
 
 def flash_layout(board: Board) -> dict | None:
-    flash = board.data.get("flash")
+    flash = board.flash
     if not flash:
         return None
-    layout = {k: flash[k] for k in ("chip", "mode", "frequency", "size") if k in flash}
-    layout["images"] = [{"offset": int(i["offset"]), "file": f"{FIRMWARE_DIR}/{i['file']}"}
-                        for i in flash.get("images", ())]
-    if flash.get("flash_image"):
-        layout["merged"] = {"offset": 0, "file": f"{FIRMWARE_DIR}/{flash['flash_image']}"}
+    layout = {"chip": flash.chip, "mode": flash.mode, "frequency": flash.frequency, "size": flash.size}
+    layout["images"] = [{"offset": i.offset, "file": f"{FIRMWARE_DIR}/{i.file}"} for i in flash.images]
+    if flash.flash_image:
+        layout["merged"] = {"offset": 0, "file": f"{FIRMWARE_DIR}/{flash.flash_image}"}
     return layout
 
 

@@ -102,7 +102,7 @@ def produce(inp: Inputs, work: Path, progress: Progress, sign_key: Path | None =
     if not art.program.is_file():
         raise ColibriError(f"the {board.name} build did not produce {board.program}"
                            + (" (ESP-IDF is not installed here: make the release where idf.py is)"
-                              if board.data.get("idf") else ""))
+                              if board.idf else ""))
     if board.runner in RUNNABLE:
         say(progress, f"verifying the {board.name} firmware against the NumPy reference")
     else:
@@ -236,7 +236,7 @@ def make_release(board_name: str, model_dir: Path | str, quant: str = "q8_0", ct
     for path in (final, tarball):
         if path.exists():
             raise ColibriError(f"{path} already exists; remove it or choose another --out")
-    if board.data.get("idf"):
+    if board.idf:
         from ..compile.idf_build import find_idf
 
         if not find_idf():

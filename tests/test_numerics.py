@@ -210,3 +210,27 @@ def test_swiglu_kernel_matches_silu_times_up(harness, n):
 def test_round_even_ties_to_even():
     v = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 0.49999997], np.float32)
     assert list(numerics.round_even(v)) == [0.0, 2.0, 2.0, -0.0, -2.0, 126.0, 0.0]
+
+
+@pytest.mark.parametrize("n,slots,first,stride,head_dim", [
+    (1, 8, 0, 16, 16), (7, 8, 3, 32, 16), (8, 8, 5, 64, 32), (13, 16, 9, 96, 48), (5, 5, 4, 64, 64),
+    (21, 32, 30, 256, 128), (9, 12, 2, 24, 24), (3, 4, 1, 300, 300),
+])
+def test_attention_scores_and_mix_walk_the_ring_in_order(harness, n, slots, first, stride, head_dim):
+    """Each score is q . k summed over j in order, each mixed value sums p_i v_i over positions in
+    order, position i at ring slot (first + i) % slots: every kernel set, every head size (the
+    sizes the fallback specialises, one it does not, and one past its local arrays)."""
+    keys = rng.normal(0, 1, (slots, stride)).astype(np.float32)
+    values = rng.normal(0, 1, (slots, stride)).astype(np.float32)
+    q = rng.normal(0, 1, head_dim).astype(np.float32)
+    p = numerics.softmax(rng.normal(0, 2, n).astype(np.float32))
+    scale = np.float32(1 / np.sqrt(head_dim))
+    ring = [(first + i) % slots for i in range(n)]
+    raw = run_harness(harness, ["attention", n, slots, first, stride, head_dim, float.hex(float(scale))],
+                      f32_bytes(keys, values, q, p))
+    got = np.frombuffer(raw, "<f4")
+    assert got.size == n + head_dim
+    want_scores = numerics.dot(keys[ring, :head_dim], q[None, :], axis=1) * scale
+    want_mix = numerics.seq_sum(p[:, None] * values[ring, :head_dim], axis=0)
+    assert_same_bits(got[:n], want_scores)
+    assert_same_bits(got[n:], want_mix)

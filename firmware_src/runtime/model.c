@@ -3,7 +3,6 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "board_def.h"
 #include "kernels/kernels.h"
 #include "ops.h"
 #include "parallel.h"
@@ -238,12 +237,6 @@ static int64_t kv_slot(int layer, int32_t t)
     return colibri_kv_offset[layer] + (int64_t)(t % colibri_kv_slots[layer]) * COLIBRI_KV_DIM;
 }
 
-/* The ring slot after `slot` in a layer's KV cache of `slots` positions (no division). */
-static inline int32_t next_slot(int32_t slot, int32_t slots)
-{
-    return slot + 1 == slots ? 0 : slot + 1;
-}
-
 /* One token's attention, for the heads a thread takes. */
 typedef struct {
     const ColibriBuffers *b;
@@ -254,86 +247,26 @@ typedef struct {
 } AttentionJob;
 
 /* Attention of one token at position pos (its keys and values already in the cache) for heads
- * h_begin .. h_end - 1: q holds its queries, out receives those heads' outputs. A head's query and
- * its output sums live in local arrays, which the compiler keeps in registers for a small head
- * (each sum still runs over t in order, element by element), and the ring buffer is walked with a
- * slot index, not t % slots. */
+ * h_begin .. h_end - 1: the scores of the positions the layer sees (all, or its window), softmax,
+ * the weighted sum of their values. q holds its queries, out receives those heads' outputs. */
 static void attention_heads(void *ctx, int h_begin, int h_end)
 {
     const AttentionJob *j = ctx;
     const int layer = j->layer;
-    const int32_t pos = j->pos;
-    const float *q = j->q;
-    float *out = j->out;
     const int32_t window = colibri_layer_window[layer];
-    const int32_t start = (window > 0 && pos - window + 1 > 0) ? pos - window + 1 : 0;
+    const int32_t start = (window > 0 && j->pos - window + 1 > 0) ? j->pos - window + 1 : 0;
+    const int n = j->pos - start + 1;
     const int32_t slots = colibri_kv_slots[layer];
-    /* Through volatile copies of the arenas' addresses: with -mcmodel=medany GCC would otherwise
-     * form every element's address from the symbol anew (auipc, addi, add: three per load). */
-    const float *volatile key_cache = colibri_key_cache, *volatile value_cache = colibri_value_cache;
-    const float *keys = key_cache + colibri_kv_offset[layer];
-    const float *values = value_cache + colibri_kv_offset[layer];
+    const float *keys = colibri_key_cache + colibri_kv_offset[layer];
+    const float *values = colibri_value_cache + colibri_kv_offset[layer];
     for (int h = h_begin; h < h_end; h++) {
         float *att = j->b->att + (int64_t)h * COLIBRI_N_CTX; /* each head its own scores: heads run in parallel */
         const int kv_head = (h / GROUP) * COLIBRI_HEAD_DIM;
-        float qh[COLIBRI_HEAD_DIM], acc[COLIBRI_HEAD_DIM];
-#pragma GCC unroll 16
-        for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
-            qh[i] = q[h * COLIBRI_HEAD_DIM + i];
-            acc[i] = -0.0f; /* replaced exactly by the first term */
-        }
-        int32_t slot = start % slots;
-        int32_t t = start;
-#if COLIBRI_ATTENTION_CHAINS == 4
-        /* Four positions side by side (the board's choice): four independent sums, each over i in
-         * order, which an out-of-order core overlaps instead of waiting on one chain of adds. */
-        for (; t + 3 <= pos; t += 4) {
-            const float *k0 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
-            slot = next_slot(slot, slots);
-            const float *k1 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
-            slot = next_slot(slot, slots);
-            const float *k2 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
-            slot = next_slot(slot, slots);
-            const float *k3 = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
-            slot = next_slot(slot, slots);
-            float s0 = -0.0f, s1 = -0.0f, s2 = -0.0f, s3 = -0.0f;
-            for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
-                s0 = s0 + qh[i] * k0[i];
-                s1 = s1 + qh[i] * k1[i];
-                s2 = s2 + qh[i] * k2[i];
-                s3 = s3 + qh[i] * k3[i];
-            }
-            att[t] = s0 * COLIBRI_ATTN_SCALE;
-            att[t + 1] = s1 * COLIBRI_ATTN_SCALE;
-            att[t + 2] = s2 * COLIBRI_ATTN_SCALE;
-            att[t + 3] = s3 * COLIBRI_ATTN_SCALE;
-        }
-#endif
-        for (; t <= pos; t++) {
-            const float *kt = keys + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
-            float s = -0.0f;
-#pragma GCC unroll 16
-            for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
-                s = s + qh[i] * kt[i];
-            }
-            att[t] = s * COLIBRI_ATTN_SCALE;
-            slot = next_slot(slot, slots);
-        }
-        op_softmax(att + start, pos - start + 1);
-        slot = start % slots;
-        for (int32_t t = start; t <= pos; t++) {
-            const float *vt = values + (int64_t)slot * COLIBRI_KV_DIM + kv_head;
-            const float p = att[t];
-#pragma GCC unroll 16
-            for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
-                acc[i] = acc[i] + p * vt[i];
-            }
-            slot = next_slot(slot, slots);
-        }
-#pragma GCC unroll 16
-        for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
-            out[h * COLIBRI_HEAD_DIM + i] = acc[i];
-        }
+        kernel_attention_scores(att, j->q + h * COLIBRI_HEAD_DIM, keys + kv_head, start % slots, slots, n,
+                                COLIBRI_KV_DIM, COLIBRI_HEAD_DIM, COLIBRI_ATTN_SCALE);
+        op_softmax(att, n);
+        kernel_attention_mix(j->out + h * COLIBRI_HEAD_DIM, att, values + kv_head, start % slots, slots, n,
+                             COLIBRI_KV_DIM, COLIBRI_HEAD_DIM);
     }
 }
 

@@ -5,8 +5,6 @@ Common fields (every board):
   default_ctx, program (linked file name)
   prefill_batch (optional, default 1): prompt tokens per forward pass; their activations all
               live in the scratch arena, so MCU boards keep it small
-  attention_chains (optional, 1 or 4, default 1): attention scores computed side by side (each
-              still its own sum in order): 4 for out-of-order cores, 1 for in-order MCUs
   [toolchain] cc, apt (Debian packages providing it), cflags, ldflags, libs, linker_script (optional)
   [runner]    kind: "process" (a Linux program; `emulator` prefixes it when this machine's ISA
               differs), "qemu-system" (`command` with {program} {flash_image} {port}),
@@ -101,7 +99,6 @@ class Board:
     memory: tuple[MemoryRegion, ...]
     path: Path
     prefill_batch: int = 1
-    attention_chains: int = 1
     parallel: str = "none"  # runtime/parallel/<name>.c
     code_reserve: int = 0
     flash: Flash | None = None
@@ -135,12 +132,6 @@ def available_boards() -> list[str]:
 def _int(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected an integer, got {value!r}")
-    return value
-
-
-def _chains(value) -> int:
-    if _int(value) not in (1, 4):
-        raise ValueError(f"attention_chains must be 1 or 4, got {value}")
     return value
 
 
@@ -187,7 +178,6 @@ def board_from_data(data: dict, path: Path) -> Board:
             runner=runner["kind"], weights=runner["weights"], emulator=tuple(runner.get("emulator", ())),
             command=tuple(runner.get("command", ())), memory=memory, path=path,
             prefill_batch=_int(data.get("prefill_batch", 1)),
-            attention_chains=_chains(data.get("attention_chains", 1)),
             parallel=str(data.get("parallel", "none")), code_reserve=_int(data.get("code_reserve", 0)),
             flash=_flash(data.get("flash")), idf=data.get("idf"), data=data,
         )

@@ -5,6 +5,8 @@
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS
  *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 TOKENS ROWS COLS  (output: token-major)
  *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
+ *           attention N SLOTS FIRST_SLOT STRIDE HEAD_DIM SCALE  (a ring of SLOTS key and value rows of
+ *           STRIDE floats; q, then p; output: the N scores, then the HEAD_DIM mixed values)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +133,19 @@ int main(int argc, char **argv)
             }
             write_all(out + (size_t)t * stride, rows * sizeof(float));
         }
+    } else if (strcmp(op, "attention") == 0) {
+        int slots = atoi(argv[3]), first = atoi(argv[4]), stride = atoi(argv[5]), head_dim = atoi(argv[6]);
+        float scale = strtof(argv[7], NULL);
+        float *keys = read_exact((size_t)slots * stride * sizeof(float));
+        float *values = read_exact((size_t)slots * stride * sizeof(float));
+        float *q = read_exact(head_dim * sizeof(float));
+        float *p = read_exact(n * sizeof(float));
+        float *att = malloc(n * sizeof(float));
+        float *out = malloc(head_dim * sizeof(float));
+        kernel_attention_scores(att, q, keys, first, slots, n, stride, head_dim, scale);
+        kernel_attention_mix(out, p, values, first, slots, n, stride, head_dim);
+        write_all(att, n * sizeof(float));
+        write_all(out, head_dim * sizeof(float));
     } else if (strcmp(op, "rng") == 0) {
         ColibriRng rng;
         rng_seed(&rng, strtoull(argv[2], NULL, 10));

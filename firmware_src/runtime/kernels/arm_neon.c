@@ -9,6 +9,15 @@
 
 #include "kernels.h"
 
+/* This set's own entry points (fallback.h defines the rest: the batched
+ * q8_0/q4_0 products as tiles of these matvecs, quantization and SwiGLU as the scalar ones). */
+#define KERNEL_HAS_MATVEC_F32
+#define KERNEL_HAS_MATVEC_Q8_0
+#define KERNEL_HAS_MATVEC_Q4_0
+#define KERNEL_HAS_MATMUL_F32
+#define KERNEL_ATTENTION_CHAINS 4 /* an out-of-order core overlaps four positions' sums */
+#include "fallback.h"
+
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20) /* Linux uapi: the CPU has SDOT/UDOT */
 #endif
@@ -280,11 +289,6 @@ static void matmul_f32_neon(float *out, int out_stride, const float *w, const fl
     }
 }
 
-void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
-{
-    kernel_scalar_quantize_q8_0(qs, d, x, n);
-}
-
 void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)
 {
     if (n_tok == 1) {
@@ -292,21 +296,4 @@ void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *
     } else {
         matmul_f32_neon(out, out_stride, w, x, n_tok, rows, cols);
     }
-}
-
-void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
-                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
-{
-    kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
-}
-
-void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
-                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
-{
-    kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
-}
-
-void kernel_swiglu(float *up, const float *gate, int n)
-{
-    kernel_scalar_swiglu(up, gate, n);
 }

@@ -3,9 +3,11 @@
  * kernels/scalar.c (kernel_scalar_*) is the reference every other implementation is tested
  * against; a faster kernel must return the same bits (docs/numerics.md): integer dot products
  * within a q8_0 block, then float32 accumulation over blocks in order, and sequential float32
- * sums for f32 rows. A board's kernel list names scalar.c plus one file that provides the
- * kernel_* entry points: generic.c (the scalar kernels) or an ISA file such as x86_avx2.c,
- * which picks its SIMD code at run time when the CPU has it and the scalar kernels otherwise. */
+ * sums for f32 rows and attention. A board's kernel list names scalar.c plus one kernel set: an
+ * ISA file (x86_avx2.c, arm_neon.c, rv32.c) or generic.c. A set defines the entry points it
+ * makes faster, says so with KERNEL_HAS_<ENTRY> and includes fallback.h, which defines
+ * every entry point it left out: the scalar reference, or for the batched products, tiles of rows
+ * over the set's own matvec. So no set restates what it does not change. */
 #ifndef COLIBRI_KERNELS_H
 #define COLIBRI_KERNELS_H
 
@@ -38,6 +40,16 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
 void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
 
+/* Attention of one query head over n positions of the KV cache: position i's key (value) is at
+ * keys (values) + ((first_slot + i) % slots) * stride, head_dim floats; the cache is a ring.
+ *   scores: att[i] = (q . k_i) * scale, the dot product summed over j in order;
+ *   mix:    out[j] = sum over i in order of p[i] * v_i[j].
+ * Each sum starts from -0.0f, which the first term replaces exactly. */
+void kernel_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
+                             int stride, int head_dim, float scale);
+void kernel_attention_mix(float *out, const float *p, const float *values, int first_slot, int slots, int n,
+                          int stride, int head_dim);
+
 /* SwiGLU: up[i] = silu(gate[i]) * up[i], silu being op_silu (ops.c) bit for bit. */
 void kernel_swiglu(float *up, const float *gate, int n);
 
@@ -63,14 +75,9 @@ void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 void kernel_scalar_swiglu(float *up, const float *gate, int n);
-
-/* Batched products for kernel sets without a batched kernel of their own: the set's
- * kernel_matvec_* over tiles of rows small enough to stay in cache while every token passes. */
-void kernel_tiled_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows,
-                             int cols);
-void kernel_tiled_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
-                              const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
-void kernel_tiled_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
-                              const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
+void kernel_scalar_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
+                                    int stride, int head_dim, float scale);
+void kernel_scalar_attention_mix(float *out, const float *p, const float *values, int first_slot, int slots, int n,
+                                 int stride, int head_dim);
 
 #endif

@@ -8,6 +8,13 @@
  * kernel's. Portable C: it is also tested against NumPy on the host. */
 #include "kernels.h"
 
+/* This set's own entry points (fallback.h defines the rest, attention with
+ * one sum at a time: fewest instructions on an in-order core). */
+#define KERNEL_HAS_MATVEC_Q8_0
+#define KERNEL_HAS_MATMUL_Q8_0
+#define KERNEL_HAS_QUANTIZE_Q8_0
+#include "fallback.h"
+
 #include <math.h>
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -265,11 +272,6 @@ void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
     }
 }
 
-void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
-{
-    kernel_scalar_matvec_f32(out, w, x, rows, cols);
-}
-
 /* The scalar kernel's quantization, with shortcuts that give the same bits: values are rounded
  * to the nearest integer, ties to even, by lrintf in the default rounding mode (one fcvt.w.s
  * instead of op_round_even's two additions and a conversion); and the clamp to +-127 is skipped
@@ -312,12 +314,7 @@ void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
     }
 }
 
-void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)
-{
-    kernel_tiled_matmul_f32(out, out_stride, w, x, n_tok, rows, cols);
-}
-
-/* Batched products (prefill) as in kernel_tiled_matmul_q8_0, tiles of rows that stay in cache
+/* Batched products (prefill) as fallback.h's tiled ones, tiles of rows that stay in cache
  * while every token passes over them, but a multiple of 16 rows each, so that all of a tile goes
  * through the 16-row passes; one token (decode) is a single tile of all the rows. */
 void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
@@ -336,21 +333,4 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
                                x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
         }
     }
-}
-
-void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
-                        const int8_t *x_qs, const float *x_d, int rows, int cols)
-{
-    kernel_scalar_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
-}
-
-void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
-                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
-{
-    kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
-}
-
-void kernel_swiglu(float *up, const float *gate, int n)
-{
-    kernel_scalar_swiglu(up, gate, n);
 }

@@ -1,4 +1,5 @@
-/* Portable scalar kernels: the reference for every ISA-specific kernel set. */
+/* The scalar reference kernels: the plainest loops that follow docs/numerics.md, which every
+ * kernel set is tested against and fallback.h falls back to. */
 #include "kernels.h"
 #include "../ops.h"
 
@@ -90,51 +91,29 @@ void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
     }
 }
 
-/* Rows per tile: enough weight bytes to make the per-tile work worthwhile, few enough (with the
- * 16 KiB target below) that a tile stays in the L1 or L2 cache while every token passes over it. */
-static int tile_rows(int row_bytes)
+void kernel_scalar_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
+                                    int stride, int head_dim, float scale)
 {
-    int rows = 16384 / (row_bytes > 0 ? row_bytes : 1);
-    return rows < 1 ? 1 : rows;
-}
-
-void kernel_tiled_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows,
-                             int cols)
-{
-    const int tile = tile_rows(cols * (int)sizeof(float));
-    for (int r = 0; r < rows; r += tile) {
-        const int n = rows - r < tile ? rows - r : tile;
-        for (int t = 0; t < n_tok; t++) {
-            kernel_matvec_f32(out + (int64_t)t * out_stride + r, w + (int64_t)r * cols, x + (int64_t)t * cols, n,
-                              cols);
+    for (int i = 0; i < n; i++) {
+        const float *k = keys + (int64_t)((first_slot + i) % slots) * stride;
+        float s = -0.0f;
+        for (int j = 0; j < head_dim; j++) {
+            s = s + q[j] * k[j];
         }
+        att[i] = s * scale;
     }
 }
 
-void kernel_tiled_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
-                              const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+void kernel_scalar_attention_mix(float *out, const float *p, const float *values, int first_slot, int slots, int n,
+                                 int stride, int head_dim)
 {
-    const int nb = cols / KERNEL_QK;
-    const int tile = tile_rows(cols + nb * (int)sizeof(float));
-    for (int r = 0; r < rows; r += tile) {
-        const int n = rows - r < tile ? rows - r : tile;
-        for (int t = 0; t < n_tok; t++) {
-            kernel_matvec_q8_0(out + (int64_t)t * out_stride + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb,
-                               x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
-        }
+    for (int j = 0; j < head_dim; j++) {
+        out[j] = -0.0f;
     }
-}
-
-void kernel_tiled_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
-                              const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
-{
-    const int nb = cols / KERNEL_QK;
-    const int tile = tile_rows(cols / 2 + nb * (int)sizeof(float));
-    for (int r = 0; r < rows; r += tile) {
-        const int n = rows - r < tile ? rows - r : tile;
-        for (int t = 0; t < n_tok; t++) {
-            kernel_matvec_q4_0(out + (int64_t)t * out_stride + r, w_q4 + (int64_t)r * (cols / 2),
-                               w_d + (int64_t)r * nb, x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
+    for (int i = 0; i < n; i++) {
+        const float *v = values + (int64_t)((first_slot + i) % slots) * stride;
+        for (int j = 0; j < head_dim; j++) {
+            out[j] = out[j] + p[i] * v[j];
         }
     }
 }

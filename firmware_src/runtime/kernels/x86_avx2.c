@@ -7,6 +7,18 @@
 
 #include "kernels.h"
 
+/* This set's own entry points (fallback.h defines the rest). */
+#define KERNEL_HAS_MATVEC_F32
+#define KERNEL_HAS_MATVEC_Q8_0
+#define KERNEL_HAS_MATVEC_Q4_0
+#define KERNEL_HAS_MATMUL_F32
+#define KERNEL_HAS_MATMUL_Q8_0
+#define KERNEL_HAS_MATMUL_Q4_0
+#define KERNEL_HAS_SWIGLU
+#define KERNEL_HAS_QUANTIZE_Q8_0
+#define KERNEL_ATTENTION_CHAINS 4 /* an out-of-order core overlaps four positions' sums */
+#include "fallback.h"
+
 static int have_avx2(void)
 {
     static int known = -1;

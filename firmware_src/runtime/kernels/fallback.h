@@ -1,0 +1,248 @@
+/* Included once by each kernel set's file, right after its list of KERNEL_HAS_<ENTRY>: every kernel
+ * entry point the set does not define itself is defined here, so no set restates what it
+ * leaves unchanged (ggml's arch-fallback idea). Products and the other element-wise entries fall back
+ * to the scalar reference; a batched product falls back to tiles of rows over the set's own matvec;
+ * attention to a portable loop that is fast on the set's kind of core (KERNEL_ATTENTION_CHAINS). */
+#ifndef COLIBRI_KERNELS_FALLBACK_H
+#define COLIBRI_KERNELS_FALLBACK_H
+
+#include "kernels.h"
+
+#ifndef KERNEL_HAS_MATVEC_F32
+void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
+{
+    kernel_scalar_matvec_f32(out, w, x, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATVEC_Q8_0
+void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d, const int8_t *x_qs, const float *x_d,
+                        int rows, int cols)
+{
+    kernel_scalar_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATVEC_Q4_0
+void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d, const int8_t *x_qs, const float *x_d,
+                        int rows, int cols)
+{
+    kernel_scalar_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_SWIGLU
+void kernel_swiglu(float *up, const float *gate, int n)
+{
+    kernel_scalar_swiglu(up, gate, n);
+}
+#endif
+
+#ifndef KERNEL_HAS_QUANTIZE_Q8_0
+void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
+{
+    kernel_scalar_quantize_q8_0(qs, d, x, n);
+}
+#endif
+
+/* Batched products as tiles: the set's matvec over tiles of rows small enough (16 KiB of weights) to
+ * stay in the L1 or L2 cache while every token passes over them; each (row, token) sum is the
+ * matvec's. The fallback for a set without a batched kernel, and a set's own path where its batched
+ * kernel does not apply. */
+static inline int kernel_tile_rows(int row_bytes)
+{
+    int rows = 16384 / (row_bytes > 0 ? row_bytes : 1);
+    return rows < 1 ? 1 : rows;
+}
+
+static inline void kernel_tiled_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok,
+                                           int rows, int cols)
+{
+    const int tile = kernel_tile_rows(cols * (int)sizeof(float));
+    for (int r = 0; r < rows; r += tile) {
+        const int n = rows - r < tile ? rows - r : tile;
+        for (int t = 0; t < n_tok; t++) {
+            kernel_matvec_f32(out + (int64_t)t * out_stride + r, w + (int64_t)r * cols, x + (int64_t)t * cols, n,
+                              cols);
+        }
+    }
+}
+
+static inline void kernel_tiled_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+                                            const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int tile = kernel_tile_rows(cols + nb * (int)sizeof(float));
+    for (int r = 0; r < rows; r += tile) {
+        const int n = rows - r < tile ? rows - r : tile;
+        for (int t = 0; t < n_tok; t++) {
+            kernel_matvec_q8_0(out + (int64_t)t * out_stride + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb,
+                               x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
+        }
+    }
+}
+
+static inline void kernel_tiled_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
+                                            const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int tile = kernel_tile_rows(cols / 2 + nb * (int)sizeof(float));
+    for (int r = 0; r < rows; r += tile) {
+        const int n = rows - r < tile ? rows - r : tile;
+        for (int t = 0; t < n_tok; t++) {
+            kernel_matvec_q4_0(out + (int64_t)t * out_stride + r, w_q4 + (int64_t)r * (cols / 2),
+                               w_d + (int64_t)r * nb, x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
+        }
+    }
+}
+
+#ifndef KERNEL_HAS_MATMUL_F32
+void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)
+{
+    kernel_tiled_matmul_f32(out, out_stride, w, x, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_Q8_0
+void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d, const int8_t *x_qs,
+                        const float *x_d, int n_tok, int rows, int cols)
+{
+    kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_Q4_0
+void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d, const int8_t *x_qs,
+                        const float *x_d, int n_tok, int rows, int cols)
+{
+    kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_ATTENTION
+#ifndef KERNEL_ATTENTION_CHAINS
+#define KERNEL_ATTENTION_CHAINS 1 /* in-order cores: one sum at a time, fewest instructions */
+#endif
+
+/* The ring slot after `slot` (no division). */
+static inline int fallback_next_slot(int slot, int slots)
+{
+    return slot + 1 == slots ? 0 : slot + 1;
+}
+
+/* Scores with the query in local variables: for a head_dim known at compile time (the
+ * specialisations below) the compiler keeps it in registers. Out-of-order cores take
+ * KERNEL_ATTENTION_CHAINS = 4: four positions side by side, four independent sums (each still over
+ * j in order) whose additions overlap instead of waiting on one chain. */
+static inline __attribute__((always_inline)) void fallback_scores(float *att, const float *q, const float *keys,
+                                                                  int first_slot, int slots, int n, int stride,
+                                                                  const int head_dim, float scale)
+{
+    float qh[256];
+#pragma GCC unroll 16
+    for (int j = 0; j < head_dim; j++) {
+        qh[j] = q[j];
+    }
+    int slot = first_slot % slots;
+    int i = 0;
+#if KERNEL_ATTENTION_CHAINS == 4
+    for (; i + 4 <= n; i += 4) {
+        const float *k0 = keys + (int64_t)slot * stride;
+        slot = fallback_next_slot(slot, slots);
+        const float *k1 = keys + (int64_t)slot * stride;
+        slot = fallback_next_slot(slot, slots);
+        const float *k2 = keys + (int64_t)slot * stride;
+        slot = fallback_next_slot(slot, slots);
+        const float *k3 = keys + (int64_t)slot * stride;
+        slot = fallback_next_slot(slot, slots);
+        float s0 = -0.0f, s1 = -0.0f, s2 = -0.0f, s3 = -0.0f;
+        for (int j = 0; j < head_dim; j++) {
+            s0 = s0 + qh[j] * k0[j];
+            s1 = s1 + qh[j] * k1[j];
+            s2 = s2 + qh[j] * k2[j];
+            s3 = s3 + qh[j] * k3[j];
+        }
+        att[i] = s0 * scale;
+        att[i + 1] = s1 * scale;
+        att[i + 2] = s2 * scale;
+        att[i + 3] = s3 * scale;
+    }
+#endif
+    for (; i < n; i++) {
+        const float *k = keys + (int64_t)slot * stride;
+        float s = -0.0f;
+#pragma GCC unroll 16
+        for (int j = 0; j < head_dim; j++) {
+            s = s + qh[j] * k[j];
+        }
+        att[i] = s * scale;
+        slot = fallback_next_slot(slot, slots);
+    }
+}
+
+/* The weighted sum with its head_dim sums in local variables (registers, for a small head). */
+static inline __attribute__((always_inline)) void fallback_mix(float *out, const float *p, const float *values,
+                                                               int first_slot, int slots, int n, int stride,
+                                                               const int head_dim)
+{
+    float acc[256];
+#pragma GCC unroll 16
+    for (int j = 0; j < head_dim; j++) {
+        acc[j] = -0.0f;
+    }
+    int slot = first_slot % slots;
+    for (int i = 0; i < n; i++) {
+        const float *v = values + (int64_t)slot * stride;
+        const float w = p[i];
+#pragma GCC unroll 16
+        for (int j = 0; j < head_dim; j++) {
+            acc[j] = acc[j] + w * v[j];
+        }
+        slot = fallback_next_slot(slot, slots);
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < head_dim; j++) {
+        out[j] = acc[j];
+    }
+}
+
+void kernel_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
+                             int stride, int head_dim, float scale)
+{
+    switch (head_dim) { /* the usual head sizes, each compiled with its size known */
+    case 16: fallback_scores(att, q, keys, first_slot, slots, n, stride, 16, scale); break;
+    case 32: fallback_scores(att, q, keys, first_slot, slots, n, stride, 32, scale); break;
+    case 48: fallback_scores(att, q, keys, first_slot, slots, n, stride, 48, scale); break;
+    case 64: fallback_scores(att, q, keys, first_slot, slots, n, stride, 64, scale); break;
+    case 128: fallback_scores(att, q, keys, first_slot, slots, n, stride, 128, scale); break;
+    default:
+        if (head_dim <= 256) {
+            fallback_scores(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
+        } else {
+            kernel_scalar_attention_scores(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
+        }
+        break;
+    }
+}
+
+void kernel_attention_mix(float *out, const float *p, const float *values, int first_slot, int slots, int n,
+                          int stride, int head_dim)
+{
+    switch (head_dim) {
+    case 16: fallback_mix(out, p, values, first_slot, slots, n, stride, 16); break;
+    case 32: fallback_mix(out, p, values, first_slot, slots, n, stride, 32); break;
+    case 48: fallback_mix(out, p, values, first_slot, slots, n, stride, 48); break;
+    case 64: fallback_mix(out, p, values, first_slot, slots, n, stride, 64); break;
+    case 128: fallback_mix(out, p, values, first_slot, slots, n, stride, 128); break;
+    default:
+        if (head_dim <= 256) {
+            fallback_mix(out, p, values, first_slot, slots, n, stride, head_dim);
+        } else {
+            kernel_scalar_attention_mix(out, p, values, first_slot, slots, n, stride, head_dim);
+        }
+        break;
+    }
+}
+#endif
+
+#endif

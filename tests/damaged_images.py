@@ -1,5 +1,5 @@
 """A table of damaged weight images, shared by the loader tests on every build of the loader. Every
-field is reached through the format's own table (generator/image_format.py), as the loader does."""
+field is reached through the format's own table (generator/compile/image_format.py), as the loader does."""
 
 import struct
 import zlib

@@ -1,4 +1,4 @@
-"""The C runtime's operations return exactly the bits of generator/numerics.py."""
+"""The C runtime's operations return exactly the bits of generator/numerics/ops.py."""
 
 import numpy as np
 import pytest

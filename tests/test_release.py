@@ -275,8 +275,8 @@ def test_measurements_stay_outside_the_release(host_release):
     verification = (host_release.bundle / "verification.json").read_text()
     assert "_us" not in verification and "tok_s" not in verification and "seconds" not in verification
     assert files_under(host_release.bundle) == sorted(
-        [MANIFEST, SIGNATURE, SUMS, "firmware/firmware", "generated/board_def.h", "generated/model_data.c",
-         "generated/model_def.h", "generated/plan.json", "generated/weights.img", "memory-report.json",
+        [MANIFEST, SIGNATURE, SUMS, "firmware/firmware", "generated/board_def.h", "generated/image_format.h",
+         "generated/model_data.c", "generated/model_def.h", "generated/plan.json", "generated/weights.img", "memory-report.json",
          "memory-report.txt", "verification.json"])
     # sha256sum(1) can check the bundle by itself.
     done = subprocess.run(["sha256sum", "--check", "--strict", SUMS], cwd=host_release.bundle, capture_output=True,

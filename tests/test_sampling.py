@@ -1,4 +1,4 @@
-"""Same seed, same draws: the C sampler and generator/sampling.py agree on every setting."""
+"""Same seed, same draws: the C sampler and generator/numerics/sampling.py agree on every setting."""
 
 import numpy as np
 import pytest

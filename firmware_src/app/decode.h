@@ -34,7 +34,7 @@ int colibri_load(const uint8_t *image, uint64_t image_len);
  * the error code also sent in the error frame. */
 int colibri_decode(const ColibriRequest *req);
 
-/* Parse a request frame (generator/protocol.py encode_request) into req, whose prompt points to
+/* Parse a request frame (generator/device/protocol.py encode_request) into req, whose prompt points to
  * prompt_buf (capacity entries: the context, which also bounds steps). Returns NULL for a valid
  * request, else why it is not one (for an error frame). */
 const char *colibri_parse_request(const char *line, int len, ColibriRequest *req, int32_t *prompt_buf,

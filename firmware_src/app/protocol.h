@@ -1,4 +1,4 @@
-/* The framed result protocol (generator/protocol.py reads it):
+/* The framed result protocol (generator/device/protocol.py reads it):
  *
  *   @CLB <seq> <kind> <key>=<value> ... *<crc32>\n
  *

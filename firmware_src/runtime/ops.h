@@ -1,5 +1,5 @@
 /* Element-wise and reduction operations, defined once (docs/numerics.md) and mirrored by
- * generator/numerics.py. Every sum runs from the first term to the last. */
+ * generator/numerics/ops.py. Every sum runs from the first term to the last. */
 #ifndef COLIBRI_OPS_H
 #define COLIBRI_OPS_H
 

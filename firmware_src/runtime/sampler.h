@@ -1,4 +1,4 @@
-/* Token sampling with a portable RNG, mirrored by generator/sampling.py. */
+/* Token sampling with a portable RNG, mirrored by generator/numerics/sampling.py. */
 #ifndef COLIBRI_SAMPLER_H
 #define COLIBRI_SAMPLER_H
 

@@ -14,7 +14,7 @@ Layout of `make_release(..., out_dir=OUT)` (docs/releases.md):
         verification.json           this exact firmware's decode vs the reference
         memory-report.json / .txt   where every byte goes, per memory region (checked on the ELF)
         firmware/...                the ELF and every flashable image the board's build produced
-        generated/...               model_def.h, model_data.c, board_def.h, plan.json, weights.img
+        generated/...               model_def.h, model_data.c, board_def.h, image_format.h, plan.json, weights.img
     OUT/<name>.tar.gz               the bundle as a deterministic tarball
     OUT/measurements.json           wall-clock numbers: outside SHA256SUMS and the tarball
 

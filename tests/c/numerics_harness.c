@@ -1,5 +1,5 @@
 /* Test harness: runs one runtime operation on binary input from stdin, writes the result to
- * stdout, so tests can compare the C runtime with generator/numerics.py bit for bit.
+ * stdout, so tests can compare the C runtime with generator/numerics/ops.py bit for bit.
  *
  *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS

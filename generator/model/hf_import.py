@@ -30,7 +30,38 @@ ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
 }
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What sets one model family apart, as data: parse_config reads every family the same way
+    and consults this table where they differ."""
+
+    qkv_bias: str  # "always" (Qwen2), or "attention_bias": config.json's attention_bias decides
+    o_bias: str  # "never" (Qwen2), or "attention_bias"
+    mlp_bias: bool  # config.json's mlp_bias applies (Llama)
+    qk_norm: bool  # RMSNorm on each head's queries and keys (Qwen3, Gemma 3)
+    windows: str  # sliding-window layers: "every_layer" (Mistral), "pattern" (Gemma 3's 5:1), or
+    #               "max_window_layers" (the layers from max_window_layers on)
+    window_flag: bool = False  # sliding windows apply only when use_sliding_window is true (Qwen)
+    gemma: bool = False  # GeGLU, scaled embeddings, four norms per layer, query_pre_attn_scalar,
+    #                      local RoPE, logit softcapping, tied embeddings by default, RoPE base 1e6
+    moe: str | None = None  # "mixtral" (every layer routes, experts of intermediate_size) or "qwen"
+    shared_expert: bool = False  # Qwen2-MoE's gated shared expert
+
+
+FAMILIES = {
+    "llama": Family("attention_bias", "attention_bias", True, False, "max_window_layers"),
+    "mistral": Family("attention_bias", "attention_bias", False, False, "every_layer"),
+    "qwen2": Family("always", "never", False, False, "max_window_layers", window_flag=True),
+    "qwen3": Family("attention_bias", "attention_bias", False, True, "max_window_layers", window_flag=True),
+    "gemma3": Family("attention_bias", "attention_bias", False, True, "pattern", gemma=True),
+    "mixtral": Family("attention_bias", "attention_bias", False, False, "every_layer", moe="mixtral"),
+    "qwen2_moe": Family("always", "never", False, False, "max_window_layers", window_flag=True, moe="qwen",
+                        shared_expert=True),
+    "qwen3_moe": Family("attention_bias", "attention_bias", False, True, "max_window_layers", window_flag=True,
+                        moe="qwen"),
+}
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -192,11 +223,11 @@ def _rope_local(cfg: _Config, max_pos: int) -> RopeSpec:
     return RopeSpec(theta=cfg.float("rope_local_base_freq", 10000.0))
 
 
-def _layer_windows(cfg: _Config, family: str, n_layers: int) -> tuple[int, ...]:
+def _layer_windows(cfg: _Config, family: Family, n_layers: int) -> tuple[int, ...]:
     data = cfg.data
     window = data.get("sliding_window")
     layer_types = data.get("layer_types")
-    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.bool("use_sliding_window", False):
+    if family.window_flag and not cfg.bool("use_sliding_window", False):
         return (0,) * n_layers  # (their configs may carry a sliding_window, even 0, that is not used)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ColibriError(f"{cfg.where}: 'sliding_window' must be a positive integer or null")
@@ -216,12 +247,12 @@ def _layer_windows(cfg: _Config, family: str, n_layers: int) -> tuple[int, ...]:
         return tuple(out)
     if window is None:
         return (0,) * n_layers
-    if family == "gemma3":
+    if family.windows == "pattern":
         pattern = data.get("sliding_window_pattern", data.get("_sliding_window_pattern", 6))
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             raise ColibriError(f"{cfg.where}: 'sliding_window_pattern' must be a positive integer")
         return tuple(0 if (i + 1) % pattern == 0 else window for i in range(n_layers))
-    if family in ("mistral", "mixtral"):
+    if family.windows == "every_layer":
         return (window,) * n_layers
     first = cfg.int("max_window_layers", n_layers, minimum=0)
     return tuple(window if i >= first else 0 for i in range(n_layers))
@@ -237,14 +268,14 @@ def _softcap(cfg: _Config, key: str) -> float:
     return cap
 
 
-def _moe(cfg: _Config, family: str, n_layers: int) -> dict:
+def _moe(cfg: _Config, family: Family, n_layers: int) -> dict:
     """Mixture-of-experts settings: which layers route, to how many experts, how big they are."""
     key = "num_local_experts" if "num_local_experts" in cfg.data else "num_experts"
     n_experts = cfg.int(key)
     top_k = cfg.int("num_experts_per_tok")
     if top_k > n_experts:
         raise ColibriError(f"{cfg.where}: num_experts_per_tok {top_k} exceeds the {n_experts} experts")
-    if family == "mixtral":
+    if family.moe == "mixtral":
         # Mixtral: every layer routes; experts have intermediate_size; top-k weights always renormalised.
         return dict(n_experts=n_experts, experts_per_token=top_k, expert_intermediate_size=cfg.int("intermediate_size"),
                     norm_topk_prob=True, moe_layers=(True,) * n_layers)
@@ -252,7 +283,7 @@ def _moe(cfg: _Config, family: str, n_layers: int) -> dict:
     dense = cfg.data.get("mlp_only_layers") or []
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
         raise ColibriError(f"{cfg.where}: 'mlp_only_layers' must be a list of layer indices")
-    shared = cfg.int("shared_expert_intermediate_size", 0, minimum=0) if family == "qwen2_moe" else 0
+    shared = cfg.int("shared_expert_intermediate_size", 0, minimum=0) if family.shared_expert else 0
     return dict(n_experts=n_experts, experts_per_token=top_k,
                 expert_intermediate_size=cfg.int("moe_intermediate_size"),
                 norm_topk_prob=cfg.bool("norm_topk_prob", False), shared_expert_intermediate_size=shared,
@@ -269,14 +300,15 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
     arch = archs[0]
     if arch not in ARCHITECTURES:
         raise ColibriError(f"unsupported architecture {arch!r} (supported: {supported})")
-    family = ARCHITECTURES[arch]
+    family_name = ARCHITECTURES[arch]
+    family = FAMILIES[family_name]
     if arch == "Gemma3ForConditionalGeneration":
         text = data.get("text_config")
         if not isinstance(text, dict):
             raise ColibriError("config.json: Gemma3ForConditionalGeneration needs a 'text_config' object")
         cfg = _Config(text, "config.json text_config")
         data = text
-    gemma = family == "gemma3"
+    gemma = family.gemma
 
     hidden = cfg.int("hidden_size")
     n_heads = cfg.int("num_attention_heads")
@@ -312,9 +344,9 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         raise ColibriError("config.json: 'rms_norm_eps' must be between 0 and 1")
 
     attention_bias = cfg.bool("attention_bias", False)
-    qkv_bias = True if family in ("qwen2", "qwen2_moe") else attention_bias
-    o_bias = False if family in ("qwen2", "qwen2_moe") else attention_bias
-    mlp_bias = cfg.bool("mlp_bias", False) if family == "llama" else False
+    qkv_bias = True if family.qkv_bias == "always" else attention_bias
+    o_bias = False if family.o_bias == "never" else attention_bias
+    mlp_bias = cfg.bool("mlp_bias", False) if family.mlp_bias else False
 
     bos = _token_ids(data.get("bos_token_id"), "config.json", "bos_token_id")
     eos = _token_ids(data.get("eos_token_id"), "config.json", "eos_token_id")
@@ -331,7 +363,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
     return ModelSpec(
         name=name,
         architecture=arch,
-        family=family,
+        family=family_name,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=cfg.int("intermediate_size"),
@@ -346,7 +378,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,
-        qk_norm=family in ("qwen3", "gemma3", "qwen3_moe"),
+        qk_norm=family.qk_norm,
         layer_windows=_layer_windows(cfg, family, n_layers),
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=eos,
@@ -358,7 +390,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         # (Gemma 3 configs may carry attn_logit_softcapping, but transformers' Gemma 3 never applies it.)
         # transformers applies final_logit_softcapping in Gemma3ForCausalLM, not in the multimodal class.
         final_softcap=_softcap(cfg, "final_logit_softcapping") if arch != "Gemma3ForConditionalGeneration" else 0.0,
-        **(_moe(cfg, family, n_layers) if family in MOE_FAMILIES else {}),
+        **(_moe(cfg, family, n_layers) if family.moe else {}),
     )
 
 
@@ -369,7 +401,7 @@ def _canonical(hf_name: str, family: str) -> str | None:
             break
     if hf_name in HF_GLOBAL:
         return HF_GLOBAL[hf_name]
-    parts = HF_GEMMA_LAYER_PARTS if family == "gemma3" else HF_LAYER_PARTS
+    parts = HF_GEMMA_LAYER_PARTS if FAMILIES[family].gemma else HF_LAYER_PARTS
     if hf_name.startswith("model.layers."):
         rest = hf_name[len("model.layers."):]
         index, _, part = rest.partition(".")
@@ -466,7 +498,7 @@ def load_checkpoint(model_dir: Path | str, load_tensors: bool = True) -> Checkpo
         for canonical in wanted:
             path, info = by_canonical[canonical]
             tensors[canonical] = load_f32(path, info)
-            if spec.family == "gemma3" and canonical.endswith("norm"):
+            if FAMILIES[spec.family].gemma and canonical.endswith("norm"):
                 # Gemma's RMSNorm scales by (1 + w), computed in float32: fold it in once here,
                 # so every norm in the runtime is the same x * inv * w.
                 tensors[canonical] = (np.float32(1.0) + tensors[canonical]).astype(np.float32)

@@ -21,7 +21,7 @@ from .report import format_report, planned_report_dict, report_dict
 from .device.runner import run_on_board
 from .verify import compare, rates, reference_run, speed_text
 from .device.session import RunRequest, check_fits_context
-from .numerics.sampling import SamplingParams
+from .numerics.sampling import SamplingParams, generation_defaults
 from .device.setup_toolchain import ensure_toolchain
 from .compile.targets import available_boards, load_board
 from .model.tokenizer import Tokenizer, parse_prompt_ids
@@ -103,14 +103,8 @@ def build_for(args, quiet: bool) -> tuple[Artifacts, object]:
 
 def sampling_from(args, model_dir: Path) -> SamplingParams:
     """generation_config.json's defaults, overridden by the command line."""
-    gen_path = Path(model_dir) / "generation_config.json"
-    gen = read_json(gen_path) if gen_path.is_file() else {}
-    temperature, top_k, top_p, min_p = 0.0, 0, 1.0, 0.0
-    if gen.get("do_sample") is True:
-        temperature = float(gen.get("temperature") or 1.0)
-        top_k = int(gen.get("top_k") if gen.get("top_k") is not None else 50)
-        top_p = float(gen.get("top_p") if gen.get("top_p") is not None else 1.0)
-        min_p = float(gen.get("min_p") or 0.0)
+    gen = generation_defaults(model_dir)
+    temperature, top_k, top_p, min_p = gen.temperature, gen.top_k, gen.top_p, gen.min_p
     if args.temperature is not None:
         temperature = args.temperature
     if args.greedy:

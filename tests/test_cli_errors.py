@@ -107,3 +107,27 @@ def test_verify_passes_and_reports_json(good_model):
     result = json.loads(done.stdout)
     assert result["pass"] is True and result["first_divergent_step"] is None
     assert result["firmware"]["logits_sha256"] == result["reference"]["logits_sha256"]
+
+
+@pytest.mark.parametrize("setting,fragment", [
+    ({"temperature": "1e400"}, "temperature must be a finite number >= 0"),  # JSON's way to infinity
+    ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+    ({"min_p": 2.0}, "min_p must be in [0, 1]"),
+    ({"top_k": 2.5}, "top_k must be an integer"),
+])
+def test_generation_config_sampling_values_are_range_checked(good_model, setting, fragment):
+    text = json.dumps({"do_sample": True, **setting}).replace('"1e400"', "1e400")
+    (good_model / "generation_config.json").write_text(text)
+    one_line_error(run_cli("run", "--model", good_model, "--prompt-ids", "1,2,3", "--steps", "3"),
+                   "generation_config.json", fragment)
+
+
+def test_generation_config_top_k_of_minus_one_means_off_on_board_and_reference_alike(good_model):
+    """The board used to refuse top_k=-1 while the reference treated it as off."""
+    (good_model / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.9,
+                                                                    "top_k": -1}))
+    done = run_cli("verify", "--model", good_model, "--prompt-ids", "1,2,3", "--steps", "6", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["pass"] and summary["sampling"]["top_k"] == 0

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import f32_bytes, run_harness
-from generator.numerics.sampling import Rng, SamplingParams, sample
+from generator.numerics.sampling import GREEDY_BELOW, Rng, SamplingParams, sample
 
 
 def test_rng_stream_is_identical_in_c_and_python(harness):
@@ -80,3 +80,24 @@ def test_greedy_agrees_with_the_reference_on_ties_signed_zeros_and_nans_at_every
     for logits in cases:
         raw = run_harness(harness, ["sample", n, 1, "0", 0, "1", "0", 0], f32_bytes(logits))
         assert np.frombuffer(raw, "<i4").tolist() == [sample(logits, SamplingParams(), Rng(0))]
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-30, 1e-6, 9.99e-4, 0.0])
+def test_a_temperature_too_small_to_divide_by_is_greedy_in_c_and_python_alike(harness, temperature):
+    """Logits divided by a subnormal temperature overflow to infinity, where C and NumPy used to pick
+    different tokens; below the threshold both take the argmax."""
+    logits = np.random.default_rng(11).normal(0, 3, 200).astype(np.float32)
+    logits[:7] = 50.0  # far above the rest: divided by a tiny temperature, they all become inf
+    p = SamplingParams(temperature=temperature, seed=3).as_f32()
+    raw = run_harness(harness, ["sample", logits.size, 20, float.hex(p.temperature), 0, "1", "0", p.seed],
+                      f32_bytes(logits))
+    rng = Rng(p.seed)
+    expected = [sample(logits, p, rng) for _ in range(20)]
+    assert np.frombuffer(raw, "<i4").tolist() == expected == [0] * 20
+
+
+def test_at_the_threshold_sampling_begins():
+    logits = np.zeros(4, np.float32)
+    rng = Rng(1)
+    draws = {sample(logits, SamplingParams(temperature=float(GREEDY_BELOW), seed=1), rng) for _ in range(64)}
+    assert len(draws) > 1  # equal logits at the threshold temperature: a real draw, not the argmax

@@ -173,10 +173,7 @@ int colibri_decode(const ColibriRequest *req)
     /* How often each expert was chosen, per MoE layer, over the prompt and the decode. */
     for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
         if (colibri_layer_moe[l]) {
-            proto_begin("experts");
-            proto_u64("layer", (uint64_t)l);
-            proto_u32_list("counts", b.expert_counts + l * COLIBRI_N_EXPERTS, COLIBRI_N_EXPERTS);
-            proto_end();
+            proto_experts(l, b.expert_counts + l * COLIBRI_N_EXPERTS, COLIBRI_N_EXPERTS);
         }
     }
 #endif

@@ -9,13 +9,16 @@
 
 static char line[LINE_CAPACITY];
 static int line_len;
+static int line_overflow; /* the frame being built did not fit: it is never sent cut short */
 static uint64_t next_seq;
 
 static void put_char(char c)
 {
-    /* Room is kept for the " *xxxxxxxx\n" trailer; an over-long value is cut, never overflows. */
+    /* Room is kept for the " *xxxxxxxx\n" trailer. */
     if (line_len < LINE_CAPACITY - 12) {
         line[line_len++] = c;
+    } else {
+        line_overflow = 1;
     }
 }
 
@@ -44,6 +47,7 @@ static const char hex_digits[] = "0123456789abcdef";
 void proto_begin(const char *kind)
 {
     line_len = 0;
+    line_overflow = 0;
     put_text("@CLB ");
     put_u64(next_seq);
     put_char(' ');
@@ -98,6 +102,21 @@ void proto_hex(const char *key, const uint8_t *bytes, int n)
     }
 }
 
+void proto_experts(int layer, const int32_t *counts, int n)
+{
+    /* At most PROTO_EXPERTS_PER_FRAME counts (10 digits and a comma each) per frame: a model with
+     * hundreds of experts sends several frames for one layer, each saying where its part starts. */
+    for (int first = 0; first < n; first += PROTO_EXPERTS_PER_FRAME) {
+        const int count = n - first < PROTO_EXPERTS_PER_FRAME ? n - first : PROTO_EXPERTS_PER_FRAME;
+        proto_begin("experts");
+        proto_u64("layer", (uint64_t)layer);
+        proto_u64("first", (uint64_t)first);
+        proto_u64("of", (uint64_t)n);
+        proto_u32_list("counts", counts + first, count);
+        proto_end();
+    }
+}
+
 void proto_u32_list(const char *key, const int32_t *values, int n)
 {
     put_char(' ');
@@ -113,6 +132,12 @@ void proto_u32_list(const char *key, const int32_t *values, int n)
 
 void proto_end(void)
 {
+    if (line_overflow) {
+        /* A frame with a valid CRC over a shortened line would be believed: say what happened. */
+        proto_begin("error");
+        proto_u64("code", PROTO_ERR_FRAME_TOO_LONG);
+        proto_str("msg", "a result frame did not fit the firmware's line buffer");
+    }
     uint32_t crc = crc32_update(0, (const uint8_t *)line, (size_t)line_len);
     line[line_len++] = ' ';
     line[line_len++] = '*';

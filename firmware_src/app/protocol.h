@@ -3,7 +3,7 @@
  *   @CLB <seq> <kind> <key>=<value> ... *<crc32>\n
  *
  * seq counts frames from 0 since reset; kind is hello, bandwidth (Linux boards, when asked), token, stats,
- * experts, done or error; values contain no spaces (strings are percent-encoded); crc32 is 8 lowercase hex
+ * experts, done, error or ack; values contain no spaces (strings are percent-encoded); crc32 is 8 lowercase hex
  * digits of the CRC-32 of every byte from '@' up to the space before '*'. Anything else is not a frame. */
 #ifndef COLIBRI_PROTOCOL_H
 #define COLIBRI_PROTOCOL_H
@@ -11,6 +11,8 @@
 #include <stdint.h>
 
 #define PROTO_VERSION 1
+#define PROTO_ERR_FRAME_TOO_LONG 101 /* a frame that did not fit is replaced by this error, never cut */
+#define PROTO_EXPERTS_PER_FRAME 128 /* expert counts per experts frame (a layer may take several) */
 
 void proto_begin(const char *kind);
 void proto_u64(const char *key, uint64_t value);
@@ -18,6 +20,8 @@ void proto_i64(const char *key, int64_t value);
 void proto_str(const char *key, const char *value);
 void proto_hex(const char *key, const uint8_t *bytes, int n);
 void proto_u32_list(const char *key, const int32_t *values, int n); /* comma-separated */
+/* The experts frames of one MoE layer: layer=L first=F of=N counts=c_F,... (N counts in all). */
+void proto_experts(int layer, const int32_t *counts, int n);
 void proto_end(void);
 
 #endif

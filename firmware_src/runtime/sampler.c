@@ -109,7 +109,7 @@ static int32_t argmax(const float *x, int32_t n)
 int32_t sample_token(const float *logits, int32_t n, const ColibriSampling *s, ColibriRng *rng,
                      float *probs, int32_t *cand)
 {
-    if (!(s->temperature > 0.0f)) {
+    if (!(s->temperature >= SAMPLER_GREEDY_BELOW)) {
         return argmax(logits, n);
     }
     for (int32_t i = 0; i < n; i++) {

@@ -4,8 +4,12 @@
 
 #include <stdint.h>
 
+/* A temperature below this is greedy: dividing logits by a smaller one risks overflowing them to
+ * infinity, where softmax has no answer; C and the NumPy reference both take the argmax instead. */
+#define SAMPLER_GREEDY_BELOW 1e-3f
+
 typedef struct {
-    float temperature; /* 0: greedy (argmax, lowest id wins ties) */
+    float temperature; /* below SAMPLER_GREEDY_BELOW (0 included): greedy (argmax, lowest id wins ties) */
     int32_t top_k;     /* 0: off */
     float top_p;       /* 1: off */
     float min_p;       /* 0: off */

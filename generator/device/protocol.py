@@ -14,11 +14,15 @@ import zlib
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
+from ..errors import ColibriError
+
 START = b"@CLB "
-KINDS = ("hello", "bandwidth", "token", "stats", "experts", "done", "error", "request")
-MAX_LINE = 4096
+KINDS = ("hello", "bandwidth", "token", "stats", "experts", "done", "error", "request", "ack")
+MAX_LINE = 4096  # longer than any frame the firmware can send (its line buffer is 2048 bytes)
 _FRAME = re.compile(rb"@CLB (\d+) ([a-z]+)((?: [a-z_]+=[^ ]*)*) \*([0-9a-f]{8})\r?$")
 _SAFE = re.compile(r"[^\x21-\x7e]|[%*=]")
+_INTEGER = re.compile(r"-?[0-9]{1,20}", re.ASCII)
+_INTEGER_LIST = re.compile(r"[0-9]{1,20}(?:,[0-9]{1,20})*", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -27,8 +31,25 @@ class Frame:
     kind: str
     fields: dict[str, str]
 
-    def int(self, key: str) -> int:
-        return int(self.fields[key])
+    def int(self, key: str, minimum: int | None = None) -> int:
+        """An integer field, strictly: ASCII digits with an optional minus sign, no more (Python's
+        int() would also take "1_0" and non-ASCII digits); a missing or malformed one is an error."""
+        value = self.fields.get(key)
+        if value is None:
+            raise ColibriError(f"malformed {self.kind} frame from the board: no {key!r} field")
+        if not _INTEGER.fullmatch(value):
+            raise ColibriError(f"malformed {self.kind} frame from the board: {key}={value[:24]!r} is not an integer")
+        number = int(value)
+        if minimum is not None and number < minimum:
+            raise ColibriError(f"malformed {self.kind} frame from the board: {key}={number} is below {minimum}")
+        return number
+
+    def int_list(self, key: str) -> list[int]:
+        """A comma-separated list of non-negative integers, strictly."""
+        value = self.fields.get(key)
+        if value is None or not _INTEGER_LIST.fullmatch(value):
+            raise ColibriError(f"malformed {self.kind} frame from the board: {key} is not a list of counts")
+        return [int(v) for v in value.split(",")]
 
 
 def _escape(value: str) -> str:
@@ -62,8 +83,10 @@ def encode_request(seq: int, prompt: list[int], steps: int, temperature: float, 
 
 
 def parse_frame(line: bytes) -> Frame | None:
-    """A Frame if `line` holds a well-formed frame with a matching CRC, else None."""
-    start = line.find(START)
+    """A Frame if `line` holds a well-formed frame with a matching CRC, else None. A frame ends its
+    line, and no value can hold "@CLB " (spaces are escaped), so the last start marker is the one:
+    a frame cut short by a reset and followed by the new hello on the same line loses only itself."""
+    start = line.rfind(START)
     if start < 0:
         return None
     m = _FRAME.match(line, start)
@@ -98,9 +121,13 @@ class FrameReader:
         while True:
             nl = self._buffer.find(b"\n")
             if nl < 0:
-                if len(self._buffer) > MAX_LINE:  # a runaway line: keep it as log, resynchronise
-                    self.log.append(self._buffer[:MAX_LINE].decode("utf-8", "replace"))
-                    del self._buffer[:MAX_LINE]
+                if len(self._buffer) > MAX_LINE:
+                    # A runaway line (output without newlines): no frame is that long, so all but
+                    # the last MAX_LINE bytes go to the log as one entry and the buffer stays bounded.
+                    cut = len(self._buffer) - MAX_LINE
+                    self.log.append(self._buffer[:min(cut, MAX_LINE)].decode("utf-8", "replace")
+                                    + (f"… ({cut - MAX_LINE} more bytes)" if cut > MAX_LINE else ""))
+                    del self._buffer[:cut]
                 break
             line = bytes(self._buffer[:nl])
             del self._buffer[:nl + 1]

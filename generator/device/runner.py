@@ -25,6 +25,9 @@ def default_timeout(request: RunRequest, weights_bytes: int) -> float:
     return 20.0 + per_token * (len(request.prompt) + request.steps)
 
 
+STDERR_TAIL = 8192  # bytes of a firmware's stderr kept for an error message
+
+
 def run_process(argv: list[str], request: bytes, session: Session, timeout: float) -> RunResult:
     """A Linux firmware as a local process: the request frame on its stdin, frames on its stdout."""
     reader = FrameReader()
@@ -40,20 +43,26 @@ def run_process(argv: list[str], request: bytes, session: Session, timeout: floa
             proc.stdin.close()
         except BrokenPipeError:
             pass  # it exited before reading: its frames or its status say why
-        fd = proc.stdout.fileno()
-        while not session.finished:
+        out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+        # stderr is read as it comes (its last lines kept for the message), never left to fill its
+        # pipe: a firmware blocked writing to a full stderr would never finish its result.
+        stderr_tail = bytearray()
+        open_fds = [out_fd, err_fd]
+        while not session.finished and out_fd in open_fds:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ColibriError(f"no complete result from the firmware within {timeout:.0f} s "
                                    f"({len(session.result.tokens)} tokens received)")
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            for frame in reader.feed(chunk):
-                session.handle(frame)
+            ready, _, _ = select.select(open_fds, [], [], min(left, 1.0))
+            for fd in ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    open_fds.remove(fd)
+                elif fd == err_fd:
+                    stderr_tail = (stderr_tail + chunk)[-STDERR_TAIL:]
+                else:
+                    for frame in reader.feed(chunk):
+                        session.handle(frame)
         if session.finished:
             try:
                 proc.wait(timeout=10)  # let it flush and exit on its own
@@ -61,7 +70,9 @@ def run_process(argv: list[str], request: bytes, session: Session, timeout: floa
                 pass
         else:
             proc.wait(timeout=5)
-            err = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+            if err_fd in open_fds:
+                stderr_tail = (stderr_tail + proc.stderr.read())[-STDERR_TAIL:]
+            err = stderr_tail.decode("utf-8", "replace").strip().splitlines()
             detail = f": {err[-1]}" if err else ""
             raise ColibriError(f"the firmware exited with status {proc.returncode} before finishing{detail}")
     finally:

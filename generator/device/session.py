@@ -46,6 +46,7 @@ class Session:
         self.expected_model = expected_model
         self.on_token = on_token
         self.finished = False
+        self._experts_of: dict[int, int] = {}  # MoE layer -> the count of experts its frames announce
 
     def handle(self, frame: Frame) -> None:
         r = self.result
@@ -63,7 +64,11 @@ class Session:
             step = frame.int("step")
             if step != len(r.tokens):
                 raise ColibriError(f"token frame for step {step} arrived when step {len(r.tokens)} was expected")
-            r.tokens.append(frame.int("id"))
+            token = frame.int("id", minimum=0)
+            vocab = r.hello.get("vocab")
+            if vocab is not None and vocab.isdigit() and token >= int(vocab):
+                raise ColibriError(f"malformed token frame from the board: id {token} is outside its vocabulary ({vocab})")
+            r.tokens.append(token)
             r.digests.append(frame.fields.get("logits", ""))
             if "us" in frame.fields:
                 r.token_us.append(frame.int("us"))
@@ -74,11 +79,20 @@ class Session:
         elif frame.kind == "bandwidth":
             r.bandwidth = frame.fields
         elif frame.kind == "experts":
-            try:
-                r.expert_counts[frame.int("layer")] = [int(c) for c in frame.fields["counts"].split(",")]
-            except (KeyError, ValueError):
-                raise ColibriError("malformed experts frame from the board") from None
+            # A layer's counts may come in several frames: each says where its part starts (first)
+            # and how many counts the layer has (of); they must arrive in order and add up.
+            layer, counts = frame.int("layer", minimum=0), frame.int_list("counts")
+            first, total = frame.int("first", minimum=0), frame.int("of", minimum=1)
+            have = r.expert_counts.setdefault(layer, [])
+            if first != len(have) or self._experts_of.setdefault(layer, total) != total or first + len(counts) > total:
+                raise ColibriError(f"malformed experts frame from the board: layer {layer}'s counts "
+                                   f"{first}..{first + len(counts) - 1} of {total} do not follow the {len(have)} received")
+            have.extend(counts)
         elif frame.kind == "done":
+            short = [layer for layer, total in self._experts_of.items() if len(r.expert_counts[layer]) != total]
+            if short:
+                raise ColibriError(f"the board sent only {len(r.expert_counts[short[0]])} of "
+                                   f"{self._experts_of[short[0]]} expert counts for layer {short[0]}")
             if "tokens" in frame.fields and frame.int("tokens") != len(r.tokens):
                 raise ColibriError(f"the board reports {frame.fields['tokens']} tokens but {len(r.tokens)} arrived")
             r.stop_reason = frame.fields.get("reason", "")

@@ -6,18 +6,25 @@ probability is computed with the float32 rules of numerics.py.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from ..errors import ColibriError
 from .ops import F32, f32, softmax
 
 MASK64 = (1 << 64) - 1
+# A temperature below this is greedy (firmware_src/runtime/sampler.h SAMPLER_GREEDY_BELOW): dividing
+# logits by a smaller one risks overflowing them to infinity, where softmax has no answer.
+GREEDY_BELOW = F32(1e-3)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0, top_p 1 and min_p 0 disable those filters."""
+    """temperature below GREEDY_BELOW (0 included) means greedy; top_k 0, top_p 1 and min_p 0
+    disable those filters."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -65,7 +72,7 @@ def argmax(logits: np.ndarray) -> int:
 
 
 def sample(logits: np.ndarray, params: SamplingParams, rng: Rng) -> int:
-    if params.temperature <= 0.0:
+    if not F32(params.temperature) >= GREEDY_BELOW:
         return argmax(logits)
     probs = softmax(f32(logits) / F32(params.temperature))
     # Candidates by probability, highest first; ties by lower token id.
@@ -88,3 +95,38 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: Rng) -> int:
     above = np.nonzero(r < cum)[0]
     chosen = int(above[0]) if len(above) else keep - 1
     return int(order[chosen])
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ColibriError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ColibriError(f"{path}: expected a JSON object")
+    return data
+
+
+def generation_defaults(model_dir: Path) -> SamplingParams:
+    """generation_config.json's sampling settings, range-checked like the command line's: a value
+    that the board would refuse, or read differently from the reference, is an error here. top_k of
+    0 or below means no top-k filter (some configs write -1 for that)."""
+    gen_path = Path(model_dir) / "generation_config.json"
+    gen = _read_json(gen_path) if gen_path.is_file() else {}
+    if gen.get("do_sample") is not True:
+        return SamplingParams()
+
+    def value(key: str, default, ok, what: str):
+        v = gen.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not ok(v):
+            raise ColibriError(f"{gen_path}: {key} must be {what}, got {v!r}")
+        return v
+
+    finite = lambda v: v == v and abs(v) != float("inf")  # noqa: E731 - NaN and infinities fail
+    temperature = float(value("temperature", 1.0, lambda v: finite(v) and v >= 0, "a finite number >= 0"))
+    top_k = value("top_k", 50, lambda v: isinstance(v, int), "an integer")
+    top_p = float(value("top_p", 1.0, lambda v: finite(v) and 0 < v <= 1, "in (0, 1]"))
+    min_p = float(value("min_p", 0.0, lambda v: finite(v) and 0 <= v <= 1, "in [0, 1]"))
+    return SamplingParams(temperature, max(0, top_k), top_p, min_p)

@@ -18,7 +18,7 @@ from ..files import REPO, slug
 from ..errors import ColibriError
 from ..model.hf_import import load_checkpoint, read_json
 from ..device.session import RunRequest
-from ..numerics.sampling import SamplingParams
+from ..numerics.sampling import SamplingParams, generation_defaults
 from ..compile.targets import Board
 
 from .bundle import sha256_file
@@ -170,14 +170,9 @@ def sampling_defaults(model_dir: Path, spec) -> dict:
     """generation_config.json's sampling settings, as `run` and `verify` apply them by default."""
     path = model_dir / "generation_config.json"
     gen = read_json(path) if path.is_file() else {}
-    out = {"do_sample": gen.get("do_sample") is True, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
-           "eos_token_ids": list(spec.eos_token_ids)}
-    if out["do_sample"]:
-        out.update(temperature=float(gen.get("temperature") or 1.0),
-                   top_k=int(gen.get("top_k") if gen.get("top_k") is not None else 50),
-                   top_p=float(gen.get("top_p") if gen.get("top_p") is not None else 1.0),
-                   min_p=float(gen.get("min_p") or 0.0))
-    return out
+    d = generation_defaults(model_dir)
+    return {"do_sample": gen.get("do_sample") is True, "temperature": d.temperature, "top_k": d.top_k,
+            "top_p": d.top_p, "min_p": d.min_p, "eos_token_ids": list(spec.eos_token_ids)}
 
 
 def default_request(spec, n_ctx: int) -> RunRequest:

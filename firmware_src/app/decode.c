@@ -75,9 +75,6 @@ int colibri_load(const uint8_t *image, uint64_t image_len)
 {
     int status = colibri_image_open(image, image_len, &weights);
     weights_loaded = (status == COLIBRI_OK);
-    if (status != COLIBRI_OK) {
-        colibri_report_error(status, colibri_status_message(status));
-    }
     return status;
 }
 

@@ -27,7 +27,7 @@ enum {
 void colibri_hello(void);
 
 /* Validate the weight image against this firmware's plan and bind the weights. Returns 0, or the
- * loader's error code (also sent as an error frame). */
+ * loader's error code (the BSP reports it, after its hello). */
 int colibri_load(const uint8_t *image, uint64_t image_len);
 
 /* Prefill the prompt and decode, sending token, stats and done frames. Returns 0 on success, else

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../runtime/image_loader.h"
+#include "protocol.h"
 #include "decode.h"
 #include "model_def.h"
 
@@ -47,27 +48,37 @@ int colibri_serve_line(const char *line, int len, int load_status, const char *l
     return colibri_decode(&req);
 }
 
-int colibri_serve(int (*read_byte)(void), int forever)
+void colibri_acknowledge(int received)
+{
+    if (received > 0 && received % PROTO_ACK_BYTES == 0) {
+        proto_begin("ack");
+        proto_u64("bytes", (uint64_t)received);
+        proto_end();
+    }
+}
+
+int colibri_serve(int (*read_byte)(void), int forever, int load_status)
 {
     static char line[REQUEST_LINE_BYTES];
-    int len = 0, too_long = 0;
+    int len = 0, received = 0, too_long = 0;
     for (;;) {
         int c = read_byte();
         if (c != '\n') {
             if (len < REQUEST_LINE_BYTES) {
                 line[len++] = (char)c;
             } else {
-                too_long = 1;
+                too_long = 1; /* the rest is read (and acknowledged) but not kept */
             }
+            colibri_acknowledge(++received);
             continue;
         }
         int status = -1;
         if (too_long) {
             colibri_report_error(COLIBRI_ERR_REQUEST, "request line longer than this firmware's context allows");
         } else {
-            status = colibri_serve_line(line, len, 0, NULL);
+            status = colibri_serve_line(line, len, load_status, NULL);
         }
-        len = too_long = 0;
+        len = received = too_long = 0;
         if (status == 0 && !forever) {
             return status;
         }

@@ -14,9 +14,15 @@ void colibri_report_trap(uint32_t cause, uint32_t pc, uint32_t value);
  * decode's status, the error code, or -1 for a line that is not a frame (noise, a stray newline). */
 int colibri_serve_line(const char *line, int len, int load_status, const char *load_message);
 
-/* Read lines with read_byte (blocking) and serve each (colibri_serve_line); a line longer than any
- * request is answered with an error frame. With forever = 0 return after the first successful
- * decode, else never return. */
-int colibri_serve(int (*read_byte)(void), int forever);
+/* Flow control for links without it (an MCU's UART, whose receive FIFO holds 128 bytes on the
+ * ESP32-P4): after every PROTO_ACK_BYTES bytes of a request line that has not ended, an ack frame
+ * (bytes=received); the host sends the next piece only then. Call with the count so far. */
+void colibri_acknowledge(int received);
+
+/* Read lines with read_byte (blocking) and serve each (colibri_serve_line, acknowledging as they
+ * come); a line longer than any request is answered with an error frame. load_status is the weight
+ * image's colibri_status (requests are answered with it when it is not 0). With forever = 0
+ * return after the first successful decode, else never return. */
+int colibri_serve(int (*read_byte)(void), int forever, int load_status);
 
 #endif

@@ -72,12 +72,14 @@ def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str
             f"quant={req.quant}", f"ctx={req.n_ctx}", f"out={req.out_dir}", *(extra or [])]
 
 
-def run_scons(req: BuildRequest, echo=None) -> Artifacts:
+def run_scons(req: BuildRequest, echo=None, defines: tuple[str, ...] = ()) -> Artifacts:
     """Run the SCons build; progress lines go to `echo`. A failure raises ColibriError and, when
-    this run created the build directory, removes it: a refused model leaves nothing behind."""
+    this run created the build directory, removes it: a refused model leaves nothing behind.
+    `defines` (NAME or NAME=VALUE) are extra preprocessor definitions, for test and diagnostic
+    builds such as a slower loader (SCons's `defines=` argument)."""
     fresh = not req.out_dir.exists()
     try:
-        made = _run_scons(req, echo)
+        made = _run_scons(req, echo, [f"defines={','.join(defines)}"] if defines else [])
     except BaseException:
         if fresh:
             shutil.rmtree(req.out_dir, ignore_errors=True)
@@ -100,11 +102,11 @@ def link_compile_commands(out_dir: Path, build_root: Path) -> None:
     os.replace(partial, link)
 
 
-def _run_scons(req: BuildRequest, echo) -> Artifacts:
+def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")
     try:
-        proc = subprocess.Popen(scons_command(req), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(scons_command(req, extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env=env, text=True, errors="replace")
     except OSError as e:
         raise ColibriError(f"cannot run SCons ({e.strerror}); run ./colibri from the repository root") from None

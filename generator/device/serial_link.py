@@ -28,6 +28,13 @@ from .protocol import Frame, FrameReader
 from .session import RunRequest, RunResult, Session, request_frame
 
 READ_SLICE = 0.05  # longest single blocking read; every deadline is checked at least this often
+ACK_BYTES = 64  # request bytes the board takes per acknowledgement (firmware_src/app/protocol.h PROTO_ACK_BYTES)
+
+
+def _acknowledges(hello: Frame) -> bool:
+    """Boards of protocol version 2 on acknowledge every ACK_BYTES of a request they read."""
+    version = hello.fields.get("proto", "1")
+    return version.isdigit() and int(version) >= 2
 
 
 def _secs(value: float) -> str:
@@ -206,6 +213,8 @@ class SerialLink:
         log_index = len(self.reader.log)  # index in reader.log of the next non-frame line
         log_at_last_frame = log_index
         sent = False
+        pending = b""  # the part of the request not sent yet (boards that acknowledge its pieces)
+        acked_target = 0  # request bytes sent so far: the next ack must say this many
         next_seq = None  # the sequence number the next frame must carry, once the hello is in
         stale = 0
         result = session.result
@@ -217,7 +226,8 @@ class SerialLink:
             else:
                 allowed = timeouts.silence if result.tokens else timeouts.first_token(request)
                 if now - last_frame > allowed:
-                    raise self._silent(request, session, now - last_frame, allowed, log_at_last_frame)
+                    raise self._silent(request, session, now - last_frame, allowed, log_at_last_frame,
+                                       acked_target if pending else None)
             if total is not None and now - start > total:
                 raise ColibriError(f"{self.where}: no complete result within {_secs(total)} "
                                    f"({len(result.tokens)} of {request.steps} tokens received){self._noise()}")
@@ -235,8 +245,25 @@ class SerialLink:
                 last_frame = time.monotonic()
                 log_at_last_frame = log_index
                 if frame.kind == "hello" and request and not sent:
-                    self.send(request_frame(request))
+                    pending = request_frame(request)
+                    if _acknowledges(frame):
+                        # The board reads a piece, acknowledges it, then takes the next: its UART's
+                        # small receive FIFO never overflows, however long the request.
+                        chunk, pending = pending[:ACK_BYTES], pending[ACK_BYTES:]
+                        self.send(chunk)
+                        acked_target = len(chunk)
+                    else:
+                        self.send(pending)
+                        pending = b""
                     sent = True
+                elif frame.kind == "ack":
+                    got = frame.int("bytes", minimum=0)
+                    if not pending or got != acked_target:
+                        raise ColibriError(f"{self.where}: the board acknowledged {got} bytes of the request "
+                                           f"when {acked_target} had been sent{self._noise()}")
+                    chunk, pending = pending[:ACK_BYTES], pending[ACK_BYTES:]
+                    self.send(chunk)
+                    acked_target += len(chunk)
                 if session.finished:
                     self._check_done(frame, session)
                     break
@@ -252,8 +279,12 @@ class SerialLink:
         since = [line.strip() for line in self.reader.log[log_mark:log_end] if line.strip()]
         return _quote(since[-1]) if since else ""
 
-    def _silent(self, request, session, gap: float, allowed: float, log_mark: int) -> ColibriError:
-        if not session.result.tokens and request:
+    def _silent(self, request, session, gap: float, allowed: float, log_mark: int,
+                unacknowledged: int | None = None) -> ColibriError:
+        if unacknowledged is not None:
+            what = (f"the board did not acknowledge the request's first {unacknowledged} bytes within "
+                    f"{_secs(allowed)} (the request is sent in acknowledged pieces)")
+        elif not session.result.tokens and request:
             what = (f"the board sent its hello but no token followed within {_secs(allowed)} "
                     f"(it may not have received the request, or the prefill is slower than "
                     f"{_secs(allowed)} allows)")

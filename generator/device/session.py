@@ -78,6 +78,8 @@ class Session:
             r.stats = frame.fields
         elif frame.kind == "bandwidth":
             r.bandwidth = frame.fields
+        elif frame.kind == "ack":
+            pass  # flow control of the request, the link's business (serial_link.py)
         elif frame.kind == "experts":
             # A layer's counts may come in several frames: each says where its part starts (first)
             # and how many counts the layer has (of); they must arrive in order and add up.

@@ -84,7 +84,6 @@ static void load_weights(void)
         ESP_PARTITION_TYPE_DATA, (esp_partition_subtype_t)COLIBRI_IDF_WEIGHTS_SUBTYPE, COLIBRI_IDF_WEIGHTS_LABEL);
     if (part == NULL) {
         load_message = "no weights partition in the partition table (flash the project's partition table)";
-        colibri_report_error(load_status, load_message);
         return;
     }
     const void *mapped = NULL;
@@ -92,7 +91,6 @@ static void load_weights(void)
     if (esp_partition_mmap(part, 0, part->size, ESP_PARTITION_MMAP_DATA, &mapped, &handle) != ESP_OK ||
         mapped == NULL) {
         load_message = "cannot map the weights partition (esp_partition_mmap failed)";
-        colibri_report_error(load_status, load_message);
         return;
     }
     const uint8_t *image = (const uint8_t *)mapped;
@@ -115,6 +113,8 @@ void app_main(void)
     static uint8_t chunk[READ_CHUNK];
 
     uart_ready = uart_driver_install(UART_PORT, COLIBRI_IDF_UART_RX_BUFFER, 0, 0, NULL, 0) == ESP_OK;
+    /* Load before saying hello: the host sends its request when it sees the hello. */
+    load_weights();
     colibri_hello();
     if (!uart_ready) {
         colibri_report_error(COLIBRI_ERR_REQUEST, "cannot install the UART driver: no requests can be read");
@@ -122,9 +122,12 @@ void app_main(void)
             vTaskDelay(portMAX_DELAY);
         }
     }
-    load_weights();
+    if (load_status != COLIBRI_OK) {
+        colibri_report_error(load_status, load_message);
+    }
 
     int len = 0;
+    int received = 0; /* bytes of the current line, kept or not: what colibri_acknowledge counts */
     int too_long = 0;
     int64_t idle_since = esp_timer_get_time();
     for (;;) {
@@ -139,6 +142,11 @@ void app_main(void)
         }
         for (int i = 0; i < n; i++) {
             char c = (char)chunk[i];
+            if (c != '\n') {
+                colibri_acknowledge(++received); /* the host sends the next piece of a request only then */
+            } else {
+                received = 0;
+            }
             if (too_long) { /* drop the rest of an over-long line, then say so */
                 if (c == '\n') {
                     too_long = 0;

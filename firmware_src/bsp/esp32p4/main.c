@@ -136,12 +136,15 @@ static int uart_read_byte(void)
 int main(void)
 {
     watchdogs_off();
-    colibri_hello();
+    /* Load (seconds of CRC-32 and SHA-256 over the image) before saying hello: the host sends its
+     * request when it sees the hello, and nothing reads the UART while the image is checked. */
     uint64_t image_bytes = (uint64_t)(colibri_weights_end - colibri_weights_image);
-    if (colibri_load(colibri_weights_image, image_bytes) != 0) {
-        for (;;) {
-        }
+    int status = colibri_load(colibri_weights_image, image_bytes);
+    colibri_hello();
+    if (status != 0) {
+        colibri_report_error(status, colibri_status_message(status));
     }
-    /* Serve requests for as long as the board is powered; noise between them is ignored. */
-    return colibri_serve(uart_read_byte, 1);
+    /* Serve requests for as long as the board is powered (each answered with the load error if
+     * the image was refused); noise between them is ignored. */
+    return colibri_serve(uart_read_byte, 1, status);
 }

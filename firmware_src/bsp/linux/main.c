@@ -219,7 +219,9 @@ int main(int argc, char **argv)
         }
     }
     int status = colibri_load(image, image_len);
-    if (status == 0) {
+    if (status != 0) {
+        colibri_report_error(status, colibri_status_message(status));
+    } else {
         status = colibri_decode(&req);
     }
     if (logits_file != NULL) {

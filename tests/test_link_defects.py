@@ -118,3 +118,43 @@ def test_a_frame_that_does_not_fit_becomes_an_error_frame_never_a_cut_one(protoc
     assert [f.kind for f in reader.frames] == ["error", "done"]
     assert reader.frames[0].fields["code"] == "101" and "did not fit" in reader.frames[0].fields["msg"]
     assert reader.frames[1].seq == 1  # the error took the frame's place in the sequence
+
+
+def test_fuzzing_the_host_reader_and_session_yields_clear_errors_only():
+    """A bounded, seeded fuzz of what a board's link can deliver: valid runs, the defect cases
+    above, then byte mutations and random splits. The reader must stay bounded and accept only
+    CRC-valid frames; the Session may refuse a run only with a ColibriError (never a traceback)."""
+    import random
+
+    run = b"".join([HELLO, encode_frame(1, "token", {"step": 0, "id": 7, "logits": "ab"}),
+                    encode_frame(2, "experts", {"layer": 0, "first": 0, "of": 3, "counts": "1,0,2"}),
+                    encode_frame(3, "stats", {"prompt": 1, "decode": 0}),
+                    encode_frame(4, "done", {"tokens": 1, "reason": "length"})])
+    corpus = [run, run.replace(b"id=7", b"id=-5"), encode_frame(1, "token", {"step": 0}),
+              encode_frame(1, "token", {"step": 0, "id": "1_0"}), encode_frame(7, "token", {"step": 3})[:20] + HELLO,
+              b"x" * 5000 + run, encode_frame(1, "experts", {"layer": 0, "first": 2, "of": 3, "counts": "9"})]
+    rng = random.Random(14)
+    for i in range(4000):
+        data = bytearray(rng.choice(corpus))
+        for _ in range(rng.randrange(0, 6)):
+            op = rng.randrange(3)
+            at = rng.randrange(len(data) + 1)
+            if op == 0 and data:
+                data[min(at, len(data) - 1)] = rng.randrange(256)
+            elif op == 1:
+                data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 8)))
+            else:
+                del data[at:at + rng.randrange(1, 8)]
+        reader, session = FrameReader(), Session()
+        pos = 0
+        try:
+            while pos < len(data):
+                step = rng.randrange(1, 300)
+                for frame in reader.feed(bytes(data[pos:pos + step])):
+                    assert parse_frame(encode_frame(frame.seq, frame.kind, frame.fields).rstrip(b"\n")) == frame
+                    if not session.finished:
+                        session.handle(frame)
+                pos += step
+        except ColibriError:
+            pass
+        assert len(reader._buffer) <= MAX_LINE

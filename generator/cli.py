@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import __version__
 from .compile.build import Artifacts, prepare, run_scons
-from .files import REPO
+from .files import DEFAULT_MODEL, REPO
 from .compile.elfsize import read_elf
 from .errors import ColibriError
 from .model.hf_import import parse_config, read_json
@@ -26,7 +26,6 @@ from .device.setup_toolchain import ensure_toolchain
 from .compile.targets import available_boards, load_board
 from .model.tokenizer import Tokenizer, parse_prompt_ids
 
-DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
 
 
 def progress(message: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from ..errors import ColibriError
+from ..compile.firmware_id import elf_build_id  # noqa: F401 - the release records it
 from ..compile.targets import Board
 
 
@@ -65,23 +66,6 @@ def json_bytes(obj) -> bytes:
 def say(progress: Progress, message: str) -> None:
     if progress:
         progress(message)
-
-
-def elf_build_id(elf: Path) -> str | None:
-    """The GNU build-id note of the linked firmware (a hash of its contents), if it has one."""
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import NoteSection
-
-    try:
-        with open(elf, "rb") as f:
-            for section in ELFFile(f).iter_sections():
-                if isinstance(section, NoteSection):
-                    for note in section.iter_notes():
-                        if note["n_type"] == "NT_GNU_BUILD_ID":
-                            return note["n_desc"]
-    except Exception:  # not an ELF pyelftools understands: no build id to report
-        return None
-    return None
 
 
 def firmware_files(board: Board, out: Path) -> list[str]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import serial
 
 from ..errors import ColibriError
+from .ports import open_error
 from .protocol import Frame, FrameReader
 from .session import RunRequest, RunResult, Session, request_frame
 
@@ -77,10 +78,7 @@ class SerialLink:
                 port.exclusive = True  # a second reader (another monitor, ModemManager) steals bytes
             port.open()
         except (serial.SerialException, OSError, ValueError) as e:
-            hint = ""
-            if "lock" in str(e).lower():
-                hint = " (is another program, e.g. a serial monitor, using it?)"
-            raise ColibriError(f"cannot open serial port {url}: {e}{hint}") from None
+            raise open_error(url, e) from None
         link = cls(port, url)
         if reset:
             try:

@@ -288,7 +288,10 @@ class SerialLink:
                 printed = self._printed_since(log_mark, log_end)
                 if printed:
                     detail += f"; before the new hello it printed {printed}"
-            raise ColibriError(f"{self.where}: {e}{detail}{self._noise()}") from None
+            # The same exception, its message prefixed with the port: a caller may tell kinds of
+            # refusal apart by type (verify.FirmwareMismatch is a verdict, not a link failure).
+            e.args = (f"{self.where}: {e}{detail}{self._noise()}",)
+            raise e from None
 
     def _check_done(self, frame: Frame, session: Session) -> None:
         claimed = frame.fields.get("tokens")

@@ -41,10 +41,15 @@ class RunResult:
 class Session:
     """Interprets one run's frames: hello, token..., stats, done; or an error frame."""
 
-    def __init__(self, expected_model: str | None = None, on_token: Callable[[int, int], None] | None = None):
+    def __init__(self, expected_model: str | None = None, on_token: Callable[[int, int], None] | None = None,
+                 check_hello: Callable[[dict[str, str]], None] | None = None):
+        """expected_model: the model hash the firmware must carry; check_hello: called with the
+        hello frame's fields, raises ColibriError for firmware that is not the expected build
+        (verify.hello_check compares board, build id, weights, context and quantization too)."""
         self.result = RunResult()
         self.expected_model = expected_model
         self.on_token = on_token
+        self.check_hello = check_hello
         self.finished = False
 
     def handle(self, frame: Frame) -> None:
@@ -53,7 +58,9 @@ class Session:
             if r.hello and frame.seq == 0:
                 raise ColibriError("the board reset during the run (a second hello frame arrived)")
             r.hello = frame.fields
-            if self.expected_model and frame.fields.get("model") != self.expected_model:
+            if self.check_hello:
+                self.check_hello(frame.fields)
+            elif self.expected_model and frame.fields.get("model") != self.expected_model:
                 raise ColibriError(f"the board runs firmware for model {frame.fields.get('model', '?')[:16]}…, "
                                    f"expected {self.expected_model[:16]}… (flash the matching build)")
         elif frame.kind == "error":

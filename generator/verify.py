@@ -162,7 +162,43 @@ def rates(result: RunResult) -> dict:
     }
 
 
+def instructions_scope(request: RunRequest, result: RunResult) -> str:
+    """What a decode's instructions per token count: each forward pass (attention grows with the
+    context, so the contexts it ran at matter), and for each step the sampling, the logits'
+    SHA-256 when the request asked for them, and the token frame. Verify (sampled, hashed), a
+    release (greedy, hashed) and bench (greedy, no hashing, longer) count different things."""
+    s = request.sampling
+    sampling = ("greedy sampling" if s.temperature == 0 else
+                f"sampling at temperature {s.temperature:g}" + (f", top-k {s.top_k}" if s.top_k else "")
+                + (f", top-p {s.top_p:g}" if s.top_p < 1 else "") + (f", min-p {s.min_p:g}" if s.min_p else ""))
+    passes = int(result.stats.get("decode", 0))
+    first = len(request.prompt) + 1
+    contexts = f"context {first}" if passes <= 1 else f"contexts {first}-{first + passes - 1}"
+    hashing = "the logits' SHA-256" if request.digests else "no logits hashing"
+    return f"forward pass at {contexts}, {sampling}, {hashing}, the token frame"
+
+
+def run_stats(result: RunResult, board: Board, request: RunRequest) -> dict:
+    """rates() with what they are: the emulator they were measured under (None: the board
+    itself), and for instruction counts what a token's count includes."""
+    r = rates(result)
+    r["emulated_by"] = board.emulated_by()
+    r["instructions_counted"] = (instructions_scope(request, result)
+                                 if r["decode_instructions_per_token"] else None)
+    return r
+
+
 def speed_text(r: dict) -> str:
+    """A run's decode speed as one phrase, labelled: exact instruction counts say what they
+    count, and a wall-clock speed under an emulator says it is the emulator's."""
     if r["decode_instructions_per_token"]:
-        return f"{r['decode_instructions_per_token'] / 1e6:.2f} M instructions/token"
-    return f"{r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
+        text = f"{r['decode_instructions_per_token'] / 1e6:.2f} M instructions per decoded token"
+        if r.get("instructions_counted"):
+            text += f" ({r['instructions_counted']})"
+        return text
+    if not r["decode_tok_s"]:
+        return ""
+    text = f"{r['decode_tok_s']:.1f} tok/s"
+    if r.get("emulated_by"):
+        text += f" under {r['emulated_by']} emulation (the emulator's speed on this machine, not the board's)"
+    return text

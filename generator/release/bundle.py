@@ -15,7 +15,6 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from ..errors import ColibriError
-from ..compile.firmware_id import elf_build_id  # noqa: F401 - the release records it
 from ..compile.targets import Board
 
 
@@ -41,7 +40,9 @@ REPORT_JSON = "memory-report.json"
 REPORT_TEXT = "memory-report.txt"
 
 
-MEASUREMENTS = "measurements.json"
+# Beside the bundle, named after it (OUT/<name>.measurements.json), so that releases of several
+# boards into one --out directory each keep their own.
+MEASUREMENTS_SUFFIX = ".measurements.json"
 
 
 FIRMWARE_DIR = "firmware"

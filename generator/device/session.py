@@ -92,10 +92,28 @@ class Session:
             self.finished = True
 
 
-def check_fits_context(prompt: list[int], steps: int, n_ctx: int) -> None:
-    if len(prompt) + steps - 1 > n_ctx:
-        raise ColibriError(f"prompt ({len(prompt)} tokens) + {steps} steps need a context of "
-                           f"{len(prompt) + steps - 1}, the firmware is built for {n_ctx} (use --ctx or fewer --steps)")
+def check_fits_context(prompt: list[int], steps: int, n_ctx: int, limit: int | None = None) -> None:
+    """Refuse a request the firmware's context cannot hold, saying why the numbers add up as they
+    do and which change works. `limit`: the largest context this board and model allow (None:
+    no limit known), so the advice never names a --ctx that would itself be refused."""
+    n_prompt = len(prompt)
+    need = n_prompt + steps - 1
+    if need <= n_ctx:
+        return
+    why = (f"the prompt's {n_prompt} tokens and {steps} steps need a context of {need}: {n_prompt} positions for "
+           f"the prompt and {steps - 1} for the generated tokens fed back into the model (the last one never is)")
+    fixes = []
+    if limit is None or need <= limit:
+        fixes.append(f"--ctx {need}")
+    if n_ctx - n_prompt + 1 >= 1:
+        fixes.append(f"--steps {n_ctx - n_prompt + 1} or fewer")
+    if limit is not None and need > limit and limit > n_ctx and limit - n_prompt + 1 >= 1:
+        fixes.append(f"--ctx {limit} with --steps {limit - n_prompt + 1} or fewer")
+    if not fixes:
+        fixes.append(f"a prompt of at most {limit if limit else n_ctx} tokens")
+    allowed = f"; this board and model allow a context of at most {limit}" if limit is not None and need > limit else ""
+    raise ColibriError(f"{why}, but the firmware is built for a context of {n_ctx}{allowed}: use "
+                       f"{' or '.join(fixes)}")
 
 
 def request_frame(request: RunRequest, seq: int = 0) -> bytes:

@@ -411,3 +411,10 @@ def test_a_directory_without_a_release_is_refused_in_one_line(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ColibriError, match="is not a release bundle"):
         locate_bundle(tmp_path)
+
+
+def test_the_usual_release_directory_is_ignored_by_git():
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    done = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "releases/colibri-x/manifest.json"])
+    assert done.returncode == 0

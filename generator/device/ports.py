@@ -99,7 +99,7 @@ def open_error(port: str, e: BaseException) -> ColibriError:
     if code == errno_codes.ENOENT or "no such file" in lowered:
         hint = "is the board plugged in? ./colibri devices lists the serial ports"
     elif code in (errno_codes.EACCES, errno_codes.EPERM):
-        hint = "add yourself to the dialout group (sudo usermod -aG dialout $USER, then log in again)"
+        hint = "add yourself to the dialout group: sudo usermod -aG dialout $USER, then log in again"
     elif code in (errno_codes.EAGAIN, errno_codes.EBUSY) or "lock" in lowered:
         hint = "is another program, e.g. a serial monitor, using it?"
     else:

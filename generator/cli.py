@@ -121,7 +121,7 @@ class Planned:
 def plan_build(args) -> Planned:
     """The board, the options it takes, the model, its plan and fit: no compiler involved."""
     board = load_board(args.board)
-    check_board_options(board, args, args.given)
+    check_board_options(board, args, args.given, args.parser_defaults)
     request, plan = prepare(board, args.model, args.quant, args.ctx, args.out)
     return Planned(board, request, plan)
 
@@ -706,9 +706,8 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p = command("devices", cmd_devices, "list serial ports, marking those that look like ESP32 boards")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
-    p = command("test", cmd_test, "install the test dependencies and run the whole test suite "
-                "(arguments after it go to pytest)")
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="passed to pytest")
+    command("test", cmd_test, "install the test dependencies and run the whole test suite "
+            "(arguments after it go to pytest, as with ./colibri test)")
     return parser, commands
 
 
@@ -733,9 +732,16 @@ def parse_args(argv: list[str] | None = None):
             if applied:
                 shown = ", ".join(f"{k.replace('_', '-')} = {v}" for k, v in applied.items())
                 progress(f"colibri: settings from {path}: {shown}")
-    args = parser.parse_args(argv)
+    if name == "test":
+        # Everything after `test` is pytest's, options included (argparse would claim them).
+        at = argv.index("test") + 1
+        args = parser.parse_args(argv[:at])
+        args.pytest_args = argv[at:]
+    else:
+        args = parser.parse_args(argv)
     args.given = {dest for dest, default in defaults.items()
                   if getattr(args, dest, default) != applied.get(dest, default)}
+    args.parser_defaults = defaults
     return args
 
 

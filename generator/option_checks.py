@@ -50,11 +50,17 @@ BOARD_OPTIONS = [
 ]
 
 
-def check_board_options(board: Board, args, given: set[str], rules=None) -> None:
+def check_board_options(board: Board, args, given: set[str], defaults: dict | None = None, rules=None) -> None:
+    """Refuse an option given on the command line that `board` does not take. One that came from
+    colibri.toml is set back to its default (`defaults`: the parser's) instead: skipped, not used."""
     for rule in BOARD_OPTIONS if rules is None else rules:
-        if rule.dest in given and hasattr(args, rule.dest) and not rule.applies(board):
+        if not hasattr(args, rule.dest) or rule.applies(board):
+            continue
+        if rule.dest in given:
             raise ColibriError(f"{rule.flag} is for {rule.meant_for} ({_boards_where(rule.applies)}); "
                                f"board {board.name} runs {board.how_it_runs()}")
+        if defaults is not None and rule.dest in defaults:
+            setattr(args, rule.dest, defaults[rule.dest])
 
 
 SAMPLING = (("temperature", "--temperature"), ("top_k", "--top-k"), ("top_p", "--top-p"),
@@ -66,6 +72,8 @@ def check_sampling_options(args, given: set[str]) -> None:
     def shown(dest, flag):
         return f"{flag} {getattr(args, dest)}"
 
+    if args.greedy and "greedy" not in given and any(d in given for d, _ in SAMPLING):
+        args.greedy = False  # colibri.toml's greedy, overridden by sampling settings on the command line
     if "greedy" in given and args.greedy:
         others = [shown(d, f) for d, f in SAMPLING if d in given]
         if others:

@@ -144,3 +144,8 @@ def test_clean_never_reaches_outside_build(tmp_path):
         build.remove_builds([tmp_path], root=tmp_path / "build")
     assert tmp_path.is_dir()
     assert REPO.is_dir()
+
+
+def test_everything_after_test_goes_to_pytest():
+    args = cli.parse_args(["test", "-k", "boards", "-x"])
+    assert args.func is cli.cmd_test and args.pytest_args == ["-k", "boards", "-x"]

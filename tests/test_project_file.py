@@ -116,3 +116,17 @@ def test_a_command_run_from_a_project_directory_uses_its_file(tmp_path):
     info = json.loads(done.stdout)
     assert info["board"] == "qemu-rv32" and info["n_ctx"] == 64
     assert f"settings from {tmp_path / 'colibri.toml'}: board = qemu-rv32" in done.stderr
+
+
+def test_file_values_a_board_cannot_take_are_skipped_and_flags_beat_the_files_greedy(project):
+    from generator.option_checks import check_sampling_options
+
+    project('threads = 4\nport = "/dev/ttyACM0"\ngreedy = true\n')
+    args = cli.parse_args(["run", "--board", "qemu-rv32", "--temperature", "0.7"])
+    check_board_options(load_board("qemu-rv32"), args, args.given, args.parser_defaults)
+    assert args.threads == 1 and args.port is None  # skipped: this board takes neither
+    check_sampling_options(args, args.given)
+    assert args.greedy is False and args.temperature == 0.7  # the command line overrides the file
+    args = cli.parse_args(["run", "--board", "host"])
+    check_board_options(load_board("host"), args, args.given, args.parser_defaults)
+    assert args.threads == 4 and args.greedy is True

@@ -11,7 +11,7 @@ from typing import Callable
 
 from .errors import ColibriError
 from .compile.plan import Plan
-from .verify import rates, speed_text
+from .verify import rates, run_stats, speed_text
 from .device.runner import run_on_board
 from .device.session import RunRequest, RunResult, check_fits_context
 from .numerics.sampling import SamplingParams
@@ -158,11 +158,14 @@ def probes_bandwidth(board: Board) -> bool:
     return board.runner == "process" and not board.needs_emulator()
 
 
-def run_figures(result: RunResult, weight_bytes: int) -> dict:
+def run_figures(result: RunResult, weight_bytes: int, board: Board | None = None,
+                request: RunRequest | None = None) -> dict:
     """One run's speeds and, where the firmware probed the read bandwidth just before it, that
     figure and the share of it the decode's weight reads took: weight bytes per token x this run's
-    decode tok/s / this run's own probe (never another run's: the machine's bandwidth moves)."""
-    r = rates(result)
+    decode tok/s / this run's own probe (never another run's: the machine's bandwidth moves).
+    With the board and request, labelled as verify.run_stats labels them (emulator, what an
+    instruction count includes)."""
+    r = run_stats(result, board, request) if board is not None and request is not None else rates(result)
     bandwidth = int(result.bandwidth["read_bw"]) if result.bandwidth else None
     r["read_bandwidth_bytes_s"] = bandwidth
     r["bandwidth_fraction"] = weight_bytes * r["decode_tok_s"] / bandwidth if bandwidth and r["decode_tok_s"] else None
@@ -182,22 +185,46 @@ def bandwidth_summary(weight_bytes: int, runs: list[dict]) -> dict:
             "bandwidth_limit_tok_s": median / weight_bytes}
 
 
+DEFAULT_STEPS = 128
+DEFAULT_PROMPT_TOKENS = 8
+DEFAULT_REPEAT = 3
+
+
+def default_steps(plan: Plan, prompt_tokens: int) -> int:
+    """DEFAULT_STEPS, or fewer when the firmware's context cannot hold them after the prompt (the
+    esp32p4's default context of 128 holds an 8-token prompt and 121 steps)."""
+    return max(1, min(DEFAULT_STEPS, plan.n_ctx - prompt_tokens + 1))
+
+
+def default_repeat(board: Board) -> int:
+    """Runs to take the median of: one where the count is exact (the same on every run)."""
+    return 1 if board.counts_instructions_exactly() else DEFAULT_REPEAT
+
+
+def check_plot(board: Board, plot: Path | None, steps: int) -> None:
+    if plot is None:
+        return
+    if board.counts_instructions_exactly():
+        raise ColibriError(f"--plot draws tok/s against wall-clock time; {board.name} is emulated and "
+                           f"reports exact instruction counts instead (use --json)")
+    if plot.suffix.lower() != ".png":
+        raise ColibriError(f"--plot writes a PNG image: name it with .png (got {plot.name})")
+    if steps < 3:
+        raise ColibriError("--plot needs at least 3 decode steps (--steps)")
+    if not plot.parent.is_dir():
+        raise ColibriError(f"--plot: directory {plot.parent} does not exist")
+
+
 def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, steps: int, repeat: int,
               threads: int = 1, plot: Path | None = None, port: str | None = None, reset: bool = False,
-              progress: Callable[[str], None] | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, check_hello=None) -> dict:
     """Run the built firmware `art` (build.Artifacts) `repeat` times and return bench's figures (the
     --json document). On Linux boards run natively, each run first has the firmware probe the read
-    bandwidth with the same threads: probe, decode, probe, decode..."""
+    bandwidth with the same threads: probe, decode, probe, decode... Under an emulator every
+    wall-clock figure is labelled as the emulator's (`emulated_by`), and there is no bandwidth share."""
     prompt = synthetic_prompt(plan, prompt_tokens)
     check_fits_context(prompt, steps, plan.n_ctx)
-    if plot is not None:
-        if board.runner in ("qemu-system",):
-            raise ColibriError(f"--plot draws tok/s against wall-clock time; {board.name} is emulated and "
-                               f"reports exact instruction counts instead (use --json)")
-        if steps < 3:
-            raise ColibriError("--plot needs at least 3 decode steps (--steps)")
-        if not plot.parent.is_dir():
-            raise ColibriError(f"--plot: directory {plot.parent} does not exist")
+    check_plot(board, plot, steps)
     # No logits hashes: the bench measures decoding, not verification.
     request = RunRequest(prompt, steps, SamplingParams(), stop_at_eos=False, threads=threads, digests=False,
                          probe_bandwidth_mib=PROBE_MIB if probes_bandwidth(board) else None)
@@ -206,21 +233,28 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
     results = []
     for i in range(repeat):
         result = run_on_board(board, art.program, art.weights, request, art.model_hash(),
-                              flash_image=art.flash_image, port=port, reset=reset)
+                              flash_image=art.flash_image, port=port, reset=reset,
+                              check_hello=check_hello)
         results.append(result)
         if progress:
-            r = run_figures(result, weight_bytes)
+            r = run_figures(result, weight_bytes, board, request)
             probe = (f", read bandwidth {r['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s just before"
                      if r["read_bandwidth_bytes_s"] else "")
             progress(f"  run {i + 1}/{repeat}: {speed_text(r)}{probe}")
-    runs = [run_figures(r, weight_bytes) for r in results]
+    runs = [run_figures(r, weight_bytes, board, request) for r in results]
     kernels = results[-1].hello.get("kernels", "?")
+    emulator = board.emulated_by()
     out = {"board": board.name, "model": model, "architecture": plan.spec.architecture,
            "quant": plan.quant, "n_ctx": plan.n_ctx, "threads": threads, "kernels": kernels,
            "prompt_tokens": len(prompt), "decode_steps": steps, "repeat": repeat,
+           # Under an emulator, wall-clock figures are the emulator's on this machine, not the board's.
+           "emulated_by": emulator,
+           "speed_note": (f"measured under {emulator} on this machine: the emulator's speed, not the board's"
+                          if emulator else None),
            "weight_bytes_per_token": weight_bytes, "macs_per_token": macs, "runs": runs}
     instructions = runs[0]["decode_instructions_per_token"]
     if instructions:
+        out["instructions_counted"] = runs[0]["instructions_counted"]
         # An emulator's clock is not the board's: exact instruction counts are the measure there.
         # Per multiply-accumulate two ways: of the matrices alone (fixed per token), and with the
         # attention's, which grow with the context (averaged over this run's decode passes).
@@ -256,12 +290,15 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
 
 def bench_line(out: dict, name: str) -> str:
     """bench's one line of text for a run_bench() result; `name` is the model's."""
-    head = f"bench {name} on {out['board']} ({out['quant']}, {out['kernels']} kernels, "
+    emulator = out.get("emulated_by")
+    where = f"on {out['board']}" + (f" EMULATED by {emulator}" if emulator else "")
+    head = f"bench {name} {where} ({out['quant']}, {out['kernels']} kernels, "
     if "decode_instructions_per_token" in out:
         instructions = out["decode_instructions_per_token"]
         p4 = out["predicted_esp32p4"]
-        return (f"{head}{out['prompt_tokens']}-token prompt, {out['decode_steps']} steps): "
-                f"{instructions / 1e6:.3f} M instructions per decoded token, "
+        runs = "one run: the count is exact" if out["repeat"] == 1 else f"median of {out['repeat']} identical runs"
+        return (f"{head}{out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, {runs}): "
+                f"{instructions / 1e6:.3f} M instructions per decoded token ({out['instructions_counted']}), "
                 f"{out['instructions_per_mac_with_attention']:.2f} per multiply-accumulate: {out['macs_per_token']:,} in "
                 f"the matrices + {out['attention_macs_per_token']:,.0f} in attention at this context (mean "
                 f"{out['mean_context']:g} positions); {out['instructions_per_mac']:.2f} per matrix multiply-accumulate "
@@ -271,14 +308,16 @@ def bench_line(out: dict, name: str) -> str:
     weights = f"{out['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token"
     bandwidth = out["read_bandwidth_bytes_s"]
     if bandwidth is None:
-        share = f"{weights} (no bandwidth figure: {out['board']} runs emulated here)"
+        share = (f"{weights} (no bandwidth figure: the emulator's reads are not the board's)" if emulator
+                 else f"{weights} (no bandwidth figure)")
     else:
         probe = out["read_bandwidth_probe"]
         share = (f"{weights} = {100 * out['bandwidth_fraction']:.0f}% of the read bandwidth the firmware measured "
                  f"just before each run (median of the runs' shares; probes {bandwidth['min'] / 1e9:.1f}–"
                  f"{bandwidth['max'] / 1e9:.1f} GB/s, median {bandwidth['median'] / 1e9:.1f}, {probe['threads']} "
                  f"thread(s) over {probe['mib']} MiB; limit {out['bandwidth_limit_tok_s']:.0f} tok/s)")
+    label = ": the emulator's speed on this machine, not the board's" if emulator else ""
     return (f"{head}{out['threads']} thread(s), {out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, "
             f"median of {out['repeat']}): prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} "
-            f"tok/s (ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}); {share}; "
+            f"tok/s (ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}){label}; {share}; "
             f"peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB")

@@ -1,36 +1,47 @@
 """The colibri command line: build, run, verify, report, bench, flash, monitor, release and
-verify-release, for a board and a model."""
+verify-release for a board and a model; clean, boards and devices around them.
+
+Every check that needs no compiler comes first (the model, its fit, options the board does not
+take, contradictions, the prompt against the context, the serial port), so a refused command
+compiles nothing and leaves no build directory. colibri.toml (project_file.py) supplies defaults;
+flags override it.
+"""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 import json
+import os
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import __version__
-from .compile.build import Artifacts, prepare, run_scons
-from .files import REPO
+from .compile.build import Artifacts, BuildRequest, build_dirs, prepare, remove_builds, run_scons
 from .compile.elfsize import read_elf
-from .errors import ColibriError
-from .model.hf_import import parse_config, read_json
-from .numerics.quantize import QUANTS
-from .compile.plan import plan_for_board
-from .report import format_report, planned_report_dict, report_dict
+from .compile.plan import Plan, largest_planned_ctx, plan_for_board, planned_use
+from .compile.targets import Board, available_boards, load_board
 from .device.runner import run_on_board
-from .verify import compare, rates, reference_run, speed_text
 from .device.session import RunRequest, check_fits_context
-from .numerics.sampling import SamplingParams, generation_defaults
 from .device.setup_toolchain import ensure_toolchain
-from .compile.targets import available_boards, load_board
+from .errors import ColibriError
+from .files import DEFAULT_MODEL, REPO
+from .model.hf_import import parse_config, read_json
 from .model.tokenizer import Tokenizer, parse_prompt_ids
-
-DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
+from .numerics.quantize import QUANTS
+from .numerics.sampling import SamplingParams, generation_defaults
+from .option_checks import check_board_options, check_sampling_options, threads_warning
+from .project_file import apply_project_file, find_project_file, load_project_file
+from .report import format_report, planned_report_dict, report_dict, report_problem
+from .verify import FirmwareMismatch, compare, firmware_identity, hello_check, reference_run, run_stats, speed_text
 
 
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def warn(message: str) -> None:
+    print(f"colibri: warning: {message}", file=sys.stderr, flush=True)
 
 
 # ---- argument helpers -----------------------------------------------------------------------
@@ -54,24 +65,31 @@ unit_float = number(float, 0.0, 1.0, what="a number between 0 and 1")
 non_negative_float = number(float, 0.0, what="a finite number >= 0")
 
 
-def add_target_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", default="host", help=f"target board (available: {', '.join(available_boards())})")
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory "
                    "(default: the bundled models/kjv-tiny)")
     p.add_argument("--quant", default="q8_0", choices=QUANTS, help="weight format (default q8_0)")
     p.add_argument("--ctx", type=positive_int, help="context length the firmware is built for "
                    "(default: the board's default, capped by the model)")
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
     p.add_argument("--out", type=Path, help="build directory (default build/<board>/<model>-<quant>-ctx<N>)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
 
 def add_port_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", help="serial port of a real board (e.g. /dev/ttyUSB0), for boards run over serial")
+    p.add_argument("--port", help="serial port of a real board (e.g. /dev/ttyUSB0), for boards run over serial "
+                   "(default: the only port that looks like an ESP32 board's)")
     p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening its port")
 
 
 def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
     p.add_argument("--prompt", help="prompt text (needs the model's tokenizer.json)")
+    p.add_argument("--prompt-file", type=Path, metavar="FILE",
+                   help="read the prompt text from FILE (- for standard input); one final newline is dropped")
     p.add_argument("--prompt-ids", help="prompt as comma-separated token ids")
     p.add_argument("--steps", type=positive_int, default=steps, help=f"tokens to generate (default {steps})")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
@@ -79,7 +97,7 @@ def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
     p.add_argument("--top-k", type=non_negative_int, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=unit_float, help="keep the smallest set with this total probability")
     p.add_argument("--min-p", type=unit_float, help="drop tokens below min-p times the top probability")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=non_negative_int, help="sampling seed (default 0)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
     add_threads_arg(p)
 
@@ -89,16 +107,60 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
                    help="threads on Linux boards (default 1; the same bits at any count)")
 
 
-# ---- shared steps ---------------------------------------------------------------------------
+# ---- shared steps: everything that needs no compiler first --------------------------------
 
-def build_for(args, quiet: bool) -> tuple[Artifacts, object]:
+@dataclass(frozen=True)
+class Planned:
+    """A build checked and planned, not compiled yet."""
+
+    board: Board
+    request: BuildRequest
+    plan: Plan
+
+
+def plan_build(args) -> Planned:
+    """The board, the options it takes, the model, its plan and fit: no compiler involved."""
     board = load_board(args.board)
-    ensure_toolchain(board)
-    req, plan = prepare(board, args.model, args.quant, args.ctx, args.out)
-    if plan.kept_f32 and not quiet:
-        progress(f"note: {plan.kept_f32_summary()}")
-    echo = None if quiet else progress
-    return run_scons(req, echo), (board, plan)
+    check_board_options(board, args, args.given, args.parser_defaults)
+    request, plan = prepare(board, args.model, args.quant, args.ctx, args.out)
+    return Planned(board, request, plan)
+
+
+def compile_build(planned: Planned, quiet: bool) -> Artifacts:
+    ensure_toolchain(planned.board)
+    if planned.plan.kept_f32 and not quiet:
+        progress(f"note: {planned.plan.kept_f32_summary()}")
+    return run_scons(planned.request, None if quiet else progress)
+
+
+def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> None:
+    """prompt + steps against the firmware's context, with the largest context this board and
+    model allow (searched only when the request does not fit)."""
+    if len(prompt) + steps - 1 <= plan.n_ctx:
+        return
+    largest = largest_planned_ctx(board, plan)
+    limit = plan.spec.max_position_embeddings if largest is None else min(largest, plan.spec.max_position_embeddings)
+    check_fits_context(prompt, steps, plan.n_ctx, limit)
+
+
+def board_port(args, board: Board) -> str | None:
+    """The serial port for a board on one: --port, or the only port that looks like an ESP32
+    board's (said on stderr). None for boards that run here."""
+    if board.runner != "serial":
+        return None
+    if getattr(args, "port", None):
+        return args.port
+    from .device.ports import describe, detect_port
+
+    found = detect_port(f"board {board.name}")
+    progress(f"using serial port {describe(found)}")
+    return found.device
+
+
+def warn_threads(board: Board, threads: int) -> None:
+    message = threads_warning(board, threads)
+    if message:
+        warn(message)
 
 
 def sampling_from(args, model_dir: Path) -> SamplingParams:
@@ -117,22 +179,41 @@ def sampling_from(args, model_dir: Path) -> SamplingParams:
         top_p = args.top_p
     if args.min_p is not None:
         min_p = args.min_p
-    return SamplingParams(temperature, top_k, top_p, min_p, args.seed)
+    return SamplingParams(temperature, top_k, top_p, min_p, args.seed if args.seed is not None else 0)
 
 
-def prompt_from(args, tokenizer: Tokenizer | None, vocab: int) -> list[int]:
-    if args.prompt is not None and args.prompt_ids is not None:
-        raise ColibriError("give --prompt or --prompt-ids, not both")
+def prompt_text(args) -> str | None:
+    """--prompt, or the text of --prompt-file (standard input for -)."""
+    if args.prompt_file is None:
+        return args.prompt
+    try:
+        if str(args.prompt_file) == "-":
+            text = sys.stdin.read()
+        else:
+            text = args.prompt_file.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ColibriError(f"--prompt-file {args.prompt_file}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ColibriError(f"--prompt-file {args.prompt_file}: not UTF-8 text") from None
+    # An editor ends a file with a newline the user did not mean as part of the prompt.
+    return text[:-1] if text.endswith("\n") else text
+
+
+def prompt_from(args, tokenizer: Tokenizer | None, vocab: int, text: str | None) -> list[int]:
+    given = [flag for flag, value in (("--prompt", args.prompt), ("--prompt-file", args.prompt_file),
+                                      ("--prompt-ids", args.prompt_ids)) if value is not None]
+    if len(given) > 1:
+        raise ColibriError(f"give one of --prompt, --prompt-file and --prompt-ids, not {' and '.join(given)}")
     if args.prompt_ids is not None:
         ids = parse_prompt_ids(args.prompt_ids)
-    elif args.prompt is not None:
+    elif text is not None:
         if tokenizer is None:
-            raise ColibriError(f"{args.model}: no tokenizer.json, so --prompt cannot be used; give --prompt-ids")
-        ids = tokenizer.encode(args.prompt)
+            raise ColibriError(f"{args.model}: no tokenizer.json, so {given[0]} cannot be used; give --prompt-ids")
+        ids = tokenizer.encode(text)
         if not ids:
             raise ColibriError("the prompt encodes to no tokens")
     else:
-        raise ColibriError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3")
+        raise ColibriError("give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids 1,2,3")
     bad = [i for i in ids if i >= vocab]
     if bad:
         raise ColibriError(f"prompt token id {bad[0]} is outside the vocabulary ({vocab})")
@@ -140,25 +221,39 @@ def prompt_from(args, tokenizer: Tokenizer | None, vocab: int) -> list[int]:
 
 
 class TextStream:
-    """Prints generated text as tokens arrive (decoding the whole suffix each time keeps
-    multi-token characters and spacing right)."""
+    """Prints the prompt and then the generated text as tokens arrive (decoding the whole suffix
+    each time keeps multi-token characters and spacing right). Nothing is printed before the
+    first token, and end_line() closes a started line, so an error never follows half a line."""
 
-    def __init__(self, tokenizer: Tokenizer | None, enabled: bool):
-        self.tokenizer, self.enabled = tokenizer, enabled
+    def __init__(self, tokenizer: Tokenizer | None, enabled: bool, echo: str | None = None):
+        self.tokenizer, self.enabled, self.echo = tokenizer, enabled, echo
         self.ids: list[int] = []
         self.shown = ""
+        self.open = False
+
+    def _print(self, text: str) -> None:
+        if text:
+            print(text, end="", flush=True)
+            self.open = True
 
     def __call__(self, step: int, token: int) -> None:
         self.ids.append(token)
         if not self.enabled:
             return
+        if len(self.ids) == 1 and self.echo and self.tokenizer is not None:
+            self._print(self.echo)
         if self.tokenizer is None:
-            print(f"{token} ", end="", flush=True)
+            self._print(f"{token} ")
             return
         text = self.tokenizer.decode(self.ids)
         if text.startswith(self.shown):
-            print(text[len(self.shown):], end="", flush=True)
+            self._print(text[len(self.shown):])
             self.shown = text
+
+    def end_line(self) -> None:
+        if self.open:
+            print(flush=True)
+            self.open = False
 
 
 def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
@@ -168,7 +263,9 @@ def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
 # ---- commands -------------------------------------------------------------------------------
 
 def cmd_build(args) -> int:
-    art, (board, plan) = build_for(args, quiet=False)
+    planned = plan_build(args)
+    art = compile_build(planned, quiet=False)
+    board, plan = planned.board, planned.plan
     info = {"board": board.name, "program": str(art.program), "weights": str(art.weights),
             "plan": str(art.plan_json), "generated": str(art.generated), "model_hash": art.model_hash(),
             "quant": plan.quant, "n_ctx": plan.n_ctx}
@@ -188,56 +285,87 @@ def cmd_build(args) -> int:
     return 0
 
 
-def _run(args, stream: bool):
-    art, (board, plan) = build_for(args, quiet=args.json)
+@dataclass
+class Ran:
+    board: Board
+    plan: Plan
+    art: Artifacts
+    tokenizer: Tokenizer | None
+    request: RunRequest
+    result: object  # device.session.RunResult
+    identity: object  # verify.FirmwareIdentity
+
+
+def _run(args, stream: bool) -> Ran:
+    planned = plan_build(args)
+    board, plan = planned.board, planned.plan
+    check_sampling_options(args, args.given)
     tokenizer = Tokenizer.for_model(args.model)
-    prompt = prompt_from(args, tokenizer, plan.spec.vocab_size)
-    check_fits_context(prompt, args.steps, plan.n_ctx)
+    text = prompt_text(args)
+    prompt = prompt_from(args, tokenizer, plan.spec.vocab_size, text)
+    check_context(prompt, args.steps, board, plan)
     request = RunRequest(prompt, args.steps, sampling_from(args, args.model), not args.ignore_eos, args.threads)
-    text_out = TextStream(tokenizer, enabled=stream and not args.json)
-    if stream and not args.json and tokenizer is not None and args.prompt is not None:
-        print(args.prompt, end="", flush=True)
-    result = run_on_board(board, art.program, art.weights, request, art.model_hash(), on_token=text_out,
-                          flash_image=art.flash_image, port=getattr(args, "port", None),
-                          reset=getattr(args, "reset", False))
-    if stream and not args.json:
-        print()
-    return art, board, plan, tokenizer, request, result
+    port = board_port(args, board)
+    warn_threads(board, args.threads)
+    art = compile_build(planned, quiet=args.json)
+    identity = firmware_identity(board, art, plan)
+    text_out = TextStream(tokenizer, enabled=stream and not args.json, echo=text)
+    try:
+        result = run_on_board(board, art.program, art.weights, request, art.model_hash(), on_token=text_out,
+                              flash_image=art.flash_image, port=port, reset=getattr(args, "reset", False),
+                              check_hello=hello_check(identity))
+    finally:
+        text_out.end_line()
+    return Ran(board, plan, art, tokenizer, request, result, identity)
 
 
 def cmd_run(args) -> int:
-    art, board, plan, tokenizer, request, result = _run(args, stream=True)
-    r = rates(result)
+    ran = _run(args, stream=True)
+    result = ran.result
+    stats = run_stats(result, ran.board, ran.request)
     if args.json:
-        print(json.dumps({"board": board.name, "prompt": request.prompt, "tokens": result.tokens,
-                          "text": decode_text(tokenizer, result.tokens), "logits_sha256": result.digests,
-                          "stop_reason": result.stop_reason, "stats": r}, indent=2))
+        print(json.dumps({"board": ran.board.name, "prompt": ran.request.prompt, "tokens": result.tokens,
+                          "text": decode_text(ran.tokenizer, result.tokens), "logits_sha256": result.digests,
+                          "stop_reason": result.stop_reason, "stats": stats}, indent=2))
     else:
-        speed = f", {speed_text(r)} decode" if speed_text(r) else ""
-        print(f"[{len(result.tokens)} tokens on {board.name}, stopped by {result.stop_reason}{speed}]", file=sys.stderr)
+        speed = f"; decode {speed_text(stats)}" if speed_text(stats) else ""
+        print(f"[{len(result.tokens)} tokens on {ran.board.name}, stopped by {result.stop_reason}{speed}]",
+              file=sys.stderr)
     return 0
 
 
 def cmd_verify(args) -> int:
-    art, board, plan, tokenizer, request, result = _run(args, stream=True)
+    try:
+        ran = _run(args, stream=True)
+    except FirmwareMismatch as e:
+        # Another firmware answered: a verdict about what is on the board, not a broken link.
+        if args.json:
+            print(json.dumps({"board": args.board, "model": str(args.model), "pass": False,
+                              "firmware_identity": {"differences": e.differences, "hello": e.hello}}, indent=2))
+        else:
+            print(f"FAIL: {e}")
+        return 1
+    board, plan, request, result = ran.board, ran.plan, ran.request, ran.result
+    stats = run_stats(result, board, request)
     if not args.json:
-        r = rates(result)
-        speed = f" at {speed_text(r)}" if speed_text(r) else ""
-        progress(f"firmware on {board.name}: {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
+        speed = f" at {speed_text(stats)}" if speed_text(stats) else ""
+        progress(f"firmware on {board.name} (its hello names this build: board, context, quantization, weight "
+                 f"image, build id): {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
                  f"running the NumPy reference on the same weight image")
-    ref = reference_run(plan, art.weights, request)
+    ref = reference_run(plan, ran.art.weights, request)
     comparison = compare(result, ref)
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
     summary = {
         "board": board.name, "model": str(args.model), "quant": plan.quant, "n_ctx": plan.n_ctx,
         "prompt": request.prompt, "sampling": asdict(request.sampling),
+        "firmware_identity": {"expected": ran.identity.fields(), "differences": []},
         "firmware": {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason},
         "reference": {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason},
-        "text": decode_text(tokenizer, result.tokens),
+        "text": decode_text(ran.tokenizer, result.tokens),
         "pass": comparison.passed,
         "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts} if ref.expert_counts else None,
         "first_divergent_step": comparison.first_divergent_step,
-        "stats": rates(result),
+        "stats": stats,
     }
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -251,37 +379,50 @@ def has_weights(model_dir: Path) -> bool:
 
 
 def cmd_report(args) -> int:
+    board = load_board(args.board)
     if not has_weights(args.model) and (Path(args.model) / "config.json").is_file():
         # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
-        board = load_board(args.board)
         spec = parse_config(read_json(Path(args.model) / "config.json"), Path(args.model).resolve().name)
         n_ctx = args.ctx or min(board.default_ctx, spec.max_position_embeddings)
         rep = planned_report_dict(board, plan_for_board(spec, board, args.quant, n_ctx))
     else:
-        art, (board, plan) = build_for(args, quiet=args.json)
-        if art.program.exists():
-            rep = report_dict(board, plan, read_elf(art.program))
-        else:  # an ESP-IDF project that idf.py has not built here
+        request, plan = prepare(board, args.model, args.quant, args.ctx, args.out, check_fit=False)
+        if any(use.over_budget for use in planned_use(board, plan)):
+            # It would be refused before compiling: show where the bytes would go, then say so.
             rep = planned_report_dict(board, plan)
+        else:
+            art = compile_build(Planned(board, request, plan), quiet=args.json)
+            if art.program.exists():
+                rep = report_dict(board, plan, read_elf(art.program))
+            else:  # an ESP-IDF project that idf.py has not built here
+                rep = planned_report_dict(board, plan)
     if args.json:
         print(json.dumps(rep, indent=2))
     else:
         print(format_report(rep))
     if not rep["fits"]:
-        over = [r for r in rep["regions"] if r["over_budget"]]
-        raise ColibriError(f"{rep['model']} ({rep['quant']}, context {rep['n_ctx']}) does not fit board "
-                           f"{rep['board']}: " + "; ".join(f"region {r['name']} needs {r['used']:,} B but has "
-                                                           f"{r['budget']:,} B" for r in over))
+        raise ColibriError(report_problem(rep))
     return 0
 
 
 def cmd_bench(args) -> int:
     from . import bench
 
-    art, (board, plan) = build_for(args, quiet=True)
-    out = bench.run_bench(board, plan, art, model=str(args.model), prompt_tokens=args.prompt_tokens, steps=args.steps,
-                          repeat=args.repeat, threads=args.threads, plot=args.plot, port=getattr(args, "port", None),
-                          reset=getattr(args, "reset", False), progress=None if args.json else progress)
+    planned = plan_build(args)
+    board, plan = planned.board, planned.plan
+    # Defaults that fit the board: the steps the context holds after the prompt, one run where the
+    # instruction count is exact.
+    steps = args.steps if args.steps is not None else bench.default_steps(plan, args.prompt_tokens)
+    repeat = args.repeat if args.repeat is not None else bench.default_repeat(board)
+    check_context(bench.synthetic_prompt(plan, args.prompt_tokens), steps, board, plan)
+    bench.check_plot(board, args.plot, steps)
+    port = board_port(args, board)
+    warn_threads(board, args.threads)
+    art = compile_build(planned, quiet=True)
+    out = bench.run_bench(board, plan, art, model=str(args.model), prompt_tokens=args.prompt_tokens, steps=steps,
+                          repeat=repeat, threads=args.threads, plot=args.plot, port=port, reset=args.reset,
+                          progress=None if args.json else progress,
+                          check_hello=hello_check(firmware_identity(board, art, plan)))
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -292,32 +433,61 @@ def cmd_bench(args) -> int:
 def cmd_flash(args) -> int:
     from .device.flash import flash_images, flash_plan
 
-    art, (board, plan) = build_for(args, quiet=args.json)
-    if "flash" not in board.data:
+    planned = plan_build(args)
+    board = planned.board
+    if board.flash is None:
         raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
+    if args.monitor and args.no_reset:
+        raise ColibriError("--no-reset leaves the board in its bootloader, so --monitor would show nothing: "
+                           "give one or the other")
+    port = board_port(args, board)
+    art = compile_build(planned, quiet=args.json)
     images = flash_plan(board, art.out_dir)
     baud = args.baud or board.flash.baud
-    flash_images(board, args.port, images, baud=baud, progress=progress, reset=not args.no_reset)
-    summary = {"board": board.name, "port": args.port, "images": [{"offset": o, "file": str(p)} for o, p in images],
+    # With --monitor the board stays in the bootloader after writing, and the monitor resets it once
+    # its port is open, so the hello frame of the new firmware is not lost before anyone listens.
+    flash_images(board, port, images, baud=baud, progress=progress, reset=not args.no_reset and not args.monitor,
+                 before=args.before)
+    summary = {"board": board.name, "port": port, "images": [{"offset": o, "file": str(p)} for o, p in images],
                "model_hash": art.model_hash()}
-    if args.json:
+    if args.json and not args.monitor:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"flashed {len(images)} image(s) to {board.name} on {args.port} and verified them; "
-              f"model hash {summary['model_hash'][:16]}")
-    return 0
+        progress(f"flashed {len(images)} image(s) to {board.name} on {port} and verified them; "
+                 f"model hash {summary['model_hash'][:16]}")
+    if not args.monitor:
+        return 0
+    from .device.monitor import monitor
+
+    uart_baud = (board.idf or {}).get("uart_baud", 115200)
+    return monitor(port, uart_baud, reset=True, expected_model=art.model_hash(), json_lines=args.json,
+                   tokenizer=Tokenizer.for_model(args.model))
 
 
 def cmd_monitor(args) -> int:
     from .device.monitor import monitor
 
-    return monitor(args.port, args.baud, args.reset, duration=args.duration, expected_model=args.expect_model,
-                   json_lines=args.json)
+    port = args.port
+    if not port:
+        from .device.ports import describe, detect_port
+
+        found = detect_port("monitor")
+        progress(f"using serial port {describe(found)}")
+        port = found.device
+    tokenizer = None
+    if args.model is not None:
+        tokenizer = Tokenizer.for_model(args.model)
+        if tokenizer is None:
+            raise ColibriError(f"{args.model}: no tokenizer.json, so --model cannot decode the text")
+    return monitor(port, args.baud, args.reset, duration=args.duration, expected_model=args.expect_model,
+                   json_lines=args.json, tokenizer=tokenizer)
 
 
 def cmd_release(args) -> int:
     from .release.make import make_release
 
+    if args.out is None:
+        raise ColibriError("release needs --out DIR: the directory for the bundle and its tarball")
     release = make_release(args.board, args.model, args.quant, args.ctx, args.out, sign_key=args.sign,
                            progress=None if args.json else progress)
     print(json.dumps(release.summary(), indent=2) if args.json else release.describe())
@@ -327,7 +497,10 @@ def cmd_release(args) -> int:
 def cmd_verify_release(args) -> int:
     from .release.check import check_release
 
-    result = check_release(args.bundle, verify_key=args.verify_key, model_dir=args.model,
+    if args.no_rebuild and args.release_model is not None:
+        raise ColibriError("--model names the model files for the rebuild, and --no-rebuild skips it: "
+                           "give one or the other")
+    result = check_release(args.bundle, verify_key=args.verify_key, model_dir=args.release_model,
                            rebuild=not args.no_rebuild, progress=None if args.json else progress)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
@@ -338,6 +511,79 @@ def cmd_verify_release(args) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_clean(args) -> int:
+    from .compile import build
+
+    root = build.BUILD_ROOT
+    dirs = build_dirs(args.only_board, args.only_model)
+    what = " and ".join(part for part in (f"board {args.only_board}" if args.only_board else "",
+                                          f"model {Path(args.only_model).name}" if args.only_model else "") if part)
+    if not dirs:
+        message = f"nothing to clean under {root}" + (f" for {what}" if what else "")
+        print(json.dumps({"removed": [], "bytes": 0}) if args.json else message)
+        return 0
+    freed = remove_builds(dirs)
+    shown = [f"{root.name}/{d.relative_to(root)}" for d in dirs]
+    if args.json:
+        print(json.dumps({"removed": shown, "bytes": freed}, indent=2))
+    else:
+        print(f"removed {', '.join(shown)} ({freed / 1e6:.1f} MB)")
+    return 0
+
+
+def board_summary(board: Board) -> dict:
+    regions = [{"name": r.name, "kind": r.kind, "bytes": r.size or None, "holds": list(r.holds)}
+               for r in board.memory]
+    return {"name": board.name, "description": board.description, "isa": board.isa,
+            "runs_here": board.how_it_runs(), "emulated_by": board.emulated_by(),
+            "memory": regions, "default_ctx": board.default_ctx, "flashed": board.flash is not None}
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return "no fixed budget"
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB"
+
+
+def cmd_boards(args) -> int:
+    boards = [board_summary(load_board(name)) for name in available_boards()]
+    if args.json:
+        print(json.dumps(boards, indent=2))
+        return 0
+    width = max(len(b["name"]) for b in boards)
+    for b in boards:
+        memory = ", ".join(f"{r['name']} {_size(r['bytes'])}" for r in b["memory"])
+        print(f"{b['name']:<{width}}  {b['description']}; runs {b['runs_here']}; memory: {memory}; "
+              f"default context {b['default_ctx']}")
+    return 0
+
+
+def cmd_devices(args) -> int:
+    from .device.ports import describe, list_ports
+
+    ports = list_ports()
+    if args.json:
+        print(json.dumps([p.to_dict() for p in ports], indent=2))
+    elif not ports:
+        print("no serial ports found (is the board plugged in, and its USB-serial driver loaded?)")
+    else:
+        for port in ports:
+            print(describe(port))
+    return 0
+
+
+def cmd_test(args) -> int:
+    # ./colibri test installs the test dependencies first and never reaches here; run directly
+    # (python -m generator.cli test) it is the same suite with the environment at hand.
+    python = sys.executable
+    argv = [python, "-m", "generator.device.setup_toolchain", "--all", "--packages", "tests/apt-packages.txt",
+            "--", python, "-m", "pytest", "-q", "tests", *args.pytest_args]
+    os.chdir(REPO)
+    sys.stdout.flush()
+    os.execv(python, argv)
+    return 0  # not reached
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
@@ -345,86 +591,157 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"colibri: error: {message} (see {self.prog} --help)\n")
 
 
-def make_parser() -> argparse.ArgumentParser:
+class VersionAction(argparse.Action):
+    """--version: the generator, its git commit and the toolchains found here."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .release.provenance import version_report
+
+        print("\n".join(version_report()))
+        parser.exit(0)
+
+
+def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser and each command's own (colibri.toml sets the commands' defaults)."""
     parser = Parser(prog="colibri", description="Hugging Face checkpoints to verified C firmware.")
-    parser.add_argument("--version", action="version", version=f"colibri {__version__}")
+    parser.add_argument("--version", action=VersionAction,
+                        help=f"show colibri's version ({__version__}), git commit and the toolchains found")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    commands: dict[str, argparse.ArgumentParser] = {}
 
-    p = sub.add_parser("build", help="generate the sources and build the firmware for a board")
+    def command(name, func, help):
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        commands[name] = p
+        return p
+
+    p = command("build", cmd_build, "generate the sources and build the firmware for a board")
     add_target_args(p)
-    p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("run", help="build, run the firmware on a prompt and print the text")
+    p = command("run", cmd_run, "build, run the firmware on a prompt and print the text")
     add_target_args(p)
     add_decode_args(p, steps=64)
     add_port_arg(p)
-    p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("verify", help="run the firmware and the NumPy reference; PASS only if bit-identical")
+    p = command("verify", cmd_verify, "run the firmware and the NumPy reference; PASS only if bit-identical "
+                "and the firmware is this build")
     add_target_args(p)
     add_decode_args(p, steps=64)
     add_port_arg(p)
-    p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("report", help="where every byte goes, per memory region, checked against the ELF")
+    p = command("report", cmd_report, "where every byte goes, per memory region, checked against the ELF")
     add_target_args(p)
-    p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("bench", help="measure prefill and decode speed")
+    p = command("bench", cmd_bench, "measure prefill and decode speed (instructions on emulated MCUs)")
     add_target_args(p)
-    p.add_argument("--steps", type=positive_int, default=128, help="decoded tokens per run (default 128)")
+    p.add_argument("--steps", type=positive_int, help="decoded tokens per run (default 128, or fewer so that "
+                   "the prompt and the steps fit the firmware's context)")
     p.add_argument("--prompt-tokens", type=positive_int, default=8, help="prompt length (default 8)")
-    p.add_argument("--repeat", type=positive_int, default=3, help="runs; the median is reported (default 3)")
+    p.add_argument("--repeat", type=positive_int, help="runs; the median is reported (default 3; 1 on boards "
+                   "whose instruction counts are exact)")
     p.add_argument("--plot", type=Path, metavar="PNG", help="also draw decode tok/s against context length into PNG")
     add_threads_arg(p)
     add_port_arg(p)
-    p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("flash", help="write a board's images with esptool, verify them, reset the board")
+    p = command("flash", cmd_flash, "write a board's images with esptool, verify them, reset the board")
     add_target_args(p)
-    p.add_argument("--port", required=True, help="serial port of the board (e.g. /dev/ttyUSB0)")
+    p.add_argument("--port", help="serial port of the board (default: the only port that looks like an ESP32 board's)")
     p.add_argument("--baud", type=positive_int, help="flashing baud rate (default: the board file's, or 460800)")
-    p.add_argument("--no-reset", action="store_true", help="leave the board in the bootloader afterwards")
-    p.set_defaults(func=cmd_flash)
+    p.add_argument("--before", default="default-reset",
+                   choices=("default-reset", "usb-reset", "no-reset", "no-reset-no-sync"),
+                   help="how esptool puts the chip in its bootloader (esptool --before; no-reset: hold BOOT "
+                        "and press RESET yourself)")
+    p.add_argument("--no-reset", action="store_true", help="leave the board in the bootloader afterwards "
+                   "(esptool --after no-reset)")
+    p.add_argument("--monitor", action="store_true", help="then reset the board and monitor it (like "
+                   "idf.py flash monitor; Ctrl-C to stop)")
 
-    p = sub.add_parser("monitor", help="show what a board prints: logs and decoded frames (Ctrl-C to stop)")
-    p.add_argument("--port", required=True, help="serial device or pyserial URL (e.g. socket://127.0.0.1:4444)")
+    p = command("monitor", cmd_monitor, "show what a board prints: logs and decoded frames (Ctrl-C to stop)")
+    p.add_argument("--port", help="serial device or pyserial URL (e.g. socket://127.0.0.1:4444; default: the "
+                   "only port that looks like an ESP32 board's)")
     p.add_argument("--baud", type=positive_int, default=115200, help="baud rate (default 115200)")
     p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening (default: leave it alone)")
     p.add_argument("--duration", type=non_negative_float, help="stop after this many seconds")
     p.add_argument("--expect-model", metavar="HASH", help="model hash (or a prefix) the firmware must carry")
+    p.add_argument("--model", type=Path, help="model directory whose tokenizer turns token frames into text")
     p.add_argument("--json", action="store_true", help="one JSON object per frame or log line")
-    p.set_defaults(func=cmd_monitor)
 
-    p = sub.add_parser("release", help="build, verify and bundle a reproducible firmware release")
-    p.add_argument("--board", default="host", help=f"target board (available: {', '.join(available_boards())})")
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory "
-                   "(default: the bundled models/kjv-tiny)")
-    p.add_argument("--quant", default="q8_0", choices=QUANTS, help="weight format (default q8_0)")
-    p.add_argument("--ctx", type=positive_int, help="context length the firmware is built for "
-                   "(default: the board's default, capped by the model)")
-    p.add_argument("--out", type=Path, required=True,
-                   help="directory for the bundle, its .tar.gz and measurements.json")
+    p = command("release", cmd_release, "build, verify and bundle a reproducible firmware release")
+    add_model_args(p)
+    p.add_argument("--out", type=Path, help="directory for the bundle, its .tar.gz and "
+                   "<bundle>.measurements.json (required)")
     p.add_argument("--sign", type=Path, metavar="KEY", help="sign manifest.json with this ed25519 private key "
                    "(PEM, e.g. from `openssl genpkey -algorithm ed25519`, or OpenSSH)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
-    p.set_defaults(func=cmd_release)
 
-    p = sub.add_parser("verify-release", help="check a release's hashes and signature, rebuild it from its "
-                       "manifest and compare byte for byte")
-    p.add_argument("bundle", type=Path, help="the release bundle directory or its .tar.gz")
+    p = command("verify-release", cmd_verify_release, "check a release's hashes and signature, rebuild it from "
+                "its manifest and compare byte for byte")
+    p.add_argument("bundle", type=Path, help="the release bundle directory, its .tar.gz, or the release --out "
+                   "directory holding one bundle")
     p.add_argument("--verify-key", type=Path, metavar="KEY", help="ed25519 public key manifest.json must be signed with")
-    p.add_argument("--model", type=Path, help="directory holding the release's model files "
-                   "(default: models/<the release's model name>)")
+    # Its own dest: a colibri.toml's model is a default for building, not the release's files.
+    p.add_argument("--model", dest="release_model", type=Path, metavar="DIR", help="directory holding the "
+                   "release's model files (default: models/<the release's model name>)")
     p.add_argument("--no-rebuild", action="store_true", help="check hashes and the signature only")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
-    p.set_defaults(func=cmd_verify_release)
-    return parser
+
+    p = command("clean", cmd_clean, "remove builds under build/: all of them, or one board's or one model's")
+    # Own dests: a colibri.toml's board and model are defaults for building, not what to delete.
+    p.add_argument("--board", dest="only_board", metavar="BOARD", help="only this board's builds")
+    p.add_argument("--model", dest="only_model", type=Path, metavar="DIR", help="only this model's builds")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+    p = command("boards", cmd_boards, "list the boards: what each is, how it runs here, its memory")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+    p = command("devices", cmd_devices, "list serial ports, marking those that look like ESP32 boards")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+    command("test", cmd_test, "install the test dependencies and run the whole test suite "
+            "(arguments after it go to pytest, as with ./colibri test)")
+    return parser, commands
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, object]:
+    return {a.dest: a.default for a in parser._actions if a.option_strings and a.dest != "help"}
+
+
+def parse_args(argv: list[str] | None = None):
+    """Parse the command line over colibri.toml's defaults. args.given: the options the command
+    line itself set (option_checks refuses those a board cannot take; a file's defaults that do
+    not apply to the board in use are skipped)."""
+    parser, commands = make_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = next((a for a in argv if not a.startswith("-")), None)  # the top level has only options
+    applied: dict = {}
+    defaults: dict = {}
+    if name in commands:
+        defaults = _options(commands[name])
+        path = find_project_file()
+        if path is not None:
+            applied = apply_project_file(load_project_file(path, set(commands)), name, commands)
+            if applied:
+                shown = ", ".join(f"{k.replace('_', '-')} = {v}" for k, v in applied.items())
+                progress(f"colibri: settings from {path}: {shown}")
+    if name == "test":
+        # Everything after `test` is pytest's, options included (argparse would claim them).
+        at = argv.index("test") + 1
+        args = parser.parse_args(argv[:at])
+        args.pytest_args = argv[at:]
+    else:
+        args = parser.parse_args(argv)
+    args.given = {dest for dest, default in defaults.items()
+                  if getattr(args, dest, default) != applied.get(dest, default)}
+    args.parser_defaults = defaults
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
     try:
+        args = parse_args(argv)
         return args.func(args)
     except ColibriError as e:
         print(f"colibri: error: {e}", file=sys.stderr)

@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# The bundled model every command (and a bare `scons`) uses when none is named.
+DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .compile.elfsize import ElfSizes
 from .errors import ColibriError
-from .compile.plan import Plan, RegionUse, planned_use, replan
+from .compile.plan import Plan, RegionUse, fit_problem, largest_planned_ctx, planned_use, replan
 from .compile.targets import CATEGORIES, Board
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
@@ -122,20 +122,7 @@ def planned_report_dict(board: Board, plan: Plan) -> dict:
     reserve, and a region that does not fit says so with the numbers."""
     uses = planned_use(board, plan)
     reserve = board.code_reserve
-
-    def fits(n_ctx: int) -> bool:
-        trial = replan(plan, n_ctx)
-        return not any(u.over_budget for u in planned_use(board, trial))
-
-    largest = None
-    if any(r.size > 0 for r in board.memory):
-        lo, hi = 0, plan.spec.max_position_embeddings
-        if fits(2):
-            lo = 2
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-        largest = lo
+    largest = largest_planned_ctx(board, plan)
     return {
         "board": board.name, "model": plan.spec.name, "architecture": plan.spec.architecture,
         "quant": plan.quant, "n_ctx": plan.n_ctx, "planned_only": True, "q4_0_weights": plan.q4_0_weights,
@@ -168,3 +155,11 @@ def format_report(rep: dict) -> str:
     lines.append("  largest context that fits: " + ("no limit on this board" if largest is None
                                                      else "none" if largest == 0 else str(largest)))
     return "\n".join(lines)
+
+
+def report_problem(rep: dict) -> str | None:
+    """`report`'s closing error when a region is over budget: the same line the check before
+    compiling gives (docs/errors.md), from the numbers the report shows."""
+    uses = [RegionUse(r["name"], r["kind"], r["budget"], r["items"]) for r in rep["regions"]]
+    return fit_problem(rep["model"], rep["quant"], rep["n_ctx"], rep["board"], uses,
+                       "; code is the board's reserve" if rep.get("planned_only") else "")

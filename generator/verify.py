@@ -1,15 +1,87 @@
 """Verify: a firmware's run against the NumPy reference on the same weight image. The comparison
-(tokens, per-step logits hashes, MoE routing counts, the first divergent step) and the rates a run
-reports are computed here, once, for `verify`, `release` and `bench`."""
+(the firmware's identity, tokens, per-step logits hashes, MoE routing counts, the first divergent
+step) and the rates a run reports are computed here, once, for `verify`, `release` and `bench`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .compile.firmware_id import firmware_build_id
 from .compile.plan import Plan
+from .compile.targets import Board
+from .errors import ColibriError
 from .reference import Generation, Reference
 from .device.session import RunRequest, RunResult
+
+
+# ---- is the firmware that answers the one this build produced? ---------------------------------
+
+@dataclass(frozen=True)
+class FirmwareIdentity:
+    """What a build's firmware says about itself in its hello frame. The model hash alone does not
+    tell builds apart: another board's firmware, or another context or quantization of the same
+    model, carries the same one."""
+
+    board: str
+    quant: str
+    ctx: str
+    model: str  # the model/config hash the image and the firmware share
+    weights: str  # SHA-256 of the weight image the firmware accepts
+    build: str | None  # GNU build-id of the ELF (ESP-IDF: SHA-256 of the app ELF); None: not built here
+
+    def fields(self) -> dict[str, str]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+# How each field is named in "what differs"; hashes are shortened.
+_FIELD_NAMES = {"board": "board", "quant": "quantization", "ctx": "context", "model": "model hash",
+                "weights": "weight image SHA-256", "build": "build id"}
+_HASHES = ("model", "weights", "build")
+
+
+def firmware_identity(board: Board, art, plan: Plan) -> FirmwareIdentity:
+    """The identity of the firmware built as `art` (compile.build.Artifacts) for `plan`."""
+    weights = hashlib.sha256(Path(art.weights).read_bytes()).hexdigest()
+    return FirmwareIdentity(board.name, plan.quant, str(plan.n_ctx), art.model_hash(), weights,
+                            firmware_build_id(board, art.program))
+
+
+def identity_differences(hello: dict[str, str], identity: FirmwareIdentity) -> list[str]:
+    """What differs between a hello frame and this build, one phrase per field ([] if nothing)."""
+    def show(field, value):
+        return value[:16] + "…" if field in _HASHES and len(value) > 16 else value
+
+    out = []
+    for field, expected in identity.fields().items():
+        got = hello.get(field)
+        if got is None:
+            out.append(f"no {_FIELD_NAMES[field]} reported (this build: {show(field, expected)})")
+        elif got.lower() != expected.lower():
+            out.append(f"{_FIELD_NAMES[field]} {show(field, got)} (this build: {show(field, expected)})")
+    return out
+
+
+class FirmwareMismatch(ColibriError):
+    """The board answered with firmware that is not this build (refused at its hello frame,
+    before the request is sent)."""
+
+    def __init__(self, message: str, differences: list[str], hello: dict[str, str]):
+        super().__init__(message)
+        self.differences, self.hello = differences, dict(hello)
+
+
+def hello_check(identity: FirmwareIdentity):
+    """A Session hello check (device.session.Session's check_hello) that refuses any firmware
+    but this build's, saying what differs and how to put this build on the board."""
+    def check(hello: dict[str, str]) -> None:
+        differences = identity_differences(hello, identity)
+        if differences:
+            raise FirmwareMismatch(f"the firmware on the board is not this build: {'; '.join(differences)} "
+                                   f"(flash this build: ./colibri flash --board {identity.board} "
+                                   f"with the same --model, --quant and --ctx)", differences, hello)
+    return check
 
 
 def reference_run(plan: Plan, weights: Path, request: RunRequest) -> Generation:
@@ -90,7 +162,43 @@ def rates(result: RunResult) -> dict:
     }
 
 
+def instructions_scope(request: RunRequest, result: RunResult) -> str:
+    """What a decode's instructions per token count: each forward pass (attention grows with the
+    context, so the contexts it ran at matter), and for each step the sampling, the logits'
+    SHA-256 when the request asked for them, and the token frame. Verify (sampled, hashed), a
+    release (greedy, hashed) and bench (greedy, no hashing, longer) count different things."""
+    s = request.sampling
+    sampling = ("greedy sampling" if s.temperature == 0 else
+                f"sampling at temperature {s.temperature:g}" + (f", top-k {s.top_k}" if s.top_k else "")
+                + (f", top-p {s.top_p:g}" if s.top_p < 1 else "") + (f", min-p {s.min_p:g}" if s.min_p else ""))
+    passes = int(result.stats.get("decode", 0))
+    first = len(request.prompt) + 1
+    contexts = f"context {first}" if passes <= 1 else f"contexts {first}-{first + passes - 1}"
+    hashing = "the logits' SHA-256" if request.digests else "no logits hashing"
+    return f"forward pass at {contexts}, {sampling}, {hashing}, the token frame"
+
+
+def run_stats(result: RunResult, board: Board, request: RunRequest) -> dict:
+    """rates() with what they are: the emulator they were measured under (None: the board
+    itself), and for instruction counts what a token's count includes."""
+    r = rates(result)
+    r["emulated_by"] = board.emulated_by()
+    r["instructions_counted"] = (instructions_scope(request, result)
+                                 if r["decode_instructions_per_token"] else None)
+    return r
+
+
 def speed_text(r: dict) -> str:
+    """A run's decode speed as one phrase, labelled: exact instruction counts say what they
+    count, and a wall-clock speed under an emulator says it is the emulator's."""
     if r["decode_instructions_per_token"]:
-        return f"{r['decode_instructions_per_token'] / 1e6:.2f} M instructions/token"
-    return f"{r['decode_tok_s']:.1f} tok/s" if r["decode_tok_s"] else ""
+        text = f"{r['decode_instructions_per_token'] / 1e6:.2f} M instructions per decoded token"
+        if r.get("instructions_counted"):
+            text += f" ({r['instructions_counted']})"
+        return text
+    if not r["decode_tok_s"]:
+        return ""
+    text = f"{r['decode_tok_s']:.1f} tok/s"
+    if r.get("emulated_by"):
+        text += f" under {r['emulated_by']} emulation (the emulator's speed on this machine, not the board's)"
+    return text

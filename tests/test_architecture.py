@@ -10,7 +10,7 @@ GENERATOR = Path(__file__).resolve().parent.parent / "generator"
 
 # Each stage, lowest first: a module may import its own stage and the ones below it.
 STAGES = [
-    ("errors", "files", "__init__"),
+    ("errors", "files", "__init__", "project_file"),
     ("model",),
     ("numerics",),
     ("compile",),
@@ -19,7 +19,7 @@ STAGES = [
     ("verify", "report"),
     ("bench",),
     ("release",),
-    ("cli",),
+    ("cli", "option_checks"),
 ]
 
 

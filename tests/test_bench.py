@@ -99,7 +99,9 @@ def test_bench_text_gives_the_median_share_and_the_range_of_the_probes_next_to_e
 def test_an_emulated_linux_board_gets_no_bandwidth_figure_in_the_text():
     out = {"board": "linux-aarch64", "quant": "q8_0", "kernels": "neon", "threads": 1, "prompt_tokens": 8,
            "decode_steps": 16, "repeat": 1, "prefill_tok_s": 10.0, "decode_tok_s": 5.0, "ms_per_token": {},
-           "weight_bytes_per_token": 200_000, "peak_rss_bytes": 2**20,
+           "weight_bytes_per_token": 200_000, "peak_rss_bytes": 2**20, "emulated_by": "qemu-aarch64",
            **bench.bandwidth_summary(200_000, [])}
     line = bench.bench_line(out, "kjv-tiny")
-    assert "no bandwidth figure: linux-aarch64 runs emulated here" in line and "GB/s" not in line
+    assert "on linux-aarch64 EMULATED by qemu-aarch64" in line
+    assert "the emulator's speed on this machine, not the board's" in line
+    assert "no bandwidth figure: the emulator's reads are not the board's" in line and "GB/s" not in line

@@ -90,7 +90,7 @@ def test_bad_arguments(args, fragment, good_model):
 
 def test_context_too_small_for_the_request(good_model):
     one_line_error(run_cli("run", "--model", good_model, "--ctx", "8", "--prompt-ids", "1,2,3", "--steps", "20"),
-                   "need a context of 22", "built for 8")
+                   "need a context of 22", "built for a context of 8")
     one_line_error(run_cli("build", "--model", good_model, "--ctx", "100000"), "max_position_embeddings")
 
 

@@ -306,3 +306,15 @@ def test_flash_plan_works_for_the_bare_metal_board_too(tmp_path):
     for entry in bare.flash.images:
         shutil.copy(esp_image(tmp_path / "img.bin", 100, 399), tmp_path / entry.file)
     assert [off for off, _ in flash_plan(bare, tmp_path)] == [e.offset for e in bare.flash.images]
+
+
+def test_before_chooses_how_esptool_enters_the_bootloader_and_its_advice_names_our_flags(board, fake, images):
+    flash_images(board, PORT, images, progress=lambda _: None, before="no-reset")
+    assert fake.calls[0][2]["connect_mode"] == "no-reset"
+    fake.calls.clear()
+    fake.fail = ("detect_chip", FatalError("Failed to connect: set --before and --after to 'no-reset'"))
+    with pytest.raises(ColibriError) as e:
+        flash_images(board, PORT, images, progress=lambda _: None)
+    assert "colibri flash takes esptool's --before as --before, and --after no-reset as --no-reset" in str(e.value)
+    with pytest.raises(ColibriError, match="--before must be one of"):
+        flash_images(board, PORT, images, progress=lambda _: None, before="sometimes")

@@ -200,3 +200,35 @@ def test_monitor_on_a_silent_port_ends_after_the_duration(board, watch):
 def test_describe_unknown_kinds_and_escaped_fields():
     frame = parse_frame(encode_frame(9, "stats", {"note": "two words\x1b"}).strip())
     assert describe(frame) == "[9] stats: note=two words\\x1b"
+
+
+def test_monitor_with_the_model_prints_the_decoded_text(board, watch):
+    from generator.model.tokenizer import Tokenizer
+
+    from conftest import DEFAULT_MODEL
+
+    tokenizer = Tokenizer.for_model(DEFAULT_MODEL)
+    ids = [tokenizer.encode(" And God said")[i] for i in range(3)]
+    frames = [encode_frame(1 + i, "token", {"step": i, "id": t, "logits": "ab" * 32}) for i, t in enumerate(ids)]
+    frames.append(encode_frame(4, "done", {"tokens": 3, "reason": "length"}))
+    code, lines, _ = watch(lambda b: b.write(hello() + b"".join(frames)), tokenizer=tokenizer)
+    assert code == 0
+    token_lines = [line for line in lines if "] token:" in line]
+    pieces = [json.loads(line.split(", text ", 1)[1]) for line in token_lines]
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert f"-- text: {tokenizer.decode(ids)}" in lines
+
+
+def test_every_command_words_a_missing_port_the_same_way():
+    from generator.device.flash import _open_port
+
+    messages = []
+    for open_port in (SerialLink.open, _open_port,
+                      lambda p: monitor(p, 115200, out=io.StringIO(), duration=1.0)):
+        with pytest.raises(ColibriError) as e:
+            open_port("/dev/ttyCOLIBRI-none")
+        messages.append(str(e.value))
+    assert len(set(messages)) == 1, messages
+    assert messages[0] == ("cannot open serial port /dev/ttyCOLIBRI-none: No such file or directory (is the board "
+                           "plugged in? ./colibri devices lists the serial ports)")
+    assert "Errno" not in messages[0]

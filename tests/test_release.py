@@ -134,6 +134,8 @@ def test_two_directory_rebuild_is_byte_identical(board, checkouts, tmp_path):
     if board == "qemu-rv32":
         counts = verification["instructions"]
         assert counts["prefill"] > 0 and counts["decode"] > 0 and counts["decode_forward_passes"] == 31
+        assert counts["counted"] == ("forward pass at contexts 9-39, greedy sampling, the logits' SHA-256, "
+                                     "the token frame")
 
     # The tarball: sorted entries, one mtime, numeric root owner, normalised modes, no gzip stamp.
     raw = tar_a.read_bytes()
@@ -263,7 +265,8 @@ def test_signature_is_a_plain_ed25519_signature_openssl_checks(host_release, key
 
 
 def test_measurements_stay_outside_the_release(host_release):
-    assert host_release.measurements_file == host_release.bundle.parent / "measurements.json"
+    name = host_release.bundle.name
+    assert host_release.measurements_file == host_release.bundle.parent / f"{name}.measurements.json"
     measured = json.loads(host_release.measurements_file.read_text())
     assert measured["ran"] is True and measured["decode_tok_s"] > 0 and measured["name"] == host_release.bundle.name
     sums = (host_release.bundle / SUMS).read_text()
@@ -282,6 +285,18 @@ def test_measurements_stay_outside_the_release(host_release):
     done = subprocess.run(["sha256sum", "--check", "--strict", SUMS], cwd=host_release.bundle, capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_releases_into_one_out_directory_keep_their_own_measurements(host_release, tmp_path):
+    out = host_release.bundle.parent
+    before = host_release.measurements_file.read_bytes()
+    other = make_release("host", DEFAULT_MODEL, "q8_0", 32, out)
+    assert other.measurements_file != host_release.measurements_file
+    assert host_release.measurements_file.read_bytes() == before  # not overwritten by the second release
+    assert json.loads(other.measurements_file.read_text())["name"] == other.bundle.name
+    shutil.rmtree(other.bundle)  # the module's other tests expect one bundle in this directory
+    other.tarball.unlink()
+    other.measurements_file.unlink()
 
 
 def test_release_refuses_to_overwrite_and_bad_inputs(host_release, keys, tmp_path):
@@ -396,3 +411,10 @@ def test_a_directory_without_a_release_is_refused_in_one_line(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ColibriError, match="is not a release bundle"):
         locate_bundle(tmp_path)
+
+
+def test_the_usual_release_directory_is_ignored_by_git():
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    done = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "releases/colibri-x/manifest.json"])
+    assert done.returncode == 0

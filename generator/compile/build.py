@@ -47,17 +47,66 @@ class Artifacts:
         return read_header(self.weights.read_bytes()).model_hash.hex()
 
 
+BUILD_ROOT = REPO / "build"
+
+
+def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int) -> Path:
+    """build/<board>/<model>-<quant>-ctx<N>: where a build goes unless --out says otherwise."""
+    return BUILD_ROOT / board.name / f"{slug(Path(model_dir).resolve().name)}-{quant}-ctx{n_ctx}"
+
+
 def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
-            out_dir: Path | str | None = None) -> tuple[BuildRequest, Plan]:
-    """Validate everything that can be validated without compiling; returns the plan too."""
+            out_dir: Path | str | None = None, check_fit: bool = True) -> tuple[BuildRequest, Plan]:
+    """Validate everything that can be validated without compiling; returns the plan too.
+    check_fit=False leaves the memory budgets to the caller (`report` shows the table first)."""
     model_dir = Path(model_dir)
     checkpoint = load_checkpoint(model_dir, load_tensors=False)
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
     plan = plan_for_board(checkpoint.spec, board, quant, n_ctx)
-    check_fits(board, plan)
+    if check_fit:
+        check_fits(board, plan)
     if out_dir is None:
-        out_dir = REPO / "build" / board.name / f"{slug(model_dir.resolve().name)}-{quant}-ctx{n_ctx}"
+        out_dir = default_out_dir(board, model_dir, quant, n_ctx)
     return BuildRequest(board, model_dir.resolve(), quant, n_ctx, Path(out_dir).resolve()), plan
+
+
+def build_dirs(board: str | None = None, model: Path | str | None = None, root: Path | None = None) -> list[Path]:
+    """The build directories under build/ (all, one board's, one model's, or one model's on one
+    board): what `./colibri clean` removes. Builds elsewhere (--out) are the user's own."""
+    root = BUILD_ROOT if root is None else root
+    if not root.is_dir():
+        return []
+    boards = [root / board] if board else sorted(p for p in root.iterdir() if p.is_dir())
+    prefix = f"{slug(Path(model).resolve().name)}-" if model is not None else None
+    found = []
+    for board_dir in boards:
+        if not board_dir.is_dir():
+            continue
+        if prefix is None:
+            found.append(board_dir)
+        else:
+            found += sorted(d for d in board_dir.iterdir() if d.is_dir() and d.name.startswith(prefix)
+                            and d.name[len(prefix):].split("-ctx")[0] in ("f32", "q8_0", "q4_0"))
+    return found
+
+
+def remove_builds(dirs: list[Path], root: Path | None = None) -> int:
+    """Remove `dirs` (build directories under root) and whatever they leave behind: empty board
+    directories and a build/compile_commands.json that pointed into them. Returns the bytes freed."""
+    root = BUILD_ROOT if root is None else root
+    freed = 0
+    for d in dirs:
+        if not d.resolve().is_relative_to(root.resolve()) or d.resolve() == root.resolve():
+            raise ColibriError(f"refusing to remove {d}: not a build directory under {root}")
+        freed += sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(d)
+        parent = d.parent
+        if parent != root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+    link = root / "compile_commands.json"
+    if link.is_symlink() and not link.exists():
+        link.unlink()
+    return freed
 
 
 def artifacts(req: BuildRequest) -> Artifacts:
@@ -84,7 +133,7 @@ def run_scons(req: BuildRequest, echo=None, defines: tuple[str, ...] = ()) -> Ar
         if fresh:
             shutil.rmtree(req.out_dir, ignore_errors=True)
         raise
-    link_compile_commands(req.out_dir, REPO / "build")
+    link_compile_commands(req.out_dir, BUILD_ROOT)
     return made
 
 

@@ -6,6 +6,7 @@ SCons calls this from its generation builder; the CLI never writes generated fil
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from .targets import Board
 
 WEIGHTS_FILE = "weights.img"
 PLAN_FILE = "plan.json"
+PROGRESS_SECONDS = 2.0
 OUTPUT_FILES = (*GENERATED_FILES, WEIGHTS_FILE, PLAN_FILE)
 
 
@@ -34,17 +36,33 @@ def resolve_ctx(board: Board, max_position_embeddings: int, ctx: int | None) -> 
     return ctx
 
 
+class QuantizeProgress:
+    """Progress lines while quantizing: one every PROGRESS_SECONDS, so a small model gets none
+    beyond the opening line and a large one a line every few seconds, never a line per tensor."""
+
+    def __init__(self, progress, clock=time.monotonic):
+        self.progress, self.clock = progress, clock
+        self.last = clock()
+
+    def __call__(self, i: int, n: int, name: str) -> None:
+        now = self.clock()
+        if i < n and now - self.last >= PROGRESS_SECONDS:
+            self.progress(f"quantizing weights: {i}/{n} tensors")
+            self.last = now
+
+
 def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir: Path,
              progress=None) -> Generated:
     checkpoint = load_checkpoint(model_dir)
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
     plan = plan_for_board(checkpoint.spec, board, quant, n_ctx)
 
-    def report(i, n, name):
-        if progress and (i == n or i % max(1, n // 8) == 0):
-            progress(f"quantizing weights: {i}/{n} tensors")
-
-    image = build_image(plan, checkpoint.tensors, report if quant != "f32" else None)
+    report = None
+    if progress and quant != "f32":
+        megabytes = sum(t.nbytes for t in plan.tensors) / 1e6
+        progress(f"quantizing {len(plan.tensors)} tensors to {quant} ({megabytes:.1f} MB)")
+        report = QuantizeProgress(progress)
+    image = build_image(plan, checkpoint.tensors, report)
     sources = render(plan, image.model_hash, board, hashlib.sha256(image.data).digest())
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []

@@ -324,12 +324,40 @@ def plan_for_board(spec: ModelSpec, board: Board, quant: str, n_ctx: int) -> Pla
     return plan
 
 
-def check_fits(board: Board, plan: Plan) -> None:
-    """Refuse, before compiling, a model or context that cannot fit the board's budgets."""
-    for use in planned_use(board, plan):
+def fit_problem(model: str, quant: str, n_ctx: int, board_name: str, uses: list[RegionUse],
+                code_note: str = "") -> str | None:
+    """The one line saying which region a plan overflows, with what it holds: None if it fits.
+    `check_fits` (before compiling) and `report` (which shows the whole table first) both say it."""
+    for use in uses:
         if use.over_budget:
             parts = ", ".join(f"{name} {size:,}" for name, size in use.items.items() if size)
-            raise ColibriError(
-                f"{plan.spec.name} ({plan.quant}, context {plan.n_ctx}) does not fit board {board.name}: "
-                f"region {use.name} needs {use.used:,} B ({parts}; code is the board's reserve) "
-                f"but has {use.budget:,} B")
+            return (f"{model} ({quant}, context {n_ctx}) does not fit board {board_name}: "
+                    f"region {use.name} needs {use.used:,} B ({parts}{code_note}) but has {use.budget:,} B")
+    return None
+
+
+def check_fits(board: Board, plan: Plan) -> None:
+    """Refuse, before compiling, a model or context that cannot fit the board's budgets."""
+    problem = fit_problem(plan.spec.name, plan.quant, plan.n_ctx, board.name, planned_use(board, plan),
+                          "; code is the board's reserve")
+    if problem:
+        raise ColibriError(problem)
+
+
+def largest_planned_ctx(board: Board, plan: Plan) -> int | None:
+    """The largest context whose plan fits every budgeted region, before compiling (the code is
+    the board's reserve), capped by the model's max_position_embeddings; None when no region has
+    a budget (only the model limits it); 0 when not even a context of 2 fits."""
+    if not any(r.size > 0 for r in board.memory):
+        return None
+
+    def fits(n_ctx: int) -> bool:
+        return not any(u.over_budget for u in planned_use(board, replan(plan, n_ctx)))
+
+    lo, hi = 0, plan.spec.max_position_embeddings
+    if fits(2):
+        lo = 2
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo

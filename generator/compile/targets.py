@@ -115,6 +115,32 @@ class Board:
         """A Linux-process board whose ISA is not this machine's runs under its emulator."""
         return bool(self.emulator) and platform.machine() != self.isa
 
+    def emulated_by(self) -> str | None:
+        """The emulator this board's firmware runs under on this machine, if it does: its speed
+        is then the emulator's, not the board's."""
+        if self.runner == "process" and self.needs_emulator():
+            return self.emulator[0]
+        if self.runner == "qemu-system" and self.command:
+            return self.command[0]
+        return None
+
+    def counts_instructions_exactly(self) -> bool:
+        """Whether runs report exact retired instructions (qemu with -icount): a deterministic
+        count, the same on every run."""
+        return self.runner == "qemu-system" and "-icount" in self.command
+
+    def how_it_runs(self) -> str:
+        """How `run`, `verify` and `bench` run this board's firmware on this machine."""
+        if self.runner == "process":
+            emulator = self.emulated_by()
+            return (f"under {emulator} (user-mode emulation of {self.isa} on this {platform.machine()} machine)"
+                    if emulator else "natively, as a process")
+        if self.runner == "qemu-system":
+            return f"under {self.emulated_by()} (an emulated MCU; exact instruction counts)"
+        if self.runner == "serial":
+            return "on the real board, over its serial port (--port)"
+        return "not from here (build only)"
+
     def tools(self) -> list[str]:
         """Programs that must be on PATH to build and run for this board."""
         tools = [self.cc]

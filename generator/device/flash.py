@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ColibriError
+from .ports import open_error
 from ..compile.targets import Board, Flash
 
 SECTOR = 0x1000  # flash erase sector: images start on one
@@ -167,16 +168,31 @@ def _open_port(port: str):
         ser = serial.serial_for_url(port, exclusive=True, do_not_open=True)
         ser.open()
     except (serial.SerialException, OSError, ValueError) as e:
-        reason = getattr(e, "strerror", None) or _one_line(e)
-        raise ColibriError(f"cannot open serial port {port}: {reason} (is the board connected, and is the "
-                           f"port free?)") from None
+        raise open_error(port, e) from None
     return ser
 
 
+# esptool's ways of getting the chip into its bootloader before connecting (esptool --before):
+# toggling DTR/RTS (default), the USB-Serial/JTAG's own reset, or none (the board is put in
+# download mode by hand: hold BOOT, press RESET).
+BEFORE_MODES = ("default-reset", "usb-reset", "no-reset", "no-reset-no-sync")
+
+
+def _esptool_advice(text: str) -> str:
+    """esptool's advice names its own flags; say what they are called here."""
+    if "--before" in text or "--after" in text:
+        return (" (colibri flash takes esptool's --before as --before, and --after no-reset as --no-reset; "
+                "with neither reset, hold BOOT and press RESET to enter download mode)")
+    return ""
+
+
 def flash_images(board: Board, port: str, images: list[tuple[int, Path]], baud: int = 460800,
-                 progress: Callable[[str], None] = print, reset: bool = True) -> None:
+                 progress: Callable[[str], None] = print, reset: bool = True, before: str = "default-reset") -> None:
     """Write `images` ((offset, file) pairs, e.g. flash_plan()'s) to the board on `port`, verify
-    each, then hard-reset the board (unless reset=False)."""
+    each, then hard-reset the board (unless reset=False). `before`: how esptool puts the chip in
+    its bootloader (BEFORE_MODES)."""
+    if before not in BEFORE_MODES:
+        raise ColibriError(f"--before must be one of {', '.join(BEFORE_MODES)}, not {before!r}")
     flash = _flash_section(board)
     checked = _check_images(flash, images)
     if not port:
@@ -194,7 +210,7 @@ def flash_images(board: Board, port: str, images: list[tuple[int, Path]], baud: 
     try:
         try:
             progress(f"connecting to the board on {port}")
-            esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode="default-reset")
+            esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode=before)
             _check_chip(board, flash, esp, port, checked)
             progress(f"found {esp.CHIP_NAME} revision {_rev(esp.get_chip_revision())}")
             esp = cmds.run_stub(esp)
@@ -211,7 +227,8 @@ def flash_images(board: Board, port: str, images: list[tuple[int, Path]], baud: 
                 progress("resetting the board")
                 cmds.reset_chip(esp, "hard-reset")
         except (FatalError, serial.SerialException, OSError) as e:
-            raise ColibriError(f"flashing board {board.name} on {port} failed: {_one_line(e)}") from None
+            text = _one_line(e)
+            raise ColibriError(f"flashing board {board.name} on {port} failed: {text}{_esptool_advice(text)}") from None
     finally:
         try:
             ser.close()

@@ -11,8 +11,14 @@ are called out and counted. Opening the port does not reset the board unless ask
     !! corrupted frame rejected (CRC or format): @CLB 2 token step=1 id=1' logits=…
     -- stopped after 2.0 s (duration): 9 frames, 1 rejected, 1 lost, 0 resets, 0 error frames
 
+With the model's tokenizer (`monitor --model DIR`), token frames also show their text, and a
+finished run its whole text:
+
+    [1] token: step 0, id 312, logits 9f8e7d6c5b4a3b2c…, text " God"
+    -- text:  God said, Let there be light
+
 With json_lines, each of those is one JSON object per line instead ({"type": "log" | "frame" |
-"rejected" | "lost" | "reset" | "model_mismatch" | "start" | "summary", "t": seconds, ...}).
+"rejected" | "lost" | "reset" | "model_mismatch" | "text" | "start" | "summary", "t": seconds, ...}).
 """
 
 from __future__ import annotations
@@ -84,12 +90,35 @@ class _Output:
             raise KeyboardInterrupt from None
 
 
+class _Text:
+    """The text of a run's tokens as they arrive (decoding the whole run each time keeps
+    multi-token characters and spacing right); a new hello starts a new run."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        piece = text[len(self.shown):] if text.startswith(self.shown) else ""
+        self.shown = text
+        return piece
+
+    def restart(self) -> None:
+        self.ids, self.shown = [], ""
+
+
 def monitor(url: str, baudrate: int = 115200, reset: bool = False, out: TextIO | None = None,
-            duration: float | None = None, expected_model: str | None = None, json_lines: bool = False) -> int:
+            duration: float | None = None, expected_model: str | None = None, json_lines: bool = False,
+            tokenizer=None) -> int:
     """Print what the board on `url` sends until Ctrl-C or `duration` seconds; return the exit code:
     0, or 1 if an error frame arrived or a hello named another model than `expected_model` (the
-    full hash or a prefix of it). A port that cannot be opened or fails (unplugged) raises
-    ColibriError after the summary line."""
+    full hash or a prefix of it). With the model's `tokenizer` (model.tokenizer.Tokenizer), token
+    frames show their text and a finished run its whole text. A port that cannot be opened or fails
+    (unplugged) raises ColibriError after the summary line."""
+    text = _Text(tokenizer) if tokenizer is not None else None
     out = out if out is not None else sys.stdout
     expected = expected_model.lower() if expected_model else None
     link = SerialLink.open(url, baudrate, reset=reset)
@@ -127,7 +156,16 @@ def monitor(url: str, baudrate: int = 115200, reset: bool = False, out: TextIO |
                                   count=0, before_seq=frame.seq)
                 next_seq = frame.seq + 1
                 counts["frames"] += 1
-                show.emit(describe(frame), "frame", seq=frame.seq, kind=frame.kind, fields=frame.fields)
+                if text is not None and frame.kind == "hello":
+                    text.restart()
+                if text is not None and frame.kind == "token" and frame.fields.get("id", "").isdigit():
+                    piece = text.add(int(frame.fields["id"]))
+                    show.emit(f"{describe(frame)}, text {json.dumps(piece, ensure_ascii=False)}", "frame",
+                              seq=frame.seq, kind=frame.kind, fields=frame.fields, text=piece)
+                else:
+                    show.emit(describe(frame), "frame", seq=frame.seq, kind=frame.kind, fields=frame.fields)
+                if text is not None and frame.kind == "done" and text.ids:
+                    show.emit(f"-- text: {printable(text.shown)}", "text", text=text.shown, tokens=list(text.ids))
                 if frame.kind == "error":
                     counts["errors"] += 1
                 if frame.kind == "hello" and expected:

@@ -136,8 +136,10 @@ def run_qemu_system(board: Board, program: Path, flash_image: Path, request: Run
 
 def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest, expected_model: str,
                  on_token=None, logits_out: Path | None = None, timeout: float | None = None,
-                 flash_image: Path | None = None, port: str | None = None, reset: bool = False) -> RunResult:
-    session = Session(expected_model, on_token)
+                 flash_image: Path | None = None, port: str | None = None, reset: bool = False,
+                 check_hello=None) -> RunResult:
+    """Run `request` on the firmware built for `board`; check_hello: see Session."""
+    session = Session(expected_model, on_token, check_hello)
     if request.threads > 1 and board.parallel == "none":
         raise ColibriError(f"board {board.name} runs single-threaded (--threads {request.threads} is for Linux boards)")
     if request.probe_bandwidth_mib is not None and board.runner != "process":

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import serial
 
 from ..errors import ColibriError
+from .ports import open_error
 from .protocol import Frame, FrameReader
 from .session import RunRequest, RunResult, Session, request_frame
 
@@ -84,10 +85,7 @@ class SerialLink:
                 port.exclusive = True  # a second reader (another monitor, ModemManager) steals bytes
             port.open()
         except (serial.SerialException, OSError, ValueError) as e:
-            hint = ""
-            if "lock" in str(e).lower():
-                hint = " (is another program, e.g. a serial monitor, using it?)"
-            raise ColibriError(f"cannot open serial port {url}: {e}{hint}") from None
+            raise open_error(url, e) from None
         link = cls(port, url)
         if reset:
             try:
@@ -321,7 +319,10 @@ class SerialLink:
                 printed = self._printed_since(log_mark, log_end)
                 if printed:
                     detail += f"; before the new hello it printed {printed}"
-            raise ColibriError(f"{self.where}: {e}{detail}{self._noise()}") from None
+            # The same exception, its message prefixed with the port: a caller may tell kinds of
+            # refusal apart by type (verify.FirmwareMismatch is a verdict, not a link failure).
+            e.args = (f"{self.where}: {e}{detail}{self._noise()}",)
+            raise e from None
 
     def _check_done(self, frame: Frame, session: Session) -> None:
         claimed = frame.fields.get("tokens")

@@ -41,10 +41,15 @@ class RunResult:
 class Session:
     """Interprets one run's frames: hello, token..., stats, done; or an error frame."""
 
-    def __init__(self, expected_model: str | None = None, on_token: Callable[[int, int], None] | None = None):
+    def __init__(self, expected_model: str | None = None, on_token: Callable[[int, int], None] | None = None,
+                 check_hello: Callable[[dict[str, str]], None] | None = None):
+        """expected_model: the model hash the firmware must carry; check_hello: called with the
+        hello frame's fields, raises ColibriError for firmware that is not the expected build
+        (verify.hello_check compares board, build id, weights, context and quantization too)."""
         self.result = RunResult()
         self.expected_model = expected_model
         self.on_token = on_token
+        self.check_hello = check_hello
         self.finished = False
         self._experts_of: dict[int, int] = {}  # MoE layer -> the count of experts its frames announce
 
@@ -54,7 +59,9 @@ class Session:
             if r.hello and frame.seq == 0:
                 raise ColibriError("the board reset during the run (a second hello frame arrived)")
             r.hello = frame.fields
-            if self.expected_model and frame.fields.get("model") != self.expected_model:
+            if self.check_hello:
+                self.check_hello(frame.fields)
+            elif self.expected_model and frame.fields.get("model") != self.expected_model:
                 raise ColibriError(f"the board runs firmware for model {frame.fields.get('model', '?')[:16]}…, "
                                    f"expected {self.expected_model[:16]}… (flash the matching build)")
         elif frame.kind == "error":
@@ -101,10 +108,28 @@ class Session:
             self.finished = True
 
 
-def check_fits_context(prompt: list[int], steps: int, n_ctx: int) -> None:
-    if len(prompt) + steps - 1 > n_ctx:
-        raise ColibriError(f"prompt ({len(prompt)} tokens) + {steps} steps need a context of "
-                           f"{len(prompt) + steps - 1}, the firmware is built for {n_ctx} (use --ctx or fewer --steps)")
+def check_fits_context(prompt: list[int], steps: int, n_ctx: int, limit: int | None = None) -> None:
+    """Refuse a request the firmware's context cannot hold, saying why the numbers add up as they
+    do and which change works. `limit`: the largest context this board and model allow (None:
+    no limit known), so the advice never names a --ctx that would itself be refused."""
+    n_prompt = len(prompt)
+    need = n_prompt + steps - 1
+    if need <= n_ctx:
+        return
+    why = (f"the prompt's {n_prompt} tokens and {steps} steps need a context of {need}: {n_prompt} positions for "
+           f"the prompt and {steps - 1} for the generated tokens fed back into the model (the last one never is)")
+    fixes = []
+    if limit is None or need <= limit:
+        fixes.append(f"--ctx {need}")
+    if n_ctx - n_prompt + 1 >= 1:
+        fixes.append(f"--steps {n_ctx - n_prompt + 1} or fewer")
+    if limit is not None and need > limit and limit > n_ctx and limit - n_prompt + 1 >= 1:
+        fixes.append(f"--ctx {limit} with --steps {limit - n_prompt + 1} or fewer")
+    if not fixes:
+        fixes.append(f"a prompt of at most {limit if limit else n_ctx} tokens")
+    allowed = f"; this board and model allow a context of at most {limit}" if limit is not None and need > limit else ""
+    raise ColibriError(f"{why}, but the firmware is built for a context of {n_ctx}{allowed}: use "
+                       f"{' or '.join(fixes)}")
 
 
 def request_frame(request: RunRequest, seq: int = 0) -> bytes:

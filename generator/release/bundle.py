@@ -40,7 +40,9 @@ REPORT_JSON = "memory-report.json"
 REPORT_TEXT = "memory-report.txt"
 
 
-MEASUREMENTS = "measurements.json"
+# Beside the bundle, named after it (OUT/<name>.measurements.json), so that releases of several
+# boards into one --out directory each keep their own.
+MEASUREMENTS_SUFFIX = ".measurements.json"
 
 
 FIRMWARE_DIR = "firmware"
@@ -65,23 +67,6 @@ def json_bytes(obj) -> bytes:
 def say(progress: Progress, message: str) -> None:
     if progress:
         progress(message)
-
-
-def elf_build_id(elf: Path) -> str | None:
-    """The GNU build-id note of the linked firmware (a hash of its contents), if it has one."""
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import NoteSection
-
-    try:
-        with open(elf, "rb") as f:
-            for section in ELFFile(f).iter_sections():
-                if isinstance(section, NoteSection):
-                    for note in section.iter_notes():
-                        if note["n_type"] == "NT_GNU_BUILD_ID":
-                            return note["n_desc"]
-    except Exception:  # not an ELF pyelftools understands: no build id to report
-        return None
-    return None
 
 
 def firmware_files(board: Board, out: Path) -> list[str]:

@@ -16,7 +16,7 @@ Layout of `make_release(..., out_dir=OUT)` (docs/releases.md):
         firmware/...                the ELF and every flashable image the board's build produced
         generated/...               model_def.h, model_data.c, board_def.h, image_format.h, plan.json, weights.img
     OUT/<name>.tar.gz               the bundle as a deterministic tarball
-    OUT/measurements.json           wall-clock numbers: outside SHA256SUMS and the tarball
+    OUT/<name>.measurements.json    wall-clock numbers: outside SHA256SUMS and the tarball
 
 Nothing in the bundle depends on where or when it was made: no absolute paths, no timestamps but
 SOURCE_DATE_EPOCH, no host names, no locale-dependent text.
@@ -40,8 +40,9 @@ from ..compile.pipeline import OUTPUT_FILES
 from ..device.session import RunRequest
 from ..compile.targets import Board, load_board
 
-from .bundle import (FIRMWARE_DIR, MANIFEST, MEASUREMENTS, Progress, RELEASE_FORMAT, REPORT_JSON, REPORT_TEXT,
-                     SIGNATURE, VERIFICATION, elf_build_id, bundle_files, firmware_files, flash_layout,
+from ..compile.firmware_id import elf_build_id
+from .bundle import (FIRMWARE_DIR, MANIFEST, MEASUREMENTS_SUFFIX, Progress, RELEASE_FORMAT, REPORT_JSON, REPORT_TEXT,
+                     SIGNATURE, VERIFICATION, bundle_files, firmware_files, flash_layout,
                      json_bytes, put, say, sha256_file, write_file, write_sums, write_tarball)
 from .provenance import (bundle_name, default_request, default_source_date_epoch, model_files, request_dict,
                          sampling_defaults, source_info, stage_model, toolchain_info)
@@ -203,7 +204,9 @@ class Release:
             steps = len(v["firmware"]["tokens"])
             check = f"verified on {v['board']}: {steps} tokens and per-step logits SHA-256 equal the reference"
             if "instructions" in v:
-                check += f", {v['instructions']['decode_per_token']:,.0f} instructions per decoded token"
+                counts = v["instructions"]
+                check += (f", {counts['decode_per_token']:,.0f} instructions per decoded token"
+                          + (f" ({counts['counted']})" if counts.get("counted") else ""))
         else:
             check = "not run here (a real board): verification.json holds the reference's expected result"
         signed = ", signed" if (self.bundle / SIGNATURE).is_file() else ""
@@ -232,8 +235,8 @@ def make_release(board_name: str, model_dir: Path | str, quant: str = "q8_0", ct
     if out.exists() and not out.is_dir():
         raise ColibriError(f"--out {out} exists and is not a directory")
     name = bundle_name(plan.spec.name, board.name, plan.quant, plan.n_ctx)
-    final, tarball = out / name, out / f"{name}.tar.gz"
-    for path in (final, tarball):
+    final, tarball, measurements_file = out / name, out / f"{name}.tar.gz", out / f"{name}{MEASUREMENTS_SUFFIX}"
+    for path in (final, tarball, measurements_file):
         if path.exists():
             raise ColibriError(f"{path} already exists; remove it or choose another --out")
     if board.idf:
@@ -263,7 +266,6 @@ def make_release(board_name: str, model_dir: Path | str, quant: str = "q8_0", ct
             shutil.rmtree(partial, ignore_errors=True)
             partial_tar.unlink(missing_ok=True)
             raise
-        measurements_file = out / MEASUREMENTS
         measurements_file.write_text(json.dumps(made.measurements, indent=2, sort_keys=True) + "\n")
     say(progress, f"wrote {final} and {tarball.name}")
     return Release(final, tarball, measurements_file, made.manifest, made.verification, made.measurements)

@@ -198,3 +198,50 @@ def request_from(data: dict) -> RunRequest:
 
 def bundle_name(model_name: str, board: str, quant: str, n_ctx: int) -> str:
     return f"colibri-{slug(model_name)}-{board}-{quant}-ctx{n_ctx}"
+
+
+def version_report() -> list[str]:
+    """`./colibri --version`: the generator, the git commit it runs from, and every board's
+    toolchain as found on this machine (what a release would record)."""
+    from ..compile.idf_build import find_idf
+    from ..compile.targets import available_boards, load_board
+
+    commit = "not a git checkout"
+    top = _git("rev-parse", "--show-toplevel")
+    if top and Path(top).resolve() == REPO.resolve():
+        head = _git("rev-parse", "HEAD")
+        if head:
+            status = _git("status", "--porcelain", "--untracked-files=no", "--", *SOURCE_PATHS)
+            commit = head + (" with uncommitted changes" if status else "")
+    lines = [f"colibri {__version__} (git {commit})",
+             f"python {platform.python_version()}, "
+             + ", ".join(f"{name} {_package_version(name)}" for name in BUILD_PACKAGES)]
+    tools: dict[str, list[str]] = {}
+    for name in available_boards():
+        try:
+            board = load_board(name)
+        except ColibriError:
+            continue
+        for tool in dict.fromkeys([board.cc, *([board.emulator[0]] if board.emulator else []),
+                                   *([board.command[0]] if board.runner == "qemu-system" and board.command else [])]):
+            tools.setdefault(tool, []).append(name)
+        if board.idf:
+            tools.setdefault("idf.py", []).append(name)
+    lines.append("toolchains:")
+    for tool, boards in tools.items():
+        if tool == "idf.py":
+            idf = find_idf()
+            found = _first_line([str(idf), "--version"]) if idf else "not found"
+        elif shutil.which(tool):
+            found = _first_line([tool, "--version"])
+        else:
+            found = "not found"
+        lines.append(f"  {tool:<24} {found}  [{', '.join(boards)}]")
+    return lines
+
+
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"

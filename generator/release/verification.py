@@ -6,11 +6,12 @@ from __future__ import annotations
 
 
 from ..device.runner import run_on_board
-from ..verify import compare, rates, reference_run
+from ..verify import (compare, firmware_identity, identity_differences, instructions_scope, rates,
+                      reference_run)
 from ..device.session import RunRequest, RunResult
 from ..compile.targets import Board
 
-from .bundle import RELEASE_FORMAT, elf_build_id, sha256_file
+from .bundle import RELEASE_FORMAT
 from .provenance import request_dict
 
 
@@ -20,7 +21,7 @@ RUNNABLE = ("process", "qemu-system")
 
 # Hello-frame fields that describe the firmware itself, recorded in verification.json. The others
 # describe the machine it ran on (e.g. `kernels`, chosen at run time from the CPU's features) and go
-# to measurements.json.
+# to <name>.measurements.json.
 HELLO_IDENTITY = ("proto", "fw", "board", "arch", "quant", "ctx", "vocab", "model", "weights", "build")
 
 
@@ -45,15 +46,9 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
         firmware["expert_counts"] = {str(k): v for k, v in result.expert_counts.items()}
     comparison = compare(result, ref)
     diverged = comparison.first_divergent_step
-    # A firmware whose hello frame names its weight image (SHA-256) and itself (GNU build-id) must
-    # name these very files.
-    identity = []
-    if "weights" in result.hello and result.hello["weights"] != sha256_file(art.weights):
-        identity.append(f"the hello frame reports weights {result.hello['weights'][:16]}…, "
-                        f"not the SHA-256 of {art.weights.name}")
-    build_id = elf_build_id(art.program)
-    if "build" in result.hello and build_id and result.hello["build"] != build_id:
-        identity.append(f"the hello frame reports build {result.hello['build'][:16]}…, not the ELF's build-id")
+    # The hello frame must name these very files: board, quantization, context, the weight image's
+    # SHA-256 and the ELF's build id (verify.py's check, the one `verify` makes on a port).
+    identity = identity_differences(result.hello, firmware_identity(board, art, plan))
     passed = comparison.passed and not identity
     s = result.stats
     hello = {k: v for k, v in result.hello.items() if k in HELLO_IDENTITY}
@@ -67,10 +62,11 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
         verification["instructions"] = {
             "prompt_tokens": n_prompt, "decode_forward_passes": n_decode, "prefill": pre, "decode": dec,
             "prefill_per_token": pre / n_prompt if n_prompt else None,
-            "decode_per_token": dec / n_decode if n_decode else None}
+            "decode_per_token": dec / n_decode if n_decode else None,
+            "counted": instructions_scope(request, result)}
 
     r = rates(result)
-    measurements = {"ran": True, "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
+    measurements = {"ran": True, "emulated_by": board.emulated_by(), "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
                     "wall_seconds": round(result.wall_seconds, 6),
                     **{k: int(s.get(k, 0)) for k in ("prefill_us", "decode_us", "forward_us")},
                     **{k: r[k] for k in ("prompt_tokens", "decode_forward_passes", "prefill_tok_s", "decode_tok_s",

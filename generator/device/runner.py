@@ -6,14 +6,12 @@ way for every board by Session.
 
 from __future__ import annotations
 
-import os
-import select
 import subprocess
 import time
 from pathlib import Path
 
 from ..errors import ColibriError
-from .protocol import FrameReader
+from .process import run_process
 from .serial_link import SerialLink, Timeouts
 from .session import RunRequest, RunResult, Session, request_frame
 from ..compile.targets import Board
@@ -23,56 +21,6 @@ def default_timeout(request: RunRequest, weights_bytes: int) -> float:
     """Generous for this machine: 20 s to start plus time for every token at >= 20 MB/s of weights."""
     per_token = max(0.05, weights_bytes / 20e6)
     return 20.0 + per_token * (len(request.prompt) + request.steps)
-
-
-def run_process(argv: list[str], request: bytes, session: Session, timeout: float) -> RunResult:
-    """A Linux firmware as a local process: the request frame on its stdin, frames on its stdout."""
-    reader = FrameReader()
-    start = time.monotonic()
-    deadline = start + timeout
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE)
-    except OSError as e:
-        raise ColibriError(f"cannot start the firmware {argv[0]}: {e.strerror}") from None
-    try:
-        try:
-            proc.stdin.write(request)
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it exited before reading: its frames or its status say why
-        fd = proc.stdout.fileno()
-        while not session.finished:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ColibriError(f"no complete result from the firmware within {timeout:.0f} s "
-                                   f"({len(session.result.tokens)} tokens received)")
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            for frame in reader.feed(chunk):
-                session.handle(frame)
-        if session.finished:
-            try:
-                proc.wait(timeout=10)  # let it flush and exit on its own
-            except subprocess.TimeoutExpired:
-                pass
-        else:
-            proc.wait(timeout=5)
-            err = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
-            detail = f": {err[-1]}" if err else ""
-            raise ColibriError(f"the firmware exited with status {proc.returncode} before finishing{detail}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-    session.result.log = reader.log
-    session.result.wall_seconds = time.monotonic() - start
-    return session.result
 
 
 def free_port() -> int:

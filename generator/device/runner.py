@@ -9,9 +9,11 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 from ..errors import ColibriError
 from .process import run_process
+from .remote import Remote, remote_prefix, run_remote
 from .serial_link import SerialLink, Timeouts
 from .session import RunRequest, RunResult, Session, request_frame
 from ..compile.targets import Board
@@ -73,12 +75,24 @@ def run_qemu_system(board: Board, program: Path, flash_image: Path, request: Run
 
 def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest, expected_model: str,
                  on_token=None, logits_out: Path | None = None, timeout: float | None = None,
-                 flash_image: Path | None = None, port: str | None = None, reset: bool = False) -> RunResult:
+                 flash_image: Path | None = None, port: str | None = None, reset: bool = False,
+                 remote: Remote | None = None, progress: Callable[[str], None] | None = None) -> RunResult:
+    """Run the firmware on `board`: here, or on the Linux board `remote` reached over SSH (progress
+    hears about copies to it)."""
     session = Session(expected_model, on_token)
     if request.threads > 1 and board.parallel == "none":
         raise ColibriError(f"board {board.name} runs single-threaded (--threads {request.threads} is for Linux boards)")
     if request.probe_bandwidth_mib is not None and board.runner != "process":
         raise ColibriError(f"board {board.name} cannot measure its read bandwidth (only Linux boards can)")
+    if remote is not None:
+        if board.runner != "process":
+            raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
+        if logits_out is not None:
+            raise ColibriError("raw logits are stored only by a local run, not over --remote")
+        if timeout is None:
+            # The board may be slower than this machine; connecting takes a few seconds more.
+            timeout = 10 + default_timeout(request, weights.stat().st_size) * (4 if remote_prefix(board) else 2)
+        return run_remote(remote, board, program, weights, request, session, timeout, progress)
     if board.runner == "process":
         argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights)]
         if logits_out is not None:

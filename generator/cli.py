@@ -18,6 +18,7 @@ from .model.hf_import import parse_config, read_json
 from .numerics.quantize import QUANTS
 from .compile.plan import plan_for_board
 from .report import format_report, planned_report_dict, report_dict
+from .device.remote import ran_on, remote_for
 from .device.runner import run_on_board
 from .verify import compare, rates, reference_run, speed_text
 from .device.session import RunRequest, check_fits_context
@@ -68,6 +69,13 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
 def add_port_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", help="serial port of a real board (e.g. /dev/ttyUSB0), for boards run over serial")
     p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening its port")
+
+
+def add_remote_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote", metavar="[USER@]HOST[:PORT]",
+                   help="run on a Linux board reached over SSH (an ~/.ssh/config alias works); default: "
+                        "$COLIBRI_REMOTE, else the board's entry in ~/.config/colibri/config.toml [remote]; "
+                        "--remote '' runs here")
 
 
 def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
@@ -195,6 +203,7 @@ def cmd_build(args) -> int:
 
 
 def _run(args, stream: bool):
+    remote = remote_for(load_board(args.board), args.remote)  # a bad --remote is said before building
     art, (board, plan) = build_for(args, quiet=args.json)
     tokenizer = Tokenizer.for_model(args.model)
     prompt = prompt_from(args, tokenizer, plan.spec.vocab_size)
@@ -205,7 +214,7 @@ def _run(args, stream: bool):
         print(args.prompt, end="", flush=True)
     result = run_on_board(board, art.program, art.weights, request, art.model_hash(), on_token=text_out,
                           flash_image=art.flash_image, port=getattr(args, "port", None),
-                          reset=getattr(args, "reset", False))
+                          reset=getattr(args, "reset", False), remote=remote, progress=None if args.json else progress)
     if stream and not args.json:
         print()
     return art, board, plan, tokenizer, request, result
@@ -217,10 +226,11 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps({"board": board.name, "prompt": request.prompt, "tokens": result.tokens,
                           "text": decode_text(tokenizer, result.tokens), "logits_sha256": result.digests,
-                          "stop_reason": result.stop_reason, "stats": r}, indent=2))
+                          "stop_reason": result.stop_reason, "stats": r, "remote": result.remote}, indent=2))
     else:
         speed = f", {speed_text(r)} decode" if speed_text(r) else ""
-        print(f"[{len(result.tokens)} tokens on {board.name}, stopped by {result.stop_reason}{speed}]", file=sys.stderr)
+        print(f"[{len(result.tokens)} tokens on {ran_on(board, result)}, stopped by {result.stop_reason}{speed}]",
+              file=sys.stderr)
     return 0
 
 
@@ -229,8 +239,8 @@ def cmd_verify(args) -> int:
     if not args.json:
         r = rates(result)
         speed = f" at {speed_text(r)}" if speed_text(r) else ""
-        progress(f"firmware on {board.name}: {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
-                 f"running the NumPy reference on the same weight image")
+        progress(f"firmware on {ran_on(board, result)}: {len(result.tokens)} tokens{speed}, "
+                 f"stopped by {result.stop_reason}; running the NumPy reference on the same weight image")
     ref = reference_run(plan, art.weights, request)
     comparison = compare(result, ref)
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
@@ -244,6 +254,7 @@ def cmd_verify(args) -> int:
         "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts} if ref.expert_counts else None,
         "first_divergent_step": comparison.first_divergent_step,
         "stats": rates(result),
+        "remote": result.remote,
     }
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -284,10 +295,11 @@ def cmd_report(args) -> int:
 def cmd_bench(args) -> int:
     from . import bench
 
+    remote = remote_for(load_board(args.board), args.remote)  # a bad --remote is said before building
     art, (board, plan) = build_for(args, quiet=True)
     out = bench.run_bench(board, plan, art, model=str(args.model), prompt_tokens=args.prompt_tokens, steps=args.steps,
                           repeat=args.repeat, threads=args.threads, plot=args.plot, port=getattr(args, "port", None),
-                          reset=getattr(args, "reset", False), progress=None if args.json else progress)
+                          reset=getattr(args, "reset", False), remote=remote, progress=None if args.json else progress)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -364,12 +376,14 @@ def make_parser() -> argparse.ArgumentParser:
     add_target_args(p)
     add_decode_args(p, steps=64)
     add_port_arg(p)
+    add_remote_arg(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("verify", help="run the firmware and the NumPy reference; PASS only if bit-identical")
     add_target_args(p)
     add_decode_args(p, steps=64)
     add_port_arg(p)
+    add_remote_arg(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("report", help="where every byte goes, per memory region, checked against the ELF")
@@ -384,6 +398,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, metavar="PNG", help="also draw decode tok/s against context length into PNG")
     add_threads_arg(p)
     add_port_arg(p)
+    add_remote_arg(p)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("flash", help="write a board's images with esptool, verify them, reset the board")

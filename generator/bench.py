@@ -12,6 +12,7 @@ from typing import Callable
 from .errors import ColibriError
 from .compile.plan import Plan
 from .verify import rates, run_stats, speed_text
+from .device.remote import Remote, remote_prefix
 from .device.runner import run_on_board
 from .device.session import RunRequest, RunResult, check_fits_context
 from .numerics.sampling import SamplingParams
@@ -151,11 +152,14 @@ def synthetic_prompt(plan: Plan, n: int) -> list[int]:
     return [start] + [(7919 * (i + 1)) % vocab for i in range(n - 1)]
 
 
-def probes_bandwidth(board: Board) -> bool:
+def probes_bandwidth(board: Board, remote: Remote | None = None) -> bool:
     """Whether bench has the firmware measure the read bandwidth next to each run: on Linux boards
-    that run natively. Under an emulator (linux-aarch64 on this x86 machine) the figure would be
-    the emulator's, not the board's; MCUs report instruction counts instead."""
-    return board.runner == "process" and not board.needs_emulator()
+    that run natively, here or on a board reached over SSH (the probe runs in the firmware, so on
+    the board). Under an emulator (linux-aarch64 on this x86 machine, or a remote prefix) the figure
+    would be the emulator's, not the board's; MCUs report instruction counts instead."""
+    if board.runner != "process":
+        return False
+    return not remote_prefix(board) if remote is not None else not board.needs_emulator()
 
 
 def run_figures(result: RunResult, weight_bytes: int, board: Board | None = None,
@@ -215,9 +219,22 @@ def check_plot(board: Board, plot: Path | None, steps: int) -> None:
         raise ColibriError(f"--plot: directory {plot.parent} does not exist")
 
 
+def remote_summary(results: list[RunResult]) -> dict | None:
+    """For runs on a board over SSH: the last run's board facts, and the bytes all the runs sent
+    (the first run copies what the board lacks; the others send only their requests)."""
+    if not results[-1].remote:
+        return None
+    sent: dict[str, int] = {}
+    for r in results:
+        for key, n in r.remote["bytes_sent"].items():
+            sent[key] = sent.get(key, 0) + n
+    return {**results[-1].remote, "bytes_sent": sent}
+
+
 def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, steps: int, repeat: int,
               threads: int = 1, plot: Path | None = None, port: str | None = None, reset: bool = False,
-              progress: Callable[[str], None] | None = None, check_hello=None) -> dict:
+              remote: Remote | None = None, progress: Callable[[str], None] | None = None,
+              check_hello=None) -> dict:
     """Run the built firmware `art` (build.Artifacts) `repeat` times and return bench's figures (the
     --json document). On Linux boards run natively, each run first has the firmware probe the read
     bandwidth with the same threads: probe, decode, probe, decode... Under an emulator every
@@ -227,13 +244,13 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
     check_plot(board, plot, steps)
     # No logits hashes: the bench measures decoding, not verification.
     request = RunRequest(prompt, steps, SamplingParams(), stop_at_eos=False, threads=threads, digests=False,
-                         probe_bandwidth_mib=PROBE_MIB if probes_bandwidth(board) else None)
+                         probe_bandwidth_mib=PROBE_MIB if probes_bandwidth(board, remote) else None)
     weight_bytes = weight_bytes_per_token(plan)
     macs = macs_per_token(plan)
     results = []
     for i in range(repeat):
         result = run_on_board(board, art.program, art.weights, request, art.model_hash(),
-                              flash_image=art.flash_image, port=port, reset=reset,
+                              flash_image=art.flash_image, port=port, reset=reset, remote=remote, progress=progress,
                               check_hello=check_hello)
         results.append(result)
         if progress:
@@ -243,15 +260,17 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
             progress(f"  run {i + 1}/{repeat}: {speed_text(r)}{probe}")
     runs = [run_figures(r, weight_bytes, board, request) for r in results]
     kernels = results[-1].hello.get("kernels", "?")
-    emulator = board.emulated_by()
+    # Under an emulator here, or on a board over SSH behind a prefix (an emulator, in the tests).
+    emulator = (remote_prefix(board)[0] if remote_prefix(board) else None) if remote else board.emulated_by()
     out = {"board": board.name, "model": model, "architecture": plan.spec.architecture,
            "quant": plan.quant, "n_ctx": plan.n_ctx, "threads": threads, "kernels": kernels,
            "prompt_tokens": len(prompt), "decode_steps": steps, "repeat": repeat,
            # Under an emulator, wall-clock figures are the emulator's on this machine, not the board's.
            "emulated_by": emulator,
-           "speed_note": (f"measured under {emulator} on this machine: the emulator's speed, not the board's"
+           "speed_note": (f"measured under {emulator}: the emulator's speed, not the board's"
                           if emulator else None),
-           "weight_bytes_per_token": weight_bytes, "macs_per_token": macs, "runs": runs}
+           "weight_bytes_per_token": weight_bytes, "macs_per_token": macs, "runs": runs,
+           "remote": remote_summary(results)}
     instructions = runs[0]["decode_instructions_per_token"]
     if instructions:
         out["instructions_counted"] = runs[0]["instructions_counted"]
@@ -291,7 +310,8 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
 def bench_line(out: dict, name: str) -> str:
     """bench's one line of text for a run_bench() result; `name` is the model's."""
     emulator = out.get("emulated_by")
-    where = f"on {out['board']}" + (f" EMULATED by {emulator}" if emulator else "")
+    at = f" at {out['remote']['host']}" if out.get("remote") else ""
+    where = f"on {out['board']}{at}" + (f" EMULATED by {emulator}" if emulator else "")
     head = f"bench {name} {where} ({out['quant']}, {out['kernels']} kernels, "
     if "decode_instructions_per_token" in out:
         instructions = out["decode_instructions_per_token"]

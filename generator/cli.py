@@ -21,6 +21,7 @@ from .compile.build import Artifacts, BuildRequest, build_dirs, prepare, remove_
 from .compile.elfsize import read_elf
 from .compile.plan import Plan, largest_planned_ctx, plan_for_board, planned_use
 from .compile.targets import Board, available_boards, load_board
+from .device.remote import ran_on, remote_for
 from .device.runner import run_on_board
 from .device.session import RunRequest, check_fits_context
 from .device.setup_toolchain import ensure_toolchain
@@ -84,6 +85,13 @@ def add_port_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", help="serial port of a real board (e.g. /dev/ttyUSB0), for boards run over serial "
                    "(default: the only port that looks like an ESP32 board's)")
     p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening its port")
+
+
+def add_remote_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote", metavar="[USER@]HOST[:PORT]",
+                   help="run on a Linux board reached over SSH (an ~/.ssh/config alias works); default: "
+                        "$COLIBRI_REMOTE, else the board's entry in ~/.config/colibri/config.toml [remote]; "
+                        "--remote '' runs here")
 
 
 def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
@@ -299,6 +307,7 @@ class Ran:
 def _run(args, stream: bool) -> Ran:
     planned = plan_build(args)
     board, plan = planned.board, planned.plan
+    remote = remote_for(board, args.remote)  # a bad --remote is said before building
     check_sampling_options(args, args.given)
     tokenizer = Tokenizer.for_model(args.model)
     text = prompt_text(args)
@@ -313,7 +322,8 @@ def _run(args, stream: bool) -> Ran:
     try:
         result = run_on_board(board, art.program, art.weights, request, art.model_hash(), on_token=text_out,
                               flash_image=art.flash_image, port=port, reset=getattr(args, "reset", False),
-                              check_hello=hello_check(identity))
+                              check_hello=hello_check(identity), remote=remote,
+                              progress=None if args.json else progress)
     finally:
         text_out.end_line()
     return Ran(board, plan, art, tokenizer, request, result, identity)
@@ -326,10 +336,11 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps({"board": ran.board.name, "prompt": ran.request.prompt, "tokens": result.tokens,
                           "text": decode_text(ran.tokenizer, result.tokens), "logits_sha256": result.digests,
-                          "stop_reason": result.stop_reason, "stats": stats}, indent=2))
+                          "stop_reason": result.stop_reason, "stats": stats, "remote": result.remote},
+                         indent=2))
     else:
         speed = f"; decode {speed_text(stats)}" if speed_text(stats) else ""
-        print(f"[{len(result.tokens)} tokens on {ran.board.name}, stopped by {result.stop_reason}{speed}]",
+        print(f"[{len(result.tokens)} tokens on {ran_on(ran.board, result)}, stopped by {result.stop_reason}{speed}]",
               file=sys.stderr)
     return 0
 
@@ -349,7 +360,7 @@ def cmd_verify(args) -> int:
     stats = run_stats(result, board, request)
     if not args.json:
         speed = f" at {speed_text(stats)}" if speed_text(stats) else ""
-        progress(f"firmware on {board.name} (its hello names this build: board, context, quantization, weight "
+        progress(f"firmware on {ran_on(board, result)} (its hello names this build: board, context, quantization, weight "
                  f"image, build id): {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
                  f"running the NumPy reference on the same weight image")
     ref = reference_run(plan, ran.art.weights, request)
@@ -366,6 +377,7 @@ def cmd_verify(args) -> int:
         "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts} if ref.expert_counts else None,
         "first_divergent_step": comparison.first_divergent_step,
         "stats": stats,
+        "remote": result.remote,
     }
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -410,6 +422,7 @@ def cmd_bench(args) -> int:
 
     planned = plan_build(args)
     board, plan = planned.board, planned.plan
+    remote = remote_for(board, args.remote)  # a bad --remote is said before building
     # Defaults that fit the board: the steps the context holds after the prompt, one run where the
     # instruction count is exact.
     steps = args.steps if args.steps is not None else bench.default_steps(plan, args.prompt_tokens)
@@ -421,7 +434,7 @@ def cmd_bench(args) -> int:
     art = compile_build(planned, quiet=True)
     out = bench.run_bench(board, plan, art, model=str(args.model), prompt_tokens=args.prompt_tokens, steps=steps,
                           repeat=repeat, threads=args.threads, plot=args.plot, port=port, reset=args.reset,
-                          progress=None if args.json else progress,
+                          remote=remote, progress=None if args.json else progress,
                           check_hello=hello_check(firmware_identity(board, art, plan)))
     if args.json:
         print(json.dumps(out, indent=2))
@@ -625,12 +638,14 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_target_args(p)
     add_decode_args(p, steps=64)
     add_port_arg(p)
+    add_remote_arg(p)
 
     p = command("verify", cmd_verify, "run the firmware and the NumPy reference; PASS only if bit-identical "
                 "and the firmware is this build")
     add_target_args(p)
     add_decode_args(p, steps=64)
     add_port_arg(p)
+    add_remote_arg(p)
 
     p = command("report", cmd_report, "where every byte goes, per memory region, checked against the ELF")
     add_target_args(p)
@@ -645,6 +660,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p.add_argument("--plot", type=Path, metavar="PNG", help="also draw decode tok/s against context length into PNG")
     add_threads_arg(p)
     add_port_arg(p)
+    add_remote_arg(p)
 
     p = command("flash", cmd_flash, "write a board's images with esptool, verify them, reset the board")
     add_target_args(p)

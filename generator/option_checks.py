@@ -47,6 +47,7 @@ BOARD_OPTIONS = [
     BoardOption("port", "--port", _serial, "boards on a serial port"),
     BoardOption("reset", "--reset", _serial, "boards on a serial port"),
     BoardOption("threads", "--threads", lambda b: b.parallel != "none", "multi-threaded (Linux) boards"),
+    BoardOption("remote", "--remote", lambda b: b.runner == "process", "Linux boards reached over SSH"),
 ]
 
 

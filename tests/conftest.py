@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,12 @@ from generator.numerics.sampling import SamplingParams  # noqa: E402
 from generator.compile.targets import load_board  # noqa: E402
 
 DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
+
+# A developer's own board settings must not send the suite's runs over SSH: no default remote, no
+# user config (test_remote.py sets what it needs, per test).
+for _name in ("COLIBRI_REMOTE", "COLIBRI_REMOTE_CACHE", "COLIBRI_REMOTE_PREFIX", "COLIBRI_SSH_COMMAND"):
+    os.environ.pop(_name, None)
+os.environ["COLIBRI_CONFIG"] = os.devnull
 
 
 class Builder:

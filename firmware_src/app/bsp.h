@@ -21,6 +21,11 @@ int bsp_instructions(uint64_t *count);
  * its length, or returns 0 where the program carries none. */
 size_t bsp_build_id(const uint8_t **id);
 
+/* The machine the firmware runs on as its operating system names it (`uname -m` on Linux boards:
+ * what a board reached over SSH really is, or what an emulator claims), or NULL on an MCU, which is
+ * what its board file says. */
+const char *bsp_machine(void);
+
 /* Called with every step's logits; boards that can store them (host: --logits-out) do. */
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n);
 

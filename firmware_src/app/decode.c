@@ -28,6 +28,11 @@ void colibri_hello(void)
     proto_str("quant", COLIBRI_QUANT_NAME);
     proto_u64("ctx", COLIBRI_N_CTX);
     proto_u64("vocab", COLIBRI_VOCAB);
+    const char *machine = bsp_machine();
+    if (machine != NULL) {
+        proto_str("machine", machine);
+    }
+    proto_str("cpu", kernel_cpu_features());
     proto_str("kernels", kernel_set());
     proto_hex("model", colibri_model_hash, 32);
     proto_hex("weights", colibri_weights_sha256, 32);

@@ -10,7 +10,10 @@ Common fields (every board):
               differs), "qemu-system" (`command` with {program} {flash_image} {port}),
               "serial" (a real board on a serial port) or "none" (build only);
               weights: "file" | "mapped" (read in place at the base of the region holding
-              weights) | "embedded" (linked into the program) | "partition" (an ESP-IDF data partition)
+              weights) | "embedded" (linked into the program) | "partition" (an ESP-IDF data partition);
+              remote_prefix (process boards, optional): what the program is started under on a
+              board reached over SSH (--remote); real boards leave it empty, the tests put
+              qemu-aarch64 there to run linux-aarch64 through an sshd on this x86 machine
   [[memory]]  name, kind (sram | psram | flash | dram), base, size (0 = no fixed budget), holds
               (which of code, weights, expanded_weights, kv_cache, scratch, rope_tables live
               there; a board naming a region for expanded_weights gets q4_0 matrices expanded to
@@ -101,6 +104,7 @@ class Board:
     prefill_batch: int = 1
     parallel: str = "none"  # runtime/parallel/<name>.c
     code_reserve: int = 0
+    remote_prefix: tuple[str, ...] = ()  # the program runs under this on a board reached over SSH
     flash: Flash | None = None
     idf: dict | None = None  # the [idf] section; compile/idf_project.py checks it (IdfSettings)
     data: dict = field(default_factory=dict, compare=False, hash=False)
@@ -205,6 +209,7 @@ def board_from_data(data: dict, path: Path) -> Board:
             command=tuple(runner.get("command", ())), memory=memory, path=path,
             prefill_batch=_int(data.get("prefill_batch", 1)),
             parallel=str(data.get("parallel", "none")), code_reserve=_int(data.get("code_reserve", 0)),
+            remote_prefix=tuple(str(a) for a in runner.get("remote_prefix", ())),
             flash=_flash(data.get("flash")), idf=data.get("idf"), data=data,
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:

@@ -61,7 +61,7 @@ def describe(frame: Frame) -> str:
         parts = [f"board {f.get('board', '?')}", f"firmware {f.get('fw', '?')}"]
         if "arch" in f or "quant" in f:
             parts.append(f"{f.get('arch', '?')} {f.get('quant', '?')}")
-        parts += [f"{k} {f[k]}" for k in ("ctx", "vocab", "kernels", "proto") if k in f]
+        parts += [f"{k} {f[k]}" for k in ("ctx", "vocab", "machine", "cpu", "kernels", "proto") if k in f]
         parts.append(f"model {_short(f.get('model', '?'))}")
         return head + "hello: " + ", ".join(parts)
     if frame.kind == "token":

@@ -6,14 +6,14 @@ way for every board by Session.
 
 from __future__ import annotations
 
-import os
-import select
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 from ..errors import ColibriError
-from .protocol import FrameReader
+from .process import run_process
+from .remote import Remote, remote_prefix, run_remote
 from .serial_link import SerialLink, Timeouts
 from .session import RunRequest, RunResult, Session, request_frame
 from ..compile.targets import Board
@@ -23,67 +23,6 @@ def default_timeout(request: RunRequest, weights_bytes: int) -> float:
     """Generous for this machine: 20 s to start plus time for every token at >= 20 MB/s of weights."""
     per_token = max(0.05, weights_bytes / 20e6)
     return 20.0 + per_token * (len(request.prompt) + request.steps)
-
-
-STDERR_TAIL = 8192  # bytes of a firmware's stderr kept for an error message
-
-
-def run_process(argv: list[str], request: bytes, session: Session, timeout: float) -> RunResult:
-    """A Linux firmware as a local process: the request frame on its stdin, frames on its stdout."""
-    reader = FrameReader()
-    start = time.monotonic()
-    deadline = start + timeout
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.PIPE)
-    except OSError as e:
-        raise ColibriError(f"cannot start the firmware {argv[0]}: {e.strerror}") from None
-    try:
-        try:
-            proc.stdin.write(request)
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it exited before reading: its frames or its status say why
-        out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-        # stderr is read as it comes (its last lines kept for the message), never left to fill its
-        # pipe: a firmware blocked writing to a full stderr would never finish its result.
-        stderr_tail = bytearray()
-        open_fds = [out_fd, err_fd]
-        while not session.finished and out_fd in open_fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ColibriError(f"no complete result from the firmware within {timeout:.0f} s "
-                                   f"({len(session.result.tokens)} tokens received)")
-            ready, _, _ = select.select(open_fds, [], [], min(left, 1.0))
-            for fd in ready:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    open_fds.remove(fd)
-                elif fd == err_fd:
-                    stderr_tail = (stderr_tail + chunk)[-STDERR_TAIL:]
-                else:
-                    for frame in reader.feed(chunk):
-                        session.handle(frame)
-        if session.finished:
-            try:
-                proc.wait(timeout=10)  # let it flush and exit on its own
-            except subprocess.TimeoutExpired:
-                pass
-        else:
-            proc.wait(timeout=5)
-            if err_fd in open_fds:
-                stderr_tail = (stderr_tail + proc.stderr.read())[-STDERR_TAIL:]
-            err = stderr_tail.decode("utf-8", "replace").strip().splitlines()
-            detail = f": {err[-1]}" if err else ""
-            raise ColibriError(f"the firmware exited with status {proc.returncode} before finishing{detail}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-    session.result.log = reader.log
-    session.result.wall_seconds = time.monotonic() - start
-    return session.result
 
 
 def free_port() -> int:
@@ -137,13 +76,24 @@ def run_qemu_system(board: Board, program: Path, flash_image: Path, request: Run
 def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest, expected_model: str,
                  on_token=None, logits_out: Path | None = None, timeout: float | None = None,
                  flash_image: Path | None = None, port: str | None = None, reset: bool = False,
-                 check_hello=None) -> RunResult:
-    """Run `request` on the firmware built for `board`; check_hello: see Session."""
+                 check_hello=None, remote: Remote | None = None,
+                 progress: Callable[[str], None] | None = None) -> RunResult:
+    """Run `request` on the firmware built for `board`: here, or on the Linux board `remote` reached
+    over SSH (progress hears about copies to it); check_hello: see Session."""
     session = Session(expected_model, on_token, check_hello)
     if request.threads > 1 and board.parallel == "none":
         raise ColibriError(f"board {board.name} runs single-threaded (--threads {request.threads} is for Linux boards)")
     if request.probe_bandwidth_mib is not None and board.runner != "process":
         raise ColibriError(f"board {board.name} cannot measure its read bandwidth (only Linux boards can)")
+    if remote is not None:
+        if board.runner != "process":
+            raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
+        if logits_out is not None:
+            raise ColibriError("raw logits are stored only by a local run, not over --remote")
+        if timeout is None:
+            # The board may be slower than this machine; connecting takes a few seconds more.
+            timeout = 10 + default_timeout(request, weights.stat().st_size) * (4 if remote_prefix(board) else 2)
+        return run_remote(remote, board, program, weights, request, session, timeout, progress)
     if board.runner == "process":
         argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights)]
         if logits_out is not None:

@@ -36,6 +36,7 @@ class RunResult:
     stop_reason: str = ""
     log: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
+    remote: dict | None = None  # a run over SSH: where it ran and the bytes sent (device/remote.py)
 
 
 class Session:

@@ -107,6 +107,11 @@ size_t bsp_build_id(const uint8_t **id)
     return sizeof esp_app_get_description()->app_elf_sha256;
 }
 
+const char *bsp_machine(void)
+{
+    return NULL; /* no operating system to ask: the board file says what this is */
+}
+
 void app_main(void)
 {
     static char line[REQUEST_LINE_BYTES];

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/utsname.h>
 #include <time.h>
 
 #include "../../app/bsp.h"
@@ -77,6 +78,15 @@ size_t bsp_build_id(const uint8_t **id)
     dl_iterate_phdr(find_build_id, &found);
     *id = found.id;
     return found.len;
+}
+
+const char *bsp_machine(void)
+{
+    static struct utsname name;
+    if (name.machine[0] == '\0' && uname(&name) != 0) {
+        return "unknown";
+    }
+    return name.machine;
 }
 
 /* VmHWM of this process image (getrusage's ru_maxrss would include the launcher's memory from

@@ -151,6 +151,11 @@ size_t bsp_build_id(const uint8_t **id)
     return colibri_build_id_from_note(__colibri_build_id_note, 16 + 64, id);
 }
 
+const char *bsp_machine(void)
+{
+    return NULL; /* no operating system to ask: the board file says what this is */
+}
+
 uint64_t bsp_peak_memory(void)
 {
     return 0; /* static arenas: `./colibri report` gives every byte */

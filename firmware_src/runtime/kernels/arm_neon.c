@@ -36,6 +36,11 @@ const char *kernel_set(void)
     return have_dotprod() ? "neon-dotprod" : "neon";
 }
 
+const char *kernel_cpu_features(void)
+{
+    return have_dotprod() ? "sdot" : "none";
+}
+
 /* The exact int32 sum of a block's 32 products, weights given as two vectors of 16. */
 __attribute__((target("arch=armv8.2-a+dotprod"))) static int32_t block_sum_dotprod(int8x16_t w0, int8x16_t w1,
                                                                                    const int8_t *x)

@@ -6,3 +6,8 @@ const char *kernel_set(void)
 {
     return "scalar";
 }
+
+const char *kernel_cpu_features(void)
+{
+    return "none"; /* portable C: it looks for nothing */
+}

@@ -67,6 +67,11 @@ static inline int8_t kernel_q4_0_value(const uint8_t *block, int j)
 /* Name of the kernel set in use, reported in the hello frame. */
 const char *kernel_set(void);
 
+/* The CPU features the kernel set checks for at run time and found, comma-separated ("sdot" on an
+ * aarch64 core with the dot-product extension, "avx2" on x86-64), or "none": reported in the hello
+ * frame, so a board's speed can be read against what its CPU offered. */
+const char *kernel_cpu_features(void);
+
 /* The scalar reference kernels (kernels/scalar.c). */
 void kernel_scalar_matvec_f32(float *out, const float *w, const float *x, int rows, int cols);
 void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,

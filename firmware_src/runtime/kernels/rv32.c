@@ -28,6 +28,11 @@ const char *kernel_set(void)
     return "rv32";
 }
 
+const char *kernel_cpu_features(void)
+{
+    return "none"; /* rv32imafc, fixed by the board file */
+}
+
 /* Every row's accumulator starts at -0.0f and every block term is added to it: -0.0f + t == t
  * for every float t (+0.0f included), so this is the scalar kernel's "first term is the initial
  * value" without a branch. */

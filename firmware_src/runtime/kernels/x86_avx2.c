@@ -34,6 +34,11 @@ const char *kernel_set(void)
     return have_avx2() ? "avx2" : "scalar";
 }
 
+const char *kernel_cpu_features(void)
+{
+    return have_avx2() ? "avx2" : "none";
+}
+
 /* Eight int32 partial sums -> their total in every lane is not needed: return the 8 lanes'
  * horizontal sums of v0..v7, one per lane, in order (integer adds: exact in any order). */
 __attribute__((target("avx2"))) static inline __m256i block_sums8(__m256i v0, __m256i v1, __m256i v2, __m256i v3,

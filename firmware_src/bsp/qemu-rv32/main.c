@@ -113,8 +113,17 @@ void bsp_write(const char *data, size_t len)
 
 static int uart_read_byte(void)
 {
-    while (rx_tail == rx_head) {
+    /* Wait for a byte with interrupts masked around the check: a byte arriving between the check
+     * and wfi would otherwise be taken before wfi, which would then sleep past it. wfi still wakes
+     * for the pending interrupt, taken once they are enabled again. */
+    for (;;) {
+        __asm__ volatile("csrci mstatus, 8");
+        if (rx_tail != rx_head) {
+            __asm__ volatile("csrsi mstatus, 8");
+            break;
+        }
         __asm__ volatile("wfi");
+        __asm__ volatile("csrsi mstatus, 8");
     }
     uint8_t c = rx_fifo[rx_tail % COLIBRI_UART_RX_FIFO];
     rx_tail = rx_tail + 1;

@@ -23,8 +23,11 @@ def apt_install(packages: list[str], why: str) -> None:
     print(f"colibri: installing {why}: {' '.join(packages)}", file=sys.stderr, flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     # --no-remove: apt must not make room by removing packages (a board's cross compiler, say);
-    # it fails instead, and the failure names the conflict.
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-remove", *packages]):
+    # it fails instead, and the failure names the conflict. --no-install-recommends: only what is
+    # listed and what it needs (libc6-dev-i386 recommends gcc-multilib, which conflicts with every
+    # cross compiler: with recommends on, a fresh Debian removed linux-aarch64's to install it).
+    for cmd in (["apt-get", "update", "-qq"],
+                ["apt-get", "install", "-y", "-qq", "--no-remove", "--no-install-recommends", *packages]):
         done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]

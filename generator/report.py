@@ -114,7 +114,7 @@ def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
 def kept_f32_dict(plan: Plan) -> dict:
     """The matrices a q8_0 or q4_0 plan keeps in f32 (rows not whole blocks), with their bytes."""
     return {"tensors": {n: plan.tensor(n).nbytes for n in plan.kept_f32},
-            "bytes": sum(plan.tensor(n).nbytes for n in plan.kept_f32), "summary": plan.kept_f32_summary()}
+            "bytes": plan.kept_f32_bytes, "summary": plan.kept_f32_summary()}
 
 
 def planned_report_dict(board: Board, plan: Plan) -> dict:

@@ -19,6 +19,8 @@ from ..files import REPO
 from ..numerics import rope
 from . import image_format
 from .image_format import DTYPE_CODES
+
+DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
 from .plan import ALIGN, Plan, align_up
 from ..numerics.quantize import INTEGER_QUANTS
 
@@ -136,10 +138,10 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         quant_code=DTYPE_CODES[plan.quant],
         q8=plan.quant in INTEGER_QUANTS,  # integer quants: matmul inputs quantized to q8_0
         q4_expanded=plan.expand_q4,
-        dtype_codes=sorted(DTYPE_CODES.items(), key=lambda kv: kv[1]),
-        dtype_doc=", ".join(f"{code} {name}" for name, code in sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])),
+        dtype_codes=DTYPE_ORDER,
+        dtype_doc=", ".join(f"{code} {name}" for name, code in DTYPE_ORDER),
         kept_f32=list(plan.kept_f32),
-        kept_f32_bytes=sum(plan.tensor(name).nbytes for name in plan.kept_f32),
+        kept_f32_bytes=plan.kept_f32_bytes,
         tensors=tensors,
         tensor_by_name={t["name"]: t for t in tensors},
         layer_fields=layer_fields,

@@ -96,14 +96,17 @@ class Plan:
     expanded_bytes: int = 0  # the RAM arena those expanded matrices take
     kept_f32: tuple[str, ...] = ()  # matrices kept in f32 under q8_0/q4_0: rows not whole blocks of QK
 
+    @property
+    def kept_f32_bytes(self) -> int:
+        return sum(self.tensor(n).nbytes for n in self.kept_f32)
+
     def kept_f32_summary(self) -> str | None:
         """One line on the matrices kept in f32 (None when there are none)."""
         if not self.kept_f32:
             return None
         widths = sorted({self.tensor(n).cols for n in self.kept_f32})
-        nbytes = sum(self.tensor(n).nbytes for n in self.kept_f32)
         names = _name_patterns(self.kept_f32)
-        return (f"{len(self.kept_f32)} matrices kept in f32 ({nbytes:,} B; rows of {', '.join(map(str, widths))} "
+        return (f"{len(self.kept_f32)} matrices kept in f32 ({self.kept_f32_bytes:,} B; rows of {', '.join(map(str, widths))} "
                 f"are not whole blocks of {QK}): {', '.join(names)}")
 
     @property
@@ -174,9 +177,11 @@ def _tensor_layout(spec: ModelSpec, quant: str) -> tuple[tuple[TensorEntry, ...]
     entries, kept_f32 = [], []
     cursor = 0
     for name, shape in expected_shapes(spec).items():
-        if len(shape) == 2 and quant in INTEGER_QUANTS and shape[1] % QK:
+        quantized = len(shape) == 2 and quant in INTEGER_QUANTS
+        if quantized and shape[1] % QK:
             kept_f32.append(name)
-        if len(shape) == 2 and quant in INTEGER_QUANTS and not shape[1] % QK:
+            quantized = False
+        if quantized:
             rows, cols = shape
             quant_bytes = rows * cols if quant == "q8_0" else rows * cols // 2
             scales_offset = align_up(quant_bytes)

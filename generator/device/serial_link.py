@@ -243,25 +243,20 @@ class SerialLink:
                 last_frame = time.monotonic()
                 log_at_last_frame = log_index
                 if frame.kind == "hello" and request and not sent:
+                    # A board that acknowledges reads a piece, acknowledges it, then takes the next:
+                    # its UART's small receive FIFO never overflows, however long the request.
                     pending = request_frame(request)
-                    if _acknowledges(frame):
-                        # The board reads a piece, acknowledges it, then takes the next: its UART's
-                        # small receive FIFO never overflows, however long the request.
-                        chunk, pending = pending[:ACK_BYTES], pending[ACK_BYTES:]
-                        self.send(chunk)
-                        acked_target = len(chunk)
-                    else:
-                        self.send(pending)
-                        pending = b""
+                    piece = ACK_BYTES if _acknowledges(frame) else len(pending)
+                    self.send(pending[:piece])
+                    acked_target, pending = piece, pending[piece:]
                     sent = True
                 elif frame.kind == "ack":
                     got = frame.int("bytes", minimum=0)
                     if not pending or got != acked_target:
                         raise ColibriError(f"{self.where}: the board acknowledged {got} bytes of the request "
                                            f"when {acked_target} had been sent{self._noise()}")
-                    chunk, pending = pending[:ACK_BYTES], pending[ACK_BYTES:]
-                    self.send(chunk)
-                    acked_target += len(chunk)
+                    self.send(pending[:ACK_BYTES])
+                    acked_target, pending = acked_target + ACK_BYTES, pending[ACK_BYTES:]
                 if session.finished:
                     self._check_done(frame, session)
                     break

@@ -6,13 +6,13 @@ probability is computed with the float32 rules of numerics.py.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ColibriError
+from ..model.hf_import import read_json
 from .ops import F32, f32, softmax
 
 MASK64 = (1 << 64) - 1
@@ -97,22 +97,12 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: Rng) -> int:
     return int(order[chosen])
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ColibriError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ColibriError(f"{path}: expected a JSON object")
-    return data
-
-
 def generation_defaults(model_dir: Path) -> SamplingParams:
     """generation_config.json's sampling settings, range-checked like the command line's: a value
     that the board would refuse, or read differently from the reference, is an error here. top_k of
     0 or below means no top-k filter (some configs write -1 for that)."""
     gen_path = Path(model_dir) / "generation_config.json"
-    gen = _read_json(gen_path) if gen_path.is_file() else {}
+    gen = read_json(gen_path) if gen_path.is_file() else {}
     if gen.get("do_sample") is not True:
         return SamplingParams()
 

@@ -4,11 +4,11 @@ step) and the rates a run reports are computed here, once, for `verify`, `releas
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .compile.firmware_id import firmware_build_id
+from .compile.image import identity_sha256, map_image
 from .compile.plan import Plan
 from .compile.targets import Board
 from .errors import ColibriError
@@ -43,7 +43,7 @@ _HASHES = ("model", "weights", "build")
 
 def firmware_identity(board: Board, art, plan: Plan) -> FirmwareIdentity:
     """The identity of the firmware built as `art` (compile.build.Artifacts) for `plan`."""
-    weights = hashlib.sha256(Path(art.weights).read_bytes()).hexdigest()
+    weights = identity_sha256(map_image(art.weights)).hex()
     return FirmwareIdentity(board.name, plan.quant, str(plan.n_ctx), art.model_hash(), weights,
                             firmware_build_id(board, art.program))
 
@@ -86,7 +86,7 @@ def hello_check(identity: FirmwareIdentity):
 
 def reference_run(plan: Plan, weights: Path, request: RunRequest) -> Generation:
     """What the firmware must produce for `request`: the reference's decode of the same image."""
-    return Reference(plan, Path(weights).read_bytes()).generate(request.prompt, request.steps, request.sampling,
+    return Reference(plan, map_image(weights)).generate(request.prompt, request.steps, request.sampling,
                                                                 request.stop_at_eos)
 
 

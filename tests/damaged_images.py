@@ -5,11 +5,13 @@ import struct
 import zlib
 
 from generator.compile.image import read_header
-from generator.compile.image_format import DIR_ENTRY, DIR_ENTRY_BYTES, HEADER, HEADER_BYTES, TRAILER_BYTES
+from generator.compile.image_format import ALIGN, DIR_ENTRY, DIR_ENTRY_BYTES, HEADER, HEADER_BYTES, TRAILER_BYTES
 
 
 def fix_crc(blob: bytearray) -> bytes:
-    struct.pack_into("<I", blob, len(blob) - TRAILER_BYTES, zlib.crc32(blob[:-TRAILER_BYTES]))
+    """The trailer's CRC-32 recomputed over the header and directory (every byte before the data)."""
+    data_offset = min(HEADER["data_offset"].read(blob), len(blob) - TRAILER_BYTES)
+    struct.pack_into("<I", blob, len(blob) - TRAILER_BYTES, zlib.crc32(blob[:data_offset]))
     return bytes(blob)
 
 
@@ -31,36 +33,53 @@ def dir_field(blob, index: int, field: str, value):
     return patched(blob, read_header(blob).dir_offset + DIR_ENTRY_BYTES * index + f.offset, "<" + f.code, value)
 
 
+def tensor_edited(blob, index: int, at: int, fix_directory: bool) -> bytes:
+    """The image with byte `at` of tensor `index` flipped; with fix_directory, the tensor's CRC-32 in
+    the directory and the trailer's CRC recomputed to match (a forgery, not an accident)."""
+    h = read_header(blob)
+    b = bytearray(blob)
+    _, _, _, offset, nbytes, _ = entry(blob, index)
+    start = h.data_offset + offset
+    b[start + at] ^= 0x10
+    if fix_directory:
+        crc_at = h.dir_offset + DIR_ENTRY_BYTES * index + DIR_ENTRY["crc32"].offset
+        struct.pack_into("<I", b, crc_at, zlib.crc32(b[start:start + -(-nbytes // ALIGN) * ALIGN]))
+        return fix_crc(b)
+    return bytes(b)
+
+
 def cases(blob, other_model, f32_image):
     size = len(blob)
-    flipped = bytearray(blob)
-    flipped[size // 2] ^= 0x10
     h = read_header(blob)
     first_entry = h.dir_offset
+    last = h.tensor_count - 1
     return {
         "truncated_header": (blob[:HEADER_BYTES - 28], 2),
         "truncated_body": (blob[:size // 2], 2),
         "bad_magic": (b"X" + blob[1:], 3),
-        "version_2": (header(blob, "version", 2), 4),
+        "version_1": (header(blob, "version", 1), 4),
+        "version_3": (header(blob, "version", 3), 4),
         "header_size": (header(blob, "header_bytes", 64), 5),
         "dir_entry_size": (header(blob, "dir_entry_bytes", DIR_ENTRY_BYTES - 1), 5),
         "length_field_smaller": (header(blob, "image_bytes", size - 64), 6),
         "trailing_bytes": (blob + bytes(64), 6),
-        "flipped_data_bit": (bytes(flipped), 7),
-        "flipped_bit_crc_kept": (patched(blob, size - 100, "<B", blob[size - 100] ^ 1, crc=False), 7),
+        "flipped_bit_first_tensor": (tensor_edited(blob, 0, 1, fix_directory=False), 17),
+        "flipped_bit_last_tensor": (tensor_edited(blob, last, entry(blob, last)[4] - 1, fix_directory=False), 17),
         "tensor_count_zero": (header(blob, "tensor_count", 0), 8),
         "tensor_count_max": (header(blob, "tensor_count", 2**32 - 1), 8),
         "dir_offset_past_end": (header(blob, "dir_offset", size), 9),
         "dir_offset_overflow": (header(blob, "dir_offset", 2**64 - 8), 15),
-        "data_offset_overflow": (header(blob, "data_offset", 2**64 - 64), 15),
+        "data_offset_past_end": (header(blob, "data_offset", 2**64 - 64), 10),
+        "data_bytes_overflow": (header(blob, "data_bytes", 2**64 - 64), 15),
         "data_past_end": (header(blob, "data_bytes", size), 10),
         "data_misaligned": (header(header(blob, "data_offset", h.data_offset + 4), "data_bytes", h.data_bytes - 4), 11),
         "quant_field": (header(blob, "quant", 0), 12),
         "f32_image_of_same_model": (f32_image, 12),
         "other_model": (other_model, 13),
         "model_hash_edited": (patched(blob, HEADER["model_hash"].offset, "<B", blob[HEADER["model_hash"].offset] ^ 0xFF), 13),
-        # Well formed, claims the right model hash, CRC recomputed: only the image's SHA-256 tells.
-        "data_edited_crc_fixed": (patched(blob, h.data_offset + 1, "<B", blob[h.data_offset + 1] ^ 1), 16),
+        # Well formed, claims the right model hash, every CRC recomputed: only the identity tells.
+        "data_edited_crcs_fixed": (tensor_edited(blob, 0, 1, fix_directory=True), 16),
+        "dir_crc_edited_crc_fixed": (dir_field(blob, 0, "crc32", entry(blob, 0)[5] ^ 1), 16),
         "dir_name_changed": (patched(blob, first_entry + DIR_ENTRY["name"].offset, "<B", ord("X")), 14),
         "dir_dtype_unknown": (dir_field(blob, 0, "dtype", 9), 14),
         "dir_rows_changed": (dir_field(blob, 0, "rows", 1), 14),
@@ -86,7 +105,7 @@ def flip(blob: bytes, offset: int, bit: int = 2) -> bytes:
 
 
 def entry(blob: bytes, index: int) -> tuple:
-    """(name, dtype, rows, offset, bytes) of directory entry `index`."""
+    """(name, dtype, rows, offset, bytes, crc32) of directory entry `index`."""
     start = read_header(blob).dir_offset + DIR_ENTRY_BYTES * index
     e = {name: f.read(blob, start) for name, f in DIR_ENTRY.items()}
-    return e["name"].rstrip(b"\0").decode(), e["dtype"], e["rows"], e["offset"], e["bytes"]
+    return e["name"].rstrip(b"\0").decode(), e["dtype"], e["rows"], e["offset"], e["bytes"], e["crc32"]

@@ -37,6 +37,18 @@ static int mul_u64(uint64_t a, uint64_t b, uint64_t *out)
     return 1;
 }
 
+/* CRC-32 of len bytes, fed at most 1 MiB at a time so size_t stays in range on 32-bit targets. */
+static uint32_t crc32_chunked(const uint8_t *data, uint64_t len)
+{
+    uint32_t crc = 0;
+    for (uint64_t done = 0; done < len;) {
+        uint64_t chunk = len - done > (1u << 20) ? (1u << 20) : len - done;
+        crc = crc32_update(crc, data + done, (size_t)chunk);
+        done += chunk;
+    }
+    return crc;
+}
+
 const char *colibri_status_message(int status)
 {
     switch (status) {
@@ -44,10 +56,10 @@ const char *colibri_status_message(int status)
     case COLIBRI_ERR_NO_IMAGE: return "no weight image";
     case COLIBRI_ERR_TRUNCATED: return "weight image is truncated";
     case COLIBRI_ERR_MAGIC: return "not a Colibri weight image";
-    case COLIBRI_ERR_VERSION: return "unsupported weight image format version";
+    case COLIBRI_ERR_VERSION: return "unsupported weight image format version (regenerate it with ./colibri build)";
     case COLIBRI_ERR_HEADER: return "weight image header is malformed";
     case COLIBRI_ERR_LENGTH: return "weight image length does not match its header";
-    case COLIBRI_ERR_CHECKSUM: return "weight image is corrupted (CRC-32 mismatch)";
+    case COLIBRI_ERR_CHECKSUM: return "weight image is corrupted (CRC-32 of its header and directory mismatch)";
     case COLIBRI_ERR_TENSOR_COUNT: return "weight image has a different number of tensors than this firmware";
     case COLIBRI_ERR_DIRECTORY_RANGE: return "weight image directory lies outside the image";
     case COLIBRI_ERR_DATA_RANGE: return "weight image data region lies outside the image";
@@ -57,6 +69,7 @@ const char *colibri_status_message(int status)
     case COLIBRI_ERR_TENSOR: return "weight image tensor directory differs from this firmware's plan";
     case COLIBRI_ERR_OVERFLOW: return "weight image sizes overflow";
     case COLIBRI_ERR_WEIGHTS_SHA256: return "weight image is not the one this firmware was built for (SHA-256 differs)";
+    case COLIBRI_ERR_TENSOR_CHECKSUM: return "weight image tensor data is corrupted (a tensor's CRC-32 mismatch)";
     default: return "unknown error";
     }
 }
@@ -99,13 +112,12 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
     if (memcmp(image + crc_at + 4, end_magic, sizeof end_magic) != 0) {
         return COLIBRI_ERR_TRUNCATED;
     }
-    uint32_t crc = 0;
-    for (uint64_t done = 0; done < crc_at;) {
-        /* Feed at most 1 MiB at a time so size_t stays in range on 32-bit targets. */
-        uint64_t chunk = crc_at - done > (1u << 20) ? (1u << 20) : crc_at - done;
-        crc = crc32_update(crc, image + done, (size_t)chunk);
-        done += chunk;
+    /* The trailer's CRC covers the header and directory: every byte before the data region. */
+    uint64_t data_offset = rd_u64(image + COLIBRI_IMAGE_DATA_OFFSET_AT);
+    if (data_offset < COLIBRI_IMAGE_HEADER_BYTES || data_offset > crc_at) {
+        return COLIBRI_ERR_DATA_RANGE;
     }
+    uint32_t crc = crc32_chunked(image, data_offset);
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION /* fuzzing: let mutated images past the CRC */
     if (crc != rd_u32(image + crc_at)) {
         return COLIBRI_ERR_CHECKSUM;
@@ -126,7 +138,6 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
     if (dir_offset < COLIBRI_IMAGE_HEADER_BYTES || dir_end > crc_at) {
         return COLIBRI_ERR_DIRECTORY_RANGE;
     }
-    uint64_t data_offset = rd_u64(image + COLIBRI_IMAGE_DATA_OFFSET_AT);
     uint64_t data_bytes = rd_u64(image + COLIBRI_IMAGE_DATA_BYTES_AT);
     uint64_t data_end;
     if (!add_u64(data_offset, data_bytes, &data_end)) {
@@ -156,7 +167,7 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
         uint64_t offset = rd_u64(e + COLIBRI_ENTRY_OFFSET_AT), bytes = rd_u64(e + COLIBRI_ENTRY_BYTES_AT), end;
         if (memcmp(e + COLIBRI_ENTRY_NAME_AT, name, COLIBRI_IMAGE_NAME_BYTES) != 0 ||
             rd_u32(e + COLIBRI_ENTRY_DTYPE_AT) != want->dtype || rd_u32(e + COLIBRI_ENTRY_ROWS_AT) != want->rows ||
-            rd_u32(e + COLIBRI_ENTRY_COLS_AT) != want->cols || rd_u32(e + COLIBRI_ENTRY_RESERVED_AT) != 0 ||
+            rd_u32(e + COLIBRI_ENTRY_COLS_AT) != want->cols ||
             offset != want->offset || bytes != want->bytes) {
             return COLIBRI_ERR_TENSOR;
         }
@@ -167,13 +178,13 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
             return COLIBRI_ERR_DATA_RANGE;
         }
     }
-    /* The whole image (header, directory, data, trailer) must be the file this firmware was
-     * generated with, not just claim its model hash. */
+    /* The header and directory must be those this firmware was generated with, not just claim its
+     * model hash: they hold the model hash over all data and every tensor's CRC-32. */
     Sha256 sha;
     uint8_t digest[32];
     sha256_init(&sha);
-    for (uint64_t done = 0; done < image_len;) {
-        uint64_t chunk = image_len - done > 65536u ? 65536u : image_len - done;
+    for (uint64_t done = 0; done < data_offset;) {
+        uint64_t chunk = data_offset - done > 65536u ? 65536u : data_offset - done;
         sha256_update(&sha, image + done, (size_t)chunk);
         done += chunk;
     }
@@ -181,6 +192,32 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
     if (memcmp(digest, colibri_weights_sha256, 32) != 0) {
         return COLIBRI_ERR_WEIGHTS_SHA256;
     }
+    for (uint32_t i = 0; i < tensor_count; i++) {
+        int status = colibri_image_check_tensor(image, i);
+        if (status != COLIBRI_OK) {
+            return status;
+        }
+    }
     colibri_bind_weights(image + data_offset, weights);
+    return COLIBRI_OK;
+}
+
+int colibri_image_check_tensor(const uint8_t *image, uint32_t index)
+{
+    /* The directory and the plan agree (colibri_image_open checked), so the plan's offsets are the
+     * image's. */
+    const ColibriTensorDesc *t = &colibri_tensor_table[index];
+    const uint8_t *entry = image + COLIBRI_IMAGE_DIR_OFFSET + (uint64_t)index * COLIBRI_IMAGE_DIR_ENTRY_BYTES;
+    /* Its bytes and its padding up to the next tensor, so that no byte of the data region goes unchecked. */
+    uint64_t extent = (t->bytes + COLIBRI_IMAGE_ALIGN - 1) / COLIBRI_IMAGE_ALIGN * COLIBRI_IMAGE_ALIGN;
+    uint32_t crc = crc32_chunked(image + COLIBRI_IMAGE_DATA_OFFSET + t->offset, extent);
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+    if (crc != rd_u32(entry + COLIBRI_ENTRY_CRC32_AT)) {
+        return COLIBRI_ERR_TENSOR_CHECKSUM;
+    }
+#else
+    (void)crc;
+    (void)entry;
+#endif
     return COLIBRI_OK;
 }

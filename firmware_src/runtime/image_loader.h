@@ -16,7 +16,7 @@ typedef enum {
     COLIBRI_ERR_VERSION = 4,         /* image format version not supported */
     COLIBRI_ERR_HEADER = 5,          /* header or directory entry size wrong */
     COLIBRI_ERR_LENGTH = 6,          /* image length field differs from the buffer length */
-    COLIBRI_ERR_CHECKSUM = 7,        /* CRC-32 trailer mismatch: corrupted image */
+    COLIBRI_ERR_CHECKSUM = 7,        /* CRC-32 of the header and directory mismatch: corrupted image */
     COLIBRI_ERR_TENSOR_COUNT = 8,    /* tensor count differs from this firmware's plan */
     COLIBRI_ERR_DIRECTORY_RANGE = 9, /* directory outside the image */
     COLIBRI_ERR_DATA_RANGE = 10,     /* data region outside the image or overlapping the directory */
@@ -26,11 +26,17 @@ typedef enum {
     COLIBRI_ERR_TENSOR = 14,         /* a directory entry differs from this firmware's plan */
     COLIBRI_ERR_OVERFLOW = 15,       /* a size computation overflows 64 bits */
     COLIBRI_ERR_WEIGHTS_SHA256 = 16, /* well-formed, but not the image this firmware was built for */
+    COLIBRI_ERR_TENSOR_CHECKSUM = 17, /* a tensor's bytes differ from its CRC-32 in the directory */
 } colibri_status;
 
 const char *colibri_status_message(int status);
 
+/* Checks the header, the directory and every tensor's CRC-32, then binds the weight pointers. */
 int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights *weights);
+
+/* Tensor `index` (of colibri_tensor_table) of an image that colibri_image_open accepted, against its
+ * CRC-32 in the directory: COLIBRI_OK or COLIBRI_ERR_TENSOR_CHECKSUM. */
+int colibri_image_check_tensor(const uint8_t *image, uint32_t index);
 
 /* For an image stored at the start of a larger region (flash, a partition): the length to give
  * colibri_image_open — the length its header declares, bounded by the region. */

@@ -43,8 +43,8 @@ class Artifacts:
         return json.loads(self.plan_json.read_text())
 
     def model_hash(self) -> str:
-        from .image import read_header
-        return read_header(self.weights.read_bytes()).model_hash.hex()
+        from .image import map_image, read_header
+        return read_header(map_image(self.weights)).model_hash.hex()
 
 
 BUILD_ROOT = REPO / "build"

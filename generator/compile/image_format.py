@@ -1,4 +1,4 @@
-"""The weight image format (version 1), described once: every field of the header and of a
+"""The weight image format (version 2), described once: every field of the header and of a
 directory entry with its offset, size and meaning. The writer and reader (image.py), the plan's
 layout, the generated C header image_format.h (the loader's offsets) and the damaged-image tests
 all read this table; nothing else spells an offset.
@@ -10,7 +10,13 @@ Layout (little-endian; offsets from the start of the image):
                tensor is rows*cols int8 quants, zero padding to ALIGN, then rows*cols/32 float32
                scales; a q4_0 tensor the same with rows*cols/2 bytes of packed 4-bit quants
                (quantize.py); padding is zero
-  trailer      u32 CRC-32 (IEEE) of every byte before it, then END_MAGIC
+  trailer      u32 CRC-32 (IEEE) of the header and directory (every byte before the data region),
+               then END_MAGIC
+
+Version 2 checks each tensor against its own CRC-32 in the directory, so a loader can check the
+header and directory at start and each tensor the first time it is brought in: a board that maps a
+50 GB image starts without reading it. Version 1 (one CRC over the whole file) is refused with a
+message to regenerate the image.
 """
 
 from __future__ import annotations
@@ -20,12 +26,12 @@ from dataclasses import dataclass
 
 MAGIC = b"COLIBRIW"
 END_MAGIC = b"CEND"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 ALIGN = 64  # the data region and every tensor in it
 HEADER_BYTES = 128
 DIR_ENTRY_BYTES = 96
 NAME_BYTES = 64
-TRAILER_BYTES = 8  # u32 CRC-32 of everything before it, then END_MAGIC
+TRAILER_BYTES = 8  # u32 CRC-32 of the header and directory, then END_MAGIC
 # Element types of a tensor, as the directory stores them (and the firmware's ColibriMatrix).
 DTYPE_CODES = {"f32": 0, "q8_0": 1, "q4_0": 2}
 
@@ -80,7 +86,7 @@ DIR_ENTRY = _table(
     Field("dtype", 64, "I", "element type, a DTYPE_CODES value"),
     Field("rows", 68, "I", "rows (1 for a vector)"),
     Field("cols", 72, "I", "values per row"),
-    Field("reserved", 76, "I", "zero"),
+    Field("crc32", 76, "I", "CRC-32 (IEEE) of the tensor's bytes and its zero padding up to the next multiple of ALIGN"),
     Field("offset", 80, "Q", "where the tensor starts, from the data region's start"),
     Field("bytes", 88, "Q", "bytes of the tensor (quants, padding and scales)"),
 )

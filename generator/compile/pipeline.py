@@ -5,7 +5,6 @@ SCons calls this from its generation builder; the CLI never writes generated fil
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 from .emit import GENERATED_FILES, render
 from ..files import write_atomic
 from ..model.hf_import import load_checkpoint
-from .image import build_image
+from .image import build_image, identity_sha256
 from .plan import Plan, plan_for_board
 from .targets import Board
 
@@ -63,7 +62,7 @@ def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir
         progress(f"quantizing {len(plan.tensors)} tensors to {quant} ({megabytes:.1f} MB)")
         report = QuantizeProgress(progress)
     image = build_image(plan, checkpoint.tensors, report)
-    sources = render(plan, image.model_hash, board, hashlib.sha256(image.data).digest())
+    sources = render(plan, image.model_hash, board, identity_sha256(image.data))
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     for name, text in sources.items():

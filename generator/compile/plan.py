@@ -53,6 +53,11 @@ class TensorEntry:
     scales_offset: int  # q8_0, q4_0: where the float32 block scales start, relative to `offset`; else 0
     expanded_offset: int = -1  # q4_0 expanded at load: where its int8 copy starts in the RAM arena
 
+    @property
+    def extent(self) -> int:
+        """Its bytes and the zero padding up to the next tensor: what its CRC-32 covers."""
+        return align_up(self.nbytes)
+
 
 @dataclass(frozen=True)
 class Buffer:

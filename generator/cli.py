@@ -386,6 +386,112 @@ def cmd_verify(args) -> int:
     return 0 if comparison.passed else 1
 
 
+def user_messages(interactive: bool):
+    """The user's messages: prompted for on a terminal, else one per line of standard input."""
+    while True:
+        try:
+            line = input("you> " if interactive else "")
+        except EOFError:
+            if interactive:
+                print(file=sys.stderr)
+            return
+        if line.strip():
+            yield line
+
+
+def cmd_chat(args) -> int:
+    from .chat import ChatState
+    from .device.runner import open_conversation
+    from .model.chat_template import ChatTemplate
+
+    planned = plan_build(args)
+    board, plan = planned.board, planned.plan
+    remote = remote_for(board, args.remote)
+    check_sampling_options(args, args.given)
+    tokenizer = Tokenizer.for_model(args.model)
+    if tokenizer is None:
+        raise ColibriError(f"{args.model}: chat needs the model's tokenizer.json")
+    template = ChatTemplate.for_model(args.model)
+    if template is None:
+        raise ColibriError(f"{args.model}: no chat template (tokenizer_config.json's chat_template or "
+                           f"chat_template.jinja); use ./colibri run for plain text")
+    sampling = sampling_from(args, args.model)
+    warn_threads(board, args.threads)
+    art = compile_build(planned, quiet=args.json)
+    identity = firmware_identity(board, art, plan)
+    state = ChatState(template, tokenizer, plan.n_ctx, args.steps or plan.n_ctx)
+    if args.system:
+        state.messages.append({"role": "system", "content": args.system})
+    interactive = sys.stdin.isatty() and not args.json
+    if interactive:
+        progress(f"chatting with {args.model} on {board.name} (context {plan.n_ctx}); Ctrl-D ends")
+    with open_conversation(board, art.program, art.weights, art.model_hash(), hello_check(identity), remote,
+                           None if args.json else progress) as conversation:
+        for turn, user in enumerate(user_messages(interactive)):
+            planned_turn = state.plan_turn(user)
+            request = RunRequest(planned_turn.prompt, planned_turn.steps, sampling, True, args.threads,
+                                 digests=args.json, start=planned_turn.start)
+            stream = TextStream(tokenizer, enabled=not args.json)
+            try:
+                result = conversation.turn(request, on_token=stream)
+            finally:
+                stream.end_line()
+            reply = state.finish_turn(planned_turn, result.tokens, result.held)
+            if args.json:
+                print(json.dumps({"turn": turn, "user": user, "reply": reply, "prompt": planned_turn.prompt,
+                                  "tokens": result.tokens,
+                                  "logits_sha256": result.digests, "start": planned_turn.start,
+                                  "prefilled": len(planned_turn.prompt), "reprefilled": planned_turn.reprefilled,
+                                  "held": result.held, "stop_reason": result.stop_reason,
+                                  "stats": run_stats(result, board, request)}), flush=True)
+            elif planned_turn.reprefilled:
+                progress("(the chat template rewrote earlier turns: the whole conversation was prefilled again)")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from .evaluate import evaluate
+
+    planned = plan_build(args)
+    board, plan = planned.board, planned.plan
+    remote = remote_for(board, args.remote)
+    tokenizer = Tokenizer.for_model(args.model)
+    if tokenizer is None:
+        raise ColibriError(f"{args.model}: eval needs the model's tokenizer.json to tokenize --text")
+    try:
+        text = args.text.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ColibriError(f"--text {args.text}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ColibriError(f"--text {args.text}: not UTF-8 text") from None
+    tokens = tokenizer.encode(text)
+    port = board_port(args, board)
+    warn_threads(board, args.threads)
+    art = compile_build(planned, quiet=args.json)
+    check = hello_check(firmware_identity(board, art, plan))
+
+    def run(request: RunRequest):
+        request = RunRequest(request.prompt, request.steps, request.sampling, threads=args.threads,
+                             digests=False, score_from=request.score_from)
+        return run_on_board(board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image,
+                            port=port, check_hello=check, remote=remote)
+
+    ev = evaluate(tokens, plan, tokenizer.bos_id(), run, art.weights if args.check else None, args.chunks,
+                  None if args.json else progress)
+    r = ev.result
+    if args.json:
+        print(json.dumps({"board": board.name, "model": str(args.model), "quant": plan.quant, "n_ctx": plan.n_ctx,
+                          "text": str(args.text), "text_tokens": len(tokens), "chunks": ev.chunks,
+                          "tokens_scored": r.tokens, "ppl": r.ppl, "ppl_error": r.error,
+                          "seconds": ev.seconds, "tokens_per_second": ev.tokens_per_second,
+                          "reference_checked": ev.reference_checked}, indent=2))
+    else:
+        checked = "; every score bit-identical to the NumPy reference's" if ev.reference_checked else ""
+        print(f"PPL = {r.ppl:.4f} +/- {r.error:.5f} ({r.tokens} tokens scored in {ev.chunks} chunks of {plan.n_ctx} "
+              f"on {board.name}, {plan.quant}; {ev.tokens_per_second:.1f} tok/s{checked})")
+    return 0
+
+
 def has_weights(model_dir: Path) -> bool:
     return (Path(model_dir) / "model.safetensors").is_file() or (Path(model_dir) / "model.safetensors.index.json").is_file()
 
@@ -644,6 +750,32 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
                 "and the firmware is this build")
     add_target_args(p)
     add_decode_args(p, steps=64)
+    add_port_arg(p)
+    add_remote_arg(p)
+
+    p = command("chat", cmd_chat, "chat with the model on a board: its chat template, the KV cache kept "
+                "between turns (messages from standard input when it is not a terminal)")
+    add_target_args(p)
+    p.add_argument("--system", metavar="TEXT", help="a system message to start the conversation with")
+    p.add_argument("--steps", type=positive_int, help="the most tokens a reply may have (default: what is left "
+                   "of the context)")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--temperature", type=non_negative_float, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-k", type=non_negative_int, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=unit_float, help="keep the smallest set with this total probability")
+    p.add_argument("--min-p", type=unit_float, help="drop tokens below min-p times the top probability")
+    p.add_argument("--seed", type=non_negative_int, help="sampling seed (default 0)")
+    add_threads_arg(p)
+    add_remote_arg(p)
+
+    p = command("eval", cmd_eval, "perplexity of a text, scored by the firmware on a board (llama.cpp's "
+                "protocol: chunks of the context, second halves scored)")
+    add_target_args(p)
+    p.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text to score")
+    p.add_argument("--chunks", type=positive_int, help="score at most this many chunks (default: all)")
+    p.add_argument("--check", action="store_true", help="also score with the NumPy reference and require "
+                   "every score to be bit-identical")
+    add_threads_arg(p)
     add_port_arg(p)
     add_remote_arg(p)
 

@@ -11,10 +11,11 @@ import numpy as np
 
 from .numerics import rope
 from .compile.image import read_header
-from .numerics.ops import (F32, dot, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
+from .numerics.ops import (F32, dot, exp_sum, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
                        softcap, softmax)
 from .compile.plan import Plan
 from .numerics.quantize import INTEGER_QUANTS, QK, dequantize_q8_0, matvec_q8_0, quantize_q8_0, unpack_q4_0
+from .numerics.perplexity import Score
 from .numerics.sampling import Rng, SamplingParams, sample
 
 
@@ -29,6 +30,8 @@ class Generation:
     logits: list[np.ndarray] = field(default_factory=list)
     stop_reason: str = "length"
     expert_counts: dict[int, list[int]] = field(default_factory=dict)
+    scores: list[Score] = field(default_factory=list)
+    held: int = 0  # positions the KV cache holds afterwards: where a conversation continues
 
 
 class Reference:
@@ -166,15 +169,22 @@ class Reference:
         return softcap(logits, s.final_softcap) if s.final_softcap else logits
 
     def generate(self, prompt: list[int], steps: int, params: SamplingParams,
-                 stop_at_eos: bool = True, keep_logits: bool = False) -> Generation:
+                 stop_at_eos: bool = True, keep_logits: bool = False, start: int = 0,
+                 score_from: int | None = None) -> Generation:
+        """What the firmware does for one request: prompt at positions start... (start > 0 continues
+        the conversation this object holds), scored from prompt index score_from + 1 if asked."""
         params = params.as_f32()
         rng = Rng(params.seed)
         out = Generation()
         self.expert_counts[:] = 0
         logits = None
         for i, tok in enumerate(prompt):
-            logits = self.forward(tok, i, want_logits=(i == len(prompt) - 1))
-        pos = len(prompt)
+            scored = score_from is not None and i >= score_from
+            logits = self.forward(tok, start + i, want_logits=(scored or i == len(prompt) - 1))
+            if scored and i + 1 < len(prompt):
+                lp_max, z = exp_sum(logits)
+                out.scores.append(Score(i + 1, prompt[i + 1], logits[prompt[i + 1]] - lp_max, z))
+        pos = start + len(prompt)
         for step in range(steps):
             token = sample(logits, params, rng)
             out.tokens.append(token)
@@ -188,6 +198,7 @@ class Reference:
                 break
             logits = self.forward(token, pos)
             pos += 1
+        out.held = pos
         s = self.spec
         out.expert_counts = {i: self.expert_counts[i].tolist() for i in range(s.n_layers)
                              if s.moe_layers and s.moe_layers[i]}

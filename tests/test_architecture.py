@@ -16,7 +16,7 @@ STAGES = [
     ("compile",),
     ("device",),
     ("reference",),
-    ("verify", "report"),
+    ("verify", "report", "chat", "evaluate"),
     ("bench",),
     ("release",),
     ("cli", "option_checks"),

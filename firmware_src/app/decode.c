@@ -6,6 +6,7 @@
 #include "../runtime/image_loader.h"
 #include "../runtime/kernels/kernels.h"
 #include "../runtime/model.h"
+#include "../runtime/ops.h"
 #include "../runtime/parallel.h"
 #include "bsp.h"
 #include "protocol.h"
@@ -54,14 +55,24 @@ static int is_eos(int32_t token)
     return 0;
 }
 
+/* Tokens of the conversation whose keys and values the KV cache holds: where a request with start
+ * may continue. A failed request forgets them. */
+static int32_t held;
+
 static int check_request(const ColibriRequest *req)
 {
-    if (req->n_prompt < 1 || req->n_steps < 1) {
+    if (req->n_prompt < 1 || (req->n_steps < 1 && req->score_from < 0)) {
         colibri_report_error(COLIBRI_ERR_REQUEST, "need a prompt of at least one token and at least one step");
         return COLIBRI_ERR_REQUEST;
     }
-    if ((int64_t)req->n_prompt + req->n_steps - 1 > COLIBRI_N_CTX) {
-        colibri_report_error(COLIBRI_ERR_REQUEST, "prompt + steps exceed the context this firmware was built for");
+    if (req->start != 0 && req->start != held) {
+        colibri_report_error(COLIBRI_ERR_REQUEST, "start must be 0 or the tokens the firmware holds (held in its last done frame)");
+        return COLIBRI_ERR_REQUEST;
+    }
+    const int64_t last_fed = (int64_t)req->start + req->n_prompt + (req->n_steps > 0 ? req->n_steps - 1 : 0);
+    if (last_fed > COLIBRI_N_CTX) {
+        colibri_report_error(COLIBRI_ERR_REQUEST, req->start > 0 ? "the conversation is full: it and this request exceed the context this firmware was built for"
+                                                                 : "prompt + steps exceed the context this firmware was built for");
         return COLIBRI_ERR_REQUEST;
     }
     for (int32_t i = 0; i < req->n_prompt; i++) {
@@ -83,6 +94,31 @@ int colibri_load(const uint8_t *image, uint64_t image_len)
     return status;
 }
 
+/* Prompt tokens [from, to) at positions start + from ...: in batches, the logits of the last one
+ * computed. */
+static void prefill(ColibriBuffers *b, const ColibriRequest *req, int32_t from, int32_t to)
+{
+    for (int32_t i = from; i < to; i += COLIBRI_PREFILL_BATCH) {
+        const int n = to - i < COLIBRI_PREFILL_BATCH ? (int)(to - i) : COLIBRI_PREFILL_BATCH;
+        colibri_forward(&weights, b, req->prompt + i, n, req->start + i, i + n == to);
+    }
+}
+
+/* The score frame of prompt token `index`, given the logits of the tokens before it: the two f32
+ * parts of its log-probability, logit - max and the sum of exp(logit_i - max) (op_exp_sum), so
+ * that the host takes the logarithm and the reference can check every bit. */
+static void send_score(const float *logits, int32_t index, int32_t token)
+{
+    float max;
+    const float sum = op_exp_sum(logits, COLIBRI_VOCAB, &max);
+    proto_begin("score");
+    proto_u64("i", (uint64_t)index);
+    proto_u64("id", (uint64_t)token);
+    proto_f32("lp", logits[token] - max);
+    proto_f32("z", sum);
+    proto_end();
+}
+
 int colibri_decode(const ColibriRequest *req)
 {
     ColibriBuffers b;
@@ -91,6 +127,7 @@ int colibri_decode(const ColibriRequest *req)
         return COLIBRI_ERR_NO_IMAGE;
     }
     int status = check_request(req);
+    held = 0; /* until this request is done, the KV cache holds no conversation to continue */
     if (status != 0) {
         return status;
     }
@@ -104,16 +141,23 @@ int colibri_decode(const ColibriRequest *req)
     uint64_t i0 = 0, i1 = 0, i2 = 0;
     const int counted = bsp_instructions(&i0);
     uint64_t t0 = bsp_time_us();
-    for (int32_t i = 0; i < req->n_prompt; i += COLIBRI_PREFILL_BATCH) {
-        const int n = req->n_prompt - i < COLIBRI_PREFILL_BATCH ? (int)(req->n_prompt - i) : COLIBRI_PREFILL_BATCH;
-        colibri_forward(&weights, &b, req->prompt + i, n, i, i + n == req->n_prompt);
+    if (req->score_from < 0) {
+        prefill(&b, req, 0, req->n_prompt);
+    } else {
+        /* Up to the first scored position in batches, then a token at a time: every token's
+         * logits score the next one. */
+        prefill(&b, req, 0, req->score_from + 1);
+        for (int32_t i = req->score_from; i + 1 < req->n_prompt; i++) {
+            send_score(b.logits, i + 1, req->prompt[i + 1]);
+            colibri_forward(&weights, &b, req->prompt + i + 1, 1, req->start + i + 1, 1);
+        }
     }
     uint64_t t1 = bsp_time_us();
     if (counted) {
         bsp_instructions(&i1);
     }
 
-    int32_t pos = req->n_prompt;
+    int32_t pos = req->start + req->n_prompt;
     int32_t generated = 0;
     int32_t decode_passes = 0; /* forward passes after the prompt (the first token needs none) */
     uint64_t forward_us = 0;   /* time in those forward passes alone (no sampling, hashing, output) */
@@ -154,6 +198,8 @@ int colibri_decode(const ColibriRequest *req)
         bsp_instructions(&i2);
     }
 
+    held = pos; /* the last sampled token is not fed back: the next request starts with it */
+
     proto_begin("stats");
     proto_u64("prompt", (uint64_t)req->n_prompt);
     proto_u64("prefill_us", t1 - t0);
@@ -182,6 +228,7 @@ int colibri_decode(const ColibriRequest *req)
     proto_begin("done");
     proto_u64("tokens", (uint64_t)generated);
     proto_str("reason", reason);
+    proto_u64("held", (uint64_t)held);
     proto_end();
     return 0;
 }

@@ -16,6 +16,8 @@ typedef struct {
     int threads; /* Linux boards: threads of the decode (MCUs run one) */
     int64_t probe_mib; /* Linux boards: measure the read bandwidth over this many MiB first (0: sized from
                         * the caches); -1: no probe */
+    int32_t start;      /* position of the prompt's first token: the tokens already held (0: a new conversation) */
+    int32_t score_from; /* score prompt tokens score_from + 1 .. n_prompt - 1 (score frames); -1: none */
 } ColibriRequest;
 
 /* Application-level errors reported in the error frame (image errors use colibri_status codes). */
@@ -30,8 +32,10 @@ void colibri_hello(void);
  * loader's error code (the BSP reports it, after its hello). */
 int colibri_load(const uint8_t *image, uint64_t image_len);
 
-/* Prefill the prompt and decode, sending token, stats and done frames. Returns 0 on success, else
- * the error code also sent in the error frame. */
+/* Prefill the prompt (scoring it if asked) and decode, sending score, token, stats and done frames;
+ * the done frame says how many tokens the KV cache then holds, where the next request may continue.
+ * Returns 0 on success, else the error code also sent in the error frame (the conversation is then
+ * forgotten). */
 int colibri_decode(const ColibriRequest *req);
 
 /* Parse a request frame (generator/device/protocol.py encode_request) into req, whose prompt points to
@@ -42,7 +46,7 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
 
 /* Longest request line for a context of n_ctx: every prompt id as up to 10 digits and a comma,
  * plus the other fields. */
-#define COLIBRI_REQUEST_LINE_BYTES(n_ctx) ((n_ctx) * 11 + 256)
+#define COLIBRI_REQUEST_LINE_BYTES(n_ctx) ((n_ctx) * 11 + 320)
 
 /* Send an error frame (for BSPs that fail before decoding starts). */
 void colibri_report_error(int code, const char *message);

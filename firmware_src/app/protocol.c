@@ -91,6 +91,18 @@ void proto_str(const char *key, const char *value)
     }
 }
 
+void proto_f32(const char *key, float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    put_char(' ');
+    put_text(key);
+    put_char('=');
+    for (int shift = 28; shift >= 0; shift -= 4) {
+        put_char(hex_digits[(bits >> shift) & 15]);
+    }
+}
+
 void proto_hex(const char *key, const uint8_t *bytes, int n)
 {
     put_char(' ');

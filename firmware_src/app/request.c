@@ -2,7 +2,13 @@
  * UART, a Linux firmware's stdin, an SSH channel to it):
  *
  *   @CLB <seq> request prompt=1,2,3 steps=N [temperature=XXXXXXXX] [top_k=K] [top_p=XXXXXXXX]
- *        [min_p=XXXXXXXX] [seed=S] [eos=0|1] [digests=0|1] [threads=N] [probe_mib=N] *<crc32>
+ *        [min_p=XXXXXXXX] [seed=S] [eos=0|1] [digests=0|1] [threads=N] [probe_mib=N] [start=P]
+ *        [score_from=F] *<crc32>
+ *
+ * start=P continues a conversation: the prompt goes at positions P, P+1, ... after the P tokens the
+ * firmware already holds in its KV cache (the done frame of the previous request says how many).
+ * score_from=F scores the prompt: for every prompt index i from F on, the log-probability of
+ * prompt token i + 1 given the tokens before it (score frames); steps may then be 0.
  *
  * Floats travel as the 8 hex digits of their IEEE-754 bits, so both sides hold the same value.
  * Every key at most once; decimals are plain ASCII digits; prompt and steps are required. The
@@ -72,9 +78,10 @@ static int parse_f32_bits(const char *s, const char *end, float *out)
 }
 
 enum { KEY_PROMPT, KEY_STEPS, KEY_TEMPERATURE, KEY_TOP_K, KEY_TOP_P, KEY_MIN_P, KEY_SEED, KEY_EOS, KEY_DIGESTS,
-       KEY_THREADS, KEY_PROBE_MIB, N_KEYS };
+       KEY_THREADS, KEY_PROBE_MIB, KEY_START, KEY_SCORE_FROM, N_KEYS };
 static const char *const key_names[N_KEYS] = {"prompt", "steps", "temperature", "top_k", "top_p", "min_p",
-                                              "seed", "eos", "digests", "threads", "probe_mib"};
+                                              "seed", "eos", "digests", "threads", "probe_mib", "start",
+                                              "score_from"};
 
 static int key_index(const char *key, const char *key_end)
 {
@@ -117,8 +124,8 @@ static const char *parse_field(int key, const char *val, const char *end, Colibr
     case KEY_PROMPT:
         return parse_prompt(val, end, prompt_buf, capacity, &r->n_prompt);
     case KEY_STEPS:
-        if (!parse_whole_dec(val, end, (uint64_t)capacity, &v) || v < 1) {
-            return "steps must be between 1 and the context length";
+        if (!parse_whole_dec(val, end, (uint64_t)capacity, &v)) {
+            return "steps must be between 1 (0 when scoring) and the context length";
         }
         r->n_steps = (int32_t)v;
         return NULL;
@@ -163,6 +170,14 @@ static const char *parse_field(int key, const char *val, const char *end, Colibr
         }
         r->threads = (int)v;
         return NULL;
+    case KEY_START:
+    case KEY_SCORE_FROM:
+        if (!parse_whole_dec(val, end, (uint64_t)capacity - 1, &v)) {
+            return key == KEY_START ? "start must be a position within the context"
+                                    : "score_from must be a position within the context";
+        }
+        *(key == KEY_START ? &r->start : &r->score_from) = (int32_t)v;
+        return NULL;
     default: /* KEY_PROBE_MIB */
         if (!parse_whole_dec(val, end, MAX_PROBE_MIB, &v)) {
             return "probe_mib must be a size in MiB (0: chosen from the caches)";
@@ -203,7 +218,8 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
     p += 8;
     ColibriRequest r = {.prompt = prompt_buf, .n_prompt = 0, .n_steps = 0,
                         .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0},
-                        .stop_at_eos = 1, .digests = 1, .threads = 1, .probe_mib = -1};
+                        .stop_at_eos = 1, .digests = 1, .threads = 1, .probe_mib = -1, .start = 0,
+                        .score_from = -1};
     unsigned seen = 0;
     while (p < end) {
         if (*p != ' ') {
@@ -235,6 +251,12 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
     }
     if (!(seen & (1u << KEY_PROMPT)) || !(seen & (1u << KEY_STEPS))) {
         return "a request needs prompt and steps";
+    }
+    if (r.n_steps == 0 && r.score_from < 0) {
+        return "steps must be between 1 (0 when scoring) and the context length";
+    }
+    if (r.score_from >= r.n_prompt) {
+        return "score_from must be an index into the prompt";
     }
     *req = r;
     return NULL;

@@ -135,6 +135,23 @@ void op_softmax(float *x, int n)
     }
 }
 
+float op_exp_sum(const float *x, int n, float *max_out)
+{
+    float max = x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] > max) {
+            max = x[i];
+        }
+    }
+    float sum = -0.0f;
+    for (int i = 0; i < n; i++) {
+        const float v = x[i] - max;
+        sum = sum + (v >= -87.0f ? expf_in_range(v) : (v != v ? v : 0.0f));
+    }
+    *max_out = max;
+    return sum;
+}
+
 void op_rope(float *head, const float *cos, const float *sin, int half)
 {
     for (int i = 0; i < half; i++) {

@@ -23,6 +23,9 @@ float op_dot(const float *a, const float *b, int n);
 void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* In place: x[i] = exp(x[i] - max) / sum. */
 void op_softmax(float *x, int n);
+/* The parts of log-softmax, x unchanged: *max = max x[i], returns sum over i in order of
+ * exp(x[i] - max), computed as op_softmax computes them. log p_t = (x[t] - max) - log(sum). */
+float op_exp_sum(const float *x, int n, float *max);
 /* Rotate-half RoPE of one head: pairs (i, i + half) with cos/sin of the position. */
 void op_rope(float *head, const float *cos, const float *sin, int half);
 

@@ -17,7 +17,8 @@ from urllib.parse import unquote
 from ..errors import ColibriError
 
 START = b"@CLB "
-KINDS = ("hello", "bandwidth", "token", "stats", "experts", "done", "error", "request", "ack")
+KINDS = ("hello", "bandwidth", "score", "token", "stats", "experts", "done", "error", "request", "ack")
+_F32_BITS = re.compile(r"[0-9a-f]{8}", re.ASCII)
 MAX_LINE = 4096  # longer than any frame the firmware can send (its line buffer is 2048 bytes)
 _FRAME = re.compile(rb"@CLB (\d+) ([a-z]+)((?: [a-z_]+=[^ ]*)*) \*([0-9a-f]{8})\r?$")
 _SAFE = re.compile(r"[^\x21-\x7e]|[%*=]")
@@ -43,6 +44,15 @@ class Frame:
         if minimum is not None and number < minimum:
             raise ColibriError(f"malformed {self.kind} frame from the board: {key}={number} is below {minimum}")
         return number
+
+    def f32(self, key: str):
+        """A float32 sent as the 8 hex digits of its IEEE-754 bits (proto_f32), as a np.float32."""
+        import numpy as np
+
+        value = self.fields.get(key)
+        if value is None or not _F32_BITS.fullmatch(value):
+            raise ColibriError(f"malformed {self.kind} frame from the board: {key} is not a float32's 8 hex digits")
+        return np.frombuffer(bytes.fromhex(value)[::-1], dtype="<f4")[0]
 
     def int_list(self, key: str) -> list[int]:
         """A comma-separated list of non-negative integers, strictly."""
@@ -71,7 +81,7 @@ def f32_bits(value: float) -> str:
 
 def encode_request(seq: int, prompt: list[int], steps: int, temperature: float, top_k: int, top_p: float,
                    min_p: float, seed: int, stop_at_eos: bool, digests: bool = True, threads: int = 1,
-                   probe_mib: int | None = None) -> bytes:
+                   probe_mib: int | None = None, start: int = 0, score_from: int | None = None) -> bytes:
     """The request frame every board reads (firmware_src/app/request.c): an MCU after its hello on
     its UART, a Linux firmware on its stdin."""
     return encode_frame(seq, "request", {
@@ -79,7 +89,9 @@ def encode_request(seq: int, prompt: list[int], steps: int, temperature: float, 
         "top_k": top_k, "top_p": f32_bits(top_p), "min_p": f32_bits(min_p), "seed": seed,
         "eos": int(stop_at_eos), **({} if digests else {"digests": 0}),
         **({} if threads == 1 else {"threads": threads}),
-        **({} if probe_mib is None else {"probe_mib": probe_mib})})
+        **({} if probe_mib is None else {"probe_mib": probe_mib}),
+        **({} if start == 0 else {"start": start}),
+        **({} if score_from is None else {"score_from": score_from})})
 
 
 def parse_frame(line: bytes) -> Frame | None:

@@ -433,13 +433,12 @@ def ran_on(board: Board, result: RunResult) -> str:
     return f"{board.name} at {result.remote['host']} ({f'{copied:,} bytes copied' if copied else 'nothing copied'})"
 
 
-def run_remote(remote: Remote, board: Board, program: Path, weights: Path, request: RunRequest, session: Session,
-               timeout: float, progress: Callable[[str], None] | None = None) -> RunResult:
-    """Deploy (only what the board lacks) and run the firmware there; RunResult.remote says where and
-    how many bytes were sent."""
+def remote_command(remote: Remote, board: Board, program: Path, weights: Path,
+                   progress: Callable[[str], None] | None = None) -> tuple[list[str], Deployment]:
+    """Deploy (only what the board lacks); the ssh command that runs the firmware there, reading
+    request frames from its stdin."""
     prefix = remote_prefix(board)
     deployment = deploy(remote, board, program, weights, prefix, progress)
-    frame = request_frame(request)
     program_sha, weights_sha = file_sha256(program), file_sha256(weights)
     script = "; ".join([
         f"cd {shlex.quote(deployment.cache)} || exit 3",
@@ -447,11 +446,26 @@ def run_remote(remote: Remote, board: Board, program: Path, weights: Path, reque
         shlex.join([*prefix, f"./{program_sha}", "--weights", f"./{weights_sha}"]),
         "exit $?",
     ])
-    result = run_process(remote.ssh_argv(script), frame, session, timeout, explain_remote(remote))
-    hello = result.hello
+    return remote.ssh_argv(script), deployment
+
+
+def check_remote_machine(remote: Remote, board: Board, hello: dict[str, str]) -> None:
     machine = hello.get("machine")
     if machine is not None and not runs_on(board.isa, machine):
         raise ColibriError(f"the firmware for {board.isa} reports running on {machine} on {remote}")
+
+
+def run_remote(remote: Remote, board: Board, program: Path, weights: Path, request: RunRequest, session: Session,
+               timeout: float, progress: Callable[[str], None] | None = None) -> RunResult:
+    """Deploy (only what the board lacks) and run the firmware there; RunResult.remote says where and
+    how many bytes were sent."""
+    argv, deployment = remote_command(remote, board, program, weights, progress)
+    prefix = remote_prefix(board)
+    frame = request_frame(request)
+    result = run_process(argv, frame, session, timeout, explain_remote(remote))
+    hello = result.hello
+    check_remote_machine(remote, board, hello)
+    machine = hello.get("machine")
     sent = {**deployment.sent, "request": len(frame)}
     result.remote = {"host": str(remote), "cache": deployment.cache, "machine": deployment.machine,
                      "prefix": list(prefix), "firmware_machine": machine, "cpu": hello.get("cpu"),

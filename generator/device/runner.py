@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ColibriError
-from .process import run_process
-from .remote import Remote, remote_prefix, run_remote
+from .process import ProcessLink, explain_local, run_process
+from .remote import Remote, check_remote_machine, explain_remote, remote_command, remote_prefix, run_remote
 from .serial_link import SerialLink, Timeouts
 from .session import RunRequest, RunResult, Session, request_frame
 from ..compile.targets import Board
@@ -116,3 +116,50 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
         finally:
             link.close()
     raise ColibriError(f"board {board.name} cannot be run from here (runner {board.runner!r})")
+
+
+class Conversation:
+    """One firmware kept running across requests, so that a chat continues in its KV cache: each
+    turn sends a request (start = the positions the firmware holds) and reads that request's frames.
+    Linux boards, here or over SSH: the firmware reads request frames from stdin until it ends."""
+
+    def __init__(self, board: Board, link: ProcessLink, weights_bytes: int, expected_model: str,
+                 check_hello=None, remote: Remote | None = None):
+        self.board, self.link, self.weights_bytes = board, link, weights_bytes
+        self.expected_model, self.check_hello, self.remote = expected_model, check_hello, remote
+        self.turns = 0
+
+    def turn(self, request: RunRequest, on_token=None, timeout: float | None = None) -> RunResult:
+        session = Session(self.expected_model, on_token, self.check_hello)
+        if timeout is None:
+            timeout = default_timeout(request, self.weights_bytes) * (4 if self.board.needs_emulator() or self.remote else 1)
+        self.link.send(request_frame(request, seq=self.turns))
+        result = self.link.read_until_done(session, timeout)
+        if self.remote is not None and self.turns == 0:
+            check_remote_machine(self.remote, self.board, result.hello)
+        self.turns += 1
+        return result
+
+    def close(self) -> None:
+        self.link.close()
+
+    def __enter__(self) -> "Conversation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_conversation(board: Board, program: Path, weights: Path, expected_model: str, check_hello=None,
+                      remote: Remote | None = None, progress: Callable[[str], None] | None = None) -> Conversation:
+    """Start the firmware for a conversation (see Conversation)."""
+    if board.runner != "process":
+        raise ColibriError(f"a conversation needs a Linux board (host, linux-aarch64); {board.name} serves "
+                           f"one request per run here")
+    if remote is not None:
+        argv, _ = remote_command(remote, board, program, weights, progress)
+        link = ProcessLink(argv, explain_remote(remote))
+    else:
+        argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights)]
+        link = ProcessLink(argv, explain_local)
+    return Conversation(board, link, weights.stat().st_size, expected_model, check_hello, remote)

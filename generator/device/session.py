@@ -8,6 +8,7 @@ from typing import Callable
 
 from ..errors import ColibriError
 from .protocol import Frame, encode_request
+from ..numerics.perplexity import Score
 from ..numerics.sampling import SamplingParams
 
 
@@ -22,6 +23,8 @@ class RunRequest:
     # Measure the read bandwidth first, in the firmware, with the same threads (Linux boards; bench):
     # None: no probe; 0: a buffer twice the largest cache (at least 256 MiB); else its size in MiB.
     probe_bandwidth_mib: int | None = None
+    start: int = 0  # continue the conversation the firmware holds: the prompt goes at positions start...
+    score_from: int | None = None  # score prompt tokens score_from + 1 ... (score frames; eval)
 
 
 @dataclass
@@ -37,6 +40,8 @@ class RunResult:
     log: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
     remote: dict | None = None  # a run over SSH: where it ran and the bytes sent (device/remote.py)
+    scores: list[Score] = field(default_factory=list)  # scored prompt tokens, in order (score frames)
+    held: int = 0  # positions the firmware's KV cache holds afterwards: where the next request may start
 
 
 class Session:
@@ -82,6 +87,11 @@ class Session:
                 r.token_us.append(frame.int("us"))
             if self.on_token:
                 self.on_token(step, r.tokens[-1])
+        elif frame.kind == "score":
+            index, token = frame.int("i", minimum=1), frame.int("id", minimum=0)
+            if r.scores and index != r.scores[-1].index + 1:
+                raise ColibriError(f"score frame for prompt token {index} arrived after token {r.scores[-1].index}")
+            r.scores.append(Score(index, token, frame.f32("lp"), frame.f32("z")))
         elif frame.kind == "stats":
             r.stats = frame.fields
         elif frame.kind == "bandwidth":
@@ -106,6 +116,8 @@ class Session:
             if "tokens" in frame.fields and frame.int("tokens") != len(r.tokens):
                 raise ColibriError(f"the board reports {frame.fields['tokens']} tokens but {len(r.tokens)} arrived")
             r.stop_reason = frame.fields.get("reason", "")
+            if "held" in frame.fields:
+                r.held = frame.int("held", minimum=0)
             self.finished = True
 
 
@@ -137,4 +149,5 @@ def request_frame(request: RunRequest, seq: int = 0) -> bytes:
     """The request frame of `request`: what every board reads (firmware_src/app/request.c)."""
     s = request.sampling.as_f32()
     return encode_request(seq, request.prompt, request.steps, s.temperature, s.top_k, s.top_p, s.min_p, s.seed,
-                          request.stop_at_eos, request.digests, request.threads, request.probe_bandwidth_mib)
+                          request.stop_at_eos, request.digests, request.threads, request.probe_bandwidth_mib,
+                          request.start, request.score_from)

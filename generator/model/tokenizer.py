@@ -21,11 +21,20 @@ class Tokenizer:
         path = Path(model_dir) / "tokenizer.json"
         return Tokenizer(path) if path.is_file() else None
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text).ids)
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """The ids of `text`; special=False: without the tokens the tokenizer adds (BOS), for text
+        that spells its special tokens itself (a rendered chat template)."""
+        return list(self._tok.encode(text, add_special_tokens=special).ids)
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+
+    def bos_id(self) -> int | None:
+        """The token the tokenizer puts before a text, if it adds one (None: it adds none)."""
+        with_special, without = self.encode("a"), self.encode("a", special=False)
+        if len(with_special) == len(without) + 1 and with_special[1:] == without:
+            return with_special[0]
+        return None
 
 
 def parse_prompt_ids(text: str) -> list[int]:

@@ -107,6 +107,13 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / seq_sum(e)
 
 
+def exp_sum(x: np.ndarray) -> tuple[np.float32, np.float32]:
+    """The parts of log-softmax (op_exp_sum): max x and the sum in order of exp(x - max)."""
+    x = f32(x)
+    m = np.max(x)
+    return m, seq_sum(expf(x - m))
+
+
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate-half RoPE on (..., n_heads, head_dim) with cos/sin of shape (head_dim/2,)."""
     x = f32(x)

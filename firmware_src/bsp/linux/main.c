@@ -1,5 +1,6 @@
-/* Linux BSP (host, linux-aarch64): the firmware as a Linux process. The request arrives on stdin as a
- * request frame (the grammar every board reads); results go to stdout. */
+/* Linux BSP (host, linux-aarch64): the firmware as a Linux process. Requests arrive on stdin as
+ * request frames (the grammar every board reads), one per line, served in turn until stdin ends (a
+ * conversation continues in the KV cache from one to the next); results go to stdout. */
 #define _GNU_SOURCE /* dl_iterate_phdr, for the build-id */
 #define _POSIX_C_SOURCE 200809L
 
@@ -117,9 +118,9 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 }
 
 static const char usage[] =
-    "usage: firmware --weights IMAGE [--logits-out FILE] < REQUEST\n"
-    "The request is one request frame on stdin, the same line an MCU board reads on its UART\n"
-    "(firmware_src/app/request.c); results go to stdout as frames.\n";
+    "usage: firmware --weights IMAGE [--logits-out FILE] < REQUESTS\n"
+    "Each request is one request frame on a line of stdin, the same line an MCU board reads on its\n"
+    "UART (firmware_src/app/request.c); results go to stdout as frames.\n";
 
 static int fail(int code, const char *message)
 {
@@ -215,7 +216,8 @@ int main(int argc, char **argv)
         proto_u64("passes", (uint64_t)probe.passes);
         proto_end();
     }
-    parallel_start(req.threads);
+    const int threads = req.threads;
+    parallel_start(threads);
     uint64_t image_len = 0;
     uint8_t *image = read_image(weights_path, &image_len);
     if (image == NULL) {
@@ -232,7 +234,29 @@ int main(int argc, char **argv)
     if (status != 0) {
         colibri_report_error(status, colibri_status_message(status));
     } else {
-        status = colibri_decode(&req);
+        /* The first request, then every further line until stdin ends; the exit status is the
+         * last request's. */
+        for (int served = 0;; served++) {
+            if (served > 0) {
+                problem = colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX);
+                if (problem == NULL && req.probe_mib >= 0) {
+                    problem = "the bandwidth probe runs only before the first request";
+                }
+                if (problem == NULL && req.threads != threads) {
+                    problem = "threads must stay what the first request set";
+                }
+            }
+            if (problem != NULL) {
+                colibri_report_error(COLIBRI_ERR_REQUEST, problem);
+                status = COLIBRI_ERR_REQUEST;
+            } else {
+                status = colibri_decode(&req);
+            }
+            len = read_request_line(line, (int)sizeof line);
+            if (len < 0) {
+                break;
+            }
+        }
     }
     if (logits_file != NULL) {
         fclose(logits_file);

@@ -1,0 +1,75 @@
+"""A model's chat template: the Jinja2 text that turns a conversation into the model's prompt, from
+tokenizer_config.json (`chat_template`), a chat_template.jinja beside it, or a GGUF file's
+`tokenizer.chat_template`.
+
+The template comes from the model, so it is rendered in Jinja2's immutable sandbox (no attribute
+access to Python internals, no mutation of the messages), as transformers renders it, and its output
+is only ever tokenized: it never reaches a generated C source.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from ..errors import ColibriError
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    source: str
+    bos_token: str = ""
+    eos_token: str = ""
+    origin: str = "chat template"
+
+    @staticmethod
+    def for_model(model_dir: Path) -> "ChatTemplate | None":
+        """The template of a model directory, or None when it has none."""
+        model_dir = Path(model_dir)
+        config_path = model_dir / "tokenizer_config.json"
+        config = {}
+        if config_path.is_file():
+            try:
+                config = json.loads(config_path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ColibriError(f"{config_path}: not a readable JSON file ({e})") from None
+            if not isinstance(config, dict):
+                raise ColibriError(f"{config_path}: not a JSON object")
+        source, origin = config.get("chat_template"), config_path.name
+        if isinstance(source, list):  # named templates: the default one
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+            source = named.get("default")
+        jinja = model_dir / "chat_template.jinja"
+        if source is None and jinja.is_file():
+            source, origin = jinja.read_text(encoding="utf-8"), jinja.name
+        if source is None:
+            return None
+        if not isinstance(source, str):
+            raise ColibriError(f"{config_path}: chat_template is not a string")
+        return ChatTemplate(source, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")), origin)
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            return env.from_string(self.source).render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token, eos_token=self.eos_token)
+        except TemplateError as e:
+            raise ColibriError(f"the model's chat template ({self.origin}) failed: {e}") from None
+
+
+def _token_text(value) -> str:
+    """bos_token / eos_token of tokenizer_config.json: a string or an AddedToken-like object."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""

@@ -36,8 +36,12 @@ BAD = {
     "id above int32": ("@CLB 0 request prompt=2147483648 steps=3", "prompt must be comma-separated token ids"),
     "eos above one": (GOOD + " eos=5", "eos must be 0 or 1"),
     "digests above one": (GOOD + " digests=9", "digests must be 0 or 1"),
-    "zero steps": ("@CLB 0 request prompt=1 steps=0", "steps must be between 1 and the context length"),
-    "steps beyond the context": ("@CLB 0 request prompt=1 steps=65", "steps must be between 1 and the context length"),
+    "zero steps": ("@CLB 0 request prompt=1 steps=0", "steps must be between 1 (0 when scoring) and the context length"),
+    "steps beyond the context": ("@CLB 0 request prompt=1 steps=65", "steps must be between 1 (0 when scoring) and the context length"),
+    "start beyond the context": (GOOD + " start=64", "start must be a position within the context"),
+    "score_from past the prompt": (GOOD + " score_from=3", "score_from must be an index into the prompt"),
+    "score_from beyond the context": (GOOD + " score_from=64", "score_from must be a position within the context"),
+    "repeated start": (GOOD + " start=0 start=0", "a request field is repeated"),
     "negative seed": (GOOD + " seed=-1", "seed must be a non-negative integer"),
     "seed past 2^64": (GOOD + " seed=18446744073709551616", "seed must be a non-negative integer"),
     "infinite temperature": (GOOD + f" temperature={f32_bits(float('inf'))}", "temperature must be a finite number >= 0"),
@@ -107,7 +111,7 @@ def test_an_mcu_answers_a_bad_request_with_an_error_frame_instead_of_silence(bui
     from generator.device import serial_link
 
     board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64, "qemu-rv32")
-    monkeypatch.setattr(serial_link, "request_frame", lambda request: frame(GOOD + " eos=5"))
+    monkeypatch.setattr(serial_link, "request_frame", lambda request, seq=0: frame(GOOD + " eos=5"))
     with pytest.raises(ColibriError, match="firmware reported error 100: eos must be 0 or 1"):
         run_on_board(board, art.program, art.weights, RunRequest([1, 5, 9], 3), art.model_hash(),
                      flash_image=art.flash_image, timeout=60)
@@ -117,7 +121,7 @@ def test_an_mcu_refuses_threads_and_a_bandwidth_probe(builder, monkeypatch):
     from generator.device import serial_link
 
     board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64, "qemu-rv32")
-    monkeypatch.setattr(serial_link, "request_frame", lambda request: frame(GOOD + " threads=2"))
+    monkeypatch.setattr(serial_link, "request_frame", lambda request, seq=0: frame(GOOD + " threads=2"))
     with pytest.raises(ColibriError, match="this board runs one thread"):
         run_on_board(board, art.program, art.weights, RunRequest([1, 5, 9], 3), art.model_hash(),
                      flash_image=art.flash_image, timeout=60)
@@ -137,6 +141,7 @@ def test_libfuzzer_finds_no_request_the_parser_mishandles(tmp_path):
     corpus.mkdir()
     (seeds / "good").write_bytes(frame(GOOD))
     (seeds / "full").write_bytes(request_frame(RunRequest([1, 2, 3], 8, threads=2, probe_bandwidth_mib=0)))
+    (seeds / "scored").write_bytes(request_frame(RunRequest([1, 2, 3], 0, start=5, score_from=1)))
     for i, (body, _) in enumerate(sorted(BAD.values())):
         (seeds / f"bad{i}").write_bytes(frame(body))
     (seeds / "other-kind").write_bytes(encode_frame(0, "hello", {"proto": 1}))

@@ -33,44 +33,57 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class Emulator:
+    """A system emulator (qemu-system) running the firmware, its UART on a local TCP socket that a
+    SerialLink talks to as to a real board's port. The firmware serves requests until it is stopped."""
+
+    def __init__(self, board: Board, program: Path, flash_image: Path):
+        port = free_port()
+        self.argv = [a.format(program=program, flash_image=flash_image, port=port) for a in board.command]
+        try:
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         stdin=subprocess.DEVNULL)
+        except OSError as e:
+            raise ColibriError(f"cannot start {self.argv[0]}: {e.strerror}") from None
+        try:
+            self.link = SerialLink.connect(f"socket://127.0.0.1:{port}", time.monotonic() + 20.0)
+        except ColibriError:
+            self.close()
+            raise
+
+    def explain(self, error: ColibriError, session: Session) -> ColibriError:
+        """The emulator failing to start explains a silent link; a board's own error frame stands."""
+        if not session.result.hello and self.proc.poll() is not None and self.proc.returncode != 0:
+            err = self.proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+            if err:
+                return ColibriError(f"{self.argv[0]} failed: {err[-1]}")
+        return error
+
+    def close(self) -> None:
+        if getattr(self, "link", None):
+            self.link.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stderr.close()
+
+
+def emulator_timeouts(request: RunRequest, timeout: float | None) -> Timeouts:
+    if timeout is None:
+        return Timeouts(boot=20.0, per_token=2.0, silence=60.0)
+    return Timeouts(boot=timeout, per_token=timeout / max(1, len(request.prompt) + request.steps), silence=timeout)
+
+
 def run_qemu_system(board: Board, program: Path, flash_image: Path, request: RunRequest, session: Session,
                     timeout: float | None) -> RunResult:
-    """Start the emulator with its UART on a local TCP socket and talk to it like a real board."""
-    port = free_port()
-    argv = [a.format(program=program, flash_image=flash_image, port=port) for a in board.command]
+    """Start the emulator and talk to it like a real board; stop it once the run is done."""
+    emulator = Emulator(board, program, flash_image)
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    except OSError as e:
-        raise ColibriError(f"cannot start {argv[0]}: {e.strerror}") from None
-    link = None
-    try:
-        link = SerialLink.connect(f"socket://127.0.0.1:{port}", time.monotonic() + 20.0)
-        timeouts = Timeouts(boot=20.0, per_token=2.0, silence=60.0)
-        if timeout is not None:
-            timeouts = Timeouts(boot=timeout, per_token=timeout / max(1, len(request.prompt) + request.steps),
-                                silence=timeout)
-        result = link.run(request, session, timeouts)
-        try:
-            code = proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            code = None
-        if code not in (0, None):
-            raise ColibriError(f"{argv[0]} exited with status {code} after the run")
-        return result
-    except ColibriError:
-        # The emulator failing to start explains a silent link; a board's own error frame stands.
-        if not session.result.hello and proc.poll() is not None and proc.returncode != 0:
-            err = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
-            if err:
-                raise ColibriError(f"{argv[0]} failed: {err[-1]}") from None
-        raise
+        return emulator.link.run(request, session, emulator_timeouts(request, timeout))
+    except ColibriError as e:
+        raise emulator.explain(e, session) from None
     finally:
-        if link:
-            link.close()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        proc.stderr.close()
+        emulator.close()
 
 
 def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest, expected_model: str,
@@ -119,29 +132,44 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
 
 
 class Conversation:
-    """One firmware kept running across requests, so that a chat continues in its KV cache: each
-    turn sends a request (start = the positions the firmware holds) and reads that request's frames.
-    Linux boards, here or over SSH: the firmware reads request frames from stdin until it ends."""
+    """One firmware kept serving across requests, so that a chat continues in its KV cache: each turn
+    sends a request (start = the positions the firmware holds) and reads that request's frames. A
+    Linux firmware reads request frames from stdin until it ends (here or over SSH); an MCU (an
+    emulator or a board on a serial port) serves them until it is reset."""
 
-    def __init__(self, board: Board, link: ProcessLink, weights_bytes: int, expected_model: str,
-                 check_hello=None, remote: Remote | None = None):
-        self.board, self.link, self.weights_bytes = board, link, weights_bytes
+    def __init__(self, board: Board, weights_bytes: int, expected_model: str, check_hello=None,
+                 remote: Remote | None = None, process: ProcessLink | None = None,
+                 emulator: Emulator | None = None, serial: SerialLink | None = None):
+        self.board, self.weights_bytes = board, weights_bytes
         self.expected_model, self.check_hello, self.remote = expected_model, check_hello, remote
+        self.process, self.emulator, self.serial = process, emulator, serial
         self.turns = 0
 
     def turn(self, request: RunRequest, on_token=None, timeout: float | None = None) -> RunResult:
         session = Session(self.expected_model, on_token, self.check_hello)
-        if timeout is None:
-            timeout = default_timeout(request, self.weights_bytes) * (4 if self.board.needs_emulator() or self.remote else 1)
-        self.link.send(request_frame(request, seq=self.turns))
-        result = self.link.read_until_done(session, timeout)
-        if self.remote is not None and self.turns == 0:
-            check_remote_machine(self.remote, self.board, result.hello)
+        if self.process is not None:
+            if timeout is None:
+                slow = self.board.needs_emulator() or self.remote is not None
+                timeout = default_timeout(request, self.weights_bytes) * (4 if slow else 1)
+            self.process.send(request_frame(request, seq=self.turns))
+            result = self.process.read_until_done(session, timeout)
+            if self.remote is not None and self.turns == 0:
+                check_remote_machine(self.remote, self.board, result.hello)
+        else:
+            link = self.emulator.link if self.emulator is not None else self.serial
+            timeouts = emulator_timeouts(request, timeout) if self.emulator is not None or timeout is not None \
+                else Timeouts()
+            try:
+                result = link.run(request, session, timeouts, resume=self.turns > 0)
+            except ColibriError as e:
+                raise (self.emulator.explain(e, session) if self.emulator is not None else e) from None
         self.turns += 1
         return result
 
     def close(self) -> None:
-        self.link.close()
+        for part in (self.process, self.emulator, self.serial):
+            if part is not None:
+                part.close()
 
     def __enter__(self) -> "Conversation":
         return self
@@ -151,15 +179,24 @@ class Conversation:
 
 
 def open_conversation(board: Board, program: Path, weights: Path, expected_model: str, check_hello=None,
-                      remote: Remote | None = None, progress: Callable[[str], None] | None = None) -> Conversation:
-    """Start the firmware for a conversation (see Conversation)."""
-    if board.runner != "process":
-        raise ColibriError(f"a conversation needs a Linux board (host, linux-aarch64); {board.name} serves "
-                           f"one request per run here")
+                      remote: Remote | None = None, progress: Callable[[str], None] | None = None,
+                      flash_image: Path | None = None, port: str | None = None,
+                      reset: bool = False) -> Conversation:
+    """Start (or reach) the firmware for a conversation (see Conversation)."""
+    size = weights.stat().st_size
+    common = dict(expected_model=expected_model, check_hello=check_hello)
     if remote is not None:
+        if board.runner != "process":
+            raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
         argv, _ = remote_command(remote, board, program, weights, progress)
-        link = ProcessLink(argv, explain_remote(remote))
-    else:
+        return Conversation(board, size, remote=remote, process=ProcessLink(argv, explain_remote(remote)), **common)
+    if board.runner == "process":
         argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights)]
-        link = ProcessLink(argv, explain_local)
-    return Conversation(board, link, weights.stat().st_size, expected_model, check_hello, remote)
+        return Conversation(board, size, process=ProcessLink(argv, explain_local), **common)
+    if board.runner == "qemu-system":
+        return Conversation(board, size, emulator=Emulator(board, program, flash_image or weights), **common)
+    if board.runner == "serial":
+        if not port:
+            raise ColibriError(f"board {board.name} is a real board: give its serial port with --port")
+        return Conversation(board, size, serial=SerialLink.open(port, reset=reset), **common)
+    raise ColibriError(f"board {board.name} cannot be run from here (runner {board.runner!r})")

@@ -70,6 +70,8 @@ class SerialLink:
         self.where = where
         self.reader = FrameReader()
         self.received = 0  # bytes read since opening (tells "silent" from "talking, but no frame")
+        self.hello: Frame | None = None  # the board's hello, once a run has seen it
+        self.next_seq: int | None = None  # the sequence number the board's next frame must carry
 
     @classmethod
     def open(cls, url: str, baudrate: int = 115200, reset: bool = False) -> "SerialLink":
@@ -201,8 +203,20 @@ class SerialLink:
                             f"({what}){self._noise()}; check the port, the baud rate and that the firmware "
                             f"is flashed")
 
-    def run(self, request: RunRequest | None, session: Session, timeouts: Timeouts = Timeouts()) -> RunResult:
+    def _send_first_piece(self, request: RunRequest, hello: Frame, seq: int) -> tuple[bytes, int]:
+        """Send the request, or its first piece to a board that acknowledges each (its UART's small
+        receive FIFO never overflows, however long the request); returns what is left and the
+        bytes the next ack must report."""
+        pending = request_frame(request, seq)
+        piece = ACK_BYTES if _acknowledges(hello) else len(pending)
+        self.send(pending[:piece])
+        return pending[piece:], piece
+
+    def run(self, request: RunRequest | None, session: Session, timeouts: Timeouts = Timeouts(),
+            resume: bool = False) -> RunResult:
         """Read frames until `done`; after the hello, send `request` (None: only listen).
+        resume: the board said hello in an earlier run on this link and serves another request
+        now (a conversation continued): the request goes out at once.
 
         Frames before the first hello belong to an earlier run and are ignored."""
         start = time.monotonic()
@@ -216,6 +230,13 @@ class SerialLink:
         next_seq = None  # the sequence number the next frame must carry, once the hello is in
         stale = 0
         result = session.result
+        if resume:
+            if self.hello is None or self.next_seq is None or request is None:
+                raise ColibriError(f"{self.where}: no earlier run on this link to continue")
+            next_seq = self.next_seq
+            result.hello = dict(self.hello.fields)
+            pending, acked_target = self._send_first_piece(request, self.hello, self.next_seq)
+            sent = True
         while not session.finished:
             now = time.monotonic()
             if next_seq is None:
@@ -242,13 +263,10 @@ class SerialLink:
                 next_seq = frame.seq + 1
                 last_frame = time.monotonic()
                 log_at_last_frame = log_index
+                if frame.kind == "hello":
+                    self.hello = frame
                 if frame.kind == "hello" and request and not sent:
-                    # A board that acknowledges reads a piece, acknowledges it, then takes the next:
-                    # its UART's small receive FIFO never overflows, however long the request.
-                    pending = request_frame(request)
-                    piece = ACK_BYTES if _acknowledges(frame) else len(pending)
-                    self.send(pending[:piece])
-                    acked_target, pending = piece, pending[piece:]
+                    pending, acked_target = self._send_first_piece(request, frame, 0)
                     sent = True
                 elif frame.kind == "ack":
                     got = frame.int("bytes", minimum=0)
@@ -260,6 +278,7 @@ class SerialLink:
                 if session.finished:
                     self._check_done(frame, session)
                     break
+        self.next_seq = next_seq
         result.log = list(self.reader.log)
         result.wall_seconds = time.monotonic() - start
         return result

@@ -223,5 +223,7 @@ int main(void)
         colibri_report_error(status, colibri_status_message(status));
         return status;
     }
-    return colibri_serve(uart_read_byte, 0, 0); /* one request, then exit through the test device */
+    /* Requests until the host stops the emulator, as a real board serves them until it is reset: a
+     * conversation continues from one to the next. */
+    return colibri_serve(uart_read_byte, 1, 0);
 }

@@ -49,7 +49,7 @@ def test_qemu_rv32_reads_the_weights_in_place_and_refuses_a_damaged_image(builde
     blob[5000] ^= 0x40
     damaged = tmp_path / "damaged.img"
     damaged.write_bytes(bytes(blob))
-    with pytest.raises(ColibriError, match="error 7: weight image is corrupted"):
+    with pytest.raises(ColibriError, match="error 17: weight image tensor data is corrupted"):
         run_on_board(board, art.program, art.weights, RunRequest(PROMPT, 4), art.model_hash(), flash_image=damaged)
 
 
@@ -91,7 +91,7 @@ def test_report_json_exists_for_every_board_and_accounts_for_each_region(board, 
     assert rep["fits"]
     if board == "esp32p4":
         (l2mem,) = rep["regions"]
-        assert l2mem["used"] <= 0.88 * l2mem["budget"]  # the default model fits with room to spare (~57 KB)
+        assert l2mem["used"] <= 0.9 * l2mem["budget"]  # the default model fits with room to spare (~45 KB)
         assert l2mem["items"]["stack"] > 0 and rep["largest_ctx_that_fits"] >= 128
 
 

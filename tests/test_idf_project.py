@@ -325,12 +325,9 @@ def test_inputs_that_do_not_match_are_refused(board, projects, tmp_path):
     with pytest.raises(ColibriError, match="bad magic"):
         write_project(board, p.plan, tmp_path / "gen", tmp_path / "out", REPO)
     # An image of the same layout from another generation (other weights) than model_data.c.
-    import struct
-    import zlib
-    image = bytearray((p.gen / "weights.img").read_bytes())
-    image[56] ^= 0xFF
-    crc_at = len(image) - 8
-    image[crc_at:crc_at + 4] = struct.pack("<I", zlib.crc32(bytes(image[:crc_at])))
+    from damaged_images import header
+    image = (p.gen / "weights.img").read_bytes()
+    image = header(image, "model_hash", bytes(b ^ 0xFF for b in read_header(image).model_hash))
     (tmp_path / "gen" / "weights.img").write_bytes(bytes(image))
     with pytest.raises(ColibriError, match="different generations"):
         write_project(board, p.plan, tmp_path / "gen", tmp_path / "out", REPO)
@@ -640,12 +637,9 @@ def test_bsp_reports_a_bad_or_missing_partition_and_repeats_it_for_each_request(
     elif case == "tiny":  # too small to hold a header: the length field is not even read
         partition = bytes(image[:100])
     else:  # a valid image of another model: same layout, other hash and a fixed CRC
-        import struct
-        import zlib
-        image[56] ^= 0xFF
-        crc_at = len(image) - 8
-        image[crc_at:crc_at + 4] = struct.pack("<I", zlib.crc32(bytes(image[:crc_at])))
-        partition = bytes(image)
+        from damaged_images import header
+        image = bytes(image)
+        partition = header(image, "model_hash", bytes(b ^ 0xFF for b in read_header(image).model_hash))
     frames = run_simulated(exe, partition, request_line([1, 2], 2), tmp_path, label)
     assert [f.kind for f in frames] == ["hello", "error", "error"]
     for f in frames[1:]:

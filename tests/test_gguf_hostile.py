@@ -182,3 +182,15 @@ def test_an_empty_file_and_a_directory_are_refused(tmp_path):
     missing = run_cli("build", "--model", tmp_path / "missing.gguf", "--out", tmp_path / "out")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_version_2_file_reads_as_version_3(good_gguf, tmp_path):
+    from generator.model.gguf_import import load_gguf
+
+    raw = raw_gguf(good_gguf)
+    raw.version = 2
+    path = tmp_path / "v2.gguf"
+    path.write_bytes(raw.encode())
+    v2, v3 = load_gguf(path), load_gguf(good_gguf)
+    assert v2.gguf.version == 2 and v2.spec == v3.spec.__class__(**{**v3.spec.__dict__, "name": "v2"})
+    assert all(np.array_equal(v2.tensors[n], v3.tensors[n]) for n in v3.tensors)

@@ -68,8 +68,8 @@ non_negative_float = number(float, 0.0, what="a finite number >= 0")
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", default="host", help=f"target board (available: {', '.join(available_boards())})")
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory "
-                   "(default: the bundled models/kjv-tiny)")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory or "
+                   "GGUF file (default: the bundled models/kjv-tiny)")
     p.add_argument("--quant", default="q8_0", choices=QUANTS, help="weight format (default q8_0)")
     p.add_argument("--ctx", type=positive_int, help="context length the firmware is built for "
                    "(default: the board's default, capped by the model)")

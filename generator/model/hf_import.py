@@ -457,8 +457,13 @@ def _tensor_files(model_dir: Path) -> dict[str, tuple[Path, TensorInfo]]:
 
 
 def load_checkpoint(model_dir: Path | str, load_tensors: bool = True) -> Checkpoint:
-    """Read a model directory. With load_tensors=False only the headers are checked (fast planning)."""
+    """Read a model directory (or a .gguf file). With load_tensors=False only the headers are
+    checked (fast planning)."""
     model_dir = Path(model_dir)
+    if model_dir.suffix.lower() == ".gguf":
+        from .gguf_import import load_gguf
+
+        return load_gguf(model_dir, load_tensors)
     if not model_dir.exists():
         raise ColibriError(f"model directory {model_dir} does not exist")
     if not model_dir.is_dir():

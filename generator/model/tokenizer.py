@@ -18,6 +18,16 @@ class Tokenizer:
 
     @staticmethod
     def for_model(model_dir: Path) -> "Tokenizer | None":
+        if Path(model_dir).suffix.lower() == ".gguf":  # the tokenizer in the file's metadata, if it has one
+            from .gguf_file import read_gguf
+            from .gguf_tokenizer import build_tokenizer, supported
+
+            gguf = read_gguf(model_dir)
+            if not supported(gguf):
+                return None
+            tokenizer = Tokenizer.__new__(Tokenizer)
+            tokenizer._tok = build_tokenizer(gguf)
+            return tokenizer
         path = Path(model_dir) / "tokenizer.json"
         return Tokenizer(path) if path.is_file() else None
 

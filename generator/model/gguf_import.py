@@ -1,0 +1,412 @@
+"""Import stage for GGUF files: metadata -> ModelSpec, tensors -> the canonical names and float32.
+
+The GGUF counterpart of hf_import.load_checkpoint: the same ModelSpec and the same canonical
+tensors a safetensors checkpoint of the model gives, from llama.cpp's names and keys
+(`{arch}.block_count`, `blk.N.attn_q.weight`, `blk.N.ffn_gate_exps.weight`, ...).
+
+llama.cpp's converter permutes the rows of q_proj and k_proj (weights and biases) of
+llama-architecture models for its interleaved RoPE; `unpermute_rows` undoes it exactly (a pure
+row reordering). Gemma's converter stores norms as (1 + w): the canonical form already.
+Floats in the metadata are float32; each is read back as the shortest decimal that rounds to
+the same float32 (1e-05, not 9.99999974738e-06), which is what the checkpoint's config said.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ColibriError
+from .gguf_file import GgufFile, read_gguf
+from .gguf_tensors import QuantBlocks, tensor_blocks, tensor_f32
+from .spec import ModelSpec, RopeSpec, expected_shapes
+
+
+@dataclass(frozen=True)
+class GgufArch:
+    """What sets one GGUF architecture apart (the GGUF side of hf_import.FAMILIES)."""
+
+    family: str  # the spec's family, as hf_import names it
+    architecture: str  # the Hugging Face class the spec names
+    permuted_qk: bool = False  # llama.cpp's converter permuted the q/k rows (llama architecture)
+    qkv_bias: bool = False  # always has q/k/v biases (Qwen2); elsewhere the tensors present decide
+    qk_norm: bool = False
+    gemma: bool = False  # see hf_import.Family.gemma
+    moe: bool = False
+    shared_expert: bool = False
+    norm_topk_prob: bool = False  # llama.cpp's default when {arch}.expert_weights_norm is absent
+
+
+GGUF_ARCHITECTURES = {
+    "llama": GgufArch("llama", "LlamaForCausalLM", permuted_qk=True),
+    "qwen2": GgufArch("qwen2", "Qwen2ForCausalLM", qkv_bias=True),
+    "qwen3": GgufArch("qwen3", "Qwen3ForCausalLM", qk_norm=True),
+    "gemma3": GgufArch("gemma3", "Gemma3ForCausalLM", qk_norm=True, gemma=True),
+    "qwen2moe": GgufArch("qwen2_moe", "Qwen2MoeForCausalLM", qkv_bias=True, moe=True, shared_expert=True),
+    "qwen3moe": GgufArch("qwen3_moe", "Qwen3MoeForCausalLM", qk_norm=True, moe=True, norm_topk_prob=True),
+}
+# A llama-architecture file with experts is Mixtral.
+LLAMA_MOE = GgufArch("mixtral", "MixtralForCausalLM", permuted_qk=True, moe=True, norm_topk_prob=True)
+
+GLOBAL_TENSORS = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
+LAYER_TENSORS = {
+    "attn_norm.weight": "attn_norm",
+    "attn_q.weight": "wq", "attn_k.weight": "wk", "attn_v.weight": "wv", "attn_output.weight": "wo",
+    "attn_q.bias": "bq", "attn_k.bias": "bk", "attn_v.bias": "bv", "attn_output.bias": "bo",
+    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
+    "post_attention_norm.weight": "post_attn_norm",
+    "ffn_norm.weight": "ffn_norm",
+    "post_ffw_norm.weight": "post_ffn_norm",
+    "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up", "ffn_down.weight": "w_down",
+    "ffn_gate.bias": "b_gate", "ffn_up.bias": "b_up", "ffn_down.bias": "b_down",
+    "ffn_gate_inp.weight": "router",
+    "ffn_gate_shexp.weight": "shared.w_gate", "ffn_up_shexp.weight": "shared.w_up",
+    "ffn_down_shexp.weight": "shared.w_down", "ffn_gate_inp_shexp.weight": "shared_gate",
+}
+# Experts stacked in one tensor (n_experts, rows, cols): split into the canonical per-expert names.
+EXPERT_TENSORS = {"ffn_gate_exps.weight": "w_gate", "ffn_up_exps.weight": "w_up", "ffn_down_exps.weight": "w_down"}
+LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.(.+)")
+ROPE_SCALINGS = ("none", "linear")
+# llama.cpp's end-of-generation tokens by their text, for files whose eos_token_id is something else.
+END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>")
+
+
+@dataclass
+class GgufCheckpoint:
+    """A checkpoint read from a GGUF file (what hf_import.Checkpoint holds), and also what each
+    tensor was stored as, its exact blocks and the chat template."""
+
+    spec: ModelSpec
+    tensors: dict[str, np.ndarray]  # canonical name -> float32 array
+    input_files: list[Path]
+    gguf: GgufFile
+    tensor_types: dict[str, str] = field(default_factory=dict)  # canonical name -> GGUF type ("Q4_1", ...)
+    chat_template: str | None = None
+    _sources: dict = field(default_factory=dict, repr=False)  # canonical -> (info, expert or None, permute)
+
+    def blocks(self, canonical: str) -> QuantBlocks | None:
+        """The tensor's exact Q8_0/Q4_0/Q4_1/Q4_K blocks (rows in canonical order), or None."""
+        info, expert, heads = self._sources[canonical]
+        blocks = tensor_blocks(self.gguf, info)
+        if blocks is None:
+            return None
+        if expert is not None:
+            blocks = blocks.take(expert)
+        return blocks.take(unpermute_order(blocks.shape[0], heads)) if heads else blocks
+
+
+def is_gguf(path: Path | str) -> bool:
+    return Path(path).suffix.lower() == ".gguf"
+
+
+def unpermute_order(rows: int, n_heads: int) -> np.ndarray:
+    """Row order that undoes convert_hf_to_gguf's LlamaModel.permute for `n_heads` heads:
+    it stored, per head, the even rotary pairs' rows interleaved; HF keeps the two halves."""
+    half = rows // n_heads // 2
+    permuted = np.arange(rows).reshape(n_heads, 2, half).swapaxes(1, 2).reshape(rows)
+    return np.argsort(permuted)
+
+
+class _Meta:
+    """Typed accessors over the metadata that fail with the key's name."""
+
+    def __init__(self, gguf: GgufFile, arch: str):
+        self.gguf, self.arch, self.where = gguf, arch, gguf.path.name
+
+    def has(self, key: str) -> bool:
+        return f"{self.arch}.{key}" in self.gguf.metadata
+
+    def _get(self, key, default, full: bool = False):
+        name = key if full else f"{self.arch}.{key}"
+        value = self.gguf.metadata.get(name, default)
+        return name, value
+
+    def int(self, key: str, default=None, minimum: int = 1, full: bool = False) -> int:
+        name, value = self._get(key, default, full)
+        if value is None:
+            raise ColibriError(f"{self.where}: missing metadata {name!r}")
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise ColibriError(f"{self.where}: metadata {name!r} must be an integer, got {_show(value)}")
+        if value < minimum:
+            raise ColibriError(f"{self.where}: metadata {name!r} must be at least {minimum}, got {value}")
+        return int(value)
+
+    def float(self, key: str, default=None) -> float:
+        name, value = self._get(key, default)
+        if value is None:
+            raise ColibriError(f"{self.where}: missing metadata {name!r}")
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise ColibriError(f"{self.where}: metadata {name!r} must be a finite number, got {_show(value)}")
+        if self.gguf.value_types.get(name) == "FLOAT32":
+            return float(str(np.float32(value)))  # the decimal the converter was given
+        return float(value)
+
+    def str(self, key: str, default=None, full: bool = False) -> str | None:
+        name, value = self._get(key, default, full)
+        if value is not None and not isinstance(value, str):
+            raise ColibriError(f"{self.where}: metadata {name!r} must be a string, got {_show(value)}")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        name, value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise ColibriError(f"{self.where}: metadata {name!r} must be true or false, got {_show(value)}")
+        return value
+
+
+def _show(value) -> str:
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _arch(gguf: GgufFile) -> tuple[str, GgufArch]:
+    supported = ", ".join(GGUF_ARCHITECTURES)
+    arch = gguf.metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ColibriError(f"{gguf.path.name}: no general.architecture string in the metadata (supported: {supported})")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ColibriError(f"{gguf.path.name}: unsupported architecture {arch!r} (supported: {supported})")
+    info = GGUF_ARCHITECTURES[arch]
+    if arch == "llama" and gguf.metadata.get("llama.expert_count", 0):
+        info = LLAMA_MOE
+    return arch, info
+
+
+def _rope(meta: _Meta, theta_default: float) -> RopeSpec:
+    if "rope_freqs.weight" in meta.gguf.tensors:
+        raise ColibriError(f"{meta.where}: llama3 RoPE scaling (a rope_freqs tensor) is not supported from GGUF "
+                           f"files (its parameters are not in the metadata)")
+    theta = meta.float("rope.freq_base", theta_default)
+    if theta <= 0:
+        raise ColibriError(f"{meta.where}: metadata '{meta.arch}.rope.freq_base' must be positive")
+    kind = meta.str("rope.scaling.type", "none")
+    if kind not in ROPE_SCALINGS:
+        raise ColibriError(f"{meta.where}: unsupported rope scaling {kind!r} (supported: {', '.join(ROPE_SCALINGS)})")
+    factor = meta.float("rope.scaling.factor", 0.0) if kind == "linear" else 0.0
+    if kind == "none" and meta.has("rope.scale_linear"):
+        factor = meta.float("rope.scale_linear")  # older files
+    if factor and factor != 1.0:
+        if factor <= 0:
+            raise ColibriError(f"{meta.where}: rope scaling factor must be positive, got {factor}")
+        return RopeSpec(theta=theta, scaling="linear", factor=factor)
+    if kind == "linear" and not factor:
+        raise ColibriError(f"{meta.where}: linear rope scaling without '{meta.arch}.rope.scaling.factor'")
+    return RopeSpec(theta=theta)
+
+
+def _windows(meta: _Meta, n_layers: int, gemma: bool) -> tuple[int, ...]:
+    if not meta.has("attention.sliding_window"):
+        return (0,) * n_layers
+    window = meta.int("attention.sliding_window", minimum=0)
+    if window == 0:
+        return (0,) * n_layers
+    if not gemma:
+        return (window,) * n_layers  # (Mistral-style: every layer)
+    pattern = meta.gguf.metadata.get(f"{meta.arch}.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, np.ndarray) and pattern.dtype == np.bool_ and len(pattern) == n_layers:
+        return tuple(window if sliding else 0 for sliding in pattern.tolist())
+    pattern = meta.int("attention.sliding_window_pattern", 6)
+    return tuple(0 if (i + 1) % pattern == 0 else window for i in range(n_layers))
+
+
+def _token_ids(meta: _Meta, vocab: int) -> tuple[int | None, tuple[int, ...]]:
+    data = meta.gguf.metadata
+    bos = meta.int("tokenizer.ggml.bos_token_id", None, 0, full=True) if "tokenizer.ggml.bos_token_id" in data else None
+    eos = [meta.int(f"tokenizer.ggml.{k}_token_id", None, 0, full=True)
+           for k in ("eos", "eot", "eom") if f"tokenizer.ggml.{k}_token_id" in data]
+    tokens, types = data.get("tokenizer.ggml.tokens"), data.get("tokenizer.ggml.token_type")
+    if isinstance(tokens, list) and isinstance(types, np.ndarray) and len(types) == len(tokens):
+        # Like llama.cpp: control tokens that end a turn stop generation too.
+        eos += [i for i, (text, kind) in enumerate(zip(tokens, types.tolist())) if kind == 3 and text in END_OF_TURN_TEXTS]
+    eos = tuple(dict.fromkeys(eos))
+    for t in ([bos] if bos is not None else []) + list(eos):
+        if t >= vocab:
+            raise ColibriError(f"{meta.where}: special token id {t} is outside the vocabulary ({vocab})")
+    return bos, eos
+
+
+def parse_metadata(gguf: GgufFile) -> ModelSpec:
+    """GGUF metadata (+ which tensors exist) -> ModelSpec, with every field checked."""
+    arch, info = _arch(gguf)
+    meta = _Meta(gguf, arch)
+    family = info
+    gemma = family.gemma
+    tensors = gguf.tensors
+    if "token_embd.weight" not in tensors:
+        raise ColibriError(f"{meta.where}: no token_embd.weight tensor")
+
+    hidden = meta.int("embedding_length")
+    n_layers = meta.int("block_count")
+    n_heads = meta.int("attention.head_count")
+    n_kv = meta.int("attention.head_count_kv", n_heads)
+    if meta.has("attention.key_length"):
+        head_dim = meta.int("attention.key_length")
+        if meta.int("attention.value_length", head_dim) != head_dim:
+            raise ColibriError(f"{meta.where}: attention key and value lengths differ (not supported)")
+    else:
+        if hidden % n_heads:
+            raise ColibriError(f"{meta.where}: embedding_length {hidden} is not divisible by head_count {n_heads}")
+        head_dim = hidden // n_heads
+    if n_heads % n_kv:
+        raise ColibriError(f"{meta.where}: head_count {n_heads} is not divisible by head_count_kv {n_kv}")
+    if head_dim % 2:
+        raise ColibriError(f"{meta.where}: head dimension {head_dim} must be even for rotary embeddings")
+    if meta.int("rope.dimension_count", head_dim) != head_dim:
+        raise ColibriError(f"{meta.where}: partial rotary embeddings (rope.dimension_count "
+                           f"{meta.int('rope.dimension_count')} of {head_dim}) are not supported")
+    vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
+    eps = meta.float("attention.layer_norm_rms_epsilon", 1e-6 if gemma else 1e-5)
+    if not 0 < eps < 1:
+        raise ColibriError(f"{meta.where}: layer_norm_rms_epsilon must be between 0 and 1")
+    bos, eos = _token_ids(meta, vocab)
+
+    def present(part: str) -> bool:
+        return f"blk.0.{part}" in tensors
+
+    qkv_bias = present("attn_q.bias")
+    if family.qkv_bias and not qkv_bias:
+        raise ColibriError(f"{meta.where}: missing tensor 'blk.0.attn_q.bias' ({arch} has q/k/v biases)")
+    moe = {}
+    if family.moe:
+        n_experts = meta.int("expert_count")
+        top_k = meta.int("expert_used_count")
+        if top_k > n_experts:
+            raise ColibriError(f"{meta.where}: expert_used_count {top_k} exceeds the {n_experts} experts")
+        ff = meta.int("feed_forward_length", meta.gguf.metadata.get(f"{arch}.expert_feed_forward_length"))
+        moe = dict(
+            n_experts=n_experts, experts_per_token=top_k,
+            expert_intermediate_size=meta.int("expert_feed_forward_length", ff),
+            norm_topk_prob=meta.bool("expert_weights_norm", info.norm_topk_prob),
+            shared_expert_intermediate_size=(meta.int("expert_shared_feed_forward_length", 0, minimum=0)
+                                             if family.shared_expert else 0),
+            moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n_layers)))
+        intermediate = ff
+    else:
+        intermediate = meta.int("feed_forward_length")
+
+    return ModelSpec(
+        name=gguf.path.stem,
+        architecture=info.architecture,
+        family=info.family,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        rms_norm_eps=eps,
+        rope=_rope(meta, 1000000.0 if gemma else 10000.0),
+        max_position_embeddings=meta.int("context_length", 2048),
+        tie_embeddings="output.weight" not in tensors,
+        qkv_bias=qkv_bias,
+        o_bias=present("attn_output.bias"),
+        mlp_bias=present("ffn_gate.bias") or present("ffn_up.bias"),
+        qk_norm=family.qk_norm,
+        layer_windows=_windows(meta, n_layers, gemma),
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        activation="gelu_tanh" if gemma else "silu",
+        embed_scale=float(np.float32(hidden ** 0.5)) if gemma else 1.0,
+        attn_scale=(meta.float("attention.scale") if meta.has("attention.scale") else float(head_dim) ** -0.5)
+        if gemma else 0.0,
+        post_norms=gemma,
+        rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)) if gemma else None,
+        final_softcap=meta.float("final_logit_softcapping", 0.0) if gemma else 0.0,
+        **moe,
+    )
+
+
+def _canonical(name: str) -> tuple[str, bool] | None:
+    """GGUF tensor name -> (canonical name or per-expert pattern, stacked experts?)."""
+    if name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[name], False
+    m = LAYER_NAME.fullmatch(name)
+    if not m:
+        return None
+    index, part = m.groups()
+    if part in LAYER_TENSORS:
+        return f"layers.{index}.{LAYER_TENSORS[part]}", False
+    if part in EXPERT_TENSORS:
+        return f"layers.{index}.experts.{{}}.{EXPERT_TENSORS[part]}", True
+    return None
+
+
+def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
+    """canonical name -> (tensor info, expert index or None, heads to un-permute or 0)."""
+    wanted = expected_shapes(spec)
+    where = gguf.path.name
+    sources = {}
+    for name, info in gguf.tensors.items():
+        found = _canonical(name)
+        if found is None or (found[0] not in wanted and not found[1]):
+            raise ColibriError(f"{where}: unexpected tensor {name!r} for {spec.architecture} with this metadata")
+        canonical, stacked = found
+        if stacked:
+            if len(info.shape) != 3 or info.shape[0] != spec.n_experts or canonical.format(0) not in wanted:
+                raise ColibriError(f"{where}: tensor {name!r} has shape {list(info.shape)}, "
+                                   f"expected {spec.n_experts} stacked experts")
+            for e in range(spec.n_experts):
+                sources[canonical.format(e)] = (info, e, 0)
+            continue
+        heads = 0
+        if arch.permuted_qk and canonical.rsplit(".", 1)[-1] in ("wq", "bq"):
+            heads = spec.n_heads
+        elif arch.permuted_qk and canonical.rsplit(".", 1)[-1] in ("wk", "bk"):
+            heads = spec.n_kv_heads
+        sources[canonical] = (info, None, heads)
+    for canonical, shape in wanted.items():
+        if canonical not in sources:
+            raise ColibriError(f"{where}: missing tensor for {canonical!r} ({spec.architecture}, "
+                               f"expected shape {list(shape)})")
+        info, expert, _ = sources[canonical]
+        got = info.shape[1:] if expert is not None else info.shape
+        if _squeezed(got) != _squeezed(shape):
+            raise ColibriError(f"{where}: tensor {info.name!r} has shape {list(info.shape)}, "
+                               f"the metadata implies {list(shape)}")
+    return sources
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape without leading 1s: llama.cpp stores a (1, n) matrix as a vector of n."""
+    shape = tuple(shape)
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def load_gguf(path: Path | str, load_tensors: bool = True) -> GgufCheckpoint:
+    """Read a GGUF file. With load_tensors=False only the header is checked (fast planning)."""
+    path = Path(path)
+    if not path.exists():
+        raise ColibriError(f"model file {path} does not exist")
+    if not path.is_file():
+        raise ColibriError(f"{path} is not a file")
+    gguf = read_gguf(path)
+    spec = parse_metadata(gguf)
+    _, arch = _arch(gguf)
+    sources = _locate(gguf, spec, arch)
+    wanted = expected_shapes(spec)
+    template = gguf.metadata.get("tokenizer.chat_template")
+    tensors: dict[str, np.ndarray] = {}
+    if load_tensors:
+        stacked: dict[str, np.ndarray] = {}
+        for canonical, shape in wanted.items():
+            info, expert, heads = sources[canonical]
+            if expert is not None:
+                if info.name not in stacked:
+                    if len(stacked) == 3:
+                        stacked.clear()  # one layer's stacked experts at a time
+                    stacked[info.name] = tensor_f32(gguf, info)
+                value = stacked[info.name][expert]
+            else:
+                value = tensor_f32(gguf, info)
+            if heads:
+                value = value[unpermute_order(value.shape[0], heads)]
+            tensors[canonical] = np.ascontiguousarray(value.reshape(shape))
+    return GgufCheckpoint(spec=spec, tensors=tensors, input_files=[path], gguf=gguf,
+                          tensor_types={c: sources[c][0].ggml_type for c in wanted},
+                          chat_template=template if isinstance(template, str) else None, _sources=sources)

@@ -1,0 +1,187 @@
+"""GGUF tensor data -> float32 with llama.cpp's dequantization formulas, and the exact block
+fields of Q8_0, Q4_0, Q4_1 and Q4_K tensors.
+
+Data is mapped with np.memmap (never read whole). Every formula is ggml's `dequantize_row_*`,
+evaluated in float32 in the same order (one rounding per C operation, no fused multiply-add):
+  Q8_0  y = d * q                    q int8
+  Q4_0  y = d * (q - 8)              q the low nibbles (values 0..15), then the high nibbles (16..31)
+  Q4_1  y = d * q + m
+  Q5_0  y = d * (q - 16)             q five bits: a nibble and one bit of qh
+  Q5_1  y = d * q + m
+  Q4_K  y = (d * sc) * q - (dmin * m) per sub-block of 32, 6-bit sc and m packed in 12 bytes
+  Q5_K  as Q4_K with a fifth bit from qh
+  Q6_K  y = (d * sc) * (q - 32)      8-bit signed sc per 16 values
+Other block types the gguf package can dequantize (Q2_K, Q3_K, the IQ types, ...) go through
+gguf.quants.dequantize.
+
+QuantBlocks keeps a Q8_0/Q4_0/Q4_1/Q4_K tensor exactly as blocks of 32 values:
+value = scale * q (+ offset), each product and sum rounded to float32. Scales and offsets are
+exact in float32: an fp16 number, or for Q4_K an fp16 number times a 6-bit integer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from ..errors import ColibriError
+from .gguf_file import GgufFile, GgufTensorInfo
+
+BLOCK = 32
+EXACT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K")
+PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
+
+
+@dataclass(frozen=True)
+class QuantBlocks:
+    """One tensor's quantized blocks of 32 along its last axis, kept exactly."""
+
+    ggml_type: str  # "Q8_0" | "Q4_0" | "Q4_1" | "Q4_K"
+    quants: np.ndarray  # int8, the tensor's shape: Q8_0 -128..127, Q4_0 -8..7, Q4_1 and Q4_K 0..15
+    scales: np.ndarray  # float32, shape[:-1] + (shape[-1] // 32,)
+    offsets: np.ndarray | None  # float32 like scales, added after the product (Q4_1: m, Q4_K: -dmin*m)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.quants.shape
+
+    def dequantize(self) -> np.ndarray:
+        q = self.quants.reshape(*self.scales.shape, BLOCK).astype(np.float32)
+        y = self.scales[..., None] * q
+        if self.offsets is not None:
+            y = y + self.offsets[..., None]
+        return y.reshape(self.shape)
+
+    def take(self, index) -> "QuantBlocks":
+        """The blocks of rows (or experts) `index` along the first axis."""
+        return QuantBlocks(self.ggml_type, self.quants[index], self.scales[index],
+                           None if self.offsets is None else self.offsets[index])
+
+
+def _raw_blocks(gguf: GgufFile, info: GgufTensorInfo) -> np.ndarray:
+    """The tensor's bytes as (n_blocks, block_bytes) uint8, mapped from the file."""
+    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[info.ggml_type]]
+    n_blocks = info.n_values // block
+    if n_blocks == 0:
+        return np.zeros((0, block_bytes), np.uint8)
+    try:
+        raw = np.memmap(gguf.path, dtype=np.uint8, mode="r", offset=info.begin, shape=(n_blocks * block_bytes,))
+    except (OSError, ValueError) as e:
+        raise ColibriError(f"{gguf.path.name}: cannot map tensor {info.name!r}: {e}") from None
+    return raw.reshape(n_blocks, block_bytes)
+
+
+def _f16(raw: np.ndarray, start: int) -> np.ndarray:
+    return np.ascontiguousarray(raw[:, start:start + 2]).view("<f2")[:, 0].astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """16 bytes per block -> 32 values: the low nibbles first, then the high ones (ggml's order)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's get_scale_min_k4 for the 8 sub-blocks: 12 bytes -> 6-bit (sc, m) each."""
+    s = scales.astype(np.uint8)
+    sc = np.empty((len(s), 8), np.uint8)
+    m = np.empty((len(s), 8), np.uint8)
+    sc[:, :4] = s[:, 0:4] & 63
+    m[:, :4] = s[:, 4:8] & 63
+    sc[:, 4:] = (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)
+    m[:, 4:] = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
+    return sc, m
+
+
+def _fields(ggml_type: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(quants per value, scale per 32, offset per 32 or None), flattened over blocks of 32."""
+    n = len(raw)
+    if ggml_type == "Q8_0":
+        return raw[:, 2:34].view(np.int8).reshape(-1), _f16(raw, 0), None
+    if ggml_type == "Q4_0":
+        return (_nibbles(raw[:, 2:18]).astype(np.int8) - 8).reshape(-1), _f16(raw, 0), None
+    if ggml_type == "Q4_1":
+        return _nibbles(raw[:, 4:20]).astype(np.int8).reshape(-1), _f16(raw, 0), _f16(raw, 2)
+    if ggml_type == "Q4_K":
+        d, dmin = _f16(raw, 0), _f16(raw, 2)
+        sc, m = _k_scales(raw[:, 4:16])
+        qs = raw[:, 16:144].reshape(n, 4, 32)  # 4 pairs of sub-blocks: low nibbles, then high
+        q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32).astype(np.int8)
+        scale = d[:, None] * sc.astype(np.float32)  # exact: 11-bit mantissa times 6 bits
+        offset = -(dmin[:, None] * m.astype(np.float32))
+        return q.reshape(-1), scale.reshape(-1), offset.reshape(-1)
+    raise AssertionError(ggml_type)
+
+
+def tensor_blocks(gguf: GgufFile, info: GgufTensorInfo) -> QuantBlocks | None:
+    """The exact block fields of a Q8_0/Q4_0/Q4_1/Q4_K tensor (None for other types)."""
+    if info.ggml_type not in EXACT_TYPES:
+        return None
+    quants, scales, offsets = _fields(info.ggml_type, _raw_blocks(gguf, info))
+    blocks_shape = info.shape[:-1] + (info.shape[-1] // BLOCK,)
+    return QuantBlocks(info.ggml_type, quants.reshape(info.shape), scales.reshape(blocks_shape),
+                       None if offsets is None else offsets.reshape(blocks_shape))
+
+
+def _dequantize(ggml_type: str, raw: np.ndarray) -> np.ndarray:
+    n = len(raw)
+    if ggml_type in EXACT_TYPES:
+        q, scale, offset = _fields(ggml_type, raw)
+        y = scale[:, None] * q.reshape(-1, BLOCK).astype(np.float32)
+        return y if offset is None else y + offset[:, None]
+    if ggml_type in ("Q5_0", "Q5_1"):
+        base = 4 if ggml_type == "Q5_1" else 2
+        qh = np.ascontiguousarray(raw[:, base:base + 4]).view("<u4")[:, 0]
+        high = ((qh[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4
+        q = (_nibbles(raw[:, base + 4:base + 20]) | high).astype(np.float32)
+        if ggml_type == "Q5_0":
+            return _f16(raw, 0)[:, None] * (q - np.float32(16))
+        return _f16(raw, 0)[:, None] * q + _f16(raw, 2)[:, None]
+    if ggml_type == "Q5_K":
+        d, dmin = _f16(raw, 0), _f16(raw, 2)
+        sc, m = _k_scales(raw[:, 4:16])
+        qh = raw[:, 16:48]  # bit 2j (low nibbles) and 2j+1 (high nibbles) of pair j
+        ql = raw[:, 48:176].reshape(n, 4, 32)
+        bits = (qh[:, None, None, :] >> np.arange(8, dtype=np.uint8).reshape(1, 4, 2, 1)) & 1
+        q = np.stack([ql & 0x0F, ql >> 4], axis=2) + (bits << 4)
+        q = q.reshape(n, 8, 32).astype(np.float32)
+        return ((d[:, None] * sc.astype(np.float32))[..., None] * q
+                - (dmin[:, None] * m.astype(np.float32))[..., None]).reshape(n, -1)
+    if ggml_type == "Q6_K":
+        ql = raw[:, 0:128].reshape(n, 2, 64)
+        qh = raw[:, 128:192].reshape(n, 2, 32)
+        sc = raw[:, 192:208].view(np.int8).reshape(n, 2, 8).astype(np.float32)
+        d = _f16(raw, 208)
+        q = np.empty((n, 2, 4, 32), np.int16)  # per half: 4 runs of 32 values
+        q[:, :, 0] = (ql[:, :, :32] & 0x0F) | (((qh >> 0) & 3) << 4)
+        q[:, :, 1] = (ql[:, :, 32:] & 0x0F) | (((qh >> 2) & 3) << 4)
+        q[:, :, 2] = (ql[:, :, :32] >> 4) | (((qh >> 4) & 3) << 4)
+        q[:, :, 3] = (ql[:, :, 32:] >> 4) | (((qh >> 6) & 3) << 4)
+        q = (q - 32).astype(np.float32).reshape(n, 2, 4, 2, 16)  # 16 values share a scale
+        scale = (d[:, None, None] * sc).reshape(n, 2, 4, 2)  # scale index: run * 2 + (l >= 16)
+        return (scale[..., None] * q).reshape(n, -1)
+    from gguf.quants import dequantize  # the other block types, as the gguf package reads them
+
+    return dequantize(np.asarray(raw), GGMLQuantizationType[ggml_type]).astype(np.float32).reshape(n, -1)
+
+
+def tensor_f32(gguf: GgufFile, info: GgufTensorInfo) -> np.ndarray:
+    """One tensor as float32 in NumPy order (its shape `info.shape`); NaN or Inf is refused."""
+    raw = _raw_blocks(gguf, info)
+    t = info.ggml_type
+    if t in PLAIN:
+        values = raw.reshape(-1).view(PLAIN[t]).astype(np.float32)
+    elif t == "BF16":
+        values = (raw.reshape(-1).view("<u2").astype(np.uint32) << 16).view(np.float32)
+    elif t in ("I8", "I16", "I32", "I64"):
+        raise ColibriError(f"{gguf.path.name}: tensor {info.name!r} holds integers ({t}), not weights")
+    else:
+        try:
+            values = _dequantize(t, raw)
+        except (NotImplementedError, KeyError, ValueError) as e:
+            raise ColibriError(f"{gguf.path.name}: tensor {info.name!r}: cannot dequantize {t} ({e})") from None
+    values = np.asarray(values, dtype=np.float32).reshape(info.shape)
+    if not np.all(np.isfinite(values)):
+        raise ColibriError(f"{gguf.path.name}: tensor {info.name!r} contains NaN or Inf")
+    return values

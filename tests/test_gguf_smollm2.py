@@ -121,3 +121,21 @@ def test_the_f32_firmware_answers_as_transformers_does(smollm2, hf_tokenizer, bu
     _, plan, _, result = builder.run(smollm2, prompt, steps, quant="f32", ctx=64)
     assert result.tokens == hf
     assert Tokenizer.for_model(smollm2).decode(result.tokens).startswith("The capital of France is Paris.")
+
+
+@pytest.mark.parametrize("board", ["host", "linux-aarch64"])
+def test_chat_with_the_gguf_renders_its_template_and_answers_as_transformers_does(smollm2, builder, board):
+    """The chat template and tokenizer come from the file; the f32 weights are dequantized from it."""
+    from generator.chat import ChatState
+    from generator.device.runner import open_conversation
+    from generator.device.session import RunRequest
+    from generator.model.chat_template import ChatTemplate
+    from generator.numerics.sampling import SamplingParams
+
+    b, art, plan = builder.build(smollm2, "f32", 64, board)
+    state = ChatState(ChatTemplate.for_model(smollm2), Tokenizer.for_model(smollm2), plan.n_ctx, 24)
+    planned = state.plan_turn(QUESTION[0]["content"])
+    with open_conversation(b, art.program, art.weights, art.model_hash()) as conversation:
+        result = conversation.turn(RunRequest(planned.prompt, planned.steps, SamplingParams()))
+    assert result.stop_reason == "eos" and result.tokens[-1] == 2  # <|im_end|> ends the turn
+    assert state.finish_turn(planned, result.tokens, result.held) == "The capital of France is Paris."

@@ -26,8 +26,10 @@ class ChatTemplate:
 
     @staticmethod
     def for_model(model_dir: Path) -> "ChatTemplate | None":
-        """The template of a model directory, or None when it has none."""
+        """The template of a model directory (or GGUF file), or None when it has none."""
         model_dir = Path(model_dir)
+        if model_dir.suffix.lower() == ".gguf":
+            return ChatTemplate._from_gguf(model_dir)
         config_path = model_dir / "tokenizer_config.json"
         config = {}
         if config_path.is_file():
@@ -49,6 +51,27 @@ class ChatTemplate:
         if not isinstance(source, str):
             raise ColibriError(f"{config_path}: chat_template is not a string")
         return ChatTemplate(source, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")), origin)
+
+    @staticmethod
+    def _from_gguf(path: Path) -> "ChatTemplate | None":
+        from .gguf_file import read_gguf
+        from .gguf_tokenizer import chat_template
+
+        gguf = read_gguf(path)
+        source = chat_template(gguf)
+        if source is None:
+            return None
+        tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+
+        def token_text(key: str) -> str:
+            value = gguf.metadata.get(key)
+            if isinstance(tokens, list) and isinstance(value, int) and not isinstance(value, bool) \
+                    and 0 <= value < len(tokens) and isinstance(tokens[value], str):
+                return tokens[value]
+            return ""
+
+        return ChatTemplate(source, token_text("tokenizer.ggml.bos_token_id"),
+                            token_text("tokenizer.ggml.eos_token_id"), f"{path.name}: tokenizer.chat_template")
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         from jinja2 import TemplateError

@@ -110,6 +110,12 @@ def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
     add_threads_arg(p)
 
 
+def add_jobs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=number(int, 1, 1024, what="a process count from 1 to 1024"),
+                   help="worker processes that quantize the weights when the weight image is generated "
+                        "(default: every core; the same bytes at any count)")
+
+
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=number(int, 1, 64, what="a thread count from 1 to 64"), default=1,
                    help="threads on Linux boards (default 1; the same bits at any count)")
@@ -134,11 +140,11 @@ def plan_build(args) -> Planned:
     return Planned(board, request, plan)
 
 
-def compile_build(planned: Planned, quiet: bool) -> Artifacts:
+def compile_build(planned: Planned, quiet: bool, jobs: int | None = None) -> Artifacts:
     ensure_toolchain(planned.board)
     if planned.plan.kept_f32 and not quiet:
         progress(f"note: {planned.plan.kept_f32_summary()}")
-    return run_scons(planned.request, None if quiet else progress)
+    return run_scons(planned.request, None if quiet else progress, jobs=jobs)
 
 
 def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> None:
@@ -272,7 +278,7 @@ def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
 
 def cmd_build(args) -> int:
     planned = plan_build(args)
-    art = compile_build(planned, quiet=False)
+    art = compile_build(planned, quiet=False, jobs=args.jobs)
     board, plan = planned.board, planned.plan
     info = {"board": board.name, "program": str(art.program), "weights": str(art.weights),
             "plan": str(art.plan_json), "generated": str(art.generated), "model_hash": art.model_hash(),
@@ -316,7 +322,7 @@ def _run(args, stream: bool) -> Ran:
     request = RunRequest(prompt, args.steps, sampling_from(args, args.model), not args.ignore_eos, args.threads)
     port = board_port(args, board)
     warn_threads(board, args.threads)
-    art = compile_build(planned, quiet=args.json)
+    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
     identity = firmware_identity(board, art, plan)
     text_out = TextStream(tokenizer, enabled=stream and not args.json, echo=text)
     try:
@@ -403,7 +409,7 @@ def cmd_report(args) -> int:
             # It would be refused before compiling: show where the bytes would go, then say so.
             rep = planned_report_dict(board, plan)
         else:
-            art = compile_build(Planned(board, request, plan), quiet=args.json)
+            art = compile_build(Planned(board, request, plan), quiet=args.json, jobs=args.jobs)
             if art.program.exists():
                 rep = report_dict(board, plan, read_elf(art.program))
             else:  # an ESP-IDF project that idf.py has not built here
@@ -431,7 +437,7 @@ def cmd_bench(args) -> int:
     bench.check_plot(board, args.plot, steps)
     port = board_port(args, board)
     warn_threads(board, args.threads)
-    art = compile_build(planned, quiet=True)
+    art = compile_build(planned, quiet=True, jobs=args.jobs)
     out = bench.run_bench(board, plan, art, model=str(args.model), prompt_tokens=args.prompt_tokens, steps=steps,
                           repeat=repeat, threads=args.threads, plot=args.plot, port=port, reset=args.reset,
                           remote=remote, progress=None if args.json else progress,
@@ -454,7 +460,7 @@ def cmd_flash(args) -> int:
         raise ColibriError("--no-reset leaves the board in its bootloader, so --monitor would show nothing: "
                            "give one or the other")
     port = board_port(args, board)
-    art = compile_build(planned, quiet=args.json)
+    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
     images = flash_plan(board, art.out_dir)
     baud = args.baud or board.flash.baud
     # With --monitor the board stays in the bootloader after writing, and the monitor resets it once
@@ -502,7 +508,7 @@ def cmd_release(args) -> int:
     if args.out is None:
         raise ColibriError("release needs --out DIR: the directory for the bundle and its tarball")
     release = make_release(args.board, args.model, args.quant, args.ctx, args.out, sign_key=args.sign,
-                           progress=None if args.json else progress)
+                           progress=None if args.json else progress, jobs=args.jobs)
     print(json.dumps(release.summary(), indent=2) if args.json else release.describe())
     return 0
 
@@ -633,9 +639,11 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
 
     p = command("build", cmd_build, "generate the sources and build the firmware for a board")
     add_target_args(p)
+    add_jobs_arg(p)
 
     p = command("run", cmd_run, "build, run the firmware on a prompt and print the text")
     add_target_args(p)
+    add_jobs_arg(p)
     add_decode_args(p, steps=64)
     add_port_arg(p)
     add_remote_arg(p)
@@ -643,15 +651,18 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p = command("verify", cmd_verify, "run the firmware and the NumPy reference; PASS only if bit-identical "
                 "and the firmware is this build")
     add_target_args(p)
+    add_jobs_arg(p)
     add_decode_args(p, steps=64)
     add_port_arg(p)
     add_remote_arg(p)
 
     p = command("report", cmd_report, "where every byte goes, per memory region, checked against the ELF")
     add_target_args(p)
+    add_jobs_arg(p)
 
     p = command("bench", cmd_bench, "measure prefill and decode speed (instructions on emulated MCUs)")
     add_target_args(p)
+    add_jobs_arg(p)
     p.add_argument("--steps", type=positive_int, help="decoded tokens per run (default 128, or fewer so that "
                    "the prompt and the steps fit the firmware's context)")
     p.add_argument("--prompt-tokens", type=positive_int, default=8, help="prompt length (default 8)")
@@ -664,6 +675,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
 
     p = command("flash", cmd_flash, "write a board's images with esptool, verify them, reset the board")
     add_target_args(p)
+    add_jobs_arg(p)
     p.add_argument("--port", help="serial port of the board (default: the only port that looks like an ESP32 board's)")
     p.add_argument("--baud", type=positive_int, help="flashing baud rate (default: the board file's, or 460800)")
     p.add_argument("--before", default="default-reset",
@@ -687,6 +699,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
 
     p = command("release", cmd_release, "build, verify and bundle a reproducible firmware release")
     add_model_args(p)
+    add_jobs_arg(p)
     p.add_argument("--out", type=Path, help="directory for the bundle, its .tar.gz and "
                    "<bundle>.measurements.json (required)")
     p.add_argument("--sign", type=Path, metavar="KEY", help="sign manifest.json with this ed25519 private key "

@@ -19,6 +19,9 @@ from .plan import Plan, check_fits, plan_for_board
 from .targets import Board
 
 GENERATED_DIR = "generated"
+# Inputs at least this large (checkpoint shards, weight images) count as unchanged while their size
+# and modification time are (SConstruct's decider): a no-op build does not read them.
+LARGE_INPUT_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -121,14 +124,18 @@ def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str
             f"quant={req.quant}", f"ctx={req.n_ctx}", f"out={req.out_dir}", *(extra or [])]
 
 
-def run_scons(req: BuildRequest, echo=None, defines: tuple[str, ...] = ()) -> Artifacts:
+def run_scons(req: BuildRequest, echo=None, defines: tuple[str, ...] = (), jobs: int | None = None) -> Artifacts:
     """Run the SCons build; progress lines go to `echo`. A failure raises ColibriError and, when
     this run created the build directory, removes it: a refused model leaves nothing behind.
     `defines` (NAME or NAME=VALUE) are extra preprocessor definitions, for test and diagnostic
-    builds such as a slower loader (SCons's `defines=` argument)."""
+    builds such as a slower loader (SCons's `defines=` argument). `jobs`: the worker processes
+    that quantize the weights if they are generated (SCons's `jobs=`; default every core)."""
     fresh = not req.out_dir.exists()
+    extra = [f"defines={','.join(defines)}"] if defines else []
+    if jobs is not None:
+        extra.append(f"jobs={jobs}")
     try:
-        made = _run_scons(req, echo, [f"defines={','.join(defines)}"] if defines else [])
+        made = _run_scons(req, echo, extra)
     except BaseException:
         if fresh:
             shutil.rmtree(req.out_dir, ignore_errors=True)

@@ -305,3 +305,12 @@ def test_a_no_op_build_trusts_a_large_shards_size_and_time_and_a_changed_one_reg
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2 * 10**9))
     log, _ = _scons_generate(model, out)
     assert "GEN" not in log
+
+
+def test_jobs_must_be_a_positive_count(tmp_path):
+    done = run_cli("build", "--jobs", "0", "--out", tmp_path / "b")
+    assert done.returncode == 2 and "--jobs" in done.stderr and not (tmp_path / "b").exists()
+    scons = Path(sys.executable).parent / "scons"
+    done = subprocess.run([str(scons), "-Q", "-C", str(REPO), "board=host", f"out={tmp_path / 'c'}", "jobs=two"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "colibri: error: jobs must be a positive integer, got 'two'" in done.stderr

@@ -111,6 +111,10 @@ def test_streamed_image_equals_the_whole_model_derivation_at_any_job_count(name,
         assert written.model_hash == blob[56:88]
         assert written.identity == hashlib.sha256(blob[:plan.image.data_offset]).digest()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j1.img", "j2.img", "j3.img"]  # no temporary left
+    # Tensors given as arrays (an importer that decodes in memory) make the same image.
+    arrays = {name: tensor.load() for name, tensor in ckpt.tensors.items()}
+    write_image(plan, arrays, tmp_path / "arrays.img", jobs=2)
+    assert (tmp_path / "arrays.img").read_bytes() == expected
 
 
 def test_generate_writes_the_same_files_at_any_job_count(checkpoints, tmp_path):

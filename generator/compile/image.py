@@ -99,14 +99,28 @@ def write_piece(piece: Piece, path: str) -> None:
         raise ColibriError(f"cannot write the weight image {Path(path).name}: {e.strerror or e}") from None
 
 
+@dataclass(frozen=True)
+class HeldRows:
+    """Rows already in memory (a tensor an importer gave as an array): a piece carries only its
+    own rows to the worker."""
+
+    values: np.ndarray
+    first: int  # the tensor row values[0] is
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        return self.values[start - self.first:stop - self.first]
+
+
 def pieces(t: TensorEntry, source, data_offset: int) -> list[Piece]:
-    """One tensor cut into pieces of whole rows, each with its file offsets."""
+    """One tensor cut into pieces of whole rows, each with its file offsets. `source` is a
+    model-stage tensor (`.rows(start, stop)`) or an array holding the tensor's values."""
     step = max(1, PIECE_VALUES // t.cols)
     base = data_offset + t.offset
     row_bytes = {"f32": 4 * t.cols, "q8_0": t.cols, "q4_0": t.cols // 2}[t.dtype]
     row_scales = t.cols // QK * 4 if t.dtype in INTEGER_QUANTS else 0
-    return [Piece(source, t.dtype, r, min(t.rows, r + step), base + r * row_bytes,
-                  base + t.scales_offset + r * row_scales) for r in range(0, t.rows, step)]
+    held = np.asarray(source, dtype=np.float32).reshape(t.rows, t.cols) if isinstance(source, np.ndarray) else None
+    return [Piece(source if held is None else HeldRows(held[r:r + step], r), t.dtype, r, min(t.rows, r + step),
+                  base + r * row_bytes, base + t.scales_offset + r * row_scales) for r in range(0, t.rows, step)]
 
 
 def default_jobs() -> int:
@@ -168,7 +182,8 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
     quantized and written by `jobs` worker processes; as each tensor is complete its extent is read
     back (from the page cache) for its CRC-32 and the model hash, in plan order; then the
     directory, header and trailer. `tensors` maps each planned name to a model-stage tensor
-    (`.rows(start, stop)`). No process holds more than a few pieces. Written to a temporary file
+    (`.rows(start, stop)`), or to an array of its values (an importer that decodes in memory: each
+    piece then carries its own rows to its worker). No process holds more than a few pieces. Written to a temporary file
     beside `path` and renamed into place at the end: a failure leaves no image behind.
     `progress(tensors_done, tensor_count, bytes_done, total_bytes)` is called as each tensor
     completes."""

@@ -139,8 +139,9 @@ def _written(work: list[Piece], path: str, jobs: int):
             write_piece(piece, path)
             yield piece
         return
-    # fork: a worker starts in milliseconds and re-imports nothing; it inherits no tensor (this
-    # process holds none) and reads its rows from the checkpoint's files itself.
+    # fork: a worker starts in milliseconds and re-imports nothing. A piece names where its rows
+    # are (shard, offset, dtype, shape): the worker maps them from the checkpoint's file itself, so
+    # no tensor passes through this process or is copied into every worker.
     pool = ProcessPoolExecutor(min(jobs, len(work)), mp_context=multiprocessing.get_context("fork"))
     try:
         pending: deque = deque()

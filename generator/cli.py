@@ -110,6 +110,12 @@ def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
     add_threads_arg(p)
 
 
+def add_jobs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=number(int, 1, 1024, what="a process count from 1 to 1024"),
+                   help="worker processes that quantize the weights when the weight image is generated "
+                        "(default: every core; the same bytes at any count)")
+
+
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=number(int, 1, 64, what="a thread count from 1 to 64"), default=1,
                    help="threads on Linux boards (default 1; the same bits at any count)")
@@ -134,11 +140,11 @@ def plan_build(args) -> Planned:
     return Planned(board, request, plan)
 
 
-def compile_build(planned: Planned, quiet: bool) -> Artifacts:
+def compile_build(planned: Planned, quiet: bool, jobs: int | None = None) -> Artifacts:
     ensure_toolchain(planned.board)
     if planned.plan.kept_f32 and not quiet:
         progress(f"note: {planned.plan.kept_f32_summary()}")
-    return run_scons(planned.request, None if quiet else progress)
+    return run_scons(planned.request, None if quiet else progress, jobs=jobs)
 
 
 def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> None:
@@ -272,7 +278,7 @@ def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
 
 def cmd_build(args) -> int:
     planned = plan_build(args)
-    art = compile_build(planned, quiet=False)
+    art = compile_build(planned, quiet=False, jobs=args.jobs)
     board, plan = planned.board, planned.plan
     info = {"board": board.name, "program": str(art.program), "weights": str(art.weights),
             "plan": str(art.plan_json), "generated": str(art.generated), "model_hash": art.model_hash(),
@@ -316,7 +322,7 @@ def _run(args, stream: bool) -> Ran:
     request = RunRequest(prompt, args.steps, sampling_from(args, args.model), not args.ignore_eos, args.threads)
     port = board_port(args, board)
     warn_threads(board, args.threads)
-    art = compile_build(planned, quiet=args.json)
+    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
     identity = firmware_identity(board, art, plan)
     text_out = TextStream(tokenizer, enabled=stream and not args.json, echo=text)
     try:
@@ -417,7 +423,7 @@ def cmd_chat(args) -> int:
                            f"chat_template.jinja); use ./colibri run for plain text")
     sampling = sampling_from(args, args.model)
     warn_threads(board, args.threads)
-    art = compile_build(planned, quiet=args.json)
+    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
     identity = firmware_identity(board, art, plan)
     state = ChatState(template, tokenizer, plan.n_ctx, args.steps or plan.n_ctx)
     if args.system:
@@ -467,7 +473,7 @@ def cmd_eval(args) -> int:
     tokens = tokenizer.encode(text)
     port = board_port(args, board)
     warn_threads(board, args.threads)
-    art = compile_build(planned, quiet=args.json)
+    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
     check = hello_check(firmware_identity(board, art, plan))
 
     def run(request: RunRequest):
@@ -509,7 +515,7 @@ def cmd_report(args) -> int:
             # It would be refused before compiling: show where the bytes would go, then say so.
             rep = planned_report_dict(board, plan)
         else:
-            art = compile_build(Planned(board, request, plan), quiet=args.json)
+            art = compile_build(Planned(board, request, plan), quiet=args.json, jobs=args.jobs)
             if art.program.exists():
                 rep = report_dict(board, plan, read_elf(art.program))
             else:  # an ESP-IDF project that idf.py has not built here
@@ -537,7 +543,7 @@ def cmd_bench(args) -> int:
     bench.check_plot(board, args.plot, steps)
     port = board_port(args, board)
     warn_threads(board, args.threads)
-    art = compile_build(planned, quiet=True)
+    art = compile_build(planned, quiet=True, jobs=args.jobs)
     out = bench.run_bench(board, plan, art, model=str(args.model), prompt_tokens=args.prompt_tokens, steps=steps,
                           repeat=repeat, threads=args.threads, plot=args.plot, port=port, reset=args.reset,
                           remote=remote, progress=None if args.json else progress,
@@ -560,7 +566,7 @@ def cmd_flash(args) -> int:
         raise ColibriError("--no-reset leaves the board in its bootloader, so --monitor would show nothing: "
                            "give one or the other")
     port = board_port(args, board)
-    art = compile_build(planned, quiet=args.json)
+    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
     images = flash_plan(board, art.out_dir)
     baud = args.baud or board.flash.baud
     # With --monitor the board stays in the bootloader after writing, and the monitor resets it once
@@ -608,7 +614,7 @@ def cmd_release(args) -> int:
     if args.out is None:
         raise ColibriError("release needs --out DIR: the directory for the bundle and its tarball")
     release = make_release(args.board, args.model, args.quant, args.ctx, args.out, sign_key=args.sign,
-                           progress=None if args.json else progress)
+                           progress=None if args.json else progress, jobs=args.jobs)
     print(json.dumps(release.summary(), indent=2) if args.json else release.describe())
     return 0
 
@@ -739,9 +745,11 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
 
     p = command("build", cmd_build, "generate the sources and build the firmware for a board")
     add_target_args(p)
+    add_jobs_arg(p)
 
     p = command("run", cmd_run, "build, run the firmware on a prompt and print the text")
     add_target_args(p)
+    add_jobs_arg(p)
     add_decode_args(p, steps=64)
     add_port_arg(p)
     add_remote_arg(p)
@@ -749,6 +757,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p = command("verify", cmd_verify, "run the firmware and the NumPy reference; PASS only if bit-identical "
                 "and the firmware is this build")
     add_target_args(p)
+    add_jobs_arg(p)
     add_decode_args(p, steps=64)
     add_port_arg(p)
     add_remote_arg(p)
@@ -756,6 +765,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p = command("chat", cmd_chat, "chat with the model on a board: its chat template, the KV cache kept "
                 "between turns (messages from standard input when it is not a terminal)")
     add_target_args(p)
+    add_jobs_arg(p)
     p.add_argument("--system", metavar="TEXT", help="a system message to start the conversation with")
     p.add_argument("--steps", type=positive_int, help="the most tokens a reply may have (default: what is left "
                    "of the context)")
@@ -771,6 +781,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p = command("eval", cmd_eval, "perplexity of a text, scored by the firmware on a board (llama.cpp's "
                 "protocol: chunks of the context, second halves scored)")
     add_target_args(p)
+    add_jobs_arg(p)
     p.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text to score")
     p.add_argument("--chunks", type=positive_int, help="score at most this many chunks (default: all)")
     p.add_argument("--check", action="store_true", help="also score with the NumPy reference and require "
@@ -781,9 +792,11 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
 
     p = command("report", cmd_report, "where every byte goes, per memory region, checked against the ELF")
     add_target_args(p)
+    add_jobs_arg(p)
 
     p = command("bench", cmd_bench, "measure prefill and decode speed (instructions on emulated MCUs)")
     add_target_args(p)
+    add_jobs_arg(p)
     p.add_argument("--steps", type=positive_int, help="decoded tokens per run (default 128, or fewer so that "
                    "the prompt and the steps fit the firmware's context)")
     p.add_argument("--prompt-tokens", type=positive_int, default=8, help="prompt length (default 8)")
@@ -796,6 +809,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
 
     p = command("flash", cmd_flash, "write a board's images with esptool, verify them, reset the board")
     add_target_args(p)
+    add_jobs_arg(p)
     p.add_argument("--port", help="serial port of the board (default: the only port that looks like an ESP32 board's)")
     p.add_argument("--baud", type=positive_int, help="flashing baud rate (default: the board file's, or 460800)")
     p.add_argument("--before", default="default-reset",
@@ -819,6 +833,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
 
     p = command("release", cmd_release, "build, verify and bundle a reproducible firmware release")
     add_model_args(p)
+    add_jobs_arg(p)
     p.add_argument("--out", type=Path, help="directory for the bundle, its .tar.gz and "
                    "<bundle>.measurements.json (required)")
     p.add_argument("--sign", type=Path, metavar="KEY", help="sign manifest.json with this ed25519 private key "

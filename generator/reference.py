@@ -34,25 +34,39 @@ class Generation:
     held: int = 0  # positions the KV cache holds afterwards: where a conversation continues
 
 
+# q4_0 matrices are unpacked to int8 when first used and kept up to this many bytes of unpacked
+# quants (beyond it, unpacked at every use): a small model runs as fast as with everything
+# unpacked, a large one stays within the bound.
+Q4_UNPACKED_BYTES = 256 << 20
+
+
 class Reference:
-    def __init__(self, plan: Plan, image: bytes):
+    """The decoder over a weight image: bytes, or better np.memmap(path) (image.map_image), whose
+    tensors it reads in place: q8_0 quants and scales and f32 values are views of the image, never
+    copies, so a large image costs address space, not memory."""
+
+    def __init__(self, plan: Plan, image):
         header = read_header(image)
         self.plan, self.spec = plan, plan.spec
         base = header.data_offset
         self.w: dict[str, object] = {}
+        self.q4_packed: dict[str, np.ndarray] = {}
+        self.q4_unpacked: dict[str, np.ndarray] = {}
+        self.q4_unpacked_bytes = 0
         for t in plan.tensors:
             start = base + t.offset
             if t.dtype == "q8_0":
                 qs = np.frombuffer(image, dtype=np.int8, count=t.rows * t.cols, offset=start).reshape(t.rows, t.cols)
-            if t.dtype == "q4_0":  # the int8 values q - 8 the nibbles stand for: then exactly q8_0
-                qs = unpack_q4_0(np.frombuffer(image, dtype=np.uint8, count=t.rows * t.cols // 2,
-                                               offset=start).reshape(t.rows, t.cols // 2))
+            if t.dtype == "q4_0":  # the int8 values q - 8 the nibbles stand for (at use): then exactly q8_0
+                self.q4_packed[t.name] = np.frombuffer(image, dtype=np.uint8, count=t.rows * t.cols // 2,
+                                                       offset=start).reshape(t.rows, t.cols // 2)
+                qs = None
             if t.dtype in INTEGER_QUANTS:
                 d = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
-                                  offset=start + t.scales_offset).reshape(t.rows, t.cols // 32).astype(np.float32)
+                                  offset=start + t.scales_offset).reshape(t.rows, t.cols // 32)
                 self.w[t.name] = (qs, d)
             else:
-                arr = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols, offset=start).astype(np.float32)
+                arr = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols, offset=start)
                 self.w[t.name] = arr.reshape(t.rows, t.cols) if t.rows > 1 else arr
         self.tables = [rope.tables(r, self.spec.head_dim, plan.n_ctx) for r in plan.ropes]
         self.scale = F32(self.spec.score_scale)
@@ -70,11 +84,29 @@ class Reference:
         quantized = self.plan.quant in INTEGER_QUANTS and x.shape[-1] % QK == 0
         return x, (quantize_q8_0(x) if quantized else None)
 
+    def _quants(self, name: str, row: int | None = None) -> np.ndarray:
+        """A q8_0 or q4_0 matrix's int8 quants (or one row's): q4_0 nibbles unpacked here, and
+        kept while the unpacked matrices stay within Q4_UNPACKED_BYTES."""
+        qs = self.w[name][0]
+        if qs is not None:
+            return qs if row is None else qs[row]
+        if name in self.q4_unpacked:
+            qs = self.q4_unpacked[name]
+            return qs if row is None else qs[row]
+        packed = self.q4_packed[name]
+        if row is not None:
+            return unpack_q4_0(packed[row])
+        qs = unpack_q4_0(packed)
+        if self.q4_unpacked_bytes + qs.nbytes <= Q4_UNPACKED_BYTES:
+            self.q4_unpacked[name] = qs
+            self.q4_unpacked_bytes += qs.nbytes
+        return qs
+
     def _linear(self, name: str, act, bias: str | None = None) -> np.ndarray:
         w = self.w[name]
         x, q = act
         if isinstance(w, tuple):
-            out = matvec_q8_0(w[0], w[1], q[0], q[1])
+            out = matvec_q8_0(self._quants(name), w[1], q[0], q[1])
         else:
             out = matvec_f32(w, x)
         if bias is not None:
@@ -83,7 +115,7 @@ class Reference:
 
     def _embed(self, token: int) -> np.ndarray:
         w = self.w["embed"]
-        row = dequantize_q8_0(w[0][token], w[1][token]) if isinstance(w, tuple) else w[token].copy()
+        row = dequantize_q8_0(self._quants("embed", token), w[1][token]) if isinstance(w, tuple) else w[token].copy()
         if self.spec.embed_scale != 1.0:
             row = row * F32(self.spec.embed_scale)
         return row

@@ -36,14 +36,17 @@ def test_quantizing_progress_is_time_based():
     now = [0.0]
     report = QuantizeProgress(lines.append, clock=lambda: now[0])
     for i in range(1, 39):
-        report(i, 38, f"t{i}")
+        report(i, 38, i * 1000, 38_000)
     assert lines == []  # a small model: nothing beyond the opening line the caller prints
     for i in range(1, 11):
         now[0] += 1.5
-        report(i, 1000, f"t{i}")
-    assert lines == ["quantizing weights: 2/1000 tensors", "quantizing weights: 4/1000 tensors",
-                     "quantizing weights: 6/1000 tensors", "quantizing weights: 8/1000 tensors",
-                     "quantizing weights: 10/1000 tensors"]
+        report(i, 1000, i * 1_000_000, 1000 * 1_000_000)
+    # tensors, bytes, and the time left at the rate so far (1 MB per 1.5 s: 998 MB in 1497 s)
+    assert lines == ["quantizing weights: 2/1000 tensors, 2.0 MB of 1,000.0 MB, 1497 s left",
+                     "quantizing weights: 4/1000 tensors, 4.0 MB of 1,000.0 MB, 1494 s left",
+                     "quantizing weights: 6/1000 tensors, 6.0 MB of 1,000.0 MB, 1491 s left",
+                     "quantizing weights: 8/1000 tensors, 8.0 MB of 1,000.0 MB, 1488 s left",
+                     "quantizing weights: 10/1000 tensors, 10.0 MB of 1,000.0 MB, 1485 s left"]
 
 
 def test_plain_scons_defaults_to_the_bundled_model(tmp_path):

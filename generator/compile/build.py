@@ -19,6 +19,9 @@ from .plan import Plan, check_fits, plan_for_board
 from .targets import Board
 
 GENERATED_DIR = "generated"
+# Model files at least this large (checkpoint shards) count as unchanged while their size and
+# modification time are: the build never reads them to decide (model_input_signature).
+LARGE_INPUT_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,21 @@ def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
     if out_dir is None:
         out_dir = default_out_dir(board, model_dir, quant, n_ctx)
     return BuildRequest(board, model_dir.resolve(), quant, n_ctx, Path(out_dir).resolve()), plan
+
+
+def model_input_signature(paths: list[Path]) -> tuple[list[Path], str]:
+    """The generation's model inputs as SCons sees them: the small files (hashed by content), and
+    one line naming each large file by its size and modification time (nanoseconds). A no-op build
+    of a 50 GB model then reads none of it, nor does SCons hash it again after generating; any
+    change to a large file's size or time (an edit, a copy, a touch) regenerates."""
+    small, stamps = [], []
+    for p in paths:
+        st = p.stat()
+        if st.st_size >= LARGE_INPUT_BYTES:
+            stamps.append(f"{p.name} size={st.st_size} mtime_ns={st.st_mtime_ns}")
+        else:
+            small.append(p)
+    return small, "\n".join(stamps)
 
 
 def build_dirs(board: str | None = None, model: Path | str | None = None, root: Path | None = None) -> list[Path]:
@@ -121,14 +139,18 @@ def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str
             f"quant={req.quant}", f"ctx={req.n_ctx}", f"out={req.out_dir}", *(extra or [])]
 
 
-def run_scons(req: BuildRequest, echo=None, defines: tuple[str, ...] = ()) -> Artifacts:
+def run_scons(req: BuildRequest, echo=None, defines: tuple[str, ...] = (), jobs: int | None = None) -> Artifacts:
     """Run the SCons build; progress lines go to `echo`. A failure raises ColibriError and, when
     this run created the build directory, removes it: a refused model leaves nothing behind.
     `defines` (NAME or NAME=VALUE) are extra preprocessor definitions, for test and diagnostic
-    builds such as a slower loader (SCons's `defines=` argument)."""
+    builds such as a slower loader (SCons's `defines=` argument). `jobs`: the worker processes
+    that quantize the weights if they are generated (SCons's `jobs=`; default every core)."""
     fresh = not req.out_dir.exists()
+    extra = [f"defines={','.join(defines)}"] if defines else []
+    if jobs is not None:
+        extra.append(f"jobs={jobs}")
     try:
-        made = _run_scons(req, echo, [f"defines={','.join(defines)}"] if defines else [])
+        made = _run_scons(req, echo, extra)
     except BaseException:
         if fresh:
             shutil.rmtree(req.out_dir, ignore_errors=True)

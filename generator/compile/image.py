@@ -13,22 +13,52 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import os
 import struct
+import tempfile
 import zlib
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
 from . import image_format as fmt
 from ..errors import ColibriError
-from .plan import Plan
-from ..numerics.quantize import quantize_q4_0, quantize_q8_0
+from .plan import Plan, TensorEntry
+from ..numerics.quantize import INTEGER_QUANTS, QK, quantize_q4_0, quantize_q8_0
+
+
+# Work is cut into pieces of whole rows of at most this many values (16 MB as float32): the
+# memory a piece needs is bounded whatever the tensor's size, and one large tensor still spreads
+# over every worker. Fixed, so the pieces, and with them the bytes, never depend on the job count.
+PIECE_VALUES = 1 << 22
+READ_BACK = 16 << 20  # bytes read at a time when the written data is checksummed
+IN_FLIGHT = 4  # pieces per worker submitted ahead of the one being waited for
 
 
 @dataclass(frozen=True)
-class WeightImage:
-    data: bytes
+class ImageWritten:
+    path: Path
     model_hash: bytes
+    identity: bytes  # identity_sha256 of the written image
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows [start, stop) of one tensor and where their bytes go in the image file: a description
+    (where the values are, not the values), so a worker process reads, quantizes and writes them
+    itself and sends nothing back."""
+
+    source: object  # a model-stage tensor: `.rows(start, stop)` -> float32 (stop - start, cols)
+    dtype: str  # "f32" | "q8_0" | "q4_0"
+    start: int
+    stop: int
+    values_at: int  # file offset of these rows' quants (or float32 values)
+    scales_at: int  # file offset of these rows' scales (q8_0, q4_0)
 
 
 def spec_identity(plan: Plan) -> bytes:
@@ -37,42 +67,176 @@ def spec_identity(plan: Plan) -> bytes:
     return json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
 
 
-def build_image(plan: Plan, tensors: dict[str, np.ndarray], progress=None) -> WeightImage:
-    """Quantize (where the plan says q8_0) and lay out every tensor; returns the image bytes."""
+def encode_rows(x: np.ndarray, dtype: str) -> tuple[bytes, bytes]:
+    """Rows of float32 values as image bytes: (quants, scales) for q8_0 and q4_0 (quantize.py),
+    (little-endian float32 values, b"") for f32."""
+    if dtype == "f32":
+        return x.astype("<f4").tobytes(), b""
+    qs, d = quantize_q8_0(x) if dtype == "q8_0" else quantize_q4_0(x)
+    return qs.tobytes(), d.astype("<f4").tobytes()
+
+
+def _pwrite_all(fd: int, blob: bytes, offset: int) -> None:
+    view = memoryview(blob)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def write_piece(piece: Piece, path: str) -> None:
+    """Read, encode and write one piece into the image file at its offsets (in a worker process,
+    or here with one job)."""
+    values, scales = encode_rows(piece.source.rows(piece.start, piece.stop), piece.dtype)
+    try:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            _pwrite_all(fd, values, piece.values_at)
+            if scales:
+                _pwrite_all(fd, scales, piece.scales_at)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise ColibriError(f"cannot write the weight image {Path(path).name}: {e.strerror or e}") from None
+
+
+@dataclass(frozen=True)
+class HeldRows:
+    """Rows already in memory (a tensor an importer gave as an array): a piece carries only its
+    own rows to the worker."""
+
+    values: np.ndarray
+    first: int  # the tensor row values[0] is
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        return self.values[start - self.first:stop - self.first]
+
+
+def pieces(t: TensorEntry, source, data_offset: int) -> list[Piece]:
+    """One tensor cut into pieces of whole rows, each with its file offsets. `source` is a
+    model-stage tensor (`.rows(start, stop)`) or an array holding the tensor's values."""
+    step = max(1, PIECE_VALUES // t.cols)
+    base = data_offset + t.offset
+    row_bytes = {"f32": 4 * t.cols, "q8_0": t.cols, "q4_0": t.cols // 2}[t.dtype]
+    row_scales = t.cols // QK * 4 if t.dtype in INTEGER_QUANTS else 0
+    held = np.asarray(source, dtype=np.float32).reshape(t.rows, t.cols) if isinstance(source, np.ndarray) else None
+    return [Piece(source if held is None else HeldRows(held[r:r + step], r), t.dtype, r, min(t.rows, r + step),
+                  base + r * row_bytes, base + t.scales_offset + r * row_scales) for r in range(0, t.rows, step)]
+
+
+def default_jobs() -> int:
+    """Worker processes by default: every core this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _written(work: list[Piece], path: str, jobs: int):
+    """write_piece for every piece, yielding each piece once it is in the file, in order: here
+    with one job, else in `jobs` worker processes, a few pieces per worker ahead."""
+    if jobs <= 1 or len(work) <= 1:
+        for piece in work:
+            write_piece(piece, path)
+            yield piece
+        return
+    # fork: a worker starts in milliseconds and re-imports nothing. A piece names where its rows
+    # are (shard, offset, dtype, shape): the worker maps them from the checkpoint's file itself, so
+    # no tensor passes through this process or is copied into every worker.
+    pool = ProcessPoolExecutor(min(jobs, len(work)), mp_context=multiprocessing.get_context("fork"))
+    try:
+        pending: deque = deque()
+        for piece in work:
+            pending.append((piece, pool.submit(write_piece, piece, path)))
+            if len(pending) >= IN_FLIGHT * jobs:
+                done, future = pending.popleft()
+                future.result()
+                yield done
+        while pending:
+            done, future = pending.popleft()
+            future.result()
+            yield done
+    except BrokenProcessPool:
+        raise ColibriError("a quantizing worker process died (killed, or out of memory?); "
+                           "try again with fewer --jobs") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _checksum(fd: int, start: int, length: int, model_hash, buffer: bytearray) -> int:
+    """CRC-32 of `length` bytes of the file from `start` (read back in pieces), each piece also
+    fed to the model hash."""
+    crc = 0
+    view = memoryview(buffer)
+    while length:
+        n = os.preadv(fd, [view[:min(length, len(buffer))]], start)
+        if n <= 0:
+            raise ColibriError("the weight image being written is shorter than planned (removed or truncated?)")
+        crc = zlib.crc32(view[:n], crc)
+        model_hash.update(view[:n])
+        start, length = start + n, length - n
+    return crc
+
+
+def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -> ImageWritten:
+    """Quantize (where the plan says) and write every tensor at its planned offset in the image
+    file `path`, streaming: pieces of rows of one tensor at a time, read from the checkpoint,
+    quantized and written by `jobs` worker processes; as each tensor is complete its extent is read
+    back (from the page cache) for its CRC-32 and the model hash, in plan order; then the
+    directory, header and trailer. `tensors` maps each planned name to a model-stage tensor
+    (`.rows(start, stop)`), or to an array of its values (an importer that decodes in memory: each
+    piece then carries its own rows to its worker). No process holds more than a few pieces. Written to a temporary file
+    beside `path` and renamed into place at the end: a failure leaves no image behind.
+    `progress(tensors_done, tensor_count, bytes_done, total_bytes)` is called as each tensor
+    completes."""
     layout = plan.image
-    data = bytearray(layout.data_bytes)
-    directory = bytearray()
-    for i, t in enumerate(plan.tensors):
-        if progress:
-            progress(i + 1, len(plan.tensors), t.name)
-        array = np.asarray(tensors[t.name], dtype=np.float32).reshape(t.rows, t.cols)
-        if t.dtype in ("q8_0", "q4_0"):
-            qs, d = quantize_q8_0(array) if t.dtype == "q8_0" else quantize_q4_0(array)
-            data[t.offset:t.offset + qs.size] = qs.tobytes()
-            scales = d.astype("<f4").tobytes()
-            start = t.offset + t.scales_offset
-            data[start:start + len(scales)] = scales
-        else:
-            raw = array.astype("<f4").tobytes()
-            data[t.offset:t.offset + len(raw)] = raw
-        directory += fmt.pack(fmt.DIR_ENTRY, fmt.DIR_ENTRY_BYTES, name=t.name.encode(),
-                              dtype=fmt.DTYPE_CODES[t.dtype], rows=t.rows, cols=t.cols,
-                              crc32=zlib.crc32(data[t.offset:t.offset + t.extent]),
-                              offset=t.offset, bytes=t.nbytes)
-    model_hash = hashlib.sha256(b"colibri-image-v2\0" + spec_identity(plan) + plan.quant.encode()
-                                + bytes(data) + bytes(directory)).digest()
-    header = fmt.pack(fmt.HEADER, fmt.HEADER_BYTES, magic=fmt.MAGIC, version=fmt.FORMAT_VERSION,
-                      header_bytes=fmt.HEADER_BYTES, tensor_count=len(plan.tensors),
-                      dir_entry_bytes=fmt.DIR_ENTRY_BYTES, dir_offset=layout.dir_offset,
-                      data_offset=layout.data_offset, data_bytes=layout.data_bytes,
-                      image_bytes=layout.image_bytes, model_hash=model_hash, quant=fmt.DTYPE_CODES[plan.quant])
-    out = bytearray(layout.image_bytes)
-    out[:len(header)] = header
-    out[layout.dir_offset:layout.dir_offset + len(directory)] = directory
-    out[layout.data_offset:layout.data_offset + len(data)] = data
-    crc_at = layout.image_bytes - fmt.TRAILER_BYTES
-    out[crc_at:] = struct.pack("<I", zlib.crc32(out[:layout.data_offset])) + fmt.END_MAGIC
-    return WeightImage(bytes(out), model_hash)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "r+b") as f:
+            f.truncate(layout.image_bytes)  # zero everywhere nothing is written: padding is zero
+            work, last_piece = [], []
+            for t in plan.tensors:
+                work += pieces(t, tensors[t.name], layout.data_offset)
+                last_piece.append(work[-1])
+            model_hash = hashlib.sha256(b"colibri-image-v2\0" + spec_identity(plan) + plan.quant.encode())
+            directory = bytearray()
+            buffer = bytearray(READ_BACK)
+            written = _written(work, tmp, jobs)
+            try:
+                for i, t in enumerate(plan.tensors):
+                    for piece in written:
+                        if piece is last_piece[i]:
+                            break
+                    crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash, buffer)
+                    directory += fmt.pack(fmt.DIR_ENTRY, fmt.DIR_ENTRY_BYTES, name=t.name.encode(),
+                                          dtype=fmt.DTYPE_CODES[t.dtype], rows=t.rows, cols=t.cols, crc32=crc,
+                                          offset=t.offset, bytes=t.nbytes)
+                    if progress:
+                        progress(i + 1, len(plan.tensors), t.offset + t.extent, layout.data_bytes)
+            finally:
+                written.close()  # stops the workers when something failed
+            model_hash.update(directory)
+            header = fmt.pack(fmt.HEADER, fmt.HEADER_BYTES, magic=fmt.MAGIC, version=fmt.FORMAT_VERSION,
+                              header_bytes=fmt.HEADER_BYTES, tensor_count=len(plan.tensors),
+                              dir_entry_bytes=fmt.DIR_ENTRY_BYTES, dir_offset=layout.dir_offset,
+                              data_offset=layout.data_offset, data_bytes=layout.data_bytes,
+                              image_bytes=layout.image_bytes, model_hash=model_hash.digest(),
+                              quant=fmt.DTYPE_CODES[plan.quant])
+            front = bytearray(layout.data_offset)  # header, directory, zero padding up to the data
+            front[:len(header)] = header
+            front[layout.dir_offset:layout.dir_offset + len(directory)] = directory
+            f.seek(0)
+            f.write(front)
+            f.seek(layout.image_bytes - fmt.TRAILER_BYTES)
+            f.write(struct.pack("<I", zlib.crc32(front)) + fmt.END_MAGIC)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return ImageWritten(path, model_hash.digest(), hashlib.sha256(bytes(front)).digest())
 
 
 @dataclass(frozen=True)

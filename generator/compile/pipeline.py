@@ -5,6 +5,7 @@ SCons calls this from its generation builder; the CLI never writes generated fil
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 from .emit import GENERATED_FILES, render
 from ..files import write_atomic
 from ..model.hf_import import load_checkpoint
-from .image import build_image, identity_sha256
+from .image import default_jobs, write_image
 from .plan import Plan, plan_for_board
 from .targets import Board
 
@@ -35,40 +36,59 @@ def resolve_ctx(board: Board, max_position_embeddings: int, ctx: int | None) -> 
     return ctx
 
 
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
 class QuantizeProgress:
-    """Progress lines while quantizing: one every PROGRESS_SECONDS, so a small model gets none
-    beyond the opening line and a large one a line every few seconds, never a line per tensor."""
+    """Progress lines while the weights are written: one every PROGRESS_SECONDS, so a small model
+    gets none beyond the opening line and a large one a line every few seconds, never a line per
+    tensor: tensors and bytes done, and the time left at the rate so far."""
 
-    def __init__(self, progress, clock=time.monotonic):
-        self.progress, self.clock = progress, clock
-        self.last = clock()
+    def __init__(self, progress, clock=time.monotonic, verb: str = "quantizing"):
+        self.progress, self.clock, self.verb = progress, clock, verb
+        self.start = self.last = clock()
 
-    def __call__(self, i: int, n: int, name: str) -> None:
+    def __call__(self, i: int, n: int, done: int, total: int) -> None:
         now = self.clock()
         if i < n and now - self.last >= PROGRESS_SECONDS:
-            self.progress(f"quantizing weights: {i}/{n} tensors")
+            rate = done / max(now - self.start, 1e-9)
+            eta = (total - done) / rate if rate > 0 else 0.0
+            self.progress(f"{self.verb} weights: {i}/{n} tensors, {_megabytes(done)} of {_megabytes(total)}, "
+                          f"{eta:.0f} s left")
             self.last = now
 
 
 def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir: Path,
-             progress=None) -> Generated:
+             progress=None, jobs: int | None = None) -> Generated:
+    """Generate every file for (model, board, quant, ctx) into out_dir. The weight image streams
+    tensor by tensor (quantized in `jobs` worker processes; default: every core): memory stays
+    bounded by the largest piece of a tensor, whatever the model's size. The bytes are the same at
+    any job count."""
     checkpoint = load_checkpoint(model_dir)
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
     plan = plan_for_board(checkpoint.spec, board, quant, n_ctx)
 
     report = None
-    if progress and quant != "f32":
-        megabytes = sum(t.nbytes for t in plan.tensors) / 1e6
-        progress(f"quantizing {len(plan.tensors)} tensors to {quant} ({megabytes:.1f} MB)")
-        report = QuantizeProgress(progress)
-    image = build_image(plan, checkpoint.tensors, report)
-    sources = render(plan, image.model_hash, board, identity_sha256(image.data))
+    if progress:
+        if quant != "f32":
+            megabytes = sum(t.nbytes for t in plan.tensors) / 1e6
+            progress(f"quantizing {len(plan.tensors)} tensors to {quant} ({megabytes:.1f} MB)")
+        report = QuantizeProgress(progress, verb="quantizing" if quant != "f32" else "writing")
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = []
-    for name, text in sources.items():
-        write_atomic(out_dir / name, text)
-        files.append(out_dir / name)
-    write_atomic(out_dir / WEIGHTS_FILE, image.data)
-    write_atomic(out_dir / PLAN_FILE, plan.to_json())
+    # The image is written under a hidden name and takes its place last, after the sources that
+    # name its hash: a failure anywhere leaves the previous generation whole (or nothing).
+    staged = out_dir / f".{WEIGHTS_FILE}.staged"
+    try:
+        image = write_image(plan, checkpoint.tensors, staged, default_jobs() if jobs is None else jobs, report)
+        sources = render(plan, image.model_hash, board, image.identity)
+        files = []
+        for name, text in sources.items():
+            write_atomic(out_dir / name, text)
+            files.append(out_dir / name)
+        write_atomic(out_dir / PLAN_FILE, plan.to_json())
+        os.replace(staged, out_dir / WEIGHTS_FILE)
+    finally:
+        staged.unlink(missing_ok=True)
     files += [out_dir / WEIGHTS_FILE, out_dir / PLAN_FILE]
     return Generated(plan, image.model_hash, tuple(files))

@@ -1,4 +1,6 @@
-"""Import stage: a Hugging Face model directory -> ModelSpec + float32 tensors under canonical names.
+"""Import stage: a Hugging Face model directory -> ModelSpec + its tensors under canonical names,
+each read when asked (a CheckpointTensor: where it is, not its values), so a model of any size
+goes through generation one piece at a time.
 
 Canonical tensor names (used by the planner, the weight image, the generated C and the reference):
   embed, final_norm, lm_head (untied only), and per layer ``layers.N.<part>`` with parts
@@ -16,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ColibriError
-from .safetensors_io import TensorInfo, load_f32, read_header, strict_json
+from .safetensors_io import TensorInfo, read_header, read_rows, rows_cols, strict_json
 from .spec import ModelSpec, RopeSpec, expected_shapes
 
 ARCHITECTURES = {
@@ -110,10 +112,40 @@ HF_MOE_LAYER_PARTS = {
 HF_GLOBAL = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 
 
+@dataclass(frozen=True)
+class CheckpointTensor:
+    """One tensor of a checkpoint, read when asked. Small and picklable: a worker process given it
+    reads the rows it needs from the file itself, so no process holds the whole model.
+
+    The interface generation uses (any importer's tensors provide it): `shape`, and
+    `rows(start, stop)`, rows [start, stop) of the tensor as a matrix (a vector is one row),
+    float32, values exactly as the model uses them."""
+
+    path: Path
+    info: TensorInfo
+    plus_one: bool = False  # Gemma's (1 + w) norms, folded in here in float32
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.info.shape
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        arr = read_rows(self.path, self.info, start, stop)
+        if self.plus_one:
+            # Gemma's RMSNorm scales by (1 + w), computed in float32: folded in once here, so
+            # every norm in the runtime is the same x * inv * w.
+            arr = (np.float32(1.0) + arr).astype(np.float32)
+        return arr
+
+    def load(self) -> np.ndarray:
+        """The whole tensor, in its own shape (small tensors and tests; generation reads rows)."""
+        return self.rows(0, rows_cols(self.info)[0]).reshape(self.shape)
+
+
 @dataclass
 class Checkpoint:
     spec: ModelSpec
-    tensors: dict[str, np.ndarray]  # canonical name -> float32 array
+    tensors: dict[str, CheckpointTensor]  # canonical name -> where its values are, in plan order
     input_files: list[Path]  # every file the checkpoint was read from (build dependencies)
 
 
@@ -457,8 +489,9 @@ def _tensor_files(model_dir: Path) -> dict[str, tuple[Path, TensorInfo]]:
 
 
 def load_checkpoint(model_dir: Path | str, load_tensors: bool = True) -> Checkpoint:
-    """Read a model directory (or a .gguf file). With load_tensors=False only the headers are
-    checked (fast planning)."""
+    """Read a model directory (or a .gguf file, model/gguf_import.py): config, and every safetensors header checked against it. No tensor
+    is read here: `tensors` says where each one is (with load_tensors=False it is left empty, for
+    callers that only plan)."""
     model_dir = Path(model_dir)
     if model_dir.suffix.lower() == ".gguf":
         from .gguf_import import load_gguf
@@ -498,15 +531,12 @@ def load_checkpoint(model_dir: Path | str, load_tensors: bool = True) -> Checkpo
         if info.shape != shape:
             raise ColibriError(f"tensor {info.name!r} has shape {list(info.shape)}, config.json implies {list(shape)}")
 
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, CheckpointTensor] = {}
     if load_tensors:
+        gemma = FAMILIES[spec.family].gemma
         for canonical in wanted:
             path, info = by_canonical[canonical]
-            tensors[canonical] = load_f32(path, info)
-            if FAMILIES[spec.family].gemma and canonical.endswith("norm"):
-                # Gemma's RMSNorm scales by (1 + w), computed in float32: fold it in once here,
-                # so every norm in the runtime is the same x * inv * w.
-                tensors[canonical] = (np.float32(1.0) + tensors[canonical]).astype(np.float32)
+            tensors[canonical] = CheckpointTensor(path, info, plus_one=gemma and canonical.endswith("norm"))
     files = sorted({config_path, *(p for p, _ in by_canonical.values())}
                    | ({gen_path} if gen_path.is_file() else set())
                    | ({model_dir / "model.safetensors.index.json"} if (model_dir / "model.safetensors.index.json").is_file() else set()))

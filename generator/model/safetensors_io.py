@@ -7,6 +7,7 @@ bfloat16 (which NumPy cannot hold) and because every malformed file must end in 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,21 +120,48 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     return tensors
 
 
-def load_f32(path: Path, info: TensorInfo) -> np.ndarray:
-    """Read one tensor and convert it to float32 (exactly: every supported dtype but F64 widens)."""
-    count = (info.end - info.begin) // DTYPE_BYTES[info.dtype]
-    with open(path, "rb") as f:
-        f.seek(info.begin)
-        raw = f.read(info.end - info.begin)
-    if info.dtype == "F32":
-        arr = np.frombuffer(raw, dtype="<f4", count=count).astype(np.float32)
-    elif info.dtype == "F16":
-        arr = np.frombuffer(raw, dtype="<f2", count=count).astype(np.float32)
-    elif info.dtype == "BF16":
-        arr = (np.frombuffer(raw, dtype="<u2", count=count).astype(np.uint32) << 16).view(np.float32)
-    else:
-        arr = np.frombuffer(raw, dtype="<f8", count=count).astype(np.float32)
-    arr = arr.reshape(info.shape)
+def rows_cols(info: TensorInfo) -> tuple[int, int]:
+    """A tensor as a matrix: its last dimension is the row (a vector or scalar is one row)."""
+    rows = 1
+    for d in info.shape[:-1]:
+        rows *= d
+    return rows, (info.shape[-1] if info.shape else 1)
+
+
+def read_rows(path: Path | str, info: TensorInfo, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of one tensor (a vector is one row) as float32, converted exactly (every
+    supported dtype but F64 widens). Only those rows are read: the file is mapped for them alone and
+    unmapped before returning, so reading a model tensor by tensor holds one piece at a time."""
+    path = Path(path)
+    rows, cols = rows_cols(info)
+    if not 0 <= start <= stop <= rows:
+        raise ValueError(f"rows [{start}, {stop}) of a tensor with {rows} rows")
+    width = DTYPE_BYTES[info.dtype]
+    begin = info.begin + start * cols * width
+    count = (stop - start) * cols
+    if count == 0:
+        return np.zeros((stop - start, cols), dtype=np.float32)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if begin + count * width > size:
+                raise ColibriError(f"{path.name}: tensor {info.name!r}: the file ends at byte {size}, before its data "
+                                   f"(truncated or rewritten while it was being read?)")
+            raw = np.memmap(f, dtype={"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}[info.dtype],
+                            mode="r", offset=begin, shape=(count,))
+            if info.dtype == "BF16":
+                arr = np.left_shift(raw, 16, dtype=np.uint32).view(np.float32)
+            else:
+                arr = raw.astype(np.float32)
+            del raw  # unmapped here: the converted copy is all that stays
+    except OSError as e:
+        raise ColibriError(f"{path.name}: cannot read tensor {info.name!r}: {e.strerror or e}") from None
+    arr = arr.reshape(stop - start, cols)
     if not np.all(np.isfinite(arr)):
         raise ColibriError(f"{path.name}: tensor {info.name!r} contains NaN or Inf")
     return arr
+
+
+def load_f32(path: Path, info: TensorInfo) -> np.ndarray:
+    """One whole tensor as float32, in its own shape."""
+    return read_rows(path, info, 0, rows_cols(info)[0]).reshape(info.shape)

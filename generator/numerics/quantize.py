@@ -20,6 +20,13 @@ QUANTS = ("f32", "q8_0", "q4_0")
 INTEGER_QUANTS = ("q8_0", "q4_0")  # matrices with integer quants: matmul inputs are quantized to q8_0
 
 
+def _magnitudes(blocks: np.ndarray) -> np.ndarray:
+    """|x| of float32 values as int32, ordered as |x| is (the bits without the sign bit: for
+    non-negative floats integer order is float order). Maxima and argmaxima over them are those of
+    np.abs(x), bit for bit (both zeros compare equal, as +0 and -0 do), at about twice the speed."""
+    return blocks.view(np.int32) & np.int32(0x7FFFFFFF)
+
+
 def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(..., n) float32 -> int8 quants (..., n) and float32 scales (..., n/32).
 
@@ -29,13 +36,13 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = x.shape[-1]
     if n % QK:
         raise ColibriError(f"q8_0 needs rows whose length is a multiple of {QK}, got {n} (use --quant f32)")
-    blocks = x.reshape(*x.shape[:-1], n // QK, QK)
-    amax = np.max(np.abs(blocks), axis=-1)
+    blocks = np.ascontiguousarray(x).reshape(*x.shape[:-1], n // QK, QK)
+    amax = np.max(_magnitudes(blocks), axis=-1).view(np.float32)  # max |x| per block
     d = (amax / F32(127.0)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(np.float32)
     q = round_even(blocks * inv[..., None])
-    q = np.clip(q, -127, 127).astype(np.int8)
+    q = np.clip(q, -127, 127, out=q).astype(np.int8)
     return q.reshape(x.shape), d
 
 
@@ -50,8 +57,8 @@ def quantize_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = x.shape[-1]
     if n % QK:
         raise ColibriError(f"q4_0 needs rows whose length is a multiple of {QK}, got {n} (use --quant f32)")
-    blocks = x.reshape(*x.shape[:-1], n // QK, QK)
-    m = np.take_along_axis(blocks, np.argmax(np.abs(blocks), axis=-1)[..., None], axis=-1)[..., 0]
+    blocks = np.ascontiguousarray(x).reshape(*x.shape[:-1], n // QK, QK)
+    m = np.take_along_axis(blocks, np.argmax(_magnitudes(blocks), axis=-1)[..., None], axis=-1)[..., 0]
     d = (m / F32(-8.0)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(np.float32)

@@ -74,6 +74,7 @@ class Inputs:
     ctx: int | None
     source_date_epoch: int
     request: RunRequest | None  # None: the default for the model and context
+    jobs: int | None = None  # quantizing worker processes (not part of the release: same bytes at any count)
 
 
 @dataclass
@@ -98,7 +99,7 @@ def produce(inp: Inputs, work: Path, progress: Progress, sign_key: Path | None =
     say(progress, f"building {name} in a private build directory (SOURCE_DATE_EPOCH={inp.source_date_epoch})")
     echo = (lambda line: progress(f"  {line.strip()}")) if progress else None
     with _environ(SOURCE_DATE_EPOCH=str(inp.source_date_epoch)):
-        art = run_scons(req, echo)
+        art = run_scons(req, echo, jobs=inp.jobs)
     build_seconds = time.monotonic() - t0
     if not art.program.is_file():
         raise ColibriError(f"the {board.name} build did not produce {board.program}"
@@ -217,7 +218,7 @@ class Release:
 
 def make_release(board_name: str, model_dir: Path | str, quant: str = "q8_0", ctx: int | None = None,
                  out_dir: Path | str = "release", sign_key: Path | str | None = None, progress: Progress = None,
-                 source_date_epoch: int | None = None) -> Release:
+                 source_date_epoch: int | None = None, jobs: int | None = None) -> Release:
     """Build, verify and bundle one firmware release into out_dir (see the module docstring).
 
     Refuses to overwrite an existing bundle and leaves nothing behind on failure."""
@@ -249,7 +250,7 @@ def make_release(board_name: str, model_dir: Path | str, quant: str = "q8_0", ct
     with tempfile.TemporaryDirectory(prefix="colibri-release-") as tmp:
         work = Path(tmp)
         staged, hashes = stage_model(model_dir, names, work / "model")
-        inputs = Inputs(board, staged, hashes, quant, plan.n_ctx, sde, None)
+        inputs = Inputs(board, staged, hashes, quant, plan.n_ctx, sde, None, jobs)
         made = produce(inputs, work, progress, sign_key=Path(sign_key) if sign_key else None)
         if made.bundle.name != name:
             raise ColibriError(f"internal error: the bundle is named {made.bundle.name}, expected {name}")

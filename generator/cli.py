@@ -196,19 +196,20 @@ def sampling_from(args, model_dir: Path) -> SamplingParams:
     return SamplingParams(temperature, top_k, top_p, min_p, args.seed if args.seed is not None else 0)
 
 
+def read_text_file(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ColibriError(f"{flag} {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ColibriError(f"{flag} {path}: not UTF-8 text") from None
+
+
 def prompt_text(args) -> str | None:
     """--prompt, or the text of --prompt-file (standard input for -)."""
     if args.prompt_file is None:
         return args.prompt
-    try:
-        if str(args.prompt_file) == "-":
-            text = sys.stdin.read()
-        else:
-            text = args.prompt_file.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ColibriError(f"--prompt-file {args.prompt_file}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ColibriError(f"--prompt-file {args.prompt_file}: not UTF-8 text") from None
+    text = sys.stdin.read() if str(args.prompt_file) == "-" else read_text_file(args.prompt_file, "--prompt-file")
     # An editor ends a file with a newline the user did not mean as part of the prompt.
     return text[:-1] if text.endswith("\n") else text
 
@@ -464,13 +465,7 @@ def cmd_eval(args) -> int:
     tokenizer = Tokenizer.for_model(args.model)
     if tokenizer is None:
         raise ColibriError(f"{args.model}: eval needs the model's tokenizer.json to tokenize --text")
-    try:
-        text = args.text.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ColibriError(f"--text {args.text}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ColibriError(f"--text {args.text}: not UTF-8 text") from None
-    tokens = tokenizer.encode(text)
+    tokens = tokenizer.encode(read_text_file(args.text, "--text"))
     port = board_port(args, board)
     warn_threads(board, args.threads)
     art = compile_build(planned, quiet=args.json, jobs=args.jobs)

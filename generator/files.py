@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -12,20 +13,27 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write via a temporary file in the same directory, so a failure leaves no partial file."""
+@contextmanager
+def atomic_output(path: Path, mode: str = "wb"):
+    """(file object, its temporary path) for writing `path`: a temporary file in the same directory,
+    renamed onto `path` when the block ends, removed when it raises, so no partial file is left."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
+        with os.fdopen(fd, mode) as f:
+            yield f, tmp
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write via a temporary file in the same directory, so a failure leaves no partial file."""
+    with atomic_output(path) as (f, _):
+        f.write(data.encode() if isinstance(data, str) else data)
 
 
 def slug(text: str) -> str:

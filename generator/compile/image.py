@@ -16,7 +16,6 @@ import json
 import multiprocessing
 import os
 import struct
-import tempfile
 import zlib
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -28,6 +27,7 @@ import numpy as np
 
 from . import image_format as fmt
 from ..errors import ColibriError
+from ..files import atomic_output
 from .plan import Plan, TensorEntry
 from ..numerics.quantize import INTEGER_QUANTS, QK, quantize_q4_0, quantize_q8_0
 
@@ -189,53 +189,43 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
     `progress(tensors_done, tensor_count, bytes_done, total_bytes)` is called as each tensor
     completes."""
     layout = plan.image
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "r+b") as f:
-            f.truncate(layout.image_bytes)  # zero everywhere nothing is written: padding is zero
-            work, last_piece = [], []
-            for t in plan.tensors:
-                work += pieces(t, tensors[t.name], layout.data_offset)
-                last_piece.append(work[-1])
-            model_hash = hashlib.sha256(b"colibri-image-v2\0" + spec_identity(plan) + plan.quant.encode())
-            directory = bytearray()
-            buffer = bytearray(READ_BACK)
-            written = _written(work, tmp, jobs)
-            try:
-                for i, t in enumerate(plan.tensors):
-                    for piece in written:
-                        if piece is last_piece[i]:
-                            break
-                    crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash, buffer)
-                    directory += fmt.pack(fmt.DIR_ENTRY, fmt.DIR_ENTRY_BYTES, name=t.name.encode(),
-                                          dtype=fmt.DTYPE_CODES[t.dtype], rows=t.rows, cols=t.cols, crc32=crc,
-                                          offset=t.offset, bytes=t.nbytes)
-                    if progress:
-                        progress(i + 1, len(plan.tensors), t.offset + t.extent, layout.data_bytes)
-            finally:
-                written.close()  # stops the workers when something failed
-            model_hash.update(directory)
-            header = fmt.pack(fmt.HEADER, fmt.HEADER_BYTES, magic=fmt.MAGIC, version=fmt.FORMAT_VERSION,
-                              header_bytes=fmt.HEADER_BYTES, tensor_count=len(plan.tensors),
-                              dir_entry_bytes=fmt.DIR_ENTRY_BYTES, dir_offset=layout.dir_offset,
-                              data_offset=layout.data_offset, data_bytes=layout.data_bytes,
-                              image_bytes=layout.image_bytes, model_hash=model_hash.digest(),
-                              quant=fmt.DTYPE_CODES[plan.quant])
-            front = bytearray(layout.data_offset)  # header, directory, zero padding up to the data
-            front[:len(header)] = header
-            front[layout.dir_offset:layout.dir_offset + len(directory)] = directory
-            f.seek(0)
-            f.write(front)
-            f.seek(layout.image_bytes - fmt.TRAILER_BYTES)
-            f.write(struct.pack("<I", zlib.crc32(front)) + fmt.END_MAGIC)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(Path(path), "r+b") as (f, tmp):
+        f.truncate(layout.image_bytes)  # zero everywhere nothing is written: padding is zero
+        work, last_piece = [], []
+        for t in plan.tensors:
+            work += pieces(t, tensors[t.name], layout.data_offset)
+            last_piece.append(work[-1])
+        model_hash = hashlib.sha256(b"colibri-image-v2\0" + spec_identity(plan) + plan.quant.encode())
+        directory = bytearray()
+        buffer = bytearray(READ_BACK)
+        written = _written(work, tmp, jobs)
+        try:
+            for i, t in enumerate(plan.tensors):
+                for piece in written:
+                    if piece is last_piece[i]:
+                        break
+                crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash, buffer)
+                directory += fmt.pack(fmt.DIR_ENTRY, fmt.DIR_ENTRY_BYTES, name=t.name.encode(),
+                                      dtype=fmt.DTYPE_CODES[t.dtype], rows=t.rows, cols=t.cols, crc32=crc,
+                                      offset=t.offset, bytes=t.nbytes)
+                if progress:
+                    progress(i + 1, len(plan.tensors), t.offset + t.extent, layout.data_bytes)
+        finally:
+            written.close()  # stops the workers when something failed
+        model_hash.update(directory)
+        header = fmt.pack(fmt.HEADER, fmt.HEADER_BYTES, magic=fmt.MAGIC, version=fmt.FORMAT_VERSION,
+                          header_bytes=fmt.HEADER_BYTES, tensor_count=len(plan.tensors),
+                          dir_entry_bytes=fmt.DIR_ENTRY_BYTES, dir_offset=layout.dir_offset,
+                          data_offset=layout.data_offset, data_bytes=layout.data_bytes,
+                          image_bytes=layout.image_bytes, model_hash=model_hash.digest(),
+                          quant=fmt.DTYPE_CODES[plan.quant])
+        front = bytearray(layout.data_offset)  # header, directory, zero padding up to the data
+        front[:len(header)] = header
+        front[layout.dir_offset:layout.dir_offset + len(directory)] = directory
+        f.seek(0)
+        f.write(front)
+        f.seek(layout.image_bytes - fmt.TRAILER_BYTES)
+        f.write(struct.pack("<I", zlib.crc32(front)) + fmt.END_MAGIC)
     return ImageWritten(path, model_hash.digest(), hashlib.sha256(bytes(front)).digest())
 
 

@@ -14,7 +14,8 @@ from .compile.image import read_header
 from .numerics.ops import (F32, dot, exp_sum, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
                        softcap, softmax)
 from .compile.plan import Plan
-from .numerics.quantize import INTEGER_QUANTS, QK, dequantize_q8_0, matvec_q8_0, quantize_q8_0, unpack_q4_0
+from .numerics.quantize import (INTEGER_QUANTS, QK, dequantize_q4_1, dequantize_q8_0, matvec_q4_1, matvec_q8_0,
+                                quantize_q8_0, unpack_q4_0, unpack_q4_1)
 from .numerics.perplexity import Score
 from .numerics.sampling import Rng, SamplingParams, sample
 
@@ -47,10 +48,17 @@ class Reference:
             if t.dtype == "q4_0":  # the int8 values q - 8 the nibbles stand for: then exactly q8_0
                 qs = unpack_q4_0(np.frombuffer(image, dtype=np.uint8, count=t.rows * t.cols // 2,
                                                offset=start).reshape(t.rows, t.cols // 2))
+            if t.dtype == "q4_1":  # the quants 0..15; scales, then minimums
+                qs = unpack_q4_1(np.frombuffer(image, dtype=np.uint8, count=t.rows * t.cols // 2,
+                                               offset=start).reshape(t.rows, t.cols // 2))
             if t.dtype in INTEGER_QUANTS:
                 d = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
                                   offset=start + t.scales_offset).reshape(t.rows, t.cols // 32).astype(np.float32)
                 self.w[t.name] = (qs, d)
+            if t.dtype == "q4_1":
+                m = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
+                                  offset=start + t.mins_offset).reshape(t.rows, t.cols // 32).astype(np.float32)
+                self.w[t.name] = (qs, d, m)
             else:
                 arr = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols, offset=start).astype(np.float32)
                 self.w[t.name] = arr.reshape(t.rows, t.cols) if t.rows > 1 else arr
@@ -73,7 +81,9 @@ class Reference:
     def _linear(self, name: str, act, bias: str | None = None) -> np.ndarray:
         w = self.w[name]
         x, q = act
-        if isinstance(w, tuple):
+        if isinstance(w, tuple) and len(w) == 3:
+            out = matvec_q4_1(w[0], w[1], w[2], q[0], q[1])
+        elif isinstance(w, tuple):
             out = matvec_q8_0(w[0], w[1], q[0], q[1])
         else:
             out = matvec_f32(w, x)
@@ -83,7 +93,12 @@ class Reference:
 
     def _embed(self, token: int) -> np.ndarray:
         w = self.w["embed"]
-        row = dequantize_q8_0(w[0][token], w[1][token]) if isinstance(w, tuple) else w[token].copy()
+        if isinstance(w, tuple) and len(w) == 3:
+            row = dequantize_q4_1(w[0][token], w[1][token], w[2][token])
+        elif isinstance(w, tuple):
+            row = dequantize_q8_0(w[0][token], w[1][token])
+        else:
+            row = w[token].copy()
         if self.spec.embed_scale != 1.0:
             row = row * F32(self.spec.embed_scale)
         return row

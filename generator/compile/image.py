@@ -22,7 +22,7 @@ import numpy as np
 from . import image_format as fmt
 from ..errors import ColibriError
 from .plan import Plan
-from ..numerics.quantize import quantize_q4_0, quantize_q8_0
+from ..numerics.quantize import quantize_q4_0, quantize_q4_1, quantize_q8_0
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,13 @@ def build_image(plan: Plan, tensors: dict[str, np.ndarray], progress=None) -> We
         if progress:
             progress(i + 1, len(plan.tensors), t.name)
         array = np.asarray(tensors[t.name], dtype=np.float32).reshape(t.rows, t.cols)
-        if t.dtype in ("q8_0", "q4_0"):
+        if t.dtype == "q4_1":  # quants, scales, then minimums right after the scales
+            qs, d, m = quantize_q4_1(array)
+            data[t.offset:t.offset + qs.size] = qs.tobytes()
+            scales = d.astype("<f4").tobytes() + m.astype("<f4").tobytes()
+            start = t.offset + t.scales_offset
+            data[start:start + len(scales)] = scales
+        elif t.dtype in ("q8_0", "q4_0"):
             qs, d = quantize_q8_0(array) if t.dtype == "q8_0" else quantize_q4_0(array)
             data[t.offset:t.offset + qs.size] = qs.tobytes()
             scales = d.astype("<f4").tobytes()

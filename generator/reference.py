@@ -55,10 +55,10 @@ class Reference:
                 d = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
                                   offset=start + t.scales_offset).reshape(t.rows, t.cols // 32).astype(np.float32)
                 self.w[t.name] = (qs, d)
-            if t.dtype == "q4_1":
-                m = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
-                                  offset=start + t.mins_offset).reshape(t.rows, t.cols // 32).astype(np.float32)
-                self.w[t.name] = (qs, d, m)
+                if t.dtype == "q4_1":
+                    m = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
+                                      offset=start + t.mins_offset).reshape(t.rows, t.cols // 32).astype(np.float32)
+                    self.w[t.name] = (qs, d, m)
             else:
                 arr = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols, offset=start).astype(np.float32)
                 self.w[t.name] = arr.reshape(t.rows, t.cols) if t.rows > 1 else arr

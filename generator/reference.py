@@ -14,7 +14,8 @@ from .compile.image import read_header
 from .numerics.ops import (F32, dot, exp_sum, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
                        softcap, softmax)
 from .compile.plan import Plan
-from .numerics.quantize import INTEGER_QUANTS, QK, dequantize_q8_0, matvec_q8_0, quantize_q8_0, unpack_q4_0
+from .numerics.quantize import (INTEGER_QUANTS, QK, dequantize_q4_1, dequantize_q8_0, matvec_q4_1, matvec_q8_0,
+                                quantize_q8_0, unpack_q4_0, unpack_q4_1)
 from .numerics.perplexity import Score
 from .numerics.sampling import Rng, SamplingParams, sample
 
@@ -57,14 +58,18 @@ class Reference:
             start = base + t.offset
             if t.dtype == "q8_0":
                 qs = np.frombuffer(image, dtype=np.int8, count=t.rows * t.cols, offset=start).reshape(t.rows, t.cols)
-            if t.dtype == "q4_0":  # the int8 values q - 8 the nibbles stand for (at use): then exactly q8_0
-                self.q4_packed[t.name] = np.frombuffer(image, dtype=np.uint8, count=t.rows * t.cols // 2,
-                                                       offset=start).reshape(t.rows, t.cols // 2)
+            if t.dtype in ("q4_0", "q4_1"):  # nibbles, unpacked at use (_quants); q4_1: scales, then minimums
+                self.q4_packed[t.name] = (t.dtype, np.frombuffer(image, dtype=np.uint8, count=t.rows * t.cols // 2,
+                                                                 offset=start).reshape(t.rows, t.cols // 2))
                 qs = None
             if t.dtype in INTEGER_QUANTS:
                 d = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
                                   offset=start + t.scales_offset).reshape(t.rows, t.cols // 32)
                 self.w[t.name] = (qs, d)
+                if t.dtype == "q4_1":
+                    m = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
+                                      offset=start + t.mins_offset).reshape(t.rows, t.cols // 32)
+                    self.w[t.name] = (qs, d, m)
             else:
                 arr = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols, offset=start)
                 self.w[t.name] = arr.reshape(t.rows, t.cols) if t.rows > 1 else arr
@@ -85,18 +90,20 @@ class Reference:
         return x, (quantize_q8_0(x) if quantized else None)
 
     def _quants(self, name: str, row: int | None = None) -> np.ndarray:
-        """A q8_0 or q4_0 matrix's int8 quants (or one row's): q4_0 nibbles unpacked here, and
-        kept while the unpacked matrices stay within Q4_UNPACKED_BYTES."""
+        """A q8_0, q4_0 or q4_1 matrix's quants (or one row's): q4_0 (the int8 values q - 8) and q4_1
+        (0..15) nibbles unpacked here, and kept while the unpacked matrices stay within
+        Q4_UNPACKED_BYTES."""
         qs = self.w[name][0]
         if qs is not None:
             return qs if row is None else qs[row]
         if name in self.q4_unpacked:
             qs = self.q4_unpacked[name]
             return qs if row is None else qs[row]
-        packed = self.q4_packed[name]
+        dtype, packed = self.q4_packed[name]
+        unpack = unpack_q4_0 if dtype == "q4_0" else unpack_q4_1
         if row is not None:
-            return unpack_q4_0(packed[row])
-        qs = unpack_q4_0(packed)
+            return unpack(packed[row])
+        qs = unpack(packed)
         if self.q4_unpacked_bytes + qs.nbytes <= Q4_UNPACKED_BYTES:
             self.q4_unpacked[name] = qs
             self.q4_unpacked_bytes += qs.nbytes
@@ -105,7 +112,9 @@ class Reference:
     def _linear(self, name: str, act, bias: str | None = None) -> np.ndarray:
         w = self.w[name]
         x, q = act
-        if isinstance(w, tuple):
+        if isinstance(w, tuple) and len(w) == 3:
+            out = matvec_q4_1(self._quants(name), w[1], w[2], q[0], q[1])
+        elif isinstance(w, tuple):
             out = matvec_q8_0(self._quants(name), w[1], q[0], q[1])
         else:
             out = matvec_f32(w, x)
@@ -115,7 +124,12 @@ class Reference:
 
     def _embed(self, token: int) -> np.ndarray:
         w = self.w["embed"]
-        row = dequantize_q8_0(self._quants("embed", token), w[1][token]) if isinstance(w, tuple) else w[token].copy()
+        if isinstance(w, tuple) and len(w) == 3:
+            row = dequantize_q4_1(self._quants("embed", token), w[1][token], w[2][token])
+        elif isinstance(w, tuple):
+            row = dequantize_q8_0(self._quants("embed", token), w[1][token])
+        else:
+            row = w[token].copy()
         if self.spec.embed_scale != 1.0:
             row = row * F32(self.spec.embed_scale)
         return row

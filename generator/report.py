@@ -99,6 +99,7 @@ def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
         "quant": plan.quant,
         "n_ctx": plan.n_ctx,
         "q4_0_weights": plan.q4_0_weights,
+        "q4_1_weights": plan.q4_1_weights,
         "kept_f32": kept_f32_dict(plan),
         "regions": [
             {"name": r.name, "kind": r.kind, "budget": r.budget, "used": r.used, "over_budget": r.over_budget,
@@ -112,7 +113,7 @@ def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
 
 
 def kept_f32_dict(plan: Plan) -> dict:
-    """The matrices a q8_0 or q4_0 plan keeps in f32 (rows not whole blocks), with their bytes."""
+    """The matrices a q8_0, q4_0 or q4_1 plan keeps in f32 (rows not whole blocks), with their bytes."""
     return {"tensors": {n: plan.tensor(n).nbytes for n in plan.kept_f32},
             "bytes": plan.kept_f32_bytes, "summary": plan.kept_f32_summary()}
 
@@ -126,6 +127,7 @@ def planned_report_dict(board: Board, plan: Plan) -> dict:
     return {
         "board": board.name, "model": plan.spec.name, "architecture": plan.spec.architecture,
         "quant": plan.quant, "n_ctx": plan.n_ctx, "planned_only": True, "q4_0_weights": plan.q4_0_weights,
+        "q4_1_weights": plan.q4_1_weights,
         "kept_f32": kept_f32_dict(plan),
         "code_estimate": reserve,
         "regions": [{"name": u.name, "kind": u.kind, "budget": u.budget, "used": u.used,
@@ -141,6 +143,8 @@ def format_report(rep: dict) -> str:
                                          if rep.get("planned_only") else "")]
     if rep.get("q4_0_weights"):
         lines.append(f"  q4_0 weights: {rep['q4_0_weights']}")
+    if rep.get("q4_1_weights"):
+        lines.append(f"  q4_1 weights: {rep['q4_1_weights']}")
     if rep.get("kept_f32", {}).get("summary"):
         lines.append(f"  {rep['kept_f32']['summary']}")
     for r in rep["regions"]:

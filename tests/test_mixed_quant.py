@@ -1,4 +1,4 @@
-"""A q8_0 or q4_0 model with a few matrices whose rows are not whole blocks: those stay f32, the
+"""A q8_0, q4_0 or q4_1 model with a few matrices whose rows are not whole blocks: those stay f32, the
 build and `report` say which, and every board still decodes the reference's bits."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, min_p=0.01, seed=3)
 
 
 @pytest.mark.parametrize("board,quant", [("host", "q4_0"), ("linux-aarch64", "q8_0"), ("linux-aarch64", "q4_0"),
-                                         ("qemu-rv32", "q8_0"), ("qemu-rv32", "q4_0")])
+                                         ("qemu-rv32", "q8_0"), ("qemu-rv32", "q4_0"), ("host", "q4_1"),
+                                         ("linux-aarch64", "q4_1"), ("qemu-rv32", "q4_1")])
 def test_kept_f32_matrices_decode_the_reference_bits_on_every_board(board, quant, checkpoints, builder):
     model = checkpoints("qwen3_moe_odd_experts")
     art, plan, request, result = builder.run(model, PROMPT, 16, quant=quant, sampling=SAMPLED, board=board)

@@ -5,7 +5,8 @@ import pytest
 
 from conftest import f32_bytes, run_harness
 from generator.numerics import ops as numerics
-from generator.numerics.quantize import dequantize_q8_0, matvec_q8_0, quantize_q4_0, quantize_q8_0, unpack_q4_0
+from generator.numerics.quantize import (dequantize_q4_1, dequantize_q8_0, matvec_q4_1, matvec_q8_0, quantize_q4_0,
+                                        quantize_q4_1, quantize_q8_0, unpack_q4_0, unpack_q4_1)
 
 rng = np.random.default_rng(7)
 
@@ -124,6 +125,85 @@ def test_batched_q4_0_product_gives_each_token_the_matvec_bits(harness, tokens, 
     got = c_floats(harness, ["matmul_q4_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
     for t in range(tokens):
         assert_same_bits(got[t], matvec_q8_0(unpack_q4_0(packed), wd, xq[t], xd[t]))
+
+
+def test_q4_1_quants_span_min_to_max_and_reconstruct_within_half_a_step():
+    x = (rng.normal(0, 1, (40, 256)) * rng.choice([1e-4, 1.0, 30.0], (40, 1))).astype(np.float32)
+    x[0, :32] = 0.0                      # a constant block: d = 0, every value is m
+    x[0, 32:64] = -2.5
+    x[1, :32] = np.linspace(-7, -3, 32)  # all negative: m < 0, and it is the first value
+    x[2, :32] = rng.normal(0, 1e-39, 32).astype(np.float32)  # a subnormal span: stored as d = 0
+    packed, d, m = quantize_q4_1(x)
+    assert packed.shape == (40, 128) and packed.dtype == np.uint8 and d.shape == m.shape == (40, 8)
+    q = unpack_q4_1(packed)
+    assert q.min() == 0 and q.max() == 15
+    assert d[0, 0] == 0 and m[0, 0] == 0 and d[0, 1] == 0 and m[0, 1] == np.float32(-2.5) and d[2, 0] == 0
+    assert m[1, 0] == np.float32(-7.0) and q[1, 0] == 0 and q[1, 31] == 15
+    assert np.all(m == x.reshape(40, 8, 32).min(axis=-1))
+    back = dequantize_q4_1(q, d, m)
+    assert np.all(back[0, :64] == x[0, :64]) and np.all(back[2, :32] == m[2, 0])
+    err = np.abs(back - x).reshape(40, 8, 32)
+    # half a step, and the float32 rounding of (x - m) * (1/d), q * d and + m on top of it
+    slack = (np.abs(d) * 0.5 + (np.abs(m) + np.abs(x).reshape(40, 8, 32).max(-1)) * 2e-7)[..., None]
+    assert np.all(err[:, :, :] <= slack + 1e-30)
+
+
+def random_q4_1(rows, cols, extreme=False):
+    """Any quants, scales and minimums (not only what quantize_q4_1 makes): negative minimums, and
+    with `extreme` scales and minimums from 1e-30 to 1e15 and quants at both ends."""
+    nb = cols // 32
+    packed = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+    if extreme:
+        packed[::2] = rng.choice(np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8), packed[::2].shape)
+        d = (rng.choice([1e-30, 1e-3, 1.0, 1e15], (rows, nb)) * rng.uniform(0.5, 1, (rows, nb))).astype(np.float32)
+        m = (rng.choice([-1e15, -1.0, 0.0, -0.0, 1e-30, 3.0, 1e15], (rows, nb))).astype(np.float32)
+    else:
+        d = rng.uniform(0, 0.2, (rows, nb)).astype(np.float32)
+        m = rng.normal(-1, 1, (rows, nb)).astype(np.float32)
+    return packed, d, m
+
+
+def random_activations(tokens, cols, extreme=False):
+    if not extreme:
+        return quantize_q8_0(rng.normal(0, 1, (tokens, cols)).astype(np.float32))
+    xq = rng.choice(np.array([-127, 127, 0, -1], np.int8), (tokens, cols))
+    xd = rng.choice([1e-20, 1e-2, 1e10], (tokens, cols // 32)).astype(np.float32)
+    return xq, xd
+
+
+def q4_1_payload(packed, d, m, xq, xd):
+    return packed.tobytes() + f32_bytes(d, m) + np.asarray(xq, np.int8).tobytes() + f32_bytes(xd)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536), (9, 576), (2, 32 * 17),
+                                       (13, 32 * 9), (17, 32 * 513)])
+@pytest.mark.parametrize("extreme", [False, True])
+def test_q4_1_matvec_matches_numpy_on_every_kernel_set(harness, rows, cols, extreme):
+    packed, d, m = random_q4_1(rows, cols, extreme)
+    xq, xd = random_activations(1, cols, extreme)
+    want = matvec_q4_1(unpack_q4_1(packed), d, m, xq[0], xd[0])
+    payload = q4_1_payload(packed, d, m, xq[0], xd[0])
+    assert_same_bits(c_floats(harness, ["matvec_q4_1", rows, cols], payload, rows), want)
+    # and the scalar reference kernel itself, which every kernel set is held to
+    assert_same_bits(c_floats(harness, ["scalar_matvec_q4_1", rows, cols], payload, rows), want)
+
+
+@pytest.mark.parametrize("tokens,rows,cols", [(2, 9, 64), (9, 5, 288), (17, 33, 1536), (8, 8, 576), (3, 40, 32)])
+def test_batched_q4_1_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
+    packed, d, m = random_q4_1(rows, cols, extreme=tokens == 3)
+    xq, xd = random_activations(tokens, cols, extreme=tokens == 3)
+    got = c_floats(harness, ["matmul_q4_1", tokens, rows, cols], q4_1_payload(packed, d, m, xq, xd),
+                   tokens * rows).reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], matvec_q4_1(unpack_q4_1(packed), d, m, xq[t], xd[t]))
+
+
+def test_q4_1_product_is_the_dot_product_of_its_dequantized_weights_to_float32_accuracy():
+    w = rng.normal(0, 1, (16, 256)).astype(np.float32)
+    packed, d, m = quantize_q4_1(w)
+    xq, xd = quantize_q8_0(rng.normal(0, 1, 256).astype(np.float32))
+    exact = dequantize_q4_1(unpack_q4_1(packed), d, m).astype(np.float64) @ dequantize_q8_0(xq, xd).astype(np.float64)
+    assert np.allclose(matvec_q4_1(unpack_q4_1(packed), d, m, xq, xd), exact, rtol=1e-4, atol=1e-4)
 
 
 # The SIMD f32 kernels put one row per vector lane (8 on AVX2, 4 on NEON) and work in groups of

@@ -88,7 +88,7 @@ def test_plan_rejects_a_context_beyond_the_model():
         make_plan(spec(), "host", "q8_0", 1024)
 
 
-@pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("quant", ["q8_0", "q4_0", "q4_1"])
 def test_matrices_whose_rows_are_not_whole_blocks_stay_f32_and_the_rest_is_quantized(quant):
     """Intermediate 176 = 5.5 blocks: w_down's rows (176 long) stay f32; w_gate and w_up (rows of
     hidden 96) are quantized, as llama.cpp does rather than refusing the model."""

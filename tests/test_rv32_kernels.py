@@ -57,6 +57,16 @@ def test_rv32_q8_0_product_costs_about_three_instructions_per_multiply_accumulat
     assert dot16 < 90  # 64 for the arithmetic of a 16-long attention dot product
 
 
+def test_rv32_q4_1_product_reads_nibbles_in_place_at_about_four_instructions_per_multiply_accumulate(selftest_output):
+    # Per byte and row: lbu, andi, two mul and two add for two multiply-adds (rv32.c), plus each
+    # row's float term per block; q4_0 read in place has no rv32 kernel (the scalar one).
+    per_mac = {(m.group(1), m.group(2)): float(m.group(3)) for m in
+               re.finditer(r"matvec_(q4_[01]) (\d+x\d+): \d+ \(([\d.]+) per", selftest_output)}
+    for shape in ("64x64", "64x128", "512x64", "32x288"):
+        assert per_mac["q4_1", shape] < 4.2
+        assert per_mac["q4_1", shape] < 0.6 * per_mac["q4_0", shape]
+
+
 @pytest.mark.parametrize("rows,cols", [(16, 64), (48, 64), (37, 128), (512, 64), (19, 128), (24, 160)])
 def test_q8_0_matvec_at_the_shapes_of_the_16_and_8_row_passes(harness, rows, cols):
     wq, wd = quantize_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))

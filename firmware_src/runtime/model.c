@@ -91,6 +91,11 @@ static void linear_rows(void *ctx, int begin, int end)
         kernel_matmul_q4_0(j->out + begin, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
                            j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
+    case COLIBRI_DTYPE_Q4_1:
+        kernel_matmul_q4_1(j->out + begin, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
+                           j->w->d + first_scale, j->w->m + first_scale, j->in->qs, j->in->d, j->in->n_tok, n,
+                           cols);
+        break;
     case COLIBRI_DTYPE_Q8_0:
         kernel_matmul_q8_0(j->out + begin, j->rows, (const int8_t *)j->w->w + (int64_t)begin * cols,
                            j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
@@ -135,6 +140,15 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
         for (int i = 0; i < COLIBRI_DIM; i++) {
             const int b = i / KERNEL_QK;
             x[i] = (float)kernel_q4_0_value(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * m->d[first_scale + b];
+        }
+        break;
+    }
+    case COLIBRI_DTYPE_Q4_1: { /* (float)q * d + m: a product, then a sum (docs/numerics.md) */
+        const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (COLIBRI_DIM / 2);
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            const int b = i / KERNEL_QK;
+            x[i] = (float)kernel_q4_1_quant(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * m->d[first_scale + b] +
+                   m->m[first_scale + b];
         }
         break;
     }

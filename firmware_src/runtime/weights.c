@@ -1,6 +1,7 @@
 /* Binding the weights: ColibriWeights' pointers into a validated image's data region, driven by the
  * generated binding tables (model_data.c), so no generated code decides anything. q4_0 matrices the
- * plan expands at load get their int8 copy in colibri_expanded and are read by the q8_0 kernels. */
+ * plan expands at load get their int8 copy in colibri_expanded and are read by the q8_0 kernels; q4_1
+ * matrices are always read in place (their minimums as well as their scales). */
 #include "weights.h"
 
 #include <string.h>
@@ -34,12 +35,14 @@ void colibri_bind_weights(const uint8_t *data, ColibriWeights *w)
             m->dtype = COLIBRI_DTYPE_Q8_0;
             m->w = copy;
             m->d = scales;
+            m->m = NULL;
             continue;
         }
 #endif
         m->dtype = b->dtype;
         m->w = data + b->offset;
         m->d = b->dtype == COLIBRI_DTYPE_F32 ? NULL : (const float *)(data + b->offset + b->scales_offset);
+        m->m = b->dtype == COLIBRI_DTYPE_Q4_1 ? (const float *)(data + b->offset + b->mins_offset) : NULL;
     }
     for (int i = 0; i < COLIBRI_N_VECTOR_BINDINGS; i++) {
         const ColibriVectorBinding *v = &colibri_vector_bindings[i];

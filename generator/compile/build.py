@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import ColibriError
 from ..files import REPO, slug
 from ..model.hf_import import load_checkpoint
+from ..numerics.quantize import QUANTS
 from .pipeline import PLAN_FILE, WEIGHTS_FILE, resolve_ctx
 from .plan import Plan, check_fits, plan_for_board
 from .targets import Board
@@ -104,7 +105,7 @@ def build_dirs(board: str | None = None, model: Path | str | None = None, root: 
             found.append(board_dir)
         else:
             found += sorted(d for d in board_dir.iterdir() if d.is_dir() and d.name.startswith(prefix)
-                            and d.name[len(prefix):].split("-ctx")[0] in ("f32", "q8_0", "q4_0"))
+                            and d.name[len(prefix):].split("-ctx")[0] in QUANTS)
     return found
 
 

@@ -115,6 +115,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         dict(name=t.name, c_name=t.c_name, dtype=t.dtype, dtype_code=DTYPE_CODES[t.dtype], rows=t.rows,
              cols=t.cols, offset=t.offset, nbytes=t.nbytes, scales_offset=t.scales_offset,
              expanded_offset=t.expanded_offset, expanded_scales_offset=align_up(t.rows * t.cols),
+             mins_offset=t.mins_offset,
              is_matrix=(t.dtype != "f32" or t.rows > 1))
         for t in plan.tensors
     ]

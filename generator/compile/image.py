@@ -29,7 +29,7 @@ from . import image_format as fmt
 from ..errors import ColibriError
 from ..files import atomic_output
 from .plan import Plan, TensorEntry
-from ..numerics.quantize import INTEGER_QUANTS, QK, quantize_q4_0, quantize_q8_0
+from ..numerics.quantize import INTEGER_QUANTS, QK, quantize_q4_0, quantize_q4_1, quantize_q8_0
 
 
 # Work is cut into pieces of whole rows of at most this many values (16 MB as float32): the
@@ -54,11 +54,12 @@ class Piece:
     itself and sends nothing back."""
 
     source: object  # a model-stage tensor: `.rows(start, stop)` -> float32 (stop - start, cols)
-    dtype: str  # "f32" | "q8_0" | "q4_0"
+    dtype: str  # "f32" | "q8_0" | "q4_0" | "q4_1"
     start: int
     stop: int
     values_at: int  # file offset of these rows' quants (or float32 values)
-    scales_at: int  # file offset of these rows' scales (q8_0, q4_0)
+    scales_at: int  # file offset of these rows' scales (q8_0, q4_0, q4_1)
+    mins_at: int  # file offset of these rows' minimums (q4_1)
 
 
 def spec_identity(plan: Plan) -> bytes:
@@ -67,13 +68,16 @@ def spec_identity(plan: Plan) -> bytes:
     return json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
 
 
-def encode_rows(x: np.ndarray, dtype: str) -> tuple[bytes, bytes]:
-    """Rows of float32 values as image bytes: (quants, scales) for q8_0 and q4_0 (quantize.py),
-    (little-endian float32 values, b"") for f32."""
+def encode_rows(x: np.ndarray, dtype: str) -> tuple[bytes, bytes, bytes]:
+    """Rows of float32 values as image bytes (quantize.py): (quants, scales, minimums) for q4_1,
+    (quants, scales, b"") for q8_0 and q4_0, (little-endian float32 values, b"", b"") for f32."""
     if dtype == "f32":
-        return x.astype("<f4").tobytes(), b""
+        return x.astype("<f4").tobytes(), b"", b""
+    if dtype == "q4_1":
+        qs, d, m = quantize_q4_1(x)
+        return qs.tobytes(), d.astype("<f4").tobytes(), m.astype("<f4").tobytes()
     qs, d = quantize_q8_0(x) if dtype == "q8_0" else quantize_q4_0(x)
-    return qs.tobytes(), d.astype("<f4").tobytes()
+    return qs.tobytes(), d.astype("<f4").tobytes(), b""
 
 
 def _pwrite_all(fd: int, blob: bytes, offset: int) -> None:
@@ -86,13 +90,15 @@ def _pwrite_all(fd: int, blob: bytes, offset: int) -> None:
 def write_piece(piece: Piece, path: str) -> None:
     """Read, encode and write one piece into the image file at its offsets (in a worker process,
     or here with one job)."""
-    values, scales = encode_rows(piece.source.rows(piece.start, piece.stop), piece.dtype)
+    values, scales, mins = encode_rows(piece.source.rows(piece.start, piece.stop), piece.dtype)
     try:
         fd = os.open(path, os.O_WRONLY)
         try:
             _pwrite_all(fd, values, piece.values_at)
             if scales:
                 _pwrite_all(fd, scales, piece.scales_at)
+            if mins:
+                _pwrite_all(fd, mins, piece.mins_at)
         finally:
             os.close(fd)
     except OSError as e:
@@ -116,11 +122,12 @@ def pieces(t: TensorEntry, source, data_offset: int) -> list[Piece]:
     model-stage tensor (`.rows(start, stop)`) or an array holding the tensor's values."""
     step = max(1, PIECE_VALUES // t.cols)
     base = data_offset + t.offset
-    row_bytes = {"f32": 4 * t.cols, "q8_0": t.cols, "q4_0": t.cols // 2}[t.dtype]
-    row_scales = t.cols // QK * 4 if t.dtype in INTEGER_QUANTS else 0
+    row_bytes = {"f32": 4 * t.cols, "q8_0": t.cols, "q4_0": t.cols // 2, "q4_1": t.cols // 2}[t.dtype]
+    row_scales = t.cols // QK * 4 if t.dtype in INTEGER_QUANTS else 0  # as many minimums (q4_1)
     held = np.asarray(source, dtype=np.float32).reshape(t.rows, t.cols) if isinstance(source, np.ndarray) else None
     return [Piece(source if held is None else HeldRows(held[r:r + step], r), t.dtype, r, min(t.rows, r + step),
-                  base + r * row_bytes, base + t.scales_offset + r * row_scales) for r in range(0, t.rows, step)]
+                  base + r * row_bytes, base + t.scales_offset + r * row_scales, base + t.mins_offset + r * row_scales)
+            for r in range(0, t.rows, step)]
 
 
 def default_jobs() -> int:

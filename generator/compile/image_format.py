@@ -9,7 +9,9 @@ Layout (little-endian; offsets from the start of the image):
   data         each tensor at an ALIGN-byte aligned offset from the data region's start; a q8_0
                tensor is rows*cols int8 quants, zero padding to ALIGN, then rows*cols/32 float32
                scales; a q4_0 tensor the same with rows*cols/2 bytes of packed 4-bit quants
-               (quantize.py); padding is zero
+               (quantize.py); a q4_1 tensor rows*cols/2 bytes of packed 4-bit quants, zero
+               padding to ALIGN, rows*cols/32 float32 scales d, then (right after them)
+               rows*cols/32 float32 minimums m; padding is zero
   trailer      u32 CRC-32 (IEEE) of the header and directory (every byte before the data region),
                then END_MAGIC
 
@@ -33,7 +35,7 @@ DIR_ENTRY_BYTES = 96
 NAME_BYTES = 64
 TRAILER_BYTES = 8  # u32 CRC-32 of the header and directory, then END_MAGIC
 # Element types of a tensor, as the directory stores them (and the firmware's ColibriMatrix).
-DTYPE_CODES = {"f32": 0, "q8_0": 1, "q4_0": 2}
+DTYPE_CODES = {"f32": 0, "q8_0": 1, "q4_0": 2, "q4_1": 3}
 
 
 @dataclass(frozen=True)

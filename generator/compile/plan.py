@@ -45,13 +45,14 @@ class RegionUse:
 class TensorEntry:
     name: str  # canonical name, e.g. "layers.0.wq"
     c_name: str  # C identifier fragment, e.g. "LAYERS_0_WQ"
-    dtype: str  # "f32" | "q8_0" | "q4_0"
+    dtype: str  # "f32" | "q8_0" | "q4_0" | "q4_1"
     rows: int
     cols: int
     offset: int  # from the start of the image's data region; multiple of ALIGN
     nbytes: int
-    scales_offset: int  # q8_0, q4_0: where the float32 block scales start, relative to `offset`; else 0
+    scales_offset: int  # q8_0, q4_0, q4_1: where the float32 block scales start, relative to `offset`; else 0
     expanded_offset: int = -1  # q4_0 expanded at load: where its int8 copy starts in the RAM arena
+    mins_offset: int = 0  # q4_1: where the float32 block minimums start (right after the scales); else 0
 
     @property
     def extent(self) -> int:
@@ -99,7 +100,7 @@ class Plan:
     prefill_batch: int = 1  # prompt tokens one forward pass takes at once (the board's choice)
     expand_q4: bool = False  # q4_0 matrices are expanded to int8 + scales in RAM when the image loads
     expanded_bytes: int = 0  # the RAM arena those expanded matrices take
-    kept_f32: tuple[str, ...] = ()  # matrices kept in f32 under q8_0/q4_0: rows not whole blocks of QK
+    kept_f32: tuple[str, ...] = ()  # matrices kept in f32 under q8_0/q4_0/q4_1: rows not whole blocks of QK
 
     @property
     def kept_f32_bytes(self) -> int:
@@ -122,6 +123,12 @@ class Plan:
         return ("expanded to int8 + scales in RAM at load, read by the q8_0 kernels" if self.expand_q4
                 else "read in place by the q4_0 kernels")
 
+    @property
+    def q4_1_weights(self) -> str | None:
+        """How the firmware reads q4_1 matrices (None for other quantizations): in place on every
+        board (an int8 copy would not spare the minimums' part of the product)."""
+        return "read in place by the q4_1 kernels" if self.quant == "q4_1" else None
+
     def tensor(self, name: str) -> TensorEntry:
         for t in self.tensors:
             if t.name == name:
@@ -136,6 +143,7 @@ class Plan:
             "n_ctx": self.n_ctx,
             "prefill_batch": self.prefill_batch,
             "q4_0_weights": self.q4_0_weights,
+            "q4_1_weights": self.q4_1_weights,
             "kept_f32": list(self.kept_f32),
             "spec": asdict(self.spec),
             "image": asdict(self.image),
@@ -191,13 +199,17 @@ def _tensor_layout(spec: ModelSpec, quant: str) -> tuple[tuple[TensorEntry, ...]
             quant_bytes = rows * cols if quant == "q8_0" else rows * cols // 2
             scales_offset = align_up(quant_bytes)
             nbytes = scales_offset + rows * (cols // QK) * 4
+            # q4_1: the float32 minimums follow the scales
+            mins_offset = nbytes if quant == "q4_1" else 0
+            nbytes += rows * (cols // QK) * 4 if quant == "q4_1" else 0
             dtype = quant
         else:
             rows, cols = (shape if len(shape) == 2 else (1, shape[0]))
-            scales_offset = 0
+            scales_offset = mins_offset = 0
             nbytes = rows * cols * 4
             dtype = "f32"
-        entries.append(TensorEntry(name, _c_name(name), dtype, rows, cols, cursor, nbytes, scales_offset))
+        entries.append(TensorEntry(name, _c_name(name), dtype, rows, cols, cursor, nbytes, scales_offset,
+                                   mins_offset=mins_offset))
         cursor = align_up(cursor + nbytes)
     return tuple(entries), cursor, tuple(kept_f32)
 

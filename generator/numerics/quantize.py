@@ -6,6 +6,9 @@ q4_0 (weights only): 4-bit quants q in 0..15 standing for q - 8, two per byte. A
 the int8 value q - 8 times its scale, so a q4_0 product is the q8_0 product of those int8 values:
 the same integer block sums, the same float terms, the same bits, whether the firmware reads the
 nibbles directly or expands them to int8 when it loads the image.
+q4_1 (weights only; GGUF Q4_1): 4-bit quants q in 0..15, packed as q4_0's, standing for d * q + m
+with a float32 scale d and a float32 minimum m per block. A product adds, per block, the integer
+product with the scale and the activations' integer block sum with the minimum (matvec_q4_1).
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from ..errors import ColibriError
 from .ops import F32, f32, round_even, seq_sum
 
 QK = 32  # values per q8_0 block
-QUANTS = ("f32", "q8_0", "q4_0")
-INTEGER_QUANTS = ("q8_0", "q4_0")  # matrices with integer quants: matmul inputs are quantized to q8_0
+QUANTS = ("f32", "q8_0", "q4_0", "q4_1")
+INTEGER_QUANTS = ("q8_0", "q4_0", "q4_1")  # matrices with integer quants: matmul inputs are quantized to q8_0
 
 
 def _magnitudes(blocks: np.ndarray) -> np.ndarray:
@@ -73,6 +76,62 @@ def unpack_q4_0(packed: np.ndarray) -> np.ndarray:
     blocks = packed.reshape(*packed.shape[:-1], half // (QK // 2), QK // 2)
     q = np.concatenate([blocks & 0x0F, blocks >> 4], axis=-1).astype(np.int8) - np.int8(8)
     return q.reshape(*packed.shape[:-1], half * 2)
+
+
+def quantize_q4_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(..., n) float32 -> packed uint8 (..., n/2), float32 scales and float32 minimums (..., n/32).
+
+    Per block, m = min and d = (max - min) / 15, so quant 0 is the minimum and quant 15 (nearly) the
+    maximum; q = clip(round_half_even((x - m) * (1 / d)), 0, 15), each operation in float32. A block
+    whose d is 0 or subnormal (1 / d would overflow) is stored with d = 0 and every quant 0: all its
+    values become m, within 15 * 2^-126 of what they were. Byte j of a block holds quant j in its low
+    nibble and quant j + 16 in its high nibble (as q4_0 and GGUF's Q4_1).
+    """
+    x = f32(x)
+    n = x.shape[-1]
+    if n % QK:
+        raise ColibriError(f"q4_1 needs rows whose length is a multiple of {QK}, got {n} (use --quant f32)")
+    if not np.all(np.isfinite(x)):
+        raise ColibriError("q4_1 needs finite weights (a weight is infinite or NaN)")
+    blocks = x.reshape(*x.shape[:-1], n // QK, QK)
+    m = np.min(blocks, axis=-1)
+    with np.errstate(over="ignore"):
+        d = ((np.max(blocks, axis=-1) - m) / F32(15.0)).astype(np.float32)
+    if not np.all(np.isfinite(d)):
+        raise ColibriError("q4_1 cannot hold a block whose values span more than the float32 range")
+    d = np.where(d >= np.finfo(np.float32).tiny, d, F32(0.0)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(np.float32)
+    q = np.clip(round_even((blocks - m[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
+    packed = q[..., :QK // 2] | (q[..., QK // 2:] << 4)
+    return packed.reshape(*x.shape[:-1], n // 2), d, m.astype(np.float32)
+
+
+def unpack_q4_1(packed: np.ndarray) -> np.ndarray:
+    """Packed q4_1 quants (..., n/2) -> the quants 0..15 (..., n), as uint8."""
+    half = packed.shape[-1]
+    blocks = packed.reshape(*packed.shape[:-1], half // (QK // 2), QK // 2)
+    q = np.concatenate([blocks & 0x0F, blocks >> 4], axis=-1).astype(np.uint8)
+    return q.reshape(*packed.shape[:-1], half * 2)
+
+
+def dequantize_q4_1(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Quants 0..15 (..., n) -> (float)q * d + m per value: a product, then a sum, in float32."""
+    n = q.shape[-1]
+    blocks = q.reshape(*q.shape[:-1], n // QK, QK).astype(np.float32)
+    return (blocks * d[..., None] + m[..., None]).reshape(q.shape).astype(np.float32)
+
+
+def matvec_q4_1(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
+    """out_r = sum over blocks b, in order, of float(isum_rb) * (wd_rb * xd_b) + float(xsum_b) * (wm_rb * xd_b);
+    isum (quants 0..15 times activation quants) and xsum (the activation block's quants) are exact int32."""
+    rows, n = wq.shape
+    nb = n // QK
+    xb = xq.reshape(nb, QK).astype(np.int32)
+    isum = np.einsum("rbk,bk->rb", wq.reshape(rows, nb, QK).astype(np.int32), xb, dtype=np.int32)
+    xsum = xb.sum(axis=-1, dtype=np.int32)
+    terms = isum.astype(np.float32) * (wd * xd[None, :]) + xsum.astype(np.float32)[None, :] * (wm * xd[None, :])
+    return seq_sum(terms, axis=1)
 
 
 def dequantize_q8_0(q: np.ndarray, d: np.ndarray) -> np.ndarray:

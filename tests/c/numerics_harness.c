@@ -2,8 +2,9 @@
  * stdout, so tests can compare the C runtime with generator/numerics/ops.py bit for bit.
  *
  *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
- *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS
- *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 TOKENS ROWS COLS  (output: token-major)
+ *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS | matvec_q4_1 ROWS COLS
+ *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 | matmul_q4_0 | matmul_q4_1 TOKENS ROWS COLS
+ *           (output: token-major; q4_1 weights: packed quants, scales, then minimums)
  *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
  *           attention N SLOTS FIRST_SLOT STRIDE HEAD_DIM SCALE  (a ring of SLOTS key and value rows of
  *           STRIDE floats; q, then p; output: the N scores, then the HEAD_DIM mixed values)
@@ -99,6 +100,21 @@ int main(int argc, char **argv)
         float *out = malloc(n * sizeof(float));
         kernel_matvec_q4_0(out, wq, wd, xq, xd, n, cols);
         write_all(out, n * sizeof(float));
+    } else if (strcmp(op, "matvec_q4_1") == 0 || strcmp(op, "scalar_matvec_q4_1") == 0) {
+        int cols = atoi(argv[3]);
+        int nb = cols / KERNEL_QK;
+        uint8_t *wq = read_exact((size_t)n * cols / 2);
+        float *wd = read_exact((size_t)n * nb * sizeof(float));
+        float *wm = read_exact((size_t)n * nb * sizeof(float));
+        int8_t *xq = read_exact(cols);
+        float *xd = read_exact(nb * sizeof(float));
+        float *out = malloc(n * sizeof(float));
+        if (op[0] == 's') {
+            kernel_scalar_matvec_q4_1(out, wq, wd, wm, xq, xd, n, cols);
+        } else {
+            kernel_matvec_q4_1(out, wq, wd, wm, xq, xd, n, cols);
+        }
+        write_all(out, n * sizeof(float));
     } else if (strncmp(op, "matmul_", 7) == 0) {
         /* n tokens; the output rows are written with a stride of rows + 3 to check that the
          * kernel honours out_stride, and the gaps must stay untouched. */
@@ -117,6 +133,13 @@ int main(int argc, char **argv)
             int8_t *xq = read_exact((size_t)n * cols);
             float *xd = read_exact((size_t)n * nb * sizeof(float));
             kernel_matmul_q8_0(out, stride, wq, wd, xq, xd, n, rows, cols);
+        } else if (strcmp(op, "matmul_q4_1") == 0) {
+            uint8_t *wq = read_exact((size_t)rows * cols / 2);
+            float *wd = read_exact((size_t)rows * nb * sizeof(float));
+            float *wm = read_exact((size_t)rows * nb * sizeof(float));
+            int8_t *xq = read_exact((size_t)n * cols);
+            float *xd = read_exact((size_t)n * nb * sizeof(float));
+            kernel_matmul_q4_1(out, stride, wq, wd, wm, xq, xd, n, rows, cols);
         } else {
             uint8_t *wq = read_exact((size_t)rows * cols / 2);
             float *wd = read_exact((size_t)rows * nb * sizeof(float));

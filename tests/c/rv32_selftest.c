@@ -45,6 +45,7 @@ static float value(void)
 #define MAX_OUT 1024
 static int8_t w_qs[MAX_WEIGHTS];
 static float w_d[MAX_WEIGHTS / KERNEL_QK];
+static float w_m[MAX_WEIGHTS / KERNEL_QK];
 static int8_t x_qs[MAX_TOKENS * MAX_COLS];
 static float x_d[MAX_TOKENS * MAX_COLS / KERNEL_QK];
 static float out_fast[MAX_OUT], out_ref[MAX_OUT];
@@ -90,6 +91,52 @@ static void check_matmul(int tokens, int rows, int cols)
     }
     if (memcmp(out_fast, out_ref, (size_t)tokens * rows * sizeof(float)) != 0) {
         printf("matmul_q8_0 %d tokens %dx%d differs from the scalar kernel\n", tokens, rows, cols);
+        mismatches++;
+    }
+}
+
+/* q4_1: any packed bytes (w_qs reinterpreted), scales and minimums of both signs; with `extreme`,
+ * quants and activations at their ends and minimums far larger than the scales. */
+static void fill_q4_1(int rows, int cols, int extreme, int tokens)
+{
+    for (int i = 0; i < rows * cols / 2; i++) {
+        w_qs[i] = (int8_t)(extreme && (i % 3) == 0 ? 0xFF : next()); /* 0xFF: quants 15 and 15 */
+    }
+    for (int i = 0; i < rows * cols / KERNEL_QK; i++) {
+        w_d[i] = scale();
+        w_m[i] = extreme ? ((next() & 1) ? 1e6f : -1e6f) * scale() : value();
+    }
+    for (int i = 0; i < tokens * cols; i++) {
+        x_qs[i] = quant(extreme);
+    }
+    for (int i = 0; i < tokens * cols / KERNEL_QK; i++) {
+        x_d[i] = scale();
+    }
+}
+
+static void check_matvec_q4_1(int rows, int cols, int extreme)
+{
+    fill_q4_1(rows, cols, extreme, 1);
+    const uint8_t *w = (const uint8_t *)w_qs;
+    kernel_matvec_q4_1(out_fast, w, w_d, w_m, x_qs, x_d, rows, cols);
+    kernel_scalar_matvec_q4_1(out_ref, w, w_d, w_m, x_qs, x_d, rows, cols);
+    if (memcmp(out_fast, out_ref, rows * sizeof(float)) != 0) {
+        printf("matvec_q4_1 %dx%d%s differs from the scalar kernel\n", rows, cols, extreme ? " (extremes)" : "");
+        mismatches++;
+    }
+}
+
+static void check_matmul_q4_1(int tokens, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const uint8_t *w = (const uint8_t *)w_qs;
+    fill_q4_1(rows, cols, 0, tokens);
+    kernel_matmul_q4_1(out_fast, rows, w, w_d, w_m, x_qs, x_d, tokens, rows, cols);
+    for (int t = 0; t < tokens; t++) {
+        kernel_scalar_matvec_q4_1(out_ref + t * rows, w, w_d, w_m, x_qs + t * cols, x_d + t * nb, rows, cols);
+    }
+    if (memcmp(out_fast, out_ref, (size_t)tokens * rows * sizeof(float)) != 0) {
+        printf("matmul_q4_1 %d tokens %dx%d differs from the scalar kernel\n", tokens, rows, cols);
         mismatches++;
     }
 }
@@ -158,6 +205,23 @@ static void count_matvec(int rows, int cols)
            (unsigned long)(b - a), (double)(b - a) / ((double)rows * cols));
 }
 
+/* The 4-bit products read in place: q4_1 (rv32.c) and q4_0 (no rv32 kernel: the scalar one, which a
+ * board with room for expanded weights avoids by reading the int8 copy with the q8_0 kernel). */
+static void count_matvec_4bit(int rows, int cols)
+{
+    fill_q4_1(rows, cols, 0, 1);
+    const uint8_t *w = (const uint8_t *)w_qs;
+    uint32_t a = instret();
+    kernel_matvec_q4_1(out_fast, w, w_d, w_m, x_qs, x_d, rows, cols);
+    uint32_t b = instret();
+    kernel_matvec_q4_0(out_fast, w, w_d, x_qs, x_d, rows, cols);
+    uint32_t c = instret();
+    printf("instructions matvec_q4_1 %dx%d: %lu (%.3f per multiply-accumulate)\n", rows, cols,
+           (unsigned long)(b - a), (double)(b - a) / ((double)rows * cols));
+    printf("instructions matvec_q4_0 %dx%d: %lu (%.3f per multiply-accumulate)\n", rows, cols,
+           (unsigned long)(c - b), (double)(c - b) / ((double)rows * cols));
+}
+
 static void count_dot(int n)
 {
     for (int i = 0; i < n; i++) {
@@ -194,6 +258,15 @@ int main(void)
             check_matvec(rows[r], cols[c], 1);
         }
     }
+    for (unsigned c = 0; c < sizeof cols / sizeof cols[0]; c++) {
+        for (unsigned r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            check_matvec_q4_1(rows[r], cols[c], 0);
+            check_matvec_q4_1(rows[r], cols[c], 1);
+        }
+    }
+    check_matmul_q4_1(3, 240, 64);
+    check_matmul_q4_1(2, 37, 96);
+    check_matmul_q4_1(4, 130, 128);
     check_matmul(1, 512, 64);
     check_matmul(3, 240, 64);
     check_matmul(4, 130, 128);
@@ -211,6 +284,10 @@ int main(void)
     count_matvec(64, 128);
     count_matvec(512, 64);
     count_matvec(32, 288); /* the 8-row passes of wider models */
+    count_matvec_4bit(64, 64);
+    count_matvec_4bit(64, 128);
+    count_matvec_4bit(512, 64);
+    count_matvec_4bit(32, 288);
     count_dot(16);
     count_dot(64);
     count_quantize(64);

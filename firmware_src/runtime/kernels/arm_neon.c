@@ -1,4 +1,4 @@
-/* aarch64 kernels: NEON integer dot products for q8_0 and q4_0, with the dot-product extension
+/* aarch64 kernels: NEON integer dot products for q8_0, q4_0 and q4_1, with the dot-product extension
  * (SDOT) when the CPU has it (checked at run time through the kernel's hwcaps), plain NEON widening
  * multiplies otherwise; f32 products four rows per vector. Same bits as kernels/scalar.c: each
  * block's int32 sum is exact and the float terms (float)isum * (w_d * x_d) are added to the row's
@@ -10,10 +10,11 @@
 #include "kernels.h"
 
 /* This set's own entry points (fallback.h defines the rest: the batched
- * q8_0/q4_0 products as tiles of these matvecs, quantization and SwiGLU as the scalar ones). */
+ * q8_0/q4_0/q4_1 products as tiles of these matvecs, quantization and SwiGLU as the scalar ones). */
 #define KERNEL_HAS_MATVEC_F32
 #define KERNEL_HAS_MATVEC_Q8_0
 #define KERNEL_HAS_MATVEC_Q4_0
+#define KERNEL_HAS_MATVEC_Q4_1
 #define KERNEL_HAS_MATMUL_F32
 #define KERNEL_ATTENTION_CHAINS 4 /* an out-of-order core overlaps four positions' sums */
 #include "fallback.h"
@@ -104,6 +105,51 @@ void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
             acc = (b == 0) ? term : acc + term;
         }
         out[r] = acc;
+    }
+}
+
+/* q4_1 rows: each block's nibbles are its quants 0..15, taken as int8 by the same block sums as
+ * q8_0 (SDOT or widening multiplies). The minimum's part needs xsum, each activation block's sum of
+ * quants, which does not depend on the row: computed once per call for all the rows, into
+ * Q4_1_XSUM_BLOCKS int32s on the stack (rows of up to 16384 values; longer rows take the scalar
+ * kernel). Each term is kernel_q4_1_term and is added through kernel_q4_1_sum_add (kernels.h). */
+#define Q4_1_XSUM_BLOCKS 512
+
+static void matvec_q4_1_neon(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
+                             const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int dotprod = have_dotprod();
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    int32_t xs[Q4_1_XSUM_BLOCKS];
+    for (int b = 0; b < nb; b++) {
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        xs[b] = (int32_t)vaddlvq_s8(vld1q_s8(x)) + (int32_t)vaddlvq_s8(vld1q_s8(x + 16));
+    }
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
+        const float *wd = w_d + (int64_t)r * nb;
+        const float *wm = w_m + (int64_t)r * nb;
+        KernelQ41Sum sum = kernel_q4_1_sum_start();
+        for (int b = 0; b < nb; b++) {
+            const uint8x16_t packed = vld1q_u8(wq + b * (KERNEL_QK / 2));
+            const int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(packed, low4));
+            const int8x16_t w1 = vreinterpretq_s8_u8(vshrq_n_u8(packed, 4));
+            const int8_t *x = x_qs + b * KERNEL_QK;
+            const int32_t isum = dotprod ? block_sum_dotprod(w0, w1, x) : block_sum_neon(w0, w1, x);
+            kernel_q4_1_sum_add(&sum, b, kernel_q4_1_term(isum, xs[b], wd[b], wm[b], x_d[b]));
+        }
+        out[r] = kernel_q4_1_sum_end(&sum);
+    }
+}
+
+void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (cols / KERNEL_QK <= Q4_1_XSUM_BLOCKS) {
+        matvec_q4_1_neon(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
     }
 }
 

@@ -31,6 +31,14 @@ void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d, const
 }
 #endif
 
+#ifndef KERNEL_HAS_MATVEC_Q4_1
+void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m, const int8_t *x_qs,
+                        const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+}
+#endif
+
 #ifndef KERNEL_HAS_SWIGLU
 void kernel_swiglu(float *up, const float *gate, int n)
 {
@@ -96,6 +104,22 @@ static inline void kernel_tiled_matmul_q4_0(float *out, int out_stride, const ui
     }
 }
 
+static inline void kernel_tiled_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
+                                            const float *w_m, const int8_t *x_qs, const float *x_d, int n_tok,
+                                            int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int tile = kernel_tile_rows(cols / 2 + 2 * nb * (int)sizeof(float));
+    for (int r = 0; r < rows; r += tile) {
+        const int n = rows - r < tile ? rows - r : tile;
+        for (int t = 0; t < n_tok; t++) {
+            kernel_matvec_q4_1(out + (int64_t)t * out_stride + r, w_q4 + (int64_t)r * (cols / 2),
+                               w_d + (int64_t)r * nb, w_m + (int64_t)r * nb, x_qs + (int64_t)t * cols,
+                               x_d + (int64_t)t * nb, n, cols);
+        }
+    }
+}
+
 #ifndef KERNEL_HAS_MATMUL_F32
 void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)
 {
@@ -116,6 +140,14 @@ void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const f
                         const float *x_d, int n_tok, int rows, int cols)
 {
     kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_Q4_1
+void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const float *w_d, const float *w_m,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    kernel_tiled_matmul_q4_1(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
 }
 #endif
 

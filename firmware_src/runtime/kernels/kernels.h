@@ -40,6 +40,18 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
 void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
 
+/* q4_1 weights (affine 4-bit, GGUF Q4_1): w_q4 packed as q4_0's (byte j of each 16-byte block holds
+ * quants j and j + 16 in its low and high nibble), but quant q in 0..15 stands for d * q + m, with
+ * a float32 scale w_d and a float32 minimum w_m per block. With q8_0 activations, block b's term is
+ *   term_b = (float)isum_b * (w_d_b * x_d_b) + (float)xsum_b * (w_m_b * x_d_b)
+ * isum_b = sum_j q_j * x_qs_j and xsum_b = sum_j x_qs_j exact int32, every product and the sum
+ * rounded to float32 in exactly that order (no FMA). A row's terms are added in block order through
+ * KernelQ41Sum below, the one place that says how. cols % 32 == 0. */
+void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const float *w_d, const float *w_m,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
+
 /* Attention of one query head over n positions of the KV cache: position i's key (value) is at
  * keys (values) + ((first_slot + i) % slots) * stride, head_dim floats; the cache is a ring.
  *   scores: att[i] = (q . k_i) * scale, the dot product summed over j in order;
@@ -64,6 +76,46 @@ static inline int8_t kernel_q4_0_value(const uint8_t *block, int j)
     return (int8_t)((j < KERNEL_QK / 2 ? byte & 0x0F : byte >> 4) - 8);
 }
 
+/* Quant j (0..31) of a q4_1 block's 16 bytes (the q4_0 nibble order), standing for d * q + m. */
+static inline uint8_t kernel_q4_1_quant(const uint8_t *block, int j)
+{
+    const uint8_t byte = block[j % (KERNEL_QK / 2)];
+    return (uint8_t)(j < KERNEL_QK / 2 ? byte & 0x0F : byte >> 4);
+}
+
+/* One q4_1 block's float term (see kernel_matvec_q4_1): two products, then their sum. */
+static inline float kernel_q4_1_term(int32_t isum, int32_t xsum, float w_d, float w_m, float x_d)
+{
+    return (float)isum * (w_d * x_d) + (float)xsum * (w_m * x_d);
+}
+
+/* A q4_1 row's sum of block terms: every q4_1 kernel on every ISA adds its terms through these
+ * three functions, so the reduction order lives here alone. Today it is sequential in block order:
+ * the sum starts at -0.0f, which the first term replaces exactly (-0.0f + t == t for every t, +0.0f
+ * included), so this is "the first term, then + each next term" without a branch. `b` is the
+ * block's index, unused by the sequential order but what a fixed tree of partial sums (block b into
+ * partial b % P) needs. */
+typedef struct {
+    float acc;
+} KernelQ41Sum;
+
+static inline KernelQ41Sum kernel_q4_1_sum_start(void)
+{
+    KernelQ41Sum s = {-0.0f};
+    return s;
+}
+
+static inline void kernel_q4_1_sum_add(KernelQ41Sum *s, int b, float term)
+{
+    (void)b;
+    s->acc = s->acc + term;
+}
+
+static inline float kernel_q4_1_sum_end(const KernelQ41Sum *s)
+{
+    return s->acc;
+}
+
 /* Name of the kernel set in use, reported in the hello frame. */
 const char *kernel_set(void);
 
@@ -77,6 +129,8 @@ void kernel_scalar_matvec_f32(float *out, const float *w, const float *x, int ro
 void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+                               const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 void kernel_scalar_swiglu(float *up, const float *gate, int n);

@@ -58,6 +58,32 @@ void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d
     }
 }
 
+void kernel_scalar_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
+                               const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
+        const float *wd = w_d + (int64_t)r * nb;
+        const float *wm = w_m + (int64_t)r * nb;
+        KernelQ41Sum sum = kernel_q4_1_sum_start();
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *wb = wq + b * (KERNEL_QK / 2);
+            const int8_t *xb = x_qs + b * KERNEL_QK;
+            int32_t isum = 0, xsum = 0;
+            for (int j = 0; j < KERNEL_QK / 2; j++) {
+                isum += (int32_t)(wb[j] & 0x0F) * (int32_t)xb[j];
+                isum += (int32_t)(wb[j] >> 4) * (int32_t)xb[j + KERNEL_QK / 2];
+            }
+            for (int j = 0; j < KERNEL_QK; j++) {
+                xsum += xb[j];
+            }
+            kernel_q4_1_sum_add(&sum, b, kernel_q4_1_term(isum, xsum, wd[b], wm[b], x_d[b]));
+        }
+        out[r] = kernel_q4_1_sum_end(&sum);
+    }
+}
+
 void kernel_scalar_swiglu(float *up, const float *gate, int n)
 {
     for (int i = 0; i < n; i++) {

@@ -14,6 +14,8 @@
 #define KERNEL_HAS_MATMUL_F32
 #define KERNEL_HAS_MATMUL_Q8_0
 #define KERNEL_HAS_MATMUL_Q4_0
+#define KERNEL_HAS_MATVEC_Q4_1
+#define KERNEL_HAS_MATMUL_Q4_1
 #define KERNEL_HAS_SWIGLU
 #define KERNEL_HAS_QUANTIZE_Q8_0
 #define KERNEL_ATTENTION_CHAINS 4 /* an out-of-order core overlaps four positions' sums */
@@ -270,6 +272,181 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
         matmul_q8_0_avx2(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     } else {
         kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+/* q4_1 products. The quants are unsigned (0..15), which is what maddubs takes as its first operand:
+ * each pair of quant * int8 activation products sums to at most 2 * 15 * 127 in magnitude, well
+ * inside int16, and madd widens them to int32, so isum is exact without the sign trick of q8_0.
+ * The minimum's part needs xsum, the sum of each activation block's 32 quants, which does not
+ * depend on the row: it is computed once per call, for all the rows, into Q4_1_XSUM_BLOCKS int32s
+ * on the stack (rows of up to 16384 values; longer rows take the scalar kernel). The terms are
+ * kernel_q4_1_term's operations, eight blocks (or eight tokens) per vector, and are added to the
+ * row's sum through kernel_q4_1_sum_add (kernels.h), block after block. */
+#define Q4_1_XSUM_BLOCKS MAX_BLOCKS
+
+/* The 32 quants of q4_1 block b of a row as unsigned bytes: low nibbles are values 0..15, high
+ * nibbles 16..31. */
+__attribute__((target("avx2"))) static inline __m256i q4_1_block(const uint8_t *row, int b)
+{
+    const __m128i packed = _mm_loadu_si128((const __m128i *)(row + b * (KERNEL_QK / 2)));
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
+}
+
+/* The 32 products of unsigned quants wv with the activations at x, as 8 int32 partial sums. */
+__attribute__((target("avx2"))) static inline __m256i q4_1_products(__m256i wv, const int8_t *x)
+{
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), _mm256_set1_epi16(1));
+}
+
+/* xs[b] = the sum of activation block b's 32 quants (exact int32), for nb blocks. */
+__attribute__((target("avx2"))) static void q4_1_x_sums(int32_t *xs, const int8_t *x_qs, int nb)
+{
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int b = 0; b < nb; b++) {
+        const __m256i v = q4_1_products(ones, x_qs + b * KERNEL_QK);
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        s = _mm_hadd_epi32(s, s);
+        s = _mm_hadd_epi32(s, s);
+        xs[b] = _mm_cvtsi128_si32(s);
+    }
+}
+
+/* Eight blocks' terms: (float)isum * (w_d * x_d) + (float)xsum * (w_m * x_d), lane by lane. */
+__attribute__((target("avx2"))) static inline __m256 q4_1_terms(__m256i isum, __m256i xsum, __m256 w_d, __m256 w_m,
+                                                                __m256 x_d)
+{
+    return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w_d, x_d)),
+                         _mm256_mul_ps(_mm256_cvtepi32_ps(xsum), _mm256_mul_ps(w_m, x_d)));
+}
+
+__attribute__((target("avx2"))) static void matvec_q4_1_avx2(float *out, const uint8_t *w_q4, const float *w_d,
+                                                             const float *w_m, const int8_t *x_qs, const float *x_d,
+                                                             int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    int32_t xs[Q4_1_XSUM_BLOCKS];
+    q4_1_x_sums(xs, x_qs, nb);
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
+        const float *wd = w_d + (int64_t)r * nb;
+        const float *wm = w_m + (int64_t)r * nb;
+        KernelQ41Sum sum = kernel_q4_1_sum_start();
+        int b = 0;
+        for (; b + 8 <= nb; b += 8) {
+            const int8_t *x = x_qs + b * KERNEL_QK;
+            prefetch_ahead(wq + b * (KERNEL_QK / 2));
+            const __m256i isum = block_sums8(q4_1_products(q4_1_block(wq, b), x),
+                                             q4_1_products(q4_1_block(wq, b + 1), x + 32),
+                                             q4_1_products(q4_1_block(wq, b + 2), x + 64),
+                                             q4_1_products(q4_1_block(wq, b + 3), x + 96),
+                                             q4_1_products(q4_1_block(wq, b + 4), x + 128),
+                                             q4_1_products(q4_1_block(wq, b + 5), x + 160),
+                                             q4_1_products(q4_1_block(wq, b + 6), x + 192),
+                                             q4_1_products(q4_1_block(wq, b + 7), x + 224));
+            float terms[8];
+            _mm256_storeu_ps(terms, q4_1_terms(isum, _mm256_loadu_si256((const __m256i *)(xs + b)),
+                                               _mm256_loadu_ps(wd + b), _mm256_loadu_ps(wm + b),
+                                               _mm256_loadu_ps(x_d + b)));
+            for (int i = 0; i < 8; i++) {
+                kernel_q4_1_sum_add(&sum, b + i, terms[i]);
+            }
+        }
+        for (; b < nb; b++) {
+            const __m256i v = q4_1_products(q4_1_block(wq, b), x_qs + b * KERNEL_QK);
+            __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            s = _mm_hadd_epi32(s, s);
+            s = _mm_hadd_epi32(s, s);
+            kernel_q4_1_sum_add(&sum, b, kernel_q4_1_term(_mm_cvtsi128_si32(s), xs[b], wd[b], wm[b], x_d[b]));
+        }
+        out[r] = kernel_q4_1_sum_end(&sum);
+    }
+}
+
+/* Batched q4_1: one weight row against eight tokens at a time, one float lane per token, as
+ * matmul_avx2 does for q8_0 and q4_0. Each lane is its (row, token) sum built block after block
+ * with the matvec kernel's terms; lane-wise, q4_1_lanes_add is kernel_q4_1_sum_add (kernels.h):
+ * start at -0.0f, add each block's term in order. A change of that reduction order is made in
+ * both. */
+__attribute__((target("avx2"))) static inline __m256 q4_1_lanes_add(__m256 acc, int b, __m256 terms)
+{
+    (void)b;
+    return _mm256_add_ps(acc, terms);
+}
+
+__attribute__((target("avx2"))) static void matmul_q4_1_avx2(float *out, int out_stride, const uint8_t *w_q4,
+                                                             const float *w_d, const float *w_m, const int8_t *x_qs,
+                                                             const float *x_d, int n_tok, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    float token_scales[MAX_BLOCKS * 8];
+    int32_t token_xsums[MAX_BLOCKS * 8];
+    int32_t xs[MAX_BLOCKS];
+    for (int r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+        const int r1 = rows - r0 < TILE_ROWS ? rows : r0 + TILE_ROWS;
+        for (int t0 = 0; t0 < n_tok; t0 += 8) {
+            const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
+            /* Missing tokens of a short last group repeat the group's first token; their lanes
+             * are computed and dropped. */
+            const int8_t *x[8];
+            for (int i = 0; i < 8; i++) {
+                const int t = t0 + (i < n ? i : 0);
+                x[i] = x_qs + (int64_t)t * cols;
+                q4_1_x_sums(xs, x[i], nb);
+                for (int b = 0; b < nb; b++) {
+                    token_scales[b * 8 + i] = x_d[(int64_t)t * nb + b];
+                    token_xsums[b * 8 + i] = xs[b];
+                }
+            }
+            for (int r = r0; r < r1; r++) {
+                const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
+                const float *wd = w_d + (int64_t)r * nb;
+                const float *wm = w_m + (int64_t)r * nb;
+                __m256 acc = _mm256_set1_ps(-0.0f);
+                for (int b = 0; b < nb; b++) {
+                    const __m256i wv = q4_1_block(wq, b);
+                    __m256i p[8];
+#pragma GCC unroll 8
+                    for (int i = 0; i < 8; i++) {
+                        p[i] = q4_1_products(wv, x[i] + b * KERNEL_QK);
+                    }
+                    const __m256i isum = block_sums8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
+                    const __m256 terms = q4_1_terms(isum, _mm256_loadu_si256((const __m256i *)(token_xsums + b * 8)),
+                                                    _mm256_set1_ps(wd[b]), _mm256_set1_ps(wm[b]),
+                                                    _mm256_loadu_ps(token_scales + b * 8));
+                    acc = q4_1_lanes_add(acc, b, terms);
+                }
+                float lanes[8];
+                _mm256_storeu_ps(lanes, acc);
+                for (int i = 0; i < n; i++) {
+                    out[(int64_t)(t0 + i) * out_stride + r] = lanes[i];
+                }
+            }
+        }
+    }
+}
+
+void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_avx2() && cols / KERNEL_QK <= Q4_1_XSUM_BLOCKS) {
+        matvec_q4_1_avx2(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const float *w_d, const float *w_m,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matmul_q4_1_avx2(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_q4_1(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
     }
 }
 

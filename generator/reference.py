@@ -86,7 +86,7 @@ class Reference:
         """The matmul input as the kernels see it: the floats, and for q8_0 and q4_0 weights their
         q8_0 quants (made once, when the input's length is whole blocks: matrices whose rows are
         not stay f32 and read the floats)."""
-        quantized = self.plan.quant in INTEGER_QUANTS and x.shape[-1] % QK == 0
+        quantized = self.plan.activations_q8 and x.shape[-1] % QK == 0
         return x, (quantize_q8_0(x) if quantized else None)
 
     def _quants(self, name: str, row: int | None = None) -> np.ndarray:

@@ -116,7 +116,7 @@ def test_the_f32_firmware_answers_as_transformers_does(smollm2, hf_tokenizer, bu
     for name, hf_name in (("embed", "model.embed_tokens.weight"), ("layers.0.wq", "model.layers.0.self_attn.q_proj.weight"),
                           ("layers.29.wk", "model.layers.29.self_attn.k_proj.weight"),
                           ("layers.7.w_down", "model.layers.7.mlp.down_proj.weight"), ("final_norm", "model.norm.weight")):
-        assert np.array_equal(ours[name].view(np.uint32), theirs[hf_name].numpy().view(np.uint32)), name
+        assert np.array_equal(ours[name].load().view(np.uint32), theirs[hf_name].numpy().view(np.uint32)), name
     del ours, theirs
     _, plan, _, result = builder.run(smollm2, prompt, steps, quant="f32", ctx=64)
     assert result.tokens == hf
@@ -139,3 +139,23 @@ def test_chat_with_the_gguf_renders_its_template_and_answers_as_transformers_doe
         result = conversation.turn(RunRequest(planned.prompt, planned.steps, SamplingParams()))
     assert result.stop_reason == "eos" and result.tokens[-1] == 2  # <|im_end|> ends the turn
     assert state.finish_turn(planned, result.tokens, result.held) == "The capital of France is Paris."
+
+
+def test_chat_with_the_files_own_blocks_gives_the_references_bits(smollm2, builder):
+    """--quant gguf keeps the Q4_1 matrices and the Q8_0 embedding as the file holds them."""
+    from generator.chat import ChatState
+    from generator.compile.image import map_image
+    from generator.device.runner import open_conversation
+    from generator.device.session import RunRequest
+    from generator.model.chat_template import ChatTemplate
+    from generator.numerics.sampling import SamplingParams
+    from generator.reference import Reference
+
+    b, art, plan = builder.build(smollm2, "gguf", 64, "host")
+    assert {t.dtype for t in plan.tensors} == {"q4_1", "q8_0", "f32"} and not plan.gguf_kept()[1]
+    state = ChatState(ChatTemplate.for_model(smollm2), Tokenizer.for_model(smollm2), plan.n_ctx, 12)
+    planned = state.plan_turn(QUESTION[0]["content"])
+    with open_conversation(b, art.program, art.weights, art.model_hash()) as conversation:
+        result = conversation.turn(RunRequest(planned.prompt, planned.steps, SamplingParams()))
+    ref = Reference(plan, map_image(art.weights)).generate(planned.prompt, planned.steps, SamplingParams())
+    assert result.tokens == ref.tokens and result.digests == ref.digests

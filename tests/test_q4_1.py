@@ -85,7 +85,7 @@ def test_the_q4_1_image_holds_what_quantize_q4_1_gives(builder):
     t = plan.tensor("layers.0.wq")
     start = header.data_offset + t.offset
     tensors = load_checkpoint(DEFAULT_MODEL).tensors
-    packed, d, m = quantize_q4_1(np.asarray(tensors["layers.0.wq"], np.float32))
+    packed, d, m = quantize_q4_1(tensors["layers.0.wq"].load())
     nb = t.rows * t.cols // 32
     assert image[start:start + packed.size] == packed.tobytes()
     assert image[start + t.scales_offset:start + t.scales_offset + 4 * nb] == d.astype("<f4").tobytes()

@@ -15,8 +15,8 @@ from ..errors import ColibriError
 from ..files import REPO, slug
 from ..model.hf_import import load_checkpoint
 from ..numerics.quantize import QUANTS
-from .pipeline import PLAN_FILE, WEIGHTS_FILE, resolve_ctx
-from .plan import Plan, check_fits, plan_for_board
+from .pipeline import PLAN_FILE, WEIGHTS_FILE, plan_checkpoint
+from .plan import Plan, check_fits
 from .targets import Board
 
 GENERATED_DIR = "generated"
@@ -65,8 +65,8 @@ def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
     check_fit=False leaves the memory budgets to the caller (`report` shows the table first)."""
     model_dir = Path(model_dir)
     checkpoint = load_checkpoint(model_dir, load_tensors=False)
-    n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
-    plan = plan_for_board(checkpoint.spec, board, quant, n_ctx)
+    plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx)
+    n_ctx = plan.n_ctx
     if check_fit:
         check_fits(board, plan)
     if out_dir is None:

@@ -18,11 +18,10 @@ from ..files import REPO
 
 from ..numerics import rope
 from . import image_format
-from .image_format import DTYPE_CODES
+from .image_format import DTYPE_CODES, QUANT_CODES
 
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
 from .plan import ALIGN, Plan, align_up
-from ..numerics.quantize import INTEGER_QUANTS
 
 TEMPLATE_DIR = REPO / "templates"
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")
@@ -136,11 +135,12 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         plan=plan,
         board=plan.board,
         quant=plan.quant,
-        quant_code=DTYPE_CODES[plan.quant],
-        q8=plan.quant in INTEGER_QUANTS,  # integer quants: matmul inputs quantized to q8_0
+        quant_code=QUANT_CODES[plan.quant],
+        q8=plan.activations_q8,  # integer quants: matmul inputs quantized to q8_0
         q4_expanded=plan.expand_q4,
         dtype_codes=DTYPE_ORDER,
         dtype_doc=", ".join(f"{code} {name}" for name, code in DTYPE_ORDER),
+        quant_doc=", ".join(f"{code} {name}" for name, code in QUANT_CODES.items()),
         kept_f32=list(plan.kept_f32),
         kept_f32_bytes=plan.kept_f32_bytes,
         tensors=tensors,

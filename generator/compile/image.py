@@ -20,7 +20,7 @@ import zlib
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,8 @@ from . import image_format as fmt
 from ..errors import ColibriError
 from ..files import atomic_output
 from .plan import Plan, TensorEntry
-from ..numerics.quantize import INTEGER_QUANTS, QK, quantize_q4_0, quantize_q4_1, quantize_q8_0
+from ..numerics.quantize import (INTEGER_QUANTS, QK, dequantize_q4_1, dequantize_q8_0, gguf_block_type, keep_blocks,
+                                 quantize_q4_0, quantize_q4_1, quantize_q8_0, unpack_q4_0, unpack_q4_1)
 
 
 # Work is cut into pieces of whole rows of at most this many values (16 MB as float32): the
@@ -45,6 +46,7 @@ class ImageWritten:
     path: Path
     model_hash: bytes
     identity: bytes  # identity_sha256 of the written image
+    requantized: dict = field(default_factory=dict)  # tensor -> Error: a GGUF file's blocks quantized again
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Piece:
     values_at: int  # file offset of these rows' quants (or float32 values)
     scales_at: int  # file offset of these rows' scales (q8_0, q4_0, q4_1)
     mins_at: int  # file offset of these rows' minimums (q4_1)
+    keep: str = ""  # "exact": the source's own blocks, as they are; "measure": quantized again, the error measured
 
 
 def spec_identity(plan: Plan) -> bytes:
@@ -80,6 +83,43 @@ def encode_rows(x: np.ndarray, dtype: str) -> tuple[bytes, bytes, bytes]:
     return qs.tobytes(), d.astype("<f4").tobytes(), b""
 
 
+def encode_blocks(blocks, dtype: str) -> tuple[bytes, bytes, bytes]:
+    """A source's own blocks (a GGUF tensor's, model/gguf_tensors.QuantBlocks) as image bytes,
+    value for value."""
+    qs, d, m = keep_blocks(blocks.quants, blocks.scales, blocks.offsets, dtype)
+    return qs.tobytes(), d.astype("<f4").tobytes(), b"" if m is None else m.astype("<f4").tobytes()
+
+
+@dataclass(frozen=True)
+class Error:
+    """How far re-quantized values moved: the largest difference and the sum of squares."""
+    largest: float = 0.0
+    squares: float = 0.0
+    count: int = 0
+
+    def __add__(self, other: "Error") -> "Error":
+        return Error(max(self.largest, other.largest), self.squares + other.squares, self.count + other.count)
+
+    @property
+    def rms(self) -> float:
+        return (self.squares / self.count) ** 0.5 if self.count else 0.0
+
+
+def requantization_error(x: np.ndarray, values: bytes, scales: bytes, mins: bytes, dtype: str) -> Error:
+    """The difference between rows x and what their encoding holds."""
+    rows, cols = x.shape
+    d = np.frombuffer(scales, "<f4").reshape(rows, cols // QK)
+    if dtype == "q8_0":
+        y = dequantize_q8_0(np.frombuffer(values, np.int8).reshape(rows, cols), d)
+    elif dtype == "q4_0":
+        y = dequantize_q8_0(unpack_q4_0(np.frombuffer(values, np.uint8).reshape(rows, cols // 2)), d)
+    else:
+        q = unpack_q4_1(np.frombuffer(values, np.uint8).reshape(rows, cols // 2))
+        y = dequantize_q4_1(q, d, np.frombuffer(mins, "<f4").reshape(rows, cols // QK))
+    diff = np.abs(y.astype(np.float64) - x)
+    return Error(float(diff.max(initial=0.0)), float(np.square(diff).sum()), diff.size)
+
+
 def _pwrite_all(fd: int, blob: bytes, offset: int) -> None:
     view = memoryview(blob)
     while view:
@@ -87,10 +127,17 @@ def _pwrite_all(fd: int, blob: bytes, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-def write_piece(piece: Piece, path: str) -> None:
+def write_piece(piece: Piece, path: str) -> Error | None:
     """Read, encode and write one piece into the image file at its offsets (in a worker process,
-    or here with one job)."""
-    values, scales, mins = encode_rows(piece.source.rows(piece.start, piece.stop), piece.dtype)
+    or here with one job); for a piece quantized again, how far its values moved."""
+    error = None
+    if piece.keep == "exact":
+        values, scales, mins = encode_blocks(piece.source.blocks(piece.start, piece.stop), piece.dtype)
+    else:
+        x = piece.source.rows(piece.start, piece.stop)
+        values, scales, mins = encode_rows(x, piece.dtype)
+        if piece.keep == "measure":
+            error = requantization_error(x, values, scales, mins, piece.dtype)
     try:
         fd = os.open(path, os.O_WRONLY)
         try:
@@ -103,6 +150,7 @@ def write_piece(piece: Piece, path: str) -> None:
             os.close(fd)
     except OSError as e:
         raise ColibriError(f"cannot write the weight image {Path(path).name}: {e.strerror or e}") from None
+    return error
 
 
 @dataclass(frozen=True)
@@ -117,17 +165,29 @@ class HeldRows:
         return self.values[start - self.first:stop - self.first]
 
 
-def pieces(t: TensorEntry, source, data_offset: int) -> list[Piece]:
+def keeping(t: TensorEntry, source) -> str:
+    """How a tensor of a GGUF file goes into the image: "exact" when its blocks are a type the
+    plan keeps as they are, "measure" when it is quantized again (the error is reported), "" for
+    everything else."""
+    ggml_type = getattr(source, "ggml_type", None)
+    if ggml_type is None or t.dtype == "f32":
+        return ""
+    dtype, exact = gguf_block_type(ggml_type)
+    return "exact" if exact and dtype == t.dtype and getattr(source, "exact_blocks", False) else "measure"
+
+
+def pieces(t: TensorEntry, source, data_offset: int, keep: str = "") -> list[Piece]:
     """One tensor cut into pieces of whole rows, each with its file offsets. `source` is a
-    model-stage tensor (`.rows(start, stop)`) or an array holding the tensor's values."""
+    model-stage tensor (`.rows(start, stop)`, and `.blocks(start, stop)` when keep is "exact") or an
+    array holding the tensor's values."""
     step = max(1, PIECE_VALUES // t.cols)
     base = data_offset + t.offset
     row_bytes = {"f32": 4 * t.cols, "q8_0": t.cols, "q4_0": t.cols // 2, "q4_1": t.cols // 2}[t.dtype]
     row_scales = t.cols // QK * 4 if t.dtype in INTEGER_QUANTS else 0  # as many minimums (q4_1)
     held = np.asarray(source, dtype=np.float32).reshape(t.rows, t.cols) if isinstance(source, np.ndarray) else None
     return [Piece(source if held is None else HeldRows(held[r:r + step], r), t.dtype, r, min(t.rows, r + step),
-                  base + r * row_bytes, base + t.scales_offset + r * row_scales, base + t.mins_offset + r * row_scales)
-            for r in range(0, t.rows, step)]
+                  base + r * row_bytes, base + t.scales_offset + r * row_scales, base + t.mins_offset + r * row_scales,
+                  keep) for r in range(0, t.rows, step)]
 
 
 def default_jobs() -> int:
@@ -139,12 +199,11 @@ def default_jobs() -> int:
 
 
 def _written(work: list[Piece], path: str, jobs: int):
-    """write_piece for every piece, yielding each piece once it is in the file, in order: here
+    """write_piece for every piece, yielding (piece, its Error or None) once it is in the file, in order: here
     with one job, else in `jobs` worker processes, a few pieces per worker ahead."""
     if jobs <= 1 or len(work) <= 1:
         for piece in work:
-            write_piece(piece, path)
-            yield piece
+            yield piece, write_piece(piece, path)
         return
     # fork: a worker starts in milliseconds and re-imports nothing. A piece names where its rows
     # are (shard, offset, dtype, shape): the worker maps them from the checkpoint's file itself, so
@@ -156,12 +215,10 @@ def _written(work: list[Piece], path: str, jobs: int):
             pending.append((piece, pool.submit(write_piece, piece, path)))
             if len(pending) >= IN_FLIGHT * jobs:
                 done, future = pending.popleft()
-                future.result()
-                yield done
+                yield done, future.result()
         while pending:
             done, future = pending.popleft()
-            future.result()
-            yield done
+            yield done, future.result()
     except BrokenProcessPool:
         raise ColibriError("a quantizing worker process died (killed, or out of memory?); "
                            "try again with fewer --jobs") from None
@@ -194,13 +251,15 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
     piece then carries its own rows to its worker). No process holds more than a few pieces. Written to a temporary file
     beside `path` and renamed into place at the end: a failure leaves no image behind.
     `progress(tensors_done, tensor_count, bytes_done, total_bytes)` is called as each tensor
-    completes."""
+    completes. A GGUF file's tensors whose blocks the plan keeps are copied as they are; those
+    quantized again have their error measured: ImageWritten.requantized."""
     layout = plan.image
+    requantized: dict[str, Error] = {}
     with atomic_output(Path(path), "r+b") as (f, tmp):
         f.truncate(layout.image_bytes)  # zero everywhere nothing is written: padding is zero
         work, last_piece = [], []
         for t in plan.tensors:
-            work += pieces(t, tensors[t.name], layout.data_offset)
+            work += pieces(t, tensors[t.name], layout.data_offset, keeping(t, tensors[t.name]))
             last_piece.append(work[-1])
         model_hash = hashlib.sha256(b"colibri-image-v2\0" + spec_identity(plan) + plan.quant.encode())
         directory = bytearray()
@@ -208,7 +267,9 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
         written = _written(work, tmp, jobs)
         try:
             for i, t in enumerate(plan.tensors):
-                for piece in written:
+                for piece, error in written:
+                    if error is not None:
+                        requantized[t.name] = requantized.get(t.name, Error()) + error
                     if piece is last_piece[i]:
                         break
                 crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash, buffer)
@@ -225,7 +286,7 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
                           dir_entry_bytes=fmt.DIR_ENTRY_BYTES, dir_offset=layout.dir_offset,
                           data_offset=layout.data_offset, data_bytes=layout.data_bytes,
                           image_bytes=layout.image_bytes, model_hash=model_hash.digest(),
-                          quant=fmt.DTYPE_CODES[plan.quant])
+                          quant=fmt.QUANT_CODES[plan.quant])
         front = bytearray(layout.data_offset)  # header, directory, zero padding up to the data
         front[:len(header)] = header
         front[layout.dir_offset:layout.dir_offset + len(directory)] = directory
@@ -233,7 +294,7 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
         f.write(front)
         f.seek(layout.image_bytes - fmt.TRAILER_BYTES)
         f.write(struct.pack("<I", zlib.crc32(front)) + fmt.END_MAGIC)
-    return ImageWritten(path, model_hash.digest(), hashlib.sha256(bytes(front)).digest())
+    return ImageWritten(Path(path), model_hash.digest(), hashlib.sha256(bytes(front)).digest(), requantized)
 
 
 @dataclass(frozen=True)

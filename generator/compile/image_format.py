@@ -36,6 +36,9 @@ NAME_BYTES = 64
 TRAILER_BYTES = 8  # u32 CRC-32 of the header and directory, then END_MAGIC
 # Element types of a tensor, as the directory stores them (and the firmware's ColibriMatrix).
 DTYPE_CODES = {"f32": 0, "q8_0": 1, "q4_0": 2, "q4_1": 3}
+# The model's quantization in the header: one block type for every matrix (its DTYPE_CODES value),
+# or a GGUF file's own block types (--quant gguf), each tensor's then in its directory entry.
+QUANT_CODES = {**DTYPE_CODES, "gguf": 16}
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ HEADER = _table(
     Field("data_bytes", 40, "Q", "bytes of the data region"),
     Field("image_bytes", 48, "Q", "bytes of the whole image, trailer included"),
     Field("model_hash", 56, "32s", "SHA-256 naming the model and its weights (image.py)"),
-    Field("quant", 88, "I", "the model's quantization, a DTYPE_CODES value"),
+    Field("quant", 88, "I", "the model's quantization, a QUANT_CODES value"),
 )
 
 DIR_ENTRY = _table(

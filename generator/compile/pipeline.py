@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .emit import GENERATED_FILES, render
+from ..errors import ColibriError
 from ..files import write_atomic
+from ..numerics.quantize import GGUF
 from ..model.hf_import import load_checkpoint
 from .image import default_jobs, write_image
 from .plan import Plan, plan_for_board
@@ -34,6 +36,23 @@ def resolve_ctx(board: Board, max_position_embeddings: int, ctx: int | None) -> 
     if ctx is None:
         return min(board.default_ctx, max_position_embeddings)
     return ctx
+
+
+def plan_checkpoint(checkpoint, model_dir: Path, board: Board, quant: str, ctx: int | None) -> Plan:
+    """The plan of a checkpoint for a board: --quant gguf takes each tensor's block type from the
+    GGUF file it was read from."""
+    n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
+    gguf_types = getattr(checkpoint, "tensor_types", None)
+    if quant == GGUF and gguf_types is None:
+        raise ColibriError(f"--quant gguf keeps a GGUF file's own blocks, and {model_dir} is not a GGUF file "
+                           f"(choose f32, q8_0, q4_0 or q4_1)")
+    return plan_for_board(checkpoint.spec, board, quant, n_ctx, gguf_types if quant == GGUF else None)
+
+
+def requantized_note(plan: Plan, name: str, error) -> str:
+    ggml_type = dict(plan.gguf_types)[name]
+    return (f"note: {name} ({ggml_type} in the file) quantized again to {plan.tensor(name).dtype}: largest "
+            f"error {error.largest:.3g}, RMS {error.rms:.3g}")
 
 
 def _megabytes(n: int) -> str:
@@ -66,8 +85,7 @@ def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir
     bounded by the largest piece of a tensor, whatever the model's size. The bytes are the same at
     any job count."""
     checkpoint = load_checkpoint(model_dir)
-    n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
-    plan = plan_for_board(checkpoint.spec, board, quant, n_ctx)
+    plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx)
 
     report = None
     if progress:
@@ -81,6 +99,10 @@ def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir
     staged = out_dir / f".{WEIGHTS_FILE}.staged"
     try:
         image = write_image(plan, checkpoint.tensors, staged, default_jobs() if jobs is None else jobs, report)
+        if progress and plan.gguf_types:
+            progress(f"note: {plan.gguf_summary()}")
+            for name, error in image.requantized.items():
+                progress(requantized_note(plan, name, error))
         sources = render(plan, image.model_hash, board, image.identity)
         files = []
         for name, text in sources.items():

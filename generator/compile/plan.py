@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 
 from . import image_format
 from ..errors import ColibriError
-from ..numerics.quantize import INTEGER_QUANTS, QK, QUANTS
+from ..numerics.quantize import GGUF, INTEGER_QUANTS, QK, QUANTS, gguf_block_type
 from ..model.spec import ModelSpec, expected_shapes
 from .targets import CATEGORIES, Board
 
@@ -101,6 +101,44 @@ class Plan:
     expand_q4: bool = False  # q4_0 matrices are expanded to int8 + scales in RAM when the image loads
     expanded_bytes: int = 0  # the RAM arena those expanded matrices take
     kept_f32: tuple[str, ...] = ()  # matrices kept in f32 under q8_0/q4_0/q4_1: rows not whole blocks of QK
+    gguf_types: tuple[tuple[str, str], ...] = ()  # --quant gguf: each tensor's block type in the GGUF file
+
+    @property
+    def activations_q8(self) -> bool:
+        """Some matrix has integer quants: matmul inputs are quantized to q8_0 for it."""
+        return any(t.dtype in INTEGER_QUANTS for t in self.tensors)
+
+    def gguf_kept(self) -> tuple[list[str], list[tuple[str, str, str]]]:
+        """--quant gguf: the tensors kept exactly as the file holds them, and those quantized again
+        (name, the file's type, the type they became)."""
+        exact, again = [], []
+        for name, ggml_type in self.gguf_types:
+            dtype, is_exact = gguf_block_type(ggml_type)
+            t = self.tensor(name)
+            if is_exact and (t.dtype == dtype or ggml_type in ("F32", "F16", "BF16")):
+                exact.append(name)
+            else:
+                again.append((name, ggml_type, t.dtype))
+        return exact, again
+
+    def gguf_summary(self) -> str | None:
+        """One line on what --quant gguf kept exactly (None for other quantizations)."""
+        if not self.gguf_types:
+            return None
+        exact, again = self.gguf_kept()
+        types: dict[str, int] = {}
+        for name, ggml_type in self.gguf_types:
+            if name in exact:
+                key = f"{ggml_type} as {self.tensor(name).dtype}"
+                types[key] = types.get(key, 0) + 1
+        line = f"{len(exact)} of {len(self.gguf_types)} tensors kept exactly as the GGUF file holds them ("
+        line += ", ".join(f"{n} {k}" for k, n in sorted(types.items())) + ")"
+        if again:
+            moved: dict[str, int] = {}
+            for _, ggml_type, dtype in again:
+                moved[f"{ggml_type} to {dtype}"] = moved.get(f"{ggml_type} to {dtype}", 0) + 1
+            line += "; quantized again: " + ", ".join(f"{n} {k}" for k, n in sorted(moved.items()))
+        return line
 
     @property
     def kept_f32_bytes(self) -> int:
@@ -145,6 +183,7 @@ class Plan:
             "q4_0_weights": self.q4_0_weights,
             "q4_1_weights": self.q4_1_weights,
             "kept_f32": list(self.kept_f32),
+            **({"gguf": self._gguf_dict()} if self.gguf_types else {}),
             "spec": asdict(self.spec),
             "image": asdict(self.image),
             "tensors": [asdict(t) for t in self.tensors],
@@ -155,6 +194,11 @@ class Plan:
                             "layer_table": list(self.layer_rope)},
             "totals": self.totals(),
         }
+
+    def _gguf_dict(self) -> dict:
+        exact, again = self.gguf_kept()
+        return {"file_types": dict(self.gguf_types), "exact": exact,
+                "quantized_again": [{"tensor": n, "file_type": g, "block_type": d} for n, g, d in again]}
 
     def totals(self) -> dict:
         return {
@@ -183,26 +227,29 @@ def _c_name(name: str) -> str:
     return name.replace(".", "_").upper()
 
 
-def _tensor_layout(spec: ModelSpec, quant: str) -> tuple[tuple[TensorEntry, ...], int, tuple[str, ...]]:
+def _tensor_layout(spec: ModelSpec, quant: str, gguf_types: dict[str, str]
+                   ) -> tuple[tuple[TensorEntry, ...], int, tuple[str, ...]]:
     """Every tensor's place in the image's data region, and the matrices kept in f32 under an
     integer quantization because their rows are not whole blocks of QK (as llama.cpp does, rather
-    than refusing the model)."""
+    than refusing the model). Under --quant gguf each matrix's block type is its type in the file
+    (gguf_block_type)."""
     entries, kept_f32 = [], []
     cursor = 0
     for name, shape in expected_shapes(spec).items():
-        quantized = len(shape) == 2 and quant in INTEGER_QUANTS
+        block_type = gguf_block_type(gguf_types[name])[0] if quant == GGUF else quant
+        quantized = len(shape) == 2 and block_type in INTEGER_QUANTS
         if quantized and shape[1] % QK:
             kept_f32.append(name)
             quantized = False
         if quantized:
             rows, cols = shape
-            quant_bytes = rows * cols if quant == "q8_0" else rows * cols // 2
+            quant_bytes = rows * cols if block_type == "q8_0" else rows * cols // 2
             scales_offset = align_up(quant_bytes)
             nbytes = scales_offset + rows * (cols // QK) * 4
             # q4_1: the float32 minimums follow the scales
-            mins_offset = nbytes if quant == "q4_1" else 0
-            nbytes += rows * (cols // QK) * 4 if quant == "q4_1" else 0
-            dtype = quant
+            mins_offset = nbytes if block_type == "q4_1" else 0
+            nbytes += rows * (cols // QK) * 4 if block_type == "q4_1" else 0
+            dtype = block_type
         else:
             rows, cols = (shape if len(shape) == 2 else (1, shape[0]))
             scales_offset = mins_offset = 0
@@ -238,7 +285,7 @@ def _expanded_layout(tensors: tuple[TensorEntry, ...]) -> tuple[tuple[TensorEntr
 
 
 def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch: int = 1,
-              expand_q4: bool = False) -> Plan:
+              expand_q4: bool = False, gguf_types: dict[str, str] | None = None) -> Plan:
     """The plan for `spec` on `board`. Buffers of per-token activations have room for
     `prefill_batch` tokens: the prompt goes through the model that many tokens at a time, each
     weight row read once for all of them; decoding uses the first slot. With expand_q4, q4_0
@@ -252,7 +299,10 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
     if n_ctx > spec.max_position_embeddings:
         raise ColibriError(f"context length {n_ctx} exceeds the model's max_position_embeddings "
                            f"({spec.max_position_embeddings})")
-    tensors, data_bytes, kept_f32 = _tensor_layout(spec, quant)
+    if quant == GGUF and not gguf_types:
+        raise ColibriError("--quant gguf keeps a GGUF file's own blocks: the model must be a .gguf file")
+    gguf_types = dict(gguf_types or {}) if quant == GGUF else {}
+    tensors, data_bytes, kept_f32 = _tensor_layout(spec, quant, gguf_types)
     expand_q4 = expand_q4 and quant == "q4_0"
     expanded_bytes = 0
     if expand_q4:
@@ -289,7 +339,7 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
             ("expert_weights", "float", spec.experts_per_token, "MoE: their routing weights"),
             ("expert_counts", "int32_t", spec.n_layers * spec.n_experts, "MoE: selections per layer and expert in this run"),
         ]
-    if quant in INTEGER_QUANTS:
+    if any(t.dtype in INTEGER_QUANTS for t in tensors):
         items += [
             ("act_qs", "int8_t", n * max_input, "q8_0 quants of the current matmul input, per token"),
             ("act_d", "float", n * max_input // QK, "q8_0 block scales of the current matmul input, per token"),
@@ -314,12 +364,14 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
         kv_bytes=2 * cursor * 4, ropes=tuple(ropes), layer_rope=tuple(layer_rope),
         rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.head_dim // 2) * 4, max_input=max_input,
         prefill_batch=prefill_batch, expand_q4=expand_q4, expanded_bytes=expanded_bytes, kept_f32=kept_f32,
+        gguf_types=tuple(gguf_types.items()),
     )
 
 
 def replan(plan: Plan, n_ctx: int) -> Plan:
     """The same plan at another context length."""
-    return make_plan(plan.spec, plan.board, plan.quant, n_ctx, plan.prefill_batch, plan.expand_q4)
+    return make_plan(plan.spec, plan.board, plan.quant, n_ctx, plan.prefill_batch, plan.expand_q4,
+                     dict(plan.gguf_types))
 
 
 # ---- a plan for a board: what fits where -----------------------------------------------------
@@ -334,11 +386,13 @@ def planned_use(board: Board, plan: Plan) -> list[RegionUse]:
             for r in board.memory]
 
 
-def plan_for_board(spec: ModelSpec, board: Board, quant: str, n_ctx: int) -> Plan:
+def plan_for_board(spec: ModelSpec, board: Board, quant: str, n_ctx: int,
+                   gguf_types: dict[str, str] | None = None) -> Plan:
     """The plan for a board. q4_0 weights are expanded to int8 in RAM at load (the q8_0 kernels
     then read them, with no nibbles to unpack per token) when the board has a region for expanded
-    weights and everything still fits; otherwise the q4_0 kernels read them in place."""
-    plan = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch)
+    weights and everything still fits; otherwise the q4_0 kernels read them in place.
+    gguf_types: for --quant gguf, each tensor's block type in the file."""
+    plan = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch, gguf_types=gguf_types)
     if quant == "q4_0" and board.region_holding("expanded_weights") is not None:
         expanded = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch, expand_q4=True)
         if not any(use.over_budget for use in planned_use(board, expanded)):

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ColibriError
-from .gguf_file import GgufFile, read_gguf
-from .gguf_tensors import QuantBlocks, tensor_blocks, tensor_f32
+from .gguf_file import GgufFile, GgufTensorInfo, read_gguf
+from .gguf_tensors import EXACT_TYPES, QuantBlocks, rows_blocks, rows_f32, tensor_blocks
 from .spec import ModelSpec, RopeSpec, expected_shapes
 
 
@@ -80,7 +80,7 @@ class GgufCheckpoint:
     tensor was stored as, its exact blocks and the chat template."""
 
     spec: ModelSpec
-    tensors: dict[str, np.ndarray]  # canonical name -> float32 array
+    tensors: dict[str, GgufTensor]  # canonical name -> where its rows are (read lazily)
     input_files: list[Path]
     gguf: GgufFile
     tensor_types: dict[str, str] = field(default_factory=dict)  # canonical name -> GGUF type ("Q4_1", ...)
@@ -96,6 +96,51 @@ class GgufCheckpoint:
         if expert is not None:
             blocks = blocks.take(expert)
         return blocks.take(unpermute_order(blocks.shape[0], heads)) if heads else blocks
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    """Where one canonical tensor is in a GGUF file (what hf_import.CheckpointTensor is for a
+    safetensors shard): its rows are read, and decoded, only when asked for. An expert is one slice
+    of a stacked tensor; llama's q and k rows are read in the order that undoes the file's
+    permutation. Small and picklable: a worker process reads its own rows."""
+
+    path: Path
+    info: GgufTensorInfo
+    shape: tuple[int, ...]  # the canonical shape
+    expert: int | None  # the slice of a stacked expert tensor
+    heads: int  # > 0: rows un-permuted for this many heads
+
+    @property
+    def ggml_type(self) -> str:
+        return self.info.ggml_type
+
+    @property
+    def exact_blocks(self) -> bool:
+        """Its blocks can be kept as they are (Q8_0, Q4_0, Q4_1, Q4_K)."""
+        return self.info.ggml_type in EXACT_TYPES
+
+    def _source_rows(self, start: int, stop: int) -> np.ndarray:
+        n_rows = self.shape[0] if len(self.shape) == 2 else 1
+        matrix_heads = self.heads if len(self.shape) == 2 else 0  # a vector's values are permuted, not rows
+        order = unpermute_order(n_rows, matrix_heads)[start:stop] if matrix_heads else np.arange(start, stop)
+        return order + (self.expert * n_rows if self.expert is not None else 0)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as float32, dequantized as llama.cpp does."""
+        values = rows_f32(self.path, self.info, self._source_rows(start, stop))
+        if self.heads and len(self.shape) == 1:  # a q or k bias: its values un-permuted
+            values = values[:, unpermute_order(values.shape[1], self.heads)]
+        return values
+
+    def blocks(self, start: int, stop: int) -> QuantBlocks:
+        """Rows [start, stop) as the file's own blocks (exact_blocks tensors)."""
+        return rows_blocks(self.path, self.info, self._source_rows(start, stop))
+
+    def load(self) -> np.ndarray:
+        """The whole tensor in its canonical shape (small tensors and tests; generation reads rows)."""
+        n_rows = self.shape[0] if len(self.shape) == 2 else 1
+        return self.rows(0, n_rows).reshape(self.shape)
 
 
 def is_gguf(path: Path | str) -> bool:
@@ -391,22 +436,11 @@ def load_gguf(path: Path | str, load_tensors: bool = True) -> GgufCheckpoint:
     sources = _locate(gguf, spec, arch)
     wanted = expected_shapes(spec)
     template = gguf.metadata.get("tokenizer.chat_template")
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, GgufTensor] = {}
     if load_tensors:
-        stacked: dict[str, np.ndarray] = {}
         for canonical, shape in wanted.items():
             info, expert, heads = sources[canonical]
-            if expert is not None:
-                if info.name not in stacked:
-                    if len(stacked) == 3:
-                        stacked.clear()  # one layer's stacked experts at a time
-                    stacked[info.name] = tensor_f32(gguf, info)
-                value = stacked[info.name][expert]
-            else:
-                value = tensor_f32(gguf, info)
-            if heads:
-                value = value[unpermute_order(value.shape[0], heads)]
-            tensors[canonical] = np.ascontiguousarray(value.reshape(shape))
+            tensors[canonical] = GgufTensor(path, info, tuple(shape), expert, heads or 0)
     return GgufCheckpoint(spec=spec, tensors=tensors, input_files=[path], gguf=gguf,
                           tensor_types={c: sources[c][0].ggml_type for c in wanted},
                           chat_template=template if isinstance(template, str) else None, _sources=sources)

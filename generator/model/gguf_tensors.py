@@ -22,6 +22,7 @@ exact in float32: an fp16 number, or for Q4_K an fp16 number times a 6-bit integ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -60,17 +61,21 @@ class QuantBlocks:
                            None if self.offsets is None else self.offsets[index])
 
 
-def _raw_blocks(gguf: GgufFile, info: GgufTensorInfo) -> np.ndarray:
-    """The tensor's bytes as (n_blocks, block_bytes) uint8, mapped from the file."""
+def _raw_rows(path: Path, info: GgufTensorInfo, rows: np.ndarray | None = None) -> np.ndarray:
+    """The bytes of the tensor's rows (along its last axis; all of them when `rows` is None), as
+    (blocks, block_bytes) uint8: mapped from the file, and only the rows asked for copied."""
     block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[info.ggml_type]]
     n_blocks = info.n_values // block
     if n_blocks == 0:
         return np.zeros((0, block_bytes), np.uint8)
     try:
-        raw = np.memmap(gguf.path, dtype=np.uint8, mode="r", offset=info.begin, shape=(n_blocks * block_bytes,))
+        raw = np.memmap(path, dtype=np.uint8, mode="r", offset=info.begin, shape=(n_blocks * block_bytes,))
     except (OSError, ValueError) as e:
-        raise ColibriError(f"{gguf.path.name}: cannot map tensor {info.name!r}: {e}") from None
-    return raw.reshape(n_blocks, block_bytes)
+        raise ColibriError(f"{Path(path).name}: cannot map tensor {info.name!r}: {e}") from None
+    if rows is None:
+        return raw.reshape(n_blocks, block_bytes)
+    per_row = info.shape[-1] // block
+    return raw.reshape(-1, per_row, block_bytes)[rows].reshape(-1, block_bytes)
 
 
 def _f16(raw: np.ndarray, start: int) -> np.ndarray:
@@ -118,10 +123,19 @@ def tensor_blocks(gguf: GgufFile, info: GgufTensorInfo) -> QuantBlocks | None:
     """The exact block fields of a Q8_0/Q4_0/Q4_1/Q4_K tensor (None for other types)."""
     if info.ggml_type not in EXACT_TYPES:
         return None
-    quants, scales, offsets = _fields(info.ggml_type, _raw_blocks(gguf, info))
+    quants, scales, offsets = _fields(info.ggml_type, _raw_rows(gguf.path, info))
     blocks_shape = info.shape[:-1] + (info.shape[-1] // BLOCK,)
     return QuantBlocks(info.ggml_type, quants.reshape(info.shape), scales.reshape(blocks_shape),
                        None if offsets is None else offsets.reshape(blocks_shape))
+
+
+def rows_blocks(path: Path, info: GgufTensorInfo, rows: np.ndarray) -> QuantBlocks:
+    """The exact blocks of rows `rows` (indices along the tensor's last axis' rows) of a
+    Q8_0/Q4_0/Q4_1/Q4_K tensor: quants (len(rows), cols), scales and offsets (len(rows), cols / 32)."""
+    quants, scales, offsets = _fields(info.ggml_type, _raw_rows(path, info, rows))
+    n, cols = len(rows), info.shape[-1]
+    return QuantBlocks(info.ggml_type, quants.reshape(n, cols), scales.reshape(n, cols // BLOCK),
+                       None if offsets is None else offsets.reshape(n, cols // BLOCK))
 
 
 def _dequantize(ggml_type: str, raw: np.ndarray) -> np.ndarray:
@@ -168,20 +182,26 @@ def _dequantize(ggml_type: str, raw: np.ndarray) -> np.ndarray:
 
 def tensor_f32(gguf: GgufFile, info: GgufTensorInfo) -> np.ndarray:
     """One tensor as float32 in NumPy order (its shape `info.shape`); NaN or Inf is refused."""
-    raw = _raw_blocks(gguf, info)
+    return rows_f32(gguf.path, info).reshape(info.shape)
+
+
+def rows_f32(path: Path, info: GgufTensorInfo, rows: np.ndarray | None = None) -> np.ndarray:
+    """Rows `rows` of a tensor (all of them when None) as float32 (rows, cols); NaN or Inf is
+    refused."""
+    raw = _raw_rows(path, info, rows)
     t = info.ggml_type
     if t in PLAIN:
         values = raw.reshape(-1).view(PLAIN[t]).astype(np.float32)
     elif t == "BF16":
         values = (raw.reshape(-1).view("<u2").astype(np.uint32) << 16).view(np.float32)
     elif t in ("I8", "I16", "I32", "I64"):
-        raise ColibriError(f"{gguf.path.name}: tensor {info.name!r} holds integers ({t}), not weights")
+        raise ColibriError(f"{Path(path).name}: tensor {info.name!r} holds integers ({t}), not weights")
     else:
         try:
             values = _dequantize(t, raw)
         except (NotImplementedError, KeyError, ValueError) as e:
-            raise ColibriError(f"{gguf.path.name}: tensor {info.name!r}: cannot dequantize {t} ({e})") from None
-    values = np.asarray(values, dtype=np.float32).reshape(info.shape)
+            raise ColibriError(f"{Path(path).name}: tensor {info.name!r}: cannot dequantize {t} ({e})") from None
+    values = np.asarray(values, dtype=np.float32).reshape(-1, info.shape[-1])
     if not np.all(np.isfinite(values)):
-        raise ColibriError(f"{gguf.path.name}: tensor {info.name!r} contains NaN or Inf")
+        raise ColibriError(f"{Path(path).name}: tensor {info.name!r} contains NaN or Inf")
     return values

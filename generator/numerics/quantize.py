@@ -19,8 +19,29 @@ from ..errors import ColibriError
 from .ops import F32, f32, round_even, seq_sum
 
 QK = 32  # values per q8_0 block
-QUANTS = ("f32", "q8_0", "q4_0", "q4_1")
+BLOCK_TYPES = ("f32", "q8_0", "q4_0", "q4_1")  # what a tensor in the image is
 INTEGER_QUANTS = ("q8_0", "q4_0", "q4_1")  # matrices with integer quants: matmul inputs are quantized to q8_0
+# The quantizations a model is built with: one block type for every matrix, or "gguf", a GGUF
+# file's own blocks (gguf_block_type).
+GGUF = "gguf"
+QUANTS = (*BLOCK_TYPES, GGUF)
+
+# GGUF block types this project holds exactly: the same values, bit for bit (an fp16 scale or
+# minimum is exact in float32; Q4_K's sub-block scale and minimum are an fp16 times a 6-bit integer,
+# exact too), the nibbles repacked where their order differs.
+GGUF_EXACT = {"F32": "f32", "F16": "f32", "BF16": "f32", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1",
+              "Q4_K": "q4_1"}
+# Other block types are dequantized and quantized again: to q8_0 from five bits per weight up, to
+# q4_1 below (the kept type nearest in size).
+GGUF_WIDE = ("F64", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K")
+
+
+def gguf_block_type(ggml_type: str) -> tuple[str, bool]:
+    """The block type a GGUF tensor of `ggml_type` is kept as under --quant gguf, and whether its
+    values stay exactly what the file holds."""
+    if ggml_type in GGUF_EXACT:
+        return GGUF_EXACT[ggml_type], True
+    return ("q8_0" if ggml_type in GGUF_WIDE else "q4_1"), False
 
 
 def _magnitudes(blocks: np.ndarray) -> np.ndarray:
@@ -49,6 +70,29 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(x.shape), d
 
 
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """Quants 0..15 (..., n) -> bytes (..., n/2): byte j of a block of 32 holds quant j in its low
+    nibble and quant j + 16 in its high nibble (q4_0 and q4_1, as GGUF's Q4_0 and Q4_1)."""
+    blocks = q.astype(np.uint8).reshape(*q.shape[:-1], q.shape[-1] // QK, QK)
+    packed = blocks[..., :QK // 2] | (blocks[..., QK // 2:] << 4)
+    return packed.reshape(*q.shape[:-1], q.shape[-1] // 2)
+
+
+def keep_blocks(quants: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None, block_type: str
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A GGUF tensor's own blocks (quants per value: Q8_0 and Q4_0 int8, Q4_1 and Q4_K 0..15;
+    float32 scales and offsets per 32) as this project's block type holds them, value for value:
+    (int8 quants or packed nibbles, scales, minimums or None)."""
+    scales = scales.astype(np.float32)
+    if block_type == "q8_0":
+        return quants.astype(np.int8), scales, None
+    if block_type == "q4_0":
+        return pack_nibbles(quants.astype(np.int16) + 8), scales, None
+    if block_type == "q4_1":
+        return pack_nibbles(quants), scales, offsets.astype(np.float32)
+    raise ValueError(block_type)
+
+
 def quantize_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(..., n) float32 -> packed uint8 (..., n/2) and float32 scales (..., n/32).
 
@@ -66,8 +110,7 @@ def quantize_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(np.float32)
     q = np.clip(round_even(blocks * inv[..., None]) + 8, 0, 15).astype(np.uint8)
-    packed = q[..., :QK // 2] | (q[..., QK // 2:] << 4)
-    return packed.reshape(*x.shape[:-1], n // 2), d
+    return pack_nibbles(q.reshape(x.shape)), d
 
 
 def unpack_q4_0(packed: np.ndarray) -> np.ndarray:
@@ -103,8 +146,7 @@ def quantize_q4_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(np.float32)
     q = np.clip(round_even((blocks - m[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
-    packed = q[..., :QK // 2] | (q[..., QK // 2:] << 4)
-    return packed.reshape(*x.shape[:-1], n // 2), d, m.astype(np.float32)
+    return pack_nibbles(q.reshape(x.shape)), d, m.astype(np.float32)
 
 
 def unpack_q4_1(packed: np.ndarray) -> np.ndarray:

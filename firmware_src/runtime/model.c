@@ -87,15 +87,19 @@ static void linear_rows(void *ctx, int begin, int end)
     const int cols = j->in->cols, n = end - begin;
     const int64_t first_scale = (int64_t)begin * (cols / KERNEL_QK);
     switch (j->w->dtype) {
+#if COLIBRI_READS_Q4_0
     case COLIBRI_DTYPE_Q4_0:
         kernel_matmul_q4_0(j->out + begin, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
                            j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
+#endif
+#if COLIBRI_READS_Q4_1
     case COLIBRI_DTYPE_Q4_1:
         kernel_matmul_q4_1(j->out + begin, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
                            j->w->d + first_scale, j->w->m + first_scale, j->in->qs, j->in->d, j->in->n_tok, n,
                            cols);
         break;
+#endif
     case COLIBRI_DTYPE_Q8_0:
         kernel_matmul_q8_0(j->out + begin, j->rows, (const int8_t *)j->w->w + (int64_t)begin * cols,
                            j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
@@ -135,6 +139,7 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
 {
     const int64_t first_scale = (int64_t)token * (COLIBRI_DIM / KERNEL_QK);
     switch (m->dtype) {
+#if COLIBRI_READS_Q4_0
     case COLIBRI_DTYPE_Q4_0: {
         const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (COLIBRI_DIM / 2);
         for (int i = 0; i < COLIBRI_DIM; i++) {
@@ -143,6 +148,8 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
         }
         break;
     }
+#endif
+#if COLIBRI_READS_Q4_1
     case COLIBRI_DTYPE_Q4_1: { /* (float)q * d + m: a product, then a sum (docs/numerics.md) */
         const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (COLIBRI_DIM / 2);
         for (int i = 0; i < COLIBRI_DIM; i++) {
@@ -152,6 +159,7 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
         }
         break;
     }
+#endif
     case COLIBRI_DTYPE_Q8_0: {
         const int8_t *qs = (const int8_t *)m->w + (int64_t)token * COLIBRI_DIM;
         for (int i = 0; i < COLIBRI_DIM; i++) {

@@ -138,6 +138,8 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         quant_code=QUANT_CODES[plan.quant],
         q8=plan.activations_q8,  # integer quants: matmul inputs quantized to q8_0
         q4_expanded=plan.expand_q4,
+        reads_q4_0=any(t.dtype == "q4_0" for t in plan.tensors) and not plan.expand_q4,
+        reads_q4_1=any(t.dtype == "q4_1" for t in plan.tensors),
         dtype_codes=DTYPE_ORDER,
         dtype_doc=", ".join(f"{code} {name}" for name, code in DTYPE_ORDER),
         quant_doc=", ".join(f"{code} {name}" for name, code in QUANT_CODES.items()),

@@ -471,13 +471,6 @@ matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const float *w
     }
 }
 
-__attribute__((target("avx2"))) static void matmul_q8_0_vnni(float *out, int out_stride, const int8_t *w_qs,
-                                                                     const float *w_d, const int8_t *x_qs,
-                                                                     const float *x_d, int n_tok, int rows, int cols)
-{
-    matmul_rows(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols, 1);
-}
-
 __attribute__((target("avx2"))) static void matmul_q8_0_avx2(float *out, int out_stride, const int8_t *w_qs,
                                                              const float *w_d, const int8_t *x_qs,
                                                              const float *x_d, int n_tok, int rows, int cols)
@@ -485,18 +478,182 @@ __attribute__((target("avx2"))) static void matmul_q8_0_avx2(float *out, int out
     matmul_rows(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols, 0);
 }
 
-__attribute__((target("avx2"))) static void matmul_q4_0_vnni(float *out, int out_stride, const uint8_t *w_q4,
-                                                                     const float *w_d, const int8_t *x_qs,
-                                                                     const float *x_d, int n_tok, int rows, int cols)
-{
-    matmul_rows(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols, 1);
-}
-
 __attribute__((target("avx2"))) static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4,
                                                              const float *w_d, const int8_t *x_qs,
                                                              const float *x_d, int n_tok, int rows, int cols)
 {
     matmul_rows(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols, 0);
+}
+
+/* Batched (prefill) with AVX-VNNI: no horizontal sums at all. The activations of eight tokens are
+ * transposed once per call so that one vector holds the same four values of a block for each of
+ * the eight tokens (lane t: token t's values 4k .. 4k + 3 of the block); the row's four weights
+ * 4k .. 4k + 3 are broadcast to every lane, and vpdpbusd accumulates the eight k of a block into
+ * lane t: token t's whole block sum, exact, in one lane. Weights enter as unsigned bytes u = w + 128
+ * (q8_0) or the nibble q (q4_0, value q - 8), and bias * sum(x) of the block is taken off the
+ * lane: an exact integer identity. Four rows share each activation vector. Each lane then follows
+ * the reduction tree exactly as the matvec kernel does, so the bits are the same. */
+#define VNNI_TOKENS 64 /* tokens per pass; longer batches take several */
+#define VNNI_TILE_BYTES 16384 /* unsigned weights of a row tile, kept in L1 while every token passes */
+
+struct vnni_batch {
+    int8_t xt[VNNI_TOKENS * MAX_BLOCKS * KERNEL_QK]; /* group g, block b, k: 8 tokens x 4 values */
+    float scales[VNNI_TOKENS * MAX_BLOCKS];           /* group g, block b: 8 tokens' x_d */
+    int32_t bias_sums[VNNI_TOKENS * MAX_BLOCKS];      /* group g, block b: 8 tokens' bias * sum(x) */
+    uint8_t u[4 * MAX_BLOCKS * KERNEL_QK > VNNI_TILE_BYTES ? 4 * MAX_BLOCKS * KERNEL_QK : VNNI_TILE_BYTES];
+};
+
+/* One per thread: each thread of the pool runs the kernel on its own rows. */
+static _Thread_local struct vnni_batch vnni_batch;
+
+/* Tokens t0 .. t0 + nt - 1 in the transposed layout; a short last group repeats its first token
+ * (lanes computed and dropped). */
+static void vnni_prepare_tokens(struct vnni_batch *bt, const int8_t *x_qs, const float *x_d, int t0, int nt, int nb,
+                                int bias)
+{
+    const int cols = nb * KERNEL_QK;
+    for (int g = 0; g * 8 < nt; g++) {
+        for (int t = 0; t < 8; t++) {
+            const int tok = t0 + 8 * g + (8 * g + t < nt ? t : 0);
+            const int8_t *x = x_qs + (int64_t)tok * cols;
+            for (int b = 0; b < nb; b++) {
+                const int64_t gb = (int64_t)g * nb + b;
+                int32_t s = 0;
+                for (int k = 0; k < 8; k++) {
+                    int8_t *dst = bt->xt + (gb * 8 + k) * 32 + t * 4;
+                    for (int i = 0; i < 4; i++) {
+                        dst[i] = x[b * KERNEL_QK + 4 * k + i];
+                        s += dst[i];
+                    }
+                }
+                bt->scales[gb * 8 + t] = x_d[(int64_t)tok * nb + b];
+                bt->bias_sums[gb * 8 + t] = bias * s;
+            }
+        }
+    }
+}
+
+/* Rows r .. r + n - 1 as unsigned bytes in value order: q8_0 w + 128, q4_0 the nibbles. */
+__attribute__((target("avx2"))) static void vnni_prepare_rows(uint8_t *restrict u, const uint8_t *restrict w, int q4,
+                                                              int r, int n, int cols)
+{
+    const int64_t blocks = (int64_t)n * cols / KERNEL_QK;
+    if (!q4) {
+        const uint8_t *src = w + (int64_t)r * cols;
+        for (int64_t blk = 0; blk < blocks; blk++) { /* two's complement w + 128: the sign bit flipped */
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(src + blk * 32));
+            _mm256_storeu_si256((__m256i *)(u + blk * 32), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
+        }
+        return;
+    }
+    const uint8_t *src = w + (int64_t)r * (cols / 2);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const __m128i packed = _mm_loadu_si128((const __m128i *)(src + blk * 16));
+        _mm_storeu_si128((__m128i *)(u + blk * 32), _mm_and_si128(packed, low4));
+        _mm_storeu_si128((__m128i *)(u + blk * 32 + 16), _mm_and_si128(_mm_srli_epi16(packed, 4), low4));
+    }
+}
+
+__attribute__((target("avx2"), always_inline)) static inline __m256i bcast4(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* R (1 or 4) rows of the tile against one group of eight tokens. */
+__attribute__((target("avx2"), always_inline)) static inline void
+vnni_rows(float *out, int out_stride, int n_valid, const uint8_t *u, int cols, const float *wd, int nb,
+          const int8_t *xt, const float *scales, const int32_t *bias_sums, int R)
+{
+    __m256 part[4][8];
+    for (int i = 0; i < R; i++) {
+        for (int k = 0; k < 8; k++) {
+            part[i][k] = _mm256_set1_ps(-0.0f);
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *ub = u + b * KERNEL_QK;
+        const int8_t *xb = xt + (int64_t)b * 8 * 32;
+        __m256i acc[4];
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0; /* named: kept in registers */
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 32 * k));
+            a0 = vpdpbusd(a0, bcast4(ub + 4 * k), xv);
+            if (R == 4) {
+                a1 = vpdpbusd(a1, bcast4(ub + cols + 4 * k), xv);
+                a2 = vpdpbusd(a2, bcast4(ub + 2 * cols + 4 * k), xv);
+                a3 = vpdpbusd(a3, bcast4(ub + 3 * cols + 4 * k), xv);
+            }
+        }
+        acc[0] = a0;
+        acc[1] = a1;
+        acc[2] = a2;
+        acc[3] = a3;
+        const __m256i bias = _mm256_loadu_si256((const __m256i *)(bias_sums + b * 8));
+        const __m256 xs = _mm256_loadu_ps(scales + b * 8);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            const __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i], bias)),
+                                               _mm256_mul_ps(_mm256_set1_ps(wd[(int64_t)i * nb + b]), xs));
+            part[i][b % 8] = _mm256_add_ps(part[i][b % 8], terms);
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        __m256 sum = part[i][0];
+        for (int k = 1; k < 8; k++) {
+            sum = _mm256_add_ps(sum, part[i][k]);
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, sum);
+        for (int t = 0; t < n_valid; t++) {
+            out[(int64_t)t * out_stride + i] = lanes[t];
+        }
+    }
+}
+
+__attribute__((target("avx2"))) static void matmul_vnni(float *out, int out_stride, const uint8_t *w, int q4,
+                                                        const float *w_d, const int8_t *x_qs, const float *x_d,
+                                                        int n_tok, int rows, int cols)
+{
+    struct vnni_batch *bt = &vnni_batch;
+    const int nb = cols / KERNEL_QK;
+    int tile = VNNI_TILE_BYTES / cols / 4 * 4;
+    tile = tile < 4 ? 4 : tile;
+    for (int t0 = 0; t0 < n_tok; t0 += VNNI_TOKENS) {
+        const int nt = n_tok - t0 < VNNI_TOKENS ? n_tok - t0 : VNNI_TOKENS;
+        vnni_prepare_tokens(bt, x_qs, x_d, t0, nt, nb, q4 ? 8 : 128);
+        for (int r0 = 0; r0 < rows; r0 += tile) {
+            const int nr = rows - r0 < tile ? rows - r0 : tile;
+            vnni_prepare_rows(bt->u, w, q4, r0, nr, cols);
+            /* The next tile's weights are asked for into L2 a slice per token group while this
+             * tile is computed: otherwise preparing it would wait on memory for all of them. */
+            const int row_bytes = q4 ? cols / 2 : cols;
+            const int next_rows = rows - r0 - nr < tile ? rows - r0 - nr : tile;
+            const uint8_t *next = w + (int64_t)(r0 + nr) * row_bytes;
+            const int64_t next_bytes = (int64_t)next_rows * row_bytes;
+            const int groups = (nt + 7) / 8;
+            for (int g = 0; g * 8 < nt; g++) {
+                const int n_valid = nt - 8 * g < 8 ? nt - 8 * g : 8;
+                for (int64_t off = next_bytes * g / groups & ~63; off < next_bytes * (g + 1) / groups; off += 64) {
+                    _mm_prefetch((const char *)next + off, _MM_HINT_T1);
+                }
+                const int64_t gb = (int64_t)g * nb;
+                float *o = out + (int64_t)(t0 + 8 * g) * out_stride + r0;
+                int r = 0;
+                for (; r + 4 <= nr; r += 4) {
+                    vnni_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, cols, w_d + (int64_t)(r0 + r) * nb,
+                              nb, bt->xt + gb * 8 * 32, bt->scales + gb * 8, bt->bias_sums + gb * 8, 4);
+                }
+                for (; r < nr; r++) {
+                    vnni_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, cols, w_d + (int64_t)(r0 + r) * nb,
+                              nb, bt->xt + gb * 8 * 32, bt->scales + gb * 8, bt->bias_sums + gb * 8, 1);
+                }
+            }
+        }
+    }
 }
 
 void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
@@ -529,7 +686,7 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
     if (n_tok == 1) {
         kernel_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
     } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matmul_q8_0_vnni(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+        matmul_vnni(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q8_0_avx2(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     } else {
@@ -543,7 +700,7 @@ void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const f
     if (n_tok == 1) {
         kernel_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
     } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matmul_q4_0_vnni(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+        matmul_vnni(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q4_0_avx2(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
     } else {

@@ -183,19 +183,23 @@ def main() -> int:
     bw = median(bandwidth)
     print(f"model: {model} (GGUF for llama.cpp: {gguf.name}); {args.rounds} alternating rounds; "
           f"each Colibri number the median of 3 runs, each llama.cpp number llama-bench's mean of 5\n")
-    print("| what | llama.cpp | Colibri | Colibri / llama.cpp (medians) |")
-    print("|---|---:|---:|---:|")
+    print("| what | llama.cpp tok/s | Colibri tok/s | Colibri / llama.cpp, round by round | of the medians |")
+    print("|---|---:|---:|---:|---:|")
     names = {"tg1": "q8_0 decode, 1 thread (tg128)", "tg2": "q8_0 decode, 2 threads (tg128)",
              "pp64": "q8_0 64-token prefill, 1 thread (pp64)"}
     for key, name in names.items():
         peer, ours = rows[key]
-        print(f"| {name} | {fmt(peer)} | {fmt(ours)} | {median(ours) / median(peer):.2f} |")
+        pairs = ", ".join(f"{o / p:.2f}" for p, o in zip(peer, ours))
+        print(f"| {name} | {fmt(peer)} | {fmt(ours)} | {pairs} | {median(ours) / median(peer):.2f} |")
     q4 = rows["q4"][1]
-    print(f"| q4_0 decode, 1 thread | — | {fmt(q4)} | {median(q4) / median(q8_1):.2f} × Colibri's q8_0 |")
+    pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(q4, q8_1))
+    print(f"| q4_0 decode, 1 thread, against Colibri's q8_0 | — | {fmt(q4)} | {pairs} | "
+          f"{median(q4) / median(q8_1):.2f} |")
     print()
     for note in sorted(NOTES):
         print(f"note: {note}")
-    print(f"Colibri 2 threads / 1 thread on q8_0 decode: {median(rows['tg2'][1]) / median(rows['tg1'][1]):.2f}")
+    pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(rows["tg2"][1], rows["tg1"][1]))
+    print(f"Colibri 2 threads / 1 thread on q8_0 decode, round by round: {pairs}")
     print(f"read bandwidth the firmware measured next to its q8_0 1-thread runs: {fmt(bandwidth)} GB/s "
           f"(median {bw:.1f}); {bytes_per_token / 1e6:.1f} MB of weights per token, so the 1-thread q8_0 decode "
           f"reads at {median(q8_1) * bytes_per_token / 1e9:.1f} GB/s = {median(q8_1) * bytes_per_token / 1e9 / bw:.2f} "

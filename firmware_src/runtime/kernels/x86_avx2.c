@@ -409,22 +409,23 @@ __attribute__((target("avx2"))) static inline __m256i weight_block(const uint8_t
  * once for all eight. */
 __attribute__((target("avx2"), always_inline)) static inline __m256i token_block_sums(__m256i wv,
                                                                                             const int8_t *const x[8],
-                                                                                            int o, int vnni)
+                                                                                            int o)
 {
     const __m256i wabs = _mm256_sign_epi8(wv, wv);
     __m256i p[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
         const __m256i xv = _mm256_loadu_si256((const __m256i *)(x[i] + o));
-        p[i] = dot_u8s8(wabs, _mm256_sign_epi8(xv, wv), vnni);
+        p[i] = dot_u8s8(wabs, _mm256_sign_epi8(xv, wv), 0);
     }
     return block_sums8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
 }
 
-/* q8_0 or q4_0 weights, the flags being constants in each caller. */
+/* The batched kernel without AVX-VNNI (the one with it is matmul_vnni below): q8_0 or q4_0
+ * weights, the flag being a constant in each caller. */
 __attribute__((target("avx2"), always_inline)) static inline void
 matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const float *w_d, const int8_t *x_qs,
-            const float *x_d, int n_tok, int rows, int cols, int vnni)
+            const float *x_d, int n_tok, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     const int row_bytes = q4 ? cols / 2 : cols;
@@ -456,7 +457,7 @@ matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const float *w
                     const __m256i wv = weight_block(wq, b, q4);
                     const __m256 scales = _mm256_mul_ps(_mm256_set1_ps(wd[b]), _mm256_loadu_ps(token_scales + b * 8));
                     const __m256 terms =
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(token_block_sums(wv, x, b * KERNEL_QK, vnni)), scales);
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(token_block_sums(wv, x, b * KERNEL_QK)), scales);
                     part[b % 8] = _mm256_add_ps(part[b % 8], terms);
                 }
                 __m256 sum = part[0];
@@ -477,14 +478,14 @@ __attribute__((target("avx2"))) static void matmul_q8_0_avx2(float *out, int out
                                                              const float *w_d, const int8_t *x_qs,
                                                              const float *x_d, int n_tok, int rows, int cols)
 {
-    matmul_rows(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols, 0);
+    matmul_rows(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
 }
 
 __attribute__((target("avx2"))) static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4,
                                                              const float *w_d, const int8_t *x_qs,
                                                              const float *x_d, int n_tok, int rows, int cols)
 {
-    matmul_rows(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols, 0);
+    matmul_rows(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
 }
 
 /* Batched (prefill) with AVX-VNNI: no horizontal sums at all. The activations of eight tokens are

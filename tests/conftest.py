@@ -81,6 +81,7 @@ def checkpoints(tmp_path_factory):
 HARNESS_BUILDS = {
     "generic": ("gcc", [], []),
     "x86_avx2": ("gcc", [], []),
+    "x86_avx2-novnni": ("gcc", ["-DKERNEL_NO_VNNI"], []),  # the AVX2 path on a CPU with AVX-VNNI too
     "rv32": ("gcc", [], []),  # portable C: checked here, run for real on qemu-rv32
     # aarch64 under qemu-aarch64: a CPU with the dot-product extension and one without.
     "arm_neon-dotprod": ("aarch64-linux-gnu-gcc", ["-static"], ["qemu-aarch64", "-cpu", "max"]),

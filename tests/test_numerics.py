@@ -314,3 +314,90 @@ def test_attention_scores_and_mix_walk_the_ring_in_order(harness, n, slots, firs
     want_mix = numerics.seq_sum(p[:, None] * values[ring, :head_dim], axis=0)
     assert_same_bits(got[:n], want_scores)
     assert_same_bits(got[n:], want_mix)
+
+
+# The reduction tree of a quantized row (docs/numerics.md): block b's term goes to partial b % 8,
+# each partial sums in block order, then ((p0 + p1) + p2) + ... + p7. Row lengths around the tree's
+# width (1, 2, 7, 8, 9, 15, 16, 17 blocks), the SmolLM2 shapes' 18 and 48, and long rows; row counts
+# that are not multiples of the kernels' groups (4, 8, 16 rows) or tiles.
+TREE_BLOCKS = [1, 2, 7, 8, 9, 15, 16, 17, 18, 48, 131, 520]
+
+
+def tree_by_definition(terms):
+    """The contract, written as plainly as it is stated: float32 partials, one add at a time."""
+    out = []
+    for row in np.asarray(terms, np.float32):
+        part = [np.float32(-0.0)] * numerics.PARTIALS
+        for b, t in enumerate(row):
+            part[b % numerics.PARTIALS] = np.float32(part[b % numerics.PARTIALS] + t)
+        acc = part[0]
+        for p in part[1:]:
+            acc = np.float32(acc + p)
+        out.append(acc)
+    return np.array(out, np.float32)
+
+
+@pytest.mark.parametrize("nb", TREE_BLOCKS)
+def test_tree_sum_is_the_stated_tree(nb):
+    terms = (rng.normal(0, 1, (5, nb)) * rng.choice([1e-8, 1.0, 1e8], (5, nb))).astype(np.float32)
+    terms[0] = -0.0  # a row of -0.0 terms sums to -0.0: partials start from -0.0, not +0.0
+    terms[1, ::2] = 0.0
+    assert_same_bits(numerics.tree_sum(terms), tree_by_definition(terms))
+    assert np.signbit(numerics.tree_sum(terms)[0])
+    if nb <= numerics.PARTIALS:  # one term per partial: the plain sequential sum
+        assert_same_bits(numerics.tree_sum(terms), numerics.seq_sum(terms, axis=1))
+
+
+def extreme_q8_0_operands(rows, nb, tokens=None):
+    """Quants at the int8 extremes in some rows, scales from 1e-30 to 1e15 (all terms stay finite:
+    a NaN's bits are not the same on every ISA), zero scales, and rows of -0.0 terms."""
+    cols = nb * 32
+    wq = rng.integers(-127, 128, (rows, cols)).astype(np.int8)
+    wq[rows // 2] = rng.choice(np.array([-127, 127], np.int8), cols)
+    wd = (rng.normal(0, 1, (rows, nb)) * 10.0 ** rng.integers(-30, 15, (rows, nb))).astype(np.float32)
+    wd[0, ::3] = 0.0
+    wq[-1] = 0
+    wd[-1] = -np.abs(wd[-1]) - np.float32(1e-3)  # isum 0 times a negative scale: terms of -0.0
+    shape = (nb,) if tokens is None else (tokens, nb)
+    xq = rng.integers(-127, 128, shape[:-1] + (cols,)).astype(np.int8)
+    xd = (np.abs(rng.normal(0, 1, shape)) * 10.0 ** rng.integers(-8, 8, shape)).astype(np.float32) + np.float32(1e-6)
+    return wq, wd, xq, xd
+
+
+@pytest.mark.parametrize("nb", TREE_BLOCKS)
+@pytest.mark.parametrize("rows", [1, 3, 9, 17])
+def test_q8_0_matvec_follows_the_tree_at_every_length(harness, rows, nb):
+    wq, wd, xq, xd = extreme_q8_0_operands(rows, nb)
+    payload = wq.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matvec_q8_0", rows, nb * 32], payload, rows)
+    want = matvec_q8_0(wq, wd, xq, xd)
+    assert_same_bits(got, want)
+    assert np.signbit(got[-1]) and got[-1] == 0.0
+
+
+@pytest.mark.parametrize("nb", TREE_BLOCKS)
+@pytest.mark.parametrize("rows", [1, 5, 9])
+def test_q4_0_matvec_follows_the_tree_at_every_length(harness, rows, nb):
+    packed, wd = quantize_q4_0(rng.normal(0, 1, (rows, nb * 32)).astype(np.float32))
+    wd = (wd * 10.0 ** rng.integers(-20, 10, wd.shape)).astype(np.float32)
+    packed[-1] = 0x88  # quants 8 8: the int8 values 0, so terms of -0.0 with a negative scale
+    wd[-1] = -np.abs(wd[-1]) - np.float32(1e-3)
+    xq, xd = quantize_q8_0(rng.normal(0, 1, nb * 32).astype(np.float32))
+    payload = packed.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matvec_q4_0", rows, nb * 32], payload, rows)
+    assert_same_bits(got, matvec_q8_0(unpack_q4_0(packed), wd, xq, xd))
+    assert np.signbit(got[-1]) and got[-1] == 0.0
+
+
+@pytest.mark.parametrize("tokens,rows,nb", [(2, 3, 1), (9, 33, 7), (8, 8, 9), (13, 17, 17), (64, 5, 18), (3, 2, 131), (2, 3, 520)])
+def test_batched_products_follow_the_tree(harness, tokens, rows, nb):
+    wq, wd, xq, xd = extreme_q8_0_operands(rows, nb, tokens)
+    payload = wq.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matmul_q8_0", tokens, rows, nb * 32], payload, tokens * rows).reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
+    packed, pd = quantize_q4_0(rng.normal(0, 1, (rows, nb * 32)).astype(np.float32))
+    payload = packed.tobytes() + f32_bytes(pd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matmul_q4_0", tokens, rows, nb * 32], payload, tokens * rows).reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], matvec_q8_0(unpack_q4_0(packed), pd, xq[t], xd[t]))

@@ -84,3 +84,30 @@ def test_a_sliding_window_smaller_than_the_batch_gives_the_reference_bits(builde
     assert plan.kv_slots[0] < len(prompt) <= plan.prefill_batch
     ref = Reference(plan, art.weights.read_bytes()).generate(prompt, 10, SamplingParams(), stop_at_eos=False)
     assert result.digests == ref.digests
+
+
+# Rows of 10 and 27 blocks: more than the reduction tree's 8 partials (docs/numerics.md), which the
+# bundled model's rows (2 and 4 blocks) never reach; a 21-token prompt fills two groups of eight
+# tokens of the batched kernels and part of a third.
+WIDE = ("LlamaConfig", "LlamaForCausalLM", dict(
+    vocab_size=512, hidden_size=320, intermediate_size=864, num_hidden_layers=2, num_attention_heads=5,
+    num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True))
+WIDE_PROMPT = ",".join(str((i * 37 + 3) % 512) for i in range(21))
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    from models import make_checkpoint
+
+    return make_checkpoint(WIDE, tmp_path_factory.mktemp("wide") / "wide", seed=18)
+
+
+@pytest.mark.parametrize("board,quant,threads", [("host", "q8_0", 1), ("host", "q8_0", 2), ("host", "q4_0", 1),
+                                                 ("host", "q4_0", 2), ("linux-aarch64", "q8_0", 2),
+                                                 ("linux-aarch64", "q4_0", 1), ("qemu-rv32", "q8_0", 1),
+                                                 ("qemu-rv32", "q4_0", 1)])
+def test_rows_longer_than_the_reduction_tree_decode_the_reference_bits(wide_model, board, quant, threads, tmp_path):
+    done = run_cli("verify", "--board", board, "--model", wide_model, "--quant", quant, "--threads", threads,
+                   "--prompt-ids", WIDE_PROMPT, "--steps", 8, "--ctx", 64, "--out", tmp_path / "build")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS" in done.stdout

@@ -3,7 +3,8 @@ firmware_src/runtime/ops.c and kernels/scalar.c. docs/numerics.md states the rul
 
 Rules that make the bits match on every target:
 - every intermediate is float32 and rounded after each operation (C: -ffp-contract=off);
-- a sum runs from the first term to the last: ((t0 + t1) + t2) + ... (np.add.accumulate);
+- a sum runs from the first term to the last: ((t0 + t1) + t2) + ... (np.add.accumulate),
+  except a quantized row's block terms, which follow the fixed tree of tree_sum;
 - rounding to integer is round-half-to-even, done by adding and subtracting 1.5 * 2^23;
 - exp is our own polynomial, never libm's.
 """
@@ -36,6 +37,26 @@ def seq_sum(terms: np.ndarray, axis: int = -1) -> np.ndarray:
     """Sum along axis from the first term to the last, in float32."""
     terms = f32(terms)
     return np.add.accumulate(terms, axis=axis, dtype=np.float32).take(-1, axis=axis)
+
+
+PARTIALS = 8  # KERNEL_PARTIALS in firmware_src/runtime/kernels/kernels.h
+
+
+def tree_sum(terms: np.ndarray) -> np.ndarray:
+    """The reduction tree of a quantized row's block terms, along the last axis: term b goes to
+    partial b % 8, each partial sums its terms in order starting from -0.0 (which the first term
+    replaces exactly), then ((p0 + p1) + p2) + ... + p7. Padding with -0.0 terms changes nothing
+    (t + -0.0 == t for every float t), so the blocks are padded to a multiple of 8 and summed as
+    (groups, 8): first down the groups, then across the 8 partials."""
+    terms = f32(terms)
+    nb = terms.shape[-1]
+    pad = -nb % PARTIALS
+    if pad:
+        fill = np.full(terms.shape[:-1] + (pad,), -0.0, dtype=np.float32)
+        terms = np.concatenate([terms, fill], axis=-1)
+    groups = terms.reshape(terms.shape[:-1] + (-1, PARTIALS))
+    partials = seq_sum(groups, axis=-2)
+    return seq_sum(partials, axis=-1)
 
 
 def dot(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ColibriError
-from .ops import F32, f32, round_even, seq_sum
+from .ops import F32, f32, round_even, tree_sum
 
 QK = 32  # values per q8_0 block
 BLOCK_TYPES = ("f32", "q8_0", "q4_0", "q4_1")  # what a tensor in the image is
@@ -165,7 +165,7 @@ def dequantize_q4_1(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 def matvec_q4_1(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    """out_r = sum over blocks b, in order, of float(isum_rb) * (wd_rb * xd_b) + float(xsum_b) * (wm_rb * xd_b);
+    """out_r = tree_sum over blocks b of float(isum_rb) * (wd_rb * xd_b) + float(xsum_b) * (wm_rb * xd_b);
     isum (quants 0..15 times activation quants) and xsum (the activation block's quants) are exact int32."""
     rows, n = wq.shape
     nb = n // QK
@@ -173,7 +173,7 @@ def matvec_q4_1(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, 
     isum = np.einsum("rbk,bk->rb", wq.reshape(rows, nb, QK).astype(np.int32), xb, dtype=np.int32)
     xsum = xb.sum(axis=-1, dtype=np.int32)
     terms = isum.astype(np.float32) * (wd * xd[None, :]) + xsum.astype(np.float32)[None, :] * (wm * xd[None, :])
-    return seq_sum(terms, axis=1)
+    return tree_sum(terms)
 
 
 def dequantize_q8_0(q: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -183,10 +183,10 @@ def dequantize_q8_0(q: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 
 def matvec_q8_0(wq: np.ndarray, wd: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    """out_r = sum over blocks b, in order, of float(isum_rb) * (wd_rb * xd_b); isum is exact int32."""
+    """out_r = tree_sum over blocks b of float(isum_rb) * (wd_rb * xd_b); isum is exact int32."""
     rows, n = wq.shape
     nb = n // QK
     isum = np.einsum("rbk,bk->rb", wq.reshape(rows, nb, QK).astype(np.int32),
                      xq.reshape(nb, QK).astype(np.int32), dtype=np.int32)
     terms = isum.astype(np.float32) * (wd * xd[None, :])
-    return seq_sum(terms, axis=1)
+    return tree_sum(terms)

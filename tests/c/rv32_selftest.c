@@ -251,7 +251,7 @@ static void count_quantize(int n)
 int main(void)
 {
     static const int rows[] = {1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 15, 16, 17, 23, 24, 31, 33, 40};
-    static const int cols[] = {32, 64, 96, 128, 160, 256, 576, 2048, 2304};
+    static const int cols[] = {32, 64, 96, 128, 160, 224, 256, 288, 512, 544, 576, 2048, 2304};
     for (unsigned c = 0; c < sizeof cols / sizeof cols[0]; c++) {
         for (unsigned r = 0; r < sizeof rows / sizeof rows[0]; r++) {
             check_matvec(rows[r], cols[c], 0);

@@ -1,9 +1,9 @@
 /* aarch64 kernels: NEON integer dot products for q8_0, q4_0 and q4_1, with the dot-product extension
  * (SDOT) when the CPU has it (checked at run time through the kernel's hwcaps), plain NEON widening
  * multiplies otherwise; f32 products four rows per vector. Same bits as kernels/scalar.c: each
- * block's int32 sum is exact and the float terms (float)isum * (w_d * x_d) are added to the row's
- * sum one block after another; an f32 row's products are added one column after another, each
- * vector lane carrying a different row. */
+ * block's int32 sum is exact and the float terms (float)isum * (w_d * x_d) follow the reduction
+ * tree of kernels.h, a row's eight partials being two vectors of four; an f32 row's products are
+ * added one column after another, each vector lane carrying a different row. */
 #include <arm_neon.h>
 #include <sys/auxv.h>
 
@@ -42,69 +42,203 @@ const char *kernel_cpu_features(void)
     return have_dotprod() ? "sdot" : "none";
 }
 
-/* The exact int32 sum of a block's 32 products, weights given as two vectors of 16. */
-__attribute__((target("arch=armv8.2-a+dotprod"))) static int32_t block_sum_dotprod(int8x16_t w0, int8x16_t w1,
-                                                                                   const int8_t *x)
+/* The four int32 lanes of a block's products, summed in pairs as far as the extension allows:
+ * SDOT (four products per lane) or widening multiplies and pairwise adds. */
+__attribute__((target("arch=armv8.2-a+dotprod"))) static inline int32x4_t block_lanes_dotprod(int8x16_t w0,
+                                                                                             int8x16_t w1,
+                                                                                             const int8_t *x)
 {
     int32x4_t acc = vdupq_n_s32(0);
     acc = vdotq_s32(acc, w0, vld1q_s8(x));
-    acc = vdotq_s32(acc, w1, vld1q_s8(x + 16));
-    return vaddvq_s32(acc);
+    return vdotq_s32(acc, w1, vld1q_s8(x + 16));
 }
 
-static int32_t block_sum_neon(int8x16_t w0, int8x16_t w1, const int8_t *x)
+static inline int32x4_t block_lanes_neon(int8x16_t w0, int8x16_t w1, const int8_t *x)
 {
     const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
     int32x4_t acc = vpaddlq_s16(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)));
     acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(w0), vget_high_s8(x0)));
     acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(w1), vget_low_s8(x1)));
-    acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(w1), vget_high_s8(x1)));
-    return vaddvq_s32(acc);
+    return vpadalq_s16(acc, vmull_s8(vget_high_s8(w1), vget_high_s8(x1)));
+}
+
+/* The 32 int8 weights of block b of a row: q8_0 quants as they are, or q4_0 nibbles as the values
+ * quant - 8 (low nibbles are values 0..15, high nibbles 16..31). */
+static inline void weight_block(int8x16_t *w0, int8x16_t *w1, const uint8_t *row, int b, int q4)
+{
+    if (!q4) {
+        *w0 = vld1q_s8((const int8_t *)row + b * KERNEL_QK);
+        *w1 = vld1q_s8((const int8_t *)row + b * KERNEL_QK + 16);
+        return;
+    }
+    const uint8x16_t packed = vld1q_u8(row + b * (KERNEL_QK / 2));
+    *w0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(0x0F))), vdupq_n_s8(8));
+    *w1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(packed, 4)), vdupq_n_s8(8));
+}
+
+/* Block b's four int32 lanes (their total is its exact isum); blocks past nb give zeros. */
+static inline __attribute__((always_inline)) int32x4_t block_lanes(const uint8_t *row, const int8_t *x_qs, int b,
+                                                                   int nb, int q4, int dotprod)
+{
+    if (b >= nb) {
+        return vdupq_n_s32(0);
+    }
+    int8x16_t w0, w1;
+    weight_block(&w0, &w1, row, b, q4);
+    const int8_t *x = x_qs + b * KERNEL_QK;
+    return dotprod ? block_lanes_dotprod(w0, w1, x) : block_lanes_neon(w0, w1, x);
+}
+
+/* Four blocks' lane vectors -> their four totals, in block order. */
+static inline int32x4_t block_sums4(int32x4_t a, int32x4_t b, int32x4_t c, int32x4_t d)
+{
+    return vpaddq_s32(vpaddq_s32(a, b), vpaddq_s32(c, d));
+}
+
+/* Adds the terms of four blocks (lane k = block b + k, n of them real) to four partials; lanes
+ * past n get -0.0f, which leaves a partial exactly as it was. Scales past n are never read. */
+static inline float32x4_t add_terms4(float32x4_t acc, int32x4_t isums, const float *wd, const float *xd, int n)
+{
+    if (n >= 4) {
+        return vaddq_f32(acc, vmulq_f32(vcvtq_f32_s32(isums), vmulq_f32(vld1q_f32(wd), vld1q_f32(xd))));
+    }
+    float w[4] = {0.0f, 0.0f, 0.0f, 0.0f}, x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k = 0; k < n; k++) {
+        w[k] = wd[k];
+        x[k] = xd[k];
+    }
+    const float32x4_t terms = vmulq_f32(vcvtq_f32_s32(isums), vmulq_f32(vld1q_f32(w), vld1q_f32(x)));
+    const int32_t lane[4] = {0, 1, 2, 3};
+    const uint32x4_t real = vcltq_s32(vld1q_s32(lane), vdupq_n_s32(n));
+    return vaddq_f32(acc, vbslq_f32(real, terms, vdupq_n_f32(-0.0f)));
+}
+
+/* One row's eight partials (reduction tree, kernels.h): lo holds partials 0-3, hi 4-7. q8_0 or
+ * q4_0 weights and SDOT or not, the flags being constants in each caller. */
+static inline __attribute__((always_inline)) void row_partials(float32x4_t *lo, float32x4_t *hi, const uint8_t *row,
+                                                               const float *wd, const int8_t *x_qs, const float *x_d,
+                                                               int nb, int q4, int dotprod)
+{
+    float32x4_t a = vdupq_n_f32(-0.0f), c = vdupq_n_f32(-0.0f);
+    for (int b = 0; b < nb; b += 8) {
+        const int32x4_t s0 = block_sums4(block_lanes(row, x_qs, b, nb, q4, dotprod),
+                                         block_lanes(row, x_qs, b + 1, nb, q4, dotprod),
+                                         block_lanes(row, x_qs, b + 2, nb, q4, dotprod),
+                                         block_lanes(row, x_qs, b + 3, nb, q4, dotprod));
+        a = add_terms4(a, s0, wd + b, x_d + b, nb - b);
+        if (b + 4 < nb) {
+            const int32x4_t s1 = block_sums4(block_lanes(row, x_qs, b + 4, nb, q4, dotprod),
+                                             block_lanes(row, x_qs, b + 5, nb, q4, dotprod),
+                                             block_lanes(row, x_qs, b + 6, nb, q4, dotprod),
+                                             block_lanes(row, x_qs, b + 7, nb, q4, dotprod));
+            c = add_terms4(c, s1, wd + b + 4, x_d + b + 4, nb - b - 4);
+        }
+    }
+    *lo = a;
+    *hi = c;
+}
+
+static inline float32x4_t trn1_64(float32x4_t a, float32x4_t b)
+{
+    return vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(a), vreinterpretq_f64_f32(b)));
+}
+
+static inline float32x4_t trn2_64(float32x4_t a, float32x4_t b)
+{
+    return vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(a), vreinterpretq_f64_f32(b)));
+}
+
+/* r[0..3] (one row each) transposed: col[j] lane i = r[i][j]. */
+static inline void transpose4(float32x4_t col[4], const float32x4_t r[4])
+{
+    const float32x4_t t0 = vtrn1q_f32(r[0], r[1]); /* r0[0] r1[0] r0[2] r1[2] */
+    const float32x4_t t1 = vtrn2q_f32(r[0], r[1]); /* r0[1] r1[1] r0[3] r1[3] */
+    const float32x4_t t2 = vtrn1q_f32(r[2], r[3]);
+    const float32x4_t t3 = vtrn2q_f32(r[2], r[3]);
+    col[0] = trn1_64(t0, t2);
+    col[1] = trn1_64(t1, t3);
+    col[2] = trn2_64(t0, t2);
+    col[3] = trn2_64(t1, t3);
+}
+
+/* The combine of the reduction tree for four rows at once: lo[i], hi[i] hold row i's partials
+ * 0-3 and 4-7; lane i of the result is ((p0 + p1) + p2) + ... + p7 of row i. (Reused by every
+ * quantized block type.) */
+static inline float32x4_t sum_partials4(const float32x4_t lo[4], const float32x4_t hi[4])
+{
+    float32x4_t a[4], c[4];
+    transpose4(a, lo);
+    transpose4(c, hi);
+    float32x4_t sum = vaddq_f32(a[0], a[1]);
+    sum = vaddq_f32(sum, a[2]);
+    sum = vaddq_f32(sum, a[3]);
+    sum = vaddq_f32(sum, c[0]);
+    sum = vaddq_f32(sum, c[1]);
+    sum = vaddq_f32(sum, c[2]);
+    return vaddq_f32(sum, c[3]);
+}
+
+/* Four rows at a time (rows past the matrix repeat its row r, computed and dropped), each row's
+ * blocks in order, their partials combined together. */
+static inline __attribute__((always_inline)) void matvec_rows(float *out, const uint8_t *w, const float *w_d,
+                                                              const int8_t *x_qs, const float *x_d, int rows, int cols,
+                                                              int q4, int dotprod)
+{
+    const int nb = cols / KERNEL_QK;
+    const int row_bytes = q4 ? cols / 2 : cols;
+    for (int r = 0; r < rows; r += 4) {
+        const int n = rows - r < 4 ? rows - r : 4;
+        float32x4_t lo[4], hi[4];
+        for (int i = 0; i < 4; i++) {
+            const int64_t row = r + (i < n ? i : 0);
+            row_partials(&lo[i], &hi[i], w + row * row_bytes, w_d + row * nb, x_qs, x_d, nb, q4, dotprod);
+        }
+        const float32x4_t sum = sum_partials4(lo, hi);
+        if (n == 4) {
+            vst1q_f32(out + r, sum);
+        } else {
+            float lanes[4];
+            vst1q_f32(lanes, sum);
+            for (int i = 0; i < n; i++) {
+                out[r + i] = lanes[i];
+            }
+        }
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q8_0_dotprod(float *out, const int8_t *w_qs,
+                                                                                  const float *w_d,
+                                                                                  const int8_t *x_qs,
+                                                                                  const float *x_d, int rows, int cols)
+{
+    matvec_rows(out, (const uint8_t *)w_qs, w_d, x_qs, x_d, rows, cols, 0, 1);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q4_0_dotprod(float *out, const uint8_t *w_q4,
+                                                                                  const float *w_d,
+                                                                                  const int8_t *x_qs,
+                                                                                  const float *x_d, int rows, int cols)
+{
+    matvec_rows(out, w_q4, w_d, x_qs, x_d, rows, cols, 1, 1);
 }
 
 void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    const int nb = cols / KERNEL_QK;
-    const int dotprod = have_dotprod();
-    for (int r = 0; r < rows; r++) {
-        const int8_t *wq = w_qs + (int64_t)r * cols;
-        const float *wd = w_d + (int64_t)r * nb;
-        float acc = 0.0f;
-        for (int b = 0; b < nb; b++) {
-            const int8_t *w = wq + b * KERNEL_QK, *x = x_qs + b * KERNEL_QK;
-            const int8x16_t w0 = vld1q_s8(w), w1 = vld1q_s8(w + 16);
-            int32_t isum = dotprod ? block_sum_dotprod(w0, w1, x) : block_sum_neon(w0, w1, x);
-            float term = (float)isum * (wd[b] * x_d[b]);
-            acc = (b == 0) ? term : acc + term;
-        }
-        out[r] = acc;
+    if (have_dotprod()) {
+        matvec_q8_0_dotprod(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    } else {
+        matvec_rows(out, (const uint8_t *)w_qs, w_d, x_qs, x_d, rows, cols, 0, 0);
     }
 }
 
-/* q4_0 rows: each block's nibbles become the int8 values quant - 8 (low nibbles are values 0..15,
- * high nibbles 16..31), then the q8_0 block sum. */
 void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    const int nb = cols / KERNEL_QK;
-    const int dotprod = have_dotprod();
-    const uint8x16_t low4 = vdupq_n_u8(0x0F);
-    const int8x16_t eight = vdupq_n_s8(8);
-    for (int r = 0; r < rows; r++) {
-        const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
-        const float *wd = w_d + (int64_t)r * nb;
-        float acc = 0.0f;
-        for (int b = 0; b < nb; b++) {
-            const uint8x16_t packed = vld1q_u8(wq + b * (KERNEL_QK / 2));
-            const int8x16_t w0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(packed, low4)), eight);
-            const int8x16_t w1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(packed, 4)), eight);
-            const int8_t *x = x_qs + b * KERNEL_QK;
-            int32_t isum = dotprod ? block_sum_dotprod(w0, w1, x) : block_sum_neon(w0, w1, x);
-            float term = (float)isum * (wd[b] * x_d[b]);
-            acc = (b == 0) ? term : acc + term;
-        }
-        out[r] = acc;
+    if (have_dotprod()) {
+        matvec_q4_0_dotprod(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    } else {
+        matvec_rows(out, w_q4, w_d, x_qs, x_d, rows, cols, 1, 0);
     }
 }
 
@@ -170,29 +304,12 @@ static inline void group_rows(const float **p, int lanes, const float *w, int r,
     }
 }
 
-static inline float32x4_t trn1_64(float32x4_t a, float32x4_t b)
-{
-    return vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(a), vreinterpretq_f64_f32(b)));
-}
-
-static inline float32x4_t trn2_64(float32x4_t a, float32x4_t b)
-{
-    return vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(a), vreinterpretq_f64_f32(b)));
-}
 
 /* The tile of rows p[0..3] at columns c .. c + 3, transposed: col[j] lane i = p[i][c + j]. */
 static inline void transpose_tile(float32x4_t col[4], const float *const p[4], int c)
 {
-    const float32x4_t r0 = vld1q_f32(p[0] + c), r1 = vld1q_f32(p[1] + c);
-    const float32x4_t r2 = vld1q_f32(p[2] + c), r3 = vld1q_f32(p[3] + c);
-    const float32x4_t t0 = vtrn1q_f32(r0, r1); /* r0[0] r1[0] r0[2] r1[2] */
-    const float32x4_t t1 = vtrn2q_f32(r0, r1); /* r0[1] r1[1] r0[3] r1[3] */
-    const float32x4_t t2 = vtrn1q_f32(r2, r3);
-    const float32x4_t t3 = vtrn2q_f32(r2, r3);
-    col[0] = trn1_64(t0, t2);
-    col[1] = trn1_64(t1, t3);
-    col[2] = trn2_64(t0, t2);
-    col[3] = trn2_64(t1, t3);
+    const float32x4_t r[4] = {vld1q_f32(p[0] + c), vld1q_f32(p[1] + c), vld1q_f32(p[2] + c), vld1q_f32(p[3] + c)};
+    transpose4(col, r);
 }
 
 /* The last k < 4 columns of the rows p[0..3], from column c: copied into a zero-padded 4x4 tile so

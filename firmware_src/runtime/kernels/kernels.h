@@ -2,8 +2,9 @@
  *
  * kernels/scalar.c (kernel_scalar_*) is the reference every other implementation is tested
  * against; a faster kernel must return the same bits (docs/numerics.md): integer dot products
- * within a q8_0 block, then float32 accumulation over blocks in order, and sequential float32
- * sums for f32 rows and attention. A board's kernel list names scalar.c plus one kernel set: an
+ * within a q8_0 block, then the block terms summed in float32 along the fixed reduction tree
+ * below (KERNEL_PARTIALS partial sums per row, combined in order), and sequential float32 sums
+ * for f32 rows and attention. A board's kernel list names scalar.c plus one kernel set: an
  * ISA file (x86_avx2.c, arm_neon.c, rv32.c) or generic.c. A set defines the entry points it
  * makes faster, says so with KERNEL_HAS_<ENTRY> and includes fallback.h, which defines
  * every entry point it left out: the scalar reference, or for the batched products, tiles of rows
@@ -15,10 +16,31 @@
 
 #define KERNEL_QK 32 /* values per q8_0 block */
 
+/* The reduction tree of a quantized row (docs/numerics.md, "q8_0 dot product"). Block b's term
+ * t_b = (float)isum_b * (w_d_b * x_d_b) goes to partial b % KERNEL_PARTIALS; each partial adds its
+ * terms in block order, starting from -0.0f (which its first term replaces exactly: -0.0f + t == t
+ * for every float t); the row's value is then ((p0 + p1) + p2) + ... + p7, in that order. A row of
+ * at most 8 blocks is therefore the plain sequential sum of its terms. Eight partials are one AVX2
+ * float vector, two NEON ones, and in the combine each partial is added to a running total, so an
+ * in-order core (rv32) needs two float registers per row; eight independent chains hide the float
+ * add latency on every out-of-order core. */
+#define KERNEL_PARTIALS 8
+
+/* The combine step of that tree: ((p[0] + p[1]) + p[2]) + ... + p[7]. Every kernel set's own
+ * combine (vector lanes, registers) must do these additions in this order. */
+static inline float kernel_sum_partials(const float p[KERNEL_PARTIALS])
+{
+    float acc = p[0];
+    for (int k = 1; k < KERNEL_PARTIALS; k++) {
+        acc = acc + p[k];
+    }
+    return acc;
+}
+
 /* out[r] = sum_j w[r*cols + j] * x[j], j ascending. */
 void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols);
 
-/* out[r] = sum over blocks b ascending of (float)isum(r, b) * (w_d[r*nb + b] * x_d[b]),
+/* out[r] = the reduction tree above over the terms (float)isum(r, b) * (w_d[r*nb + b] * x_d[b]),
  * where isum is the exact int32 dot product of the 32 quants of block b. cols % 32 == 0. */
 void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols);
@@ -90,30 +112,30 @@ static inline float kernel_q4_1_term(int32_t isum, int32_t xsum, float w_d, floa
 }
 
 /* A q4_1 row's sum of block terms: every q4_1 kernel on every ISA adds its terms through these
- * three functions, so the reduction order lives here alone. Today it is sequential in block order:
- * the sum starts at -0.0f, which the first term replaces exactly (-0.0f + t == t for every t, +0.0f
- * included), so this is "the first term, then + each next term" without a branch. `b` is the
- * block's index, unused by the sequential order but what a fixed tree of partial sums (block b into
- * partial b % P) needs. */
+ * three functions, so the reduction order lives here alone: the reduction tree above, as for q8_0
+ * and q4_0. Each partial starts at -0.0f, which its first term replaces exactly (-0.0f + t == t for
+ * every t, +0.0f included); block b's term goes to partial b % KERNEL_PARTIALS. */
 typedef struct {
-    float acc;
+    float partial[KERNEL_PARTIALS];
 } KernelQ41Sum;
 
 static inline KernelQ41Sum kernel_q4_1_sum_start(void)
 {
-    KernelQ41Sum s = {-0.0f};
+    KernelQ41Sum s;
+    for (int k = 0; k < KERNEL_PARTIALS; k++) {
+        s.partial[k] = -0.0f;
+    }
     return s;
 }
 
 static inline void kernel_q4_1_sum_add(KernelQ41Sum *s, int b, float term)
 {
-    (void)b;
-    s->acc = s->acc + term;
+    s->partial[b % KERNEL_PARTIALS] = s->partial[b % KERNEL_PARTIALS] + term;
 }
 
 static inline float kernel_q4_1_sum_end(const KernelQ41Sum *s)
 {
-    return s->acc;
+    return kernel_sum_partials(s->partial);
 }
 
 /* Name of the kernel set in use, reported in the hello frame. */

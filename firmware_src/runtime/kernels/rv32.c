@@ -4,9 +4,9 @@
  * 128-column matrices and on 8 rows otherwise, with the 32-value block unrolled: every
  * multiply-add is an lb of the weight, a mul and an add, one lb of each activation quant serves
  * all the rows, and each row's block scale costs five more per block; about 3.25 instructions per
- * multiply-add. Each row's block sums and their order are unchanged, so the bits are the scalar
- * kernel's. q4_1 weights are read in place, eight rows at once (rows8_q4_1 says how). Portable C:
- * it is also tested against NumPy on the host. */
+ * multiply-add. Each row's block sums and the reduction tree (kernels.h) are the scalar kernel's,
+ * so are the bits. q4_1 weights are read in place, eight rows at once (rows8_q4_1 says how).
+ * Portable C: it is also tested against NumPy on the host. */
 #include "kernels.h"
 
 /* This set's own entry points (fallback.h defines the rest, attention with
@@ -41,20 +41,24 @@ const char *kernel_cpu_features(void)
  * value" without a branch. */
 #define ACC_START (-0.0f)
 
-/* One row: the scalar kernel's loop. */
+/* One row: the reduction tree (kernels.h) as two loops: partial k sums the blocks k, k + 8, ...
+ * in order, and is then added to the row's total. Rows of at most 8 blocks run each inner loop
+ * once, which is the plain sequential sum. */
 static void one_row(float *out, const int8_t *w, const float *wd, const int8_t *x_qs, const float *x_d, int nb)
 {
-    float acc = ACC_START;
-    for (int b = 0; b < nb; b++) {
-        int32_t s = 0;
-        for (int i = 0; i < KERNEL_QK; i++) {
-            s += (int32_t)w[i] * (int32_t)x_qs[i];
+    float total = ACC_START;
+    for (int k = 0; k < nb && k < KERNEL_PARTIALS; k++) {
+        float acc = ACC_START;
+        for (int b = k; b < nb; b += KERNEL_PARTIALS) {
+            int32_t s = 0;
+            for (int i = 0; i < KERNEL_QK; i++) {
+                s += (int32_t)w[b * KERNEL_QK + i] * (int32_t)x_qs[b * KERNEL_QK + i];
+            }
+            acc = acc + (float)s * (wd[b] * x_d[b]);
         }
-        acc = acc + (float)s * (wd[b] * x_d[b]);
-        w += KERNEL_QK;
-        x_qs += KERNEL_QK;
+        total = total + acc;
     }
-    *out = acc;
+    *out = total;
 }
 
 /* Eight rows side by side: one load of each activation quant serves eight products, and each
@@ -73,51 +77,65 @@ static void one_row(float *out, const int8_t *w, const float *wd, const int8_t *
         s7 += p7[i] * xi;                                                                           \
     } while (0)
 
-__attribute__((noinline)) static void rows8(float *out, const int8_t *w, const float *wd, const int8_t *x,
+__attribute__((noinline)) static void rows8(float *out, const int8_t *w, const float *wd, const int8_t *x_qs,
                                             const float *x_d, int cols)
 {
     const int nb = cols / KERNEL_QK;
-    const int8_t *p0 = w, *p1 = p0 + cols, *p2 = p1 + cols, *p3 = p2 + cols;
-    const int8_t *p4 = p3 + cols, *p5 = p4 + cols, *p6 = p5 + cols, *p7 = p6 + cols;
-    float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
-    float a4 = ACC_START, a5 = ACC_START, a6 = ACC_START, a7 = ACC_START;
-    for (int b = 0; b < nb; b++) {
-        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    float t0 = ACC_START, t1 = ACC_START, t2 = ACC_START, t3 = ACC_START;
+    float t4 = ACC_START, t5 = ACC_START, t6 = ACC_START, t7 = ACC_START;
+    /* partial k of every row: blocks k, k + 8, ... (the reduction tree, kernels.h) */
+    for (int k = 0; k < nb && k < KERNEL_PARTIALS; k++) {
+        const int8_t *p0 = w + k * KERNEL_QK, *p1 = p0 + cols, *p2 = p1 + cols, *p3 = p2 + cols;
+        const int8_t *p4 = p3 + cols, *p5 = p4 + cols, *p6 = p5 + cols, *p7 = p6 + cols;
+        const int8_t *x = x_qs + k * KERNEL_QK;
+        float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
+        float a4 = ACC_START, a5 = ACC_START, a6 = ACC_START, a7 = ACC_START;
+        for (int b = k; b < nb; b += KERNEL_PARTIALS) {
+            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
 #pragma GCC unroll 8
-        for (int i = 0; i < KERNEL_QK; i += 4) {
-            MAC8(i);
-            MAC8(i + 1);
-            MAC8(i + 2);
-            MAC8(i + 3);
+            for (int i = 0; i < KERNEL_QK; i += 4) {
+                MAC8(i);
+                MAC8(i + 1);
+                MAC8(i + 2);
+                MAC8(i + 3);
+            }
+            const float xd = x_d[b];
+            const float *d = wd + b;
+            a0 = a0 + (float)s0 * (d[0] * xd);
+            a1 = a1 + (float)s1 * (d[nb] * xd);
+            a2 = a2 + (float)s2 * (d[2 * nb] * xd);
+            a3 = a3 + (float)s3 * (d[3 * nb] * xd);
+            a4 = a4 + (float)s4 * (d[4 * nb] * xd);
+            a5 = a5 + (float)s5 * (d[5 * nb] * xd);
+            a6 = a6 + (float)s6 * (d[6 * nb] * xd);
+            a7 = a7 + (float)s7 * (d[7 * nb] * xd);
+            p0 += KERNEL_PARTIALS * KERNEL_QK;
+            p1 += KERNEL_PARTIALS * KERNEL_QK;
+            p2 += KERNEL_PARTIALS * KERNEL_QK;
+            p3 += KERNEL_PARTIALS * KERNEL_QK;
+            p4 += KERNEL_PARTIALS * KERNEL_QK;
+            p5 += KERNEL_PARTIALS * KERNEL_QK;
+            p6 += KERNEL_PARTIALS * KERNEL_QK;
+            p7 += KERNEL_PARTIALS * KERNEL_QK;
+            x += KERNEL_PARTIALS * KERNEL_QK;
         }
-        const float xd = x_d[b];
-        const float *d = wd + b;
-        a0 = a0 + (float)s0 * (d[0] * xd);
-        a1 = a1 + (float)s1 * (d[nb] * xd);
-        a2 = a2 + (float)s2 * (d[2 * nb] * xd);
-        a3 = a3 + (float)s3 * (d[3 * nb] * xd);
-        a4 = a4 + (float)s4 * (d[4 * nb] * xd);
-        a5 = a5 + (float)s5 * (d[5 * nb] * xd);
-        a6 = a6 + (float)s6 * (d[6 * nb] * xd);
-        a7 = a7 + (float)s7 * (d[7 * nb] * xd);
-        p0 += KERNEL_QK;
-        p1 += KERNEL_QK;
-        p2 += KERNEL_QK;
-        p3 += KERNEL_QK;
-        p4 += KERNEL_QK;
-        p5 += KERNEL_QK;
-        p6 += KERNEL_QK;
-        p7 += KERNEL_QK;
-        x += KERNEL_QK;
+        t0 = t0 + a0;
+        t1 = t1 + a1;
+        t2 = t2 + a2;
+        t3 = t3 + a3;
+        t4 = t4 + a4;
+        t5 = t5 + a5;
+        t6 = t6 + a6;
+        t7 = t7 + a7;
     }
-    out[0] = a0;
-    out[1] = a1;
-    out[2] = a2;
-    out[3] = a3;
-    out[4] = a4;
-    out[5] = a5;
-    out[6] = a6;
-    out[7] = a7;
+    out[0] = t0;
+    out[1] = t1;
+    out[2] = t2;
+    out[3] = t3;
+    out[4] = t4;
+    out[5] = t5;
+    out[6] = t6;
+    out[7] = t7;
 }
 
 /* The same for the last four rows of a matrix whose row count is not a multiple of eight. */
@@ -130,43 +148,52 @@ __attribute__((noinline)) static void rows8(float *out, const int8_t *w, const f
         s3 += p3[i] * xi;                                                                           \
     } while (0)
 
-__attribute__((noinline)) static void rows4(float *out, const int8_t *w, const float *wd, const int8_t *x,
+__attribute__((noinline)) static void rows4(float *out, const int8_t *w, const float *wd, const int8_t *x_qs,
                                             const float *x_d, int cols)
 {
     const int nb = cols / KERNEL_QK;
-    const int8_t *p0 = w, *p1 = p0 + cols, *p2 = p1 + cols, *p3 = p2 + cols;
-    float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
-    for (int b = 0; b < nb; b++) {
-        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    float t0 = ACC_START, t1 = ACC_START, t2 = ACC_START, t3 = ACC_START;
+    for (int k = 0; k < nb && k < KERNEL_PARTIALS; k++) {
+        const int8_t *p0 = w + k * KERNEL_QK, *p1 = p0 + cols, *p2 = p1 + cols, *p3 = p2 + cols;
+        const int8_t *x = x_qs + k * KERNEL_QK;
+        float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
+        for (int b = k; b < nb; b += KERNEL_PARTIALS) {
+            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma GCC unroll 8
-        for (int i = 0; i < KERNEL_QK; i += 4) {
-            MAC4(i);
-            MAC4(i + 1);
-            MAC4(i + 2);
-            MAC4(i + 3);
+            for (int i = 0; i < KERNEL_QK; i += 4) {
+                MAC4(i);
+                MAC4(i + 1);
+                MAC4(i + 2);
+                MAC4(i + 3);
+            }
+            const float xd = x_d[b];
+            const float *d = wd + b;
+            a0 = a0 + (float)s0 * (d[0] * xd);
+            a1 = a1 + (float)s1 * (d[nb] * xd);
+            a2 = a2 + (float)s2 * (d[2 * nb] * xd);
+            a3 = a3 + (float)s3 * (d[3 * nb] * xd);
+            p0 += KERNEL_PARTIALS * KERNEL_QK;
+            p1 += KERNEL_PARTIALS * KERNEL_QK;
+            p2 += KERNEL_PARTIALS * KERNEL_QK;
+            p3 += KERNEL_PARTIALS * KERNEL_QK;
+            x += KERNEL_PARTIALS * KERNEL_QK;
         }
-        const float xd = x_d[b];
-        const float *d = wd + b;
-        a0 = a0 + (float)s0 * (d[0] * xd);
-        a1 = a1 + (float)s1 * (d[nb] * xd);
-        a2 = a2 + (float)s2 * (d[2 * nb] * xd);
-        a3 = a3 + (float)s3 * (d[3 * nb] * xd);
-        p0 += KERNEL_QK;
-        p1 += KERNEL_QK;
-        p2 += KERNEL_QK;
-        p3 += KERNEL_QK;
-        x += KERNEL_QK;
+        t0 = t0 + a0;
+        t1 = t1 + a1;
+        t2 = t2 + a2;
+        t3 = t3 + a3;
     }
-    out[0] = a0;
-    out[1] = a1;
-    out[2] = a2;
-    out[3] = a3;
+    out[0] = t0;
+    out[1] = t1;
+    out[2] = t2;
+    out[3] = t3;
 }
 
 /* Sixteen rows of a matrix with COLS columns known at compile time (a small model's, COLS <=
  * 128): all sixteen rows are reached from one pointer with constant offsets (15 * 128 + 31 fits
  * a load's 12-bit offset), which leaves the registers for sixteen sums, so one load of each
- * activation quant serves sixteen products. */
+ * activation quant serves sixteen products. Such rows have at most 4 blocks, one per partial of
+ * the reduction tree, so adding every term to one running sum in block order is that tree. */
 #define MAC16(i)                                                                                    \
     do {                                                                                            \
         const int32_t xi = x[i];                                                                    \
@@ -196,6 +223,7 @@ __attribute__((noinline)) static void rows4(float *out, const int8_t *w, const f
                                                const int8_t *x_qs, const float *x_d, int groups)    \
     {                                                                                               \
         enum { COLS = COLS_VALUE, NB = COLS_VALUE / KERNEL_QK };                                    \
+        _Static_assert(NB <= KERNEL_PARTIALS, "one block per partial: the sequential sum is the tree"); \
         for (; groups > 0; groups--, out += 16, w += 16 * COLS, wd += 16 * NB) {                    \
         const int8_t *x = x_qs;                                                                     \
         float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START, a4 = ACC_START;       \

@@ -22,16 +22,19 @@ void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
     for (int r = 0; r < rows; r++) {
         const int8_t *wq = w_qs + (int64_t)r * cols;
         const float *wd = w_d + (int64_t)r * nb;
-        float acc = 0.0f;
+        float part[KERNEL_PARTIALS];
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[k] = -0.0f;
+        }
         for (int b = 0; b < nb; b++) {
             int32_t isum = 0;
             for (int i = 0; i < KERNEL_QK; i++) {
                 isum += (int32_t)wq[b * KERNEL_QK + i] * (int32_t)x_qs[b * KERNEL_QK + i];
             }
             float term = (float)isum * (wd[b] * x_d[b]);
-            acc = (b == 0) ? term : acc + term;
+            part[b % KERNEL_PARTIALS] = part[b % KERNEL_PARTIALS] + term;
         }
-        out[r] = acc;
+        out[r] = kernel_sum_partials(part);
     }
 }
 
@@ -42,7 +45,10 @@ void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d
     for (int r = 0; r < rows; r++) {
         const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
         const float *wd = w_d + (int64_t)r * nb;
-        float acc = 0.0f;
+        float part[KERNEL_PARTIALS];
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[k] = -0.0f;
+        }
         for (int b = 0; b < nb; b++) {
             const uint8_t *wb = wq + b * (KERNEL_QK / 2);
             const int8_t *xb = x_qs + b * KERNEL_QK;
@@ -52,9 +58,9 @@ void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d
                 isum += ((int32_t)(wb[j] >> 4) - 8) * (int32_t)xb[j + KERNEL_QK / 2];
             }
             float term = (float)isum * (wd[b] * x_d[b]);
-            acc = (b == 0) ? term : acc + term;
+            part[b % KERNEL_PARTIALS] = part[b % KERNEL_PARTIALS] + term;
         }
-        out[r] = acc;
+        out[r] = kernel_sum_partials(part);
     }
 }
 

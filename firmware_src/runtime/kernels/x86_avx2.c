@@ -1,9 +1,11 @@
-/* x86-64 kernels: AVX2 integer dot products for q8_0 and q4_0, f32 products eight rows at a time,
- * SwiGLU and activation quantization, chosen at run time (cpuid); the scalar kernels otherwise.
- * Same bits as kernels/scalar.c: each block's int32 sum is exact, and the float terms
- * (float)isum * (w_d * x_d) are added to the row's sum one block after another; an f32 row's
- * products are added one column after another, each vector lane carrying a different row. */
+/* x86-64 kernels: AVX2 integer dot products for q8_0 and q4_0 (AVX-VNNI where the CPU has it),
+ * f32 products eight rows at a time, SwiGLU and activation quantization, chosen at run time
+ * (cpuid); the scalar kernels otherwise. Same bits as kernels/scalar.c: each block's int32 sum is
+ * exact, and the float terms (float)isum * (w_d * x_d) follow the reduction tree of kernels.h,
+ * the eight partials of a row being the eight lanes of one vector; an f32 row's products are added
+ * one column after another, each vector lane carrying a different row. */
 #include <immintrin.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -36,13 +38,65 @@ const char *kernel_set(void)
     return have_avx2() ? "avx2" : "scalar";
 }
 
+static int have_vnni(void);
+
 const char *kernel_cpu_features(void)
 {
-    return have_avx2() ? "avx2" : "none";
+    return !have_avx2() ? "none" : have_vnni() ? "avx2,avxvnni" : "avx2";
 }
 
-/* Eight int32 partial sums -> their total in every lane is not needed: return the 8 lanes'
- * horizontal sums of v0..v7, one per lane, in order (integer adds: exact in any order). */
+/* The integer dot products of quantized blocks. With AVX-VNNI (vpdpbusd: four u8 x s8 products
+ * summed into each int32 lane, exactly) a block takes one instruction fewer than with AVX2's
+ * maddubs (pairs into int16) + madd (pairs into int32); both give the exact int32 sums. The
+ * choice is made at run time; KERNEL_NO_VNNI builds the AVX2 path alone (tests run both). */
+static int have_vnni(void)
+{
+#ifdef KERNEL_NO_VNNI
+    return 0;
+#else
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avxvnni") ? 1 : 0;
+    }
+    return known;
+#endif
+}
+
+/* acc + the four adjacent u8 x s8 products of a and b per int32 lane (AVX-VNNI vpdpbusd, VEX
+ * encoded). Written as one instruction of inline assembly so that every function here is compiled
+ * for plain AVX2: the compiler cannot then use VNNI anywhere the CPU was not checked for it. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i vpdpbusd(__m256i acc, __m256i a, __m256i b)
+{
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    return acc;
+}
+
+/* Unsigned a times signed b, four adjacent products per int32 lane: vpdpbusd, or maddubs + madd
+ * (whose int16 pair sums cannot saturate here: |a| <= 127 with q8_0 quants, a <= 15 with nibbles,
+ * |b| <= 127). `vnni` is a constant in every caller, so each path compiles to straight code. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i dot_u8s8(__m256i a, __m256i b, int vnni)
+{
+    if (vnni) {
+        return vpdpbusd(_mm256_setzero_si256(), a, b);
+    }
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+}
+
+/* The same for two pairs (a0, b0) and (a1, b1) summed: the q4_0 kernel's two halves of a block. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i dot2_u8s8(__m256i a0, __m256i b0,
+                                                                                     __m256i a1, __m256i b1, int vnni)
+{
+    if (vnni) {
+        return vpdpbusd(vpdpbusd(_mm256_setzero_si256(), a0, b0), a1, b1);
+    }
+    /* each maddubs lane is at most 2 * 15 * 127 in magnitude, so their sum fits int16 */
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(a0, b0), _mm256_maddubs_epi16(a1, b1)),
+                             _mm256_set1_epi16(1));
+}
+
+/* The 8 int32 lanes of each of v0..v7 summed: lane i of the result is the total of v_i (integer
+ * adds: exact in any order). */
 __attribute__((target("avx2"))) static inline __m256i block_sums8(__m256i v0, __m256i v1, __m256i v2, __m256i v3,
                                                                   __m256i v4, __m256i v5, __m256i v6, __m256i v7)
 {
@@ -57,20 +111,288 @@ __attribute__((target("avx2"))) static inline __m256i block_sums8(__m256i v0, __
     return _mm256_add_epi32(lo, hi);
 }
 
-/* Decoding streams every weight once from memory. Asking for the 256 bytes that lie PREFETCH_BYTES
- * ahead of the 256 being used keeps more requests in flight than the hardware prefetcher does on
- * its own: +20-30 % on matrices that do not fit the caches (measured on this project's Zen 3
- * build machine). It crosses rows and matrices freely; a prefetch never faults. */
-#define PREFETCH_BYTES 2048
+/* Four vectors each holding two blocks (lanes 0-3: block 2i, lanes 4-7: block 2i + 1) -> the eight
+ * block totals in block order. The hadds give blocks 0 2 4 6 | 1 3 5 7; one permute orders them. */
+__attribute__((target("avx2"))) static inline __m256i pair_sums8(__m256i v01, __m256i v23, __m256i v45, __m256i v67)
+{
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v01, v23), _mm256_hadd_epi32(v45, v67));
+    return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
 
-static inline void prefetch_ahead(const void *p)
+/* The combine of the reduction tree (kernels.h) for eight rows at once: acc[i] holds row i's eight
+ * partials; the result's lane i is ((p0 + p1) + p2) + ... + p7 of row i. The 8x8 transpose puts
+ * partial k of every row in col[k]; then seven vertical adds in order. (The q4_1 and any later
+ * block type reuse this.) */
+__attribute__((target("avx2"))) static inline __m256 sum_partials8(const __m256 acc[8])
+{
+    const __m256 t0 = _mm256_unpacklo_ps(acc[0], acc[1]), t1 = _mm256_unpackhi_ps(acc[0], acc[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(acc[2], acc[3]), t3 = _mm256_unpackhi_ps(acc[2], acc[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(acc[4], acc[5]), t5 = _mm256_unpackhi_ps(acc[4], acc[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(acc[6], acc[7]), t7 = _mm256_unpackhi_ps(acc[6], acc[7]);
+    /* u_k: partials k (low half) and k + 4 (high half) of rows 0-3 (u0..u3) or 4-7 (u4..u7) */
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    __m256 sum = _mm256_permute2f128_ps(u0, u4, 0x20);
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(u1, u5, 0x20));
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(u2, u6, 0x20));
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(u3, u7, 0x20));
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(u0, u4, 0x31));
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(u1, u5, 0x31));
+    sum = _mm256_add_ps(sum, _mm256_permute2f128_ps(u2, u6, 0x31));
+    return _mm256_add_ps(sum, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+/* Adds the terms of blocks b .. b + n - 1 (n <= 8, lane k = block b + k) to the row's partials:
+ * partial k of the row gets block b + k, b being a multiple of 8. Lanes past n get -0.0f, which
+ * leaves a partial exactly as it was. */
+__attribute__((target("avx2"), always_inline)) static inline __m256 add_terms(__m256 acc, __m256i isums,
+                                                                              const float *wd, const float *xd,
+                                                                              int n)
+{
+    if (n == 8) {
+        const __m256 scales = _mm256_mul_ps(_mm256_loadu_ps(wd), _mm256_loadu_ps(xd));
+        return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isums), scales));
+    }
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 scales = _mm256_mul_ps(_mm256_maskload_ps(wd, mask), _mm256_maskload_ps(xd, mask));
+    const __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(isums), scales);
+    return _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_set1_ps(-0.0f), terms, _mm256_castsi256_ps(mask)));
+}
+
+/* Decoding streams every weight once from memory. Asking for the lines that lie PREFETCH_BYTES
+ * ahead of the ones being used keeps more requests in flight than the hardware prefetcher does on
+ * its own: the SmolLM2-135M shape's q8_0 matrices took 19 ms per token without it, 13 ms at 2 KiB
+ * and 11-12 ms at 6-8 KiB ahead (thread CPU time, an Intel Xeon KVM guest, alternating builds).
+ * It crosses rows and matrices freely; a prefetch never faults. always_inline: a function that
+ * only prefetches looks side-effect free to GCC, which then deleted every call to it (the kernels
+ * before this one had no software prefetch at all, whatever their source said). */
+#define PREFETCH_BYTES 8192
+
+__attribute__((always_inline)) static inline void prefetch_ahead(const void *p, int lines)
 {
     const char *c = (const char *)p + PREFETCH_BYTES;
-    _mm_prefetch(c, _MM_HINT_T0);
-    _mm_prefetch(c + 64, _MM_HINT_T0);
-    _mm_prefetch(c + 128, _MM_HINT_T0);
-    _mm_prefetch(c + 192, _MM_HINT_T0);
+    for (int i = 0; i < lines; i++) {
+        _mm_prefetch(c + 64 * i, _MM_HINT_T0);
+    }
 }
+
+/* q8_0: the 32 products of weight block w and activation block x, as 8 int32 lane sums. |w| is
+ * the unsigned operand and x takes w's sign. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i q8_block(const int8_t *w, const int8_t *x,
+                                                                                    int vnni)
+{
+    const __m256i wv = _mm256_loadu_si256((const __m256i *)w);
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    return dot_u8s8(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv), vnni);
+}
+
+/* One q8_0 row's eight partials (reduction tree, kernels.h). */
+__attribute__((target("avx2"), always_inline)) static inline __m256
+q8_row(const int8_t *wq, const float *wd, const int8_t *x_qs, const float *x_d, int nb, int vnni)
+{
+    __m256 acc = _mm256_set1_ps(-0.0f);
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const int8_t *w = wq + b * KERNEL_QK, *x = x_qs + b * KERNEL_QK;
+        prefetch_ahead(w, 4);
+        const __m256i isums = block_sums8(q8_block(w, x, vnni), q8_block(w + 32, x + 32, vnni),
+                                          q8_block(w + 64, x + 64, vnni), q8_block(w + 96, x + 96, vnni),
+                                          q8_block(w + 128, x + 128, vnni), q8_block(w + 160, x + 160, vnni),
+                                          q8_block(w + 192, x + 192, vnni), q8_block(w + 224, x + 224, vnni));
+        acc = add_terms(acc, isums, wd + b, x_d + b, 8);
+    }
+    if (b < nb) {
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) {
+            v[k] = b + k < nb ? q8_block(wq + (b + k) * KERNEL_QK, x_qs + (b + k) * KERNEL_QK, vnni)
+                              : _mm256_setzero_si256();
+        }
+        const __m256i isums = block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+        acc = add_terms(acc, isums, wd + b, x_d + b, nb - b);
+    }
+    return acc;
+}
+
+/* Rows r .. r + n - 1 of a matrix as the eight rows of a group; rows past n repeat row r and are
+ * computed and dropped, so that a short last group takes the same code. */
+static inline void group_rows8(int *row, int r, int n)
+{
+    for (int i = 0; i < 8; i++) {
+        row[i] = r + (i < n ? i : 0);
+    }
+}
+
+__attribute__((target("avx2"))) static inline void store_rows(float *out, __m256 v, int n)
+{
+    if (n == 8) {
+        _mm256_storeu_ps(out, v);
+    } else {
+        float lanes[8];
+        _mm256_storeu_ps(lanes, v);
+        for (int i = 0; i < n; i++) {
+            out[i] = lanes[i];
+        }
+    }
+}
+
+/* Eight rows at a time, each row's blocks streamed in order (one stream per row for the hardware
+ * prefetcher, plus the software prefetch); their partials combined together. */
+__attribute__((target("avx2"), always_inline)) static inline void
+matvec_q8_0_rows(float *out, const int8_t *w_qs, const float *w_d, const int8_t *x_qs, const float *x_d, int rows,
+                 int cols, int vnni)
+{
+    const int nb = cols / KERNEL_QK;
+    for (int r = 0; r < rows; r += 8) {
+        const int n = rows - r < 8 ? rows - r : 8;
+        int row[8];
+        group_rows8(row, r, n);
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) {
+            acc[i] = q8_row(w_qs + (int64_t)row[i] * cols, w_d + (int64_t)row[i] * nb, x_qs, x_d, nb, vnni);
+        }
+        store_rows(out + r, sum_partials8(acc), n);
+    }
+}
+
+__attribute__((target("avx2"))) static void matvec_q8_0_vnni(float *out, const int8_t *w_qs, const float *w_d,
+                                                                     const int8_t *x_qs, const float *x_d, int rows,
+                                                                     int cols)
+{
+    matvec_q8_0_rows(out, w_qs, w_d, x_qs, x_d, rows, cols, 1);
+}
+
+__attribute__((target("avx2"))) static void matvec_q8_0_avx2(float *out, const int8_t *w_qs, const float *w_d,
+                                                             const int8_t *x_qs, const float *x_d, int rows,
+                                                             int cols)
+{
+    matvec_q8_0_rows(out, w_qs, w_d, x_qs, x_d, rows, cols, 0);
+}
+
+/* q4_0 decoding reads two blocks' 32 bytes with one load: the low nibbles are values 0-15 of both
+ * blocks and the high nibbles values 16-31, so the activations are laid out to match once per call
+ * (Q4_PAIRS: for each pair of blocks, x values 0-15 of both, then 16-31 of both). Nibbles are
+ * multiplied as the unsigned quants (0..15) and 8 * sum(x) is taken off each block's total, an
+ * exact integer identity: sum((q - 8) x) = sum(q x) - 8 sum(x). */
+#define MAX_BLOCKS 512 /* the batched kernels and the q4_0 activation layout: rows of up to 16384 values */
+
+/* The q4_0 activations of one call: x in pair layout and 8 * each block's quant sum. */
+struct q4_input {
+    int8_t pairs[MAX_BLOCKS * KERNEL_QK];
+    int32_t sum8[MAX_BLOCKS];
+};
+
+__attribute__((target("avx2"))) static void q4_prepare(struct q4_input *in, const int8_t *x_qs, int nb)
+{
+    for (int b = 0; b < nb; b++) {
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        int8_t *p = in->pairs + (b & ~1) * KERNEL_QK + (b & 1) * 16;
+        int32_t s = 0;
+        for (int i = 0; i < 16; i++) {
+            p[i] = x[i];
+            p[32 + i] = x[16 + i];
+            s += x[i] + x[16 + i];
+        }
+        in->sum8[b] = 8 * s;
+    }
+    if (nb & 1) { /* the odd last block's missing partner: zeros, whose products are 0 */
+        memset(in->pairs + (nb - 1) * KERNEL_QK + 16, 0, 16);
+        memset(in->pairs + (nb - 1) * KERNEL_QK + 48, 0, 16);
+    }
+}
+
+/* Blocks b and b + 1 (lanes 0-3 and 4-7), from their 32 packed bytes and the pair-laid-out x. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i q4_pair(__m256i packed, const int8_t *xp,
+                                                                                   int vnni)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(packed, low4);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+    return dot2_u8s8(lo, _mm256_loadu_si256((const __m256i *)xp), hi, _mm256_loadu_si256((const __m256i *)(xp + 32)),
+                     vnni);
+}
+
+/* One q4_0 row's eight partials. */
+__attribute__((target("avx2"), always_inline)) static inline __m256 q4_row(const uint8_t *wq, const float *wd,
+                                                                                 const struct q4_input *in,
+                                                                                 const float *x_d, int nb, int vnni)
+{
+    __m256 acc = _mm256_set1_ps(-0.0f);
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const uint8_t *w = wq + b * (KERNEL_QK / 2);
+        const int8_t *xp = in->pairs + b * KERNEL_QK;
+        prefetch_ahead(w, 2);
+        const __m256i s = pair_sums8(q4_pair(_mm256_loadu_si256((const __m256i *)w), xp, vnni),
+                                     q4_pair(_mm256_loadu_si256((const __m256i *)(w + 32)), xp + 64, vnni),
+                                     q4_pair(_mm256_loadu_si256((const __m256i *)(w + 64)), xp + 128, vnni),
+                                     q4_pair(_mm256_loadu_si256((const __m256i *)(w + 96)), xp + 192, vnni));
+        const __m256i isums = _mm256_sub_epi32(s, _mm256_loadu_si256((const __m256i *)(in->sum8 + b)));
+        acc = add_terms(acc, isums, wd + b, x_d + b, 8);
+    }
+    if (b < nb) {
+        /* the last 1-7 blocks: whole pairs, then an odd block read alone (no load past the row) */
+        __m256i v[4];
+        for (int k = 0; k < 4; k++) {
+            const int blk = b + 2 * k;
+            __m256i packed = _mm256_setzero_si256();
+            if (blk + 1 < nb) {
+                packed = _mm256_loadu_si256((const __m256i *)(wq + blk * (KERNEL_QK / 2)));
+            } else if (blk < nb) {
+                packed = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(wq + blk * (KERNEL_QK / 2))));
+            }
+            v[k] = blk < nb ? q4_pair(packed, in->pairs + blk * KERNEL_QK, vnni) : _mm256_setzero_si256();
+        }
+        const int n = nb - b;
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i sum8 = _mm256_maskload_epi32(in->sum8 + b, mask);
+        acc = add_terms(acc, _mm256_sub_epi32(pair_sums8(v[0], v[1], v[2], v[3]), sum8), wd + b, x_d + b, n);
+    }
+    return acc;
+}
+
+__attribute__((target("avx2"), always_inline)) static inline void
+matvec_q4_0_rows(float *out, const uint8_t *w_q4, const float *w_d, const int8_t *x_qs, const float *x_d, int rows,
+                 int cols, int vnni)
+{
+    const int nb = cols / KERNEL_QK;
+    struct q4_input in;
+    q4_prepare(&in, x_qs, nb);
+    for (int r = 0; r < rows; r += 8) {
+        const int n = rows - r < 8 ? rows - r : 8;
+        int row[8];
+        group_rows8(row, r, n);
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) {
+            acc[i] = q4_row(w_q4 + (int64_t)row[i] * (cols / 2), w_d + (int64_t)row[i] * nb, &in, x_d, nb, vnni);
+        }
+        store_rows(out + r, sum_partials8(acc), n);
+    }
+}
+
+__attribute__((target("avx2"))) static void matvec_q4_0_vnni(float *out, const uint8_t *w_q4, const float *w_d,
+                                                                     const int8_t *x_qs, const float *x_d, int rows,
+                                                                     int cols)
+{
+    matvec_q4_0_rows(out, w_q4, w_d, x_qs, x_d, rows, cols, 1);
+}
+
+__attribute__((target("avx2"))) static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4, const float *w_d,
+                                                             const int8_t *x_qs, const float *x_d, int rows,
+                                                             int cols)
+{
+    matvec_q4_0_rows(out, w_q4, w_d, x_qs, x_d, rows, cols, 0);
+}
+
+/* Batched (prefill): one weight row against eight tokens at a time, one float lane per token. A
+ * token's eight partials are eight vectors (part[k] lane i = token i's partial k), so the combine
+ * is seven vertical adds in order and each lane is exactly the matvec kernel's tree. */
+#define TILE_ROWS 32
 
 /* The 32 int8 values of weight block b of a row: q8_0 quants as they are, or q4_0 nibbles as the
  * values quant - 8 (low nibbles are values 0..15, high nibbles 16..31). */
@@ -85,97 +407,26 @@ __attribute__((target("avx2"))) static inline __m256i weight_block(const uint8_t
                            _mm256_set1_epi8(8));
 }
 
-/* The 32 products of one block (weights wv, activations at x), as 8 int32 partial sums. The
- * int8 values lie in [-127, 127], so |w| * x pairs summed by maddubs stay within int16. */
-__attribute__((target("avx2"))) static inline __m256i block_products(__m256i wv, const int8_t *x)
-{
-    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-    const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-}
-
-/* One row after another (q8_0 or q4_0 weights, the flag being a constant in each caller): eight
- * blocks' integer sums per vector, then their float terms added to the row's sum in block order. */
-__attribute__((target("avx2"), always_inline)) static inline void
-matvec_avx2(float *out, const uint8_t *w, int q4, const float *w_d, const int8_t *x_qs, const float *x_d, int rows,
-            int cols)
-{
-    const int nb = cols / KERNEL_QK;
-    const int block_bytes = q4 ? KERNEL_QK / 2 : KERNEL_QK;
-    for (int r = 0; r < rows; r++) {
-        const uint8_t *wq = w + (int64_t)r * nb * block_bytes;
-        const float *wd = w_d + (int64_t)r * nb;
-        float acc = 0.0f;
-        int b = 0;
-        for (; b + 8 <= nb; b += 8) {
-            const int8_t *x = x_qs + b * KERNEL_QK;
-            prefetch_ahead(wq + b * block_bytes);
-            __m256i sums = block_sums8(block_products(weight_block(wq, b, q4), x),
-                                       block_products(weight_block(wq, b + 1, q4), x + 32),
-                                       block_products(weight_block(wq, b + 2, q4), x + 64),
-                                       block_products(weight_block(wq, b + 3, q4), x + 96),
-                                       block_products(weight_block(wq, b + 4, q4), x + 128),
-                                       block_products(weight_block(wq, b + 5, q4), x + 160),
-                                       block_products(weight_block(wq, b + 6, q4), x + 192),
-                                       block_products(weight_block(wq, b + 7, q4), x + 224));
-            __m256 scales = _mm256_mul_ps(_mm256_loadu_ps(wd + b), _mm256_loadu_ps(x_d + b));
-            float terms[8];
-            _mm256_storeu_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(sums), scales));
-            for (int i = 0; i < 8; i++) {
-                acc = (b + i == 0) ? terms[i] : acc + terms[i];
-            }
-        }
-        for (; b < nb; b++) {
-            __m256i v = block_products(weight_block(wq, b, q4), x_qs + b * KERNEL_QK);
-            __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-            s = _mm_hadd_epi32(s, s);
-            s = _mm_hadd_epi32(s, s);
-            float term = (float)_mm_cvtsi128_si32(s) * (wd[b] * x_d[b]);
-            acc = (b == 0) ? term : acc + term;
-        }
-        out[r] = acc;
-    }
-}
-
-__attribute__((target("avx2"))) static void matvec_q8_0_avx2(float *out, const int8_t *w_qs, const float *w_d,
-                                                             const int8_t *x_qs, const float *x_d, int rows,
-                                                             int cols)
-{
-    matvec_avx2(out, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, rows, cols);
-}
-
-__attribute__((target("avx2"))) static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4, const float *w_d,
-                                                             const int8_t *x_qs, const float *x_d, int rows,
-                                                             int cols)
-{
-    matvec_avx2(out, w_q4, 1, w_d, x_qs, x_d, rows, cols);
-}
-
-/* The batched kernel lays the eight tokens' scales out block-major on the stack: rows of up to
- * MAX_BLOCKS blocks (16384 values); longer rows take the tiled matvec path. */
-#define MAX_BLOCKS 512
-#define TILE_ROWS 32
-
 /* The eight tokens' sums of one weight block, as one vector (lane i = token i). |w| is computed
  * once for all eight. */
-__attribute__((target("avx2"))) static inline __m256i token_block_sums(__m256i wv, const int8_t *const x[8], int o)
+__attribute__((target("avx2"), always_inline)) static inline __m256i token_block_sums(__m256i wv,
+                                                                                            const int8_t *const x[8],
+                                                                                            int o)
 {
-    const __m256i ones = _mm256_set1_epi16(1);
     const __m256i wabs = _mm256_sign_epi8(wv, wv);
     __m256i p[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
         const __m256i xv = _mm256_loadu_si256((const __m256i *)(x[i] + o));
-        p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, wv)), ones);
+        p[i] = dot_u8s8(wabs, _mm256_sign_epi8(xv, wv), 0);
     }
     return block_sums8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
 }
 
-/* Batched: one weight row against eight tokens at a time, one float lane per token (q8_0 or q4_0
- * weights, the flag being a constant in each caller). Each lane is one (row, token) sum built
- * block after block exactly as in the matvec kernel, so the results are its bits. */
+/* The batched kernel without AVX-VNNI (the one with it is matmul_vnni below): q8_0 or q4_0
+ * weights, the flag being a constant in each caller. */
 __attribute__((target("avx2"), always_inline)) static inline void
-matmul_avx2(float *out, int out_stride, const uint8_t *w, int q4, const float *w_d, const int8_t *x_qs,
+matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const float *w_d, const int8_t *x_qs,
             const float *x_d, int n_tok, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
@@ -200,15 +451,23 @@ matmul_avx2(float *out, int out_stride, const uint8_t *w, int q4, const float *w
             for (int r = r0; r < r1; r++) {
                 const uint8_t *wq = w + (int64_t)r * row_bytes;
                 const float *wd = w_d + (int64_t)r * nb;
-                __m256 acc = _mm256_setzero_ps();
+                __m256 part[8];
+                for (int k = 0; k < 8; k++) {
+                    part[k] = _mm256_set1_ps(-0.0f);
+                }
                 for (int b = 0; b < nb; b++) {
                     const __m256i wv = weight_block(wq, b, q4);
                     const __m256 scales = _mm256_mul_ps(_mm256_set1_ps(wd[b]), _mm256_loadu_ps(token_scales + b * 8));
-                    const __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(token_block_sums(wv, x, b * KERNEL_QK)), scales);
-                    acc = (b == 0) ? terms : _mm256_add_ps(acc, terms);
+                    const __m256 terms =
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(token_block_sums(wv, x, b * KERNEL_QK)), scales);
+                    part[b % 8] = _mm256_add_ps(part[b % 8], terms);
+                }
+                __m256 sum = part[0];
+                for (int k = 1; k < 8; k++) {
+                    sum = _mm256_add_ps(sum, part[k]);
                 }
                 float lanes[8];
-                _mm256_storeu_ps(lanes, acc);
+                _mm256_storeu_ps(lanes, sum);
                 for (int i = 0; i < n; i++) {
                     out[(int64_t)(t0 + i) * out_stride + r] = lanes[i];
                 }
@@ -221,45 +480,208 @@ __attribute__((target("avx2"))) static void matmul_q8_0_avx2(float *out, int out
                                                              const float *w_d, const int8_t *x_qs,
                                                              const float *x_d, int n_tok, int rows, int cols)
 {
-    matmul_avx2(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
+    matmul_rows(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
 }
 
 __attribute__((target("avx2"))) static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4,
                                                              const float *w_d, const int8_t *x_qs,
                                                              const float *x_d, int n_tok, int rows, int cols)
 {
-    matmul_avx2(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
+    matmul_rows(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
 }
 
-void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
-                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+/* Batched (prefill) with AVX-VNNI: no horizontal sums at all. The activations of eight tokens are
+ * transposed once per call so that one vector holds the same four values of a block for each of
+ * the eight tokens (lane t: token t's values 4k .. 4k + 3 of the block); the row's four weights
+ * 4k .. 4k + 3 are broadcast to every lane, and vpdpbusd accumulates the eight k of a block into
+ * lane t: token t's whole block sum, exact, in one lane. Weights enter as unsigned bytes u = w + 128
+ * (q8_0) or the nibble q (q4_0, value q - 8), and bias * sum(x) of the block is taken off the
+ * lane: an exact integer identity. Four rows share each activation vector. Each lane then follows
+ * the reduction tree exactly as the matvec kernel does, so the bits are the same. */
+#define VNNI_TOKENS 64 /* tokens per pass; longer batches take several */
+#define VNNI_TILE_BYTES 16384 /* unsigned weights of a row tile, kept in L1 while every token passes */
+
+struct vnni_batch {
+    int8_t xt[VNNI_TOKENS * MAX_BLOCKS * KERNEL_QK]; /* group g, block b, k: 8 tokens x 4 values */
+    float scales[VNNI_TOKENS * MAX_BLOCKS];           /* group g, block b: 8 tokens' x_d */
+    int32_t bias_sums[VNNI_TOKENS * MAX_BLOCKS];      /* group g, block b: 8 tokens' bias * sum(x) */
+    uint8_t u[4 * MAX_BLOCKS * KERNEL_QK > VNNI_TILE_BYTES ? 4 * MAX_BLOCKS * KERNEL_QK : VNNI_TILE_BYTES];
+};
+
+/* One per thread: each thread of the pool runs the kernel on its own rows. */
+static _Thread_local struct vnni_batch vnni_batch;
+
+/* Tokens t0 .. t0 + nt - 1 in the transposed layout; a short last group repeats its first token
+ * (lanes computed and dropped). */
+static void vnni_prepare_tokens(struct vnni_batch *bt, const int8_t *x_qs, const float *x_d, int t0, int nt, int nb,
+                                int bias)
 {
-    if (have_avx2()) {
-        matvec_q4_0_avx2(out, w_q4, w_d, x_qs, x_d, rows, cols);
-    } else {
-        kernel_scalar_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    const int cols = nb * KERNEL_QK;
+    for (int g = 0; g * 8 < nt; g++) {
+        for (int t = 0; t < 8; t++) {
+            const int tok = t0 + 8 * g + (8 * g + t < nt ? t : 0);
+            const int8_t *x = x_qs + (int64_t)tok * cols;
+            for (int b = 0; b < nb; b++) {
+                const int64_t gb = (int64_t)g * nb + b;
+                int32_t s = 0;
+                for (int k = 0; k < 8; k++) {
+                    int8_t *dst = bt->xt + (gb * 8 + k) * 32 + t * 4;
+                    for (int i = 0; i < 4; i++) {
+                        dst[i] = x[b * KERNEL_QK + 4 * k + i];
+                        s += dst[i];
+                    }
+                }
+                bt->scales[gb * 8 + t] = x_d[(int64_t)tok * nb + b];
+                bt->bias_sums[gb * 8 + t] = bias * s;
+            }
+        }
     }
 }
 
-void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
-                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+/* Rows r .. r + n - 1 as unsigned bytes in value order: q8_0 w + 128, q4_0 the nibbles. */
+__attribute__((target("avx2"))) static void vnni_prepare_rows(uint8_t *restrict u, const uint8_t *restrict w, int q4,
+                                                              int r, int n, int cols)
 {
-    if (n_tok == 1) {
-        kernel_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
-    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
-        matmul_q4_0_avx2(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
-    } else {
-        kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+    const int64_t blocks = (int64_t)n * cols / KERNEL_QK;
+    if (!q4) {
+        const uint8_t *src = w + (int64_t)r * cols;
+        for (int64_t blk = 0; blk < blocks; blk++) { /* two's complement w + 128: the sign bit flipped */
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(src + blk * 32));
+            _mm256_storeu_si256((__m256i *)(u + blk * 32), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
+        }
+        return;
+    }
+    const uint8_t *src = w + (int64_t)r * (cols / 2);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        const __m128i packed = _mm_loadu_si128((const __m128i *)(src + blk * 16));
+        _mm_storeu_si128((__m128i *)(u + blk * 32), _mm_and_si128(packed, low4));
+        _mm_storeu_si128((__m128i *)(u + blk * 32 + 16), _mm_and_si128(_mm_srli_epi16(packed, 4), low4));
+    }
+}
+
+__attribute__((target("avx2"), always_inline)) static inline __m256i bcast4(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* R (1 or 4) rows of the tile against one group of eight tokens. */
+__attribute__((target("avx2"), always_inline)) static inline void
+vnni_rows(float *out, int out_stride, int n_valid, const uint8_t *u, int cols, const float *wd, int nb,
+          const int8_t *xt, const float *scales, const int32_t *bias_sums, int R)
+{
+    __m256 part[4][8];
+    for (int i = 0; i < R; i++) {
+        for (int k = 0; k < 8; k++) {
+            part[i][k] = _mm256_set1_ps(-0.0f);
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *ub = u + b * KERNEL_QK;
+        const int8_t *xb = xt + (int64_t)b * 8 * 32;
+        __m256i acc[4];
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0; /* named: kept in registers */
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 32 * k));
+            a0 = vpdpbusd(a0, bcast4(ub + 4 * k), xv);
+            if (R == 4) {
+                a1 = vpdpbusd(a1, bcast4(ub + cols + 4 * k), xv);
+                a2 = vpdpbusd(a2, bcast4(ub + 2 * cols + 4 * k), xv);
+                a3 = vpdpbusd(a3, bcast4(ub + 3 * cols + 4 * k), xv);
+            }
+        }
+        acc[0] = a0;
+        acc[1] = a1;
+        acc[2] = a2;
+        acc[3] = a3;
+        const __m256i bias = _mm256_loadu_si256((const __m256i *)(bias_sums + b * 8));
+        const __m256 xs = _mm256_loadu_ps(scales + b * 8);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            const __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i], bias)),
+                                               _mm256_mul_ps(_mm256_set1_ps(wd[(int64_t)i * nb + b]), xs));
+            part[i][b % 8] = _mm256_add_ps(part[i][b % 8], terms);
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        __m256 sum = part[i][0];
+        for (int k = 1; k < 8; k++) {
+            sum = _mm256_add_ps(sum, part[i][k]);
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, sum);
+        for (int t = 0; t < n_valid; t++) {
+            out[(int64_t)t * out_stride + i] = lanes[t];
+        }
+    }
+}
+
+__attribute__((target("avx2"))) static void matmul_vnni(float *out, int out_stride, const uint8_t *w, int q4,
+                                                        const float *w_d, const int8_t *x_qs, const float *x_d,
+                                                        int n_tok, int rows, int cols)
+{
+    struct vnni_batch *bt = &vnni_batch;
+    const int nb = cols / KERNEL_QK;
+    int tile = VNNI_TILE_BYTES / cols / 4 * 4;
+    tile = tile < 4 ? 4 : tile;
+    for (int t0 = 0; t0 < n_tok; t0 += VNNI_TOKENS) {
+        const int nt = n_tok - t0 < VNNI_TOKENS ? n_tok - t0 : VNNI_TOKENS;
+        vnni_prepare_tokens(bt, x_qs, x_d, t0, nt, nb, q4 ? 8 : 128);
+        for (int r0 = 0; r0 < rows; r0 += tile) {
+            const int nr = rows - r0 < tile ? rows - r0 : tile;
+            vnni_prepare_rows(bt->u, w, q4, r0, nr, cols);
+            /* The next tile's weights are asked for into L2 a slice per token group while this
+             * tile is computed: otherwise preparing it would wait on memory for all of them. */
+            const int row_bytes = q4 ? cols / 2 : cols;
+            const int next_rows = rows - r0 - nr < tile ? rows - r0 - nr : tile;
+            const uint8_t *next = w + (int64_t)(r0 + nr) * row_bytes;
+            const int64_t next_bytes = (int64_t)next_rows * row_bytes;
+            const int groups = (nt + 7) / 8;
+            for (int g = 0; g * 8 < nt; g++) {
+                const int n_valid = nt - 8 * g < 8 ? nt - 8 * g : 8;
+                for (int64_t off = next_bytes * g / groups & ~63; off < next_bytes * (g + 1) / groups; off += 64) {
+                    _mm_prefetch((const char *)next + off, _MM_HINT_T1);
+                }
+                const int64_t gb = (int64_t)g * nb;
+                float *o = out + (int64_t)(t0 + 8 * g) * out_stride + r0;
+                int r = 0;
+                for (; r + 4 <= nr; r += 4) {
+                    vnni_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, cols, w_d + (int64_t)(r0 + r) * nb,
+                              nb, bt->xt + gb * 8 * 32, bt->scales + gb * 8, bt->bias_sums + gb * 8, 4);
+                }
+                for (; r < nr; r++) {
+                    vnni_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, cols, w_d + (int64_t)(r0 + r) * nb,
+                              nb, bt->xt + gb * 8 * 32, bt->scales + gb * 8, bt->bias_sums + gb * 8, 1);
+                }
+            }
+        }
     }
 }
 
 void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    if (have_avx2()) {
+    if (have_avx2() && have_vnni()) {
+        matvec_q8_0_vnni(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    } else if (have_avx2()) {
         matvec_q8_0_avx2(out, w_qs, w_d, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+        matvec_q4_0_vnni(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matvec_q4_0_avx2(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
     }
 }
 
@@ -268,10 +690,26 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
 {
     if (n_tok == 1) {
         kernel_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+        matmul_vnni(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q8_0_avx2(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     } else {
         kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+        matmul_vnni(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matmul_q4_0_avx2(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
     }
 }
 
@@ -366,14 +804,22 @@ __attribute__((target("avx2"))) static void matvec_q4_1_avx2(float *out, const u
 }
 
 /* Batched q4_1: one weight row against eight tokens at a time, one float lane per token, as
- * matmul_avx2 does for q8_0 and q4_0. Each lane is its (row, token) sum built block after block
- * with the matvec kernel's terms; lane-wise, q4_1_lanes_add is kernel_q4_1_sum_add (kernels.h):
- * start at -0.0f, add each block's term in order. A change of that reduction order is made in
- * both. */
-__attribute__((target("avx2"))) static inline __m256 q4_1_lanes_add(__m256 acc, int b, __m256 terms)
+ * matmul_avx2 does for q8_0 and q4_0. Each lane is its (row, token) sum built with the matvec
+ * kernel's terms; lane-wise, these are kernel_q4_1_sum_add and kernel_q4_1_sum_end (kernels.h):
+ * eight partials per lane, block b's term into partial b % 8, then the partials added in order. */
+__attribute__((target("avx2"))) static inline void q4_1_lanes_add(__m256 partial[KERNEL_PARTIALS], int b,
+                                                                  __m256 terms)
 {
-    (void)b;
-    return _mm256_add_ps(acc, terms);
+    partial[b % KERNEL_PARTIALS] = _mm256_add_ps(partial[b % KERNEL_PARTIALS], terms);
+}
+
+__attribute__((target("avx2"))) static inline __m256 q4_1_lanes_end(const __m256 partial[KERNEL_PARTIALS])
+{
+    __m256 acc = partial[0];
+    for (int k = 1; k < KERNEL_PARTIALS; k++) {
+        acc = _mm256_add_ps(acc, partial[k]);
+    }
+    return acc;
 }
 
 __attribute__((target("avx2"))) static void matmul_q4_1_avx2(float *out, int out_stride, const uint8_t *w_q4,
@@ -404,7 +850,10 @@ __attribute__((target("avx2"))) static void matmul_q4_1_avx2(float *out, int out
                 const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
                 const float *wd = w_d + (int64_t)r * nb;
                 const float *wm = w_m + (int64_t)r * nb;
-                __m256 acc = _mm256_set1_ps(-0.0f);
+                __m256 partial[KERNEL_PARTIALS];
+                for (int k = 0; k < KERNEL_PARTIALS; k++) {
+                    partial[k] = _mm256_set1_ps(-0.0f);
+                }
                 for (int b = 0; b < nb; b++) {
                     const __m256i wv = q4_1_block(wq, b);
                     __m256i p[8];
@@ -416,10 +865,10 @@ __attribute__((target("avx2"))) static void matmul_q4_1_avx2(float *out, int out
                     const __m256 terms = q4_1_terms(isum, _mm256_loadu_si256((const __m256i *)(token_xsums + b * 8)),
                                                     _mm256_set1_ps(wd[b]), _mm256_set1_ps(wm[b]),
                                                     _mm256_loadu_ps(token_scales + b * 8));
-                    acc = q4_1_lanes_add(acc, b, terms);
+                    q4_1_lanes_add(partial, b, terms);
                 }
                 float lanes[8];
-                _mm256_storeu_ps(lanes, acc);
+                _mm256_storeu_ps(lanes, q4_1_lanes_end(partial));
                 for (int i = 0; i < n; i++) {
                     out[(int64_t)(t0 + i) * out_stride + r] = lanes[i];
                 }

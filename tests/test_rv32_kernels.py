@@ -62,8 +62,10 @@ def test_rv32_q4_1_product_reads_nibbles_in_place_at_about_four_instructions_per
     # row's float term per block; q4_0 read in place has no rv32 kernel (the scalar one).
     per_mac = {(m.group(1), m.group(2)): float(m.group(3)) for m in
                re.finditer(r"matvec_(q4_[01]) (\d+x\d+): \d+ \(([\d.]+) per", selftest_output)}
+    # ~4.0 with a sequential sum; the reduction tree's partial-by-partial loop (kernels.h) costs
+    # ~0.3 more at these short rows.
     for shape in ("64x64", "64x128", "512x64", "32x288"):
-        assert per_mac["q4_1", shape] < 4.2
+        assert per_mac["q4_1", shape] < 4.5
         assert per_mac["q4_1", shape] < 0.6 * per_mac["q4_0", shape]
 
 

@@ -270,7 +270,7 @@ static void matvec_q4_1_neon(float *out, const uint8_t *w_q4, const float *w_d, 
             const int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(packed, low4));
             const int8x16_t w1 = vreinterpretq_s8_u8(vshrq_n_u8(packed, 4));
             const int8_t *x = x_qs + b * KERNEL_QK;
-            const int32_t isum = dotprod ? block_sum_dotprod(w0, w1, x) : block_sum_neon(w0, w1, x);
+            const int32_t isum = vaddvq_s32(dotprod ? block_lanes_dotprod(w0, w1, x) : block_lanes_neon(w0, w1, x));
             kernel_q4_1_sum_add(&sum, b, kernel_q4_1_term(isum, xs[b], wd[b], wm[b], x_d[b]));
         }
         out[r] = kernel_q4_1_sum_end(&sum);

@@ -111,9 +111,10 @@ static inline float kernel_q4_1_term(int32_t isum, int32_t xsum, float w_d, floa
     return (float)isum * (w_d * x_d) + (float)xsum * (w_m * x_d);
 }
 
-/* A q4_1 row's sum of block terms: every q4_1 kernel on every ISA adds its terms through these
- * three functions, so the reduction order lives here alone: the reduction tree above, as for q8_0
- * and q4_0. Each partial starts at -0.0f, which its first term replaces exactly (-0.0f + t == t for
+/* A q4_1 row's sum of block terms: the reduction tree above, as for q8_0 and q4_0. The scalar
+ * reference and the NEON and AVX2 matvec kernels add their terms through these three functions;
+ * the rv32 row passes (partial by partial, as its q8_0 ones) and the AVX2 batched lanes spell the
+ * same tree out, and the harness tests hold them to it at block counts around 8. Each partial starts at -0.0f, which its first term replaces exactly (-0.0f + t == t for
  * every t, +0.0f included); block b's term goes to partial b % KERNEL_PARTIALS. */
 typedef struct {
     float partial[KERNEL_PARTIALS];

@@ -381,9 +381,10 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
  * 16 * isum exactly (|sum| < 2^21) and an arithmetic shift by 4 gives isum. The activation blocks'
  * sums xsum do not depend on the row: kernel_matvec_q4_1 makes them once per call, for all the
  * rows, into Q4_1_XSUM_BLOCKS int32s on the stack (1 KiB: rows of up to 8192 values; longer rows
- * take the scalar kernel). Each row's term is kernel_q4_1_term and is added through
- * kernel_q4_1_sum_add, so the bits are the scalar kernel's. With each row's two float products,
- * two additions and the loads of its scale and minimum per block, it measures about 4.0
+ * take the scalar kernel). Each row's term is kernel_q4_1_term, summed by the reduction tree as
+ * rows8 sums q8_0's (partial by partial, two float registers per row), so the bits are the scalar
+ * kernel's. With each row's two float products,
+ * two additions and the loads of its scale and minimum per block, it measures about 4.3
  * instructions per multiply-add (tests/c/rv32_selftest.c): q8_0 takes 3.25, and q4_0 read in place
  * (the scalar kernel; boards with room read an int8 copy with the q8_0 kernel instead) 7.7. */
 #define Q4_1_XSUM_BLOCKS 256
@@ -409,51 +410,66 @@ static inline int32_t q4_1_isum(int32_t sum16)
 }
 
 __attribute__((noinline)) static void rows8_q4_1(float *out, const uint8_t *w, const float *wd, const float *wm,
-                                                 const int8_t *x, const float *x_d, const int32_t *x_sums,
+                                                 const int8_t *x_qs, const float *x_d, const int32_t *x_sums,
                                                  int cols)
 {
     const int nb = cols / KERNEL_QK, rb = cols / 2;
-    const uint8_t *p0 = w, *p1 = p0 + rb, *p2 = p1 + rb, *p3 = p2 + rb;
-    const uint8_t *p4 = p3 + rb, *p5 = p4 + rb, *p6 = p5 + rb, *p7 = p6 + rb;
-    KernelQ41Sum a0 = kernel_q4_1_sum_start(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int b = 0; b < nb; b++) {
-        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-        const int32_t xs = x_sums[b];
+    float t0 = ACC_START, t1 = ACC_START, t2 = ACC_START, t3 = ACC_START;
+    float t4 = ACC_START, t5 = ACC_START, t6 = ACC_START, t7 = ACC_START;
+    /* partial k of every row: blocks k, k + 8, ... (the reduction tree, kernels.h), as rows8 */
+    for (int k = 0; k < nb && k < KERNEL_PARTIALS; k++) {
+        const uint8_t *p0 = w + k * (KERNEL_QK / 2), *p1 = p0 + rb, *p2 = p1 + rb, *p3 = p2 + rb;
+        const uint8_t *p4 = p3 + rb, *p5 = p4 + rb, *p6 = p5 + rb, *p7 = p6 + rb;
+        const int8_t *x = x_qs + k * KERNEL_QK;
+        float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
+        float a4 = ACC_START, a5 = ACC_START, a6 = ACC_START, a7 = ACC_START;
+        for (int b = k; b < nb; b += KERNEL_PARTIALS) {
+            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+            const int32_t xs = x_sums[b];
 #pragma GCC unroll 4
-        for (int j = 0; j < KERNEL_QK / 2; j += 4) {
-            Q41_MAC8(j);
-            Q41_MAC8(j + 1);
-            Q41_MAC8(j + 2);
-            Q41_MAC8(j + 3);
+            for (int j = 0; j < KERNEL_QK / 2; j += 4) {
+                Q41_MAC8(j);
+                Q41_MAC8(j + 1);
+                Q41_MAC8(j + 2);
+                Q41_MAC8(j + 3);
+            }
+            const float xd = x_d[b];
+            const float *d = wd + b, *m = wm + b;
+            a0 = a0 + kernel_q4_1_term(q4_1_isum(s0), xs, d[0], m[0], xd);
+            a1 = a1 + kernel_q4_1_term(q4_1_isum(s1), xs, d[nb], m[nb], xd);
+            a2 = a2 + kernel_q4_1_term(q4_1_isum(s2), xs, d[2 * nb], m[2 * nb], xd);
+            a3 = a3 + kernel_q4_1_term(q4_1_isum(s3), xs, d[3 * nb], m[3 * nb], xd);
+            a4 = a4 + kernel_q4_1_term(q4_1_isum(s4), xs, d[4 * nb], m[4 * nb], xd);
+            a5 = a5 + kernel_q4_1_term(q4_1_isum(s5), xs, d[5 * nb], m[5 * nb], xd);
+            a6 = a6 + kernel_q4_1_term(q4_1_isum(s6), xs, d[6 * nb], m[6 * nb], xd);
+            a7 = a7 + kernel_q4_1_term(q4_1_isum(s7), xs, d[7 * nb], m[7 * nb], xd);
+            p0 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            p1 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            p2 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            p3 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            p4 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            p5 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            p6 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            p7 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            x += KERNEL_PARTIALS * KERNEL_QK;
         }
-        const float xd = x_d[b];
-        const float *d = wd + b, *m = wm + b;
-        kernel_q4_1_sum_add(&a0, b, kernel_q4_1_term(q4_1_isum(s0), xs, d[0], m[0], xd));
-        kernel_q4_1_sum_add(&a1, b, kernel_q4_1_term(q4_1_isum(s1), xs, d[nb], m[nb], xd));
-        kernel_q4_1_sum_add(&a2, b, kernel_q4_1_term(q4_1_isum(s2), xs, d[2 * nb], m[2 * nb], xd));
-        kernel_q4_1_sum_add(&a3, b, kernel_q4_1_term(q4_1_isum(s3), xs, d[3 * nb], m[3 * nb], xd));
-        kernel_q4_1_sum_add(&a4, b, kernel_q4_1_term(q4_1_isum(s4), xs, d[4 * nb], m[4 * nb], xd));
-        kernel_q4_1_sum_add(&a5, b, kernel_q4_1_term(q4_1_isum(s5), xs, d[5 * nb], m[5 * nb], xd));
-        kernel_q4_1_sum_add(&a6, b, kernel_q4_1_term(q4_1_isum(s6), xs, d[6 * nb], m[6 * nb], xd));
-        kernel_q4_1_sum_add(&a7, b, kernel_q4_1_term(q4_1_isum(s7), xs, d[7 * nb], m[7 * nb], xd));
-        p0 += KERNEL_QK / 2;
-        p1 += KERNEL_QK / 2;
-        p2 += KERNEL_QK / 2;
-        p3 += KERNEL_QK / 2;
-        p4 += KERNEL_QK / 2;
-        p5 += KERNEL_QK / 2;
-        p6 += KERNEL_QK / 2;
-        p7 += KERNEL_QK / 2;
-        x += KERNEL_QK;
+        t0 = t0 + a0;
+        t1 = t1 + a1;
+        t2 = t2 + a2;
+        t3 = t3 + a3;
+        t4 = t4 + a4;
+        t5 = t5 + a5;
+        t6 = t6 + a6;
+        t7 = t7 + a7;
     }
-    out[0] = kernel_q4_1_sum_end(&a0);
-    out[1] = kernel_q4_1_sum_end(&a1);
-    out[2] = kernel_q4_1_sum_end(&a2);
-    out[3] = kernel_q4_1_sum_end(&a3);
-    out[4] = kernel_q4_1_sum_end(&a4);
-    out[5] = kernel_q4_1_sum_end(&a5);
-    out[6] = kernel_q4_1_sum_end(&a6);
-    out[7] = kernel_q4_1_sum_end(&a7);
+    out[0] = t0;
+    out[1] = t1;
+    out[2] = t2;
+    out[3] = t3;
+    out[4] = t4;
+    out[5] = t5;
+    out[6] = t6;
+    out[7] = t7;
 }
 
 /* The same for four rows (the last ones of a matrix whose row count is not a multiple of eight). */
@@ -468,38 +484,46 @@ __attribute__((noinline)) static void rows8_q4_1(float *out, const uint8_t *w, c
     } while (0)
 
 __attribute__((noinline)) static void rows4_q4_1(float *out, const uint8_t *w, const float *wd, const float *wm,
-                                                 const int8_t *x, const float *x_d, const int32_t *x_sums,
+                                                 const int8_t *x_qs, const float *x_d, const int32_t *x_sums,
                                                  int cols)
 {
     const int nb = cols / KERNEL_QK, rb = cols / 2;
-    const uint8_t *p0 = w, *p1 = p0 + rb, *p2 = p1 + rb, *p3 = p2 + rb;
-    KernelQ41Sum a0 = kernel_q4_1_sum_start(), a1 = a0, a2 = a0, a3 = a0;
-    for (int b = 0; b < nb; b++) {
-        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        const int32_t xs = x_sums[b];
+    float t0 = ACC_START, t1 = ACC_START, t2 = ACC_START, t3 = ACC_START;
+    for (int k = 0; k < nb && k < KERNEL_PARTIALS; k++) {
+        const uint8_t *p0 = w + k * (KERNEL_QK / 2), *p1 = p0 + rb, *p2 = p1 + rb, *p3 = p2 + rb;
+        const int8_t *x = x_qs + k * KERNEL_QK;
+        float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
+        for (int b = k; b < nb; b += KERNEL_PARTIALS) {
+            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            const int32_t xs = x_sums[b];
 #pragma GCC unroll 4
-        for (int j = 0; j < KERNEL_QK / 2; j += 4) {
-            Q41_MAC4(j);
-            Q41_MAC4(j + 1);
-            Q41_MAC4(j + 2);
-            Q41_MAC4(j + 3);
+            for (int j = 0; j < KERNEL_QK / 2; j += 4) {
+                Q41_MAC4(j);
+                Q41_MAC4(j + 1);
+                Q41_MAC4(j + 2);
+                Q41_MAC4(j + 3);
+            }
+            const float xd = x_d[b];
+            const float *d = wd + b, *m = wm + b;
+            a0 = a0 + kernel_q4_1_term(q4_1_isum(s0), xs, d[0], m[0], xd);
+            a1 = a1 + kernel_q4_1_term(q4_1_isum(s1), xs, d[nb], m[nb], xd);
+            a2 = a2 + kernel_q4_1_term(q4_1_isum(s2), xs, d[2 * nb], m[2 * nb], xd);
+            a3 = a3 + kernel_q4_1_term(q4_1_isum(s3), xs, d[3 * nb], m[3 * nb], xd);
+            p0 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            p1 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            p2 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            p3 += KERNEL_PARTIALS * (KERNEL_QK / 2);
+            x += KERNEL_PARTIALS * KERNEL_QK;
         }
-        const float xd = x_d[b];
-        const float *d = wd + b, *m = wm + b;
-        kernel_q4_1_sum_add(&a0, b, kernel_q4_1_term(q4_1_isum(s0), xs, d[0], m[0], xd));
-        kernel_q4_1_sum_add(&a1, b, kernel_q4_1_term(q4_1_isum(s1), xs, d[nb], m[nb], xd));
-        kernel_q4_1_sum_add(&a2, b, kernel_q4_1_term(q4_1_isum(s2), xs, d[2 * nb], m[2 * nb], xd));
-        kernel_q4_1_sum_add(&a3, b, kernel_q4_1_term(q4_1_isum(s3), xs, d[3 * nb], m[3 * nb], xd));
-        p0 += KERNEL_QK / 2;
-        p1 += KERNEL_QK / 2;
-        p2 += KERNEL_QK / 2;
-        p3 += KERNEL_QK / 2;
-        x += KERNEL_QK;
+        t0 = t0 + a0;
+        t1 = t1 + a1;
+        t2 = t2 + a2;
+        t3 = t3 + a3;
     }
-    out[0] = kernel_q4_1_sum_end(&a0);
-    out[1] = kernel_q4_1_sum_end(&a1);
-    out[2] = kernel_q4_1_sum_end(&a2);
-    out[3] = kernel_q4_1_sum_end(&a3);
+    out[0] = t0;
+    out[1] = t1;
+    out[2] = t2;
+    out[3] = t3;
 }
 
 void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,

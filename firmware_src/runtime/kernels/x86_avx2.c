@@ -775,7 +775,7 @@ __attribute__((target("avx2"))) static void matvec_q4_1_avx2(float *out, const u
         int b = 0;
         for (; b + 8 <= nb; b += 8) {
             const int8_t *x = x_qs + b * KERNEL_QK;
-            prefetch_ahead(wq + b * (KERNEL_QK / 2));
+            prefetch_ahead(wq + b * (KERNEL_QK / 2), 2); /* eight blocks: 128 bytes */
             const __m256i isum = block_sums8(q4_1_products(q4_1_block(wq, b), x),
                                              q4_1_products(q4_1_block(wq, b + 1), x + 32),
                                              q4_1_products(q4_1_block(wq, b + 2), x + 64),

@@ -101,6 +101,7 @@ def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
         "q4_0_weights": plan.q4_0_weights,
         "q4_1_weights": plan.q4_1_weights,
         "kept_f32": kept_f32_dict(plan),
+        "gguf": plan.gguf_report() if plan.gguf_types else None,
         "regions": [
             {"name": r.name, "kind": r.kind, "budget": r.budget, "used": r.used, "over_budget": r.over_budget,
              "items": r.items}
@@ -129,6 +130,7 @@ def planned_report_dict(board: Board, plan: Plan) -> dict:
         "quant": plan.quant, "n_ctx": plan.n_ctx, "planned_only": True, "q4_0_weights": plan.q4_0_weights,
         "q4_1_weights": plan.q4_1_weights,
         "kept_f32": kept_f32_dict(plan),
+        "gguf": plan.gguf_report() if plan.gguf_types else None,
         "code_estimate": reserve,
         "regions": [{"name": u.name, "kind": u.kind, "budget": u.budget, "used": u.used,
                      "over_budget": u.over_budget, "items": u.items} for u in uses],
@@ -147,6 +149,10 @@ def format_report(rep: dict) -> str:
         lines.append(f"  q4_1 weights: {rep['q4_1_weights']}")
     if rep.get("kept_f32", {}).get("summary"):
         lines.append(f"  {rep['kept_f32']['summary']}")
+    if rep.get("gguf"):
+        lines.append(f"  {rep['gguf']['summary']}")
+        for t in rep["gguf"]["quantized_again"]:
+            lines.append(f"    quantized again: {t['tensor']} ({t['file_type']} in the file, now {t['block_type']})")
     for r in rep["regions"]:
         budget = f"budget {r['budget']:,} B" if r["budget"] else "no fixed budget"
         lines.append(f"  region {r['name']} ({r['kind']}, {budget})")

@@ -99,3 +99,14 @@ def test_gguf_quant_needs_a_gguf_file(tmp_path):
     done = run_cli("build", "--model", DEFAULT_MODEL, "--quant", "gguf", "--out", tmp_path / "out")
     assert done.returncode == 2 and "--quant gguf keeps a GGUF file's own blocks" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_report_says_which_tensors_are_exact(gguf_file, tmp_path):
+    path = gguf_file("llama", "Q5_0")
+    done = run_cli("report", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stderr
+    rep = json.loads(done.stdout)["gguf"]
+    assert rep["exact"] and rep["quantized_again"] and rep["summary"].endswith(
+        f"quantized again: {len(rep['quantized_again'])} Q5_0 to q8_0")
+    text = run_cli("report", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", tmp_path / "out").stdout
+    assert "tensors kept exactly as the GGUF file holds them" in text and "quantized again: layers.0.wq (Q5_0" in text

@@ -183,7 +183,7 @@ class Plan:
             "q4_0_weights": self.q4_0_weights,
             "q4_1_weights": self.q4_1_weights,
             "kept_f32": list(self.kept_f32),
-            **({"gguf": self._gguf_dict()} if self.gguf_types else {}),
+            **({"gguf": {"file_types": dict(self.gguf_types), **self.gguf_report()}} if self.gguf_types else {}),
             "spec": asdict(self.spec),
             "image": asdict(self.image),
             "tensors": [asdict(t) for t in self.tensors],
@@ -195,10 +195,11 @@ class Plan:
             "totals": self.totals(),
         }
 
-    def _gguf_dict(self) -> dict:
+    def gguf_report(self) -> dict:
+        """--quant gguf: the tensors kept exactly, those quantized again, and the one-line summary."""
         exact, again = self.gguf_kept()
-        return {"file_types": dict(self.gguf_types), "exact": exact,
-                "quantized_again": [{"tensor": n, "file_type": g, "block_type": d} for n, g, d in again]}
+        return {"exact": exact, "quantized_again": [{"tensor": n, "file_type": g, "block_type": d} for n, g, d in again],
+                "summary": self.gguf_summary()}
 
     def totals(self) -> dict:
         return {

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../runtime/checksum.h"
+#include "../runtime/expert_cache.h"
 #include "../runtime/image_loader.h"
 #include "../runtime/kernels/kernels.h"
 #include "../runtime/model.h"
@@ -75,11 +76,29 @@ static int check_request(const ColibriRequest *req)
 
 static ColibriWeights weights;
 static int weights_loaded;
+ColibriWeightsInfo colibri_weights_info;
 
 int colibri_load(const uint8_t *image, uint64_t image_len)
 {
-    int status = colibri_image_open(image, image_len, &weights);
+    return colibri_load_checking(image, image_len, COLIBRI_CHECK_ALL);
+}
+
+int colibri_load_checking(const uint8_t *image, uint64_t image_len, int check)
+{
+    int status = colibri_image_open_checking(image, image_len, &weights, (colibri_check)check);
     weights_loaded = (status == COLIBRI_OK);
+    return status;
+}
+
+const ColibriWeights *colibri_loaded_weights(void)
+{
+    return weights_loaded ? &weights : NULL;
+}
+
+/* A forward pass that failed (an expert that could not be brought in): its error frame. */
+static int forward_failed(int status)
+{
+    colibri_report_error(status, colibri_status_message(status));
     return status;
 }
 
@@ -106,9 +125,14 @@ int colibri_decode(const ColibriRequest *req)
     uint64_t t0 = bsp_time_us();
     for (int32_t i = 0; i < req->n_prompt; i += COLIBRI_PREFILL_BATCH) {
         const int n = req->n_prompt - i < COLIBRI_PREFILL_BATCH ? (int)(req->n_prompt - i) : COLIBRI_PREFILL_BATCH;
-        colibri_forward(&weights, &b, req->prompt + i, n, i, i + n == req->n_prompt);
+        status = colibri_forward(&weights, &b, req->prompt + i, n, i, i + n == req->n_prompt);
+        if (status != 0) {
+            return forward_failed(status);
+        }
     }
     uint64_t t1 = bsp_time_us();
+    ColibriCacheStats c1, c2;
+    colibri_experts_stats(&c1);
     if (counted) {
         bsp_instructions(&i1);
     }
@@ -144,7 +168,10 @@ int colibri_decode(const ColibriRequest *req)
             break;
         }
         uint64_t f0 = bsp_time_us();
-        colibri_forward(&weights, &b, &token, 1, pos, 1);
+        status = colibri_forward(&weights, &b, &token, 1, pos, 1);
+        if (status != 0) {
+            return forward_failed(status);
+        }
         forward_us += bsp_time_us() - f0;
         decode_passes++;
         pos++;
@@ -153,6 +180,7 @@ int colibri_decode(const ColibriRequest *req)
     if (counted) {
         bsp_instructions(&i2);
     }
+    colibri_experts_stats(&c2);
 
     proto_begin("stats");
     proto_u64("prompt", (uint64_t)req->n_prompt);
@@ -168,6 +196,26 @@ int colibri_decode(const ColibriRequest *req)
         /* Exact retired instructions (emulators with -icount, or a CPU counter). */
         proto_u64("prefill_instret", i1 - i0);
         proto_u64("decode_instret", i2 - i1);
+    }
+    const ColibriWeightsInfo *info = &colibri_weights_info;
+    if (info->mapped) {
+        /* Protocol 3: how the weights are held, and the expert cache's counters over the decode
+         * (after the prompt) and the prompt's reads. */
+        proto_u64("mapped", 1);
+        proto_u64("budget", info->budget);
+        proto_u64("slots", (uint64_t)info->slots_per_layer);
+        proto_u64("locked", info->locked_bytes);
+        proto_u64("lock_refused", (uint64_t)info->lock_refused);
+        proto_u64("direct_io", (uint64_t)info->direct_io);
+        proto_u64("prefetch", (uint64_t)info->prefetch);
+        proto_u64("cache_hits", c2.hits - c1.hits);
+        proto_u64("cache_misses", c2.misses - c1.misses);
+        proto_u64("prefetches", c2.prefetches - c1.prefetches);
+        proto_u64("prefetch_hits", c2.prefetch_hits - c1.prefetch_hits);
+        proto_u64("read_bytes", c2.bytes_read - c1.bytes_read);
+        proto_u64("read_wait_us", c2.wait_us - c1.wait_us);
+        proto_u64("prefill_read_bytes", c1.bytes_read);
+        proto_u64("prefill_read_wait_us", c1.wait_us);
     }
     proto_end();
 

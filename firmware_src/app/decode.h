@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "../runtime/sampler.h"
+#include "model_def.h"
 
 typedef struct {
     const int32_t *prompt;
@@ -21,7 +22,22 @@ typedef struct {
 /* Application-level errors reported in the error frame (image errors use colibri_status codes). */
 enum {
     COLIBRI_ERR_REQUEST = 100, /* prompt empty, token id out of range, or too long for the context */
+    COLIBRI_ERR_BUDGET = 102,  /* --memory-budget cannot hold the resident weights, the arenas and top-k slots */
 };
+
+/* How a Linux board holds the weights (set by its BSP before colibri_decode; zero on MCUs), for
+ * the stats frame. */
+typedef struct {
+    int mapped;               /* 1: the image file is mapped read-only, not copied */
+    uint64_t budget;          /* --memory-budget in bytes; 0: unlimited */
+    int32_t slots_per_layer;  /* expert slots per MoE layer; 0: experts read in place from the mapping */
+    uint64_t locked_bytes;    /* resident bytes (and the slot pool) mlock()ed */
+    int lock_refused;         /* 1: mlock was refused (RLIMIT_MEMLOCK): they may be paged out */
+    int direct_io;            /* 1: experts are read with O_DIRECT (no page cache); 0: buffered reads */
+    int prefetch;             /* 1: the next MoE layer's likely experts are read on an I/O thread */
+} ColibriWeightsInfo;
+
+extern ColibriWeightsInfo colibri_weights_info;
 
 /* The first frame a board sends after reset: protocol, firmware, board, model hash. */
 void colibri_hello(void);
@@ -29,6 +45,13 @@ void colibri_hello(void);
 /* Validate the weight image against this firmware's plan and bind the weights. Returns 0, or the
  * loader's error code (the BSP reports it, after its hello). */
 int colibri_load(const uint8_t *image, uint64_t image_len);
+
+/* The same, checking at open only the tensors `check` names (image_loader.h: a mapped image's
+ * experts are checked when first brought in). */
+int colibri_load_checking(const uint8_t *image, uint64_t image_len, int check);
+
+/* The weights colibri_load bound (NULL before a valid image was loaded). */
+const ColibriWeights *colibri_loaded_weights(void);
 
 /* Prefill the prompt and decode, sending token, stats and done frames. Returns 0 on success, else
  * the error code also sent in the error frame. */

@@ -1,0 +1,349 @@
+#include "expert_cache.h"
+
+#include <stddef.h>
+
+#include "image_loader.h"
+
+#define EXPERTS_PER_LAYER (COLIBRI_N_EXPERTS > 0 ? COLIBRI_N_EXPERTS : 1)
+#define TABLE_ENTRIES (COLIBRI_N_LAYERS * EXPERTS_PER_LAYER)
+
+/* One slot: an expert's gate, up and down matrices as one aligned read of the image file. Only the
+ * forward pass's thread changes a slot's fields; the I/O thread writes its bytes and `result`, which
+ * the forward pass reads only after storage->wait(ticket). */
+typedef struct {
+    int32_t expert;      /* what it holds or is being read into it; -1: empty */
+    uint64_t last_use;   /* the clock at its last use (or prefetch): least recently used goes first */
+    int pending;         /* a queued read not waited for yet */
+    int prefetched;      /* filled by a prefetch and not used since */
+    int checked;         /* its CRC-32s matched */
+    int64_t result;      /* the queued read's bytes (set by `done` on the I/O thread), or -1 */
+    uint8_t *buf;        /* COLIBRI_EXPERT_SLOT_BYTES, COLIBRI_STORAGE_ALIGN aligned */
+    ColibriExpert w;     /* its matrices, bound into buf */
+} Slot;
+
+typedef enum { IN_PLACE, SLOTS } Mode;
+
+/* Expert `expert` of `layer` as bound in the image (NULL in a model without experts). */
+static const ColibriExpert *in_image(const ColibriWeights *w, int layer, int expert)
+{
+#if COLIBRI_N_EXPERTS > 0
+    return &w->layers[layer].experts[expert];
+#else
+    (void)w;
+    (void)layer;
+    (void)expert;
+    return NULL;
+#endif
+}
+
+static Mode mode = IN_PLACE;
+static const uint8_t *image_base;
+static int check_in_place;                    /* IN_PLACE: check each expert on first use */
+static uint8_t checked_in_place[TABLE_ENTRIES];
+static int slots_per_layer;
+static int prefetch_on;
+static ColibriStorage *storage;
+static int32_t moe_index[COLIBRI_N_LAYERS];   /* a MoE layer's place among the MoE layers; -1: dense */
+static Slot slots[TABLE_ENTRIES];             /* [moe index][slot]: only slots_per_layer of each row used */
+static int32_t slot_of[TABLE_ENTRIES];        /* [moe index][expert]: its slot, or -1 */
+static uint64_t clock_tick;
+static ColibriCacheStats stats;
+
+int64_t colibri_cache_slots_for_budget(uint64_t budget)
+{
+    if (budget == 0) {
+        return 0;
+    }
+    if (budget < (uint64_t)COLIBRI_BUDGET_FIXED_BYTES) {
+        return -1;
+    }
+#if COLIBRI_N_MOE_LAYERS > 0
+    const uint64_t row = (uint64_t)COLIBRI_EXPERT_SLOT_BYTES * COLIBRI_N_MOE_LAYERS; /* one slot in every MoE layer */
+    const uint64_t slots = (budget - COLIBRI_BUDGET_FIXED_BYTES) / row;
+    if (slots < (uint64_t)COLIBRI_EXPERTS_PER_TOKEN) {
+        return -1;
+    }
+    return slots > (uint64_t)COLIBRI_N_EXPERTS ? COLIBRI_N_EXPERTS : (int64_t)slots;
+#else
+    return 0; /* no routed experts: everything is resident */
+#endif
+}
+
+static void index_moe_layers(void)
+{
+    int n = 0;
+    for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
+        moe_index[l] = colibri_layer_moe[l] ? n++ : -1;
+    }
+}
+
+void colibri_experts_in_place(const uint8_t *image, int check_on_first_use)
+{
+    mode = IN_PLACE;
+    image_base = image;
+    check_in_place = check_on_first_use;
+    for (int i = 0; i < TABLE_ENTRIES; i++) {
+        checked_in_place[i] = 0;
+    }
+    index_moe_layers();
+}
+
+/* An expert's extent: where it starts in the image file and its bytes. */
+static void expert_extent(int layer, int expert, uint64_t *file_offset, uint64_t *bytes)
+{
+    const int32_t first = colibri_expert_first_tensor[layer * EXPERTS_PER_LAYER + expert];
+    const ColibriTensorDesc *gate = &colibri_tensor_table[first];
+    const ColibriTensorDesc *down = &colibri_tensor_table[first + 2];
+    const uint64_t down_extent = (down->bytes + COLIBRI_IMAGE_ALIGN - 1) / COLIBRI_IMAGE_ALIGN * COLIBRI_IMAGE_ALIGN;
+    *file_offset = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + gate->offset;
+    *bytes = down->offset + down_extent - gate->offset;
+}
+
+/* The expert's three matrices against their CRC-32s, wherever their bytes are (`data`: its first byte). */
+static int check_expert(int layer, int expert, const uint8_t *data)
+{
+    const int32_t first = colibri_expert_first_tensor[layer * EXPERTS_PER_LAYER + expert];
+    const uint64_t start = colibri_tensor_table[first].offset;
+    for (int i = 0; i < 3; i++) {
+        int status = colibri_image_check_tensor_copy(image_base, (uint32_t)(first + i),
+                                                     data + (colibri_tensor_table[first + i].offset - start));
+        if (status != COLIBRI_OK) {
+            return status;
+        }
+    }
+    return COLIBRI_OK;
+}
+
+/* Called on the I/O thread when a queued read is done. */
+static void read_done(int ticket, int64_t result)
+{
+    slots[ticket].result = result;
+}
+
+void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int per_layer, ColibriStorage *s, int prefetch)
+{
+    mode = SLOTS;
+    image_base = image;
+    storage = s;
+    storage->done = read_done;
+    slots_per_layer = per_layer;
+    prefetch_on = prefetch && s->submit != NULL;
+    index_moe_layers();
+    for (int i = 0; i < TABLE_ENTRIES; i++) {
+        slot_of[i] = -1;
+        slots[i].expert = -1;
+        slots[i].buf = NULL;
+    }
+    for (int m = 0; m < COLIBRI_N_MOE_LAYERS; m++) {
+        for (int j = 0; j < per_layer; j++) {
+            Slot *slot = &slots[m * EXPERTS_PER_LAYER + j];
+            slot->buf = pool + ((uint64_t)m * per_layer + j) * COLIBRI_EXPERT_SLOT_BYTES;
+            slot->last_use = 0;
+            slot->pending = 0;
+            slot->prefetched = 0;
+            slot->checked = 0;
+        }
+    }
+}
+
+/* Where the aligned read of an expert starts and how long it is; `skip`: the expert's first byte in it. */
+static void aligned_read(int layer, int expert, uint64_t *offset, uint64_t *len, uint64_t *skip, uint64_t *need)
+{
+    uint64_t start, bytes;
+    expert_extent(layer, expert, &start, &bytes);
+    *offset = start / COLIBRI_STORAGE_ALIGN * COLIBRI_STORAGE_ALIGN;
+    *skip = start - *offset;
+    *need = *skip + bytes;
+    *len = (*need + COLIBRI_STORAGE_ALIGN - 1) / COLIBRI_STORAGE_ALIGN * COLIBRI_STORAGE_ALIGN;
+}
+
+/* Point the slot's matrices at the expert's bytes in it: the same offsets as in the image. */
+static void bind_slot(Slot *slot, const ColibriWeights *w, int layer, int expert, uint64_t skip)
+{
+    const ColibriExpert *mapped = in_image(w, layer, expert);
+    uint64_t start, bytes;
+    expert_extent(layer, expert, &start, &bytes);
+    const uint8_t *origin = image_base + start;
+    const uint8_t *data = slot->buf + skip;
+    const ColibriMatrix *from[3] = {&mapped->w_gate, &mapped->w_up, &mapped->w_down};
+    ColibriMatrix *to[3] = {&slot->w.w_gate, &slot->w.w_up, &slot->w.w_down};
+    for (int i = 0; i < 3; i++) {
+        to[i]->dtype = from[i]->dtype;
+        to[i]->w = data + ((const uint8_t *)from[i]->w - origin);
+        to[i]->d = from[i]->d == NULL ? NULL : (const float *)(data + ((const uint8_t *)from[i]->d - origin));
+    }
+}
+
+/* Wait for a slot's queued read, if any. */
+static void settle(int ticket)
+{
+    Slot *slot = &slots[ticket];
+    if (slot->pending) {
+        const uint64_t t0 = storage->now_us();
+        storage->wait(storage->ctx, ticket);
+        stats.wait_us += storage->now_us() - t0;
+        slot->pending = 0;
+    }
+}
+
+/* The least recently used slot of MoE row m, skipping those `busy` marks (and, for prefetches, those
+ * being read); -1 if none. */
+static int victim(int m, const uint8_t *busy, int skip_pending)
+{
+    int best = -1;
+    for (int j = 0; j < slots_per_layer; j++) {
+        const Slot *slot = &slots[m * EXPERTS_PER_LAYER + j];
+        if (busy[j] || (skip_pending && slot->pending)) {
+            continue;
+        }
+        if (best < 0 || slot->last_use < slots[m * EXPERTS_PER_LAYER + best].last_use) {
+            best = j;
+        }
+    }
+    return best;
+}
+
+static void assign(int m, int j, int32_t expert)
+{
+    Slot *slot = &slots[m * EXPERTS_PER_LAYER + j];
+    if (slot->expert >= 0) {
+        slot_of[m * EXPERTS_PER_LAYER + slot->expert] = -1;
+    }
+    slot->expert = expert;
+    slot->checked = 0;
+    slot->prefetched = 0;
+    slot_of[m * EXPERTS_PER_LAYER + expert] = j;
+}
+
+int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *ids, int k, const ColibriExpert **out)
+{
+    if (mode == IN_PLACE) {
+        for (int i = 0; i < k; i++) {
+            const int entry = layer * EXPERTS_PER_LAYER + ids[i];
+            if (check_in_place && !checked_in_place[entry]) {
+                uint64_t start, bytes;
+                expert_extent(layer, ids[i], &start, &bytes);
+                int status = check_expert(layer, ids[i], image_base + start);
+                if (status != COLIBRI_OK) {
+                    return status;
+                }
+                checked_in_place[entry] = 1;
+            }
+            out[i] = in_image(w, layer, ids[i]);
+        }
+        return COLIBRI_OK;
+    }
+    const int m = moe_index[layer];
+    uint8_t busy[EXPERTS_PER_LAYER] = {0}; /* slots this token's experts hold */
+    /* Hits first, so that no miss evicts another expert of this token. */
+    for (int i = 0; i < k; i++) {
+        const int j = slot_of[m * EXPERTS_PER_LAYER + ids[i]];
+        if (j >= 0) {
+            busy[j] = 1;
+        }
+    }
+    for (int i = 0; i < k; i++) {
+        int j = slot_of[m * EXPERTS_PER_LAYER + ids[i]];
+        const int ticket = m * EXPERTS_PER_LAYER + (j >= 0 ? j : 0);
+        uint64_t offset, len, skip, need;
+        aligned_read(layer, ids[i], &offset, &len, &skip, &need);
+        if (j >= 0) {
+            Slot *slot = &slots[ticket];
+            stats.hits++;
+            if (slot->prefetched) {
+                stats.prefetch_hits++;
+                slot->prefetched = 0;
+            }
+            settle(ticket);
+            if (!slot->checked) {
+                /* A prefetched read: its bytes arrived on the I/O thread. */
+                const uint64_t t0 = storage->now_us();
+                int status = slot->result < (int64_t)need ? COLIBRI_ERR_READ : check_expert(layer, ids[i], slot->buf + skip);
+                stats.wait_us += storage->now_us() - t0;
+                if (status != COLIBRI_OK) {
+                    slot_of[m * EXPERTS_PER_LAYER + ids[i]] = -1;
+                    slot->expert = -1;
+                    return status;
+                }
+                slot->checked = 1;
+                bind_slot(slot, w, layer, ids[i], skip);
+            }
+        } else {
+            stats.misses++;
+            j = victim(m, busy, 0);
+            Slot *slot = &slots[m * EXPERTS_PER_LAYER + j];
+            settle(m * EXPERTS_PER_LAYER + j); /* never overwrite a buffer being read into */
+            assign(m, j, ids[i]);
+            busy[j] = 1;
+            const uint64_t t0 = storage->now_us();
+            int64_t got = storage->read(storage->ctx, slot->buf, offset, len);
+            int status = got < (int64_t)need ? COLIBRI_ERR_READ : check_expert(layer, ids[i], slot->buf + skip);
+            stats.wait_us += storage->now_us() - t0;
+            if (got > 0) {
+                stats.bytes_read += (uint64_t)got;
+            }
+            if (status != COLIBRI_OK) {
+                slot_of[m * EXPERTS_PER_LAYER + ids[i]] = -1;
+                slot->expert = -1;
+                return status;
+            }
+            slot->checked = 1;
+            bind_slot(slot, w, layer, ids[i], skip);
+        }
+        Slot *slot = &slots[m * EXPERTS_PER_LAYER + j];
+        slot->last_use = ++clock_tick;
+        out[i] = &slot->w;
+    }
+    return COLIBRI_OK;
+}
+
+int colibri_experts_prefetching(void)
+{
+    return mode == SLOTS && prefetch_on;
+}
+
+void colibri_experts_prefetch(int layer, const int32_t *ids, int k)
+{
+    if (!colibri_experts_prefetching()) {
+        return;
+    }
+    const int m = moe_index[layer];
+    uint8_t busy[EXPERTS_PER_LAYER] = {0};
+    for (int i = 0; i < k; i++) {
+        const int j = slot_of[m * EXPERTS_PER_LAYER + ids[i]];
+        if (j >= 0) {
+            busy[j] = 1; /* already there (or on its way): keep it */
+        }
+    }
+    for (int i = 0; i < k; i++) {
+        if (slot_of[m * EXPERTS_PER_LAYER + ids[i]] >= 0) {
+            continue;
+        }
+        const int j = victim(m, busy, 1);
+        if (j < 0) {
+            return;
+        }
+        const int ticket = m * EXPERTS_PER_LAYER + j;
+        Slot *slot = &slots[ticket];
+        uint64_t offset, len, skip, need;
+        aligned_read(layer, ids[i], &offset, &len, &skip, &need);
+        assign(m, j, ids[i]);
+        busy[j] = 1;
+        slot->result = -1;
+        slot->last_use = ++clock_tick;
+        if (storage->submit(storage->ctx, ticket, slot->buf, offset, len) != 0) {
+            slot_of[m * EXPERTS_PER_LAYER + ids[i]] = -1;
+            slot->expert = -1;
+            return;
+        }
+        slot->pending = 1;
+        slot->prefetched = 1;
+        stats.prefetches++;
+        stats.bytes_read += len;
+    }
+}
+
+void colibri_experts_stats(ColibriCacheStats *out)
+{
+    *out = stats;
+}

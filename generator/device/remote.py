@@ -444,7 +444,7 @@ def run_remote(remote: Remote, board: Board, program: Path, weights: Path, reque
     script = "; ".join([
         f"cd {shlex.quote(deployment.cache)} || exit 3",
         # Not exec'd: sh then reports a firmware killed by a signal as 128 + N, where ssh would say 255.
-        shlex.join([*prefix, f"./{program_sha}", "--weights", f"./{weights_sha}"]),
+        shlex.join([*prefix, f"./{program_sha}", "--weights", f"./{weights_sha}", *request.firmware_options()]),
         "exit $?",
     ])
     result = run_process(remote.ssh_argv(script), frame, session, timeout, explain_remote(remote))

@@ -22,6 +22,24 @@ class RunRequest:
     # Measure the read bandwidth first, in the firmware, with the same threads (Linux boards; bench):
     # None: no probe; 0: a buffer twice the largest cache (at least 256 MiB); else its size in MiB.
     probe_bandwidth_mib: int | None = None
+    # Linux boards, given on the firmware's command line (not in the request frame: they decide how
+    # the weights are held before the request is read): the RAM budget in bytes (0: unlimited, the
+    # mapped image read in place), prefetching on the I/O thread, and a storage read probe of this
+    # many MiB of the image file before decoding (None: none).
+    memory_budget: int = 0
+    prefetch: bool = True
+    probe_storage_mib: int | None = None
+
+    def firmware_options(self) -> list[str]:
+        """The Linux firmware's command-line options for this request (beyond --weights)."""
+        out = []
+        if self.memory_budget:
+            out += ["--memory-budget", str(self.memory_budget)]
+        if not self.prefetch:
+            out += ["--prefetch", "0"]
+        if self.probe_storage_mib:
+            out += ["--probe-storage", str(self.probe_storage_mib)]
+        return out
 
 
 @dataclass
@@ -31,12 +49,27 @@ class RunResult:
     digests: list[str] = field(default_factory=list)
     stats: dict[str, str] = field(default_factory=dict)
     bandwidth: dict[str, str] = field(default_factory=dict)  # read_bw (bytes/s), mib, threads, passes; if probed
+    storage: dict[str, str] = field(default_factory=dict)  # the image file's read_bw (bytes/s), bytes, chunk, direct
     expert_counts: dict[int, list[int]] = field(default_factory=dict)  # MoE layer -> selections per expert
     token_us: list[int] = field(default_factory=list)  # per step: microseconds since the prompt was done
     stop_reason: str = ""
     log: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
     remote: dict | None = None  # a run over SSH: where it ran and the bytes sent (device/remote.py)
+
+
+# Protocol 3's stats fields from a Linux board (firmware_src/app/decode.c): how it holds the weights
+# and its expert cache's counters over the decode (prefill_* over the prompt). Older boards send none.
+CACHE_STATS = ("mapped", "budget", "slots", "locked", "lock_refused", "direct_io", "prefetch", "cache_hits",
+               "cache_misses", "prefetches", "prefetch_hits", "read_bytes", "read_wait_us", "prefill_read_bytes",
+               "prefill_read_wait_us")
+
+
+def cache_stats(result: RunResult) -> dict | None:
+    """The stats frame's cache fields as integers, or None when the board sent none."""
+    if "mapped" not in result.stats:
+        return None
+    return {key: int(result.stats[key]) for key in CACHE_STATS if key in result.stats}
 
 
 class Session:
@@ -83,9 +116,16 @@ class Session:
             if self.on_token:
                 self.on_token(step, r.tokens[-1])
         elif frame.kind == "stats":
+            for key in CACHE_STATS:
+                if key in frame.fields:  # protocol 3, Linux boards: how the weights are held
+                    frame.int(key, minimum=0)
             r.stats = frame.fields
         elif frame.kind == "bandwidth":
             r.bandwidth = frame.fields
+        elif frame.kind == "storage":
+            for key in ("read_bw", "bytes", "chunk", "direct"):
+                frame.int(key, minimum=0)
+            r.storage = frame.fields
         elif frame.kind == "ack":
             pass  # flow control of the request, the link's business (serial_link.py)
         elif frame.kind == "experts":

@@ -392,7 +392,8 @@ def cache_text(out: dict) -> str:
     c, plan = out.get("cache"), out.get("memory_budget")
     if not c or not plan or plan["unlimited"]:
         return ""
-    text = (f"; memory budget {plan['budget'] / 2**20:.0f} MiB: {plan['slots_per_layer']} expert slots per MoE layer, "
+    text = (f"; memory budget {plan['budget'] / 2**20:.0f} MiB: {plan['slots']} expert slots "
+            f"({plan['slots_per_layer']:.2g} per MoE layer), "
             f"{100 * (c['hit_rate'] or 0):.1f}% hits ({c['prefetch_hits']:.0f} of them prefetched), "
             f"{c['read_bytes_per_token'] / 1e6:.2f} MB read per token, waiting {c['read_wait_ms_per_token']:.2f} ms "
             f"per token on reads" + ("" if c["locked"] and not c["lock_refused"] else ", resident weights NOT locked"))

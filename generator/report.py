@@ -168,8 +168,9 @@ def budget_lines(c: dict) -> list[str]:
              f"    {'arenas+reserve':<16} {c['fixed_bytes'] - c['resident_bytes']:>14,} B  KV cache, scratch, RoPE "
              f"tables and the board's reserve {c['reserve_bytes']:,} B"]
     if c["moe_layers"]:
-        lines += [f"    {'expert slots':<16} {c['pool_bytes']:>14,} B  {c['slots_per_layer']} per MoE layer x "
-                  f"{c['moe_layers']} layers x {c['slot_bytes']:,} B (an expert is {c['expert_bytes']:,} B)",
+        lines += [f"    {'expert slots':<16} {c['pool_bytes']:>14,} B  {c['slots']} of {c['routed_experts']} routed "
+                  f"experts ({c['slots_per_layer']:.2g} per MoE layer, {c['moe_layers']} layers) x {c['slot_bytes']:,} B "
+                  f"(an expert is {c['expert_bytes']:,} B)",
                   f"    {'total':<16} {c['fixed_bytes'] + c['pool_bytes']:>14,} B  (the least budget that runs: "
                   f"{c['min_budget']:,} B)"]
         per = ", ".join(f"{float(h):.0%} hits {b / 1e6:.3g} MB" for h, b in c["bytes_read_per_token"].items())

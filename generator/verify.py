@@ -197,7 +197,7 @@ def budget_text(r: dict) -> str:
         return ""
     uses = c.get("cache_hits", 0) + c.get("cache_misses", 0)
     hits = f", {100 * c['cache_hits'] / uses:.0f}% expert cache hits while decoding" if uses else ""
-    slots = f", {c['slots']} expert slots per MoE layer" if c.get("slots") else ""
+    slots = f", {c['slots']} expert slots" if c.get("slots") else ""
     locked = "" if not c.get("lock_refused") else ", resident weights NOT locked (mlock refused)"
     return f" under a memory budget of {c['budget']:,} B{slots}{hits}{locked}"
 

@@ -41,9 +41,9 @@ def test_firmware_sizes_its_slots_as_the_plan_does(builder, checkpoints):
     board, art, plan = builder.build(checkpoints("qwen3_moe"), "q8_0", 64)
     c = constants(board, plan)
     assert c.n_moe_layers == 2 and c.slot_bytes % 4096 == 0 and c.slot_bytes >= c.expert_bytes + 4096 - 64
-    row = c.slot_bytes * c.n_moe_layers
-    for budget, slots in ((c.min_budget, c.experts_per_token), (c.min_budget + row, c.experts_per_token + 1),
-                          (c.min_budget + row - 1, c.experts_per_token), (2**40, c.n_experts)):
+    k = c.experts_per_token
+    for budget, slots in ((c.min_budget, k), (c.budget_for(k + 1) - 1, k), (c.budget_for(k + 1), k + 1),
+                          (2**40, c.n_moe_layers * c.n_experts)):
         assert slots_for_budget(c, budget) == slots
         _, result = run(board, art, budget)
         assert int(result.stats["slots"]) == slots, budget
@@ -54,7 +54,7 @@ def test_a_budget_too_small_is_refused_before_running_with_the_numbers(builder, 
     board, art, plan = builder.build(checkpoints("mixtral_moe"), "q8_0", 64)
     c = constants(board, plan)
     with pytest.raises(ColibriError, match=rf"too small .* needs at least {c.min_budget:,} B .*resident weights "
-                                           rf"{c.resident_bytes:,} B .* 2 MoE layers x 2 expert slots"):
+                                           rf"{c.resident_bytes:,} B .* 2 expert slots .* x {c.slot_bytes:,} B"):
         cache_plan(plan, board.budget_reserve, c.min_budget - 1)
     # The firmware refuses it too, from its own constants, should anything skip the check.
     with pytest.raises(ColibriError, match=r"error 102: --memory-budget .* cannot hold this model"):
@@ -69,7 +69,8 @@ def test_same_bits_at_any_budget_on_host(builder, checkpoints, model):
     ref = reference_run(plan, art.weights, request)
     assert compare(unlimited, ref).passed
     assert cache_stats(unlimited)["slots"] == 0 and cache_stats(unlimited)["read_bytes"] == 0
-    for budget in (c.min_budget, c.min_budget + c.slot_bytes * c.n_moe_layers):
+    # top-k slots in all (every layer evicts the one before), and top-k per MoE layer.
+    for budget in (c.min_budget, c.budget_for(c.experts_per_token * c.n_moe_layers)):
         for threads in (1, 2):
             for prefetch in (True, False):
                 _, result = run(board, art, budget, threads, prefetch)
@@ -78,10 +79,11 @@ def test_same_bits_at_any_budget_on_host(builder, checkpoints, model):
                 assert compare(result, ref).passed
                 stats = cache_stats(result)
                 # Fewer slots than experts: experts were evicted and read again while decoding.
-                assert stats["slots"] < c.n_experts and stats["cache_misses"] > 0 and stats["read_bytes"] > 0
-                # A guess needs a next MoE layer (qwen2_moe_shared has one MoE layer only).
+                assert stats["slots"] < c.max_slots and stats["cache_misses"] > 0 and stats["read_bytes"] > 0
+                # A guess needs a next MoE layer (qwen2_moe_shared has one) and a slot that does not
+                # hold this token's experts (with top-k slots in all, none is free).
                 assert stats["prefetch"] == int(prefetch)
-                assert (stats["prefetches"] > 0) == (prefetch and c.n_moe_layers > 1)
+                assert (stats["prefetches"] > 0) == (prefetch and c.n_moe_layers > 1 and stats["slots"] > c.experts_per_token)
 
 
 def test_same_bits_at_the_smallest_budget_on_linux_aarch64(builder, checkpoints):

@@ -203,7 +203,7 @@ int colibri_decode(const ColibriRequest *req)
          * (after the prompt) and the prompt's reads. */
         proto_u64("mapped", 1);
         proto_u64("budget", info->budget);
-        proto_u64("slots", (uint64_t)info->slots_per_layer);
+        proto_u64("slots", (uint64_t)info->slots);
         proto_u64("locked", info->locked_bytes);
         proto_u64("lock_refused", (uint64_t)info->lock_refused);
         proto_u64("direct_io", (uint64_t)info->direct_io);

@@ -30,7 +30,7 @@ enum {
 typedef struct {
     int mapped;               /* 1: the image file is mapped read-only, not copied */
     uint64_t budget;          /* --memory-budget in bytes; 0: unlimited */
-    int32_t slots_per_layer;  /* expert slots per MoE layer; 0: experts read in place from the mapping */
+    int32_t slots;            /* expert slots in the pool the MoE layers share; 0: experts read in place */
     uint64_t locked_bytes;    /* resident bytes (and the slot pool) mlock()ed */
     int lock_refused;         /* 1: mlock was refused (RLIMIT_MEMLOCK): they may be paged out */
     int direct_io;            /* 1: experts are read with O_DIRECT (no page cache); 0: buffered reads */

@@ -6,12 +6,14 @@
 
 #define EXPERTS_PER_LAYER (COLIBRI_N_EXPERTS > 0 ? COLIBRI_N_EXPERTS : 1)
 #define TABLE_ENTRIES (COLIBRI_N_LAYERS * EXPERTS_PER_LAYER)
+#define MAX_SLOTS (COLIBRI_N_MOE_LAYERS > 0 ? COLIBRI_N_MOE_LAYERS * EXPERTS_PER_LAYER : 1) /* every expert its own */
 
 /* One slot: an expert's gate, up and down matrices as one aligned read of the image file. Only the
  * forward pass's thread changes a slot's fields; the I/O thread writes its bytes and `result`, which
  * the forward pass reads only after storage->wait(ticket). */
 typedef struct {
-    int32_t expert;      /* what it holds or is being read into it; -1: empty */
+    int32_t entry;       /* what it holds or is being read into it (layer x N_EXPERTS + expert); -1: empty */
+    int pinned;          /* holds an expert of the token being computed: never evicted meanwhile */
     uint64_t last_use;   /* the clock at its last use (or prefetch): least recently used goes first */
     int pending;         /* a queued read not waited for yet */
     int prefetched;      /* filled by a prefetch and not used since */
@@ -40,12 +42,11 @@ static Mode mode = IN_PLACE;
 static const uint8_t *image_base;
 static int check_in_place;                    /* IN_PLACE: check each expert on first use */
 static uint8_t checked_in_place[TABLE_ENTRIES];
-static int slots_per_layer;
+static int n_slots;
 static int prefetch_on;
 static ColibriStorage *storage;
-static int32_t moe_index[COLIBRI_N_LAYERS];   /* a MoE layer's place among the MoE layers; -1: dense */
-static Slot slots[TABLE_ENTRIES];             /* [moe index][slot]: only slots_per_layer of each row used */
-static int32_t slot_of[TABLE_ENTRIES];        /* [moe index][expert]: its slot, or -1 */
+static Slot slots[MAX_SLOTS];                 /* one pool for every MoE layer: only n_slots used */
+static int32_t slot_of[TABLE_ENTRIES];        /* [layer][expert]: its slot, or -1 */
 static uint64_t clock_tick;
 static ColibriCacheStats stats;
 
@@ -58,23 +59,14 @@ int64_t colibri_cache_slots_for_budget(uint64_t budget)
         return -1;
     }
 #if COLIBRI_N_MOE_LAYERS > 0
-    const uint64_t row = (uint64_t)COLIBRI_EXPERT_SLOT_BYTES * COLIBRI_N_MOE_LAYERS; /* one slot in every MoE layer */
-    const uint64_t slots = (budget - COLIBRI_BUDGET_FIXED_BYTES) / row;
+    const uint64_t slots = (budget - COLIBRI_BUDGET_FIXED_BYTES) / COLIBRI_EXPERT_SLOT_BYTES;
     if (slots < (uint64_t)COLIBRI_EXPERTS_PER_TOKEN) {
-        return -1;
+        return -1; /* one token's experts of one layer must fit at once */
     }
-    return slots > (uint64_t)COLIBRI_N_EXPERTS ? COLIBRI_N_EXPERTS : (int64_t)slots;
+    return slots > (uint64_t)MAX_SLOTS ? MAX_SLOTS : (int64_t)slots;
 #else
     return 0; /* no routed experts: everything is resident */
 #endif
-}
-
-static void index_moe_layers(void)
-{
-    int n = 0;
-    for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
-        moe_index[l] = colibri_layer_moe[l] ? n++ : -1;
-    }
 }
 
 void colibri_experts_in_place(const uint8_t *image, int check_on_first_use)
@@ -85,7 +77,6 @@ void colibri_experts_in_place(const uint8_t *image, int check_on_first_use)
     for (int i = 0; i < TABLE_ENTRIES; i++) {
         checked_in_place[i] = 0;
     }
-    index_moe_layers();
 }
 
 /* An expert's extent: where it starts in the image file and its bytes. */
@@ -120,29 +111,26 @@ static void read_done(int ticket, int64_t result)
     slots[ticket].result = result;
 }
 
-void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int per_layer, ColibriStorage *s, int prefetch)
+void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int count, ColibriStorage *s, int prefetch)
 {
     mode = SLOTS;
     image_base = image;
     storage = s;
     storage->done = read_done;
-    slots_per_layer = per_layer;
+    n_slots = count < MAX_SLOTS ? count : MAX_SLOTS;
     prefetch_on = prefetch && s->submit != NULL;
-    index_moe_layers();
     for (int i = 0; i < TABLE_ENTRIES; i++) {
         slot_of[i] = -1;
-        slots[i].expert = -1;
-        slots[i].buf = NULL;
     }
-    for (int m = 0; m < COLIBRI_N_MOE_LAYERS; m++) {
-        for (int j = 0; j < per_layer; j++) {
-            Slot *slot = &slots[m * EXPERTS_PER_LAYER + j];
-            slot->buf = pool + ((uint64_t)m * per_layer + j) * COLIBRI_EXPERT_SLOT_BYTES;
-            slot->last_use = 0;
-            slot->pending = 0;
-            slot->prefetched = 0;
-            slot->checked = 0;
-        }
+    for (int j = 0; j < n_slots; j++) {
+        Slot *slot = &slots[j];
+        slot->entry = -1;
+        slot->pinned = 0;
+        slot->buf = pool + (uint64_t)j * COLIBRI_EXPERT_SLOT_BYTES;
+        slot->last_use = 0;
+        slot->pending = 0;
+        slot->prefetched = 0;
+        slot->checked = 0;
     }
 }
 
@@ -175,44 +163,54 @@ static void bind_slot(Slot *slot, const ColibriWeights *w, int layer, int expert
 }
 
 /* Wait for a slot's queued read, if any. */
-static void settle(int ticket)
+static void settle(int j)
 {
-    Slot *slot = &slots[ticket];
+    Slot *slot = &slots[j];
     if (slot->pending) {
         const uint64_t t0 = storage->now_us();
-        storage->wait(storage->ctx, ticket);
+        storage->wait(storage->ctx, j);
         stats.wait_us += storage->now_us() - t0;
         slot->pending = 0;
     }
 }
 
-/* The least recently used slot of MoE row m, skipping those `busy` marks (and, for prefetches, those
- * being read); -1 if none. */
-static int victim(int m, const uint8_t *busy, int skip_pending)
+/* The least recently used slot that is not pinned (and, for prefetches, not being read); -1 if none.
+ * One pool serves every MoE layer: as the layers take turns, the slot used longest ago usually holds
+ * an expert of the layer now asking (its previous token's), so it behaves as a per-layer LRU when
+ * there are top-k slots per layer or more, and still works with top-k slots in all. */
+static int victim(int skip_pending)
 {
     int best = -1;
-    for (int j = 0; j < slots_per_layer; j++) {
-        const Slot *slot = &slots[m * EXPERTS_PER_LAYER + j];
-        if (busy[j] || (skip_pending && slot->pending)) {
+    for (int j = 0; j < n_slots; j++) {
+        const Slot *slot = &slots[j];
+        if (slot->pinned || (skip_pending && slot->pending)) {
             continue;
         }
-        if (best < 0 || slot->last_use < slots[m * EXPERTS_PER_LAYER + best].last_use) {
+        if (best < 0 || slot->last_use < slots[best].last_use) {
             best = j;
         }
     }
     return best;
 }
 
-static void assign(int m, int j, int32_t expert)
+static void assign(int j, int32_t entry)
 {
-    Slot *slot = &slots[m * EXPERTS_PER_LAYER + j];
-    if (slot->expert >= 0) {
-        slot_of[m * EXPERTS_PER_LAYER + slot->expert] = -1;
+    Slot *slot = &slots[j];
+    if (slot->entry >= 0) {
+        slot_of[slot->entry] = -1;
     }
-    slot->expert = expert;
+    slot->entry = entry;
     slot->checked = 0;
     slot->prefetched = 0;
-    slot_of[m * EXPERTS_PER_LAYER + expert] = j;
+    slot_of[entry] = j;
+}
+
+static void forget(int j)
+{
+    if (slots[j].entry >= 0) {
+        slot_of[slots[j].entry] = -1;
+    }
+    slots[j].entry = -1;
 }
 
 int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *ids, int k, const ColibriExpert **out)
@@ -233,36 +231,37 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
         }
         return COLIBRI_OK;
     }
-    const int m = moe_index[layer];
-    uint8_t busy[EXPERTS_PER_LAYER] = {0}; /* slots this token's experts hold */
-    /* Hits first, so that no miss evicts another expert of this token. */
+    /* The previous token's (or layer's) experts are done with; this token's hits are pinned first,
+     * so that no miss evicts another expert of this token. */
+    for (int j = 0; j < n_slots; j++) {
+        slots[j].pinned = 0;
+    }
     for (int i = 0; i < k; i++) {
-        const int j = slot_of[m * EXPERTS_PER_LAYER + ids[i]];
+        const int j = slot_of[layer * EXPERTS_PER_LAYER + ids[i]];
         if (j >= 0) {
-            busy[j] = 1;
+            slots[j].pinned = 1;
         }
     }
     for (int i = 0; i < k; i++) {
-        int j = slot_of[m * EXPERTS_PER_LAYER + ids[i]];
-        const int ticket = m * EXPERTS_PER_LAYER + (j >= 0 ? j : 0);
+        const int32_t entry = layer * EXPERTS_PER_LAYER + ids[i];
+        int j = slot_of[entry];
         uint64_t offset, len, skip, need;
         aligned_read(layer, ids[i], &offset, &len, &skip, &need);
         if (j >= 0) {
-            Slot *slot = &slots[ticket];
+            Slot *slot = &slots[j];
             stats.hits++;
             if (slot->prefetched) {
                 stats.prefetch_hits++;
                 slot->prefetched = 0;
             }
-            settle(ticket);
+            settle(j);
             if (!slot->checked) {
                 /* A prefetched read: its bytes arrived on the I/O thread. */
                 const uint64_t t0 = storage->now_us();
                 int status = slot->result < (int64_t)need ? COLIBRI_ERR_READ : check_expert(layer, ids[i], slot->buf + skip);
                 stats.wait_us += storage->now_us() - t0;
                 if (status != COLIBRI_OK) {
-                    slot_of[m * EXPERTS_PER_LAYER + ids[i]] = -1;
-                    slot->expert = -1;
+                    forget(j);
                     return status;
                 }
                 slot->checked = 1;
@@ -270,11 +269,11 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
             }
         } else {
             stats.misses++;
-            j = victim(m, busy, 0);
-            Slot *slot = &slots[m * EXPERTS_PER_LAYER + j];
-            settle(m * EXPERTS_PER_LAYER + j); /* never overwrite a buffer being read into */
-            assign(m, j, ids[i]);
-            busy[j] = 1;
+            j = victim(0);
+            Slot *slot = &slots[j];
+            settle(j); /* never overwrite a buffer being read into */
+            assign(j, entry);
+            slot->pinned = 1;
             const uint64_t t0 = storage->now_us();
             int64_t got = storage->read(storage->ctx, slot->buf, offset, len);
             int status = got < (int64_t)need ? COLIBRI_ERR_READ : check_expert(layer, ids[i], slot->buf + skip);
@@ -283,16 +282,14 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
                 stats.bytes_read += (uint64_t)got;
             }
             if (status != COLIBRI_OK) {
-                slot_of[m * EXPERTS_PER_LAYER + ids[i]] = -1;
-                slot->expert = -1;
+                forget(j);
                 return status;
             }
             slot->checked = 1;
             bind_slot(slot, w, layer, ids[i], skip);
         }
-        Slot *slot = &slots[m * EXPERTS_PER_LAYER + j];
-        slot->last_use = ++clock_tick;
-        out[i] = &slot->w;
+        slots[j].last_use = ++clock_tick;
+        out[i] = &slots[j].w;
     }
     return COLIBRI_OK;
 }
@@ -307,33 +304,24 @@ void colibri_experts_prefetch(int layer, const int32_t *ids, int k)
     if (!colibri_experts_prefetching()) {
         return;
     }
-    const int m = moe_index[layer];
-    uint8_t busy[EXPERTS_PER_LAYER] = {0};
     for (int i = 0; i < k; i++) {
-        const int j = slot_of[m * EXPERTS_PER_LAYER + ids[i]];
-        if (j >= 0) {
-            busy[j] = 1; /* already there (or on its way): keep it */
+        const int32_t entry = layer * EXPERTS_PER_LAYER + ids[i];
+        if (slot_of[entry] >= 0) {
+            continue; /* there, or on its way */
         }
-    }
-    for (int i = 0; i < k; i++) {
-        if (slot_of[m * EXPERTS_PER_LAYER + ids[i]] >= 0) {
-            continue;
-        }
-        const int j = victim(m, busy, 1);
+        const int j = victim(1);
         if (j < 0) {
             return;
         }
-        const int ticket = m * EXPERTS_PER_LAYER + j;
-        Slot *slot = &slots[ticket];
+        Slot *slot = &slots[j];
         uint64_t offset, len, skip, need;
         aligned_read(layer, ids[i], &offset, &len, &skip, &need);
-        assign(m, j, ids[i]);
-        busy[j] = 1;
+        assign(j, entry);
         slot->result = -1;
         slot->last_use = ++clock_tick;
-        if (storage->submit(storage->ctx, ticket, slot->buf, offset, len) != 0) {
-            slot_of[m * EXPERTS_PER_LAYER + ids[i]] = -1;
-            slot->expert = -1;
+        slot->pinned = 1; /* not to be evicted by the next guess of this token */
+        if (storage->submit(storage->ctx, j, slot->buf, offset, len) != 0) {
+            forget(j);
             return;
         }
         slot->pending = 1;

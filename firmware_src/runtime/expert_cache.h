@@ -1,6 +1,7 @@
 /* Routed experts for the forward pass: straight from the weight image (MCU flash, or a Linux board's
- * mapped image with no budget), or, under a memory budget, from a fixed pool of slots per MoE layer
- * filled from the image file through a small storage interface the BSP provides (bsp/linux/storage.c).
+ * mapped image with no budget), or, under a memory budget, from one fixed pool of expert slots shared
+ * by the MoE layers (least recently used first out), filled from the image file through a small
+ * storage interface the BSP provides (bsp/linux/storage.c).
  *
  * The bytes the kernels read are the image's bytes either way (a slot holds an exact copy, checked
  * against the tensor's CRC-32 in the directory), so results are identical at any budget. */
@@ -38,10 +39,11 @@ typedef struct {
     uint64_t wait_us;        /* the forward pass waiting on reads and their CRC-32 checks */
 } ColibriCacheStats;
 
-/* Slots per MoE layer under a budget of `budget` bytes, from the constants compiled into this
- * firmware (compile/cache_plan.py computes the same): 0 when budget is 0 (unlimited) or the model has
- * no routed experts; -1 when the budget cannot hold COLIBRI_BUDGET_FIXED_BYTES and
- * COLIBRI_EXPERTS_PER_TOKEN slots per MoE layer; at most COLIBRI_N_EXPERTS. */
+/* Expert slots under a budget of `budget` bytes, from the constants compiled into this firmware
+ * (compile/cache_plan.py computes the same): (budget - COLIBRI_BUDGET_FIXED_BYTES) /
+ * COLIBRI_EXPERT_SLOT_BYTES, at most one per routed expert; 0 when budget is 0 (unlimited) or the
+ * model has no routed experts; -1 when the budget cannot hold the fixed part and
+ * COLIBRI_EXPERTS_PER_TOKEN slots (one token's experts of one layer at once). */
 int64_t colibri_cache_slots_for_budget(uint64_t budget);
 
 /* Experts read in place from `image` (the default, with every tensor checked at open). With
@@ -49,12 +51,11 @@ int64_t colibri_cache_slots_for_budget(uint64_t budget);
  * opened with COLIBRI_CHECK_RESIDENT). */
 void colibri_experts_in_place(const uint8_t *image, int check_on_first_use);
 
-/* Experts read from storage into slots_per_layer slots per MoE layer, in `pool` (COLIBRI_N_MOE_LAYERS x
- * slots_per_layer x COLIBRI_EXPERT_SLOT_BYTES bytes, COLIBRI_STORAGE_ALIGN aligned, owned by the
- * caller); `image` is the opened, mapped image (its directory holds the CRC-32s). With prefetch and a
- * storage that can submit, the next MoE layer's likely experts are read while this one computes. */
-void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int slots_per_layer, ColibriStorage *storage,
-                               int prefetch);
+/* Experts read from storage into `slots` slots in `pool` (slots x COLIBRI_EXPERT_SLOT_BYTES bytes,
+ * COLIBRI_STORAGE_ALIGN aligned, owned by the caller; tickets 0..slots-1); `image` is the opened,
+ * mapped image (its directory holds the CRC-32s). With prefetch and a storage that can submit, the
+ * next MoE layer's likely experts are read while this one computes. */
+void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int slots, ColibriStorage *storage, int prefetch);
 
 /* The k experts `ids` of MoE layer `layer` for one token, into out[0..k-1]: COLIBRI_OK or the loader's
  * error code (a corrupted expert: COLIBRI_ERR_TENSOR_CHECKSUM; a failed read: COLIBRI_ERR_READ). The
@@ -65,7 +66,8 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
 int colibri_experts_prefetching(void);
 
 /* Hint: MoE layer `layer` will probably want experts ids[0..k-1]; read those not in a slot on the I/O
- * thread, into its least recently used slots that are not being read. */
+ * thread, into the least recently used slots that are neither pinned (the experts of the token being
+ * computed) nor being read. */
 void colibri_experts_prefetch(int layer, const int32_t *ids, int k);
 
 void colibri_experts_stats(ColibriCacheStats *out);

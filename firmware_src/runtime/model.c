@@ -225,15 +225,6 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
         b->expert_weights[k] = b->router_logits[b->expert_ids[k]];
         b->expert_counts[layer * COLIBRI_N_EXPERTS + b->expert_ids[k]]++;
     }
-    const int next = guess && colibri_experts_prefetching() ? next_moe_layer(layer) : -1;
-    if (next >= 0) {
-        /* The same quantized input (no matmul_input since): the next router's logits, in the
-         * router buffer this layer no longer needs. */
-        int32_t likely[COLIBRI_EXPERTS_PER_TOKEN];
-        linear(b->router_logits, &in, &w->layers[next].router, NULL, COLIBRI_N_EXPERTS);
-        top_k(b->router_logits, COLIBRI_N_EXPERTS, likely, COLIBRI_EXPERTS_PER_TOKEN);
-        colibri_experts_prefetch(next, likely, COLIBRI_EXPERTS_PER_TOKEN);
-    }
     if (COLIBRI_NORM_TOPK_PROB) {
         float sum = b->expert_weights[0];
         for (int k = 1; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
@@ -247,6 +238,16 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
     int status = colibri_experts_acquire(w, layer, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN, experts);
     if (status != 0) {
         return status;
+    }
+    const int next = guess && colibri_experts_prefetching() ? next_moe_layer(layer) : -1;
+    if (next >= 0) {
+        /* This layer's experts are in (and pinned): guess the next MoE layer's from the same
+         * quantized input (no matmul_input since) with its router, into the router buffer this layer
+         * no longer needs, and have them read while this layer computes. */
+        int32_t likely[COLIBRI_EXPERTS_PER_TOKEN];
+        linear(b->router_logits, &in, &w->layers[next].router, NULL, COLIBRI_N_EXPERTS);
+        top_k(b->router_logits, COLIBRI_N_EXPERTS, likely, COLIBRI_EXPERTS_PER_TOKEN);
+        colibri_experts_prefetch(next, likely, COLIBRI_EXPERTS_PER_TOKEN);
     }
     for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
         const ColibriExpert *ex = experts[k];

@@ -1,5 +1,5 @@
 """The expert cache under a RAM budget (Linux boards): what stays resident, how big an expert slot
-is, and how many slots each MoE layer gets from what a budget leaves.
+is, and how many slots the pool the MoE layers share gets from what a budget leaves.
 
 The weight image never depends on the budget: a budget is a run-time input (--memory-budget, the
 board file's memory_budget by default). The firmware gets the budget on its command line and
@@ -14,8 +14,12 @@ so `report` and the check made before anything runs say exactly what the firmwar
     slot       one expert's gate, up and down matrices as they lie in the image (one contiguous
                extent), rounded up to STORAGE_ALIGN plus one STORAGE_ALIGN block, so that an
                expert starting anywhere can be read with O_DIRECT at aligned file offsets
-    slots      per MoE layer: (budget - fixed) // (slot x MoE layers), at most n_experts, at least
-               experts_per_token or the budget is refused
+    slots      one pool shared by the MoE layers: (budget - fixed) // slot, at most one per routed
+               expert, at least experts_per_token (one token's experts of one layer at once) or the
+               budget is refused. Evicted least recently used first: as the layers take turns, that
+               is a per-layer LRU when there are experts_per_token slots per layer or more, and it
+               still runs a model below that (a quarter of a Mixtral-shaped image holds its resident
+               part and a few slots, not two per layer).
 """
 
 from __future__ import annotations
@@ -98,9 +102,17 @@ class CacheConstants:
     fixed_bytes: int  # resident + arenas + reserve
 
     @property
+    def max_slots(self) -> int:
+        return self.n_moe_layers * self.n_experts
+
+    @property
     def min_budget(self) -> int:
-        """The least budget that holds the fixed part and experts_per_token slots per MoE layer."""
-        return self.fixed_bytes + self.n_moe_layers * self.experts_per_token * self.slot_bytes
+        """The least budget that runs: the fixed part and one token's experts of one layer."""
+        return self.fixed_bytes + (self.experts_per_token * self.slot_bytes if self.n_moe_layers else 0)
+
+    def budget_for(self, slots: int) -> int:
+        """The least budget that gives `slots` slots."""
+        return self.fixed_bytes + slots * self.slot_bytes
 
 
 def cache_constants(plan: Plan, reserve_bytes: int) -> CacheConstants:
@@ -121,7 +133,7 @@ def cache_constants(plan: Plan, reserve_bytes: int) -> CacheConstants:
 class CachePlan:
     budget: int  # bytes; 0: unlimited (experts used straight from the mapped image)
     constants: CacheConstants
-    slots_per_layer: int  # 0 when unlimited or the model has no routed experts
+    slots: int  # in the pool the MoE layers share; 0 when unlimited or the model has no routed experts
 
     @property
     def unlimited(self) -> bool:
@@ -129,11 +141,16 @@ class CachePlan:
 
     @property
     def pool_bytes(self) -> int:
-        return self.slots_per_layer * self.constants.n_moe_layers * self.constants.slot_bytes
+        return self.slots * self.constants.slot_bytes
+
+    @property
+    def slots_per_layer(self) -> float:
+        return self.slots / self.constants.n_moe_layers if self.constants.n_moe_layers else 0.0
 
     def bytes_read_per_token(self, hit_rate: float) -> float:
-        """Expert bytes one decoded token reads from storage when a share `hit_rate` of its expert
-        uses find the expert in a slot (each miss reads one slot's worth, aligned)."""
+        """Bytes one decoded token reads from storage when a share `hit_rate` of its expert uses find
+        the expert in a slot: each miss reads its expert, aligned (slot_bytes at most; an expert's
+        aligned read is one STORAGE_ALIGN block less or more than its extent, counted as a slot)."""
         if self.unlimited or not self.constants.n_moe_layers:
             return 0.0
         c = self.constants
@@ -143,24 +160,25 @@ class CachePlan:
         c = self.constants
         return {"budget": self.budget, "unlimited": self.unlimited, "resident_bytes": c.resident_bytes,
                 "fixed_bytes": c.fixed_bytes, "reserve_bytes": c.reserve_bytes, "moe_layers": c.n_moe_layers,
-                "expert_bytes": c.expert_bytes, "slot_bytes": c.slot_bytes, "slots_per_layer": self.slots_per_layer,
-                "pool_bytes": self.pool_bytes, "min_budget": c.min_budget if c.n_moe_layers else c.fixed_bytes,
+                "expert_bytes": c.expert_bytes, "slot_bytes": c.slot_bytes, "slots": self.slots,
+                "slots_per_layer": self.slots_per_layer, "routed_experts": c.max_slots,
+                "pool_bytes": self.pool_bytes, "min_budget": c.min_budget,
                 "bytes_read_per_token": {f"{h:g}": self.bytes_read_per_token(h) for h in hit_rates}}
 
 
 def slots_for_budget(c: CacheConstants, budget: int) -> int | None:
-    """Slots per MoE layer under `budget` (runtime/expert_cache.c computes the same): 0 when
-    unlimited or there are no routed experts, None when the budget is too small."""
+    """Expert slots under `budget` (runtime/expert_cache.c computes the same): 0 when unlimited or
+    there are no routed experts, None when the budget is too small."""
     if budget == 0:
         return 0
     if budget < c.fixed_bytes:
         return None
     if not c.n_moe_layers:
         return 0
-    slots = (budget - c.fixed_bytes) // (c.slot_bytes * c.n_moe_layers)
+    slots = (budget - c.fixed_bytes) // c.slot_bytes
     if slots < c.experts_per_token:
         return None
-    return min(slots, c.n_experts)
+    return min(slots, c.max_slots)
 
 
 def cache_plan(plan: Plan, reserve_bytes: int, budget: int) -> CachePlan:
@@ -169,8 +187,8 @@ def cache_plan(plan: Plan, reserve_bytes: int, budget: int) -> CachePlan:
     c = cache_constants(plan, reserve_bytes)
     slots = slots_for_budget(c, budget)
     if slots is None:
-        need = c.min_budget if c.n_moe_layers else c.fixed_bytes
-        slots_part = (f" + {c.n_moe_layers} MoE layers x {c.experts_per_token} expert slots x "
+        need = c.min_budget
+        slots_part = (f" + {c.experts_per_token} expert slots (one token's experts of one layer) x "
                       f"{c.slot_bytes:,} B" if c.n_moe_layers else "")
         raise ColibriError(
             f"--memory-budget {budget:,} B ({format_size(budget)}) is too small for {plan.spec.name} "

@@ -342,11 +342,11 @@ int main(int argc, char **argv)
         char message[320];
         snprintf(message, sizeof message,
                  "--memory-budget %llu B cannot hold this model: it needs at least %llu B (resident weights, "
-                 "arenas and reserve %llu B + %d MoE layers x %d slots x %llu B)",
+                 "arenas and reserve %llu B + %d expert slots x %llu B)",
                  (unsigned long long)budget,
                  (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES +
-                     (unsigned long long)COLIBRI_N_MOE_LAYERS * COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_EXPERT_SLOT_BYTES,
-                 (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES, COLIBRI_N_MOE_LAYERS, COLIBRI_EXPERTS_PER_TOKEN,
+                     (COLIBRI_N_MOE_LAYERS > 0 ? (unsigned long long)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_EXPERT_SLOT_BYTES : 0),
+                 (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES, COLIBRI_N_MOE_LAYERS > 0 ? COLIBRI_EXPERTS_PER_TOKEN : 0,
                  (unsigned long long)COLIBRI_EXPERT_SLOT_BYTES);
         colibri_report_error(COLIBRI_ERR_BUDGET, message);
         return 1;
@@ -410,10 +410,9 @@ int main(int argc, char **argv)
         if (slots == 0) {
             colibri_experts_in_place(image, 1); /* no routed experts: everything is resident */
         } else {
-            const uint64_t pool_bytes = (uint64_t)COLIBRI_N_MOE_LAYERS * (uint64_t)slots * COLIBRI_EXPERT_SLOT_BYTES;
+            const uint64_t pool_bytes = (uint64_t)slots * COLIBRI_EXPERT_SLOT_BYTES;
             pool = aligned_alloc(COLIBRI_STORAGE_ALIGN, (size_t)pool_bytes);
-            const int tickets = COLIBRI_N_LAYERS * (COLIBRI_N_EXPERTS > 0 ? COLIBRI_N_EXPERTS : 1);
-            if (pool == NULL || storage_open(&storage, weights_path, tickets, (int)prefetch) != 0) {
+            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, (int)prefetch) != 0) {
                 colibri_report_error(COLIBRI_ERR_BUDGET, "cannot allocate the expert slots or open the image file for reading");
                 return 1;
             }
@@ -423,7 +422,7 @@ int main(int argc, char **argv)
             } else {
                 info->lock_refused = 1;
             }
-            info->slots_per_layer = (int32_t)slots;
+            info->slots = (int32_t)slots;
             info->direct_io = storage.direct;
             info->prefetch = storage.iface.submit != NULL;
             colibri_experts_use_slots(image, pool, (int)slots, &storage.iface, (int)prefetch);

@@ -280,9 +280,10 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
     # No logits hashes: the bench measures decoding, not verification.
     budget = cache.budget if cache is not None else 0
     probes = probes_bandwidth(board, remote)
-    # Under a budget the firmware also measures how fast its image file reads, just before decoding.
+    # Under a budget the firmware measures how fast its image file reads instead, just before
+    # decoding: the memory probe's buffer (256 MiB or more) would break the budget it runs under.
     request = RunRequest(prompt, steps, SamplingParams(), stop_at_eos=False, threads=threads, digests=False,
-                         probe_bandwidth_mib=PROBE_MIB if probes else None, memory_budget=budget,
+                         probe_bandwidth_mib=PROBE_MIB if probes and not budget else None, memory_budget=budget,
                          probe_storage_mib=STORAGE_PROBE_MIB if budget and probes else None)
     weight_bytes = weight_bytes_per_token(plan)
     macs = macs_per_token(plan)
@@ -373,6 +374,8 @@ def bench_line(out: dict, name: str) -> str:
     bandwidth = out["read_bandwidth_bytes_s"]
     if bandwidth is None:
         share = (f"{weights} (no bandwidth figure: the emulator's reads are not the board's)" if emulator
+                 else f"{weights} (no memory bandwidth probe under a memory budget: its buffer would break it)"
+                 if out.get("memory_budget") and not out["memory_budget"]["unlimited"]
                  else f"{weights} (no bandwidth figure)")
     else:
         probe = out["read_bandwidth_probe"]

@@ -17,8 +17,9 @@ STEPS = 24
 MOE_MODELS = ("mixtral_moe", "qwen2_moe_shared", "qwen3_moe")
 
 
-def run(board, art, budget=0, threads=1, prefetch=True, weights=None, prompt=PROMPT, steps=STEPS):
-    request = RunRequest(prompt, steps, threads=threads, memory_budget=budget, prefetch=prefetch, stop_at_eos=False)
+def run(board, art, budget=0, threads=1, prefetch=None, weights=None, prompt=PROMPT, steps=STEPS, eviction=None):
+    request = RunRequest(prompt, steps, threads=threads, memory_budget=budget, prefetch=prefetch, eviction=eviction,
+                         stop_at_eos=False)
     return request, run_on_board(board, art.program, weights or art.weights, request, art.model_hash())
 
 
@@ -72,18 +73,23 @@ def test_same_bits_at_any_budget_on_host(builder, checkpoints, model):
     # top-k slots in all (every layer evicts the one before), and top-k per MoE layer.
     for budget in (c.min_budget, c.budget_for(c.experts_per_token * c.n_moe_layers)):
         for threads in (1, 2):
-            for prefetch in (True, False):
-                _, result = run(board, art, budget, threads, prefetch)
+            for prefetch, eviction in ((True, "lfu"), (False, "lru"), (True, "lru"), (None, None)):
+                _, result = run(board, art, budget, threads, prefetch, eviction=eviction)
                 assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
                 assert result.expert_counts == unlimited.expert_counts == ref.expert_counts
                 assert compare(result, ref).passed
                 stats = cache_stats(result)
                 # Fewer slots than experts: experts were evicted and read again while decoding.
                 assert stats["slots"] < c.max_slots and stats["cache_misses"] > 0 and stats["read_bytes"] > 0
+                # Left to itself (None), the firmware picks by the pool's size: top-k slots per MoE
+                # layer or more, LRU without prefetching; fewer, LFU with it.
+                roomy = stats["slots"] >= c.experts_per_token * c.n_moe_layers
+                assert stats["prefetch"] == int(prefetch if prefetch is not None else not roomy)
+                assert stats["lru"] == int(eviction == "lru" if eviction is not None else roomy)
                 # A guess needs a next MoE layer (qwen2_moe_shared has one) and a slot that does not
                 # hold this token's experts (with top-k slots in all, none is free).
-                assert stats["prefetch"] == int(prefetch)
-                assert (stats["prefetches"] > 0) == (prefetch and c.n_moe_layers > 1 and stats["slots"] > c.experts_per_token)
+                assert (stats["prefetches"] > 0) == bool(stats["prefetch"] and c.n_moe_layers > 1
+                                                         and stats["slots"] > c.experts_per_token)
 
 
 def test_same_bits_at_the_smallest_budget_on_linux_aarch64(builder, checkpoints):

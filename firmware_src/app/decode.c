@@ -208,6 +208,7 @@ int colibri_decode(const ColibriRequest *req)
         proto_u64("lock_refused", (uint64_t)info->lock_refused);
         proto_u64("direct_io", (uint64_t)info->direct_io);
         proto_u64("prefetch", (uint64_t)info->prefetch);
+        proto_u64("lru", (uint64_t)info->eviction_lru);
         proto_u64("cache_hits", c2.hits - c1.hits);
         proto_u64("cache_misses", c2.misses - c1.misses);
         proto_u64("prefetches", c2.prefetches - c1.prefetches);

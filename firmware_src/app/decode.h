@@ -35,6 +35,7 @@ typedef struct {
     int lock_refused;         /* 1: mlock was refused (RLIMIT_MEMLOCK): they may be paged out */
     int direct_io;            /* 1: experts are read with O_DIRECT (no page cache); 0: buffered reads */
     int prefetch;             /* 1: the next MoE layer's likely experts are read on an I/O thread */
+    int eviction_lru;         /* 1: a full pool gives up the least recently used expert; 0: the least often used */
 } ColibriWeightsInfo;
 
 extern ColibriWeightsInfo colibri_weights_info;

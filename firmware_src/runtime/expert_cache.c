@@ -41,13 +41,15 @@ static const ColibriExpert *in_image(const ColibriWeights *w, int layer, int exp
 static Mode mode = IN_PLACE;
 static const uint8_t *image_base;
 static int check_in_place;                    /* IN_PLACE: check each expert on first use */
-static uint8_t checked_in_place[TABLE_ENTRIES];
+static uint8_t verified[TABLE_ENTRIES];        /* [layer][expert]: its CRC-32s matched once (in place or in a slot) */
 static int n_slots;
 static int prefetch_on;
 static ColibriStorage *storage;
 static Slot slots[MAX_SLOTS];                 /* one pool for every MoE layer: only n_slots used */
 static int32_t slot_of[TABLE_ENTRIES];        /* [layer][expert]: its slot, or -1 */
 static uint64_t clock_tick;
+static colibri_eviction policy = COLIBRI_EVICT_LFU;
+static uint32_t uses[TABLE_ENTRIES];           /* [layer][expert]: times used since start (LFU) */
 static ColibriCacheStats stats;
 
 int64_t colibri_cache_slots_for_budget(uint64_t budget)
@@ -75,7 +77,7 @@ void colibri_experts_in_place(const uint8_t *image, int check_on_first_use)
     image_base = image;
     check_in_place = check_on_first_use;
     for (int i = 0; i < TABLE_ENTRIES; i++) {
-        checked_in_place[i] = 0;
+        verified[i] = 0;
     }
 }
 
@@ -105,15 +107,35 @@ static int check_expert(int layer, int expert, const uint8_t *data)
     return COLIBRI_OK;
 }
 
+/* A read into a slot: short reads fail; the expert's CRC-32s are checked the first time it is brought in
+ * (later reads of it come from the same read-only file, as the mapping's pages would). */
+static int check_read(int layer, int expert, int64_t got, uint64_t need, const uint8_t *data)
+{
+    const int entry = layer * EXPERTS_PER_LAYER + expert;
+    if (got < (int64_t)need) {
+        return COLIBRI_ERR_READ;
+    }
+    if (!verified[entry]) {
+        int status = check_expert(layer, expert, data);
+        if (status != COLIBRI_OK) {
+            return status;
+        }
+        verified[entry] = 1;
+    }
+    return COLIBRI_OK;
+}
+
 /* Called on the I/O thread when a queued read is done. */
 static void read_done(int ticket, int64_t result)
 {
     slots[ticket].result = result;
 }
 
-void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int count, ColibriStorage *s, int prefetch)
+void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int count, ColibriStorage *s, int prefetch,
+                               colibri_eviction eviction)
 {
     mode = SLOTS;
+    policy = eviction;
     image_base = image;
     storage = s;
     storage->done = read_done;
@@ -121,6 +143,8 @@ void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int count, C
     prefetch_on = prefetch && s->submit != NULL;
     for (int i = 0; i < TABLE_ENTRIES; i++) {
         slot_of[i] = -1;
+        verified[i] = 0;
+        uses[i] = 0;
     }
     for (int j = 0; j < n_slots; j++) {
         Slot *slot = &slots[j];
@@ -174,10 +198,13 @@ static void settle(int j)
     }
 }
 
-/* The least recently used slot that is not pinned (and, for prefetches, not being read); -1 if none.
- * One pool serves every MoE layer: as the layers take turns, the slot used longest ago usually holds
- * an expert of the layer now asking (its previous token's), so it behaves as a per-layer LRU when
- * there are top-k slots per layer or more, and still works with top-k slots in all. */
+/* The slot to give up that is not pinned (and, for prefetches, not being read); -1 if none. LRU: the
+ * one used longest ago. One pool serves every MoE layer, and as the layers take turns the slot used
+ * longest ago usually holds an expert of the layer now asking (its previous token's): a per-layer LRU
+ * when there are top-k slots per layer or more. Below that, LRU evicts every expert before its layer
+ * comes round again (0 % hits, measured: docs/performance.md), so LFU, the default, gives up the
+ * expert used least often since start (the least recently used among equals): the pool keeps the
+ * experts the router picks most. */
 static int victim(int skip_pending)
 {
     int best = -1;
@@ -186,7 +213,15 @@ static int victim(int skip_pending)
         if (slot->pinned || (skip_pending && slot->pending)) {
             continue;
         }
-        if (best < 0 || slot->last_use < slots[best].last_use) {
+        if (best < 0) {
+            best = j;
+            continue;
+        }
+        const Slot *b = &slots[best];
+        const uint32_t u = slot->entry >= 0 ? uses[slot->entry] : 0, ub = b->entry >= 0 ? uses[b->entry] : 0;
+        if (policy == COLIBRI_EVICT_LFU && u != ub) {
+            best = u < ub ? j : best;
+        } else if (slot->last_use < b->last_use) {
             best = j;
         }
     }
@@ -218,14 +253,14 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
     if (mode == IN_PLACE) {
         for (int i = 0; i < k; i++) {
             const int entry = layer * EXPERTS_PER_LAYER + ids[i];
-            if (check_in_place && !checked_in_place[entry]) {
+            if (check_in_place && !verified[entry]) {
                 uint64_t start, bytes;
                 expert_extent(layer, ids[i], &start, &bytes);
                 int status = check_expert(layer, ids[i], image_base + start);
                 if (status != COLIBRI_OK) {
                     return status;
                 }
-                checked_in_place[entry] = 1;
+                verified[entry] = 1;
             }
             out[i] = in_image(w, layer, ids[i]);
         }
@@ -241,6 +276,7 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
         if (j >= 0) {
             slots[j].pinned = 1;
         }
+        uses[layer * EXPERTS_PER_LAYER + ids[i]]++;
     }
     for (int i = 0; i < k; i++) {
         const int32_t entry = layer * EXPERTS_PER_LAYER + ids[i];
@@ -258,7 +294,7 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
             if (!slot->checked) {
                 /* A prefetched read: its bytes arrived on the I/O thread. */
                 const uint64_t t0 = storage->now_us();
-                int status = slot->result < (int64_t)need ? COLIBRI_ERR_READ : check_expert(layer, ids[i], slot->buf + skip);
+                int status = check_read(layer, ids[i], slot->result, need, slot->buf + skip);
                 stats.wait_us += storage->now_us() - t0;
                 if (status != COLIBRI_OK) {
                     forget(j);
@@ -276,7 +312,7 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
             slot->pinned = 1;
             const uint64_t t0 = storage->now_us();
             int64_t got = storage->read(storage->ctx, slot->buf, offset, len);
-            int status = got < (int64_t)need ? COLIBRI_ERR_READ : check_expert(layer, ids[i], slot->buf + skip);
+            int status = check_read(layer, ids[i], got, need, slot->buf + skip);
             stats.wait_us += storage->now_us() - t0;
             if (got > 0) {
                 stats.bytes_read += (uint64_t)got;

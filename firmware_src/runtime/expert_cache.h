@@ -51,11 +51,18 @@ int64_t colibri_cache_slots_for_budget(uint64_t budget);
  * opened with COLIBRI_CHECK_RESIDENT). */
 void colibri_experts_in_place(const uint8_t *image, int check_on_first_use);
 
+/* Which expert a full pool gives up (expert_cache.c victim()). */
+typedef enum {
+    COLIBRI_EVICT_LFU = 0, /* the one used least often since start, least recently among equals (default) */
+    COLIBRI_EVICT_LRU = 1, /* the one used least recently */
+} colibri_eviction;
+
 /* Experts read from storage into `slots` slots in `pool` (slots x COLIBRI_EXPERT_SLOT_BYTES bytes,
  * COLIBRI_STORAGE_ALIGN aligned, owned by the caller; tickets 0..slots-1); `image` is the opened,
  * mapped image (its directory holds the CRC-32s). With prefetch and a storage that can submit, the
  * next MoE layer's likely experts are read while this one computes. */
-void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int slots, ColibriStorage *storage, int prefetch);
+void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int slots, ColibriStorage *storage, int prefetch,
+                               colibri_eviction eviction);
 
 /* The k experts `ids` of MoE layer `layer` for one token, into out[0..k-1]: COLIBRI_OK or the loader's
  * error code (a corrupted expert: COLIBRI_ERR_TENSOR_CHECKSUM; a failed read: COLIBRI_ERR_READ). The

@@ -27,16 +27,21 @@ class RunRequest:
     # mapped image read in place), prefetching on the I/O thread, and a storage read probe of this
     # many MiB of the image file before decoding (None: none).
     memory_budget: int = 0
-    prefetch: bool = True
+    # None: the firmware chooses from its pool's size (bsp/linux/main.c): with top-k slots per MoE
+    # layer or more, LRU and no prefetch; with fewer, LFU and prefetch. Measurements pin them.
+    prefetch: bool | None = None
     probe_storage_mib: int | None = None
+    eviction: str | None = None  # "lfu" | "lru"
 
     def firmware_options(self) -> list[str]:
         """The Linux firmware's command-line options for this request (beyond --weights)."""
         out = []
         if self.memory_budget:
             out += ["--memory-budget", str(self.memory_budget)]
-        if not self.prefetch:
-            out += ["--prefetch", "0"]
+        if self.prefetch is not None:
+            out += ["--prefetch", str(int(self.prefetch))]
+        if self.eviction is not None:
+            out += ["--evict", self.eviction]
         if self.probe_storage_mib:
             out += ["--probe-storage", str(self.probe_storage_mib)]
         return out
@@ -60,7 +65,7 @@ class RunResult:
 
 # Protocol 3's stats fields from a Linux board (firmware_src/app/decode.c): how it holds the weights
 # and its expert cache's counters over the decode (prefill_* over the prompt). Older boards send none.
-CACHE_STATS = ("mapped", "budget", "slots", "locked", "lock_refused", "direct_io", "prefetch", "cache_hits",
+CACHE_STATS = ("mapped", "budget", "slots", "locked", "lock_refused", "direct_io", "prefetch", "lru", "cache_hits",
                "cache_misses", "prefetches", "prefetch_hits", "read_bytes", "read_wait_us", "prefill_read_bytes",
                "prefill_read_wait_us")
 

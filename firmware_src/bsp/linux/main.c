@@ -126,12 +126,15 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 }
 
 static const char usage[] =
-    "usage: firmware --weights IMAGE [--memory-budget BYTES] [--prefetch 0|1] [--probe-storage MIB]\n"
+    "usage: firmware --weights IMAGE [--memory-budget BYTES] [--prefetch auto|0|1] [--evict auto|lfu|lru]\n"
+    "                [--probe-storage MIB]\n"
     "                [--copy-weights] [--logits-out FILE] < REQUEST\n"
     "The request is one request frame on stdin, the same line an MCU board reads on its UART\n"
     "(firmware_src/app/request.c); results go to stdout as frames. The image is mapped read-only;\n"
     "with a memory budget (bytes; 0: unlimited) the resident weights are locked in RAM and routed\n"
-    "experts are read into a fixed pool of slots (prefetched on an I/O thread unless --prefetch 0).\n"
+    "experts are read into a fixed pool of slots. auto: with top-k slots per MoE layer or more, the\n"
+    "least recently used expert goes (lru), no prefetch; with fewer, the least often used (lfu), and\n"
+    "the next layer's likely experts are read on an I/O thread meanwhile (prefetch 1).\n"
     "--probe-storage measures the image file's read bandwidth first; --copy-weights reads the whole\n"
     "image into memory instead of mapping it (the path before mapping, for comparisons).\n";
 
@@ -289,7 +292,8 @@ int main(int argc, char **argv)
 {
     const char *weights_path = NULL;
     const char *logits_path = NULL;
-    uint64_t budget = 0, probe_storage_mib = 0, prefetch = 1;
+    uint64_t budget = 0, probe_storage_mib = 0;
+    int prefetch = -1, eviction = -1; /* -1: chosen from the pool's size (below) */
     int copy_weights = 0;
     static int32_t prompt[COLIBRI_N_CTX];
     static char line[REQUEST_LINE_BYTES + 2];
@@ -314,9 +318,18 @@ int main(int argc, char **argv)
             if (parse_u64(argv[++i], &probe_storage_mib) != 0 || probe_storage_mib == 0) {
                 return fail(COLIBRI_ERR_REQUEST, "--probe-storage takes a number of MiB");
             }
+        } else if (strcmp(argv[i], "--evict") == 0) {
+            i++;
+            eviction = strcmp(argv[i], "lfu") == 0 ? COLIBRI_EVICT_LFU : strcmp(argv[i], "lru") == 0 ? COLIBRI_EVICT_LRU
+                     : strcmp(argv[i], "auto") == 0 ? -1 : -2;
+            if (eviction == -2) {
+                return fail(COLIBRI_ERR_REQUEST, "--evict takes auto, lfu or lru");
+            }
         } else if (strcmp(argv[i], "--prefetch") == 0) {
-            if (parse_u64(argv[++i], &prefetch) != 0 || prefetch > 1) {
-                return fail(COLIBRI_ERR_REQUEST, "--prefetch takes 0 or 1");
+            i++;
+            prefetch = strcmp(argv[i], "1") == 0 ? 1 : strcmp(argv[i], "0") == 0 ? 0 : strcmp(argv[i], "auto") == 0 ? -1 : -2;
+            if (prefetch == -2) {
+                return fail(COLIBRI_ERR_REQUEST, "--prefetch takes auto, 0 or 1");
             }
         } else {
             return fail(COLIBRI_ERR_REQUEST, "unknown option");
@@ -410,9 +423,20 @@ int main(int argc, char **argv)
         if (slots == 0) {
             colibri_experts_in_place(image, 1); /* no routed experts: everything is resident */
         } else {
+            /* Measured (docs/performance.md): with top-k slots per MoE layer or more, LRU keeps the
+             * experts consecutive tokens share and prefetching only evicts them; below that, LRU
+             * evicts every expert before its layer comes round again, so the pool keeps the most used
+             * (LFU) and the I/O thread reads the next layer's likely experts meanwhile. */
+            const int roomy = slots >= (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_N_MOE_LAYERS;
+            if (eviction < 0) {
+                eviction = roomy ? COLIBRI_EVICT_LRU : COLIBRI_EVICT_LFU;
+            }
+            if (prefetch < 0) {
+                prefetch = !roomy;
+            }
             const uint64_t pool_bytes = (uint64_t)slots * COLIBRI_EXPERT_SLOT_BYTES;
             pool = aligned_alloc(COLIBRI_STORAGE_ALIGN, (size_t)pool_bytes);
-            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, (int)prefetch) != 0) {
+            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, prefetch) != 0) {
                 colibri_report_error(COLIBRI_ERR_BUDGET, "cannot allocate the expert slots or open the image file for reading");
                 return 1;
             }
@@ -425,7 +449,8 @@ int main(int argc, char **argv)
             info->slots = (int32_t)slots;
             info->direct_io = storage.direct;
             info->prefetch = storage.iface.submit != NULL;
-            colibri_experts_use_slots(image, pool, (int)slots, &storage.iface, (int)prefetch);
+            info->eviction_lru = eviction == COLIBRI_EVICT_LRU;
+            colibri_experts_use_slots(image, pool, (int)slots, &storage.iface, prefetch, (colibri_eviction)eviction);
         }
         if (info->lock_refused) {
             struct rlimit limit;

@@ -278,45 +278,59 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
         }
         uses[layer * EXPERTS_PER_LAYER + ids[i]]++;
     }
+    /* Misses get their slots; all but the last are read on the I/O thread while the last is read
+     * here, so that two reads are in flight (storage answers two faster than one after the other). */
+    int slot_for[EXPERTS_PER_LAYER];
+    int missing = 0;
+    for (int i = 0; i < k; i++) {
+        missing += slot_of[layer * EXPERTS_PER_LAYER + ids[i]] < 0;
+    }
     for (int i = 0; i < k; i++) {
         const int32_t entry = layer * EXPERTS_PER_LAYER + ids[i];
         int j = slot_of[entry];
+        if (j >= 0) {
+            stats.hits++;
+            if (slots[j].prefetched) {
+                stats.prefetch_hits++;
+                slots[j].prefetched = 0;
+            }
+            slot_for[i] = j;
+            continue;
+        }
+        stats.misses++;
+        missing--;
+        j = victim(0);
+        Slot *slot = &slots[j];
+        settle(j); /* never overwrite a buffer being read into */
+        assign(j, entry);
+        slot->pinned = 1;
+        slot_for[i] = j;
         uint64_t offset, len, skip, need;
         aligned_read(layer, ids[i], &offset, &len, &skip, &need);
-        if (j >= 0) {
-            Slot *slot = &slots[j];
-            stats.hits++;
-            if (slot->prefetched) {
-                stats.prefetch_hits++;
-                slot->prefetched = 0;
-            }
-            settle(j);
-            if (!slot->checked) {
-                /* A prefetched read: its bytes arrived on the I/O thread. */
-                const uint64_t t0 = storage->now_us();
-                int status = check_read(layer, ids[i], slot->result, need, slot->buf + skip);
-                stats.wait_us += storage->now_us() - t0;
-                if (status != COLIBRI_OK) {
-                    forget(j);
-                    return status;
-                }
-                slot->checked = 1;
-                bind_slot(slot, w, layer, ids[i], skip);
-            }
-        } else {
-            stats.misses++;
-            j = victim(0);
-            Slot *slot = &slots[j];
-            settle(j); /* never overwrite a buffer being read into */
-            assign(j, entry);
-            slot->pinned = 1;
+        slot->result = -1;
+        if (missing > 0 && storage->submit != NULL && storage->submit(storage->ctx, j, slot->buf, offset, len) == 0) {
+            slot->pending = 1;
+            stats.bytes_read += len;
+            continue;
+        }
+        const uint64_t t0 = storage->now_us();
+        slot->result = storage->read(storage->ctx, slot->buf, offset, len);
+        stats.wait_us += storage->now_us() - t0;
+        if (slot->result > 0) {
+            stats.bytes_read += (uint64_t)slot->result;
+        }
+    }
+    /* Every read done and checked (the first time each expert comes in), in rank order. */
+    for (int i = 0; i < k; i++) {
+        const int j = slot_for[i];
+        Slot *slot = &slots[j];
+        settle(j);
+        if (!slot->checked) {
+            uint64_t offset, len, skip, need;
+            aligned_read(layer, ids[i], &offset, &len, &skip, &need);
             const uint64_t t0 = storage->now_us();
-            int64_t got = storage->read(storage->ctx, slot->buf, offset, len);
-            int status = check_read(layer, ids[i], got, need, slot->buf + skip);
+            int status = check_read(layer, ids[i], slot->result, need, slot->buf + skip);
             stats.wait_us += storage->now_us() - t0;
-            if (got > 0) {
-                stats.bytes_read += (uint64_t)got;
-            }
             if (status != COLIBRI_OK) {
                 forget(j);
                 return status;
@@ -324,8 +338,8 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
             slot->checked = 1;
             bind_slot(slot, w, layer, ids[i], skip);
         }
-        slots[j].last_use = ++clock_tick;
-        out[i] = &slots[j].w;
+        slot->last_use = ++clock_tick;
+        out[i] = &slot->w;
     }
     return COLIBRI_OK;
 }

@@ -27,11 +27,12 @@ class RunRequest:
     # mapped image read in place), prefetching on the I/O thread, and a storage read probe of this
     # many MiB of the image file before decoding (None: none).
     memory_budget: int = 0
-    # None: the firmware chooses from its pool's size (bsp/linux/main.c): with top-k slots per MoE
-    # layer or more, LRU and no prefetch; with fewer, LFU and prefetch. Measurements pin them.
+    # None: the firmware chooses from its pool's size (bsp/linux/main.c): LRU with top-k slots per
+    # MoE layer or more, else LFU; prefetch with fewer than 2 x top-k slots. Measurements pin them.
     prefetch: bool | None = None
     probe_storage_mib: int | None = None
     eviction: str | None = None  # "lfu" | "lru"
+    copy_weights: bool = False  # read the whole image into memory, as before mapping (for comparisons)
 
     def firmware_options(self) -> list[str]:
         """The Linux firmware's command-line options for this request (beyond --weights)."""
@@ -42,6 +43,8 @@ class RunRequest:
             out += ["--prefetch", str(int(self.prefetch))]
         if self.eviction is not None:
             out += ["--evict", self.eviction]
+        if self.copy_weights:
+            out += ["--copy-weights"]
         if self.probe_storage_mib:
             out += ["--probe-storage", str(self.probe_storage_mib)]
         return out

@@ -133,8 +133,8 @@ static const char usage[] =
     "(firmware_src/app/request.c); results go to stdout as frames. The image is mapped read-only;\n"
     "with a memory budget (bytes; 0: unlimited) the resident weights are locked in RAM and routed\n"
     "experts are read into a fixed pool of slots. auto: with top-k slots per MoE layer or more, the\n"
-    "least recently used expert goes (lru), no prefetch; with fewer, the least often used (lfu), and\n"
-    "the next layer's likely experts are read on an I/O thread meanwhile (prefetch 1).\n"
+    "least recently used expert goes (lru), with fewer the least often used (lfu); with fewer than\n"
+    "2 x top-k slots the next layer's likely experts are read on an I/O thread meanwhile.\n"
     "--probe-storage measures the image file's read bandwidth first; --copy-weights reads the whole\n"
     "image into memory instead of mapping it (the path before mapping, for comparisons).\n";
 
@@ -424,19 +424,21 @@ int main(int argc, char **argv)
             colibri_experts_in_place(image, 1); /* no routed experts: everything is resident */
         } else {
             /* Measured (docs/performance.md): with top-k slots per MoE layer or more, LRU keeps the
-             * experts consecutive tokens share and prefetching only evicts them; below that, LRU
-             * evicts every expert before its layer comes round again, so the pool keeps the most used
-             * (LFU) and the I/O thread reads the next layer's likely experts meanwhile. */
+             * experts consecutive tokens share; below that, LRU evicts every expert before its layer
+             * comes round again, so the pool keeps the most used (LFU). Guessing the next layer's
+             * experts pays only when the pool keeps almost nothing between layers anyway (fewer than
+             * 2 x top-k slots): elsewhere a wrong guess evicts an expert that would have hit. */
             const int roomy = slots >= (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_N_MOE_LAYERS;
             if (eviction < 0) {
                 eviction = roomy ? COLIBRI_EVICT_LRU : COLIBRI_EVICT_LFU;
             }
             if (prefetch < 0) {
-                prefetch = !roomy;
+                prefetch = slots < 2 * (int64_t)COLIBRI_EXPERTS_PER_TOKEN;
             }
             const uint64_t pool_bytes = (uint64_t)slots * COLIBRI_EXPERT_SLOT_BYTES;
             pool = aligned_alloc(COLIBRI_STORAGE_ALIGN, (size_t)pool_bytes);
-            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, prefetch) != 0) {
+            /* The I/O thread reads a token's misses side by side, and the guesses when prefetching. */
+            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, 1) != 0) {
                 colibri_report_error(COLIBRI_ERR_BUDGET, "cannot allocate the expert slots or open the image file for reading");
                 return 1;
             }
@@ -448,7 +450,7 @@ int main(int argc, char **argv)
             }
             info->slots = (int32_t)slots;
             info->direct_io = storage.direct;
-            info->prefetch = storage.iface.submit != NULL;
+            info->prefetch = prefetch && storage.iface.submit != NULL;
             info->eviction_lru = eviction == COLIBRI_EVICT_LRU;
             colibri_experts_use_slots(image, pool, (int)slots, &storage.iface, prefetch, (colibri_eviction)eviction);
         }

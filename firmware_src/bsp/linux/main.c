@@ -250,29 +250,23 @@ static int layer_experts(int layer, uint64_t *start, uint64_t *end)
     return 1;
 }
 
-/* Under a budget: the mapping's expert ranges get no readahead (their pages are never wanted from
- * the mapping: experts come through slots), and everything else, the resident part, is locked.
- * Returns the bytes locked; *refused says whether mlock refused any of it. */
+/* Under a budget: no readahead anywhere in the mapping (a fault next to an expert's range would read
+ * into it, and those pages would count against the budget), then each resident range read ahead as
+ * exactly that range (MADV_WILLNEED) and locked; the experts' ranges are never touched through the
+ * mapping. Returns the bytes locked; *refused says whether mlock refused any of it. */
 static uint64_t hold_resident(uint8_t *image, uint64_t len, int *refused)
 {
     uint64_t locked = 0, cursor = 0;
     *refused = 0;
+    madvise(image, (size_t)len, MADV_RANDOM);
     for (int l = 0; l <= COLIBRI_N_LAYERS; l++) {
         uint64_t start = len, end = len, from, to;
         if (l < COLIBRI_N_LAYERS && !layer_experts(l, &start, &end)) {
             continue;
         }
-        if (l < COLIBRI_N_LAYERS) {
-            /* Inside the experts' range, whole pages only: the pages at its ends are shared with
-             * resident tensors. */
-            const uint64_t page = page_bytes();
-            uint64_t in_from = (start + page - 1) / page * page, in_to = end / page * page;
-            if (in_to > in_from) {
-                madvise(image + in_from, (size_t)(in_to - in_from), MADV_RANDOM);
-            }
-        }
         page_range(cursor, start, len, &from, &to);
         if (to > from) {
+            madvise(image + from, (size_t)(to - from), MADV_WILLNEED);
             if (mlock(image + from, (size_t)(to - from)) == 0) {
                 locked += to - from;
             } else {
@@ -409,17 +403,21 @@ int main(int argc, char **argv)
             return fail(COLIBRI_ERR_REQUEST, "cannot open the --logits-out file");
         }
     }
-    /* Mapped: the header, the directory and the resident tensors are checked now, each expert when
-     * it is first brought in, so start-up does not grow with the experts. */
-    int status = colibri_load_checking(image, image_len, copy_weights ? COLIBRI_CHECK_ALL : COLIBRI_CHECK_RESIDENT);
     uint8_t *pool = NULL;
     ColibriWeightsInfo *info = &colibri_weights_info;
     info->mapped = !copy_weights;
     info->budget = budget;
+    if (budget > 0) {
+        /* Before the checks below read the resident tensors through the mapping: read ahead there
+         * must not bring in the experts next to them. */
+        info->locked_bytes = hold_resident(image, image_len, &info->lock_refused);
+    }
+    /* Mapped: the header, the directory and the resident tensors are checked now, each expert when
+     * it is first brought in, so start-up does not grow with the experts. */
+    int status = colibri_load_checking(image, image_len, copy_weights ? COLIBRI_CHECK_ALL : COLIBRI_CHECK_RESIDENT);
     if (status == 0 && budget == 0) {
         colibri_experts_in_place(image, !copy_weights);
     } else if (status == 0) {
-        info->locked_bytes = hold_resident(image, image_len, &info->lock_refused);
         if (slots == 0) {
             colibri_experts_in_place(image, 1); /* no routed experts: everything is resident */
         } else {

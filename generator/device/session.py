@@ -27,8 +27,8 @@ class RunRequest:
     # mapped image read in place), prefetching on the I/O thread, and a storage read probe of this
     # many MiB of the image file before decoding (None: none).
     memory_budget: int = 0
-    # None: the firmware chooses from its pool's size (bsp/linux/main.c): LRU with top-k slots per
-    # MoE layer or more, else LFU; prefetch with fewer than 2 x top-k slots. Measurements pin them.
+    # None: the firmware chooses (bsp/linux/main.c): LRU with top-k slots per MoE layer or more, else
+    # LFU; no prefetch (measured slower, docs/performance.md).
     prefetch: bool | None = None
     probe_storage_mib: int | None = None
     eviction: str | None = None  # "lfu" | "lru"

@@ -133,8 +133,8 @@ static const char usage[] =
     "(firmware_src/app/request.c); results go to stdout as frames. The image is mapped read-only;\n"
     "with a memory budget (bytes; 0: unlimited) the resident weights are locked in RAM and routed\n"
     "experts are read into a fixed pool of slots. auto: with top-k slots per MoE layer or more, the\n"
-    "least recently used expert goes (lru), with fewer the least often used (lfu); with fewer than\n"
-    "2 x top-k slots the next layer's likely experts are read on an I/O thread meanwhile.\n"
+    "least recently used expert goes (lru), with fewer the least often used (lfu); --prefetch 1 has\n"
+    "an I/O thread read the next layer's likely experts meanwhile (off by default: measured slower).\n"
     "--probe-storage measures the image file's read bandwidth first; --copy-weights reads the whole\n"
     "image into memory instead of mapping it (the path before mapping, for comparisons).\n";
 
@@ -424,14 +424,14 @@ int main(int argc, char **argv)
             /* Measured (docs/performance.md): with top-k slots per MoE layer or more, LRU keeps the
              * experts consecutive tokens share; below that, LRU evicts every expert before its layer
              * comes round again, so the pool keeps the most used (LFU). Guessing the next layer's
-             * experts pays only when the pool keeps almost nothing between layers anyway (fewer than
-             * 2 x top-k slots): elsewhere a wrong guess evicts an expert that would have hit. */
+             * experts (--prefetch 1) did not pay at any budget once a token's misses were read side
+             * by side: wrong guesses read bytes nobody uses and evict experts that would have hit. */
             const int roomy = slots >= (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_N_MOE_LAYERS;
             if (eviction < 0) {
                 eviction = roomy ? COLIBRI_EVICT_LRU : COLIBRI_EVICT_LFU;
             }
             if (prefetch < 0) {
-                prefetch = slots < 2 * (int64_t)COLIBRI_EXPERTS_PER_TOKEN;
+                prefetch = 0;
             }
             const uint64_t pool_bytes = (uint64_t)slots * COLIBRI_EXPERT_SLOT_BYTES;
             pool = aligned_alloc(COLIBRI_STORAGE_ALIGN, (size_t)pool_bytes);

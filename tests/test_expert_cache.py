@@ -162,3 +162,44 @@ def test_memory_budget_is_refused_on_mcu_boards(builder, checkpoints):
     from generator.cli import main
 
     assert main(["run", "--board", "qemu-rv32", "--memory-budget", "1G", "--prompt-ids", "1"]) == 2
+
+
+def test_cli_refuses_a_budget_too_small_or_malformed_before_building(checkpoints, tmp_path, capsys):
+    from generator.cli import main
+
+    model = checkpoints("mixtral_moe")
+    capsys.readouterr()
+    out = tmp_path / "out"
+    base = ["verify", "--model", str(model), "--ctx", "64", "--prompt-ids", "1,2", "--steps", "4", "--out", str(out)]
+    assert main([*base, "--memory-budget", "1M"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too small for mixtral_moe" in err[0] and "needs at least" in err[0]
+    assert not out.exists(), "nothing built for a refused budget"
+    with pytest.raises(SystemExit) as e:
+        main([*base, "--memory-budget", "12X"])
+    assert e.value.code == 2 and "expected a size such as 512M" in capsys.readouterr().err
+
+
+def test_report_and_bench_show_the_cache(builder, checkpoints, tmp_path, capsys):
+    import json
+
+    from generator.cli import main
+
+    model = checkpoints("qwen3_moe")
+    board, art, plan = builder.build(model, "q8_0", 64)
+    c = constants(board, plan)
+    budget = c.budget_for(c.experts_per_token * c.n_moe_layers)
+    out = tmp_path / "out"
+    assert main(["report", "--model", str(model), "--ctx", "64", "--out", str(out), "--json",
+                 "--memory-budget", str(budget)]) == 0
+    rep = json.loads(capsys.readouterr().out)["memory_budget"]
+    assert rep["resident_bytes"] == c.resident_bytes and rep["slot_bytes"] == c.slot_bytes
+    assert rep["slots"] == c.experts_per_token * c.n_moe_layers and rep["slots_per_layer"] == c.experts_per_token
+    assert rep["bytes_read_per_token"]["0"] == c.n_moe_layers * c.experts_per_token * c.slot_bytes
+    assert main(["bench", "--model", str(model), "--ctx", "64", "--out", str(out), "--json", "--repeat", "1",
+                 "--steps", "16", "--memory-budget", str(budget)]) == 0
+    out_json = json.loads(capsys.readouterr().out)
+    cache = out_json["cache"]
+    assert cache["slots"] == rep["slots"] and 0 <= cache["hit_rate"] <= 1 and cache["read_bytes_per_token"] > 0
+    assert cache["storage_read_bytes_s"] > 0 and cache["storage_bound_tok_s"] > 0
+    assert out_json["read_bandwidth_bytes_s"] is None, "no memory probe under a budget"

@@ -203,3 +203,24 @@ def test_report_and_bench_show_the_cache(builder, checkpoints, tmp_path, capsys)
     assert cache["slots"] == rep["slots"] and 0 <= cache["hit_rate"] <= 1 and cache["read_bytes_per_token"] > 0
     assert cache["storage_read_bytes_s"] > 0 and cache["storage_bound_tok_s"] > 0
     assert out_json["read_bandwidth_bytes_s"] is None, "no memory probe under a budget"
+
+
+def test_a_refused_mlock_is_said_plainly_and_changes_no_bit(builder, checkpoints, monkeypatch):
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("prlimit")):
+        pytest.skip("needs root, setpriv and prlimit to take CAP_IPC_LOCK away")
+    from generator.verify import budget_text, run_stats
+
+    board, art, plan = builder.build(checkpoints("mixtral_moe"), "q8_0", 64)
+    c = constants(board, plan)
+    _, locked = run(board, art, c.min_budget)
+    assert cache_stats(locked)["lock_refused"] == 0 and cache_stats(locked)["locked"] >= c.resident_bytes
+    # 64 KiB of RLIMIT_MEMLOCK and no CAP_IPC_LOCK: what an unprivileged user on many distributions has.
+    monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", "prlimit --memlock=65536:65536 setpriv --bounding-set=-ipc_lock "
+                                                  "--inh-caps=-ipc_lock --")
+    request, refused = run(board, art, c.min_budget)
+    assert cache_stats(refused)["lock_refused"] == 1
+    assert "resident weights NOT locked (mlock refused)" in budget_text(run_stats(refused, board, request))
+    assert refused.digests == locked.digests and refused.expert_counts == locked.expert_counts

@@ -90,11 +90,6 @@ int colibri_load_checking(const uint8_t *image, uint64_t image_len, int check)
     return status;
 }
 
-const ColibriWeights *colibri_loaded_weights(void)
-{
-    return weights_loaded ? &weights : NULL;
-}
-
 /* A forward pass that failed (an expert that could not be brought in): its error frame. */
 static int forward_failed(int status)
 {

@@ -5,7 +5,6 @@
 #include <stdint.h>
 
 #include "../runtime/sampler.h"
-#include "model_def.h"
 
 typedef struct {
     const int32_t *prompt;
@@ -50,9 +49,6 @@ int colibri_load(const uint8_t *image, uint64_t image_len);
 /* The same, checking at open only the tensors `check` names (image_loader.h: a mapped image's
  * experts are checked when first brought in). */
 int colibri_load_checking(const uint8_t *image, uint64_t image_len, int check);
-
-/* The weights colibri_load bound (NULL before a valid image was loaded). */
-const ColibriWeights *colibri_loaded_weights(void);
 
 /* Prefill the prompt and decode, sending token, stats and done frames. Returns 0 on success, else
  * the error code also sent in the error frame. */

@@ -14,7 +14,7 @@ from .compile.plan import Plan
 from .verify import rates, run_stats, speed_text
 from .device.remote import Remote, remote_prefix
 from .device.runner import run_on_board
-from .device.session import RunRequest, RunResult, check_fits_context
+from .device.session import RunRequest, RunResult, cache_stats, check_fits_context
 from .numerics.sampling import SamplingParams
 from .compile.targets import Board
 
@@ -173,7 +173,42 @@ def run_figures(result: RunResult, weight_bytes: int, board: Board | None = None
     bandwidth = int(result.bandwidth["read_bw"]) if result.bandwidth else None
     r["read_bandwidth_bytes_s"] = bandwidth
     r["bandwidth_fraction"] = weight_bytes * r["decode_tok_s"] / bandwidth if bandwidth and r["decode_tok_s"] else None
+    r["cache"] = cache_figures(result, r)
     return r
+
+
+STORAGE_PROBE_MIB = 256  # of the image file, at most: read with O_DIRECT (or after dropping it from the page cache)
+
+
+def cache_figures(result: RunResult, r: dict) -> dict | None:
+    """One run's expert cache over its decode: hit rate, bytes read from storage and time waiting on
+    reads per decoded token, the storage bandwidth the firmware measured just before, and the decode
+    speed that bandwidth allows if a token only waited on its reads (bytes per token / bandwidth)."""
+    c = cache_stats(result)
+    if c is None:
+        return None
+    passes = int(result.stats.get("decode", 0))
+    uses = c.get("cache_hits", 0) + c.get("cache_misses", 0)
+    per_token = c.get("read_bytes", 0) / passes if passes else 0.0
+    storage = int(result.storage["read_bw"]) if result.storage else None
+    return {**c, "hit_rate": c.get("cache_hits", 0) / uses if uses else None,
+            "read_bytes_per_token": per_token,
+            "read_wait_ms_per_token": c.get("read_wait_us", 0) / 1000 / passes if passes else 0.0,
+            "storage_read_bytes_s": storage, "storage_direct": bool(int(result.storage["direct"])) if result.storage else None,
+            "storage_bound_tok_s": storage / per_token if storage and per_token else None,
+            "of_storage_bound": (r["decode_tok_s"] * per_token / storage) if storage and per_token and r["decode_tok_s"] else None}
+
+
+def cache_summary(runs: list[dict]) -> dict | None:
+    """The median over the runs of each cache figure."""
+    figures = [r["cache"] for r in runs if r.get("cache")]
+    if not figures:
+        return None
+    out = {}
+    for key in figures[0]:
+        values = [f[key] for f in figures if isinstance(f.get(key), (int, float)) and not isinstance(f.get(key), bool)]
+        out[key] = statistics.median(values) if values else figures[-1][key]
+    return out
 
 
 def bandwidth_summary(weight_bytes: int, runs: list[dict]) -> dict:
@@ -234,7 +269,7 @@ def remote_summary(results: list[RunResult]) -> dict | None:
 def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, steps: int, repeat: int,
               threads: int = 1, plot: Path | None = None, port: str | None = None, reset: bool = False,
               remote: Remote | None = None, progress: Callable[[str], None] | None = None,
-              check_hello=None) -> dict:
+              check_hello=None, cache=None) -> dict:
     """Run the built firmware `art` (build.Artifacts) `repeat` times and return bench's figures (the
     --json document). On Linux boards run natively, each run first has the firmware probe the read
     bandwidth with the same threads: probe, decode, probe, decode... Under an emulator every
@@ -243,8 +278,13 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
     check_fits_context(prompt, steps, plan.n_ctx)
     check_plot(board, plot, steps)
     # No logits hashes: the bench measures decoding, not verification.
+    budget = cache.budget if cache is not None else 0
+    probes = probes_bandwidth(board, remote)
+    # Under a budget the firmware measures how fast its image file reads instead, just before
+    # decoding: the memory probe's buffer (256 MiB or more) would break the budget it runs under.
     request = RunRequest(prompt, steps, SamplingParams(), stop_at_eos=False, threads=threads, digests=False,
-                         probe_bandwidth_mib=PROBE_MIB if probes_bandwidth(board, remote) else None)
+                         probe_bandwidth_mib=PROBE_MIB if probes and not budget else None, memory_budget=budget,
+                         probe_storage_mib=STORAGE_PROBE_MIB if budget and probes else None)
     weight_bytes = weight_bytes_per_token(plan)
     macs = macs_per_token(plan)
     results = []
@@ -257,7 +297,10 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
             r = run_figures(result, weight_bytes, board, request)
             probe = (f", read bandwidth {r['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s just before"
                      if r["read_bandwidth_bytes_s"] else "")
-            progress(f"  run {i + 1}/{repeat}: {speed_text(r)}{probe}")
+            c = r["cache"]
+            cached = (f"; expert cache {100 * c['hit_rate']:.0f}% hits, {c['read_bytes_per_token'] / 1e6:.2f} MB read "
+                      f"per token" if c and c["hit_rate"] is not None else "")
+            progress(f"  run {i + 1}/{repeat}: {speed_text(r)}{probe}{cached}")
     runs = [run_figures(r, weight_bytes, board, request) for r in results]
     kernels = results[-1].hello.get("kernels", "?")
     # Under an emulator here, or on a board over SSH behind a prefix (an emulator, in the tests).
@@ -270,6 +313,8 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
            "speed_note": (f"measured under {emulator}: the emulator's speed, not the board's"
                           if emulator else None),
            "weight_bytes_per_token": weight_bytes, "macs_per_token": macs, "runs": runs,
+           "memory_budget": cache.to_dict() if cache is not None else None,
+           "cache": cache_summary(runs),
            "remote": remote_summary(results)}
     instructions = runs[0]["decode_instructions_per_token"]
     if instructions:
@@ -329,6 +374,8 @@ def bench_line(out: dict, name: str) -> str:
     bandwidth = out["read_bandwidth_bytes_s"]
     if bandwidth is None:
         share = (f"{weights} (no bandwidth figure: the emulator's reads are not the board's)" if emulator
+                 else f"{weights} (no memory bandwidth probe under a memory budget: its buffer would break it)"
+                 if out.get("memory_budget") and not out["memory_budget"]["unlimited"]
                  else f"{weights} (no bandwidth figure)")
     else:
         probe = out["read_bandwidth_probe"]
@@ -340,4 +387,22 @@ def bench_line(out: dict, name: str) -> str:
     return (f"{head}{out['threads']} thread(s), {out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, "
             f"median of {out['repeat']}): prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} "
             f"tok/s (ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}){label}; {share}; "
-            f"peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB")
+            f"peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB{cache_text(out)}")
+
+
+def cache_text(out: dict) -> str:
+    """bench's words on the expert cache: empty without a memory budget."""
+    c, plan = out.get("cache"), out.get("memory_budget")
+    if not c or not plan or plan["unlimited"]:
+        return ""
+    text = (f"; memory budget {plan['budget'] / 2**20:.0f} MiB: {plan['slots']} expert slots "
+            f"({plan['slots_per_layer']:.2g} per MoE layer), "
+            f"{100 * (c['hit_rate'] or 0):.1f}% hits ({c['prefetch_hits']:.0f} of them prefetched), "
+            f"{c['read_bytes_per_token'] / 1e6:.2f} MB read per token, waiting {c['read_wait_ms_per_token']:.2f} ms "
+            f"per token on reads" + ("" if c["locked"] and not c["lock_refused"] else ", resident weights NOT locked"))
+    if c.get("storage_read_bytes_s"):
+        how = "O_DIRECT" if c["storage_direct"] else "buffered, page cache dropped"
+        text += (f"; storage reads {c['storage_read_bytes_s'] / 1e9:.2f} GB/s ({how}) in the same run: bound "
+                 f"{c['storage_bound_tok_s']:.1f} tok/s if a token only read, "
+                 f"{100 * c['of_storage_bound']:.0f}% of it reached")
+    return text

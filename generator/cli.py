@@ -34,7 +34,8 @@ from .numerics.sampling import SamplingParams, generation_defaults
 from .option_checks import check_board_options, check_sampling_options, threads_warning
 from .project_file import apply_project_file, find_project_file, load_project_file
 from .report import format_report, planned_report_dict, report_dict, report_problem
-from .verify import FirmwareMismatch, compare, firmware_identity, hello_check, reference_run, run_stats, speed_text
+from .verify import (FirmwareMismatch, budget_text, compare, firmware_identity, hello_check, reference_run, run_stats,
+                     speed_text)
 
 
 def progress(message: str) -> None:
@@ -94,6 +95,22 @@ def add_remote_arg(p: argparse.ArgumentParser) -> None:
                         "--remote '' runs here")
 
 
+def memory_size(text: str) -> int:
+    from .compile.cache_plan import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_budget_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", type=memory_size, metavar="SIZE",
+                   help="Linux boards: RAM the firmware may use, e.g. 512M or 6G (binary units) or bytes; the "
+                        "dense part stays resident and routed experts are read into a pool of slots "
+                        "(default: the board file's memory_budget; 0: unlimited, the mapped image read in place)")
+
+
 def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
     p.add_argument("--prompt", help="prompt text (needs the model's tokenizer.json)")
     p.add_argument("--prompt-file", type=Path, metavar="FILE",
@@ -145,6 +162,18 @@ def compile_build(planned: Planned, quiet: bool, jobs: int | None = None) -> Art
     if planned.plan.kept_f32 and not quiet:
         progress(f"note: {planned.plan.kept_f32_summary()}")
     return run_scons(planned.request, None if quiet else progress, jobs=jobs)
+
+
+def budget_plan(args, board: Board, plan: Plan):
+    """The expert cache under --memory-budget (or the board file's default): refused here, with the
+    numbers, when the budget cannot hold the resident weights, the arenas and top-k slots per MoE
+    layer. None on boards that take no budget (MCUs: weights in flash)."""
+    from .compile.cache_plan import cache_plan
+
+    if board.runner != "process":
+        return None
+    budget = args.memory_budget if getattr(args, "memory_budget", None) is not None else board.memory_budget
+    return cache_plan(plan, board.budget_reserve, budget)
 
 
 def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> None:
@@ -320,7 +349,9 @@ def _run(args, stream: bool) -> Ran:
     text = prompt_text(args)
     prompt = prompt_from(args, tokenizer, plan.spec.vocab_size, text)
     check_context(prompt, args.steps, board, plan)
-    request = RunRequest(prompt, args.steps, sampling_from(args, args.model), not args.ignore_eos, args.threads)
+    cache = budget_plan(args, board, plan)
+    request = RunRequest(prompt, args.steps, sampling_from(args, args.model), not args.ignore_eos, args.threads,
+                         memory_budget=cache.budget if cache else 0)
     port = board_port(args, board)
     warn_threads(board, args.threads)
     art = compile_build(planned, quiet=args.json, jobs=args.jobs)
@@ -347,7 +378,8 @@ def cmd_run(args) -> int:
                          indent=2))
     else:
         speed = f"; decode {speed_text(stats)}" if speed_text(stats) else ""
-        print(f"[{len(result.tokens)} tokens on {ran_on(ran.board, result)}, stopped by {result.stop_reason}{speed}]",
+        print(f"[{len(result.tokens)} tokens on {ran_on(ran.board, result)}{budget_text(stats)}, stopped by "
+              f"{result.stop_reason}{speed}]",
               file=sys.stderr)
     return 0
 
@@ -367,8 +399,8 @@ def cmd_verify(args) -> int:
     stats = run_stats(result, board, request)
     if not args.json:
         speed = f" at {speed_text(stats)}" if speed_text(stats) else ""
-        progress(f"firmware on {ran_on(board, result)} (its hello names this build: board, context, quantization, weight "
-                 f"image, build id): {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
+        progress(f"firmware on {ran_on(board, result)}{budget_text(stats)} (its hello names this build: board, context, "
+                 f"quantization, weight image, build id): {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
                  f"running the NumPy reference on the same weight image")
     ref = reference_run(plan, ran.art.weights, request)
     comparison = compare(result, ref)
@@ -423,6 +455,8 @@ def cmd_chat(args) -> int:
         raise ColibriError(f"{args.model}: no chat template (tokenizer_config.json's chat_template or "
                            f"chat_template.jinja); use ./colibri run for plain text")
     sampling = sampling_from(args, args.model)
+    cache = budget_plan(args, board, plan)
+    options = RunRequest([], 1, memory_budget=cache.budget if cache else 0).firmware_options()
     warn_threads(board, args.threads)
     art = compile_build(planned, quiet=args.json, jobs=args.jobs)
     identity = firmware_identity(board, art, plan)
@@ -433,7 +467,7 @@ def cmd_chat(args) -> int:
     if interactive:
         progress(f"chatting with {args.model} on {board.name} (context {plan.n_ctx}); Ctrl-D ends")
     with open_conversation(board, art.program, art.weights, art.model_hash(), hello_check(identity), remote,
-                           None if args.json else progress) as conversation:
+                           None if args.json else progress, options=options) as conversation:
         for turn, user in enumerate(user_messages(interactive)):
             planned_turn = state.plan_turn(user)
             request = RunRequest(planned_turn.prompt, planned_turn.steps, sampling, True, args.threads,
@@ -466,6 +500,7 @@ def cmd_eval(args) -> int:
     if tokenizer is None:
         raise ColibriError(f"{args.model}: eval needs the model's tokenizer.json to tokenize --text")
     tokens = tokenizer.encode(read_text_file(args.text, "--text"))
+    cache = budget_plan(args, board, plan)
     port = board_port(args, board)
     warn_threads(board, args.threads)
     art = compile_build(planned, quiet=args.json, jobs=args.jobs)
@@ -473,7 +508,7 @@ def cmd_eval(args) -> int:
 
     def run(request: RunRequest):
         request = RunRequest(request.prompt, request.steps, request.sampling, threads=args.threads,
-                             digests=False, score_from=request.score_from)
+                             digests=False, score_from=request.score_from, memory_budget=cache.budget if cache else 0)
         return run_on_board(board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image,
                             port=port, check_hello=check, remote=remote)
 
@@ -497,15 +532,25 @@ def has_weights(model_dir: Path) -> bool:
     return (Path(model_dir) / "model.safetensors").is_file() or (Path(model_dir) / "model.safetensors.index.json").is_file()
 
 
+def report_budget(args, board: Board, plan: Plan):
+    """report's expert cache: shown when --memory-budget is given or the board file sets one."""
+    if args.memory_budget is None and not board.memory_budget:
+        return None
+    return budget_plan(args, board, plan)
+
+
 def cmd_report(args) -> int:
     board = load_board(args.board)
     if not has_weights(args.model) and (Path(args.model) / "config.json").is_file():
         # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
         spec = parse_config(read_json(Path(args.model) / "config.json"), Path(args.model).resolve().name)
         n_ctx = args.ctx or min(board.default_ctx, spec.max_position_embeddings)
-        rep = planned_report_dict(board, plan_for_board(spec, board, args.quant, n_ctx))
+        plan = plan_for_board(spec, board, args.quant, n_ctx)
+        cache = report_budget(args, board, plan)
+        rep = planned_report_dict(board, plan)
     else:
         request, plan = prepare(board, args.model, args.quant, args.ctx, args.out, check_fit=False)
+        cache = report_budget(args, board, plan)  # a budget too small is said before building
         if any(use.over_budget for use in planned_use(board, plan)):
             # It would be refused before compiling: show where the bytes would go, then say so.
             rep = planned_report_dict(board, plan)
@@ -515,6 +560,8 @@ def cmd_report(args) -> int:
                 rep = report_dict(board, plan, read_elf(art.program))
             else:  # an ESP-IDF project that idf.py has not built here
                 rep = planned_report_dict(board, plan)
+    if cache is not None:
+        rep["memory_budget"] = cache.to_dict()
     if args.json:
         print(json.dumps(rep, indent=2))
     else:
@@ -535,6 +582,7 @@ def cmd_bench(args) -> int:
     steps = args.steps if args.steps is not None else bench.default_steps(plan, args.prompt_tokens)
     repeat = args.repeat if args.repeat is not None else bench.default_repeat(board)
     check_context(bench.synthetic_prompt(plan, args.prompt_tokens), steps, board, plan)
+    cache = budget_plan(args, board, plan)
     bench.check_plot(board, args.plot, steps)
     port = board_port(args, board)
     warn_threads(board, args.threads)
@@ -542,7 +590,7 @@ def cmd_bench(args) -> int:
     out = bench.run_bench(board, plan, art, model=str(args.model), prompt_tokens=args.prompt_tokens, steps=steps,
                           repeat=repeat, threads=args.threads, plot=args.plot, port=port, reset=args.reset,
                           remote=remote, progress=None if args.json else progress,
-                          check_hello=hello_check(firmware_identity(board, art, plan)))
+                          check_hello=hello_check(firmware_identity(board, art, plan)), cache=cache)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -748,6 +796,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_decode_args(p, steps=64)
     add_port_arg(p)
     add_remote_arg(p)
+    add_budget_arg(p)
 
     p = command("verify", cmd_verify, "run the firmware and the NumPy reference; PASS only if bit-identical "
                 "and the firmware is this build")
@@ -756,6 +805,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_decode_args(p, steps=64)
     add_port_arg(p)
     add_remote_arg(p)
+    add_budget_arg(p)
 
     p = command("chat", cmd_chat, "chat with the model on a board: its chat template, the KV cache kept "
                 "between turns (messages from standard input when it is not a terminal)")
@@ -772,6 +822,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p.add_argument("--seed", type=non_negative_int, help="sampling seed (default 0)")
     add_threads_arg(p)
     add_remote_arg(p)
+    add_budget_arg(p)
 
     p = command("eval", cmd_eval, "perplexity of a text, scored by the firmware on a board (llama.cpp's "
                 "protocol: chunks of the context, second halves scored)")
@@ -784,10 +835,12 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_threads_arg(p)
     add_port_arg(p)
     add_remote_arg(p)
+    add_budget_arg(p)
 
     p = command("report", cmd_report, "where every byte goes, per memory region, checked against the ELF")
     add_target_args(p)
     add_jobs_arg(p)
+    add_budget_arg(p)
 
     p = command("bench", cmd_bench, "measure prefill and decode speed (instructions on emulated MCUs)")
     add_target_args(p)
@@ -801,6 +854,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_threads_arg(p)
     add_port_arg(p)
     add_remote_arg(p)
+    add_budget_arg(p)
 
     p = command("flash", cmd_flash, "write a board's images with esptool, verify them, reset the board")
     add_target_args(p)

@@ -48,6 +48,8 @@ BOARD_OPTIONS = [
     BoardOption("reset", "--reset", _serial, "boards on a serial port"),
     BoardOption("threads", "--threads", lambda b: b.parallel != "none", "multi-threaded (Linux) boards"),
     BoardOption("remote", "--remote", lambda b: b.runner == "process", "Linux boards reached over SSH"),
+    BoardOption("memory_budget", "--memory-budget", lambda b: b.runner == "process",
+                "Linux boards, whose weights are a file (MCUs read theirs from flash)"),
 ]
 
 

@@ -164,7 +164,28 @@ def format_report(rep: dict) -> str:
     largest = rep["largest_ctx_that_fits"]
     lines.append("  largest context that fits: " + ("no limit on this board" if largest is None
                                                      else "none" if largest == 0 else str(largest)))
+    if rep.get("memory_budget"):
+        lines += budget_lines(rep["memory_budget"])
     return "\n".join(lines)
+
+
+def budget_lines(c: dict) -> list[str]:
+    """The expert cache under a memory budget (compile/cache_plan.py), as `report` shows it."""
+    if c["unlimited"]:
+        return ["  memory budget: unlimited (the image is mapped; experts read in place)"]
+    lines = [f"  memory budget {c['budget']:,} B: the firmware keeps (checked before a run, with these numbers)",
+             f"    {'resident':<16} {c['resident_bytes']:>14,} B  the image without routed experts, locked in RAM",
+             f"    {'arenas+reserve':<16} {c['fixed_bytes'] - c['resident_bytes']:>14,} B  KV cache, scratch, RoPE "
+             f"tables and the board's reserve {c['reserve_bytes']:,} B"]
+    if c["moe_layers"]:
+        lines += [f"    {'expert slots':<16} {c['pool_bytes']:>14,} B  {c['slots']} of {c['routed_experts']} routed "
+                  f"experts ({c['slots_per_layer']:.2g} per MoE layer, {c['moe_layers']} layers) x {c['slot_bytes']:,} B "
+                  f"(an expert is {c['expert_bytes']:,} B)",
+                  f"    {'total':<16} {c['fixed_bytes'] + c['pool_bytes']:>14,} B  (the least budget that runs: "
+                  f"{c['min_budget']:,} B)"]
+        per = ", ".join(f"{float(h):.0%} hits {b / 1e6:.3g} MB" for h, b in c["bytes_read_per_token"].items())
+        lines.append(f"    bytes read from storage per decoded token: {per}")
+    return lines
 
 
 def report_problem(rep: dict) -> str | None:

@@ -13,7 +13,7 @@ from .compile.plan import Plan
 from .compile.targets import Board
 from .errors import ColibriError
 from .reference import Generation, Reference
-from .device.session import RunRequest, RunResult
+from .device.session import RunRequest, RunResult, cache_stats
 
 
 # ---- is the firmware that answers the one this build produced? ---------------------------------
@@ -185,7 +185,21 @@ def run_stats(result: RunResult, board: Board, request: RunRequest) -> dict:
     r["emulated_by"] = board.emulated_by()
     r["instructions_counted"] = (instructions_scope(request, result)
                                  if r["decode_instructions_per_token"] else None)
+    r["memory_budget"] = request.memory_budget
+    r["weights_held"] = cache_stats(result)  # Linux boards: mapped, slots, the expert cache's counters
     return r
+
+
+def budget_text(r: dict) -> str:
+    """How a Linux board held its weights, as a phrase for run and verify: empty without a budget."""
+    c = r.get("weights_held")
+    if not c or not c.get("budget"):
+        return ""
+    uses = c.get("cache_hits", 0) + c.get("cache_misses", 0)
+    hits = f", {100 * c['cache_hits'] / uses:.0f}% expert cache hits while decoding" if uses else ""
+    slots = f", {c['slots']} expert slots" if c.get("slots") else ""
+    locked = "" if not c.get("lock_refused") else ", resident weights NOT locked (mlock refused)"
+    return f" under a memory budget of {c['budget']:,} B{slots}{hits}{locked}"
 
 
 def speed_text(r: dict) -> str:

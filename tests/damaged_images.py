@@ -109,3 +109,18 @@ def entry(blob: bytes, index: int) -> tuple:
     start = read_header(blob).dir_offset + DIR_ENTRY_BYTES * index
     e = {name: f.read(blob, start) for name, f in DIR_ENTRY.items()}
     return e["name"].rstrip(b"\0").decode(), e["dtype"], e["rows"], e["offset"], e["bytes"], e["crc32"]
+
+
+def routed_expert_cases(blob) -> dict:
+    """Damage only a routed expert's bytes can show: a board that checks every tensor at open (MCUs)
+    refuses it there; a mapped image (Linux boards) opens, and the expert is refused when first
+    brought in. Both with the loader's tensor checksum code (17)."""
+    h = read_header(blob)
+    names = [entry(blob, i)[0] for i in range(h.tensor_count)]
+    experts = [i for i, n in enumerate(names) if ".experts." in n]
+    first, last = experts[0], experts[-1]
+    return {
+        "flipped_bit_first_expert": (tensor_edited(blob, first, 5, fix_directory=False), 17),
+        "flipped_bit_last_expert_padding": (tensor_edited(blob, last, -(-entry(blob, last)[4] // ALIGN) * ALIGN - 1,
+                                                          fix_directory=False), 17),
+    }

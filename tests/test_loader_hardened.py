@@ -57,6 +57,27 @@ def images(tmp_path_factory):
     return root, files
 
 
+@pytest.fixture(scope="module")
+def moe_images(tmp_path_factory, checkpoints):
+    """A MoE model's image (qwen3_moe: routed experts) and the table, with the damage only a routed
+    expert shows."""
+    from damaged_images import routed_expert_cases
+
+    root = tmp_path_factory.mktemp("loader-moe")
+    host = load_board("host")
+    generate(checkpoints("qwen3_moe"), host, "q8_0", 16, root / "gen")
+    generate(checkpoints("qwen3_moe", seed=99), host, "q8_0", 16, root / "other-gen")
+    generate(checkpoints("qwen3_moe"), host, "f32", 16, root / "f32-gen")
+    blob = (root / "gen" / "weights.img").read_bytes()
+    table = cases(blob, (root / "other-gen" / "weights.img").read_bytes(), (root / "f32-gen" / "weights.img").read_bytes())
+    table.update(routed_expert_cases(blob))
+    files = {}
+    for name, (image, code) in table.items():
+        files[name] = (root / f"{name}.img", code)
+        files[name][0].write_bytes(image)
+    return root, files
+
+
 def build(root, name, cc, flags):
     out = root / name
     sources = [C_TESTS / "loader_harness.c", RUNTIME / "image_loader.c", RUNTIME / "checksum.c", RUNTIME / "weights.c",
@@ -77,6 +98,23 @@ def check_table(harness, root, files):
     assert codes[0] == 0, "the valid image must load"
     wrong = {n: (got, files[n][1]) for n, got in zip(names, codes[1:]) if got != files[n][1]}
     assert not wrong, f"name: (got, expected): {wrong}"
+
+
+def check_table_resident(harness, root, files):
+    """Opening checks the resident tensors only; every code of the table still comes, at open or when
+    the damaged expert is first brought in, and an expert's damage only then."""
+    names = sorted(files)
+    done = subprocess.run([str(harness), "--resident", str(root / "gen" / "weights.img"),
+                           *(str(files[n][0]) for n in names)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [tuple(map(int, line.split())) for line in done.stdout.splitlines()]
+    assert rows[0] == (0, 0), "the valid image must load"
+    wrong = {}
+    for name, (opened, expert) in zip(names, rows[1:]):
+        got = opened or expert
+        if got != files[name][1] or ("expert" in name) != (opened == 0):
+            wrong[name] = (opened, expert, files[name][1])
+    assert not wrong, f"name: (at open, at first use, expected): {wrong}"
 
 
 def check_every_prefix_and_bit(harness, root):
@@ -100,17 +138,32 @@ def test_loader_under_asan_and_ubsan(images):
     check_every_prefix_and_bit(harness, root)
 
 
+def test_moe_image_table_checked_at_open_and_at_first_use_under_asan_and_ubsan(moe_images):
+    root, files = moe_images
+    harness = build(root, "harness-asan", "gcc", SANITIZE)
+    check_table(harness, root, files)  # every tensor at open: an MCU board
+    check_table_resident(harness, root, files)  # resident at open, experts when brought in: a Linux board
+
+
 def test_loader_built_32_bit(images):
     root, files = images
     harness = build(root, "harness-m32", "gcc", ["-m32", "-msse2", "-mfpmath=sse", "-fsanitize=undefined",
                                                   "-fno-sanitize-recover=all"])
     assert harness.read_bytes()[4] == 1, "ELFCLASS32"
     check_table(harness, root, files)
+    check_table_resident(harness, root, files)
     check_every_prefix_and_bit(harness, root)
 
 
 def test_libfuzzer_finds_no_crash_in_a_bounded_run(images, tmp_path):
-    root, files = images
+    fuzz(*images, tmp_path, seconds=20)
+
+
+def test_libfuzzer_on_a_moe_image_opened_both_ways(moe_images, tmp_path):
+    fuzz(*moe_images, tmp_path, seconds=10)
+
+
+def fuzz(root, files, tmp_path, seconds):
     clang = shutil.which("clang-14") or shutil.which("clang")
     assert clang, "clang is installed by ./colibri test (tests/apt-packages.txt)"
     fuzzer = tmp_path / "fuzz_loader"
@@ -130,7 +183,7 @@ def test_libfuzzer_finds_no_crash_in_a_bounded_run(images, tmp_path):
         shutil.copy(path, seeds / name)
     # libFuzzer's RSS limit is off: Linux carries the peak RSS over exec, so the fuzzer would inherit
     # the test process's; the per-allocation limit still catches a runaway allocation.
-    run = subprocess.run([str(fuzzer), str(corpus), str(seeds), "-max_total_time=20", "-seed=1", "-rss_limit_mb=0",
+    run = subprocess.run([str(fuzzer), str(corpus), str(seeds), f"-max_total_time={seconds}", "-seed=1", "-rss_limit_mb=0",
                           "-malloc_limit_mb=1024", f"-artifact_prefix={tmp_path}/"], capture_output=True, text=True,
                          timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../runtime/checksum.h"
+#include "../runtime/expert_cache.h"
 #include "../runtime/image_loader.h"
 #include "../runtime/kernels/kernels.h"
 #include "../runtime/model.h"
@@ -86,22 +87,32 @@ static int check_request(const ColibriRequest *req)
 
 static ColibriWeights weights;
 static int weights_loaded;
+ColibriWeightsInfo colibri_weights_info;
 
 int colibri_load(const uint8_t *image, uint64_t image_len)
 {
-    int status = colibri_image_open(image, image_len, &weights);
+    return colibri_load_checking(image, image_len, COLIBRI_CHECK_ALL);
+}
+
+int colibri_load_checking(const uint8_t *image, uint64_t image_len, int check)
+{
+    int status = colibri_image_open_checking(image, image_len, &weights, (colibri_check)check);
     weights_loaded = (status == COLIBRI_OK);
     return status;
 }
 
 /* Prompt tokens [from, to) at positions start + from ...: in batches, the logits of the last one
  * computed. */
-static void prefill(ColibriBuffers *b, const ColibriRequest *req, int32_t from, int32_t to)
+static int prefill(ColibriBuffers *b, const ColibriRequest *req, int32_t from, int32_t to)
 {
     for (int32_t i = from; i < to; i += COLIBRI_PREFILL_BATCH) {
         const int n = to - i < COLIBRI_PREFILL_BATCH ? (int)(to - i) : COLIBRI_PREFILL_BATCH;
-        colibri_forward(&weights, b, req->prompt + i, n, req->start + i, i + n == to);
+        const int status = colibri_forward(&weights, b, req->prompt + i, n, req->start + i, i + n == to);
+        if (status != 0) {
+            return status;
+        }
     }
+    return 0;
 }
 
 /* The score frame of prompt token `index`, given the logits of the tokens before it: the two f32
@@ -117,6 +128,13 @@ static void send_score(const float *logits, int32_t index, int32_t token)
     proto_f32("lp", logits[token] - max);
     proto_f32("z", sum);
     proto_end();
+}
+
+/* A forward pass that failed (an expert that could not be brought in): its error frame. */
+static int forward_failed(int status)
+{
+    colibri_report_error(status, colibri_status_message(status));
+    return status;
 }
 
 int colibri_decode(const ColibriRequest *req)
@@ -142,17 +160,22 @@ int colibri_decode(const ColibriRequest *req)
     const int counted = bsp_instructions(&i0);
     uint64_t t0 = bsp_time_us();
     if (req->score_from < 0) {
-        prefill(&b, req, 0, req->n_prompt);
+        status = prefill(&b, req, 0, req->n_prompt);
     } else {
         /* Up to the first scored position in batches, then a token at a time: every token's
          * logits score the next one. */
-        prefill(&b, req, 0, req->score_from + 1);
-        for (int32_t i = req->score_from; i + 1 < req->n_prompt; i++) {
+        status = prefill(&b, req, 0, req->score_from + 1);
+        for (int32_t i = req->score_from; status == 0 && i + 1 < req->n_prompt; i++) {
             send_score(b.logits, i + 1, req->prompt[i + 1]);
-            colibri_forward(&weights, &b, req->prompt + i + 1, 1, req->start + i + 1, 1);
+            status = colibri_forward(&weights, &b, req->prompt + i + 1, 1, req->start + i + 1, 1);
         }
     }
+    if (status != 0) {
+        return forward_failed(status);
+    }
     uint64_t t1 = bsp_time_us();
+    ColibriCacheStats c1, c2;
+    colibri_experts_stats(&c1);
     if (counted) {
         bsp_instructions(&i1);
     }
@@ -188,7 +211,10 @@ int colibri_decode(const ColibriRequest *req)
             break;
         }
         uint64_t f0 = bsp_time_us();
-        colibri_forward(&weights, &b, &token, 1, pos, 1);
+        status = colibri_forward(&weights, &b, &token, 1, pos, 1);
+        if (status != 0) {
+            return forward_failed(status);
+        }
         forward_us += bsp_time_us() - f0;
         decode_passes++;
         pos++;
@@ -197,6 +223,7 @@ int colibri_decode(const ColibriRequest *req)
     if (counted) {
         bsp_instructions(&i2);
     }
+    colibri_experts_stats(&c2);
 
     held = pos; /* the last sampled token is not fed back: the next request starts with it */
 
@@ -214,6 +241,27 @@ int colibri_decode(const ColibriRequest *req)
         /* Exact retired instructions (emulators with -icount, or a CPU counter). */
         proto_u64("prefill_instret", i1 - i0);
         proto_u64("decode_instret", i2 - i1);
+    }
+    const ColibriWeightsInfo *info = &colibri_weights_info;
+    if (info->mapped) {
+        /* Protocol 3: how the weights are held, and the expert cache's counters over the decode
+         * (after the prompt) and the prompt's reads. */
+        proto_u64("mapped", 1);
+        proto_u64("budget", info->budget);
+        proto_u64("slots", (uint64_t)info->slots);
+        proto_u64("locked", info->locked_bytes);
+        proto_u64("lock_refused", (uint64_t)info->lock_refused);
+        proto_u64("direct_io", (uint64_t)info->direct_io);
+        proto_u64("prefetch", (uint64_t)info->prefetch);
+        proto_u64("lru", (uint64_t)info->eviction_lru);
+        proto_u64("cache_hits", c2.hits - c1.hits);
+        proto_u64("cache_misses", c2.misses - c1.misses);
+        proto_u64("prefetches", c2.prefetches - c1.prefetches);
+        proto_u64("prefetch_hits", c2.prefetch_hits - c1.prefetch_hits);
+        proto_u64("read_bytes", c2.bytes_read - c1.bytes_read);
+        proto_u64("read_wait_us", c2.wait_us - c1.wait_us);
+        proto_u64("prefill_read_bytes", c1.bytes_read);
+        proto_u64("prefill_read_wait_us", c1.wait_us);
     }
     proto_end();
 

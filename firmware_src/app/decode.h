@@ -23,7 +23,23 @@ typedef struct {
 /* Application-level errors reported in the error frame (image errors use colibri_status codes). */
 enum {
     COLIBRI_ERR_REQUEST = 100, /* prompt empty, token id out of range, or too long for the context */
+    COLIBRI_ERR_BUDGET = 102,  /* --memory-budget cannot hold the resident weights, the arenas and top-k slots */
 };
+
+/* How a Linux board holds the weights (set by its BSP before colibri_decode; zero on MCUs), for
+ * the stats frame. */
+typedef struct {
+    int mapped;               /* 1: the image file is mapped read-only, not copied */
+    uint64_t budget;          /* --memory-budget in bytes; 0: unlimited */
+    int32_t slots;            /* expert slots in the pool the MoE layers share; 0: experts read in place */
+    uint64_t locked_bytes;    /* resident bytes (and the slot pool) mlock()ed */
+    int lock_refused;         /* 1: mlock was refused (RLIMIT_MEMLOCK): they may be paged out */
+    int direct_io;            /* 1: experts are read with O_DIRECT (no page cache); 0: buffered reads */
+    int prefetch;             /* 1: the next MoE layer's likely experts are read on an I/O thread */
+    int eviction_lru;         /* 1: a full pool gives up the least recently used expert; 0: the least often used */
+} ColibriWeightsInfo;
+
+extern ColibriWeightsInfo colibri_weights_info;
 
 /* The first frame a board sends after reset: protocol, firmware, board, model hash. */
 void colibri_hello(void);
@@ -31,6 +47,10 @@ void colibri_hello(void);
 /* Validate the weight image against this firmware's plan and bind the weights. Returns 0, or the
  * loader's error code (the BSP reports it, after its hello). */
 int colibri_load(const uint8_t *image, uint64_t image_len);
+
+/* The same, checking at open only the tensors `check` names (image_loader.h: a mapped image's
+ * experts are checked when first brought in). */
+int colibri_load_checking(const uint8_t *image, uint64_t image_len, int check);
 
 /* Prefill the prompt (scoring it if asked) and decode, sending score, token, stats and done frames;
  * the done frame says how many tokens the KV cache then holds, where the next request may continue.

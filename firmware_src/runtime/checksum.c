@@ -2,9 +2,18 @@
 
 #include <string.h>
 
+#if UINTPTR_MAX > 0xFFFFFFFFu
+/* 64-bit targets (the Linux boards, which check a large image's experts as they first bring them in):
+ * slicing by 8, eight bytes per step through eight tables (8 KiB), about five times the byte-wise
+ * rate; 32-bit MCUs keep the byte-wise loop and its 1 KiB table. The same CRC either way. */
+#define CRC_SLICES 8
+#else
+#define CRC_SLICES 1
+#endif
+
 uint32_t crc32_update(uint32_t crc, const uint8_t *data, size_t len)
 {
-    static uint32_t table[256];
+    static uint32_t table[CRC_SLICES][256];
     static int table_ready;
     if (!table_ready) {
         for (uint32_t i = 0; i < 256; i++) {
@@ -12,13 +21,27 @@ uint32_t crc32_update(uint32_t crc, const uint8_t *data, size_t len)
             for (int k = 0; k < 8; k++) {
                 c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
             }
-            table[i] = c;
+            table[0][i] = c;
+        }
+        for (int t = 1; t < CRC_SLICES; t++) {
+            for (uint32_t i = 0; i < 256; i++) {
+                table[t][i] = (table[t - 1][i] >> 8) ^ table[0][table[t - 1][i] & 0xFFu];
+            }
         }
         table_ready = 1;
     }
     crc = ~crc;
-    for (size_t i = 0; i < len; i++) {
-        crc = table[(crc ^ data[i]) & 0xFFu] ^ (crc >> 8);
+    size_t i = 0;
+#if CRC_SLICES == 8
+    for (; i + 8 <= len; i += 8) {
+        const uint8_t *p = data + i;
+        const uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        crc = table[7][lo & 0xFFu] ^ table[6][(lo >> 8) & 0xFFu] ^ table[5][(lo >> 16) & 0xFFu] ^ table[4][lo >> 24] ^
+              table[3][p[4]] ^ table[2][p[5]] ^ table[1][p[6]] ^ table[0][p[7]];
+    }
+#endif
+    for (; i < len; i++) {
+        crc = table[0][(crc ^ data[i]) & 0xFFu] ^ (crc >> 8);
     }
     return ~crc;
 }

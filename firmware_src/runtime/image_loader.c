@@ -70,6 +70,7 @@ const char *colibri_status_message(int status)
     case COLIBRI_ERR_OVERFLOW: return "weight image sizes overflow";
     case COLIBRI_ERR_WEIGHTS_SHA256: return "weight image is not the one this firmware was built for (SHA-256 differs)";
     case COLIBRI_ERR_TENSOR_CHECKSUM: return "weight image tensor data is corrupted (a tensor's CRC-32 mismatch)";
+    case COLIBRI_ERR_READ: return "reading an expert from the weight image file failed";
     default: return "unknown error";
     }
 }
@@ -84,6 +85,11 @@ uint64_t colibri_image_length_in_region(const uint8_t *region, uint64_t region_b
 }
 
 int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights *weights)
+{
+    return colibri_image_open_checking(image, image_len, weights, COLIBRI_CHECK_ALL);
+}
+
+int colibri_image_open_checking(const uint8_t *image, uint64_t image_len, ColibriWeights *weights, colibri_check check)
 {
     if (image == NULL || weights == NULL) {
         return COLIBRI_ERR_NO_IMAGE;
@@ -193,6 +199,9 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
         return COLIBRI_ERR_WEIGHTS_SHA256;
     }
     for (uint32_t i = 0; i < tensor_count; i++) {
+        if (check == COLIBRI_CHECK_RESIDENT && colibri_tensor_table[i].expert) {
+            continue; /* checked when first brought in */
+        }
         int status = colibri_image_check_tensor(image, i);
         if (status != COLIBRI_OK) {
             return status;
@@ -206,11 +215,16 @@ int colibri_image_check_tensor(const uint8_t *image, uint32_t index)
 {
     /* The directory and the plan agree (colibri_image_open checked), so the plan's offsets are the
      * image's. */
+    return colibri_image_check_tensor_copy(image, index, image + COLIBRI_IMAGE_DATA_OFFSET + colibri_tensor_table[index].offset);
+}
+
+int colibri_image_check_tensor_copy(const uint8_t *image, uint32_t index, const uint8_t *bytes)
+{
     const ColibriTensorDesc *t = &colibri_tensor_table[index];
     const uint8_t *entry = image + COLIBRI_IMAGE_DIR_OFFSET + (uint64_t)index * COLIBRI_IMAGE_DIR_ENTRY_BYTES;
     /* Its bytes and its padding up to the next tensor, so that no byte of the data region goes unchecked. */
     uint64_t extent = (t->bytes + COLIBRI_IMAGE_ALIGN - 1) / COLIBRI_IMAGE_ALIGN * COLIBRI_IMAGE_ALIGN;
-    uint32_t crc = crc32_chunked(image + COLIBRI_IMAGE_DATA_OFFSET + t->offset, extent);
+    uint32_t crc = crc32_chunked(bytes, extent);
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
     if (crc != rd_u32(entry + COLIBRI_ENTRY_CRC32_AT)) {
         return COLIBRI_ERR_TENSOR_CHECKSUM;

@@ -27,16 +27,33 @@ typedef enum {
     COLIBRI_ERR_OVERFLOW = 15,       /* a size computation overflows 64 bits */
     COLIBRI_ERR_WEIGHTS_SHA256 = 16, /* well-formed, but not the image this firmware was built for */
     COLIBRI_ERR_TENSOR_CHECKSUM = 17, /* a tensor's bytes differ from its CRC-32 in the directory */
+    COLIBRI_ERR_READ = 18,           /* reading an expert from the image file failed or came up short */
 } colibri_status;
 
 const char *colibri_status_message(int status);
 
+/* Which tensors colibri_image_open_checking checks against their CRC-32 at open. */
+typedef enum {
+    COLIBRI_CHECK_ALL = 0,      /* every tensor (MCU boards: weights in flash, read in place) */
+    COLIBRI_CHECK_RESIDENT = 1, /* all but the routed experts' matrices (ColibriTensorDesc.expert): a
+                                 * mapped image's start-up does not grow with its experts; each expert
+                                 * is checked when first brought in (runtime/expert_cache.c) */
+} colibri_check;
+
 /* Checks the header, the directory and every tensor's CRC-32, then binds the weight pointers. */
 int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights *weights);
+
+/* The same, checking the tensors `check` names. */
+int colibri_image_open_checking(const uint8_t *image, uint64_t image_len, ColibriWeights *weights, colibri_check check);
 
 /* Tensor `index` (of colibri_tensor_table) of an image that colibri_image_open accepted, against its
  * CRC-32 in the directory: COLIBRI_OK or COLIBRI_ERR_TENSOR_CHECKSUM. */
 int colibri_image_check_tensor(const uint8_t *image, uint32_t index);
+
+/* The same for a copy of the tensor's extent (its bytes and padding to COLIBRI_IMAGE_ALIGN) at `bytes`,
+ * e.g. read into an expert slot; the CRC-32 comes from the image's directory. index below
+ * COLIBRI_IMAGE_TENSOR_COUNT (the caller's table says so). */
+int colibri_image_check_tensor_copy(const uint8_t *image, uint32_t index, const uint8_t *bytes);
 
 /* For an image stored at the start of a larger region (flash, a partition): the length to give
  * colibri_image_open — the length its header declares, bounded by the region. */

@@ -3,6 +3,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "expert_cache.h"
 #include "kernels/kernels.h"
 #include "ops.h"
 #include "parallel.h"
@@ -199,29 +200,52 @@ static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const Coli
 }
 
 #if COLIBRI_N_EXPERTS > 0
-/* Mixture of experts for one token, xn into out: softmax over the router logits, the top k
- * experts (best first, lowest id on ties), weights optionally renormalised, outputs summed in rank
- * order, plus the shared expert scaled by sigmoid(shared_gate x) where the model has one. Tokens
- * are routed one at a time; the first slot of the per-token buffers is its workspace. */
-static void moe_ffn(const ColibriLayerWeights *lw, ColibriBuffers *b, int layer, const float *xn, float *out)
+/* The MoE layer after `layer`, or -1. */
+static int next_moe_layer(int layer)
 {
-    const MatmulInput in = matmul_input(b, xn, 1, COLIBRI_DIM);
-    linear(b->router_logits, &in, &lw->router, NULL, COLIBRI_N_EXPERTS);
-    op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
-    for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
+    for (int l = layer + 1; l < COLIBRI_N_LAYERS; l++) {
+        if (colibri_layer_moe[l]) {
+            return l;
+        }
+    }
+    return -1;
+}
+
+/* The top k of n scores into ids, best first, lowest id on ties. */
+static void top_k(const float *scores, int n, int32_t *ids, int k)
+{
+    for (int j = 0; j < k; j++) {
         int best = -1;
-        for (int e = 0; e < COLIBRI_N_EXPERTS; e++) {
+        for (int e = 0; e < n; e++) {
             int taken = 0;
-            for (int j = 0; j < k; j++) {
-                taken |= (b->expert_ids[j] == e);
+            for (int i = 0; i < j; i++) {
+                taken |= (ids[i] == e);
             }
-            if (!taken && (best < 0 || b->router_logits[e] > b->router_logits[best])) {
+            if (!taken && (best < 0 || scores[e] > scores[best])) {
                 best = e;
             }
         }
-        b->expert_ids[k] = best;
-        b->expert_weights[k] = b->router_logits[best];
-        b->expert_counts[layer * COLIBRI_N_EXPERTS + best]++;
+        ids[j] = best;
+    }
+}
+
+/* Mixture of experts for one token, xn into out: softmax over the router logits, the top k
+ * experts (best first, lowest id on ties), weights optionally renormalised, outputs summed in rank
+ * order, plus the shared expert scaled by sigmoid(shared_gate x) where the model has one. Tokens
+ * are routed one at a time; the first slot of the per-token buffers is its workspace. The experts
+ * come from runtime/expert_cache.c (in place, or from slots under a memory budget: the same bytes);
+ * with `guess`, the next MoE layer's router is applied to this token's xn and its top k are
+ * prefetched while this layer computes. Returns COLIBRI_OK or the cache's error code. */
+static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const float *xn, float *out, int guess)
+{
+    const ColibriLayerWeights *lw = &w->layers[layer];
+    const MatmulInput in = matmul_input(b, xn, 1, COLIBRI_DIM);
+    linear(b->router_logits, &in, &lw->router, NULL, COLIBRI_N_EXPERTS);
+    op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
+    top_k(b->router_logits, COLIBRI_N_EXPERTS, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN);
+    for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
+        b->expert_weights[k] = b->router_logits[b->expert_ids[k]];
+        b->expert_counts[layer * COLIBRI_N_EXPERTS + b->expert_ids[k]]++;
     }
     if (COLIBRI_NORM_TOPK_PROB) {
         float sum = b->expert_weights[0];
@@ -232,8 +256,23 @@ static void moe_ffn(const ColibriLayerWeights *lw, ColibriBuffers *b, int layer,
             b->expert_weights[k] = b->expert_weights[k] / sum;
         }
     }
+    const ColibriExpert *experts[COLIBRI_EXPERTS_PER_TOKEN];
+    int status = colibri_experts_acquire(w, layer, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN, experts);
+    if (status != 0) {
+        return status;
+    }
+    const int next = guess && colibri_experts_prefetching() ? next_moe_layer(layer) : -1;
+    if (next >= 0) {
+        /* This layer's experts are in (and pinned): guess the next MoE layer's from the same
+         * quantized input (no matmul_input since) with its router, into the router buffer this layer
+         * no longer needs, and have them read while this layer computes. */
+        int32_t likely[COLIBRI_EXPERTS_PER_TOKEN];
+        linear(b->router_logits, &in, &w->layers[next].router, NULL, COLIBRI_N_EXPERTS);
+        top_k(b->router_logits, COLIBRI_N_EXPERTS, likely, COLIBRI_EXPERTS_PER_TOKEN);
+        colibri_experts_prefetch(next, likely, COLIBRI_EXPERTS_PER_TOKEN);
+    }
     for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
-        const ColibriExpert *ex = &lw->experts[b->expert_ids[k]];
+        const ColibriExpert *ex = experts[k];
         gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, xn, 1, COLIBRI_EXPERT_FFN_DIM);
         for (int i = 0; i < COLIBRI_DIM; i++) {
             float term = b->expert_weights[k] * b->proj[i];
@@ -250,6 +289,7 @@ static void moe_ffn(const ColibriLayerWeights *lw, ColibriBuffers *b, int layer,
             out[i] = out[i] + scale * b->proj[i];
         }
     }
+    return 0;
 }
 #endif
 
@@ -351,8 +391,8 @@ static void normalize(ColibriBuffers *b, const float *weight, int n)
     }
 }
 
-void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos,
-                     int want_logits)
+int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos,
+                    int want_logits)
 {
     for (int t = 0; t < n; t++) {
         embed(b->x + (int64_t)t * COLIBRI_DIM, &w->embed, tokens[t]);
@@ -388,7 +428,13 @@ void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *
 #if COLIBRI_N_EXPERTS > 0
         if (colibri_layer_moe[l]) {
             for (int t = 0; t < n; t++) {
-                moe_ffn(lw, b, l, b->xn + (int64_t)t * COLIBRI_DIM, b->moe_out + (int64_t)t * COLIBRI_DIM);
+                /* Prefetch guesses only while decoding: in a prompt batch the next token's experts
+                 * come before the next layer's. */
+                int status = moe_ffn(w, b, l, b->xn + (int64_t)t * COLIBRI_DIM, b->moe_out + (int64_t)t * COLIBRI_DIM,
+                                     n == 1);
+                if (status != 0) {
+                    return status;
+                }
             }
             memcpy(b->proj, b->moe_out, (size_t)n * COLIBRI_DIM * sizeof(float));
         } else
@@ -400,7 +446,7 @@ void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *
         residual_add(b, lw->post_ffn_norm, n);
     }
     if (!want_logits) {
-        return;
+        return 0;
     }
     /* Only the last token's next-token logits are wanted. */
     op_rmsnorm(b->xn, b->x + (int64_t)(n - 1) * COLIBRI_DIM, w->final_norm, COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
@@ -411,4 +457,5 @@ void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *
             b->logits[i] = op_softcap(b->logits[i], COLIBRI_FINAL_SOFTCAP);
         }
     }
+    return 0;
 }

@@ -20,8 +20,10 @@ void colibri_buffers_init(ColibriBuffers *b);
 
 /* Run the n tokens (1 <= n <= COLIBRI_PREFILL_BATCH) at positions pos .. pos + n - 1 (all below
  * COLIBRI_N_CTX) through the model, filling the KV cache; with want_logits, b->logits holds the
- * logits that follow the last of them. Decoding passes one token; the prompt goes in batches. */
-void colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos,
-                     int want_logits);
+ * logits that follow the last of them. Decoding passes one token; the prompt goes in batches.
+ * Returns 0, or the error code of an expert that could not be brought in (runtime/expert_cache.h):
+ * the pass stops there and its results are not to be used. */
+int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos,
+                    int want_logits);
 
 #endif

@@ -22,6 +22,7 @@ from .image_format import DTYPE_CODES, QUANT_CODES
 
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
 from .plan import ALIGN, Plan, align_up
+from .cache_plan import STORAGE_ALIGN, cache_constants, expert_extents
 
 TEMPLATE_DIR = REPO / "templates"
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")
@@ -192,8 +193,25 @@ def board_context(board) -> dict:
     return dict(target=board, regions=regions, weights_region=weights_region)
 
 
+def cache_context(plan: Plan, board) -> dict:
+    """The expert cache's constants (compile/cache_plan.py): the firmware sizes its slots from a
+    run-time budget with them, exactly as `report` and the check before a run do."""
+    constants = cache_constants(plan, board.budget_reserve)
+    extents = expert_extents(plan)
+    first = {(e.layer, e.expert): e.first_tensor for e in extents}
+    n_experts = max(plan.spec.n_experts, 1)
+    table = [first.get((layer, e), -1) for layer in range(plan.spec.n_layers) for e in range(n_experts)]
+    names = {i: plan.tensors[e.first_tensor].c_name for i, e in enumerate(extents)}
+    return dict(cache=constants, storage_align=STORAGE_ALIGN,
+                expert_extents=[dict(gate=names[i], down=plan.tensors[e.first_tensor + 2].c_name,
+                                     label=f"layers.{e.layer}.experts.{e.expert}") for i, e in enumerate(extents)],
+                expert_first_tensor=", ".join(str(i) for i in table), expert_tensor_indices=set(
+                    i for e in extents for i in range(e.first_tensor, e.first_tensor + 3)))
+
+
 def render(plan: Plan, model_hash: bytes, board, weights_sha256: bytes = bytes(32)) -> dict[str, str]:
     env = environment()
     context = template_context(plan, model_hash, weights_sha256)
     context.update(board_context(board))
+    context.update(cache_context(plan, board))
     return {name: env.get_template(name + ".j2").render(context) for name in GENERATED_FILES}

@@ -21,6 +21,12 @@ Common fields (every board):
   parallel    (optional, default "none") runtime/parallel/<name>.c: "pthread" on Linux boards
   code_reserve (optional) bytes set aside for code, constants and stack when checking a plan's fit
               before anything is compiled
+  memory_budget (optional, Linux boards, default 0) the default --memory-budget in bytes: the RAM the
+              firmware may use, its routed experts paged through a pool of slots read from the
+              image file (compile/cache_plan.py); 0 = unlimited, experts used from the mapped image
+  budget_reserve (optional, Linux boards, default 0) bytes a budget sets aside besides the plan's
+              arenas and resident weights: code, C library, stacks, the I/O thread (compiled into
+              the firmware, which sizes its slots from the same numbers)
   [flash]     (boards flashed with esptool) chip, chip_id, mode, frequency, size, baud,
               supported_revisions, min_revision, load_window, app_image, flash_image, and
               [[flash.images]] (offset, file, optional name and size): what goes where in flash
@@ -105,6 +111,8 @@ class Board:
     parallel: str = "none"  # runtime/parallel/<name>.c
     code_reserve: int = 0
     remote_prefix: tuple[str, ...] = ()  # the program runs under this on a board reached over SSH
+    memory_budget: int = 0  # default --memory-budget (Linux boards); 0: unlimited
+    budget_reserve: int = 0  # counted against a memory budget besides the plan (code, libc, stacks)
     flash: Flash | None = None
     idf: dict | None = None  # the [idf] section; compile/idf_project.py checks it (IdfSettings)
     data: dict = field(default_factory=dict, compare=False, hash=False)
@@ -165,6 +173,16 @@ def _int(value) -> int:
     return value
 
 
+def _size(data: dict, key: str, runner: str) -> int:
+    """A byte count >= 0; a non-zero one only on boards that run as a Linux process."""
+    value = _int(data.get(key, 0))
+    if value < 0:
+        raise ValueError(f"{key} must be >= 0, got {value}")
+    if value and runner != "process":
+        raise ValueError(f"{key} is for Linux boards (runner kind 'process'), not runner {runner!r}")
+    return value
+
+
 def _flash(section: dict | None) -> Flash | None:
     if section is None:
         return None
@@ -210,6 +228,8 @@ def board_from_data(data: dict, path: Path) -> Board:
             prefill_batch=_int(data.get("prefill_batch", 1)),
             parallel=str(data.get("parallel", "none")), code_reserve=_int(data.get("code_reserve", 0)),
             remote_prefix=tuple(str(a) for a in runner.get("remote_prefix", ())),
+            memory_budget=_size(data, "memory_budget", runner["kind"]),
+            budget_reserve=_size(data, "budget_reserve", runner["kind"]),
             flash=_flash(data.get("flash")), idf=data.get("idf"), data=data,
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:

@@ -433,17 +433,17 @@ def ran_on(board: Board, result: RunResult) -> str:
     return f"{board.name} at {result.remote['host']} ({f'{copied:,} bytes copied' if copied else 'nothing copied'})"
 
 
-def remote_command(remote: Remote, board: Board, program: Path, weights: Path,
+def remote_command(remote: Remote, board: Board, program: Path, weights: Path, options: list[str],
                    progress: Callable[[str], None] | None = None) -> tuple[list[str], Deployment]:
-    """Deploy (only what the board lacks); the ssh command that runs the firmware there, reading
-    request frames from its stdin."""
+    """Deploy (only what the board lacks); the ssh command that runs the firmware there with its
+    command-line `options`, reading request frames from its stdin."""
     prefix = remote_prefix(board)
     deployment = deploy(remote, board, program, weights, prefix, progress)
     program_sha, weights_sha = file_sha256(program), file_sha256(weights)
     script = "; ".join([
         f"cd {shlex.quote(deployment.cache)} || exit 3",
         # Not exec'd: sh then reports a firmware killed by a signal as 128 + N, where ssh would say 255.
-        shlex.join([*prefix, f"./{program_sha}", "--weights", f"./{weights_sha}"]),
+        shlex.join([*prefix, f"./{program_sha}", "--weights", f"./{weights_sha}", *options]),
         "exit $?",
     ])
     return remote.ssh_argv(script), deployment
@@ -459,7 +459,7 @@ def run_remote(remote: Remote, board: Board, program: Path, weights: Path, reque
                timeout: float, progress: Callable[[str], None] | None = None) -> RunResult:
     """Deploy (only what the board lacks) and run the firmware there; RunResult.remote says where and
     how many bytes were sent."""
-    argv, deployment = remote_command(remote, board, program, weights, progress)
+    argv, deployment = remote_command(remote, board, program, weights, request.firmware_options(), progress)
     prefix = remote_prefix(board)
     frame = request_frame(request)
     result = run_process(argv, frame, session, timeout, explain_remote(remote))

@@ -6,6 +6,7 @@ way for every board by Session.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -86,6 +87,14 @@ def run_qemu_system(board: Board, program: Path, flash_image: Path, request: Run
         emulator.close()
 
 
+def local_prefix() -> list[str]:
+    """COLIBRI_FIRMWARE_PREFIX: a command a local Linux-board firmware is started under (split like a
+    shell would), e.g. tools/in-memory-cgroup NAME to run it alone in a memory cgroup."""
+    import shlex
+
+    return shlex.split(os.environ.get("COLIBRI_FIRMWARE_PREFIX", ""))
+
+
 def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest, expected_model: str,
                  on_token=None, logits_out: Path | None = None, timeout: float | None = None,
                  flash_image: Path | None = None, port: str | None = None, reset: bool = False,
@@ -98,6 +107,9 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
         raise ColibriError(f"board {board.name} runs single-threaded (--threads {request.threads} is for Linux boards)")
     if request.probe_bandwidth_mib is not None and board.runner != "process":
         raise ColibriError(f"board {board.name} cannot measure its read bandwidth (only Linux boards can)")
+    if request.firmware_options() and board.runner != "process":
+        raise ColibriError(f"board {board.name} keeps its weights in flash: a memory budget and storage probes are "
+                           f"for Linux boards")
     if remote is not None:
         if board.runner != "process":
             raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
@@ -108,7 +120,8 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
             timeout = 10 + default_timeout(request, weights.stat().st_size) * (4 if remote_prefix(board) else 2)
         return run_remote(remote, board, program, weights, request, session, timeout, progress)
     if board.runner == "process":
-        argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights)]
+        argv = [*local_prefix(), *(board.emulator if board.needs_emulator() else ()), str(program), "--weights",
+                str(weights), *request.firmware_options()]
         if logits_out is not None:
             argv += ["--logits-out", str(logits_out)]
         if timeout is None:
@@ -181,17 +194,21 @@ class Conversation:
 def open_conversation(board: Board, program: Path, weights: Path, expected_model: str, check_hello=None,
                       remote: Remote | None = None, progress: Callable[[str], None] | None = None,
                       flash_image: Path | None = None, port: str | None = None,
-                      reset: bool = False) -> Conversation:
-    """Start (or reach) the firmware for a conversation (see Conversation)."""
+                      reset: bool = False, options: list[str] = ()) -> Conversation:
+    """Start (or reach) the firmware for a conversation (see Conversation); `options`: a Linux
+    firmware's command-line options (RunRequest.firmware_options: a memory budget)."""
     size = weights.stat().st_size
     common = dict(expected_model=expected_model, check_hello=check_hello)
+    if options and board.runner != "process":
+        raise ColibriError(f"board {board.name} keeps its weights in flash: a memory budget is for Linux boards")
     if remote is not None:
         if board.runner != "process":
             raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
-        argv, _ = remote_command(remote, board, program, weights, progress)
+        argv, _ = remote_command(remote, board, program, weights, list(options), progress)
         return Conversation(board, size, remote=remote, process=ProcessLink(argv, explain_remote(remote)), **common)
     if board.runner == "process":
-        argv = [*(board.emulator if board.needs_emulator() else ()), str(program), "--weights", str(weights)]
+        argv = [*local_prefix(), *(board.emulator if board.needs_emulator() else ()), str(program), "--weights",
+                str(weights), *options]
         return Conversation(board, size, process=ProcessLink(argv, explain_local), **common)
     if board.runner == "qemu-system":
         return Conversation(board, size, emulator=Emulator(board, program, flash_image or weights), **common)

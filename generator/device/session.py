@@ -25,6 +25,32 @@ class RunRequest:
     probe_bandwidth_mib: int | None = None
     start: int = 0  # continue the conversation the firmware holds: the prompt goes at positions start...
     score_from: int | None = None  # score prompt tokens score_from + 1 ... (score frames; eval)
+    # Linux boards, given on the firmware's command line (not in the request frame: they decide how
+    # the weights are held before the request is read): the RAM budget in bytes (0: unlimited, the
+    # mapped image read in place), prefetching on the I/O thread, and a storage read probe of this
+    # many MiB of the image file before decoding (None: none).
+    memory_budget: int = 0
+    # None: the firmware chooses (bsp/linux/main.c): LRU with top-k slots per MoE layer or more, else
+    # LFU; no prefetch (measured slower, docs/performance.md).
+    prefetch: bool | None = None
+    probe_storage_mib: int | None = None
+    eviction: str | None = None  # "lfu" | "lru"
+    copy_weights: bool = False  # read the whole image into memory, as before mapping (for comparisons)
+
+    def firmware_options(self) -> list[str]:
+        """The Linux firmware's command-line options for this request (beyond --weights)."""
+        out = []
+        if self.memory_budget:
+            out += ["--memory-budget", str(self.memory_budget)]
+        if self.prefetch is not None:
+            out += ["--prefetch", str(int(self.prefetch))]
+        if self.eviction is not None:
+            out += ["--evict", self.eviction]
+        if self.copy_weights:
+            out += ["--copy-weights"]
+        if self.probe_storage_mib:
+            out += ["--probe-storage", str(self.probe_storage_mib)]
+        return out
 
 
 @dataclass
@@ -34,6 +60,7 @@ class RunResult:
     digests: list[str] = field(default_factory=list)
     stats: dict[str, str] = field(default_factory=dict)
     bandwidth: dict[str, str] = field(default_factory=dict)  # read_bw (bytes/s), mib, threads, passes; if probed
+    storage: dict[str, str] = field(default_factory=dict)  # the image file's read_bw (bytes/s), bytes, chunk, direct
     expert_counts: dict[int, list[int]] = field(default_factory=dict)  # MoE layer -> selections per expert
     token_us: list[int] = field(default_factory=list)  # per step: microseconds since the prompt was done
     stop_reason: str = ""
@@ -42,6 +69,20 @@ class RunResult:
     remote: dict | None = None  # a run over SSH: where it ran and the bytes sent (device/remote.py)
     scores: list[Score] = field(default_factory=list)  # scored prompt tokens, in order (score frames)
     held: int = 0  # positions the firmware's KV cache holds afterwards: where the next request may start
+
+
+# Protocol 3's stats fields from a Linux board (firmware_src/app/decode.c): how it holds the weights
+# and its expert cache's counters over the decode (prefill_* over the prompt). Older boards send none.
+CACHE_STATS = ("mapped", "budget", "slots", "locked", "lock_refused", "direct_io", "prefetch", "lru", "cache_hits",
+               "cache_misses", "prefetches", "prefetch_hits", "read_bytes", "read_wait_us", "prefill_read_bytes",
+               "prefill_read_wait_us")
+
+
+def cache_stats(result: RunResult) -> dict | None:
+    """The stats frame's cache fields as integers, or None when the board sent none."""
+    if "mapped" not in result.stats:
+        return None
+    return {key: int(result.stats[key]) for key in CACHE_STATS if key in result.stats}
 
 
 class Session:
@@ -93,9 +134,16 @@ class Session:
                 raise ColibriError(f"score frame for prompt token {index} arrived after token {r.scores[-1].index}")
             r.scores.append(Score(index, token, frame.f32("lp"), frame.f32("z")))
         elif frame.kind == "stats":
+            for key in CACHE_STATS:
+                if key in frame.fields:  # protocol 3, Linux boards: how the weights are held
+                    frame.int(key, minimum=0)
             r.stats = frame.fields
         elif frame.kind == "bandwidth":
             r.bandwidth = frame.fields
+        elif frame.kind == "storage":
+            for key in ("read_bw", "bytes", "chunk", "direct"):
+                frame.int(key, minimum=0)
+            r.storage = frame.fields
         elif frame.kind == "ack":
             pass  # flow control of the request, the link's business (serial_link.py)
         elif frame.kind == "experts":

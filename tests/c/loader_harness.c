@@ -1,6 +1,9 @@
 /* Test harness for the weight-image loader, built with sanitizers, 32-bit, or for fuzzing:
  *
  *   loader_harness IMAGE...          print the loader's status code for each image
+ *   loader_harness --resident IMAGE...  open each checking the resident tensors only (a mapped image
+ *                                    on a Linux board), then check every routed expert's tensors as
+ *                                    bringing them in does: print "OPEN FIRST_EXPERT_ERROR" (0 0: clean)
  *   loader_harness IMAGE truncations every prefix of IMAGE: print how many got each status
  *   loader_harness IMAGE bitflips    IMAGE with one bit flipped in each byte: the same
  *
@@ -49,11 +52,45 @@ static int load(const uint8_t *data, size_t len)
     return status;
 }
 
+/* Open checking the resident tensors, then every routed expert's: "open expert" statuses. */
+static void load_resident(const uint8_t *data, size_t len, int *open_status, int *expert_status)
+{
+    ColibriWeights weights;
+    *expert_status = 0;
+    if (len == 0) {
+        *open_status = colibri_image_open_checking(NULL, 0, &weights, COLIBRI_CHECK_RESIDENT);
+        return;
+    }
+    void *buf = NULL;
+    if (posix_memalign(&buf, 64, len) != 0) {
+        exit(4);
+    }
+    memcpy(buf, data, len);
+    *open_status = colibri_image_open_checking(buf, len, &weights, COLIBRI_CHECK_RESIDENT);
+    for (uint32_t i = 0; *open_status == 0 && *expert_status == 0 && i < COLIBRI_IMAGE_TENSOR_COUNT; i++) {
+        if (colibri_tensor_table[i].expert) {
+            *expert_status = colibri_image_check_tensor(buf, i);
+        }
+    }
+    free(buf);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr, "usage: loader_harness IMAGE... | IMAGE truncations | IMAGE bitflips\n");
         return 2;
+    }
+    if (strcmp(argv[1], "--resident") == 0) {
+        for (int i = 2; i < argc; i++) {
+            size_t len;
+            uint8_t *data = read_file(argv[i], &len);
+            int open_status, expert_status;
+            load_resident(data, len, &open_status, &expert_status);
+            printf("%d %d\n", open_status, expert_status);
+            free(data);
+        }
+        return 0;
     }
     if (argc == 3 && (strcmp(argv[2], "truncations") == 0 || strcmp(argv[2], "bitflips") == 0)) {
         size_t len;

@@ -1,24 +1,33 @@
 /* Linux BSP (host, linux-aarch64): the firmware as a Linux process. Requests arrive on stdin as
  * request frames (the grammar every board reads), one per line, served in turn until stdin ends (a
- * conversation continues in the KV cache from one to the next); results go to stdout. */
+ * conversation continues in the KV cache from one to the next); results go to stdout. The weight
+ * image is mapped read-only; under a memory budget its resident part is locked and routed experts
+ * come through the expert cache (runtime/expert_cache.c) from storage.c's reads. */
 #define _GNU_SOURCE /* dl_iterate_phdr, for the build-id */
 #define _POSIX_C_SOURCE 200809L
 
+#include <fcntl.h>
 #include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../../app/bsp.h"
 #include "../../app/build_id.h"
 #include "../../app/decode.h"
 #include "../../app/protocol.h"
+#include "../../runtime/expert_cache.h"
 #include "../../runtime/image_loader.h"
 #include "../../runtime/parallel.h"
 #include "model_def.h"
 #include "read_probe.h"
+#include "storage.h"
 
 static FILE *logits_file;
 
@@ -118,9 +127,18 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 }
 
 static const char usage[] =
-    "usage: firmware --weights IMAGE [--logits-out FILE] < REQUESTS\n"
+    "usage: firmware --weights IMAGE [--memory-budget BYTES] [--prefetch auto|0|1] [--evict auto|lfu|lru]\n"
+    "                [--probe-storage MIB]\n"
+    "                [--copy-weights] [--logits-out FILE] < REQUESTS\n"
     "Each request is one request frame on a line of stdin, the same line an MCU board reads on its\n"
-    "UART (firmware_src/app/request.c); results go to stdout as frames.\n";
+    "UART (firmware_src/app/request.c), served in turn until stdin ends; results go to stdout as\n"
+    "frames. The image is mapped read-only;\n"
+    "with a memory budget (bytes; 0: unlimited) the resident weights are locked in RAM and routed\n"
+    "experts are read into a fixed pool of slots. auto: with top-k slots per MoE layer or more, the\n"
+    "least recently used expert goes (lru), with fewer the least often used (lfu); --prefetch 1 has\n"
+    "an I/O thread read the next layer's likely experts meanwhile (off by default: measured slower).\n"
+    "--probe-storage measures the image file's read bandwidth first; --copy-weights reads the whole\n"
+    "image into memory instead of mapping it (the path before mapping, for comparisons).\n";
 
 static int fail(int code, const char *message)
 {
@@ -143,7 +161,26 @@ static int read_request_line(char *line, int capacity)
     return (int)len;
 }
 
-static uint8_t *read_image(const char *path, uint64_t *len)
+/* A decimal count of bytes (or MiB), all digits, no overflow: 0, or -1 when it is not one. */
+static int parse_u64(const char *text, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (*text == '\0') {
+        return -1;
+    }
+    for (const char *p = text; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10) {
+            return -1;
+        }
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+/* The whole image read into one buffer: how the firmware held its weights before it mapped them
+ * (--copy-weights keeps it for comparisons). */
+static uint8_t *copy_image(const char *path, uint64_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
@@ -166,16 +203,102 @@ static uint8_t *read_image(const char *path, uint64_t *len)
     return buf;
 }
 
+/* The image mapped read-only (private: nothing is ever written), or NULL. */
+static uint8_t *map_image(const char *path, uint64_t *len)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        return NULL;
+    }
+    struct stat st;
+    void *map = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size > 0) {
+        map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        *len = (uint64_t)st.st_size;
+    }
+    close(fd); /* the mapping keeps the file */
+    return map == MAP_FAILED ? NULL : map;
+}
+
+static uint64_t page_bytes(void)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    return page > 0 ? (uint64_t)page : 4096u;
+}
+
+/* The bytes [start, end) of the mapping, widened to whole pages. */
+static void page_range(uint64_t start, uint64_t end, uint64_t len, uint64_t *from, uint64_t *to)
+{
+    const uint64_t page = page_bytes();
+    *from = start / page * page;
+    *to = (end + page - 1) / page * page;
+    if (*to > (len + page - 1) / page * page) {
+        *to = (len + page - 1) / page * page;
+    }
+}
+
+/* Each MoE layer's experts as one range of the image (expert-major: a layer's experts lie next to
+ * each other): [*start, *end) in file offsets. Returns 0 for a dense layer. */
+static int layer_experts(int layer, uint64_t *start, uint64_t *end)
+{
+    if (COLIBRI_N_EXPERTS == 0 || !colibri_layer_moe[layer]) {
+        return 0;
+    }
+    const int per_layer = COLIBRI_N_EXPERTS > 0 ? COLIBRI_N_EXPERTS : 1;
+    const ColibriTensorDesc *first = &colibri_tensor_table[colibri_expert_first_tensor[layer * per_layer]];
+    const ColibriTensorDesc *last = &colibri_tensor_table[colibri_expert_first_tensor[layer * per_layer + per_layer - 1] + 2];
+    *start = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + first->offset;
+    *end = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + last->offset + last->bytes;
+    return 1;
+}
+
+/* Under a budget: no readahead anywhere in the mapping (a fault next to an expert's range would read
+ * into it, and those pages would count against the budget), then each resident range read ahead as
+ * exactly that range (MADV_WILLNEED) and locked; the experts' ranges are never touched through the
+ * mapping. Returns the bytes locked; *refused says whether mlock refused any of it. */
+static uint64_t hold_resident(uint8_t *image, uint64_t len, int *refused)
+{
+    uint64_t locked = 0, cursor = 0;
+    *refused = 0;
+    madvise(image, (size_t)len, MADV_RANDOM);
+    for (int l = 0; l <= COLIBRI_N_LAYERS; l++) {
+        uint64_t start = len, end = len, from, to;
+        if (l < COLIBRI_N_LAYERS && !layer_experts(l, &start, &end)) {
+            continue;
+        }
+        page_range(cursor, start, len, &from, &to);
+        if (to > from) {
+            madvise(image + from, (size_t)(to - from), MADV_WILLNEED);
+            if (mlock(image + from, (size_t)(to - from)) == 0) {
+                locked += to - from;
+            } else {
+                *refused = 1;
+            }
+        }
+        cursor = end;
+    }
+    return locked;
+}
+
 #define REQUEST_LINE_BYTES COLIBRI_REQUEST_LINE_BYTES(COLIBRI_N_CTX)
+
+static Storage storage;
 
 int main(int argc, char **argv)
 {
     const char *weights_path = NULL;
     const char *logits_path = NULL;
+    uint64_t budget = 0, probe_storage_mib = 0;
+    int prefetch = -1, eviction = -1; /* -1: chosen from the pool's size (below) */
+    int copy_weights = 0;
     static int32_t prompt[COLIBRI_N_CTX];
     static char line[REQUEST_LINE_BYTES + 2];
     colibri_hello();
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--copy-weights") == 0) {
+            copy_weights = 1;
+            continue;
+        }
         if (i + 1 == argc) {
             return fail(COLIBRI_ERR_REQUEST, "missing value after an option");
         }
@@ -183,12 +306,36 @@ int main(int argc, char **argv)
             weights_path = argv[++i];
         } else if (strcmp(argv[i], "--logits-out") == 0) {
             logits_path = argv[++i];
+        } else if (strcmp(argv[i], "--memory-budget") == 0) {
+            if (parse_u64(argv[++i], &budget) != 0) {
+                return fail(COLIBRI_ERR_REQUEST, "--memory-budget takes a number of bytes");
+            }
+        } else if (strcmp(argv[i], "--probe-storage") == 0) {
+            if (parse_u64(argv[++i], &probe_storage_mib) != 0 || probe_storage_mib == 0) {
+                return fail(COLIBRI_ERR_REQUEST, "--probe-storage takes a number of MiB");
+            }
+        } else if (strcmp(argv[i], "--evict") == 0) {
+            i++;
+            eviction = strcmp(argv[i], "lfu") == 0 ? COLIBRI_EVICT_LFU : strcmp(argv[i], "lru") == 0 ? COLIBRI_EVICT_LRU
+                     : strcmp(argv[i], "auto") == 0 ? -1 : -2;
+            if (eviction == -2) {
+                return fail(COLIBRI_ERR_REQUEST, "--evict takes auto, lfu or lru");
+            }
+        } else if (strcmp(argv[i], "--prefetch") == 0) {
+            i++;
+            prefetch = strcmp(argv[i], "1") == 0 ? 1 : strcmp(argv[i], "0") == 0 ? 0 : strcmp(argv[i], "auto") == 0 ? -1 : -2;
+            if (prefetch == -2) {
+                return fail(COLIBRI_ERR_REQUEST, "--prefetch takes auto, 0 or 1");
+            }
         } else {
             return fail(COLIBRI_ERR_REQUEST, "unknown option");
         }
     }
     if (weights_path == NULL) {
         return fail(COLIBRI_ERR_REQUEST, "--weights is required");
+    }
+    if (copy_weights && budget > 0) {
+        return fail(COLIBRI_ERR_REQUEST, "--copy-weights reads the whole image: it cannot keep a --memory-budget");
     }
     int len = read_request_line(line, (int)sizeof line);
     if (len < 0) {
@@ -198,6 +345,20 @@ int main(int argc, char **argv)
     const char *problem = colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX);
     if (problem != NULL) {
         return fail(COLIBRI_ERR_REQUEST, problem);
+    }
+    const int64_t slots = colibri_cache_slots_for_budget(budget);
+    if (slots < 0) {
+        char message[320];
+        snprintf(message, sizeof message,
+                 "--memory-budget %llu B cannot hold this model: it needs at least %llu B (resident weights, "
+                 "arenas and reserve %llu B + %d expert slots x %llu B)",
+                 (unsigned long long)budget,
+                 (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES +
+                     (COLIBRI_N_MOE_LAYERS > 0 ? (unsigned long long)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_EXPERT_SLOT_BYTES : 0),
+                 (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES, COLIBRI_N_MOE_LAYERS > 0 ? COLIBRI_EXPERTS_PER_TOKEN : 0,
+                 (unsigned long long)COLIBRI_EXPERT_SLOT_BYTES);
+        colibri_report_error(COLIBRI_ERR_BUDGET, message);
+        return 1;
     }
     if (req.probe_mib >= 0) {
         /* Before the weight image is read and before the thread pool starts (a fork copies only
@@ -216,10 +377,25 @@ int main(int argc, char **argv)
         proto_u64("passes", (uint64_t)probe.passes);
         proto_end();
     }
+    if (probe_storage_mib > 0) {
+        /* Reads the size of an expert slot at a time, as the cache does. */
+        const uint64_t chunk = COLIBRI_EXPERT_SLOT_BYTES > 0 ? COLIBRI_EXPERT_SLOT_BYTES : (1u << 20);
+        StorageProbe probe;
+        if (storage_probe_run(weights_path, probe_storage_mib, chunk, &probe) != 0) {
+            colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file (storage probe)");
+            return 1;
+        }
+        proto_begin("storage");
+        proto_u64("read_bw", probe.bytes_per_s);
+        proto_u64("bytes", probe.bytes);
+        proto_u64("chunk", probe.chunk);
+        proto_u64("direct", (uint64_t)probe.direct);
+        proto_end();
+    }
     const int threads = req.threads;
     parallel_start(threads);
     uint64_t image_len = 0;
-    uint8_t *image = read_image(weights_path, &image_len);
+    uint8_t *image = copy_weights ? copy_image(weights_path, &image_len) : map_image(weights_path, &image_len);
     if (image == NULL) {
         colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file");
         return 1;
@@ -230,7 +406,63 @@ int main(int argc, char **argv)
             return fail(COLIBRI_ERR_REQUEST, "cannot open the --logits-out file");
         }
     }
-    int status = colibri_load(image, image_len);
+    uint8_t *pool = NULL;
+    ColibriWeightsInfo *info = &colibri_weights_info;
+    info->mapped = !copy_weights;
+    info->budget = budget;
+    if (budget > 0) {
+        /* Before the checks below read the resident tensors through the mapping: read ahead there
+         * must not bring in the experts next to them. */
+        info->locked_bytes = hold_resident(image, image_len, &info->lock_refused);
+    }
+    /* Mapped: the header, the directory and the resident tensors are checked now, each expert when
+     * it is first brought in, so start-up does not grow with the experts. */
+    int status = colibri_load_checking(image, image_len, copy_weights ? COLIBRI_CHECK_ALL : COLIBRI_CHECK_RESIDENT);
+    if (status == 0 && budget == 0) {
+        colibri_experts_in_place(image, !copy_weights);
+    } else if (status == 0) {
+        if (slots == 0) {
+            colibri_experts_in_place(image, 1); /* no routed experts: everything is resident */
+        } else {
+            /* Measured (docs/performance.md): with top-k slots per MoE layer or more, LRU keeps the
+             * experts consecutive tokens share; below that, LRU evicts every expert before its layer
+             * comes round again, so the pool keeps the most used (LFU). Guessing the next layer's
+             * experts (--prefetch 1) did not pay at any budget once a token's misses were read side
+             * by side: wrong guesses read bytes nobody uses and evict experts that would have hit. */
+            const int roomy = slots >= (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_N_MOE_LAYERS;
+            if (eviction < 0) {
+                eviction = roomy ? COLIBRI_EVICT_LRU : COLIBRI_EVICT_LFU;
+            }
+            if (prefetch < 0) {
+                prefetch = 0;
+            }
+            const uint64_t pool_bytes = (uint64_t)slots * COLIBRI_EXPERT_SLOT_BYTES;
+            pool = aligned_alloc(COLIBRI_STORAGE_ALIGN, (size_t)pool_bytes);
+            /* The I/O thread reads a token's misses side by side, and the guesses when prefetching. */
+            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, 1) != 0) {
+                colibri_report_error(COLIBRI_ERR_BUDGET, "cannot allocate the expert slots or open the image file for reading");
+                return 1;
+            }
+            memset(pool, 0, (size_t)pool_bytes); /* committed now, never per token */
+            if (mlock(pool, (size_t)pool_bytes) == 0) {
+                info->locked_bytes += pool_bytes;
+            } else {
+                info->lock_refused = 1;
+            }
+            info->slots = (int32_t)slots;
+            info->direct_io = storage.direct;
+            info->prefetch = prefetch && storage.iface.submit != NULL;
+            info->eviction_lru = eviction == COLIBRI_EVICT_LRU;
+            colibri_experts_use_slots(image, pool, (int)slots, &storage.iface, prefetch, (colibri_eviction)eviction);
+        }
+        if (info->lock_refused) {
+            struct rlimit limit;
+            unsigned long long soft = getrlimit(RLIMIT_MEMLOCK, &limit) == 0 ? (unsigned long long)limit.rlim_cur : 0;
+            fprintf(stderr, "colibri: note: the resident weights and expert slots are NOT locked in RAM: mlock was "
+                            "refused (RLIMIT_MEMLOCK %llu B; raise it with ulimit -l); under memory pressure they "
+                            "may be paged out and read again\n", soft);
+        }
+    }
     if (status != 0) {
         colibri_report_error(status, colibri_status_message(status));
     } else {
@@ -261,6 +493,14 @@ int main(int argc, char **argv)
     if (logits_file != NULL) {
         fclose(logits_file);
     }
-    free(image);
+    if (pool != NULL) {
+        storage_close(&storage);
+        free(pool);
+    }
+    if (copy_weights) {
+        free(image);
+    } else {
+        munmap(image, (size_t)image_len);
+    }
     return status == 0 ? 0 : 1;
 }

@@ -7,6 +7,7 @@
 #include "read_probe.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,5 +204,61 @@ int read_probe_run(int threads, uint64_t mib, ReadProbe *out)
         return -1;
     }
     *out = r;
+    return 0;
+}
+
+int storage_probe_run(const char *path, uint64_t mib, uint64_t chunk, StorageProbe *out)
+{
+    int direct = 1;
+    int fd = open(path, O_RDONLY | O_DIRECT);
+    void *buf = NULL;
+    if (chunk == 0 || chunk % 4096 != 0 || posix_memalign(&buf, 4096, (size_t)chunk) != 0) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    if (fd >= 0 && pread(fd, buf, 4096, 0) <= 0) { /* refused at the first read, not at open */
+        close(fd);
+        fd = -1;
+    }
+    if (fd < 0) {
+        direct = 0;
+        fd = open(path, O_RDONLY);
+        if (fd < 0) {
+            free(buf);
+            return -1;
+        }
+    }
+    off_t size = lseek(fd, 0, SEEK_END);
+    uint64_t want = mib * MIB;
+    if (size > 0 && (uint64_t)size < want) {
+        want = (uint64_t)size;
+    }
+    if (!direct) {
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    }
+    uint64_t total = 0;
+    const uint64_t t0 = now_ns();
+    while (total < want) {
+        ssize_t n = pread(fd, buf, (size_t)chunk, (off_t)total);
+        if (n <= 0) {
+            break;
+        }
+        total += (uint64_t)n;
+    }
+    const uint64_t ns = now_ns() - t0;
+    if (!direct) {
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    }
+    close(fd);
+    free(buf);
+    if (total == 0 || ns == 0) {
+        return -1;
+    }
+    out->bytes_per_s = (uint64_t)((double)total * 1e9 / (double)ns);
+    out->bytes = total;
+    out->chunk = chunk;
+    out->direct = direct;
     return 0;
 }

@@ -22,4 +22,17 @@ uint64_t read_probe_default_mib(void);
  * or -1 if the child could not be started or could not allocate the buffer. */
 int read_probe_run(int threads, uint64_t mib, ReadProbe *out);
 
+/* The storage read bandwidth of the weight image's file: how fast experts can come in. */
+typedef struct {
+    uint64_t bytes_per_s;
+    uint64_t bytes;  /* read in all */
+    uint64_t chunk;  /* bytes per pread */
+    int direct;      /* 1: O_DIRECT; 0: buffered reads after dropping the file from the page cache */
+} StorageProbe;
+
+/* pread `chunk`-byte pieces (a multiple of 4096) of `path` one after another, `mib` MiB in all (at
+ * most the file), with O_DIRECT where the file system allows it, else after posix_fadvise(DONTNEED)
+ * so the reads come from storage, not from the page cache. Returns 0 and fills *out, or -1. */
+int storage_probe_run(const char *path, uint64_t mib, uint64_t chunk, StorageProbe *out);
+
 #endif

@@ -1,0 +1,178 @@
+#define _GNU_SOURCE /* O_DIRECT */
+#include "storage.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../app/bsp.h"
+
+/* pread until `bytes` are in or the file ends: the bytes read, or -1. Buffered reads drop their pages
+ * from the page cache afterwards: the slot holds the copy, the cache need not hold another. */
+static int64_t read_at(Storage *s, uint8_t *dst, uint64_t offset, uint64_t bytes)
+{
+    uint64_t done = 0;
+    while (done < bytes) {
+        ssize_t n = pread(s->fd, dst + done, (size_t)(bytes - done), (off_t)(offset + done));
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        if (n == 0) {
+            break; /* the end of the file */
+        }
+        done += (uint64_t)n;
+    }
+    if (!s->direct) {
+        posix_fadvise(s->fd, (off_t)offset, (off_t)bytes, POSIX_FADV_DONTNEED);
+    }
+    return (int64_t)done;
+}
+
+static int64_t iface_read(void *ctx, uint8_t *dst, uint64_t offset, uint64_t bytes)
+{
+    return read_at(ctx, dst, offset, bytes);
+}
+
+static int iface_submit(void *ctx, int ticket, uint8_t *dst, uint64_t offset, uint64_t bytes)
+{
+    Storage *s = ctx;
+    if (ticket < 0 || ticket >= s->n_tickets) {
+        return -1;
+    }
+    pthread_mutex_lock(&s->lock);
+    if (s->count == s->n_tickets || !s->done[ticket]) {
+        pthread_mutex_unlock(&s->lock);
+        return -1;
+    }
+    StorageRequest *r = &s->queue[(s->head + s->count) % s->n_tickets];
+    r->ticket = ticket;
+    r->dst = dst;
+    r->offset = offset;
+    r->bytes = bytes;
+    s->count++;
+    s->done[ticket] = 0;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+static void iface_wait(void *ctx, int ticket)
+{
+    Storage *s = ctx;
+    pthread_mutex_lock(&s->lock);
+    while (!s->done[ticket]) {
+        pthread_cond_wait(&s->finished, &s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void *io_thread(void *arg)
+{
+    Storage *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        while (s->count == 0 && !s->stopping) {
+            pthread_cond_wait(&s->wake, &s->lock);
+        }
+        if (s->count == 0) {
+            pthread_mutex_unlock(&s->lock);
+            return NULL;
+        }
+        StorageRequest r = s->queue[s->head];
+        s->head = (s->head + 1) % s->n_tickets;
+        s->count--;
+        pthread_mutex_unlock(&s->lock);
+
+        int64_t got = read_at(s, r.dst, r.offset, r.bytes);
+        s->iface.done(r.ticket, got); /* the cache's check runs at first use, on the forward pass's thread */
+
+        pthread_mutex_lock(&s->lock);
+        s->done[r.ticket] = 1;
+        pthread_cond_broadcast(&s->finished);
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
+/* Whether an O_DIRECT read of the file's first block works (some file systems refuse it at open,
+ * others only at the first read). */
+static int direct_works(int fd)
+{
+    void *block = NULL;
+    if (posix_memalign(&block, COLIBRI_STORAGE_ALIGN, COLIBRI_STORAGE_ALIGN) != 0) {
+        return 0;
+    }
+    ssize_t n = pread(fd, block, COLIBRI_STORAGE_ALIGN, 0);
+    free(block);
+    return n > 0;
+}
+
+int storage_open(Storage *s, const char *path, int n_tickets, int with_thread)
+{
+    memset(s, 0, sizeof *s);
+    s->fd = open(path, O_RDONLY | O_DIRECT);
+    s->direct = 1;
+    if (s->fd >= 0 && !direct_works(s->fd)) {
+        close(s->fd);
+        s->fd = -1;
+    }
+    if (s->fd < 0) {
+        s->direct = 0;
+        s->fd = open(path, O_RDONLY);
+        if (s->fd < 0) {
+            return -1;
+        }
+        fprintf(stderr, "colibri: note: this file system refuses O_DIRECT reads of %s: experts are read through "
+                        "the page cache (each read's pages are dropped again)\n", path);
+    }
+    s->n_tickets = n_tickets > 0 ? n_tickets : 1;
+    s->queue = calloc((size_t)s->n_tickets, sizeof *s->queue);
+    s->done = malloc((size_t)s->n_tickets);
+    if (s->queue == NULL || s->done == NULL) {
+        return -1;
+    }
+    memset(s->done, 1, (size_t)s->n_tickets);
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    pthread_cond_init(&s->finished, NULL);
+    s->iface.read = iface_read;
+    s->iface.submit = NULL;
+    s->iface.wait = iface_wait;
+    s->iface.now_us = bsp_time_us;
+    s->iface.ctx = s;
+    if (with_thread) {
+        if (pthread_create(&s->thread, NULL, io_thread, s) != 0) {
+            fprintf(stderr, "colibri: note: no I/O thread (pthread_create failed): experts are read when needed, "
+                            "without prefetching\n");
+        } else {
+            s->thread_running = 1;
+            s->iface.submit = iface_submit;
+        }
+    }
+    return 0;
+}
+
+void storage_close(Storage *s)
+{
+    if (s->thread_running) {
+        pthread_mutex_lock(&s->lock);
+        s->stopping = 1;
+        pthread_cond_signal(&s->wake);
+        pthread_mutex_unlock(&s->lock);
+        pthread_join(s->thread, NULL);
+        s->thread_running = 0;
+    }
+    if (s->fd >= 0) {
+        close(s->fd);
+        s->fd = -1;
+    }
+    free(s->queue);
+    free(s->done);
+    s->queue = NULL;
+    s->done = NULL;
+}

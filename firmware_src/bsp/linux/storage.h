@@ -1,0 +1,41 @@
+/* The weight image file as storage for the expert cache (runtime/expert_cache.h): pread, with
+ * O_DIRECT where the file system takes it (so expert reads do not also fill the page cache), else
+ * buffered reads whose pages are dropped again; and an I/O thread for prefetches. */
+#ifndef COLIBRI_BSP_LINUX_STORAGE_H
+#define COLIBRI_BSP_LINUX_STORAGE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "../../runtime/expert_cache.h"
+
+typedef struct {
+    int ticket;
+    uint8_t *dst;
+    uint64_t offset, bytes;
+} StorageRequest;
+
+typedef struct {
+    int fd;
+    int direct;              /* 1: O_DIRECT reads */
+    int n_tickets;
+    /* The I/O thread's queue (a ring of n_tickets: a ticket is queued at most once at a time). */
+    pthread_t thread;
+    int thread_running;
+    pthread_mutex_t lock;
+    pthread_cond_t wake, finished;
+    StorageRequest *queue;
+    int head, count;
+    uint8_t *done;           /* per ticket: 1 once its read and the cache's `done` have run */
+    int stopping;
+    ColibriStorage iface;    /* what the runtime calls */
+} Storage;
+
+/* Open `path` for expert reads (O_DIRECT if a first aligned read works, else buffered, saying so on
+ * stderr), with tickets 0..n_tickets-1 and, with io_thread, a thread for queued reads. Allocates
+ * everything it needs here, once. Returns 0 or -1. */
+int storage_open(Storage *s, const char *path, int n_tickets, int io_thread);
+
+void storage_close(Storage *s);
+
+#endif

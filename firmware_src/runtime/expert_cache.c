@@ -1,0 +1,387 @@
+#include "expert_cache.h"
+
+#include <stddef.h>
+
+#include "image_loader.h"
+
+#define EXPERTS_PER_LAYER (COLIBRI_N_EXPERTS > 0 ? COLIBRI_N_EXPERTS : 1)
+#define TABLE_ENTRIES (COLIBRI_N_LAYERS * EXPERTS_PER_LAYER)
+#define MAX_SLOTS (COLIBRI_N_MOE_LAYERS > 0 ? COLIBRI_N_MOE_LAYERS * EXPERTS_PER_LAYER : 1) /* every expert its own */
+
+/* One slot: an expert's gate, up and down matrices as one aligned read of the image file. Only the
+ * forward pass's thread changes a slot's fields; the I/O thread writes its bytes and `result`, which
+ * the forward pass reads only after storage->wait(ticket). */
+typedef struct {
+    int32_t entry;       /* what it holds or is being read into it (layer x N_EXPERTS + expert); -1: empty */
+    int pinned;          /* holds an expert of the token being computed: never evicted meanwhile */
+    uint64_t last_use;   /* the clock at its last use (or prefetch): least recently used goes first */
+    int pending;         /* a queued read not waited for yet */
+    int prefetched;      /* filled by a prefetch and not used since */
+    int checked;         /* its CRC-32s matched */
+    int64_t result;      /* the queued read's bytes (set by `done` on the I/O thread), or -1 */
+    uint8_t *buf;        /* COLIBRI_EXPERT_SLOT_BYTES, COLIBRI_STORAGE_ALIGN aligned */
+    ColibriExpert w;     /* its matrices, bound into buf */
+} Slot;
+
+typedef enum { IN_PLACE, SLOTS } Mode;
+
+/* Expert `expert` of `layer` as bound in the image (NULL in a model without experts). */
+static const ColibriExpert *in_image(const ColibriWeights *w, int layer, int expert)
+{
+#if COLIBRI_N_EXPERTS > 0
+    return &w->layers[layer].experts[expert];
+#else
+    (void)w;
+    (void)layer;
+    (void)expert;
+    return NULL;
+#endif
+}
+
+static Mode mode = IN_PLACE;
+static const uint8_t *image_base;
+static int check_in_place;                    /* IN_PLACE: check each expert on first use */
+static uint8_t verified[TABLE_ENTRIES];        /* [layer][expert]: its CRC-32s matched once (in place or in a slot) */
+static int n_slots;
+static int prefetch_on;
+static ColibriStorage *storage;
+static Slot slots[MAX_SLOTS];                 /* one pool for every MoE layer: only n_slots used */
+static int32_t slot_of[TABLE_ENTRIES];        /* [layer][expert]: its slot, or -1 */
+static uint64_t clock_tick;
+static colibri_eviction policy = COLIBRI_EVICT_LFU;
+static uint32_t uses[TABLE_ENTRIES];           /* [layer][expert]: times used since start (LFU) */
+static ColibriCacheStats stats;
+
+int64_t colibri_cache_slots_for_budget(uint64_t budget)
+{
+    if (budget == 0) {
+        return 0;
+    }
+    if (budget < (uint64_t)COLIBRI_BUDGET_FIXED_BYTES) {
+        return -1;
+    }
+#if COLIBRI_N_MOE_LAYERS > 0
+    const uint64_t slots = (budget - COLIBRI_BUDGET_FIXED_BYTES) / COLIBRI_EXPERT_SLOT_BYTES;
+    if (slots < (uint64_t)COLIBRI_EXPERTS_PER_TOKEN) {
+        return -1; /* one token's experts of one layer must fit at once */
+    }
+    return slots > (uint64_t)MAX_SLOTS ? MAX_SLOTS : (int64_t)slots;
+#else
+    return 0; /* no routed experts: everything is resident */
+#endif
+}
+
+void colibri_experts_in_place(const uint8_t *image, int check_on_first_use)
+{
+    mode = IN_PLACE;
+    image_base = image;
+    check_in_place = check_on_first_use;
+    for (int i = 0; i < TABLE_ENTRIES; i++) {
+        verified[i] = 0;
+    }
+}
+
+/* An expert's extent: where it starts in the image file and its bytes. */
+static void expert_extent(int layer, int expert, uint64_t *file_offset, uint64_t *bytes)
+{
+    const int32_t first = colibri_expert_first_tensor[layer * EXPERTS_PER_LAYER + expert];
+    const ColibriTensorDesc *gate = &colibri_tensor_table[first];
+    const ColibriTensorDesc *down = &colibri_tensor_table[first + 2];
+    const uint64_t down_extent = (down->bytes + COLIBRI_IMAGE_ALIGN - 1) / COLIBRI_IMAGE_ALIGN * COLIBRI_IMAGE_ALIGN;
+    *file_offset = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + gate->offset;
+    *bytes = down->offset + down_extent - gate->offset;
+}
+
+/* The expert's three matrices against their CRC-32s, wherever their bytes are (`data`: its first byte). */
+static int check_expert(int layer, int expert, const uint8_t *data)
+{
+    const int32_t first = colibri_expert_first_tensor[layer * EXPERTS_PER_LAYER + expert];
+    const uint64_t start = colibri_tensor_table[first].offset;
+    for (int i = 0; i < 3; i++) {
+        int status = colibri_image_check_tensor_copy(image_base, (uint32_t)(first + i),
+                                                     data + (colibri_tensor_table[first + i].offset - start));
+        if (status != COLIBRI_OK) {
+            return status;
+        }
+    }
+    return COLIBRI_OK;
+}
+
+/* A read into a slot: short reads fail; the expert's CRC-32s are checked the first time it is brought in
+ * (later reads of it come from the same read-only file, as the mapping's pages would). */
+static int check_read(int layer, int expert, int64_t got, uint64_t need, const uint8_t *data)
+{
+    const int entry = layer * EXPERTS_PER_LAYER + expert;
+    if (got < (int64_t)need) {
+        return COLIBRI_ERR_READ;
+    }
+    if (!verified[entry]) {
+        int status = check_expert(layer, expert, data);
+        if (status != COLIBRI_OK) {
+            return status;
+        }
+        verified[entry] = 1;
+    }
+    return COLIBRI_OK;
+}
+
+/* Called on the I/O thread when a queued read is done. */
+static void read_done(int ticket, int64_t result)
+{
+    slots[ticket].result = result;
+}
+
+void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int count, ColibriStorage *s, int prefetch,
+                               colibri_eviction eviction)
+{
+    mode = SLOTS;
+    policy = eviction;
+    image_base = image;
+    storage = s;
+    storage->done = read_done;
+    n_slots = count < MAX_SLOTS ? count : MAX_SLOTS;
+    prefetch_on = prefetch && s->submit != NULL;
+    for (int i = 0; i < TABLE_ENTRIES; i++) {
+        slot_of[i] = -1;
+        verified[i] = 0;
+        uses[i] = 0;
+    }
+    for (int j = 0; j < n_slots; j++) {
+        Slot *slot = &slots[j];
+        slot->entry = -1;
+        slot->pinned = 0;
+        slot->buf = pool + (uint64_t)j * COLIBRI_EXPERT_SLOT_BYTES;
+        slot->last_use = 0;
+        slot->pending = 0;
+        slot->prefetched = 0;
+        slot->checked = 0;
+    }
+}
+
+/* Where the aligned read of an expert starts and how long it is; `skip`: the expert's first byte in it. */
+static void aligned_read(int layer, int expert, uint64_t *offset, uint64_t *len, uint64_t *skip, uint64_t *need)
+{
+    uint64_t start, bytes;
+    expert_extent(layer, expert, &start, &bytes);
+    *offset = start / COLIBRI_STORAGE_ALIGN * COLIBRI_STORAGE_ALIGN;
+    *skip = start - *offset;
+    *need = *skip + bytes;
+    *len = (*need + COLIBRI_STORAGE_ALIGN - 1) / COLIBRI_STORAGE_ALIGN * COLIBRI_STORAGE_ALIGN;
+}
+
+/* Point the slot's matrices at the expert's bytes in it: the same offsets as in the image. */
+static void bind_slot(Slot *slot, const ColibriWeights *w, int layer, int expert, uint64_t skip)
+{
+    const ColibriExpert *mapped = in_image(w, layer, expert);
+    uint64_t start, bytes;
+    expert_extent(layer, expert, &start, &bytes);
+    const uint8_t *origin = image_base + start;
+    const uint8_t *data = slot->buf + skip;
+    const ColibriMatrix *from[3] = {&mapped->w_gate, &mapped->w_up, &mapped->w_down};
+    ColibriMatrix *to[3] = {&slot->w.w_gate, &slot->w.w_up, &slot->w.w_down};
+    for (int i = 0; i < 3; i++) {
+        to[i]->dtype = from[i]->dtype;
+        to[i]->w = data + ((const uint8_t *)from[i]->w - origin);
+        to[i]->d = from[i]->d == NULL ? NULL : (const float *)(data + ((const uint8_t *)from[i]->d - origin));
+    }
+}
+
+/* Wait for a slot's queued read, if any. */
+static void settle(int j)
+{
+    Slot *slot = &slots[j];
+    if (slot->pending) {
+        const uint64_t t0 = storage->now_us();
+        storage->wait(storage->ctx, j);
+        stats.wait_us += storage->now_us() - t0;
+        slot->pending = 0;
+    }
+}
+
+/* The slot to give up that is not pinned (and, for prefetches, not being read); -1 if none. LRU: the
+ * one used longest ago. One pool serves every MoE layer, and as the layers take turns the slot used
+ * longest ago usually holds an expert of the layer now asking (its previous token's): a per-layer LRU
+ * when there are top-k slots per layer or more. Below that, LRU evicts every expert before its layer
+ * comes round again (0 % hits, measured: docs/performance.md), so LFU, the default, gives up the
+ * expert used least often since start (the least recently used among equals): the pool keeps the
+ * experts the router picks most. */
+static int victim(int skip_pending)
+{
+    int best = -1;
+    for (int j = 0; j < n_slots; j++) {
+        const Slot *slot = &slots[j];
+        if (slot->pinned || (skip_pending && slot->pending)) {
+            continue;
+        }
+        if (best < 0) {
+            best = j;
+            continue;
+        }
+        const Slot *b = &slots[best];
+        const uint32_t u = slot->entry >= 0 ? uses[slot->entry] : 0, ub = b->entry >= 0 ? uses[b->entry] : 0;
+        if (policy == COLIBRI_EVICT_LFU && u != ub) {
+            best = u < ub ? j : best;
+        } else if (slot->last_use < b->last_use) {
+            best = j;
+        }
+    }
+    return best;
+}
+
+static void assign(int j, int32_t entry)
+{
+    Slot *slot = &slots[j];
+    if (slot->entry >= 0) {
+        slot_of[slot->entry] = -1;
+    }
+    slot->entry = entry;
+    slot->checked = 0;
+    slot->prefetched = 0;
+    slot_of[entry] = j;
+}
+
+static void forget(int j)
+{
+    if (slots[j].entry >= 0) {
+        slot_of[slots[j].entry] = -1;
+    }
+    slots[j].entry = -1;
+}
+
+int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *ids, int k, const ColibriExpert **out)
+{
+    if (mode == IN_PLACE) {
+        for (int i = 0; i < k; i++) {
+            const int entry = layer * EXPERTS_PER_LAYER + ids[i];
+            if (check_in_place && !verified[entry]) {
+                uint64_t start, bytes;
+                expert_extent(layer, ids[i], &start, &bytes);
+                int status = check_expert(layer, ids[i], image_base + start);
+                if (status != COLIBRI_OK) {
+                    return status;
+                }
+                verified[entry] = 1;
+            }
+            out[i] = in_image(w, layer, ids[i]);
+        }
+        return COLIBRI_OK;
+    }
+    /* The previous token's (or layer's) experts are done with; this token's hits are pinned first,
+     * so that no miss evicts another expert of this token. */
+    for (int j = 0; j < n_slots; j++) {
+        slots[j].pinned = 0;
+    }
+    for (int i = 0; i < k; i++) {
+        const int j = slot_of[layer * EXPERTS_PER_LAYER + ids[i]];
+        if (j >= 0) {
+            slots[j].pinned = 1;
+        }
+        uses[layer * EXPERTS_PER_LAYER + ids[i]]++;
+    }
+    /* Misses get their slots; all but the last are read on the I/O thread while the last is read
+     * here, so that two reads are in flight (storage answers two faster than one after the other). */
+    int slot_for[EXPERTS_PER_LAYER];
+    int missing = 0;
+    for (int i = 0; i < k; i++) {
+        missing += slot_of[layer * EXPERTS_PER_LAYER + ids[i]] < 0;
+    }
+    for (int i = 0; i < k; i++) {
+        const int32_t entry = layer * EXPERTS_PER_LAYER + ids[i];
+        int j = slot_of[entry];
+        if (j >= 0) {
+            stats.hits++;
+            if (slots[j].prefetched) {
+                stats.prefetch_hits++;
+                slots[j].prefetched = 0;
+            }
+            slot_for[i] = j;
+            continue;
+        }
+        stats.misses++;
+        missing--;
+        j = victim(0);
+        Slot *slot = &slots[j];
+        settle(j); /* never overwrite a buffer being read into */
+        assign(j, entry);
+        slot->pinned = 1;
+        slot_for[i] = j;
+        uint64_t offset, len, skip, need;
+        aligned_read(layer, ids[i], &offset, &len, &skip, &need);
+        slot->result = -1;
+        if (missing > 0 && storage->submit != NULL && storage->submit(storage->ctx, j, slot->buf, offset, len) == 0) {
+            slot->pending = 1;
+            stats.bytes_read += len;
+            continue;
+        }
+        const uint64_t t0 = storage->now_us();
+        slot->result = storage->read(storage->ctx, slot->buf, offset, len);
+        stats.wait_us += storage->now_us() - t0;
+        if (slot->result > 0) {
+            stats.bytes_read += (uint64_t)slot->result;
+        }
+    }
+    /* Every read done and checked (the first time each expert comes in), in rank order. */
+    for (int i = 0; i < k; i++) {
+        const int j = slot_for[i];
+        Slot *slot = &slots[j];
+        settle(j);
+        if (!slot->checked) {
+            uint64_t offset, len, skip, need;
+            aligned_read(layer, ids[i], &offset, &len, &skip, &need);
+            const uint64_t t0 = storage->now_us();
+            int status = check_read(layer, ids[i], slot->result, need, slot->buf + skip);
+            stats.wait_us += storage->now_us() - t0;
+            if (status != COLIBRI_OK) {
+                forget(j);
+                return status;
+            }
+            slot->checked = 1;
+            bind_slot(slot, w, layer, ids[i], skip);
+        }
+        slot->last_use = ++clock_tick;
+        out[i] = &slot->w;
+    }
+    return COLIBRI_OK;
+}
+
+int colibri_experts_prefetching(void)
+{
+    return mode == SLOTS && prefetch_on;
+}
+
+void colibri_experts_prefetch(int layer, const int32_t *ids, int k)
+{
+    if (!colibri_experts_prefetching()) {
+        return;
+    }
+    for (int i = 0; i < k; i++) {
+        const int32_t entry = layer * EXPERTS_PER_LAYER + ids[i];
+        if (slot_of[entry] >= 0) {
+            continue; /* there, or on its way */
+        }
+        const int j = victim(1);
+        if (j < 0) {
+            return;
+        }
+        Slot *slot = &slots[j];
+        uint64_t offset, len, skip, need;
+        aligned_read(layer, ids[i], &offset, &len, &skip, &need);
+        assign(j, entry);
+        slot->result = -1;
+        slot->last_use = ++clock_tick;
+        slot->pinned = 1; /* not to be evicted by the next guess of this token */
+        if (storage->submit(storage->ctx, j, slot->buf, offset, len) != 0) {
+            forget(j);
+            return;
+        }
+        slot->pending = 1;
+        slot->prefetched = 1;
+        stats.prefetches++;
+        stats.bytes_read += len;
+    }
+}
+
+void colibri_experts_stats(ColibriCacheStats *out)
+{
+    *out = stats;
+}

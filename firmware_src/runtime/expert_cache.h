@@ -1,0 +1,82 @@
+/* Routed experts for the forward pass: straight from the weight image (MCU flash, or a Linux board's
+ * mapped image with no budget), or, under a memory budget, from one fixed pool of expert slots shared
+ * by the MoE layers (least recently used first out), filled from the image file through a small
+ * storage interface the BSP provides (bsp/linux/storage.c).
+ *
+ * The bytes the kernels read are the image's bytes either way (a slot holds an exact copy, checked
+ * against the tensor's CRC-32 in the directory), so results are identical at any budget. */
+#ifndef COLIBRI_EXPERT_CACHE_H
+#define COLIBRI_EXPERT_CACHE_H
+
+#include <stdint.h>
+
+#include "model_def.h"
+
+/* What the cache asks of the BSP. Reads are of the image file, at offsets and lengths that are
+ * multiples of COLIBRI_STORAGE_ALIGN into buffers aligned the same way. */
+typedef struct {
+    /* Read `bytes` at file `offset` into dst on the caller's thread: the bytes read (fewer only at the
+     * end of the file), or -1. */
+    int64_t (*read)(void *ctx, uint8_t *dst, uint64_t offset, uint64_t bytes);
+    /* Queue the same read on an I/O thread, tagged `ticket`; when it is done the I/O thread calls
+     * done(ticket, bytes read or -1) and only then counts the ticket finished. NULL: no I/O thread
+     * (no prefetching). Returns 0, or -1 when it cannot queue (the cache then reads when needed). */
+    int (*submit)(void *ctx, int ticket, uint8_t *dst, uint64_t offset, uint64_t bytes);
+    /* Block until the read queued with `ticket` is finished (done has returned). */
+    void (*wait)(void *ctx, int ticket);
+    uint64_t (*now_us)(void); /* a monotonic clock, for the time spent waiting on reads */
+    void *ctx;
+    void (*done)(int ticket, int64_t result); /* set by colibri_experts_use_slots */
+} ColibriStorage;
+
+/* Counters since start (the stats frame reports the decode's share). */
+typedef struct {
+    uint64_t hits;           /* expert uses that found the expert in a slot (read or being read) */
+    uint64_t misses;         /* expert uses that had to read it first, waiting */
+    uint64_t prefetches;     /* reads queued on the I/O thread from the next layer's router guess */
+    uint64_t prefetch_hits;  /* of the hits, those on a prefetched expert's first use */
+    uint64_t bytes_read;     /* from storage, aligned reads, prefetches included */
+    uint64_t wait_us;        /* the forward pass waiting on reads and their CRC-32 checks */
+} ColibriCacheStats;
+
+/* Expert slots under a budget of `budget` bytes, from the constants compiled into this firmware
+ * (compile/cache_plan.py computes the same): (budget - COLIBRI_BUDGET_FIXED_BYTES) /
+ * COLIBRI_EXPERT_SLOT_BYTES, at most one per routed expert; 0 when budget is 0 (unlimited) or the
+ * model has no routed experts; -1 when the budget cannot hold the fixed part and
+ * COLIBRI_EXPERTS_PER_TOKEN slots (one token's experts of one layer at once). */
+int64_t colibri_cache_slots_for_budget(uint64_t budget);
+
+/* Experts read in place from `image` (the default, with every tensor checked at open). With
+ * check_on_first_use, each expert is checked against its CRC-32 the first time it is used (an image
+ * opened with COLIBRI_CHECK_RESIDENT). */
+void colibri_experts_in_place(const uint8_t *image, int check_on_first_use);
+
+/* Which expert a full pool gives up (expert_cache.c victim()). */
+typedef enum {
+    COLIBRI_EVICT_LFU = 0, /* the one used least often since start, least recently among equals (default) */
+    COLIBRI_EVICT_LRU = 1, /* the one used least recently */
+} colibri_eviction;
+
+/* Experts read from storage into `slots` slots in `pool` (slots x COLIBRI_EXPERT_SLOT_BYTES bytes,
+ * COLIBRI_STORAGE_ALIGN aligned, owned by the caller; tickets 0..slots-1); `image` is the opened,
+ * mapped image (its directory holds the CRC-32s). With prefetch and a storage that can submit, the
+ * next MoE layer's likely experts are read while this one computes. */
+void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int slots, ColibriStorage *storage, int prefetch,
+                               colibri_eviction eviction);
+
+/* The k experts `ids` of MoE layer `layer` for one token, into out[0..k-1]: COLIBRI_OK or the loader's
+ * error code (a corrupted expert: COLIBRI_ERR_TENSOR_CHECKSUM; a failed read: COLIBRI_ERR_READ). The
+ * pointers stay valid until the next call for that layer. */
+int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *ids, int k, const ColibriExpert **out);
+
+/* Whether colibri_experts_prefetch does anything (slots with an I/O thread and prefetch on). */
+int colibri_experts_prefetching(void);
+
+/* Hint: MoE layer `layer` will probably want experts ids[0..k-1]; read those not in a slot on the I/O
+ * thread, into the least recently used slots that are neither pinned (the experts of the token being
+ * computed) nor being read. */
+void colibri_experts_prefetch(int layer, const int32_t *ids, int k);
+
+void colibri_experts_stats(ColibriCacheStats *out);
+
+#endif

@@ -1,0 +1,226 @@
+"""Mapped weights and the expert cache under a memory budget (Linux boards): the firmware sizes its
+slots exactly as the Python plan does, decodes the same bits at any budget (tokens, per-step logits
+hashes, routing counts equal to the unlimited run's and the reference's) while really evicting, and
+checks each expert against its CRC-32 when it first brings it in."""
+
+import pytest
+
+from damaged_images import entry, tensor_edited
+from generator.compile.cache_plan import cache_plan, parse_size, slots_for_budget
+from generator.device.runner import run_on_board
+from generator.device.session import RunRequest, cache_stats
+from generator.errors import ColibriError
+from generator.verify import compare, reference_run
+
+PROMPT = [1, 5, 9, 33, 7, 12]
+STEPS = 24
+MOE_MODELS = ("mixtral_moe", "qwen2_moe_shared", "qwen3_moe")
+
+
+def run(board, art, budget=0, threads=1, prefetch=None, weights=None, prompt=PROMPT, steps=STEPS, eviction=None):
+    request = RunRequest(prompt, steps, threads=threads, memory_budget=budget, prefetch=prefetch, eviction=eviction,
+                         stop_at_eos=False)
+    return request, run_on_board(board, art.program, weights or art.weights, request, art.model_hash())
+
+
+def constants(board, plan):
+    return cache_plan(plan, board.budget_reserve, 0).constants
+
+
+def test_sizes_parse_as_the_cli_takes_them():
+    assert parse_size("512M") == 512 * 2**20
+    assert parse_size("6G") == 6 * 2**30
+    assert parse_size("1.5G") == 3 * 2**29
+    assert parse_size("123456") == 123456
+    assert parse_size("0") == parse_size("unlimited") == 0
+    for bad in ("", "12X", "-1M", "M"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def test_firmware_sizes_its_slots_as_the_plan_does(builder, checkpoints):
+    board, art, plan = builder.build(checkpoints("qwen3_moe"), "q8_0", 64)
+    c = constants(board, plan)
+    assert c.n_moe_layers == 2 and c.slot_bytes % 4096 == 0 and c.slot_bytes >= c.expert_bytes + 4096 - 64
+    k = c.experts_per_token
+    for budget, slots in ((c.min_budget, k), (c.budget_for(k + 1) - 1, k), (c.budget_for(k + 1), k + 1),
+                          (2**40, c.n_moe_layers * c.n_experts)):
+        assert slots_for_budget(c, budget) == slots
+        _, result = run(board, art, budget)
+        assert int(result.stats["slots"]) == slots, budget
+        assert int(result.stats["budget"]) == budget
+
+
+def test_a_budget_too_small_is_refused_before_running_with_the_numbers(builder, checkpoints):
+    board, art, plan = builder.build(checkpoints("mixtral_moe"), "q8_0", 64)
+    c = constants(board, plan)
+    with pytest.raises(ColibriError, match=rf"too small .* needs at least {c.min_budget:,} B .*resident weights "
+                                           rf"{c.resident_bytes:,} B .* 2 expert slots .* x {c.slot_bytes:,} B"):
+        cache_plan(plan, board.budget_reserve, c.min_budget - 1)
+    # The firmware refuses it too, from its own constants, should anything skip the check.
+    with pytest.raises(ColibriError, match=r"error 102: --memory-budget .* cannot hold this model"):
+        run(board, art, c.min_budget - 1)
+
+
+@pytest.mark.parametrize("model", MOE_MODELS)
+def test_same_bits_at_any_budget_on_host(builder, checkpoints, model):
+    board, art, plan = builder.build(checkpoints(model), "q8_0", 64)
+    c = constants(board, plan)
+    request, unlimited = run(board, art)
+    ref = reference_run(plan, art.weights, request)
+    assert compare(unlimited, ref).passed
+    assert cache_stats(unlimited)["slots"] == 0 and cache_stats(unlimited)["read_bytes"] == 0
+    # top-k slots in all (every layer evicts the one before), and top-k per MoE layer.
+    for budget in (c.min_budget, c.budget_for(c.experts_per_token * c.n_moe_layers)):
+        for threads in (1, 2):
+            for prefetch, eviction in ((True, "lfu"), (False, "lru"), (True, "lru"), (None, None)):
+                _, result = run(board, art, budget, threads, prefetch, eviction=eviction)
+                assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
+                assert result.expert_counts == unlimited.expert_counts == ref.expert_counts
+                assert compare(result, ref).passed
+                stats = cache_stats(result)
+                # Fewer slots than experts: experts were evicted and read again while decoding.
+                assert stats["slots"] < c.max_slots and stats["cache_misses"] > 0 and stats["read_bytes"] > 0
+                # Left to itself (None), the firmware picks by the pool's size: top-k slots per MoE
+                # layer or more, LRU, else LFU; no prefetching.
+                roomy = stats["slots"] >= c.experts_per_token * c.n_moe_layers
+                assert stats["prefetch"] == int(bool(prefetch))
+                assert stats["lru"] == int(eviction == "lru" if eviction is not None else roomy)
+                # A guess needs a next MoE layer (qwen2_moe_shared has one) and a slot that does not
+                # hold this token's experts (with top-k slots in all, none is free).
+                assert (stats["prefetches"] > 0) == bool(stats["prefetch"] and c.n_moe_layers > 1
+                                                         and stats["slots"] > c.experts_per_token)
+
+
+def test_same_bits_at_the_smallest_budget_on_linux_aarch64(builder, checkpoints):
+    for model in ("mixtral_moe", "qwen3_moe"):
+        board, art, plan = builder.build(checkpoints(model), "q8_0", 64, "linux-aarch64")
+        c = constants(board, plan)
+        request, unlimited = run(board, art)
+        _, budgeted = run(board, art, c.min_budget, threads=2)
+        ref = reference_run(plan, art.weights, request)
+        assert compare(unlimited, ref).passed and compare(budgeted, ref).passed
+        assert budgeted.digests == unlimited.digests and budgeted.expert_counts == unlimited.expert_counts
+        assert cache_stats(budgeted)["cache_misses"] > 0
+
+
+def used_and_unused_expert(result, plan):
+    """(layer, expert) of an expert the run used and of one it never used (its tensor index too)."""
+    index = {t.name: i for i, t in enumerate(plan.tensors)}
+    used = unused = None
+    for layer, counts in sorted(result.expert_counts.items()):
+        for e, n in enumerate(counts):
+            if n and used is None:
+                used = index[f"layers.{layer}.experts.{e}.w_up"]
+            if not n and unused is None:
+                unused = index[f"layers.{layer}.experts.{e}.w_up"]
+    return used, unused
+
+
+def test_an_expert_is_checked_when_first_brought_in_not_at_start(builder, checkpoints, tmp_path):
+    # qwen3_moe, 8 experts, top-3, 6-token prompt: some expert goes unused, some is used.
+    board, art, plan = builder.build(checkpoints("qwen3_moe"), "q8_0", 64)
+    c = constants(board, plan)
+    _, clean = run(board, art, prompt=PROMPT[:2], steps=2)
+    used, unused = used_and_unused_expert(clean, plan)
+    assert used is not None and unused is not None
+    blob = art.weights.read_bytes()
+    for name, index in (("unused", unused), ("used", used)):
+        path = tmp_path / f"{name}.img"
+        path.write_bytes(tensor_edited(blob, index, entry(blob, index)[4] // 2, fix_directory=False))
+        for budget in (0, c.min_budget):
+            if name == "unused":
+                # Start-up checked the header, the directory and the resident tensors only: an expert
+                # nobody uses is never read, so its damage costs nothing.
+                _, result = run(board, art, budget, weights=path, prompt=PROMPT[:2], steps=2)
+                assert result.digests == clean.digests
+            else:
+                # The loader's code and message, in an error frame, before any wrong number.
+                tokens = []
+                request = RunRequest(PROMPT[:2], 2, memory_budget=budget, stop_at_eos=False)
+                with pytest.raises(ColibriError, match=r"error 17: weight image tensor data is corrupted"):
+                    run_on_board(board, art.program, path, request, art.model_hash(),
+                                 on_token=lambda step, token: tokens.append(token))
+                assert tokens == [], "no token may come from a corrupted expert"
+
+
+def test_mcu_boards_check_every_expert_at_start(builder, checkpoints, tmp_path):
+    # qemu-rv32 reads its weights in place from flash: a damaged expert is refused before hello
+    # even if no token would route to it.
+    board, art, plan = builder.build(checkpoints("qwen3_moe"), "q8_0", 64, "qemu-rv32")
+    host_board, host_art, _ = builder.build(checkpoints("qwen3_moe"), "q8_0", 64)
+    _, clean = run(host_board, host_art, prompt=PROMPT[:2], steps=2)
+    _, unused = used_and_unused_expert(clean, plan)
+    blob = art.weights.read_bytes()
+    path = tmp_path / "unused.img"
+    path.write_bytes(tensor_edited(blob, unused, 3, fix_directory=False))
+    with pytest.raises(ColibriError, match=r"firmware reported error 17:"):
+        run_on_board(board, art.program, art.weights, RunRequest(PROMPT[:2], 2), art.model_hash(), flash_image=path)
+
+
+def test_memory_budget_is_refused_on_mcu_boards(builder, checkpoints):
+    from generator.cli import main
+
+    assert main(["run", "--board", "qemu-rv32", "--memory-budget", "1G", "--prompt-ids", "1"]) == 2
+
+
+def test_cli_refuses_a_budget_too_small_or_malformed_before_building(checkpoints, tmp_path, capsys):
+    from generator.cli import main
+
+    model = checkpoints("mixtral_moe")
+    capsys.readouterr()
+    out = tmp_path / "out"
+    base = ["verify", "--model", str(model), "--ctx", "64", "--prompt-ids", "1,2", "--steps", "4", "--out", str(out)]
+    assert main([*base, "--memory-budget", "1M"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too small for mixtral_moe" in err[0] and "needs at least" in err[0]
+    assert not out.exists(), "nothing built for a refused budget"
+    with pytest.raises(SystemExit) as e:
+        main([*base, "--memory-budget", "12X"])
+    assert e.value.code == 2 and "expected a size such as 512M" in capsys.readouterr().err
+
+
+def test_report_and_bench_show_the_cache(builder, checkpoints, tmp_path, capsys):
+    import json
+
+    from generator.cli import main
+
+    model = checkpoints("qwen3_moe")
+    board, art, plan = builder.build(model, "q8_0", 64)
+    c = constants(board, plan)
+    budget = c.budget_for(c.experts_per_token * c.n_moe_layers)
+    out = tmp_path / "out"
+    assert main(["report", "--model", str(model), "--ctx", "64", "--out", str(out), "--json",
+                 "--memory-budget", str(budget)]) == 0
+    rep = json.loads(capsys.readouterr().out)["memory_budget"]
+    assert rep["resident_bytes"] == c.resident_bytes and rep["slot_bytes"] == c.slot_bytes
+    assert rep["slots"] == c.experts_per_token * c.n_moe_layers and rep["slots_per_layer"] == c.experts_per_token
+    assert rep["bytes_read_per_token"]["0"] == c.n_moe_layers * c.experts_per_token * c.slot_bytes
+    assert main(["bench", "--model", str(model), "--ctx", "64", "--out", str(out), "--json", "--repeat", "1",
+                 "--steps", "16", "--memory-budget", str(budget)]) == 0
+    out_json = json.loads(capsys.readouterr().out)
+    cache = out_json["cache"]
+    assert cache["slots"] == rep["slots"] and 0 <= cache["hit_rate"] <= 1 and cache["read_bytes_per_token"] > 0
+    assert cache["storage_read_bytes_s"] > 0 and cache["storage_bound_tok_s"] > 0
+    assert out_json["read_bandwidth_bytes_s"] is None, "no memory probe under a budget"
+
+
+def test_a_refused_mlock_is_said_plainly_and_changes_no_bit(builder, checkpoints, monkeypatch):
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("prlimit")):
+        pytest.skip("needs root, setpriv and prlimit to take CAP_IPC_LOCK away")
+    from generator.verify import budget_text, run_stats
+
+    board, art, plan = builder.build(checkpoints("mixtral_moe"), "q8_0", 64)
+    c = constants(board, plan)
+    _, locked = run(board, art, c.min_budget)
+    assert cache_stats(locked)["lock_refused"] == 0 and cache_stats(locked)["locked"] >= c.resident_bytes
+    # 64 KiB of RLIMIT_MEMLOCK and no CAP_IPC_LOCK: what an unprivileged user on many distributions has.
+    monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", "prlimit --memlock=65536:65536 setpriv --bounding-set=-ipc_lock "
+                                                  "--inh-caps=-ipc_lock --")
+    request, refused = run(board, art, c.min_budget)
+    assert cache_stats(refused)["lock_refused"] == 1
+    assert "resident weights NOT locked (mlock refused)" in budget_text(run_stats(refused, board, request))
+    assert refused.digests == locked.digests and refused.expert_counts == locked.expert_counts

@@ -117,14 +117,18 @@ def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
                    help="read the prompt text from FILE (- for standard input); one final newline is dropped")
     p.add_argument("--prompt-ids", help="prompt as comma-separated token ids")
     p.add_argument("--steps", type=positive_int, default=steps, help=f"tokens to generate (default {steps})")
+    add_sampling_args(p)
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    add_threads_arg(p)
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--temperature", type=non_negative_float, help="sampling temperature (0 = greedy)")
     p.add_argument("--top-k", type=non_negative_int, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=unit_float, help="keep the smallest set with this total probability")
     p.add_argument("--min-p", type=unit_float, help="drop tokens below min-p times the top probability")
     p.add_argument("--seed", type=non_negative_int, help="sampling seed (default 0)")
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
-    add_threads_arg(p)
 
 
 def add_jobs_arg(p: argparse.ArgumentParser) -> None:
@@ -814,12 +818,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p.add_argument("--system", metavar="TEXT", help="a system message to start the conversation with")
     p.add_argument("--steps", type=positive_int, help="the most tokens a reply may have (default: what is left "
                    "of the context)")
-    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    p.add_argument("--temperature", type=non_negative_float, help="sampling temperature (0 = greedy)")
-    p.add_argument("--top-k", type=non_negative_int, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=unit_float, help="keep the smallest set with this total probability")
-    p.add_argument("--min-p", type=unit_float, help="drop tokens below min-p times the top probability")
-    p.add_argument("--seed", type=non_negative_int, help="sampling seed (default 0)")
+    add_sampling_args(p)
     add_threads_arg(p)
     add_remote_arg(p)
     add_budget_arg(p)

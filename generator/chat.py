@@ -23,6 +23,7 @@ class TurnPlan:
     start: int  # where they go: the positions the firmware holds before the turn
     steps: int  # the most tokens the reply may have (what is left of the context)
     reprefilled: bool  # the template changed earlier text: everything was sent again
+    rendered: str  # the whole conversation up to this turn's reply, as the template renders it
 
 
 @dataclass
@@ -54,8 +55,7 @@ class ChatState:
                                f"{self.n_ctx} positions this firmware was built for (start a new chat, or build "
                                f"with a larger --ctx)")
         self.messages = messages
-        self._prompt_text = rendered
-        return TurnPlan(prompt, start, min(self.max_steps, room), reprefilled)
+        return TurnPlan(prompt, start, min(self.max_steps, room), reprefilled, rendered)
 
     def finish_turn(self, plan: TurnPlan, reply: list[int], held: int) -> str:
         """Record the reply the firmware gave (its tokens, and the positions it now holds); returns
@@ -67,5 +67,5 @@ class ChatState:
         self.messages.append({"role": "assistant", "content": text})
         self.held = held
         self.pending = reply[-1:]
-        self.text = self._prompt_text + self.tokenizer.decode(reply, skip_special=False)
+        self.text = plan.rendered + self.tokenizer.decode(reply, skip_special=False)
         return text

@@ -14,7 +14,7 @@ from .compile.image import read_header
 from .numerics.ops import (F32, dot, exp_sum, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
                        softcap, softmax)
 from .compile.plan import Plan
-from .numerics.quantize import (INTEGER_QUANTS, QK, dequantize_q4_1, dequantize_q8_0, matvec_q4_1, matvec_q8_0,
+from .numerics.quantize import (HALF, INTEGER_QUANTS, QK, dequantize_q4_1, dequantize_q8_0, matvec_q4_1, matvec_q8_0,
                                 quantize_q8_0, unpack_q4_0, unpack_q4_1)
 from .numerics.perplexity import Score
 from .numerics.sampling import Rng, SamplingParams, sample
@@ -63,11 +63,11 @@ class Reference:
                                                                  offset=start).reshape(t.rows, t.cols // 2))
                 qs = None
             if t.dtype in INTEGER_QUANTS:
-                d = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
+                d = np.frombuffer(image, dtype=HALF, count=t.rows * t.cols // 32,
                                   offset=start + t.scales_offset).reshape(t.rows, t.cols // 32)
                 self.w[t.name] = (qs, d)
                 if t.dtype == "q4_1":
-                    m = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols // 32,
+                    m = np.frombuffer(image, dtype=HALF, count=t.rows * t.cols // 32,
                                       offset=start + t.mins_offset).reshape(t.rows, t.cols // 32)
                     self.w[t.name] = (qs, d, m)
             else:

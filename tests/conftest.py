@@ -114,6 +114,17 @@ def f32_bytes(*arrays) -> bytes:
     return b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for a in arrays)
 
 
+def half_bytes(*arrays) -> bytes:
+    """Weight block scales and minimums as the image and the kernels hold them: binary16. The
+    arrays must hold binary16 values already (a float32 that binary16 cannot hold is an error)."""
+    out = []
+    for a in arrays:
+        h = np.asarray(a).astype("<f2")
+        assert np.array_equal(h.astype(np.float32), np.asarray(a).astype(np.float32)), "not binary16 values"
+        out.append(h.tobytes())
+    return b"".join(out)
+
+
 def run_cli(*args, cwd=REPO, timeout=600):
     """Run the CLI in a subprocess, as a user would (python -m generator.cli)."""
     return subprocess.run([sys.executable, "-m", "generator.cli", *map(str, args)], cwd=cwd,

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from conftest import f32_bytes, run_harness
+from conftest import f32_bytes, half_bytes, run_harness
 from generator.numerics import ops as numerics
 from generator.numerics.quantize import (dequantize_q4_1, dequantize_q8_0, matvec_q4_1, matvec_q8_0, quantize_q4_0,
-                                        quantize_q4_1, quantize_q8_0, unpack_q4_0, unpack_q4_1)
+                                        quantize_q4_1, quantize_q8_0, quantize_weights_q8_0, unpack_q4_0,
+                                        unpack_q4_1)
 
 rng = np.random.default_rng(7)
 
@@ -72,9 +73,9 @@ def test_activation_quantization_matches(harness, n):
 @pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536), (5, 256), (3, 288), (9, 576),
                                        (2, 32 * 17)])
 def test_q8_0_matvec_matches(harness, rows, cols):
-    wq, wd = quantize_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
+    wq, wd = quantize_weights_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
     xq, xd = quantize_q8_0(rng.normal(0, 1, cols).astype(np.float32))
-    payload = wq.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
     got = c_floats(harness, ["matvec_q8_0", rows, cols], payload, rows)
     assert_same_bits(got, matvec_q8_0(wq, wd, xq, xd))
 
@@ -82,10 +83,10 @@ def test_q8_0_matvec_matches(harness, rows, cols):
 @pytest.mark.parametrize("tokens,rows,cols", [(1, 9, 64), (2, 1, 32), (7, 13, 96), (8, 8, 576), (9, 5, 288),
                                               (17, 33, 1536), (64, 3, 32 * 17)])
 def test_batched_q8_0_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
-    wq, wd = quantize_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
+    wq, wd = quantize_weights_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
     xq, xd = quantize_q8_0((rng.normal(0, 1, (tokens, cols)) * rng.choice([1e-3, 1.0, 50.0], (tokens, 1)))
                            .astype(np.float32))
-    payload = wq.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
     got = c_floats(harness, ["matmul_q8_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
     for t in range(tokens):
         assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
@@ -100,8 +101,10 @@ def test_q4_0_quants_span_minus_8_to_7_and_reconstruct_within_half_a_step_except
     q = unpack_q4_0(packed)
     assert q.min() >= -8 and q.max() <= 7
     assert q[1, 31] == -8 and d[1, 0] == np.float32(3.0) / np.float32(-8.0)
+    assert d.dtype == np.float16  # the image's binary16 scales
     err = np.abs(dequantize_q8_0(q, d) - x).reshape(40, 8, 32)
-    step = np.abs(d)[..., None] * (1 + 1e-6)
+    # a step of d, widened by d's rounding to binary16 (relative 2^-11; 2^-25 for subnormals)
+    step = (np.abs(d.astype(np.float32)) * (1 + 2.0 ** -10) + 2.0 ** -24)[..., None]
     clipped = q.reshape(40, 8, 32) == 7  # +8 steps would be needed on the side opposite m
     assert np.all(err[~clipped] <= (step * 0.5 + 1e-30).repeat(32, -1)[~clipped])
     assert np.all(err <= step)
@@ -112,7 +115,7 @@ def test_q4_0_quants_span_minus_8_to_7_and_reconstruct_within_half_a_step_except
 def test_q4_0_matvec_is_the_q8_0_product_of_its_int8_values(harness, rows, cols):
     packed, wd = quantize_q4_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
     xq, xd = quantize_q8_0(rng.normal(0, 1, cols).astype(np.float32))
-    payload = packed.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    payload = packed.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
     got = c_floats(harness, ["matvec_q4_0", rows, cols], payload, rows)
     assert_same_bits(got, matvec_q8_0(unpack_q4_0(packed), wd, xq, xd))
 
@@ -121,7 +124,7 @@ def test_q4_0_matvec_is_the_q8_0_product_of_its_int8_values(harness, rows, cols)
 def test_batched_q4_0_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
     packed, wd = quantize_q4_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
     xq, xd = quantize_q8_0(rng.normal(0, 1, (tokens, cols)).astype(np.float32))
-    payload = packed.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    payload = packed.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
     got = c_floats(harness, ["matmul_q4_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
     for t in range(tokens):
         assert_same_bits(got[t], matvec_q8_0(unpack_q4_0(packed), wd, xq[t], xd[t]))
@@ -132,34 +135,41 @@ def test_q4_1_quants_span_min_to_max_and_reconstruct_within_half_a_step():
     x[0, :32] = 0.0                      # a constant block: d = 0, every value is m
     x[0, 32:64] = -2.5
     x[1, :32] = np.linspace(-7, -3, 32)  # all negative: m < 0, and it is the first value
-    x[2, :32] = rng.normal(0, 1e-39, 32).astype(np.float32)  # a subnormal span: stored as d = 0
+    x[2, :32] = rng.normal(0, 1e-39, 32).astype(np.float32)  # a span binary16 cannot hold: d = 0
     packed, d, m = quantize_q4_1(x)
     assert packed.shape == (40, 128) and packed.dtype == np.uint8 and d.shape == m.shape == (40, 8)
     q = unpack_q4_1(packed)
     assert q.min() == 0 and q.max() == 15
     assert d[0, 0] == 0 and m[0, 0] == 0 and d[0, 1] == 0 and m[0, 1] == np.float32(-2.5) and d[2, 0] == 0
     assert m[1, 0] == np.float32(-7.0) and q[1, 0] == 0 and q[1, 31] == 15
-    assert np.all(m == x.reshape(40, 8, 32).min(axis=-1))
+    low = x.reshape(40, 8, 32).min(axis=-1)
+    # m is the minimum rounded down to binary16: at or below it, within one binary16 step
+    assert np.all(m.astype(np.float32) <= low)
+    assert np.all(np.nextafter(m, np.float16(np.inf)).astype(np.float32) > low)
     back = dequantize_q4_1(q, d, m)
     assert np.all(back[0, :64] == x[0, :64]) and np.all(back[2, :32] == m[2, 0])
     err = np.abs(back - x).reshape(40, 8, 32)
-    # half a step, and the float32 rounding of (x - m) * (1/d), q * d and + m on top of it
-    slack = (np.abs(d) * 0.5 + (np.abs(m) + np.abs(x).reshape(40, 8, 32).max(-1)) * 2e-7)[..., None]
+    # half a step, the rounding of d and m to binary16 (relative 2^-11, or 2^-25 for subnormals;
+    # 15 steps of d's), and the float32 rounding of (x - m) * (1/d), q * d and + m on top of it
+    d32, m32 = d.astype(np.float32), m.astype(np.float32)
+    slack = (np.abs(d32) * (0.5 + 15 * 2.0 ** -10) + 16 * 2.0 ** -25 + np.abs(m32) * 2.0 ** -10
+             + (np.abs(m32) + np.abs(x).reshape(40, 8, 32).max(-1)) * 2e-7)[..., None]
     assert np.all(err[:, :, :] <= slack + 1e-30)
 
 
 def random_q4_1(rows, cols, extreme=False):
     """Any quants, scales and minimums (not only what quantize_q4_1 makes): negative minimums, and
-    with `extreme` scales and minimums from 1e-30 to 1e15 and quants at both ends."""
+    with `extreme` scales and minimums across binary16's range (subnormals too) and quants at both
+    ends."""
     nb = cols // 32
     packed = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
     if extreme:
         packed[::2] = rng.choice(np.array([0x00, 0xFF, 0x0F, 0xF0], np.uint8), packed[::2].shape)
-        d = (rng.choice([1e-30, 1e-3, 1.0, 1e15], (rows, nb)) * rng.uniform(0.5, 1, (rows, nb))).astype(np.float32)
-        m = (rng.choice([-1e15, -1.0, 0.0, -0.0, 1e-30, 3.0, 1e15], (rows, nb))).astype(np.float32)
+        d = (rng.choice([6e-8, 1e-3, 1.0, 6e4], (rows, nb)) * rng.uniform(0.5, 1, (rows, nb))).astype(np.float16)
+        m = (rng.choice([-6e4, -1.0, 0.0, -0.0, 6e-8, 3.0, 6e4], (rows, nb))).astype(np.float16)
     else:
-        d = rng.uniform(0, 0.2, (rows, nb)).astype(np.float32)
-        m = rng.normal(-1, 1, (rows, nb)).astype(np.float32)
+        d = rng.uniform(0, 0.2, (rows, nb)).astype(np.float16)
+        m = rng.normal(-1, 1, (rows, nb)).astype(np.float16)
     return packed, d, m
 
 
@@ -172,7 +182,7 @@ def random_activations(tokens, cols, extreme=False):
 
 
 def q4_1_payload(packed, d, m, xq, xd):
-    return packed.tobytes() + f32_bytes(d, m) + np.asarray(xq, np.int8).tobytes() + f32_bytes(xd)
+    return packed.tobytes() + half_bytes(d, m) + np.asarray(xq, np.int8).tobytes() + f32_bytes(xd)
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536), (9, 576), (2, 32 * 17),
@@ -348,16 +358,24 @@ def test_tree_sum_is_the_stated_tree(nb):
         assert_same_bits(numerics.tree_sum(terms), numerics.seq_sum(terms, axis=1))
 
 
+def random_halves(shape) -> np.ndarray:
+    """binary16 values of either sign drawn uniformly over the finite encodings: zero, subnormals
+    and normals up to 65504, every exponent equally likely."""
+    bits = rng.integers(0, 0x7C00, shape).astype(np.uint16) | (rng.integers(0, 2, shape).astype(np.uint16) << 15)
+    return bits.view(np.float16)
+
+
 def extreme_q8_0_operands(rows, nb, tokens=None):
-    """Quants at the int8 extremes in some rows, scales from 1e-30 to 1e15 (all terms stay finite:
-    a NaN's bits are not the same on every ISA), zero scales, and rows of -0.0 terms."""
+    """Quants at the int8 extremes in some rows, scales anywhere in binary16's range, subnormals
+    included (all terms stay finite: a NaN's bits are not the same on every ISA), zero scales, and
+    rows of -0.0 terms."""
     cols = nb * 32
     wq = rng.integers(-127, 128, (rows, cols)).astype(np.int8)
     wq[rows // 2] = rng.choice(np.array([-127, 127], np.int8), cols)
-    wd = (rng.normal(0, 1, (rows, nb)) * 10.0 ** rng.integers(-30, 15, (rows, nb))).astype(np.float32)
+    wd = random_halves((rows, nb))
     wd[0, ::3] = 0.0
     wq[-1] = 0
-    wd[-1] = -np.abs(wd[-1]) - np.float32(1e-3)  # isum 0 times a negative scale: terms of -0.0
+    wd[-1] = -np.abs(wd[-1]) - np.float16(1e-3)  # isum 0 times a negative scale: terms of -0.0
     shape = (nb,) if tokens is None else (tokens, nb)
     xq = rng.integers(-127, 128, shape[:-1] + (cols,)).astype(np.int8)
     xd = (np.abs(rng.normal(0, 1, shape)) * 10.0 ** rng.integers(-8, 8, shape)).astype(np.float32) + np.float32(1e-6)
@@ -368,7 +386,7 @@ def extreme_q8_0_operands(rows, nb, tokens=None):
 @pytest.mark.parametrize("rows", [1, 3, 9, 17])
 def test_q8_0_matvec_follows_the_tree_at_every_length(harness, rows, nb):
     wq, wd, xq, xd = extreme_q8_0_operands(rows, nb)
-    payload = wq.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
     got = c_floats(harness, ["matvec_q8_0", rows, nb * 32], payload, rows)
     want = matvec_q8_0(wq, wd, xq, xd)
     assert_same_bits(got, want)
@@ -379,11 +397,11 @@ def test_q8_0_matvec_follows_the_tree_at_every_length(harness, rows, nb):
 @pytest.mark.parametrize("rows", [1, 5, 9])
 def test_q4_0_matvec_follows_the_tree_at_every_length(harness, rows, nb):
     packed, wd = quantize_q4_0(rng.normal(0, 1, (rows, nb * 32)).astype(np.float32))
-    wd = (wd * 10.0 ** rng.integers(-20, 10, wd.shape)).astype(np.float32)
+    wd = random_halves(wd.shape)
     packed[-1] = 0x88  # quants 8 8: the int8 values 0, so terms of -0.0 with a negative scale
-    wd[-1] = -np.abs(wd[-1]) - np.float32(1e-3)
+    wd[-1] = -np.abs(wd[-1]) - np.float16(1e-3)
     xq, xd = quantize_q8_0(rng.normal(0, 1, nb * 32).astype(np.float32))
-    payload = packed.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    payload = packed.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
     got = c_floats(harness, ["matvec_q4_0", rows, nb * 32], payload, rows)
     assert_same_bits(got, matvec_q8_0(unpack_q4_0(packed), wd, xq, xd))
     assert np.signbit(got[-1]) and got[-1] == 0.0
@@ -392,12 +410,12 @@ def test_q4_0_matvec_follows_the_tree_at_every_length(harness, rows, nb):
 @pytest.mark.parametrize("tokens,rows,nb", [(2, 3, 1), (9, 33, 7), (8, 8, 9), (13, 17, 17), (64, 5, 18), (3, 2, 131), (2, 3, 520)])
 def test_batched_products_follow_the_tree(harness, tokens, rows, nb):
     wq, wd, xq, xd = extreme_q8_0_operands(rows, nb, tokens)
-    payload = wq.tobytes() + f32_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
     got = c_floats(harness, ["matmul_q8_0", tokens, rows, nb * 32], payload, tokens * rows).reshape(tokens, rows)
     for t in range(tokens):
         assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
     packed, pd = quantize_q4_0(rng.normal(0, 1, (rows, nb * 32)).astype(np.float32))
-    payload = packed.tobytes() + f32_bytes(pd) + xq.tobytes() + f32_bytes(xd)
+    payload = packed.tobytes() + half_bytes(pd) + xq.tobytes() + f32_bytes(xd)
     got = c_floats(harness, ["matmul_q4_0", tokens, rows, nb * 32], payload, tokens * rows).reshape(tokens, rows)
     for t in range(tokens):
         assert_same_bits(got[t], matvec_q8_0(unpack_q4_0(packed), pd, xq[t], xd[t]))

@@ -182,7 +182,8 @@ static void bind_slot(Slot *slot, const ColibriWeights *w, int layer, int expert
     for (int i = 0; i < 3; i++) {
         to[i]->dtype = from[i]->dtype;
         to[i]->w = data + ((const uint8_t *)from[i]->w - origin);
-        to[i]->d = from[i]->d == NULL ? NULL : (const float *)(data + ((const uint8_t *)from[i]->d - origin));
+        to[i]->d = from[i]->d == NULL ? NULL : (const uint16_t *)(data + ((const uint8_t *)from[i]->d - origin));
+        to[i]->m = from[i]->m == NULL ? NULL : (const uint16_t *)(data + ((const uint8_t *)from[i]->m - origin));
     }
 }
 

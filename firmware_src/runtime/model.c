@@ -145,7 +145,7 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
         const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (COLIBRI_DIM / 2);
         for (int i = 0; i < COLIBRI_DIM; i++) {
             const int b = i / KERNEL_QK;
-            x[i] = (float)kernel_q4_0_value(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * m->d[first_scale + b];
+            x[i] = (float)kernel_q4_0_value(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * kernel_half_to_float(m->d[first_scale + b]);
         }
         break;
     }
@@ -155,8 +155,8 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
         const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (COLIBRI_DIM / 2);
         for (int i = 0; i < COLIBRI_DIM; i++) {
             const int b = i / KERNEL_QK;
-            x[i] = (float)kernel_q4_1_quant(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * m->d[first_scale + b] +
-                   m->m[first_scale + b];
+            x[i] = (float)kernel_q4_1_quant(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * kernel_half_to_float(m->d[first_scale + b]) +
+                   kernel_half_to_float(m->m[first_scale + b]);
         }
         break;
     }
@@ -164,7 +164,7 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
     case COLIBRI_DTYPE_Q8_0: {
         const int8_t *qs = (const int8_t *)m->w + (int64_t)token * COLIBRI_DIM;
         for (int i = 0; i < COLIBRI_DIM; i++) {
-            x[i] = (float)qs[i] * m->d[first_scale + i / KERNEL_QK];
+            x[i] = (float)qs[i] * kernel_half_to_float(m->d[first_scale + i / KERNEL_QK]);
         }
         break;
     }

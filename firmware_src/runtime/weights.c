@@ -10,14 +10,14 @@
 
 #if COLIBRI_Q4_0_EXPANDED
 /* One q4_0 matrix of n values into its int8 copy (the values quant - 8), scales copied as they are. */
-static void expand_q4_0(int8_t *dst, float *dst_d, const uint8_t *src, const uint8_t *src_d, uint64_t n)
+static void expand_q4_0(int8_t *dst, KernelHalf *dst_d, const uint8_t *src, const uint8_t *src_d, uint64_t n)
 {
     for (uint64_t b = 0; b < n / KERNEL_QK; b++) {
         for (int j = 0; j < KERNEL_QK; j++) {
             dst[b * KERNEL_QK + j] = kernel_q4_0_value(src + b * (KERNEL_QK / 2), j);
         }
     }
-    memcpy(dst_d, src_d, (size_t)(n / KERNEL_QK) * sizeof(float));
+    memcpy(dst_d, src_d, (size_t)(n / KERNEL_QK) * sizeof(KernelHalf));
 }
 #endif
 
@@ -30,7 +30,7 @@ void colibri_bind_weights(const uint8_t *data, ColibriWeights *w)
 #if COLIBRI_Q4_0_EXPANDED
         if (b->expanded_offset >= 0) {
             int8_t *copy = colibri_expanded + b->expanded_offset;
-            float *scales = (float *)(copy + b->expanded_scales_offset);
+            KernelHalf *scales = (KernelHalf *)(copy + b->expanded_scales_offset);
             expand_q4_0(copy, scales, data + b->offset, data + b->offset + b->scales_offset, b->values);
             m->dtype = COLIBRI_DTYPE_Q8_0;
             m->w = copy;
@@ -41,8 +41,8 @@ void colibri_bind_weights(const uint8_t *data, ColibriWeights *w)
 #endif
         m->dtype = b->dtype;
         m->w = data + b->offset;
-        m->d = b->dtype == COLIBRI_DTYPE_F32 ? NULL : (const float *)(data + b->offset + b->scales_offset);
-        m->m = b->dtype == COLIBRI_DTYPE_Q4_1 ? (const float *)(data + b->offset + b->mins_offset) : NULL;
+        m->d = b->dtype == COLIBRI_DTYPE_F32 ? NULL : (const KernelHalf *)(data + b->offset + b->scales_offset);
+        m->m = b->dtype == COLIBRI_DTYPE_Q4_1 ? (const KernelHalf *)(data + b->offset + b->mins_offset) : NULL;
     }
     for (int i = 0; i < COLIBRI_N_VECTOR_BINDINGS; i++) {
         const ColibriVectorBinding *v = &colibri_vector_bindings[i];

@@ -17,6 +17,7 @@ from .. import __version__
 from ..files import REPO
 
 from ..numerics import rope
+from ..numerics.quantize import SCALE_BYTES
 from . import image_format
 from .image_format import DTYPE_CODES, QUANT_CODES
 
@@ -139,6 +140,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         quant_code=QUANT_CODES[plan.quant],
         q8=plan.activations_q8,  # integer quants: matmul inputs quantized to q8_0
         q4_expanded=plan.expand_q4,
+        scale_bytes=SCALE_BYTES,
         reads_q4_0=any(t.dtype == "q4_0" for t in plan.tensors) and not plan.expand_q4,
         reads_q4_1=any(t.dtype == "q4_1" for t in plan.tensors),
         dtype_codes=DTYPE_ORDER,

@@ -29,8 +29,9 @@ from . import image_format as fmt
 from ..errors import ColibriError
 from ..files import atomic_output
 from .plan import Plan, TensorEntry
-from ..numerics.quantize import (INTEGER_QUANTS, QK, dequantize_q4_1, dequantize_q8_0, gguf_block_type, keep_blocks,
-                                 quantize_q4_0, quantize_q4_1, quantize_q8_0, unpack_q4_0, unpack_q4_1)
+from ..numerics.quantize import (HALF, INTEGER_QUANTS, QK, SCALE_BYTES, dequantize_q4_1, dequantize_q8_0,
+                                 gguf_block_type, keep_blocks, quantize_q4_0, quantize_q4_1, quantize_weights_q8_0,
+                                 unpack_q4_0, unpack_q4_1)
 
 
 # Work is cut into pieces of whole rows of at most this many values (16 MB as float32): the
@@ -73,21 +74,22 @@ def spec_identity(plan: Plan) -> bytes:
 
 def encode_rows(x: np.ndarray, dtype: str) -> tuple[bytes, bytes, bytes]:
     """Rows of float32 values as image bytes (quantize.py): (quants, scales, minimums) for q4_1,
-    (quants, scales, b"") for q8_0 and q4_0, (little-endian float32 values, b"", b"") for f32."""
+    (quants, scales, b"") for q8_0 and q4_0, (little-endian float32 values, b"", b"") for f32; scales
+    and minimums little-endian binary16."""
     if dtype == "f32":
         return x.astype("<f4").tobytes(), b"", b""
     if dtype == "q4_1":
         qs, d, m = quantize_q4_1(x)
-        return qs.tobytes(), d.astype("<f4").tobytes(), m.astype("<f4").tobytes()
-    qs, d = quantize_q8_0(x) if dtype == "q8_0" else quantize_q4_0(x)
-    return qs.tobytes(), d.astype("<f4").tobytes(), b""
+        return qs.tobytes(), d.astype(HALF).tobytes(), m.astype(HALF).tobytes()
+    qs, d = quantize_weights_q8_0(x) if dtype == "q8_0" else quantize_q4_0(x)
+    return qs.tobytes(), d.astype(HALF).tobytes(), b""
 
 
 def encode_blocks(blocks, dtype: str) -> tuple[bytes, bytes, bytes]:
     """A source's own blocks (a GGUF tensor's, model/gguf_tensors.QuantBlocks) as image bytes,
     value for value."""
     qs, d, m = keep_blocks(blocks.quants, blocks.scales, blocks.offsets, dtype)
-    return qs.tobytes(), d.astype("<f4").tobytes(), b"" if m is None else m.astype("<f4").tobytes()
+    return qs.tobytes(), d.astype(HALF).tobytes(), b"" if m is None else m.astype(HALF).tobytes()
 
 
 @dataclass(frozen=True)
@@ -108,14 +110,14 @@ class Error:
 def requantization_error(x: np.ndarray, values: bytes, scales: bytes, mins: bytes, dtype: str) -> Error:
     """The difference between rows x and what their encoding holds."""
     rows, cols = x.shape
-    d = np.frombuffer(scales, "<f4").reshape(rows, cols // QK)
+    d = np.frombuffer(scales, HALF).reshape(rows, cols // QK)
     if dtype == "q8_0":
         y = dequantize_q8_0(np.frombuffer(values, np.int8).reshape(rows, cols), d)
     elif dtype == "q4_0":
         y = dequantize_q8_0(unpack_q4_0(np.frombuffer(values, np.uint8).reshape(rows, cols // 2)), d)
     else:
         q = unpack_q4_1(np.frombuffer(values, np.uint8).reshape(rows, cols // 2))
-        y = dequantize_q4_1(q, d, np.frombuffer(mins, "<f4").reshape(rows, cols // QK))
+        y = dequantize_q4_1(q, d, np.frombuffer(mins, HALF).reshape(rows, cols // QK))
     diff = np.abs(y.astype(np.float64) - x)
     return Error(float(diff.max(initial=0.0)), float(np.square(diff).sum()), diff.size)
 
@@ -183,7 +185,7 @@ def pieces(t: TensorEntry, source, data_offset: int, keep: str = "") -> list[Pie
     step = max(1, PIECE_VALUES // t.cols)
     base = data_offset + t.offset
     row_bytes = {"f32": 4 * t.cols, "q8_0": t.cols, "q4_0": t.cols // 2, "q4_1": t.cols // 2}[t.dtype]
-    row_scales = t.cols // QK * 4 if t.dtype in INTEGER_QUANTS else 0  # as many minimums (q4_1)
+    row_scales = t.cols // QK * SCALE_BYTES if t.dtype in INTEGER_QUANTS else 0  # as many minimums (q4_1)
     held = np.asarray(source, dtype=np.float32).reshape(t.rows, t.cols) if isinstance(source, np.ndarray) else None
     return [Piece(source if held is None else HeldRows(held[r:r + step], r), t.dtype, r, min(t.rows, r + step),
                   base + r * row_bytes, base + t.scales_offset + r * row_scales, base + t.mins_offset + r * row_scales,

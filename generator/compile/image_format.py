@@ -1,4 +1,4 @@
-"""The weight image format (version 2), described once: every field of the header and of a
+"""The weight image format (version 3), described once: every field of the header and of a
 directory entry with its offset, size and meaning. The writer and reader (image.py), the plan's
 layout, the generated C header image_format.h (the loader's offsets) and the damaged-image tests
 all read this table; nothing else spells an offset.
@@ -7,18 +7,19 @@ Layout (little-endian; offsets from the start of the image):
   header       HEADER_BYTES, the fields of HEADER, zero to the end
   directory    one DIR_ENTRY_BYTES entry per tensor (the fields of DIR_ENTRY), in plan order
   data         each tensor at an ALIGN-byte aligned offset from the data region's start; a q8_0
-               tensor is rows*cols int8 quants, zero padding to ALIGN, then rows*cols/32 float32
+               tensor is rows*cols int8 quants, zero padding to ALIGN, then rows*cols/32 binary16
                scales; a q4_0 tensor the same with rows*cols/2 bytes of packed 4-bit quants
                (quantize.py); a q4_1 tensor rows*cols/2 bytes of packed 4-bit quants, zero
-               padding to ALIGN, rows*cols/32 float32 scales d, then (right after them)
-               rows*cols/32 float32 minimums m; padding is zero
+               padding to ALIGN, rows*cols/32 binary16 scales d, then (right after them)
+               rows*cols/32 binary16 minimums m; padding is zero
   trailer      u32 CRC-32 (IEEE) of the header and directory (every byte before the data region),
                then END_MAGIC
 
-Version 2 checks each tensor against its own CRC-32 in the directory, so a loader can check the
-header and directory at start and each tensor the first time it is brought in: a board that maps a
-50 GB image starts without reading it. Version 1 (one CRC over the whole file) is refused with a
-message to regenerate the image.
+Each tensor is checked against its own CRC-32 in the directory (since version 2), so a loader can
+check the header and directory at start and each tensor the first time it is brought in: a board
+that maps a 50 GB image starts without reading it. Version 3 stores block scales and minimums as
+IEEE binary16 (version 2 had float32 ones). Older versions are refused with a message to regenerate
+the image.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 MAGIC = b"COLIBRIW"
 END_MAGIC = b"CEND"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 ALIGN = 64  # the data region and every tensor in it
 HEADER_BYTES = 128
 DIR_ENTRY_BYTES = 96

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 
 from . import image_format
 from ..errors import ColibriError
-from ..numerics.quantize import GGUF, INTEGER_QUANTS, QK, QUANTS, gguf_block_type
+from ..numerics.quantize import GGUF, INTEGER_QUANTS, QK, QUANTS, SCALE_BYTES, gguf_block_type
 from ..model.spec import ModelSpec, expected_shapes
 from .targets import CATEGORIES, Board
 
@@ -50,9 +50,9 @@ class TensorEntry:
     cols: int
     offset: int  # from the start of the image's data region; multiple of ALIGN
     nbytes: int
-    scales_offset: int  # q8_0, q4_0, q4_1: where the float32 block scales start, relative to `offset`; else 0
+    scales_offset: int  # q8_0, q4_0, q4_1: where the binary16 block scales start, relative to `offset`; else 0
     expanded_offset: int = -1  # q4_0 expanded at load: where its int8 copy starts in the RAM arena
-    mins_offset: int = 0  # q4_1: where the float32 block minimums start (right after the scales); else 0
+    mins_offset: int = 0  # q4_1: where the binary16 block minimums start (right after the scales); else 0
 
     @property
     def extent(self) -> int:
@@ -246,10 +246,10 @@ def _tensor_layout(spec: ModelSpec, quant: str, gguf_types: dict[str, str]
             rows, cols = shape
             quant_bytes = rows * cols if block_type == "q8_0" else rows * cols // 2
             scales_offset = align_up(quant_bytes)
-            nbytes = scales_offset + rows * (cols // QK) * 4
-            # q4_1: the float32 minimums follow the scales
+            nbytes = scales_offset + rows * (cols // QK) * SCALE_BYTES
+            # q4_1: the binary16 minimums follow the scales
             mins_offset = nbytes if block_type == "q4_1" else 0
-            nbytes += rows * (cols // QK) * 4 if block_type == "q4_1" else 0
+            nbytes += rows * (cols // QK) * SCALE_BYTES if block_type == "q4_1" else 0
             dtype = block_type
         else:
             rows, cols = (shape if len(shape) == 2 else (1, shape[0]))
@@ -279,7 +279,7 @@ def _expanded_layout(tensors: tuple[TensorEntry, ...]) -> tuple[tuple[TensorEntr
     for t in tensors:
         if t.dtype == "q4_0":
             out.append(replace(t, expanded_offset=cursor))
-            cursor = align_up(cursor + align_up(t.rows * t.cols) + t.rows * (t.cols // QK) * 4)
+            cursor = align_up(cursor + align_up(t.rows * t.cols) + t.rows * (t.cols // QK) * SCALE_BYTES)
         else:
             out.append(t)
     return tuple(out), cursor

@@ -1,13 +1,20 @@
-"""Quantize stage: blocks of 32 values along the input dimension, one float32 scale each.
+"""Quantize stage: blocks of 32 values along the input dimension, one scale each.
 
-q8_0: int8 quants. The same function quantizes weights here and activations in the runtime
-(kernel_quantize_q8_0 in firmware_src/runtime/kernels/scalar.c), so dot products are integer.
+A weight block's scale (and a q4_1 block's minimum) is an IEEE binary16 value, as in GGUF's Q8_0,
+Q4_0 and Q4_1 blocks: 2 bytes where a float32 would take 4 (q8_0 1.0625 bytes per weight, not
+1.125). binary16 widens to float32 exactly, and every product below widens first, so the arithmetic
+is the float32 arithmetic of docs/numerics.md. Activation blocks are quantized at run time and keep
+float32 scales.
+
+q8_0: int8 quants. quantize_q8_0 quantizes activations as the runtime does (kernel_quantize_q8_0 in
+firmware_src/runtime/kernels/scalar.c), so dot products are integer; quantize_weights_q8_0 is the
+same rule with the scale rounded to binary16 before the quants are made.
 q4_0 (weights only): 4-bit quants q in 0..15 standing for q - 8, two per byte. A q4_0 weight is
 the int8 value q - 8 times its scale, so a q4_0 product is the q8_0 product of those int8 values:
 the same integer block sums, the same float terms, the same bits, whether the firmware reads the
 nibbles directly or expands them to int8 when it loads the image.
 q4_1 (weights only; GGUF Q4_1): 4-bit quants q in 0..15, packed as q4_0's, standing for d * q + m
-with a float32 scale d and a float32 minimum m per block. A product adds, per block, the integer
+with a binary16 scale d and a binary16 minimum m per block. A product adds, per block, the integer
 product with the scale and the activations' integer block sum with the minimum (matvec_q4_1).
 """
 
@@ -26,11 +33,10 @@ INTEGER_QUANTS = ("q8_0", "q4_0", "q4_1")  # matrices with integer quants: matmu
 GGUF = "gguf"
 QUANTS = (*BLOCK_TYPES, GGUF)
 
-# GGUF block types this project holds exactly: the same values, bit for bit (an fp16 scale or
-# minimum is exact in float32; Q4_K's sub-block scale and minimum are an fp16 times a 6-bit integer,
-# exact too), the nibbles repacked where their order differs.
-GGUF_EXACT = {"F32": "f32", "F16": "f32", "BF16": "f32", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1",
-              "Q4_K": "q4_1"}
+# GGUF block types this project holds exactly: the same values, bit for bit (their binary16 scales
+# and minimums are what the image stores), the nibbles repacked where their order differs. Q4_K is
+# not among them: a sub-block's scale is a binary16 times a 6-bit integer, which binary16 rarely holds.
+GGUF_EXACT = {"F32": "f32", "F16": "f32", "BF16": "f32", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 # Other block types are dequantized and quantized again: to q8_0 from five bits per weight up, to
 # q4_1 below (the kept type nearest in size).
 GGUF_WIDE = ("F64", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K")
@@ -51,23 +57,64 @@ def _magnitudes(blocks: np.ndarray) -> np.ndarray:
     return blocks.view(np.int32) & np.int32(0x7FFFFFFF)
 
 
-def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(..., n) float32 -> int8 quants (..., n) and float32 scales (..., n/32).
+F16 = np.float16
+HALF = "<f2"  # how the image stores weight block scales and minimums: little-endian binary16
+SCALE_BYTES = 2  # bytes of one weight block's scale (or q4_1 minimum) in the image
 
-    d = max|x| / 127; q = round_half_even(x * (1 / d)), or 0 when the block is all zero.
-    """
+
+def to_half(values: np.ndarray, what: str, quant: str) -> np.ndarray:
+    """float32 -> binary16, rounded to nearest even; a value beyond binary16's range (|v| > 65504
+    after rounding) is an error, never an infinity in the image."""
+    with np.errstate(over="ignore"):
+        h = np.asarray(values, dtype=np.float32).astype(F16)
+    if not np.all(np.isfinite(h)):
+        worst = float(np.max(np.abs(np.asarray(values, dtype=np.float32))))
+        raise ColibriError(f"{quant} cannot hold these weights: a block {what} of {worst:.6g} is beyond the "
+                           f"binary16 range of block scales (65504); use --quant f32")
+    return h
+
+
+def widen(h: np.ndarray) -> np.ndarray:
+    """binary16 (or float32) scales -> float32, exactly."""
+    return np.asarray(h).astype(np.float32)
+
+
+def _q8_0_blocks(x: np.ndarray, quant: str = "q8_0") -> np.ndarray:
     x = f32(x)
     n = x.shape[-1]
     if n % QK:
-        raise ColibriError(f"q8_0 needs rows whose length is a multiple of {QK}, got {n} (use --quant f32)")
-    blocks = np.ascontiguousarray(x).reshape(*x.shape[:-1], n // QK, QK)
-    amax = np.max(_magnitudes(blocks), axis=-1).view(np.float32)  # max |x| per block
-    d = (amax / F32(127.0)).astype(np.float32)
+        raise ColibriError(f"{quant} needs rows whose length is a multiple of {QK}, got {n} (use --quant f32)")
+    return np.ascontiguousarray(x).reshape(*x.shape[:-1], n // QK, QK)
+
+
+def _q8_0_quants(blocks: np.ndarray, d: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(np.float32)
     q = round_even(blocks * inv[..., None])
-    q = np.clip(q, -127, 127, out=q).astype(np.int8)
-    return q.reshape(x.shape), d
+    return np.clip(q, -127, 127, out=q).astype(np.int8).reshape(*blocks.shape[:-2], -1)
+
+
+def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Activations: (..., n) float32 -> int8 quants (..., n) and float32 scales (..., n/32).
+
+    d = max|x| / 127; q = round_half_even(x * (1 / d)), or 0 when the block is all zero.
+    """
+    blocks = _q8_0_blocks(x)
+    amax = np.max(_magnitudes(blocks), axis=-1).view(np.float32)  # max |x| per block
+    d = (amax / F32(127.0)).astype(np.float32)
+    return _q8_0_quants(blocks, d), d
+
+
+def quantize_weights_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weights: (..., n) float32 -> int8 quants (..., n) and binary16 scales (..., n/32).
+
+    d = binary16(max|x| / 127); q = clip(round_half_even(x * (1 / d)), -127, 127), or 0 when d is 0
+    (the clip holds the largest value when rounding d down made it step past 127).
+    """
+    blocks = _q8_0_blocks(x)
+    amax = np.max(_magnitudes(blocks), axis=-1).view(np.float32)
+    d = to_half((amax / F32(127.0)).astype(np.float32), "scale", "q8_0")
+    return _q8_0_quants(blocks, widen(d)), d
 
 
 def pack_nibbles(q: np.ndarray) -> np.ndarray:
@@ -80,24 +127,31 @@ def pack_nibbles(q: np.ndarray) -> np.ndarray:
 
 def keep_blocks(quants: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None, block_type: str
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """A GGUF tensor's own blocks (quants per value: Q8_0 and Q4_0 int8, Q4_1 and Q4_K 0..15;
-    float32 scales and offsets per 32) as this project's block type holds them, value for value:
-    (int8 quants or packed nibbles, scales, minimums or None)."""
-    scales = scales.astype(np.float32)
+    """A GGUF tensor's own blocks (quants per value: Q8_0 and Q4_0 int8, Q4_1 0..15; scales and
+    offsets per 32, binary16 values as float32) as this project's block type holds them, value for
+    value: (int8 quants or packed nibbles, binary16 scales, binary16 minimums or None)."""
+    d = _kept_half(scales, "scale", block_type)
     if block_type == "q8_0":
-        return quants.astype(np.int8), scales, None
+        return quants.astype(np.int8), d, None
     if block_type == "q4_0":
-        return pack_nibbles(quants.astype(np.int16) + 8), scales, None
+        return pack_nibbles(quants.astype(np.int16) + 8), d, None
     if block_type == "q4_1":
-        return pack_nibbles(quants), scales, offsets.astype(np.float32)
+        return pack_nibbles(quants), d, _kept_half(offsets, "minimum", block_type)
     raise ValueError(block_type)
 
 
-def quantize_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(..., n) float32 -> packed uint8 (..., n/2) and float32 scales (..., n/32).
+def _kept_half(values: np.ndarray, what: str, block_type: str) -> np.ndarray:
+    h = to_half(values, what, block_type)
+    if not np.array_equal(widen(h), np.asarray(values, dtype=np.float32)):
+        raise ValueError(f"a kept {block_type} block {what} is not a binary16 value")
+    return h
 
-    Per block, m is the value of largest magnitude (the first on ties) and d = m / -8, so m maps
-    to quant 0 (-8) and the block spans -8..7; q = clip(round_half_even(x * (1 / d)) + 8, 0, 15).
+
+def quantize_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(..., n) float32 -> packed uint8 (..., n/2) and binary16 scales (..., n/32).
+
+    Per block, m is the value of largest magnitude (the first on ties) and d = binary16(m / -8), so
+    m maps to quant 0 (-8) and the block spans -8..7; q = clip(round_half_even(x * (1 / d)) + 8, 0, 15).
     Byte j of a block holds quant j in its low nibble and quant j + 16 in its high nibble.
     """
     x = f32(x)
@@ -106,9 +160,10 @@ def quantize_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise ColibriError(f"q4_0 needs rows whose length is a multiple of {QK}, got {n} (use --quant f32)")
     blocks = np.ascontiguousarray(x).reshape(*x.shape[:-1], n // QK, QK)
     m = np.take_along_axis(blocks, np.argmax(_magnitudes(blocks), axis=-1)[..., None], axis=-1)[..., 0]
-    d = (m / F32(-8.0)).astype(np.float32)
+    d = to_half((m / F32(-8.0)).astype(np.float32), "scale", "q4_0")
+    wide = widen(d)
     with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(np.float32)
+        inv = np.where(wide != 0, F32(1.0) / wide, F32(0.0)).astype(np.float32)
     q = np.clip(round_even(blocks * inv[..., None]) + 8, 0, 15).astype(np.uint8)
     return pack_nibbles(q.reshape(x.shape)), d
 
@@ -122,13 +177,14 @@ def unpack_q4_0(packed: np.ndarray) -> np.ndarray:
 
 
 def quantize_q4_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(..., n) float32 -> packed uint8 (..., n/2), float32 scales and float32 minimums (..., n/32).
+    """(..., n) float32 -> packed uint8 (..., n/2), binary16 scales and binary16 minimums (..., n/32).
 
-    Per block, m = min and d = (max - min) / 15, so quant 0 is the minimum and quant 15 (nearly) the
-    maximum; q = clip(round_half_even((x - m) * (1 / d)), 0, 15), each operation in float32. A block
-    whose d is 0 or subnormal (1 / d would overflow) is stored with d = 0 and every quant 0: all its
-    values become m, within 15 * 2^-126 of what they were. Byte j of a block holds quant j in its low
-    nibble and quant j + 16 in its high nibble (as q4_0 and GGUF's Q4_1).
+    Per block, m = the block's minimum rounded down to binary16 (so that no value lies below it) and
+    d = binary16((max - m) / 15), so quant 0 is the minimum and quant 15 (nearly) the maximum;
+    q = clip(round_half_even((x - m) * (1 / d)), 0, 15), each operation in float32. A block whose d
+    rounds to 0 keeps every quant 0: all its values become m, within 15 * 2^-25 of what they were.
+    Byte j of a block holds quant j in its low nibble and quant j + 16 in its high nibble (as q4_0
+    and GGUF's Q4_1).
     """
     x = f32(x)
     n = x.shape[-1]
@@ -137,16 +193,20 @@ def quantize_q4_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if not np.all(np.isfinite(x)):
         raise ColibriError("q4_1 needs finite weights (a weight is infinite or NaN)")
     blocks = x.reshape(*x.shape[:-1], n // QK, QK)
-    m = np.min(blocks, axis=-1)
+    low = np.min(blocks, axis=-1)
+    m = to_half(low, "minimum", "q4_1")
+    above = widen(m) > low
+    m[above] = np.nextafter(m[above], F16(-np.inf))
+    m = to_half(widen(m), "minimum", "q4_1")  # a step down past -65504 is out of range too
+    wide_m = widen(m)
     with np.errstate(over="ignore"):
-        d = ((np.max(blocks, axis=-1) - m) / F32(15.0)).astype(np.float32)
-    if not np.all(np.isfinite(d)):
-        raise ColibriError("q4_1 cannot hold a block whose values span more than the float32 range")
-    d = np.where(d >= np.finfo(np.float32).tiny, d, F32(0.0)).astype(np.float32)
+        span = ((np.max(blocks, axis=-1) - wide_m) / F32(15.0)).astype(np.float32)
+    d = to_half(span, "scale", "q4_1")
+    wide_d = widen(d)
     with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(np.float32)
-    q = np.clip(round_even((blocks - m[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
-    return pack_nibbles(q.reshape(x.shape)), d, m.astype(np.float32)
+        inv = np.where(wide_d != 0, F32(1.0) / wide_d, F32(0.0)).astype(np.float32)
+    q = np.clip(round_even((blocks - wide_m[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
+    return pack_nibbles(q.reshape(x.shape)), d, m
 
 
 def unpack_q4_1(packed: np.ndarray) -> np.ndarray:
@@ -161,7 +221,7 @@ def dequantize_q4_1(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Quants 0..15 (..., n) -> (float)q * d + m per value: a product, then a sum, in float32."""
     n = q.shape[-1]
     blocks = q.reshape(*q.shape[:-1], n // QK, QK).astype(np.float32)
-    return (blocks * d[..., None] + m[..., None]).reshape(q.shape).astype(np.float32)
+    return (blocks * widen(d)[..., None] + widen(m)[..., None]).reshape(q.shape).astype(np.float32)
 
 
 def matvec_q4_1(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
@@ -172,6 +232,7 @@ def matvec_q4_1(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, 
     xb = xq.reshape(nb, QK).astype(np.int32)
     isum = np.einsum("rbk,bk->rb", wq.reshape(rows, nb, QK).astype(np.int32), xb, dtype=np.int32)
     xsum = xb.sum(axis=-1, dtype=np.int32)
+    wd, wm, xd = widen(wd), widen(wm), widen(xd)
     terms = isum.astype(np.float32) * (wd * xd[None, :]) + xsum.astype(np.float32)[None, :] * (wm * xd[None, :])
     return tree_sum(terms)
 
@@ -179,14 +240,15 @@ def matvec_q4_1(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, 
 def dequantize_q8_0(q: np.ndarray, d: np.ndarray) -> np.ndarray:
     n = q.shape[-1]
     blocks = q.reshape(*q.shape[:-1], n // QK, QK).astype(np.float32)
-    return (blocks * d[..., None]).reshape(q.shape).astype(np.float32)
+    return (blocks * widen(d)[..., None]).reshape(q.shape).astype(np.float32)
 
 
 def matvec_q8_0(wq: np.ndarray, wd: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    """out_r = tree_sum over blocks b of float(isum_rb) * (wd_rb * xd_b); isum is exact int32."""
+    """out_r = tree_sum over blocks b of float(isum_rb) * (wd_rb * xd_b); isum is exact int32; wd
+    binary16 (or float32) scales, widened first."""
     rows, n = wq.shape
     nb = n // QK
     isum = np.einsum("rbk,bk->rb", wq.reshape(rows, nb, QK).astype(np.int32),
                      xq.reshape(nb, QK).astype(np.int32), dtype=np.int32)
-    terms = isum.astype(np.float32) * (wd * xd[None, :])
+    terms = isum.astype(np.float32) * (widen(wd) * widen(xd)[None, :])
     return tree_sum(terms)

@@ -4,7 +4,8 @@
  *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS | matvec_q4_1 ROWS COLS
  *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 | matmul_q4_0 | matmul_q4_1 TOKENS ROWS COLS
- *           (output: token-major; q4_1 weights: packed quants, scales, then minimums)
+ *           (output: token-major; weight scales and q4_1 minimums are binary16; q4_1 weights:
+ *           packed quants, scales, then minimums)
  *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
  *           attention N SLOTS FIRST_SLOT STRIDE HEAD_DIM SCALE  (a ring of SLOTS key and value rows of
  *           STRIDE floats; q, then p; output: the N scores, then the HEAD_DIM mixed values)
@@ -84,7 +85,7 @@ int main(int argc, char **argv)
         int cols = atoi(argv[3]);
         int nb = cols / KERNEL_QK;
         int8_t *wq = read_exact((size_t)n * cols);
-        float *wd = read_exact((size_t)n * nb * sizeof(float));
+        KernelHalf *wd = read_exact((size_t)n * nb * sizeof(KernelHalf));
         int8_t *xq = read_exact(cols);
         float *xd = read_exact(nb * sizeof(float));
         float *out = malloc(n * sizeof(float));
@@ -94,7 +95,7 @@ int main(int argc, char **argv)
         int cols = atoi(argv[3]);
         int nb = cols / KERNEL_QK;
         uint8_t *wq = read_exact((size_t)n * cols / 2);
-        float *wd = read_exact((size_t)n * nb * sizeof(float));
+        KernelHalf *wd = read_exact((size_t)n * nb * sizeof(KernelHalf));
         int8_t *xq = read_exact(cols);
         float *xd = read_exact(nb * sizeof(float));
         float *out = malloc(n * sizeof(float));
@@ -104,8 +105,8 @@ int main(int argc, char **argv)
         int cols = atoi(argv[3]);
         int nb = cols / KERNEL_QK;
         uint8_t *wq = read_exact((size_t)n * cols / 2);
-        float *wd = read_exact((size_t)n * nb * sizeof(float));
-        float *wm = read_exact((size_t)n * nb * sizeof(float));
+        KernelHalf *wd = read_exact((size_t)n * nb * sizeof(KernelHalf));
+        KernelHalf *wm = read_exact((size_t)n * nb * sizeof(KernelHalf));
         int8_t *xq = read_exact(cols);
         float *xd = read_exact(nb * sizeof(float));
         float *out = malloc(n * sizeof(float));
@@ -129,20 +130,20 @@ int main(int argc, char **argv)
             kernel_matmul_f32(out, stride, w, x, n, rows, cols);
         } else if (strcmp(op, "matmul_q8_0") == 0) {
             int8_t *wq = read_exact((size_t)rows * cols);
-            float *wd = read_exact((size_t)rows * nb * sizeof(float));
+            KernelHalf *wd = read_exact((size_t)rows * nb * sizeof(KernelHalf));
             int8_t *xq = read_exact((size_t)n * cols);
             float *xd = read_exact((size_t)n * nb * sizeof(float));
             kernel_matmul_q8_0(out, stride, wq, wd, xq, xd, n, rows, cols);
         } else if (strcmp(op, "matmul_q4_1") == 0) {
             uint8_t *wq = read_exact((size_t)rows * cols / 2);
-            float *wd = read_exact((size_t)rows * nb * sizeof(float));
-            float *wm = read_exact((size_t)rows * nb * sizeof(float));
+            KernelHalf *wd = read_exact((size_t)rows * nb * sizeof(KernelHalf));
+            KernelHalf *wm = read_exact((size_t)rows * nb * sizeof(KernelHalf));
             int8_t *xq = read_exact((size_t)n * cols);
             float *xd = read_exact((size_t)n * nb * sizeof(float));
             kernel_matmul_q4_1(out, stride, wq, wd, wm, xq, xd, n, rows, cols);
         } else {
             uint8_t *wq = read_exact((size_t)rows * cols / 2);
-            float *wd = read_exact((size_t)rows * nb * sizeof(float));
+            KernelHalf *wd = read_exact((size_t)rows * nb * sizeof(KernelHalf));
             int8_t *xq = read_exact((size_t)n * cols);
             float *xd = read_exact((size_t)n * nb * sizeof(float));
             kernel_matmul_q4_0(out, stride, wq, wd, xq, xd, n, rows, cols);

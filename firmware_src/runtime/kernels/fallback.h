@@ -16,7 +16,7 @@ void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int
 #endif
 
 #ifndef KERNEL_HAS_MATVEC_Q8_0
-void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d, const int8_t *x_qs, const float *x_d,
+void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs, const float *x_d,
                         int rows, int cols)
 {
     kernel_scalar_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
@@ -24,7 +24,7 @@ void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d, const 
 #endif
 
 #ifndef KERNEL_HAS_MATVEC_Q4_0
-void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d, const int8_t *x_qs, const float *x_d,
+void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs, const float *x_d,
                         int rows, int cols)
 {
     kernel_scalar_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
@@ -32,7 +32,7 @@ void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d, const
 #endif
 
 #ifndef KERNEL_HAS_MATVEC_Q4_1
-void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m, const int8_t *x_qs,
+void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m, const int8_t *x_qs,
                         const float *x_d, int rows, int cols)
 {
     kernel_scalar_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
@@ -76,7 +76,7 @@ static inline void kernel_tiled_matmul_f32(float *out, int out_stride, const flo
     }
 }
 
-static inline void kernel_tiled_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+static inline void kernel_tiled_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d,
                                             const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
@@ -90,7 +90,7 @@ static inline void kernel_tiled_matmul_q8_0(float *out, int out_stride, const in
     }
 }
 
-static inline void kernel_tiled_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
+static inline void kernel_tiled_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
                                             const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
@@ -104,8 +104,8 @@ static inline void kernel_tiled_matmul_q4_0(float *out, int out_stride, const ui
     }
 }
 
-static inline void kernel_tiled_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
-                                            const float *w_m, const int8_t *x_qs, const float *x_d, int n_tok,
+static inline void kernel_tiled_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
+                                            const KernelHalf *w_m, const int8_t *x_qs, const float *x_d, int n_tok,
                                             int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
@@ -128,7 +128,7 @@ void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *
 #endif
 
 #ifndef KERNEL_HAS_MATMUL_Q8_0
-void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d, const int8_t *x_qs,
+void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs,
                         const float *x_d, int n_tok, int rows, int cols)
 {
     kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
@@ -136,7 +136,7 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
 #endif
 
 #ifndef KERNEL_HAS_MATMUL_Q4_0
-void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d, const int8_t *x_qs,
+void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
                         const float *x_d, int n_tok, int rows, int cols)
 {
     kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
@@ -144,7 +144,7 @@ void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const f
 #endif
 
 #ifndef KERNEL_HAS_MATMUL_Q4_1
-void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const float *w_d, const float *w_m,
+void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     kernel_tiled_matmul_q4_1(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);

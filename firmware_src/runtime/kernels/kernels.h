@@ -16,6 +16,28 @@
 
 #define KERNEL_QK 32 /* values per q8_0 block */
 
+/* A weight block's scale (and a q4_1 block's minimum) as the image holds it: IEEE 754 binary16
+ * bits, half the bytes of a float32 (GGUF's Q8_0, Q4_0 and Q4_1 blocks hold theirs the same way).
+ * Every binary16 value is a float32 exactly, so a kernel widens it (kernel_half_to_float, or its
+ * ISA's own conversion: F16C, NEON fcvtl) and the arithmetic below is unchanged. Activation block
+ * scales (x_d) are made at run time and stay float32. */
+typedef uint16_t KernelHalf;
+
+/* binary16 -> float32, exactly, in portable C: the exponent and mantissa bits moved to float32's
+ * places make the value times 2^-112 (a subnormal binary16 becomes a subnormal float32, exactly),
+ * which one multiplication by 2^112 brings back exactly; then the sign. The image never holds an
+ * infinity or a NaN (the generator refuses to write one), so those encodings need no case. */
+static inline float kernel_half_to_float(KernelHalf h)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {(uint32_t)(h & 0x7FFF) << 13};
+    v.f = v.f * 0x1p112f;
+    v.u |= (uint32_t)(h & 0x8000) << 16;
+    return v.f;
+}
+
 /* The reduction tree of a quantized row (docs/numerics.md, "q8_0 dot product"). Block b's term
  * t_b = (float)isum_b * (w_d_b * x_d_b) goes to partial b % KERNEL_PARTIALS; each partial adds its
  * terms in block order, starting from -0.0f (which its first term replaces exactly: -0.0f + t == t
@@ -41,14 +63,15 @@ static inline float kernel_sum_partials(const float p[KERNEL_PARTIALS])
 void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols);
 
 /* out[r] = the reduction tree above over the terms (float)isum(r, b) * (w_d[r*nb + b] * x_d[b]),
- * where isum is the exact int32 dot product of the 32 quants of block b. cols % 32 == 0. */
-void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
+ * where isum is the exact int32 dot product of the 32 quants of block b and w_d the binary16 scale
+ * widened to float32. cols % 32 == 0. */
+void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols);
 
 /* The q8_0 product with q4_0 weights: w_q4 holds rows x cols/2 bytes, byte j of each 16-byte block
  * holding the quants of values j (low nibble) and j + 16 (high nibble), each standing for the
  * int8 value quant - 8. The result is kernel_matvec_q8_0's on those int8 values, bit for bit. */
-void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols);
 
 /* The same products for n_tok inputs at once (batched prefill): for every token t < n_tok,
@@ -57,21 +80,21 @@ void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
  * once for all the tokens instead of once per token. */
 void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows,
                        int cols);
-void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
-void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
+void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
 
 /* q4_1 weights (affine 4-bit, GGUF Q4_1): w_q4 packed as q4_0's (byte j of each 16-byte block holds
  * quants j and j + 16 in its low and high nibble), but quant q in 0..15 stands for d * q + m, with
- * a float32 scale w_d and a float32 minimum w_m per block. With q8_0 activations, block b's term is
+ * a binary16 scale w_d and a binary16 minimum w_m per block (widened to float32). With q8_0 activations, block b's term is
  *   term_b = (float)isum_b * (w_d_b * x_d_b) + (float)xsum_b * (w_m_b * x_d_b)
  * isum_b = sum_j q_j * x_qs_j and xsum_b = sum_j x_qs_j exact int32, every product and the sum
  * rounded to float32 in exactly that order (no FMA). A row's terms are added in block order through
  * KernelQ41Sum below, the one place that says how. cols % 32 == 0. */
-void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
+void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                         const int8_t *x_qs, const float *x_d, int rows, int cols);
-void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const float *w_d, const float *w_m,
+void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
 
 /* Attention of one query head over n positions of the KV cache: position i's key (value) is at
@@ -149,11 +172,11 @@ const char *kernel_cpu_features(void);
 
 /* The scalar reference kernels (kernels/scalar.c). */
 void kernel_scalar_matvec_f32(float *out, const float *w, const float *x, int rows, int cols);
-void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
+void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const KernelHalf *w_d,
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
-void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const KernelHalf *w_d,
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
-void kernel_scalar_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
+void kernel_scalar_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 void kernel_scalar_swiglu(float *up, const float *gate, int n);

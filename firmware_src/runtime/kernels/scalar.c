@@ -15,13 +15,13 @@ void kernel_scalar_matvec_f32(float *out, const float *w, const float *x, int ro
     }
 }
 
-void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
+void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const KernelHalf *w_d,
                                const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     for (int r = 0; r < rows; r++) {
         const int8_t *wq = w_qs + (int64_t)r * cols;
-        const float *wd = w_d + (int64_t)r * nb;
+        const KernelHalf *wd = w_d + (int64_t)r * nb;
         float part[KERNEL_PARTIALS];
         for (int k = 0; k < KERNEL_PARTIALS; k++) {
             part[k] = -0.0f;
@@ -31,20 +31,20 @@ void kernel_scalar_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
             for (int i = 0; i < KERNEL_QK; i++) {
                 isum += (int32_t)wq[b * KERNEL_QK + i] * (int32_t)x_qs[b * KERNEL_QK + i];
             }
-            float term = (float)isum * (wd[b] * x_d[b]);
+            float term = (float)isum * (kernel_half_to_float(wd[b]) * x_d[b]);
             part[b % KERNEL_PARTIALS] = part[b % KERNEL_PARTIALS] + term;
         }
         out[r] = kernel_sum_partials(part);
     }
 }
 
-void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const KernelHalf *w_d,
                                const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     for (int r = 0; r < rows; r++) {
         const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
-        const float *wd = w_d + (int64_t)r * nb;
+        const KernelHalf *wd = w_d + (int64_t)r * nb;
         float part[KERNEL_PARTIALS];
         for (int k = 0; k < KERNEL_PARTIALS; k++) {
             part[k] = -0.0f;
@@ -57,21 +57,21 @@ void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d
                 isum += ((int32_t)(wb[j] & 0x0F) - 8) * (int32_t)xb[j];
                 isum += ((int32_t)(wb[j] >> 4) - 8) * (int32_t)xb[j + KERNEL_QK / 2];
             }
-            float term = (float)isum * (wd[b] * x_d[b]);
+            float term = (float)isum * (kernel_half_to_float(wd[b]) * x_d[b]);
             part[b % KERNEL_PARTIALS] = part[b % KERNEL_PARTIALS] + term;
         }
         out[r] = kernel_sum_partials(part);
     }
 }
 
-void kernel_scalar_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
+void kernel_scalar_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                                const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     for (int r = 0; r < rows; r++) {
         const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
-        const float *wd = w_d + (int64_t)r * nb;
-        const float *wm = w_m + (int64_t)r * nb;
+        const KernelHalf *wd = w_d + (int64_t)r * nb;
+        const KernelHalf *wm = w_m + (int64_t)r * nb;
         KernelQ41Sum sum = kernel_q4_1_sum_start();
         for (int b = 0; b < nb; b++) {
             const uint8_t *wb = wq + b * (KERNEL_QK / 2);
@@ -84,7 +84,7 @@ void kernel_scalar_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d
             for (int j = 0; j < KERNEL_QK; j++) {
                 xsum += xb[j];
             }
-            kernel_q4_1_sum_add(&sum, b, kernel_q4_1_term(isum, xsum, wd[b], wm[b], x_d[b]));
+            kernel_q4_1_sum_add(&sum, b, kernel_q4_1_term(isum, xsum, kernel_half_to_float(wd[b]), kernel_half_to_float(wm[b]), x_d[b]));
         }
         out[r] = kernel_q4_1_sum_end(&sum);
     }

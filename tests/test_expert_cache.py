@@ -92,6 +92,17 @@ def test_same_bits_at_any_budget_on_host(builder, checkpoints, model):
                                                          and stats["slots"] > c.experts_per_token)
 
 
+@pytest.mark.parametrize("quant", ["q4_0", "q4_1"])
+def test_4_bit_experts_read_into_slots_decode_the_same_bits(builder, checkpoints, quant):
+    # A slot's matrices point at its copy of the expert: scales, and for q4_1 the minimums too.
+    board, art, plan = builder.build(checkpoints("mixtral_moe"), quant, 64)
+    request, unlimited = run(board, art)
+    assert compare(unlimited, reference_run(plan, art.weights, request)).passed
+    _, result = run(board, art, constants(board, plan).min_budget)
+    assert cache_stats(result)["cache_misses"] > 0
+    assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
+
+
 def test_same_bits_at_the_smallest_budget_on_linux_aarch64(builder, checkpoints):
     for model in ("mixtral_moe", "qwen3_moe"):
         board, art, plan = builder.build(checkpoints(model), "q8_0", 64, "linux-aarch64")

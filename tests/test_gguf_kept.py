@@ -1,5 +1,5 @@
-"""--quant gguf: a GGUF file's Q8_0, Q4_0, Q4_1 (and Q4_K) blocks go into the weight image as they
-are, value for value, and decode bit for bit as the NumPy reference does on every board; other
+"""--quant gguf: a GGUF file's Q8_0, Q4_0 and Q4_1 blocks go into the weight image as they are,
+value for value (their binary16 scales and minimums are what the image stores), and decode bit for bit as the NumPy reference does on every board; other
 block types are quantized again and the build says so, per tensor, with the error."""
 
 import json
@@ -44,13 +44,13 @@ def image_values(image, t) -> np.ndarray:
     """A tensor's values as the image holds them (block type by block type)."""
     start = read_header(image).data_offset + t.offset
     nb = t.rows * t.cols // 32
-    d = np.frombuffer(image, "<f4", nb, start + t.scales_offset).reshape(t.rows, -1)
+    d = np.frombuffer(image, "<f2", nb, start + t.scales_offset).reshape(t.rows, -1)
     if t.dtype == "q8_0":
         return dequantize_q8_0(np.frombuffer(image, np.int8, t.rows * t.cols, start).reshape(t.rows, -1), d)
     packed = np.frombuffer(image, np.uint8, t.rows * t.cols // 2, start).reshape(t.rows, -1)
     if t.dtype == "q4_0":
         return dequantize_q8_0(unpack_q4_0(packed), d)
-    m = np.frombuffer(image, "<f4", nb, start + t.mins_offset).reshape(t.rows, -1)
+    m = np.frombuffer(image, "<f2", nb, start + t.mins_offset).reshape(t.rows, -1)
     return dequantize_q4_1(unpack_q4_1(packed), d, m)
 
 

@@ -70,7 +70,7 @@ def test_q4_1_image_holds_quants_then_scales_then_minimums():
         blocks = t.rows * t.cols // 32
         assert t.dtype == "q4_1"
         assert t.scales_offset == -(-t.rows * t.cols // 2 // 64) * 64
-        assert t.mins_offset == t.scales_offset + 4 * blocks and t.nbytes == t.mins_offset + 4 * blocks
+        assert t.mins_offset == t.scales_offset + 2 * blocks and t.nbytes == t.mins_offset + 2 * blocks
     assert image_format.DTYPE_CODES["q4_1"] == 3
     # MCU boards read q4_1 in place even where q4_0 is expanded to int8 at load
     rv32 = load_board("qemu-rv32")
@@ -88,8 +88,8 @@ def test_the_q4_1_image_holds_what_quantize_q4_1_gives(builder):
     packed, d, m = quantize_q4_1(tensors["layers.0.wq"].load())
     nb = t.rows * t.cols // 32
     assert image[start:start + packed.size] == packed.tobytes()
-    assert image[start + t.scales_offset:start + t.scales_offset + 4 * nb] == d.astype("<f4").tobytes()
-    assert image[start + t.mins_offset:start + t.mins_offset + 4 * nb] == m.astype("<f4").tobytes()
+    assert image[start + t.scales_offset:start + t.scales_offset + 2 * nb] == d.astype("<f2").tobytes()
+    assert image[start + t.mins_offset:start + t.mins_offset + 2 * nb] == m.astype("<f2").tobytes()
 
 
 def test_report_and_plan_json_name_q4_1(builder):

@@ -48,7 +48,7 @@ def test_plan_places_tensors_aligned_in_order_without_overlap(quant):
         prev_end = t.offset + t.nbytes
         if t.dtype == "q8_0":
             assert t.scales_offset % ALIGN == 0 and t.scales_offset >= t.rows * t.cols
-            assert t.nbytes == t.scales_offset + t.rows * t.cols // 32 * 4
+            assert t.nbytes == t.scales_offset + t.rows * t.cols // 32 * 2  # binary16 scales
     assert prev_end <= plan.image.data_bytes
     assert plan.image.data_offset % ALIGN == 0
     assert plan.image.image_bytes == plan.image.data_offset + plan.image.data_bytes + 8

@@ -26,7 +26,7 @@ from generator.compile.plan import plan_for_board
 from generator.compile.targets import load_board
 from generator.errors import ColibriError
 from generator.model.hf_import import FAMILIES, _canonical, load_checkpoint
-from generator.numerics.quantize import quantize_q4_0, quantize_q8_0
+from generator.numerics.quantize import quantize_q4_0, quantize_weights_q8_0
 
 from conftest import DEFAULT_MODEL, REPO, run_cli
 
@@ -59,14 +59,14 @@ def oracle_image(model_dir: Path, quant: str, ctx: int) -> bytes:
             blob = array.astype("<f4").tobytes()
             data[t.offset:t.offset + len(blob)] = blob
         else:
-            qs, d = quantize_q8_0(array) if t.dtype == "q8_0" else quantize_q4_0(array)
+            qs, d = quantize_weights_q8_0(array) if t.dtype == "q8_0" else quantize_q4_0(array)
             data[t.offset:t.offset + qs.size] = qs.tobytes()
-            scales = d.astype("<f4").tobytes()
+            scales = d.astype("<f2").tobytes()
             data[t.offset + t.scales_offset:t.offset + t.scales_offset + len(scales)] = scales
         directory += fmt.pack(fmt.DIR_ENTRY, fmt.DIR_ENTRY_BYTES, name=t.name.encode(), dtype=fmt.DTYPE_CODES[t.dtype],
                               rows=t.rows, cols=t.cols, crc32=zlib.crc32(data[t.offset:t.offset + t.extent]),
                               offset=t.offset, bytes=t.nbytes)
-    model_hash = hashlib.sha256(b"colibri-image-v2\0" + spec_identity(plan) + quant.encode() + bytes(data)
+    model_hash = hashlib.sha256(b"colibri-image-v3\0" + spec_identity(plan) + quant.encode() + bytes(data)
                                 + bytes(directory)).digest()
     out = bytearray(layout.image_bytes)
     out[:fmt.HEADER_BYTES] = fmt.pack(

@@ -1,7 +1,7 @@
 """Weight images: what the firmware loads (from a file on Linux, from flash on an MCU). Their
 format, field by field, is image_format.py's table.
 
-The model hash is SHA-256 over "colibri-image-v2\\0", the canonical ModelSpec JSON (without its
+The model hash is SHA-256 over "colibri-image-v3\\0", the canonical ModelSpec JSON (without its
 name), the quantization, the data region and then the directory: it names the weights, and the
 firmware generated for them refuses any image with another hash. The image's identity, which the
 firmware carries and reports, is the SHA-256 of its header and directory (`identity_sha256`): they
@@ -263,7 +263,7 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
         for t in plan.tensors:
             work += pieces(t, tensors[t.name], layout.data_offset, keeping(t, tensors[t.name]))
             last_piece.append(work[-1])
-        model_hash = hashlib.sha256(b"colibri-image-v2\0" + spec_identity(plan) + plan.quant.encode())
+        model_hash = hashlib.sha256(b"colibri-image-v3\0" + spec_identity(plan) + plan.quant.encode())
         directory = bytearray()
         buffer = bytearray(READ_BACK)
         written = _written(work, tmp, jobs)

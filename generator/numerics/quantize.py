@@ -65,10 +65,13 @@ SCALE_BYTES = 2  # bytes of one weight block's scale (or q4_1 minimum) in the im
 def to_half(values: np.ndarray, what: str, quant: str) -> np.ndarray:
     """float32 -> binary16, rounded to nearest even; a value beyond binary16's range (|v| > 65504
     after rounding) is an error, never an infinity in the image."""
-    with np.errstate(over="ignore"):
-        h = np.asarray(values, dtype=np.float32).astype(F16)
+    wide = np.asarray(values, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = wide.astype(F16)
     if not np.all(np.isfinite(h)):
-        worst = float(np.max(np.abs(np.asarray(values, dtype=np.float32))))
+        if not np.all(np.isfinite(wide)):
+            raise ColibriError(f"{quant} cannot hold these weights: a block {what} is infinite or NaN")
+        worst = float(np.max(np.abs(wide)))
         raise ColibriError(f"{quant} cannot hold these weights: a block {what} of {worst:.6g} is beyond the "
                            f"binary16 range of block scales (65504); use --quant f32")
     return h

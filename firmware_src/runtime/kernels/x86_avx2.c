@@ -1,9 +1,10 @@
 /* x86-64 kernels: AVX2 integer dot products for q8_0 and q4_0 (AVX-VNNI where the CPU has it),
  * f32 products eight rows at a time, SwiGLU and activation quantization, chosen at run time
  * (cpuid); the scalar kernels otherwise. Same bits as kernels/scalar.c: each block's int32 sum is
- * exact, and the float terms (float)isum * (w_d * x_d) follow the reduction tree of kernels.h,
- * the eight partials of a row being the eight lanes of one vector; an f32 row's products are added
- * one column after another, each vector lane carrying a different row. */
+ * exact, the binary16 weight scales are widened exactly by F16C (vcvtph2ps, eight blocks' scales
+ * per instruction), and the float terms (float)isum * (w_d * x_d) follow the reduction tree of
+ * kernels.h, the eight partials of a row being the eight lanes of one vector; an f32 row's
+ * products are added one column after another, each vector lane carrying a different row. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -23,26 +24,28 @@
 #define KERNEL_ATTENTION_CHAINS 4 /* an out-of-order core overlaps four positions' sums */
 #include "fallback.h"
 
-static int have_avx2(void)
+/* AVX2 and F16C, both or neither: every function below is compiled for the two. Every CPU with
+ * AVX2 has F16C, but a hypervisor may hide either; then the scalar kernels run. */
+static int have_avx2_f16c(void)
 {
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 0;
     }
     return known;
 }
 
 const char *kernel_set(void)
 {
-    return have_avx2() ? "avx2" : "scalar";
+    return have_avx2_f16c() ? "avx2" : "scalar";
 }
 
 static int have_vnni(void);
 
 const char *kernel_cpu_features(void)
 {
-    return !have_avx2() ? "none" : have_vnni() ? "avx2,avxvnni" : "avx2";
+    return !have_avx2_f16c() ? "none" : have_vnni() ? "avx2,f16c,avxvnni" : "avx2,f16c";
 }
 
 /* The integer dot products of quantized blocks. With AVX-VNNI (vpdpbusd: four u8 x s8 products
@@ -65,8 +68,8 @@ static int have_vnni(void)
 
 /* acc + the four adjacent u8 x s8 products of a and b per int32 lane (AVX-VNNI vpdpbusd, VEX
  * encoded). Written as one instruction of inline assembly so that every function here is compiled
- * for plain AVX2: the compiler cannot then use VNNI anywhere the CPU was not checked for it. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i vpdpbusd(__m256i acc, __m256i a, __m256i b)
+ * for AVX2 and F16C alone: the compiler cannot then use VNNI anywhere the CPU was not checked for it. */
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i vpdpbusd(__m256i acc, __m256i a, __m256i b)
 {
     __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
     return acc;
@@ -75,7 +78,7 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i vpdpbusd(__
 /* Unsigned a times signed b, four adjacent products per int32 lane: vpdpbusd, or maddubs + madd
  * (whose int16 pair sums cannot saturate here: |a| <= 127 with q8_0 quants, a <= 15 with nibbles,
  * |b| <= 127). `vnni` is a constant in every caller, so each path compiles to straight code. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i dot_u8s8(__m256i a, __m256i b, int vnni)
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i dot_u8s8(__m256i a, __m256i b, int vnni)
 {
     if (vnni) {
         return vpdpbusd(_mm256_setzero_si256(), a, b);
@@ -84,8 +87,8 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i dot_u8s8(__
 }
 
 /* The same for two pairs (a0, b0) and (a1, b1) summed: the q4_0 kernel's two halves of a block. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i dot2_u8s8(__m256i a0, __m256i b0,
-                                                                                     __m256i a1, __m256i b1, int vnni)
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i dot2_u8s8(__m256i a0, __m256i b0,
+                                                                                    __m256i a1, __m256i b1, int vnni)
 {
     if (vnni) {
         return vpdpbusd(vpdpbusd(_mm256_setzero_si256(), a0, b0), a1, b1);
@@ -97,8 +100,8 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i dot2_u8s8(_
 
 /* The 8 int32 lanes of each of v0..v7 summed: lane i of the result is the total of v_i (integer
  * adds: exact in any order). */
-__attribute__((target("avx2"))) static inline __m256i block_sums8(__m256i v0, __m256i v1, __m256i v2, __m256i v3,
-                                                                  __m256i v4, __m256i v5, __m256i v6, __m256i v7)
+__attribute__((target("avx2,f16c"))) static inline __m256i block_sums8(__m256i v0, __m256i v1, __m256i v2, __m256i v3,
+                                                                       __m256i v4, __m256i v5, __m256i v6, __m256i v7)
 {
     __m256i h01 = _mm256_hadd_epi32(v0, v1);
     __m256i h23 = _mm256_hadd_epi32(v2, v3);
@@ -113,7 +116,8 @@ __attribute__((target("avx2"))) static inline __m256i block_sums8(__m256i v0, __
 
 /* Four vectors each holding two blocks (lanes 0-3: block 2i, lanes 4-7: block 2i + 1) -> the eight
  * block totals in block order. The hadds give blocks 0 2 4 6 | 1 3 5 7; one permute orders them. */
-__attribute__((target("avx2"))) static inline __m256i pair_sums8(__m256i v01, __m256i v23, __m256i v45, __m256i v67)
+__attribute__((target("avx2,f16c"))) static inline __m256i pair_sums8(__m256i v01, __m256i v23, __m256i v45,
+                                                                       __m256i v67)
 {
     const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v01, v23), _mm256_hadd_epi32(v45, v67));
     return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -123,7 +127,7 @@ __attribute__((target("avx2"))) static inline __m256i pair_sums8(__m256i v01, __
  * partials; the result's lane i is ((p0 + p1) + p2) + ... + p7 of row i. The 8x8 transpose puts
  * partial k of every row in col[k]; then seven vertical adds in order. (The q4_1 and any later
  * block type reuse this.) */
-__attribute__((target("avx2"))) static inline __m256 sum_partials8(const __m256 acc[8])
+__attribute__((target("avx2,f16c"))) static inline __m256 sum_partials8(const __m256 acc[8])
 {
     const __m256 t0 = _mm256_unpacklo_ps(acc[0], acc[1]), t1 = _mm256_unpackhi_ps(acc[0], acc[1]);
     const __m256 t2 = _mm256_unpacklo_ps(acc[2], acc[3]), t3 = _mm256_unpackhi_ps(acc[2], acc[3]);
@@ -148,19 +152,55 @@ __attribute__((target("avx2"))) static inline __m256 sum_partials8(const __m256 
     return _mm256_add_ps(sum, _mm256_permute2f128_ps(u3, u7, 0x31));
 }
 
+/* Eight consecutive binary16 scales (16 bytes) widened to float32, exactly: one vcvtph2ps, which
+ * takes its operand from memory, so a row's eight scales cost as many instructions as the float32
+ * load they replace. */
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 load_halves8(const KernelHalf *h)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* The first n < 8 of them, lanes past n 0.0f, reading nothing past the n-th: a 16-byte load could
+ * run past the end of the scales (and of the mapped image). Pairs of halves come in as the int32
+ * lanes of a masked load, an odd last one broadcast and blended into its lane; no copy, so no call
+ * to memcpy in the row loop of a matrix whose rows end in a short group (576 columns: 18 blocks). */
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 load_halves(const KernelHalf *h, int n)
+{
+    __m128i v = _mm_maskload_epi32((const int *)h, _mm_cmpgt_epi32(_mm_set1_epi32(n / 2), _mm_setr_epi32(0, 1, 2, 3)));
+    if (n & 1) {
+        const __m128i last = _mm_cmpeq_epi16(_mm_set1_epi16((short)(n - 1)), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
+        v = _mm_blendv_epi8(v, _mm_set1_epi16((short)h[n - 1]), last);
+    }
+    return _mm256_cvtph_ps(v);
+}
+
+/* dst[i] = src[i] widened, i < n: for the batched kernels, which broadcast one block's scale to
+ * every token lane and so want float32s in memory. */
+__attribute__((target("avx2,f16c"))) static void widen_halves(float *dst, const KernelHalf *src, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(dst + i, load_halves8(src + i));
+    }
+    if (i < n) {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(dst + i, mask, load_halves(src + i, n - i));
+    }
+}
+
 /* Adds the terms of blocks b .. b + n - 1 (n <= 8, lane k = block b + k) to the row's partials:
  * partial k of the row gets block b + k, b being a multiple of 8. Lanes past n get -0.0f, which
  * leaves a partial exactly as it was. */
-__attribute__((target("avx2"), always_inline)) static inline __m256 add_terms(__m256 acc, __m256i isums,
-                                                                              const float *wd, const float *xd,
-                                                                              int n)
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 add_terms(__m256 acc, __m256i isums,
+                                                                                   const KernelHalf *wd,
+                                                                                   const float *xd, int n)
 {
     if (n == 8) {
-        const __m256 scales = _mm256_mul_ps(_mm256_loadu_ps(wd), _mm256_loadu_ps(xd));
+        const __m256 scales = _mm256_mul_ps(load_halves8(wd), _mm256_loadu_ps(xd));
         return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isums), scales));
     }
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256 scales = _mm256_mul_ps(_mm256_maskload_ps(wd, mask), _mm256_maskload_ps(xd, mask));
+    const __m256 scales = _mm256_mul_ps(load_halves(wd, n), _mm256_maskload_ps(xd, mask));
     const __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(isums), scales);
     return _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_set1_ps(-0.0f), terms, _mm256_castsi256_ps(mask)));
 }
@@ -168,7 +208,10 @@ __attribute__((target("avx2"), always_inline)) static inline __m256 add_terms(__
 /* Decoding streams every weight once from memory. Asking for the lines that lie PREFETCH_BYTES
  * ahead of the ones being used keeps more requests in flight than the hardware prefetcher does on
  * its own: the SmolLM2-135M shape's q8_0 matrices took 19 ms per token without it, 13 ms at 2 KiB
- * and 11-12 ms at 6-8 KiB ahead (thread CPU time, an Intel Xeon KVM guest, alternating builds).
+ * and 11-12 ms at 6-8 KiB ahead (thread CPU time, an Intel Xeon KVM guest, alternating builds;
+ * the scales were float32 then). The distance is counted in quant bytes, which binary16 scales did
+ * not change; the scales are a stream of their own, 2 bytes per 32 weights (1/16 of q8_0's quants,
+ * 1/8 of q4's), sequential across a matrix's rows, which the hardware prefetcher keeps up with.
  * It crosses rows and matrices freely; a prefetch never faults. always_inline: a function that
  * only prefetches looks side-effect free to GCC, which then deleted every call to it (the kernels
  * before this one had no software prefetch at all, whatever their source said). */
@@ -184,8 +227,8 @@ __attribute__((always_inline)) static inline void prefetch_ahead(const void *p, 
 
 /* q8_0: the 32 products of weight block w and activation block x, as 8 int32 lane sums. |w| is
  * the unsigned operand and x takes w's sign. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i q8_block(const int8_t *w, const int8_t *x,
-                                                                                    int vnni)
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i q8_block(const int8_t *w, const int8_t *x,
+                                                                                   int vnni)
 {
     const __m256i wv = _mm256_loadu_si256((const __m256i *)w);
     const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
@@ -193,8 +236,8 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i q8_block(co
 }
 
 /* One q8_0 row's eight partials (reduction tree, kernels.h). */
-__attribute__((target("avx2"), always_inline)) static inline __m256
-q8_row(const int8_t *wq, const float *wd, const int8_t *x_qs, const float *x_d, int nb, int vnni)
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256
+q8_row(const int8_t *wq, const KernelHalf *wd, const int8_t *x_qs, const float *x_d, int nb, int vnni)
 {
     __m256 acc = _mm256_set1_ps(-0.0f);
     int b = 0;
@@ -228,7 +271,7 @@ static inline void group_rows8(int *row, int r, int n)
     }
 }
 
-__attribute__((target("avx2"))) static inline void store_rows(float *out, __m256 v, int n)
+__attribute__((target("avx2,f16c"))) static inline void store_rows(float *out, __m256 v, int n)
 {
     if (n == 8) {
         _mm256_storeu_ps(out, v);
@@ -243,9 +286,9 @@ __attribute__((target("avx2"))) static inline void store_rows(float *out, __m256
 
 /* Eight rows at a time, each row's blocks streamed in order (one stream per row for the hardware
  * prefetcher, plus the software prefetch); their partials combined together. */
-__attribute__((target("avx2"), always_inline)) static inline void
-matvec_q8_0_rows(float *out, const int8_t *w_qs, const float *w_d, const int8_t *x_qs, const float *x_d, int rows,
-                 int cols, int vnni)
+__attribute__((target("avx2,f16c"), always_inline)) static inline void
+matvec_q8_0_rows(float *out, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs, const float *x_d,
+                 int rows, int cols, int vnni)
 {
     const int nb = cols / KERNEL_QK;
     for (int r = 0; r < rows; r += 8) {
@@ -260,16 +303,16 @@ matvec_q8_0_rows(float *out, const int8_t *w_qs, const float *w_d, const int8_t 
     }
 }
 
-__attribute__((target("avx2"))) static void matvec_q8_0_vnni(float *out, const int8_t *w_qs, const float *w_d,
-                                                                     const int8_t *x_qs, const float *x_d, int rows,
-                                                                     int cols)
+__attribute__((target("avx2,f16c"))) static void matvec_q8_0_vnni(float *out, const int8_t *w_qs,
+                                                                  const KernelHalf *w_d, const int8_t *x_qs,
+                                                                  const float *x_d, int rows, int cols)
 {
     matvec_q8_0_rows(out, w_qs, w_d, x_qs, x_d, rows, cols, 1);
 }
 
-__attribute__((target("avx2"))) static void matvec_q8_0_avx2(float *out, const int8_t *w_qs, const float *w_d,
-                                                             const int8_t *x_qs, const float *x_d, int rows,
-                                                             int cols)
+__attribute__((target("avx2,f16c"))) static void matvec_q8_0_avx2(float *out, const int8_t *w_qs,
+                                                                  const KernelHalf *w_d, const int8_t *x_qs,
+                                                                  const float *x_d, int rows, int cols)
 {
     matvec_q8_0_rows(out, w_qs, w_d, x_qs, x_d, rows, cols, 0);
 }
@@ -287,7 +330,7 @@ struct q4_input {
     int32_t sum8[MAX_BLOCKS];
 };
 
-__attribute__((target("avx2"))) static void q4_prepare(struct q4_input *in, const int8_t *x_qs, int nb)
+__attribute__((target("avx2,f16c"))) static void q4_prepare(struct q4_input *in, const int8_t *x_qs, int nb)
 {
     for (int b = 0; b < nb; b++) {
         const int8_t *x = x_qs + b * KERNEL_QK;
@@ -307,8 +350,8 @@ __attribute__((target("avx2"))) static void q4_prepare(struct q4_input *in, cons
 }
 
 /* Blocks b and b + 1 (lanes 0-3 and 4-7), from their 32 packed bytes and the pair-laid-out x. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i q4_pair(__m256i packed, const int8_t *xp,
-                                                                                   int vnni)
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i q4_pair(__m256i packed, const int8_t *xp,
+                                                                                  int vnni)
 {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m256i lo = _mm256_and_si256(packed, low4);
@@ -318,9 +361,8 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i q4_pair(__m
 }
 
 /* One q4_0 row's eight partials. */
-__attribute__((target("avx2"), always_inline)) static inline __m256 q4_row(const uint8_t *wq, const float *wd,
-                                                                                 const struct q4_input *in,
-                                                                                 const float *x_d, int nb, int vnni)
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256
+q4_row(const uint8_t *wq, const KernelHalf *wd, const struct q4_input *in, const float *x_d, int nb, int vnni)
 {
     __m256 acc = _mm256_set1_ps(-0.0f);
     int b = 0;
@@ -356,9 +398,9 @@ __attribute__((target("avx2"), always_inline)) static inline __m256 q4_row(const
     return acc;
 }
 
-__attribute__((target("avx2"), always_inline)) static inline void
-matvec_q4_0_rows(float *out, const uint8_t *w_q4, const float *w_d, const int8_t *x_qs, const float *x_d, int rows,
-                 int cols, int vnni)
+__attribute__((target("avx2,f16c"), always_inline)) static inline void
+matvec_q4_0_rows(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs, const float *x_d,
+                 int rows, int cols, int vnni)
 {
     const int nb = cols / KERNEL_QK;
     struct q4_input in;
@@ -375,16 +417,16 @@ matvec_q4_0_rows(float *out, const uint8_t *w_q4, const float *w_d, const int8_t
     }
 }
 
-__attribute__((target("avx2"))) static void matvec_q4_0_vnni(float *out, const uint8_t *w_q4, const float *w_d,
-                                                                     const int8_t *x_qs, const float *x_d, int rows,
-                                                                     int cols)
+__attribute__((target("avx2,f16c"))) static void matvec_q4_0_vnni(float *out, const uint8_t *w_q4,
+                                                                  const KernelHalf *w_d, const int8_t *x_qs,
+                                                                  const float *x_d, int rows, int cols)
 {
     matvec_q4_0_rows(out, w_q4, w_d, x_qs, x_d, rows, cols, 1);
 }
 
-__attribute__((target("avx2"))) static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4, const float *w_d,
-                                                             const int8_t *x_qs, const float *x_d, int rows,
-                                                             int cols)
+__attribute__((target("avx2,f16c"))) static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4,
+                                                                  const KernelHalf *w_d, const int8_t *x_qs,
+                                                                  const float *x_d, int rows, int cols)
 {
     matvec_q4_0_rows(out, w_q4, w_d, x_qs, x_d, rows, cols, 0);
 }
@@ -396,7 +438,7 @@ __attribute__((target("avx2"))) static void matvec_q4_0_avx2(float *out, const u
 
 /* The 32 int8 values of weight block b of a row: q8_0 quants as they are, or q4_0 nibbles as the
  * values quant - 8 (low nibbles are values 0..15, high nibbles 16..31). */
-__attribute__((target("avx2"))) static inline __m256i weight_block(const uint8_t *row, int b, int q4)
+__attribute__((target("avx2,f16c"))) static inline __m256i weight_block(const uint8_t *row, int b, int q4)
 {
     if (!q4) {
         return _mm256_loadu_si256((const __m256i *)(row + b * KERNEL_QK));
@@ -409,9 +451,9 @@ __attribute__((target("avx2"))) static inline __m256i weight_block(const uint8_t
 
 /* The eight tokens' sums of one weight block, as one vector (lane i = token i). |w| is computed
  * once for all eight. */
-__attribute__((target("avx2"), always_inline)) static inline __m256i token_block_sums(__m256i wv,
-                                                                                            const int8_t *const x[8],
-                                                                                            int o)
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i token_block_sums(__m256i wv,
+                                                                                           const int8_t *const x[8],
+                                                                                           int o)
 {
     const __m256i wabs = _mm256_sign_epi8(wv, wv);
     __m256i p[8];
@@ -425,13 +467,14 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i token_block
 
 /* The batched kernel without AVX-VNNI (the one with it is matmul_vnni below): q8_0 or q4_0
  * weights, the flag being a constant in each caller. */
-__attribute__((target("avx2"), always_inline)) static inline void
-matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const float *w_d, const int8_t *x_qs,
+__attribute__((target("avx2,f16c"), always_inline)) static inline void
+matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const KernelHalf *w_d, const int8_t *x_qs,
             const float *x_d, int n_tok, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     const int row_bytes = q4 ? cols / 2 : cols;
     float token_scales[MAX_BLOCKS * 8];
+    float wd[MAX_BLOCKS]; /* the row's scales widened: nb / 8 conversions against 8 * nb block products */
     /* Tiles of TILE_ROWS rows: every group of eight tokens passes over a tile while it sits in L1,
      * so each weight comes from memory once per batch, not once per group. */
     for (int r0 = 0; r0 < rows; r0 += TILE_ROWS) {
@@ -450,7 +493,7 @@ matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const float *w
             }
             for (int r = r0; r < r1; r++) {
                 const uint8_t *wq = w + (int64_t)r * row_bytes;
-                const float *wd = w_d + (int64_t)r * nb;
+                widen_halves(wd, w_d + (int64_t)r * nb, nb);
                 __m256 part[8];
                 for (int k = 0; k < 8; k++) {
                     part[k] = _mm256_set1_ps(-0.0f);
@@ -476,16 +519,16 @@ matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const float *w
     }
 }
 
-__attribute__((target("avx2"))) static void matmul_q8_0_avx2(float *out, int out_stride, const int8_t *w_qs,
-                                                             const float *w_d, const int8_t *x_qs,
-                                                             const float *x_d, int n_tok, int rows, int cols)
+__attribute__((target("avx2,f16c"))) static void matmul_q8_0_avx2(float *out, int out_stride, const int8_t *w_qs,
+                                                                  const KernelHalf *w_d, const int8_t *x_qs,
+                                                                  const float *x_d, int n_tok, int rows, int cols)
 {
     matmul_rows(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
 }
 
-__attribute__((target("avx2"))) static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4,
-                                                             const float *w_d, const int8_t *x_qs,
-                                                             const float *x_d, int n_tok, int rows, int cols)
+__attribute__((target("avx2,f16c"))) static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4,
+                                                                  const KernelHalf *w_d, const int8_t *x_qs,
+                                                                  const float *x_d, int n_tok, int rows, int cols)
 {
     matmul_rows(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
 }
@@ -500,12 +543,15 @@ __attribute__((target("avx2"))) static void matmul_q4_0_avx2(float *out, int out
  * the reduction tree exactly as the matvec kernel does, so the bits are the same. */
 #define VNNI_TOKENS 64 /* tokens per pass; longer batches take several */
 #define VNNI_TILE_BYTES 16384 /* unsigned weights of a row tile, kept in L1 while every token passes */
+/* the largest tile: VNNI_TILE_BYTES, or four rows when they are longer */
+#define VNNI_TILE_MAX (4 * MAX_BLOCKS * KERNEL_QK > VNNI_TILE_BYTES ? 4 * MAX_BLOCKS * KERNEL_QK : VNNI_TILE_BYTES)
 
 struct vnni_batch {
     int8_t xt[VNNI_TOKENS * MAX_BLOCKS * KERNEL_QK]; /* group g, block b, k: 8 tokens x 4 values */
     float scales[VNNI_TOKENS * MAX_BLOCKS];           /* group g, block b: 8 tokens' x_d */
     int32_t bias_sums[VNNI_TOKENS * MAX_BLOCKS];      /* group g, block b: 8 tokens' bias * sum(x) */
-    uint8_t u[4 * MAX_BLOCKS * KERNEL_QK > VNNI_TILE_BYTES ? 4 * MAX_BLOCKS * KERNEL_QK : VNNI_TILE_BYTES];
+    uint8_t u[VNNI_TILE_MAX];
+    float wd[VNNI_TILE_MAX / KERNEL_QK]; /* the tile's weight scales widened, once for every token */
 };
 
 /* One per thread: each thread of the pool runs the kernel on its own rows. */
@@ -539,8 +585,8 @@ static void vnni_prepare_tokens(struct vnni_batch *bt, const int8_t *x_qs, const
 }
 
 /* Rows r .. r + n - 1 as unsigned bytes in value order: q8_0 w + 128, q4_0 the nibbles. */
-__attribute__((target("avx2"))) static void vnni_prepare_rows(uint8_t *restrict u, const uint8_t *restrict w, int q4,
-                                                              int r, int n, int cols)
+__attribute__((target("avx2,f16c"))) static void vnni_prepare_rows(uint8_t *restrict u, const uint8_t *restrict w,
+                                                                   int q4, int r, int n, int cols)
 {
     const int64_t blocks = (int64_t)n * cols / KERNEL_QK;
     if (!q4) {
@@ -560,7 +606,7 @@ __attribute__((target("avx2"))) static void vnni_prepare_rows(uint8_t *restrict 
     }
 }
 
-__attribute__((target("avx2"), always_inline)) static inline __m256i bcast4(const uint8_t *p)
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i bcast4(const uint8_t *p)
 {
     int32_t v;
     memcpy(&v, p, 4);
@@ -568,7 +614,7 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i bcast4(cons
 }
 
 /* R (1 or 4) rows of the tile against one group of eight tokens. */
-__attribute__((target("avx2"), always_inline)) static inline void
+__attribute__((target("avx2,f16c"), always_inline)) static inline void
 vnni_rows(float *out, int out_stride, int n_valid, const uint8_t *u, int cols, const float *wd, int nb,
           const int8_t *xt, const float *scales, const int32_t *bias_sums, int R)
 {
@@ -619,9 +665,9 @@ vnni_rows(float *out, int out_stride, int n_valid, const uint8_t *u, int cols, c
     }
 }
 
-__attribute__((target("avx2"))) static void matmul_vnni(float *out, int out_stride, const uint8_t *w, int q4,
-                                                        const float *w_d, const int8_t *x_qs, const float *x_d,
-                                                        int n_tok, int rows, int cols)
+__attribute__((target("avx2,f16c"))) static void matmul_vnni(float *out, int out_stride, const uint8_t *w, int q4,
+                                                             const KernelHalf *w_d, const int8_t *x_qs,
+                                                             const float *x_d, int n_tok, int rows, int cols)
 {
     struct vnni_batch *bt = &vnni_batch;
     const int nb = cols / KERNEL_QK;
@@ -633,6 +679,7 @@ __attribute__((target("avx2"))) static void matmul_vnni(float *out, int out_stri
         for (int r0 = 0; r0 < rows; r0 += tile) {
             const int nr = rows - r0 < tile ? rows - r0 : tile;
             vnni_prepare_rows(bt->u, w, q4, r0, nr, cols);
+            widen_halves(bt->wd, w_d + (int64_t)r0 * nb, nr * nb);
             /* The next tile's weights are asked for into L2 a slice per token group while this
              * tile is computed: otherwise preparing it would wait on memory for all of them. */
             const int row_bytes = q4 ? cols / 2 : cols;
@@ -649,11 +696,11 @@ __attribute__((target("avx2"))) static void matmul_vnni(float *out, int out_stri
                 float *o = out + (int64_t)(t0 + 8 * g) * out_stride + r0;
                 int r = 0;
                 for (; r + 4 <= nr; r += 4) {
-                    vnni_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, cols, w_d + (int64_t)(r0 + r) * nb,
+                    vnni_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, cols, bt->wd + (int64_t)r * nb,
                               nb, bt->xt + gb * 8 * 32, bt->scales + gb * 8, bt->bias_sums + gb * 8, 4);
                 }
                 for (; r < nr; r++) {
-                    vnni_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, cols, w_d + (int64_t)(r0 + r) * nb,
+                    vnni_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, cols, bt->wd + (int64_t)r * nb,
                               nb, bt->xt + gb * 8 * 32, bt->scales + gb * 8, bt->bias_sums + gb * 8, 1);
                 }
             }
@@ -661,52 +708,52 @@ __attribute__((target("avx2"))) static void matmul_vnni(float *out, int out_stri
     }
 }
 
-void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
+void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    if (have_avx2() && have_vnni()) {
+    if (have_avx2_f16c() && have_vnni()) {
         matvec_q8_0_vnni(out, w_qs, w_d, x_qs, x_d, rows, cols);
-    } else if (have_avx2()) {
+    } else if (have_avx2_f16c()) {
         matvec_q8_0_avx2(out, w_qs, w_d, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
     }
 }
 
-void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const float *w_d,
+void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+    if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
         matvec_q4_0_vnni(out, w_q4, w_d, x_qs, x_d, rows, cols);
-    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matvec_q4_0_avx2(out, w_q4, w_d, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
     }
 }
 
-void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
+void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     if (n_tok == 1) {
         kernel_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
-    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
         matmul_vnni(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
-    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q8_0_avx2(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     } else {
         kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     }
 }
 
-void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const float *w_d,
+void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     if (n_tok == 1) {
         kernel_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
-    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
         matmul_vnni(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
-    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q4_0_avx2(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
     } else {
         kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
@@ -719,13 +766,14 @@ void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const f
  * The minimum's part needs xsum, the sum of each activation block's 32 quants, which does not
  * depend on the row: it is computed once per call, for all the rows, into Q4_1_XSUM_BLOCKS int32s
  * on the stack (rows of up to 16384 values; longer rows take the scalar kernel). The terms are
- * kernel_q4_1_term's operations, eight blocks (or eight tokens) per vector, and are added to the
- * row's sum through kernel_q4_1_sum_add (kernels.h), block after block. */
+ * kernel_q4_1_term's operations, eight blocks (or eight tokens) per vector, on the binary16 scales
+ * and minimums widened by F16C, and are added to the row's sum through kernel_q4_1_sum_add
+ * (kernels.h), block after block. */
 #define Q4_1_XSUM_BLOCKS MAX_BLOCKS
 
 /* The 32 quants of q4_1 block b of a row as unsigned bytes: low nibbles are values 0..15, high
  * nibbles 16..31. */
-__attribute__((target("avx2"))) static inline __m256i q4_1_block(const uint8_t *row, int b)
+__attribute__((target("avx2,f16c"))) static inline __m256i q4_1_block(const uint8_t *row, int b)
 {
     const __m128i packed = _mm_loadu_si128((const __m128i *)(row + b * (KERNEL_QK / 2)));
     const __m128i low4 = _mm_set1_epi8(0x0F);
@@ -733,14 +781,14 @@ __attribute__((target("avx2"))) static inline __m256i q4_1_block(const uint8_t *
 }
 
 /* The 32 products of unsigned quants wv with the activations at x, as 8 int32 partial sums. */
-__attribute__((target("avx2"))) static inline __m256i q4_1_products(__m256i wv, const int8_t *x)
+__attribute__((target("avx2,f16c"))) static inline __m256i q4_1_products(__m256i wv, const int8_t *x)
 {
     const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
     return _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), _mm256_set1_epi16(1));
 }
 
 /* xs[b] = the sum of activation block b's 32 quants (exact int32), for nb blocks. */
-__attribute__((target("avx2"))) static void q4_1_x_sums(int32_t *xs, const int8_t *x_qs, int nb)
+__attribute__((target("avx2,f16c"))) static void q4_1_x_sums(int32_t *xs, const int8_t *x_qs, int nb)
 {
     const __m256i ones = _mm256_set1_epi8(1);
     for (int b = 0; b < nb; b++) {
@@ -753,24 +801,25 @@ __attribute__((target("avx2"))) static void q4_1_x_sums(int32_t *xs, const int8_
 }
 
 /* Eight blocks' terms: (float)isum * (w_d * x_d) + (float)xsum * (w_m * x_d), lane by lane. */
-__attribute__((target("avx2"))) static inline __m256 q4_1_terms(__m256i isum, __m256i xsum, __m256 w_d, __m256 w_m,
-                                                                __m256 x_d)
+__attribute__((target("avx2,f16c"))) static inline __m256 q4_1_terms(__m256i isum, __m256i xsum, __m256 w_d, __m256 w_m,
+                                                                     __m256 x_d)
 {
     return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w_d, x_d)),
                          _mm256_mul_ps(_mm256_cvtepi32_ps(xsum), _mm256_mul_ps(w_m, x_d)));
 }
 
-__attribute__((target("avx2"))) static void matvec_q4_1_avx2(float *out, const uint8_t *w_q4, const float *w_d,
-                                                             const float *w_m, const int8_t *x_qs, const float *x_d,
-                                                             int rows, int cols)
+__attribute__((target("avx2,f16c"))) static void matvec_q4_1_avx2(float *out, const uint8_t *w_q4,
+                                                                  const KernelHalf *w_d, const KernelHalf *w_m,
+                                                                  const int8_t *x_qs, const float *x_d, int rows,
+                                                                  int cols)
 {
     const int nb = cols / KERNEL_QK;
     int32_t xs[Q4_1_XSUM_BLOCKS];
     q4_1_x_sums(xs, x_qs, nb);
     for (int r = 0; r < rows; r++) {
         const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
-        const float *wd = w_d + (int64_t)r * nb;
-        const float *wm = w_m + (int64_t)r * nb;
+        const KernelHalf *wd = w_d + (int64_t)r * nb;
+        const KernelHalf *wm = w_m + (int64_t)r * nb;
         KernelQ41Sum sum = kernel_q4_1_sum_start();
         int b = 0;
         for (; b + 8 <= nb; b += 8) {
@@ -786,7 +835,7 @@ __attribute__((target("avx2"))) static void matvec_q4_1_avx2(float *out, const u
                                              q4_1_products(q4_1_block(wq, b + 7), x + 224));
             float terms[8];
             _mm256_storeu_ps(terms, q4_1_terms(isum, _mm256_loadu_si256((const __m256i *)(xs + b)),
-                                               _mm256_loadu_ps(wd + b), _mm256_loadu_ps(wm + b),
+                                               load_halves8(wd + b), load_halves8(wm + b),
                                                _mm256_loadu_ps(x_d + b)));
             for (int i = 0; i < 8; i++) {
                 kernel_q4_1_sum_add(&sum, b + i, terms[i]);
@@ -797,7 +846,8 @@ __attribute__((target("avx2"))) static void matvec_q4_1_avx2(float *out, const u
             __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
             s = _mm_hadd_epi32(s, s);
             s = _mm_hadd_epi32(s, s);
-            kernel_q4_1_sum_add(&sum, b, kernel_q4_1_term(_mm_cvtsi128_si32(s), xs[b], wd[b], wm[b], x_d[b]));
+            kernel_q4_1_sum_add(&sum, b, kernel_q4_1_term(_mm_cvtsi128_si32(s), xs[b], _cvtsh_ss(wd[b]),
+                                                          _cvtsh_ss(wm[b]), x_d[b]));
         }
         out[r] = kernel_q4_1_sum_end(&sum);
     }
@@ -807,13 +857,13 @@ __attribute__((target("avx2"))) static void matvec_q4_1_avx2(float *out, const u
  * matmul_avx2 does for q8_0 and q4_0. Each lane is its (row, token) sum built with the matvec
  * kernel's terms; lane-wise, these are kernel_q4_1_sum_add and kernel_q4_1_sum_end (kernels.h):
  * eight partials per lane, block b's term into partial b % 8, then the partials added in order. */
-__attribute__((target("avx2"))) static inline void q4_1_lanes_add(__m256 partial[KERNEL_PARTIALS], int b,
-                                                                  __m256 terms)
+__attribute__((target("avx2,f16c"))) static inline void q4_1_lanes_add(__m256 partial[KERNEL_PARTIALS], int b,
+                                                                       __m256 terms)
 {
     partial[b % KERNEL_PARTIALS] = _mm256_add_ps(partial[b % KERNEL_PARTIALS], terms);
 }
 
-__attribute__((target("avx2"))) static inline __m256 q4_1_lanes_end(const __m256 partial[KERNEL_PARTIALS])
+__attribute__((target("avx2,f16c"))) static inline __m256 q4_1_lanes_end(const __m256 partial[KERNEL_PARTIALS])
 {
     __m256 acc = partial[0];
     for (int k = 1; k < KERNEL_PARTIALS; k++) {
@@ -822,12 +872,14 @@ __attribute__((target("avx2"))) static inline __m256 q4_1_lanes_end(const __m256
     return acc;
 }
 
-__attribute__((target("avx2"))) static void matmul_q4_1_avx2(float *out, int out_stride, const uint8_t *w_q4,
-                                                             const float *w_d, const float *w_m, const int8_t *x_qs,
-                                                             const float *x_d, int n_tok, int rows, int cols)
+__attribute__((target("avx2,f16c"))) static void matmul_q4_1_avx2(float *out, int out_stride, const uint8_t *w_q4,
+                                                                  const KernelHalf *w_d, const KernelHalf *w_m,
+                                                                  const int8_t *x_qs, const float *x_d, int n_tok,
+                                                                  int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     float token_scales[MAX_BLOCKS * 8];
+    float wd[MAX_BLOCKS], wm[MAX_BLOCKS]; /* the row's scales and minimums widened, as matmul_rows does */
     int32_t token_xsums[MAX_BLOCKS * 8];
     int32_t xs[MAX_BLOCKS];
     for (int r0 = 0; r0 < rows; r0 += TILE_ROWS) {
@@ -848,8 +900,8 @@ __attribute__((target("avx2"))) static void matmul_q4_1_avx2(float *out, int out
             }
             for (int r = r0; r < r1; r++) {
                 const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
-                const float *wd = w_d + (int64_t)r * nb;
-                const float *wm = w_m + (int64_t)r * nb;
+                widen_halves(wd, w_d + (int64_t)r * nb, nb);
+                widen_halves(wm, w_m + (int64_t)r * nb, nb);
                 __m256 partial[KERNEL_PARTIALS];
                 for (int k = 0; k < KERNEL_PARTIALS; k++) {
                     partial[k] = _mm256_set1_ps(-0.0f);
@@ -877,22 +929,22 @@ __attribute__((target("avx2"))) static void matmul_q4_1_avx2(float *out, int out
     }
 }
 
-void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
+void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    if (have_avx2() && cols / KERNEL_QK <= Q4_1_XSUM_BLOCKS) {
+    if (have_avx2_f16c() && cols / KERNEL_QK <= Q4_1_XSUM_BLOCKS) {
         matvec_q4_1_avx2(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
     }
 }
 
-void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const float *w_d, const float *w_m,
+void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     if (n_tok == 1) {
         kernel_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
-    } else if (have_avx2() && cols / KERNEL_QK <= MAX_BLOCKS) {
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q4_1_avx2(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
     } else {
         kernel_tiled_matmul_q4_1(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
@@ -919,8 +971,8 @@ static inline void group_rows(const float **p, int lanes, const float *w, int r,
 /* The tile of rows p[0..7] at columns c .. c + 7, transposed: col[j] lane i = p[i][c + j]. Rows i
  * and i + 4 are loaded into the two 128-bit halves of one register, so that the rest of the
  * transpose (unpack, shuffle) stays within the halves, where shuffles are cheap. */
-__attribute__((target("avx2"), always_inline)) static inline void transpose_tile(__m256 col[8], const float *const p[8],
-                                                                                 int c)
+__attribute__((target("avx2,f16c"), always_inline)) static inline void transpose_tile(__m256 col[8],
+                                                                                      const float *const p[8], int c)
 {
 #pragma GCC unroll 2
     for (int h = 0; h < 8; h += 4) {
@@ -943,7 +995,8 @@ __attribute__((target("avx2"), always_inline)) static inline void transpose_tile
 
 /* The last k < 8 columns of the rows p[0..7], from column c: copied into a zero-padded 8x8 tile so
  * that the same transpose applies. Only col[0 .. k-1] are used; the padding is never added. */
-__attribute__((target("avx2"))) static void transpose_partial_tile(__m256 col[8], const float *const p[8], int c, int k)
+__attribute__((target("avx2,f16c"))) static void transpose_partial_tile(__m256 col[8], const float *const p[8], int c,
+                                                                        int k)
 {
     float tile[8][8] = {{0.0f}};
     const float *q[8];
@@ -959,8 +1012,8 @@ __attribute__((target("avx2"))) static void transpose_partial_tile(__m256 col[8]
 /* Lane i: acc = acc + col[j] * x[j] for j = 0 .. k-1 in order, the scalar kernel's chain for eight
  * rows at once. With `first` (column 0 is col[0]) the sum starts from the first product itself, as
  * the scalar kernel does: 0.0f + (-0.0f) would be +0.0f, so a row of -0.0 products would differ. */
-__attribute__((target("avx2"), always_inline)) static inline __m256 add_products(__m256 acc, const __m256 col[8],
-                                                                                 const float *x, int k, int first)
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 add_products(__m256 acc, const __m256 col[8],
+                                                                                      const float *x, int k, int first)
 {
     int j = 0;
     if (first) {
@@ -983,7 +1036,8 @@ __attribute__((target("avx2"), always_inline)) static inline __m256 add_products
  * faster than asking for each row's line 1-2 KiB ahead as the q8_0 kernel does, whose last
  * requests in a row fetch the next row, already being read (an Intel Xeon host, 538 MB of f32
  * weights per token). Past the last row it asks for whatever follows; a prefetch never faults. */
-__attribute__((target("avx2"))) static void matvec_f32_avx2(float *out, const float *w, const float *x, int rows, int cols)
+__attribute__((target("avx2,f16c"))) static void matvec_f32_avx2(float *out, const float *w, const float *x, int rows,
+                                                                 int cols)
 {
     for (int r = 0; r < rows; r += 16) {
         const int n = rows - r < 16 ? rows - r : 16;
@@ -1038,7 +1092,7 @@ __attribute__((target("avx2"))) static void matvec_f32_avx2(float *out, const fl
 #define F32_TOKENS 64
 
 /* sums[t] lanes: acc + col[j] * x_t[j] for j < k, x_t = x + t * cols, for the nt tokens. */
-__attribute__((target("avx2"), always_inline)) static inline void
+__attribute__((target("avx2,f16c"), always_inline)) static inline void
 add_products_tokens(__m256 *sums, const __m256 col[8], const float *x, int cols, int nt, int k, int first)
 {
     for (int t = 0; t < nt; t++) {
@@ -1051,8 +1105,8 @@ add_products_tokens(__m256 *sums, const __m256 col[8], const float *x, int cols,
  * read once per pass and a transpose costs 1/n_tok of what it does when decoding. Eight rows, not
  * sixteen: the tile, a token's sums and x[j] then fit the 16 registers. Each lane is the matvec
  * kernel's chain for its (row, token), so the bits are the same. */
-__attribute__((target("avx2"))) static void matmul_f32_avx2(float *out, int out_stride, const float *w, const float *x,
-                                                            int n_tok, int rows, int cols)
+__attribute__((target("avx2,f16c"))) static void matmul_f32_avx2(float *out, int out_stride, const float *w,
+                                                                 const float *x, int n_tok, int rows, int cols)
 {
     __m256 sums[F32_TOKENS];
     for (int t0 = 0; t0 < n_tok; t0 += F32_TOKENS) {
@@ -1092,7 +1146,7 @@ __attribute__((target("avx2"))) static void matmul_f32_avx2(float *out, int out_
 
 void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
 {
-    if (have_avx2()) {
+    if (have_avx2_f16c()) {
         matvec_f32_avx2(out, w, x, rows, cols);
     } else {
         kernel_scalar_matvec_f32(out, w, x, rows, cols);
@@ -1103,7 +1157,7 @@ void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *
 {
     if (n_tok == 1) {
         kernel_matvec_f32(out, w, x, rows, cols);
-    } else if (have_avx2()) {
+    } else if (have_avx2_f16c()) {
         matmul_f32_avx2(out, out_stride, w, x, n_tok, rows, cols);
     } else {
         kernel_tiled_matmul_f32(out, out_stride, w, x, n_tok, rows, cols);
@@ -1113,7 +1167,7 @@ void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *
 /* The scalar quantizer's operations, eight values at a time: the block maximum (order does not
  * matter for a maximum), the same scale and reciprocal, the same rounding by adding and
  * subtracting 1.5 * 2^23, the same clamp. */
-__attribute__((target("avx2"))) static void quantize_q8_0_avx2(int8_t *qs, float *d, const float *x, int n)
+__attribute__((target("avx2,f16c"))) static void quantize_q8_0_avx2(int8_t *qs, float *d, const float *x, int n)
 {
     const __m256 sign_bit = _mm256_set1_ps(-0.0f);
     const __m256 magic = _mm256_set1_ps(12582912.0f);
@@ -1150,7 +1204,7 @@ __attribute__((target("avx2"))) static void quantize_q8_0_avx2(int8_t *qs, float
  * the degree-6 polynomial, 2^n from the exponent bits; below -87 e^x is 0 (NaN stays NaN), above
  * 88 x is clamped. Every step is one IEEE single-precision operation, so each lane is the scalar
  * result bit for bit. */
-__attribute__((target("avx2"))) static inline __m256 silu8(__m256 x)
+__attribute__((target("avx2,f16c"))) static inline __m256 silu8(__m256 x)
 {
     const __m256 neg = _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); /* e^-x */
     const __m256 below = _mm256_cmp_ps(neg, _mm256_set1_ps(-87.0f), _CMP_NGE_UQ);
@@ -1173,7 +1227,7 @@ __attribute__((target("avx2"))) static inline __m256 silu8(__m256 x)
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-__attribute__((target("avx2"))) static void swiglu_avx2(float *up, const float *gate, int n)
+__attribute__((target("avx2,f16c"))) static void swiglu_avx2(float *up, const float *gate, int n)
 {
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -1185,7 +1239,7 @@ __attribute__((target("avx2"))) static void swiglu_avx2(float *up, const float *
 
 void kernel_swiglu(float *up, const float *gate, int n)
 {
-    if (have_avx2()) {
+    if (have_avx2_f16c()) {
         swiglu_avx2(up, gate, n);
     } else {
         kernel_scalar_swiglu(up, gate, n);
@@ -1194,7 +1248,7 @@ void kernel_swiglu(float *up, const float *gate, int n)
 
 void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
 {
-    if (have_avx2()) {
+    if (have_avx2_f16c()) {
         quantize_q8_0_avx2(qs, d, x, n);
     } else {
         kernel_scalar_quantize_q8_0(qs, d, x, n);

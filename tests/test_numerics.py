@@ -305,6 +305,8 @@ def test_round_even_ties_to_even():
 @pytest.mark.parametrize("n,slots,first,stride,head_dim", [
     (1, 8, 0, 16, 16), (7, 8, 3, 32, 16), (8, 8, 5, 64, 32), (13, 16, 9, 96, 48), (5, 5, 4, 64, 64),
     (21, 32, 30, 256, 128), (9, 12, 2, 24, 24), (3, 4, 1, 300, 300),
+    # groups of eight positions (the AVX2 scores), wrapping the ring inside a group, with a tail
+    (43, 48, 37, 64, 64), (24, 24, 7, 136, 128), (17, 20, 19, 20, 20),
 ])
 def test_attention_scores_and_mix_walk_the_ring_in_order(harness, n, slots, first, stride, head_dim):
     """Each score is q . k summed over j in order, each mixed value sums p_i v_i over positions in

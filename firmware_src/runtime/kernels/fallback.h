@@ -151,7 +151,7 @@ void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const K
 }
 #endif
 
-#ifndef KERNEL_HAS_ATTENTION
+#if !defined(KERNEL_HAS_ATTENTION_SCORES) || !defined(KERNEL_HAS_ATTENTION_MIX)
 #ifndef KERNEL_ATTENTION_CHAINS
 #define KERNEL_ATTENTION_CHAINS 1 /* in-order cores: one sum at a time, fewest instructions */
 #endif
@@ -162,6 +162,9 @@ static inline int fallback_next_slot(int slot, int slots)
     return slot + 1 == slots ? 0 : slot + 1;
 }
 
+#endif
+
+#ifndef KERNEL_HAS_ATTENTION_SCORES
 /* Scores with the query in local variables: for a head_dim known at compile time (the
  * specialisations below) the compiler keeps it in registers. Out-of-order cores take
  * KERNEL_ATTENTION_CHAINS = 4: four positions side by side, four independent sums (each still over
@@ -212,6 +215,27 @@ static inline __attribute__((always_inline)) void fallback_scores(float *att, co
     }
 }
 
+void kernel_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
+                             int stride, int head_dim, float scale)
+{
+    switch (head_dim) { /* the usual head sizes, each compiled with its size known */
+    case 16: fallback_scores(att, q, keys, first_slot, slots, n, stride, 16, scale); break;
+    case 32: fallback_scores(att, q, keys, first_slot, slots, n, stride, 32, scale); break;
+    case 48: fallback_scores(att, q, keys, first_slot, slots, n, stride, 48, scale); break;
+    case 64: fallback_scores(att, q, keys, first_slot, slots, n, stride, 64, scale); break;
+    case 128: fallback_scores(att, q, keys, first_slot, slots, n, stride, 128, scale); break;
+    default:
+        if (head_dim <= 256) {
+            fallback_scores(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
+        } else {
+            kernel_scalar_attention_scores(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
+        }
+        break;
+    }
+}
+#endif
+
+#ifndef KERNEL_HAS_ATTENTION_MIX
 /* The weighted sum with its head_dim sums in local variables (registers, for a small head). */
 static inline __attribute__((always_inline)) void fallback_mix(float *out, const float *p, const float *values,
                                                                int first_slot, int slots, int n, int stride,
@@ -235,25 +259,6 @@ static inline __attribute__((always_inline)) void fallback_mix(float *out, const
 #pragma GCC unroll 16
     for (int j = 0; j < head_dim; j++) {
         out[j] = acc[j];
-    }
-}
-
-void kernel_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
-                             int stride, int head_dim, float scale)
-{
-    switch (head_dim) { /* the usual head sizes, each compiled with its size known */
-    case 16: fallback_scores(att, q, keys, first_slot, slots, n, stride, 16, scale); break;
-    case 32: fallback_scores(att, q, keys, first_slot, slots, n, stride, 32, scale); break;
-    case 48: fallback_scores(att, q, keys, first_slot, slots, n, stride, 48, scale); break;
-    case 64: fallback_scores(att, q, keys, first_slot, slots, n, stride, 64, scale); break;
-    case 128: fallback_scores(att, q, keys, first_slot, slots, n, stride, 128, scale); break;
-    default:
-        if (head_dim <= 256) {
-            fallback_scores(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
-        } else {
-            kernel_scalar_attention_scores(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
-        }
-        break;
     }
 }
 

@@ -3,48 +3,14 @@
 #include <math.h>
 #include <string.h>
 
-/* e^x = 2^n * p(r) with x = n*ln2 + r, |r| <= ln2/2 and p a degree-6 Taylor polynomial, for
- * -87 <= x <= 88. n is x/ln2 rounded half to even: lrintf in the default rounding mode gives the
- * same integer as op_round_even (|x/ln2| < 128), in one conversion, and (float)n is exact.
- * Inline, so that op_softmax's loop keeps the constants in registers. */
-static inline float expf_in_range(float x)
-{
-    const int32_t n = (int32_t)lrintf(x * 1.44269504088896341f);
-    float r = x - (float)n * 0.693145751953125f;
-    r = r - (float)n * 1.42860676533018e-06f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    uint32_t bits = (uint32_t)(n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
-/* NaN stays NaN, below -87 gives 0, above 88 is clamped to 88. */
-static inline float expf_inline(float x)
-{
-    if (!(x >= -87.0f)) {
-        return x != x ? x : 0.0f;
-    }
-    if (x > 88.0f) {
-        x = 88.0f;
-    }
-    return expf_in_range(x);
-}
-
 float op_expf(float x)
 {
-    return expf_inline(x);
+    return op_expf_inline(x);
 }
 
 float op_silu(float x)
 {
-    return x / (1.0f + expf_inline(-x));
+    return op_silu_inline(x);
 }
 
 float op_sigmoid(float x)
@@ -127,7 +93,7 @@ void op_softmax(float *x, int n)
     for (int i = 0; i < n; i++) {
         /* x[i] - max is <= 0 or NaN (never above 88): only the low end needs a check. */
         const float v = x[i] - max;
-        x[i] = v >= -87.0f ? expf_in_range(v) : (v != v ? v : 0.0f);
+        x[i] = v >= -87.0f ? op_expf_in_range(v) : (v != v ? v : 0.0f);
         sum = sum + x[i];
     }
     for (int i = 0; i < n; i++) {
@@ -146,7 +112,7 @@ float op_exp_sum(const float *x, int n, float *max_out)
     float sum = -0.0f;
     for (int i = 0; i < n; i++) {
         const float v = x[i] - max;
-        sum = sum + (v >= -87.0f ? expf_in_range(v) : (v != v ? v : 0.0f));
+        sum = sum + (v >= -87.0f ? op_expf_in_range(v) : (v != v ? v : 0.0f));
     }
     *max_out = max;
     return sum;

@@ -3,13 +3,55 @@
 #ifndef COLIBRI_OPS_H
 #define COLIBRI_OPS_H
 
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Round to the nearest integer, ties to even, for |v| < 2^22: (v + 1.5*2^23) - 1.5*2^23. */
 static inline float op_round_even(float v)
 {
     float shifted = v + 12582912.0f; /* exact IEEE add: the fraction is rounded off here */
     return shifted - 12582912.0f;
+}
+
+/* e^x = 2^n * p(r) with x = n*ln2 + r, |r| <= ln2/2 and p a degree-6 Taylor polynomial, for
+ * -87 <= x <= 88. n is x/ln2 rounded half to even: lrintf in the default rounding mode gives the
+ * same integer as op_round_even (|x/ln2| < 128), in one conversion, and (float)n is exact.
+ * Inline, so that op_softmax's loop (and a kernel's SwiGLU) keeps the constants in registers. */
+static inline float op_expf_in_range(float x)
+{
+    const int32_t n = (int32_t)lrintf(x * 1.44269504088896341f);
+    float r = x - (float)n * 0.693145751953125f;
+    r = r - (float)n * 1.42860676533018e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    uint32_t bits = (uint32_t)(n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* NaN stays NaN, below -87 gives 0, above 88 is clamped to 88. */
+static inline float op_expf_inline(float x)
+{
+    if (!(x >= -87.0f)) {
+        return x != x ? x : 0.0f;
+    }
+    if (x > 88.0f) {
+        x = 88.0f;
+    }
+    return op_expf_in_range(x);
+}
+
+/* op_silu, inline: x / (1 + e^-x). */
+static inline float op_silu_inline(float x)
+{
+    return x / (1.0f + op_expf_inline(-x));
 }
 
 float op_expf(float x);

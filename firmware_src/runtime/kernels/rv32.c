@@ -9,6 +9,7 @@
  * weights are read in place, eight rows at once (rows8_q4_1 says how). Portable C: it is also
  * tested against NumPy on the host. */
 #include "kernels.h"
+#include "../ops.h"
 
 /* This set's own entry points (fallback.h defines the rest, attention with
  * one sum at a time: fewest instructions on an in-order core). */
@@ -476,41 +477,15 @@ void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
     }
 }
 
-/* SwiGLU with op_silu (ops.c) restated inline, operation for operation (as x86_avx2.c's silu8
- * does), so the bits are op_silu's: e = e^-x as ops.c's expf_inline (below -87 it is 0 and a NaN
- * stays NaN; above 88 the argument is clamped; otherwise 2^n times a degree-6 polynomial of the
- * remainder), then x / (1 + e). Inline, its constants stay in float registers for the whole loop,
- * and op_silu's call, return and eleven constant loads (two instructions each) are gone: 37
- * instructions per value instead of the scalar kernel's 62 (tests/c/rv32_selftest.c), 12,700 fewer
- * per decoded token of the default model, which pays for most of the binary16 scales' widening. */
+/* SwiGLU with op_silu_inline (ops.h), op_silu's own definition inlined into the loop: its
+ * constants stay in float registers for the whole loop, and op_silu's call, return and eleven
+ * constant loads (two instructions each) are gone: 37 instructions per value instead of the scalar
+ * kernel's 62 (tests/c/rv32_selftest.c), 12,700 fewer per decoded token of the default model, which
+ * pays for most of the binary16 scales' widening. */
 void kernel_swiglu(float *up, const float *gate, int n)
 {
     for (int i = 0; i < n; i++) {
-        const float x = gate[i];
-        float v = -x, e;
-        if (!(v >= -87.0f)) {
-            e = v != v ? v : 0.0f;
-        } else {
-            if (v > 88.0f) {
-                v = 88.0f;
-            }
-            const int32_t k = (int32_t)lrintf(v * 1.44269504088896341f);
-            float r = v - (float)k * 0.693145751953125f;
-            r = r - (float)k * 1.42860676533018e-06f;
-            float p = 1.0f / 720.0f;
-            p = p * r + 1.0f / 120.0f;
-            p = p * r + 1.0f / 24.0f;
-            p = p * r + 1.0f / 6.0f;
-            p = p * r + 0.5f;
-            p = p * r + 1.0f;
-            p = p * r + 1.0f;
-            union {
-                uint32_t u;
-                float f;
-            } scale = {(uint32_t)(k + 127) << 23};
-            e = p * scale.f;
-        }
-        up[i] = (x / (1.0f + e)) * up[i];
+        up[i] = op_silu_inline(gate[i]) * up[i];
     }
 }
 

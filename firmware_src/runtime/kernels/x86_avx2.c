@@ -375,6 +375,37 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256i q4_pai
                      vnni);
 }
 
+/* Blocks b .. b + 7 of a row: the sums of their unsigned nibbles times the activations, in block
+ * order (four 32-byte loads, two blocks each), the weights 8 KiB ahead prefetched. */
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i
+q4_nibble_sums8(const uint8_t *wq, const struct q4_input *in, int b, int vnni)
+{
+    const uint8_t *w = wq + b * (KERNEL_QK / 2);
+    const int8_t *xp = in->pairs + b * KERNEL_QK;
+    prefetch_ahead(w, 2);
+    return pair_sums8(q4_pair(_mm256_loadu_si256((const __m256i *)w), xp, vnni),
+                      q4_pair(_mm256_loadu_si256((const __m256i *)(w + 32)), xp + 64, vnni),
+                      q4_pair(_mm256_loadu_si256((const __m256i *)(w + 64)), xp + 128, vnni),
+                      q4_pair(_mm256_loadu_si256((const __m256i *)(w + 96)), xp + 192, vnni));
+}
+
+/* The unsigned nibble products of a row's last 1-7 blocks from block b on, as q4_pair gives them
+ * for whole pairs: whole pairs, then an odd block read alone (no load past the row), zeros after. */
+__attribute__((target("avx2,f16c"), always_inline)) static inline void
+q4_tail_pairs(__m256i v[4], const uint8_t *wq, const struct q4_input *in, int b, int nb, int vnni)
+{
+    for (int k = 0; k < 4; k++) {
+        const int blk = b + 2 * k;
+        __m256i packed = _mm256_setzero_si256();
+        if (blk + 1 < nb) {
+            packed = _mm256_loadu_si256((const __m256i *)(wq + blk * (KERNEL_QK / 2)));
+        } else if (blk < nb) {
+            packed = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(wq + blk * (KERNEL_QK / 2))));
+        }
+        v[k] = blk < nb ? q4_pair(packed, in->pairs + blk * KERNEL_QK, vnni) : _mm256_setzero_si256();
+    }
+}
+
 /* One q4_0 row's eight partials. */
 __attribute__((target("avx2,f16c"), always_inline)) static inline __m256
 q4_row(const uint8_t *wq, const KernelHalf *wd, const struct q4_input *in, const float *x_d, int nb, int vnni)
@@ -382,29 +413,13 @@ q4_row(const uint8_t *wq, const KernelHalf *wd, const struct q4_input *in, const
     __m256 acc = _mm256_set1_ps(-0.0f);
     int b = 0;
     for (; b + 8 <= nb; b += 8) {
-        const uint8_t *w = wq + b * (KERNEL_QK / 2);
-        const int8_t *xp = in->pairs + b * KERNEL_QK;
-        prefetch_ahead(w, 2);
-        const __m256i s = pair_sums8(q4_pair(_mm256_loadu_si256((const __m256i *)w), xp, vnni),
-                                     q4_pair(_mm256_loadu_si256((const __m256i *)(w + 32)), xp + 64, vnni),
-                                     q4_pair(_mm256_loadu_si256((const __m256i *)(w + 64)), xp + 128, vnni),
-                                     q4_pair(_mm256_loadu_si256((const __m256i *)(w + 96)), xp + 192, vnni));
+        const __m256i s = q4_nibble_sums8(wq, in, b, vnni);
         const __m256i isums = _mm256_sub_epi32(s, _mm256_loadu_si256((const __m256i *)(in->sum8 + b)));
         acc = add_terms(acc, isums, wd + b, x_d + b, 8);
     }
     if (b < nb) {
-        /* the last 1-7 blocks: whole pairs, then an odd block read alone (no load past the row) */
         __m256i v[4];
-        for (int k = 0; k < 4; k++) {
-            const int blk = b + 2 * k;
-            __m256i packed = _mm256_setzero_si256();
-            if (blk + 1 < nb) {
-                packed = _mm256_loadu_si256((const __m256i *)(wq + blk * (KERNEL_QK / 2)));
-            } else if (blk < nb) {
-                packed = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(wq + blk * (KERNEL_QK / 2))));
-            }
-            v[k] = blk < nb ? q4_pair(packed, in->pairs + blk * KERNEL_QK, vnni) : _mm256_setzero_si256();
-        }
+        q4_tail_pairs(v, wq, in, b, nb, vnni);
         const int n = nb - b;
         const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         const __m256i sum8 = _mm256_maskload_epi32(in->sum8 + b, mask);
@@ -413,9 +428,62 @@ q4_row(const uint8_t *wq, const KernelHalf *wd, const struct q4_input *in, const
     return acc;
 }
 
+
+/* Eight blocks' terms: (float)isum * (w_d * x_d) + (float)xsum * (w_m * x_d), lane by lane. */
+__attribute__((target("avx2,f16c"))) static inline __m256 q4_1_terms(__m256i isum, __m256i xsum, __m256 w_d, __m256 w_m,
+                                                                     __m256 x_d)
+{
+    return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w_d, x_d)),
+                         _mm256_mul_ps(_mm256_cvtepi32_ps(xsum), _mm256_mul_ps(w_m, x_d)));
+}
+
+/* Adds blocks b .. b + n - 1's q4_1 terms (n <= 8, lane k = block b + k) to a row's partials, as
+ * add_terms does for q8_0: partial k gets block b + k, and lanes past n get -0.0f. */
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 add_q4_1_terms(__m256 acc, __m256i isums,
+                                                                                        __m256i xsums,
+                                                                                        const KernelHalf *wd,
+                                                                                        const KernelHalf *wm,
+                                                                                        const float *xd, int n)
+{
+    if (n == 8) {
+        return _mm256_add_ps(acc, q4_1_terms(isums, xsums, load_halves8(wd), load_halves8(wm), _mm256_loadu_ps(xd)));
+    }
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 terms = q4_1_terms(isums, xsums, load_halves(wd, n), load_halves(wm, n), _mm256_maskload_ps(xd, mask));
+    return _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_set1_ps(-0.0f), terms, _mm256_castsi256_ps(mask)));
+}
+
+/* One q4_1 row's eight partials, read as q4_row reads q4_0: two blocks' nibbles per 32-byte load
+ * against the pair-laid-out activations, the unsigned nibble products being isum itself; xsum is
+ * q4_prepare's 8 * sum(x) shifted back (an exact multiple of 8). */
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256
+q4_1_row(const uint8_t *wq, const KernelHalf *wd, const KernelHalf *wm, const struct q4_input *in, const float *x_d,
+         int nb, int vnni)
+{
+    __m256 acc = _mm256_set1_ps(-0.0f);
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const __m256i isums = q4_nibble_sums8(wq, in, b, vnni);
+        const __m256i xsums = _mm256_srai_epi32(_mm256_loadu_si256((const __m256i *)(in->sum8 + b)), 3);
+        acc = add_q4_1_terms(acc, isums, xsums, wd + b, wm + b, x_d + b, 8);
+    }
+    if (b < nb) {
+        __m256i v[4];
+        q4_tail_pairs(v, wq, in, b, nb, vnni);
+        const int n = nb - b;
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i xsums = _mm256_srai_epi32(_mm256_maskload_epi32(in->sum8 + b, mask), 3);
+        acc = add_q4_1_terms(acc, pair_sums8(v[0], v[1], v[2], v[3]), xsums, wd + b, wm + b, x_d + b, n);
+    }
+    return acc;
+}
+
+/* q4_0 and q4_1 decoding, eight rows at a time: each row's partials in the lanes of one vector,
+ * eight rows combined by sum_partials8. w_m is NULL for q4_0 (a constant in every caller, so each
+ * compiles to its own straight loop). */
 __attribute__((target("avx2,f16c"), always_inline)) static inline void
-matvec_q4_0_rows(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs, const float *x_d,
-                 int rows, int cols, int vnni)
+matvec_q4_rows(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m, const int8_t *x_qs,
+               const float *x_d, int rows, int cols, int vnni)
 {
     const int nb = cols / KERNEL_QK;
     struct q4_input in;
@@ -426,7 +494,10 @@ matvec_q4_0_rows(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const i
         group_rows8(row, r, n);
         __m256 acc[8];
         for (int i = 0; i < 8; i++) {
-            acc[i] = q4_row(w_q4 + (int64_t)row[i] * (cols / 2), w_d + (int64_t)row[i] * nb, &in, x_d, nb, vnni);
+            const uint8_t *wq = w_q4 + (int64_t)row[i] * (cols / 2);
+            const int64_t first_block = (int64_t)row[i] * nb;
+            acc[i] = w_m == NULL ? q4_row(wq, w_d + first_block, &in, x_d, nb, vnni)
+                                 : q4_1_row(wq, w_d + first_block, w_m + first_block, &in, x_d, nb, vnni);
         }
         store_rows(out + r, sum_partials8(acc), n);
     }
@@ -436,14 +507,14 @@ __attribute__((target("avx2,f16c"))) static void matvec_q4_0_vnni(float *out, co
                                                                   const KernelHalf *w_d, const int8_t *x_qs,
                                                                   const float *x_d, int rows, int cols)
 {
-    matvec_q4_0_rows(out, w_q4, w_d, x_qs, x_d, rows, cols, 1);
+    matvec_q4_rows(out, w_q4, w_d, NULL, x_qs, x_d, rows, cols, 1);
 }
 
 __attribute__((target("avx2,f16c"))) static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4,
                                                                   const KernelHalf *w_d, const int8_t *x_qs,
                                                                   const float *x_d, int rows, int cols)
 {
-    matvec_q4_0_rows(out, w_q4, w_d, x_qs, x_d, rows, cols, 0);
+    matvec_q4_rows(out, w_q4, w_d, NULL, x_qs, x_d, rows, cols, 0);
 }
 
 /* Batched (prefill): one weight row against eight tokens at a time, one float lane per token. A
@@ -818,100 +889,12 @@ __attribute__((target("avx2,f16c"))) static void q4_1_x_sums(int32_t *xs, const 
     }
 }
 
-/* Eight blocks' terms: (float)isum * (w_d * x_d) + (float)xsum * (w_m * x_d), lane by lane. */
-__attribute__((target("avx2,f16c"))) static inline __m256 q4_1_terms(__m256i isum, __m256i xsum, __m256 w_d, __m256 w_m,
-                                                                     __m256 x_d)
-{
-    return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w_d, x_d)),
-                         _mm256_mul_ps(_mm256_cvtepi32_ps(xsum), _mm256_mul_ps(w_m, x_d)));
-}
-
-/* Adds blocks b .. b + n - 1's q4_1 terms (n <= 8, lane k = block b + k) to a row's partials, as
- * add_terms does for q8_0: partial k gets block b + k, and lanes past n get -0.0f. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 add_q4_1_terms(__m256 acc, __m256i isums,
-                                                                                        __m256i xsums,
-                                                                                        const KernelHalf *wd,
-                                                                                        const KernelHalf *wm,
-                                                                                        const float *xd, int n)
-{
-    if (n == 8) {
-        return _mm256_add_ps(acc, q4_1_terms(isums, xsums, load_halves8(wd), load_halves8(wm), _mm256_loadu_ps(xd)));
-    }
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256 terms = q4_1_terms(isums, xsums, load_halves(wd, n), load_halves(wm, n), _mm256_maskload_ps(xd, mask));
-    return _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_set1_ps(-0.0f), terms, _mm256_castsi256_ps(mask)));
-}
-
-/* One q4_1 row's eight partials, read as q4_row reads q4_0: two blocks' nibbles per 32-byte load
- * against the pair-laid-out activations, the unsigned nibble products being isum itself; xsum is
- * q4_prepare's 8 * sum(x) shifted back (an exact multiple of 8). */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256
-q4_1_row(const uint8_t *wq, const KernelHalf *wd, const KernelHalf *wm, const struct q4_input *in, const float *x_d,
-         int nb, int vnni)
-{
-    __m256 acc = _mm256_set1_ps(-0.0f);
-    int b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        const uint8_t *w = wq + b * (KERNEL_QK / 2);
-        const int8_t *xp = in->pairs + b * KERNEL_QK;
-        prefetch_ahead(w, 2);
-        const __m256i isums = pair_sums8(q4_pair(_mm256_loadu_si256((const __m256i *)w), xp, vnni),
-                                         q4_pair(_mm256_loadu_si256((const __m256i *)(w + 32)), xp + 64, vnni),
-                                         q4_pair(_mm256_loadu_si256((const __m256i *)(w + 64)), xp + 128, vnni),
-                                         q4_pair(_mm256_loadu_si256((const __m256i *)(w + 96)), xp + 192, vnni));
-        const __m256i xsums = _mm256_srai_epi32(_mm256_loadu_si256((const __m256i *)(in->sum8 + b)), 3);
-        acc = add_q4_1_terms(acc, isums, xsums, wd + b, wm + b, x_d + b, 8);
-    }
-    if (b < nb) {
-        /* the last 1-7 blocks: whole pairs, then an odd block read alone (no load past the row) */
-        __m256i v[4];
-        for (int k = 0; k < 4; k++) {
-            const int blk = b + 2 * k;
-            __m256i packed = _mm256_setzero_si256();
-            if (blk + 1 < nb) {
-                packed = _mm256_loadu_si256((const __m256i *)(wq + blk * (KERNEL_QK / 2)));
-            } else if (blk < nb) {
-                packed = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(wq + blk * (KERNEL_QK / 2))));
-            }
-            v[k] = blk < nb ? q4_pair(packed, in->pairs + blk * KERNEL_QK, vnni) : _mm256_setzero_si256();
-        }
-        const int n = nb - b;
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        const __m256i xsums = _mm256_srai_epi32(_mm256_maskload_epi32(in->sum8 + b, mask), 3);
-        acc = add_q4_1_terms(acc, pair_sums8(v[0], v[1], v[2], v[3]), xsums, wd + b, wm + b, x_d + b, n);
-    }
-    return acc;
-}
-
-/* q4_1 decoding, eight rows at a time as q4_0's: each row's partials in the lanes of one vector,
- * eight rows combined by sum_partials8, the reduction tree of kernel_q4_1_sum_add/_end. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline void
-matvec_q4_1_rows(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m, const int8_t *x_qs,
-                 const float *x_d, int rows, int cols, int vnni)
-{
-    const int nb = cols / KERNEL_QK;
-    struct q4_input in;
-    q4_prepare(&in, x_qs, nb);
-    for (int r = 0; r < rows; r += 8) {
-        const int n = rows - r < 8 ? rows - r : 8;
-        int row[8];
-        group_rows8(row, r, n);
-        __m256 acc[8];
-        for (int i = 0; i < 8; i++) {
-            const int64_t first_block = (int64_t)row[i] * nb;
-            acc[i] = q4_1_row(w_q4 + (int64_t)row[i] * (cols / 2), w_d + first_block, w_m + first_block, &in, x_d, nb,
-                              vnni);
-        }
-        store_rows(out + r, sum_partials8(acc), n);
-    }
-}
-
 __attribute__((target("avx2,f16c"))) static void matvec_q4_1_vnni(float *out, const uint8_t *w_q4,
                                                                   const KernelHalf *w_d, const KernelHalf *w_m,
                                                                   const int8_t *x_qs, const float *x_d, int rows,
                                                                   int cols)
 {
-    matvec_q4_1_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, 1);
+    matvec_q4_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, 1);
 }
 
 __attribute__((target("avx2,f16c"))) static void matvec_q4_1_avx2(float *out, const uint8_t *w_q4,
@@ -919,7 +902,7 @@ __attribute__((target("avx2,f16c"))) static void matvec_q4_1_avx2(float *out, co
                                                                   const int8_t *x_qs, const float *x_d, int rows,
                                                                   int cols)
 {
-    matvec_q4_1_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, 0);
+    matvec_q4_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, 0);
 }
 
 /* Batched q4_1: one weight row against eight tokens at a time, one float lane per token, as

@@ -82,7 +82,8 @@ def widen(h: np.ndarray) -> np.ndarray:
     return np.asarray(h).astype(np.float32)
 
 
-def _q8_0_blocks(x: np.ndarray, quant: str = "q8_0") -> np.ndarray:
+def _blocks(x: np.ndarray, quant: str) -> np.ndarray:
+    """(..., n) values -> (..., n/32, 32) float32 blocks; rows must be whole blocks."""
     x = f32(x)
     n = x.shape[-1]
     if n % QK:
@@ -90,10 +91,14 @@ def _q8_0_blocks(x: np.ndarray, quant: str = "q8_0") -> np.ndarray:
     return np.ascontiguousarray(x).reshape(*x.shape[:-1], n // QK, QK)
 
 
-def _q8_0_quants(blocks: np.ndarray, d: np.ndarray) -> np.ndarray:
+def _inverse(d: np.ndarray) -> np.ndarray:
+    """1 / d in float32 per block, 0 where d is 0 (an all-zero block's quants stay 0)."""
     with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(np.float32)
-    q = round_even(blocks * inv[..., None])
+        return np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(np.float32)
+
+
+def _q8_0_quants(blocks: np.ndarray, d: np.ndarray) -> np.ndarray:
+    q = round_even(blocks * _inverse(d)[..., None])
     return np.clip(q, -127, 127, out=q).astype(np.int8).reshape(*blocks.shape[:-2], -1)
 
 
@@ -102,7 +107,7 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     d = max|x| / 127; q = round_half_even(x * (1 / d)), or 0 when the block is all zero.
     """
-    blocks = _q8_0_blocks(x)
+    blocks = _blocks(x, "q8_0")
     amax = np.max(_magnitudes(blocks), axis=-1).view(np.float32)  # max |x| per block
     d = (amax / F32(127.0)).astype(np.float32)
     return _q8_0_quants(blocks, d), d
@@ -114,7 +119,7 @@ def quantize_weights_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d = binary16(max|x| / 127); q = clip(round_half_even(x * (1 / d)), -127, 127), or 0 when d is 0
     (the clip holds the largest value when rounding d down made it step past 127).
     """
-    blocks = _q8_0_blocks(x)
+    blocks = _blocks(x, "q8_0")
     amax = np.max(_magnitudes(blocks), axis=-1).view(np.float32)
     d = to_half((amax / F32(127.0)).astype(np.float32), "scale", "q8_0")
     return _q8_0_quants(blocks, widen(d)), d
@@ -157,18 +162,11 @@ def quantize_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     m maps to quant 0 (-8) and the block spans -8..7; q = clip(round_half_even(x * (1 / d)) + 8, 0, 15).
     Byte j of a block holds quant j in its low nibble and quant j + 16 in its high nibble.
     """
-    x = f32(x)
-    n = x.shape[-1]
-    if n % QK:
-        raise ColibriError(f"q4_0 needs rows whose length is a multiple of {QK}, got {n} (use --quant f32)")
-    blocks = np.ascontiguousarray(x).reshape(*x.shape[:-1], n // QK, QK)
+    blocks = _blocks(x, "q4_0")
     m = np.take_along_axis(blocks, np.argmax(_magnitudes(blocks), axis=-1)[..., None], axis=-1)[..., 0]
     d = to_half((m / F32(-8.0)).astype(np.float32), "scale", "q4_0")
-    wide = widen(d)
-    with np.errstate(divide="ignore"):
-        inv = np.where(wide != 0, F32(1.0) / wide, F32(0.0)).astype(np.float32)
-    q = np.clip(round_even(blocks * inv[..., None]) + 8, 0, 15).astype(np.uint8)
-    return pack_nibbles(q.reshape(x.shape)), d
+    q = np.clip(round_even(blocks * _inverse(widen(d))[..., None]) + 8, 0, 15).astype(np.uint8)
+    return pack_nibbles(q.reshape(*blocks.shape[:-2], -1)), d
 
 
 def unpack_q4_0(packed: np.ndarray) -> np.ndarray:
@@ -189,13 +187,9 @@ def quantize_q4_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     Byte j of a block holds quant j in its low nibble and quant j + 16 in its high nibble (as q4_0
     and GGUF's Q4_1).
     """
-    x = f32(x)
-    n = x.shape[-1]
-    if n % QK:
-        raise ColibriError(f"q4_1 needs rows whose length is a multiple of {QK}, got {n} (use --quant f32)")
-    if not np.all(np.isfinite(x)):
+    blocks = _blocks(x, "q4_1")
+    if not np.all(np.isfinite(blocks)):
         raise ColibriError("q4_1 needs finite weights (a weight is infinite or NaN)")
-    blocks = x.reshape(*x.shape[:-1], n // QK, QK)
     low = np.min(blocks, axis=-1)
     m = to_half(low, "minimum", "q4_1")
     above = widen(m) > low
@@ -205,11 +199,8 @@ def quantize_q4_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     with np.errstate(over="ignore"):
         span = ((np.max(blocks, axis=-1) - wide_m) / F32(15.0)).astype(np.float32)
     d = to_half(span, "scale", "q4_1")
-    wide_d = widen(d)
-    with np.errstate(divide="ignore"):
-        inv = np.where(wide_d != 0, F32(1.0) / wide_d, F32(0.0)).astype(np.float32)
-    q = np.clip(round_even((blocks - wide_m[..., None]) * inv[..., None]), 0, 15).astype(np.uint8)
-    return pack_nibbles(q.reshape(x.shape)), d, m
+    q = np.clip(round_even((blocks - wide_m[..., None]) * _inverse(widen(d))[..., None]), 0, 15).astype(np.uint8)
+    return pack_nibbles(q.reshape(*blocks.shape[:-2], -1)), d, m
 
 
 def unpack_q4_1(packed: np.ndarray) -> np.ndarray:

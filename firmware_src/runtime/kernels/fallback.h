@@ -80,7 +80,7 @@ static inline void kernel_tiled_matmul_q8_0(float *out, int out_stride, const in
                                             const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
-    const int tile = kernel_tile_rows(cols + nb * (int)sizeof(float));
+    const int tile = kernel_tile_rows(cols + nb * (int)sizeof(KernelHalf));
     for (int r = 0; r < rows; r += tile) {
         const int n = rows - r < tile ? rows - r : tile;
         for (int t = 0; t < n_tok; t++) {
@@ -94,7 +94,7 @@ static inline void kernel_tiled_matmul_q4_0(float *out, int out_stride, const ui
                                             const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
-    const int tile = kernel_tile_rows(cols / 2 + nb * (int)sizeof(float));
+    const int tile = kernel_tile_rows(cols / 2 + nb * (int)sizeof(KernelHalf));
     for (int r = 0; r < rows; r += tile) {
         const int n = rows - r < tile ? rows - r : tile;
         for (int t = 0; t < n_tok; t++) {
@@ -109,7 +109,7 @@ static inline void kernel_tiled_matmul_q4_1(float *out, int out_stride, const ui
                                             int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
-    const int tile = kernel_tile_rows(cols / 2 + 2 * nb * (int)sizeof(float));
+    const int tile = kernel_tile_rows(cols / 2 + 2 * nb * (int)sizeof(KernelHalf));
     for (int r = 0; r < rows; r += tile) {
         const int n = rows - r < tile ? rows - r : tile;
         for (int t = 0; t < n_tok; t++) {

@@ -88,6 +88,11 @@ def cases(blob, other_model, f32_image):
         # 32-bit traps: values whose low 32 bits are right (a 32-bit size_t would accept them).
         "dir_size_overflow_32": (dir_field(blob, 0, "bytes", entry(blob, 0)[4] + 2**32), 14),
         "data_bytes_overflow_32": (header(blob, "data_bytes", h.data_bytes + 2**32), 10),
+        # Past 2^32: images of tens of GB are normal, so nothing may be cut to 32 bits on the way.
+        "dir_offset_past_2_32": (dir_field(blob, last, "offset", entry(blob, last)[3] + 2**32), 14),
+        "dir_size_past_2_32": (dir_field(blob, last, "bytes", 2**32 + 64), 14),
+        "image_bytes_past_2_32": (header(blob, "image_bytes", size + 2**32), 2),
+        "data_offset_past_2_32": (header(blob, "data_offset", h.data_offset + 2**32), 10),
         "dir_offset_overlaps_previous": (dir_field(blob, 1, "offset", entry(blob, 0)[3]), 14),
         "dir_offset_out_of_range": (dir_field(blob, 0, "offset", h.data_bytes), 14),
         # A flipped bit in each region, CRC left as it was.
@@ -123,4 +128,10 @@ def routed_expert_cases(blob) -> dict:
         "flipped_bit_first_expert": (tensor_edited(blob, first, 5, fix_directory=False), 17),
         "flipped_bit_last_expert_padding": (tensor_edited(blob, last, -(-entry(blob, last)[4] // ALIGN) * ALIGN - 1,
                                                           fix_directory=False), 17),
+        # A routed matrix's directory entry (named and placed from its layer's row of
+        # colibri_expert_groups): refused at open, as any other entry.
+        "routed_dir_name_changed": (patched(blob, h.dir_offset + DIR_ENTRY_BYTES * last + DIR_ENTRY["name"].offset,
+                                            "<B", ord("L")), 14),
+        "routed_dir_offset_past_2_32": (dir_field(blob, last, "offset", entry(blob, last)[3] + 2**32), 14),
+        "routed_dir_rows_changed": (dir_field(blob, first, "rows", entry(blob, first)[2] + 1), 14),
     }

@@ -81,7 +81,7 @@ def moe_images(tmp_path_factory, checkpoints):
 def build(root, name, cc, flags):
     out = root / name
     sources = [C_TESTS / "loader_harness.c", RUNTIME / "image_loader.c", RUNTIME / "checksum.c", RUNTIME / "weights.c",
-               root / "gen" / "model_data.c"]
+               RUNTIME / "tensor_table.c", root / "gen" / "model_data.c"]
     cmd = [cc, "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", f"-I{RUNTIME}", f"-I{root / 'gen'}", *flags,
            *map(str, sources), "-o", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -168,7 +168,7 @@ def fuzz(root, files, tmp_path, seconds):
     assert clang, "clang is installed by ./colibri test (tests/apt-packages.txt)"
     fuzzer = tmp_path / "fuzz_loader"
     sources = [C_TESTS / "fuzz_loader.c", RUNTIME / "image_loader.c", RUNTIME / "checksum.c", RUNTIME / "weights.c",
-               root / "gen" / "model_data.c"]
+               RUNTIME / "tensor_table.c", root / "gen" / "model_data.c"]
     done = subprocess.run([clang, "-std=c11", "-g", "-O1", "-fsanitize=fuzzer,address,undefined",
                            "-fno-sanitize-recover=all", "-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION",
                            f"-I{RUNTIME}", f"-I{root / 'gen'}", *map(str, sources), "-o", str(fuzzer)],

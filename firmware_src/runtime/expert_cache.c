@@ -3,6 +3,7 @@
 #include <stddef.h>
 
 #include "image_loader.h"
+#include "tensor_table.h"
 
 #define EXPERTS_PER_LAYER (COLIBRI_N_EXPERTS > 0 ? COLIBRI_N_EXPERTS : 1)
 #define TABLE_ENTRIES (COLIBRI_N_LAYERS * EXPERTS_PER_LAYER)
@@ -84,22 +85,18 @@ void colibri_experts_in_place(const uint8_t *image, int check_on_first_use)
 /* An expert's extent: where it starts in the image file and its bytes. */
 static void expert_extent(int layer, int expert, uint64_t *file_offset, uint64_t *bytes)
 {
-    const int32_t first = colibri_expert_first_tensor[layer * EXPERTS_PER_LAYER + expert];
-    const ColibriTensorDesc *gate = &colibri_tensor_table[first];
-    const ColibriTensorDesc *down = &colibri_tensor_table[first + 2];
-    const uint64_t down_extent = (down->bytes + COLIBRI_IMAGE_ALIGN - 1) / COLIBRI_IMAGE_ALIGN * COLIBRI_IMAGE_ALIGN;
-    *file_offset = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + gate->offset;
-    *bytes = down->offset + down_extent - gate->offset;
+    const ColibriExpertGroup *group = colibri_layer_experts(layer);
+    *file_offset = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + colibri_expert_offset(group, expert);
+    *bytes = group->stride;
 }
 
 /* The expert's three matrices against their CRC-32s, wherever their bytes are (`data`: its first byte). */
 static int check_expert(int layer, int expert, const uint8_t *data)
 {
-    const int32_t first = colibri_expert_first_tensor[layer * EXPERTS_PER_LAYER + expert];
-    const uint64_t start = colibri_tensor_table[first].offset;
+    const ColibriExpertGroup *group = colibri_layer_experts(layer);
     for (int i = 0; i < 3; i++) {
-        int status = colibri_image_check_tensor_copy(image_base, (uint32_t)(first + i),
-                                                     data + (colibri_tensor_table[first + i].offset - start));
+        int status = colibri_image_check_tensor_copy(image_base, colibri_expert_tensor(group, expert, i),
+                                                     data + group->part[i].at);
         if (status != COLIBRI_OK) {
             return status;
         }

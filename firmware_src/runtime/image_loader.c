@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "checksum.h"
+#include "tensor_table.h"
 #include "weights.h"
 
 static const uint8_t image_magic[8] = {'C', 'O', 'L', 'I', 'B', 'R', 'I', 'W'};
@@ -166,15 +167,13 @@ int colibri_image_open_checking(const uint8_t *image, uint64_t image_len, Colibr
     }
     for (uint32_t i = 0; i < tensor_count; i++) {
         const uint8_t *e = image + dir_offset + (uint64_t)i * COLIBRI_IMAGE_DIR_ENTRY_BYTES;
-        const ColibriTensorDesc *want = &colibri_tensor_table[i];
-        char name[COLIBRI_IMAGE_NAME_BYTES];
-        memset(name, 0, sizeof name);
-        strncpy(name, want->name, sizeof name - 1);
+        ColibriTensorEntry want;
+        colibri_expected_tensor(i, &want);
         uint64_t offset = rd_u64(e + COLIBRI_ENTRY_OFFSET_AT), bytes = rd_u64(e + COLIBRI_ENTRY_BYTES_AT), end;
-        if (memcmp(e + COLIBRI_ENTRY_NAME_AT, name, COLIBRI_IMAGE_NAME_BYTES) != 0 ||
-            rd_u32(e + COLIBRI_ENTRY_DTYPE_AT) != want->dtype || rd_u32(e + COLIBRI_ENTRY_ROWS_AT) != want->rows ||
-            rd_u32(e + COLIBRI_ENTRY_COLS_AT) != want->cols ||
-            offset != want->offset || bytes != want->bytes) {
+        if (memcmp(e + COLIBRI_ENTRY_NAME_AT, want.name, COLIBRI_IMAGE_NAME_BYTES) != 0 ||
+            rd_u32(e + COLIBRI_ENTRY_DTYPE_AT) != want.dtype || rd_u32(e + COLIBRI_ENTRY_ROWS_AT) != want.rows ||
+            rd_u32(e + COLIBRI_ENTRY_COLS_AT) != want.cols ||
+            offset != want.offset || bytes != want.bytes) {
             return COLIBRI_ERR_TENSOR;
         }
         if (!add_u64(offset, bytes, &end)) {
@@ -199,7 +198,7 @@ int colibri_image_open_checking(const uint8_t *image, uint64_t image_len, Colibr
         return COLIBRI_ERR_WEIGHTS_SHA256;
     }
     for (uint32_t i = 0; i < tensor_count; i++) {
-        if (check == COLIBRI_CHECK_RESIDENT && colibri_tensor_table[i].expert) {
+        if (check == COLIBRI_CHECK_RESIDENT && colibri_tensor_is_expert(i)) {
             continue; /* checked when first brought in */
         }
         int status = colibri_image_check_tensor(image, i);
@@ -215,15 +214,18 @@ int colibri_image_check_tensor(const uint8_t *image, uint32_t index)
 {
     /* The directory and the plan agree (colibri_image_open checked), so the plan's offsets are the
      * image's. */
-    return colibri_image_check_tensor_copy(image, index, image + COLIBRI_IMAGE_DATA_OFFSET + colibri_tensor_table[index].offset);
+    ColibriTensorEntry t;
+    colibri_expected_tensor(index, &t);
+    return colibri_image_check_tensor_copy(image, index, image + COLIBRI_IMAGE_DATA_OFFSET + t.offset);
 }
 
 int colibri_image_check_tensor_copy(const uint8_t *image, uint32_t index, const uint8_t *bytes)
 {
-    const ColibriTensorDesc *t = &colibri_tensor_table[index];
+    ColibriTensorEntry t;
+    colibri_expected_tensor(index, &t);
     const uint8_t *entry = image + COLIBRI_IMAGE_DIR_OFFSET + (uint64_t)index * COLIBRI_IMAGE_DIR_ENTRY_BYTES;
     /* Its bytes and its padding up to the next tensor, so that no byte of the data region goes unchecked. */
-    uint64_t extent = (t->bytes + COLIBRI_IMAGE_ALIGN - 1) / COLIBRI_IMAGE_ALIGN * COLIBRI_IMAGE_ALIGN;
+    uint64_t extent = (t.bytes + COLIBRI_IMAGE_ALIGN - 1) / COLIBRI_IMAGE_ALIGN * COLIBRI_IMAGE_ALIGN;
     uint32_t crc = crc32_chunked(bytes, extent);
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
     if (crc != rd_u32(entry + COLIBRI_ENTRY_CRC32_AT)) {

@@ -35,7 +35,7 @@ const char *colibri_status_message(int status);
 /* Which tensors colibri_image_open_checking checks against their CRC-32 at open. */
 typedef enum {
     COLIBRI_CHECK_ALL = 0,      /* every tensor (MCU boards: weights in flash, read in place) */
-    COLIBRI_CHECK_RESIDENT = 1, /* all but the routed experts' matrices (ColibriTensorDesc.expert): a
+    COLIBRI_CHECK_RESIDENT = 1, /* all but the routed experts' matrices (colibri_expert_groups): a
                                  * mapped image's start-up does not grow with its experts; each expert
                                  * is checked when first brought in (runtime/expert_cache.c) */
 } colibri_check;
@@ -46,7 +46,7 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
 /* The same, checking the tensors `check` names. */
 int colibri_image_open_checking(const uint8_t *image, uint64_t image_len, ColibriWeights *weights, colibri_check check);
 
-/* Tensor `index` (of colibri_tensor_table) of an image that colibri_image_open accepted, against its
+/* Directory entry `index` (runtime/tensor_table.h) of an image that colibri_image_open accepted, against its
  * CRC-32 in the directory: COLIBRI_OK or COLIBRI_ERR_TENSOR_CHECKSUM. */
 int colibri_image_check_tensor(const uint8_t *image, uint32_t index);
 

@@ -21,29 +21,67 @@ static void expand_q4_0(int8_t *dst, KernelHalf *dst_d, const uint8_t *src, cons
 }
 #endif
 
+/* One matrix: read in place at data + offset, or (q4_0 expanded at load) from its int8 copy at
+ * colibri_expanded + expanded_offset, which it fills. */
+static void bind_matrix(ColibriMatrix *m, const uint8_t *data, uint32_t dtype, uint64_t offset, uint64_t scales_offset,
+                        uint64_t mins_offset, uint64_t values, int64_t expanded_offset, uint64_t expanded_scales_offset)
+{
+#if COLIBRI_Q4_0_EXPANDED
+    if (expanded_offset >= 0) {
+        int8_t *copy = colibri_expanded + expanded_offset;
+        KernelHalf *scales = (KernelHalf *)(copy + expanded_scales_offset);
+        expand_q4_0(copy, scales, data + offset, data + offset + scales_offset, values);
+        m->dtype = COLIBRI_DTYPE_Q8_0;
+        m->w = copy;
+        m->d = scales;
+        m->m = NULL;
+        return;
+    }
+#else
+    (void)values;
+    (void)expanded_offset;
+    (void)expanded_scales_offset;
+#endif
+    m->dtype = dtype;
+    m->w = data + offset;
+    m->d = dtype == COLIBRI_DTYPE_F32 ? NULL : (const KernelHalf *)(data + offset + scales_offset);
+    m->m = dtype == COLIBRI_DTYPE_Q4_1 ? (const KernelHalf *)(data + offset + mins_offset) : NULL;
+}
+
+/* Every routed expert of every MoE layer, from its layer's row of colibri_expert_groups. */
+static void bind_experts(const uint8_t *data, ColibriWeights *w)
+{
+#if COLIBRI_N_EXPERTS > 0
+    for (int g = 0; g < COLIBRI_N_EXPERT_GROUPS; g++) {
+        const ColibriExpertGroup *group = &colibri_expert_groups[g];
+        for (int e = 0; e < COLIBRI_N_EXPERTS; e++) {
+            ColibriExpert *ex = &w->layers[group->layer].experts[e];
+            ColibriMatrix *to[3] = {&ex->w_gate, &ex->w_up, &ex->w_down};
+            for (int p = 0; p < 3; p++) {
+                const ColibriExpertPart *part = &group->part[p];
+                const int64_t expanded = part->expanded_at < 0 ? -1
+                    : group->expanded_offset + (int64_t)((uint64_t)e * group->expanded_stride) + part->expanded_at;
+                bind_matrix(to[p], data, part->dtype, group->offset + (uint64_t)e * group->stride + part->at,
+                            part->scales_offset, part->mins_offset, (uint64_t)part->rows * part->cols, expanded,
+                            part->expanded_scales_offset);
+            }
+        }
+    }
+#else
+    (void)data;
+    (void)w;
+#endif
+}
+
 void colibri_bind_weights(const uint8_t *data, ColibriWeights *w)
 {
     memset(w, 0, sizeof *w); /* what the model does not have stays NULL */
     for (int i = 0; i < COLIBRI_N_MATRIX_BINDINGS; i++) {
         const ColibriMatrixBinding *b = &colibri_matrix_bindings[i];
-        ColibriMatrix *m = (ColibriMatrix *)((uint8_t *)w + b->field);
-#if COLIBRI_Q4_0_EXPANDED
-        if (b->expanded_offset >= 0) {
-            int8_t *copy = colibri_expanded + b->expanded_offset;
-            KernelHalf *scales = (KernelHalf *)(copy + b->expanded_scales_offset);
-            expand_q4_0(copy, scales, data + b->offset, data + b->offset + b->scales_offset, b->values);
-            m->dtype = COLIBRI_DTYPE_Q8_0;
-            m->w = copy;
-            m->d = scales;
-            m->m = NULL;
-            continue;
-        }
-#endif
-        m->dtype = b->dtype;
-        m->w = data + b->offset;
-        m->d = b->dtype == COLIBRI_DTYPE_F32 ? NULL : (const KernelHalf *)(data + b->offset + b->scales_offset);
-        m->m = b->dtype == COLIBRI_DTYPE_Q4_1 ? (const KernelHalf *)(data + b->offset + b->mins_offset) : NULL;
+        bind_matrix((ColibriMatrix *)((uint8_t *)w + b->field), data, b->dtype, b->offset, b->scales_offset,
+                    b->mins_offset, b->values, b->expanded_offset, b->expanded_scales_offset);
     }
+    bind_experts(data, w);
     for (int i = 0; i < COLIBRI_N_VECTOR_BINDINGS; i++) {
         const ColibriVectorBinding *v = &colibri_vector_bindings[i];
         *(const float **)((uint8_t *)w + v->field) = (const float *)(data + v->offset);

@@ -22,8 +22,8 @@ from . import image_format
 from .image_format import DTYPE_CODES, QUANT_CODES
 
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
-from .plan import ALIGN, Plan, align_up
-from .cache_plan import STORAGE_ALIGN, cache_constants, expert_extents
+from .plan import ALIGN, Plan, align_up, expert_groups
+from .cache_plan import STORAGE_ALIGN, cache_constants
 
 TEMPLATE_DIR = REPO / "templates"
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")
@@ -85,7 +85,8 @@ def _float_rows(values: np.ndarray, per_line: int = 6) -> list[str]:
 
 
 def _bindings(spec, by_name: dict, layer_fields: list) -> tuple[list[dict], list[dict]]:
-    """ColibriWeights' fields in order, each with the tensor it points at: matrices and vectors."""
+    """ColibriWeights' fields in order, each with the tensor it points at: matrices and vectors.
+    Routed experts are bound from colibri_expert_groups (runtime/weights.c), not one by one."""
     matrices, vectors = [dict(field="embed", t=by_name["embed"])], []
     for i in range(spec.n_layers):
         for f in layer_fields:
@@ -94,10 +95,6 @@ def _bindings(spec, by_name: dict, layer_fields: list) -> tuple[list[dict], list
                 (matrices if f["matrix"] else vectors).append(dict(field=f"layers[{i}].{f['part']}", t=by_name[name]))
         if spec.moe_layers and spec.moe_layers[i]:
             matrices.append(dict(field=f"layers[{i}].router", t=by_name[f"layers.{i}.router"]))
-            for e in range(spec.n_experts):
-                for part in ("w_gate", "w_up", "w_down"):
-                    matrices.append(dict(field=f"layers[{i}].experts[{e}].{part}",
-                                         t=by_name[f"layers.{i}.experts.{e}.{part}"]))
             if spec.shared_expert_intermediate_size:
                 for part in ("w_gate", "w_up", "w_down"):
                     matrices.append(dict(field=f"layers[{i}].shared.{part}", t=by_name[f"layers.{i}.shared.{part}"]))
@@ -105,6 +102,38 @@ def _bindings(spec, by_name: dict, layer_fields: list) -> tuple[list[dict], list
     vectors.append(dict(field="final_norm", t=by_name["final_norm"]))
     matrices.append(dict(field="lm_head", t=by_name["embed" if spec.tie_embeddings else "lm_head"]))
     return matrices, vectors
+
+
+def _expert_groups(plan: Plan) -> list[dict]:
+    groups = []
+    for g in expert_groups(plan.spec, plan.tensors):
+        parts = [dict(part=p.part, c_part=p.part.upper(), dtype=p.dtype, rows=p.rows, cols=p.cols, at=p.at,
+                      nbytes=p.nbytes, scales_offset=p.scales_offset, mins_offset=p.mins_offset,
+                      expanded_at=p.expanded_at, expanded_scales_offset=align_up(p.rows * p.cols)) for p in g.parts]
+        groups.append(dict(layer=g.layer, c_name=f"LAYERS_{g.layer}", first_tensor=g.first_tensor, offset=g.offset,
+                           stride=g.stride, expanded_offset=g.expanded_offset, expanded_stride=g.expanded_stride,
+                           n_experts=g.n_experts, parts=parts))
+    return groups
+
+
+def _placements(tensors: list[dict], groups: list[dict]) -> list[tuple[dict, dict]]:
+    """The data region's items in order (a named tensor, or a layer's experts as one), each with C
+    expressions for where it starts and ends: consecutive pairs, for the asserts that none overlaps."""
+    first = {g["first_tensor"]: g for g in groups}
+    items, i = [], 0
+    while i < len(tensors):
+        if i in first:
+            g = first[i]
+            eg = f"COLIBRI_EG_{g['c_name']}"
+            items.append(dict(label=f"layers.{g['layer']}'s experts", start=f"{eg}_OFFSET",
+                              end=f"{eg}_OFFSET + COLIBRI_N_EXPERTS * {eg}_STRIDE"))
+            i += 3 * g["n_experts"]
+            continue
+        t = tensors[i]
+        items.append(dict(label=t["name"], start=f"COLIBRI_T_{t['c_name']}_OFFSET",
+                          end=f"COLIBRI_T_{t['c_name']}_OFFSET + COLIBRI_T_{t['c_name']}_BYTES"))
+        i += 1
+    return list(zip(items, items[1:]))
 
 
 def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = bytes(32)) -> dict:
@@ -116,10 +145,14 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         dict(name=t.name, c_name=t.c_name, dtype=t.dtype, dtype_code=DTYPE_CODES[t.dtype], rows=t.rows,
              cols=t.cols, offset=t.offset, nbytes=t.nbytes, scales_offset=t.scales_offset,
              expanded_offset=t.expanded_offset, expanded_scales_offset=align_up(t.rows * t.cols),
-             mins_offset=t.mins_offset,
+             mins_offset=t.mins_offset, index=i,
              is_matrix=(t.dtype != "f32" or t.rows > 1))
-        for t in plan.tensors
+        for i, t in enumerate(plan.tensors)
     ]
+    groups = _expert_groups(plan)
+    in_groups = {g["first_tensor"] + k for g in groups for k in range(3 * g["n_experts"])}
+    named_tensors = [t for t in tensors if t["index"] not in in_groups]
+    group_of_layer = {g["layer"]: n for n, g in enumerate(groups)}
     present = {t.name for t in plan.tensors}
     layer_fields = []
     for part in ("attn_norm", "wq", "bq", "wk", "bk", "wv", "bv", "q_norm", "k_norm", "wo", "bo",
@@ -149,6 +182,10 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         kept_f32=list(plan.kept_f32),
         kept_f32_bytes=plan.kept_f32_bytes,
         tensors=tensors,
+        named_tensors=named_tensors,
+        expert_groups=groups,
+        placement_pairs=_placements(tensors, groups),
+        layer_expert_group=", ".join(str(group_of_layer.get(i, -1)) for i in range(spec.n_layers)),
         tensor_by_name={t["name"]: t for t in tensors},
         layer_fields=layer_fields,
         scratch=[dict(name=b.name, c_name=b.name.upper(), ctype=b.ctype, count=b.count, offset=b.offset,
@@ -198,17 +235,7 @@ def board_context(board) -> dict:
 def cache_context(plan: Plan, board) -> dict:
     """The expert cache's constants (compile/cache_plan.py): the firmware sizes its slots from a
     run-time budget with them, exactly as `report` and the check before a run do."""
-    constants = cache_constants(plan, board.budget_reserve)
-    extents = expert_extents(plan)
-    first = {(e.layer, e.expert): e.first_tensor for e in extents}
-    n_experts = max(plan.spec.n_experts, 1)
-    table = [first.get((layer, e), -1) for layer in range(plan.spec.n_layers) for e in range(n_experts)]
-    names = {i: plan.tensors[e.first_tensor].c_name for i, e in enumerate(extents)}
-    return dict(cache=constants, storage_align=STORAGE_ALIGN,
-                expert_extents=[dict(gate=names[i], down=plan.tensors[e.first_tensor + 2].c_name,
-                                     label=f"layers.{e.layer}.experts.{e.expert}") for i, e in enumerate(extents)],
-                expert_first_tensor=", ".join(str(i) for i in table), expert_tensor_indices=set(
-                    i for e in extents for i in range(e.first_tensor, e.first_tensor + 3)))
+    return dict(cache=cache_constants(plan, board.budget_reserve), storage_align=STORAGE_ALIGN)
 
 
 def render(plan: Plan, model_hash: bytes, board, weights_sha256: bytes = bytes(32)) -> dict[str, str]:

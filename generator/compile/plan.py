@@ -61,6 +61,79 @@ class TensorEntry:
 
 
 @dataclass(frozen=True)
+class ExpertPart:
+    """One of a routed expert's three matrices, where it lies inside its expert's extent."""
+
+    part: str  # "w_gate" | "w_up" | "w_down"
+    dtype: str
+    rows: int
+    cols: int
+    at: int  # from its expert's first byte; multiple of ALIGN
+    nbytes: int
+    scales_offset: int  # as TensorEntry's, relative to the matrix
+    mins_offset: int
+    expanded_at: int = -1  # q4_0 expanded at load: from its expert's int8 copy's first byte
+
+
+@dataclass(frozen=True)
+class ExpertGroup:
+    """A MoE layer's routed experts: n_experts extents of `stride` bytes one after another from
+    `offset`, each its w_gate, w_up and w_down at the same places (the directory's entries
+    first_tensor + 3 * expert + part). The generated C states a layer's experts this way, as one
+    table row, instead of a named constant per matrix (a 30 B MoE has 18,432 of them)."""
+
+    layer: int
+    first_tensor: int  # index of expert 0's w_gate in the plan's tensors
+    n_experts: int
+    offset: int  # expert 0's w_gate, from the data region's start
+    stride: int  # from one expert's first byte to the next's: an expert's extent, padding included
+    parts: tuple[ExpertPart, ...]
+    expanded_offset: int = -1  # q4_0 expanded at load: expert 0's copy in the RAM arena
+    expanded_stride: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.n_experts * self.stride
+
+
+EXPERT_PARTS = ("w_gate", "w_up", "w_down")
+
+
+def expert_groups(spec: ModelSpec, tensors: tuple[TensorEntry, ...]) -> tuple[ExpertGroup, ...]:
+    """The routed experts of every MoE layer as groups. Every expert of a layer has the same shapes
+    and block types (a GGUF file stores a layer's experts as one tensor; a quantization applies to
+    all), so their extents share one stride: this checks it, with every offset."""
+    index = {t.name: i for i, t in enumerate(tensors)}
+    out = []
+    for layer in range(spec.n_layers):
+        first = index.get(f"layers.{layer}.experts.0.w_gate")
+        if first is None:
+            continue
+        n = spec.n_experts
+        gate0 = tensors[first]
+        stride = tensors[first + 3].offset - gate0.offset if n > 1 else align_up(
+            tensors[first + 2].offset + tensors[first + 2].nbytes) - gate0.offset
+        e_stride = (tensors[first + 3].expanded_offset - gate0.expanded_offset) if n > 1 else 0
+        parts = tuple(ExpertPart(p, t.dtype, t.rows, t.cols, t.offset - gate0.offset, t.nbytes, t.scales_offset,
+                                 t.mins_offset, t.expanded_offset - gate0.expanded_offset if t.expanded_offset >= 0 else -1)
+                      for p, t in zip(EXPERT_PARTS, tensors[first:first + 3]))
+        for e in range(n):
+            for k, part in enumerate(parts):
+                t = tensors[first + 3 * e + k]
+                if (t.name != f"layers.{layer}.experts.{e}.{part.part}" or t.offset != gate0.offset + e * stride + part.at
+                        or (t.dtype, t.rows, t.cols, t.nbytes, t.scales_offset, t.mins_offset)
+                        != (part.dtype, part.rows, part.cols, part.nbytes, part.scales_offset, part.mins_offset)
+                        or (t.expanded_offset >= 0) != (part.expanded_at >= 0)
+                        or (t.expanded_offset >= 0 and t.expanded_offset != gate0.expanded_offset + e * e_stride + part.expanded_at)):
+                    raise ColibriError(f"internal: layer {layer}'s experts do not share one layout ({t.name})")
+        if align_up(parts[2].at + parts[2].nbytes) != stride:
+            raise ColibriError(f"internal: layer {layer}'s experts are not contiguous in the image")
+        out.append(ExpertGroup(layer, first, n, gate0.offset, stride, parts, gate0.expanded_offset,
+                               e_stride if gate0.expanded_offset >= 0 else 0))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class Buffer:
     name: str
     ctype: str  # "float" | "int8_t" | "int32_t"

@@ -176,26 +176,46 @@ def compare_bundles(given: Path, rebuilt: Path) -> list[str]:
         elif rel not in a:
             problems.append(f"{rel}: produced by the rebuild but missing from the bundle")
         else:
-            da, db = (given / rel).read_bytes(), (rebuilt / rel).read_bytes()
-            if da != db:
-                detail = _json_differences(da, db) if rel.endswith(".json") else ""
+            if not _same_bytes(given / rel, rebuilt / rel):
+                detail = (_json_differences((given / rel).read_bytes(), (rebuilt / rel).read_bytes())
+                          if rel.endswith(".json") else "")
                 problems.append(f"{rel}: differs from the rebuild{detail}")
     return problems
 
 
-def _tar_payload(path: Path) -> bytes | None:
+COMPARE_CHUNK = 8 << 20  # bytes compared at a time: a bundle's weight image may be tens of GB
+
+
+def _same_stream(a, b) -> bool:
+    while True:
+        x, y = a.read(COMPARE_CHUNK), b.read(COMPARE_CHUNK)
+        if x != y:
+            return False
+        if not x:
+            return True
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Whether two files hold the same bytes, read a chunk at a time (never whole)."""
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return _same_stream(fa, fb)
+
+
+def _same_tar_payload(a: Path, b: Path) -> bool:
+    """Whether two .tar.gz files hold the same tar, decompressed a chunk at a time."""
     try:
-        with gzip.open(path, "rb") as f:
-            return f.read()
+        with gzip.open(a, "rb") as fa, gzip.open(b, "rb") as fb:
+            return _same_stream(fa, fb)
     except (OSError, EOFError):
-        return None
+        return False
 
 
 def _compare_tarballs(given: Path, expected: Path, what: str) -> str | None:
-    if given.read_bytes() == expected.read_bytes():
+    if _same_bytes(given, expected):
         return None
-    payload = _tar_payload(given)
-    if payload is not None and payload == _tar_payload(expected):
+    if _same_tar_payload(given, expected):
         return (f"{given.name}: the tar inside is identical to {what}, only the gzip compression differs "
                 f"(another zlib?)")
     return f"{given.name}: differs from {what}"

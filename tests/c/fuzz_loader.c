@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "image_loader.h"
+#include "tensor_table.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -24,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     colibri_image_open(buf, size, &weights);
     if (colibri_image_open_checking(buf, size, &weights, COLIBRI_CHECK_RESIDENT) == COLIBRI_OK) {
         for (uint32_t i = 0; i < COLIBRI_IMAGE_TENSOR_COUNT; i++) {
-            if (colibri_tensor_table[i].expert) {
+            if (colibri_tensor_is_expert(i)) {
                 colibri_image_check_tensor(buf, i);
             }
         }

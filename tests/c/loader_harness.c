@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "image_loader.h"
+#include "tensor_table.h"
 
 static uint8_t *read_file(const char *path, size_t *len)
 {
@@ -68,7 +69,7 @@ static void load_resident(const uint8_t *data, size_t len, int *open_status, int
     memcpy(buf, data, len);
     *open_status = colibri_image_open_checking(buf, len, &weights, COLIBRI_CHECK_RESIDENT);
     for (uint32_t i = 0; *open_status == 0 && *expert_status == 0 && i < COLIBRI_IMAGE_TENSOR_COUNT; i++) {
-        if (colibri_tensor_table[i].expert) {
+        if (colibri_tensor_is_expert(i)) {
             *expert_status = colibri_image_check_tensor(buf, i);
         }
     }

@@ -25,6 +25,7 @@
 #include "../../runtime/expert_cache.h"
 #include "../../runtime/image_loader.h"
 #include "../../runtime/parallel.h"
+#include "../../runtime/tensor_table.h"
 #include "model_def.h"
 #include "read_probe.h"
 #include "storage.h"
@@ -241,14 +242,12 @@ static void page_range(uint64_t start, uint64_t end, uint64_t len, uint64_t *fro
  * each other): [*start, *end) in file offsets. Returns 0 for a dense layer. */
 static int layer_experts(int layer, uint64_t *start, uint64_t *end)
 {
-    if (COLIBRI_N_EXPERTS == 0 || !colibri_layer_moe[layer]) {
+    const ColibriExpertGroup *group = colibri_layer_experts(layer);
+    if (group == NULL) {
         return 0;
     }
-    const int per_layer = COLIBRI_N_EXPERTS > 0 ? COLIBRI_N_EXPERTS : 1;
-    const ColibriTensorDesc *first = &colibri_tensor_table[colibri_expert_first_tensor[layer * per_layer]];
-    const ColibriTensorDesc *last = &colibri_tensor_table[colibri_expert_first_tensor[layer * per_layer + per_layer - 1] + 2];
-    *start = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + first->offset;
-    *end = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + last->offset + last->bytes;
+    *start = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + group->offset;
+    *end = *start + (uint64_t)COLIBRI_N_EXPERTS * group->stride;
     return 1;
 }
 

@@ -1,0 +1,179 @@
+"""Write a random-weight qwen3moe GGUF file of any size, directly as blocks (no checkpoint, no torch):
+the real-scale MoE model of docs/performance.md and the > 4 GiB image of the tests.
+
+    .venv/bin/python tools/make_moe_gguf.py OUT.gguf [--layers 48] [--hidden 2048] [--experts 128]
+        [--top-k 8] [--expert-ffn 768] [--heads 32] [--kv-heads 4] [--head-dim 128] [--vocab 49152]
+        [--context 4096] [--expert-type Q4_0] [--attn-type Q8_0] [--tokenizer-from FILE.gguf] [--seed 0]
+
+The defaults are the Qwen3-30B-A3B shape (30.5 B parameters, 17.5 GB): Q4_0 experts, Q8_0 attention,
+embeddings and output head, F32 norms and routers, every layer a mixture of experts. The quants are
+uniform random bytes and every block scale is drawn so that a row's values have a standard deviation
+near 1/sqrt(row length), which keeps activations in range through all layers; norms are 1. With
+--tokenizer-from the file's `tokenizer.*` metadata is copied (SmolLM2's 49,152-token vocabulary, so
+that Colibri and llama.cpp both tokenize text; --vocab must then be its size); without it the file
+has no tokenizer and runs take --prompt-ids. The same arguments write the same bytes. The file is
+written to OUT.gguf.partial and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ALIGNMENT = 32
+CHUNK_BLOCKS = 1 << 21  # blocks generated and written at a time (36-68 MB)
+# GGUF metadata value types and tensor types (ggml.h)
+U32, F32_VALUE, STRING = 4, 6, 8
+TYPES = {"F32": (0, 1, 4), "Q4_0": (2, 32, 18), "Q8_0": (8, 32, 34)}  # id, values per block, bytes per block
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _kv_u32(key: str, value: int) -> bytes:
+    return _string(key) + struct.pack("<II", U32, value)
+
+
+def _kv_f32(key: str, value: float) -> bytes:
+    return _string(key) + struct.pack("<If", F32_VALUE, value)
+
+
+def _kv_str(key: str, value: str) -> bytes:
+    return _string(key) + struct.pack("<I", STRING) + _string(value)
+
+
+def _tokenizer_kvs(path: Path) -> tuple[list[bytes], int]:
+    """The `tokenizer.*` entries of another GGUF file, byte for byte, and its vocabulary size."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    out = [b"".join(p.tobytes() for p in f.parts) for name, f in reader.fields.items() if name.startswith("tokenizer.")]
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if not out or tokens is None:
+        raise SystemExit(f"make_moe_gguf: {path} has no tokenizer metadata")
+    return out, len(tokens.data)
+
+
+def tensors(a) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape as rows-major dims, type) in file order: llama.cpp's names for qwen3moe."""
+    d, q, kv = a.hidden, a.heads * a.head_dim, a.kv_heads * a.head_dim
+    out = [("token_embd.weight", (a.vocab, d), a.attn_type)]
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        out += [(p + "attn_norm.weight", (d,), "F32"),
+                (p + "attn_q.weight", (q, d), a.attn_type), (p + "attn_k.weight", (kv, d), a.attn_type),
+                (p + "attn_v.weight", (kv, d), a.attn_type), (p + "attn_output.weight", (d, q), a.attn_type),
+                (p + "attn_q_norm.weight", (a.head_dim,), "F32"), (p + "attn_k_norm.weight", (a.head_dim,), "F32"),
+                (p + "ffn_norm.weight", (d,), "F32"), (p + "ffn_gate_inp.weight", (a.experts, d), "F32"),
+                (p + "ffn_gate_exps.weight", (a.experts, a.expert_ffn, d), a.expert_type),
+                (p + "ffn_up_exps.weight", (a.experts, a.expert_ffn, d), a.expert_type),
+                (p + "ffn_down_exps.weight", (a.experts, d, a.expert_ffn), a.expert_type)]
+    out += [("output_norm.weight", (d,), "F32"), ("output.weight", (a.vocab, d), a.attn_type)]
+    return out
+
+
+def _nbytes(shape: tuple[int, ...], ttype: str) -> int:
+    _, per_block, block_bytes = TYPES[ttype]
+    n = int(np.prod(shape))
+    if n % per_block:
+        raise SystemExit(f"make_moe_gguf: a {ttype} tensor of shape {list(shape)} is not whole blocks of {per_block}")
+    return n // per_block * block_bytes
+
+
+def _write_tensor(f, rng: np.random.Generator, shape: tuple[int, ...], ttype: str) -> None:
+    row = shape[-1]
+    if ttype == "F32":
+        if len(shape) == 1:  # a norm: ones
+            f.write(np.ones(shape, np.float32).tobytes())
+        else:  # a router: small normal values
+            f.write((rng.standard_normal(shape, np.float32) * np.float32(row ** -0.5)).tobytes())
+        return
+    _, per_block, block_bytes = TYPES[ttype]
+    # Uniform quants have a standard deviation of 4.6 (Q4_0, -8..7) or 73 (Q8_0, -127..127): scales
+    # from 0.5 to 1.5 times the one giving values of deviation 1/sqrt(row).
+    centre = row ** -0.5 / (4.6 if ttype == "Q4_0" else 73.0)
+    scales = (centre * rng.uniform(0.5, 1.5, 256)).astype(np.float16).view(np.uint8).reshape(256, 2)
+    total = int(np.prod(shape)) // per_block
+    for start in range(0, total, CHUNK_BLOCKS):
+        n = min(CHUNK_BLOCKS, total - start)
+        blocks = np.frombuffer(rng.bytes(n * block_bytes), np.uint8).reshape(n, block_bytes).copy()
+        blocks[:, :2] = scales[blocks[:, 2]]  # a scale picked by the block's first quant byte
+        f.write(blocks.tobytes())
+
+
+def write(a, out: Path, progress=print) -> int:
+    kvs = [_kv_str("general.architecture", "qwen3moe"), _kv_str("general.name", out.stem),
+           _kv_u32("qwen3moe.block_count", a.layers), _kv_u32("qwen3moe.context_length", a.context),
+           _kv_u32("qwen3moe.embedding_length", a.hidden),
+           _kv_u32("qwen3moe.feed_forward_length", a.expert_ffn * a.top_k),
+           _kv_u32("qwen3moe.expert_feed_forward_length", a.expert_ffn),
+           _kv_u32("qwen3moe.attention.head_count", a.heads), _kv_u32("qwen3moe.attention.head_count_kv", a.kv_heads),
+           _kv_u32("qwen3moe.attention.key_length", a.head_dim), _kv_u32("qwen3moe.attention.value_length", a.head_dim),
+           _kv_f32("qwen3moe.rope.freq_base", 1000000.0), _kv_f32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6),
+           _kv_u32("qwen3moe.expert_count", a.experts), _kv_u32("qwen3moe.expert_used_count", a.top_k),
+           _kv_u32("general.alignment", ALIGNMENT)]
+    if a.tokenizer_from:
+        extra, vocab = _tokenizer_kvs(a.tokenizer_from)
+        if vocab != a.vocab:
+            raise SystemExit(f"make_moe_gguf: {a.tokenizer_from} has {vocab} tokens; give --vocab {vocab}")
+        kvs += extra
+    table = tensors(a)
+    infos, offset = bytearray(), 0
+    for name, shape, ttype in table:
+        ne = shape[::-1]  # GGUF lists the fastest dimension first
+        infos += _string(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        infos += struct.pack("<IQ", TYPES[ttype][0], offset)
+        offset += -(-_nbytes(shape, ttype) // ALIGNMENT) * ALIGNMENT
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(table), len(kvs)) + b"".join(kvs) + bytes(infos)
+    head += bytes(-len(head) % ALIGNMENT)
+    total = len(head) + offset
+    rng = np.random.default_rng(a.seed)
+    partial = out.with_name(out.name + ".partial")
+    started, written = time.monotonic(), 0
+    with open(partial, "wb") as f:
+        f.write(head)
+        for i, (name, shape, ttype) in enumerate(table):
+            _write_tensor(f, rng, shape, ttype)
+            n = _nbytes(shape, ttype)
+            f.write(bytes(-n % ALIGNMENT))
+            written += n
+            if name.endswith("ffn_down_exps.weight") or i == len(table) - 1:
+                progress(f"make_moe_gguf: {written / 1e9:.2f} of {offset / 1e9:.2f} GB "
+                         f"({time.monotonic() - started:.0f} s)")
+    partial.rename(out)
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--expert-ffn", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--expert-type", choices=("Q4_0", "Q8_0"), default="Q4_0")
+    ap.add_argument("--attn-type", choices=("Q4_0", "Q8_0"), default="Q8_0")
+    ap.add_argument("--tokenizer-from", type=Path)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    total = write(a, a.out)
+    params = sum(int(np.prod(s)) for _, s, _ in tensors(a))
+    print(f"wrote {a.out}: {total:,} bytes, {params / 1e9:.2f} B parameters")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

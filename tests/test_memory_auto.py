@@ -236,3 +236,14 @@ def test_report_shows_what_auto_chooses_here_and_why(checkpoints, tmp_path, caps
     text = capsys.readouterr().out
     assert re.search(r"memory budget auto on this machine now: (MemAvailable|cgroup v[12] limit) [0-9.]+ GiB .* - "
                      r"margin 128.0 MiB = .*: it holds the whole model, so unlimited", text), text
+
+
+def test_bench_reports_the_budget_the_firmware_chose(checkpoints, tmp_path, capsys):
+    from generator.cli import main
+
+    model = checkpoints("mixtral_moe")
+    assert main(["bench", "--model", str(model), "--ctx", "64", "--out", str(tmp_path / "out"), "--json", "--repeat",
+                 "1", "--steps", "4", "--memory-budget", "auto"]) == 0
+    budget = json.loads(capsys.readouterr().out)["memory_budget"]
+    assert budget["unlimited"] and budget["auto"]["whole_model"] and budget["auto"]["source"] == find_memory().source
+    assert budget["auto"]["margin"] == AUTO_MARGIN_BYTES and budget["auto"]["found"] > AUTO_MARGIN_BYTES

@@ -129,18 +129,18 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 
 static const char usage[] =
     "usage: firmware --weights IMAGE [--memory-budget BYTES|auto|auto-MARGIN] [--prefetch auto|0|1]\n"
-    "                [--evict auto|lfu|lru]\n"
-    "                [--probe-storage MIB]\n"
+    "                [--evict auto|lfu|lru] [--probe-storage MIB]\n"
     "                [--copy-weights] [--logits-out FILE] < REQUESTS\n"
     "Each request is one request frame on a line of stdin, the same line an MCU board reads on its\n"
     "UART (firmware_src/app/request.c), served in turn until stdin ends; results go to stdout as\n"
     "frames. The image is mapped read-only;\n"
     "with a memory budget (bytes; 0: unlimited) the resident weights are locked in RAM and routed\n"
     "experts are read into a fixed pool of slots. --memory-budget auto takes the smaller of this\n"
-    "process's memory cgroup limit and MemAvailable, less a margin (auto-MARGIN: that many bytes;\n"
-    "default 128 MiB); what holds the whole model runs unlimited. --evict auto: with top-k slots per MoE layer or more, the\n"
-    "least recently used expert goes (lru), with fewer the least often used (lfu); --prefetch 1 has\n"
-    "an I/O thread read the next layer's likely experts meanwhile (off by default: measured slower).\n"
+    "process's memory cgroup limit and MemAvailable less a margin (auto-MARGIN: that many bytes;\n"
+    "default 128 MiB); when that holds the whole model, it runs unlimited. --evict auto: with top-k\n"
+    "slots per MoE layer or more, the least recently used expert goes (lru), with fewer the least\n"
+    "often used (lfu); --prefetch 1 has an I/O thread read the next layer's likely experts meanwhile\n"
+    "(off by default: measured slower).\n"
     "--probe-storage measures the image file's read bandwidth first; --copy-weights reads the whole\n"
     "image into memory instead of mapping it (the path before mapping, for comparisons).\n";
 
@@ -201,10 +201,6 @@ static int resolve_auto_budget(uint64_t margin, uint64_t *budget, ColibriWeights
     info->auto_margin = margin;
     snprintf(info->auto_where, sizeof info->auto_where, "%s", found.where);
     *budget = usable >= whole ? 0 : usable;
-    fprintf(stderr, "colibri: --memory-budget auto: %s %llu B (%s) - margin %llu B = %llu B%s\n",
-            memory_source_name(found.source), (unsigned long long)found.bytes, found.where,
-            (unsigned long long)margin, (unsigned long long)usable,
-            *budget == 0 ? ": it holds the whole model, so unlimited (the mapped image read in place)" : "");
     if (usable == 0 || colibri_cache_slots_for_budget(*budget) < 0) {
         snprintf(message, size,
                  "--memory-budget auto: %s %llu B (%s) - margin %llu B = %llu B cannot hold this model: it needs "
@@ -217,6 +213,11 @@ static int resolve_auto_budget(uint64_t margin, uint64_t *budget, ColibriWeights
                  (unsigned long long)COLIBRI_EXPERT_SLOT_BYTES);
         return -1;
     }
+    /* For whoever runs the firmware by hand; the host reads the same from the stats frame. */
+    fprintf(stderr, "colibri: --memory-budget auto: %s %llu B (%s) - margin %llu B = %llu B%s\n",
+            memory_source_name(found.source), (unsigned long long)found.bytes, found.where,
+            (unsigned long long)margin, (unsigned long long)usable,
+            *budget == 0 ? ": it holds the whole model, so unlimited (the mapped image read in place)" : "");
     return 0;
 }
 

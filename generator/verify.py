@@ -210,7 +210,7 @@ def auto_text(c: dict) -> str:
     if "auto_found" not in c:
         return ""
     choice = AutoChoice(AutoBudget(c["auto_margin"]), MemoryFound(c["auto_found"], c["auto_source"], c["auto_where"]))
-    return f"auto on the board: {choice.describe(c['budget'])}"
+    return f"auto on the board: {choice.describe(c['budget'] == 0)}"
 
 
 def speed_text(r: dict) -> str:

@@ -150,12 +150,12 @@ def test_auto_gives_what_it_finds_less_the_margin_unlimited_when_the_whole_model
         cache = auto_cache_plan(plan, board.budget_reserve, AutoBudget(), found(usable + margin))
         assert (cache.budget, cache.slots) == (usable, slots)
         assert cache.firmware_budget == AutoBudget() and cache.to_dict()["auto"]["usable"] == usable
-        assert "cgroup v1 limit" in cache.auto.describe(cache.budget) and "whole model" not in cache.auto.describe(
-            cache.budget)
+        assert "cgroup v1 limit" in cache.auto.describe(cache.unlimited)
+        assert "whole model" not in cache.to_dict()["auto"]["why"]
     # Enough for every expert: the same as no budget at all, and it says so.
     whole = auto_cache_plan(plan, board.budget_reserve, AutoBudget(0), found(c.budget_for(c.max_slots)))
     assert whole.budget == 0 and whole.unlimited and whole.to_dict()["auto"]["whole_model"]
-    assert "holds the whole model, so unlimited" in whole.auto.describe(0)
+    assert "holds the whole model, so unlimited" in whole.to_dict()["auto"]["why"]
 
 
 @pytest.mark.parametrize("nbytes", ["one short", "below the margin"])
@@ -218,6 +218,7 @@ def test_cli_refuses_a_malformed_or_too_small_auto_before_building(checkpoints, 
     assert main([*base, "--memory-budget", "auto-1T"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--memory-budget auto-1T (MemAvailable" in err[0] and "is too small for mixtral_moe" in err[0]
+    assert "- margin 1024.00 GiB = 0 B) is too small" in err[0] and "whole model" not in err[0]
     assert not out.exists(), "nothing built for a refused budget"
 
 

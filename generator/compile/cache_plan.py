@@ -288,7 +288,7 @@ class MemoryFound:
 
 
 def _limit_value(text: str) -> int | None:
-    """A cgroup limit file's value: None for "max" (v2), a value this large (v1) or anything else."""
+    """A cgroup limit file's value; None for "max" (v2), NO_LIMIT_FROM or more (v1's none) or no number."""
     if not re.fullmatch(r"[0-9]+\n?", text):
         return None
     value = int(text)
@@ -356,16 +356,17 @@ class AutoChoice:
     def usable(self) -> int:
         return max(self.found.nbytes - self.request.margin, 0)
 
-    def describe(self, budget: int) -> str:
-        """"cgroup v1 limit 4.50 GiB (...) - margin 128.0 MiB = 4.37 GiB": the arithmetic, one phrase."""
-        text = (f"{self.found.describe()} - margin {format_size(self.request.margin)} = "
-                f"{format_size(self.usable)} ({self.usable:,} B)")
-        return text + (": it holds the whole model, so unlimited (the mapped image read in place)" if budget == 0 else "")
+    def describe(self, unlimited: bool = False) -> str:
+        """"cgroup v1 limit 4.50 GiB (...) - margin 128.0 MiB = 4.37 GiB": the arithmetic, one phrase
+        (`unlimited`: it chose no budget, since that holds the whole model)."""
+        usable = format_size(self.usable) + (f" ({self.usable:,} B)" if self.usable >= 2**20 else "")
+        text = f"{self.found.describe()} - margin {format_size(self.request.margin)} = {usable}"
+        return text + (": it holds the whole model, so unlimited (the mapped image read in place)" if unlimited else "")
 
     def to_dict(self, budget: int) -> dict:
         return {"found": self.found.nbytes, "source": self.found.source, "where": self.found.where,
                 "margin": self.request.margin, "usable": self.usable, "whole_model": budget == 0,
-                "why": self.describe(budget)}
+                "why": self.describe(budget == 0)}
 
 
 def auto_budget(c: CacheConstants, usable: int) -> int | None:
@@ -386,7 +387,7 @@ def auto_cache_plan(plan: Plan, reserve_bytes: int, request: AutoBudget, found: 
     choice = AutoChoice(request, found)
     budget = auto_budget(c, choice.usable)
     if budget is None:
-        raise ColibriError(too_small(plan, c, f"--memory-budget {request} ({choice.describe(choice.usable)})"))
+        raise ColibriError(too_small(plan, c, f"--memory-budget {request} ({choice.describe()})"))
     return CachePlan(budget, c, slots_for_budget(c, budget), choice)
 
 

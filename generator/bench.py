@@ -278,7 +278,7 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
     check_fits_context(prompt, steps, plan.n_ctx)
     check_plot(board, plot, steps)
     # No logits hashes: the bench measures decoding, not verification.
-    budget = cache.budget if cache is not None else 0
+    budget = cache.firmware_budget if cache is not None else 0
     probes = probes_bandwidth(board, remote)
     # Under a budget the firmware measures how fast its image file reads instead, just before
     # decoding: the memory probe's buffer (256 MiB or more) would break the budget it runs under.
@@ -313,7 +313,7 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
            "speed_note": (f"measured under {emulator}: the emulator's speed, not the board's"
                           if emulator else None),
            "weight_bytes_per_token": weight_bytes, "macs_per_token": macs, "runs": runs,
-           "memory_budget": cache.to_dict() if cache is not None else None,
+           "memory_budget": cache.as_run(cache_stats(results[-1])).to_dict() if cache is not None else None,
            "cache": cache_summary(runs),
            "remote": remote_summary(results)}
     instructions = runs[0]["decode_instructions_per_token"]

@@ -95,11 +95,12 @@ def add_remote_arg(p: argparse.ArgumentParser) -> None:
                         "--remote '' runs here")
 
 
-def memory_size(text: str) -> int:
-    from .compile.cache_plan import parse_size
+def memory_size(text: str):
+    """--memory-budget: bytes (an int) or compile.cache_plan.AutoBudget."""
+    from .compile.cache_plan import parse_budget
 
     try:
-        return parse_size(text)
+        return parse_budget(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -108,7 +109,9 @@ def add_budget_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-budget", type=memory_size, metavar="SIZE",
                    help="Linux boards: RAM the firmware may use, e.g. 512M or 6G (binary units) or bytes; the "
                         "dense part stays resident and routed experts are read into a pool of slots "
-                        "(default: the board file's memory_budget; 0: unlimited, the mapped image read in place)")
+                        "(default: the board file's memory_budget; 0: unlimited, the mapped image read in place). "
+                        "auto: the smaller of the firmware's memory cgroup limit and MemAvailable where it runs, "
+                        "less a margin of 128 MiB (auto-512M: that margin); unlimited when that holds the whole model")
 
 
 def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
@@ -168,16 +171,23 @@ def compile_build(planned: Planned, quiet: bool, jobs: int | None = None) -> Art
     return run_scons(planned.request, None if quiet else progress, jobs=jobs)
 
 
-def budget_plan(args, board: Board, plan: Plan):
+def budget_plan(args, board: Board, plan: Plan, here: bool = False):
     """The expert cache under --memory-budget (or the board file's default): refused here, with the
     numbers, when the budget cannot hold the resident weights, the arenas and top-k slots per MoE
-    layer. None on boards that take no budget (MCUs: weights in flash)."""
-    from .compile.cache_plan import cache_plan
+    layer. None on boards that take no budget (MCUs: weights in flash). auto is resolved here when
+    the firmware runs here (`here`: report's view of this machine); a firmware on a board over SSH
+    or under COLIBRI_FIRMWARE_PREFIX (another cgroup) resolves, and refuses, it where it runs."""
+    from .compile.cache_plan import AutoBudget, AutoElsewhere, auto_cache_plan, cache_constants, cache_plan, find_memory
+    from .device.runner import local_prefix
 
     if board.runner != "process":
         return None
     budget = args.memory_budget if getattr(args, "memory_budget", None) is not None else board.memory_budget
-    return cache_plan(plan, board.budget_reserve, budget)
+    if not isinstance(budget, AutoBudget):
+        return cache_plan(plan, board.budget_reserve, budget)
+    if here or (remote_for(board, getattr(args, "remote", None)) is None and not local_prefix()):
+        return auto_cache_plan(plan, board.budget_reserve, budget, find_memory())
+    return AutoElsewhere(budget, cache_constants(plan, board.budget_reserve))
 
 
 def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> None:
@@ -355,7 +365,7 @@ def _run(args, stream: bool) -> Ran:
     check_context(prompt, args.steps, board, plan)
     cache = budget_plan(args, board, plan)
     request = RunRequest(prompt, args.steps, sampling_from(args, args.model), not args.ignore_eos, args.threads,
-                         memory_budget=cache.budget if cache else 0)
+                         memory_budget=cache.firmware_budget if cache else 0)
     port = board_port(args, board)
     warn_threads(board, args.threads)
     art = compile_build(planned, quiet=args.json, jobs=args.jobs)
@@ -460,7 +470,7 @@ def cmd_chat(args) -> int:
                            f"chat_template.jinja); use ./colibri run for plain text")
     sampling = sampling_from(args, args.model)
     cache = budget_plan(args, board, plan)
-    options = RunRequest([], 1, memory_budget=cache.budget if cache else 0).firmware_options()
+    options = RunRequest([], 1, memory_budget=cache.firmware_budget if cache else 0).firmware_options()
     warn_threads(board, args.threads)
     art = compile_build(planned, quiet=args.json, jobs=args.jobs)
     identity = firmware_identity(board, art, plan)
@@ -512,7 +522,7 @@ def cmd_eval(args) -> int:
 
     def run(request: RunRequest):
         request = RunRequest(request.prompt, request.steps, request.sampling, threads=args.threads,
-                             digests=False, score_from=request.score_from, memory_budget=cache.budget if cache else 0)
+                             digests=False, score_from=request.score_from, memory_budget=cache.firmware_budget if cache else 0)
         return run_on_board(board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image,
                             port=port, check_hello=check, remote=remote)
 
@@ -540,7 +550,7 @@ def report_budget(args, board: Board, plan: Plan):
     """report's expert cache: shown when --memory-budget is given or the board file sets one."""
     if args.memory_budget is None and not board.memory_budget:
         return None
-    return budget_plan(args, board, plan)
+    return budget_plan(args, board, plan, here=True)
 
 
 def cmd_report(args) -> int:

@@ -171,9 +171,11 @@ def format_report(rep: dict) -> str:
 
 def budget_lines(c: dict) -> list[str]:
     """The expert cache under a memory budget (compile/cache_plan.py), as `report` shows it."""
+    auto = c.get("auto")
+    why = [f"  memory budget auto on this machine now: {auto['why']}"] if auto else []
     if c["unlimited"]:
-        return ["  memory budget: unlimited (the image is mapped; experts read in place)"]
-    lines = [f"  memory budget {c['budget']:,} B: the firmware keeps (checked before a run, with these numbers)",
+        return why or ["  memory budget: unlimited (the image is mapped; experts read in place)"]
+    lines = why + [f"  memory budget {c['budget']:,} B: the firmware keeps (checked before a run, with these numbers)",
              f"    {'resident':<16} {c['resident_bytes']:>14,} B  the image without routed experts, locked in RAM",
              f"    {'arenas+reserve':<16} {c['fixed_bytes'] - c['resident_bytes']:>14,} B  KV cache, scratch, RoPE "
              f"tables and the board's reserve {c['reserve_bytes']:,} B"]

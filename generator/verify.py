@@ -185,7 +185,7 @@ def run_stats(result: RunResult, board: Board, request: RunRequest) -> dict:
     r["emulated_by"] = board.emulated_by()
     r["instructions_counted"] = (instructions_scope(request, result)
                                  if r["decode_instructions_per_token"] else None)
-    r["memory_budget"] = request.memory_budget
+    r["memory_budget"] = request.memory_budget if isinstance(request.memory_budget, int) else str(request.memory_budget)
     r["weights_held"] = cache_stats(result)  # Linux boards: mapped, slots, the expert cache's counters
     return r
 
@@ -193,13 +193,24 @@ def run_stats(result: RunResult, board: Board, request: RunRequest) -> dict:
 def budget_text(r: dict) -> str:
     """How a Linux board held its weights, as a phrase for run and verify: empty without a budget."""
     c = r.get("weights_held")
+    auto = auto_text(c) if c else ""
     if not c or not c.get("budget"):
-        return ""
+        return f" with --memory-budget {auto}" if auto else ""
     uses = c.get("cache_hits", 0) + c.get("cache_misses", 0)
     hits = f", {100 * c['cache_hits'] / uses:.0f}% expert cache hits while decoding" if uses else ""
     slots = f", {c['slots']} expert slots" if c.get("slots") else ""
     locked = "" if not c.get("lock_refused") else ", resident weights NOT locked (mlock refused)"
-    return f" under a memory budget of {c['budget']:,} B{slots}{hits}{locked}"
+    return f" under a memory budget of {c['budget']:,} B{slots}{hits}{locked}" + (f" (--memory-budget {auto})" if auto else "")
+
+
+def auto_text(c: dict) -> str:
+    """How the board chose its budget under --memory-budget auto (its stats frame), or empty."""
+    from .compile.cache_plan import AutoBudget, AutoChoice, MemoryFound
+
+    if "auto_found" not in c:
+        return ""
+    choice = AutoChoice(AutoBudget(c["auto_margin"]), MemoryFound(c["auto_found"], c["auto_source"], c["auto_where"]))
+    return f"auto on the board: {choice.describe(c['budget'] == 0)}"
 
 
 def speed_text(r: dict) -> str:

@@ -303,3 +303,17 @@ def test_remote_is_for_linux_boards_only(builder):
     line = one_line_error(run_cli("run", "--remote=-oProxyCommand=sh", "--prompt-ids", PROMPT, "--steps", 16),
                           "--remote: expected [user@]host[:port]")
     assert not re.search("Traceback", line)
+
+
+def test_memory_budget_auto_is_resolved_on_the_board_not_here(builder, board_env, cache):
+    """The CLI cannot see the board's cgroup or memory: the firmware resolves auto there, bench
+    reports what it chose, and one the board cannot hold is the firmware's one line."""
+    done = cli(builder, "host", "bench", "--remote", ALIAS, "--repeat", 1, "--steps", 4, "--memory-budget", "auto")
+    assert done.returncode == 0, done.stderr
+    budget = json.loads(done.stdout)["memory_budget"]
+    assert budget["unlimited"] and budget["auto"]["whole_model"] and budget["auto"]["margin"] == 128 * 2**20
+    assert budget["auto"]["source"] in ("cgroup-v2", "cgroup-v1", "meminfo") and budget["auto"]["found"] > 0
+    line = one_line_error(cli(builder, "host", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 4,
+                              "--memory-budget", "auto-1T"),
+                          "error 102: --memory-budget auto: ", " - margin 1099511627776 B = 0 B cannot hold this model")
+    assert "too small" not in line, "refused by the firmware on the board, not by the CLI here"

@@ -262,6 +262,13 @@ int colibri_decode(const ColibriRequest *req)
         proto_u64("read_wait_us", c2.wait_us - c1.wait_us);
         proto_u64("prefill_read_bytes", c1.bytes_read);
         proto_u64("prefill_read_wait_us", c1.wait_us);
+        if (info->auto_source != NULL) {
+            /* --memory-budget auto: what the board found, so the host can say why this budget. */
+            proto_u64("auto_found", info->auto_found);
+            proto_u64("auto_margin", info->auto_margin);
+            proto_str("auto_source", info->auto_source);
+            proto_str("auto_where", info->auto_where);
+        }
     }
     proto_end();
 

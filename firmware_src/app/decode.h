@@ -37,6 +37,10 @@ typedef struct {
     int direct_io;            /* 1: experts are read with O_DIRECT (no page cache); 0: buffered reads */
     int prefetch;             /* 1: the next MoE layer's likely experts are read on an I/O thread */
     int eviction_lru;         /* 1: a full pool gives up the least recently used expert; 0: the least often used */
+    const char *auto_source;  /* --memory-budget auto: where budget came from ("cgroup-v1", ...); NULL: not auto */
+    uint64_t auto_found;      /* the memory it found there */
+    uint64_t auto_margin;     /* less this margin */
+    char auto_where[200];     /* the file it read */
 } ColibriWeightsInfo;
 
 extern ColibriWeightsInfo colibri_weights_info;

@@ -20,17 +20,37 @@ so `report` and the check made before anything runs say exactly what the firmwar
                is a per-layer LRU when there are experts_per_token slots per layer or more, and it
                still runs a model below that (a quarter of a Mixtral-shaped image holds its resident
                part and a few slots, not two per layer).
+
+    auto       --memory-budget auto (or auto-MARGIN): the memory the firmware may use where it runs,
+               less AUTO_MARGIN_BYTES (or MARGIN). What it may use is the smaller of its memory
+               cgroup's limit (cgroup v2 memory.max, v1 memory.limit_in_bytes, the smallest up the
+               hierarchy from /proc/self/cgroup; "max" or 2^62 and above: no limit) and the
+               kernel's MemAvailable: a limit above what the machine has free cannot be had either.
+               The firmware resolves it at start (bsp/linux/memory_limit.c, the same rule): a
+               firmware in another cgroup (tools/in-memory-cgroup) or on a board over SSH sees
+               its own. When what is left holds every expert, the run is unlimited (the mapped image
+               read in place: the same bits, no copies); when it cannot hold the fixed part and
+               experts_per_token slots, it is refused as a too small budget is.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import ColibriError
 from .plan import Plan, align_up
 
 STORAGE_ALIGN = 4096  # O_DIRECT: file offsets, lengths and buffers in multiples of this
+# What --memory-budget auto leaves of the memory it finds. The plan already counts the resident part
+# of the image (mapped and locked), the arenas and the board's budget_reserve (code, C library,
+# stacks); this is for what the kernel charges the process besides: page tables (8 B per 4 KiB page,
+# 1/512 of what the budget touches: 64 MiB for a 32 GiB budget), kernel stacks and slab, a buffered
+# expert read's pages before they are dropped again, and, from MemAvailable, the rest of the
+# system's growth while the firmware's pages are locked. bsp/linux/memory_limit.h says the same.
+AUTO_MARGIN_BYTES = 128 * 2**20
+NO_LIMIT_FROM = 2**62  # a cgroup limit this large is no limit (v1 writes 2^63 - 4096 for none)
 _EXPERT = re.compile(r"layers\.(\d+)\.experts\.(\d+)\.(w_gate|w_up|w_down)$")
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
@@ -48,6 +68,44 @@ def parse_size(text: str) -> int:
         raise ValueError(f"expected a size such as 512M, 6G or a number of bytes (0: unlimited), got {text!r}")
     value = float(m.group(1)) * _UNITS[m.group(2)] if "." in m.group(1) else int(m.group(1)) * _UNITS[m.group(2)]
     return int(value)
+
+
+@dataclass(frozen=True)
+class AutoBudget:
+    """--memory-budget auto[-MARGIN]: the memory the firmware finds where it runs, less `margin`."""
+
+    margin: int = AUTO_MARGIN_BYTES
+
+    def firmware_option(self) -> str:
+        """The Linux firmware's --memory-budget value (bsp/linux/main.c): the margin in bytes."""
+        return f"auto-{self.margin}"
+
+    def __str__(self) -> str:
+        if self.margin == AUTO_MARGIN_BYTES:
+            return "auto"
+        unit = next((u for u in ("T", "G", "M", "K") if self.margin and self.margin % _UNITS[u] == 0), "")
+        return f"auto-{self.margin // _UNITS[unit]}{unit}"
+
+
+def parse_budget(text: str) -> int | AutoBudget:
+    """--memory-budget: a size (parse_size), auto, or auto-MARGIN (auto-512M: that margin instead of
+    AUTO_MARGIN_BYTES). Raises ValueError with the reason."""
+    s = str(text).strip()
+    m = re.fullmatch(r"auto(?:-(.*))?", s, re.IGNORECASE)
+    if not m:
+        try:
+            return parse_size(s)
+        except ValueError:
+            raise ValueError(f"expected a size such as 512M, 6G or a number of bytes (0: unlimited), or auto "
+                             f"(auto-256M: a margin of 256M instead of {format_size(AUTO_MARGIN_BYTES)}), got {text!r}") from None
+    if m.group(1) is None:
+        return AutoBudget()
+    try:
+        if not m.group(1)[:1].isdigit():
+            raise ValueError(m.group(1))
+        return AutoBudget(parse_size(m.group(1)))
+    except ValueError:
+        raise ValueError(f"auto-MARGIN takes a margin such as auto-256M or auto-0, got {text!r}") from None
 
 
 def format_size(n: int) -> str:
@@ -134,6 +192,17 @@ class CachePlan:
     budget: int  # bytes; 0: unlimited (experts used straight from the mapped image)
     constants: CacheConstants
     slots: int  # in the pool the MoE layers share; 0 when unlimited or the model has no routed experts
+    auto: AutoChoice | None = None  # how --memory-budget auto chose `budget` on this machine
+
+    @property
+    def firmware_budget(self) -> int | AutoBudget:
+        """What the firmware is given: auto resolves itself where it runs (the same rule)."""
+        return self.auto.request if self.auto else self.budget
+
+    def as_run(self, stats: dict | None) -> CachePlan:
+        """The cache the firmware ran with, from its stats frame (session.cache_stats): under auto
+        what it found where it ran, which may have moved since this plan; else this plan."""
+        return plan_from_stats(self.constants, stats) if self.auto and stats and "auto_found" in stats else self
 
     @property
     def unlimited(self) -> bool:
@@ -163,7 +232,8 @@ class CachePlan:
                 "expert_bytes": c.expert_bytes, "slot_bytes": c.slot_bytes, "slots": self.slots,
                 "slots_per_layer": self.slots_per_layer, "routed_experts": c.max_slots,
                 "pool_bytes": self.pool_bytes, "min_budget": c.min_budget,
-                "bytes_read_per_token": {f"{h:g}": self.bytes_read_per_token(h) for h in hit_rates}}
+                "bytes_read_per_token": {f"{h:g}": self.bytes_read_per_token(h) for h in hit_rates},
+                "auto": self.auto.to_dict(self.budget) if self.auto else None}
 
 
 def slots_for_budget(c: CacheConstants, budget: int) -> int | None:
@@ -181,18 +251,168 @@ def slots_for_budget(c: CacheConstants, budget: int) -> int | None:
     return min(slots, c.max_slots)
 
 
+def too_small(plan: Plan, c: CacheConstants, what: str) -> str:
+    """The one line that refuses a budget (`what`: how it was given), with the numbers."""
+    need = c.min_budget
+    slots_part = (f" + {c.experts_per_token} expert slots (one token's experts of one layer) x "
+                  f"{c.slot_bytes:,} B" if c.n_moe_layers else "")
+    return (f"{what} is too small for {plan.spec.name} "
+            f"({plan.quant}, context {plan.n_ctx}): it needs at least {need:,} B ({format_size(need)}) = resident "
+            f"weights {c.resident_bytes:,} B + KV cache {plan.kv_bytes:,} B + scratch {plan.scratch_bytes:,} B + "
+            f"RoPE tables {plan.rope_table_bytes:,} B + reserve {c.reserve_bytes:,} B{slots_part}")
+
+
 def cache_plan(plan: Plan, reserve_bytes: int, budget: int) -> CachePlan:
     """The cache under `budget`, or a one-line refusal with the numbers when it cannot hold the
     resident part, the arenas and experts_per_token slots per MoE layer."""
     c = cache_constants(plan, reserve_bytes)
     slots = slots_for_budget(c, budget)
     if slots is None:
-        need = c.min_budget
-        slots_part = (f" + {c.experts_per_token} expert slots (one token's experts of one layer) x "
-                      f"{c.slot_bytes:,} B" if c.n_moe_layers else "")
-        raise ColibriError(
-            f"--memory-budget {budget:,} B ({format_size(budget)}) is too small for {plan.spec.name} "
-            f"({plan.quant}, context {plan.n_ctx}): it needs at least {need:,} B ({format_size(need)}) = resident "
-            f"weights {c.resident_bytes:,} B + KV cache {plan.kv_bytes:,} B + scratch {plan.scratch_bytes:,} B + "
-            f"RoPE tables {plan.rope_table_bytes:,} B + reserve {c.reserve_bytes:,} B{slots_part}")
+        raise ColibriError(too_small(plan, c, f"--memory-budget {budget:,} B ({format_size(budget)})"))
     return CachePlan(budget, c, slots)
+
+
+# ---- --memory-budget auto: the memory the firmware may use where it runs ----------------------
+
+@dataclass(frozen=True)
+class MemoryFound:
+    """What auto found: the smaller of a memory cgroup's limit and MemAvailable, and from where."""
+
+    nbytes: int
+    source: str  # "cgroup-v2", "cgroup-v1" or "meminfo" (as the firmware's stats frame says it)
+    where: str  # the file the number was read from
+
+    def describe(self) -> str:
+        what = {"cgroup-v2": "cgroup v2 limit", "cgroup-v1": "cgroup v1 limit", "meminfo": "MemAvailable"}[self.source]
+        return f"{what} {format_size(self.nbytes)} ({self.nbytes:,} B, {self.where})"
+
+
+def _limit_value(text: str) -> int | None:
+    """A cgroup limit file's value; None for "max" (v2), NO_LIMIT_FROM or more (v1's none) or no number."""
+    if not re.fullmatch(r"[0-9]+\n?", text):
+        return None
+    value = int(text)
+    return value if value < NO_LIMIT_FROM else None
+
+
+def cgroup_limit(root: Path = Path("/")) -> MemoryFound | None:
+    """The smallest memory limit on this process's cgroups, each walked up to its hierarchy's root:
+    v2 (the "0::PATH" line of /proc/self/cgroup) under sys/fs/cgroup, v1 (the line whose controllers
+    include memory) under sys/fs/cgroup/memory. Levels whose files are missing are skipped (a
+    container sees its own cgroup as the root). None: no limit."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    best = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        ident, controllers, path = parts
+        if ident == "0" and controllers == "":
+            base, name, source = root / "sys/fs/cgroup", "memory.max", "cgroup-v2"
+        elif "memory" in controllers.split(","):
+            base, name, source = root / "sys/fs/cgroup/memory", "memory.limit_in_bytes", "cgroup-v1"
+        else:
+            continue
+        levels = [p for p in path.strip("/").split("/") if p]
+        for depth in range(len(levels), -1, -1):
+            file = base.joinpath(*levels[:depth]) / name
+            try:
+                value = _limit_value(file.read_text())
+            except OSError:
+                continue
+            if value is not None and (best is None or value < best.nbytes):
+                best = MemoryFound(value, source, "/" + str(file.relative_to(root)))
+    return best
+
+
+def mem_available(root: Path = Path("/")) -> MemoryFound | None:
+    """The kernel's MemAvailable (/proc/meminfo): what it can give without swapping."""
+    try:
+        text = (root / "proc/meminfo").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^MemAvailable:\s+([0-9]+) kB$", text, re.MULTILINE)
+    return MemoryFound(int(m.group(1)) * 1024, "meminfo", "/proc/meminfo") if m else None
+
+
+def find_memory(root: Path = Path("/")) -> MemoryFound | None:
+    """What auto starts from on this machine (root: a fake tree in tests): the smaller of the
+    cgroup limit and MemAvailable, the cgroup's on a tie. bsp/linux/memory_limit.c is the same rule."""
+    found = [f for f in (cgroup_limit(root), mem_available(root)) if f is not None]
+    return min(found, key=lambda f: f.nbytes) if found else None
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """How --memory-budget auto chose its budget from what it found here."""
+
+    request: AutoBudget
+    found: MemoryFound
+
+    @property
+    def usable(self) -> int:
+        return max(self.found.nbytes - self.request.margin, 0)
+
+    def describe(self, unlimited: bool = False) -> str:
+        """"cgroup v1 limit 4.50 GiB (...) - margin 128.0 MiB = 4.37 GiB": the arithmetic, one phrase
+        (`unlimited`: it chose no budget, since that holds the whole model)."""
+        usable = format_size(self.usable) + (f" ({self.usable:,} B)" if self.usable >= 2**20 else "")
+        text = f"{self.found.describe()} - margin {format_size(self.request.margin)} = {usable}"
+        return text + (": it holds the whole model, so unlimited (the mapped image read in place)" if unlimited else "")
+
+    def to_dict(self, budget: int) -> dict:
+        return {"found": self.found.nbytes, "source": self.found.source, "where": self.found.where,
+                "margin": self.request.margin, "usable": self.usable, "whole_model": budget == 0,
+                "why": self.describe(budget == 0)}
+
+
+def auto_budget(c: CacheConstants, usable: int) -> int | None:
+    """The budget auto gives the firmware from `usable` bytes (runtime: bsp/linux/main.c): 0
+    (unlimited) when it holds every expert in a slot, so the whole model; None when it is too small."""
+    if usable >= c.budget_for(c.max_slots):
+        return 0
+    return usable if usable > 0 and slots_for_budget(c, usable) is not None else None
+
+
+def auto_cache_plan(plan: Plan, reserve_bytes: int, request: AutoBudget, found: MemoryFound | None) -> CachePlan:
+    """The cache --memory-budget auto gives on a machine where `found` is what the firmware may use,
+    or a one-line refusal with the numbers."""
+    if found is None:
+        raise ColibriError("--memory-budget auto: this machine shows no memory cgroup limit and no MemAvailable "
+                           "(/proc/self/cgroup, /proc/meminfo); give the budget as a size, e.g. --memory-budget 4G")
+    c = cache_constants(plan, reserve_bytes)
+    choice = AutoChoice(request, found)
+    budget = auto_budget(c, choice.usable)
+    if budget is None:
+        raise ColibriError(too_small(plan, c, f"--memory-budget {request} ({choice.describe()})"))
+    return CachePlan(budget, c, slots_for_budget(c, budget), choice)
+
+
+@dataclass(frozen=True)
+class AutoElsewhere:
+    """--memory-budget auto for a firmware this machine cannot look into (on a board over SSH, or
+    started under COLIBRI_FIRMWARE_PREFIX in another cgroup): it resolves the budget where it runs,
+    refuses one too small itself, and its stats frame says what it chose (as_run)."""
+
+    request: AutoBudget
+    constants: CacheConstants
+
+    @property
+    def firmware_budget(self) -> AutoBudget:
+        return self.request
+
+    def as_run(self, stats: dict | None) -> CachePlan:
+        if not stats or "auto_found" not in stats:
+            raise ColibriError("the board's stats frame does not say what --memory-budget auto chose there "
+                               "(firmware older than auto?)")
+        return plan_from_stats(self.constants, stats)
+
+
+def plan_from_stats(c: CacheConstants, stats: dict) -> CachePlan:
+    """The cache a firmware under auto ran with: its budget, and what it found where it ran."""
+    found = MemoryFound(stats["auto_found"], stats["auto_source"], stats.get("auto_where", ""))
+    budget = stats["budget"]
+    return CachePlan(budget, c, slots_for_budget(c, budget) or 0, AutoChoice(AutoBudget(stats["auto_margin"]), found))

@@ -23,7 +23,8 @@ Common fields (every board):
               before anything is compiled
   memory_budget (optional, Linux boards, default 0) the default --memory-budget in bytes: the RAM the
               firmware may use, its routed experts paged through a pool of slots read from the
-              image file (compile/cache_plan.py); 0 = unlimited, experts used from the mapped image
+              image file (compile/cache_plan.py); 0 = unlimited, experts used from the mapped image;
+              or a string as --memory-budget takes it ("6G", "auto", "auto-256M")
   budget_reserve (optional, Linux boards, default 0) bytes a budget sets aside besides the plan's
               arenas and resident weights: code, C library, stacks, the I/O thread (compiled into
               the firmware, which sizes its slots from the same numbers)
@@ -111,7 +112,7 @@ class Board:
     parallel: str = "none"  # runtime/parallel/<name>.c
     code_reserve: int = 0
     remote_prefix: tuple[str, ...] = ()  # the program runs under this on a board reached over SSH
-    memory_budget: int = 0  # default --memory-budget (Linux boards); 0: unlimited
+    memory_budget: object = 0  # default --memory-budget (Linux boards): bytes (0: unlimited) or a cache_plan.AutoBudget
     budget_reserve: int = 0  # counted against a memory budget besides the plan (code, libc, stacks)
     flash: Flash | None = None
     idf: dict | None = None  # the [idf] section; compile/idf_project.py checks it (IdfSettings)
@@ -183,6 +184,18 @@ def _size(data: dict, key: str, runner: str) -> int:
     return value
 
 
+def _budget(data: dict, runner: str):
+    """memory_budget: a byte count, or a string as --memory-budget takes it (a size, auto, auto-MARGIN)."""
+    value = data.get("memory_budget", 0)
+    if not isinstance(value, str):
+        return _size(data, "memory_budget", runner)
+    from .cache_plan import parse_budget  # here: cache_plan imports plan, which imports this module
+
+    if runner != "process":
+        raise ValueError(f"memory_budget is for Linux boards (runner kind 'process'), not runner {runner!r}")
+    return parse_budget(value)
+
+
 def _flash(section: dict | None) -> Flash | None:
     if section is None:
         return None
@@ -228,7 +241,7 @@ def board_from_data(data: dict, path: Path) -> Board:
             prefill_batch=_int(data.get("prefill_batch", 1)),
             parallel=str(data.get("parallel", "none")), code_reserve=_int(data.get("code_reserve", 0)),
             remote_prefix=tuple(str(a) for a in runner.get("remote_prefix", ())),
-            memory_budget=_size(data, "memory_budget", runner["kind"]),
+            memory_budget=_budget(data, runner["kind"]),
             budget_reserve=_size(data, "budget_reserve", runner["kind"]),
             flash=_flash(data.get("flash")), idf=data.get("idf"), data=data,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..compile.cache_plan import AutoBudget
 from ..errors import ColibriError
 from .protocol import Frame, encode_request
 from ..numerics.perplexity import Score
@@ -27,9 +28,10 @@ class RunRequest:
     score_from: int | None = None  # score prompt tokens score_from + 1 ... (score frames; eval)
     # Linux boards, given on the firmware's command line (not in the request frame: they decide how
     # the weights are held before the request is read): the RAM budget in bytes (0: unlimited, the
-    # mapped image read in place), prefetching on the I/O thread, and a storage read probe of this
+    # mapped image read in place; an AutoBudget: the firmware takes what it finds, less the margin,
+    # compile/cache_plan.py), prefetching on the I/O thread, and a storage read probe of this
     # many MiB of the image file before decoding (None: none).
-    memory_budget: int = 0
+    memory_budget: int | AutoBudget = 0
     # None: the firmware chooses (bsp/linux/main.c): LRU with top-k slots per MoE layer or more, else
     # LFU; no prefetch (measured slower, docs/performance.md).
     prefetch: bool | None = None
@@ -40,7 +42,9 @@ class RunRequest:
     def firmware_options(self) -> list[str]:
         """The Linux firmware's command-line options for this request (beyond --weights)."""
         out = []
-        if self.memory_budget:
+        if isinstance(self.memory_budget, AutoBudget):
+            out += ["--memory-budget", self.memory_budget.firmware_option()]
+        elif self.memory_budget:
             out += ["--memory-budget", str(self.memory_budget)]
         if self.prefetch is not None:
             out += ["--prefetch", str(int(self.prefetch))]
@@ -73,16 +77,22 @@ class RunResult:
 
 # Protocol 3's stats fields from a Linux board (firmware_src/app/decode.c): how it holds the weights
 # and its expert cache's counters over the decode (prefill_* over the prompt). Older boards send none.
+# Under --memory-budget auto also what the board found (auto_found, less auto_margin) and where
+# (auto_source: cgroup-v2, cgroup-v1 or meminfo; auto_where: the file).
 CACHE_STATS = ("mapped", "budget", "slots", "locked", "lock_refused", "direct_io", "prefetch", "lru", "cache_hits",
                "cache_misses", "prefetches", "prefetch_hits", "read_bytes", "read_wait_us", "prefill_read_bytes",
-               "prefill_read_wait_us")
+               "prefill_read_wait_us", "auto_found", "auto_margin")
+AUTO_SOURCES = ("cgroup-v2", "cgroup-v1", "meminfo")
 
 
 def cache_stats(result: RunResult) -> dict | None:
     """The stats frame's cache fields as integers, or None when the board sent none."""
     if "mapped" not in result.stats:
         return None
-    return {key: int(result.stats[key]) for key in CACHE_STATS if key in result.stats}
+    out = {key: int(result.stats[key]) for key in CACHE_STATS if key in result.stats}
+    if "auto_found" in out:
+        out["auto_source"], out["auto_where"] = result.stats["auto_source"], result.stats.get("auto_where", "")
+    return out
 
 
 class Session:
@@ -137,6 +147,9 @@ class Session:
             for key in CACHE_STATS:
                 if key in frame.fields:  # protocol 3, Linux boards: how the weights are held
                     frame.int(key, minimum=0)
+            if "auto_found" in frame.fields and frame.fields.get("auto_source") not in AUTO_SOURCES:
+                raise ColibriError(f"malformed stats frame from the board: auto_source="
+                                   f"{frame.fields.get('auto_source', '')[:24]!r} is none of {', '.join(AUTO_SOURCES)}")
             r.stats = frame.fields
         elif frame.kind == "bandwidth":
             r.bandwidth = frame.fields

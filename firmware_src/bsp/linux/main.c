@@ -26,6 +26,7 @@
 #include "../../runtime/image_loader.h"
 #include "../../runtime/parallel.h"
 #include "../../runtime/tensor_table.h"
+#include "memory_limit.h"
 #include "model_def.h"
 #include "read_probe.h"
 #include "storage.h"
@@ -128,16 +129,19 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 }
 
 static const char usage[] =
-    "usage: firmware --weights IMAGE [--memory-budget BYTES] [--prefetch auto|0|1] [--evict auto|lfu|lru]\n"
-    "                [--probe-storage MIB]\n"
+    "usage: firmware --weights IMAGE [--memory-budget BYTES|auto|auto-MARGIN] [--prefetch auto|0|1]\n"
+    "                [--evict auto|lfu|lru] [--probe-storage MIB]\n"
     "                [--copy-weights] [--logits-out FILE] < REQUESTS\n"
     "Each request is one request frame on a line of stdin, the same line an MCU board reads on its\n"
     "UART (firmware_src/app/request.c), served in turn until stdin ends; results go to stdout as\n"
     "frames. The image is mapped read-only;\n"
     "with a memory budget (bytes; 0: unlimited) the resident weights are locked in RAM and routed\n"
-    "experts are read into a fixed pool of slots. auto: with top-k slots per MoE layer or more, the\n"
-    "least recently used expert goes (lru), with fewer the least often used (lfu); --prefetch 1 has\n"
-    "an I/O thread read the next layer's likely experts meanwhile (off by default: measured slower).\n"
+    "experts are read into a fixed pool of slots. --memory-budget auto takes the smaller of this\n"
+    "process's memory cgroup limit and MemAvailable less a margin (auto-MARGIN: that many bytes;\n"
+    "default 128 MiB); when that holds the whole model, it runs unlimited. --evict auto: with top-k\n"
+    "slots per MoE layer or more, the least recently used expert goes (lru), with fewer the least\n"
+    "often used (lfu); --prefetch 1 has an I/O thread read the next layer's likely experts meanwhile\n"
+    "(off by default: measured slower).\n"
     "--probe-storage measures the image file's read bandwidth first; --copy-weights reads the whole\n"
     "image into memory instead of mapping it (the path before mapping, for comparisons).\n";
 
@@ -176,6 +180,45 @@ static int parse_u64(const char *text, uint64_t *out)
         v = v * 10 + (uint64_t)(*p - '0');
     }
     *out = v;
+    return 0;
+}
+
+/* --memory-budget auto[-MARGIN]: the memory this process may use less the margin (memory_limit.h), as
+ * *budget; 0 (unlimited) when that holds every expert in a slot, i.e. the whole model. The arithmetic
+ * is cache_plan.py's auto_budget. Returns 0, or -1 with *message saying why it cannot run. */
+static int resolve_auto_budget(uint64_t margin, uint64_t *budget, ColibriWeightsInfo *info, char *message, size_t size)
+{
+    MemoryFound found;
+    if (memory_found("", &found) != 0) {
+        snprintf(message, size, "--memory-budget auto: no memory cgroup limit and no MemAvailable "
+                                "(/proc/self/cgroup, /proc/meminfo); give the budget in bytes");
+        return -1;
+    }
+    const uint64_t usable = found.bytes > margin ? found.bytes - margin : 0;
+    const uint64_t whole = (uint64_t)COLIBRI_BUDGET_FIXED_BYTES +
+                           (uint64_t)COLIBRI_N_MOE_LAYERS * COLIBRI_N_EXPERTS * COLIBRI_EXPERT_SLOT_BYTES;
+    info->auto_source = memory_source_name(found.source);
+    info->auto_found = found.bytes;
+    info->auto_margin = margin;
+    snprintf(info->auto_where, sizeof info->auto_where, "%s", found.where);
+    *budget = usable >= whole ? 0 : usable;
+    if (usable == 0 || colibri_cache_slots_for_budget(*budget) < 0) {
+        snprintf(message, size,
+                 "--memory-budget auto: %s %llu B (%s) - margin %llu B = %llu B cannot hold this model: it needs "
+                 "at least %llu B (resident weights, arenas and reserve %llu B + %d expert slots x %llu B)",
+                 memory_source_name(found.source), (unsigned long long)found.bytes, found.where,
+                 (unsigned long long)margin, (unsigned long long)usable,
+                 (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES +
+                     (COLIBRI_N_MOE_LAYERS > 0 ? (unsigned long long)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_EXPERT_SLOT_BYTES : 0),
+                 (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES, COLIBRI_N_MOE_LAYERS > 0 ? COLIBRI_EXPERTS_PER_TOKEN : 0,
+                 (unsigned long long)COLIBRI_EXPERT_SLOT_BYTES);
+        return -1;
+    }
+    /* For whoever runs the firmware by hand; the host reads the same from the stats frame. */
+    fprintf(stderr, "colibri: --memory-budget auto: %s %llu B (%s) - margin %llu B = %llu B%s\n",
+            memory_source_name(found.source), (unsigned long long)found.bytes, found.where,
+            (unsigned long long)margin, (unsigned long long)usable,
+            *budget == 0 ? ": it holds the whole model, so unlimited (the mapped image read in place)" : "");
     return 0;
 }
 
@@ -288,6 +331,8 @@ int main(int argc, char **argv)
     const char *weights_path = NULL;
     const char *logits_path = NULL;
     uint64_t budget = 0, probe_storage_mib = 0;
+    uint64_t auto_margin = 0;
+    int budget_auto = 0; /* --memory-budget auto[-MARGIN]: resolved below, where this process runs */
     int prefetch = -1, eviction = -1; /* -1: chosen from the pool's size (below) */
     int copy_weights = 0;
     static int32_t prompt[COLIBRI_N_CTX];
@@ -306,8 +351,13 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--logits-out") == 0) {
             logits_path = argv[++i];
         } else if (strcmp(argv[i], "--memory-budget") == 0) {
-            if (parse_u64(argv[++i], &budget) != 0) {
-                return fail(COLIBRI_ERR_REQUEST, "--memory-budget takes a number of bytes");
+            const char *value = argv[++i];
+            budget_auto = strncmp(value, "auto", 4) == 0;
+            auto_margin = COLIBRI_AUTO_MARGIN_BYTES;
+            int malformed = budget_auto ? (value[4] != '\0' && (value[4] != '-' || parse_u64(value + 5, &auto_margin) != 0))
+                                        : parse_u64(value, &budget) != 0;
+            if (malformed) {
+                return fail(COLIBRI_ERR_REQUEST, "--memory-budget takes a number of bytes, auto or auto-MARGIN (bytes)");
             }
         } else if (strcmp(argv[i], "--probe-storage") == 0) {
             if (parse_u64(argv[++i], &probe_storage_mib) != 0 || probe_storage_mib == 0) {
@@ -333,7 +383,7 @@ int main(int argc, char **argv)
     if (weights_path == NULL) {
         return fail(COLIBRI_ERR_REQUEST, "--weights is required");
     }
-    if (copy_weights && budget > 0) {
+    if (copy_weights && (budget > 0 || budget_auto)) {
         return fail(COLIBRI_ERR_REQUEST, "--copy-weights reads the whole image: it cannot keep a --memory-budget");
     }
     int len = read_request_line(line, (int)sizeof line);
@@ -344,6 +394,14 @@ int main(int argc, char **argv)
     const char *problem = colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX);
     if (problem != NULL) {
         return fail(COLIBRI_ERR_REQUEST, problem);
+    }
+    ColibriWeightsInfo *info = &colibri_weights_info;
+    if (budget_auto) {
+        char message[512];
+        if (resolve_auto_budget(auto_margin, &budget, info, message, sizeof message) != 0) {
+            colibri_report_error(COLIBRI_ERR_BUDGET, message);
+            return 1;
+        }
     }
     const int64_t slots = colibri_cache_slots_for_budget(budget);
     if (slots < 0) {
@@ -406,7 +464,6 @@ int main(int argc, char **argv)
         }
     }
     uint8_t *pool = NULL;
-    ColibriWeightsInfo *info = &colibri_weights_info;
     info->mapped = !copy_weights;
     info->budget = budget;
     if (budget > 0) {

@@ -595,8 +595,7 @@ def bench_line(out: dict, name: str) -> str:
         instructions = out["decode_instructions_per_token"]
         p4 = out["predicted_esp32p4"]
         runs = "one run: the count is exact" if out["repeat"] == 1 else f"median of {out['repeat']} identical runs"
-        return (f"{head}{out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, {runs}; stream: "
-                f"{out['stream']['description']}{stream_warning(out)}): "
+        return (f"{head}{out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, {runs}{stream_text(out)}): "
                 f"{instructions / 1e6:.3f} M instructions per decoded token ({out['instructions_counted']}), "
                 f"{out['instructions_per_mac_with_attention']:.2f} per multiply-accumulate: {out['macs_per_token']:,} in "
                 f"the matrices + {out['attention_macs_per_token']:,.0f} in attention at this context (mean "
@@ -619,13 +618,19 @@ def bench_line(out: dict, name: str) -> str:
                  f"thread(s) over {probe['mib']} MiB; limit {out['bandwidth_limit_tok_s']:.0f} tok/s)")
     label = ": the emulator's speed on this machine, not the board's" if emulator else ""
     return (f"{head}{out['threads']} thread(s), {out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, "
-            f"median of {out['repeat']}; stream: {out['stream']['description']}{stream_warning(out)}): "
+            f"median of {out['repeat']}{stream_text(out)}): "
             f"prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} "
             f"tok/s (ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}){label}; {share}; "
             f"peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB{cache_text(out)}")
 
 
 REPEATING = 0.5  # a stream with at least this share of repeated 4-grams is said to repeat
+
+
+def stream_text(out: dict) -> str:
+    """bench's words on what it decoded (nothing for a result without a stream)."""
+    s = out.get("stream")
+    return f"; stream: {s['description']}{stream_warning(out)}" if s else ""
 
 
 def stream_warning(out: dict) -> str:

@@ -1,15 +1,24 @@
 """bench: runs the firmware --repeat times and measures what decoding costs and achieves: prefill
 and decode tokens per second, latencies, peak memory, the weight bytes one token reads against the
 memory read bandwidth the firmware measures next to each run (Linux boards), and for an emulated MCU
-exact instruction counts and a prediction of an ESP32-P4's speed."""
+exact instruction counts and a prediction of an ESP32-P4's speed.
+
+What it decodes (the Stream): on a MoE model a token stream a user's could be, because the stream
+decides the routing and so the expert cache's hits: a text teacher-forced one token per forward pass
+(the bundled Book of Ruth, or --text), or sampled decoding with a fixed seed. On a dense model every
+token reads every weight whatever it is, so the default stays the fixed synthetic prompt and greedy
+decoding (the numbers stay comparable with earlier ones and with llama-bench's)."""
 
 from __future__ import annotations
 
+import os
 import statistics
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from .errors import ColibriError
+from .files import REPO
 from .compile.plan import Plan
 from .verify import rates, run_stats, speed_text
 from .device.remote import Remote, remote_prefix
@@ -152,6 +161,173 @@ def synthetic_prompt(plan: Plan, n: int) -> list[int]:
     return [start] + [(7919 * (i + 1)) % vocab for i in range(n - 1)]
 
 
+# ---- the token stream ------------------------------------------------------------------------
+
+DEFAULT_TEXT = REPO / "docs" / "texts" / "ruth-kjv.txt"  # public domain (docs/texts/README.md)
+STREAMS = ("text", "sampled", "synthetic")
+# The sampled stream's settings when the model's generation_config.json does not ask for sampling.
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.95)
+NGRAM = 4  # the stream's repetition: the share of its 4-grams that occurred earlier in it
+
+
+@dataclass(frozen=True)
+class Stream:
+    """The tokens bench feeds the model. `prompt` is prefilled in batches, as a user's prompt is;
+    then every decode step is one forward pass, as a user's decode is. kind "text": each step's
+    token is the text's next one (`forced`, teacher forcing: the request's decode_from), not the
+    model's; "sampled": sampled from the logits with `sampling` (a fixed seed); "synthetic": the
+    fixed prompt of ids spread over the vocabulary, then greedy decoding (which settles into a loop
+    on most models, so its routing repeats)."""
+
+    kind: str
+    prompt: list[int]
+    forced: list[int] = field(default_factory=list)
+    sampling: SamplingParams = SamplingParams()
+    source: str | None = None  # the text file
+    text_tokens: int | None = None  # the text's length in the model's tokens
+
+    def request_prompt(self, steps: int) -> list[int]:
+        """The request's prompt: the prefilled part, then the text tokens fed by the first steps - 1
+        decode steps (the last step's token is never fed back, so it need not be sent: the request
+        then fits a context of prompt + steps - 1, as any decode's does)."""
+        return self.prompt + self.forced[:max(0, steps - 1)]
+
+    def decode_from(self, steps: int) -> int | None:
+        return len(self.prompt) if self.forced and steps > 1 else None
+
+    def describe(self, steps: int) -> str:
+        if self.kind == "text":
+            return (f"{Path(self.source).name} teacher-forced: {len(self.prompt)} prompt tokens prefilled, then "
+                    f"{steps - 1} of its tokens decoded one per forward pass")
+        if self.kind == "sampled":
+            s = self.sampling
+            return (f"sampled decoding (temperature {s.temperature:g}" + (f", top-p {s.top_p:g}" if s.top_p < 1 else "")
+                    + (f", top-k {s.top_k}" if s.top_k else "") + (f", min-p {s.min_p:g}" if s.min_p else "")
+                    + f", seed {s.seed}) after a {len(self.prompt)}-token synthetic prompt")
+        return f"synthetic {len(self.prompt)}-token prompt, greedy decoding"
+
+
+def read_text(path: Path) -> str:
+    """--text's file as text: missing, unreadable, empty or binary is one clear error."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ColibriError(f"--text {path}: {e.strerror or e}") from None
+    if b"\0" in data:
+        raise ColibriError(f"--text {path}: a binary file (it holds NUL bytes), not a text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ColibriError(f"--text {path}: not UTF-8 text (a binary file?)") from None
+    if not text.strip():
+        raise ColibriError(f"--text {path}: the file is empty: bench needs a text to feed the model")
+    return text
+
+
+def default_stream(plan: Plan, has_tokenizer: bool) -> str:
+    """A MoE model's routing follows its tokens, so it gets a user-like stream: the bundled text
+    (or sampling, without a tokenizer to read it); a dense model, whose every token reads every
+    weight, keeps the synthetic stream."""
+    if not plan.spec.n_experts:
+        return "synthetic"
+    return "text" if has_tokenizer else "sampled"
+
+
+def make_stream(plan: Plan, tokenizer, kind: str | None, text: Path | None, sampling: SamplingParams,
+                prompt_tokens: int, steps: int | None, sampling_flags: list[str] = ()) -> tuple[Stream, int]:
+    """The stream bench decodes and its steps (default_steps, or fewer when the text is shorter).
+    kind None: --text's, the sampled one if sampling_flags (the flags that set `sampling`) were
+    given, else default_stream's. Everything is checked here, before anything is built."""
+    if text is not None and kind not in (None, "text"):
+        raise ColibriError(f"--text feeds a text, and --stream {kind} does not: give one or the other")
+    if sampling_flags and (kind not in (None, "sampled") or text is not None):
+        raise ColibriError(f"{' and '.join(sampling_flags)} set the sampled stream, not "
+                           f"{'--text' if text is not None else '--stream ' + kind}'s: give one or the other")
+    kind = kind or ("text" if text is not None else "sampled" if sampling_flags
+                    else default_stream(plan, tokenizer is not None))
+    chosen = steps if steps is not None else default_steps(plan, prompt_tokens)
+    if kind == "synthetic":
+        return Stream("synthetic", synthetic_prompt(plan, prompt_tokens)), chosen
+    if kind == "sampled":
+        return Stream("sampled", synthetic_prompt(plan, prompt_tokens), sampling=sampling), chosen
+    path = Path(text) if text is not None else DEFAULT_TEXT
+    if tokenizer is None:
+        raise ColibriError(f"the text stream needs the model's tokenizer (tokenizer.json) to tokenize "
+                           f"{path}; use --stream sampled")
+    tokens = tokenizer.encode(read_text(path))
+    if not tokens:
+        raise ColibriError(f"--text {path}: encodes to no tokens")
+    bad = [t for t in tokens if t >= plan.spec.vocab_size]
+    if bad:
+        raise ColibriError(f"--text {path}: the tokenizer gives id {bad[0]}, outside the model's vocabulary "
+                           f"({plan.spec.vocab_size})")
+    if steps is None:
+        chosen = min(chosen, len(tokens) - prompt_tokens + 1)
+    if len(tokens) < prompt_tokens + chosen - 1 or chosen < 1:
+        raise ColibriError(f"--text {path} is {len(tokens)} tokens, and a {prompt_tokens}-token prompt and "
+                           f"{max(chosen, 1)} steps need {prompt_tokens + max(chosen, 1) - 1}: give a longer text, "
+                           f"fewer --steps or fewer --prompt-tokens")
+    return Stream("text", tokens[:prompt_tokens], tokens[prompt_tokens:prompt_tokens + chosen - 1],
+                  source=str(path), text_tokens=len(tokens)), chosen
+
+
+def repetition(tokens: list[int], n: int = NGRAM) -> float | None:
+    """The share of the n-grams of `tokens` that occurred earlier in it: 0 for a stream that never
+    repeats itself, near 1 for one stuck in a loop."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    if not grams:
+        return None
+    return 1 - len(set(grams)) / len(grams)
+
+
+def fed_tokens(stream: Stream, request: RunRequest, result: RunResult) -> list[int]:
+    """The tokens the decode passes fed the model: the text's (teacher forcing) or the ones
+    sampled, all but the last step's (never fed back)."""
+    if stream.forced:
+        return request.prompt[len(stream.prompt):]
+    return result.tokens[:-1]
+
+
+def stream_figures(stream: Stream, request: RunRequest, result: RunResult, plan: Plan, steps: int) -> dict:
+    """What the decode was fed and how varied it was: its repetition, its distinct tokens and, on
+    a MoE model, the distinct experts each MoE layer used (over the prompt and the decode) against
+    the top-k a token takes."""
+    fed = fed_tokens(stream, request, result)
+    out = {"kind": stream.kind, "text": stream.source, "text_tokens": stream.text_tokens,
+           "sampling": asdict(stream.sampling) if stream.kind == "sampled" else None,
+           "prompt_tokens": len(stream.prompt), "decoded_tokens_fed": len(fed), "distinct_tokens": len(set(fed)),
+           f"repeated_{NGRAM}grams": repetition(fed), "description": stream.describe(steps)}
+    if result.expert_counts:
+        out["experts_per_token"] = plan.spec.experts_per_token
+        out["n_experts"] = plan.spec.n_experts
+        out["experts_used_per_layer"] = {str(layer): sum(1 for c in counts if c)
+                                         for layer, counts in sorted(result.expert_counts.items())}
+    return out
+
+
+def check_forced(stream: Stream, request: RunRequest, result: RunResult) -> None:
+    """A teacher-forced run's token frames name the text's tokens: else the board did not decode
+    the stream it was sent."""
+    n = len(request.prompt) - len(stream.prompt)
+    if n and result.tokens[:n] != request.prompt[len(stream.prompt):]:
+        raise ColibriError("the board decoded other tokens than the text's: its firmware does not teacher-force "
+                           "(decode_from, protocol 4); build and flash this version")
+
+
+def in_ram_fits(image: Path) -> str | None:
+    """Why the in-RAM comparison cannot run here (the image exceeds the memory available), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
+    except (OSError, ValueError):
+        return None
+    available, size = info.get("MemAvailable"), os.path.getsize(image)
+    if available is not None and size > available:
+        return (f"skipped: the weight image ({size / 1e9:.2f} GB) exceeds the memory available here "
+                f"({available / 1e9:.2f} GB), so a run without a budget would not run in RAM")
+    return None
+
+
 def probes_bandwidth(board: Board, remote: Remote | None = None) -> bool:
     """Whether bench has the firmware measure the read bandwidth next to each run: on Linux boards
     that run natively, here or on a board reached over SSH (the probe runs in the firmware, so on
@@ -266,15 +442,46 @@ def remote_summary(results: list[RunResult]) -> dict | None:
     return {**results[-1].remote, "bytes_sent": sent}
 
 
+def in_ram_summary(runs: list[dict], ram_runs: list[dict], skipped: str | None) -> dict | None:
+    """The same stream without a budget, run after each budgeted run: its median decode tok/s, and
+    the budgeted runs' share of it (the median of each pair's ratio)."""
+    if skipped:
+        return {"decode_tok_s": None, "runs": [], "of_in_ram": None, "note": skipped}
+    if not ram_runs:
+        return None
+    speeds = [r["decode_tok_s"] for r in ram_runs]
+    pairs = [a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(runs, ram_runs)
+             if a["decode_tok_s"] and b["decode_tok_s"]]
+    return {"decode_tok_s": statistics.median(s for s in speeds if s) if any(speeds) else None, "runs": speeds,
+            "of_in_ram": statistics.median(pairs) if pairs else None,
+            "note": "the same stream and build without a memory budget (the mapped image read in place), "
+                    "run after each budgeted run"}
+
+
+def bound_figures(cache: dict, in_ram: dict | None) -> dict:
+    """The speed a token under the budget could reach at the measured hit rate: the storage bound
+    (bandwidth / bytes read per token, if compute cost nothing) or the in-RAM speed (if reads cost
+    nothing), whichever is lower, and which one that is."""
+    storage, ram = cache.get("storage_bound_tok_s"), (in_ram or {}).get("decode_tok_s")
+    limits = [(v, name) for v, name in ((storage, "storage"), (ram, "compute")) if v]
+    if not limits:
+        return {"bound_tok_s": None, "limited_by": None}
+    value, name = min(limits)
+    return {"bound_tok_s": value, "limited_by": name}
+
+
 def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, steps: int, repeat: int,
               threads: int = 1, plot: Path | None = None, port: str | None = None, reset: bool = False,
               remote: Remote | None = None, progress: Callable[[str], None] | None = None,
-              check_hello=None, cache=None) -> dict:
+              check_hello=None, cache=None, stream: Stream | None = None, in_ram: bool = True) -> dict:
     """Run the built firmware `art` (build.Artifacts) `repeat` times and return bench's figures (the
     --json document). On Linux boards run natively, each run first has the firmware probe the read
     bandwidth with the same threads: probe, decode, probe, decode... Under an emulator every
-    wall-clock figure is labelled as the emulator's (`emulated_by`), and there is no bandwidth share."""
-    prompt = synthetic_prompt(plan, prompt_tokens)
+    wall-clock figure is labelled as the emulator's (`emulated_by`), and there is no bandwidth share.
+    `stream`: what is decoded (default: the synthetic one). A MoE model under a budget also runs the
+    same stream without one after each run (`in_ram`), for the speed the budget costs."""
+    stream = stream or Stream("synthetic", synthetic_prompt(plan, prompt_tokens))
+    prompt = stream.prompt
     check_fits_context(prompt, steps, plan.n_ctx)
     check_plot(board, plot, steps)
     # No logits hashes: the bench measures decoding, not verification.
@@ -282,16 +489,25 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
     probes = probes_bandwidth(board, remote)
     # Under a budget the firmware measures how fast its image file reads instead, just before
     # decoding: the memory probe's buffer (256 MiB or more) would break the budget it runs under.
-    request = RunRequest(prompt, steps, SamplingParams(), stop_at_eos=False, threads=threads, digests=False,
-                         probe_bandwidth_mib=PROBE_MIB if probes and not budget else None, memory_budget=budget,
-                         probe_storage_mib=STORAGE_PROBE_MIB if budget and probes else None)
+    request = RunRequest(stream.request_prompt(steps), steps, stream.sampling, stop_at_eos=False, threads=threads,
+                         digests=False, probe_bandwidth_mib=PROBE_MIB if probes and not budget else None,
+                         memory_budget=budget, probe_storage_mib=STORAGE_PROBE_MIB if budget and probes else None,
+                         decode_from=stream.decode_from(steps))
+    compare = bool(budget and plan.spec.n_experts and in_ram)
+    skipped = in_ram_fits(art.weights) if compare and remote is None else None
+    ram_request = replace(request, memory_budget=0, probe_storage_mib=None) if compare and not skipped else None
     weight_bytes = weight_bytes_per_token(plan)
     macs = macs_per_token(plan)
-    results = []
+    results, ram_results = [], []
+
+    def run(req: RunRequest) -> RunResult:
+        result = run_on_board(board, art.program, art.weights, req, art.model_hash(), flash_image=art.flash_image,
+                              port=port, reset=reset, remote=remote, progress=progress, check_hello=check_hello)
+        check_forced(stream, req, result)
+        return result
+
     for i in range(repeat):
-        result = run_on_board(board, art.program, art.weights, request, art.model_hash(),
-                              flash_image=art.flash_image, port=port, reset=reset, remote=remote, progress=progress,
-                              check_hello=check_hello)
+        result = run(request)
         results.append(result)
         if progress:
             r = run_figures(result, weight_bytes, board, request)
@@ -299,9 +515,15 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
                      if r["read_bandwidth_bytes_s"] else "")
             c = r["cache"]
             cached = (f"; expert cache {100 * c['hit_rate']:.0f}% hits, {c['read_bytes_per_token'] / 1e6:.2f} MB read "
-                      f"per token" if c and c["hit_rate"] is not None else "")
+                      f"per token" if c and c["hit_rate"] is not None and budget else "")
             progress(f"  run {i + 1}/{repeat}: {speed_text(r)}{probe}{cached}")
+        if ram_request is not None:
+            ram_results.append(run(ram_request))
+            if progress:
+                progress(f"  run {i + 1}/{repeat} without the budget: "
+                         f"{speed_text(run_figures(ram_results[-1], weight_bytes, board, ram_request))}")
     runs = [run_figures(r, weight_bytes, board, request) for r in results]
+    ram_runs = [run_figures(r, weight_bytes, board, ram_request) for r in ram_results]
     kernels = results[-1].hello.get("kernels", "?")
     # Under an emulator here, or on a board over SSH behind a prefix (an emulator, in the tests).
     emulator = (remote_prefix(board)[0] if remote_prefix(board) else None) if remote else board.emulated_by()
@@ -314,8 +536,19 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
                           if emulator else None),
            "weight_bytes_per_token": weight_bytes, "macs_per_token": macs, "runs": runs,
            "memory_budget": cache.as_run(cache_stats(results[-1])).to_dict() if cache is not None else None,
+           "stream": stream_figures(stream, request, results[-1], plan, steps),
            "cache": cache_summary(runs),
+           "in_ram": in_ram_summary(runs, ram_runs, skipped),
            "remote": remote_summary(results)}
+    if out["cache"] is not None and budget:
+        c = out["cache"]
+        c.update(bound_figures(c, out["in_ram"]))
+        c["in_ram_tok_s"] = out["in_ram"]["decode_tok_s"] if out["in_ram"] else None
+        c["of_in_ram"] = out["in_ram"]["of_in_ram"] if out["in_ram"] else None
+        speed = statistics.median(r["decode_tok_s"] for r in runs if r["decode_tok_s"]) if any(
+            r["decode_tok_s"] for r in runs) else None
+        c["decode_tok_s"] = speed
+        c["of_bound"] = speed / c["bound_tok_s"] if speed and c["bound_tok_s"] else None
     instructions = runs[0]["decode_instructions_per_token"]
     if instructions:
         out["instructions_counted"] = runs[0]["instructions_counted"]
@@ -362,7 +595,7 @@ def bench_line(out: dict, name: str) -> str:
         instructions = out["decode_instructions_per_token"]
         p4 = out["predicted_esp32p4"]
         runs = "one run: the count is exact" if out["repeat"] == 1 else f"median of {out['repeat']} identical runs"
-        return (f"{head}{out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, {runs}): "
+        return (f"{head}{out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, {runs}{stream_text(out)}): "
                 f"{instructions / 1e6:.3f} M instructions per decoded token ({out['instructions_counted']}), "
                 f"{out['instructions_per_mac_with_attention']:.2f} per multiply-accumulate: {out['macs_per_token']:,} in "
                 f"the matrices + {out['attention_macs_per_token']:,.0f} in attention at this context (mean "
@@ -385,9 +618,29 @@ def bench_line(out: dict, name: str) -> str:
                  f"thread(s) over {probe['mib']} MiB; limit {out['bandwidth_limit_tok_s']:.0f} tok/s)")
     label = ": the emulator's speed on this machine, not the board's" if emulator else ""
     return (f"{head}{out['threads']} thread(s), {out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, "
-            f"median of {out['repeat']}): prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} "
+            f"median of {out['repeat']}{stream_text(out)}): "
+            f"prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} "
             f"tok/s (ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}){label}; {share}; "
             f"peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB{cache_text(out)}")
+
+
+REPEATING = 0.5  # a stream with at least this share of repeated 4-grams is said to repeat
+
+
+def stream_text(out: dict) -> str:
+    """bench's words on what it decoded (nothing for a result without a stream)."""
+    s = out.get("stream")
+    return f"; stream: {s['description']}{stream_warning(out)}" if s else ""
+
+
+def stream_warning(out: dict) -> str:
+    """On a MoE model, a stream that repeats itself gives cache numbers no user sees: said so."""
+    s = out.get("stream") or {}
+    share = s.get(f"repeated_{NGRAM}grams")
+    if not s.get("experts_per_token") or share is None or share < REPEATING:
+        return ""
+    return (f"; it REPEATS: {100 * share:.0f}% of its {NGRAM}-grams occurred before in it, so routing repeats and "
+            f"the expert cache hits more than a user's stream would")
 
 
 def cache_text(out: dict) -> str:
@@ -405,4 +658,13 @@ def cache_text(out: dict) -> str:
         text += (f"; storage reads {c['storage_read_bytes_s'] / 1e9:.2f} GB/s ({how}) in the same run: bound "
                  f"{c['storage_bound_tok_s']:.1f} tok/s if a token only read, "
                  f"{100 * c['of_storage_bound']:.0f}% of it reached")
+    ram = out.get("in_ram")
+    if ram and ram.get("decode_tok_s"):
+        text += (f"; in RAM (the same stream without the budget, alternating runs) {ram['decode_tok_s']:.1f} tok/s, "
+                 f"{100 * ram['of_in_ram']:.0f}% of it reached under the budget")
+    elif ram and ram.get("note"):
+        text += f"; in-RAM comparison {ram['note']}"
+    if c.get("bound_tok_s") and c.get("in_ram_tok_s") and c.get("storage_bound_tok_s"):
+        text += ("; the storage bound is the tighter limit" if c["limited_by"] == "storage" else
+                 "; the in-RAM speed is the tighter limit (compute, not reads, bounds this budget)")
     return text

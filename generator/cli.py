@@ -585,6 +585,25 @@ def cmd_report(args) -> int:
     return 0
 
 
+def bench_sampling(args) -> tuple[SamplingParams, list[str]]:
+    """The sampled stream's settings, and the flags among --temperature, --top-p and --seed given:
+    those flags over the model's generation_config.json if it samples, else over bench.SAMPLED."""
+    from .bench import SAMPLED
+
+    given = [flag for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p),
+                                      ("--seed", args.seed)) if value is not None]
+    gen = generation_defaults(args.model)
+    base = gen if gen.temperature > 0 else SAMPLED
+    temperature = args.temperature if args.temperature is not None else base.temperature
+    if temperature <= 0:
+        raise ColibriError("--temperature 0 is greedy decoding, which repeats: the sampled stream needs a "
+                           "temperature above 0 (--stream synthetic is the greedy one)")
+    if args.top_p is not None and args.top_p <= 0:
+        raise ColibriError("--top-p must be greater than 0")
+    return SamplingParams(temperature, base.top_k, args.top_p if args.top_p is not None else base.top_p,
+                          base.min_p, args.seed if args.seed is not None else 0), given
+
+
 def cmd_bench(args) -> int:
     from . import bench
 
@@ -593,9 +612,11 @@ def cmd_bench(args) -> int:
     remote = remote_for(board, args.remote)  # a bad --remote is said before building
     # Defaults that fit the board: the steps the context holds after the prompt, one run where the
     # instruction count is exact.
-    steps = args.steps if args.steps is not None else bench.default_steps(plan, args.prompt_tokens)
+    sampling, sampling_flags = bench_sampling(args)
+    stream, steps = bench.make_stream(plan, Tokenizer.for_model(args.model), args.stream, args.text, sampling,
+                                      args.prompt_tokens, args.steps, sampling_flags)
     repeat = args.repeat if args.repeat is not None else bench.default_repeat(board)
-    check_context(bench.synthetic_prompt(plan, args.prompt_tokens), steps, board, plan)
+    check_context(stream.prompt, steps, board, plan)
     cache = budget_plan(args, board, plan)
     bench.check_plot(board, args.plot, steps)
     port = board_port(args, board)
@@ -604,7 +625,8 @@ def cmd_bench(args) -> int:
     out = bench.run_bench(board, plan, art, model=str(args.model), prompt_tokens=args.prompt_tokens, steps=steps,
                           repeat=repeat, threads=args.threads, plot=args.plot, port=port, reset=args.reset,
                           remote=remote, progress=None if args.json else progress,
-                          check_hello=hello_check(firmware_identity(board, art, plan)), cache=cache)
+                          check_hello=hello_check(firmware_identity(board, art, plan)), cache=cache,
+                          stream=stream, in_ram=not args.no_in_ram)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -860,6 +882,18 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p.add_argument("--repeat", type=positive_int, help="runs; the median is reported (default 3; 1 on boards "
                    "whose instruction counts are exact)")
     p.add_argument("--plot", type=Path, metavar="PNG", help="also draw decode tok/s against context length into PNG")
+    p.add_argument("--stream", choices=("text", "sampled", "synthetic"),
+                   help="the tokens decoded: text (a text teacher-forced, one token per forward pass), sampled "
+                        "(sampled decoding, fixed seed) or synthetic (a fixed prompt, then greedy: it repeats); "
+                        "default: text on MoE models (sampled without a tokenizer), synthetic on dense ones")
+    p.add_argument("--text", type=Path, metavar="FILE", help="UTF-8 text of the text stream (default: "
+                   "docs/texts/ruth-kjv.txt, the Book of Ruth, public domain)")
+    p.add_argument("--temperature", type=non_negative_float, help="the sampled stream's temperature (default: the "
+                   "model's generation_config.json if it samples, else 1.0)")
+    p.add_argument("--top-p", type=unit_float, help="the sampled stream's top-p (default: the model's, else 0.95)")
+    p.add_argument("--seed", type=non_negative_int, help="the sampled stream's seed (default 0)")
+    p.add_argument("--no-in-ram", action="store_true", help="under --memory-budget, skip the runs of the same "
+                   "stream without a budget that bench alternates with the budgeted ones on MoE models")
     add_threads_arg(p)
     add_port_arg(p)
     add_remote_arg(p)

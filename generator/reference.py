@@ -216,28 +216,32 @@ class Reference:
 
     def generate(self, prompt: list[int], steps: int, params: SamplingParams,
                  stop_at_eos: bool = True, keep_logits: bool = False, start: int = 0,
-                 score_from: int | None = None) -> Generation:
+                 score_from: int | None = None, decode_from: int | None = None) -> Generation:
         """What the firmware does for one request: prompt at positions start... (start > 0 continues
-        the conversation this object holds), scored from prompt index score_from + 1 if asked."""
+        the conversation this object holds), scored from prompt index score_from + 1 if asked; with
+        decode_from, the prompt from that index on is decoded as steps (teacher forcing: each step's
+        token is the prompt's next one, not a sampled one, while there is one)."""
         params = params.as_f32()
         rng = Rng(params.seed)
         out = Generation()
         self.expert_counts[:] = 0
         logits = None
-        for i, tok in enumerate(prompt):
+        prefilled = len(prompt) if decode_from is None else decode_from
+        for i, tok in enumerate(prompt[:prefilled]):
             scored = score_from is not None and i >= score_from
-            logits = self.forward(tok, start + i, want_logits=(scored or i == len(prompt) - 1))
+            logits = self.forward(tok, start + i, want_logits=(scored or i == prefilled - 1))
             if scored and i + 1 < len(prompt):
                 lp_max, z = exp_sum(logits)
                 out.scores.append(Score(i + 1, prompt[i + 1], logits[prompt[i + 1]] - lp_max, z))
-        pos = start + len(prompt)
+        pos = start + prefilled
         for step in range(steps):
-            token = sample(logits, params, rng)
+            forced = prefilled + step < len(prompt)
+            token = prompt[prefilled + step] if forced else sample(logits, params, rng)
             out.tokens.append(token)
             out.digests.append(logits_digest(logits))
             if keep_logits:
                 out.logits.append(logits.copy())
-            if stop_at_eos and token in self.spec.eos_token_ids:
+            if stop_at_eos and not forced and token in self.spec.eos_token_ids:
                 out.stop_reason = "eos"
                 break
             if step == steps - 1:

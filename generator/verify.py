@@ -87,7 +87,7 @@ def hello_check(identity: FirmwareIdentity):
 def reference_run(plan: Plan, weights: Path, request: RunRequest) -> Generation:
     """What the firmware must produce for `request`: the reference's decode of the same image."""
     return Reference(plan, map_image(weights)).generate(request.prompt, request.steps, request.sampling,
-                                                                request.stop_at_eos)
+                                                                request.stop_at_eos, decode_from=request.decode_from)
 
 
 def first_divergence(fw_tokens, fw_digests, ref_tokens, ref_digests) -> int | None:

@@ -121,3 +121,47 @@ def make_gemma3_multimodal(out: Path, seed: int = 7) -> Path:
                 p.copy_(0.2 * torch.randn_like(p))
     model.save_pretrained(out)
     return out
+
+
+def make_upcycled_moe(out: Path, experts: int = 8, top_k: int = 2, noise: float = 0.05, seed: int = 5) -> Path:
+    """A Mixtral made from the bundled kjv-tiny (trained on the KJV): its embeddings, attention and
+    norms, each layer's experts a copy of its MLP perturbed by `noise` (relative), and a random
+    router. It writes the KJV-like text kjv-tiny writes, and routes each token by its hidden state:
+    a MoE whose sampled decoding is text-like, so a stream sampled from it and a text fed to it
+    route alike (tests of bench's token stream). Its tokenizer and generation settings are
+    kjv-tiny's."""
+    import shutil
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    kjv = Path(__file__).resolve().parent.parent / "models" / "kjv-tiny"
+    src = load_file(str(kjv / "model.safetensors"))
+    torch.manual_seed(seed)
+    config = transformers.MixtralConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-5,
+        num_local_experts=experts, num_experts_per_tok=top_k, tie_word_embeddings=True, sliding_window=None,
+        bos_token_id=1, eos_token_id=2)
+    model = transformers.MixtralForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in src:
+                p.copy_(src[name])
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(0.3 * torch.randn_like(p))
+            elif name.endswith("mlp.experts.gate_up_proj"):
+                layer = name.split(".")[2]
+                w = torch.cat([src[f"model.layers.{layer}.mlp.gate_proj.weight"],
+                               src[f"model.layers.{layer}.mlp.up_proj.weight"]])
+                p.copy_(w * (1 + noise * torch.randn_like(p)))
+            elif name.endswith("mlp.experts.down_proj"):
+                w = src[f"model.layers.{name.split('.')[2]}.mlp.down_proj.weight"]
+                p.copy_(w * (1 + noise * torch.randn_like(p)))
+            elif name != "lm_head.weight":
+                raise AssertionError(f"kjv-tiny has no counterpart of {name}")
+    model.save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(kjv / name, out / name)
+    return out

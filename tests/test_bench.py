@@ -55,6 +55,9 @@ def test_bench_reports_rates_latencies_memory_and_bandwidth_and_plots_rate_again
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["prompt_tokens"] == 12 and out["decode_steps"] == 40 and len(out["runs"]) == 2
+    # A dense model reads every weight whatever the token: today's synthetic stream, no in-RAM runs.
+    assert out["stream"]["kind"] == "synthetic" and "experts_used_per_layer" not in out["stream"]
+    assert out["in_ram"] is None
     assert out["prefill_tok_s"] > 0 and out["decode_tok_s"] > 0
     assert 0 < out["ms_per_token"]["p50"] <= out["ms_per_token"]["p99"] <= out["ms_per_token"]["max"]
     assert out["peak_rss_bytes"] > out["weight_bytes_per_token"] > 0

@@ -214,6 +214,8 @@ def test_report_and_bench_show_the_cache(builder, checkpoints, tmp_path, capsys)
     assert cache["slots"] == rep["slots"] and 0 <= cache["hit_rate"] <= 1 and cache["read_bytes_per_token"] > 0
     assert cache["storage_read_bytes_s"] > 0 and cache["storage_bound_tok_s"] > 0
     assert out_json["read_bandwidth_bytes_s"] is None, "no memory probe under a budget"
+    # No tokenizer to read a text with: the stream is sampled decoding, at the fixed seed.
+    assert out_json["stream"]["kind"] == "sampled" and out_json["stream"]["sampling"]["seed"] == 0
 
 
 def test_a_refused_mlock_is_said_plainly_and_changes_no_bit(builder, checkpoints, monkeypatch):

@@ -42,6 +42,14 @@ BAD = {
     "score_from past the prompt": (GOOD + " score_from=3", "score_from must be an index into the prompt"),
     "score_from beyond the context": (GOOD + " score_from=64", "score_from must be a position within the context"),
     "repeated start": (GOOD + " start=0 start=0", "a request field is repeated"),
+    "decode_from with score_from": (GOOD + " decode_from=1 score_from=1", "decode_from and score_from exclude each other"),
+    "decode_from zero": (GOOD + " decode_from=0", "decode_from must be an index into the prompt after its first token"),
+    "decode_from past the prompt": (GOOD + " decode_from=3", "decode_from must be an index into the prompt after its first token"),
+    "decode_from beyond the context": (GOOD + " decode_from=64", "decode_from must be a position within the context"),
+    "decode_from negative": (GOOD + " decode_from=-1", "decode_from must be a position within the context"),
+    "steps short of the decoded prompt": ("@CLB 0 request prompt=1,5,9,7 steps=2 decode_from=1",
+                                          "steps must cover the prompt tokens from decode_from on"),
+    "repeated decode_from": (GOOD + " decode_from=1 decode_from=1", "a request field is repeated"),
     "negative seed": (GOOD + " seed=-1", "seed must be a non-negative integer"),
     "seed past 2^64": (GOOD + " seed=18446744073709551616", "seed must be a non-negative integer"),
     "infinite temperature": (GOOD + f" temperature={f32_bits(float('inf'))}", "temperature must be a finite number >= 0"),
@@ -77,6 +85,21 @@ def test_the_linux_firmware_decodes_the_request_frame_it_reads_on_stdin(host_fir
     code, frames = run_host(host_firmware, frame(GOOD))
     assert code == 0
     assert [f.kind for f in frames] == ["hello", "token", "token", "token", "stats", "done"]
+
+
+def test_decode_from_decodes_the_prompts_tail_as_steps_then_samples(host_firmware):
+    """Teacher forcing: prompt 1,5,9,7 with decode_from=1 prefills one token, then steps 0..2 are the
+    prompt's 5, 9, 7, each fed in its own forward pass, and step 3 is sampled."""
+    code, frames = run_host(host_firmware, frame("@CLB 0 request prompt=1,5,9,7 steps=4 eos=0 decode_from=1"))
+    assert code == 0
+    tokens = [int(f.fields["id"]) for f in frames if f.kind == "token"]
+    stats = next(f for f in frames if f.kind == "stats").fields
+    done = next(f for f in frames if f.kind == "done").fields
+    assert tokens[:3] == [5, 9, 7] and len(tokens) == 4
+    assert stats["prompt"] == "1" and stats["decode"] == "3" and done["held"] == "4"
+    # The sampled step is the one a plain request of the whole prompt samples first.
+    code, plain = run_host(host_firmware, frame("@CLB 0 request prompt=1,5,9,7 steps=1"))
+    assert tokens[3] == int(next(f for f in plain if f.kind == "token").fields["id"])
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -142,6 +165,7 @@ def test_libfuzzer_finds_no_request_the_parser_mishandles(tmp_path):
     (seeds / "good").write_bytes(frame(GOOD))
     (seeds / "full").write_bytes(request_frame(RunRequest([1, 2, 3], 8, threads=2, probe_bandwidth_mib=0)))
     (seeds / "scored").write_bytes(request_frame(RunRequest([1, 2, 3], 0, start=5, score_from=1)))
+    (seeds / "forced").write_bytes(request_frame(RunRequest([1, 2, 3, 4], 5, decode_from=2)))
     for i, (body, _) in enumerate(sorted(BAD.values())):
         (seeds / f"bad{i}").write_bytes(frame(body))
     (seeds / "other-kind").write_bytes(encode_frame(0, "hello", {"proto": 1}))

@@ -60,6 +60,13 @@ static int is_eos(int32_t token)
  * may continue. A failed request forgets them. */
 static int32_t held;
 
+/* The prompt tokens prefilled in batches: all of them, or those before decode_from (the rest are
+ * decoded one per forward pass, as steps). */
+static int32_t prefilled_tokens(const ColibriRequest *req)
+{
+    return req->decode_from >= 0 ? req->decode_from : req->n_prompt;
+}
+
 static int check_request(const ColibriRequest *req)
 {
     if (req->n_prompt < 1 || (req->n_steps < 1 && req->score_from < 0)) {
@@ -70,7 +77,7 @@ static int check_request(const ColibriRequest *req)
         colibri_report_error(COLIBRI_ERR_REQUEST, "start must be 0 or the tokens the firmware holds (held in its last done frame)");
         return COLIBRI_ERR_REQUEST;
     }
-    const int64_t last_fed = (int64_t)req->start + req->n_prompt + (req->n_steps > 0 ? req->n_steps - 1 : 0);
+    const int64_t last_fed = (int64_t)req->start + prefilled_tokens(req) + (req->n_steps > 0 ? req->n_steps - 1 : 0);
     if (last_fed > COLIBRI_N_CTX) {
         colibri_report_error(COLIBRI_ERR_REQUEST, req->start > 0 ? "the conversation is full: it and this request exceed the context this firmware was built for"
                                                                  : "prompt + steps exceed the context this firmware was built for");
@@ -159,8 +166,9 @@ int colibri_decode(const ColibriRequest *req)
     uint64_t i0 = 0, i1 = 0, i2 = 0;
     const int counted = bsp_instructions(&i0);
     uint64_t t0 = bsp_time_us();
+    const int32_t prefilled = prefilled_tokens(req);
     if (req->score_from < 0) {
-        status = prefill(&b, req, 0, req->n_prompt);
+        status = prefill(&b, req, 0, prefilled);
     } else {
         /* Up to the first scored position in batches, then a token at a time: every token's
          * logits score the next one. */
@@ -180,13 +188,16 @@ int colibri_decode(const ColibriRequest *req)
         bsp_instructions(&i1);
     }
 
-    int32_t pos = req->start + req->n_prompt;
+    int32_t pos = req->start + prefilled;
     int32_t generated = 0;
     int32_t decode_passes = 0; /* forward passes after the prompt (the first token needs none) */
     uint64_t forward_us = 0;   /* time in those forward passes alone (no sampling, hashing, output) */
     const char *reason = "length";
     for (int32_t step = 0; step < req->n_steps; step++) {
-        int32_t token = sample_token(b.logits, COLIBRI_VOCAB, &req->sampling, &rng, b.probs, b.cand);
+        /* Teacher forcing: the prompt's next token instead of a sampled one, while there is one. */
+        const int forced = prefilled + step < req->n_prompt;
+        int32_t token = forced ? req->prompt[prefilled + step]
+                               : sample_token(b.logits, COLIBRI_VOCAB, &req->sampling, &rng, b.probs, b.cand);
         bsp_logits_sink(step, b.logits, COLIBRI_VOCAB);
         proto_begin("token");
         proto_u64("step", (uint64_t)step);
@@ -203,7 +214,7 @@ int colibri_decode(const ColibriRequest *req)
         proto_end();
         generated++;
 
-        if (req->stop_at_eos && is_eos(token)) {
+        if (req->stop_at_eos && !forced && is_eos(token)) {
             reason = "eos";
             break;
         }
@@ -228,7 +239,7 @@ int colibri_decode(const ColibriRequest *req)
     held = pos; /* the last sampled token is not fed back: the next request starts with it */
 
     proto_begin("stats");
-    proto_u64("prompt", (uint64_t)req->n_prompt);
+    proto_u64("prompt", (uint64_t)prefilled);
     proto_u64("prefill_us", t1 - t0);
     proto_u64("decode", (uint64_t)decode_passes);
     proto_u64("decode_us", t2 - t1);

@@ -18,6 +18,8 @@ typedef struct {
                         * the caches); -1: no probe */
     int32_t start;      /* position of the prompt's first token: the tokens already held (0: a new conversation) */
     int32_t score_from; /* score prompt tokens score_from + 1 .. n_prompt - 1 (score frames); -1: none */
+    int32_t decode_from; /* prefill the prompt before it, then decode prompt tokens decode_from .. n_prompt - 1
+                          * one per forward pass as steps 0, 1, ... (teacher forcing); -1: prefill it all */
 } ColibriRequest;
 
 /* Application-level errors reported in the error frame (image errors use colibri_status codes). */

@@ -10,10 +10,12 @@
 
 #include <stdint.h>
 
-#define PROTO_VERSION 3 /* 2: the board acknowledges each PROTO_ACK_BYTES of a request it reads;
+#define PROTO_VERSION 4 /* 2: the board acknowledges each PROTO_ACK_BYTES of a request it reads;
                          * 3: requests may continue a conversation (start) and score a prompt (score
                          * frames); stats carry how a Linux board holds the weights and its expert
-                         * cache's counters; a storage frame */
+                         * cache's counters; a storage frame;
+                         * 4: requests may decode the prompt's tail one token per forward pass
+                         * (decode_from: teacher forcing, bench's text stream) */
 #define PROTO_ACK_BYTES 64 /* half the ESP32-P4's 128-byte UART receive FIFO */
 #define PROTO_ERR_FRAME_TOO_LONG 101 /* a frame that did not fit is replaced by this error, never cut */
 #define PROTO_EXPERTS_PER_FRAME 128 /* expert counts per experts frame (a layer may take several) */

@@ -3,12 +3,17 @@
  *
  *   @CLB <seq> request prompt=1,2,3 steps=N [temperature=XXXXXXXX] [top_k=K] [top_p=XXXXXXXX]
  *        [min_p=XXXXXXXX] [seed=S] [eos=0|1] [digests=0|1] [threads=N] [probe_mib=N] [start=P]
- *        [score_from=F] *<crc32>
+ *        [score_from=F] [decode_from=D] *<crc32>
  *
  * start=P continues a conversation: the prompt goes at positions P, P+1, ... after the P tokens the
  * firmware already holds in its KV cache (the done frame of the previous request says how many).
  * score_from=F scores the prompt: for every prompt index i from F on, the log-probability of
  * prompt token i + 1 given the tokens before it (score frames); steps may then be 0.
+ * decode_from=D decodes the prompt from index D on instead of prefilling it (teacher forcing): the
+ * tokens before D are prefilled in batches, then step s's token is prompt token D + s, not a
+ * sampled one, fed back in its own forward pass as a sampled token would be; steps must cover
+ * those tokens (steps >= prompt length - D), and the steps after them sample. D >= 1, and not with
+ * score_from.
  *
  * Floats travel as the 8 hex digits of their IEEE-754 bits, so both sides hold the same value.
  * Every key at most once; decimals are plain ASCII digits; prompt and steps are required. The
@@ -78,10 +83,10 @@ static int parse_f32_bits(const char *s, const char *end, float *out)
 }
 
 enum { KEY_PROMPT, KEY_STEPS, KEY_TEMPERATURE, KEY_TOP_K, KEY_TOP_P, KEY_MIN_P, KEY_SEED, KEY_EOS, KEY_DIGESTS,
-       KEY_THREADS, KEY_PROBE_MIB, KEY_START, KEY_SCORE_FROM, N_KEYS };
+       KEY_THREADS, KEY_PROBE_MIB, KEY_START, KEY_SCORE_FROM, KEY_DECODE_FROM, N_KEYS };
 static const char *const key_names[N_KEYS] = {"prompt", "steps", "temperature", "top_k", "top_p", "min_p",
                                               "seed", "eos", "digests", "threads", "probe_mib", "start",
-                                              "score_from"};
+                                              "score_from", "decode_from"};
 
 static int key_index(const char *key, const char *key_end)
 {
@@ -172,11 +177,13 @@ static const char *parse_field(int key, const char *val, const char *end, Colibr
         return NULL;
     case KEY_START:
     case KEY_SCORE_FROM:
+    case KEY_DECODE_FROM:
         if (!parse_whole_dec(val, end, (uint64_t)capacity - 1, &v)) {
-            return key == KEY_START ? "start must be a position within the context"
-                                    : "score_from must be a position within the context";
+            return key == KEY_START        ? "start must be a position within the context"
+                   : key == KEY_SCORE_FROM ? "score_from must be a position within the context"
+                                           : "decode_from must be a position within the context";
         }
-        *(key == KEY_START ? &r->start : &r->score_from) = (int32_t)v;
+        *(key == KEY_START ? &r->start : key == KEY_SCORE_FROM ? &r->score_from : &r->decode_from) = (int32_t)v;
         return NULL;
     default: /* KEY_PROBE_MIB */
         if (!parse_whole_dec(val, end, MAX_PROBE_MIB, &v)) {
@@ -219,7 +226,7 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
     ColibriRequest r = {.prompt = prompt_buf, .n_prompt = 0, .n_steps = 0,
                         .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0},
                         .stop_at_eos = 1, .digests = 1, .threads = 1, .probe_mib = -1, .start = 0,
-                        .score_from = -1};
+                        .score_from = -1, .decode_from = -1};
     unsigned seen = 0;
     while (p < end) {
         if (*p != ' ') {
@@ -257,6 +264,17 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
     }
     if (r.score_from >= r.n_prompt) {
         return "score_from must be an index into the prompt";
+    }
+    if (r.decode_from >= 0) {
+        if (r.score_from >= 0) {
+            return "decode_from and score_from exclude each other";
+        }
+        if (r.decode_from < 1 || r.decode_from >= r.n_prompt) {
+            return "decode_from must be an index into the prompt after its first token";
+        }
+        if (r.n_steps < r.n_prompt - r.decode_from) {
+            return "steps must cover the prompt tokens from decode_from on";
+        }
     }
     *req = r;
     return NULL;

@@ -81,7 +81,8 @@ def f32_bits(value: float) -> str:
 
 def encode_request(seq: int, prompt: list[int], steps: int, temperature: float, top_k: int, top_p: float,
                    min_p: float, seed: int, stop_at_eos: bool, digests: bool = True, threads: int = 1,
-                   probe_mib: int | None = None, start: int = 0, score_from: int | None = None) -> bytes:
+                   probe_mib: int | None = None, start: int = 0, score_from: int | None = None,
+                   decode_from: int | None = None) -> bytes:
     """The request frame every board reads (firmware_src/app/request.c): an MCU after its hello on
     its UART, a Linux firmware on its stdin."""
     return encode_frame(seq, "request", {
@@ -91,7 +92,8 @@ def encode_request(seq: int, prompt: list[int], steps: int, temperature: float, 
         **({} if threads == 1 else {"threads": threads}),
         **({} if probe_mib is None else {"probe_mib": probe_mib}),
         **({} if start == 0 else {"start": start}),
-        **({} if score_from is None else {"score_from": score_from})})
+        **({} if score_from is None else {"score_from": score_from}),
+        **({} if decode_from is None else {"decode_from": decode_from})})
 
 
 def parse_frame(line: bytes) -> Frame | None:

@@ -26,6 +26,11 @@ class RunRequest:
     probe_bandwidth_mib: int | None = None
     start: int = 0  # continue the conversation the firmware holds: the prompt goes at positions start...
     score_from: int | None = None  # score prompt tokens score_from + 1 ... (score frames; eval)
+    # Teacher forcing (bench's text stream): the prompt before decode_from is prefilled in batches,
+    # then prompt tokens decode_from... are decoded one per forward pass, as steps 0, 1, ..., each
+    # step's token the prompt's next one instead of a sampled one (steps >= len(prompt) - decode_from;
+    # the steps after them sample). Protocol 4.
+    decode_from: int | None = None
     # Linux boards, given on the firmware's command line (not in the request frame: they decide how
     # the weights are held before the request is read): the RAM budget in bytes (0: unlimited, the
     # mapped image read in place; an AutoBudget: the firmware takes what it finds, less the margin,
@@ -211,4 +216,4 @@ def request_frame(request: RunRequest, seq: int = 0) -> bytes:
     s = request.sampling.as_f32()
     return encode_request(seq, request.prompt, request.steps, s.temperature, s.top_k, s.top_p, s.min_p, s.seed,
                           request.stop_at_eos, request.digests, request.threads, request.probe_bandwidth_mib,
-                          request.start, request.score_from)
+                          request.start, request.score_from, request.decode_from)

@@ -25,7 +25,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (problem == NULL) {
         int ok = req.prompt == prompt && req.n_prompt >= 1 && req.n_prompt <= CONTEXT && req.n_steps >= 0 &&
                  req.n_steps <= CONTEXT && (req.n_steps >= 1 || req.score_from >= 0) && req.start >= 0 &&
-                 req.start < CONTEXT && req.score_from >= -1 && req.score_from < req.n_prompt && req.threads >= 1 && req.threads <= 64 && req.probe_mib >= -1 &&
+                 req.start < CONTEXT && req.score_from >= -1 && req.score_from < req.n_prompt &&
+                 (req.decode_from == -1 || (req.score_from == -1 && req.decode_from >= 1 &&
+                                            req.decode_from < req.n_prompt &&
+                                            req.n_steps >= req.n_prompt - req.decode_from)) &&
+                 req.threads >= 1 && req.threads <= 64 && req.probe_mib >= -1 &&
                  req.sampling.temperature >= 0.0f && req.sampling.top_k >= 0 && req.sampling.top_p > 0.0f &&
                  req.sampling.top_p <= 1.0f && req.sampling.min_p >= 0.0f && req.sampling.min_p <= 1.0f &&
                  (req.stop_at_eos == 0 || req.stop_at_eos == 1) && (req.digests == 0 || req.digests == 1);

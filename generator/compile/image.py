@@ -85,11 +85,11 @@ def encode_rows(x: np.ndarray, dtype: str) -> tuple[bytes, bytes, bytes]:
     return qs.tobytes(), d.astype(HALF).tobytes(), b""
 
 
-def encode_blocks(blocks, dtype: str) -> tuple[bytes, bytes, bytes]:
+def encode_blocks(blocks, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | bytes]:
     """A source's own blocks (a GGUF tensor's, model/gguf_tensors.QuantBlocks) as image bytes,
-    value for value."""
-    qs, d, m = keep_blocks(blocks.quants, blocks.scales, blocks.offsets, dtype)
-    return qs.tobytes(), d.astype(HALF).tobytes(), b"" if m is None else m.astype(HALF).tobytes()
+    value for value: each field copied out of the file's blocks once, handed to pwrite as it is."""
+    qs, d, m = keep_blocks(*blocks.fields(), dtype)
+    return qs, d, b"" if m is None else m
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,8 @@ def requantization_error(x: np.ndarray, values: bytes, scales: bytes, mins: byte
     return Error(float(diff.max(initial=0.0)), float(np.square(diff).sum()), diff.size)
 
 
-def _pwrite_all(fd: int, blob: bytes, offset: int) -> None:
-    view = memoryview(blob)
+def _pwrite_all(fd: int, blob, offset: int) -> None:
+    view = memoryview(blob).cast("B")
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
@@ -144,9 +144,9 @@ def write_piece(piece: Piece, path: str) -> Error | None:
         fd = os.open(path, os.O_WRONLY)
         try:
             _pwrite_all(fd, values, piece.values_at)
-            if scales:
+            if len(scales):
                 _pwrite_all(fd, scales, piece.scales_at)
-            if mins:
+            if len(mins):
                 _pwrite_all(fd, mins, piece.mins_at)
         finally:
             os.close(fd)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import multiprocessing
 import os
 import struct
@@ -38,7 +39,7 @@ from ..numerics.quantize import (HALF, INTEGER_QUANTS, QK, SCALE_BYTES, dequanti
 # memory a piece needs is bounded whatever the tensor's size, and one large tensor still spreads
 # over every worker. Fixed, so the pieces, and with them the bytes, never depend on the job count.
 PIECE_VALUES = 1 << 22
-READ_BACK = 16 << 20  # bytes read at a time when the written data is checksummed
+READ_BACK = 16 << 20  # bytes mapped at a time when the written data is checksummed
 IN_FLIGHT = 4  # pieces per worker submitted ahead of the one being waited for
 
 
@@ -228,17 +229,24 @@ def _written(work: list[Piece], path: str, jobs: int):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _checksum(fd: int, start: int, length: int, model_hash, buffer: bytearray) -> int:
-    """CRC-32 of `length` bytes of the file from `start` (read back in pieces), each piece also
-    fed to the model hash."""
+def _checksum(fd: int, start: int, length: int, model_hash) -> int:
+    """CRC-32 of `length` bytes of the file from `start`, each window also fed to the model hash.
+    The bytes are read where the page cache holds them, through a mapping of one window at a time:
+    no copy (a pread would copy every byte once more), and what the process maps stays one window."""
     crc = 0
-    view = memoryview(buffer)
     while length:
-        n = os.preadv(fd, [view[:min(length, len(buffer))]], start)
-        if n <= 0:
-            raise ColibriError("the weight image being written is shorter than planned (removed or truncated?)")
-        crc = zlib.crc32(view[:n], crc)
-        model_hash.update(view[:n])
+        begin = start - start % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a granule
+        n = min(length, READ_BACK)
+        try:
+            window = mmap.mmap(fd, start - begin + n, access=mmap.ACCESS_READ, offset=begin)
+        except (OSError, ValueError):
+            raise ColibriError("the weight image being written is shorter than planned (removed or truncated?)") \
+                from None
+        with window, memoryview(window) as view:
+            chunk = view[start - begin:]
+            crc = zlib.crc32(chunk, crc)
+            model_hash.update(chunk)
+            chunk.release()
         start, length = start + n, length - n
     return crc
 
@@ -265,7 +273,6 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
             last_piece.append(work[-1])
         model_hash = hashlib.sha256(b"colibri-image-v3\0" + spec_identity(plan) + plan.quant.encode())
         directory = bytearray()
-        buffer = bytearray(READ_BACK)
         written = _written(work, tmp, jobs)
         try:
             for i, t in enumerate(plan.tensors):
@@ -274,7 +281,7 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
                         requantized[t.name] = requantized.get(t.name, Error()) + error
                     if piece is last_piece[i]:
                         break
-                crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash, buffer)
+                crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash)
                 directory += fmt.pack(fmt.DIR_ENTRY, fmt.DIR_ENTRY_BYTES, name=t.name.encode(),
                                       dtype=fmt.DTYPE_CODES[t.dtype], rows=t.rows, cols=t.cols, crc32=crc,
                                       offset=t.offset, bytes=t.nbytes)

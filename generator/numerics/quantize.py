@@ -151,7 +151,7 @@ def keep_blocks(quants: np.ndarray, scales: np.ndarray, offsets: np.ndarray | No
 
 def _finite_halves(values: np.ndarray, what: str, block_type: str) -> None:
     """binary16 values with every exponent bit set are the infinities and NaNs."""
-    if np.any(values.view(np.uint16) & np.uint16(0x7C00) == np.uint16(0x7C00)):
+    if np.any((values.view(np.uint16) & np.uint16(0x7C00)) == np.uint16(0x7C00)):
         raise ColibriError(f"{block_type} cannot hold these weights: a block {what} is infinite or NaN")
 
 

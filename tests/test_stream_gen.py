@@ -325,3 +325,39 @@ def test_jobs_must_be_a_positive_count(tmp_path):
     done = subprocess.run([str(scons), "-Q", "-C", str(REPO), "board=host", f"out={tmp_path / 'c'}", "jobs=two"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "colibri: error: jobs must be a positive integer, got 'two'" in done.stderr
+
+
+@pytest.mark.parametrize("ggml_type,block_type", [("Q8_0", "q8_0"), ("Q4_0", "q4_0"), ("Q4_1", "q4_1")])
+def test_kept_gguf_blocks_are_the_images_packing_of_their_values(ggml_type, block_type):
+    """The image's bytes for a GGUF file's blocks are the file's fields as they are: the same as
+    packing the blocks' decoded quants the image's way (quantize.pack_nibbles) and rounding their
+    float32 scales to binary16."""
+    from generator.model.gguf_tensors import KEPT_RECORDS, QuantBlocks
+    from generator.numerics.quantize import HALF, keep_blocks, pack_nibbles
+
+    record = KEPT_RECORDS[ggml_type]
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, (4, 8, record.itemsize), dtype=np.uint8)
+    halves = rng.uniform(-2, 2, (4, 8, 2)).astype(HALF)  # finite scales and minimums
+    raw[..., 0:2] = halves[..., :1].view(np.uint8)
+    if ggml_type == "Q4_1":
+        raw[..., 2:4] = halves[..., 1:].view(np.uint8)
+    blocks = QuantBlocks(ggml_type, raw)
+    values, scales, mins = keep_blocks(*blocks.fields(), block_type)
+    q = blocks.quants.astype(np.int16) + (8 if ggml_type == "Q4_0" else 0)
+    expected = q.astype(np.int8) if ggml_type == "Q8_0" else pack_nibbles(q)
+    assert values.tobytes() == expected.tobytes()
+    assert scales.tobytes() == blocks.scales.astype(HALF).tobytes()
+    assert (mins is None) == (ggml_type != "Q4_1")
+    if mins is not None:
+        assert mins.tobytes() == blocks.offsets.astype(HALF).tobytes()
+
+
+def test_a_kept_block_with_an_infinite_scale_is_refused():
+    from generator.model.gguf_tensors import KEPT_RECORDS, QuantBlocks
+    from generator.numerics.quantize import keep_blocks
+
+    raw = np.zeros((2, 4, KEPT_RECORDS["Q4_0"].itemsize), np.uint8)
+    raw[1, 2, 0:2] = np.array([np.inf], "<f2").view(np.uint8)
+    with pytest.raises(ColibriError, match="q4_0 cannot hold these weights: a block scale is infinite or NaN"):
+        keep_blocks(*QuantBlocks("Q4_0", raw).fields(), "q4_0")

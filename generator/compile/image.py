@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import multiprocessing
 import os
 import struct
@@ -38,7 +39,7 @@ from ..numerics.quantize import (HALF, INTEGER_QUANTS, QK, SCALE_BYTES, dequanti
 # memory a piece needs is bounded whatever the tensor's size, and one large tensor still spreads
 # over every worker. Fixed, so the pieces, and with them the bytes, never depend on the job count.
 PIECE_VALUES = 1 << 22
-READ_BACK = 16 << 20  # bytes read at a time when the written data is checksummed
+READ_BACK = 16 << 20  # bytes mapped at a time when the written data is checksummed
 IN_FLIGHT = 4  # pieces per worker submitted ahead of the one being waited for
 
 
@@ -85,11 +86,11 @@ def encode_rows(x: np.ndarray, dtype: str) -> tuple[bytes, bytes, bytes]:
     return qs.tobytes(), d.astype(HALF).tobytes(), b""
 
 
-def encode_blocks(blocks, dtype: str) -> tuple[bytes, bytes, bytes]:
+def encode_blocks(blocks, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | bytes]:
     """A source's own blocks (a GGUF tensor's, model/gguf_tensors.QuantBlocks) as image bytes,
-    value for value."""
-    qs, d, m = keep_blocks(blocks.quants, blocks.scales, blocks.offsets, dtype)
-    return qs.tobytes(), d.astype(HALF).tobytes(), b"" if m is None else m.astype(HALF).tobytes()
+    value for value: each field copied out of the file's blocks once, handed to pwrite as it is."""
+    qs, d, m = keep_blocks(*blocks.fields(), dtype)
+    return qs, d, b"" if m is None else m
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,8 @@ def requantization_error(x: np.ndarray, values: bytes, scales: bytes, mins: byte
     return Error(float(diff.max(initial=0.0)), float(np.square(diff).sum()), diff.size)
 
 
-def _pwrite_all(fd: int, blob: bytes, offset: int) -> None:
-    view = memoryview(blob)
+def _pwrite_all(fd: int, blob, offset: int) -> None:
+    view = memoryview(blob).cast("B")
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
@@ -144,9 +145,9 @@ def write_piece(piece: Piece, path: str) -> Error | None:
         fd = os.open(path, os.O_WRONLY)
         try:
             _pwrite_all(fd, values, piece.values_at)
-            if scales:
+            if len(scales):
                 _pwrite_all(fd, scales, piece.scales_at)
-            if mins:
+            if len(mins):
                 _pwrite_all(fd, mins, piece.mins_at)
         finally:
             os.close(fd)
@@ -228,17 +229,24 @@ def _written(work: list[Piece], path: str, jobs: int):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _checksum(fd: int, start: int, length: int, model_hash, buffer: bytearray) -> int:
-    """CRC-32 of `length` bytes of the file from `start` (read back in pieces), each piece also
-    fed to the model hash."""
+def _checksum(fd: int, start: int, length: int, model_hash) -> int:
+    """CRC-32 of `length` bytes of the file from `start`, each window also fed to the model hash.
+    The bytes are read where the page cache holds them, through a mapping of one window at a time:
+    no copy (a pread would copy every byte once more), and what the process maps stays one window."""
     crc = 0
-    view = memoryview(buffer)
     while length:
-        n = os.preadv(fd, [view[:min(length, len(buffer))]], start)
-        if n <= 0:
-            raise ColibriError("the weight image being written is shorter than planned (removed or truncated?)")
-        crc = zlib.crc32(view[:n], crc)
-        model_hash.update(view[:n])
+        begin = start - start % mmap.ALLOCATIONGRANULARITY  # a mapping starts on a granule
+        n = min(length, READ_BACK)
+        try:
+            window = mmap.mmap(fd, start - begin + n, access=mmap.ACCESS_READ, offset=begin)
+        except (OSError, ValueError):
+            raise ColibriError("the weight image being written is shorter than planned (removed or truncated?)") \
+                from None
+        with window, memoryview(window) as view:
+            chunk = view[start - begin:]
+            crc = zlib.crc32(chunk, crc)
+            model_hash.update(chunk)
+            chunk.release()
         start, length = start + n, length - n
     return crc
 
@@ -265,7 +273,6 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
             last_piece.append(work[-1])
         model_hash = hashlib.sha256(b"colibri-image-v3\0" + spec_identity(plan) + plan.quant.encode())
         directory = bytearray()
-        buffer = bytearray(READ_BACK)
         written = _written(work, tmp, jobs)
         try:
             for i, t in enumerate(plan.tensors):
@@ -274,7 +281,7 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
                         requantized[t.name] = requantized.get(t.name, Error()) + error
                     if piece is last_piece[i]:
                         break
-                crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash, buffer)
+                crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash)
                 directory += fmt.pack(fmt.DIR_ENTRY, fmt.DIR_ENTRY_BYTES, name=t.name.encode(),
                                       dtype=fmt.DTYPE_CODES[t.dtype], rows=t.rows, cols=t.cols, crc32=crc,
                                       offset=t.offset, bytes=t.nbytes)

@@ -14,14 +14,17 @@ evaluated in float32 in the same order (one rounding per C operation, no fused m
 Other block types the gguf package can dequantize (Q2_K, Q3_K, the IQ types, ...) go through
 gguf.quants.dequantize.
 
-QuantBlocks keeps a Q8_0/Q4_0/Q4_1/Q4_K tensor exactly as blocks of 32 values:
+QuantBlocks keeps a Q8_0/Q4_0/Q4_1/Q4_K tensor exactly: its blocks' bytes as the file holds them,
+read as fields (`fields`, for copying them into an image) or as blocks of 32 values:
 value = scale * q (+ offset), each product and sum rounded to float32. Scales and offsets are
 exact in float32: an fp16 number, or for Q4_K an fp16 number times a 6-bit integer.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -35,18 +38,54 @@ EXACT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K")
 PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
 
 
+# ggml's block_q8_0, block_q4_0 and block_q4_1 as records: a binary16 scale d, Q4_1's binary16
+# minimum m, then the quants (Q8_0 32 int8; Q4_0 and Q4_1 16 bytes, quant j in the low nibble of
+# byte j and quant j + 16 in its high nibble). Copying one field of every record is one pass.
+KEPT_RECORDS = {"Q8_0": np.dtype([("d", "<f2"), ("q", "V32")]), "Q4_0": np.dtype([("d", "<f2"), ("q", "V16")]),
+                "Q4_1": np.dtype([("d", "<f2"), ("m", "<f2"), ("q", "V16")])}
+
+
 @dataclass(frozen=True)
 class QuantBlocks:
-    """One tensor's quantized blocks of 32 along its last axis, kept exactly."""
+    """One tensor's quantized blocks of 32 along its last axis, kept exactly: the file's bytes."""
 
     ggml_type: str  # "Q8_0" | "Q4_0" | "Q4_1" | "Q4_K"
-    quants: np.ndarray  # int8, the tensor's shape: Q8_0 -128..127, Q4_0 -8..7, Q4_1 and Q4_K 0..15
-    scales: np.ndarray  # float32, shape[:-1] + (shape[-1] // 32,)
-    offsets: np.ndarray | None  # float32 like scales, added after the product (Q4_1: m, Q4_K: -dmin*m)
+    raw: np.ndarray  # uint8, shape[:-1] + (file blocks per row, block bytes); a Q4_K block is 256 values
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.quants.shape
+        block, _ = GGML_QUANT_SIZES[GGMLQuantizationType[self.ggml_type]]
+        return self.raw.shape[:-2] + (self.raw.shape[-2] * block,)
+
+    @cached_property
+    def _decoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        q, scale, offset = _fields(self.ggml_type, self.raw.reshape(-1, self.raw.shape[-1]))
+        blocks_shape = self.shape[:-1] + (self.shape[-1] // BLOCK,)
+        return (q.reshape(self.shape), scale.reshape(blocks_shape),
+                None if offset is None else offset.reshape(blocks_shape))
+
+    @property
+    def quants(self) -> np.ndarray:
+        """int8, the tensor's shape: Q8_0 -128..127, Q4_0 -8..7, Q4_1 and Q4_K 0..15."""
+        return self._decoded[0]
+
+    @property
+    def scales(self) -> np.ndarray:
+        """float32, shape[:-1] + (shape[-1] // 32,)."""
+        return self._decoded[1]
+
+    @property
+    def offsets(self) -> np.ndarray | None:
+        """float32 like scales, added after the product (Q4_1: m, Q4_K: -dmin*m)."""
+        return self._decoded[2]
+
+    def fields(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """A Q8_0/Q4_0/Q4_1 tensor's fields as the file holds them, over its blocks in order: the
+        quant bytes (uint8), the binary16 scales and the binary16 minimums (Q4_1) or None."""
+        records = np.ascontiguousarray(self.raw).reshape(-1).view(KEPT_RECORDS[self.ggml_type])
+        quants = records["q"].copy().view(np.uint8)
+        minimums = records["m"].copy() if self.ggml_type == "Q4_1" else None
+        return quants, records["d"].copy(), minimums
 
     def dequantize(self) -> np.ndarray:
         q = self.quants.reshape(*self.scales.shape, BLOCK).astype(np.float32)
@@ -57,25 +96,54 @@ class QuantBlocks:
 
     def take(self, index) -> "QuantBlocks":
         """The blocks of rows (or experts) `index` along the first axis."""
-        return QuantBlocks(self.ggml_type, self.quants[index], self.scales[index],
-                           None if self.offsets is None else self.offsets[index])
+        return QuantBlocks(self.ggml_type, self.raw[index])
 
 
 def _raw_rows(path: Path, info: GgufTensorInfo, rows: np.ndarray | None = None) -> np.ndarray:
     """The bytes of the tensor's rows (along its last axis; all of them when `rows` is None), as
-    (blocks, block_bytes) uint8: mapped from the file, and only the rows asked for copied."""
+    (blocks, block_bytes) uint8: consecutive rows read with one pread, others copied from the
+    mapped file, so only the rows asked for are read."""
     block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[info.ggml_type]]
     n_blocks = info.n_values // block
     if n_blocks == 0:
         return np.zeros((0, block_bytes), np.uint8)
+    per_row = info.shape[-1] // block
+    if rows is not None and _consecutive(rows):
+        first = int(rows[0]) if len(rows) else 0
+        raw = _read(path, info, info.begin + first * per_row * block_bytes, len(rows) * per_row * block_bytes)
+        return raw.reshape(-1, block_bytes)
     try:
         raw = np.memmap(path, dtype=np.uint8, mode="r", offset=info.begin, shape=(n_blocks * block_bytes,))
     except (OSError, ValueError) as e:
         raise ColibriError(f"{Path(path).name}: cannot map tensor {info.name!r}: {e}") from None
     if rows is None:
         return raw.reshape(n_blocks, block_bytes)
-    per_row = info.shape[-1] // block
     return raw.reshape(-1, per_row, block_bytes)[rows].reshape(-1, block_bytes)
+
+
+def _consecutive(rows: np.ndarray) -> bool:
+    return len(rows) == 0 or (rows[-1] - rows[0] == len(rows) - 1 and bool(np.all(np.diff(rows) == 1)))
+
+
+def _read(path: Path, info: GgufTensorInfo, start: int, nbytes: int) -> np.ndarray:
+    """`nbytes` of the file from `start` into a new array: the kernel copies them once (a mapping
+    would fault page by page), and a file cut short while it is read is an error, not a crash."""
+    out = np.empty(nbytes, np.uint8)
+    view = memoryview(out)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while view:
+                n = os.preadv(fd, [view], start)
+                if n <= 0:
+                    raise ColibriError(f"{Path(path).name}: tensor {info.name!r} runs past the end of the file "
+                                       f"(truncated while it was read?)")
+                view, start = view[n:], start + n
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise ColibriError(f"{Path(path).name}: cannot read tensor {info.name!r}: {e.strerror or e}") from None
+    return out
 
 
 def _f16(raw: np.ndarray, start: int) -> np.ndarray:
@@ -120,22 +188,21 @@ def _fields(ggml_type: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 
 
 def tensor_blocks(gguf: GgufFile, info: GgufTensorInfo) -> QuantBlocks | None:
-    """The exact block fields of a Q8_0/Q4_0/Q4_1/Q4_K tensor (None for other types)."""
+    """The exact blocks of a Q8_0/Q4_0/Q4_1/Q4_K tensor (None for other types)."""
     if info.ggml_type not in EXACT_TYPES:
         return None
-    quants, scales, offsets = _fields(info.ggml_type, _raw_rows(gguf.path, info))
-    blocks_shape = info.shape[:-1] + (info.shape[-1] // BLOCK,)
-    return QuantBlocks(info.ggml_type, quants.reshape(info.shape), scales.reshape(blocks_shape),
-                       None if offsets is None else offsets.reshape(blocks_shape))
+    return QuantBlocks(info.ggml_type, _per_row(_raw_rows(gguf.path, info), info.shape[:-1]))
 
 
 def rows_blocks(path: Path, info: GgufTensorInfo, rows: np.ndarray) -> QuantBlocks:
     """The exact blocks of rows `rows` (indices along the tensor's last axis' rows) of a
     Q8_0/Q4_0/Q4_1/Q4_K tensor: quants (len(rows), cols), scales and offsets (len(rows), cols / 32)."""
-    quants, scales, offsets = _fields(info.ggml_type, _raw_rows(path, info, rows))
-    n, cols = len(rows), info.shape[-1]
-    return QuantBlocks(info.ggml_type, quants.reshape(n, cols), scales.reshape(n, cols // BLOCK),
-                       None if offsets is None else offsets.reshape(n, cols // BLOCK))
+    return QuantBlocks(info.ggml_type, _per_row(_raw_rows(path, info, rows), (len(rows),)))
+
+
+def _per_row(raw: np.ndarray, rows_shape: tuple[int, ...]) -> np.ndarray:
+    """(blocks, block bytes) -> rows_shape + (blocks per row, block bytes)."""
+    return raw.reshape(*rows_shape, -1, raw.shape[-1])
 
 
 def _dequantize(ggml_type: str, raw: np.ndarray) -> np.ndarray:

@@ -135,24 +135,24 @@ def pack_nibbles(q: np.ndarray) -> np.ndarray:
 
 def keep_blocks(quants: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None, block_type: str
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """A GGUF tensor's own blocks (quants per value: Q8_0 and Q4_0 int8, Q4_1 0..15; scales and
-    offsets per 32, binary16 values as float32) as this project's block type holds them, value for
-    value: (int8 quants or packed nibbles, binary16 scales, binary16 minimums or None)."""
-    d = _kept_half(scales, "scale", block_type)
-    if block_type == "q8_0":
-        return quants.astype(np.int8), d, None
-    if block_type == "q4_0":
-        return pack_nibbles(quants.astype(np.int16) + 8), d, None
+    """A GGUF tensor's own Q8_0/Q4_0/Q4_1 block fields (model/gguf_tensors.QuantBlocks.fields: the
+    quant bytes, binary16 scales, binary16 Q4_1 minimums or None) as `block_type` holds them, value
+    for value: the same arrays, since the image packs its quants as the file does (Q8_0's int8; Q4_0's
+    nibbles standing for q - 8; Q4_1's for d * q + m) and stores the same binary16 numbers. What
+    quantizing would refuse is refused: a scale or minimum that is infinite or NaN."""
+    if block_type not in INTEGER_QUANTS or quants.size != scales.size * (QK if block_type == "q8_0" else QK // 2):
+        raise ValueError(f"{quants.size} quant bytes for {scales.size} blocks are not {block_type} blocks")
+    _finite_halves(scales, "scale", block_type)
     if block_type == "q4_1":
-        return pack_nibbles(quants), d, _kept_half(offsets, "minimum", block_type)
-    raise ValueError(block_type)
+        _finite_halves(offsets, "minimum", block_type)
+        return quants, scales, offsets
+    return quants, scales, None
 
 
-def _kept_half(values: np.ndarray, what: str, block_type: str) -> np.ndarray:
-    h = to_half(values, what, block_type)
-    if not np.array_equal(widen(h), np.asarray(values, dtype=np.float32)):
-        raise ValueError(f"a kept {block_type} block {what} is not a binary16 value")
-    return h
+def _finite_halves(values: np.ndarray, what: str, block_type: str) -> None:
+    """binary16 values with every exponent bit set are the infinities and NaNs."""
+    if np.any((values.view(np.uint16) & np.uint16(0x7C00)) == np.uint16(0x7C00)):
+        raise ColibriError(f"{block_type} cannot hold these weights: a block {what} is infinite or NaN")
 
 
 def quantize_q4_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

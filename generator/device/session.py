@@ -74,8 +74,8 @@ class RunResult:
 # Protocol 3's stats fields from a Linux board (firmware_src/app/decode.c): how it holds the weights
 # and its expert cache's counters over the decode (prefill_* over the prompt). Older boards send none.
 CACHE_STATS = ("mapped", "budget", "slots", "locked", "lock_refused", "direct_io", "prefetch", "lru", "cache_hits",
-               "cache_misses", "prefetches", "prefetch_hits", "read_bytes", "read_wait_us", "prefill_read_bytes",
-               "prefill_read_wait_us")
+               "cache_misses", "prefetches", "prefetch_hits", "read_bytes", "read_wait_us", "read_time_us",
+               "reads_in_flight", "prefill_read_bytes", "prefill_read_wait_us")
 
 
 def cache_stats(result: RunResult) -> dict | None:

@@ -438,8 +438,8 @@ int main(int argc, char **argv)
             }
             const uint64_t pool_bytes = (uint64_t)slots * COLIBRI_EXPERT_SLOT_BYTES;
             pool = aligned_alloc(COLIBRI_STORAGE_ALIGN, (size_t)pool_bytes);
-            /* The I/O thread reads a token's misses side by side, and the guesses when prefetching. */
-            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, 1) != 0) {
+            /* One I/O thread per expert of a token: a layer's misses are all read at once. */
+            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, COLIBRI_EXPERTS_PER_TOKEN) != 0) {
                 colibri_report_error(COLIBRI_ERR_BUDGET, "cannot allocate the expert slots or open the image file for reading");
                 return 1;
             }

@@ -439,6 +439,7 @@ int colibri_experts_next(int *rank, const ColibriExpert **out)
     const int first = storage->wait_any(storage->ctx, tickets, n);
     stats.wait_us += storage->now_us() - t0;
     const int i = ranks[first], j = tickets[first];
+    stats.reordered += ranks[0] < i; /* ranks[] ascends: a lower rank still in flight */
     slots[j].pending = 0;
     stats.read_us += slots[j].read_us;
     token.progress[i] = GIVEN;

@@ -45,6 +45,7 @@ typedef struct {
     uint64_t read_us;        /* the reads' own durations, summed: above wait_us when reads overlap
                               * each other or the compute */
     uint64_t max_in_flight;  /* the most reads queued or under way at once */
+    uint64_t reordered;      /* experts computed while one of lower rank was still being read */
 } ColibriCacheStats;
 
 /* Expert slots under a budget of `budget` bytes, from the constants compiled into this firmware

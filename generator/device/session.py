@@ -75,7 +75,7 @@ class RunResult:
 # and its expert cache's counters over the decode (prefill_* over the prompt). Older boards send none.
 CACHE_STATS = ("mapped", "budget", "slots", "locked", "lock_refused", "direct_io", "prefetch", "lru", "cache_hits",
                "cache_misses", "prefetches", "prefetch_hits", "read_bytes", "read_wait_us", "read_time_us",
-               "reads_in_flight", "prefill_read_bytes", "prefill_read_wait_us")
+               "reads_in_flight", "reads_reordered", "prefill_read_bytes", "prefill_read_wait_us")
 
 
 def cache_stats(result: RunResult) -> dict | None:

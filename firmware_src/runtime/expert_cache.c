@@ -61,8 +61,7 @@ static ColibriCacheStats stats;
 typedef enum { READY, IN_FLIGHT, GIVEN } Progress;
 static struct {
     const ColibriWeights *w;
-    int layer, k;
-    int32_t ids[MAX_K];
+    int k;
     const ColibriExpert *expert[MAX_K]; /* READY: its matrices */
     int slot[MAX_K];                    /* SLOTS: its slot */
     Progress progress[MAX_K];
@@ -336,10 +335,8 @@ static int take(int j)
 int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *ids, int k)
 {
     token.w = w;
-    token.layer = layer;
     token.k = k;
     for (int i = 0; i < k; i++) {
-        token.ids[i] = ids[i];
         token.progress[i] = READY;
     }
     if (mode == IN_PLACE) {
@@ -383,10 +380,7 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
             }
         } else {
             stats.misses++;
-            j = victim(1); /* rather not one being read into: that would wait for a read nobody uses */
-            if (j < 0) {
-                j = victim(0);
-            }
+            j = victim(0);
             settle(j); /* never overwrite a buffer being read into */
             assign(j, entry);
             slots[j].pinned = 1;

@@ -428,7 +428,8 @@ int main(int argc, char **argv)
              * experts consecutive tokens share; below that, LRU evicts every expert before its layer
              * comes round again, so the pool keeps the most used (LFU). Guessing the next layer's
              * experts (--prefetch 1) did not pay at any budget once a token's misses were read side
-             * by side: wrong guesses read bytes nobody uses and evict experts that would have hit. */
+             * by side, nor with all of them in flight at once: wrong guesses read bytes nobody uses
+             * and evict experts that would have hit. */
             const int roomy = slots >= (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_N_MOE_LAYERS;
             if (eviction < 0) {
                 eviction = roomy ? COLIBRI_EVICT_LRU : COLIBRI_EVICT_LFU;

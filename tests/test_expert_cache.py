@@ -237,3 +237,125 @@ def test_a_refused_mlock_is_said_plainly_and_changes_no_bit(builder, checkpoints
     assert cache_stats(refused)["lock_refused"] == 1
     assert "resident weights NOT locked (mlock refused)" in budget_text(run_stats(refused, board, request))
     assert refused.digests == locked.digests and refused.expert_counts == locked.expert_counts
+
+
+# ---- Reads in flight together (issue 23 item 3): a layer's misses are all queued at once, each expert
+# is computed as soon as its read lands, and the MoE output is still summed in rank order. tests/slow_reads.c,
+# preloaded into the firmware, makes the expert reads slow (or slow in a scrambled order, or failing) so
+# that these are behaviours to assert, not timings to hope for.
+
+SLOW_US = 20000
+
+
+@pytest.fixture(scope="session")
+def slow_reads(tmp_path_factory):
+    """The LD_PRELOAD shim, built for this host."""
+    import subprocess
+    from pathlib import Path
+
+    so = tmp_path_factory.mktemp("shim") / "slow_reads.so"
+    src = Path(__file__).with_name("slow_reads.c")
+    subprocess.run(["gcc", "-std=c11", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(so), str(src), "-ldl"],
+                   check=True)
+    return so
+
+
+def shim_prefix(so, **settings):
+    """COLIBRI_FIRMWARE_PREFIX that runs the firmware with the shim and its COLIBRI_SLOW_* settings."""
+    # 4097: the expert reads, not the 4 KiB O_DIRECT probe at open.
+    names = " ".join(f"COLIBRI_SLOW_{k.upper()}={v}" for k, v in {"min_bytes": 4097, **settings}.items())
+    return f"env LD_PRELOAD={so} {names}"
+
+
+def test_a_layers_misses_are_read_together_while_the_experts_compute(builder, checkpoints, slow_reads, monkeypatch):
+    # qwen3_moe: top-3, 2 MoE layers; at the smallest budget (3 slots) each layer evicts the other's
+    # experts, so every use is a miss and each layer reads 3 experts.
+    board, art, plan = builder.build(checkpoints("qwen3_moe"), "q8_0", 64)
+    c = constants(board, plan)
+    k = c.experts_per_token
+    assert k == 3
+    _, unlimited = run(board, art, steps=8)
+    monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", shim_prefix(slow_reads, us=SLOW_US))
+    for threads in (1, 2):
+        _, result = run(board, art, c.min_budget, threads, prefetch=False, steps=8)
+        assert result.digests == unlimited.digests and result.expert_counts == unlimited.expert_counts
+        s = cache_stats(result)
+        assert s["cache_hits"] == 0 and s["cache_misses"] == int(result.stats["decode"]) * c.n_moe_layers * k
+        # The shim did slow every read (else this test would measure nothing).
+        assert s["read_time_us"] >= s["cache_misses"] * SLOW_US
+        # All of a layer's misses were queued or under way at once (before: at most two) ...
+        assert s["reads_in_flight"] >= k
+        # ... and read side by side: the forward pass waited a fraction of the reads' time
+        # (one after another it would wait all of it; two at a time two thirds).
+        assert s["read_wait_us"] < s["read_time_us"] / 2, s
+
+
+@pytest.mark.parametrize("model", MOE_MODELS)
+def test_reads_that_finish_out_of_order_give_the_same_bits(builder, checkpoints, slow_reads, monkeypatch, model):
+    # Each read is slowed by 1 to 4 x 2 ms by its file offset: a layer's experts are computed in the
+    # order their reads finish, which is often not their rank; their sum must not notice. f32: no q8_0
+    # activations to round a last-bit difference away (with q8_0, summing top-3 experts in the order
+    # their reads finish changed few of the logits hashes; in f32 every one).
+    board, art, plan = builder.build(checkpoints(model), "f32", 64)
+    c = constants(board, plan)
+    request, unlimited = run(board, art, steps=12)
+    ref = reference_run(plan, art.weights, request)
+    monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", shim_prefix(slow_reads, us=2000, scramble=8))
+    reordered = 0
+    for budget in (c.min_budget, c.budget_for(c.experts_per_token * c.n_moe_layers)):
+        for threads in (1, 2):
+            for prefetch in (False, True):
+                _, result = run(board, art, budget, threads, prefetch, steps=12)
+                assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
+                assert result.expert_counts == unlimited.expert_counts
+                assert compare(result, ref).passed
+                reordered += cache_stats(result)["reads_reordered"]
+    assert reordered > 0, "no expert was computed ahead of a lower rank: the order was never tested"
+
+
+def run_firmware_directly(program, weights, so, budget, prompt, steps, **settings):
+    """The firmware's exit status and frames (run_on_board stops it at its error frame)."""
+    import subprocess
+
+    from generator.device.protocol import FrameReader
+    from generator.device.session import request_frame
+
+    request = RunRequest(prompt, steps, memory_budget=budget, stop_at_eos=False)
+    argv = [*shim_prefix(so, **settings).split(), str(program), "--weights", str(weights), *request.firmware_options()]
+    done = subprocess.run(argv, input=request_frame(request), capture_output=True, timeout=120)
+    return done.returncode, FrameReader().feed(done.stdout)
+
+
+@pytest.mark.parametrize("fault", ["fail", "short"])
+def test_a_failed_or_short_read_among_several_in_flight_ends_the_run(builder, checkpoints, slow_reads, monkeypatch,
+                                                                     fault):
+    # Every use misses (3 slots, 2 MoE layers, top-3): reads 4, 5 and 6 are token 0's second layer, in
+    # flight together; the 5th fails (EIO) or comes up short (the file seems to end in its middle).
+    board, art, plan = builder.build(checkpoints("qwen3_moe"), "q8_0", 64)
+    c = constants(board, plan)
+    status, frames = run_firmware_directly(art.program, art.weights, slow_reads, c.min_budget, PROMPT, 4,
+                                           us=SLOW_US, **{fault: 5})
+    assert status == 1 and [f.kind for f in frames] == ["hello", "error"], (status, frames)
+    assert frames[-1].fields["code"] == "18"
+    # Through the CLI's runner: the loader's message, before any token.
+    monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", shim_prefix(slow_reads, us=SLOW_US, **{fault: 5}))
+    tokens = []
+    with pytest.raises(ColibriError, match=r"error 18: reading an expert from the weight image file failed"):
+        run_on_board(board, art.program, art.weights, RunRequest(PROMPT, 4, memory_budget=c.min_budget,
+                                                                 stop_at_eos=False),
+                     art.model_hash(), on_token=lambda step, token: tokens.append(token))
+    assert tokens == []
+
+
+def test_a_corrupted_expert_among_several_in_flight_ends_the_run(builder, checkpoints, slow_reads, tmp_path):
+    # Its CRC-32 is checked on the I/O thread that read it, while the token's other reads are in flight.
+    board, art, plan = builder.build(checkpoints("qwen3_moe"), "q8_0", 64)
+    c = constants(board, plan)
+    _, clean = run(board, art, prompt=PROMPT[:2], steps=2)
+    used, _ = used_and_unused_expert(clean, plan)
+    blob = art.weights.read_bytes()
+    damaged = tmp_path / "damaged.img"
+    damaged.write_bytes(tensor_edited(blob, used, entry(blob, used)[4] // 2, fix_directory=False))
+    status, frames = run_firmware_directly(art.program, damaged, slow_reads, c.min_budget, PROMPT[:2], 2, us=SLOW_US)
+    assert status == 1 and [f.kind for f in frames] == ["hello", "error"], (status, frames)
+    assert frames[-1].fields["code"] == "17" and "corrupted" in frames[-1].fields["msg"]

@@ -271,6 +271,10 @@ int colibri_decode(const ColibriRequest *req)
         proto_u64("prefetch_hits", c2.prefetch_hits - c1.prefetch_hits);
         proto_u64("read_bytes", c2.bytes_read - c1.bytes_read);
         proto_u64("read_wait_us", c2.wait_us - c1.wait_us);
+        proto_u64("read_time_us", c2.read_us - c1.read_us);
+        /* Over the whole run, prompt included: how the reads overlapped. */
+        proto_u64("reads_in_flight", c2.max_in_flight);
+        proto_u64("reads_reordered", c2.reordered);
         proto_u64("prefill_read_bytes", c1.bytes_read);
         proto_u64("prefill_read_wait_us", c1.wait_us);
         if (info->auto_source != NULL) {

@@ -8,18 +8,23 @@
 #define EXPERTS_PER_LAYER (COLIBRI_N_EXPERTS > 0 ? COLIBRI_N_EXPERTS : 1)
 #define TABLE_ENTRIES (COLIBRI_N_LAYERS * EXPERTS_PER_LAYER)
 #define MAX_SLOTS (COLIBRI_N_MOE_LAYERS > 0 ? COLIBRI_N_MOE_LAYERS * EXPERTS_PER_LAYER : 1) /* every expert its own */
+#define MAX_K (COLIBRI_EXPERTS_PER_TOKEN > 0 ? COLIBRI_EXPERTS_PER_TOKEN : 1)
 
 /* One slot: an expert's gate, up and down matrices as one aligned read of the image file. Only the
- * forward pass's thread changes a slot's fields; the I/O thread writes its bytes and `result`, which
- * the forward pass reads only after storage->wait(ticket). */
+ * forward pass's thread changes a slot's fields, except `status` and `read_us`, which an I/O thread
+ * writes when the slot's queued read is done and the forward pass reads only after storage->wait
+ * (or wait_any) has returned its ticket. */
 typedef struct {
     int32_t entry;       /* what it holds or is being read into it (layer x N_EXPERTS + expert); -1: empty */
     int pinned;          /* holds an expert of the token being computed: never evicted meanwhile */
     uint64_t last_use;   /* the clock at its last use (or prefetch): least recently used goes first */
     int pending;         /* a queued read not waited for yet */
     int prefetched;      /* filled by a prefetch and not used since */
-    int checked;         /* its CRC-32s matched */
-    int64_t result;      /* the queued read's bytes (set by `done` on the I/O thread), or -1 */
+    int checked;         /* its read is in and good, its matrices bound: ready to compute */
+    int check;           /* the read checks the expert's CRC-32s (its first time in) */
+    uint64_t skip, need; /* the expert's first byte in the read, and the bytes the read must deliver */
+    int status;          /* the read's outcome: COLIBRI_OK, COLIBRI_ERR_READ or a CRC-32 mismatch */
+    uint64_t read_us;    /* how long the read took */
     uint8_t *buf;        /* COLIBRI_EXPERT_SLOT_BYTES, COLIBRI_STORAGE_ALIGN aligned */
     ColibriExpert w;     /* its matrices, bound into buf */
 } Slot;
@@ -52,6 +57,16 @@ static uint64_t clock_tick;
 static colibri_eviction policy = COLIBRI_EVICT_LFU;
 static uint32_t uses[TABLE_ENTRIES];           /* [layer][expert]: times used since start (LFU) */
 static ColibriCacheStats stats;
+
+/* The experts of the token being computed (one layer), as colibri_experts_next hands them out. */
+typedef enum { READY, IN_FLIGHT, GIVEN } Progress;
+static struct {
+    const ColibriWeights *w;
+    int k;
+    const ColibriExpert *expert[MAX_K]; /* READY: its matrices */
+    int slot[MAX_K];                    /* SLOTS: its slot */
+    Progress progress[MAX_K];
+} token;
 
 int64_t colibri_cache_slots_for_budget(uint64_t budget)
 {
@@ -104,28 +119,27 @@ static int check_expert(int layer, int expert, const uint8_t *data)
     return COLIBRI_OK;
 }
 
-/* A read into a slot: short reads fail; the expert's CRC-32s are checked the first time it is brought in
- * (later reads of it come from the same read-only file, as the mapping's pages would). */
-static int check_read(int layer, int expert, int64_t got, uint64_t need, const uint8_t *data)
+/* A read into a slot: short reads fail; the expert's CRC-32s are checked the first time it is brought
+ * in (later reads of it come from the same read-only file, as the mapping's pages would). Runs where
+ * the read finished: on an I/O thread, or on the caller. */
+static void finish_read(Slot *slot, int64_t got)
 {
-    const int entry = layer * EXPERTS_PER_LAYER + expert;
-    if (got < (int64_t)need) {
-        return COLIBRI_ERR_READ;
+    const int layer = slot->entry / EXPERTS_PER_LAYER, expert = slot->entry % EXPERTS_PER_LAYER;
+    if (got < (int64_t)slot->need) {
+        slot->status = COLIBRI_ERR_READ;
+    } else if (slot->check) {
+        slot->status = check_expert(layer, expert, slot->buf + slot->skip);
+    } else {
+        slot->status = COLIBRI_OK;
     }
-    if (!verified[entry]) {
-        int status = check_expert(layer, expert, data);
-        if (status != COLIBRI_OK) {
-            return status;
-        }
-        verified[entry] = 1;
-    }
-    return COLIBRI_OK;
 }
 
-/* Called on the I/O thread when a queued read is done. */
-static void read_done(int ticket, int64_t result)
+/* Called on an I/O thread when a queued read is done. The CRC-32 tables it uses were made at open,
+ * when the loader checked the header, before any I/O thread started. */
+static void read_done(int ticket, int64_t result, uint64_t read_us)
 {
-    slots[ticket].result = result;
+    slots[ticket].read_us = read_us;
+    finish_read(&slots[ticket], result);
 }
 
 void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int count, ColibriStorage *s, int prefetch,
@@ -153,6 +167,7 @@ void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int count, C
         slot->prefetched = 0;
         slot->checked = 0;
     }
+    token.k = 0;
 }
 
 /* Where the aligned read of an expert starts and how long it is; `skip`: the expert's first byte in it. */
@@ -192,6 +207,7 @@ static void settle(int j)
         const uint64_t t0 = storage->now_us();
         storage->wait(storage->ctx, j);
         stats.wait_us += storage->now_us() - t0;
+        stats.read_us += slot->read_us;
         slot->pending = 0;
     }
 }
@@ -246,8 +262,80 @@ static void forget(int j)
     slots[j].entry = -1;
 }
 
-int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *ids, int k, const ColibriExpert **out)
+/* Where slot j's expert is read from, and whether the read checks its CRC-32s. */
+static void prepare_read(int j, uint64_t *offset, uint64_t *len)
 {
+    Slot *slot = &slots[j];
+    aligned_read(slot->entry / EXPERTS_PER_LAYER, slot->entry % EXPERTS_PER_LAYER, offset, len, &slot->skip,
+                 &slot->need);
+    slot->check = !verified[slot->entry];
+    slot->status = COLIBRI_ERR_READ;
+}
+
+/* Queue the read of slot j's expert on the I/O threads: whether it could. */
+static int queue_read(int j)
+{
+    Slot *slot = &slots[j];
+    uint64_t offset, len;
+    prepare_read(j, &offset, &len);
+    const int in_flight = storage->submit == NULL ? -1 : storage->submit(storage->ctx, j, slot->buf, offset, len);
+    if (in_flight < 0) {
+        return 0;
+    }
+    slot->pending = 1;
+    stats.bytes_read += len;
+    if ((uint64_t)in_flight > stats.max_in_flight) {
+        stats.max_in_flight = (uint64_t)in_flight;
+    }
+    return 1;
+}
+
+/* Read slot j's expert here, waiting for it (no I/O thread, or its queue refused the read). */
+static void read_here(int j)
+{
+    Slot *slot = &slots[j];
+    uint64_t offset, len;
+    prepare_read(j, &offset, &len);
+    const uint64_t t0 = storage->now_us();
+    const int64_t got = storage->read(storage->ctx, slot->buf, offset, len);
+    finish_read(slot, got);
+    const uint64_t us = storage->now_us() - t0;
+    stats.wait_us += us;
+    stats.read_us += us;
+    if (got > 0) {
+        stats.bytes_read += (uint64_t)got;
+    }
+    if (stats.max_in_flight == 0) {
+        stats.max_in_flight = 1;
+    }
+}
+
+/* Slot j's read is in: its matrices bound if it is good (the first time), else the slot emptied and
+ * the read's error returned. */
+static int take(int j)
+{
+    Slot *slot = &slots[j];
+    if (slot->checked) {
+        return COLIBRI_OK;
+    }
+    const int status = slot->status;
+    if (status != COLIBRI_OK) {
+        forget(j);
+        return status;
+    }
+    verified[slot->entry] = 1;
+    slot->checked = 1;
+    bind_slot(slot, token.w, slot->entry / EXPERTS_PER_LAYER, slot->entry % EXPERTS_PER_LAYER, slot->skip);
+    return COLIBRI_OK;
+}
+
+int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *ids, int k)
+{
+    token.w = w;
+    token.k = k;
+    for (int i = 0; i < k; i++) {
+        token.progress[i] = READY;
+    }
     if (mode == IN_PLACE) {
         for (int i = 0; i < k; i++) {
             const int entry = layer * EXPERTS_PER_LAYER + ids[i];
@@ -260,7 +348,7 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
                 }
                 verified[entry] = 1;
             }
-            out[i] = in_image(w, layer, ids[i]);
+            token.expert[i] = in_image(w, layer, ids[i]);
         }
         return COLIBRI_OK;
     }
@@ -276,13 +364,8 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
         }
         uses[layer * EXPERTS_PER_LAYER + ids[i]]++;
     }
-    /* Misses get their slots; all but the last are read on the I/O thread while the last is read
-     * here, so that two reads are in flight (storage answers two faster than one after the other). */
-    int slot_for[EXPERTS_PER_LAYER];
-    int missing = 0;
-    for (int i = 0; i < k; i++) {
-        missing += slot_of[layer * EXPERTS_PER_LAYER + ids[i]] < 0;
-    }
+    /* Every miss gets its slot and its read is queued at once: the storage sees them all in flight
+     * together, and the forward pass computes the hits meanwhile. */
     for (int i = 0; i < k; i++) {
         const int32_t entry = layer * EXPERTS_PER_LAYER + ids[i];
         int j = slot_of[entry];
@@ -292,53 +375,71 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
                 stats.prefetch_hits++;
                 slots[j].prefetched = 0;
             }
-            slot_for[i] = j;
-            continue;
-        }
-        stats.misses++;
-        missing--;
-        j = victim(0);
-        Slot *slot = &slots[j];
-        settle(j); /* never overwrite a buffer being read into */
-        assign(j, entry);
-        slot->pinned = 1;
-        slot_for[i] = j;
-        uint64_t offset, len, skip, need;
-        aligned_read(layer, ids[i], &offset, &len, &skip, &need);
-        slot->result = -1;
-        if (missing > 0 && storage->submit != NULL && storage->submit(storage->ctx, j, slot->buf, offset, len) == 0) {
-            slot->pending = 1;
-            stats.bytes_read += len;
-            continue;
-        }
-        const uint64_t t0 = storage->now_us();
-        slot->result = storage->read(storage->ctx, slot->buf, offset, len);
-        stats.wait_us += storage->now_us() - t0;
-        if (slot->result > 0) {
-            stats.bytes_read += (uint64_t)slot->result;
-        }
-    }
-    /* Every read done and checked (the first time each expert comes in), in rank order. */
-    for (int i = 0; i < k; i++) {
-        const int j = slot_for[i];
-        Slot *slot = &slots[j];
-        settle(j);
-        if (!slot->checked) {
-            uint64_t offset, len, skip, need;
-            aligned_read(layer, ids[i], &offset, &len, &skip, &need);
-            const uint64_t t0 = storage->now_us();
-            int status = check_read(layer, ids[i], slot->result, need, slot->buf + skip);
-            stats.wait_us += storage->now_us() - t0;
-            if (status != COLIBRI_OK) {
-                forget(j);
-                return status;
+        } else {
+            stats.misses++;
+            j = victim(0);
+            settle(j); /* never overwrite a buffer being read into */
+            assign(j, entry);
+            slots[j].pinned = 1;
+            if (!queue_read(j)) {
+                read_here(j);
             }
-            slot->checked = 1;
-            bind_slot(slot, w, layer, ids[i], skip);
         }
-        slot->last_use = ++clock_tick;
-        out[i] = &slot->w;
+        token.slot[i] = j;
+        if (slots[j].pending) {
+            token.progress[i] = IN_FLIGHT;
+            continue;
+        }
+        int status = take(j);
+        if (status != COLIBRI_OK) {
+            return status;
+        }
+        token.expert[i] = &slots[j].w;
     }
+    for (int i = 0; i < k; i++) {
+        slots[token.slot[i]].last_use = ++clock_tick;
+    }
+    return COLIBRI_OK;
+}
+
+int colibri_experts_next(int *rank, const ColibriExpert **out)
+{
+    /* Those in a slot already, in rank order. */
+    for (int i = 0; i < token.k; i++) {
+        if (token.progress[i] == READY) {
+            token.progress[i] = GIVEN;
+            *rank = i;
+            *out = token.expert[i];
+            return COLIBRI_OK;
+        }
+    }
+    /* Then the first read to finish of those still in flight. */
+    int tickets[MAX_K], ranks[MAX_K], n = 0;
+    for (int i = 0; i < token.k; i++) {
+        if (token.progress[i] == IN_FLIGHT) {
+            tickets[n] = token.slot[i];
+            ranks[n++] = i;
+        }
+    }
+    if (n == 0) {
+        *rank = -1;
+        *out = NULL;
+        return COLIBRI_OK; /* called more often than the token has experts */
+    }
+    const uint64_t t0 = storage->now_us();
+    const int first = storage->wait_any(storage->ctx, tickets, n);
+    stats.wait_us += storage->now_us() - t0;
+    const int i = ranks[first], j = tickets[first];
+    stats.reordered += ranks[0] < i; /* ranks[] ascends: a lower rank still in flight */
+    slots[j].pending = 0;
+    stats.read_us += slots[j].read_us;
+    token.progress[i] = GIVEN;
+    int status = take(j);
+    if (status != COLIBRI_OK) {
+        return status;
+    }
+    *rank = i;
+    *out = &slots[j].w;
     return COLIBRI_OK;
 }
 
@@ -362,20 +463,15 @@ void colibri_experts_prefetch(int layer, const int32_t *ids, int k)
             return;
         }
         Slot *slot = &slots[j];
-        uint64_t offset, len, skip, need;
-        aligned_read(layer, ids[i], &offset, &len, &skip, &need);
         assign(j, entry);
-        slot->result = -1;
         slot->last_use = ++clock_tick;
         slot->pinned = 1; /* not to be evicted by the next guess of this token */
-        if (storage->submit(storage->ctx, j, slot->buf, offset, len) != 0) {
+        if (!queue_read(j)) {
             forget(j);
             return;
         }
-        slot->pending = 1;
         slot->prefetched = 1;
         stats.prefetches++;
-        stats.bytes_read += len;
     }
 }
 

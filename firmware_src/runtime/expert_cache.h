@@ -18,25 +18,34 @@ typedef struct {
     /* Read `bytes` at file `offset` into dst on the caller's thread: the bytes read (fewer only at the
      * end of the file), or -1. */
     int64_t (*read)(void *ctx, uint8_t *dst, uint64_t offset, uint64_t bytes);
-    /* Queue the same read on an I/O thread, tagged `ticket`; when it is done the I/O thread calls
-     * done(ticket, bytes read or -1) and only then counts the ticket finished. NULL: no I/O thread
-     * (no prefetching). Returns 0, or -1 when it cannot queue (the cache then reads when needed). */
+    /* Queue the same read for the I/O threads, tagged `ticket`; when it is done an I/O thread calls
+     * done(ticket, bytes read or -1, the read's microseconds) and only then counts the ticket finished.
+     * NULL: no I/O thread (reads on the caller, one after another; no prefetching). Returns the reads
+     * then queued or under way, this one included (>= 1), or -1 when it cannot queue (the cache then
+     * reads on the caller). */
     int (*submit)(void *ctx, int ticket, uint8_t *dst, uint64_t offset, uint64_t bytes);
     /* Block until the read queued with `ticket` is finished (done has returned). */
     void (*wait)(void *ctx, int ticket);
+    /* Block until one of the n queued tickets is finished; of those finished, the index of the one
+     * that finished first. */
+    int (*wait_any)(void *ctx, const int *tickets, int n);
     uint64_t (*now_us)(void); /* a monotonic clock, for the time spent waiting on reads */
     void *ctx;
-    void (*done)(int ticket, int64_t result); /* set by colibri_experts_use_slots */
+    void (*done)(int ticket, int64_t result, uint64_t read_us); /* set by colibri_experts_use_slots */
 } ColibriStorage;
 
 /* Counters since start (the stats frame reports the decode's share). */
 typedef struct {
     uint64_t hits;           /* expert uses that found the expert in a slot (read or being read) */
-    uint64_t misses;         /* expert uses that had to read it first, waiting */
-    uint64_t prefetches;     /* reads queued on the I/O thread from the next layer's router guess */
+    uint64_t misses;         /* expert uses that had to read it first */
+    uint64_t prefetches;     /* reads queued from the next layer's router guess */
     uint64_t prefetch_hits;  /* of the hits, those on a prefetched expert's first use */
     uint64_t bytes_read;     /* from storage, aligned reads, prefetches included */
-    uint64_t wait_us;        /* the forward pass waiting on reads and their CRC-32 checks */
+    uint64_t wait_us;        /* the forward pass blocked on reads (and their CRC-32 checks) */
+    uint64_t read_us;        /* the reads' own durations, summed: above wait_us when reads overlap
+                              * each other or the compute */
+    uint64_t max_in_flight;  /* the most reads queued or under way at once */
+    uint64_t reordered;      /* experts computed while one of lower rank was still being read */
 } ColibriCacheStats;
 
 /* Expert slots under a budget of `budget` bytes, from the constants compiled into this firmware
@@ -64,16 +73,24 @@ typedef enum {
 void colibri_experts_use_slots(const uint8_t *image, uint8_t *pool, int slots, ColibriStorage *storage, int prefetch,
                                colibri_eviction eviction);
 
-/* The k experts `ids` of MoE layer `layer` for one token, into out[0..k-1]: COLIBRI_OK or the loader's
- * error code (a corrupted expert: COLIBRI_ERR_TENSOR_CHECKSUM; a failed read: COLIBRI_ERR_READ). The
- * pointers stay valid until the next call for that layer. */
-int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *ids, int k, const ColibriExpert **out);
+/* Start bringing in the k experts `ids` of MoE layer `layer` for one token (k <=
+ * COLIBRI_EXPERTS_PER_TOKEN): those in a slot are ready, the others are read all at once, on the I/O
+ * threads where the storage has them. Then colibri_experts_next, k times, hands them out as they are
+ * ready. COLIBRI_OK or the loader's error code (a failed read on the caller: COLIBRI_ERR_READ). */
+int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *ids, int k);
 
-/* Whether colibri_experts_prefetch does anything (slots with an I/O thread and prefetch on). */
+/* The next of the acquired experts ready to compute, into *rank (its index in ids) and *out: first
+ * those that were in a slot, in rank order, then the others in the order their reads finish (waiting
+ * when none has). COLIBRI_OK or the loader's error code (a failed or short read:
+ * COLIBRI_ERR_READ; a corrupted expert: COLIBRI_ERR_TENSOR_CHECKSUM). The pointer stays valid until
+ * the next colibri_experts_acquire. */
+int colibri_experts_next(int *rank, const ColibriExpert **out);
+
+/* Whether colibri_experts_prefetch does anything (slots with I/O threads and prefetch on). */
 int colibri_experts_prefetching(void);
 
-/* Hint: MoE layer `layer` will probably want experts ids[0..k-1]; read those not in a slot on the I/O
- * thread, into the least recently used slots that are neither pinned (the experts of the token being
+/* Hint: MoE layer `layer` will probably want experts ids[0..k-1]; queue reads of those not in a slot,
+ * into the least recently used slots that are neither pinned (the experts of the token being
  * computed) nor being read. */
 void colibri_experts_prefetch(int layer, const int32_t *ids, int k);
 

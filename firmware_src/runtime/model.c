@@ -29,11 +29,12 @@ void colibri_buffers_init(ColibriBuffers *b)
 #if COLIBRI_N_EXPERTS > 0
     b->router_logits = (float *)(s + COLIBRI_SCRATCH_ROUTER_LOGITS_OFFSET);
     b->moe_out = (float *)(s + COLIBRI_SCRATCH_MOE_OUT_OFFSET);
+    b->expert_terms = (float *)(s + COLIBRI_SCRATCH_EXPERT_TERMS_OFFSET);
     b->expert_ids = (int32_t *)(s + COLIBRI_SCRATCH_EXPERT_IDS_OFFSET);
     b->expert_weights = (float *)(s + COLIBRI_SCRATCH_EXPERT_WEIGHTS_OFFSET);
     b->expert_counts = (int32_t *)(s + COLIBRI_SCRATCH_EXPERT_COUNTS_OFFSET);
 #else
-    b->router_logits = b->moe_out = b->expert_weights = NULL;
+    b->router_logits = b->moe_out = b->expert_terms = b->expert_weights = NULL;
     b->expert_ids = b->expert_counts = NULL;
 #endif
 #if COLIBRI_ACT_Q8_0
@@ -233,9 +234,9 @@ static void top_k(const float *scores, int n, int32_t *ids, int k)
  * experts (best first, lowest id on ties), weights optionally renormalised, outputs summed in rank
  * order, plus the shared expert scaled by sigmoid(shared_gate x) where the model has one. Tokens
  * are routed one at a time; the first slot of the per-token buffers is its workspace. The experts
- * come from runtime/expert_cache.c (in place, or from slots under a memory budget: the same bytes);
- * with `guess`, the next MoE layer's router is applied to this token's xn and its top k are
- * prefetched while this layer computes. Returns COLIBRI_OK or the cache's error code. */
+ * come from runtime/expert_cache.c (in place, or from slots under a memory budget: the same bytes),
+ * each computed as soon as it is there; with `guess`, the next MoE layer's router is applied to
+ * this token's xn and its top k are prefetched while this layer computes. Returns COLIBRI_OK or the cache's error code. */
 static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const float *xn, float *out, int guess)
 {
     const ColibriLayerWeights *lw = &w->layers[layer];
@@ -256,29 +257,23 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
             b->expert_weights[k] = b->expert_weights[k] / sum;
         }
     }
-    const ColibriExpert *experts[COLIBRI_EXPERTS_PER_TOKEN];
-    int status = colibri_experts_acquire(w, layer, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN, experts);
+    int status = colibri_experts_acquire(w, layer, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN);
     if (status != 0) {
         return status;
     }
     const int next = guess && colibri_experts_prefetching() ? next_moe_layer(layer) : -1;
     if (next >= 0) {
-        /* This layer's experts are in (and pinned): guess the next MoE layer's from the same
-         * quantized input (no matmul_input since) with its router, into the router buffer this layer
-         * no longer needs, and have them read while this layer computes. */
+        /* This layer's experts are in or on their way (and pinned): guess the next MoE layer's from
+         * the same quantized input (no matmul_input since) with its router, into the router buffer
+         * this layer no longer needs, and have them read while this layer computes. */
         int32_t likely[COLIBRI_EXPERTS_PER_TOKEN];
         linear(b->router_logits, &in, &w->layers[next].router, NULL, COLIBRI_N_EXPERTS);
         top_k(b->router_logits, COLIBRI_N_EXPERTS, likely, COLIBRI_EXPERTS_PER_TOKEN);
         colibri_experts_prefetch(next, likely, COLIBRI_EXPERTS_PER_TOKEN);
     }
-    for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
-        const ColibriExpert *ex = experts[k];
-        gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, xn, 1, COLIBRI_EXPERT_FFN_DIM);
-        for (int i = 0; i < COLIBRI_DIM; i++) {
-            float term = b->expert_weights[k] * b->proj[i];
-            out[i] = (k == 0) ? term : out[i] + term;
-        }
-    }
+    /* The shared expert first, while the misses are read: its scaled output in the row after the
+     * routed experts' rows. */
+    float *shared_term = b->expert_terms + (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_DIM;
     if (COLIBRI_SHARED_FFN_DIM > 0) {
         const MatmulInput shared_in = matmul_input(b, xn, 1, COLIBRI_DIM);
         linear(b->router_logits, &shared_in, &lw->shared_gate, NULL, 1);
@@ -286,7 +281,35 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
         gated_ffn(b, &lw->shared.w_gate, &lw->shared.w_up, &lw->shared.w_down, NULL, NULL, NULL, xn, 1,
                   COLIBRI_SHARED_FFN_DIM);
         for (int i = 0; i < COLIBRI_DIM; i++) {
-            out[i] = out[i] + scale * b->proj[i];
+            shared_term[i] = scale * b->proj[i];
+        }
+    }
+    /* Each routed expert as soon as it is there (those in a slot first, then the others as their
+     * reads finish), its weighted output kept in its rank's row; then the sum in rank order, the
+     * shared expert last, as if they had come one after another: the same bits whatever order the
+     * reads finish in. */
+    for (int n = 0; n < COLIBRI_EXPERTS_PER_TOKEN; n++) {
+        int k;
+        const ColibriExpert *ex;
+        status = colibri_experts_next(&k, &ex);
+        if (status != 0) {
+            return status;
+        }
+        gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, xn, 1, COLIBRI_EXPERT_FFN_DIM);
+        float *term = b->expert_terms + (int64_t)k * COLIBRI_DIM;
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            term[i] = b->expert_weights[k] * b->proj[i];
+        }
+    }
+    for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
+        const float *term = b->expert_terms + (int64_t)k * COLIBRI_DIM;
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            out[i] = (k == 0) ? term[i] : out[i] + term[i];
+        }
+    }
+    if (COLIBRI_SHARED_FFN_DIM > 0) {
+        for (int i = 0; i < COLIBRI_DIM; i++) {
+            out[i] = out[i] + shared_term[i];
         }
     }
     return 0;

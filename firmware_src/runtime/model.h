@@ -12,7 +12,7 @@ typedef struct {
     int32_t *cand;
     int8_t *act_qs; /* q8_0 builds only */
     float *act_d;
-    float *router_logits, *moe_out, *expert_weights; /* MoE builds only */
+    float *router_logits, *moe_out, *expert_terms, *expert_weights; /* MoE builds only */
     int32_t *expert_ids, *expert_counts;
 } ColibriBuffers;
 

@@ -409,6 +409,9 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
         items += [
             ("router_logits", "float", spec.n_experts, "MoE: router logits, then probabilities"),
             ("moe_out", "float", n * d, "MoE: weighted sum of the selected experts' outputs, per token"),
+            ("expert_terms", "float", (spec.experts_per_token + bool(spec.shared_expert_intermediate_size)) * d,
+             "MoE: each selected expert's weighted output (and the shared expert's), summed in rank order "
+             "once all are computed"),
             ("expert_ids", "int32_t", spec.experts_per_token, "MoE: experts selected for this token, best first"),
             ("expert_weights", "float", spec.experts_per_token, "MoE: their routing weights"),
             ("expert_counts", "int32_t", spec.n_layers * spec.n_experts, "MoE: selections per layer and expert in this run"),

@@ -85,8 +85,9 @@ class RunResult:
 # Under --memory-budget auto also what the board found (auto_found, less auto_margin) and where
 # (auto_source: cgroup-v2, cgroup-v1 or meminfo; auto_where: the file).
 CACHE_STATS = ("mapped", "budget", "slots", "locked", "lock_refused", "direct_io", "prefetch", "lru", "cache_hits",
-               "cache_misses", "prefetches", "prefetch_hits", "read_bytes", "read_wait_us", "prefill_read_bytes",
-               "prefill_read_wait_us", "auto_found", "auto_margin")
+               "cache_misses", "prefetches", "prefetch_hits", "read_bytes", "read_wait_us", "read_time_us",
+               "reads_in_flight", "reads_reordered", "prefill_read_bytes", "prefill_read_wait_us", "auto_found",
+               "auto_margin")
 AUTO_SOURCES = ("cgroup-v2", "cgroup-v1", "meminfo")
 
 

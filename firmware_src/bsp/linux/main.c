@@ -484,7 +484,8 @@ int main(int argc, char **argv)
              * experts consecutive tokens share; below that, LRU evicts every expert before its layer
              * comes round again, so the pool keeps the most used (LFU). Guessing the next layer's
              * experts (--prefetch 1) did not pay at any budget once a token's misses were read side
-             * by side: wrong guesses read bytes nobody uses and evict experts that would have hit. */
+             * by side, nor with all of them in flight at once: wrong guesses read bytes nobody uses
+             * and evict experts that would have hit. */
             const int roomy = slots >= (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_N_MOE_LAYERS;
             if (eviction < 0) {
                 eviction = roomy ? COLIBRI_EVICT_LRU : COLIBRI_EVICT_LFU;
@@ -494,8 +495,8 @@ int main(int argc, char **argv)
             }
             const uint64_t pool_bytes = (uint64_t)slots * COLIBRI_EXPERT_SLOT_BYTES;
             pool = aligned_alloc(COLIBRI_STORAGE_ALIGN, (size_t)pool_bytes);
-            /* The I/O thread reads a token's misses side by side, and the guesses when prefetching. */
-            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, 1) != 0) {
+            /* One I/O thread per expert of a token: a layer's misses are all read at once. */
+            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, COLIBRI_EXPERTS_PER_TOKEN) != 0) {
                 colibri_report_error(COLIBRI_ERR_BUDGET, "cannot allocate the expert slots or open the image file for reading");
                 return 1;
             }

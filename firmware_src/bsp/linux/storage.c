@@ -39,6 +39,7 @@ static int64_t iface_read(void *ctx, uint8_t *dst, uint64_t offset, uint64_t byt
     return read_at(ctx, dst, offset, bytes);
 }
 
+/* Queue a read for the I/O threads: the reads then queued or under way (this one included), or -1. */
 static int iface_submit(void *ctx, int ticket, uint8_t *dst, uint64_t offset, uint64_t bytes)
 {
     Storage *s = ctx;
@@ -56,10 +57,12 @@ static int iface_submit(void *ctx, int ticket, uint8_t *dst, uint64_t offset, ui
     r->offset = offset;
     r->bytes = bytes;
     s->count++;
+    s->busy++;
     s->done[ticket] = 0;
+    const int busy = s->busy;
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->lock);
-    return 0;
+    return busy;
 }
 
 static void iface_wait(void *ctx, int ticket)
@@ -70,6 +73,28 @@ static void iface_wait(void *ctx, int ticket)
         pthread_cond_wait(&s->finished, &s->lock);
     }
     pthread_mutex_unlock(&s->lock);
+}
+
+/* The first of the tickets to finish: of those finished, the one that finished earliest. */
+static int iface_wait_any(void *ctx, const int *tickets, int n)
+{
+    Storage *s = ctx;
+    int first = -1;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        for (int i = 0; i < n; i++) {
+            const int t = tickets[i];
+            if (s->done[t] && (first < 0 || s->finished_as[t] < s->finished_as[tickets[first]])) {
+                first = i;
+            }
+        }
+        if (first >= 0) {
+            break;
+        }
+        pthread_cond_wait(&s->finished, &s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return first;
 }
 
 static void *io_thread(void *arg)
@@ -89,11 +114,15 @@ static void *io_thread(void *arg)
         s->count--;
         pthread_mutex_unlock(&s->lock);
 
+        const uint64_t t0 = bsp_time_us();
         int64_t got = read_at(s, r.dst, r.offset, r.bytes);
-        s->iface.done(r.ticket, got); /* the cache's check runs at first use, on the forward pass's thread */
+        /* The cache checks a new expert's CRC-32 here, on this thread, while the forward pass computes. */
+        s->iface.done(r.ticket, got, bsp_time_us() - t0);
 
         pthread_mutex_lock(&s->lock);
         s->done[r.ticket] = 1;
+        s->finished_as[r.ticket] = ++s->n_finished;
+        s->busy--;
         pthread_cond_broadcast(&s->finished);
         pthread_mutex_unlock(&s->lock);
     }
@@ -112,7 +141,7 @@ static int direct_works(int fd)
     return n > 0;
 }
 
-int storage_open(Storage *s, const char *path, int n_tickets, int with_thread)
+int storage_open(Storage *s, const char *path, int n_tickets, int io_threads)
 {
     memset(s, 0, sizeof *s);
     s->fd = open(path, O_RDONLY | O_DIRECT);
@@ -133,7 +162,9 @@ int storage_open(Storage *s, const char *path, int n_tickets, int with_thread)
     s->n_tickets = n_tickets > 0 ? n_tickets : 1;
     s->queue = calloc((size_t)s->n_tickets, sizeof *s->queue);
     s->done = malloc((size_t)s->n_tickets);
-    if (s->queue == NULL || s->done == NULL) {
+    s->finished_as = calloc((size_t)s->n_tickets, sizeof *s->finished_as);
+    s->threads = calloc(io_threads > 0 ? (size_t)io_threads : 1, sizeof *s->threads);
+    if (s->queue == NULL || s->done == NULL || s->finished_as == NULL || s->threads == NULL) {
         return -1;
     }
     memset(s->done, 1, (size_t)s->n_tickets);
@@ -143,29 +174,38 @@ int storage_open(Storage *s, const char *path, int n_tickets, int with_thread)
     s->iface.read = iface_read;
     s->iface.submit = NULL;
     s->iface.wait = iface_wait;
+    s->iface.wait_any = iface_wait_any;
     s->iface.now_us = bsp_time_us;
     s->iface.ctx = s;
-    if (with_thread) {
-        if (pthread_create(&s->thread, NULL, io_thread, s) != 0) {
-            fprintf(stderr, "colibri: note: no I/O thread (pthread_create failed): experts are read when needed, "
-                            "without prefetching\n");
-        } else {
-            s->thread_running = 1;
-            s->iface.submit = iface_submit;
+    for (int i = 0; i < io_threads; i++) {
+        if (pthread_create(&s->threads[s->n_threads], NULL, io_thread, s) != 0) {
+            break;
         }
+        s->n_threads++;
+    }
+    if (s->n_threads < io_threads) {
+        fprintf(stderr, "colibri: note: %d of %d I/O threads started (pthread_create failed): %s\n", s->n_threads,
+                io_threads, s->n_threads > 0 ? "fewer expert reads in flight at once"
+                                             : "experts are read when needed, one after another, without prefetching");
+    }
+    if (s->n_threads > 0) {
+        s->iface.submit = iface_submit;
     }
     return 0;
 }
 
 void storage_close(Storage *s)
 {
-    if (s->thread_running) {
+    if (s->n_threads > 0) {
+        /* The threads finish what is queued (reads still in flight after an error) and stop. */
         pthread_mutex_lock(&s->lock);
         s->stopping = 1;
-        pthread_cond_signal(&s->wake);
+        pthread_cond_broadcast(&s->wake);
         pthread_mutex_unlock(&s->lock);
-        pthread_join(s->thread, NULL);
-        s->thread_running = 0;
+        for (int i = 0; i < s->n_threads; i++) {
+            pthread_join(s->threads[i], NULL);
+        }
+        s->n_threads = 0;
     }
     if (s->fd >= 0) {
         close(s->fd);
@@ -173,6 +213,10 @@ void storage_close(Storage *s)
     }
     free(s->queue);
     free(s->done);
+    free(s->finished_as);
+    free(s->threads);
     s->queue = NULL;
     s->done = NULL;
+    s->finished_as = NULL;
+    s->threads = NULL;
 }

@@ -137,7 +137,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 def add_jobs_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=number(int, 1, 1024, what="a process count from 1 to 1024"),
                    help="worker processes that quantize the weights when the weight image is generated "
-                        "(default: every core; the same bytes at any count)")
+                        "(default: two per core; the same bytes at any count)")
 
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:

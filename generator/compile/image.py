@@ -193,12 +193,18 @@ def pieces(t: TensorEntry, source, data_offset: int, keep: str = "") -> list[Pie
                   keep) for r in range(0, t.rows, step)]
 
 
+WORKERS_PER_CORE = 2  # a worker waits on its read and its write about half the time
+
+
 def default_jobs() -> int:
-    """Worker processes by default: every core this process may run on."""
+    """Worker processes by default: two per core this process may run on, so that one worker's
+    read or write is in flight while another computes (a 17.5 GB GGUF kept exactly: 121 s with
+    one worker per core, 66 s with two, on 2 cores; docs/performance.md)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    return max(1, cores) * WORKERS_PER_CORE
 
 
 def _written(work: list[Piece], path: str, jobs: int):
@@ -251,6 +257,13 @@ def _checksum(fd: int, start: int, length: int, model_hash) -> int:
     return crc
 
 
+def _let_go(fd: int, start: int, length: int) -> None:
+    """Pages of the image that are written and checksummed: started towards the disk now and let
+    go of once there, so that an image larger than the page cache streams out as it is made
+    instead of the kernel reclaiming under pressure (measured: docs/performance.md)."""
+    os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
+
+
 def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -> ImageWritten:
     """Quantize (where the plan says) and write every tensor at its planned offset in the image
     file `path`, streaming: pieces of rows of one tensor at a time, read from the checkpoint,
@@ -282,6 +295,7 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
                     if piece is last_piece[i]:
                         break
                 crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash)
+                _let_go(f.fileno(), layout.data_offset + t.offset, t.extent)
                 directory += fmt.pack(fmt.DIR_ENTRY, fmt.DIR_ENTRY_BYTES, name=t.name.encode(),
                                       dtype=fmt.DTYPE_CODES[t.dtype], rows=t.rows, cols=t.cols, crc32=crc,
                                       offset=t.offset, bytes=t.nbytes)

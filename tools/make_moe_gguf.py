@@ -8,7 +8,11 @@ the real-scale MoE model of docs/performance.md and the > 4 GiB image of the tes
 The defaults are the Qwen3-30B-A3B shape (30.5 B parameters, 17.5 GB): Q4_0 experts, Q8_0 attention,
 embeddings and output head, F32 norms and routers, every layer a mixture of experts. The quants are
 uniform random bytes and every block scale is drawn so that a row's values have a standard deviation
-near 1/sqrt(row length), which keeps activations in range through all layers; norms are 1. With
+near 1/sqrt(row length), which keeps activations in range through all layers; norms are 1. The
+matrices that write into the residual stream (attention output, expert down) are scaled by
+--branch-gain (0.1): at full scale 48 random layers wash every token's hidden state into the same
+direction and the router picks the same experts for every token (94 % expert-cache hits at a
+quarter of the image), which no trained model does; at 0.1 the token still shows and routing varies. With
 --tokenizer-from the file's `tokenizer.*` metadata is copied (SmolLM2's 49,152-token vocabulary, so
 that Colibri and llama.cpp both tokenize text; --vocab must then be its size); without it the file
 has no tokenizer and runs take --prompt-ids. The same arguments write the same bytes. The file is
@@ -87,7 +91,7 @@ def _nbytes(shape: tuple[int, ...], ttype: str) -> int:
     return n // per_block * block_bytes
 
 
-def _write_tensor(f, rng: np.random.Generator, shape: tuple[int, ...], ttype: str) -> None:
+def _write_tensor(f, rng: np.random.Generator, shape: tuple[int, ...], ttype: str, gain: float = 1.0) -> None:
     row = shape[-1]
     if ttype == "F32":
         if len(shape) == 1:  # a norm: ones
@@ -98,7 +102,7 @@ def _write_tensor(f, rng: np.random.Generator, shape: tuple[int, ...], ttype: st
     _, per_block, block_bytes = TYPES[ttype]
     # Uniform quants have a standard deviation of 4.6 (Q4_0, -8..7) or 73 (Q8_0, -127..127): scales
     # from 0.5 to 1.5 times the one giving values of deviation 1/sqrt(row).
-    centre = row ** -0.5 / (4.6 if ttype == "Q4_0" else 73.0)
+    centre = gain * row ** -0.5 / (4.6 if ttype == "Q4_0" else 73.0)
     scales = (centre * rng.uniform(0.5, 1.5, 256)).astype(np.float16).view(np.uint8).reshape(256, 2)
     total = int(np.prod(shape)) // per_block
     for start in range(0, total, CHUNK_BLOCKS):
@@ -140,7 +144,8 @@ def write(a, out: Path, progress=print) -> int:
     with open(partial, "wb") as f:
         f.write(head)
         for i, (name, shape, ttype) in enumerate(table):
-            _write_tensor(f, rng, shape, ttype)
+            gain = a.branch_gain if name.endswith(("attn_output.weight", "ffn_down_exps.weight")) else 1.0
+            _write_tensor(f, rng, shape, ttype, gain)
             n = _nbytes(shape, ttype)
             f.write(bytes(-n % ALIGNMENT))
             written += n
@@ -167,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-type", choices=("Q4_0", "Q8_0"), default="Q4_0")
     ap.add_argument("--attn-type", choices=("Q4_0", "Q8_0"), default="Q8_0")
     ap.add_argument("--tokenizer-from", type=Path)
+    ap.add_argument("--branch-gain", type=float, default=0.1,
+                    help="scale of the matrices that write into the residual stream (attention output, expert down)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     total = write(a, a.out)

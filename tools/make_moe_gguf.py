@@ -9,10 +9,12 @@ The defaults are the Qwen3-30B-A3B shape (30.5 B parameters, 17.5 GB): Q4_0 expe
 embeddings and output head, F32 norms and routers, every layer a mixture of experts. The quants are
 uniform random bytes and every block scale is drawn so that a row's values have a standard deviation
 near 1/sqrt(row length), which keeps activations in range through all layers; norms are 1. The
-matrices that write into the residual stream (attention output, expert down) are scaled by
---branch-gain (0.1): at full scale 48 random layers wash every token's hidden state into the same
-direction and the router picks the same experts for every token (94 % expert-cache hits at a
-quarter of the image), which no trained model does; at 0.1 the token still shows and routing varies. With
+embeddings have values of deviation 1 and the matrices that write into the residual stream
+(attention output, expert down) are scaled by --branch-gain (0.1): with every matrix at the same
+scale, the first layer's outputs outweigh the embedding and 48 random layers wash every token's
+hidden state into one direction, so the router picks the same experts for every token (98.7 %
+expert-cache hits at a quarter of the image, on any text), which no trained model does; this way the
+token still shows in the last layer and routing follows the text. With
 --tokenizer-from the file's `tokenizer.*` metadata is copied (SmolLM2's 49,152-token vocabulary, so
 that Colibri and llama.cpp both tokenize text; --vocab must then be its size); without it the file
 has no tokenizer and runs take --prompt-ids. The same arguments write the same bytes. The file is
@@ -144,7 +146,8 @@ def write(a, out: Path, progress=print) -> int:
     with open(partial, "wb") as f:
         f.write(head)
         for i, (name, shape, ttype) in enumerate(table):
-            gain = a.branch_gain if name.endswith(("attn_output.weight", "ffn_down_exps.weight")) else 1.0
+            gain = (a.branch_gain if name.endswith(("attn_output.weight", "ffn_down_exps.weight"))
+                    else a.hidden ** 0.5 if name == "token_embd.weight" else 1.0)
             _write_tensor(f, rng, shape, ttype, gain)
             n = _nbytes(shape, ttype)
             f.write(bytes(-n % ALIGNMENT))

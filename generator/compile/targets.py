@@ -44,6 +44,7 @@ from pathlib import Path
 
 from ..errors import ColibriError
 from ..files import REPO
+from .sizes import parse_budget
 
 TARGETS_DIR = REPO / "targets"
 CATEGORIES = ("code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables")
@@ -189,8 +190,6 @@ def _budget(data: dict, runner: str):
     value = data.get("memory_budget", 0)
     if not isinstance(value, str):
         return _size(data, "memory_budget", runner)
-    from .cache_plan import parse_budget  # here: cache_plan imports plan, which imports this module
-
     if runner != "process":
         raise ValueError(f"memory_budget is for Linux boards (runner kind 'process'), not runner {runner!r}")
     return parse_budget(value)

@@ -10,7 +10,7 @@
 /* What auto leaves of what it finds: page tables (1/512 of what the budget touches), kernel stacks
  * and slab, a buffered expert read's pages before they are dropped, and, under MemAvailable, the
  * rest of the system's growth while the firmware's pages are locked. The plan already counts the
- * resident image, the arenas and the board's budget_reserve. cache_plan.py's AUTO_MARGIN_BYTES. */
+ * resident image, the arenas and the board's budget_reserve. compile/sizes.py's AUTO_MARGIN_BYTES. */
 #define COLIBRI_AUTO_MARGIN_BYTES (128ull << 20)
 
 typedef enum {

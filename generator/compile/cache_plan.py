@@ -40,42 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ColibriError
-from .plan import Plan, align_up
+from .plan import Plan, align_up, expert_groups
 from .sizes import AUTO_MARGIN_BYTES, AutoBudget, format_size, parse_budget, parse_size  # noqa: F401 (used by callers too)
 
 STORAGE_ALIGN = 4096  # O_DIRECT: file offsets, lengths and buffers in multiples of this
 NO_LIMIT_FROM = 2**62  # a cgroup limit this large is no limit (v1 writes 2^63 - 4096 for none)
-_EXPERT = re.compile(r"layers\.(\d+)\.experts\.(\d+)\.(w_gate|w_up|w_down)$")
-
-@dataclass(frozen=True)
-class ExpertExtent:
-    layer: int
-    expert: int
-    first_tensor: int  # index of its w_gate in the plan's tensors; w_up and w_down follow
-    offset: int  # from the data region's start
-    nbytes: int  # gate, up and down with their padding: one contiguous extent
-
-
-def expert_extents(plan: Plan) -> tuple[ExpertExtent, ...]:
-    """Every routed expert's extent in the image's data region: its three matrices lie next to
-    each other (expert-major layout, model/spec.expected_shapes), which this checks."""
-    index = {t.name: i for i, t in enumerate(plan.tensors)}
-    out = []
-    for i, t in enumerate(plan.tensors):
-        m = _EXPERT.match(t.name)
-        if not m or m.group(3) != "w_gate":
-            continue
-        layer, expert = int(m.group(1)), int(m.group(2))
-        parts = [plan.tensors[i + k] for k in range(3)]
-        names = [f"layers.{layer}.experts.{expert}.{p}" for p in ("w_gate", "w_up", "w_down")]
-        if [p.name for p in parts] != names or any(index[n] != i + k for k, n in enumerate(names)):
-            raise ColibriError(f"internal: expert {layer}.{expert}'s matrices are not next to each other in the plan")
-        for a, b in zip(parts, parts[1:]):
-            if align_up(a.offset + a.nbytes) != b.offset:
-                raise ColibriError(f"internal: expert {layer}.{expert}'s matrices are not contiguous in the image")
-        out.append(ExpertExtent(layer, expert, i, parts[0].offset, parts[2].offset + parts[2].extent - parts[0].offset))
-    return tuple(out)
-
 
 @dataclass(frozen=True)
 class CacheConstants:
@@ -105,15 +74,16 @@ class CacheConstants:
 
 
 def cache_constants(plan: Plan, reserve_bytes: int) -> CacheConstants:
-    extents = expert_extents(plan)
-    expert_bytes = max((e.nbytes for e in extents), default=0)
+    # A layer's experts are one group of extents of its stride (plan.expert_groups checks the layout).
+    groups = expert_groups(plan.spec, plan.tensors)
+    expert_bytes = max((g.stride for g in groups), default=0)
     # +1 block: an extent starting at any 64-byte boundary, read from the 4 KiB boundary below it.
-    slot_bytes = align_up(expert_bytes, STORAGE_ALIGN) + STORAGE_ALIGN if extents else 0
-    resident = plan.image.image_bytes - sum(e.nbytes for e in extents)
+    slot_bytes = align_up(expert_bytes, STORAGE_ALIGN) + STORAGE_ALIGN if groups else 0
+    resident = plan.image.image_bytes - sum(g.n_experts * g.stride for g in groups)
     fixed = (resident + plan.kv_bytes + plan.scratch_bytes + plan.rope_table_bytes + plan.expanded_bytes
              + reserve_bytes)
     spec = plan.spec
-    n_moe = len({e.layer for e in extents})
+    n_moe = len(groups)
     return CacheConstants(n_moe, spec.experts_per_token, spec.n_experts, expert_bytes, slot_bytes, resident,
                           reserve_bytes, fixed)
 

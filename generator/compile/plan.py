@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 
 from . import image_format
 from ..errors import ColibriError
@@ -199,9 +200,10 @@ class Plan:
         if not self.gguf_types:
             return None
         exact, again = self.gguf_kept()
+        kept = set(exact)
         types: dict[str, int] = {}
         for name, ggml_type in self.gguf_types:
-            if name in exact:
+            if name in kept:
                 key = f"{ggml_type} as {self.tensor(name).dtype}"
                 types[key] = types.get(key, 0) + 1
         line = f"{len(exact)} of {len(self.gguf_types)} tensors kept exactly as the GGUF file holds them ("
@@ -240,11 +242,13 @@ class Plan:
         board (an int8 copy would not spare the minimums' part of the product)."""
         return "read in place by the q4_1 kernels" if self.quant == "q4_1" else None
 
+    @cached_property
+    def _tensor_by_name(self) -> dict[str, TensorEntry]:
+        # A 30 B MoE has 18,867 tensors: a scan per name made summarizing the plan quadratic.
+        return {t.name: t for t in self.tensors}
+
     def tensor(self, name: str) -> TensorEntry:
-        for t in self.tensors:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        return self._tensor_by_name[name]
 
     def to_dict(self) -> dict:
         return {

@@ -1,5 +1,6 @@
-"""The README's commands match the CLI: every command has a row, each row lists exactly the options
-the command's parser has, the decoding options exist, and the README's scons line runs as written."""
+"""The documented commands match the CLI: the README's command table has a line for every command,
+docs/commands.md has a row per command listing exactly the options the command's parser has, the
+decoding options exist, and the documented scons lines run as written."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from generator.cli import make_parser
 from conftest import REPO
 
 README = (REPO / "README.md").read_text()
+COMMANDS_DOC = (REPO / "docs" / "commands.md").read_text()  # the full reference of every command
+BOARDS_DOC = (REPO / "docs" / "boards.md").read_text()
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
 def command_rows() -> dict[str, tuple[str, str]]:
-    """README's commands table: command name -> (options cell, what-it-does cell)."""
-    section = README[README.index("## Commands"):README.index("### Benchmarks")]
+    """docs/commands.md's commands table: command name -> (options cell, what-it-does cell)."""
+    section = COMMANDS_DOC[COMMANDS_DOC.index("# Commands"):COMMANDS_DOC.index("## Chat and eval")]
     rows = {}
     for line in section.splitlines():
         m = re.match(r"\| `(?:\./colibri|\.venv/bin/scons) ?([a-z-]*)[^`]*` \| (.*?) \| (.*) \|$", line)
@@ -54,20 +57,40 @@ def test_each_row_lists_exactly_the_commands_options(name):
         documented |= set(FLAG.findall(ROWS[as_other.group(1)][0]))
     if name in ("run", "verify") or (as_other and as_other.group(1) in ("run", "verify")):
         # "the decoding options below": the paragraph that lists them
-        paragraph = README[README.index("Decoding options for `run` and `verify`"):]
+        paragraph = COMMANDS_DOC[COMMANDS_DOC.index("Decoding options for `run` and `verify`"):]
         documented |= set(FLAG.findall(paragraph.split("\n\n", 1)[0]))
     assert documented == parser_flags(COMMANDS[name]), (
         f"{name}: documented but not in the parser {sorted(documented - parser_flags(COMMANDS[name]))}; "
         f"in the parser but not documented {sorted(parser_flags(COMMANDS[name]) - documented)}")
 
 
+def test_the_readme_has_one_line_per_command():
+    """The landing page's command table: every command once, and nothing that is not a command."""
+    section = README[README.index("## Commands"):README.index("## Documentation")]
+    names = re.findall(r"^\| `\./colibri ([a-z-]+)` \| [^|]+ \|$", section, flags=re.M)
+    assert sorted(names) == sorted(COMMANDS), (
+        f"missing {sorted(set(COMMANDS) - set(names))}, not commands {sorted(set(names) - set(COMMANDS))}, "
+        f"twice {sorted({n for n in names if names.count(n) > 1})}")
+
+
+def test_the_readme_names_the_test_command_ci_runs():
+    ci = (REPO / ".ci" / "run").read_text()
+    last = [line for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")][-1]
+    assert last.strip() == "./colibri test"
+    assert "./colibri test\n```" in README and "CI\n(`.ci/run`) runs `./colibri test`" in README
+    assert "| `./colibri test` |" in README and "(what `.ci/run` calls)" in README
+
+
 def test_the_top_level_options_are_documented():
     parser, _ = make_parser()
-    assert "`./colibri --version`" in README and parser_flags(parser) == {"--version"}
+    assert "`./colibri --version`" in README and "`./colibri --version`" in COMMANDS_DOC
+    assert parser_flags(parser) == {"--version"}
 
 
-def test_the_readme_scons_line_runs_as_written(tmp_path):
-    line = next(line for line in README.splitlines() if line.startswith("| `.venv/bin/scons "))
+@pytest.mark.parametrize("doc", ["README.md", "docs/commands.md"])
+def test_the_documented_scons_line_runs_as_written(doc):
+    text = (REPO / doc).read_text()
+    line = next(line for line in text.splitlines() if line.startswith("| `.venv/bin/scons "))
     command = line.split("`")[1].split()
     out = REPO / "build" / "host" / "kjv-tiny-q8_0-ctx256"
     existed = out.exists()
@@ -79,8 +102,8 @@ def test_the_readme_scons_line_runs_as_written(tmp_path):
 
 
 def documented_outputs() -> dict[str, set[str]]:
-    """README's build outputs table: board -> the paths it documents for that board."""
-    section = README[README.index("### Build outputs"):]
+    """docs/commands.md's build outputs table: board -> the paths it documents for that board."""
+    section = COMMANDS_DOC[COMMANDS_DOC.index("## Build outputs"):]
     section = section[:section.index("\n\n", section.index("| path |"))]
     per_board: dict[str, set[str]] = {}
     for line in section.splitlines()[2:]:
@@ -107,7 +130,7 @@ def test_the_build_outputs_table_is_what_a_build_leaves(builder, board):
 def test_every_report_row_is_explained():
     from generator.report import ROWS
 
-    table = README[README.index("| row | what |"):]
+    table = BOARDS_DOC[BOARDS_DOC.index("| row | what |"):]
     table = table[:table.index("\n\n")]
     explained = set(re.findall(r"`([a-z_]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:])))
     assert set(ROWS) == explained

@@ -3,10 +3,11 @@ against the board's budgets, with the largest context that would still fit."""
 
 from __future__ import annotations
 
+from typing import Callable
 
 from .compile.elfsize import ElfSizes
 from .errors import ColibriError
-from .compile.plan import Plan, RegionUse, fit_problem, largest_planned_ctx, planned_use, replan
+from .compile.plan import Plan, RegionUse, fit_problem, largest_fitting_ctx, largest_planned_ctx, planned_use
 from .compile.targets import CATEGORIES, Board
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
@@ -61,32 +62,17 @@ def regions(board: Board, plan: Plan, elf: ElfSizes) -> list[RegionUse]:
     return out
 
 
-def largest_fitting_ctx(board: Board, plan: Plan, elf: ElfSizes) -> int | None:
-    """Largest context whose plan fits every budgeted region (None: no region has a budget)."""
-    if not any(r.size > 0 for r in board.memory):
-        return None
+def linked_use(board: Board, plan: Plan, elf: ElfSizes) -> Callable[[Plan], list[RegionUse]]:
+    """What a plan at another context would put in each region beside the linked firmware: the
+    linked code, the weights, and the context's KV cache, scratch and RoPE tables as planned (the
+    plan's categories only: the stack and other linked data are not counted)."""
     fixed = category_bytes(board, plan, elf)
 
-    def fits(n_ctx: int) -> bool:
-        trial = replan(plan, n_ctx)
+    def uses(trial: Plan) -> list[RegionUse]:
         sizes = dict(fixed, kv_cache=trial.kv_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes)
-        for region in board.memory:
-            holds = set(region.holds) | (set(WITH_CODE) if "code" in region.holds else set())
-            if region.size and sum(sizes[c] for c in CATEGORIES if c in holds) > region.size:
-                return False
-        return True
-
-    lo, hi = 1, plan.spec.max_position_embeddings
-    if not fits(2):
-        return 0
-    lo = 2
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+        return [RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds})
+                for r in board.memory]
+    return uses
 
 
 def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
@@ -108,7 +94,7 @@ def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
             for r in uses
         ],
         "elf_sections": elf.sections,
-        "largest_ctx_that_fits": largest_fitting_ctx(board, plan, elf),
+        "largest_ctx_that_fits": largest_fitting_ctx(board, plan, linked_use(board, plan, elf)),
         "fits": not any(r.over_budget for r in uses),
     }
 

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-GENERATOR = Path(__file__).resolve().parent.parent / "generator"
+from generator.compile.module_inputs import GENERATOR, graph, modules_run_by
 
 # Each stage, lowest first: a module may import its own stage and the ones below it.
 STAGES = [
@@ -21,49 +18,6 @@ STAGES = [
     ("release",),
     ("cli", "option_checks"),
 ]
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(GENERATOR).with_suffix("").parts
-    return ".".join(p for p in parts if p != "__init__") or "__init__"
-
-
-def imports_of(path: Path) -> set[str]:
-    """Modules of the generator that `path` imports (at the top or inside functions)."""
-    name = module_name(path)
-    package = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
-                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
-            elif node.module and node.module.startswith("generator"):
-                target = node.module[len("generator."):] if node.module != "generator" else ""
-            else:
-                continue
-            for alias in node.names:
-                candidate = f"{target}.{alias.name}" if target else alias.name
-                found.add(candidate if module_path(candidate) else target or "__init__")
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("generator."):
-                    found.add(alias.name[len("generator."):])
-    return {m for m in found if m and module_path(m)}
-
-
-def module_path(name: str) -> Path | None:
-    if name == "__init__":
-        return GENERATOR / "__init__.py"
-    base = GENERATOR.joinpath(*name.split("."))
-    for p in (base.with_suffix(".py"), base / "__init__.py"):
-        if p.is_file():
-            return p
-    return None
-
-
-def graph() -> dict[str, set[str]]:
-    return {module_name(p): imports_of(p) - {module_name(p)} for p in sorted(GENERATOR.rglob("*.py"))}
 
 
 def stage_of(module: str) -> int:
@@ -104,3 +58,12 @@ def test_the_walk_sees_relative_imports_inside_functions_too():
     assert "compile.plan" in edges["compile.build"]
     assert "device.setup_toolchain" in edges["release.make"]  # imported inside make_release
     assert "numerics.rope" in edges["compile.emit"]  # `from ..numerics import rope`
+
+
+def test_generation_runs_on_what_it_imports_and_on_its_packages_not_on_the_commands_above_it():
+    from generator.compile.build import generation_modules
+
+    names = {p.relative_to(GENERATOR).as_posix() for p in generation_modules()}
+    assert {"compile/pipeline.py", "numerics/quantize.py", "errors.py", "__init__.py", "model/__init__.py"} <= names
+    assert not names & {"cli.py", "bench.py", "report.py", "compile/build.py"}
+    assert {p.name for p in modules_run_by("generator.errors")} == {"errors.py", "__init__.py"}

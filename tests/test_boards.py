@@ -6,7 +6,7 @@ import pytest
 
 from conftest import DEFAULT_MODEL, run_cli
 from generator.errors import ColibriError
-from generator.compile.esp_image import check_app_image, load_segments
+from generator.compile.esp32.flash_image import check_app_image, load_segments
 from generator.reference import Reference
 from generator.numerics.sampling import SamplingParams
 from generator.compile.targets import available_boards, load_board

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cli
+from generator.compile.build import generation_modules
 
 SCONS = str(Path(sys.executable).parent / "scons")
 
@@ -62,10 +63,13 @@ def test_second_build_does_nothing_and_changes_rebuild_what_depends_on_them(repo
 
     append(repo_copy / "generator" / "compile" / "plan.py", "\n# edited generator module\n")
     assert scons(repo_copy, model, out) == [f"GEN     {out}/generated"]  # same output: nothing recompiled
-    # A module of every stage package counts: the glob follows the packages.
-    for package in sorted(p for p in (repo_copy / "generator").iterdir() if (p / "__init__.py").is_file()):
-        module = sorted(m for m in package.glob("*.py") if m.name != "__init__.py")[0]
-        append(module, "\n# edited\n")
+    # A module of every package generation imports from counts: the inputs follow the imports.
+    first_of_package = {}
+    for path in generation_modules():
+        first_of_package.setdefault(path.parent, path.relative_to(REPO))
+    assert len(first_of_package) >= 4  # generator/, model/, numerics/, compile/
+    for module in first_of_package.values():
+        append(repo_copy / module, "\n# edited\n")
         assert scons(repo_copy, model, out) == [f"GEN     {out}/generated"], module
 
     config = model / "config.json"
@@ -77,6 +81,24 @@ def test_second_build_does_nothing_and_changes_rebuild_what_depends_on_them(repo
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes())  # same bytes, new timestamp: content decides
     assert scons(repo_copy, model, out) == []
+
+
+def test_editing_a_module_generation_does_not_import_regenerates_nothing(repo_copy, checkpoints, tmp_path):
+    model = checkpoints("llama_gqa_linear")
+    out = tmp_path / "out"
+    scons(repo_copy, model, out)
+    image = out / "generated" / "weights.img"
+    written = image.stat()
+
+    # The CLI and the benchmark run on top of the build: quantizing again for them is wasted time.
+    for module in ("cli.py", "bench.py"):
+        append(repo_copy / "generator" / module, "\n# edited, not imported by generation\n")
+        assert scons(repo_copy, model, out) == [], module
+    assert (image.stat().st_ino, image.stat().st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+
+    append(repo_copy / "generator" / "numerics" / "quantize.py", "\n# edited\n")
+    assert scons(repo_copy, model, out) == [f"GEN     {out}/generated"]
+    assert image.stat().st_mtime_ns != written.st_mtime_ns  # written again
 
 
 def test_cli_build_and_plain_scons_give_identical_artifacts(checkpoints, tmp_path):

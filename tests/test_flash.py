@@ -21,8 +21,8 @@ from conftest import DEFAULT_MODEL, REPO
 
 from generator.errors import ColibriError
 from generator.device.flash import flash_images, flash_plan
-from generator.compile.esp_partitions import parse_partitions_csv
-from generator.compile.idf_project import idf_settings, write_project
+from generator.compile.esp32.partitions import parse_partitions_csv
+from generator.compile.esp32.idf_project import idf_settings, write_project
 from generator.compile.pipeline import generate
 from generator.compile.targets import load_board
 

@@ -18,11 +18,11 @@ import pytest
 
 from conftest import DEFAULT_MODEL, REPO
 
-from generator.compile import idf_project
+from generator.compile.esp32 import idf_project
 from generator.errors import ColibriError
-from generator.compile.esp_partitions import parse_partitions_csv
-from generator.compile.idf_build import find_idf, idf_build
-from generator.compile.idf_project import COLIBRI_DIR, idf_settings, write_project
+from generator.compile.esp32.partitions import parse_partitions_csv
+from generator.compile.esp32.idf_build import find_idf, idf_build
+from generator.compile.esp32.idf_project import COLIBRI_DIR, idf_settings, write_project
 from generator.compile.image import read_header
 from generator.compile.targets import board_from_data
 from generator.compile.pipeline import generate

@@ -33,3 +33,26 @@ def test_report_text_names_the_region_and_totals(checkpoints, builder):
     done = run_cli("report", "--model", model, "--ctx", "64", "--out", art.out_dir)
     assert done.returncode == 0, done.stderr
     assert "region ram" in done.stdout and "kv_cache" in done.stdout and "total" in done.stdout
+
+
+def test_the_report_and_the_plan_share_one_largest_context_rule():
+    from generator.compile.elfsize import ElfSizes
+    from generator.compile.plan import largest_fitting_ctx, largest_planned_ctx, plan_for_board
+    from generator.compile.targets import load_board
+    from generator.files import DEFAULT_MODEL
+    from generator.model.hf_import import parse_config, read_json
+    from generator.report import linked_use
+
+    board = load_board("esp32p4")
+    plan = plan_for_board(parse_config(read_json(DEFAULT_MODEL / "config.json"), "kjv-tiny"), board, "q8_0", 64)
+    planned = largest_planned_ctx(board, plan)
+    assert 64 < planned < plan.spec.max_position_embeddings  # L2MEM, not the model, sets the limit
+
+    def linked(code: int) -> ElfSizes:
+        return ElfSizes(code=code, rodata=plan.rope_table_bytes,
+                        bss=plan.kv_bytes + plan.scratch_bytes + plan.expanded_bytes)
+
+    # Linked code exactly the board's reserve: the same answer as before compiling.
+    assert largest_fitting_ctx(board, plan, linked_use(board, plan, linked(board.code_reserve))) == planned
+    # More code leaves less room for the context.
+    assert largest_fitting_ctx(board, plan, linked_use(board, plan, linked(board.code_reserve + 20_000))) < planned

@@ -15,7 +15,8 @@ from ..errors import ColibriError
 from ..files import REPO, slug
 from ..model.hf_import import load_checkpoint
 from ..numerics.quantize import QUANTS
-from .pipeline import PLAN_FILE, WEIGHTS_FILE, plan_checkpoint
+from .module_inputs import modules_run_by
+from .pipeline import PLAN_FILE, WEIGHTS_FILE, generate, plan_checkpoint
 from .plan import Plan, check_fits
 from .targets import Board
 
@@ -72,6 +73,13 @@ def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
     if out_dir is None:
         out_dir = default_out_dir(board, model_dir, quant, n_ctx)
     return BuildRequest(board, model_dir.resolve(), quant, n_ctx, Path(out_dir).resolve()), plan
+
+
+def generation_modules() -> list[Path]:
+    """The generator's files that generation runs on: pipeline.generate and the board it is given,
+    with every module they import. SCons's inputs of the generated files, so an edit of cli.py or
+    bench.py quantizes nothing again."""
+    return modules_run_by(generate.__module__, Board.__module__)
 
 
 def model_input_signature(paths: list[Path]) -> tuple[list[Path], str]:

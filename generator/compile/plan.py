@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
+from typing import Callable
 
 from . import image_format
 from ..errors import ColibriError
@@ -501,16 +502,21 @@ def check_fits(board: Board, plan: Plan) -> None:
         raise ColibriError(problem)
 
 
-def largest_planned_ctx(board: Board, plan: Plan) -> int | None:
-    """The largest context whose plan fits every budgeted region, before compiling (the code is
-    the board's reserve), capped by the model's max_position_embeddings; None when no region has
-    a budget (only the model limits it); 0 when not even a context of 2 fits."""
+def largest_fitting_ctx(board: Board, plan: Plan,
+                        uses: Callable[[Plan], list[RegionUse]] | None = None) -> int | None:
+    """The one rule for the largest context that fits: the largest context whose plan leaves no
+    budgeted region over its budget, capped by the model's max_position_embeddings; None when no
+    region has a budget (only the model limits it); 0 when not even a context of 2 fits.
+    `uses` says what a plan puts in each region: by default planned_use (before compiling, the
+    code is the board's reserve); report passes the linked firmware's sizes."""
     if not any(r.size > 0 for r in board.memory):
         return None
+    use_of = uses or (lambda trial: planned_use(board, trial))
 
     def fits(n_ctx: int) -> bool:
-        return not any(u.over_budget for u in planned_use(board, replan(plan, n_ctx)))
+        return not any(u.over_budget for u in use_of(replan(plan, n_ctx)))
 
+    # Bisection: what a context needs (KV cache, scratch, RoPE tables) only grows with it.
     lo, hi = 0, plan.spec.max_position_embeddings
     if fits(2):
         lo = 2
@@ -518,3 +524,8 @@ def largest_planned_ctx(board: Board, plan: Plan) -> int | None:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
+
+
+def largest_planned_ctx(board: Board, plan: Plan) -> int | None:
+    """The largest context that fits, before compiling (the code is the board's reserve)."""
+    return largest_fitting_ctx(board, plan)

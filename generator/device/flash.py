@@ -61,7 +61,7 @@ def flash_plan(board: Board, build_dir: Path) -> list[tuple[int, Path]]:
 
 def _check_against_partition_table(board: Board, flash: Flash, build_dir: Path, project: Path) -> None:
     """The images must fit the partitions the project was built with (a stale project would not)."""
-    from ..compile.esp_partitions import parse_partitions_csv
+    from ..compile.esp32.partitions import parse_partitions_csv
 
     csv = project / "partitions.csv"
     if not csv.is_file():

@@ -241,7 +241,7 @@ def make_release(board_name: str, model_dir: Path | str, quant: str = "q8_0", ct
         if path.exists():
             raise ColibriError(f"{path} already exists; remove it or choose another --out")
     if board.idf:
-        from ..compile.idf_build import find_idf
+        from ..compile.esp32.idf_build import find_idf
 
         if not find_idf():
             raise ColibriError(f"board {board.name} is built by ESP-IDF's idf.py, which is not installed here: "

@@ -203,7 +203,7 @@ def bundle_name(model_name: str, board: str, quant: str, n_ctx: int) -> str:
 def version_report() -> list[str]:
     """`./colibri --version`: the generator, the git commit it runs from, and every board's
     toolchain as found on this machine (what a release would record)."""
-    from ..compile.idf_build import find_idf
+    from ..compile.esp32.idf_build import find_idf
     from ..compile.targets import available_boards, load_board
 
     commit = "not a git checkout"

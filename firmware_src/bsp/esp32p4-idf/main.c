@@ -1,4 +1,4 @@
-/* ESP32-P4 BSP on ESP-IDF: the runtime inside an ESP-IDF application (generator/compile/idf_project.py
+/* ESP32-P4 BSP on ESP-IDF: the runtime inside an ESP-IDF application (generator/compile/esp32/idf_project.py
  * generates the project around it).
  *
  * Results go out and requests come in on UART0 (the console UART, on the board's USB-serial

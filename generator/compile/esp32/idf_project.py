@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-from .. import __version__
-from .emit import GENERATED_FILES, environment
-from ..files import REPO, write_atomic
-from ..errors import ColibriError
-from .image import read_header
-from .pipeline import WEIGHTS_FILE
-from .plan import Plan, align_up
-from .esp_partitions import DATA_SUBTYPES, MMU_PAGE, SECTOR, Partition, check_partitions
-from .targets import Board, FlashImage, firmware_sources
+from ... import __version__
+from ..emit import GENERATED_FILES, environment
+from ...files import REPO, write_atomic
+from ...errors import ColibriError
+from ..image import read_header
+from ..pipeline import WEIGHTS_FILE
+from ..plan import Plan, align_up
+from .partitions import DATA_SUBTYPES, MMU_PAGE, SECTOR, Partition, check_partitions
+from ..targets import Board, FlashImage, firmware_sources
 
 TEMPLATE_DIR = REPO / "templates" / "idf"
 COLIBRI_DIR = "main/colibri"  # inside the project: copies of firmware_src and the generated files

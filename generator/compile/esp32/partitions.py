@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ColibriError
+from ...errors import ColibriError
 
 MMU_PAGE = 0x10000  # flash MMU page: the weights partition is mapped in pages of 64 KiB
 SECTOR = 0x1000  # flash erase sector: every partition starts on one

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
-from ..errors import ColibriError
-from .targets import Board
+from ...errors import ColibriError
+from ..targets import Board
 
 
 def _quiet(fn, *args, **kwargs):

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..errors import ColibriError
+from ...errors import ColibriError
 
 
 def find_idf() -> Path | None:

@@ -1,0 +1,79 @@
+"""Which generator modules a build step runs on, read from their import statements with `ast`
+(never by importing them): SConstruct names exactly these as a step's inputs, so editing a module
+the step does not import (cli.py, bench.py) rebuilds nothing, and tests/test_architecture.py
+checks the same graph for cycles and stage order."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+GENERATOR = Path(__file__).resolve().parent.parent
+
+
+def module_name(path: Path) -> str:
+    """`compile.plan` for generator/compile/plan.py; `__init__` for the package's own file."""
+    parts = path.relative_to(GENERATOR).with_suffix("").parts
+    return ".".join(p for p in parts if p != "__init__") or "__init__"
+
+
+def module_path(name: str) -> Path | None:
+    if name == "__init__":
+        return GENERATOR / "__init__.py"
+    base = GENERATOR.joinpath(*name.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def imports_of(path: Path) -> set[str]:
+    """Modules of the generator that `path` imports (at the top or inside functions)."""
+    name = module_name(path)
+    package = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            elif node.module and node.module.startswith("generator"):
+                target = node.module[len("generator."):] if node.module != "generator" else ""
+            else:
+                continue
+            for alias in node.names:
+                candidate = f"{target}.{alias.name}" if target else alias.name
+                found.add(candidate if module_path(candidate) else target or "__init__")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("generator."):
+                    found.add(alias.name[len("generator."):])
+    return {m for m in found if m and module_path(m)}
+
+
+def graph() -> dict[str, set[str]]:
+    """Every generator module and the generator modules it imports."""
+    return {module_name(p): imports_of(p) - {module_name(p)} for p in sorted(GENERATOR.rglob("*.py"))}
+
+
+def _packages_of(name: str) -> list[str]:
+    # Importing compile.esp32.image first runs generator/, compile/ and compile/esp32/'s __init__.py.
+    parts = name.split(".")
+    return ["__init__"] + [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def modules_run_by(*modules: str) -> list[Path]:
+    """The files of `modules` (dotted names as `__name__` gives them, e.g. "generator.compile.pipeline")
+    and of every generator module they import, transitively, with the packages' __init__.py files."""
+    todo = [m.removeprefix("generator.") if m != "generator" else "__init__" for m in modules]
+    seen: dict[str, Path] = {}
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = module_path(name)
+        if path is None:
+            raise ValueError(f"{name} is not a module of the generator")
+        seen[name] = path
+        todo += _packages_of(name) + sorted(imports_of(path))
+    return sorted(seen.values())

@@ -27,7 +27,7 @@ from .device.session import RunRequest, check_fits_context
 from .device.setup_toolchain import ensure_toolchain
 from .errors import ColibriError
 from .files import DEFAULT_MODEL, REPO
-from .model.hf_import import parse_config, read_json
+from .model.load import config_only_spec
 from .model.tokenizer import Tokenizer, parse_prompt_ids
 from .numerics.quantize import QUANTS
 from .numerics.sampling import SamplingParams, generation_defaults
@@ -542,10 +542,6 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def has_weights(model_dir: Path) -> bool:
-    return (Path(model_dir) / "model.safetensors").is_file() or (Path(model_dir) / "model.safetensors.index.json").is_file()
-
-
 def report_budget(args, board: Board, plan: Plan):
     """report's expert cache: shown when --memory-budget is given or the board file sets one."""
     if args.memory_budget is None and not board.memory_budget:
@@ -555,9 +551,9 @@ def report_budget(args, board: Board, plan: Plan):
 
 def cmd_report(args) -> int:
     board = load_board(args.board)
-    if not has_weights(args.model) and (Path(args.model) / "config.json").is_file():
+    spec = config_only_spec(args.model)
+    if spec is not None:
         # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
-        spec = parse_config(read_json(Path(args.model) / "config.json"), Path(args.model).resolve().name)
         n_ctx = args.ctx or min(board.default_ctx, spec.max_position_embeddings)
         plan = plan_for_board(spec, board, args.quant, n_ctx)
         cache = report_budget(args, board, plan)

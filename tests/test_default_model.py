@@ -4,7 +4,7 @@ the esp32p4 board later (q8_0 weights + KV cache for ctx 128 + scratch + code we
 import json
 
 from conftest import DEFAULT_MODEL, run_cli
-from generator.model.hf_import import load_checkpoint
+from generator.model.load import load_model
 from generator.compile.plan import make_plan
 from generator.model.tokenizer import Tokenizer
 
@@ -36,7 +36,7 @@ def test_tokenizer_round_trips_bible_text():
 
 
 def test_fits_the_esp32p4_budget_with_room_to_spare():
-    spec = load_checkpoint(DEFAULT_MODEL, load_tensors=False).spec
+    spec = load_model(DEFAULT_MODEL, load_tensors=False).spec
     plan = make_plan(spec, "host", "q8_0", 128)
     data = plan.image.image_bytes + plan.kv_bytes + plan.scratch_bytes + plan.rope_table_bytes
     code_allowance = 40 * 1024  # the runtime's code and constants, generously

@@ -185,7 +185,7 @@ def test_an_empty_file_and_a_directory_are_refused(tmp_path):
 
 
 def test_a_version_2_file_reads_as_version_3(good_gguf, tmp_path):
-    from generator.model.gguf_import import load_gguf
+    from generator.model.gguf.load import load_gguf
 
     raw = raw_gguf(good_gguf)
     raw.version = 2

@@ -12,10 +12,10 @@ from conftest import run_cli
 from gguf_files import hf_to_gguf, permute
 from models import ORACLE_CONFIGS, make_checkpoint
 
-from generator.model.gguf_file import read_gguf
-from generator.model.gguf_import import load_gguf, unpermute_order
-from generator.model.gguf_tensors import tensor_blocks, tensor_f32
-from generator.model.hf_import import load_checkpoint
+from generator.model.gguf.file import read_gguf
+from generator.model.gguf.load import load_gguf, unpermute_order
+from generator.model.gguf.tensors import tensor_blocks, tensor_f32
+from generator.model.load import load_model
 
 # What a GGUF file can say: llama.cpp keeps no sliding window for llama-architecture (Mixtral)
 # files, and no query_pre_attn_scalar or final softcap for Gemma 3 (it uses 1/sqrt(head_dim)).
@@ -59,7 +59,7 @@ def bits(a):
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_an_f32_gguf_imports_as_its_safetensors_do(kind, converted):
     hf_dir, path = converted(kind)
-    from_hf, from_gguf = load_checkpoint(hf_dir), load_checkpoint(path)
+    from_hf, from_gguf = load_model(hf_dir), load_model(path)
     assert dataclasses.replace(from_gguf.spec, name=from_hf.spec.name) == from_hf.spec
     assert from_gguf.spec.name == path.stem
     assert list(from_gguf.tensors) == list(from_hf.tensors)
@@ -90,7 +90,7 @@ def test_quantized_tensors_decode_as_the_gguf_package_decodes_them(tensor_type, 
         expected = gguf.quants.dequantize(t.data, t.tensor_type)
         assert np.array_equal(bits(tensor_f32(parsed, parsed.tensors[t.name])), bits(expected)), t.name
     # Row blocks survive the permutation: the imported q/k weights are the HF weights quantized.
-    from_hf, from_gguf = load_checkpoint(hf_dir), load_gguf(path)
+    from_hf, from_gguf = load_model(hf_dir), load_gguf(path)
     for name in ("layers.0.wq", "layers.1.wk", "embed", "lm_head"):
         roundtrip = gguf.quants.dequantize(gguf.quants.quantize(from_hf.tensors[name].load(), qtype), qtype)
         assert np.array_equal(bits(from_gguf.tensors[name]), bits(roundtrip)), name
@@ -170,7 +170,7 @@ def test_mixtral_experts_keep_their_blocks_per_expert(converted):
 
 def test_planning_reads_only_the_header(converted):
     _, path = converted("qwen3_moe")
-    checkpoint = load_checkpoint(path, load_tensors=False)
+    checkpoint = load_model(path, load_tensors=False)
     assert checkpoint.tensors == {} and checkpoint.spec.n_experts == 8
 
 

@@ -12,7 +12,7 @@ from gguf_files import hf_to_gguf
 from models import ORACLE_CONFIGS, make_checkpoint
 
 from generator.compile.image import map_image, read_header
-from generator.model.gguf_import import load_gguf
+from generator.model.gguf.load import load_gguf
 from generator.numerics.quantize import dequantize_q4_1, dequantize_q8_0, unpack_q4_0, unpack_q4_1
 
 MODELS = {"llama": ORACLE_CONFIGS["llama_gqa_linear"], "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(

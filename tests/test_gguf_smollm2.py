@@ -9,7 +9,7 @@ import pytest
 
 from gguf_files import smollm2_gguf
 
-from generator.model.gguf_import import load_gguf
+from generator.model.gguf.load import load_gguf
 from generator.model.tokenizer import Tokenizer
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from generator.errors import ColibriError
-from generator.model.hf_import import load_checkpoint, parse_config, read_json
-from generator.model.safetensors_io import load_f32, read_header
+from generator.model.hf.load import parse_config, read_json
+from generator.model.hf.safetensors_io import load_f32, read_header
+from generator.model.load import load_model
 
 BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
@@ -133,4 +134,4 @@ def test_sharded_index_may_not_point_outside_the_model_directory(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg()))
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../evil.safetensors"}}))
     with pytest.raises(ColibriError, match="outside the model directory"):
-        load_checkpoint(tmp_path)
+        load_model(tmp_path)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from conftest import DEFAULT_MODEL, run_cli
-from generator.model.hf_import import load_checkpoint
+from generator.model.load import load_model
 from generator.reference import Reference
 from generator.compile.plan import make_plan
 from generator.compile.plan import plan_for_board, planned_use
@@ -30,7 +30,7 @@ def test_q4_0_decodes_the_reference_bits_read_in_place_or_expanded(board, expand
 
 
 def test_q4_0_image_is_smaller_than_q8_0():
-    spec = load_checkpoint(DEFAULT_MODEL, load_tensors=False).spec
+    spec = load_model(DEFAULT_MODEL, load_tensors=False).spec
     host = load_board("host")
     q8, q4 = (plan_for_board(spec, host, quant, 128) for quant in ("q8_0", "q4_0"))
     assert q4.image.data_bytes < 0.6 * q8.image.data_bytes
@@ -38,7 +38,7 @@ def test_q4_0_image_is_smaller_than_q8_0():
 
 
 def test_the_plan_expands_q4_0_only_where_the_board_has_room():
-    spec = load_checkpoint(DEFAULT_MODEL, load_tensors=False).spec
+    spec = load_model(DEFAULT_MODEL, load_tensors=False).spec
     rv32 = load_board("qemu-rv32")
     roomy = plan_for_board(spec, rv32, "q4_0", 128)
     assert roomy.expand_q4 and roomy.expanded_bytes >= sum(t.rows * t.cols for t in roomy.tensors if t.dtype == "q4_0")

@@ -12,7 +12,7 @@ from generator.compile import image_format
 from generator.compile.image import read_header
 from generator.compile.plan import plan_for_board
 from generator.compile.targets import load_board
-from generator.model.hf_import import load_checkpoint
+from generator.model.load import load_model
 from generator.numerics.quantize import quantize_q4_1
 from generator.numerics.sampling import SamplingParams
 from generator.reference import Reference
@@ -59,7 +59,7 @@ def test_verify_passes_for_q4_1_with_one_and_two_threads(threads, tmp_path):
 
 
 def test_q4_1_image_holds_quants_then_scales_then_minimums():
-    spec = load_checkpoint(DEFAULT_MODEL, load_tensors=False).spec
+    spec = load_model(DEFAULT_MODEL, load_tensors=False).spec
     host = load_board("host")
     q8, q4_0, q4_1 = (plan_for_board(spec, host, quant, 128) for quant in ("q8_0", "q4_0", "q4_1"))
     assert q4_0.image.data_bytes < q4_1.image.data_bytes < 0.7 * q8.image.data_bytes
@@ -84,7 +84,7 @@ def test_the_q4_1_image_holds_what_quantize_q4_1_gives(builder):
     header = read_header(image)
     t = plan.tensor("layers.0.wq")
     start = header.data_offset + t.offset
-    tensors = load_checkpoint(DEFAULT_MODEL).tensors
+    tensors = load_model(DEFAULT_MODEL).tensors
     packed, d, m = quantize_q4_1(tensors["layers.0.wq"].load())
     nb = t.rows * t.cols // 32
     assert image[start:start + packed.size] == packed.tobytes()

@@ -25,7 +25,8 @@ from generator.compile.pipeline import WEIGHTS_FILE, generate
 from generator.compile.plan import plan_for_board
 from generator.compile.targets import load_board
 from generator.errors import ColibriError
-from generator.model.hf_import import FAMILIES, _canonical, load_checkpoint
+from generator.model.hf.load import FAMILIES, _canonical
+from generator.model.load import load_model
 from generator.numerics.quantize import quantize_q4_0, quantize_weights_q8_0
 
 from conftest import DEFAULT_MODEL, REPO, run_cli
@@ -41,7 +42,7 @@ def oracle_image(model_dir: Path, quant: str, ctx: int) -> bytes:
     laid out in one buffer."""
     from safetensors.torch import load_file
 
-    plan = plan_for_board(load_checkpoint(model_dir, load_tensors=False).spec, HOST, quant, ctx)
+    plan = plan_for_board(load_model(model_dir, load_tensors=False).spec, HOST, quant, ctx)
     values = {}
     for shard in sorted(model_dir.glob("*.safetensors")):
         for hf_name, tensor in load_file(shard).items():
@@ -101,7 +102,7 @@ def test_streamed_image_equals_the_whole_model_derivation_at_any_job_count(name,
     # Small pieces: every matrix is cut into several, so pieces of one tensor meet in the file.
     monkeypatch.setattr(image_mod, "PIECE_VALUES", 1000)
     expected = oracle_image(model, quant, 32)
-    ckpt = load_checkpoint(model)
+    ckpt = load_model(model)
     plan = plan_for_board(ckpt.spec, HOST, quant, 32)
     assert max(len(image_mod.pieces(t, None, 0)) for t in plan.tensors) > 2
     for jobs in (1, 2, 3):
@@ -142,7 +143,7 @@ def test_a_bad_tensor_late_in_the_model_leaves_nothing_behind(checkpoints, tmp_p
     model.mkdir()
     for f in src.iterdir():
         (model / f.name).write_bytes(f.read_bytes())
-    ckpt = load_checkpoint(model)
+    ckpt = load_model(model)
     last = ckpt.tensors[list(ckpt.tensors)[-1]]
     _flip_to_nan(last.path, last.info)
     out = tmp_path / "gen"
@@ -158,7 +159,7 @@ def test_a_shard_truncated_during_generation_is_one_line_and_leaves_nothing(chec
     model.mkdir()
     for f in src.iterdir():
         (model / f.name).write_bytes(f.read_bytes())
-    ckpt = load_checkpoint(model)  # headers checked: the file was whole
+    ckpt = load_model(model)  # headers checked: the file was whole
     plan = plan_for_board(ckpt.spec, HOST, "q8_0", 32)
     shard = model / "model.safetensors"
     os.truncate(shard, shard.stat().st_size - 1000)  # then it loses its end
@@ -240,7 +241,7 @@ print("MEASURED", hwm * 1024, resource.getrusage(resource.RUSAGE_CHILDREN).ru_ma
 
 
 def test_generation_memory_is_bounded_by_the_largest_tensor_not_the_model(big_model, tmp_path):
-    ckpt = load_checkpoint(big_model)
+    ckpt = load_model(big_model)
     largest_f32 = max(4 * int(np.prod(t.shape)) for t in ckpt.tensors.values())
     model_f32 = sum(4 * int(np.prod(t.shape)) for t in ckpt.tensors.values())
     bound = 2 * largest_f32 + 150 * 2**20
@@ -295,7 +296,7 @@ def test_a_no_op_build_trusts_a_large_shards_size_and_time_and_a_changed_one_reg
     # it does not notice (what trusting size and time means; the header, which planning reads, is
     # left alone).
     stat = shard.stat()
-    info = load_checkpoint(model).tensors["layers.1.w_down"].info
+    info = load_model(model).tensors["layers.1.w_down"].info
     with open(shard, "r+b") as f:
         f.seek(info.begin)
         f.write(b"\x01\x3f" * 16)
@@ -332,7 +333,7 @@ def test_kept_gguf_blocks_are_the_images_packing_of_their_values(ggml_type, bloc
     """The image's bytes for a GGUF file's blocks are the file's fields as they are: the same as
     packing the blocks' decoded quants the image's way (quantize.pack_nibbles) and rounding their
     float32 scales to binary16."""
-    from generator.model.gguf_tensors import KEPT_RECORDS, QuantBlocks
+    from generator.model.gguf.tensors import KEPT_RECORDS, QuantBlocks
     from generator.numerics.quantize import HALF, keep_blocks, pack_nibbles
 
     record = KEPT_RECORDS[ggml_type]
@@ -354,7 +355,7 @@ def test_kept_gguf_blocks_are_the_images_packing_of_their_values(ggml_type, bloc
 
 
 def test_a_kept_block_with_an_infinite_scale_is_refused():
-    from generator.model.gguf_tensors import KEPT_RECORDS, QuantBlocks
+    from generator.model.gguf.tensors import KEPT_RECORDS, QuantBlocks
     from generator.numerics.quantize import keep_blocks
 
     raw = np.zeros((2, 4, KEPT_RECORDS["Q4_0"].itemsize), np.uint8)

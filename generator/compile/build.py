@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import ColibriError
 from ..files import REPO, slug
-from ..model.hf_import import load_checkpoint
+from ..model.load import load_model
 from ..numerics.quantize import QUANTS
 from .module_inputs import modules_run_by
 from .pipeline import PLAN_FILE, WEIGHTS_FILE, generate, plan_checkpoint
@@ -65,7 +65,7 @@ def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
     """Validate everything that can be validated without compiling; returns the plan too.
     check_fit=False leaves the memory budgets to the caller (`report` shows the table first)."""
     model_dir = Path(model_dir)
-    checkpoint = load_checkpoint(model_dir, load_tensors=False)
+    checkpoint = load_model(model_dir, load_tensors=False)
     plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx)
     n_ctx = plan.n_ctx
     if check_fit:

@@ -87,7 +87,7 @@ def encode_rows(x: np.ndarray, dtype: str) -> tuple[bytes, bytes, bytes]:
 
 
 def encode_blocks(blocks, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | bytes]:
-    """A source's own blocks (a GGUF tensor's, model/gguf_tensors.QuantBlocks) as image bytes,
+    """A source's own blocks (a GGUF tensor's, model/gguf/tensors.QuantBlocks) as image bytes,
     value for value: each field copied out of the file's blocks once, handed to pwrite as it is."""
     qs, d, m = keep_blocks(*blocks.fields(), dtype)
     return qs, d, b"" if m is None else m

@@ -14,7 +14,7 @@ from .emit import GENERATED_FILES, render
 from ..errors import ColibriError
 from ..files import write_atomic
 from ..numerics.quantize import GGUF
-from ..model.hf_import import load_checkpoint
+from ..model.load import Checkpoint, load_model
 from .image import default_jobs, write_image
 from .plan import Plan, plan_for_board
 from .targets import Board
@@ -38,15 +38,15 @@ def resolve_ctx(board: Board, max_position_embeddings: int, ctx: int | None) -> 
     return ctx
 
 
-def plan_checkpoint(checkpoint, model_dir: Path, board: Board, quant: str, ctx: int | None) -> Plan:
+def plan_checkpoint(checkpoint: Checkpoint, model_dir: Path, board: Board, quant: str, ctx: int | None) -> Plan:
     """The plan of a checkpoint for a board: --quant gguf takes each tensor's block type from the
     GGUF file it was read from."""
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
-    gguf_types = getattr(checkpoint, "tensor_types", None)
+    gguf_types = checkpoint.tensor_types
     if quant == GGUF and gguf_types is None:
         raise ColibriError(f"--quant gguf keeps a GGUF file's own blocks, and {model_dir} is not a GGUF file "
                            f"(choose f32, q8_0, q4_0 or q4_1)")
-    return plan_for_board(checkpoint.spec, board, quant, n_ctx, gguf_types if quant == GGUF else None)
+    return plan_for_board(checkpoint.spec, board, quant, n_ctx, dict(gguf_types) if quant == GGUF else None)
 
 
 def requantized_note(plan: Plan, name: str, error) -> str:
@@ -84,7 +84,7 @@ def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir
     tensor by tensor (quantized in `jobs` worker processes; default: every core): memory stays
     bounded by the largest piece of a tensor, whatever the model's size. The bytes are the same at
     any job count."""
-    checkpoint = load_checkpoint(model_dir)
+    checkpoint = load_model(model_dir)
     plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx)
 
     report = None

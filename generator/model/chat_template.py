@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import ColibriError
+from .gguf import is_gguf
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class ChatTemplate:
     def for_model(model_dir: Path) -> "ChatTemplate | None":
         """The template of a model directory (or GGUF file), or None when it has none."""
         model_dir = Path(model_dir)
-        if model_dir.suffix.lower() == ".gguf":
+        if is_gguf(model_dir):
             return ChatTemplate._from_gguf(model_dir)
         config_path = model_dir / "tokenizer_config.json"
         config = {}
@@ -54,8 +55,8 @@ class ChatTemplate:
 
     @staticmethod
     def _from_gguf(path: Path) -> "ChatTemplate | None":
-        from .gguf_file import read_gguf
-        from .gguf_tokenizer import chat_template
+        from .gguf.file import read_gguf
+        from .gguf.tokenizer import chat_template
 
         gguf = read_gguf(path)
         source = chat_template(gguf)

@@ -1,10 +1,12 @@
-"""Host-side text <-> token ids through the model's tokenizer.json (the firmware sees only ids)."""
+"""Host-side text <-> token ids through the model's tokenizer (tokenizer.json, or a GGUF file's
+metadata); the firmware sees only ids."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import ColibriError
+from .gguf import is_gguf
 
 
 class Tokenizer:
@@ -18,9 +20,9 @@ class Tokenizer:
 
     @staticmethod
     def for_model(model_dir: Path) -> "Tokenizer | None":
-        if Path(model_dir).suffix.lower() == ".gguf":  # the tokenizer in the file's metadata, if it has one
-            from .gguf_file import read_gguf
-            from .gguf_tokenizer import build_tokenizer, supported
+        if is_gguf(model_dir):  # the tokenizer in the file's metadata, if it has one
+            from .gguf.file import read_gguf
+            from .gguf.tokenizer import build_tokenizer, supported
 
             gguf = read_gguf(model_dir)
             if not supported(gguf):

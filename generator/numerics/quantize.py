@@ -135,7 +135,7 @@ def pack_nibbles(q: np.ndarray) -> np.ndarray:
 
 def keep_blocks(quants: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None, block_type: str
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """A GGUF tensor's own Q8_0/Q4_0/Q4_1 block fields (model/gguf_tensors.QuantBlocks.fields: the
+    """A GGUF tensor's own Q8_0/Q4_0/Q4_1 block fields (model/gguf/tensors.QuantBlocks.fields: the
     quant bytes, binary16 scales, binary16 Q4_1 minimums or None) as `block_type` holds them, value
     for value: the same arrays, since the image packs its quants as the file does (Q8_0's int8; Q4_0's
     nibbles standing for q - 8; Q4_1's for d * q + m) and stores the same binary16 numbers. What

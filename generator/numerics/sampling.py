@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ColibriError
-from ..model.hf_import import read_json
+from ..model.load import generation_config
 from .ops import F32, f32, softmax
 
 MASK64 = (1 << 64) - 1
@@ -101,8 +101,7 @@ def generation_defaults(model_dir: Path) -> SamplingParams:
     """generation_config.json's sampling settings, range-checked like the command line's: a value
     that the board would refuse, or read differently from the reference, is an error here. top_k of
     0 or below means no top-k filter (some configs write -1 for that)."""
-    gen_path = Path(model_dir) / "generation_config.json"
-    gen = read_json(gen_path) if gen_path.is_file() else {}
+    gen, gen_path = generation_config(model_dir)
     if gen.get("do_sample") is not True:
         return SamplingParams()
 

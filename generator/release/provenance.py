@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import __version__
 from ..files import REPO, slug
 from ..errors import ColibriError
-from ..model.hf_import import load_checkpoint, read_json
+from ..model.load import companion_files, generation_config, load_model
 from ..device.session import RunRequest
 from ..numerics.sampling import SamplingParams, generation_defaults
 from ..compile.targets import Board
@@ -30,10 +30,6 @@ DEFAULT_STEPS = 32
 
 
 DEFAULT_PROMPT_TOKENS = 8
-
-
-# Model files that are not build inputs but belong with the model a release was made from.
-MODEL_EXTRA_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 # What the firmware is made from, besides the model and the board file (hashed into the manifest).
@@ -135,9 +131,9 @@ def toolchain_info(board: Board) -> dict:
 
 def model_files(model_dir: Path) -> list[str]:
     """Names of the model's files a release depends on (the build's inputs, then the tokenizer)."""
-    checkpoint = load_checkpoint(model_dir, load_tensors=False)
+    checkpoint = load_model(model_dir, load_tensors=False)
     names = {Path(p).name for p in checkpoint.input_files}
-    names |= {n for n in MODEL_EXTRA_FILES if (model_dir / n).is_file()}
+    names |= {p.name for p in companion_files(model_dir)}
     return sorted(names)
 
 
@@ -168,8 +164,7 @@ def stage_model(model_dir: Path, names: list[str], dest: Path, name: str | None 
 
 def sampling_defaults(model_dir: Path, spec) -> dict:
     """generation_config.json's sampling settings, as `run` and `verify` apply them by default."""
-    path = model_dir / "generation_config.json"
-    gen = read_json(path) if path.is_file() else {}
+    gen = generation_config(model_dir)[0]
     d = generation_defaults(model_dir)
     return {"do_sample": gen.get("do_sample") is True, "temperature": d.temperature, "top_k": d.top_k,
             "top_p": d.top_p, "min_p": d.min_p, "eos_token_ids": list(spec.eos_token_ids)}

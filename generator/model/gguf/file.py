@@ -6,7 +6,7 @@ types, offsets and alignment are checked (inside the file, aligned, not overlapp
 or hostile file ends in one ColibriError line. The 2024 GGUF parser advisories (huge counts,
 string lengths past the end, shapes whose product overflows, offsets out of the file) are the
 checklist. Tensor data is not read here: `GgufTensorInfo.begin/end` locate it for
-gguf_tensors.py, which maps it with np.memmap.
+tensors.py, which maps it with np.memmap.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..errors import ColibriError
+from ...errors import ColibriError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..errors import ColibriError
-from .gguf_file import GgufFile, GgufTensorInfo
+from ...errors import ColibriError
+from .file import GgufFile, GgufTensorInfo
 
 BLOCK = 32
 EXACT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K")

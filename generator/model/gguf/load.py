@@ -1,6 +1,6 @@
 """Import stage for GGUF files: metadata -> ModelSpec, tensors -> the canonical names and float32.
 
-The GGUF counterpart of hf_import.load_checkpoint: the same ModelSpec and the same canonical
+The GGUF counterpart of hf/load.load_hf: the same ModelSpec and the same canonical
 tensors a safetensors checkpoint of the model gives, from llama.cpp's names and keys
 (`{arch}.block_count`, `blk.N.attn_q.weight`, `blk.N.ffn_gate_exps.weight`, ...).
 
@@ -19,22 +19,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ColibriError
-from .gguf_file import GgufFile, GgufTensorInfo, read_gguf
-from .gguf_tensors import EXACT_TYPES, QuantBlocks, rows_blocks, rows_f32, tensor_blocks
-from .spec import ModelSpec, RopeSpec, expected_shapes
+from ...errors import ColibriError
+from .file import GgufFile, GgufTensorInfo, read_gguf
+from .tensors import EXACT_TYPES, QuantBlocks, rows_blocks, rows_f32, tensor_blocks
+from ..spec import ModelSpec, RopeSpec, expected_shapes
 
 
 @dataclass(frozen=True)
 class GgufArch:
-    """What sets one GGUF architecture apart (the GGUF side of hf_import.FAMILIES)."""
+    """What sets one GGUF architecture apart (the GGUF side of hf/load.FAMILIES)."""
 
-    family: str  # the spec's family, as hf_import names it
+    family: str  # the spec's family, as hf/load.FAMILIES names it
     architecture: str  # the Hugging Face class the spec names
     permuted_qk: bool = False  # llama.cpp's converter permuted the q/k rows (llama architecture)
     qkv_bias: bool = False  # always has q/k/v biases (Qwen2); elsewhere the tensors present decide
     qk_norm: bool = False
-    gemma: bool = False  # see hf_import.Family.gemma
+    gemma: bool = False  # see hf/load.Family.gemma
     moe: bool = False
     shared_expert: bool = False
     norm_topk_prob: bool = False  # llama.cpp's default when {arch}.expert_weights_norm is absent
@@ -76,7 +76,7 @@ END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|
 
 @dataclass
 class GgufCheckpoint:
-    """A checkpoint read from a GGUF file (what hf_import.Checkpoint holds), and also what each
+    """A checkpoint read from a GGUF file (model/checkpoint.Checkpoint), and also what each
     tensor was stored as, its exact blocks and the chat template."""
 
     spec: ModelSpec
@@ -100,7 +100,7 @@ class GgufCheckpoint:
 
 @dataclass(frozen=True)
 class GgufTensor:
-    """Where one canonical tensor is in a GGUF file (what hf_import.CheckpointTensor is for a
+    """Where one canonical tensor is in a GGUF file (what hf/load.HfTensor is for a
     safetensors shard): its rows are read, and decoded, only when asked for. An expert is one slice
     of a stacked tensor; llama's q and k rows are read in the order that undoes the file's
     permutation. Small and picklable: a worker process reads its own rows."""
@@ -141,10 +141,6 @@ class GgufTensor:
         """The whole tensor in its canonical shape (small tensors and tests; generation reads rows)."""
         n_rows = self.shape[0] if len(self.shape) == 2 else 1
         return self.rows(0, n_rows).reshape(self.shape)
-
-
-def is_gguf(path: Path | str) -> bool:
-    return Path(path).suffix.lower() == ".gguf"
 
 
 def unpermute_order(rows: int, n_heads: int) -> np.ndarray:

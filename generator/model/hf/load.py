@@ -1,5 +1,5 @@
 """Import stage: a Hugging Face model directory -> ModelSpec + its tensors under canonical names,
-each read when asked (a CheckpointTensor: where it is, not its values), so a model of any size
+each read when asked (an HfTensor: where it is, not its values), so a model of any size
 goes through generation one piece at a time.
 
 Canonical tensor names (used by the planner, the weight image, the generated C and the reference):
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ColibriError
+from ...errors import ColibriError
 from .safetensors_io import TensorInfo, read_header, read_rows, rows_cols, strict_json
-from .spec import ModelSpec, RopeSpec, expected_shapes
+from ..spec import ModelSpec, RopeSpec, expected_shapes
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -113,7 +113,7 @@ HF_GLOBAL = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_n
 
 
 @dataclass(frozen=True)
-class CheckpointTensor:
+class HfTensor:
     """One tensor of a checkpoint, read when asked. Small and picklable: a worker process given it
     reads the rows it needs from the file itself, so no process holds the whole model.
 
@@ -143,10 +143,13 @@ class CheckpointTensor:
 
 
 @dataclass
-class Checkpoint:
+class HfCheckpoint:
+    """A checkpoint read from a Hugging Face directory (model/checkpoint.Checkpoint)."""
+
     spec: ModelSpec
-    tensors: dict[str, CheckpointTensor]  # canonical name -> where its values are, in plan order
+    tensors: dict[str, HfTensor]  # canonical name -> where its values are, in plan order
     input_files: list[Path]  # every file the checkpoint was read from (build dependencies)
+    tensor_types: None = None  # safetensors hold plain floats: no block types to keep (--quant gguf)
 
 
 def read_json(path: Path) -> dict:
@@ -488,15 +491,11 @@ def _tensor_files(model_dir: Path) -> dict[str, tuple[Path, TensorInfo]]:
     return located
 
 
-def load_checkpoint(model_dir: Path | str, load_tensors: bool = True) -> Checkpoint:
-    """Read a model directory (or a .gguf file, model/gguf_import.py): config, and every safetensors header checked against it. No tensor
+def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
+    """Read a model directory: config, and every safetensors header checked against it. No tensor
     is read here: `tensors` says where each one is (with load_tensors=False it is left empty, for
     callers that only plan)."""
     model_dir = Path(model_dir)
-    if model_dir.suffix.lower() == ".gguf":
-        from .gguf_import import load_gguf
-
-        return load_gguf(model_dir, load_tensors)
     if not model_dir.exists():
         raise ColibriError(f"model directory {model_dir} does not exist")
     if not model_dir.is_dir():
@@ -531,13 +530,41 @@ def load_checkpoint(model_dir: Path | str, load_tensors: bool = True) -> Checkpo
         if info.shape != shape:
             raise ColibriError(f"tensor {info.name!r} has shape {list(info.shape)}, config.json implies {list(shape)}")
 
-    tensors: dict[str, CheckpointTensor] = {}
+    tensors: dict[str, HfTensor] = {}
     if load_tensors:
         gemma = FAMILIES[spec.family].gemma
         for canonical in wanted:
             path, info = by_canonical[canonical]
-            tensors[canonical] = CheckpointTensor(path, info, plus_one=gemma and canonical.endswith("norm"))
+            tensors[canonical] = HfTensor(path, info, plus_one=gemma and canonical.endswith("norm"))
     files = sorted({config_path, *(p for p, _ in by_canonical.values())}
                    | ({gen_path} if gen_path.is_file() else set())
                    | ({model_dir / "model.safetensors.index.json"} if (model_dir / "model.safetensors.index.json").is_file() else set()))
-    return Checkpoint(spec=spec, tensors=tensors, input_files=files)
+    return HfCheckpoint(spec=spec, tensors=tensors, input_files=files)
+
+
+# The files beside the weights that a release carries with them (not generation inputs: the
+# firmware sees token ids only).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def has_weights(model_dir: Path) -> bool:
+    return (model_dir / "model.safetensors").is_file() or (model_dir / "model.safetensors.index.json").is_file()
+
+
+def config_only_spec(model_dir: Path) -> ModelSpec | None:
+    """The spec of a configuration without weights (a published config.json alone, as
+    models/configs holds), or None when the directory has weights or no config.json."""
+    config_path = model_dir / "config.json"
+    if has_weights(model_dir) or not config_path.is_file():
+        return None
+    return parse_config(read_json(config_path), model_dir.resolve().name)
+
+
+def generation_config(model_dir: Path) -> tuple[dict, Path]:
+    """generation_config.json's settings ({} without one), and the file, to name in messages."""
+    path = model_dir / "generation_config.json"
+    return (read_json(path) if path.is_file() else {}), path
+
+
+def tokenizer_files(model_dir: Path) -> list[Path]:
+    return [model_dir / name for name in TOKENIZER_FILES if (model_dir / name).is_file()]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ColibriError
+from ...errors import ColibriError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}

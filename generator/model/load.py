@@ -1,0 +1,47 @@
+"""The model door: a path -> the checkpoint of its format (a .gguf file or a Hugging Face
+directory), and the few things the commands ask of a model path without loading it. Nothing
+above the model stage names a model's files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .checkpoint import Checkpoint
+from .gguf import is_gguf
+from .hf import load as hf
+from .spec import ModelSpec
+
+__all__ = ["Checkpoint", "companion_files", "config_only_spec", "generation_config", "is_gguf", "load_model"]
+
+
+def load_model(path: Path | str, load_tensors: bool = True) -> Checkpoint:
+    """The checkpoint at `path`: its spec checked, and where each tensor is (nothing read yet;
+    load_tensors=False leaves `tensors` empty, for callers that only plan). Anything but a .gguf
+    file is read as a Hugging Face directory, whose loader says what is missing."""
+    path = Path(path)
+    if is_gguf(path):
+        # Imported here: the gguf package takes most of a second, and HF models never need it.
+        from .gguf.load import load_gguf
+
+        return load_gguf(path, load_tensors)
+    return hf.load_hf(path, load_tensors)
+
+
+def config_only_spec(path: Path | str) -> ModelSpec | None:
+    """The spec of a configuration without weights (planned, never built), or None for a model
+    with weights."""
+    path = Path(path)
+    return None if is_gguf(path) else hf.config_only_spec(path)
+
+
+def generation_config(path: Path | str) -> tuple[dict, Path]:
+    """The model's generation settings ({} when it has none; a GGUF file carries none) and the file
+    that holds them, to name in messages."""
+    path = Path(path)
+    return ({}, path) if is_gguf(path) else hf.generation_config(path)
+
+
+def companion_files(path: Path | str) -> list[Path]:
+    """The model's files that are not generation inputs but travel with it (its tokenizer files)."""
+    path = Path(path)
+    return [] if is_gguf(path) else hf.tokenizer_files(path)

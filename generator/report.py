@@ -7,7 +7,7 @@ from __future__ import annotations
 from .compile.elfsize import ElfSizes
 from .errors import ColibriError
 from .compile.plan import Plan, RegionUse, fit_problem, largest_planned_ctx, planned_use, replan
-from .compile.targets import CATEGORIES, Board
+from .boards import CATEGORIES, Board
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
 ROWS = CATEGORIES + WITH_CODE  # what the report shows per region

@@ -9,7 +9,7 @@ from generator.errors import ColibriError
 from generator.compile.esp_image import check_app_image, load_segments
 from generator.reference import Reference
 from generator.numerics.sampling import SamplingParams
-from generator.compile.targets import available_boards, load_board
+from generator.boards import available_boards, load_board
 
 PROMPT = [1, 21, 51, 68, 104, 44, 74, 51, 100]  # "In the beginning"
 SAMPLED = SamplingParams(0.8, top_k=40, top_p=0.95, seed=11)

@@ -34,7 +34,7 @@ class QemuOnPty:
 
     def __init__(self, board, art):
         port = free_port()
-        argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.command]
+        argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.runner.command]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      stdin=subprocess.DEVNULL)
         self.master, slave = os.openpty()

@@ -13,7 +13,7 @@ import serial
 
 from conftest import DEFAULT_MODEL
 from generator.compile.build import prepare, run_scons
-from generator.compile.targets import load_board
+from generator.boards import load_board
 from generator.device.protocol import FrameReader
 from generator.device.runner import free_port, run_on_board
 from generator.device.serial_link import ACK_BYTES
@@ -49,7 +49,7 @@ def test_bytes_sent_while_the_board_cannot_read_are_lost_as_on_the_p4(slow_board
     128 bytes, acknowledges them, and never sees the rest of the line."""
     board, plan, art = slow_board
     port = free_port()
-    argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.command]
+    argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.runner.command]
     qemu = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         link = serial.serial_for_url(f"socket://127.0.0.1:{port}", timeout=0.1, do_not_open=True)

@@ -17,7 +17,7 @@ from ..model.hf_import import load_checkpoint
 from ..numerics.quantize import QUANTS
 from .pipeline import PLAN_FILE, WEIGHTS_FILE, plan_checkpoint
 from .plan import Plan, check_fits
-from .targets import Board
+from ..boards import Board
 
 GENERATED_DIR = "generated"
 # Model files at least this large (checkpoint shards) count as unchanged while their size and

@@ -17,7 +17,7 @@ from .process import ProcessLink, explain_local, run_process
 from .remote import Remote, check_remote_machine, explain_remote, remote_command, remote_prefix, run_remote
 from .serial_link import SerialLink, Timeouts
 from .session import RunRequest, RunResult, Session, request_frame
-from ..compile.targets import Board
+from ..boards import Board, EmulatedSystemRunner, ProcessRunner, SerialRunner
 
 
 def default_timeout(request: RunRequest, weights_bytes: int) -> float:
@@ -40,7 +40,7 @@ class Emulator:
 
     def __init__(self, board: Board, program: Path, flash_image: Path):
         port = free_port()
-        self.argv = [a.format(program=program, flash_image=flash_image, port=port) for a in board.command]
+        self.argv = [a.format(program=program, flash_image=flash_image, port=port) for a in board.runner.command]
         try:
             self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                          stdin=subprocess.DEVNULL)
@@ -105,13 +105,13 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
     session = Session(expected_model, on_token, check_hello)
     if request.threads > 1 and board.parallel == "none":
         raise ColibriError(f"board {board.name} runs single-threaded (--threads {request.threads} is for Linux boards)")
-    if request.probe_bandwidth_mib is not None and board.runner != "process":
+    if request.probe_bandwidth_mib is not None and not board.runner.linux_program:
         raise ColibriError(f"board {board.name} cannot measure its read bandwidth (only Linux boards can)")
-    if request.firmware_options() and board.runner != "process":
+    if request.firmware_options() and not board.runner.linux_program:
         raise ColibriError(f"board {board.name} keeps its weights in flash: a memory budget and storage probes are "
                            f"for Linux boards")
     if remote is not None:
-        if board.runner != "process":
+        if not board.runner.linux_program:
             raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
         if logits_out is not None:
             raise ColibriError("raw logits are stored only by a local run, not over --remote")
@@ -119,19 +119,19 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
             # The board may be slower than this machine; connecting takes a few seconds more.
             timeout = 10 + default_timeout(request, weights.stat().st_size) * (4 if remote_prefix(board) else 2)
         return run_remote(remote, board, program, weights, request, session, timeout, progress)
-    if board.runner == "process":
-        argv = [*local_prefix(), *(board.emulator if board.needs_emulator() else ()), str(program), "--weights",
+    if isinstance(board.runner, ProcessRunner):
+        argv = [*local_prefix(), *(board.runner.emulator if board.runner.needs_emulator() else ()), str(program), "--weights",
                 str(weights), *request.firmware_options()]
         if logits_out is not None:
             argv += ["--logits-out", str(logits_out)]
         if timeout is None:
-            timeout = default_timeout(request, weights.stat().st_size) * (4 if board.needs_emulator() else 1)
+            timeout = default_timeout(request, weights.stat().st_size) * (4 if board.runner.needs_emulator() else 1)
         return run_process(argv, request_frame(request), session, timeout)
     if logits_out is not None:
         raise ColibriError(f"board {board.name} cannot store raw logits (only Linux boards can)")
-    if board.runner == "qemu-system":
+    if isinstance(board.runner, EmulatedSystemRunner):
         return run_qemu_system(board, program, flash_image or weights, request, session, timeout)
-    if board.runner == "serial":
+    if isinstance(board.runner, SerialRunner):
         if not port:
             raise ColibriError(f"board {board.name} is a real board: give its serial port with --port")
         link = SerialLink.open(port, reset=reset)
@@ -141,7 +141,7 @@ def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest
                                      silence=timeout))
         finally:
             link.close()
-    raise ColibriError(f"board {board.name} cannot be run from here (runner {board.runner!r})")
+    raise ColibriError(f"board {board.name} cannot be run from here (runner {board.runner.kind!r})")
 
 
 class Conversation:
@@ -162,7 +162,7 @@ class Conversation:
         session = Session(self.expected_model, on_token, self.check_hello)
         if self.process is not None:
             if timeout is None:
-                slow = self.board.needs_emulator() or self.remote is not None
+                slow = self.board.runner.needs_emulator() or self.remote is not None
                 timeout = default_timeout(request, self.weights_bytes) * (4 if slow else 1)
             self.process.send(request_frame(request, seq=self.turns))
             result = self.process.read_until_done(session, timeout)
@@ -199,21 +199,21 @@ def open_conversation(board: Board, program: Path, weights: Path, expected_model
     firmware's command-line options (RunRequest.firmware_options: a memory budget)."""
     size = weights.stat().st_size
     common = dict(expected_model=expected_model, check_hello=check_hello)
-    if options and board.runner != "process":
+    if options and not board.runner.linux_program:
         raise ColibriError(f"board {board.name} keeps its weights in flash: a memory budget is for Linux boards")
     if remote is not None:
-        if board.runner != "process":
+        if not board.runner.linux_program:
             raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
         argv, _ = remote_command(remote, board, program, weights, list(options), progress)
         return Conversation(board, size, remote=remote, process=ProcessLink(argv, explain_remote(remote)), **common)
-    if board.runner == "process":
-        argv = [*local_prefix(), *(board.emulator if board.needs_emulator() else ()), str(program), "--weights",
+    if isinstance(board.runner, ProcessRunner):
+        argv = [*local_prefix(), *(board.runner.emulator if board.runner.needs_emulator() else ()), str(program), "--weights",
                 str(weights), *options]
         return Conversation(board, size, process=ProcessLink(argv, explain_local), **common)
-    if board.runner == "qemu-system":
+    if isinstance(board.runner, EmulatedSystemRunner):
         return Conversation(board, size, emulator=Emulator(board, program, flash_image or weights), **common)
-    if board.runner == "serial":
+    if isinstance(board.runner, SerialRunner):
         if not port:
             raise ColibriError(f"board {board.name} is a real board: give its serial port with --port")
         return Conversation(board, size, serial=SerialLink.open(port, reset=reset), **common)
-    raise ColibriError(f"board {board.name} cannot be run from here (runner {board.runner!r})")
+    raise ColibriError(f"board {board.name} cannot be run from here (runner {board.runner.kind!r})")

@@ -178,7 +178,7 @@ def budget_plan(args, board: Board, plan: Plan, here: bool = False):
     the firmware runs here (`here`: report's view of this machine); a firmware on a board over SSH
     or under COLIBRI_FIRMWARE_PREFIX (another cgroup) resolves, and refuses, it where it runs."""
     from .compile.cache_plan import AutoBudget, AutoElsewhere, auto_cache_plan, cache_constants, cache_plan, find_memory
-    from .device.runner import local_prefix
+    from .device.links import local_prefix
 
     if not board.runner.takes_memory_budget:
         return None
@@ -454,7 +454,7 @@ def user_messages(interactive: bool):
 
 def cmd_chat(args) -> int:
     from .chat import ChatState
-    from .device.runner import open_conversation
+    from .device.links import open_link
     from .model.chat_template import ChatTemplate
 
     planned = plan_build(args)
@@ -480,8 +480,9 @@ def cmd_chat(args) -> int:
     interactive = sys.stdin.isatty() and not args.json
     if interactive:
         progress(f"chatting with {args.model} on {board.name} (context {plan.n_ctx}); Ctrl-D ends")
-    with open_conversation(board, art.program, art.weights, art.model_hash(), hello_check(identity), remote,
-                           None if args.json else progress, options=options) as conversation:
+    with open_link(board, art.program, art.weights, art.model_hash(), check_hello=hello_check(identity),
+                   remote=remote, progress=None if args.json else progress, options=options,
+                   keep_open=True) as conversation:
         for turn, user in enumerate(user_messages(interactive)):
             planned_turn = state.plan_turn(user)
             request = RunRequest(planned_turn.prompt, planned_turn.steps, sampling, True, args.threads,

@@ -18,7 +18,7 @@ import pytest
 
 from generator.compile.firmware_id import elf_build_id
 from generator.device.protocol import encode_frame
-from generator.device.runner import free_port
+from generator.device.links import free_port
 from generator.device.serial_link import SerialLink
 from generator.device.session import Session
 from generator.verify import FirmwareIdentity, FirmwareMismatch, hello_check, identity_differences

@@ -80,7 +80,7 @@ def parse_idf(section: object, flash: Flash | None, path: Path) -> IdfSettings:
     board file and the field."""
     try:
         if not isinstance(section, dict):
-            raise ValueError("[idf] must be a table")
+            raise TypeError("[idf] must be a table")
         if flash is None:
             raise ValueError("an [idf] board needs a [flash] section")
         images = {image.name: image for image in flash.images}

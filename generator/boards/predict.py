@@ -29,7 +29,7 @@ class TimingModel:
 def parse_predict(section: object) -> TimingModel:
     """The [predict] section; raises ValueError naming a wrong field."""
     if not isinstance(section, dict):
-        raise ValueError("[predict] must be a table")
+        raise TypeError("[predict] must be a table")
     values = {}
     for key in ("clock_hz", "cycles_per_instruction", "weight_bytes_per_s"):
         value = section[key]

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from ..boards import Board, EmulatedSystemRunner, ProcessRunner, Runner, SerialRunner
 from ..errors import ColibriError
@@ -88,7 +89,7 @@ class Link:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> Link:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,

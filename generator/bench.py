@@ -25,14 +25,7 @@ from .device.remote import Remote, remote_prefix
 from .device.runner import run_on_board
 from .device.session import RunRequest, RunResult, cache_stats, check_fits_context
 from .numerics.sampling import SamplingParams
-from .compile.targets import Board
-
-# The stated model behind the ESP32-P4 prediction: the HP core at 400 MHz retiring about one
-# instruction per cycle, and weights streamed from PSRAM or flash at the low end of the measured
-# 84-107 MB/s; a token takes whichever is longer (compute and memory do not overlap on this core).
-P4_HZ = 400e6
-P4_CYCLES_PER_INSTRUCTION = 1.0
-P4_WEIGHT_BYTES_PER_S = 84e6
+from .boards import Board, TimingModel, load_board
 
 
 def weight_bytes_per_token(plan: Plan) -> int:
@@ -97,12 +90,22 @@ def latency_percentiles(token_us: list[int]) -> dict:
     return {"p50": q[49], "p90": q[89], "p99": q[98], "max": max(gaps)}
 
 
-def predict_p4(instructions_per_token: float, bytes_per_token: int) -> dict:
-    compute = instructions_per_token * P4_CYCLES_PER_INSTRUCTION / P4_HZ
-    memory = bytes_per_token / P4_WEIGHT_BYTES_PER_S
+def predicted_timing(board: Board) -> TimingModel:
+    """The timing model of the board `board` stands in for (its board file's `predicts`, whose
+    [predict] section holds it): what bench predicts that board's speed with."""
+    target = load_board(board.predicts) if board.predicts else board
+    if target.predict is None:
+        raise ColibriError(f"{board.path.name}: bench needs a timing model to predict a board's speed from exact "
+                           f"instruction counts: `predicts` must name a board with a [predict] section")
+    return target.predict
+
+
+def predict_speed(timing: TimingModel, instructions_per_token: float, bytes_per_token: int) -> dict:
+    """A token takes whichever is longer: its instructions at the board's clock, or its weight reads."""
+    compute = instructions_per_token * timing.cycles_per_instruction / timing.clock_hz
+    memory = bytes_per_token / timing.weight_bytes_per_s
     return {"tok_s": 1.0 / max(compute, memory), "compute_s": compute, "memory_s": memory,
-            "model": f"{P4_HZ / 1e6:.0f} MHz, {P4_CYCLES_PER_INSTRUCTION} cycles/instruction, "
-                     f"weights at {P4_WEIGHT_BYTES_PER_S / 1e6:.0f} MB/s, the slower of the two"}
+            "model": timing.describe()}
 
 
 def rate_by_context(n_prompt: int, token_us_runs: list[list[int]]) -> tuple[list[int], list[float]]:
@@ -333,9 +336,9 @@ def probes_bandwidth(board: Board, remote: Remote | None = None) -> bool:
     that run natively, here or on a board reached over SSH (the probe runs in the firmware, so on
     the board). Under an emulator (linux-aarch64 on this x86 machine, or a remote prefix) the figure
     would be the emulator's, not the board's; MCUs report instruction counts instead."""
-    if board.runner != "process":
+    if not board.runner.probes_bandwidth:
         return False
-    return not remote_prefix(board) if remote is not None else not board.needs_emulator()
+    return not remote_prefix(board) if remote is not None else not board.runner.needs_emulator()
 
 
 def run_figures(result: RunResult, weight_bytes: int, board: Board | None = None,
@@ -413,13 +416,13 @@ def default_steps(plan: Plan, prompt_tokens: int) -> int:
 
 def default_repeat(board: Board) -> int:
     """Runs to take the median of: one where the count is exact (the same on every run)."""
-    return 1 if board.counts_instructions_exactly() else DEFAULT_REPEAT
+    return 1 if board.runner.counts_instructions_exactly() else DEFAULT_REPEAT
 
 
 def check_plot(board: Board, plot: Path | None, steps: int) -> None:
     if plot is None:
         return
-    if board.counts_instructions_exactly():
+    if board.runner.counts_instructions_exactly():
         raise ColibriError(f"--plot draws tok/s against wall-clock time; {board.name} is emulated and "
                            f"reports exact instruction counts instead (use --json)")
     if plot.suffix.lower() != ".png":
@@ -526,7 +529,7 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
     ram_runs = [run_figures(r, weight_bytes, board, ram_request) for r in ram_results]
     kernels = results[-1].hello.get("kernels", "?")
     # Under an emulator here, or on a board over SSH behind a prefix (an emulator, in the tests).
-    emulator = (remote_prefix(board)[0] if remote_prefix(board) else None) if remote else board.emulated_by()
+    emulator = (remote_prefix(board)[0] if remote_prefix(board) else None) if remote else board.runner.emulated_by()
     out = {"board": board.name, "model": model, "architecture": plan.spec.architecture,
            "quant": plan.quant, "n_ctx": plan.n_ctx, "threads": threads, "kernels": kernels,
            "prompt_tokens": len(prompt), "decode_steps": steps, "repeat": repeat,
@@ -562,7 +565,7 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
                    attention_macs_per_token=attention,
                    mean_context=len(prompt) + steps / 2,  # of contexts P+1 .. P+S-1
                    instructions_per_mac_with_attention=instructions / (macs + attention),
-                   predicted_esp32p4=predict_p4(instructions, weight_bytes))
+                   predicted_esp32p4=predict_speed(predicted_timing(board), instructions, weight_bytes))
     else:
         latencies = [latency_percentiles(r.token_us) for r in results]
         probe = results[0].bandwidth

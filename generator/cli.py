@@ -20,7 +20,7 @@ from . import __version__
 from .compile.build import Artifacts, BuildRequest, build_dirs, prepare, remove_builds, run_scons
 from .compile.elfsize import read_elf
 from .compile.plan import Plan, largest_planned_ctx, plan_for_board, planned_use
-from .compile.targets import Board, available_boards, load_board
+from .boards import Board, available_boards, load_board
 from .device.remote import ran_on, remote_for
 from .device.runner import run_on_board
 from .device.session import RunRequest, check_fits_context
@@ -178,9 +178,9 @@ def budget_plan(args, board: Board, plan: Plan, here: bool = False):
     the firmware runs here (`here`: report's view of this machine); a firmware on a board over SSH
     or under COLIBRI_FIRMWARE_PREFIX (another cgroup) resolves, and refuses, it where it runs."""
     from .compile.cache_plan import AutoBudget, AutoElsewhere, auto_cache_plan, cache_constants, cache_plan, find_memory
-    from .device.runner import local_prefix
+    from .device.links import local_prefix
 
-    if board.runner != "process":
+    if not board.runner.takes_memory_budget:
         return None
     budget = args.memory_budget if getattr(args, "memory_budget", None) is not None else board.memory_budget
     if not isinstance(budget, AutoBudget):
@@ -203,7 +203,7 @@ def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> No
 def board_port(args, board: Board) -> str | None:
     """The serial port for a board on one: --port, or the only port that looks like an ESP32
     board's (said on stderr). None for boards that run here."""
-    if board.runner != "serial":
+    if not board.runner.needs_port:
         return None
     if getattr(args, "port", None):
         return args.port
@@ -328,15 +328,15 @@ def cmd_build(args) -> int:
             "plan": str(art.plan_json), "generated": str(art.generated), "model_hash": art.model_hash(),
             "quant": plan.quant, "n_ctx": plan.n_ctx}
     idf = board.idf
-    if idf:
-        info["idf_project"] = str(art.out_dir / idf["project_dir"])
+    if idf is not None:
+        info["idf_project"] = str(art.out_dir / idf.project_dir)
         info["idf_built"] = art.program.exists()
     if args.json:
         print(json.dumps(info, indent=2))
-    elif idf and not art.program.exists():
+    elif idf is not None and not art.program.exists():
         print(f"generated the ESP-IDF project {info['idf_project']} for {board.name} ({plan.spec.architecture}, "
               f"{plan.quant}, context {plan.n_ctx}); ESP-IDF is not installed here, so build it with "
-              f"`idf.py build` in that directory (ESP-IDF >= {idf['min_version']}), then `./colibri flash`")
+              f"`idf.py build` in that directory (ESP-IDF >= {idf.min_version}), then `./colibri flash`")
     else:
         print(f"built {art.program} for {board.name} ({plan.spec.architecture}, {plan.quant}, context {plan.n_ctx})")
         print(f"weight image {art.weights} ({art.weights.stat().st_size:,} bytes, model hash {info['model_hash'][:16]})")
@@ -454,7 +454,7 @@ def user_messages(interactive: bool):
 
 def cmd_chat(args) -> int:
     from .chat import ChatState
-    from .device.runner import open_conversation
+    from .device.links import open_link
     from .model.chat_template import ChatTemplate
 
     planned = plan_build(args)
@@ -480,8 +480,9 @@ def cmd_chat(args) -> int:
     interactive = sys.stdin.isatty() and not args.json
     if interactive:
         progress(f"chatting with {args.model} on {board.name} (context {plan.n_ctx}); Ctrl-D ends")
-    with open_conversation(board, art.program, art.weights, art.model_hash(), hello_check(identity), remote,
-                           None if args.json else progress, options=options) as conversation:
+    with open_link(board, art.program, art.weights, art.model_hash(), check_hello=hello_check(identity),
+                   remote=remote, progress=None if args.json else progress, options=options,
+                   keep_open=True) as conversation:
         for turn, user in enumerate(user_messages(interactive)):
             planned_turn = state.plan_turn(user)
             request = RunRequest(planned_turn.prompt, planned_turn.steps, sampling, True, args.threads,
@@ -635,7 +636,7 @@ def cmd_flash(args) -> int:
 
     planned = plan_build(args)
     board = planned.board
-    if board.flash is None:
+    if not board.is_flashed:
         raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
     if args.monitor and args.no_reset:
         raise ColibriError("--no-reset leaves the board in its bootloader, so --monitor would show nothing: "
@@ -659,7 +660,7 @@ def cmd_flash(args) -> int:
         return 0
     from .device.monitor import monitor
 
-    uart_baud = (board.idf or {}).get("uart_baud", 115200)
+    uart_baud = board.idf.uart_baud if board.idf is not None else 115200
     return monitor(port, uart_baud, reset=True, expected_model=art.model_hash(), json_lines=args.json,
                    tokenizer=Tokenizer.for_model(args.model))
 
@@ -735,8 +736,8 @@ def board_summary(board: Board) -> dict:
     regions = [{"name": r.name, "kind": r.kind, "bytes": r.size or None, "holds": list(r.holds)}
                for r in board.memory]
     return {"name": board.name, "description": board.description, "isa": board.isa,
-            "runs_here": board.how_it_runs(), "emulated_by": board.emulated_by(),
-            "memory": regions, "default_ctx": board.default_ctx, "flashed": board.flash is not None}
+            "runs_here": board.runner.how_it_runs(), "emulated_by": board.runner.emulated_by(),
+            "memory": regions, "default_ctx": board.default_ctx, "flashed": board.is_flashed}
 
 
 def _size(n: int | None) -> str:

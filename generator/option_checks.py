@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from .compile.targets import Board, available_boards, load_board
+from .boards import Board, available_boards, load_board
 from .errors import ColibriError
 
 
@@ -27,7 +27,7 @@ class BoardOption:
 
 
 def _serial(board: Board) -> bool:
-    return board.runner == "serial"
+    return board.runner.needs_port
 
 
 def _boards_where(applies: Callable[[Board], bool]) -> str:
@@ -47,8 +47,8 @@ BOARD_OPTIONS = [
     BoardOption("port", "--port", _serial, "boards on a serial port"),
     BoardOption("reset", "--reset", _serial, "boards on a serial port"),
     BoardOption("threads", "--threads", lambda b: b.parallel != "none", "multi-threaded (Linux) boards"),
-    BoardOption("remote", "--remote", lambda b: b.runner == "process", "Linux boards reached over SSH"),
-    BoardOption("memory_budget", "--memory-budget", lambda b: b.runner == "process",
+    BoardOption("remote", "--remote", lambda b: b.runner.takes_remote, "Linux boards reached over SSH"),
+    BoardOption("memory_budget", "--memory-budget", lambda b: b.runner.takes_memory_budget,
                 "Linux boards, whose weights are a file (MCUs read theirs from flash)"),
 ]
 
@@ -61,7 +61,7 @@ def check_board_options(board: Board, args, given: set[str], defaults: dict | No
             continue
         if rule.dest in given:
             raise ColibriError(f"{rule.flag} is for {rule.meant_for} ({_boards_where(rule.applies)}); "
-                               f"board {board.name} runs {board.how_it_runs()}")
+                               f"board {board.name} runs {board.runner.how_it_runs()}")
         if defaults is not None and rule.dest in defaults:
             setattr(args, rule.dest, defaults[rule.dest])
 
@@ -100,9 +100,10 @@ def threads_warning(board: Board, threads: int, cores: int | None = None) -> str
     """Why `threads` will be slow here, or None: more threads than cores share them, and each
     forward pass waits for the slowest (the bits stay the same at any count)."""
     cores = available_cores() if cores is None else cores
-    if board.runner != "process" or threads <= cores:
+    if not board.runner.runs_threads or threads <= cores:
         return None
-    where = f" (under {board.emulated_by()})" if board.emulated_by() else ""
+    emulator = board.runner.emulated_by()
+    where = f" (under {emulator})" if emulator else ""
     return (f"--threads {threads} on a machine with {cores} core(s){where}: the threads take turns on the "
             f"cores and every forward pass waits for the slowest, so decoding is slower than with "
             f"--threads {cores} (the bits are the same)")

@@ -10,7 +10,7 @@ from pathlib import Path
 from .compile.firmware_id import firmware_build_id
 from .compile.image import identity_sha256, map_image
 from .compile.plan import Plan
-from .compile.targets import Board
+from .boards import Board
 from .errors import ColibriError
 from .reference import Generation, Reference
 from .device.session import RunRequest, RunResult, cache_stats
@@ -182,7 +182,7 @@ def run_stats(result: RunResult, board: Board, request: RunRequest) -> dict:
     """rates() with what they are: the emulator they were measured under (None: the board
     itself), and for instruction counts what a token's count includes."""
     r = rates(result)
-    r["emulated_by"] = board.emulated_by()
+    r["emulated_by"] = board.runner.emulated_by()
     r["instructions_counted"] = (instructions_scope(request, result)
                                  if r["decode_instructions_per_token"] else None)
     r["memory_budget"] = request.memory_budget if isinstance(request.memory_budget, int) else str(request.memory_budget)

@@ -18,7 +18,7 @@ from generator.compile.build import prepare, run_scons  # noqa: E402
 from generator.device.runner import run_on_board  # noqa: E402
 from generator.device.session import RunRequest  # noqa: E402
 from generator.numerics.sampling import SamplingParams  # noqa: E402
-from generator.compile.targets import load_board  # noqa: E402
+from generator.boards import load_board  # noqa: E402
 
 DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
 

@@ -1,5 +1,6 @@
 """The generator's house: stage packages whose imports point down the pipeline
-(model -> numerics -> compile -> device -> verify/report/bench -> release -> cli), never in a circle."""
+(model -> numerics -> compile -> device -> verify/report/bench -> release -> cli), never in a circle,
+on a ground floor every stage may use (errors, files, sizes, the boards)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from generator.compile.module_inputs import GENERATOR, graph, modules_run_by
 
 # Each stage, lowest first: a module may import its own stage and the ones below it.
 STAGES = [
-    ("errors", "files", "__init__", "project_file"),
+    ("errors", "files", "__init__", "project_file", "sizes", "boards"),
     ("model",),
     ("numerics",),
     ("compile",),
@@ -50,7 +51,16 @@ def test_every_module_belongs_to_a_stage_and_imports_only_its_own_or_lower_stage
     wrong = [f"{m} -> {n}" for m, targets in edges.items() for n in targets if stage_of(n) > stage_of(m)]
     assert wrong == []
     packages = {p.name for p in GENERATOR.iterdir() if (p / "__init__.py").is_file()}
-    assert packages == {"model", "numerics", "compile", "device", "release"}
+    assert packages == {"boards", "model", "numerics", "compile", "device", "release"}
+
+
+def test_the_boards_are_on_the_ground_floor():
+    """boards/ imports nothing of the stages, and every stage may import it."""
+    edges = graph()
+    upward = [f"{m} -> {n}" for m, targets in edges.items() if m.startswith("boards")
+              for n in targets if stage_of(n) != 0]
+    assert upward == []
+    assert stage_of("boards") == 0 and any(m.startswith("boards") for m in edges["compile.plan"])
 
 
 def test_the_walk_sees_relative_imports_inside_functions_too():

@@ -10,7 +10,7 @@ import pytest
 from conftest import DEFAULT_MODEL, run_cli
 from generator import bench
 from generator.device.session import RunResult
-from generator.compile.targets import load_board
+from generator.boards import load_board
 
 
 def probed_run(decode_us: int, read_bw: float) -> RunResult:

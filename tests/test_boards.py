@@ -9,7 +9,7 @@ from generator.errors import ColibriError
 from generator.compile.esp32.flash_image import check_app_image, load_segments
 from generator.reference import Reference
 from generator.numerics.sampling import SamplingParams
-from generator.compile.targets import available_boards, load_board
+from generator.boards import available_boards, load_board
 
 PROMPT = [1, 21, 51, 68, 104, 44, 74, 51, 100]  # "In the beginning"
 SAMPLED = SamplingParams(0.8, top_k=40, top_p=0.95, seed=11)
@@ -122,3 +122,53 @@ def test_mcu_boards_refuse_threads(builder):
     with pytest.raises(ColibriError, match="runs single-threaded"):
         run_on_board(b, art.program, art.weights, RunRequest(PROMPT, 4, threads=2), art.model_hash(),
                      flash_image=art.flash_image)
+
+
+def _board_data(name: str) -> dict:
+    import tomllib
+
+    return tomllib.loads(load_board(name).path.read_text())
+
+
+def test_each_way_a_board_runs_says_what_it_can_do():
+    host, rv32, p4 = load_board("host"), load_board("qemu-rv32"), load_board("esp32p4")
+    assert host.runner.takes_remote and host.runner.takes_memory_budget and host.runner.probes_bandwidth
+    assert host.runner.runs_here and not host.runner.needs_port and not host.runner.counts_instructions_exactly()
+    assert rv32.runner.runs_here and rv32.runner.counts_instructions_exactly()
+    assert rv32.runner.emulated_by() == "qemu-system-riscv32" and "qemu-system-riscv32" in rv32.tools()
+    assert not rv32.runner.takes_remote and not rv32.runner.takes_memory_budget
+    assert p4.runner.needs_port and not p4.runner.runs_here and p4.runner.emulated_by() is None
+    assert p4.is_flashed and not p4.is_esp_idf and load_board("esp32p4-idf").is_esp_idf
+
+
+def test_a_malformed_runner_or_predict_section_is_refused_when_the_board_loads():
+    from pathlib import Path
+
+    from generator.boards import board_from_data
+
+    data = _board_data("host")
+    with pytest.raises(ColibriError, match=r"x.toml: malformed board file \(runner kind 'ssh' is not one of"):
+        board_from_data({**data, "runner": {**data["runner"], "kind": "ssh"}}, Path("x.toml"))
+    with pytest.raises(ColibriError, match=r"\[predict\] clock_hz must be a positive number"):
+        board_from_data({**data, "predict": {"clock_hz": 0, "cycles_per_instruction": 1.0,
+                                             "weight_bytes_per_s": 1e6}}, Path("x.toml"))
+
+
+def test_qemu_rv32_predicts_with_the_esp32p4_idf_timing_model():
+    from generator.bench import predict_speed, predicted_timing
+
+    timing = predicted_timing(load_board("qemu-rv32"))
+    assert timing == load_board("esp32p4-idf").predict
+    assert timing.describe() == "400 MHz, 1.0 cycles/instruction, weights at 84 MB/s, the slower of the two"
+    assert predict_speed(timing, 4e6, 10**6)["tok_s"] == 1.0 / max(4e6 / 400e6, 10**6 / 84e6)
+
+
+def test_a_build_only_board_has_no_link(tmp_path):
+    from generator.boards import board_from_data
+    from generator.device.links import open_link
+
+    data = _board_data("esp32p4")
+    board = board_from_data({**data, "runner": {**data["runner"], "kind": "none"}}, tmp_path / "b.toml")
+    assert board.runner.how_it_runs() == "not from here (build only)"
+    with pytest.raises(ColibriError, match=r"board esp32p4 cannot be run from here \(runner 'none'\)"):
+        open_link(board, tmp_path / "fw", tmp_path / "w.img", "0" * 64)

@@ -16,7 +16,8 @@ from conftest import DEFAULT_MODEL, REPO
 from generator.chat import ChatState
 from generator.compile.image import map_image
 from generator.device.protocol import FrameReader
-from generator.device.runner import open_conversation, run_on_board
+from generator.device.links import open_link
+from generator.device.runner import run_on_board
 from generator.device.session import RunRequest
 from generator.errors import ColibriError
 from generator.evaluate import evaluate
@@ -57,7 +58,7 @@ def chat(builder, model, board: str, sampling=SamplingParams(), ctx: int = 128, 
     b, art, plan = builder.build(model, "q8_0", ctx, board)
     state = ChatState(ChatTemplate.for_model(model), Tokenizer.for_model(model), plan.n_ctx, steps)
     turns = []
-    with open_conversation(b, art.program, art.weights, art.model_hash(), flash_image=art.flash_image) as conv:
+    with open_link(b, art.program, art.weights, art.model_hash(), flash_image=art.flash_image, keep_open=True) as conv:
         for message in MESSAGES:
             planned = state.plan_turn(message)
             result = conv.turn(RunRequest(planned.prompt, planned.steps, sampling, start=planned.start))

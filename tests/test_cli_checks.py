@@ -11,7 +11,7 @@ import time
 import pytest
 
 from generator import cli
-from generator.compile.targets import load_board
+from generator.boards import load_board
 from generator.device import ports
 from generator.option_checks import threads_warning
 
@@ -93,7 +93,7 @@ def test_more_threads_than_cores_is_a_warning():
     assert threads_warning(host, 2, cores=2) is None
     message = threads_warning(host, 4, cores=2)
     assert "--threads 4 on a machine with 2 core(s)" in message and "slower than with --threads 2" in message
-    if aarch64.emulated_by():  # on an x86 machine: the emulator's threads share the cores too
+    if aarch64.runner.emulated_by():  # on an x86 machine: the emulator's threads share the cores too
         assert "(under qemu-aarch64)" in threads_warning(aarch64, 8, cores=2)
     assert threads_warning(p4, 4, cores=2) is None  # refused elsewhere: MCUs run one thread
 

@@ -8,7 +8,7 @@ import json
 
 from generator import bench
 from generator.compile.build import prepare
-from generator.compile.targets import load_board
+from generator.boards import load_board
 
 from conftest import DEFAULT_MODEL, run_cli
 

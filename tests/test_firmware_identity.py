@@ -18,7 +18,7 @@ import pytest
 
 from generator.compile.firmware_id import elf_build_id
 from generator.device.protocol import encode_frame
-from generator.device.runner import free_port
+from generator.device.links import free_port
 from generator.device.serial_link import SerialLink
 from generator.device.session import Session
 from generator.verify import FirmwareIdentity, FirmwareMismatch, hello_check, identity_differences
@@ -34,7 +34,7 @@ class QemuOnPty:
 
     def __init__(self, board, art):
         port = free_port()
-        argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.command]
+        argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.runner.command]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      stdin=subprocess.DEVNULL)
         self.master, slave = os.openpty()

@@ -22,9 +22,9 @@ from conftest import DEFAULT_MODEL, REPO
 from generator.errors import ColibriError
 from generator.device.flash import flash_images, flash_plan
 from generator.compile.esp32.partitions import parse_partitions_csv
-from generator.compile.esp32.idf_project import idf_settings, write_project
+from generator.compile.esp32.idf_project import write_project
 from generator.compile.pipeline import generate
-from generator.compile.targets import load_board
+from generator.boards import load_board
 
 PORT = "loop://"
 FAKED = ("detect_chip", "run_stub", "attach_flash", "write_flash", "verify_flash", "reset_chip")
@@ -268,7 +268,7 @@ def test_flash_plan_lists_the_idf_outputs_and_the_weights_at_their_partitions(bo
     parts = {p.name: p for p in parse_partitions_csv((build_dir / "idf/partitions.csv").read_text())}
     assert parts["factory"].offset == plan[2][0] and parts["weights"].offset == plan[3][0]
     assert plan[3][1].read_bytes() == (build_dir / "generated/weights.img").read_bytes()
-    assert all(off == img.offset for (off, _), img in zip(plan, sorted(idf_settings(board).images.values(),
+    assert all(off == img.offset for (off, _), img in zip(plan, sorted(board.idf.images.values(),
                                                                           key=lambda i: i.offset)))
 
 

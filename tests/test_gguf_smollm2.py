@@ -127,7 +127,7 @@ def test_the_f32_firmware_answers_as_transformers_does(smollm2, hf_tokenizer, bu
 def test_chat_with_the_gguf_renders_its_template_and_answers_as_transformers_does(smollm2, builder, board):
     """The chat template and tokenizer come from the file; the f32 weights are dequantized from it."""
     from generator.chat import ChatState
-    from generator.device.runner import open_conversation
+    from generator.device.links import open_link
     from generator.device.session import RunRequest
     from generator.model.chat_template import ChatTemplate
     from generator.numerics.sampling import SamplingParams
@@ -135,7 +135,7 @@ def test_chat_with_the_gguf_renders_its_template_and_answers_as_transformers_doe
     b, art, plan = builder.build(smollm2, "f32", 64, board)
     state = ChatState(ChatTemplate.for_model(smollm2), Tokenizer.for_model(smollm2), plan.n_ctx, 24)
     planned = state.plan_turn(QUESTION[0]["content"])
-    with open_conversation(b, art.program, art.weights, art.model_hash()) as conversation:
+    with open_link(b, art.program, art.weights, art.model_hash(), keep_open=True) as conversation:
         result = conversation.turn(RunRequest(planned.prompt, planned.steps, SamplingParams()))
     assert result.stop_reason == "eos" and result.tokens[-1] == 2  # <|im_end|> ends the turn
     assert state.finish_turn(planned, result.tokens, result.held) == "The capital of France is Paris."
@@ -145,7 +145,7 @@ def test_chat_with_the_files_own_blocks_gives_the_references_bits(smollm2, build
     """--quant gguf keeps the Q4_1 matrices and the Q8_0 embedding as the file holds them."""
     from generator.chat import ChatState
     from generator.compile.image import map_image
-    from generator.device.runner import open_conversation
+    from generator.device.links import open_link
     from generator.device.session import RunRequest
     from generator.model.chat_template import ChatTemplate
     from generator.numerics.sampling import SamplingParams
@@ -155,7 +155,7 @@ def test_chat_with_the_files_own_blocks_gives_the_references_bits(smollm2, build
     assert {t.dtype for t in plan.tensors} == {"q4_1", "q8_0", "f32"} and not plan.gguf_kept()[1]
     state = ChatState(ChatTemplate.for_model(smollm2), Tokenizer.for_model(smollm2), plan.n_ctx, 12)
     planned = state.plan_turn(QUESTION[0]["content"])
-    with open_conversation(b, art.program, art.weights, art.model_hash()) as conversation:
+    with open_link(b, art.program, art.weights, art.model_hash(), keep_open=True) as conversation:
         result = conversation.turn(RunRequest(planned.prompt, planned.steps, SamplingParams()))
     ref = Reference(plan, map_image(art.weights)).generate(planned.prompt, planned.steps, SamplingParams())
     assert result.tokens == ref.tokens and result.digests == ref.digests

@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -22,15 +23,15 @@ from generator.compile.esp32 import idf_project
 from generator.errors import ColibriError
 from generator.compile.esp32.partitions import parse_partitions_csv
 from generator.compile.esp32.idf_build import find_idf, idf_build
-from generator.compile.esp32.idf_project import COLIBRI_DIR, idf_settings, write_project
+from generator.compile.esp32.idf_project import COLIBRI_DIR, write_project
 from generator.compile.image import read_header
-from generator.compile.targets import board_from_data
+from generator.boards import board_from_data
 from generator.compile.pipeline import generate
 from generator.compile.plan import align_up
 from generator.device.protocol import FrameReader, encode_request
 from generator.reference import Reference
 from generator.numerics.sampling import SamplingParams
-from generator.compile.targets import load_board
+from generator.boards import load_board
 
 BOARD = "esp32p4-idf"
 RISCV_CC = "riscv64-unknown-elf-gcc"
@@ -77,7 +78,7 @@ PROJECTS = ["kjv-tiny", "qwen2"]
 # ---- The board file ----
 
 def test_board_file_describes_the_p4_with_idf(board):
-    assert board.runner == "serial" and board.weights == "partition" and board.bsp == BOARD
+    assert board.runner.needs_port and board.runner.kind == "serial" and board.weights == "partition" and board.bsp == BOARD
     regions = {r.name: r for r in board.memory}
     assert (regions["l2mem"].kind, regions["l2mem"].base, set(regions["l2mem"].holds)) == \
         ("sram", 0x4FF00000, {"code", "rope_tables"})
@@ -90,7 +91,7 @@ def test_board_file_describes_the_p4_with_idf(board):
     assert "-mabi=ilp32f" in board.cflags and "-ffp-contract=off" in board.cflags
     assert any(f.startswith("-march=rv32imafc") for f in board.cflags)
 
-    s = idf_settings(board)
+    s = board.idf
     images = {name: img.offset for name, img in s.images.items()}
     assert images == {"bootloader": 0x2000, "partition-table": 0x8000, "app": 0x10000, "weights": 0x200000}
     assert (s.chip, s.chip_id, s.flash_mode, s.target) == ("esp32p4", 18, "dio", "esp32p4")
@@ -112,17 +113,15 @@ def test_board_file_describes_the_p4_with_idf(board):
     (lambda d: d["idf"]["sdkconfig"].update(IDF_TARGET="esp32"), None),  # checked when rendering
 ])
 def test_malformed_idf_settings_are_refused_with_the_reason(board, change, message):
-    import copy
-
-    data = copy.deepcopy(board.data)
+    data = tomllib.loads(board.path.read_text())
     change(data)
-    bad = board_from_data(data, board.path)
     if message is None:
+        bad = board_from_data(data, board.path)
         with pytest.raises(ColibriError, match="IDF_TARGET"):
-            idf_project.sdkconfig_entries(idf_settings(bad))
+            idf_project.sdkconfig_entries(bad.idf)
         return
-    with pytest.raises(ColibriError) as e:
-        idf_settings(bad)
+    with pytest.raises(ColibriError) as e:  # refused when the board file loads
+        board_from_data(data, board.path)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -131,7 +130,7 @@ def test_malformed_idf_settings_are_refused_with_the_reason(board, change, messa
 @pytest.mark.parametrize("name", PROJECTS)
 def test_partition_table_is_aligned_disjoint_and_holds_the_image(name, projects, board):
     p = projects[name]
-    s = idf_settings(board)
+    s = board.idf
     parts = parse_partitions_csv(p.text("partitions.csv"))
     names = [q.name for q in parts]
     assert len(names) == len(set(names)) and {"nvs", "factory", "weights"} <= set(names)
@@ -254,7 +253,7 @@ def test_weights_and_flash_args_say_what_goes_where(name, projects, board):
     first, *rows = p.text("flash_args").splitlines()
     assert first == "--flash-mode dio --flash-freq 80m --flash-size 16MB"
     written = {int(off, 16): path for off, path in (r.split() for r in rows)}
-    s = idf_settings(board)
+    s = board.idf
     assert written == {0x2000: "build/bootloader/bootloader.bin", 0x8000: "build/partition_table/partition-table.bin",
                        0x10000: "build/colibri_fw.bin", s.images["weights"].offset: "weights.bin"}
     for offset, path in written.items():  # the same files, seen from the build directory
@@ -300,9 +299,7 @@ def test_regenerating_replaces_stale_copies_but_leaves_idf_outputs(board, tmp_pa
 
 
 def test_a_weight_image_larger_than_the_partition_is_refused_with_the_numbers(board, tmp_path):
-    import copy
-
-    data = copy.deepcopy(board.data)
+    data = tomllib.loads(board.path.read_text())
     data["flash"]["images"][3]["size"] = 0x10000
     small = board_from_data(data, board.path)
     gen = tmp_path / "generated"
@@ -609,7 +606,7 @@ def test_bsp_serves_requests_one_after_another(simulated, tmp_path):
 
 def test_bsp_repeats_its_hello_while_idle_so_a_late_host_sees_one(simulated, tmp_path, board):
     p, exe = simulated
-    assert idf_settings(board).idle_hello_ms == 2000
+    assert board.idf.idle_hello_ms == 2000
     frames = run_simulated(exe, (p.root / "weights.bin").read_bytes(), request_line([8], 1), tmp_path,
                            silent_reads=5)  # 5 s of silence: hellos at 2 s and 4 s
     assert [f.kind for f in frames] == ["hello", "hello", "hello", "token", "stats", "done"]

@@ -62,7 +62,7 @@ def test_python_header_reader_rejects_damage(built):
 
 def test_weight_image_is_deterministic(checkpoints, tmp_path):
     from generator.compile.pipeline import generate
-    from generator.compile.targets import load_board
+    from generator.boards import load_board
 
     model = checkpoints("llama_gqa_linear")
     a = generate(model, load_board("host"), "q8_0", 32, tmp_path / "a")

@@ -11,7 +11,7 @@ from safetensors.numpy import save_file
 from conftest import REPO
 from damaged_images import cases, flip
 from generator.compile.pipeline import generate
-from generator.compile.targets import load_board
+from generator.boards import load_board
 
 RUNTIME = REPO / "firmware_src" / "runtime"
 C_TESTS = REPO / "tests" / "c"

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 from generator.compile.cache_plan import (AUTO_MARGIN_BYTES, AutoBudget, MemoryFound, auto_cache_plan, cache_plan,
                                           find_memory, parse_budget, slots_for_budget)
-from generator.compile.targets import board_from_data, load_board
+from generator.boards import board_from_data, load_board
 from generator.device.protocol import encode_frame, parse_frame
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest, Session, cache_stats

@@ -12,7 +12,7 @@ from generator.reference import Reference
 from generator.compile.plan import make_plan
 from generator.compile.plan import plan_for_board, planned_use
 from generator.numerics.sampling import SamplingParams
-from generator.compile.targets import load_board
+from generator.boards import load_board
 
 PROMPT = [1, 21, 51, 68, 104, 44, 74, 51, 100]  # "In the beginning"
 SAMPLED = SamplingParams(0.8, top_k=40, top_p=0.95, seed=5)

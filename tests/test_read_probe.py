@@ -10,7 +10,7 @@ from generator.errors import ColibriError
 from generator.device.protocol import encode_frame, parse_frame
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest, Session, request_frame
-from generator.compile.targets import load_board
+from generator.boards import load_board
 
 
 def test_the_bandwidth_frame_is_parsed_into_the_run_result():

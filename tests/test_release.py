@@ -24,7 +24,7 @@ from generator.release.check import check_release, locate_bundle, verify_release
 from generator.release.make import make_release
 from generator.release.provenance import default_source_date_epoch, source_info
 from generator.release.signing import generate_signing_key
-from generator.compile.targets import load_board
+from generator.boards import load_board
 
 BOARDS = ("host", "linux-aarch64", "qemu-rv32", "esp32p4")
 EPOCH = 1700000000  # SOURCE_DATE_EPOCH given to both builds of the rebuild test

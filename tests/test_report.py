@@ -38,13 +38,13 @@ def test_report_text_names_the_region_and_totals(checkpoints, builder):
 def test_the_report_and_the_plan_share_one_largest_context_rule():
     from generator.compile.elfsize import ElfSizes
     from generator.compile.plan import largest_fitting_ctx, largest_planned_ctx, plan_for_board
-    from generator.compile.targets import load_board
+    from generator.boards import load_board
     from generator.files import DEFAULT_MODEL
-    from generator.model.hf_import import parse_config, read_json
+    from generator.model.load import load_model
     from generator.report import linked_use
 
     board = load_board("esp32p4")
-    plan = plan_for_board(parse_config(read_json(DEFAULT_MODEL / "config.json"), "kjv-tiny"), board, "q8_0", 64)
+    plan = plan_for_board(load_model(DEFAULT_MODEL, load_tensors=False).spec, board, "q8_0", 64)
     planned = largest_planned_ctx(board, plan)
     assert 64 < planned < plan.spec.max_position_embeddings  # L2MEM, not the model, sets the limit
 

@@ -13,9 +13,10 @@ import serial
 
 from conftest import DEFAULT_MODEL
 from generator.compile.build import prepare, run_scons
-from generator.compile.targets import load_board
+from generator.boards import load_board
 from generator.device.protocol import FrameReader
-from generator.device.runner import free_port, run_on_board
+from generator.device.links import free_port
+from generator.device.runner import run_on_board
 from generator.device.serial_link import ACK_BYTES
 from generator.device.session import RunRequest, request_frame
 from generator.verify import compare, reference_run
@@ -49,7 +50,7 @@ def test_bytes_sent_while_the_board_cannot_read_are_lost_as_on_the_p4(slow_board
     128 bytes, acknowledges them, and never sees the rest of the line."""
     board, plan, art = slow_board
     port = free_port()
-    argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.command]
+    argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.runner.command]
     qemu = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         link = serial.serial_for_url(f"socket://127.0.0.1:{port}", timeout=0.1, do_not_open=True)

@@ -14,7 +14,7 @@ from conftest import REPO, f32_bytes, half_bytes, run_harness
 from generator import bench
 from generator.numerics import ops as numerics
 from generator.numerics.quantize import matvec_q4_1, matvec_q8_0, quantize_q8_0, quantize_weights_q8_0, unpack_q4_1
-from generator.compile.targets import load_board
+from generator.boards import load_board
 
 from test_numerics import assert_same_bits, c_floats, random_halves
 

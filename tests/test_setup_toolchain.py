@@ -76,7 +76,7 @@ def test_the_test_packages_not_installed_are_handed_to_apt(fake_dpkg, tmp_path, 
 
 def test_a_board_library_without_a_program_is_checked_too(fake_dpkg, monkeypatch):
     """qemu-rv32 needs picolibc, which puts no program on PATH: its package state decides."""
-    from generator.compile.targets import load_board
+    from generator.boards import load_board
 
     board = load_board("qemu-rv32")
     fake_dpkg({p: "install ok installed" for p in board.apt_packages if "picolibc" not in p}
@@ -105,7 +105,7 @@ def test_installing_never_removes_other_packages(monkeypatch):
 
 def test_the_test_packages_do_not_conflict_with_a_board_toolchain():
     """gcc-multilib conflicts with every Debian cross compiler; the suite names gcc-12-multilib."""
-    from generator.compile.targets import available_boards, load_board
+    from generator.boards import available_boards, load_board
 
     listed = {line.split("#")[0].strip() for line in
               (Path(__file__).parent / "apt-packages.txt").read_text().splitlines()} - {""}

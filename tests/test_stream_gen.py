@@ -23,7 +23,7 @@ from generator.compile import image_format as fmt
 from generator.compile.image import spec_identity, write_image
 from generator.compile.pipeline import WEIGHTS_FILE, generate
 from generator.compile.plan import plan_for_board
-from generator.compile.targets import load_board
+from generator.boards import load_board
 from generator.errors import ColibriError
 from generator.model.hf.load import FAMILIES, _canonical
 from generator.model.load import load_model
@@ -229,7 +229,7 @@ sys.path.insert(0, {repo!r})
 from pathlib import Path
 from generator.compile import pipeline
 from generator.compile.pipeline import generate
-from generator.compile.targets import load_board
+from generator.boards import load_board
 pipeline.PROGRESS_SECONDS = 0.25  # a line every quarter second, however fast this machine is
 start = time.monotonic()
 generate(Path({model!r}), load_board("host"), "q8_0", 64, Path({out!r}), progress=lambda m: print(m, flush=True),

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 from generator.model.hf.load import parse_config, read_json  # noqa: E402
 from generator.compile.plan import make_plan  # noqa: E402
 from generator.report import planned_report_dict  # noqa: E402
-from generator.compile.targets import available_boards, load_board  # noqa: E402
+from generator.boards import available_boards, load_board  # noqa: E402
 
 CONFIGS = REPO / "models" / "configs"
 DOC = REPO / "docs" / "real-sizes.md"

@@ -18,7 +18,7 @@ from ..numerics.quantize import QUANTS
 from .module_inputs import modules_run_by
 from .pipeline import PLAN_FILE, WEIGHTS_FILE, generate, plan_checkpoint
 from .plan import Plan, check_fits
-from .targets import Board
+from ..boards import Board
 
 GENERATED_DIR = "generated"
 # Model files at least this large (checkpoint shards) count as unchanged while their size and

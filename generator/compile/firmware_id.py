@@ -8,7 +8,7 @@ import hashlib
 import struct
 from pathlib import Path
 
-from .targets import Board
+from ..boards import Board
 
 NT_GNU_BUILD_ID = 3
 # Bare-metal linker scripts that keep the note inside .rodata (so that esptool's elf2image, which
@@ -62,7 +62,7 @@ def firmware_build_id(board: Board, program: Path) -> str | None:
     program = Path(program)
     if not program.is_file():
         return None
-    if board.idf:
+    if board.is_esp_idf:
         # ESP-IDF stores the SHA-256 of the app ELF in the image's app description.
         return hashlib.sha256(program.read_bytes()).hexdigest()
     return elf_build_id(program)

@@ -17,7 +17,7 @@ from ..numerics.quantize import GGUF
 from ..model.load import Checkpoint, load_model
 from .image import default_jobs, write_image
 from .plan import Plan, plan_for_board
-from .targets import Board
+from ..boards import Board
 
 WEIGHTS_FILE = "weights.img"
 PLAN_FILE = "plan.json"

@@ -17,7 +17,7 @@ from . import image_format
 from ..errors import ColibriError
 from ..numerics.quantize import GGUF, INTEGER_QUANTS, QK, QUANTS, SCALE_BYTES, gguf_block_type
 from ..model.spec import ModelSpec, expected_shapes
-from .targets import CATEGORIES, Board
+from ..boards import CATEGORIES, Board
 
 ALIGN = image_format.ALIGN  # tensors in the image, buffers in the arenas
 PLAN_FORMAT = 1

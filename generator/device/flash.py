@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..errors import ColibriError
 from .ports import open_error
-from ..compile.targets import Board, Flash
+from ..boards import Board, Flash
 
 SECTOR = 0x1000  # flash erase sector: images start on one
 ESP_IMAGE_MAGIC = 0xE9  # first byte of an ESP bootloader or app image
@@ -49,13 +49,13 @@ def flash_plan(board: Board, build_dir: Path) -> list[tuple[int, Path]]:
             missing.append(path)
     idf = board.idf
     if missing:
-        if idf:
-            project = build_dir / idf.get("project_dir", "")
+        if idf is not None:
+            project = build_dir / idf.project_dir
             raise ColibriError(f"build the ESP-IDF project first: {missing[0]} does not exist "
                                f"(run 'idf.py build' in {project})")
         raise ColibriError(f"{missing[0]} does not exist: build first (./colibri build --board {board.name})")
-    if idf:
-        _check_against_partition_table(board, flash, build_dir, build_dir / idf.get("project_dir", ""))
+    if idf is not None:
+        _check_against_partition_table(board, flash, build_dir, build_dir / idf.project_dir)
     return plan
 
 
@@ -67,7 +67,7 @@ def _check_against_partition_table(board: Board, flash: Flash, build_dir: Path, 
     if not csv.is_file():
         raise ColibriError(f"build the ESP-IDF project first: {csv} does not exist")
     parts = {p.name: p for p in parse_partitions_csv(csv.read_text())}
-    wanted = {"app": "factory", "weights": board.idf.get("weights_partition", "weights")}
+    wanted = {"app": "factory", "weights": board.idf.weights_partition if board.idf is not None else "weights"}
     for image_name, part_name in wanted.items():
         entry, part = flash.image(image_name), parts.get(part_name)
         if entry is None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..compile.targets import Board, available_boards, load_board
+from ..boards import Board, ProcessRunner, available_boards, load_board
 from ..errors import ColibriError
 from .process import run_process, signal_name
 from .session import RunRequest, RunResult, Session, request_frame
@@ -105,7 +105,7 @@ def remote_prefix(board: Board) -> tuple[str, ...]:
     """What the firmware runs under on the board: COLIBRI_REMOTE_PREFIX if set, else the board file's."""
     text = os.environ.get("COLIBRI_REMOTE_PREFIX")
     if text is None:
-        return board.remote_prefix
+        return board.runner.remote_prefix if isinstance(board.runner, ProcessRunner) else ()
     try:
         return tuple(shlex.split(text))
     except ValueError as e:
@@ -151,7 +151,7 @@ def remote_for(board: Board, given: str | None) -> Remote | None:
         text, source = found
     if not text:
         return None
-    if board.runner != "process":
+    if not board.runner.takes_remote:
         if given is None:
             return None
         raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
@@ -312,7 +312,7 @@ def check_machine(remote: Remote, board: Board, machine: str) -> None:
     if runs_on(board.isa, machine):
         return
     matching = [name for name in available_boards()
-                if (other := load_board(name)).runner == "process" and runs_on(other.isa, machine)]
+                if (other := load_board(name)).runner.takes_remote and runs_on(other.isa, machine)]
     hint = f" (--board {' or '.join(matching)} matches it)" if matching else ""
     raise ColibriError(f"{remote} is an {machine} machine (uname -m) but board {board.name} is for {board.isa}: "
                        f"nothing was copied{hint}")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ColibriError
-from ..compile.targets import Board, available_boards, load_board
+from ..boards import Board, available_boards, load_board
 
 
 def apt_install(packages: list[str], why: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from ..errors import ColibriError
-from ..compile.targets import Board
+from ..boards import Board
 
 
 
@@ -81,7 +81,7 @@ def firmware_files(board: Board, out: Path) -> list[str]:
         elif name in built:
             raise ColibriError(f"the {board.name} build did not produce {name}"
                                + (" (ESP-IDF is not installed here: build the project with idf.py, where it is, "
-                                  "and make the release there)" if board.idf else ""))
+                                  "and make the release there)" if board.is_esp_idf else ""))
     return found
 
 

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from ..files import REPO
 from ..errors import ColibriError
-from ..compile.targets import load_board
+from ..boards import load_board
 
 from .bundle import (MANIFEST, Progress, RELEASE_FORMAT, SIGNATURE, SUMS, bundle_files, say, sha256_file,
                      write_tarball)

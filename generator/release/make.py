@@ -38,7 +38,7 @@ from ..files import REPO
 from ..errors import ColibriError
 from ..compile.pipeline import OUTPUT_FILES
 from ..device.session import RunRequest
-from ..compile.targets import Board, load_board
+from ..boards import Board, load_board
 
 from ..compile.firmware_id import elf_build_id
 from .bundle import (FIRMWARE_DIR, MANIFEST, MEASUREMENTS_SUFFIX, Progress, RELEASE_FORMAT, REPORT_JSON, REPORT_TEXT,
@@ -47,7 +47,7 @@ from .bundle import (FIRMWARE_DIR, MANIFEST, MEASUREMENTS_SUFFIX, Progress, RELE
 from .provenance import (bundle_name, default_request, default_source_date_epoch, model_files, request_dict,
                          sampling_defaults, source_info, stage_model, toolchain_info)
 from .signing import load_private_key, sign_manifest
-from .verification import RUNNABLE, verify_firmware
+from .verification import verify_firmware
 
 
 @contextlib.contextmanager
@@ -104,8 +104,8 @@ def produce(inp: Inputs, work: Path, progress: Progress, sign_key: Path | None =
     if not art.program.is_file():
         raise ColibriError(f"the {board.name} build did not produce {board.program}"
                            + (" (ESP-IDF is not installed here: make the release where idf.py is)"
-                              if board.idf else ""))
-    if board.runner in RUNNABLE:
+                              if board.is_esp_idf else ""))
+    if board.runner.runs_here:
         say(progress, f"verifying the {board.name} firmware against the NumPy reference")
     else:
         say(progress, f"computing the reference result a {board.name} board must reproduce (none here to run it)")
@@ -128,7 +128,7 @@ def produce(inp: Inputs, work: Path, progress: Progress, sign_key: Path | None =
     board_files = firmware_files(board, art.out_dir)
     for rel in board_files:
         put(art.out_dir / rel, bundle / FIRMWARE_DIR / rel,
-            executable=(rel == board.program and board.runner == "process"))
+            executable=(rel == board.program and board.runner.linux_program))
     for gen_name in OUTPUT_FILES:
         put(art.generated / gen_name, bundle / GENERATED_DIR / gen_name)
     report = report_dict(board, plan, read_elf(art.program))
@@ -240,7 +240,7 @@ def make_release(board_name: str, model_dir: Path | str, quant: str = "q8_0", ct
     for path in (final, tarball, measurements_file):
         if path.exists():
             raise ColibriError(f"{path} already exists; remove it or choose another --out")
-    if board.idf:
+    if board.is_esp_idf:
         from ..compile.esp32.idf_build import find_idf
 
         if not find_idf():

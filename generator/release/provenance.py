@@ -19,7 +19,7 @@ from ..errors import ColibriError
 from ..model.load import companion_files, generation_config, load_model
 from ..device.session import RunRequest
 from ..numerics.sampling import SamplingParams, generation_defaults
-from ..compile.targets import Board
+from ..boards import Board
 
 from .bundle import sha256_file
 
@@ -116,16 +116,15 @@ def toolchain_info(board: Board) -> dict:
     ld = _first_line([board.cc, "-print-prog-name=ld"])
     info["ld_version"] = _first_line([ld, "--version"]) if ld != "unavailable" else ld
     for name in BUILD_PACKAGES:
-        if name == "esptool" and "flash" not in board.data:
+        if name == "esptool" and not board.is_flashed:
             continue
         try:
             info["packages"][name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             info["packages"][name] = "not installed"
-    if board.runner == "process" and board.needs_emulator():
-        info["emulator"] = _first_line([board.emulator[0], "--version"])
-    elif board.runner == "qemu-system" and board.command:
-        info["emulator"] = _first_line([board.command[0], "--version"])
+    emulator = board.runner.emulated_by()
+    if emulator is not None:
+        info["emulator"] = _first_line([emulator, "--version"])
     return info
 
 
@@ -199,7 +198,7 @@ def version_report() -> list[str]:
     """`./colibri --version`: the generator, the git commit it runs from, and every board's
     toolchain as found on this machine (what a release would record)."""
     from ..compile.esp32.idf_build import find_idf
-    from ..compile.targets import available_boards, load_board
+    from ..boards import available_boards, load_board
 
     commit = "not a git checkout"
     top = _git("rev-parse", "--show-toplevel")
@@ -217,10 +216,9 @@ def version_report() -> list[str]:
             board = load_board(name)
         except ColibriError:
             continue
-        for tool in dict.fromkeys([board.cc, *([board.emulator[0]] if board.emulator else []),
-                                   *([board.command[0]] if board.runner == "qemu-system" and board.command else [])]):
+        for tool in dict.fromkeys([board.cc, *board.runner.emulators()]):
             tools.setdefault(tool, []).append(name)
-        if board.idf:
+        if board.is_esp_idf:
             tools.setdefault("idf.py", []).append(name)
     lines.append("toolchains:")
     for tool, boards in tools.items():

@@ -9,14 +9,10 @@ from ..device.runner import run_on_board
 from ..verify import (compare, firmware_identity, identity_differences, instructions_scope, rates,
                       reference_run)
 from ..device.session import RunRequest, RunResult
-from ..compile.targets import Board
+from ..boards import Board
 
 from .bundle import RELEASE_FORMAT
 from .provenance import request_dict
-
-
-# Boards whose runner works here without hardware.
-RUNNABLE = ("process", "qemu-system")
 
 
 # Hello-frame fields that describe the firmware itself, recorded in verification.json. The others
@@ -33,7 +29,7 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
         reference["expert_counts"] = {str(k): v for k, v in ref.expert_counts.items()}
     verification = {"format": RELEASE_FORMAT, "board": board.name, "quant": plan.quant, "n_ctx": plan.n_ctx,
                     "request": request_dict(request), "reference": reference}
-    if board.runner not in RUNNABLE:
+    if not board.runner.runs_here:
         verification.update(ran=False, passed=None, reason=(
             f"board {board.name} runs on hardware over a serial port; nothing ran this firmware here. "
             f"`./colibri verify --board {board.name} --port PORT` with this request must reproduce the "
@@ -66,7 +62,7 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
             "counted": instructions_scope(request, result)}
 
     r = rates(result)
-    measurements = {"ran": True, "emulated_by": board.emulated_by(), "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
+    measurements = {"ran": True, "emulated_by": board.runner.emulated_by(), "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
                     "wall_seconds": round(result.wall_seconds, 6),
                     **{k: int(s.get(k, 0)) for k in ("prefill_us", "decode_us", "forward_us")},
                     **{k: r[k] for k in ("prompt_tokens", "decode_forward_passes", "prefill_tok_s", "decode_tok_s",

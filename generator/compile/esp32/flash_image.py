@@ -11,7 +11,7 @@ from pathlib import Path
 from elftools.elf.elffile import ELFFile
 
 from ...errors import ColibriError
-from ..targets import Board
+from ...boards import Board
 
 
 def _quiet(fn, *args, **kwargs):

@@ -8,10 +8,7 @@ from dataclasses import dataclass
 
 from ...errors import ColibriError
 
-MMU_PAGE = 0x10000  # flash MMU page: the weights partition is mapped in pages of 64 KiB
-SECTOR = 0x1000  # flash erase sector: every partition starts on one
-DATA_SUBTYPES = {"ota": 0x00, "phy": 0x01, "nvs": 0x02, "coredump": 0x03, "nvs_keys": 0x04, "efuse": 0x05,
-                 "undefined": 0x06, "esphttpd": 0x80, "fat": 0x81, "spiffs": 0x82, "littlefs": 0x83}
+from ..boards.esp_idf import MMU_PAGE, SECTOR  # ESP flash facts, beside the board file's checks
 
 
 @dataclass(frozen=True)

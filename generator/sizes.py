@@ -1,5 +1,6 @@
 """Sizes and memory budgets as a user writes them (--memory-budget, a board file's memory_budget):
-parsed and shown here, below every stage that reads them (the board file, the cache plan, the CLI).
+parsed and shown here, on the ground floor, below every stage that reads them (the board file in
+boards/, the cache plan, the CLI).
 """
 
 from __future__ import annotations

@@ -1,0 +1,15 @@
+"""Boards, on the ground floor: the typed board (memory regions, flash, ESP-IDF settings, timing
+model) parsed from targets/<name>.toml when it loads, and the ways a board runs. Every stage may
+import this package; it imports none of them."""
+
+from .board import CATEGORIES, Board, MemoryRegion
+from .esp_idf import IdfSettings
+from .flash import Flash, FlashImage
+from .load import TARGETS_DIR, available_boards, board_from_data, load_board
+from .predict import TimingModel
+from .runners import BuildOnlyRunner, EmulatedSystemRunner, ProcessRunner, Runner, SerialRunner
+from .sources import firmware_sources
+
+__all__ = ["CATEGORIES", "TARGETS_DIR", "Board", "BuildOnlyRunner", "EmulatedSystemRunner", "Flash", "FlashImage",
+           "IdfSettings", "MemoryRegion", "ProcessRunner", "Runner", "SerialRunner", "TimingModel",
+           "available_boards", "board_from_data", "firmware_sources", "load_board"]

@@ -1,0 +1,74 @@
+"""The typed board: one targets/<name>.toml, every section read into typed fields when it loads
+(boards/load.py), so no stage reads a board file's keys itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..sizes import AutoBudget
+from .esp_idf import IdfSettings
+from .flash import Flash
+from .predict import TimingModel
+from .runners import Runner
+
+CATEGORIES = ("code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables")
+
+
+@dataclass(frozen=True)
+class MemoryRegion:
+    name: str
+    kind: str  # "dram" | "sram" | "psram" | "flash"
+    base: int
+    size: int  # bytes; 0 = no fixed budget
+    holds: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Board:
+    name: str
+    description: str
+    isa: str
+    bsp: str
+    kernels: tuple[str, ...]
+    default_ctx: int
+    program: str
+    cc: str
+    apt_packages: tuple[str, ...]
+    cflags: tuple[str, ...]
+    ldflags: tuple[str, ...]
+    libs: tuple[str, ...]
+    linker_script: str | None
+    runner: Runner  # how the firmware runs and what that allows (boards/runners.py)
+    weights: str  # "file" | "mapped" | "embedded" | "partition"
+    memory: tuple[MemoryRegion, ...]
+    path: Path
+    prefill_batch: int = 1
+    parallel: str = "none"  # runtime/parallel/<name>.c
+    code_reserve: int = 0
+    memory_budget: int | AutoBudget = 0  # default --memory-budget (Linux boards): bytes (0: unlimited) or auto
+    budget_reserve: int = 0  # counted against a memory budget besides the plan (code, libc, stacks)
+    flash: Flash | None = None
+    idf: IdfSettings | None = None  # the [idf] section with [flash]: an ESP-IDF project
+    predict: TimingModel | None = None  # the [predict] section: this board's timing model
+    predicts: str | None = None  # the board whose speed bench predicts from this one's instruction counts
+
+    @property
+    def is_esp_idf(self) -> bool:
+        """An ESP-IDF project that idf.py builds (not a program this build links itself)."""
+        return self.idf is not None
+
+    @property
+    def is_flashed(self) -> bool:
+        """Written to flash with esptool (it has a [flash] section)."""
+        return self.flash is not None
+
+    def region_holding(self, category: str) -> MemoryRegion | None:
+        for region in self.memory:
+            if category in region.holds:
+                return region
+        return None
+
+    def tools(self) -> list[str]:
+        """Programs that must be on PATH to build and run for this board."""
+        return [self.cc, *self.runner.tools()]

@@ -1,0 +1,144 @@
+"""Boards as data: targets/<name>.toml, one declarative file per board, read into a typed Board.
+
+Common fields (every board):
+  name, description, isa, bsp (firmware_src/bsp/<bsp>), kernels (runtime/kernels/<k>.c),
+  default_ctx, program (linked file name)
+  prefill_batch (optional, default 1): prompt tokens per forward pass; their activations all
+              live in the scratch arena, so MCU boards keep it small
+  [toolchain] cc, apt (Debian packages providing it), cflags, ldflags, libs, linker_script (optional)
+  [runner]    kind: "process" (a Linux program; `emulator` prefixes it when this machine's ISA
+              differs), "qemu-system" (`command` with {program} {flash_image} {port}),
+              "serial" (a real board on a serial port) or "none" (build only): boards/runners.py;
+              weights: "file" | "mapped" (read in place at the base of the region holding
+              weights) | "embedded" (linked into the program) | "partition" (an ESP-IDF data partition);
+              remote_prefix (process boards, optional): what the program is started under on a
+              board reached over SSH (--remote); real boards leave it empty, the tests put
+              qemu-aarch64 there to run linux-aarch64 through an sshd on this x86 machine
+  [[memory]]  name, kind (sram | psram | flash | dram), base, size (0 = no fixed budget), holds
+              (which of code, weights, expanded_weights, kv_cache, scratch, rope_tables live
+              there; a board naming a region for expanded_weights gets q4_0 matrices expanded to
+              int8 there at load whenever they fit)
+  parallel    (optional, default "none") runtime/parallel/<name>.c: "pthread" on Linux boards
+  code_reserve (optional) bytes set aside for code, constants and stack when checking a plan's fit
+              before anything is compiled
+  memory_budget (optional, Linux boards, default 0) the default --memory-budget in bytes: the RAM the
+              firmware may use, its routed experts paged through a pool of slots read from the
+              image file (compile/cache_plan.py); 0 = unlimited, experts used from the mapped image;
+              or a string as --memory-budget takes it ("6G", "auto", "auto-256M")
+  budget_reserve (optional, Linux boards, default 0) bytes a budget sets aside besides the plan's
+              arenas and resident weights: code, C library, stacks, the I/O thread (compiled into
+              the firmware, which sizes its slots from the same numbers)
+  [flash]     (boards flashed with esptool) chip, chip_id, mode, frequency, size, baud,
+              supported_revisions, min_revision, load_window, app_image, flash_image, and
+              [[flash.images]] (offset, file, optional name and size): what goes where in flash
+  [idf]       (ESP-IDF boards) the project's settings, parsed and checked by boards/esp_idf.py
+  [predict]   (optional) the board's timing model (boards/predict.py); `predicts` (optional) names
+              the board whose speed bench predicts from this one's exact instruction counts
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import ColibriError
+from ..files import REPO
+from ..sizes import AutoBudget, parse_budget
+from .board import CATEGORIES, Board, MemoryRegion
+from .esp_idf import parse_idf
+from .flash import Flash, FlashImage
+from .predict import parse_predict
+from .runners import Runner, runner_from_section
+
+TARGETS_DIR = REPO / "targets"
+
+
+def available_boards() -> list[str]:
+    return sorted(p.stem for p in TARGETS_DIR.glob("*.toml"))
+
+
+def load_board(name: str) -> Board:
+    path = TARGETS_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise ColibriError(f"unknown board {name!r} (available: {', '.join(available_boards())})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ColibriError(f"{path.name}: malformed board file ({e})") from None
+    return board_from_data(data, path)
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _size(data: dict, key: str, runner: Runner) -> int:
+    """A byte count >= 0; a non-zero one only on boards whose weights are a file (Linux boards)."""
+    value = _int(data.get(key, 0))
+    if value < 0:
+        raise ValueError(f"{key} must be >= 0, got {value}")
+    if value and not runner.takes_memory_budget:
+        raise ValueError(f"{key} is for Linux boards (runner kind 'process'), not runner {runner.kind!r}")
+    return value
+
+
+def _budget(data: dict, runner: Runner) -> int | AutoBudget:
+    """memory_budget: a byte count, or a string as --memory-budget takes it (a size, auto, auto-MARGIN)."""
+    value = data.get("memory_budget", 0)
+    if not isinstance(value, str):
+        return _size(data, "memory_budget", runner)
+    if not runner.takes_memory_budget:
+        raise ValueError(f"memory_budget is for Linux boards (runner kind 'process'), not runner {runner.kind!r}")
+    return parse_budget(value)
+
+
+def _flash(section: dict | None) -> Flash | None:
+    if section is None:
+        return None
+    images = tuple(FlashImage(_int(i["offset"]), str(i["file"]), str(i.get("name", "")),
+                              _int(i["size"]) if "size" in i else None) for i in section.get("images", ()))
+    window = section.get("load_window")
+    return Flash(chip=str(section["chip"]), chip_id=_int(section["chip_id"]), mode=str(section["mode"]),
+                 frequency=str(section["frequency"]), size=str(section["size"]), baud=_int(section.get("baud", 460800)),
+                 supported_revisions=tuple(_int(r) for r in section["supported_revisions"]), images=images,
+                 min_revision=_int(section["min_revision"]) if "min_revision" in section else None,
+                 load_window=(_int(window[0]), _int(window[1])) if window is not None else None,
+                 app_image=section.get("app_image"), flash_image=section.get("flash_image"))
+
+
+def board_from_data(data: dict, path: Path) -> Board:
+    """A Board from a parsed board file (load_board reads targets/<name>.toml into this)."""
+    try:
+        tc, section = data["toolchain"], data["runner"]
+        memory = tuple(MemoryRegion(m["name"], m["kind"], _int(m.get("base", 0)), _int(m["size"]), tuple(m["holds"]))
+                       for m in data["memory"])
+        for region in memory:
+            unknown = set(region.holds) - set(CATEGORIES)
+            if unknown:
+                raise ValueError(f"region {region.name} holds unknown categories {sorted(unknown)}")
+        runner = runner_from_section(section, data["isa"])
+        flash = _flash(data.get("flash"))
+        predicts = data.get("predicts")
+        if predicts is not None and not isinstance(predicts, str):
+            raise ValueError(f"predicts must be a board's name, got {predicts!r}")
+        board = Board(
+            name=data["name"], description=data["description"], isa=data["isa"], bsp=data["bsp"],
+            kernels=tuple(data["kernels"]), default_ctx=_int(data["default_ctx"]), program=data["program"],
+            cc=tc["cc"], apt_packages=tuple(tc.get("apt", ())), cflags=tuple(tc["cflags"]),
+            ldflags=tuple(tc["ldflags"]), libs=tuple(tc["libs"]), linker_script=tc.get("linker_script"),
+            runner=runner, weights=section["weights"], memory=memory, path=path,
+            prefill_batch=_int(data.get("prefill_batch", 1)),
+            parallel=str(data.get("parallel", "none")), code_reserve=_int(data.get("code_reserve", 0)),
+            memory_budget=_budget(data, runner),
+            budget_reserve=_size(data, "budget_reserve", runner),
+            flash=flash, predict=parse_predict(data["predict"]) if "predict" in data else None, predicts=predicts,
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise ColibriError(f"{path.name}: malformed board file ({e})") from None
+    if "idf" in data:
+        # Parsed last, with its own messages (the field and the rule), on a board otherwise well formed.
+        board = replace(board, idf=parse_idf(data["idf"], flash, path))
+    return board

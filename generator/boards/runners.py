@@ -1,0 +1,170 @@
+"""The ways a board's firmware runs, one class each, from the board file's [runner] section:
+
+  process      a Linux program, natively or under a user-mode emulator (qemu-aarch64), here or on
+               a board reached over SSH
+  qemu-system  an emulated MCU (qemu-system-riscv32), its UART on a local socket
+  serial       a real board on a serial port
+  none         build only: nothing here can run it
+
+Each says what it can do (the option table, the release, bench and the links ask it, never its
+kind's name). How a link to it is opened is the device stage's (device/links.py).
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class Runner:
+    """What every way of running a board answers; the defaults are a board nothing here runs."""
+
+    kind: ClassVar[str]  # the board file's [runner] kind
+    # Runs on this machine with no hardware attached (a release verifies the firmware it ships).
+    runs_here: ClassVar[bool] = False
+    # The firmware is a Linux program: an executable file, started with a command line.
+    linux_program: ClassVar[bool] = False
+    # Reached over SSH on a real board (--remote).
+    takes_remote: ClassVar[bool] = False
+    # Weights in a file the firmware may page through a RAM budget (--memory-budget, storage probes).
+    takes_memory_budget: ClassVar[bool] = False
+    # The firmware can measure the memory's read bandwidth before decoding.
+    probes_bandwidth: ClassVar[bool] = False
+    # The firmware can write every step's raw logits to a file (--logits-out).
+    stores_raw_logits: ClassVar[bool] = False
+    # Its threads take turns on the cores of the machine it runs on (a thread count above them is slow).
+    runs_threads: ClassVar[bool] = False
+    # A real board on a serial port: runs, flashing and monitors need the port (--port).
+    needs_port: ClassVar[bool] = False
+
+    def needs_emulator(self) -> bool:
+        """Whether this machine runs the firmware under a user-mode emulator (a foreign ISA)."""
+        return False
+
+    def emulated_by(self) -> str | None:
+        """The emulator the firmware runs under on this machine, if it does: its speed is then the
+        emulator's, not the board's."""
+        return None
+
+    def emulators(self) -> tuple[str, ...]:
+        """Every emulator program this runner may start, on this machine or another."""
+        return ()
+
+    def counts_instructions_exactly(self) -> bool:
+        """Whether runs report exact retired instructions (qemu with -icount): a deterministic
+        count, the same on every run."""
+        return False
+
+    def how_it_runs(self) -> str:
+        """How `run`, `verify` and `bench` run the firmware on this machine."""
+        return "not from here (build only)"
+
+    def tools(self) -> list[str]:
+        """Programs besides the compiler that must be on PATH to run the firmware here."""
+        return []
+
+
+@dataclass(frozen=True)
+class ProcessRunner(Runner):
+    """A Linux program: natively, under `emulator` when this machine's ISA is not `isa`, or on a
+    board reached over SSH under `remote_prefix` (empty on real boards; qemu-aarch64 in tests)."""
+
+    isa: str
+    emulator: tuple[str, ...] = ()
+    remote_prefix: tuple[str, ...] = ()
+
+    kind: ClassVar[str] = "process"
+    runs_here: ClassVar[bool] = True
+    linux_program: ClassVar[bool] = True
+    takes_remote: ClassVar[bool] = True
+    takes_memory_budget: ClassVar[bool] = True
+    probes_bandwidth: ClassVar[bool] = True
+    stores_raw_logits: ClassVar[bool] = True
+    runs_threads: ClassVar[bool] = True
+
+    def needs_emulator(self) -> bool:
+        return bool(self.emulator) and platform.machine() != self.isa
+
+    def emulated_by(self) -> str | None:
+        return self.emulator[0] if self.needs_emulator() else None
+
+    def emulators(self) -> tuple[str, ...]:
+        return self.emulator[:1]
+
+    def how_it_runs(self) -> str:
+        emulator = self.emulated_by()
+        return (f"under {emulator} (user-mode emulation of {self.isa} on this {platform.machine()} machine)"
+                if emulator else "natively, as a process")
+
+    def tools(self) -> list[str]:
+        return [self.emulator[0]] if self.needs_emulator() else []
+
+
+@dataclass(frozen=True)
+class EmulatedSystemRunner(Runner):
+    """An emulated MCU: `command` (with {program}, {flash_image} and {port} filled in) starts the
+    system emulator, whose UART is a local TCP socket the host talks to as to a serial port."""
+
+    command: tuple[str, ...] = ()
+
+    kind: ClassVar[str] = "qemu-system"
+    runs_here: ClassVar[bool] = True
+
+    def emulated_by(self) -> str | None:
+        return self.command[0] if self.command else None
+
+    def emulators(self) -> tuple[str, ...]:
+        return self.command[:1]
+
+    def counts_instructions_exactly(self) -> bool:
+        return "-icount" in self.command
+
+    def how_it_runs(self) -> str:
+        return f"under {self.emulated_by()} (an emulated MCU; exact instruction counts)"
+
+    def tools(self) -> list[str]:
+        return [self.command[0]] if self.command else []
+
+
+@dataclass(frozen=True)
+class SerialRunner(Runner):
+    """A real board on a serial port: requests and frames over its UART."""
+
+    kind: ClassVar[str] = "serial"
+    needs_port: ClassVar[bool] = True
+
+    def how_it_runs(self) -> str:
+        return "on the real board, over its serial port (--port)"
+
+
+@dataclass(frozen=True)
+class BuildOnlyRunner(Runner):
+    """A board this machine only builds for."""
+
+    kind: ClassVar[str] = "none"
+
+
+RUNNER_KINDS: dict[str, type[Runner]] = {r.kind: r for r in (ProcessRunner, EmulatedSystemRunner, SerialRunner,
+                                                             BuildOnlyRunner)}
+
+
+def runner_from_section(section: dict, isa: str) -> Runner:
+    """The [runner] section's kind with its fields; raises ValueError naming a wrong one."""
+    kind = section["kind"]
+    if kind not in RUNNER_KINDS:
+        raise ValueError(f"runner kind {kind!r} is not one of {', '.join(RUNNER_KINDS)}")
+    if kind == "process":
+        return ProcessRunner(isa, emulator=_strings(section, "emulator"),
+                             remote_prefix=_strings(section, "remote_prefix"))
+    if kind == "qemu-system":
+        return EmulatedSystemRunner(command=_strings(section, "command"))
+    return RUNNER_KINDS[kind]()
+
+
+def _strings(section: dict, key: str) -> tuple[str, ...]:
+    value = section.get(key, ())
+    if isinstance(value, str) or not all(isinstance(a, str) for a in value):
+        raise ValueError(f"[runner] {key} must be a list of strings, got {value!r}")
+    return tuple(value)

@@ -1,0 +1,284 @@
+"""Links to a board's firmware: open_link() for every way a board runs, a link with turn(request).
+
+A run is one turn; a chat is several turns on one link kept open, the conversation continuing in
+the firmware's KV cache. Each way a board runs (boards/runners.py) has its link here: a Linux
+program (here, under its emulator, or over SSH), an emulated MCU (qemu-system, its UART on a local
+socket) and a real board on a serial port; a build-only board has none, and open_link refuses it.
+The frames are interpreted the same way on every link, by Session.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from ..boards import Board, EmulatedSystemRunner, ProcessRunner, Runner, SerialRunner
+from ..errors import ColibriError
+from .process import ProcessLink, explain_local, run_process
+from .remote import Remote, check_remote_machine, explain_remote, remote_command, remote_prefix, run_remote
+from .serial_link import SerialLink, Timeouts
+from .session import RunRequest, RunResult, Session, request_frame
+
+OnToken = Callable[[int, int], None]
+HelloCheck = Callable[[dict[str, str]], None]
+Progress = Callable[[str], None]
+
+
+def default_timeout(request: RunRequest, weights_bytes: int) -> float:
+    """Generous for this machine: 20 s to start plus time for every token at >= 20 MB/s of weights."""
+    per_token = max(0.05, weights_bytes / 20e6)
+    return 20.0 + per_token * (len(request.prompt) + request.steps)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def local_prefix() -> list[str]:
+    """COLIBRI_FIRMWARE_PREFIX: a command a local Linux-board firmware is started under (split like a
+    shell would), e.g. tools/in-memory-cgroup NAME to run it alone in a memory cgroup."""
+    return shlex.split(os.environ.get("COLIBRI_FIRMWARE_PREFIX", ""))
+
+
+@dataclass(frozen=True)
+class Firmware:
+    """What a link runs: the built program and weight image, and what its hello frame must say."""
+
+    program: Path
+    weights: Path
+    expected_model: str
+    flash_image: Path | None = None  # an emulated MCU's flash contents (default: the weight image)
+    check_hello: HelloCheck | None = None  # see Session
+
+    def session(self, on_token: OnToken | None) -> Session:
+        return Session(self.expected_model, on_token, self.check_hello)
+
+
+@dataclass(frozen=True)
+class LinkOptions:
+    """How to reach the firmware: the Linux firmware's command line (`options`: a memory budget, from
+    RunRequest.firmware_options; `logits_out`), a board over SSH, a serial port; `keep_open`: one
+    firmware serves every turn (a chat), else each turn is a run of its own."""
+
+    options: tuple[str, ...] = ()
+    logits_out: Path | None = None
+    remote: Remote | None = None
+    progress: Progress | None = None
+    port: str | None = None
+    reset: bool = False
+    keep_open: bool = False
+
+
+class Link:
+    """An open way to the firmware: turn() sends one request and reads its frames back."""
+
+    def turn(self, request: RunRequest, on_token: OnToken | None = None, timeout: float | None = None) -> RunResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+class LinuxLink(Link):
+    """A Linux firmware: here (natively or under its emulator) or on a board over SSH. Kept open, one
+    process reads every turn's request frame from its stdin; else each turn starts the firmware,
+    sends it the request, closes its stdin and reads until it exits."""
+
+    def __init__(self, board: Board, firmware: Firmware, how: LinkOptions):
+        self.board, self.firmware, self.how = board, firmware, how
+        self.turns = 0
+        self.process: ProcessLink | None = None
+        if how.keep_open:
+            if how.remote is not None:
+                argv, _ = remote_command(how.remote, board, firmware.program, firmware.weights, list(how.options),
+                                         how.progress)
+                self.process = ProcessLink(argv, explain_remote(how.remote))
+            else:
+                self.process = ProcessLink(self.local_argv(), explain_local)
+
+    def weights_bytes(self) -> int:
+        return self.firmware.weights.stat().st_size
+
+    def local_argv(self) -> list[str]:
+        runner = self.board.runner
+        assert isinstance(runner, ProcessRunner)
+        argv = [*local_prefix(), *(runner.emulator if runner.needs_emulator() else ()), str(self.firmware.program),
+                "--weights", str(self.firmware.weights), *self.how.options]
+        if self.how.logits_out is not None:
+            argv += ["--logits-out", str(self.how.logits_out)]
+        return argv
+
+    def turn(self, request: RunRequest, on_token: OnToken | None = None, timeout: float | None = None) -> RunResult:
+        session = self.firmware.session(on_token)
+        remote = self.how.remote
+        if self.process is None:
+            result = self._run(request, session, timeout)
+        else:
+            if timeout is None:
+                slow = self.board.runner.needs_emulator() or remote is not None
+                timeout = default_timeout(request, self.weights_bytes()) * (4 if slow else 1)
+            self.process.send(request_frame(request, seq=self.turns))
+            result = self.process.read_until_done(session, timeout)
+            if remote is not None and self.turns == 0:
+                check_remote_machine(remote, self.board, result.hello)
+        self.turns += 1
+        return result
+
+    def _run(self, request: RunRequest, session: Session, timeout: float | None) -> RunResult:
+        """One run of its own: the firmware exits after serving the request."""
+        remote = self.how.remote
+        if remote is not None:
+            if timeout is None:
+                # The board may be slower than this machine; connecting takes a few seconds more.
+                timeout = 10 + default_timeout(request, self.weights_bytes()) * (4 if remote_prefix(self.board) else 2)
+            return run_remote(remote, self.board, self.firmware.program, self.firmware.weights, request, session,
+                              timeout, self.how.progress)
+        if timeout is None:
+            timeout = default_timeout(request, self.weights_bytes()) * (4 if self.board.runner.needs_emulator() else 1)
+        return run_process(self.local_argv(), request_frame(request), session, timeout)
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.close()
+
+
+def emulator_timeouts(request: RunRequest, timeout: float | None) -> Timeouts:
+    if timeout is None:
+        return Timeouts(boot=20.0, per_token=2.0, silence=60.0)
+    return Timeouts(boot=timeout, per_token=timeout / max(1, len(request.prompt) + request.steps), silence=timeout)
+
+
+class Emulator:
+    """A system emulator (qemu-system) running the firmware, its UART on a local TCP socket that a
+    SerialLink talks to as to a real board's port. The firmware serves requests until it is stopped."""
+
+    def __init__(self, board: Board, program: Path, flash_image: Path):
+        runner = board.runner
+        assert isinstance(runner, EmulatedSystemRunner)
+        port = free_port()
+        self.argv = [a.format(program=program, flash_image=flash_image, port=port) for a in runner.command]
+        try:
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         stdin=subprocess.DEVNULL)
+        except OSError as e:
+            raise ColibriError(f"cannot start {self.argv[0]}: {e.strerror}") from None
+        self.link: SerialLink | None = None
+        try:
+            self.link = SerialLink.connect(f"socket://127.0.0.1:{port}", time.monotonic() + 20.0)
+        except ColibriError:
+            self.close()
+            raise
+
+    def explain(self, error: ColibriError, session: Session) -> ColibriError:
+        """The emulator failing to start explains a silent link; a board's own error frame stands."""
+        if not session.result.hello and self.proc.poll() is not None and self.proc.returncode != 0:
+            assert self.proc.stderr is not None
+            err = self.proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+            if err:
+                return ColibriError(f"{self.argv[0]} failed: {err[-1]}")
+        return error
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+
+class EmulatorLink(Link):
+    """An emulated MCU, started when the link opens and stopped when it closes."""
+
+    def __init__(self, board: Board, firmware: Firmware, how: LinkOptions):
+        self.firmware = firmware
+        self.emulator = Emulator(board, firmware.program, firmware.flash_image or firmware.weights)
+        self.turns = 0
+
+    def turn(self, request: RunRequest, on_token: OnToken | None = None, timeout: float | None = None) -> RunResult:
+        session = self.firmware.session(on_token)
+        assert self.emulator.link is not None
+        try:
+            result = self.emulator.link.run(request, session, emulator_timeouts(request, timeout),
+                                            resume=self.turns > 0)
+        except ColibriError as e:
+            raise self.emulator.explain(e, session) from None
+        self.turns += 1
+        return result
+
+    def close(self) -> None:
+        self.emulator.close()
+
+
+class SerialBoardLink(Link):
+    """A real board on a serial port: it serves requests until it is reset."""
+
+    def __init__(self, board: Board, firmware: Firmware, how: LinkOptions):
+        if not how.port:
+            raise ColibriError(f"board {board.name} is a real board: give its serial port with --port")
+        self.firmware = firmware
+        self.serial = SerialLink.open(how.port, reset=how.reset)
+        self.turns = 0
+
+    def turn(self, request: RunRequest, on_token: OnToken | None = None, timeout: float | None = None) -> RunResult:
+        session = self.firmware.session(on_token)
+        # Without a timeout, the link's own (a real board's boot and pace); with one, that bound.
+        timeouts = Timeouts() if timeout is None else emulator_timeouts(request, timeout)
+        result = self.serial.run(request, session, timeouts, resume=self.turns > 0)
+        self.turns += 1
+        return result
+
+    def close(self) -> None:
+        self.serial.close()
+
+
+# How each way a board runs is reached (a build-only board is not: open_link refuses it).
+LINKS: dict[type[Runner], Callable[[Board, Firmware, LinkOptions], Link]] = {
+    ProcessRunner: LinuxLink,
+    EmulatedSystemRunner: EmulatorLink,
+    SerialRunner: SerialBoardLink,
+}
+
+
+def open_link(board: Board, program: Path, weights: Path, expected_model: str, *,
+              check_hello: HelloCheck | None = None, flash_image: Path | None = None,
+              options: Sequence[str] = (), logits_out: Path | None = None, remote: Remote | None = None,
+              progress: Progress | None = None, port: str | None = None, reset: bool = False,
+              keep_open: bool = False) -> Link:
+    """Open the link to the firmware built for `board` (see LinkOptions), refusing what the board
+    cannot do; progress hears about copies to a board over SSH."""
+    runner = board.runner
+    if options and not runner.takes_memory_budget:
+        raise ColibriError(f"board {board.name} keeps its weights in flash: a memory budget is for Linux boards")
+    if remote is not None:
+        if not runner.takes_remote:
+            raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
+        if logits_out is not None:
+            raise ColibriError("raw logits are stored only by a local run, not over --remote")
+    if logits_out is not None and not runner.stores_raw_logits:
+        raise ColibriError(f"board {board.name} cannot store raw logits (only Linux boards can)")
+    opener = LINKS.get(type(runner))
+    if opener is None:
+        raise ColibriError(f"board {board.name} cannot be run from here (runner {runner.kind!r})")
+    firmware = Firmware(Path(program), Path(weights), expected_model, flash_image, check_hello)
+    how = LinkOptions(tuple(options), logits_out, remote, progress, port, reset, keep_open)
+    return opener(board, firmware, how)

@@ -469,6 +469,19 @@ typedef struct {
 
 static Storage storage;
 
+/* The image file mapped read-only, or read into memory (--copy-weights): 0, or -1 after an error
+ * frame. */
+static int open_image(const Options *opt, HeldWeights *w)
+{
+    w->image = opt->copy_weights ? copy_image(opt->weights_path, &w->image_len)
+                                 : map_image(opt->weights_path, &w->image_len);
+    if (w->image == NULL) {
+        colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file");
+        return -1;
+    }
+    return 0;
+}
+
 /* Under a budget with routed experts: a pool of slots, committed and locked now, that the expert
  * cache fills from storage. Returns 0, or -1 after an error frame. */
 static int use_expert_slots(Options *opt, HeldWeights *w)
@@ -614,9 +627,7 @@ int main(int argc, char **argv)
         return 1;
     }
     parallel_start(req.threads);
-    w.image = opt.copy_weights ? copy_image(opt.weights_path, &w.image_len) : map_image(opt.weights_path, &w.image_len);
-    if (w.image == NULL) {
-        colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file");
+    if (open_image(&opt, &w) != 0) {
         return 1;
     }
     if (opt.logits_path != NULL) {

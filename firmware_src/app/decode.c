@@ -144,114 +144,108 @@ static int forward_failed(int status)
     return status;
 }
 
-int colibri_decode(const ColibriRequest *req)
+/* The prompt: prefilled in batches, or, when it is scored, up to the first scored position in
+ * batches and then a token at a time, every token's logits scoring the next one. */
+static int feed_prompt(ColibriBuffers *b, const ColibriRequest *req)
 {
-    ColibriBuffers b;
-    if (!weights_loaded) {
-        colibri_report_error(COLIBRI_ERR_NO_IMAGE, "no valid weight image is loaded");
-        return COLIBRI_ERR_NO_IMAGE;
-    }
-    int status = check_request(req);
-    held = 0; /* until this request is done, the KV cache holds no conversation to continue */
-    if (status != 0) {
-        return status;
-    }
-    colibri_buffers_init(&b);
-#if COLIBRI_N_EXPERTS > 0
-    memset(b.expert_counts, 0, sizeof(int32_t) * COLIBRI_N_LAYERS * COLIBRI_N_EXPERTS);
-#endif
-    ColibriRng rng;
-    rng_seed(&rng, req->sampling.seed);
-
-    uint64_t i0 = 0, i1 = 0, i2 = 0;
-    const int counted = bsp_instructions(&i0);
-    uint64_t t0 = bsp_time_us();
-    const int32_t prefilled = prefilled_tokens(req);
     if (req->score_from < 0) {
-        status = prefill(&b, req, 0, prefilled);
-    } else {
-        /* Up to the first scored position in batches, then a token at a time: every token's
-         * logits score the next one. */
-        status = prefill(&b, req, 0, req->score_from + 1);
-        for (int32_t i = req->score_from; status == 0 && i + 1 < req->n_prompt; i++) {
-            send_score(b.logits, i + 1, req->prompt[i + 1]);
-            status = colibri_forward(&weights, &b, req->prompt + i + 1, 1, req->start + i + 1, 1);
-        }
+        return prefill(b, req, 0, prefilled_tokens(req));
     }
-    if (status != 0) {
-        return forward_failed(status);
+    int status = prefill(b, req, 0, req->score_from + 1);
+    for (int32_t i = req->score_from; status == 0 && i + 1 < req->n_prompt; i++) {
+        send_score(b->logits, i + 1, req->prompt[i + 1]);
+        status = colibri_forward(&weights, b, req->prompt + i + 1, 1, req->start + i + 1, 1);
     }
-    uint64_t t1 = bsp_time_us();
-    ColibriCacheStats c1, c2;
-    colibri_experts_stats(&c1);
-    if (counted) {
-        bsp_instructions(&i1);
-    }
+    return status;
+}
 
-    int32_t pos = req->start + prefilled;
-    int32_t generated = 0;
-    int32_t decode_passes = 0; /* forward passes after the prompt (the first token needs none) */
-    uint64_t forward_us = 0;   /* time in those forward passes alone (no sampling, hashing, output) */
-    const char *reason = "length";
-    for (int32_t step = 0; step < req->n_steps; step++) {
-        /* Teacher forcing: the prompt's next token instead of a sampled one, while there is one. */
-        const int forced = prefilled + step < req->n_prompt;
-        int32_t token = forced ? req->prompt[prefilled + step]
-                               : sample_token(b.logits, COLIBRI_VOCAB, &req->sampling, &rng, b.probs, b.cand);
-        bsp_logits_sink(step, b.logits, COLIBRI_VOCAB);
-        proto_begin("token");
-        proto_u64("step", (uint64_t)step);
-        proto_u64("id", (uint64_t)token);
-        if (req->digests) {
-            uint8_t digest[32];
-            Sha256 sha;
-            sha256_init(&sha);
-            sha256_update(&sha, (const uint8_t *)b.logits, COLIBRI_VOCAB * sizeof(float));
-            sha256_final(&sha, digest);
-            proto_hex("logits", digest, 32);
-        }
-        proto_u64("us", bsp_time_us() - t1); /* since the prompt was done: per-token latencies */
-        proto_end();
-        generated++;
+/* What the stats frame reports, gathered around the decode loop rather than in it: the clock, the
+ * retired instructions and the expert cache's counters at the start, after the prompt and at the
+ * end, and the decode's forward passes with their own time. */
+typedef struct {
+    int counted;              /* 1: the board counts retired instructions (bsp_instructions) */
+    uint64_t t0, t1, t2;      /* bsp_time_us(): start, prompt done, decode done */
+    uint64_t i0, i1, i2;      /* retired instructions at the same three points */
+    ColibriCacheStats c1, c2; /* the expert cache's counters: prompt done, decode done */
+    int32_t decode_passes;    /* forward passes after the prompt (the first token needs none) */
+    uint64_t forward_us;      /* time in those forward passes alone (no sampling, hashing, output) */
+} DecodeStats;
 
-        if (req->stop_at_eos && !forced && is_eos(token)) {
-            reason = "eos";
-            break;
-        }
-        if (step == req->n_steps - 1) {
-            break;
-        }
-        uint64_t f0 = bsp_time_us();
-        status = colibri_forward(&weights, &b, &token, 1, pos, 1);
-        if (status != 0) {
-            return forward_failed(status);
-        }
-        forward_us += bsp_time_us() - f0;
-        decode_passes++;
-        pos++;
+static void stats_start(DecodeStats *s)
+{
+    memset(s, 0, sizeof *s);
+    s->counted = bsp_instructions(&s->i0);
+    s->t0 = bsp_time_us();
+}
+
+static void stats_prompt_done(DecodeStats *s)
+{
+    s->t1 = bsp_time_us();
+    colibri_experts_stats(&s->c1);
+    if (s->counted) {
+        bsp_instructions(&s->i1);
     }
-    uint64_t t2 = bsp_time_us();
-    if (counted) {
-        bsp_instructions(&i2);
+}
+
+static void stats_decode_done(DecodeStats *s)
+{
+    s->t2 = bsp_time_us();
+    if (s->counted) {
+        bsp_instructions(&s->i2);
     }
-    colibri_experts_stats(&c2);
+    colibri_experts_stats(&s->c2);
+}
 
-    held = pos; /* the last sampled token is not fed back: the next request starts with it */
+/* One forward pass of the decode (the token just sent, at pos), timed alone. */
+static int decode_forward(DecodeStats *s, ColibriBuffers *b, int32_t token, int32_t pos)
+{
+    const uint64_t f0 = bsp_time_us();
+    const int status = colibri_forward(&weights, b, &token, 1, pos, 1);
+    if (status == 0) {
+        s->forward_us += bsp_time_us() - f0;
+        s->decode_passes++;
+    }
+    return status;
+}
 
+/* The token frame of a step: its id, the SHA-256 of the logits it came from (if asked) and the
+ * microseconds since the prompt was done (per-token latencies); the logits to the BSP's sink. */
+static void send_token(const ColibriRequest *req, int32_t step, int32_t token, const float *logits,
+                       const DecodeStats *s)
+{
+    bsp_logits_sink(step, logits, COLIBRI_VOCAB);
+    proto_begin("token");
+    proto_u64("step", (uint64_t)step);
+    proto_u64("id", (uint64_t)token);
+    if (req->digests) {
+        uint8_t digest[32];
+        Sha256 sha;
+        sha256_init(&sha);
+        sha256_update(&sha, (const uint8_t *)logits, COLIBRI_VOCAB * sizeof(float));
+        sha256_final(&sha, digest);
+        proto_hex("logits", digest, 32);
+    }
+    proto_u64("us", bsp_time_us() - s->t1);
+    proto_end();
+}
+
+static void send_stats(const DecodeStats *s, int32_t prefilled)
+{
+    const ColibriCacheStats *c1 = &s->c1, *c2 = &s->c2;
     proto_begin("stats");
     proto_u64("prompt", (uint64_t)prefilled);
-    proto_u64("prefill_us", t1 - t0);
-    proto_u64("decode", (uint64_t)decode_passes);
-    proto_u64("decode_us", t2 - t1);
-    proto_u64("forward_us", forward_us);
+    proto_u64("prefill_us", s->t1 - s->t0);
+    proto_u64("decode", (uint64_t)s->decode_passes);
+    proto_u64("decode_us", s->t2 - s->t1);
+    proto_u64("forward_us", s->forward_us);
     proto_u64("threads", (uint64_t)parallel_threads());
     if (bsp_peak_memory() > 0) {
         proto_u64("peak_rss", bsp_peak_memory());
     }
-    if (counted) {
+    if (s->counted) {
         /* Exact retired instructions (emulators with -icount, or a CPU counter). */
-        proto_u64("prefill_instret", i1 - i0);
-        proto_u64("decode_instret", i2 - i1);
+        proto_u64("prefill_instret", s->i1 - s->i0);
+        proto_u64("decode_instret", s->i2 - s->i1);
     }
     const ColibriWeightsInfo *info = &colibri_weights_info;
     if (info->mapped) {
@@ -265,18 +259,18 @@ int colibri_decode(const ColibriRequest *req)
         proto_u64("direct_io", (uint64_t)info->direct_io);
         proto_u64("prefetch", (uint64_t)info->prefetch);
         proto_u64("lru", (uint64_t)info->eviction_lru);
-        proto_u64("cache_hits", c2.hits - c1.hits);
-        proto_u64("cache_misses", c2.misses - c1.misses);
-        proto_u64("prefetches", c2.prefetches - c1.prefetches);
-        proto_u64("prefetch_hits", c2.prefetch_hits - c1.prefetch_hits);
-        proto_u64("read_bytes", c2.bytes_read - c1.bytes_read);
-        proto_u64("read_wait_us", c2.wait_us - c1.wait_us);
-        proto_u64("read_time_us", c2.read_us - c1.read_us);
+        proto_u64("cache_hits", c2->hits - c1->hits);
+        proto_u64("cache_misses", c2->misses - c1->misses);
+        proto_u64("prefetches", c2->prefetches - c1->prefetches);
+        proto_u64("prefetch_hits", c2->prefetch_hits - c1->prefetch_hits);
+        proto_u64("read_bytes", c2->bytes_read - c1->bytes_read);
+        proto_u64("read_wait_us", c2->wait_us - c1->wait_us);
+        proto_u64("read_time_us", c2->read_us - c1->read_us);
         /* Over the whole run, prompt included: how the reads overlapped. */
-        proto_u64("reads_in_flight", c2.max_in_flight);
-        proto_u64("reads_reordered", c2.reordered);
-        proto_u64("prefill_read_bytes", c1.bytes_read);
-        proto_u64("prefill_read_wait_us", c1.wait_us);
+        proto_u64("reads_in_flight", c2->max_in_flight);
+        proto_u64("reads_reordered", c2->reordered);
+        proto_u64("prefill_read_bytes", c1->bytes_read);
+        proto_u64("prefill_read_wait_us", c1->wait_us);
         if (info->auto_source != NULL) {
             /* --memory-budget auto: what the board found, so the host can say why this budget. */
             proto_u64("auto_found", info->auto_found);
@@ -286,19 +280,87 @@ int colibri_decode(const ColibriRequest *req)
         }
     }
     proto_end();
+}
 
+/* How often each expert was chosen, per MoE layer, over the prompt and the decode. */
+static void send_expert_counts(const ColibriBuffers *b)
+{
 #if COLIBRI_N_EXPERTS > 0
-    /* How often each expert was chosen, per MoE layer, over the prompt and the decode. */
     for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
         if (colibri_layer_moe[l]) {
-            proto_experts(l, b.expert_counts + l * COLIBRI_N_EXPERTS, COLIBRI_N_EXPERTS);
+            proto_experts(l, b->expert_counts + l * COLIBRI_N_EXPERTS, COLIBRI_N_EXPERTS);
         }
     }
+#else
+    (void)b;
 #endif
+}
+
+static void send_done(int32_t generated, const char *reason)
+{
     proto_begin("done");
     proto_u64("tokens", (uint64_t)generated);
     proto_str("reason", reason);
     proto_u64("held", (uint64_t)held);
     proto_end();
+}
+
+int colibri_decode(const ColibriRequest *req)
+{
+    if (!weights_loaded) {
+        colibri_report_error(COLIBRI_ERR_NO_IMAGE, "no valid weight image is loaded");
+        return COLIBRI_ERR_NO_IMAGE;
+    }
+    int status = check_request(req);
+    held = 0; /* until this request is done, the KV cache holds no conversation to continue */
+    if (status != 0) {
+        return status;
+    }
+    ColibriBuffers b;
+    colibri_buffers_init(&b);
+#if COLIBRI_N_EXPERTS > 0
+    memset(b.expert_counts, 0, sizeof(int32_t) * COLIBRI_N_LAYERS * COLIBRI_N_EXPERTS);
+#endif
+    ColibriRng rng;
+    rng_seed(&rng, req->sampling.seed);
+    DecodeStats stats;
+
+    stats_start(&stats);
+    status = feed_prompt(&b, req);
+    if (status != 0) {
+        return forward_failed(status);
+    }
+    stats_prompt_done(&stats);
+
+    const int32_t prefilled = prefilled_tokens(req);
+    int32_t pos = req->start + prefilled;
+    int32_t generated = 0;
+    const char *reason = "length";
+    for (int32_t step = 0; step < req->n_steps; step++) {
+        /* Teacher forcing: the prompt's next token instead of a sampled one, while there is one. */
+        const int forced = prefilled + step < req->n_prompt;
+        const int32_t token = forced ? req->prompt[prefilled + step]
+                                     : sample_token(b.logits, COLIBRI_VOCAB, &req->sampling, &rng, b.probs, b.cand);
+        send_token(req, step, token, b.logits, &stats);
+        generated++;
+        if (req->stop_at_eos && !forced && is_eos(token)) {
+            reason = "eos";
+            break;
+        }
+        if (step == req->n_steps - 1) {
+            break;
+        }
+        status = decode_forward(&stats, &b, token, pos);
+        if (status != 0) {
+            return forward_failed(status);
+        }
+        pos++;
+    }
+    stats_decode_done(&stats);
+
+    held = pos; /* the last token sent is not fed back: the next request starts with it */
+    send_stats(&stats, prefilled);
+    send_expert_counts(&b);
+    send_done(generated, reason);
     return 0;
 }

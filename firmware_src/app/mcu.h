@@ -5,6 +5,13 @@
 
 #include <stdint.h>
 
+/* The bare-metal BSP's own ending, with main's return value (bsp/rv32-common/start.S calls it
+ * when main returns, bsp_trap after a fault): qemu-rv32 ends the emulator, esp32p4 spins. */
+void bsp_exit(int code);
+
+/* A CPU trap (bsp/rv32-common: an error frame, then bsp_exit(3)). */
+void bsp_trap(uint32_t cause, uint32_t pc, uint32_t value);
+
 /* Send an error frame naming the trap (code 200). */
 void colibri_report_trap(uint32_t cause, uint32_t pc, uint32_t value);
 

@@ -6,14 +6,37 @@
 
 #include "model_def.h"
 
-/* Views into the generated scratch arena (offsets from model_def.h). */
+/* Views into the generated scratch arena (offsets from model_def.h). The shapes are in model_def.h's
+ * constants, row-major; BATCH is COLIBRI_PREFILL_BATCH: a forward pass of n tokens uses the first n
+ * rows of the per-token buffers (decoding: the first), and FFN the widest of COLIBRI_FFN_DIM,
+ * COLIBRI_EXPERT_FFN_DIM and COLIBRI_SHARED_FFN_DIM. */
 typedef struct {
-    float *x, *xn, *q, *k, *v, *att, *attn_out, *proj, *gate, *up, *logits, *probs;
-    int32_t *cand;
-    int8_t *act_qs; /* q8_0 builds only */
-    float *act_d;
-    float *router_logits, *moe_out, *expert_terms, *expert_weights; /* MoE builds only */
-    int32_t *expert_ids, *expert_counts;
+    float *x;        /* [BATCH][DIM] residual stream, per token of the batch */
+    float *xn;       /* [BATCH][DIM] normalised input of the current block */
+    float *q;        /* [BATCH][Q_DIM] queries, heads side by side */
+    float *k;        /* [BATCH][KV_DIM] keys, before they are copied into the KV cache */
+    float *v;        /* [BATCH][KV_DIM] values, likewise */
+    float *att;      /* [N_HEADS][N_CTX] one token's attention scores over the positions it sees, then their
+                      * softmax; a row per head, as the heads run in parallel */
+    float *attn_out; /* [BATCH][Q_DIM] attention output of all heads, the input of wo */
+    float *proj;     /* [BATCH][DIM] output of wo or w_down, before it is added to x */
+    float *gate;     /* [BATCH][FFN] FFN gate projection (of the dense FFN or of one expert) */
+    float *up;       /* [BATCH][FFN] FFN up projection, then the gated product, the input of w_down */
+    float *logits;   /* [VOCAB] logits after the last token of the pass (want_logits) */
+    float *probs;    /* [VOCAB] sampling: probabilities, sorted */
+    int32_t *cand;   /* [VOCAB] sampling: the token ids of probs, in the same order */
+    int8_t *act_qs;  /* [n tokens][cols] q8_0 quants of the current matmul input, cols <= MAX_INPUT (builds
+                      * with integer weights only; else NULL) */
+    float *act_d;    /* [n tokens][cols / 32] their block scales (likewise) */
+    /* MoE builds only (else NULL); a batch's tokens go through the experts one at a time. */
+    float *router_logits;  /* [N_EXPERTS] one token's router logits, then probabilities */
+    float *moe_out;        /* [BATCH][DIM] weighted sum of the selected experts' outputs */
+    float *expert_terms;   /* [EXPERTS_PER_TOKEN (+ 1 with a shared expert)][DIM] each selected expert's
+                            * weighted output, the shared expert's last, summed in rank order at the end */
+    float *expert_weights; /* [EXPERTS_PER_TOKEN] their routing weights */
+    int32_t *expert_ids;   /* [EXPERTS_PER_TOKEN] the experts selected for this token, best first */
+    int32_t *expert_counts; /* [N_LAYERS][N_EXPERTS] how often each expert was selected in this request
+                             * (the experts frames) */
 } ColibriBuffers;
 
 void colibri_buffers_init(ColibriBuffers *b);

@@ -1,11 +1,11 @@
 /* esp32p4 BSP: bare metal on the HP core, booted by the ROM loader (no ESP-IDF). Frames go out
  * and requests come in on UART0 (TX GPIO37, 115200 baud as the ROM left it) through the ROM's UART
- * functions; time from mcycle, instruction counts from minstret; the weight image is linked in. */
+ * functions; time from mcycle; the weight image is linked in. The start-up, the instruction counts
+ * (minstret) and the rest the qemu-rv32 BSP shares are in ../rv32-common. */
 #include <stddef.h>
 #include <stdint.h>
 
 #include "../../app/bsp.h"
-#include "../../app/build_id.h"
 #include "../../app/decode.h"
 #include "../../app/mcu.h"
 #include "../../runtime/image_loader.h"
@@ -87,45 +87,10 @@ uint64_t bsp_time_us(void)
     return read_cycles() / (mhz ? mhz : 1u);
 }
 
-int bsp_instructions(uint64_t *count)
+/* Nothing to return to: a board stops only when it is reset. */
+void bsp_exit(int code)
 {
-    uint32_t hi, lo, hi2;
-    do {
-        __asm__ volatile("csrr %0, minstreth" : "=r"(hi));
-        __asm__ volatile("csrr %0, minstret" : "=r"(lo));
-        __asm__ volatile("csrr %0, minstreth" : "=r"(hi2));
-    } while (hi != hi2);
-    *count = ((uint64_t)hi << 32) | lo;
-    return 1;
-}
-
-extern const uint8_t __colibri_build_id_note[]; /* link.ld: the .note.gnu.build-id section */
-
-size_t bsp_build_id(const uint8_t **id)
-{
-    return colibri_build_id_from_note(__colibri_build_id_note, 16 + 64, id);
-}
-
-const char *bsp_machine(void)
-{
-    return NULL; /* no operating system to ask: the board file says what this is */
-}
-
-uint64_t bsp_peak_memory(void)
-{
-    return 0; /* static arenas: `./colibri report` gives every byte */
-}
-
-void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
-{
-    (void)step;
-    (void)logits;
-    (void)n;
-}
-
-void bsp_trap(uint32_t cause, uint32_t pc, uint32_t value)
-{
-    colibri_report_trap(cause, pc, value);
+    (void)code;
     for (;;) {
     }
 }

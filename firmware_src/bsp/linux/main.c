@@ -322,110 +322,117 @@ static uint64_t hold_resident(uint8_t *image, uint64_t len, int *refused)
     return locked;
 }
 
-#define REQUEST_LINE_BYTES COLIBRI_REQUEST_LINE_BYTES(COLIBRI_N_CTX)
+/* The command line. */
+typedef struct {
+    const char *weights_path;
+    const char *logits_path;       /* --logits-out; NULL: none */
+    uint64_t budget;               /* --memory-budget in bytes; 0: unlimited (auto: resolved by plan_budget) */
+    int budget_auto;               /* --memory-budget auto[-MARGIN]: resolved where this process runs */
+    uint64_t auto_margin;          /* the MARGIN of auto-MARGIN (default COLIBRI_AUTO_MARGIN_BYTES) */
+    uint64_t probe_storage_mib;    /* --probe-storage; 0: no storage probe */
+    int prefetch, eviction;        /* -1: chosen from the pool's size (use_expert_slots) */
+    int copy_weights;              /* --copy-weights: the image read into memory, not mapped */
+} Options;
 
-static Storage storage;
-
-int main(int argc, char **argv)
+/* argv into *opt: 0, or the exit status after the usage and an error frame. */
+static int parse_options(int argc, char **argv, Options *opt)
 {
-    const char *weights_path = NULL;
-    const char *logits_path = NULL;
-    uint64_t budget = 0, probe_storage_mib = 0;
-    uint64_t auto_margin = 0;
-    int budget_auto = 0; /* --memory-budget auto[-MARGIN]: resolved below, where this process runs */
-    int prefetch = -1, eviction = -1; /* -1: chosen from the pool's size (below) */
-    int copy_weights = 0;
-    static int32_t prompt[COLIBRI_N_CTX];
-    static char line[REQUEST_LINE_BYTES + 2];
-    colibri_hello();
+    memset(opt, 0, sizeof *opt);
+    opt->prefetch = opt->eviction = -1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--copy-weights") == 0) {
-            copy_weights = 1;
+            opt->copy_weights = 1;
             continue;
         }
         if (i + 1 == argc) {
             return fail(COLIBRI_ERR_REQUEST, "missing value after an option");
         }
         if (strcmp(argv[i], "--weights") == 0) {
-            weights_path = argv[++i];
+            opt->weights_path = argv[++i];
         } else if (strcmp(argv[i], "--logits-out") == 0) {
-            logits_path = argv[++i];
+            opt->logits_path = argv[++i];
         } else if (strcmp(argv[i], "--memory-budget") == 0) {
             const char *value = argv[++i];
-            budget_auto = strncmp(value, "auto", 4) == 0;
-            auto_margin = COLIBRI_AUTO_MARGIN_BYTES;
-            int malformed = budget_auto ? (value[4] != '\0' && (value[4] != '-' || parse_u64(value + 5, &auto_margin) != 0))
-                                        : parse_u64(value, &budget) != 0;
+            opt->budget_auto = strncmp(value, "auto", 4) == 0;
+            opt->auto_margin = COLIBRI_AUTO_MARGIN_BYTES;
+            int malformed = opt->budget_auto
+                                ? (value[4] != '\0' && (value[4] != '-' || parse_u64(value + 5, &opt->auto_margin) != 0))
+                                : parse_u64(value, &opt->budget) != 0;
             if (malformed) {
                 return fail(COLIBRI_ERR_REQUEST, "--memory-budget takes a number of bytes, auto or auto-MARGIN (bytes)");
             }
         } else if (strcmp(argv[i], "--probe-storage") == 0) {
-            if (parse_u64(argv[++i], &probe_storage_mib) != 0 || probe_storage_mib == 0) {
+            if (parse_u64(argv[++i], &opt->probe_storage_mib) != 0 || opt->probe_storage_mib == 0) {
                 return fail(COLIBRI_ERR_REQUEST, "--probe-storage takes a number of MiB");
             }
         } else if (strcmp(argv[i], "--evict") == 0) {
             i++;
-            eviction = strcmp(argv[i], "lfu") == 0 ? COLIBRI_EVICT_LFU : strcmp(argv[i], "lru") == 0 ? COLIBRI_EVICT_LRU
-                     : strcmp(argv[i], "auto") == 0 ? -1 : -2;
-            if (eviction == -2) {
+            opt->eviction = strcmp(argv[i], "lfu") == 0    ? COLIBRI_EVICT_LFU
+                            : strcmp(argv[i], "lru") == 0  ? COLIBRI_EVICT_LRU
+                            : strcmp(argv[i], "auto") == 0 ? -1
+                                                           : -2;
+            if (opt->eviction == -2) {
                 return fail(COLIBRI_ERR_REQUEST, "--evict takes auto, lfu or lru");
             }
         } else if (strcmp(argv[i], "--prefetch") == 0) {
             i++;
-            prefetch = strcmp(argv[i], "1") == 0 ? 1 : strcmp(argv[i], "0") == 0 ? 0 : strcmp(argv[i], "auto") == 0 ? -1 : -2;
-            if (prefetch == -2) {
+            opt->prefetch = strcmp(argv[i], "1") == 0 ? 1 : strcmp(argv[i], "0") == 0 ? 0 : strcmp(argv[i], "auto") == 0 ? -1 : -2;
+            if (opt->prefetch == -2) {
                 return fail(COLIBRI_ERR_REQUEST, "--prefetch takes auto, 0 or 1");
             }
         } else {
             return fail(COLIBRI_ERR_REQUEST, "unknown option");
         }
     }
-    if (weights_path == NULL) {
+    if (opt->weights_path == NULL) {
         return fail(COLIBRI_ERR_REQUEST, "--weights is required");
     }
-    if (copy_weights && (budget > 0 || budget_auto)) {
+    if (opt->copy_weights && (opt->budget > 0 || opt->budget_auto)) {
         return fail(COLIBRI_ERR_REQUEST, "--copy-weights reads the whole image: it cannot keep a --memory-budget");
     }
-    int len = read_request_line(line, (int)sizeof line);
-    if (len < 0) {
-        return fail(COLIBRI_ERR_REQUEST, "no request frame on stdin (or a line longer than any request)");
-    }
-    ColibriRequest req;
-    const char *problem = colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX);
-    if (problem != NULL) {
-        return fail(COLIBRI_ERR_REQUEST, problem);
-    }
-    ColibriWeightsInfo *info = &colibri_weights_info;
-    if (budget_auto) {
+    return 0;
+}
+
+/* The budget in bytes (auto resolved here) and the expert slots it leaves: 0, or -1 after an
+ * error frame saying it cannot hold the model. */
+static int plan_budget(Options *opt, int64_t *slots)
+{
+    if (opt->budget_auto) {
         char message[512];
-        if (resolve_auto_budget(auto_margin, &budget, info, message, sizeof message) != 0) {
+        if (resolve_auto_budget(opt->auto_margin, &opt->budget, &colibri_weights_info, message, sizeof message) != 0) {
             colibri_report_error(COLIBRI_ERR_BUDGET, message);
-            return 1;
+            return -1;
         }
     }
-    const int64_t slots = colibri_cache_slots_for_budget(budget);
-    if (slots < 0) {
+    *slots = colibri_cache_slots_for_budget(opt->budget);
+    if (*slots < 0) {
         char message[320];
         snprintf(message, sizeof message,
                  "--memory-budget %llu B cannot hold this model: it needs at least %llu B (resident weights, "
                  "arenas and reserve %llu B + %d expert slots x %llu B)",
-                 (unsigned long long)budget,
+                 (unsigned long long)opt->budget,
                  (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES +
                      (COLIBRI_N_MOE_LAYERS > 0 ? (unsigned long long)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_EXPERT_SLOT_BYTES : 0),
                  (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES, COLIBRI_N_MOE_LAYERS > 0 ? COLIBRI_EXPERTS_PER_TOKEN : 0,
                  (unsigned long long)COLIBRI_EXPERT_SLOT_BYTES);
         colibri_report_error(COLIBRI_ERR_BUDGET, message);
-        return 1;
+        return -1;
     }
-    if (req.probe_mib >= 0) {
-        /* Before the weight image is read and before the thread pool starts (a fork copies only
-         * this thread): the child then copies almost nothing, and the board never holds the
-         * probe's buffer and the weights at once. */
+    return 0;
+}
+
+/* The probes the first request and the command line ask for, each reported in its frame: 0, or -1
+ * after an error frame. Run before the weight image is read and before the thread pool starts (a
+ * fork copies only this thread): the child then copies almost nothing, and the board never holds
+ * the probe's buffer and the weights at once. */
+static int run_probes(const Options *opt, const ColibriRequest *req)
+{
+    if (req->probe_mib >= 0) {
         ReadProbe probe;
-        uint64_t mib = req.probe_mib > 0 ? (uint64_t)req.probe_mib : read_probe_default_mib();
-        if (read_probe_run(req.threads, mib, &probe) != 0) {
+        uint64_t mib = req->probe_mib > 0 ? (uint64_t)req->probe_mib : read_probe_default_mib();
+        if (read_probe_run(req->threads, mib, &probe) != 0) {
             colibri_report_error(COLIBRI_ERR_REQUEST, "the bandwidth probe failed (no child process or no memory for its buffer)");
-            return 1;
+            return -1;
         }
         proto_begin("bandwidth");
         proto_u64("read_bw", probe.bytes_per_s);
@@ -434,13 +441,13 @@ int main(int argc, char **argv)
         proto_u64("passes", (uint64_t)probe.passes);
         proto_end();
     }
-    if (probe_storage_mib > 0) {
+    if (opt->probe_storage_mib > 0) {
         /* Reads the size of an expert slot at a time, as the cache does. */
         const uint64_t chunk = COLIBRI_EXPERT_SLOT_BYTES > 0 ? COLIBRI_EXPERT_SLOT_BYTES : (1u << 20);
         StorageProbe probe;
-        if (storage_probe_run(weights_path, probe_storage_mib, chunk, &probe) != 0) {
+        if (storage_probe_run(opt->weights_path, opt->probe_storage_mib, chunk, &probe) != 0) {
             colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file (storage probe)");
-            return 1;
+            return -1;
         }
         proto_begin("storage");
         proto_u64("read_bw", probe.bytes_per_s);
@@ -449,115 +456,198 @@ int main(int argc, char **argv)
         proto_u64("direct", (uint64_t)probe.direct);
         proto_end();
     }
-    const int threads = req.threads;
-    parallel_start(threads);
-    uint64_t image_len = 0;
-    uint8_t *image = copy_weights ? copy_image(weights_path, &image_len) : map_image(weights_path, &image_len);
-    if (image == NULL) {
+    return 0;
+}
+
+/* The weights as this process holds them. */
+typedef struct {
+    uint8_t *image;     /* the image file, mapped read-only (or copied: --copy-weights) */
+    uint64_t image_len;
+    int64_t slots;      /* expert slots the budget leaves (plan_budget); 0: every expert in place */
+    uint8_t *pool;      /* their memory; NULL: the experts are read in place through the mapping */
+} HeldWeights;
+
+static Storage storage;
+
+/* The image file mapped read-only, or read into memory (--copy-weights): 0, or -1 after an error
+ * frame. */
+static int open_image(const Options *opt, HeldWeights *w)
+{
+    w->image = opt->copy_weights ? copy_image(opt->weights_path, &w->image_len)
+                                 : map_image(opt->weights_path, &w->image_len);
+    if (w->image == NULL) {
         colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file");
+        return -1;
+    }
+    return 0;
+}
+
+/* Under a budget with routed experts: a pool of slots, committed and locked now, that the expert
+ * cache fills from storage. Returns 0, or -1 after an error frame. */
+static int use_expert_slots(Options *opt, HeldWeights *w)
+{
+    ColibriWeightsInfo *info = &colibri_weights_info;
+    /* Measured (docs/performance.md): with top-k slots per MoE layer or more, LRU keeps the experts
+     * consecutive tokens share; below that, LRU evicts every expert before its layer comes round
+     * again, so the pool keeps the most used (LFU). Guessing the next layer's experts (--prefetch 1)
+     * did not pay at any budget once a token's misses were read side by side, nor with all of them in
+     * flight at once: wrong guesses read bytes nobody uses and evict experts that would have hit. */
+    const int roomy = w->slots >= (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_N_MOE_LAYERS;
+    if (opt->eviction < 0) {
+        opt->eviction = roomy ? COLIBRI_EVICT_LRU : COLIBRI_EVICT_LFU;
+    }
+    if (opt->prefetch < 0) {
+        opt->prefetch = 0;
+    }
+    const uint64_t pool_bytes = (uint64_t)w->slots * COLIBRI_EXPERT_SLOT_BYTES;
+    w->pool = aligned_alloc(COLIBRI_STORAGE_ALIGN, (size_t)pool_bytes);
+    /* One I/O thread per expert of a token: a layer's misses are all read at once. */
+    if (w->pool == NULL || storage_open(&storage, opt->weights_path, (int)w->slots, COLIBRI_EXPERTS_PER_TOKEN) != 0) {
+        colibri_report_error(COLIBRI_ERR_BUDGET, "cannot allocate the expert slots or open the image file for reading");
+        return -1;
+    }
+    memset(w->pool, 0, (size_t)pool_bytes); /* committed now, never per token */
+    if (mlock(w->pool, (size_t)pool_bytes) == 0) {
+        info->locked_bytes += pool_bytes;
+    } else {
+        info->lock_refused = 1;
+    }
+    info->slots = (int32_t)w->slots;
+    info->direct_io = storage.direct;
+    info->prefetch = opt->prefetch && storage.iface.submit != NULL;
+    info->eviction_lru = opt->eviction == COLIBRI_EVICT_LRU;
+    colibri_experts_use_slots(w->image, w->pool, (int)w->slots, &storage.iface, opt->prefetch,
+                              (colibri_eviction)opt->eviction);
+    return 0;
+}
+
+/* The image checked and bound, under a budget its resident part held in RAM and its experts
+ * brought into slots. Returns the loader's status (0: loaded; else reported by the caller), or -1
+ * after an error frame when the slots cannot be set up. */
+static int bind_weights(Options *opt, HeldWeights *w)
+{
+    ColibriWeightsInfo *info = &colibri_weights_info;
+    info->mapped = !opt->copy_weights;
+    info->budget = opt->budget;
+    if (opt->budget > 0) {
+        /* Before the checks below read the resident tensors through the mapping: read ahead there
+         * must not bring in the experts next to them. */
+        info->locked_bytes = hold_resident(w->image, w->image_len, &info->lock_refused);
+    }
+    /* Mapped: the header, the directory and the resident tensors are checked now, each expert when
+     * it is first brought in, so start-up does not grow with the experts. */
+    const int status = colibri_load_checking(w->image, w->image_len,
+                                             opt->copy_weights ? COLIBRI_CHECK_ALL : COLIBRI_CHECK_RESIDENT);
+    if (status != 0) {
+        return status;
+    }
+    if (opt->budget == 0) {
+        colibri_experts_in_place(w->image, !opt->copy_weights);
+        return 0;
+    }
+    if (w->slots == 0) {
+        colibri_experts_in_place(w->image, 1); /* no routed experts: everything is resident */
+    } else if (use_expert_slots(opt, w) != 0) {
+        return -1;
+    }
+    if (info->lock_refused) {
+        struct rlimit limit;
+        unsigned long long soft = getrlimit(RLIMIT_MEMLOCK, &limit) == 0 ? (unsigned long long)limit.rlim_cur : 0;
+        fprintf(stderr, "colibri: note: the resident weights and expert slots are NOT locked in RAM: mlock was "
+                        "refused (RLIMIT_MEMLOCK %llu B; raise it with ulimit -l); under memory pressure they "
+                        "may be paged out and read again\n", soft);
+    }
+    return 0;
+}
+
+static void release_weights(const Options *opt, HeldWeights *w)
+{
+    if (w->pool != NULL) {
+        storage_close(&storage);
+        free(w->pool);
+    }
+    if (opt->copy_weights) {
+        free(w->image);
+    } else {
+        munmap(w->image, (size_t)w->image_len);
+    }
+}
+
+#define REQUEST_LINE_BYTES COLIBRI_REQUEST_LINE_BYTES(COLIBRI_N_CTX)
+
+/* The first request (parsed already: it set the threads and the probes), then every further line
+ * until stdin ends, each answered in turn. Returns the last request's status. */
+static int serve_requests(char *line, int capacity, int len, ColibriRequest *req, int32_t *prompt)
+{
+    const int threads = req->threads;
+    int status = 0;
+    for (int served = 0; len >= 0; served++) {
+        const char *problem = NULL;
+        if (served > 0) {
+            problem = colibri_parse_request(line, len, req, prompt, COLIBRI_N_CTX);
+            if (problem == NULL && req->probe_mib >= 0) {
+                problem = "the bandwidth probe runs only before the first request";
+            }
+            if (problem == NULL && req->threads != threads) {
+                problem = "threads must stay what the first request set";
+            }
+        }
+        if (problem != NULL) {
+            colibri_report_error(COLIBRI_ERR_REQUEST, problem);
+            status = COLIBRI_ERR_REQUEST;
+        } else {
+            status = colibri_decode(req);
+        }
+        len = read_request_line(line, capacity);
+    }
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    static int32_t prompt[COLIBRI_N_CTX];
+    static char line[REQUEST_LINE_BYTES + 2];
+    colibri_hello();
+    Options opt;
+    const int bad_options = parse_options(argc, argv, &opt);
+    if (bad_options != 0) {
+        return bad_options;
+    }
+    const int len = read_request_line(line, (int)sizeof line);
+    if (len < 0) {
+        return fail(COLIBRI_ERR_REQUEST, "no request frame on stdin (or a line longer than any request)");
+    }
+    ColibriRequest req;
+    const char *problem = colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX);
+    if (problem != NULL) {
+        return fail(COLIBRI_ERR_REQUEST, problem);
+    }
+    HeldWeights w = {0};
+    if (plan_budget(&opt, &w.slots) != 0 || run_probes(&opt, &req) != 0) {
         return 1;
     }
-    if (logits_path != NULL) {
-        logits_file = fopen(logits_path, "wb");
+    parallel_start(req.threads);
+    if (open_image(&opt, &w) != 0) {
+        return 1;
+    }
+    if (opt.logits_path != NULL) {
+        logits_file = fopen(opt.logits_path, "wb");
         if (logits_file == NULL) {
             return fail(COLIBRI_ERR_REQUEST, "cannot open the --logits-out file");
         }
     }
-    uint8_t *pool = NULL;
-    info->mapped = !copy_weights;
-    info->budget = budget;
-    if (budget > 0) {
-        /* Before the checks below read the resident tensors through the mapping: read ahead there
-         * must not bring in the experts next to them. */
-        info->locked_bytes = hold_resident(image, image_len, &info->lock_refused);
-    }
-    /* Mapped: the header, the directory and the resident tensors are checked now, each expert when
-     * it is first brought in, so start-up does not grow with the experts. */
-    int status = colibri_load_checking(image, image_len, copy_weights ? COLIBRI_CHECK_ALL : COLIBRI_CHECK_RESIDENT);
-    if (status == 0 && budget == 0) {
-        colibri_experts_in_place(image, !copy_weights);
-    } else if (status == 0) {
-        if (slots == 0) {
-            colibri_experts_in_place(image, 1); /* no routed experts: everything is resident */
-        } else {
-            /* Measured (docs/performance.md): with top-k slots per MoE layer or more, LRU keeps the
-             * experts consecutive tokens share; below that, LRU evicts every expert before its layer
-             * comes round again, so the pool keeps the most used (LFU). Guessing the next layer's
-             * experts (--prefetch 1) did not pay at any budget once a token's misses were read side
-             * by side, nor with all of them in flight at once: wrong guesses read bytes nobody uses
-             * and evict experts that would have hit. */
-            const int roomy = slots >= (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_N_MOE_LAYERS;
-            if (eviction < 0) {
-                eviction = roomy ? COLIBRI_EVICT_LRU : COLIBRI_EVICT_LFU;
-            }
-            if (prefetch < 0) {
-                prefetch = 0;
-            }
-            const uint64_t pool_bytes = (uint64_t)slots * COLIBRI_EXPERT_SLOT_BYTES;
-            pool = aligned_alloc(COLIBRI_STORAGE_ALIGN, (size_t)pool_bytes);
-            /* One I/O thread per expert of a token: a layer's misses are all read at once. */
-            if (pool == NULL || storage_open(&storage, weights_path, (int)slots, COLIBRI_EXPERTS_PER_TOKEN) != 0) {
-                colibri_report_error(COLIBRI_ERR_BUDGET, "cannot allocate the expert slots or open the image file for reading");
-                return 1;
-            }
-            memset(pool, 0, (size_t)pool_bytes); /* committed now, never per token */
-            if (mlock(pool, (size_t)pool_bytes) == 0) {
-                info->locked_bytes += pool_bytes;
-            } else {
-                info->lock_refused = 1;
-            }
-            info->slots = (int32_t)slots;
-            info->direct_io = storage.direct;
-            info->prefetch = prefetch && storage.iface.submit != NULL;
-            info->eviction_lru = eviction == COLIBRI_EVICT_LRU;
-            colibri_experts_use_slots(image, pool, (int)slots, &storage.iface, prefetch, (colibri_eviction)eviction);
-        }
-        if (info->lock_refused) {
-            struct rlimit limit;
-            unsigned long long soft = getrlimit(RLIMIT_MEMLOCK, &limit) == 0 ? (unsigned long long)limit.rlim_cur : 0;
-            fprintf(stderr, "colibri: note: the resident weights and expert slots are NOT locked in RAM: mlock was "
-                            "refused (RLIMIT_MEMLOCK %llu B; raise it with ulimit -l); under memory pressure they "
-                            "may be paged out and read again\n", soft);
-        }
+    int status = bind_weights(&opt, &w);
+    if (status < 0) {
+        return 1;
     }
     if (status != 0) {
         colibri_report_error(status, colibri_status_message(status));
     } else {
-        /* The first request, then every further line until stdin ends; the exit status is the
-         * last request's. */
-        for (int served = 0;; served++) {
-            if (served > 0) {
-                problem = colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX);
-                if (problem == NULL && req.probe_mib >= 0) {
-                    problem = "the bandwidth probe runs only before the first request";
-                }
-                if (problem == NULL && req.threads != threads) {
-                    problem = "threads must stay what the first request set";
-                }
-            }
-            if (problem != NULL) {
-                colibri_report_error(COLIBRI_ERR_REQUEST, problem);
-                status = COLIBRI_ERR_REQUEST;
-            } else {
-                status = colibri_decode(&req);
-            }
-            len = read_request_line(line, (int)sizeof line);
-            if (len < 0) {
-                break;
-            }
-        }
+        status = serve_requests(line, (int)sizeof line, len, &req, prompt);
     }
     if (logits_file != NULL) {
         fclose(logits_file);
     }
-    if (pool != NULL) {
-        storage_close(&storage);
-        free(pool);
-    }
-    if (copy_weights) {
-        free(image);
-    } else {
-        munmap(image, (size_t)image_len);
-    }
+    release_weights(&opt, &w);
     return status == 0 ? 0 : 1;
 }

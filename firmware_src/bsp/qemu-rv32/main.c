@@ -1,7 +1,7 @@
 /* qemu-rv32 BSP: the same runtime as the ESP32-P4 on an emulated rv32imafc MCU.
- * Output and input through the virt machine's NS16550 UART, time from the CLINT, exact
- * instruction counts from rdinstret (qemu -icount shift=0), exit through the SiFive test device,
- * weights read in place from emulated flash.
+ * Output and input through the virt machine's NS16550 UART, time from the CLINT, exit through the
+ * SiFive test device, weights read in place from emulated flash; the start-up, the exact instruction
+ * counts (minstret, qemu -icount shift=0) and the rest the esp32p4 BSP shares are in ../rv32-common.
  *
  * Input behaves like the ESP32-P4's UART: received bytes land in a receive FIFO of the P4's 128
  * bytes (filled by the UART interrupt whatever the program is doing), and what arrives while it is
@@ -11,7 +11,6 @@
 #include <stdint.h>
 
 #include "../../app/bsp.h"
-#include "../../app/build_id.h"
 #include "../../app/decode.h"
 #include "../../app/mcu.h"
 #include "../../runtime/image_loader.h"
@@ -67,8 +66,6 @@ static void uart_receive(void)
         }
     }
 }
-
-void bsp_trap(uint32_t cause, uint32_t pc, uint32_t value);
 
 /* Every trap: the UART's interrupt fills the FIFO; anything else is a fault, reported. (mtvec needs
  * a 4-byte aligned address: its low two bits are the mode.) */
@@ -141,42 +138,6 @@ uint64_t bsp_time_us(void)
     return (((uint64_t)hi << 32) | lo) / MTIME_TICKS_PER_US;
 }
 
-int bsp_instructions(uint64_t *count)
-{
-    uint32_t hi, lo, hi2;
-    do {
-        __asm__ volatile("rdinstreth %0" : "=r"(hi));
-        __asm__ volatile("rdinstret %0" : "=r"(lo));
-        __asm__ volatile("rdinstreth %0" : "=r"(hi2));
-    } while (hi != hi2);
-    *count = ((uint64_t)hi << 32) | lo;
-    return 1;
-}
-
-extern const uint8_t __colibri_build_id_note[]; /* link.ld: the .note.gnu.build-id section */
-
-size_t bsp_build_id(const uint8_t **id)
-{
-    return colibri_build_id_from_note(__colibri_build_id_note, 16 + 64, id);
-}
-
-const char *bsp_machine(void)
-{
-    return NULL; /* no operating system to ask: the board file says what this is */
-}
-
-uint64_t bsp_peak_memory(void)
-{
-    return 0; /* static arenas: `./colibri report` gives every byte */
-}
-
-void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
-{
-    (void)step;
-    (void)logits;
-    (void)n;
-}
-
 /* Read and drop input for up to `us` microseconds or until a newline: a host that sent its request
  * before it saw our error frame must have it consumed, or closing the socket would reset the
  * connection and lose the frames still on their way to it. */
@@ -199,12 +160,6 @@ void bsp_exit(int code)
     *finisher = code == 0 ? 0x5555u : (((uint32_t)code & 0xFFFFu) << 16) | 0x3333u;
     for (;;) {
     }
-}
-
-void bsp_trap(uint32_t cause, uint32_t pc, uint32_t value)
-{
-    colibri_report_trap(cause, pc, value);
-    bsp_exit(3);
 }
 
 int main(void)

@@ -1,34 +1,4 @@
-/* Startup for qemu-system-riscv32 -M virt (rv32imafc, machine mode, no firmware underneath):
- * set up gp/sp/tp, turn the FPU on, install the trap handler, clear .bss, run main, exit. */
-    .section .text.start, "ax"
-    .global _start
-_start:
-    .option push
-    .option norelax
-    la gp, __global_pointer$
-    .option pop
-    la sp, __stack_top
-    la tp, __tls_base
-    li t0, 0x6000           /* mstatus.FS = dirty: enable the F extension */
-    csrs mstatus, t0
-    csrwi fcsr, 0
-    la t0, trap_entry
-    csrw mtvec, t0
-    la t0, __bss_start
-    la t1, __bss_end
-1:  bgeu t0, t1, 2f
-    sw zero, 0(t0)
-    addi t0, t0, 4
-    j 1b
-2:  call main
-    call bsp_exit           /* main's return value is the exit code */
-3:  j 3b
-
-    .balign 4
-trap_entry:
-    la sp, __stack_top
-    csrr a0, mcause
-    csrr a1, mepc
-    csrr a2, mtval
-    call bsp_trap
-4:  j 4b
+/* Startup for qemu-system-riscv32 -M virt (rv32imafc, machine mode, no firmware underneath): the
+ * shared bare-metal start-up; bsp_exit ends the emulator with main's return value. */
+#define TRAP_ALIGN 4 /* mtvec in direct mode: its low two bits are the mode */
+#include "../rv32-common/start.S"

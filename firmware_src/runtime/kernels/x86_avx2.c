@@ -24,8 +24,8 @@
 #define KERNEL_HAS_ATTENTION_SCORES
 #include "fallback.h"
 
-/* AVX2 and F16C, both or neither: every function below is compiled for the two. Every CPU with
- * AVX2 has F16C, but a hypervisor may hide either; then the scalar kernels run. */
+/* AVX2 and F16C, both or neither: every kernel of the AVX2 region below is compiled for the two.
+ * Every CPU with AVX2 has F16C, but a hypervisor may hide either; then the scalar kernels run. */
 static int have_avx2_f16c(void)
 {
     static int known = -1;
@@ -66,10 +66,21 @@ static int have_vnni(void)
 #endif
 }
 
+/* The AVX2 region: from here to the pop below, every function is compiled for AVX2 and F16C
+ * (not FMA: the f32 and float terms must stay separate multiplies and adds). Nothing here may be
+ * reached before the CPU was checked: only the dispatchers after the region call into it, and they
+ * are compiled for baseline x86-64, like the scalar kernels of fallback.h above. */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c")
+#endif
+
 /* acc + the four adjacent u8 x s8 products of a and b per int32 lane (AVX-VNNI vpdpbusd, VEX
  * encoded). Written as one instruction of inline assembly so that every function here is compiled
  * for AVX2 and F16C alone: the compiler cannot then use VNNI anywhere the CPU was not checked for it. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i vpdpbusd(__m256i acc, __m256i a, __m256i b)
+__attribute__((always_inline)) static inline __m256i vpdpbusd(__m256i acc, __m256i a, __m256i b)
 {
     __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
     return acc;
@@ -78,7 +89,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256i vpdpbu
 /* Unsigned a times signed b, four adjacent products per int32 lane: vpdpbusd, or maddubs + madd
  * (whose int16 pair sums cannot saturate here: |a| <= 127 with q8_0 quants, a <= 15 with nibbles,
  * |b| <= 127). `vnni` is a constant in every caller, so each path compiles to straight code. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i dot_u8s8(__m256i a, __m256i b, int vnni)
+__attribute__((always_inline)) static inline __m256i dot_u8s8(__m256i a, __m256i b, int vnni)
 {
     if (vnni) {
         return vpdpbusd(_mm256_setzero_si256(), a, b);
@@ -87,8 +98,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256i dot_u8
 }
 
 /* The same for two pairs (a0, b0) and (a1, b1) summed: the q4_0 kernel's two halves of a block. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i dot2_u8s8(__m256i a0, __m256i b0,
-                                                                                    __m256i a1, __m256i b1, int vnni)
+__attribute__((always_inline)) static inline __m256i dot2_u8s8(__m256i a0, __m256i b0, __m256i a1, __m256i b1, int vnni)
 {
     if (vnni) {
         return vpdpbusd(vpdpbusd(_mm256_setzero_si256(), a0, b0), a1, b1);
@@ -100,8 +110,8 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256i dot2_u
 
 /* The 8 int32 lanes of each of v0..v7 summed: lane i of the result is the total of v_i (integer
  * adds: exact in any order). */
-__attribute__((target("avx2,f16c"))) static inline __m256i block_sums8(__m256i v0, __m256i v1, __m256i v2, __m256i v3,
-                                                                       __m256i v4, __m256i v5, __m256i v6, __m256i v7)
+static inline __m256i block_sums8(__m256i v0, __m256i v1, __m256i v2, __m256i v3,
+                                  __m256i v4, __m256i v5, __m256i v6, __m256i v7)
 {
     __m256i h01 = _mm256_hadd_epi32(v0, v1);
     __m256i h23 = _mm256_hadd_epi32(v2, v3);
@@ -116,15 +126,14 @@ __attribute__((target("avx2,f16c"))) static inline __m256i block_sums8(__m256i v
 
 /* Four vectors each holding two blocks (lanes 0-3: block 2i, lanes 4-7: block 2i + 1) -> the eight
  * block totals in block order. The hadds give blocks 0 2 4 6 | 1 3 5 7; one permute orders them. */
-__attribute__((target("avx2,f16c"))) static inline __m256i pair_sums8(__m256i v01, __m256i v23, __m256i v45,
-                                                                       __m256i v67)
+static inline __m256i pair_sums8(__m256i v01, __m256i v23, __m256i v45, __m256i v67)
 {
     const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v01, v23), _mm256_hadd_epi32(v45, v67));
     return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 /* An 8x8 transpose: afterwards r[k] lane i is what r[i] lane k was. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline void transpose8(__m256 r[8])
+__attribute__((always_inline)) static inline void transpose8(__m256 r[8])
 {
     const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
     const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
@@ -153,7 +162,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline void transpose
  * partials; the result's lane i is ((p0 + p1) + p2) + ... + p7 of row i. The 8x8 transpose puts
  * partial k of every row in col[k]; then seven vertical adds in order. (The q4_1 and any later
  * block type reuse this.) */
-__attribute__((target("avx2,f16c"))) static inline __m256 sum_partials8(const __m256 acc[8])
+static inline __m256 sum_partials8(const __m256 acc[8])
 {
     __m256 col[8];
     for (int k = 0; k < 8; k++) {
@@ -170,7 +179,7 @@ __attribute__((target("avx2,f16c"))) static inline __m256 sum_partials8(const __
 /* Eight consecutive binary16 scales (16 bytes) widened to float32, exactly: one vcvtph2ps, which
  * takes its operand from memory, so a row's eight scales cost as many instructions as the float32
  * load they replace. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 load_halves8(const KernelHalf *h)
+__attribute__((always_inline)) static inline __m256 load_halves8(const KernelHalf *h)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
@@ -179,7 +188,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 load_ha
  * run past the end of the scales (and of the mapped image). Pairs of halves come in as the int32
  * lanes of a masked load, an odd last one broadcast and blended into its lane; no copy, so no call
  * to memcpy in the row loop of a matrix whose rows end in a short group (576 columns: 18 blocks). */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 load_halves(const KernelHalf *h, int n)
+__attribute__((always_inline)) static inline __m256 load_halves(const KernelHalf *h, int n)
 {
     __m128i v = _mm_maskload_epi32((const int *)h, _mm_cmpgt_epi32(_mm_set1_epi32(n / 2), _mm_setr_epi32(0, 1, 2, 3)));
     if (n & 1) {
@@ -191,7 +200,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 load_ha
 
 /* dst[i] = src[i] widened, i < n: for the batched kernels, which broadcast one block's scale to
  * every token lane and so want float32s in memory. */
-__attribute__((target("avx2,f16c"))) static void widen_halves(float *dst, const KernelHalf *src, int n)
+static void widen_halves(float *dst, const KernelHalf *src, int n)
 {
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -206,9 +215,8 @@ __attribute__((target("avx2,f16c"))) static void widen_halves(float *dst, const 
 /* Adds the terms of blocks b .. b + n - 1 (n <= 8, lane k = block b + k) to the row's partials:
  * partial k of the row gets block b + k, b being a multiple of 8. Lanes past n get -0.0f, which
  * leaves a partial exactly as it was. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 add_terms(__m256 acc, __m256i isums,
-                                                                                   const KernelHalf *wd,
-                                                                                   const float *xd, int n)
+__attribute__((always_inline)) static inline __m256 add_terms(__m256 acc, __m256i isums, const KernelHalf *wd,
+                                                              const float *xd, int n)
 {
     if (n == 8) {
         const __m256 scales = _mm256_mul_ps(load_halves8(wd), _mm256_loadu_ps(xd));
@@ -242,8 +250,7 @@ __attribute__((always_inline)) static inline void prefetch_ahead(const void *p, 
 
 /* q8_0: the 32 products of weight block w and activation block x, as 8 int32 lane sums. |w| is
  * the unsigned operand and x takes w's sign. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i q8_block(const int8_t *w, const int8_t *x,
-                                                                                   int vnni)
+__attribute__((always_inline)) static inline __m256i q8_block(const int8_t *w, const int8_t *x, int vnni)
 {
     const __m256i wv = _mm256_loadu_si256((const __m256i *)w);
     const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
@@ -251,7 +258,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256i q8_blo
 }
 
 /* One q8_0 row's eight partials (reduction tree, kernels.h). */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256
+__attribute__((always_inline)) static inline __m256
 q8_row(const int8_t *wq, const KernelHalf *wd, const int8_t *x_qs, const float *x_d, int nb, int vnni)
 {
     __m256 acc = _mm256_set1_ps(-0.0f);
@@ -286,7 +293,7 @@ static inline void group_rows8(int *row, int r, int n)
     }
 }
 
-__attribute__((target("avx2,f16c"))) static inline void store_rows(float *out, __m256 v, int n)
+static inline void store_rows(float *out, __m256 v, int n)
 {
     if (n == 8) {
         _mm256_storeu_ps(out, v);
@@ -301,7 +308,7 @@ __attribute__((target("avx2,f16c"))) static inline void store_rows(float *out, _
 
 /* Eight rows at a time, each row's blocks streamed in order (one stream per row for the hardware
  * prefetcher, plus the software prefetch); their partials combined together. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline void
+__attribute__((always_inline)) static inline void
 matvec_q8_0_rows(float *out, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs, const float *x_d,
                  int rows, int cols, int vnni)
 {
@@ -318,16 +325,14 @@ matvec_q8_0_rows(float *out, const int8_t *w_qs, const KernelHalf *w_d, const in
     }
 }
 
-__attribute__((target("avx2,f16c"))) static void matvec_q8_0_vnni(float *out, const int8_t *w_qs,
-                                                                  const KernelHalf *w_d, const int8_t *x_qs,
-                                                                  const float *x_d, int rows, int cols)
+static void matvec_q8_0_vnni(float *out, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs,
+                             const float *x_d, int rows, int cols)
 {
     matvec_q8_0_rows(out, w_qs, w_d, x_qs, x_d, rows, cols, 1);
 }
 
-__attribute__((target("avx2,f16c"))) static void matvec_q8_0_avx2(float *out, const int8_t *w_qs,
-                                                                  const KernelHalf *w_d, const int8_t *x_qs,
-                                                                  const float *x_d, int rows, int cols)
+static void matvec_q8_0_avx2(float *out, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs,
+                             const float *x_d, int rows, int cols)
 {
     matvec_q8_0_rows(out, w_qs, w_d, x_qs, x_d, rows, cols, 0);
 }
@@ -345,7 +350,7 @@ struct q4_input {
     int32_t sum8[MAX_BLOCKS];
 };
 
-__attribute__((target("avx2,f16c"))) static void q4_prepare(struct q4_input *in, const int8_t *x_qs, int nb)
+static void q4_prepare(struct q4_input *in, const int8_t *x_qs, int nb)
 {
     for (int b = 0; b < nb; b++) {
         const int8_t *x = x_qs + b * KERNEL_QK;
@@ -365,8 +370,7 @@ __attribute__((target("avx2,f16c"))) static void q4_prepare(struct q4_input *in,
 }
 
 /* Blocks b and b + 1 (lanes 0-3 and 4-7), from their 32 packed bytes and the pair-laid-out x. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i q4_pair(__m256i packed, const int8_t *xp,
-                                                                                  int vnni)
+__attribute__((always_inline)) static inline __m256i q4_pair(__m256i packed, const int8_t *xp, int vnni)
 {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m256i lo = _mm256_and_si256(packed, low4);
@@ -377,7 +381,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256i q4_pai
 
 /* Blocks b .. b + 7 of a row: the sums of their unsigned nibbles times the activations, in block
  * order (four 32-byte loads, two blocks each), the weights 8 KiB ahead prefetched. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i
+__attribute__((always_inline)) static inline __m256i
 q4_nibble_sums8(const uint8_t *wq, const struct q4_input *in, int b, int vnni)
 {
     const uint8_t *w = wq + b * (KERNEL_QK / 2);
@@ -391,7 +395,7 @@ q4_nibble_sums8(const uint8_t *wq, const struct q4_input *in, int b, int vnni)
 
 /* The unsigned nibble products of a row's last 1-7 blocks from block b on, as q4_pair gives them
  * for whole pairs: whole pairs, then an odd block read alone (no load past the row), zeros after. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline void
+__attribute__((always_inline)) static inline void
 q4_tail_pairs(__m256i v[4], const uint8_t *wq, const struct q4_input *in, int b, int nb, int vnni)
 {
     for (int k = 0; k < 4; k++) {
@@ -407,7 +411,7 @@ q4_tail_pairs(__m256i v[4], const uint8_t *wq, const struct q4_input *in, int b,
 }
 
 /* One q4_0 row's eight partials. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256
+__attribute__((always_inline)) static inline __m256
 q4_row(const uint8_t *wq, const KernelHalf *wd, const struct q4_input *in, const float *x_d, int nb, int vnni)
 {
     __m256 acc = _mm256_set1_ps(-0.0f);
@@ -428,10 +432,8 @@ q4_row(const uint8_t *wq, const KernelHalf *wd, const struct q4_input *in, const
     return acc;
 }
 
-
 /* Eight blocks' terms: (float)isum * (w_d * x_d) + (float)xsum * (w_m * x_d), lane by lane. */
-__attribute__((target("avx2,f16c"))) static inline __m256 q4_1_terms(__m256i isum, __m256i xsum, __m256 w_d, __m256 w_m,
-                                                                     __m256 x_d)
+static inline __m256 q4_1_terms(__m256i isum, __m256i xsum, __m256 w_d, __m256 w_m, __m256 x_d)
 {
     return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w_d, x_d)),
                          _mm256_mul_ps(_mm256_cvtepi32_ps(xsum), _mm256_mul_ps(w_m, x_d)));
@@ -439,11 +441,9 @@ __attribute__((target("avx2,f16c"))) static inline __m256 q4_1_terms(__m256i isu
 
 /* Adds blocks b .. b + n - 1's q4_1 terms (n <= 8, lane k = block b + k) to a row's partials, as
  * add_terms does for q8_0: partial k gets block b + k, and lanes past n get -0.0f. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 add_q4_1_terms(__m256 acc, __m256i isums,
-                                                                                        __m256i xsums,
-                                                                                        const KernelHalf *wd,
-                                                                                        const KernelHalf *wm,
-                                                                                        const float *xd, int n)
+__attribute__((always_inline)) static inline __m256 add_q4_1_terms(__m256 acc, __m256i isums, __m256i xsums,
+                                                                   const KernelHalf *wd, const KernelHalf *wm,
+                                                                   const float *xd, int n)
 {
     if (n == 8) {
         return _mm256_add_ps(acc, q4_1_terms(isums, xsums, load_halves8(wd), load_halves8(wm), _mm256_loadu_ps(xd)));
@@ -456,7 +456,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 add_q4_
 /* One q4_1 row's eight partials, read as q4_row reads q4_0: two blocks' nibbles per 32-byte load
  * against the pair-laid-out activations, the unsigned nibble products being isum itself; xsum is
  * q4_prepare's 8 * sum(x) shifted back (an exact multiple of 8). */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256
+__attribute__((always_inline)) static inline __m256
 q4_1_row(const uint8_t *wq, const KernelHalf *wd, const KernelHalf *wm, const struct q4_input *in, const float *x_d,
          int nb, int vnni)
 {
@@ -481,7 +481,7 @@ q4_1_row(const uint8_t *wq, const KernelHalf *wd, const KernelHalf *wm, const st
 /* q4_0 and q4_1 decoding, eight rows at a time: each row's partials in the lanes of one vector,
  * eight rows combined by sum_partials8. w_m is NULL for q4_0 (a constant in every caller, so each
  * compiles to its own straight loop). */
-__attribute__((target("avx2,f16c"), always_inline)) static inline void
+__attribute__((always_inline)) static inline void
 matvec_q4_rows(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m, const int8_t *x_qs,
                const float *x_d, int rows, int cols, int vnni)
 {
@@ -503,16 +503,14 @@ matvec_q4_rows(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const Ker
     }
 }
 
-__attribute__((target("avx2,f16c"))) static void matvec_q4_0_vnni(float *out, const uint8_t *w_q4,
-                                                                  const KernelHalf *w_d, const int8_t *x_qs,
-                                                                  const float *x_d, int rows, int cols)
+static void matvec_q4_0_vnni(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
+                             const float *x_d, int rows, int cols)
 {
     matvec_q4_rows(out, w_q4, w_d, NULL, x_qs, x_d, rows, cols, 1);
 }
 
-__attribute__((target("avx2,f16c"))) static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4,
-                                                                  const KernelHalf *w_d, const int8_t *x_qs,
-                                                                  const float *x_d, int rows, int cols)
+static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
+                             const float *x_d, int rows, int cols)
 {
     matvec_q4_rows(out, w_q4, w_d, NULL, x_qs, x_d, rows, cols, 0);
 }
@@ -524,7 +522,7 @@ __attribute__((target("avx2,f16c"))) static void matvec_q4_0_avx2(float *out, co
 
 /* The 32 int8 values of weight block b of a row: q8_0 quants as they are, or q4_0 nibbles as the
  * values quant - 8 (low nibbles are values 0..15, high nibbles 16..31). */
-__attribute__((target("avx2,f16c"))) static inline __m256i weight_block(const uint8_t *row, int b, int q4)
+static inline __m256i weight_block(const uint8_t *row, int b, int q4)
 {
     if (!q4) {
         return _mm256_loadu_si256((const __m256i *)(row + b * KERNEL_QK));
@@ -537,9 +535,7 @@ __attribute__((target("avx2,f16c"))) static inline __m256i weight_block(const ui
 
 /* The eight tokens' sums of one weight block, as one vector (lane i = token i). |w| is computed
  * once for all eight. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i token_block_sums(__m256i wv,
-                                                                                           const int8_t *const x[8],
-                                                                                           int o)
+__attribute__((always_inline)) static inline __m256i token_block_sums(__m256i wv, const int8_t *const x[8], int o)
 {
     const __m256i wabs = _mm256_sign_epi8(wv, wv);
     __m256i p[8];
@@ -553,7 +549,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256i token_
 
 /* The batched kernel without AVX-VNNI (the one with it is matmul_vnni below): q8_0 or q4_0
  * weights, the flag being a constant in each caller. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline void
+__attribute__((always_inline)) static inline void
 matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const KernelHalf *w_d, const int8_t *x_qs,
             const float *x_d, int n_tok, int rows, int cols)
 {
@@ -605,16 +601,14 @@ matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const KernelHa
     }
 }
 
-__attribute__((target("avx2,f16c"))) static void matmul_q8_0_avx2(float *out, int out_stride, const int8_t *w_qs,
-                                                                  const KernelHalf *w_d, const int8_t *x_qs,
-                                                                  const float *x_d, int n_tok, int rows, int cols)
+static void matmul_q8_0_avx2(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs,
+                             const float *x_d, int n_tok, int rows, int cols)
 {
     matmul_rows(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
 }
 
-__attribute__((target("avx2,f16c"))) static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4,
-                                                                  const KernelHalf *w_d, const int8_t *x_qs,
-                                                                  const float *x_d, int n_tok, int rows, int cols)
+static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
+                             const float *x_d, int n_tok, int rows, int cols)
 {
     matmul_rows(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
 }
@@ -671,8 +665,7 @@ static void vnni_prepare_tokens(struct vnni_batch *bt, const int8_t *x_qs, const
 }
 
 /* Rows r .. r + n - 1 as unsigned bytes in value order: q8_0 w + 128, q4_0 the nibbles. */
-__attribute__((target("avx2,f16c"))) static void vnni_prepare_rows(uint8_t *restrict u, const uint8_t *restrict w,
-                                                                   int q4, int r, int n, int cols)
+static void vnni_prepare_rows(uint8_t *restrict u, const uint8_t *restrict w, int q4, int r, int n, int cols)
 {
     const int64_t blocks = (int64_t)n * cols / KERNEL_QK;
     if (!q4) {
@@ -692,7 +685,7 @@ __attribute__((target("avx2,f16c"))) static void vnni_prepare_rows(uint8_t *rest
     }
 }
 
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i bcast4(const uint8_t *p)
+__attribute__((always_inline)) static inline __m256i bcast4(const uint8_t *p)
 {
     int32_t v;
     memcpy(&v, p, 4);
@@ -700,7 +693,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256i bcast4
 }
 
 /* R (1 or 4) rows of the tile against one group of eight tokens. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline void
+__attribute__((always_inline)) static inline void
 vnni_rows(float *out, int out_stride, int n_valid, const uint8_t *u, int cols, const float *wd, int nb,
           const int8_t *xt, const float *scales, const int32_t *bias_sums, int R)
 {
@@ -751,9 +744,8 @@ vnni_rows(float *out, int out_stride, int n_valid, const uint8_t *u, int cols, c
     }
 }
 
-__attribute__((target("avx2,f16c"))) static void matmul_vnni(float *out, int out_stride, const uint8_t *w, int q4,
-                                                             const KernelHalf *w_d, const int8_t *x_qs,
-                                                             const float *x_d, int n_tok, int rows, int cols)
+static void matmul_vnni(float *out, int out_stride, const uint8_t *w, int q4, const KernelHalf *w_d, const int8_t *x_qs,
+                        const float *x_d, int n_tok, int rows, int cols)
 {
     struct vnni_batch *bt = &vnni_batch;
     const int nb = cols / KERNEL_QK;
@@ -794,58 +786,6 @@ __attribute__((target("avx2,f16c"))) static void matmul_vnni(float *out, int out
     }
 }
 
-void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const KernelHalf *w_d,
-                        const int8_t *x_qs, const float *x_d, int rows, int cols)
-{
-    if (have_avx2_f16c() && have_vnni()) {
-        matvec_q8_0_vnni(out, w_qs, w_d, x_qs, x_d, rows, cols);
-    } else if (have_avx2_f16c()) {
-        matvec_q8_0_avx2(out, w_qs, w_d, x_qs, x_d, rows, cols);
-    } else {
-        kernel_scalar_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
-    }
-}
-
-void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const KernelHalf *w_d,
-                        const int8_t *x_qs, const float *x_d, int rows, int cols)
-{
-    if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matvec_q4_0_vnni(out, w_q4, w_d, x_qs, x_d, rows, cols);
-    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
-        matvec_q4_0_avx2(out, w_q4, w_d, x_qs, x_d, rows, cols);
-    } else {
-        kernel_scalar_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
-    }
-}
-
-void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d,
-                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
-{
-    if (n_tok == 1) {
-        kernel_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
-    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matmul_vnni(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
-    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
-        matmul_q8_0_avx2(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
-    } else {
-        kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
-    }
-}
-
-void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
-                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
-{
-    if (n_tok == 1) {
-        kernel_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
-    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matmul_vnni(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
-    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
-        matmul_q4_0_avx2(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
-    } else {
-        kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
-    }
-}
-
 /* q4_1 products. The quants are unsigned (0..15), which is what maddubs (and vpdpbusd) take as
  * their first operand: each pair of quant * int8 activation products sums to at most 2 * 15 * 127
  * in magnitude, well inside int16, and madd widens them to int32, so isum is exact without the
@@ -862,7 +802,7 @@ void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const K
 
 /* The 32 quants of q4_1 block b of a row as unsigned bytes: low nibbles are values 0..15, high
  * nibbles 16..31. */
-__attribute__((target("avx2,f16c"))) static inline __m256i q4_1_block(const uint8_t *row, int b)
+static inline __m256i q4_1_block(const uint8_t *row, int b)
 {
     const __m128i packed = _mm_loadu_si128((const __m128i *)(row + b * (KERNEL_QK / 2)));
     const __m128i low4 = _mm_set1_epi8(0x0F);
@@ -870,14 +810,14 @@ __attribute__((target("avx2,f16c"))) static inline __m256i q4_1_block(const uint
 }
 
 /* The 32 products of unsigned quants wv with the activations at x, as 8 int32 partial sums. */
-__attribute__((target("avx2,f16c"))) static inline __m256i q4_1_products(__m256i wv, const int8_t *x)
+static inline __m256i q4_1_products(__m256i wv, const int8_t *x)
 {
     const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
     return _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), _mm256_set1_epi16(1));
 }
 
 /* xs[b] = the sum of activation block b's 32 quants (exact int32), for nb blocks. */
-__attribute__((target("avx2,f16c"))) static void q4_1_x_sums(int32_t *xs, const int8_t *x_qs, int nb)
+static void q4_1_x_sums(int32_t *xs, const int8_t *x_qs, int nb)
 {
     const __m256i ones = _mm256_set1_epi8(1);
     for (int b = 0; b < nb; b++) {
@@ -889,18 +829,14 @@ __attribute__((target("avx2,f16c"))) static void q4_1_x_sums(int32_t *xs, const 
     }
 }
 
-__attribute__((target("avx2,f16c"))) static void matvec_q4_1_vnni(float *out, const uint8_t *w_q4,
-                                                                  const KernelHalf *w_d, const KernelHalf *w_m,
-                                                                  const int8_t *x_qs, const float *x_d, int rows,
-                                                                  int cols)
+static void matvec_q4_1_vnni(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
+                             const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     matvec_q4_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, 1);
 }
 
-__attribute__((target("avx2,f16c"))) static void matvec_q4_1_avx2(float *out, const uint8_t *w_q4,
-                                                                  const KernelHalf *w_d, const KernelHalf *w_m,
-                                                                  const int8_t *x_qs, const float *x_d, int rows,
-                                                                  int cols)
+static void matvec_q4_1_avx2(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
+                             const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     matvec_q4_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, 0);
 }
@@ -909,13 +845,12 @@ __attribute__((target("avx2,f16c"))) static void matvec_q4_1_avx2(float *out, co
  * matmul_avx2 does for q8_0 and q4_0. Each lane is its (row, token) sum built with the matvec
  * kernel's terms; lane-wise, these are kernel_q4_1_sum_add and kernel_q4_1_sum_end (kernels.h):
  * eight partials per lane, block b's term into partial b % 8, then the partials added in order. */
-__attribute__((target("avx2,f16c"))) static inline void q4_1_lanes_add(__m256 partial[KERNEL_PARTIALS], int b,
-                                                                       __m256 terms)
+static inline void q4_1_lanes_add(__m256 partial[KERNEL_PARTIALS], int b, __m256 terms)
 {
     partial[b % KERNEL_PARTIALS] = _mm256_add_ps(partial[b % KERNEL_PARTIALS], terms);
 }
 
-__attribute__((target("avx2,f16c"))) static inline __m256 q4_1_lanes_end(const __m256 partial[KERNEL_PARTIALS])
+static inline __m256 q4_1_lanes_end(const __m256 partial[KERNEL_PARTIALS])
 {
     __m256 acc = partial[0];
     for (int k = 1; k < KERNEL_PARTIALS; k++) {
@@ -924,10 +859,8 @@ __attribute__((target("avx2,f16c"))) static inline __m256 q4_1_lanes_end(const _
     return acc;
 }
 
-__attribute__((target("avx2,f16c"))) static void matmul_q4_1_avx2(float *out, int out_stride, const uint8_t *w_q4,
-                                                                  const KernelHalf *w_d, const KernelHalf *w_m,
-                                                                  const int8_t *x_qs, const float *x_d, int n_tok,
-                                                                  int rows, int cols)
+static void matmul_q4_1_avx2(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
+                             const KernelHalf *w_m, const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
     float token_scales[MAX_BLOCKS * 8];
@@ -981,30 +914,6 @@ __attribute__((target("avx2,f16c"))) static void matmul_q4_1_avx2(float *out, in
     }
 }
 
-void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
-                        const int8_t *x_qs, const float *x_d, int rows, int cols)
-{
-    if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matvec_q4_1_vnni(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
-    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
-        matvec_q4_1_avx2(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
-    } else {
-        kernel_scalar_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
-    }
-}
-
-void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
-                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
-{
-    if (n_tok == 1) {
-        kernel_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
-    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
-        matmul_q4_1_avx2(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
-    } else {
-        kernel_tiled_matmul_q4_1(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
-    }
-}
-
 /* f32 products. A row's sum is one chain of dependent float32 additions in column order
  * (docs/numerics.md), which no vector can shorten; so the vectors run across rows instead: lane i
  * holds row i's running sum, and step j adds w[i][j] * x[j] in all eight lanes at once. Each lane
@@ -1025,8 +934,7 @@ static inline void group_rows(const float **p, int lanes, const float *w, int r,
 /* The tile of rows p[0..7] at columns c .. c + 7, transposed: col[j] lane i = p[i][c + j]. Rows i
  * and i + 4 are loaded into the two 128-bit halves of one register, so that the rest of the
  * transpose (unpack, shuffle) stays within the halves, where shuffles are cheap. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline void transpose_tile(__m256 col[8],
-                                                                                      const float *const p[8], int c)
+__attribute__((always_inline)) static inline void transpose_tile(__m256 col[8], const float *const p[8], int c)
 {
 #pragma GCC unroll 2
     for (int h = 0; h < 8; h += 4) {
@@ -1049,8 +957,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline void transpose
 
 /* The last k < 8 columns of the rows p[0..7], from column c: copied into a zero-padded 8x8 tile so
  * that the same transpose applies. Only col[0 .. k-1] are used; the padding is never added. */
-__attribute__((target("avx2,f16c"))) static void transpose_partial_tile(__m256 col[8], const float *const p[8], int c,
-                                                                        int k)
+static void transpose_partial_tile(__m256 col[8], const float *const p[8], int c, int k)
 {
     float tile[8][8] = {{0.0f}};
     const float *q[8];
@@ -1066,8 +973,8 @@ __attribute__((target("avx2,f16c"))) static void transpose_partial_tile(__m256 c
 /* Lane i: acc = acc + col[j] * x[j] for j = 0 .. k-1 in order, the scalar kernel's chain for eight
  * rows at once. With `first` (column 0 is col[0]) the sum starts from the first product itself, as
  * the scalar kernel does: 0.0f + (-0.0f) would be +0.0f, so a row of -0.0 products would differ. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline __m256 add_products(__m256 acc, const __m256 col[8],
-                                                                                      const float *x, int k, int first)
+__attribute__((always_inline)) static inline __m256 add_products(__m256 acc, const __m256 col[8], const float *x, int k,
+                                                                 int first)
 {
     int j = 0;
     if (first) {
@@ -1090,8 +997,7 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline __m256 add_pro
  * faster than asking for each row's line 1-2 KiB ahead as the q8_0 kernel does, whose last
  * requests in a row fetch the next row, already being read (an Intel Xeon host, 538 MB of f32
  * weights per token). Past the last row it asks for whatever follows; a prefetch never faults. */
-__attribute__((target("avx2,f16c"))) static void matvec_f32_avx2(float *out, const float *w, const float *x, int rows,
-                                                                 int cols)
+static void matvec_f32_avx2(float *out, const float *w, const float *x, int rows, int cols)
 {
     for (int r = 0; r < rows; r += 16) {
         const int n = rows - r < 16 ? rows - r : 16;
@@ -1146,7 +1052,7 @@ __attribute__((target("avx2,f16c"))) static void matvec_f32_avx2(float *out, con
 #define F32_TOKENS 64
 
 /* sums[t] lanes: acc + col[j] * x_t[j] for j < k, x_t = x + t * cols, for the nt tokens. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline void
+__attribute__((always_inline)) static inline void
 add_products_tokens(__m256 *sums, const __m256 col[8], const float *x, int cols, int nt, int k, int first)
 {
     for (int t = 0; t < nt; t++) {
@@ -1159,8 +1065,7 @@ add_products_tokens(__m256 *sums, const __m256 col[8], const float *x, int cols,
  * read once per pass and a transpose costs 1/n_tok of what it does when decoding. Eight rows, not
  * sixteen: the tile, a token's sums and x[j] then fit the 16 registers. Each lane is the matvec
  * kernel's chain for its (row, token), so the bits are the same. */
-__attribute__((target("avx2,f16c"))) static void matmul_f32_avx2(float *out, int out_stride, const float *w,
-                                                                 const float *x, int n_tok, int rows, int cols)
+static void matmul_f32_avx2(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)
 {
     __m256 sums[F32_TOKENS];
     for (int t0 = 0; t0 < n_tok; t0 += F32_TOKENS) {
@@ -1198,30 +1103,10 @@ __attribute__((target("avx2,f16c"))) static void matmul_f32_avx2(float *out, int
     }
 }
 
-void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
-{
-    if (have_avx2_f16c()) {
-        matvec_f32_avx2(out, w, x, rows, cols);
-    } else {
-        kernel_scalar_matvec_f32(out, w, x, rows, cols);
-    }
-}
-
-void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)
-{
-    if (n_tok == 1) {
-        kernel_matvec_f32(out, w, x, rows, cols);
-    } else if (have_avx2_f16c()) {
-        matmul_f32_avx2(out, out_stride, w, x, n_tok, rows, cols);
-    } else {
-        kernel_tiled_matmul_f32(out, out_stride, w, x, n_tok, rows, cols);
-    }
-}
-
 /* The scalar quantizer's operations, eight values at a time: the block maximum (order does not
  * matter for a maximum), the same scale and reciprocal, the same rounding by adding and
  * subtracting 1.5 * 2^23, the same clamp. */
-__attribute__((target("avx2,f16c"))) static void quantize_q8_0_avx2(int8_t *qs, float *d, const float *x, int n)
+static void quantize_q8_0_avx2(int8_t *qs, float *d, const float *x, int n)
 {
     const __m256 sign_bit = _mm256_set1_ps(-0.0f);
     const __m256 magic = _mm256_set1_ps(12582912.0f);
@@ -1258,7 +1143,7 @@ __attribute__((target("avx2,f16c"))) static void quantize_q8_0_avx2(int8_t *qs, 
  * the degree-6 polynomial, 2^n from the exponent bits; below -87 e^x is 0 (NaN stays NaN), above
  * 88 x is clamped. Every step is one IEEE single-precision operation, so each lane is the scalar
  * result bit for bit. */
-__attribute__((target("avx2,f16c"))) static inline __m256 silu8(__m256 x)
+static inline __m256 silu8(__m256 x)
 {
     const __m256 neg = _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); /* e^-x */
     const __m256 below = _mm256_cmp_ps(neg, _mm256_set1_ps(-87.0f), _CMP_NGE_UQ);
@@ -1281,7 +1166,7 @@ __attribute__((target("avx2,f16c"))) static inline __m256 silu8(__m256 x)
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-__attribute__((target("avx2,f16c"))) static void swiglu_avx2(float *up, const float *gate, int n)
+static void swiglu_avx2(float *up, const float *gate, int n)
 {
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -1291,24 +1176,6 @@ __attribute__((target("avx2,f16c"))) static void swiglu_avx2(float *up, const fl
     kernel_scalar_swiglu(up + i, gate + i, n - i);
 }
 
-void kernel_swiglu(float *up, const float *gate, int n)
-{
-    if (have_avx2_f16c()) {
-        swiglu_avx2(up, gate, n);
-    } else {
-        kernel_scalar_swiglu(up, gate, n);
-    }
-}
-
-void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
-{
-    if (have_avx2_f16c()) {
-        quantize_q8_0_avx2(qs, d, x, n);
-    } else {
-        kernel_scalar_quantize_q8_0(qs, d, x, n);
-    }
-}
-
 /* Attention scores, eight positions per vector: lane p carries position i + p's sum over j in
  * order, from -0.0f, the scalar kernel's chain lane by lane. Eight keys' next eight values are
  * loaded and transposed (column t lane p = key p's value j + t), then each column is one multiply
@@ -1316,9 +1183,8 @@ void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
  * Positions past the last group of eight take the scalar loop. Measured against fallback.h's four
  * scalar chains: decode 1.03-1.05x at 240 positions of the SmolLM2-135M shape, level at 128; the
  * scores stay ~8 % of decoding there, bound by reading the keys (each read once per query head). */
-__attribute__((target("avx2,f16c"))) static void attention_scores_avx2(float *att, const float *q, const float *keys,
-                                                                       int first_slot, int slots, int n, int stride,
-                                                                       int head_dim, float scale)
+static void attention_scores_avx2(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
+                                  int stride, int head_dim, float scale)
 {
     int slot = first_slot % slots;
     int i = 0;
@@ -1354,6 +1220,128 @@ __attribute__((target("avx2,f16c"))) static void attention_scores_avx2(float *at
         }
         att[i] = s * scale;
         slot = slot + 1 == slots ? 0 : slot + 1;
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+/* The entry points: the CPU's features checked once (cpuid), then the AVX2 kernel, or the scalar
+ * one of fallback.h. */
+void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const KernelHalf *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_avx2_f16c() && have_vnni()) {
+        matvec_q8_0_vnni(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    } else if (have_avx2_f16c()) {
+        matvec_q8_0_avx2(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const KernelHalf *w_d,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+        matvec_q4_0_vnni(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matvec_q4_0_avx2(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+        matmul_vnni(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matmul_q8_0_avx2(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+        matmul_vnni(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matmul_q4_0_avx2(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
+                        const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+        matvec_q4_1_vnni(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matvec_q4_1_avx2(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
+                        const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matmul_q4_1_avx2(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_q4_1(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
+{
+    if (have_avx2_f16c()) {
+        matvec_f32_avx2(out, w, x, rows, cols);
+    } else {
+        kernel_scalar_matvec_f32(out, w, x, rows, cols);
+    }
+}
+
+void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *x, int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_f32(out, w, x, rows, cols);
+    } else if (have_avx2_f16c()) {
+        matmul_f32_avx2(out, out_stride, w, x, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_f32(out, out_stride, w, x, n_tok, rows, cols);
+    }
+}
+
+void kernel_swiglu(float *up, const float *gate, int n)
+{
+    if (have_avx2_f16c()) {
+        swiglu_avx2(up, gate, n);
+    } else {
+        kernel_scalar_swiglu(up, gate, n);
+    }
+}
+
+void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
+{
+    if (have_avx2_f16c()) {
+        quantize_q8_0_avx2(qs, d, x, n);
+    } else {
+        kernel_scalar_quantize_q8_0(qs, d, x, n);
     }
 }
 

@@ -4,6 +4,8 @@ on a ground floor every stage may use (errors, files, sizes, the boards)."""
 
 from __future__ import annotations
 
+import pytest
+
 from generator.compile.module_inputs import GENERATOR, graph, modules_run_by
 
 # Each stage, lowest first: a module may import its own stage and the ones below it.
@@ -77,3 +79,18 @@ def test_generation_runs_on_what_it_imports_and_on_its_packages_not_on_the_comma
     assert {"compile/pipeline.py", "numerics/quantize.py", "errors.py", "__init__.py", "model/__init__.py"} <= names
     assert not names & {"cli.py", "bench.py", "report.py", "compile/build.py"}
     assert {p.name for p in modules_run_by("generator.errors")} == {"errors.py", "__init__.py"}
+
+
+def test_a_relative_import_that_names_no_module_is_an_error_not_a_missing_input(tmp_path, monkeypatch):
+    """The walk decides SCons's inputs: an import it cannot place (a module moved, its importer not
+    updated) must stop it, not leave the module out of a step's inputs."""
+    from generator.compile import module_inputs
+
+    package = tmp_path / "generator" / "compile"
+    package.mkdir(parents=True)
+    (tmp_path / "generator" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "moved.py").write_text("from ..boards.esp_idf import SECTOR\n")
+    monkeypatch.setattr(module_inputs, "GENERATOR", tmp_path / "generator")
+    with pytest.raises(ValueError, match=r"compile/moved.py:1: \.\.boards\.esp_idf is no module of the generator"):
+        module_inputs.imports_of(package / "moved.py")

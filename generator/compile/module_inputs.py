@@ -41,6 +41,11 @@ def imports_of(path: Path) -> set[str]:
                 target = node.module[len("generator."):] if node.module != "generator" else ""
             else:
                 continue
+            if node.level and not module_path(target or "__init__"):
+                # Python would fail on it when the module runs; the walk must not drop it silently
+                # from a step's inputs first.
+                raise ValueError(f"{path.relative_to(GENERATOR)}:{node.lineno}: "
+                                 f"{'.' * node.level}{node.module or ''} is no module of the generator")
             for alias in node.names:
                 candidate = f"{target}.{alias.name}" if target else alias.name
                 found.add(candidate if module_path(candidate) else target or "__init__")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...errors import ColibriError
 
-from ..boards.esp_idf import MMU_PAGE, SECTOR  # ESP flash facts, beside the board file's checks
+from ...boards.esp_idf import MMU_PAGE, SECTOR  # ESP flash facts, beside the board file's checks
 
 
 @dataclass(frozen=True)

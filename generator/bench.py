@@ -17,15 +17,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from .errors import ColibriError
-from .files import REPO
+from .boards import Board, TimingModel, load_board
 from .compile.plan import Plan
-from .verify import rates, run_stats, speed_text
 from .device.remote import Remote, remote_prefix
 from .device.runner import run_on_board
 from .device.session import RunRequest, RunResult, cache_stats, check_fits_context
+from .errors import ColibriError
+from .files import REPO
 from .numerics.sampling import SamplingParams
-from .boards import Board, TimingModel, load_board
+from .verify import rates, run_stats, speed_text
 
 
 def weight_bytes_per_token(plan: Plan) -> int:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .compile.image import map_image
+from .compile.plan import Plan
 from .device.session import RunRequest, RunResult
 from .errors import ColibriError
 from .numerics.perplexity import Perplexity, Score, chunks, perplexity
 from .numerics.sampling import SamplingParams
-from .compile.plan import Plan
 from .reference import Reference
-from .compile.image import map_image
 
 
 @dataclass

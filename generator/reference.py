@@ -9,14 +9,37 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .numerics import rope
 from .compile.image import read_header
-from .numerics.ops import (F32, dot, exp_sum, f32, gelu_tanh, matvec_f32, rmsnorm, rope as apply_rope, seq_sum, sigmoid, silu,
-                       softcap, softmax)
 from .compile.plan import Plan
-from .numerics.quantize import (HALF, INTEGER_QUANTS, QK, dequantize_q4_1, dequantize_q8_0, matvec_q4_1, matvec_q8_0,
-                                quantize_q8_0, unpack_q4_0, unpack_q4_1)
+from .numerics import rope
+from .numerics.ops import (
+    F32,
+    dot,
+    exp_sum,
+    f32,
+    gelu_tanh,
+    matvec_f32,
+    rmsnorm,
+    seq_sum,
+    sigmoid,
+    silu,
+    softcap,
+    softmax,
+)
+from .numerics.ops import rope as apply_rope
 from .numerics.perplexity import Score
+from .numerics.quantize import (
+    HALF,
+    INTEGER_QUANTS,
+    QK,
+    dequantize_q4_1,
+    dequantize_q8_0,
+    matvec_q4_1,
+    matvec_q8_0,
+    quantize_q8_0,
+    unpack_q4_0,
+    unpack_q4_1,
+)
 from .numerics.sampling import Rng, SamplingParams, sample
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .compile.elfsize import ElfSizes
-from .errors import ColibriError
-from .compile.plan import Plan, RegionUse, fit_problem, largest_fitting_ctx, largest_planned_ctx, planned_use
 from .boards import CATEGORIES, Board
+from .compile.elfsize import ElfSizes
+from .compile.plan import Plan, RegionUse, fit_problem, largest_fitting_ctx, largest_planned_ctx, planned_use
+from .errors import ColibriError
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
 ROWS = CATEGORIES + WITH_CODE  # what the report shows per region

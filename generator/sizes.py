@@ -16,8 +16,22 @@ from dataclasses import dataclass
 # system's growth while the firmware's pages are locked. bsp/linux/memory_limit.h says the same.
 AUTO_MARGIN_BYTES = 128 * 2**20
 
-_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
-          "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 2**10,
+    "KB": 2**10,
+    "KIB": 2**10,
+    "M": 2**20,
+    "MB": 2**20,
+    "MIB": 2**20,
+    "G": 2**30,
+    "GB": 2**30,
+    "GIB": 2**30,
+    "T": 2**40,
+    "TB": 2**40,
+    "TIB": 2**40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -59,8 +73,10 @@ def parse_budget(text: str) -> int | AutoBudget:
         try:
             return parse_size(s)
         except ValueError:
-            raise ValueError(f"expected a size such as 512M, 6G or a number of bytes (0: unlimited), or auto "
-                             f"(auto-256M: a margin of 256M instead of {format_size(AUTO_MARGIN_BYTES)}), got {text!r}") from None
+            raise ValueError(
+                f"expected a size such as 512M, 6G or a number of bytes (0: unlimited), or auto "
+                f"(auto-256M: a margin of 256M instead of {format_size(AUTO_MARGIN_BYTES)}), got {text!r}"
+            ) from None
     if m.group(1) is None:
         return AutoBudget()
     try:

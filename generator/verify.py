@@ -7,14 +7,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .boards import Board
 from .compile.firmware_id import firmware_build_id
 from .compile.image import identity_sha256, map_image
 from .compile.plan import Plan
-from .boards import Board
+from .device.session import RunRequest, RunResult, cache_stats
 from .errors import ColibriError
 from .reference import Generation, Reference
-from .device.session import RunRequest, RunResult, cache_stats
-
 
 # ---- is the firmware that answers the one this build produced? ---------------------------------
 

@@ -14,11 +14,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from generator.boards import load_board  # noqa: E402
 from generator.compile.build import prepare, run_scons  # noqa: E402
 from generator.device.runner import run_on_board  # noqa: E402
 from generator.device.session import RunRequest  # noqa: E402
 from generator.numerics.sampling import SamplingParams  # noqa: E402
-from generator.boards import load_board  # noqa: E402
 
 DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
 

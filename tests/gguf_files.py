@@ -23,7 +23,8 @@ SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 CACHE = Path(os.environ.get("COLIBRI_TEST_MODELS", Path.home() / ".cache" / "colibri-test-models"))
 
 GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-             "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe", "Gemma3ForCausalLM": "gemma3"}
+             "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
+             "Gemma3ForCausalLM": "gemma3"}
 HF_TO_GGUF = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",

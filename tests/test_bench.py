@@ -1,16 +1,16 @@
 """bench: what it reports (not how fast: speeds are measured, not asserted), and --plot."""
 
 import json
-import re
 import platform
+import re
 import statistics
 
 import pytest
-
 from conftest import DEFAULT_MODEL, run_cli
+
 from generator import bench
-from generator.device.session import RunResult
 from generator.boards import load_board
+from generator.device.session import RunResult
 
 
 def probed_run(decode_us: int, read_bw: float) -> RunResult:

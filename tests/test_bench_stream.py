@@ -10,8 +10,8 @@ import json
 import statistics
 
 import pytest
-
 from conftest import run_cli
+
 from generator import bench
 from generator.compile.cache_plan import cache_plan
 from generator.device.runner import run_on_board

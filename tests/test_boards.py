@@ -3,13 +3,13 @@
 import json
 
 import pytest
-
 from conftest import DEFAULT_MODEL, run_cli
-from generator.errors import ColibriError
-from generator.compile.esp32.flash_image import check_app_image, load_segments
-from generator.reference import Reference
-from generator.numerics.sampling import SamplingParams
+
 from generator.boards import available_boards, load_board
+from generator.compile.esp32.flash_image import check_app_image, load_segments
+from generator.errors import ColibriError
+from generator.numerics.sampling import SamplingParams
+from generator.reference import Reference
 
 PROMPT = [1, 21, 51, 68, 104, 44, 74, 51, 100]  # "In the beginning"
 SAMPLED = SamplingParams(0.8, top_k=40, top_p=0.95, seed=11)

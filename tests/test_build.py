@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli
+
 from generator.compile.build import generation_modules
 
 SCONS = str(Path(sys.executable).parent / "scons")

@@ -6,12 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from conftest import REPO, run_cli
 from esptool.bin_image import LoadFirmwareImage
 
 from generator.compile.firmware_id import elf_build_id
 from generator.compile.pipeline import QuantizeProgress
-
-from conftest import REPO, run_cli
 
 
 def test_esp32p4_build_log_is_quiet_and_the_image_carries_the_build_id(tmp_path):

@@ -11,12 +11,12 @@ import subprocess
 import zlib
 
 import pytest
-
 from conftest import DEFAULT_MODEL, REPO
+
 from generator.chat import ChatState
 from generator.compile.image import map_image
-from generator.device.protocol import FrameReader
 from generator.device.links import open_link
+from generator.device.protocol import FrameReader
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest
 from generator.errors import ColibriError

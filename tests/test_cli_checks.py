@@ -9,14 +9,13 @@ import json
 import time
 
 import pytest
+from conftest import DEFAULT_MODEL, run_cli
+from test_cli_errors import one_line_error
 
 from generator import cli
 from generator.boards import load_board
 from generator.device import ports
 from generator.option_checks import threads_warning
-
-from conftest import DEFAULT_MODEL, run_cli
-from test_cli_errors import one_line_error
 
 
 def refused_before_compiling(tmp_path, *args):

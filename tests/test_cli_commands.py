@@ -9,13 +9,12 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from conftest import DEFAULT_MODEL, REPO, run_cli
 
 from generator import cli
 from generator.compile import build
 from generator.device import ports
 from generator.device.ports import Port, detect_port, esp_bridge
-
-from conftest import DEFAULT_MODEL, REPO, run_cli
 
 P4_PORT = Port("/dev/ttyACM0", "USB JTAG/serial debug unit", 0x303A, 0x1001, "60:55:F9", esp_bridge(0x303A, 0x1001))
 CP2102 = Port("/dev/ttyUSB0", "CP2102N USB to UART Bridge Controller", 0x10C4, 0xEA60, "0001",

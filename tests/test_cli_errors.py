@@ -6,7 +6,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 
 

@@ -4,8 +4,9 @@ the esp32p4 board later (q8_0 weights + KV cache for ctx 128 + scratch + code we
 import json
 
 from conftest import DEFAULT_MODEL, run_cli
-from generator.model.load import load_model
+
 from generator.compile.plan import make_plan
+from generator.model.load import load_model
 from generator.model.tokenizer import Tokenizer
 
 

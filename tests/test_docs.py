@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 DOCS = REPO / "docs"

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 
-from generator import bench
-from generator.compile.build import prepare
-from generator.boards import load_board
-
 from conftest import DEFAULT_MODEL, run_cli
+
+from generator import bench
+from generator.boards import load_board
+from generator.compile.build import prepare
 
 
 def test_bench_under_qemu_aarch64_is_labelled_emulated_in_text_and_json(tmp_path):

@@ -4,8 +4,8 @@ hashes, routing counts equal to the unlimited run's and the reference's) while r
 checks each expert against its CRC-32 when it first brings it in."""
 
 import pytest
-
 from damaged_images import entry, tensor_edited
+
 from generator.compile.cache_plan import cache_plan, parse_size, slots_for_budget
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest, cache_stats

@@ -15,16 +15,15 @@ import time
 import tty
 
 import pytest
+from conftest import DEFAULT_MODEL, run_cli
+from test_serial_link import FAST, MODEL, REQUEST, PtyBoard, answer
 
 from generator.compile.firmware_id import elf_build_id
-from generator.device.protocol import encode_frame
 from generator.device.links import free_port
+from generator.device.protocol import encode_frame
 from generator.device.serial_link import SerialLink
 from generator.device.session import Session
 from generator.verify import FirmwareIdentity, FirmwareMismatch, hello_check, identity_differences
-
-from conftest import DEFAULT_MODEL, run_cli
-from test_serial_link import FAST, MODEL, REQUEST, PtyBoard, answer
 
 
 class QemuOnPty:

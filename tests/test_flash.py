@@ -14,17 +14,16 @@ from types import SimpleNamespace
 import esptool.cmds
 import pytest
 import serial
+from conftest import DEFAULT_MODEL, REPO
 from esptool.bin_image import ELFSection, ESP32P4FirmwareImage, ESP32S3FirmwareImage
 from esptool.util import FatalError
 
-from conftest import DEFAULT_MODEL, REPO
-
-from generator.errors import ColibriError
-from generator.device.flash import flash_images, flash_plan
-from generator.compile.esp32.partitions import parse_partitions_csv
-from generator.compile.esp32.idf_project import write_project
-from generator.compile.pipeline import generate
 from generator.boards import load_board
+from generator.compile.esp32.idf_project import write_project
+from generator.compile.esp32.partitions import parse_partitions_csv
+from generator.compile.pipeline import generate
+from generator.device.flash import flash_images, flash_plan
+from generator.errors import ColibriError
 
 PORT = "loop://"
 FAKED = ("detect_chip", "run_stub", "attach_flash", "write_flash", "verify_flash", "reset_chip")

@@ -9,9 +9,9 @@ import struct
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 from gguf_files import RawGguf, gguf_string, hf_to_gguf, kv, raw_gguf
+
 from models import make_checkpoint
 
 U32, F32, BOOL, STRING, ARRAY = 4, 6, 7, 8, 9

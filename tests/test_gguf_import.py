@@ -7,15 +7,14 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 from gguf_files import hf_to_gguf, permute
-from models import ORACLE_CONFIGS, make_checkpoint
 
 from generator.model.gguf.file import read_gguf
 from generator.model.gguf.load import load_gguf, unpermute_order
 from generator.model.gguf.tensors import tensor_blocks, tensor_f32
 from generator.model.load import load_model
+from models import ORACLE_CONFIGS, make_checkpoint
 
 # What a GGUF file can say: llama.cpp keeps no sliding window for llama-architecture (Mixtral)
 # files, and no query_pre_attn_scalar or final softcap for Gemma 3 (it uses 1/sqrt(head_dim)).

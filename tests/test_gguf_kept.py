@@ -1,19 +1,19 @@
 """--quant gguf: a GGUF file's Q8_0, Q4_0 and Q4_1 blocks go into the weight image as they are,
-value for value (their binary16 scales and minimums are what the image stores), and decode bit for bit as the NumPy reference does on every board; other
-block types are quantized again and the build says so, per tensor, with the error."""
+value for value (their binary16 scales and minimums are what the image stores), and decode bit
+for bit as the NumPy reference does on every board; other block types are quantized again and
+the build says so, per tensor, with the error."""
 
 import json
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 from gguf_files import hf_to_gguf
-from models import ORACLE_CONFIGS, make_checkpoint
 
 from generator.compile.image import map_image, read_header
 from generator.model.gguf.load import load_gguf
 from generator.numerics.quantize import dequantize_q4_1, dequantize_q8_0, unpack_q4_0, unpack_q4_1
+from models import ORACLE_CONFIGS, make_checkpoint
 
 MODELS = {"llama": ORACLE_CONFIGS["llama_gqa_linear"], "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
     ORACLE_CONFIGS["mixtral_moe"][2], sliding_window=None))}

@@ -6,7 +6,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from gguf_files import smollm2_gguf
 
 from generator.model.gguf.load import load_gguf

@@ -16,22 +16,20 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from conftest import DEFAULT_MODEL, REPO
 
+from generator.boards import board_from_data, load_board
 from generator.compile.esp32 import idf_project
-from generator.errors import ColibriError
-from generator.compile.esp32.partitions import parse_partitions_csv
 from generator.compile.esp32.idf_build import find_idf, idf_build
 from generator.compile.esp32.idf_project import COLIBRI_DIR, write_project
+from generator.compile.esp32.partitions import parse_partitions_csv
 from generator.compile.image import read_header
-from generator.boards import board_from_data
 from generator.compile.pipeline import generate
 from generator.compile.plan import align_up
 from generator.device.protocol import FrameReader, encode_request
-from generator.reference import Reference
+from generator.errors import ColibriError
 from generator.numerics.sampling import SamplingParams
-from generator.boards import load_board
+from generator.reference import Reference
 
 BOARD = "esp32p4-idf"
 RISCV_CC = "riscv64-unknown-elf-gcc"

@@ -3,12 +3,12 @@
 import subprocess
 
 import pytest
-
 from damaged_images import cases
-from generator.errors import ColibriError
+
 from generator.compile.image import read_header
 from generator.device.protocol import FrameReader
 from generator.device.session import RunRequest, request_frame
+from generator.errors import ColibriError
 
 PROMPT = [1, 5, 9]
 
@@ -61,8 +61,8 @@ def test_python_header_reader_rejects_damage(built):
 
 
 def test_weight_image_is_deterministic(checkpoints, tmp_path):
-    from generator.compile.pipeline import generate
     from generator.boards import load_board
+    from generator.compile.pipeline import generate
 
     model = checkpoints("llama_gqa_linear")
     a = generate(model, load_board("host"), "q8_0", 32, tmp_path / "a")

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, run_cli
 
 PROMPT = "1,17,400,3,250"

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from generator.device.protocol import MAX_LINE, FrameReader, encode_frame, parse_frame
 from generator.device.process import run_process
+from generator.device.protocol import MAX_LINE, FrameReader, encode_frame, parse_frame
 from generator.device.session import Session
 from generator.errors import ColibriError
 

@@ -6,12 +6,12 @@ import subprocess
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
-
 from conftest import REPO
 from damaged_images import cases, flip
-from generator.compile.pipeline import generate
+from safetensors.numpy import save_file
+
 from generator.boards import load_board
+from generator.compile.pipeline import generate
 
 RUNTIME = REPO / "firmware_src" / "runtime"
 C_TESTS = REPO / "tests" / "c"
@@ -192,9 +192,10 @@ def fuzz(root, files, tmp_path, seconds):
 
 def test_the_table_on_qemu_rv32_where_size_t_is_32_bits(images, builder, checkpoints, tmp_path):
     from damaged_images import cases as table_for
-    from generator.errors import ColibriError
+
     from generator.device.runner import run_on_board
     from generator.device.session import RunRequest
+    from generator.errors import ColibriError
 
     board, art, plan = builder.build(checkpoints("qwen2_bias"), "q8_0", 64, "qemu-rv32")
     blob = art.weights.read_bytes()

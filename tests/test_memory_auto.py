@@ -10,11 +10,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
-from generator.compile.cache_plan import (AUTO_MARGIN_BYTES, AutoBudget, MemoryFound, auto_cache_plan, cache_plan,
-                                          find_memory, parse_budget, slots_for_budget)
-from generator.boards import board_from_data, load_board
+
+from generator.boards import board_from_data
+from generator.compile.cache_plan import (
+    AUTO_MARGIN_BYTES,
+    AutoBudget,
+    MemoryFound,
+    auto_cache_plan,
+    cache_plan,
+    find_memory,
+    parse_budget,
+)
 from generator.device.protocol import encode_frame, parse_frame
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest, Session, cache_stats
@@ -167,7 +174,7 @@ def test_auto_too_small_is_one_line_with_the_numbers(mixtral, nbytes):
     text = str(e.value)
     assert "\n" not in text and text.startswith("--memory-budget auto (cgroup v1 limit ")
     assert f"({have:,} B, /sys/fs/cgroup/memory/fw/memory.limit_in_bytes) - margin 128.0 MiB" in text
-    assert f"is too small for mixtral_moe" in text and f"needs at least {c.min_budget:,} B" in text
+    assert "is too small for mixtral_moe" in text and f"needs at least {c.min_budget:,} B" in text
 
 
 def test_the_firmware_resolves_auto_itself_and_says_how(mixtral):

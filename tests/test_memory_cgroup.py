@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from generator.compile.cache_plan import cache_plan
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest, cache_stats
@@ -86,6 +86,7 @@ def test_auto_takes_the_cgroup_limit_less_the_margin_and_decodes_the_same_bits(b
     import json
 
     from conftest import run_cli
+
     from generator.compile.cache_plan import AUTO_MARGIN_BYTES, AutoBudget, slots_for_budget
 
     board, art, plan = big_moe

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli
-from generator.reference import Reference
+
 from generator.numerics.sampling import SamplingParams
+from generator.reference import Reference
 
 PROMPT = [1, 17, 33, 90, 5]
 SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, min_p=0.01, seed=3)

@@ -9,13 +9,12 @@ import re
 import time
 
 import pytest
+from test_serial_link import BANNER, MODEL, OTHER_MODEL, PtyBoard, answer, hello, token
 
-from generator.errors import ColibriError
 from generator.device.monitor import describe, monitor, printable
 from generator.device.protocol import encode_frame, parse_frame
 from generator.device.serial_link import SerialLink
-
-from test_serial_link import BANNER, MODEL, OTHER_MODEL, PtyBoard, answer, hello, token
+from generator.errors import ColibriError
 
 SLACK = 1.0
 
@@ -203,9 +202,9 @@ def test_describe_unknown_kinds_and_escaped_fields():
 
 
 def test_monitor_with_the_model_prints_the_decoded_text(board, watch):
-    from generator.model.tokenizer import Tokenizer
-
     from conftest import DEFAULT_MODEL
+
+    from generator.model.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.for_model(DEFAULT_MODEL)
     ids = [tokenizer.encode(" And God said")[i] for i in range(3)]

@@ -2,12 +2,21 @@
 
 import numpy as np
 import pytest
-
 from conftest import f32_bytes, half_bytes, run_harness
+
 from generator.numerics import ops as numerics
-from generator.numerics.quantize import (dequantize_q4_1, dequantize_q8_0, matvec_q4_1, matvec_q8_0, quantize_q4_0,
-                                        quantize_q4_1, quantize_q8_0, quantize_weights_q8_0, unpack_q4_0,
-                                        unpack_q4_1)
+from generator.numerics.quantize import (
+    dequantize_q4_1,
+    dequantize_q8_0,
+    matvec_q4_1,
+    matvec_q8_0,
+    quantize_q4_0,
+    quantize_q4_1,
+    quantize_q8_0,
+    quantize_weights_q8_0,
+    unpack_q4_0,
+    unpack_q4_1,
+)
 
 rng = np.random.default_rng(7)
 

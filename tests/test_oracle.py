@@ -4,8 +4,8 @@ reference bit for bit, for every supported architecture."""
 import numpy as np
 import pytest
 
-from generator.reference import Reference
 from generator.numerics.sampling import SamplingParams
+from generator.reference import Reference
 from models import ORACLE_CONFIGS, load_hf
 
 PROMPT = [1, 17, 42, 99, 7]

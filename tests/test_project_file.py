@@ -12,14 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import DEFAULT_MODEL, REPO
 
 from generator import cli, project_file
 from generator.boards import load_board
 from generator.errors import ColibriError
 from generator.option_checks import check_board_options
 from generator.project_file import apply_project_file, find_project_file, load_project_file
-
-from conftest import DEFAULT_MODEL, REPO
 
 
 @pytest.fixture

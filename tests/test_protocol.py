@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from generator.errors import ColibriError
 from generator.device.protocol import FrameReader, encode_frame, parse_frame
 from generator.device.session import Session
+from generator.errors import ColibriError
 
 
 def session_bytes():

@@ -5,14 +5,13 @@ import json
 from dataclasses import replace
 
 import pytest
-
 from conftest import DEFAULT_MODEL, run_cli
-from generator.model.load import load_model
-from generator.reference import Reference
-from generator.compile.plan import make_plan
-from generator.compile.plan import plan_for_board, planned_use
-from generator.numerics.sampling import SamplingParams
+
 from generator.boards import load_board
+from generator.compile.plan import make_plan, plan_for_board, planned_use
+from generator.model.load import load_model
+from generator.numerics.sampling import SamplingParams
+from generator.reference import Reference
 
 PROMPT = [1, 21, 51, 68, 104, 44, 74, 51, 100]  # "In the beginning"
 SAMPLED = SamplingParams(0.8, top_k=40, top_p=0.95, seed=5)

@@ -4,14 +4,13 @@ reference's bits, greedy and sampled, at one and two threads."""
 
 import json
 
-import numpy as np
 import pytest
-
 from conftest import DEFAULT_MODEL, run_cli
+
+from generator.boards import load_board
 from generator.compile import image_format
 from generator.compile.image import read_header
 from generator.compile.plan import plan_for_board
-from generator.boards import load_board
 from generator.model.load import load_model
 from generator.numerics.quantize import quantize_q4_1
 from generator.numerics.sampling import SamplingParams

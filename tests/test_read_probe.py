@@ -4,13 +4,13 @@ probe_mib in the request frame, reported in a bandwidth frame before the decode,
 from pathlib import Path
 
 import pytest
-
 from conftest import DEFAULT_MODEL
-from generator.errors import ColibriError
+
+from generator.boards import load_board
 from generator.device.protocol import encode_frame, parse_frame
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest, Session, request_frame
-from generator.boards import load_board
+from generator.errors import ColibriError
 
 
 def test_the_bandwidth_frame_is_parsed_into_the_run_result():

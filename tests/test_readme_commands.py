@@ -8,10 +8,9 @@ import re
 import subprocess
 
 import pytest
+from conftest import REPO
 
 from generator.cli import make_parser
-
-from conftest import REPO
 
 README = (REPO / "README.md").read_text()
 COMMANDS_DOC = (REPO / "docs" / "commands.md").read_text()  # the full reference of every command

@@ -16,15 +16,15 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import DEFAULT_MODEL, REPO, run_cli
+
+from generator.boards import load_board
 from generator.errors import ColibriError
 from generator.release.bundle import MANIFEST, SIGNATURE, SUMS, json_bytes, sha256_file, write_sums, write_tarball
 from generator.release.check import check_release, locate_bundle, verify_release
 from generator.release.make import make_release
 from generator.release.provenance import default_source_date_epoch, source_info
 from generator.release.signing import generate_signing_key
-from generator.boards import load_board
 
 BOARDS = ("host", "linux-aarch64", "qemu-rv32", "esp32p4")
 EPOCH = 1700000000  # SOURCE_DATE_EPOCH given to both builds of the rebuild test

@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import DEFAULT_MODEL, run_cli
-from generator.device.remote import Blob, copy_blob, file_sha256, parse_remote, Remote
+from sshd import ALIAS, Sshd, processes_running
+
+from generator.device.remote import Blob, Remote, copy_blob, file_sha256, parse_remote
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest
 from generator.errors import ColibriError
-from sshd import ALIAS, Sshd, processes_running
 
 PROMPT = "1,21,51,68,104,44,74,51,100"  # "In the beginning"
 CTX = 64

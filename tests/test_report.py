@@ -3,6 +3,7 @@
 import json
 
 from conftest import run_cli
+
 from generator.compile.elfsize import read_elf
 from generator.report import check_elf_against_plan
 
@@ -36,9 +37,9 @@ def test_report_text_names_the_region_and_totals(checkpoints, builder):
 
 
 def test_the_report_and_the_plan_share_one_largest_context_rule():
+    from generator.boards import load_board
     from generator.compile.elfsize import ElfSizes
     from generator.compile.plan import largest_fitting_ctx, largest_planned_ctx, plan_for_board
-    from generator.boards import load_board
     from generator.files import DEFAULT_MODEL
     from generator.model.load import load_model
     from generator.report import linked_use

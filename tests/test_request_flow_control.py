@@ -10,12 +10,12 @@ import time
 
 import pytest
 import serial
-
 from conftest import DEFAULT_MODEL
-from generator.compile.build import prepare, run_scons
+
 from generator.boards import load_board
-from generator.device.protocol import FrameReader
+from generator.compile.build import prepare, run_scons
 from generator.device.links import free_port
+from generator.device.protocol import FrameReader
 from generator.device.runner import run_on_board
 from generator.device.serial_link import ACK_BYTES
 from generator.device.session import RunRequest, request_frame

@@ -10,12 +10,12 @@ import subprocess
 import zlib
 
 import pytest
-
 from conftest import DEFAULT_MODEL, REPO
-from generator.errors import ColibriError
+
 from generator.device.protocol import FrameReader, encode_frame, f32_bits
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest, request_frame
+from generator.errors import ColibriError
 
 APP = REPO / "firmware_src" / "app"
 RUNTIME = REPO / "firmware_src" / "runtime"

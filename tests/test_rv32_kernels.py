@@ -9,14 +9,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from conftest import REPO, f32_bytes, half_bytes, run_harness
+from test_numerics import assert_same_bits, c_floats, random_halves
+
 from generator import bench
+from generator.boards import load_board
 from generator.numerics import ops as numerics
 from generator.numerics.quantize import matvec_q4_1, matvec_q8_0, quantize_q8_0, quantize_weights_q8_0, unpack_q4_1
-from generator.boards import load_board
-
-from test_numerics import assert_same_bits, c_floats, random_halves
 
 rng = np.random.default_rng(32)
 RUNTIME = REPO / "firmware_src" / "runtime"

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from conftest import f32_bytes, run_harness
+
 from generator.numerics.sampling import GREEDY_BELOW, Rng, SamplingParams, sample
 
 

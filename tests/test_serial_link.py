@@ -14,17 +14,16 @@ import time
 import tty
 
 import pytest
+from conftest import DEFAULT_MODEL
 
 import generator.device.serial_link as serial_link
-from generator.errors import ColibriError
 from generator.device.protocol import encode_frame, f32_bits, parse_frame
-from generator.reference import Reference
 from generator.device.runner import run_on_board
-from generator.device.session import RunRequest, Session
-from generator.numerics.sampling import SamplingParams
 from generator.device.serial_link import SerialLink, Timeouts
-
-from conftest import DEFAULT_MODEL
+from generator.device.session import RunRequest, Session
+from generator.errors import ColibriError
+from generator.numerics.sampling import SamplingParams
+from generator.reference import Reference
 
 MODEL = "ab" * 32
 OTHER_MODEL = "cd" * 32

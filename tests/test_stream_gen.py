@@ -17,19 +17,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DEFAULT_MODEL, REPO, run_cli
 
+from generator.boards import load_board
 from generator.compile import image as image_mod
 from generator.compile import image_format as fmt
 from generator.compile.image import spec_identity, write_image
 from generator.compile.pipeline import WEIGHTS_FILE, generate
 from generator.compile.plan import plan_for_board
-from generator.boards import load_board
 from generator.errors import ColibriError
 from generator.model.hf.load import FAMILIES, _canonical
 from generator.model.load import load_model
 from generator.numerics.quantize import quantize_q4_0, quantize_weights_q8_0
-
-from conftest import DEFAULT_MODEL, REPO, run_cli
 
 HOST = load_board("host")
 

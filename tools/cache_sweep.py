@@ -30,9 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from generator.bench import SAMPLED  # noqa: E402
 from generator.compile.cache_plan import parse_size  # noqa: E402
 from generator.device.process import run_process  # noqa: E402
-from generator.bench import SAMPLED  # noqa: E402
 from generator.device.session import RunRequest, Session, cache_stats, request_frame  # noqa: E402
 
 
@@ -139,7 +139,8 @@ def main() -> int:
         storage = "—" if not r["storage_gb_s"] else f"{r['storage_gb_s']:.2f}"
         bound_text = "—" if not bound else f"{bound:.1f}"
         of_bound = "—" if not bound else f"{100 * r['decode_tok_s'] / bound:.0f} %"
-        print(f"| {name} | {r['eviction'] if r['budget'] else '—'} | {'on' if r['prefetch'] else 'off'} | {r['slots']:.0f} | {pct(r['hit_rate'])} | "
+        print(f"| {name} | {r['eviction'] if r['budget'] else '—'} | {'on' if r['prefetch'] else 'off'} "
+              f"| {r['slots']:.0f} | {pct(r['hit_rate'])} | "
               f"{pct(r['prefetched_hits'])} | {r['read_mb_per_token']:.1f} | {r['wait_ms_per_token']:.1f} | "
               f"{r['decode_tok_s']:.1f} ({', '.join(map(str, r['decode_tok_s_runs']))}) | {storage} | {bound_text} | "
               f"{of_bound} | {r['peak_rss'] / 2**20:.0f} |")

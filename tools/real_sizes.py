@@ -14,10 +14,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from generator.model.hf.load import parse_config, read_json  # noqa: E402
-from generator.compile.plan import make_plan  # noqa: E402
-from generator.report import planned_report_dict  # noqa: E402
 from generator.boards import available_boards, load_board  # noqa: E402
+from generator.compile.plan import make_plan  # noqa: E402
+from generator.model.hf.load import parse_config, read_json  # noqa: E402
+from generator.report import planned_report_dict  # noqa: E402
 
 CONFIGS = REPO / "models" / "configs"
 DOC = REPO / "docs" / "real-sizes.md"

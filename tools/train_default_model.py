@@ -482,8 +482,8 @@ def main() -> None:
     t_script = time.time()
     try:
         import numpy as np
-        import torch
         import tokenizers
+        import torch
         import transformers
         from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     except ImportError as e:

@@ -10,6 +10,22 @@ from .predict import TimingModel
 from .runners import BuildOnlyRunner, EmulatedSystemRunner, ProcessRunner, Runner, SerialRunner
 from .sources import firmware_sources
 
-__all__ = ["CATEGORIES", "TARGETS_DIR", "Board", "BuildOnlyRunner", "EmulatedSystemRunner", "Flash", "FlashImage",
-           "IdfSettings", "MemoryRegion", "ProcessRunner", "Runner", "SerialRunner", "TimingModel",
-           "available_boards", "board_from_data", "firmware_sources", "load_board"]
+__all__ = [
+    "CATEGORIES",
+    "TARGETS_DIR",
+    "Board",
+    "BuildOnlyRunner",
+    "EmulatedSystemRunner",
+    "Flash",
+    "FlashImage",
+    "IdfSettings",
+    "MemoryRegion",
+    "ProcessRunner",
+    "Runner",
+    "SerialRunner",
+    "TimingModel",
+    "available_boards",
+    "board_from_data",
+    "firmware_sources",
+    "load_board",
+]

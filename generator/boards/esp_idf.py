@@ -16,8 +16,19 @@ from .flash import Flash, FlashImage
 
 MMU_PAGE = 0x10000  # flash MMU page: the weights partition is mapped in pages of 64 KiB
 SECTOR = 0x1000  # flash erase sector: every partition starts on one
-DATA_SUBTYPES = {"ota": 0x00, "phy": 0x01, "nvs": 0x02, "coredump": 0x03, "nvs_keys": 0x04, "efuse": 0x05,
-                 "undefined": 0x06, "esphttpd": 0x80, "fat": 0x81, "spiffs": 0x82, "littlefs": 0x83}
+DATA_SUBTYPES = {
+    "ota": 0x00,
+    "phy": 0x01,
+    "nvs": 0x02,
+    "coredump": 0x03,
+    "nvs_keys": 0x04,
+    "efuse": 0x05,
+    "undefined": 0x06,
+    "esphttpd": 0x80,
+    "fat": 0x81,
+    "spiffs": 0x82,
+    "littlefs": 0x83,
+}
 FLASH_MODES = ("qio", "qout", "dio", "dout")
 FLASH_FREQS = {"80m": "80M", "40m": "40M", "20m": "20M", "120m": "120M"}
 # ESP32-P4 minimum-revision choices of ESP-IDF (CONFIG_ESP32P4_REV_MIN_<n>), by revision family.
@@ -107,18 +118,29 @@ def parse_idf(section: object, flash: Flash | None, path: Path) -> IdfSettings:
             if not re.fullmatch(r"[A-Z0-9_]+", key) or not isinstance(value, (bool, int, str)):
                 raise ValueError(f"[idf.sdkconfig] {key} = {value!r} is not a Kconfig name and value")
         settings = IdfSettings(
-            chip=flash.chip, chip_id=flash.chip_id, flash_mode=flash.mode, flash_freq=flash.frequency,
-            flash_size=flash.size, flash_bytes=_flash_bytes(flash.size), supported_revisions=revisions,
+            chip=flash.chip,
+            chip_id=flash.chip_id,
+            flash_mode=flash.mode,
+            flash_freq=flash.frequency,
+            flash_size=flash.size,
+            flash_bytes=_flash_bytes(flash.size),
+            supported_revisions=revisions,
             min_revision=flash.min_revision,
-            images=images, target=str(section["target"]), min_version=str(section["min_version"]),
-            project_dir=str(section["project_dir"]), project_name=str(section["project_name"]),
+            images=images,
+            target=str(section["target"]),
+            min_version=str(section["min_version"]),
+            project_dir=str(section["project_dir"]),
+            project_name=str(section["project_name"]),
             weights_partition=str(section["weights_partition"]),
             weights_subtype=subtype if isinstance(subtype, str) else f"0x{_positive_int(subtype, 'subtype'):02x}",
-            nvs_offset=_positive_int(section["nvs_offset"], "nvs_offset"), nvs_size=_positive_int(section["nvs_size"], "nvs_size"),
-            uart_num=_positive_int(section["uart_num"], "uart_num"), uart_baud=_positive_int(section["uart_baud"], "uart_baud"),
+            nvs_offset=_positive_int(section["nvs_offset"], "nvs_offset"),
+            nvs_size=_positive_int(section["nvs_size"], "nvs_size"),
+            uart_num=_positive_int(section["uart_num"], "uart_num"),
+            uart_baud=_positive_int(section["uart_baud"], "uart_baud"),
             uart_rx_buffer=_positive_int(section["uart_rx_buffer"], "uart_rx_buffer"),
             idle_hello_ms=_positive_int(section["idle_hello_ms"], "idle_hello_ms"),
-            cpu_mhz=_positive_int(section["cpu_mhz"], "cpu_mhz"), sdkconfig=dict(extra),
+            cpu_mhz=_positive_int(section["cpu_mhz"], "cpu_mhz"),
+            sdkconfig=dict(extra),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ColibriError(f"{path.name}: malformed [flash]/[idf] section ({e})") from None
@@ -144,8 +166,10 @@ def _check_settings(path: Path, s: IdfSettings) -> None:
         bad("the app and weights partitions must start on 64 KiB boundaries")
     mixed = {r < 3 for r in s.supported_revisions}
     if len(mixed) > 1:
-        bad("an ESP-IDF build supports ESP32-P4 revisions below v3.0 or from v3.0 on, not both: "
-            f"supported_revisions {list(s.supported_revisions)} mixes them")
+        bad(
+            "an ESP-IDF build supports ESP32-P4 revisions below v3.0 or from v3.0 on, not both: "
+            f"supported_revisions {list(s.supported_revisions)} mixes them"
+        )
     if s.min_revision // 100 not in s.supported_revisions or s.min_revision not in REV_MIN_CHOICES[s.rev_less_v3]:
         choices = ", ".join(f"{r // 100}.{r % 100}" for r in REV_MIN_CHOICES[s.rev_less_v3])
         bad(f"min_revision {s.min_revision} is not one ESP-IDF offers for these revisions (v{choices})")

@@ -98,23 +98,35 @@ def _budget(data: dict, runner: Runner) -> int | AutoBudget:
 def _flash(section: dict | None) -> Flash | None:
     if section is None:
         return None
-    images = tuple(FlashImage(_int(i["offset"]), str(i["file"]), str(i.get("name", "")),
-                              _int(i["size"]) if "size" in i else None) for i in section.get("images", ()))
+    images = tuple(
+        FlashImage(_int(i["offset"]), str(i["file"]), str(i.get("name", "")), _int(i["size"]) if "size" in i else None)
+        for i in section.get("images", ())
+    )
     window = section.get("load_window")
-    return Flash(chip=str(section["chip"]), chip_id=_int(section["chip_id"]), mode=str(section["mode"]),
-                 frequency=str(section["frequency"]), size=str(section["size"]), baud=_int(section.get("baud", 460800)),
-                 supported_revisions=tuple(_int(r) for r in section["supported_revisions"]), images=images,
-                 min_revision=_int(section["min_revision"]) if "min_revision" in section else None,
-                 load_window=(_int(window[0]), _int(window[1])) if window is not None else None,
-                 app_image=section.get("app_image"), flash_image=section.get("flash_image"))
+    return Flash(
+        chip=str(section["chip"]),
+        chip_id=_int(section["chip_id"]),
+        mode=str(section["mode"]),
+        frequency=str(section["frequency"]),
+        size=str(section["size"]),
+        baud=_int(section.get("baud", 460800)),
+        supported_revisions=tuple(_int(r) for r in section["supported_revisions"]),
+        images=images,
+        min_revision=_int(section["min_revision"]) if "min_revision" in section else None,
+        load_window=(_int(window[0]), _int(window[1])) if window is not None else None,
+        app_image=section.get("app_image"),
+        flash_image=section.get("flash_image"),
+    )
 
 
 def board_from_data(data: dict, path: Path) -> Board:
     """A Board from a parsed board file (load_board reads targets/<name>.toml into this)."""
     try:
         tc, section = data["toolchain"], data["runner"]
-        memory = tuple(MemoryRegion(m["name"], m["kind"], _int(m.get("base", 0)), _int(m["size"]), tuple(m["holds"]))
-                       for m in data["memory"])
+        memory = tuple(
+            MemoryRegion(m["name"], m["kind"], _int(m.get("base", 0)), _int(m["size"]), tuple(m["holds"]))
+            for m in data["memory"]
+        )
         for region in memory:
             unknown = set(region.holds) - set(CATEGORIES)
             if unknown:
@@ -125,16 +137,31 @@ def board_from_data(data: dict, path: Path) -> Board:
         if predicts is not None and not isinstance(predicts, str):
             raise ValueError(f"predicts must be a board's name, got {predicts!r}")
         board = Board(
-            name=data["name"], description=data["description"], isa=data["isa"], bsp=data["bsp"],
-            kernels=tuple(data["kernels"]), default_ctx=_int(data["default_ctx"]), program=data["program"],
-            cc=tc["cc"], apt_packages=tuple(tc.get("apt", ())), cflags=tuple(tc["cflags"]),
-            ldflags=tuple(tc["ldflags"]), libs=tuple(tc["libs"]), linker_script=tc.get("linker_script"),
-            runner=runner, weights=section["weights"], memory=memory, path=path,
+            name=data["name"],
+            description=data["description"],
+            isa=data["isa"],
+            bsp=data["bsp"],
+            kernels=tuple(data["kernels"]),
+            default_ctx=_int(data["default_ctx"]),
+            program=data["program"],
+            cc=tc["cc"],
+            apt_packages=tuple(tc.get("apt", ())),
+            cflags=tuple(tc["cflags"]),
+            ldflags=tuple(tc["ldflags"]),
+            libs=tuple(tc["libs"]),
+            linker_script=tc.get("linker_script"),
+            runner=runner,
+            weights=section["weights"],
+            memory=memory,
+            path=path,
             prefill_batch=_int(data.get("prefill_batch", 1)),
-            parallel=str(data.get("parallel", "none")), code_reserve=_int(data.get("code_reserve", 0)),
+            parallel=str(data.get("parallel", "none")),
+            code_reserve=_int(data.get("code_reserve", 0)),
             memory_budget=_budget(data, runner),
             budget_reserve=_size(data, "budget_reserve", runner),
-            flash=flash, predict=parse_predict(data["predict"]) if "predict" in data else None, predicts=predicts,
+            flash=flash,
+            predict=parse_predict(data["predict"]) if "predict" in data else None,
+            predicts=predicts,
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ColibriError(f"{path.name}: malformed board file ({e})") from None

@@ -22,8 +22,10 @@ class TimingModel:
     weight_bytes_per_s: float
 
     def describe(self) -> str:
-        return (f"{self.clock_hz / 1e6:.0f} MHz, {self.cycles_per_instruction} cycles/instruction, "
-                f"weights at {self.weight_bytes_per_s / 1e6:.0f} MB/s, the slower of the two")
+        return (
+            f"{self.clock_hz / 1e6:.0f} MHz, {self.cycles_per_instruction} cycles/instruction, "
+            f"weights at {self.weight_bytes_per_s / 1e6:.0f} MB/s, the slower of the two"
+        )
 
 
 def parse_predict(section: object) -> TimingModel:

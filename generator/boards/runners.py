@@ -95,8 +95,11 @@ class ProcessRunner(Runner):
 
     def how_it_runs(self) -> str:
         emulator = self.emulated_by()
-        return (f"under {emulator} (user-mode emulation of {self.isa} on this {platform.machine()} machine)"
-                if emulator else "natively, as a process")
+        return (
+            f"under {emulator} (user-mode emulation of {self.isa} on this {platform.machine()} machine)"
+            if emulator
+            else "natively, as a process"
+        )
 
     def tools(self) -> list[str]:
         return [self.emulator[0]] if self.needs_emulator() else []
@@ -146,8 +149,9 @@ class BuildOnlyRunner(Runner):
     kind: ClassVar[str] = "none"
 
 
-RUNNER_KINDS: dict[str, type[Runner]] = {r.kind: r for r in (ProcessRunner, EmulatedSystemRunner, SerialRunner,
-                                                             BuildOnlyRunner)}
+RUNNER_KINDS: dict[str, type[Runner]] = {
+    r.kind: r for r in (ProcessRunner, EmulatedSystemRunner, SerialRunner, BuildOnlyRunner)
+}
 
 
 def runner_from_section(section: dict, isa: str) -> Runner:
@@ -156,8 +160,9 @@ def runner_from_section(section: dict, isa: str) -> Runner:
     if kind not in RUNNER_KINDS:
         raise ValueError(f"runner kind {kind!r} is not one of {', '.join(RUNNER_KINDS)}")
     if kind == "process":
-        return ProcessRunner(isa, emulator=_strings(section, "emulator"),
-                             remote_prefix=_strings(section, "remote_prefix"))
+        return ProcessRunner(
+            isa, emulator=_strings(section, "emulator"), remote_prefix=_strings(section, "remote_prefix")
+        )
     if kind == "qemu-system":
         return EmulatedSystemRunner(command=_strings(section, "command"))
     return RUNNER_KINDS[kind]()

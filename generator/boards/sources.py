@@ -18,13 +18,19 @@ def firmware_sources(board: Board, repo: Path = REPO) -> list[Path]:
     kernels = [src / "runtime" / "kernels" / f"{k}.c" for k in board.kernels]
     for kernel in kernels:
         if not kernel.is_file():
-            raise ColibriError(f"board {board.name}: kernel set {kernel.stem!r} has no "
-                               f"firmware_src/runtime/kernels/{kernel.name}")
+            raise ColibriError(
+                f"board {board.name}: kernel set {kernel.stem!r} has no firmware_src/runtime/kernels/{kernel.name}"
+            )
     if not (bsp / "main.c").is_file():
         raise ColibriError(f"board {board.name}: no BSP at firmware_src/bsp/{board.bsp}/main.c")
-    sources = (sorted((src / "runtime").glob("*.c")) + kernels
-               + [src / "runtime" / "parallel" / f"{board.parallel}.c"]
-               + sorted((src / "app").glob("*.c")) + sorted(bsp.glob("*.c")) + sorted(bsp.glob("*.S")))
+    sources = (
+        sorted((src / "runtime").glob("*.c"))
+        + kernels
+        + [src / "runtime" / "parallel" / f"{board.parallel}.c"]
+        + sorted((src / "app").glob("*.c"))
+        + sorted(bsp.glob("*.c"))
+        + sorted(bsp.glob("*.S"))
+    )
     if board.weights == "embedded":
         sources.append(src / "runtime" / "weights_embedded.S")  # the image linked into the program
     return sources

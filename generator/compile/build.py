@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..boards import Board
 from ..errors import ColibriError
 from ..files import REPO, slug
 from ..model.load import load_model
@@ -18,7 +19,6 @@ from ..numerics.quantize import QUANTS
 from .module_inputs import modules_run_by
 from .pipeline import PLAN_FILE, WEIGHTS_FILE, generate, plan_checkpoint
 from .plan import Plan, check_fits
-from ..boards import Board
 
 GENERATED_DIR = "generated"
 # Model files at least this large (checkpoint shards) count as unchanged while their size and

@@ -15,15 +15,14 @@ import numpy as np
 
 from .. import __version__
 from ..files import REPO
-
 from ..numerics import rope
 from ..numerics.quantize import SCALE_BYTES
 from . import image_format
+from .cache_plan import STORAGE_ALIGN, cache_constants
 from .image_format import DTYPE_CODES, QUANT_CODES
+from .plan import ALIGN, Plan, align_up, expert_groups
 
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
-from .plan import ALIGN, Plan, align_up, expert_groups
-from .cache_plan import STORAGE_ALIGN, cache_constants
 
 TEMPLATE_DIR = REPO / "templates"
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")

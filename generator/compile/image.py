@@ -26,14 +26,25 @@ from pathlib import Path
 
 import numpy as np
 
-from . import image_format as fmt
 from ..errors import ColibriError
 from ..files import atomic_output
+from ..numerics.quantize import (
+    HALF,
+    INTEGER_QUANTS,
+    QK,
+    SCALE_BYTES,
+    dequantize_q4_1,
+    dequantize_q8_0,
+    gguf_block_type,
+    keep_blocks,
+    quantize_q4_0,
+    quantize_q4_1,
+    quantize_weights_q8_0,
+    unpack_q4_0,
+    unpack_q4_1,
+)
+from . import image_format as fmt
 from .plan import Plan, TensorEntry
-from ..numerics.quantize import (HALF, INTEGER_QUANTS, QK, SCALE_BYTES, dequantize_q4_1, dequantize_q8_0,
-                                 gguf_block_type, keep_blocks, quantize_q4_0, quantize_q4_1, quantize_weights_q8_0,
-                                 unpack_q4_0, unpack_q4_1)
-
 
 # Work is cut into pieces of whole rows of at most this many values (16 MB as float32): the
 # memory a piece needs is bounded whatever the tensor's size, and one large tensor still spreads

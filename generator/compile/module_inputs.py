@@ -35,24 +35,26 @@ def imports_of(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
                 target = ".".join([*base, *(node.module.split(".") if node.module else [])])
             elif node.module and node.module.startswith("generator"):
-                target = node.module[len("generator."):] if node.module != "generator" else ""
+                target = node.module[len("generator.") :] if node.module != "generator" else ""
             else:
                 continue
             if node.level and not module_path(target or "__init__"):
                 # Python would fail on it when the module runs; the walk must not drop it silently
                 # from a step's inputs first.
-                raise ValueError(f"{path.relative_to(GENERATOR)}:{node.lineno}: "
-                                 f"{'.' * node.level}{node.module or ''} is no module of the generator")
+                raise ValueError(
+                    f"{path.relative_to(GENERATOR)}:{node.lineno}: "
+                    f"{'.' * node.level}{node.module or ''} is no module of the generator"
+                )
             for alias in node.names:
                 candidate = f"{target}.{alias.name}" if target else alias.name
                 found.add(candidate if module_path(candidate) else target or "__init__")
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("generator."):
-                    found.add(alias.name[len("generator."):])
+                    found.add(alias.name[len("generator.") :])
     return {m for m in found if m and module_path(m)}
 
 

@@ -10,14 +10,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .emit import GENERATED_FILES, render
+from ..boards import Board
 from ..errors import ColibriError
 from ..files import write_atomic
-from ..numerics.quantize import GGUF
 from ..model.load import Checkpoint, load_model
+from ..numerics.quantize import GGUF
+from .emit import GENERATED_FILES, render
 from .image import default_jobs, write_image
 from .plan import Plan, plan_for_board
-from ..boards import Board
 
 WEIGHTS_FILE = "weights.img"
 PLAN_FILE = "plan.json"

@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from typing import Callable
 
-from . import image_format
-from ..errors import ColibriError
-from ..numerics.quantize import GGUF, INTEGER_QUANTS, QK, QUANTS, SCALE_BYTES, gguf_block_type
-from ..model.spec import ModelSpec, expected_shapes
 from ..boards import CATEGORIES, Board
+from ..errors import ColibriError
+from ..model.spec import ModelSpec, expected_shapes
+from ..numerics.quantize import GGUF, INTEGER_QUANTS, QK, QUANTS, SCALE_BYTES, gguf_block_type
+from . import image_format
 
 ALIGN = image_format.ALIGN  # tensors in the image, buffers in the arenas
 PLAN_FORMAT = 1

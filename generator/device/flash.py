@@ -13,9 +13,9 @@ import struct
 from pathlib import Path
 from typing import Callable
 
+from ..boards import Board, Flash
 from ..errors import ColibriError
 from .ports import open_error
-from ..boards import Board, Flash
 
 SECTOR = 0x1000  # flash erase sector: images start on one
 ESP_IMAGE_MAGIC = 0xE9  # first byte of an ESP bootloader or app image
@@ -199,10 +199,10 @@ def flash_images(board: Board, port: str, images: list[tuple[int, Path]], baud: 
         raise ColibriError(f"board {board.name} is flashed over a serial port: give it with --port "
                            f"(e.g. /dev/ttyUSB0)")
     try:
+        import serial
         from esptool import cmds
         from esptool.loader import ESPLoader
         from esptool.util import FatalError
-        import serial
     except ImportError:
         raise ColibriError("esptool is not installed (./colibri sets up its environment with it)") from None
 

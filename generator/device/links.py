@@ -92,8 +92,9 @@ class Link:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -108,8 +109,9 @@ class LinuxLink(Link):
         self.process: ProcessLink | None = None
         if how.keep_open:
             if how.remote is not None:
-                argv, _ = remote_command(how.remote, board, firmware.program, firmware.weights, list(how.options),
-                                         how.progress)
+                argv, _ = remote_command(
+                    how.remote, board, firmware.program, firmware.weights, list(how.options), how.progress
+                )
                 self.process = ProcessLink(argv, explain_remote(how.remote))
             else:
                 self.process = ProcessLink(self.local_argv(), explain_local)
@@ -120,8 +122,14 @@ class LinuxLink(Link):
     def local_argv(self) -> list[str]:
         runner = self.board.runner
         assert isinstance(runner, ProcessRunner)
-        argv = [*local_prefix(), *(runner.emulator if runner.needs_emulator() else ()), str(self.firmware.program),
-                "--weights", str(self.firmware.weights), *self.how.options]
+        argv = [
+            *local_prefix(),
+            *(runner.emulator if runner.needs_emulator() else ()),
+            str(self.firmware.program),
+            "--weights",
+            str(self.firmware.weights),
+            *self.how.options,
+        ]
         if self.how.logits_out is not None:
             argv += ["--logits-out", str(self.how.logits_out)]
         return argv
@@ -149,8 +157,16 @@ class LinuxLink(Link):
             if timeout is None:
                 # The board may be slower than this machine; connecting takes a few seconds more.
                 timeout = 10 + default_timeout(request, self.weights_bytes()) * (4 if remote_prefix(self.board) else 2)
-            return run_remote(remote, self.board, self.firmware.program, self.firmware.weights, request, session,
-                              timeout, self.how.progress)
+            return run_remote(
+                remote,
+                self.board,
+                self.firmware.program,
+                self.firmware.weights,
+                request,
+                session,
+                timeout,
+                self.how.progress,
+            )
         if timeout is None:
             timeout = default_timeout(request, self.weights_bytes()) * (4 if self.board.runner.needs_emulator() else 1)
         return run_process(self.local_argv(), request_frame(request), session, timeout)
@@ -176,8 +192,9 @@ class Emulator:
         port = free_port()
         self.argv = [a.format(program=program, flash_image=flash_image, port=port) for a in runner.command]
         try:
-            self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+            )
         except OSError as e:
             raise ColibriError(f"cannot start {self.argv[0]}: {e.strerror}") from None
         self.link: SerialLink | None = None
@@ -218,8 +235,9 @@ class EmulatorLink(Link):
         session = self.firmware.session(on_token)
         assert self.emulator.link is not None
         try:
-            result = self.emulator.link.run(request, session, emulator_timeouts(request, timeout),
-                                            resume=self.turns > 0)
+            result = self.emulator.link.run(
+                request, session, emulator_timeouts(request, timeout), resume=self.turns > 0
+            )
         except ColibriError as e:
             raise self.emulator.explain(e, session) from None
         self.turns += 1
@@ -259,11 +277,22 @@ LINKS: dict[type[Runner], Callable[[Board, Firmware, LinkOptions], Link]] = {
 }
 
 
-def open_link(board: Board, program: Path, weights: Path, expected_model: str, *,
-              check_hello: HelloCheck | None = None, flash_image: Path | None = None,
-              options: Sequence[str] = (), logits_out: Path | None = None, remote: Remote | None = None,
-              progress: Progress | None = None, port: str | None = None, reset: bool = False,
-              keep_open: bool = False) -> Link:
+def open_link(
+    board: Board,
+    program: Path,
+    weights: Path,
+    expected_model: str,
+    *,
+    check_hello: HelloCheck | None = None,
+    flash_image: Path | None = None,
+    options: Sequence[str] = (),
+    logits_out: Path | None = None,
+    remote: Remote | None = None,
+    progress: Progress | None = None,
+    port: str | None = None,
+    reset: bool = False,
+    keep_open: bool = False,
+) -> Link:
     """Open the link to the firmware built for `board` (see LinkOptions), refusing what the board
     cannot do; progress hears about copies to a board over SSH."""
     runner = board.runner

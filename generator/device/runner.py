@@ -19,19 +19,42 @@ def check_request(board: Board, request: RunRequest) -> None:
     if request.probe_bandwidth_mib is not None and not board.runner.probes_bandwidth:
         raise ColibriError(f"board {board.name} cannot measure its read bandwidth (only Linux boards can)")
     if request.firmware_options() and not board.runner.takes_memory_budget:
-        raise ColibriError(f"board {board.name} keeps its weights in flash: a memory budget and storage probes are "
-                           f"for Linux boards")
+        raise ColibriError(
+            f"board {board.name} keeps its weights in flash: a memory budget and storage probes are for Linux boards"
+        )
 
 
-def run_on_board(board: Board, program: Path, weights: Path, request: RunRequest, expected_model: str,
-                 on_token: OnToken | None = None, logits_out: Path | None = None, timeout: float | None = None,
-                 flash_image: Path | None = None, port: str | None = None, reset: bool = False,
-                 check_hello: HelloCheck | None = None, remote: Remote | None = None,
-                 progress: Progress | None = None) -> RunResult:
+def run_on_board(
+    board: Board,
+    program: Path,
+    weights: Path,
+    request: RunRequest,
+    expected_model: str,
+    on_token: OnToken | None = None,
+    logits_out: Path | None = None,
+    timeout: float | None = None,
+    flash_image: Path | None = None,
+    port: str | None = None,
+    reset: bool = False,
+    check_hello: HelloCheck | None = None,
+    remote: Remote | None = None,
+    progress: Progress | None = None,
+) -> RunResult:
     """Run `request` on the firmware built for `board`: here, or on the Linux board `remote` reached
     over SSH (progress hears about copies to it); check_hello: see Session."""
     check_request(board, request)
-    with open_link(board, program, weights, expected_model, check_hello=check_hello, flash_image=flash_image,
-                   options=request.firmware_options(), logits_out=logits_out, remote=remote, progress=progress,
-                   port=port, reset=reset) as link:
+    with open_link(
+        board,
+        program,
+        weights,
+        expected_model,
+        check_hello=check_hello,
+        flash_image=flash_image,
+        options=request.firmware_options(),
+        logits_out=logits_out,
+        remote=remote,
+        progress=progress,
+        port=port,
+        reset=reset,
+    ) as link:
         return link.turn(request, on_token, timeout)

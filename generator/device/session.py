@@ -8,9 +8,9 @@ from typing import Callable
 
 from ..compile.cache_plan import AutoBudget
 from ..errors import ColibriError
-from .protocol import Frame, encode_request
 from ..numerics.perplexity import Score
 from ..numerics.sampling import SamplingParams
+from .protocol import Frame, encode_request
 
 
 @dataclass(frozen=True)

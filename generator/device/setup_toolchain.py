@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import ColibriError
 from ..boards import Board, available_boards, load_board
+from ..errors import ColibriError
 
 
 def apt_install(packages: list[str], why: str) -> None:

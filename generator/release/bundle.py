@@ -14,10 +14,8 @@ import tarfile
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
-from ..errors import ColibriError
 from ..boards import Board
-
-
+from ..errors import ColibriError
 
 RELEASE_FORMAT = "colibri-release-1"
 

@@ -14,15 +14,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..files import REPO
-from ..errors import ColibriError
 from ..boards import load_board
-
-from .bundle import (MANIFEST, Progress, RELEASE_FORMAT, SIGNATURE, SUMS, bundle_files, say, sha256_file,
-                     write_tarball)
+from ..errors import ColibriError
+from ..files import REPO
+from .bundle import MANIFEST, RELEASE_FORMAT, SIGNATURE, SUMS, Progress, bundle_files, say, sha256_file, write_tarball
+from .make import Inputs, produce
 from .provenance import request_from, source_info, stage_model
 from .signing import signature_problem
-from .make import Inputs, produce
 
 
 @dataclass

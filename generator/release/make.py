@@ -33,19 +33,45 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..boards import Board, load_board
 from ..compile.build import GENERATED_DIR, prepare, run_scons
-from ..files import REPO
-from ..errors import ColibriError
+from ..compile.firmware_id import elf_build_id
 from ..compile.pipeline import OUTPUT_FILES
 from ..device.session import RunRequest
-from ..boards import Board, load_board
-
-from ..compile.firmware_id import elf_build_id
-from .bundle import (FIRMWARE_DIR, MANIFEST, MEASUREMENTS_SUFFIX, Progress, RELEASE_FORMAT, REPORT_JSON, REPORT_TEXT,
-                     SIGNATURE, VERIFICATION, bundle_files, firmware_files, flash_layout,
-                     json_bytes, put, say, sha256_file, write_file, write_sums, write_tarball)
-from .provenance import (bundle_name, default_request, default_source_date_epoch, model_files, request_dict,
-                         sampling_defaults, source_info, stage_model, toolchain_info)
+from ..errors import ColibriError
+from ..files import REPO
+from .bundle import (
+    FIRMWARE_DIR,
+    MANIFEST,
+    MEASUREMENTS_SUFFIX,
+    RELEASE_FORMAT,
+    REPORT_JSON,
+    REPORT_TEXT,
+    SIGNATURE,
+    VERIFICATION,
+    Progress,
+    bundle_files,
+    firmware_files,
+    flash_layout,
+    json_bytes,
+    put,
+    say,
+    sha256_file,
+    write_file,
+    write_sums,
+    write_tarball,
+)
+from .provenance import (
+    bundle_name,
+    default_request,
+    default_source_date_epoch,
+    model_files,
+    request_dict,
+    sampling_defaults,
+    source_info,
+    stage_model,
+    toolchain_info,
+)
 from .signing import load_private_key, sign_manifest
 from .verification import verify_firmware
 

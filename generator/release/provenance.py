@@ -14,15 +14,13 @@ from importlib import metadata
 from pathlib import Path
 
 from .. import __version__
-from ..files import REPO, slug
-from ..errors import ColibriError
-from ..model.load import companion_files, generation_config, load_model
-from ..device.session import RunRequest
-from ..numerics.sampling import SamplingParams, generation_defaults
 from ..boards import Board
-
+from ..device.session import RunRequest
+from ..errors import ColibriError
+from ..files import REPO, slug
+from ..model.load import companion_files, generation_config, load_model
+from ..numerics.sampling import SamplingParams, generation_defaults
 from .bundle import sha256_file
-
 
 # The verification decode every release records: greedy, a fixed tokenizer-free prompt (the
 # model's BOS token, then ids spread over the vocabulary, as `bench` uses), a fixed step count.
@@ -197,8 +195,8 @@ def bundle_name(model_name: str, board: str, quant: str, n_ctx: int) -> str:
 def version_report() -> list[str]:
     """`./colibri --version`: the generator, the git commit it runs from, and every board's
     toolchain as found on this machine (what a release would record)."""
-    from ..compile.esp32.idf_build import find_idf
     from ..boards import available_boards, load_board
+    from ..compile.esp32.idf_build import find_idf
 
     commit = "not a git checkout"
     top = _git("rev-parse", "--show-toplevel")

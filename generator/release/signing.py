@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 from ..errors import ColibriError
-
 from .bundle import MANIFEST, SIGNATURE
 
 

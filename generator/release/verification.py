@@ -4,16 +4,12 @@
 
 from __future__ import annotations
 
-
-from ..device.runner import run_on_board
-from ..verify import (compare, firmware_identity, identity_differences, instructions_scope, rates,
-                      reference_run)
-from ..device.session import RunRequest, RunResult
 from ..boards import Board
-
+from ..device.runner import run_on_board
+from ..device.session import RunRequest, RunResult
+from ..verify import compare, firmware_identity, identity_differences, instructions_scope, rates, reference_run
 from .bundle import RELEASE_FORMAT
 from .provenance import request_dict
-
 
 # Hello-frame fields that describe the firmware itself, recorded in verification.json. The others
 # describe the machine it ran on (e.g. `kernels`, chosen at run time from the CPU's features) and go
@@ -62,7 +58,8 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
             "counted": instructions_scope(request, result)}
 
     r = rates(result)
-    measurements = {"ran": True, "emulated_by": board.runner.emulated_by(), "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
+    measurements = {"ran": True, "emulated_by": board.runner.emulated_by(),
+                    "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
                     "wall_seconds": round(result.wall_seconds, 6),
                     **{k: int(s.get(k, 0)) for k in ("prefill_us", "decode_us", "forward_us")},
                     **{k: r[k] for k in ("prompt_tokens", "decode_forward_passes", "prefill_tok_s", "decode_tok_s",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
-from ...errors import ColibriError
 from ...boards import Board
+from ...errors import ColibriError
 
 
 def _quiet(fn, *args, **kwargs):

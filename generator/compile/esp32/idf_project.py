@@ -21,17 +21,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from ... import __version__
-from ..emit import GENERATED_FILES, environment
-from ...files import REPO, write_atomic
+from ...boards import Board, FlashImage, IdfSettings, firmware_sources
+from ...boards.esp_idf import FLASH_FREQS
 from ...errors import ColibriError
+from ...files import REPO, write_atomic
+from ..emit import GENERATED_FILES, environment
 from ..image import read_header
 from ..pipeline import WEIGHTS_FILE
 from ..plan import Plan, align_up
 from .partitions import MMU_PAGE, Partition, check_partitions
-from ...boards import Board, FlashImage, IdfSettings, firmware_sources
-from ...boards.esp_idf import FLASH_FREQS
 
 TEMPLATE_DIR = REPO / "templates" / "idf"
 COLIBRI_DIR = "main/colibri"  # inside the project: copies of firmware_src and the generated files

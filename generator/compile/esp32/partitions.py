@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import ColibriError
-
 from ...boards.esp_idf import MMU_PAGE, SECTOR  # ESP flash facts, beside the board file's checks
+from ...errors import ColibriError
 
 
 @dataclass(frozen=True)

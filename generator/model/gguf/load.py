@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
+from ..spec import ModelSpec, RopeSpec, expected_shapes
 from .file import GgufFile, GgufTensorInfo, read_gguf
 from .tensors import EXACT_TYPES, QuantBlocks, rows_blocks, rows_f32, tensor_blocks
-from ..spec import ModelSpec, RopeSpec, expected_shapes
 
 
 @dataclass(frozen=True)

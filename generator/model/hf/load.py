@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
-from .safetensors_io import TensorInfo, read_header, read_rows, rows_cols, strict_json
 from ..spec import ModelSpec, RopeSpec, expected_shapes
+from .safetensors_io import TensorInfo, read_header, read_rows, rows_cols, strict_json
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",

@@ -47,3 +47,12 @@ def test_the_console_command_is_the_cli():
     script = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["colibri"]
     module, _, name = script.partition(":")
     assert (module, name) == (main.__module__, main.__name__)
+
+
+def test_the_bootstrap_installs_the_console_command_into_the_venv():
+    """./colibri installs the project editable into .venv: `.venv/bin/colibri` runs this checkout."""
+    done = subprocess.run([str(BIN / "colibri"), "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    from generator import __version__
+
+    assert __version__ in done.stdout + done.stderr

@@ -17,137 +17,36 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from . import __version__, job
+from .arguments import (
+    add_board_args,
+    add_budget_arg,
+    add_decode_args,
+    add_jobs_arg,
+    add_model_args,
+    add_sampling_args,
+    add_target_args,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    unit_float,
+)
 from .boards import Board, available_boards, load_board
-from .compile.build import build_dirs, prepare, remove_builds
-from .compile.elfsize import read_elf
-from .compile.plan import Plan, plan_for_board, planned_use
-from .console import TextStream, progress, user_messages, warn  # noqa: F401 (warn: for callers of the CLI's helpers)
+from .compile.build import build_dirs, remove_builds
+from .console import TextStream, progress, user_messages
 from .device.remote import ran_on
-from .device.session import RunRequest
 from .errors import ColibriError
-from .files import DEFAULT_MODEL, REPO
+from .files import REPO
 from .job import (
     JobOptions,
-    Planned,
     Ran,
-    board_port,
-    budget_plan,
     compile_build,
     plan_build,
     prompt_text,  # noqa: F401 (the CLI's --prompt-file reading, tested through it)
 )
-from .model.load import config_only_spec
 from .model.tokenizer import Tokenizer
-from .numerics.quantize import QUANTS
 from .project_file import apply_project_file, find_project_file, load_project_file
-from .report import format_report, planned_report_dict, report_dict, report_problem
+from .report import format_report, report_problem
 from .verify import FirmwareMismatch, budget_text, compare, reference_run, run_stats, speed_text
-
-# ---- argument helpers -----------------------------------------------------------------------
-
-def number(kind, low: float, high: float = float("inf"), what: str = ""):
-    """An argparse type: `kind` (int or float) within [low, high], finite."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not (low <= value <= high) or value in (float("inf"), float("-inf")):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-    return parse
-
-
-positive_int = number(int, 1, what="a positive integer")
-non_negative_int = number(int, 0, what="a non-negative integer")
-unit_float = number(float, 0.0, 1.0, what="a number between 0 and 1")
-non_negative_float = number(float, 0.0, what="a finite number >= 0")
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--board", default="host", help=f"target board (available: {', '.join(available_boards())})")
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory or "
-                   "GGUF file (default: the bundled models/kjv-tiny)")
-    p.add_argument("--quant", default="q8_0", choices=QUANTS, help="weight format (default q8_0)")
-    p.add_argument("--ctx", type=positive_int, help="context length the firmware is built for "
-                   "(default: the board's default, capped by the model)")
-
-
-def add_target_args(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    p.add_argument("--out", type=Path, help="build directory (default build/<board>/<model>-<quant>-ctx<N>)")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
-
-
-def add_port_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", help="serial port of a real board (e.g. /dev/ttyUSB0), for boards run over serial "
-                   "(default: the only port that looks like an ESP32 board's)")
-    p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening its port")
-
-
-def add_remote_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--remote", metavar="[USER@]HOST[:PORT]",
-                   help="run on a Linux board reached over SSH (an ~/.ssh/config alias works); default: "
-                        "$COLIBRI_REMOTE, else the board's entry in ~/.config/colibri/config.toml [remote]; "
-                        "--remote '' runs here")
-
-
-def memory_size(text: str):
-    """--memory-budget: bytes (an int) or compile.cache_plan.AutoBudget."""
-    from .compile.cache_plan import parse_budget
-
-    try:
-        return parse_budget(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def add_budget_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memory-budget", type=memory_size, metavar="SIZE",
-                   help="Linux boards: RAM the firmware may use, e.g. 512M or 6G (binary units) or bytes; the "
-                        "dense part stays resident and routed experts are read into a pool of slots "
-                        "(default: the board file's memory_budget; 0: unlimited, the mapped image read in place). "
-                        "auto: the smaller of the firmware's memory cgroup limit and MemAvailable where it runs, "
-                        "less a margin of 128 MiB (auto-512M: that margin); unlimited when that holds the whole model")
-
-
-def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
-    p.add_argument("--prompt", help="prompt text (needs the model's tokenizer.json)")
-    p.add_argument("--prompt-file", type=Path, metavar="FILE",
-                   help="read the prompt text from FILE (- for standard input); one final newline is dropped")
-    p.add_argument("--prompt-ids", help="prompt as comma-separated token ids")
-    p.add_argument("--steps", type=positive_int, default=steps, help=f"tokens to generate (default {steps})")
-    add_sampling_args(p)
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
-
-
-def add_board_args(p: argparse.ArgumentParser) -> None:
-    """What a board may take, the same for every command that runs firmware (option_checks refuses
-    those the board in use cannot take)."""
-    add_threads_arg(p)
-    add_port_arg(p)
-    add_remote_arg(p)
-    add_budget_arg(p)
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    p.add_argument("--temperature", type=non_negative_float, help="sampling temperature (0 = greedy)")
-    p.add_argument("--top-k", type=non_negative_int, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=unit_float, help="keep the smallest set with this total probability")
-    p.add_argument("--min-p", type=unit_float, help="drop tokens below min-p times the top probability")
-    p.add_argument("--seed", type=non_negative_int, help="sampling seed (default 0)")
-
-
-def add_jobs_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--jobs", type=number(int, 1, 1024, what="a process count from 1 to 1024"),
-                   help="worker processes that quantize the weights when the weight image is generated "
-                        "(default: two per core; the same bytes at any count)")
-
-
-def add_threads_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=number(int, 1, 64, what="a thread count from 1 to 64"), default=1,
-                   help="threads on Linux boards (default 1; the same bits at any count)")
 
 
 def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
@@ -256,38 +155,25 @@ def cmd_verify(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    from .chat import ChatState
-
     prepared = job.prepare_chat(job_options(args))
-    board, plan, tokenizer, sampling = prepared.board, prepared.plan, prepared.tokenizer, prepared.sampling
-    assert tokenizer is not None and sampling is not None
+    board, plan = prepared.board, prepared.plan
     built = job.build(prepared)
-    state = ChatState(prepared.inputs, tokenizer, plan.n_ctx, args.steps or plan.n_ctx)
-    if args.system:
-        state.messages.append({"role": "system", "content": args.system})
+    state = job.chat_state(prepared, args.steps, args.system)
     interactive = sys.stdin.isatty() and not args.json
     if interactive:
         progress(f"chatting with {args.model} on {board.name} (context {plan.n_ctx}); Ctrl-D ends")
-    with job.open_chat(prepared, built) as conversation:
-        for turn, user in enumerate(user_messages(interactive)):
-            planned_turn = state.plan_turn(user)
-            request = RunRequest(planned_turn.prompt, planned_turn.steps, sampling, True, args.threads,
-                                 digests=args.json, start=planned_turn.start)
-            stream = TextStream(tokenizer, enabled=not args.json)
-            try:
-                result = conversation.turn(request, on_token=stream)
-            finally:
-                stream.end_line()
-            reply = state.finish_turn(planned_turn, result.tokens, result.held)
-            if args.json:
-                print(json.dumps({"turn": turn, "user": user, "reply": reply, "prompt": planned_turn.prompt,
-                                  "tokens": result.tokens,
-                                  "logits_sha256": result.digests, "start": planned_turn.start,
-                                  "prefilled": len(planned_turn.prompt), "reprefilled": planned_turn.reprefilled,
-                                  "held": result.held, "stop_reason": result.stop_reason,
-                                  "stats": run_stats(result, board, request)}), flush=True)
-            elif planned_turn.reprefilled:
-                progress("(the chat template rewrote earlier turns: the whole conversation was prefilled again)")
+    turns = job.converse(prepared, built, state, user_messages(interactive), digests=args.json,
+                         stream=lambda: TextStream(prepared.tokenizer, enabled=not args.json))
+    for index, turn in enumerate(turns):
+        planned, result = turn.planned, turn.result
+        if args.json:
+            print(json.dumps({"turn": index, "user": turn.user, "reply": turn.reply, "prompt": planned.prompt,
+                              "tokens": result.tokens, "logits_sha256": result.digests, "start": planned.start,
+                              "prefilled": len(planned.prompt), "reprefilled": planned.reprefilled,
+                              "held": result.held, "stop_reason": result.stop_reason,
+                              "stats": run_stats(result, board, turn.request)}), flush=True)
+        elif planned.reprefilled:
+            progress("(the chat template rewrote earlier turns: the whole conversation was prefilled again)")
     return 0
 
 
@@ -309,37 +195,8 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def report_budget(options: JobOptions, board: Board, plan: Plan):
-    """report's expert cache: shown when --memory-budget is given or the board file sets one."""
-    if options.memory_budget is None and not board.memory_budget:
-        return None
-    return budget_plan(options, board, plan, here=True)
-
-
 def cmd_report(args) -> int:
-    options = job_options(args)
-    board = load_board(args.board)
-    spec = config_only_spec(args.model)
-    if spec is not None:
-        # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
-        n_ctx = args.ctx or min(board.default_ctx, spec.max_position_embeddings)
-        plan = plan_for_board(spec, board, args.quant, n_ctx)
-        cache = report_budget(options, board, plan)
-        rep = planned_report_dict(board, plan)
-    else:
-        request, plan = prepare(board, args.model, args.quant, args.ctx, args.out, check_fit=False)
-        cache = report_budget(options, board, plan)  # a budget too small is said before building
-        if any(use.over_budget for use in planned_use(board, plan)):
-            # It would be refused before compiling: show where the bytes would go, then say so.
-            rep = planned_report_dict(board, plan)
-        else:
-            art = compile_build(Planned(board, request, plan), quiet=args.json, jobs=args.jobs)
-            if art.program.exists():
-                rep = report_dict(board, plan, read_elf(art.program))
-            else:  # an ESP-IDF project that idf.py has not built here
-                rep = planned_report_dict(board, plan)
-    if cache is not None:
-        rep["memory_budget"] = cache.to_dict()
+    rep = job.report(job_options(args))
     if args.json:
         print(json.dumps(rep, indent=2))
     else:
@@ -364,24 +221,8 @@ def cmd_bench(args) -> int:
 
 
 def cmd_flash(args) -> int:
-    from .device.flash import flash_images, flash_plan
-
-    options = job_options(args)
-    planned = plan_build(options)
-    board = planned.board
-    if not board.is_flashed:
-        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
-    if args.monitor and args.no_reset:
-        raise ColibriError("--no-reset leaves the board in its bootloader, so --monitor would show nothing: "
-                           "give one or the other")
-    port = board_port(options, board)
-    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
-    images = flash_plan(board, art.out_dir)
-    baud = args.baud or board.flash.baud
-    # With --monitor the board stays in the bootloader after writing, and the monitor resets it once
-    # its port is open, so the hello frame of the new firmware is not lost before anyone listens.
-    flash_images(board, port, images, baud=baud, progress=progress, reset=not args.no_reset and not args.monitor,
-                 before=args.before)
+    flashed = job.flash(job_options(args), args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor)
+    board, port, images, art = flashed.board, flashed.port, flashed.images, flashed.art
     summary = {"board": board.name, "port": port, "images": [{"offset": o, "file": str(p)} for o, p in images],
                "model_hash": art.model_hash()}
     if args.json and not args.monitor:
@@ -401,13 +242,7 @@ def cmd_flash(args) -> int:
 def cmd_monitor(args) -> int:
     from .device.monitor import monitor
 
-    port = args.port
-    if not port:
-        from .device.ports import describe, detect_port
-
-        found = detect_port("monitor")
-        progress(f"using serial port {describe(found)}")
-        port = found.device
+    port = args.port or job.look_up_port("monitor")
     tokenizer = None
     if args.model is not None:
         tokenizer = Tokenizer.for_model(args.model)

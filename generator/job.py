@@ -1,5 +1,6 @@
 """Prepare → build → open the link, once, for every command that runs firmware: run, verify, chat,
-eval and bench. This is the Python API a script would use (the CLI is argparse and printing around it):
+eval and bench (and the parts of it that build, report and flash need). This is the Python API a
+script would use (the CLI is argparse and printing around it):
 
     from generator.job import JobOptions, run
     ran = run(JobOptions(board="host", prompt_ids="1,5,9", steps=8, ignore_eos=True))
@@ -15,7 +16,7 @@ compiles nothing and leaves no build directory. Each command asks only for the p
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -25,7 +26,7 @@ from .compile.build import Artifacts, BuildRequest, run_scons
 from .compile.build import prepare as prepare_build
 from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan
 from .compile.plan import Plan, largest_planned_ctx
-from .console import progress, warn
+from .console import TextStream, progress, warn
 from .device.links import Link, OnToken, open_link
 from .device.remote import Remote, remote_for
 from .device.runner import run_on_board
@@ -40,6 +41,7 @@ from .verify import FirmwareIdentity, firmware_identity, hello_check
 
 if TYPE_CHECKING:  # imported where used, so a command that does not chat, score or bench loads none of them
     from .bench import Stream
+    from .chat import ChatState, TurnPlan
     from .evaluate import Evaluation
     from .model.chat_template import ChatTemplate
 
@@ -140,11 +142,14 @@ def board_port(options: JobOptions, board: Board) -> str | None:
     board's (said on stderr). None for boards that run here."""
     if not board.runner.needs_port:
         return None
-    if options.port:
-        return options.port
+    return options.port or look_up_port(f"board {board.name}")
+
+
+def look_up_port(what: str) -> str:
+    """The only serial port that looks like an ESP32 board's (said on stderr), for `what` uses it."""
     from .device.ports import describe, detect_port
 
-    found = detect_port(f"board {board.name}")
+    found = detect_port(what)
     progress(f"using serial port {describe(found)}")
     return str(found.device)
 
@@ -390,6 +395,44 @@ def open_chat(prepared: Prepared[ChatTemplate], built: Built) -> Link:
     return link_to(prepared, built, keep_open=True, options=tuple(firmware_options))
 
 
+def chat_state(prepared: Prepared[ChatTemplate], max_steps: int | None, system: str | None) -> ChatState:
+    """The conversation so far (a system message, if given); a reply is at most max_steps tokens
+    (default: what is left of the context)."""
+    from .chat import ChatState
+
+    assert prepared.tokenizer is not None
+    state = ChatState(prepared.inputs, prepared.tokenizer, prepared.plan.n_ctx, max_steps or prepared.plan.n_ctx)
+    if system:
+        state.messages.append({"role": "system", "content": system})
+    return state
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    user: str
+    planned: TurnPlan
+    request: RunRequest
+    result: RunResult
+    reply: str
+
+
+def converse(prepared: Prepared[ChatTemplate], built: Built, state: ChatState, messages: Iterable[str],
+             stream: Callable[[], TextStream], digests: bool = False) -> Iterator[ChatTurn]:
+    """Each message a turn on one link to the built firmware, its reply streamed to a new `stream()`."""
+    assert prepared.sampling is not None
+    with open_chat(prepared, built) as conversation:
+        for user in messages:
+            planned = state.plan_turn(user)
+            request = RunRequest(planned.prompt, planned.steps, prepared.sampling, True, prepared.options.threads,
+                                 digests=digests, start=planned.start)
+            shown = stream()
+            try:
+                result = conversation.turn(request, on_token=shown)
+            finally:
+                shown.end_line()
+            yield ChatTurn(user, planned, request, result, state.finish_turn(planned, result.tokens, result.held))
+
+
 # ---- eval: a text scored chunk by chunk -----------------------------------------------------
 
 def prepare_eval(options: JobOptions, text: Path) -> Prepared[list[int]]:
@@ -488,3 +531,79 @@ def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptio
                                remote=prepared.remote, progress=prepared.progress,
                                check_hello=hello_check(built.identity), cache=prepared.cache, stream=made.stream,
                                in_ram=bench.in_ram)
+
+
+# ---- report and flash: prepared and built, no link ------------------------------------------
+
+def report_budget(options: JobOptions, board: Board, plan: Plan) -> CachePlan | None:
+    """report's expert cache: shown when --memory-budget is given or the board file sets one."""
+    if options.memory_budget is None and not board.memory_budget:
+        return None
+    cache = budget_plan(options, board, plan, here=True)
+    assert not isinstance(cache, AutoElsewhere)  # report sees this machine: auto is resolved here
+    return cache
+
+
+def report(options: JobOptions) -> dict[str, Any]:
+    """Where every byte goes (report.report_dict; "memory_budget": the expert cache, if any): from
+    the linked ELF, or planned only when there is nothing to link (a configuration alone, a model
+    that does not fit, an ESP-IDF project not built here)."""
+    from .compile.elfsize import read_elf
+    from .compile.plan import plan_for_board, planned_use
+    from .model.load import config_only_spec
+    from .report import planned_report_dict, report_dict
+
+    board = load_board(options.board)
+    spec = config_only_spec(options.model)
+    if spec is not None:
+        # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
+        n_ctx = options.ctx or min(board.default_ctx, spec.max_position_embeddings)
+        plan = plan_for_board(spec, board, options.quant, n_ctx)
+        cache = report_budget(options, board, plan)
+        rep = planned_report_dict(board, plan)
+    else:
+        request, plan = prepare_build(board, options.model, options.quant, options.ctx, options.out, check_fit=False)
+        cache = report_budget(options, board, plan)  # a budget too small is said before building
+        if any(use.over_budget for use in planned_use(board, plan)):
+            # It would be refused before compiling: show where the bytes would go, then say so.
+            rep = planned_report_dict(board, plan)
+        else:
+            art = compile_build(Planned(board, request, plan), quiet=options.quiet, jobs=options.jobs)
+            if art.program.exists():
+                rep = report_dict(board, plan, read_elf(art.program))
+            else:  # an ESP-IDF project that idf.py has not built here
+                rep = planned_report_dict(board, plan)
+    if cache is not None:
+        rep["memory_budget"] = cache.to_dict()
+    return rep
+
+
+@dataclass(frozen=True)
+class Flashed:
+    board: Board
+    port: str
+    images: list[tuple[int, Path]]  # (offset, file)
+    art: Artifacts
+
+
+def flash(options: JobOptions, baud: int | None = None, before: str = "default-reset", no_reset: bool = False,
+          then_monitor: bool = False) -> Flashed:
+    """Build and write a flashed board's images with esptool and verify them; reset the board after,
+    unless no_reset or then_monitor (the monitor resets it once its port is open, so the hello of the
+    new firmware is not lost before anyone listens)."""
+    from .device.flash import flash_images, flash_plan
+
+    planned = plan_build(options)
+    board = planned.board
+    if not board.is_flashed:
+        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
+    if then_monitor and no_reset:
+        raise ColibriError("--no-reset leaves the board in its bootloader, so --monitor would show nothing: "
+                           "give one or the other")
+    port = board_port(options, board)
+    assert port is not None and board.flash is not None  # a flashed board is on a serial port
+    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
+    images = flash_plan(board, art.out_dir)
+    flash_images(board, port, images, baud=baud or board.flash.baud, progress=progress,
+                 reset=not no_reset and not then_monitor, before=before)
+    return Flashed(board, port, images, art)

@@ -18,7 +18,7 @@ STAGES = [
     ("bench",),
     ("release",),
     ("job", "option_checks"),
-    ("cli",),
+    ("cli", "arguments"),
 ]
 
 

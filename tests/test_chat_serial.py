@@ -13,6 +13,8 @@ import time
 import tty
 
 import pytest
+from test_chat_and_eval import MESSAGES, chat_model  # noqa: F401 (a fixture)
+from test_cli_commands import P4_PORT, PLAIN
 
 from generator import cli
 from generator.compile.image import map_image
@@ -21,9 +23,6 @@ from generator.device.protocol import FrameReader, encode_frame, f32_bits
 from generator.numerics.sampling import SamplingParams
 from generator.reference import Reference
 from generator.verify import firmware_identity
-
-from test_chat_and_eval import MESSAGES, chat_model  # noqa: F401 (a fixture)
-from test_cli_commands import PLAIN, P4_PORT
 
 CTX = 128
 

@@ -80,9 +80,9 @@ def cmd_build(args) -> int:
 
 def job_options(args) -> JobOptions:
     """The run-like options out of argparse's namespace (by dest), with what the command line set."""
-    given = {f.name: getattr(args, f.name) for f in fields(JobOptions) if hasattr(args, f.name)}
-    given.pop("given", None), given.pop("defaults", None)
-    return JobOptions(**given, quiet=getattr(args, "json", False), given=args.given, defaults=args.parser_defaults)
+    taken = {f.name: getattr(args, f.name) for f in fields(JobOptions)
+             if hasattr(args, f.name) and f.name not in ("quiet", "given", "defaults")}
+    return JobOptions(**taken, quiet=getattr(args, "json", False), given=args.given, defaults=args.parser_defaults)
 
 
 def _run(args, stream: bool) -> Ran:

@@ -13,305 +13,40 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, fields
 from pathlib import Path
 
-from . import __version__
-from .compile.build import Artifacts, BuildRequest, build_dirs, prepare, remove_builds, run_scons
-from .compile.elfsize import read_elf
-from .compile.plan import Plan, largest_planned_ctx, plan_for_board, planned_use
+from . import __version__, job
+from .arguments import (
+    add_board_args,
+    add_budget_arg,
+    add_decode_args,
+    add_jobs_arg,
+    add_model_args,
+    add_sampling_args,
+    add_target_args,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    unit_float,
+)
 from .boards import Board, available_boards, load_board
-from .device.remote import ran_on, remote_for
-from .device.runner import run_on_board
-from .device.session import RunRequest, check_fits_context
-from .device.setup_toolchain import ensure_toolchain
+from .compile.build import build_dirs, remove_builds
+from .console import TextStream, progress, user_messages
+from .device.remote import ran_on
 from .errors import ColibriError
-from .files import DEFAULT_MODEL, REPO
-from .model.load import config_only_spec
-from .model.tokenizer import Tokenizer, parse_prompt_ids
-from .numerics.quantize import QUANTS
-from .numerics.sampling import SamplingParams, generation_defaults
-from .option_checks import check_board_options, check_sampling_options, threads_warning
+from .files import REPO
+from .job import (
+    JobOptions,
+    Ran,
+    compile_build,
+    plan_build,
+    prompt_text,  # noqa: F401 (the CLI's --prompt-file reading, tested through it)
+)
+from .model.tokenizer import Tokenizer
 from .project_file import apply_project_file, find_project_file, load_project_file
-from .report import format_report, planned_report_dict, report_dict, report_problem
-from .verify import (FirmwareMismatch, budget_text, compare, firmware_identity, hello_check, reference_run, run_stats,
-                     speed_text)
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def warn(message: str) -> None:
-    print(f"colibri: warning: {message}", file=sys.stderr, flush=True)
-
-
-# ---- argument helpers -----------------------------------------------------------------------
-
-def number(kind, low: float, high: float = float("inf"), what: str = ""):
-    """An argparse type: `kind` (int or float) within [low, high], finite."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not (low <= value <= high) or value in (float("inf"), float("-inf")):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-    return parse
-
-
-positive_int = number(int, 1, what="a positive integer")
-non_negative_int = number(int, 0, what="a non-negative integer")
-unit_float = number(float, 0.0, 1.0, what="a number between 0 and 1")
-non_negative_float = number(float, 0.0, what="a finite number >= 0")
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--board", default="host", help=f"target board (available: {', '.join(available_boards())})")
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory or "
-                   "GGUF file (default: the bundled models/kjv-tiny)")
-    p.add_argument("--quant", default="q8_0", choices=QUANTS, help="weight format (default q8_0)")
-    p.add_argument("--ctx", type=positive_int, help="context length the firmware is built for "
-                   "(default: the board's default, capped by the model)")
-
-
-def add_target_args(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    p.add_argument("--out", type=Path, help="build directory (default build/<board>/<model>-<quant>-ctx<N>)")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
-
-
-def add_port_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", help="serial port of a real board (e.g. /dev/ttyUSB0), for boards run over serial "
-                   "(default: the only port that looks like an ESP32 board's)")
-    p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening its port")
-
-
-def add_remote_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--remote", metavar="[USER@]HOST[:PORT]",
-                   help="run on a Linux board reached over SSH (an ~/.ssh/config alias works); default: "
-                        "$COLIBRI_REMOTE, else the board's entry in ~/.config/colibri/config.toml [remote]; "
-                        "--remote '' runs here")
-
-
-def memory_size(text: str):
-    """--memory-budget: bytes (an int) or compile.cache_plan.AutoBudget."""
-    from .compile.cache_plan import parse_budget
-
-    try:
-        return parse_budget(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def add_budget_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memory-budget", type=memory_size, metavar="SIZE",
-                   help="Linux boards: RAM the firmware may use, e.g. 512M or 6G (binary units) or bytes; the "
-                        "dense part stays resident and routed experts are read into a pool of slots "
-                        "(default: the board file's memory_budget; 0: unlimited, the mapped image read in place). "
-                        "auto: the smaller of the firmware's memory cgroup limit and MemAvailable where it runs, "
-                        "less a margin of 128 MiB (auto-512M: that margin); unlimited when that holds the whole model")
-
-
-def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
-    p.add_argument("--prompt", help="prompt text (needs the model's tokenizer.json)")
-    p.add_argument("--prompt-file", type=Path, metavar="FILE",
-                   help="read the prompt text from FILE (- for standard input); one final newline is dropped")
-    p.add_argument("--prompt-ids", help="prompt as comma-separated token ids")
-    p.add_argument("--steps", type=positive_int, default=steps, help=f"tokens to generate (default {steps})")
-    add_sampling_args(p)
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
-    add_threads_arg(p)
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    p.add_argument("--temperature", type=non_negative_float, help="sampling temperature (0 = greedy)")
-    p.add_argument("--top-k", type=non_negative_int, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=unit_float, help="keep the smallest set with this total probability")
-    p.add_argument("--min-p", type=unit_float, help="drop tokens below min-p times the top probability")
-    p.add_argument("--seed", type=non_negative_int, help="sampling seed (default 0)")
-
-
-def add_jobs_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--jobs", type=number(int, 1, 1024, what="a process count from 1 to 1024"),
-                   help="worker processes that quantize the weights when the weight image is generated "
-                        "(default: two per core; the same bytes at any count)")
-
-
-def add_threads_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=number(int, 1, 64, what="a thread count from 1 to 64"), default=1,
-                   help="threads on Linux boards (default 1; the same bits at any count)")
-
-
-# ---- shared steps: everything that needs no compiler first --------------------------------
-
-@dataclass(frozen=True)
-class Planned:
-    """A build checked and planned, not compiled yet."""
-
-    board: Board
-    request: BuildRequest
-    plan: Plan
-
-
-def plan_build(args) -> Planned:
-    """The board, the options it takes, the model, its plan and fit: no compiler involved."""
-    board = load_board(args.board)
-    check_board_options(board, args, args.given, args.parser_defaults)
-    request, plan = prepare(board, args.model, args.quant, args.ctx, args.out)
-    return Planned(board, request, plan)
-
-
-def compile_build(planned: Planned, quiet: bool, jobs: int | None = None) -> Artifacts:
-    ensure_toolchain(planned.board)
-    if planned.plan.kept_f32 and not quiet:
-        progress(f"note: {planned.plan.kept_f32_summary()}")
-    return run_scons(planned.request, None if quiet else progress, jobs=jobs)
-
-
-def budget_plan(args, board: Board, plan: Plan, here: bool = False):
-    """The expert cache under --memory-budget (or the board file's default): refused here, with the
-    numbers, when the budget cannot hold the resident weights, the arenas and top-k slots per MoE
-    layer. None on boards that take no budget (MCUs: weights in flash). auto is resolved here when
-    the firmware runs here (`here`: report's view of this machine); a firmware on a board over SSH
-    or under COLIBRI_FIRMWARE_PREFIX (another cgroup) resolves, and refuses, it where it runs."""
-    from .compile.cache_plan import AutoBudget, AutoElsewhere, auto_cache_plan, cache_constants, cache_plan, find_memory
-    from .device.links import local_prefix
-
-    if not board.runner.takes_memory_budget:
-        return None
-    budget = args.memory_budget if getattr(args, "memory_budget", None) is not None else board.memory_budget
-    if not isinstance(budget, AutoBudget):
-        return cache_plan(plan, board.budget_reserve, budget)
-    if here or (remote_for(board, getattr(args, "remote", None)) is None and not local_prefix()):
-        return auto_cache_plan(plan, board.budget_reserve, budget, find_memory())
-    return AutoElsewhere(budget, cache_constants(plan, board.budget_reserve))
-
-
-def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> None:
-    """prompt + steps against the firmware's context, with the largest context this board and
-    model allow (searched only when the request does not fit)."""
-    if len(prompt) + steps - 1 <= plan.n_ctx:
-        return
-    largest = largest_planned_ctx(board, plan)
-    limit = plan.spec.max_position_embeddings if largest is None else min(largest, plan.spec.max_position_embeddings)
-    check_fits_context(prompt, steps, plan.n_ctx, limit)
-
-
-def board_port(args, board: Board) -> str | None:
-    """The serial port for a board on one: --port, or the only port that looks like an ESP32
-    board's (said on stderr). None for boards that run here."""
-    if not board.runner.needs_port:
-        return None
-    if getattr(args, "port", None):
-        return args.port
-    from .device.ports import describe, detect_port
-
-    found = detect_port(f"board {board.name}")
-    progress(f"using serial port {describe(found)}")
-    return found.device
-
-
-def warn_threads(board: Board, threads: int) -> None:
-    message = threads_warning(board, threads)
-    if message:
-        warn(message)
-
-
-def sampling_from(args, model_dir: Path) -> SamplingParams:
-    """generation_config.json's defaults, overridden by the command line."""
-    gen = generation_defaults(model_dir)
-    temperature, top_k, top_p, min_p = gen.temperature, gen.top_k, gen.top_p, gen.min_p
-    if args.temperature is not None:
-        temperature = args.temperature
-    if args.greedy:
-        temperature = 0.0
-    if args.top_k is not None:
-        top_k = args.top_k
-    if args.top_p is not None:
-        if args.top_p <= 0.0:
-            raise ColibriError("--top-p must be greater than 0")
-        top_p = args.top_p
-    if args.min_p is not None:
-        min_p = args.min_p
-    return SamplingParams(temperature, top_k, top_p, min_p, args.seed if args.seed is not None else 0)
-
-
-def read_text_file(path: Path, flag: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ColibriError(f"{flag} {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ColibriError(f"{flag} {path}: not UTF-8 text") from None
-
-
-def prompt_text(args) -> str | None:
-    """--prompt, or the text of --prompt-file (standard input for -)."""
-    if args.prompt_file is None:
-        return args.prompt
-    text = sys.stdin.read() if str(args.prompt_file) == "-" else read_text_file(args.prompt_file, "--prompt-file")
-    # An editor ends a file with a newline the user did not mean as part of the prompt.
-    return text[:-1] if text.endswith("\n") else text
-
-
-def prompt_from(args, tokenizer: Tokenizer | None, vocab: int, text: str | None) -> list[int]:
-    given = [flag for flag, value in (("--prompt", args.prompt), ("--prompt-file", args.prompt_file),
-                                      ("--prompt-ids", args.prompt_ids)) if value is not None]
-    if len(given) > 1:
-        raise ColibriError(f"give one of --prompt, --prompt-file and --prompt-ids, not {' and '.join(given)}")
-    if args.prompt_ids is not None:
-        ids = parse_prompt_ids(args.prompt_ids)
-    elif text is not None:
-        if tokenizer is None:
-            raise ColibriError(f"{args.model}: no tokenizer.json, so {given[0]} cannot be used; give --prompt-ids")
-        ids = tokenizer.encode(text)
-        if not ids:
-            raise ColibriError("the prompt encodes to no tokens")
-    else:
-        raise ColibriError("give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids 1,2,3")
-    bad = [i for i in ids if i >= vocab]
-    if bad:
-        raise ColibriError(f"prompt token id {bad[0]} is outside the vocabulary ({vocab})")
-    return ids
-
-
-class TextStream:
-    """Prints the prompt and then the generated text as tokens arrive (decoding the whole suffix
-    each time keeps multi-token characters and spacing right). Nothing is printed before the
-    first token, and end_line() closes a started line, so an error never follows half a line."""
-
-    def __init__(self, tokenizer: Tokenizer | None, enabled: bool, echo: str | None = None):
-        self.tokenizer, self.enabled, self.echo = tokenizer, enabled, echo
-        self.ids: list[int] = []
-        self.shown = ""
-        self.open = False
-
-    def _print(self, text: str) -> None:
-        if text:
-            print(text, end="", flush=True)
-            self.open = True
-
-    def __call__(self, step: int, token: int) -> None:
-        self.ids.append(token)
-        if not self.enabled:
-            return
-        if len(self.ids) == 1 and self.echo and self.tokenizer is not None:
-            self._print(self.echo)
-        if self.tokenizer is None:
-            self._print(f"{token} ")
-            return
-        text = self.tokenizer.decode(self.ids)
-        if text.startswith(self.shown):
-            self._print(text[len(self.shown):])
-            self.shown = text
-
-    def end_line(self) -> None:
-        if self.open:
-            print(flush=True)
-            self.open = False
+from .report import format_report, report_problem
+from .verify import FirmwareMismatch, budget_text, compare, reference_run, run_stats, speed_text
 
 
 def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
@@ -321,7 +56,7 @@ def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
 # ---- commands -------------------------------------------------------------------------------
 
 def cmd_build(args) -> int:
-    planned = plan_build(args)
+    planned = plan_build(job_options(args))
     art = compile_build(planned, quiet=False, jobs=args.jobs)
     board, plan = planned.board, planned.plan
     info = {"board": board.name, "program": str(art.program), "weights": str(art.weights),
@@ -343,42 +78,22 @@ def cmd_build(args) -> int:
     return 0
 
 
-@dataclass
-class Ran:
-    board: Board
-    plan: Plan
-    art: Artifacts
-    tokenizer: Tokenizer | None
-    request: RunRequest
-    result: object  # device.session.RunResult
-    identity: object  # verify.FirmwareIdentity
+def job_options(args) -> JobOptions:
+    """The run-like options out of argparse's namespace (by dest), with what the command line set."""
+    taken = {f.name: getattr(args, f.name) for f in fields(JobOptions)
+             if hasattr(args, f.name) and f.name not in ("quiet", "given", "defaults")}
+    return JobOptions(**taken, quiet=getattr(args, "json", False), given=args.given, defaults=args.parser_defaults)
 
 
 def _run(args, stream: bool) -> Ran:
-    planned = plan_build(args)
-    board, plan = planned.board, planned.plan
-    remote = remote_for(board, args.remote)  # a bad --remote is said before building
-    check_sampling_options(args, args.given)
-    tokenizer = Tokenizer.for_model(args.model)
-    text = prompt_text(args)
-    prompt = prompt_from(args, tokenizer, plan.spec.vocab_size, text)
-    check_context(prompt, args.steps, board, plan)
-    cache = budget_plan(args, board, plan)
-    request = RunRequest(prompt, args.steps, sampling_from(args, args.model), not args.ignore_eos, args.threads,
-                         memory_budget=cache.firmware_budget if cache else 0)
-    port = board_port(args, board)
-    warn_threads(board, args.threads)
-    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
-    identity = firmware_identity(board, art, plan)
-    text_out = TextStream(tokenizer, enabled=stream and not args.json, echo=text)
+    options = job_options(args)
+    prepared = job.prepare_run(options)
+    built = job.build(prepared)
+    text_out = TextStream(prepared.tokenizer, enabled=stream and not args.json, echo=prepared.inputs.text)
     try:
-        result = run_on_board(board, art.program, art.weights, request, art.model_hash(), on_token=text_out,
-                              flash_image=art.flash_image, port=port, reset=getattr(args, "reset", False),
-                              check_hello=hello_check(identity), remote=remote,
-                              progress=None if args.json else progress)
+        return job.run_built(prepared, built, on_token=text_out)
     finally:
         text_out.end_line()
-    return Ran(board, plan, art, tokenizer, request, result, identity)
 
 
 def cmd_run(args) -> int:
@@ -439,100 +154,37 @@ def cmd_verify(args) -> int:
     return 0 if comparison.passed else 1
 
 
-def user_messages(interactive: bool):
-    """The user's messages: prompted for on a terminal, else one per line of standard input."""
-    while True:
-        try:
-            line = input("you> " if interactive else "")
-        except EOFError:
-            if interactive:
-                print(file=sys.stderr)
-            return
-        if line.strip():
-            yield line
-
-
 def cmd_chat(args) -> int:
-    from .chat import ChatState
-    from .device.links import open_link
-    from .model.chat_template import ChatTemplate
-
-    planned = plan_build(args)
-    board, plan = planned.board, planned.plan
-    remote = remote_for(board, args.remote)
-    check_sampling_options(args, args.given)
-    tokenizer = Tokenizer.for_model(args.model)
-    if tokenizer is None:
-        raise ColibriError(f"{args.model}: chat needs the model's tokenizer.json")
-    template = ChatTemplate.for_model(args.model)
-    if template is None:
-        raise ColibriError(f"{args.model}: no chat template (tokenizer_config.json's chat_template or "
-                           f"chat_template.jinja); use ./colibri run for plain text")
-    sampling = sampling_from(args, args.model)
-    cache = budget_plan(args, board, plan)
-    options = RunRequest([], 1, memory_budget=cache.firmware_budget if cache else 0).firmware_options()
-    warn_threads(board, args.threads)
-    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
-    identity = firmware_identity(board, art, plan)
-    state = ChatState(template, tokenizer, plan.n_ctx, args.steps or plan.n_ctx)
-    if args.system:
-        state.messages.append({"role": "system", "content": args.system})
+    prepared = job.prepare_chat(job_options(args))
+    board, plan = prepared.board, prepared.plan
+    built = job.build(prepared)
+    state = job.chat_state(prepared, args.steps, args.system)
     interactive = sys.stdin.isatty() and not args.json
     if interactive:
         progress(f"chatting with {args.model} on {board.name} (context {plan.n_ctx}); Ctrl-D ends")
-    with open_link(board, art.program, art.weights, art.model_hash(), check_hello=hello_check(identity),
-                   remote=remote, progress=None if args.json else progress, options=options,
-                   keep_open=True) as conversation:
-        for turn, user in enumerate(user_messages(interactive)):
-            planned_turn = state.plan_turn(user)
-            request = RunRequest(planned_turn.prompt, planned_turn.steps, sampling, True, args.threads,
-                                 digests=args.json, start=planned_turn.start)
-            stream = TextStream(tokenizer, enabled=not args.json)
-            try:
-                result = conversation.turn(request, on_token=stream)
-            finally:
-                stream.end_line()
-            reply = state.finish_turn(planned_turn, result.tokens, result.held)
-            if args.json:
-                print(json.dumps({"turn": turn, "user": user, "reply": reply, "prompt": planned_turn.prompt,
-                                  "tokens": result.tokens,
-                                  "logits_sha256": result.digests, "start": planned_turn.start,
-                                  "prefilled": len(planned_turn.prompt), "reprefilled": planned_turn.reprefilled,
-                                  "held": result.held, "stop_reason": result.stop_reason,
-                                  "stats": run_stats(result, board, request)}), flush=True)
-            elif planned_turn.reprefilled:
-                progress("(the chat template rewrote earlier turns: the whole conversation was prefilled again)")
+    turns = job.converse(prepared, built, state, user_messages(interactive), digests=args.json,
+                         stream=lambda: TextStream(prepared.tokenizer, enabled=not args.json))
+    for index, turn in enumerate(turns):
+        planned, result = turn.planned, turn.result
+        if args.json:
+            print(json.dumps({"turn": index, "user": turn.user, "reply": turn.reply, "prompt": planned.prompt,
+                              "tokens": result.tokens, "logits_sha256": result.digests, "start": planned.start,
+                              "prefilled": len(planned.prompt), "reprefilled": planned.reprefilled,
+                              "held": result.held, "stop_reason": result.stop_reason,
+                              "stats": run_stats(result, board, turn.request)}), flush=True)
+        elif planned.reprefilled:
+            progress("(the chat template rewrote earlier turns: the whole conversation was prefilled again)")
     return 0
 
 
 def cmd_eval(args) -> int:
-    from .evaluate import evaluate
-
-    planned = plan_build(args)
-    board, plan = planned.board, planned.plan
-    remote = remote_for(board, args.remote)
-    tokenizer = Tokenizer.for_model(args.model)
-    if tokenizer is None:
-        raise ColibriError(f"{args.model}: eval needs the model's tokenizer.json to tokenize --text")
-    tokens = tokenizer.encode(read_text_file(args.text, "--text"))
-    cache = budget_plan(args, board, plan)
-    port = board_port(args, board)
-    warn_threads(board, args.threads)
-    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
-    check = hello_check(firmware_identity(board, art, plan))
-
-    def run(request: RunRequest):
-        request = RunRequest(request.prompt, request.steps, request.sampling, threads=args.threads,
-                             digests=False, score_from=request.score_from, memory_budget=cache.firmware_budget if cache else 0)
-        return run_on_board(board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image,
-                            port=port, check_hello=check, remote=remote)
-
-    ev = evaluate(tokens, plan, tokenizer.bos_id(), run, art.weights if args.check else None, args.chunks,
-                  None if args.json else progress)
+    prepared = job.prepare_eval(job_options(args), args.text)
+    board, plan = prepared.board, prepared.plan
+    ev = job.evaluate_built(prepared, job.build(prepared), args.check, args.chunks)
     r = ev.result
     if args.json:
         print(json.dumps({"board": board.name, "model": str(args.model), "quant": plan.quant, "n_ctx": plan.n_ctx,
-                          "text": str(args.text), "text_tokens": len(tokens), "chunks": ev.chunks,
+                          "text": str(args.text), "text_tokens": len(prepared.inputs), "chunks": ev.chunks,
                           "tokens_scored": r.tokens, "ppl": r.ppl, "ppl_error": r.error,
                           "seconds": ev.seconds, "tokens_per_second": ev.tokens_per_second,
                           "reference_checked": ev.reference_checked}, indent=2))
@@ -543,36 +195,8 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def report_budget(args, board: Board, plan: Plan):
-    """report's expert cache: shown when --memory-budget is given or the board file sets one."""
-    if args.memory_budget is None and not board.memory_budget:
-        return None
-    return budget_plan(args, board, plan, here=True)
-
-
 def cmd_report(args) -> int:
-    board = load_board(args.board)
-    spec = config_only_spec(args.model)
-    if spec is not None:
-        # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
-        n_ctx = args.ctx or min(board.default_ctx, spec.max_position_embeddings)
-        plan = plan_for_board(spec, board, args.quant, n_ctx)
-        cache = report_budget(args, board, plan)
-        rep = planned_report_dict(board, plan)
-    else:
-        request, plan = prepare(board, args.model, args.quant, args.ctx, args.out, check_fit=False)
-        cache = report_budget(args, board, plan)  # a budget too small is said before building
-        if any(use.over_budget for use in planned_use(board, plan)):
-            # It would be refused before compiling: show where the bytes would go, then say so.
-            rep = planned_report_dict(board, plan)
-        else:
-            art = compile_build(Planned(board, request, plan), quiet=args.json, jobs=args.jobs)
-            if art.program.exists():
-                rep = report_dict(board, plan, read_elf(art.program))
-            else:  # an ESP-IDF project that idf.py has not built here
-                rep = planned_report_dict(board, plan)
-    if cache is not None:
-        rep["memory_budget"] = cache.to_dict()
+    rep = job.report(job_options(args))
     if args.json:
         print(json.dumps(rep, indent=2))
     else:
@@ -582,73 +206,23 @@ def cmd_report(args) -> int:
     return 0
 
 
-def bench_sampling(args) -> tuple[SamplingParams, list[str]]:
-    """The sampled stream's settings, and the flags among --temperature, --top-p and --seed given:
-    those flags over the model's generation_config.json if it samples, else over bench.SAMPLED."""
-    from .bench import SAMPLED
-
-    given = [flag for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p),
-                                      ("--seed", args.seed)) if value is not None]
-    gen = generation_defaults(args.model)
-    base = gen if gen.temperature > 0 else SAMPLED
-    temperature = args.temperature if args.temperature is not None else base.temperature
-    if temperature <= 0:
-        raise ColibriError("--temperature 0 is greedy decoding, which repeats: the sampled stream needs a "
-                           "temperature above 0 (--stream synthetic is the greedy one)")
-    if args.top_p is not None and args.top_p <= 0:
-        raise ColibriError("--top-p must be greater than 0")
-    return SamplingParams(temperature, base.top_k, args.top_p if args.top_p is not None else base.top_p,
-                          base.min_p, args.seed if args.seed is not None else 0), given
-
-
 def cmd_bench(args) -> int:
-    from . import bench
+    from .bench import bench_line
 
-    planned = plan_build(args)
-    board, plan = planned.board, planned.plan
-    remote = remote_for(board, args.remote)  # a bad --remote is said before building
-    # Defaults that fit the board: the steps the context holds after the prompt, one run where the
-    # instruction count is exact.
-    sampling, sampling_flags = bench_sampling(args)
-    stream, steps = bench.make_stream(plan, Tokenizer.for_model(args.model), args.stream, args.text, sampling,
-                                      args.prompt_tokens, args.steps, sampling_flags)
-    repeat = args.repeat if args.repeat is not None else bench.default_repeat(board)
-    check_context(stream.prompt, steps, board, plan)
-    cache = budget_plan(args, board, plan)
-    bench.check_plot(board, args.plot, steps)
-    port = board_port(args, board)
-    warn_threads(board, args.threads)
-    art = compile_build(planned, quiet=True, jobs=args.jobs)
-    out = bench.run_bench(board, plan, art, model=str(args.model), prompt_tokens=args.prompt_tokens, steps=steps,
-                          repeat=repeat, threads=args.threads, plot=args.plot, port=port, reset=args.reset,
-                          remote=remote, progress=None if args.json else progress,
-                          check_hello=hello_check(firmware_identity(board, art, plan)), cache=cache,
-                          stream=stream, in_ram=not args.no_in_ram)
+    bench = job.BenchOptions(args.stream, args.text, args.prompt_tokens, args.steps, args.repeat, args.plot,
+                             in_ram=not args.no_in_ram)
+    prepared = job.prepare_bench(job_options(args), bench)
+    out = job.bench_built(prepared, job.build(prepared, quiet=True), bench)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(bench.bench_line(out, plan.spec.name))
+        print(bench_line(out, prepared.plan.spec.name))
     return 0
 
 
 def cmd_flash(args) -> int:
-    from .device.flash import flash_images, flash_plan
-
-    planned = plan_build(args)
-    board = planned.board
-    if not board.is_flashed:
-        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
-    if args.monitor and args.no_reset:
-        raise ColibriError("--no-reset leaves the board in its bootloader, so --monitor would show nothing: "
-                           "give one or the other")
-    port = board_port(args, board)
-    art = compile_build(planned, quiet=args.json, jobs=args.jobs)
-    images = flash_plan(board, art.out_dir)
-    baud = args.baud or board.flash.baud
-    # With --monitor the board stays in the bootloader after writing, and the monitor resets it once
-    # its port is open, so the hello frame of the new firmware is not lost before anyone listens.
-    flash_images(board, port, images, baud=baud, progress=progress, reset=not args.no_reset and not args.monitor,
-                 before=args.before)
+    flashed = job.flash(job_options(args), args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor)
+    board, port, images, art = flashed.board, flashed.port, flashed.images, flashed.art
     summary = {"board": board.name, "port": port, "images": [{"offset": o, "file": str(p)} for o, p in images],
                "model_hash": art.model_hash()}
     if args.json and not args.monitor:
@@ -668,13 +242,7 @@ def cmd_flash(args) -> int:
 def cmd_monitor(args) -> int:
     from .device.monitor import monitor
 
-    port = args.port
-    if not port:
-        from .device.ports import describe, detect_port
-
-        found = detect_port("monitor")
-        progress(f"using serial port {describe(found)}")
-        port = found.device
+    port = args.port or job.look_up_port("monitor")
     tokenizer = None
     if args.model is not None:
         tokenizer = Tokenizer.for_model(args.model)
@@ -827,18 +395,14 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_target_args(p)
     add_jobs_arg(p)
     add_decode_args(p, steps=64)
-    add_port_arg(p)
-    add_remote_arg(p)
-    add_budget_arg(p)
+    add_board_args(p)
 
     p = command("verify", cmd_verify, "run the firmware and the NumPy reference; PASS only if bit-identical "
                 "and the firmware is this build")
     add_target_args(p)
     add_jobs_arg(p)
     add_decode_args(p, steps=64)
-    add_port_arg(p)
-    add_remote_arg(p)
-    add_budget_arg(p)
+    add_board_args(p)
 
     p = command("chat", cmd_chat, "chat with the model on a board: its chat template, the KV cache kept "
                 "between turns (messages from standard input when it is not a terminal)")
@@ -848,9 +412,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p.add_argument("--steps", type=positive_int, help="the most tokens a reply may have (default: what is left "
                    "of the context)")
     add_sampling_args(p)
-    add_threads_arg(p)
-    add_remote_arg(p)
-    add_budget_arg(p)
+    add_board_args(p)
 
     p = command("eval", cmd_eval, "perplexity of a text, scored by the firmware on a board (llama.cpp's "
                 "protocol: chunks of the context, second halves scored)")
@@ -860,10 +422,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p.add_argument("--chunks", type=positive_int, help="score at most this many chunks (default: all)")
     p.add_argument("--check", action="store_true", help="also score with the NumPy reference and require "
                    "every score to be bit-identical")
-    add_threads_arg(p)
-    add_port_arg(p)
-    add_remote_arg(p)
-    add_budget_arg(p)
+    add_board_args(p)
 
     p = command("report", cmd_report, "where every byte goes, per memory region, checked against the ELF")
     add_target_args(p)
@@ -891,10 +450,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p.add_argument("--seed", type=non_negative_int, help="the sampled stream's seed (default 0)")
     p.add_argument("--no-in-ram", action="store_true", help="under --memory-budget, skip the runs of the same "
                    "stream without a budget that bench alternates with the budgeted ones on MoE models")
-    add_threads_arg(p)
-    add_port_arg(p)
-    add_remote_arg(p)
-    add_budget_arg(p)
+    add_board_args(p)
 
     p = command("flash", cmd_flash, "write a board's images with esptool, verify them, reset the board")
     add_target_args(p)

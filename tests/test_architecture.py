@@ -10,7 +10,7 @@ from generator.compile.module_inputs import GENERATOR, graph, modules_run_by
 
 # Each stage, lowest first: a module may import its own stage and the ones below it.
 STAGES = [
-    ("errors", "files", "__init__", "project_file", "sizes", "boards"),
+    ("errors", "files", "__init__", "project_file", "sizes", "boards", "console"),
     ("model",),
     ("numerics",),
     ("compile",),
@@ -19,7 +19,8 @@ STAGES = [
     ("verify", "report", "chat", "evaluate"),
     ("bench",),
     ("release",),
-    ("cli", "option_checks"),
+    ("job", "option_checks"),
+    ("cli", "arguments"),
 ]
 
 

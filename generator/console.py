@@ -1,0 +1,72 @@
+"""What a command says to the person at the terminal: progress and warnings on stderr, the text
+of a decode as it arrives, the user's chat messages. On the ground floor, so every stage may use it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Protocol
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def warn(message: str) -> None:
+    print(f"colibri: warning: {message}", file=sys.stderr, flush=True)
+
+
+class Decoder(Protocol):
+    """What TextStream needs of a tokenizer (model.tokenizer.Tokenizer is one)."""
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class TextStream:
+    """Prints the prompt and then the generated text as tokens arrive (decoding the whole suffix
+    each time keeps multi-token characters and spacing right). Nothing is printed before the
+    first token, and end_line() closes a started line, so an error never follows half a line."""
+
+    def __init__(self, tokenizer: Decoder | None, enabled: bool, echo: str | None = None):
+        self.tokenizer, self.enabled, self.echo = tokenizer, enabled, echo
+        self.ids: list[int] = []
+        self.shown = ""
+        self.open = False
+
+    def _print(self, text: str) -> None:
+        if text:
+            print(text, end="", flush=True)
+            self.open = True
+
+    def __call__(self, step: int, token: int) -> None:
+        self.ids.append(token)
+        if not self.enabled:
+            return
+        if len(self.ids) == 1 and self.echo and self.tokenizer is not None:
+            self._print(self.echo)
+        if self.tokenizer is None:
+            self._print(f"{token} ")
+            return
+        text = self.tokenizer.decode(self.ids)
+        if text.startswith(self.shown):
+            self._print(text[len(self.shown):])
+            self.shown = text
+
+    def end_line(self) -> None:
+        if self.open:
+            print(flush=True)
+            self.open = False
+
+
+def user_messages(interactive: bool) -> Iterator[str]:
+    """The user's messages: prompted for on a terminal, else one per line of standard input."""
+    while True:
+        try:
+            line = input("you> " if interactive else "")
+        except EOFError:
+            if interactive:
+                print(file=sys.stderr)
+            return
+        if line.strip():
+            yield line

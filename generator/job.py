@@ -1,0 +1,609 @@
+"""Prepare → build → open the link, once, for every command that runs firmware: run, verify, chat,
+eval and bench (and the parts of it that build, report and flash need). This is the Python API a
+script would use (the CLI is argparse and printing around it):
+
+    from generator.job import JobOptions, run
+    ran = run(JobOptions(board="host", prompt_ids="1,5,9", steps=8, ignore_eos=True))
+    print(ran.result.tokens, ran.result.digests)
+
+Every check that needs no compiler comes first, in one order for every command (prepare()): the
+board and the options it takes, the model, its plan and fit; --remote; the sampling options; the
+tokenizer; the command's own inputs (a prompt, a chat template, a text, bench's stream) against the
+context; the memory budget; the sampling; the serial port; the thread count. So a refused command
+compiles nothing and leaves no build directory. Each command asks only for the parts it needs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .boards import Board, load_board
+from .compile.build import Artifacts, BuildRequest, run_scons
+from .compile.build import prepare as prepare_build
+from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan
+from .compile.plan import Plan, largest_planned_ctx
+from .console import TextStream, progress, warn
+from .device.links import Link, OnToken, open_link
+from .device.remote import Remote, remote_for
+from .device.runner import run_on_board
+from .device.session import RunRequest, RunResult, check_fits_context
+from .device.setup_toolchain import ensure_toolchain
+from .errors import ColibriError
+from .files import DEFAULT_MODEL
+from .model.tokenizer import Tokenizer, parse_prompt_ids
+from .numerics.sampling import SamplingParams, generation_defaults
+from .option_checks import check_board_options, check_sampling_options, threads_warning
+from .verify import FirmwareIdentity, firmware_identity, hello_check
+
+if TYPE_CHECKING:  # imported where used, so a command that does not chat, score or bench loads none of them
+    from .bench import Stream
+    from .chat import ChatState, TurnPlan
+    from .evaluate import Evaluation
+    from .model.chat_template import ChatTemplate
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class JobOptions:
+    """The options every run-like command shares (the CLI's flags, by argparse dest). Mutable: the
+    option checks set a colibri.toml value the board does not take back to its default."""
+
+    board: str = "host"
+    model: Path = DEFAULT_MODEL
+    quant: str = "q8_0"
+    ctx: int | None = None
+    out: Path | None = None
+    jobs: int | None = None  # weight quantization workers
+    quiet: bool = False  # no progress (the CLI's --json)
+    prompt: str | None = None
+    prompt_file: Path | None = None  # "-": standard input
+    prompt_ids: str | None = None
+    steps: int | None = 64
+    greedy: bool = False
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+    threads: int = 1
+    port: str | None = None
+    reset: bool = False
+    remote: str | None = None
+    memory_budget: int | AutoBudget | None = None
+    # The options the command line itself set (refused if the board cannot take them), and the
+    # parser's defaults (what a colibri.toml value the board cannot take is set back to).
+    given: set[str] = field(default_factory=set)
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- the steps, each once ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Planned:
+    """A build checked and planned, not compiled yet."""
+
+    board: Board
+    request: BuildRequest
+    plan: Plan
+
+
+def plan_build(options: JobOptions) -> Planned:
+    """The board, the options it takes, the model, its plan and fit: no compiler involved."""
+    board = load_board(options.board)
+    check_board_options(board, options, options.given, options.defaults)
+    request, plan = prepare_build(board, options.model, options.quant, options.ctx, options.out)
+    return Planned(board, request, plan)
+
+
+def compile_build(planned: Planned, quiet: bool, jobs: int | None = None) -> Artifacts:
+    ensure_toolchain(planned.board)
+    if planned.plan.kept_f32 and not quiet:
+        progress(f"note: {planned.plan.kept_f32_summary()}")
+    return run_scons(planned.request, None if quiet else progress, jobs=jobs)
+
+
+def budget_plan(options: JobOptions, board: Board, plan: Plan, here: bool = False) -> CachePlan | AutoElsewhere | None:
+    """The expert cache under --memory-budget (or the board file's default): refused here, with the
+    numbers, when the budget cannot hold the resident weights, the arenas and top-k slots per MoE
+    layer. None on boards that take no budget (MCUs: weights in flash). auto is resolved here when
+    the firmware runs here (`here`: report's view of this machine); a firmware on a board over SSH
+    or under COLIBRI_FIRMWARE_PREFIX (another cgroup) resolves, and refuses, it where it runs."""
+    from .compile.cache_plan import auto_cache_plan, cache_constants, cache_plan, find_memory
+    from .device.links import local_prefix
+
+    if not board.runner.takes_memory_budget:
+        return None
+    budget = options.memory_budget if options.memory_budget is not None else board.memory_budget
+    if not isinstance(budget, AutoBudget):
+        return cache_plan(plan, board.budget_reserve, budget)
+    if here or (remote_for(board, options.remote) is None and not local_prefix()):
+        return auto_cache_plan(plan, board.budget_reserve, budget, find_memory())
+    return AutoElsewhere(budget, cache_constants(plan, board.budget_reserve))
+
+
+def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> None:
+    """prompt + steps against the firmware's context, with the largest context this board and
+    model allow (searched only when the request does not fit)."""
+    if len(prompt) + steps - 1 <= plan.n_ctx:
+        return
+    largest = largest_planned_ctx(board, plan)
+    limit = plan.spec.max_position_embeddings if largest is None else min(largest, plan.spec.max_position_embeddings)
+    check_fits_context(prompt, steps, plan.n_ctx, limit)
+
+
+def board_port(options: JobOptions, board: Board) -> str | None:
+    """The serial port for a board on one: --port, or the only port that looks like an ESP32
+    board's (said on stderr). None for boards that run here."""
+    if not board.runner.needs_port:
+        return None
+    return options.port or look_up_port(f"board {board.name}")
+
+
+def look_up_port(what: str) -> str:
+    """The only serial port that looks like an ESP32 board's (said on stderr), for `what` uses it."""
+    from .device.ports import describe, detect_port
+
+    found = detect_port(what)
+    progress(f"using serial port {describe(found)}")
+    return str(found.device)
+
+
+def warn_threads(board: Board, threads: int) -> None:
+    message = threads_warning(board, threads)
+    if message:
+        warn(message)
+
+
+def sampling_from(options: JobOptions, model_dir: Path) -> SamplingParams:
+    """generation_config.json's defaults, overridden by the command line."""
+    gen = generation_defaults(model_dir)
+    temperature, top_k, top_p, min_p = gen.temperature, gen.top_k, gen.top_p, gen.min_p
+    if options.temperature is not None:
+        temperature = options.temperature
+    if options.greedy:
+        temperature = 0.0
+    if options.top_k is not None:
+        top_k = options.top_k
+    if options.top_p is not None:
+        if options.top_p <= 0.0:
+            raise ColibriError("--top-p must be greater than 0")
+        top_p = options.top_p
+    if options.min_p is not None:
+        min_p = options.min_p
+    return SamplingParams(temperature, top_k, top_p, min_p, options.seed if options.seed is not None else 0)
+
+
+def read_text_file(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ColibriError(f"{flag} {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ColibriError(f"{flag} {path}: not UTF-8 text") from None
+
+
+def prompt_text(options: JobOptions) -> str | None:
+    """--prompt, or the text of --prompt-file (standard input for -)."""
+    if options.prompt_file is None:
+        return options.prompt
+    path = options.prompt_file
+    text = sys.stdin.read() if str(path) == "-" else read_text_file(Path(path), "--prompt-file")
+    # An editor ends a file with a newline the user did not mean as part of the prompt.
+    return text[:-1] if text.endswith("\n") else text
+
+
+def prompt_from(options: JobOptions, tokenizer: Tokenizer | None, vocab: int, text: str | None) -> list[int]:
+    given = [flag for flag, value in (("--prompt", options.prompt), ("--prompt-file", options.prompt_file),
+                                      ("--prompt-ids", options.prompt_ids)) if value is not None]
+    if len(given) > 1:
+        raise ColibriError(f"give one of --prompt, --prompt-file and --prompt-ids, not {' and '.join(given)}")
+    if options.prompt_ids is not None:
+        ids = parse_prompt_ids(options.prompt_ids)
+    elif text is not None:
+        if tokenizer is None:
+            raise ColibriError(f"{options.model}: no tokenizer.json, so {given[0]} cannot be used; give --prompt-ids")
+        ids = tokenizer.encode(text)
+        if not ids:
+            raise ColibriError("the prompt encodes to no tokens")
+    else:
+        raise ColibriError("give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids 1,2,3")
+    bad = [i for i in ids if i >= vocab]
+    if bad:
+        raise ColibriError(f"prompt token id {bad[0]} is outside the vocabulary ({vocab})")
+    return ids
+
+
+# ---- prepare: the steps in their one order --------------------------------------------------
+
+Inputs = TypeVar("Inputs")
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What a command decodes, checked against the firmware's context before anything is built."""
+
+    prompt: list[int]
+    steps: int
+
+
+@dataclass(frozen=True)
+class Prepared(Generic[Inputs]):
+    """Everything checked and decided before compiling: the build's plan, where the firmware runs
+    (remote, port), its tokenizer, the command's own inputs, the expert cache and the sampling."""
+
+    options: JobOptions
+    planned: Planned
+    remote: Remote | None
+    tokenizer: Tokenizer | None
+    inputs: Inputs
+    cache: CachePlan | AutoElsewhere | None
+    sampling: SamplingParams | None
+    port: str | None
+
+    @property
+    def board(self) -> Board:
+        return self.planned.board
+
+    @property
+    def plan(self) -> Plan:
+        return self.planned.plan
+
+    @property
+    def memory_budget(self) -> int | AutoBudget:
+        """The firmware's RAM budget (0: unlimited, or a board that takes none)."""
+        return self.cache.firmware_budget if self.cache else 0
+
+    @property
+    def progress(self) -> Progress | None:
+        return None if self.options.quiet else progress
+
+
+def prepare(options: JobOptions, inputs: Callable[[Planned, Tokenizer | None], Inputs], *,
+            decoded: Callable[[Inputs], Decoded | None] = lambda _: None, sampling: bool = True,
+            tokenizer_needed_for: str | None = None,
+            after_budget: Callable[[Planned, Inputs], None] | None = None) -> Prepared[Inputs]:
+    """Every check that needs no compiler, in one order. `inputs` makes the command's own inputs
+    (with the tokenizer, None if the model has none; `tokenizer_needed_for` says why one is needed
+    when it is); `decoded`: what of them is checked against the context; `sampling`: the command
+    samples with the sampling flags."""
+    planned = plan_build(options)
+    board, plan = planned.board, planned.plan
+    remote = remote_for(board, options.remote)  # a bad --remote is said before building
+    if sampling:
+        check_sampling_options(options, options.given)
+    tokenizer = Tokenizer.for_model(options.model)
+    if tokenizer is None and tokenizer_needed_for is not None:
+        raise ColibriError(f"{options.model}: {tokenizer_needed_for}")
+    made = inputs(planned, tokenizer)
+    context = decoded(made)
+    if context is not None:
+        check_context(context.prompt, context.steps, board, plan)
+    cache = budget_plan(options, board, plan)
+    if after_budget is not None:
+        after_budget(planned, made)
+    params = sampling_from(options, options.model) if sampling else None
+    port = board_port(options, board)
+    warn_threads(board, options.threads)
+    return Prepared(options, planned, remote, tokenizer, made, cache, params, port)
+
+
+@dataclass(frozen=True)
+class Built:
+    """The compiled firmware and the identity its hello frame must carry."""
+
+    art: Artifacts
+    identity: FirmwareIdentity
+
+
+def build(prepared: Prepared[Any], quiet: bool | None = None) -> Built:
+    """Compile what `prepared` planned (quiet: no progress; default: the options')."""
+    options = prepared.options
+    art = compile_build(prepared.planned, quiet=options.quiet if quiet is None else quiet, jobs=options.jobs)
+    return Built(art, firmware_identity(prepared.board, art, prepared.plan))
+
+
+def link_to(prepared: Prepared[Any], built: Built, *, keep_open: bool = False,
+            options: tuple[str, ...] = ()) -> Link:
+    """The link to the built firmware on the prepared board (keep_open: one firmware for every turn)."""
+    art = built.art
+    return open_link(prepared.board, art.program, art.weights, art.model_hash(), check_hello=hello_check(built.identity),
+                     flash_image=art.flash_image, options=options, remote=prepared.remote, progress=prepared.progress,
+                     port=prepared.port, reset=prepared.options.reset, keep_open=keep_open)
+
+
+def run_turn(prepared: Prepared[Any], built: Built, request: RunRequest, on_token: OnToken | None = None,
+             progress: Progress | None = None) -> RunResult:
+    """One request, one run of the built firmware."""
+    art = built.art
+    return run_on_board(prepared.board, art.program, art.weights, request, art.model_hash(), on_token=on_token,
+                        flash_image=art.flash_image, port=prepared.port, reset=prepared.options.reset,
+                        check_hello=hello_check(built.identity), remote=prepared.remote, progress=progress)
+
+
+# ---- run and verify: a prompt, one turn ---------------------------------------------------
+
+@dataclass(frozen=True)
+class PromptInputs:
+    prompt: list[int]
+    text: str | None  # the prompt's text, when given as text
+
+
+def prepare_run(options: JobOptions) -> Prepared[PromptInputs]:
+    def inputs(planned: Planned, tokenizer: Tokenizer | None) -> PromptInputs:
+        text = prompt_text(options)
+        return PromptInputs(prompt_from(options, tokenizer, planned.plan.spec.vocab_size, text), text)
+
+    return prepare(options, inputs, decoded=lambda made: Decoded(made.prompt, options.steps or 0))
+
+
+def run_request(prepared: Prepared[PromptInputs]) -> RunRequest:
+    options = prepared.options
+    assert prepared.sampling is not None and options.steps is not None
+    return RunRequest(prepared.inputs.prompt, options.steps, prepared.sampling, not options.ignore_eos,
+                      options.threads, memory_budget=prepared.memory_budget)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A run: what was built, asked and answered."""
+
+    board: Board
+    plan: Plan
+    art: Artifacts
+    tokenizer: Tokenizer | None
+    request: RunRequest
+    result: RunResult
+    identity: FirmwareIdentity
+
+
+def run_built(prepared: Prepared[PromptInputs], built: Built, on_token: OnToken | None = None) -> Ran:
+    request = run_request(prepared)
+    result = run_turn(prepared, built, request, on_token, prepared.progress)
+    return Ran(prepared.board, prepared.plan, built.art, prepared.tokenizer, request, result, built.identity)
+
+
+def run(options: JobOptions, on_token: OnToken | None = None) -> Ran:
+    """Prepare, build and run a prompt on the board (verify.reference_run gives what it must equal)."""
+    prepared = prepare_run(options)
+    return run_built(prepared, build(prepared), on_token)
+
+
+# ---- chat: several turns on one link ------------------------------------------------------
+
+def prepare_chat(options: JobOptions) -> Prepared[ChatTemplate]:
+    from .model.chat_template import ChatTemplate
+
+    def template(planned: Planned, tokenizer: Tokenizer | None) -> ChatTemplate:
+        found = ChatTemplate.for_model(options.model)
+        if found is None:
+            raise ColibriError(f"{options.model}: no chat template (tokenizer_config.json's chat_template or "
+                               f"chat_template.jinja); use ./colibri run for plain text")
+        return found
+
+    return prepare(options, template, tokenizer_needed_for="chat needs the model's tokenizer.json")
+
+
+def open_chat(prepared: Prepared[ChatTemplate], built: Built) -> Link:
+    """One firmware kept running for the whole conversation, its KV cache kept between turns."""
+    firmware_options = RunRequest([], 1, memory_budget=prepared.memory_budget).firmware_options()
+    return link_to(prepared, built, keep_open=True, options=tuple(firmware_options))
+
+
+def chat_state(prepared: Prepared[ChatTemplate], max_steps: int | None, system: str | None) -> ChatState:
+    """The conversation so far (a system message, if given); a reply is at most max_steps tokens
+    (default: what is left of the context)."""
+    from .chat import ChatState
+
+    assert prepared.tokenizer is not None
+    state = ChatState(prepared.inputs, prepared.tokenizer, prepared.plan.n_ctx, max_steps or prepared.plan.n_ctx)
+    if system:
+        state.messages.append({"role": "system", "content": system})
+    return state
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    user: str
+    planned: TurnPlan
+    request: RunRequest
+    result: RunResult
+    reply: str
+
+
+def converse(prepared: Prepared[ChatTemplate], built: Built, state: ChatState, messages: Iterable[str],
+             stream: Callable[[], TextStream], digests: bool = False) -> Iterator[ChatTurn]:
+    """Each message a turn on one link to the built firmware, its reply streamed to a new `stream()`."""
+    assert prepared.sampling is not None
+    with open_chat(prepared, built) as conversation:
+        for user in messages:
+            planned = state.plan_turn(user)
+            request = RunRequest(planned.prompt, planned.steps, prepared.sampling, True, prepared.options.threads,
+                                 digests=digests, start=planned.start)
+            shown = stream()
+            try:
+                result = conversation.turn(request, on_token=shown)
+            finally:
+                shown.end_line()
+            yield ChatTurn(user, planned, request, result, state.finish_turn(planned, result.tokens, result.held))
+
+
+# ---- eval: a text scored chunk by chunk -----------------------------------------------------
+
+def prepare_eval(options: JobOptions, text: Path) -> Prepared[list[int]]:
+    def tokens(planned: Planned, tokenizer: Tokenizer | None) -> list[int]:
+        assert tokenizer is not None
+        return tokenizer.encode(read_text_file(text, "--text"))
+
+    return prepare(options, tokens, sampling=False,
+                   tokenizer_needed_for="eval needs the model's tokenizer.json to tokenize --text")
+
+
+def evaluate_built(prepared: Prepared[list[int]], built: Built, check: bool, chunks: int | None) -> Evaluation:
+    """The text's perplexity on the board; `check`: the NumPy reference scores it too, bit for bit."""
+    from .evaluate import evaluate
+
+    options = prepared.options
+
+    def score(request: RunRequest) -> RunResult:
+        request = RunRequest(request.prompt, request.steps, request.sampling, threads=options.threads,
+                             digests=False, score_from=request.score_from, memory_budget=prepared.memory_budget)
+        return run_turn(prepared, built, request)
+
+    assert prepared.tokenizer is not None
+    return evaluate(prepared.inputs, prepared.plan, prepared.tokenizer.bos_id(), score,
+                    built.art.weights if check else None, chunks, prepared.progress)
+
+
+# ---- bench: its own stream ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """bench's own options (the sampled stream's settings are JobOptions' temperature, top_p, seed)."""
+
+    stream: str | None = None  # text, sampled or synthetic; None: the model's default
+    text: Path | None = None
+    prompt_tokens: int = 8
+    steps: int | None = None
+    repeat: int | None = None
+    plot: Path | None = None
+    in_ram: bool = True
+
+
+@dataclass(frozen=True)
+class BenchInputs:
+    stream: Stream
+    steps: int
+    repeat: int
+
+
+def bench_sampling(options: JobOptions) -> tuple[SamplingParams, list[str]]:
+    """The sampled stream's settings, and the flags among --temperature, --top-p and --seed given:
+    those flags over the model's generation_config.json if it samples, else over bench.SAMPLED."""
+    from .bench import SAMPLED
+
+    given = [flag for flag, value in (("--temperature", options.temperature), ("--top-p", options.top_p),
+                                      ("--seed", options.seed)) if value is not None]
+    gen = generation_defaults(options.model)
+    base = gen if gen.temperature > 0 else SAMPLED
+    temperature = options.temperature if options.temperature is not None else base.temperature
+    if temperature <= 0:
+        raise ColibriError("--temperature 0 is greedy decoding, which repeats: the sampled stream needs a "
+                           "temperature above 0 (--stream synthetic is the greedy one)")
+    if options.top_p is not None and options.top_p <= 0:
+        raise ColibriError("--top-p must be greater than 0")
+    return SamplingParams(temperature, base.top_k, options.top_p if options.top_p is not None else base.top_p,
+                          base.min_p, options.seed if options.seed is not None else 0), given
+
+
+def prepare_bench(options: JobOptions, bench: BenchOptions) -> Prepared[BenchInputs]:
+    from . import bench as benchmark
+
+    def inputs(planned: Planned, tokenizer: Tokenizer | None) -> BenchInputs:
+        # Defaults that fit the board: the steps the context holds after the prompt, one run where
+        # the instruction count is exact.
+        sampling, sampling_flags = bench_sampling(options)
+        stream, steps = benchmark.make_stream(planned.plan, tokenizer, bench.stream, bench.text, sampling,
+                                              bench.prompt_tokens, bench.steps, sampling_flags)
+        repeat = bench.repeat if bench.repeat is not None else benchmark.default_repeat(planned.board)
+        return BenchInputs(stream, steps, repeat)
+
+    def plot(planned: Planned, made: BenchInputs) -> None:
+        benchmark.check_plot(planned.board, bench.plot, made.steps)
+
+    return prepare(options, inputs, decoded=lambda made: Decoded(made.stream.prompt, made.steps), sampling=False,
+                   after_budget=plot)
+
+
+def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptions) -> dict[str, Any]:
+    """bench's figures (the --json document) for the built firmware."""
+    from . import bench as benchmark
+
+    options, made = prepared.options, prepared.inputs
+    return benchmark.run_bench(prepared.board, prepared.plan, built.art, model=str(options.model),
+                               prompt_tokens=bench.prompt_tokens, steps=made.steps, repeat=made.repeat,
+                               threads=options.threads, plot=bench.plot, port=prepared.port, reset=options.reset,
+                               remote=prepared.remote, progress=prepared.progress,
+                               check_hello=hello_check(built.identity), cache=prepared.cache, stream=made.stream,
+                               in_ram=bench.in_ram)
+
+
+# ---- report and flash: prepared and built, no link ------------------------------------------
+
+def report_budget(options: JobOptions, board: Board, plan: Plan) -> CachePlan | None:
+    """report's expert cache: shown when --memory-budget is given or the board file sets one."""
+    if options.memory_budget is None and not board.memory_budget:
+        return None
+    cache = budget_plan(options, board, plan, here=True)
+    assert not isinstance(cache, AutoElsewhere)  # report sees this machine: auto is resolved here
+    return cache
+
+
+def report(options: JobOptions) -> dict[str, Any]:
+    """Where every byte goes (report.report_dict; "memory_budget": the expert cache, if any): from
+    the linked ELF, or planned only when there is nothing to link (a configuration alone, a model
+    that does not fit, an ESP-IDF project not built here)."""
+    from .compile.elfsize import read_elf
+    from .compile.plan import plan_for_board, planned_use
+    from .model.load import config_only_spec
+    from .report import planned_report_dict, report_dict
+
+    board = load_board(options.board)
+    spec = config_only_spec(options.model)
+    if spec is not None:
+        # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
+        n_ctx = options.ctx or min(board.default_ctx, spec.max_position_embeddings)
+        plan = plan_for_board(spec, board, options.quant, n_ctx)
+        cache = report_budget(options, board, plan)
+        rep = planned_report_dict(board, plan)
+    else:
+        request, plan = prepare_build(board, options.model, options.quant, options.ctx, options.out, check_fit=False)
+        cache = report_budget(options, board, plan)  # a budget too small is said before building
+        if any(use.over_budget for use in planned_use(board, plan)):
+            # It would be refused before compiling: show where the bytes would go, then say so.
+            rep = planned_report_dict(board, plan)
+        else:
+            art = compile_build(Planned(board, request, plan), quiet=options.quiet, jobs=options.jobs)
+            if art.program.exists():
+                rep = report_dict(board, plan, read_elf(art.program))
+            else:  # an ESP-IDF project that idf.py has not built here
+                rep = planned_report_dict(board, plan)
+    if cache is not None:
+        rep["memory_budget"] = cache.to_dict()
+    return rep
+
+
+@dataclass(frozen=True)
+class Flashed:
+    board: Board
+    port: str
+    images: list[tuple[int, Path]]  # (offset, file)
+    art: Artifacts
+
+
+def flash(options: JobOptions, baud: int | None = None, before: str = "default-reset", no_reset: bool = False,
+          then_monitor: bool = False) -> Flashed:
+    """Build and write a flashed board's images with esptool and verify them; reset the board after,
+    unless no_reset or then_monitor (the monitor resets it once its port is open, so the hello of the
+    new firmware is not lost before anyone listens)."""
+    from .device.flash import flash_images, flash_plan
+
+    planned = plan_build(options)
+    board = planned.board
+    if not board.is_flashed:
+        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
+    if then_monitor and no_reset:
+        raise ColibriError("--no-reset leaves the board in its bootloader, so --monitor would show nothing: "
+                           "give one or the other")
+    port = board_port(options, board)
+    assert port is not None and board.flash is not None  # a flashed board is on a serial port
+    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
+    images = flash_plan(board, art.out_dir)
+    flash_images(board, port, images, baud=baud or board.flash.baud, progress=progress,
+                 reset=not no_reset and not then_monitor, before=before)
+    return Flashed(board, port, images, art)

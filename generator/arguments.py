@@ -14,6 +14,7 @@ from .numerics.quantize import QUANTS
 
 def number(kind, low: float, high: float = float("inf"), what: str = ""):
     """An argparse type: `kind` (int or float) within [low, high], finite."""
+
     def parse(text: str):
         try:
             value = kind(text)
@@ -22,6 +23,7 @@ def number(kind, low: float, high: float = float("inf"), what: str = ""):
         if value is None or not (low <= value <= high) or value in (float("inf"), float("-inf")):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         return value
+
     return parse
 
 
@@ -33,11 +35,18 @@ non_negative_float = number(float, 0.0, what="a finite number >= 0")
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", default="host", help=f"target board (available: {', '.join(available_boards())})")
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory or "
-                   "GGUF file (default: the bundled models/kjv-tiny)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=DEFAULT_MODEL,
+        help="Hugging Face model directory or GGUF file (default: the bundled models/kjv-tiny)",
+    )
     p.add_argument("--quant", default="q8_0", choices=QUANTS, help="weight format (default q8_0)")
-    p.add_argument("--ctx", type=positive_int, help="context length the firmware is built for "
-                   "(default: the board's default, capped by the model)")
+    p.add_argument(
+        "--ctx",
+        type=positive_int,
+        help="context length the firmware is built for (default: the board's default, capped by the model)",
+    )
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
@@ -47,16 +56,22 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_port_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", help="serial port of a real board (e.g. /dev/ttyUSB0), for boards run over serial "
-                   "(default: the only port that looks like an ESP32 board's)")
+    p.add_argument(
+        "--port",
+        help="serial port of a real board (e.g. /dev/ttyUSB0), for boards run over serial "
+        "(default: the only port that looks like an ESP32 board's)",
+    )
     p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening its port")
 
 
 def add_remote_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--remote", metavar="[USER@]HOST[:PORT]",
-                   help="run on a Linux board reached over SSH (an ~/.ssh/config alias works); default: "
-                        "$COLIBRI_REMOTE, else the board's entry in ~/.config/colibri/config.toml [remote]; "
-                        "--remote '' runs here")
+    p.add_argument(
+        "--remote",
+        metavar="[USER@]HOST[:PORT]",
+        help="run on a Linux board reached over SSH (an ~/.ssh/config alias works); default: "
+        "$COLIBRI_REMOTE, else the board's entry in ~/.config/colibri/config.toml [remote]; "
+        "--remote '' runs here",
+    )
 
 
 def memory_size(text: str):
@@ -70,18 +85,26 @@ def memory_size(text: str):
 
 
 def add_budget_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memory-budget", type=memory_size, metavar="SIZE",
-                   help="Linux boards: RAM the firmware may use, e.g. 512M or 6G (binary units) or bytes; the "
-                        "dense part stays resident and routed experts are read into a pool of slots "
-                        "(default: the board file's memory_budget; 0: unlimited, the mapped image read in place). "
-                        "auto: the smaller of the firmware's memory cgroup limit and MemAvailable where it runs, "
-                        "less a margin of 128 MiB (auto-512M: that margin); unlimited when that holds the whole model")
+    p.add_argument(
+        "--memory-budget",
+        type=memory_size,
+        metavar="SIZE",
+        help="Linux boards: RAM the firmware may use, e.g. 512M or 6G (binary units) or bytes; the "
+        "dense part stays resident and routed experts are read into a pool of slots "
+        "(default: the board file's memory_budget; 0: unlimited, the mapped image read in place). "
+        "auto: the smaller of the firmware's memory cgroup limit and MemAvailable where it runs, "
+        "less a margin of 128 MiB (auto-512M: that margin); unlimited when that holds the whole model",
+    )
 
 
 def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
     p.add_argument("--prompt", help="prompt text (needs the model's tokenizer.json)")
-    p.add_argument("--prompt-file", type=Path, metavar="FILE",
-                   help="read the prompt text from FILE (- for standard input); one final newline is dropped")
+    p.add_argument(
+        "--prompt-file",
+        type=Path,
+        metavar="FILE",
+        help="read the prompt text from FILE (- for standard input); one final newline is dropped",
+    )
     p.add_argument("--prompt-ids", help="prompt as comma-separated token ids")
     p.add_argument("--steps", type=positive_int, default=steps, help=f"tokens to generate (default {steps})")
     add_sampling_args(p)
@@ -107,11 +130,18 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_jobs_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--jobs", type=number(int, 1, 1024, what="a process count from 1 to 1024"),
-                   help="worker processes that quantize the weights when the weight image is generated "
-                        "(default: two per core; the same bytes at any count)")
+    p.add_argument(
+        "--jobs",
+        type=number(int, 1, 1024, what="a process count from 1 to 1024"),
+        help="worker processes that quantize the weights when the weight image is generated "
+        "(default: two per core; the same bytes at any count)",
+    )
 
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=number(int, 1, 64, what="a thread count from 1 to 64"), default=1,
-                   help="threads on Linux boards (default 1; the same bits at any count)")
+    p.add_argument(
+        "--threads",
+        type=number(int, 1, 64, what="a thread count from 1 to 64"),
+        default=1,
+        help="threads on Linux boards (default 1; the same bits at any count)",
+    )

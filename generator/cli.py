@@ -557,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("colibri: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`./colibri run ... | head`): stop quietly, as a shell tool does.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ class TextStream:
             return
         text = self.tokenizer.decode(self.ids)
         if text.startswith(self.shown):
-            self._print(text[len(self.shown):])
+            self._print(text[len(self.shown) :])
             self.shown = text
 
     def end_line(self) -> None:

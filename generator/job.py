@@ -84,6 +84,7 @@ class JobOptions:
 
 # ---- the steps, each once ------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Planned:
     """A build checked and planned, not compiled yet."""
@@ -199,8 +200,15 @@ def prompt_text(options: JobOptions) -> str | None:
 
 
 def prompt_from(options: JobOptions, tokenizer: Tokenizer | None, vocab: int, text: str | None) -> list[int]:
-    given = [flag for flag, value in (("--prompt", options.prompt), ("--prompt-file", options.prompt_file),
-                                      ("--prompt-ids", options.prompt_ids)) if value is not None]
+    given = [
+        flag
+        for flag, value in (
+            ("--prompt", options.prompt),
+            ("--prompt-file", options.prompt_file),
+            ("--prompt-ids", options.prompt_ids),
+        )
+        if value is not None
+    ]
     if len(given) > 1:
         raise ColibriError(f"give one of --prompt, --prompt-file and --prompt-ids, not {' and '.join(given)}")
     if options.prompt_ids is not None:
@@ -264,10 +272,15 @@ class Prepared(Generic[Inputs]):
         return None if self.options.quiet else progress
 
 
-def prepare(options: JobOptions, inputs: Callable[[Planned, Tokenizer | None], Inputs], *,
-            decoded: Callable[[Inputs], Decoded | None] = lambda _: None, sampling: bool = True,
-            tokenizer_needed_for: str | None = None,
-            after_budget: Callable[[Planned, Inputs], None] | None = None) -> Prepared[Inputs]:
+def prepare(
+    options: JobOptions,
+    inputs: Callable[[Planned, Tokenizer | None], Inputs],
+    *,
+    decoded: Callable[[Inputs], Decoded | None] = lambda _: None,
+    sampling: bool = True,
+    tokenizer_needed_for: str | None = None,
+    after_budget: Callable[[Planned, Inputs], None] | None = None,
+) -> Prepared[Inputs]:
     """Every check that needs no compiler, in one order. `inputs` makes the command's own inputs
     (with the tokenizer, None if the model has none; `tokenizer_needed_for` says why one is needed
     when it is); `decoded`: what of them is checked against the context; `sampling`: the command
@@ -308,25 +321,52 @@ def build(prepared: Prepared[Any], quiet: bool | None = None) -> Built:
     return Built(art, firmware_identity(prepared.board, art, prepared.plan))
 
 
-def link_to(prepared: Prepared[Any], built: Built, *, keep_open: bool = False,
-            options: tuple[str, ...] = ()) -> Link:
+def link_to(prepared: Prepared[Any], built: Built, *, keep_open: bool = False, options: tuple[str, ...] = ()) -> Link:
     """The link to the built firmware on the prepared board (keep_open: one firmware for every turn)."""
     art = built.art
-    return open_link(prepared.board, art.program, art.weights, art.model_hash(), check_hello=hello_check(built.identity),
-                     flash_image=art.flash_image, options=options, remote=prepared.remote, progress=prepared.progress,
-                     port=prepared.port, reset=prepared.options.reset, keep_open=keep_open)
+    return open_link(
+        prepared.board,
+        art.program,
+        art.weights,
+        art.model_hash(),
+        check_hello=hello_check(built.identity),
+        flash_image=art.flash_image,
+        options=options,
+        remote=prepared.remote,
+        progress=prepared.progress,
+        port=prepared.port,
+        reset=prepared.options.reset,
+        keep_open=keep_open,
+    )
 
 
-def run_turn(prepared: Prepared[Any], built: Built, request: RunRequest, on_token: OnToken | None = None,
-             progress: Progress | None = None) -> RunResult:
+def run_turn(
+    prepared: Prepared[Any],
+    built: Built,
+    request: RunRequest,
+    on_token: OnToken | None = None,
+    progress: Progress | None = None,
+) -> RunResult:
     """One request, one run of the built firmware."""
     art = built.art
-    return run_on_board(prepared.board, art.program, art.weights, request, art.model_hash(), on_token=on_token,
-                        flash_image=art.flash_image, port=prepared.port, reset=prepared.options.reset,
-                        check_hello=hello_check(built.identity), remote=prepared.remote, progress=progress)
+    return run_on_board(
+        prepared.board,
+        art.program,
+        art.weights,
+        request,
+        art.model_hash(),
+        on_token=on_token,
+        flash_image=art.flash_image,
+        port=prepared.port,
+        reset=prepared.options.reset,
+        check_hello=hello_check(built.identity),
+        remote=prepared.remote,
+        progress=progress,
+    )
 
 
 # ---- run and verify: a prompt, one turn ---------------------------------------------------
+
 
 @dataclass(frozen=True)
 class PromptInputs:
@@ -345,8 +385,14 @@ def prepare_run(options: JobOptions) -> Prepared[PromptInputs]:
 def run_request(prepared: Prepared[PromptInputs]) -> RunRequest:
     options = prepared.options
     assert prepared.sampling is not None and options.steps is not None
-    return RunRequest(prepared.inputs.prompt, options.steps, prepared.sampling, not options.ignore_eos,
-                      options.threads, memory_budget=prepared.memory_budget)
+    return RunRequest(
+        prepared.inputs.prompt,
+        options.steps,
+        prepared.sampling,
+        not options.ignore_eos,
+        options.threads,
+        memory_budget=prepared.memory_budget,
+    )
 
 
 @dataclass(frozen=True)
@@ -376,14 +422,17 @@ def run(options: JobOptions, on_token: OnToken | None = None) -> Ran:
 
 # ---- chat: several turns on one link ------------------------------------------------------
 
+
 def prepare_chat(options: JobOptions) -> Prepared[ChatTemplate]:
     from .model.chat_template import ChatTemplate
 
     def template(planned: Planned, tokenizer: Tokenizer | None) -> ChatTemplate:
         found = ChatTemplate.for_model(options.model)
         if found is None:
-            raise ColibriError(f"{options.model}: no chat template (tokenizer_config.json's chat_template or "
-                               f"chat_template.jinja); use ./colibri run for plain text")
+            raise ColibriError(
+                f"{options.model}: no chat template (tokenizer_config.json's chat_template or "
+                f"chat_template.jinja); use ./colibri run for plain text"
+            )
         return found
 
     return prepare(options, template, tokenizer_needed_for="chat needs the model's tokenizer.json")
@@ -416,15 +465,28 @@ class ChatTurn:
     reply: str
 
 
-def converse(prepared: Prepared[ChatTemplate], built: Built, state: ChatState, messages: Iterable[str],
-             stream: Callable[[], TextStream], digests: bool = False) -> Iterator[ChatTurn]:
+def converse(
+    prepared: Prepared[ChatTemplate],
+    built: Built,
+    state: ChatState,
+    messages: Iterable[str],
+    stream: Callable[[], TextStream],
+    digests: bool = False,
+) -> Iterator[ChatTurn]:
     """Each message a turn on one link to the built firmware, its reply streamed to a new `stream()`."""
     assert prepared.sampling is not None
     with open_chat(prepared, built) as conversation:
         for user in messages:
             planned = state.plan_turn(user)
-            request = RunRequest(planned.prompt, planned.steps, prepared.sampling, True, prepared.options.threads,
-                                 digests=digests, start=planned.start)
+            request = RunRequest(
+                planned.prompt,
+                planned.steps,
+                prepared.sampling,
+                True,
+                prepared.options.threads,
+                digests=digests,
+                start=planned.start,
+            )
             shown = stream()
             try:
                 result = conversation.turn(request, on_token=shown)
@@ -435,13 +497,15 @@ def converse(prepared: Prepared[ChatTemplate], built: Built, state: ChatState, m
 
 # ---- eval: a text scored chunk by chunk -----------------------------------------------------
 
+
 def prepare_eval(options: JobOptions, text: Path) -> Prepared[list[int]]:
     def tokens(planned: Planned, tokenizer: Tokenizer | None) -> list[int]:
         assert tokenizer is not None
         return tokenizer.encode(read_text_file(text, "--text"))
 
-    return prepare(options, tokens, sampling=False,
-                   tokenizer_needed_for="eval needs the model's tokenizer.json to tokenize --text")
+    return prepare(
+        options, tokens, sampling=False, tokenizer_needed_for="eval needs the model's tokenizer.json to tokenize --text"
+    )
 
 
 def evaluate_built(prepared: Prepared[list[int]], built: Built, check: bool, chunks: int | None) -> Evaluation:
@@ -451,16 +515,31 @@ def evaluate_built(prepared: Prepared[list[int]], built: Built, check: bool, chu
     options = prepared.options
 
     def score(request: RunRequest) -> RunResult:
-        request = RunRequest(request.prompt, request.steps, request.sampling, threads=options.threads,
-                             digests=False, score_from=request.score_from, memory_budget=prepared.memory_budget)
+        request = RunRequest(
+            request.prompt,
+            request.steps,
+            request.sampling,
+            threads=options.threads,
+            digests=False,
+            score_from=request.score_from,
+            memory_budget=prepared.memory_budget,
+        )
         return run_turn(prepared, built, request)
 
     assert prepared.tokenizer is not None
-    return evaluate(prepared.inputs, prepared.plan, prepared.tokenizer.bos_id(), score,
-                    built.art.weights if check else None, chunks, prepared.progress)
+    return evaluate(
+        prepared.inputs,
+        prepared.plan,
+        prepared.tokenizer.bos_id(),
+        score,
+        built.art.weights if check else None,
+        chunks,
+        prepared.progress,
+    )
 
 
 # ---- bench: its own stream ------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class BenchOptions:
@@ -487,18 +566,32 @@ def bench_sampling(options: JobOptions) -> tuple[SamplingParams, list[str]]:
     those flags over the model's generation_config.json if it samples, else over bench.SAMPLED."""
     from .bench import SAMPLED
 
-    given = [flag for flag, value in (("--temperature", options.temperature), ("--top-p", options.top_p),
-                                      ("--seed", options.seed)) if value is not None]
+    given = [
+        flag
+        for flag, value in (
+            ("--temperature", options.temperature),
+            ("--top-p", options.top_p),
+            ("--seed", options.seed),
+        )
+        if value is not None
+    ]
     gen = generation_defaults(options.model)
     base = gen if gen.temperature > 0 else SAMPLED
     temperature = options.temperature if options.temperature is not None else base.temperature
     if temperature <= 0:
-        raise ColibriError("--temperature 0 is greedy decoding, which repeats: the sampled stream needs a "
-                           "temperature above 0 (--stream synthetic is the greedy one)")
+        raise ColibriError(
+            "--temperature 0 is greedy decoding, which repeats: the sampled stream needs a "
+            "temperature above 0 (--stream synthetic is the greedy one)"
+        )
     if options.top_p is not None and options.top_p <= 0:
         raise ColibriError("--top-p must be greater than 0")
-    return SamplingParams(temperature, base.top_k, options.top_p if options.top_p is not None else base.top_p,
-                          base.min_p, options.seed if options.seed is not None else 0), given
+    return SamplingParams(
+        temperature,
+        base.top_k,
+        options.top_p if options.top_p is not None else base.top_p,
+        base.min_p,
+        options.seed if options.seed is not None else 0,
+    ), given
 
 
 def prepare_bench(options: JobOptions, bench: BenchOptions) -> Prepared[BenchInputs]:
@@ -508,16 +601,25 @@ def prepare_bench(options: JobOptions, bench: BenchOptions) -> Prepared[BenchInp
         # Defaults that fit the board: the steps the context holds after the prompt, one run where
         # the instruction count is exact.
         sampling, sampling_flags = bench_sampling(options)
-        stream, steps = benchmark.make_stream(planned.plan, tokenizer, bench.stream, bench.text, sampling,
-                                              bench.prompt_tokens, bench.steps, sampling_flags)
+        stream, steps = benchmark.make_stream(
+            planned.plan,
+            tokenizer,
+            bench.stream,
+            bench.text,
+            sampling,
+            bench.prompt_tokens,
+            bench.steps,
+            sampling_flags,
+        )
         repeat = bench.repeat if bench.repeat is not None else benchmark.default_repeat(planned.board)
         return BenchInputs(stream, steps, repeat)
 
     def plot(planned: Planned, made: BenchInputs) -> None:
         benchmark.check_plot(planned.board, bench.plot, made.steps)
 
-    return prepare(options, inputs, decoded=lambda made: Decoded(made.stream.prompt, made.steps), sampling=False,
-                   after_budget=plot)
+    return prepare(
+        options, inputs, decoded=lambda made: Decoded(made.stream.prompt, made.steps), sampling=False, after_budget=plot
+    )
 
 
 def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptions) -> dict[str, Any]:
@@ -525,15 +627,29 @@ def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptio
     from . import bench as benchmark
 
     options, made = prepared.options, prepared.inputs
-    return benchmark.run_bench(prepared.board, prepared.plan, built.art, model=str(options.model),
-                               prompt_tokens=bench.prompt_tokens, steps=made.steps, repeat=made.repeat,
-                               threads=options.threads, plot=bench.plot, port=prepared.port, reset=options.reset,
-                               remote=prepared.remote, progress=prepared.progress,
-                               check_hello=hello_check(built.identity), cache=prepared.cache, stream=made.stream,
-                               in_ram=bench.in_ram)
+    return benchmark.run_bench(
+        prepared.board,
+        prepared.plan,
+        built.art,
+        model=str(options.model),
+        prompt_tokens=bench.prompt_tokens,
+        steps=made.steps,
+        repeat=made.repeat,
+        threads=options.threads,
+        plot=bench.plot,
+        port=prepared.port,
+        reset=options.reset,
+        remote=prepared.remote,
+        progress=prepared.progress,
+        check_hello=hello_check(built.identity),
+        cache=prepared.cache,
+        stream=made.stream,
+        in_ram=bench.in_ram,
+    )
 
 
 # ---- report and flash: prepared and built, no link ------------------------------------------
+
 
 def report_budget(options: JobOptions, board: Board, plan: Plan) -> CachePlan | None:
     """report's expert cache: shown when --memory-budget is given or the board file sets one."""
@@ -586,8 +702,13 @@ class Flashed:
     art: Artifacts
 
 
-def flash(options: JobOptions, baud: int | None = None, before: str = "default-reset", no_reset: bool = False,
-          then_monitor: bool = False) -> Flashed:
+def flash(
+    options: JobOptions,
+    baud: int | None = None,
+    before: str = "default-reset",
+    no_reset: bool = False,
+    then_monitor: bool = False,
+) -> Flashed:
     """Build and write a flashed board's images with esptool and verify them; reset the board after,
     unless no_reset or then_monitor (the monitor resets it once its port is open, so the hello of the
     new firmware is not lost before anyone listens)."""
@@ -598,12 +719,20 @@ def flash(options: JobOptions, baud: int | None = None, before: str = "default-r
     if not board.is_flashed:
         raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
     if then_monitor and no_reset:
-        raise ColibriError("--no-reset leaves the board in its bootloader, so --monitor would show nothing: "
-                           "give one or the other")
+        raise ColibriError(
+            "--no-reset leaves the board in its bootloader, so --monitor would show nothing: give one or the other"
+        )
     port = board_port(options, board)
     assert port is not None and board.flash is not None  # a flashed board is on a serial port
     art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
     images = flash_plan(board, art.out_dir)
-    flash_images(board, port, images, baud=baud or board.flash.baud, progress=progress,
-                 reset=not no_reset and not then_monitor, before=before)
+    flash_images(
+        board,
+        port,
+        images,
+        baud=baud or board.flash.baud,
+        progress=progress,
+        reset=not no_reset and not then_monitor,
+        before=before,
+    )
     return Flashed(board, port, images, art)

@@ -130,3 +130,17 @@ def test_generation_config_top_k_of_minus_one_means_off_on_board_and_reference_a
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["pass"] and summary["sampling"]["top_k"] == 0
+
+
+def test_a_reader_that_goes_away_ends_the_cli_quietly():
+    """`./colibri --version | head -1`: the pipe closes under the CLI; it stops with the shell's
+    status for SIGPIPE, without a traceback."""
+    import subprocess
+
+    from conftest import REPO
+
+    proc = subprocess.Popen([str(REPO / "colibri"), "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before Python has started: its first write meets a closed pipe
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert "Traceback" not in stderr

@@ -3,14 +3,15 @@ them (a redesign, a refactor of the C runtime) can be shown not to.
 
     .venv/bin/python tools/bits_snapshot.py snapshot OUT.json [--work DIR] [--boards host,linux-aarch64,qemu-rv32]
         [--quants f32,q8_0,q4_0,q4_1] [--models kjv-tiny,llama_gqa_linear,...] [--steps 6]
-    .venv/bin/python tools/bits_snapshot.py compare BEFORE.json AFTER.json
+    .venv/bin/python tools/bits_snapshot.py compare BEFORE.json AFTER.json [--subset]
 
 `snapshot` makes each of tests/models.py's oracle checkpoints (fixed seeds) and takes the bundled
 default model, then for every model x quantization x board runs `./colibri run --json` on a fixed
 prompt (greedy, past end-of-sequence) and records the weight image's SHA-256, the tokens, every
 step's logits SHA-256 and the MoE routing counts the firmware reports. A run that fails is
 recorded with its exit code and last line, so the same refusal before and after compares equal.
-`compare` prints every entry that differs and exits 1 if any does.
+`compare` prints every entry that differs and exits 1 if any does; with --subset only the entries
+AFTER has are compared (a partial snapshot, e.g. one board, against a whole one).
 """
 
 from __future__ import annotations
@@ -93,12 +94,13 @@ def snapshot(args) -> int:
 def compare(args) -> int:
     before, after = (json.loads(p.read_text())["entries"] for p in (args.before, args.after))
     differ = 0
-    for key in sorted(set(before) | set(after)):
+    keys = set(after) if args.subset else set(before) | set(after)
+    for key in sorted(keys):
         if before.get(key) != after.get(key):
             differ += 1
             print(f"{key}:\n  before {json.dumps(before.get(key))[:300]}\n  after  {json.dumps(after.get(key))[:300]}")
-    ok = sum(1 for k in before if before[k].get("exit") == 0)
-    print(f"{len(before)} entries before ({ok} ran), {len(after)} after: {differ} differ")
+    ok = sum(1 for k in keys if (before.get(k) or {}).get("exit") == 0)
+    print(f"{len(keys)} entries compared ({ok} ran before), {len(after)} after: {differ} differ")
     return 1 if differ else 0
 
 
@@ -115,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     cmp = sub.add_parser("compare")
     cmp.add_argument("before", type=Path)
     cmp.add_argument("after", type=Path)
+    cmp.add_argument("--subset", action="store_true", help="compare only the entries AFTER has")
     args = ap.parse_args(argv)
     return snapshot(args) if args.command == "snapshot" else compare(args)
 

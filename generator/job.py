@@ -199,16 +199,15 @@ def prompt_text(options: JobOptions) -> str | None:
     return text[:-1] if text.endswith("\n") else text
 
 
+def flags_given(*flags: tuple[str, object]) -> list[str]:
+    """The flags among (flag, value) pairs that the user set (value not None), in order."""
+    return [flag for flag, value in flags if value is not None]
+
+
 def prompt_from(options: JobOptions, tokenizer: Tokenizer | None, vocab: int, text: str | None) -> list[int]:
-    given = [
-        flag
-        for flag, value in (
-            ("--prompt", options.prompt),
-            ("--prompt-file", options.prompt_file),
-            ("--prompt-ids", options.prompt_ids),
-        )
-        if value is not None
-    ]
+    given = flags_given(
+        ("--prompt", options.prompt), ("--prompt-file", options.prompt_file), ("--prompt-ids", options.prompt_ids)
+    )
     if len(given) > 1:
         raise ColibriError(f"give one of --prompt, --prompt-file and --prompt-ids, not {' and '.join(given)}")
     if options.prompt_ids is not None:
@@ -566,15 +565,7 @@ def bench_sampling(options: JobOptions) -> tuple[SamplingParams, list[str]]:
     those flags over the model's generation_config.json if it samples, else over bench.SAMPLED."""
     from .bench import SAMPLED
 
-    given = [
-        flag
-        for flag, value in (
-            ("--temperature", options.temperature),
-            ("--top-p", options.top_p),
-            ("--seed", options.seed),
-        )
-        if value is not None
-    ]
+    given = flags_given(("--temperature", options.temperature), ("--top-p", options.top_p), ("--seed", options.seed))
     gen = generation_defaults(options.model)
     base = gen if gen.temperature > 0 else SAMPLED
     temperature = options.temperature if options.temperature is not None else base.temperature

@@ -17,7 +17,6 @@ AFTER has are compared (a partial snapshot, e.g. one board, against a whole one)
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import subprocess
 import sys
@@ -25,6 +24,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+from generator.release.bundle import sha256_file  # noqa: E402
 
 DEFAULT_MODEL = "kjv-tiny"
 PROMPT_IDS = "1,5,9,14"
@@ -45,14 +47,6 @@ def model_paths(names: list[str], work: Path) -> dict[str, Path]:
     return paths
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def routing(stats: dict) -> dict:
     """What the firmware says about routing (MoE models): every stats field naming experts."""
     return {k: v for k, v in sorted(stats.items()) if "expert" in k or "routing" in k}
@@ -67,7 +61,7 @@ def one_run(model: Path, quant: str, board: str, out: Path, steps: int) -> dict:
         last = (done.stderr.strip().splitlines() or [""])[-1]
         return {"exit": done.returncode, "error": last}
     result = json.loads(done.stdout)
-    return {"exit": 0, "image_sha256": sha256(out / "generated" / "weights.img"), "tokens": result["tokens"],
+    return {"exit": 0, "image_sha256": sha256_file(out / "generated" / "weights.img"), "tokens": result["tokens"],
             "logits_sha256": result["logits_sha256"], "routing": routing(result.get("stats") or {})}
 
 

@@ -200,7 +200,9 @@ class Plan:
         """One line on what --quant gguf kept exactly (None for other quantizations)."""
         if not self.gguf_types:
             return None
-        exact, again = self.gguf_kept()
+        return self._gguf_summary(*self.gguf_kept())
+
+    def _gguf_summary(self, exact: list[str], again: list[tuple[str, str, str]]) -> str:
         kept = set(exact)
         types: dict[str, int] = {}
         for name, ggml_type in self.gguf_types:
@@ -277,7 +279,7 @@ class Plan:
         """--quant gguf: the tensors kept exactly, those quantized again, and the one-line summary."""
         exact, again = self.gguf_kept()
         return {"exact": exact, "quantized_again": [{"tensor": n, "file_type": g, "block_type": d} for n, g, d in again],
-                "summary": self.gguf_summary()}
+                "summary": self._gguf_summary(exact, again)}
 
     def totals(self) -> dict:
         return {

@@ -95,8 +95,10 @@ def predicted_timing(board: Board) -> TimingModel:
     [predict] section holds it): what bench predicts that board's speed with."""
     target = load_board(board.predicts) if board.predicts else board
     if target.predict is None:
-        raise ColibriError(f"{board.path.name}: bench needs a timing model to predict a board's speed from exact "
-                           f"instruction counts: `predicts` must name a board with a [predict] section")
+        raise ColibriError(
+            f"{board.path.name}: bench needs a timing model to predict a board's speed from exact "
+            f"instruction counts: `predicts` must name a board with a [predict] section"
+        )
     return target.predict
 
 
@@ -104,8 +106,7 @@ def predict_speed(timing: TimingModel, instructions_per_token: float, bytes_per_
     """A token takes whichever is longer: its instructions at the board's clock, or its weight reads."""
     compute = instructions_per_token * timing.cycles_per_instruction / timing.clock_hz
     memory = bytes_per_token / timing.weight_bytes_per_s
-    return {"tok_s": 1.0 / max(compute, memory), "compute_s": compute, "memory_s": memory,
-            "model": timing.describe()}
+    return {"tok_s": 1.0 / max(compute, memory), "compute_s": compute, "memory_s": memory, "model": timing.describe()}
 
 
 def rate_by_context(n_prompt: int, token_us_runs: list[list[int]]) -> tuple[list[int], list[float]]:
@@ -135,7 +136,7 @@ def plot_rate_vs_context(path, contexts: list[int], tok_s: list[float], title: s
     from .files import write_atomic
 
     window = 16
-    smooth = [statistics.median(tok_s[max(0, i - window + 1):i + 1]) for i in range(len(tok_s))]
+    smooth = [statistics.median(tok_s[max(0, i - window + 1) : i + 1]) for i in range(len(tok_s))]
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     ax.plot(contexts, tok_s, ".", markersize=3, alpha=0.35, label="each token")
     ax.plot(contexts, smooth, "-", linewidth=2, label=f"moving median of {window}")
@@ -193,20 +194,26 @@ class Stream:
         """The request's prompt: the prefilled part, then the text tokens fed by the first steps - 1
         decode steps (the last step's token is never fed back, so it need not be sent: the request
         then fits a context of prompt + steps - 1, as any decode's does)."""
-        return self.prompt + self.forced[:max(0, steps - 1)]
+        return self.prompt + self.forced[: max(0, steps - 1)]
 
     def decode_from(self, steps: int) -> int | None:
         return len(self.prompt) if self.forced and steps > 1 else None
 
     def describe(self, steps: int) -> str:
         if self.kind == "text":
-            return (f"{Path(self.source).name} teacher-forced: {len(self.prompt)} prompt tokens prefilled, then "
-                    f"{steps - 1} of its tokens decoded one per forward pass")
+            return (
+                f"{Path(self.source).name} teacher-forced: {len(self.prompt)} prompt tokens prefilled, then "
+                f"{steps - 1} of its tokens decoded one per forward pass"
+            )
         if self.kind == "sampled":
             s = self.sampling
-            return (f"sampled decoding (temperature {s.temperature:g}" + (f", top-p {s.top_p:g}" if s.top_p < 1 else "")
-                    + (f", top-k {s.top_k}" if s.top_k else "") + (f", min-p {s.min_p:g}" if s.min_p else "")
-                    + f", seed {s.seed}) after a {len(self.prompt)}-token synthetic prompt")
+            return (
+                f"sampled decoding (temperature {s.temperature:g}"
+                + (f", top-p {s.top_p:g}" if s.top_p < 1 else "")
+                + (f", top-k {s.top_k}" if s.top_k else "")
+                + (f", min-p {s.min_p:g}" if s.min_p else "")
+                + f", seed {s.seed}) after a {len(self.prompt)}-token synthetic prompt"
+            )
         return f"synthetic {len(self.prompt)}-token prompt, greedy decoding"
 
 
@@ -236,18 +243,29 @@ def default_stream(plan: Plan, has_tokenizer: bool) -> str:
     return "text" if has_tokenizer else "sampled"
 
 
-def make_stream(plan: Plan, tokenizer, kind: str | None, text: Path | None, sampling: SamplingParams,
-                prompt_tokens: int, steps: int | None, sampling_flags: list[str] = ()) -> tuple[Stream, int]:
+def make_stream(
+    plan: Plan,
+    tokenizer,
+    kind: str | None,
+    text: Path | None,
+    sampling: SamplingParams,
+    prompt_tokens: int,
+    steps: int | None,
+    sampling_flags: list[str] = (),
+) -> tuple[Stream, int]:
     """The stream bench decodes and its steps (default_steps, or fewer when the text is shorter).
     kind None: --text's, the sampled one if sampling_flags (the flags that set `sampling`) were
     given, else default_stream's. Everything is checked here, before anything is built."""
     if text is not None and kind not in (None, "text"):
         raise ColibriError(f"--text feeds a text, and --stream {kind} does not: give one or the other")
     if sampling_flags and (kind not in (None, "sampled") or text is not None):
-        raise ColibriError(f"{' and '.join(sampling_flags)} set the sampled stream, not "
-                           f"{'--text' if text is not None else '--stream ' + kind}'s: give one or the other")
-    kind = kind or ("text" if text is not None else "sampled" if sampling_flags
-                    else default_stream(plan, tokenizer is not None))
+        raise ColibriError(
+            f"{' and '.join(sampling_flags)} set the sampled stream, not "
+            f"{'--text' if text is not None else '--stream ' + kind}'s: give one or the other"
+        )
+    kind = kind or (
+        "text" if text is not None else "sampled" if sampling_flags else default_stream(plan, tokenizer is not None)
+    )
     chosen = steps if steps is not None else default_steps(plan, prompt_tokens)
     if kind == "synthetic":
         return Stream("synthetic", synthetic_prompt(plan, prompt_tokens)), chosen
@@ -255,29 +273,38 @@ def make_stream(plan: Plan, tokenizer, kind: str | None, text: Path | None, samp
         return Stream("sampled", synthetic_prompt(plan, prompt_tokens), sampling=sampling), chosen
     path = Path(text) if text is not None else DEFAULT_TEXT
     if tokenizer is None:
-        raise ColibriError(f"the text stream needs the model's tokenizer (tokenizer.json) to tokenize "
-                           f"{path}; use --stream sampled")
+        raise ColibriError(
+            f"the text stream needs the model's tokenizer (tokenizer.json) to tokenize {path}; use --stream sampled"
+        )
     tokens = tokenizer.encode(read_text(path))
     if not tokens:
         raise ColibriError(f"--text {path}: encodes to no tokens")
     bad = [t for t in tokens if t >= plan.spec.vocab_size]
     if bad:
-        raise ColibriError(f"--text {path}: the tokenizer gives id {bad[0]}, outside the model's vocabulary "
-                           f"({plan.spec.vocab_size})")
+        raise ColibriError(
+            f"--text {path}: the tokenizer gives id {bad[0]}, outside the model's vocabulary ({plan.spec.vocab_size})"
+        )
     if steps is None:
         chosen = min(chosen, len(tokens) - prompt_tokens + 1)
     if len(tokens) < prompt_tokens + chosen - 1 or chosen < 1:
-        raise ColibriError(f"--text {path} is {len(tokens)} tokens, and a {prompt_tokens}-token prompt and "
-                           f"{max(chosen, 1)} steps need {prompt_tokens + max(chosen, 1) - 1}: give a longer text, "
-                           f"fewer --steps or fewer --prompt-tokens")
-    return Stream("text", tokens[:prompt_tokens], tokens[prompt_tokens:prompt_tokens + chosen - 1],
-                  source=str(path), text_tokens=len(tokens)), chosen
+        raise ColibriError(
+            f"--text {path} is {len(tokens)} tokens, and a {prompt_tokens}-token prompt and "
+            f"{max(chosen, 1)} steps need {prompt_tokens + max(chosen, 1) - 1}: give a longer text, "
+            f"fewer --steps or fewer --prompt-tokens"
+        )
+    return Stream(
+        "text",
+        tokens[:prompt_tokens],
+        tokens[prompt_tokens : prompt_tokens + chosen - 1],
+        source=str(path),
+        text_tokens=len(tokens),
+    ), chosen
 
 
 def repetition(tokens: list[int], n: int = NGRAM) -> float | None:
     """The share of the n-grams of `tokens` that occurred earlier in it: 0 for a stream that never
     repeats itself, near 1 for one stuck in a loop."""
-    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
     if not grams:
         return None
     return 1 - len(set(grams)) / len(grams)
@@ -287,7 +314,7 @@ def fed_tokens(stream: Stream, request: RunRequest, result: RunResult) -> list[i
     """The tokens the decode passes fed the model: the text's (teacher forcing) or the ones
     sampled, all but the last step's (never fed back)."""
     if stream.forced:
-        return request.prompt[len(stream.prompt):]
+        return request.prompt[len(stream.prompt) :]
     return result.tokens[:-1]
 
 
@@ -296,15 +323,23 @@ def stream_figures(stream: Stream, request: RunRequest, result: RunResult, plan:
     a MoE model, the distinct experts each MoE layer used (over the prompt and the decode) against
     the top-k a token takes."""
     fed = fed_tokens(stream, request, result)
-    out = {"kind": stream.kind, "text": stream.source, "text_tokens": stream.text_tokens,
-           "sampling": asdict(stream.sampling) if stream.kind == "sampled" else None,
-           "prompt_tokens": len(stream.prompt), "decoded_tokens_fed": len(fed), "distinct_tokens": len(set(fed)),
-           f"repeated_{NGRAM}grams": repetition(fed), "description": stream.describe(steps)}
+    out = {
+        "kind": stream.kind,
+        "text": stream.source,
+        "text_tokens": stream.text_tokens,
+        "sampling": asdict(stream.sampling) if stream.kind == "sampled" else None,
+        "prompt_tokens": len(stream.prompt),
+        "decoded_tokens_fed": len(fed),
+        "distinct_tokens": len(set(fed)),
+        f"repeated_{NGRAM}grams": repetition(fed),
+        "description": stream.describe(steps),
+    }
     if result.expert_counts:
         out["experts_per_token"] = plan.spec.experts_per_token
         out["n_experts"] = plan.spec.n_experts
-        out["experts_used_per_layer"] = {str(layer): sum(1 for c in counts if c)
-                                         for layer, counts in sorted(result.expert_counts.items())}
+        out["experts_used_per_layer"] = {
+            str(layer): sum(1 for c in counts if c) for layer, counts in sorted(result.expert_counts.items())
+        }
     return out
 
 
@@ -312,9 +347,11 @@ def check_forced(stream: Stream, request: RunRequest, result: RunResult) -> None
     """A teacher-forced run's token frames name the text's tokens: else the board did not decode
     the stream it was sent."""
     n = len(request.prompt) - len(stream.prompt)
-    if n and result.tokens[:n] != request.prompt[len(stream.prompt):]:
-        raise ColibriError("the board decoded other tokens than the text's: its firmware does not teacher-force "
-                           "(decode_from, protocol 4); build and flash this version")
+    if n and result.tokens[:n] != request.prompt[len(stream.prompt) :]:
+        raise ColibriError(
+            "the board decoded other tokens than the text's: its firmware does not teacher-force "
+            "(decode_from, protocol 4); build and flash this version"
+        )
 
 
 def in_ram_fits(image: Path) -> str | None:
@@ -326,8 +363,10 @@ def in_ram_fits(image: Path) -> str | None:
         return None
     available, size = info.get("MemAvailable"), os.path.getsize(image)
     if available is not None and size > available:
-        return (f"skipped: the weight image ({size / 1e9:.2f} GB) exceeds the memory available here "
-                f"({available / 1e9:.2f} GB), so a run without a budget would not run in RAM")
+        return (
+            f"skipped: the weight image ({size / 1e9:.2f} GB) exceeds the memory available here "
+            f"({available / 1e9:.2f} GB), so a run without a budget would not run in RAM"
+        )
     return None
 
 
@@ -341,8 +380,9 @@ def probes_bandwidth(board: Board, remote: Remote | None = None) -> bool:
     return not remote_prefix(board) if remote is not None else not board.runner.needs_emulator()
 
 
-def run_figures(result: RunResult, weight_bytes: int, board: Board | None = None,
-                request: RunRequest | None = None) -> dict:
+def run_figures(
+    result: RunResult, weight_bytes: int, board: Board | None = None, request: RunRequest | None = None
+) -> dict:
     """One run's speeds and, where the firmware probed the read bandwidth just before it, that
     figure and the share of it the decode's weight reads took: weight bytes per token x this run's
     decode tok/s / this run's own probe (never another run's: the machine's bandwidth moves).
@@ -370,12 +410,18 @@ def cache_figures(result: RunResult, r: dict) -> dict | None:
     uses = c.get("cache_hits", 0) + c.get("cache_misses", 0)
     per_token = c.get("read_bytes", 0) / passes if passes else 0.0
     storage = int(result.storage["read_bw"]) if result.storage else None
-    return {**c, "hit_rate": c.get("cache_hits", 0) / uses if uses else None,
-            "read_bytes_per_token": per_token,
-            "read_wait_ms_per_token": c.get("read_wait_us", 0) / 1000 / passes if passes else 0.0,
-            "storage_read_bytes_s": storage, "storage_direct": bool(int(result.storage["direct"])) if result.storage else None,
-            "storage_bound_tok_s": storage / per_token if storage and per_token else None,
-            "of_storage_bound": (r["decode_tok_s"] * per_token / storage) if storage and per_token and r["decode_tok_s"] else None}
+    return {
+        **c,
+        "hit_rate": c.get("cache_hits", 0) / uses if uses else None,
+        "read_bytes_per_token": per_token,
+        "read_wait_ms_per_token": c.get("read_wait_us", 0) / 1000 / passes if passes else 0.0,
+        "storage_read_bytes_s": storage,
+        "storage_direct": bool(int(result.storage["direct"])) if result.storage else None,
+        "storage_bound_tok_s": storage / per_token if storage and per_token else None,
+        "of_storage_bound": (r["decode_tok_s"] * per_token / storage)
+        if storage and per_token and r["decode_tok_s"]
+        else None,
+    }
 
 
 def cache_summary(runs: list[dict]) -> dict | None:
@@ -398,9 +444,11 @@ def bandwidth_summary(weight_bytes: int, runs: list[dict]) -> dict:
     if not probes:
         return {"read_bandwidth_bytes_s": None, "bandwidth_fraction": None, "bandwidth_limit_tok_s": None}
     median = statistics.median(probes)
-    return {"read_bandwidth_bytes_s": {"min": min(probes), "median": median, "max": max(probes)},
-            "bandwidth_fraction": statistics.median(shares) if shares else None,
-            "bandwidth_limit_tok_s": median / weight_bytes}
+    return {
+        "read_bandwidth_bytes_s": {"min": min(probes), "median": median, "max": max(probes)},
+        "bandwidth_fraction": statistics.median(shares) if shares else None,
+        "bandwidth_limit_tok_s": median / weight_bytes,
+    }
 
 
 DEFAULT_STEPS = 128
@@ -423,8 +471,10 @@ def check_plot(board: Board, plot: Path | None, steps: int) -> None:
     if plot is None:
         return
     if board.runner.counts_instructions_exactly():
-        raise ColibriError(f"--plot draws tok/s against wall-clock time; {board.name} is emulated and "
-                           f"reports exact instruction counts instead (use --json)")
+        raise ColibriError(
+            f"--plot draws tok/s against wall-clock time; {board.name} is emulated and "
+            f"reports exact instruction counts instead (use --json)"
+        )
     if plot.suffix.lower() != ".png":
         raise ColibriError(f"--plot writes a PNG image: name it with .png (got {plot.name})")
     if steps < 3:
@@ -453,12 +503,16 @@ def in_ram_summary(runs: list[dict], ram_runs: list[dict], skipped: str | None) 
     if not ram_runs:
         return None
     speeds = [r["decode_tok_s"] for r in ram_runs]
-    pairs = [a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(runs, ram_runs)
-             if a["decode_tok_s"] and b["decode_tok_s"]]
-    return {"decode_tok_s": statistics.median(s for s in speeds if s) if any(speeds) else None, "runs": speeds,
-            "of_in_ram": statistics.median(pairs) if pairs else None,
-            "note": "the same stream and build without a memory budget (the mapped image read in place), "
-                    "run after each budgeted run"}
+    pairs = [
+        a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(runs, ram_runs) if a["decode_tok_s"] and b["decode_tok_s"]
+    ]
+    return {
+        "decode_tok_s": statistics.median(s for s in speeds if s) if any(speeds) else None,
+        "runs": speeds,
+        "of_in_ram": statistics.median(pairs) if pairs else None,
+        "note": "the same stream and build without a memory budget (the mapped image read in place), "
+        "run after each budgeted run",
+    }
 
 
 def bound_figures(cache: dict, in_ram: dict | None) -> dict:
@@ -473,10 +527,26 @@ def bound_figures(cache: dict, in_ram: dict | None) -> dict:
     return {"bound_tok_s": value, "limited_by": name}
 
 
-def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, steps: int, repeat: int,
-              threads: int = 1, plot: Path | None = None, port: str | None = None, reset: bool = False,
-              remote: Remote | None = None, progress: Callable[[str], None] | None = None,
-              check_hello=None, cache=None, stream: Stream | None = None, in_ram: bool = True) -> dict:
+def run_bench(
+    board: Board,
+    plan: Plan,
+    art,
+    *,
+    model: str,
+    prompt_tokens: int,
+    steps: int,
+    repeat: int,
+    threads: int = 1,
+    plot: Path | None = None,
+    port: str | None = None,
+    reset: bool = False,
+    remote: Remote | None = None,
+    progress: Callable[[str], None] | None = None,
+    check_hello=None,
+    cache=None,
+    stream: Stream | None = None,
+    in_ram: bool = True,
+) -> dict:
     """Run the built firmware `art` (build.Artifacts) `repeat` times and return bench's figures (the
     --json document). On Linux boards run natively, each run first has the firmware probe the read
     bandwidth with the same threads: probe, decode, probe, decode... Under an emulator every
@@ -492,10 +562,18 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
     probes = probes_bandwidth(board, remote)
     # Under a budget the firmware measures how fast its image file reads instead, just before
     # decoding: the memory probe's buffer (256 MiB or more) would break the budget it runs under.
-    request = RunRequest(stream.request_prompt(steps), steps, stream.sampling, stop_at_eos=False, threads=threads,
-                         digests=False, probe_bandwidth_mib=PROBE_MIB if probes and not budget else None,
-                         memory_budget=budget, probe_storage_mib=STORAGE_PROBE_MIB if budget and probes else None,
-                         decode_from=stream.decode_from(steps))
+    request = RunRequest(
+        stream.request_prompt(steps),
+        steps,
+        stream.sampling,
+        stop_at_eos=False,
+        threads=threads,
+        digests=False,
+        probe_bandwidth_mib=PROBE_MIB if probes and not budget else None,
+        memory_budget=budget,
+        probe_storage_mib=STORAGE_PROBE_MIB if budget and probes else None,
+        decode_from=stream.decode_from(steps),
+    )
     compare = bool(budget and plan.spec.n_experts and in_ram)
     skipped = in_ram_fits(art.weights) if compare and remote is None else None
     ram_request = replace(request, memory_budget=0, probe_storage_mib=None) if compare and not skipped else None
@@ -504,8 +582,19 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
     results, ram_results = [], []
 
     def run(req: RunRequest) -> RunResult:
-        result = run_on_board(board, art.program, art.weights, req, art.model_hash(), flash_image=art.flash_image,
-                              port=port, reset=reset, remote=remote, progress=progress, check_hello=check_hello)
+        result = run_on_board(
+            board,
+            art.program,
+            art.weights,
+            req,
+            art.model_hash(),
+            flash_image=art.flash_image,
+            port=port,
+            reset=reset,
+            remote=remote,
+            progress=progress,
+            check_hello=check_hello,
+        )
         check_forced(stream, req, result)
         return result
 
@@ -514,42 +603,64 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
         results.append(result)
         if progress:
             r = run_figures(result, weight_bytes, board, request)
-            probe = (f", read bandwidth {r['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s just before"
-                     if r["read_bandwidth_bytes_s"] else "")
+            probe = (
+                f", read bandwidth {r['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s just before"
+                if r["read_bandwidth_bytes_s"]
+                else ""
+            )
             c = r["cache"]
-            cached = (f"; expert cache {100 * c['hit_rate']:.0f}% hits, {c['read_bytes_per_token'] / 1e6:.2f} MB read "
-                      f"per token" if c and c["hit_rate"] is not None and budget else "")
+            cached = (
+                f"; expert cache {100 * c['hit_rate']:.0f}% hits, {c['read_bytes_per_token'] / 1e6:.2f} MB read "
+                f"per token"
+                if c and c["hit_rate"] is not None and budget
+                else ""
+            )
             progress(f"  run {i + 1}/{repeat}: {speed_text(r)}{probe}{cached}")
         if ram_request is not None:
             ram_results.append(run(ram_request))
             if progress:
-                progress(f"  run {i + 1}/{repeat} without the budget: "
-                         f"{speed_text(run_figures(ram_results[-1], weight_bytes, board, ram_request))}")
+                progress(
+                    f"  run {i + 1}/{repeat} without the budget: "
+                    f"{speed_text(run_figures(ram_results[-1], weight_bytes, board, ram_request))}"
+                )
     runs = [run_figures(r, weight_bytes, board, request) for r in results]
     ram_runs = [run_figures(r, weight_bytes, board, ram_request) for r in ram_results]
     kernels = results[-1].hello.get("kernels", "?")
     # Under an emulator here, or on a board over SSH behind a prefix (an emulator, in the tests).
     emulator = (remote_prefix(board)[0] if remote_prefix(board) else None) if remote else board.runner.emulated_by()
-    out = {"board": board.name, "model": model, "architecture": plan.spec.architecture,
-           "quant": plan.quant, "n_ctx": plan.n_ctx, "threads": threads, "kernels": kernels,
-           "prompt_tokens": len(prompt), "decode_steps": steps, "repeat": repeat,
-           # Under an emulator, wall-clock figures are the emulator's on this machine, not the board's.
-           "emulated_by": emulator,
-           "speed_note": (f"measured under {emulator}: the emulator's speed, not the board's"
-                          if emulator else None),
-           "weight_bytes_per_token": weight_bytes, "macs_per_token": macs, "runs": runs,
-           "memory_budget": cache.as_run(cache_stats(results[-1])).to_dict() if cache is not None else None,
-           "stream": stream_figures(stream, request, results[-1], plan, steps),
-           "cache": cache_summary(runs),
-           "in_ram": in_ram_summary(runs, ram_runs, skipped),
-           "remote": remote_summary(results)}
+    out = {
+        "board": board.name,
+        "model": model,
+        "architecture": plan.spec.architecture,
+        "quant": plan.quant,
+        "n_ctx": plan.n_ctx,
+        "threads": threads,
+        "kernels": kernels,
+        "prompt_tokens": len(prompt),
+        "decode_steps": steps,
+        "repeat": repeat,
+        # Under an emulator, wall-clock figures are the emulator's on this machine, not the board's.
+        "emulated_by": emulator,
+        "speed_note": (f"measured under {emulator}: the emulator's speed, not the board's" if emulator else None),
+        "weight_bytes_per_token": weight_bytes,
+        "macs_per_token": macs,
+        "runs": runs,
+        "memory_budget": cache.as_run(cache_stats(results[-1])).to_dict() if cache is not None else None,
+        "stream": stream_figures(stream, request, results[-1], plan, steps),
+        "cache": cache_summary(runs),
+        "in_ram": in_ram_summary(runs, ram_runs, skipped),
+        "remote": remote_summary(results),
+    }
     if out["cache"] is not None and budget:
         c = out["cache"]
         c.update(bound_figures(c, out["in_ram"]))
         c["in_ram_tok_s"] = out["in_ram"]["decode_tok_s"] if out["in_ram"] else None
         c["of_in_ram"] = out["in_ram"]["of_in_ram"] if out["in_ram"] else None
-        speed = statistics.median(r["decode_tok_s"] for r in runs if r["decode_tok_s"]) if any(
-            r["decode_tok_s"] for r in runs) else None
+        speed = (
+            statistics.median(r["decode_tok_s"] for r in runs if r["decode_tok_s"])
+            if any(r["decode_tok_s"] for r in runs)
+            else None
+        )
         c["decode_tok_s"] = speed
         c["of_bound"] = speed / c["bound_tok_s"] if speed and c["bound_tok_s"] else None
     instructions = runs[0]["decode_instructions_per_token"]
@@ -559,29 +670,42 @@ def run_bench(board: Board, plan: Plan, art, *, model: str, prompt_tokens: int, 
         # Per multiply-accumulate two ways: of the matrices alone (fixed per token), and with the
         # attention's, which grow with the context (averaged over this run's decode passes).
         attention = decode_attention_macs(plan, len(prompt), steps)
-        out.update(decode_instructions_per_token=instructions,
-                   prefill_instructions_per_token=runs[0]["prefill_instructions_per_token"],
-                   instructions_per_mac=instructions / macs,
-                   attention_macs_per_token=attention,
-                   mean_context=len(prompt) + steps / 2,  # of contexts P+1 .. P+S-1
-                   instructions_per_mac_with_attention=instructions / (macs + attention),
-                   predicted_esp32p4=predict_speed(predicted_timing(board), instructions, weight_bytes))
+        out.update(
+            decode_instructions_per_token=instructions,
+            prefill_instructions_per_token=runs[0]["prefill_instructions_per_token"],
+            instructions_per_mac=instructions / macs,
+            attention_macs_per_token=attention,
+            mean_context=len(prompt) + steps / 2,  # of contexts P+1 .. P+S-1
+            instructions_per_mac_with_attention=instructions / (macs + attention),
+            predicted_esp32p4=predict_speed(predicted_timing(board), instructions, weight_bytes),
+        )
     else:
         latencies = [latency_percentiles(r.token_us) for r in results]
         probe = results[0].bandwidth
-        out.update(prefill_tok_s=statistics.median(r["prefill_tok_s"] for r in runs),
-                   decode_tok_s=statistics.median(r["decode_tok_s"] for r in runs),
-                   forward_only_tok_s=statistics.median(r["forward_tok_s"] for r in runs),
-                   ms_per_token=latencies[len(latencies) // 2],
-                   peak_rss_bytes=max(int(r.stats.get("peak_rss", 0)) for r in results),
-                   **bandwidth_summary(weight_bytes, runs),
-                   read_bandwidth_probe={"mib": int(probe["mib"]), "threads": int(probe["threads"]),
-                                         "passes": int(probe["passes"])} if probe else None)
+        out.update(
+            prefill_tok_s=statistics.median(r["prefill_tok_s"] for r in runs),
+            decode_tok_s=statistics.median(r["decode_tok_s"] for r in runs),
+            forward_only_tok_s=statistics.median(r["forward_tok_s"] for r in runs),
+            ms_per_token=latencies[len(latencies) // 2],
+            peak_rss_bytes=max(int(r.stats.get("peak_rss", 0)) for r in results),
+            **bandwidth_summary(weight_bytes, runs),
+            read_bandwidth_probe={
+                "mib": int(probe["mib"]),
+                "threads": int(probe["threads"]),
+                "passes": int(probe["passes"]),
+            }
+            if probe
+            else None,
+        )
     if plot is not None:
         contexts, per_token = rate_by_context(len(prompt), [r.token_us for r in results])
-        plot_rate_vs_context(plot, contexts, per_token,
-                             f"{plan.spec.name} on {board.name}: {plan.quant}, {kernels} kernels, "
-                             f"{threads} thread(s), median of {repeat} runs")
+        plot_rate_vs_context(
+            plot,
+            contexts,
+            per_token,
+            f"{plan.spec.name} on {board.name}: {plan.quant}, {kernels} kernels, "
+            f"{threads} thread(s), median of {repeat} runs",
+        )
         out["plot"] = str(plot)
         if progress:
             progress(f"wrote {plot}: decode tok/s against context length {contexts[0]}..{contexts[-1]}")
@@ -598,33 +722,42 @@ def bench_line(out: dict, name: str) -> str:
         instructions = out["decode_instructions_per_token"]
         p4 = out["predicted_esp32p4"]
         runs = "one run: the count is exact" if out["repeat"] == 1 else f"median of {out['repeat']} identical runs"
-        return (f"{head}{out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, {runs}{stream_text(out)}): "
-                f"{instructions / 1e6:.3f} M instructions per decoded token ({out['instructions_counted']}), "
-                f"{out['instructions_per_mac_with_attention']:.2f} per multiply-accumulate: {out['macs_per_token']:,} in "
-                f"the matrices + {out['attention_macs_per_token']:,.0f} in attention at this context (mean "
-                f"{out['mean_context']:g} positions); {out['instructions_per_mac']:.2f} per matrix multiply-accumulate "
-                f"alone; {out['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token; predicted ESP32-P4: "
-                f"{p4['tok_s']:.1f} tok/s ({p4['model']})")
+        return (
+            f"{head}{out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, {runs}{stream_text(out)}): "
+            f"{instructions / 1e6:.3f} M instructions per decoded token ({out['instructions_counted']}), "
+            f"{out['instructions_per_mac_with_attention']:.2f} per multiply-accumulate: {out['macs_per_token']:,} in "
+            f"the matrices + {out['attention_macs_per_token']:,.0f} in attention at this context (mean "
+            f"{out['mean_context']:g} positions); {out['instructions_per_mac']:.2f} per matrix multiply-accumulate "
+            f"alone; {out['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token; predicted ESP32-P4: "
+            f"{p4['tok_s']:.1f} tok/s ({p4['model']})"
+        )
     ms = out["ms_per_token"]
     weights = f"{out['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token"
     bandwidth = out["read_bandwidth_bytes_s"]
     if bandwidth is None:
-        share = (f"{weights} (no bandwidth figure: the emulator's reads are not the board's)" if emulator
-                 else f"{weights} (no memory bandwidth probe under a memory budget: its buffer would break it)"
-                 if out.get("memory_budget") and not out["memory_budget"]["unlimited"]
-                 else f"{weights} (no bandwidth figure)")
+        share = (
+            f"{weights} (no bandwidth figure: the emulator's reads are not the board's)"
+            if emulator
+            else f"{weights} (no memory bandwidth probe under a memory budget: its buffer would break it)"
+            if out.get("memory_budget") and not out["memory_budget"]["unlimited"]
+            else f"{weights} (no bandwidth figure)"
+        )
     else:
         probe = out["read_bandwidth_probe"]
-        share = (f"{weights} = {100 * out['bandwidth_fraction']:.0f}% of the read bandwidth the firmware measured "
-                 f"just before each run (median of the runs' shares; probes {bandwidth['min'] / 1e9:.1f}–"
-                 f"{bandwidth['max'] / 1e9:.1f} GB/s, median {bandwidth['median'] / 1e9:.1f}, {probe['threads']} "
-                 f"thread(s) over {probe['mib']} MiB; limit {out['bandwidth_limit_tok_s']:.0f} tok/s)")
+        share = (
+            f"{weights} = {100 * out['bandwidth_fraction']:.0f}% of the read bandwidth the firmware measured "
+            f"just before each run (median of the runs' shares; probes {bandwidth['min'] / 1e9:.1f}–"
+            f"{bandwidth['max'] / 1e9:.1f} GB/s, median {bandwidth['median'] / 1e9:.1f}, {probe['threads']} "
+            f"thread(s) over {probe['mib']} MiB; limit {out['bandwidth_limit_tok_s']:.0f} tok/s)"
+        )
     label = ": the emulator's speed on this machine, not the board's" if emulator else ""
-    return (f"{head}{out['threads']} thread(s), {out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, "
-            f"median of {out['repeat']}{stream_text(out)}): "
-            f"prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} "
-            f"tok/s (ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}){label}; {share}; "
-            f"peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB{cache_text(out)}")
+    return (
+        f"{head}{out['threads']} thread(s), {out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, "
+        f"median of {out['repeat']}{stream_text(out)}): "
+        f"prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} "
+        f"tok/s (ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}){label}; {share}; "
+        f"peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB{cache_text(out)}"
+    )
 
 
 REPEATING = 0.5  # a stream with at least this share of repeated 4-grams is said to repeat
@@ -642,8 +775,10 @@ def stream_warning(out: dict) -> str:
     share = s.get(f"repeated_{NGRAM}grams")
     if not s.get("experts_per_token") or share is None or share < REPEATING:
         return ""
-    return (f"; it REPEATS: {100 * share:.0f}% of its {NGRAM}-grams occurred before in it, so routing repeats and "
-            f"the expert cache hits more than a user's stream would")
+    return (
+        f"; it REPEATS: {100 * share:.0f}% of its {NGRAM}-grams occurred before in it, so routing repeats and "
+        f"the expert cache hits more than a user's stream would"
+    )
 
 
 def cache_text(out: dict) -> str:
@@ -651,23 +786,32 @@ def cache_text(out: dict) -> str:
     c, plan = out.get("cache"), out.get("memory_budget")
     if not c or not plan or plan["unlimited"]:
         return ""
-    text = (f"; memory budget {plan['budget'] / 2**20:.0f} MiB: {plan['slots']} expert slots "
-            f"({plan['slots_per_layer']:.2g} per MoE layer), "
-            f"{100 * (c['hit_rate'] or 0):.1f}% hits ({c['prefetch_hits']:.0f} of them prefetched), "
-            f"{c['read_bytes_per_token'] / 1e6:.2f} MB read per token, waiting {c['read_wait_ms_per_token']:.2f} ms "
-            f"per token on reads" + ("" if c["locked"] and not c["lock_refused"] else ", resident weights NOT locked"))
+    text = (
+        f"; memory budget {plan['budget'] / 2**20:.0f} MiB: {plan['slots']} expert slots "
+        f"({plan['slots_per_layer']:.2g} per MoE layer), "
+        f"{100 * (c['hit_rate'] or 0):.1f}% hits ({c['prefetch_hits']:.0f} of them prefetched), "
+        f"{c['read_bytes_per_token'] / 1e6:.2f} MB read per token, waiting {c['read_wait_ms_per_token']:.2f} ms "
+        f"per token on reads" + ("" if c["locked"] and not c["lock_refused"] else ", resident weights NOT locked")
+    )
     if c.get("storage_read_bytes_s"):
         how = "O_DIRECT" if c["storage_direct"] else "buffered, page cache dropped"
-        text += (f"; storage reads {c['storage_read_bytes_s'] / 1e9:.2f} GB/s ({how}) in the same run: bound "
-                 f"{c['storage_bound_tok_s']:.1f} tok/s if a token only read, "
-                 f"{100 * c['of_storage_bound']:.0f}% of it reached")
+        text += (
+            f"; storage reads {c['storage_read_bytes_s'] / 1e9:.2f} GB/s ({how}) in the same run: bound "
+            f"{c['storage_bound_tok_s']:.1f} tok/s if a token only read, "
+            f"{100 * c['of_storage_bound']:.0f}% of it reached"
+        )
     ram = out.get("in_ram")
     if ram and ram.get("decode_tok_s"):
-        text += (f"; in RAM (the same stream without the budget, alternating runs) {ram['decode_tok_s']:.1f} tok/s, "
-                 f"{100 * ram['of_in_ram']:.0f}% of it reached under the budget")
+        text += (
+            f"; in RAM (the same stream without the budget, alternating runs) {ram['decode_tok_s']:.1f} tok/s, "
+            f"{100 * ram['of_in_ram']:.0f}% of it reached under the budget"
+        )
     elif ram and ram.get("note"):
         text += f"; in-RAM comparison {ram['note']}"
     if c.get("bound_tok_s") and c.get("in_ram_tok_s") and c.get("storage_bound_tok_s"):
-        text += ("; the storage bound is the tighter limit" if c["limited_by"] == "storage" else
-                 "; the in-RAM speed is the tighter limit (compute, not reads, bounds this budget)")
+        text += (
+            "; the storage bound is the tighter limit"
+            if c["limited_by"] == "storage"
+            else "; the in-RAM speed is the tighter limit (compute, not reads, bounds this budget)"
+        )
     return text

@@ -42,7 +42,7 @@ class ChatState:
         messages = [*self.messages, {"role": "user", "content": user}]
         rendered = self.template.render(messages, add_generation_prompt=True)
         if self.held and rendered.startswith(self.text):
-            prompt = self.pending + self.tokenizer.encode(rendered[len(self.text):], special=False)
+            prompt = self.pending + self.tokenizer.encode(rendered[len(self.text) :], special=False)
             start, reprefilled = self.held, False
         else:
             prompt = self.tokenizer.encode(rendered, special=False)
@@ -51,9 +51,11 @@ class ChatState:
             raise ColibriError("the chat template renders this message to no new tokens")
         room = self.n_ctx - start - len(prompt) + 1  # the last reply token is never fed back
         if room < 1:
-            raise ColibriError(f"the context is full: the conversation would need {start + len(prompt)} of the "
-                               f"{self.n_ctx} positions this firmware was built for (start a new chat, or build "
-                               f"with a larger --ctx)")
+            raise ColibriError(
+                f"the context is full: the conversation would need {start + len(prompt)} of the "
+                f"{self.n_ctx} positions this firmware was built for (start a new chat, or build "
+                f"with a larger --ctx)"
+            )
         self.messages = messages
         return TurnPlan(prompt, start, min(self.max_steps, room), reprefilled, rendered)
 

@@ -55,13 +55,21 @@ def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
 
 # ---- commands -------------------------------------------------------------------------------
 
+
 def cmd_build(args) -> int:
     planned = plan_build(job_options(args))
     art = compile_build(planned, quiet=False, jobs=args.jobs)
     board, plan = planned.board, planned.plan
-    info = {"board": board.name, "program": str(art.program), "weights": str(art.weights),
-            "plan": str(art.plan_json), "generated": str(art.generated), "model_hash": art.model_hash(),
-            "quant": plan.quant, "n_ctx": plan.n_ctx}
+    info = {
+        "board": board.name,
+        "program": str(art.program),
+        "weights": str(art.weights),
+        "plan": str(art.plan_json),
+        "generated": str(art.generated),
+        "model_hash": art.model_hash(),
+        "quant": plan.quant,
+        "n_ctx": plan.n_ctx,
+    }
     idf = board.idf
     if idf is not None:
         info["idf_project"] = str(art.out_dir / idf.project_dir)
@@ -69,19 +77,26 @@ def cmd_build(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     elif idf is not None and not art.program.exists():
-        print(f"generated the ESP-IDF project {info['idf_project']} for {board.name} ({plan.spec.architecture}, "
-              f"{plan.quant}, context {plan.n_ctx}); ESP-IDF is not installed here, so build it with "
-              f"`idf.py build` in that directory (ESP-IDF >= {idf.min_version}), then `./colibri flash`")
+        print(
+            f"generated the ESP-IDF project {info['idf_project']} for {board.name} ({plan.spec.architecture}, "
+            f"{plan.quant}, context {plan.n_ctx}); ESP-IDF is not installed here, so build it with "
+            f"`idf.py build` in that directory (ESP-IDF >= {idf.min_version}), then `./colibri flash`"
+        )
     else:
         print(f"built {art.program} for {board.name} ({plan.spec.architecture}, {plan.quant}, context {plan.n_ctx})")
-        print(f"weight image {art.weights} ({art.weights.stat().st_size:,} bytes, model hash {info['model_hash'][:16]})")
+        print(
+            f"weight image {art.weights} ({art.weights.stat().st_size:,} bytes, model hash {info['model_hash'][:16]})"
+        )
     return 0
 
 
 def job_options(args) -> JobOptions:
     """The run-like options out of argparse's namespace (by dest), with what the command line set."""
-    taken = {f.name: getattr(args, f.name) for f in fields(JobOptions)
-             if hasattr(args, f.name) and f.name not in ("quiet", "given", "defaults")}
+    taken = {
+        f.name: getattr(args, f.name)
+        for f in fields(JobOptions)
+        if hasattr(args, f.name) and f.name not in ("quiet", "given", "defaults")
+    }
     return JobOptions(**taken, quiet=getattr(args, "json", False), given=args.given, defaults=args.parser_defaults)
 
 
@@ -101,15 +116,28 @@ def cmd_run(args) -> int:
     result = ran.result
     stats = run_stats(result, ran.board, ran.request)
     if args.json:
-        print(json.dumps({"board": ran.board.name, "prompt": ran.request.prompt, "tokens": result.tokens,
-                          "text": decode_text(ran.tokenizer, result.tokens), "logits_sha256": result.digests,
-                          "stop_reason": result.stop_reason, "stats": stats, "remote": result.remote},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    "board": ran.board.name,
+                    "prompt": ran.request.prompt,
+                    "tokens": result.tokens,
+                    "text": decode_text(ran.tokenizer, result.tokens),
+                    "logits_sha256": result.digests,
+                    "stop_reason": result.stop_reason,
+                    "stats": stats,
+                    "remote": result.remote,
+                },
+                indent=2,
+            )
+        )
     else:
         speed = f"; decode {speed_text(stats)}" if speed_text(stats) else ""
-        print(f"[{len(result.tokens)} tokens on {ran_on(ran.board, result)}{budget_text(stats)}, stopped by "
-              f"{result.stop_reason}{speed}]",
-              file=sys.stderr)
+        print(
+            f"[{len(result.tokens)} tokens on {ran_on(ran.board, result)}{budget_text(stats)}, stopped by "
+            f"{result.stop_reason}{speed}]",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -119,8 +147,17 @@ def cmd_verify(args) -> int:
     except FirmwareMismatch as e:
         # Another firmware answered: a verdict about what is on the board, not a broken link.
         if args.json:
-            print(json.dumps({"board": args.board, "model": str(args.model), "pass": False,
-                              "firmware_identity": {"differences": e.differences, "hello": e.hello}}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "board": args.board,
+                        "model": str(args.model),
+                        "pass": False,
+                        "firmware_identity": {"differences": e.differences, "hello": e.hello},
+                    },
+                    indent=2,
+                )
+            )
         else:
             print(f"FAIL: {e}")
         return 1
@@ -128,21 +165,29 @@ def cmd_verify(args) -> int:
     stats = run_stats(result, board, request)
     if not args.json:
         speed = f" at {speed_text(stats)}" if speed_text(stats) else ""
-        progress(f"firmware on {ran_on(board, result)}{budget_text(stats)} (its hello names this build: board, context, "
-                 f"quantization, weight image, build id): {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
-                 f"running the NumPy reference on the same weight image")
+        progress(
+            f"firmware on {ran_on(board, result)}{budget_text(stats)} (its hello names this build: board, context, "
+            f"quantization, weight image, build id): {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
+            f"running the NumPy reference on the same weight image"
+        )
     ref = reference_run(plan, ran.art.weights, request)
     comparison = compare(result, ref)
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
     summary = {
-        "board": board.name, "model": str(args.model), "quant": plan.quant, "n_ctx": plan.n_ctx,
-        "prompt": request.prompt, "sampling": asdict(request.sampling),
+        "board": board.name,
+        "model": str(args.model),
+        "quant": plan.quant,
+        "n_ctx": plan.n_ctx,
+        "prompt": request.prompt,
+        "sampling": asdict(request.sampling),
         "firmware_identity": {"expected": ran.identity.fields(), "differences": []},
         "firmware": {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason},
         "reference": {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason},
         "text": decode_text(ran.tokenizer, result.tokens),
         "pass": comparison.passed,
-        "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts} if ref.expert_counts else None,
+        "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts}
+        if ref.expert_counts
+        else None,
         "first_divergent_step": comparison.first_divergent_step,
         "stats": stats,
         "remote": result.remote,
@@ -162,16 +207,36 @@ def cmd_chat(args) -> int:
     interactive = sys.stdin.isatty() and not args.json
     if interactive:
         progress(f"chatting with {args.model} on {board.name} (context {plan.n_ctx}); Ctrl-D ends")
-    turns = job.converse(prepared, built, state, user_messages(interactive), digests=args.json,
-                         stream=lambda: TextStream(prepared.tokenizer, enabled=not args.json))
+    turns = job.converse(
+        prepared,
+        built,
+        state,
+        user_messages(interactive),
+        digests=args.json,
+        stream=lambda: TextStream(prepared.tokenizer, enabled=not args.json),
+    )
     for index, turn in enumerate(turns):
         planned, result = turn.planned, turn.result
         if args.json:
-            print(json.dumps({"turn": index, "user": turn.user, "reply": turn.reply, "prompt": planned.prompt,
-                              "tokens": result.tokens, "logits_sha256": result.digests, "start": planned.start,
-                              "prefilled": len(planned.prompt), "reprefilled": planned.reprefilled,
-                              "held": result.held, "stop_reason": result.stop_reason,
-                              "stats": run_stats(result, board, turn.request)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "turn": index,
+                        "user": turn.user,
+                        "reply": turn.reply,
+                        "prompt": planned.prompt,
+                        "tokens": result.tokens,
+                        "logits_sha256": result.digests,
+                        "start": planned.start,
+                        "prefilled": len(planned.prompt),
+                        "reprefilled": planned.reprefilled,
+                        "held": result.held,
+                        "stop_reason": result.stop_reason,
+                        "stats": run_stats(result, board, turn.request),
+                    }
+                ),
+                flush=True,
+            )
         elif planned.reprefilled:
             progress("(the chat template rewrote earlier turns: the whole conversation was prefilled again)")
     return 0
@@ -183,15 +248,32 @@ def cmd_eval(args) -> int:
     ev = job.evaluate_built(prepared, job.build(prepared), args.check, args.chunks)
     r = ev.result
     if args.json:
-        print(json.dumps({"board": board.name, "model": str(args.model), "quant": plan.quant, "n_ctx": plan.n_ctx,
-                          "text": str(args.text), "text_tokens": len(prepared.inputs), "chunks": ev.chunks,
-                          "tokens_scored": r.tokens, "ppl": r.ppl, "ppl_error": r.error,
-                          "seconds": ev.seconds, "tokens_per_second": ev.tokens_per_second,
-                          "reference_checked": ev.reference_checked}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "board": board.name,
+                    "model": str(args.model),
+                    "quant": plan.quant,
+                    "n_ctx": plan.n_ctx,
+                    "text": str(args.text),
+                    "text_tokens": len(prepared.inputs),
+                    "chunks": ev.chunks,
+                    "tokens_scored": r.tokens,
+                    "ppl": r.ppl,
+                    "ppl_error": r.error,
+                    "seconds": ev.seconds,
+                    "tokens_per_second": ev.tokens_per_second,
+                    "reference_checked": ev.reference_checked,
+                },
+                indent=2,
+            )
+        )
     else:
         checked = "; every score bit-identical to the NumPy reference's" if ev.reference_checked else ""
-        print(f"PPL = {r.ppl:.4f} +/- {r.error:.5f} ({r.tokens} tokens scored in {ev.chunks} chunks of {plan.n_ctx} "
-              f"on {board.name}, {plan.quant}; {ev.tokens_per_second:.1f} tok/s{checked})")
+        print(
+            f"PPL = {r.ppl:.4f} +/- {r.error:.5f} ({r.tokens} tokens scored in {ev.chunks} chunks of {plan.n_ctx} "
+            f"on {board.name}, {plan.quant}; {ev.tokens_per_second:.1f} tok/s{checked})"
+        )
     return 0
 
 
@@ -209,8 +291,9 @@ def cmd_report(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import bench_line
 
-    bench = job.BenchOptions(args.stream, args.text, args.prompt_tokens, args.steps, args.repeat, args.plot,
-                             in_ram=not args.no_in_ram)
+    bench = job.BenchOptions(
+        args.stream, args.text, args.prompt_tokens, args.steps, args.repeat, args.plot, in_ram=not args.no_in_ram
+    )
     prepared = job.prepare_bench(job_options(args), bench)
     out = job.bench_built(prepared, job.build(prepared, quiet=True), bench)
     if args.json:
@@ -223,20 +306,32 @@ def cmd_bench(args) -> int:
 def cmd_flash(args) -> int:
     flashed = job.flash(job_options(args), args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor)
     board, port, images, art = flashed.board, flashed.port, flashed.images, flashed.art
-    summary = {"board": board.name, "port": port, "images": [{"offset": o, "file": str(p)} for o, p in images],
-               "model_hash": art.model_hash()}
+    summary = {
+        "board": board.name,
+        "port": port,
+        "images": [{"offset": o, "file": str(p)} for o, p in images],
+        "model_hash": art.model_hash(),
+    }
     if args.json and not args.monitor:
         print(json.dumps(summary, indent=2))
     else:
-        progress(f"flashed {len(images)} image(s) to {board.name} on {port} and verified them; "
-                 f"model hash {summary['model_hash'][:16]}")
+        progress(
+            f"flashed {len(images)} image(s) to {board.name} on {port} and verified them; "
+            f"model hash {summary['model_hash'][:16]}"
+        )
     if not args.monitor:
         return 0
     from .device.monitor import monitor
 
     uart_baud = board.idf.uart_baud if board.idf is not None else 115200
-    return monitor(port, uart_baud, reset=True, expected_model=art.model_hash(), json_lines=args.json,
-                   tokenizer=Tokenizer.for_model(args.model))
+    return monitor(
+        port,
+        uart_baud,
+        reset=True,
+        expected_model=art.model_hash(),
+        json_lines=args.json,
+        tokenizer=Tokenizer.for_model(args.model),
+    )
 
 
 def cmd_monitor(args) -> int:
@@ -248,8 +343,15 @@ def cmd_monitor(args) -> int:
         tokenizer = Tokenizer.for_model(args.model)
         if tokenizer is None:
             raise ColibriError(f"{args.model}: no tokenizer.json, so --model cannot decode the text")
-    return monitor(port, args.baud, args.reset, duration=args.duration, expected_model=args.expect_model,
-                   json_lines=args.json, tokenizer=tokenizer)
+    return monitor(
+        port,
+        args.baud,
+        args.reset,
+        duration=args.duration,
+        expected_model=args.expect_model,
+        json_lines=args.json,
+        tokenizer=tokenizer,
+    )
 
 
 def cmd_release(args) -> int:
@@ -257,8 +359,16 @@ def cmd_release(args) -> int:
 
     if args.out is None:
         raise ColibriError("release needs --out DIR: the directory for the bundle and its tarball")
-    release = make_release(args.board, args.model, args.quant, args.ctx, args.out, sign_key=args.sign,
-                           progress=None if args.json else progress, jobs=args.jobs)
+    release = make_release(
+        args.board,
+        args.model,
+        args.quant,
+        args.ctx,
+        args.out,
+        sign_key=args.sign,
+        progress=None if args.json else progress,
+        jobs=args.jobs,
+    )
     print(json.dumps(release.summary(), indent=2) if args.json else release.describe())
     return 0
 
@@ -267,10 +377,16 @@ def cmd_verify_release(args) -> int:
     from .release.check import check_release
 
     if args.no_rebuild and args.release_model is not None:
-        raise ColibriError("--model names the model files for the rebuild, and --no-rebuild skips it: "
-                           "give one or the other")
-    result = check_release(args.bundle, verify_key=args.verify_key, model_dir=args.release_model,
-                           rebuild=not args.no_rebuild, progress=None if args.json else progress)
+        raise ColibriError(
+            "--model names the model files for the rebuild, and --no-rebuild skips it: give one or the other"
+        )
+    result = check_release(
+        args.bundle,
+        verify_key=args.verify_key,
+        model_dir=args.release_model,
+        rebuild=not args.no_rebuild,
+        progress=None if args.json else progress,
+    )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -285,8 +401,14 @@ def cmd_clean(args) -> int:
 
     root = build.BUILD_ROOT
     dirs = build_dirs(args.only_board, args.only_model)
-    what = " and ".join(part for part in (f"board {args.only_board}" if args.only_board else "",
-                                          f"model {Path(args.only_model).name}" if args.only_model else "") if part)
+    what = " and ".join(
+        part
+        for part in (
+            f"board {args.only_board}" if args.only_board else "",
+            f"model {Path(args.only_model).name}" if args.only_model else "",
+        )
+        if part
+    )
     if not dirs:
         message = f"nothing to clean under {root}" + (f" for {what}" if what else "")
         print(json.dumps({"removed": [], "bytes": 0}) if args.json else message)
@@ -301,11 +423,17 @@ def cmd_clean(args) -> int:
 
 
 def board_summary(board: Board) -> dict:
-    regions = [{"name": r.name, "kind": r.kind, "bytes": r.size or None, "holds": list(r.holds)}
-               for r in board.memory]
-    return {"name": board.name, "description": board.description, "isa": board.isa,
-            "runs_here": board.runner.how_it_runs(), "emulated_by": board.runner.emulated_by(),
-            "memory": regions, "default_ctx": board.default_ctx, "flashed": board.is_flashed}
+    regions = [{"name": r.name, "kind": r.kind, "bytes": r.size or None, "holds": list(r.holds)} for r in board.memory]
+    return {
+        "name": board.name,
+        "description": board.description,
+        "isa": board.isa,
+        "runs_here": board.runner.how_it_runs(),
+        "emulated_by": board.runner.emulated_by(),
+        "memory": regions,
+        "default_ctx": board.default_ctx,
+        "flashed": board.is_flashed,
+    }
 
 
 def _size(n: int | None) -> str:
@@ -322,8 +450,10 @@ def cmd_boards(args) -> int:
     width = max(len(b["name"]) for b in boards)
     for b in boards:
         memory = ", ".join(f"{r['name']} {_size(r['bytes'])}" for r in b["memory"])
-        print(f"{b['name']:<{width}}  {b['description']}; runs {b['runs_here']}; memory: {memory}; "
-              f"default context {b['default_ctx']}")
+        print(
+            f"{b['name']:<{width}}  {b['description']}; runs {b['runs_here']}; memory: {memory}; "
+            f"default context {b['default_ctx']}"
+        )
     return 0
 
 
@@ -345,8 +475,21 @@ def cmd_test(args) -> int:
     # ./colibri test installs the test dependencies first and never reaches here; run directly
     # (python -m generator.cli test) it is the same suite with the environment at hand.
     python = sys.executable
-    argv = [python, "-m", "generator.device.setup_toolchain", "--all", "--packages", "tests/apt-packages.txt",
-            "--", python, "-m", "pytest", "-q", "tests", *args.pytest_args]
+    argv = [
+        python,
+        "-m",
+        "generator.device.setup_toolchain",
+        "--all",
+        "--packages",
+        "tests/apt-packages.txt",
+        "--",
+        python,
+        "-m",
+        "pytest",
+        "-q",
+        "tests",
+        *args.pytest_args,
+    ]
     os.chdir(REPO)
     sys.stdout.flush()
     os.execv(python, argv)
@@ -376,8 +519,11 @@ class VersionAction(argparse.Action):
 def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The parser and each command's own (colibri.toml sets the commands' defaults)."""
     parser = Parser(prog="colibri", description="Hugging Face checkpoints to verified C firmware.")
-    parser.add_argument("--version", action=VersionAction,
-                        help=f"show colibri's version ({__version__}), git commit and the toolchains found")
+    parser.add_argument(
+        "--version",
+        action=VersionAction,
+        help=f"show colibri's version ({__version__}), git commit and the toolchains found",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     commands: dict[str, argparse.ArgumentParser] = {}
 
@@ -397,31 +543,46 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_decode_args(p, steps=64)
     add_board_args(p)
 
-    p = command("verify", cmd_verify, "run the firmware and the NumPy reference; PASS only if bit-identical "
-                "and the firmware is this build")
+    p = command(
+        "verify",
+        cmd_verify,
+        "run the firmware and the NumPy reference; PASS only if bit-identical and the firmware is this build",
+    )
     add_target_args(p)
     add_jobs_arg(p)
     add_decode_args(p, steps=64)
     add_board_args(p)
 
-    p = command("chat", cmd_chat, "chat with the model on a board: its chat template, the KV cache kept "
-                "between turns (messages from standard input when it is not a terminal)")
+    p = command(
+        "chat",
+        cmd_chat,
+        "chat with the model on a board: its chat template, the KV cache kept "
+        "between turns (messages from standard input when it is not a terminal)",
+    )
     add_target_args(p)
     add_jobs_arg(p)
     p.add_argument("--system", metavar="TEXT", help="a system message to start the conversation with")
-    p.add_argument("--steps", type=positive_int, help="the most tokens a reply may have (default: what is left "
-                   "of the context)")
+    p.add_argument(
+        "--steps", type=positive_int, help="the most tokens a reply may have (default: what is left of the context)"
+    )
     add_sampling_args(p)
     add_board_args(p)
 
-    p = command("eval", cmd_eval, "perplexity of a text, scored by the firmware on a board (llama.cpp's "
-                "protocol: chunks of the context, second halves scored)")
+    p = command(
+        "eval",
+        cmd_eval,
+        "perplexity of a text, scored by the firmware on a board (llama.cpp's "
+        "protocol: chunks of the context, second halves scored)",
+    )
     add_target_args(p)
     add_jobs_arg(p)
     p.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text to score")
     p.add_argument("--chunks", type=positive_int, help="score at most this many chunks (default: all)")
-    p.add_argument("--check", action="store_true", help="also score with the NumPy reference and require "
-                   "every score to be bit-identical")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="also score with the NumPy reference and require every score to be bit-identical",
+    )
     add_board_args(p)
 
     p = command("report", cmd_report, "where every byte goes, per memory region, checked against the ELF")
@@ -432,24 +593,45 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p = command("bench", cmd_bench, "measure prefill and decode speed (instructions on emulated MCUs)")
     add_target_args(p)
     add_jobs_arg(p)
-    p.add_argument("--steps", type=positive_int, help="decoded tokens per run (default 128, or fewer so that "
-                   "the prompt and the steps fit the firmware's context)")
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        help="decoded tokens per run (default 128, or fewer so that "
+        "the prompt and the steps fit the firmware's context)",
+    )
     p.add_argument("--prompt-tokens", type=positive_int, default=8, help="prompt length (default 8)")
-    p.add_argument("--repeat", type=positive_int, help="runs; the median is reported (default 3; 1 on boards "
-                   "whose instruction counts are exact)")
+    p.add_argument(
+        "--repeat",
+        type=positive_int,
+        help="runs; the median is reported (default 3; 1 on boards whose instruction counts are exact)",
+    )
     p.add_argument("--plot", type=Path, metavar="PNG", help="also draw decode tok/s against context length into PNG")
-    p.add_argument("--stream", choices=("text", "sampled", "synthetic"),
-                   help="the tokens decoded: text (a text teacher-forced, one token per forward pass), sampled "
-                        "(sampled decoding, fixed seed) or synthetic (a fixed prompt, then greedy: it repeats); "
-                        "default: text on MoE models (sampled without a tokenizer), synthetic on dense ones")
-    p.add_argument("--text", type=Path, metavar="FILE", help="UTF-8 text of the text stream (default: "
-                   "docs/texts/ruth-kjv.txt, the Book of Ruth, public domain)")
-    p.add_argument("--temperature", type=non_negative_float, help="the sampled stream's temperature (default: the "
-                   "model's generation_config.json if it samples, else 1.0)")
+    p.add_argument(
+        "--stream",
+        choices=("text", "sampled", "synthetic"),
+        help="the tokens decoded: text (a text teacher-forced, one token per forward pass), sampled "
+        "(sampled decoding, fixed seed) or synthetic (a fixed prompt, then greedy: it repeats); "
+        "default: text on MoE models (sampled without a tokenizer), synthetic on dense ones",
+    )
+    p.add_argument(
+        "--text",
+        type=Path,
+        metavar="FILE",
+        help="UTF-8 text of the text stream (default: docs/texts/ruth-kjv.txt, the Book of Ruth, public domain)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=non_negative_float,
+        help="the sampled stream's temperature (default: the model's generation_config.json if it samples, else 1.0)",
+    )
     p.add_argument("--top-p", type=unit_float, help="the sampled stream's top-p (default: the model's, else 0.95)")
     p.add_argument("--seed", type=non_negative_int, help="the sampled stream's seed (default 0)")
-    p.add_argument("--no-in-ram", action="store_true", help="under --memory-budget, skip the runs of the same "
-                   "stream without a budget that bench alternates with the budgeted ones on MoE models")
+    p.add_argument(
+        "--no-in-ram",
+        action="store_true",
+        help="under --memory-budget, skip the runs of the same "
+        "stream without a budget that bench alternates with the budgeted ones on MoE models",
+    )
     add_board_args(p)
 
     p = command("flash", cmd_flash, "write a board's images with esptool, verify them, reset the board")
@@ -457,20 +639,34 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_jobs_arg(p)
     p.add_argument("--port", help="serial port of the board (default: the only port that looks like an ESP32 board's)")
     p.add_argument("--baud", type=positive_int, help="flashing baud rate (default: the board file's, or 460800)")
-    p.add_argument("--before", default="default-reset",
-                   choices=("default-reset", "usb-reset", "no-reset", "no-reset-no-sync"),
-                   help="how esptool puts the chip in its bootloader (esptool --before; no-reset: hold BOOT "
-                        "and press RESET yourself)")
-    p.add_argument("--no-reset", action="store_true", help="leave the board in the bootloader afterwards "
-                   "(esptool --after no-reset)")
-    p.add_argument("--monitor", action="store_true", help="then reset the board and monitor it (like "
-                   "idf.py flash monitor; Ctrl-C to stop)")
+    p.add_argument(
+        "--before",
+        default="default-reset",
+        choices=("default-reset", "usb-reset", "no-reset", "no-reset-no-sync"),
+        help="how esptool puts the chip in its bootloader (esptool --before; no-reset: hold BOOT "
+        "and press RESET yourself)",
+    )
+    p.add_argument(
+        "--no-reset",
+        action="store_true",
+        help="leave the board in the bootloader afterwards (esptool --after no-reset)",
+    )
+    p.add_argument(
+        "--monitor",
+        action="store_true",
+        help="then reset the board and monitor it (like idf.py flash monitor; Ctrl-C to stop)",
+    )
 
     p = command("monitor", cmd_monitor, "show what a board prints: logs and decoded frames (Ctrl-C to stop)")
-    p.add_argument("--port", help="serial device or pyserial URL (e.g. socket://127.0.0.1:4444; default: the "
-                   "only port that looks like an ESP32 board's)")
+    p.add_argument(
+        "--port",
+        help="serial device or pyserial URL (e.g. socket://127.0.0.1:4444; default: the "
+        "only port that looks like an ESP32 board's)",
+    )
     p.add_argument("--baud", type=positive_int, default=115200, help="baud rate (default 115200)")
-    p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening (default: leave it alone)")
+    p.add_argument(
+        "--reset", action="store_true", help="reset the board through RTS after opening (default: leave it alone)"
+    )
     p.add_argument("--duration", type=non_negative_float, help="stop after this many seconds")
     p.add_argument("--expect-model", metavar="HASH", help="model hash (or a prefix) the firmware must carry")
     p.add_argument("--model", type=Path, help="model directory whose tokenizer turns token frames into text")
@@ -479,20 +675,39 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p = command("release", cmd_release, "build, verify and bundle a reproducible firmware release")
     add_model_args(p)
     add_jobs_arg(p)
-    p.add_argument("--out", type=Path, help="directory for the bundle, its .tar.gz and "
-                   "<bundle>.measurements.json (required)")
-    p.add_argument("--sign", type=Path, metavar="KEY", help="sign manifest.json with this ed25519 private key "
-                   "(PEM, e.g. from `openssl genpkey -algorithm ed25519`, or OpenSSH)")
+    p.add_argument(
+        "--out", type=Path, help="directory for the bundle, its .tar.gz and <bundle>.measurements.json (required)"
+    )
+    p.add_argument(
+        "--sign",
+        type=Path,
+        metavar="KEY",
+        help="sign manifest.json with this ed25519 private key "
+        "(PEM, e.g. from `openssl genpkey -algorithm ed25519`, or OpenSSH)",
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
-    p = command("verify-release", cmd_verify_release, "check a release's hashes and signature, rebuild it from "
-                "its manifest and compare byte for byte")
-    p.add_argument("bundle", type=Path, help="the release bundle directory, its .tar.gz, or the release --out "
-                   "directory holding one bundle")
-    p.add_argument("--verify-key", type=Path, metavar="KEY", help="ed25519 public key manifest.json must be signed with")
+    p = command(
+        "verify-release",
+        cmd_verify_release,
+        "check a release's hashes and signature, rebuild it from its manifest and compare byte for byte",
+    )
+    p.add_argument(
+        "bundle",
+        type=Path,
+        help="the release bundle directory, its .tar.gz, or the release --out directory holding one bundle",
+    )
+    p.add_argument(
+        "--verify-key", type=Path, metavar="KEY", help="ed25519 public key manifest.json must be signed with"
+    )
     # Its own dest: a colibri.toml's model is a default for building, not the release's files.
-    p.add_argument("--model", dest="release_model", type=Path, metavar="DIR", help="directory holding the "
-                   "release's model files (default: models/<the release's model name>)")
+    p.add_argument(
+        "--model",
+        dest="release_model",
+        type=Path,
+        metavar="DIR",
+        help="directory holding the release's model files (default: models/<the release's model name>)",
+    )
     p.add_argument("--no-rebuild", action="store_true", help="check hashes and the signature only")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
@@ -508,8 +723,12 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p = command("devices", cmd_devices, "list serial ports, marking those that look like ESP32 boards")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
-    command("test", cmd_test, "install the test dependencies and run the whole test suite "
-            "(arguments after it go to pytest, as with ./colibri test)")
+    command(
+        "test",
+        cmd_test,
+        "install the test dependencies and run the whole test suite "
+        "(arguments after it go to pytest, as with ./colibri test)",
+    )
     return parser, commands
 
 
@@ -541,8 +760,9 @@ def parse_args(argv: list[str] | None = None):
         args.pytest_args = argv[at:]
     else:
         args = parser.parse_args(argv)
-    args.given = {dest for dest, default in defaults.items()
-                  if getattr(args, dest, default) != applied.get(dest, default)}
+    args.given = {
+        dest for dest, default in defaults.items() if getattr(args, dest, default) != applied.get(dest, default)
+    }
     args.parser_defaults = defaults
     return args
 

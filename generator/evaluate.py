@@ -37,16 +37,24 @@ class Evaluation:
         return self.result.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def evaluate(tokens: list[int], plan: Plan, bos: int | None, run: Callable[[RunRequest], RunResult],
-             weights: Path | None = None, limit: int | None = None,
-             progress: Callable[[str], None] | None = None) -> Evaluation:
+def evaluate(
+    tokens: list[int],
+    plan: Plan,
+    bos: int | None,
+    run: Callable[[RunRequest], RunResult],
+    weights: Path | None = None,
+    limit: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Evaluation:
     """Score `tokens` chunk by chunk with `run` (one request per chunk); with `weights`, the NumPy
     reference scores them too and must agree bit for bit."""
     n_ctx = plan.n_ctx
     parts = chunks(tokens, n_ctx, bos, limit)
     if not parts:
-        raise ColibriError(f"the text is {len(tokens)} tokens, less than one chunk of {n_ctx} (the firmware's "
-                           f"context): give a longer text or build with a smaller --ctx")
+        raise ColibriError(
+            f"the text is {len(tokens)} tokens, less than one chunk of {n_ctx} (the firmware's "
+            f"context): give a longer text or build with a smaller --ctx"
+        )
     reference = Reference(plan, map_image(weights)) if weights is not None else None
     scores: list[Score] = []
     seconds = 0.0
@@ -62,12 +70,15 @@ def evaluate(tokens: list[int], plan: Plan, bos: int | None, run: Callable[[RunR
             ref = reference.generate(chunk.tokens, 0, SamplingParams(), score_from=chunk.score_from).scores
             for got, exp in zip(result.scores, ref):
                 if (got.token, got.lp.tobytes(), got.z.tobytes()) != (exp.token, exp.lp.tobytes(), exp.z.tobytes()):
-                    raise ColibriError(f"chunk {i + 1}, token {got.index}: the board's score (lp {float(got.lp)!r}, "
-                                       f"z {float(got.z)!r}) differs from the reference's (lp {float(exp.lp)!r}, "
-                                       f"z {float(exp.z)!r})")
+                    raise ColibriError(
+                        f"chunk {i + 1}, token {got.index}: the board's score (lp {float(got.lp)!r}, "
+                        f"z {float(got.z)!r}) differs from the reference's (lp {float(exp.lp)!r}, "
+                        f"z {float(exp.z)!r})"
+                    )
         scores.extend(result.scores)
         if progress:
             so_far = perplexity([s.logprob for s in scores])
             progress(f"chunk {i + 1}/{len(parts)}: PPL {so_far.ppl:.4f} over {so_far.tokens} tokens")
-    return Evaluation(perplexity([s.logprob for s in scores]), len(parts), n_ctx, seconds, scores,
-                      reference is not None)
+    return Evaluation(
+        perplexity([s.logprob for s in scores]), len(parts), n_ctx, seconds, scores, reference is not None
+    )

@@ -48,8 +48,12 @@ BOARD_OPTIONS = [
     BoardOption("reset", "--reset", _serial, "boards on a serial port"),
     BoardOption("threads", "--threads", lambda b: b.parallel != "none", "multi-threaded (Linux) boards"),
     BoardOption("remote", "--remote", lambda b: b.runner.takes_remote, "Linux boards reached over SSH"),
-    BoardOption("memory_budget", "--memory-budget", lambda b: b.runner.takes_memory_budget,
-                "Linux boards, whose weights are a file (MCUs read theirs from flash)"),
+    BoardOption(
+        "memory_budget",
+        "--memory-budget",
+        lambda b: b.runner.takes_memory_budget,
+        "Linux boards, whose weights are a file (MCUs read theirs from flash)",
+    ),
 ]
 
 
@@ -60,18 +64,26 @@ def check_board_options(board: Board, args, given: set[str], defaults: dict | No
         if not hasattr(args, rule.dest) or rule.applies(board):
             continue
         if rule.dest in given:
-            raise ColibriError(f"{rule.flag} is for {rule.meant_for} ({_boards_where(rule.applies)}); "
-                               f"board {board.name} runs {board.runner.how_it_runs()}")
+            raise ColibriError(
+                f"{rule.flag} is for {rule.meant_for} ({_boards_where(rule.applies)}); "
+                f"board {board.name} runs {board.runner.how_it_runs()}"
+            )
         if defaults is not None and rule.dest in defaults:
             setattr(args, rule.dest, defaults[rule.dest])
 
 
-SAMPLING = (("temperature", "--temperature"), ("top_k", "--top-k"), ("top_p", "--top-p"),
-            ("min_p", "--min-p"), ("seed", "--seed"))
+SAMPLING = (
+    ("temperature", "--temperature"),
+    ("top_k", "--top-k"),
+    ("top_p", "--top-p"),
+    ("min_p", "--min-p"),
+    ("seed", "--seed"),
+)
 
 
 def check_sampling_options(args, given: set[str]) -> None:
     """--greedy (or --temperature 0) with a sampling setting: one of them would be ignored."""
+
     def shown(dest, flag):
         return f"{flag} {getattr(args, dest)}"
 
@@ -80,13 +92,17 @@ def check_sampling_options(args, given: set[str]) -> None:
     if "greedy" in given and args.greedy:
         others = [shown(d, f) for d, f in SAMPLING if d in given]
         if others:
-            raise ColibriError(f"--greedy contradicts {', '.join(others)}: greedy decoding always takes the "
-                               f"most likely token, so sampling settings would be ignored; give one or the other")
+            raise ColibriError(
+                f"--greedy contradicts {', '.join(others)}: greedy decoding always takes the "
+                f"most likely token, so sampling settings would be ignored; give one or the other"
+            )
     if "temperature" in given and args.temperature == 0:
         others = [shown(d, f) for d, f in SAMPLING if d in given and d != "temperature"]
         if others:
-            raise ColibriError(f"--temperature 0 is greedy decoding, so {', '.join(others)} would have no effect: "
-                               f"drop {'it' if len(others) == 1 else 'them'} or give a temperature above 0")
+            raise ColibriError(
+                f"--temperature 0 is greedy decoding, so {', '.join(others)} would have no effect: "
+                f"drop {'it' if len(others) == 1 else 'them'} or give a temperature above 0"
+            )
 
 
 def available_cores() -> int:
@@ -104,6 +120,8 @@ def threads_warning(board: Board, threads: int, cores: int | None = None) -> str
         return None
     emulator = board.runner.emulated_by()
     where = f" (under {emulator})" if emulator else ""
-    return (f"--threads {threads} on a machine with {cores} core(s){where}: the threads take turns on the "
-            f"cores and every forward pass waits for the slowest, so decoding is slower than with "
-            f"--threads {cores} (the bits are the same)")
+    return (
+        f"--threads {threads} on a machine with {cores} core(s){where}: the threads take turns on the "
+        f"cores and every forward pass waits for the slowest, so decoding is slower than with "
+        f"--threads {cores} (the bits are the same)"
+    )

@@ -57,8 +57,9 @@ def load_project_file(path: Path, commands: set[str]) -> ProjectFile:
     for key, value in data.items():
         if isinstance(value, dict):
             if key not in commands:
-                raise ColibriError(f"{path}: [{key}] is not a command (tables are per command: "
-                                   f"{', '.join(sorted(commands))})")
+                raise ColibriError(
+                    f"{path}: [{key}] is not a command (tables are per command: {', '.join(sorted(commands))})"
+                )
             tables[key] = {_dest(k): v for k, v in value.items()}
         else:
             common[_dest(key)] = value
@@ -71,8 +72,11 @@ def _dest(key: str) -> str:
 
 def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """A command's long options by their dest (positionals, --help and --version excluded)."""
-    return {a.dest: a for a in parser._actions
-            if a.option_strings and not isinstance(a, (argparse._HelpAction, argparse._VersionAction))}
+    return {
+        a.dest: a
+        for a in parser._actions
+        if a.option_strings and not isinstance(a, (argparse._HelpAction, argparse._VersionAction))
+    }
 
 
 def _convert(project: ProjectFile, key: str, value, action: argparse.Action):
@@ -106,11 +110,16 @@ def apply_project_file(project: ProjectFile, command: str, parsers: dict[str, ar
         for key in values:
             if key not in options:
                 scope = f"an option of {table.strip('[] ')}" if table else "an option of any command"
-                raise ColibriError(f"{project.path}: {table}{key.replace('_', '-')} is not {scope} "
-                                   f"(keys are long options without the dashes, e.g. board, model, port)")
+                raise ColibriError(
+                    f"{project.path}: {table}{key.replace('_', '-')} is not {scope} "
+                    f"(keys are long options without the dashes, e.g. board, model, port)"
+                )
     parser = parsers[command]
     options = _options(parser)
-    applied = {key: _convert(project, key, value, options[key])
-               for key, value in project.values_for(command).items() if key in options}
+    applied = {
+        key: _convert(project, key, value, options[key])
+        for key, value in project.values_for(command).items()
+        if key in options
+    }
     parser.set_defaults(**applied)
     return applied

@@ -82,16 +82,22 @@ class Reference:
             if t.dtype == "q8_0":
                 qs = np.frombuffer(image, dtype=np.int8, count=t.rows * t.cols, offset=start).reshape(t.rows, t.cols)
             if t.dtype in ("q4_0", "q4_1"):  # nibbles, unpacked at use (_quants); q4_1: scales, then minimums
-                self.q4_packed[t.name] = (t.dtype, np.frombuffer(image, dtype=np.uint8, count=t.rows * t.cols // 2,
-                                                                 offset=start).reshape(t.rows, t.cols // 2))
+                self.q4_packed[t.name] = (
+                    t.dtype,
+                    np.frombuffer(image, dtype=np.uint8, count=t.rows * t.cols // 2, offset=start).reshape(
+                        t.rows, t.cols // 2
+                    ),
+                )
                 qs = None
             if t.dtype in INTEGER_QUANTS:
-                d = np.frombuffer(image, dtype=HALF, count=t.rows * t.cols // 32,
-                                  offset=start + t.scales_offset).reshape(t.rows, t.cols // 32)
+                d = np.frombuffer(
+                    image, dtype=HALF, count=t.rows * t.cols // 32, offset=start + t.scales_offset
+                ).reshape(t.rows, t.cols // 32)
                 self.w[t.name] = (qs, d)
                 if t.dtype == "q4_1":
-                    m = np.frombuffer(image, dtype=HALF, count=t.rows * t.cols // 32,
-                                      offset=start + t.mins_offset).reshape(t.rows, t.cols // 32)
+                    m = np.frombuffer(
+                        image, dtype=HALF, count=t.rows * t.cols // 32, offset=start + t.mins_offset
+                    ).reshape(t.rows, t.cols // 32)
                     self.w[t.name] = (qs, d, m)
             else:
                 arr = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols, offset=start)
@@ -169,7 +175,7 @@ class Reference:
         renormalisation, expert outputs summed in rank order, plus the gated shared expert."""
         s, p = self.spec, f"layers.{layer}."
         probs = softmax(self._linear(p + "router", act))
-        chosen = np.lexsort((np.arange(s.n_experts), -probs))[:s.experts_per_token]
+        chosen = np.lexsort((np.arange(s.n_experts), -probs))[: s.experts_per_token]
         weights = probs[chosen]
         if s.norm_topk_prob:
             weights = weights / seq_sum(weights)
@@ -237,9 +243,17 @@ class Reference:
         logits = f32(self._linear(head, self._prepare(xn)))
         return softcap(logits, s.final_softcap) if s.final_softcap else logits
 
-    def generate(self, prompt: list[int], steps: int, params: SamplingParams,
-                 stop_at_eos: bool = True, keep_logits: bool = False, start: int = 0,
-                 score_from: int | None = None, decode_from: int | None = None) -> Generation:
+    def generate(
+        self,
+        prompt: list[int],
+        steps: int,
+        params: SamplingParams,
+        stop_at_eos: bool = True,
+        keep_logits: bool = False,
+        start: int = 0,
+        score_from: int | None = None,
+        decode_from: int | None = None,
+    ) -> Generation:
         """What the firmware does for one request: prompt at positions start... (start > 0 continues
         the conversation this object holds), scored from prompt index score_from + 1 if asked; with
         decode_from, the prompt from that index on is decoded as steps (teacher forcing: each step's
@@ -273,6 +287,7 @@ class Reference:
             pos += 1
         out.held = pos
         s = self.spec
-        out.expert_counts = {i: self.expert_counts[i].tolist() for i in range(s.n_layers)
-                             if s.moe_layers and s.moe_layers[i]}
+        out.expert_counts = {
+            i: self.expert_counts[i].tolist() for i in range(s.n_layers) if s.moe_layers and s.moe_layers[i]
+        }
         return out

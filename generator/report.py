@@ -28,8 +28,9 @@ def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
     for symbol, size in expected.items():
         got = elf.symbols.get(symbol)
         if got != size:
-            raise ColibriError(f"the linked firmware disagrees with the plan: {symbol} is {got} bytes, "
-                               f"the plan says {size} (rebuild)")
+            raise ColibriError(
+                f"the linked firmware disagrees with the plan: {symbol} is {got} bytes, the plan says {size} (rebuild)"
+            )
 
 
 def category_bytes(board: Board, plan: Plan, elf: ElfSizes) -> dict[str, int]:
@@ -45,7 +46,8 @@ def category_bytes(board: Board, plan: Plan, elf: ElfSizes) -> dict[str, int]:
         "rope_tables": plan.rope_table_bytes,
         "stack": stack,
         # Everything else the ELF holds: constant tables, libc data, other globals.
-        "other_data": max(0, elf.rodata - plan.rope_table_bytes - embedded) + elf.data
+        "other_data": max(0, elf.rodata - plan.rope_table_bytes - embedded)
+        + elf.data
         + max(0, elf.bss - arenas - stack),
     }
 
@@ -57,8 +59,7 @@ def regions(board: Board, plan: Plan, elf: ElfSizes) -> list[RegionUse]:
         holds = set(region.holds)
         if "code" in holds:
             holds.update(WITH_CODE)
-        out.append(RegionUse(region.name, region.kind, region.size,
-                             {c: sizes[c] for c in ROWS if c in holds}))
+        out.append(RegionUse(region.name, region.kind, region.size, {c: sizes[c] for c in ROWS if c in holds}))
     return out
 
 
@@ -70,8 +71,10 @@ def linked_use(board: Board, plan: Plan, elf: ElfSizes) -> Callable[[Plan], list
 
     def uses(trial: Plan) -> list[RegionUse]:
         sizes = dict(fixed, kv_cache=trial.kv_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes)
-        return [RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds})
-                for r in board.memory]
+        return [
+            RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds}) for r in board.memory
+        ]
+
     return uses
 
 
@@ -89,8 +92,14 @@ def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
         "kept_f32": kept_f32_dict(plan),
         "gguf": plan.gguf_report() if plan.gguf_types else None,
         "regions": [
-            {"name": r.name, "kind": r.kind, "budget": r.budget, "used": r.used, "over_budget": r.over_budget,
-             "items": r.items}
+            {
+                "name": r.name,
+                "kind": r.kind,
+                "budget": r.budget,
+                "used": r.used,
+                "over_budget": r.over_budget,
+                "items": r.items,
+            }
             for r in uses
         ],
         "elf_sections": elf.sections,
@@ -101,8 +110,11 @@ def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
 
 def kept_f32_dict(plan: Plan) -> dict:
     """The matrices a q8_0, q4_0 or q4_1 plan keeps in f32 (rows not whole blocks), with their bytes."""
-    return {"tensors": {n: plan.tensor(n).nbytes for n in plan.kept_f32},
-            "bytes": plan.kept_f32_bytes, "summary": plan.kept_f32_summary()}
+    return {
+        "tensors": {n: plan.tensor(n).nbytes for n in plan.kept_f32},
+        "bytes": plan.kept_f32_bytes,
+        "summary": plan.kept_f32_summary(),
+    }
 
 
 def planned_report_dict(board: Board, plan: Plan) -> dict:
@@ -112,23 +124,39 @@ def planned_report_dict(board: Board, plan: Plan) -> dict:
     reserve = board.code_reserve
     largest = largest_planned_ctx(board, plan)
     return {
-        "board": board.name, "model": plan.spec.name, "architecture": plan.spec.architecture,
-        "quant": plan.quant, "n_ctx": plan.n_ctx, "planned_only": True, "q4_0_weights": plan.q4_0_weights,
+        "board": board.name,
+        "model": plan.spec.name,
+        "architecture": plan.spec.architecture,
+        "quant": plan.quant,
+        "n_ctx": plan.n_ctx,
+        "planned_only": True,
+        "q4_0_weights": plan.q4_0_weights,
         "q4_1_weights": plan.q4_1_weights,
         "kept_f32": kept_f32_dict(plan),
         "gguf": plan.gguf_report() if plan.gguf_types else None,
         "code_estimate": reserve,
-        "regions": [{"name": u.name, "kind": u.kind, "budget": u.budget, "used": u.used,
-                     "over_budget": u.over_budget, "items": u.items} for u in uses],
+        "regions": [
+            {
+                "name": u.name,
+                "kind": u.kind,
+                "budget": u.budget,
+                "used": u.used,
+                "over_budget": u.over_budget,
+                "items": u.items,
+            }
+            for u in uses
+        ],
         "largest_ctx_that_fits": largest,
         "fits": not any(u.over_budget for u in uses),
     }
 
 
 def format_report(rep: dict) -> str:
-    lines = [f"memory report: {rep['model']} ({rep['architecture']}), {rep['quant']}, context {rep['n_ctx']}, "
-             f"board {rep['board']}" + (" (planned, not linked: code is the board's reserve)"
-                                         if rep.get("planned_only") else "")]
+    lines = [
+        f"memory report: {rep['model']} ({rep['architecture']}), {rep['quant']}, context {rep['n_ctx']}, "
+        f"board {rep['board']}"
+        + (" (planned, not linked: code is the board's reserve)" if rep.get("planned_only") else "")
+    ]
     if rep.get("q4_0_weights"):
         lines.append(f"  q4_0 weights: {rep['q4_0_weights']}")
     if rep.get("q4_1_weights"):
@@ -148,8 +176,10 @@ def format_report(rep: dict) -> str:
         share = f" ({100 * r['used'] / r['budget']:.1f}% of budget)" if r["budget"] else ""
         lines.append(f"    {'total':<16} {r['used']:>14,} B{share} {status}".rstrip())
     largest = rep["largest_ctx_that_fits"]
-    lines.append("  largest context that fits: " + ("no limit on this board" if largest is None
-                                                     else "none" if largest == 0 else str(largest)))
+    lines.append(
+        "  largest context that fits: "
+        + ("no limit on this board" if largest is None else "none" if largest == 0 else str(largest))
+    )
     if rep.get("memory_budget"):
         lines += budget_lines(rep["memory_budget"])
     return "\n".join(lines)
@@ -161,16 +191,20 @@ def budget_lines(c: dict) -> list[str]:
     why = [f"  memory budget auto on this machine now: {auto['why']}"] if auto else []
     if c["unlimited"]:
         return why or ["  memory budget: unlimited (the image is mapped; experts read in place)"]
-    lines = why + [f"  memory budget {c['budget']:,} B: the firmware keeps (checked before a run, with these numbers)",
-             f"    {'resident':<16} {c['resident_bytes']:>14,} B  the image without routed experts, locked in RAM",
-             f"    {'arenas+reserve':<16} {c['fixed_bytes'] - c['resident_bytes']:>14,} B  KV cache, scratch, RoPE "
-             f"tables and the board's reserve {c['reserve_bytes']:,} B"]
+    lines = why + [
+        f"  memory budget {c['budget']:,} B: the firmware keeps (checked before a run, with these numbers)",
+        f"    {'resident':<16} {c['resident_bytes']:>14,} B  the image without routed experts, locked in RAM",
+        f"    {'arenas+reserve':<16} {c['fixed_bytes'] - c['resident_bytes']:>14,} B  KV cache, scratch, RoPE "
+        f"tables and the board's reserve {c['reserve_bytes']:,} B",
+    ]
     if c["moe_layers"]:
-        lines += [f"    {'expert slots':<16} {c['pool_bytes']:>14,} B  {c['slots']} of {c['routed_experts']} routed "
-                  f"experts ({c['slots_per_layer']:.2g} per MoE layer, {c['moe_layers']} layers) x {c['slot_bytes']:,} B "
-                  f"(an expert is {c['expert_bytes']:,} B)",
-                  f"    {'total':<16} {c['fixed_bytes'] + c['pool_bytes']:>14,} B  (the least budget that runs: "
-                  f"{c['min_budget']:,} B)"]
+        lines += [
+            f"    {'expert slots':<16} {c['pool_bytes']:>14,} B  {c['slots']} of {c['routed_experts']} routed "
+            f"experts ({c['slots_per_layer']:.2g} per MoE layer, {c['moe_layers']} layers) x {c['slot_bytes']:,} B "
+            f"(an expert is {c['expert_bytes']:,} B)",
+            f"    {'total':<16} {c['fixed_bytes'] + c['pool_bytes']:>14,} B  (the least budget that runs: "
+            f"{c['min_budget']:,} B)",
+        ]
         per = ", ".join(f"{float(h):.0%} hits {b / 1e6:.3g} MB" for h, b in c["bytes_read_per_token"].items())
         lines.append(f"    bytes read from storage per decoded token: {per}")
     return lines
@@ -180,5 +214,11 @@ def report_problem(rep: dict) -> str | None:
     """`report`'s closing error when a region is over budget: the same line the check before
     compiling gives (docs/errors.md), from the numbers the report shows."""
     uses = [RegionUse(r["name"], r["kind"], r["budget"], r["items"]) for r in rep["regions"]]
-    return fit_problem(rep["model"], rep["quant"], rep["n_ctx"], rep["board"], uses,
-                       "; code is the board's reserve" if rep.get("planned_only") else "")
+    return fit_problem(
+        rep["model"],
+        rep["quant"],
+        rep["n_ctx"],
+        rep["board"],
+        uses,
+        "; code is the board's reserve" if rep.get("planned_only") else "",
+    )

@@ -17,6 +17,7 @@ from .reference import Generation, Reference
 
 # ---- is the firmware that answers the one this build produced? ---------------------------------
 
+
 @dataclass(frozen=True)
 class FirmwareIdentity:
     """What a build's firmware says about itself in its hello frame. The model hash alone does not
@@ -35,20 +36,28 @@ class FirmwareIdentity:
 
 
 # How each field is named in "what differs"; hashes are shortened.
-_FIELD_NAMES = {"board": "board", "quant": "quantization", "ctx": "context", "model": "model hash",
-                "weights": "weight image SHA-256", "build": "build id"}
+_FIELD_NAMES = {
+    "board": "board",
+    "quant": "quantization",
+    "ctx": "context",
+    "model": "model hash",
+    "weights": "weight image SHA-256",
+    "build": "build id",
+}
 _HASHES = ("model", "weights", "build")
 
 
 def firmware_identity(board: Board, art, plan: Plan) -> FirmwareIdentity:
     """The identity of the firmware built as `art` (compile.build.Artifacts) for `plan`."""
     weights = identity_sha256(map_image(art.weights)).hex()
-    return FirmwareIdentity(board.name, plan.quant, str(plan.n_ctx), art.model_hash(), weights,
-                            firmware_build_id(board, art.program))
+    return FirmwareIdentity(
+        board.name, plan.quant, str(plan.n_ctx), art.model_hash(), weights, firmware_build_id(board, art.program)
+    )
 
 
 def identity_differences(hello: dict[str, str], identity: FirmwareIdentity) -> list[str]:
     """What differs between a hello frame and this build, one phrase per field ([] if nothing)."""
+
     def show(field, value):
         return value[:16] + "…" if field in _HASHES and len(value) > 16 else value
 
@@ -74,19 +83,26 @@ class FirmwareMismatch(ColibriError):
 def hello_check(identity: FirmwareIdentity):
     """A Session hello check (device.session.Session's check_hello) that refuses any firmware
     but this build's, saying what differs and how to put this build on the board."""
+
     def check(hello: dict[str, str]) -> None:
         differences = identity_differences(hello, identity)
         if differences:
-            raise FirmwareMismatch(f"the firmware on the board is not this build: {'; '.join(differences)} "
-                                   f"(flash this build: ./colibri flash --board {identity.board} "
-                                   f"with the same --model, --quant and --ctx)", differences, hello)
+            raise FirmwareMismatch(
+                f"the firmware on the board is not this build: {'; '.join(differences)} "
+                f"(flash this build: ./colibri flash --board {identity.board} "
+                f"with the same --model, --quant and --ctx)",
+                differences,
+                hello,
+            )
+
     return check
 
 
 def reference_run(plan: Plan, weights: Path, request: RunRequest) -> Generation:
     """What the firmware must produce for `request`: the reference's decode of the same image."""
-    return Reference(plan, map_image(weights)).generate(request.prompt, request.steps, request.sampling,
-                                                                request.stop_at_eos, decode_from=request.decode_from)
+    return Reference(plan, map_image(weights)).generate(
+        request.prompt, request.steps, request.sampling, request.stop_at_eos, decode_from=request.decode_from
+    )
 
 
 def first_divergence(fw_tokens, fw_digests, ref_tokens, ref_digests) -> int | None:
@@ -114,14 +130,17 @@ class Comparison:
         """The one line verify prints: PASS with what matched, or FAIL with where it first differs."""
         fw, ref = self.firmware, self.reference
         if self.passed:
-            routing = (f", expert routing of {len(ref.expert_counts)} MoE layers identical"
-                       if ref.expert_counts else "")
-            return (f"PASS: {board} firmware matches the NumPy reference bit for bit: {len(fw.tokens)} tokens "
-                    f"and {len(fw.digests)} per-step logits SHA-256 identical{routing} ({quant}, {mode})")
+            routing = f", expert routing of {len(ref.expert_counts)} MoE layers identical" if ref.expert_counts else ""
+            return (
+                f"PASS: {board} firmware matches the NumPy reference bit for bit: {len(fw.tokens)} tokens "
+                f"and {len(fw.digests)} per-step logits SHA-256 identical{routing} ({quant}, {mode})"
+            )
         if self.first_divergent_step is None:
             layer = self.routing_layer
-            return (f"FAIL: expert routing differs in layer {layer}: firmware {fw.expert_counts.get(layer)}, "
-                    f"reference {ref.expert_counts.get(layer)}")
+            return (
+                f"FAIL: expert routing differs in layer {layer}: firmware {fw.expert_counts.get(layer)}, "
+                f"reference {ref.expert_counts.get(layer)}"
+            )
         step = self.first_divergent_step
 
         def at(tokens, digests):
@@ -129,8 +148,10 @@ class Comparison:
                 return f"token {tokens[step]}, logits {digests[step][:16]}"
             return "no token (stopped earlier)"
 
-        return (f"FAIL: first divergent step {step}: firmware {at(fw.tokens, fw.digests)}; "
-                f"reference {at(ref.tokens, ref.digests)}")
+        return (
+            f"FAIL: first divergent step {step}: firmware {at(fw.tokens, fw.digests)}; "
+            f"reference {at(ref.tokens, ref.digests)}"
+        )
 
 
 def compare(result: RunResult, ref: Generation) -> Comparison:
@@ -156,8 +177,12 @@ def rates(result: RunResult) -> dict:
         # The forward passes alone, without sampling, logits hashing and frame output.
         "forward_tok_s": n_decode / (forward_us / 1e6) if forward_us and n_decode else None,
         # Exact retired instructions, on boards that count them (qemu-rv32, esp32p4).
-        "prefill_instructions_per_token": int(s["prefill_instret"]) / n_prompt if "prefill_instret" in s and n_prompt else None,
-        "decode_instructions_per_token": int(s["decode_instret"]) / n_decode if "decode_instret" in s and n_decode else None,
+        "prefill_instructions_per_token": int(s["prefill_instret"]) / n_prompt
+        if "prefill_instret" in s and n_prompt
+        else None,
+        "decode_instructions_per_token": int(s["decode_instret"]) / n_decode
+        if "decode_instret" in s and n_decode
+        else None,
     }
 
 
@@ -167,9 +192,14 @@ def instructions_scope(request: RunRequest, result: RunResult) -> str:
     SHA-256 when the request asked for them, and the token frame. Verify (sampled, hashed), a
     release (greedy, hashed) and bench (greedy, no hashing, longer) count different things."""
     s = request.sampling
-    sampling = ("greedy sampling" if s.temperature == 0 else
-                f"sampling at temperature {s.temperature:g}" + (f", top-k {s.top_k}" if s.top_k else "")
-                + (f", top-p {s.top_p:g}" if s.top_p < 1 else "") + (f", min-p {s.min_p:g}" if s.min_p else ""))
+    sampling = (
+        "greedy sampling"
+        if s.temperature == 0
+        else f"sampling at temperature {s.temperature:g}"
+        + (f", top-k {s.top_k}" if s.top_k else "")
+        + (f", top-p {s.top_p:g}" if s.top_p < 1 else "")
+        + (f", min-p {s.min_p:g}" if s.min_p else "")
+    )
     passes = int(result.stats.get("decode", 0))
     first = len(request.prompt) + 1
     contexts = f"context {first}" if passes <= 1 else f"contexts {first}-{first + passes - 1}"
@@ -182,8 +212,7 @@ def run_stats(result: RunResult, board: Board, request: RunRequest) -> dict:
     itself), and for instruction counts what a token's count includes."""
     r = rates(result)
     r["emulated_by"] = board.runner.emulated_by()
-    r["instructions_counted"] = (instructions_scope(request, result)
-                                 if r["decode_instructions_per_token"] else None)
+    r["instructions_counted"] = instructions_scope(request, result) if r["decode_instructions_per_token"] else None
     r["memory_budget"] = request.memory_budget if isinstance(request.memory_budget, int) else str(request.memory_budget)
     r["weights_held"] = cache_stats(result)  # Linux boards: mapped, slots, the expert cache's counters
     return r
@@ -199,7 +228,9 @@ def budget_text(r: dict) -> str:
     hits = f", {100 * c['cache_hits'] / uses:.0f}% expert cache hits while decoding" if uses else ""
     slots = f", {c['slots']} expert slots" if c.get("slots") else ""
     locked = "" if not c.get("lock_refused") else ", resident weights NOT locked (mlock refused)"
-    return f" under a memory budget of {c['budget']:,} B{slots}{hits}{locked}" + (f" (--memory-budget {auto})" if auto else "")
+    return f" under a memory budget of {c['budget']:,} B{slots}{hits}{locked}" + (
+        f" (--memory-budget {auto})" if auto else ""
+    )
 
 
 def auto_text(c: dict) -> str:

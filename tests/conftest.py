@@ -45,12 +45,29 @@ class Builder:
             self.cache[key] = (b, run_scons(req), plan)
         return self.cache[key]
 
-    def run(self, model_dir: Path, prompt, steps, quant="q8_0", ctx=64, sampling=SamplingParams(),
-            stop_at_eos=False, logits_out=None, board="host"):
+    def run(
+        self,
+        model_dir: Path,
+        prompt,
+        steps,
+        quant="q8_0",
+        ctx=64,
+        sampling=SamplingParams(),
+        stop_at_eos=False,
+        logits_out=None,
+        board="host",
+    ):
         board, art, plan = self.build(model_dir, quant, ctx, board)
         request = RunRequest(list(prompt), steps, sampling, stop_at_eos)
-        result = run_on_board(board, art.program, art.weights, request, art.model_hash(), logits_out=logits_out,
-                              flash_image=art.flash_image)
+        result = run_on_board(
+            board,
+            art.program,
+            art.weights,
+            request,
+            art.model_hash(),
+            logits_out=logits_out,
+            flash_image=art.flash_image,
+        )
         return art, plan, request, result
 
 
@@ -98,9 +115,26 @@ def harness(request, tmp_path_factory) -> list[str]:
     kernel = request.param.split("-")[0]
     out = tmp_path_factory.mktemp("harness") / f"harness-{request.param}"
     rt = REPO / "firmware_src" / "runtime"
-    cmd = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-fno-math-errno", *flags,
-           f"-I{rt}", str(REPO / "tests" / "c" / "numerics_harness.c"), str(rt / "ops.c"), str(rt / "sampler.c"),
-           str(rt / "kernels" / "scalar.c"), str(rt / "kernels" / f"{kernel}.c"), "-lm", "-o", str(out)]
+    cmd = [
+        cc,
+        "-std=c11",
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-ffp-contract=off",
+        "-fno-math-errno",
+        *flags,
+        f"-I{rt}",
+        str(REPO / "tests" / "c" / "numerics_harness.c"),
+        str(rt / "ops.c"),
+        str(rt / "sampler.c"),
+        str(rt / "kernels" / "scalar.c"),
+        str(rt / "kernels" / f"{kernel}.c"),
+        "-lm",
+        "-o",
+        str(out),
+    ]
     subprocess.run(cmd, check=True)
     return [*runner, str(out)]
 
@@ -127,5 +161,10 @@ def half_bytes(*arrays) -> bytes:
 
 def run_cli(*args, cwd=REPO, timeout=600):
     """Run the CLI in a subprocess, as a user would (python -m generator.cli)."""
-    return subprocess.run([sys.executable, "-m", "generator.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "generator.cli", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

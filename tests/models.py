@@ -12,65 +12,206 @@ from pathlib import Path
 
 ORACLE_CONFIGS = {
     # GQA 2:1, head_dim 48, vocab 250, untied, linear RoPE scaling.
-    "llama_gqa_linear": ("LlamaConfig", "LlamaForCausalLM", dict(
-        vocab_size=250, hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=128, tie_word_embeddings=False,
-        rope_scaling={"rope_type": "linear", "factor": 2.0}, rms_norm_eps=1e-5)),
+    "llama_gqa_linear": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            vocab_size=250,
+            hidden_size=96,
+            intermediate_size=160,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+            rope_scaling={"rope_type": "linear", "factor": 2.0},
+            rms_norm_eps=1e-5,
+        ),
+    ),
     # GQA 4:1, tied, llama3 RoPE scaling, attention biases.
-    "llama3_rope_bias": ("LlamaConfig", "LlamaForCausalLM", dict(
-        vocab_size=203, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=8,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, attention_bias=True,
-        mlp_bias=True, rope_theta=500000.0,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 32})),
+    "llama3_rope_bias": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            vocab_size=203,
+            hidden_size=128,
+            intermediate_size=192,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            attention_bias=True,
+            mlp_bias=True,
+            rope_theta=500000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ),
     # Sliding window 8, shorter than the 28-step decode.
-    "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(
-        vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, sliding_window=8, tie_word_embeddings=False)),
+    "mistral_window": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(
+            vocab_size=200,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            sliding_window=8,
+            tie_word_embeddings=False,
+        ),
+    ),
     # q/k/v biases, tied.
-    "qwen2_bias": ("Qwen2Config", "Qwen2ForCausalLM", dict(
-        vocab_size=151, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)),
+    "qwen2_bias": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            vocab_size=151,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+        ),
+    ),
     # q/k RMSNorm, head_dim 32 with hidden 64 and 4 heads (q_dim 128 != hidden), untied.
-    "qwen3_qknorm": ("Qwen3Config", "Qwen3ForCausalLM", dict(
-        vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=128, tie_word_embeddings=False)),
+    "qwen3_qknorm": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            vocab_size=160,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+    ),
     # Gemma 3: 5 sliding layers (window 4) + 1 global, each kind with its own RoPE (global scaled),
     # head_dim 32 independent of hidden/heads, query_pre_attn_scalar, both softcaps, vocab 262.
-    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
-        vocab_size=262, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, max_position_embeddings=128,
-        sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            vocab_size=262,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            max_position_embeddings=128,
+            sliding_window=4,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        ),
+    ),
     # Mixtral: 4 experts, top-2 (softmax over the top-k logits), GQA, a sliding window.
-    "mixtral_moe": ("MixtralConfig", "MixtralForCausalLM", dict(
-        vocab_size=150, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, num_local_experts=4, num_experts_per_tok=2,
-        sliding_window=16, tie_word_embeddings=False)),
+    "mixtral_moe": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(
+            vocab_size=150,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=16,
+            tie_word_embeddings=False,
+        ),
+    ),
     # Qwen2-MoE: shared expert with a sigmoid gate, no top-k renormalisation, q/k/v biases,
     # decoder_sparse_step 2 plus mlp_only_layers: layers 0 and 2 dense, 1 and 3... 3 listed dense.
-    "qwen2_moe_shared": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
-        vocab_size=170, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, num_experts=6, num_experts_per_tok=2,
-        moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False,
-        decoder_sparse_step=2, mlp_only_layers=[3], tie_word_embeddings=False)),
+    "qwen2_moe_shared": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            vocab_size=170,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+            mlp_only_layers=[3],
+            tie_word_embeddings=False,
+        ),
+    ),
     # Qwen3-MoE: q/k norms, top-k renormalised, every layer routed.
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
-        vocab_size=140, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=128, num_experts=8, num_experts_per_tok=3,
-        moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=True)),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            vocab_size=140,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            max_position_embeddings=128,
+            num_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            tie_word_embeddings=True,
+        ),
+    ),
     # Qwen3-MoE whose experts are 48 wide: their down projections' rows are not whole q8_0 blocks,
     # so a q8_0 or q4_0 plan keeps those matrices in f32 and quantizes the rest.
-    "qwen3_moe_odd_experts": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
-        vocab_size=140, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=128, num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=48, norm_topk_prob=True, tie_word_embeddings=False)),
+    "qwen3_moe_odd_experts": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            vocab_size=140,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            max_position_embeddings=128,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            norm_topk_prob=True,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 
 
-def make_checkpoint(kind: str, out: Path, seed: int = 1234, dtype: str = "float32",
-                    max_shard_size: str | None = None) -> Path:
+def make_checkpoint(
+    kind: str, out: Path, seed: int = 1234, dtype: str = "float32", max_shard_size: str | None = None
+) -> Path:
     """Write a random-init checkpoint of ORACLE_CONFIGS[kind] (or a custom tuple) to `out`."""
     import torch
     import transformers
@@ -111,9 +252,19 @@ def make_gemma3_multimodal(out: Path, seed: int = 7) -> Path:
     text.pop("rope_parameters")
     config = transformers.Gemma3Config(
         text_config=transformers.Gemma3TextConfig(initializer_range=0.1, **text),
-        vision_config=transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                                                      num_attention_heads=2, image_size=32, patch_size=16),
-        mm_tokens_per_image=4, image_token_index=261, boi_token_index=259, eoi_token_index=260)
+        vision_config=transformers.SiglipVisionConfig(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=16,
+        ),
+        mm_tokens_per_image=4,
+        image_token_index=261,
+        boi_token_index=259,
+        eoi_token_index=260,
+    )
     model = transformers.Gemma3ForConditionalGeneration(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -140,10 +291,23 @@ def make_upcycled_moe(out: Path, experts: int = 8, top_k: int = 2, noise: float 
     src = load_file(str(kjv / "model.safetensors"))
     torch.manual_seed(seed)
     config = transformers.MixtralConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-5,
-        num_local_experts=experts, num_experts_per_tok=top_k, tie_word_embeddings=True, sliding_window=None,
-        bos_token_id=1, eos_token_id=2)
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        tie_word_embeddings=True,
+        sliding_window=None,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     model = transformers.MixtralForCausalLM(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -153,8 +317,9 @@ def make_upcycled_moe(out: Path, experts: int = 8, top_k: int = 2, noise: float 
                 p.copy_(0.3 * torch.randn_like(p))
             elif name.endswith("mlp.experts.gate_up_proj"):
                 layer = name.split(".")[2]
-                w = torch.cat([src[f"model.layers.{layer}.mlp.gate_proj.weight"],
-                               src[f"model.layers.{layer}.mlp.up_proj.weight"]])
+                w = torch.cat(
+                    [src[f"model.layers.{layer}.mlp.gate_proj.weight"], src[f"model.layers.{layer}.mlp.up_proj.weight"]]
+                )
                 p.copy_(w * (1 + noise * torch.randn_like(p)))
             elif name.endswith("mlp.experts.down_proj"):
                 w = src[f"model.layers.{name.split('.')[2]}.mlp.down_proj.weight"]

@@ -71,8 +71,12 @@ LogLevel VERBOSE
         self.log = open(root / "sshd.log", "wb")
         # sshd's privilege-separation directory (the Debian package creates it at boot only).
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")], stdout=self.log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -83,8 +87,9 @@ LogLevel VERBOSE
                     raise RuntimeError(f"sshd did not start: {(root / 'sshd.log').read_text()}")
                 time.sleep(0.05)
 
-    def client_config(self, name: str = "config", identity: str = "id_ed25519",
-                      known_hosts: str = "known_hosts") -> Path:
+    def client_config(
+        self, name: str = "config", identity: str = "id_ed25519", known_hosts: str = "known_hosts"
+    ) -> Path:
         """An ssh config with the board's alias, a key and known_hosts of this directory, no agent."""
         path = self.root / name
         path.write_text(f"""\

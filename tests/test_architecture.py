@@ -38,7 +38,7 @@ def test_there_is_no_import_cycle_in_the_generator():
         state[m] = 1
         for n in sorted(edges.get(m, ())):
             if state.get(n) == 1:
-                cycles.append(path[path.index(n):] + [n])
+                cycles.append(path[path.index(n) :] + [n])
             elif n not in state:
                 visit(n, path + [n])
         state[m] = 2
@@ -60,8 +60,9 @@ def test_every_module_belongs_to_a_stage_and_imports_only_its_own_or_lower_stage
 def test_the_boards_are_on_the_ground_floor():
     """boards/ imports nothing of the stages, and every stage may import it."""
     edges = graph()
-    upward = [f"{m} -> {n}" for m, targets in edges.items() if m.startswith("boards")
-              for n in targets if stage_of(n) != 0]
+    upward = [
+        f"{m} -> {n}" for m, targets in edges.items() if m.startswith("boards") for n in targets if stage_of(n) != 0
+    ]
     assert upward == []
     assert stage_of("boards") == 0 and any(m.startswith("boards") for m in edges["compile.plan"])
 

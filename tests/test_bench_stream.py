@@ -59,15 +59,22 @@ def test_the_text_stream_decodes_one_token_per_forward_pass_the_texts_not_the_mo
     tokens = Tokenizer.for_model(moe).encode(bench.read_text(bench.DEFAULT_TEXT))
     stream, steps = bench.make_stream(plan, Tokenizer.for_model(moe), None, None, bench.SAMPLED, 8, 40)
     assert stream.kind == "text" and stream.prompt == tokens[:8] and stream.forced == tokens[8:47]
-    request = RunRequest(stream.request_prompt(steps), steps, stop_at_eos=False, memory_budget=budget,
-                         decode_from=stream.decode_from(steps))
+    request = RunRequest(
+        stream.request_prompt(steps),
+        steps,
+        stop_at_eos=False,
+        memory_budget=budget,
+        decode_from=stream.decode_from(steps),
+    )
     result = run_on_board(board, art.program, art.weights, request, art.model_hash())
     # 8 prompt tokens prefilled; 39 decode passes, each fed the text's next token.
     assert result.stats["prompt"] == "8" and result.stats["decode"] == "39"
     assert result.tokens[:39] == tokens[8:47]
     # The expert cache counted every one of them in the decode: k uses per MoE layer per pass.
     c = cache_stats(result)
-    assert c["cache_hits"] + c["cache_misses"] == 39 * plan.spec.experts_per_token * sum(map(bool, plan.spec.moe_layers))
+    assert c["cache_hits"] + c["cache_misses"] == 39 * plan.spec.experts_per_token * sum(
+        map(bool, plan.spec.moe_layers)
+    )
     # The same bits as the reference decoding the same request token by token.
     ref = reference_run(plan, art.weights, request)
     assert (result.tokens, result.digests, result.expert_counts) == (ref.tokens, ref.digests, ref.expert_counts)
@@ -83,8 +90,9 @@ def test_bench_on_a_moe_model_feeds_the_bundled_text_which_does_not_repeat(built
     # Routing follows it: every layer used far more experts than the two a token takes.
     assert s["experts_per_token"] == 2 and min(s["experts_used_per_layer"].values()) >= 12
     # The old stream, still there by name, is the one that repeats, and bench says so.
-    old = bench_json(capsys, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram",
-                     "--stream", "synthetic")
+    old = bench_json(
+        capsys, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram", "--stream", "synthetic"
+    )
     assert old["stream"]["kind"] == "synthetic" and old["stream"]["repeated_4grams"] > 0.3
     assert "it REPEATS" in bench.bench_line(old, "m") and "REPEATS" not in bench.bench_line(out, "m")
 
@@ -99,22 +107,58 @@ def test_the_hit_rate_bench_reports_is_what_a_run_with_the_same_text_gets(built,
     for seed in (0, 1, 2):
         from generator.cli import main
 
-        assert main(["run", "--model", str(moe), "--ctx", str(CTX), "--out", str(art.out_dir), "--json",
-                     "--prompt-file", str(prompt), "--steps", "128", "--ignore-eos", "--seed", str(seed),
-                     "--memory-budget", str(budget)]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--model",
+                    str(moe),
+                    "--ctx",
+                    str(CTX),
+                    "--out",
+                    str(art.out_dir),
+                    "--json",
+                    "--prompt-file",
+                    str(prompt),
+                    "--steps",
+                    "128",
+                    "--ignore-eos",
+                    "--seed",
+                    str(seed),
+                    "--memory-budget",
+                    str(budget),
+                ]
+            )
+            == 0
+        )
         runs.append(hit_rate(json.loads(capsys.readouterr().out)["stats"]["weights_held"]))
     user = statistics.median(runs)
     assert abs(out["cache"]["hit_rate"] - user) <= 0.05, (out["cache"]["hit_rate"], runs)
     # The synthetic prompt and greedy loop would not have been: it hits far more often.
-    old = bench_json(capsys, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram",
-                     "--stream", "synthetic")
+    old = bench_json(
+        capsys, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram", "--stream", "synthetic"
+    )
     assert old["cache"]["hit_rate"] - user > 0.05, (old["cache"]["hit_rate"], runs)
 
 
 def test_the_sampled_stream_is_what_run_decodes_with_the_same_settings(built, moe, capsys):
     board, art, plan, budget = built
-    out = bench_json(capsys, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram",
-                     "--stream", "sampled", "--seed", "4", "--steps", "64")
+    out = bench_json(
+        capsys,
+        moe,
+        art,
+        "--repeat",
+        "1",
+        "--memory-budget",
+        str(budget),
+        "--no-in-ram",
+        "--stream",
+        "sampled",
+        "--seed",
+        "4",
+        "--steps",
+        "64",
+    )
     s = out["stream"]
     # kjv-tiny's generation_config.json samples (temperature 0.8, top-k 40, top-p 0.95): bench takes it.
     assert s["kind"] == "sampled" and s["sampling"]["seed"] == 4 and s["sampling"]["top_k"] == 40
@@ -122,9 +166,30 @@ def test_the_sampled_stream_is_what_run_decodes_with_the_same_settings(built, mo
     from generator.cli import main
 
     prompt = ",".join(map(str, bench.synthetic_prompt(plan, 8)))
-    assert main(["run", "--model", str(moe), "--ctx", str(CTX), "--out", str(art.out_dir), "--json",
-                 "--prompt-ids", prompt, "--steps", "64", "--ignore-eos", "--seed", "4",
-                 "--memory-budget", str(budget)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                str(moe),
+                "--ctx",
+                str(CTX),
+                "--out",
+                str(art.out_dir),
+                "--json",
+                "--prompt-ids",
+                prompt,
+                "--steps",
+                "64",
+                "--ignore-eos",
+                "--seed",
+                "4",
+                "--memory-budget",
+                str(budget),
+            ]
+        )
+        == 0
+    )
     held = json.loads(capsys.readouterr().out)["stats"]["weights_held"]
     assert out["cache"]["cache_hits"] == held["cache_hits"] and out["cache"]["cache_misses"] == held["cache_misses"]
 
@@ -156,14 +221,17 @@ def test_bench_without_a_budget_runs_no_in_ram_comparison(built, moe, capsys):
     assert out["stream"]["kind"] == "text" and out["in_ram"] is None and len(out["runs"]) == 1
 
 
-@pytest.mark.parametrize("content,fragment", [
-    (None, "No such file or directory"),
-    (b"", "the file is empty"),
-    (b" \n\n", "the file is empty"),
-    (b"\x7fELF\x02\x01\x01\x00\x00\x00", "a binary file"),
-    (b"\xff\xfe\x00\x00 caf\xe9", "a binary file"),
-    (b"caf\xe9 latin-1", "not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        (None, "No such file or directory"),
+        (b"", "the file is empty"),
+        (b" \n\n", "the file is empty"),
+        (b"\x7fELF\x02\x01\x01\x00\x00\x00", "a binary file"),
+        (b"\xff\xfe\x00\x00 caf\xe9", "a binary file"),
+        (b"caf\xe9 latin-1", "not UTF-8 text"),
+    ],
+)
 def test_a_missing_empty_or_binary_text_is_one_line_and_exit_2(moe, tmp_path, content, fragment):
     path = tmp_path / "text.txt"
     if content is not None:
@@ -176,12 +244,15 @@ def test_a_missing_empty_or_binary_text_is_one_line_and_exit_2(moe, tmp_path, co
     assert not out.exists(), "refused before building"
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--text", "README.md", "--stream", "synthetic"], "--text feeds a text, and --stream synthetic does not"),
-    (["--stream", "text", "--seed", "3"], "--seed set the sampled stream, not --stream text's"),
-    (["--temperature", "0"], "--temperature 0 is greedy decoding, which repeats"),
-    (["--text", "README.md", "--steps", "250", "--prompt-tokens", "8"], None),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--text", "README.md", "--stream", "synthetic"], "--text feeds a text, and --stream synthetic does not"),
+        (["--stream", "text", "--seed", "3"], "--seed set the sampled stream, not --stream text's"),
+        (["--temperature", "0"], "--temperature 0 is greedy decoding, which repeats"),
+        (["--text", "README.md", "--steps", "250", "--prompt-tokens", "8"], None),
+    ],
+)
 def test_contradicting_stream_options_are_refused_before_building(moe, tmp_path, args, fragment):
     out = tmp_path / "out"
     done = run_cli("bench", "--model", moe, "--ctx", CTX, "--out", out, *args)

@@ -63,14 +63,15 @@ def test_esp32p4_build_gives_an_image_esptool_accepts_inside_the_safe_window(bui
     segments = load_segments(art.program)
     assert segments and all(lo <= a and a + n <= hi for a, n in segments)
     merged = (art.out_dir / "flash.bin").read_bytes()
-    assert merged[0x2000:0x2000 + app.stat().st_size] == app.read_bytes()
+    assert merged[0x2000 : 0x2000 + app.stat().st_size] == app.read_bytes()
     assert merged[0x2000] == 0xE9  # ESP image magic at the ROM loader's offset
 
 
 def test_a_model_too_big_for_esp32p4_fails_before_compiling_with_the_numbers(checkpoints, tmp_path):
     out = tmp_path / "out"
-    done = run_cli("build", "--board", "esp32p4", "--model", checkpoints("llama3_rope_bias"), "--ctx", "256",
-                   "--out", out)
+    done = run_cli(
+        "build", "--board", "esp32p4", "--model", checkpoints("llama3_rope_bias"), "--ctx", "256", "--out", out
+    )
     assert done.returncode == 2
     assert "does not fit board esp32p4: region l2mem needs" in done.stderr and "but has 393,216 B" in done.stderr
     assert not out.exists()
@@ -81,8 +82,7 @@ def test_a_model_too_big_for_esp32p4_fails_before_compiling_with_the_numbers(che
 @pytest.mark.parametrize("board", ["host", "linux-aarch64", "qemu-rv32", "esp32p4"])
 def test_report_json_exists_for_every_board_and_accounts_for_each_region(board, builder):
     b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, board)
-    done = run_cli("report", "--board", board, "--model", DEFAULT_MODEL, "--ctx", "128", "--out", art.out_dir,
-                   "--json")
+    done = run_cli("report", "--board", board, "--model", DEFAULT_MODEL, "--ctx", "128", "--out", art.out_dir, "--json")
     assert done.returncode == 0, done.stderr
     rep = json.loads(done.stdout)
     assert [r["name"] for r in rep["regions"]] == [m.name for m in b.memory]
@@ -120,8 +120,9 @@ def test_mcu_boards_refuse_threads(builder):
 
     b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 128, "qemu-rv32")
     with pytest.raises(ColibriError, match="runs single-threaded"):
-        run_on_board(b, art.program, art.weights, RunRequest(PROMPT, 4, threads=2), art.model_hash(),
-                     flash_image=art.flash_image)
+        run_on_board(
+            b, art.program, art.weights, RunRequest(PROMPT, 4, threads=2), art.model_hash(), flash_image=art.flash_image
+        )
 
 
 def _board_data(name: str) -> dict:
@@ -150,8 +151,10 @@ def test_a_malformed_runner_or_predict_section_is_refused_when_the_board_loads()
     with pytest.raises(ColibriError, match=r"x.toml: malformed board file \(runner kind 'ssh' is not one of"):
         board_from_data({**data, "runner": {**data["runner"], "kind": "ssh"}}, Path("x.toml"))
     with pytest.raises(ColibriError, match=r"\[predict\] clock_hz must be a positive number"):
-        board_from_data({**data, "predict": {"clock_hz": 0, "cycles_per_instruction": 1.0,
-                                             "weight_bytes_per_s": 1e6}}, Path("x.toml"))
+        board_from_data(
+            {**data, "predict": {"clock_hz": 0, "cycles_per_instruction": 1.0, "weight_bytes_per_s": 1e6}},
+            Path("x.toml"),
+        )
 
 
 def test_qemu_rv32_predicts_with_the_esp32p4_idf_timing_model():

@@ -15,11 +15,18 @@ SCONS = str(Path(sys.executable).parent / "scons")
 
 
 def scons(root: Path, model: Path, out: Path, *extra):
-    done = subprocess.run([SCONS, "-Q", "-C", str(root), "board=host", f"model={model}", "quant=q8_0", "ctx=48",
-                           f"out={out}", *extra], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [SCONS, "-Q", "-C", str(root), "board=host", f"model={model}", "quant=q8_0", "ctx=48", f"out={out}", *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    return [line.strip() for line in (done.stdout + done.stderr).splitlines()
-            if line.strip().startswith(("GEN", "CC", "LINK"))]
+    return [
+        line.strip()
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.strip().startswith(("GEN", "CC", "LINK"))
+    ]
 
 
 @pytest.fixture
@@ -49,11 +56,16 @@ def test_second_build_does_nothing_and_changes_rebuild_what_depends_on_them(repo
     assert any(c.startswith("GEN") for c in first) and any("model_data.c" in c for c in first)
     assert first[-1].startswith("LINK")
     assert scons(repo_copy, model, out) == []
-    check = subprocess.run([SCONS, "-Q", "-q", "-C", str(repo_copy), "board=host", f"model={model}", "quant=q8_0",
-                            "ctx=48", f"out={out}"], capture_output=True)
+    check = subprocess.run(
+        [SCONS, "-Q", "-q", "-C", str(repo_copy), "board=host", f"model={model}", "quant=q8_0", "ctx=48", f"out={out}"],
+        capture_output=True,
+    )
     assert check.returncode == 0, "scons --question says something is out of date"
 
-    append(repo_copy / "firmware_src" / "runtime" / "ops.c", "\nint ops_edited(void);\nint ops_edited(void) { return 1; }\n")
+    append(
+        repo_copy / "firmware_src" / "runtime" / "ops.c",
+        "\nint ops_edited(void);\nint ops_edited(void) { return 1; }\n",
+    )
     assert scons(repo_copy, model, out) == ["CC      firmware_src/runtime/ops.c", f"LINK    {out}/firmware"]
 
     append(repo_copy / "templates" / "model_data.c.j2", "/* edited template */\n")
@@ -106,8 +118,13 @@ def test_cli_build_and_plain_scons_give_identical_artifacts(checkpoints, tmp_pat
     done = run_cli("build", "--model", model, "--ctx", "48", "--out", tmp_path / "cli", "--json")
     assert done.returncode == 0, done.stderr
     scons(REPO, model, tmp_path / "direct")
-    for rel in ("generated/model_def.h", "generated/model_data.c", "generated/weights.img",
-                "generated/plan.json", "firmware"):
+    for rel in (
+        "generated/model_def.h",
+        "generated/model_data.c",
+        "generated/weights.img",
+        "generated/plan.json",
+        "firmware",
+    ):
         assert (tmp_path / "cli" / rel).read_bytes() == (tmp_path / "direct" / rel).read_bytes(), rel
 
 

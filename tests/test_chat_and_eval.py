@@ -27,8 +27,10 @@ from generator.numerics.perplexity import chunks, perplexity
 from generator.numerics.sampling import SamplingParams
 from generator.reference import Reference
 
-TEMPLATE = ("{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}assistant:{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 MESSAGES = ["And God said", "Let there be light", "And the evening and the morning"]
 # Genesis 1:1-8 (King James Version, public domain): the kind of text the bundled model learnt.
 TEXT = """In the beginning God created the heaven and the earth. And the earth was without form, and void; and
@@ -77,7 +79,8 @@ def transcript(turns) -> list[int]:
 
 @pytest.mark.parametrize("board", ["host", "linux-aarch64", "qemu-rv32"])
 def test_a_conversation_continues_in_the_kv_cache_and_decodes_what_one_run_over_the_transcript_does(
-        builder, chat_model, board):
+    builder, chat_model, board
+):
     b, art, plan, turns = chat(builder, chat_model, board)
     for i, (planned, result) in enumerate(turns):
         assert not planned.reprefilled
@@ -86,9 +89,14 @@ def test_a_conversation_continues_in_the_kv_cache_and_decodes_what_one_run_over_
     whole = transcript(turns)
     assert len(turns[-1][0].prompt) < len(whole) // 3, "the last turn sends only its new tokens"
     last = turns[-1][1]
-    once = run_on_board(b, art.program, art.weights, RunRequest(whole, len(last.tokens), SamplingParams(),
-                                                               stop_at_eos=False),
-                        art.model_hash(), flash_image=art.flash_image)
+    once = run_on_board(
+        b,
+        art.program,
+        art.weights,
+        RunRequest(whole, len(last.tokens), SamplingParams(), stop_at_eos=False),
+        art.model_hash(),
+        flash_image=art.flash_image,
+    )
     assert once.tokens == last.tokens and once.digests == last.digests
     ref = Reference(plan, map_image(art.weights)).generate(whole, len(last.tokens), SamplingParams(), False)
     assert ref.tokens == last.tokens and ref.digests == last.digests
@@ -98,8 +106,13 @@ def test_a_sampled_conversation_draws_what_one_sampled_run_draws(builder, chat_m
     sampling = SamplingParams(temperature=0.9, top_k=40, seed=7)
     b, art, plan, turns = chat(builder, chat_model, "host", sampling)
     last = turns[-1][1]
-    once = run_on_board(b, art.program, art.weights, RunRequest(transcript(turns), len(last.tokens), sampling,
-                                                               stop_at_eos=False), art.model_hash())
+    once = run_on_board(
+        b,
+        art.program,
+        art.weights,
+        RunRequest(transcript(turns), len(last.tokens), sampling, stop_at_eos=False),
+        art.model_hash(),
+    )
     assert once.tokens == last.tokens and once.digests == last.digests
 
 
@@ -108,8 +121,12 @@ def request_line(body: str) -> bytes:
 
 
 def serve(art, *bodies: str):
-    done = subprocess.run([str(art.program), "--weights", str(art.weights)], capture_output=True, timeout=60,
-                          input=b"".join(request_line(b) for b in bodies))
+    done = subprocess.run(
+        [str(art.program), "--weights", str(art.weights)],
+        capture_output=True,
+        timeout=60,
+        input=b"".join(request_line(b) for b in bodies),
+    )
     reader = FrameReader()
     reader.feed(done.stdout)
     return done.returncode, reader.frames
@@ -117,8 +134,12 @@ def serve(art, *bodies: str):
 
 def test_the_linux_firmware_serves_request_lines_until_stdin_ends_and_continues_only_where_it_holds(builder):
     b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64)
-    code, frames = serve(art, "@CLB 0 request prompt=1,5,9 steps=3", "@CLB 1 request prompt=7,8 steps=2 start=5",
-                         "@CLB 2 request prompt=7 steps=2 start=3")
+    code, frames = serve(
+        art,
+        "@CLB 0 request prompt=1,5,9 steps=3",
+        "@CLB 1 request prompt=7,8 steps=2 start=5",
+        "@CLB 2 request prompt=7 steps=2 start=3",
+    )
     done = [f for f in frames if f.kind == "done"]
     assert [d.fields["held"] for d in done] == ["5", "8"]  # 3 + 2 fed, then 5 + 2 + 1 fed
     errors = [f for f in frames if f.kind == "error"]
@@ -136,9 +157,26 @@ def test_a_conversation_that_would_overflow_the_context_is_refused(builder, chat
 
 
 def test_the_chat_command_streams_json_turns_from_standard_input(chat_model, tmp_path):
-    done = subprocess.run([str(REPO / "colibri"), "chat", "--model", str(chat_model), "--ctx", "128", "--steps", "6",
-                           "--greedy", "--json", "--out", str(tmp_path / "build")], input="\n".join(MESSAGES) + "\n",
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            str(REPO / "colibri"),
+            "chat",
+            "--model",
+            str(chat_model),
+            "--ctx",
+            "128",
+            "--steps",
+            "6",
+            "--greedy",
+            "--json",
+            "--out",
+            str(tmp_path / "build"),
+        ],
+        input="\n".join(MESSAGES) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     turns = [json.loads(line) for line in done.stdout.splitlines()]
     assert [t["user"] for t in turns] == MESSAGES
@@ -147,8 +185,9 @@ def test_the_chat_command_streams_json_turns_from_standard_input(chat_model, tmp
 
 
 def test_a_model_template_cannot_reach_python_internals(tmp_path):
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": "{{ ''.__class__.__mro__[1].__subclasses__() }}"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{{ ''.__class__.__mro__[1].__subclasses__() }}"})
+    )
     with pytest.raises(ColibriError, match=r"the model's chat template \(tokenizer_config.json\) failed"):
         ChatTemplate.for_model(tmp_path).render([{"role": "user", "content": "hi"}])
 
@@ -166,7 +205,7 @@ def test_perplexity_and_its_error_are_llama_cpps():
     logprobs = [-1.0, -2.0, -3.0, -2.0]
     p = perplexity(logprobs)
     mean = 2.0
-    var = (1 + 4 + 9 + 4) / 4 - mean ** 2
+    var = (1 + 4 + 9 + 4) / 4 - mean**2
     assert p.ppl == pytest.approx(math.exp(mean)) and p.tokens == 4
     assert p.error == pytest.approx(math.exp(mean) * math.sqrt(var / 3))
 

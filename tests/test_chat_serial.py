@@ -49,7 +49,7 @@ class DecodingPtyBoard:
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self.master, view):]
+            view = view[os.write(self.master, view) :]
 
     def _opened(self) -> bool:
         poller = select.poll()
@@ -64,8 +64,14 @@ class DecodingPtyBoard:
             if not self._opened():
                 return
             time.sleep(0.3)  # pyserial flushes its input when it opens the port
-            hello = {"proto": 1, "fw": "0.1.0", "arch": "llama", "vocab": self.vocab, "kernels": "scalar",
-                     **self.identity.fields()}
+            hello = {
+                "proto": 1,
+                "fw": "0.1.0",
+                "arch": "llama",
+                "vocab": self.vocab,
+                "kernels": "scalar",
+                **self.identity.fields(),
+            }
             self._write(encode_frame(0, "hello", hello))
             seq, reader = 1, FrameReader()
             while not self.stop.is_set():
@@ -77,7 +83,7 @@ class DecodingPtyBoard:
                 except OSError:  # the command closed the port
                     return
                 reader.feed(data)
-                for frame in reader.frames[len(self.requests):]:
+                for frame in reader.frames[len(self.requests) :]:
                     self.requests.append(frame.fields)
                     seq = self._answer(frame.fields, seq)
         except BaseException as e:  # reported by close()
@@ -86,15 +92,30 @@ class DecodingPtyBoard:
     def _answer(self, fields: dict[str, str], seq: int) -> int:
         assert fields["temperature"] == f32_bits(0.0), "the fake board decodes greedily"
         prompt = [int(t) for t in fields["prompt"].split(",")]
-        gen = self.reference.generate(prompt, int(fields["steps"]), SamplingParams(), fields["eos"] == "1",
-                                      start=int(fields.get("start", "0")))
-        frames = [encode_frame(seq + i, "token", {"step": i, "id": t, "logits": d})
-                  for i, (t, d) in enumerate(zip(gen.tokens, gen.digests))]
+        gen = self.reference.generate(
+            prompt, int(fields["steps"]), SamplingParams(), fields["eos"] == "1", start=int(fields.get("start", "0"))
+        )
+        frames = [
+            encode_frame(seq + i, "token", {"step": i, "id": t, "logits": d})
+            for i, (t, d) in enumerate(zip(gen.tokens, gen.digests))
+        ]
         seq += len(frames)
-        frames.append(encode_frame(seq, "stats", {"prompt": len(prompt), "prefill_us": 10,
-                                                  "decode": len(gen.tokens) - 1, "decode_us": 40, "forward_us": 30}))
-        frames.append(encode_frame(seq + 1, "done", {"tokens": len(gen.tokens), "reason": gen.stop_reason,
-                                                     "held": gen.held}))
+        frames.append(
+            encode_frame(
+                seq,
+                "stats",
+                {
+                    "prompt": len(prompt),
+                    "prefill_us": 10,
+                    "decode": len(gen.tokens) - 1,
+                    "decode_us": 40,
+                    "forward_us": 30,
+                },
+            )
+        )
+        frames.append(
+            encode_frame(seq + 1, "done", {"tokens": len(gen.tokens), "reason": gen.stop_reason, "held": gen.held})
+        )
         self._write(b"".join(frames))
         return seq + 2
 
@@ -124,19 +145,29 @@ def chat_json(monkeypatch, capsys, *args) -> list[dict]:
 
 
 @pytest.mark.parametrize("port_given", [True, False], ids=["--port", "looked-up"])
-def test_chat_over_a_serial_port_answers_as_chat_on_host(p4_on_pty, chat_model, tmp_path, monkeypatch, capsys,  # noqa: F811
-                                                        port_given):
+def test_chat_over_a_serial_port_answers_as_chat_on_host(
+    p4_on_pty,
+    chat_model,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+    port_given,
+):
     fake, art = p4_on_pty
     on_host = chat_json(monkeypatch, capsys, "--model", chat_model, "--out", tmp_path / "host")
     if port_given:
         where = ["--port", fake.path]
     else:
-        monkeypatch.setattr(ports, "list_ports", lambda: [PLAIN, ports.Port(fake.path, P4_PORT.description,
-                                                                            P4_PORT.vid, P4_PORT.pid, None,
-                                                                            P4_PORT.esp_bridge)])
+        monkeypatch.setattr(
+            ports,
+            "list_ports",
+            lambda: [
+                PLAIN,
+                ports.Port(fake.path, P4_PORT.description, P4_PORT.vid, P4_PORT.pid, None, P4_PORT.esp_bridge),
+            ],
+        )
         where = []
-    on_board = chat_json(monkeypatch, capsys, "--model", chat_model, "--board", "esp32p4", "--out", art.out_dir,
-                         *where)
+    on_board = chat_json(monkeypatch, capsys, "--model", chat_model, "--board", "esp32p4", "--out", art.out_dir, *where)
     assert [t["user"] for t in on_board] == MESSAGES and len(fake.requests) == len(MESSAGES)
     assert [int(r.get("start", "0")) for r in fake.requests] == [t["start"] for t in on_board]
     assert on_board[1]["start"] == on_board[0]["held"] > 0  # the conversation continued in the board's cache
@@ -149,8 +180,9 @@ def test_chat_without_a_port_looks_it_up_as_run_does(chat_model, tmp_path, monke
     monkeypatch.setattr("sys.stdin", io.StringIO("And God said\n"))
     said = {}
     for command, extra in (("run", ["--prompt-ids", "1,2,3", "--steps", "4"]), ("chat", [])):
-        code = cli.main([command, "--board", "esp32p4", "--model", str(chat_model), "--out", str(tmp_path / command),
-                         *extra])
+        code = cli.main(
+            [command, "--board", "esp32p4", "--model", str(chat_model), "--out", str(tmp_path / command), *extra]
+        )
         said[command] = (code, capsys.readouterr().err)
         assert not (tmp_path / command).exists()  # refused before building
     assert said["chat"] == said["run"]

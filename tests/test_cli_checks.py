@@ -28,40 +28,66 @@ def refused_before_compiling(tmp_path, *args):
     return done
 
 
-@pytest.mark.parametrize("args, words", [
-    (["run", "--board", "linux-aarch64", "--port", "/dev/does-not-exist", "--prompt", "And God"],
-     ["--port is for boards on a serial port (esp32p4, esp32p4-idf)",
-      "board linux-aarch64 runs under qemu-aarch64 (user-mode emulation"]),
-    (["verify", "--board", "host", "--reset", "--prompt", "And God"],
-     ["--reset is for boards on a serial port", "board host runs natively"]),
-    (["bench", "--board", "qemu-rv32", "--port", "/dev/ttyUSB0"],
-     ["--port is for boards on a serial port", "board qemu-rv32 runs under qemu-system-riscv32"]),
-    (["run", "--board", "qemu-rv32", "--threads", "2", "--prompt", "And God"],
-     ["--threads is for multi-threaded (Linux) boards (host, linux-aarch64)"]),
-    (["run", "--greedy", "--temperature", "0.7", "--prompt", "And God"],
-     ["--greedy contradicts --temperature 0.7", "give one or the other"]),
-    (["verify", "--greedy", "--seed", "3", "--top-k", "5", "--prompt", "And God"],
-     ["--greedy contradicts --top-k 5, --seed 3"]),
-    (["run", "--temperature", "0", "--top-p", "0.9", "--prompt", "And God"],
-     ["--temperature 0 is greedy decoding, so --top-p 0.9 would have no effect"]),
-    (["run", "--prompt", "And God", "--prompt-ids", "1,2"],
-     ["give one of --prompt, --prompt-file and --prompt-ids, not --prompt and --prompt-ids"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (
+            ["run", "--board", "linux-aarch64", "--port", "/dev/does-not-exist", "--prompt", "And God"],
+            [
+                "--port is for boards on a serial port (esp32p4, esp32p4-idf)",
+                "board linux-aarch64 runs under qemu-aarch64 (user-mode emulation",
+            ],
+        ),
+        (
+            ["verify", "--board", "host", "--reset", "--prompt", "And God"],
+            ["--reset is for boards on a serial port", "board host runs natively"],
+        ),
+        (
+            ["bench", "--board", "qemu-rv32", "--port", "/dev/ttyUSB0"],
+            ["--port is for boards on a serial port", "board qemu-rv32 runs under qemu-system-riscv32"],
+        ),
+        (
+            ["run", "--board", "qemu-rv32", "--threads", "2", "--prompt", "And God"],
+            ["--threads is for multi-threaded (Linux) boards (host, linux-aarch64)"],
+        ),
+        (
+            ["run", "--greedy", "--temperature", "0.7", "--prompt", "And God"],
+            ["--greedy contradicts --temperature 0.7", "give one or the other"],
+        ),
+        (
+            ["verify", "--greedy", "--seed", "3", "--top-k", "5", "--prompt", "And God"],
+            ["--greedy contradicts --top-k 5, --seed 3"],
+        ),
+        (
+            ["run", "--temperature", "0", "--top-p", "0.9", "--prompt", "And God"],
+            ["--temperature 0 is greedy decoding, so --top-p 0.9 would have no effect"],
+        ),
+        (
+            ["run", "--prompt", "And God", "--prompt-ids", "1,2"],
+            ["give one of --prompt, --prompt-file and --prompt-ids, not --prompt and --prompt-ids"],
+        ),
+    ],
+)
 def test_options_that_would_be_ignored_are_refused_before_compiling(tmp_path, args, words):
     one_line_error(refused_before_compiling(tmp_path, *args), *words)
 
 
 def test_prompt_and_steps_beyond_the_context_are_refused_before_compiling_and_say_why(tmp_path):
     done = refused_before_compiling(tmp_path, "run", "--prompt", "And God", "--ctx", "16", "--steps", "20")
-    one_line_error(done, "the prompt's 3 tokens and 20 steps need a context of 22: 3 positions for the prompt "
-                         "and 19 for the generated tokens fed back into the model (the last one never is)",
-                   "built for a context of 16", "use --ctx 22 or --steps 14 or fewer")
+    one_line_error(
+        done,
+        "the prompt's 3 tokens and 20 steps need a context of 22: 3 positions for the prompt "
+        "and 19 for the generated tokens fed back into the model (the last one never is)",
+        "built for a context of 16",
+        "use --ctx 22 or --steps 14 or fewer",
+    )
     # Beyond what the model allows, the advice is a --ctx that works, not one that is refused too.
     done = refused_before_compiling(tmp_path, "run", "--prompt-ids", "1,2,3", "--steps", "300")
     one_line_error(done, "need a context of 302", "allow a context of at most 256", "use --steps 254 or fewer")
     done = refused_before_compiling(tmp_path, "bench", "--board", "esp32p4", "--steps", "128", "--port", "/dev/null")
-    one_line_error(done, "the prompt's 8 tokens and 128 steps need a context of 135",
-                   "use --ctx 135 or --steps 121 or fewer")
+    one_line_error(
+        done, "the prompt's 8 tokens and 128 steps need a context of 135", "use --ctx 135 or --steps 121 or fewer"
+    )
 
 
 def test_a_board_on_a_serial_port_without_one_prints_nothing_on_stdout(monkeypatch, capsys):
@@ -70,8 +96,11 @@ def test_a_board_on_a_serial_port_without_one_prints_nothing_on_stdout(monkeypat
     captured = capsys.readouterr()
     assert code == 2
     assert captured.out == ""  # no half line (the prompt) before the error
-    assert captured.err.strip().splitlines()[-1].startswith(
-        "colibri: error: board esp32p4 needs a serial port and none looks like an ESP32 board")
+    assert (
+        captured.err.strip()
+        .splitlines()[-1]
+        .startswith("colibri: error: board esp32p4 needs a serial port and none looks like an ESP32 board")
+    )
 
 
 def test_the_text_stream_prints_nothing_before_the_first_token_and_closes_its_line(capsys):
@@ -120,9 +149,14 @@ def test_prompt_from_a_file_and_from_standard_input(tmp_path, monkeypatch, capsy
 def test_report_on_a_model_that_does_not_fit_shows_the_table_then_the_documented_line(tmp_path):
     done = refused_before_compiling(tmp_path, "report", "--board", "esp32p4", "--quant", "f32")
     assert done.returncode == 2
-    assert done.stdout.startswith("memory report: kjv-tiny (LlamaForCausalLM), f32, context 128, board esp32p4 "
-                                  "(planned, not linked: code is the board's reserve)")
+    assert done.stdout.startswith(
+        "memory report: kjv-tiny (LlamaForCausalLM), f32, context 128, board esp32p4 "
+        "(planned, not linked: code is the board's reserve)"
+    )
     assert "OVER BUDGET" in done.stdout and "weights" in done.stdout
-    one_line_error(done, "kjv-tiny (f32, context 128) does not fit board esp32p4: region l2mem needs 823,624 B "
-                         "(code 45,056, weights 694,216, kv_cache 65,536, scratch 10,624, rope_tables 8,192; "
-                         "code is the board's reserve) but has 393,216 B")
+    one_line_error(
+        done,
+        "kjv-tiny (f32, context 128) does not fit board esp32p4: region l2mem needs 823,624 B "
+        "(code 45,056, weights 694,216, kv_cache 65,536, scratch 10,624, rope_tables 8,192; "
+        "code is the board's reserve) but has 393,216 B",
+    )

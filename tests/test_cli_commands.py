@@ -17,16 +17,30 @@ from generator.device import ports
 from generator.device.ports import Port, detect_port, esp_bridge
 
 P4_PORT = Port("/dev/ttyACM0", "USB JTAG/serial debug unit", 0x303A, 0x1001, "60:55:F9", esp_bridge(0x303A, 0x1001))
-CP2102 = Port("/dev/ttyUSB0", "CP2102N USB to UART Bridge Controller", 0x10C4, 0xEA60, "0001",
-              esp_bridge(0x10C4, 0xEA60))
+CP2102 = Port(
+    "/dev/ttyUSB0", "CP2102N USB to UART Bridge Controller", 0x10C4, 0xEA60, "0001", esp_bridge(0x10C4, 0xEA60)
+)
 PLAIN = Port("/dev/ttyS0", "")
 
 
 def test_help_lists_every_command_the_readme_opens_with_and_the_new_ones():
     done = run_cli("--help")
     assert done.returncode == 0
-    for name in ("build", "run", "verify", "report", "bench", "flash", "monitor", "release", "verify-release",
-                 "clean", "boards", "devices", "test"):
+    for name in (
+        "build",
+        "run",
+        "verify",
+        "report",
+        "bench",
+        "flash",
+        "monitor",
+        "release",
+        "verify-release",
+        "clean",
+        "boards",
+        "devices",
+        "test",
+    ):
         assert re.search(rf"^\s+{re.escape(name)}\s", done.stdout, re.M), name
 
 
@@ -69,9 +83,10 @@ def test_devices_lists_ports_and_marks_the_esp_ones(monkeypatch, capsys):
 def test_list_ports_reads_pyserial_and_puts_usb_ports_first(monkeypatch):
     from serial.tools import list_ports
 
-    infos = [SimpleNamespace(device="/dev/ttyS0", description="n/a", vid=None, pid=None, serial_number=None),
-             SimpleNamespace(device="/dev/ttyUSB0", description="CP2102N", vid=0x10C4, pid=0xEA60,
-                             serial_number="0001")]
+    infos = [
+        SimpleNamespace(device="/dev/ttyS0", description="n/a", vid=None, pid=None, serial_number=None),
+        SimpleNamespace(device="/dev/ttyUSB0", description="CP2102N", vid=0x10C4, pid=0xEA60, serial_number="0001"),
+    ]
     monkeypatch.setattr(list_ports, "comports", lambda: infos)
     found = ports.list_ports()
     assert [p.device for p in found] == ["/dev/ttyUSB0", "/dev/ttyS0"]
@@ -80,8 +95,11 @@ def test_list_ports_reads_pyserial_and_puts_usb_ports_first(monkeypatch):
 
 def test_the_port_is_found_when_exactly_one_looks_like_an_esp32_board():
     assert detect_port("board esp32p4", [PLAIN, P4_PORT]) == P4_PORT
-    with pytest.raises(Exception, match=r"2 look like ESP32 boards \(/dev/ttyACM0, /dev/ttyUSB0\): choose one "
-                                        r"with --port"):
+    with pytest.raises(
+        Exception,
+        match=r"2 look like ESP32 boards \(/dev/ttyACM0, /dev/ttyUSB0\): choose one "
+        r"with --port",
+    ):
         detect_port("board esp32p4", [P4_PORT, CP2102])
     with pytest.raises(Exception, match=r"none looks like an ESP32 board \(found only /dev/ttyS0\)"):
         detect_port("monitor", [PLAIN])
@@ -116,8 +134,13 @@ def test_flash_refuses_monitor_with_no_reset(flashed, tmp_path):
 
 def test_clean_removes_all_builds_or_one_boards_or_one_models(monkeypatch, tmp_path, capsys):
     root = tmp_path / "build"
-    for rel in ("host/kjv-tiny-q8_0-ctx256", "host/kjv-tiny-q4_0-ctx64", "host/other-q8_0-ctx64",
-                "qemu-rv32/kjv-tiny-q8_0-ctx256", "esp32p4/kjv-q8_0-ctx128"):
+    for rel in (
+        "host/kjv-tiny-q8_0-ctx256",
+        "host/kjv-tiny-q4_0-ctx64",
+        "host/other-q8_0-ctx64",
+        "qemu-rv32/kjv-tiny-q8_0-ctx256",
+        "esp32p4/kjv-q8_0-ctx128",
+    ):
         (root / rel / "generated").mkdir(parents=True)
         (root / rel / "generated" / "weights.img").write_bytes(b"w" * 1000)
     (root / "compile_commands.json").symlink_to("qemu-rv32/kjv-tiny-q8_0-ctx256/compile_commands.json")

@@ -44,8 +44,7 @@ def test_unsupported_architecture_lists_the_supported_ones(good_model):
     cfg = json.loads((good_model / "config.json").read_text())
     cfg["architectures"] = ["GPT2LMHeadModel"]
     (good_model / "config.json").write_text(json.dumps(cfg))
-    one_line_error(run_cli("build", "--model", good_model), "GPT2LMHeadModel", "LlamaForCausalLM",
-                   "Qwen3ForCausalLM")
+    one_line_error(run_cli("build", "--model", good_model), "GPT2LMHeadModel", "LlamaForCausalLM", "Qwen3ForCausalLM")
 
 
 def test_inconsistent_config(good_model):
@@ -65,9 +64,9 @@ def test_nan_in_weights_fails_generation_and_writes_nothing(good_model, tmp_path
     path = good_model / "model.safetensors"
     blob = bytearray(path.read_bytes())
     (header_len,) = struct.unpack_from("<Q", blob)
-    header = json.loads(blob[8:8 + header_len])
+    header = json.loads(blob[8 : 8 + header_len])
     begin = 8 + header_len + header["model.norm.weight"]["data_offsets"][0]
-    blob[begin:begin + 4] = np.float32(np.nan).tobytes()
+    blob[begin : begin + 4] = np.float32(np.nan).tobytes()
     path.write_bytes(bytes(blob))
     out = tmp_path / "out"
     one_line_error(run_cli("build", "--model", good_model, "--out", out), "NaN")
@@ -76,20 +75,26 @@ def test_nan_in_weights_fails_generation_and_writes_nothing(good_model, tmp_path
     assert not (out / "firmware").exists()
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["verify", "--steps", "0"], "--steps"),
-    (["verify", "--top-p", "2"], "--top-p"),
-    (["build", "--board", "nonexistent"], "unknown board 'nonexistent'"),
-    (["build", "--quant", "q3"], "--quant"),
-    (["frobnicate"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["verify", "--steps", "0"], "--steps"),
+        (["verify", "--top-p", "2"], "--top-p"),
+        (["build", "--board", "nonexistent"], "unknown board 'nonexistent'"),
+        (["build", "--quant", "q3"], "--quant"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
 def test_bad_arguments(args, fragment, good_model):
     one_line_error(run_cli(*args, "--model", good_model) if args[0] != "frobnicate" else run_cli(*args), fragment)
 
 
 def test_context_too_small_for_the_request(good_model):
-    one_line_error(run_cli("run", "--model", good_model, "--ctx", "8", "--prompt-ids", "1,2,3", "--steps", "20"),
-                   "need a context of 22", "built for a context of 8")
+    one_line_error(
+        run_cli("run", "--model", good_model, "--ctx", "8", "--prompt-ids", "1,2,3", "--steps", "20"),
+        "need a context of 22",
+        "built for a context of 8",
+    )
     one_line_error(run_cli("build", "--model", good_model, "--ctx", "100000"), "max_position_embeddings")
 
 
@@ -108,24 +113,29 @@ def test_verify_passes_and_reports_json(good_model):
     assert result["firmware"]["logits_sha256"] == result["reference"]["logits_sha256"]
 
 
-@pytest.mark.parametrize("setting,fragment", [
-    ({"temperature": "1e400"}, "temperature must be a finite number >= 0"),  # JSON's way to infinity
-    ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
-    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
-    ({"min_p": 2.0}, "min_p must be in [0, 1]"),
-    ({"top_k": 2.5}, "top_k must be an integer"),
-])
+@pytest.mark.parametrize(
+    "setting,fragment",
+    [
+        ({"temperature": "1e400"}, "temperature must be a finite number >= 0"),  # JSON's way to infinity
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"min_p": 2.0}, "min_p must be in [0, 1]"),
+        ({"top_k": 2.5}, "top_k must be an integer"),
+    ],
+)
 def test_generation_config_sampling_values_are_range_checked(good_model, setting, fragment):
     text = json.dumps({"do_sample": True, **setting}).replace('"1e400"', "1e400")
     (good_model / "generation_config.json").write_text(text)
-    one_line_error(run_cli("run", "--model", good_model, "--prompt-ids", "1,2,3", "--steps", "3"),
-                   "generation_config.json", fragment)
+    one_line_error(
+        run_cli("run", "--model", good_model, "--prompt-ids", "1,2,3", "--steps", "3"),
+        "generation_config.json",
+        fragment,
+    )
 
 
 def test_generation_config_top_k_of_minus_one_means_off_on_board_and_reference_alike(good_model):
     """The board used to refuse top_k=-1 while the reference treated it as off."""
-    (good_model / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.9,
-                                                                    "top_k": -1}))
+    (good_model / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.9, "top_k": -1}))
     done = run_cli("verify", "--model", good_model, "--prompt-ids", "1,2,3", "--steps", "6", "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)

@@ -20,8 +20,9 @@ def test_readme_first_command_passes_and_prints_text():
 
 
 def test_sampled_decode_with_the_model_settings_matches_the_reference():
-    done = run_cli("verify", "--model", DEFAULT_MODEL, "--prompt", "In the beginning", "--steps", "48",
-                   "--seed", "5", "--json")
+    done = run_cli(
+        "verify", "--model", DEFAULT_MODEL, "--prompt", "In the beginning", "--steps", "48", "--seed", "5", "--json"
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["pass"] and result["sampling"]["temperature"] > 0

@@ -36,7 +36,8 @@ def test_architecture_names_every_module(root, suffixes):
     missing = [p for p in sources(REPO / root, suffixes) if not named(p, ARCHITECTURE)]
     assert missing == [], (
         f"docs/architecture.md does not name these files under {root}/ (one line each, by their path "
-        f"relative to {root}/): {', '.join(missing)}")
+        f"relative to {root}/): {', '.join(missing)}"
+    )
 
 
 def test_architecture_names_no_file_that_is_gone():
@@ -49,7 +50,7 @@ def test_architecture_names_no_file_that_is_gone():
 def test_architecture_states_the_import_rule_of_test_architecture():
     from test_architecture import STAGES
 
-    table = ARCHITECTURE[ARCHITECTURE.index("| floor | modules | may import |"):]
+    table = ARCHITECTURE[ARCHITECTURE.index("| floor | modules | may import |") :]
     rows = [line for line in table.split("\n\n")[0].splitlines()[2:]]
     assert len(rows) == len(STAGES)
     for row, stage in zip(rows, STAGES):
@@ -62,10 +63,12 @@ def test_image_format_tables_are_image_format_py():
     from generator.compile import image_format as f
 
     text = (DOCS / "image-format.md").read_text()
-    for title, table in ((f"### Header ({f.HEADER_BYTES} bytes)", f.HEADER),
-                         (f"### Directory entry ({f.DIR_ENTRY_BYTES} bytes)", f.DIR_ENTRY)):
-        section = text[text.index(title):]
-        section = section[section.index("| offset |"):].split("\n\n")[0]
+    for title, table in (
+        (f"### Header ({f.HEADER_BYTES} bytes)", f.HEADER),
+        (f"### Directory entry ({f.DIR_ENTRY_BYTES} bytes)", f.DIR_ENTRY),
+    ):
+        section = text[text.index(title) :]
+        section = section[section.index("| offset |") :].split("\n\n")[0]
         rows = [tuple(c.strip() for c in line.strip("|").split("|")) for line in section.splitlines()[2:]]
         assert rows == [(str(x.offset), str(x.size), f"`{x.name}`", x.doc) for x in table.values()]
     for name, code in f.DTYPE_CODES.items():

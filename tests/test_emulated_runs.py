@@ -50,16 +50,18 @@ def test_instruction_counts_say_what_they_count_and_run_once(tmp_path):
     done = run_cli("verify", "--board", "qemu-rv32", "--prompt", "And God", "--steps", "8", "--out", out)
     assert done.returncode == 0, done.stderr
     # verify: the model's sampling and the logits' hashes, at the contexts this request ran at
-    assert ("M instructions per decoded token (forward pass at contexts 4-10, sampling at temperature"
-            in done.stderr), done.stderr
+    assert "M instructions per decoded token (forward pass at contexts 4-10, sampling at temperature" in done.stderr, (
+        done.stderr
+    )
     assert "the logits' SHA-256, the token frame)" in done.stderr
 
     done = run_cli("bench", "--board", "qemu-rv32", "--steps", "8", "--out", out, "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["repeat"] == 1 and len(result["runs"]) == 1  # exact counts: one run by default
-    assert result["instructions_counted"] == ("forward pass at contexts 9-15, greedy sampling, no logits "
-                                              "hashing, the token frame")
+    assert result["instructions_counted"] == (
+        "forward pass at contexts 9-15, greedy sampling, no logits hashing, the token frame"
+    )
     assert result["emulated_by"] == "qemu-system-riscv32"
     done = run_cli("bench", "--board", "qemu-rv32", "--steps", "8", "--out", out)
     assert "one run: the count is exact" in done.stdout and "no logits hashing" in done.stdout
@@ -80,8 +82,10 @@ def test_bench_on_esp32p4_with_its_defaults_gets_as_far_as_the_port(tmp_path):
     done = run_cli("bench", "--board", "esp32p4", "--port", "/dev/ttyCOLIBRI-none", "--out", tmp_path / "p4")
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("colibri: error:")]
-    assert errors == ["colibri: error: cannot open serial port /dev/ttyCOLIBRI-none: No such file or directory "
-                      "(is the board plugged in? ./colibri devices lists the serial ports)"], done.stderr
+    assert errors == [
+        "colibri: error: cannot open serial port /dev/ttyCOLIBRI-none: No such file or directory "
+        "(is the board plugged in? ./colibri devices lists the serial ports)"
+    ], done.stderr
 
 
 def test_plot_must_be_a_png(tmp_path):

@@ -18,8 +18,9 @@ MOE_MODELS = ("mixtral_moe", "qwen2_moe_shared", "qwen3_moe")
 
 
 def run(board, art, budget=0, threads=1, prefetch=None, weights=None, prompt=PROMPT, steps=STEPS, eviction=None):
-    request = RunRequest(prompt, steps, threads=threads, memory_budget=budget, prefetch=prefetch, eviction=eviction,
-                         stop_at_eos=False)
+    request = RunRequest(
+        prompt, steps, threads=threads, memory_budget=budget, prefetch=prefetch, eviction=eviction, stop_at_eos=False
+    )
     return request, run_on_board(board, art.program, weights or art.weights, request, art.model_hash())
 
 
@@ -43,8 +44,12 @@ def test_firmware_sizes_its_slots_as_the_plan_does(builder, checkpoints):
     c = constants(board, plan)
     assert c.n_moe_layers == 2 and c.slot_bytes % 4096 == 0 and c.slot_bytes >= c.expert_bytes + 4096 - 64
     k = c.experts_per_token
-    for budget, slots in ((c.min_budget, k), (c.budget_for(k + 1) - 1, k), (c.budget_for(k + 1), k + 1),
-                          (2**40, c.n_moe_layers * c.n_experts)):
+    for budget, slots in (
+        (c.min_budget, k),
+        (c.budget_for(k + 1) - 1, k),
+        (c.budget_for(k + 1), k + 1),
+        (2**40, c.n_moe_layers * c.n_experts),
+    ):
         assert slots_for_budget(c, budget) == slots
         _, result = run(board, art, budget)
         assert int(result.stats["slots"]) == slots, budget
@@ -54,8 +59,11 @@ def test_firmware_sizes_its_slots_as_the_plan_does(builder, checkpoints):
 def test_a_budget_too_small_is_refused_before_running_with_the_numbers(builder, checkpoints):
     board, art, plan = builder.build(checkpoints("mixtral_moe"), "q8_0", 64)
     c = constants(board, plan)
-    with pytest.raises(ColibriError, match=rf"too small .* needs at least {c.min_budget:,} B .*resident weights "
-                                           rf"{c.resident_bytes:,} B .* 2 expert slots .* x {c.slot_bytes:,} B"):
+    with pytest.raises(
+        ColibriError,
+        match=rf"too small .* needs at least {c.min_budget:,} B .*resident weights "
+        rf"{c.resident_bytes:,} B .* 2 expert slots .* x {c.slot_bytes:,} B",
+    ):
         cache_plan(plan, board.budget_reserve, c.min_budget - 1)
     # The firmware refuses it too, from its own constants, should anything skip the check.
     with pytest.raises(ColibriError, match=r"error 102: --memory-budget .* cannot hold this model"):
@@ -88,8 +96,9 @@ def test_same_bits_at_any_budget_on_host(builder, checkpoints, model):
                 assert stats["lru"] == int(eviction == "lru" if eviction is not None else roomy)
                 # A guess needs a next MoE layer (qwen2_moe_shared has one) and a slot that does not
                 # hold this token's experts (with top-k slots in all, none is free).
-                assert (stats["prefetches"] > 0) == bool(stats["prefetch"] and c.n_moe_layers > 1
-                                                         and stats["slots"] > c.experts_per_token)
+                assert (stats["prefetches"] > 0) == bool(
+                    stats["prefetch"] and c.n_moe_layers > 1 and stats["slots"] > c.experts_per_token
+                )
 
 
 @pytest.mark.parametrize("quant", ["q4_0", "q4_1"])
@@ -150,8 +159,14 @@ def test_an_expert_is_checked_when_first_brought_in_not_at_start(builder, checkp
                 tokens = []
                 request = RunRequest(PROMPT[:2], 2, memory_budget=budget, stop_at_eos=False)
                 with pytest.raises(ColibriError, match=r"error 17: weight image tensor data is corrupted"):
-                    run_on_board(board, art.program, path, request, art.model_hash(),
-                                 on_token=lambda step, token: tokens.append(token))
+                    run_on_board(
+                        board,
+                        art.program,
+                        path,
+                        request,
+                        art.model_hash(),
+                        on_token=lambda step, token: tokens.append(token),
+                    )
                 assert tokens == [], "no token may come from a corrupted expert"
 
 
@@ -201,14 +216,48 @@ def test_report_and_bench_show_the_cache(builder, checkpoints, tmp_path, capsys)
     c = constants(board, plan)
     budget = c.budget_for(c.experts_per_token * c.n_moe_layers)
     out = tmp_path / "out"
-    assert main(["report", "--model", str(model), "--ctx", "64", "--out", str(out), "--json",
-                 "--memory-budget", str(budget)]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--model",
+                str(model),
+                "--ctx",
+                "64",
+                "--out",
+                str(out),
+                "--json",
+                "--memory-budget",
+                str(budget),
+            ]
+        )
+        == 0
+    )
     rep = json.loads(capsys.readouterr().out)["memory_budget"]
     assert rep["resident_bytes"] == c.resident_bytes and rep["slot_bytes"] == c.slot_bytes
     assert rep["slots"] == c.experts_per_token * c.n_moe_layers and rep["slots_per_layer"] == c.experts_per_token
     assert rep["bytes_read_per_token"]["0"] == c.n_moe_layers * c.experts_per_token * c.slot_bytes
-    assert main(["bench", "--model", str(model), "--ctx", "64", "--out", str(out), "--json", "--repeat", "1",
-                 "--steps", "16", "--memory-budget", str(budget)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(model),
+                "--ctx",
+                "64",
+                "--out",
+                str(out),
+                "--json",
+                "--repeat",
+                "1",
+                "--steps",
+                "16",
+                "--memory-budget",
+                str(budget),
+            ]
+        )
+        == 0
+    )
     out_json = json.loads(capsys.readouterr().out)
     cache = out_json["cache"]
     assert cache["slots"] == rep["slots"] and 0 <= cache["hit_rate"] <= 1 and cache["read_bytes_per_token"] > 0
@@ -231,8 +280,10 @@ def test_a_refused_mlock_is_said_plainly_and_changes_no_bit(builder, checkpoints
     _, locked = run(board, art, c.min_budget)
     assert cache_stats(locked)["lock_refused"] == 0 and cache_stats(locked)["locked"] >= c.resident_bytes
     # 64 KiB of RLIMIT_MEMLOCK and no CAP_IPC_LOCK: what an unprivileged user on many distributions has.
-    monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", "prlimit --memlock=65536:65536 setpriv --bounding-set=-ipc_lock "
-                                                  "--inh-caps=-ipc_lock --")
+    monkeypatch.setenv(
+        "COLIBRI_FIRMWARE_PREFIX",
+        "prlimit --memlock=65536:65536 setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock --",
+    )
     request, refused = run(board, art, c.min_budget)
     assert cache_stats(refused)["lock_refused"] == 1
     assert "resident weights NOT locked (mlock refused)" in budget_text(run_stats(refused, board, request))
@@ -255,8 +306,9 @@ def slow_reads(tmp_path_factory):
 
     so = tmp_path_factory.mktemp("shim") / "slow_reads.so"
     src = Path(__file__).with_name("slow_reads.c")
-    subprocess.run(["gcc", "-std=c11", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(so), str(src), "-ldl"],
-                   check=True)
+    subprocess.run(
+        ["gcc", "-std=c11", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(so), str(src), "-ldl"], check=True
+    )
     return so
 
 
@@ -327,23 +379,30 @@ def run_firmware_directly(program, weights, so, budget, prompt, steps, **setting
 
 
 @pytest.mark.parametrize("fault", ["fail", "short"])
-def test_a_failed_or_short_read_among_several_in_flight_ends_the_run(builder, checkpoints, slow_reads, monkeypatch,
-                                                                     fault):
+def test_a_failed_or_short_read_among_several_in_flight_ends_the_run(
+    builder, checkpoints, slow_reads, monkeypatch, fault
+):
     # Every use misses (3 slots, 2 MoE layers, top-3): reads 4, 5 and 6 are token 0's second layer, in
     # flight together; the 5th fails (EIO) or comes up short (the file seems to end in its middle).
     board, art, plan = builder.build(checkpoints("qwen3_moe"), "q8_0", 64)
     c = constants(board, plan)
-    status, frames = run_firmware_directly(art.program, art.weights, slow_reads, c.min_budget, PROMPT, 4,
-                                           us=SLOW_US, **{fault: 5})
+    status, frames = run_firmware_directly(
+        art.program, art.weights, slow_reads, c.min_budget, PROMPT, 4, us=SLOW_US, **{fault: 5}
+    )
     assert status == 1 and [f.kind for f in frames] == ["hello", "error"], (status, frames)
     assert frames[-1].fields["code"] == "18"
     # Through the CLI's runner: the loader's message, before any token.
     monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", shim_prefix(slow_reads, us=SLOW_US, **{fault: 5}))
     tokens = []
     with pytest.raises(ColibriError, match=r"error 18: reading an expert from the weight image file failed"):
-        run_on_board(board, art.program, art.weights, RunRequest(PROMPT, 4, memory_budget=c.min_budget,
-                                                                 stop_at_eos=False),
-                     art.model_hash(), on_token=lambda step, token: tokens.append(token))
+        run_on_board(
+            board,
+            art.program,
+            art.weights,
+            RunRequest(PROMPT, 4, memory_budget=c.min_budget, stop_at_eos=False),
+            art.model_hash(),
+            on_token=lambda step, token: tokens.append(token),
+        )
     assert tokens == []
 
 

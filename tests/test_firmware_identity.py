@@ -34,8 +34,9 @@ class QemuOnPty:
     def __init__(self, board, art):
         port = free_port()
         argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.runner.command]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        )
         self.master, slave = os.openpty()
         tty.setraw(slave)
         self.path = os.ttyname(slave)
@@ -103,8 +104,20 @@ def rv32_on_pty(builder):
 
 def test_verify_refuses_another_boards_firmware_on_the_port_and_says_what_differs(rv32_on_pty, tmp_path):
     bridge, rv32 = rv32_on_pty
-    done = run_cli("verify", "--board", "esp32p4", "--port", bridge.path, "--prompt", "And God", "--steps", "8",
-                   "--out", tmp_path / "p4", timeout=120)
+    done = run_cli(
+        "verify",
+        "--board",
+        "esp32p4",
+        "--port",
+        bridge.path,
+        "--prompt",
+        "And God",
+        "--steps",
+        "8",
+        "--out",
+        tmp_path / "p4",
+        timeout=120,
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     verdict = done.stdout.strip().splitlines()[-1]
     assert verdict.startswith("FAIL: ") and "PASS" not in done.stdout, done.stdout
@@ -118,8 +131,21 @@ def test_verify_refuses_another_boards_firmware_on_the_port_and_says_what_differ
 
 def test_verify_json_names_the_differences(rv32_on_pty, tmp_path):
     bridge, _ = rv32_on_pty
-    done = run_cli("verify", "--board", "esp32p4", "--port", bridge.path, "--prompt-ids", "1,2,3", "--steps", "4",
-                   "--out", tmp_path / "p4", "--json", timeout=120)
+    done = run_cli(
+        "verify",
+        "--board",
+        "esp32p4",
+        "--port",
+        bridge.path,
+        "--prompt-ids",
+        "1,2,3",
+        "--steps",
+        "4",
+        "--out",
+        tmp_path / "p4",
+        "--json",
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     result = json.loads(done.stdout)
     assert result["pass"] is False
@@ -132,8 +158,19 @@ IDENTITY = FirmwareIdentity("fake-p4", "q8_0", "64", MODEL, "ee" * 32, "aa" * 20
 
 
 def hello_with(**fields) -> bytes:
-    base = {"proto": 1, "fw": "0.1.0", "board": "fake-p4", "arch": "llama", "quant": "q8_0", "ctx": 64,
-            "vocab": 512, "kernels": "scalar", "model": MODEL, "weights": "ee" * 32, "build": "aa" * 20}
+    base = {
+        "proto": 1,
+        "fw": "0.1.0",
+        "board": "fake-p4",
+        "arch": "llama",
+        "quant": "q8_0",
+        "ctx": 64,
+        "vocab": 512,
+        "kernels": "scalar",
+        "model": MODEL,
+        "weights": "ee" * 32,
+        "build": "aa" * 20,
+    }
     base.update(fields)
     return encode_frame(0, "hello", base)
 
@@ -145,13 +182,16 @@ def board():
     b.close()
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("build", "bb" * 20, "build id bbbbbbbbbbbbbbbb… (this build: aaaaaaaaaaaaaaaa…)"),
-    ("weights", "ff" * 32, "weight image SHA-256 ffffffffffffffff…"),
-    ("ctx", 128, "context 128 (this build: 64)"),
-    ("quant", "q4_0", "quantization q4_0 (this build: q8_0)"),
-    ("board", "qemu-rv32", "board qemu-rv32 (this build: fake-p4)"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("build", "bb" * 20, "build id bbbbbbbbbbbbbbbb… (this build: aaaaaaaaaaaaaaaa…)"),
+        ("weights", "ff" * 32, "weight image SHA-256 ffffffffffffffff…"),
+        ("ctx", 128, "context 128 (this build: 64)"),
+        ("quant", "q4_0", "quantization q4_0 (this build: q8_0)"),
+        ("board", "qemu-rv32", "board qemu-rv32 (this build: fake-p4)"),
+    ],
+)
 def test_the_link_refuses_another_build_before_sending_the_request(board, field, value, words):
     def script(b):
         b.write(hello_with(**{field: value}))

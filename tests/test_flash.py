@@ -177,11 +177,17 @@ def test_an_image_built_for_another_chip_is_refused(board, fake, images, tmp_pat
     assert "write_flash" not in fake.names()
 
 
-@pytest.mark.parametrize("failing", ["detect_chip", "run_stub", "attach_flash", "write_flash", "verify_flash",
-                                     "reset_chip"])
+@pytest.mark.parametrize(
+    "failing", ["detect_chip", "run_stub", "attach_flash", "write_flash", "verify_flash", "reset_chip"]
+)
 def test_esptool_errors_become_one_line_and_the_port_is_closed(board, fake, images, failing):
-    fake.fail = (failing, FatalError("Failed to connect to ESP32-P4: No serial data received.\n"
-                                     "For troubleshooting steps visit: https://docs.espressif.com/"))
+    fake.fail = (
+        failing,
+        FatalError(
+            "Failed to connect to ESP32-P4: No serial data received.\n"
+            "For troubleshooting steps visit: https://docs.espressif.com/"
+        ),
+    )
     with pytest.raises(ColibriError) as e:
         flash_images(board, PORT, images, progress=lambda _: None)
     msg = str(e.value)
@@ -202,11 +208,14 @@ def test_serial_errors_and_interrupts_also_close_the_port(board, fake, images):
     assert not fake.port.is_open
 
 
-@pytest.mark.parametrize("port, words", [
-    ("", "give it with --port"),
-    (None, "give it with --port"),
-    ("/dev/ttyCOLIBRI_NO_SUCH_PORT", "cannot open serial port /dev/ttyCOLIBRI_NO_SUCH_PORT"),
-])
+@pytest.mark.parametrize(
+    "port, words",
+    [
+        ("", "give it with --port"),
+        (None, "give it with --port"),
+        ("/dev/ttyCOLIBRI_NO_SUCH_PORT", "cannot open serial port /dev/ttyCOLIBRI_NO_SUCH_PORT"),
+    ],
+)
 def test_a_missing_port_is_a_clear_error(board, fake, images, port, words):
     with pytest.raises(ColibriError) as e:
         flash_images(board, port, images, progress=lambda _: None)
@@ -231,6 +240,7 @@ def test_bad_image_lists_are_refused_before_connecting(board, fake, images, tmp_
 
 
 # ---- What to write: flash_plan ----
+
 
 @pytest.fixture
 def build_dir(board, tmp_path):
@@ -260,15 +270,18 @@ def test_flash_plan_without_the_idf_build_says_to_build_it(board, build_dir):
 def test_flash_plan_lists_the_idf_outputs_and_the_weights_at_their_partitions(board, build_dir):
     idf_outputs(build_dir)
     plan = flash_plan(board, build_dir)
-    assert plan == [(0x2000, build_dir / "idf/build/bootloader/bootloader.bin"),
-                    (0x8000, build_dir / "idf/build/partition_table/partition-table.bin"),
-                    (0x10000, build_dir / "idf/build/colibri_fw.bin"),
-                    (0x200000, build_dir / "idf/weights.bin")]
+    assert plan == [
+        (0x2000, build_dir / "idf/build/bootloader/bootloader.bin"),
+        (0x8000, build_dir / "idf/build/partition_table/partition-table.bin"),
+        (0x10000, build_dir / "idf/build/colibri_fw.bin"),
+        (0x200000, build_dir / "idf/weights.bin"),
+    ]
     parts = {p.name: p for p in parse_partitions_csv((build_dir / "idf/partitions.csv").read_text())}
     assert parts["factory"].offset == plan[2][0] and parts["weights"].offset == plan[3][0]
     assert plan[3][1].read_bytes() == (build_dir / "generated/weights.img").read_bytes()
-    assert all(off == img.offset for (off, _), img in zip(plan, sorted(board.idf.images.values(),
-                                                                          key=lambda i: i.offset)))
+    assert all(
+        off == img.offset for (off, _), img in zip(plan, sorted(board.idf.images.values(), key=lambda i: i.offset))
+    )
 
 
 def test_flash_plan_refuses_a_project_whose_partitions_disagree_with_the_board(board, build_dir):
@@ -277,8 +290,12 @@ def test_flash_plan_refuses_a_project_whose_partitions_disagree_with_the_board(b
     csv.write_text(csv.read_text().replace("0x200000", "0x300000"))
     with pytest.raises(ColibriError, match="puts partition weights at 0x300000.*regenerate"):
         flash_plan(board, build_dir)
-    shrunk = re.sub(r"^(weights, data, undefined, 0x200000), 0x[0-9a-f]+, readonly$", r"\1, 0x1000, readonly",
-                    csv.read_text().replace("0x300000", "0x200000"), flags=re.M)
+    shrunk = re.sub(
+        r"^(weights, data, undefined, 0x200000), 0x[0-9a-f]+, readonly$",
+        r"\1, 0x1000, readonly",
+        csv.read_text().replace("0x300000", "0x200000"),
+        flags=re.M,
+    )
     csv.write_text(shrunk)
     with pytest.raises(ColibriError, match="partition weights has 4,096 B"):
         flash_plan(board, build_dir)

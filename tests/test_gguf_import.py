@@ -20,12 +20,18 @@ from models import ORACLE_CONFIGS, make_checkpoint
 # files, and no query_pre_attn_scalar or final softcap for Gemma 3 (it uses 1/sqrt(head_dim)).
 CONFIGS = {
     "llama_gqa_linear": ORACLE_CONFIGS["llama_gqa_linear"],
-    "llama3_rope_bias_default_rope": ("LlamaConfig", "LlamaForCausalLM", dict(
-        ORACLE_CONFIGS["llama3_rope_bias"][2], rope_scaling=None)),
+    "llama3_rope_bias_default_rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(ORACLE_CONFIGS["llama3_rope_bias"][2], rope_scaling=None),
+    ),
     "qwen2_bias": ORACLE_CONFIGS["qwen2_bias"],
     "qwen3_qknorm": ORACLE_CONFIGS["qwen3_qknorm"],
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
-        ORACLE_CONFIGS["gemma3_text"][2], query_pre_attn_scalar=32, final_logit_softcapping=None)),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(ORACLE_CONFIGS["gemma3_text"][2], query_pre_attn_scalar=32, final_logit_softcapping=None),
+    ),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(ORACLE_CONFIGS["mixtral_moe"][2], sliding_window=None)),
     "qwen2_moe_shared": ORACLE_CONFIGS["qwen2_moe_shared"],
     "qwen3_moe": ORACLE_CONFIGS["qwen3_moe"],
@@ -106,10 +112,15 @@ def write_random_blocks(path, tensor_type: str, rows: int = 3, cols: int = 512):
     rng = np.random.default_rng(len(tensor_type) + rows)
     raw = rng.integers(0, 256, (rows * cols // block, block_bytes), dtype=np.uint8)
     # Every fp16 field of these types (d, dmin; Q6_K's d is its last 2 bytes) set to a finite value.
-    fp16_at = {"Q6_K": [block_bytes - 2], "Q2_K": [block_bytes - 4, block_bytes - 2],
-               "Q3_K": [block_bytes - 2], "Q8_0": [0], "Q4_0": [0]}.get(tensor_type, [0, 2])
+    fp16_at = {
+        "Q6_K": [block_bytes - 2],
+        "Q2_K": [block_bytes - 4, block_bytes - 2],
+        "Q3_K": [block_bytes - 2],
+        "Q8_0": [0],
+        "Q4_0": [0],
+    }.get(tensor_type, [0, 2])
     for at in fp16_at:
-        raw[:, at:at + 2] = rng.uniform(-0.1, 0.1, len(raw)).astype("<f2").view(np.uint8).reshape(-1, 2)
+        raw[:, at : at + 2] = rng.uniform(-0.1, 0.1, len(raw)).astype("<f2").view(np.uint8).reshape(-1, 2)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tensor("t", raw.reshape(rows, -1), raw_dtype=qtype)
     w.write_header_to_file()
@@ -119,7 +130,9 @@ def write_random_blocks(path, tensor_type: str, rows: int = 3, cols: int = 512):
     return read_gguf(path)
 
 
-@pytest.mark.parametrize("tensor_type", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"])
+@pytest.mark.parametrize(
+    "tensor_type", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"]
+)
 def test_every_block_type_decodes_bit_for_bit_like_llama_cpp(tensor_type, tmp_path):
     import gguf
 
@@ -130,8 +143,10 @@ def test_every_block_type_decodes_bit_for_bit_like_llama_cpp(tensor_type, tmp_pa
     assert np.array_equal(bits(tensor_f32(parsed, info)), bits(expected))
 
 
-@pytest.mark.parametrize("tensor_type,q_range,has_offsets", [
-    ("Q8_0", (-128, 127), False), ("Q4_0", (-8, 7), False), ("Q4_1", (0, 15), True), ("Q4_K", (0, 15), True)])
+@pytest.mark.parametrize(
+    "tensor_type,q_range,has_offsets",
+    [("Q8_0", (-128, 127), False), ("Q4_0", (-8, 7), False), ("Q4_1", (0, 15), True), ("Q4_K", (0, 15), True)],
+)
 def test_q8_0_q4_0_q4_1_q4_k_blocks_are_kept_exactly(tensor_type, q_range, has_offsets, tmp_path):
     parsed = write_random_blocks(tmp_path / "t.gguf", tensor_type)
     info = parsed.tensors["t"]
@@ -177,7 +192,22 @@ def test_planning_reads_only_the_header(converted):
 def test_verify_passes_on_a_gguf_model(tensor_type, quant, converted, tmp_path):
     _, path = converted("llama_gqa_linear", tensor_type)
     out = tmp_path / "out"
-    done = run_cli("verify", "--board", "host", "--model", path, "--quant", quant, "--prompt-ids", "1,5,9",
-                   "--steps", "6", "--ctx", "16", "--out", out)
+    done = run_cli(
+        "verify",
+        "--board",
+        "host",
+        "--model",
+        path,
+        "--quant",
+        quant,
+        "--prompt-ids",
+        "1,5,9",
+        "--steps",
+        "6",
+        "--ctx",
+        "16",
+        "--out",
+        out,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout

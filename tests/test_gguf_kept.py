@@ -15,8 +15,10 @@ from generator.model.gguf.load import load_gguf
 from generator.numerics.quantize import dequantize_q4_1, dequantize_q8_0, unpack_q4_0, unpack_q4_1
 from models import ORACLE_CONFIGS, make_checkpoint
 
-MODELS = {"llama": ORACLE_CONFIGS["llama_gqa_linear"], "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
-    ORACLE_CONFIGS["mixtral_moe"][2], sliding_window=None))}
+MODELS = {
+    "llama": ORACLE_CONFIGS["llama_gqa_linear"],
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(ORACLE_CONFIGS["mixtral_moe"][2], sliding_window=None)),
+}
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,7 @@ def test_the_files_blocks_are_kept_value_for_value(gguf_file, tmp_path, tensor_t
     image = map_image(generated / "weights.img")
     tensors = load_gguf(path).tensors
     from generator.compile.plan import TensorEntry
+
     for entry in plan["tensors"]:
         t = TensorEntry(**entry)
         if t.dtype != "f32":
@@ -76,9 +79,30 @@ def test_the_files_blocks_are_kept_value_for_value(gguf_file, tmp_path, tensor_t
 @pytest.mark.parametrize("kind", ["llama", "mixtral"])
 def test_kept_q4_1_blocks_decode_as_the_reference_on_every_board(gguf_file, tmp_path, kind, board):
     path = gguf_file(kind, "Q4_1")
-    done = run_cli("verify", "--board", board, "--model", path, "--quant", "gguf", "--ctx", "64", "--prompt-ids",
-                   "1,5,9,30", "--steps", "6", "--temperature", "0.8", "--seed", "3", "--ignore-eos", "--json",
-                   "--out", tmp_path / "out", timeout=900)
+    done = run_cli(
+        "verify",
+        "--board",
+        board,
+        "--model",
+        path,
+        "--quant",
+        "gguf",
+        "--ctx",
+        "64",
+        "--prompt-ids",
+        "1,5,9,30",
+        "--steps",
+        "6",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+        "--ignore-eos",
+        "--json",
+        "--out",
+        tmp_path / "out",
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["pass"]
 
@@ -106,8 +130,11 @@ def test_report_says_which_tensors_are_exact(gguf_file, tmp_path):
     done = run_cli("report", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", tmp_path / "out", "--json")
     assert done.returncode == 0, done.stderr
     rep = json.loads(done.stdout)["gguf"]
-    assert rep["exact"] and rep["quantized_again"] and rep["summary"].endswith(
-        f"quantized again: {len(rep['quantized_again'])} Q5_0 to q8_0")
+    assert (
+        rep["exact"]
+        and rep["quantized_again"]
+        and rep["summary"].endswith(f"quantized again: {len(rep['quantized_again'])} Q5_0 to q8_0")
+    )
     text = run_cli("report", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", tmp_path / "out").stdout
     assert "tensors kept exactly as the GGUF file holds them" in text and "quantized again: layers.0.wq (Q5_0" in text
 
@@ -121,12 +148,32 @@ def test_a_plan_of_tens_of_thousands_of_tensors_says_what_it_kept_in_linear_time
     from generator.compile.plan import make_plan
     from generator.model.spec import ModelSpec, RopeSpec, expected_shapes
 
-    spec = ModelSpec(name="wide-moe", architecture="Qwen3MoeForCausalLM", family="qwen3", vocab_size=64,
-                     hidden_size=32, intermediate_size=32, n_layers=3, n_heads=2, n_kv_heads=1, head_dim=16,
-                     rms_norm_eps=1e-6, rope=RopeSpec(theta=10000.0), max_position_embeddings=64,
-                     tie_embeddings=False, qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=True,
-                     layer_windows=(0, 0, 0), n_experts=4000, experts_per_token=2, expert_intermediate_size=32,
-                     norm_topk_prob=True, moe_layers=(True, True, True))
+    spec = ModelSpec(
+        name="wide-moe",
+        architecture="Qwen3MoeForCausalLM",
+        family="qwen3",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=32,
+        n_layers=3,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope=RopeSpec(theta=10000.0),
+        max_position_embeddings=64,
+        tie_embeddings=False,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        qk_norm=True,
+        layer_windows=(0, 0, 0),
+        n_experts=4000,
+        experts_per_token=2,
+        expert_intermediate_size=32,
+        norm_topk_prob=True,
+        moe_layers=(True, True, True),
+    )
     names = list(expected_shapes(spec))
     assert len(names) > 36_000
     plan = make_plan(spec, "host", "gguf", 64, gguf_types={n: "F32" if n.endswith("norm") else "Q8_0" for n in names})

@@ -15,27 +15,30 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 # A few KB of varied text: prose, unicode (accents, CJK, emoji, RTL), digits and numbers, runs of
 # spaces, tabs and newlines, code, markup, and the model's special tokens written in the text.
-TEXT = "\n".join([
-    "The quick brown fox jumps over the lazy dog. It's 3:45pm; we'll see—won't we?",
-    "Prices: $1,234.56 (€999), 10% off; call +1-800-555-0199 or 0042 000 123456789.",
-    "Ünïcödé: naïve café, Straße, Ærøskøbing, Łódź, ĳ, ﬁ, Å vs Å (NFC/NFD).",
-    "日本語のテキストと中文文本，한국어 텍스트; Ελληνικά, русский, עברית, العربية.",
-    "Emoji 🙂👍🏽 🇫🇷 and symbols ∑∫√∞ ≠ ≤ → ← © ® ™ ° ± ×÷ ‰.",
-    "    four spaces, then\ttab\t\tdouble tab,   three spaces   and trailing   ",
-    "",
-    "",
-    "two blank lines above\r\nwindows newline\rold mac",
-    "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
-    "for (int i = 0; i < 10; ++i) { printf(\"%d\\n\", i * 2); }  // C",
-    "<div class=\"x\">&amp; &lt;tag&gt;</div> {\"json\": [1, 2.5e-3, true, null]}",
-    "SELECT name, COUNT(*) FROM users WHERE age >= 21 GROUP BY name;",
-    "1234567890 12 345 6789 3.14159 2,718 1e10 0x1F 0b1010 007",
-    "I'M SHOUTING, you're whispering; they've gone, she'd say, I'll stay, it's done.",
-    "<|im_start|>user\nHi there!<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>",
-    "<|endoftext|> ends a document; <repo_name>colibri<file_sep>README.md",
-    "Mixed1234numbers and words2gether, snake_case_names, camelCaseNames, kebab-case-names.",
-    "Tabs\tand\tspaces \t mixed \t\t  here.\n\n\n\nFour newlines above.",
-] * 4)
+TEXT = "\n".join(
+    [
+        "The quick brown fox jumps over the lazy dog. It's 3:45pm; we'll see—won't we?",
+        "Prices: $1,234.56 (€999), 10% off; call +1-800-555-0199 or 0042 000 123456789.",
+        "Ünïcödé: naïve café, Straße, Ærøskøbing, Łódź, ĳ, ﬁ, Å vs Å (NFC/NFD).",
+        "日本語のテキストと中文文本，한국어 텍스트; Ελληνικά, русский, עברית, العربية.",
+        "Emoji 🙂👍🏽 🇫🇷 and symbols ∑∫√∞ ≠ ≤ → ← © ® ™ ° ± ×÷ ‰.",
+        "    four spaces, then\ttab\t\tdouble tab,   three spaces   and trailing   ",
+        "",
+        "",
+        "two blank lines above\r\nwindows newline\rold mac",
+        "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+        'for (int i = 0; i < 10; ++i) { printf("%d\\n", i * 2); }  // C',
+        '<div class="x">&amp; &lt;tag&gt;</div> {"json": [1, 2.5e-3, true, null]}',
+        "SELECT name, COUNT(*) FROM users WHERE age >= 21 GROUP BY name;",
+        "1234567890 12 345 6789 3.14159 2,718 1e10 0x1F 0b1010 007",
+        "I'M SHOUTING, you're whispering; they've gone, she'd say, I'll stay, it's done.",
+        "<|im_start|>user\nHi there!<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>",
+        "<|endoftext|> ends a document; <repo_name>colibri<file_sep>README.md",
+        "Mixed1234numbers and words2gether, snake_case_names, camelCaseNames, kebab-case-names.",
+        "Tabs\tand\tspaces \t mixed \t\t  here.\n\n\n\nFour newlines above.",
+    ]
+    * 4
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +64,9 @@ def transformers_model(path):
     assert config.pop("model_type") == "llama"
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).to(torch.float32).eval()
     tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in tensors.items()},
-                                                strict=False)
+    missing, unexpected = model.load_state_dict(
+        {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in tensors.items()}, strict=False
+    )
     assert unexpected == [] and set(missing) <= {"lm_head.weight"}
     model.tie_weights()
     return model
@@ -71,8 +75,14 @@ def transformers_model(path):
 def test_the_file_is_the_pinned_smollm2(smollm2):
     checkpoint = load_gguf(smollm2, load_tensors=False)
     spec = checkpoint.spec
-    assert (spec.architecture, spec.n_layers, spec.hidden_size, spec.n_heads, spec.n_kv_heads, spec.vocab_size) == \
-        ("LlamaForCausalLM", 30, 576, 9, 3, 49152)
+    assert (spec.architecture, spec.n_layers, spec.hidden_size, spec.n_heads, spec.n_kv_heads, spec.vocab_size) == (
+        "LlamaForCausalLM",
+        30,
+        576,
+        9,
+        3,
+        49152,
+    )
     assert spec.tie_embeddings and spec.rope.theta == 100000.0 and spec.rms_norm_eps == 1e-5
     assert Counter(checkpoint.tensor_types.values()) == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
     assert checkpoint.tensor_types["embed"] == "Q8_0"
@@ -98,23 +108,29 @@ def test_the_f32_firmware_answers_as_transformers_does(smollm2, hf_tokenizer, bu
     import torch
 
     checkpoint = load_gguf(smollm2, load_tensors=False)
-    prompt = hf_tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True,
-                                              chat_template=checkpoint.chat_template)
+    prompt = hf_tokenizer.apply_chat_template(
+        QUESTION, add_generation_prompt=True, tokenize=True, chat_template=checkpoint.chat_template
+    )
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-    rendered = hf_tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False,
-                                                chat_template=checkpoint.chat_template)
+    rendered = hf_tokenizer.apply_chat_template(
+        QUESTION, add_generation_prompt=True, tokenize=False, chat_template=checkpoint.chat_template
+    )
     assert Tokenizer.for_model(smollm2).encode(rendered) == prompt
 
     steps = 8
     model = transformers_model(smollm2)
     with torch.no_grad():
-        hf = model.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)[0, len(prompt):].tolist()
+        hf = model.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)[0, len(prompt) :].tolist()
     # The weights are transformers' own, bit for bit: Q4_1 and Q8_0 decoded, Q/K rows un-permuted.
     ours = load_gguf(smollm2).tensors
     theirs = model.state_dict()
-    for name, hf_name in (("embed", "model.embed_tokens.weight"), ("layers.0.wq", "model.layers.0.self_attn.q_proj.weight"),
-                          ("layers.29.wk", "model.layers.29.self_attn.k_proj.weight"),
-                          ("layers.7.w_down", "model.layers.7.mlp.down_proj.weight"), ("final_norm", "model.norm.weight")):
+    for name, hf_name in (
+        ("embed", "model.embed_tokens.weight"),
+        ("layers.0.wq", "model.layers.0.self_attn.q_proj.weight"),
+        ("layers.29.wk", "model.layers.29.self_attn.k_proj.weight"),
+        ("layers.7.w_down", "model.layers.7.mlp.down_proj.weight"),
+        ("final_norm", "model.norm.weight"),
+    ):
         assert np.array_equal(ours[name].load().view(np.uint32), theirs[hf_name].numpy().view(np.uint32)), name
     del ours, theirs
     _, plan, _, result = builder.run(smollm2, prompt, steps, quant="f32", ctx=64)

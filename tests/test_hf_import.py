@@ -11,8 +11,16 @@ from generator.model.hf.load import parse_config, read_json
 from generator.model.hf.safetensors_io import load_f32, read_header
 from generator.model.load import load_model
 
-BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 100,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 
 
 def cfg(**over):
@@ -55,15 +63,18 @@ def test_generation_config_overrides_end_of_sequence_ids():
     assert spec.eos_token_ids == (2, 7)
 
 
-@pytest.mark.parametrize("bad,message", [
-    ({"hidden_size": True}, "must be an integer"),
-    ({"hidden_size": 65}, "not divisible by num_attention_heads"),
-    ({"num_key_value_heads": 3}, "not divisible by num_key_value_heads"),
-    ({"vocab_size": None}, "missing required integer 'vocab_size'"),
-    ({"hidden_act": "gelu"}, "unsupported hidden_act"),
-    ({"architectures": ["LlamaForCausalLM", "Other"]}, "must name one architecture"),
-    ({"eos_token_id": 500}, "outside the vocabulary"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ({"hidden_size": True}, "must be an integer"),
+        ({"hidden_size": 65}, "not divisible by num_attention_heads"),
+        ({"num_key_value_heads": 3}, "not divisible by num_key_value_heads"),
+        ({"vocab_size": None}, "missing required integer 'vocab_size'"),
+        ({"hidden_act": "gelu"}, "unsupported hidden_act"),
+        ({"architectures": ["LlamaForCausalLM", "Other"]}, "must name one architecture"),
+        ({"eos_token_id": 500}, "outside the vocabulary"),
+    ],
+)
 def test_inconsistent_configs_are_refused(bad, message):
     with pytest.raises(ColibriError, match=message):
         parse_config(cfg(**bad), "m")
@@ -99,22 +110,27 @@ def test_bfloat16_and_float16_convert_exactly(tmp_path):
     assert np.array_equal(load_f32(path, header["b"]), values.reshape(2, 2))
 
 
-@pytest.mark.parametrize("case,message", [
-    ("trailing", "trailing bytes"),
-    ("overlap", "overlaps"),
-    ("hole", "unused bytes"),
-    ("size", "do not hold shape"),
-    ("dtype", "unsupported dtype"),
-    ("header_len", "runs past the end"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("trailing", "trailing bytes"),
+        ("overlap", "overlaps"),
+        ("hole", "unused bytes"),
+        ("size", "do not hold shape"),
+        ("dtype", "unsupported dtype"),
+        ("header_len", "runs past the end"),
+    ],
+)
 def test_broken_safetensors_are_refused(tmp_path, case, message):
     path = tmp_path / "t.safetensors"
     data = np.zeros(4, np.float32).tobytes()
     if case == "trailing":
         write_safetensors(path, {"a": ("F32", [4], data)}, extra=b"xx")
     elif case == "overlap":
-        hdr = {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-               "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}
+        hdr = {
+            "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+            "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
+        }
         write_safetensors(path, {}, raw_header=json.dumps(hdr).encode(), extra=data)
     elif case == "hole":
         hdr = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}

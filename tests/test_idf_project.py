@@ -49,7 +49,9 @@ class Project:
         return (self.root / rel).read_text()
 
     def files(self) -> dict[str, bytes]:
-        return {p.relative_to(self.root).as_posix(): p.read_bytes() for p in sorted(self.root.rglob("*")) if p.is_file()}
+        return {
+            p.relative_to(self.root).as_posix(): p.read_bytes() for p in sorted(self.root.rglob("*")) if p.is_file()
+        }
 
 
 def make_project(board, model: Path, where: Path, quant="q8_0", ctx=None) -> Project:
@@ -75,17 +77,34 @@ PROJECTS = ["kjv-tiny", "qwen2"]
 
 # ---- The board file ----
 
+
 def test_board_file_describes_the_p4_with_idf(board):
-    assert board.runner.needs_port and board.runner.kind == "serial" and board.weights == "partition" and board.bsp == BOARD
+    assert (
+        board.runner.needs_port
+        and board.runner.kind == "serial"
+        and board.weights == "partition"
+        and board.bsp == BOARD
+    )
     regions = {r.name: r for r in board.memory}
-    assert (regions["l2mem"].kind, regions["l2mem"].base, set(regions["l2mem"].holds)) == \
-        ("sram", 0x4FF00000, {"code", "rope_tables"})
+    assert (regions["l2mem"].kind, regions["l2mem"].base, set(regions["l2mem"].holds)) == (
+        "sram",
+        0x4FF00000,
+        {"code", "rope_tables"},
+    )
     assert regions["l2mem"].base + regions["l2mem"].size == 0x4FFC0000
-    assert (regions["psram"].kind, regions["psram"].base, regions["psram"].size, set(regions["psram"].holds)) == \
-        ("psram", 0x48000000, 32 << 20, {"expanded_weights", "kv_cache", "scratch"})
+    assert (regions["psram"].kind, regions["psram"].base, regions["psram"].size, set(regions["psram"].holds)) == (
+        "psram",
+        0x48000000,
+        32 << 20,
+        {"expanded_weights", "kv_cache", "scratch"},
+    )
     assert (regions["flash"].kind, regions["flash"].base, regions["flash"].holds) == ("flash", 0x40000000, ("weights",))
     placed = [c for r in board.memory for c in r.holds]
-    assert sorted(placed) == sorted(set(placed)) == sorted(["code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables"])
+    assert (
+        sorted(placed)
+        == sorted(set(placed))
+        == sorted(["code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables"])
+    )
     assert "-mabi=ilp32f" in board.cflags and "-ffp-contract=off" in board.cflags
     assert any(f.startswith("-march=rv32imafc") for f in board.cflags)
 
@@ -99,17 +118,22 @@ def test_board_file_describes_the_p4_with_idf(board):
     assert s.supported_revisions == (3,) and s.min_revision == 301 and s.cpu_mhz == 400
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d["flash"].update(supported_revisions=[1, 3]), "not both"),
-    (lambda d: d["flash"].update(min_revision=100), "min_revision 100"),
-    (lambda d: d["idf"].update(cpu_mhz=400) or d["flash"].update(supported_revisions=[1], min_revision=100),
-     "cpu_mhz 400"),
-    (lambda d: d["flash"]["images"].pop(), "no entry named 'weights'"),
-    (lambda d: d["flash"]["images"][3].update(offset=0x208000), "64 KiB boundaries"),
-    (lambda d: d["flash"].update(size="3MB"), "flash size '3MB'"),
-    (lambda d: d["idf"].update(uart_num=1), "uart_num must be 0"),
-    (lambda d: d["idf"]["sdkconfig"].update(IDF_TARGET="esp32"), None),  # checked when rendering
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d["flash"].update(supported_revisions=[1, 3]), "not both"),
+        (lambda d: d["flash"].update(min_revision=100), "min_revision 100"),
+        (
+            lambda d: d["idf"].update(cpu_mhz=400) or d["flash"].update(supported_revisions=[1], min_revision=100),
+            "cpu_mhz 400",
+        ),
+        (lambda d: d["flash"]["images"].pop(), "no entry named 'weights'"),
+        (lambda d: d["flash"]["images"][3].update(offset=0x208000), "64 KiB boundaries"),
+        (lambda d: d["flash"].update(size="3MB"), "flash size '3MB'"),
+        (lambda d: d["idf"].update(uart_num=1), "uart_num must be 0"),
+        (lambda d: d["idf"]["sdkconfig"].update(IDF_TARGET="esp32"), None),  # checked when rendering
+    ],
+)
 def test_malformed_idf_settings_are_refused_with_the_reason(board, change, message):
     data = tomllib.loads(board.path.read_text())
     change(data)
@@ -124,6 +148,7 @@ def test_malformed_idf_settings_are_refused_with_the_reason(board, change, messa
 
 
 # ---- The project's files ----
+
 
 @pytest.mark.parametrize("name", PROJECTS)
 def test_partition_table_is_aligned_disjoint_and_holds_the_image(name, projects, board):
@@ -169,14 +194,19 @@ def test_sdkconfig_defaults_set_psram_clock_optimisation_watchdog_and_partitions
         "IDF_TARGET": '"esp32p4"',
         "ESP32P4_SELECTS_REV_LESS_V3": "n",  # ESP-IDF 5.5.2 defaulted it to y: v3.x chips need it off
         "ESP32P4_REV_MIN_301": "y",
-        "SPIRAM": "y", "SPIRAM_MODE_HEX": "y", "SPIRAM_ALLOW_BSS_SEG_EXTERNAL_MEMORY": "y",
+        "SPIRAM": "y",
+        "SPIRAM_MODE_HEX": "y",
+        "SPIRAM_ALLOW_BSS_SEG_EXTERNAL_MEMORY": "y",
         "ESP_DEFAULT_CPU_FREQ_MHZ_400": "y",
         "COMPILER_OPTIMIZATION_PERF": "y",
         "ESP_TASK_WDT_EN": "n",
-        "PARTITION_TABLE_CUSTOM": "y", "PARTITION_TABLE_CUSTOM_FILENAME": '"partitions.csv"',
+        "PARTITION_TABLE_CUSTOM": "y",
+        "PARTITION_TABLE_CUSTOM_FILENAME": '"partitions.csv"',
         "PARTITION_TABLE_OFFSET": "0x8000",
-        "ESPTOOLPY_FLASHMODE_DIO": "y", "ESPTOOLPY_FLASHSIZE_16MB": "y",
-        "ESP_CONSOLE_UART_DEFAULT": "y", "ESP_CONSOLE_UART_BAUDRATE": "115200",
+        "ESPTOOLPY_FLASHMODE_DIO": "y",
+        "ESPTOOLPY_FLASHSIZE_16MB": "y",
+        "ESP_CONSOLE_UART_DEFAULT": "y",
+        "ESP_CONSOLE_UART_BAUDRATE": "115200",
         "APP_REPRODUCIBLE_BUILD": "y",
     }
     assert {k: cfg.get(k) for k in required} == required
@@ -210,15 +240,17 @@ def test_cmake_files_list_every_copied_source_and_the_idf_pieces(name, projects,
     on_disk = sorted(f.relative_to(p.root / "main").as_posix() for f in (p.root / "main").rglob("*.c"))
     assert sorted(srcs) == on_disk and len(srcs) == len(set(srcs))
     src = REPO / "firmware_src"
-    expected = ([f"colibri/runtime/{f.name}" for f in (src / "runtime").glob("*.c")]
-                + [f"colibri/runtime/kernels/{k}.c" for k in board.kernels]
-                + [f"colibri/runtime/parallel/{board.parallel}.c"]
-                + [f"colibri/app/{f.name}" for f in (src / "app").glob("*.c")]
-                + ["colibri/bsp/esp32p4-idf/main.c", "colibri/generated/model_data.c"])
+    expected = (
+        [f"colibri/runtime/{f.name}" for f in (src / "runtime").glob("*.c")]
+        + [f"colibri/runtime/kernels/{k}.c" for k in board.kernels]
+        + [f"colibri/runtime/parallel/{board.parallel}.c"]
+        + [f"colibri/app/{f.name}" for f in (src / "app").glob("*.c")]
+        + ["colibri/bsp/esp32p4-idf/main.c", "colibri/generated/model_data.c"]
+    )
     assert sorted(srcs) == sorted(expected)
     for rel in srcs:  # hand-written files are copied unchanged; generated ones are the generator's
         copy = p.root / "main" / rel
-        origin = (p.gen / copy.name) if "/generated/" in rel else src / rel[len("colibri/"):]
+        origin = (p.gen / copy.name) if "/generated/" in rel else src / rel[len("colibri/") :]
         assert copy.read_bytes() == origin.read_bytes(), rel
     # Every header the copied sources include is there too.
     for c in (p.root / "main").rglob("*.[ch]"):
@@ -231,7 +263,11 @@ def test_cmake_files_list_every_copied_source_and_the_idf_pieces(name, projects,
     assert (p.root / "main" / inc_dir / "model_def.h").read_bytes() == (p.gen / "model_def.h").read_bytes()
     assert {"esp_partition", "esp_driver_uart", "esp_timer"} <= set(cmake_block(main, "REQUIRES"))
     opts = re.search(r"target_compile_options\(\$\{COMPONENT_LIB\} PRIVATE(.*?)\)", main, re.S).group(1).split()
-    assert "-ffp-contract=off" in opts and "-fno-fast-math" in opts and not any("fast-math" in o and o != "-fno-fast-math" for o in opts)
+    assert (
+        "-ffp-contract=off" in opts
+        and "-fno-fast-math" in opts
+        and not any("fast-math" in o and o != "-fno-fast-math" for o in opts)
+    )
     assert 'esptool_py_flash_to_partition(flash "weights" "${PROJECT_DIR}/weights.bin")' in main
 
     (fragment,) = cmake_block(main, "LDFRAGMENTS")
@@ -252,8 +288,12 @@ def test_weights_and_flash_args_say_what_goes_where(name, projects, board):
     assert first == "--flash-mode dio --flash-freq 80m --flash-size 16MB"
     written = {int(off, 16): path for off, path in (r.split() for r in rows)}
     s = board.idf
-    assert written == {0x2000: "build/bootloader/bootloader.bin", 0x8000: "build/partition_table/partition-table.bin",
-                       0x10000: "build/colibri_fw.bin", s.images["weights"].offset: "weights.bin"}
+    assert written == {
+        0x2000: "build/bootloader/bootloader.bin",
+        0x8000: "build/partition_table/partition-table.bin",
+        0x10000: "build/colibri_fw.bin",
+        s.images["weights"].offset: "weights.bin",
+    }
     for offset, path in written.items():  # the same files, seen from the build directory
         assert any(img.offset == offset and img.file == f"{s.project_dir}/{path}" for img in s.images.values())
     readme = p.text("README.txt")
@@ -288,7 +328,7 @@ def test_regenerating_replaces_stale_copies_but_leaves_idf_outputs(board, tmp_pa
     idf_out = p.root / "build" / "colibri_fw.bin"
     idf_out.parent.mkdir()
     idf_out.write_bytes(b"\xe9app")
-    (p.root / "sdkconfig").write_text("CONFIG_IDF_TARGET=\"esp32p4\"\n")
+    (p.root / "sdkconfig").write_text('CONFIG_IDF_TARGET="esp32p4"\n')
     before = p.files()
     del before["main/colibri/runtime/kernels/old_kernel.c"]
     write_project(board, p.plan, p.gen, p.root, REPO)
@@ -321,6 +361,7 @@ def test_inputs_that_do_not_match_are_refused(board, projects, tmp_path):
         write_project(board, p.plan, tmp_path / "gen", tmp_path / "out", REPO)
     # An image of the same layout from another generation (other weights) than model_data.c.
     from damaged_images import header
+
     image = (p.gen / "weights.img").read_bytes()
     image = header(image, "model_hash", bytes(b ^ 0xFF for b in read_header(image).model_hash))
     (tmp_path / "gen" / "weights.img").write_bytes(bytes(image))
@@ -330,6 +371,7 @@ def test_inputs_that_do_not_match_are_refused(board, projects, tmp_path):
 
 
 # ---- The C sources, for the P4's ISA ----
+
 
 def needs_idf(path: Path) -> bool:
     return bool(re.search(r'#include "(esp_|driver/|freertos/)', path.read_text()))
@@ -348,8 +390,11 @@ def test_portable_sources_compile_for_the_p4_with_the_board_flags(name, std, pro
     flags = list(board.cflags) + ([std] if std != "board" else [])
     for source in portable:
         obj = tmp_path / (source.stem + ".o")
-        done = subprocess.run([RISCV_CC, *flags, "-I", str(p.root / "main/colibri/generated"), "-c", str(source),
-                               "-o", str(obj)], capture_output=True, text=True)
+        done = subprocess.run(
+            [RISCV_CC, *flags, "-I", str(p.root / "main/colibri/generated"), "-c", str(source), "-o", str(obj)],
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0, f"{source.name}: {done.stderr}"
         head = obj.read_bytes()[:52]
         assert head[:4] == b"\x7fELF" and head[4] == 1  # ELF32
@@ -532,14 +577,31 @@ def simulated(projects, tmp_path_factory):
     main = p.root / "main"
     sources = sorted(main.rglob("*.c")) + [where / "stubs.c"]
     exe = where / "firmware"
-    subprocess.run(["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-fno-fast-math",
-                    "-I", str(where / "include"), "-I", str(main / "colibri/generated"), *map(str, sources), "-lm",
-                    "-o", str(exe)], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-std=c11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-ffp-contract=off",
+            "-fno-fast-math",
+            "-I",
+            str(where / "include"),
+            "-I",
+            str(main / "colibri/generated"),
+            *map(str, sources),
+            "-lm",
+            "-o",
+            str(exe),
+        ],
+        check=True,
+    )
     return p, exe
 
 
-def run_simulated(exe: Path, partition: bytes | None, stdin: bytes, tmp_path: Path, label="weights",
-                  silent_reads=0):
+def run_simulated(exe: Path, partition: bytes | None, stdin: bytes, tmp_path: Path, label="weights", silent_reads=0):
     part = tmp_path / "partition.bin"
     if partition is not None:
         part.write_bytes(partition)
@@ -555,8 +617,9 @@ def run_simulated(exe: Path, partition: bytes | None, stdin: bytes, tmp_path: Pa
 
 
 def acks_in(exe: Path, partition: bytes, stdin: bytes, tmp_path: Path) -> list[int]:
-    env = dict(os.environ, COLIBRI_PARTITION=str(tmp_path / "partition.bin"), COLIBRI_LABEL="weights",
-               COLIBRI_SILENT_READS="0")
+    env = dict(
+        os.environ, COLIBRI_PARTITION=str(tmp_path / "partition.bin"), COLIBRI_LABEL="weights", COLIBRI_SILENT_READS="0"
+    )
     (tmp_path / "partition.bin").write_bytes(partition)
     done = subprocess.run([str(exe)], input=stdin, capture_output=True, env=env, timeout=120)
     return [f.int("bytes") for f in FrameReader().feed(done.stdout) if f.kind == "ack"]
@@ -598,41 +661,55 @@ def test_bsp_serves_requests_one_after_another(simulated, tmp_path):
     p, exe = simulated
     image = (p.root / "weights.bin").read_bytes()
     frames = run_simulated(exe, image, request_line([5, 6], 2) + request_line([7], 3, seed=9), tmp_path)
-    assert [f.kind for f in frames] == ["hello", "token", "token", "stats", "done", "token", "token", "token",
-                                        "stats", "done"]
+    assert [f.kind for f in frames] == [
+        "hello",
+        "token",
+        "token",
+        "stats",
+        "done",
+        "token",
+        "token",
+        "token",
+        "stats",
+        "done",
+    ]
 
 
 def test_bsp_repeats_its_hello_while_idle_so_a_late_host_sees_one(simulated, tmp_path, board):
     p, exe = simulated
     assert board.idf.idle_hello_ms == 2000
-    frames = run_simulated(exe, (p.root / "weights.bin").read_bytes(), request_line([8], 1), tmp_path,
-                           silent_reads=5)  # 5 s of silence: hellos at 2 s and 4 s
+    frames = run_simulated(
+        exe, (p.root / "weights.bin").read_bytes(), request_line([8], 1), tmp_path, silent_reads=5
+    )  # 5 s of silence: hellos at 2 s and 4 s
     assert [f.kind for f in frames] == ["hello", "hello", "hello", "token", "stats", "done"]
     assert frames[1].fields == frames[0].fields and frames[1].seq > 0  # not mistaken for a reset
 
 
-@pytest.mark.parametrize("case, code, words", [
-    ("no partition", 1, "no weights partition"),
-    ("truncated", 2, "truncated"),
-    ("header only", 2, "truncated"),
-    ("tiny", 2, "truncated"),
-    ("other model", 13, "another model"),
-])
-def test_bsp_reports_a_bad_or_missing_partition_and_repeats_it_for_each_request(simulated, tmp_path, case, code,
-                                                                                words):
+@pytest.mark.parametrize(
+    "case, code, words",
+    [
+        ("no partition", 1, "no weights partition"),
+        ("truncated", 2, "truncated"),
+        ("header only", 2, "truncated"),
+        ("tiny", 2, "truncated"),
+        ("other model", 13, "another model"),
+    ],
+)
+def test_bsp_reports_a_bad_or_missing_partition_and_repeats_it_for_each_request(simulated, tmp_path, case, code, words):
     p, exe = simulated
     image = bytearray((p.root / "weights.bin").read_bytes())
     label = "weights"
     if case == "no partition":
         label, partition = "other", bytes(image)
     elif case == "truncated":
-        partition = bytes(image[:len(image) // 2])
+        partition = bytes(image[: len(image) // 2])
     elif case == "header only":
         partition = bytes(image[:128])
     elif case == "tiny":  # too small to hold a header: the length field is not even read
         partition = bytes(image[:100])
     else:  # a valid image of another model: same layout, other hash and a fixed CRC
         from damaged_images import header
+
         image = bytes(image)
         partition = header(image, "model_hash", bytes(b ^ 0xFF for b in read_header(image).model_hash))
     frames = run_simulated(exe, partition, request_line([1, 2], 2), tmp_path, label)
@@ -654,6 +731,7 @@ def test_bsp_refuses_an_overlong_or_corrupted_request_line_and_keeps_serving(sim
 
 
 # ---- ESP-IDF itself ----
+
 
 def test_without_esp_idf_find_idf_is_none_and_idf_build_says_so(projects, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
@@ -679,7 +757,10 @@ def fake_idf(where: Path, body: str) -> Path:
 
 def test_idf_build_runs_idf_py_build_in_the_project(projects, tmp_path, monkeypatch):
     log = tmp_path / "args.txt"
-    fake_idf(tmp_path / "bin", f"pathlib.Path({str(log)!r}).write_text(' '.join(sys.argv[1:]))\nprint('Project build complete.')")
+    fake_idf(
+        tmp_path / "bin",
+        f"pathlib.Path({str(log)!r}).write_text(' '.join(sys.argv[1:]))\nprint('Project build complete.')",
+    )
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     monkeypatch.delenv("IDF_PATH", raising=False)
     assert find_idf() == tmp_path / "bin" / "idf.py"
@@ -695,9 +776,12 @@ def test_idf_build_runs_idf_py_build_in_the_project(projects, tmp_path, monkeypa
 
 
 def test_a_failing_idf_build_is_one_clear_line(projects, tmp_path, monkeypatch):
-    fake_idf(tmp_path / "bin", "print('-- Building ESP-IDF components for target esp32p4')\n"
-             "print('colibri/app/decode.c:12:5: error: unknown type name foo')\nprint('ninja: build stopped')\n"
-             "sys.exit(2)")
+    fake_idf(
+        tmp_path / "bin",
+        "print('-- Building ESP-IDF components for target esp32p4')\n"
+        "print('colibri/app/decode.c:12:5: error: unknown type name foo')\nprint('ninja: build stopped')\n"
+        "sys.exit(2)",
+    )
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     with pytest.raises(ColibriError) as e:
         idf_build(projects["kjv-tiny"].root)

@@ -14,8 +14,12 @@ PROMPT = [1, 5, 9]
 
 
 def run_with_image(program, image_path):
-    out = subprocess.run([str(program), "--weights", str(image_path)], input=request_frame(RunRequest(PROMPT, 2)),
-                         capture_output=True, timeout=60)
+    out = subprocess.run(
+        [str(program), "--weights", str(image_path)],
+        input=request_frame(RunRequest(PROMPT, 2)),
+        capture_output=True,
+        timeout=60,
+    )
     reader = FrameReader()
     reader.feed(out.stdout)
     return out.returncode, reader.frames

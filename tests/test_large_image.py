@@ -14,8 +14,24 @@ import pytest
 from conftest import REPO, run_cli
 
 PROMPT = "1,17,400,3,250"
-SHAPE = ["--layers", "3", "--experts", "128", "--top-k", "2", "--expert-ffn", "3584", "--heads", "16",
-         "--kv-heads", "4", "--vocab", "1024", "--seed", "5"]
+SHAPE = [
+    "--layers",
+    "3",
+    "--experts",
+    "128",
+    "--top-k",
+    "2",
+    "--expert-ffn",
+    "3584",
+    "--heads",
+    "16",
+    "--kv-heads",
+    "4",
+    "--vocab",
+    "1024",
+    "--seed",
+    "5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +39,17 @@ def large(tmp_path_factory):
     """The GGUF file and its host build; removed afterwards (14 GB with the aarch64 build)."""
     root = tmp_path_factory.mktemp("large-image")
     model = root / "moe-4.8g.gguf"
-    done = subprocess.run([sys.executable, str(REPO / "tools" / "make_moe_gguf.py"), str(model), *SHAPE],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "make_moe_gguf.py"), str(model), *SHAPE],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr
     out = root / "host"
-    done = run_cli("build", "--board", "host", "--model", model, "--quant", "gguf", "--ctx", "64", "--out", out,
-                   timeout=1800)
+    done = run_cli(
+        "build", "--board", "host", "--model", model, "--quant", "gguf", "--ctx", "64", "--out", out, timeout=1800
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     yield model, out
     shutil.rmtree(root, ignore_errors=True)
@@ -38,8 +59,12 @@ def experts_past_2_32(out, expert_counts) -> list[str]:
     """The routed experts a run used whose bytes lie past 2^32 in the image."""
     plan = json.loads((out / "generated" / "plan.json").read_text())
     start = {t["name"]: plan["image"]["data_offset"] + t["offset"] for t in plan["tensors"]}
-    return [f"layers.{layer}.experts.{e}" for layer, counts in expert_counts.items() for e, n in enumerate(counts)
-            if n and start[f"layers.{layer}.experts.{e}.w_down"] >= 2**32]
+    return [
+        f"layers.{layer}.experts.{e}"
+        for layer, counts in expert_counts.items()
+        for e, n in enumerate(counts)
+        if n and start[f"layers.{layer}.experts.{e}.w_down"] >= 2**32
+    ]
 
 
 def test_an_image_past_4_gib_builds_with_64_bit_constants_and_a_readable_header(large):
@@ -61,8 +86,27 @@ def test_an_image_past_4_gib_builds_with_64_bit_constants_and_a_readable_header(
 @pytest.mark.parametrize("budget", ["0", "1G"])
 def test_experts_past_2_32_decode_the_references_bits_on_host(large, budget):
     model, out = large
-    done = run_cli("verify", "--board", "host", "--model", model, "--quant", "gguf", "--ctx", "64", "--out", out,
-                   "--prompt-ids", PROMPT, "--steps", "4", "--memory-budget", budget, "--json", timeout=1200)
+    done = run_cli(
+        "verify",
+        "--board",
+        "host",
+        "--model",
+        model,
+        "--quant",
+        "gguf",
+        "--ctx",
+        "64",
+        "--out",
+        out,
+        "--prompt-ids",
+        PROMPT,
+        "--steps",
+        "4",
+        "--memory-budget",
+        budget,
+        "--json",
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["pass"], result
@@ -73,9 +117,27 @@ def test_experts_past_2_32_decode_the_references_bits_on_linux_aarch64(large, tm
     model, _ = large
     out = tmp_path_factory.mktemp("large-aarch64") / "build"
     try:
-        done = run_cli("verify", "--board", "linux-aarch64", "--model", model, "--quant", "gguf", "--ctx", "64",
-                       "--out", out, "--prompt-ids", PROMPT, "--steps", "2", "--memory-budget", "1G", "--json",
-                       timeout=2400)
+        done = run_cli(
+            "verify",
+            "--board",
+            "linux-aarch64",
+            "--model",
+            model,
+            "--quant",
+            "gguf",
+            "--ctx",
+            "64",
+            "--out",
+            out,
+            "--prompt-ids",
+            PROMPT,
+            "--steps",
+            "2",
+            "--memory-budget",
+            "1G",
+            "--json",
+            timeout=2400,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         result = json.loads(done.stdout)
         assert result["pass"], result

@@ -26,26 +26,35 @@ def run_session(*raw: bytes) -> Session:
     return session
 
 
-@pytest.mark.parametrize("fields,message", [
-    ({"step": 0, "id": -5}, "id=-5 is below 0"),
-    ({"step": 0}, "no 'id' field"),
-    ({"step": 0, "id": "1_0"}, "is not an integer"),
-    ({"step": 0, "id": "١٢"}, "is not an integer"),  # Arabic-Indic digits: int() would take them
-    ({"step": 0, "id": 100}, "outside its vocabulary"),
-])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"step": 0, "id": -5}, "id=-5 is below 0"),
+        ({"step": 0}, "no 'id' field"),
+        ({"step": 0, "id": "1_0"}, "is not an integer"),
+        ({"step": 0, "id": "١٢"}, "is not an integer"),  # Arabic-Indic digits: int() would take them
+        ({"step": 0, "id": 100}, "outside its vocabulary"),
+    ],
+)
 def test_fields_of_a_crc_valid_frame_are_parsed_strictly(fields, message):
     with pytest.raises(ColibriError, match=message):
         run_session(HELLO, encode_frame(1, "token", fields))
 
 
 def test_a_layers_expert_counts_may_span_frames_and_must_add_up():
-    session = run_session(HELLO, encode_frame(1, "experts", {"layer": 2, "first": 0, "of": 5, "counts": "1,2,3"}),
-                          encode_frame(2, "experts", {"layer": 2, "first": 3, "of": 5, "counts": "4,5"}),
-                          encode_frame(3, "done", {"tokens": 0, "reason": "length"}))
+    session = run_session(
+        HELLO,
+        encode_frame(1, "experts", {"layer": 2, "first": 0, "of": 5, "counts": "1,2,3"}),
+        encode_frame(2, "experts", {"layer": 2, "first": 3, "of": 5, "counts": "4,5"}),
+        encode_frame(3, "done", {"tokens": 0, "reason": "length"}),
+    )
     assert session.result.expert_counts == {2: [1, 2, 3, 4, 5]}
     with pytest.raises(ColibriError, match="sent only 3 of 5 expert counts for layer 2"):
-        run_session(HELLO, encode_frame(1, "experts", {"layer": 2, "first": 0, "of": 5, "counts": "1,2,3"}),
-                    encode_frame(2, "done", {"tokens": 0, "reason": "length"}))
+        run_session(
+            HELLO,
+            encode_frame(1, "experts", {"layer": 2, "first": 0, "of": 5, "counts": "1,2,3"}),
+            encode_frame(2, "done", {"tokens": 0, "reason": "length"}),
+        )
     with pytest.raises(ColibriError, match="do not follow"):
         run_session(HELLO, encode_frame(1, "experts", {"layer": 2, "first": 3, "of": 5, "counts": "4,5"}))
 
@@ -69,13 +78,20 @@ def test_runaway_output_without_newlines_keeps_the_buffer_bounded():
 def test_a_firmware_writing_much_to_stderr_still_finishes(tmp_path):
     """Its stderr pipe used to stay unread until the end: 256 KiB of it stalled the run."""
     fake = tmp_path / "firmware.py"
-    frames_out = b"".join([HELLO, encode_frame(1, "token", {"step": 0, "id": 7}),
-                           encode_frame(2, "stats", {"prompt": 1, "decode": 0}),
-                           encode_frame(3, "done", {"tokens": 1, "reason": "length"})])
-    fake.write_text("import sys\n"
-                    "sys.stdin.buffer.read()\n"
-                    "sys.stderr.buffer.write(b'noise ' * 50000); sys.stderr.flush()\n"
-                    f"sys.stdout.buffer.write({frames_out!r}); sys.stdout.flush()\n")
+    frames_out = b"".join(
+        [
+            HELLO,
+            encode_frame(1, "token", {"step": 0, "id": 7}),
+            encode_frame(2, "stats", {"prompt": 1, "decode": 0}),
+            encode_frame(3, "done", {"tokens": 1, "reason": "length"}),
+        ]
+    )
+    fake.write_text(
+        "import sys\n"
+        "sys.stdin.buffer.read()\n"
+        "sys.stderr.buffer.write(b'noise ' * 50000); sys.stderr.flush()\n"
+        f"sys.stdout.buffer.write({frames_out!r}); sys.stdout.flush()\n"
+    )
     result = run_process([sys.executable, str(fake)], b"request\n", Session(), timeout=20)
     assert result.tokens == [7]
 
@@ -88,9 +104,23 @@ def protocol_harness(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("protocol") / "protocol_harness"
     app, runtime = REPO / "firmware_src" / "app", REPO / "firmware_src" / "runtime"
-    subprocess.run(["gcc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{app}",
-                    str(REPO / "tests" / "c" / "protocol_harness.c"), str(app / "protocol.c"), str(runtime / "checksum.c"),
-                    "-o", str(out)], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-std=c11",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{app}",
+            str(REPO / "tests" / "c" / "protocol_harness.c"),
+            str(app / "protocol.c"),
+            str(runtime / "checksum.c"),
+            "-o",
+            str(out),
+        ],
+        check=True,
+    )
     return out
 
 
@@ -126,13 +156,24 @@ def test_fuzzing_the_host_reader_and_session_yields_clear_errors_only():
     CRC-valid frames; the Session may refuse a run only with a ColibriError (never a traceback)."""
     import random
 
-    run = b"".join([HELLO, encode_frame(1, "token", {"step": 0, "id": 7, "logits": "ab"}),
-                    encode_frame(2, "experts", {"layer": 0, "first": 0, "of": 3, "counts": "1,0,2"}),
-                    encode_frame(3, "stats", {"prompt": 1, "decode": 0}),
-                    encode_frame(4, "done", {"tokens": 1, "reason": "length"})])
-    corpus = [run, run.replace(b"id=7", b"id=-5"), encode_frame(1, "token", {"step": 0}),
-              encode_frame(1, "token", {"step": 0, "id": "1_0"}), encode_frame(7, "token", {"step": 3})[:20] + HELLO,
-              b"x" * 5000 + run, encode_frame(1, "experts", {"layer": 0, "first": 2, "of": 3, "counts": "9"})]
+    run = b"".join(
+        [
+            HELLO,
+            encode_frame(1, "token", {"step": 0, "id": 7, "logits": "ab"}),
+            encode_frame(2, "experts", {"layer": 0, "first": 0, "of": 3, "counts": "1,0,2"}),
+            encode_frame(3, "stats", {"prompt": 1, "decode": 0}),
+            encode_frame(4, "done", {"tokens": 1, "reason": "length"}),
+        ]
+    )
+    corpus = [
+        run,
+        run.replace(b"id=7", b"id=-5"),
+        encode_frame(1, "token", {"step": 0}),
+        encode_frame(1, "token", {"step": 0, "id": "1_0"}),
+        encode_frame(7, "token", {"step": 3})[:20] + HELLO,
+        b"x" * 5000 + run,
+        encode_frame(1, "experts", {"layer": 0, "first": 2, "of": 3, "counts": "9"}),
+    ]
     rng = random.Random(14)
     for i in range(4000):
         data = bytearray(rng.choice(corpus))
@@ -144,13 +185,13 @@ def test_fuzzing_the_host_reader_and_session_yields_clear_errors_only():
             elif op == 1:
                 data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 8)))
             else:
-                del data[at:at + rng.randrange(1, 8)]
+                del data[at : at + rng.randrange(1, 8)]
         reader, session = FrameReader(), Session()
         pos = 0
         try:
             while pos < len(data):
                 step = rng.randrange(1, 300)
-                for frame in reader.feed(bytes(data[pos:pos + step])):
+                for frame in reader.feed(bytes(data[pos : pos + step])):
                     assert parse_frame(encode_frame(frame.seq, frame.kind, frame.fields).rstrip(b"\n")) == frame
                     if not session.finished:
                         session.handle(frame)

@@ -16,9 +16,19 @@ from generator.compile.pipeline import generate
 RUNTIME = REPO / "firmware_src" / "runtime"
 C_TESTS = REPO / "tests" / "c"
 
-TINY = {"architectures": ["LlamaForCausalLM"], "vocab_size": 40, "hidden_size": 32, "intermediate_size": 32,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32,
-        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2}
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 40,
+    "hidden_size": 32,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 32,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 
 def tiny_model(path, seed):
@@ -26,12 +36,19 @@ def tiny_model(path, seed):
 
     rng = np.random.default_rng(seed)
     d, f, v = 32, 32, 40
-    shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,),
-              "model.layers.0.input_layernorm.weight": (d,), "model.layers.0.post_attention_layernorm.weight": (d,),
-              "model.layers.0.self_attn.q_proj.weight": (d, d), "model.layers.0.self_attn.k_proj.weight": (16, d),
-              "model.layers.0.self_attn.v_proj.weight": (16, d), "model.layers.0.self_attn.o_proj.weight": (d, d),
-              "model.layers.0.mlp.gate_proj.weight": (f, d), "model.layers.0.mlp.up_proj.weight": (f, d),
-              "model.layers.0.mlp.down_proj.weight": (d, f)}
+    shapes = {
+        "model.embed_tokens.weight": (v, d),
+        "model.norm.weight": (d,),
+        "model.layers.0.input_layernorm.weight": (d,),
+        "model.layers.0.post_attention_layernorm.weight": (d,),
+        "model.layers.0.self_attn.q_proj.weight": (d, d),
+        "model.layers.0.self_attn.k_proj.weight": (16, d),
+        "model.layers.0.self_attn.v_proj.weight": (16, d),
+        "model.layers.0.self_attn.o_proj.weight": (d, d),
+        "model.layers.0.mlp.gate_proj.weight": (f, d),
+        "model.layers.0.mlp.up_proj.weight": (f, d),
+        "model.layers.0.mlp.down_proj.weight": (d, f),
+    }
     path.mkdir(parents=True)
     save_file({k: rng.normal(0, 0.5, s).astype(np.float32) for k, s in shapes.items()}, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(TINY))
@@ -47,7 +64,9 @@ def images(tmp_path_factory):
     other = generate(tiny_model(root / "other", 2), host, "q8_0", 16, root / "other-gen")
     f32 = generate(root / "model", host, "f32", 16, root / "f32-gen")
     blob = (root / "gen" / "weights.img").read_bytes()
-    table = cases(blob, (root / "other-gen" / "weights.img").read_bytes(), (root / "f32-gen" / "weights.img").read_bytes())
+    table = cases(
+        blob, (root / "other-gen" / "weights.img").read_bytes(), (root / "f32-gen" / "weights.img").read_bytes()
+    )
     table["empty"] = (b"", 1)
     files = {}
     for name, (image, code) in table.items():
@@ -69,7 +88,9 @@ def moe_images(tmp_path_factory, checkpoints):
     generate(checkpoints("qwen3_moe", seed=99), host, "q8_0", 16, root / "other-gen")
     generate(checkpoints("qwen3_moe"), host, "f32", 16, root / "f32-gen")
     blob = (root / "gen" / "weights.img").read_bytes()
-    table = cases(blob, (root / "other-gen" / "weights.img").read_bytes(), (root / "f32-gen" / "weights.img").read_bytes())
+    table = cases(
+        blob, (root / "other-gen" / "weights.img").read_bytes(), (root / "f32-gen" / "weights.img").read_bytes()
+    )
     table.update(routed_expert_cases(blob))
     files = {}
     for name, (image, code) in table.items():
@@ -80,10 +101,29 @@ def moe_images(tmp_path_factory, checkpoints):
 
 def build(root, name, cc, flags):
     out = root / name
-    sources = [C_TESTS / "loader_harness.c", RUNTIME / "image_loader.c", RUNTIME / "checksum.c", RUNTIME / "weights.c",
-               RUNTIME / "tensor_table.c", root / "gen" / "model_data.c"]
-    cmd = [cc, "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", f"-I{RUNTIME}", f"-I{root / 'gen'}", *flags,
-           *map(str, sources), "-o", str(out)]
+    sources = [
+        C_TESTS / "loader_harness.c",
+        RUNTIME / "image_loader.c",
+        RUNTIME / "checksum.c",
+        RUNTIME / "weights.c",
+        RUNTIME / "tensor_table.c",
+        root / "gen" / "model_data.c",
+    ]
+    cmd = [
+        cc,
+        "-std=c11",
+        "-O1",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        f"-I{RUNTIME}",
+        f"-I{root / 'gen'}",
+        *flags,
+        *map(str, sources),
+        "-o",
+        str(out),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return out
@@ -91,8 +131,12 @@ def build(root, name, cc, flags):
 
 def check_table(harness, root, files):
     names = sorted(files)
-    done = subprocess.run([str(harness), str(root / "gen" / "weights.img"), *(str(files[n][0]) for n in names)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(harness), str(root / "gen" / "weights.img"), *(str(files[n][0]) for n in names)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     codes = [int(c) for c in done.stdout.split()]
     assert codes[0] == 0, "the valid image must load"
@@ -104,8 +148,12 @@ def check_table_resident(harness, root, files):
     """Opening checks the resident tensors only; every code of the table still comes, at open or when
     the damaged expert is first brought in, and an expert's damage only then."""
     names = sorted(files)
-    done = subprocess.run([str(harness), "--resident", str(root / "gen" / "weights.img"),
-                           *(str(files[n][0]) for n in names)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(harness), "--resident", str(root / "gen" / "weights.img"), *(str(files[n][0]) for n in names)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [tuple(map(int, line.split())) for line in done.stdout.splitlines()]
     assert rows[0] == (0, 0), "the valid image must load"
@@ -147,8 +195,12 @@ def test_moe_image_table_checked_at_open_and_at_first_use_under_asan_and_ubsan(m
 
 def test_loader_built_32_bit(images):
     root, files = images
-    harness = build(root, "harness-m32", "gcc", ["-m32", "-msse2", "-mfpmath=sse", "-fsanitize=undefined",
-                                                  "-fno-sanitize-recover=all"])
+    harness = build(
+        root,
+        "harness-m32",
+        "gcc",
+        ["-m32", "-msse2", "-mfpmath=sse", "-fsanitize=undefined", "-fno-sanitize-recover=all"],
+    )
     assert harness.read_bytes()[4] == 1, "ELFCLASS32"
     check_table(harness, root, files)
     check_table_resident(harness, root, files)
@@ -167,12 +219,32 @@ def fuzz(root, files, tmp_path, seconds):
     clang = shutil.which("clang-14") or shutil.which("clang")
     assert clang, "clang is installed by ./colibri test (tests/apt-packages.txt)"
     fuzzer = tmp_path / "fuzz_loader"
-    sources = [C_TESTS / "fuzz_loader.c", RUNTIME / "image_loader.c", RUNTIME / "checksum.c", RUNTIME / "weights.c",
-               RUNTIME / "tensor_table.c", root / "gen" / "model_data.c"]
-    done = subprocess.run([clang, "-std=c11", "-g", "-O1", "-fsanitize=fuzzer,address,undefined",
-                           "-fno-sanitize-recover=all", "-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION",
-                           f"-I{RUNTIME}", f"-I{root / 'gen'}", *map(str, sources), "-o", str(fuzzer)],
-                          capture_output=True, text=True)
+    sources = [
+        C_TESTS / "fuzz_loader.c",
+        RUNTIME / "image_loader.c",
+        RUNTIME / "checksum.c",
+        RUNTIME / "weights.c",
+        RUNTIME / "tensor_table.c",
+        root / "gen" / "model_data.c",
+    ]
+    done = subprocess.run(
+        [
+            clang,
+            "-std=c11",
+            "-g",
+            "-O1",
+            "-fsanitize=fuzzer,address,undefined",
+            "-fno-sanitize-recover=all",
+            "-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION",
+            f"-I{RUNTIME}",
+            f"-I{root / 'gen'}",
+            *map(str, sources),
+            "-o",
+            str(fuzzer),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     seeds = tmp_path / "seeds"
     corpus = tmp_path / "corpus"
@@ -183,9 +255,21 @@ def fuzz(root, files, tmp_path, seconds):
         shutil.copy(path, seeds / name)
     # libFuzzer's RSS limit is off: Linux carries the peak RSS over exec, so the fuzzer would inherit
     # the test process's; the per-allocation limit still catches a runaway allocation.
-    run = subprocess.run([str(fuzzer), str(corpus), str(seeds), f"-max_total_time={seconds}", "-seed=1", "-rss_limit_mb=0",
-                          "-malloc_limit_mb=1024", f"-artifact_prefix={tmp_path}/"], capture_output=True, text=True,
-                         timeout=180)
+    run = subprocess.run(
+        [
+            str(fuzzer),
+            str(corpus),
+            str(seeds),
+            f"-max_total_time={seconds}",
+            "-seed=1",
+            "-rss_limit_mb=0",
+            "-malloc_limit_mb=1024",
+            f"-artifact_prefix={tmp_path}/",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Done" in run.stderr and not list(tmp_path.glob("crash-*"))
 

@@ -51,39 +51,85 @@ def tree(root: Path, cgroup: str, files: dict[str, str], available_kib: int | No
 V1_LINES = "9:name=systemd:/\n4:memory:/jobs/run7\n1:cpu:/\n0::/\n"
 TREES = {
     # name: (cgroup file, files under sys/fs/cgroup, MemAvailable KiB, expected (source, bytes, where) or None)
-    "v2 limit": ("0::/user.slice/fw.scope\n",
-                 {"user.slice/fw.scope/memory.max": "4831838208\n", "user.slice/memory.max": "max\n"}, 20 * 2**20,
-                 ("cgroup-v2", 4831838208, "/sys/fs/cgroup/user.slice/fw.scope/memory.max")),
-    "v2 nested: the parent's smaller limit": ("0::/a/b/c\n",
-                 {"a/b/c/memory.max": "8589934592\n", "a/b/memory.max": "max\n", "a/memory.max": "2147483648\n"},
-                 20 * 2**20, ("cgroup-v2", 2 * GIB, "/sys/fs/cgroup/a/memory.max")),
-    "v2 max everywhere: MemAvailable": ("0::/a\n", {"a/memory.max": "max\n"}, 3 * 2**20,
-                 ("meminfo", 3 * GIB, "/proc/meminfo")),
-    "v1 limit": (V1_LINES, {"memory/jobs/run7/memory.limit_in_bytes": "1073741824\n",
-                            "memory/jobs/memory.limit_in_bytes": NO_LIMIT_V1 + "\n",
-                            "memory/memory.limit_in_bytes": NO_LIMIT_V1 + "\n"}, 20 * 2**20,
-                 ("cgroup-v1", GIB, "/sys/fs/cgroup/memory/jobs/run7/memory.limit_in_bytes")),
-    "v1 nested: the parent's smaller limit": (V1_LINES, {"memory/jobs/run7/memory.limit_in_bytes": "4294967296\n",
-                                                         "memory/jobs/memory.limit_in_bytes": "3221225472\n"},
-                 20 * 2**20, ("cgroup-v1", 3 * GIB, "/sys/fs/cgroup/memory/jobs/memory.limit_in_bytes")),
-    "v1 with the memory controller mounted with others": ("3:cpu,memory:/g\n",
-                 {"memory/g/memory.limit_in_bytes": "536870912\n"}, 20 * 2**20,
-                 ("cgroup-v1", 2**29, "/sys/fs/cgroup/memory/g/memory.limit_in_bytes")),
-    "v1 no limit (2^63 - 4096): MemAvailable": (V1_LINES, {"memory/jobs/run7/memory.limit_in_bytes": NO_LIMIT_V1 + "\n",
-                                                           "memory/memory.limit_in_bytes": NO_LIMIT_V1 + "\n"},
-                 5 * 2**20, ("meminfo", 5 * GIB, "/proc/meminfo")),
-    "hybrid: v1 memory and a v2 tree without it": ("0::/user.slice\n4:memory:/user.slice\n",
-                 {"unified/user.slice/cgroup.procs": "", "memory/user.slice/memory.limit_in_bytes": "6442450944\n"},
-                 20 * 2**20, ("cgroup-v1", 6 * GIB, "/sys/fs/cgroup/memory/user.slice/memory.limit_in_bytes")),
-    "a container: its own cgroup mounted as the root": ("4:memory:/docker/0123abcd\n",
-                 {"memory/memory.limit_in_bytes": "2147483648\n"}, 20 * 2**20,
-                 ("cgroup-v1", 2 * GIB, "/sys/fs/cgroup/memory/memory.limit_in_bytes")),
-    "a limit above MemAvailable: MemAvailable": ("0::/big\n", {"big/memory.max": "34359738368\n"}, 6 * 2**20,
-                 ("meminfo", 6 * GIB, "/proc/meminfo")),
-    "a tie: the cgroup's": ("0::/t\n", {"t/memory.max": str(6 * GIB) + "\n"}, 6 * 2**20,
-                 ("cgroup-v2", 6 * GIB, "/sys/fs/cgroup/t/memory.max")),
-    "a malformed limit is no limit": ("0::/m\n", {"m/memory.max": "12 MB\n"}, 7 * 2**20,
-                 ("meminfo", 7 * GIB, "/proc/meminfo")),
+    "v2 limit": (
+        "0::/user.slice/fw.scope\n",
+        {"user.slice/fw.scope/memory.max": "4831838208\n", "user.slice/memory.max": "max\n"},
+        20 * 2**20,
+        ("cgroup-v2", 4831838208, "/sys/fs/cgroup/user.slice/fw.scope/memory.max"),
+    ),
+    "v2 nested: the parent's smaller limit": (
+        "0::/a/b/c\n",
+        {"a/b/c/memory.max": "8589934592\n", "a/b/memory.max": "max\n", "a/memory.max": "2147483648\n"},
+        20 * 2**20,
+        ("cgroup-v2", 2 * GIB, "/sys/fs/cgroup/a/memory.max"),
+    ),
+    "v2 max everywhere: MemAvailable": (
+        "0::/a\n",
+        {"a/memory.max": "max\n"},
+        3 * 2**20,
+        ("meminfo", 3 * GIB, "/proc/meminfo"),
+    ),
+    "v1 limit": (
+        V1_LINES,
+        {
+            "memory/jobs/run7/memory.limit_in_bytes": "1073741824\n",
+            "memory/jobs/memory.limit_in_bytes": NO_LIMIT_V1 + "\n",
+            "memory/memory.limit_in_bytes": NO_LIMIT_V1 + "\n",
+        },
+        20 * 2**20,
+        ("cgroup-v1", GIB, "/sys/fs/cgroup/memory/jobs/run7/memory.limit_in_bytes"),
+    ),
+    "v1 nested: the parent's smaller limit": (
+        V1_LINES,
+        {"memory/jobs/run7/memory.limit_in_bytes": "4294967296\n", "memory/jobs/memory.limit_in_bytes": "3221225472\n"},
+        20 * 2**20,
+        ("cgroup-v1", 3 * GIB, "/sys/fs/cgroup/memory/jobs/memory.limit_in_bytes"),
+    ),
+    "v1 with the memory controller mounted with others": (
+        "3:cpu,memory:/g\n",
+        {"memory/g/memory.limit_in_bytes": "536870912\n"},
+        20 * 2**20,
+        ("cgroup-v1", 2**29, "/sys/fs/cgroup/memory/g/memory.limit_in_bytes"),
+    ),
+    "v1 no limit (2^63 - 4096): MemAvailable": (
+        V1_LINES,
+        {
+            "memory/jobs/run7/memory.limit_in_bytes": NO_LIMIT_V1 + "\n",
+            "memory/memory.limit_in_bytes": NO_LIMIT_V1 + "\n",
+        },
+        5 * 2**20,
+        ("meminfo", 5 * GIB, "/proc/meminfo"),
+    ),
+    "hybrid: v1 memory and a v2 tree without it": (
+        "0::/user.slice\n4:memory:/user.slice\n",
+        {"unified/user.slice/cgroup.procs": "", "memory/user.slice/memory.limit_in_bytes": "6442450944\n"},
+        20 * 2**20,
+        ("cgroup-v1", 6 * GIB, "/sys/fs/cgroup/memory/user.slice/memory.limit_in_bytes"),
+    ),
+    "a container: its own cgroup mounted as the root": (
+        "4:memory:/docker/0123abcd\n",
+        {"memory/memory.limit_in_bytes": "2147483648\n"},
+        20 * 2**20,
+        ("cgroup-v1", 2 * GIB, "/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+    ),
+    "a limit above MemAvailable: MemAvailable": (
+        "0::/big\n",
+        {"big/memory.max": "34359738368\n"},
+        6 * 2**20,
+        ("meminfo", 6 * GIB, "/proc/meminfo"),
+    ),
+    "a tie: the cgroup's": (
+        "0::/t\n",
+        {"t/memory.max": str(6 * GIB) + "\n"},
+        6 * 2**20,
+        ("cgroup-v2", 6 * GIB, "/sys/fs/cgroup/t/memory.max"),
+    ),
+    "a malformed limit is no limit": (
+        "0::/m\n",
+        {"m/memory.max": "12 MB\n"},
+        7 * 2**20,
+        ("meminfo", 7 * GIB, "/proc/meminfo"),
+    ),
     "no cgroup file": (None, {}, 9 * 2**20, ("meminfo", 9 * GIB, "/proc/meminfo")),
     "nothing at all": (None, {}, None, None),
 }
@@ -93,9 +139,22 @@ TREES = {
 def c_rule(tmp_path_factory):
     """bsp/linux/memory_limit.c compiled alone with a harness that prints what it finds."""
     exe = tmp_path_factory.mktemp("memory_limit") / "memory_limit_harness"
-    subprocess.run(["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{REPO}/firmware_src/bsp/linux",
-                    str(REPO / "tests/c/memory_limit_harness.c"), str(REPO / "firmware_src/bsp/linux/memory_limit.c"),
-                    "-o", str(exe)], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-std=c11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{REPO}/firmware_src/bsp/linux",
+            str(REPO / "tests/c/memory_limit_harness.c"),
+            str(REPO / "firmware_src/bsp/linux/memory_limit.c"),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+    )
 
     def find(root: Path):
         out = subprocess.run([str(exe), str(root)], check=True, capture_output=True, text=True).stdout.split()
@@ -152,8 +211,11 @@ def found(nbytes: int) -> MemoryFound:
 def test_auto_gives_what_it_finds_less_the_margin_unlimited_when_the_whole_model_fits(mixtral):
     board, _, plan, c = mixtral
     k, margin = c.experts_per_token, AUTO_MARGIN_BYTES
-    for usable, slots in ((c.min_budget, k), (c.budget_for(k + 3) + 100, k + 3), (c.budget_for(c.max_slots) - 1,
-                                                                                   c.max_slots - 1)):
+    for usable, slots in (
+        (c.min_budget, k),
+        (c.budget_for(k + 3) + 100, k + 3),
+        (c.budget_for(c.max_slots) - 1, c.max_slots - 1),
+    ):
         cache = auto_cache_plan(plan, board.budget_reserve, AutoBudget(), found(usable + margin))
         assert (cache.budget, cache.slots) == (usable, slots)
         assert cache.firmware_budget == AutoBudget() and cache.to_dict()["auto"]["usable"] == usable
@@ -198,8 +260,11 @@ def test_the_firmware_resolves_auto_itself_and_says_how(mixtral):
 def test_the_firmware_refuses_auto_that_cannot_hold_the_model_in_one_frame(mixtral):
     board, art, _, _ = mixtral
     request = RunRequest([1, 5], 2, memory_budget=AutoBudget(2**50))
-    with pytest.raises(ColibriError, match=r"error 102: --memory-budget auto: meminfo \d+ B \(/proc/meminfo\) - margin "
-                                           r"1125899906842624 B = 0 B cannot hold this model: it needs at least \d+ B"):
+    with pytest.raises(
+        ColibriError,
+        match=r"error 102: --memory-budget auto: meminfo \d+ B \(/proc/meminfo\) - margin "
+        r"1125899906842624 B = 0 B cannot hold this model: it needs at least \d+ B",
+    ):
         run_on_board(board, art.program, art.weights, request, art.model_hash())
 
 
@@ -207,8 +272,13 @@ def test_a_stats_frame_with_an_unknown_auto_source_is_refused():
     session = Session()
     session.handle(parse_frame(encode_frame(0, "hello", {"proto": 3}).rstrip(b"\n")))
     with pytest.raises(ColibriError, match="auto_source='swap' is none of cgroup-v2, cgroup-v1, meminfo"):
-        session.handle(parse_frame(encode_frame(1, "stats", {"mapped": 1, "budget": 5, "auto_found": 9,
-                                                              "auto_margin": 4, "auto_source": "swap"}).rstrip(b"\n")))
+        session.handle(
+            parse_frame(
+                encode_frame(
+                    1, "stats", {"mapped": 1, "budget": 5, "auto_found": 9, "auto_margin": 4, "auto_source": "swap"}
+                ).rstrip(b"\n")
+            )
+        )
 
 
 def test_cli_refuses_a_malformed_or_too_small_auto_before_building(checkpoints, tmp_path, capsys):
@@ -224,7 +294,9 @@ def test_cli_refuses_a_malformed_or_too_small_auto_before_building(checkpoints, 
     # A margin larger than this machine's memory leaves nothing: refused here, before building.
     assert main([*base, "--memory-budget", "auto-1T"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--memory-budget auto-1T (MemAvailable" in err[0] and "is too small for mixtral_moe" in err[0]
+    assert (
+        len(err) == 1 and "--memory-budget auto-1T (MemAvailable" in err[0] and "is too small for mixtral_moe" in err[0]
+    )
     assert "- margin 1024.00 GiB = 0 B) is too small" in err[0] and "whole model" not in err[0]
     assert not out.exists(), "nothing built for a refused budget"
 
@@ -242,16 +314,38 @@ def test_report_shows_what_auto_chooses_here_and_why(checkpoints, tmp_path, caps
     assert auto["unlimited"] and auto["auto"]["whole_model"], "a tiny model under this machine's memory: unlimited"
     assert main(["report", "--model", str(model), "--ctx", "64", "--memory-budget", "auto"]) == 0
     text = capsys.readouterr().out
-    assert re.search(r"memory budget auto on this machine now: (MemAvailable|cgroup v[12] limit) [0-9.]+ GiB .* - "
-                     r"margin 128.0 MiB = .*: it holds the whole model, so unlimited", text), text
+    assert re.search(
+        r"memory budget auto on this machine now: (MemAvailable|cgroup v[12] limit) [0-9.]+ GiB .* - "
+        r"margin 128.0 MiB = .*: it holds the whole model, so unlimited",
+        text,
+    ), text
 
 
 def test_bench_reports_the_budget_the_firmware_chose(checkpoints, tmp_path, capsys):
     from generator.cli import main
 
     model = checkpoints("mixtral_moe")
-    assert main(["bench", "--model", str(model), "--ctx", "64", "--out", str(tmp_path / "out"), "--json", "--repeat",
-                 "1", "--steps", "4", "--memory-budget", "auto"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(model),
+                "--ctx",
+                "64",
+                "--out",
+                str(tmp_path / "out"),
+                "--json",
+                "--repeat",
+                "1",
+                "--steps",
+                "4",
+                "--memory-budget",
+                "auto",
+            ]
+        )
+        == 0
+    )
     budget = json.loads(capsys.readouterr().out)["memory_budget"]
     assert budget["unlimited"] and budget["auto"]["whole_model"] and budget["auto"]["source"] == find_memory().source
     assert budget["auto"]["margin"] == AUTO_MARGIN_BYTES and budget["auto"]["found"] > AUTO_MARGIN_BYTES

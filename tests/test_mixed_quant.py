@@ -15,9 +15,19 @@ PROMPT = [1, 17, 33, 90, 5]
 SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, min_p=0.01, seed=3)
 
 
-@pytest.mark.parametrize("board,quant", [("host", "q4_0"), ("linux-aarch64", "q8_0"), ("linux-aarch64", "q4_0"),
-                                         ("qemu-rv32", "q8_0"), ("qemu-rv32", "q4_0"), ("host", "q4_1"),
-                                         ("linux-aarch64", "q4_1"), ("qemu-rv32", "q4_1")])
+@pytest.mark.parametrize(
+    "board,quant",
+    [
+        ("host", "q4_0"),
+        ("linux-aarch64", "q8_0"),
+        ("linux-aarch64", "q4_0"),
+        ("qemu-rv32", "q8_0"),
+        ("qemu-rv32", "q4_0"),
+        ("host", "q4_1"),
+        ("linux-aarch64", "q4_1"),
+        ("qemu-rv32", "q4_1"),
+    ],
+)
 def test_kept_f32_matrices_decode_the_reference_bits_on_every_board(board, quant, checkpoints, builder):
     model = checkpoints("qwen3_moe_odd_experts")
     art, plan, request, result = builder.run(model, PROMPT, 16, quant=quant, sampling=SAMPLED, board=board)

@@ -11,8 +11,15 @@ from generator.model.gguf import is_gguf
 from generator.model.load import companion_files, config_only_spec, generation_config, load_model
 
 GENERATOR = Path(__file__).resolve().parent.parent / "generator"
-MODEL_FILE_NAMES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                    "chat_template.jinja", "model.safetensors", "model.safetensors.index.json"}
+MODEL_FILE_NAMES = {
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "model.safetensors",
+    "model.safetensors.index.json",
+}
 
 
 def literals(path: Path) -> set[str]:
@@ -20,13 +27,20 @@ def literals(path: Path) -> set[str]:
     a piece of a message's f-string."""
     tree = ast.parse(path.read_text())
     in_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
-    return {node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in in_fstrings}
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in in_fstrings
+    }
 
 
 def test_only_the_model_stage_names_a_models_files():
-    found = {f"{p.relative_to(GENERATOR)}: {name}" for p in sorted(GENERATOR.rglob("*.py"))
-             if p.relative_to(GENERATOR).parts[0] != "model" for name in literals(p) & MODEL_FILE_NAMES}
+    found = {
+        f"{p.relative_to(GENERATOR)}: {name}"
+        for p in sorted(GENERATOR.rglob("*.py"))
+        if p.relative_to(GENERATOR).parts[0] != "model"
+        for name in literals(p) & MODEL_FILE_NAMES
+    }
     assert found == set()
 
 

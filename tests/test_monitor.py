@@ -47,6 +47,7 @@ def watch(board, monkeypatch):
         start = time.monotonic()
         code = monitor(board.path, 115200, out=out, duration=duration, **kwargs)
         return code, out.getvalue().splitlines(), time.monotonic() - start
+
     return run
 
 
@@ -62,17 +63,24 @@ def test_monitor_shows_the_banner_decoded_frames_and_counts_rejected_ones(board,
     code, lines, elapsed = watch(lambda b: b.write(stream))
     assert code == 0
     assert lines[0].startswith(f"-- monitoring {board.path} at 115200 baud")
-    assert lines[1:1 + len(BANNER)] == ["| " + line.decode().rstrip("\r\n") for line in BANNER]
-    assert lines[1 + len(BANNER)] == ("[0] hello: board fake-p4, firmware 0.1.0, llama q8_0, ctx 64, vocab 512, "
-                                      f"kernels scalar, proto 1, model {MODEL[:16]}…")
+    assert lines[1 : 1 + len(BANNER)] == ["| " + line.decode().rstrip("\r\n") for line in BANNER]
+    assert lines[1 + len(BANNER)] == (
+        "[0] hello: board fake-p4, firmware 0.1.0, llama q8_0, ctx 64, vocab 512, "
+        f"kernels scalar, proto 1, model {MODEL[:16]}…"
+    )
     assert "[1] token: step 0, id 100, logits 0000000000000000…" in lines
-    assert any(line.startswith("!! corrupted frame rejected (CRC or format): @CLB 2 token step=1 id=10' ") for line in lines)
+    assert any(
+        line.startswith("!! corrupted frame rejected (CRC or format): @CLB 2 token step=1 id=10' ") for line in lines
+    )
     assert "!! 1 frame(s) lost before frame 3" in lines
     assert "[3] token: step 2, id 114, logits " + parse_frame(frames[2].strip()).fields["logits"][:16] + "…" in lines
     assert "[6] done: 4 tokens, reason length" in lines
     assert any(line.startswith("[5] stats: prompt=3 prefill_us=10") for line in lines)
-    assert re.fullmatch(r"-- stopped after 0\.[67] s \(duration\): 6 frames, 1 rejected \(corrupted\), 1 lost, "
-                        r"0 resets, 0 error frames", lines[-1]), lines[-1]
+    assert re.fullmatch(
+        r"-- stopped after 0\.[67] s \(duration\): 6 frames, 1 rejected \(corrupted\), 1 lost, "
+        r"0 resets, 0 error frames",
+        lines[-1],
+    ), lines[-1]
     assert 0.6 <= elapsed <= 0.6 + SLACK
 
 
@@ -98,8 +106,9 @@ def test_monitor_reports_a_reset(board, watch):
 def test_monitor_names_firmware_for_another_model(board, watch):
     code, lines, _ = watch(lambda b: b.write(hello(model=OTHER_MODEL)), expected_model=MODEL[:16])
     assert code == 1
-    assert f"!! this firmware is for model {OTHER_MODEL[:16]}…, expected {MODEL[:16]} (flash the matching build)" \
-        in lines
+    assert (
+        f"!! this firmware is for model {OTHER_MODEL[:16]}…, expected {MODEL[:16]} (flash the matching build)" in lines
+    )
     assert "1 hello(s) for another model" in lines[-1]
 
 
@@ -119,7 +128,11 @@ def test_monitor_json_lines(board, watch):
     assert records[1]["text"] == "ESP-ROM:esp32p4"
     assert records[2]["kind"] == "hello" and records[2]["fields"]["model"] == MODEL and records[2]["seq"] == 0
     assert records[4] == {"type": "lost", "t": records[4]["t"], "count": 1, "before_seq": 2}
-    assert records[5]["fields"] == {"step": "1", "id": "107", "logits": parse_frame(token(2, 1).strip()).fields["logits"]}
+    assert records[5]["fields"] == {
+        "step": "1",
+        "id": "107",
+        "logits": parse_frame(token(2, 1).strip()).fields["logits"],
+    }
     assert records[6]["text"] == "\x1b[0;32mI (5) ok\x1b[0m"
     summary = records[-1]
     assert (summary["frames"], summary["rejected"], summary["lost"], summary["exit"]) == (2, 1, 1, 0)
@@ -222,12 +235,13 @@ def test_every_command_words_a_missing_port_the_same_way():
     from generator.device.flash import _open_port
 
     messages = []
-    for open_port in (SerialLink.open, _open_port,
-                      lambda p: monitor(p, 115200, out=io.StringIO(), duration=1.0)):
+    for open_port in (SerialLink.open, _open_port, lambda p: monitor(p, 115200, out=io.StringIO(), duration=1.0)):
         with pytest.raises(ColibriError) as e:
             open_port("/dev/ttyCOLIBRI-none")
         messages.append(str(e.value))
     assert len(set(messages)) == 1, messages
-    assert messages[0] == ("cannot open serial port /dev/ttyCOLIBRI-none: No such file or directory (is the board "
-                           "plugged in? ./colibri devices lists the serial ports)")
+    assert messages[0] == (
+        "cannot open serial port /dev/ttyCOLIBRI-none: No such file or directory (is the board "
+        "plugged in? ./colibri devices lists the serial ports)"
+    )
     assert "Errno" not in messages[0]

@@ -35,9 +35,13 @@ def assert_same_bits(a, b):
 
 
 def test_expf_matches_bit_for_bit_over_its_whole_range(harness):
-    x = np.concatenate([np.linspace(-100, 100, 20001, dtype=np.float32),
-                        rng.normal(0, 10, 5000).astype(np.float32),
-                        np.array([-87.0, -86.99999, 88.0, 88.5, 0.0, -0.0, 1e-30], np.float32)])
+    x = np.concatenate(
+        [
+            np.linspace(-100, 100, 20001, dtype=np.float32),
+            rng.normal(0, 10, 5000).astype(np.float32),
+            np.array([-87.0, -86.99999, 88.0, 88.5, 0.0, -0.0, 1e-30], np.float32),
+        ]
+    )
     assert_same_bits(c_floats(harness, ["expf", x.size], f32_bytes(x), x.size), numerics.expf(x))
 
 
@@ -55,7 +59,10 @@ def test_tanh_and_gelu_match_and_are_accurate(harness):
     assert_same_bits(c_floats(harness, ["gelu", x.size], f32_bytes(x), x.size), numerics.gelu_tanh(x))
     assert np.max(np.abs(numerics.tanh(x) - np.tanh(x.astype(np.float64)))) < 2e-7
     import math
-    exact = np.array([0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))) for v in x.astype(float)])
+
+    exact = np.array(
+        [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))) for v in x.astype(float)]
+    )
     assert np.max(np.abs(numerics.gelu_tanh(x) - exact) / np.maximum(1.0, np.abs(exact))) < 1e-6
 
 
@@ -79,8 +86,9 @@ def test_activation_quantization_matches(harness, n):
     assert_same_bits(np.frombuffer(raw[n:], "<f4"), d)
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536), (5, 256), (3, 288), (9, 576),
-                                       (2, 32 * 17)])
+@pytest.mark.parametrize(
+    "rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536), (5, 256), (3, 288), (9, 576), (2, 32 * 17)]
+)
 def test_q8_0_matvec_matches(harness, rows, cols):
     wq, wd = quantize_weights_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
     xq, xd = quantize_q8_0(rng.normal(0, 1, cols).astype(np.float32))
@@ -89,12 +97,15 @@ def test_q8_0_matvec_matches(harness, rows, cols):
     assert_same_bits(got, matvec_q8_0(wq, wd, xq, xd))
 
 
-@pytest.mark.parametrize("tokens,rows,cols", [(1, 9, 64), (2, 1, 32), (7, 13, 96), (8, 8, 576), (9, 5, 288),
-                                              (17, 33, 1536), (64, 3, 32 * 17)])
+@pytest.mark.parametrize(
+    "tokens,rows,cols",
+    [(1, 9, 64), (2, 1, 32), (7, 13, 96), (8, 8, 576), (9, 5, 288), (17, 33, 1536), (64, 3, 32 * 17)],
+)
 def test_batched_q8_0_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
     wq, wd = quantize_weights_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
-    xq, xd = quantize_q8_0((rng.normal(0, 1, (tokens, cols)) * rng.choice([1e-3, 1.0, 50.0], (tokens, 1)))
-                           .astype(np.float32))
+    xq, xd = quantize_q8_0(
+        (rng.normal(0, 1, (tokens, cols)) * rng.choice([1e-3, 1.0, 50.0], (tokens, 1))).astype(np.float32)
+    )
     payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
     got = c_floats(harness, ["matmul_q8_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
     for t in range(tokens):
@@ -113,7 +124,7 @@ def test_q4_0_quants_span_minus_8_to_7_and_reconstruct_within_half_a_step_except
     assert d.dtype == np.float16  # the image's binary16 scales
     err = np.abs(dequantize_q8_0(q, d) - x).reshape(40, 8, 32)
     # a step of d, widened by d's rounding to binary16 (relative 2^-11; 2^-25 for subnormals)
-    step = (np.abs(d.astype(np.float32)) * (1 + 2.0 ** -10) + 2.0 ** -24)[..., None]
+    step = (np.abs(d.astype(np.float32)) * (1 + 2.0**-10) + 2.0**-24)[..., None]
     clipped = q.reshape(40, 8, 32) == 7  # +8 steps would be needed on the side opposite m
     assert np.all(err[~clipped] <= (step * 0.5 + 1e-30).repeat(32, -1)[~clipped])
     assert np.all(err <= step)
@@ -141,7 +152,7 @@ def test_batched_q4_0_product_gives_each_token_the_matvec_bits(harness, tokens, 
 
 def test_q4_1_quants_span_min_to_max_and_reconstruct_within_half_a_step():
     x = (rng.normal(0, 1, (40, 256)) * rng.choice([1e-4, 1.0, 30.0], (40, 1))).astype(np.float32)
-    x[0, :32] = 0.0                      # a constant block: d = 0, every value is m
+    x[0, :32] = 0.0  # a constant block: d = 0, every value is m
     x[0, 32:64] = -2.5
     x[1, :32] = np.linspace(-7, -3, 32)  # all negative: m < 0, and it is the first value
     x[2, :32] = rng.normal(0, 1e-39, 32).astype(np.float32)  # a span binary16 cannot hold: d = 0
@@ -161,8 +172,12 @@ def test_q4_1_quants_span_min_to_max_and_reconstruct_within_half_a_step():
     # half a step, the rounding of d and m to binary16 (relative 2^-11, or 2^-25 for subnormals;
     # 15 steps of d's), and the float32 rounding of (x - m) * (1/d), q * d and + m on top of it
     d32, m32 = d.astype(np.float32), m.astype(np.float32)
-    slack = (np.abs(d32) * (0.5 + 15 * 2.0 ** -10) + 16 * 2.0 ** -25 + np.abs(m32) * 2.0 ** -10
-             + (np.abs(m32) + np.abs(x).reshape(40, 8, 32).max(-1)) * 2e-7)[..., None]
+    slack = (
+        np.abs(d32) * (0.5 + 15 * 2.0**-10)
+        + 16 * 2.0**-25
+        + np.abs(m32) * 2.0**-10
+        + (np.abs(m32) + np.abs(x).reshape(40, 8, 32).max(-1)) * 2e-7
+    )[..., None]
     assert np.all(err[:, :, :] <= slack + 1e-30)
 
 
@@ -194,8 +209,9 @@ def q4_1_payload(packed, d, m, xq, xd):
     return packed.tobytes() + half_bytes(d, m) + np.asarray(xq, np.int8).tobytes() + f32_bytes(xd)
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536), (9, 576), (2, 32 * 17),
-                                       (13, 32 * 9), (17, 32 * 513)])
+@pytest.mark.parametrize(
+    "rows,cols", [(1, 32), (7, 64), (250, 96), (33, 1536), (9, 576), (2, 32 * 17), (13, 32 * 9), (17, 32 * 513)]
+)
 @pytest.mark.parametrize("extreme", [False, True])
 def test_q4_1_matvec_matches_numpy_on_every_kernel_set(harness, rows, cols, extreme):
     packed, d, m = random_q4_1(rows, cols, extreme)
@@ -211,8 +227,9 @@ def test_q4_1_matvec_matches_numpy_on_every_kernel_set(harness, rows, cols, extr
 def test_batched_q4_1_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
     packed, d, m = random_q4_1(rows, cols, extreme=tokens == 3)
     xq, xd = random_activations(tokens, cols, extreme=tokens == 3)
-    got = c_floats(harness, ["matmul_q4_1", tokens, rows, cols], q4_1_payload(packed, d, m, xq, xd),
-                   tokens * rows).reshape(tokens, rows)
+    got = c_floats(
+        harness, ["matmul_q4_1", tokens, rows, cols], q4_1_payload(packed, d, m, xq, xd), tokens * rows
+    ).reshape(tokens, rows)
     for t in range(tokens):
         assert_same_bits(got[t], matvec_q4_1(unpack_q4_1(packed), d, m, xq[t], xd[t]))
 
@@ -228,10 +245,38 @@ def test_q4_1_product_is_the_dot_product_of_its_dequantized_weights_to_float32_a
 # The SIMD f32 kernels put one row per vector lane (8 on AVX2, 4 on NEON) and work in groups of
 # rows and in column blocks of 8 or 4: these shapes cover partial row groups (1, 3, 7, 9, 17, 33
 # rows), partial column blocks (1, 5, 31, 100 columns), rows shorter than one block, and long rows.
-F32_MATVEC_SHAPES = [(1, 1), (5, 17), (64, 96), (3, 1000), (1, 5), (3, 31), (7, 8), (8, 8), (9, 100), (16, 4),
-                     (17, 33), (33, 64), (15, 7), (31, 576), (48, 1536), (2, 4099), (40, 3)]
-F32_MATMUL_SHAPES = [(1, 5, 17), (3, 64, 96), (10, 3, 1000), (2, 1, 1), (2, 17, 31), (5, 33, 100), (9, 16, 8),
-                     (4, 7, 576), (3, 40, 1536), (65, 9, 40), (7, 3, 4)]
+F32_MATVEC_SHAPES = [
+    (1, 1),
+    (5, 17),
+    (64, 96),
+    (3, 1000),
+    (1, 5),
+    (3, 31),
+    (7, 8),
+    (8, 8),
+    (9, 100),
+    (16, 4),
+    (17, 33),
+    (33, 64),
+    (15, 7),
+    (31, 576),
+    (48, 1536),
+    (2, 4099),
+    (40, 3),
+]
+F32_MATMUL_SHAPES = [
+    (1, 5, 17),
+    (3, 64, 96),
+    (10, 3, 1000),
+    (2, 1, 1),
+    (2, 17, 31),
+    (5, 33, 100),
+    (9, 16, 8),
+    (4, 7, 576),
+    (3, 40, 1536),
+    (65, 9, 40),
+    (7, 3, 4),
+]
 
 
 @pytest.mark.parametrize("tokens,rows,cols", F32_MATMUL_SHAPES)
@@ -273,7 +318,7 @@ def special_rows(rows, cols, x):
             w[r] = (rng.normal(0, 1, cols) * 1e-38).astype(np.float32)  # products below the normal range
         else:
             w[r, : cols // 2] = np.float32(1e30)
-            w[r, cols // 2: 2 * (cols // 2)] = np.float32(-1e30)
+            w[r, cols // 2 : 2 * (cols // 2)] = np.float32(-1e30)
     return w
 
 
@@ -311,12 +356,23 @@ def test_round_even_ties_to_even():
     assert list(numerics.round_even(v)) == [0.0, 2.0, 2.0, -0.0, -2.0, 126.0, 0.0]
 
 
-@pytest.mark.parametrize("n,slots,first,stride,head_dim", [
-    (1, 8, 0, 16, 16), (7, 8, 3, 32, 16), (8, 8, 5, 64, 32), (13, 16, 9, 96, 48), (5, 5, 4, 64, 64),
-    (21, 32, 30, 256, 128), (9, 12, 2, 24, 24), (3, 4, 1, 300, 300),
-    # groups of eight positions (the AVX2 scores), wrapping the ring inside a group, with a tail
-    (43, 48, 37, 64, 64), (24, 24, 7, 136, 128), (17, 20, 19, 20, 20),
-])
+@pytest.mark.parametrize(
+    "n,slots,first,stride,head_dim",
+    [
+        (1, 8, 0, 16, 16),
+        (7, 8, 3, 32, 16),
+        (8, 8, 5, 64, 32),
+        (13, 16, 9, 96, 48),
+        (5, 5, 4, 64, 64),
+        (21, 32, 30, 256, 128),
+        (9, 12, 2, 24, 24),
+        (3, 4, 1, 300, 300),
+        # groups of eight positions (the AVX2 scores), wrapping the ring inside a group, with a tail
+        (43, 48, 37, 64, 64),
+        (24, 24, 7, 136, 128),
+        (17, 20, 19, 20, 20),
+    ],
+)
 def test_attention_scores_and_mix_walk_the_ring_in_order(harness, n, slots, first, stride, head_dim):
     """Each score is q . k summed over j in order, each mixed value sums p_i v_i over positions in
     order, position i at ring slot (first + i) % slots: every kernel set, every head size (the
@@ -327,8 +383,11 @@ def test_attention_scores_and_mix_walk_the_ring_in_order(harness, n, slots, firs
     p = numerics.softmax(rng.normal(0, 2, n).astype(np.float32))
     scale = np.float32(1 / np.sqrt(head_dim))
     ring = [(first + i) % slots for i in range(n)]
-    raw = run_harness(harness, ["attention", n, slots, first, stride, head_dim, float.hex(float(scale))],
-                      f32_bytes(keys, values, q, p))
+    raw = run_harness(
+        harness,
+        ["attention", n, slots, first, stride, head_dim, float.hex(float(scale))],
+        f32_bytes(keys, values, q, p),
+    )
     got = np.frombuffer(raw, "<f4")
     assert got.size == n + head_dim
     want_scores = numerics.dot(keys[ring, :head_dim], q[None, :], axis=1) * scale
@@ -418,7 +477,9 @@ def test_q4_0_matvec_follows_the_tree_at_every_length(harness, rows, nb):
     assert np.signbit(got[-1]) and got[-1] == 0.0
 
 
-@pytest.mark.parametrize("tokens,rows,nb", [(2, 3, 1), (9, 33, 7), (8, 8, 9), (13, 17, 17), (64, 5, 18), (3, 2, 131), (2, 3, 520)])
+@pytest.mark.parametrize(
+    "tokens,rows,nb", [(2, 3, 1), (9, 33, 7), (8, 8, 9), (13, 17, 17), (64, 5, 18), (3, 2, 131), (2, 3, 520)]
+)
 def test_batched_products_follow_the_tree(harness, tokens, rows, nb):
     wq, wd, xq, xd = extreme_q8_0_operands(rows, nb, tokens)
     payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)

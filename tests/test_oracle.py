@@ -25,7 +25,7 @@ def test_f32_firmware_matches_transformers(kind, checkpoints, builder, tmp_path)
     # transformers sees the prompt and the firmware's own tokens: position len(PROMPT)-1+i predicts step i.
     ids = torch.tensor([PROMPT + result.tokens[:-1]])
     with torch.no_grad():
-        hf = load_hf(model_dir)(ids).logits[0, len(PROMPT) - 1:].numpy()
+        hf = load_hf(model_dir)(ids).logits[0, len(PROMPT) - 1 :].numpy()
     assert hf.shape == fw.shape
     for step in range(STEPS):
         scale = np.abs(hf[step]).max()
@@ -35,8 +35,11 @@ def test_f32_firmware_matches_transformers(kind, checkpoints, builder, tmp_path)
 
 
 @pytest.mark.parametrize("kind", sorted(ORACLE_CONFIGS))
-@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(0.9, top_k=40, top_p=0.95, min_p=0.01, seed=7)],
-                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingParams(), SamplingParams(0.9, top_k=40, top_p=0.95, min_p=0.01, seed=7)],
+    ids=["greedy", "sampled"],
+)
 def test_q8_0_firmware_is_bit_identical_to_the_reference(kind, sampling, checkpoints, builder):
     model_dir = checkpoints(kind)
     art, plan, request, result = builder.run(model_dir, PROMPT, STEPS, quant="q8_0", sampling=sampling)
@@ -68,7 +71,7 @@ def test_sharded_bfloat16_checkpoint_imports_and_matches_transformers(checkpoint
     art, plan, request, result = builder.run(model_dir, PROMPT, 4, quant="f32", logits_out=logits_file)
     fw = np.fromfile(logits_file, dtype="<f4").reshape(4, plan.spec.vocab_size)
     with torch.no_grad():
-        hf = load_hf(model_dir)(torch.tensor([PROMPT + result.tokens[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
+        hf = load_hf(model_dir)(torch.tensor([PROMPT + result.tokens[:-1]])).logits[0, len(PROMPT) - 1 :].numpy()
     assert np.abs(fw - hf).max() <= 1e-4 * np.abs(hf).max()
 
 
@@ -83,18 +86,20 @@ def test_text_tower_of_a_gemma3_multimodal_checkpoint_matches_transformers(build
     art, plan, request, result = builder.run(model_dir, PROMPT, 12, quant="f32", logits_out=logits_file)
     assert plan.spec.architecture == "Gemma3ForConditionalGeneration" and plan.spec.post_norms
     fw = np.fromfile(logits_file, dtype="<f4").reshape(12, plan.spec.vocab_size)
-    hf_model = Gemma3ForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32,
-                                                               attn_implementation="eager").eval()
+    hf_model = Gemma3ForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     with torch.no_grad():
-        hf = hf_model(input_ids=torch.tensor([PROMPT + result.tokens[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
+        hf = hf_model(input_ids=torch.tensor([PROMPT + result.tokens[:-1]])).logits[0, len(PROMPT) - 1 :].numpy()
     assert np.abs(fw - hf).max() <= 1e-4 * np.abs(hf).max()
 
 
 @pytest.mark.parametrize("kind", ["gemma3_text", "qwen2_moe_shared", "mixtral_moe"])
 def test_gemma3_and_moe_are_bit_identical_on_qemu_rv32(kind, checkpoints, builder):
     sampling = SamplingParams(0.9, top_k=40, seed=3)
-    art, plan, request, result = builder.run(checkpoints(kind), PROMPT, 20, quant="q8_0", sampling=sampling,
-                                             board="qemu-rv32")
+    art, plan, request, result = builder.run(
+        checkpoints(kind), PROMPT, 20, quant="q8_0", sampling=sampling, board="qemu-rv32"
+    )
     ref = Reference(plan, art.weights.read_bytes()).generate(PROMPT, 20, sampling, stop_at_eos=False)
     assert result.hello["board"] == "qemu-rv32"
     assert result.tokens == ref.tokens and result.digests == ref.digests

@@ -30,6 +30,7 @@ def project(tmp_path, monkeypatch):
         path = tmp_path / "colibri.toml"
         path.write_text(text)
         return path
+
     return write
 
 
@@ -58,15 +59,18 @@ def test_clean_and_verify_release_do_not_take_the_build_defaults(project):
     assert cli.parse_args(["verify-release", "x"]).release_model is None
 
 
-@pytest.mark.parametrize("text, words", [
-    ('bord = "host"\n', "bord is not an option of any command"),
-    ('[run]\nbaud = 9600\n', "[run] baud is not an option of run"),
-    ('[frobnicate]\nsteps = 3\n', "[frobnicate] is not a command"),
-    ('steps = 0\n', "steps = 0: expected a positive integer"),
-    ('quant = "q3"\n', "choose from f32, q8_0, q4_0"),
-    ('greedy = "yes"\n', "greedy = 'yes': expected true or false"),
-    ('board = \n', "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('bord = "host"\n', "bord is not an option of any command"),
+        ("[run]\nbaud = 9600\n", "[run] baud is not an option of run"),
+        ("[frobnicate]\nsteps = 3\n", "[frobnicate] is not a command"),
+        ("steps = 0\n", "steps = 0: expected a positive integer"),
+        ('quant = "q3"\n', "choose from f32, q8_0, q4_0"),
+        ('greedy = "yes"\n', "greedy = 'yes': expected true or false"),
+        ("board = \n", "not valid TOML"),
+    ],
+)
 def test_a_bad_file_is_one_line(project, capsys, text, words):
     path = project(text)
     assert cli.main(["run", "--prompt", "x"]) == 2
@@ -109,8 +113,14 @@ def test_the_file_is_found_in_the_current_directory_then_at_the_repository_root(
 def test_a_command_run_from_a_project_directory_uses_its_file(tmp_path):
     (tmp_path / "colibri.toml").write_text(f'board = "qemu-rv32"\nmodel = "{DEFAULT_MODEL}"\n[build]\nctx = 64\n')
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-m", "generator.cli", "build", "--json", "--out", str(tmp_path / "b")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "generator.cli", "build", "--json", "--out", str(tmp_path / "b")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
     assert info["board"] == "qemu-rv32" and info["n_ctx"] == 64

@@ -12,16 +12,18 @@ from generator.errors import ColibriError
 def session_bytes():
     frames = [encode_frame(0, "hello", {"proto": 1, "model": "ab" * 32})]
     frames += [encode_frame(i + 1, "token", {"step": i, "id": 100 + i, "logits": f"{i:064x}"}) for i in range(5)]
-    frames += [encode_frame(6, "stats", {"prompt": 3, "prefill_us": 10, "decode": 4, "decode_us": 40}),
-               encode_frame(7, "done", {"tokens": 5, "reason": "length"})]
+    frames += [
+        encode_frame(6, "stats", {"prompt": 3, "prefill_us": 10, "decode": 4, "decode_us": 40}),
+        encode_frame(7, "done", {"tokens": 5, "reason": "length"}),
+    ]
     return frames
 
 
 def test_encode_decode_round_trip_with_escaped_text():
-    raw = encode_frame(3, "error", {"code": 7, "msg": "bad image: 50% * = \"ok\"\nnext"})
+    raw = encode_frame(3, "error", {"code": 7, "msg": 'bad image: 50% * = "ok"\nnext'})
     frame = parse_frame(raw.rstrip(b"\n"))
     assert frame.seq == 3 and frame.kind == "error"
-    assert frame.fields == {"code": "7", "msg": "bad image: 50% * = \"ok\"\nnext"}
+    assert frame.fields == {"code": "7", "msg": 'bad image: 50% * = "ok"\nnext'}
 
 
 def test_reader_survives_any_split_and_keeps_non_frame_lines_as_log():
@@ -32,7 +34,7 @@ def test_reader_survives_any_split_and_keeps_non_frame_lines_as_log():
         i = 0
         while i < len(stream):
             n = r.randint(1, 17)
-            reader.feed(stream[i:i + n])
+            reader.feed(stream[i : i + n])
             i += n
         assert [f.kind for f in reader.frames] == ["hello"] + ["token"] * 5 + ["stats", "done"]
         assert reader.log == ["ESP-ROM:esp32p4 boot banner", "trailing log"]

@@ -19,8 +19,9 @@ SAMPLED = SamplingParams(0.8, top_k=40, top_p=0.95, seed=5)
 
 @pytest.mark.parametrize("board,expanded", [("host", False), ("linux-aarch64", False), ("qemu-rv32", True)])
 def test_q4_0_decodes_the_reference_bits_read_in_place_or_expanded(board, expanded, builder):
-    art, plan, request, result = builder.run(DEFAULT_MODEL, PROMPT, 24, quant="q4_0", ctx=128, sampling=SAMPLED,
-                                             board=board)
+    art, plan, request, result = builder.run(
+        DEFAULT_MODEL, PROMPT, 24, quant="q4_0", ctx=128, sampling=SAMPLED, board=board
+    )
     assert plan.expand_q4 is expanded
     assert result.hello["quant"] == "q4_0"
     ref = Reference(plan, art.weights.read_bytes()).generate(PROMPT, 24, SAMPLED, stop_at_eos=False)
@@ -48,8 +49,9 @@ def test_the_plan_expands_q4_0_only_where_the_board_has_room():
     tight = replace(ram, size=used + roomy.expanded_bytes - 1)
     small = replace(rv32, memory=(tight,) + rv32.memory[1:])
     assert not plan_for_board(spec, small, "q4_0", 128).expand_q4
-    assert plan_for_board(spec, replace(rv32, memory=(replace(tight, size=tight.size + 1),) + rv32.memory[1:]),
-                          "q4_0", 128).expand_q4
+    assert plan_for_board(
+        spec, replace(rv32, memory=(replace(tight, size=tight.size + 1),) + rv32.memory[1:]), "q4_0", 128
+    ).expand_q4
     # Boards without such a region (weights already in RAM, or a Linux process) never expand.
     assert not plan_for_board(spec, load_board("esp32p4"), "q4_0", 128).expand_q4
     assert not plan_for_board(spec, load_board("host"), "q4_0", 128).expand_q4
@@ -57,8 +59,9 @@ def test_the_plan_expands_q4_0_only_where_the_board_has_room():
 
 def test_report_says_how_q4_0_weights_are_read(builder):
     art, plan = builder.build(DEFAULT_MODEL, "q4_0", 128, "qemu-rv32")[1:]
-    done = run_cli("report", "--board", "qemu-rv32", "--model", DEFAULT_MODEL, "--quant", "q4_0", "--ctx", 128,
-                   "--json")
+    done = run_cli(
+        "report", "--board", "qemu-rv32", "--model", DEFAULT_MODEL, "--quant", "q4_0", "--ctx", 128, "--json"
+    )
     assert done.returncode == 0, done.stderr
     rep = json.loads(done.stdout)
     assert rep["q4_0_weights"].startswith("expanded to int8")
@@ -88,9 +91,20 @@ def test_a_sliding_window_smaller_than_the_batch_gives_the_reference_bits(builde
 # Rows of 10 and 27 blocks: more than the reduction tree's 8 partials (docs/numerics.md), which the
 # bundled model's rows (2 and 4 blocks) never reach; a 21-token prompt fills two groups of eight
 # tokens of the batched kernels and part of a third.
-WIDE = ("LlamaConfig", "LlamaForCausalLM", dict(
-    vocab_size=512, hidden_size=320, intermediate_size=864, num_hidden_layers=2, num_attention_heads=5,
-    num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True))
+WIDE = (
+    "LlamaConfig",
+    "LlamaForCausalLM",
+    dict(
+        vocab_size=512,
+        hidden_size=320,
+        intermediate_size=864,
+        num_hidden_layers=2,
+        num_attention_heads=5,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    ),
+)
 WIDE_PROMPT = ",".join(str((i * 37 + 3) % 512) for i in range(21))
 
 
@@ -101,12 +115,38 @@ def wide_model(tmp_path_factory):
     return make_checkpoint(WIDE, tmp_path_factory.mktemp("wide") / "wide", seed=18)
 
 
-@pytest.mark.parametrize("board,quant,threads", [("host", "q8_0", 1), ("host", "q8_0", 2), ("host", "q4_0", 1),
-                                                 ("host", "q4_0", 2), ("linux-aarch64", "q8_0", 2),
-                                                 ("linux-aarch64", "q4_0", 1), ("qemu-rv32", "q8_0", 1),
-                                                 ("qemu-rv32", "q4_0", 1)])
+@pytest.mark.parametrize(
+    "board,quant,threads",
+    [
+        ("host", "q8_0", 1),
+        ("host", "q8_0", 2),
+        ("host", "q4_0", 1),
+        ("host", "q4_0", 2),
+        ("linux-aarch64", "q8_0", 2),
+        ("linux-aarch64", "q4_0", 1),
+        ("qemu-rv32", "q8_0", 1),
+        ("qemu-rv32", "q4_0", 1),
+    ],
+)
 def test_rows_longer_than_the_reduction_tree_decode_the_reference_bits(wide_model, board, quant, threads, tmp_path):
-    done = run_cli("verify", "--board", board, "--model", wide_model, "--quant", quant, "--threads", threads,
-                   "--prompt-ids", WIDE_PROMPT, "--steps", 8, "--ctx", 64, "--out", tmp_path / "build")
+    done = run_cli(
+        "verify",
+        "--board",
+        board,
+        "--model",
+        wide_model,
+        "--quant",
+        quant,
+        "--threads",
+        threads,
+        "--prompt-ids",
+        WIDE_PROMPT,
+        "--steps",
+        8,
+        "--ctx",
+        64,
+        "--out",
+        tmp_path / "build",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout

@@ -32,8 +32,9 @@ def assert_reference_bits(art, plan, result, prompt, steps, sampling):
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("board", BOARDS)
 def test_q4_1_decodes_the_reference_bits_on_every_board(board, sampling, builder):
-    art, plan, request, result = builder.run(DEFAULT_MODEL, PROMPT, 24, quant="q4_1", ctx=128, sampling=sampling,
-                                             board=board)
+    art, plan, request, result = builder.run(
+        DEFAULT_MODEL, PROMPT, 24, quant="q4_1", ctx=128, sampling=sampling, board=board
+    )
     assert result.hello["quant"] == "q4_1"
     assert not plan.expand_q4 and plan.q4_1_weights == "read in place by the q4_1 kernels"
     assert_reference_bits(art, plan, result, PROMPT, 24, sampling)
@@ -51,8 +52,23 @@ def test_a_q4_1_mixture_of_experts_decodes_the_reference_bits_and_routing(board,
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_verify_passes_for_q4_1_with_one_and_two_threads(threads, tmp_path):
-    done = run_cli("verify", "--board", "host", "--quant", "q4_1", "--ctx", 64, "--prompt", "And God said",
-                   "--steps", 12, "--threads", threads, "--out", tmp_path / "b")
+    done = run_cli(
+        "verify",
+        "--board",
+        "host",
+        "--quant",
+        "q4_1",
+        "--ctx",
+        64,
+        "--prompt",
+        "And God said",
+        "--steps",
+        12,
+        "--threads",
+        threads,
+        "--out",
+        tmp_path / "b",
+    )
     assert done.returncode == 0, done.stderr
     assert "PASS" in done.stdout and "(q4_1," in done.stdout
 
@@ -86,9 +102,9 @@ def test_the_q4_1_image_holds_what_quantize_q4_1_gives(builder):
     tensors = load_model(DEFAULT_MODEL).tensors
     packed, d, m = quantize_q4_1(tensors["layers.0.wq"].load())
     nb = t.rows * t.cols // 32
-    assert image[start:start + packed.size] == packed.tobytes()
-    assert image[start + t.scales_offset:start + t.scales_offset + 2 * nb] == d.astype("<f2").tobytes()
-    assert image[start + t.mins_offset:start + t.mins_offset + 2 * nb] == m.astype("<f2").tobytes()
+    assert image[start : start + packed.size] == packed.tobytes()
+    assert image[start + t.scales_offset : start + t.scales_offset + 2 * nb] == d.astype("<f2").tobytes()
+    assert image[start + t.mins_offset : start + t.mins_offset + 2 * nb] == m.astype("<f2").tobytes()
 
 
 def test_report_and_plan_json_name_q4_1(builder):
@@ -96,8 +112,9 @@ def test_report_and_plan_json_name_q4_1(builder):
     plan = json.loads(art.plan_json.read_text())
     assert plan["quant"] == "q4_1" and plan["q4_1_weights"] == "read in place by the q4_1 kernels"
     assert {t["dtype"] for t in plan["tensors"] if t["rows"] > 1} == {"q4_1"}
-    done = run_cli("report", "--board", "qemu-rv32", "--model", DEFAULT_MODEL, "--quant", "q4_1", "--ctx", 128,
-                   "--json")
+    done = run_cli(
+        "report", "--board", "qemu-rv32", "--model", DEFAULT_MODEL, "--quant", "q4_1", "--ctx", 128, "--json"
+    )
     assert done.returncode == 0, done.stderr
     rep = json.loads(done.stdout)
     assert rep["quant"] == "q4_1" and rep["q4_1_weights"] == "read in place by the q4_1 kernels"

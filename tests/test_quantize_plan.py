@@ -32,9 +32,17 @@ def test_q8_0_rejects_rows_that_are_not_whole_blocks():
 
 
 def spec(**over):
-    cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 250, "hidden_size": 96, "intermediate_size": 160,
-           "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_heads": 1,
-           "max_position_embeddings": 512, "tie_word_embeddings": False}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 250,
+        "hidden_size": 96,
+        "intermediate_size": 160,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    }
     cfg.update(over)
     return parse_config(cfg, "m")
 
@@ -75,9 +83,13 @@ def test_plan_scratch_and_kv_cache_sizes():
 def test_plan_json_round_trips_and_states_totals():
     plan = make_plan(spec(), "host", "q8_0", 64)
     data = json.loads(plan.to_json())
-    assert data["totals"] == {"weights": plan.image.image_bytes, "kv_cache": plan.kv_bytes,
-                              "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes,
-                              "expanded_weights": 0}
+    assert data["totals"] == {
+        "weights": plan.image.image_bytes,
+        "kv_cache": plan.kv_bytes,
+        "scratch": plan.scratch_bytes,
+        "rope_tables": plan.rope_table_bytes,
+        "expanded_weights": 0,
+    }
     assert data["kv_cache"]["slots_per_layer"] == [64, 64, 64]
     assert (data["kv_cache"]["kv_heads"], data["kv_cache"]["head_dim"]) == (1, 48)
     assert len(data["tensors"]) == len(plan.tensors)
@@ -103,4 +115,7 @@ def test_matrices_whose_rows_are_not_whole_blocks_stay_f32_and_the_rest_is_quant
     assert summary.startswith(f"3 matrices kept in f32 ({3 * down.nbytes:,} B; rows of 176 are not whole blocks of 32)")
     assert summary.endswith("layers.*.w_down")
     assert json.loads(plan.to_json())["kept_f32"] == list(plan.kept_f32)
-    assert make_plan(spec(), "host", quant, 64).kept_f32 == () and make_plan(spec(), "host", quant, 64).kept_f32_summary() is None
+    assert (
+        make_plan(spec(), "host", quant, 64).kept_f32 == ()
+        and make_plan(spec(), "host", quant, 64).kept_f32_summary() is None
+    )

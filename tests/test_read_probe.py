@@ -15,11 +15,13 @@ from generator.errors import ColibriError
 
 def test_the_bandwidth_frame_is_parsed_into_the_run_result():
     session = Session()
-    for raw in [encode_frame(0, "hello", {"proto": 1}),
-                encode_frame(1, "bandwidth", {"read_bw": 12345678901, "mib": 600, "threads": 2, "passes": 5}),
-                encode_frame(2, "token", {"step": 0, "id": 7}),
-                encode_frame(3, "stats", {"prompt": 1, "decode": 0}),
-                encode_frame(4, "done", {"tokens": 1, "reason": "length"})]:
+    for raw in [
+        encode_frame(0, "hello", {"proto": 1}),
+        encode_frame(1, "bandwidth", {"read_bw": 12345678901, "mib": 600, "threads": 2, "passes": 5}),
+        encode_frame(2, "token", {"step": 0, "id": 7}),
+        encode_frame(3, "stats", {"prompt": 1, "decode": 0}),
+        encode_frame(4, "done", {"tokens": 1, "reason": "length"}),
+    ]:
         session.handle(parse_frame(raw.rstrip(b"\n")))
     assert session.finished
     assert session.result.bandwidth == {"read_bw": "12345678901", "mib": "600", "threads": "2", "passes": "5"}
@@ -28,18 +30,26 @@ def test_the_bandwidth_frame_is_parsed_into_the_run_result():
 
 def test_the_probe_is_asked_for_only_when_the_request_says_so():
     assert parse_frame(request_frame(RunRequest([1], 4)).rstrip(b"\n")).fields.get("probe_mib") is None
-    assert parse_frame(request_frame(RunRequest([1], 4, probe_bandwidth_mib=0)).rstrip(b"\n")).fields["probe_mib"] == "0"
+    assert (
+        parse_frame(request_frame(RunRequest([1], 4, probe_bandwidth_mib=0)).rstrip(b"\n")).fields["probe_mib"] == "0"
+    )
 
 
 def test_an_mcu_board_cannot_probe_its_bandwidth(tmp_path):
     with pytest.raises(ColibriError, match="cannot measure its read bandwidth"):
-        run_on_board(load_board("qemu-rv32"), tmp_path / "fw", tmp_path / "img", RunRequest([1], 4, probe_bandwidth_mib=0),
-                     "0" * 64)
+        run_on_board(
+            load_board("qemu-rv32"),
+            tmp_path / "fw",
+            tmp_path / "img",
+            RunRequest([1], 4, probe_bandwidth_mib=0),
+            "0" * 64,
+        )
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_firmware_measures_a_plausible_bandwidth_with_the_decodes_threads_without_touching_its_peak_rss(
-        builder, threads):
+    builder, threads
+):
     board, art, plan = builder.build(DEFAULT_MODEL, ctx=64)
     plain = RunRequest([1, 5, 9], 8, stop_at_eos=False, threads=threads, digests=True)
     probed = RunRequest([1, 5, 9], 8, stop_at_eos=False, threads=threads, digests=True, probe_bandwidth_mib=64)

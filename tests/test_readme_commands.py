@@ -20,7 +20,7 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 def command_rows() -> dict[str, tuple[str, str]]:
     """docs/commands.md's commands table: command name -> (options cell, what-it-does cell)."""
-    section = COMMANDS_DOC[COMMANDS_DOC.index("# Commands"):COMMANDS_DOC.index("## Chat and eval")]
+    section = COMMANDS_DOC[COMMANDS_DOC.index("# Commands") : COMMANDS_DOC.index("## Chat and eval")]
     rows = {}
     for line in section.splitlines():
         m = re.match(r"\| `(?:\./colibri|\.venv/bin/scons) ?([a-z-]*)[^`]*` \| (.*?) \| (.*) \|$", line)
@@ -40,7 +40,8 @@ ROWS = command_rows()
 
 def test_the_readme_opens_with_its_two_commands():
     assert README.split("```sh\n", 1)[1].startswith(
-        './colibri verify --board host --model models/kjv-tiny --prompt "And God said"\n./colibri test\n```')
+        './colibri verify --board host --model models/kjv-tiny --prompt "And God said"\n./colibri test\n```'
+    )
 
 
 def test_every_command_has_a_row():
@@ -56,20 +57,22 @@ def test_each_row_lists_exactly_the_commands_options(name):
         documented |= set(FLAG.findall(ROWS[as_other.group(1)][0]))
     if name in ("run", "verify") or (as_other and as_other.group(1) in ("run", "verify")):
         # "the decoding options below": the paragraph that lists them
-        paragraph = COMMANDS_DOC[COMMANDS_DOC.index("Decoding options for `run` and `verify`"):]
+        paragraph = COMMANDS_DOC[COMMANDS_DOC.index("Decoding options for `run` and `verify`") :]
         documented |= set(FLAG.findall(paragraph.split("\n\n", 1)[0]))
     assert documented == parser_flags(COMMANDS[name]), (
         f"{name}: documented but not in the parser {sorted(documented - parser_flags(COMMANDS[name]))}; "
-        f"in the parser but not documented {sorted(parser_flags(COMMANDS[name]) - documented)}")
+        f"in the parser but not documented {sorted(parser_flags(COMMANDS[name]) - documented)}"
+    )
 
 
 def test_the_readme_has_one_line_per_command():
     """The landing page's command table: every command once, and nothing that is not a command."""
-    section = README[README.index("## Commands"):README.index("## Documentation")]
+    section = README[README.index("## Commands") : README.index("## Documentation")]
     names = re.findall(r"^\| `\./colibri ([a-z-]+)` \| [^|]+ \|$", section, flags=re.M)
     assert sorted(names) == sorted(COMMANDS), (
         f"missing {sorted(set(COMMANDS) - set(names))}, not commands {sorted(set(names) - set(COMMANDS))}, "
-        f"twice {sorted({n for n in names if names.count(n) > 1})}")
+        f"twice {sorted({n for n in names if names.count(n) > 1})}"
+    )
 
 
 def test_the_readme_names_the_test_command_ci_runs():
@@ -102,16 +105,19 @@ def test_the_documented_scons_line_runs_as_written(doc):
 
 def documented_outputs() -> dict[str, set[str]]:
     """docs/commands.md's build outputs table: board -> the paths it documents for that board."""
-    section = COMMANDS_DOC[COMMANDS_DOC.index("## Build outputs"):]
-    section = section[:section.index("\n\n", section.index("| path |"))]
+    section = COMMANDS_DOC[COMMANDS_DOC.index("## Build outputs") :]
+    section = section[: section.index("\n\n", section.index("| path |"))]
     per_board: dict[str, set[str]] = {}
     for line in section.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) != 3 or cells[0] == "path" or set(cells[0]) <= {"-"}:
             continue
         paths = [p.rstrip("/") for p in re.findall(r"`([^`]+)`", cells[0])]
-        boards = ["host", "linux-aarch64", "qemu-rv32", "esp32p4", "esp32p4-idf"] if cells[1] == "all" else \
-            [b.strip() for b in cells[1].split(",")]
+        boards = (
+            ["host", "linux-aarch64", "qemu-rv32", "esp32p4", "esp32p4-idf"]
+            if cells[1] == "all"
+            else [b.strip() for b in cells[1].split(",")]
+        )
         for board in boards:
             per_board.setdefault(board, set()).update(paths)
     return per_board
@@ -129,7 +135,7 @@ def test_the_build_outputs_table_is_what_a_build_leaves(builder, board):
 def test_every_report_row_is_explained():
     from generator.report import ROWS
 
-    table = BOARDS_DOC[BOARDS_DOC.index("| row | what |"):]
-    table = table[:table.index("\n\n")]
+    table = BOARDS_DOC[BOARDS_DOC.index("| row | what |") :]
+    table = table[: table.index("\n\n")]
     explained = set(re.findall(r"`([a-z_]+)`", "\n".join(line.split("|")[1] for line in table.splitlines()[2:])))
     assert set(ROWS) == explained

@@ -11,15 +11,18 @@ CONFIGS = REPO / "models" / "configs"
 
 
 def test_real_sizes_document_is_current():
-    done = subprocess.run([sys.executable, str(REPO / "tools" / "real_sizes.py"), "--check"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "real_sizes.py"), "--check"], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
 
 
 def test_report_of_a_config_that_does_not_fit_names_region_need_and_budget():
     done = run_cli("report", "--board", "esp32p4", "--model", CONFIGS / "smollm2-135m")
     assert done.returncode == 2
-    assert "colibri: error: smollm2-135m (q8_0, context 128) does not fit board esp32p4: region l2mem needs" in done.stderr
+    assert (
+        "colibri: error: smollm2-135m (q8_0, context 128) does not fit board esp32p4: region l2mem needs" in done.stderr
+    )
     assert "but has 393,216 B" in done.stderr
     assert "planned, not linked" in done.stdout and "weights" in done.stdout
 
@@ -44,8 +47,21 @@ def test_gemma3_270m_shaped_random_checkpoint_verifies_on_host(tmp_path):
     model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**fields)).to(torch.bfloat16)
     model.save_pretrained(tmp_path / "gemma-3-270m-random")
     del model
-    done = run_cli("verify", "--model", tmp_path / "gemma-3-270m-random", "--prompt-ids", "2,818,5279,13",
-                   "--steps", "4", "--ctx", "32", "--out", tmp_path / "build", "--json", timeout=1200)
+    done = run_cli(
+        "verify",
+        "--model",
+        tmp_path / "gemma-3-270m-random",
+        "--prompt-ids",
+        "2,818,5279,13",
+        "--steps",
+        "4",
+        "--ctx",
+        "32",
+        "--out",
+        tmp_path / "build",
+        "--json",
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["pass"] and len(result["firmware"]["tokens"]) == 4

@@ -29,8 +29,16 @@ from generator.release.signing import generate_signing_key
 BOARDS = ("host", "linux-aarch64", "qemu-rv32", "esp32p4")
 EPOCH = 1700000000  # SOURCE_DATE_EPOCH given to both builds of the rebuild test
 # What a build needs from a checkout (the rest of the working tree does not matter to it).
-CHECKOUT = ("SConstruct", "site_scons", "generator", "templates", "firmware_src", "targets", "requirements.txt",
-            "models/kjv-tiny")
+CHECKOUT = (
+    "SConstruct",
+    "site_scons",
+    "generator",
+    "templates",
+    "firmware_src",
+    "targets",
+    "requirements.txt",
+    "models/kjv-tiny",
+)
 
 MAKE = """
 import sys
@@ -81,9 +89,15 @@ def release_in(checkout: Path, board: str, out: Path, env_spec: dict) -> subproc
     env = {k: v for k, v in os.environ.items() if not k.startswith("LC_") and k not in ("LANG", "LANGUAGE")}
     env.update({k: v for k, v in env_spec.items() if k != "umask"}, SOURCE_DATE_EPOCH=str(EPOCH))
     umask = env_spec["umask"]
-    return subprocess.Popen([sys.executable, "-c", MAKE, board, str(checkout / "models" / "kjv-tiny"), str(out)],
-                            cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: os.umask(umask))
+    return subprocess.Popen(
+        [sys.executable, "-c", MAKE, board, str(checkout / "models" / "kjv-tiny"), str(out)],
+        cwd=checkout,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: os.umask(umask),
+    )
 
 
 @pytest.mark.parametrize("board", BOARDS)
@@ -134,8 +148,9 @@ def test_two_directory_rebuild_is_byte_identical(board, checkouts, tmp_path):
     if board == "qemu-rv32":
         counts = verification["instructions"]
         assert counts["prefill"] > 0 and counts["decode"] > 0 and counts["decode_forward_passes"] == 31
-        assert counts["counted"] == ("forward pass at contexts 9-39, greedy sampling, the logits' SHA-256, "
-                                     "the token frame")
+        assert counts["counted"] == (
+            "forward pass at contexts 9-39, greedy sampling, the logits' SHA-256, the token frame"
+        )
 
     # The tarball: sorted entries, one mtime, numeric root owner, normalised modes, no gzip stamp.
     raw = tar_a.read_bytes()
@@ -150,6 +165,7 @@ def test_two_directory_rebuild_is_byte_identical(board, checkouts, tmp_path):
 
 
 # ---- one signed host release, checked every way --------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
@@ -252,15 +268,30 @@ def test_signature_needs_the_right_key_and_a_signature(host_release, keys, tmp_p
     (bundle / SIGNATURE).unlink()
     resign_sums(bundle)
     assert verify_release(bundle, verify_key=keys / "release.pub", rebuild=False) == [
-        f"{SIGNATURE} is missing: the bundle is not signed"]
+        f"{SIGNATURE} is missing: the bundle is not signed"
+    ]
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 def test_signature_is_a_plain_ed25519_signature_openssl_checks(host_release, keys):
     bundle = host_release.bundle
-    done = subprocess.run(["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", str(keys / "release.pub"), "-rawin",
-                           "-in", str(bundle / MANIFEST), "-sigfile", str(bundle / SIGNATURE)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "openssl",
+            "pkeyutl",
+            "-verify",
+            "-pubin",
+            "-inkey",
+            str(keys / "release.pub"),
+            "-rawin",
+            "-in",
+            str(bundle / MANIFEST),
+            "-sigfile",
+            str(bundle / SIGNATURE),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0 and "Signature Verified Successfully" in done.stdout, done.stdout + done.stderr
 
 
@@ -278,12 +309,26 @@ def test_measurements_stay_outside_the_release(host_release):
     verification = (host_release.bundle / "verification.json").read_text()
     assert "_us" not in verification and "tok_s" not in verification and "seconds" not in verification
     assert files_under(host_release.bundle) == sorted(
-        [MANIFEST, SIGNATURE, SUMS, "firmware/firmware", "generated/board_def.h", "generated/image_format.h",
-         "generated/model_data.c", "generated/model_def.h", "generated/plan.json", "generated/weights.img", "memory-report.json",
-         "memory-report.txt", "verification.json"])
+        [
+            MANIFEST,
+            SIGNATURE,
+            SUMS,
+            "firmware/firmware",
+            "generated/board_def.h",
+            "generated/image_format.h",
+            "generated/model_data.c",
+            "generated/model_def.h",
+            "generated/plan.json",
+            "generated/weights.img",
+            "memory-report.json",
+            "memory-report.txt",
+            "verification.json",
+        ]
+    )
     # sha256sum(1) can check the bundle by itself.
-    done = subprocess.run(["sha256sum", "--check", "--strict", SUMS], cwd=host_release.bundle, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        ["sha256sum", "--check", "--strict", SUMS], cwd=host_release.bundle, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -331,9 +376,13 @@ def test_tarball_depends_only_on_contents(tmp_path):
         trees.append((tmp_path / f"t{i}.tar.gz").read_bytes())
     assert trees[0] == trees[1]
     with tarfile.open(tmp_path / "t0.tar.gz") as tar:
-        assert [(m.name, m.mode) for m in tar] == [("bundle", 0o755), ("bundle/a.txt", 0o644),
-                                                   ("bundle/sub", 0o755), ("bundle/sub/run", 0o755),
-                                                   ("bundle/sub/z.bin", 0o644)]
+        assert [(m.name, m.mode) for m in tar] == [
+            ("bundle", 0o755),
+            ("bundle/a.txt", 0o644),
+            ("bundle/sub", 0o755),
+            ("bundle/sub/run", 0o755),
+            ("bundle/sub/z.bin", 0o644),
+        ]
     assert gzip.decompress(trees[0])[:6] == b"bundle"
 
 
@@ -365,10 +414,23 @@ def test_sources_and_source_date_epoch_come_from_git(monkeypatch):
 
 # ---- the command line (needs the `release` and `verify-release` subcommands in generator/cli.py) --
 
+
 def test_cli_release_and_verify_release(tmp_path, keys):
     out = tmp_path / "rel"
-    done = run_cli("release", "--board", "host", "--model", DEFAULT_MODEL, "--ctx", "64", "--out", out,
-                   "--sign", keys / "release.key", "--json")
+    done = run_cli(
+        "release",
+        "--board",
+        "host",
+        "--model",
+        DEFAULT_MODEL,
+        "--ctx",
+        "64",
+        "--out",
+        out,
+        "--sign",
+        keys / "release.key",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
     bundle = Path(info["bundle"])

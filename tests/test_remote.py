@@ -91,11 +91,13 @@ def test_remote_specs_parse_and_options_in_disguise_are_refused():
 
 @pytest.mark.parametrize("board, prefix", [("host", ""), ("linux-aarch64", "qemu-aarch64")])
 def test_verify_passes_over_ssh_bit_identical_to_a_local_run_and_a_second_run_copies_nothing(
-        board, prefix, builder, board_env, cache, monkeypatch):
+    board, prefix, builder, board_env, cache, monkeypatch
+):
     monkeypatch.setenv("COLIBRI_REMOTE_PREFIX", prefix)
     b, art = build(builder, board)
-    local = run_on_board(b, art.program, art.weights, RunRequest([int(t) for t in PROMPT.split(",")], 24),
-                         art.model_hash())
+    local = run_on_board(
+        b, art.program, art.weights, RunRequest([int(t) for t in PROMPT.split(",")], 24), art.model_hash()
+    )
 
     first = cli(builder, board, "verify", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 24, "--greedy")
     assert first.returncode == 0, first.stderr
@@ -110,17 +112,32 @@ def test_verify_passes_over_ssh_bit_identical_to_a_local_run_and_a_second_run_co
     assert_only_complete(cache, {art.program, art.weights})
 
     # The same board by address instead of its alias: the same cache, so only the request goes.
-    second = cli(builder, board, "verify", "--remote", f"root@127.0.0.1:{board_env.port}",
-                 "--prompt-ids", PROMPT, "--steps", 24, "--greedy")
+    second = cli(
+        builder,
+        board,
+        "verify",
+        "--remote",
+        f"root@127.0.0.1:{board_env.port}",
+        "--prompt-ids",
+        PROMPT,
+        "--steps",
+        24,
+        "--greedy",
+    )
     assert second.returncode == 0, second.stderr
     out = json.loads(second.stdout)
     assert out["pass"] is True and out["firmware"]["logits_sha256"] == local.digests
-    assert out["remote"]["bytes_sent"] == {"firmware": 0, "weights": 0, "request": sent["request"],
-                                           "total": sent["request"]}
+    assert out["remote"]["bytes_sent"] == {
+        "firmware": 0,
+        "weights": 0,
+        "request": sent["request"],
+        "total": sent["request"],
+    }
 
 
 def test_the_remote_defaults_to_colibri_remote_then_the_user_config_and_empty_runs_here(
-        builder, board_env, tmp_path, monkeypatch):
+    builder, board_env, tmp_path, monkeypatch
+):
     monkeypatch.setenv("COLIBRI_REMOTE", ALIAS)
     done = cli(builder, "host", "run", "--prompt-ids", PROMPT, "--steps", 4)
     assert done.returncode == 0, done.stderr
@@ -136,9 +153,8 @@ def test_the_remote_defaults_to_colibri_remote_then_the_user_config_and_empty_ru
     done = cli(builder, "host", "run", "--prompt-ids", PROMPT, "--steps", 4)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["remote"]["host"] == f"root@127.0.0.1:{board_env.port}"
-    config.write_text('[remote]\nhost = 5\n')
-    one_line_error(cli(builder, "host", "run", "--prompt-ids", PROMPT, "--steps", 4),
-                   "[remote] host must be a string")
+    config.write_text("[remote]\nhost = 5\n")
+    one_line_error(cli(builder, "host", "run", "--prompt-ids", PROMPT, "--steps", 4), "[remote] host must be a string")
 
 
 def test_bench_over_ssh_probes_the_boards_bandwidth_and_reports_its_peak_rss(builder, board_env, cache):
@@ -154,17 +170,24 @@ def test_bench_over_ssh_probes_the_boards_bandwidth_and_reports_its_peak_rss(bui
 
 def test_a_key_the_board_does_not_accept_is_one_line(builder, board_env, cache, monkeypatch):
     monkeypatch.setenv("COLIBRI_SSH_COMMAND", board_env.ssh_command(name="wrong-key", identity="wrong_key"))
-    one_line_error(cli(builder, "host", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
-                   f"{ALIAS} refused the login", "Permission denied (publickey)", "never a password")
+    one_line_error(
+        cli(builder, "host", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
+        f"{ALIAS} refused the login",
+        "Permission denied (publickey)",
+        "never a password",
+    )
     assert not cache.exists()
 
 
 def test_an_unknown_host_key_says_how_to_accept_it(builder, board_env, cache, monkeypatch):
     command = board_env.ssh_command(name="no-known-hosts", known_hosts="empty_known_hosts")
     monkeypatch.setenv("COLIBRI_SSH_COMMAND", command)
-    line = one_line_error(cli(builder, "host", "verify", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
-                          f"the host key of {ALIAS} is not in known_hosts", f"`{command} {ALIAS}`",
-                          f"ssh-keyscan -p {board_env.port} 127.0.0.1 >> {board_env.root}/empty_known_hosts`")
+    line = one_line_error(
+        cli(builder, "host", "verify", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
+        f"the host key of {ALIAS} is not in known_hosts",
+        f"`{command} {ALIAS}`",
+        f"ssh-keyscan -p {board_env.port} 127.0.0.1 >> {board_env.root}/empty_known_hosts`",
+    )
     assert "batch mode" in line
     assert not cache.exists()
 
@@ -172,9 +195,11 @@ def test_an_unknown_host_key_says_how_to_accept_it(builder, board_env, cache, mo
 def test_a_board_nobody_answers_on_is_unreachable(builder, board_env, cache):
     from sshd import free_port
 
-    one_line_error(cli(builder, "host", "run", "--remote", f"root@127.0.0.1:{free_port()}",
-                       "--prompt-ids", PROMPT, "--steps", 16),
-                   "cannot reach root@127.0.0.1:", "Connection refused")
+    one_line_error(
+        cli(builder, "host", "run", "--remote", f"root@127.0.0.1:{free_port()}", "--prompt-ids", PROMPT, "--steps", 16),
+        "cannot reach root@127.0.0.1:",
+        "Connection refused",
+    )
 
 
 def watch_for_firmware(program: Path, then) -> threading.Thread:
@@ -195,8 +220,7 @@ def watch_for_firmware(program: Path, then) -> threading.Thread:
     return thread
 
 
-def test_sshd_stopped_mid_run_is_a_dropped_connection_and_leaves_nothing_behind(builder, tmp_path, cache,
-                                                                                monkeypatch):
+def test_sshd_stopped_mid_run_is_a_dropped_connection_and_leaves_nothing_behind(builder, tmp_path, cache, monkeypatch):
     server = Sshd(tmp_path / "sshd")
     try:
         monkeypatch.setenv("COLIBRI_SSH_COMMAND", server.ssh_command())
@@ -204,8 +228,11 @@ def test_sshd_stopped_mid_run_is_a_dropped_connection_and_leaves_nothing_behind(
         monkeypatch.setenv("COLIBRI_REMOTE_PREFIX", HOLD_PREFIX)
         _, art = build(builder, "host")
         watcher = watch_for_firmware(art.program, lambda pid: server.stop())
-        one_line_error(cli(builder, "host", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
-                       f"the connection to {ALIAS} dropped during the run", "closed by remote host")
+        one_line_error(
+            cli(builder, "host", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
+            f"the connection to {ALIAS} dropped during the run",
+            "closed by remote host",
+        )
         watcher.join()
     finally:
         server.stop()
@@ -221,8 +248,12 @@ def test_the_firmware_killed_on_the_board_is_said_so(builder, board_env, cache, 
     monkeypatch.setenv("COLIBRI_REMOTE_PREFIX", HOLD_PREFIX)
     _, art = build(builder, "host")
     watcher = watch_for_firmware(art.program, lambda pid: os.kill(pid, signal.SIGKILL))
-    one_line_error(cli(builder, "host", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
-                   f"the firmware was killed on {ALIAS} by signal 9 (SIGKILL)", "out-of-memory killer", "dmesg")
+    one_line_error(
+        cli(builder, "host", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
+        f"the firmware was killed on {ALIAS} by signal 9 (SIGKILL)",
+        "out-of-memory killer",
+        "dmesg",
+    )
     watcher.join()
     assert_only_complete(cache, {art.program, art.weights})
 
@@ -239,14 +270,16 @@ def small_tmpfs(tmp_path):
         subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_a_board_without_room_is_refused_before_copying_with_the_numbers(builder, board_env, small_tmpfs,
-                                                                        monkeypatch):
+def test_a_board_without_room_is_refused_before_copying_with_the_numbers(builder, board_env, small_tmpfs, monkeypatch):
     monkeypatch.setenv("COLIBRI_REMOTE_CACHE", str(small_tmpfs / "cache"))
     _, art = build(builder, "host")
     need = art.program.stat().st_size + art.weights.stat().st_size
-    line = one_line_error(cli(builder, "host", "verify", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
-                          f"not enough space on {ALIAS}: {small_tmpfs}/cache has 65,536 bytes free",
-                          f"the firmware and the weight image need {need:,}", "nothing was copied")
+    line = one_line_error(
+        cli(builder, "host", "verify", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
+        f"not enough space on {ALIAS}: {small_tmpfs}/cache has 65,536 bytes free",
+        f"the firmware and the weight image need {need:,}",
+        "nothing was copied",
+    )
     assert "COLIBRI_REMOTE_CACHE" in line
     assert_only_complete(small_tmpfs / "cache")
 
@@ -259,8 +292,11 @@ def test_a_copy_cut_short_or_out_of_room_is_never_kept(builder, board_env, small
     cache.mkdir()
     blob = Blob("weights", "weight image", weights, file_sha256(weights), weights.stat().st_size, "644")
     # The disk fills up halfway (the check before copying is what normally prevents this).
-    with pytest.raises(ColibriError, match=r"copying the weight image to colibri-board failed: .*No space left "
-                                           r"on device \(nothing incomplete is kept on the board\)"):
+    with pytest.raises(
+        ColibriError,
+        match=r"copying the weight image to colibri-board failed: .*No space left "
+        r"on device \(nothing incomplete is kept on the board\)",
+    ):
         copy_blob(remote, str(cache), blob, None)
     assert_only_complete(cache)
     # The stream ends early, as when the host dies mid-copy: the board sees fewer bytes than announced.
@@ -274,9 +310,12 @@ def test_a_copy_cut_short_or_out_of_room_is_never_kept(builder, board_env, small
 def test_the_wrong_architecture_is_refused_before_copying(builder, board_env, cache, monkeypatch):
     # linux-aarch64 without its test prefix: the board (this machine) says x86_64.
     monkeypatch.setenv("COLIBRI_REMOTE_PREFIX", "")
-    one_line_error(cli(builder, "linux-aarch64", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
-                   f"{ALIAS} is an x86_64 machine (uname -m) but board linux-aarch64 is for aarch64",
-                   "nothing was copied", "--board host matches it")
+    one_line_error(
+        cli(builder, "linux-aarch64", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
+        f"{ALIAS} is an x86_64 machine (uname -m) but board linux-aarch64 is for aarch64",
+        "nothing was copied",
+        "--board host matches it",
+    )
     assert not any(cache.iterdir())
 
 
@@ -289,19 +328,25 @@ def test_a_board_whose_uname_says_aarch64_is_refused_for_host(builder, tmp_path,
     try:
         monkeypatch.setenv("COLIBRI_SSH_COMMAND", server.ssh_command())
         monkeypatch.setenv("COLIBRI_REMOTE_CACHE", str(cache))
-        one_line_error(cli(builder, "host", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
-                       f"{ALIAS} is an aarch64 machine (uname -m) but board host is for x86_64",
-                       "--board linux-aarch64 matches it")
+        one_line_error(
+            cli(builder, "host", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
+            f"{ALIAS} is an aarch64 machine (uname -m) but board host is for x86_64",
+            "--board linux-aarch64 matches it",
+        )
     finally:
         server.stop()
     assert not any(cache.iterdir())
 
 
 def test_remote_is_for_linux_boards_only(builder):
-    one_line_error(run_cli("run", "--board", "qemu-rv32", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
-                   "--remote is for Linux boards")
-    line = one_line_error(run_cli("run", "--remote=-oProxyCommand=sh", "--prompt-ids", PROMPT, "--steps", 16),
-                          "--remote: expected [user@]host[:port]")
+    one_line_error(
+        run_cli("run", "--board", "qemu-rv32", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 16),
+        "--remote is for Linux boards",
+    )
+    line = one_line_error(
+        run_cli("run", "--remote=-oProxyCommand=sh", "--prompt-ids", PROMPT, "--steps", 16),
+        "--remote: expected [user@]host[:port]",
+    )
     assert not re.search("Traceback", line)
 
 
@@ -313,7 +358,21 @@ def test_memory_budget_auto_is_resolved_on_the_board_not_here(builder, board_env
     budget = json.loads(done.stdout)["memory_budget"]
     assert budget["unlimited"] and budget["auto"]["whole_model"] and budget["auto"]["margin"] == 128 * 2**20
     assert budget["auto"]["source"] in ("cgroup-v2", "cgroup-v1", "meminfo") and budget["auto"]["found"] > 0
-    line = one_line_error(cli(builder, "host", "run", "--remote", ALIAS, "--prompt-ids", PROMPT, "--steps", 4,
-                              "--memory-budget", "auto-1T"),
-                          "error 102: --memory-budget auto: ", " - margin 1099511627776 B = 0 B cannot hold this model")
+    line = one_line_error(
+        cli(
+            builder,
+            "host",
+            "run",
+            "--remote",
+            ALIAS,
+            "--prompt-ids",
+            PROMPT,
+            "--steps",
+            4,
+            "--memory-budget",
+            "auto-1T",
+        ),
+        "error 102: --memory-budget auto: ",
+        " - margin 1099511627776 B = 0 B cannot hold this model",
+    )
     assert "too small" not in line, "refused by the firmware on the board, not by the CLI here"

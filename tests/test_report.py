@@ -50,8 +50,9 @@ def test_the_report_and_the_plan_share_one_largest_context_rule():
     assert 64 < planned < plan.spec.max_position_embeddings  # L2MEM, not the model, sets the limit
 
     def linked(code: int) -> ElfSizes:
-        return ElfSizes(code=code, rodata=plan.rope_table_bytes,
-                        bss=plan.kv_bytes + plan.scratch_bytes + plan.expanded_bytes)
+        return ElfSizes(
+            code=code, rodata=plan.rope_table_bytes, bss=plan.kv_bytes + plan.scratch_bytes + plan.expanded_bytes
+        )
 
     # Linked code exactly the board's reserve: the same answer as before compiling.
     assert largest_fitting_ctx(board, plan, linked_use(board, plan, linked(board.code_reserve))) == planned

@@ -36,8 +36,9 @@ def test_a_200_token_prompt_arrives_whole_through_the_p4_sized_fifo(slow_board):
     board, plan, art = slow_board
     request = RunRequest(PROMPT, 8, stop_at_eos=False)
     assert len(request_frame(request)) > 6 * 128  # six times what the FIFO holds
-    result = run_on_board(board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image,
-                          timeout=120)
+    result = run_on_board(
+        board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image, timeout=120
+    )
     acks = [line for line in result.log if "ack" in line]
     assert not acks  # acks are frames, not log lines
     assert compare(result, reference_run(plan, art.weights, request)).passed

@@ -27,16 +27,56 @@ def selftest_output(tmp_path_factory) -> str:
     semihosting for its output instead of the board's startup and UART), run on the emulator."""
     board = load_board("qemu-rv32")
     elf = tmp_path_factory.mktemp("rv32") / "selftest.elf"
-    link = ["-Wl,--defsym=__flash=0x80000000", "-Wl,--defsym=__flash_size=0x400000",
-            "-Wl,--defsym=__ram=0x80400000", "-Wl,--defsym=__ram_size=0x400000"]
-    subprocess.run([board.cc, *board.cflags, "--oslib=semihost", f"-I{RUNTIME}", *link,
-                    str(REPO / "tests" / "c" / "rv32_selftest.c"), str(RUNTIME / "ops.c"),
-                    str(RUNTIME / "kernels" / "scalar.c"), str(RUNTIME / "kernels" / "rv32.c"), "-lm", "-o", str(elf)],
-                   check=True)
-    done = subprocess.run(["qemu-system-riscv32", "-M", "virt", "-cpu", "rv32", "-bios", "none", "-display", "none",
-                           "-monitor", "none", "-serial", "none", "-icount", "shift=0",
-                           "-semihosting-config", "enable=on,target=native", "-kernel", str(elf)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    link = [
+        "-Wl,--defsym=__flash=0x80000000",
+        "-Wl,--defsym=__flash_size=0x400000",
+        "-Wl,--defsym=__ram=0x80400000",
+        "-Wl,--defsym=__ram_size=0x400000",
+    ]
+    subprocess.run(
+        [
+            board.cc,
+            *board.cflags,
+            "--oslib=semihost",
+            f"-I{RUNTIME}",
+            *link,
+            str(REPO / "tests" / "c" / "rv32_selftest.c"),
+            str(RUNTIME / "ops.c"),
+            str(RUNTIME / "kernels" / "scalar.c"),
+            str(RUNTIME / "kernels" / "rv32.c"),
+            "-lm",
+            "-o",
+            str(elf),
+        ],
+        check=True,
+    )
+    done = subprocess.run(
+        [
+            "qemu-system-riscv32",
+            "-M",
+            "virt",
+            "-cpu",
+            "rv32",
+            "-bios",
+            "none",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-serial",
+            "none",
+            "-icount",
+            "shift=0",
+            "-semihosting-config",
+            "enable=on,target=native",
+            "-kernel",
+            str(elf),
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = done.stdout + done.stderr  # qemu writes the semihosting console to stderr
     assert done.returncode == 0, output  # the SiFive test device: 0 when nothing differed
     return output
@@ -52,8 +92,10 @@ def test_rv32_q8_0_product_costs_about_three_instructions_per_multiply_accumulat
     # with float32 scales; binary16 ones cost three instructions more per row and block (lh, slli,
     # and, fmv.w.x for one flw, rv32.c), ~0.09 per multiply-add, of which the first block's term,
     # no longer added to -0.0f, wins back ~0.03: 3.31-3.32.
-    per_mac = {m.group(1): float(m.group(2)) for m in
-               re.finditer(r"matvec_q8_0 (\d+x\d+): \d+ \(([\d.]+) per", selftest_output)}
+    per_mac = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r"matvec_q8_0 (\d+x\d+): \d+ \(([\d.]+) per", selftest_output)
+    }
     assert per_mac["512x64"] < 3.35 and per_mac["64x128"] < 3.35
     dot16 = int(re.search(r"op_dot 16: (\d+)", selftest_output).group(1))
     assert dot16 < 90  # 64 for the arithmetic of a 16-long attention dot product
@@ -62,8 +104,10 @@ def test_rv32_q8_0_product_costs_about_three_instructions_per_multiply_accumulat
 def test_rv32_q4_1_product_reads_nibbles_in_place_at_about_four_instructions_per_multiply_accumulate(selftest_output):
     # Per byte and row: lbu, andi, two mul and two add for two multiply-adds (rv32.c), plus each
     # row's float term per block; q4_0 read in place has no rv32 kernel (the scalar one).
-    per_mac = {(m.group(1), m.group(2)): float(m.group(3)) for m in
-               re.finditer(r"matvec_(q4_[01]) (\d+x\d+): \d+ \(([\d.]+) per", selftest_output)}
+    per_mac = {
+        (m.group(1), m.group(2)): float(m.group(3))
+        for m in re.finditer(r"matvec_(q4_[01]) (\d+x\d+): \d+ \(([\d.]+) per", selftest_output)
+    }
     # 4.19-4.37 (rv32.c): ~3.4 for the nibbles and the activation pairs, then per row and block
     # the widening of the binary16 scale and minimum (8 instructions) and the term's float work;
     # 32x288's nine blocks take the reduction tree's eight partials (kernels.h), each set up alone.
@@ -92,8 +136,9 @@ def test_batched_q8_0_product_over_several_row_tiles(harness, tokens, rows, cols
 
 # Activation block scales below 2^16, where rv32.c multiplies w_d * 2^-112 by x_d * 2^112 made once
 # per call: subnormal (down to the smallest), zero, ordinary and the largest float32 below 2^16.
-PRESCALED_XD = np.array([1e-40, 1.4e-45, 0.0, 3e-3, 1.0, 60000.0, np.nextafter(np.float32(65536), np.float32(0))],
-                        np.float32)
+PRESCALED_XD = np.array(
+    [1e-40, 1.4e-45, 0.0, 3e-3, 1.0, 60000.0, np.nextafter(np.float32(65536), np.float32(0))], np.float32
+)
 
 
 @pytest.mark.parametrize("rows,cols", [(16, 64), (37, 128), (19, 160), (9, 288)])
@@ -144,12 +189,12 @@ def test_activation_quantization_of_tiny_and_huge_blocks(harness):
     x = rng.normal(0, 1, 128).astype(np.float32)
     x[:32] *= np.float32(1e-37)  # d = max / 127 is subnormal and 1 / d overflows: every quant clamped
     x[32:64] *= np.float32(1e37)
-    x[64:96] = np.float32(3.0)   # every value equal to the block maximum
+    x[64:96] = np.float32(3.0)  # every value equal to the block maximum
     raw = run_harness(harness, ["quantize", x.size], f32_bytes(x))
     with np.errstate(over="ignore"):
         qs, d = quantize_q8_0(x)
-    assert raw[:x.size] == qs.astype(np.int8).tobytes()
-    assert_same_bits(np.frombuffer(raw[x.size:], "<f4"), d)
+    assert raw[: x.size] == qs.astype(np.int8).tobytes()
+    assert_same_bits(np.frombuffer(raw[x.size :], "<f4"), d)
 
 
 def tiny_plan(windows=()):

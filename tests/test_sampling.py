@@ -40,8 +40,11 @@ def test_c_sampler_draws_what_python_draws(harness, params):
     logits = np.random.default_rng(params.seed).normal(0, 3, vocab).astype(np.float32)
     logits[10] = logits[11] = logits.max()  # a tie: the lower id ranks first
     p = params.as_f32()
-    raw = run_harness(harness, ["sample", vocab, 300, float.hex(p.temperature), p.top_k, float.hex(p.top_p),
-                                float.hex(p.min_p), p.seed], f32_bytes(logits))
+    raw = run_harness(
+        harness,
+        ["sample", vocab, 300, float.hex(p.temperature), p.top_k, float.hex(p.top_p), float.hex(p.min_p), p.seed],
+        f32_bytes(logits),
+    )
     rng = Rng(p.seed)
     expected = [sample(logits, p, rng) for _ in range(300)]
     assert np.frombuffer(raw, "<i4").tolist() == expected
@@ -89,8 +92,9 @@ def test_a_temperature_too_small_to_divide_by_is_greedy_in_c_and_python_alike(ha
     logits = np.random.default_rng(11).normal(0, 3, 200).astype(np.float32)
     logits[:7] = 50.0  # far above the rest: divided by a tiny temperature, they all become inf
     p = SamplingParams(temperature=temperature, seed=3).as_f32()
-    raw = run_harness(harness, ["sample", logits.size, 20, float.hex(p.temperature), 0, "1", "0", p.seed],
-                      f32_bytes(logits))
+    raw = run_harness(
+        harness, ["sample", logits.size, 20, float.hex(p.temperature), 0, "1", "0", p.seed], f32_bytes(logits)
+    )
     rng = Rng(p.seed)
     expected = [sample(logits, p, rng) for _ in range(20)]
     assert np.frombuffer(raw, "<i4").tolist() == expected == [0] * 20

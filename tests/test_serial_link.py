@@ -27,8 +27,12 @@ from generator.reference import Reference
 
 MODEL = "ab" * 32
 OTHER_MODEL = "cd" * 32
-BANNER = [b"ESP-ROM:esp32p4-eco2-20240710\r\n", b"Build:Jul 10 2024\r\n",
-          b"rst:0x1 (POWERON),boot:0x30f (SPI_FAST_FLASH_BOOT)\r\n", b"SPI mode:DIO, clock div:1\r\n"]
+BANNER = [
+    b"ESP-ROM:esp32p4-eco2-20240710\r\n",
+    b"Build:Jul 10 2024\r\n",
+    b"rst:0x1 (POWERON),boot:0x30f (SPI_FAST_FLASH_BOOT)\r\n",
+    b"SPI mode:DIO, clock div:1\r\n",
+]
 FAST = Timeouts(boot=1.0, per_token=0.5, silence=1.0)
 SLACK = 1.0  # no wait may exceed its stated timeout by more than this
 
@@ -42,9 +46,21 @@ def digest(step: int) -> str:
 
 
 def hello(seq: int = 0, model: str = MODEL) -> bytes:
-    return encode_frame(seq, "hello", {"proto": 1, "fw": "0.1.0", "board": "fake-p4", "arch": "llama",
-                                       "quant": "q8_0", "ctx": 64, "vocab": 512, "kernels": "scalar",
-                                       "model": model})
+    return encode_frame(
+        seq,
+        "hello",
+        {
+            "proto": 1,
+            "fw": "0.1.0",
+            "board": "fake-p4",
+            "arch": "llama",
+            "quant": "q8_0",
+            "ctx": 64,
+            "vocab": 512,
+            "kernels": "scalar",
+            "model": model,
+        },
+    )
 
 
 def token(seq: int, step: int) -> bytes:
@@ -54,8 +70,11 @@ def token(seq: int, step: int) -> bytes:
 def answer(steps: int) -> list[bytes]:
     """The frames after the hello: tokens, stats, done (sequence numbers from 1)."""
     frames = [token(1 + i, i) for i in range(steps)]
-    frames.append(encode_frame(steps + 1, "stats", {"prompt": 3, "prefill_us": 10, "decode": steps - 1,
-                                                    "decode_us": 40, "forward_us": 30}))
+    frames.append(
+        encode_frame(
+            steps + 1, "stats", {"prompt": 3, "prefill_us": 10, "decode": steps - 1, "decode_us": 40, "forward_us": 30}
+        )
+    )
     frames.append(encode_frame(steps + 2, "done", {"tokens": steps, "reason": "length"}))
     return frames
 
@@ -78,10 +97,10 @@ class PtyBoard:
     def write(self, data: bytes, piece: int = 0, delay: float = 0.0) -> None:
         step = piece or max(1, len(data))
         for i in range(0, len(data), step):
-            view = memoryview(data[i:i + step])
+            view = memoryview(data[i : i + step])
             while view and not self.stop.is_set():
                 try:
-                    view = view[os.write(self.master, view):]
+                    view = view[os.write(self.master, view) :]
                 except BlockingIOError:
                     select.select([], [self.master], [], 0.05)
             if delay:
@@ -114,6 +133,7 @@ class PtyBoard:
                 script(self)
             except Exception as e:  # reported by close()
                 self.failure = e
+
         self.thread = threading.Thread(target=body, daemon=True)
         self.thread.start()
         return self
@@ -137,6 +157,7 @@ def board():
 
 def standard(steps: int, banner=True, noise=None, piece=0, delay=0.0, model=MODEL, after_hello=None):
     """A board script: banner, hello, wait for the request, then tokens, stats and done."""
+
     def script(b: PtyBoard):
         if banner:
             b.write(b"".join(BANNER), piece, delay)
@@ -150,6 +171,7 @@ def standard(steps: int, banner=True, noise=None, piece=0, delay=0.0, model=MODE
             if noise:
                 frame = noise(frame)
             b.write(frame, piece, delay)
+
     return script
 
 
@@ -183,18 +205,22 @@ def assert_request_parses(b: PtyBoard, request=REQUEST):
     assert f.fields["prompt"] == ",".join(map(str, request.prompt))
     assert f.int("steps") == request.steps
     s = request.sampling.as_f32()
-    assert [f.fields[k] for k in ("temperature", "top_p", "min_p")] == [f32_bits(s.temperature), f32_bits(s.top_p),
-                                                                       f32_bits(s.min_p)]
+    assert [f.fields[k] for k in ("temperature", "top_p", "min_p")] == [
+        f32_bits(s.temperature),
+        f32_bits(s.top_p),
+        f32_bits(s.min_p),
+    ]
     assert (f.int("top_k"), f.int("seed"), f.int("eos")) == (s.top_k, s.seed, int(request.stop_at_eos))
 
 
 # ---- runs that must succeed ------------------------------------------------------------------
 
+
 def test_clean_run_sends_a_valid_request_and_keeps_the_banner(board):
     result, elapsed = run_link(board, standard(REQUEST.steps))
     assert_clean(result)
     assert_request_parses(board)
-    assert result.log[:len(BANNER)] == [line.decode().rstrip("\r\n") for line in BANNER]
+    assert result.log[: len(BANNER)] == [line.decode().rstrip("\r\n") for line in BANNER]
     assert result.stats["decode"] == str(REQUEST.steps - 1)
     assert elapsed < 1.0
 
@@ -224,8 +250,9 @@ def test_random_noise_between_and_inside_lines_is_skipped(board):
 
 def test_frames_split_into_single_byte_writes_with_delays(board):
     steps = 3
-    result, elapsed = run_link(board, standard(steps, banner=False, piece=1, delay=0.0005),
-                               RunRequest([1, 2, 3], steps))
+    result, elapsed = run_link(
+        board, standard(steps, banner=False, piece=1, delay=0.0005), RunRequest([1, 2, 3], steps)
+    )
     assert_clean(result, steps)
     assert_request_parses(board, RunRequest([1, 2, 3], steps))
 
@@ -278,6 +305,7 @@ def test_the_whole_result_must_arrive_within_the_total_timeout(board):
 
 
 # ---- runs that must fail clearly, never with a wrong answer ---------------------------------
+
 
 @pytest.mark.parametrize("step,byte", [(0, 20), (2, 5), (2, -12), (3, -1), (REQUEST.steps - 1, 30)])
 def test_a_bit_flip_in_a_token_frame_loses_the_step_and_fails_the_run(board, step, byte):
@@ -344,9 +372,11 @@ def test_a_reset_in_the_middle_of_the_decode(board):
 def test_a_silent_device_ends_at_the_boot_timeout(board):
     err, elapsed = run_link(board, lambda b: b.idle(5))
     assert isinstance(err, ColibriError)
-    assert str(err) == (f"{board.path}: no hello frame from the board within 1 s (nothing at all was received; "
-                        f"a board that booted before the port was opened has already sent its hello: reset it); "
-                        f"check the port, the baud rate and that the firmware is flashed")
+    assert str(err) == (
+        f"{board.path}: no hello frame from the board within 1 s (nothing at all was received; "
+        f"a board that booted before the port was opened has already sent its hello: reset it); "
+        f"check the port, the baud rate and that the firmware is flashed"
+    )
     assert FAST.boot <= elapsed <= FAST.boot + SLACK
 
 
@@ -391,6 +421,7 @@ PREFILL = Timeouts(boot=1.0, per_token=0.1, silence=1.0)  # 1.3 s from the hello
 
 def test_noise_is_not_progress(board):
     """A board that keeps printing log lines but no frame is 'silent' for the protocol."""
+
     def chatter(b):
         for i in range(100):
             b.write(f"D (12{i}) still alive\r\n".encode())
@@ -495,12 +526,17 @@ class RecordingPort:
 def test_control_lines_are_released_before_opening_and_pulsed_only_on_reset(monkeypatch):
     monkeypatch.setattr(serial_link.serial, "serial_for_url", RecordingPort)
     port = SerialLink.open("/dev/ttyUSB9").port
-    assert port.events == [("created", "/dev/ttyUSB9"), ("dtr", False), ("rts", False), ("exclusive", True),
-                           ("open", None)]
+    assert port.events == [
+        ("created", "/dev/ttyUSB9"),
+        ("dtr", False),
+        ("rts", False),
+        ("exclusive", True),
+        ("open", None),
+    ]
     port = SerialLink.open("/dev/ttyUSB9", reset=True).port
     opened = port.events.index(("open", None))
     assert ("rts", True) not in port.events[:opened]
-    assert port.events[opened + 1:] == [("dtr", False), ("rts", True), ("flush", None), ("rts", False)]
+    assert port.events[opened + 1 :] == [("dtr", False), ("rts", True), ("flush", None), ("rts", False)]
     port = SerialLink.open("socket://127.0.0.1:1").port
     assert ("exclusive", True) not in port.events
 
@@ -512,8 +548,10 @@ def test_a_port_without_modem_lines_cannot_reset(board):
 
 # ---- the real firmware: qemu-rv32 through SerialLink ------------------------------------------
 
-@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(0.9, 40, 0.95, 0.02, 1234)],
-                         ids=["greedy", "sampled"])
+
+@pytest.mark.parametrize(
+    "sampling", [SamplingParams(), SamplingParams(0.9, 40, 0.95, 0.02, 1234)], ids=["greedy", "sampled"]
+)
 def test_qemu_rv32_through_serial_link_matches_the_reference(builder, sampling):
     board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64, board="qemu-rv32")
     request = RunRequest([1, 45, 300, 7], 20, sampling, stop_at_eos=False)

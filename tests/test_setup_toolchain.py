@@ -15,8 +15,16 @@ from generator.device.setup_toolchain import USABLE_STATES, status_is_installed
 
 WANTS = ("unknown", "install", "hold", "deinstall", "purge")
 FLAGS = ("ok", "reinstreq")
-STATES = ("not-installed", "config-files", "half-installed", "unpacked", "half-configured",
-          "triggers-awaited", "triggers-pending", "installed")
+STATES = (
+    "not-installed",
+    "config-files",
+    "half-installed",
+    "unpacked",
+    "half-configured",
+    "triggers-awaited",
+    "triggers-pending",
+    "installed",
+)
 
 
 @pytest.mark.parametrize("want,flag,state", list(itertools.product(WANTS, FLAGS, STATES)))
@@ -39,6 +47,7 @@ def test_malformed_status_is_not_installed(text):
 @pytest.fixture
 def fake_dpkg(tmp_path, monkeypatch):
     """A dpkg-query on PATH that answers from a table, as the real one does (exit 1 when a name is unknown)."""
+
     def install(table: dict[str, str]):
         script = tmp_path / "dpkg-query"
         script.write_text(
@@ -49,16 +58,24 @@ def fake_dpkg(tmp_path, monkeypatch):
             "for key, status in table.items():\n"
             "    if key.split(':')[0] in names:\n"
             "        print(f'{key}\\t{status}')\n"
-            "sys.exit(0 if all(any(k.split(':')[0] == n for k in table) for n in names) else 1)\n")
+            "sys.exit(0 if all(any(k.split(':')[0] == n for k in table) for n in names) else 1)\n"
+        )
         script.chmod(script.stat().st_mode | stat.S_IEXEC)
         monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
     return install
 
 
 def test_installed_packages_reads_every_line(fake_dpkg):
-    fake_dpkg({"gcc-multilib": "unknown ok not-installed", "libc6-dev:amd64": "install ok installed",
-               "libc6-dev:i386": "deinstall ok config-files", "clang-14": "install reinstreq half-installed",
-               "qemu-user": "hold ok installed"})
+    fake_dpkg(
+        {
+            "gcc-multilib": "unknown ok not-installed",
+            "libc6-dev:amd64": "install ok installed",
+            "libc6-dev:i386": "deinstall ok config-files",
+            "clang-14": "install reinstreq half-installed",
+            "qemu-user": "hold ok installed",
+        }
+    )
     got = setup_toolchain.installed_packages(["gcc-multilib", "libc6-dev", "clang-14", "qemu-user", "nosuch"])
     assert got == {"libc6-dev", "qemu-user"}
     assert not setup_toolchain.installed("gcc-multilib")
@@ -79,10 +96,15 @@ def test_a_board_library_without_a_program_is_checked_too(fake_dpkg, monkeypatch
     from generator.boards import load_board
 
     board = load_board("qemu-rv32")
-    fake_dpkg({p: "install ok installed" for p in board.apt_packages if "picolibc" not in p}
-              | {"picolibc-riscv64-unknown-elf": "unknown ok not-installed"})
-    monkeypatch.setattr(setup_toolchain.shutil, "which",
-                        lambda name: "/usr/bin/dpkg-query" if name == "dpkg-query" else f"/usr/bin/{name}")
+    fake_dpkg(
+        {p: "install ok installed" for p in board.apt_packages if "picolibc" not in p}
+        | {"picolibc-riscv64-unknown-elf": "unknown ok not-installed"}
+    )
+    monkeypatch.setattr(
+        setup_toolchain.shutil,
+        "which",
+        lambda name: "/usr/bin/dpkg-query" if name == "dpkg-query" else f"/usr/bin/{name}",
+    )
     packages, tools = setup_toolchain.missing_for(board)
     assert packages == ["picolibc-riscv64-unknown-elf"] and tools == []
 
@@ -107,8 +129,9 @@ def test_the_test_packages_do_not_conflict_with_a_board_toolchain():
     """gcc-multilib conflicts with every Debian cross compiler; the suite names gcc-12-multilib."""
     from generator.boards import available_boards, load_board
 
-    listed = {line.split("#")[0].strip() for line in
-              (Path(__file__).parent / "apt-packages.txt").read_text().splitlines()} - {""}
+    listed = {
+        line.split("#")[0].strip() for line in (Path(__file__).parent / "apt-packages.txt").read_text().splitlines()
+    } - {""}
     board_packages = {p for name in available_boards() for p in load_board(name).apt_packages}
     assert "gcc-multilib" not in listed and "gcc-12-multilib" in listed
     assert any(p.startswith("gcc-aarch64") for p in board_packages)

@@ -35,6 +35,7 @@ HOST = load_board("host")
 
 # ---- an independent derivation of the image: the whole model in memory, laid out at once ----
 
+
 def oracle_image(model_dir: Path, quant: str, ctx: int) -> bytes:
     """The image as the format defines it, derived without the streaming writer: every tensor
     loaded whole by the safetensors package (through torch: it holds bfloat16), quantized whole,
@@ -57,33 +58,56 @@ def oracle_image(model_dir: Path, quant: str, ctx: int) -> bytes:
         array = values[t.name].reshape(t.rows, t.cols)
         if t.dtype == "f32":
             blob = array.astype("<f4").tobytes()
-            data[t.offset:t.offset + len(blob)] = blob
+            data[t.offset : t.offset + len(blob)] = blob
         else:
             qs, d = quantize_weights_q8_0(array) if t.dtype == "q8_0" else quantize_q4_0(array)
-            data[t.offset:t.offset + qs.size] = qs.tobytes()
+            data[t.offset : t.offset + qs.size] = qs.tobytes()
             scales = d.astype("<f2").tobytes()
-            data[t.offset + t.scales_offset:t.offset + t.scales_offset + len(scales)] = scales
-        directory += fmt.pack(fmt.DIR_ENTRY, fmt.DIR_ENTRY_BYTES, name=t.name.encode(), dtype=fmt.DTYPE_CODES[t.dtype],
-                              rows=t.rows, cols=t.cols, crc32=zlib.crc32(data[t.offset:t.offset + t.extent]),
-                              offset=t.offset, bytes=t.nbytes)
-    model_hash = hashlib.sha256(b"colibri-image-v3\0" + spec_identity(plan) + quant.encode() + bytes(data)
-                                + bytes(directory)).digest()
+            data[t.offset + t.scales_offset : t.offset + t.scales_offset + len(scales)] = scales
+        directory += fmt.pack(
+            fmt.DIR_ENTRY,
+            fmt.DIR_ENTRY_BYTES,
+            name=t.name.encode(),
+            dtype=fmt.DTYPE_CODES[t.dtype],
+            rows=t.rows,
+            cols=t.cols,
+            crc32=zlib.crc32(data[t.offset : t.offset + t.extent]),
+            offset=t.offset,
+            bytes=t.nbytes,
+        )
+    model_hash = hashlib.sha256(
+        b"colibri-image-v3\0" + spec_identity(plan) + quant.encode() + bytes(data) + bytes(directory)
+    ).digest()
     out = bytearray(layout.image_bytes)
-    out[:fmt.HEADER_BYTES] = fmt.pack(
-        fmt.HEADER, fmt.HEADER_BYTES, magic=fmt.MAGIC, version=fmt.FORMAT_VERSION, header_bytes=fmt.HEADER_BYTES,
-        tensor_count=len(plan.tensors), dir_entry_bytes=fmt.DIR_ENTRY_BYTES, dir_offset=layout.dir_offset,
-        data_offset=layout.data_offset, data_bytes=layout.data_bytes, image_bytes=layout.image_bytes,
-        model_hash=model_hash, quant=fmt.DTYPE_CODES[quant])
-    out[layout.dir_offset:layout.dir_offset + len(directory)] = directory
-    out[layout.data_offset:layout.data_offset + len(data)] = data
-    out[-fmt.TRAILER_BYTES:] = struct.pack("<I", zlib.crc32(out[:layout.data_offset])) + fmt.END_MAGIC
+    out[: fmt.HEADER_BYTES] = fmt.pack(
+        fmt.HEADER,
+        fmt.HEADER_BYTES,
+        magic=fmt.MAGIC,
+        version=fmt.FORMAT_VERSION,
+        header_bytes=fmt.HEADER_BYTES,
+        tensor_count=len(plan.tensors),
+        dir_entry_bytes=fmt.DIR_ENTRY_BYTES,
+        dir_offset=layout.dir_offset,
+        data_offset=layout.data_offset,
+        data_bytes=layout.data_bytes,
+        image_bytes=layout.image_bytes,
+        model_hash=model_hash,
+        quant=fmt.DTYPE_CODES[quant],
+    )
+    out[layout.dir_offset : layout.dir_offset + len(directory)] = directory
+    out[layout.data_offset : layout.data_offset + len(data)] = data
+    out[-fmt.TRAILER_BYTES :] = struct.pack("<I", zlib.crc32(out[: layout.data_offset])) + fmt.END_MAGIC
     return bytes(out)
 
 
 CASES = [  # (model, quant): dense f32 / q8_0 / q4_0, MoE in bf16, kept-f32 experts, Gemma's folded norms
-    ("kjv-tiny", "f32"), ("kjv-tiny", "q8_0"), ("kjv-tiny", "q4_0"),
-    ("mixtral_moe", "q8_0"), ("mixtral_moe", "q4_0"),
-    ("qwen3_moe_odd_experts", "q8_0"), ("qwen3_moe_odd_experts", "q4_0"),
+    ("kjv-tiny", "f32"),
+    ("kjv-tiny", "q8_0"),
+    ("kjv-tiny", "q4_0"),
+    ("mixtral_moe", "q8_0"),
+    ("mixtral_moe", "q4_0"),
+    ("qwen3_moe_odd_experts", "q8_0"),
+    ("qwen3_moe_odd_experts", "q4_0"),
     ("gemma3_text", "q8_0"),
 ]
 
@@ -95,8 +119,9 @@ def model_for(name: str, checkpoints) -> Path:
 
 
 @pytest.mark.parametrize("name,quant", CASES)
-def test_streamed_image_equals_the_whole_model_derivation_at_any_job_count(name, quant, checkpoints, tmp_path,
-                                                                          monkeypatch):
+def test_streamed_image_equals_the_whole_model_derivation_at_any_job_count(
+    name, quant, checkpoints, tmp_path, monkeypatch
+):
     model = model_for(name, checkpoints)
     # Small pieces: every matrix is cut into several, so pieces of one tensor meet in the file.
     monkeypatch.setattr(image_mod, "PIECE_VALUES", 1000)
@@ -109,7 +134,7 @@ def test_streamed_image_equals_the_whole_model_derivation_at_any_job_count(name,
         blob = (tmp_path / f"j{jobs}.img").read_bytes()
         assert blob == expected, f"{name} {quant} with {jobs} jobs"
         assert written.model_hash == blob[56:88]
-        assert written.identity == hashlib.sha256(blob[:plan.image.data_offset]).digest()
+        assert written.identity == hashlib.sha256(blob[: plan.image.data_offset]).digest()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["j1.img", "j2.img", "j3.img"]  # no temporary left
     # Tensors given as arrays (an importer that decodes in memory) make the same image.
     arrays = {name: tensor.load() for name, tensor in ckpt.tensors.items()}
@@ -128,6 +153,7 @@ def test_generate_writes_the_same_files_at_any_job_count(checkpoints, tmp_path):
 
 
 # ---- failures mid-generation: one line, nothing written ----
+
 
 def _flip_to_nan(shard: Path, info) -> None:
     with open(shard, "r+b") as f:  # the last value of the tensor becomes NaN (bf16 0x7fc0)
@@ -174,6 +200,7 @@ def test_a_shard_truncated_during_generation_is_one_line_and_leaves_nothing(chec
 
 # ---- a model much larger than the memory bound ----
 
+
 def write_bf16_checkpoint(out: Path, config: dict, shapes: dict[str, tuple[int, ...]], seed: int = 0) -> Path:
     """A safetensors checkpoint written tensor by tensor (random bf16 values, norms near 1), so
     making it never holds more than one tensor."""
@@ -199,18 +226,34 @@ def write_bf16_checkpoint(out: Path, config: dict, shapes: dict[str, tuple[int, 
 
 
 def big_llama(out: Path, layers: int = 8, hidden: int = 1024, ffn: int = 2816, vocab: int = 32000) -> Path:
-    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "intermediate_size": ffn,
-              "num_hidden_layers": layers, "num_attention_heads": 16, "num_key_value_heads": 16,
-              "vocab_size": vocab, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
-              "tie_word_embeddings": False}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": vocab,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    }
     shapes = {"model.embed_tokens.weight": (vocab, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (hidden,), p + "self_attn.q_proj.weight": (hidden, hidden),
-                       p + "self_attn.k_proj.weight": (hidden, hidden), p + "self_attn.v_proj.weight": (hidden, hidden),
-                       p + "self_attn.o_proj.weight": (hidden, hidden), p + "post_attention_layernorm.weight": (hidden,),
-                       p + "mlp.gate_proj.weight": (ffn, hidden), p + "mlp.up_proj.weight": (ffn, hidden),
-                       p + "mlp.down_proj.weight": (hidden, ffn)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (hidden, hidden),
+                p + "self_attn.k_proj.weight": (hidden, hidden),
+                p + "self_attn.v_proj.weight": (hidden, hidden),
+                p + "self_attn.o_proj.weight": (hidden, hidden),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "mlp.gate_proj.weight": (ffn, hidden),
+                p + "mlp.up_proj.weight": (ffn, hidden),
+                p + "mlp.down_proj.weight": (hidden, ffn),
+            }
+        )
     shapes.update({"model.norm.weight": (hidden,), "lm_head.weight": (vocab, hidden)})
     return write_bf16_checkpoint(out, config, shapes)
 
@@ -250,26 +293,47 @@ def test_generation_memory_is_bounded_by_the_largest_tensor_not_the_model(big_mo
     assert done.returncode == 0, done.stderr
     main_peak, worker_peak, seconds = done.stdout.strip().splitlines()[-1].split()[1:]
     main_peak, worker_peak = int(main_peak), int(worker_peak)
-    print(f"peak RSS: generating process {main_peak / 2**20:.0f} MiB, largest worker {worker_peak / 2**20:.0f} MiB, "
-          f"bound {bound / 2**20:.0f} MiB, model {model_f32 / 2**20:.0f} MiB as float32, {float(seconds):.1f} s")
+    print(
+        f"peak RSS: generating process {main_peak / 2**20:.0f} MiB, largest worker {worker_peak / 2**20:.0f} MiB, "
+        f"bound {bound / 2**20:.0f} MiB, model {model_f32 / 2**20:.0f} MiB as float32, {float(seconds):.1f} s"
+    )
     assert main_peak < bound and worker_peak < bound, (main_peak, worker_peak, bound)
     # A long generation reports progress every couple of seconds: tensors, bytes, time left.
     lines = done.stdout.splitlines()
     assert lines[0].startswith("quantizing 111 tensors to q8_0 (")
     progress = [line for line in lines if line.startswith("quantizing weights: ")]
-    assert progress and all(" tensors, " in line and " MB of 181.3 MB, " in line and line.endswith(" s left")
-                            for line in progress), lines
-    assert (tmp_path / "gen" / WEIGHTS_FILE).stat().st_size == plan_for_board(ckpt.spec, HOST, "q8_0", 64).image.image_bytes
+    assert progress and all(
+        " tensors, " in line and " MB of 181.3 MB, " in line and line.endswith(" s left") for line in progress
+    ), lines
+    assert (tmp_path / "gen" / WEIGHTS_FILE).stat().st_size == plan_for_board(
+        ckpt.spec, HOST, "q8_0", 64
+    ).image.image_bytes
 
 
 # ---- incremental builds: a large input is not read again on a no-op build ----
 
+
 def _scons_generate(model: Path, out: Path) -> tuple[str, float]:
     scons = Path(sys.executable).parent / "scons"
     start = time.monotonic()
-    done = subprocess.run([str(scons), "-Q", "-C", str(REPO), "board=host", f"model={model}", "quant=q8_0", "ctx=64",
-                           f"out={out}", "jobs=2", str(out / "generated" / WEIGHTS_FILE)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            str(scons),
+            "-Q",
+            "-C",
+            str(REPO),
+            "board=host",
+            f"model={model}",
+            "quant=q8_0",
+            "ctx=64",
+            f"out={out}",
+            "jobs=2",
+            str(out / "generated" / WEIGHTS_FILE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr, time.monotonic() - start
 
@@ -322,8 +386,12 @@ def test_jobs_must_be_a_positive_count(tmp_path):
     done = run_cli("build", "--jobs", "0", "--out", tmp_path / "b")
     assert done.returncode == 2 and "--jobs" in done.stderr and not (tmp_path / "b").exists()
     scons = Path(sys.executable).parent / "scons"
-    done = subprocess.run([str(scons), "-Q", "-C", str(REPO), "board=host", f"out={tmp_path / 'c'}", "jobs=two"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(scons), "-Q", "-C", str(REPO), "board=host", f"out={tmp_path / 'c'}", "jobs=two"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "colibri: error: jobs must be a positive integer, got 'two'" in done.stderr
 
 

@@ -53,16 +53,39 @@ def routing(stats: dict) -> dict:
 
 
 def one_run(model: Path, quant: str, board: str, out: Path, steps: int) -> dict:
-    cmd = [str(REPO / "colibri"), "run", "--json", "--board", board, "--model", str(model), "--quant", quant,
-           "--ctx", "64", "--out", str(out), "--prompt-ids", PROMPT_IDS, "--steps", str(steps), "--ignore-eos",
-           "--greedy"]
+    cmd = [
+        str(REPO / "colibri"),
+        "run",
+        "--json",
+        "--board",
+        board,
+        "--model",
+        str(model),
+        "--quant",
+        quant,
+        "--ctx",
+        "64",
+        "--out",
+        str(out),
+        "--prompt-ids",
+        PROMPT_IDS,
+        "--steps",
+        str(steps),
+        "--ignore-eos",
+        "--greedy",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [""])[-1]
         return {"exit": done.returncode, "error": last}
     result = json.loads(done.stdout)
-    return {"exit": 0, "image_sha256": sha256_file(out / "generated" / "weights.img"), "tokens": result["tokens"],
-            "logits_sha256": result["logits_sha256"], "routing": routing(result.get("stats") or {})}
+    return {
+        "exit": 0,
+        "image_sha256": sha256_file(out / "generated" / "weights.img"),
+        "tokens": result["tokens"],
+        "logits_sha256": result["logits_sha256"],
+        "routing": routing(result.get("stats") or {}),
+    }
 
 
 def snapshot(args) -> int:
@@ -79,9 +102,17 @@ def snapshot(args) -> int:
                 entries[key] = one_run(path, quant, board, work / "build" / board / f"{name}-{quant}", args.steps)
                 state = "ok" if entries[key]["exit"] == 0 else f"exit {entries[key]['exit']}"
                 print(f"bits_snapshot: {key}: {state}", file=sys.stderr, flush=True)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    args.out.write_text(json.dumps({"commit": commit, "prompt_ids": PROMPT_IDS, "steps": args.steps,
-                                    "entries": entries}, indent=1, sort_keys=True) + "\n")
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    args.out.write_text(
+        json.dumps(
+            {"commit": commit, "prompt_ids": PROMPT_IDS, "steps": args.steps, "entries": entries},
+            indent=1,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     return 0
 
 

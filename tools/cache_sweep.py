@@ -36,11 +36,31 @@ from generator.device.process import run_process  # noqa: E402
 from generator.device.session import RunRequest, Session, cache_stats, request_frame  # noqa: E402
 
 
-def one_run(build: Path, firmware: Path, budget: int, prefetch: bool, copy: bool, eviction: str, steps: int,
-            threads: int, cgroup: str | None, vocab: int) -> dict:
+def one_run(
+    build: Path,
+    firmware: Path,
+    budget: int,
+    prefetch: bool,
+    copy: bool,
+    eviction: str,
+    steps: int,
+    threads: int,
+    cgroup: str | None,
+    vocab: int,
+) -> dict:
     prompt = [1] + [(7919 * (i + 1)) % vocab for i in range(7)]
-    request = RunRequest(prompt, steps, SAMPLED, stop_at_eos=False, threads=threads, digests=False, memory_budget=budget,
-                         prefetch=prefetch, eviction=eviction, probe_storage_mib=256 if budget else None)
+    request = RunRequest(
+        prompt,
+        steps,
+        SAMPLED,
+        stop_at_eos=False,
+        threads=threads,
+        digests=False,
+        memory_budget=budget,
+        prefetch=prefetch,
+        eviction=eviction,
+        probe_storage_mib=256 if budget else None,
+    )
     argv = [str(firmware), "--weights", str(build / "generated" / "weights.img"), *request.firmware_options()]
     if copy:
         argv.append("--copy-weights")
@@ -51,14 +71,18 @@ def one_run(build: Path, firmware: Path, budget: int, prefetch: bool, copy: bool
     passes = int(s["decode"])
     c = cache_stats(result) or {}
     uses = c.get("cache_hits", 0) + c.get("cache_misses", 0)
-    out = {"decode_tok_s": passes / (int(s["decode_us"]) / 1e6), "peak_rss": int(s.get("peak_rss", 0)),
-           "slots": c.get("slots", 0), "hit_rate": c.get("cache_hits", 0) / uses if uses else None,
-           "prefetched_hits": c.get("prefetch_hits", 0) / uses if uses else None,
-           "read_mb_per_token": c.get("read_bytes", 0) / passes / 1e6,
-           "wait_ms_per_token": c.get("read_wait_us", 0) / passes / 1e3,
-           "read_ms_per_token": c["read_time_us"] / passes / 1e3 if "read_time_us" in c else None,
-           "reads_in_flight": c.get("reads_in_flight"),
-           "storage_gb_s": int(result.storage["read_bw"]) / 1e9 if result.storage else None}
+    out = {
+        "decode_tok_s": passes / (int(s["decode_us"]) / 1e6),
+        "peak_rss": int(s.get("peak_rss", 0)),
+        "slots": c.get("slots", 0),
+        "hit_rate": c.get("cache_hits", 0) / uses if uses else None,
+        "prefetched_hits": c.get("prefetch_hits", 0) / uses if uses else None,
+        "read_mb_per_token": c.get("read_bytes", 0) / passes / 1e6,
+        "wait_ms_per_token": c.get("read_wait_us", 0) / passes / 1e3,
+        "read_ms_per_token": c["read_time_us"] / passes / 1e3 if "read_time_us" in c else None,
+        "reads_in_flight": c.get("reads_in_flight"),
+        "storage_gb_s": int(result.storage["read_bw"]) / 1e9 if result.storage else None,
+    }
     return out
 
 
@@ -95,8 +119,9 @@ def main() -> int:
     for _ in range(args.repeat):
         for c in configs:
             for b in builds:
-                runs[(b, *c)].append(one_run(args.build, b / "firmware", *c, args.steps, args.threads, args.cgroup,
-                                             vocab))
+                runs[(b, *c)].append(
+                    one_run(args.build, b / "firmware", *c, args.steps, args.threads, args.cgroup, vocab)
+                )
     rows = []
     for (build, budget, prefetch, copy, eviction), rs in runs.items():
         row = {"build": str(build), "budget": budget, "prefetch": prefetch, "copy": copy, "eviction": eviction}
@@ -116,34 +141,48 @@ def main() -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if args.against:
-        print("| build | budget | eviction | prefetch | slots | hit rate | MB read/token | I/O wait ms/token | "
-              "reads ms/token | decode tok/s (runs) | ratio to --against (runs) |")
+        print(
+            "| build | budget | eviction | prefetch | slots | hit rate | MB read/token | I/O wait ms/token | "
+            "reads ms/token | decode tok/s (runs) | ratio to --against (runs) |"
+        )
         print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            name = "whole image read into RAM" if r["copy"] else ("none (mapped)" if not r["budget"] else
-                                                                f"{r['budget'] / 2**20:.0f} MiB")
+            name = (
+                "whole image read into RAM"
+                if r["copy"]
+                else ("none (mapped)" if not r["budget"] else f"{r['budget'] / 2**20:.0f} MiB")
+            )
             reads = "—" if r["read_ms_per_token"] is None else f"{r['read_ms_per_token']:.1f}"
             ratio = "" if "ratio" not in r else f"{r['ratio']:.2f} ({', '.join(map(str, r['ratio_runs']))})"
-            print(f"| {Path(r['build']).name} | {name} | {r['eviction'] if r['budget'] else '—'} | "
-                  f"{'on' if r['prefetch'] else 'off'} | {r['slots']:.0f} | {pct(r['hit_rate'])} | "
-                  f"{r['read_mb_per_token']:.1f} | {r['wait_ms_per_token']:.1f} | {reads} | "
-                  f"{r['decode_tok_s']:.1f} ({', '.join(map(str, r['decode_tok_s_runs']))}) | {ratio} |")
+            print(
+                f"| {Path(r['build']).name} | {name} | {r['eviction'] if r['budget'] else '—'} | "
+                f"{'on' if r['prefetch'] else 'off'} | {r['slots']:.0f} | {pct(r['hit_rate'])} | "
+                f"{r['read_mb_per_token']:.1f} | {r['wait_ms_per_token']:.1f} | {reads} | "
+                f"{r['decode_tok_s']:.1f} ({', '.join(map(str, r['decode_tok_s_runs']))}) | {ratio} |"
+            )
         return 0
-    print("| budget | eviction | prefetch | slots | hit rate | of them prefetched | MB read/token | I/O wait ms/token | "
-          "decode tok/s (runs) | storage GB/s | bound tok/s | of bound | peak RSS MiB |")
+    print(
+        "| budget | eviction | prefetch | slots | hit rate | of them prefetched | MB read/token | I/O wait ms/token | "
+        "decode tok/s (runs) | storage GB/s | bound tok/s | of bound | peak RSS MiB |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        name = "whole image read into RAM" if r["copy"] else ("none (mapped)" if not r["budget"] else
-                                                            f"{r['budget'] / 2**20:.0f} MiB")
+        name = (
+            "whole image read into RAM"
+            if r["copy"]
+            else ("none (mapped)" if not r["budget"] else f"{r['budget'] / 2**20:.0f} MiB")
+        )
         bound = r.get("storage_bound_tok_s")
         storage = "—" if not r["storage_gb_s"] else f"{r['storage_gb_s']:.2f}"
         bound_text = "—" if not bound else f"{bound:.1f}"
         of_bound = "—" if not bound else f"{100 * r['decode_tok_s'] / bound:.0f} %"
-        print(f"| {name} | {r['eviction'] if r['budget'] else '—'} | {'on' if r['prefetch'] else 'off'} "
-              f"| {r['slots']:.0f} | {pct(r['hit_rate'])} | "
-              f"{pct(r['prefetched_hits'])} | {r['read_mb_per_token']:.1f} | {r['wait_ms_per_token']:.1f} | "
-              f"{r['decode_tok_s']:.1f} ({', '.join(map(str, r['decode_tok_s_runs']))}) | {storage} | {bound_text} | "
-              f"{of_bound} | {r['peak_rss'] / 2**20:.0f} |")
+        print(
+            f"| {name} | {r['eviction'] if r['budget'] else '—'} | {'on' if r['prefetch'] else 'off'} "
+            f"| {r['slots']:.0f} | {pct(r['hit_rate'])} | "
+            f"{pct(r['prefetched_hits'])} | {r['read_mb_per_token']:.1f} | {r['wait_ms_per_token']:.1f} | "
+            f"{r['decode_tok_s']:.1f} ({', '.join(map(str, r['decode_tok_s_runs']))}) | {storage} | {bound_text} | "
+            f"{of_bound} | {r['peak_rss'] / 2**20:.0f} |"
+        )
     return 0
 
 

@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--shard-size", default="5GB", help="save_pretrained's max_shard_size (default: one file below 5 GB)")
+    ap.add_argument(
+        "--shard-size", default="5GB", help="save_pretrained's max_shard_size (default: one file below 5 GB)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
@@ -36,11 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(args.seed)
-    config = MixtralConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                           num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                           num_key_value_heads=args.kv_heads, num_local_experts=args.experts,
-                           num_experts_per_tok=args.top_k, max_position_embeddings=4096,
-                           tie_word_embeddings=False)
+    config = MixtralConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        num_local_experts=args.experts,
+        num_experts_per_tok=args.top_k,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     model = MixtralForCausalLM(config).to(torch.bfloat16).eval()
     params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(args.out, safe_serialization=True, max_shard_size=args.shard_size)

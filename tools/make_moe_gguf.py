@@ -73,14 +73,20 @@ def tensors(a) -> list[tuple[str, tuple[int, ...], str]]:
     out = [("token_embd.weight", (a.vocab, d), a.attn_type)]
     for i in range(a.layers):
         p = f"blk.{i}."
-        out += [(p + "attn_norm.weight", (d,), "F32"),
-                (p + "attn_q.weight", (q, d), a.attn_type), (p + "attn_k.weight", (kv, d), a.attn_type),
-                (p + "attn_v.weight", (kv, d), a.attn_type), (p + "attn_output.weight", (d, q), a.attn_type),
-                (p + "attn_q_norm.weight", (a.head_dim,), "F32"), (p + "attn_k_norm.weight", (a.head_dim,), "F32"),
-                (p + "ffn_norm.weight", (d,), "F32"), (p + "ffn_gate_inp.weight", (a.experts, d), "F32"),
-                (p + "ffn_gate_exps.weight", (a.experts, a.expert_ffn, d), a.expert_type),
-                (p + "ffn_up_exps.weight", (a.experts, a.expert_ffn, d), a.expert_type),
-                (p + "ffn_down_exps.weight", (a.experts, d, a.expert_ffn), a.expert_type)]
+        out += [
+            (p + "attn_norm.weight", (d,), "F32"),
+            (p + "attn_q.weight", (q, d), a.attn_type),
+            (p + "attn_k.weight", (kv, d), a.attn_type),
+            (p + "attn_v.weight", (kv, d), a.attn_type),
+            (p + "attn_output.weight", (d, q), a.attn_type),
+            (p + "attn_q_norm.weight", (a.head_dim,), "F32"),
+            (p + "attn_k_norm.weight", (a.head_dim,), "F32"),
+            (p + "ffn_norm.weight", (d,), "F32"),
+            (p + "ffn_gate_inp.weight", (a.experts, d), "F32"),
+            (p + "ffn_gate_exps.weight", (a.experts, a.expert_ffn, d), a.expert_type),
+            (p + "ffn_up_exps.weight", (a.experts, a.expert_ffn, d), a.expert_type),
+            (p + "ffn_down_exps.weight", (a.experts, d, a.expert_ffn), a.expert_type),
+        ]
     out += [("output_norm.weight", (d,), "F32"), ("output.weight", (a.vocab, d), a.attn_type)]
     return out
 
@@ -99,12 +105,12 @@ def _write_tensor(f, rng: np.random.Generator, shape: tuple[int, ...], ttype: st
         if len(shape) == 1:  # a norm: ones
             f.write(np.ones(shape, np.float32).tobytes())
         else:  # a router: small normal values
-            f.write((rng.standard_normal(shape, np.float32) * np.float32(row ** -0.5)).tobytes())
+            f.write((rng.standard_normal(shape, np.float32) * np.float32(row**-0.5)).tobytes())
         return
     _, per_block, block_bytes = TYPES[ttype]
     # Uniform quants have a standard deviation of 4.6 (Q4_0, -8..7) or 73 (Q8_0, -127..127): scales
     # from 0.5 to 1.5 times the one giving values of deviation 1/sqrt(row).
-    centre = gain * row ** -0.5 / (4.6 if ttype == "Q4_0" else 73.0)
+    centre = gain * row**-0.5 / (4.6 if ttype == "Q4_0" else 73.0)
     scales = (centre * rng.uniform(0.5, 1.5, 256)).astype(np.float16).view(np.uint8).reshape(256, 2)
     total = int(np.prod(shape)) // per_block
     for start in range(0, total, CHUNK_BLOCKS):
@@ -115,16 +121,24 @@ def _write_tensor(f, rng: np.random.Generator, shape: tuple[int, ...], ttype: st
 
 
 def write(a, out: Path, progress=print) -> int:
-    kvs = [_kv_str("general.architecture", "qwen3moe"), _kv_str("general.name", out.stem),
-           _kv_u32("qwen3moe.block_count", a.layers), _kv_u32("qwen3moe.context_length", a.context),
-           _kv_u32("qwen3moe.embedding_length", a.hidden),
-           _kv_u32("qwen3moe.feed_forward_length", a.expert_ffn * a.top_k),
-           _kv_u32("qwen3moe.expert_feed_forward_length", a.expert_ffn),
-           _kv_u32("qwen3moe.attention.head_count", a.heads), _kv_u32("qwen3moe.attention.head_count_kv", a.kv_heads),
-           _kv_u32("qwen3moe.attention.key_length", a.head_dim), _kv_u32("qwen3moe.attention.value_length", a.head_dim),
-           _kv_f32("qwen3moe.rope.freq_base", 1000000.0), _kv_f32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6),
-           _kv_u32("qwen3moe.expert_count", a.experts), _kv_u32("qwen3moe.expert_used_count", a.top_k),
-           _kv_u32("general.alignment", ALIGNMENT)]
+    kvs = [
+        _kv_str("general.architecture", "qwen3moe"),
+        _kv_str("general.name", out.stem),
+        _kv_u32("qwen3moe.block_count", a.layers),
+        _kv_u32("qwen3moe.context_length", a.context),
+        _kv_u32("qwen3moe.embedding_length", a.hidden),
+        _kv_u32("qwen3moe.feed_forward_length", a.expert_ffn * a.top_k),
+        _kv_u32("qwen3moe.expert_feed_forward_length", a.expert_ffn),
+        _kv_u32("qwen3moe.attention.head_count", a.heads),
+        _kv_u32("qwen3moe.attention.head_count_kv", a.kv_heads),
+        _kv_u32("qwen3moe.attention.key_length", a.head_dim),
+        _kv_u32("qwen3moe.attention.value_length", a.head_dim),
+        _kv_f32("qwen3moe.rope.freq_base", 1000000.0),
+        _kv_f32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6),
+        _kv_u32("qwen3moe.expert_count", a.experts),
+        _kv_u32("qwen3moe.expert_used_count", a.top_k),
+        _kv_u32("general.alignment", ALIGNMENT),
+    ]
     if a.tokenizer_from:
         extra, vocab = _tokenizer_kvs(a.tokenizer_from)
         if vocab != a.vocab:
@@ -146,15 +160,21 @@ def write(a, out: Path, progress=print) -> int:
     with open(partial, "wb") as f:
         f.write(head)
         for i, (name, shape, ttype) in enumerate(table):
-            gain = (a.branch_gain if name.endswith(("attn_output.weight", "ffn_down_exps.weight"))
-                    else a.hidden ** 0.5 if name == "token_embd.weight" else 1.0)
+            gain = (
+                a.branch_gain
+                if name.endswith(("attn_output.weight", "ffn_down_exps.weight"))
+                else a.hidden**0.5
+                if name == "token_embd.weight"
+                else 1.0
+            )
             _write_tensor(f, rng, shape, ttype, gain)
             n = _nbytes(shape, ttype)
             f.write(bytes(-n % ALIGNMENT))
             written += n
             if name.endswith("ffn_down_exps.weight") or i == len(table) - 1:
-                progress(f"make_moe_gguf: {written / 1e9:.2f} of {offset / 1e9:.2f} GB "
-                         f"({time.monotonic() - started:.0f} s)")
+                progress(
+                    f"make_moe_gguf: {written / 1e9:.2f} of {offset / 1e9:.2f} GB ({time.monotonic() - started:.0f} s)"
+                )
     partial.rename(out)
     return total
 
@@ -175,8 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-type", choices=("Q4_0", "Q8_0"), default="Q4_0")
     ap.add_argument("--attn-type", choices=("Q4_0", "Q8_0"), default="Q8_0")
     ap.add_argument("--tokenizer-from", type=Path)
-    ap.add_argument("--branch-gain", type=float, default=0.1,
-                    help="scale of the matrices that write into the residual stream (attention output, expert down)")
+    ap.add_argument(
+        "--branch-gain",
+        type=float,
+        default=0.1,
+        help="scale of the matrices that write into the residual stream (attention output, expert down)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     total = write(a, a.out)

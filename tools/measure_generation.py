@@ -89,13 +89,15 @@ def run(cmd: list[str]) -> dict:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.exit(f"the build failed:\n{log}")
-    return {"seconds": round(seconds, 2),
-            "cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2),
-            # ru_maxrss of children: the largest single process's peak, exact
-            "peak_rss_largest_process_mib": round(max(after.ru_maxrss, max(hwm.values(), default=0)) / 1024, 1),
-            "peak_rss_all_processes_mib": round(peak_sum / 1024, 1),
-            "generate_action_seconds": _action_seconds(log),
-            "log": _log(log)}
+    return {
+        "seconds": round(seconds, 2),
+        "cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2),
+        # ru_maxrss of children: the largest single process's peak, exact
+        "peak_rss_largest_process_mib": round(max(after.ru_maxrss, max(hwm.values(), default=0)) / 1024, 1),
+        "peak_rss_all_processes_mib": round(peak_sum / 1024, 1),
+        "generate_action_seconds": _action_seconds(log),
+        "log": _log(log),
+    }
 
 
 def _action_seconds(text: str) -> float | None:
@@ -166,8 +168,18 @@ def main(argv: list[str] | None = None) -> int:
         evict(files)
         copy = copy_seconds(files, args.copy_to or args.out.resolve().parent / f".{args.out.name}-copy")
     scons = Path(sys.executable).parent / "scons"
-    cmd = [str(scons), "-Q", "-C", str(REPO), "--debug=time", f"board={args.board}", f"model={args.model.resolve()}",
-           f"quant={args.quant}", f"out={args.out.resolve()}", str(args.out.resolve() / "generated" / "weights.img")]
+    cmd = [
+        str(scons),
+        "-Q",
+        "-C",
+        str(REPO),
+        "--debug=time",
+        f"board={args.board}",
+        f"model={args.model.resolve()}",
+        f"quant={args.quant}",
+        f"out={args.out.resolve()}",
+        str(args.out.resolve() / "generated" / "weights.img"),
+    ]
     if args.jobs:
         cmd.insert(-1, f"jobs={args.jobs}")
     evict(files)
@@ -175,9 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     first["sync_after_seconds"] = timed_sync()
     noop = run(cmd)
     image = args.out / "generated" / "weights.img"
-    result = {"model": str(args.model), "quant": args.quant, "jobs": args.jobs,
-              "input_bytes": sum(p.stat().st_size for p in files), "image_bytes": image.stat().st_size,
-              "generation": first, "cp_and_sync_seconds": copy}
+    result = {
+        "model": str(args.model),
+        "quant": args.quant,
+        "jobs": args.jobs,
+        "input_bytes": sum(p.stat().st_size for p in files),
+        "image_bytes": image.stat().st_size,
+        "generation": first,
+        "cp_and_sync_seconds": copy,
+    }
     if copy:
         result["ratio_generation_to_cp"] = round(first["seconds"] / copy, 2)
         result["ratio_generation_and_sync_to_cp"] = round((first["seconds"] + first["sync_after_seconds"]) / copy, 2)

@@ -61,25 +61,68 @@ def colibri(a, budget: int) -> dict:
         env["COLIBRI_FIRMWARE_PREFIX"] = f"{REPO / 'tools' / 'in-memory-cgroup'} {CGROUP}"
     else:
         warm(a.out / "generated" / "weights.img")
-    cmd = [str(REPO / "colibri"), "bench", "--board", "host", "--model", str(a.gguf), "--quant", "gguf",
-           "--out", str(a.out), "--threads", str(a.threads), "--steps", str(a.steps), "--prompt-tokens",
-           str(a.prompt_tokens), "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram", "--json"]
+    cmd = [
+        str(REPO / "colibri"),
+        "bench",
+        "--board",
+        "host",
+        "--model",
+        str(a.gguf),
+        "--quant",
+        "gguf",
+        "--out",
+        str(a.out),
+        "--threads",
+        str(a.threads),
+        "--steps",
+        str(a.steps),
+        "--prompt-tokens",
+        str(a.prompt_tokens),
+        "--repeat",
+        "1",
+        "--memory-budget",
+        str(budget),
+        "--no-in-ram",
+        "--json",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"moe_real_scale: colibri bench failed:\n{done.stderr[-2000:]}")
     out = json.loads(done.stdout)
     run = out["runs"][0]
     c = run.get("cache") or {}
-    return {"decode_tok_s": run["decode_tok_s"], "prefill_tok_s": run.get("prefill_tok_s"),
-            "hit_rate": c.get("hit_rate"), "mb_read_per_token": (c.get("read_bytes_per_token") or 0) / 1e6,
-            "wait_s_per_token": (c.get("read_wait_ms_per_token") or 0) / 1e3,
-            "storage_bound_tok_s": c.get("storage_bound_tok_s"), "of_storage_bound": c.get("of_storage_bound"),
-            "slots": (out.get("memory_budget") or {}).get("slots")}
+    return {
+        "decode_tok_s": run["decode_tok_s"],
+        "prefill_tok_s": run.get("prefill_tok_s"),
+        "hit_rate": c.get("hit_rate"),
+        "mb_read_per_token": (c.get("read_bytes_per_token") or 0) / 1e6,
+        "wait_s_per_token": (c.get("read_wait_ms_per_token") or 0) / 1e3,
+        "storage_bound_tok_s": c.get("storage_bound_tok_s"),
+        "of_storage_bound": c.get("of_storage_bound"),
+        "slots": (out.get("memory_budget") or {}).get("slots"),
+    }
 
 
 def llama(a, budget: int) -> dict:
-    cmd = [str(a.llama_bin / "llama-bench"), "-m", str(a.gguf), "-p", "0", "-n", str(a.llama_tokens),
-           "-t", str(a.threads), "-r", "1", "--repack", "0", "-lm", "mmap", "-o", "json"]
+    cmd = [
+        str(a.llama_bin / "llama-bench"),
+        "-m",
+        str(a.gguf),
+        "-p",
+        "0",
+        "-n",
+        str(a.llama_tokens),
+        "-t",
+        str(a.threads),
+        "-r",
+        "1",
+        "--repack",
+        "0",
+        "-lm",
+        "mmap",
+        "-o",
+        "json",
+    ]
     if budget:
         drop_from_page_cache(a.gguf)
         cmd = [str(REPO / "tools" / "in-memory-cgroup"), CGROUP, *cmd]
@@ -114,8 +157,21 @@ def main(argv=None) -> int:
     slack = parse_size(a.slack)
     if not (a.out / "firmware").exists():
         log(f"building {a.gguf.name} into {a.out}")
-        subprocess.run([str(REPO / "colibri"), "build", "--board", "host", "--model", str(a.gguf), "--quant", "gguf",
-                        "--out", str(a.out)], check=True)
+        subprocess.run(
+            [
+                str(REPO / "colibri"),
+                "build",
+                "--board",
+                "host",
+                "--model",
+                str(a.gguf),
+                "--quant",
+                "gguf",
+                "--out",
+                str(a.out),
+            ],
+            check=True,
+        )
     image = (a.out / "generated" / "weights.img").stat().st_size
     rows = []
     for r in range(a.rounds):
@@ -129,26 +185,37 @@ def main(argv=None) -> int:
             ll = {"decode_tok_s": None, "note": "not run"} if a.no_llama else llama(a, budget)
             log(f"{what}: llama.cpp {ll}")
             rows.append((r + 1, budget, c, ll))
-    print(f"Image {image / 1e9:.2f} GB; cgroup limit = budget + {format_size(slack)}; {a.threads} threads; "
-          f"{a.steps} decode steps after {a.prompt_tokens} prompt tokens of the bundled text; llama-bench "
-          f"-n {a.llama_tokens} --repack 0 -lm mmap\n")
-    print("| round | budget | slots | hit rate | MB read / token | read wait s / token | Colibri decode tok/s | "
-          "prefill tok/s | storage bound tok/s | of the bound | llama.cpp tok/s | Colibri / llama.cpp |")
+    print(
+        f"Image {image / 1e9:.2f} GB; cgroup limit = budget + {format_size(slack)}; {a.threads} threads; "
+        f"{a.steps} decode steps after {a.prompt_tokens} prompt tokens of the bundled text; llama-bench "
+        f"-n {a.llama_tokens} --repack 0 -lm mmap\n"
+    )
+    print(
+        "| round | budget | slots | hit rate | MB read / token | read wait s / token | Colibri decode tok/s | "
+        "prefill tok/s | storage bound tok/s | of the bound | llama.cpp tok/s | Colibri / llama.cpp |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for rnd, budget, c, ll in rows:
         ratio = c["decode_tok_s"] / ll["decode_tok_s"] if ll["decode_tok_s"] else None
-        print(f"| {rnd} | {format_size(budget) if budget else 'unlimited'} | {c['slots'] or '—'} | "
-              f"{cell(c['hit_rate'], '{:.1%}')} | {cell(c['mb_read_per_token'], '{:.0f}')} | "
-              f"{cell(c['wait_s_per_token'], '{:.3f}')} | {cell(c['decode_tok_s'])} | {cell(c['prefill_tok_s'])} | "
-              f"{cell(c['storage_bound_tok_s'])} | {cell(c['of_storage_bound'], '{:.2f}')} | "
-              f"{cell(ll['decode_tok_s'], '{:.3f}') if ll['decode_tok_s'] else ll.get('note', '—')} | {cell(ratio, '{:.1f}×')} |")
+        print(
+            f"| {rnd} | {format_size(budget) if budget else 'unlimited'} | {c['slots'] or '—'} | "
+            f"{cell(c['hit_rate'], '{:.1%}')} | {cell(c['mb_read_per_token'], '{:.0f}')} | "
+            f"{cell(c['wait_s_per_token'], '{:.3f}')} | {cell(c['decode_tok_s'])} | {cell(c['prefill_tok_s'])} | "
+            f"{cell(c['storage_bound_tok_s'])} | {cell(c['of_storage_bound'], '{:.2f}')} | "
+            f"{cell(ll['decode_tok_s'], '{:.3f}') if ll['decode_tok_s'] else ll.get('note', '—')} | {cell(ratio, '{:.1f}×')} |"
+        )
     for budget in budgets:
         mine = [c["decode_tok_s"] for _, b, c, _ in rows if b == budget]
         peer = [ll["decode_tok_s"] for _, b, _, ll in rows if b == budget and ll["decode_tok_s"]]
         ratios = [c["decode_tok_s"] / ll["decode_tok_s"] for _, b, c, ll in rows if b == budget and ll["decode_tok_s"]]
-        print(f"\nmedian, {format_size(budget) if budget else 'unlimited'}: Colibri {statistics.median(mine):.2f} tok/s"
-              + (f", llama.cpp {statistics.median(peer):.3f} tok/s, ratio (per round) {statistics.median(ratios):.1f}×"
-                 if ratios else ""))
+        print(
+            f"\nmedian, {format_size(budget) if budget else 'unlimited'}: Colibri {statistics.median(mine):.2f} tok/s"
+            + (
+                f", llama.cpp {statistics.median(peer):.3f} tok/s, ratio (per round) {statistics.median(ratios):.1f}×"
+                if ratios
+                else ""
+            )
+        )
     return 0
 
 

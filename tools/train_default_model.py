@@ -76,6 +76,7 @@ def log(msg: str) -> None:
 
 # 1. Corpus ---------------------------------------------------------------------
 
+
 def extract_corpus() -> tuple[str, dict]:
     """Run `bible` and return (plain text with one verse per line, info)."""
     exe = shutil.which("bible")
@@ -87,15 +88,15 @@ def extract_corpus() -> tuple[str, dict]:
     try:
         version = subprocess.run(
             ["dpkg-query", "-W", "-f=${Version}", BIBLE_PACKAGE],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         version = "unknown"
 
     env = dict(os.environ, COLUMNS=BIBLE_COLUMNS, LC_ALL="C")
-    proc = subprocess.run(
-        [exe, BIBLE_RANGE], capture_output=True, text=True, env=env
-    )
+    proc = subprocess.run([exe, BIBLE_RANGE], capture_output=True, text=True, env=env)
     if proc.returncode != 0 or not proc.stdout.strip():
         sys.exit(
             f"error: `bible {BIBLE_RANGE}` failed (exit {proc.returncode}): "
@@ -158,6 +159,7 @@ def extract_corpus() -> tuple[str, dict]:
 
 # 2. Tokenizer --------------------------------------------------------------------
 
+
 def train_tokenizer(lines: list[str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -188,6 +190,7 @@ def train_tokenizer(lines: list[str]):
 
 
 # 3. Data -------------------------------------------------------------------------
+
 
 def split_corpus(verses: list[str], chapters, holdout_frac: float):
     """Hold out the last whole chapters holding >= holdout_frac of the characters."""
@@ -251,9 +254,7 @@ def evaluate(model, stream, windows, bos_id: int, batch_size: int = 32) -> float
                 for r, a in enumerate(chunk):
                     x[r, 1:] = torch.from_numpy(stream[a : a + length])
                 logits = model(input_ids=x).logits[:, :-1]
-                loss = F.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum"
-                )
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
                 total += float(loss)
                 count += x[:, 1:].numel()
     model.train()
@@ -268,6 +269,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int, min_ratio: float) -> 
 
 
 # 5. Samples / model card -----------------------------------------------------------
+
 
 def generate_samples(model_dir: Path, tok, seed: int):
     import torch
@@ -326,10 +328,10 @@ Files:
 
 | file | content |
 |---|---|
-| `config.json` | `LlamaConfig` (transformers {L['versions']['transformers']}) |
+| `config.json` | `LlamaConfig` (transformers {L["versions"]["transformers"]}) |
 | `model.safetensors` | float32 weights, Hugging Face names (`model.embed_tokens.weight`, `model.layers.N.self_attn.q_proj.weight`, ..., `model.norm.weight`); the output head is tied to the embedding, so there is no `lm_head.weight` |
 | `generation_config.json` | BOS/EOS ids and the demo's sampling settings |
-| `tokenizer.json` | `tokenizers` BPE tokenizer, {t['vocab_size']} entries |
+| `tokenizer.json` | `tokenizers` BPE tokenizer, {t["vocab_size"]} entries |
 | `tokenizer_config.json` | lets `transformers.AutoTokenizer` load `tokenizer.json` with its special tokens |
 | `training_log.json` | the numbers on this page, machine-readable |
 
@@ -339,37 +341,37 @@ Files:
 
 | setting | value |
 |---|---|
-| vocab_size | {c['vocab_size']} |
-| hidden_size | {c['hidden_size']} |
-| intermediate_size | {c['intermediate_size']} |
-| num_hidden_layers | {c['num_hidden_layers']} |
-| num_attention_heads | {c['num_attention_heads']} |
-| num_key_value_heads | {c['num_key_value_heads']} (grouped-query / multi-query attention) |
-| head_dim | {c['head_dim']} |
-| max_position_embeddings | {c['max_position_embeddings']} |
-| rope_theta | {c['rope_theta']} (default RoPE, no scaling) |
-| rms_norm_eps | {c['rms_norm_eps']} |
-| hidden_act | {c['hidden_act']} (SwiGLU MLP) |
-| tie_word_embeddings | {str(c['tie_word_embeddings']).lower()} |
-| attention_bias / mlp_bias | {str(c['attention_bias']).lower()} / {str(c['mlp_bias']).lower()} |
-| bos_token_id / eos_token_id | {c['bos_token_id']} / {c['eos_token_id']} |
+| vocab_size | {c["vocab_size"]} |
+| hidden_size | {c["hidden_size"]} |
+| intermediate_size | {c["intermediate_size"]} |
+| num_hidden_layers | {c["num_hidden_layers"]} |
+| num_attention_heads | {c["num_attention_heads"]} |
+| num_key_value_heads | {c["num_key_value_heads"]} (grouped-query / multi-query attention) |
+| head_dim | {c["head_dim"]} |
+| max_position_embeddings | {c["max_position_embeddings"]} |
+| rope_theta | {c["rope_theta"]} (default RoPE, no scaling) |
+| rms_norm_eps | {c["rms_norm_eps"]} |
+| hidden_act | {c["hidden_act"]} (SwiGLU MLP) |
+| tie_word_embeddings | {str(c["tie_word_embeddings"]).lower()} |
+| attention_bias / mlp_bias | {str(c["attention_bias"]).lower()} / {str(c["mlp_bias"]).lower()} |
+| bos_token_id / eos_token_id | {c["bos_token_id"]} / {c["eos_token_id"]} |
 
-Parameters: **{L['param_count']:,}** (embedding {L['param_count_embedding']:,}, shared with
-the output head; {per_layer:,} per decoder layer; final norm {c['hidden_size']}).
-That is {L['param_count'] * 4 / 1024:.0f} KiB in float32 and about
-{L['param_count'] / 1024:.0f} KiB with 8-bit weights.
+Parameters: **{L["param_count"]:,}** (embedding {L["param_count_embedding"]:,}, shared with
+the output head; {per_layer:,} per decoder layer; final norm {c["hidden_size"]}).
+That is {L["param_count"] * 4 / 1024:.0f} KiB in float32 and about
+{L["param_count"] / 1024:.0f} KiB with 8-bit weights.
 
-The model was trained with sequences of {tr['seq_len']} tokens; positions
-{tr['seq_len']}..{c['max_position_embeddings'] - 1} are allowed by the config but were
+The model was trained with sequences of {tr["seq_len"]} tokens; positions
+{tr["seq_len"]}..{c["max_position_embeddings"] - 1} are allowed by the config but were
 never seen in training, so text quality may degrade when a generation runs past
-{tr['seq_len']} tokens.
+{tr["seq_len"]} tokens.
 
 ## Tokenizer
 
-Byte-level BPE (`tokenizers` {L['versions']['tokenizers']}), trained on the whole corpus:
+Byte-level BPE (`tokenizers` {L["versions"]["tokenizers"]}), trained on the whole corpus:
 
-- vocabulary: exactly {t['vocab_size']} entries, special tokens `<unk>` = {t['unk_id']},
-  `<s>` (BOS) = {t['bos_id']}, `</s>` (EOS) = {t['eos_id']}; {t['alphabet_size']}
+- vocabulary: exactly {t["vocab_size"]} entries, special tokens `<unk>` = {t["unk_id"]},
+  `<s>` (BOS) = {t["bos_id"]}, `</s>` (EOS) = {t["eos_id"]}; {t["alphabet_size"]}
   single-character tokens (only characters that occur in the corpus, no 256-byte
   alphabet), the rest are merges; `byte_fallback` off, `min_frequency` 2;
 - pre-tokenizer `ByteLevel(add_prefix_space=False, use_regex=True)` and decoder
@@ -377,69 +379,69 @@ Byte-level BPE (`tokenizers` {L['versions']['tokenizers']}), trained on the whol
   newline as `Ċ`, so `decode` reproduces the text exactly, and decoding one id at a
   time (streaming) gives the right spacing (`" the"`);
 - post-processor `TemplateProcessing("<s> $A")`: `encode(text).ids` starts with BOS.
-  `tokenizer.encode("In the beginning").ids` = `{t['example_ids']}`
-  (`{t['example_tokens']}`);
+  `tokenizer.encode("In the beginning").ids` = `{t["example_ids"]}`
+  (`{t["example_tokens"]}`);
 - no normalizer: the corpus is plain ASCII.
 
 ## Corpus
 
-- Source: the Debian package `{corp['package']}`, version `{corp['package_version']}`,
-  extracted with `{corp['command']}`. The King James Version (1611/1769) text is in
+- Source: the Debian package `{corp["package"]}`, version `{corp["package_version"]}`,
+  extracted with `{corp["command"]}`. The King James Version (1611/1769) text is in
   the public domain (outside the United Kingdom, where it is under Crown
   letters patent).
 - Book/chapter headers and verse numbers are removed, wrapped lines re-joined and
   runs of spaces collapsed; the result is one verse per line, `\\n`-terminated, in
-  canonical order Genesis 1:1 - Revelation 22:21 ({corp['verses']:,} verses,
-  {corp['chapters']:,} chapters, {corp['books']} books).
-- Size: {corp['corpus_chars']:,} characters, {corp['corpus_tokens']:,} tokens
-  ({corp['corpus_chars'] / corp['corpus_tokens']:.2f} characters per token).
-- SHA-256 of the extracted text (UTF-8): `{corp['corpus_sha256']}`.
-- Validation split: the last whole chapters, from {tr['val_from']} to Revelation 22
-  ({tr['val_verses']:,} verses, {tr['val_tokens']:,} tokens,
-  {100 * tr['val_tokens'] / corp['corpus_tokens']:.1f}% of the tokens); everything
-  before it ({tr['train_tokens']:,} tokens) is training data.
+  canonical order Genesis 1:1 - Revelation 22:21 ({corp["verses"]:,} verses,
+  {corp["chapters"]:,} chapters, {corp["books"]} books).
+- Size: {corp["corpus_chars"]:,} characters, {corp["corpus_tokens"]:,} tokens
+  ({corp["corpus_chars"] / corp["corpus_tokens"]:.2f} characters per token).
+- SHA-256 of the extracted text (UTF-8): `{corp["corpus_sha256"]}`.
+- Validation split: the last whole chapters, from {tr["val_from"]} to Revelation 22
+  ({tr["val_verses"]:,} verses, {tr["val_tokens"]:,} tokens,
+  {100 * tr["val_tokens"] / corp["corpus_tokens"]:.1f}% of the tokens); everything
+  before it ({tr["train_tokens"]:,} tokens) is training data.
 
 ## Training recipe
 
 ```sh
-{tr['command']}
+{tr["command"]}
 ```
 
-- Seed {tr['seed']} for Python `random`, NumPy and PyTorch;
+- Seed {tr["seed"]} for Python `random`, NumPy and PyTorch;
   `torch.set_num_threads(1)`, `torch.use_deterministic_algorithms(True)`. A re-run
   gives byte-identical `tokenizer.json` and `model.safetensors`.
-- Examples: `<s>` followed by the {tr['seq_len'] - 1} tokens that start at a
-  verse beginning of the training stream ({tr['seq_len']} tokens per sequence); the
+- Examples: `<s>` followed by the {tr["seq_len"] - 1} tokens that start at a
+  verse beginning of the training stream ({tr["seq_len"]} tokens per sequence); the
   starting verses are drawn by a seeded NumPy generator (a fresh permutation of all
-  {tr['train_windows']:,} eligible verse starts per pass). Loss is the mean next-token
+  {tr["train_windows"]:,} eligible verse starts per pass). Loss is the mean next-token
   cross-entropy over all positions.
-- Optimizer: AdamW (betas {tuple(tr['betas'])}, eps {tr['adam_eps']}, weight decay
-  {tr['weight_decay']} on matrices incl. the tied embedding, 0 on RMSNorm weights),
-  gradient clipping at {tr['grad_clip']}.
-- Schedule: linear warm-up for {tr['warmup_steps']} steps to {tr['peak_lr']}, then
-  cosine decay to {tr['min_lr']}.
-- Batch {tr['batch_size']} sequences x {tr['seq_len']} tokens =
-  {tr['batch_size'] * tr['seq_len']:,} tokens per step, {tr['steps']:,} steps
-  ({tr['tokens_seen']:,} tokens, {tr['tokens_seen'] / tr['train_tokens']:.1f} passes
+- Optimizer: AdamW (betas {tuple(tr["betas"])}, eps {tr["adam_eps"]}, weight decay
+  {tr["weight_decay"]} on matrices incl. the tied embedding, 0 on RMSNorm weights),
+  gradient clipping at {tr["grad_clip"]}.
+- Schedule: linear warm-up for {tr["warmup_steps"]} steps to {tr["peak_lr"]}, then
+  cosine decay to {tr["min_lr"]}.
+- Batch {tr["batch_size"]} sequences x {tr["seq_len"]} tokens =
+  {tr["batch_size"] * tr["seq_len"]:,} tokens per step, {tr["steps"]:,} steps
+  ({tr["tokens_seen"]:,} tokens, {tr["tokens_seen"] / tr["train_tokens"]:.1f} passes
   over the training tokens); default Hugging Face initialisation (normal, std
-  {c['initializer_range']}); no dropout.
-- Hardware: one CPU thread (PyTorch {L['versions']['torch']}); wall time
-  {fmt_duration(tr['train_seconds'])} for the training loop
-  ({fmt_duration(L['total_seconds'])} for the whole script).
+  {c["initializer_range"]}); no dropout.
+- Hardware: one CPU thread (PyTorch {L["versions"]["torch"]}); wall time
+  {fmt_duration(tr["train_seconds"])} for the training loop
+  ({fmt_duration(L["total_seconds"])} for the whole script).
 
 ## Results
 
-Mean next-token loss in nats/token over verse-aligned {tr['seq_len']}-token windows
+Mean next-token loss in nats/token over verse-aligned {tr["seq_len"]}-token windows
 (each prefixed with `<s>`):
 
 | split | loss (nats/token) | perplexity |
 |---|---|---|
-| train (every verse-aligned window of the training split) | {tr['final_train_loss']:.4f} | {math.exp(tr['final_train_loss']):.2f} |
-| validation (held-out chapters) | {tr['final_val_loss']:.4f} | {math.exp(tr['final_val_loss']):.2f} |
+| train (every verse-aligned window of the training split) | {tr["final_train_loss"]:.4f} | {math.exp(tr["final_train_loss"]):.2f} |
+| validation (held-out chapters) | {tr["final_val_loss"]:.4f} | {math.exp(tr["final_val_loss"]):.2f} |
 
-Running mean of the training loss over the last 100 steps: {tr['last100_train_loss']:.4f}.
+Running mean of the training loss over the last 100 steps: {tr["last100_train_loss"]:.4f}.
 
-Validation loss during training: {', '.join(f"step {e['step']}: {e['val_loss']:.3f}" for e in tr['val_history'])}.
+Validation loss during training: {", ".join(f"step {e['step']}: {e['val_loss']:.3f}" for e in tr["val_history"])}.
 
 ## Samples
 
@@ -451,17 +453,18 @@ Generated with `transformers` from the saved files; prompts are encoded with
 A model this small soon falls into loops under greedy decoding, which is why the
 demo samples.
 
-{block(samples['greedy'])}
+{block(samples["greedy"])}
 ### Sampled
 
 `do_sample=True, temperature=0.8, top_k=40, top_p=0.95` (the settings in
-`generation_config.json`), `torch.manual_seed({tr['seed']})` before each prompt.
+`generation_config.json`), `torch.manual_seed({tr["seed"]})` before each prompt.
 
-{block(samples['sampled'])}"""
+{block(samples["sampled"])}"""
     (out / "README.md").write_text(card.rstrip("\n") + "\n", encoding="utf-8")
 
 
 # main --------------------------------------------------------------------------------
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -513,15 +516,17 @@ def main() -> None:
     tok.save(str(out / "tokenizer.json"), pretty=True)
     # Lets transformers.AutoTokenizer load tokenizer.json with its special tokens.
     tok_cfg = dict(
-        bos_token="<s>", clean_up_tokenization_spaces=False, eos_token="</s>",
+        bos_token="<s>",
+        clean_up_tokenization_spaces=False,
+        eos_token="</s>",
         model_max_length=MODEL_CONFIG["max_position_embeddings"],
-        tokenizer_class="PreTrainedTokenizerFast", unk_token="<unk>",
+        tokenizer_class="PreTrainedTokenizerFast",
+        unk_token="<unk>",
     )
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     bos_id, eos_id, unk_id = (tok.token_to_id(s) for s in ("<s>", "</s>", "<unk>"))
     example = tok.encode("In the beginning")
-    log(f"tokenizer: vocab {tok.get_vocab_size()}, bos {bos_id}, eos {eos_id}, "
-        f"'In the beginning' -> {example.ids}")
+    log(f"tokenizer: vocab {tok.get_vocab_size()}, bos {bos_id}, eos {eos_id}, 'In the beginning' -> {example.ids}")
 
     # 3. data
     split_verse, val_from = split_corpus(verses, chapters, args.holdout)
@@ -530,8 +535,10 @@ def main() -> None:
     body = args.seq_len - 1  # + BOS = seq_len
     eligible = train_starts[train_starts + body <= len(train_stream)]
     corpus_tokens = len(train_stream) + len(val_stream)
-    log(f"data: train {len(train_stream)} tokens ({len(eligible)} windows), "
-        f"val {len(val_stream)} tokens from {val_from}")
+    log(
+        f"data: train {len(train_stream)} tokens ({len(eligible)} windows), "
+        f"val {len(val_stream)} tokens from {val_from}"
+    )
     val_windows = tiled_windows(val_stream, val_starts, body)
     train_eval_windows = tiled_windows(train_stream, train_starts, body)
 
@@ -550,7 +557,9 @@ def main() -> None:
     betas, adam_eps, grad_clip = (0.9, 0.95), 1e-8, 1.0
     opt = torch.optim.AdamW(
         [dict(params=decay, weight_decay=args.weight_decay), dict(params=no_decay, weight_decay=0.0)],
-        lr=args.lr, betas=betas, eps=adam_eps,
+        lr=args.lr,
+        betas=betas,
+        eps=adam_eps,
     )
 
     rng = np.random.default_rng(args.seed)
@@ -588,8 +597,10 @@ def main() -> None:
         done = step + 1
         if done % args.log_every == 0 or done == args.steps or done == 1:
             el = time.time() - t0
-            log(f"step {done:5d}/{args.steps}  loss {interval_loss / interval_n:.4f}  lr {lr:.2e}  "
-                f"{el:6.0f}s  {done * args.batch_size * args.seq_len / el:,.0f} tok/s")
+            log(
+                f"step {done:5d}/{args.steps}  loss {interval_loss / interval_n:.4f}  lr {lr:.2e}  "
+                f"{el:6.0f}s  {done * args.batch_size * args.seq_len / el:,.0f} tok/s"
+            )
             interval_loss, interval_n = 0.0, 0
         if done % args.eval_every == 0 or done == args.steps:
             vl = evaluate(model, val_stream, val_windows, bos_id)
@@ -624,8 +635,9 @@ def main() -> None:
             log(f"[{mode}] {s['text']!r}")
 
     config_dict = {k: v for k, v in MODEL_CONFIG.items()}
-    config_dict.update(bos_token_id=bos_id, eos_token_id=eos_id,
-                       initializer_range=config.initializer_range, torch_dtype="float32")
+    config_dict.update(
+        bos_token_id=bos_id, eos_token_id=eos_id, initializer_range=config.initializer_range, torch_dtype="float32"
+    )
     total_seconds = time.time() - t_script
     L = dict(
         model="kjv-tiny",
@@ -636,30 +648,56 @@ def main() -> None:
         param_count_per_layer=n_layer,
         corpus=dict(info, corpus_tokens=corpus_tokens),
         tokenizer=dict(
-            type="BPE", pre_tokenizer="ByteLevel(add_prefix_space=False, use_regex=True)",
-            decoder="ByteLevel", post_processor="TemplateProcessing(<s> $A)",
-            vocab_size=tok.get_vocab_size(), min_frequency=2, byte_fallback=False,
-            unk_id=unk_id, bos_id=bos_id, eos_id=eos_id,
+            type="BPE",
+            pre_tokenizer="ByteLevel(add_prefix_space=False, use_regex=True)",
+            decoder="ByteLevel",
+            post_processor="TemplateProcessing(<s> $A)",
+            vocab_size=tok.get_vocab_size(),
+            min_frequency=2,
+            byte_fallback=False,
+            unk_id=unk_id,
+            bos_id=bos_id,
+            eos_id=eos_id,
             alphabet_size=sum(1 for t, i in tok.get_vocab().items() if len(t) == 1 and i > 2),
-            example_text="In the beginning", example_ids=example.ids, example_tokens=example.tokens,
+            example_text="In the beginning",
+            example_ids=example.ids,
+            example_tokens=example.tokens,
         ),
         training=dict(
             command=".venv/bin/python tools/train_default_model.py " + " ".join(sys.argv[1:]),
-            seed=args.seed, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+            seed=args.seed,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
             tokens_seen=args.steps * args.batch_size * args.seq_len,
-            optimizer="AdamW", betas=list(betas), adam_eps=adam_eps, weight_decay=args.weight_decay,
-            grad_clip=grad_clip, peak_lr=args.lr, warmup_steps=args.warmup,
-            min_lr=args.lr * args.min_lr_ratio, schedule="linear warmup + cosine decay",
-            holdout_fraction=args.holdout, val_from=val_from,
-            val_verses=len(verses) - split_verse, val_tokens=len(val_stream),
-            train_tokens=len(train_stream), train_windows=len(eligible),
-            final_train_loss=round(final_train, 4), final_val_loss=round(final_val, 4),
+            optimizer="AdamW",
+            betas=list(betas),
+            adam_eps=adam_eps,
+            weight_decay=args.weight_decay,
+            grad_clip=grad_clip,
+            peak_lr=args.lr,
+            warmup_steps=args.warmup,
+            min_lr=args.lr * args.min_lr_ratio,
+            schedule="linear warmup + cosine decay",
+            holdout_fraction=args.holdout,
+            val_from=val_from,
+            val_verses=len(verses) - split_verse,
+            val_tokens=len(val_stream),
+            train_tokens=len(train_stream),
+            train_windows=len(eligible),
+            final_train_loss=round(final_train, 4),
+            final_val_loss=round(final_val, 4),
             last100_train_loss=round(sum(recent) / len(recent), 4),
-            val_history=val_history, train_seconds=round(train_seconds, 1),
+            val_history=val_history,
+            train_seconds=round(train_seconds, 1),
         ),
         total_seconds=round(total_seconds, 1),
-        versions=dict(torch=torch.__version__, transformers=transformers.__version__,
-                      tokenizers=tokenizers.__version__, numpy=np.__version__),
+        versions=dict(
+            torch=torch.__version__,
+            transformers=transformers.__version__,
+            tokenizers=tokenizers.__version__,
+            numpy=np.__version__,
+        ),
         samples=samples,
     )
     (out / "training_log.json").write_text(json.dumps(L, indent=2) + "\n")

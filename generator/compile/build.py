@@ -49,6 +49,7 @@ class Artifacts:
 
     def model_hash(self) -> str:
         from .image import map_image, read_header
+
         return read_header(map_image(self.weights)).model_hash.hex()
 
 
@@ -60,8 +61,14 @@ def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int) -> Pa
     return BUILD_ROOT / board.name / f"{slug(Path(model_dir).resolve().name)}-{quant}-ctx{n_ctx}"
 
 
-def prepare(board: Board, model_dir: Path | str, quant: str, ctx: int | None,
-            out_dir: Path | str | None = None, check_fit: bool = True) -> tuple[BuildRequest, Plan]:
+def prepare(
+    board: Board,
+    model_dir: Path | str,
+    quant: str,
+    ctx: int | None,
+    out_dir: Path | str | None = None,
+    check_fit: bool = True,
+) -> tuple[BuildRequest, Plan]:
     """Validate everything that can be validated without compiling; returns the plan too.
     check_fit=False leaves the memory budgets to the caller (`report` shows the table first)."""
     model_dir = Path(model_dir)
@@ -126,8 +133,11 @@ def build_dirs(board: str | None = None, model: Path | str | None = None, root: 
         if prefix is None:
             found.append(board_dir)
         else:
-            found += sorted(d for d in board_dir.iterdir() if d.is_dir() and d.name.startswith(prefix)
-                            and d.name[len(prefix):].split("-ctx")[0] in QUANTS)
+            found += sorted(
+                d
+                for d in board_dir.iterdir()
+                if d.is_dir() and d.name.startswith(prefix) and d.name[len(prefix) :].split("-ctx")[0] in QUANTS
+            )
     return found
 
 
@@ -158,8 +168,18 @@ def artifacts(req: BuildRequest) -> Artifacts:
 
 def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str]:
     scons = Path(sys.executable).parent / "scons"
-    return [str(scons), "-Q", "-C", str(REPO), f"board={req.board.name}", f"model={req.model_dir}",
-            f"quant={req.quant}", f"ctx={req.n_ctx}", f"out={req.out_dir}", *(extra or [])]
+    return [
+        str(scons),
+        "-Q",
+        "-C",
+        str(REPO),
+        f"board={req.board.name}",
+        f"model={req.model_dir}",
+        f"quant={req.quant}",
+        f"ctx={req.n_ctx}",
+        f"out={req.out_dir}",
+        *(extra or []),
+    ]
 
 
 def run_scons(req: BuildRequest, echo=None, defines: tuple[str, ...] = (), jobs: int | None = None) -> Artifacts:
@@ -200,8 +220,14 @@ def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")
     try:
-        proc = subprocess.Popen(scons_command(req, extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=env, text=True, errors="replace")
+        proc = subprocess.Popen(
+            scons_command(req, extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            errors="replace",
+        )
     except OSError as e:
         raise ColibriError(f"cannot run SCons ({e.strerror}); run ./colibri from the repository root") from None
     lines = []
@@ -214,7 +240,7 @@ def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:
     if proc.returncode != 0:
         for line in lines:
             if line.startswith("colibri: error: "):
-                raise ColibriError(line[len("colibri: error: "):])
+                raise ColibriError(line[len("colibri: error: ") :])
         tail = "\n".join(lines[-30:])
         raise ColibriError(f"the build for board {req.board.name} failed:\n{tail}")
     return artifacts(req)

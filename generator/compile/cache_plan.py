@@ -46,6 +46,7 @@ from .plan import Plan, align_up, expert_groups
 STORAGE_ALIGN = 4096  # O_DIRECT: file offsets, lengths and buffers in multiples of this
 NO_LIMIT_FROM = 2**62  # a cgroup limit this large is no limit (v1 writes 2^63 - 4096 for none)
 
+
 @dataclass(frozen=True)
 class CacheConstants:
     """What the firmware is compiled with to size its cache (model_def.h)."""
@@ -80,12 +81,12 @@ def cache_constants(plan: Plan, reserve_bytes: int) -> CacheConstants:
     # +1 block: an extent starting at any 64-byte boundary, read from the 4 KiB boundary below it.
     slot_bytes = align_up(expert_bytes, STORAGE_ALIGN) + STORAGE_ALIGN if groups else 0
     resident = plan.image.image_bytes - sum(g.n_experts * g.stride for g in groups)
-    fixed = (resident + plan.kv_bytes + plan.scratch_bytes + plan.rope_table_bytes + plan.expanded_bytes
-             + reserve_bytes)
+    fixed = resident + plan.kv_bytes + plan.scratch_bytes + plan.rope_table_bytes + plan.expanded_bytes + reserve_bytes
     spec = plan.spec
     n_moe = len(groups)
-    return CacheConstants(n_moe, spec.experts_per_token, spec.n_experts, expert_bytes, slot_bytes, resident,
-                          reserve_bytes, fixed)
+    return CacheConstants(
+        n_moe, spec.experts_per_token, spec.n_experts, expert_bytes, slot_bytes, resident, reserve_bytes, fixed
+    )
 
 
 @dataclass(frozen=True)
@@ -128,13 +129,23 @@ class CachePlan:
 
     def to_dict(self, hit_rates=(0.0, 0.5, 0.9)) -> dict:
         c = self.constants
-        return {"budget": self.budget, "unlimited": self.unlimited, "resident_bytes": c.resident_bytes,
-                "fixed_bytes": c.fixed_bytes, "reserve_bytes": c.reserve_bytes, "moe_layers": c.n_moe_layers,
-                "expert_bytes": c.expert_bytes, "slot_bytes": c.slot_bytes, "slots": self.slots,
-                "slots_per_layer": self.slots_per_layer, "routed_experts": c.max_slots,
-                "pool_bytes": self.pool_bytes, "min_budget": c.min_budget,
-                "bytes_read_per_token": {f"{h:g}": self.bytes_read_per_token(h) for h in hit_rates},
-                "auto": self.auto.to_dict(self.budget) if self.auto else None}
+        return {
+            "budget": self.budget,
+            "unlimited": self.unlimited,
+            "resident_bytes": c.resident_bytes,
+            "fixed_bytes": c.fixed_bytes,
+            "reserve_bytes": c.reserve_bytes,
+            "moe_layers": c.n_moe_layers,
+            "expert_bytes": c.expert_bytes,
+            "slot_bytes": c.slot_bytes,
+            "slots": self.slots,
+            "slots_per_layer": self.slots_per_layer,
+            "routed_experts": c.max_slots,
+            "pool_bytes": self.pool_bytes,
+            "min_budget": c.min_budget,
+            "bytes_read_per_token": {f"{h:g}": self.bytes_read_per_token(h) for h in hit_rates},
+            "auto": self.auto.to_dict(self.budget) if self.auto else None,
+        }
 
 
 def slots_for_budget(c: CacheConstants, budget: int) -> int | None:
@@ -155,12 +166,17 @@ def slots_for_budget(c: CacheConstants, budget: int) -> int | None:
 def too_small(plan: Plan, c: CacheConstants, what: str) -> str:
     """The one line that refuses a budget (`what`: how it was given), with the numbers."""
     need = c.min_budget
-    slots_part = (f" + {c.experts_per_token} expert slots (one token's experts of one layer) x "
-                  f"{c.slot_bytes:,} B" if c.n_moe_layers else "")
-    return (f"{what} is too small for {plan.spec.name} "
-            f"({plan.quant}, context {plan.n_ctx}): it needs at least {need:,} B ({format_size(need)}) = resident "
-            f"weights {c.resident_bytes:,} B + KV cache {plan.kv_bytes:,} B + scratch {plan.scratch_bytes:,} B + "
-            f"RoPE tables {plan.rope_table_bytes:,} B + reserve {c.reserve_bytes:,} B{slots_part}")
+    slots_part = (
+        f" + {c.experts_per_token} expert slots (one token's experts of one layer) x {c.slot_bytes:,} B"
+        if c.n_moe_layers
+        else ""
+    )
+    return (
+        f"{what} is too small for {plan.spec.name} "
+        f"({plan.quant}, context {plan.n_ctx}): it needs at least {need:,} B ({format_size(need)}) = resident "
+        f"weights {c.resident_bytes:,} B + KV cache {plan.kv_bytes:,} B + scratch {plan.scratch_bytes:,} B + "
+        f"RoPE tables {plan.rope_table_bytes:,} B + reserve {c.reserve_bytes:,} B{slots_part}"
+    )
 
 
 def cache_plan(plan: Plan, reserve_bytes: int, budget: int) -> CachePlan:
@@ -174,6 +190,7 @@ def cache_plan(plan: Plan, reserve_bytes: int, budget: int) -> CachePlan:
 
 
 # ---- --memory-budget auto: the memory the firmware may use where it runs ----------------------
+
 
 @dataclass(frozen=True)
 class MemoryFound:
@@ -258,16 +275,22 @@ class AutoChoice:
         return max(self.found.nbytes - self.request.margin, 0)
 
     def describe(self, unlimited: bool = False) -> str:
-        """"cgroup v1 limit 4.50 GiB (...) - margin 128.0 MiB = 4.37 GiB": the arithmetic, one phrase
+        """ "cgroup v1 limit 4.50 GiB (...) - margin 128.0 MiB = 4.37 GiB": the arithmetic, one phrase
         (`unlimited`: it chose no budget, since that holds the whole model)."""
         usable = format_size(self.usable) + (f" ({self.usable:,} B)" if self.usable >= 2**20 else "")
         text = f"{self.found.describe()} - margin {format_size(self.request.margin)} = {usable}"
         return text + (": it holds the whole model, so unlimited (the mapped image read in place)" if unlimited else "")
 
     def to_dict(self, budget: int) -> dict:
-        return {"found": self.found.nbytes, "source": self.found.source, "where": self.found.where,
-                "margin": self.request.margin, "usable": self.usable, "whole_model": budget == 0,
-                "why": self.describe(budget == 0)}
+        return {
+            "found": self.found.nbytes,
+            "source": self.found.source,
+            "where": self.found.where,
+            "margin": self.request.margin,
+            "usable": self.usable,
+            "whole_model": budget == 0,
+            "why": self.describe(budget == 0),
+        }
 
 
 def auto_budget(c: CacheConstants, usable: int) -> int | None:
@@ -282,8 +305,10 @@ def auto_cache_plan(plan: Plan, reserve_bytes: int, request: AutoBudget, found: 
     """The cache --memory-budget auto gives on a machine where `found` is what the firmware may use,
     or a one-line refusal with the numbers."""
     if found is None:
-        raise ColibriError("--memory-budget auto: this machine shows no memory cgroup limit and no MemAvailable "
-                           "(/proc/self/cgroup, /proc/meminfo); give the budget as a size, e.g. --memory-budget 4G")
+        raise ColibriError(
+            "--memory-budget auto: this machine shows no memory cgroup limit and no MemAvailable "
+            "(/proc/self/cgroup, /proc/meminfo); give the budget as a size, e.g. --memory-budget 4G"
+        )
     c = cache_constants(plan, reserve_bytes)
     choice = AutoChoice(request, found)
     budget = auto_budget(c, choice.usable)
@@ -307,8 +332,9 @@ class AutoElsewhere:
 
     def as_run(self, stats: dict | None) -> CachePlan:
         if not stats or "auto_found" not in stats:
-            raise ColibriError("the board's stats frame does not say what --memory-budget auto chose there "
-                               "(firmware older than auto?)")
+            raise ColibriError(
+                "the board's stats frame does not say what --memory-budget auto chose there (firmware older than auto?)"
+            )
         return plan_from_stats(self.constants, stats)
 
 

@@ -11,8 +11,16 @@ from elftools.elf.sections import SymbolTableSection
 
 from ..errors import ColibriError
 
-ARENA_SYMBOLS = ("colibri_scratch", "colibri_key_cache", "colibri_value_cache", "colibri_rope_cos",
-                 "colibri_rope_sin", "colibri_tensor_table", "colibri_expert_groups", "colibri_expanded")
+ARENA_SYMBOLS = (
+    "colibri_scratch",
+    "colibri_key_cache",
+    "colibri_value_cache",
+    "colibri_rope_cos",
+    "colibri_rope_sin",
+    "colibri_tensor_table",
+    "colibri_expert_groups",
+    "colibri_expanded",
+)
 
 
 @dataclass

@@ -80,7 +80,7 @@ def environment(template_dir: Path = TEMPLATE_DIR) -> jinja2.Environment:
 
 def _float_rows(values: np.ndarray, per_line: int = 6) -> list[str]:
     flat = [c_float(v) for v in np.asarray(values, dtype=np.float32).reshape(-1)]
-    return [", ".join(flat[i:i + per_line]) for i in range(0, len(flat), per_line)]
+    return [", ".join(flat[i : i + per_line]) for i in range(0, len(flat), per_line)]
 
 
 def _bindings(spec, by_name: dict, layer_fields: list) -> tuple[list[dict], list[dict]]:
@@ -106,12 +106,35 @@ def _bindings(spec, by_name: dict, layer_fields: list) -> tuple[list[dict], list
 def _expert_groups(plan: Plan) -> list[dict]:
     groups = []
     for g in expert_groups(plan.spec, plan.tensors):
-        parts = [dict(part=p.part, c_part=p.part.upper(), dtype=p.dtype, rows=p.rows, cols=p.cols, at=p.at,
-                      nbytes=p.nbytes, scales_offset=p.scales_offset, mins_offset=p.mins_offset,
-                      expanded_at=p.expanded_at, expanded_scales_offset=align_up(p.rows * p.cols)) for p in g.parts]
-        groups.append(dict(layer=g.layer, c_name=f"LAYERS_{g.layer}", first_tensor=g.first_tensor, offset=g.offset,
-                           stride=g.stride, expanded_offset=g.expanded_offset, expanded_stride=g.expanded_stride,
-                           n_experts=g.n_experts, parts=parts))
+        parts = [
+            dict(
+                part=p.part,
+                c_part=p.part.upper(),
+                dtype=p.dtype,
+                rows=p.rows,
+                cols=p.cols,
+                at=p.at,
+                nbytes=p.nbytes,
+                scales_offset=p.scales_offset,
+                mins_offset=p.mins_offset,
+                expanded_at=p.expanded_at,
+                expanded_scales_offset=align_up(p.rows * p.cols),
+            )
+            for p in g.parts
+        ]
+        groups.append(
+            dict(
+                layer=g.layer,
+                c_name=f"LAYERS_{g.layer}",
+                first_tensor=g.first_tensor,
+                offset=g.offset,
+                stride=g.stride,
+                expanded_offset=g.expanded_offset,
+                expanded_stride=g.expanded_stride,
+                n_experts=g.n_experts,
+                parts=parts,
+            )
+        )
     return groups
 
 
@@ -124,13 +147,23 @@ def _placements(tensors: list[dict], groups: list[dict]) -> list[tuple[dict, dic
         if i in first:
             g = first[i]
             eg = f"COLIBRI_EG_{g['c_name']}"
-            items.append(dict(label=f"layers.{g['layer']}'s experts", start=f"{eg}_OFFSET",
-                              end=f"{eg}_OFFSET + COLIBRI_N_EXPERTS * {eg}_STRIDE"))
+            items.append(
+                dict(
+                    label=f"layers.{g['layer']}'s experts",
+                    start=f"{eg}_OFFSET",
+                    end=f"{eg}_OFFSET + COLIBRI_N_EXPERTS * {eg}_STRIDE",
+                )
+            )
             i += 3 * g["n_experts"]
             continue
         t = tensors[i]
-        items.append(dict(label=t["name"], start=f"COLIBRI_T_{t['c_name']}_OFFSET",
-                          end=f"COLIBRI_T_{t['c_name']}_OFFSET + COLIBRI_T_{t['c_name']}_BYTES"))
+        items.append(
+            dict(
+                label=t["name"],
+                start=f"COLIBRI_T_{t['c_name']}_OFFSET",
+                end=f"COLIBRI_T_{t['c_name']}_OFFSET + COLIBRI_T_{t['c_name']}_BYTES",
+            )
+        )
         i += 1
     return list(zip(items, items[1:]))
 
@@ -141,11 +174,22 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
     cos = np.concatenate([c for c, _ in tables])
     sin = np.concatenate([s_ for _, s_ in tables])
     tensors = [
-        dict(name=t.name, c_name=t.c_name, dtype=t.dtype, dtype_code=DTYPE_CODES[t.dtype], rows=t.rows,
-             cols=t.cols, offset=t.offset, nbytes=t.nbytes, scales_offset=t.scales_offset,
-             expanded_offset=t.expanded_offset, expanded_scales_offset=align_up(t.rows * t.cols),
-             mins_offset=t.mins_offset, index=i,
-             is_matrix=(t.dtype != "f32" or t.rows > 1))
+        dict(
+            name=t.name,
+            c_name=t.c_name,
+            dtype=t.dtype,
+            dtype_code=DTYPE_CODES[t.dtype],
+            rows=t.rows,
+            cols=t.cols,
+            offset=t.offset,
+            nbytes=t.nbytes,
+            scales_offset=t.scales_offset,
+            expanded_offset=t.expanded_offset,
+            expanded_scales_offset=align_up(t.rows * t.cols),
+            mins_offset=t.mins_offset,
+            index=i,
+            is_matrix=(t.dtype != "f32" or t.rows > 1),
+        )
         for i, t in enumerate(plan.tensors)
     ]
     groups = _expert_groups(plan)
@@ -154,12 +198,32 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
     group_of_layer = {g["layer"]: n for n, g in enumerate(groups)}
     present = {t.name for t in plan.tensors}
     layer_fields = []
-    for part in ("attn_norm", "wq", "bq", "wk", "bk", "wv", "bv", "q_norm", "k_norm", "wo", "bo",
-                 "post_attn_norm", "ffn_norm", "w_gate", "b_gate", "w_up", "b_up", "w_down", "b_down",
-                 "post_ffn_norm"):
+    for part in (
+        "attn_norm",
+        "wq",
+        "bq",
+        "wk",
+        "bk",
+        "wv",
+        "bv",
+        "q_norm",
+        "k_norm",
+        "wo",
+        "bo",
+        "post_attn_norm",
+        "ffn_norm",
+        "w_gate",
+        "b_gate",
+        "w_up",
+        "b_up",
+        "w_down",
+        "b_down",
+        "post_ffn_norm",
+    ):
         matrix = part.startswith("w")
-        layer_fields.append(dict(part=part, matrix=matrix,
-                                 present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)]))
+        layer_fields.append(
+            dict(part=part, matrix=matrix, present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)])
+        )
     matrix_bindings, vector_bindings = _bindings(spec, {t["name"]: t for t in tensors}, layer_fields)
     return dict(
         fw_version=__version__,
@@ -187,8 +251,18 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         layer_expert_group=", ".join(str(group_of_layer.get(i, -1)) for i in range(spec.n_layers)),
         tensor_by_name={t["name"]: t for t in tensors},
         layer_fields=layer_fields,
-        scratch=[dict(name=b.name, c_name=b.name.upper(), ctype=b.ctype, count=b.count, offset=b.offset,
-                      nbytes=b.nbytes, purpose=b.purpose) for b in plan.scratch],
+        scratch=[
+            dict(
+                name=b.name,
+                c_name=b.name.upper(),
+                ctype=b.ctype,
+                count=b.count,
+                offset=b.offset,
+                nbytes=b.nbytes,
+                purpose=b.purpose,
+            )
+            for b in plan.scratch
+        ],
         image=plan.image,
         align=ALIGN,
         image_format=image_format,
@@ -205,8 +279,10 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         final_softcap=c_float(spec.final_softcap),
         gelu=spec.activation == "gelu_tanh",
         n_rope_tables=len(plan.ropes),
-        rope_doc=[f"table {i}: {r.scaling}, theta {r.theta:g}" + (f", factor {r.factor:g}" if r.scaling != "default" else "")
-                  for i, r in enumerate(plan.ropes)],
+        rope_doc=[
+            f"table {i}: {r.scaling}, theta {r.theta:g}" + (f", factor {r.factor:g}" if r.scaling != "default" else "")
+            for i, r in enumerate(plan.ropes)
+        ],
         layer_rope=", ".join(str(i) for i in plan.layer_rope),
         kv_slots=", ".join(str(n) for n in plan.kv_slots),
         kv_offsets=", ".join(str(n) for n in plan.kv_offsets),
@@ -224,8 +300,17 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
 
 
 def board_context(board) -> dict:
-    regions = [dict(name=r.name, c_name=c_ident(r.name).upper(), kind=r.kind, base=f"0x{r.base:08x}",
-                    size=r.size, holds=", ".join(r.holds)) for r in board.memory]
+    regions = [
+        dict(
+            name=r.name,
+            c_name=c_ident(r.name).upper(),
+            kind=r.kind,
+            base=f"0x{r.base:08x}",
+            size=r.size,
+            holds=", ".join(r.holds),
+        )
+        for r in board.memory
+    ]
     weights = board.region_holding("weights") if board.weights == "mapped" else None
     weights_region = next((r for r in regions if weights and r["name"] == weights.name), None)
     return dict(target=board, regions=regions, weights_region=weights_region)

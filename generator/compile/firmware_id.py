@@ -22,9 +22,9 @@ def _parse_note(data: bytes, little: bool) -> str | None:
         return None
     namesz, descsz, kind = struct.unpack_from("<III" if little else ">III", data)
     name_end = 12 + ((namesz + 3) & ~3)
-    if kind != NT_GNU_BUILD_ID or data[12:12 + namesz] != b"GNU\0" or not 0 < descsz <= len(data) - name_end:
+    if kind != NT_GNU_BUILD_ID or data[12 : 12 + namesz] != b"GNU\0" or not 0 < descsz <= len(data) - name_end:
         return None
-    return data[name_end:name_end + descsz].hex()
+    return data[name_end : name_end + descsz].hex()
 
 
 def elf_build_id(elf: Path) -> str | None:
@@ -50,7 +50,7 @@ def elf_build_id(elf: Path) -> str | None:
                 for section in e.iter_sections():
                     start = section["sh_addr"]
                     if section["sh_type"] == "SHT_PROGBITS" and start <= address < start + section["sh_size"]:
-                        return _parse_note(section.data()[address - start:], e.little_endian)
+                        return _parse_note(section.data()[address - start :], e.little_endian)
     except Exception:  # not an ELF pyelftools understands: no build id to report
         return None
     return None

@@ -107,6 +107,7 @@ def encode_blocks(blocks, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarra
 @dataclass(frozen=True)
 class Error:
     """How far re-quantized values moved: the largest difference and the sum of squares."""
+
     largest: float = 0.0
     squares: float = 0.0
     count: int = 0
@@ -176,7 +177,7 @@ class HeldRows:
     first: int  # the tensor row values[0] is
 
     def rows(self, start: int, stop: int) -> np.ndarray:
-        return self.values[start - self.first:stop - self.first]
+        return self.values[start - self.first : stop - self.first]
 
 
 def keeping(t: TensorEntry, source) -> str:
@@ -199,9 +200,19 @@ def pieces(t: TensorEntry, source, data_offset: int, keep: str = "") -> list[Pie
     row_bytes = {"f32": 4 * t.cols, "q8_0": t.cols, "q4_0": t.cols // 2, "q4_1": t.cols // 2}[t.dtype]
     row_scales = t.cols // QK * SCALE_BYTES if t.dtype in INTEGER_QUANTS else 0  # as many minimums (q4_1)
     held = np.asarray(source, dtype=np.float32).reshape(t.rows, t.cols) if isinstance(source, np.ndarray) else None
-    return [Piece(source if held is None else HeldRows(held[r:r + step], r), t.dtype, r, min(t.rows, r + step),
-                  base + r * row_bytes, base + t.scales_offset + r * row_scales, base + t.mins_offset + r * row_scales,
-                  keep) for r in range(0, t.rows, step)]
+    return [
+        Piece(
+            source if held is None else HeldRows(held[r : r + step], r),
+            t.dtype,
+            r,
+            min(t.rows, r + step),
+            base + r * row_bytes,
+            base + t.scales_offset + r * row_scales,
+            base + t.mins_offset + r * row_scales,
+            keep,
+        )
+        for r in range(0, t.rows, step)
+    ]
 
 
 WORKERS_PER_CORE = 2  # a worker waits on its read and its write about half the time
@@ -240,8 +251,9 @@ def _written(work: list[Piece], path: str, jobs: int):
             done, future = pending.popleft()
             yield done, future.result()
     except BrokenProcessPool:
-        raise ColibriError("a quantizing worker process died (killed, or out of memory?); "
-                           "try again with fewer --jobs") from None
+        raise ColibriError(
+            "a quantizing worker process died (killed, or out of memory?); try again with fewer --jobs"
+        ) from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -257,10 +269,11 @@ def _checksum(fd: int, start: int, length: int, model_hash) -> int:
         try:
             window = mmap.mmap(fd, start - begin + n, access=mmap.ACCESS_READ, offset=begin)
         except (OSError, ValueError):
-            raise ColibriError("the weight image being written is shorter than planned (removed or truncated?)") \
-                from None
+            raise ColibriError(
+                "the weight image being written is shorter than planned (removed or truncated?)"
+            ) from None
         with window, memoryview(window) as view:
-            chunk = view[start - begin:]
+            chunk = view[start - begin :]
             crc = zlib.crc32(chunk, crc)
             model_hash.update(chunk)
             chunk.release()
@@ -307,23 +320,40 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
                         break
                 crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash)
                 _let_go(f.fileno(), layout.data_offset + t.offset, t.extent)
-                directory += fmt.pack(fmt.DIR_ENTRY, fmt.DIR_ENTRY_BYTES, name=t.name.encode(),
-                                      dtype=fmt.DTYPE_CODES[t.dtype], rows=t.rows, cols=t.cols, crc32=crc,
-                                      offset=t.offset, bytes=t.nbytes)
+                directory += fmt.pack(
+                    fmt.DIR_ENTRY,
+                    fmt.DIR_ENTRY_BYTES,
+                    name=t.name.encode(),
+                    dtype=fmt.DTYPE_CODES[t.dtype],
+                    rows=t.rows,
+                    cols=t.cols,
+                    crc32=crc,
+                    offset=t.offset,
+                    bytes=t.nbytes,
+                )
                 if progress:
                     progress(i + 1, len(plan.tensors), t.offset + t.extent, layout.data_bytes)
         finally:
             written.close()  # stops the workers when something failed
         model_hash.update(directory)
-        header = fmt.pack(fmt.HEADER, fmt.HEADER_BYTES, magic=fmt.MAGIC, version=fmt.FORMAT_VERSION,
-                          header_bytes=fmt.HEADER_BYTES, tensor_count=len(plan.tensors),
-                          dir_entry_bytes=fmt.DIR_ENTRY_BYTES, dir_offset=layout.dir_offset,
-                          data_offset=layout.data_offset, data_bytes=layout.data_bytes,
-                          image_bytes=layout.image_bytes, model_hash=model_hash.digest(),
-                          quant=fmt.QUANT_CODES[plan.quant])
+        header = fmt.pack(
+            fmt.HEADER,
+            fmt.HEADER_BYTES,
+            magic=fmt.MAGIC,
+            version=fmt.FORMAT_VERSION,
+            header_bytes=fmt.HEADER_BYTES,
+            tensor_count=len(plan.tensors),
+            dir_entry_bytes=fmt.DIR_ENTRY_BYTES,
+            dir_offset=layout.dir_offset,
+            data_offset=layout.data_offset,
+            data_bytes=layout.data_bytes,
+            image_bytes=layout.image_bytes,
+            model_hash=model_hash.digest(),
+            quant=fmt.QUANT_CODES[plan.quant],
+        )
         front = bytearray(layout.data_offset)  # header, directory, zero padding up to the data
-        front[:len(header)] = header
-        front[layout.dir_offset:layout.dir_offset + len(directory)] = directory
+        front[: len(header)] = header
+        front[layout.dir_offset : layout.dir_offset + len(directory)] = directory
         f.seek(0)
         f.write(front)
         f.seek(layout.image_bytes - fmt.TRAILER_BYTES)
@@ -352,24 +382,37 @@ def read_header(blob) -> ImageHeader:
     if h["magic"] != fmt.MAGIC:
         raise ColibriError("not a Colibri weight image (bad magic)")
     if h["version"] != fmt.FORMAT_VERSION:
-        raise ColibriError(f"weight image format version {h['version']} is not supported "
-                           f"(expected {fmt.FORMAT_VERSION}): regenerate it with ./colibri build")
+        raise ColibriError(
+            f"weight image format version {h['version']} is not supported "
+            f"(expected {fmt.FORMAT_VERSION}): regenerate it with ./colibri build"
+        )
     if h["image_bytes"] != len(blob):
         raise ColibriError(f"weight image says it is {h['image_bytes']} bytes but is {len(blob)}")
     crc_at = len(blob) - fmt.TRAILER_BYTES
     (crc,) = struct.unpack_from("<I", blob, crc_at)
     data_offset = h["data_offset"]
-    if bytes(blob[crc_at + 4:]) != fmt.END_MAGIC or not fmt.HEADER_BYTES <= data_offset <= crc_at \
-            or crc != zlib.crc32(blob[:data_offset]):
+    if (
+        bytes(blob[crc_at + 4 :]) != fmt.END_MAGIC
+        or not fmt.HEADER_BYTES <= data_offset <= crc_at
+        or crc != zlib.crc32(blob[:data_offset])
+    ):
         raise ColibriError("weight image is corrupt (CRC-32 of its header and directory mismatch)")
-    return ImageHeader(h["version"], h["tensor_count"], h["dir_offset"], h["data_offset"], h["data_bytes"],
-                       h["image_bytes"], h["model_hash"], h["quant"])
+    return ImageHeader(
+        h["version"],
+        h["tensor_count"],
+        h["dir_offset"],
+        h["data_offset"],
+        h["data_bytes"],
+        h["image_bytes"],
+        h["model_hash"],
+        h["quant"],
+    )
 
 
 def identity_sha256(blob) -> bytes:
     """The image's identity (bytes, or a np.memmap of the file): SHA-256 of its header and
     directory, every byte before the data region, checked as read_header checks them."""
-    return hashlib.sha256(bytes(blob[:read_header(blob).data_offset])).digest()
+    return hashlib.sha256(bytes(blob[: read_header(blob).data_offset])).digest()
 
 
 def map_image(path) -> np.memmap:

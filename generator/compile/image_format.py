@@ -92,7 +92,9 @@ DIR_ENTRY = _table(
     Field("dtype", 64, "I", "element type, a DTYPE_CODES value"),
     Field("rows", 68, "I", "rows (1 for a vector)"),
     Field("cols", 72, "I", "values per row"),
-    Field("crc32", 76, "I", "CRC-32 (IEEE) of the tensor's bytes and its zero padding up to the next multiple of ALIGN"),
+    Field(
+        "crc32", 76, "I", "CRC-32 (IEEE) of the tensor's bytes and its zero padding up to the next multiple of ALIGN"
+    ),
     Field("offset", 80, "Q", "where the tensor starts, from the data region's start"),
     Field("bytes", 88, "Q", "bytes of the tensor (quants, padding and scales)"),
 )

@@ -44,15 +44,19 @@ def plan_checkpoint(checkpoint: Checkpoint, model_dir: Path, board: Board, quant
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
     gguf_types = checkpoint.tensor_types
     if quant == GGUF and gguf_types is None:
-        raise ColibriError(f"--quant gguf keeps a GGUF file's own blocks, and {model_dir} is not a GGUF file "
-                           f"(choose f32, q8_0, q4_0 or q4_1)")
+        raise ColibriError(
+            f"--quant gguf keeps a GGUF file's own blocks, and {model_dir} is not a GGUF file "
+            f"(choose f32, q8_0, q4_0 or q4_1)"
+        )
     return plan_for_board(checkpoint.spec, board, quant, n_ctx, dict(gguf_types) if quant == GGUF else None)
 
 
 def requantized_note(plan: Plan, name: str, error) -> str:
     ggml_type = dict(plan.gguf_types)[name]
-    return (f"note: {name} ({ggml_type} in the file) quantized again to {plan.tensor(name).dtype}: largest "
-            f"error {error.largest:.3g}, RMS {error.rms:.3g}")
+    return (
+        f"note: {name} ({ggml_type} in the file) quantized again to {plan.tensor(name).dtype}: largest "
+        f"error {error.largest:.3g}, RMS {error.rms:.3g}"
+    )
 
 
 def _megabytes(n: int) -> str:
@@ -73,13 +77,15 @@ class QuantizeProgress:
         if i < n and now - self.last >= PROGRESS_SECONDS:
             rate = done / max(now - self.start, 1e-9)
             eta = (total - done) / rate if rate > 0 else 0.0
-            self.progress(f"{self.verb} weights: {i}/{n} tensors, {_megabytes(done)} of {_megabytes(total)}, "
-                          f"{eta:.0f} s left")
+            self.progress(
+                f"{self.verb} weights: {i}/{n} tensors, {_megabytes(done)} of {_megabytes(total)}, {eta:.0f} s left"
+            )
             self.last = now
 
 
-def generate(model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir: Path,
-             progress=None, jobs: int | None = None) -> Generated:
+def generate(
+    model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir: Path, progress=None, jobs: int | None = None
+) -> Generated:
     """Generate every file for (model, board, quant, ctx) into out_dir. The weight image streams
     tensor by tensor (quantized in `jobs` worker processes; default: every core): memory stays
     bounded by the largest piece of a tensor, whatever the model's size. The bytes are the same at

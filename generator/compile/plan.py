@@ -113,25 +113,55 @@ def expert_groups(spec: ModelSpec, tensors: tuple[TensorEntry, ...]) -> tuple[Ex
             continue
         n = spec.n_experts
         gate0 = tensors[first]
-        stride = tensors[first + 3].offset - gate0.offset if n > 1 else align_up(
-            tensors[first + 2].offset + tensors[first + 2].nbytes) - gate0.offset
+        stride = (
+            tensors[first + 3].offset - gate0.offset
+            if n > 1
+            else align_up(tensors[first + 2].offset + tensors[first + 2].nbytes) - gate0.offset
+        )
         e_stride = (tensors[first + 3].expanded_offset - gate0.expanded_offset) if n > 1 else 0
-        parts = tuple(ExpertPart(p, t.dtype, t.rows, t.cols, t.offset - gate0.offset, t.nbytes, t.scales_offset,
-                                 t.mins_offset, t.expanded_offset - gate0.expanded_offset if t.expanded_offset >= 0 else -1)
-                      for p, t in zip(EXPERT_PARTS, tensors[first:first + 3]))
+        parts = tuple(
+            ExpertPart(
+                p,
+                t.dtype,
+                t.rows,
+                t.cols,
+                t.offset - gate0.offset,
+                t.nbytes,
+                t.scales_offset,
+                t.mins_offset,
+                t.expanded_offset - gate0.expanded_offset if t.expanded_offset >= 0 else -1,
+            )
+            for p, t in zip(EXPERT_PARTS, tensors[first : first + 3])
+        )
         for e in range(n):
             for k, part in enumerate(parts):
                 t = tensors[first + 3 * e + k]
-                if (t.name != f"layers.{layer}.experts.{e}.{part.part}" or t.offset != gate0.offset + e * stride + part.at
-                        or (t.dtype, t.rows, t.cols, t.nbytes, t.scales_offset, t.mins_offset)
-                        != (part.dtype, part.rows, part.cols, part.nbytes, part.scales_offset, part.mins_offset)
-                        or (t.expanded_offset >= 0) != (part.expanded_at >= 0)
-                        or (t.expanded_offset >= 0 and t.expanded_offset != gate0.expanded_offset + e * e_stride + part.expanded_at)):
+                if (
+                    t.name != f"layers.{layer}.experts.{e}.{part.part}"
+                    or t.offset != gate0.offset + e * stride + part.at
+                    or (t.dtype, t.rows, t.cols, t.nbytes, t.scales_offset, t.mins_offset)
+                    != (part.dtype, part.rows, part.cols, part.nbytes, part.scales_offset, part.mins_offset)
+                    or (t.expanded_offset >= 0) != (part.expanded_at >= 0)
+                    or (
+                        t.expanded_offset >= 0
+                        and t.expanded_offset != gate0.expanded_offset + e * e_stride + part.expanded_at
+                    )
+                ):
                     raise ColibriError(f"internal: layer {layer}'s experts do not share one layout ({t.name})")
         if align_up(parts[2].at + parts[2].nbytes) != stride:
             raise ColibriError(f"internal: layer {layer}'s experts are not contiguous in the image")
-        out.append(ExpertGroup(layer, first, n, gate0.offset, stride, parts, gate0.expanded_offset,
-                               e_stride if gate0.expanded_offset >= 0 else 0))
+        out.append(
+            ExpertGroup(
+                layer,
+                first,
+                n,
+                gate0.offset,
+                stride,
+                parts,
+                gate0.expanded_offset,
+                e_stride if gate0.expanded_offset >= 0 else 0,
+            )
+        )
     return tuple(out)
 
 
@@ -228,16 +258,21 @@ class Plan:
             return None
         widths = sorted({self.tensor(n).cols for n in self.kept_f32})
         names = _name_patterns(self.kept_f32)
-        return (f"{len(self.kept_f32)} matrices kept in f32 ({self.kept_f32_bytes:,} B; rows of {', '.join(map(str, widths))} "
-                f"are not whole blocks of {QK}): {', '.join(names)}")
+        return (
+            f"{len(self.kept_f32)} matrices kept in f32 ({self.kept_f32_bytes:,} B; rows of {', '.join(map(str, widths))} "
+            f"are not whole blocks of {QK}): {', '.join(names)}"
+        )
 
     @property
     def q4_0_weights(self) -> str | None:
         """How the firmware reads q4_0 matrices (None for other quantizations)."""
         if self.quant != "q4_0":
             return None
-        return ("expanded to int8 + scales in RAM at load, read by the q8_0 kernels" if self.expand_q4
-                else "read in place by the q4_0 kernels")
+        return (
+            "expanded to int8 + scales in RAM at load, read by the q8_0 kernels"
+            if self.expand_q4
+            else "read in place by the q4_0 kernels"
+        )
 
     @property
     def q4_1_weights(self) -> str | None:
@@ -268,18 +303,28 @@ class Plan:
             "image": asdict(self.image),
             "tensors": [asdict(t) for t in self.tensors],
             "scratch": {"bytes": self.scratch_bytes, "buffers": [asdict(b) for b in self.scratch]},
-            "kv_cache": {"bytes": self.kv_bytes, "slots_per_layer": list(self.kv_slots),
-                         "kv_heads": self.spec.n_kv_heads, "head_dim": self.spec.head_dim},
-            "rope_tables": {"bytes": self.rope_table_bytes, "tables": [asdict(r) for r in self.ropes],
-                            "layer_table": list(self.layer_rope)},
+            "kv_cache": {
+                "bytes": self.kv_bytes,
+                "slots_per_layer": list(self.kv_slots),
+                "kv_heads": self.spec.n_kv_heads,
+                "head_dim": self.spec.head_dim,
+            },
+            "rope_tables": {
+                "bytes": self.rope_table_bytes,
+                "tables": [asdict(r) for r in self.ropes],
+                "layer_table": list(self.layer_rope),
+            },
             "totals": self.totals(),
         }
 
     def gguf_report(self) -> dict:
         """--quant gguf: the tensors kept exactly, those quantized again, and the one-line summary."""
         exact, again = self.gguf_kept()
-        return {"exact": exact, "quantized_again": [{"tensor": n, "file_type": g, "block_type": d} for n, g, d in again],
-                "summary": self._gguf_summary(exact, again)}
+        return {
+            "exact": exact,
+            "quantized_again": [{"tensor": n, "file_type": g, "block_type": d} for n, g, d in again],
+            "summary": self._gguf_summary(exact, again),
+        }
 
     def totals(self) -> dict:
         return {
@@ -308,8 +353,9 @@ def _c_name(name: str) -> str:
     return name.replace(".", "_").upper()
 
 
-def _tensor_layout(spec: ModelSpec, quant: str, gguf_types: dict[str, str]
-                   ) -> tuple[tuple[TensorEntry, ...], int, tuple[str, ...]]:
+def _tensor_layout(
+    spec: ModelSpec, quant: str, gguf_types: dict[str, str]
+) -> tuple[tuple[TensorEntry, ...], int, tuple[str, ...]]:
     """Every tensor's place in the image's data region, and the matrices kept in f32 under an
     integer quantization because their rows are not whole blocks of QK (as llama.cpp does, rather
     than refusing the model). Under --quant gguf each matrix's block type is its type in the file
@@ -332,12 +378,13 @@ def _tensor_layout(spec: ModelSpec, quant: str, gguf_types: dict[str, str]
             nbytes += rows * (cols // QK) * SCALE_BYTES if block_type == "q4_1" else 0
             dtype = block_type
         else:
-            rows, cols = (shape if len(shape) == 2 else (1, shape[0]))
+            rows, cols = shape if len(shape) == 2 else (1, shape[0])
             scales_offset = mins_offset = 0
             nbytes = rows * cols * 4
             dtype = "f32"
-        entries.append(TensorEntry(name, _c_name(name), dtype, rows, cols, cursor, nbytes, scales_offset,
-                                   mins_offset=mins_offset))
+        entries.append(
+            TensorEntry(name, _c_name(name), dtype, rows, cols, cursor, nbytes, scales_offset, mins_offset=mins_offset)
+        )
         cursor = align_up(cursor + nbytes)
     return tuple(entries), cursor, tuple(kept_f32)
 
@@ -365,8 +412,15 @@ def _expanded_layout(tensors: tuple[TensorEntry, ...]) -> tuple[tuple[TensorEntr
     return tuple(out), cursor
 
 
-def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch: int = 1,
-              expand_q4: bool = False, gguf_types: dict[str, str] | None = None) -> Plan:
+def make_plan(
+    spec: ModelSpec,
+    board: str,
+    quant: str,
+    n_ctx: int,
+    prefill_batch: int = 1,
+    expand_q4: bool = False,
+    gguf_types: dict[str, str] | None = None,
+) -> Plan:
     """The plan for `spec` on `board`. Buffers of per-token activations have room for
     `prefill_batch` tokens: the prompt goes through the model that many tokens at a time, each
     weight row read once for all of them; decoding uses the first slot. With expand_q4, q4_0
@@ -378,8 +432,9 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
     if prefill_batch < 1:
         raise ColibriError(f"prefill batch must be at least 1, got {prefill_batch}")
     if n_ctx > spec.max_position_embeddings:
-        raise ColibriError(f"context length {n_ctx} exceeds the model's max_position_embeddings "
-                           f"({spec.max_position_embeddings})")
+        raise ColibriError(
+            f"context length {n_ctx} exceeds the model's max_position_embeddings ({spec.max_position_embeddings})"
+        )
     if quant == GGUF and not gguf_types:
         raise ColibriError("--quant gguf keeps a GGUF file's own blocks: the model must be a .gguf file")
     gguf_types = dict(gguf_types or {}) if quant == GGUF else {}
@@ -390,8 +445,14 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
         tensors, expanded_bytes = _expanded_layout(tensors)
     dir_bytes = image_format.DIR_ENTRY_BYTES * len(tensors)
     data_offset = align_up(image_format.HEADER_BYTES + dir_bytes)
-    image = ImageLayout(image_format.HEADER_BYTES, image_format.HEADER_BYTES, dir_bytes, data_offset, data_bytes,
-                        data_offset + data_bytes + image_format.TRAILER_BYTES)
+    image = ImageLayout(
+        image_format.HEADER_BYTES,
+        image_format.HEADER_BYTES,
+        dir_bytes,
+        data_offset,
+        data_bytes,
+        data_offset + data_bytes + image_format.TRAILER_BYTES,
+    )
 
     d, v = spec.hidden_size, spec.vocab_size
     f = max(spec.intermediate_size, spec.expert_intermediate_size, spec.shared_expert_intermediate_size)
@@ -416,12 +477,21 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
         items += [
             ("router_logits", "float", spec.n_experts, "MoE: router logits, then probabilities"),
             ("moe_out", "float", n * d, "MoE: weighted sum of the selected experts' outputs, per token"),
-            ("expert_terms", "float", (spec.experts_per_token + bool(spec.shared_expert_intermediate_size)) * d,
-             "MoE: each selected expert's weighted output (and the shared expert's), summed in rank order "
-             "once all are computed"),
+            (
+                "expert_terms",
+                "float",
+                (spec.experts_per_token + bool(spec.shared_expert_intermediate_size)) * d,
+                "MoE: each selected expert's weighted output (and the shared expert's), summed in rank order "
+                "once all are computed",
+            ),
             ("expert_ids", "int32_t", spec.experts_per_token, "MoE: experts selected for this token, best first"),
             ("expert_weights", "float", spec.experts_per_token, "MoE: their routing weights"),
-            ("expert_counts", "int32_t", spec.n_layers * spec.n_experts, "MoE: selections per layer and expert in this run"),
+            (
+                "expert_counts",
+                "int32_t",
+                spec.n_layers * spec.n_experts,
+                "MoE: selections per layer and expert in this run",
+            ),
         ]
     if any(t.dtype in INTEGER_QUANTS for t in tensors):
         items += [
@@ -443,35 +513,57 @@ def make_plan(spec: ModelSpec, board: str, quant: str, n_ctx: int, prefill_batch
             ropes.append(r)
         layer_rope.append(ropes.index(r))
     return Plan(
-        spec=spec, board=board, quant=quant, n_ctx=n_ctx, tensors=tensors, image=image,
-        scratch=scratch, scratch_bytes=scratch_bytes, kv_slots=kv_slots, kv_offsets=tuple(kv_offsets),
-        kv_bytes=2 * cursor * 4, ropes=tuple(ropes), layer_rope=tuple(layer_rope),
-        rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.head_dim // 2) * 4, max_input=max_input,
-        prefill_batch=prefill_batch, expand_q4=expand_q4, expanded_bytes=expanded_bytes, kept_f32=kept_f32,
+        spec=spec,
+        board=board,
+        quant=quant,
+        n_ctx=n_ctx,
+        tensors=tensors,
+        image=image,
+        scratch=scratch,
+        scratch_bytes=scratch_bytes,
+        kv_slots=kv_slots,
+        kv_offsets=tuple(kv_offsets),
+        kv_bytes=2 * cursor * 4,
+        ropes=tuple(ropes),
+        layer_rope=tuple(layer_rope),
+        rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.head_dim // 2) * 4,
+        max_input=max_input,
+        prefill_batch=prefill_batch,
+        expand_q4=expand_q4,
+        expanded_bytes=expanded_bytes,
+        kept_f32=kept_f32,
         gguf_types=tuple(gguf_types.items()),
     )
 
 
 def replan(plan: Plan, n_ctx: int) -> Plan:
     """The same plan at another context length."""
-    return make_plan(plan.spec, plan.board, plan.quant, n_ctx, plan.prefill_batch, plan.expand_q4,
-                     dict(plan.gguf_types))
+    return make_plan(
+        plan.spec, plan.board, plan.quant, n_ctx, plan.prefill_batch, plan.expand_q4, dict(plan.gguf_types)
+    )
 
 
 # ---- a plan for a board: what fits where -----------------------------------------------------
+
 
 def planned_use(board: Board, plan: Plan) -> list[RegionUse]:
     """Per region, what the plan puts there, with the board's code_reserve standing in for the code
     (which is only known after linking): the check made before anything is compiled."""
     reserve = board.code_reserve
-    sizes = {"code": reserve, "weights": plan.image.image_bytes, "expanded_weights": plan.expanded_bytes,
-             "kv_cache": plan.kv_bytes, "scratch": plan.scratch_bytes, "rope_tables": plan.rope_table_bytes}
-    return [RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds})
-            for r in board.memory]
+    sizes = {
+        "code": reserve,
+        "weights": plan.image.image_bytes,
+        "expanded_weights": plan.expanded_bytes,
+        "kv_cache": plan.kv_bytes,
+        "scratch": plan.scratch_bytes,
+        "rope_tables": plan.rope_table_bytes,
+    }
+    return [RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds}) for r in board.memory]
 
 
-def plan_for_board(spec: ModelSpec, board: Board, quant: str, n_ctx: int,
-                   gguf_types: dict[str, str] | None = None) -> Plan:
+def plan_for_board(
+    spec: ModelSpec, board: Board, quant: str, n_ctx: int, gguf_types: dict[str, str] | None = None
+) -> Plan:
     """The plan for a board. q4_0 weights are expanded to int8 in RAM at load (the q8_0 kernels
     then read them, with no nibbles to unpack per token) when the board has a region for expanded
     weights and everything still fits; otherwise the q4_0 kernels read them in place.
@@ -484,28 +576,31 @@ def plan_for_board(spec: ModelSpec, board: Board, quant: str, n_ctx: int,
     return plan
 
 
-def fit_problem(model: str, quant: str, n_ctx: int, board_name: str, uses: list[RegionUse],
-                code_note: str = "") -> str | None:
+def fit_problem(
+    model: str, quant: str, n_ctx: int, board_name: str, uses: list[RegionUse], code_note: str = ""
+) -> str | None:
     """The one line saying which region a plan overflows, with what it holds: None if it fits.
     `check_fits` (before compiling) and `report` (which shows the whole table first) both say it."""
     for use in uses:
         if use.over_budget:
             parts = ", ".join(f"{name} {size:,}" for name, size in use.items.items() if size)
-            return (f"{model} ({quant}, context {n_ctx}) does not fit board {board_name}: "
-                    f"region {use.name} needs {use.used:,} B ({parts}{code_note}) but has {use.budget:,} B")
+            return (
+                f"{model} ({quant}, context {n_ctx}) does not fit board {board_name}: "
+                f"region {use.name} needs {use.used:,} B ({parts}{code_note}) but has {use.budget:,} B"
+            )
     return None
 
 
 def check_fits(board: Board, plan: Plan) -> None:
     """Refuse, before compiling, a model or context that cannot fit the board's budgets."""
-    problem = fit_problem(plan.spec.name, plan.quant, plan.n_ctx, board.name, planned_use(board, plan),
-                          "; code is the board's reserve")
+    problem = fit_problem(
+        plan.spec.name, plan.quant, plan.n_ctx, board.name, planned_use(board, plan), "; code is the board's reserve"
+    )
     if problem:
         raise ColibriError(problem)
 
 
-def largest_fitting_ctx(board: Board, plan: Plan,
-                        uses: Callable[[Plan], list[RegionUse]] | None = None) -> int | None:
+def largest_fitting_ctx(board: Board, plan: Plan, uses: Callable[[Plan], list[RegionUse]] | None = None) -> int | None:
     """The one rule for the largest context that fits: the largest context whose plan leaves no
     budgeted region over its budget, capped by the model's max_position_embeddings; None when no
     region has a budget (only the model limits it); 0 when not even a context of 2 fits.

@@ -51,8 +51,9 @@ def flash_plan(board: Board, build_dir: Path) -> list[tuple[int, Path]]:
     if missing:
         if idf is not None:
             project = build_dir / idf.project_dir
-            raise ColibriError(f"build the ESP-IDF project first: {missing[0]} does not exist "
-                               f"(run 'idf.py build' in {project})")
+            raise ColibriError(
+                f"build the ESP-IDF project first: {missing[0]} does not exist (run 'idf.py build' in {project})"
+            )
         raise ColibriError(f"{missing[0]} does not exist: build first (./colibri build --board {board.name})")
     if idf is not None:
         _check_against_partition_table(board, flash, build_dir, build_dir / idf.project_dir)
@@ -73,13 +74,16 @@ def _check_against_partition_table(board: Board, flash: Flash, build_dir: Path, 
         if entry is None:
             continue
         if part is None or part.offset != entry.offset:
-            raise ColibriError(f"{csv} puts partition {part_name} at "
-                               f"{'nowhere' if part is None else hex(part.offset)}, but board {board.name} "
-                               f"flashes {image_name} at 0x{entry.offset:x}: regenerate the project")
+            raise ColibriError(
+                f"{csv} puts partition {part_name} at "
+                f"{'nowhere' if part is None else hex(part.offset)}, but board {board.name} "
+                f"flashes {image_name} at 0x{entry.offset:x}: regenerate the project"
+            )
         file_size = (build_dir / entry.file).stat().st_size
         if file_size > part.size:
-            raise ColibriError(f"{entry.file} is {file_size:,} B but partition {part_name} has {part.size:,} B: "
-                               f"regenerate the project")
+            raise ColibriError(
+                f"{entry.file} is {file_size:,} B but partition {part_name} has {part.size:,} B: regenerate the project"
+            )
 
 
 def _one_line(e: BaseException) -> str:
@@ -108,7 +112,9 @@ def _check_images(flash: Flash, images: list[tuple[int, Path]]) -> list[tuple[in
     for offset, path in images:
         path = Path(path)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or offset % SECTOR:
-            raise ColibriError(f"cannot write {path.name} at {offset!r}: flash offsets must be multiples of 0x{SECTOR:x}")
+            raise ColibriError(
+                f"cannot write {path.name} at {offset!r}: flash offsets must be multiples of 0x{SECTOR:x}"
+            )
         try:
             data = path.read_bytes()
         except OSError as e:
@@ -123,8 +129,9 @@ def _check_images(flash: Flash, images: list[tuple[int, Path]]) -> list[tuple[in
     size = _flash_bytes(flash.size)
     last_offset, last_path, last_data = out[-1]
     if size and last_offset + len(last_data) > size:
-        raise ColibriError(f"{last_path.name} at 0x{last_offset:x} ({len(last_data):,} B) does not fit the "
-                           f"board's {flash.size} flash")
+        raise ColibriError(
+            f"{last_path.name} at 0x{last_offset:x} ({len(last_data):,} B) does not fit the board's {flash.size} flash"
+        )
     return out
 
 
@@ -139,12 +146,14 @@ def _check_chip(board: Board, flash: Flash, esp, port: str, images: list[tuple[i
     majors = list(flash.supported_revisions)
     if majors and revision // 100 not in majors:
         supported = ", ".join(f"v{m}.x" for m in majors)
-        raise ColibriError(f"the {expected} on {port} is revision {_rev(revision)}; board {board.name} "
-                           f"supports revisions {supported}")
+        raise ColibriError(
+            f"the {expected} on {port} is revision {_rev(revision)}; board {board.name} supports revisions {supported}"
+        )
     least = flash.min_revision
     if isinstance(least, int) and revision < least:
-        raise ColibriError(f"the {expected} on {port} is revision {_rev(revision)}; board {board.name} "
-                           f"needs {_rev(least)} or later")
+        raise ColibriError(
+            f"the {expected} on {port} is revision {_rev(revision)}; board {board.name} needs {_rev(least)} or later"
+        )
     names = _chip_names()
     for offset, path, data in images:
         header = _image_revisions(data)
@@ -153,12 +162,16 @@ def _check_chip(board: Board, flash: Flash, esp, port: str, images: list[tuple[i
         chip_id, lo, hi = header
         expected_id = CHIP_DEFS[chip].IMAGE_CHIP_ID if chip in CHIP_DEFS else flash.chip_id
         if expected_id is not None and chip_id != expected_id:
-            raise ColibriError(f"{path.name} is an image for {names.get(chip_id, f'chip id {chip_id}')}, "
-                               f"not {expected}: rebuild it for board {board.name}")
+            raise ColibriError(
+                f"{path.name} is an image for {names.get(chip_id, f'chip id {chip_id}')}, "
+                f"not {expected}: rebuild it for board {board.name}"
+            )
         if revision < lo or (hi != UNLIMITED_REV and revision > hi):
             span = f"{_rev(lo)} or later" if hi == UNLIMITED_REV else f"{_rev(lo)} to {_rev(hi)}"
-            raise ColibriError(f"{path.name} is built for {expected} revisions {span}, but the chip on {port} is "
-                               f"{_rev(revision)}: rebuild for this revision")
+            raise ColibriError(
+                f"{path.name} is built for {expected} revisions {span}, but the chip on {port} is "
+                f"{_rev(revision)}: rebuild for this revision"
+            )
 
 
 def _open_port(port: str):
@@ -181,13 +194,22 @@ BEFORE_MODES = ("default-reset", "usb-reset", "no-reset", "no-reset-no-sync")
 def _esptool_advice(text: str) -> str:
     """esptool's advice names its own flags; say what they are called here."""
     if "--before" in text or "--after" in text:
-        return (" (colibri flash takes esptool's --before as --before, and --after no-reset as --no-reset; "
-                "with neither reset, hold BOOT and press RESET to enter download mode)")
+        return (
+            " (colibri flash takes esptool's --before as --before, and --after no-reset as --no-reset; "
+            "with neither reset, hold BOOT and press RESET to enter download mode)"
+        )
     return ""
 
 
-def flash_images(board: Board, port: str, images: list[tuple[int, Path]], baud: int = 460800,
-                 progress: Callable[[str], None] = print, reset: bool = True, before: str = "default-reset") -> None:
+def flash_images(
+    board: Board,
+    port: str,
+    images: list[tuple[int, Path]],
+    baud: int = 460800,
+    progress: Callable[[str], None] = print,
+    reset: bool = True,
+    before: str = "default-reset",
+) -> None:
     """Write `images` ((offset, file) pairs, e.g. flash_plan()'s) to the board on `port`, verify
     each, then hard-reset the board (unless reset=False). `before`: how esptool puts the chip in
     its bootloader (BEFORE_MODES)."""
@@ -196,8 +218,7 @@ def flash_images(board: Board, port: str, images: list[tuple[int, Path]], baud: 
     flash = _flash_section(board)
     checked = _check_images(flash, images)
     if not port:
-        raise ColibriError(f"board {board.name} is flashed over a serial port: give it with --port "
-                           f"(e.g. /dev/ttyUSB0)")
+        raise ColibriError(f"board {board.name} is flashed over a serial port: give it with --port (e.g. /dev/ttyUSB0)")
     try:
         import serial
         from esptool import cmds

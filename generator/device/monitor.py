@@ -42,7 +42,7 @@ def printable(line: str) -> str:
     parts = []
     pos = 0
     for m in _SGR.finditer(line):
-        parts.append(_CONTROL.sub(lambda c: f"\\x{ord(c.group(0)):02x}", line[pos:m.start()]))
+        parts.append(_CONTROL.sub(lambda c: f"\\x{ord(c.group(0)):02x}", line[pos : m.start()]))
         parts.append(m.group(0))
         pos = m.end()
     parts.append(_CONTROL.sub(lambda c: f"\\x{ord(c.group(0)):02x}", line[pos:]))
@@ -102,7 +102,7 @@ class _Text:
     def add(self, token: int) -> str:
         self.ids.append(token)
         text = self.tokenizer.decode(self.ids)
-        piece = text[len(self.shown):] if text.startswith(self.shown) else ""
+        piece = text[len(self.shown) :] if text.startswith(self.shown) else ""
         self.shown = text
         return piece
 
@@ -110,9 +110,16 @@ class _Text:
         self.ids, self.shown = [], ""
 
 
-def monitor(url: str, baudrate: int = 115200, reset: bool = False, out: TextIO | None = None,
-            duration: float | None = None, expected_model: str | None = None, json_lines: bool = False,
-            tokenizer=None) -> int:
+def monitor(
+    url: str,
+    baudrate: int = 115200,
+    reset: bool = False,
+    out: TextIO | None = None,
+    duration: float | None = None,
+    expected_model: str | None = None,
+    json_lines: bool = False,
+    tokenizer=None,
+) -> int:
     """Print what the board on `url` sends until Ctrl-C or `duration` seconds; return the exit code:
     0, or 1 if an error frame arrived or a hello named another model than `expected_model` (the
     full hash or a prefix of it). With the model's `tokenizer` (model.tokenizer.Tokenizer), token
@@ -128,9 +135,15 @@ def monitor(url: str, baudrate: int = 115200, reset: bool = False, out: TextIO |
     next_seq = None
     why = "duration"
     failure: ColibriError | None = None
-    show.emit(f"-- monitoring {url} at {baudrate} baud{' after resetting the board' if reset else ''}"
-              f"{f' for {duration:g} s' if duration is not None else ''}; Ctrl-C to stop", "start",
-              port=url, baudrate=baudrate, reset=reset, duration=duration)
+    show.emit(
+        f"-- monitoring {url} at {baudrate} baud{' after resetting the board' if reset else ''}"
+        f"{f' for {duration:g} s' if duration is not None else ''}; Ctrl-C to stop",
+        "start",
+        port=url,
+        baudrate=baudrate,
+        reset=reset,
+        duration=duration,
+    )
     try:
         while duration is None or time.monotonic() - start < duration:
             for kind, item in link.poll():
@@ -139,8 +152,9 @@ def monitor(url: str, baudrate: int = 115200, reset: bool = False, out: TextIO |
                     continue
                 if kind == "rejected":
                     counts["rejected"] += 1
-                    show.emit(f"!! corrupted frame rejected (CRC or format): {printable(item)[:160]}",
-                              "rejected", text=item)
+                    show.emit(
+                        f"!! corrupted frame rejected (CRC or format): {printable(item)[:160]}", "rejected", text=item
+                    )
                     continue
                 frame: Frame = item
                 if frame.kind == "hello" and frame.seq == 0 and next_seq is not None:
@@ -149,19 +163,33 @@ def monitor(url: str, baudrate: int = 115200, reset: bool = False, out: TextIO |
                 elif next_seq is not None and frame.seq != next_seq:
                     if frame.seq > next_seq:
                         counts["lost"] += frame.seq - next_seq
-                        show.emit(f"!! {frame.seq - next_seq} frame(s) lost before frame {frame.seq}", "lost",
-                                  count=frame.seq - next_seq, before_seq=frame.seq)
+                        show.emit(
+                            f"!! {frame.seq - next_seq} frame(s) lost before frame {frame.seq}",
+                            "lost",
+                            count=frame.seq - next_seq,
+                            before_seq=frame.seq,
+                        )
                     else:
-                        show.emit(f"!! frame sequence went back from {next_seq - 1} to {frame.seq}", "lost",
-                                  count=0, before_seq=frame.seq)
+                        show.emit(
+                            f"!! frame sequence went back from {next_seq - 1} to {frame.seq}",
+                            "lost",
+                            count=0,
+                            before_seq=frame.seq,
+                        )
                 next_seq = frame.seq + 1
                 counts["frames"] += 1
                 if text is not None and frame.kind == "hello":
                     text.restart()
                 if text is not None and frame.kind == "token" and frame.fields.get("id", "").isdigit():
                     piece = text.add(int(frame.fields["id"]))
-                    show.emit(f"{describe(frame)}, text {json.dumps(piece, ensure_ascii=False)}", "frame",
-                              seq=frame.seq, kind=frame.kind, fields=frame.fields, text=piece)
+                    show.emit(
+                        f"{describe(frame)}, text {json.dumps(piece, ensure_ascii=False)}",
+                        "frame",
+                        seq=frame.seq,
+                        kind=frame.kind,
+                        fields=frame.fields,
+                        text=piece,
+                    )
                 else:
                     show.emit(describe(frame), "frame", seq=frame.seq, kind=frame.kind, fields=frame.fields)
                 if text is not None and frame.kind == "done" and text.ids:
@@ -172,9 +200,13 @@ def monitor(url: str, baudrate: int = 115200, reset: bool = False, out: TextIO |
                     model = frame.fields.get("model", "").lower()
                     if not model.startswith(expected):
                         counts["model_mismatches"] += 1
-                        show.emit(f"!! this firmware is for model {_short(model) or '?'}, expected "
-                                  f"{_short(expected)} (flash the matching build)", "model_mismatch",
-                                  model=model, expected=expected)
+                        show.emit(
+                            f"!! this firmware is for model {_short(model) or '?'}, expected "
+                            f"{_short(expected)} (flash the matching build)",
+                            "model_mismatch",
+                            model=model,
+                            expected=expected,
+                        )
             # A long session must not grow without bound: the events above are all we need.
             link.reader.frames.clear()
             link.reader.log.clear()
@@ -187,13 +219,24 @@ def monitor(url: str, baudrate: int = 115200, reset: bool = False, out: TextIO |
         link.close()
     code = 1 if counts["errors"] or counts["model_mismatches"] else 0
     elapsed = time.monotonic() - start
-    parts = [f"{counts['frames']} frames", f"{counts['rejected']} rejected (corrupted)", f"{counts['lost']} lost",
-             f"{counts['resets']} resets", f"{counts['errors']} error frames"]
+    parts = [
+        f"{counts['frames']} frames",
+        f"{counts['rejected']} rejected (corrupted)",
+        f"{counts['lost']} lost",
+        f"{counts['resets']} resets",
+        f"{counts['errors']} error frames",
+    ]
     if expected:
         parts.append(f"{counts['model_mismatches']} hello(s) for another model")
     try:
-        show.emit(f"-- stopped after {elapsed:.1f} s ({why}): {', '.join(parts)}", "summary",
-                  reason=why, seconds=round(elapsed, 3), exit=2 if failure else code, **counts)
+        show.emit(
+            f"-- stopped after {elapsed:.1f} s ({why}): {', '.join(parts)}",
+            "summary",
+            reason=why,
+            seconds=round(elapsed, 3),
+            exit=2 if failure else code,
+            **counts,
+        )
     except KeyboardInterrupt:
         pass
     if failure is not None:

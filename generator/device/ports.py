@@ -56,8 +56,9 @@ def list_ports() -> list[Port]:
     found = []
     for info in list_ports.comports():
         description = info.description if info.description and info.description != "n/a" else ""
-        found.append(Port(info.device, description, info.vid, info.pid, info.serial_number,
-                          esp_bridge(info.vid, info.pid)))
+        found.append(
+            Port(info.device, description, info.vid, info.pid, info.serial_number, esp_bridge(info.vid, info.pid))
+        )
     return sorted(found, key=lambda p: (p.vid is None, p.device))
 
 
@@ -80,11 +81,15 @@ def detect_port(who: str, ports: list[Port] | None = None) -> Port:
     if len(likely) == 1:
         return likely[0]
     if likely:
-        raise ColibriError(f"{who} needs a serial port and {len(likely)} look like ESP32 boards "
-                           f"({', '.join(p.device for p in likely)}): choose one with --port")
+        raise ColibriError(
+            f"{who} needs a serial port and {len(likely)} look like ESP32 boards "
+            f"({', '.join(p.device for p in likely)}): choose one with --port"
+        )
     others = f" (found only {', '.join(p.device for p in ports)})" if ports else " (no serial ports found)"
-    raise ColibriError(f"{who} needs a serial port and none looks like an ESP32 board{others}: connect the "
-                       f"board, or give its port with --port (./colibri devices lists them)")
+    raise ColibriError(
+        f"{who} needs a serial port and none looks like an ESP32 board{others}: connect the "
+        f"board, or give its port with --port (./colibri devices lists them)"
+    )
 
 
 def open_error(port: str, e: BaseException) -> ColibriError:

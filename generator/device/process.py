@@ -32,8 +32,9 @@ def signal_name(number: int) -> str:
 def explain_local(status: int, stderr: str, tokens: int) -> str:
     """A local firmware's early end: the signal that killed it, or its status and last stderr line."""
     if status < 0:
-        return (f"the firmware was killed by signal {-status} ({signal_name(-status)}) after {tokens} tokens"
-                + (" (out of memory?)" if -status == signal.SIGKILL else ""))
+        return f"the firmware was killed by signal {-status} ({signal_name(-status)}) after {tokens} tokens" + (
+            " (out of memory?)" if -status == signal.SIGKILL else ""
+        )
     lines = stderr.strip().splitlines()
     detail = f": {lines[-1]}" if lines else ""
     return f"the firmware exited with status {status} before finishing{detail}"
@@ -79,8 +80,10 @@ class ProcessLink:
         while not session.finished and out in self.open_fds:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ColibriError(f"no complete result from the firmware within {timeout:.0f} s "
-                                   f"({len(session.result.tokens)} tokens received)")
+                raise ColibriError(
+                    f"no complete result from the firmware within {timeout:.0f} s "
+                    f"({len(session.result.tokens)} tokens received)"
+                )
             ready, _, _ = select.select(self.open_fds, [], [], min(left, 1.0))
             for fd in ready:
                 chunk = os.read(fd, 65536)
@@ -124,8 +127,9 @@ class ProcessLink:
         self.proc.stderr.close()
 
 
-def run_process(argv: list[str], request: bytes, session: Session, timeout: float,
-                explain: Explain = explain_local) -> RunResult:
+def run_process(
+    argv: list[str], request: bytes, session: Session, timeout: float, explain: Explain = explain_local
+) -> RunResult:
     """Start `argv`, send it `request` on stdin, feed its stdout to `session` until the done frame.
     Raises ColibriError with `explain`'s line when it ends before that, or on the timeout."""
     link = ProcessLink(argv, explain)

@@ -79,21 +79,45 @@ def f32_bits(value: float) -> str:
     return struct.pack(">f", value).hex()
 
 
-def encode_request(seq: int, prompt: list[int], steps: int, temperature: float, top_k: int, top_p: float,
-                   min_p: float, seed: int, stop_at_eos: bool, digests: bool = True, threads: int = 1,
-                   probe_mib: int | None = None, start: int = 0, score_from: int | None = None,
-                   decode_from: int | None = None) -> bytes:
+def encode_request(
+    seq: int,
+    prompt: list[int],
+    steps: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    seed: int,
+    stop_at_eos: bool,
+    digests: bool = True,
+    threads: int = 1,
+    probe_mib: int | None = None,
+    start: int = 0,
+    score_from: int | None = None,
+    decode_from: int | None = None,
+) -> bytes:
     """The request frame every board reads (firmware_src/app/request.c): an MCU after its hello on
     its UART, a Linux firmware on its stdin."""
-    return encode_frame(seq, "request", {
-        "prompt": ",".join(str(t) for t in prompt), "steps": steps, "temperature": f32_bits(temperature),
-        "top_k": top_k, "top_p": f32_bits(top_p), "min_p": f32_bits(min_p), "seed": seed,
-        "eos": int(stop_at_eos), **({} if digests else {"digests": 0}),
-        **({} if threads == 1 else {"threads": threads}),
-        **({} if probe_mib is None else {"probe_mib": probe_mib}),
-        **({} if start == 0 else {"start": start}),
-        **({} if score_from is None else {"score_from": score_from}),
-        **({} if decode_from is None else {"decode_from": decode_from})})
+    return encode_frame(
+        seq,
+        "request",
+        {
+            "prompt": ",".join(str(t) for t in prompt),
+            "steps": steps,
+            "temperature": f32_bits(temperature),
+            "top_k": top_k,
+            "top_p": f32_bits(top_p),
+            "min_p": f32_bits(min_p),
+            "seed": seed,
+            "eos": int(stop_at_eos),
+            **({} if digests else {"digests": 0}),
+            **({} if threads == 1 else {"threads": threads}),
+            **({} if probe_mib is None else {"probe_mib": probe_mib}),
+            **({} if start == 0 else {"start": start}),
+            **({} if score_from is None else {"score_from": score_from}),
+            **({} if decode_from is None else {"decode_from": decode_from}),
+        },
+    )
 
 
 def parse_frame(line: bytes) -> Frame | None:
@@ -106,7 +130,7 @@ def parse_frame(line: bytes) -> Frame | None:
     m = _FRAME.match(line, start)
     if not m:
         return None
-    body = line[start:m.start(4) - 2]
+    body = line[start : m.start(4) - 2]
     if zlib.crc32(body) != int(m.group(4), 16):
         return None
     kind = m.group(2).decode()
@@ -139,12 +163,14 @@ class FrameReader:
                     # A runaway line (output without newlines): no frame is that long, so all but
                     # the last MAX_LINE bytes go to the log as one entry and the buffer stays bounded.
                     cut = len(self._buffer) - MAX_LINE
-                    self.log.append(self._buffer[:min(cut, MAX_LINE)].decode("utf-8", "replace")
-                                    + (f"… ({cut - MAX_LINE} more bytes)" if cut > MAX_LINE else ""))
+                    self.log.append(
+                        self._buffer[: min(cut, MAX_LINE)].decode("utf-8", "replace")
+                        + (f"… ({cut - MAX_LINE} more bytes)" if cut > MAX_LINE else "")
+                    )
                     del self._buffer[:cut]
                 break
             line = bytes(self._buffer[:nl])
-            del self._buffer[:nl + 1]
+            del self._buffer[: nl + 1]
             frame = parse_frame(line)
             if frame is None:
                 if START in line:

@@ -44,8 +44,21 @@ DEFAULT_CACHE = "~/.cache/colibri"
 
 # Batch mode: a missing key or an unknown host key fails at once instead of prompting. The keepalives
 # notice a board that vanished (power, network) within 15 s instead of TCP's minutes.
-SSH_OPTIONS = ("-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
-               "-o", "ServerAliveCountMax=3", "-o", "ClearAllForwardings=yes", "-o", "LogLevel=ERROR")
+SSH_OPTIONS = (
+    "-T",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=3",
+    "-o",
+    "ClearAllForwardings=yes",
+    "-o",
+    "LogLevel=ERROR",
+)
 
 # What `uname -m` may answer for a board file's ISA.
 MACHINE_NAMES = {"x86_64": ("x86_64", "amd64"), "aarch64": ("aarch64", "arm64")}
@@ -54,9 +67,12 @@ MACHINE_NAMES = {"x86_64": ("x86_64", "amd64"), "aarch64": ("aarch64", "arm64")}
 def runs_on(isa: str, machine: str) -> bool:
     return machine in MACHINE_NAMES.get(isa, (isa,))
 
-_SPEC = re.compile(r"(?:(?P<user>[A-Za-z0-9_.][A-Za-z0-9_.-]*)@)?"
-                   r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_][A-Za-z0-9_.-]*))"
-                   r"(?::(?P<port>[0-9]{1,5}))?")
+
+_SPEC = re.compile(
+    r"(?:(?P<user>[A-Za-z0-9_.][A-Za-z0-9_.-]*)@)?"
+    r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_][A-Za-z0-9_.-]*))"
+    r"(?::(?P<port>[0-9]{1,5}))?"
+)
 
 
 @dataclass(frozen=True)
@@ -71,8 +87,12 @@ class Remote:
 
     def ssh_args(self) -> list[str]:
         """The ssh command up to and including the destination."""
-        return [*ssh_command(), *(["-p", str(self.port)] if self.port else []),
-                *(["-l", self.user] if self.user else []), self.host]
+        return [
+            *ssh_command(),
+            *(["-p", str(self.port)] if self.port else []),
+            *(["-l", self.user] if self.user else []),
+            self.host,
+        ]
 
     def ssh_argv(self, script: str) -> list[str]:
         """ssh running `script` on the board under sh, whatever the login shell is."""
@@ -84,8 +104,9 @@ def parse_remote(text: str, source: str = "--remote") -> Remote:
     m = _SPEC.fullmatch(text)
     port = int(m.group("port")) if m and m.group("port") else None
     if not m or (port is not None and not 1 <= port <= 65535):
-        raise ColibriError(f"{source}: expected [user@]host[:port] (an ~/.ssh/config alias, a name or an "
-                           f"address), got {text!r}")
+        raise ColibriError(
+            f"{source}: expected [user@]host[:port] (an ~/.ssh/config alias, a name or an address), got {text!r}"
+        )
     return Remote(m.group("ipv6") or m.group("host"), m.group("user"), port)
 
 
@@ -135,7 +156,7 @@ def default_remote(board_name: str) -> tuple[str, str] | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise ColibriError(f"{path}: [remote] {board_name} must be a string such as \"user@host:port\"")
+        raise ColibriError(f'{path}: [remote] {board_name} must be a string such as "user@host:port"')
     return value.strip(), f"{path} [remote] {board_name}"
 
 
@@ -160,6 +181,7 @@ def remote_for(board: Board, given: str | None) -> Remote | None:
 
 # ---- failures ---------------------------------------------------------------------------------
 
+
 def ssh_failure(remote: Remote, stderr: str, doing: str) -> str:
     """One line for an ssh that ended with status 255 (its own failure, not the command's)."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
@@ -167,27 +189,37 @@ def ssh_failure(remote: Remote, stderr: str, doing: str) -> str:
     text = "\n".join(lines)
     hint = shlex.join(remote.ssh_args())
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
-        return (f"the host key of {remote} has changed since it was recorded in known_hosts: if the board was "
-                f"reinstalled, remove the old key with `ssh-keygen -R {remote.host}` and accept the new one with "
-                f"`{hint}`")
+        return (
+            f"the host key of {remote} has changed since it was recorded in known_hosts: if the board was "
+            f"reinstalled, remove the old key with `ssh-keygen -R {remote.host}` and accept the new one with "
+            f"`{hint}`"
+        )
     if "Host key verification failed" in text or "host key is known" in text:
         # ssh-keyscan reads no ssh config: give it the address and port an alias stands for.
         resolved = ssh_settings(remote)
         port = resolved.get("port", str(remote.port or 22))
-        keyscan = shlex.join(["ssh-keyscan", *(["-p", port] if port != "22" else []),
-                              resolved.get("hostname", remote.host)])
+        keyscan = shlex.join(
+            ["ssh-keyscan", *(["-p", port] if port != "22" else []), resolved.get("hostname", remote.host)]
+        )
         known_hosts = resolved.get("userknownhostsfile", "~/.ssh/known_hosts").split()[0]
-        return (f"the host key of {remote} is not in known_hosts (ssh runs in batch mode, which never asks): "
-                f"check its fingerprint and accept it once with `{hint}`, or add it with "
-                f"`{keyscan} >> {known_hosts}`")
+        return (
+            f"the host key of {remote} is not in known_hosts (ssh runs in batch mode, which never asks): "
+            f"check its fingerprint and accept it once with `{hint}`, or add it with "
+            f"`{keyscan} >> {known_hosts}`"
+        )
     if "Permission denied" in text or "Too many authentication failures" in text:
-        return (f"{remote} refused the login ({last.rstrip('.')}): colibri logs in with keys or the agent only, "
-                f"never a password; install your public key on the board (ssh-copy-id) or name the key in "
-                f"~/.ssh/config")
+        return (
+            f"{remote} refused the login ({last.rstrip('.')}): colibri logs in with keys or the agent only, "
+            f"never a password; install your public key on the board (ssh-copy-id) or name the key in "
+            f"~/.ssh/config"
+        )
     if re.search(r"Could not resolve hostname|connect to host|Network is unreachable|No route to host", text):
         return f"cannot reach {remote}: {last}"
-    if re.search(r"closed by remote host|Connection closed|Connection reset|Broken pipe|not responding|"
-                 r"timed out|Connection timed out", text):
+    if re.search(
+        r"closed by remote host|Connection closed|Connection reset|Broken pipe|not responding|"
+        r"timed out|Connection timed out",
+        text,
+    ):
         return f"the connection to {remote} dropped {doing}: {last}"
     return f"ssh to {remote} failed {doing}: {last}"
 
@@ -196,8 +228,9 @@ def ssh_settings(remote: Remote) -> dict[str, str]:
     """What ssh's configuration makes of the destination (`ssh -G`: hostname, port, known hosts...)."""
     args = remote.ssh_args()
     try:
-        done = subprocess.run([*args[:-1], "-G", "--", args[-1]], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=10)
+        done = subprocess.run(
+            [*args[:-1], "-G", "--", args[-1]], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return {}
     if done.returncode != 0:
@@ -209,8 +242,9 @@ def ssh_run(remote: Remote, script: str, doing: str) -> subprocess.CompletedProc
     """Run a short script on the board; ssh's own failures become their one line."""
     argv = remote.ssh_argv(script)
     if shutil.which(argv[0]) is None:
-        raise ColibriError(f"--remote needs the OpenSSH client ({argv[0]} is not on PATH): "
-                           f"apt-get install openssh-client")
+        raise ColibriError(
+            f"--remote needs the OpenSSH client ({argv[0]} is not on PATH): apt-get install openssh-client"
+        )
     done = subprocess.run(argv, input=b"", capture_output=True)
     if done.returncode == 255:
         raise ColibriError(ssh_failure(remote, done.stderr.decode("utf-8", "replace"), doing))
@@ -223,6 +257,7 @@ def _last_line(data: bytes) -> str:
 
 
 # ---- deployment ---------------------------------------------------------------------------------
+
 
 def shell_path(path: str) -> str:
     """A board path for sh: ~ is the login's home there, not here."""
@@ -268,23 +303,31 @@ class Deployment:
 
 def look(remote: Remote, cache: str, blobs: list[Blob], prefix: tuple[str, ...]) -> dict:
     """One connection: the board's machine, which blobs its cache holds, its free space, the prefix."""
-    script = "; ".join([
-        "printf 'colibri-machine %s\\n' \"$(uname -m)\"",
-        f"d={shell_path(cache)}",
-        'mkdir -p "$d" && cd "$d" || exit 3',
-        # Copies cut short by a lost board (no trap runs on a power cut) are never used; tidy them.
-        "find . -maxdepth 1 -name '.*.partial.*' -mmin +60 -exec rm -f {} + 2>/dev/null",
-        "printf 'colibri-cache %s\\n' \"$(pwd)\"",
-        f"for f in {' '.join(b.sha256 for b in blobs)}; do "
-        "if [ -f \"$f\" ]; then printf 'colibri-have %s\\n' \"$f\"; fi; done",
-        "printf 'colibri-space %s\\n' \"$(df -Pk . | tail -n 1)\"",
-        *([f"if command -v {shlex.quote(prefix[0])} >/dev/null 2>&1; then echo colibri-prefix; fi"] if prefix else []),
-        "exit 0",
-    ])
+    script = "; ".join(
+        [
+            "printf 'colibri-machine %s\\n' \"$(uname -m)\"",
+            f"d={shell_path(cache)}",
+            'mkdir -p "$d" && cd "$d" || exit 3',
+            # Copies cut short by a lost board (no trap runs on a power cut) are never used; tidy them.
+            "find . -maxdepth 1 -name '.*.partial.*' -mmin +60 -exec rm -f {} + 2>/dev/null",
+            "printf 'colibri-cache %s\\n' \"$(pwd)\"",
+            f"for f in {' '.join(b.sha256 for b in blobs)}; do "
+            'if [ -f "$f" ]; then printf \'colibri-have %s\\n\' "$f"; fi; done',
+            "printf 'colibri-space %s\\n' \"$(df -Pk . | tail -n 1)\"",
+            *(
+                [f"if command -v {shlex.quote(prefix[0])} >/dev/null 2>&1; then echo colibri-prefix; fi"]
+                if prefix
+                else []
+            ),
+            "exit 0",
+        ]
+    )
     done = ssh_run(remote, script, "while connecting")
     if done.returncode == 3:
-        raise ColibriError(f"cannot use the cache directory {cache} on {remote}: {_last_line(done.stderr)} "
-                           f"(set COLIBRI_REMOTE_CACHE to a writable directory on the board)")
+        raise ColibriError(
+            f"cannot use the cache directory {cache} on {remote}: {_last_line(done.stderr)} "
+            f"(set COLIBRI_REMOTE_CACHE to a writable directory on the board)"
+        )
     if done.returncode != 0:
         raise ColibriError(f"looking at {remote} failed with status {done.returncode}: {_last_line(done.stderr)}")
     found = {"have": set(), "prefix": False, "free": None, "machine": "", "cache": cache}
@@ -311,29 +354,36 @@ def look(remote: Remote, cache: str, blobs: list[Blob], prefix: tuple[str, ...])
 def check_machine(remote: Remote, board: Board, machine: str) -> None:
     if runs_on(board.isa, machine):
         return
-    matching = [name for name in available_boards()
-                if (other := load_board(name)).runner.takes_remote and runs_on(other.isa, machine)]
+    matching = [
+        name
+        for name in available_boards()
+        if (other := load_board(name)).runner.takes_remote and runs_on(other.isa, machine)
+    ]
     hint = f" (--board {' or '.join(matching)} matches it)" if matching else ""
-    raise ColibriError(f"{remote} is an {machine} machine (uname -m) but board {board.name} is for {board.isa}: "
-                       f"nothing was copied{hint}")
+    raise ColibriError(
+        f"{remote} is an {machine} machine (uname -m) but board {board.name} is for {board.isa}: "
+        f"nothing was copied{hint}"
+    )
 
 
 def copy_blob(remote: Remote, cache: str, blob: Blob, progress: Callable[[str], None] | None) -> int:
     """Stream one file into the board's cache; returns the bytes sent. The board keeps it only
     complete: a temporary name, its size and SHA-256 checked there, then a rename."""
-    script = "; ".join([
-        f"d={shell_path(cache)}",
-        f't="$d/.{blob.sha256}.partial.$$"',
-        "trap 'rm -f \"$t\"' EXIT",
-        "trap 'exit 1' HUP INT TERM PIPE",
-        'cat > "$t" || exit 4',
-        'n=$(($(wc -c < "$t")))',
-        f'if [ "$n" -ne {blob.size} ]; then echo "received $n of {blob.size} bytes" >&2; exit 5; fi',
-        'if command -v sha256sum >/dev/null 2>&1; then s=$(sha256sum < "$t"); '
-        f'if [ "${{s%% *}}" != {blob.sha256} ]; then '
-        'echo "the copy differs from the original (SHA-256)" >&2; exit 5; fi; fi',
-        f'chmod {blob.mode} "$t" && mv -f "$t" "$d/{blob.sha256}"',
-    ])
+    script = "; ".join(
+        [
+            f"d={shell_path(cache)}",
+            f't="$d/.{blob.sha256}.partial.$$"',
+            "trap 'rm -f \"$t\"' EXIT",
+            "trap 'exit 1' HUP INT TERM PIPE",
+            'cat > "$t" || exit 4',
+            'n=$(($(wc -c < "$t")))',
+            f'if [ "$n" -ne {blob.size} ]; then echo "received $n of {blob.size} bytes" >&2; exit 5; fi',
+            'if command -v sha256sum >/dev/null 2>&1; then s=$(sha256sum < "$t"); '
+            f'if [ "${{s%% *}}" != {blob.sha256} ]; then '
+            'echo "the copy differs from the original (SHA-256)" >&2; exit 5; fi; fi',
+            f'chmod {blob.mode} "$t" && mv -f "$t" "$d/{blob.sha256}"',
+        ]
+    )
     argv = remote.ssh_argv(script)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -360,38 +410,58 @@ def copy_blob(remote: Remote, cache: str, blob: Blob, progress: Callable[[str], 
         err = proc.stderr.read()
         proc.stderr.close()
     if status == 255:
-        raise ColibriError(ssh_failure(remote, err.decode("utf-8", "replace"), f"while copying the {blob.label} "
-                                       f"(nothing incomplete is kept on the board)"))
+        raise ColibriError(
+            ssh_failure(
+                remote,
+                err.decode("utf-8", "replace"),
+                f"while copying the {blob.label} (nothing incomplete is kept on the board)",
+            )
+        )
     if status != 0:
-        raise ColibriError(f"copying the {blob.label} to {remote} failed: {_last_line(err)} "
-                           f"(nothing incomplete is kept on the board)")
+        raise ColibriError(
+            f"copying the {blob.label} to {remote} failed: {_last_line(err)} (nothing incomplete is kept on the board)"
+        )
     return sent
 
 
-def deploy(remote: Remote, board: Board, program: Path, weights: Path, prefix: tuple[str, ...],
-           progress: Callable[[str], None] | None = None) -> Deployment:
+def deploy(
+    remote: Remote,
+    board: Board,
+    program: Path,
+    weights: Path,
+    prefix: tuple[str, ...],
+    progress: Callable[[str], None] | None = None,
+) -> Deployment:
     """Make sure the board's cache holds the firmware and the weight image; returns where and what was sent."""
     cache = remote_cache()
-    blobs = [Blob("firmware", "firmware", program, file_sha256(program), program.stat().st_size, "755"),
-             Blob("weights", "weight image", weights, file_sha256(weights), weights.stat().st_size, "644")]
+    blobs = [
+        Blob("firmware", "firmware", program, file_sha256(program), program.stat().st_size, "755"),
+        Blob("weights", "weight image", weights, file_sha256(weights), weights.stat().st_size, "644"),
+    ]
     seen = look(remote, cache, blobs, prefix)
     if prefix:
         # The prefix (an emulator in the tests) runs the program, whatever the board's own machine.
         if not seen["prefix"]:
-            raise ColibriError(f"{remote} has no {prefix[0]} on its PATH, which the remote prefix "
-                               f"({shlex.join(prefix)}) needs: nothing was copied")
+            raise ColibriError(
+                f"{remote} has no {prefix[0]} on its PATH, which the remote prefix "
+                f"({shlex.join(prefix)}) needs: nothing was copied"
+            )
     else:
         check_machine(remote, board, seen["machine"])
     missing = [b for b in blobs if b.sha256 not in seen["have"]]
     need = sum(b.size for b in missing)
     if missing and seen["free"] is not None and need > seen["free"]:
-        raise ColibriError(f"not enough space on {remote}: {seen['cache']} has {seen['free']:,} bytes free, the "
-                           f"{' and the '.join(b.label for b in missing)} need {need:,}: nothing was copied (free "
-                           f"space there or set COLIBRI_REMOTE_CACHE to a directory with room)")
+        raise ColibriError(
+            f"not enough space on {remote}: {seen['cache']} has {seen['free']:,} bytes free, the "
+            f"{' and the '.join(b.label for b in missing)} need {need:,}: nothing was copied (free "
+            f"space there or set COLIBRI_REMOTE_CACHE to a directory with room)"
+        )
     sent = {b.what: 0 for b in blobs}
     if missing and progress:
-        progress(f"copying the {' and the '.join(b.label for b in missing)} ({need / 1e6:.1f} MB) to "
-                 f"{remote}:{seen['cache']}")
+        progress(
+            f"copying the {' and the '.join(b.label for b in missing)} ({need / 1e6:.1f} MB) to "
+            f"{remote}:{seen['cache']}"
+        )
     for blob in missing:
         sent[blob.what] = copy_blob(remote, cache, blob, progress)
     return Deployment(seen["cache"], seen["machine"], sent)
@@ -399,28 +469,37 @@ def deploy(remote: Remote, board: Board, program: Path, weights: Path, prefix: t
 
 # ---- the run ------------------------------------------------------------------------------------
 
+
 def explain_remote(remote: Remote) -> Callable[[int, str, int], str]:
     """Why a run over ssh ended before its done frame, from ssh's status: 255 is ssh's own failure,
     128 + N the firmware killed by signal N (sh reports it so), anything else the firmware's status."""
+
     def explain(status: int, stderr: str, tokens: int) -> str:
         if status == 255:
             return ssh_failure(remote, stderr, f"during the run ({tokens} tokens received)")
         if status > 128:
             sig = status - 128
-            oom = (" — on Linux that is usually the kernel's out-of-memory killer (see `dmesg` on the board)"
-                   if sig == 9 else "")
-            return (f"the firmware was killed on {remote} by signal {sig} ({signal_name(sig)}) after {tokens} "
-                    f"tokens{oom}")
+            oom = (
+                " — on Linux that is usually the kernel's out-of-memory killer (see `dmesg` on the board)"
+                if sig == 9
+                else ""
+            )
+            return (
+                f"the firmware was killed on {remote} by signal {sig} ({signal_name(sig)}) after {tokens} tokens{oom}"
+            )
         lines = [line for line in stderr.strip().splitlines() if line.strip()]
         detail = f": {lines[-1].strip()}" if lines else ""
         if status == 126:
-            return (f"{remote} cannot execute the firmware{detail} (a cache directory on a noexec mount? set "
-                    f"COLIBRI_REMOTE_CACHE)")
+            return (
+                f"{remote} cannot execute the firmware{detail} (a cache directory on a noexec mount? set "
+                f"COLIBRI_REMOTE_CACHE)"
+            )
         if status == 127:
             return f"a program the run needs is missing on {remote}{detail}"
         if status == 3:
             return f"the cache directory on {remote} disappeared during the run{detail}"
         return f"the firmware exited on {remote} with status {status} before finishing{detail}"
+
     return explain
 
 
@@ -433,19 +512,27 @@ def ran_on(board: Board, result: RunResult) -> str:
     return f"{board.name} at {result.remote['host']} ({f'{copied:,} bytes copied' if copied else 'nothing copied'})"
 
 
-def remote_command(remote: Remote, board: Board, program: Path, weights: Path, options: list[str],
-                   progress: Callable[[str], None] | None = None) -> tuple[list[str], Deployment]:
+def remote_command(
+    remote: Remote,
+    board: Board,
+    program: Path,
+    weights: Path,
+    options: list[str],
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[str], Deployment]:
     """Deploy (only what the board lacks); the ssh command that runs the firmware there with its
     command-line `options`, reading request frames from its stdin."""
     prefix = remote_prefix(board)
     deployment = deploy(remote, board, program, weights, prefix, progress)
     program_sha, weights_sha = file_sha256(program), file_sha256(weights)
-    script = "; ".join([
-        f"cd {shlex.quote(deployment.cache)} || exit 3",
-        # Not exec'd: sh then reports a firmware killed by a signal as 128 + N, where ssh would say 255.
-        shlex.join([*prefix, f"./{program_sha}", "--weights", f"./{weights_sha}", *options]),
-        "exit $?",
-    ])
+    script = "; ".join(
+        [
+            f"cd {shlex.quote(deployment.cache)} || exit 3",
+            # Not exec'd: sh then reports a firmware killed by a signal as 128 + N, where ssh would say 255.
+            shlex.join([*prefix, f"./{program_sha}", "--weights", f"./{weights_sha}", *options]),
+            "exit $?",
+        ]
+    )
     return remote.ssh_argv(script), deployment
 
 
@@ -455,8 +542,16 @@ def check_remote_machine(remote: Remote, board: Board, hello: dict[str, str]) ->
         raise ColibriError(f"the firmware for {board.isa} reports running on {machine} on {remote}")
 
 
-def run_remote(remote: Remote, board: Board, program: Path, weights: Path, request: RunRequest, session: Session,
-               timeout: float, progress: Callable[[str], None] | None = None) -> RunResult:
+def run_remote(
+    remote: Remote,
+    board: Board,
+    program: Path,
+    weights: Path,
+    request: RunRequest,
+    session: Session,
+    timeout: float,
+    progress: Callable[[str], None] | None = None,
+) -> RunResult:
     """Deploy (only what the board lacks) and run the firmware there; RunResult.remote says where and
     how many bytes were sent."""
     argv, deployment = remote_command(remote, board, program, weights, request.firmware_options(), progress)
@@ -467,7 +562,14 @@ def run_remote(remote: Remote, board: Board, program: Path, weights: Path, reque
     check_remote_machine(remote, board, hello)
     machine = hello.get("machine")
     sent = {**deployment.sent, "request": len(frame)}
-    result.remote = {"host": str(remote), "cache": deployment.cache, "machine": deployment.machine,
-                     "prefix": list(prefix), "firmware_machine": machine, "cpu": hello.get("cpu"),
-                     "kernels": hello.get("kernels"), "bytes_sent": {**sent, "total": sum(sent.values())}}
+    result.remote = {
+        "host": str(remote),
+        "cache": deployment.cache,
+        "machine": deployment.machine,
+        "prefix": list(prefix),
+        "firmware_machine": machine,
+        "cpu": hello.get("cpu"),
+        "kernels": hello.get("kernels"),
+        "bytes_sent": {**sent, "total": sum(sent.values())},
+    }
     return result

@@ -78,8 +78,9 @@ class SerialLink:
         """Open a device path or pyserial URL without touching DTR/RTS (no reset) unless asked."""
         is_device = "://" not in url
         try:
-            port = serial.serial_for_url(url, baudrate=baudrate, timeout=READ_SLICE, write_timeout=1.0,
-                                         do_not_open=True)
+            port = serial.serial_for_url(
+                url, baudrate=baudrate, timeout=READ_SLICE, write_timeout=1.0, do_not_open=True
+            )
             if hasattr(port, "dtr"):
                 port.dtr = False  # released before opening: many boards wire DTR/RTS to EN/BOOT
                 port.rts = False
@@ -137,8 +138,10 @@ class SerialLink:
             self.port.write_timeout = 1.0 + 2 * len(data) * 10 / baudrate
             self.port.write(data)
         except serial.SerialTimeoutException:
-            raise ColibriError(f"{self.where}: write timed out: the port does not accept data "
-                               f"(flow control, or the board is not reading)") from None
+            raise ColibriError(
+                f"{self.where}: write timed out: the port does not accept data "
+                f"(flow control, or the board is not reading)"
+            ) from None
         except (serial.SerialException, OSError) as e:
             raise ColibriError(f"{self.where}: write failed: {e}") from None
 
@@ -185,23 +188,28 @@ class SerialLink:
     def _noise(self) -> str:
         parts = []
         if self.reader.rejected:
-            parts.append(f"{self.reader.rejected} corrupted frame(s) rejected: check the cable, "
-                         f"the baud rate and the ground")
+            parts.append(
+                f"{self.reader.rejected} corrupted frame(s) rejected: check the cable, the baud rate and the ground"
+            )
         return f" ({'; '.join(parts)})" if parts else ""
 
     def _no_hello(self, timeouts: Timeouts, stale: int) -> ColibriError:
         if self.received == 0:
-            what = ("nothing at all was received; a board that booted before the port was opened has "
-                    "already sent its hello: reset it")
+            what = (
+                "nothing at all was received; a board that booted before the port was opened has "
+                "already sent its hello: reset it"
+            )
         else:
             last = self._last_line()
             what = f"{self.received} bytes received"
             what += f", last line {_quote(last)}" if last else ", no complete line (wrong baud rate?)"
         if stale:
             what += f"; {stale} frame(s) of an earlier run seen (reset the board to start a new one)"
-        return ColibriError(f"{self.where}: no hello frame from the board within {_secs(timeouts.boot)} "
-                            f"({what}){self._noise()}; check the port, the baud rate and that the firmware "
-                            f"is flashed")
+        return ColibriError(
+            f"{self.where}: no hello frame from the board within {_secs(timeouts.boot)} "
+            f"({what}){self._noise()}; check the port, the baud rate and that the firmware "
+            f"is flashed"
+        )
 
     def _send_first_piece(self, request: RunRequest, hello: Frame, seq: int) -> tuple[bytes, int]:
         """Send the request, or its first piece to a board that acknowledges each (its UART's small
@@ -212,8 +220,9 @@ class SerialLink:
         self.send(pending[:piece])
         return pending[piece:], piece
 
-    def run(self, request: RunRequest | None, session: Session, timeouts: Timeouts = Timeouts(),
-            resume: bool = False) -> RunResult:
+    def run(
+        self, request: RunRequest | None, session: Session, timeouts: Timeouts = Timeouts(), resume: bool = False
+    ) -> RunResult:
         """Read frames until `done`; after the hello, send `request` (None: only listen).
         resume: the board said hello in an earlier run on this link and serves another request
         now (a conversation continued): the request goes out at once.
@@ -245,11 +254,19 @@ class SerialLink:
             else:
                 allowed = timeouts.silence if result.tokens else timeouts.first_token(request)
                 if now - last_frame > allowed:
-                    raise self._silent(request, session, now - last_frame, allowed, log_at_last_frame,
-                                       acked_target if pending else None)
+                    raise self._silent(
+                        request,
+                        session,
+                        now - last_frame,
+                        allowed,
+                        log_at_last_frame,
+                        acked_target if pending else None,
+                    )
             if total is not None and now - start > total:
-                raise ColibriError(f"{self.where}: no complete result within {_secs(total)} "
-                                   f"({len(result.tokens)} of {request.steps} tokens received){self._noise()}")
+                raise ColibriError(
+                    f"{self.where}: no complete result within {_secs(total)} "
+                    f"({len(result.tokens)} of {request.steps} tokens received){self._noise()}"
+                )
             for kind, item in self.poll():
                 if kind != "frame":
                     log_index += 1
@@ -271,8 +288,10 @@ class SerialLink:
                 elif frame.kind == "ack":
                     got = frame.int("bytes", minimum=0)
                     if not pending or got != acked_target:
-                        raise ColibriError(f"{self.where}: the board acknowledged {got} bytes of the request "
-                                           f"when {acked_target} had been sent{self._noise()}")
+                        raise ColibriError(
+                            f"{self.where}: the board acknowledged {got} bytes of the request "
+                            f"when {acked_target} had been sent{self._noise()}"
+                        )
                     self.send(pending[:ACK_BYTES])
                     acked_target, pending = acked_target + ACK_BYTES, pending[ACK_BYTES:]
                 if session.finished:
@@ -291,15 +310,20 @@ class SerialLink:
         since = [line.strip() for line in self.reader.log[log_mark:log_end] if line.strip()]
         return _quote(since[-1]) if since else ""
 
-    def _silent(self, request, session, gap: float, allowed: float, log_mark: int,
-                unacknowledged: int | None = None) -> ColibriError:
+    def _silent(
+        self, request, session, gap: float, allowed: float, log_mark: int, unacknowledged: int | None = None
+    ) -> ColibriError:
         if unacknowledged is not None:
-            what = (f"the board did not acknowledge the request's first {unacknowledged} bytes within "
-                    f"{_secs(allowed)} (the request is sent in acknowledged pieces)")
+            what = (
+                f"the board did not acknowledge the request's first {unacknowledged} bytes within "
+                f"{_secs(allowed)} (the request is sent in acknowledged pieces)"
+            )
         elif not session.result.tokens and request:
-            what = (f"the board sent its hello but no token followed within {_secs(allowed)} "
-                    f"(it may not have received the request, or the prefill is slower than "
-                    f"{_secs(allowed)} allows)")
+            what = (
+                f"the board sent its hello but no token followed within {_secs(allowed)} "
+                f"(it may not have received the request, or the prefill is slower than "
+                f"{_secs(allowed)} allows)"
+            )
         else:
             what = f"the board has been silent for {_secs(allowed)} after {self._progress(request, session)}"
         printed = self._printed_since(log_mark)
@@ -311,18 +335,21 @@ class SerialLink:
         if next_seq is None or frame.seq == next_seq or (frame.kind == "hello" and frame.seq == 0):
             return  # a hello with sequence number 0 is a reset: the Session's to judge
         if frame.seq < next_seq:
-            raise ColibriError(f"{self.where}: frame sequence went back from {next_seq - 1} to {frame.seq} "
-                               f"({frame.kind} frame) after {self._progress(request, session)}: the board "
-                               f"restarted or two programs write to the port{self._noise()}")
+            raise ColibriError(
+                f"{self.where}: frame sequence went back from {next_seq - 1} to {frame.seq} "
+                f"({frame.kind} frame) after {self._progress(request, session)}: the board "
+                f"restarted or two programs write to the port{self._noise()}"
+            )
         lost = frame.seq - next_seq
         what = f"{lost} frame(s) lost before frame {frame.seq} ({frame.kind}"
         if frame.kind == "token" and "step" in frame.fields:
             what += f" step {frame.fields['step']}, when step {len(session.result.tokens)} was expected"
-        raise ColibriError(f"{self.where}: {what}) after {self._progress(request, session)}"
-                           f"{self._noise() or ' (bytes dropped on the line)'}; the result would be incomplete")
+        raise ColibriError(
+            f"{self.where}: {what}) after {self._progress(request, session)}"
+            f"{self._noise() or ' (bytes dropped on the line)'}; the result would be incomplete"
+        )
 
-    def _handle(self, session: Session, frame: Frame, request: RunRequest | None, log_mark: int,
-                log_end: int) -> None:
+    def _handle(self, session: Session, frame: Frame, request: RunRequest | None, log_mark: int, log_end: int) -> None:
         had_hello = bool(session.result.hello)
         try:
             session.handle(frame)
@@ -342,5 +369,7 @@ class SerialLink:
         claimed = frame.fields.get("tokens")
         got = len(session.result.tokens)
         if claimed is not None and claimed.isdigit() and int(claimed) != got:
-            raise ColibriError(f"{self.where}: the board reports {claimed} tokens but {got} arrived"
-                               f"{self._noise()}; the result would be incomplete")
+            raise ColibriError(
+                f"{self.where}: the board reports {claimed} tokens but {got} arrived"
+                f"{self._noise()}; the result would be incomplete"
+            )

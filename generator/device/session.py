@@ -84,10 +84,29 @@ class RunResult:
 # and its expert cache's counters over the decode (prefill_* over the prompt). Older boards send none.
 # Under --memory-budget auto also what the board found (auto_found, less auto_margin) and where
 # (auto_source: cgroup-v2, cgroup-v1 or meminfo; auto_where: the file).
-CACHE_STATS = ("mapped", "budget", "slots", "locked", "lock_refused", "direct_io", "prefetch", "lru", "cache_hits",
-               "cache_misses", "prefetches", "prefetch_hits", "read_bytes", "read_wait_us", "read_time_us",
-               "reads_in_flight", "reads_reordered", "prefill_read_bytes", "prefill_read_wait_us", "auto_found",
-               "auto_margin")
+CACHE_STATS = (
+    "mapped",
+    "budget",
+    "slots",
+    "locked",
+    "lock_refused",
+    "direct_io",
+    "prefetch",
+    "lru",
+    "cache_hits",
+    "cache_misses",
+    "prefetches",
+    "prefetch_hits",
+    "read_bytes",
+    "read_wait_us",
+    "read_time_us",
+    "reads_in_flight",
+    "reads_reordered",
+    "prefill_read_bytes",
+    "prefill_read_wait_us",
+    "auto_found",
+    "auto_margin",
+)
 AUTO_SOURCES = ("cgroup-v2", "cgroup-v1", "meminfo")
 
 
@@ -104,8 +123,12 @@ def cache_stats(result: RunResult) -> dict | None:
 class Session:
     """Interprets one run's frames: hello, token..., stats, done; or an error frame."""
 
-    def __init__(self, expected_model: str | None = None, on_token: Callable[[int, int], None] | None = None,
-                 check_hello: Callable[[dict[str, str]], None] | None = None):
+    def __init__(
+        self,
+        expected_model: str | None = None,
+        on_token: Callable[[int, int], None] | None = None,
+        check_hello: Callable[[dict[str, str]], None] | None = None,
+    ):
         """expected_model: the model hash the firmware must carry; check_hello: called with the
         hello frame's fields, raises ColibriError for firmware that is not the expected build
         (verify.hello_check compares board, build id, weights, context and quantization too)."""
@@ -125,8 +148,10 @@ class Session:
             if self.check_hello:
                 self.check_hello(frame.fields)
             elif self.expected_model and frame.fields.get("model") != self.expected_model:
-                raise ColibriError(f"the board runs firmware for model {frame.fields.get('model', '?')[:16]}…, "
-                                   f"expected {self.expected_model[:16]}… (flash the matching build)")
+                raise ColibriError(
+                    f"the board runs firmware for model {frame.fields.get('model', '?')[:16]}…, "
+                    f"expected {self.expected_model[:16]}… (flash the matching build)"
+                )
         elif frame.kind == "error":
             msg = frame.fields.get("msg", "unknown error")
             raise ColibriError(f"firmware reported error {frame.fields.get('code', '?')}: {msg}")
@@ -137,7 +162,9 @@ class Session:
             token = frame.int("id", minimum=0)
             vocab = r.hello.get("vocab")
             if vocab is not None and vocab.isdigit() and token >= int(vocab):
-                raise ColibriError(f"malformed token frame from the board: id {token} is outside its vocabulary ({vocab})")
+                raise ColibriError(
+                    f"malformed token frame from the board: id {token} is outside its vocabulary ({vocab})"
+                )
             r.tokens.append(token)
             r.digests.append(frame.fields.get("logits", ""))
             if "us" in frame.fields:
@@ -154,8 +181,10 @@ class Session:
                 if key in frame.fields:  # protocol 3, Linux boards: how the weights are held
                     frame.int(key, minimum=0)
             if "auto_found" in frame.fields and frame.fields.get("auto_source") not in AUTO_SOURCES:
-                raise ColibriError(f"malformed stats frame from the board: auto_source="
-                                   f"{frame.fields.get('auto_source', '')[:24]!r} is none of {', '.join(AUTO_SOURCES)}")
+                raise ColibriError(
+                    f"malformed stats frame from the board: auto_source="
+                    f"{frame.fields.get('auto_source', '')[:24]!r} is none of {', '.join(AUTO_SOURCES)}"
+                )
             r.stats = frame.fields
         elif frame.kind == "bandwidth":
             r.bandwidth = frame.fields
@@ -172,14 +201,18 @@ class Session:
             first, total = frame.int("first", minimum=0), frame.int("of", minimum=1)
             have = r.expert_counts.setdefault(layer, [])
             if first != len(have) or self._experts_of.setdefault(layer, total) != total or first + len(counts) > total:
-                raise ColibriError(f"malformed experts frame from the board: layer {layer}'s counts "
-                                   f"{first}..{first + len(counts) - 1} of {total} do not follow the {len(have)} received")
+                raise ColibriError(
+                    f"malformed experts frame from the board: layer {layer}'s counts "
+                    f"{first}..{first + len(counts) - 1} of {total} do not follow the {len(have)} received"
+                )
             have.extend(counts)
         elif frame.kind == "done":
             short = [layer for layer, total in self._experts_of.items() if len(r.expert_counts[layer]) != total]
             if short:
-                raise ColibriError(f"the board sent only {len(r.expert_counts[short[0]])} of "
-                                   f"{self._experts_of[short[0]]} expert counts for layer {short[0]}")
+                raise ColibriError(
+                    f"the board sent only {len(r.expert_counts[short[0]])} of "
+                    f"{self._experts_of[short[0]]} expert counts for layer {short[0]}"
+                )
             if "tokens" in frame.fields and frame.int("tokens") != len(r.tokens):
                 raise ColibriError(f"the board reports {frame.fields['tokens']} tokens but {len(r.tokens)} arrived")
             r.stop_reason = frame.fields.get("reason", "")
@@ -196,8 +229,10 @@ def check_fits_context(prompt: list[int], steps: int, n_ctx: int, limit: int | N
     need = n_prompt + steps - 1
     if need <= n_ctx:
         return
-    why = (f"the prompt's {n_prompt} tokens and {steps} steps need a context of {need}: {n_prompt} positions for "
-           f"the prompt and {steps - 1} for the generated tokens fed back into the model (the last one never is)")
+    why = (
+        f"the prompt's {n_prompt} tokens and {steps} steps need a context of {need}: {n_prompt} positions for "
+        f"the prompt and {steps - 1} for the generated tokens fed back into the model (the last one never is)"
+    )
     fixes = []
     if limit is None or need <= limit:
         fixes.append(f"--ctx {need}")
@@ -208,13 +243,26 @@ def check_fits_context(prompt: list[int], steps: int, n_ctx: int, limit: int | N
     if not fixes:
         fixes.append(f"a prompt of at most {limit if limit else n_ctx} tokens")
     allowed = f"; this board and model allow a context of at most {limit}" if limit is not None and need > limit else ""
-    raise ColibriError(f"{why}, but the firmware is built for a context of {n_ctx}{allowed}: use "
-                       f"{' or '.join(fixes)}")
+    raise ColibriError(f"{why}, but the firmware is built for a context of {n_ctx}{allowed}: use {' or '.join(fixes)}")
 
 
 def request_frame(request: RunRequest, seq: int = 0) -> bytes:
     """The request frame of `request`: what every board reads (firmware_src/app/request.c)."""
     s = request.sampling.as_f32()
-    return encode_request(seq, request.prompt, request.steps, s.temperature, s.top_k, s.top_p, s.min_p, s.seed,
-                          request.stop_at_eos, request.digests, request.threads, request.probe_bandwidth_mib,
-                          request.start, request.score_from, request.decode_from)
+    return encode_request(
+        seq,
+        request.prompt,
+        request.steps,
+        s.temperature,
+        s.top_k,
+        s.top_p,
+        s.min_p,
+        s.seed,
+        request.stop_at_eos,
+        request.digests,
+        request.threads,
+        request.probe_bandwidth_mib,
+        request.start,
+        request.score_from,
+        request.decode_from,
+    )

@@ -19,15 +19,19 @@ from ..errors import ColibriError
 
 def apt_install(packages: list[str], why: str) -> None:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise ColibriError(f"missing {why}: install {' '.join(packages)} (e.g. sudo apt-get install {' '.join(packages)})")
+        raise ColibriError(
+            f"missing {why}: install {' '.join(packages)} (e.g. sudo apt-get install {' '.join(packages)})"
+        )
     print(f"colibri: installing {why}: {' '.join(packages)}", file=sys.stderr, flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     # --no-remove: apt must not make room by removing packages (a board's cross compiler, say);
     # it fails instead, and the failure names the conflict. --no-install-recommends: only what is
     # listed and what it needs (libc6-dev-i386 recommends gcc-multilib, which conflicts with every
     # cross compiler: with recommends on, a fresh Debian removed linux-aarch64's to install it).
-    for cmd in (["apt-get", "update", "-qq"],
-                ["apt-get", "install", "-y", "-qq", "--no-remove", "--no-install-recommends", *packages]):
+    for cmd in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-remove", "--no-install-recommends", *packages],
+    ):
         done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -52,8 +56,9 @@ def installed_packages(packages: list[str]) -> set[str]:
     """Those of `packages` that dpkg reports installed (any architecture of a multi-arch one)."""
     if not packages:
         return set()
-    done = subprocess.run(["dpkg-query", "-W", "-f=${binary:Package}\t${Status}\n", *packages],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["dpkg-query", "-W", "-f=${binary:Package}\t${Status}\n", *packages], capture_output=True, text=True
+    )
     # Exit status 1 only says that some name is unknown to dpkg; the others are still listed.
     found = set()
     for line in done.stdout.splitlines():
@@ -110,12 +115,12 @@ def main(argv: list[str]) -> int:
     boards, command = argv, []
     if "--" in argv:
         i = argv.index("--")
-        boards, command = argv[:i], argv[i + 1:]
+        boards, command = argv[:i], argv[i + 1 :]
     listing = None
     if "--packages" in boards:
         i = boards.index("--packages")
         listing = Path(boards[i + 1])
-        boards = boards[:i] + boards[i + 2:]
+        boards = boards[:i] + boards[i + 2 :]
     names = available_boards() if boards == ["--all"] else boards
     try:
         for name in names:

@@ -66,13 +66,22 @@ class ChatTemplate:
 
         def token_text(key: str) -> str:
             value = gguf.metadata.get(key)
-            if isinstance(tokens, list) and isinstance(value, int) and not isinstance(value, bool) \
-                    and 0 <= value < len(tokens) and isinstance(tokens[value], str):
+            if (
+                isinstance(tokens, list)
+                and isinstance(value, int)
+                and not isinstance(value, bool)
+                and 0 <= value < len(tokens)
+                and isinstance(tokens[value], str)
+            ):
                 return tokens[value]
             return ""
 
-        return ChatTemplate(source, token_text("tokenizer.ggml.bos_token_id"),
-                            token_text("tokenizer.ggml.eos_token_id"), f"{path.name}: tokenizer.chat_template")
+        return ChatTemplate(
+            source,
+            token_text("tokenizer.ggml.bos_token_id"),
+            token_text("tokenizer.ggml.eos_token_id"),
+            f"{path.name}: tokenizer.chat_template",
+        )
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         from jinja2 import TemplateError
@@ -86,8 +95,11 @@ class ChatTemplate:
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             return env.from_string(self.source).render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token)
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
         except TemplateError as e:
             raise ColibriError(f"the model's chat template ({self.origin}) failed: {e}") from None
 

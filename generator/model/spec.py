@@ -69,7 +69,7 @@ class ModelSpec:
 
     @property
     def score_scale(self) -> float:
-        return self.attn_scale if self.attn_scale else self.head_dim ** -0.5
+        return self.attn_scale if self.attn_scale else self.head_dim**-0.5
 
     def layer_rope(self, layer: int) -> RopeSpec:
         return self.rope_local if (self.rope_local and self.layer_windows[layer]) else self.rope

@@ -14,6 +14,7 @@ import numpy as np
 class Score:
     """Prompt token `index` scored given the tokens before it: log p = lp - log(z), z computed as
     op_exp_sum does (firmware_src/runtime/ops.c), so both parts are bit-exact on every board."""
+
     index: int
     token: int
     lp: np.float32  # its logit minus the largest logit
@@ -40,7 +41,7 @@ def chunks(tokens: list[int], n_ctx: int, bos: int | None, limit: int | None = N
         count = min(count, limit)
     out = []
     for c in range(count):
-        chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
+        chunk = list(tokens[c * n_ctx : (c + 1) * n_ctx])
         if bos is not None:
             chunk[0] = bos
         out.append(Chunk(chunk, n_ctx // 2))

@@ -72,8 +72,10 @@ def to_half(values: np.ndarray, what: str, quant: str) -> np.ndarray:
         if not np.all(np.isfinite(wide)):
             raise ColibriError(f"{quant} cannot hold these weights: a block {what} is infinite or NaN")
         worst = float(np.max(np.abs(wide)))
-        raise ColibriError(f"{quant} cannot hold these weights: a block {what} of {worst:.6g} is beyond the "
-                           f"binary16 range of block scales (65504); use --quant f32")
+        raise ColibriError(
+            f"{quant} cannot hold these weights: a block {what} of {worst:.6g} is beyond the "
+            f"binary16 range of block scales (65504); use --quant f32"
+        )
     return h
 
 
@@ -129,12 +131,13 @@ def pack_nibbles(q: np.ndarray) -> np.ndarray:
     """Quants 0..15 (..., n) -> bytes (..., n/2): byte j of a block of 32 holds quant j in its low
     nibble and quant j + 16 in its high nibble (q4_0 and q4_1, as GGUF's Q4_0 and Q4_1)."""
     blocks = q.astype(np.uint8).reshape(*q.shape[:-1], q.shape[-1] // QK, QK)
-    packed = blocks[..., :QK // 2] | (blocks[..., QK // 2:] << 4)
+    packed = blocks[..., : QK // 2] | (blocks[..., QK // 2 :] << 4)
     return packed.reshape(*q.shape[:-1], q.shape[-1] // 2)
 
 
-def keep_blocks(quants: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None, block_type: str
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def keep_blocks(
+    quants: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None, block_type: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """A GGUF tensor's own Q8_0/Q4_0/Q4_1 block fields (model/gguf/tensors.QuantBlocks.fields: the
     quant bytes, binary16 scales, binary16 Q4_1 minimums or None) as `block_type` holds them, value
     for value: the same arrays, since the image packs its quants as the file does (Q8_0's int8; Q4_0's
@@ -242,7 +245,8 @@ def matvec_q8_0(wq: np.ndarray, wd: np.ndarray, xq: np.ndarray, xd: np.ndarray) 
     binary16 (or float32) scales, widened first."""
     rows, n = wq.shape
     nb = n // QK
-    isum = np.einsum("rbk,bk->rb", wq.reshape(rows, nb, QK).astype(np.int32),
-                     xq.reshape(nb, QK).astype(np.int32), dtype=np.int32)
+    isum = np.einsum(
+        "rbk,bk->rb", wq.reshape(rows, nb, QK).astype(np.int32), xq.reshape(nb, QK).astype(np.int32), dtype=np.int32
+    )
     terms = isum.astype(np.float32) * (widen(wd) * widen(xd)[None, :])
     return tree_sum(terms)

@@ -34,8 +34,9 @@ class SamplingParams:
 
     def as_f32(self) -> "SamplingParams":
         """The values exactly as the firmware holds them (float32)."""
-        return SamplingParams(float(F32(self.temperature)), self.top_k, float(F32(self.top_p)),
-                              float(F32(self.min_p)), self.seed)
+        return SamplingParams(
+            float(F32(self.temperature)), self.top_k, float(F32(self.top_p)), float(F32(self.min_p)), self.seed
+        )
 
 
 class Rng:

@@ -77,9 +77,15 @@ def firmware_files(board: Board, out: Path) -> list[str]:
         if (out / name).is_file():
             found.append(name)
         elif name in built:
-            raise ColibriError(f"the {board.name} build did not produce {name}"
-                               + (" (ESP-IDF is not installed here: build the project with idf.py, where it is, "
-                                  "and make the release there)" if board.is_esp_idf else ""))
+            raise ColibriError(
+                f"the {board.name} build did not produce {name}"
+                + (
+                    " (ESP-IDF is not installed here: build the project with idf.py, where it is, "
+                    "and make the release there)"
+                    if board.is_esp_idf
+                    else ""
+                )
+            )
     return found
 
 
@@ -120,8 +126,9 @@ def write_tarball(bundle: Path, dest: Path, mtime: int) -> None:
     entries, one mtime, uid/gid 0 with no owner names, modes 0644/0755, gzip without a timestamp
     or file name."""
     root = PurePosixPath(bundle.name)
-    entries = [(root, bundle)] + sorted(((root / p.relative_to(bundle).as_posix(), p) for p in bundle.rglob("*")),
-                                        key=lambda e: e[0].parts)
+    entries = [(root, bundle)] + sorted(
+        ((root / p.relative_to(bundle).as_posix(), p) for p in bundle.rglob("*")), key=lambda e: e[0].parts
+    )
     with open(dest, "wb") as raw:
         with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
             with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:

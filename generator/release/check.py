@@ -38,14 +38,22 @@ class VerifyResult:
         return not self.problems
 
     def to_dict(self) -> dict:
-        return {"bundle": self.bundle, "ok": self.ok, "problems": self.problems, "notes": self.notes,
-                "files_checked": self.files_checked, "signature_checked": self.signature_checked,
-                "rebuilt": self.rebuilt, "tarball_checked": self.tarball_checked}
+        return {
+            "bundle": self.bundle,
+            "ok": self.ok,
+            "problems": self.problems,
+            "notes": self.notes,
+            "files_checked": self.files_checked,
+            "signature_checked": self.signature_checked,
+            "rebuilt": self.rebuilt,
+            "tarball_checked": self.tarball_checked,
+        }
 
     def describe(self) -> str:
         if self.problems:
-            return "\n".join([f"FAIL: {self.bundle}: {len(self.problems)} problem(s)"]
-                             + [f"  {p}" for p in self.problems])
+            return "\n".join(
+                [f"FAIL: {self.bundle}: {len(self.problems)} problem(s)"] + [f"  {p}" for p in self.problems]
+            )
         done = [f"{self.files_checked} files match SHA256SUMS and the manifest"]
         if self.signature_checked:
             done.append("the ed25519 signature of manifest.json verifies")
@@ -66,8 +74,7 @@ def _unpack(tarball: Path, dest: Path) -> Path:
     with tar:
         for member in tar:
             parts = PurePosixPath(member.name).parts
-            if (not parts or member.name.startswith("/") or ".." in parts
-                    or not (member.isfile() or member.isdir())):
+            if not parts or member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir()):
                 raise ColibriError(f"{tarball}: unsafe or unexpected entry {member.name!r}")
             if top is None:
                 top = parts[0]
@@ -158,8 +165,10 @@ def _json_differences(a: bytes, b: bytes, limit: int = 4) -> str:
     keys = sorted(k for k in set(fa) | set(fb) if fa.get(k, "<absent>") != fb.get(k, "<absent>"))
     if not keys:
         return ""
-    shown = "; ".join(f"{k}: {_short(fa.get(k, '<absent>'))} in the bundle, {_short(fb.get(k, '<absent>'))} "
-                      f"rebuilt" for k in keys[:limit])
+    shown = "; ".join(
+        f"{k}: {_short(fa.get(k, '<absent>'))} in the bundle, {_short(fb.get(k, '<absent>'))} rebuilt"
+        for k in keys[:limit]
+    )
     more = f"; and {len(keys) - limit} more" if len(keys) > limit else ""
     return f" ({shown}{more})"
 
@@ -175,8 +184,11 @@ def compare_bundles(given: Path, rebuilt: Path) -> list[str]:
             problems.append(f"{rel}: produced by the rebuild but missing from the bundle")
         else:
             if not _same_bytes(given / rel, rebuilt / rel):
-                detail = (_json_differences((given / rel).read_bytes(), (rebuilt / rel).read_bytes())
-                          if rel.endswith(".json") else "")
+                detail = (
+                    _json_differences((given / rel).read_bytes(), (rebuilt / rel).read_bytes())
+                    if rel.endswith(".json")
+                    else ""
+                )
                 problems.append(f"{rel}: differs from the rebuild{detail}")
     return problems
 
@@ -214,8 +226,7 @@ def _compare_tarballs(given: Path, expected: Path, what: str) -> str | None:
     if _same_bytes(given, expected):
         return None
     if _same_tar_payload(given, expected):
-        return (f"{given.name}: the tar inside is identical to {what}, only the gzip compression differs "
-                f"(another zlib?)")
+        return f"{given.name}: the tar inside is identical to {what}, only the gzip compression differs (another zlib?)"
     return f"{given.name}: differs from {what}"
 
 
@@ -223,28 +234,37 @@ def locate_bundle(path: Path) -> Path:
     """The bundle a user means by `path`: a bundle directory, its tarball, or the `release --out`
     directory when that holds one bundle (with several, say which there are)."""
     if not path.exists():
-        raise ColibriError(f"{path} does not exist (give a release bundle directory, its .tar.gz, or the "
-                           f"release's --out directory)")
+        raise ColibriError(
+            f"{path} does not exist (give a release bundle directory, its .tar.gz, or the release's --out directory)"
+        )
     if not path.is_dir() or (path / MANIFEST).is_file():
         return path
-    bundles = sorted(d.name for d in path.iterdir()
-                     if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST).is_file())
+    bundles = sorted(
+        d.name for d in path.iterdir() if d.is_dir() and not d.name.startswith(".") and (d / MANIFEST).is_file()
+    )
     if len(bundles) == 1:
         return path / bundles[0]
     if bundles:
-        raise ColibriError(f"{path} holds {len(bundles)} release bundles; name one: "
-                           + ", ".join(str(path / b) for b in bundles))
+        raise ColibriError(
+            f"{path} holds {len(bundles)} release bundles; name one: " + ", ".join(str(path / b) for b in bundles)
+        )
     tarballs = sorted(t.name for t in path.glob("*.tar.gz") if not t.name.startswith("."))
     if len(tarballs) == 1:
         return path / tarballs[0]
     if tarballs:
-        raise ColibriError(f"{path} holds {len(tarballs)} release tarballs; name one: "
-                           + ", ".join(str(path / t) for t in tarballs))
+        raise ColibriError(
+            f"{path} holds {len(tarballs)} release tarballs; name one: " + ", ".join(str(path / t) for t in tarballs)
+        )
     raise ColibriError(f"{path} is not a release bundle (no {MANIFEST}) and holds none")
 
 
-def check_release(bundle: Path | str, verify_key: Path | str | None = None, model_dir: Path | str | None = None,
-                  rebuild: bool = True, progress: Progress = None) -> VerifyResult:
+def check_release(
+    bundle: Path | str,
+    verify_key: Path | str | None = None,
+    model_dir: Path | str | None = None,
+    rebuild: bool = True,
+    progress: Progress = None,
+) -> VerifyResult:
     """verify_release with the details (what was checked, notes) for the CLI."""
     from ..device.setup_toolchain import ensure_toolchain
 
@@ -273,8 +293,9 @@ def check_release(bundle: Path | str, verify_key: Path | str | None = None, mode
         try:
             sde = int(manifest["source_date_epoch"])
             if manifest["name"] != bundle_dir.name:
-                result.problems.append(f"{MANIFEST}: names the bundle {manifest['name']!r}, "
-                                       f"its directory is {bundle_dir.name!r}")
+                result.problems.append(
+                    f"{MANIFEST}: names the bundle {manifest['name']!r}, its directory is {bundle_dir.name!r}"
+                )
         except (KeyError, TypeError, ValueError):
             result.problems.append(f"{MANIFEST}: no valid source_date_epoch or name")
             return result
@@ -299,20 +320,29 @@ def check_release(bundle: Path | str, verify_key: Path | str | None = None, mode
             return result
         src = Path(model_dir) if model_dir is not None else REPO / "models" / model["name"]
         if not src.is_dir():
-            raise ColibriError(f"the release was made from model {model['name']!r}: give its directory with "
-                               f"--model (it is not at {src})")
+            raise ColibriError(
+                f"the release was made from model {model['name']!r}: give its directory with "
+                f"--model (it is not at {src})"
+            )
         here = source_info(board)
         recorded = manifest.get("generator", {})
         if here.get("source_sha256") != recorded.get("source_sha256"):
-            result.notes.append(f"this checkout's sources differ from the release's (commit "
-                                f"{recorded.get('git_commit', '?')}): the rebuild may differ for that reason")
+            result.notes.append(
+                f"this checkout's sources differ from the release's (commit "
+                f"{recorded.get('git_commit', '?')}): the rebuild may differ for that reason"
+            )
         ensure_toolchain(board)
         # The release's model files under the release's model name, wherever the user keeps them.
         staged, hashes = stage_model(src, sorted(expected_files), tmp / "model", model["name"], expected_files)
         signature = (bundle_dir / SIGNATURE).read_bytes() if (bundle_dir / SIGNATURE).is_file() else None
         say(progress, f"rebuilding {manifest['name']} from its manifest in a fresh directory")
-        made = produce(Inputs(board, staged, hashes, quant, ctx, sde, request), tmp / "rebuild", progress,
-                        signature=signature, require_pass=False)
+        made = produce(
+            Inputs(board, staged, hashes, quant, ctx, sde, request),
+            tmp / "rebuild",
+            progress,
+            signature=signature,
+            require_pass=False,
+        )
         result.rebuilt = True
         result.problems += compare_bundles(bundle_dir, made.bundle)
         if tarball is not None:
@@ -324,8 +354,13 @@ def check_release(bundle: Path | str, verify_key: Path | str | None = None, mode
     return result
 
 
-def verify_release(bundle: Path | str, verify_key: Path | str | None = None, model_dir: Path | str | None = None,
-                   rebuild: bool = True, progress: Progress = None) -> list[str]:
+def verify_release(
+    bundle: Path | str,
+    verify_key: Path | str | None = None,
+    model_dir: Path | str | None = None,
+    rebuild: bool = True,
+    progress: Progress = None,
+) -> list[str]:
     """Problems with a release bundle (directory or .tar.gz); empty means it checks out:
     every hash, the signature when a key is given, and a byte-for-byte rebuild from the manifest
     (the model from `model_dir`, by default models/<name> of this checkout)."""

@@ -112,8 +112,14 @@ class Produced:
     measurements: dict
 
 
-def produce(inp: Inputs, work: Path, progress: Progress, sign_key: Path | None = None,
-             signature: bytes | None = None, require_pass: bool = True) -> Produced:
+def produce(
+    inp: Inputs,
+    work: Path,
+    progress: Progress,
+    sign_key: Path | None = None,
+    signature: bytes | None = None,
+    require_pass: bool = True,
+) -> Produced:
     """Build, verify and assemble one bundle (and its tarball) under `work`."""
     board = inp.board
     t0 = time.monotonic()
@@ -128,9 +134,10 @@ def produce(inp: Inputs, work: Path, progress: Progress, sign_key: Path | None =
         art = run_scons(req, echo, jobs=inp.jobs)
     build_seconds = time.monotonic() - t0
     if not art.program.is_file():
-        raise ColibriError(f"the {board.name} build did not produce {board.program}"
-                           + (" (ESP-IDF is not installed here: make the release where idf.py is)"
-                              if board.is_esp_idf else ""))
+        raise ColibriError(
+            f"the {board.name} build did not produce {board.program}"
+            + (" (ESP-IDF is not installed here: make the release where idf.py is)" if board.is_esp_idf else "")
+        )
     if board.runner.runs_here:
         say(progress, f"verifying the {board.name} firmware against the NumPy reference")
     else:
@@ -153,8 +160,11 @@ def produce(inp: Inputs, work: Path, progress: Progress, sign_key: Path | None =
     bundle.mkdir(parents=True)
     board_files = firmware_files(board, art.out_dir)
     for rel in board_files:
-        put(art.out_dir / rel, bundle / FIRMWARE_DIR / rel,
-            executable=(rel == board.program and board.runner.linux_program))
+        put(
+            art.out_dir / rel,
+            bundle / FIRMWARE_DIR / rel,
+            executable=(rel == board.program and board.runner.linux_program),
+        )
     for gen_name in OUTPUT_FILES:
         put(art.generated / gen_name, bundle / GENERATED_DIR / gen_name)
     report = report_dict(board, plan, read_elf(art.program))
@@ -162,14 +172,20 @@ def produce(inp: Inputs, work: Path, progress: Progress, sign_key: Path | None =
     write_file(bundle / REPORT_TEXT, (format_report(report) + "\n").encode())
     write_file(bundle / VERIFICATION, json_bytes(verification))
 
-    outputs = {rel: {"sha256": sha256_file(bundle / rel), "size": (bundle / rel).stat().st_size}
-               for rel in bundle_files(bundle)}
+    outputs = {
+        rel: {"sha256": sha256_file(bundle / rel), "size": (bundle / rel).stat().st_size}
+        for rel in bundle_files(bundle)
+    }
     spec = plan.spec
     manifest = {
         "format": RELEASE_FORMAT,
         "name": name,
-        "board": {"name": board.name, "description": board.description,
-                  "file": board.path.relative_to(REPO).as_posix(), "sha256": sha256_file(board.path)},
+        "board": {
+            "name": board.name,
+            "description": board.description,
+            "file": board.path.relative_to(REPO).as_posix(),
+            "sha256": sha256_file(board.path),
+        },
         "inputs": {
             "model": {"name": spec.name, "architecture": spec.architecture, "files": inp.model_hashes},
             "quant": plan.quant,
@@ -179,12 +195,18 @@ def produce(inp: Inputs, work: Path, progress: Progress, sign_key: Path | None =
         },
         "generator": source_info(board),
         "toolchain": toolchain_info(board),
-        "flags": {"cflags": list(board.cflags), "ldflags": list(board.ldflags), "libs": list(board.libs),
-                  "linker_script": board.linker_script},
+        "flags": {
+            "cflags": list(board.cflags),
+            "ldflags": list(board.ldflags),
+            "libs": list(board.libs),
+            "linker_script": board.linker_script,
+        },
         "source_date_epoch": inp.source_date_epoch,
         "model_hash": art.model_hash(),
-        "weights": {"file": f"{GENERATED_DIR}/{art.weights.name}",
-                    "sha256": outputs[f"{GENERATED_DIR}/{art.weights.name}"]["sha256"]},
+        "weights": {
+            "file": f"{GENERATED_DIR}/{art.weights.name}",
+            "sha256": outputs[f"{GENERATED_DIR}/{art.weights.name}"]["sha256"],
+        },
         "firmware": {"file": f"{FIRMWARE_DIR}/{board.program}", "build_id": elf_build_id(art.program)},
         "flash": flash_layout(board),
         "verified": verification["passed"],
@@ -201,10 +223,14 @@ def produce(inp: Inputs, work: Path, progress: Progress, sign_key: Path | None =
         os.chmod(d, 0o755)
     tarball = work / "bundle" / f"{name}.tar.gz"
     write_tarball(bundle, tarball, inp.source_date_epoch)
-    measurements = {"name": name, "board": board.name, "build_seconds": round(build_seconds, 3),
-                    "note": "wall-clock measurements on the machine that made the release; they differ from "
-                            "run to run and are not part of the bundle, SHA256SUMS or the tarball",
-                    **measurements}
+    measurements = {
+        "name": name,
+        "board": board.name,
+        "build_seconds": round(build_seconds, 3),
+        "note": "wall-clock measurements on the machine that made the release; they differ from "
+        "run to run and are not part of the bundle, SHA256SUMS or the tarball",
+        **measurements,
+    }
     return Produced(bundle, tarball, manifest, verification, measurements)
 
 
@@ -218,12 +244,18 @@ class Release:
     measurements: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
-        return {"bundle": str(self.bundle), "tarball": str(self.tarball),
-                "measurements": str(self.measurements_file), "name": self.manifest["name"],
-                "board": self.manifest["board"]["name"], "model_hash": self.manifest["model_hash"],
-                "tarball_sha256": sha256_file(self.tarball), "signed": (self.bundle / SIGNATURE).is_file(),
-                "verification": {k: self.verification.get(k) for k in ("ran", "passed", "instructions")},
-                "files": len(self.manifest["outputs"])}
+        return {
+            "bundle": str(self.bundle),
+            "tarball": str(self.tarball),
+            "measurements": str(self.measurements_file),
+            "name": self.manifest["name"],
+            "board": self.manifest["board"]["name"],
+            "model_hash": self.manifest["model_hash"],
+            "tarball_sha256": sha256_file(self.tarball),
+            "signed": (self.bundle / SIGNATURE).is_file(),
+            "verification": {k: self.verification.get(k) for k in ("ran", "passed", "instructions")},
+            "files": len(self.manifest["outputs"]),
+        }
 
     def describe(self) -> str:
         v = self.verification
@@ -232,19 +264,30 @@ class Release:
             check = f"verified on {v['board']}: {steps} tokens and per-step logits SHA-256 equal the reference"
             if "instructions" in v:
                 counts = v["instructions"]
-                check += (f", {counts['decode_per_token']:,.0f} instructions per decoded token"
-                          + (f" ({counts['counted']})" if counts.get("counted") else ""))
+                check += f", {counts['decode_per_token']:,.0f} instructions per decoded token" + (
+                    f" ({counts['counted']})" if counts.get("counted") else ""
+                )
         else:
             check = "not run here (a real board): verification.json holds the reference's expected result"
         signed = ", signed" if (self.bundle / SIGNATURE).is_file() else ""
-        return (f"release {self.bundle}{signed}\n  {check}\n  tarball {self.tarball} "
-                f"(sha256 {sha256_file(self.tarball)})\n"
-                f"  measurements (not part of the release) {self.measurements_file}")
+        return (
+            f"release {self.bundle}{signed}\n  {check}\n  tarball {self.tarball} "
+            f"(sha256 {sha256_file(self.tarball)})\n"
+            f"  measurements (not part of the release) {self.measurements_file}"
+        )
 
 
-def make_release(board_name: str, model_dir: Path | str, quant: str = "q8_0", ctx: int | None = None,
-                 out_dir: Path | str = "release", sign_key: Path | str | None = None, progress: Progress = None,
-                 source_date_epoch: int | None = None, jobs: int | None = None) -> Release:
+def make_release(
+    board_name: str,
+    model_dir: Path | str,
+    quant: str = "q8_0",
+    ctx: int | None = None,
+    out_dir: Path | str = "release",
+    sign_key: Path | str | None = None,
+    progress: Progress = None,
+    source_date_epoch: int | None = None,
+    jobs: int | None = None,
+) -> Release:
     """Build, verify and bundle one firmware release into out_dir (see the module docstring).
 
     Refuses to overwrite an existing bundle and leaves nothing behind on failure."""
@@ -270,8 +313,10 @@ def make_release(board_name: str, model_dir: Path | str, quant: str = "q8_0", ct
         from ..compile.esp32.idf_build import find_idf
 
         if not find_idf():
-            raise ColibriError(f"board {board.name} is built by ESP-IDF's idf.py, which is not installed here: "
-                               f"make its release where ESP-IDF is (after `. export.sh`)")
+            raise ColibriError(
+                f"board {board.name} is built by ESP-IDF's idf.py, which is not installed here: "
+                f"make its release where ESP-IDF is (after `. export.sh`)"
+            )
     ensure_toolchain(board)
     with tempfile.TemporaryDirectory(prefix="colibri-release-") as tmp:
         work = Path(tmp)

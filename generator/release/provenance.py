@@ -45,8 +45,9 @@ def _tool_env() -> dict[str, str]:
 
 def _first_line(argv: list[str]) -> str:
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, env=_tool_env(), timeout=30,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=_tool_env(), timeout=30, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unavailable"
     lines = (done.stdout or done.stderr).strip().splitlines()
@@ -55,8 +56,14 @@ def _first_line(argv: list[str]) -> str:
 
 def _git(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, env=_tool_env(),
-                              timeout=30, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            ["git", "-C", str(REPO), *args],
+            capture_output=True,
+            text=True,
+            env=_tool_env(),
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -69,8 +76,7 @@ def _source_files(board: Board) -> list[Path]:
         if path.is_file():
             files.append(path)
         elif path.is_dir():
-            files += [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                      and p.suffix != ".pyc"]
+            files += [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
     files.append(board.path)
     return sorted(set(files))
 
@@ -109,8 +115,12 @@ def default_source_date_epoch() -> int:
 
 
 def toolchain_info(board: Board) -> dict:
-    info = {"cc": board.cc, "cc_version": _first_line([board.cc, "--version"]),
-            "python": platform.python_version(), "packages": {}}
+    info = {
+        "cc": board.cc,
+        "cc_version": _first_line([board.cc, "--version"]),
+        "python": platform.python_version(),
+        "packages": {},
+    }
     ld = _first_line([board.cc, "-print-prog-name=ld"])
     info["ld_version"] = _first_line([ld, "--version"]) if ld != "unavailable" else ld
     for name in BUILD_PACKAGES:
@@ -134,8 +144,9 @@ def model_files(model_dir: Path) -> list[str]:
     return sorted(names)
 
 
-def stage_model(model_dir: Path, names: list[str], dest: Path, name: str | None = None,
-                 expected: dict[str, dict] | None = None) -> tuple[Path, dict[str, dict]]:
+def stage_model(
+    model_dir: Path, names: list[str], dest: Path, name: str | None = None, expected: dict[str, dict] | None = None
+) -> tuple[Path, dict[str, dict]]:
     """Hard-link (or copy) exactly `names` into dest/<name>/ (by default the model directory's own
     name, which is the model's name in the generated sources), hashing them; with `expected`, every
     file must have the recorded SHA-256. The build then sees only the release's files."""
@@ -153,9 +164,11 @@ def stage_model(model_dir: Path, names: list[str], dest: Path, name: str | None 
             shutil.copyfile(src, target)
         hashes[name] = {"sha256": sha256_file(target), "size": target.stat().st_size}
         if expected is not None and hashes[name]["sha256"] != expected[name]["sha256"]:
-            raise ColibriError(f"{model_dir / name} is not the file the release was made from (SHA-256 "
-                               f"{hashes[name]['sha256'][:16]}…, the manifest says "
-                               f"{expected[name]['sha256'][:16]}…)")
+            raise ColibriError(
+                f"{model_dir / name} is not the file the release was made from (SHA-256 "
+                f"{hashes[name]['sha256'][:16]}…, the manifest says "
+                f"{expected[name]['sha256'][:16]}…)"
+            )
     return staged, hashes
 
 
@@ -163,8 +176,14 @@ def sampling_defaults(model_dir: Path, spec) -> dict:
     """generation_config.json's sampling settings, as `run` and `verify` apply them by default."""
     gen = generation_config(model_dir)[0]
     d = generation_defaults(model_dir)
-    return {"do_sample": gen.get("do_sample") is True, "temperature": d.temperature, "top_k": d.top_k,
-            "top_p": d.top_p, "min_p": d.min_p, "eos_token_ids": list(spec.eos_token_ids)}
+    return {
+        "do_sample": gen.get("do_sample") is True,
+        "temperature": d.temperature,
+        "top_k": d.top_k,
+        "top_p": d.top_p,
+        "min_p": d.min_p,
+        "eos_token_ids": list(spec.eos_token_ids),
+    }
 
 
 def default_request(spec, n_ctx: int) -> RunRequest:
@@ -176,14 +195,22 @@ def default_request(spec, n_ctx: int) -> RunRequest:
 
 
 def request_dict(request: RunRequest) -> dict:
-    return {"prompt": list(request.prompt), "steps": request.steps, "sampling": asdict(request.sampling),
-            "stop_at_eos": request.stop_at_eos}
+    return {
+        "prompt": list(request.prompt),
+        "steps": request.steps,
+        "sampling": asdict(request.sampling),
+        "stop_at_eos": request.stop_at_eos,
+    }
 
 
 def request_from(data: dict) -> RunRequest:
     try:
-        return RunRequest([int(t) for t in data["prompt"]], int(data["steps"]), SamplingParams(**data["sampling"]),
-                          bool(data["stop_at_eos"]))
+        return RunRequest(
+            [int(t) for t in data["prompt"]],
+            int(data["steps"]),
+            SamplingParams(**data["sampling"]),
+            bool(data["stop_at_eos"]),
+        )
     except (KeyError, TypeError, ValueError):
         raise ColibriError("manifest.json: malformed inputs.verification (the release's decode request)") from None
 
@@ -205,9 +232,11 @@ def version_report() -> list[str]:
         if head:
             status = _git("status", "--porcelain", "--untracked-files=no", "--", *SOURCE_PATHS)
             commit = head + (" with uncommitted changes" if status else "")
-    lines = [f"colibri {__version__} (git {commit})",
-             f"python {platform.python_version()}, "
-             + ", ".join(f"{name} {_package_version(name)}" for name in BUILD_PACKAGES)]
+    lines = [
+        f"colibri {__version__} (git {commit})",
+        f"python {platform.python_version()}, "
+        + ", ".join(f"{name} {_package_version(name)}" for name in BUILD_PACKAGES),
+    ]
     tools: dict[str, list[str]] = {}
     for name in available_boards():
         try:

@@ -1,5 +1,4 @@
-"""ed25519 signatures of a release's manifest.json (the `cryptography` package).
-"""
+"""ed25519 signatures of a release's manifest.json (the `cryptography` package)."""
 
 from __future__ import annotations
 
@@ -83,8 +82,10 @@ def signature_problem(bundle: Path, key_path: Path) -> str | None:
     try:
         key.verify(sig.read_bytes(), manifest.read_bytes())
     except InvalidSignature:
-        return (f"{SIGNATURE}: the signature does not verify with {Path(key_path).name} "
-                f"({MANIFEST} was changed after signing, or signed with another key)")
+        return (
+            f"{SIGNATURE}: the signature does not verify with {Path(key_path).name} "
+            f"({MANIFEST} was changed after signing, or signed with another key)"
+        )
     return None
 
 
@@ -94,8 +95,9 @@ def generate_signing_key(private_path: Path, public_path: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:

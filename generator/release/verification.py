@@ -23,16 +23,28 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
     reference = {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason}
     if ref.expert_counts:
         reference["expert_counts"] = {str(k): v for k, v in ref.expert_counts.items()}
-    verification = {"format": RELEASE_FORMAT, "board": board.name, "quant": plan.quant, "n_ctx": plan.n_ctx,
-                    "request": request_dict(request), "reference": reference}
+    verification = {
+        "format": RELEASE_FORMAT,
+        "board": board.name,
+        "quant": plan.quant,
+        "n_ctx": plan.n_ctx,
+        "request": request_dict(request),
+        "reference": reference,
+    }
     if not board.runner.runs_here:
-        verification.update(ran=False, passed=None, reason=(
-            f"board {board.name} runs on hardware over a serial port; nothing ran this firmware here. "
-            f"`./colibri verify --board {board.name} --port PORT` with this request must reproduce the "
-            f"reference's tokens and logits hashes"))
+        verification.update(
+            ran=False,
+            passed=None,
+            reason=(
+                f"board {board.name} runs on hardware over a serial port; nothing ran this firmware here. "
+                f"`./colibri verify --board {board.name} --port PORT` with this request must reproduce the "
+                f"reference's tokens and logits hashes"
+            ),
+        )
         return verification, {"ran": False}
-    result: RunResult = run_on_board(board, art.program, art.weights, request, art.model_hash(),
-                                     flash_image=art.flash_image)
+    result: RunResult = run_on_board(
+        board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image
+    )
     firmware = {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason}
     if result.expert_counts:
         firmware["expert_counts"] = {str(k): v for k, v in result.expert_counts.items()}
@@ -52,16 +64,25 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
         # Exact under qemu's -icount shift=0: part of what a rebuild must reproduce.
         pre, dec = int(s["prefill_instret"]), int(s["decode_instret"])
         verification["instructions"] = {
-            "prompt_tokens": n_prompt, "decode_forward_passes": n_decode, "prefill": pre, "decode": dec,
+            "prompt_tokens": n_prompt,
+            "decode_forward_passes": n_decode,
+            "prefill": pre,
+            "decode": dec,
             "prefill_per_token": pre / n_prompt if n_prompt else None,
             "decode_per_token": dec / n_decode if n_decode else None,
-            "counted": instructions_scope(request, result)}
+            "counted": instructions_scope(request, result),
+        }
 
     r = rates(result)
-    measurements = {"ran": True, "emulated_by": board.runner.emulated_by(),
-                    "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
-                    "wall_seconds": round(result.wall_seconds, 6),
-                    **{k: int(s.get(k, 0)) for k in ("prefill_us", "decode_us", "forward_us")},
-                    **{k: r[k] for k in ("prompt_tokens", "decode_forward_passes", "prefill_tok_s", "decode_tok_s",
-                                         "forward_tok_s")}}
+    measurements = {
+        "ran": True,
+        "emulated_by": board.runner.emulated_by(),
+        "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
+        "wall_seconds": round(result.wall_seconds, 6),
+        **{k: int(s.get(k, 0)) for k in ("prefill_us", "decode_us", "forward_us")},
+        **{
+            k: r[k]
+            for k in ("prompt_tokens", "decode_forward_passes", "prefill_tok_s", "decode_tok_s", "forward_tok_s")
+        },
+    }
     return verification, measurements

@@ -30,9 +30,17 @@ def make_app_image(board: Board, elf: Path, out: Path) -> None:
     flash = board.flash
     majors = flash.supported_revisions
     # The ROM refuses to boot an image outside [min, max]: vMAJOR.MINOR is stored as MAJOR * 100 + MINOR.
-    _quiet(elf2image, str(elf), flash.chip, output=str(out), flash_mode=flash.mode,
-           flash_freq=flash.frequency, flash_size=flash.size,
-           min_rev_full=min(majors) * 100, max_rev_full=max(majors) * 100 + 99)
+    _quiet(
+        elf2image,
+        str(elf),
+        flash.chip,
+        output=str(out),
+        flash_mode=flash.mode,
+        flash_freq=flash.frequency,
+        flash_size=flash.size,
+        min_rev_full=min(majors) * 100,
+        max_rev_full=max(majors) * 100 + 99,
+    )
 
 
 def merge_flash_image(board: Board, images: list[tuple[int, Path]], out: Path) -> None:
@@ -44,16 +52,21 @@ def merge_flash_image(board: Board, images: list[tuple[int, Path]], out: Path) -
 def load_segments(elf: Path) -> list[tuple[int, int]]:
     """(address, memory size) of every loadable segment."""
     with open(elf, "rb") as f:
-        return [(seg["p_vaddr"], seg["p_memsz"]) for seg in ELFFile(f).iter_segments()
-                if seg["p_type"] == "PT_LOAD" and seg["p_memsz"] > 0]
+        return [
+            (seg["p_vaddr"], seg["p_memsz"])
+            for seg in ELFFile(f).iter_segments()
+            if seg["p_type"] == "PT_LOAD" and seg["p_memsz"] > 0
+        ]
 
 
 def check_segments(board: Board, elf: Path) -> None:
     lo, hi = board.flash.load_window
     for addr, size in load_segments(elf):
         if addr < lo or addr + size > hi:
-            raise ColibriError(f"segment at 0x{addr:08x} (+{size:,} B) leaves the load window "
-                               f"0x{lo:08x}-0x{hi:08x} of board {board.name}")
+            raise ColibriError(
+                f"segment at 0x{addr:08x} (+{size:,} B) leaves the load window "
+                f"0x{lo:08x}-0x{hi:08x} of board {board.name}"
+            )
 
 
 def check_app_image(board: Board, image: Path) -> str:

@@ -30,14 +30,22 @@ def idf_build(project_dir: Path, echo=None, min_version: str = "5.5.3") -> None:
         raise ColibriError(f"{project_dir} is not an ESP-IDF project (no CMakeLists.txt): generate it first")
     idf = find_idf()
     if idf is None:
-        raise ColibriError(f"ESP-IDF not found (no idf.py on PATH and IDF_PATH is not set): install ESP-IDF "
-                           f">= {min_version} and run '. $IDF_PATH/export.sh', or build {project_dir} on a machine that has it")
+        raise ColibriError(
+            f"ESP-IDF not found (no idf.py on PATH and IDF_PATH is not set): install ESP-IDF "
+            f">= {min_version} and run '. $IDF_PATH/export.sh', or build {project_dir} on a machine that has it"
+        )
     env = dict(os.environ, LC_ALL="C", TZ="UTC")
     env.setdefault("SOURCE_DATE_EPOCH", "0")
     try:
-        proc = subprocess.Popen([str(idf), "-C", str(project_dir), "build"], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, text=True,
-                                errors="replace")
+        proc = subprocess.Popen(
+            [str(idf), "-C", str(project_dir), "build"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            errors="replace",
+        )
     except OSError as e:
         raise ColibriError(f"cannot run {idf}: {e.strerror} (run '. $IDF_PATH/export.sh' first)") from None
     lines = []

@@ -61,8 +61,10 @@ def partition_table(s: IdfSettings, image_bytes: int) -> list[Partition]:
     app, weights = s.images["app"], s.images["weights"]
     needed = align_up(max(image_bytes, 1), MMU_PAGE)
     if needed > weights.size:
-        raise ColibriError(f"the weight image ({image_bytes:,} B) needs a {needed:,} B partition but the board's "
-                           f"weights partition can have at most {weights.size:,} B")
+        raise ColibriError(
+            f"the weight image ({image_bytes:,} B) needs a {needed:,} B partition but the board's "
+            f"weights partition can have at most {weights.size:,} B"
+        )
     parts = [
         Partition("nvs", "data", "nvs", s.nvs_offset, s.nvs_size),
         Partition("factory", "app", "factory", app.offset, app.size),
@@ -90,15 +92,28 @@ def sdkconfig_entries(s: IdfSettings) -> list[dict]:
     """Groups of (comment, lines) for sdkconfig.defaults: what follows from the board, then its extras."""
     rev_min = f"ESP32P4_REV_MIN_{s.min_revision}" if s.target == "esp32p4" else None
     derived = [
-        ("Target and chip revisions", [("IDF_TARGET", s.target)]
-         + ([("ESP32P4_SELECTS_REV_LESS_V3", s.rev_less_v3), (rev_min, True)] if rev_min else [])),
+        (
+            "Target and chip revisions",
+            [("IDF_TARGET", s.target)]
+            + ([("ESP32P4_SELECTS_REV_LESS_V3", s.rev_less_v3), (rev_min, True)] if rev_min else []),
+        ),
         (f"CPU at {s.cpu_mhz} MHz", [(f"ESP_DEFAULT_CPU_FREQ_MHZ_{s.cpu_mhz}", True)]),
-        (f"Flash: {s.flash_size}, {s.flash_mode.upper()}, {s.flash_freq}",
-         [(f"ESPTOOLPY_FLASHMODE_{s.flash_mode.upper()}", True), (f"ESPTOOLPY_FLASHFREQ_{FLASH_FREQS[s.flash_freq]}", True),
-          (f"ESPTOOLPY_FLASHSIZE_{s.flash_size}", True)]),
-        ("Partition table: partitions.csv", [
-            ("PARTITION_TABLE_CUSTOM", True), ("PARTITION_TABLE_CUSTOM_FILENAME", "partitions.csv"),
-            ("PARTITION_TABLE_OFFSET", f"0x{s.images['partition-table'].offset:x}")]),
+        (
+            f"Flash: {s.flash_size}, {s.flash_mode.upper()}, {s.flash_freq}",
+            [
+                (f"ESPTOOLPY_FLASHMODE_{s.flash_mode.upper()}", True),
+                (f"ESPTOOLPY_FLASHFREQ_{FLASH_FREQS[s.flash_freq]}", True),
+                (f"ESPTOOLPY_FLASHSIZE_{s.flash_size}", True),
+            ],
+        ),
+        (
+            "Partition table: partitions.csv",
+            [
+                ("PARTITION_TABLE_CUSTOM", True),
+                ("PARTITION_TABLE_CUSTOM_FILENAME", "partitions.csv"),
+                ("PARTITION_TABLE_OFFSET", f"0x{s.images['partition-table'].offset:x}"),
+            ],
+        ),
         ("Requests and results on the console UART", [("ESP_CONSOLE_UART_BAUDRATE", s.uart_baud)]),
     ]
     taken = {key for _, items in derived for key, _ in items}
@@ -127,8 +142,7 @@ def project_sources(board: Board, repo: Path) -> list[tuple[Path, str]]:
     return [(f, f"{COLIBRI_DIR}/{f.relative_to(src).as_posix()}") for f in sorted(set(c_files) | set(headers))]
 
 
-def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes,
-                     sources: list[str]) -> dict:
+def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes, sources: list[str]) -> dict:
     parts = partition_table(s, plan.image.image_bytes)
     weights = next(p for p in parts if p.name == s.weights_partition)
     table = s.images["partition-table"]
@@ -139,16 +153,23 @@ def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes
         if image.name == "weights":
             return "weights.bin"
         if not image.file.startswith(idf_build_dir):
-            raise ColibriError(f"{board.path.name}: image {image.name} ({image.file}) is not an idf.py output "
-                               f"under {idf_build_dir}")
-        return image.file[len(s.project_dir) + 1:]
+            raise ColibriError(
+                f"{board.path.name}: image {image.name} ({image.file}) is not an idf.py output under {idf_build_dir}"
+            )
+        return image.file[len(s.project_dir) + 1 :]
 
-    if s.images["app"].file != f"{idf_build_dir}{s.project_name}.bin" or s.images["weights"].file != \
-            f"{s.project_dir}/weights.bin":
-        raise ColibriError(f"{board.path.name}: the app and weights images must be "
-                           f"{idf_build_dir}{s.project_name}.bin and {s.project_dir}/weights.bin")
-    flash_files = [dict(name=i.name, offset=f"0x{i.offset:x}", path=in_project(i))
-                   for i in sorted(s.images.values(), key=lambda i: i.offset)]
+    if (
+        s.images["app"].file != f"{idf_build_dir}{s.project_name}.bin"
+        or s.images["weights"].file != f"{s.project_dir}/weights.bin"
+    ):
+        raise ColibriError(
+            f"{board.path.name}: the app and weights images must be "
+            f"{idf_build_dir}{s.project_name}.bin and {s.project_dir}/weights.bin"
+        )
+    flash_files = [
+        dict(name=i.name, offset=f"0x{i.offset:x}", path=in_project(i))
+        for i in sorted(s.images.values(), key=lambda i: i.offset)
+    ]
     return dict(
         fw_version=__version__,
         board=board.name,
@@ -161,15 +182,28 @@ def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes
         image_bytes=plan.image.image_bytes,
         idf=s,
         project_name=s.project_name,
-        sources=[p[len("main/"):] for p in sources if p.endswith(".c")],
+        sources=[p[len("main/") :] for p in sources if p.endswith(".c")],
         include_dirs=["colibri/generated"],
         requires=sorted(REQUIRES),
         compile_options=list(COMPILE_OPTIONS),
         hot_objects=sorted(HOT_OBJECTS + tuple(board.kernels)),
-        partitions=[dict(name=p.name, type=p.type, subtype=p.subtype, offset=f"0x{p.offset:x}", size=f"0x{p.size:x}",
-                         flags=p.flags) for p in parts],
-        weights_partition=dict(name=weights.name, offset=f"0x{weights.offset:x}", size=f"0x{weights.size:x}",
-                               subtype=f"0x{s.weights_subtype_value:02x}"),
+        partitions=[
+            dict(
+                name=p.name,
+                type=p.type,
+                subtype=p.subtype,
+                offset=f"0x{p.offset:x}",
+                size=f"0x{p.size:x}",
+                flags=p.flags,
+            )
+            for p in parts
+        ],
+        weights_partition=dict(
+            name=weights.name,
+            offset=f"0x{weights.offset:x}",
+            size=f"0x{weights.size:x}",
+            subtype=f"0x{s.weights_subtype_value:02x}",
+        ),
         partition_table_offset=f"0x{table.offset:x}",
         sdkconfig=sdkconfig_entries(s),
         flash_files=flash_files,
@@ -197,8 +231,10 @@ def write_project(board: Board, plan: Plan, generated_dir: Path, project_dir: Pa
     image = (generated_dir / WEIGHTS_FILE).read_bytes()
     header = read_header(image)
     if header.image_bytes != plan.image.image_bytes:
-        raise ColibriError(f"{generated_dir / WEIGHTS_FILE} is {header.image_bytes:,} B but the plan says "
-                           f"{plan.image.image_bytes:,} B: regenerate")
+        raise ColibriError(
+            f"{generated_dir / WEIGHTS_FILE} is {header.image_bytes:,} B but the plan says "
+            f"{plan.image.image_bytes:,} B: regenerate"
+        )
 
     if header.model_hash.hex() not in (generated_dir / "model_data.c").read_text(errors="replace"):
         raise ColibriError(f"{generated_dir}: weights.img and model_data.c are from different generations: regenerate")
@@ -225,5 +261,3 @@ def write_project(board: Board, plan: Plan, generated_dir: Path, project_dir: Pa
     for stale in sorted(p for p in owned.rglob("*") if p.is_file() and p not in keep):
         stale.unlink()
     return sorted(written)
-
-

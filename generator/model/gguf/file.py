@@ -31,14 +31,25 @@ MAX_ARRAY_ITEMS = 1 << 24  # per array of strings or arrays (numbers are bounded
 
 # GGUF value types: id -> (name, struct code or None for string/array).
 VALUE_TYPES = {
-    0: ("UINT8", "B"), 1: ("INT8", "b"), 2: ("UINT16", "H"), 3: ("INT16", "h"), 4: ("UINT32", "I"),
-    5: ("INT32", "i"), 6: ("FLOAT32", "f"), 7: ("BOOL", "?"), 8: ("STRING", None), 9: ("ARRAY", None),
-    10: ("UINT64", "Q"), 11: ("INT64", "q"), 12: ("FLOAT64", "d"),
+    0: ("UINT8", "B"),
+    1: ("INT8", "b"),
+    2: ("UINT16", "H"),
+    3: ("INT16", "h"),
+    4: ("UINT32", "I"),
+    5: ("INT32", "i"),
+    6: ("FLOAT32", "f"),
+    7: ("BOOL", "?"),
+    8: ("STRING", None),
+    9: ("ARRAY", None),
+    10: ("UINT64", "Q"),
+    11: ("INT64", "q"),
+    12: ("FLOAT64", "d"),
 }
 STRING, ARRAY, BOOL = 8, 9, 7
 # The fewest bytes one value of a type takes (a string: its length; an array: type and count).
-MIN_VALUE_BYTES = {t: (struct.calcsize("<" + code) if code else (8 if t == STRING else 12))
-                   for t, (_, code) in VALUE_TYPES.items()}
+MIN_VALUE_BYTES = {
+    t: (struct.calcsize("<" + code) if code else (8 if t == STRING else 12)) for t, (_, code) in VALUE_TYPES.items()
+}
 MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dimension, type, offset
 
@@ -82,8 +93,9 @@ class _Cursor:
 
     def need(self, n: int, what: str) -> None:
         if n > self.left():
-            raise ColibriError(f"{self.where}: truncated in {what} (needs {n} bytes at byte {self.pos}, "
-                               f"the file has {self.size})")
+            raise ColibriError(
+                f"{self.where}: truncated in {what} (needs {n} bytes at byte {self.pos}, the file has {self.size})"
+            )
 
     def unpack(self, code: str, what: str):
         n = struct.calcsize("<" + code)
@@ -95,9 +107,11 @@ class _Cursor:
     def string(self, what: str) -> str:
         n = self.unpack("Q", what)
         if n > self.left():
-            raise ColibriError(f"{self.where}: {what}: string length {n} runs past the end of the file "
-                               f"(byte {self.pos} of {self.size})")
-        raw = bytes(self.buf[self.pos:self.pos + n])
+            raise ColibriError(
+                f"{self.where}: {what}: string length {n} runs past the end of the file "
+                f"(byte {self.pos} of {self.size})"
+            )
+        raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         try:
             return raw.decode("utf-8")
@@ -128,8 +142,10 @@ class _Cursor:
             raise ColibriError(f"{self.where}: {what}: unknown array element type {etype}")
         count = self.unpack("Q", what + " array length")
         if count * MIN_VALUE_BYTES[etype] > self.left():
-            raise ColibriError(f"{self.where}: {what}: array of {count} {VALUE_TYPES[etype][0]} values runs past "
-                               f"the end of the file ({self.left()} bytes left)")
+            raise ColibriError(
+                f"{self.where}: {what}: array of {count} {VALUE_TYPES[etype][0]} values runs past "
+                f"the end of the file ({self.left()} bytes left)"
+            )
         code = VALUE_TYPES[etype][1]
         if code is not None:  # numbers (and booleans): one NumPy array, no Python object per item
             n = count * MIN_VALUE_BYTES[etype]
@@ -148,8 +164,9 @@ def _type_name(vtype: int, value) -> str:
     if vtype != ARRAY:
         return name
     if isinstance(value, np.ndarray):
-        inner = next(VALUE_TYPES[t][0] for t, (_, c) in VALUE_TYPES.items()
-                     if c is not None and np.dtype("<" + c) == value.dtype)
+        inner = next(
+            VALUE_TYPES[t][0] for t, (_, c) in VALUE_TYPES.items() if c is not None and np.dtype("<" + c) == value.dtype
+        )
     elif value and isinstance(value[0], str):
         inner = "STRING"
     elif value:
@@ -245,8 +262,9 @@ def _tensor_info(where, name, ne, type_id, offset, alignment, data_start, size) 
     if any(d >= 2**63 for d in ne):
         raise ColibriError(f"{where}: tensor {name!r} has a dimension of 2^63 or more ({ne})")
     if ne[0] % block:
-        raise ColibriError(f"{where}: tensor {name!r} ({ggml_type.name}) has rows of {ne[0]} values, "
-                           f"not whole blocks of {block}")
+        raise ColibriError(
+            f"{where}: tensor {name!r} ({ggml_type.name}) has rows of {ne[0]} values, not whole blocks of {block}"
+        )
     count = 1
     for d in ne:
         count *= d  # exact (Python integers): an overflowing product is caught by the size check
@@ -255,6 +273,8 @@ def _tensor_info(where, name, ne, type_id, offset, alignment, data_start, size) 
         raise ColibriError(f"{where}: tensor {name!r} data offset {offset} is not aligned to {alignment} bytes")
     begin = data_start + offset
     if begin + nbytes > size:
-        raise ColibriError(f"{where}: tensor {name!r} data ({nbytes} bytes at byte {begin}, shape {ne}) "
-                           f"runs past the end of the file ({size} bytes)")
+        raise ColibriError(
+            f"{where}: tensor {name!r} data ({nbytes} bytes at byte {begin}, shape {ne}) "
+            f"runs past the end of the file ({size} bytes)"
+        )
     return GgufTensorInfo(name, ggml_type.name, tuple(reversed(ne)), begin, begin + nbytes)

@@ -54,17 +54,30 @@ LLAMA_MOE = GgufArch("mixtral", "MixtralForCausalLM", permuted_qk=True, moe=True
 GLOBAL_TENSORS = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
 LAYER_TENSORS = {
     "attn_norm.weight": "attn_norm",
-    "attn_q.weight": "wq", "attn_k.weight": "wk", "attn_v.weight": "wv", "attn_output.weight": "wo",
-    "attn_q.bias": "bq", "attn_k.bias": "bk", "attn_v.bias": "bv", "attn_output.bias": "bo",
-    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
+    "attn_q.weight": "wq",
+    "attn_k.weight": "wk",
+    "attn_v.weight": "wv",
+    "attn_output.weight": "wo",
+    "attn_q.bias": "bq",
+    "attn_k.bias": "bk",
+    "attn_v.bias": "bv",
+    "attn_output.bias": "bo",
+    "attn_q_norm.weight": "q_norm",
+    "attn_k_norm.weight": "k_norm",
     "post_attention_norm.weight": "post_attn_norm",
     "ffn_norm.weight": "ffn_norm",
     "post_ffw_norm.weight": "post_ffn_norm",
-    "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up", "ffn_down.weight": "w_down",
-    "ffn_gate.bias": "b_gate", "ffn_up.bias": "b_up", "ffn_down.bias": "b_down",
+    "ffn_gate.weight": "w_gate",
+    "ffn_up.weight": "w_up",
+    "ffn_down.weight": "w_down",
+    "ffn_gate.bias": "b_gate",
+    "ffn_up.bias": "b_up",
+    "ffn_down.bias": "b_down",
     "ffn_gate_inp.weight": "router",
-    "ffn_gate_shexp.weight": "shared.w_gate", "ffn_up_shexp.weight": "shared.w_up",
-    "ffn_down_shexp.weight": "shared.w_down", "ffn_gate_inp_shexp.weight": "shared_gate",
+    "ffn_gate_shexp.weight": "shared.w_gate",
+    "ffn_up_shexp.weight": "shared.w_up",
+    "ffn_down_shexp.weight": "shared.w_down",
+    "ffn_gate_inp_shexp.weight": "shared_gate",
 }
 # Experts stacked in one tensor (n_experts, rows, cols): split into the canonical per-expert names.
 EXPERT_TENSORS = {"ffn_gate_exps.weight": "w_gate", "ffn_up_exps.weight": "w_up", "ffn_down_exps.weight": "w_down"}
@@ -218,8 +231,10 @@ def _arch(gguf: GgufFile) -> tuple[str, GgufArch]:
 
 def _rope(meta: _Meta, theta_default: float) -> RopeSpec:
     if "rope_freqs.weight" in meta.gguf.tensors:
-        raise ColibriError(f"{meta.where}: llama3 RoPE scaling (a rope_freqs tensor) is not supported from GGUF "
-                           f"files (its parameters are not in the metadata)")
+        raise ColibriError(
+            f"{meta.where}: llama3 RoPE scaling (a rope_freqs tensor) is not supported from GGUF "
+            f"files (its parameters are not in the metadata)"
+        )
     theta = meta.float("rope.freq_base", theta_default)
     if theta <= 0:
         raise ColibriError(f"{meta.where}: metadata '{meta.arch}.rope.freq_base' must be positive")
@@ -256,12 +271,17 @@ def _windows(meta: _Meta, n_layers: int, gemma: bool) -> tuple[int, ...]:
 def _token_ids(meta: _Meta, vocab: int) -> tuple[int | None, tuple[int, ...]]:
     data = meta.gguf.metadata
     bos = meta.int("tokenizer.ggml.bos_token_id", None, 0, full=True) if "tokenizer.ggml.bos_token_id" in data else None
-    eos = [meta.int(f"tokenizer.ggml.{k}_token_id", None, 0, full=True)
-           for k in ("eos", "eot", "eom") if f"tokenizer.ggml.{k}_token_id" in data]
+    eos = [
+        meta.int(f"tokenizer.ggml.{k}_token_id", None, 0, full=True)
+        for k in ("eos", "eot", "eom")
+        if f"tokenizer.ggml.{k}_token_id" in data
+    ]
     tokens, types = data.get("tokenizer.ggml.tokens"), data.get("tokenizer.ggml.token_type")
     if isinstance(tokens, list) and isinstance(types, np.ndarray) and len(types) == len(tokens):
         # Like llama.cpp: control tokens that end a turn stop generation too.
-        eos += [i for i, (text, kind) in enumerate(zip(tokens, types.tolist())) if kind == 3 and text in END_OF_TURN_TEXTS]
+        eos += [
+            i for i, (text, kind) in enumerate(zip(tokens, types.tolist())) if kind == 3 and text in END_OF_TURN_TEXTS
+        ]
     eos = tuple(dict.fromkeys(eos))
     for t in ([bos] if bos is not None else []) + list(eos):
         if t >= vocab:
@@ -296,8 +316,10 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     if head_dim % 2:
         raise ColibriError(f"{meta.where}: head dimension {head_dim} must be even for rotary embeddings")
     if meta.int("rope.dimension_count", head_dim) != head_dim:
-        raise ColibriError(f"{meta.where}: partial rotary embeddings (rope.dimension_count "
-                           f"{meta.int('rope.dimension_count')} of {head_dim}) are not supported")
+        raise ColibriError(
+            f"{meta.where}: partial rotary embeddings (rope.dimension_count "
+            f"{meta.int('rope.dimension_count')} of {head_dim}) are not supported"
+        )
     vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
     eps = meta.float("attention.layer_norm_rms_epsilon", 1e-6 if gemma else 1e-5)
     if not 0 < eps < 1:
@@ -318,12 +340,15 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
             raise ColibriError(f"{meta.where}: expert_used_count {top_k} exceeds the {n_experts} experts")
         ff = meta.int("feed_forward_length", meta.gguf.metadata.get(f"{arch}.expert_feed_forward_length"))
         moe = dict(
-            n_experts=n_experts, experts_per_token=top_k,
+            n_experts=n_experts,
+            experts_per_token=top_k,
             expert_intermediate_size=meta.int("expert_feed_forward_length", ff),
             norm_topk_prob=meta.bool("expert_weights_norm", info.norm_topk_prob),
-            shared_expert_intermediate_size=(meta.int("expert_shared_feed_forward_length", 0, minimum=0)
-                                             if family.shared_expert else 0),
-            moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n_layers)))
+            shared_expert_intermediate_size=(
+                meta.int("expert_shared_feed_forward_length", 0, minimum=0) if family.shared_expert else 0
+            ),
+            moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n_layers)),
+        )
         intermediate = ff
     else:
         intermediate = meta.int("feed_forward_length")
@@ -351,9 +376,10 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         bos_token_id=bos,
         eos_token_ids=eos,
         activation="gelu_tanh" if gemma else "silu",
-        embed_scale=float(np.float32(hidden ** 0.5)) if gemma else 1.0,
+        embed_scale=float(np.float32(hidden**0.5)) if gemma else 1.0,
         attn_scale=(meta.float("attention.scale") if meta.has("attention.scale") else float(head_dim) ** -0.5)
-        if gemma else 0.0,
+        if gemma
+        else 0.0,
         post_norms=gemma,
         rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)) if gemma else None,
         final_softcap=meta.float("final_logit_softcapping", 0.0) if gemma else 0.0,
@@ -388,8 +414,9 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
         canonical, stacked = found
         if stacked:
             if len(info.shape) != 3 or info.shape[0] != spec.n_experts or canonical.format(0) not in wanted:
-                raise ColibriError(f"{where}: tensor {name!r} has shape {list(info.shape)}, "
-                                   f"expected {spec.n_experts} stacked experts")
+                raise ColibriError(
+                    f"{where}: tensor {name!r} has shape {list(info.shape)}, expected {spec.n_experts} stacked experts"
+                )
             for e in range(spec.n_experts):
                 sources[canonical.format(e)] = (info, e, 0)
             continue
@@ -401,13 +428,15 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
         sources[canonical] = (info, None, heads)
     for canonical, shape in wanted.items():
         if canonical not in sources:
-            raise ColibriError(f"{where}: missing tensor for {canonical!r} ({spec.architecture}, "
-                               f"expected shape {list(shape)})")
+            raise ColibriError(
+                f"{where}: missing tensor for {canonical!r} ({spec.architecture}, expected shape {list(shape)})"
+            )
         info, expert, _ = sources[canonical]
         got = info.shape[1:] if expert is not None else info.shape
         if _squeezed(got) != _squeezed(shape):
-            raise ColibriError(f"{where}: tensor {info.name!r} has shape {list(info.shape)}, "
-                               f"the metadata implies {list(shape)}")
+            raise ColibriError(
+                f"{where}: tensor {info.name!r} has shape {list(info.shape)}, the metadata implies {list(shape)}"
+            )
     return sources
 
 
@@ -437,6 +466,12 @@ def load_gguf(path: Path | str, load_tensors: bool = True) -> GgufCheckpoint:
         for canonical, shape in wanted.items():
             info, expert, heads = sources[canonical]
             tensors[canonical] = GgufTensor(path, info, tuple(shape), expert, heads or 0)
-    return GgufCheckpoint(spec=spec, tensors=tensors, input_files=[path], gguf=gguf,
-                          tensor_types={c: sources[c][0].ggml_type for c in wanted},
-                          chat_template=template if isinstance(template, str) else None, _sources=sources)
+    return GgufCheckpoint(
+        spec=spec,
+        tensors=tensors,
+        input_files=[path],
+        gguf=gguf,
+        tensor_types={c: sources[c][0].ggml_type for c in wanted},
+        chat_template=template if isinstance(template, str) else None,
+        _sources=sources,
+    )

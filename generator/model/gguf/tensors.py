@@ -41,8 +41,11 @@ PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
 # ggml's block_q8_0, block_q4_0 and block_q4_1 as records: a binary16 scale d, Q4_1's binary16
 # minimum m, then the quants (Q8_0 32 int8; Q4_0 and Q4_1 16 bytes, quant j in the low nibble of
 # byte j and quant j + 16 in its high nibble). Copying one field of every record is one pass.
-KEPT_RECORDS = {"Q8_0": np.dtype([("d", "<f2"), ("q", "V32")]), "Q4_0": np.dtype([("d", "<f2"), ("q", "V16")]),
-                "Q4_1": np.dtype([("d", "<f2"), ("m", "<f2"), ("q", "V16")])}
+KEPT_RECORDS = {
+    "Q8_0": np.dtype([("d", "<f2"), ("q", "V32")]),
+    "Q4_0": np.dtype([("d", "<f2"), ("q", "V16")]),
+    "Q4_1": np.dtype([("d", "<f2"), ("m", "<f2"), ("q", "V16")]),
+}
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,11 @@ class QuantBlocks:
     def _decoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         q, scale, offset = _fields(self.ggml_type, self.raw.reshape(-1, self.raw.shape[-1]))
         blocks_shape = self.shape[:-1] + (self.shape[-1] // BLOCK,)
-        return (q.reshape(self.shape), scale.reshape(blocks_shape),
-                None if offset is None else offset.reshape(blocks_shape))
+        return (
+            q.reshape(self.shape),
+            scale.reshape(blocks_shape),
+            None if offset is None else offset.reshape(blocks_shape),
+        )
 
     @property
     def quants(self) -> np.ndarray:
@@ -136,8 +142,10 @@ def _read(path: Path, info: GgufTensorInfo, start: int, nbytes: int) -> np.ndarr
             while view:
                 n = os.preadv(fd, [view], start)
                 if n <= 0:
-                    raise ColibriError(f"{Path(path).name}: tensor {info.name!r} runs past the end of the file "
-                                       f"(truncated while it was read?)")
+                    raise ColibriError(
+                        f"{Path(path).name}: tensor {info.name!r} runs past the end of the file "
+                        f"(truncated while it was read?)"
+                    )
                 view, start = view[n:], start + n
         finally:
             os.close(fd)
@@ -147,7 +155,7 @@ def _read(path: Path, info: GgufTensorInfo, start: int, nbytes: int) -> np.ndarr
 
 
 def _f16(raw: np.ndarray, start: int) -> np.ndarray:
-    return np.ascontiguousarray(raw[:, start:start + 2]).view("<f2")[:, 0].astype(np.float32)
+    return np.ascontiguousarray(raw[:, start : start + 2]).view("<f2")[:, 0].astype(np.float32)
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -213,9 +221,9 @@ def _dequantize(ggml_type: str, raw: np.ndarray) -> np.ndarray:
         return y if offset is None else y + offset[:, None]
     if ggml_type in ("Q5_0", "Q5_1"):
         base = 4 if ggml_type == "Q5_1" else 2
-        qh = np.ascontiguousarray(raw[:, base:base + 4]).view("<u4")[:, 0]
+        qh = np.ascontiguousarray(raw[:, base : base + 4]).view("<u4")[:, 0]
         high = ((qh[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4
-        q = (_nibbles(raw[:, base + 4:base + 20]) | high).astype(np.float32)
+        q = (_nibbles(raw[:, base + 4 : base + 20]) | high).astype(np.float32)
         if ggml_type == "Q5_0":
             return _f16(raw, 0)[:, None] * (q - np.float32(16))
         return _f16(raw, 0)[:, None] * q + _f16(raw, 2)[:, None]
@@ -227,8 +235,9 @@ def _dequantize(ggml_type: str, raw: np.ndarray) -> np.ndarray:
         bits = (qh[:, None, None, :] >> np.arange(8, dtype=np.uint8).reshape(1, 4, 2, 1)) & 1
         q = np.stack([ql & 0x0F, ql >> 4], axis=2) + (bits << 4)
         q = q.reshape(n, 8, 32).astype(np.float32)
-        return ((d[:, None] * sc.astype(np.float32))[..., None] * q
-                - (dmin[:, None] * m.astype(np.float32))[..., None]).reshape(n, -1)
+        return (
+            (d[:, None] * sc.astype(np.float32))[..., None] * q - (dmin[:, None] * m.astype(np.float32))[..., None]
+        ).reshape(n, -1)
     if ggml_type == "Q6_K":
         ql = raw[:, 0:128].reshape(n, 2, 64)
         qh = raw[:, 128:192].reshape(n, 2, 32)

@@ -21,10 +21,14 @@ from .file import GgufFile
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 # llama.cpp's pre-tokenizer regexes (llama-vocab.cpp), as Hugging Face tokenizer.json files spell them.
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,9 @@ def build_tokenizer(gguf: GgufFile):
             raise ColibriError(f"{where}: merge {rank} {merge!r} is not two tokens whose join is a token")
         pairs.append((left, right))
 
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges, fuse_unk=False,
-                               byte_fallback=False))
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges, fuse_unk=False, byte_fallback=False)
+    )
     if pre.nfc:
         tok.normalizer = normalizers.NFC()
     steps = []
@@ -124,8 +129,9 @@ def build_tokenizer(gguf: GgufFile):
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps) if len(steps) > 1 else steps[0]
     tok.decoder = decoders.ByteLevel()
     kinds = types.tolist()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, k in zip(tokens, kinds) if k == CONTROL])
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, kinds) if k == CONTROL]
+    )
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, kinds) if k == USER_DEFINED])
 
     bos = _token_id(gguf, "tokenizer.ggml.bos_token_id", len(tokens))
@@ -137,7 +143,9 @@ def build_tokenizer(gguf: GgufFile):
             raise ColibriError(f"{where}: tokenizer.ggml.add_{name}_token without tokenizer.ggml.{name}_token_id")
     if add_bos or add_eos:
         special = {tokens[t]: t for t, flag in ((bos, add_bos), (eos, add_eos)) if flag}
-        single = " ".join([*([f"{tokens[bos]}:0"] if add_bos else []), "$A:0", *([f"{tokens[eos]}:0"] if add_eos else [])])
+        single = " ".join(
+            [*([f"{tokens[bos]}:0"] if add_bos else []), "$A:0", *([f"{tokens[eos]}:0"] if add_eos else [])]
+        )
         tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=list(special.items()))
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)

@@ -59,10 +59,12 @@ FAMILIES = {
     "qwen3": Family("attention_bias", "attention_bias", False, True, "max_window_layers", window_flag=True),
     "gemma3": Family("attention_bias", "attention_bias", False, True, "pattern", gemma=True),
     "mixtral": Family("attention_bias", "attention_bias", False, False, "every_layer", moe="mixtral"),
-    "qwen2_moe": Family("always", "never", False, False, "max_window_layers", window_flag=True, moe="qwen",
-                        shared_expert=True),
-    "qwen3_moe": Family("attention_bias", "attention_bias", False, True, "max_window_layers", window_flag=True,
-                        moe="qwen"),
+    "qwen2_moe": Family(
+        "always", "never", False, False, "max_window_layers", window_flag=True, moe="qwen", shared_expert=True
+    ),
+    "qwen3_moe": Family(
+        "attention_bias", "attention_bias", False, True, "max_window_layers", window_flag=True, moe="qwen"
+    ),
 }
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -88,19 +90,30 @@ HF_LAYER_PARTS = {
     "mlp.down_proj.bias": "b_down",
 }
 # Gemma's norms: post_attention_layernorm normalises the attention output (not the FFN input).
-HF_GEMMA_LAYER_PARTS = dict(HF_LAYER_PARTS, **{
-    "post_attention_layernorm.weight": "post_attn_norm",
-    "pre_feedforward_layernorm.weight": "ffn_norm",
-    "post_feedforward_layernorm.weight": "post_ffn_norm",
-})
+HF_GEMMA_LAYER_PARTS = dict(
+    HF_LAYER_PARTS,
+    **{
+        "post_attention_layernorm.weight": "post_attn_norm",
+        "pre_feedforward_layernorm.weight": "ffn_norm",
+        "post_feedforward_layernorm.weight": "post_ffn_norm",
+    },
+)
 # Prefixes under which multimodal checkpoints keep their text tower, and parts that are not text.
-TEXT_TOWER_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                       ("language_model.lm_head.", "lm_head."))
-NOT_TEXT_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
-                     "multi_modal_projector.")
+TEXT_TOWER_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+NOT_TEXT_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.")
 # Expert weights: Mixtral's block_sparse_moe.experts.E.w1/w3/w2, Qwen-MoE's mlp.experts.E.*_proj.
-HF_EXPERT_PARTS = {"w1": "w_gate", "w3": "w_up", "w2": "w_down",
-                   "gate_proj": "w_gate", "up_proj": "w_up", "down_proj": "w_down"}
+HF_EXPERT_PARTS = {
+    "w1": "w_gate",
+    "w3": "w_up",
+    "w2": "w_down",
+    "gate_proj": "w_gate",
+    "up_proj": "w_up",
+    "down_proj": "w_down",
+}
 HF_MOE_LAYER_PARTS = {
     "block_sparse_moe.gate.weight": "router",
     "mlp.gate.weight": "router",
@@ -231,8 +244,14 @@ def _rope_from(cfg: _Config, params: dict, theta: float, max_pos: int) -> RopeSp
     original = params.get("original_max_position_embeddings", max_pos)
     if isinstance(original, bool) or not isinstance(original, int) or original < 1:
         raise ColibriError(f"{cfg.where}: 'original_max_position_embeddings' must be a positive integer")
-    return RopeSpec(theta=theta, scaling="llama3", factor=factor, low_freq_factor=low,
-                    high_freq_factor=high, original_max_position_embeddings=original)
+    return RopeSpec(
+        theta=theta,
+        scaling="llama3",
+        factor=factor,
+        low_freq_factor=low,
+        high_freq_factor=high,
+        original_max_position_embeddings=original,
+    )
 
 
 def _rope(cfg: _Config, max_pos: int, default_theta: float = 10000.0) -> RopeSpec:
@@ -278,7 +297,9 @@ def _layer_windows(cfg: _Config, family: Family, n_layers: int) -> tuple[int, ..
                     raise ColibriError(f"{cfg.where}: sliding_attention layers need 'sliding_window'")
                 out.append(window)
             else:
-                raise ColibriError(f"{cfg.where}: unsupported layer type {t!r} (supported: full_attention, sliding_attention)")
+                raise ColibriError(
+                    f"{cfg.where}: unsupported layer type {t!r} (supported: full_attention, sliding_attention)"
+                )
         return tuple(out)
     if window is None:
         return (0,) * n_layers
@@ -312,17 +333,26 @@ def _moe(cfg: _Config, family: Family, n_layers: int) -> dict:
         raise ColibriError(f"{cfg.where}: num_experts_per_tok {top_k} exceeds the {n_experts} experts")
     if family.moe == "mixtral":
         # Mixtral: every layer routes; experts have intermediate_size; top-k weights always renormalised.
-        return dict(n_experts=n_experts, experts_per_token=top_k, expert_intermediate_size=cfg.int("intermediate_size"),
-                    norm_topk_prob=True, moe_layers=(True,) * n_layers)
+        return dict(
+            n_experts=n_experts,
+            experts_per_token=top_k,
+            expert_intermediate_size=cfg.int("intermediate_size"),
+            norm_topk_prob=True,
+            moe_layers=(True,) * n_layers,
+        )
     step = cfg.int("decoder_sparse_step", 1)
     dense = cfg.data.get("mlp_only_layers") or []
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
         raise ColibriError(f"{cfg.where}: 'mlp_only_layers' must be a list of layer indices")
     shared = cfg.int("shared_expert_intermediate_size", 0, minimum=0) if family.shared_expert else 0
-    return dict(n_experts=n_experts, experts_per_token=top_k,
-                expert_intermediate_size=cfg.int("moe_intermediate_size"),
-                norm_topk_prob=cfg.bool("norm_topk_prob", False), shared_expert_intermediate_size=shared,
-                moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n_layers)))
+    return dict(
+        n_experts=n_experts,
+        experts_per_token=top_k,
+        expert_intermediate_size=cfg.int("moe_intermediate_size"),
+        norm_topk_prob=cfg.bool("norm_topk_prob", False),
+        shared_expert_intermediate_size=shared,
+        moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n_layers)),
+    )
 
 
 def parse_config(data: dict, name: str, generation: dict | None = None) -> ModelSpec:
@@ -362,8 +392,9 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
     if gemma:
         act = data.get("hidden_activation", data.get("hidden_act", "gelu_pytorch_tanh"))
         if act not in GELU_TANH:
-            raise ColibriError(f"config.json: unsupported hidden_activation {act!r} for {arch} "
-                               f"(supported: {', '.join(GELU_TANH)})")
+            raise ColibriError(
+                f"config.json: unsupported hidden_activation {act!r} for {arch} (supported: {', '.join(GELU_TANH)})"
+            )
         activation = "gelu_tanh"
     else:
         act = data.get("hidden_act", "silu")
@@ -418,7 +449,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=eos,
         activation=activation,
-        embed_scale=float(np.float32(hidden ** 0.5)) if gemma else 1.0,
+        embed_scale=float(np.float32(hidden**0.5)) if gemma else 1.0,
         attn_scale=(cfg.float("query_pre_attn_scalar", head_dim) ** -0.5) if gemma else 0.0,
         post_norms=gemma,
         rope_local=_rope_local(cfg, max_pos) if gemma else None,
@@ -432,13 +463,13 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
 def _canonical(hf_name: str, family: str) -> str | None:
     for prefix, replacement in TEXT_TOWER_PREFIXES:
         if hf_name.startswith(prefix):
-            hf_name = replacement + hf_name[len(prefix):]
+            hf_name = replacement + hf_name[len(prefix) :]
             break
     if hf_name in HF_GLOBAL:
         return HF_GLOBAL[hf_name]
     parts = HF_GEMMA_LAYER_PARTS if FAMILIES[family].gemma else HF_LAYER_PARTS
     if hf_name.startswith("model.layers."):
-        rest = hf_name[len("model.layers."):]
+        rest = hf_name[len("model.layers.") :]
         index, _, part = rest.partition(".")
         if not index.isdigit() or str(int(index)) != index:
             return None
@@ -448,8 +479,8 @@ def _canonical(hf_name: str, family: str) -> str | None:
             return f"layers.{index}.{HF_MOE_LAYER_PARTS[part]}"
         for prefix in ("block_sparse_moe.experts.", "mlp.experts."):
             if part.startswith(prefix):
-                expert, _, rest = part[len(prefix):].partition(".")
-                name = rest[:-len(".weight")] if rest.endswith(".weight") else None
+                expert, _, rest = part[len(prefix) :].partition(".")
+                name = rest[: -len(".weight")] if rest.endswith(".weight") else None
                 if expert.isdigit() and str(int(expert)) == expert and name in HF_EXPERT_PARTS:
                     return f"layers.{index}.experts.{expert}.{HF_EXPERT_PARTS[name]}"
     return None
@@ -536,9 +567,15 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
         for canonical in wanted:
             path, info = by_canonical[canonical]
             tensors[canonical] = HfTensor(path, info, plus_one=gemma and canonical.endswith("norm"))
-    files = sorted({config_path, *(p for p, _ in by_canonical.values())}
-                   | ({gen_path} if gen_path.is_file() else set())
-                   | ({model_dir / "model.safetensors.index.json"} if (model_dir / "model.safetensors.index.json").is_file() else set()))
+    files = sorted(
+        {config_path, *(p for p, _ in by_canonical.values())}
+        | ({gen_path} if gen_path.is_file() else set())
+        | (
+            {model_dir / "model.safetensors.index.json"}
+            if (model_dir / "model.safetensors.index.json").is_file()
+            else set()
+        )
+    )
     return HfCheckpoint(spec=spec, tensors=tensors, input_files=files)
 
 

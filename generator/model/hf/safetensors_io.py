@@ -62,7 +62,9 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             if header_len > MAX_HEADER_BYTES:
                 raise ColibriError(f"{where}: safetensors header length {header_len} exceeds {MAX_HEADER_BYTES} bytes")
             if 8 + header_len > size:
-                raise ColibriError(f"{where}: safetensors header length {header_len} runs past the end of the file ({size} bytes)")
+                raise ColibriError(
+                    f"{where}: safetensors header length {header_len} runs past the end of the file ({size} bytes)"
+                )
             raw = f.read(header_len)
     except OSError as e:
         raise ColibriError(f"{where}: cannot read: {e.strerror}") from None
@@ -87,12 +89,18 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             raise ColibriError(f"{where}: tensor {name!r}: entry must have exactly dtype, shape and data_offsets")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if dtype not in DTYPE_BYTES:
-            raise ColibriError(f"{where}: tensor {name!r}: unsupported dtype {dtype!r} (supported: {', '.join(DTYPE_BYTES)})")
-        if (not isinstance(shape, list) or
-                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise ColibriError(
+                f"{where}: tensor {name!r}: unsupported dtype {dtype!r} (supported: {', '.join(DTYPE_BYTES)})"
+            )
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise ColibriError(f"{where}: tensor {name!r}: shape must be a list of non-negative integers")
-        if (not isinstance(offsets, list) or len(offsets) != 2 or
-                not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        ):
             raise ColibriError(f"{where}: tensor {name!r}: data_offsets must be two integers")
         begin, end = offsets
         if begin < 0 or end < begin:
@@ -103,7 +111,9 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         if count * DTYPE_BYTES[dtype] != end - begin:
             raise ColibriError(f"{where}: tensor {name!r}: {end - begin} bytes do not hold shape {shape} of {dtype}")
         if end > data_len:
-            raise ColibriError(f"{where}: tensor {name!r}: data ends at byte {end}, past the {data_len} data bytes in the file")
+            raise ColibriError(
+                f"{where}: tensor {name!r}: data ends at byte {end}, past the {data_len} data bytes in the file"
+            )
         tensors[name] = TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)
 
     # The data region must be covered exactly: no overlaps, no holes, nothing trailing.
@@ -145,10 +155,17 @@ def read_rows(path: Path | str, info: TensorInfo, start: int, stop: int) -> np.n
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if begin + count * width > size:
-                raise ColibriError(f"{path.name}: tensor {info.name!r}: the file ends at byte {size}, before its data "
-                                   f"(truncated or rewritten while it was being read?)")
-            raw = np.memmap(f, dtype={"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}[info.dtype],
-                            mode="r", offset=begin, shape=(count,))
+                raise ColibriError(
+                    f"{path.name}: tensor {info.name!r}: the file ends at byte {size}, before its data "
+                    f"(truncated or rewritten while it was being read?)"
+                )
+            raw = np.memmap(
+                f,
+                dtype={"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}[info.dtype],
+                mode="r",
+                offset=begin,
+                shape=(count,),
+            )
             if info.dtype == "BF16":
                 arr = np.left_shift(raw, 16, dtype=np.uint32).view(np.float32)
             else:

@@ -41,7 +41,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MODEL,
         help="Hugging Face model directory or GGUF file (default: the bundled models/kjv-tiny)",
     )
-    p.add_argument("--quant", default="q8_0", choices=QUANTS, help="weight format (default q8_0)")
+    p.add_argument(
+        "--quant",
+        choices=QUANTS,
+        help="weight format (default: gguf for a GGUF file, keeping its own block types; q8_0 otherwise)",
+    )
     p.add_argument(
         "--ctx",
         type=positive_int,

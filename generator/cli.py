@@ -723,12 +723,15 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p = command("devices", cmd_devices, "list serial ports, marking those that look like ESP32 boards")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
-    command(
+    p = command(
         "test",
         cmd_test,
         "install the test dependencies and run the whole test suite "
         "(arguments after it go to pytest, as with ./colibri test)",
     )
+    # Declared for --help only: everything after `test` goes to pytest, where tests/conftest.py
+    # defines --fast.
+    p.add_argument("--fast", action="store_true", help="the fast tier: leave out the tests marked slow")
     return parser, commands
 
 

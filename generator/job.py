@@ -55,7 +55,7 @@ class JobOptions:
 
     board: str = "host"
     model: Path = DEFAULT_MODEL
-    quant: str = "q8_0"
+    quant: str | None = None  # None: the model's default (a GGUF file's own blocks, else q8_0)
     ctx: int | None = None
     out: Path | None = None
     jobs: int | None = None  # weight quantization workers
@@ -665,7 +665,7 @@ def report(options: JobOptions) -> dict[str, Any]:
     if spec is not None:
         # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
         n_ctx = options.ctx or min(board.default_ctx, spec.max_position_embeddings)
-        plan = plan_for_board(spec, board, options.quant, n_ctx)
+        plan = plan_for_board(spec, board, options.quant or "q8_0", n_ctx)  # a config is plain floats
         cache = report_budget(options, board, plan)
         rep = planned_report_dict(board, plan)
     else:

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent  # this folder: the shared helpers, data and C harnesses
+REPO = TESTS.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(TESTS))
 
 from generator.boards import load_board  # noqa: E402
 from generator.compile.build import prepare, run_scons  # noqa: E402
@@ -27,6 +28,30 @@ DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
 for _name in ("COLIBRI_REMOTE", "COLIBRI_REMOTE_CACHE", "COLIBRI_REMOTE_PREFIX", "COLIBRI_SSH_COMMAND"):
     os.environ.pop(_name, None)
 os.environ["COLIBRI_CONFIG"] = os.devnull
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="the fast tier: leave out the tests marked slow (emulated boards, real model files, releases)",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "slow: left out of the fast tier (./colibri test --fast): seconds or more each, measured in a full run",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--fast"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
 class Builder:
@@ -106,7 +131,17 @@ HARNESS_BUILDS = {
 }
 
 
-@pytest.fixture(scope="session", params=sorted(HARNESS_BUILDS))
+# The fast tier checks the kernel sets this machine runs natively; the rest are slow.
+FAST_HARNESS_BUILDS = ("generic", "x86_avx2")
+
+
+@pytest.fixture(
+    scope="session",
+    params=[
+        pytest.param(name, marks=() if name in FAST_HARNESS_BUILDS else pytest.mark.slow)
+        for name in sorted(HARNESS_BUILDS)
+    ],
+)
 def harness(request, tmp_path_factory) -> list[str]:
     """tests/c/numerics_harness.c built against the runtime's ops, sampler and each kernel set:
     the scalar kernels (generic.c), AVX2 (x86_avx2.c), the rv32 set (rv32.c, portable C) and NEON

@@ -64,17 +64,18 @@ def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int) -> Pa
 def prepare(
     board: Board,
     model_dir: Path | str,
-    quant: str,
+    quant: str | None,
     ctx: int | None,
     out_dir: Path | str | None = None,
     check_fit: bool = True,
 ) -> tuple[BuildRequest, Plan]:
     """Validate everything that can be validated without compiling; returns the plan too.
+    quant None: the model's default (a GGUF file's own blocks, else q8_0).
     check_fit=False leaves the memory budgets to the caller (`report` shows the table first)."""
     model_dir = Path(model_dir)
     checkpoint = load_model(model_dir, load_tensors=False)
     plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx)
-    n_ctx = plan.n_ctx
+    quant, n_ctx = plan.quant, plan.n_ctx
     if check_fit:
         check_fits(board, plan)
     if out_dir is None:

@@ -1,6 +1,6 @@
 """Which generator modules a build step runs on, read from their import statements with `ast`
 (never by importing them): SConstruct names exactly these as a step's inputs, so editing a module
-the step does not import (cli.py, bench.py) rebuilds nothing, and tests/test_architecture.py
+the step does not import (cli.py, bench.py) rebuilds nothing, and tests/project/test_architecture.py
 checks the same graph for cycles and stage order."""
 
 from __future__ import annotations

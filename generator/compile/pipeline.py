@@ -38,9 +38,16 @@ def resolve_ctx(board: Board, max_position_embeddings: int, ctx: int | None) -> 
     return ctx
 
 
-def plan_checkpoint(checkpoint: Checkpoint, model_dir: Path, board: Board, quant: str, ctx: int | None) -> Plan:
+def model_default_quant(checkpoint: Checkpoint) -> str:
+    """What a model is built with when --quant is not given: a GGUF file's own block types (its
+    numbers, not re-rounded ones), or q8_0 for a checkpoint of plain floats."""
+    return GGUF if checkpoint.tensor_types is not None else "q8_0"
+
+
+def plan_checkpoint(checkpoint: Checkpoint, model_dir: Path, board: Board, quant: str | None, ctx: int | None) -> Plan:
     """The plan of a checkpoint for a board: --quant gguf takes each tensor's block type from the
-    GGUF file it was read from."""
+    GGUF file it was read from; no --quant, the model's default (model_default_quant)."""
+    quant = quant or model_default_quant(checkpoint)
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
     gguf_types = checkpoint.tensor_types
     if quant == GGUF and gguf_types is None:

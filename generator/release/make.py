@@ -96,7 +96,7 @@ class Inputs:
     board: Board
     model_dir: Path  # the staged copy: exactly the release's model files
     model_hashes: dict
-    quant: str
+    quant: str | None  # None: the model's default
     ctx: int | None
     source_date_epoch: int
     request: RunRequest | None  # None: the default for the model and context
@@ -280,7 +280,7 @@ class Release:
 def make_release(
     board_name: str,
     model_dir: Path | str,
-    quant: str = "q8_0",
+    quant: str | None = None,
     ctx: int | None = None,
     out_dir: Path | str = "release",
     sign_key: Path | str | None = None,

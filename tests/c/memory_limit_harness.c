@@ -1,5 +1,5 @@
 /* Prints what bsp/linux/memory_limit.c finds under a fake root (argv[1]): "SOURCE BYTES WHERE", or
- * "none" when it finds nothing; tests/test_memory_auto.py compares it with cache_plan.find_memory. */
+ * "none" when it finds nothing; tests/compile/test_memory_auto.py compares it with cache_plan.find_memory. */
 #include <stdio.h>
 
 #include "memory_limit.h"

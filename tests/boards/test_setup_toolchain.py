@@ -1,0 +1,135 @@
+"""The setup installs what is missing: dpkg's status words are parsed, not matched by suffix."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import stat
+import sys
+
+import pytest
+from conftest import TESTS
+
+from generator.device import setup_toolchain
+from generator.device.setup_toolchain import USABLE_STATES, status_is_installed
+
+WANTS = ("unknown", "install", "hold", "deinstall", "purge")
+FLAGS = ("ok", "reinstreq")
+STATES = (
+    "not-installed",
+    "config-files",
+    "half-installed",
+    "unpacked",
+    "half-configured",
+    "triggers-awaited",
+    "triggers-pending",
+    "installed",
+)
+
+
+@pytest.mark.parametrize("want,flag,state", list(itertools.product(WANTS, FLAGS, STATES)))
+def test_every_status_dpkg_can_print(want, flag, state):
+    expected = flag == "ok" and state in ("installed", "triggers-awaited", "triggers-pending")
+    assert status_is_installed(f"{want} {flag} {state}") is expected
+
+
+def test_a_package_apt_knows_but_never_installed_is_not_installed():
+    assert not status_is_installed("unknown ok not-installed")
+    assert not status_is_installed("deinstall ok config-files")
+    assert set(USABLE_STATES) == {"installed", "triggers-awaited", "triggers-pending"}
+
+
+@pytest.mark.parametrize("text", ["", "installed", "install ok", "install ok installed extra", "garbage"])
+def test_malformed_status_is_not_installed(text):
+    assert not status_is_installed(text)
+
+
+@pytest.fixture
+def fake_dpkg(tmp_path, monkeypatch):
+    """A dpkg-query on PATH that answers from a table, as the real one does (exit 1 when a name is unknown)."""
+
+    def install(table: dict[str, str]):
+        script = tmp_path / "dpkg-query"
+        script.write_text(
+            f"#!{sys.executable}\n"
+            "import sys\n"
+            f"table = {table!r}\n"
+            "names = sys.argv[3:]\n"
+            "for key, status in table.items():\n"
+            "    if key.split(':')[0] in names:\n"
+            "        print(f'{key}\\t{status}')\n"
+            "sys.exit(0 if all(any(k.split(':')[0] == n for k in table) for n in names) else 1)\n"
+        )
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+    return install
+
+
+def test_installed_packages_reads_every_line(fake_dpkg):
+    fake_dpkg(
+        {
+            "gcc-multilib": "unknown ok not-installed",
+            "libc6-dev:amd64": "install ok installed",
+            "libc6-dev:i386": "deinstall ok config-files",
+            "clang-14": "install reinstreq half-installed",
+            "qemu-user": "hold ok installed",
+        }
+    )
+    got = setup_toolchain.installed_packages(["gcc-multilib", "libc6-dev", "clang-14", "qemu-user", "nosuch"])
+    assert got == {"libc6-dev", "qemu-user"}
+    assert not setup_toolchain.installed("gcc-multilib")
+
+
+def test_the_test_packages_not_installed_are_handed_to_apt(fake_dpkg, tmp_path, monkeypatch):
+    fake_dpkg({"clang-14": "install ok installed", "gcc-multilib": "unknown ok not-installed"})
+    listing = tmp_path / "apt-packages.txt"
+    listing.write_text("clang-14  # fuzzer\ngcc-multilib # -m32\n\nlibclang-rt-14-dev\n")
+    asked = []
+    monkeypatch.setattr(setup_toolchain, "apt_install", lambda packages, why: asked.append(packages))
+    setup_toolchain.ensure_packages(listing)
+    assert asked == [["gcc-multilib", "libclang-rt-14-dev"]]
+
+
+def test_a_board_library_without_a_program_is_checked_too(fake_dpkg, monkeypatch):
+    """qemu-rv32 needs picolibc, which puts no program on PATH: its package state decides."""
+    from generator.boards import load_board
+
+    board = load_board("qemu-rv32")
+    fake_dpkg(
+        {p: "install ok installed" for p in board.apt_packages if "picolibc" not in p}
+        | {"picolibc-riscv64-unknown-elf": "unknown ok not-installed"}
+    )
+    monkeypatch.setattr(
+        setup_toolchain.shutil,
+        "which",
+        lambda name: "/usr/bin/dpkg-query" if name == "dpkg-query" else f"/usr/bin/{name}",
+    )
+    packages, tools = setup_toolchain.missing_for(board)
+    assert packages == ["picolibc-riscv64-unknown-elf"] and tools == []
+
+
+def test_installing_never_removes_other_packages(monkeypatch):
+    """apt-get would remove a cross compiler to install a package that conflicts with it (on a fresh
+    Debian, libc6-dev-i386's recommended gcc-multilib did exactly that): only what is listed."""
+    ran = []
+
+    class Done:
+        returncode, stderr = 0, ""
+
+    monkeypatch.setattr(setup_toolchain.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(setup_toolchain.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(setup_toolchain.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or Done())
+    setup_toolchain.apt_install(["gcc-12-multilib"], "test packages")
+    install = [cmd for cmd in ran if "install" in cmd]
+    assert install and all("--no-remove" in cmd and "--no-install-recommends" in cmd for cmd in install)
+
+
+def test_the_test_packages_do_not_conflict_with_a_board_toolchain():
+    """gcc-multilib conflicts with every Debian cross compiler; the suite names gcc-12-multilib."""
+    from generator.boards import available_boards, load_board
+
+    listed = {line.split("#")[0].strip() for line in (TESTS / "apt-packages.txt").read_text().splitlines()} - {""}
+    board_packages = {p for name in available_boards() for p in load_board(name).apt_packages}
+    assert "gcc-multilib" not in listed and "gcc-12-multilib" in listed
+    assert any(p.startswith("gcc-aarch64") for p in board_packages)

@@ -1,0 +1,178 @@
+"""bench: what it reports (not how fast: speeds are measured, not asserted), and --plot."""
+
+import json
+import platform
+import re
+import statistics
+
+import pytest
+from conftest import DEFAULT_MODEL, run_cli
+
+from generator import bench
+from generator.boards import load_board
+from generator.device.session import RunResult
+
+pytestmark = pytest.mark.slow  # benchmarks built firmware
+
+
+def probed_run(decode_us: int, read_bw: float) -> RunResult:
+    """A run of 100 decode passes in decode_us microseconds, after a probe that read read_bw bytes/s."""
+    return RunResult(
+        stats={
+            "prompt": "8",
+            "prefill_us": "1000",
+            "decode": "100",
+            "decode_us": str(decode_us),
+            "forward_us": str(decode_us),
+        },
+        bandwidth={"read_bw": str(int(read_bw)), "mib": "600", "threads": "1", "passes": "5"},
+    )
+
+
+def test_each_runs_share_is_taken_against_its_own_probe_and_the_median_share_is_reported():
+    weight = 100_000_000
+    # 100, 200 and 125 tok/s, probed at 10, 20 and 16 GB/s: shares 1.0, 1.0 and 0.78.
+    runs = [
+        bench.run_figures(r, weight)
+        for r in (probed_run(1_000_000, 10e9), probed_run(500_000, 20e9), probed_run(800_000, 16e9))
+    ]
+    assert [r["read_bandwidth_bytes_s"] for r in runs] == [10e9, 20e9, 16e9]
+    assert [r["bandwidth_fraction"] for r in runs] == pytest.approx([1.0, 1.0, 0.78125])
+    summary = bench.bandwidth_summary(weight, runs)
+    assert summary["read_bandwidth_bytes_s"] == {"min": 10e9, "median": 16e9, "max": 20e9}
+    # Not the median speed over the median probe (125 tok/s x 100 MB / 16 GB/s = 0.78).
+    assert summary["bandwidth_fraction"] == pytest.approx(1.0)
+    assert summary["bandwidth_limit_tok_s"] == pytest.approx(160.0)
+
+
+def test_without_probes_there_is_no_bandwidth_figure():
+    run = bench.run_figures(
+        RunResult(stats={"prompt": "8", "prefill_us": "10", "decode": "4", "decode_us": "40"}), 1000
+    )
+    assert run["read_bandwidth_bytes_s"] is None and run["bandwidth_fraction"] is None
+    assert bench.bandwidth_summary(1000, [run]) == {
+        "read_bandwidth_bytes_s": None,
+        "bandwidth_fraction": None,
+        "bandwidth_limit_tok_s": None,
+    }
+
+
+def test_only_natively_run_linux_boards_probe_their_bandwidth():
+    assert bench.probes_bandwidth(load_board("host"))
+    assert not bench.probes_bandwidth(load_board("qemu-rv32"))
+    # Under qemu-aarch64 the figure would be the emulator's, not an aarch64 board's.
+    assert bench.probes_bandwidth(load_board("linux-aarch64")) == (platform.machine() == "aarch64")
+
+
+def test_bench_reports_rates_latencies_memory_and_bandwidth_and_plots_rate_against_context(tmp_path):
+    png = tmp_path / "rate.png"
+    done = run_cli(
+        "bench",
+        "--board",
+        "host",
+        "--model",
+        DEFAULT_MODEL,
+        "--ctx",
+        128,
+        "--steps",
+        40,
+        "--prompt-tokens",
+        12,
+        "--repeat",
+        2,
+        "--json",
+        "--plot",
+        png,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["prompt_tokens"] == 12 and out["decode_steps"] == 40 and len(out["runs"]) == 2
+    # A dense model reads every weight whatever the token: today's synthetic stream, no in-RAM runs.
+    assert out["stream"]["kind"] == "synthetic" and "experts_used_per_layer" not in out["stream"]
+    assert out["in_ram"] is None
+    assert out["prefill_tok_s"] > 0 and out["decode_tok_s"] > 0
+    assert 0 < out["ms_per_token"]["p50"] <= out["ms_per_token"]["p99"] <= out["ms_per_token"]["max"]
+    assert out["peak_rss_bytes"] > out["weight_bytes_per_token"] > 0
+    # The firmware probed the read bandwidth before each run, with the decode's threads.
+    probes = [r["read_bandwidth_bytes_s"] for r in out["runs"]]
+    assert all(p > 1e8 for p in probes)
+    assert out["read_bandwidth_bytes_s"] == {
+        "min": min(probes),
+        "median": statistics.median(probes),
+        "max": max(probes),
+    }
+    assert out["read_bandwidth_probe"]["threads"] == 1 and out["read_bandwidth_probe"]["mib"] >= 256
+    for r in out["runs"]:
+        assert (
+            r["bandwidth_fraction"] == out["weight_bytes_per_token"] * r["decode_tok_s"] / r["read_bandwidth_bytes_s"]
+        )
+    assert out["bandwidth_fraction"] == statistics.median(r["bandwidth_fraction"] for r in out["runs"])
+    assert out["bandwidth_limit_tok_s"] == out["read_bandwidth_bytes_s"]["median"] / out["weight_bytes_per_token"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rate.png"]  # no temporary file left behind
+
+
+def test_bench_on_the_emulated_mcu_counts_instructions_and_refuses_to_plot_wall_clock(tmp_path):
+    done = run_cli(
+        "bench",
+        "--board",
+        "qemu-rv32",
+        "--model",
+        DEFAULT_MODEL,
+        "--ctx",
+        64,
+        "--steps",
+        8,
+        "--repeat",
+        1,
+        "--plot",
+        tmp_path / "rate.png",
+    )
+    assert done.returncode == 2
+    assert "emulated" in done.stderr and "instruction counts" in done.stderr
+    assert not any(tmp_path.iterdir())
+    done = run_cli(
+        "bench", "--board", "qemu-rv32", "--model", DEFAULT_MODEL, "--ctx", 64, "--steps", 8, "--repeat", 1, "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["decode_instructions_per_token"] > out["macs_per_token"] > 0
+    assert out["predicted_esp32p4"]["tok_s"] > 0
+
+
+def test_bench_text_gives_the_median_share_and_the_range_of_the_probes_next_to_each_run():
+    done = run_cli(
+        "bench", "--board", "host", "--model", DEFAULT_MODEL, "--ctx", 64, "--steps", 8, "--repeat", 3, "--threads", 2
+    )
+    assert done.returncode == 0, done.stderr
+    m = re.search(
+        r"= (\d+)% of the read bandwidth the firmware measured just before each run \(median of the runs' "
+        r"shares; probes (\d+\.\d)–(\d+\.\d) GB/s, median (\d+\.\d), 2 thread\(s\) over (\d+) MiB;",
+        done.stdout,
+    )
+    assert m, done.stdout
+    assert float(m[2]) <= float(m[4]) <= float(m[3]) and int(m[5]) >= 256
+    assert len(re.findall(r"run \d/3: .* tok/s, read bandwidth \d+\.\d GB/s just before", done.stderr)) == 3
+
+
+def test_an_emulated_linux_board_gets_no_bandwidth_figure_in_the_text():
+    out = {
+        "board": "linux-aarch64",
+        "quant": "q8_0",
+        "kernels": "neon",
+        "threads": 1,
+        "prompt_tokens": 8,
+        "decode_steps": 16,
+        "repeat": 1,
+        "prefill_tok_s": 10.0,
+        "decode_tok_s": 5.0,
+        "ms_per_token": {},
+        "weight_bytes_per_token": 200_000,
+        "peak_rss_bytes": 2**20,
+        "emulated_by": "qemu-aarch64",
+        **bench.bandwidth_summary(200_000, []),
+    }
+    line = bench.bench_line(out, "kjv-tiny")
+    assert "on linux-aarch64 EMULATED by qemu-aarch64" in line
+    assert "the emulator's speed on this machine, not the board's" in line
+    assert "no bandwidth figure: the emulator's reads are not the board's" in line and "GB/s" not in line

@@ -1,0 +1,67 @@
+"""report: the memory plan per region, checked against the linked ELF."""
+
+import json
+
+import pytest
+from conftest import run_cli
+
+from generator.compile.elfsize import read_elf
+from generator.report import check_elf_against_plan
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+@pytest.mark.slow
+def test_report_json_accounts_for_every_category_and_matches_the_elf(checkpoints, builder):
+    model = checkpoints("llama_gqa_linear")
+    board, art, plan = builder.build(model, "q8_0", 64)
+    done = run_cli("report", "--model", model, "--ctx", "64", "--out", art.out_dir, "--json")
+    assert done.returncode == 0, done.stderr
+    rep = json.loads(done.stdout)
+    (region,) = rep["regions"]
+    assert region["name"] == "ram" and region["budget"] == 0 and rep["fits"]
+    assert region["items"]["weights"] == plan.image.image_bytes
+    assert region["items"]["kv_cache"] == plan.kv_bytes == 2 * 2 * 64 * 48 * 4
+    assert region["items"]["scratch"] == plan.scratch_bytes
+    assert region["items"]["code"] > 1000
+    assert region["used"] == sum(region["items"].values())
+    assert rep["largest_ctx_that_fits"] is None  # the host has no fixed budget
+
+    elf = read_elf(art.program)
+    check_elf_against_plan(plan, elf)
+    assert elf.symbols["colibri_key_cache"] == plan.kv_bytes // 2
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+@pytest.mark.slow
+def test_report_text_names_the_region_and_totals(checkpoints, builder):
+    model = checkpoints("llama_gqa_linear")
+    board, art, plan = builder.build(model, "q8_0", 64)
+    done = run_cli("report", "--model", model, "--ctx", "64", "--out", art.out_dir)
+    assert done.returncode == 0, done.stderr
+    assert "region ram" in done.stdout and "kv_cache" in done.stdout and "total" in done.stdout
+
+
+def test_the_report_and_the_plan_share_one_largest_context_rule():
+    from generator.boards import load_board
+    from generator.compile.elfsize import ElfSizes
+    from generator.compile.plan import largest_fitting_ctx, largest_planned_ctx, plan_for_board
+    from generator.files import DEFAULT_MODEL
+    from generator.model.load import load_model
+    from generator.report import linked_use
+
+    board = load_board("esp32p4")
+    plan = plan_for_board(load_model(DEFAULT_MODEL, load_tensors=False).spec, board, "q8_0", 64)
+    planned = largest_planned_ctx(board, plan)
+    assert 64 < planned < plan.spec.max_position_embeddings  # L2MEM, not the model, sets the limit
+
+    def linked(code: int) -> ElfSizes:
+        return ElfSizes(
+            code=code, rodata=plan.rope_table_bytes, bss=plan.kv_bytes + plan.scratch_bytes + plan.expanded_bytes
+        )
+
+    # Linked code exactly the board's reserve: the same answer as before compiling.
+    assert largest_fitting_ctx(board, plan, linked_use(board, plan, linked(board.code_reserve))) == planned
+    # More code leaves less room for the context.
+    assert largest_fitting_ctx(board, plan, linked_use(board, plan, linked(board.code_reserve + 20_000))) < planned

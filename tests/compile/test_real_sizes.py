@@ -1,0 +1,70 @@
+"""Real model shapes: the planned sizes in docs/real-sizes.md, and a Gemma-3-270M-shaped checkpoint
+(random weights: no hub is reachable) built and verified end to end on host."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow  # plans and reports real-size models
+
+CONFIGS = REPO / "models" / "configs"
+
+
+def test_real_sizes_document_is_current():
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "real_sizes.py"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_report_of_a_config_that_does_not_fit_names_region_need_and_budget():
+    done = run_cli("report", "--board", "esp32p4", "--model", CONFIGS / "smollm2-135m")
+    assert done.returncode == 2
+    assert (
+        "colibri: error: smollm2-135m (q8_0, context 128) does not fit board esp32p4: region l2mem needs" in done.stderr
+    )
+    assert "but has 393,216 B" in done.stderr
+    assert "planned, not linked" in done.stdout and "weights" in done.stdout
+
+
+def test_report_json_of_a_config_on_host(tmp_path):
+    done = run_cli("report", "--board", "host", "--model", CONFIGS / "qwen3-0.6b", "--ctx", "1024", "--json")
+    assert done.returncode == 0, done.stderr
+    rep = json.loads(done.stdout)
+    assert rep["planned_only"] and rep["fits"] and rep["n_ctx"] == 1024
+    (ram,) = rep["regions"]
+    # 28 layers x 1024 positions x 8 KV heads x 128 x (K and V) x 4 bytes
+    assert ram["items"]["kv_cache"] == 28 * 1024 * 8 * 128 * 2 * 4
+
+
+def test_gemma3_270m_shaped_random_checkpoint_verifies_on_host(tmp_path):
+    import torch
+    import transformers
+
+    config = json.loads((CONFIGS / "gemma-3-270m" / "config.json").read_text())
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+    torch.manual_seed(270)
+    model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**fields)).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "gemma-3-270m-random")
+    del model
+    done = run_cli(
+        "verify",
+        "--model",
+        tmp_path / "gemma-3-270m-random",
+        "--prompt-ids",
+        "2,818,5279,13",
+        "--steps",
+        "4",
+        "--ctx",
+        "32",
+        "--out",
+        tmp_path / "build",
+        "--json",
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["pass"] and len(result["firmware"]["tokens"]) == 4

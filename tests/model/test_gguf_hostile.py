@@ -1,0 +1,256 @@
+"""Broken and hostile GGUF files through the command line, a table like the safetensors one and
+llama.cpp's test-gguf.cpp: bad magic or version, truncation in every section, counts and lengths
+of 2^63, unknown value and tensor types, misaligned, overlapping and out-of-file data, shapes
+whose product overflows, duplicate names, an unsupported architecture. Each ends in one line,
+exit status 2, no traceback and no build directory. The 2024 GGUF parser advisories (huge
+counts and string lengths, overflowing shapes and offsets) are all in the table."""
+
+import struct
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from gguf_files import RawGguf, gguf_string, hf_to_gguf, kv, raw_gguf
+
+from models import make_checkpoint
+
+U32, F32, BOOL, STRING, ARRAY = 4, 6, 7, 8, 9
+
+
+@pytest.fixture(scope="session")
+def good_gguf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile-gguf")
+    return hf_to_gguf(make_checkpoint("llama_gqa_linear", root / "hf"), root / "good.gguf")
+
+
+def key_of(entry: bytes) -> str:
+    (n,) = struct.unpack_from("<Q", entry)
+    return entry[8 : 8 + n].decode()
+
+
+def set_kv(raw: RawGguf, key: str, entry: bytes | None) -> None:
+    """Replace the entry for `key` (or append it; None removes it)."""
+    kept = [e for e in raw.kvs if key_of(e) != key]
+    raw.kvs = kept + ([entry] if entry is not None else [])
+
+
+def edit(fn):
+    """A case that edits the file's fields and re-encodes it."""
+
+    def apply(raw: RawGguf) -> bytes:
+        fn(raw)
+        return raw.encode()
+
+    return apply
+
+
+def cut(section: str, fraction: float, n_tensors: int | None = None):
+    """The file cut inside `section` (the bytes before it, plus `fraction` of it); n_tensors
+    overrides the header's count (0: so that the tensor count fits what is left)."""
+    bounds = {
+        "header": (None, "header"),
+        "metadata": ("header", "metadata"),
+        "tensor_infos": ("metadata", "tensor_infos"),
+        "data": ("data_start", None),
+    }
+
+    def apply(raw: RawGguf) -> bytes:
+        raw.n_tensors = n_tensors
+        blob = raw.encode()
+        first, last = bounds[section]
+        start = raw.sections[first] if first else 0
+        end = raw.sections[last] if last else len(blob)
+        return blob[: start + int((end - start) * fraction)]
+
+    return apply
+
+
+def nested(depth: int) -> bytes:
+    payload = struct.pack("<IQ", U32, 1) + struct.pack("<I", 7)
+    for _ in range(depth - 1):
+        payload = struct.pack("<IQ", ARRAY, 1) + payload
+    return payload
+
+
+def string_kv(key: str, value: str) -> bytes:
+    return kv(key, STRING, gguf_string(value))
+
+
+def tensor(raw, name):
+    return next(i for i in raw.infos if i[0] == name)
+
+
+CASES = {
+    "bad magic": (edit(lambda r: setattr(r, "magic", b"GGML")), "not a GGUF file (bad magic"),
+    "version 1": (edit(lambda r: setattr(r, "version", 1)), "unsupported GGUF version 1 (supported: 2, 3)"),
+    "version 4": (edit(lambda r: setattr(r, "version", 4)), "unsupported GGUF version 4"),
+    "big-endian file": (edit(lambda r: setattr(r, "version", 3 << 24)), "big-endian GGUF files are not supported"),
+    "truncated in the header": (cut("header", 0.5), "not a GGUF file (truncated header: 12 bytes)"),
+    "truncated in the metadata": (cut("metadata", 0.5, n_tensors=0), "metadata"),
+    "truncated in the metadata, tensor count kept": (cut("metadata", 0.5), "tensor count 21 cannot fit in the file"),
+    "truncated in the tensor infos": (cut("tensor_infos", 0.5), "tensor"),
+    "truncated in the data": (cut("data", 0.9), "runs past the end of the file"),
+    "tensor count 2^63": (
+        edit(lambda r: setattr(r, "n_tensors", 2**63)),
+        "tensor count 9223372036854775808 cannot fit in the file",
+    ),
+    "metadata count 2^63": (
+        edit(lambda r: setattr(r, "n_kv", 2**63)),
+        "metadata count 9223372036854775808 cannot fit in the file",
+    ),
+    "metadata count 2^64 - 1": (edit(lambda r: setattr(r, "n_kv", 2**64 - 1)), "cannot fit in the file"),
+    "key length past the end": (
+        edit(lambda r: r.kvs.insert(0, struct.pack("<Q", 2**63) + b"general")),
+        "metadata key 0: string length 9223372036854775808 runs past the end of the file",
+    ),
+    "string value length past the end": (
+        edit(lambda r: set_kv(r, "general.name", kv("general.name", STRING, struct.pack("<Q", 2**40) + b"x"))),
+        "string length 1099511627776 runs past the end",
+    ),
+    "key not UTF-8": (
+        edit(lambda r: r.kvs.insert(0, gguf_string(b"\xff\xfe") + struct.pack("<I", U32) + bytes(4))),
+        "metadata key 0 is not UTF-8",
+    ),
+    "unknown value type": (
+        edit(lambda r: set_kv(r, "x.odd", kv("x.odd", 13, bytes(8)))),
+        "metadata 'x.odd': unknown value type 13",
+    ),
+    "unknown array element type": (
+        edit(lambda r: set_kv(r, "x.odd", kv("x.odd", ARRAY, struct.pack("<IQ", 99, 1)))),
+        "unknown array element type 99",
+    ),
+    "array count 2^63": (
+        edit(lambda r: set_kv(r, "x.big", kv("x.big", ARRAY, struct.pack("<IQ", U32, 2**63)))),
+        "array of 9223372036854775808 UINT32 values runs past the end of the file",
+    ),
+    "string array count 2^62": (
+        edit(lambda r: set_kv(r, "x.big", kv("x.big", ARRAY, struct.pack("<IQ", STRING, 2**62)))),
+        "runs past the end of the file",
+    ),
+    "arrays nested too deep": (
+        edit(lambda r: set_kv(r, "x.deep", kv("x.deep", ARRAY, nested(6)))),
+        "arrays nested more than 4 deep",
+    ),
+    "boolean that is not 0 or 1": (
+        edit(lambda r: set_kv(r, "x.flag", kv("x.flag", BOOL, b"\x05"))),
+        "boolean byte 5 is neither 0 nor 1",
+    ),
+    "duplicate metadata key": (edit(lambda r: r.kvs.append(r.kvs[0])), "duplicate metadata key 'general.architecture'"),
+    "alignment not a power of two": (
+        edit(lambda r: set_kv(r, "general.alignment", kv("general.alignment", U32, struct.pack("<I", 24)))),
+        "general.alignment 24 is not a power of two",
+    ),
+    "unknown tensor type": (edit(lambda r: r.infos[0].__setitem__(2, 99)), "has unknown tensor type 99"),
+    "removed tensor type Q4_2": (edit(lambda r: r.infos[0].__setitem__(2, 4)), "has unknown tensor type 4"),
+    "5 dimensions": (
+        edit(lambda r: r.infos[0].__setitem__(1, [96, 250, 1, 1, 1])),
+        "has 5 dimensions (1 to 4 allowed)",
+    ),
+    "0 dimensions": (edit(lambda r: r.infos[0].__setitem__(1, [])), "has 0 dimensions"),
+    "shape product overflows": (
+        edit(lambda r: r.infos[0].__setitem__(1, [2**32, 2**32, 2**32, 2**32])),
+        "runs past the end of the file",
+    ),
+    "dimension of 2^63": (edit(lambda r: r.infos[0].__setitem__(1, [2**63, 1])), "has a dimension of 2^63 or more"),
+    "rows not whole blocks": (edit(lambda r: r.infos[0].__setitem__(2, 12)), "not whole blocks of 256"),
+    "misaligned data offset": (
+        edit(lambda r: r.infos[-1].__setitem__(3, r.infos[-1][3] + 4)),
+        "is not aligned to 32 bytes",
+    ),
+    "overlapping data": (edit(lambda r: r.infos[1].__setitem__(3, r.infos[0][3])), "overlaps tensor"),
+    "data past the end": (
+        edit(lambda r: r.infos[-1].__setitem__(3, r.infos[-1][3] + 2**20)),
+        "runs past the end of the file",
+    ),
+    "data offset near 2^64": (edit(lambda r: r.infos[-1].__setitem__(3, 2**64 - 32)), "runs past the end of the file"),
+    "duplicate tensor name": (edit(lambda r: r.infos[1].__setitem__(0, r.infos[0][0])), "duplicate tensor name"),
+    "tensor name over 63 bytes": (edit(lambda r: r.infos[0].__setitem__(0, "x" * 100)), "is longer than 63 bytes"),
+    "unsupported architecture": (
+        edit(lambda r: set_kv(r, "general.architecture", string_kv("general.architecture", "bert"))),
+        "unsupported architecture 'bert' (supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe)",
+    ),
+    "no architecture": (edit(lambda r: set_kv(r, "general.architecture", None)), "no general.architecture string"),
+    "metadata of the wrong type": (
+        edit(lambda r: set_kv(r, "llama.block_count", string_kv("llama.block_count", "2"))),
+        "metadata 'llama.block_count' must be an integer",
+    ),
+    "missing tensor": (
+        edit(lambda r: r.infos.remove(tensor(r, "blk.1.ffn_down.weight"))),
+        "missing tensor for 'layers.1.w_down'",
+    ),
+    "unexpected tensor": (
+        edit(lambda r: tensor(r, "blk.1.ffn_down.weight").__setitem__(0, "blk.1.ffn_odd.weight")),
+        "unexpected tensor 'blk.1.ffn_odd.weight'",
+    ),
+    "shape differs from the metadata": (
+        edit(lambda r: tensor(r, "blk.0.attn_q.weight").__setitem__(1, [48, 192])),
+        "the metadata implies [96, 96]",
+    ),
+    "unsupported rope scaling": (
+        edit(lambda r: set_kv(r, "llama.rope.scaling.type", string_kv("llama.rope.scaling.type", "yarn"))),
+        "unsupported rope scaling 'yarn'",
+    ),
+    "llama3 rope frequencies": (
+        edit(lambda r: tensor(r, "output_norm.weight").__setitem__(0, "rope_freqs.weight")),
+        "llama3 RoPE scaling (a rope_freqs tensor) is not supported",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_broken_gguf_is_refused_in_one_line(case, good_gguf, tmp_path):
+    damage, message = CASES[case]
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(damage(raw_gguf(good_gguf)))
+    out = tmp_path / "out"
+    done = run_cli("build", "--model", path, "--out", out)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("colibri: error: broken.gguf: "), done.stderr
+    assert message in lines[0]
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+@pytest.mark.slow
+def test_nan_in_the_weights_is_refused_without_output(good_gguf, tmp_path):
+    raw = raw_gguf(good_gguf)
+    offset = tensor(raw, "output_norm.weight")[3]
+    raw.data = raw.data[:offset] + np.float32(np.nan).tobytes() + raw.data[offset + 4 :]
+    path = tmp_path / "nan.gguf"
+    path.write_bytes(raw.encode())
+    done = run_cli("build", "--model", path, "--out", tmp_path / "out")
+    assert done.returncode == 2, done.stderr
+    assert "colibri: error: nan.gguf: tensor 'output_norm.weight' contains NaN or Inf" in done.stderr
+    assert not (tmp_path / "out").exists(), "a rejected model left its build directory behind"
+
+
+def test_the_re_encoded_file_is_the_good_file(good_gguf):
+    """The table's damage is the only difference: re-encoding the fields gives the file back."""
+    assert raw_gguf(good_gguf).encode() == good_gguf.read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+@pytest.mark.slow
+def test_an_empty_file_and_a_directory_are_refused(tmp_path):
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    done = run_cli("build", "--model", empty, "--out", tmp_path / "out")
+    assert done.returncode == 2 and "empty.gguf: not a GGUF file (truncated header: 0 bytes)" in done.stderr
+    missing = run_cli("build", "--model", tmp_path / "missing.gguf", "--out", tmp_path / "out")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_version_2_file_reads_as_version_3(good_gguf, tmp_path):
+    from generator.model.gguf.load import load_gguf
+
+    raw = raw_gguf(good_gguf)
+    raw.version = 2
+    path = tmp_path / "v2.gguf"
+    path.write_bytes(raw.encode())
+    v2, v3 = load_gguf(path), load_gguf(good_gguf)
+    assert v2.gguf.version == 2 and v2.spec == v3.spec.__class__(**{**v3.spec.__dict__, "name": "v2"})
+    assert all(np.array_equal(v2.tensors[n].load(), v3.tensors[n].load()) for n in v3.tensors)

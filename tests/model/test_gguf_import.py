@@ -1,0 +1,215 @@
+"""GGUF in: a checkpoint converted to GGUF the way llama.cpp converts it imports to the same
+ModelSpec and, bit for bit, the same tensors as its safetensors; quantized tensors decode with
+llama.cpp's formulas (the gguf package is the oracle) and keep their exact blocks; the firmware
+built from a .gguf file passes verify."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from gguf_files import hf_to_gguf, permute
+
+from generator.model.gguf.file import read_gguf
+from generator.model.gguf.load import load_gguf, unpermute_order
+from generator.model.gguf.tensors import tensor_blocks, tensor_f32
+from generator.model.load import load_model
+from models import ORACLE_CONFIGS, make_checkpoint
+
+pytestmark = pytest.mark.slow  # GGUF files of every family built and compared
+
+# What a GGUF file can say: llama.cpp keeps no sliding window for llama-architecture (Mixtral)
+# files, and no query_pre_attn_scalar or final softcap for Gemma 3 (it uses 1/sqrt(head_dim)).
+CONFIGS = {
+    "llama_gqa_linear": ORACLE_CONFIGS["llama_gqa_linear"],
+    "llama3_rope_bias_default_rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(ORACLE_CONFIGS["llama3_rope_bias"][2], rope_scaling=None),
+    ),
+    "qwen2_bias": ORACLE_CONFIGS["qwen2_bias"],
+    "qwen3_qknorm": ORACLE_CONFIGS["qwen3_qknorm"],
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(ORACLE_CONFIGS["gemma3_text"][2], query_pre_attn_scalar=32, final_logit_softcapping=None),
+    ),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(ORACLE_CONFIGS["mixtral_moe"][2], sliding_window=None)),
+    "qwen2_moe_shared": ORACLE_CONFIGS["qwen2_moe_shared"],
+    "qwen3_moe": ORACLE_CONFIGS["qwen3_moe"],
+}
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """(kind, GGUF type) -> (HF checkpoint directory, .gguf file), made on first use."""
+    root = tmp_path_factory.mktemp("gguf")
+    made = {}
+
+    def get(kind: str, tensor_type: str = "F32"):
+        if kind not in made:
+            made[kind] = make_checkpoint(CONFIGS[kind], root / kind)
+        key = (kind, tensor_type)
+        if key not in made:
+            made[key] = hf_to_gguf(made[kind], root / f"{kind}-{tensor_type}.gguf", tensor_type)
+        return made[kind], made[key]
+
+    return get
+
+
+def bits(a):
+    """The float32 bit patterns of an array, or of a checkpoint tensor read whole."""
+    a = a.load() if hasattr(a, "load") else a
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_an_f32_gguf_imports_as_its_safetensors_do(kind, converted):
+    hf_dir, path = converted(kind)
+    from_hf, from_gguf = load_model(hf_dir), load_model(path)
+    assert dataclasses.replace(from_gguf.spec, name=from_hf.spec.name) == from_hf.spec
+    assert from_gguf.spec.name == path.stem
+    assert list(from_gguf.tensors) == list(from_hf.tensors)
+    differ = [n for n in from_hf.tensors if not np.array_equal(bits(from_hf.tensors[n]), bits(from_gguf.tensors[n]))]
+    assert differ == []
+    assert from_gguf.input_files == [path]
+
+
+def test_the_llama_q_k_permutation_is_undone_for_every_head_count():
+    rng = np.random.default_rng(0)
+    for heads, kv_heads, head_dim in ((2, 1, 48), (9, 3, 64), (8, 8, 4), (4, 2, 2)):
+        for n, rows_heads in ((heads, (heads, heads)), (kv_heads, (heads, kv_heads))):
+            w = rng.standard_normal((n * head_dim, 5)).astype(np.float32)
+            stored = permute(w, *rows_heads)
+            assert not np.array_equal(stored, w) or head_dim == 2
+            assert np.array_equal(stored[unpermute_order(len(w), n)], w)
+
+
+@pytest.mark.parametrize("tensor_type", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_quantized_tensors_decode_as_the_gguf_package_decodes_them(tensor_type, converted):
+    import gguf
+
+    hf_dir, path = converted("llama_gqa_linear", tensor_type)
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    reader = gguf.GGUFReader(path)
+    parsed = read_gguf(path)
+    for t in reader.tensors:
+        expected = gguf.quants.dequantize(t.data, t.tensor_type)
+        assert np.array_equal(bits(tensor_f32(parsed, parsed.tensors[t.name])), bits(expected)), t.name
+    # Row blocks survive the permutation: the imported q/k weights are the HF weights quantized.
+    from_hf, from_gguf = load_model(hf_dir), load_gguf(path)
+    for name in ("layers.0.wq", "layers.1.wk", "embed", "lm_head"):
+        roundtrip = gguf.quants.dequantize(gguf.quants.quantize(from_hf.tensors[name].load(), qtype), qtype)
+        assert np.array_equal(bits(from_gguf.tensors[name]), bits(roundtrip)), name
+    assert from_gguf.tensor_types["layers.0.wq"] == tensor_type
+    assert from_gguf.tensor_types["layers.0.attn_norm"] == "F32"
+
+
+def write_random_blocks(path, tensor_type: str, rows: int = 3, cols: int = 512):
+    """A file with one tensor of random blocks whose fp16 scale fields are finite and small."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(len(tensor_type) + rows)
+    raw = rng.integers(0, 256, (rows * cols // block, block_bytes), dtype=np.uint8)
+    # Every fp16 field of these types (d, dmin; Q6_K's d is its last 2 bytes) set to a finite value.
+    fp16_at = {
+        "Q6_K": [block_bytes - 2],
+        "Q2_K": [block_bytes - 4, block_bytes - 2],
+        "Q3_K": [block_bytes - 2],
+        "Q8_0": [0],
+        "Q4_0": [0],
+    }.get(tensor_type, [0, 2])
+    for at in fp16_at:
+        raw[:, at : at + 2] = rng.uniform(-0.1, 0.1, len(raw)).astype("<f2").view(np.uint8).reshape(-1, 2)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("t", raw.reshape(rows, -1), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return read_gguf(path)
+
+
+@pytest.mark.parametrize(
+    "tensor_type", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"]
+)
+def test_every_block_type_decodes_bit_for_bit_like_llama_cpp(tensor_type, tmp_path):
+    import gguf
+
+    parsed = write_random_blocks(tmp_path / "t.gguf", tensor_type)
+    info = parsed.tensors["t"]
+    reader = gguf.GGUFReader(tmp_path / "t.gguf")
+    expected = gguf.quants.dequantize(reader.tensors[0].data, reader.tensors[0].tensor_type)
+    assert np.array_equal(bits(tensor_f32(parsed, info)), bits(expected))
+
+
+@pytest.mark.parametrize(
+    "tensor_type,q_range,has_offsets",
+    [("Q8_0", (-128, 127), False), ("Q4_0", (-8, 7), False), ("Q4_1", (0, 15), True), ("Q4_K", (0, 15), True)],
+)
+def test_q8_0_q4_0_q4_1_q4_k_blocks_are_kept_exactly(tensor_type, q_range, has_offsets, tmp_path):
+    parsed = write_random_blocks(tmp_path / "t.gguf", tensor_type)
+    info = parsed.tensors["t"]
+    blocks = tensor_blocks(parsed, info)
+    assert blocks.ggml_type == tensor_type and blocks.shape == info.shape == (3, 512)
+    assert blocks.quants.dtype == np.int8 and blocks.scales.dtype == np.float32
+    assert blocks.quants.min() == q_range[0] and blocks.quants.max() == q_range[1]
+    assert blocks.scales.shape == (3, 16) and (blocks.offsets is not None) == has_offsets
+    assert np.array_equal(bits(blocks.dequantize()), bits(tensor_f32(parsed, info)))
+    if tensor_type != "Q4_K":  # the scale is the block's fp16 field itself
+        assert np.array_equal(blocks.scales, blocks.scales.astype(np.float16).astype(np.float32))
+
+
+def test_other_types_have_no_exact_blocks(tmp_path):
+    parsed = write_random_blocks(tmp_path / "t.gguf", "Q6_K")
+    assert tensor_blocks(parsed, parsed.tensors["t"]) is None
+
+
+def test_a_q4_1_gguf_keeps_its_blocks_under_canonical_names(converted):
+    _, path = converted("llama_gqa_linear", "Q4_1")
+    checkpoint = load_gguf(path)
+    for name in ("layers.0.wq", "layers.0.wk", "layers.1.w_down", "embed"):
+        blocks = checkpoint.blocks(name)
+        assert blocks.ggml_type == "Q4_1"
+        assert np.array_equal(bits(blocks.dequantize()), bits(checkpoint.tensors[name])), name
+    assert checkpoint.blocks("final_norm") is None
+
+
+def test_mixtral_experts_keep_their_blocks_per_expert(converted):
+    _, path = converted("mixtral", "Q8_0")
+    checkpoint = load_gguf(path)
+    for name in ("layers.0.experts.0.w_gate", "layers.1.experts.3.w_down", "layers.0.router"):
+        assert np.array_equal(bits(checkpoint.blocks(name).dequantize()), bits(checkpoint.tensors[name])), name
+
+
+def test_planning_reads_only_the_header(converted):
+    _, path = converted("qwen3_moe")
+    checkpoint = load_model(path, load_tensors=False)
+    assert checkpoint.tensors == {} and checkpoint.spec.n_experts == 8
+
+
+@pytest.mark.parametrize("tensor_type,quant", [("Q8_0", "q8_0"), ("Q4_1", "q4_0")])
+def test_verify_passes_on_a_gguf_model(tensor_type, quant, converted, tmp_path):
+    _, path = converted("llama_gqa_linear", tensor_type)
+    out = tmp_path / "out"
+    done = run_cli(
+        "verify",
+        "--board",
+        "host",
+        "--model",
+        path,
+        "--quant",
+        quant,
+        "--prompt-ids",
+        "1,5,9",
+        "--steps",
+        "6",
+        "--ctx",
+        "16",
+        "--out",
+        out,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS" in done.stdout

@@ -1,0 +1,227 @@
+"""Hostile and broken inputs through the command line: each ends in one clear line, exit status 2,
+no traceback and no output directory; strings from a model reach generated C only escaped."""
+
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow  # each damaged checkpoint through the CLI
+
+
+@pytest.fixture
+def model(checkpoints, tmp_path):
+    path = tmp_path / "model"
+    shutil.copytree(checkpoints("qwen2_bias"), path)
+    return path
+
+
+def safetensors_parts(path):
+    blob = path.read_bytes()
+    (n,) = struct.unpack_from("<Q", blob)
+    return json.loads(blob[8 : 8 + n]), blob[8 + n :]
+
+
+def write_safetensors(path, header, data, header_len=None):
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text) if header_len is None else header_len) + text + data)
+
+
+def edit_header(fn):
+    def apply(model):
+        path = model / "model.safetensors"
+        header, data = safetensors_parts(path)
+        header, data = fn(header, data)
+        write_safetensors(path, header, data)
+
+    return apply
+
+
+def edit_config(fn):
+    def apply(model):
+        cfg = json.loads((model / "config.json").read_text())
+        fn(cfg)
+        (model / "config.json").write_text(json.dumps(cfg))
+
+    return apply
+
+
+def first(header):
+    return next(k for k in header if k != "__metadata__")
+
+
+def set_offsets(name_of, offsets):
+    def fn(header, data):
+        header[name_of(header)]["data_offsets"] = offsets(header[name_of(header)]["data_offsets"])
+        return header, data
+
+    return fn
+
+
+def shift_all(n):
+    def fn(header, data):
+        for name, entry in header.items():
+            if name != "__metadata__":
+                entry["data_offsets"] = [o + n for o in entry["data_offsets"]]
+        return header, b"\0" * n + data
+
+    return fn
+
+
+def raw(text):
+    def apply(model):
+        (model / "model.safetensors").write_bytes(text)
+
+    return apply
+
+
+DUPLICATE = (
+    b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+)
+
+CASES = {
+    "header length 0": (raw(struct.pack("<Q", 0) + b"{}"), "too small"),
+    "header length 7": (
+        raw(struct.pack("<Q", 7) + b'{"a":1}'),
+        "entry must have exactly dtype, shape and data_offsets",
+    ),
+    "header past the end": (raw(struct.pack("<Q", 1000) + b"{}"), "runs past the end"),
+    "header over 100 MB": (raw(struct.pack("<Q", 200 * 2**20) + b"{}"), "exceeds"),
+    "shorter than 8 bytes": (raw(b"\x01\x02"), "shorter than its 8-byte header length"),
+    "header not UTF-8": (raw(struct.pack("<Q", 4) + b"\xff\xfe{}"), "not UTF-8"),
+    "header not JSON": (raw(struct.pack("<Q", 4) + b"nope"), "not valid JSON"),
+    "duplicate tensor name": (raw(struct.pack("<Q", len(DUPLICATE)) + DUPLICATE + b"\0" * 4), "duplicate key"),
+    "unknown dtype": (
+        edit_header(lambda h, d: (h.__setitem__(first(h), dict(h[first(h)], dtype="F8_E4M3")) or h, d)),
+        "unsupported dtype",
+    ),
+    "offsets do not start at 0": (edit_header(shift_all(4)), "4 unused bytes before tensor"),
+    "offsets end before they begin": (edit_header(set_offsets(first, lambda o: [o[1], o[0]])), "end before they begin"),
+    "bytes do not match the shape": (
+        edit_header(lambda h, d: (h.__setitem__(first(h), dict(h[first(h)], shape=[3, 5])) or h, d)),
+        "do not hold shape",
+    ),
+    "shape product overflows": (
+        edit_header(lambda h, d: (h.__setitem__(first(h), dict(h[first(h)], shape=[2**62, 2**62])) or h, d)),
+        "do not hold shape",
+    ),
+    "trailing bytes": (edit_header(lambda h, d: (h, d + b"\0" * 8)), "trailing bytes"),
+    "config NaN": (
+        lambda m: (m / "config.json").write_text(
+            (m / "config.json").read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": NaN')
+        ),
+        "not valid JSON",
+    ),
+    "config duplicate keys": (
+        lambda m: (m / "config.json").write_text('{"vocab_size": 1, "vocab_size": 2}'),
+        "duplicate key",
+    ),
+    "config boolean size": (edit_config(lambda c: c.update(hidden_size=True)), "must be an integer"),
+    "config missing size": (edit_config(lambda c: c.pop("num_hidden_layers")), "missing required integer"),
+    "heads do not divide hidden": (
+        edit_config(lambda c: c.update(num_attention_heads=5, head_dim=None)),
+        "not divisible by num_attention_heads",
+    ),
+    "KV heads do not divide heads": (
+        edit_config(lambda c: c.update(num_key_value_heads=3)),
+        "not divisible by num_key_value_heads",
+    ),
+    "vocab differs from embedding rows": (
+        edit_config(lambda c: c.update(vocab_size=c["vocab_size"] + 1)),
+        "config.json implies",
+    ),
+    "unknown rope scaling": (
+        edit_config(lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})),
+        "unsupported rope type",
+    ),
+    "unsupported architecture": (
+        edit_config(lambda c: c.update(architectures=["BertModel"])),
+        "supported: LlamaForCausalLM",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_broken_model_is_refused_in_one_line(case, model, tmp_path):
+    damage, message = CASES[case]
+    damage(model)
+    out = tmp_path / "out"
+    done = run_cli("build", "--model", model, "--out", out)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("colibri: error: "), done.stderr
+    assert message in lines[0]
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+def test_nan_in_weights_is_refused_without_output(model, tmp_path):
+    path = model / "model.safetensors"
+    header, data = safetensors_parts(path)
+    name = "model.norm.weight"
+    begin = header[name]["data_offsets"][0]
+    data = data[:begin] + np.float32(np.inf).tobytes() + data[begin + 4 :]
+    write_safetensors(path, header, data)
+    done = run_cli("build", "--model", model, "--out", tmp_path / "out")
+    assert done.returncode == 2 and "contains NaN or Inf" in done.stderr
+    assert not (tmp_path / "out").exists(), "a rejected model left its build directory behind"
+
+
+def test_a_rejected_model_leaves_an_earlier_build_of_the_same_directory_alone(model, tmp_path):
+    out = tmp_path / "out"
+    assert run_cli("build", "--model", model, "--out", out).returncode == 0
+    path = model / "model.safetensors"
+    header, data = safetensors_parts(path)
+    begin = header["model.norm.weight"]["data_offsets"][0]
+    write_safetensors(path, header, data[:begin] + np.float32(np.nan).tobytes() + data[begin + 4 :])
+    done = run_cli("build", "--model", model, "--out", out)
+    assert done.returncode == 2 and "contains NaN or Inf" in done.stderr
+    assert (out / "firmware").is_file(), "the earlier build was removed"
+
+
+@pytest.mark.parametrize(
+    "index,message",
+    [
+        ({"weight_map": {"model.norm.weight": "../outside.safetensors"}}, "outside the model directory"),
+        ({"weight_map": {"model.norm.weight": "missing.safetensors"}}, "does not exist"),
+        (
+            '{"weight_map": {"model.norm.weight": "model.safetensors", "model.norm.weight": "model.safetensors"}}',
+            "duplicate key",
+        ),
+    ],
+)
+def test_broken_shard_index_is_refused(index, message, model, tmp_path):
+    (model / "model.safetensors").rename(model / "shard.safetensors")
+    text = index if isinstance(index, str) else json.dumps(index)
+    (model / "model.safetensors.index.json").write_text(text)
+    done = run_cli("build", "--model", model, "--out", tmp_path / "out")
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+# A model directory's name cannot hold "/": "*/" goes into its path, the rest into its name.
+HOSTILE_PARENT = "x*/"
+HOSTILE = 'we"ird\\name\n{{ 7*7 }}*'
+
+
+def test_c_literals_and_comments_survive_any_text():
+    from generator.compile.emit import c_comment, c_string
+
+    assert c_string('a"b\\c\n*/{{ 7*7 }}?') == '"a\\"b\\\\c\\012*/{{ 7*7 }}\\?"'
+    assert c_comment("end */ here /* nested\nnext") == "end * / here / * nested?next"
+
+
+def test_hostile_model_name_is_escaped_in_generated_c_and_compiles(checkpoints, tmp_path):
+    model = tmp_path / HOSTILE_PARENT / HOSTILE
+    shutil.copytree(checkpoints("qwen2_bias"), model)
+    # A template in the model directory must never be rendered.
+    (model / "model_def.h.j2").write_text("#error rendered a template from the model\n")
+    out = tmp_path / "out"
+    done = run_cli("verify", "--model", model, "--prompt-ids", "1,2", "--steps", "3", "--ctx", "16", "--out", out)
+    assert done.returncode == 0, done.stderr
+    header = (out / "generated" / "model_def.h").read_text()
+    assert '#define COLIBRI_MODEL_NAME "we\\"ird\\\\name\\012{{ 7*7 }}*"' in header
+    assert "49" not in header.split("COLIBRI_MODEL_NAME")[1].splitlines()[0]
+    comment_line = next(line for line in header.splitlines() if line.startswith(" * Model:"))
+    assert 'we"ird\\name?{{ 7*7 }}* (' in comment_line

@@ -1,0 +1,219 @@
+"""The rv32 kernel set and the operations it leans on: compiled for rv32imafc and run bare metal
+on qemu-system-riscv32 they give the scalar kernels' bits (and cost what docs/performance.md
+says); on every kernel set their fast paths (16-row passes, 16-long dot products, exp inside
+softmax) match NumPy; and bench counts attention's multiply-accumulates correctly."""
+
+import re
+import subprocess
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import REPO, f32_bytes, half_bytes, run_harness
+from test_numerics import assert_same_bits, c_floats, random_halves
+
+from generator import bench
+from generator.boards import load_board
+from generator.numerics import ops as numerics
+from generator.numerics.quantize import matvec_q4_1, matvec_q8_0, quantize_q8_0, quantize_weights_q8_0, unpack_q4_1
+
+pytestmark = pytest.mark.slow  # builds the kernels for every ISA and runs them under qemu
+
+rng = np.random.default_rng(32)
+RUNTIME = REPO / "firmware_src" / "runtime"
+
+
+@pytest.fixture(scope="module")
+def selftest_output(tmp_path_factory) -> str:
+    """tests/c/rv32_selftest.c built with the qemu-rv32 board's compiler and flags (picolibc with
+    semihosting for its output instead of the board's startup and UART), run on the emulator."""
+    board = load_board("qemu-rv32")
+    elf = tmp_path_factory.mktemp("rv32") / "selftest.elf"
+    link = [
+        "-Wl,--defsym=__flash=0x80000000",
+        "-Wl,--defsym=__flash_size=0x400000",
+        "-Wl,--defsym=__ram=0x80400000",
+        "-Wl,--defsym=__ram_size=0x400000",
+    ]
+    subprocess.run(
+        [
+            board.cc,
+            *board.cflags,
+            "--oslib=semihost",
+            f"-I{RUNTIME}",
+            *link,
+            str(REPO / "tests" / "c" / "rv32_selftest.c"),
+            str(RUNTIME / "ops.c"),
+            str(RUNTIME / "kernels" / "scalar.c"),
+            str(RUNTIME / "kernels" / "rv32.c"),
+            "-lm",
+            "-o",
+            str(elf),
+        ],
+        check=True,
+    )
+    done = subprocess.run(
+        [
+            "qemu-system-riscv32",
+            "-M",
+            "virt",
+            "-cpu",
+            "rv32",
+            "-bios",
+            "none",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-serial",
+            "none",
+            "-icount",
+            "shift=0",
+            "-semihosting-config",
+            "enable=on,target=native",
+            "-kernel",
+            str(elf),
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = done.stdout + done.stderr  # qemu writes the semihosting console to stderr
+    assert done.returncode == 0, output  # the SiFive test device: 0 when nothing differed
+    return output
+
+
+def test_rv32_kernels_on_the_emulated_cpu_give_the_scalar_kernels_bits(selftest_output):
+    assert "mismatches 0" in selftest_output
+    assert "differs" not in selftest_output
+
+
+def test_rv32_q8_0_product_costs_about_three_instructions_per_multiply_accumulate(selftest_output):
+    # Exact counts (-icount shift=0): lb, mul and add per multiply-add, plus the block scales: 3.25
+    # with float32 scales; binary16 ones cost three instructions more per row and block (lh, slli,
+    # and, fmv.w.x for one flw, rv32.c), ~0.09 per multiply-add, of which the first block's term,
+    # no longer added to -0.0f, wins back ~0.03: 3.31-3.32.
+    per_mac = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r"matvec_q8_0 (\d+x\d+): \d+ \(([\d.]+) per", selftest_output)
+    }
+    assert per_mac["512x64"] < 3.35 and per_mac["64x128"] < 3.35
+    dot16 = int(re.search(r"op_dot 16: (\d+)", selftest_output).group(1))
+    assert dot16 < 90  # 64 for the arithmetic of a 16-long attention dot product
+
+
+def test_rv32_q4_1_product_reads_nibbles_in_place_at_about_four_instructions_per_multiply_accumulate(selftest_output):
+    # Per byte and row: lbu, andi, two mul and two add for two multiply-adds (rv32.c), plus each
+    # row's float term per block; q4_0 read in place has no rv32 kernel (the scalar one).
+    per_mac = {
+        (m.group(1), m.group(2)): float(m.group(3))
+        for m in re.finditer(r"matvec_(q4_[01]) (\d+x\d+): \d+ \(([\d.]+) per", selftest_output)
+    }
+    # 4.19-4.37 (rv32.c): ~3.4 for the nibbles and the activation pairs, then per row and block
+    # the widening of the binary16 scale and minimum (8 instructions) and the term's float work;
+    # 32x288's nine blocks take the reduction tree's eight partials (kernels.h), each set up alone.
+    for shape in ("64x64", "64x128", "512x64", "32x288"):
+        assert per_mac["q4_1", shape] < 4.5
+        assert per_mac["q4_1", shape] < 0.6 * per_mac["q4_0", shape]
+
+
+@pytest.mark.parametrize("rows,cols", [(16, 64), (48, 64), (37, 128), (512, 64), (19, 128), (24, 160)])
+def test_q8_0_matvec_at_the_shapes_of_the_16_and_8_row_passes(harness, rows, cols):
+    wq, wd = quantize_weights_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
+    xq, xd = quantize_q8_0(rng.normal(0, 1, cols).astype(np.float32))
+    payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    assert_same_bits(c_floats(harness, ["matvec_q8_0", rows, cols], payload, rows), matvec_q8_0(wq, wd, xq, xd))
+
+
+@pytest.mark.parametrize("tokens,rows,cols", [(3, 240, 64), (2, 37, 128), (5, 16, 64)])
+def test_batched_q8_0_product_over_several_row_tiles(harness, tokens, rows, cols):
+    wq, wd = quantize_weights_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
+    xq, xd = quantize_q8_0(rng.normal(0, 1, (tokens, cols)).astype(np.float32))
+    payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matmul_q8_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
+
+
+# Activation block scales below 2^16, where rv32.c multiplies w_d * 2^-112 by x_d * 2^112 made once
+# per call: subnormal (down to the smallest), zero, ordinary and the largest float32 below 2^16.
+PRESCALED_XD = np.array(
+    [1e-40, 1.4e-45, 0.0, 3e-3, 1.0, 60000.0, np.nextafter(np.float32(65536), np.float32(0))], np.float32
+)
+
+
+@pytest.mark.parametrize("rows,cols", [(16, 64), (37, 128), (19, 160), (9, 288)])
+@pytest.mark.parametrize("large", [False, True])
+def test_products_with_binary16_weight_scales_and_extreme_activation_scales(harness, rows, cols, large):
+    # Weight scales and minimums anywhere in binary16's range (subnormals, zeros, both signs) times
+    # the activation scales above, through the 16-, 8-, 4- and 1-row passes; with `large`, one block
+    # of the call at 2^16 or above, which rv32.c leaves to the scalar kernel.
+    nb = cols // 32
+    xq = rng.integers(-127, 128, cols).astype(np.int8)
+    xd = rng.choice(PRESCALED_XD, nb)
+    if large:
+        xd[rng.integers(nb)] = rng.choice(np.array([65536.0, 3e5], np.float32))
+    wq = rng.integers(-127, 128, (rows, cols)).astype(np.int8)
+    wd = random_halves((rows, nb))
+    wq[-1] = 0
+    wd[-1] = -np.abs(wd[-1])  # isum 0 times negative (or -0.0) scales: terms of -0.0
+    payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matvec_q8_0", rows, cols], payload, rows)
+    assert_same_bits(got, matvec_q8_0(wq, wd, xq, xd))
+    packed = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+    d, m = random_halves((rows, nb)), random_halves((rows, nb))
+    payload = packed.tobytes() + half_bytes(d, m) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, ["matvec_q4_1", rows, cols], payload, rows)
+    assert_same_bits(got, matvec_q4_1(unpack_q4_1(packed), d, m, xq, xd))
+
+
+@pytest.mark.parametrize("n", [16, 64, 576])
+def test_rmsnorm_over_lengths_that_take_the_16_term_dot_product(harness, n):
+    x = rng.normal(0, 4, n).astype(np.float32)
+    w = rng.normal(1, 0.3, n).astype(np.float32)
+    eps = np.float32(1e-6)
+    got = c_floats(harness, ["rmsnorm", n, float.hex(float(eps))], f32_bytes(x, w), n)
+    assert_same_bits(got, numerics.rmsnorm(x, w, eps))
+
+
+@pytest.mark.parametrize("n", [1, 16, 73, 300])
+def test_softmax_with_scores_far_below_the_maximum(harness, n):
+    # Differences below -87 give exactly 0, -inf scores too; the rest go through exp.
+    x = rng.uniform(-200, 20, n).astype(np.float32)
+    if n > 2:
+        x[1] = -np.inf
+        x[2] = x[0] - np.float32(87.0)
+    assert_same_bits(c_floats(harness, ["softmax", n], f32_bytes(x), n), numerics.softmax(x))
+
+
+def test_activation_quantization_of_tiny_and_huge_blocks(harness):
+    x = rng.normal(0, 1, 128).astype(np.float32)
+    x[:32] *= np.float32(1e-37)  # d = max / 127 is subnormal and 1 / d overflows: every quant clamped
+    x[32:64] *= np.float32(1e37)
+    x[64:96] = np.float32(3.0)  # every value equal to the block maximum
+    raw = run_harness(harness, ["quantize", x.size], f32_bytes(x))
+    with np.errstate(over="ignore"):
+        qs, d = quantize_q8_0(x)
+    assert raw[: x.size] == qs.astype(np.int8).tobytes()
+    assert_same_bits(np.frombuffer(raw[x.size :], "<f4"), d)
+
+
+def tiny_plan(windows=()):
+    spec = SimpleNamespace(n_layers=4, n_heads=4, head_dim=16, layer_windows=windows)
+    return SimpleNamespace(spec=spec)
+
+
+def test_attention_multiply_accumulates_grow_with_the_context():
+    # kjv-tiny: 4 layers x 4 heads x (16 for q . k + 16 for the values) per position seen.
+    assert bench.attention_macs(tiny_plan(), 1) == 512
+    assert bench.attention_macs(tiny_plan(), 72) == 512 * 72
+    # A sliding-window layer sees at most its window.
+    assert bench.attention_macs(tiny_plan((0, 4, 0, 4)), 10) == 128 * (10 + 4 + 10 + 4)
+
+
+def test_bench_averages_attention_over_the_decode_passes():
+    # 8-token prompt, 128 steps: 127 passes at positions 8..134, seeing 9..135 positions (mean 72).
+    assert bench.decode_attention_macs(tiny_plan(), 8, 128) == 512 * 72
+    assert bench.decode_attention_macs(tiny_plan(), 8, 2) == 512 * 9
+    assert bench.decode_attention_macs(tiny_plan(), 8, 1) == 0.0

@@ -184,3 +184,18 @@ def test_a_plan_of_tens_of_thousands_of_tensors_says_what_it_kept_in_linear_time
     assert time.monotonic() - start < 20
     assert summary.startswith(f"{len(names)} of {len(names)} tensors kept exactly")
     assert json.loads(plan_json)["gguf"]["summary"] == summary
+
+
+def test_without_quant_a_gguf_file_keeps_its_blocks_and_a_checkpoint_is_built_q8_0(gguf_file, tmp_path):
+    """No --quant: a GGUF file is built with its own numbers (gguf), not re-rounded to q8_0."""
+    from conftest import DEFAULT_MODEL
+
+    from generator.boards import load_board
+    from generator.compile.build import prepare
+
+    host = load_board("host")
+    request, plan = prepare(host, gguf_file("llama", "Q4_1"), None, 64, tmp_path / "gguf")
+    assert (request.quant, plan.quant) == ("gguf", "gguf")
+    assert {plan.tensor(name).dtype for name, kind in plan.gguf_types if kind == "Q4_1"} == {"q4_1"}
+    request, plan = prepare(host, DEFAULT_MODEL, None, 64, tmp_path / "hf")
+    assert (request.quant, plan.quant, plan.gguf_types) == ("q8_0", "q8_0", ())

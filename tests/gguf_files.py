@@ -187,7 +187,7 @@ def _add(w, name: str, data: np.ndarray, tensor_type: str) -> None:
         w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
 
 
-def spm_vocab_gguf(out: Path, vocab: dict, **extra) -> Path:
+def spm_vocab_gguf(out: Path, vocab: dict, add_bos: bool = True, add_eos: bool = False, **extra) -> Path:
     """A llama-architecture GGUF file with only hyperparameters and a SentencePiece vocabulary
     (tests/data/spm_llama_vocab.json's shape: tokens, scores, types, bos/eos/unk ids), no tensors:
     enough for a tokenizer, and for llama-tokenize, which loads the vocabulary only. `extra`: more
@@ -211,8 +211,8 @@ def spm_vocab_gguf(out: Path, vocab: dict, **extra) -> Path:
     w.add_bos_token_id(vocab["bos"])
     w.add_eos_token_id(vocab["eos"])
     w.add_unk_token_id(vocab["unk"])
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    w.add_add_bos_token(add_bos)
+    w.add_add_eos_token(add_eos)
     for key, value in extra.items():
         w.add_key_value(f"tokenizer.ggml.{key}", *value)
     w.write_header_to_file()

@@ -232,34 +232,44 @@ def test_run_takes_a_text_prompt_for_a_sentencepiece_gguf(gemma3, tmp_path):
     assert len(out["tokens"]) == 3 and isinstance(out["text"], str) and out["text"]
 
 
-def test_run_takes_a_text_prompt_for_a_llama_2_style_vocabulary(tmp_path):
-    from gguf_files import hf_to_gguf
+LLAMA_SPM_CONFIG = (
+    "LlamaConfig",
+    "LlamaForCausalLM",
+    dict(
+        vocab_size=len(LLAMA_VOCAB["tokens"]),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    ),
+)
 
+
+@pytest.fixture(scope="module")
+def llama_spm_checkpoint(tmp_path_factory):
+    """A tiny random llama checkpoint whose vocabulary is the Llama-2-style one."""
     from models import make_checkpoint
 
-    vocab = LLAMA_VOCAB
-    config = (
-        "LlamaConfig",
-        "LlamaForCausalLM",
-        dict(
-            vocab_size=len(vocab["tokens"]),
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            tie_word_embeddings=True,
-        ),
-    )
-    model = make_checkpoint(config, tmp_path / "llama-spm")
+    return make_checkpoint(LLAMA_SPM_CONFIG, tmp_path_factory.mktemp("llama-spm") / "llama-spm")
+
+
+def llama_spm_model(checkpoint: Path, out: Path, vocab: dict) -> Path:
+    from gguf_files import hf_to_gguf
+
     keys = {
         "tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING),
         "tokenizer.ggml.tokens": (vocab["tokens"], gguf.GGUFValueType.ARRAY),
         "tokenizer.ggml.scores": (vocab["scores"], gguf.GGUFValueType.ARRAY),
         "tokenizer.ggml.token_type": (vocab["types"], gguf.GGUFValueType.ARRAY),
     }
-    path = hf_to_gguf(model, tmp_path / "llama-spm.gguf", "Q8_0", tokenizer=keys)
+    return hf_to_gguf(checkpoint, out, "Q8_0", tokenizer=keys)
+
+
+def test_run_takes_a_text_prompt_for_a_llama_2_style_vocabulary(tmp_path, llama_spm_checkpoint):
+    path = llama_spm_model(llama_spm_checkpoint, tmp_path / "llama-spm.gguf", LLAMA_VOCAB)
     tok = Tokenizer.for_model(path)
     prompt = "In the beginning"
     done = run_cli(
@@ -269,3 +279,13 @@ def test_run_takes_a_text_prompt_for_a_llama_2_style_vocabulary(tmp_path):
     out = json.loads(done.stdout)
     assert out["prompt"] == tok.encode(prompt) and out["prompt"][0] == 1
     assert tok.decode(out["prompt"], skip_special=False) == "<s> " + prompt
+
+
+def test_run_with_a_broken_vocabulary_is_one_line_and_builds_nothing(tmp_path, llama_spm_checkpoint):
+    vocab = dict(LLAMA_VOCAB, scores=[*LLAMA_VOCAB["scores"][:300], float("nan"), *LLAMA_VOCAB["scores"][301:]])
+    path = llama_spm_model(llama_spm_checkpoint, tmp_path / "nan-score.gguf", vocab)
+    done = run_cli("run", "--model", path, "--prompt", "hello", "--steps", "2", "--out", tmp_path / "build")
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nan-score.gguf: tokenizer.ggml.scores[300] is NaN" in lines[0], done.stderr
+    assert not (tmp_path / "build").exists()

@@ -14,9 +14,13 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ColibriError
 from .gguf import is_gguf
+
+if TYPE_CHECKING:
+    from .gguf.file import GgufFile
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ def _tokenizer_config(path: Path) -> dict:
     return config
 
 
-def _gguf_token_texts(gguf) -> tuple[str, str]:
+def _gguf_token_texts(gguf: GgufFile) -> tuple[str, str]:
     """The texts of a GGUF file's BOS and EOS tokens ("" for one it does not name)."""
     tokens = gguf.metadata.get("tokenizer.ggml.tokens")
 

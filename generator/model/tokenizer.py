@@ -5,7 +5,7 @@ algorithm); the firmware sees only ids."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..errors import ColibriError
 from .gguf import is_gguf
@@ -19,7 +19,7 @@ class _Backend(Protocol):
 class _HfBackend:
     """A `tokenizers.Tokenizer` behind the backend's two calls."""
 
-    def __init__(self, tok):
+    def __init__(self, tok: Any):  # a tokenizers.Tokenizer (imported where it is made)
         self._tok = tok
 
     def encode(self, text: str, add_special: bool) -> list[int]:

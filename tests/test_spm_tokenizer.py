@@ -250,7 +250,7 @@ def test_the_gemma_vocabulary_loads_and_tokenizes_fast(gemma3):
     ids = tok.encode(CORPUS)
     encoded = time.perf_counter() - start
     assert len(ids) > 1000
-    # Measured on the 2-core test machine: about 0.2 s and 0.05 s; a slow shared machine gets 10x.
+    # Measured on the 2-core test machine: 0.25-0.4 s and 30-50 ms; the bounds leave a busy machine 5-10x.
     assert loaded < 2.0 and encoded < 0.5, (loaded, encoded)
 
 

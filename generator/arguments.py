@@ -102,7 +102,9 @@ def add_budget_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
-    p.add_argument("--prompt", help="prompt text (needs the model's tokenizer.json)")
+    p.add_argument(
+        "--prompt", help="prompt text (needs the model's tokenizer: tokenizer.json, or a GGUF file's vocabulary)"
+    )
     p.add_argument(
         "--prompt-file",
         type=Path,

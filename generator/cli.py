@@ -563,6 +563,12 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_jobs_arg(p)
     p.add_argument("--system", metavar="TEXT", help="a system message to start the conversation with")
     p.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="FILE",
+        help="a Jinja2 chat template file (as tokenizer_config.json's chat_template), used instead of the model's own",
+    )
+    p.add_argument(
         "--steps", type=positive_int, help="the most tokens a reply may have (default: what is left of the context)"
     )
     add_sampling_args(p)

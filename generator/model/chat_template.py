@@ -1,6 +1,7 @@
 """A model's chat template: the Jinja2 text that turns a conversation into the model's prompt, from
 tokenizer_config.json (`chat_template`), a chat_template.jinja beside it, or a GGUF file's
-`tokenizer.chat_template`.
+`tokenizer.chat_template`; or a template file the user gives (`chat --chat-template FILE`) for a
+model that has none, rendered with the model's BOS and EOS token texts all the same.
 
 The template comes from the model, so it is rendered in Jinja2's immutable sandbox (no attribute
 access to Python internals, no mutation of the messages), as transformers renders it, and its output
@@ -13,9 +14,13 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ColibriError
 from .gguf import is_gguf
+
+if TYPE_CHECKING:
+    from .gguf.file import GgufFile
 
 
 @dataclass(frozen=True)
@@ -32,14 +37,7 @@ class ChatTemplate:
         if is_gguf(model_dir):
             return ChatTemplate._from_gguf(model_dir)
         config_path = model_dir / "tokenizer_config.json"
-        config = {}
-        if config_path.is_file():
-            try:
-                config = json.loads(config_path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ColibriError(f"{config_path}: not a readable JSON file ({e})") from None
-            if not isinstance(config, dict):
-                raise ColibriError(f"{config_path}: not a JSON object")
+        config = _tokenizer_config(config_path)
         source, origin = config.get("chat_template"), config_path.name
         if isinstance(source, list):  # named templates: the default one
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
@@ -62,26 +60,28 @@ class ChatTemplate:
         source = chat_template(gguf)
         if source is None:
             return None
-        tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+        bos, eos = _gguf_token_texts(gguf)
+        return ChatTemplate(source, bos, eos, f"{path.name}: tokenizer.chat_template")
 
-        def token_text(key: str) -> str:
-            value = gguf.metadata.get(key)
-            if (
-                isinstance(tokens, list)
-                and isinstance(value, int)
-                and not isinstance(value, bool)
-                and 0 <= value < len(tokens)
-                and isinstance(tokens[value], str)
-            ):
-                return tokens[value]
-            return ""
+    @staticmethod
+    def from_file(template: Path, model_dir: Path) -> "ChatTemplate":
+        """A Jinja2 template file, as tokenizer_config.json's chat_template would hold it, for the
+        model at `model_dir` (whose BOS and EOS token texts it gets)."""
+        template, model_dir = Path(template), Path(model_dir)
+        try:
+            source = template.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ColibriError(f"--chat-template {template}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise ColibriError(f"--chat-template {template}: not UTF-8 text") from None
+        if is_gguf(model_dir):
+            from .gguf.file import read_gguf
 
-        return ChatTemplate(
-            source,
-            token_text("tokenizer.ggml.bos_token_id"),
-            token_text("tokenizer.ggml.eos_token_id"),
-            f"{path.name}: tokenizer.chat_template",
-        )
+            bos, eos = _gguf_token_texts(read_gguf(model_dir))
+        else:
+            config = _tokenizer_config(model_dir / "tokenizer_config.json")
+            bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
+        return ChatTemplate(source, bos, eos, f"--chat-template {template.name}")
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         from jinja2 import TemplateError
@@ -109,3 +109,35 @@ def _token_text(value) -> str:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else ""
+
+
+def _tokenizer_config(path: Path) -> dict:
+    """tokenizer_config.json as a dict ({} when there is none)."""
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ColibriError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(config, dict):
+        raise ColibriError(f"{path}: not a JSON object")
+    return config
+
+
+def _gguf_token_texts(gguf: GgufFile) -> tuple[str, str]:
+    """The texts of a GGUF file's BOS and EOS tokens ("" for one it does not name)."""
+    tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+
+    def token_text(key: str) -> str:
+        value = gguf.metadata.get(key)
+        if (
+            isinstance(tokens, list)
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+            and 0 <= value < len(tokens)
+            and isinstance(tokens[value], str)
+        ):
+            return tokens[value]
+        return ""
+
+    return token_text("tokenizer.ggml.bos_token_id"), token_text("tokenizer.ggml.eos_token_id")

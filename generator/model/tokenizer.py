@@ -1,12 +1,32 @@
 """Host-side text <-> token ids through the model's tokenizer (tokenizer.json, or a GGUF file's
-metadata); the firmware sees only ids."""
+metadata: byte-level BPE through the tokenizers library, SentencePiece through llama.cpp's own
+algorithm); the firmware sees only ids."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Protocol
 
 from ..errors import ColibriError
 from .gguf import is_gguf
+
+
+class _Backend(Protocol):
+    def encode(self, text: str, add_special: bool) -> list[int]: ...
+    def decode(self, ids: list[int], skip_special: bool) -> str: ...
+
+
+class _HfBackend:
+    """A `tokenizers.Tokenizer` behind the backend's two calls."""
+
+    def __init__(self, tok: Any):  # a tokenizers.Tokenizer (imported where it is made)
+        self._tok = tok
+
+    def encode(self, text: str, add_special: bool) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special).ids)
+
+    def decode(self, ids: list[int], skip_special: bool) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
 
 
 class Tokenizer:
@@ -14,7 +34,7 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
-            self._tok = HFTokenizer.from_file(str(path))
+            self._backend: _Backend = _HfBackend(HFTokenizer.from_file(str(path)))
         except Exception as e:  # the tokenizers library raises plain Exceptions
             raise ColibriError(f"{path.name}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
 
@@ -22,13 +42,20 @@ class Tokenizer:
     def for_model(model_dir: Path) -> "Tokenizer | None":
         if is_gguf(model_dir):  # the tokenizer in the file's metadata, if it has one
             from .gguf.file import read_gguf
+            from .gguf.spm_tokenizer import SpmTokenizer
+            from .gguf.spm_vocab import is_spm, read_spm_vocab
             from .gguf.tokenizer import build_tokenizer, supported
 
             gguf = read_gguf(model_dir)
-            if not supported(gguf):
+            backend: _Backend
+            if is_spm(gguf):
+                backend = SpmTokenizer(read_spm_vocab(gguf))
+            elif supported(gguf):
+                backend = _HfBackend(build_tokenizer(gguf))
+            else:
                 return None
             tokenizer = Tokenizer.__new__(Tokenizer)
-            tokenizer._tok = build_tokenizer(gguf)
+            tokenizer._backend = backend
             return tokenizer
         path = Path(model_dir) / "tokenizer.json"
         return Tokenizer(path) if path.is_file() else None
@@ -36,10 +63,10 @@ class Tokenizer:
     def encode(self, text: str, special: bool = True) -> list[int]:
         """The ids of `text`; special=False: without the tokens the tokenizer adds (BOS), for text
         that spells its special tokens itself (a rendered chat template)."""
-        return list(self._tok.encode(text, add_special_tokens=special).ids)
+        return self._backend.encode(text, special)
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+        return self._backend.decode(list(ids), skip_special)
 
     def bos_id(self) -> int | None:
         """The token the tokenizer puts before a text, if it adds one (None: it adds none)."""

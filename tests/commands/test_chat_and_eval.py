@@ -12,6 +12,7 @@ import zlib
 
 import pytest
 from conftest import DEFAULT_MODEL, REPO
+from gguf_files import gemma3_gguf
 
 from generator.chat import ChatState
 from generator.compile.image import map_image
@@ -230,3 +231,82 @@ def test_eval_says_when_the_text_is_shorter_than_a_chunk(builder):
     b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64)
     with pytest.raises(ColibriError, match="less than one chunk of 64"):
         evaluate([1, 2, 3], plan, 1, lambda request: None)
+
+
+def chat_cli(model, tmp_path, *extra, messages=MESSAGES[:1], steps="4"):
+    return subprocess.run(
+        [str(REPO / "colibri"), "chat", "--model", str(model), "--ctx", "128", "--steps", steps, "--greedy", "--json"]
+        + ["--out", str(tmp_path / "build"), *map(str, extra)],
+        input="\n".join(messages) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_chat_on_a_gguf_file_without_a_template_says_so_and_builds_nothing(tmp_path):
+    done = chat_cli(gemma3_gguf(), tmp_path)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"colibri: error: {gemma3_gguf()}: the GGUF file has no tokenizer.chat_template; give one with "
+        "--chat-template FILE, or use ./colibri run for plain text"
+    ]
+    assert not (tmp_path / "build").exists()
+
+
+def test_a_chat_template_file_serves_a_model_that_has_none(tmp_path):
+    assert ChatTemplate.for_model(DEFAULT_MODEL) is None
+    template = tmp_path / "template.jinja"
+    template.write_text(TEMPLATE)
+    done = chat_cli(DEFAULT_MODEL, tmp_path, "--chat-template", template, messages=MESSAGES[:2])
+    assert done.returncode == 0, done.stderr
+    turns = [json.loads(line) for line in done.stdout.splitlines()]
+    tokenizer = Tokenizer.for_model(DEFAULT_MODEL)
+    expected = ChatState(ChatTemplate(TEMPLATE), tokenizer, 128, 4).plan_turn(MESSAGES[0]).prompt
+    assert turns[0]["prompt"] == expected == tokenizer.encode(f"user:{MESSAGES[0]}\nassistant:", special=False)
+    assert [t["user"] for t in turns] == MESSAGES[:2]
+
+
+def test_a_chat_template_file_comes_before_the_models_own(chat_model, tmp_path):
+    template = tmp_path / "brackets.jinja"
+    template.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    mine = ChatTemplate.from_file(template, chat_model)
+    assert mine.render([{"role": "user", "content": "hi"}]) == "[hi]"
+    assert mine.origin == "--chat-template brackets.jinja"
+    done = chat_cli(chat_model, tmp_path, "--chat-template", template, steps="2")
+    assert done.returncode == 0, done.stderr
+    tokenizer = Tokenizer.for_model(chat_model)
+    assert json.loads(done.stdout.splitlines()[0])["prompt"] == tokenizer.encode(f"[{MESSAGES[0]}]", special=False)
+
+
+def test_a_chat_template_file_that_cannot_be_read_is_one_clear_error(tmp_path):
+    done = chat_cli(DEFAULT_MODEL, tmp_path, "--chat-template", tmp_path / "missing.jinja")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"colibri: error: --chat-template {tmp_path / 'missing.jinja'}: No such file or directory"
+    ]
+    (tmp_path / "latin1.jinja").write_bytes(b"caf\xe9")
+    done = chat_cli(DEFAULT_MODEL, tmp_path, "--chat-template", tmp_path / "latin1.jinja")
+    assert done.returncode != 0 and done.stderr.strip().endswith("latin1.jinja: not UTF-8 text")
+
+
+# Gemma's turn format, written for these tests in the shape of tokenizer_config.json's chat_template.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def test_the_gemma_file_chats_with_a_template_file(tmp_path):
+    gemma = gemma3_gguf()
+    template = tmp_path / "gemma.jinja"
+    template.write_text(GEMMA_TEMPLATE)
+    given = ChatTemplate.from_file(template, gemma)
+    assert (given.bos_token, given.eos_token) == ("<bos>", "<eos>")  # the file's own BOS and EOS texts
+    done = chat_cli(gemma, tmp_path, "--chat-template", template, messages=["What is the capital of France?"])
+    assert done.returncode == 0, done.stderr
+    turn = json.loads(done.stdout.splitlines()[0])
+    tokenizer = Tokenizer.for_model(gemma)
+    text = "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"
+    assert turn["prompt"] == tokenizer.encode(text, special=False)
+    assert turn["prompt"][:2] == [2, 105]  # <bos> and <start_of_turn>, each one token

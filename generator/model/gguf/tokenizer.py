@@ -4,7 +4,7 @@
 ("a b" pairs, by rank), `token_type` (control tokens become special added tokens, user-defined ones
 plain added tokens), `pre` (llama.cpp's name for the pre-tokenizer: the regex that splits text
 before BPE), `bos_token_id` with `add_bos_token`, `eos_token_id` with `add_eos_token`.
-SentencePiece-style "llama" vocabularies are not built yet (PRE_TOKENIZERS and `supported`).
+SentencePiece "llama" vocabularies are spm_vocab.py and spm_tokenizer.py (llama.cpp's own algorithm).
 The chat template (`tokenizer.chat_template`) is returned as text, never rendered here.
 """
 

@@ -254,6 +254,7 @@ def test_the_gemma_vocabulary_loads_and_tokenizes_fast(gemma3):
     assert loaded < 2.0 and encoded < 0.5, (loaded, encoded)
 
 
+@pytest.mark.slow  # builds and runs the firmware
 def test_run_takes_a_text_prompt_for_a_sentencepiece_gguf(gemma3, tmp_path):
     done = run_cli(
         "run", "--model", gemma3, "--prompt", "The capital of France is", "--steps", "3", "--greedy", "--json",
@@ -301,6 +302,7 @@ def llama_spm_model(checkpoint: Path, out: Path, vocab: dict) -> Path:
     return hf_to_gguf(checkpoint, out, "Q8_0", tokenizer=keys)
 
 
+@pytest.mark.slow  # builds and runs the firmware
 def test_run_takes_a_text_prompt_for_a_llama_2_style_vocabulary(tmp_path, llama_spm_checkpoint):
     path = llama_spm_model(llama_spm_checkpoint, tmp_path / "llama-spm.gguf", LLAMA_VOCAB)
     tok = Tokenizer.for_model(path)

@@ -125,7 +125,7 @@ def cmd_run(args) -> int:
                     "text": decode_text(ran.tokenizer, result.tokens),
                     "logits_sha256": result.digests,
                     "stop_reason": result.stop_reason,
-                    "stats": stats,
+                    "stats": stats.to_json(),
                     "remote": result.remote,
                 },
                 indent=2,
@@ -189,7 +189,7 @@ def cmd_verify(args) -> int:
         if ref.expert_counts
         else None,
         "first_divergent_step": comparison.first_divergent_step,
-        "stats": stats,
+        "stats": stats.to_json(),
         "remote": result.remote,
     }
     if args.json:
@@ -232,7 +232,7 @@ def cmd_chat(args) -> int:
                         "reprefilled": planned.reprefilled,
                         "held": result.held,
                         "stop_reason": result.stop_reason,
-                        "stats": run_stats(result, board, turn.request),
+                        "stats": run_stats(result, board, turn.request).to_json(),
                     }
                 ),
                 flush=True,
@@ -297,7 +297,7 @@ def cmd_bench(args) -> int:
     prepared = job.prepare_bench(job_options(args), bench)
     out = job.bench_built(prepared, job.build(prepared, quiet=True), bench)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(out.to_json(), indent=2))
     else:
         print(bench_line(out, prepared.plan.spec.name))
     return 0

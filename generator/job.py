@@ -40,7 +40,7 @@ from .option_checks import check_board_options, check_sampling_options, threads_
 from .verify import FirmwareIdentity, firmware_identity, hello_check
 
 if TYPE_CHECKING:  # imported where used, so a command that does not chat, score or bench loads none of them
-    from .bench import Stream
+    from .bench import BenchResult, Stream
     from .chat import ChatState, TurnPlan
     from .evaluate import Evaluation
     from .model.chat_template import ChatTemplate
@@ -613,8 +613,8 @@ def prepare_bench(options: JobOptions, bench: BenchOptions) -> Prepared[BenchInp
     )
 
 
-def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptions) -> dict[str, Any]:
-    """bench's figures (the --json document) for the built firmware."""
+def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptions) -> BenchResult:
+    """bench's figures for the built firmware."""
     from . import bench as benchmark
 
     options, made = prepared.options, prepared.inputs

@@ -101,10 +101,11 @@ class CachePlan:
         """What the firmware is given: auto resolves itself where it runs (the same rule)."""
         return self.auto.request if self.auto else self.budget
 
-    def as_run(self, stats: dict | None) -> CachePlan:
-        """The cache the firmware ran with, from its stats frame (session.cache_stats): under auto
-        what it found where it ran, which may have moved since this plan; else this plan."""
-        return plan_from_stats(self.constants, stats) if self.auto and stats and "auto_found" in stats else self
+    def as_run(self, ran: AutoRan | None) -> CachePlan:
+        """The cache the firmware ran with (`ran`: what its stats frame says auto chose,
+        session.CacheStats.auto_ran): under auto what it found where it ran, which may have moved
+        since this plan; else this plan."""
+        return plan_as_ran(self.constants, ran) if self.auto and ran else self
 
     @property
     def unlimited(self) -> bool:
@@ -330,16 +331,22 @@ class AutoElsewhere:
     def firmware_budget(self) -> AutoBudget:
         return self.request
 
-    def as_run(self, stats: dict | None) -> CachePlan:
-        if not stats or "auto_found" not in stats:
+    def as_run(self, ran: AutoRan | None) -> CachePlan:
+        if ran is None:
             raise ColibriError(
                 "the board's stats frame does not say what --memory-budget auto chose there (firmware older than auto?)"
             )
-        return plan_from_stats(self.constants, stats)
+        return plan_as_ran(self.constants, ran)
 
 
-def plan_from_stats(c: CacheConstants, stats: dict) -> CachePlan:
+@dataclass(frozen=True)
+class AutoRan:
+    """What a firmware under --memory-budget auto chose where it ran (its stats frame)."""
+
+    budget: int
+    choice: AutoChoice
+
+
+def plan_as_ran(c: CacheConstants, ran: AutoRan) -> CachePlan:
     """The cache a firmware under auto ran with: its budget, and what it found where it ran."""
-    found = MemoryFound(stats["auto_found"], stats["auto_source"], stats.get("auto_where", ""))
-    budget = stats["budget"]
-    return CachePlan(budget, c, slots_for_budget(c, budget) or 0, AutoChoice(AutoBudget(stats["auto_margin"]), found))
+    return CachePlan(ran.budget, c, slots_for_budget(c, ran.budget) or 0, ran.choice)

@@ -280,10 +280,10 @@ def cmd_eval(args) -> int:
 def cmd_report(args) -> int:
     rep = job.report(job_options(args))
     if args.json:
-        print(json.dumps(rep, indent=2))
+        print(json.dumps(rep.to_json(), indent=2))
     else:
         print(format_report(rep))
-    if not rep["fits"]:
+    if not rep.fits:
         raise ColibriError(report_problem(rep))
     return 0
 

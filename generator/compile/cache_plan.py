@@ -89,6 +89,10 @@ def cache_constants(plan: Plan, reserve_bytes: int) -> CacheConstants:
     )
 
 
+# The hit rates at which report and --json show the bytes a decoded token reads from storage.
+REPORTED_HIT_RATES = (0.0, 0.5, 0.9)
+
+
 @dataclass(frozen=True)
 class CachePlan:
     budget: int  # bytes; 0: unlimited (experts used straight from the mapped image)
@@ -128,7 +132,7 @@ class CachePlan:
         c = self.constants
         return (1.0 - hit_rate) * c.n_moe_layers * c.experts_per_token * c.slot_bytes
 
-    def to_dict(self, hit_rates=(0.0, 0.5, 0.9)) -> dict:
+    def to_dict(self, hit_rates: tuple[float, ...] = REPORTED_HIT_RATES) -> dict[str, object]:
         c = self.constants
         return {
             "budget": self.budget,

@@ -154,7 +154,7 @@ def produce(
         raise ColibriError(f"the {board.name} firmware failed its verification ({why}); no release made")
 
     from ..compile.elfsize import read_elf
-    from ..report import format_report, report_dict
+    from ..report import format_report, linked_report
 
     bundle = work / "bundle" / name
     bundle.mkdir(parents=True)
@@ -167,8 +167,8 @@ def produce(
         )
     for gen_name in OUTPUT_FILES:
         put(art.generated / gen_name, bundle / GENERATED_DIR / gen_name)
-    report = report_dict(board, plan, read_elf(art.program))
-    write_file(bundle / REPORT_JSON, json_bytes(report))
+    report = linked_report(board, plan, read_elf(art.program))
+    write_file(bundle / REPORT_JSON, json_bytes(report.to_json()))
     write_file(bundle / REPORT_TEXT, (format_report(report) + "\n").encode())
     write_file(bundle / VERIFICATION, json_bytes(verification))
 

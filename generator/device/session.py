@@ -4,7 +4,7 @@ the types every link (a process's stdin/stdout, a serial port, an emulator's soc
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Callable
+from typing import Any, Callable
 
 from ..compile.cache_plan import AutoBudget, AutoChoice, AutoRan, MemoryFound
 from ..errors import ColibriError
@@ -138,10 +138,10 @@ def cache_stats(result: RunResult) -> CacheStats | None:
     stats = result.stats
     if "mapped" not in stats:
         return None
-    counters: dict[str, int] = {key: int(stats[key]) for key in CACHE_STATS if key in stats}
-    if "auto_found" not in counters:
-        return CacheStats(**counters)
-    return CacheStats(**counters, auto_source=stats["auto_source"], auto_where=stats.get("auto_where", ""))
+    sent: dict[str, Any] = {key: int(stats[key]) for key in CACHE_STATS if key in stats}
+    if "auto_found" in sent:
+        sent.update(auto_source=stats["auto_source"], auto_where=stats.get("auto_where", ""))
+    return CacheStats(**sent)
 
 
 class Session:

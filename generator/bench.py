@@ -21,7 +21,7 @@ from .boards import Board, TimingModel, load_board
 from .compile.build import Artifacts
 from .compile.cache_plan import AutoElsewhere, CachePlan
 from .compile.plan import Plan
-from .device.remote import Remote, remote_prefix
+from .device.remote import Remote, RemoteRun, remote_prefix
 from .device.runner import run_on_board
 from .device.session import CacheStats, RunRequest, RunResult, cache_stats, check_fits_context
 from .errors import ColibriError
@@ -677,19 +677,18 @@ def check_plot(board: Board, plot: Path | None, steps: int) -> None:
         raise ColibriError(f"--plot: directory {plot.parent} does not exist")
 
 
-def remote_summary(results: list[RunResult]) -> dict[str, object] | None:
-    """For runs on a board over SSH: the last run's board facts (device/remote.py's record), and
-    the bytes all the runs sent (the first run copies what the board lacks; the others send only
-    their requests)."""
+def remote_summary(results: list[RunResult]) -> RemoteRun | None:
+    """For runs on a board over SSH: the last run's board facts, and the bytes all the runs sent
+    (the first run copies what the board lacks; the others send only their requests)."""
     last = results[-1].remote
     if not last:
         return None
     sent: dict[str, int] = {}
     for r in results:
         assert r.remote is not None  # every run of a bench goes to the same board
-        for key, n in r.remote["bytes_sent"].items():
+        for key, n in r.remote.bytes_sent.items():
             sent[key] = sent.get(key, 0) + n
-    return {**last, "bytes_sent": sent}
+    return replace(last, bytes_sent=sent)
 
 
 @dataclass(frozen=True)
@@ -837,7 +836,7 @@ class BenchResult:
     stream: StreamFigures
     cache: CacheSummary | None
     in_ram: InRamFigures | None
-    remote: dict[str, object] | None  # remote_summary
+    remote: RemoteRun | None  # remote_summary
     counted: CountedFigures | None
     clocked: ClockedFigures | None
     plot: str | None = None  # the PNG written
@@ -863,7 +862,7 @@ class BenchResult:
             "stream": self.stream.to_json(),
             "cache": self.cache.to_json() if self.cache else None,
             "in_ram": self.in_ram.to_json() if self.in_ram else None,
-            "remote": self.remote,
+            "remote": self.remote.to_json() if self.remote else None,
         }
         if self.counted:
             out.update(self.counted.to_json())
@@ -1053,7 +1052,7 @@ def run_bench(
 def bench_line(out: BenchResult, name: str) -> str:
     """bench's one line of text for a run_bench() result; `name` is the model's."""
     emulator = out.emulated_by
-    at = f" at {out.remote['host']}" if out.remote else ""
+    at = f" at {out.remote.host}" if out.remote else ""
     where = f"on {out.board}{at}" + (f" EMULATED by {emulator}" if emulator else "")
     head = f"bench {name} {where} ({out.quant}, {out.kernels} kernels, "
     if out.counted:

@@ -126,7 +126,7 @@ def cmd_run(args) -> int:
                     "logits_sha256": result.digests,
                     "stop_reason": result.stop_reason,
                     "stats": stats.to_json(),
-                    "remote": result.remote,
+                    "remote": result.remote.to_json() if result.remote else None,
                 },
                 indent=2,
             )
@@ -190,7 +190,7 @@ def cmd_verify(args) -> int:
         else None,
         "first_divergent_step": comparison.first_divergent_step,
         "stats": stats.to_json(),
-        "remote": result.remote,
+        "remote": result.remote.to_json() if result.remote else None,
     }
     if args.json:
         print(json.dumps(summary, indent=2))

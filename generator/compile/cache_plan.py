@@ -286,7 +286,7 @@ class AutoChoice:
         text = f"{self.found.describe()} - margin {format_size(self.request.margin)} = {usable}"
         return text + (": it holds the whole model, so unlimited (the mapped image read in place)" if unlimited else "")
 
-    def to_dict(self, budget: int) -> dict:
+    def to_dict(self, budget: int) -> dict[str, object]:
         return {
             "found": self.found.nbytes,
             "source": self.found.source,

@@ -294,6 +294,34 @@ class Blob:
     mode: str  # chmod on the board
 
 
+@dataclass(frozen=True)
+class RemoteRun:
+    """Where a run over SSH ran: the host, the board's cache directory and machine, the prefix
+    the firmware ran under, what the firmware's hello said of the machine, and the bytes sent per
+    kind (firmware, weights, request, total)."""
+
+    host: str
+    cache: str
+    machine: str  # uname -m on the board
+    prefix: list[str]
+    firmware_machine: str | None
+    cpu: str | None
+    kernels: str | None
+    bytes_sent: dict[str, int]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "cache": self.cache,
+            "machine": self.machine,
+            "prefix": self.prefix,
+            "firmware_machine": self.firmware_machine,
+            "cpu": self.cpu,
+            "kernels": self.kernels,
+            "bytes_sent": self.bytes_sent,
+        }
+
+
 @dataclass
 class Deployment:
     cache: str  # the cache directory on the board, absolute
@@ -507,9 +535,9 @@ def ran_on(board: Board, result: RunResult) -> str:
     """The board a run ran on, for a line of text: with the SSH host and what was copied to it."""
     if not result.remote:
         return board.name
-    sent = result.remote["bytes_sent"]
+    sent = result.remote.bytes_sent
     copied = sent["firmware"] + sent["weights"]
-    return f"{board.name} at {result.remote['host']} ({f'{copied:,} bytes copied' if copied else 'nothing copied'})"
+    return f"{board.name} at {result.remote.host} ({f'{copied:,} bytes copied' if copied else 'nothing copied'})"
 
 
 def remote_command(
@@ -562,14 +590,14 @@ def run_remote(
     check_remote_machine(remote, board, hello)
     machine = hello.get("machine")
     sent = {**deployment.sent, "request": len(frame)}
-    result.remote = {
-        "host": str(remote),
-        "cache": deployment.cache,
-        "machine": deployment.machine,
-        "prefix": list(prefix),
-        "firmware_machine": machine,
-        "cpu": hello.get("cpu"),
-        "kernels": hello.get("kernels"),
-        "bytes_sent": {**sent, "total": sum(sent.values())},
-    }
+    result.remote = RemoteRun(
+        host=str(remote),
+        cache=deployment.cache,
+        machine=deployment.machine,
+        prefix=list(prefix),
+        firmware_machine=machine,
+        cpu=hello.get("cpu"),
+        kernels=hello.get("kernels"),
+        bytes_sent={**sent, "total": sum(sent.values())},
+    )
     return result

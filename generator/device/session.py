@@ -4,13 +4,16 @@ the types every link (a process's stdin/stdout, a serial port, an emulator's soc
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..compile.cache_plan import AutoBudget, AutoChoice, AutoRan, MemoryFound
 from ..errors import ColibriError
 from ..numerics.perplexity import Score
 from ..numerics.sampling import SamplingParams
 from .protocol import Frame, encode_request
+
+if TYPE_CHECKING:
+    from .remote import RemoteRun
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class RunResult:
     stop_reason: str = ""
     log: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
-    remote: dict | None = None  # a run over SSH: where it ran and the bytes sent (device/remote.py)
+    remote: RemoteRun | None = None  # a run over SSH: where it ran and the bytes sent
     scores: list[Score] = field(default_factory=list)  # scored prompt tokens, in order (score frames)
     held: int = 0  # positions the firmware's KV cache holds afterwards: where the next request may start
 

@@ -32,6 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..boards import Board, load_board
 from ..compile.build import GENERATED_DIR, prepare, run_scons
@@ -239,11 +240,13 @@ class Release:
     bundle: Path
     tarball: Path
     measurements_file: Path
-    manifest: dict
-    verification: dict
-    measurements: dict = field(default_factory=dict)
+    # The bundle's documents as written (manifest.json, verification.json) and the measurements file's.
+    manifest: dict[str, Any]
+    verification: dict[str, Any]
+    measurements: dict[str, Any] = field(default_factory=dict)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, object]:
+        """release --json's document."""
         return {
             "bundle": str(self.bundle),
             "tarball": str(self.tarball),

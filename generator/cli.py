@@ -422,7 +422,7 @@ def cmd_clean(args) -> int:
     return 0
 
 
-def board_summary(board: Board) -> dict:
+def board_summary(board: Board) -> dict[str, object]:
     regions = [{"name": r.name, "kind": r.kind, "bytes": r.size or None, "holds": list(r.holds)} for r in board.memory]
     return {
         "name": board.name,

@@ -332,7 +332,7 @@ def test_a_layers_misses_are_read_together_while_the_experts_compute(builder, ch
         _, result = run(board, art, c.min_budget, threads, prefetch=False, steps=8)
         assert result.digests == unlimited.digests and result.expert_counts == unlimited.expert_counts
         s = cache_stats(result)
-        assert s["cache_hits"] == 0 and s["cache_misses"] == int(result.stats["decode"]) * c.n_moe_layers * k
+        assert s.cache_hits == 0 and s.cache_misses == int(result.stats["decode"]) * c.n_moe_layers * k
         # The shim did slow every read (else this test would measure nothing).
         assert s.read_time_us >= s.cache_misses * SLOW_US
         # All of a layer's misses were queued or under way at once (before: at most two) ...

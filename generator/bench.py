@@ -21,9 +21,9 @@ from .boards import Board, TimingModel, load_board
 from .compile.build import Artifacts
 from .compile.cache_plan import AutoElsewhere, CachePlan
 from .compile.plan import Plan
-from .device.remote import Remote, RemoteRun, remote_prefix
+from .device.remote import Remote, remote_prefix
 from .device.runner import run_on_board
-from .device.session import CacheStats, RunRequest, RunResult, cache_stats, check_fits_context
+from .device.session import CacheStats, RemoteRun, RunRequest, RunResult, cache_stats, check_fits_context
 from .errors import ColibriError
 from .files import REPO
 from .numerics.sampling import SamplingParams

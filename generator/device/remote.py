@@ -38,7 +38,7 @@ from typing import Callable
 from ..boards import Board, ProcessRunner, available_boards, load_board
 from ..errors import ColibriError
 from .process import run_process, signal_name
-from .session import RunRequest, RunResult, Session, request_frame
+from .session import RemoteRun, RunRequest, RunResult, Session, request_frame
 
 DEFAULT_CACHE = "~/.cache/colibri"
 
@@ -292,34 +292,6 @@ class Blob:
     sha256: str
     size: int
     mode: str  # chmod on the board
-
-
-@dataclass(frozen=True)
-class RemoteRun:
-    """Where a run over SSH ran: the host, the board's cache directory and machine, the prefix
-    the firmware ran under, what the firmware's hello said of the machine, and the bytes sent per
-    kind (firmware, weights, request, total)."""
-
-    host: str
-    cache: str
-    machine: str  # uname -m on the board
-    prefix: list[str]
-    firmware_machine: str | None
-    cpu: str | None
-    kernels: str | None
-    bytes_sent: dict[str, int]
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "host": self.host,
-            "cache": self.cache,
-            "machine": self.machine,
-            "prefix": self.prefix,
-            "firmware_machine": self.firmware_machine,
-            "cpu": self.cpu,
-            "kernels": self.kernels,
-            "bytes_sent": self.bytes_sent,
-        }
 
 
 @dataclass

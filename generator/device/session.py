@@ -4,16 +4,13 @@ the types every link (a process's stdin/stdout, a serial port, an emulator's soc
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..compile.cache_plan import AutoBudget, AutoChoice, AutoRan, MemoryFound
 from ..errors import ColibriError
 from ..numerics.perplexity import Score
 from ..numerics.sampling import SamplingParams
 from .protocol import Frame, encode_request
-
-if TYPE_CHECKING:
-    from .remote import RemoteRun
 
 
 @dataclass(frozen=True)
@@ -65,6 +62,34 @@ class RunRequest:
         return out
 
 
+@dataclass(frozen=True)
+class RemoteRun:
+    """Where a run over SSH ran (device/remote.py's run_remote): the host, the board's cache directory and machine, the prefix
+    the firmware ran under, what the firmware's hello said of the machine, and the bytes sent per
+    kind (firmware, weights, request, total)."""
+
+    host: str
+    cache: str
+    machine: str  # uname -m on the board
+    prefix: list[str]
+    firmware_machine: str | None
+    cpu: str | None
+    kernels: str | None
+    bytes_sent: dict[str, int]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "cache": self.cache,
+            "machine": self.machine,
+            "prefix": self.prefix,
+            "firmware_machine": self.firmware_machine,
+            "cpu": self.cpu,
+            "kernels": self.kernels,
+            "bytes_sent": self.bytes_sent,
+        }
+
+
 @dataclass
 class RunResult:
     hello: dict[str, str] = field(default_factory=dict)
@@ -78,7 +103,7 @@ class RunResult:
     stop_reason: str = ""
     log: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
-    remote: RemoteRun | None = None  # a run over SSH: where it ran and the bytes sent
+    remote: RemoteRun | None = None  # a run over SSH (device/remote.py): where it ran and the bytes sent
     scores: list[Score] = field(default_factory=list)  # scored prompt tokens, in order (score frames)
     held: int = 0  # positions the firmware's KV cache holds afterwards: where the next request may start
 

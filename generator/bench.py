@@ -13,19 +13,26 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar, cast
 
 from .boards import Board, TimingModel, load_board
+from .compile.build import Artifacts
+from .compile.cache_plan import AutoElsewhere, CachePlan
 from .compile.plan import Plan
 from .device.remote import Remote, remote_prefix
 from .device.runner import run_on_board
-from .device.session import RunRequest, RunResult, cache_stats, check_fits_context
+from .device.session import CacheStats, RemoteRun, RunRequest, RunResult, cache_stats, check_fits_context
 from .errors import ColibriError
 from .files import REPO
 from .numerics.sampling import SamplingParams
-from .verify import rates, run_stats, speed_text
+from .verify import RunRates, RunStats, rates, run_stats, speed_text
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    from .model.tokenizer import Tokenizer
 
 
 def weight_bytes_per_token(plan: Plan) -> int:
@@ -81,13 +88,26 @@ def decode_attention_macs(plan: Plan, prompt_tokens: int, steps: int) -> float:
     return sum(attention_macs(plan, prompt_tokens + i + 1) for i in range(passes)) / passes
 
 
-def latency_percentiles(token_us: list[int]) -> dict:
-    """Milliseconds between consecutive tokens: p50, p90, p99 and max."""
+@dataclass(frozen=True)
+class Latencies:
+    """Milliseconds between consecutive tokens."""
+
+    p50: float
+    p90: float
+    p99: float
+    max: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"p50": self.p50, "p90": self.p90, "p99": self.p99, "max": self.max}
+
+
+def latency_percentiles(token_us: list[int]) -> Latencies | None:
+    """The gaps between consecutive tokens' percentiles; None for a run of fewer than two tokens."""
     gaps = [(b - a) / 1000.0 for a, b in zip(token_us, token_us[1:])]
     if not gaps:
-        return {}
+        return None
     q = statistics.quantiles(gaps, n=100, method="inclusive") if len(gaps) > 1 else gaps * 99
-    return {"p50": q[49], "p90": q[89], "p99": q[98], "max": max(gaps)}
+    return Latencies(q[49], q[89], q[98], max(gaps))
 
 
 def predicted_timing(board: Board) -> TimingModel:
@@ -102,11 +122,24 @@ def predicted_timing(board: Board) -> TimingModel:
     return target.predict
 
 
-def predict_speed(timing: TimingModel, instructions_per_token: float, bytes_per_token: int) -> dict:
+@dataclass(frozen=True)
+class PredictedSpeed:
+    """A board's speed predicted from exact instruction counts (seconds per token each way)."""
+
+    tok_s: float
+    compute_s: float
+    memory_s: float
+    model: str  # the timing model, described
+
+    def to_json(self) -> dict[str, float | str]:
+        return {"tok_s": self.tok_s, "compute_s": self.compute_s, "memory_s": self.memory_s, "model": self.model}
+
+
+def predict_speed(timing: TimingModel, instructions_per_token: float, bytes_per_token: int) -> PredictedSpeed:
     """A token takes whichever is longer: its instructions at the board's clock, or its weight reads."""
     compute = instructions_per_token * timing.cycles_per_instruction / timing.clock_hz
     memory = bytes_per_token / timing.weight_bytes_per_s
-    return {"tok_s": 1.0 / max(compute, memory), "compute_s": compute, "memory_s": memory, "model": timing.describe()}
+    return PredictedSpeed(1.0 / max(compute, memory), compute, memory, timing.describe())
 
 
 def rate_by_context(n_prompt: int, token_us_runs: list[list[int]]) -> tuple[list[int], list[float]]:
@@ -124,7 +157,7 @@ def rate_by_context(n_prompt: int, token_us_runs: list[list[int]]) -> tuple[list
     return contexts, rates
 
 
-def plot_rate_vs_context(path, contexts: list[int], tok_s: list[float], title: str) -> None:
+def plot_rate_vs_context(path: Path, contexts: list[int], tok_s: list[float], title: str) -> None:
     """A PNG of decode tok/s against context length (each token, and a 16-token moving median)."""
     import io
 
@@ -202,7 +235,7 @@ class Stream:
     def describe(self, steps: int) -> str:
         if self.kind == "text":
             return (
-                f"{Path(self.source).name} teacher-forced: {len(self.prompt)} prompt tokens prefilled, then "
+                f"{Path(self.source or '').name} teacher-forced: {len(self.prompt)} prompt tokens prefilled, then "
                 f"{steps - 1} of its tokens decoded one per forward pass"
             )
         if self.kind == "sampled":
@@ -245,13 +278,13 @@ def default_stream(plan: Plan, has_tokenizer: bool) -> str:
 
 def make_stream(
     plan: Plan,
-    tokenizer,
+    tokenizer: Tokenizer | None,
     kind: str | None,
     text: Path | None,
     sampling: SamplingParams,
     prompt_tokens: int,
     steps: int | None,
-    sampling_flags: list[str] = (),
+    sampling_flags: Sequence[str] = (),
 ) -> tuple[Stream, int]:
     """The stream bench decodes and its steps (default_steps, or fewer when the text is shorter).
     kind None: --text's, the sampled one if sampling_flags (the flags that set `sampling`) were
@@ -261,7 +294,7 @@ def make_stream(
     if sampling_flags and (kind not in (None, "sampled") or text is not None):
         raise ColibriError(
             f"{' and '.join(sampling_flags)} set the sampled stream, not "
-            f"{'--text' if text is not None else '--stream ' + kind}'s: give one or the other"
+            f"{'--text' if text is not None else f'--stream {kind}'}'s: give one or the other"
         )
     kind = kind or (
         "text" if text is not None else "sampled" if sampling_flags else default_stream(plan, tokenizer is not None)
@@ -318,29 +351,76 @@ def fed_tokens(stream: Stream, request: RunRequest, result: RunResult) -> list[i
     return result.tokens[:-1]
 
 
-def stream_figures(stream: Stream, request: RunRequest, result: RunResult, plan: Plan, steps: int) -> dict:
+@dataclass(frozen=True)
+class StreamExperts:
+    """On a MoE model: the experts a token takes, of how many, and the distinct experts each MoE
+    layer used over the run (keys: the layer, as a string, as the JSON names it)."""
+
+    per_token: int
+    n_experts: int
+    used_per_layer: dict[str, int]
+
+
+@dataclass(frozen=True)
+class StreamFigures:
+    """What the decode was fed and how varied it was."""
+
+    kind: str
+    text: str | None  # the text file
+    text_tokens: int | None
+    sampling: SamplingParams | None  # the sampled stream's settings
+    prompt_tokens: int
+    decoded_tokens_fed: int
+    distinct_tokens: int
+    repeated_ngrams: float | None  # the share of its NGRAM-grams that occurred earlier in it
+    description: str
+    experts: StreamExperts | None  # None: a dense model
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "kind": self.kind,
+            "text": self.text,
+            "text_tokens": self.text_tokens,
+            "sampling": asdict(self.sampling) if self.sampling else None,
+            "prompt_tokens": self.prompt_tokens,
+            "decoded_tokens_fed": self.decoded_tokens_fed,
+            "distinct_tokens": self.distinct_tokens,
+            f"repeated_{NGRAM}grams": self.repeated_ngrams,
+            "description": self.description,
+        }
+        if self.experts:
+            out["experts_per_token"] = self.experts.per_token
+            out["n_experts"] = self.experts.n_experts
+            out["experts_used_per_layer"] = self.experts.used_per_layer
+        return out
+
+
+def stream_figures(stream: Stream, request: RunRequest, result: RunResult, plan: Plan, steps: int) -> StreamFigures:
     """What the decode was fed and how varied it was: its repetition, its distinct tokens and, on
     a MoE model, the distinct experts each MoE layer used (over the prompt and the decode) against
     the top-k a token takes."""
     fed = fed_tokens(stream, request, result)
-    out = {
-        "kind": stream.kind,
-        "text": stream.source,
-        "text_tokens": stream.text_tokens,
-        "sampling": asdict(stream.sampling) if stream.kind == "sampled" else None,
-        "prompt_tokens": len(stream.prompt),
-        "decoded_tokens_fed": len(fed),
-        "distinct_tokens": len(set(fed)),
-        f"repeated_{NGRAM}grams": repetition(fed),
-        "description": stream.describe(steps),
-    }
-    if result.expert_counts:
-        out["experts_per_token"] = plan.spec.experts_per_token
-        out["n_experts"] = plan.spec.n_experts
-        out["experts_used_per_layer"] = {
-            str(layer): sum(1 for c in counts if c) for layer, counts in sorted(result.expert_counts.items())
-        }
-    return out
+    experts = (
+        StreamExperts(
+            plan.spec.experts_per_token,
+            plan.spec.n_experts,
+            {str(layer): sum(1 for c in counts if c) for layer, counts in sorted(result.expert_counts.items())},
+        )
+        if result.expert_counts
+        else None
+    )
+    return StreamFigures(
+        kind=stream.kind,
+        text=stream.source,
+        text_tokens=stream.text_tokens,
+        sampling=stream.sampling if stream.kind == "sampled" else None,
+        prompt_tokens=len(stream.prompt),
+        decoded_tokens_fed=len(fed),
+        distinct_tokens=len(set(fed)),
+        repeated_ngrams=repetition(fed),
+        description=stream.describe(steps),
+        experts=experts,
+    )
 
 
 def check_forced(stream: Stream, request: RunRequest, result: RunResult) -> None:
@@ -380,75 +460,189 @@ def probes_bandwidth(board: Board, remote: Remote | None = None) -> bool:
     return not remote_prefix(board) if remote is not None else not board.runner.needs_emulator()
 
 
+@dataclass(frozen=True)
+class CacheFigures:
+    """One run's expert cache over its decode (or the median over the runs: cache_summary): the
+    stats frame's counters, the hit rate, bytes read from storage and time waiting on reads per
+    decoded token, the storage bandwidth the firmware measured just before, and the decode speed
+    that bandwidth allows if a token only waited on its reads (bytes per token / bandwidth)."""
+
+    stats: CacheStats
+    hit_rate: float | None  # None: no expert was used
+    read_bytes_per_token: float
+    read_wait_ms_per_token: float
+    storage_read_bytes_s: int | None  # None: no storage probe
+    storage_direct: bool | None  # the probe read with O_DIRECT (else buffered, the page cache dropped)
+    storage_bound_tok_s: float | None
+    of_storage_bound: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **self.stats.to_json(),
+            "hit_rate": self.hit_rate,
+            "read_bytes_per_token": self.read_bytes_per_token,
+            "read_wait_ms_per_token": self.read_wait_ms_per_token,
+            "storage_read_bytes_s": self.storage_read_bytes_s,
+            "storage_direct": self.storage_direct,
+            "storage_bound_tok_s": self.storage_bound_tok_s,
+            "of_storage_bound": self.of_storage_bound,
+        }
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One run's speeds (labelled as verify.run_stats labels them when the board and request are
+    known) and, where the firmware probed the read bandwidth just before it, that figure and the
+    share of it the decode's weight reads took; its expert cache under a memory budget."""
+
+    run: RunRates
+    read_bandwidth_bytes_s: int | None
+    bandwidth_fraction: float | None
+    cache: CacheFigures | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **self.run.to_json(),
+            "read_bandwidth_bytes_s": self.read_bandwidth_bytes_s,
+            "bandwidth_fraction": self.bandwidth_fraction,
+            "cache": self.cache.to_json() if self.cache else None,
+        }
+
+
 def run_figures(
     result: RunResult, weight_bytes: int, board: Board | None = None, request: RunRequest | None = None
-) -> dict:
-    """One run's speeds and, where the firmware probed the read bandwidth just before it, that
-    figure and the share of it the decode's weight reads took: weight bytes per token x this run's
-    decode tok/s / this run's own probe (never another run's: the machine's bandwidth moves).
-    With the board and request, labelled as verify.run_stats labels them (emulator, what an
-    instruction count includes)."""
+) -> RunFigures:
+    """One run's figures. The bandwidth share: weight bytes per token x this run's decode tok/s /
+    this run's own probe (never another run's: the machine's bandwidth moves)."""
     r = run_stats(result, board, request) if board is not None and request is not None else rates(result)
     bandwidth = int(result.bandwidth["read_bw"]) if result.bandwidth else None
-    r["read_bandwidth_bytes_s"] = bandwidth
-    r["bandwidth_fraction"] = weight_bytes * r["decode_tok_s"] / bandwidth if bandwidth and r["decode_tok_s"] else None
-    r["cache"] = cache_figures(result, r)
-    return r
+    fraction = weight_bytes * r.decode_tok_s / bandwidth if bandwidth and r.decode_tok_s else None
+    return RunFigures(r, bandwidth, fraction, cache_figures(result, r))
 
 
 STORAGE_PROBE_MIB = 256  # of the image file, at most: read with O_DIRECT (or after dropping it from the page cache)
 
 
-def cache_figures(result: RunResult, r: dict) -> dict | None:
-    """One run's expert cache over its decode: hit rate, bytes read from storage and time waiting on
-    reads per decoded token, the storage bandwidth the firmware measured just before, and the decode
-    speed that bandwidth allows if a token only waited on its reads (bytes per token / bandwidth)."""
+def cache_figures(result: RunResult, r: RunRates) -> CacheFigures | None:
+    """One run's expert cache figures, or None when the board sent no cache fields."""
     c = cache_stats(result)
     if c is None:
         return None
     passes = int(result.stats.get("decode", 0))
-    uses = c.get("cache_hits", 0) + c.get("cache_misses", 0)
-    per_token = c.get("read_bytes", 0) / passes if passes else 0.0
+    uses = c.expert_uses
+    per_token = (c.read_bytes or 0) / passes if passes else 0.0
     storage = int(result.storage["read_bw"]) if result.storage else None
-    return {
-        **c,
-        "hit_rate": c.get("cache_hits", 0) / uses if uses else None,
-        "read_bytes_per_token": per_token,
-        "read_wait_ms_per_token": c.get("read_wait_us", 0) / 1000 / passes if passes else 0.0,
-        "storage_read_bytes_s": storage,
-        "storage_direct": bool(int(result.storage["direct"])) if result.storage else None,
-        "storage_bound_tok_s": storage / per_token if storage and per_token else None,
-        "of_storage_bound": (r["decode_tok_s"] * per_token / storage)
-        if storage and per_token and r["decode_tok_s"]
-        else None,
-    }
+    return CacheFigures(
+        stats=c,
+        hit_rate=(c.cache_hits or 0) / uses if uses else None,
+        read_bytes_per_token=per_token,
+        read_wait_ms_per_token=(c.read_wait_us or 0) / 1000 / passes if passes else 0.0,
+        storage_read_bytes_s=storage,
+        storage_direct=bool(int(result.storage["direct"])) if result.storage else None,
+        storage_bound_tok_s=storage / per_token if storage and per_token else None,
+        of_storage_bound=(r.decode_tok_s * per_token / storage) if storage and per_token and r.decode_tok_s else None,
+    )
 
 
-def cache_summary(runs: list[dict]) -> dict | None:
-    """The median over the runs of each cache figure."""
-    figures = [r["cache"] for r in runs if r.get("cache")]
+Figures = TypeVar("Figures", bound="DataclassInstance")
+
+
+def medians(items: list[Figures]) -> Figures:
+    """Each numeric field's median over `items`; any other field (a flag, a name, absent) the last
+    item's. A median of an even count of counters may be a half."""
+    values: dict[str, object] = {}
+    for f in fields(items[0]):
+        numbers = [v for i in items if isinstance(v := getattr(i, f.name), (int, float)) and not isinstance(v, bool)]
+        values[f.name] = statistics.median(numbers) if numbers else getattr(items[-1], f.name)
+    return replace(items[-1], **values)
+
+
+@dataclass(frozen=True)
+class BoundFigures:
+    """Under a memory budget: the speed a token could reach at the measured hit rate, the storage
+    bound (bandwidth / bytes read per token, if compute cost nothing) or the in-RAM speed (if reads
+    cost nothing), whichever is lower and which one that is ("storage", "compute"); the in-RAM
+    comparison's figures; the runs' median decode speed and its share of the bound."""
+
+    bound_tok_s: float | None
+    limited_by: str | None
+    in_ram_tok_s: float | None
+    of_in_ram: float | None
+    decode_tok_s: float | None
+    of_bound: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "bound_tok_s": self.bound_tok_s,
+            "limited_by": self.limited_by,
+            "in_ram_tok_s": self.in_ram_tok_s,
+            "of_in_ram": self.of_in_ram,
+            "decode_tok_s": self.decode_tok_s,
+            "of_bound": self.of_bound,
+        }
+
+
+@dataclass(frozen=True)
+class CacheSummary:
+    """The expert cache over the runs: the median of each figure, and under a budget its bounds."""
+
+    medians: CacheFigures
+    bound: BoundFigures | None  # None: no budget
+
+    def to_json(self) -> dict[str, object]:
+        return {**self.medians.to_json(), **(self.bound.to_json() if self.bound else {})}
+
+
+def cache_summary(runs: list[RunFigures]) -> CacheFigures | None:
+    """The median over the runs of each cache figure (the counters included)."""
+    figures = [r.cache for r in runs if r.cache]
     if not figures:
         return None
-    out = {}
-    for key in figures[0]:
-        values = [f[key] for f in figures if isinstance(f.get(key), (int, float)) and not isinstance(f.get(key), bool)]
-        out[key] = statistics.median(values) if values else figures[-1][key]
-    return out
+    return replace(medians(figures), stats=medians([f.stats for f in figures]))
 
 
-def bandwidth_summary(weight_bytes: int, runs: list[dict]) -> dict:
-    """Over the runs: the probes' min, median and max, the median of the runs' own shares, and the
-    decode speed the median bandwidth would allow if a token only read its weights."""
-    probes = [r["read_bandwidth_bytes_s"] for r in runs if r["read_bandwidth_bytes_s"]]
-    shares = [r["bandwidth_fraction"] for r in runs if r["bandwidth_fraction"] is not None]
+@dataclass(frozen=True)
+class ProbeRange:
+    """The read bandwidth probes' bytes/s over the runs."""
+
+    min: int
+    median: float
+    max: int
+
+    def to_json(self) -> dict[str, float]:
+        return {"min": self.min, "median": self.median, "max": self.max}
+
+
+@dataclass(frozen=True)
+class BandwidthFigures:
+    """Over the runs: the probes' range, the median of the runs' own shares, and the decode speed
+    the median bandwidth would allow if a token only read its weights (None: no probe)."""
+
+    read_bandwidth_bytes_s: ProbeRange | None
+    bandwidth_fraction: float | None
+    bandwidth_limit_tok_s: float | None
+
+    def to_json(self) -> dict[str, object]:
+        probes = self.read_bandwidth_bytes_s
+        return {
+            "read_bandwidth_bytes_s": probes.to_json() if probes else None,
+            "bandwidth_fraction": self.bandwidth_fraction,
+            "bandwidth_limit_tok_s": self.bandwidth_limit_tok_s,
+        }
+
+
+def bandwidth_summary(weight_bytes: int, runs: list[RunFigures]) -> BandwidthFigures:
+    """The runs' bandwidth figures summed up: the probes' min, median and max, the median share."""
+    probes = [r.read_bandwidth_bytes_s for r in runs if r.read_bandwidth_bytes_s]
+    shares = [r.bandwidth_fraction for r in runs if r.bandwidth_fraction is not None]
     if not probes:
-        return {"read_bandwidth_bytes_s": None, "bandwidth_fraction": None, "bandwidth_limit_tok_s": None}
+        return BandwidthFigures(None, None, None)
     median = statistics.median(probes)
-    return {
-        "read_bandwidth_bytes_s": {"min": min(probes), "median": median, "max": max(probes)},
-        "bandwidth_fraction": statistics.median(shares) if shares else None,
-        "bandwidth_limit_tok_s": median / weight_bytes,
-    }
+    return BandwidthFigures(
+        ProbeRange(min(probes), median, max(probes)),
+        statistics.median(shares) if shares else None,
+        median / weight_bytes,
+    )
 
 
 DEFAULT_STEPS = 128
@@ -483,54 +677,206 @@ def check_plot(board: Board, plot: Path | None, steps: int) -> None:
         raise ColibriError(f"--plot: directory {plot.parent} does not exist")
 
 
-def remote_summary(results: list[RunResult]) -> dict | None:
+def remote_summary(results: list[RunResult]) -> RemoteRun | None:
     """For runs on a board over SSH: the last run's board facts, and the bytes all the runs sent
     (the first run copies what the board lacks; the others send only their requests)."""
-    if not results[-1].remote:
+    last = results[-1].remote
+    if not last:
         return None
     sent: dict[str, int] = {}
     for r in results:
-        for key, n in r.remote["bytes_sent"].items():
+        assert r.remote is not None  # every run of a bench goes to the same board
+        for key, n in r.remote.bytes_sent.items():
             sent[key] = sent.get(key, 0) + n
-    return {**results[-1].remote, "bytes_sent": sent}
+    return replace(last, bytes_sent=sent)
 
 
-def in_ram_summary(runs: list[dict], ram_runs: list[dict], skipped: str | None) -> dict | None:
-    """The same stream without a budget, run after each budgeted run: its median decode tok/s, and
-    the budgeted runs' share of it (the median of each pair's ratio)."""
+@dataclass(frozen=True)
+class InRamFigures:
+    """The same stream without a budget, run after each budgeted run: its median decode tok/s,
+    each run's, the budgeted runs' share of it (the median of each pair's ratio), and what it is
+    (or why it was skipped)."""
+
+    decode_tok_s: float | None
+    runs: list[float | None]
+    of_in_ram: float | None
+    note: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"decode_tok_s": self.decode_tok_s, "runs": self.runs, "of_in_ram": self.of_in_ram, "note": self.note}
+
+
+def in_ram_summary(runs: list[RunFigures], ram_runs: list[RunFigures], skipped: str | None) -> InRamFigures | None:
+    """The in-RAM comparison's figures; None when it did not run (no budget, or --no-in-ram)."""
     if skipped:
-        return {"decode_tok_s": None, "runs": [], "of_in_ram": None, "note": skipped}
+        return InRamFigures(None, [], None, skipped)
     if not ram_runs:
         return None
-    speeds = [r["decode_tok_s"] for r in ram_runs]
+    speeds = [r.run.decode_tok_s for r in ram_runs]
     pairs = [
-        a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(runs, ram_runs) if a["decode_tok_s"] and b["decode_tok_s"]
+        a.run.decode_tok_s / b.run.decode_tok_s
+        for a, b in zip(runs, ram_runs)
+        if a.run.decode_tok_s and b.run.decode_tok_s
     ]
-    return {
-        "decode_tok_s": statistics.median(s for s in speeds if s) if any(speeds) else None,
-        "runs": speeds,
-        "of_in_ram": statistics.median(pairs) if pairs else None,
-        "note": "the same stream and build without a memory budget (the mapped image read in place), "
+    measured = [s for s in speeds if s]
+    return InRamFigures(
+        statistics.median(measured) if measured else None,
+        speeds,
+        statistics.median(pairs) if pairs else None,
+        "the same stream and build without a memory budget (the mapped image read in place), "
         "run after each budgeted run",
-    }
+    )
 
 
-def bound_figures(cache: dict, in_ram: dict | None) -> dict:
-    """The speed a token under the budget could reach at the measured hit rate: the storage bound
-    (bandwidth / bytes read per token, if compute cost nothing) or the in-RAM speed (if reads cost
-    nothing), whichever is lower, and which one that is."""
-    storage, ram = cache.get("storage_bound_tok_s"), (in_ram or {}).get("decode_tok_s")
+def bound_figures(cache: CacheFigures, in_ram: InRamFigures | None, runs: list[RunFigures]) -> BoundFigures:
+    """The bound a budgeted token could reach (the lower of the storage bound and the in-RAM
+    speed), and the runs' median decode speed against it."""
+    storage, ram = cache.storage_bound_tok_s, in_ram.decode_tok_s if in_ram else None
     limits = [(v, name) for v, name in ((storage, "storage"), (ram, "compute")) if v]
-    if not limits:
-        return {"bound_tok_s": None, "limited_by": None}
-    value, name = min(limits)
-    return {"bound_tok_s": value, "limited_by": name}
+    bound, limited_by = min(limits) if limits else (None, None)
+    measured = [s for r in runs if (s := r.run.decode_tok_s)]
+    speed = statistics.median(measured) if measured else None
+    return BoundFigures(
+        bound_tok_s=bound,
+        limited_by=limited_by,
+        in_ram_tok_s=in_ram.decode_tok_s if in_ram else None,
+        of_in_ram=in_ram.of_in_ram if in_ram else None,
+        decode_tok_s=speed,
+        of_bound=speed / bound if speed and bound else None,
+    )
+
+
+@dataclass(frozen=True)
+class CountedFigures:
+    """An emulated MCU's exact instruction counts (an emulator's clock is not the board's): per
+    decoded token, per prompt token, per multiply-accumulate two ways (of the matrices alone, fixed
+    per token, and with attention's, which grow with the context: averaged over the run's decode
+    passes), and the speed they predict on an ESP32-P4."""
+
+    instructions_counted: str | None  # what a token's count includes
+    decode_instructions_per_token: float
+    prefill_instructions_per_token: float | None
+    instructions_per_mac: float
+    attention_macs_per_token: float
+    mean_context: float
+    instructions_per_mac_with_attention: float
+    predicted_esp32p4: PredictedSpeed
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "instructions_counted": self.instructions_counted,
+            "decode_instructions_per_token": self.decode_instructions_per_token,
+            "prefill_instructions_per_token": self.prefill_instructions_per_token,
+            "instructions_per_mac": self.instructions_per_mac,
+            "attention_macs_per_token": self.attention_macs_per_token,
+            "mean_context": self.mean_context,
+            "instructions_per_mac_with_attention": self.instructions_per_mac_with_attention,
+            "predicted_esp32p4": self.predicted_esp32p4.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class BandwidthProbe:
+    """How the firmware probed the read bandwidth (the first run's probe)."""
+
+    mib: int
+    threads: int
+    passes: int
+
+
+@dataclass(frozen=True)
+class ClockedFigures:
+    """Wall-clock figures (boards that do not count instructions): the medians over the runs,
+    the middle run's latencies, the peak RSS, and the read bandwidth the firmware measured."""
+
+    prefill_tok_s: float | None
+    decode_tok_s: float | None
+    forward_only_tok_s: float | None
+    ms_per_token: Latencies | None  # None: a run of fewer than two tokens
+    peak_rss_bytes: int
+    bandwidth: BandwidthFigures
+    read_bandwidth_probe: BandwidthProbe | None
+
+    def to_json(self) -> dict[str, object]:
+        probe = self.read_bandwidth_probe
+        return {
+            "prefill_tok_s": self.prefill_tok_s,
+            "decode_tok_s": self.decode_tok_s,
+            "forward_only_tok_s": self.forward_only_tok_s,
+            "ms_per_token": self.ms_per_token.to_json() if self.ms_per_token else {},
+            "peak_rss_bytes": self.peak_rss_bytes,
+            **self.bandwidth.to_json(),
+            "read_bandwidth_probe": asdict(probe) if probe else None,
+        }
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """bench's figures: what ran where, each run's, the stream, the expert cache, the in-RAM
+    comparison, and either exact instruction counts (`counted`) or wall-clock speeds (`clocked`).
+    to_json() is the --json document."""
+
+    board: str
+    model: str
+    architecture: str
+    quant: str
+    n_ctx: int
+    threads: int
+    kernels: str
+    prompt_tokens: int
+    decode_steps: int
+    repeat: int
+    # Under an emulator, wall-clock figures are the emulator's on this machine, not the board's.
+    emulated_by: str | None
+    speed_note: str | None
+    weight_bytes_per_token: int
+    macs_per_token: int
+    runs: list[RunFigures]
+    memory_budget: CachePlan | None  # the expert cache as the firmware ran it
+    stream: StreamFigures
+    cache: CacheSummary | None
+    in_ram: InRamFigures | None
+    remote: RemoteRun | None  # remote_summary
+    counted: CountedFigures | None
+    clocked: ClockedFigures | None
+    plot: str | None = None  # the PNG written
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "board": self.board,
+            "model": self.model,
+            "architecture": self.architecture,
+            "quant": self.quant,
+            "n_ctx": self.n_ctx,
+            "threads": self.threads,
+            "kernels": self.kernels,
+            "prompt_tokens": self.prompt_tokens,
+            "decode_steps": self.decode_steps,
+            "repeat": self.repeat,
+            "emulated_by": self.emulated_by,
+            "speed_note": self.speed_note,
+            "weight_bytes_per_token": self.weight_bytes_per_token,
+            "macs_per_token": self.macs_per_token,
+            "runs": [r.to_json() for r in self.runs],
+            "memory_budget": self.memory_budget.to_dict() if self.memory_budget else None,
+            "stream": self.stream.to_json(),
+            "cache": self.cache.to_json() if self.cache else None,
+            "in_ram": self.in_ram.to_json() if self.in_ram else None,
+            "remote": self.remote.to_json() if self.remote else None,
+        }
+        if self.counted:
+            out.update(self.counted.to_json())
+        if self.clocked:
+            out.update(self.clocked.to_json())
+        if self.plot is not None:
+            out["plot"] = self.plot
+        return out
 
 
 def run_bench(
     board: Board,
     plan: Plan,
-    art,
+    art: Artifacts,
     *,
     model: str,
     prompt_tokens: int,
@@ -542,15 +888,15 @@ def run_bench(
     reset: bool = False,
     remote: Remote | None = None,
     progress: Callable[[str], None] | None = None,
-    check_hello=None,
-    cache=None,
+    check_hello: Callable[[dict[str, str]], None] | None = None,
+    cache: CachePlan | AutoElsewhere | None = None,
     stream: Stream | None = None,
     in_ram: bool = True,
-) -> dict:
-    """Run the built firmware `art` (build.Artifacts) `repeat` times and return bench's figures (the
-    --json document). On Linux boards run natively, each run first has the firmware probe the read
-    bandwidth with the same threads: probe, decode, probe, decode... Under an emulator every
-    wall-clock figure is labelled as the emulator's (`emulated_by`), and there is no bandwidth share.
+) -> BenchResult:
+    """Run the built firmware `art` `repeat` times and return bench's figures. On Linux boards run
+    natively, each run first has the firmware probe the read bandwidth with the same threads:
+    probe, decode, probe, decode... Under an emulator every wall-clock figure is labelled as the
+    emulator's (`emulated_by`), and there is no bandwidth share.
     `stream`: what is decoded (default: the synthetic one). A MoE model under a budget also runs the
     same stream without one after each run (`in_ram`), for the speed the budget costs."""
     stream = stream or Stream("synthetic", synthetic_prompt(plan, prompt_tokens))
@@ -604,75 +950,41 @@ def run_bench(
         if progress:
             r = run_figures(result, weight_bytes, board, request)
             probe = (
-                f", read bandwidth {r['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s just before"
-                if r["read_bandwidth_bytes_s"]
+                f", read bandwidth {r.read_bandwidth_bytes_s / 1e9:.1f} GB/s just before"
+                if r.read_bandwidth_bytes_s
                 else ""
             )
-            c = r["cache"]
+            c = r.cache
             cached = (
-                f"; expert cache {100 * c['hit_rate']:.0f}% hits, {c['read_bytes_per_token'] / 1e6:.2f} MB read "
-                f"per token"
-                if c and c["hit_rate"] is not None and budget
+                f"; expert cache {100 * c.hit_rate:.0f}% hits, {c.read_bytes_per_token / 1e6:.2f} MB read per token"
+                if c and c.hit_rate is not None and budget
                 else ""
             )
-            progress(f"  run {i + 1}/{repeat}: {speed_text(r)}{probe}{cached}")
+            progress(f"  run {i + 1}/{repeat}: {speed_text(r.run)}{probe}{cached}")
         if ram_request is not None:
             ram_results.append(run(ram_request))
             if progress:
                 progress(
                     f"  run {i + 1}/{repeat} without the budget: "
-                    f"{speed_text(run_figures(ram_results[-1], weight_bytes, board, ram_request))}"
+                    f"{speed_text(run_figures(ram_results[-1], weight_bytes, board, ram_request).run)}"
                 )
     runs = [run_figures(r, weight_bytes, board, request) for r in results]
-    ram_runs = [run_figures(r, weight_bytes, board, ram_request) for r in ram_results]
+    ram_runs = [run_figures(r, weight_bytes, board, ram_request) for r in ram_results if ram_request is not None]
     kernels = results[-1].hello.get("kernels", "?")
     # Under an emulator here, or on a board over SSH behind a prefix (an emulator, in the tests).
     emulator = (remote_prefix(board)[0] if remote_prefix(board) else None) if remote else board.runner.emulated_by()
-    out = {
-        "board": board.name,
-        "model": model,
-        "architecture": plan.spec.architecture,
-        "quant": plan.quant,
-        "n_ctx": plan.n_ctx,
-        "threads": threads,
-        "kernels": kernels,
-        "prompt_tokens": len(prompt),
-        "decode_steps": steps,
-        "repeat": repeat,
-        # Under an emulator, wall-clock figures are the emulator's on this machine, not the board's.
-        "emulated_by": emulator,
-        "speed_note": (f"measured under {emulator}: the emulator's speed, not the board's" if emulator else None),
-        "weight_bytes_per_token": weight_bytes,
-        "macs_per_token": macs,
-        "runs": runs,
-        "memory_budget": cache.as_run(cache_stats(results[-1])).to_dict() if cache is not None else None,
-        "stream": stream_figures(stream, request, results[-1], plan, steps),
-        "cache": cache_summary(runs),
-        "in_ram": in_ram_summary(runs, ram_runs, skipped),
-        "remote": remote_summary(results),
-    }
-    if out["cache"] is not None and budget:
-        c = out["cache"]
-        c.update(bound_figures(c, out["in_ram"]))
-        c["in_ram_tok_s"] = out["in_ram"]["decode_tok_s"] if out["in_ram"] else None
-        c["of_in_ram"] = out["in_ram"]["of_in_ram"] if out["in_ram"] else None
-        speed = (
-            statistics.median(r["decode_tok_s"] for r in runs if r["decode_tok_s"])
-            if any(r["decode_tok_s"] for r in runs)
-            else None
-        )
-        c["decode_tok_s"] = speed
-        c["of_bound"] = speed / c["bound_tok_s"] if speed and c["bound_tok_s"] else None
-    instructions = runs[0]["decode_instructions_per_token"]
+    in_ram_figures = in_ram_summary(runs, ram_runs, skipped)
+    cache_medians = cache_summary(runs)
+    last_stats = cache_stats(results[-1])
+    counted, clocked = None, None
+    instructions = runs[0].run.decode_instructions_per_token
     if instructions:
-        out["instructions_counted"] = runs[0]["instructions_counted"]
-        # An emulator's clock is not the board's: exact instruction counts are the measure there.
-        # Per multiply-accumulate two ways: of the matrices alone (fixed per token), and with the
-        # attention's, which grow with the context (averaged over this run's decode passes).
+        first = runs[0].run
         attention = decode_attention_macs(plan, len(prompt), steps)
-        out.update(
+        counted = CountedFigures(
+            instructions_counted=first.instructions_counted if isinstance(first, RunStats) else None,
             decode_instructions_per_token=instructions,
-            prefill_instructions_per_token=runs[0]["prefill_instructions_per_token"],
+            prefill_instructions_per_token=first.prefill_instructions_per_token,
             instructions_per_mac=instructions / macs,
             attention_macs_per_token=attention,
             mean_context=len(prompt) + steps / 2,  # of contexts P+1 .. P+S-1
@@ -681,22 +993,47 @@ def run_bench(
         )
     else:
         latencies = [latency_percentiles(r.token_us) for r in results]
-        probe = results[0].bandwidth
-        out.update(
-            prefill_tok_s=statistics.median(r["prefill_tok_s"] for r in runs),
-            decode_tok_s=statistics.median(r["decode_tok_s"] for r in runs),
-            forward_only_tok_s=statistics.median(r["forward_tok_s"] for r in runs),
+        first_probe = results[0].bandwidth
+        clocked = ClockedFigures(
+            # A run without a figure gives None (one run) or fails to sort beside the others' numbers.
+            prefill_tok_s=statistics.median(cast(list[float], [r.run.prefill_tok_s for r in runs])),
+            decode_tok_s=statistics.median(cast(list[float], [r.run.decode_tok_s for r in runs])),
+            forward_only_tok_s=statistics.median(cast(list[float], [r.run.forward_tok_s for r in runs])),
             ms_per_token=latencies[len(latencies) // 2],
             peak_rss_bytes=max(int(r.stats.get("peak_rss", 0)) for r in results),
-            **bandwidth_summary(weight_bytes, runs),
-            read_bandwidth_probe={
-                "mib": int(probe["mib"]),
-                "threads": int(probe["threads"]),
-                "passes": int(probe["passes"]),
-            }
-            if probe
+            bandwidth=bandwidth_summary(weight_bytes, runs),
+            read_bandwidth_probe=BandwidthProbe(
+                int(first_probe["mib"]), int(first_probe["threads"]), int(first_probe["passes"])
+            )
+            if first_probe
             else None,
         )
+    out = BenchResult(
+        board=board.name,
+        model=model,
+        architecture=plan.spec.architecture,
+        quant=plan.quant,
+        n_ctx=plan.n_ctx,
+        threads=threads,
+        kernels=kernels,
+        prompt_tokens=len(prompt),
+        decode_steps=steps,
+        repeat=repeat,
+        emulated_by=emulator,
+        speed_note=f"measured under {emulator}: the emulator's speed, not the board's" if emulator else None,
+        weight_bytes_per_token=weight_bytes,
+        macs_per_token=macs,
+        runs=runs,
+        memory_budget=cache.as_run(last_stats.auto_ran() if last_stats else None) if cache is not None else None,
+        stream=stream_figures(stream, request, results[-1], plan, steps),
+        cache=CacheSummary(cache_medians, bound_figures(cache_medians, in_ram_figures, runs) if budget else None)
+        if cache_medians is not None
+        else None,
+        in_ram=in_ram_figures,
+        remote=remote_summary(results),
+        counted=counted,
+        clocked=clocked,
+    )
     if plot is not None:
         contexts, per_token = rate_by_context(len(prompt), [r.token_us for r in results])
         plot_rate_vs_context(
@@ -706,74 +1043,76 @@ def run_bench(
             f"{plan.spec.name} on {board.name}: {plan.quant}, {kernels} kernels, "
             f"{threads} thread(s), median of {repeat} runs",
         )
-        out["plot"] = str(plot)
+        out = replace(out, plot=str(plot))
         if progress:
             progress(f"wrote {plot}: decode tok/s against context length {contexts[0]}..{contexts[-1]}")
     return out
 
 
-def bench_line(out: dict, name: str) -> str:
+def bench_line(out: BenchResult, name: str) -> str:
     """bench's one line of text for a run_bench() result; `name` is the model's."""
-    emulator = out.get("emulated_by")
-    at = f" at {out['remote']['host']}" if out.get("remote") else ""
-    where = f"on {out['board']}{at}" + (f" EMULATED by {emulator}" if emulator else "")
-    head = f"bench {name} {where} ({out['quant']}, {out['kernels']} kernels, "
-    if "decode_instructions_per_token" in out:
-        instructions = out["decode_instructions_per_token"]
-        p4 = out["predicted_esp32p4"]
-        runs = "one run: the count is exact" if out["repeat"] == 1 else f"median of {out['repeat']} identical runs"
+    emulator = out.emulated_by
+    at = f" at {out.remote.host}" if out.remote else ""
+    where = f"on {out.board}{at}" + (f" EMULATED by {emulator}" if emulator else "")
+    head = f"bench {name} {where} ({out.quant}, {out.kernels} kernels, "
+    if out.counted:
+        counted = out.counted
+        instructions = counted.decode_instructions_per_token
+        p4 = counted.predicted_esp32p4
+        runs = "one run: the count is exact" if out.repeat == 1 else f"median of {out.repeat} identical runs"
         return (
-            f"{head}{out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, {runs}{stream_text(out)}): "
-            f"{instructions / 1e6:.3f} M instructions per decoded token ({out['instructions_counted']}), "
-            f"{out['instructions_per_mac_with_attention']:.2f} per multiply-accumulate: {out['macs_per_token']:,} in "
-            f"the matrices + {out['attention_macs_per_token']:,.0f} in attention at this context (mean "
-            f"{out['mean_context']:g} positions); {out['instructions_per_mac']:.2f} per matrix multiply-accumulate "
-            f"alone; {out['prefill_instructions_per_token'] / 1e6:.3f} M per prompt token; predicted ESP32-P4: "
-            f"{p4['tok_s']:.1f} tok/s ({p4['model']})"
+            f"{head}{out.prompt_tokens}-token prompt, {out.decode_steps} steps, {runs}{stream_text(out)}): "
+            f"{instructions / 1e6:.3f} M instructions per decoded token ({counted.instructions_counted}), "
+            f"{counted.instructions_per_mac_with_attention:.2f} per multiply-accumulate: {out.macs_per_token:,} in "
+            f"the matrices + {counted.attention_macs_per_token:,.0f} in attention at this context (mean "
+            f"{counted.mean_context:g} positions); {counted.instructions_per_mac:.2f} per matrix multiply-accumulate "
+            f"alone; {(counted.prefill_instructions_per_token or 0) / 1e6:.3f} M per prompt token; predicted ESP32-P4: "
+            f"{p4.tok_s:.1f} tok/s ({p4.model})"
         )
-    ms = out["ms_per_token"]
-    weights = f"{out['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token"
-    bandwidth = out["read_bandwidth_bytes_s"]
+    clocked = out.clocked
+    assert clocked is not None  # a run either counts instructions or is timed
+    ms = clocked.ms_per_token
+    weights = f"{out.weight_bytes_per_token / 1e6:.1f} MB of weights per token"
+    bandwidth = clocked.bandwidth.read_bandwidth_bytes_s
     if bandwidth is None:
         share = (
             f"{weights} (no bandwidth figure: the emulator's reads are not the board's)"
             if emulator
             else f"{weights} (no memory bandwidth probe under a memory budget: its buffer would break it)"
-            if out.get("memory_budget") and not out["memory_budget"]["unlimited"]
+            if out.memory_budget and not out.memory_budget.unlimited
             else f"{weights} (no bandwidth figure)"
         )
     else:
-        probe = out["read_bandwidth_probe"]
+        probe = clocked.read_bandwidth_probe
+        assert probe is not None and clocked.bandwidth.bandwidth_limit_tok_s is not None  # the probe gave it
         share = (
-            f"{weights} = {100 * out['bandwidth_fraction']:.0f}% of the read bandwidth the firmware measured "
-            f"just before each run (median of the runs' shares; probes {bandwidth['min'] / 1e9:.1f}–"
-            f"{bandwidth['max'] / 1e9:.1f} GB/s, median {bandwidth['median'] / 1e9:.1f}, {probe['threads']} "
-            f"thread(s) over {probe['mib']} MiB; limit {out['bandwidth_limit_tok_s']:.0f} tok/s)"
+            f"{weights} = {100 * (clocked.bandwidth.bandwidth_fraction or 0):.0f}% of the read bandwidth the "
+            f"firmware measured just before each run (median of the runs' shares; probes {bandwidth.min / 1e9:.1f}–"
+            f"{bandwidth.max / 1e9:.1f} GB/s, median {bandwidth.median / 1e9:.1f}, {probe.threads} "
+            f"thread(s) over {probe.mib} MiB; limit {clocked.bandwidth.bandwidth_limit_tok_s:.0f} tok/s)"
         )
     label = ": the emulator's speed on this machine, not the board's" if emulator else ""
     return (
-        f"{head}{out['threads']} thread(s), {out['prompt_tokens']}-token prompt, {out['decode_steps']} steps, "
-        f"median of {out['repeat']}{stream_text(out)}): "
-        f"prefill {out['prefill_tok_s']:.1f} tok/s, decode {out['decode_tok_s']:.1f} "
-        f"tok/s (ms/token p50 {ms.get('p50', 0):.2f}, p99 {ms.get('p99', 0):.2f}){label}; {share}; "
-        f"peak RSS {out['peak_rss_bytes'] / 2**20:.0f} MiB{cache_text(out)}"
+        f"{head}{out.threads} thread(s), {out.prompt_tokens}-token prompt, {out.decode_steps} steps, "
+        f"median of {out.repeat}{stream_text(out)}): "
+        f"prefill {clocked.prefill_tok_s:.1f} tok/s, decode {clocked.decode_tok_s:.1f} "
+        f"tok/s (ms/token p50 {ms.p50 if ms else 0:.2f}, p99 {ms.p99 if ms else 0:.2f}){label}; {share}; "
+        f"peak RSS {clocked.peak_rss_bytes / 2**20:.0f} MiB{cache_text(out)}"
     )
 
 
 REPEATING = 0.5  # a stream with at least this share of repeated 4-grams is said to repeat
 
 
-def stream_text(out: dict) -> str:
-    """bench's words on what it decoded (nothing for a result without a stream)."""
-    s = out.get("stream")
-    return f"; stream: {s['description']}{stream_warning(out)}" if s else ""
+def stream_text(out: BenchResult) -> str:
+    """bench's words on what it decoded."""
+    return f"; stream: {out.stream.description}{stream_warning(out.stream)}"
 
 
-def stream_warning(out: dict) -> str:
+def stream_warning(s: StreamFigures) -> str:
     """On a MoE model, a stream that repeats itself gives cache numbers no user sees: said so."""
-    s = out.get("stream") or {}
-    share = s.get(f"repeated_{NGRAM}grams")
-    if not s.get("experts_per_token") or share is None or share < REPEATING:
+    share = s.repeated_ngrams
+    if not s.experts or not s.experts.per_token or share is None or share < REPEATING:
         return ""
     return (
         f"; it REPEATS: {100 * share:.0f}% of its {NGRAM}-grams occurred before in it, so routing repeats and "
@@ -781,37 +1120,38 @@ def stream_warning(out: dict) -> str:
     )
 
 
-def cache_text(out: dict) -> str:
+def cache_text(out: BenchResult) -> str:
     """bench's words on the expert cache: empty without a memory budget."""
-    c, plan = out.get("cache"), out.get("memory_budget")
-    if not c or not plan or plan["unlimited"]:
+    summary, plan = out.cache, out.memory_budget
+    if not summary or not plan or plan.unlimited:
         return ""
+    c, bound = summary.medians, summary.bound
     text = (
-        f"; memory budget {plan['budget'] / 2**20:.0f} MiB: {plan['slots']} expert slots "
-        f"({plan['slots_per_layer']:.2g} per MoE layer), "
-        f"{100 * (c['hit_rate'] or 0):.1f}% hits ({c['prefetch_hits']:.0f} of them prefetched), "
-        f"{c['read_bytes_per_token'] / 1e6:.2f} MB read per token, waiting {c['read_wait_ms_per_token']:.2f} ms "
-        f"per token on reads" + ("" if c["locked"] and not c["lock_refused"] else ", resident weights NOT locked")
+        f"; memory budget {plan.budget / 2**20:.0f} MiB: {plan.slots} expert slots "
+        f"({plan.slots_per_layer:.2g} per MoE layer), "
+        f"{100 * (c.hit_rate or 0):.1f}% hits ({c.stats.prefetch_hits:.0f} of them prefetched), "
+        f"{c.read_bytes_per_token / 1e6:.2f} MB read per token, waiting {c.read_wait_ms_per_token:.2f} ms "
+        f"per token on reads" + ("" if c.stats.locked and not c.stats.lock_refused else ", resident weights NOT locked")
     )
-    if c.get("storage_read_bytes_s"):
-        how = "O_DIRECT" if c["storage_direct"] else "buffered, page cache dropped"
+    if c.storage_read_bytes_s:
+        how = "O_DIRECT" if c.storage_direct else "buffered, page cache dropped"
         text += (
-            f"; storage reads {c['storage_read_bytes_s'] / 1e9:.2f} GB/s ({how}) in the same run: bound "
-            f"{c['storage_bound_tok_s']:.1f} tok/s if a token only read, "
-            f"{100 * c['of_storage_bound']:.0f}% of it reached"
+            f"; storage reads {c.storage_read_bytes_s / 1e9:.2f} GB/s ({how}) in the same run: bound "
+            f"{c.storage_bound_tok_s:.1f} tok/s if a token only read, "
+            f"{100 * (c.of_storage_bound or 0):.0f}% of it reached"
         )
-    ram = out.get("in_ram")
-    if ram and ram.get("decode_tok_s"):
+    ram = out.in_ram
+    if ram and ram.decode_tok_s:
         text += (
-            f"; in RAM (the same stream without the budget, alternating runs) {ram['decode_tok_s']:.1f} tok/s, "
-            f"{100 * ram['of_in_ram']:.0f}% of it reached under the budget"
+            f"; in RAM (the same stream without the budget, alternating runs) {ram.decode_tok_s:.1f} tok/s, "
+            f"{100 * (ram.of_in_ram or 0):.0f}% of it reached under the budget"
         )
-    elif ram and ram.get("note"):
-        text += f"; in-RAM comparison {ram['note']}"
-    if c.get("bound_tok_s") and c.get("in_ram_tok_s") and c.get("storage_bound_tok_s"):
+    elif ram and ram.note:
+        text += f"; in-RAM comparison {ram.note}"
+    if bound and bound.bound_tok_s and bound.in_ram_tok_s and c.storage_bound_tok_s:
         text += (
             "; the storage bound is the tighter limit"
-            if c["limited_by"] == "storage"
+            if bound.limited_by == "storage"
             else "; the in-RAM speed is the tighter limit (compute, not reads, bounds this budget)"
         )
     return text

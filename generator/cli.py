@@ -125,8 +125,8 @@ def cmd_run(args) -> int:
                     "text": decode_text(ran.tokenizer, result.tokens),
                     "logits_sha256": result.digests,
                     "stop_reason": result.stop_reason,
-                    "stats": stats,
-                    "remote": result.remote,
+                    "stats": stats.to_json(),
+                    "remote": result.remote.to_json() if result.remote else None,
                 },
                 indent=2,
             )
@@ -189,8 +189,8 @@ def cmd_verify(args) -> int:
         if ref.expert_counts
         else None,
         "first_divergent_step": comparison.first_divergent_step,
-        "stats": stats,
-        "remote": result.remote,
+        "stats": stats.to_json(),
+        "remote": result.remote.to_json() if result.remote else None,
     }
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -232,7 +232,7 @@ def cmd_chat(args) -> int:
                         "reprefilled": planned.reprefilled,
                         "held": result.held,
                         "stop_reason": result.stop_reason,
-                        "stats": run_stats(result, board, turn.request),
+                        "stats": run_stats(result, board, turn.request).to_json(),
                     }
                 ),
                 flush=True,
@@ -280,10 +280,10 @@ def cmd_eval(args) -> int:
 def cmd_report(args) -> int:
     rep = job.report(job_options(args))
     if args.json:
-        print(json.dumps(rep, indent=2))
+        print(json.dumps(rep.to_json(), indent=2))
     else:
         print(format_report(rep))
-    if not rep["fits"]:
+    if not rep.fits:
         raise ColibriError(report_problem(rep))
     return 0
 
@@ -297,7 +297,7 @@ def cmd_bench(args) -> int:
     prepared = job.prepare_bench(job_options(args), bench)
     out = job.bench_built(prepared, job.build(prepared, quiet=True), bench)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(out.to_json(), indent=2))
     else:
         print(bench_line(out, prepared.plan.spec.name))
     return 0
@@ -422,7 +422,7 @@ def cmd_clean(args) -> int:
     return 0
 
 
-def board_summary(board: Board) -> dict:
+def board_summary(board: Board) -> dict[str, object]:
     regions = [{"name": r.name, "kind": r.kind, "bytes": r.size or None, "holds": list(r.holds)} for r in board.memory]
     return {
         "name": board.name,

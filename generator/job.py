@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -41,10 +41,11 @@ from .option_checks import check_board_options, check_sampling_options, threads_
 from .verify import FirmwareIdentity, firmware_identity, hello_check
 
 if TYPE_CHECKING:  # imported where used, so a command that does not chat, score or bench loads none of them
-    from .bench import Stream
+    from .bench import BenchResult, Stream
     from .chat import ChatState, TurnPlan
     from .evaluate import Evaluation
     from .model.chat_template import ChatTemplate
+    from .report import MemoryReport
 
 Progress = Callable[[str], None]
 
@@ -621,8 +622,8 @@ def prepare_bench(options: JobOptions, bench: BenchOptions) -> Prepared[BenchInp
     )
 
 
-def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptions) -> dict[str, Any]:
-    """bench's figures (the --json document) for the built firmware."""
+def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptions) -> BenchResult:
+    """bench's figures for the built firmware."""
     from . import bench as benchmark
 
     options, made = prepared.options, prepared.inputs
@@ -659,14 +660,14 @@ def report_budget(options: JobOptions, board: Board, plan: Plan) -> CachePlan | 
     return cache
 
 
-def report(options: JobOptions) -> dict[str, Any]:
-    """Where every byte goes (report.report_dict; "memory_budget": the expert cache, if any): from
+def report(options: JobOptions) -> MemoryReport:
+    """Where every byte goes (report.linked_report, with the expert cache if any): from
     the linked ELF, or planned only when there is nothing to link (a configuration alone, a model
     that does not fit, an ESP-IDF project not built here)."""
     from .compile.elfsize import read_elf
     from .compile.plan import plan_for_board, planned_use
     from .model.load import config_only_spec
-    from .report import planned_report_dict, report_dict
+    from .report import linked_report, planned_report
 
     board = load_board(options.board)
     spec = config_only_spec(options.model)
@@ -675,22 +676,20 @@ def report(options: JobOptions) -> dict[str, Any]:
         n_ctx = options.ctx or min(board.default_ctx, spec.max_position_embeddings)
         plan = plan_for_board(spec, board, options.quant or "q8_0", n_ctx)  # a config is plain floats
         cache = report_budget(options, board, plan)
-        rep = planned_report_dict(board, plan)
+        rep = planned_report(board, plan)
     else:
         request, plan = prepare_build(board, options.model, options.quant, options.ctx, options.out, check_fit=False)
         cache = report_budget(options, board, plan)  # a budget too small is said before building
         if any(use.over_budget for use in planned_use(board, plan)):
             # It would be refused before compiling: show where the bytes would go, then say so.
-            rep = planned_report_dict(board, plan)
+            rep = planned_report(board, plan)
         else:
             art = compile_build(Planned(board, request, plan), quiet=options.quiet, jobs=options.jobs)
             if art.program.exists():
-                rep = report_dict(board, plan, read_elf(art.program))
+                rep = linked_report(board, plan, read_elf(art.program))
             else:  # an ESP-IDF project that idf.py has not built here
-                rep = planned_report_dict(board, plan)
-    if cache is not None:
-        rep["memory_budget"] = cache.to_dict()
-    return rep
+                rep = planned_report(board, plan)
+    return replace(rep, memory_budget=cache) if cache is not None else rep
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@ against the board's budgets, with the largest context that would still fit."""
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from .boards import CATEGORIES, Board
+from .compile.cache_plan import REPORTED_HIT_RATES, CachePlan
 from .compile.elfsize import ElfSizes
 from .compile.plan import Plan, RegionUse, fit_problem, largest_fitting_ctx, largest_planned_ctx, planned_use
 from .errors import ColibriError
@@ -78,147 +80,192 @@ def linked_use(board: Board, plan: Plan, elf: ElfSizes) -> Callable[[Plan], list
     return uses
 
 
-def report_dict(board: Board, plan: Plan, elf: ElfSizes) -> dict:
+@dataclass(frozen=True)
+class KeptF32:
+    """The matrices a q8_0, q4_0 or q4_1 plan keeps in f32 (rows not whole blocks), with their bytes."""
+
+    tensors: dict[str, int]  # tensor name -> bytes
+    bytes: int
+    summary: str | None  # one line on them; None when there are none
+
+    def to_json(self) -> dict[str, object]:
+        return {"tensors": self.tensors, "bytes": self.bytes, "summary": self.summary}
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Where every byte goes per memory region, against the board's budgets: from the linked ELF
+    (`elf_sections`), or planned only (a configuration alone, nothing linked: the code is the
+    board's reserve, `code_estimate`). to_json() is report --json's document."""
+
+    board: str
+    model: str
+    architecture: str
+    quant: str
+    n_ctx: int
+    q4_0_weights: str | None
+    q4_1_weights: str | None
+    kept_f32: KeptF32
+    gguf: dict[str, Any] | None  # --quant gguf: Plan.gguf_report(), the plan's own JSON
+    regions: list[RegionUse]
+    largest_ctx_that_fits: int | None  # None: no limit on this board
+    fits: bool
+    elf_sections: dict[str, int] | None  # section name -> bytes; None: planned only
+    code_estimate: int | None  # planned only: the board's code reserve
+    memory_budget: CachePlan | None = None  # the expert cache, under --memory-budget
+
+    @property
+    def planned_only(self) -> bool:
+        return self.elf_sections is None
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "board": self.board,
+            "model": self.model,
+            "architecture": self.architecture,
+            "quant": self.quant,
+            "n_ctx": self.n_ctx,
+            **({"planned_only": True} if self.planned_only else {}),
+            "q4_0_weights": self.q4_0_weights,
+            "q4_1_weights": self.q4_1_weights,
+            "kept_f32": self.kept_f32.to_json(),
+            "gguf": self.gguf,
+            **({"code_estimate": self.code_estimate} if self.planned_only else {}),
+            "regions": [
+                {
+                    "name": r.name,
+                    "kind": r.kind,
+                    "budget": r.budget,
+                    "used": r.used,
+                    "over_budget": r.over_budget,
+                    "items": r.items,
+                }
+                for r in self.regions
+            ],
+            **({"elf_sections": self.elf_sections} if self.elf_sections is not None else {}),
+            "largest_ctx_that_fits": self.largest_ctx_that_fits,
+            "fits": self.fits,
+        }
+        if self.memory_budget is not None:
+            out["memory_budget"] = self.memory_budget.to_dict()
+        return out
+
+
+def linked_report(board: Board, plan: Plan, elf: ElfSizes) -> MemoryReport:
+    """The report of a linked firmware (its arenas checked against the plan first)."""
     check_elf_against_plan(plan, elf)
     uses = regions(board, plan, elf)
-    return {
-        "board": board.name,
-        "model": plan.spec.name,
-        "architecture": plan.spec.architecture,
-        "quant": plan.quant,
-        "n_ctx": plan.n_ctx,
-        "q4_0_weights": plan.q4_0_weights,
-        "q4_1_weights": plan.q4_1_weights,
-        "kept_f32": kept_f32_dict(plan),
-        "gguf": plan.gguf_report() if plan.gguf_types else None,
-        "regions": [
-            {
-                "name": r.name,
-                "kind": r.kind,
-                "budget": r.budget,
-                "used": r.used,
-                "over_budget": r.over_budget,
-                "items": r.items,
-            }
-            for r in uses
-        ],
-        "elf_sections": elf.sections,
-        "largest_ctx_that_fits": largest_fitting_ctx(board, plan, linked_use(board, plan, elf)),
-        "fits": not any(r.over_budget for r in uses),
-    }
+    return MemoryReport(
+        board=board.name,
+        model=plan.spec.name,
+        architecture=plan.spec.architecture,
+        quant=plan.quant,
+        n_ctx=plan.n_ctx,
+        q4_0_weights=plan.q4_0_weights,
+        q4_1_weights=plan.q4_1_weights,
+        kept_f32=kept_f32_of(plan),
+        gguf=plan.gguf_report() if plan.gguf_types else None,
+        regions=uses,
+        largest_ctx_that_fits=largest_fitting_ctx(board, plan, linked_use(board, plan, elf)),
+        fits=not any(r.over_budget for r in uses),
+        elf_sections=elf.sections,
+        code_estimate=None,
+    )
 
 
-def kept_f32_dict(plan: Plan) -> dict:
-    """The matrices a q8_0, q4_0 or q4_1 plan keeps in f32 (rows not whole blocks), with their bytes."""
-    return {
-        "tensors": {n: plan.tensor(n).nbytes for n in plan.kept_f32},
-        "bytes": plan.kept_f32_bytes,
-        "summary": plan.kept_f32_summary(),
-    }
+def kept_f32_of(plan: Plan) -> KeptF32:
+    """The matrices the plan keeps in f32."""
+    return KeptF32({n: plan.tensor(n).nbytes for n in plan.kept_f32}, plan.kept_f32_bytes, plan.kept_f32_summary())
 
 
-def planned_report_dict(board: Board, plan: Plan) -> dict:
+def planned_report(board: Board, plan: Plan) -> MemoryReport:
     """The report for a configuration alone (no weights, nothing linked): the code is the board's
     reserve, and a region that does not fit says so with the numbers."""
     uses = planned_use(board, plan)
-    reserve = board.code_reserve
-    largest = largest_planned_ctx(board, plan)
-    return {
-        "board": board.name,
-        "model": plan.spec.name,
-        "architecture": plan.spec.architecture,
-        "quant": plan.quant,
-        "n_ctx": plan.n_ctx,
-        "planned_only": True,
-        "q4_0_weights": plan.q4_0_weights,
-        "q4_1_weights": plan.q4_1_weights,
-        "kept_f32": kept_f32_dict(plan),
-        "gguf": plan.gguf_report() if plan.gguf_types else None,
-        "code_estimate": reserve,
-        "regions": [
-            {
-                "name": u.name,
-                "kind": u.kind,
-                "budget": u.budget,
-                "used": u.used,
-                "over_budget": u.over_budget,
-                "items": u.items,
-            }
-            for u in uses
-        ],
-        "largest_ctx_that_fits": largest,
-        "fits": not any(u.over_budget for u in uses),
-    }
+    return MemoryReport(
+        board=board.name,
+        model=plan.spec.name,
+        architecture=plan.spec.architecture,
+        quant=plan.quant,
+        n_ctx=plan.n_ctx,
+        q4_0_weights=plan.q4_0_weights,
+        q4_1_weights=plan.q4_1_weights,
+        kept_f32=kept_f32_of(plan),
+        gguf=plan.gguf_report() if plan.gguf_types else None,
+        regions=uses,
+        largest_ctx_that_fits=largest_planned_ctx(board, plan),
+        fits=not any(u.over_budget for u in uses),
+        elf_sections=None,
+        code_estimate=board.code_reserve,
+    )
 
 
-def format_report(rep: dict) -> str:
+def format_report(rep: MemoryReport) -> str:
     lines = [
-        f"memory report: {rep['model']} ({rep['architecture']}), {rep['quant']}, context {rep['n_ctx']}, "
-        f"board {rep['board']}"
-        + (" (planned, not linked: code is the board's reserve)" if rep.get("planned_only") else "")
+        f"memory report: {rep.model} ({rep.architecture}), {rep.quant}, context {rep.n_ctx}, board {rep.board}"
+        + (" (planned, not linked: code is the board's reserve)" if rep.planned_only else "")
     ]
-    if rep.get("q4_0_weights"):
-        lines.append(f"  q4_0 weights: {rep['q4_0_weights']}")
-    if rep.get("q4_1_weights"):
-        lines.append(f"  q4_1 weights: {rep['q4_1_weights']}")
-    if rep.get("kept_f32", {}).get("summary"):
-        lines.append(f"  {rep['kept_f32']['summary']}")
-    if rep.get("gguf"):
-        lines.append(f"  {rep['gguf']['summary']}")
-        for t in rep["gguf"]["quantized_again"]:
+    if rep.q4_0_weights:
+        lines.append(f"  q4_0 weights: {rep.q4_0_weights}")
+    if rep.q4_1_weights:
+        lines.append(f"  q4_1 weights: {rep.q4_1_weights}")
+    if rep.kept_f32.summary:
+        lines.append(f"  {rep.kept_f32.summary}")
+    if rep.gguf:
+        lines.append(f"  {rep.gguf['summary']}")
+        for t in rep.gguf["quantized_again"]:
             lines.append(f"    quantized again: {t['tensor']} ({t['file_type']} in the file, now {t['block_type']})")
-    for r in rep["regions"]:
-        budget = f"budget {r['budget']:,} B" if r["budget"] else "no fixed budget"
-        lines.append(f"  region {r['name']} ({r['kind']}, {budget})")
-        for name, size in r["items"].items():
+    for r in rep.regions:
+        budget = f"budget {r.budget:,} B" if r.budget else "no fixed budget"
+        lines.append(f"  region {r.name} ({r.kind}, {budget})")
+        for name, size in r.items.items():
             lines.append(f"    {name:<16} {size:>14,} B")
-        status = "OVER BUDGET" if r["over_budget"] else ("fits" if r["budget"] else "")
-        share = f" ({100 * r['used'] / r['budget']:.1f}% of budget)" if r["budget"] else ""
-        lines.append(f"    {'total':<16} {r['used']:>14,} B{share} {status}".rstrip())
-    largest = rep["largest_ctx_that_fits"]
+        status = "OVER BUDGET" if r.over_budget else ("fits" if r.budget else "")
+        share = f" ({100 * r.used / r.budget:.1f}% of budget)" if r.budget else ""
+        lines.append(f"    {'total':<16} {r.used:>14,} B{share} {status}".rstrip())
+    largest = rep.largest_ctx_that_fits
     lines.append(
         "  largest context that fits: "
         + ("no limit on this board" if largest is None else "none" if largest == 0 else str(largest))
     )
-    if rep.get("memory_budget"):
-        lines += budget_lines(rep["memory_budget"])
+    if rep.memory_budget:
+        lines += budget_lines(rep.memory_budget)
     return "\n".join(lines)
 
 
-def budget_lines(c: dict) -> list[str]:
+def budget_lines(cache: CachePlan) -> list[str]:
     """The expert cache under a memory budget (compile/cache_plan.py), as `report` shows it."""
-    auto = c.get("auto")
-    why = [f"  memory budget auto on this machine now: {auto['why']}"] if auto else []
-    if c["unlimited"]:
+    c = cache.constants
+    why = [f"  memory budget auto on this machine now: {cache.auto.describe(cache.unlimited)}"] if cache.auto else []
+    if cache.unlimited:
         return why or ["  memory budget: unlimited (the image is mapped; experts read in place)"]
     lines = why + [
-        f"  memory budget {c['budget']:,} B: the firmware keeps (checked before a run, with these numbers)",
-        f"    {'resident':<16} {c['resident_bytes']:>14,} B  the image without routed experts, locked in RAM",
-        f"    {'arenas+reserve':<16} {c['fixed_bytes'] - c['resident_bytes']:>14,} B  KV cache, scratch, RoPE "
-        f"tables and the board's reserve {c['reserve_bytes']:,} B",
+        f"  memory budget {cache.budget:,} B: the firmware keeps (checked before a run, with these numbers)",
+        f"    {'resident':<16} {c.resident_bytes:>14,} B  the image without routed experts, locked in RAM",
+        f"    {'arenas+reserve':<16} {c.fixed_bytes - c.resident_bytes:>14,} B  KV cache, scratch, RoPE "
+        f"tables and the board's reserve {c.reserve_bytes:,} B",
     ]
-    if c["moe_layers"]:
+    if c.n_moe_layers:
         lines += [
-            f"    {'expert slots':<16} {c['pool_bytes']:>14,} B  {c['slots']} of {c['routed_experts']} routed "
-            f"experts ({c['slots_per_layer']:.2g} per MoE layer, {c['moe_layers']} layers) x {c['slot_bytes']:,} B "
-            f"(an expert is {c['expert_bytes']:,} B)",
-            f"    {'total':<16} {c['fixed_bytes'] + c['pool_bytes']:>14,} B  (the least budget that runs: "
-            f"{c['min_budget']:,} B)",
+            f"    {'expert slots':<16} {cache.pool_bytes:>14,} B  {cache.slots} of {c.max_slots} routed "
+            f"experts ({cache.slots_per_layer:.2g} per MoE layer, {c.n_moe_layers} layers) x {c.slot_bytes:,} B "
+            f"(an expert is {c.expert_bytes:,} B)",
+            f"    {'total':<16} {c.fixed_bytes + cache.pool_bytes:>14,} B  (the least budget that runs: "
+            f"{c.min_budget:,} B)",
         ]
-        per = ", ".join(f"{float(h):.0%} hits {b / 1e6:.3g} MB" for h, b in c["bytes_read_per_token"].items())
+        per = ", ".join(f"{h:.0%} hits {cache.bytes_read_per_token(h) / 1e6:.3g} MB" for h in REPORTED_HIT_RATES)
         lines.append(f"    bytes read from storage per decoded token: {per}")
     return lines
 
 
-def report_problem(rep: dict) -> str | None:
+def report_problem(rep: MemoryReport) -> str | None:
     """`report`'s closing error when a region is over budget: the same line the check before
     compiling gives (docs/errors.md), from the numbers the report shows."""
-    uses = [RegionUse(r["name"], r["kind"], r["budget"], r["items"]) for r in rep["regions"]]
     return fit_problem(
-        rep["model"],
-        rep["quant"],
-        rep["n_ctx"],
-        rep["board"],
-        uses,
-        "; code is the board's reserve" if rep.get("planned_only") else "",
+        rep.model,
+        rep.quant,
+        rep.n_ctx,
+        rep.board,
+        rep.regions,
+        "; code is the board's reserve" if rep.planned_only else "",
     )

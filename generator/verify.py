@@ -4,16 +4,20 @@ step) and the rates a run reports are computed here, once, for `verify`, `releas
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from .boards import Board
 from .compile.firmware_id import firmware_build_id
 from .compile.image import identity_sha256, map_image
 from .compile.plan import Plan
-from .device.session import RunRequest, RunResult, cache_stats
+from .device.session import CacheStats, RunRequest, RunResult, cache_stats
 from .errors import ColibriError
 from .reference import Generation, Reference
+
+if TYPE_CHECKING:
+    from .compile.build import Artifacts
 
 # ---- is the firmware that answers the one this build produced? ---------------------------------
 
@@ -47,7 +51,7 @@ _FIELD_NAMES = {
 _HASHES = ("model", "weights", "build")
 
 
-def firmware_identity(board: Board, art, plan: Plan) -> FirmwareIdentity:
+def firmware_identity(board: Board, art: Artifacts, plan: Plan) -> FirmwareIdentity:
     """The identity of the firmware built as `art` (compile.build.Artifacts) for `plan`."""
     weights = identity_sha256(map_image(art.weights)).hex()
     return FirmwareIdentity(
@@ -58,7 +62,7 @@ def firmware_identity(board: Board, art, plan: Plan) -> FirmwareIdentity:
 def identity_differences(hello: dict[str, str], identity: FirmwareIdentity) -> list[str]:
     """What differs between a hello frame and this build, one phrase per field ([] if nothing)."""
 
-    def show(field, value):
+    def show(field: str, value: str) -> str:
         return value[:16] + "…" if field in _HASHES and len(value) > 16 else value
 
     out = []
@@ -75,12 +79,12 @@ class FirmwareMismatch(ColibriError):
     """The board answered with firmware that is not this build (refused at its hello frame,
     before the request is sent)."""
 
-    def __init__(self, message: str, differences: list[str], hello: dict[str, str]):
+    def __init__(self, message: str, differences: list[str], hello: dict[str, str]) -> None:
         super().__init__(message)
         self.differences, self.hello = differences, dict(hello)
 
 
-def hello_check(identity: FirmwareIdentity):
+def hello_check(identity: FirmwareIdentity) -> Callable[[dict[str, str]], None]:
     """A Session hello check (device.session.Session's check_hello) that refuses any firmware
     but this build's, saying what differs and how to put this build on the board."""
 
@@ -105,7 +109,9 @@ def reference_run(plan: Plan, weights: Path, request: RunRequest) -> Generation:
     )
 
 
-def first_divergence(fw_tokens, fw_digests, ref_tokens, ref_digests) -> int | None:
+def first_divergence(
+    fw_tokens: list[int], fw_digests: list[str], ref_tokens: list[int], ref_digests: list[str]
+) -> int | None:
     """The first step whose token or logits hash differs, or where one side stopped earlier."""
     for i in range(max(len(fw_tokens), len(ref_tokens))):
         if i >= len(fw_tokens) or i >= len(ref_tokens):
@@ -137,13 +143,14 @@ class Comparison:
             )
         if self.first_divergent_step is None:
             layer = self.routing_layer
+            assert layer is not None  # it did not pass, and no step diverged: the routing did
             return (
                 f"FAIL: expert routing differs in layer {layer}: firmware {fw.expert_counts.get(layer)}, "
                 f"reference {ref.expert_counts.get(layer)}"
             )
         step = self.first_divergent_step
 
-        def at(tokens, digests):
+        def at(tokens: list[int], digests: list[str]) -> str:
             if step < len(tokens):
                 return f"token {tokens[step]}, logits {digests[step][:16]}"
             return "no token (stopped earlier)"
@@ -160,30 +167,78 @@ def compare(result: RunResult, ref: Generation) -> Comparison:
     return Comparison(result, ref, first_divergence(result.tokens, result.digests, ref.tokens, ref.digests), routing)
 
 
-def rates(result: RunResult) -> dict:
+@dataclass(frozen=True)
+class RunRates:
     """A run's speeds from its stats frame: tokens per second (wall clock) or instructions per
-    token (boards that count them)."""
+    token (boards that count them); None where the run has no such figure."""
+
+    prompt_tokens: int
+    prefill_seconds: float
+    prefill_tok_s: float | None
+    decode_forward_passes: int
+    decode_seconds: float
+    decode_tok_s: float | None
+    forward_tok_s: float | None  # the forward passes alone, without sampling, logits hashing and frame output
+    # Exact retired instructions, on boards that count them (qemu-rv32, esp32p4).
+    prefill_instructions_per_token: float | None
+    decode_instructions_per_token: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_seconds": self.prefill_seconds,
+            "prefill_tok_s": self.prefill_tok_s,
+            "decode_forward_passes": self.decode_forward_passes,
+            "decode_seconds": self.decode_seconds,
+            "decode_tok_s": self.decode_tok_s,
+            "forward_tok_s": self.forward_tok_s,
+            "prefill_instructions_per_token": self.prefill_instructions_per_token,
+            "decode_instructions_per_token": self.decode_instructions_per_token,
+        }
+
+
+def rates(result: RunResult) -> RunRates:
+    """A run's speeds from its stats frame."""
     s = result.stats
     prefill_us, decode_us = int(s.get("prefill_us", 0)), int(s.get("decode_us", 0))
     forward_us = int(s.get("forward_us", 0))
     n_prompt, n_decode = int(s.get("prompt", 0)), int(s.get("decode", 0))
-    return {
-        "prompt_tokens": n_prompt,
-        "prefill_seconds": prefill_us / 1e6,
-        "prefill_tok_s": n_prompt / (prefill_us / 1e6) if prefill_us else None,
-        "decode_forward_passes": n_decode,
-        "decode_seconds": decode_us / 1e6,
-        "decode_tok_s": n_decode / (decode_us / 1e6) if decode_us and n_decode else None,
-        # The forward passes alone, without sampling, logits hashing and frame output.
-        "forward_tok_s": n_decode / (forward_us / 1e6) if forward_us and n_decode else None,
-        # Exact retired instructions, on boards that count them (qemu-rv32, esp32p4).
-        "prefill_instructions_per_token": int(s["prefill_instret"]) / n_prompt
+    return RunRates(
+        prompt_tokens=n_prompt,
+        prefill_seconds=prefill_us / 1e6,
+        prefill_tok_s=n_prompt / (prefill_us / 1e6) if prefill_us else None,
+        decode_forward_passes=n_decode,
+        decode_seconds=decode_us / 1e6,
+        decode_tok_s=n_decode / (decode_us / 1e6) if decode_us and n_decode else None,
+        forward_tok_s=n_decode / (forward_us / 1e6) if forward_us and n_decode else None,
+        prefill_instructions_per_token=int(s["prefill_instret"]) / n_prompt
         if "prefill_instret" in s and n_prompt
         else None,
-        "decode_instructions_per_token": int(s["decode_instret"]) / n_decode
+        decode_instructions_per_token=int(s["decode_instret"]) / n_decode
         if "decode_instret" in s and n_decode
         else None,
-    }
+    )
+
+
+@dataclass(frozen=True)
+class RunStats(RunRates):
+    """rates() with what they are: the emulator they were measured under (None: the board itself),
+    for instruction counts what a token's count includes, the budget the run was given, and how a
+    Linux board held its weights (mapped, slots, the expert cache's counters; None: not said)."""
+
+    emulated_by: str | None
+    instructions_counted: str | None
+    memory_budget: int | str  # bytes, or "auto"
+    weights_held: CacheStats | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **super().to_json(),
+            "emulated_by": self.emulated_by,
+            "instructions_counted": self.instructions_counted,
+            "memory_budget": self.memory_budget,
+            "weights_held": self.weights_held.to_json() if self.weights_held else None,
+        }
 
 
 def instructions_scope(request: RunRequest, result: RunResult) -> str:
@@ -207,53 +262,53 @@ def instructions_scope(request: RunRequest, result: RunResult) -> str:
     return f"forward pass at {contexts}, {sampling}, {hashing}, the token frame"
 
 
-def run_stats(result: RunResult, board: Board, request: RunRequest) -> dict:
-    """rates() with what they are: the emulator they were measured under (None: the board
-    itself), and for instruction counts what a token's count includes."""
+def run_stats(result: RunResult, board: Board, request: RunRequest) -> RunStats:
+    """rates() labelled with the board and request they were measured with."""
     r = rates(result)
-    r["emulated_by"] = board.runner.emulated_by()
-    r["instructions_counted"] = instructions_scope(request, result) if r["decode_instructions_per_token"] else None
-    r["memory_budget"] = request.memory_budget if isinstance(request.memory_budget, int) else str(request.memory_budget)
-    r["weights_held"] = cache_stats(result)  # Linux boards: mapped, slots, the expert cache's counters
-    return r
+    return RunStats(
+        **{f.name: getattr(r, f.name) for f in fields(RunRates)},
+        emulated_by=board.runner.emulated_by(),
+        instructions_counted=instructions_scope(request, result) if r.decode_instructions_per_token else None,
+        memory_budget=request.memory_budget if isinstance(request.memory_budget, int) else str(request.memory_budget),
+        weights_held=cache_stats(result),
+    )
 
 
-def budget_text(r: dict) -> str:
+def budget_text(r: RunStats) -> str:
     """How a Linux board held its weights, as a phrase for run and verify: empty without a budget."""
-    c = r.get("weights_held")
+    c = r.weights_held
     auto = auto_text(c) if c else ""
-    if not c or not c.get("budget"):
+    if not c or not c.budget:
         return f" with --memory-budget {auto}" if auto else ""
-    uses = c.get("cache_hits", 0) + c.get("cache_misses", 0)
-    hits = f", {100 * c['cache_hits'] / uses:.0f}% expert cache hits while decoding" if uses else ""
-    slots = f", {c['slots']} expert slots" if c.get("slots") else ""
-    locked = "" if not c.get("lock_refused") else ", resident weights NOT locked (mlock refused)"
-    return f" under a memory budget of {c['budget']:,} B{slots}{hits}{locked}" + (
+    uses = c.expert_uses
+    hits = f", {100 * (c.cache_hits or 0) / uses:.0f}% expert cache hits while decoding" if uses else ""
+    slots = f", {c.slots} expert slots" if c.slots else ""
+    locked = "" if not c.lock_refused else ", resident weights NOT locked (mlock refused)"
+    return f" under a memory budget of {c.budget:,} B{slots}{hits}{locked}" + (
         f" (--memory-budget {auto})" if auto else ""
     )
 
 
-def auto_text(c: dict) -> str:
+def auto_text(c: CacheStats) -> str:
     """How the board chose its budget under --memory-budget auto (its stats frame), or empty."""
-    from .compile.cache_plan import AutoBudget, AutoChoice, MemoryFound
-
-    if "auto_found" not in c:
+    ran = c.auto_ran()
+    if ran is None:
         return ""
-    choice = AutoChoice(AutoBudget(c["auto_margin"]), MemoryFound(c["auto_found"], c["auto_source"], c["auto_where"]))
-    return f"auto on the board: {choice.describe(c['budget'] == 0)}"
+    return f"auto on the board: {ran.choice.describe(ran.budget == 0)}"
 
 
-def speed_text(r: dict) -> str:
-    """A run's decode speed as one phrase, labelled: exact instruction counts say what they
-    count, and a wall-clock speed under an emulator says it is the emulator's."""
-    if r["decode_instructions_per_token"]:
-        text = f"{r['decode_instructions_per_token'] / 1e6:.2f} M instructions per decoded token"
-        if r.get("instructions_counted"):
-            text += f" ({r['instructions_counted']})"
+def speed_text(r: RunRates) -> str:
+    """A run's decode speed as one phrase, labelled (RunStats): exact instruction counts say what
+    they count, and a wall-clock speed under an emulator says it is the emulator's."""
+    labels = r if isinstance(r, RunStats) else None
+    if r.decode_instructions_per_token:
+        text = f"{r.decode_instructions_per_token / 1e6:.2f} M instructions per decoded token"
+        if labels and labels.instructions_counted:
+            text += f" ({labels.instructions_counted})"
         return text
-    if not r["decode_tok_s"]:
+    if not r.decode_tok_s:
         return ""
-    text = f"{r['decode_tok_s']:.1f} tok/s"
-    if r.get("emulated_by"):
-        text += f" under {r['emulated_by']} emulation (the emulator's speed on this machine, not the board's)"
+    text = f"{r.decode_tok_s:.1f} tok/s"
+    if labels and labels.emulated_by:
+        text += f" under {labels.emulated_by} emulation (the emulator's speed on this machine, not the board's)"
     return text

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from generator.bench import SAMPLED  # noqa: E402
 from generator.compile.cache_plan import parse_size  # noqa: E402
 from generator.device.process import run_process  # noqa: E402
-from generator.device.session import RunRequest, Session, cache_stats, request_frame  # noqa: E402
+from generator.device.session import CacheStats, RunRequest, Session, cache_stats, request_frame  # noqa: E402
 
 
 def one_run(
@@ -69,18 +69,18 @@ def one_run(
     result = run_process(argv, request_frame(request), Session(), timeout=3600)
     s = result.stats
     passes = int(s["decode"])
-    c = cache_stats(result) or {}
-    uses = c.get("cache_hits", 0) + c.get("cache_misses", 0)
+    c = cache_stats(result) or CacheStats(mapped=0)
+    uses = c.expert_uses
     out = {
         "decode_tok_s": passes / (int(s["decode_us"]) / 1e6),
         "peak_rss": int(s.get("peak_rss", 0)),
-        "slots": c.get("slots", 0),
-        "hit_rate": c.get("cache_hits", 0) / uses if uses else None,
-        "prefetched_hits": c.get("prefetch_hits", 0) / uses if uses else None,
-        "read_mb_per_token": c.get("read_bytes", 0) / passes / 1e6,
-        "wait_ms_per_token": c.get("read_wait_us", 0) / passes / 1e3,
-        "read_ms_per_token": c["read_time_us"] / passes / 1e3 if "read_time_us" in c else None,
-        "reads_in_flight": c.get("reads_in_flight"),
+        "slots": c.slots or 0,
+        "hit_rate": (c.cache_hits or 0) / uses if uses else None,
+        "prefetched_hits": (c.prefetch_hits or 0) / uses if uses else None,
+        "read_mb_per_token": (c.read_bytes or 0) / passes / 1e6,
+        "wait_ms_per_token": (c.read_wait_us or 0) / passes / 1e3,
+        "read_ms_per_token": c.read_time_us / passes / 1e3 if c.read_time_us is not None else None,
+        "reads_in_flight": c.reads_in_flight,
         "storage_gb_s": int(result.storage["read_bw"]) / 1e9 if result.storage else None,
     }
     return out

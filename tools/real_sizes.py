@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 from generator.boards import available_boards, load_board  # noqa: E402
 from generator.compile.plan import make_plan  # noqa: E402
 from generator.model.hf.load import parse_config, read_json  # noqa: E402
-from generator.report import planned_report_dict  # noqa: E402
+from generator.report import planned_report  # noqa: E402
 
 CONFIGS = REPO / "models" / "configs"
 DOC = REPO / "docs" / "real-sizes.md"
@@ -47,23 +47,19 @@ def render() -> str:
             n_ctx = min(board.default_ctx, spec.max_position_embeddings)
             plan = make_plan(spec, board.name, "q8_0", n_ctx, board.prefill_batch)
             params = sum(t.rows * t.cols for t in plan.tensors) / 1e6
-            rep = planned_report_dict(board, plan)
-            items = {}
-            for region in rep["regions"]:
-                items.update(region["items"])
+            rep = planned_report(board, plan)
+            items: dict[str, int] = {}
+            for region in rep.regions:
+                items.update(region.items)
             over = (
-                "; ".join(
-                    f"{r['name']} needs {mib(r['used'])} of {mib(r['budget'])}"
-                    for r in rep["regions"]
-                    if r["over_budget"]
-                )
+                "; ".join(f"{r.name} needs {mib(r.used)} of {mib(r.budget)}" for r in rep.regions if r.over_budget)
                 or "-"
             )
-            largest = rep["largest_ctx_that_fits"]
+            largest = rep.largest_ctx_that_fits
             lines.append(
                 f"| {model_dir.name} | {params:,.1f} | {name} | {n_ctx} | {mib(items['weights'])} | "
                 f"{mib(items['kv_cache'])} | {mib(items['scratch'])} | {mib(items['rope_tables'])} | "
-                f"{'yes' if rep['fits'] else '**no**'} | {over} | "
+                f"{'yes' if rep.fits else '**no**'} | {over} | "
                 f"{'no limit' if largest is None else largest} |"
             )
     lines += [

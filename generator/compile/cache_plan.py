@@ -89,6 +89,10 @@ def cache_constants(plan: Plan, reserve_bytes: int) -> CacheConstants:
     )
 
 
+# The hit rates at which report and --json show the bytes a decoded token reads from storage.
+REPORTED_HIT_RATES = (0.0, 0.5, 0.9)
+
+
 @dataclass(frozen=True)
 class CachePlan:
     budget: int  # bytes; 0: unlimited (experts used straight from the mapped image)
@@ -101,10 +105,11 @@ class CachePlan:
         """What the firmware is given: auto resolves itself where it runs (the same rule)."""
         return self.auto.request if self.auto else self.budget
 
-    def as_run(self, stats: dict | None) -> CachePlan:
-        """The cache the firmware ran with, from its stats frame (session.cache_stats): under auto
-        what it found where it ran, which may have moved since this plan; else this plan."""
-        return plan_from_stats(self.constants, stats) if self.auto and stats and "auto_found" in stats else self
+    def as_run(self, ran: AutoRan | None) -> CachePlan:
+        """The cache the firmware ran with (`ran`: what its stats frame says auto chose,
+        session.CacheStats.auto_ran): under auto what it found where it ran, which may have moved
+        since this plan; else this plan."""
+        return plan_as_ran(self.constants, ran) if self.auto and ran else self
 
     @property
     def unlimited(self) -> bool:
@@ -127,7 +132,7 @@ class CachePlan:
         c = self.constants
         return (1.0 - hit_rate) * c.n_moe_layers * c.experts_per_token * c.slot_bytes
 
-    def to_dict(self, hit_rates=(0.0, 0.5, 0.9)) -> dict:
+    def to_dict(self, hit_rates: tuple[float, ...] = REPORTED_HIT_RATES) -> dict[str, object]:
         c = self.constants
         return {
             "budget": self.budget,
@@ -281,7 +286,7 @@ class AutoChoice:
         text = f"{self.found.describe()} - margin {format_size(self.request.margin)} = {usable}"
         return text + (": it holds the whole model, so unlimited (the mapped image read in place)" if unlimited else "")
 
-    def to_dict(self, budget: int) -> dict:
+    def to_dict(self, budget: int) -> dict[str, object]:
         return {
             "found": self.found.nbytes,
             "source": self.found.source,
@@ -330,16 +335,22 @@ class AutoElsewhere:
     def firmware_budget(self) -> AutoBudget:
         return self.request
 
-    def as_run(self, stats: dict | None) -> CachePlan:
-        if not stats or "auto_found" not in stats:
+    def as_run(self, ran: AutoRan | None) -> CachePlan:
+        if ran is None:
             raise ColibriError(
                 "the board's stats frame does not say what --memory-budget auto chose there (firmware older than auto?)"
             )
-        return plan_from_stats(self.constants, stats)
+        return plan_as_ran(self.constants, ran)
 
 
-def plan_from_stats(c: CacheConstants, stats: dict) -> CachePlan:
+@dataclass(frozen=True)
+class AutoRan:
+    """What a firmware under --memory-budget auto chose where it ran (its stats frame)."""
+
+    budget: int
+    choice: AutoChoice
+
+
+def plan_as_ran(c: CacheConstants, ran: AutoRan) -> CachePlan:
     """The cache a firmware under auto ran with: its budget, and what it found where it ran."""
-    found = MemoryFound(stats["auto_found"], stats["auto_source"], stats.get("auto_where", ""))
-    budget = stats["budget"]
-    return CachePlan(budget, c, slots_for_budget(c, budget) or 0, AutoChoice(AutoBudget(stats["auto_margin"]), found))
+    return CachePlan(ran.budget, c, slots_for_budget(c, ran.budget) or 0, ran.choice)

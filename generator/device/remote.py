@@ -38,7 +38,7 @@ from typing import Callable
 from ..boards import Board, ProcessRunner, available_boards, load_board
 from ..errors import ColibriError
 from .process import run_process, signal_name
-from .session import RunRequest, RunResult, Session, request_frame
+from .session import RemoteRun, RunRequest, RunResult, Session, request_frame
 
 DEFAULT_CACHE = "~/.cache/colibri"
 
@@ -507,9 +507,9 @@ def ran_on(board: Board, result: RunResult) -> str:
     """The board a run ran on, for a line of text: with the SSH host and what was copied to it."""
     if not result.remote:
         return board.name
-    sent = result.remote["bytes_sent"]
+    sent = result.remote.bytes_sent
     copied = sent["firmware"] + sent["weights"]
-    return f"{board.name} at {result.remote['host']} ({f'{copied:,} bytes copied' if copied else 'nothing copied'})"
+    return f"{board.name} at {result.remote.host} ({f'{copied:,} bytes copied' if copied else 'nothing copied'})"
 
 
 def remote_command(
@@ -562,14 +562,14 @@ def run_remote(
     check_remote_machine(remote, board, hello)
     machine = hello.get("machine")
     sent = {**deployment.sent, "request": len(frame)}
-    result.remote = {
-        "host": str(remote),
-        "cache": deployment.cache,
-        "machine": deployment.machine,
-        "prefix": list(prefix),
-        "firmware_machine": machine,
-        "cpu": hello.get("cpu"),
-        "kernels": hello.get("kernels"),
-        "bytes_sent": {**sent, "total": sum(sent.values())},
-    }
+    result.remote = RemoteRun(
+        host=str(remote),
+        cache=deployment.cache,
+        machine=deployment.machine,
+        prefix=list(prefix),
+        firmware_machine=machine,
+        cpu=hello.get("cpu"),
+        kernels=hello.get("kernels"),
+        bytes_sent={**sent, "total": sum(sent.values())},
+    )
     return result

@@ -3,10 +3,10 @@ the types every link (a process's stdin/stdout, a serial port, an emulator's soc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
 
-from ..compile.cache_plan import AutoBudget
+from ..compile.cache_plan import AutoBudget, AutoChoice, AutoRan, MemoryFound
 from ..errors import ColibriError
 from ..numerics.perplexity import Score
 from ..numerics.sampling import SamplingParams
@@ -62,6 +62,34 @@ class RunRequest:
         return out
 
 
+@dataclass(frozen=True)
+class RemoteRun:
+    """Where a run over SSH ran (device/remote.py's run_remote): the host, the board's cache directory and machine, the prefix
+    the firmware ran under, what the firmware's hello said of the machine, and the bytes sent per
+    kind (firmware, weights, request, total)."""
+
+    host: str
+    cache: str
+    machine: str  # uname -m on the board
+    prefix: list[str]
+    firmware_machine: str | None
+    cpu: str | None
+    kernels: str | None
+    bytes_sent: dict[str, int]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "cache": self.cache,
+            "machine": self.machine,
+            "prefix": self.prefix,
+            "firmware_machine": self.firmware_machine,
+            "cpu": self.cpu,
+            "kernels": self.kernels,
+            "bytes_sent": self.bytes_sent,
+        }
+
+
 @dataclass
 class RunResult:
     hello: dict[str, str] = field(default_factory=dict)
@@ -75,7 +103,7 @@ class RunResult:
     stop_reason: str = ""
     log: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
-    remote: dict | None = None  # a run over SSH: where it ran and the bytes sent (device/remote.py)
+    remote: RemoteRun | None = None  # a run over SSH (device/remote.py): where it ran and the bytes sent
     scores: list[Score] = field(default_factory=list)  # scored prompt tokens, in order (score frames)
     held: int = 0  # positions the firmware's KV cache holds afterwards: where the next request may start
 
@@ -84,40 +112,64 @@ class RunResult:
 # and its expert cache's counters over the decode (prefill_* over the prompt). Older boards send none.
 # Under --memory-budget auto also what the board found (auto_found, less auto_margin) and where
 # (auto_source: cgroup-v2, cgroup-v1 or meminfo; auto_where: the file).
-CACHE_STATS = (
-    "mapped",
-    "budget",
-    "slots",
-    "locked",
-    "lock_refused",
-    "direct_io",
-    "prefetch",
-    "lru",
-    "cache_hits",
-    "cache_misses",
-    "prefetches",
-    "prefetch_hits",
-    "read_bytes",
-    "read_wait_us",
-    "read_time_us",
-    "reads_in_flight",
-    "reads_reordered",
-    "prefill_read_bytes",
-    "prefill_read_wait_us",
-    "auto_found",
-    "auto_margin",
-)
+@dataclass(frozen=True)
+class CacheStats:
+    """The stats frame's cache fields, as integers. None: a field this firmware does not send (an
+    older one sends fewer), so the JSON written from it (to_json) holds only the fields sent."""
+
+    mapped: int
+    budget: int | None = None
+    slots: int | None = None
+    locked: int | None = None
+    lock_refused: int | None = None
+    direct_io: int | None = None
+    prefetch: int | None = None
+    lru: int | None = None
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+    prefetches: int | None = None
+    prefetch_hits: int | None = None
+    read_bytes: int | None = None
+    read_wait_us: int | None = None
+    read_time_us: int | None = None
+    reads_in_flight: int | None = None
+    reads_reordered: int | None = None
+    prefill_read_bytes: int | None = None
+    prefill_read_wait_us: int | None = None
+    auto_found: int | None = None
+    auto_margin: int | None = None
+    auto_source: str | None = None  # sent with auto_found
+    auto_where: str | None = None
+
+    @property
+    def expert_uses(self) -> int:
+        """The decode's expert uses: each a hit or a miss of the cache."""
+        return (self.cache_hits or 0) + (self.cache_misses or 0)
+
+    def auto_ran(self) -> AutoRan | None:
+        """What --memory-budget auto chose where the firmware ran, or None (no auto)."""
+        if self.auto_found is None:
+            return None
+        found = MemoryFound(self.auto_found, self.auto_source or "", self.auto_where or "")
+        return AutoRan(self.budget or 0, AutoChoice(AutoBudget(self.auto_margin or 0), found))
+
+    def to_json(self) -> dict[str, int | str]:
+        return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
+
+
+CACHE_STATS = tuple(f.name for f in fields(CacheStats) if f.name not in ("auto_source", "auto_where"))
 AUTO_SOURCES = ("cgroup-v2", "cgroup-v1", "meminfo")
 
 
-def cache_stats(result: RunResult) -> dict | None:
-    """The stats frame's cache fields as integers, or None when the board sent none."""
-    if "mapped" not in result.stats:
+def cache_stats(result: RunResult) -> CacheStats | None:
+    """The stats frame's cache fields, or None when the board sent none."""
+    stats = result.stats
+    if "mapped" not in stats:
         return None
-    out = {key: int(result.stats[key]) for key in CACHE_STATS if key in result.stats}
-    if "auto_found" in out:
-        out["auto_source"], out["auto_where"] = result.stats["auto_source"], result.stats.get("auto_where", "")
-    return out
+    sent: dict[str, Any] = {key: int(stats[key]) for key in CACHE_STATS if key in stats}
+    if "auto_found" in sent:
+        sent.update(auto_source=stats["auto_source"], auto_where=stats.get("auto_where", ""))
+    return CacheStats(**sent)
 
 
 class Session:

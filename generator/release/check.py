@@ -13,6 +13,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from ..boards import load_board
 from ..errors import ColibriError
@@ -37,7 +38,8 @@ class VerifyResult:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
+        """verify-release --json's document."""
         return {
             "bundle": self.bundle,
             "ok": self.ok,
@@ -108,8 +110,9 @@ def _read_sums(bundle: Path, problems: list[str]) -> dict[str, str]:
     return sums
 
 
-def check_hashes(bundle: Path, result: VerifyResult) -> dict | None:
-    """Every file against SHA256SUMS and manifest.json's outputs; returns the manifest (or None)."""
+def check_hashes(bundle: Path, result: VerifyResult) -> dict[str, Any] | None:
+    """Every file against SHA256SUMS and manifest.json's outputs; returns the manifest as read from
+    the bundle (a JSON document, not yet trusted), or None."""
     problems = result.problems
     files = set(bundle_files(bundle))
     sums = _read_sums(bundle, problems)

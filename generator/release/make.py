@@ -32,6 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..boards import Board, load_board
 from ..compile.build import GENERATED_DIR, prepare, run_scons
@@ -154,7 +155,7 @@ def produce(
         raise ColibriError(f"the {board.name} firmware failed its verification ({why}); no release made")
 
     from ..compile.elfsize import read_elf
-    from ..report import format_report, report_dict
+    from ..report import format_report, linked_report
 
     bundle = work / "bundle" / name
     bundle.mkdir(parents=True)
@@ -167,8 +168,8 @@ def produce(
         )
     for gen_name in OUTPUT_FILES:
         put(art.generated / gen_name, bundle / GENERATED_DIR / gen_name)
-    report = report_dict(board, plan, read_elf(art.program))
-    write_file(bundle / REPORT_JSON, json_bytes(report))
+    report = linked_report(board, plan, read_elf(art.program))
+    write_file(bundle / REPORT_JSON, json_bytes(report.to_json()))
     write_file(bundle / REPORT_TEXT, (format_report(report) + "\n").encode())
     write_file(bundle / VERIFICATION, json_bytes(verification))
 
@@ -239,11 +240,13 @@ class Release:
     bundle: Path
     tarball: Path
     measurements_file: Path
-    manifest: dict
-    verification: dict
-    measurements: dict = field(default_factory=dict)
+    # The bundle's documents as written (manifest.json, verification.json) and the measurements file's.
+    manifest: dict[str, Any]
+    verification: dict[str, Any]
+    measurements: dict[str, Any] = field(default_factory=dict)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, object]:
+        """release --json's document."""
         return {
             "bundle": str(self.bundle),
             "tarball": str(self.tarball),

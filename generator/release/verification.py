@@ -80,9 +80,10 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
         "run_machine": {k: v for k, v in result.hello.items() if k not in HELLO_IDENTITY},
         "wall_seconds": round(result.wall_seconds, 6),
         **{k: int(s.get(k, 0)) for k in ("prefill_us", "decode_us", "forward_us")},
-        **{
-            k: r[k]
-            for k in ("prompt_tokens", "decode_forward_passes", "prefill_tok_s", "decode_tok_s", "forward_tok_s")
-        },
+        "prompt_tokens": r.prompt_tokens,
+        "decode_forward_passes": r.decode_forward_passes,
+        "prefill_tok_s": r.prefill_tok_s,
+        "decode_tok_s": r.decode_tok_s,
+        "forward_tok_s": r.forward_tok_s,
     }
     return verification, measurements

@@ -165,7 +165,7 @@ def test_qemu_rv32_predicts_with_the_esp32p4_idf_timing_model():
     timing = predicted_timing(load_board("qemu-rv32"))
     assert timing == load_board("esp32p4-idf").predict
     assert timing.describe() == "400 MHz, 1.0 cycles/instruction, weights at 84 MB/s, the slower of the two"
-    assert predict_speed(timing, 4e6, 10**6)["tok_s"] == 1.0 / max(4e6 / 400e6, 10**6 / 84e6)
+    assert predict_speed(timing, 4e6, 10**6).tok_s == 1.0 / max(4e6 / 400e6, 10**6 / 84e6)
 
 
 def test_a_build_only_board_has_no_link(tmp_path):

@@ -36,21 +36,23 @@ def test_each_runs_share_is_taken_against_its_own_probe_and_the_median_share_is_
         bench.run_figures(r, weight)
         for r in (probed_run(1_000_000, 10e9), probed_run(500_000, 20e9), probed_run(800_000, 16e9))
     ]
-    assert [r["read_bandwidth_bytes_s"] for r in runs] == [10e9, 20e9, 16e9]
-    assert [r["bandwidth_fraction"] for r in runs] == pytest.approx([1.0, 1.0, 0.78125])
+    assert [r.read_bandwidth_bytes_s for r in runs] == [10e9, 20e9, 16e9]
+    assert [r.bandwidth_fraction for r in runs] == pytest.approx([1.0, 1.0, 0.78125])
     summary = bench.bandwidth_summary(weight, runs)
-    assert summary["read_bandwidth_bytes_s"] == {"min": 10e9, "median": 16e9, "max": 20e9}
+    assert summary.read_bandwidth_bytes_s == bench.ProbeRange(min=10e9, median=16e9, max=20e9)
     # Not the median speed over the median probe (125 tok/s x 100 MB / 16 GB/s = 0.78).
-    assert summary["bandwidth_fraction"] == pytest.approx(1.0)
-    assert summary["bandwidth_limit_tok_s"] == pytest.approx(160.0)
+    assert summary.bandwidth_fraction == pytest.approx(1.0)
+    assert summary.bandwidth_limit_tok_s == pytest.approx(160.0)
+    # --json writes them under the same names.
+    assert summary.to_json()["read_bandwidth_bytes_s"] == {"min": 10e9, "median": 16e9, "max": 20e9}
 
 
 def test_without_probes_there_is_no_bandwidth_figure():
     run = bench.run_figures(
         RunResult(stats={"prompt": "8", "prefill_us": "10", "decode": "4", "decode_us": "40"}), 1000
     )
-    assert run["read_bandwidth_bytes_s"] is None and run["bandwidth_fraction"] is None
-    assert bench.bandwidth_summary(1000, [run]) == {
+    assert run.read_bandwidth_bytes_s is None and run.bandwidth_fraction is None
+    assert bench.bandwidth_summary(1000, [run]).to_json() == {
         "read_bandwidth_bytes_s": None,
         "bandwidth_fraction": None,
         "bandwidth_limit_tok_s": None,
@@ -156,22 +158,34 @@ def test_bench_text_gives_the_median_share_and_the_range_of_the_probes_next_to_e
 
 
 def test_an_emulated_linux_board_gets_no_bandwidth_figure_in_the_text():
-    out = {
-        "board": "linux-aarch64",
-        "quant": "q8_0",
-        "kernels": "neon",
-        "threads": 1,
-        "prompt_tokens": 8,
-        "decode_steps": 16,
-        "repeat": 1,
-        "prefill_tok_s": 10.0,
-        "decode_tok_s": 5.0,
-        "ms_per_token": {},
-        "weight_bytes_per_token": 200_000,
-        "peak_rss_bytes": 2**20,
-        "emulated_by": "qemu-aarch64",
-        **bench.bandwidth_summary(200_000, []),
-    }
+    stream = bench.StreamFigures(
+        "synthetic", None, None, None, 8, 15, 15, None, "synthetic 8-token prompt, greedy decoding", None
+    )
+    clocked = bench.ClockedFigures(10.0, 5.0, 5.0, None, 2**20, bench.bandwidth_summary(200_000, []), None)
+    out = bench.BenchResult(
+        board="linux-aarch64",
+        model="kjv-tiny",
+        architecture="LlamaForCausalLM",
+        quant="q8_0",
+        n_ctx=256,
+        threads=1,
+        kernels="neon",
+        prompt_tokens=8,
+        decode_steps=16,
+        repeat=1,
+        emulated_by="qemu-aarch64",
+        speed_note=None,
+        weight_bytes_per_token=200_000,
+        macs_per_token=100_000,
+        runs=[],
+        memory_budget=None,
+        stream=stream,
+        cache=None,
+        in_ram=None,
+        remote=None,
+        counted=None,
+        clocked=clocked,
+    )
     line = bench.bench_line(out, "kjv-tiny")
     assert "on linux-aarch64 EMULATED by qemu-aarch64" in line
     assert "the emulator's speed on this machine, not the board's" in line

@@ -46,6 +46,21 @@ def bench_json(capsys, moe, art, *args) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+def bench_run(capsys, monkeypatch, moe, art, *args) -> tuple[dict, bench.BenchResult]:
+    """bench --json's document, and the result it was written from (for bench_line)."""
+    from generator import job
+
+    made: list[bench.BenchResult] = []
+    bench_built = job.bench_built
+
+    def recorded(*a, **k) -> bench.BenchResult:
+        made.append(bench_built(*a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(job, "bench_built", recorded)
+    return bench_json(capsys, moe, art, *args), made[-1]
+
+
 def hit_rate(stats: dict) -> float:
     return stats["cache_hits"] / (stats["cache_hits"] + stats["cache_misses"])
 
@@ -74,17 +89,17 @@ def test_the_text_stream_decodes_one_token_per_forward_pass_the_texts_not_the_mo
     assert result.tokens[:39] == tokens[8:47]
     # The expert cache counted every one of them in the decode: k uses per MoE layer per pass.
     c = cache_stats(result)
-    assert c["cache_hits"] + c["cache_misses"] == 39 * plan.spec.experts_per_token * sum(
-        map(bool, plan.spec.moe_layers)
-    )
+    assert c.cache_hits + c.cache_misses == 39 * plan.spec.experts_per_token * sum(map(bool, plan.spec.moe_layers))
     # The same bits as the reference decoding the same request token by token.
     ref = reference_run(plan, art.weights, request)
     assert (result.tokens, result.digests, result.expert_counts) == (ref.tokens, ref.digests, ref.expert_counts)
 
 
-def test_bench_on_a_moe_model_feeds_the_bundled_text_which_does_not_repeat(built, moe, capsys):
+def test_bench_on_a_moe_model_feeds_the_bundled_text_which_does_not_repeat(built, moe, capsys, monkeypatch):
     board, art, plan, budget = built
-    out = bench_json(capsys, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram")
+    out, result = bench_run(
+        capsys, monkeypatch, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram"
+    )
     s = out["stream"]
     assert s["kind"] == "text" and s["text"].endswith("docs/texts/ruth-kjv.txt")
     assert s["prompt_tokens"] == out["prompt_tokens"] == 8 and s["decoded_tokens_fed"] == out["decode_steps"] - 1
@@ -92,11 +107,21 @@ def test_bench_on_a_moe_model_feeds_the_bundled_text_which_does_not_repeat(built
     # Routing follows it: every layer used far more experts than the two a token takes.
     assert s["experts_per_token"] == 2 and min(s["experts_used_per_layer"].values()) >= 12
     # The old stream, still there by name, is the one that repeats, and bench says so.
-    old = bench_json(
-        capsys, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram", "--stream", "synthetic"
+    old, old_result = bench_run(
+        capsys,
+        monkeypatch,
+        moe,
+        art,
+        "--repeat",
+        "1",
+        "--memory-budget",
+        str(budget),
+        "--no-in-ram",
+        "--stream",
+        "synthetic",
     )
     assert old["stream"]["kind"] == "synthetic" and old["stream"]["repeated_4grams"] > 0.3
-    assert "it REPEATS" in bench.bench_line(old, "m") and "REPEATS" not in bench.bench_line(out, "m")
+    assert "it REPEATS" in bench.bench_line(old_result, "m") and "REPEATS" not in bench.bench_line(result, "m")
 
 
 def test_the_hit_rate_bench_reports_is_what_a_run_with_the_same_text_gets(built, moe, capsys, tmp_path):
@@ -196,9 +221,11 @@ def test_the_sampled_stream_is_what_run_decodes_with_the_same_settings(built, mo
     assert out["cache"]["cache_hits"] == held["cache_hits"] and out["cache"]["cache_misses"] == held["cache_misses"]
 
 
-def test_bench_json_under_a_budget_has_the_cache_the_bounds_and_the_in_ram_speed(built, moe, capsys):
+def test_bench_json_under_a_budget_has_the_cache_the_bounds_and_the_in_ram_speed(built, moe, capsys, monkeypatch):
     board, art, plan, budget = built
-    out = bench_json(capsys, moe, art, "--repeat", "2", "--memory-budget", str(budget), "--steps", "48")
+    out, result = bench_run(
+        capsys, monkeypatch, moe, art, "--repeat", "2", "--memory-budget", str(budget), "--steps", "48"
+    )
     c, ram = out["cache"], out["in_ram"]
     assert 0 < c["hit_rate"] < 1 and c["read_bytes_per_token"] > 0 and c["read_wait_ms_per_token"] >= 0
     assert c["decode_tok_s"] == out["decode_tok_s"] > 0
@@ -213,7 +240,7 @@ def test_bench_json_under_a_budget_has_the_cache_the_bounds_and_the_in_ram_speed
     assert c["bound_tok_s"] == min(c["storage_bound_tok_s"], c["in_ram_tok_s"])
     assert c["limited_by"] == ("storage" if c["storage_bound_tok_s"] < c["in_ram_tok_s"] else "compute")
     assert c["of_bound"] == pytest.approx(c["decode_tok_s"] / c["bound_tok_s"])
-    line = bench.bench_line(out, "kjv-moe16")
+    line = bench.bench_line(result, "kjv-moe16")
     assert "ruth-kjv.txt teacher-forced" in line and "in RAM (the same stream without the budget" in line
 
 

@@ -80,7 +80,7 @@ def test_same_bits_at_any_budget_on_host(builder, checkpoints, model):
     request, unlimited = run(board, art)
     ref = reference_run(plan, art.weights, request)
     assert compare(unlimited, ref).passed
-    assert cache_stats(unlimited)["slots"] == 0 and cache_stats(unlimited)["read_bytes"] == 0
+    assert cache_stats(unlimited).slots == 0 and cache_stats(unlimited).read_bytes == 0
     # top-k slots in all (every layer evicts the one before), and top-k per MoE layer.
     for budget in (c.min_budget, c.budget_for(c.experts_per_token * c.n_moe_layers)):
         for threads in (1, 2):
@@ -91,16 +91,16 @@ def test_same_bits_at_any_budget_on_host(builder, checkpoints, model):
                 assert compare(result, ref).passed
                 stats = cache_stats(result)
                 # Fewer slots than experts: experts were evicted and read again while decoding.
-                assert stats["slots"] < c.max_slots and stats["cache_misses"] > 0 and stats["read_bytes"] > 0
+                assert stats.slots < c.max_slots and stats.cache_misses > 0 and stats.read_bytes > 0
                 # Left to itself (None), the firmware picks by the pool's size: top-k slots per MoE
                 # layer or more, LRU, else LFU; no prefetching.
-                roomy = stats["slots"] >= c.experts_per_token * c.n_moe_layers
-                assert stats["prefetch"] == int(bool(prefetch))
-                assert stats["lru"] == int(eviction == "lru" if eviction is not None else roomy)
+                roomy = stats.slots >= c.experts_per_token * c.n_moe_layers
+                assert stats.prefetch == int(bool(prefetch))
+                assert stats.lru == int(eviction == "lru" if eviction is not None else roomy)
                 # A guess needs a next MoE layer (qwen2_moe_shared has one) and a slot that does not
                 # hold this token's experts (with top-k slots in all, none is free).
-                assert (stats["prefetches"] > 0) == bool(
-                    stats["prefetch"] and c.n_moe_layers > 1 and stats["slots"] > c.experts_per_token
+                assert (stats.prefetches > 0) == bool(
+                    stats.prefetch and c.n_moe_layers > 1 and stats.slots > c.experts_per_token
                 )
 
 
@@ -111,7 +111,7 @@ def test_4_bit_experts_read_into_slots_decode_the_same_bits(builder, checkpoints
     request, unlimited = run(board, art)
     assert compare(unlimited, reference_run(plan, art.weights, request)).passed
     _, result = run(board, art, constants(board, plan).min_budget)
-    assert cache_stats(result)["cache_misses"] > 0
+    assert cache_stats(result).cache_misses > 0
     assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
 
 
@@ -124,7 +124,7 @@ def test_same_bits_at_the_smallest_budget_on_linux_aarch64(builder, checkpoints)
         ref = reference_run(plan, art.weights, request)
         assert compare(unlimited, ref).passed and compare(budgeted, ref).passed
         assert budgeted.digests == unlimited.digests and budgeted.expert_counts == unlimited.expert_counts
-        assert cache_stats(budgeted)["cache_misses"] > 0
+        assert cache_stats(budgeted).cache_misses > 0
 
 
 def used_and_unused_expert(result, plan):
@@ -281,14 +281,14 @@ def test_a_refused_mlock_is_said_plainly_and_changes_no_bit(builder, checkpoints
     board, art, plan = builder.build(checkpoints("mixtral_moe"), "q8_0", 64)
     c = constants(board, plan)
     _, locked = run(board, art, c.min_budget)
-    assert cache_stats(locked)["lock_refused"] == 0 and cache_stats(locked)["locked"] >= c.resident_bytes
+    assert cache_stats(locked).lock_refused == 0 and cache_stats(locked).locked >= c.resident_bytes
     # 64 KiB of RLIMIT_MEMLOCK and no CAP_IPC_LOCK: what an unprivileged user on many distributions has.
     monkeypatch.setenv(
         "COLIBRI_FIRMWARE_PREFIX",
         "prlimit --memlock=65536:65536 setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock --",
     )
     request, refused = run(board, art, c.min_budget)
-    assert cache_stats(refused)["lock_refused"] == 1
+    assert cache_stats(refused).lock_refused == 1
     assert "resident weights NOT locked (mlock refused)" in budget_text(run_stats(refused, board, request))
     assert refused.digests == locked.digests and refused.expert_counts == locked.expert_counts
 
@@ -334,14 +334,14 @@ def test_a_layers_misses_are_read_together_while_the_experts_compute(builder, ch
         _, result = run(board, art, c.min_budget, threads, prefetch=False, steps=8)
         assert result.digests == unlimited.digests and result.expert_counts == unlimited.expert_counts
         s = cache_stats(result)
-        assert s["cache_hits"] == 0 and s["cache_misses"] == int(result.stats["decode"]) * c.n_moe_layers * k
+        assert s.cache_hits == 0 and s.cache_misses == int(result.stats["decode"]) * c.n_moe_layers * k
         # The shim did slow every read (else this test would measure nothing).
-        assert s["read_time_us"] >= s["cache_misses"] * SLOW_US
+        assert s.read_time_us >= s.cache_misses * SLOW_US
         # All of a layer's misses were queued or under way at once (before: at most two) ...
-        assert s["reads_in_flight"] >= k
+        assert s.reads_in_flight >= k
         # ... and read side by side: the forward pass waited a fraction of the reads' time
         # (one after another it would wait all of it; two at a time two thirds).
-        assert s["read_wait_us"] < s["read_time_us"] / 2, s
+        assert s.read_wait_us < s.read_time_us / 2, s
 
 
 @pytest.mark.parametrize("model", MOE_MODELS)
@@ -363,7 +363,7 @@ def test_reads_that_finish_out_of_order_give_the_same_bits(builder, checkpoints,
                 assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
                 assert result.expert_counts == unlimited.expert_counts
                 assert compare(result, ref).passed
-                reordered += cache_stats(result)["reads_reordered"]
+                reordered += cache_stats(result).reads_reordered
     assert reordered > 0, "no expert was computed ahead of a lower rank: the order was never tested"
 
 

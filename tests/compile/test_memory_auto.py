@@ -250,13 +250,13 @@ def test_the_firmware_resolves_auto_itself_and_says_how(mixtral):
     result = run_on_board(board, art.program, art.weights, auto, art.model_hash())
     stats = cache_stats(result)
     here = find_memory()
-    assert stats["budget"] == 0 and stats["slots"] == 0 and stats["auto_margin"] == AUTO_MARGIN_BYTES
-    assert (stats["auto_source"], stats["auto_where"]) == (here.source, here.where)
-    assert abs(stats["auto_found"] - here.nbytes) < here.nbytes / 4, "what the firmware found is what Python finds"
+    assert stats.budget == 0 and stats.slots == 0 and stats.auto_margin == AUTO_MARGIN_BYTES
+    assert (stats.auto_source, stats.auto_where) == (here.source, here.where)
+    assert abs(stats.auto_found - here.nbytes) < here.nbytes / 4, "what the firmware found is what Python finds"
     assert result.digests == unlimited.digests and result.expert_counts == unlimited.expert_counts
     phrase = budget_text(run_stats(result, board, auto))
     assert phrase.startswith(" with --memory-budget auto on the board: ") and "holds the whole model" in phrase
-    assert run_stats(result, board, auto)["memory_budget"] == "auto"
+    assert run_stats(result, board, auto).memory_budget == "auto"
 
 
 def test_the_firmware_refuses_auto_that_cannot_hold_the_model_in_one_frame(mixtral):

@@ -89,7 +89,7 @@ def test_a_moe_model_four_times_the_memory_limit_decodes_the_same_bits(big_moe, 
     assert compare(limited, ref).passed and compare(unlimited, ref).passed
     assert limited.digests == unlimited.digests and limited.expert_counts == unlimited.expert_counts
     stats = cache_stats(limited)
-    assert stats["slots"] == cache.slots and stats["cache_misses"] > 0 and not stats["lock_refused"]
+    assert stats.slots == cache.slots and stats.cache_misses > 0 and not stats.lock_refused
     # It ran in the group: the group saw its pages (resident weights, slots), and never more than the limit.
     peak = int((cgroup / "memory.max_usage_in_bytes").read_text())
     assert cache.constants.resident_bytes < peak <= limit
@@ -130,9 +130,9 @@ def test_auto_takes_the_cgroup_limit_less_the_margin_and_decodes_the_same_bits(
         art.model_hash(),
     )
     stats = cache_stats(auto)
-    assert (stats["auto_source"], stats["auto_found"], stats["auto_margin"]) == ("cgroup-v1", limit, AUTO_MARGIN_BYTES)
-    assert stats["auto_where"] == f"/sys/fs/cgroup/memory/{cgroup.name}/memory.limit_in_bytes"
-    assert stats["budget"] == budget and stats["slots"] == slots and stats["cache_misses"] > 0
+    assert (stats.auto_source, stats.auto_found, stats.auto_margin) == ("cgroup-v1", limit, AUTO_MARGIN_BYTES)
+    assert stats.auto_where == f"/sys/fs/cgroup/memory/{cgroup.name}/memory.limit_in_bytes"
+    assert stats.budget == budget and stats.slots == slots and stats.cache_misses > 0
     assert auto.digests == unlimited.digests and auto.expert_counts == unlimited.expert_counts
     assert int((cgroup / "memory.max_usage_in_bytes").read_text()) <= limit
 

@@ -137,3 +137,14 @@ def test_infinite_and_nan_scales_are_found():
                 broken = raw.copy()
                 broken[2, at : at + 2] = np.array([bad], np.float16).view(np.uint8)
                 assert blocks.bad_halves(dtype, broken), (dtype, at, bad)
+
+
+def test_a_product_taken_a_few_rows_at_a_time_is_the_same(monkeypatch):
+    from generator.numerics.ops import tree_sum
+
+    rows, cols = 7, 512
+    w = row_blocks("q4_k", rows, cols)
+    xq, xd = activations(cols)
+    whole = tree_sum(blocks.block_terms("q4_k", w, cols, xq[0], xd[0]))
+    monkeypatch.setattr(blocks, "CHUNK_VALUES", 2 * cols)  # two rows per chunk: 4 chunks, the last of one row
+    assert_same_bits(blocks.matvec("q4_k", w, cols, xq[0], xd[0]), whole)

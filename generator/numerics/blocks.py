@@ -192,9 +192,15 @@ def block_terms(dtype: str, raw_rows: np.ndarray, cols: int, xq: np.ndarray, xd:
     return terms.astype(np.float32)
 
 
+CHUNK_VALUES = 1 << 22  # a product decodes at most this many weights at a time: its memory stays bounded
+
+
 def matvec(dtype: str, raw_rows: np.ndarray, cols: int, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    """out_r = the reduction tree (tree_sum) over row r's block terms."""
-    return tree_sum(block_terms(dtype, raw_rows, cols, xq, xd))
+    """out_r = the reduction tree (tree_sum) over row r's block terms (rows taken a chunk at a time,
+    each row's sum unchanged)."""
+    step = max(1, CHUNK_VALUES // cols)
+    parts = [tree_sum(block_terms(dtype, raw_rows[r : r + step], cols, xq, xd)) for r in range(0, len(raw_rows), step)]
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
 
 
 def bad_halves(dtype: str, raw: np.ndarray) -> bool:

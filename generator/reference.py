@@ -11,7 +11,7 @@ import numpy as np
 
 from .compile.image import read_header
 from .compile.plan import Plan
-from .numerics import rope
+from .numerics import blocks, rope
 from .numerics.ops import (
     F32,
     dot,
@@ -31,6 +31,7 @@ from .numerics.perplexity import Score
 from .numerics.quantize import (
     HALF,
     INTEGER_QUANTS,
+    KEPT_BLOCK_TYPES,
     QK,
     dequantize_q4_1,
     dequantize_q8_0,
@@ -41,6 +42,15 @@ from .numerics.quantize import (
     unpack_q4_1,
 )
 from .numerics.sampling import Rng, SamplingParams, sample
+
+
+@dataclass(frozen=True)
+class KeptBlocks:
+    """A matrix of a kept GGUF type as the image holds it: its rows' blocks (rows, row bytes), a view."""
+
+    dtype: str
+    raw: np.ndarray
+    cols: int
 
 
 def logits_digest(logits: np.ndarray) -> str:
@@ -89,7 +99,10 @@ class Reference:
                     ),
                 )
                 qs = None
-            if t.dtype in INTEGER_QUANTS:
+            if t.dtype in KEPT_BLOCK_TYPES:
+                raw = np.frombuffer(image, dtype=np.uint8, count=t.nbytes, offset=start)
+                self.w[t.name] = KeptBlocks(t.dtype, raw.reshape(t.rows, -1), t.cols)
+            elif t.dtype in INTEGER_QUANTS:
                 d = np.frombuffer(
                     image, dtype=HALF, count=t.rows * t.cols // 32, offset=start + t.scales_offset
                 ).reshape(t.rows, t.cols // 32)
@@ -141,7 +154,9 @@ class Reference:
     def _linear(self, name: str, act, bias: str | None = None) -> np.ndarray:
         w = self.w[name]
         x, q = act
-        if isinstance(w, tuple) and len(w) == 3:
+        if isinstance(w, KeptBlocks):
+            out = blocks.matvec(w.dtype, w.raw, w.cols, q[0], q[1])
+        elif isinstance(w, tuple) and len(w) == 3:
             out = matvec_q4_1(self._quants(name), w[1], w[2], q[0], q[1])
         elif isinstance(w, tuple):
             out = matvec_q8_0(self._quants(name), w[1], q[0], q[1])
@@ -153,7 +168,9 @@ class Reference:
 
     def _embed(self, token: int) -> np.ndarray:
         w = self.w["embed"]
-        if isinstance(w, tuple) and len(w) == 3:
+        if isinstance(w, KeptBlocks):
+            row = blocks.dequantize(w.dtype, blocks.rows_of(w.dtype, w.raw[token], w.cols))
+        elif isinstance(w, tuple) and len(w) == 3:
             row = dequantize_q4_1(self._quants("embed", token), w[1][token], w[2][token])
         elif isinstance(w, tuple):
             row = dequantize_q8_0(self._quants("embed", token), w[1][token])

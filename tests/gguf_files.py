@@ -93,9 +93,17 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
     )
 
 
-def hf_to_gguf(model_dir: Path, out: Path, tensor_type: str = "F32", tokenizer: dict | None = None) -> Path:
+def hf_to_gguf(
+    model_dir: Path,
+    out: Path,
+    tensor_type: str = "F32",
+    tokenizer: dict | None = None,
+    types: dict[str, str] | None = None,
+) -> Path:
     """Convert a random-init checkpoint (tests/models.py) to GGUF like convert_hf_to_gguf.py:
-    2-D weights in `tensor_type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), the rest F32."""
+    2-D weights in `tensor_type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, or a type the gguf
+    package cannot quantize: encode_blocks), the rest F32; `types` gives some tensors (by their
+    GGUF name) a type of their own."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -163,9 +171,9 @@ def hf_to_gguf(model_dir: Path, out: Path, tensor_type: str = "F32", tokenizer: 
                 data = permute(data, n_head, n_kv)
         if arch == "gemma3" and name.endswith("norm.weight"):
             data = (np.float32(1.0) + data).astype(np.float32)
-        _add(w, target, data, tensor_type)
+        _add(w, target, data, (types or {}).get(target, tensor_type))
     for target, by_index in experts.items():
-        _add(w, target, np.stack([by_index[e] for e in sorted(by_index)]), tensor_type)
+        _add(w, target, np.stack([by_index[e] for e in sorted(by_index)]), (types or {}).get(target, tensor_type))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -181,8 +189,34 @@ def _add(w, name: str, data: np.ndarray, tensor_type: str) -> None:
         w.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32))
     elif qtype == gguf.GGMLQuantizationType.F16:
         w.add_tensor(name, data.astype(np.float16))
-    else:
+    elif tensor_type in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "BF16", "MXFP4"):
         w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    else:
+        w.add_tensor(name, encode_blocks(data, tensor_type), raw_dtype=qtype)
+
+
+def encode_blocks(data: np.ndarray, tensor_type: str, seed: int = 0) -> np.ndarray:
+    """Blocks of a type the gguf package has no quantizer for (the K-types, IQ4_NL, IQ4_XS), shaped
+    as gguf.quants.quantize would return them: random quants, and every block's binary16 d (and
+    dmin or m) set so that the values have the tensor's spread and the block's sign of mean, so
+    the model stays a model of the checkpoint's size. Values are not the checkpoint's."""
+    import gguf
+
+    from generator.numerics import blocks
+
+    dtype = blocks.BY_GGUF[tensor_type]
+    f = blocks.FORMATS[dtype]
+    rows = data.reshape(-1, data.shape[-1])
+    n = rows.size // f.values
+    raw = np.random.default_rng(seed + rows.size).integers(0, 256, (n, f.nbytes), dtype=np.uint8)
+    for at in f.halves:
+        raw[:, at : at + 2] = np.array([1.0], np.float16).view(np.uint8)
+    spread = float(np.std(blocks.dequantize(dtype, raw))) or 1.0
+    target = float(np.std(rows)) or 1.0
+    for at in f.halves:
+        raw[:, at : at + 2] = np.array([target / spread], np.float16).view(np.uint8)
+    shape = gguf.quants.quant_shape_to_byte_shape(data.shape, gguf.GGMLQuantizationType[tensor_type])
+    return raw.reshape(shape)
 
 
 # Phi-3's chat tokens on top of the Llama-2-style vocabulary; <|end|> typed normal, as llama.cpp's

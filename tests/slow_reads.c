@@ -1,4 +1,4 @@
-/* LD_PRELOAD shim for tests/test_expert_reads.py: makes the firmware's expert reads slow, slow in a
+/* LD_PRELOAD shim for tests/compile/test_expert_cache.py: makes the firmware's expert reads slow, slow in a
  * scrambled order, failing or short, so that the tests can see several reads in flight and what
  * happens when one of them goes wrong. Only preads of at least COLIBRI_SLOW_MIN_BYTES are touched
  * (the expert reads; not the 4 KiB O_DIRECT probe at open).

@@ -1,7 +1,8 @@
 /* Binding the weights: ColibriWeights' pointers into a validated image's data region, driven by the
  * generated binding tables (model_data.c), so no generated code decides anything. q4_0 matrices the
  * plan expands at load get their int8 copy in colibri_expanded and are read by the q8_0 kernels; q4_1
- * matrices are always read in place (their minimums as well as their scales). */
+ * matrices are always read in place (their minimums as well as their scales), and so are the kept
+ * GGUF types' blocks. */
 #include "weights.h"
 
 #include <string.h>
@@ -44,7 +45,9 @@ static void bind_matrix(ColibriMatrix *m, const uint8_t *data, uint32_t dtype, u
 #endif
     m->dtype = dtype;
     m->w = data + offset;
-    m->d = dtype == COLIBRI_DTYPE_F32 ? NULL : (const KernelHalf *)(data + offset + scales_offset);
+    /* q8_0, q4_0 and q4_1 keep their scales apart; f32 has none, a kept GGUF type's are in its blocks */
+    const int scaled = dtype == COLIBRI_DTYPE_Q8_0 || dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q4_1;
+    m->d = scaled ? (const KernelHalf *)(data + offset + scales_offset) : NULL;
     m->m = dtype == COLIBRI_DTYPE_Q4_1 ? (const KernelHalf *)(data + offset + mins_offset) : NULL;
 }
 

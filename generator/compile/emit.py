@@ -16,7 +16,8 @@ import numpy as np
 from .. import __version__
 from ..files import REPO
 from ..numerics import rope
-from ..numerics.quantize import SCALE_BYTES
+from ..numerics.blocks import FORMATS
+from ..numerics.quantize import INTEGER_QUANTS, KEPT_BLOCK_TYPES, SCALE_BYTES
 from . import image_format
 from .cache_plan import STORAGE_ALIGN, cache_constants
 from .image_format import DTYPE_CODES, QUANT_CODES
@@ -239,6 +240,18 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         scale_bytes=SCALE_BYTES,
         reads_q4_0=any(t.dtype == "q4_0" for t in plan.tensors) and not plan.expand_q4,
         reads_q4_1=any(t.dtype == "q4_1" for t in plan.tensors),
+        scaled_dtypes=list(INTEGER_QUANTS),  # quants, then binary16 scales: a SCALES_OFFSET each
+        kept_names=list(KEPT_BLOCK_TYPES),
+        kept_types=[
+            dict(
+                name=name,
+                ggml_type=f.ggml_type,
+                block_values=f.values,
+                nbytes=f.nbytes,
+                used=any(t.dtype == name for t in plan.tensors),
+            )
+            for name, f in FORMATS.items()
+        ],
         dtype_codes=DTYPE_ORDER,
         dtype_doc=", ".join(f"{code} {name}" for name, code in DTYPE_ORDER),
         quant_doc=", ".join(f"{code} {name}" for name, code in QUANT_CODES.items()),

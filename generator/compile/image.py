@@ -28,9 +28,11 @@ import numpy as np
 
 from ..errors import ColibriError
 from ..files import atomic_output
+from ..numerics import blocks as kept_blocks
 from ..numerics.quantize import (
     HALF,
     INTEGER_QUANTS,
+    KEPT_BLOCK_TYPES,
     QK,
     SCALE_BYTES,
     dequantize_q4_1,
@@ -69,10 +71,10 @@ class Piece:
     itself and sends nothing back."""
 
     source: object  # a model-stage tensor: `.rows(start, stop)` -> float32 (stop - start, cols)
-    dtype: str  # "f32" | "q8_0" | "q4_0" | "q4_1"
+    dtype: str  # "f32" | "q8_0" | "q4_0" | "q4_1" | a kept GGUF block type ("q4_k", ...)
     start: int
     stop: int
-    values_at: int  # file offset of these rows' quants (or float32 values)
+    values_at: int  # file offset of these rows' quants (float32 values; a kept GGUF type's blocks)
     scales_at: int  # file offset of these rows' scales (q8_0, q4_0, q4_1)
     mins_at: int  # file offset of these rows' minimums (q4_1)
     keep: str = ""  # "exact": the source's own blocks, as they are; "measure": quantized again, the error measured
@@ -97,9 +99,21 @@ def encode_rows(x: np.ndarray, dtype: str) -> tuple[bytes, bytes, bytes]:
     return qs.tobytes(), d.astype(HALF).tobytes(), b""
 
 
-def encode_blocks(blocks, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | bytes]:
+def encode_blocks(
+    blocks, dtype: str, where: str = "a tensor"
+) -> tuple[np.ndarray, np.ndarray | bytes, np.ndarray | bytes]:
     """A source's own blocks (a GGUF tensor's, model/gguf/tensors.QuantBlocks) as image bytes,
-    value for value: each field copied out of the file's blocks once, handed to pwrite as it is."""
+    value for value: q8_0, q4_0 and q4_1 each field copied out of the file's blocks once, a kept
+    GGUF type's blocks as they are; handed to pwrite as they are. A block whose binary16 d, dmin or m
+    is infinite or NaN is refused (the kernels take every scale as finite), naming the tensor (`where`)."""
+    if dtype in KEPT_BLOCK_TYPES:
+        raw = blocks.block_bytes()
+        if kept_blocks.bad_halves(dtype, raw):
+            raise ColibriError(
+                f"{where} ({kept_blocks.FORMATS[dtype].ggml_type}): a block's binary16 scale or minimum is "
+                f"infinite or NaN"
+            )
+        return raw, b"", b""
     qs, d, m = keep_blocks(*blocks.fields(), dtype)
     return qs, d, b"" if m is None else m
 
@@ -142,12 +156,21 @@ def _pwrite_all(fd: int, blob, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
+def _where(piece: Piece) -> str:
+    """The piece's tensor as its file names it: "model.gguf: tensor 'blk.0.attn_q.weight'"."""
+    source = piece.source
+    info, path = getattr(source, "info", None), getattr(source, "path", None)
+    if info is None or path is None:
+        return "a tensor"
+    return f"{Path(path).name}: tensor {info.name!r}"
+
+
 def write_piece(piece: Piece, path: str) -> Error | None:
     """Read, encode and write one piece into the image file at its offsets (in a worker process,
     or here with one job); for a piece quantized again, how far its values moved."""
     error = None
     if piece.keep == "exact":
-        values, scales, mins = encode_blocks(piece.source.blocks(piece.start, piece.stop), piece.dtype)
+        values, scales, mins = encode_blocks(piece.source.blocks(piece.start, piece.stop), piece.dtype, _where(piece))
     else:
         x = piece.source.rows(piece.start, piece.stop)
         values, scales, mins = encode_rows(x, piece.dtype)
@@ -197,7 +220,10 @@ def pieces(t: TensorEntry, source, data_offset: int, keep: str = "") -> list[Pie
     array holding the tensor's values."""
     step = max(1, PIECE_VALUES // t.cols)
     base = data_offset + t.offset
-    row_bytes = {"f32": 4 * t.cols, "q8_0": t.cols, "q4_0": t.cols // 2, "q4_1": t.cols // 2}[t.dtype]
+    if t.dtype in KEPT_BLOCK_TYPES:
+        row_bytes = kept_blocks.row_bytes(t.dtype, t.cols)
+    else:
+        row_bytes = {"f32": 4 * t.cols, "q8_0": t.cols, "q4_0": t.cols // 2, "q4_1": t.cols // 2}[t.dtype]
     row_scales = t.cols // QK * SCALE_BYTES if t.dtype in INTEGER_QUANTS else 0  # as many minimums (q4_1)
     held = np.asarray(source, dtype=np.float32).reshape(t.rows, t.cols) if isinstance(source, np.ndarray) else None
     return [

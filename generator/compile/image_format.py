@@ -11,7 +11,8 @@ Layout (little-endian; offsets from the start of the image):
                scales; a q4_0 tensor the same with rows*cols/2 bytes of packed 4-bit quants
                (quantize.py); a q4_1 tensor rows*cols/2 bytes of packed 4-bit quants, zero
                padding to ALIGN, rows*cols/32 binary16 scales d, then (right after them)
-               rows*cols/32 binary16 minimums m; padding is zero
+               rows*cols/32 binary16 minimums m; a kept GGUF type (q5_0 ... iq4_xs) the file's
+               blocks verbatim, row after row (numerics/blocks.py); padding is zero
   trailer      u32 CRC-32 (IEEE) of the header and directory (every byte before the data region),
                then END_MAGIC
 
@@ -36,7 +37,22 @@ DIR_ENTRY_BYTES = 96
 NAME_BYTES = 64
 TRAILER_BYTES = 8  # u32 CRC-32 of the header and directory, then END_MAGIC
 # Element types of a tensor, as the directory stores them (and the firmware's ColibriMatrix).
-DTYPE_CODES = {"f32": 0, "q8_0": 1, "q4_0": 2, "q4_1": 3}
+DTYPE_CODES = {
+    "f32": 0,
+    "q8_0": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    # GGUF blocks kept verbatim (numerics/blocks.py)
+    "q5_0": 4,
+    "q5_1": 5,
+    "q4_k": 6,
+    "q5_k": 7,
+    "q6_k": 8,
+    "q3_k": 9,
+    "q2_k": 10,
+    "iq4_nl": 11,
+    "iq4_xs": 12,
+}
 # The model's quantization in the header: one block type for every matrix (its DTYPE_CODES value),
 # or a GGUF file's own block types (--quant gguf), each tensor's then in its directory entry.
 QUANT_CODES = {**DTYPE_CODES, "gguf": 16}

@@ -16,7 +16,17 @@ from typing import Callable
 from ..boards import CATEGORIES, Board
 from ..errors import ColibriError
 from ..model.spec import ModelSpec, expected_shapes
-from ..numerics.quantize import GGUF, INTEGER_QUANTS, QK, QUANTS, SCALE_BYTES, gguf_block_type
+from ..numerics import blocks
+from ..numerics.quantize import (
+    GGUF,
+    INTEGER_QUANTS,
+    KEPT_BLOCK_TYPES,
+    Q8_INPUT_TYPES,
+    QK,
+    QUANTS,
+    SCALE_BYTES,
+    gguf_block_type,
+)
 from . import image_format
 
 ALIGN = image_format.ALIGN  # tensors in the image, buffers in the arenas
@@ -47,7 +57,7 @@ class RegionUse:
 class TensorEntry:
     name: str  # canonical name, e.g. "layers.0.wq"
     c_name: str  # C identifier fragment, e.g. "LAYERS_0_WQ"
-    dtype: str  # "f32" | "q8_0" | "q4_0" | "q4_1"
+    dtype: str  # "f32" | "q8_0" | "q4_0" | "q4_1" | a kept GGUF block type (numerics/blocks.py: "q4_k", ...)
     rows: int
     cols: int
     offset: int  # from the start of the image's data region; multiple of ALIGN
@@ -211,7 +221,7 @@ class Plan:
     @property
     def activations_q8(self) -> bool:
         """Some matrix has integer quants: matmul inputs are quantized to q8_0 for it."""
-        return any(t.dtype in INTEGER_QUANTS for t in self.tensors)
+        return any(t.dtype in Q8_INPUT_TYPES for t in self.tensors)
 
     def gguf_kept(self) -> tuple[list[str], list[tuple[str, str, str]]]:
         """--quant gguf: the tensors kept exactly as the file holds them, and those quantized again
@@ -364,11 +374,19 @@ def _tensor_layout(
     cursor = 0
     for name, shape in expected_shapes(spec).items():
         block_type = gguf_block_type(gguf_types[name])[0] if quant == GGUF else quant
+        verbatim = len(shape) == 2 and block_type in KEPT_BLOCK_TYPES
         quantized = len(shape) == 2 and block_type in INTEGER_QUANTS
         if quantized and shape[1] % QK:
             kept_f32.append(name)
             quantized = False
-        if quantized:
+        if verbatim and shape[1] % blocks.FORMATS[block_type].values:  # the GGUF reader refuses such a file
+            raise ColibriError(f"{name}: rows of {shape[1]} are not whole {block_type} blocks")
+        if verbatim:  # the file's blocks, row after row
+            rows, cols = shape
+            scales_offset = mins_offset = 0
+            nbytes = rows * blocks.row_bytes(block_type, cols)
+            dtype = block_type
+        elif quantized:
             rows, cols = shape
             quant_bytes = rows * cols if block_type == "q8_0" else rows * cols // 2
             scales_offset = align_up(quant_bytes)
@@ -493,7 +511,7 @@ def make_plan(
                 "MoE: selections per layer and expert in this run",
             ),
         ]
-    if any(t.dtype in INTEGER_QUANTS for t in tensors):
+    if any(t.dtype in Q8_INPUT_TYPES for t in tensors):
         items += [
             ("act_qs", "int8_t", n * max_input, "q8_0 quants of the current matmul input, per token"),
             ("act_d", "float", n * max_input // QK, "q8_0 block scales of the current matmul input, per token"),

@@ -23,23 +23,37 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ColibriError
+from .blocks import BY_GGUF, FORMATS
 from .ops import F32, f32, round_even, tree_sum
 
 QK = 32  # values per q8_0 block
 BLOCK_TYPES = ("f32", "q8_0", "q4_0", "q4_1")  # what a tensor in the image is
-INTEGER_QUANTS = ("q8_0", "q4_0", "q4_1")  # matrices with integer quants: matmul inputs are quantized to q8_0
+INTEGER_QUANTS = ("q8_0", "q4_0", "q4_1")  # quants, then binary16 scales (and q4_1 minimums), in the image
+# GGUF block types the image holds verbatim, row after row (numerics/blocks.py): only --quant gguf
+# makes them, from a file that holds them.
+KEPT_BLOCK_TYPES = tuple(FORMATS)
+# Matrices with integer quants: their matmul inputs are quantized to q8_0.
+Q8_INPUT_TYPES = INTEGER_QUANTS + KEPT_BLOCK_TYPES
 # The quantizations a model is built with: one block type for every matrix, or "gguf", a GGUF
 # file's own blocks (gguf_block_type).
 GGUF = "gguf"
 QUANTS = (*BLOCK_TYPES, GGUF)
 
-# GGUF block types this project holds exactly: the same values, bit for bit (their binary16 scales
-# and minimums are what the image stores), the nibbles repacked where their order differs. Q4_K is
-# not among them: a sub-block's scale is a binary16 times a 6-bit integer, which binary16 rarely holds.
-GGUF_EXACT = {"F32": "f32", "F16": "f32", "BF16": "f32", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+# GGUF block types this project holds exactly: the same values, bit for bit. Q8_0, Q4_0 and Q4_1 as
+# the image's own q8_0, q4_0 and q4_1 (their binary16 scales and minimums are what the image stores);
+# the K-types, Q5_0, Q5_1 and the IQ4 types as their blocks verbatim (KEPT_BLOCK_TYPES).
+GGUF_EXACT = {
+    "F32": "f32",
+    "F16": "f32",
+    "BF16": "f32",
+    "Q8_0": "q8_0",
+    "Q4_0": "q4_0",
+    "Q4_1": "q4_1",
+    **BY_GGUF,
+}
 # Other block types are dequantized and quantized again: to q8_0 from five bits per weight up, to
 # q4_1 below (the kept type nearest in size).
-GGUF_WIDE = ("F64", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_1", "Q8_K")
+GGUF_WIDE = ("F64", "Q8_1", "Q8_K")
 
 
 def gguf_block_type(ggml_type: str) -> tuple[str, bool]:

@@ -6,6 +6,10 @@
  *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 | matmul_q4_0 | matmul_q4_1 TOKENS ROWS COLS
  *           (output: token-major; weight scales and q4_1 minimums are binary16; q4_1 weights:
  *           packed quants, scales, then minimums)
+ *           blocks_matvec TYPE ROWS COLS | blocks_scalar_matvec TYPE ROWS COLS | blocks_matmul TYPE TOKENS ROWS COLS
+ *           (a kept GGUF type, e.g. q4_k: the rows' blocks, then the q8_0 quants and float32 scales)
+ *           blocks_values TYPE BLOCKS32 (the values of BLOCKS32 32-value blocks: kernel_<type>_unpack,
+ *           kernel_unpacked_value)
  *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
  *           attention N SLOTS FIRST_SLOT STRIDE HEAD_DIM SCALE  (a ring of SLOTS key and value rows of
  *           STRIDE floats; q, then p; output: the N scores, then the HEAD_DIM mixed values)
@@ -33,6 +37,87 @@ static void write_all(const void *data, size_t bytes)
     fwrite(data, 1, bytes, stdout);
 }
 
+/* The kept GGUF block types by name: their entry points, block size and term shape. */
+typedef struct {
+    const char *name;
+    KernelBlocksMatvec matvec, scalar_matvec;
+    void (*matmul)(float *, int, const uint8_t *, const int8_t *, const float *, int, int, int);
+    void (*unpack)(const uint8_t *, int, KernelUnpacked *);
+    int values, bytes, affine;
+} BlockType;
+
+static const BlockType block_types[] = {
+    {"q5_0", kernel_matvec_q5_0, kernel_scalar_matvec_q5_0, kernel_matmul_q5_0, kernel_q5_0_unpack, KERNEL_Q5_0_VALUES, KERNEL_Q5_0_BYTES, 0},
+    {"q5_1", kernel_matvec_q5_1, kernel_scalar_matvec_q5_1, kernel_matmul_q5_1, kernel_q5_1_unpack, KERNEL_Q5_1_VALUES, KERNEL_Q5_1_BYTES, 1},
+    {"q4_k", kernel_matvec_q4_k, kernel_scalar_matvec_q4_k, kernel_matmul_q4_k, kernel_q4_k_unpack, KERNEL_Q4_K_VALUES, KERNEL_Q4_K_BYTES, 1},
+    {"q5_k", kernel_matvec_q5_k, kernel_scalar_matvec_q5_k, kernel_matmul_q5_k, kernel_q5_k_unpack, KERNEL_Q5_K_VALUES, KERNEL_Q5_K_BYTES, 1},
+    {"q6_k", kernel_matvec_q6_k, kernel_scalar_matvec_q6_k, kernel_matmul_q6_k, kernel_q6_k_unpack, KERNEL_Q6_K_VALUES, KERNEL_Q6_K_BYTES, 0},
+    {"q3_k", kernel_matvec_q3_k, kernel_scalar_matvec_q3_k, kernel_matmul_q3_k, kernel_q3_k_unpack, KERNEL_Q3_K_VALUES, KERNEL_Q3_K_BYTES, 0},
+    {"q2_k", kernel_matvec_q2_k, kernel_scalar_matvec_q2_k, kernel_matmul_q2_k, kernel_q2_k_unpack, KERNEL_Q2_K_VALUES, KERNEL_Q2_K_BYTES, 1},
+    {"iq4_nl", kernel_matvec_iq4_nl, kernel_scalar_matvec_iq4_nl, kernel_matmul_iq4_nl, kernel_iq4_nl_unpack, KERNEL_IQ4_NL_VALUES, KERNEL_IQ4_NL_BYTES, 0},
+    {"iq4_xs", kernel_matvec_iq4_xs, kernel_scalar_matvec_iq4_xs, kernel_matmul_iq4_xs, kernel_iq4_xs_unpack, KERNEL_IQ4_XS_VALUES, KERNEL_IQ4_XS_BYTES, 0},
+};
+
+static const BlockType *block_type(const char *name)
+{
+    for (size_t i = 0; i < sizeof block_types / sizeof block_types[0]; i++) {
+        if (strcmp(block_types[i].name, name) == 0) {
+            return &block_types[i];
+        }
+    }
+    fprintf(stderr, "unknown block type %s\n", name);
+    exit(2);
+}
+
+/* blocks_matvec, blocks_scalar_matvec, blocks_matmul, blocks_values: argv[2] is the type. */
+static int run_blocks(const char *op, char **argv)
+{
+    const BlockType *t = block_type(argv[2]);
+    if (strcmp(op, "blocks_values") == 0) {
+        const int n = atoi(argv[3]); /* 32-value blocks, whole superblocks */
+        const uint8_t *w = read_exact((size_t)n * KERNEL_QK / t->values * t->bytes);
+        float *out = malloc((size_t)n * KERNEL_QK * sizeof(float));
+        for (int b = 0; b < n; b++) {
+            KernelUnpacked u;
+            t->unpack(w, b, &u);
+            for (int l = 0; l < KERNEL_QK; l++) {
+                out[b * KERNEL_QK + l] = kernel_unpacked_value(&u, l, t->affine);
+            }
+        }
+        write_all(out, (size_t)n * KERNEL_QK * sizeof(float));
+        return 0;
+    }
+    const int batched = strcmp(op, "blocks_matmul") == 0;
+    const int tokens = batched ? atoi(argv[3]) : 1;
+    const int rows = atoi(argv[batched ? 4 : 3]);
+    const int cols = atoi(argv[batched ? 5 : 4]);
+    const uint8_t *w = read_exact((size_t)rows * (cols / t->values) * t->bytes);
+    const int8_t *xq = read_exact((size_t)tokens * cols);
+    const float *xd = read_exact((size_t)tokens * (cols / KERNEL_QK) * sizeof(float));
+    const int stride = rows + 3; /* gaps the matmul must leave untouched */
+    float *out = malloc((size_t)tokens * stride * sizeof(float));
+    for (int i = 0; i < tokens * stride; i++) {
+        out[i] = -7.0f;
+    }
+    if (batched) {
+        t->matmul(out, stride, w, xq, xd, tokens, rows, cols);
+    } else if (strcmp(op, "blocks_scalar_matvec") == 0) {
+        t->scalar_matvec(out, w, xq, xd, rows, cols);
+    } else {
+        t->matvec(out, w, xq, xd, rows, cols);
+    }
+    for (int k = 0; k < tokens; k++) {
+        for (int i = rows; i < stride; i++) {
+            if (out[k * stride + i] != -7.0f) {
+                fprintf(stderr, "matmul wrote outside its rows\n");
+                return 4;
+            }
+        }
+        write_all(out + (size_t)k * stride, rows * sizeof(float));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -40,6 +125,9 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *op = argv[1];
+    if (strncmp(op, "blocks_", 7) == 0) {
+        return run_blocks(op, argv);
+    }
     int n = atoi(argv[2]);
     if (strcmp(op, "expf") == 0 || strcmp(op, "silu") == 0 || strcmp(op, "tanh") == 0 || strcmp(op, "gelu") == 0) {
         float *x = read_exact(n * sizeof(float));

@@ -153,6 +153,11 @@ CASES = {
     ),
     "dimension of 2^63": (edit(lambda r: r.infos[0].__setitem__(1, [2**63, 1])), "has a dimension of 2^63 or more"),
     "rows not whole blocks": (edit(lambda r: r.infos[0].__setitem__(2, 12)), "not whole blocks of 256"),
+    "Q6_K rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 14)), "not whole blocks of 256"),
+    "Q5_0 rows not whole blocks": (
+        edit(lambda r: (r.infos[0].__setitem__(2, 6), r.infos[0].__setitem__(1, [80, 250]))),
+        "not whole blocks of 32",
+    ),
     "misaligned data offset": (
         edit(lambda r: r.infos[-1].__setitem__(3, r.infos[-1][3] + 4)),
         "is not aligned to 32 bytes",
@@ -254,3 +259,52 @@ def test_a_version_2_file_reads_as_version_3(good_gguf, tmp_path):
     v2, v3 = load_gguf(path), load_gguf(good_gguf)
     assert v2.gguf.version == 2 and v2.spec == v3.spec.__class__(**{**v3.spec.__dict__, "name": "v2"})
     assert all(np.array_equal(v2.tensors[n].load(), v3.tensors[n].load()) for n in v3.tensors)
+
+
+@pytest.fixture(scope="module")
+def k_gguf(tmp_path_factory):
+    """A file whose matrices are Q4_K blocks (rows of 256 and 512 values: whole superblocks)."""
+    from models import ORACLE_CONFIGS
+
+    base = ORACLE_CONFIGS["llama_gqa_linear"]
+    config = (base[0], base[1], dict(base[2], hidden_size=256, intermediate_size=512, num_attention_heads=4))
+    root = tmp_path_factory.mktemp("hostile-k")
+    return hf_to_gguf(make_checkpoint(config, root / "hf"), root / "k.gguf", "Q4_K")
+
+
+def refused(path, out, message):
+    """One error line (after the build's progress, when the blocks are read), exit status 2, no output."""
+    done = run_cli("build", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", out)
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr
+    assert errors[0].startswith(f"colibri: error: {path.name}: ") and message in errors[0], errors[0]
+    assert "Traceback" not in done.stderr and not out.exists(), "a rejected model left its build directory behind"
+
+
+@pytest.mark.parametrize("field, value", [("d", np.inf), ("dmin", -np.inf), ("d", np.nan), ("dmin", np.nan)])
+def test_a_k_block_with_an_infinite_or_nan_scale_is_refused_naming_the_tensor(k_gguf, tmp_path, field, value):
+    raw = raw_gguf(k_gguf)
+    offset = tensor(raw, "blk.1.ffn_up.weight")[3] + 144 * 5 + (0 if field == "d" else 2)  # the 6th superblock
+    raw.data = raw.data[:offset] + np.array([value], "<f2").tobytes() + raw.data[offset + 2 :]
+    path = tmp_path / "bad-scale.gguf"
+    path.write_bytes(raw.encode())
+    refused(
+        path,
+        tmp_path / "out",
+        "tensor 'blk.1.ffn_up.weight' (Q4_K): a block's binary16 scale or minimum is infinite or NaN",
+    )
+
+
+def test_a_file_cut_inside_a_superblock_is_refused_naming_the_tensor(k_gguf, tmp_path):
+    raw = raw_gguf(k_gguf)
+    moved = tensor(raw, "blk.0.attn_v.weight")  # its data moved to the end of the file, then cut short
+    assert moved[2] == 12
+    nbytes = moved[1][0] // 256 * 144 * moved[1][1]
+    start = -len(raw.data) % 32 + len(raw.data)
+    raw.data = raw.data + bytes(start - len(raw.data)) + raw.data[moved[3] : moved[3] + nbytes]
+    moved[3] = start
+    blob = raw.encode()
+    cut_at = raw.sections["data_start"] + start + 144 * 3 + 50  # inside its fourth superblock
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(blob[:cut_at])
+    refused(path, tmp_path / "out", "tensor 'blk.0.attn_v.weight'")

@@ -163,8 +163,18 @@ def test_q8_0_q4_0_q4_1_q4_k_blocks_are_kept_exactly(tensor_type, q_range, has_o
 
 
 def test_other_types_have_no_exact_blocks(tmp_path):
-    parsed = write_random_blocks(tmp_path / "t.gguf", "Q6_K")
+    parsed = write_random_blocks(tmp_path / "t.gguf", "TQ2_0")
     assert tensor_blocks(parsed, parsed.tensors["t"]) is None
+
+
+@pytest.mark.parametrize("tensor_type", ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS"])
+def test_verbatim_types_keep_the_files_bytes(tensor_type, tmp_path):
+    parsed = write_random_blocks(tmp_path / "t.gguf", tensor_type)
+    info = parsed.tensors["t"]
+    with open(tmp_path / "t.gguf", "rb") as f:
+        f.seek(info.begin)
+        file_bytes = np.frombuffer(f.read(info.end - info.begin), np.uint8)
+    assert np.array_equal(tensor_blocks(parsed, info).block_bytes(), file_bytes)
 
 
 def test_a_q4_1_gguf_keeps_its_blocks_under_canonical_names(converted):

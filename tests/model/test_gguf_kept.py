@@ -1,7 +1,8 @@
 """--quant gguf: a GGUF file's Q8_0, Q4_0 and Q4_1 blocks go into the weight image as they are,
 value for value (their binary16 scales and minimums are what the image stores), and decode bit
-for bit as the NumPy reference does on every board; other block types are quantized again and
-the build says so, per tensor, with the error."""
+for bit as the NumPy reference does on every board (the types kept verbatim, Q5_0 to IQ4_XS:
+test_gguf_kept_blocks.py); other block types are quantized again and the build says so, per
+tensor, with the error."""
 
 import json
 
@@ -110,12 +111,12 @@ def test_kept_q4_1_blocks_decode_as_the_reference_on_every_board(gguf_file, tmp_
 
 
 def test_other_block_types_are_quantized_again_and_the_build_says_by_how_much(gguf_file, tmp_path):
-    generated, stderr = build(gguf_file("llama", "Q5_0"), tmp_path / "out")
+    generated, stderr = build(gguf_file("llama", "MXFP4"), tmp_path / "out")
     plan = json.loads((generated / "plan.json").read_text())
     again = plan["gguf"]["quantized_again"]
-    assert again and {a["file_type"] for a in again} == {"Q5_0"} and {a["block_type"] for a in again} == {"q8_0"}
+    assert again and {a["file_type"] for a in again} == {"MXFP4"} and {a["block_type"] for a in again} == {"q4_1"}
     for a in again:
-        assert f"note: {a['tensor']} (Q5_0 in the file) quantized again to q8_0: largest error" in stderr
+        assert f"note: {a['tensor']} (MXFP4 in the file) quantized again to q4_1: largest error" in stderr
     assert "tensors kept exactly as the GGUF file holds them" in stderr and "quantized again: " in stderr
 
 
@@ -128,17 +129,17 @@ def test_gguf_quant_needs_a_gguf_file(tmp_path):
 
 
 def test_report_says_which_tensors_are_exact(gguf_file, tmp_path):
-    path = gguf_file("llama", "Q5_0")
+    path = gguf_file("llama", "MXFP4")
     done = run_cli("report", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", tmp_path / "out", "--json")
     assert done.returncode == 0, done.stderr
     rep = json.loads(done.stdout)["gguf"]
     assert (
         rep["exact"]
         and rep["quantized_again"]
-        and rep["summary"].endswith(f"quantized again: {len(rep['quantized_again'])} Q5_0 to q8_0")
+        and rep["summary"].endswith(f"quantized again: {len(rep['quantized_again'])} MXFP4 to q4_1")
     )
     text = run_cli("report", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", tmp_path / "out").stdout
-    assert "tensors kept exactly as the GGUF file holds them" in text and "quantized again: layers.0.wq (Q5_0" in text
+    assert "tensors kept exactly as the GGUF file holds them" in text and "quantized again: layers.0.wq (MXFP4" in text
 
 
 def test_a_plan_of_tens_of_thousands_of_tensors_says_what_it_kept_in_linear_time():

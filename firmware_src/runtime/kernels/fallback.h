@@ -151,6 +151,165 @@ void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const K
 }
 #endif
 
+/* A kept GGUF type's batched product as tiles of rows over its matvec (row_bytes: one row's blocks). */
+static inline void kernel_tiled_matmul_blocks(KernelBlocksMatvec matvec, int64_t row_bytes, float *out, int out_stride,
+                                              const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                                              int rows, int cols)
+{
+    const int tile = kernel_tile_rows((int)row_bytes);
+    for (int r = 0; r < rows; r += tile) {
+        const int n = rows - r < tile ? rows - r : tile;
+        for (int t = 0; t < n_tok; t++) {
+            matvec(out + (int64_t)t * out_stride + r, w + (int64_t)r * row_bytes, x_qs + (int64_t)t * cols,
+                   x_d + (int64_t)t * (cols / KERNEL_QK), n, cols);
+        }
+    }
+}
+
+#ifndef KERNEL_HAS_MATVEC_Q5_0
+void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_q5_0(out, w, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_Q5_0
+void kernel_matmul_q5_0(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    kernel_tiled_matmul_blocks(kernel_matvec_q5_0, (int64_t)(cols / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES, out,
+                               out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATVEC_Q5_1
+void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_q5_1(out, w, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_Q5_1
+void kernel_matmul_q5_1(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    kernel_tiled_matmul_blocks(kernel_matvec_q5_1, (int64_t)(cols / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES, out,
+                               out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATVEC_Q4_K
+void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_q4_k(out, w, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_Q4_K
+void kernel_matmul_q4_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    kernel_tiled_matmul_blocks(kernel_matvec_q4_k, (int64_t)(cols / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES, out,
+                               out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATVEC_Q5_K
+void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_q5_k(out, w, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_Q5_K
+void kernel_matmul_q5_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    kernel_tiled_matmul_blocks(kernel_matvec_q5_k, (int64_t)(cols / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES, out,
+                               out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATVEC_Q6_K
+void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_q6_k(out, w, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_Q6_K
+void kernel_matmul_q6_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    kernel_tiled_matmul_blocks(kernel_matvec_q6_k, (int64_t)(cols / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES, out,
+                               out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATVEC_Q3_K
+void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_q3_k(out, w, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_Q3_K
+void kernel_matmul_q3_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    kernel_tiled_matmul_blocks(kernel_matvec_q3_k, (int64_t)(cols / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES, out,
+                               out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATVEC_Q2_K
+void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_q2_k(out, w, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_Q2_K
+void kernel_matmul_q2_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    kernel_tiled_matmul_blocks(kernel_matvec_q2_k, (int64_t)(cols / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES, out,
+                               out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATVEC_IQ4_NL
+void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_iq4_nl(out, w, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_IQ4_NL
+void kernel_matmul_iq4_nl(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    kernel_tiled_matmul_blocks(kernel_matvec_iq4_nl, (int64_t)(cols / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES, out,
+                               out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATVEC_IQ4_XS
+void kernel_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_iq4_xs(out, w, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_IQ4_XS
+void kernel_matmul_iq4_xs(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    kernel_tiled_matmul_blocks(kernel_matvec_iq4_xs, (int64_t)(cols / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES, out,
+                               out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
 #if !defined(KERNEL_HAS_ATTENTION_SCORES) || !defined(KERNEL_HAS_ATTENTION_MIX)
 #ifndef KERNEL_ATTENTION_CHAINS
 #define KERNEL_ATTENTION_CHAINS 1 /* in-order cores: one sum at a time, fewest instructions */

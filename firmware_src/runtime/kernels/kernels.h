@@ -12,6 +12,7 @@
 #ifndef COLIBRI_KERNELS_H
 #define COLIBRI_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define KERNEL_QK 32 /* values per q8_0 block */
@@ -97,6 +98,282 @@ void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, 
 void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
 
+/* GGUF block types kept as the file holds them (docs/numerics.md, "GGUF blocks"): Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS. A matrix is its rows one after another, each row its
+ * blocks verbatim (ggml-common.h's block_* layouts, binary16 fields little-endian, at any byte
+ * alignment). Every reader sees a block of 32 values through the type's kernel_<type>_unpack:
+ * 32 small integers q, and per 16 values a float32 scale (and offset, for the affine types)
+ * computed exactly from the block's fields (a binary16 times an integer of at most 8 bits).
+ * A value is scale * q (+ offset); a product term is kernel_unpacked_term's. */
+#define KERNEL_Q5_0_VALUES 32 /* values per block */
+#define KERNEL_Q5_0_BYTES 22 /* d, qh[4], qs[16] */
+#define KERNEL_Q5_1_VALUES 32
+#define KERNEL_Q5_1_BYTES 24 /* d, m, qh[4], qs[16] */
+#define KERNEL_Q4_K_VALUES 256
+#define KERNEL_Q4_K_BYTES 144 /* d, dmin, scales[12], qs[128] */
+#define KERNEL_Q5_K_VALUES 256
+#define KERNEL_Q5_K_BYTES 176 /* d, dmin, scales[12], qh[32], qs[128] */
+#define KERNEL_Q6_K_VALUES 256
+#define KERNEL_Q6_K_BYTES 210 /* ql[128], qh[64], scales int8[16], d */
+#define KERNEL_Q3_K_VALUES 256
+#define KERNEL_Q3_K_BYTES 110 /* hmask[32], qs[64], scales[12], d */
+#define KERNEL_Q2_K_VALUES 256
+#define KERNEL_Q2_K_BYTES 84 /* scales[16], qs[64], d, dmin */
+#define KERNEL_IQ4_NL_VALUES 32
+#define KERNEL_IQ4_NL_BYTES 18 /* d, qs[16] */
+#define KERNEL_IQ4_XS_VALUES 256
+#define KERNEL_IQ4_XS_BYTES 136 /* d, scales_h (u16), scales_l[4], qs[128] */
+
+/* One 32-value block decoded: value l is scale[l / 16] * q[l] (+ offset[l / 16]); a type with one
+ * scale per 32 values stores it twice. */
+typedef struct {
+    int8_t q[KERNEL_QK];
+    float scale[2];
+    float offset[2]; /* affine types only (Q5_1's m, the K-types' -dmin * m) */
+} KernelUnpacked;
+
+/* The shape of a type's product term (kernel_unpacked_term). */
+#define KERNEL_ONE_SCALE 1   /* one scale per 32 values: one isum */
+#define KERNEL_TWO_SCALES 2  /* one scale per 16 values: an isum per half */
+
+/* The binary16 at p (two bytes, little-endian, any alignment), widened to float32. */
+static inline float kernel_half_at(const uint8_t *p)
+{
+    return kernel_half_to_float((KernelHalf)(p[0] | (p[1] << 8)));
+}
+
+static inline void kernel_unpacked_one_scale(KernelUnpacked *u, float scale, float offset)
+{
+    u->scale[0] = u->scale[1] = scale;
+    u->offset[0] = u->offset[1] = offset;
+}
+
+/* Q5_0: value = d * (q - 16), q five bits: a nibble (values 0..15 low, 16..31 high) and bit l of qh. */
+static inline void kernel_q5_0_unpack(const uint8_t *row, int b, KernelUnpacked *u)
+{
+    const uint8_t *blk = row + (int64_t)b * KERNEL_Q5_0_BYTES;
+    const uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
+    for (int l = 0; l < KERNEL_QK; l++) {
+        const int nibble = l < 16 ? blk[6 + l] & 0x0F : blk[6 + l - 16] >> 4;
+        u->q[l] = (int8_t)((nibble | (int)((qh >> l) & 1) << 4) - 16);
+    }
+    kernel_unpacked_one_scale(u, kernel_half_at(blk), 0.0f);
+}
+
+/* Q5_1: value = d * q + m, q as Q5_0's without the offset. */
+static inline void kernel_q5_1_unpack(const uint8_t *row, int b, KernelUnpacked *u)
+{
+    const uint8_t *blk = row + (int64_t)b * KERNEL_Q5_1_BYTES;
+    const uint32_t qh = (uint32_t)blk[4] | (uint32_t)blk[5] << 8 | (uint32_t)blk[6] << 16 | (uint32_t)blk[7] << 24;
+    for (int l = 0; l < KERNEL_QK; l++) {
+        const int nibble = l < 16 ? blk[8 + l] & 0x0F : blk[8 + l - 16] >> 4;
+        u->q[l] = (int8_t)(nibble | (int)((qh >> l) & 1) << 4);
+    }
+    kernel_unpacked_one_scale(u, kernel_half_at(blk), kernel_half_at(blk + 2));
+}
+
+/* ggml's get_scale_min_k4: sub-block j's 6-bit scale and minimum from a Q4_K/Q5_K block's 12 bytes. */
+static inline void kernel_k_scale_min(const uint8_t *s, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K and Q5_K: sub-block j = b % 8 of superblock b / 8, value = (d * sc_j) * q - dmin * m_j; the
+ * quants are the low (even j) or high (odd j) nibbles of 32 bytes, Q5_K's fifth bit bit j of qh[l]. */
+static inline void kernel_k_unpack(const uint8_t *blk, int j, const uint8_t *qs, const uint8_t *qh, KernelUnpacked *u)
+{
+    int sc, m;
+    kernel_k_scale_min(blk + 4, j, &sc, &m);
+    const uint8_t *q = qs + (j / 2) * 32;
+    const int shift = (j % 2) * 4;
+    for (int l = 0; l < KERNEL_QK; l++) {
+        const int high = qh != NULL ? ((qh[l] >> j) & 1) << 4 : 0;
+        u->q[l] = (int8_t)(((q[l] >> shift) & 0x0F) | high);
+    }
+    kernel_unpacked_one_scale(u, kernel_half_at(blk) * (float)sc, -(kernel_half_at(blk + 2) * (float)m));
+}
+
+static inline void kernel_q4_k_unpack(const uint8_t *row, int b, KernelUnpacked *u)
+{
+    const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q4_K_BYTES;
+    kernel_k_unpack(blk, b % 8, blk + 16, NULL, u);
+}
+
+static inline void kernel_q5_k_unpack(const uint8_t *row, int b, KernelUnpacked *u)
+{
+    const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q5_K_BYTES;
+    kernel_k_unpack(blk, b % 8, blk + 48, blk + 16, u);
+}
+
+/* Q6_K: run j = b % 8 (half j / 4, k = j % 4) of 32 values: the low (k < 2) or high nibble of
+ * ql[64 * half + 32 * (k % 2) + l] and bits 2k, 2k + 1 of qh[32 * half + l], minus 32; values
+ * l < 16 take int8 scale 2j, the others 2j + 1, each times d. */
+static inline void kernel_q6_k_unpack(const uint8_t *row, int b, KernelUnpacked *u)
+{
+    const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q6_K_BYTES;
+    const int j = b % 8, half = j / 4, k = j % 4;
+    const uint8_t *ql = blk + 64 * half + 32 * (k % 2);
+    const uint8_t *qh = blk + 128 + 32 * half;
+    const int shift = (k / 2) * 4;
+    for (int l = 0; l < KERNEL_QK; l++) {
+        u->q[l] = (int8_t)((((ql[l] >> shift) & 0x0F) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32);
+    }
+    const float d = kernel_half_at(blk + 208);
+    u->scale[0] = d * (float)(int8_t)blk[192 + 2 * j];
+    u->scale[1] = d * (float)(int8_t)blk[192 + 2 * j + 1];
+    u->offset[0] = u->offset[1] = 0.0f;
+}
+
+/* The 2 bits of value 32 * j + l of a Q2_K/Q3_K superblock: bits 2k, 2k + 1 of qs[32 * (j / 4) + l]. */
+static inline int kernel_crumb(const uint8_t *qs, int j, int l)
+{
+    return (qs[32 * (j / 4) + l] >> (2 * (j % 4))) & 3;
+}
+
+/* Q3_K's 6-bit scale g (0..15), minus 32. */
+static inline int kernel_q3_k_scale(const uint8_t *s, int g)
+{
+    const int low = g < 8 ? s[g] & 0x0F : s[g - 8] >> 4;
+    const int high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (low | high << 4) - 32;
+}
+
+/* Q3_K: value = (d * (sc - 32)) * q, q = the 2 low bits minus 4 unless bit j of hmask[l] is set. */
+static inline void kernel_q3_k_unpack(const uint8_t *row, int b, KernelUnpacked *u)
+{
+    const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q3_K_BYTES;
+    const int j = b % 8;
+    for (int l = 0; l < KERNEL_QK; l++) {
+        const int lift = (blk[l] >> j) & 1 ? 0 : 4;
+        u->q[l] = (int8_t)(kernel_crumb(blk + 32, j, l) - lift);
+    }
+    const float d = kernel_half_at(blk + 108);
+    u->scale[0] = d * (float)kernel_q3_k_scale(blk + 96, 2 * j);
+    u->scale[1] = d * (float)kernel_q3_k_scale(blk + 96, 2 * j + 1);
+    u->offset[0] = u->offset[1] = 0.0f;
+}
+
+/* Q2_K: value = (d * (sc & 15)) * q - dmin * (sc >> 4), one scale byte per 16 values. */
+static inline void kernel_q2_k_unpack(const uint8_t *row, int b, KernelUnpacked *u)
+{
+    const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q2_K_BYTES;
+    const int j = b % 8;
+    for (int l = 0; l < KERNEL_QK; l++) {
+        u->q[l] = (int8_t)kernel_crumb(blk + 16, j, l);
+    }
+    const float d = kernel_half_at(blk + 80), dmin = kernel_half_at(blk + 82);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t sc = blk[2 * j + h];
+        u->scale[h] = d * (float)(sc & 0x0F);
+        u->offset[h] = -(dmin * (float)(sc >> 4));
+    }
+}
+
+/* IQ4_NL's and IQ4_XS's sixteen values (ggml's kvalues_iq4nl). */
+static const int8_t kernel_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                               1,    13,   25,  38,  53,  69,  89,  113};
+
+/* 16 bytes of IQ4 nibbles: values 0..15 the low nibbles, 16..31 the high ones, through the table. */
+static inline void kernel_iq4_values(const uint8_t *qs, KernelUnpacked *u)
+{
+    for (int l = 0; l < KERNEL_QK; l++) {
+        u->q[l] = kernel_iq4nl_values[l < 16 ? qs[l] & 0x0F : qs[l - 16] >> 4];
+    }
+}
+
+/* IQ4_NL: value = d * kvalues[q]. */
+static inline void kernel_iq4_nl_unpack(const uint8_t *row, int b, KernelUnpacked *u)
+{
+    const uint8_t *blk = row + (int64_t)b * KERNEL_IQ4_NL_BYTES;
+    kernel_iq4_values(blk + 2, u);
+    kernel_unpacked_one_scale(u, kernel_half_at(blk), 0.0f);
+}
+
+/* IQ4_XS: sub-block j = b % 8, value = (d * (ls - 32)) * kvalues[q], ls 4 bits of scales_l and 2 of scales_h. */
+static inline void kernel_iq4_xs_unpack(const uint8_t *row, int b, KernelUnpacked *u)
+{
+    const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_IQ4_XS_BYTES;
+    const int j = b % 8;
+    const int scales_h = blk[2] | blk[3] << 8;
+    const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4);
+    kernel_iq4_values(blk + 8 + 16 * j, u);
+    kernel_unpacked_one_scale(u, kernel_half_at(blk) * (float)(ls - 32), 0.0f);
+}
+
+/* Value l of an unpacked block: the product, then (affine types) the sum. */
+static inline float kernel_unpacked_value(const KernelUnpacked *u, int l, int affine)
+{
+    const float v = u->scale[l / 16] * (float)u->q[l];
+    return affine ? v + u->offset[l / 16] : v;
+}
+
+/* An unpacked block's term in a product with a q8_0 activation block (x, x_d), each product
+ * and sum rounded to float32 in this order (docs/numerics.md):
+ *   one scale:  (float)isum * (s * x_d) [+ (float)xsum * (o * x_d)]            (q4_1's term)
+ *   two scales: (float)isum_a * (s_a * x_d) + (float)isum_b * (s_b * x_d)
+ *               [+ (float)xsum_a * (o_a * x_d)] [+ (float)xsum_b * (o_b * x_d)]
+ * isum and xsum exact int32 over the block (or its half). */
+static inline float kernel_unpacked_term(const KernelUnpacked *u, const int8_t *x, float x_d, int scales, int affine)
+{
+    int32_t isum[2] = {0, 0}, xsum[2] = {0, 0};
+    for (int l = 0; l < KERNEL_QK; l++) {
+        const int h = scales == KERNEL_TWO_SCALES ? l / 16 : 0;
+        isum[h] += (int32_t)u->q[l] * (int32_t)x[l];
+        xsum[h] += x[l];
+    }
+    if (scales == KERNEL_ONE_SCALE) {
+        const float term = (float)isum[0] * (u->scale[0] * x_d);
+        return affine ? term + (float)xsum[0] * (u->offset[0] * x_d) : term;
+    }
+    float term = (float)isum[0] * (u->scale[0] * x_d) + (float)isum[1] * (u->scale[1] * x_d);
+    if (affine) {
+        term = term + (float)xsum[0] * (u->offset[0] * x_d);
+        term = term + (float)xsum[1] * (u->offset[1] * x_d);
+    }
+    return term;
+}
+
+/* The products of the kept GGUF types, one pair per type: w holds rows x (cols / VALUES) blocks
+ * (cols % VALUES == 0), x_qs/x_d the q8_0 input; out[r] is the reduction tree above over the
+ * row's terms kernel_unpacked_term (block b -> partial b % KERNEL_PARTIALS); the matmul gives
+ * every token t (x_qs + t * cols, x_d + t * cols / 32) exactly the matvec's bits, into
+ * out[t * out_stride + r]. */
+typedef void (*KernelBlocksMatvec)(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows,
+                                   int cols);
+void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matmul_q5_0(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols);
+void kernel_matmul_q5_1(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols);
+void kernel_matmul_q4_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols);
+void kernel_matmul_q5_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols);
+void kernel_matmul_q6_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols);
+void kernel_matmul_q3_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols);
+void kernel_matmul_q2_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols);
+void kernel_matmul_iq4_nl(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                          int rows, int cols);
+void kernel_matmul_iq4_xs(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                          int rows, int cols);
+
 /* Attention of one query head over n positions of the KV cache: position i's key (value) is at
  * keys (values) + ((first_slot + i) % slots) * stride, head_dim floats; the cache is a ring.
  *   scores: att[i] = (q . k_i) * scale, the dot product summed over j in order;
@@ -178,6 +455,15 @@ void kernel_scalar_matvec_q4_0(float *out, const uint8_t *w_q4, const KernelHalf
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                                const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 void kernel_scalar_swiglu(float *up, const float *gate, int n);
 void kernel_scalar_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,

@@ -90,6 +90,87 @@ void kernel_scalar_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf
     }
 }
 
+/* The product of a kept GGUF type: each row's 32-value blocks unpacked one at a time, their terms
+ * added along the reduction tree. Inlined into each type's entry below with its unpack function
+ * and term shape as constants, so each is a plain loop over its own decoding. */
+static inline __attribute__((always_inline)) void scalar_matvec_blocks(float *out, const uint8_t *w, const int8_t *x_qs,
+                                                                       const float *x_d, int rows, int cols,
+                                                                       int block_values, int block_bytes,
+                                                                       void (*unpack)(const uint8_t *, int, KernelUnpacked *),
+                                                                       int scales, int affine)
+{
+    const int nb = cols / KERNEL_QK;
+    const int64_t row_bytes = (int64_t)(cols / block_values) * block_bytes;
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *row = w + (int64_t)r * row_bytes;
+        float part[KERNEL_PARTIALS];
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[k] = -0.0f;
+        }
+        for (int b = 0; b < nb; b++) {
+            KernelUnpacked u;
+            unpack(row, b, &u);
+            const float term = kernel_unpacked_term(&u, x_qs + b * KERNEL_QK, x_d[b], scales, affine);
+            part[b % KERNEL_PARTIALS] = part[b % KERNEL_PARTIALS] + term;
+        }
+        out[r] = kernel_sum_partials(part);
+    }
+}
+
+void kernel_scalar_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    scalar_matvec_blocks(out, w, x_qs, x_d, rows, cols, KERNEL_Q5_0_VALUES, KERNEL_Q5_0_BYTES, kernel_q5_0_unpack,
+                         KERNEL_ONE_SCALE, 0);
+}
+
+void kernel_scalar_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    scalar_matvec_blocks(out, w, x_qs, x_d, rows, cols, KERNEL_Q5_1_VALUES, KERNEL_Q5_1_BYTES, kernel_q5_1_unpack,
+                         KERNEL_ONE_SCALE, 1);
+}
+
+void kernel_scalar_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    scalar_matvec_blocks(out, w, x_qs, x_d, rows, cols, KERNEL_Q4_K_VALUES, KERNEL_Q4_K_BYTES, kernel_q4_k_unpack,
+                         KERNEL_ONE_SCALE, 1);
+}
+
+void kernel_scalar_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    scalar_matvec_blocks(out, w, x_qs, x_d, rows, cols, KERNEL_Q5_K_VALUES, KERNEL_Q5_K_BYTES, kernel_q5_k_unpack,
+                         KERNEL_ONE_SCALE, 1);
+}
+
+void kernel_scalar_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    scalar_matvec_blocks(out, w, x_qs, x_d, rows, cols, KERNEL_Q6_K_VALUES, KERNEL_Q6_K_BYTES, kernel_q6_k_unpack,
+                         KERNEL_TWO_SCALES, 0);
+}
+
+void kernel_scalar_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    scalar_matvec_blocks(out, w, x_qs, x_d, rows, cols, KERNEL_Q3_K_VALUES, KERNEL_Q3_K_BYTES, kernel_q3_k_unpack,
+                         KERNEL_TWO_SCALES, 0);
+}
+
+void kernel_scalar_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    scalar_matvec_blocks(out, w, x_qs, x_d, rows, cols, KERNEL_Q2_K_VALUES, KERNEL_Q2_K_BYTES, kernel_q2_k_unpack,
+                         KERNEL_TWO_SCALES, 1);
+}
+
+void kernel_scalar_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    scalar_matvec_blocks(out, w, x_qs, x_d, rows, cols, KERNEL_IQ4_NL_VALUES, KERNEL_IQ4_NL_BYTES, kernel_iq4_nl_unpack,
+                         KERNEL_ONE_SCALE, 0);
+}
+
+void kernel_scalar_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    scalar_matvec_blocks(out, w, x_qs, x_d, rows, cols, KERNEL_IQ4_XS_VALUES, KERNEL_IQ4_XS_BYTES, kernel_iq4_xs_unpack,
+                         KERNEL_ONE_SCALE, 0);
+}
+
 void kernel_scalar_swiglu(float *up, const float *gate, int n)
 {
     for (int i = 0; i < n; i++) {

@@ -1,5 +1,5 @@
-"""GGUF tensor data -> float32 with llama.cpp's dequantization formulas, and the exact block
-fields of Q8_0, Q4_0, Q4_1 and Q4_K tensors.
+"""GGUF tensor data -> float32 with llama.cpp's dequantization formulas, the exact block
+fields of Q8_0, Q4_0, Q4_1 and Q4_K tensors, and the blocks of every type kept verbatim.
 
 Data is mapped with np.memmap (never read whole). Every formula is ggml's `dequantize_row_*`,
 evaluated in float32 in the same order (one rounding per C operation, no fused multiply-add):
@@ -14,8 +14,9 @@ evaluated in float32 in the same order (one rounding per C operation, no fused m
 Other block types the gguf package can dequantize (Q2_K, Q3_K, the IQ types, ...) go through
 gguf.quants.dequantize.
 
-QuantBlocks keeps a Q8_0/Q4_0/Q4_1/Q4_K tensor exactly: its blocks' bytes as the file holds them,
-read as fields (`fields`, for copying them into an image) or as blocks of 32 values:
+QuantBlocks keeps a tensor of an EXACT_TYPES type exactly: its blocks' bytes as the file holds them
+(`block_bytes`, what the image stores of the types kept verbatim: numerics/blocks.py), and for the
+FIELD_TYPES read as fields (`fields`, for copying them into an image) or as blocks of 32 values:
 value = scale * q (+ offset), each product and sum rounded to float32. Scales and offsets are
 exact in float32: an fp16 number, or for Q4_K an fp16 number times a 6-bit integer.
 """
@@ -34,7 +35,10 @@ from ...errors import ColibriError
 from .file import GgufFile, GgufTensorInfo
 
 BLOCK = 32
-EXACT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K")
+# Block types whose blocks are kept as the file holds them (the image's q8_0, q4_0 and q4_1, or the
+# blocks verbatim: numerics/blocks.py's types); FIELD_TYPES are also read as fields (_fields).
+FIELD_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K")
+EXACT_TYPES = FIELD_TYPES + ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS")
 PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
 
 
@@ -99,6 +103,10 @@ class QuantBlocks:
         if self.offsets is not None:
             y = y + self.offsets[..., None]
         return y.reshape(self.shape)
+
+    def block_bytes(self) -> np.ndarray:
+        """The blocks' bytes as the file holds them, row after row (uint8, one dimension)."""
+        return np.ascontiguousarray(self.raw).reshape(-1)
 
     def take(self, index) -> "QuantBlocks":
         """The blocks of rows (or experts) `index` along the first axis."""
@@ -215,7 +223,7 @@ def _per_row(raw: np.ndarray, rows_shape: tuple[int, ...]) -> np.ndarray:
 
 def _dequantize(ggml_type: str, raw: np.ndarray) -> np.ndarray:
     n = len(raw)
-    if ggml_type in EXACT_TYPES:
+    if ggml_type in FIELD_TYPES:
         q, scale, offset = _fields(ggml_type, raw)
         y = scale[:, None] * q.reshape(-1, BLOCK).astype(np.float32)
         return y if offset is None else y + offset[:, None]

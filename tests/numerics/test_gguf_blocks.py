@@ -1,0 +1,150 @@
+"""The GGUF block types kept as the file holds them (generator/numerics/blocks.py, kernels.h's
+kernel_*_unpack and the scalar products): their values are the gguf package's dequantizer's bit for
+bit, and the C kernels on every kernel set return the NumPy reference's bits."""
+
+import gguf
+import numpy as np
+import pytest
+from conftest import f32_bytes, run_harness
+from gguf.quants import dequantize
+
+from generator.numerics import blocks
+from generator.numerics.quantize import quantize_q8_0
+
+rng = np.random.default_rng(11)
+TYPES = sorted(blocks.FORMATS)
+# binary16 scales a file may hold: zeros of both signs, the smallest subnormal and a larger one,
+# negative ones, the largest finite, and ordinary ones
+EDGE_HALVES = np.array([0.0, -0.0, 2**-24, -(2**-24), 3 * 2**-20, -1.5, 65504.0, -65504.0], np.float16)
+
+
+def random_blocks(dtype: str, n: int, edges: bool = True, spread: float = 1.0) -> np.ndarray:
+    """n blocks of random bytes whose binary16 fields are finite: the first ones edge values."""
+    f = blocks.FORMATS[dtype]
+    raw = rng.integers(0, 256, (n, f.nbytes), dtype=np.uint8)
+    for at in f.halves:
+        h = (rng.normal(0, spread, n)).astype(np.float16)
+        if edges:
+            k = min(n, len(EDGE_HALVES))
+            h[:k] = rng.permutation(EDGE_HALVES)[:k]
+        raw[:, at : at + 2] = h.view(np.uint8).reshape(n, 2)
+    return raw
+
+
+def assert_same_bits(a, b):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert a.shape == b.shape
+    bad = np.nonzero(a.view(np.uint32) != b.view(np.uint32))[0]
+    assert bad.size == 0, f"first mismatch at {bad[0]}: {a.flat[bad[0]]!r} vs {b.flat[bad[0]]!r}"
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_values_are_the_gguf_packages_bit_for_bit(dtype):
+    for edges in (True, False):
+        raw = random_blocks(dtype, 200, edges)
+        want = dequantize(raw, gguf.GGMLQuantizationType[blocks.FORMATS[dtype].ggml_type])
+        assert_same_bits(blocks.dequantize(dtype, raw), np.asarray(want, np.float32).reshape(-1))
+
+
+def test_the_formats_are_ggmls_block_sizes():
+    for dtype, f in blocks.FORMATS.items():
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[f.ggml_type]] == (f.values, f.nbytes), dtype
+        assert blocks.BY_GGUF[f.ggml_type] == dtype
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_values_are_the_references(harness, dtype):
+    f = blocks.FORMATS[dtype]
+    raw = random_blocks(dtype, 2 * 256 // f.values * 4)
+    n32 = raw.shape[0] * f.values // 32
+    got = np.frombuffer(run_harness(harness, ["blocks_values", dtype, n32], raw.tobytes()), "<f4")
+    assert_same_bits(got, blocks.dequantize(dtype, raw))
+
+
+def activations(cols: int, tokens: int = 1):
+    x = rng.normal(0, 1, (tokens, cols)).astype(np.float32)
+    x[:, 5::11] = 0.0
+    return quantize_q8_0(x)
+
+
+def shapes(dtype: str):
+    """Rows and columns whose block counts sit around the tree's 8 partials (7, 8, 9, 16, 17 blocks
+    of 32; superblock types whole superblocks: 8, 16, 24, 72)."""
+    if blocks.FORMATS[dtype].values == 32:
+        return [(3, 32), (5, 224), (4, 256), (3, 288), (2, 512), (6, 544)]
+    return [(3, 256), (5, 512), (2, 768), (3, 2304)]
+
+
+def row_blocks(dtype: str, rows: int, cols: int, edges: bool = True) -> np.ndarray:
+    f = blocks.FORMATS[dtype]
+    return random_blocks(dtype, rows * cols // f.values, edges, spread=0.01).reshape(rows, -1)
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_products_are_the_references(harness, dtype):
+    for rows, cols in shapes(dtype):
+        w = row_blocks(dtype, rows, cols)
+        xq, xd = activations(cols)
+        want = blocks.matvec(dtype, w, cols, xq[0], xd[0])
+        payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
+        for op in ("blocks_matvec", "blocks_scalar_matvec"):
+            got = np.frombuffer(run_harness(harness, [op, dtype, rows, cols], payload), "<f4")
+            assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_batched_products_give_each_token_the_matvec_bits(harness, dtype):
+    rows, cols, tokens = 5, shapes(dtype)[1][1], 3
+    w = row_blocks(dtype, rows, cols)
+    xq, xd = activations(cols, tokens)
+    payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
+    got = np.frombuffer(run_harness(harness, ["blocks_matmul", dtype, tokens, rows, cols], payload), "<f4")
+    got = got.reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], blocks.matvec(dtype, w, cols, xq[t], xd[t]))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_the_product_is_the_dot_product_of_the_values_to_float32_accuracy(dtype):
+    rows, cols = 6, 512
+    w = row_blocks(dtype, rows, cols, edges=False)
+    xq, xd = activations(cols)
+    values = blocks.dequantize(dtype, blocks.rows_of(dtype, w, cols)).reshape(rows, cols).astype(np.float64)
+    x = (xq[0].reshape(-1, 32).astype(np.float64) * xd[0][:, None]).reshape(-1)
+    exact = values @ x
+    scale = np.abs(values) @ np.abs(x)
+    assert np.all(np.abs(blocks.matvec(dtype, w, cols, xq[0], xd[0]) - exact) <= 1e-5 * scale + 1e-30)
+
+
+def test_the_reduction_tree_adds_block_terms_eight_partials_apart():
+    """A row of 9 blocks: the ninth block's term joins the first's partial, not the running sum."""
+    dtype, cols = "q5_0", 9 * 32
+    w = row_blocks("q5_0", 1, cols, edges=False)
+    xq, xd = activations(cols)
+    terms = blocks.block_terms(dtype, w, cols, xq[0], xd[0])[0]
+    want = np.float32(-0.0) + terms[0] + terms[8]
+    for k in range(1, 8):
+        want = np.float32(want + terms[k])
+    assert_same_bits(blocks.matvec(dtype, w, cols, xq[0], xd[0]), [want])
+
+
+def test_infinite_and_nan_scales_are_found():
+    for dtype, f in blocks.FORMATS.items():
+        raw = random_blocks(dtype, 4)
+        assert not blocks.bad_halves(dtype, raw)
+        for at in f.halves:
+            for bad in (np.inf, -np.inf, np.nan):
+                broken = raw.copy()
+                broken[2, at : at + 2] = np.array([bad], np.float16).view(np.uint8)
+                assert blocks.bad_halves(dtype, broken), (dtype, at, bad)
+
+
+def test_a_product_taken_a_few_rows_at_a_time_is_the_same(monkeypatch):
+    from generator.numerics.ops import tree_sum
+
+    rows, cols = 7, 512
+    w = row_blocks("q4_k", rows, cols)
+    xq, xd = activations(cols)
+    whole = tree_sum(blocks.block_terms("q4_k", w, cols, xq[0], xd[0]))
+    monkeypatch.setattr(blocks, "CHUNK_VALUES", 2 * cols)  # two rows per chunk: 4 chunks, the last of one row
+    assert_same_bits(blocks.matvec("q4_k", w, cols, xq[0], xd[0]), whole)

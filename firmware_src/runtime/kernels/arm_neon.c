@@ -1,4 +1,5 @@
-/* aarch64 kernels: NEON integer dot products for q8_0, q4_0 and q4_1, with the dot-product extension
+/* aarch64 kernels: NEON integer dot products for q8_0, q4_0, q4_1 and the kept GGUF block types
+ * (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS), with the dot-product extension
  * (SDOT) when the CPU has it (checked at run time through the kernel's hwcaps), plain NEON widening
  * multiplies otherwise; f32 products four rows per vector. Same bits as kernels/scalar.c: each
  * block's int32 sum is exact, the binary16 weight scales are widened exactly (fcvtl), and the float
@@ -11,13 +12,22 @@
 
 #include "kernels.h"
 
-/* This set's own entry points (fallback.h defines the rest: the batched
- * q8_0/q4_0/q4_1 products as tiles of these matvecs, quantization and SwiGLU as the scalar ones). */
+/* This set's own entry points (fallback.h defines the rest: the batched q8_0/q4_0/q4_1 and
+ * kept-block products as tiles of these matvecs, quantization and SwiGLU as the scalar ones). */
 #define KERNEL_HAS_MATVEC_F32
 #define KERNEL_HAS_MATVEC_Q8_0
 #define KERNEL_HAS_MATVEC_Q4_0
 #define KERNEL_HAS_MATVEC_Q4_1
 #define KERNEL_HAS_MATMUL_F32
+#define KERNEL_HAS_MATVEC_Q5_0
+#define KERNEL_HAS_MATVEC_Q5_1
+#define KERNEL_HAS_MATVEC_Q4_K
+#define KERNEL_HAS_MATVEC_Q5_K
+#define KERNEL_HAS_MATVEC_Q6_K
+#define KERNEL_HAS_MATVEC_Q3_K
+#define KERNEL_HAS_MATVEC_Q2_K
+#define KERNEL_HAS_MATVEC_IQ4_NL
+#define KERNEL_HAS_MATVEC_IQ4_XS
 #define KERNEL_ATTENTION_CHAINS 4 /* an out-of-order core overlaps four positions' sums */
 #include "fallback.h"
 
@@ -504,5 +514,634 @@ void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *
         kernel_matvec_f32(out, w, x, rows, cols);
     } else {
         matmul_f32_neon(out, out_stride, w, x, n_tok, rows, cols);
+    }
+}
+
+/* ---- The kept GGUF block types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS) ----
+ *
+ * Each block of 32 values is decoded from its bytes straight into two int8 vectors (values 0..15
+ * and 16..31): the same small integers kernel_<type>_unpack makes, so the int32 sums (SDOT, or
+ * widening multiplies and pairwise adds) are kernel_unpacked_term's exactly. The float work is
+ * done four blocks at a time, one block per lane, each lane doing kernel_unpacked_term's
+ * multiplications and additions in its order (vmulq and vaddq only, never fused). A row's block b
+ * goes to lane b % 4 of partial vector (b / 4) % 2, which is partial b % 8 of the reduction tree;
+ * for the 256-value types one superblock is exactly blocks 8k .. 8k + 7, so its eight terms are
+ * one vector for partials 0-3 and one for 4-7, and its scales are decoded once, into vectors.
+ * Rows go four at a time, combined by sum_partials4 as the q8_0 rows are. */
+
+/* The row's kind: the always-inlined row functions below are compiled once per type. */
+enum {
+    BLOCKS_Q5_0,
+    BLOCKS_Q5_1,
+    BLOCKS_IQ4_NL,
+    BLOCKS_Q4_K,
+    BLOCKS_Q5_K,
+    BLOCKS_Q6_K,
+    BLOCKS_Q3_K,
+    BLOCKS_Q2_K,
+    BLOCKS_IQ4_XS,
+};
+
+/* Activation block sums (xsum, for the affine types) are computed once per call for all the rows,
+ * into stack arrays of this many blocks (rows of up to 16384 values; longer rows of an affine type
+ * take the scalar kernel, as q4_1's do). */
+#define BLOCKS_XSUM_MAX 512
+
+/* The four int32 lanes of 16 values' products (their total is the exact sum). */
+__attribute__((target("arch=armv8.2-a+dotprod"))) static inline int32x4_t half_lanes_dotprod(int8x16_t w, int8x16_t x)
+{
+    return vdotq_s32(vdupq_n_s32(0), w, x);
+}
+
+static inline int32x4_t half_lanes_neon(int8x16_t w, int8x16_t x)
+{
+    return vpadalq_s16(vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x))), vmull_high_s8(w, x));
+}
+
+static inline __attribute__((always_inline)) int32x4_t half_lanes(int8x16_t w, const int8_t *x, int dotprod)
+{
+    return dotprod ? half_lanes_dotprod(w, vld1q_s8(x)) : half_lanes_neon(w, vld1q_s8(x));
+}
+
+/* A whole 32-value block's lanes (w0: values 0..15, w1: 16..31). */
+static inline __attribute__((always_inline)) int32x4_t whole_lanes(int8x16_t w0, int8x16_t w1, const int8_t *x,
+                                                                   int dotprod)
+{
+    return dotprod ? block_lanes_dotprod(w0, w1, x) : block_lanes_neon(w0, w1, x);
+}
+
+/* The float terms of four blocks, one per lane: (float)isum * (s * x_d), the shape of every
+ * product in kernel_unpacked_term (an offset's part is (float)xsum * (o * x_d)). */
+static inline float32x4_t scaled_terms(int32x4_t isum, float32x4_t s, float32x4_t xd)
+{
+    return vmulq_f32(vcvtq_f32_s32(isum), vmulq_f32(s, xd));
+}
+
+/* The binary16 at p (any alignment), widened by fcvt. */
+static inline float half_at(const uint8_t *p)
+{
+    __fp16 h;
+    memcpy(&h, p, sizeof h);
+    return (float)h;
+}
+
+/* Lanes 0 .. n-1 of t, the others -0.0f (which leaves a partial as it was). */
+static inline float32x4_t keep_lanes(float32x4_t t, int n)
+{
+    if (n >= 4) {
+        return t;
+    }
+    const int32_t lane[4] = {0, 1, 2, 3};
+    const uint32x4_t real = vcltq_s32(vld1q_s32(lane), vdupq_n_s32(n));
+    return vbslq_f32(real, t, vdupq_n_f32(-0.0f));
+}
+
+/* Four floats (or int32s) from p, of which n are real; the rest read as zero, never from memory. */
+static inline float32x4_t load4_f32(const float *p, int n)
+{
+    if (n >= 4) {
+        return vld1q_f32(p);
+    }
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k = 0; k < n; k++) {
+        v[k] = p[k];
+    }
+    return vld1q_f32(v);
+}
+
+static inline int32x4_t load4_s32(const int32_t *p, int n)
+{
+    if (n >= 4) {
+        return vld1q_s32(p);
+    }
+    int32_t v[4] = {0, 0, 0, 0};
+    for (int k = 0; k < n; k++) {
+        v[k] = p[k];
+    }
+    return vld1q_s32(v);
+}
+
+/* Eight integer scales (lanes 0..7 of v, int16) as two float32 vectors times d: d * (float)sc,
+ * the scalar unpack's product (IEEE multiplication is commutative, bit for bit). */
+static inline void scales8(float32x4_t s[2], int16x8_t v, float d)
+{
+    s[0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(v))), d);
+    s[1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(v)), d);
+}
+
+/* Sixteen int8 scales, one per 16 values (sub-block j takes 2j for values 0..15 and 2j + 1 for
+ * 16..31): the even ones into sa, the odd ones into sb, each times d. */
+static inline void scales16(float32x4_t sa[2], float32x4_t sb[2], int8x16_t v, float d)
+{
+    scales8(sa, vmovl_s8(vget_low_s8(vuzp1q_s8(v, v))), d);
+    scales8(sb, vmovl_s8(vget_low_s8(vuzp2q_s8(v, v))), d);
+}
+
+/* 16 bits, one per value, as 0 or 16 in each byte (lane l: bit l of bits). */
+static inline uint8x16_t fifth_bits(uint32_t bits)
+{
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t v = vcombine_u8(vdup_n_u8((uint8_t)bits), vdup_n_u8((uint8_t)(bits >> 8)));
+    return vandq_u8(vtstq_u8(v, vld1q_u8(bit)), vdupq_n_u8(0x10));
+}
+
+/* The two int8 vectors of one 32-value block of Q5_0, Q5_1 or IQ4_NL (w0: values 0..15, the low
+ * nibbles of qs; w1: values 16..31, the high ones), as kernel_<type>_unpack makes them. */
+static inline __attribute__((always_inline)) void block32_quants(int type, const uint8_t *blk, int8x16_t *w0,
+                                                                 int8x16_t *w1)
+{
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    if (type == BLOCKS_IQ4_NL) {
+        const uint8x16_t qs = vld1q_u8(blk + 2);
+        const int8x16_t values = vld1q_s8(kernel_iq4nl_values);
+        *w0 = vqtbl1q_s8(values, vandq_u8(qs, low4));
+        *w1 = vqtbl1q_s8(values, vshrq_n_u8(qs, 4));
+        return;
+    }
+    const int at = type == BLOCKS_Q5_0 ? 2 : 4; /* qh after d (and Q5_1's m) */
+    uint32_t qh;
+    memcpy(&qh, blk + at, sizeof qh); /* little-endian, as the file holds it */
+    const uint8x16_t qs = vld1q_u8(blk + at + 4);
+    const uint8x16_t q0 = vorrq_u8(vandq_u8(qs, low4), fifth_bits(qh));
+    const uint8x16_t q1 = vorrq_u8(vshrq_n_u8(qs, 4), fifth_bits(qh >> 16));
+    if (type == BLOCKS_Q5_0) {
+        *w0 = vsubq_s8(vreinterpretq_s8_u8(q0), vdupq_n_s8(16));
+        *w1 = vsubq_s8(vreinterpretq_s8_u8(q1), vdupq_n_s8(16));
+    } else {
+        *w0 = vreinterpretq_s8_u8(q0);
+        *w1 = vreinterpretq_s8_u8(q1);
+    }
+}
+
+static inline int block32_bytes(int type)
+{
+    return type == BLOCKS_Q5_0 ? KERNEL_Q5_0_BYTES : type == BLOCKS_Q5_1 ? KERNEL_Q5_1_BYTES : KERNEL_IQ4_NL_BYTES;
+}
+
+/* A row of 32-value blocks (Q5_0, Q5_1, IQ4_NL): four blocks per step, their scales (and Q5_1's
+ * minimums) widened together; a last step of fewer blocks leaves the other lanes' partials as
+ * they are. xs: the activation blocks' sums (Q5_1 only). */
+static inline __attribute__((always_inline)) void row32_partials(int type, float32x4_t part[2], const uint8_t *row,
+                                                                 const int8_t *x_qs, const float *x_d,
+                                                                 const int32_t *xs, int nb, int dotprod)
+{
+    const int bytes = block32_bytes(type);
+    for (int b = 0; b < nb; b += 4) {
+        const int n = nb - b < 4 ? nb - b : 4;
+        int32x4_t lanes[4];
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int k = 0; k < 4; k++) {
+            if (k < n) {
+                const uint8_t *blk = row + (int64_t)(b + k) * bytes;
+                int8x16_t w0, w1;
+                block32_quants(type, blk, &w0, &w1);
+                lanes[k] = whole_lanes(w0, w1, x_qs + (b + k) * KERNEL_QK, dotprod);
+                d[k] = half_at(blk);
+                if (type == BLOCKS_Q5_1) {
+                    m[k] = half_at(blk + 2);
+                }
+            } else {
+                lanes[k] = vdupq_n_s32(0);
+            }
+        }
+        const int32x4_t isum = block_sums4(lanes[0], lanes[1], lanes[2], lanes[3]);
+        const float32x4_t xd = load4_f32(x_d + b, n);
+        float32x4_t t = scaled_terms(isum, vld1q_f32(d), xd);
+        if (type == BLOCKS_Q5_1) {
+            t = vaddq_f32(t, scaled_terms(load4_s32(xs + b, n), vld1q_f32(m), xd));
+        }
+        part[(b / 4) % 2] = vaddq_f32(part[(b / 4) % 2], keep_lanes(t, n));
+    }
+}
+
+/* Q4_K and Q5_K: a superblock's eight 6-bit scales and minimums (kernel_k_scale_min for j = 0..7)
+ * in four 32-bit steps (ggml's), times d, and the offsets -(dmin * m). */
+static inline void k_scales(const uint8_t *blk, float32x4_t s[2], float32x4_t o[2])
+{
+    uint32_t u[4];
+    memcpy(u, blk + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4); /* m 4..7 */
+    const uint32_t m_low = u[1] & 0x3F3F3F3F;                               /* m 0..3 */
+    u[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);         /* sc 4..7 */
+    u[2] = m_low;
+    u[0] &= 0x3F3F3F3F; /* sc 0..3 */
+    uint8_t bytes[16];
+    memcpy(bytes, u, sizeof bytes);
+    const uint8x16_t v = vld1q_u8(bytes);
+    scales8(s, vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(v))), half_at(blk));
+    scales8(o, vreinterpretq_s16_u16(vmovl_high_u8(v)), half_at(blk + 2));
+    o[0] = vnegq_f32(o[0]);
+    o[1] = vnegq_f32(o[1]);
+}
+
+/* Q3_K: the sixteen 6-bit scales (kernel_q3_k_scale for g = 0..15) in four 32-bit steps (ggml's),
+ * minus 32, as int8. */
+static inline int8x16_t q3_k_scales(const uint8_t *s)
+{
+    uint32_t a[4];
+    memcpy(a, s, 12);
+    const uint32_t high = a[2];
+    a[2] = ((a[0] >> 4) & 0x0F0F0F0F) | (((high >> 4) & 0x03030303) << 4);
+    a[3] = ((a[1] >> 4) & 0x0F0F0F0F) | (((high >> 6) & 0x03030303) << 4);
+    a[0] = (a[0] & 0x0F0F0F0F) | ((high & 0x03030303) << 4);
+    a[1] = (a[1] & 0x0F0F0F0F) | (((high >> 2) & 0x03030303) << 4);
+    uint8_t bytes[16];
+    memcpy(bytes, a, sizeof bytes);
+    return vsubq_s8(vreinterpretq_s8_u8(vld1q_u8(bytes)), vdupq_n_s8(32));
+}
+
+/* The integer sums and scales of one superblock, lo = sub-blocks 0-3, hi = 4-7: one isum per
+ * sub-block (isum_a; the one-scale types) or one per half (isum_a, isum_b; Q6_K, Q3_K, Q2_K). */
+typedef struct {
+    int32x4_t isum_a[2], isum_b[2];
+    float32x4_t s_a[2], s_b[2], o_a[2], o_b[2];
+} SuperSums;
+
+/* Q4_K (qh NULL) and Q5_K: sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32
+ * bytes, read once; Q5_K's fifth bit of value l of sub-block j is bit j of qh[l]. */
+static inline __attribute__((always_inline)) void k_sums(SuperSums *ss, const uint8_t *blk, const uint8_t *qs,
+                                                         const uint8_t *qh, const int8_t *x, int dotprod)
+{
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
+    if (qh != NULL) {
+        h0 = vld1q_u8(qh);
+        h1 = vld1q_u8(qh + 16);
+    }
+    int32x4_t lanes[8];
+    for (int i = 0; i < 4; i++) {
+        const uint8x16_t a = vld1q_u8(qs + 32 * i), b = vld1q_u8(qs + 32 * i + 16);
+        uint8x16_t lo0 = vandq_u8(a, low4), lo1 = vandq_u8(b, low4);
+        uint8x16_t hi0 = vshrq_n_u8(a, 4), hi1 = vshrq_n_u8(b, 4);
+        if (qh != NULL) {
+            const uint8x16_t sixteen = vdupq_n_u8(0x10);
+            const uint8x16_t even = vdupq_n_u8((uint8_t)(1 << (2 * i))), odd = vdupq_n_u8((uint8_t)(2 << (2 * i)));
+            lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(h0, even), sixteen));
+            lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(h1, even), sixteen));
+            hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(h0, odd), sixteen));
+            hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(h1, odd), sixteen));
+        }
+        lanes[2 * i] = whole_lanes(vreinterpretq_s8_u8(lo0), vreinterpretq_s8_u8(lo1), x + 64 * i, dotprod);
+        lanes[2 * i + 1] = whole_lanes(vreinterpretq_s8_u8(hi0), vreinterpretq_s8_u8(hi1), x + 64 * i + 32, dotprod);
+    }
+    ss->isum_a[0] = block_sums4(lanes[0], lanes[1], lanes[2], lanes[3]);
+    ss->isum_a[1] = block_sums4(lanes[4], lanes[5], lanes[6], lanes[7]);
+    k_scales(blk, ss->s_a, ss->o_a);
+}
+
+/* Q6_K: half h (sub-blocks 4h .. 4h + 3) is 64 bytes of ql and 32 of qh: sub-block 4h + k takes
+ * the low (k < 2) or high nibbles of ql[32 * (k % 2) ..] and bits 2k, 2k + 1 of qh, minus 32. */
+static inline __attribute__((always_inline)) void q6_k_sums(SuperSums *ss, const uint8_t *blk, const int8_t *x,
+                                                            int dotprod)
+{
+    const uint8x16_t low4 = vdupq_n_u8(0x0F), bits45 = vdupq_n_u8(0x30);
+    const int8x16_t minus = vdupq_n_s8(32);
+    int32x4_t la[8], lb[8];
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+        const uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16), l2 = vld1q_u8(ql + 32), l3 = vld1q_u8(ql + 48);
+        const uint8x16_t q0 = vld1q_u8(qh), q1 = vld1q_u8(qh + 16);
+        for (int k = 0; k < 4; k++) {
+            const uint8x16_t n0 = k % 2 ? l2 : l0, n1 = k % 2 ? l3 : l1;
+            const uint8x16_t v0 = k < 2 ? vandq_u8(n0, low4) : vshrq_n_u8(n0, 4);
+            const uint8x16_t v1 = k < 2 ? vandq_u8(n1, low4) : vshrq_n_u8(n1, 4);
+            /* bits 2k, 2k + 1 moved to 4, 5: a shift by 4 - 2k (right when negative) */
+            const int8x16_t shift = vdupq_n_s8((int8_t)(4 - 2 * k));
+            const uint8x16_t b0 = vandq_u8(vshlq_u8(q0, shift), bits45), b1 = vandq_u8(vshlq_u8(q1, shift), bits45);
+            const int8x16_t w0 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v0, b0)), minus);
+            const int8x16_t w1 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v1, b1)), minus);
+            const int j = 4 * h + k;
+            la[j] = half_lanes(w0, x + 32 * j, dotprod);
+            lb[j] = half_lanes(w1, x + 32 * j + 16, dotprod);
+        }
+    }
+    for (int g = 0; g < 2; g++) {
+        ss->isum_a[g] = block_sums4(la[4 * g], la[4 * g + 1], la[4 * g + 2], la[4 * g + 3]);
+        ss->isum_b[g] = block_sums4(lb[4 * g], lb[4 * g + 1], lb[4 * g + 2], lb[4 * g + 3]);
+    }
+    scales16(ss->s_a, ss->s_b, vld1q_s8((const int8_t *)blk + 192), half_at(blk + 208));
+}
+
+/* Q3_K and Q2_K: sub-block 4g + k is bits 2k, 2k + 1 of qs[32 * g ..]; Q3_K's values are those
+ * minus 4 where bit j of hmask[l] is clear (hmask NULL for Q2_K). */
+static inline __attribute__((always_inline)) void crumb_sums(SuperSums *ss, const uint8_t *qs, const uint8_t *hmask,
+                                                             const int8_t *x, int dotprod)
+{
+    const uint8x16_t three = vdupq_n_u8(3), four = vdupq_n_u8(4);
+    uint8x16_t m0 = vdupq_n_u8(0), m1 = vdupq_n_u8(0);
+    if (hmask != NULL) {
+        m0 = vld1q_u8(hmask);
+        m1 = vld1q_u8(hmask + 16);
+    }
+    int32x4_t la[8], lb[8];
+    for (int g = 0; g < 2; g++) {
+        const uint8x16_t c0 = vld1q_u8(qs + 32 * g), c1 = vld1q_u8(qs + 32 * g + 16);
+        for (int k = 0; k < 4; k++) {
+            const int j = 4 * g + k;
+            const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * k));
+            int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(c0, shift), three));
+            int8x16_t w1 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(c1, shift), three));
+            if (hmask != NULL) {
+                const uint8x16_t bit = vdupq_n_u8((uint8_t)(1 << j));
+                w0 = vsubq_s8(w0, vreinterpretq_s8_u8(vbicq_u8(four, vtstq_u8(m0, bit))));
+                w1 = vsubq_s8(w1, vreinterpretq_s8_u8(vbicq_u8(four, vtstq_u8(m1, bit))));
+            }
+            la[j] = half_lanes(w0, x + 32 * j, dotprod);
+            lb[j] = half_lanes(w1, x + 32 * j + 16, dotprod);
+        }
+    }
+    for (int g = 0; g < 2; g++) {
+        ss->isum_a[g] = block_sums4(la[4 * g], la[4 * g + 1], la[4 * g + 2], la[4 * g + 3]);
+        ss->isum_b[g] = block_sums4(lb[4 * g], lb[4 * g + 1], lb[4 * g + 2], lb[4 * g + 3]);
+    }
+}
+
+/* IQ4_XS: sub-block j is the 16 bytes at qs + 16 j through the table; its scale d * (ls - 32),
+ * ls 4 bits of scales_l and 2 of scales_h (eight small integers, made once per superblock). */
+static inline __attribute__((always_inline)) void iq4_xs_sums(SuperSums *ss, const uint8_t *blk, const int8_t *x,
+                                                              int dotprod)
+{
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    const int8x16_t values = vld1q_s8(kernel_iq4nl_values);
+    int32x4_t lanes[8];
+    for (int j = 0; j < 8; j++) {
+        const uint8x16_t qs = vld1q_u8(blk + 8 + 16 * j);
+        lanes[j] = whole_lanes(vqtbl1q_s8(values, vandq_u8(qs, low4)), vqtbl1q_s8(values, vshrq_n_u8(qs, 4)),
+                               x + 32 * j, dotprod);
+    }
+    ss->isum_a[0] = block_sums4(lanes[0], lanes[1], lanes[2], lanes[3]);
+    ss->isum_a[1] = block_sums4(lanes[4], lanes[5], lanes[6], lanes[7]);
+    const int scales_h = blk[2] | blk[3] << 8;
+    int16_t ls[8];
+    for (int j = 0; j < 8; j++) {
+        ls[j] = (int16_t)((((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4)) - 32);
+    }
+    scales8(ss->s_a, vld1q_s16(ls), half_at(blk));
+}
+
+static inline int super_bytes(int type)
+{
+    switch (type) {
+    case BLOCKS_Q4_K: return KERNEL_Q4_K_BYTES;
+    case BLOCKS_Q5_K: return KERNEL_Q5_K_BYTES;
+    case BLOCKS_Q6_K: return KERNEL_Q6_K_BYTES;
+    case BLOCKS_Q3_K: return KERNEL_Q3_K_BYTES;
+    case BLOCKS_Q2_K: return KERNEL_Q2_K_BYTES;
+    default: return KERNEL_IQ4_XS_BYTES;
+    }
+}
+
+/* A row of 256-value superblocks: superblock k's eight terms go to partials 0-3 (part[0]) and
+ * 4-7 (part[1]), each lane's term as kernel_unpacked_term computes it. xs, xs_a, xs_b: the
+ * activation blocks' sums, whole (Q4_K, Q5_K) or by half (Q2_K). */
+static inline __attribute__((always_inline)) void row256_partials(int type, float32x4_t part[2], const uint8_t *row,
+                                                                  const int8_t *x_qs, const float *x_d,
+                                                                  const int32_t *xs, const int32_t *xs_a,
+                                                                  const int32_t *xs_b, int nsb, int dotprod)
+{
+    const int bytes = super_bytes(type);
+    for (int k = 0; k < nsb; k++) {
+        const uint8_t *blk = row + (int64_t)k * bytes;
+        const int8_t *x = x_qs + k * 256;
+        SuperSums ss;
+        switch (type) {
+        case BLOCKS_Q4_K: k_sums(&ss, blk, blk + 16, NULL, x, dotprod); break;
+        case BLOCKS_Q5_K: k_sums(&ss, blk, blk + 48, blk + 16, x, dotprod); break;
+        case BLOCKS_Q6_K: q6_k_sums(&ss, blk, x, dotprod); break;
+        case BLOCKS_Q3_K:
+            crumb_sums(&ss, blk + 32, blk, x, dotprod);
+            scales16(ss.s_a, ss.s_b, q3_k_scales(blk + 96), half_at(blk + 108));
+            break;
+        case BLOCKS_Q2_K: {
+            crumb_sums(&ss, blk + 16, NULL, x, dotprod);
+            const uint8x16_t sc = vld1q_u8(blk);
+            scales16(ss.s_a, ss.s_b, vreinterpretq_s8_u8(vandq_u8(sc, vdupq_n_u8(0x0F))), half_at(blk + 80));
+            scales16(ss.o_a, ss.o_b, vreinterpretq_s8_u8(vshrq_n_u8(sc, 4)), half_at(blk + 82));
+            for (int g = 0; g < 2; g++) {
+                ss.o_a[g] = vnegq_f32(ss.o_a[g]);
+                ss.o_b[g] = vnegq_f32(ss.o_b[g]);
+            }
+            break;
+        }
+        default: iq4_xs_sums(&ss, blk, x, dotprod); break;
+        }
+        for (int g = 0; g < 2; g++) {
+            const int b = 8 * k + 4 * g; /* the first of the four blocks in this vector */
+            const float32x4_t xd = vld1q_f32(x_d + b);
+            float32x4_t t;
+            if (type == BLOCKS_Q6_K || type == BLOCKS_Q3_K || type == BLOCKS_Q2_K) {
+                t = vaddq_f32(scaled_terms(ss.isum_a[g], ss.s_a[g], xd), scaled_terms(ss.isum_b[g], ss.s_b[g], xd));
+                if (type == BLOCKS_Q2_K) {
+                    t = vaddq_f32(t, scaled_terms(vld1q_s32(xs_a + b), ss.o_a[g], xd));
+                    t = vaddq_f32(t, scaled_terms(vld1q_s32(xs_b + b), ss.o_b[g], xd));
+                }
+            } else {
+                t = scaled_terms(ss.isum_a[g], ss.s_a[g], xd);
+                if (type == BLOCKS_Q4_K || type == BLOCKS_Q5_K) {
+                    t = vaddq_f32(t, scaled_terms(vld1q_s32(xs + b), ss.o_a[g], xd));
+                }
+            }
+            part[g] = vaddq_f32(part[g], t);
+        }
+    }
+}
+
+static inline int blocks_values(int type)
+{
+    return type == BLOCKS_Q5_0 || type == BLOCKS_Q5_1 || type == BLOCKS_IQ4_NL ? 32 : 256;
+}
+
+static inline int blocks_bytes(int type)
+{
+    return blocks_values(type) == 32 ? block32_bytes(type) : super_bytes(type);
+}
+
+/* Whether the type's terms need the activation block sums. */
+static inline int blocks_affine(int type)
+{
+    return type == BLOCKS_Q5_1 || type == BLOCKS_Q4_K || type == BLOCKS_Q5_K || type == BLOCKS_Q2_K;
+}
+
+/* The matvec of a kept type: the activation sums once (affine types, cols / 32 <=
+ * BLOCKS_XSUM_MAX, which the entry points check), then four rows at a time (a short last group
+ * computes only its rows), their partials combined together. */
+static inline __attribute__((always_inline)) void blocks_matvec(int type, float *out, const uint8_t *w,
+                                                                const int8_t *x_qs, const float *x_d, int rows,
+                                                                int cols, int dotprod)
+{
+    const int nb = cols / KERNEL_QK;
+    const int64_t row_bytes = (int64_t)(cols / blocks_values(type)) * blocks_bytes(type);
+    int32_t xs[BLOCKS_XSUM_MAX], xs_a[BLOCKS_XSUM_MAX], xs_b[BLOCKS_XSUM_MAX];
+    if (blocks_affine(type)) {
+        for (int b = 0; b < nb; b++) {
+            const int8_t *x = x_qs + b * KERNEL_QK;
+            xs_a[b] = (int32_t)vaddlvq_s8(vld1q_s8(x));
+            xs_b[b] = (int32_t)vaddlvq_s8(vld1q_s8(x + 16));
+            xs[b] = xs_a[b] + xs_b[b];
+        }
+    }
+    for (int r = 0; r < rows; r += 4) {
+        const int n = rows - r < 4 ? rows - r : 4;
+        float32x4_t lo[4], hi[4];
+        for (int i = 0; i < 4; i++) {
+            float32x4_t part[2] = {vdupq_n_f32(-0.0f), vdupq_n_f32(-0.0f)};
+            if (i < n) {
+                const uint8_t *row = w + (int64_t)(r + i) * row_bytes;
+                if (blocks_values(type) == 32) {
+                    row32_partials(type, part, row, x_qs, x_d, xs, nb, dotprod);
+                } else {
+                    row256_partials(type, part, row, x_qs, x_d, xs, xs_a, xs_b, nb / 8, dotprod);
+                }
+            }
+            lo[i] = part[0];
+            hi[i] = part[1];
+        }
+        const float32x4_t sum = sum_partials4(lo, hi);
+        if (n == 4) {
+            vst1q_f32(out + r, sum);
+        } else {
+            float lanes[4];
+            vst1q_f32(lanes, sum);
+            for (int i = 0; i < n; i++) {
+                out[r + i] = lanes[i];
+            }
+        }
+    }
+}
+
+/* The entry points: SDOT where the CPU has it, else plain NEON; rows of an affine type longer than
+ * BLOCKS_XSUM_MAX blocks take the scalar kernel. */
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q5_0_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(BLOCKS_Q5_0, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_dotprod()) {
+        matvec_q5_0_dotprod(out, w, x_qs, x_d, rows, cols);
+    } else {
+        blocks_matvec(BLOCKS_Q5_0, out, w, x_qs, x_d, rows, cols, 0);
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q5_1_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(BLOCKS_Q5_1, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (cols / KERNEL_QK > BLOCKS_XSUM_MAX) {
+        kernel_scalar_matvec_q5_1(out, w, x_qs, x_d, rows, cols);
+    } else if (have_dotprod()) {
+        matvec_q5_1_dotprod(out, w, x_qs, x_d, rows, cols);
+    } else {
+        blocks_matvec(BLOCKS_Q5_1, out, w, x_qs, x_d, rows, cols, 0);
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q4_k_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(BLOCKS_Q4_K, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (cols / KERNEL_QK > BLOCKS_XSUM_MAX) {
+        kernel_scalar_matvec_q4_k(out, w, x_qs, x_d, rows, cols);
+    } else if (have_dotprod()) {
+        matvec_q4_k_dotprod(out, w, x_qs, x_d, rows, cols);
+    } else {
+        blocks_matvec(BLOCKS_Q4_K, out, w, x_qs, x_d, rows, cols, 0);
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q5_k_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(BLOCKS_Q5_K, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (cols / KERNEL_QK > BLOCKS_XSUM_MAX) {
+        kernel_scalar_matvec_q5_k(out, w, x_qs, x_d, rows, cols);
+    } else if (have_dotprod()) {
+        matvec_q5_k_dotprod(out, w, x_qs, x_d, rows, cols);
+    } else {
+        blocks_matvec(BLOCKS_Q5_K, out, w, x_qs, x_d, rows, cols, 0);
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q6_k_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(BLOCKS_Q6_K, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_dotprod()) {
+        matvec_q6_k_dotprod(out, w, x_qs, x_d, rows, cols);
+    } else {
+        blocks_matvec(BLOCKS_Q6_K, out, w, x_qs, x_d, rows, cols, 0);
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q3_k_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(BLOCKS_Q3_K, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_dotprod()) {
+        matvec_q3_k_dotprod(out, w, x_qs, x_d, rows, cols);
+    } else {
+        blocks_matvec(BLOCKS_Q3_K, out, w, x_qs, x_d, rows, cols, 0);
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q2_k_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(BLOCKS_Q2_K, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (cols / KERNEL_QK > BLOCKS_XSUM_MAX) {
+        kernel_scalar_matvec_q2_k(out, w, x_qs, x_d, rows, cols);
+    } else if (have_dotprod()) {
+        matvec_q2_k_dotprod(out, w, x_qs, x_d, rows, cols);
+    } else {
+        blocks_matvec(BLOCKS_Q2_K, out, w, x_qs, x_d, rows, cols, 0);
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_iq4_nl_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(BLOCKS_IQ4_NL, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_dotprod()) {
+        matvec_iq4_nl_dotprod(out, w, x_qs, x_d, rows, cols);
+    } else {
+        blocks_matvec(BLOCKS_IQ4_NL, out, w, x_qs, x_d, rows, cols, 0);
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_iq4_xs_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(BLOCKS_IQ4_XS, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+void kernel_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_dotprod()) {
+        matvec_iq4_xs_dotprod(out, w, x_qs, x_d, rows, cols);
+    } else {
+        blocks_matvec(BLOCKS_IQ4_XS, out, w, x_qs, x_d, rows, cols, 0);
     }
 }

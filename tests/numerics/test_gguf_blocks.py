@@ -160,34 +160,51 @@ def edge_shapes(dtype: str):
     return [(1 + i % 7, n * f.values) for i, n in enumerate(counts)] + [(2, 520 * 32)]
 
 
-def extreme_activations(cols: int, kind: str):
+def extreme_activations(cols: int, kind: str, tokens: int = 1):
     """q8_0 activations made directly: full-scale quants (the largest int32 sums) or random ones,
     with scales from subnormal to very large, and zero."""
     nb = cols // 32
     if kind == "full":
-        xq = np.where(rng.random((1, cols)) < 0.5, 127, -127).astype(np.int8)
+        xq = np.where(rng.random((tokens, cols)) < 0.5, 127, -127).astype(np.int8)
     else:
-        xq = rng.integers(-127, 128, (1, cols), dtype=np.int8)
-    xd = rng.choice(np.array([1e-40, 3e-39, 1e-20, 0.0, 1.0, 7.5e3, 1e15, 2e20], np.float32), (1, nb))
+        xq = rng.integers(-127, 128, (tokens, cols), dtype=np.int8)
+    xd = rng.choice(np.array([1e-40, 3e-39, 1e-20, 0.0, 1.0, 7.5e3, 1e15, 2e20], np.float32), (tokens, nb))
     return xq, xd.astype(np.float32)
+
+
+def check_products(harness, dtype, w, cols, xq, xd):
+    """The harness's matvec (token 0) and batched product (every token) against the reference."""
+    rows, tokens = w.shape[0], xq.shape[0]
+    want = np.stack([blocks.matvec(dtype, w, cols, xq[t], xd[t]) for t in range(tokens)])
+    assert np.all(np.isfinite(want))
+    payload = w.tobytes() + xq[:1].tobytes() + f32_bytes(xd[:1])
+    got = np.frombuffer(run_harness(harness, ["blocks_matvec", dtype, rows, cols], payload), "<f4")
+    assert_same_bits(got, want[0])
+    payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
+    got = np.frombuffer(run_harness(harness, ["blocks_matmul", dtype, tokens, rows, cols], payload), "<f4")
+    assert_same_bits(got, want.reshape(-1))
 
 
 @pytest.mark.parametrize("dtype", TYPES)
 def test_c_products_at_the_kernels_edges(harness, dtype):
     """Every short row group and block count, with edge and large binary16 fields, full-scale and
     random quants, and activation scales from subnormal to 2e20: the NEON, AVX2 and rv32 kernels'
-    tails, lane masks and scale decoding against the reference, matvec and batched."""
+    tails, lane masks and scale decoding against the reference, matvec and batched (3 tokens)."""
     for i, (rows, cols) in enumerate(edge_shapes(dtype)):
         w = random_blocks(dtype, rows * cols // blocks.FORMATS[dtype].values, True, spread=1e3 if i % 2 else 1e-3)
-        w = w.reshape(rows, -1)
-        xq, xd = extreme_activations(cols, "full" if i % 3 == 0 else "random")
-        want = blocks.matvec(dtype, w, cols, xq[0], xd[0])
-        assert np.all(np.isfinite(want))
-        payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
-        got = np.frombuffer(run_harness(harness, ["blocks_matvec", dtype, rows, cols], payload), "<f4")
-        assert_same_bits(got, want)
-        got = np.frombuffer(run_harness(harness, ["blocks_matmul", dtype, 1, rows, cols], payload), "<f4")
-        assert_same_bits(got, want)
+        xq, xd = extreme_activations(cols, "full" if i % 3 == 0 else "random", tokens=3)
+        check_products(harness, dtype, w.reshape(rows, -1), cols, xq, xd)
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_batched_products_over_several_passes(harness, dtype):
+    """More tokens than one pass of a batched kernel takes: 70 tokens of short rows (passes of 64),
+    and 10 tokens of rows of 512 blocks of 32 (an affine type's activation sums then fit 8 tokens
+    per pass on NEON)."""
+    for rows, cols, tokens in ((5, 256, 70), (3, 512 * 32, 10)):
+        w = row_blocks(dtype, rows, cols)
+        xq, xd = activations(cols, tokens)
+        check_products(harness, dtype, w, cols, xq, xd)
 
 
 @pytest.mark.parametrize("dtype", TYPES)

@@ -12,8 +12,8 @@
 
 #include "kernels.h"
 
-/* This set's own entry points (fallback.h defines the rest: the batched q8_0/q4_0/q4_1 and
- * kept-block products as tiles of these matvecs, quantization and SwiGLU as the scalar ones). */
+/* This set's own entry points (fallback.h defines the rest: the batched q8_0/q4_0/q4_1 products
+ * as tiles of these matvecs, quantization and SwiGLU as the scalar ones). */
 #define KERNEL_HAS_MATVEC_F32
 #define KERNEL_HAS_MATVEC_Q8_0
 #define KERNEL_HAS_MATVEC_Q4_0
@@ -28,6 +28,15 @@
 #define KERNEL_HAS_MATVEC_Q2_K
 #define KERNEL_HAS_MATVEC_IQ4_NL
 #define KERNEL_HAS_MATVEC_IQ4_XS
+#define KERNEL_HAS_MATMUL_Q5_0
+#define KERNEL_HAS_MATMUL_Q5_1
+#define KERNEL_HAS_MATMUL_Q4_K
+#define KERNEL_HAS_MATMUL_Q5_K
+#define KERNEL_HAS_MATMUL_Q6_K
+#define KERNEL_HAS_MATMUL_Q3_K
+#define KERNEL_HAS_MATMUL_Q2_K
+#define KERNEL_HAS_MATMUL_IQ4_NL
+#define KERNEL_HAS_MATMUL_IQ4_XS
 #define KERNEL_ATTENTION_CHAINS 4 /* an out-of-order core overlaps four positions' sums */
 #include "fallback.h"
 
@@ -519,17 +528,18 @@ void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *
 
 /* ---- The kept GGUF block types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS) ----
  *
- * Each block of 32 values is decoded from its bytes straight into two int8 vectors (values 0..15
- * and 16..31): the same small integers kernel_<type>_unpack makes, so the int32 sums (SDOT, or
- * widening multiplies and pairwise adds) are kernel_unpacked_term's exactly. The float work is
- * done four blocks at a time, one block per lane, each lane doing kernel_unpacked_term's
- * multiplications and additions in its order (vmulq and vaddq only, never fused). A row's block b
- * goes to lane b % 4 of partial vector (b / 4) % 2, which is partial b % 8 of the reduction tree;
- * for the 256-value types one superblock is exactly blocks 8k .. 8k + 7, so its eight terms are
- * one vector for partials 0-3 and one for 4-7, and its scales are decoded once, into vectors.
- * Rows go four at a time, combined by sum_partials4 as the q8_0 rows are. */
+ * Each 32-value block is decoded from its bytes straight into two int8 vectors (values 0..15 and
+ * 16..31): the small integers kernel_<type>_unpack makes, so the int32 sums (SDOT, or widening
+ * multiplies and pairwise adds) are kernel_unpacked_term's exactly. The float work is done four
+ * blocks at a time, one block per lane, each lane doing kernel_unpacked_term's multiplications and
+ * additions in its order (vmulq and vaddq only, never fused). Block b goes to lane b % 4 of partial
+ * vector (b / 4) % 2, which is partial b % 8 of the reduction tree. A 256-value superblock is
+ * exactly blocks 8k .. 8k + 7: its eight terms are one vector for partials 0-3 and one for 4-7, and
+ * its scales are decoded once, into vectors; the 32-value types go four blocks per step. Rows go
+ * four at a time, combined by sum_partials4 as the q8_0 rows are. The batched product decodes each
+ * step's weights once and applies them to every token of the batch. */
 
-/* The row's kind: the always-inlined row functions below are compiled once per type. */
+/* The row's kind: the always-inlined functions below are compiled once per type. */
 enum {
     BLOCKS_Q5_0,
     BLOCKS_Q5_1,
@@ -542,10 +552,53 @@ enum {
     BLOCKS_IQ4_XS,
 };
 
-/* Activation block sums (xsum, for the affine types) are computed once per call for all the rows,
- * into stack arrays of this many blocks (rows of up to 16384 values; longer rows of an affine type
- * take the scalar kernel, as q4_1's do). */
-#define BLOCKS_XSUM_MAX 512
+static inline int blocks_values(int type)
+{
+    return type == BLOCKS_Q5_0 || type == BLOCKS_Q5_1 || type == BLOCKS_IQ4_NL ? 32 : 256;
+}
+
+static inline int blocks_bytes(int type)
+{
+    switch (type) {
+    case BLOCKS_Q5_0: return KERNEL_Q5_0_BYTES;
+    case BLOCKS_Q5_1: return KERNEL_Q5_1_BYTES;
+    case BLOCKS_IQ4_NL: return KERNEL_IQ4_NL_BYTES;
+    case BLOCKS_Q4_K: return KERNEL_Q4_K_BYTES;
+    case BLOCKS_Q5_K: return KERNEL_Q5_K_BYTES;
+    case BLOCKS_Q6_K: return KERNEL_Q6_K_BYTES;
+    case BLOCKS_Q3_K: return KERNEL_Q3_K_BYTES;
+    case BLOCKS_Q2_K: return KERNEL_Q2_K_BYTES;
+    default: return KERNEL_IQ4_XS_BYTES;
+    }
+}
+
+/* Whether the type's terms have an offset's part, which needs the activation block sums. */
+static inline int blocks_affine(int type)
+{
+    return type == BLOCKS_Q5_1 || type == BLOCKS_Q4_K || type == BLOCKS_Q5_K || type == BLOCKS_Q2_K;
+}
+
+/* Whether the type has one scale per 16 values (an isum per half block). */
+static inline int blocks_two_scales(int type)
+{
+    return type == BLOCKS_Q6_K || type == BLOCKS_Q3_K || type == BLOCKS_Q2_K;
+}
+
+/* The activation sums of the affine types (each 32-value block's halves, xs_a and xs_b) are
+ * computed once per call for all the rows, into stack arrays of this many blocks: rows of up to
+ * 16384 values (longer rows of an affine type take the scalar kernel, as q4_1's do), and for the
+ * batched product as many tokens as fit. */
+#define BLOCKS_XSUM_MAX 4096
+#define BLOCKS_ROW_MAX 512 /* blocks of 32 in a row of an affine type */
+#define BLOCKS_TOKENS 64   /* tokens per pass of the batched product */
+
+static void activation_sums(int32_t *xs_a, int32_t *xs_b, const int8_t *x_qs, int nb)
+{
+    for (int b = 0; b < nb; b++) {
+        xs_a[b] = (int32_t)vaddlvq_s8(vld1q_s8(x_qs + b * KERNEL_QK));
+        xs_b[b] = (int32_t)vaddlvq_s8(vld1q_s8(x_qs + b * KERNEL_QK + 16));
+    }
+}
 
 /* The four int32 lanes of 16 values' products (their total is the exact sum). */
 __attribute__((target("arch=armv8.2-a+dotprod"))) static inline int32x4_t half_lanes_dotprod(int8x16_t w, int8x16_t x)
@@ -621,8 +674,8 @@ static inline int32x4_t load4_s32(const int32_t *p, int n)
     return vld1q_s32(v);
 }
 
-/* Eight integer scales (lanes 0..7 of v, int16) as two float32 vectors times d: d * (float)sc,
- * the scalar unpack's product (IEEE multiplication is commutative, bit for bit). */
+/* Eight integer scales (int16 lanes) as two float32 vectors times d: d * (float)sc, the scalar
+ * unpack's product (IEEE multiplication is commutative, bit for bit). */
 static inline void scales8(float32x4_t s[2], int16x8_t v, float d)
 {
     s[0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(v))), d);
@@ -645,8 +698,17 @@ static inline uint8x16_t fifth_bits(uint32_t bits)
     return vandq_u8(vtstq_u8(v, vld1q_u8(bit)), vdupq_n_u8(0x10));
 }
 
-/* The two int8 vectors of one 32-value block of Q5_0, Q5_1 or IQ4_NL (w0: values 0..15, the low
- * nibbles of qs; w1: values 16..31, the high ones), as kernel_<type>_unpack makes them. */
+/* One step's weights decoded: eight 32-value blocks (a superblock, or four blocks of a 32-value
+ * type in w[0..7]), block j's values 0..15 in w[2j] and 16..31 in w[2j + 1]; per lane of the
+ * partial vectors g = 0, 1 (blocks 4g .. 4g + 3) the scales s_a (values 0..15) and s_b (16..31;
+ * only for the two-scale types) and the affine types' offsets o_a, o_b. */
+typedef struct {
+    int8x16_t w[16];
+    float32x4_t s_a[2], s_b[2], o_a[2], o_b[2];
+} BlocksStep;
+
+/* One block of Q5_0, Q5_1 or IQ4_NL (w0: values 0..15, the low nibbles of qs; w1: values 16..31,
+ * the high ones), as kernel_<type>_unpack makes them. */
 static inline __attribute__((always_inline)) void block32_quants(int type, const uint8_t *blk, int8x16_t *w0,
                                                                  int8x16_t *w1)
 {
@@ -673,50 +735,32 @@ static inline __attribute__((always_inline)) void block32_quants(int type, const
     }
 }
 
-static inline int block32_bytes(int type)
+/* Blocks b .. b + n - 1 (n <= 4) of a row of Q5_0, Q5_1 or IQ4_NL: their quants and their scales
+ * (and Q5_1's minimums) widened together; lanes past n are zero and never read from the row. */
+static inline __attribute__((always_inline)) void decode_block32(int type, BlocksStep *st, const uint8_t *row, int b,
+                                                                 int n)
 {
-    return type == BLOCKS_Q5_0 ? KERNEL_Q5_0_BYTES : type == BLOCKS_Q5_1 ? KERNEL_Q5_1_BYTES : KERNEL_IQ4_NL_BYTES;
-}
-
-/* A row of 32-value blocks (Q5_0, Q5_1, IQ4_NL): four blocks per step, their scales (and Q5_1's
- * minimums) widened together; a last step of fewer blocks leaves the other lanes' partials as
- * they are. xs: the activation blocks' sums (Q5_1 only). */
-static inline __attribute__((always_inline)) void row32_partials(int type, float32x4_t part[2], const uint8_t *row,
-                                                                 const int8_t *x_qs, const float *x_d,
-                                                                 const int32_t *xs, int nb, int dotprod)
-{
-    const int bytes = block32_bytes(type);
-    for (int b = 0; b < nb; b += 4) {
-        const int n = nb - b < 4 ? nb - b : 4;
-        int32x4_t lanes[4];
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int k = 0; k < 4; k++) {
-            if (k < n) {
-                const uint8_t *blk = row + (int64_t)(b + k) * bytes;
-                int8x16_t w0, w1;
-                block32_quants(type, blk, &w0, &w1);
-                lanes[k] = whole_lanes(w0, w1, x_qs + (b + k) * KERNEL_QK, dotprod);
-                d[k] = half_at(blk);
-                if (type == BLOCKS_Q5_1) {
-                    m[k] = half_at(blk + 2);
-                }
-            } else {
-                lanes[k] = vdupq_n_s32(0);
+    const int bytes = blocks_bytes(type);
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k = 0; k < 4; k++) {
+        if (k < n) {
+            const uint8_t *blk = row + (int64_t)(b + k) * bytes;
+            block32_quants(type, blk, &st->w[2 * k], &st->w[2 * k + 1]);
+            d[k] = half_at(blk);
+            if (type == BLOCKS_Q5_1) {
+                m[k] = half_at(blk + 2);
             }
+        } else {
+            st->w[2 * k] = st->w[2 * k + 1] = vdupq_n_s8(0);
         }
-        const int32x4_t isum = block_sums4(lanes[0], lanes[1], lanes[2], lanes[3]);
-        const float32x4_t xd = load4_f32(x_d + b, n);
-        float32x4_t t = scaled_terms(isum, vld1q_f32(d), xd);
-        if (type == BLOCKS_Q5_1) {
-            t = vaddq_f32(t, scaled_terms(load4_s32(xs + b, n), vld1q_f32(m), xd));
-        }
-        part[(b / 4) % 2] = vaddq_f32(part[(b / 4) % 2], keep_lanes(t, n));
     }
+    st->s_a[0] = vld1q_f32(d);
+    st->o_a[0] = vld1q_f32(m);
 }
 
 /* Q4_K and Q5_K: a superblock's eight 6-bit scales and minimums (kernel_k_scale_min for j = 0..7)
  * in four 32-bit steps (ggml's), times d, and the offsets -(dmin * m). */
-static inline void k_scales(const uint8_t *blk, float32x4_t s[2], float32x4_t o[2])
+static inline void k_scales(BlocksStep *st, const uint8_t *blk)
 {
     uint32_t u[4];
     memcpy(u, blk + 4, 12);
@@ -728,10 +772,91 @@ static inline void k_scales(const uint8_t *blk, float32x4_t s[2], float32x4_t o[
     uint8_t bytes[16];
     memcpy(bytes, u, sizeof bytes);
     const uint8x16_t v = vld1q_u8(bytes);
-    scales8(s, vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(v))), half_at(blk));
-    scales8(o, vreinterpretq_s16_u16(vmovl_high_u8(v)), half_at(blk + 2));
-    o[0] = vnegq_f32(o[0]);
-    o[1] = vnegq_f32(o[1]);
+    scales8(st->s_a, vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(v))), half_at(blk));
+    scales8(st->o_a, vreinterpretq_s16_u16(vmovl_high_u8(v)), half_at(blk + 2));
+    st->o_a[0] = vnegq_f32(st->o_a[0]);
+    st->o_a[1] = vnegq_f32(st->o_a[1]);
+}
+
+/* Q4_K (qh NULL) and Q5_K: sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32
+ * bytes, read once; Q5_K's fifth bit of value l of sub-block j is bit j of qh[l]. */
+static inline __attribute__((always_inline)) void k_quants(BlocksStep *st, const uint8_t *qs, const uint8_t *qh)
+{
+    const uint8x16_t low4 = vdupq_n_u8(0x0F), sixteen = vdupq_n_u8(0x10);
+    uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
+    if (qh != NULL) {
+        h0 = vld1q_u8(qh);
+        h1 = vld1q_u8(qh + 16);
+    }
+    for (int i = 0; i < 4; i++) {
+        const uint8x16_t a = vld1q_u8(qs + 32 * i), b = vld1q_u8(qs + 32 * i + 16);
+        uint8x16_t lo0 = vandq_u8(a, low4), lo1 = vandq_u8(b, low4);
+        uint8x16_t hi0 = vshrq_n_u8(a, 4), hi1 = vshrq_n_u8(b, 4);
+        if (qh != NULL) {
+            const uint8x16_t even = vdupq_n_u8((uint8_t)(1 << (2 * i))), odd = vdupq_n_u8((uint8_t)(2 << (2 * i)));
+            lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(h0, even), sixteen));
+            lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(h1, even), sixteen));
+            hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(h0, odd), sixteen));
+            hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(h1, odd), sixteen));
+        }
+        st->w[4 * i] = vreinterpretq_s8_u8(lo0);
+        st->w[4 * i + 1] = vreinterpretq_s8_u8(lo1);
+        st->w[4 * i + 2] = vreinterpretq_s8_u8(hi0);
+        st->w[4 * i + 3] = vreinterpretq_s8_u8(hi1);
+    }
+}
+
+/* Q6_K: half h (sub-blocks 4h .. 4h + 3) is 64 bytes of ql and 32 of qh: sub-block 4h + k takes
+ * the low (k < 2) or high nibbles of ql[32 * (k % 2) ..] and bits 2k, 2k + 1 of qh, minus 32. */
+static inline __attribute__((always_inline)) void q6_k_quants(BlocksStep *st, const uint8_t *blk)
+{
+    const uint8x16_t low4 = vdupq_n_u8(0x0F), bits45 = vdupq_n_u8(0x30);
+    const int8x16_t minus = vdupq_n_s8(32);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+        const uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16), l2 = vld1q_u8(ql + 32), l3 = vld1q_u8(ql + 48);
+        const uint8x16_t q0 = vld1q_u8(qh), q1 = vld1q_u8(qh + 16);
+        for (int k = 0; k < 4; k++) {
+            const uint8x16_t n0 = k % 2 ? l2 : l0, n1 = k % 2 ? l3 : l1;
+            const uint8x16_t v0 = k < 2 ? vandq_u8(n0, low4) : vshrq_n_u8(n0, 4);
+            const uint8x16_t v1 = k < 2 ? vandq_u8(n1, low4) : vshrq_n_u8(n1, 4);
+            /* bits 2k, 2k + 1 moved to 4, 5: a shift by 4 - 2k (right when negative) */
+            const int8x16_t shift = vdupq_n_s8((int8_t)(4 - 2 * k));
+            const uint8x16_t b0 = vandq_u8(vshlq_u8(q0, shift), bits45), b1 = vandq_u8(vshlq_u8(q1, shift), bits45);
+            const int j = 4 * h + k;
+            st->w[2 * j] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v0, b0)), minus);
+            st->w[2 * j + 1] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v1, b1)), minus);
+        }
+    }
+}
+
+/* Q3_K and Q2_K: sub-block 4g + k is bits 2k, 2k + 1 of qs[32 * g ..]; Q3_K's values are those
+ * minus 4 where bit j of hmask[l] is clear (hmask NULL for Q2_K). */
+static inline __attribute__((always_inline)) void crumb_quants(BlocksStep *st, const uint8_t *qs,
+                                                               const uint8_t *hmask)
+{
+    const uint8x16_t three = vdupq_n_u8(3), four = vdupq_n_u8(4);
+    uint8x16_t m0 = vdupq_n_u8(0), m1 = vdupq_n_u8(0);
+    if (hmask != NULL) {
+        m0 = vld1q_u8(hmask);
+        m1 = vld1q_u8(hmask + 16);
+    }
+    for (int g = 0; g < 2; g++) {
+        const uint8x16_t c0 = vld1q_u8(qs + 32 * g), c1 = vld1q_u8(qs + 32 * g + 16);
+        for (int k = 0; k < 4; k++) {
+            const int j = 4 * g + k;
+            const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * k));
+            int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(c0, shift), three));
+            int8x16_t w1 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(c1, shift), three));
+            if (hmask != NULL) {
+                const uint8x16_t bit = vdupq_n_u8((uint8_t)(1 << j));
+                w0 = vsubq_s8(w0, vreinterpretq_s8_u8(vbicq_u8(four, vtstq_u8(m0, bit))));
+                w1 = vsubq_s8(w1, vreinterpretq_s8_u8(vbicq_u8(four, vtstq_u8(m1, bit))));
+            }
+            st->w[2 * j] = w0;
+            st->w[2 * j + 1] = w1;
+        }
+    }
 }
 
 /* Q3_K: the sixteen 6-bit scales (kernel_q3_k_scale for g = 0..15) in four 32-bit steps (ggml's),
@@ -750,235 +875,144 @@ static inline int8x16_t q3_k_scales(const uint8_t *s)
     return vsubq_s8(vreinterpretq_s8_u8(vld1q_u8(bytes)), vdupq_n_s8(32));
 }
 
-/* The integer sums and scales of one superblock, lo = sub-blocks 0-3, hi = 4-7: one isum per
- * sub-block (isum_a; the one-scale types) or one per half (isum_a, isum_b; Q6_K, Q3_K, Q2_K). */
-typedef struct {
-    int32x4_t isum_a[2], isum_b[2];
-    float32x4_t s_a[2], s_b[2], o_a[2], o_b[2];
-} SuperSums;
-
-/* Q4_K (qh NULL) and Q5_K: sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32
- * bytes, read once; Q5_K's fifth bit of value l of sub-block j is bit j of qh[l]. */
-static inline __attribute__((always_inline)) void k_sums(SuperSums *ss, const uint8_t *blk, const uint8_t *qs,
-                                                         const uint8_t *qh, const int8_t *x, int dotprod)
-{
-    const uint8x16_t low4 = vdupq_n_u8(0x0F);
-    uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
-    if (qh != NULL) {
-        h0 = vld1q_u8(qh);
-        h1 = vld1q_u8(qh + 16);
-    }
-    int32x4_t lanes[8];
-    for (int i = 0; i < 4; i++) {
-        const uint8x16_t a = vld1q_u8(qs + 32 * i), b = vld1q_u8(qs + 32 * i + 16);
-        uint8x16_t lo0 = vandq_u8(a, low4), lo1 = vandq_u8(b, low4);
-        uint8x16_t hi0 = vshrq_n_u8(a, 4), hi1 = vshrq_n_u8(b, 4);
-        if (qh != NULL) {
-            const uint8x16_t sixteen = vdupq_n_u8(0x10);
-            const uint8x16_t even = vdupq_n_u8((uint8_t)(1 << (2 * i))), odd = vdupq_n_u8((uint8_t)(2 << (2 * i)));
-            lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(h0, even), sixteen));
-            lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(h1, even), sixteen));
-            hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(h0, odd), sixteen));
-            hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(h1, odd), sixteen));
-        }
-        lanes[2 * i] = whole_lanes(vreinterpretq_s8_u8(lo0), vreinterpretq_s8_u8(lo1), x + 64 * i, dotprod);
-        lanes[2 * i + 1] = whole_lanes(vreinterpretq_s8_u8(hi0), vreinterpretq_s8_u8(hi1), x + 64 * i + 32, dotprod);
-    }
-    ss->isum_a[0] = block_sums4(lanes[0], lanes[1], lanes[2], lanes[3]);
-    ss->isum_a[1] = block_sums4(lanes[4], lanes[5], lanes[6], lanes[7]);
-    k_scales(blk, ss->s_a, ss->o_a);
-}
-
-/* Q6_K: half h (sub-blocks 4h .. 4h + 3) is 64 bytes of ql and 32 of qh: sub-block 4h + k takes
- * the low (k < 2) or high nibbles of ql[32 * (k % 2) ..] and bits 2k, 2k + 1 of qh, minus 32. */
-static inline __attribute__((always_inline)) void q6_k_sums(SuperSums *ss, const uint8_t *blk, const int8_t *x,
-                                                            int dotprod)
-{
-    const uint8x16_t low4 = vdupq_n_u8(0x0F), bits45 = vdupq_n_u8(0x30);
-    const int8x16_t minus = vdupq_n_s8(32);
-    int32x4_t la[8], lb[8];
-    for (int h = 0; h < 2; h++) {
-        const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
-        const uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16), l2 = vld1q_u8(ql + 32), l3 = vld1q_u8(ql + 48);
-        const uint8x16_t q0 = vld1q_u8(qh), q1 = vld1q_u8(qh + 16);
-        for (int k = 0; k < 4; k++) {
-            const uint8x16_t n0 = k % 2 ? l2 : l0, n1 = k % 2 ? l3 : l1;
-            const uint8x16_t v0 = k < 2 ? vandq_u8(n0, low4) : vshrq_n_u8(n0, 4);
-            const uint8x16_t v1 = k < 2 ? vandq_u8(n1, low4) : vshrq_n_u8(n1, 4);
-            /* bits 2k, 2k + 1 moved to 4, 5: a shift by 4 - 2k (right when negative) */
-            const int8x16_t shift = vdupq_n_s8((int8_t)(4 - 2 * k));
-            const uint8x16_t b0 = vandq_u8(vshlq_u8(q0, shift), bits45), b1 = vandq_u8(vshlq_u8(q1, shift), bits45);
-            const int8x16_t w0 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v0, b0)), minus);
-            const int8x16_t w1 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v1, b1)), minus);
-            const int j = 4 * h + k;
-            la[j] = half_lanes(w0, x + 32 * j, dotprod);
-            lb[j] = half_lanes(w1, x + 32 * j + 16, dotprod);
-        }
-    }
-    for (int g = 0; g < 2; g++) {
-        ss->isum_a[g] = block_sums4(la[4 * g], la[4 * g + 1], la[4 * g + 2], la[4 * g + 3]);
-        ss->isum_b[g] = block_sums4(lb[4 * g], lb[4 * g + 1], lb[4 * g + 2], lb[4 * g + 3]);
-    }
-    scales16(ss->s_a, ss->s_b, vld1q_s8((const int8_t *)blk + 192), half_at(blk + 208));
-}
-
-/* Q3_K and Q2_K: sub-block 4g + k is bits 2k, 2k + 1 of qs[32 * g ..]; Q3_K's values are those
- * minus 4 where bit j of hmask[l] is clear (hmask NULL for Q2_K). */
-static inline __attribute__((always_inline)) void crumb_sums(SuperSums *ss, const uint8_t *qs, const uint8_t *hmask,
-                                                             const int8_t *x, int dotprod)
-{
-    const uint8x16_t three = vdupq_n_u8(3), four = vdupq_n_u8(4);
-    uint8x16_t m0 = vdupq_n_u8(0), m1 = vdupq_n_u8(0);
-    if (hmask != NULL) {
-        m0 = vld1q_u8(hmask);
-        m1 = vld1q_u8(hmask + 16);
-    }
-    int32x4_t la[8], lb[8];
-    for (int g = 0; g < 2; g++) {
-        const uint8x16_t c0 = vld1q_u8(qs + 32 * g), c1 = vld1q_u8(qs + 32 * g + 16);
-        for (int k = 0; k < 4; k++) {
-            const int j = 4 * g + k;
-            const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * k));
-            int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(c0, shift), three));
-            int8x16_t w1 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(c1, shift), three));
-            if (hmask != NULL) {
-                const uint8x16_t bit = vdupq_n_u8((uint8_t)(1 << j));
-                w0 = vsubq_s8(w0, vreinterpretq_s8_u8(vbicq_u8(four, vtstq_u8(m0, bit))));
-                w1 = vsubq_s8(w1, vreinterpretq_s8_u8(vbicq_u8(four, vtstq_u8(m1, bit))));
-            }
-            la[j] = half_lanes(w0, x + 32 * j, dotprod);
-            lb[j] = half_lanes(w1, x + 32 * j + 16, dotprod);
-        }
-    }
-    for (int g = 0; g < 2; g++) {
-        ss->isum_a[g] = block_sums4(la[4 * g], la[4 * g + 1], la[4 * g + 2], la[4 * g + 3]);
-        ss->isum_b[g] = block_sums4(lb[4 * g], lb[4 * g + 1], lb[4 * g + 2], lb[4 * g + 3]);
-    }
-}
-
 /* IQ4_XS: sub-block j is the 16 bytes at qs + 16 j through the table; its scale d * (ls - 32),
  * ls 4 bits of scales_l and 2 of scales_h (eight small integers, made once per superblock). */
-static inline __attribute__((always_inline)) void iq4_xs_sums(SuperSums *ss, const uint8_t *blk, const int8_t *x,
-                                                              int dotprod)
+static inline __attribute__((always_inline)) void iq4_xs_decode(BlocksStep *st, const uint8_t *blk)
 {
     const uint8x16_t low4 = vdupq_n_u8(0x0F);
     const int8x16_t values = vld1q_s8(kernel_iq4nl_values);
-    int32x4_t lanes[8];
     for (int j = 0; j < 8; j++) {
         const uint8x16_t qs = vld1q_u8(blk + 8 + 16 * j);
-        lanes[j] = whole_lanes(vqtbl1q_s8(values, vandq_u8(qs, low4)), vqtbl1q_s8(values, vshrq_n_u8(qs, 4)),
-                               x + 32 * j, dotprod);
+        st->w[2 * j] = vqtbl1q_s8(values, vandq_u8(qs, low4));
+        st->w[2 * j + 1] = vqtbl1q_s8(values, vshrq_n_u8(qs, 4));
     }
-    ss->isum_a[0] = block_sums4(lanes[0], lanes[1], lanes[2], lanes[3]);
-    ss->isum_a[1] = block_sums4(lanes[4], lanes[5], lanes[6], lanes[7]);
     const int scales_h = blk[2] | blk[3] << 8;
     int16_t ls[8];
     for (int j = 0; j < 8; j++) {
         ls[j] = (int16_t)((((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4)) - 32);
     }
-    scales8(ss->s_a, vld1q_s16(ls), half_at(blk));
+    scales8(st->s_a, vld1q_s16(ls), half_at(blk));
 }
 
-static inline int super_bytes(int type)
+/* One superblock decoded: its quants and its scales. */
+static inline __attribute__((always_inline)) void decode_super(int type, BlocksStep *st, const uint8_t *blk)
 {
     switch (type) {
-    case BLOCKS_Q4_K: return KERNEL_Q4_K_BYTES;
-    case BLOCKS_Q5_K: return KERNEL_Q5_K_BYTES;
-    case BLOCKS_Q6_K: return KERNEL_Q6_K_BYTES;
-    case BLOCKS_Q3_K: return KERNEL_Q3_K_BYTES;
-    case BLOCKS_Q2_K: return KERNEL_Q2_K_BYTES;
-    default: return KERNEL_IQ4_XS_BYTES;
-    }
-}
-
-/* A row of 256-value superblocks: superblock k's eight terms go to partials 0-3 (part[0]) and
- * 4-7 (part[1]), each lane's term as kernel_unpacked_term computes it. xs, xs_a, xs_b: the
- * activation blocks' sums, whole (Q4_K, Q5_K) or by half (Q2_K). */
-static inline __attribute__((always_inline)) void row256_partials(int type, float32x4_t part[2], const uint8_t *row,
-                                                                  const int8_t *x_qs, const float *x_d,
-                                                                  const int32_t *xs, const int32_t *xs_a,
-                                                                  const int32_t *xs_b, int nsb, int dotprod)
-{
-    const int bytes = super_bytes(type);
-    for (int k = 0; k < nsb; k++) {
-        const uint8_t *blk = row + (int64_t)k * bytes;
-        const int8_t *x = x_qs + k * 256;
-        SuperSums ss;
-        switch (type) {
-        case BLOCKS_Q4_K: k_sums(&ss, blk, blk + 16, NULL, x, dotprod); break;
-        case BLOCKS_Q5_K: k_sums(&ss, blk, blk + 48, blk + 16, x, dotprod); break;
-        case BLOCKS_Q6_K: q6_k_sums(&ss, blk, x, dotprod); break;
-        case BLOCKS_Q3_K:
-            crumb_sums(&ss, blk + 32, blk, x, dotprod);
-            scales16(ss.s_a, ss.s_b, q3_k_scales(blk + 96), half_at(blk + 108));
-            break;
-        case BLOCKS_Q2_K: {
-            crumb_sums(&ss, blk + 16, NULL, x, dotprod);
-            const uint8x16_t sc = vld1q_u8(blk);
-            scales16(ss.s_a, ss.s_b, vreinterpretq_s8_u8(vandq_u8(sc, vdupq_n_u8(0x0F))), half_at(blk + 80));
-            scales16(ss.o_a, ss.o_b, vreinterpretq_s8_u8(vshrq_n_u8(sc, 4)), half_at(blk + 82));
-            for (int g = 0; g < 2; g++) {
-                ss.o_a[g] = vnegq_f32(ss.o_a[g]);
-                ss.o_b[g] = vnegq_f32(ss.o_b[g]);
-            }
-            break;
-        }
-        default: iq4_xs_sums(&ss, blk, x, dotprod); break;
-        }
+    case BLOCKS_Q4_K:
+        k_quants(st, blk + 16, NULL);
+        k_scales(st, blk);
+        break;
+    case BLOCKS_Q5_K:
+        k_quants(st, blk + 48, blk + 16);
+        k_scales(st, blk);
+        break;
+    case BLOCKS_Q6_K:
+        q6_k_quants(st, blk);
+        scales16(st->s_a, st->s_b, vld1q_s8((const int8_t *)blk + 192), half_at(blk + 208));
+        break;
+    case BLOCKS_Q3_K:
+        crumb_quants(st, blk + 32, blk);
+        scales16(st->s_a, st->s_b, q3_k_scales(blk + 96), half_at(blk + 108));
+        break;
+    case BLOCKS_Q2_K: {
+        crumb_quants(st, blk + 16, NULL);
+        const uint8x16_t sc = vld1q_u8(blk);
+        scales16(st->s_a, st->s_b, vreinterpretq_s8_u8(vandq_u8(sc, vdupq_n_u8(0x0F))), half_at(blk + 80));
+        scales16(st->o_a, st->o_b, vreinterpretq_s8_u8(vshrq_n_u8(sc, 4)), half_at(blk + 82));
         for (int g = 0; g < 2; g++) {
-            const int b = 8 * k + 4 * g; /* the first of the four blocks in this vector */
-            const float32x4_t xd = vld1q_f32(x_d + b);
-            float32x4_t t;
-            if (type == BLOCKS_Q6_K || type == BLOCKS_Q3_K || type == BLOCKS_Q2_K) {
-                t = vaddq_f32(scaled_terms(ss.isum_a[g], ss.s_a[g], xd), scaled_terms(ss.isum_b[g], ss.s_b[g], xd));
-                if (type == BLOCKS_Q2_K) {
-                    t = vaddq_f32(t, scaled_terms(vld1q_s32(xs_a + b), ss.o_a[g], xd));
-                    t = vaddq_f32(t, scaled_terms(vld1q_s32(xs_b + b), ss.o_b[g], xd));
-                }
-            } else {
-                t = scaled_terms(ss.isum_a[g], ss.s_a[g], xd);
-                if (type == BLOCKS_Q4_K || type == BLOCKS_Q5_K) {
-                    t = vaddq_f32(t, scaled_terms(vld1q_s32(xs + b), ss.o_a[g], xd));
-                }
-            }
-            part[g] = vaddq_f32(part[g], t);
+            st->o_a[g] = vnegq_f32(st->o_a[g]);
+            st->o_b[g] = vnegq_f32(st->o_b[g]);
         }
+        break;
+    }
+    default: iq4_xs_decode(st, blk); break;
     }
 }
 
-static inline int blocks_values(int type)
+/* A decoded step's terms for one token, added to that token's partials: blocks 4g .. 4g + 3 of
+ * the step (g < groups) into part[(first / 4 + g) % 2], n real blocks in all (4 or 8 for a
+ * superblock). x: the token's quants of the step's first block; x_d, xs_a, xs_b from it too. */
+static inline __attribute__((always_inline)) void step_terms(int type, const BlocksStep *st, float32x4_t part[2],
+                                                             int first, int n, const int8_t *x, const float *x_d,
+                                                             const int32_t *xs_a, const int32_t *xs_b, int dotprod)
 {
-    return type == BLOCKS_Q5_0 || type == BLOCKS_Q5_1 || type == BLOCKS_IQ4_NL ? 32 : 256;
+    const int groups = blocks_values(type) == 32 ? 1 : 2;
+    for (int g = 0; g < groups; g++) {
+        const int m = n - 4 * g < 4 ? n - 4 * g : 4; /* real blocks in this vector */
+        const float32x4_t xd = load4_f32(x_d + 4 * g, m);
+        const int8x16_t *w = st->w + 8 * g;
+        const int8_t *xg = x + 128 * g;
+        float32x4_t t;
+        if (blocks_two_scales(type)) {
+            const int32x4_t isum_a = block_sums4(half_lanes(w[0], xg, dotprod), half_lanes(w[2], xg + 32, dotprod),
+                                                 half_lanes(w[4], xg + 64, dotprod), half_lanes(w[6], xg + 96, dotprod));
+            const int32x4_t isum_b =
+                block_sums4(half_lanes(w[1], xg + 16, dotprod), half_lanes(w[3], xg + 48, dotprod),
+                            half_lanes(w[5], xg + 80, dotprod), half_lanes(w[7], xg + 112, dotprod));
+            t = vaddq_f32(scaled_terms(isum_a, st->s_a[g], xd), scaled_terms(isum_b, st->s_b[g], xd));
+            if (blocks_affine(type)) { /* Q2_K: the offsets after the scaled sums, half a then b */
+                t = vaddq_f32(t, scaled_terms(load4_s32(xs_a + 4 * g, m), st->o_a[g], xd));
+                t = vaddq_f32(t, scaled_terms(load4_s32(xs_b + 4 * g, m), st->o_b[g], xd));
+            }
+        } else {
+            const int32x4_t isum =
+                block_sums4(whole_lanes(w[0], w[1], xg, dotprod), whole_lanes(w[2], w[3], xg + 32, dotprod),
+                            whole_lanes(w[4], w[5], xg + 64, dotprod), whole_lanes(w[6], w[7], xg + 96, dotprod));
+            t = scaled_terms(isum, st->s_a[g], xd);
+            if (blocks_affine(type)) {
+                const int32x4_t xsum = vaddq_s32(load4_s32(xs_a + 4 * g, m), load4_s32(xs_b + 4 * g, m));
+                t = vaddq_f32(t, scaled_terms(xsum, st->o_a[g], xd));
+            }
+        }
+        const int p = (first / 4 + g) % 2;
+        part[p] = vaddq_f32(part[p], keep_lanes(t, m));
+    }
 }
 
-static inline int blocks_bytes(int type)
+/* Blocks per step: a superblock, or four 32-value blocks. */
+static inline int step_blocks(int type)
 {
-    return blocks_values(type) == 32 ? block32_bytes(type) : super_bytes(type);
+    return blocks_values(type) == 32 ? 4 : 8;
 }
 
-/* Whether the type's terms need the activation block sums. */
-static inline int blocks_affine(int type)
+/* Step s of a row decoded; n: its real blocks. */
+static inline __attribute__((always_inline)) void decode_step(int type, BlocksStep *st, const uint8_t *row, int b,
+                                                              int n)
 {
-    return type == BLOCKS_Q5_1 || type == BLOCKS_Q4_K || type == BLOCKS_Q5_K || type == BLOCKS_Q2_K;
+    if (blocks_values(type) == 32) {
+        decode_block32(type, st, row, b, n);
+    } else {
+        decode_super(type, st, row + (int64_t)(b / 8) * blocks_bytes(type));
+    }
 }
 
-/* The matvec of a kept type: the activation sums once (affine types, cols / 32 <=
- * BLOCKS_XSUM_MAX, which the entry points check), then four rows at a time (a short last group
- * computes only its rows), their partials combined together. */
+/* Stores lanes 0 .. n-1 of four rows' sums (lane i = row r + i) at out + r. */
+static inline void store_rows(float *out, int r, int n, float32x4_t sum)
+{
+    if (n == 4) {
+        vst1q_f32(out + r, sum);
+        return;
+    }
+    float lanes[4];
+    vst1q_f32(lanes, sum);
+    for (int i = 0; i < n; i++) {
+        out[r + i] = lanes[i];
+    }
+}
+
+/* The matvec of a kept type: the activation sums once (affine types; cols / 32 <= BLOCKS_ROW_MAX,
+ * which the entry points check), then four rows at a time (a short last group computes only its
+ * rows), each row's steps decoded and applied in block order, the four rows' partials combined
+ * together. */
 static inline __attribute__((always_inline)) void blocks_matvec(int type, float *out, const uint8_t *w,
                                                                 const int8_t *x_qs, const float *x_d, int rows,
                                                                 int cols, int dotprod)
 {
-    const int nb = cols / KERNEL_QK;
+    const int nb = cols / KERNEL_QK, per = step_blocks(type);
     const int64_t row_bytes = (int64_t)(cols / blocks_values(type)) * blocks_bytes(type);
-    int32_t xs[BLOCKS_XSUM_MAX], xs_a[BLOCKS_XSUM_MAX], xs_b[BLOCKS_XSUM_MAX];
+    int32_t xs_a[BLOCKS_ROW_MAX], xs_b[BLOCKS_ROW_MAX];
     if (blocks_affine(type)) {
-        for (int b = 0; b < nb; b++) {
-            const int8_t *x = x_qs + b * KERNEL_QK;
-            xs_a[b] = (int32_t)vaddlvq_s8(vld1q_s8(x));
-            xs_b[b] = (int32_t)vaddlvq_s8(vld1q_s8(x + 16));
-            xs[b] = xs_a[b] + xs_b[b];
-        }
+        activation_sums(xs_a, xs_b, x_qs, nb);
     }
     for (int r = 0; r < rows; r += 4) {
         const int n = rows - r < 4 ? rows - r : 4;
@@ -987,34 +1021,84 @@ static inline __attribute__((always_inline)) void blocks_matvec(int type, float 
             float32x4_t part[2] = {vdupq_n_f32(-0.0f), vdupq_n_f32(-0.0f)};
             if (i < n) {
                 const uint8_t *row = w + (int64_t)(r + i) * row_bytes;
-                if (blocks_values(type) == 32) {
-                    row32_partials(type, part, row, x_qs, x_d, xs, nb, dotprod);
-                } else {
-                    row256_partials(type, part, row, x_qs, x_d, xs, xs_a, xs_b, nb / 8, dotprod);
+                for (int b = 0; b < nb; b += per) {
+                    const int m = nb - b < per ? nb - b : per;
+                    BlocksStep st;
+                    decode_step(type, &st, row, b, m);
+                    step_terms(type, &st, part, b, m, x_qs + b * KERNEL_QK, x_d + b, xs_a + b, xs_b + b, dotprod);
                 }
             }
             lo[i] = part[0];
             hi[i] = part[1];
         }
-        const float32x4_t sum = sum_partials4(lo, hi);
-        if (n == 4) {
-            vst1q_f32(out + r, sum);
-        } else {
-            float lanes[4];
-            vst1q_f32(lanes, sum);
+        store_rows(out, r, n, sum_partials4(lo, hi));
+    }
+}
+
+/* The batched product: tokens in passes of up to BLOCKS_TOKENS (fewer where the activation sums
+ * of an affine type would not fit BLOCKS_XSUM_MAX), four rows at a time; each step of a row is
+ * decoded once and its terms added to every token's partials (part[t][row]), which the combine
+ * then sums for each token as the matvec does. */
+static inline __attribute__((always_inline)) void blocks_matmul(int type, float *out, int out_stride,
+                                                                const uint8_t *w, const int8_t *x_qs,
+                                                                const float *x_d, int n_tok, int rows, int cols,
+                                                                int dotprod)
+{
+    const int nb = cols / KERNEL_QK, per = step_blocks(type);
+    const int64_t row_bytes = (int64_t)(cols / blocks_values(type)) * blocks_bytes(type);
+    int pass = BLOCKS_TOKENS;
+    if (blocks_affine(type) && pass * nb > BLOCKS_XSUM_MAX) {
+        pass = BLOCKS_XSUM_MAX / nb;
+    }
+    int32_t xs_a[BLOCKS_XSUM_MAX], xs_b[BLOCKS_XSUM_MAX];
+    float32x4_t part[BLOCKS_TOKENS][4][2];
+    for (int t0 = 0; t0 < n_tok; t0 += pass) {
+        const int nt = n_tok - t0 < pass ? n_tok - t0 : pass;
+        if (blocks_affine(type)) {
+            activation_sums(xs_a, xs_b, x_qs + (int64_t)t0 * cols, nt * nb);
+        }
+        for (int r = 0; r < rows; r += 4) {
+            const int n = rows - r < 4 ? rows - r : 4;
+            for (int t = 0; t < nt; t++) {
+                for (int i = 0; i < 4; i++) {
+                    part[t][i][0] = part[t][i][1] = vdupq_n_f32(-0.0f);
+                }
+            }
             for (int i = 0; i < n; i++) {
-                out[r + i] = lanes[i];
+                const uint8_t *row = w + (int64_t)(r + i) * row_bytes;
+                for (int b = 0; b < nb; b += per) {
+                    const int m = nb - b < per ? nb - b : per;
+                    BlocksStep st;
+                    decode_step(type, &st, row, b, m);
+                    for (int t = 0; t < nt; t++) {
+                        const int64_t tok = t0 + t;
+                        step_terms(type, &st, part[t][i], b, m, x_qs + tok * cols + b * KERNEL_QK,
+                                   x_d + tok * nb + b, xs_a + t * nb + b, xs_b + t * nb + b, dotprod);
+                    }
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                const float32x4_t lo[4] = {part[t][0][0], part[t][1][0], part[t][2][0], part[t][3][0]};
+                const float32x4_t hi[4] = {part[t][0][1], part[t][1][1], part[t][2][1], part[t][3][1]};
+                store_rows(out + (t0 + t) * (int64_t)out_stride, r, n, sum_partials4(lo, hi));
             }
         }
     }
 }
 
-/* The entry points: SDOT where the CPU has it, else plain NEON; rows of an affine type longer than
- * BLOCKS_XSUM_MAX blocks take the scalar kernel. */
+/* The entry points: SDOT where the CPU has it, else plain NEON. Rows of an affine type longer than
+ * BLOCKS_ROW_MAX blocks take the scalar kernel (and, batched, tiles of it); one token's batched
+ * product is the matvec. */
 
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q5_0_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     blocks_matvec(BLOCKS_Q5_0, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matmul_q5_0_dotprod(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
+                                                                                  const float *x_d, int n_tok, int rows, int cols)
+{
+    blocks_matmul(BLOCKS_Q5_0, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 1);
 }
 
 void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
@@ -1026,14 +1110,33 @@ void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
+void kernel_matmul_q5_0(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                        int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_tiled_matmul_blocks(kernel_matvec_q5_0, (int64_t)(cols / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_dotprod()) {
+        matmul_q5_0_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        blocks_matmul(BLOCKS_Q5_0, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q5_1_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     blocks_matvec(BLOCKS_Q5_1, out, w, x_qs, x_d, rows, cols, 1);
 }
 
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matmul_q5_1_dotprod(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
+                                                                                  const float *x_d, int n_tok, int rows, int cols)
+{
+    blocks_matmul(BLOCKS_Q5_1, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 1);
+}
+
 void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    if (cols / KERNEL_QK > BLOCKS_XSUM_MAX) {
+    if (cols / KERNEL_QK > BLOCKS_ROW_MAX) {
         kernel_scalar_matvec_q5_1(out, w, x_qs, x_d, rows, cols);
     } else if (have_dotprod()) {
         matvec_q5_1_dotprod(out, w, x_qs, x_d, rows, cols);
@@ -1042,14 +1145,33 @@ void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
+void kernel_matmul_q5_1(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                        int n_tok, int rows, int cols)
+{
+    if (n_tok == 1 || cols / KERNEL_QK > BLOCKS_ROW_MAX) {
+        kernel_tiled_matmul_blocks(kernel_matvec_q5_1, (int64_t)(cols / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_dotprod()) {
+        matmul_q5_1_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        blocks_matmul(BLOCKS_Q5_1, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q4_k_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     blocks_matvec(BLOCKS_Q4_K, out, w, x_qs, x_d, rows, cols, 1);
 }
 
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matmul_q4_k_dotprod(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
+                                                                                  const float *x_d, int n_tok, int rows, int cols)
+{
+    blocks_matmul(BLOCKS_Q4_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 1);
+}
+
 void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    if (cols / KERNEL_QK > BLOCKS_XSUM_MAX) {
+    if (cols / KERNEL_QK > BLOCKS_ROW_MAX) {
         kernel_scalar_matvec_q4_k(out, w, x_qs, x_d, rows, cols);
     } else if (have_dotprod()) {
         matvec_q4_k_dotprod(out, w, x_qs, x_d, rows, cols);
@@ -1058,14 +1180,33 @@ void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
+void kernel_matmul_q4_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                        int n_tok, int rows, int cols)
+{
+    if (n_tok == 1 || cols / KERNEL_QK > BLOCKS_ROW_MAX) {
+        kernel_tiled_matmul_blocks(kernel_matvec_q4_k, (int64_t)(cols / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_dotprod()) {
+        matmul_q4_k_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        blocks_matmul(BLOCKS_Q4_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q5_k_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     blocks_matvec(BLOCKS_Q5_K, out, w, x_qs, x_d, rows, cols, 1);
 }
 
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matmul_q5_k_dotprod(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
+                                                                                  const float *x_d, int n_tok, int rows, int cols)
+{
+    blocks_matmul(BLOCKS_Q5_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 1);
+}
+
 void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    if (cols / KERNEL_QK > BLOCKS_XSUM_MAX) {
+    if (cols / KERNEL_QK > BLOCKS_ROW_MAX) {
         kernel_scalar_matvec_q5_k(out, w, x_qs, x_d, rows, cols);
     } else if (have_dotprod()) {
         matvec_q5_k_dotprod(out, w, x_qs, x_d, rows, cols);
@@ -1074,9 +1215,28 @@ void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
+void kernel_matmul_q5_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                        int n_tok, int rows, int cols)
+{
+    if (n_tok == 1 || cols / KERNEL_QK > BLOCKS_ROW_MAX) {
+        kernel_tiled_matmul_blocks(kernel_matvec_q5_k, (int64_t)(cols / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_dotprod()) {
+        matmul_q5_k_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        blocks_matmul(BLOCKS_Q5_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q6_k_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     blocks_matvec(BLOCKS_Q6_K, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matmul_q6_k_dotprod(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
+                                                                                  const float *x_d, int n_tok, int rows, int cols)
+{
+    blocks_matmul(BLOCKS_Q6_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 1);
 }
 
 void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
@@ -1088,9 +1248,28 @@ void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
+void kernel_matmul_q6_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                        int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_tiled_matmul_blocks(kernel_matvec_q6_k, (int64_t)(cols / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_dotprod()) {
+        matmul_q6_k_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        blocks_matmul(BLOCKS_Q6_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q3_k_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     blocks_matvec(BLOCKS_Q3_K, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matmul_q3_k_dotprod(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
+                                                                                  const float *x_d, int n_tok, int rows, int cols)
+{
+    blocks_matmul(BLOCKS_Q3_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 1);
 }
 
 void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
@@ -1102,14 +1281,33 @@ void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
+void kernel_matmul_q3_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                        int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_tiled_matmul_blocks(kernel_matvec_q3_k, (int64_t)(cols / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_dotprod()) {
+        matmul_q3_k_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        blocks_matmul(BLOCKS_Q3_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_q2_k_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     blocks_matvec(BLOCKS_Q2_K, out, w, x_qs, x_d, rows, cols, 1);
 }
 
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matmul_q2_k_dotprod(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
+                                                                                  const float *x_d, int n_tok, int rows, int cols)
+{
+    blocks_matmul(BLOCKS_Q2_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 1);
+}
+
 void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    if (cols / KERNEL_QK > BLOCKS_XSUM_MAX) {
+    if (cols / KERNEL_QK > BLOCKS_ROW_MAX) {
         kernel_scalar_matvec_q2_k(out, w, x_qs, x_d, rows, cols);
     } else if (have_dotprod()) {
         matvec_q2_k_dotprod(out, w, x_qs, x_d, rows, cols);
@@ -1118,9 +1316,28 @@ void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
+void kernel_matmul_q2_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                        int n_tok, int rows, int cols)
+{
+    if (n_tok == 1 || cols / KERNEL_QK > BLOCKS_ROW_MAX) {
+        kernel_tiled_matmul_blocks(kernel_matvec_q2_k, (int64_t)(cols / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_dotprod()) {
+        matmul_q2_k_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        blocks_matmul(BLOCKS_Q2_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_iq4_nl_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     blocks_matvec(BLOCKS_IQ4_NL, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matmul_iq4_nl_dotprod(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
+                                                                                    const float *x_d, int n_tok, int rows, int cols)
+{
+    blocks_matmul(BLOCKS_IQ4_NL, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 1);
 }
 
 void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
@@ -1132,9 +1349,28 @@ void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, cons
     }
 }
 
+void kernel_matmul_iq4_nl(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                          int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_tiled_matmul_blocks(kernel_matvec_iq4_nl, (int64_t)(cols / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_dotprod()) {
+        matmul_iq4_nl_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        blocks_matmul(BLOCKS_IQ4_NL, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_iq4_xs_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     blocks_matvec(BLOCKS_IQ4_XS, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matmul_iq4_xs_dotprod(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
+                                                                                    const float *x_d, int n_tok, int rows, int cols)
+{
+    blocks_matmul(BLOCKS_IQ4_XS, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 1);
 }
 
 void kernel_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
@@ -1143,5 +1379,18 @@ void kernel_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, cons
         matvec_iq4_xs_dotprod(out, w, x_qs, x_d, rows, cols);
     } else {
         blocks_matvec(BLOCKS_IQ4_XS, out, w, x_qs, x_d, rows, cols, 0);
+    }
+}
+
+void kernel_matmul_iq4_xs(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                          int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_tiled_matmul_blocks(kernel_matvec_iq4_xs, (int64_t)(cols / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_dotprod()) {
+        matmul_iq4_xs_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        blocks_matmul(BLOCKS_IQ4_XS, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
     }
 }

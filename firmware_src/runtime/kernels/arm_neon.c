@@ -698,14 +698,20 @@ static inline uint8x16_t fifth_bits(uint32_t bits)
     return vandq_u8(vtstq_u8(v, vld1q_u8(bit)), vdupq_n_u8(0x10));
 }
 
-/* One step's weights decoded: eight 32-value blocks (a superblock, or four blocks of a 32-value
- * type in w[0..7]), block j's values 0..15 in w[2j] and 16..31 in w[2j + 1]; per lane of the
- * partial vectors g = 0, 1 (blocks 4g .. 4g + 3) the scales s_a (values 0..15) and s_b (16..31;
- * only for the two-scale types) and the affine types' offsets o_a, o_b. */
+/* A row is read in steps: a superblock (or four blocks of a 32-value type, one group), whose
+ * scales are decoded once into BlocksScales, and within it groups of four blocks (4g .. 4g + 3,
+ * the lanes of partial vector g), each decoded into BlocksQuants and then applied to the token(s)
+ * before the next group is decoded, so that its eight vectors stay in registers. */
 typedef struct {
-    int8x16_t w[16];
+    /* per lane of partial vector g: the scales s_a (values 0..15; all 32 for the one-scale types)
+     * and s_b (16..31, two-scale types), the affine types' offsets o_a, o_b */
     float32x4_t s_a[2], s_b[2], o_a[2], o_b[2];
-} BlocksStep;
+    uint8x16_t hmask[2]; /* Q3_K's high-bit masks, read once per superblock */
+} BlocksScales;
+
+typedef struct {
+    int8x16_t w[8]; /* block k of the group: values 0..15 in w[2k], 16..31 in w[2k + 1] */
+} BlocksQuants;
 
 /* One block of Q5_0, Q5_1 or IQ4_NL (w0: values 0..15, the low nibbles of qs; w1: values 16..31,
  * the high ones), as kernel_<type>_unpack makes them. */
@@ -737,30 +743,31 @@ static inline __attribute__((always_inline)) void block32_quants(int type, const
 
 /* Blocks b .. b + n - 1 (n <= 4) of a row of Q5_0, Q5_1 or IQ4_NL: their quants and their scales
  * (and Q5_1's minimums) widened together; lanes past n are zero and never read from the row. */
-static inline __attribute__((always_inline)) void decode_block32(int type, BlocksStep *st, const uint8_t *row, int b,
-                                                                 int n)
+static inline __attribute__((always_inline)) void decode_block32(int type, BlocksScales *sc, BlocksQuants *q,
+                                                                 const uint8_t *row, int b, int n)
 {
     const int bytes = blocks_bytes(type);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         if (k < n) {
             const uint8_t *blk = row + (int64_t)(b + k) * bytes;
-            block32_quants(type, blk, &st->w[2 * k], &st->w[2 * k + 1]);
+            block32_quants(type, blk, &q->w[2 * k], &q->w[2 * k + 1]);
             d[k] = half_at(blk);
             if (type == BLOCKS_Q5_1) {
                 m[k] = half_at(blk + 2);
             }
         } else {
-            st->w[2 * k] = st->w[2 * k + 1] = vdupq_n_s8(0);
+            q->w[2 * k] = q->w[2 * k + 1] = vdupq_n_s8(0);
         }
     }
-    st->s_a[0] = vld1q_f32(d);
-    st->o_a[0] = vld1q_f32(m);
+    sc->s_a[0] = vld1q_f32(d);
+    sc->o_a[0] = vld1q_f32(m);
 }
 
 /* Q4_K and Q5_K: a superblock's eight 6-bit scales and minimums (kernel_k_scale_min for j = 0..7)
  * in four 32-bit steps (ggml's), times d, and the offsets -(dmin * m). */
-static inline void k_scales(BlocksStep *st, const uint8_t *blk)
+static inline void k_scales(BlocksScales *sc, const uint8_t *blk)
 {
     uint32_t u[4];
     memcpy(u, blk + 4, 12);
@@ -772,91 +779,10 @@ static inline void k_scales(BlocksStep *st, const uint8_t *blk)
     uint8_t bytes[16];
     memcpy(bytes, u, sizeof bytes);
     const uint8x16_t v = vld1q_u8(bytes);
-    scales8(st->s_a, vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(v))), half_at(blk));
-    scales8(st->o_a, vreinterpretq_s16_u16(vmovl_high_u8(v)), half_at(blk + 2));
-    st->o_a[0] = vnegq_f32(st->o_a[0]);
-    st->o_a[1] = vnegq_f32(st->o_a[1]);
-}
-
-/* Q4_K (qh NULL) and Q5_K: sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32
- * bytes, read once; Q5_K's fifth bit of value l of sub-block j is bit j of qh[l]. */
-static inline __attribute__((always_inline)) void k_quants(BlocksStep *st, const uint8_t *qs, const uint8_t *qh)
-{
-    const uint8x16_t low4 = vdupq_n_u8(0x0F), sixteen = vdupq_n_u8(0x10);
-    uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
-    if (qh != NULL) {
-        h0 = vld1q_u8(qh);
-        h1 = vld1q_u8(qh + 16);
-    }
-    for (int i = 0; i < 4; i++) {
-        const uint8x16_t a = vld1q_u8(qs + 32 * i), b = vld1q_u8(qs + 32 * i + 16);
-        uint8x16_t lo0 = vandq_u8(a, low4), lo1 = vandq_u8(b, low4);
-        uint8x16_t hi0 = vshrq_n_u8(a, 4), hi1 = vshrq_n_u8(b, 4);
-        if (qh != NULL) {
-            const uint8x16_t even = vdupq_n_u8((uint8_t)(1 << (2 * i))), odd = vdupq_n_u8((uint8_t)(2 << (2 * i)));
-            lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(h0, even), sixteen));
-            lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(h1, even), sixteen));
-            hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(h0, odd), sixteen));
-            hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(h1, odd), sixteen));
-        }
-        st->w[4 * i] = vreinterpretq_s8_u8(lo0);
-        st->w[4 * i + 1] = vreinterpretq_s8_u8(lo1);
-        st->w[4 * i + 2] = vreinterpretq_s8_u8(hi0);
-        st->w[4 * i + 3] = vreinterpretq_s8_u8(hi1);
-    }
-}
-
-/* Q6_K: half h (sub-blocks 4h .. 4h + 3) is 64 bytes of ql and 32 of qh: sub-block 4h + k takes
- * the low (k < 2) or high nibbles of ql[32 * (k % 2) ..] and bits 2k, 2k + 1 of qh, minus 32. */
-static inline __attribute__((always_inline)) void q6_k_quants(BlocksStep *st, const uint8_t *blk)
-{
-    const uint8x16_t low4 = vdupq_n_u8(0x0F), bits45 = vdupq_n_u8(0x30);
-    const int8x16_t minus = vdupq_n_s8(32);
-    for (int h = 0; h < 2; h++) {
-        const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
-        const uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16), l2 = vld1q_u8(ql + 32), l3 = vld1q_u8(ql + 48);
-        const uint8x16_t q0 = vld1q_u8(qh), q1 = vld1q_u8(qh + 16);
-        for (int k = 0; k < 4; k++) {
-            const uint8x16_t n0 = k % 2 ? l2 : l0, n1 = k % 2 ? l3 : l1;
-            const uint8x16_t v0 = k < 2 ? vandq_u8(n0, low4) : vshrq_n_u8(n0, 4);
-            const uint8x16_t v1 = k < 2 ? vandq_u8(n1, low4) : vshrq_n_u8(n1, 4);
-            /* bits 2k, 2k + 1 moved to 4, 5: a shift by 4 - 2k (right when negative) */
-            const int8x16_t shift = vdupq_n_s8((int8_t)(4 - 2 * k));
-            const uint8x16_t b0 = vandq_u8(vshlq_u8(q0, shift), bits45), b1 = vandq_u8(vshlq_u8(q1, shift), bits45);
-            const int j = 4 * h + k;
-            st->w[2 * j] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v0, b0)), minus);
-            st->w[2 * j + 1] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v1, b1)), minus);
-        }
-    }
-}
-
-/* Q3_K and Q2_K: sub-block 4g + k is bits 2k, 2k + 1 of qs[32 * g ..]; Q3_K's values are those
- * minus 4 where bit j of hmask[l] is clear (hmask NULL for Q2_K). */
-static inline __attribute__((always_inline)) void crumb_quants(BlocksStep *st, const uint8_t *qs,
-                                                               const uint8_t *hmask)
-{
-    const uint8x16_t three = vdupq_n_u8(3), four = vdupq_n_u8(4);
-    uint8x16_t m0 = vdupq_n_u8(0), m1 = vdupq_n_u8(0);
-    if (hmask != NULL) {
-        m0 = vld1q_u8(hmask);
-        m1 = vld1q_u8(hmask + 16);
-    }
-    for (int g = 0; g < 2; g++) {
-        const uint8x16_t c0 = vld1q_u8(qs + 32 * g), c1 = vld1q_u8(qs + 32 * g + 16);
-        for (int k = 0; k < 4; k++) {
-            const int j = 4 * g + k;
-            const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * k));
-            int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(c0, shift), three));
-            int8x16_t w1 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(c1, shift), three));
-            if (hmask != NULL) {
-                const uint8x16_t bit = vdupq_n_u8((uint8_t)(1 << j));
-                w0 = vsubq_s8(w0, vreinterpretq_s8_u8(vbicq_u8(four, vtstq_u8(m0, bit))));
-                w1 = vsubq_s8(w1, vreinterpretq_s8_u8(vbicq_u8(four, vtstq_u8(m1, bit))));
-            }
-            st->w[2 * j] = w0;
-            st->w[2 * j + 1] = w1;
-        }
-    }
+    scales8(sc->s_a, vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(v))), half_at(blk));
+    scales8(sc->o_a, vreinterpretq_s16_u16(vmovl_high_u8(v)), half_at(blk + 2));
+    sc->o_a[0] = vnegq_f32(sc->o_a[0]);
+    sc->o_a[1] = vnegq_f32(sc->o_a[1]);
 }
 
 /* Q3_K: the sixteen 6-bit scales (kernel_q3_k_scale for g = 0..15) in four 32-bit steps (ggml's),
@@ -875,115 +801,175 @@ static inline int8x16_t q3_k_scales(const uint8_t *s)
     return vsubq_s8(vreinterpretq_s8_u8(vld1q_u8(bytes)), vdupq_n_s8(32));
 }
 
-/* IQ4_XS: sub-block j is the 16 bytes at qs + 16 j through the table; its scale d * (ls - 32),
- * ls 4 bits of scales_l and 2 of scales_h (eight small integers, made once per superblock). */
-static inline __attribute__((always_inline)) void iq4_xs_decode(BlocksStep *st, const uint8_t *blk)
-{
-    const uint8x16_t low4 = vdupq_n_u8(0x0F);
-    const int8x16_t values = vld1q_s8(kernel_iq4nl_values);
-    for (int j = 0; j < 8; j++) {
-        const uint8x16_t qs = vld1q_u8(blk + 8 + 16 * j);
-        st->w[2 * j] = vqtbl1q_s8(values, vandq_u8(qs, low4));
-        st->w[2 * j + 1] = vqtbl1q_s8(values, vshrq_n_u8(qs, 4));
-    }
-    const int scales_h = blk[2] | blk[3] << 8;
-    int16_t ls[8];
-    for (int j = 0; j < 8; j++) {
-        ls[j] = (int16_t)((((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4)) - 32);
-    }
-    scales8(st->s_a, vld1q_s16(ls), half_at(blk));
-}
-
-/* One superblock decoded: its quants and its scales. */
-static inline __attribute__((always_inline)) void decode_super(int type, BlocksStep *st, const uint8_t *blk)
+/* A superblock's scales (and offsets, and Q3_K's hmask), decoded once. */
+static inline __attribute__((always_inline)) void super_scales(int type, BlocksScales *sc, const uint8_t *blk)
 {
     switch (type) {
     case BLOCKS_Q4_K:
-        k_quants(st, blk + 16, NULL);
-        k_scales(st, blk);
-        break;
-    case BLOCKS_Q5_K:
-        k_quants(st, blk + 48, blk + 16);
-        k_scales(st, blk);
-        break;
-    case BLOCKS_Q6_K:
-        q6_k_quants(st, blk);
-        scales16(st->s_a, st->s_b, vld1q_s8((const int8_t *)blk + 192), half_at(blk + 208));
-        break;
+    case BLOCKS_Q5_K: k_scales(sc, blk); break;
+    case BLOCKS_Q6_K: scales16(sc->s_a, sc->s_b, vld1q_s8((const int8_t *)blk + 192), half_at(blk + 208)); break;
     case BLOCKS_Q3_K:
-        crumb_quants(st, blk + 32, blk);
-        scales16(st->s_a, st->s_b, q3_k_scales(blk + 96), half_at(blk + 108));
+        scales16(sc->s_a, sc->s_b, q3_k_scales(blk + 96), half_at(blk + 108));
+        sc->hmask[0] = vld1q_u8(blk);
+        sc->hmask[1] = vld1q_u8(blk + 16);
         break;
     case BLOCKS_Q2_K: {
-        crumb_quants(st, blk + 16, NULL);
-        const uint8x16_t sc = vld1q_u8(blk);
-        scales16(st->s_a, st->s_b, vreinterpretq_s8_u8(vandq_u8(sc, vdupq_n_u8(0x0F))), half_at(blk + 80));
-        scales16(st->o_a, st->o_b, vreinterpretq_s8_u8(vshrq_n_u8(sc, 4)), half_at(blk + 82));
+        const uint8x16_t v = vld1q_u8(blk);
+        scales16(sc->s_a, sc->s_b, vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F))), half_at(blk + 80));
+        scales16(sc->o_a, sc->o_b, vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), half_at(blk + 82));
         for (int g = 0; g < 2; g++) {
-            st->o_a[g] = vnegq_f32(st->o_a[g]);
-            st->o_b[g] = vnegq_f32(st->o_b[g]);
+            sc->o_a[g] = vnegq_f32(sc->o_a[g]);
+            sc->o_b[g] = vnegq_f32(sc->o_b[g]);
         }
         break;
     }
-    default: iq4_xs_decode(st, blk); break;
-    }
-}
-
-/* A decoded step's terms for one token, added to that token's partials: blocks 4g .. 4g + 3 of
- * the step (g < groups) into part[(first / 4 + g) % 2], n real blocks in all (4 or 8 for a
- * superblock). x: the token's quants of the step's first block; x_d, xs_a, xs_b from it too. */
-static inline __attribute__((always_inline)) void step_terms(int type, const BlocksStep *st, float32x4_t part[2],
-                                                             int first, int n, const int8_t *x, const float *x_d,
-                                                             const int32_t *xs_a, const int32_t *xs_b, int dotprod)
-{
-    const int groups = blocks_values(type) == 32 ? 1 : 2;
-    for (int g = 0; g < groups; g++) {
-        const int m = n - 4 * g < 4 ? n - 4 * g : 4; /* real blocks in this vector */
-        const float32x4_t xd = load4_f32(x_d + 4 * g, m);
-        const int8x16_t *w = st->w + 8 * g;
-        const int8_t *xg = x + 128 * g;
-        float32x4_t t;
-        if (blocks_two_scales(type)) {
-            const int32x4_t isum_a = block_sums4(half_lanes(w[0], xg, dotprod), half_lanes(w[2], xg + 32, dotprod),
-                                                 half_lanes(w[4], xg + 64, dotprod), half_lanes(w[6], xg + 96, dotprod));
-            const int32x4_t isum_b =
-                block_sums4(half_lanes(w[1], xg + 16, dotprod), half_lanes(w[3], xg + 48, dotprod),
-                            half_lanes(w[5], xg + 80, dotprod), half_lanes(w[7], xg + 112, dotprod));
-            t = vaddq_f32(scaled_terms(isum_a, st->s_a[g], xd), scaled_terms(isum_b, st->s_b[g], xd));
-            if (blocks_affine(type)) { /* Q2_K: the offsets after the scaled sums, half a then b */
-                t = vaddq_f32(t, scaled_terms(load4_s32(xs_a + 4 * g, m), st->o_a[g], xd));
-                t = vaddq_f32(t, scaled_terms(load4_s32(xs_b + 4 * g, m), st->o_b[g], xd));
-            }
-        } else {
-            const int32x4_t isum =
-                block_sums4(whole_lanes(w[0], w[1], xg, dotprod), whole_lanes(w[2], w[3], xg + 32, dotprod),
-                            whole_lanes(w[4], w[5], xg + 64, dotprod), whole_lanes(w[6], w[7], xg + 96, dotprod));
-            t = scaled_terms(isum, st->s_a[g], xd);
-            if (blocks_affine(type)) {
-                const int32x4_t xsum = vaddq_s32(load4_s32(xs_a + 4 * g, m), load4_s32(xs_b + 4 * g, m));
-                t = vaddq_f32(t, scaled_terms(xsum, st->o_a[g], xd));
-            }
+    default: { /* IQ4_XS: ls 4 bits of scales_l and 2 of scales_h, minus 32, times d */
+        const int scales_h = blk[2] | blk[3] << 8;
+        int16_t ls[8];
+        for (int j = 0; j < 8; j++) {
+            ls[j] = (int16_t)((((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4)) - 32);
         }
-        const int p = (first / 4 + g) % 2;
-        part[p] = vaddq_f32(part[p], keep_lanes(t, m));
+        scales8(sc->s_a, vld1q_s16(ls), half_at(blk));
+        break;
+    }
     }
 }
 
-/* Blocks per step: a superblock, or four 32-value blocks. */
-static inline int step_blocks(int type)
+/* Q4_K (qh NULL) and Q5_K, group g: sub-blocks 4g .. 4g + 3 are the low and high nibbles of
+ * qs[64g .. 64g + 63] (sub-block 2i the low nibbles of qs[32i ..], 2i + 1 their high ones), read
+ * once; Q5_K's fifth bit of value l of sub-block j is bit j of qh[l]. */
+static inline __attribute__((always_inline)) void k_quants(BlocksQuants *q, const uint8_t *qs, const uint8_t *qh,
+                                                           int g)
 {
-    return blocks_values(type) == 32 ? 4 : 8;
+    const uint8x16_t low4 = vdupq_n_u8(0x0F), sixteen = vdupq_n_u8(0x10);
+    uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
+    if (qh != NULL) {
+        h0 = vld1q_u8(qh);
+        h1 = vld1q_u8(qh + 16);
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < 2; p++) {
+        const int i = 2 * g + p;
+        const uint8x16_t a = vld1q_u8(qs + 32 * i), b = vld1q_u8(qs + 32 * i + 16);
+        uint8x16_t lo0 = vandq_u8(a, low4), lo1 = vandq_u8(b, low4);
+        uint8x16_t hi0 = vshrq_n_u8(a, 4), hi1 = vshrq_n_u8(b, 4);
+        if (qh != NULL) {
+            const uint8x16_t even = vdupq_n_u8((uint8_t)(1 << (2 * i))), odd = vdupq_n_u8((uint8_t)(2 << (2 * i)));
+            lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(h0, even), sixteen));
+            lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(h1, even), sixteen));
+            hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(h0, odd), sixteen));
+            hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(h1, odd), sixteen));
+        }
+        q->w[4 * p] = vreinterpretq_s8_u8(lo0);
+        q->w[4 * p + 1] = vreinterpretq_s8_u8(lo1);
+        q->w[4 * p + 2] = vreinterpretq_s8_u8(hi0);
+        q->w[4 * p + 3] = vreinterpretq_s8_u8(hi1);
+    }
 }
 
-/* Step s of a row decoded; n: its real blocks. */
-static inline __attribute__((always_inline)) void decode_step(int type, BlocksStep *st, const uint8_t *row, int b,
-                                                              int n)
+/* Q6_K, group g = half h: 64 bytes of ql and 32 of qh; sub-block 4h + k takes the low (k < 2) or
+ * high nibbles of ql[32 * (k % 2) ..] and bits 2k, 2k + 1 of qh, minus 32. */
+static inline __attribute__((always_inline)) void q6_k_quants(BlocksQuants *q, const uint8_t *blk, int h)
 {
-    if (blocks_values(type) == 32) {
-        decode_block32(type, st, row, b, n);
+    const uint8x16_t low4 = vdupq_n_u8(0x0F), bits45 = vdupq_n_u8(0x30);
+    const int8x16_t minus = vdupq_n_s8(32);
+    const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+    const uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16), l2 = vld1q_u8(ql + 32), l3 = vld1q_u8(ql + 48);
+    const uint8x16_t q0 = vld1q_u8(qh), q1 = vld1q_u8(qh + 16);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const uint8x16_t n0 = k % 2 ? l2 : l0, n1 = k % 2 ? l3 : l1;
+        const uint8x16_t v0 = k < 2 ? vandq_u8(n0, low4) : vshrq_n_u8(n0, 4);
+        const uint8x16_t v1 = k < 2 ? vandq_u8(n1, low4) : vshrq_n_u8(n1, 4);
+        /* bits 2k, 2k + 1 moved to 4, 5: a shift by 4 - 2k (right when negative) */
+        const int8x16_t shift = vdupq_n_s8((int8_t)(4 - 2 * k));
+        const uint8x16_t b0 = vandq_u8(vshlq_u8(q0, shift), bits45), b1 = vandq_u8(vshlq_u8(q1, shift), bits45);
+        q->w[2 * k] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v0, b0)), minus);
+        q->w[2 * k + 1] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(v1, b1)), minus);
+    }
+}
+
+/* Q3_K and Q2_K, group g: sub-block 4g + k is bits 2k, 2k + 1 of qs[32g ..]; Q3_K's values are
+ * those minus 4 where bit j of hmask[l] is clear (hmask NULL for Q2_K). */
+static inline __attribute__((always_inline)) void crumb_quants(BlocksQuants *q, const uint8_t *qs,
+                                                               const uint8x16_t *hmask, int g)
+{
+    const uint8x16_t three = vdupq_n_u8(3), four = vdupq_n_u8(4);
+    const uint8x16_t c0 = vld1q_u8(qs + 32 * g), c1 = vld1q_u8(qs + 32 * g + 16);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * k));
+        int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(c0, shift), three));
+        int8x16_t w1 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(c1, shift), three));
+        if (hmask != NULL) {
+            const uint8x16_t bit = vdupq_n_u8((uint8_t)(1 << (4 * g + k)));
+            w0 = vsubq_s8(w0, vreinterpretq_s8_u8(vbicq_u8(four, vtstq_u8(hmask[0], bit))));
+            w1 = vsubq_s8(w1, vreinterpretq_s8_u8(vbicq_u8(four, vtstq_u8(hmask[1], bit))));
+        }
+        q->w[2 * k] = w0;
+        q->w[2 * k + 1] = w1;
+    }
+}
+
+/* IQ4_XS, group g: sub-block j is the 16 bytes at qs + 16 j through the table. */
+static inline __attribute__((always_inline)) void iq4_xs_quants(BlocksQuants *q, const uint8_t *blk, int g)
+{
+    const uint8x16_t low4 = vdupq_n_u8(0x0F);
+    const int8x16_t values = vld1q_s8(kernel_iq4nl_values);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const uint8x16_t qs = vld1q_u8(blk + 8 + 16 * (4 * g + k));
+        q->w[2 * k] = vqtbl1q_s8(values, vandq_u8(qs, low4));
+        q->w[2 * k + 1] = vqtbl1q_s8(values, vshrq_n_u8(qs, 4));
+    }
+}
+
+/* Group g of a superblock: its quants. */
+static inline __attribute__((always_inline)) void super_quants(int type, BlocksQuants *q, const BlocksScales *sc,
+                                                               const uint8_t *blk, int g)
+{
+    switch (type) {
+    case BLOCKS_Q4_K: k_quants(q, blk + 16, NULL, g); break;
+    case BLOCKS_Q5_K: k_quants(q, blk + 48, blk + 16, g); break;
+    case BLOCKS_Q6_K: q6_k_quants(q, blk, g); break;
+    case BLOCKS_Q3_K: crumb_quants(q, blk + 32, sc->hmask, g); break;
+    case BLOCKS_Q2_K: crumb_quants(q, blk + 16, NULL, g); break;
+    default: iq4_xs_quants(q, blk, g); break;
+    }
+}
+
+/* A decoded group's terms for one token, added to its partial vector p (lane k: block 4g + k):
+ * m real blocks. x: the token's quants of the group's first block; x_d, xs_a, xs_b from it too. */
+static inline __attribute__((always_inline)) float32x4_t group_terms(int type, const BlocksQuants *q,
+                                                                     const BlocksScales *sc, int g, float32x4_t p,
+                                                                     int m, const int8_t *x, const float *x_d,
+                                                                     const int32_t *xs_a, const int32_t *xs_b,
+                                                                     int dotprod)
+{
+    const int8x16_t *w = q->w;
+    const float32x4_t xd = load4_f32(x_d, m);
+    float32x4_t t;
+    if (blocks_two_scales(type)) {
+        const int32x4_t isum_a = block_sums4(half_lanes(w[0], x, dotprod), half_lanes(w[2], x + 32, dotprod),
+                                             half_lanes(w[4], x + 64, dotprod), half_lanes(w[6], x + 96, dotprod));
+        const int32x4_t isum_b = block_sums4(half_lanes(w[1], x + 16, dotprod), half_lanes(w[3], x + 48, dotprod),
+                                             half_lanes(w[5], x + 80, dotprod), half_lanes(w[7], x + 112, dotprod));
+        t = vaddq_f32(scaled_terms(isum_a, sc->s_a[g], xd), scaled_terms(isum_b, sc->s_b[g], xd));
+        if (blocks_affine(type)) { /* Q2_K: the offsets after the scaled sums, half a then b */
+            t = vaddq_f32(t, scaled_terms(load4_s32(xs_a, m), sc->o_a[g], xd));
+            t = vaddq_f32(t, scaled_terms(load4_s32(xs_b, m), sc->o_b[g], xd));
+        }
     } else {
-        decode_super(type, st, row + (int64_t)(b / 8) * blocks_bytes(type));
+        const int32x4_t isum =
+            block_sums4(whole_lanes(w[0], w[1], x, dotprod), whole_lanes(w[2], w[3], x + 32, dotprod),
+                        whole_lanes(w[4], w[5], x + 64, dotprod), whole_lanes(w[6], w[7], x + 96, dotprod));
+        t = scaled_terms(isum, sc->s_a[g], xd);
+        if (blocks_affine(type)) {
+            const int32x4_t xsum = vaddq_s32(load4_s32(xs_a, m), load4_s32(xs_b, m));
+            t = vaddq_f32(t, scaled_terms(xsum, sc->o_a[g], xd));
+        }
     }
+    return vaddq_f32(p, keep_lanes(t, m));
 }
 
 /* Stores lanes 0 .. n-1 of four rows' sums (lane i = row r + i) at out + r. */
@@ -1000,87 +986,123 @@ static inline void store_rows(float *out, int r, int n, float32x4_t sum)
     }
 }
 
+/* The activation of token t (of a batch; 0 for the matvec) at block b. */
+typedef struct {
+    const int8_t *x_qs;
+    const float *x_d;
+    const int32_t *xs_a, *xs_b; /* the affine types' activation sums, from block 0 of the token */
+} BlocksInput;
+
+/* One row's partials for n_tok tokens (part[t][0..1]; n_tok = 1 for the matvec): each group
+ * decoded once, then its terms added for every token; in[t] token t's input. */
+static inline __attribute__((always_inline)) void row_partials_blocks(int type, float32x4_t (*part)[2],
+                                                                      const uint8_t *row, const BlocksInput *in,
+                                                                      int n_tok, int nb, int dotprod)
+{
+    if (blocks_values(type) == 32) {
+        for (int b = 0; b < nb; b += 4) {
+            const int m = nb - b < 4 ? nb - b : 4;
+            BlocksScales sc;
+            BlocksQuants q;
+            decode_block32(type, &sc, &q, row, b, m);
+            const int p = (b / 4) % 2;
+            for (int t = 0; t < n_tok; t++) {
+                part[t][p] = group_terms(type, &q, &sc, 0, part[t][p], m, in[t].x_qs + b * KERNEL_QK,
+                                         in[t].x_d + b, in[t].xs_a + b, in[t].xs_b + b, dotprod);
+            }
+        }
+        return;
+    }
+    const int bytes = blocks_bytes(type);
+    for (int b = 0; b < nb; b += 8) {
+        const uint8_t *blk = row + (int64_t)(b / 8) * bytes;
+        BlocksScales sc;
+        super_scales(type, &sc, blk);
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
+            BlocksQuants q;
+            super_quants(type, &q, &sc, blk, g);
+            const int first = b + 4 * g;
+            for (int t = 0; t < n_tok; t++) {
+                part[t][g] = group_terms(type, &q, &sc, g, part[t][g], 4, in[t].x_qs + first * KERNEL_QK,
+                                         in[t].x_d + first, in[t].xs_a + first, in[t].xs_b + first, dotprod);
+            }
+        }
+    }
+}
+
 /* The matvec of a kept type: the activation sums once (affine types; cols / 32 <= BLOCKS_ROW_MAX,
  * which the entry points check), then four rows at a time (a short last group computes only its
- * rows), each row's steps decoded and applied in block order, the four rows' partials combined
- * together. */
+ * rows), the four rows' partials combined together. */
 static inline __attribute__((always_inline)) void blocks_matvec(int type, float *out, const uint8_t *w,
                                                                 const int8_t *x_qs, const float *x_d, int rows,
                                                                 int cols, int dotprod)
 {
-    const int nb = cols / KERNEL_QK, per = step_blocks(type);
+    const int nb = cols / KERNEL_QK;
     const int64_t row_bytes = (int64_t)(cols / blocks_values(type)) * blocks_bytes(type);
     int32_t xs_a[BLOCKS_ROW_MAX], xs_b[BLOCKS_ROW_MAX];
     if (blocks_affine(type)) {
         activation_sums(xs_a, xs_b, x_qs, nb);
     }
+    const BlocksInput in = {x_qs, x_d, xs_a, xs_b};
     for (int r = 0; r < rows; r += 4) {
         const int n = rows - r < 4 ? rows - r : 4;
         float32x4_t lo[4], hi[4];
         for (int i = 0; i < 4; i++) {
-            float32x4_t part[2] = {vdupq_n_f32(-0.0f), vdupq_n_f32(-0.0f)};
+            float32x4_t part[1][2] = {{vdupq_n_f32(-0.0f), vdupq_n_f32(-0.0f)}};
             if (i < n) {
-                const uint8_t *row = w + (int64_t)(r + i) * row_bytes;
-                for (int b = 0; b < nb; b += per) {
-                    const int m = nb - b < per ? nb - b : per;
-                    BlocksStep st;
-                    decode_step(type, &st, row, b, m);
-                    step_terms(type, &st, part, b, m, x_qs + b * KERNEL_QK, x_d + b, xs_a + b, xs_b + b, dotprod);
-                }
+                row_partials_blocks(type, part, w + (int64_t)(r + i) * row_bytes, &in, 1, nb, dotprod);
             }
-            lo[i] = part[0];
-            hi[i] = part[1];
+            lo[i] = part[0][0];
+            hi[i] = part[0][1];
         }
         store_rows(out, r, n, sum_partials4(lo, hi));
     }
 }
 
-/* The batched product: tokens in passes of up to BLOCKS_TOKENS (fewer where the activation sums
- * of an affine type would not fit BLOCKS_XSUM_MAX), four rows at a time; each step of a row is
- * decoded once and its terms added to every token's partials (part[t][row]), which the combine
- * then sums for each token as the matvec does. */
+/* The batched product: tokens in passes of up to BLOCKS_TOKENS (fewer where an affine type's
+ * activation sums would not fit BLOCKS_XSUM_MAX), four rows at a time; each group of a row is
+ * decoded once and its terms added to every token's partials, which the combine then sums for
+ * each token as the matvec does. */
 static inline __attribute__((always_inline)) void blocks_matmul(int type, float *out, int out_stride,
                                                                 const uint8_t *w, const int8_t *x_qs,
                                                                 const float *x_d, int n_tok, int rows, int cols,
                                                                 int dotprod)
 {
-    const int nb = cols / KERNEL_QK, per = step_blocks(type);
+    const int nb = cols / KERNEL_QK;
     const int64_t row_bytes = (int64_t)(cols / blocks_values(type)) * blocks_bytes(type);
     int pass = BLOCKS_TOKENS;
     if (blocks_affine(type) && pass * nb > BLOCKS_XSUM_MAX) {
         pass = BLOCKS_XSUM_MAX / nb;
     }
     int32_t xs_a[BLOCKS_XSUM_MAX], xs_b[BLOCKS_XSUM_MAX];
-    float32x4_t part[BLOCKS_TOKENS][4][2];
+    BlocksInput in[BLOCKS_TOKENS];
+    float32x4_t part[4][BLOCKS_TOKENS][2];
     for (int t0 = 0; t0 < n_tok; t0 += pass) {
         const int nt = n_tok - t0 < pass ? n_tok - t0 : pass;
         if (blocks_affine(type)) {
             activation_sums(xs_a, xs_b, x_qs + (int64_t)t0 * cols, nt * nb);
         }
+        for (int t = 0; t < nt; t++) {
+            in[t].x_qs = x_qs + (int64_t)(t0 + t) * cols;
+            in[t].x_d = x_d + (int64_t)(t0 + t) * nb;
+            in[t].xs_a = xs_a + t * nb;
+            in[t].xs_b = xs_b + t * nb;
+        }
         for (int r = 0; r < rows; r += 4) {
             const int n = rows - r < 4 ? rows - r : 4;
-            for (int t = 0; t < nt; t++) {
-                for (int i = 0; i < 4; i++) {
-                    part[t][i][0] = part[t][i][1] = vdupq_n_f32(-0.0f);
+            for (int i = 0; i < 4; i++) {
+                for (int t = 0; t < nt; t++) {
+                    part[i][t][0] = part[i][t][1] = vdupq_n_f32(-0.0f);
                 }
-            }
-            for (int i = 0; i < n; i++) {
-                const uint8_t *row = w + (int64_t)(r + i) * row_bytes;
-                for (int b = 0; b < nb; b += per) {
-                    const int m = nb - b < per ? nb - b : per;
-                    BlocksStep st;
-                    decode_step(type, &st, row, b, m);
-                    for (int t = 0; t < nt; t++) {
-                        const int64_t tok = t0 + t;
-                        step_terms(type, &st, part[t][i], b, m, x_qs + tok * cols + b * KERNEL_QK,
-                                   x_d + tok * nb + b, xs_a + t * nb + b, xs_b + t * nb + b, dotprod);
-                    }
+                if (i < n) {
+                    row_partials_blocks(type, part[i], w + (int64_t)(r + i) * row_bytes, in, nt, nb, dotprod);
                 }
             }
             for (int t = 0; t < nt; t++) {
-                const float32x4_t lo[4] = {part[t][0][0], part[t][1][0], part[t][2][0], part[t][3][0]};
-                const float32x4_t hi[4] = {part[t][0][1], part[t][1][1], part[t][2][1], part[t][3][1]};
-                store_rows(out + (t0 + t) * (int64_t)out_stride, r, n, sum_partials4(lo, hi));
+                const float32x4_t lo[4] = {part[0][t][0], part[1][t][0], part[2][t][0], part[3][t][0]};
+                const float32x4_t hi[4] = {part[0][t][1], part[1][t][1], part[2][t][1], part[3][t][1]};
+                store_rows(out + (int64_t)(t0 + t) * out_stride, r, n, sum_partials4(lo, hi));
             }
         }
     }

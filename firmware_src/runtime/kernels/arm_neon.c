@@ -706,7 +706,7 @@ typedef struct {
     /* per lane of partial vector g: the scales s_a (values 0..15; all 32 for the one-scale types)
      * and s_b (16..31, two-scale types), the affine types' offsets o_a, o_b */
     float32x4_t s_a[2], s_b[2], o_a[2], o_b[2];
-    uint8x16_t hmask[2]; /* Q3_K's high-bit masks, read once per superblock */
+    uint8x16_t high[2]; /* Q3_K's hmask or Q5_K's qh (a bit per value and sub-block), read once */
 } BlocksScales;
 
 typedef struct {
@@ -801,17 +801,21 @@ static inline int8x16_t q3_k_scales(const uint8_t *s)
     return vsubq_s8(vreinterpretq_s8_u8(vld1q_u8(bytes)), vdupq_n_s8(32));
 }
 
-/* A superblock's scales (and offsets, and Q3_K's hmask), decoded once. */
+/* A superblock's scales (and offsets, and the high bits of Q3_K and Q5_K), decoded once. */
 static inline __attribute__((always_inline)) void super_scales(int type, BlocksScales *sc, const uint8_t *blk)
 {
     switch (type) {
-    case BLOCKS_Q4_K:
-    case BLOCKS_Q5_K: k_scales(sc, blk); break;
+    case BLOCKS_Q4_K: k_scales(sc, blk); break;
+    case BLOCKS_Q5_K:
+        k_scales(sc, blk);
+        sc->high[0] = vld1q_u8(blk + 16);
+        sc->high[1] = vld1q_u8(blk + 32);
+        break;
     case BLOCKS_Q6_K: scales16(sc->s_a, sc->s_b, vld1q_s8((const int8_t *)blk + 192), half_at(blk + 208)); break;
     case BLOCKS_Q3_K:
         scales16(sc->s_a, sc->s_b, q3_k_scales(blk + 96), half_at(blk + 108));
-        sc->hmask[0] = vld1q_u8(blk);
-        sc->hmask[1] = vld1q_u8(blk + 16);
+        sc->high[0] = vld1q_u8(blk);
+        sc->high[1] = vld1q_u8(blk + 16);
         break;
     case BLOCKS_Q2_K: {
         const uint8x16_t v = vld1q_u8(blk);
@@ -837,16 +841,11 @@ static inline __attribute__((always_inline)) void super_scales(int type, BlocksS
 
 /* Q4_K (qh NULL) and Q5_K, group g: sub-blocks 4g .. 4g + 3 are the low and high nibbles of
  * qs[64g .. 64g + 63] (sub-block 2i the low nibbles of qs[32i ..], 2i + 1 their high ones), read
- * once; Q5_K's fifth bit of value l of sub-block j is bit j of qh[l]. */
-static inline __attribute__((always_inline)) void k_quants(BlocksQuants *q, const uint8_t *qs, const uint8_t *qh,
+ * once; Q5_K's fifth bit of value l of sub-block j is bit j of qh[l] (qh[0..15], qh[16..31]). */
+static inline __attribute__((always_inline)) void k_quants(BlocksQuants *q, const uint8_t *qs, const uint8x16_t *qh,
                                                            int g)
 {
     const uint8x16_t low4 = vdupq_n_u8(0x0F), sixteen = vdupq_n_u8(0x10);
-    uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
-    if (qh != NULL) {
-        h0 = vld1q_u8(qh);
-        h1 = vld1q_u8(qh + 16);
-    }
 #pragma GCC unroll 2
     for (int p = 0; p < 2; p++) {
         const int i = 2 * g + p;
@@ -855,10 +854,10 @@ static inline __attribute__((always_inline)) void k_quants(BlocksQuants *q, cons
         uint8x16_t hi0 = vshrq_n_u8(a, 4), hi1 = vshrq_n_u8(b, 4);
         if (qh != NULL) {
             const uint8x16_t even = vdupq_n_u8((uint8_t)(1 << (2 * i))), odd = vdupq_n_u8((uint8_t)(2 << (2 * i)));
-            lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(h0, even), sixteen));
-            lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(h1, even), sixteen));
-            hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(h0, odd), sixteen));
-            hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(h1, odd), sixteen));
+            lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(qh[0], even), sixteen));
+            lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(qh[1], even), sixteen));
+            hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(qh[0], odd), sixteen));
+            hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(qh[1], odd), sixteen));
         }
         q->w[4 * p] = vreinterpretq_s8_u8(lo0);
         q->w[4 * p + 1] = vreinterpretq_s8_u8(lo1);
@@ -930,9 +929,9 @@ static inline __attribute__((always_inline)) void super_quants(int type, BlocksQ
 {
     switch (type) {
     case BLOCKS_Q4_K: k_quants(q, blk + 16, NULL, g); break;
-    case BLOCKS_Q5_K: k_quants(q, blk + 48, blk + 16, g); break;
+    case BLOCKS_Q5_K: k_quants(q, blk + 48, sc->high, g); break;
     case BLOCKS_Q6_K: q6_k_quants(q, blk, g); break;
-    case BLOCKS_Q3_K: crumb_quants(q, blk + 32, sc->hmask, g); break;
+    case BLOCKS_Q3_K: crumb_quants(q, blk + 32, sc->high, g); break;
     case BLOCKS_Q2_K: crumb_quants(q, blk + 16, NULL, g); break;
     default: iq4_xs_quants(q, blk, g); break;
     }

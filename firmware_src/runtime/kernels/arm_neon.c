@@ -690,12 +690,17 @@ static inline void scales16(float32x4_t sa[2], float32x4_t sb[2], int8x16_t v, f
     scales8(sb, vmovl_s8(vget_low_s8(vuzp2q_s8(v, v))), d);
 }
 
-/* 16 bits, one per value, as 0 or 16 in each byte (lane l: bit l of bits). */
-static inline uint8x16_t fifth_bits(uint32_t bits)
+/* A Q5_0/Q5_1 block's 32 fifth bits (qh, bit l for value l) as byte masks: lane l of set[0] is
+ * 0xFF where bit l is set (values 0..15), of set[1] where bit 16 + l is (values 16..31). One
+ * table lookup spreads qh's bytes over the lanes (byte l / 8 to lane l), one test per vector. */
+static inline void fifth_bits(uint8x16_t set[2], uint32_t qh)
 {
+    static const uint8_t spread[2][16] = {{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+                                          {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3}};
     static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-    const uint8x16_t v = vcombine_u8(vdup_n_u8((uint8_t)bits), vdup_n_u8((uint8_t)(bits >> 8)));
-    return vandq_u8(vtstq_u8(v, vld1q_u8(bit)), vdupq_n_u8(0x10));
+    const uint8x16_t bytes = vreinterpretq_u8_u32(vdupq_n_u32(qh)); /* little-endian: byte k = bits 8k.. */
+    set[0] = vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(spread[0])), vld1q_u8(bit));
+    set[1] = vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(spread[1])), vld1q_u8(bit));
 }
 
 /* A row is read in steps: a superblock (or four blocks of a 32-value type, one group), whose
@@ -729,15 +734,15 @@ static inline __attribute__((always_inline)) void block32_quants(int type, const
     const int at = type == BLOCKS_Q5_0 ? 2 : 4; /* qh after d (and Q5_1's m) */
     uint32_t qh;
     memcpy(&qh, blk + at, sizeof qh); /* little-endian, as the file holds it */
-    const uint8x16_t qs = vld1q_u8(blk + at + 4);
-    const uint8x16_t q0 = vorrq_u8(vandq_u8(qs, low4), fifth_bits(qh));
-    const uint8x16_t q1 = vorrq_u8(vshrq_n_u8(qs, 4), fifth_bits(qh >> 16));
-    if (type == BLOCKS_Q5_0) {
-        *w0 = vsubq_s8(vreinterpretq_s8_u8(q0), vdupq_n_s8(16));
-        *w1 = vsubq_s8(vreinterpretq_s8_u8(q1), vdupq_n_s8(16));
-    } else {
-        *w0 = vreinterpretq_s8_u8(q0);
-        *w1 = vreinterpretq_s8_u8(q1);
+    const uint8x16_t qs = vld1q_u8(blk + at + 4), sixteen = vdupq_n_u8(0x10);
+    uint8x16_t set[2];
+    fifth_bits(set, qh);
+    if (type == BLOCKS_Q5_0) { /* nibble + 16 * bit - 16: the nibble less 16 where the bit is clear */
+        *w0 = vreinterpretq_s8_u8(vsubq_u8(vandq_u8(qs, low4), vbicq_u8(sixteen, set[0])));
+        *w1 = vreinterpretq_s8_u8(vsubq_u8(vshrq_n_u8(qs, 4), vbicq_u8(sixteen, set[1])));
+    } else { /* nibble + 16 * bit */
+        *w0 = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(qs, low4), vandq_u8(sixteen, set[0])));
+        *w1 = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(qs, 4), vandq_u8(sixteen, set[1])));
     }
 }
 

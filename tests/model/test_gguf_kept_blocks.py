@@ -151,6 +151,36 @@ def test_kept_blocks_decode_as_the_reference_on_every_board(mixed_gguf, tmp_path
     assert json.loads(done.stdout)["pass"]
 
 
+def test_kept_blocks_decode_as_the_reference_on_aarch64_without_sdot(mixed_gguf, tmp_path, monkeypatch):
+    """linux-aarch64 on a core without the dot-product extension (qemu-aarch64 -cpu cortex-a72, as
+    a Raspberry Pi 4): arm_neon.c's plain NEON path, rows split over three threads."""
+    monkeypatch.setenv("QEMU_CPU", "cortex-a72")
+    done = run_cli(
+        "verify",
+        "--board",
+        "linux-aarch64",
+        "--model",
+        mixed_gguf,
+        "--quant",
+        "gguf",
+        "--ctx",
+        "64",
+        "--prompt-ids",
+        "1,5,9,30",
+        "--steps",
+        "6",
+        "--threads",
+        "3",
+        "--ignore-eos",
+        "--json",
+        "--out",
+        tmp_path / "out",
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["pass"]
+
+
 def test_kept_expert_blocks_read_into_the_cache_slots_decode_the_same_bits(builder, moe_gguf):
     from test_expert_cache import constants, run
 
@@ -166,14 +196,18 @@ def test_kept_expert_blocks_read_into_the_cache_slots_decode_the_same_bits(build
     assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
 
 
-def test_gemma3_270m_q4_k_m_keeps_every_tensor_and_decodes_the_references_bits(tmp_path):
+@pytest.mark.parametrize("board", ["host", "linux-aarch64"])
+def test_gemma3_270m_q4_k_m_keeps_every_tensor_and_decodes_the_references_bits(tmp_path, board):
     """The real file (81 Q5_0, 9 Q6_K, 27 Q4_K, 10 Q8_0 and 109 F32 tensors): nothing quantized
-    again, and the host firmware's logits are the reference's at every step."""
+    again, and the firmware's logits are the reference's at every step: on host (AVX2) and on
+    linux-aarch64 (NEON with SDOT, under qemu-aarch64; rows split over two threads)."""
     from gguf_files import gemma3_gguf
 
     path = gemma3_gguf()
     out = tmp_path / "out"
-    args = ["--board", "host", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", out]
+    args = ["--board", board, "--model", path, "--quant", "gguf", "--ctx", "64", "--out", out]
+    if board == "linux-aarch64":
+        args += ["--threads", "2"]
     done = run_cli(
         "verify", *args, "--prompt-ids", "2,9259,1902", "--steps", "4", "--ignore-eos", "--json", timeout=1500
     )

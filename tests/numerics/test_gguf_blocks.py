@@ -148,3 +148,77 @@ def test_a_product_taken_a_few_rows_at_a_time_is_the_same(monkeypatch):
     whole = tree_sum(blocks.block_terms("q4_k", w, cols, xq[0], xd[0]))
     monkeypatch.setattr(blocks, "CHUNK_VALUES", 2 * cols)  # two rows per chunk: 4 chunks, the last of one row
     assert_same_bits(blocks.matvec("q4_k", w, cols, xq[0], xd[0]), whole)
+
+
+def edge_shapes(dtype: str):
+    """Rows 1..7 (kernels that take rows four at a time meet every short last group) against 1..9
+    superblocks, or 1..9 and 17 blocks of 32 (a last step of 1, 2 or 3 blocks, partials left
+    untouched by rows of fewer than 8 blocks); and a row of 520 blocks of 32, longer than the NEON
+    kernels' stack arrays of activation sums (512 blocks), where they take another path."""
+    f = blocks.FORMATS[dtype]
+    counts = range(1, 10) if f.values == 256 else [*range(1, 10), 17]
+    return [(1 + i % 7, n * f.values) for i, n in enumerate(counts)] + [(2, 520 * 32)]
+
+
+def extreme_activations(cols: int, kind: str, tokens: int = 1):
+    """q8_0 activations made directly: full-scale quants (the largest int32 sums) or random ones,
+    with scales from subnormal to very large, and zero."""
+    nb = cols // 32
+    if kind == "full":
+        xq = np.where(rng.random((tokens, cols)) < 0.5, 127, -127).astype(np.int8)
+    else:
+        xq = rng.integers(-127, 128, (tokens, cols), dtype=np.int8)
+    xd = rng.choice(np.array([1e-40, 3e-39, 1e-20, 0.0, 1.0, 7.5e3, 1e15, 2e20], np.float32), (tokens, nb))
+    return xq, xd.astype(np.float32)
+
+
+def check_products(harness, dtype, w, cols, xq, xd):
+    """The harness's matvec (token 0) and batched product (every token) against the reference."""
+    rows, tokens = w.shape[0], xq.shape[0]
+    want = np.stack([blocks.matvec(dtype, w, cols, xq[t], xd[t]) for t in range(tokens)])
+    assert np.all(np.isfinite(want))
+    payload = w.tobytes() + xq[:1].tobytes() + f32_bytes(xd[:1])
+    got = np.frombuffer(run_harness(harness, ["blocks_matvec", dtype, rows, cols], payload), "<f4")
+    assert_same_bits(got, want[0])
+    payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
+    got = np.frombuffer(run_harness(harness, ["blocks_matmul", dtype, tokens, rows, cols], payload), "<f4")
+    assert_same_bits(got, want.reshape(-1))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_products_at_the_kernels_edges(harness, dtype):
+    """Every short row group and block count, with edge and large binary16 fields, full-scale and
+    random quants, and activation scales from subnormal to 2e20: the NEON, AVX2 and rv32 kernels'
+    tails, lane masks and scale decoding against the reference, matvec and batched (3 tokens)."""
+    for i, (rows, cols) in enumerate(edge_shapes(dtype)):
+        w = random_blocks(dtype, rows * cols // blocks.FORMATS[dtype].values, True, spread=1e3 if i % 2 else 1e-3)
+        xq, xd = extreme_activations(cols, "full" if i % 3 == 0 else "random", tokens=3)
+        check_products(harness, dtype, w.reshape(rows, -1), cols, xq, xd)
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_batched_products_over_several_passes(harness, dtype):
+    """More tokens than one pass of a batched kernel takes: 70 tokens of short rows (passes of 64),
+    and 10 tokens of rows of 512 blocks of 32 (an affine type's activation sums then fit 8 tokens
+    per pass on NEON)."""
+    for rows, cols, tokens in ((5, 256, 70), (3, 512 * 32, 10)):
+        w = row_blocks(dtype, rows, cols)
+        xq, xd = activations(cols, tokens)
+        check_products(harness, dtype, w, cols, xq, xd)
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_batched_products_of_many_rows(harness, dtype):
+    """More rows than one tile of the batched product holds (and not a multiple of four), several
+    tokens: each token's rows are the matvec's bits."""
+    f = blocks.FORMATS[dtype]
+    cols = 2 * 256
+    rows = 16384 // (cols // f.values * f.nbytes) + 5
+    tokens = 3
+    w = row_blocks(dtype, rows, cols)
+    xq, xd = activations(cols, tokens)
+    payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
+    got = np.frombuffer(run_harness(harness, ["blocks_matmul", dtype, tokens, rows, cols], payload), "<f4")
+    got = got.reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], blocks.matvec(dtype, w, cols, xq[t], xd[t]))

@@ -182,17 +182,21 @@ def test_kept_blocks_decode_as_the_reference_on_aarch64_without_sdot(mixed_gguf,
 
 
 def test_kept_expert_blocks_read_into_the_cache_slots_decode_the_same_bits(builder, moe_gguf):
-    from test_expert_cache import constants, run
-
-    from generator.device.session import cache_stats
+    from generator.compile.cache_plan import cache_plan
+    from generator.device.runner import run_on_board
+    from generator.device.session import RunRequest, cache_stats
     from generator.verify import compare, reference_run
+
+    def run(budget: int):
+        request = RunRequest([1, 5, 9, 33, 7, 12], 24, memory_budget=budget, stop_at_eos=False)
+        return request, run_on_board(board, art.program, art.weights, request, art.model_hash())
 
     board, art, plan = builder.build(moe_gguf, "gguf", 64)
     assert {t.dtype for t in plan.tensors if ".experts." in t.name} == {"q5_0", "q5_1", "iq4_nl"}
-    request, unlimited = run(board, art)
+    request, unlimited = run(0)
     assert compare(unlimited, reference_run(plan, art.weights, request)).passed
-    _, result = run(board, art, constants(board, plan).min_budget)
-    assert cache_stats(result)["cache_misses"] > 0
+    _, result = run(cache_plan(plan, board.budget_reserve, 0).constants.min_budget)
+    assert cache_stats(result).cache_misses > 0
     assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
 
 

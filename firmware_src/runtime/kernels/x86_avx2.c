@@ -22,6 +22,16 @@
 #define KERNEL_HAS_SWIGLU
 #define KERNEL_HAS_QUANTIZE_Q8_0
 #define KERNEL_HAS_ATTENTION_SCORES
+/* the kept GGUF types' matvec (their batched products: fallback.h's tiles of rows over it) */
+#define KERNEL_HAS_MATVEC_Q5_0
+#define KERNEL_HAS_MATVEC_Q5_1
+#define KERNEL_HAS_MATVEC_Q4_K
+#define KERNEL_HAS_MATVEC_Q5_K
+#define KERNEL_HAS_MATVEC_Q6_K
+#define KERNEL_HAS_MATVEC_Q3_K
+#define KERNEL_HAS_MATVEC_Q2_K
+#define KERNEL_HAS_MATVEC_IQ4_NL
+#define KERNEL_HAS_MATVEC_IQ4_XS
 #include "fallback.h"
 
 /* AVX2 and F16C, both or neither: every kernel of the AVX2 region below is compiled for the two.
@@ -1223,6 +1233,474 @@ static void attention_scores_avx2(float *att, const float *q, const float *keys,
     }
 }
 
+/* The GGUF block types kept as the file holds them (kernels.h, "GGUF block types"): decode kernels
+ * that read each weight byte once, with the bits of kernels/scalar.c. For every type a block of 32
+ * values is turned into 32 unsigned bytes u (the quants, or the quants plus a bias the type's
+ * formula takes off again as bias * sum(x), an exact integer identity), and maddubs + madd give
+ * the exact int32 sums (no pair of products can saturate int16: the largest u is 63, Q6_K's, and
+ * 2 * 63 * 127 = 16002; IQ4's signed table values go through the sign trick with |v| <= 127, at
+ * most 2 * 127 * 127 = 32258). A 256-value superblock is exactly eight 32-value blocks, so its
+ * eight block terms are one float vector whose lane j is block 8s + j: it is added to the row's
+ * eight partials as it stands (block b -> partial b % 8, in block order). The 32-value types take
+ * eight blocks per vector, the q8_0 way. Every term is the contract's formula, a separate
+ * multiply or add per step in its order, lane by lane. Activation sums (whole blocks and their
+ * halves) are made once per call. Only the maddubs path: vpdpbusd would give the same sums, but
+ * this machine's CPUs lack AVX-VNNI, so that path could not be tested here. */
+
+/* The q8_0 input's quant sums per 32-value block b: whole, values 0-15 and values 16-31. Lanes
+ * past the last block up to a multiple of eight are 0, so eight blocks' sums load as one vector. */
+struct block_input {
+    int32_t sum[MAX_BLOCKS];
+    int32_t lo[MAX_BLOCKS];
+    int32_t hi[MAX_BLOCKS];
+};
+
+static void block_input_prepare(struct block_input *in, const int8_t *x_qs, int nb)
+{
+    for (int b = 0; b < nb; b++) {
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        int32_t lo = 0, hi = 0;
+        for (int l = 0; l < 16; l++) {
+            lo += x[l];
+            hi += x[16 + l];
+        }
+        in->lo[b] = lo;
+        in->hi[b] = hi;
+        in->sum[b] = lo + hi;
+    }
+    for (int b = nb; b % 8 != 0; b++) {
+        in->lo[b] = in->hi[b] = in->sum[b] = 0;
+    }
+}
+
+__attribute__((always_inline)) static inline __m256i load8_i32(const int32_t *p)
+{
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+/* Lanes 0 .. n - 1 set (n <= 8). */
+__attribute__((always_inline)) static inline __m256i lane_mask(int n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* The binary16 at p (any alignment) widened by F16C: the same float as kernel_half_at. */
+__attribute__((always_inline)) static inline float half_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+/* u: unsigned bytes (each <= 63 here), x: q8_0 quants; 8 int32 lanes, lanes 0-3 the products of
+ * values 0-15, lanes 4-7 of values 16-31. */
+__attribute__((always_inline)) static inline __m256i dot_block(__m256i u, const int8_t *x)
+{
+    return dot_u8s8(u, _mm256_loadu_si256((const __m256i *)x), 0);
+}
+
+/* Signed values v (|v| <= 127, IQ4's table) times x: |v| unsigned, x taking v's sign. */
+__attribute__((always_inline)) static inline __m256i dot_block_signed(__m256i v, const int8_t *x)
+{
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    return dot_u8s8(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v), 0);
+}
+
+/* Eight blocks' lane sums split by halves: lane j of *a is the total of v[j]'s lanes 0-3 (values
+ * 0-15), of *b its lanes 4-7 (values 16-31); block_sums8 without its last add. */
+__attribute__((always_inline)) static inline void half_sums8(const __m256i v[8], __m256i *a, __m256i *b)
+{
+    const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    *a = _mm256_permute2x128_si256(h0123, h4567, 0x20);
+    *b = _mm256_permute2x128_si256(h0123, h4567, 0x31);
+}
+
+/* 16 bytes of nibbles as 32 bytes in value order: low nibbles values 0-15, high ones 16-31. */
+__attribute__((always_inline)) static inline __m256i nibbles32(const uint8_t *qs)
+{
+    const __m128i packed = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
+}
+
+/* Q5_0's and Q5_1's 32 five-bit quants (0..31) in value order: the nibbles, and bit l of the
+ * 32-bit qh as bit 4 of value l (byte l of the vector gets qh's byte l / 8, then its bit l % 8). */
+__attribute__((always_inline)) static inline __m256i q5_quants(const uint8_t *qh, const uint8_t *qs)
+{
+    uint32_t bits;
+    memcpy(&bits, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                               _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                 0x0101010101010101, 0x0000000000000000));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_or_si256(nibbles32(qs), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+}
+
+/* IQ4_NL's and IQ4_XS's 32 values of 16 nibble bytes through kvalues_iq4nl (a byte shuffle). */
+__attribute__((always_inline)) static inline __m256i iq4_values32(const uint8_t *qs)
+{
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kernel_iq4nl_values));
+    return _mm256_shuffle_epi8(table, nibbles32(qs));
+}
+
+/* The 32-value types read eight blocks per vector. */
+enum small_type { SMALL_Q5_0, SMALL_Q5_1, SMALL_IQ4_NL };
+
+/* Blocks b .. b + n - 1 (n <= 8, b a multiple of 8) of a Q5_0, Q5_1 or IQ4_NL row: their terms
+ * added to partials 0 .. n - 1; lanes past n add -0.0f, which leaves a partial as it was. Nothing
+ * past block b + n - 1 is read. `type` and, in the main loop, n are constants. */
+__attribute__((always_inline)) static inline __m256 small_blocks(__m256 acc, const uint8_t *row, int b, int n,
+                                                                 const int8_t *x_qs, const float *x_d,
+                                                                 const struct block_input *in, enum small_type type)
+{
+    const int bytes = type == SMALL_Q5_0 ? KERNEL_Q5_0_BYTES : type == SMALL_Q5_1 ? KERNEL_Q5_1_BYTES : KERNEL_IQ4_NL_BYTES;
+    const uint8_t *first = row + (int64_t)b * bytes;
+    prefetch_ahead(first, 3); /* eight blocks are 144 to 192 bytes */
+    __m256i v[8];
+    uint16_t d[8] = {0}, m[8] = {0};
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        if (k >= n) {
+            v[k] = _mm256_setzero_si256();
+            continue;
+        }
+        const uint8_t *blk = first + k * bytes;
+        const int8_t *x = x_qs + (b + k) * KERNEL_QK;
+        memcpy(&d[k], blk, 2);
+        if (type == SMALL_Q5_0) {
+            v[k] = dot_block(q5_quants(blk + 2, blk + 6), x); /* q + 16: the 16 * sum(x) comes off below */
+        } else if (type == SMALL_Q5_1) {
+            memcpy(&m[k], blk + 2, 2);
+            v[k] = dot_block(q5_quants(blk + 4, blk + 8), x);
+        } else {
+            v[k] = dot_block_signed(iq4_values32(blk + 2), x);
+        }
+    }
+    __m256i isums = block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+    const __m256i mask = lane_mask(n);
+    const __m256 xd = n == 8 ? _mm256_loadu_ps(x_d + b) : _mm256_maskload_ps(x_d + b, mask);
+    const __m256 wd = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], (short)d[4],
+                                                     (short)d[5], (short)d[6], (short)d[7]));
+    if (type == SMALL_Q5_0) {
+        isums = _mm256_sub_epi32(isums, _mm256_slli_epi32(load8_i32(in->sum + b), 4));
+    }
+    __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(isums), _mm256_mul_ps(wd, xd));
+    if (type == SMALL_Q5_1) {
+        const __m256 wm = _mm256_cvtph_ps(_mm_setr_epi16((short)m[0], (short)m[1], (short)m[2], (short)m[3],
+                                                         (short)m[4], (short)m[5], (short)m[6], (short)m[7]));
+        const __m256 xs = _mm256_cvtepi32_ps(load8_i32(in->sum + b));
+        terms = _mm256_add_ps(terms, _mm256_mul_ps(xs, _mm256_mul_ps(wm, xd)));
+    }
+    if (n < 8) {
+        terms = _mm256_blendv_ps(_mm256_set1_ps(-0.0f), terms, _mm256_castsi256_ps(mask));
+    }
+    return _mm256_add_ps(acc, terms);
+}
+
+__attribute__((always_inline)) static inline __m256 small_row(const uint8_t *row, const int8_t *x_qs, const float *x_d,
+                                                              const struct block_input *in, int nb, enum small_type type)
+{
+    __m256 acc = _mm256_set1_ps(-0.0f);
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        acc = small_blocks(acc, row, b, 8, x_qs, x_d, in, type);
+    }
+    if (b < nb) {
+        acc = small_blocks(acc, row, b, nb - b, x_qs, x_d, in, type);
+    }
+    return acc;
+}
+
+static __m256 q5_0_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+{
+    return small_row(row, x_qs, x_d, in, nb, SMALL_Q5_0);
+}
+
+static __m256 q5_1_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+{
+    return small_row(row, x_qs, x_d, in, nb, SMALL_Q5_1);
+}
+
+static __m256 iq4_nl_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+{
+    return small_row(row, x_qs, x_d, in, nb, SMALL_IQ4_NL);
+}
+
+/* One scale per 32 values with an offset (Q4_K, Q5_K): the eight terms
+ * (float)isum * (s * x_d) + (float)xsum * (o * x_d), lane j = sub-block j. */
+__attribute__((always_inline)) static inline __m256 affine_terms(__m256i isums, __m256 s, __m256 o, const float *x_d,
+                                                                 const int32_t *xsum)
+{
+    const __m256 xd = _mm256_loadu_ps(x_d);
+    return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isums), _mm256_mul_ps(s, xd)),
+                         _mm256_mul_ps(_mm256_cvtepi32_ps(load8_i32(xsum)), _mm256_mul_ps(o, xd)));
+}
+
+/* Q4_K's and Q5_K's eight 6-bit scales and minimums (kernel_k_scale_min for j = 0..7) from the 12
+ * bytes at s, as ggml unpacks them: four 32-bit words rearranged so that bytes 0-7 are the scales
+ * and bytes 8-15 the minimums. Then s_j = d * (float)sc_j and o_j = -(dmin * (float)m_j). */
+__attribute__((always_inline)) static inline void k_scales(const uint8_t *blk, __m256 *s, __m256 *o)
+{
+    uint32_t u[4];
+    memcpy(u, blk + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
+    const uint32_t mins_low = u[1] & 0x3F3F3F3F;
+    u[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
+    u[2] = mins_low;
+    u[0] &= 0x3F3F3F3F;
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)u);
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    *s = _mm256_mul_ps(_mm256_set1_ps(half_at(blk)), sc);
+    *o = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(half_at(blk + 2)), mn), _mm256_set1_ps(-0.0f));
+}
+
+/* A Q4_K or Q5_K row (qh5: Q5_K's fifth bits, a constant): per superblock, pair i's 32 bytes of qs
+ * hold sub-block 2i in their low nibbles and 2i + 1 in their high ones; Q5_K's bit j of qh[l] is
+ * bit 4 of sub-block j's value l. */
+__attribute__((always_inline)) static inline __m256 k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d,
+                                                          const struct block_input *in, int nb, int qh5)
+{
+    const int bytes = qh5 ? KERNEL_Q5_K_BYTES : KERNEL_Q4_K_BYTES;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < nb; b += 8) {
+        const uint8_t *blk = row + (int64_t)(b / 8) * bytes;
+        const uint8_t *qs = blk + (qh5 ? 48 : 16);
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        prefetch_ahead(blk, 3);
+        __m256i high = qh5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        __m256i v[8];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
+            __m256i lo = _mm256_and_si256(packed, low4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+            if (qh5) { /* bits 2i and 2i + 1 of each qh byte, then the next pair down: the 16-bit
+                        * shift carries the upper byte's bits into bits 6-7 only, masked off */
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(high, one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4));
+                high = _mm256_srli_epi16(high, 2);
+            }
+            v[2 * i] = dot_block(lo, x + 64 * i);
+            v[2 * i + 1] = dot_block(hi, x + 64 * i + 32);
+        }
+        __m256 s, o;
+        k_scales(blk, &s, &o);
+        const __m256i isums = block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+        acc = _mm256_add_ps(acc, affine_terms(isums, s, o, x_d + b, in->sum + b));
+    }
+    return acc;
+}
+
+static __m256 q4_k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+{
+    return k_row(row, x_qs, x_d, in, nb, 0);
+}
+
+static __m256 q5_k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+{
+    return k_row(row, x_qs, x_d, in, nb, 1);
+}
+
+/* Sixteen int8 scales, one per 16 values (scale 2j for sub-block j's values 0-15, 2j + 1 for
+ * 16-31), as the two float vectors lane j = scale 2j (*a) and 2j + 1 (*b). */
+__attribute__((always_inline)) static inline void split_scales16(__m128i sc, __m256 *a, __m256 *b)
+{
+    const __m128i even_odd = _mm_shuffle_epi8(sc, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+    *a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(even_odd));
+    *b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(even_odd, 8)));
+}
+
+/* One scale per 16 values (Q6_K, Q3_K): (float)isum_a * (s_a * x_d) + (float)isum_b * (s_b * x_d). */
+__attribute__((always_inline)) static inline __m256 two_scale_terms(__m256i ia, __m256i ib, __m256 sa, __m256 sb,
+                                                                    __m256 xd)
+{
+    return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(sa, xd)),
+                         _mm256_mul_ps(_mm256_cvtepi32_ps(ib), _mm256_mul_ps(sb, xd)));
+}
+
+/* Q6_K: run j = 4 * half + k; u = the nibble of ql (low for k < 2, from ql + 32 for odd k) with
+ * bits 2k, 2k + 1 of qh as bits 4-5: 0..63, the value u - 32 (so 32 * sum(x) comes off each half). */
+static __m256 q6_k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < nb; b += 8) {
+        const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q6_K_BYTES;
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        prefetch_ahead(blk, 4);
+        __m256i v[8];
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
+            /* bits 2k, 2k + 1 of qh moved to bits 4-5 (16-bit shifts: what crosses from the
+             * neighbouring byte lands outside bits 4-5 and is masked off) */
+            const __m256i h0 = _mm256_and_si256(_mm256_slli_epi16(qh, 4), two);
+            const __m256i h1 = _mm256_and_si256(_mm256_slli_epi16(qh, 2), two);
+            const __m256i h2 = _mm256_and_si256(qh, two);
+            const __m256i h3 = _mm256_and_si256(_mm256_srli_epi16(qh, 2), two);
+            const int8_t *xh = x + 128 * half;
+            v[4 * half + 0] = dot_block(_mm256_or_si256(_mm256_and_si256(ql0, low4), h0), xh);
+            v[4 * half + 1] = dot_block(_mm256_or_si256(_mm256_and_si256(ql1, low4), h1), xh + 32);
+            v[4 * half + 2] = dot_block(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), h2), xh + 64);
+            v[4 * half + 3] = dot_block(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), h3), xh + 96);
+        }
+        __m256i ia, ib;
+        half_sums8(v, &ia, &ib);
+        ia = _mm256_sub_epi32(ia, _mm256_slli_epi32(load8_i32(in->lo + b), 5));
+        ib = _mm256_sub_epi32(ib, _mm256_slli_epi32(load8_i32(in->hi + b), 5));
+        __m256 sa, sb;
+        split_scales16(_mm_loadu_si128((const __m128i *)(blk + 192)), &sa, &sb);
+        const __m256 d = _mm256_set1_ps(half_at(blk + 208));
+        acc = _mm256_add_ps(acc, two_scale_terms(ia, ib, _mm256_mul_ps(d, sa), _mm256_mul_ps(d, sb),
+                                                 _mm256_loadu_ps(x_d + b)));
+    }
+    return acc;
+}
+
+/* Q3_K: u = the 2 bits (bits 2(j % 4), 2(j % 4) + 1 of qs[32 * (j / 4) + l]) + 4 * (bit j of
+ * hmask[l]), 0..7, the value u - 4. Its sixteen 6-bit scales (kernel_q3_k_scale) unpacked as ggml
+ * does, four 32-bit words at a time, then minus 32. */
+static __m256 q3_k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+{
+    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < nb; b += 8) {
+        const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q3_K_BYTES;
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        prefetch_ahead(blk, 2);
+        const __m256i hmask = _mm256_loadu_si256((const __m256i *)blk);
+        __m256i v[8];
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
+            const __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * g));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const int j = 4 * g + k;
+                const __m256i crumb = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), three);
+                /* bit j of hmask moved to bit 2 (the 16-bit shift's carried bits are masked off) */
+                const __m256i lift = j >= 2 ? _mm256_srli_epi16(hmask, j - 2) : _mm256_slli_epi16(hmask, 2 - j);
+                v[j] = dot_block(_mm256_or_si256(crumb, _mm256_and_si256(lift, four)), x + 32 * j);
+            }
+        }
+        __m256i ia, ib;
+        half_sums8(v, &ia, &ib);
+        ia = _mm256_sub_epi32(ia, _mm256_slli_epi32(load8_i32(in->lo + b), 2));
+        ib = _mm256_sub_epi32(ib, _mm256_slli_epi32(load8_i32(in->hi + b), 2));
+        uint32_t a[4];
+        memcpy(a, blk + 96, 12);
+        const uint32_t tmp = a[2];
+        a[2] = ((a[0] >> 4) & 0x0F0F0F0F) | (((tmp >> 4) & 0x03030303) << 4);
+        a[3] = ((a[1] >> 4) & 0x0F0F0F0F) | (((tmp >> 6) & 0x03030303) << 4);
+        a[0] = (a[0] & 0x0F0F0F0F) | (((tmp >> 0) & 0x03030303) << 4);
+        a[1] = (a[1] & 0x0F0F0F0F) | (((tmp >> 2) & 0x03030303) << 4);
+        const __m128i sc = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)a), _mm_set1_epi8(32));
+        __m256 sa, sb;
+        split_scales16(sc, &sa, &sb);
+        const __m256 d = _mm256_set1_ps(half_at(blk + 108));
+        acc = _mm256_add_ps(acc, two_scale_terms(ia, ib, _mm256_mul_ps(d, sa), _mm256_mul_ps(d, sb),
+                                                 _mm256_loadu_ps(x_d + b)));
+    }
+    return acc;
+}
+
+/* Q2_K: u = the 2 bits, 0..3, the value itself; scale byte 2j + h: d * (low nibble) per 16
+ * values, offset -(dmin * (high nibble)); the term ((A + B) + C) + D (kernel_unpacked_term). */
+static __m256 q2_k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+{
+    const __m256i three = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < nb; b += 8) {
+        const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q2_K_BYTES;
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        prefetch_ahead(blk, 2);
+        __m256i v[8];
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++) {
+            const __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                v[4 * g + k] = dot_block(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), three), x + 32 * (4 * g + k));
+            }
+        }
+        __m256i ia, ib;
+        half_sums8(v, &ia, &ib);
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)blk);
+        const __m128i low4 = _mm_set1_epi8(0x0F);
+        __m256 sca, scb, mna, mnb; /* the nibbles as int8 (0..15) through split_scales16 */
+        split_scales16(_mm_and_si128(bytes, low4), &sca, &scb);
+        split_scales16(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4), &mna, &mnb);
+        const __m256 d = _mm256_set1_ps(half_at(blk + 80)), dmin = _mm256_set1_ps(half_at(blk + 82));
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        const __m256 oa = _mm256_xor_ps(_mm256_mul_ps(dmin, mna), sign);
+        const __m256 ob = _mm256_xor_ps(_mm256_mul_ps(dmin, mnb), sign);
+        const __m256 xd = _mm256_loadu_ps(x_d + b);
+        __m256 terms = two_scale_terms(ia, ib, _mm256_mul_ps(d, sca), _mm256_mul_ps(d, scb), xd);
+        terms = _mm256_add_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(load8_i32(in->lo + b)), _mm256_mul_ps(oa, xd)));
+        terms = _mm256_add_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(load8_i32(in->hi + b)), _mm256_mul_ps(ob, xd)));
+        acc = _mm256_add_ps(acc, terms);
+    }
+    return acc;
+}
+
+/* IQ4_XS: sub-block j's 16 nibble bytes at qs + 16 j through the table, scale d * (ls_j - 32), ls_j
+ * four bits of scales_l[j / 2] and two of scales_h. */
+static __m256 iq4_xs_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+{
+    (void)in;
+    __m256 acc = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < nb; b += 8) {
+        const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_IQ4_XS_BYTES;
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        prefetch_ahead(blk, 3);
+        __m256i v[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            v[j] = dot_block_signed(iq4_values32(blk + 8 + 16 * j), x + 32 * j);
+        }
+        const int scales_h = blk[2] | blk[3] << 8;
+        int ls[8];
+        for (int j = 0; j < 8; j++) {
+            ls[j] = (((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+        }
+        const __m256 s = _mm256_mul_ps(_mm256_set1_ps(half_at(blk)),
+                                       _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)ls)));
+        const __m256i isums = block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isums), _mm256_mul_ps(s, _mm256_loadu_ps(x_d + b))));
+    }
+    return acc;
+}
+
+/* One row's eight partials, for a kept GGUF type. */
+typedef __m256 (*BlocksRow)(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in,
+                            int nb);
+
+/* A kept GGUF type's matvec: eight rows at a time (a short last group repeats its first row,
+ * computed and dropped), each row's blocks streamed in order, the eight rows' partials combined by
+ * sum_partials8 (the tree of kernels.h). cols / 32 <= MAX_BLOCKS. */
+static void blocks_matvec(BlocksRow row_fn, int64_t row_bytes, float *out, const uint8_t *w, const int8_t *x_qs,
+                          const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    struct block_input in;
+    block_input_prepare(&in, x_qs, nb);
+    for (int r = 0; r < rows; r += 8) {
+        const int n = rows - r < 8 ? rows - r : 8;
+        int row[8];
+        group_rows8(row, r, n);
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) {
+            acc[i] = row_fn(w + (int64_t)row[i] * row_bytes, x_qs, x_d, &in, nb);
+        }
+        store_rows(out + r, sum_partials8(acc), n);
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -1352,5 +1830,95 @@ void kernel_attention_scores(float *att, const float *q, const float *keys, int 
         attention_scores_avx2(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
     } else {
         kernel_scalar_attention_scores(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
+    }
+}
+
+/* The kept GGUF types: the AVX2 kernel when the CPU has it and a row fits the activation sums'
+ * arrays (16384 values), the scalar reference otherwise. */
+static int blocks_avx2(int cols)
+{
+    return have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS;
+}
+
+void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (blocks_avx2(cols)) {
+        blocks_matvec(q5_0_row, (int64_t)(cols / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES, out, w, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q5_0(out, w, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (blocks_avx2(cols)) {
+        blocks_matvec(q5_1_row, (int64_t)(cols / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES, out, w, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q5_1(out, w, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (blocks_avx2(cols)) {
+        blocks_matvec(q4_k_row, (int64_t)(cols / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES, out, w, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q4_k(out, w, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (blocks_avx2(cols)) {
+        blocks_matvec(q5_k_row, (int64_t)(cols / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES, out, w, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q5_k(out, w, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (blocks_avx2(cols)) {
+        blocks_matvec(q6_k_row, (int64_t)(cols / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES, out, w, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q6_k(out, w, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (blocks_avx2(cols)) {
+        blocks_matvec(q3_k_row, (int64_t)(cols / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES, out, w, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q3_k(out, w, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (blocks_avx2(cols)) {
+        blocks_matvec(q2_k_row, (int64_t)(cols / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES, out, w, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_q2_k(out, w, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (blocks_avx2(cols)) {
+        blocks_matvec(iq4_nl_row, (int64_t)(cols / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES, out, w, x_qs, x_d, rows,
+                      cols);
+    } else {
+        kernel_scalar_matvec_iq4_nl(out, w, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (blocks_avx2(cols)) {
+        blocks_matvec(iq4_xs_row, (int64_t)(cols / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES, out, w, x_qs, x_d, rows,
+                      cols);
+    } else {
+        kernel_scalar_matvec_iq4_xs(out, w, x_qs, x_d, rows, cols);
     }
 }

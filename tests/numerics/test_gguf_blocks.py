@@ -203,11 +203,12 @@ def test_c_products_at_the_largest_integer_sums(harness, dtype):
 
 @pytest.mark.parametrize("dtype", TYPES)
 def test_c_batched_products_over_many_tokens_and_rows(harness, dtype):
-    """Tokens 1 to 9 (the batched tiles' groups) over 19 rows: each token gets the matvec bits."""
+    """Token counts around the batched kernels' groups of 8 and passes of 16 (1, 2, 8, 9, 17) over 19
+    rows: each token gets the matvec bits."""
     f = blocks.FORMATS[dtype]
     rows, cols = 19, 3 * 256 if f.values == 256 else 9 * 32
     w = edge_blocks(dtype, rows, cols)
-    for tokens in (1, 2, 8, 9):
+    for tokens in (1, 2, 8, 9, 17):
         xq, xd = activations(cols, tokens)
         payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
         got = np.frombuffer(run_harness(harness, ["blocks_matmul", dtype, tokens, rows, cols], payload), "<f4")

@@ -22,16 +22,25 @@
 #define KERNEL_HAS_SWIGLU
 #define KERNEL_HAS_QUANTIZE_Q8_0
 #define KERNEL_HAS_ATTENTION_SCORES
-/* the kept GGUF types' matvec (their batched products: fallback.h's tiles of rows over it) */
+/* the kept GGUF types */
 #define KERNEL_HAS_MATVEC_Q5_0
+#define KERNEL_HAS_MATMUL_Q5_0
 #define KERNEL_HAS_MATVEC_Q5_1
+#define KERNEL_HAS_MATMUL_Q5_1
 #define KERNEL_HAS_MATVEC_Q4_K
+#define KERNEL_HAS_MATMUL_Q4_K
 #define KERNEL_HAS_MATVEC_Q5_K
+#define KERNEL_HAS_MATMUL_Q5_K
 #define KERNEL_HAS_MATVEC_Q6_K
+#define KERNEL_HAS_MATMUL_Q6_K
 #define KERNEL_HAS_MATVEC_Q3_K
+#define KERNEL_HAS_MATMUL_Q3_K
 #define KERNEL_HAS_MATVEC_Q2_K
+#define KERNEL_HAS_MATMUL_Q2_K
 #define KERNEL_HAS_MATVEC_IQ4_NL
+#define KERNEL_HAS_MATMUL_IQ4_NL
 #define KERNEL_HAS_MATVEC_IQ4_XS
+#define KERNEL_HAS_MATMUL_IQ4_XS
 #include "fallback.h"
 
 /* AVX2 and F16C, both or neither: every kernel of the AVX2 region below is compiled for the two.
@@ -1345,102 +1354,97 @@ __attribute__((always_inline)) static inline __m256i iq4_values32(const uint8_t 
     return _mm256_shuffle_epi8(table, nibbles32(qs));
 }
 
-/* The 32-value types read eight blocks per vector. */
-enum small_type { SMALL_Q5_0, SMALL_Q5_1, SMALL_IQ4_NL };
+/* The nine kept types, as one decode per group of eight 32-value blocks (a superblock, or eight
+ * consecutive blocks of a 32-value type) and one product that every type shares. */
+enum block_kind { KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_Q3_K, KIND_Q2_K, KIND_IQ4_NL, KIND_IQ4_XS };
 
-/* Blocks b .. b + n - 1 (n <= 8, b a multiple of 8) of a Q5_0, Q5_1 or IQ4_NL row: their terms
- * added to partials 0 .. n - 1; lanes past n add -0.0f, which leaves a partial as it was. Nothing
- * past block b + n - 1 is read. `type` and, in the main loop, n are constants. */
-__attribute__((always_inline)) static inline __m256 small_blocks(__m256 acc, const uint8_t *row, int b, int n,
-                                                                 const int8_t *x_qs, const float *x_d,
-                                                                 const struct block_input *in, enum small_type type)
+/* A group decoded: block k's 32 bytes u[k] in value order (unsigned quants, or IQ4's signed table
+ * values), and per block (lane k) the float32 scales of its two halves and, for the affine types,
+ * their offsets (the one-scale types use sa and oa alone). */
+struct group8 {
+    __m256i u[8];
+    __m256 sa, sb, oa, ob;
+};
+
+/* What each type's term looks like (kernels.h's KERNEL_ONE_SCALE / KERNEL_TWO_SCALES, affine), and
+ * the bias its bytes carry: u = q + 2^bias_shift, taken off as 2^bias_shift * sum(x). */
+__attribute__((always_inline)) static inline int kind_two_scales(enum block_kind k)
 {
-    const int bytes = type == SMALL_Q5_0 ? KERNEL_Q5_0_BYTES : type == SMALL_Q5_1 ? KERNEL_Q5_1_BYTES : KERNEL_IQ4_NL_BYTES;
-    const uint8_t *first = row + (int64_t)b * bytes;
-    prefetch_ahead(first, 3); /* eight blocks are 144 to 192 bytes */
-    __m256i v[8];
+    return k == KIND_Q6_K || k == KIND_Q3_K || k == KIND_Q2_K;
+}
+
+__attribute__((always_inline)) static inline int kind_affine(enum block_kind k)
+{
+    return k == KIND_Q5_1 || k == KIND_Q4_K || k == KIND_Q5_K || k == KIND_Q2_K;
+}
+
+__attribute__((always_inline)) static inline int kind_signed(enum block_kind k)
+{
+    return k == KIND_IQ4_NL || k == KIND_IQ4_XS;
+}
+
+__attribute__((always_inline)) static inline int kind_bias_shift(enum block_kind k)
+{
+    return k == KIND_Q5_0 ? 4 : k == KIND_Q6_K ? 5 : k == KIND_Q3_K ? 2 : 0; /* 16, 32, 4, none */
+}
+
+/* Values and bytes per block as kernels.h states them. */
+__attribute__((always_inline)) static inline int kind_values(enum block_kind k)
+{
+    return k == KIND_Q5_0 || k == KIND_Q5_1 || k == KIND_IQ4_NL ? 32 : 256;
+}
+
+__attribute__((always_inline)) static inline int kind_bytes(enum block_kind k)
+{
+    switch (k) {
+    case KIND_Q5_0: return KERNEL_Q5_0_BYTES;
+    case KIND_Q5_1: return KERNEL_Q5_1_BYTES;
+    case KIND_Q4_K: return KERNEL_Q4_K_BYTES;
+    case KIND_Q5_K: return KERNEL_Q5_K_BYTES;
+    case KIND_Q6_K: return KERNEL_Q6_K_BYTES;
+    case KIND_Q3_K: return KERNEL_Q3_K_BYTES;
+    case KIND_Q2_K: return KERNEL_Q2_K_BYTES;
+    case KIND_IQ4_NL: return KERNEL_IQ4_NL_BYTES;
+    case KIND_IQ4_XS: return KERNEL_IQ4_XS_BYTES;
+    }
+    return 0;
+}
+
+/* Blocks b .. b + n - 1 (n <= 8) of a Q5_0, Q5_1 or IQ4_NL row: nothing past block b + n - 1 is
+ * read; blocks past n decode as zeros. Q5_0's u is q + 16. */
+__attribute__((always_inline)) static inline void small_decode(enum block_kind kind, const uint8_t *row, int b, int n,
+                                                               struct group8 *g)
+{
+    const int bytes = kind_bytes(kind);
     uint16_t d[8] = {0}, m[8] = {0};
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
         if (k >= n) {
-            v[k] = _mm256_setzero_si256();
+            g->u[k] = _mm256_setzero_si256();
             continue;
         }
-        const uint8_t *blk = first + k * bytes;
-        const int8_t *x = x_qs + (b + k) * KERNEL_QK;
+        const uint8_t *blk = row + (int64_t)(b + k) * bytes;
         memcpy(&d[k], blk, 2);
-        if (type == SMALL_Q5_0) {
-            v[k] = dot_block(q5_quants(blk + 2, blk + 6), x); /* q + 16: the 16 * sum(x) comes off below */
-        } else if (type == SMALL_Q5_1) {
+        if (kind == KIND_Q5_0) {
+            g->u[k] = q5_quants(blk + 2, blk + 6);
+        } else if (kind == KIND_Q5_1) {
             memcpy(&m[k], blk + 2, 2);
-            v[k] = dot_block(q5_quants(blk + 4, blk + 8), x);
+            g->u[k] = q5_quants(blk + 4, blk + 8);
         } else {
-            v[k] = dot_block_signed(iq4_values32(blk + 2), x);
+            g->u[k] = iq4_values32(blk + 2);
         }
     }
-    __m256i isums = block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
-    const __m256i mask = lane_mask(n);
-    const __m256 xd = n == 8 ? _mm256_loadu_ps(x_d + b) : _mm256_maskload_ps(x_d + b, mask);
-    const __m256 wd = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], (short)d[4],
-                                                     (short)d[5], (short)d[6], (short)d[7]));
-    if (type == SMALL_Q5_0) {
-        isums = _mm256_sub_epi32(isums, _mm256_slli_epi32(load8_i32(in->sum + b), 4));
-    }
-    __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(isums), _mm256_mul_ps(wd, xd));
-    if (type == SMALL_Q5_1) {
-        const __m256 wm = _mm256_cvtph_ps(_mm_setr_epi16((short)m[0], (short)m[1], (short)m[2], (short)m[3],
-                                                         (short)m[4], (short)m[5], (short)m[6], (short)m[7]));
-        const __m256 xs = _mm256_cvtepi32_ps(load8_i32(in->sum + b));
-        terms = _mm256_add_ps(terms, _mm256_mul_ps(xs, _mm256_mul_ps(wm, xd)));
-    }
-    if (n < 8) {
-        terms = _mm256_blendv_ps(_mm256_set1_ps(-0.0f), terms, _mm256_castsi256_ps(mask));
-    }
-    return _mm256_add_ps(acc, terms);
-}
-
-__attribute__((always_inline)) static inline __m256 small_row(const uint8_t *row, const int8_t *x_qs, const float *x_d,
-                                                              const struct block_input *in, int nb, enum small_type type)
-{
-    __m256 acc = _mm256_set1_ps(-0.0f);
-    int b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        acc = small_blocks(acc, row, b, 8, x_qs, x_d, in, type);
-    }
-    if (b < nb) {
-        acc = small_blocks(acc, row, b, nb - b, x_qs, x_d, in, type);
-    }
-    return acc;
-}
-
-static __m256 q5_0_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
-{
-    return small_row(row, x_qs, x_d, in, nb, SMALL_Q5_0);
-}
-
-static __m256 q5_1_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
-{
-    return small_row(row, x_qs, x_d, in, nb, SMALL_Q5_1);
-}
-
-static __m256 iq4_nl_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
-{
-    return small_row(row, x_qs, x_d, in, nb, SMALL_IQ4_NL);
-}
-
-/* One scale per 32 values with an offset (Q4_K, Q5_K): the eight terms
- * (float)isum * (s * x_d) + (float)xsum * (o * x_d), lane j = sub-block j. */
-__attribute__((always_inline)) static inline __m256 affine_terms(__m256i isums, __m256 s, __m256 o, const float *x_d,
-                                                                 const int32_t *xsum)
-{
-    const __m256 xd = _mm256_loadu_ps(x_d);
-    return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isums), _mm256_mul_ps(s, xd)),
-                         _mm256_mul_ps(_mm256_cvtepi32_ps(load8_i32(xsum)), _mm256_mul_ps(o, xd)));
+    g->sa = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], (short)d[4], (short)d[5],
+                                           (short)d[6], (short)d[7]));
+    g->oa = _mm256_cvtph_ps(_mm_setr_epi16((short)m[0], (short)m[1], (short)m[2], (short)m[3], (short)m[4], (short)m[5],
+                                           (short)m[6], (short)m[7]));
+    g->sb = g->sa;
+    g->ob = g->oa;
 }
 
 /* Q4_K's and Q5_K's eight 6-bit scales and minimums (kernel_k_scale_min for j = 0..7) from the 12
- * bytes at s, as ggml unpacks them: four 32-bit words rearranged so that bytes 0-7 are the scales
- * and bytes 8-15 the minimums. Then s_j = d * (float)sc_j and o_j = -(dmin * (float)m_j). */
+ * bytes after d and dmin, as ggml unpacks them: four 32-bit words rearranged so that bytes 0-7 are
+ * the scales and bytes 8-15 the minimums. Then s_j = d * (float)sc_j and o_j = -(dmin * (float)m_j). */
 __attribute__((always_inline)) static inline void k_scales(const uint8_t *blk, __m256 *s, __m256 *o)
 {
     uint32_t u[4];
@@ -1457,56 +1461,34 @@ __attribute__((always_inline)) static inline void k_scales(const uint8_t *blk, _
     *o = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(half_at(blk + 2)), mn), _mm256_set1_ps(-0.0f));
 }
 
-/* A Q4_K or Q5_K row (qh5: Q5_K's fifth bits, a constant): per superblock, pair i's 32 bytes of qs
- * hold sub-block 2i in their low nibbles and 2i + 1 in their high ones; Q5_K's bit j of qh[l] is
- * bit 4 of sub-block j's value l. */
-__attribute__((always_inline)) static inline __m256 k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d,
-                                                          const struct block_input *in, int nb, int qh5)
+/* A Q4_K or Q5_K superblock: pair i's 32 bytes of qs hold sub-block 2i in their low nibbles and
+ * 2i + 1 in their high ones; Q5_K's bit j of qh[l] is bit 4 of sub-block j's value l. */
+__attribute__((always_inline)) static inline void k_decode(const uint8_t *blk, int qh5, struct group8 *g)
 {
-    const int bytes = qh5 ? KERNEL_Q5_K_BYTES : KERNEL_Q4_K_BYTES;
     const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_set1_ps(-0.0f);
-    for (int b = 0; b < nb; b += 8) {
-        const uint8_t *blk = row + (int64_t)(b / 8) * bytes;
-        const uint8_t *qs = blk + (qh5 ? 48 : 16);
-        const int8_t *x = x_qs + b * KERNEL_QK;
-        prefetch_ahead(blk, 3);
-        __m256i high = qh5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-        __m256i v[8];
+    const uint8_t *qs = blk + (qh5 ? 48 : 16);
+    __m256i high = qh5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            const __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
-            __m256i lo = _mm256_and_si256(packed, low4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
-            if (qh5) { /* bits 2i and 2i + 1 of each qh byte, then the next pair down: the 16-bit
-                        * shift carries the upper byte's bits into bits 6-7 only, masked off */
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(high, one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4));
-                high = _mm256_srli_epi16(high, 2);
-            }
-            v[2 * i] = dot_block(lo, x + 64 * i);
-            v[2 * i + 1] = dot_block(hi, x + 64 * i + 32);
+    for (int i = 0; i < 4; i++) {
+        const __m256i packed = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
+        __m256i lo = _mm256_and_si256(packed, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+        if (qh5) { /* bits 2i and 2i + 1 of each qh byte, then the next pair down: the 16-bit shift
+                    * carries the upper byte's bits into bits 6-7 only, masked off */
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(high, one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4));
+            high = _mm256_srli_epi16(high, 2);
         }
-        __m256 s, o;
-        k_scales(blk, &s, &o);
-        const __m256i isums = block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
-        acc = _mm256_add_ps(acc, affine_terms(isums, s, o, x_d + b, in->sum + b));
+        g->u[2 * i] = lo;
+        g->u[2 * i + 1] = hi;
     }
-    return acc;
-}
-
-static __m256 q4_k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
-{
-    return k_row(row, x_qs, x_d, in, nb, 0);
-}
-
-static __m256 q5_k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
-{
-    return k_row(row, x_qs, x_d, in, nb, 1);
+    k_scales(blk, &g->sa, &g->oa);
+    g->sb = g->sa;
+    g->ob = g->oa;
 }
 
 /* Sixteen int8 scales, one per 16 values (scale 2j for sub-block j's values 0-15, 2j + 1 for
- * 16-31), as the two float vectors lane j = scale 2j (*a) and 2j + 1 (*b). */
+ * 16-31), as the float vectors lane j = scale 2j (*a) and 2j + 1 (*b). */
 __attribute__((always_inline)) static inline void split_scales16(__m128i sc, __m256 *a, __m256 *b)
 {
     const __m128i even_odd = _mm_shuffle_epi8(sc, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
@@ -1514,179 +1496,214 @@ __attribute__((always_inline)) static inline void split_scales16(__m128i sc, __m
     *b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(even_odd, 8)));
 }
 
-/* One scale per 16 values (Q6_K, Q3_K): (float)isum_a * (s_a * x_d) + (float)isum_b * (s_b * x_d). */
-__attribute__((always_inline)) static inline __m256 two_scale_terms(__m256i ia, __m256i ib, __m256 sa, __m256 sb,
-                                                                    __m256 xd)
-{
-    return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(sa, xd)),
-                         _mm256_mul_ps(_mm256_cvtepi32_ps(ib), _mm256_mul_ps(sb, xd)));
-}
-
 /* Q6_K: run j = 4 * half + k; u = the nibble of ql (low for k < 2, from ql + 32 for odd k) with
- * bits 2k, 2k + 1 of qh as bits 4-5: 0..63, the value u - 32 (so 32 * sum(x) comes off each half). */
-static __m256 q6_k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+ * bits 2k, 2k + 1 of qh as bits 4-5: 0..63, the value u - 32. Scales d * (float)sc, sc int8. */
+__attribute__((always_inline)) static inline void q6_k_decode(const uint8_t *blk, struct group8 *g)
 {
     const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
-    __m256 acc = _mm256_set1_ps(-0.0f);
-    for (int b = 0; b < nb; b += 8) {
-        const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q6_K_BYTES;
-        const int8_t *x = x_qs + b * KERNEL_QK;
-        prefetch_ahead(blk, 4);
-        __m256i v[8];
 #pragma GCC unroll 2
-        for (int half = 0; half < 2; half++) {
-            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half));
-            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
-            /* bits 2k, 2k + 1 of qh moved to bits 4-5 (16-bit shifts: what crosses from the
-             * neighbouring byte lands outside bits 4-5 and is masked off) */
-            const __m256i h0 = _mm256_and_si256(_mm256_slli_epi16(qh, 4), two);
-            const __m256i h1 = _mm256_and_si256(_mm256_slli_epi16(qh, 2), two);
-            const __m256i h2 = _mm256_and_si256(qh, two);
-            const __m256i h3 = _mm256_and_si256(_mm256_srli_epi16(qh, 2), two);
-            const int8_t *xh = x + 128 * half;
-            v[4 * half + 0] = dot_block(_mm256_or_si256(_mm256_and_si256(ql0, low4), h0), xh);
-            v[4 * half + 1] = dot_block(_mm256_or_si256(_mm256_and_si256(ql1, low4), h1), xh + 32);
-            v[4 * half + 2] = dot_block(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), h2), xh + 64);
-            v[4 * half + 3] = dot_block(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), h3), xh + 96);
-        }
-        __m256i ia, ib;
-        half_sums8(v, &ia, &ib);
-        ia = _mm256_sub_epi32(ia, _mm256_slli_epi32(load8_i32(in->lo + b), 5));
-        ib = _mm256_sub_epi32(ib, _mm256_slli_epi32(load8_i32(in->hi + b), 5));
-        __m256 sa, sb;
-        split_scales16(_mm_loadu_si128((const __m128i *)(blk + 192)), &sa, &sb);
-        const __m256 d = _mm256_set1_ps(half_at(blk + 208));
-        acc = _mm256_add_ps(acc, two_scale_terms(ia, ib, _mm256_mul_ps(d, sa), _mm256_mul_ps(d, sb),
-                                                 _mm256_loadu_ps(x_d + b)));
+    for (int half = 0; half < 2; half++) {
+        const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half));
+        const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * half + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
+        /* bits 2k, 2k + 1 of qh moved to bits 4-5 (16-bit shifts: what crosses from the
+         * neighbouring byte lands outside bits 4-5 and is masked off) */
+        const __m256i h0 = _mm256_and_si256(_mm256_slli_epi16(qh, 4), two);
+        const __m256i h1 = _mm256_and_si256(_mm256_slli_epi16(qh, 2), two);
+        const __m256i h2 = _mm256_and_si256(qh, two);
+        const __m256i h3 = _mm256_and_si256(_mm256_srli_epi16(qh, 2), two);
+        g->u[4 * half + 0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), h0);
+        g->u[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), h1);
+        g->u[4 * half + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), h2);
+        g->u[4 * half + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), h3);
     }
-    return acc;
+    __m256 sa, sb;
+    split_scales16(_mm_loadu_si128((const __m128i *)(blk + 192)), &sa, &sb);
+    const __m256 d = _mm256_set1_ps(half_at(blk + 208));
+    g->sa = _mm256_mul_ps(d, sa);
+    g->sb = _mm256_mul_ps(d, sb);
 }
 
 /* Q3_K: u = the 2 bits (bits 2(j % 4), 2(j % 4) + 1 of qs[32 * (j / 4) + l]) + 4 * (bit j of
  * hmask[l]), 0..7, the value u - 4. Its sixteen 6-bit scales (kernel_q3_k_scale) unpacked as ggml
- * does, four 32-bit words at a time, then minus 32. */
-static __m256 q3_k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+ * does, four 32-bit words at a time, then minus 32; times d. */
+__attribute__((always_inline)) static inline void q3_k_decode(const uint8_t *blk, struct group8 *g)
 {
     const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-    __m256 acc = _mm256_set1_ps(-0.0f);
-    for (int b = 0; b < nb; b += 8) {
-        const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q3_K_BYTES;
-        const int8_t *x = x_qs + b * KERNEL_QK;
-        prefetch_ahead(blk, 2);
-        const __m256i hmask = _mm256_loadu_si256((const __m256i *)blk);
-        __m256i v[8];
+    const __m256i hmask = _mm256_loadu_si256((const __m256i *)blk);
 #pragma GCC unroll 2
-        for (int g = 0; g < 2; g++) {
-            const __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * g));
+    for (int h = 0; h < 2; h++) {
+        const __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * h));
 #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                const int j = 4 * g + k;
-                const __m256i crumb = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), three);
-                /* bit j of hmask moved to bit 2 (the 16-bit shift's carried bits are masked off) */
-                const __m256i lift = j >= 2 ? _mm256_srli_epi16(hmask, j - 2) : _mm256_slli_epi16(hmask, 2 - j);
-                v[j] = dot_block(_mm256_or_si256(crumb, _mm256_and_si256(lift, four)), x + 32 * j);
-            }
+        for (int k = 0; k < 4; k++) {
+            const int j = 4 * h + k;
+            const __m256i crumb = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), three);
+            /* bit j of hmask moved to bit 2 (what the 16-bit shift carries across bytes is masked off) */
+            const __m256i lift = j >= 2 ? _mm256_srli_epi16(hmask, j - 2) : _mm256_slli_epi16(hmask, 2 - j);
+            g->u[j] = _mm256_or_si256(crumb, _mm256_and_si256(lift, four));
         }
-        __m256i ia, ib;
-        half_sums8(v, &ia, &ib);
-        ia = _mm256_sub_epi32(ia, _mm256_slli_epi32(load8_i32(in->lo + b), 2));
-        ib = _mm256_sub_epi32(ib, _mm256_slli_epi32(load8_i32(in->hi + b), 2));
-        uint32_t a[4];
-        memcpy(a, blk + 96, 12);
-        const uint32_t tmp = a[2];
-        a[2] = ((a[0] >> 4) & 0x0F0F0F0F) | (((tmp >> 4) & 0x03030303) << 4);
-        a[3] = ((a[1] >> 4) & 0x0F0F0F0F) | (((tmp >> 6) & 0x03030303) << 4);
-        a[0] = (a[0] & 0x0F0F0F0F) | (((tmp >> 0) & 0x03030303) << 4);
-        a[1] = (a[1] & 0x0F0F0F0F) | (((tmp >> 2) & 0x03030303) << 4);
-        const __m128i sc = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)a), _mm_set1_epi8(32));
-        __m256 sa, sb;
-        split_scales16(sc, &sa, &sb);
-        const __m256 d = _mm256_set1_ps(half_at(blk + 108));
-        acc = _mm256_add_ps(acc, two_scale_terms(ia, ib, _mm256_mul_ps(d, sa), _mm256_mul_ps(d, sb),
-                                                 _mm256_loadu_ps(x_d + b)));
     }
-    return acc;
+    uint32_t a[4];
+    memcpy(a, blk + 96, 12);
+    const uint32_t tmp = a[2];
+    a[2] = ((a[0] >> 4) & 0x0F0F0F0F) | (((tmp >> 4) & 0x03030303) << 4);
+    a[3] = ((a[1] >> 4) & 0x0F0F0F0F) | (((tmp >> 6) & 0x03030303) << 4);
+    a[0] = (a[0] & 0x0F0F0F0F) | (((tmp >> 0) & 0x03030303) << 4);
+    a[1] = (a[1] & 0x0F0F0F0F) | (((tmp >> 2) & 0x03030303) << 4);
+    __m256 sa, sb;
+    split_scales16(_mm_sub_epi8(_mm_loadu_si128((const __m128i *)a), _mm_set1_epi8(32)), &sa, &sb);
+    const __m256 d = _mm256_set1_ps(half_at(blk + 108));
+    g->sa = _mm256_mul_ps(d, sa);
+    g->sb = _mm256_mul_ps(d, sb);
 }
 
-/* Q2_K: u = the 2 bits, 0..3, the value itself; scale byte 2j + h: d * (low nibble) per 16
- * values, offset -(dmin * (high nibble)); the term ((A + B) + C) + D (kernel_unpacked_term). */
-static __m256 q2_k_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+/* Q2_K: u = the 2 bits, 0..3, the value itself; scale byte 2j + h: d * (low nibble) per 16 values,
+ * offset -(dmin * (high nibble)). */
+__attribute__((always_inline)) static inline void q2_k_decode(const uint8_t *blk, struct group8 *g)
 {
     const __m256i three = _mm256_set1_epi8(3);
-    __m256 acc = _mm256_set1_ps(-0.0f);
-    for (int b = 0; b < nb; b += 8) {
-        const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_Q2_K_BYTES;
-        const int8_t *x = x_qs + b * KERNEL_QK;
-        prefetch_ahead(blk, 2);
-        __m256i v[8];
 #pragma GCC unroll 2
-        for (int g = 0; g < 2; g++) {
-            const __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
+    for (int h = 0; h < 2; h++) {
+        const __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * h));
 #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                v[4 * g + k] = dot_block(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), three), x + 32 * (4 * g + k));
-            }
+        for (int k = 0; k < 4; k++) {
+            g->u[4 * h + k] = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), three);
         }
-        __m256i ia, ib;
-        half_sums8(v, &ia, &ib);
-        const __m128i bytes = _mm_loadu_si128((const __m128i *)blk);
-        const __m128i low4 = _mm_set1_epi8(0x0F);
-        __m256 sca, scb, mna, mnb; /* the nibbles as int8 (0..15) through split_scales16 */
-        split_scales16(_mm_and_si128(bytes, low4), &sca, &scb);
-        split_scales16(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4), &mna, &mnb);
-        const __m256 d = _mm256_set1_ps(half_at(blk + 80)), dmin = _mm256_set1_ps(half_at(blk + 82));
-        const __m256 sign = _mm256_set1_ps(-0.0f);
-        const __m256 oa = _mm256_xor_ps(_mm256_mul_ps(dmin, mna), sign);
-        const __m256 ob = _mm256_xor_ps(_mm256_mul_ps(dmin, mnb), sign);
-        const __m256 xd = _mm256_loadu_ps(x_d + b);
-        __m256 terms = two_scale_terms(ia, ib, _mm256_mul_ps(d, sca), _mm256_mul_ps(d, scb), xd);
-        terms = _mm256_add_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(load8_i32(in->lo + b)), _mm256_mul_ps(oa, xd)));
-        terms = _mm256_add_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(load8_i32(in->hi + b)), _mm256_mul_ps(ob, xd)));
-        acc = _mm256_add_ps(acc, terms);
     }
-    return acc;
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)blk);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    __m256 sca, scb, mna, mnb; /* the nibbles as int8 (0..15) through split_scales16 */
+    split_scales16(_mm_and_si128(bytes, low4), &sca, &scb);
+    split_scales16(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4), &mna, &mnb);
+    const __m256 d = _mm256_set1_ps(half_at(blk + 80)), dmin = _mm256_set1_ps(half_at(blk + 82));
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    g->sa = _mm256_mul_ps(d, sca);
+    g->sb = _mm256_mul_ps(d, scb);
+    g->oa = _mm256_xor_ps(_mm256_mul_ps(dmin, mna), sign);
+    g->ob = _mm256_xor_ps(_mm256_mul_ps(dmin, mnb), sign);
 }
 
 /* IQ4_XS: sub-block j's 16 nibble bytes at qs + 16 j through the table, scale d * (ls_j - 32), ls_j
  * four bits of scales_l[j / 2] and two of scales_h. */
-static __m256 iq4_xs_row(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in, int nb)
+__attribute__((always_inline)) static inline void iq4_xs_decode(const uint8_t *blk, struct group8 *g)
 {
-    (void)in;
-    __m256 acc = _mm256_set1_ps(-0.0f);
-    for (int b = 0; b < nb; b += 8) {
-        const uint8_t *blk = row + (int64_t)(b / 8) * KERNEL_IQ4_XS_BYTES;
-        const int8_t *x = x_qs + b * KERNEL_QK;
-        prefetch_ahead(blk, 3);
-        __m256i v[8];
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            v[j] = dot_block_signed(iq4_values32(blk + 8 + 16 * j), x + 32 * j);
+    for (int j = 0; j < 8; j++) {
+        g->u[j] = iq4_values32(blk + 8 + 16 * j);
+    }
+    const int scales_h = blk[2] | blk[3] << 8;
+    int32_t ls[8];
+    for (int j = 0; j < 8; j++) {
+        ls[j] = (((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+    }
+    g->sa = _mm256_mul_ps(_mm256_set1_ps(half_at(blk)), _mm256_cvtepi32_ps(load8_i32(ls)));
+    g->sb = g->sa;
+}
+
+/* The group of blocks b .. b + n - 1 of a row (b a multiple of 8; n < 8 only for a 32-value
+ * type's last group), its weight bytes prefetched ahead. */
+__attribute__((always_inline)) static inline void group_decode(enum block_kind kind, const uint8_t *row, int b, int n,
+                                                               struct group8 *g)
+{
+    const int group_bytes = 256 / kind_values(kind) * kind_bytes(kind);
+    const uint8_t *blk = row + (int64_t)(b * KERNEL_QK / kind_values(kind)) * kind_bytes(kind); /* its first block */
+    prefetch_ahead(blk, (group_bytes + 63) / 64);
+    switch (kind) {
+    case KIND_Q5_0:
+    case KIND_Q5_1:
+    case KIND_IQ4_NL: small_decode(kind, row, b, n, g); break;
+    case KIND_Q4_K: k_decode(blk, 0, g); break;
+    case KIND_Q5_K: k_decode(blk, 1, g); break;
+    case KIND_Q6_K: q6_k_decode(blk, g); break;
+    case KIND_Q3_K: q3_k_decode(blk, g); break;
+    case KIND_Q2_K: q2_k_decode(blk, g); break;
+    case KIND_IQ4_XS: iq4_xs_decode(blk, g); break;
+    }
+}
+
+/* A decoded group's terms against one token's input (x_qs, x_d, its sums), lane k = block b + k,
+ * each the contract's formula in its order (kernel_unpacked_term); lanes past n are -0.0f, which
+ * leaves a partial as it was.
+ *   one scale:  (float)isum * (s * x_d) [+ (float)xsum * (o * x_d)]
+ *   two scales: (float)isum_a * (s_a * x_d) + (float)isum_b * (s_b * x_d)
+ *               [+ (float)xsum_a * (o_a * x_d)] [+ (float)xsum_b * (o_b * x_d)] */
+__attribute__((always_inline)) static inline __m256 group_terms(enum block_kind kind, const struct group8 *g,
+                                                                const int8_t *x_qs, const float *x_d,
+                                                                const struct block_input *in, int b, int n)
+{
+    const int shift = kind_bias_shift(kind);
+    __m256i v[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        const int8_t *x = x_qs + (b + k) * KERNEL_QK;
+        if (k >= n) {
+            v[k] = _mm256_setzero_si256();
+        } else if (kind_signed(kind)) {
+            v[k] = dot_block_signed(g->u[k], x);
+        } else {
+            v[k] = dot_block(g->u[k], x);
         }
-        const int scales_h = blk[2] | blk[3] << 8;
-        int ls[8];
-        for (int j = 0; j < 8; j++) {
-            ls[j] = (((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+    }
+    const __m256i mask = lane_mask(n);
+    const __m256 xd = n == 8 ? _mm256_loadu_ps(x_d + b) : _mm256_maskload_ps(x_d + b, mask);
+    __m256 terms;
+    if (kind_two_scales(kind)) {
+        __m256i ia, ib;
+        half_sums8(v, &ia, &ib);
+        if (shift) {
+            ia = _mm256_sub_epi32(ia, _mm256_slli_epi32(load8_i32(in->lo + b), shift));
+            ib = _mm256_sub_epi32(ib, _mm256_slli_epi32(load8_i32(in->hi + b), shift));
         }
-        const __m256 s = _mm256_mul_ps(_mm256_set1_ps(half_at(blk)),
-                                       _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)ls)));
-        const __m256i isums = block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(isums), _mm256_mul_ps(s, _mm256_loadu_ps(x_d + b))));
+        terms = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(g->sa, xd)),
+                              _mm256_mul_ps(_mm256_cvtepi32_ps(ib), _mm256_mul_ps(g->sb, xd)));
+        if (kind_affine(kind)) {
+            terms = _mm256_add_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(load8_i32(in->lo + b)), _mm256_mul_ps(g->oa, xd)));
+            terms = _mm256_add_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(load8_i32(in->hi + b)), _mm256_mul_ps(g->ob, xd)));
+        }
+    } else {
+        __m256i isums = block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+        if (shift) {
+            isums = _mm256_sub_epi32(isums, _mm256_slli_epi32(load8_i32(in->sum + b), shift));
+        }
+        terms = _mm256_mul_ps(_mm256_cvtepi32_ps(isums), _mm256_mul_ps(g->sa, xd));
+        if (kind_affine(kind)) {
+            terms = _mm256_add_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(load8_i32(in->sum + b)), _mm256_mul_ps(g->oa, xd)));
+        }
+    }
+    if (n < 8) {
+        terms = _mm256_blendv_ps(_mm256_set1_ps(-0.0f), terms, _mm256_castsi256_ps(mask));
+    }
+    return terms;
+}
+
+/* One row's eight partials: group after group, in block order. */
+__attribute__((always_inline)) static inline __m256 blocks_row(enum block_kind kind, const uint8_t *row,
+                                                               const int8_t *x_qs, const float *x_d,
+                                                               const struct block_input *in, int nb)
+{
+    __m256 acc = _mm256_set1_ps(-0.0f);
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        struct group8 g;
+        group_decode(kind, row, b, 8, &g);
+        acc = _mm256_add_ps(acc, group_terms(kind, &g, x_qs, x_d, in, b, 8));
+    }
+    if (b < nb) {
+        struct group8 g;
+        group_decode(kind, row, b, nb - b, &g);
+        acc = _mm256_add_ps(acc, group_terms(kind, &g, x_qs, x_d, in, b, nb - b));
     }
     return acc;
 }
 
-/* One row's eight partials, for a kept GGUF type. */
-typedef __m256 (*BlocksRow)(const uint8_t *row, const int8_t *x_qs, const float *x_d, const struct block_input *in,
-                            int nb);
-
 /* A kept GGUF type's matvec: eight rows at a time (a short last group repeats its first row,
  * computed and dropped), each row's blocks streamed in order, the eight rows' partials combined by
  * sum_partials8 (the tree of kernels.h). cols / 32 <= MAX_BLOCKS. */
-static void blocks_matvec(BlocksRow row_fn, int64_t row_bytes, float *out, const uint8_t *w, const int8_t *x_qs,
-                          const float *x_d, int rows, int cols)
+__attribute__((always_inline)) static inline void blocks_matvec(enum block_kind kind, float *out, const uint8_t *w,
+                                                                const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     const int nb = cols / KERNEL_QK;
+    const int64_t row_bytes = (int64_t)(cols / kind_values(kind)) * kind_bytes(kind);
     struct block_input in;
     block_input_prepare(&in, x_qs, nb);
     for (int r = 0; r < rows; r += 8) {
@@ -1695,10 +1712,179 @@ static void blocks_matvec(BlocksRow row_fn, int64_t row_bytes, float *out, const
         group_rows8(row, r, n);
         __m256 acc[8];
         for (int i = 0; i < 8; i++) {
-            acc[i] = row_fn(w + (int64_t)row[i] * row_bytes, x_qs, x_d, &in, nb);
+            acc[i] = blocks_row(kind, w + (int64_t)row[i] * row_bytes, x_qs, x_d, &in, nb);
         }
         store_rows(out + r, sum_partials8(acc), n);
     }
+}
+
+/* Batched (prefill): each weight row is read and decoded once per pass of up to BLOCKS_TOKENS
+ * tokens, and every group of it, once decoded, serves all of them: token t's eight partials are
+ * acc[t] (lane k = partial k), the same additions in the same order as the matvec's, so the same
+ * bits; eight tokens' partials are combined together by sum_partials8 (lane t = token t). A pass's
+ * token count is rounded up to eight with repeats of its first token (computed and dropped). */
+#define BLOCKS_TOKENS 16
+
+struct blocks_batch {
+    struct block_input in[BLOCKS_TOKENS];
+};
+
+/* One per thread: each thread of the pool runs the kernel on its own rows. */
+static _Thread_local struct blocks_batch blocks_batch;
+
+/* Blocks b .. b + n - 1 of a row decoded once, their terms added to every token's partials. */
+__attribute__((always_inline)) static inline void matmul_group(enum block_kind kind, __m256 *acc, int lanes,
+                                                               const uint8_t *row, int b, int n,
+                                                               const int8_t *const *xq, const float *const *xd,
+                                                               const struct block_input *in)
+{
+    struct group8 g;
+    group_decode(kind, row, b, n, &g);
+    for (int t = 0; t < lanes; t++) {
+        acc[t] = _mm256_add_ps(acc[t], group_terms(kind, &g, xq[t], xd[t], &in[t], b, n));
+    }
+}
+
+__attribute__((always_inline)) static inline void blocks_matmul(enum block_kind kind, float *out, int out_stride,
+                                                                const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                                                                int n_tok, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int64_t row_bytes = (int64_t)(cols / kind_values(kind)) * kind_bytes(kind);
+    struct blocks_batch *bt = &blocks_batch;
+    for (int t0 = 0; t0 < n_tok; t0 += BLOCKS_TOKENS) {
+        const int nt = n_tok - t0 < BLOCKS_TOKENS ? n_tok - t0 : BLOCKS_TOKENS;
+        const int lanes = (nt + 7) / 8 * 8;
+        const int8_t *xq[BLOCKS_TOKENS];
+        const float *xd[BLOCKS_TOKENS];
+        for (int t = 0; t < lanes; t++) {
+            const int tok = t0 + (t < nt ? t : 0);
+            xq[t] = x_qs + (int64_t)tok * cols;
+            xd[t] = x_d + (int64_t)tok * nb;
+            block_input_prepare(&bt->in[t], xq[t], nb);
+        }
+        for (int r = 0; r < rows; r++) {
+            const uint8_t *row = w + (int64_t)r * row_bytes;
+            __m256 acc[BLOCKS_TOKENS];
+            for (int t = 0; t < lanes; t++) {
+                acc[t] = _mm256_set1_ps(-0.0f);
+            }
+            int b = 0;
+            for (; b + 8 <= nb; b += 8) {
+                matmul_group(kind, acc, lanes, row, b, 8, xq, xd, bt->in);
+            }
+            if (b < nb) {
+                matmul_group(kind, acc, lanes, row, b, nb - b, xq, xd, bt->in);
+            }
+            for (int t = 0; t < lanes; t += 8) {
+                float sums[8];
+                _mm256_storeu_ps(sums, sum_partials8(acc + t));
+                for (int i = 0; i < 8 && t + i < nt; i++) {
+                    out[(int64_t)(t0 + t + i) * out_stride + r] = sums[i];
+                }
+            }
+        }
+    }
+}
+
+/* Each kept type's own kernels, compiled with its kind a constant. */
+static void matvec_q5_0_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(KIND_Q5_0, out, w, x_qs, x_d, rows, cols);
+}
+
+static void matmul_q5_0_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                           int rows, int cols)
+{
+    blocks_matmul(KIND_Q5_0, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matvec_q5_1_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(KIND_Q5_1, out, w, x_qs, x_d, rows, cols);
+}
+
+static void matmul_q5_1_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                           int rows, int cols)
+{
+    blocks_matmul(KIND_Q5_1, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matvec_q4_k_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(KIND_Q4_K, out, w, x_qs, x_d, rows, cols);
+}
+
+static void matmul_q4_k_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                           int rows, int cols)
+{
+    blocks_matmul(KIND_Q4_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matvec_q5_k_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(KIND_Q5_K, out, w, x_qs, x_d, rows, cols);
+}
+
+static void matmul_q5_k_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                           int rows, int cols)
+{
+    blocks_matmul(KIND_Q5_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matvec_q6_k_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(KIND_Q6_K, out, w, x_qs, x_d, rows, cols);
+}
+
+static void matmul_q6_k_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                           int rows, int cols)
+{
+    blocks_matmul(KIND_Q6_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matvec_q3_k_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(KIND_Q3_K, out, w, x_qs, x_d, rows, cols);
+}
+
+static void matmul_q3_k_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                           int rows, int cols)
+{
+    blocks_matmul(KIND_Q3_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matvec_q2_k_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(KIND_Q2_K, out, w, x_qs, x_d, rows, cols);
+}
+
+static void matmul_q2_k_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                           int rows, int cols)
+{
+    blocks_matmul(KIND_Q2_K, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matvec_iq4_nl_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(KIND_IQ4_NL, out, w, x_qs, x_d, rows, cols);
+}
+
+static void matmul_iq4_nl_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                           int rows, int cols)
+{
+    blocks_matmul(KIND_IQ4_NL, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matvec_iq4_xs_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(KIND_IQ4_XS, out, w, x_qs, x_d, rows, cols);
+}
+
+static void matmul_iq4_xs_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                           int rows, int cols)
+{
+    blocks_matmul(KIND_IQ4_XS, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
 }
 
 #if defined(__clang__)
@@ -1843,7 +2029,7 @@ static int blocks_avx2(int cols)
 void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (blocks_avx2(cols)) {
-        blocks_matvec(q5_0_row, (int64_t)(cols / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES, out, w, x_qs, x_d, rows, cols);
+        matvec_q5_0_avx2(out, w, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q5_0(out, w, x_qs, x_d, rows, cols);
     }
@@ -1852,7 +2038,7 @@ void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const 
 void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (blocks_avx2(cols)) {
-        blocks_matvec(q5_1_row, (int64_t)(cols / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES, out, w, x_qs, x_d, rows, cols);
+        matvec_q5_1_avx2(out, w, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q5_1(out, w, x_qs, x_d, rows, cols);
     }
@@ -1861,7 +2047,7 @@ void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const 
 void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (blocks_avx2(cols)) {
-        blocks_matvec(q4_k_row, (int64_t)(cols / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES, out, w, x_qs, x_d, rows, cols);
+        matvec_q4_k_avx2(out, w, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q4_k(out, w, x_qs, x_d, rows, cols);
     }
@@ -1870,7 +2056,7 @@ void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
 void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (blocks_avx2(cols)) {
-        blocks_matvec(q5_k_row, (int64_t)(cols / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES, out, w, x_qs, x_d, rows, cols);
+        matvec_q5_k_avx2(out, w, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q5_k(out, w, x_qs, x_d, rows, cols);
     }
@@ -1879,7 +2065,7 @@ void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
 void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (blocks_avx2(cols)) {
-        blocks_matvec(q6_k_row, (int64_t)(cols / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES, out, w, x_qs, x_d, rows, cols);
+        matvec_q6_k_avx2(out, w, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q6_k(out, w, x_qs, x_d, rows, cols);
     }
@@ -1888,7 +2074,7 @@ void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
 void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (blocks_avx2(cols)) {
-        blocks_matvec(q3_k_row, (int64_t)(cols / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES, out, w, x_qs, x_d, rows, cols);
+        matvec_q3_k_avx2(out, w, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q3_k(out, w, x_qs, x_d, rows, cols);
     }
@@ -1897,7 +2083,7 @@ void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
 void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (blocks_avx2(cols)) {
-        blocks_matvec(q2_k_row, (int64_t)(cols / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES, out, w, x_qs, x_d, rows, cols);
+        matvec_q2_k_avx2(out, w, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_q2_k(out, w, x_qs, x_d, rows, cols);
     }
@@ -1906,8 +2092,7 @@ void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
 void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (blocks_avx2(cols)) {
-        blocks_matvec(iq4_nl_row, (int64_t)(cols / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES, out, w, x_qs, x_d, rows,
-                      cols);
+        matvec_iq4_nl_avx2(out, w, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_iq4_nl(out, w, x_qs, x_d, rows, cols);
     }
@@ -1916,9 +2101,125 @@ void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, cons
 void kernel_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (blocks_avx2(cols)) {
-        blocks_matvec(iq4_xs_row, (int64_t)(cols / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES, out, w, x_qs, x_d, rows,
-                      cols);
+        matvec_iq4_xs_avx2(out, w, x_qs, x_d, rows, cols);
     } else {
         kernel_scalar_matvec_iq4_xs(out, w, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matmul_q5_0(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q5_0(out, w, x_qs, x_d, rows, cols);
+    } else if (blocks_avx2(cols)) {
+        matmul_q5_0_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_blocks(kernel_matvec_q5_0, (int64_t)(cols / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_q5_1(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q5_1(out, w, x_qs, x_d, rows, cols);
+    } else if (blocks_avx2(cols)) {
+        matmul_q5_1_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_blocks(kernel_matvec_q5_1, (int64_t)(cols / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_q4_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q4_k(out, w, x_qs, x_d, rows, cols);
+    } else if (blocks_avx2(cols)) {
+        matmul_q4_k_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_blocks(kernel_matvec_q4_k, (int64_t)(cols / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_q5_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q5_k(out, w, x_qs, x_d, rows, cols);
+    } else if (blocks_avx2(cols)) {
+        matmul_q5_k_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_blocks(kernel_matvec_q5_k, (int64_t)(cols / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_q6_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q6_k(out, w, x_qs, x_d, rows, cols);
+    } else if (blocks_avx2(cols)) {
+        matmul_q6_k_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_blocks(kernel_matvec_q6_k, (int64_t)(cols / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_q3_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q3_k(out, w, x_qs, x_d, rows, cols);
+    } else if (blocks_avx2(cols)) {
+        matmul_q3_k_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_blocks(kernel_matvec_q3_k, (int64_t)(cols / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_q2_k(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                        int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_q2_k(out, w, x_qs, x_d, rows, cols);
+    } else if (blocks_avx2(cols)) {
+        matmul_q2_k_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_blocks(kernel_matvec_q2_k, (int64_t)(cols / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_iq4_nl(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                          int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_iq4_nl(out, w, x_qs, x_d, rows, cols);
+    } else if (blocks_avx2(cols)) {
+        matmul_iq4_nl_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_blocks(kernel_matvec_iq4_nl, (int64_t)(cols / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matmul_iq4_xs(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                          int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_iq4_xs(out, w, x_qs, x_d, rows, cols);
+    } else if (blocks_avx2(cols)) {
+        matmul_iq4_xs_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        kernel_tiled_matmul_blocks(kernel_matvec_iq4_xs, (int64_t)(cols / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
     }
 }

@@ -1,4 +1,5 @@
-/* x86-64 kernels: AVX2 integer dot products for q8_0 and q4_0 (AVX-VNNI where the CPU has it),
+/* x86-64 kernels: AVX2 integer dot products for q8_0 and q4_0 (AVX-VNNI where the CPU has it) and
+ * for the kept GGUF block types (Q5_0 ... IQ4_XS, one decode and one product shared by all nine),
  * f32 products eight rows at a time, SwiGLU and activation quantization, chosen at run time
  * (cpuid); the scalar kernels otherwise. Same bits as kernels/scalar.c: each block's int32 sum is
  * exact, the binary16 weight scales are widened exactly by F16C (vcvtph2ps, eight blocks' scales

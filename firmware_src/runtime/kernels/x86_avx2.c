@@ -1258,7 +1258,7 @@ static void attention_scores_avx2(float *att, const float *q, const float *keys,
  * the CPUs these kernels were written and measured on lack AVX-VNNI, so a VNNI path would run
  * untested. Measured against the scalar kernels (thread CPU time, rows of 2048 values held in L2,
  * an AMD EPYC KVM guest): 10x (Q4_K, Q5_K) to 45x (Q6_K, Q2_K); from memory Q4_K, Q5_K, Q6_K and
- * Q5_0 read 8-10 GB/s as the q8_0 kernel does, while Q3_K, Q2_K and IQ4_XS stay compute bound
+ * Q5_0 read 7-8 GB/s where the q8_0 kernel reads 10, while Q3_K, Q2_K and IQ4_XS stay compute bound
  * at 4-6 GB/s. In the Gemma 3 270M Q4_K_M decode Q5_0 (rows of 640 values) still costs ~1.7x
  * q8_0's time per byte: its decode is ~15 vector operations per 22-byte block. */
 

@@ -135,6 +135,12 @@ HARNESS_BUILDS = {
 FAST_HARNESS_BUILDS = ("generic", "x86_avx2")
 
 
+def kernel_set_siblings(kernel: str) -> list[str]:
+    """A kernel set's other files, as the board files list them (host: x86_avx2_blocks.c with
+    x86_avx2.c): firmware_src/runtime/kernels/<set>_*.c."""
+    return [str(p) for p in sorted((REPO / "firmware_src" / "runtime" / "kernels").glob(f"{kernel}_*.c"))]
+
+
 @pytest.fixture(
     scope="session",
     params=[
@@ -166,6 +172,7 @@ def harness(request, tmp_path_factory) -> list[str]:
         str(rt / "sampler.c"),
         str(rt / "kernels" / "scalar.c"),
         str(rt / "kernels" / f"{kernel}.c"),
+        *kernel_set_siblings(kernel),
         "-lm",
         "-o",
         str(out),

@@ -222,3 +222,70 @@ def test_c_batched_products_of_many_rows(harness, dtype):
     got = got.reshape(tokens, rows)
     for t in range(tokens):
         assert_same_bits(got[t], blocks.matvec(dtype, w, cols, xq[t], xd[t]))
+
+
+def stress_shapes(dtype: str):
+    """Row counts around the SIMD kernels' groups of 8 rows (1, 7, 9, 17) and column counts of 1 to
+    9 superblocks (256-value types) or 1 to 17 blocks (32-value types: short groups of 8 too)."""
+    f = blocks.FORMATS[dtype]
+    counts = range(1, 10) if f.values == 256 else (1, 2, 3, 5, 7, 8, 9, 12, 15, 16, 17)
+    rows = (1, 7, 9, 17)
+    return [(rows[k % len(rows)], n * f.values) for k, n in enumerate(counts)]
+
+
+def edge_blocks(dtype: str, rows: int, cols: int) -> np.ndarray:
+    """Random quants with every binary16 field drawn from the edge values (zero, subnormal, +-65504,
+    negative), so that every lane of every group of eight blocks meets them."""
+    w = row_blocks(dtype, rows, cols, edges=False).reshape(-1, blocks.FORMATS[dtype].nbytes)
+    for at in blocks.FORMATS[dtype].halves:
+        h = rng.choice(np.concatenate([EDGE_HALVES, np.array([0.01, -0.02, 1.0], np.float16)]), w.shape[0])
+        w[:, at : at + 2] = h.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return w.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_products_at_every_row_and_block_count_of_the_simd_groups(harness, dtype):
+    for rows, cols in stress_shapes(dtype):
+        for w in (row_blocks(dtype, rows, cols), edge_blocks(dtype, rows, cols)):
+            xq, xd = activations(cols)
+            payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
+            got = np.frombuffer(run_harness(harness, ["blocks_matvec", dtype, rows, cols], payload), "<f4")
+            assert_same_bits(got, blocks.matvec(dtype, w, cols, xq[0], xd[0]))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_products_at_the_largest_integer_sums(harness, dtype):
+    """Every weight byte 0x00 or 0xFF (the largest unsigned quants, or IQ4's -127) against activation
+    quants all +127 or all -127: the int16 pair sums of maddubs at their largest (Q6_K 2 * 63 * 127,
+    IQ4 2 * 127 * 127) must stay exact."""
+    f = blocks.FORMATS[dtype]
+    rows, cols = 9, 2 * 256
+    for fill in (0x00, 0xFF):
+        w = row_blocks(dtype, rows, cols, edges=False).reshape(-1, f.nbytes)
+        halves = [w[:, at : at + 2].copy() for at in f.halves]
+        w[:] = fill
+        for at, h in zip(f.halves, halves, strict=True):
+            w[:, at : at + 2] = h
+        w = w.reshape(rows, -1)
+        for sign in (1.0, -1.0):
+            xq, xd = quantize_q8_0(np.full((1, cols), sign, np.float32))
+            assert np.all(np.abs(xq) == 127)
+            payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
+            got = np.frombuffer(run_harness(harness, ["blocks_matvec", dtype, rows, cols], payload), "<f4")
+            assert_same_bits(got, blocks.matvec(dtype, w, cols, xq[0], xd[0]))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_batched_products_over_many_tokens_and_rows(harness, dtype):
+    """Token counts around the batched kernels' groups of 8 and passes of 16 (1, 2, 8, 9, 17) over 19
+    rows: each token gets the matvec bits."""
+    f = blocks.FORMATS[dtype]
+    rows, cols = 19, 3 * 256 if f.values == 256 else 9 * 32
+    w = edge_blocks(dtype, rows, cols)
+    for tokens in (1, 2, 8, 9, 17):
+        xq, xd = activations(cols, tokens)
+        payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
+        got = np.frombuffer(run_harness(harness, ["blocks_matmul", dtype, tokens, rows, cols], payload), "<f4")
+        got = got.reshape(tokens, rows)
+        for t in range(tokens):
+            assert_same_bits(got[t], blocks.matvec(dtype, w, cols, xq[t], xd[t]))

@@ -1,4 +1,5 @@
-/* x86-64 kernels: AVX2 integer dot products for q8_0 and q4_0 (AVX-VNNI where the CPU has it),
+/* x86-64 kernels: AVX2 integer dot products for q8_0 and q4_0 (AVX-VNNI where the CPU has it) and
+ * for the kept GGUF block types (Q5_0 ... IQ4_XS: x86_avx2_blocks.c, the set's second file),
  * f32 products eight rows at a time, SwiGLU and activation quantization, chosen at run time
  * (cpuid); the scalar kernels otherwise. Same bits as kernels/scalar.c: each block's int32 sum is
  * exact, the binary16 weight scales are widened exactly by F16C (vcvtph2ps, eight blocks' scales
@@ -22,6 +23,25 @@
 #define KERNEL_HAS_SWIGLU
 #define KERNEL_HAS_QUANTIZE_Q8_0
 #define KERNEL_HAS_ATTENTION_SCORES
+/* the kept GGUF types, defined in x86_avx2_blocks.c (the same kernel set) */
+#define KERNEL_HAS_MATVEC_Q5_0
+#define KERNEL_HAS_MATMUL_Q5_0
+#define KERNEL_HAS_MATVEC_Q5_1
+#define KERNEL_HAS_MATMUL_Q5_1
+#define KERNEL_HAS_MATVEC_Q4_K
+#define KERNEL_HAS_MATMUL_Q4_K
+#define KERNEL_HAS_MATVEC_Q5_K
+#define KERNEL_HAS_MATMUL_Q5_K
+#define KERNEL_HAS_MATVEC_Q6_K
+#define KERNEL_HAS_MATMUL_Q6_K
+#define KERNEL_HAS_MATVEC_Q3_K
+#define KERNEL_HAS_MATMUL_Q3_K
+#define KERNEL_HAS_MATVEC_Q2_K
+#define KERNEL_HAS_MATMUL_Q2_K
+#define KERNEL_HAS_MATVEC_IQ4_NL
+#define KERNEL_HAS_MATMUL_IQ4_NL
+#define KERNEL_HAS_MATVEC_IQ4_XS
+#define KERNEL_HAS_MATMUL_IQ4_XS
 #include "fallback.h"
 
 /* AVX2 and F16C, both or neither: every kernel of the AVX2 region below is compiled for the two.
@@ -34,6 +54,12 @@ static int have_avx2_f16c(void)
         known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 0;
     }
     return known;
+}
+
+/* The same check for the set's other file (x86_avx2_blocks.c). */
+int x86_avx2_usable(void)
+{
+    return have_avx2_f16c();
 }
 
 const char *kernel_set(void)
@@ -77,25 +103,7 @@ static int have_vnni(void)
 #pragma GCC target("avx2,f16c")
 #endif
 
-/* acc + the four adjacent u8 x s8 products of a and b per int32 lane (AVX-VNNI vpdpbusd, VEX
- * encoded). Written as one instruction of inline assembly so that every function here is compiled
- * for AVX2 and F16C alone: the compiler cannot then use VNNI anywhere the CPU was not checked for it. */
-__attribute__((always_inline)) static inline __m256i vpdpbusd(__m256i acc, __m256i a, __m256i b)
-{
-    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
-    return acc;
-}
-
-/* Unsigned a times signed b, four adjacent products per int32 lane: vpdpbusd, or maddubs + madd
- * (whose int16 pair sums cannot saturate here: |a| <= 127 with q8_0 quants, a <= 15 with nibbles,
- * |b| <= 127). `vnni` is a constant in every caller, so each path compiles to straight code. */
-__attribute__((always_inline)) static inline __m256i dot_u8s8(__m256i a, __m256i b, int vnni)
-{
-    if (vnni) {
-        return vpdpbusd(_mm256_setzero_si256(), a, b);
-    }
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
-}
+#include "x86_avx2.h" /* the helpers this file shares with x86_avx2_blocks.c */
 
 /* The same for two pairs (a0, b0) and (a1, b1) summed: the q4_0 kernel's two halves of a block. */
 __attribute__((always_inline)) static inline __m256i dot2_u8s8(__m256i a0, __m256i b0, __m256i a1, __m256i b1, int vnni)
@@ -108,72 +116,12 @@ __attribute__((always_inline)) static inline __m256i dot2_u8s8(__m256i a0, __m25
                              _mm256_set1_epi16(1));
 }
 
-/* The 8 int32 lanes of each of v0..v7 summed: lane i of the result is the total of v_i (integer
- * adds: exact in any order). */
-static inline __m256i block_sums8(__m256i v0, __m256i v1, __m256i v2, __m256i v3,
-                                  __m256i v4, __m256i v5, __m256i v6, __m256i v7)
-{
-    __m256i h01 = _mm256_hadd_epi32(v0, v1);
-    __m256i h23 = _mm256_hadd_epi32(v2, v3);
-    __m256i h45 = _mm256_hadd_epi32(v4, v5);
-    __m256i h67 = _mm256_hadd_epi32(v6, v7);
-    __m256i h0123 = _mm256_hadd_epi32(h01, h23);
-    __m256i h4567 = _mm256_hadd_epi32(h45, h67);
-    __m256i lo = _mm256_permute2x128_si256(h0123, h4567, 0x20);
-    __m256i hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
-    return _mm256_add_epi32(lo, hi);
-}
-
 /* Four vectors each holding two blocks (lanes 0-3: block 2i, lanes 4-7: block 2i + 1) -> the eight
  * block totals in block order. The hadds give blocks 0 2 4 6 | 1 3 5 7; one permute orders them. */
 static inline __m256i pair_sums8(__m256i v01, __m256i v23, __m256i v45, __m256i v67)
 {
     const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v01, v23), _mm256_hadd_epi32(v45, v67));
     return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-/* An 8x8 transpose: afterwards r[k] lane i is what r[i] lane k was. */
-__attribute__((always_inline)) static inline void transpose8(__m256 r[8])
-{
-    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    /* u_k: elements k (low half) and k + 4 (high half) of rows 0-3 (u0..u3) or 4-7 (u4..u7) */
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
-    const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
-    const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
-    const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
-    const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
-    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-
-/* The combine of the reduction tree (kernels.h) for eight rows at once: acc[i] holds row i's eight
- * partials; the result's lane i is ((p0 + p1) + p2) + ... + p7 of row i. The 8x8 transpose puts
- * partial k of every row in col[k]; then seven vertical adds in order. (The q4_1 and any later
- * block type reuse this.) */
-static inline __m256 sum_partials8(const __m256 acc[8])
-{
-    __m256 col[8];
-    for (int k = 0; k < 8; k++) {
-        col[k] = acc[k];
-    }
-    transpose8(col);
-    __m256 sum = col[0];
-    for (int k = 1; k < 8; k++) {
-        sum = _mm256_add_ps(sum, col[k]);
-    }
-    return sum;
 }
 
 /* Eight consecutive binary16 scales (16 bytes) widened to float32, exactly: one vcvtph2ps, which
@@ -228,26 +176,6 @@ __attribute__((always_inline)) static inline __m256 add_terms(__m256 acc, __m256
     return _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_set1_ps(-0.0f), terms, _mm256_castsi256_ps(mask)));
 }
 
-/* Decoding streams every weight once from memory. Asking for the lines that lie PREFETCH_BYTES
- * ahead of the ones being used keeps more requests in flight than the hardware prefetcher does on
- * its own: the SmolLM2-135M shape's q8_0 matrices took 19 ms per token without it, 13 ms at 2 KiB
- * and 11-12 ms at 6-8 KiB ahead (thread CPU time, an Intel Xeon KVM guest, alternating builds;
- * the scales were float32 then). The distance is counted in quant bytes, which binary16 scales did
- * not change; the scales are a stream of their own, 2 bytes per 32 weights (1/16 of q8_0's quants,
- * 1/8 of q4's), sequential across a matrix's rows, which the hardware prefetcher keeps up with.
- * It crosses rows and matrices freely; a prefetch never faults. always_inline: a function that
- * only prefetches looks side-effect free to GCC, which then deleted every call to it (the kernels
- * before this one had no software prefetch at all, whatever their source said). */
-#define PREFETCH_BYTES 8192
-
-__attribute__((always_inline)) static inline void prefetch_ahead(const void *p, int lines)
-{
-    const char *c = (const char *)p + PREFETCH_BYTES;
-    for (int i = 0; i < lines; i++) {
-        _mm_prefetch(c + 64 * i, _MM_HINT_T0);
-    }
-}
-
 /* q8_0: the 32 products of weight block w and activation block x, as 8 int32 lane sums. |w| is
  * the unsigned operand and x takes w's sign. */
 __attribute__((always_inline)) static inline __m256i q8_block(const int8_t *w, const int8_t *x, int vnni)
@@ -282,28 +210,6 @@ q8_row(const int8_t *wq, const KernelHalf *wd, const int8_t *x_qs, const float *
         acc = add_terms(acc, isums, wd + b, x_d + b, nb - b);
     }
     return acc;
-}
-
-/* Rows r .. r + n - 1 of a matrix as the eight rows of a group; rows past n repeat row r and are
- * computed and dropped, so that a short last group takes the same code. */
-static inline void group_rows8(int *row, int r, int n)
-{
-    for (int i = 0; i < 8; i++) {
-        row[i] = r + (i < n ? i : 0);
-    }
-}
-
-static inline void store_rows(float *out, __m256 v, int n)
-{
-    if (n == 8) {
-        _mm256_storeu_ps(out, v);
-    } else {
-        float lanes[8];
-        _mm256_storeu_ps(lanes, v);
-        for (int i = 0; i < n; i++) {
-            out[i] = lanes[i];
-        }
-    }
 }
 
 /* Eight rows at a time, each row's blocks streamed in order (one stream per row for the hardware
@@ -342,7 +248,6 @@ static void matvec_q8_0_avx2(float *out, const int8_t *w_qs, const KernelHalf *w
  * (Q4_PAIRS: for each pair of blocks, x values 0-15 of both, then 16-31 of both). Nibbles are
  * multiplied as the unsigned quants (0..15) and 8 * sum(x) is taken off each block's total, an
  * exact integer identity: sum((q - 8) x) = sum(q x) - 8 sum(x). */
-#define MAX_BLOCKS 512 /* the batched kernels and the q4_0 activation layout: rows of up to 16384 values */
 
 /* The q4_0 activations of one call: x in pair layout and 8 * each block's quant sum. */
 struct q4_input {

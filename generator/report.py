@@ -154,23 +154,8 @@ class MemoryReport:
 def linked_report(board: Board, plan: Plan, elf: ElfSizes) -> MemoryReport:
     """The report of a linked firmware (its arenas checked against the plan first)."""
     check_elf_against_plan(plan, elf)
-    uses = regions(board, plan, elf)
-    return MemoryReport(
-        board=board.name,
-        model=plan.spec.name,
-        architecture=plan.spec.architecture,
-        quant=plan.quant,
-        n_ctx=plan.n_ctx,
-        q4_0_weights=plan.q4_0_weights,
-        q4_1_weights=plan.q4_1_weights,
-        kept_f32=kept_f32_of(plan),
-        gguf=plan.gguf_report() if plan.gguf_types else None,
-        regions=uses,
-        largest_ctx_that_fits=largest_fitting_ctx(board, plan, linked_use(board, plan, elf)),
-        fits=not any(r.over_budget for r in uses),
-        elf_sections=elf.sections,
-        code_estimate=None,
-    )
+    largest = largest_fitting_ctx(board, plan, linked_use(board, plan, elf))
+    return _report(board, plan, regions(board, plan, elf), largest, elf_sections=elf.sections, code_estimate=None)
 
 
 def kept_f32_of(plan: Plan) -> KeptF32:
@@ -182,6 +167,18 @@ def planned_report(board: Board, plan: Plan) -> MemoryReport:
     """The report for a configuration alone (no weights, nothing linked): the code is the board's
     reserve, and a region that does not fit says so with the numbers."""
     uses = planned_use(board, plan)
+    largest = largest_planned_ctx(board, plan)
+    return _report(board, plan, uses, largest, elf_sections=None, code_estimate=board.code_reserve)
+
+
+def _report(
+    board: Board,
+    plan: Plan,
+    uses: list[RegionUse],
+    largest_ctx: int | None,
+    elf_sections: dict[str, int] | None,
+    code_estimate: int | None,
+) -> MemoryReport:
     return MemoryReport(
         board=board.name,
         model=plan.spec.name,
@@ -193,10 +190,10 @@ def planned_report(board: Board, plan: Plan) -> MemoryReport:
         kept_f32=kept_f32_of(plan),
         gguf=plan.gguf_report() if plan.gguf_types else None,
         regions=uses,
-        largest_ctx_that_fits=largest_planned_ctx(board, plan),
+        largest_ctx_that_fits=largest_ctx,
         fits=not any(u.over_budget for u in uses),
-        elf_sections=None,
-        code_estimate=board.code_reserve,
+        elf_sections=elf_sections,
+        code_estimate=code_estimate,
     )
 
 

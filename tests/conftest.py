@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,15 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent  # this folder: the shared helpers, data and C harnesses
 REPO = TESTS.parent
+
+# Parallel workers (pytest-xdist, as `./colibri test` runs the suite) each build the commands'
+# default builds into their own build directory, set before the generator is imported: two
+# workers building build/host/kjv-tiny-q8_0-ctx128 at once would overwrite each other's files.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["COLIBRI_BUILD_DIR"] = str(
+        Path(tempfile.gettempdir()) / f"colibri-test-build-{os.environ['PYTEST_XDIST_WORKER']}"
+    )
+
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(TESTS))
 

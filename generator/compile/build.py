@@ -53,7 +53,9 @@ class Artifacts:
         return read_header(map_image(self.weights)).model_hash.hex()
 
 
-BUILD_ROOT = REPO / "build"
+# Where builds go unless --out says otherwise: build/ in the checkout, or $COLIBRI_BUILD_DIR (a
+# read-only checkout, a faster disk, or one directory per parallel test worker).
+BUILD_ROOT = Path(os.environ.get("COLIBRI_BUILD_DIR") or REPO / "build").resolve()
 
 
 def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int) -> Path:

@@ -27,6 +27,8 @@ def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
     }
     if plan.expand_q4:
         expected["colibri_expanded"] = plan.expanded_bytes
+    if plan.linear_state_bytes:
+        expected["colibri_linear_state"] = plan.linear_state_bytes
     for symbol, size in expected.items():
         got = elf.symbols.get(symbol)
         if got != size:
@@ -36,14 +38,14 @@ def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
 
 
 def category_bytes(board: Board, plan: Plan, elf: ElfSizes) -> dict[str, int]:
-    arenas = plan.kv_bytes + plan.scratch_bytes + plan.expanded_bytes
+    arenas = plan.context_state_bytes + plan.scratch_bytes + plan.expanded_bytes
     stack = elf.sections.get(".stack", 0)
     embedded = plan.image.image_bytes if board.weights == "embedded" else 0
     return {
         "code": elf.code,
         "weights": plan.image.image_bytes,
         "expanded_weights": plan.expanded_bytes,
-        "kv_cache": plan.kv_bytes,
+        "kv_cache": plan.context_state_bytes,
         "scratch": plan.scratch_bytes,
         "rope_tables": plan.rope_table_bytes,
         "stack": stack,
@@ -72,7 +74,7 @@ def linked_use(board: Board, plan: Plan, elf: ElfSizes) -> Callable[[Plan], list
     fixed = category_bytes(board, plan, elf)
 
     def uses(trial: Plan) -> list[RegionUse]:
-        sizes = dict(fixed, kv_cache=trial.kv_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes)
+        sizes = dict(fixed, kv_cache=trial.context_state_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes)
         return [
             RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds}) for r in board.memory
         ]

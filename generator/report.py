@@ -115,6 +115,7 @@ class MemoryReport:
     elf_sections: dict[str, int] | None  # section name -> bytes; None: planned only
     code_estimate: int | None  # planned only: the board's code reserve
     memory_budget: CachePlan | None = None  # the expert cache, under --memory-budget
+    linear_state: dict[str, Any] | None = None  # Gated DeltaNet layers: Plan.linear_state_report()
 
     @property
     def planned_only(self) -> bool:
@@ -150,6 +151,8 @@ class MemoryReport:
         }
         if self.memory_budget is not None:
             out["memory_budget"] = self.memory_budget.to_dict()
+        if self.linear_state is not None:
+            out["linear_state"] = self.linear_state
         return out
 
 
@@ -196,6 +199,7 @@ def _report(
         fits=not any(u.over_budget for u in uses),
         elf_sections=elf_sections,
         code_estimate=code_estimate,
+        linear_state=plan.linear_state_report(),
     )
 
 
@@ -210,6 +214,8 @@ def format_report(rep: MemoryReport) -> str:
         lines.append(f"  q4_1 weights: {rep.q4_1_weights}")
     if rep.kept_f32.summary:
         lines.append(f"  {rep.kept_f32.summary}")
+    if rep.linear_state:
+        lines.append(f"  {rep.linear_state['summary']}")
     if rep.gguf:
         lines.append(f"  {rep.gguf['summary']}")
         for t in rep.gguf["quantized_again"]:

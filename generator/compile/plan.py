@@ -234,6 +234,28 @@ class Plan:
         s = self.spec
         return s.linear_v_heads * s.linear_k_dim * s.linear_v_dim if s.linear_layers else 0
 
+    def linear_state_report(self) -> dict | None:
+        """The Gated DeltaNet layers' recurrent state as report shows it (None without such layers):
+        bytes per layer (convolution, delta rule), the arena's total, and that no context changes it."""
+        if not self.linear_state_bytes:
+            return None
+        conv, delta = 4 * self.linear_conv_state_floats, 4 * self.linear_delta_state_floats
+        layers = sum(self.spec.linear_layers)
+        attention = self.spec.n_layers - layers
+        summary = (
+            f"Gated DeltaNet state: {layers} layers x {conv + delta:,} B (convolution {conv:,} B + delta rule "
+            f"{delta:,} B) = {self.linear_state_bytes:,} B, fixed: it does not grow with the context "
+            f"(counted under kv_cache, beside the KV cache of the {attention} attention layer{'s' * (attention != 1)})"
+        )
+        return {
+            "layers": layers,
+            "conv_bytes_per_layer": conv,
+            "delta_bytes_per_layer": delta,
+            "bytes": self.linear_state_bytes,
+            "grows_with_context": False,
+            "summary": summary,
+        }
+
     @property
     def context_state_bytes(self) -> int:
         """What the model keeps of the sequence so far: the KV cache and the DeltaNet states."""

@@ -18,6 +18,7 @@ from generator.device.runner import run_on_board
 from generator.device.session import RunRequest, cache_stats
 from generator.model.hf.load import load_hf
 from generator.numerics.sampling import SamplingParams
+from generator.report import format_report, planned_report
 from generator.verify import compare, reference_run
 
 PROMPT = [1, 17, 42, 99, 7, 3, 250, 64, 128]  # longer than the convolution's window
@@ -40,6 +41,15 @@ def test_the_recurrent_state_is_a_fixed_arena_beside_a_kv_cache_of_the_attention
         assert plan.kv_slots == (0, 0, 0, plan.n_ctx)  # keys and values of the attention layer only
         assert plan.kv_bytes == 2 * plan.n_ctx * spec.kv_dim * 4
     assert large.context_state_bytes - small.context_state_bytes == large.kv_bytes - small.kv_bytes
+    # report says what the state costs per layer, and that a longer context does not change it.
+    host = load_board("host")
+    lines = [format_report(planned_report(host, p)).splitlines()[1] for p in (small, large)]
+    assert lines[0] == lines[1] == (
+        "  Gated DeltaNet state: 3 layers x 5,632 B (convolution 1,536 B + delta rule 4,096 B) = 16,896 B, "
+        "fixed: it does not grow with the context (counted under kv_cache, beside the KV cache of the 1 "
+        "attention layer)"
+    )
+    assert planned_report(host, large).to_json()["linear_state"]["grows_with_context"] is False
 
 
 @pytest.mark.slow  # two firmware builds and eight runs on host (about 15 s)

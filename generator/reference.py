@@ -14,11 +14,11 @@ from .compile.plan import Plan
 from .numerics import blocks, rope
 from .numerics.ops import (
     F32,
-    expf,
     conv_step,
     delta_rule_step,
     dot,
     exp_sum,
+    expf,
     f32,
     gated_rmsnorm,
     gelu_tanh,

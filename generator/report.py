@@ -74,7 +74,9 @@ def linked_use(board: Board, plan: Plan, elf: ElfSizes) -> Callable[[Plan], list
     fixed = category_bytes(board, plan, elf)
 
     def uses(trial: Plan) -> list[RegionUse]:
-        sizes = dict(fixed, kv_cache=trial.context_state_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes)
+        sizes = dict(
+            fixed, kv_cache=trial.context_state_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes
+        )
         return [
             RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds}) for r in board.memory
         ]

@@ -81,7 +81,14 @@ def cache_constants(plan: Plan, reserve_bytes: int) -> CacheConstants:
     # +1 block: an extent starting at any 64-byte boundary, read from the 4 KiB boundary below it.
     slot_bytes = align_up(expert_bytes, STORAGE_ALIGN) + STORAGE_ALIGN if groups else 0
     resident = plan.image.image_bytes - sum(g.n_experts * g.stride for g in groups)
-    fixed = resident + plan.context_state_bytes + plan.scratch_bytes + plan.rope_table_bytes + plan.expanded_bytes + reserve_bytes
+    fixed = (
+        resident
+        + plan.context_state_bytes
+        + plan.scratch_bytes
+        + plan.rope_table_bytes
+        + plan.expanded_bytes
+        + reserve_bytes
+    )
     spec = plan.spec
     n_moe = len(groups)
     return CacheConstants(

@@ -24,7 +24,17 @@ from .image_format import DTYPE_CODES, QUANT_CODES
 from .plan import ALIGN, Plan, align_up, expert_groups
 
 # A Gated DeltaNet layer's fields in ColibriLayerWeights (model_def.h), and which are matrices.
-LINEAR_LAYER_PARTS = ("lin_qkv", "lin_z", "lin_b", "lin_a", "lin_conv", "lin_dt_bias", "lin_a_log", "lin_norm", "lin_out")
+LINEAR_LAYER_PARTS = (
+    "lin_qkv",
+    "lin_z",
+    "lin_b",
+    "lin_a",
+    "lin_conv",
+    "lin_dt_bias",
+    "lin_a_log",
+    "lin_norm",
+    "lin_out",
+)
 LINEAR_LAYER_MATRICES = ("lin_qkv", "lin_z", "lin_b", "lin_a", "lin_out")
 
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code

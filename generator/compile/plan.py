@@ -569,7 +569,12 @@ def make_plan(
             ("lin_z", "float", n * spec.linear_value_dim, "DeltaNet: output gate projection, per token"),
             ("lin_b", "float", n * spec.linear_v_heads, "DeltaNet: beta projection, per token"),
             ("lin_a", "float", n * spec.linear_v_heads, "DeltaNet: decay projection, per token"),
-            ("lin_out", "float", n * spec.linear_value_dim, "DeltaNet: delta-rule output, then gated-normed, per token"),
+            (
+                "lin_out",
+                "float",
+                n * spec.linear_value_dim,
+                "DeltaNet: delta-rule output, then gated-normed, per token",
+            ),
             ("lin_memory", "float", spec.linear_v_dim, "DeltaNet: one head's state times its key"),
         ]
     if any(t.dtype in Q8_INPUT_TYPES for t in tensors):

@@ -44,10 +44,14 @@ def test_the_recurrent_state_is_a_fixed_arena_beside_a_kv_cache_of_the_attention
     # report says what the state costs per layer, and that a longer context does not change it.
     host = load_board("host")
     lines = [format_report(planned_report(host, p)).splitlines()[1] for p in (small, large)]
-    assert lines[0] == lines[1] == (
-        "  Gated DeltaNet state: 3 layers x 5,632 B (convolution 1,536 B + delta rule 4,096 B) = 16,896 B, "
-        "fixed: it does not grow with the context (counted under kv_cache, beside the KV cache of the 1 "
-        "attention layer)"
+    assert (
+        lines[0]
+        == lines[1]
+        == (
+            "  Gated DeltaNet state: 3 layers x 5,632 B (convolution 1,536 B + delta rule 4,096 B) = 16,896 B, "
+            "fixed: it does not grow with the context (counted under kv_cache, beside the KV cache of the 1 "
+            "attention layer)"
+        )
     )
     assert planned_report(host, large).to_json()["linear_state"]["grows_with_context"] is False
 

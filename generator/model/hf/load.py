@@ -599,7 +599,9 @@ def _view(spec: ModelSpec, canonical: str, path: Path, info: TensorInfo) -> HfTe
     Qwen3.5's gated norm, which scales by w), the queries and the output gate of Qwen3.5's q_proj
     (each head's head_dim queries, then its head_dim gates), its convolution's taps as one vector."""
     family = FAMILIES[spec.family]
-    plus_one = (family.gemma or family.hybrid_linear) and canonical.endswith("norm") and not canonical.endswith("lin_norm")
+    plus_one = (
+        (family.gemma or family.hybrid_linear) and canonical.endswith("norm") and not canonical.endswith("lin_norm")
+    )
     if spec.attn_output_gate and (canonical.endswith(".wq") or canonical.endswith(".wq_gate")):
         hd = spec.head_dim
         if info.shape != (2 * spec.q_dim, spec.hidden_size):

@@ -227,7 +227,8 @@ class Reference:
     def _deltanet(self, layer: int, act) -> np.ndarray:
         """A Gated DeltaNet layer's output for one token (its state updated): the q/k/v projection
         through the causal convolution and SiLU, l2-normalised q (scaled by 1/sqrt(key dim)) and k,
-        beta = sigmoid(b), the decay exp(-exp(A_log) * softplus(a + dt_bias)), the delta rule per
+        beta = sigmoid(b), the decay exp(-exp(A_log) * softplus(a + dt_bias)) (-exp(A_log): the
+        image's lin_decay_scale, made at import), the delta rule per
         value head, the gated RMSNorm with z, out_proj. Nothing here depends on the position."""
         s, p = self.spec, f"layers.{layer}."
         nk, nv, dk, dv = s.linear_k_heads, s.linear_v_heads, s.linear_k_dim, s.linear_v_dim
@@ -241,7 +242,7 @@ class Reference:
         q = l2norm(mixed[:key_dim].reshape(nk, dk)) * F32(dk**-0.5)
         k = l2norm(mixed[key_dim : 2 * key_dim].reshape(nk, dk))
         v = mixed[2 * key_dim :].reshape(nv, dv)
-        rate = -expf(self.w[p + "lin_a_log"]) * softplus(a + self.w[p + "lin_dt_bias"])
+        rate = self.w[p + "lin_decay_scale"] * softplus(a + self.w[p + "lin_dt_bias"])
         decay = expf(rate)
         out = np.empty((nv, dv), dtype=np.float32)
         state = self.delta_state[layer]

@@ -32,7 +32,7 @@ void deltanet_token(const ColibriLayerWeights *lw, int layer, float *qkv, const 
     }
     for (int h = 0; h < COLIBRI_LINEAR_V_HEADS; h++) {
         const float beta = op_sigmoid(b[h]);
-        const float rate = -op_expf(lw->lin_a_log[h]) * op_softplus(a[h] + lw->lin_dt_bias[h]);
+        const float rate = lw->lin_decay_scale[h] * op_softplus(a[h] + lw->lin_dt_bias[h]);
         const float decay = op_expf(rate);
         const int key_head = h / KEYS_PER_VALUE_HEAD;
         float *oh = out + h * COLIBRI_LINEAR_V_DIM;

@@ -31,7 +31,7 @@ LINEAR_LAYER_PARTS = (
     "lin_a",
     "lin_conv",
     "lin_dt_bias",
-    "lin_a_log",
+    "lin_decay_scale",
     "lin_norm",
     "lin_out",
 )

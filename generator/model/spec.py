@@ -178,7 +178,8 @@ def _attention_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
 def _linear_attention_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
     """A Gated DeltaNet layer's tensors: the q/k/v, z (output gate), b (beta) and a (decay)
     projections, the convolution's taps (channel after channel, kernel values each), the decay's
-    dt_bias and A_log per value head, the gated RMSNorm's weight (one value head wide) and out_proj."""
+    dt_bias and -exp(A_log) per value head (the decay's scale, as llama.cpp stores it: ssm_a), the
+    gated RMSNorm's weight (one value head wide) and out_proj."""
     d, nv = spec.hidden_size, spec.linear_v_heads
     return {
         p + "lin_qkv": (spec.linear_conv_dim, d),
@@ -187,7 +188,7 @@ def _linear_attention_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ..
         p + "lin_a": (nv, d),
         p + "lin_conv": (spec.linear_conv_dim * spec.linear_conv_kernel,),
         p + "lin_dt_bias": (nv,),
-        p + "lin_a_log": (nv,),
+        p + "lin_decay_scale": (nv,),
         p + "lin_norm": (spec.linear_v_dim,),
         p + "lin_out": (d, spec.linear_value_dim),
     }

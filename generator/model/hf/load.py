@@ -91,7 +91,7 @@ HF_LINEAR_LAYER_PARTS = {
     "linear_attn.in_proj_a.weight": "lin_a",
     "linear_attn.conv1d.weight": "lin_conv",
     "linear_attn.dt_bias": "lin_dt_bias",
-    "linear_attn.A_log": "lin_a_log",
+    "linear_attn.A_log": "lin_decay_scale",
     "linear_attn.norm.weight": "lin_norm",
     "linear_attn.out_proj.weight": "lin_out",
 }
@@ -180,6 +180,7 @@ class HfTensor:
     row_first: int = 0
     row_count: int = 0
     flat: bool = False  # the whole tensor as one vector (Qwen3.5's conv1d taps, [channels, 1, kernel])
+    neg_exp: bool = False  # -exp(w), in float64 rounded to float32 (Qwen3.5's A_log: the decay's scale)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -202,6 +203,8 @@ class HfTensor:
             arr = read_rows(self.path, self.info, lo, int(physical[-1]) + 1)[physical - lo]
         else:
             arr = read_rows(self.path, self.info, start, stop)
+        if self.neg_exp:
+            arr = (-np.exp(arr.astype(np.float64))).astype(np.float32)
         if self.plus_one:
             # Gemma's RMSNorm scales by (1 + w), computed in float32: folded in once here, so
             # every norm in the runtime is the same x * inv * w.
@@ -611,6 +614,8 @@ def _view(spec: ModelSpec, canonical: str, path: Path, info: TensorInfo) -> HfTe
         if info.shape != (spec.linear_conv_dim, 1, spec.linear_conv_kernel):
             return HfTensor(path, info)
         return HfTensor(path, info, flat=True)
+    if canonical.endswith("lin_decay_scale"):
+        return HfTensor(path, info, neg_exp=True)
     return HfTensor(path, info, plus_one=plus_one)
 
 

@@ -1,0 +1,48 @@
+"""Qwen3.5-MoE from GGUF (llama.cpp's qwen35moe): the checkpoint of tests/models.py "qwen3_5_moe"
+written as llama.cpp's converter writes it (tests/gguf_files.py qwen35_hf_to_gguf: its value heads
+reordered, -exp(A_log), the squeezed convolution, (1 + w) norms) imports to the same ModelSpec and
+bit-identical tensors as its safetensors, and its firmware decodes the reference's bits, from F32
+weights quantized to q8_0 and from Q8_0 blocks kept as the file holds them."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from gguf_files import qwen35_hf_to_gguf
+
+from generator.model.load import load_model
+from generator.numerics.sampling import SamplingParams
+from generator.verify import compare, reference_run
+
+pytestmark = pytest.mark.slow  # GGUF files written, firmware built and run (about 20 s)
+
+PROMPT = [1, 17, 42, 99, 7, 3, 250]
+
+
+@pytest.fixture(scope="module")
+def qwen35_gguf(checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen35-gguf")
+    model = checkpoints("qwen3_5_moe")
+    return model, {t: qwen35_hf_to_gguf(model, root / f"qwen35-{t}.gguf", t) for t in ("F32", "Q8_0")}
+
+
+def test_gguf_imports_to_the_same_spec_and_tensors_as_the_safetensors(qwen35_gguf):
+    model, files = qwen35_gguf
+    hf, gguf = load_model(model), load_model(files["F32"])
+    assert dataclasses.replace(gguf.spec, name=hf.spec.name) == hf.spec
+    assert list(gguf.tensors) == list(hf.tensors)
+    for name in hf.tensors:
+        a, b = hf.tensors[name].load(), gguf.tensors[name].load()
+        assert a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32)), name
+
+
+@pytest.mark.parametrize("tensor_type, quant", [("F32", "q8_0"), ("Q8_0", "gguf")])
+def test_firmware_from_the_gguf_decodes_the_reference_bits(tensor_type, quant, qwen35_gguf, builder):
+    _, files = qwen35_gguf
+    sampling = SamplingParams(0.9, top_k=40, top_p=0.95, seed=11)
+    art, plan, request, result = builder.run(files[tensor_type], PROMPT, 12, quant=quant, sampling=sampling)
+    assert compare(result, reference_run(plan, art.weights, request)).passed
+    if quant == "gguf":
+        exact, again = plan.gguf_kept()
+        # Every DeltaNet matrix whose rows llama.cpp reordered keeps its Q8_0 blocks.
+        assert "layers.0.lin_qkv" in exact and "layers.0.lin_z" in exact and "layers.3.wq_gate" in exact

@@ -46,3 +46,47 @@ def test_firmware_from_the_gguf_decodes_the_reference_bits(tensor_type, quant, q
         exact, again = plan.gguf_kept()
         # Every DeltaNet matrix whose rows llama.cpp reordered keeps its Q8_0 blocks.
         assert "layers.0.lin_qkv" in exact and "layers.0.lin_z" in exact and "layers.3.wq_gate" in exact
+
+
+# llama.cpp's qwen35moe keys, damaged: one line each, nothing built.
+U32 = 4  # GGUF value type UINT32
+HOSTILE_KEYS = {
+    "no ssm.group_count": ("qwen35moe.ssm.group_count", None, "missing metadata 'qwen35moe.ssm.group_count'"),
+    "zero key groups": ("qwen35moe.ssm.group_count", 0, "'qwen35moe.ssm.group_count' must be at least 1, got 0"),
+    "value heads not a multiple of the groups": (
+        "qwen35moe.ssm.time_step_rank",
+        3,
+        "ssm.time_step_rank 3 must be a multiple of ssm.group_count 2",
+    ),
+    "conv kernel 0": ("qwen35moe.ssm.conv_kernel", 0, "'qwen35moe.ssm.conv_kernel' must be at least 1, got 0"),
+    "state size the tensors do not have": ("qwen35moe.ssm.state_size", 8, "the metadata implies"),
+    "odd partial rotary dims": (
+        "qwen35moe.rope.dimension_count",
+        3,
+        "rope.dimension_count 3 must be even and at most 16",
+    ),
+    "no experts": ("qwen35moe.expert_count", 0, "'qwen35moe.expert_count' must be at least 1, got 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_KEYS))
+def test_damaged_qwen35moe_keys_are_refused_in_one_line(case, qwen35_gguf, tmp_path, capsys):
+    import struct
+
+    from gguf_files import kv, raw_gguf
+
+    from generator.cli import main
+
+    key, value, message = HOSTILE_KEYS[case]
+    raw = raw_gguf(qwen35_gguf[1]["F32"])
+    kept = [e for e in raw.kvs if e[8 : 8 + struct.unpack_from("<Q", e)[0]].decode() != key]
+    raw.kvs = kept + ([] if value is None else [kv(key, U32, struct.pack("<I", value))])
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(raw.encode())
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["build", "--model", str(path), "--out", str(out)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("colibri: error: damaged.gguf: "), lines
+    assert message in lines[0]
+    assert not out.exists()

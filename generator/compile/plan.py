@@ -362,12 +362,18 @@ class Plan:
                 "kv_heads": self.spec.n_kv_heads,
                 "head_dim": self.spec.head_dim,
             },
-            "linear_state": {
-                "bytes": self.linear_state_bytes,
-                "layer_offsets": list(self.linear_state_offsets),
-                "conv_floats_per_layer": self.linear_conv_state_floats,
-                "delta_floats_per_layer": self.linear_delta_state_floats,
-            },
+            **(
+                {
+                    "linear_state": {
+                        "bytes": self.linear_state_bytes,
+                        "layer_offsets": list(self.linear_state_offsets),
+                        "conv_floats_per_layer": self.linear_conv_state_floats,
+                        "delta_floats_per_layer": self.linear_delta_state_floats,
+                    }
+                }
+                if self.linear_state_bytes
+                else {}
+            ),
             "rope_tables": {
                 "bytes": self.rope_table_bytes,
                 "tables": [asdict(r) for r in self.ropes],
@@ -392,7 +398,7 @@ class Plan:
             "scratch": self.scratch_bytes,
             "rope_tables": self.rope_table_bytes,
             "expanded_weights": self.expanded_bytes,
-            "linear_state": self.linear_state_bytes,
+            **({"linear_state": self.linear_state_bytes} if self.linear_state_bytes else {}),
         }
 
     def to_json(self) -> str:

@@ -238,6 +238,10 @@ QWEN35_CASES = {
         dict(layer_types=["linear_attention", "mamba", "linear_attention", "full_attention"]),
         'unsupported layer type "mamba" (supported: linear_attention, full_attention)',
     ),
+    "no full-attention layer": (
+        dict(layer_types=["linear_attention"] * 4),
+        "'layer_types' has no full_attention layer (at least one is supported)",
+    ),
     "zero heads": (dict(num_attention_heads=0), "'num_attention_heads' must be at least 1, got 0"),
     "zero key heads": (dict(linear_num_key_heads=0), "'linear_num_key_heads' must be at least 1, got 0"),
     "value heads not a multiple of key heads": (

@@ -449,6 +449,10 @@ def _hybrid_linear(meta: _Meta, n_layers: int, head_dim: int, rope_dim: int) -> 
             f"and ssm.inner_size {inner} of it"
         )
     linear = tuple(f"blk.{i}.ssm_a" in meta.gguf.tensors for i in range(n_layers))
+    if all(linear):
+        raise ColibriError(
+            f"{meta.where}: every layer is a DeltaNet layer (at least one full-attention layer is supported)"
+        )
     return dict(
         linear_layers=linear,
         linear_k_heads=k_heads,

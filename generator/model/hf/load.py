@@ -435,6 +435,8 @@ def _hybrid_linear(cfg: _Config, n_layers: int, head_dim: int) -> dict:
             raise ColibriError(
                 f"{cfg.where}: unsupported layer type {json.dumps(t)} (supported: {', '.join(LINEAR_LAYER_TYPES)})"
             )
+    if "full_attention" not in layer_types:
+        raise ColibriError(f"{cfg.where}: 'layer_types' has no full_attention layer (at least one is supported)")
     k_heads = cfg.int("linear_num_key_heads")
     v_heads = cfg.int("linear_num_value_heads")
     if v_heads % k_heads:

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "ops.h"
 
 #if COLIBRI_N_LINEAR_LAYERS > 0
@@ -36,7 +37,7 @@ void deltanet_token(const ColibriLayerWeights *lw, int layer, float *qkv, const 
         const float decay = op_expf(rate);
         const int key_head = h / KEYS_PER_VALUE_HEAD;
         float *oh = out + h * COLIBRI_LINEAR_V_DIM;
-        op_delta_rule_step(oh, delta_state + (int64_t)h * COLIBRI_LINEAR_K_DIM * COLIBRI_LINEAR_V_DIM,
+        kernel_delta_rule_step(oh, delta_state + (int64_t)h * COLIBRI_LINEAR_K_DIM * COLIBRI_LINEAR_V_DIM,
                            q + key_head * COLIBRI_LINEAR_K_DIM, k + key_head * COLIBRI_LINEAR_K_DIM,
                            v + h * COLIBRI_LINEAR_V_DIM, decay, beta, memory, COLIBRI_LINEAR_K_DIM,
                            COLIBRI_LINEAR_V_DIM);

@@ -200,26 +200,38 @@ void op_conv_step(float *x, float *state, const float *taps, int channels, int k
     }
 }
 
-void op_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
-                        float beta, float *memory, int key_dim, int value_dim)
+void op_delta_rule_step(float *restrict out, float *restrict state, const float *q, const float *k, const float *v, float decay,
+                        float beta, float *restrict memory, int key_dim, int value_dim)
 {
-    /* Decay the state and read what it holds for this key, row after row (sums in row order). */
-    for (int i = 0; i < key_dim; i++) {
+    /* Decay the state and read what it holds for this key, row after row (sums in row order: the
+     * first row starts each sum). Every j is its own chain, so a compiler may run the j loops
+     * several lanes wide without changing any sum. */
+    for (int j = 0; j < value_dim; j++) {
+        state[j] = state[j] * decay;
+        memory[j] = state[j] * k[0];
+    }
+    for (int i = 1; i < key_dim; i++) {
         float *row = state + (int64_t)i * value_dim;
+        const float ki = k[i];
         for (int j = 0; j < value_dim; j++) {
             row[j] = row[j] * decay;
-            memory[j] = (i == 0) ? row[j] * k[0] : memory[j] + row[j] * k[i];
+            memory[j] = memory[j] + row[j] * ki;
         }
     }
     /* The correction: what the value adds beyond what the state already predicts, times beta. */
     for (int j = 0; j < value_dim; j++) {
         memory[j] = (v[j] - memory[j]) * beta;
     }
-    for (int i = 0; i < key_dim; i++) {
+    for (int j = 0; j < value_dim; j++) {
+        state[j] = state[j] + k[0] * memory[j];
+        out[j] = state[j] * q[0];
+    }
+    for (int i = 1; i < key_dim; i++) {
         float *row = state + (int64_t)i * value_dim;
+        const float ki = k[i], qi = q[i];
         for (int j = 0; j < value_dim; j++) {
-            row[j] = row[j] + k[i] * memory[j];
-            out[j] = (i == 0) ? row[j] * q[0] : out[j] + row[j] * q[i];
+            row[j] = row[j] + ki * memory[j];
+            out[j] = out[j] + row[j] * qi;
         }
     }
 }

@@ -167,7 +167,7 @@ int main(int argc, char **argv)
         float *gates = read_exact(2 * sizeof(float));
         float *out = malloc(value_dim * sizeof(float));
         float *memory = malloc(value_dim * sizeof(float));
-        op_delta_rule_step(out, state, q, k, v, gates[0], gates[1], memory, n, value_dim);
+        kernel_delta_rule_step(out, state, q, k, v, gates[0], gates[1], memory, n, value_dim);
         write_all(out, value_dim * sizeof(float));
         write_all(state, (size_t)n * value_dim * sizeof(float));
     } else if (strcmp(op, "gated_rmsnorm") == 0) {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -106,7 +107,31 @@ class ModelSpec:
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no whitespace variance): part of the model hash."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return json.dumps(identity_fields(self), sort_keys=True, separators=(",", ":"))
+
+
+# Fields added after the model hash's first form: left out of it while at their defaults, so a model
+# without the feature keeps the identity (and the weight image, bit for bit) it had before.
+LATER_FIELDS = (
+    "linear_layers",
+    "linear_k_heads",
+    "linear_v_heads",
+    "linear_k_dim",
+    "linear_v_dim",
+    "linear_conv_kernel",
+    "attn_output_gate",
+    "rope_dim",
+)
+
+
+def identity_fields(spec: ModelSpec) -> dict:
+    """The spec as the model hash sees it: every field but LATER_FIELDS at their defaults."""
+    fields = asdict(spec)
+    default = {f.name: f.default for f in dataclasses.fields(ModelSpec) if f.name in LATER_FIELDS}
+    for name in LATER_FIELDS:
+        if fields[name] == default[name] or (name == "linear_layers" and not fields[name]):
+            fields.pop(name)
+    return fields
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:

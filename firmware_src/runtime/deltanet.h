@@ -13,7 +13,8 @@ void deltanet_reset(void);
  * z[VALUE_DIM], b[V_HEADS], a[V_HEADS]. The convolution and SiLU over q, k and v, l2-normalised q
  * (times 1 / sqrt(K_DIM)) and k, beta = sigmoid(b), the decay exp(decay_scale * softplus(a +
  * dt_bias)) (decay_scale = -exp(A_log), made at import), the delta rule per value head, the gated RMSNorm with z: out[VALUE_DIM], the input
- * of out_proj. memory: V_DIM floats of scratch. Nothing here depends on the position. */
+ * of out_proj. memory: V_HEADS x V_DIM floats of scratch (a row per value head: the heads may run
+ * on several threads). Nothing here depends on the position. */
 void deltanet_token(const ColibriLayerWeights *lw, int layer, float *qkv, const float *z, const float *b,
                     const float *a, float *out, float *memory);
 #endif

@@ -45,7 +45,8 @@ typedef struct {
     float *lin_b;      /* [BATCH][LINEAR_V_HEADS] beta projection */
     float *lin_a;      /* [BATCH][LINEAR_V_HEADS] decay projection */
     float *lin_out;    /* [BATCH][LINEAR_VALUE_DIM] delta-rule output, gated-normed: the input of out_proj */
-    float *lin_memory; /* [LINEAR_V_DIM] one head's state times its key */
+    float *lin_memory; /* [LINEAR_V_HEADS][LINEAR_V_DIM] each value head's state times its key: a row per
+                        * head, as the heads run in parallel */
 } ColibriBuffers;
 
 void colibri_buffers_init(ColibriBuffers *b);

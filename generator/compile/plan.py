@@ -581,7 +581,12 @@ def make_plan(
                 n * spec.linear_value_dim,
                 "DeltaNet: delta-rule output, then gated-normed, per token",
             ),
-            ("lin_memory", "float", spec.linear_v_dim, "DeltaNet: one head's state times its key"),
+            (
+                "lin_memory",
+                "float",
+                spec.linear_value_dim,
+                "DeltaNet: each value head's state times its key (heads run in parallel)",
+            ),
         ]
     if any(t.dtype in Q8_INPUT_TYPES for t in tensors):
         items += [

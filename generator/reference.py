@@ -14,10 +14,15 @@ from .compile.plan import Plan
 from .numerics import blocks, rope
 from .numerics.ops import (
     F32,
+    conv_step,
+    delta_rule_step,
     dot,
     exp_sum,
+    expf,
     f32,
+    gated_rmsnorm,
     gelu_tanh,
+    l2norm,
     matvec_f32,
     rmsnorm,
     seq_sum,
@@ -25,6 +30,7 @@ from .numerics.ops import (
     silu,
     softcap,
     softmax,
+    softplus,
 )
 from .numerics.ops import rope as apply_rope
 from .numerics.perplexity import Score
@@ -115,13 +121,25 @@ class Reference:
             else:
                 arr = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols, offset=start)
                 self.w[t.name] = arr.reshape(t.rows, t.cols) if t.rows > 1 else arr
-        self.tables = [rope.tables(r, self.spec.head_dim, plan.n_ctx) for r in plan.ropes]
+        self.tables = [rope.tables(r, self.spec.rotary_dim, plan.n_ctx) for r in plan.ropes]
         self.scale = F32(self.spec.score_scale)
         s = self.spec
         # Per layer, a ring of kv_slots[layer] positions: position t lives in slot t % slots.
         self.k_cache = [np.zeros((n, s.n_kv_heads, s.head_dim), dtype=np.float32) for n in plan.kv_slots]
         self.v_cache = [np.zeros_like(k) for k in self.k_cache]
         self.expert_counts = np.zeros((s.n_layers, max(1, s.n_experts)), dtype=np.int64)
+        # Gated DeltaNet layers: the convolution's last kernel - 1 inputs and each value head's
+        # key x value state, the whole context in a fixed size (zeroed when a sequence starts).
+        self.conv_state = {
+            i: np.zeros((s.linear_conv_kernel - 1, s.linear_conv_dim), dtype=np.float32)
+            for i in range(s.n_layers)
+            if s.is_linear(i)
+        }
+        self.delta_state = {
+            i: np.zeros((s.linear_v_heads, s.linear_k_dim, s.linear_v_dim), dtype=np.float32)
+            for i in range(s.n_layers)
+            if s.is_linear(i)
+        }
 
     # -- building blocks -------------------------------------------------------------------
     def _prepare(self, x: np.ndarray):
@@ -206,16 +224,56 @@ class Reference:
             out = out + scale * self._gated_ffn(p + "shared.", act)
         return out
 
+    def _deltanet(self, layer: int, act) -> np.ndarray:
+        """A Gated DeltaNet layer's output for one token (its state updated): the q/k/v projection
+        through the causal convolution and SiLU, l2-normalised q (scaled by 1/sqrt(key dim)) and k,
+        beta = sigmoid(b), the decay exp(-exp(A_log) * softplus(a + dt_bias)) (-exp(A_log): the
+        image's lin_decay_scale, made at import), the delta rule per
+        value head, the gated RMSNorm with z, out_proj. Nothing here depends on the position."""
+        s, p = self.spec, f"layers.{layer}."
+        nk, nv, dk, dv = s.linear_k_heads, s.linear_v_heads, s.linear_k_dim, s.linear_v_dim
+        mixed = self._linear(p + "lin_qkv", act)
+        z = self._linear(p + "lin_z", act).reshape(nv, dv)
+        beta = sigmoid(self._linear(p + "lin_b", act))
+        a = self._linear(p + "lin_a", act)
+        taps = self.w[p + "lin_conv"].reshape(s.linear_conv_dim, s.linear_conv_kernel)
+        mixed, self.conv_state[layer] = conv_step(self.conv_state[layer], mixed, taps)
+        key_dim = s.linear_key_dim
+        q = l2norm(mixed[:key_dim].reshape(nk, dk)) * F32(dk**-0.5)
+        k = l2norm(mixed[key_dim : 2 * key_dim].reshape(nk, dk))
+        v = mixed[2 * key_dim :].reshape(nv, dv)
+        rate = self.w[p + "lin_decay_scale"] * softplus(a + self.w[p + "lin_dt_bias"])
+        decay = expf(rate)
+        out = np.empty((nv, dv), dtype=np.float32)
+        state = self.delta_state[layer]
+        for h in range(nv):
+            kh = h // (nv // nk)
+            out[h], state[h] = delta_rule_step(state[h], q[kh], k[kh], v[h], decay[h], beta[h])
+        out = gated_rmsnorm(out, self.w[p + "lin_norm"], z, s.rms_norm_eps)
+        return self._linear(p + "lin_out", self._prepare(out.reshape(-1)))
+
+    def _reset_sequence(self) -> None:
+        """A sequence starts at position 0: the DeltaNet layers' states start from zero (the KV
+        cache needs nothing: a position's keys are written before they are read)."""
+        for state in (*self.conv_state.values(), *self.delta_state.values()):
+            state[:] = 0
+
     # -- the forward pass ------------------------------------------------------------------
     def forward(self, token: int, pos: int, want_logits: bool = True) -> np.ndarray | None:
         s = self.spec
         eps = s.rms_norm_eps
         hd, group = s.head_dim, s.n_heads // s.n_kv_heads
+        if pos == 0:
+            self._reset_sequence()
         x = self._embed(token)
         for layer in range(s.n_layers):
             p = f"layers.{layer}."
             xn = rmsnorm(x, self.w[p + "attn_norm"], eps)
             act = self._prepare(xn)
+            if s.is_linear(layer):
+                x = x + self._deltanet(layer, act)
+                x = self._ffn_block(layer, x)
+                continue
             q = self._linear(p + "wq", act, p + "bq" if s.qkv_bias else None).reshape(s.n_heads, hd)
             k = self._linear(p + "wk", act, p + "bk" if s.qkv_bias else None).reshape(s.n_kv_heads, hd)
             v = self._linear(p + "wv", act, p + "bv" if s.qkv_bias else None).reshape(s.n_kv_heads, hd)
@@ -223,8 +281,13 @@ class Reference:
                 q = rmsnorm(q, self.w[p + "q_norm"], eps)
                 k = rmsnorm(k, self.w[p + "k_norm"], eps)
             cos, sin = self.tables[self.plan.layer_rope[layer]]
-            q = apply_rope(q, cos[pos], sin[pos])
-            k = apply_rope(k, cos[pos], sin[pos])
+            if s.rope_dim:  # partial RoPE: the leading rope_dim dims of each head rotate, the rest pass
+                r = s.rope_dim
+                q = np.concatenate([apply_rope(q[:, :r], cos[pos], sin[pos]), q[:, r:]], axis=1)
+                k = np.concatenate([apply_rope(k[:, :r], cos[pos], sin[pos]), k[:, r:]], axis=1)
+            else:
+                q = apply_rope(q, cos[pos], sin[pos])
+                k = apply_rope(k, cos[pos], sin[pos])
             slots = self.plan.kv_slots[layer]
             self.k_cache[layer][pos % slots] = k
             self.v_cache[layer][pos % slots] = v
@@ -239,26 +302,32 @@ class Reference:
                 scores = dot(keys, q[h][None, :], axis=1) * self.scale
                 probs = softmax(scores)
                 out[h] = seq_sum(probs[:, None] * values, axis=0)
+            if s.attn_output_gate:
+                out = out * sigmoid(self._linear(p + "wq_gate", act)).reshape(s.n_heads, hd)
             proj = self._linear(p + "wo", self._prepare(out.reshape(-1)), p + "bo" if s.o_bias else None)
             if s.post_norms:
                 proj = rmsnorm(proj, self.w[p + "post_attn_norm"], eps)
             x = x + proj
-
-            xn = rmsnorm(x, self.w[p + "ffn_norm"], eps)
-            act = self._prepare(xn)
-            if s.moe_layers and s.moe_layers[layer]:
-                down = self._moe(layer, act)
-            else:
-                down = self._gated_ffn(p, act, s.mlp_bias)
-            if s.post_norms:
-                down = rmsnorm(down, self.w[p + "post_ffn_norm"], eps)
-            x = x + down
+            x = self._ffn_block(layer, x)
         if not want_logits:
             return None
         xn = rmsnorm(x, self.w["final_norm"], eps)
         head = "embed" if s.tie_embeddings else "lm_head"
         logits = f32(self._linear(head, self._prepare(xn)))
         return softcap(logits, s.final_softcap) if s.final_softcap else logits
+
+    def _ffn_block(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """x + FFN(norm(x)): the gated FFN, or on MoE layers the mixture (and its post-norm, if any)."""
+        s, p = self.spec, f"layers.{layer}."
+        xn = rmsnorm(x, self.w[p + "ffn_norm"], s.rms_norm_eps)
+        act = self._prepare(xn)
+        if s.moe_layers and s.moe_layers[layer]:
+            down = self._moe(layer, act)
+        else:
+            down = self._gated_ffn(p, act, s.mlp_bias)
+        if s.post_norms:
+            down = rmsnorm(down, self.w[p + "post_ffn_norm"], s.rms_norm_eps)
+        return x + down
 
     def generate(
         self,

@@ -27,6 +27,8 @@ def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
     }
     if plan.expand_q4:
         expected["colibri_expanded"] = plan.expanded_bytes
+    if plan.linear_state_bytes:
+        expected["colibri_linear_state"] = plan.linear_state_bytes
     for symbol, size in expected.items():
         got = elf.symbols.get(symbol)
         if got != size:
@@ -36,14 +38,14 @@ def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
 
 
 def category_bytes(board: Board, plan: Plan, elf: ElfSizes) -> dict[str, int]:
-    arenas = plan.kv_bytes + plan.scratch_bytes + plan.expanded_bytes
+    arenas = plan.context_state_bytes + plan.scratch_bytes + plan.expanded_bytes
     stack = elf.sections.get(".stack", 0)
     embedded = plan.image.image_bytes if board.weights == "embedded" else 0
     return {
         "code": elf.code,
         "weights": plan.image.image_bytes,
         "expanded_weights": plan.expanded_bytes,
-        "kv_cache": plan.kv_bytes,
+        "kv_cache": plan.context_state_bytes,
         "scratch": plan.scratch_bytes,
         "rope_tables": plan.rope_table_bytes,
         "stack": stack,
@@ -72,7 +74,9 @@ def linked_use(board: Board, plan: Plan, elf: ElfSizes) -> Callable[[Plan], list
     fixed = category_bytes(board, plan, elf)
 
     def uses(trial: Plan) -> list[RegionUse]:
-        sizes = dict(fixed, kv_cache=trial.kv_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes)
+        sizes = dict(
+            fixed, kv_cache=trial.context_state_bytes, scratch=trial.scratch_bytes, rope_tables=trial.rope_table_bytes
+        )
         return [
             RegionUse(r.name, r.kind, r.size, {c: sizes[c] for c in CATEGORIES if c in r.holds}) for r in board.memory
         ]
@@ -113,6 +117,7 @@ class MemoryReport:
     elf_sections: dict[str, int] | None  # section name -> bytes; None: planned only
     code_estimate: int | None  # planned only: the board's code reserve
     memory_budget: CachePlan | None = None  # the expert cache, under --memory-budget
+    linear_state: dict[str, Any] | None = None  # Gated DeltaNet layers: Plan.linear_state_report()
 
     @property
     def planned_only(self) -> bool:
@@ -148,6 +153,8 @@ class MemoryReport:
         }
         if self.memory_budget is not None:
             out["memory_budget"] = self.memory_budget.to_dict()
+        if self.linear_state is not None:
+            out["linear_state"] = self.linear_state
         return out
 
 
@@ -194,6 +201,7 @@ def _report(
         fits=not any(u.over_budget for u in uses),
         elf_sections=elf_sections,
         code_estimate=code_estimate,
+        linear_state=plan.linear_state_report(),
     )
 
 
@@ -208,6 +216,8 @@ def format_report(rep: MemoryReport) -> str:
         lines.append(f"  q4_1 weights: {rep.q4_1_weights}")
     if rep.kept_f32.summary:
         lines.append(f"  {rep.kept_f32.summary}")
+    if rep.linear_state:
+        lines.append(f"  {rep.linear_state['summary']}")
     if rep.gguf:
         lines.append(f"  {rep.gguf['summary']}")
         for t in rep.gguf["quantized_again"]:

@@ -434,3 +434,117 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _tiled_value_heads(n_k: int, n_v: int, width: int) -> np.ndarray:
+    """convert_hf_to_gguf's _LinearAttentionVReorderBase._reorder_v_heads as an index: the file's
+    value-head element i comes from Hugging Face's element order[i] (heads grouped by key head
+    there, tiled in the file)."""
+    r = n_v // n_k
+    return np.arange(n_v * width).reshape(n_k, r, width).swapaxes(0, 1).reshape(-1)
+
+
+def qwen35_hf_to_gguf(model_dir: Path, out: Path, tensor_type: str = "F32") -> Path:
+    """A Qwen3_5MoeForCausalLM checkpoint (tests/models.py "qwen3_5_moe") as llama.cpp's
+    conversion/qwen.py Qwen3_5MoeTextModel writes it: architecture qwen35moe, the ssm.* keys,
+    rope.dimension_count the partial rotary dims, (1 + w) norms except linear_attn.norm,
+    A_log as -exp(A_log) (`ssm_a`), dt_bias as `ssm_dt.bias`, conv1d squeezed to [channels, kernel],
+    the value heads reordered from grouped to tiled (qkv's v rows, z, b, a, A_log, dt_bias, the v
+    channels of conv1d, out_proj's columns), post_attention_layernorm as post_attention_norm, experts
+    stacked. The converter itself needs the model's real tokenizer (its set_vocab checks the
+    pre-tokenizer's hash), which a random-init checkpoint has not: hence this re-implementation.
+    -exp is taken in float64 and rounded (the converter's torch.exp in float32 may differ by 1 ulp)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    n_k, n_v = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    key_dim = n_k * dk
+    head_dim = cfg["head_dim"]
+    rope = cfg["rope_parameters"]
+    w = gguf.GGUFWriter(str(out), "qwen35moe")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
+    w.add_rope_dimension_sections([11, 11, 10, 0])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(dk)
+    w.add_ssm_group_count(n_k)
+    w.add_ssm_time_step_rank(n_v)
+    w.add_ssm_inner_size(dv * n_v)
+    w.add_full_attention_interval(4)
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+
+    heads_v = _tiled_value_heads(n_k, n_v, dv)
+    heads_1 = _tiled_value_heads(n_k, n_v, 1)
+    linear_parts = {
+        "in_proj_qkv.weight": "attn_qkv.weight",
+        "in_proj_z.weight": "attn_gate.weight",
+        "in_proj_b.weight": "ssm_beta.weight",
+        "in_proj_a.weight": "ssm_alpha.weight",
+        "conv1d.weight": "ssm_conv1d.weight",
+        "dt_bias": "ssm_dt.bias",
+        "A_log": "ssm_a",
+        "norm.weight": "ssm_norm.weight",
+        "out_proj.weight": "ssm_out.weight",
+    }
+    hf = load_file(str(model_dir / "model.safetensors"))
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for name, data in hf.items():
+        data = np.asarray(data, dtype=np.float32)
+        if name == "model.embed_tokens.weight":
+            target = "token_embd.weight"
+        elif name == "model.norm.weight":
+            target = "output_norm.weight"
+        elif name == "lm_head.weight":
+            target = "output.weight"
+        else:
+            layer, part = name[len("model.layers.") :].split(".", 1)
+            if ".experts." in part:
+                expert, which = part.split(".experts.")[1].split(".")[:2]
+                experts.setdefault(f"blk.{layer}.{EXPERTS[which]}.weight", {})[int(expert)] = data
+                continue
+            if part.startswith("linear_attn."):
+                sub = part[len("linear_attn.") :]
+                target = f"blk.{layer}.{linear_parts[sub]}"
+                if sub == "A_log":
+                    data = (-np.exp(data.astype(np.float64))).astype(np.float32)
+                if sub == "conv1d.weight":
+                    data = data.reshape(data.shape[0], data.shape[2])
+                if sub in ("in_proj_qkv.weight", "conv1d.weight"):
+                    data = np.concatenate([data[: 2 * key_dim], data[2 * key_dim :][heads_v]])
+                elif sub == "in_proj_z.weight":
+                    data = data[heads_v]
+                elif sub in ("in_proj_b.weight", "in_proj_a.weight", "dt_bias", "A_log"):
+                    data = data[heads_1]
+                elif sub == "out_proj.weight":
+                    data = data[:, heads_v]
+            elif part == "post_attention_layernorm.weight":
+                target = f"blk.{layer}.post_attention_norm.weight"
+            else:
+                target = f"blk.{layer}.{HF_TO_GGUF[part]}"
+        if name.endswith("norm.weight") and ".linear_attn.norm." not in name:
+            data = (np.float32(1.0) + data).astype(np.float32)
+        # The converter keeps the convolution's taps F32 (as every 1-D tensor).
+        _add(w, target, data, "F32" if target.endswith("ssm_conv1d.weight") else tensor_type)
+    for target, by_index in experts.items():
+        _add(w, target, np.stack([by_index[e] for e in sorted(by_index)]), tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

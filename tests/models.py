@@ -206,6 +206,32 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=False,
         ),
     ),
+    # Qwen3.5-MoE text tower: 3 Gated DeltaNet layers + 1 gated full-attention layer (layer_types),
+    # 2 key heads shared by 4 value heads, conv kernel 4, partial RoPE (a quarter of head_dim 16),
+    # 8 experts top-2 renormalised, a shared expert with its sigmoid gate, (1 + w) norms.
+    "qwen3_5_moe": (
+        "Qwen3_5MoeTextConfig",
+        "Qwen3_5MoeForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 
 

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from generator.boards import available_boards, load_board  # noqa: E402
+from generator.compile.cache_plan import cache_constants, slots_for_budget  # noqa: E402
 from generator.compile.plan import make_plan  # noqa: E402
 from generator.model.hf.load import parse_config, read_json  # noqa: E402
 from generator.report import planned_report  # noqa: E402
@@ -36,6 +37,8 @@ def render() -> str:
         "from `./colibri report --board B --model models/configs/NAME`. q8_0 weights; each board's default",
         "context (capped by the model); code is the board's reserve (`code_reserve`), 0 where no budget",
         "applies. Sizes in MiB; *largest ctx* is the longest context whose plan fits every budgeted region.",
+        "*KV cache* is what the model keeps of the context: keys and values, and the fixed recurrent state",
+        "of Gated DeltaNet layers (Qwen3.5).",
         "",
         "| model | params (M) | board | ctx | weights | KV cache | scratch | RoPE | fits | over budget | largest ctx |",
         "|---|---:|---|---:|---:|---:|---:|---:|---|---|---:|",
@@ -62,12 +65,52 @@ def render() -> str:
                 f"{'yes' if rep.fits else '**no**'} | {over} | "
                 f"{'no limit' if largest is None else largest} |"
             )
+    lines += moe_budget_lines()
     lines += [
         "",
         "The bundled default model, `models/kjv-tiny`, is the one that fits `esp32p4`; see its model card.",
         "",
     ]
     return "\n".join(lines)
+
+
+BUDGET_BOARD = "linux-aarch64"  # a Linux board: experts paged under --memory-budget
+BOARD_RAM = (4 << 30, 8 << 30)
+
+
+def moe_budget_lines() -> list[str]:
+    """The MoE configurations under a memory budget on linux-aarch64: the resident part (every
+    tensor but the routed experts), one expert's bytes, all experts, the least budget (top-k slots)
+    and the expert slots a 4 GiB and an 8 GiB board's RAM gives, for q8_0 and q4_0."""
+    lines = [
+        "",
+        "## Mixtures of experts under a memory budget",
+        "",
+        f"On `{BUDGET_BOARD}` at its default context: the resident part stays in RAM, the routed experts are",
+        "read from the mapped image into one pool of slots (docs/commands.md `--memory-budget`). Sizes in MiB;",
+        "*slots* is how many experts the whole board's RAM holds beside the rest (the budget = the RAM).",
+        "",
+        "| model | quant | ctx | resident | one expert | all experts | least budget | slots in 4 GiB | slots in 8 GiB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    board = load_board(BUDGET_BOARD)
+    for model_dir in sorted(p for p in CONFIGS.iterdir() if (p / "config.json").is_file()):
+        spec = parse_config(read_json(model_dir / "config.json"), model_dir.name)
+        if not spec.n_experts:
+            continue
+        n_ctx = min(board.default_ctx, spec.max_position_embeddings)
+        for quant in ("q8_0", "q4_0"):
+            plan = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch)
+            c = cache_constants(plan, board.budget_reserve)
+            experts = plan.image.image_bytes - c.resident_bytes
+            slots = [slots_for_budget(c, ram) for ram in BOARD_RAM]
+            lines.append(
+                f"| {model_dir.name} | {quant} | {n_ctx} | {mib(c.resident_bytes)} | {mib(c.expert_bytes)} | "
+                f"{mib(experts)} | {mib(c.min_budget)} | "
+                + " | ".join("does not fit" if n is None else f"{n:,} of {c.max_slots:,}" for n in slots)
+                + " |"
+            )
+    return lines
 
 
 def main(argv: list[str]) -> int:

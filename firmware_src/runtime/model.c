@@ -3,6 +3,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "deltanet.h"
 #include "expert_cache.h"
 #include "kernels/kernels.h"
 #include "ops.h"
@@ -48,6 +49,21 @@ void colibri_buffers_init(ColibriBuffers *b)
 #else
     b->router_logits = b->moe_out = b->expert_terms = b->expert_weights = NULL;
     b->expert_ids = b->expert_counts = NULL;
+#endif
+#if COLIBRI_ATTN_OUTPUT_GATE
+    b->q_gate = (float *)(s + COLIBRI_SCRATCH_Q_GATE_OFFSET);
+#else
+    b->q_gate = NULL;
+#endif
+#if COLIBRI_N_LINEAR_LAYERS > 0
+    b->lin_qkv = (float *)(s + COLIBRI_SCRATCH_LIN_QKV_OFFSET);
+    b->lin_z = (float *)(s + COLIBRI_SCRATCH_LIN_Z_OFFSET);
+    b->lin_b = (float *)(s + COLIBRI_SCRATCH_LIN_B_OFFSET);
+    b->lin_a = (float *)(s + COLIBRI_SCRATCH_LIN_A_OFFSET);
+    b->lin_out = (float *)(s + COLIBRI_SCRATCH_LIN_OUT_OFFSET);
+    b->lin_memory = (float *)(s + COLIBRI_SCRATCH_LIN_MEMORY_OFFSET);
+#else
+    b->lin_qkv = b->lin_z = b->lin_b = b->lin_a = b->lin_out = b->lin_memory = NULL;
 #endif
 #if COLIBRI_ACT_Q8_0
     b->act_qs = (int8_t *)(s + COLIBRI_SCRATCH_ACT_QS_OFFSET);
@@ -549,9 +565,35 @@ static void normalize(ColibriBuffers *b, const float *weight, int n)
     }
 }
 
+#if COLIBRI_N_LINEAR_LAYERS > 0
+/* A Gated DeltaNet layer on the n tokens of xn into b->proj: the projections for all tokens at
+ * once, the recurrence token after token (each one's state follows the one before), out_proj. */
+static void linear_attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int n)
+{
+    const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
+    linear(b->lin_qkv, &xn, &lw->lin_qkv, NULL, COLIBRI_LINEAR_CONV_DIM);
+    linear(b->lin_z, &xn, &lw->lin_z, NULL, COLIBRI_LINEAR_VALUE_DIM);
+    linear(b->lin_b, &xn, &lw->lin_b, NULL, COLIBRI_LINEAR_V_HEADS);
+    linear(b->lin_a, &xn, &lw->lin_a, NULL, COLIBRI_LINEAR_V_HEADS);
+    for (int t = 0; t < n; t++) {
+        deltanet_token(lw, layer, b->lin_qkv + (int64_t)t * COLIBRI_LINEAR_CONV_DIM,
+                       b->lin_z + (int64_t)t * COLIBRI_LINEAR_VALUE_DIM, b->lin_b + (int64_t)t * COLIBRI_LINEAR_V_HEADS,
+                       b->lin_a + (int64_t)t * COLIBRI_LINEAR_V_HEADS, b->lin_out + (int64_t)t * COLIBRI_LINEAR_VALUE_DIM,
+                       b->lin_memory);
+    }
+    const MatmulInput mixed = matmul_input(b, b->lin_out, n, COLIBRI_LINEAR_VALUE_DIM);
+    linear(b->proj, &mixed, &lw->lin_out, NULL, COLIBRI_DIM);
+}
+#endif
+
 int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos,
                     int want_logits)
 {
+#if COLIBRI_N_LINEAR_LAYERS > 0
+    if (pos == 0) {
+        deltanet_reset(); /* a new sequence: the recurrences start from zero */
+    }
+#endif
     for (int t = 0; t < n; t++) {
         embed(b->x + (int64_t)t * COLIBRI_DIM, &w->embed, tokens[t]);
     }
@@ -563,21 +605,36 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
          * (each one's keys and values enter the cache before it attends, so a token sees
          * exactly the positions up to its own, and a sliding layer's ring is never overrun). */
         normalize(b, lw->attn_norm, n);
-        const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
-        linear(b->q, &xn, &lw->wq, lw->bq, COLIBRI_Q_DIM);
-        linear(b->k, &xn, &lw->wk, lw->bk, COLIBRI_KV_DIM);
-        linear(b->v, &xn, &lw->wv, lw->bv, COLIBRI_KV_DIM);
-        for (int t = 0; t < n; t++) {
-            float *q = b->q + (int64_t)t * COLIBRI_Q_DIM;
-            float *k = b->k + (int64_t)t * COLIBRI_KV_DIM;
-            position_qk(lw, l, pos + t, q, k);
-            memcpy(colibri_key_cache + kv_slot(l, pos + t), k, COLIBRI_KV_DIM * sizeof(float));
-            memcpy(colibri_value_cache + kv_slot(l, pos + t), b->v + (int64_t)t * COLIBRI_KV_DIM,
-                   COLIBRI_KV_DIM * sizeof(float));
-            attention(b, l, pos + t, q, b->attn_out + (int64_t)t * COLIBRI_Q_DIM);
+#if COLIBRI_N_LINEAR_LAYERS > 0
+        if (colibri_layer_linear[l]) {
+            linear_attention(b, lw, l, n);
+        } else
+#endif
+        {
+            const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
+            linear(b->q, &xn, &lw->wq, lw->bq, COLIBRI_Q_DIM);
+            linear(b->k, &xn, &lw->wk, lw->bk, COLIBRI_KV_DIM);
+            linear(b->v, &xn, &lw->wv, lw->bv, COLIBRI_KV_DIM);
+#if COLIBRI_ATTN_OUTPUT_GATE
+            linear(b->q_gate, &xn, &lw->wq_gate, NULL, COLIBRI_Q_DIM);
+#endif
+            for (int t = 0; t < n; t++) {
+                float *q = b->q + (int64_t)t * COLIBRI_Q_DIM;
+                float *k = b->k + (int64_t)t * COLIBRI_KV_DIM;
+                position_qk(lw, l, pos + t, q, k);
+                memcpy(colibri_key_cache + kv_slot(l, pos + t), k, COLIBRI_KV_DIM * sizeof(float));
+                memcpy(colibri_value_cache + kv_slot(l, pos + t), b->v + (int64_t)t * COLIBRI_KV_DIM,
+                       COLIBRI_KV_DIM * sizeof(float));
+                attention(b, l, pos + t, q, b->attn_out + (int64_t)t * COLIBRI_Q_DIM);
+            }
+#if COLIBRI_ATTN_OUTPUT_GATE
+            for (int64_t i = 0; i < (int64_t)n * COLIBRI_Q_DIM; i++) {
+                b->attn_out[i] = b->attn_out[i] * op_sigmoid(b->q_gate[i]);
+            }
+#endif
+            const MatmulInput attn_out = matmul_input(b, b->attn_out, n, COLIBRI_Q_DIM);
+            linear(b->proj, &attn_out, &lw->wo, lw->bo, COLIBRI_DIM);
         }
-        const MatmulInput attn_out = matmul_input(b, b->attn_out, n, COLIBRI_Q_DIM);
-        linear(b->proj, &attn_out, &lw->wo, lw->bo, COLIBRI_DIM);
         residual_add(b, lw->post_attn_norm, n);
 
         /* Feed-forward block: a gated FFN, down(act(gate(x)) * up(x)) with act SiLU or GELU, or

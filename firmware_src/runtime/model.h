@@ -37,6 +37,16 @@ typedef struct {
     int32_t *expert_ids;   /* [EXPERTS_PER_TOKEN] the experts selected for this token, best first */
     int32_t *expert_counts; /* [N_LAYERS][N_EXPERTS] how often each expert was selected in this request
                              * (the experts frames) */
+    /* Gated attention (else NULL): the output gate's logits, [BATCH][Q_DIM]. */
+    float *q_gate;
+    /* Gated DeltaNet builds only (else NULL); the recurrence runs token after token. */
+    float *lin_qkv;    /* [BATCH][LINEAR_CONV_DIM] q, k, v projections, then convolved */
+    float *lin_z;      /* [BATCH][LINEAR_VALUE_DIM] output gate projection */
+    float *lin_b;      /* [BATCH][LINEAR_V_HEADS] beta projection */
+    float *lin_a;      /* [BATCH][LINEAR_V_HEADS] decay projection */
+    float *lin_out;    /* [BATCH][LINEAR_VALUE_DIM] delta-rule output, gated-normed: the input of out_proj */
+    float *lin_memory; /* [LINEAR_V_HEADS][LINEAR_V_DIM] each value head's state times its key: a row per
+                        * head, as the heads run in parallel */
 } ColibriBuffers;
 
 void colibri_buffers_init(ColibriBuffers *b);

@@ -127,3 +127,119 @@ void op_rope(float *head, const float *cos, const float *sin, int half)
         head[i + half] = b * cos[i] + a * sin[i];
     }
 }
+
+/* ---- Gated DeltaNet (Qwen3.5's linear attention): generator/numerics/ops.py's definitions ---- */
+
+/* Natural log of a normal positive float: x = m 2^e, m in [sqrt(1/2), sqrt(2)), then
+ * e ln2 + 2 s p(s^2), s = (m - 1) / (m + 1), p the atanh series up to s^12. */
+float op_log(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    int32_t e = (int32_t)((bits >> 23) & 0xFFu) - 127;
+    uint32_t mant = (bits & 0x007FFFFFu) | 0x3F800000u;
+    float m;
+    memcpy(&m, &mant, sizeof m);
+    if (m > 1.41421356237309505f) {
+        m = m * 0.5f;
+        e = e + 1;
+    }
+    float s = (m - 1.0f) / (m + 1.0f);
+    float s2 = s * s;
+    float p = 1.0f / 13.0f;
+    p = p * s2 + 1.0f / 11.0f;
+    p = p * s2 + 1.0f / 9.0f;
+    p = p * s2 + 1.0f / 7.0f;
+    p = p * s2 + 1.0f / 5.0f;
+    p = p * s2 + 1.0f / 3.0f;
+    p = p * s2 + 1.0f;
+    return (float)e * 0.693147180559945309f + (2.0f * s) * p;
+}
+
+/* log(1 + e^x), x itself above 20; log1p(u) as log(w) * (u / (w - 1)) with w = 1 + u, so the
+ * digits of a small u that 1 + u rounds away are kept (u itself when w rounds to 1). */
+float op_softplus(float x)
+{
+    if (x > 20.0f) {
+        return x;
+    }
+    float u = op_expf(x);
+    float w = 1.0f + u;
+    if (w == 1.0f) {
+        return u;
+    }
+    return op_log(w) * (u / (w - 1.0f));
+}
+
+void op_l2norm(float *x, int n)
+{
+    float inv = 1.0f / sqrtf(op_dot(x, x, n) + 1e-6f);
+    for (int i = 0; i < n; i++) {
+        x[i] = x[i] * inv;
+    }
+}
+
+void op_conv_step(float *x, float *state, const float *taps, int channels, int kernel)
+{
+    const int history = kernel - 1;
+    for (int c = 0; c < channels; c++) {
+        const float *w = taps + (int64_t)c * kernel;
+        float acc = -0.0f; /* replaced exactly by the first term */
+        for (int j = 0; j < history; j++) {
+            acc = acc + w[j] * state[(int64_t)j * channels + c];
+        }
+        acc = acc + w[history] * x[c];
+        /* The window moves on: the oldest input leaves, this one enters last. */
+        for (int j = 0; j + 1 < history; j++) {
+            state[(int64_t)j * channels + c] = state[(int64_t)(j + 1) * channels + c];
+        }
+        if (history > 0) {
+            state[(int64_t)(history - 1) * channels + c] = x[c];
+        }
+        x[c] = op_silu(acc);
+    }
+}
+
+void op_delta_rule_step(float *restrict out, float *restrict state, const float *q, const float *k, const float *v, float decay,
+                        float beta, float *restrict memory, int key_dim, int value_dim)
+{
+    /* Decay the state and read what it holds for this key, row after row (sums in row order: the
+     * first row starts each sum). Every j is its own chain, so a compiler may run the j loops
+     * several lanes wide without changing any sum. */
+    for (int j = 0; j < value_dim; j++) {
+        state[j] = state[j] * decay;
+        memory[j] = state[j] * k[0];
+    }
+    for (int i = 1; i < key_dim; i++) {
+        float *row = state + (int64_t)i * value_dim;
+        const float ki = k[i];
+        for (int j = 0; j < value_dim; j++) {
+            row[j] = row[j] * decay;
+            memory[j] = memory[j] + row[j] * ki;
+        }
+    }
+    /* The correction: what the value adds beyond what the state already predicts, times beta. */
+    for (int j = 0; j < value_dim; j++) {
+        memory[j] = (v[j] - memory[j]) * beta;
+    }
+    for (int j = 0; j < value_dim; j++) {
+        state[j] = state[j] + k[0] * memory[j];
+        out[j] = state[j] * q[0];
+    }
+    for (int i = 1; i < key_dim; i++) {
+        float *row = state + (int64_t)i * value_dim;
+        const float ki = k[i], qi = q[i];
+        for (int j = 0; j < value_dim; j++) {
+            row[j] = row[j] + ki * memory[j];
+            out[j] = out[j] + row[j] * qi;
+        }
+    }
+}
+
+void op_gated_rmsnorm(float *x, const float *w, const float *z, int n, float eps)
+{
+    op_rmsnorm(x, x, w, n, eps);
+    for (int i = 0; i < n; i++) {
+        x[i] = x[i] * op_silu(z[i]);
+    }
+}

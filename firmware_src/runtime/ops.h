@@ -71,4 +71,21 @@ float op_exp_sum(const float *x, int n, float *max);
 /* Rotate-half RoPE of one head: pairs (i, i + half) with cos/sin of the position. */
 void op_rope(float *head, const float *cos, const float *sin, int half);
 
+/* Gated DeltaNet operations (Qwen3.5's linear attention). */
+float op_log(float x);      /* natural log of a normal positive float: our own, never libm's */
+float op_softplus(float x); /* log(1 + exp(x)); x above 20 */
+/* In place: x[i] * (1 / sqrt(sum(x^2) + 1e-6)). */
+void op_l2norm(float *x, int n);
+/* One position of the causal depthwise convolution, in place on x[channels], then SiLU:
+ * out_c = sum_j taps[c][j] * window[j][c] over the window (state's kernel - 1 rows, oldest first,
+ * then x), in j order; state moves on by one input. */
+void op_conv_step(float *x, float *state, const float *taps, int channels, int kernel);
+/* The gated delta rule of one head at one position on its state S[key_dim][value_dim]:
+ * S = S * decay; m_j = sum_i S_ij k_i; d_j = (v_j - m_j) * beta; S_ij = S_ij + k_i d_j;
+ * out_j = sum_i S_ij q_i (sums in i order). memory: value_dim floats of scratch. */
+void op_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
+                        float beta, float *memory, int key_dim, int value_dim);
+/* In place: x[i] = ((x[i] * inv) * w[i]) * silu(z[i]), inv = 1 / sqrt(mean(x^2) + eps). */
+void op_gated_rmsnorm(float *x, const float *w, const float *z, int n, float eps);
+
 #endif

@@ -81,7 +81,14 @@ def cache_constants(plan: Plan, reserve_bytes: int) -> CacheConstants:
     # +1 block: an extent starting at any 64-byte boundary, read from the 4 KiB boundary below it.
     slot_bytes = align_up(expert_bytes, STORAGE_ALIGN) + STORAGE_ALIGN if groups else 0
     resident = plan.image.image_bytes - sum(g.n_experts * g.stride for g in groups)
-    fixed = resident + plan.kv_bytes + plan.scratch_bytes + plan.rope_table_bytes + plan.expanded_bytes + reserve_bytes
+    fixed = (
+        resident
+        + plan.context_state_bytes
+        + plan.scratch_bytes
+        + plan.rope_table_bytes
+        + plan.expanded_bytes
+        + reserve_bytes
+    )
     spec = plan.spec
     n_moe = len(groups)
     return CacheConstants(
@@ -179,7 +186,7 @@ def too_small(plan: Plan, c: CacheConstants, what: str) -> str:
     return (
         f"{what} is too small for {plan.spec.name} "
         f"({plan.quant}, context {plan.n_ctx}): it needs at least {need:,} B ({format_size(need)}) = resident "
-        f"weights {c.resident_bytes:,} B + KV cache {plan.kv_bytes:,} B + scratch {plan.scratch_bytes:,} B + "
+        f"weights {c.resident_bytes:,} B + KV cache {plan.context_state_bytes:,} B + scratch {plan.scratch_bytes:,} B + "
         f"RoPE tables {plan.rope_table_bytes:,} B + reserve {c.reserve_bytes:,} B{slots_part}"
     )
 

@@ -20,6 +20,7 @@ ARENA_SYMBOLS = (
     "colibri_tensor_table",
     "colibri_expert_groups",
     "colibri_expanded",
+    "colibri_linear_state",
 )
 
 

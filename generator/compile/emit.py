@@ -23,6 +23,20 @@ from .cache_plan import STORAGE_ALIGN, cache_constants
 from .image_format import DTYPE_CODES, QUANT_CODES
 from .plan import ALIGN, Plan, align_up, expert_groups
 
+# A Gated DeltaNet layer's fields in ColibriLayerWeights (model_def.h), and which are matrices.
+LINEAR_LAYER_PARTS = (
+    "lin_qkv",
+    "lin_z",
+    "lin_b",
+    "lin_a",
+    "lin_conv",
+    "lin_dt_bias",
+    "lin_decay_scale",
+    "lin_norm",
+    "lin_out",
+)
+LINEAR_LAYER_MATRICES = ("lin_qkv", "lin_z", "lin_b", "lin_a", "lin_out")
+
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
 
 TEMPLATE_DIR = REPO / "templates"
@@ -171,7 +185,7 @@ def _placements(tensors: list[dict], groups: list[dict]) -> list[tuple[dict, dic
 
 def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = bytes(32)) -> dict:
     spec = plan.spec
-    tables = [rope.tables(r, spec.head_dim, plan.n_ctx) for r in plan.ropes]
+    tables = [rope.tables(r, spec.rotary_dim, plan.n_ctx) for r in plan.ropes]
     cos = np.concatenate([c for c, _ in tables])
     sin = np.concatenate([s_ for _, s_ in tables])
     tensors = [
@@ -202,6 +216,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
     for part in (
         "attn_norm",
         "wq",
+        "wq_gate",
         "bq",
         "wk",
         "bk",
@@ -220,8 +235,9 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         "w_down",
         "b_down",
         "post_ffn_norm",
+        *LINEAR_LAYER_PARTS,
     ):
-        matrix = part.startswith("w")
+        matrix = part.startswith("w") or part in LINEAR_LAYER_MATRICES
         layer_fields.append(
             dict(part=part, matrix=matrix, present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)])
         )
@@ -303,7 +319,15 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         moe=spec.n_experts > 0,
         layer_moe=", ".join("1" if m else "0" for m in (spec.moe_layers or (False,) * spec.n_layers)),
         moe_layer_indices=[i for i, m in enumerate(spec.moe_layers) if m],
-        rope_half=spec.head_dim // 2,
+        rope_half=spec.rotary_dim // 2,
+        linear=bool(spec.linear_layers),
+        n_linear_layers=sum(spec.linear_layers),
+        layer_linear=", ".join("1" if spec.is_linear(i) else "0" for i in range(spec.n_layers)),
+        linear_state_offsets=", ".join(str(o) for o in (plan.linear_state_offsets or (-1,) * spec.n_layers)),
+        linear_conv_state_floats=plan.linear_conv_state_floats,
+        linear_delta_state_floats=plan.linear_delta_state_floats,
+        linear_state_floats=plan.linear_state_bytes // 4,
+        linear_q_scale=c_float(spec.linear_k_dim**-0.5 if spec.linear_k_dim else 0.0),
         rope_cos_rows=_float_rows(cos),
         rope_sin_rows=_float_rows(sin),
         layer_windows=", ".join(str(w) for w in spec.layer_windows),

@@ -21,13 +21,14 @@ import zlib
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ColibriError
 from ..files import atomic_output
+from ..model.spec import identity_fields
 from ..numerics import blocks as kept_blocks
 from ..numerics.quantize import (
     HALF,
@@ -81,7 +82,7 @@ class Piece:
 
 
 def spec_identity(plan: Plan) -> bytes:
-    spec = asdict(plan.spec)
+    spec = identity_fields(plan.spec)
     spec.pop("name")
     return json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
 

@@ -217,6 +217,49 @@ class Plan:
     expanded_bytes: int = 0  # the RAM arena those expanded matrices take
     kept_f32: tuple[str, ...] = ()  # matrices kept in f32 under q8_0/q4_0/q4_1: rows not whole blocks of QK
     gguf_types: tuple[tuple[str, str], ...] = ()  # --quant gguf: each tensor's block type in the GGUF file
+    # Gated DeltaNet layers' recurrent state, a fixed arena whatever the context: per such layer its
+    # convolution's last kernel - 1 inputs, then each value head's key_dim x value_dim state (floats).
+    linear_state_offsets: tuple[int, ...] = ()  # per layer: its first float in the arena; -1: not a DeltaNet layer
+    linear_state_bytes: int = 0
+
+    @property
+    def linear_conv_state_floats(self) -> int:
+        """One DeltaNet layer's convolution state."""
+        s = self.spec
+        return max(0, s.linear_conv_kernel - 1) * s.linear_conv_dim if s.linear_layers else 0
+
+    @property
+    def linear_delta_state_floats(self) -> int:
+        """One DeltaNet layer's delta-rule state: a key_dim x value_dim matrix per value head."""
+        s = self.spec
+        return s.linear_v_heads * s.linear_k_dim * s.linear_v_dim if s.linear_layers else 0
+
+    def linear_state_report(self) -> dict | None:
+        """The Gated DeltaNet layers' recurrent state as report shows it (None without such layers):
+        bytes per layer (convolution, delta rule), the arena's total, and that no context changes it."""
+        if not self.linear_state_bytes:
+            return None
+        conv, delta = 4 * self.linear_conv_state_floats, 4 * self.linear_delta_state_floats
+        layers = sum(self.spec.linear_layers)
+        attention = self.spec.n_layers - layers
+        summary = (
+            f"Gated DeltaNet state: {layers} layers x {conv + delta:,} B (convolution {conv:,} B + delta rule "
+            f"{delta:,} B) = {self.linear_state_bytes:,} B, fixed: it does not grow with the context "
+            f"(counted under kv_cache, beside the KV cache of the {attention} attention layer{'s' * (attention != 1)})"
+        )
+        return {
+            "layers": layers,
+            "conv_bytes_per_layer": conv,
+            "delta_bytes_per_layer": delta,
+            "bytes": self.linear_state_bytes,
+            "grows_with_context": False,
+            "summary": summary,
+        }
+
+    @property
+    def context_state_bytes(self) -> int:
+        """What the model keeps of the sequence so far: the KV cache and the DeltaNet states."""
+        return self.kv_bytes + self.linear_state_bytes
 
     @property
     def activations_q8(self) -> bool:
@@ -319,6 +362,18 @@ class Plan:
                 "kv_heads": self.spec.n_kv_heads,
                 "head_dim": self.spec.head_dim,
             },
+            **(
+                {
+                    "linear_state": {
+                        "bytes": self.linear_state_bytes,
+                        "layer_offsets": list(self.linear_state_offsets),
+                        "conv_floats_per_layer": self.linear_conv_state_floats,
+                        "delta_floats_per_layer": self.linear_delta_state_floats,
+                    }
+                }
+                if self.linear_state_bytes
+                else {}
+            ),
             "rope_tables": {
                 "bytes": self.rope_table_bytes,
                 "tables": [asdict(r) for r in self.ropes],
@@ -343,6 +398,7 @@ class Plan:
             "scratch": self.scratch_bytes,
             "rope_tables": self.rope_table_bytes,
             "expanded_weights": self.expanded_bytes,
+            **({"linear_state": self.linear_state_bytes} if self.linear_state_bytes else {}),
         }
 
     def to_json(self) -> str:
@@ -474,7 +530,7 @@ def make_plan(
 
     d, v = spec.hidden_size, spec.vocab_size
     f = max(spec.intermediate_size, spec.expert_intermediate_size, spec.shared_expert_intermediate_size)
-    max_input = max(d, spec.q_dim, f)
+    max_input = max(d, spec.q_dim, f, spec.linear_value_dim)
     n = prefill_batch
     items = [
         ("x", "float", n * d, "residual stream, per token of the batch"),
@@ -511,6 +567,27 @@ def make_plan(
                 "MoE: selections per layer and expert in this run",
             ),
         ]
+    if spec.attn_output_gate:
+        items += [("q_gate", "float", n * spec.q_dim, "gated attention: the output gate's logits, per token")]
+    if spec.linear_layers:
+        items += [
+            ("lin_qkv", "float", n * spec.linear_conv_dim, "DeltaNet: q, k, v projections, then convolved, per token"),
+            ("lin_z", "float", n * spec.linear_value_dim, "DeltaNet: output gate projection, per token"),
+            ("lin_b", "float", n * spec.linear_v_heads, "DeltaNet: beta projection, per token"),
+            ("lin_a", "float", n * spec.linear_v_heads, "DeltaNet: decay projection, per token"),
+            (
+                "lin_out",
+                "float",
+                n * spec.linear_value_dim,
+                "DeltaNet: delta-rule output, then gated-normed, per token",
+            ),
+            (
+                "lin_memory",
+                "float",
+                spec.linear_value_dim,
+                "DeltaNet: each value head's state times its key (heads run in parallel)",
+            ),
+        ]
     if any(t.dtype in Q8_INPUT_TYPES for t in tensors):
         items += [
             ("act_qs", "int8_t", n * max_input, "q8_0 quants of the current matmul input, per token"),
@@ -518,11 +595,21 @@ def make_plan(
         ]
     scratch, scratch_bytes = _arena(items)
     # Sliding-window layers keep only their window: position t lives in slot t % slots.
-    kv_slots = tuple(min(w, n_ctx) if w else n_ctx for w in spec.layer_windows)
+    # DeltaNet layers keep no keys or values: their state is the recurrent arena's.
+    kv_slots = tuple(
+        0 if spec.is_linear(i) else min(w, n_ctx) if w else n_ctx for i, w in enumerate(spec.layer_windows)
+    )
     kv_offsets, cursor = [], 0
     for slots in kv_slots:
         kv_offsets.append(cursor)
         cursor += slots * spec.kv_dim
+    linear_offsets, linear_cursor = [], 0
+    per_linear_layer = (max(0, spec.linear_conv_kernel - 1) * spec.linear_conv_dim) + (
+        spec.linear_v_heads * spec.linear_k_dim * spec.linear_v_dim
+    )
+    for i in range(spec.n_layers):
+        linear_offsets.append(linear_cursor if spec.is_linear(i) else -1)
+        linear_cursor += per_linear_layer if spec.is_linear(i) else 0
     ropes: list = []
     layer_rope = []
     for layer in range(spec.n_layers):
@@ -544,13 +631,15 @@ def make_plan(
         kv_bytes=2 * cursor * 4,
         ropes=tuple(ropes),
         layer_rope=tuple(layer_rope),
-        rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.head_dim // 2) * 4,
+        rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.rotary_dim // 2) * 4,
         max_input=max_input,
         prefill_batch=prefill_batch,
         expand_q4=expand_q4,
         expanded_bytes=expanded_bytes,
         kept_f32=kept_f32,
         gguf_types=tuple(gguf_types.items()),
+        linear_state_offsets=tuple(linear_offsets) if spec.linear_layers else (),
+        linear_state_bytes=linear_cursor * 4,
     )
 
 
@@ -572,7 +661,7 @@ def planned_use(board: Board, plan: Plan) -> list[RegionUse]:
         "code": reserve,
         "weights": plan.image.image_bytes,
         "expanded_weights": plan.expanded_bytes,
-        "kv_cache": plan.kv_bytes,
+        "kv_cache": plan.context_state_bytes,
         "scratch": plan.scratch_bytes,
         "rope_tables": plan.rope_table_bytes,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -58,6 +59,16 @@ class ModelSpec:
     norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert with a sigmoid gate
     moe_layers: tuple[bool, ...] = field(default_factory=tuple)  # True where the FFN is a mixture
+    # Gated DeltaNet (Qwen3.5): True where the layer's token mixer is the linear-attention recurrence
+    # (a short causal convolution, then the gated delta rule on a per-head key x value state).
+    linear_layers: tuple[bool, ...] = field(default_factory=tuple)
+    linear_k_heads: int = 0  # query/key heads of a DeltaNet layer
+    linear_v_heads: int = 0  # value heads (a multiple of the key heads; consecutive ones share a key head)
+    linear_k_dim: int = 0  # width of one query/key head
+    linear_v_dim: int = 0  # width of one value head
+    linear_conv_kernel: int = 0  # taps of the causal depthwise convolution over q, k and v
+    attn_output_gate: bool = False  # the q projection also makes a per-head sigmoid gate of the attention output
+    rope_dim: int = 0  # the leading dims of each head RoPE rotates (partial rotary); 0 = all of head_dim
 
     @property
     def q_dim(self) -> int:
@@ -68,6 +79,26 @@ class ModelSpec:
         return self.n_kv_heads * self.head_dim
 
     @property
+    def rotary_dim(self) -> int:
+        return self.rope_dim or self.head_dim
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_k_heads * self.linear_k_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_v_heads * self.linear_v_dim
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of the convolution: the queries, keys and values of a DeltaNet layer, side by side."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    def is_linear(self, layer: int) -> bool:
+        return bool(self.linear_layers) and self.linear_layers[layer]
+
+    @property
     def score_scale(self) -> float:
         return self.attn_scale if self.attn_scale else self.head_dim**-0.5
 
@@ -76,7 +107,31 @@ class ModelSpec:
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no whitespace variance): part of the model hash."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return json.dumps(identity_fields(self), sort_keys=True, separators=(",", ":"))
+
+
+# Fields added after the model hash's first form: left out of it while at their defaults, so a model
+# without the feature keeps the identity (and the weight image, bit for bit) it had before.
+LATER_FIELDS = (
+    "linear_layers",
+    "linear_k_heads",
+    "linear_v_heads",
+    "linear_k_dim",
+    "linear_v_dim",
+    "linear_conv_kernel",
+    "attn_output_gate",
+    "rope_dim",
+)
+
+
+def identity_fields(spec: ModelSpec) -> dict:
+    """The spec as the model hash sees it: every field but LATER_FIELDS at their defaults."""
+    fields = asdict(spec)
+    default = {f.name: f.default for f in dataclasses.fields(ModelSpec) if f.name in LATER_FIELDS}
+    for name in LATER_FIELDS:
+        if fields[name] == default[name] or (name == "linear_layers" and not fields[name]):
+            fields.pop(name)
+    return fields
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
@@ -87,19 +142,10 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         shapes[p + "attn_norm"] = (d,)
-        shapes[p + "wq"] = (spec.q_dim, d)
-        shapes[p + "wk"] = (spec.kv_dim, d)
-        shapes[p + "wv"] = (spec.kv_dim, d)
-        if spec.qkv_bias:
-            shapes[p + "bq"] = (spec.q_dim,)
-            shapes[p + "bk"] = (spec.kv_dim,)
-            shapes[p + "bv"] = (spec.kv_dim,)
-        if spec.qk_norm:
-            shapes[p + "q_norm"] = (spec.head_dim,)
-            shapes[p + "k_norm"] = (spec.head_dim,)
-        shapes[p + "wo"] = (d, spec.q_dim)
-        if spec.o_bias:
-            shapes[p + "bo"] = (d,)
+        if spec.is_linear(i):
+            shapes.update(_linear_attention_shapes(spec, p))
+        else:
+            shapes.update(_attention_shapes(spec, p))
         if spec.post_norms:
             shapes[p + "post_attn_norm"] = (d,)
         shapes[p + "ffn_norm"] = (d,)
@@ -131,3 +177,43 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     if not spec.tie_embeddings:
         shapes["lm_head"] = (v, d)
     return shapes
+
+
+def _attention_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
+    """A softmax-attention layer's tensors."""
+    d = spec.hidden_size
+    shapes: dict[str, tuple[int, ...]] = {p + "wq": (spec.q_dim, d)}
+    if spec.attn_output_gate:
+        shapes[p + "wq_gate"] = (spec.q_dim, d)
+    shapes[p + "wk"] = (spec.kv_dim, d)
+    shapes[p + "wv"] = (spec.kv_dim, d)
+    if spec.qkv_bias:
+        shapes[p + "bq"] = (spec.q_dim,)
+        shapes[p + "bk"] = (spec.kv_dim,)
+        shapes[p + "bv"] = (spec.kv_dim,)
+    if spec.qk_norm:
+        shapes[p + "q_norm"] = (spec.head_dim,)
+        shapes[p + "k_norm"] = (spec.head_dim,)
+    shapes[p + "wo"] = (d, spec.q_dim)
+    if spec.o_bias:
+        shapes[p + "bo"] = (d,)
+    return shapes
+
+
+def _linear_attention_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
+    """A Gated DeltaNet layer's tensors: the q/k/v, z (output gate), b (beta) and a (decay)
+    projections, the convolution's taps (channel after channel, kernel values each), the decay's
+    dt_bias and -exp(A_log) per value head (the decay's scale, as llama.cpp stores it: ssm_a), the
+    gated RMSNorm's weight (one value head wide) and out_proj."""
+    d, nv = spec.hidden_size, spec.linear_v_heads
+    return {
+        p + "lin_qkv": (spec.linear_conv_dim, d),
+        p + "lin_z": (spec.linear_value_dim, d),
+        p + "lin_b": (nv, d),
+        p + "lin_a": (nv, d),
+        p + "lin_conv": (spec.linear_conv_dim * spec.linear_conv_kernel,),
+        p + "lin_dt_bias": (nv,),
+        p + "lin_decay_scale": (nv,),
+        p + "lin_norm": (spec.linear_v_dim,),
+        p + "lin_out": (d, spec.linear_value_dim),
+    }

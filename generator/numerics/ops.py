@@ -148,3 +148,78 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def matvec_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """out_r = sum_j w[r, j] * x[j], sequential in j."""
     return seq_sum(f32(w) * f32(x)[None, :], axis=1)
+
+
+# ---- Gated DeltaNet (Qwen3.5's linear attention) ----------------------------------------------
+
+LN2 = F32(0.693147180559945309)
+SQRT2 = F32(1.41421356237309505)
+# 1/(2k+1), highest first: log m = 2 s (1 + s^2/3 + s^4/5 + ...), s = (m - 1) / (m + 1).
+LOG_POLY = [F32(1.0 / 13.0), F32(1.0 / 11.0), F32(1.0 / 9.0), F32(1.0 / 7.0), F32(1.0 / 5.0), F32(1.0 / 3.0), F32(1.0)]
+SOFTPLUS_LINEAR = F32(20.0)  # above it softplus(x) is x (torch's threshold)
+L2_EPS = F32(1e-6)  # the DeltaNet's l2 normalisation of queries and keys
+
+
+def log(x: np.ndarray) -> np.ndarray:
+    """Natural log of normal positive floats: x = m 2^e with m in [sqrt(1/2), sqrt(2)), then
+    e ln2 + 2 s p(s^2) with s = (m - 1) / (m + 1) and p the series of atanh up to s^12."""
+    x = f32(x)
+    bits = x.view(np.int32)
+    e = ((bits >> 23) & 0xFF) - 127
+    m = ((bits & 0x007FFFFF) | 0x3F800000).view(np.float32)  # m in [1, 2)
+    high = m > SQRT2
+    m = np.where(high, m * F32(0.5), m).astype(np.float32)
+    e = (e + high).astype(np.float32)
+    s = (m - F32(1.0)) / (m + F32(1.0))
+    s2 = s * s
+    p = np.full_like(s2, LOG_POLY[0])
+    for c in LOG_POLY[1:]:
+        p = p * s2 + c
+    return (e * LN2 + (F32(2.0) * s) * p).astype(np.float32)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + e^x), x itself above 20. log1p of u = e^x as log(w) * (u / (w - 1)), w = 1 + u,
+    which keeps the small u's digits that 1 + u rounds away (u itself where w rounds to 1)."""
+    x = f32(x)
+    u = expf(np.minimum(x, SOFTPLUS_LINEAR))
+    w = F32(1.0) + u
+    with np.errstate(divide="ignore", invalid="ignore"):
+        small = np.where(w == F32(1.0), u, log(w) * (u / (w - F32(1.0))))
+    return np.where(x > SOFTPLUS_LINEAR, x, small).astype(np.float32)
+
+
+def l2norm(x: np.ndarray) -> np.ndarray:
+    """Along the last axis: x_i * (1 / sqrt(sum(x^2) + 1e-6))."""
+    x = f32(x)
+    inv = F32(1.0) / np.sqrt(dot(x, x) + L2_EPS, dtype=np.float32)
+    return x * f32(inv)[..., None]
+
+
+def conv_step(state: np.ndarray, x: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One position of the causal depthwise convolution: state (kernel - 1, channels) holds the
+    previous inputs, oldest first; taps (channels, kernel). out_c = sum_j taps[c, j] * window[j, c]
+    over the window (state, then x), in j order; then SiLU. Returns the output and the state that
+    follows (the window without its oldest row)."""
+    window = np.concatenate([f32(state), f32(x)[None, :]], axis=0)
+    out = seq_sum(f32(taps).T * window, axis=0)
+    return silu(out), window[1:]
+
+
+def delta_rule_step(
+    state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: np.float32, beta: np.float32
+) -> tuple[np.ndarray, np.ndarray]:
+    """The gated delta rule for one head and one position, state S (key_dim, value_dim):
+    S = S * decay; m_j = sum_i S_ij k_i; d_j = (v_j - m_j) * beta; S_ij = S_ij + k_i d_j;
+    out_j = sum_i S_ij q_i (sums in i order). Returns out and the new S."""
+    s = f32(state) * F32(decay)
+    k = f32(k)
+    memory = seq_sum(s * k[:, None], axis=0)
+    delta = (f32(v) - memory) * F32(beta)
+    s = s + k[:, None] * delta[None, :]
+    return seq_sum(s * f32(q)[:, None], axis=0), s
+
+
+def gated_rmsnorm(x: np.ndarray, weight: np.ndarray, z: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm of x times SiLU of the gate z: ((x_i * inv) * w_i) * silu(z_i)."""
+    return rmsnorm(x, weight, eps) * silu(z)

@@ -140,6 +140,43 @@ int main(int argc, char **argv)
             }
         }
         write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "log") == 0 || strcmp(op, "softplus") == 0) {
+        float *x = read_exact(n * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            x[i] = op[0] == 'l' ? op_log(x[i]) : op_softplus(x[i]);
+        }
+        write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "l2norm") == 0) {
+        float *x = read_exact(n * sizeof(float));
+        op_l2norm(x, n);
+        write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "conv_step") == 0) { /* n channels, argv[3] taps: state, taps, x -> x, state */
+        int kernel = atoi(argv[3]);
+        float *state = read_exact((size_t)(kernel - 1) * n * sizeof(float));
+        float *taps = read_exact((size_t)n * kernel * sizeof(float));
+        float *x = read_exact(n * sizeof(float));
+        op_conv_step(x, state, taps, n, kernel);
+        write_all(x, n * sizeof(float));
+        write_all(state, (size_t)(kernel - 1) * n * sizeof(float));
+    } else if (strcmp(op, "delta_step") == 0) { /* key dim n, value dim argv[3]: S, q, k, v, decay, beta -> out, S */
+        int value_dim = atoi(argv[3]);
+        float *state = read_exact((size_t)n * value_dim * sizeof(float));
+        float *q = read_exact(n * sizeof(float));
+        float *k = read_exact(n * sizeof(float));
+        float *v = read_exact(value_dim * sizeof(float));
+        float *gates = read_exact(2 * sizeof(float));
+        float *out = malloc(value_dim * sizeof(float));
+        float *memory = malloc(value_dim * sizeof(float));
+        kernel_delta_rule_step(out, state, q, k, v, gates[0], gates[1], memory, n, value_dim);
+        write_all(out, value_dim * sizeof(float));
+        write_all(state, (size_t)n * value_dim * sizeof(float));
+    } else if (strcmp(op, "gated_rmsnorm") == 0) {
+        float eps = strtof(argv[3], NULL);
+        float *x = read_exact(n * sizeof(float));
+        float *w = read_exact(n * sizeof(float));
+        float *z = read_exact(n * sizeof(float));
+        op_gated_rmsnorm(x, w, z, n, eps);
+        write_all(x, n * sizeof(float));
     } else if (strcmp(op, "swiglu") == 0) {
         float *gate = read_exact(n * sizeof(float));
         float *up = read_exact(n * sizeof(float));

@@ -225,3 +225,56 @@ def test_hostile_model_name_is_escaped_in_generated_c_and_compiles(checkpoints, 
     assert "49" not in header.split("COLIBRI_MODEL_NAME")[1].splitlines()[0]
     comment_line = next(line for line in header.splitlines() if line.startswith(" * Model:"))
     assert 'we"ird\\name?{{ 7*7 }}* (' in comment_line
+
+
+# Qwen3.5-MoE's config keys (tests/models.py "qwen3_5_moe": layer_types of 3 linear_attention
+# layers and 1 full_attention, 2 key and 4 value heads of 16, conv kernel 4, 8 experts top-2).
+QWEN35_CASES = {
+    "layer_types of the wrong length": (
+        dict(layer_types=["linear_attention", "full_attention"]),
+        "'layer_types' must list one type per layer (4)",
+    ),
+    "unknown layer type": (
+        dict(layer_types=["linear_attention", "mamba", "linear_attention", "full_attention"]),
+        'unsupported layer type "mamba" (supported: linear_attention, full_attention)',
+    ),
+    "no full-attention layer": (
+        dict(layer_types=["linear_attention"] * 4),
+        "'layer_types' has no full_attention layer (at least one is supported)",
+    ),
+    "zero heads": (dict(num_attention_heads=0), "'num_attention_heads' must be at least 1, got 0"),
+    "zero key heads": (dict(linear_num_key_heads=0), "'linear_num_key_heads' must be at least 1, got 0"),
+    "value heads not a multiple of key heads": (
+        dict(linear_num_value_heads=3),
+        "linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2",
+    ),
+    "conv kernel 0": (dict(linear_conv_kernel_dim=0), "'linear_conv_kernel_dim' must be at least 1, got 0"),
+    "key head dim not an integer": (dict(linear_key_head_dim=16.5), "'linear_key_head_dim' must be an integer"),
+    "expert count 0": (dict(num_experts=0), "'num_experts' must be at least 1, got 0"),
+    "more experts per token than experts": (dict(num_experts_per_tok=9), "num_experts_per_tok 9 exceeds the 8"),
+    "partial rotary of under two dims": (
+        dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}),
+        "partial_rotary_factor 0.1 must rotate an even number",
+    ),
+    "value head width the weights do not have": (
+        dict(linear_value_head_dim=8),
+        "has shape [128, 64], config.json implies [96, 64]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(QWEN35_CASES))
+def test_broken_qwen35_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+    from generator.cli import main
+
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints("qwen3_5_moe"), model)
+    change, message = QWEN35_CASES[case]
+    edit_config(lambda c: c.update(change))(model)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["build", "--model", str(model), "--out", str(out)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("colibri: error: "), lines
+    assert message in lines[0]
+    assert not out.exists()

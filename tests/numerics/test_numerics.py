@@ -76,6 +76,48 @@ def test_silu_softmax_rmsnorm_match(harness):
     assert_same_bits(got, numerics.rmsnorm(x, w, eps))
 
 
+def test_log_and_softplus_match_and_are_accurate(harness):
+    x = np.concatenate(
+        [np.geomspace(1e-30, 1e30, 4001, dtype=np.float32), np.array([1.0, 2.0, 1.4142135, 1.4142137], np.float32)]
+    )
+    assert_same_bits(c_floats(harness, ["log", x.size], f32_bytes(x), x.size), numerics.log(x))
+    assert np.max(np.abs(numerics.log(x) - np.log(x.astype(np.float64))) / np.maximum(1.0, np.abs(np.log(x)))) < 3e-7
+    y = np.concatenate([np.linspace(-100, 100, 8001, dtype=np.float32), np.array([20.0, 20.000002, -0.0], np.float32)])
+    assert_same_bits(c_floats(harness, ["softplus", y.size], f32_bytes(y), y.size), numerics.softplus(y))
+    exact = np.logaddexp(0.0, y.astype(np.float64))
+    assert np.max(np.abs(numerics.softplus(y) - exact) / np.maximum(exact, 1e-30)) < 1e-6
+
+
+@pytest.mark.parametrize("value_dim", [24, 32])
+def test_gated_deltanet_steps_match(harness, value_dim):
+    """The DeltaNet's l2 norm, convolution step, delta-rule step (every kernel set's: columns eight
+    or four per vector where value_dim allows, the scalar loop otherwise) and gated RMSNorm."""
+    x = rng.normal(0, 2, 48).astype(np.float32)
+    assert_same_bits(c_floats(harness, ["l2norm", x.size], f32_bytes(x), x.size), numerics.l2norm(x))
+    channels, kernel = 40, 4
+    state = rng.normal(0, 1, (kernel - 1, channels)).astype(np.float32)
+    taps = rng.normal(0, 0.5, (channels, kernel)).astype(np.float32)
+    got = c_floats(harness, ["conv_step", channels, kernel], f32_bytes(state, taps, x[:channels]), channels * kernel)
+    out, new_state = numerics.conv_step(state, x[:channels], taps)
+    assert_same_bits(got[:channels], out)
+    assert_same_bits(got[channels:].reshape(kernel - 1, channels), new_state)
+    key_dim = 16
+    s = rng.normal(0, 1, (key_dim, value_dim)).astype(np.float32)
+    q, k = (numerics.l2norm(rng.normal(0, 1, key_dim).astype(np.float32)) for _ in range(2))
+    v = rng.normal(0, 1, value_dim).astype(np.float32)
+    gates = np.array([0.93, 0.41], np.float32)
+    got = c_floats(
+        harness, ["delta_step", key_dim, value_dim], f32_bytes(s, q, k, v, gates), value_dim + key_dim * value_dim
+    )
+    out, new_s = numerics.delta_rule_step(s, q, k, v, gates[0], gates[1])
+    assert_same_bits(got[:value_dim], out)
+    assert_same_bits(got[value_dim:].reshape(key_dim, value_dim), new_s)
+    w, z = rng.normal(1, 0.3, value_dim).astype(np.float32), rng.normal(0, 2, value_dim).astype(np.float32)
+    eps = np.float32(1e-6)
+    got = c_floats(harness, ["gated_rmsnorm", value_dim, float.hex(float(eps))], f32_bytes(v, w, z), value_dim)
+    assert_same_bits(got, numerics.gated_rmsnorm(v, w, z, eps))
+
+
 @pytest.mark.parametrize("n", [32, 96, 4096])
 def test_activation_quantization_matches(harness, n):
     x = (rng.normal(0, 3, n) * rng.choice([0.0, 1.0, 1e-3, 100.0], n)).astype(np.float32)

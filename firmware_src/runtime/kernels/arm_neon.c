@@ -19,6 +19,7 @@
 #define KERNEL_HAS_MATVEC_Q4_0
 #define KERNEL_HAS_MATVEC_Q4_1
 #define KERNEL_HAS_MATMUL_F32
+#define KERNEL_HAS_DELTA_RULE_STEP
 #define KERNEL_HAS_MATVEC_Q5_0
 #define KERNEL_HAS_MATVEC_Q5_1
 #define KERNEL_HAS_MATVEC_Q4_K
@@ -72,6 +73,41 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static inline int32x4_t block_
     int32x4_t acc = vdupq_n_s32(0);
     acc = vdotq_s32(acc, w0, vld1q_s8(x));
     return vdotq_s32(acc, w1, vld1q_s8(x + 16));
+}
+
+/* The delta rule four value columns per vector: lane l carries column j + l's chains, each
+ * operation the scalar one (vmulq then vaddq, never a fused vfmaq), so the sums are the scalar
+ * kernel's. */
+void kernel_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
+                            float beta, float *memory, int key_dim, int value_dim)
+{
+    if (value_dim % 4 != 0) {
+        kernel_scalar_delta_rule_step(out, state, q, k, v, decay, beta, memory, key_dim, value_dim);
+        return;
+    }
+    const float32x4_t vdecay = vdupq_n_f32(decay), vbeta = vdupq_n_f32(beta);
+    for (int j = 0; j < value_dim; j += 4) {
+        float32x4_t s = vmulq_f32(vld1q_f32(state + j), vdecay);
+        vst1q_f32(state + j, s);
+        float32x4_t m = vmulq_f32(s, vdupq_n_f32(k[0]));
+        for (int i = 1; i < key_dim; i++) {
+            float *row = state + (int64_t)i * value_dim + j;
+            s = vmulq_f32(vld1q_f32(row), vdecay);
+            vst1q_f32(row, s);
+            m = vaddq_f32(m, vmulq_f32(s, vdupq_n_f32(k[i])));
+        }
+        m = vmulq_f32(vsubq_f32(vld1q_f32(v + j), m), vbeta);
+        vst1q_f32(memory + j, m);
+        float32x4_t o = vdupq_n_f32(0.0f);
+        for (int i = 0; i < key_dim; i++) {
+            float *row = state + (int64_t)i * value_dim + j;
+            s = vaddq_f32(vld1q_f32(row), vmulq_f32(vdupq_n_f32(k[i]), m));
+            vst1q_f32(row, s);
+            const float32x4_t term = vmulq_f32(s, vdupq_n_f32(q[i]));
+            o = (i == 0) ? term : vaddq_f32(o, term);
+        }
+        vst1q_f32(out + j, o);
+    }
 }
 
 static inline int32x4_t block_lanes_neon(int8x16_t w0, int8x16_t w1, const int8_t *x)

@@ -8,6 +8,14 @@
 
 #include "kernels.h"
 
+#ifndef KERNEL_HAS_DELTA_RULE_STEP
+void kernel_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
+                            float beta, float *memory, int key_dim, int value_dim)
+{
+    kernel_scalar_delta_rule_step(out, state, q, k, v, decay, beta, memory, key_dim, value_dim);
+}
+#endif
+
 #ifndef KERNEL_HAS_MATVEC_F32
 void kernel_matvec_f32(float *out, const float *w, const float *x, int rows, int cols)
 {

@@ -388,6 +388,12 @@ void kernel_attention_mix(float *out, const float *p, const float *values, int f
 /* SwiGLU: up[i] = silu(gate[i]) * up[i], silu being op_silu (ops.c) bit for bit. */
 void kernel_swiglu(float *up, const float *gate, int n);
 
+/* One head's gated delta-rule step (Gated DeltaNet), op_delta_rule_step (ops.c) bit for bit: every
+ * value column j is its own chain of sums over the key rows i, in order, so a set may run several
+ * columns per vector (a multiply, then an add: no fused multiply-add). */
+void kernel_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
+                            float beta, float *memory, int key_dim, int value_dim);
+
 /* Quantize n floats (n % 32 == 0) to q8_0: d = max|x| / 127, q = round_half_even(x / d). */
 void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 
@@ -467,6 +473,8 @@ void kernel_scalar_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_q
 void kernel_scalar_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 void kernel_scalar_swiglu(float *up, const float *gate, int n);
+void kernel_scalar_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
+                                   float beta, float *memory, int key_dim, int value_dim);
 void kernel_scalar_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
                                     int stride, int head_dim, float scale);
 void kernel_scalar_attention_mix(float *out, const float *p, const float *values, int first_slot, int slots, int n,

@@ -178,6 +178,12 @@ void kernel_scalar_swiglu(float *up, const float *gate, int n)
     }
 }
 
+void kernel_scalar_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
+                                   float beta, float *memory, int key_dim, int value_dim)
+{
+    op_delta_rule_step(out, state, q, k, v, decay, beta, memory, key_dim, value_dim);
+}
+
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
 {
     for (int b = 0; b < n / KERNEL_QK; b++) {

@@ -21,6 +21,7 @@
 #define KERNEL_HAS_MATVEC_Q4_1
 #define KERNEL_HAS_MATMUL_Q4_1
 #define KERNEL_HAS_SWIGLU
+#define KERNEL_HAS_DELTA_RULE_STEP
 #define KERNEL_HAS_QUANTIZE_Q8_0
 #define KERNEL_HAS_ATTENTION_SCORES
 /* the kept GGUF types, defined in x86_avx2_blocks.c (the same kernel set) */
@@ -1081,6 +1082,36 @@ static void swiglu_avx2(float *up, const float *gate, int n)
     kernel_scalar_swiglu(up + i, gate + i, n - i);
 }
 
+/* The delta rule eight value columns per vector: lane l carries column j + l's chains, each
+ * operation the scalar one (a multiply, then an add), so the sums are the scalar kernel's. */
+static void delta_rule_step_avx2(float *out, float *state, const float *q, const float *k, const float *v, float decay,
+                                 float beta, float *memory, int key_dim, int value_dim)
+{
+    const __m256 vdecay = _mm256_set1_ps(decay), vbeta = _mm256_set1_ps(beta);
+    for (int j = 0; j < value_dim; j += 8) {
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(state + j), vdecay);
+        _mm256_storeu_ps(state + j, s);
+        __m256 m = _mm256_mul_ps(s, _mm256_set1_ps(k[0]));
+        for (int i = 1; i < key_dim; i++) {
+            float *row = state + (int64_t)i * value_dim + j;
+            s = _mm256_mul_ps(_mm256_loadu_ps(row), vdecay);
+            _mm256_storeu_ps(row, s);
+            m = _mm256_add_ps(m, _mm256_mul_ps(s, _mm256_set1_ps(k[i])));
+        }
+        m = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + j), m), vbeta);
+        _mm256_storeu_ps(memory + j, m);
+        __m256 o = _mm256_setzero_ps();
+        for (int i = 0; i < key_dim; i++) {
+            float *row = state + (int64_t)i * value_dim + j;
+            s = _mm256_add_ps(_mm256_loadu_ps(row), _mm256_mul_ps(_mm256_set1_ps(k[i]), m));
+            _mm256_storeu_ps(row, s);
+            const __m256 term = _mm256_mul_ps(s, _mm256_set1_ps(q[i]));
+            o = (i == 0) ? term : _mm256_add_ps(o, term);
+        }
+        _mm256_storeu_ps(out + j, o);
+    }
+}
+
 /* Attention scores, eight positions per vector: lane p carries position i + p's sum over j in
  * order, from -0.0f, the scalar kernel's chain lane by lane. Eight keys' next eight values are
  * loaded and transposed (column t lane p = key p's value j + t), then each column is one multiply
@@ -1229,6 +1260,16 @@ void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *
         matmul_f32_avx2(out, out_stride, w, x, n_tok, rows, cols);
     } else {
         kernel_tiled_matmul_f32(out, out_stride, w, x, n_tok, rows, cols);
+    }
+}
+
+void kernel_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
+                            float beta, float *memory, int key_dim, int value_dim)
+{
+    if (have_avx2_f16c() && value_dim % 8 == 0) {
+        delta_rule_step_avx2(out, state, q, k, v, decay, beta, memory, key_dim, value_dim);
+    } else {
+        kernel_scalar_delta_rule_step(out, state, q, k, v, decay, beta, memory, key_dim, value_dim);
     }
 }
 

@@ -38,6 +38,7 @@ class GgufArch:
     moe: bool = False
     shared_expert: bool = False
     norm_topk_prob: bool = False  # llama.cpp's default when {arch}.expert_weights_norm is absent
+    hybrid_linear: bool = False  # see hf/load.Family.hybrid_linear (Qwen3.5's Gated DeltaNet layers)
 
 
 GGUF_ARCHITECTURES = {
@@ -47,6 +48,28 @@ GGUF_ARCHITECTURES = {
     "gemma3": GgufArch("gemma3", "Gemma3ForCausalLM", qk_norm=True, gemma=True),
     "qwen2moe": GgufArch("qwen2_moe", "Qwen2MoeForCausalLM", qkv_bias=True, moe=True, shared_expert=True),
     "qwen3moe": GgufArch("qwen3_moe", "Qwen3MoeForCausalLM", qk_norm=True, moe=True, norm_topk_prob=True),
+    "qwen35moe": GgufArch(
+        "qwen3_5_moe",
+        "Qwen3_5MoeForCausalLM",
+        qk_norm=True,
+        moe=True,
+        shared_expert=True,
+        norm_topk_prob=True,
+        hybrid_linear=True,
+    ),
+}
+# Qwen3.5's tensors (llama.cpp's qwen35moe): the DeltaNet's, and its FFN norm under another name.
+HYBRID_LINEAR_TENSORS = {
+    "attn_qkv.weight": "lin_qkv",
+    "attn_gate.weight": "lin_z",
+    "ssm_beta.weight": "lin_b",
+    "ssm_alpha.weight": "lin_a",
+    "ssm_conv1d.weight": "lin_conv",
+    "ssm_dt.bias": "lin_dt_bias",
+    "ssm_a": "lin_decay_scale",
+    "ssm_norm.weight": "lin_norm",
+    "ssm_out.weight": "lin_out",
+    "post_attention_norm.weight": "ffn_norm",
 }
 # A llama-architecture file with experts is Mixtral.
 LLAMA_MOE = GgufArch("mixtral", "MixtralForCausalLM", permuted_qk=True, moe=True, norm_topk_prob=True)
@@ -101,8 +124,15 @@ class GgufCheckpoint:
     _sources: dict = field(default_factory=dict, repr=False)  # canonical -> (info, expert or None, permute)
 
     def blocks(self, canonical: str) -> QuantBlocks | None:
-        """The tensor's exact Q8_0/Q4_0/Q4_1/Q4_K blocks (rows in canonical order), or None."""
+        """The tensor's exact Q8_0/Q4_0/Q4_1/Q4_K blocks (rows in canonical order), or None (also
+        for a tensor whose columns the file reorders: its blocks cannot be kept)."""
         info, expert, heads = self._sources[canonical]
+        view = self.tensors.get(canonical)
+        if view is not None and (view.col_order or view.flat):
+            return None
+        if view is not None and view.row_order:
+            blocks = tensor_blocks(self.gguf, info)
+            return None if blocks is None else blocks.take(np.asarray(view.row_order))
         blocks = tensor_blocks(self.gguf, info)
         if blocks is None:
             return None
@@ -123,6 +153,12 @@ class GgufTensor:
     shape: tuple[int, ...]  # the canonical shape
     expert: int | None  # the slice of a stacked expert tensor
     heads: int  # > 0: rows un-permuted for this many heads
+    # Qwen3.5 (view_of): the file's rows, or a vector's values, in canonical order; () keeps them.
+    # llama.cpp reorders the DeltaNet's value heads (grouped by key head in Hugging Face, tiled in
+    # the file) and keeps q_proj's queries and output gate in one tensor.
+    row_order: tuple[int, ...] = ()
+    col_order: tuple[int, ...] = ()  # the file's columns in canonical order (out_proj); () keeps them
+    flat: bool = False  # the whole matrix as one vector (the convolution's [channels, kernel] taps)
 
     @property
     def ggml_type(self) -> str:
@@ -130,10 +166,13 @@ class GgufTensor:
 
     @property
     def exact_blocks(self) -> bool:
-        """Its blocks can be kept as they are (Q8_0, Q4_0, Q4_1, Q4_K)."""
-        return self.info.ggml_type in EXACT_TYPES
+        """Its blocks can be kept as they are (Q8_0, Q4_0, Q4_1, Q4_K): not where the file's
+        columns are reordered or its matrix read as a vector."""
+        return self.info.ggml_type in EXACT_TYPES and not self.col_order and not self.flat
 
     def _source_rows(self, start: int, stop: int) -> np.ndarray:
+        if self.row_order and len(self.shape) == 2:
+            return np.asarray(self.row_order[start:stop], dtype=np.int64)
         n_rows = self.shape[0] if len(self.shape) == 2 else 1
         matrix_heads = self.heads if len(self.shape) == 2 else 0  # a vector's values are permuted, not rows
         order = unpermute_order(n_rows, matrix_heads)[start:stop] if matrix_heads else np.arange(start, stop)
@@ -141,7 +180,13 @@ class GgufTensor:
 
     def rows(self, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) as float32, dequantized as llama.cpp does."""
+        if self.flat or (self.row_order and len(self.shape) == 1):
+            file_rows = self.info.shape[0] if (self.flat and len(self.info.shape) == 2) else 1
+            values = rows_f32(self.path, self.info, np.arange(file_rows)).reshape(1, -1)
+            return values[:, list(self.row_order)] if self.row_order else values
         values = rows_f32(self.path, self.info, self._source_rows(start, stop))
+        if self.col_order:
+            values = values[:, list(self.col_order)]
         if self.heads and len(self.shape) == 1:  # a q or k bias: its values un-permuted
             values = values[:, unpermute_order(values.shape[1], self.heads)]
         return values
@@ -315,7 +360,10 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         raise ColibriError(f"{meta.where}: head_count {n_heads} is not divisible by head_count_kv {n_kv}")
     if head_dim % 2:
         raise ColibriError(f"{meta.where}: head dimension {head_dim} must be even for rotary embeddings")
-    if meta.int("rope.dimension_count", head_dim) != head_dim:
+    rope_dim = meta.int("rope.dimension_count", head_dim)
+    if family.hybrid_linear and (rope_dim > head_dim or rope_dim % 2):
+        raise ColibriError(f"{meta.where}: rope.dimension_count {rope_dim} must be even and at most {head_dim}")
+    if not family.hybrid_linear and rope_dim != head_dim:
         raise ColibriError(
             f"{meta.where}: partial rotary embeddings (rope.dimension_count "
             f"{meta.int('rope.dimension_count')} of {head_dim}) are not supported"
@@ -343,7 +391,8 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
             n_experts=n_experts,
             experts_per_token=top_k,
             expert_intermediate_size=meta.int("expert_feed_forward_length", ff),
-            norm_topk_prob=meta.bool("expert_weights_norm", info.norm_topk_prob),
+            # (Qwen3.5 always renormalises, as transformers does, whatever the file says.)
+            norm_topk_prob=True if info.hybrid_linear else meta.bool("expert_weights_norm", info.norm_topk_prob),
             shared_expert_intermediate_size=(
                 meta.int("expert_shared_feed_forward_length", 0, minimum=0) if family.shared_expert else 0
             ),
@@ -384,10 +433,39 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)) if gemma else None,
         final_softcap=meta.float("final_logit_softcapping", 0.0) if gemma else 0.0,
         **moe,
+        **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.hybrid_linear else {}),
     )
 
 
-def _canonical(name: str) -> tuple[str, bool] | None:
+def _hybrid_linear(meta: _Meta, n_layers: int, head_dim: int, rope_dim: int) -> dict:
+    """Qwen3.5's Gated DeltaNet settings from llama.cpp's ssm.* keys; a layer with an ssm_a
+    tensor is a DeltaNet layer, the others gated full attention."""
+    k_heads = meta.int("ssm.group_count")
+    v_heads = meta.int("ssm.time_step_rank")
+    inner = meta.int("ssm.inner_size")
+    if v_heads % k_heads or inner % v_heads:
+        raise ColibriError(
+            f"{meta.where}: ssm.time_step_rank {v_heads} must be a multiple of ssm.group_count {k_heads}, "
+            f"and ssm.inner_size {inner} of it"
+        )
+    linear = tuple(f"blk.{i}.ssm_a" in meta.gguf.tensors for i in range(n_layers))
+    if all(linear):
+        raise ColibriError(
+            f"{meta.where}: every layer is a DeltaNet layer (at least one full-attention layer is supported)"
+        )
+    return dict(
+        linear_layers=linear,
+        linear_k_heads=k_heads,
+        linear_v_heads=v_heads,
+        linear_k_dim=meta.int("ssm.state_size"),
+        linear_v_dim=inner // v_heads,
+        linear_conv_kernel=meta.int("ssm.conv_kernel"),
+        attn_output_gate=True,
+        rope_dim=0 if rope_dim == head_dim else rope_dim,
+    )
+
+
+def _canonical(name: str, hybrid_linear: bool = False) -> tuple[str, bool] | None:
     """GGUF tensor name -> (canonical name or per-expert pattern, stacked experts?)."""
     if name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[name], False
@@ -395,6 +473,8 @@ def _canonical(name: str) -> tuple[str, bool] | None:
     if not m:
         return None
     index, part = m.groups()
+    if hybrid_linear and part in HYBRID_LINEAR_TENSORS:
+        return f"layers.{index}.{HYBRID_LINEAR_TENSORS[part]}", False
     if part in LAYER_TENSORS:
         return f"layers.{index}.{LAYER_TENSORS[part]}", False
     if part in EXPERT_TENSORS:
@@ -408,7 +488,7 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
     where = gguf.path.name
     sources = {}
     for name, info in gguf.tensors.items():
-        found = _canonical(name)
+        found = _canonical(name, arch.hybrid_linear)
         if found is None or (found[0] not in wanted and not found[1]):
             raise ColibriError(f"{where}: unexpected tensor {name!r} for {spec.architecture} with this metadata")
         canonical, stacked = found
@@ -426,6 +506,8 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
         elif arch.permuted_qk and canonical.rsplit(".", 1)[-1] in ("wk", "bk"):
             heads = spec.n_kv_heads
         sources[canonical] = (info, None, heads)
+        if spec.attn_output_gate and canonical.endswith(".wq"):
+            sources[canonical + "_gate"] = (info, None, 0)  # the same attn_q: its gate rows
     for canonical, shape in wanted.items():
         if canonical not in sources:
             raise ColibriError(
@@ -433,11 +515,61 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
             )
         info, expert, _ = sources[canonical]
         got = info.shape[1:] if expert is not None else info.shape
-        if _squeezed(got) != _squeezed(shape):
+        if _squeezed(got) != _squeezed(_file_shape(spec, canonical, shape)):
             raise ColibriError(
                 f"{where}: tensor {info.name!r} has shape {list(info.shape)}, the metadata implies {list(shape)}"
             )
     return sources
+
+
+def _file_shape(spec: ModelSpec, canonical: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape llama.cpp stores a canonical tensor in: Qwen3.5's attn_q holds each head's queries
+    and gate, its ssm_conv1d is [channels, kernel]."""
+    if spec.attn_output_gate and canonical.endswith((".wq", ".wq_gate")):
+        return (2 * shape[0], shape[1])
+    if canonical.endswith(".lin_conv"):
+        return (spec.linear_conv_dim, spec.linear_conv_kernel)
+    return shape
+
+
+def _value_head_order(spec: ModelSpec, width: int) -> np.ndarray:
+    """Where each canonical value-head element is in the file: Hugging Face groups the value heads
+    by key head (head g * r + j, r = V_HEADS / K_HEADS), llama.cpp tiles them (j * K_HEADS + g)."""
+    nk, nv = spec.linear_k_heads, spec.linear_v_heads
+    heads = np.arange(nv)
+    source = (heads % (nv // nk)) * nk + heads // (nv // nk)
+    return (source[:, None] * width + np.arange(width)[None, :]).reshape(-1)
+
+
+def _view_of(spec: ModelSpec, canonical: str) -> dict:
+    """GgufTensor's view fields for a canonical tensor (Qwen3.5's; {} for everything else)."""
+    part = canonical.rsplit(".", 1)[-1]
+    if spec.attn_output_gate and part in ("wq", "wq_gate"):
+        hd = spec.head_dim
+        rows = np.arange(spec.q_dim)
+        first = hd if part == "wq_gate" else 0
+        return dict(row_order=tuple(int(r) for r in (rows // hd) * 2 * hd + first + rows % hd))
+    if not part.startswith("lin_"):
+        return {}
+    dv, key_dim = spec.linear_v_dim, spec.linear_key_dim
+    view: dict = dict(flat=part == "lin_conv")
+    if spec.linear_k_heads == spec.linear_v_heads:
+        return view
+    if part == "lin_qkv":
+        order = np.concatenate([np.arange(2 * key_dim), 2 * key_dim + _value_head_order(spec, dv)])
+    elif part == "lin_conv":
+        kernel = spec.linear_conv_kernel
+        channels = np.concatenate([np.arange(2 * key_dim), 2 * key_dim + _value_head_order(spec, dv)])
+        order = (channels[:, None] * kernel + np.arange(kernel)[None, :]).reshape(-1)
+    elif part == "lin_z":
+        order = _value_head_order(spec, dv)
+    elif part in ("lin_b", "lin_a", "lin_dt_bias", "lin_decay_scale"):
+        order = _value_head_order(spec, 1)
+    elif part == "lin_out":
+        return dict(view, col_order=tuple(int(i) for i in _value_head_order(spec, dv)))
+    else:
+        return view
+    return dict(view, row_order=tuple(int(i) for i in order))
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -465,7 +597,7 @@ def load_gguf(path: Path | str, load_tensors: bool = True) -> GgufCheckpoint:
     if load_tensors:
         for canonical, shape in wanted.items():
             info, expert, heads = sources[canonical]
-            tensors[canonical] = GgufTensor(path, info, tuple(shape), expert, heads or 0)
+            tensors[canonical] = GgufTensor(path, info, tuple(shape), expert, heads or 0, **_view_of(spec, canonical))
     return GgufCheckpoint(
         spec=spec,
         tensors=tensors,

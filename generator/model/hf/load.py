@@ -31,7 +31,11 @@ ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",  # its text tower; the vision tower is ignored
 }
+# Multimodal classes whose config.json keeps the text tower's settings under text_config.
+TEXT_CONFIG_ARCHITECTURES = ("Gemma3ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class Family:
     #                      local RoPE, logit softcapping, tied embeddings by default, RoPE base 1e6
     moe: str | None = None  # "mixtral" (every layer routes, experts of intermediate_size) or "qwen"
     shared_expert: bool = False  # Qwen2-MoE's gated shared expert
+    hybrid_linear: bool = False  # Qwen3.5: Gated DeltaNet layers beside gated full-attention layers
+    #                              (layer_types), partial RoPE, norms scaling by (1 + w), top-k renormalised
 
 
 FAMILIES = {
@@ -65,7 +71,31 @@ FAMILIES = {
     "qwen3_moe": Family(
         "attention_bias", "attention_bias", False, True, "max_window_layers", window_flag=True, moe="qwen"
     ),
+    "qwen3_5_moe": Family(
+        "attention_bias",
+        "attention_bias",
+        False,
+        True,
+        "max_window_layers",
+        window_flag=True,
+        moe="qwen",
+        shared_expert=True,
+        hybrid_linear=True,
+    ),
 }
+# A Gated DeltaNet layer's tensors (Qwen3.5's linear_attn).
+HF_LINEAR_LAYER_PARTS = {
+    "linear_attn.in_proj_qkv.weight": "lin_qkv",
+    "linear_attn.in_proj_z.weight": "lin_z",
+    "linear_attn.in_proj_b.weight": "lin_b",
+    "linear_attn.in_proj_a.weight": "lin_a",
+    "linear_attn.conv1d.weight": "lin_conv",
+    "linear_attn.dt_bias": "lin_dt_bias",
+    "linear_attn.A_log": "lin_decay_scale",
+    "linear_attn.norm.weight": "lin_norm",
+    "linear_attn.out_proj.weight": "lin_out",
+}
+LINEAR_LAYER_TYPES = ("linear_attention", "full_attention")
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -104,7 +134,14 @@ TEXT_TOWER_PREFIXES = (
     ("language_model.model.", "model."),
     ("language_model.lm_head.", "lm_head."),
 )
-NOT_TEXT_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.")
+NOT_TEXT_PREFIXES = (
+    "model.vision_tower.",
+    "vision_tower.",
+    "model.multi_modal_projector.",
+    "multi_modal_projector.",
+    "model.visual.",  # Qwen3.5's vision tower
+    "mtp.",  # Qwen3.5's multi-token-prediction head: not part of next-token decoding
+)
 # Expert weights: Mixtral's block_sparse_moe.experts.E.w1/w3/w2, Qwen-MoE's mlp.experts.E.*_proj.
 HF_EXPERT_PARTS = {
     "w1": "w_gate",
@@ -137,13 +174,37 @@ class HfTensor:
     path: Path
     info: TensorInfo
     plus_one: bool = False  # Gemma's (1 + w) norms, folded in here in float32
+    # A view of some of the file's rows: of every `row_period` rows, the `row_count` from `row_first`
+    # (Qwen3.5's q_proj holds each head's queries, then its output gate). 0: every row.
+    row_period: int = 0
+    row_first: int = 0
+    row_count: int = 0
+    flat: bool = False  # the whole tensor as one vector (Qwen3.5's conv1d taps, [channels, 1, kernel])
+    neg_exp: bool = False  # -exp(w), in float64 rounded to float32 (Qwen3.5's A_log: the decay's scale)
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.flat:
+            return (int(np.prod(self.info.shape)),)
+        if self.row_period:
+            rows, cols = rows_cols(self.info)
+            return (rows // self.row_period * self.row_count, cols)
         return self.info.shape
 
     def rows(self, start: int, stop: int) -> np.ndarray:
-        arr = read_rows(self.path, self.info, start, stop)
+        if self.flat:
+            arr = read_rows(self.path, self.info, 0, rows_cols(self.info)[0]).reshape(1, -1)[:, :][start:stop]
+        elif self.row_period:
+            wanted = np.arange(start, stop)
+            physical = wanted // self.row_count * self.row_period + self.row_first + wanted % self.row_count
+            if len(physical) == 0:
+                return np.zeros((0, rows_cols(self.info)[1]), dtype=np.float32)
+            lo = int(physical[0])
+            arr = read_rows(self.path, self.info, lo, int(physical[-1]) + 1)[physical - lo]
+        else:
+            arr = read_rows(self.path, self.info, start, stop)
+        if self.neg_exp:
+            arr = (-np.exp(arr.astype(np.float64))).astype(np.float32)
         if self.plus_one:
             # Gemma's RMSNorm scales by (1 + w), computed in float32: folded in once here, so
             # every norm in the runtime is the same x * inv * w.
@@ -152,7 +213,9 @@ class HfTensor:
 
     def load(self) -> np.ndarray:
         """The whole tensor, in its own shape (small tensors and tests; generation reads rows)."""
-        return self.rows(0, rows_cols(self.info)[0]).reshape(self.shape)
+        return self.rows(0, 1 if self.flat else self.shape[0] if self.row_period else rows_cols(self.info)[0]).reshape(
+            self.shape
+        )
 
 
 @dataclass
@@ -349,9 +412,53 @@ def _moe(cfg: _Config, family: Family, n_layers: int) -> dict:
         n_experts=n_experts,
         experts_per_token=top_k,
         expert_intermediate_size=cfg.int("moe_intermediate_size"),
-        norm_topk_prob=cfg.bool("norm_topk_prob", False),
+        # Qwen3.5's router always renormalises its top k (its config.json has no norm_topk_prob).
+        norm_topk_prob=True if family.hybrid_linear else cfg.bool("norm_topk_prob", False),
         shared_expert_intermediate_size=shared,
         moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n_layers)),
+    )
+
+
+def _hybrid_linear(cfg: _Config, n_layers: int, head_dim: int) -> dict:
+    """Qwen3.5's Gated DeltaNet settings: which layers are linear attention (layer_types, or every
+    full_attention_interval-th layer full attention), the DeltaNet heads and convolution, the
+    partial RoPE of its full-attention layers and their output gate."""
+    data = cfg.data
+    layer_types = data.get("layer_types")
+    if layer_types is None:
+        interval = cfg.int("full_attention_interval", 4)
+        layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)]
+    if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+        raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
+    for t in layer_types:
+        if t not in LINEAR_LAYER_TYPES:
+            raise ColibriError(
+                f"{cfg.where}: unsupported layer type {json.dumps(t)} (supported: {', '.join(LINEAR_LAYER_TYPES)})"
+            )
+    if "full_attention" not in layer_types:
+        raise ColibriError(f"{cfg.where}: 'layer_types' has no full_attention layer (at least one is supported)")
+    k_heads = cfg.int("linear_num_key_heads")
+    v_heads = cfg.int("linear_num_value_heads")
+    if v_heads % k_heads:
+        raise ColibriError(
+            f"{cfg.where}: linear_num_value_heads {v_heads} is not a multiple of linear_num_key_heads {k_heads}"
+        )
+    params = data.get("rope_parameters")
+    factor = cfg.float("partial_rotary_factor", data.get("partial_rotary_factor", 1.0), params or {})
+    rope_dim = int(head_dim * factor)
+    if not 0 < factor <= 1 or rope_dim < 2 or rope_dim % 2:
+        raise ColibriError(
+            f"{cfg.where}: partial_rotary_factor {factor} must rotate an even number of head_dim's {head_dim} dims"
+        )
+    return dict(
+        linear_layers=tuple(t == "linear_attention" for t in layer_types),
+        linear_k_heads=k_heads,
+        linear_v_heads=v_heads,
+        linear_k_dim=cfg.int("linear_key_head_dim"),
+        linear_v_dim=cfg.int("linear_value_head_dim"),
+        linear_conv_kernel=cfg.int("linear_conv_kernel_dim"),
+        attn_output_gate=True,
+        rope_dim=0 if rope_dim == head_dim else rope_dim,
     )
 
 
@@ -367,10 +474,10 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         raise ColibriError(f"unsupported architecture {arch!r} (supported: {supported})")
     family_name = ARCHITECTURES[arch]
     family = FAMILIES[family_name]
-    if arch == "Gemma3ForConditionalGeneration":
+    if arch in TEXT_CONFIG_ARCHITECTURES:
         text = data.get("text_config")
         if not isinstance(text, dict):
-            raise ColibriError("config.json: Gemma3ForConditionalGeneration needs a 'text_config' object")
+            raise ColibriError(f"config.json: {arch} needs a 'text_config' object")
         cfg = _Config(text, "config.json text_config")
         data = text
     gemma = family.gemma
@@ -401,7 +508,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         if act != "silu":
             raise ColibriError(f"config.json: unsupported hidden_act {act!r} for {arch} (supported: silu)")
         activation = "silu"
-    if data.get("partial_rotary_factor", 1.0) != 1.0:
+    if not family.hybrid_linear and data.get("partial_rotary_factor", 1.0) != 1.0:
         raise ColibriError("config.json: partial_rotary_factor other than 1.0 is not supported")
     n_layers = cfg.int("num_hidden_layers")
     max_pos = cfg.int("max_position_embeddings", 2048)
@@ -432,7 +539,10 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         family=family_name,
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=cfg.int("intermediate_size"),
+        # (Qwen3.5 has no dense FFN: every layer routes, and its config.json no intermediate_size.)
+        intermediate_size=cfg.int(
+            "intermediate_size", data.get("moe_intermediate_size") if family.hybrid_linear else None
+        ),
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
@@ -457,6 +567,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         # transformers applies final_logit_softcapping in Gemma3ForCausalLM, not in the multimodal class.
         final_softcap=_softcap(cfg, "final_logit_softcapping") if arch != "Gemma3ForConditionalGeneration" else 0.0,
         **(_moe(cfg, family, n_layers) if family.moe else {}),
+        **(_hybrid_linear(cfg, n_layers, head_dim) if family.hybrid_linear else {}),
     )
 
 
@@ -477,6 +588,8 @@ def _canonical(hf_name: str, family: str) -> str | None:
             return f"layers.{index}.{parts[part]}"
         if part in HF_MOE_LAYER_PARTS:
             return f"layers.{index}.{HF_MOE_LAYER_PARTS[part]}"
+        if FAMILIES[family].hybrid_linear and part in HF_LINEAR_LAYER_PARTS:
+            return f"layers.{index}.{HF_LINEAR_LAYER_PARTS[part]}"
         for prefix in ("block_sparse_moe.experts.", "mlp.experts."):
             if part.startswith(prefix):
                 expert, _, rest = part[len(prefix) :].partition(".")
@@ -484,6 +597,37 @@ def _canonical(hf_name: str, family: str) -> str | None:
                 if expert.isdigit() and str(int(expert)) == expert and name in HF_EXPERT_PARTS:
                     return f"layers.{index}.experts.{expert}.{HF_EXPERT_PARTS[name]}"
     return None
+
+
+def _view(spec: ModelSpec, canonical: str, path: Path, info: TensorInfo) -> HfTensor:
+    """The canonical tensor as a view of the file's: Gemma's and Qwen3.5's (1 + w) norms (not
+    Qwen3.5's gated norm, which scales by w), the queries and the output gate of Qwen3.5's q_proj
+    (each head's head_dim queries, then its head_dim gates), its convolution's taps as one vector."""
+    family = FAMILIES[spec.family]
+    plus_one = (
+        (family.gemma or family.hybrid_linear) and canonical.endswith("norm") and not canonical.endswith("lin_norm")
+    )
+    if spec.attn_output_gate and (canonical.endswith(".wq") or canonical.endswith(".wq_gate")):
+        hd = spec.head_dim
+        if info.shape != (2 * spec.q_dim, spec.hidden_size):
+            return HfTensor(path, info)  # reported with the shape the config implies
+        return HfTensor(path, info, row_period=2 * hd, row_first=hd if canonical.endswith("_gate") else 0, row_count=hd)
+    if canonical.endswith("lin_conv"):
+        if info.shape != (spec.linear_conv_dim, 1, spec.linear_conv_kernel):
+            return HfTensor(path, info)
+        return HfTensor(path, info, flat=True)
+    if canonical.endswith("lin_decay_scale"):
+        return HfTensor(path, info, neg_exp=True)
+    return HfTensor(path, info, plus_one=plus_one)
+
+
+def _file_shape(spec: ModelSpec, canonical: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a checkpoint's tensor must have for the canonical `shape` (as config.json implies)."""
+    if spec.attn_output_gate and canonical.endswith((".wq", ".wq_gate")):
+        return (2 * shape[0], shape[1])
+    if canonical.endswith("lin_conv"):
+        return (spec.linear_conv_dim, 1, spec.linear_conv_kernel)
+    return shape
 
 
 def _tensor_files(model_dir: Path) -> dict[str, tuple[Path, TensorInfo]]:
@@ -554,19 +698,21 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
         if canonical not in wanted:
             raise ColibriError(f"unexpected tensor {hf_name!r} for {spec.architecture} with this config.json")
         by_canonical[canonical] = (path, info)
+        if spec.attn_output_gate and canonical.endswith(".wq"):
+            by_canonical[canonical + "_gate"] = (path, info)  # the same q_proj: its gate rows
+    views = {}
     for canonical, shape in wanted.items():
         if canonical not in by_canonical:
             raise ColibriError(f"missing tensor for {canonical!r} ({spec.architecture}, expected shape {list(shape)})")
-        info = by_canonical[canonical][1]
-        if info.shape != shape:
-            raise ColibriError(f"tensor {info.name!r} has shape {list(info.shape)}, config.json implies {list(shape)}")
+        path, info = by_canonical[canonical]
+        views[canonical] = _view(spec, canonical, path, info)
+        if views[canonical].shape != shape:
+            implied = list(_file_shape(spec, canonical, shape))
+            raise ColibriError(f"tensor {info.name!r} has shape {list(info.shape)}, config.json implies {implied}")
 
     tensors: dict[str, HfTensor] = {}
     if load_tensors:
-        gemma = FAMILIES[spec.family].gemma
-        for canonical in wanted:
-            path, info = by_canonical[canonical]
-            tensors[canonical] = HfTensor(path, info, plus_one=gemma and canonical.endswith("norm"))
+        tensors = views
     files = sorted(
         {config_path, *(p for p, _ in by_canonical.values())}
         | ({gen_path} if gen_path.is_file() else set())

@@ -103,9 +103,9 @@ def encode_blocks(
     blocks, dtype: str, where: str = "a tensor"
 ) -> tuple[np.ndarray, np.ndarray | bytes, np.ndarray | bytes]:
     """A source's own blocks (a GGUF tensor's, model/gguf/tensors.QuantBlocks) as image bytes,
-        value for value: q8_0, q4_0 and q4_1 each field copied out of the file's blocks once, a kept
-        GGUF type's blocks as they are; handed to pwrite as they are. A block whose binary16 d, dmin or m
-        is infinite or NaN is refused (the kernels take every scale as finite), and so is an MXFP4 block
+    value for value: q8_0, q4_0 and q4_1 each field copied out of the file's blocks once, a kept
+    GGUF type's blocks as they are; handed to pwrite as they are. A block whose binary16 d, dmin or m
+    is infinite or NaN is refused (the kernels take every scale as finite), and so is an MXFP4 block
     that cannot hold finite values (blocks.bad_exponents), naming the tensor (`where`)."""
     if dtype in KEPT_BLOCK_TYPES:
         raw = blocks.block_bytes()

@@ -4,13 +4,14 @@ blocks), and every product and embedding reads them through one decoding, here a
 runtime (firmware_src/runtime/kernels/kernels.h, kernel_*_unpack):
 
 Each 32-value block b of a row decodes to 32 small integers q (the quant minus its offset, or
-the IQ4 or MXFP4 table's value) and, per group of 32 or 16 values, a float32 scale s and (for the affine
-types) a float32 offset o, each computed exactly from the file's fields: a binary16 widened, times
-an integer of at most 8 bits (11 + 8 significant bits fit float32's 24, and a subnormal binary16
-times such an integer stays a multiple of 2^-24 far inside float32's normal range), so no value
-is rounded; MXFP4's s is its e8m0 exponent byte as a power of two (ggml's GGML_E8M0_TO_FP32_HALF:
-2^(e - 128), subnormal for e = 0 and 1), also exact. A value is s * q, or s * q + o, one float32
-rounding each (ggml's dequantize_row_* order: for the K-types s * q - mn, which is s * q + (-mn) exactly). A product with q8_0
+the IQ4 or MXFP4 table's value) and, per group of 32 or 16 values, a float32 scale s and (for
+the affine types) a float32 offset o, each computed exactly from the file's fields: a binary16
+widened, times an integer of at most 8 bits (11 + 8 significant bits fit float32's 24, and a
+subnormal binary16 times such an integer stays a multiple of 2^-24 far inside float32's normal
+range), so no value is rounded; MXFP4's s is its e8m0 exponent byte as a power of two (ggml's
+GGML_E8M0_TO_FP32_HALF: 2^(e - 128), subnormal for e = 0 and 1), also exact. A value is s * q,
+or s * q + o, one float32 rounding each (ggml's dequantize_row_* order: for the K-types
+s * q - mn, which is s * q + (-mn) exactly). A product with q8_0
 activations (x_qs, x_d) reduces block b to one float32 term, which goes into the reduction tree
 of every quantized row (tree_sum), docs/numerics.md:
 

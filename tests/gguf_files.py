@@ -190,7 +190,7 @@ def _add(w, name: str, data: np.ndarray, tensor_type: str) -> None:
         w.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32))
     elif qtype == gguf.GGMLQuantizationType.F16:
         w.add_tensor(name, data.astype(np.float16))
-    elif tensor_type in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "BF16", "MXFP4"):
+    elif tensor_type in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "BF16", "MXFP4", "TQ2_0"):
         w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
     else:
         w.add_tensor(name, encode_blocks(data, tensor_type), raw_dtype=qtype)

@@ -10,7 +10,7 @@
 #include "parallel.h"
 
 #define GROUP (COLIBRI_N_HEADS / COLIBRI_N_KV_HEADS) /* query heads per KV head */
-#define READS_KEPT_BLOCKS (COLIBRI_READS_Q5_0 || COLIBRI_READS_Q5_1 || COLIBRI_READS_Q4_K || COLIBRI_READS_Q5_K || COLIBRI_READS_Q6_K || COLIBRI_READS_Q3_K || COLIBRI_READS_Q2_K || COLIBRI_READS_IQ4_NL || COLIBRI_READS_IQ4_XS) /* some matrix is a kept GGUF type's blocks */
+#define READS_KEPT_BLOCKS (COLIBRI_READS_Q5_0 || COLIBRI_READS_Q5_1 || COLIBRI_READS_Q4_K || COLIBRI_READS_Q5_K || COLIBRI_READS_Q6_K || COLIBRI_READS_Q3_K || COLIBRI_READS_Q2_K || COLIBRI_READS_IQ4_NL || COLIBRI_READS_IQ4_XS || COLIBRI_READS_MXFP4) /* some matrix is a kept GGUF type's blocks */
 
 /* The generator's blocks of the kept GGUF types (model_def.h) are the kernels' (kernels.h). */
 _Static_assert(COLIBRI_Q5_0_BLOCK_VALUES == KERNEL_Q5_0_VALUES && COLIBRI_Q5_0_BLOCK_BYTES == KERNEL_Q5_0_BYTES, "q5_0 blocks");
@@ -22,6 +22,7 @@ _Static_assert(COLIBRI_Q3_K_BLOCK_VALUES == KERNEL_Q3_K_VALUES && COLIBRI_Q3_K_B
 _Static_assert(COLIBRI_Q2_K_BLOCK_VALUES == KERNEL_Q2_K_VALUES && COLIBRI_Q2_K_BLOCK_BYTES == KERNEL_Q2_K_BYTES, "q2_k blocks");
 _Static_assert(COLIBRI_IQ4_NL_BLOCK_VALUES == KERNEL_IQ4_NL_VALUES && COLIBRI_IQ4_NL_BLOCK_BYTES == KERNEL_IQ4_NL_BYTES, "iq4_nl blocks");
 _Static_assert(COLIBRI_IQ4_XS_BLOCK_VALUES == KERNEL_IQ4_XS_VALUES && COLIBRI_IQ4_XS_BLOCK_BYTES == KERNEL_IQ4_XS_BYTES, "iq4_xs blocks");
+_Static_assert(COLIBRI_MXFP4_BLOCK_VALUES == KERNEL_MXFP4_VALUES && COLIBRI_MXFP4_BLOCK_BYTES == KERNEL_MXFP4_BYTES, "mxfp4 blocks");
 
 void colibri_buffers_init(ColibriBuffers *b)
 {
@@ -192,6 +193,12 @@ static void linear_rows(void *ctx, int begin, int end)
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
+#if COLIBRI_READS_MXFP4
+    case COLIBRI_DTYPE_MXFP4:
+        kernel_matmul_mxfp4(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_MXFP4_VALUES) * KERNEL_MXFP4_BYTES),
+                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
+        break;
+#endif
     case COLIBRI_DTYPE_Q8_0:
         kernel_matmul_q8_0(j->out + begin, j->rows, (const int8_t *)j->w->w + (int64_t)begin * cols,
                            j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
@@ -311,6 +318,11 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
 #if COLIBRI_READS_IQ4_XS
     case COLIBRI_DTYPE_IQ4_XS:
         embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES, kernel_iq4_xs_unpack, 0);
+        break;
+#endif
+#if COLIBRI_READS_MXFP4
+    case COLIBRI_DTYPE_MXFP4:
+        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_MXFP4_VALUES) * KERNEL_MXFP4_BYTES, kernel_mxfp4_unpack, 0);
         break;
 #endif
     case COLIBRI_DTYPE_Q8_0: {

@@ -106,13 +106,18 @@ def encode_blocks(
     """A source's own blocks (a GGUF tensor's, model/gguf/tensors.QuantBlocks) as image bytes,
     value for value: q8_0, q4_0 and q4_1 each field copied out of the file's blocks once, a kept
     GGUF type's blocks as they are; handed to pwrite as they are. A block whose binary16 d, dmin or m
-    is infinite or NaN is refused (the kernels take every scale as finite), naming the tensor (`where`)."""
+    is infinite or NaN is refused (the kernels take every scale as finite), and so is an MXFP4 block
+    that cannot hold finite values (blocks.bad_exponents), naming the tensor (`where`)."""
     if dtype in KEPT_BLOCK_TYPES:
         raw = blocks.block_bytes()
         if kept_blocks.bad_halves(dtype, raw):
             raise ColibriError(
                 f"{where} ({kept_blocks.FORMATS[dtype].ggml_type}): a block's binary16 scale or minimum is "
                 f"infinite or NaN"
+            )
+        if kept_blocks.bad_exponents(dtype, raw):
+            raise ColibriError(
+                f"{where} (MXFP4): a block's e8m0 scale is 0xFF (NaN) or makes one of its values overflow float32"
             )
         return raw, b"", b""
     qs, d, m = keep_blocks(*blocks.fields(), dtype)

@@ -11,7 +11,7 @@ Layout (little-endian; offsets from the start of the image):
                scales; a q4_0 tensor the same with rows*cols/2 bytes of packed 4-bit quants
                (quantize.py); a q4_1 tensor rows*cols/2 bytes of packed 4-bit quants, zero
                padding to ALIGN, rows*cols/32 binary16 scales d, then (right after them)
-               rows*cols/32 binary16 minimums m; a kept GGUF type (q5_0 ... iq4_xs) the file's
+               rows*cols/32 binary16 minimums m; a kept GGUF type (q5_0 ... mxfp4) the file's
                blocks verbatim, row after row (numerics/blocks.py); padding is zero
   trailer      u32 CRC-32 (IEEE) of the header and directory (every byte before the data region),
                then END_MAGIC
@@ -52,6 +52,7 @@ DTYPE_CODES = {
     "q2_k": 10,
     "iq4_nl": 11,
     "iq4_xs": 12,
+    "mxfp4": 13,
 }
 # The model's quantization in the header: one block type for every matrix (its DTYPE_CODES value),
 # or a GGUF file's own block types (--quant gguf), each tensor's then in its directory entry.

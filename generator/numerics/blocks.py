@@ -1,15 +1,17 @@
 """GGUF block types kept as the file holds them: Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K,
-IQ4_NL and IQ4_XS. The image stores their blocks verbatim, row after row (a row is whole
+IQ4_NL, IQ4_XS and MXFP4. The image stores their blocks verbatim, row after row (a row is whole
 blocks), and every product and embedding reads them through one decoding, here and in the C
 runtime (firmware_src/runtime/kernels/kernels.h, kernel_*_unpack):
 
 Each 32-value block b of a row decodes to 32 small integers q (the quant minus its offset, or
-the IQ4 table's value) and, per group of 32 or 16 values, a float32 scale s and (for the affine
-types) a float32 offset o, each computed exactly from the file's fields: a binary16 widened, times
-an integer of at most 8 bits (11 + 8 significant bits fit float32's 24, and a subnormal binary16
-times such an integer stays a multiple of 2^-24 far inside float32's normal range), so no value
-is rounded. A value is s * q, or s * q + o, one float32 rounding each (ggml's dequantize_row_*
-order: for the K-types s * q - mn, which is s * q + (-mn) exactly). A product with q8_0
+the IQ4 or MXFP4 table's value) and, per group of 32 or 16 values, a float32 scale s and (for
+the affine types) a float32 offset o, each computed exactly from the file's fields: a binary16
+widened, times an integer of at most 8 bits (11 + 8 significant bits fit float32's 24, and a
+subnormal binary16 times such an integer stays a multiple of 2^-24 far inside float32's normal
+range), so no value is rounded; MXFP4's s is its e8m0 exponent byte as a power of two (ggml's
+GGML_E8M0_TO_FP32_HALF: 2^(e - 128), subnormal for e = 0 and 1), also exact. A value is s * q,
+or s * q + o, one float32 rounding each (ggml's dequantize_row_* order: for the K-types
+s * q - mn, which is s * q + (-mn) exactly). A product with q8_0
 activations (x_qs, x_d) reduces block b to one float32 term, which goes into the reduction tree
 of every quantized row (tree_sum), docs/numerics.md:
 
@@ -32,6 +34,10 @@ from .ops import tree_sum
 
 QK = 32
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+# MXFP4's e2m1 values doubled (ggml's kvalues_mxfp4), hence the half in its scale: value = k * 2^(e - 128).
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+# The e8m0 byte that is NaN in the OCP MX spec (ggml's decoding, which ignores NaN, would read 2^127).
+E8M0_NAN = 0xFF
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ class BlockFormat:
     nbytes: int  # bytes per block
     group: int  # values sharing one scale: 32 or 16
     affine: bool  # value = s * q + o (else s * q)
-    halves: tuple[int, ...]  # byte offsets of the block's binary16 fields (d, and dmin or m)
+    halves: tuple[int, ...]  # byte offsets of the block's binary16 fields (d, and dmin or m); MXFP4 none
 
 
 # The dtype names the image and the firmware use, each a GGUF type (ggml-common.h's block_*).
@@ -55,6 +61,7 @@ FORMATS = {
     "q2_k": BlockFormat("Q2_K", 256, 84, 16, True, (80, 82)),
     "iq4_nl": BlockFormat("IQ4_NL", 32, 18, 32, False, (0,)),
     "iq4_xs": BlockFormat("IQ4_XS", 256, 136, 32, False, (0,)),
+    "mxfp4": BlockFormat("MXFP4", 32, 17, 32, False, ()),
 }
 BY_GGUF = {f.ggml_type: name for name, f in FORMATS.items()}
 
@@ -67,6 +74,14 @@ def row_bytes(dtype: str, cols: int) -> int:
 def _half(raw: np.ndarray, at: int) -> np.ndarray:
     """The binary16 field at byte `at` of every block, widened to float32 (exact)."""
     return np.ascontiguousarray(raw[:, at : at + 2]).view("<f2")[:, 0].astype(np.float32)
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """MXFP4's exponent bytes as float32 scales 2^(e - 128), exactly (ggml's GGML_E8M0_TO_FP32_HALF):
+    the float32 bits (e - 1) << 23 for e >= 2, the subnormals 2^-128 and 2^-127 for e = 0 and 1."""
+    e = np.asarray(e, np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
 
 
 def _nibbles32(qs: np.ndarray) -> np.ndarray:
@@ -151,6 +166,9 @@ def decode(dtype: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         scale = _half(raw, 0)[:, None] * ls  # exact: 11 bits times 6
         q = KVALUES_IQ4NL[_nibbles32(raw[:, 8:136].reshape(n * 8, 16))]
         return q, scale.reshape(-1, 1), None
+    if dtype == "mxfp4":
+        q = KVALUES_MXFP4[_nibbles32(raw[:, 1:17])]
+        return q, e8m0_half(raw[:, 0])[:, None], None
     raise ValueError(f"not a kept GGUF block type: {dtype}")
 
 
@@ -210,3 +228,17 @@ def bad_halves(dtype: str, raw: np.ndarray) -> bool:
         if np.any((raw[:, at + 1] & 0x7C) == 0x7C):
             return True
     return False
+
+
+def bad_exponents(dtype: str, raw: np.ndarray) -> bool:
+    """Some MXFP4 block cannot be a block of finite values: its e8m0 byte is 0xFF (NaN in the OCP MX
+    spec; ggml's decoding, which ignores NaN, would read 2^127), or its scale times one of its values
+    overflows float32 (2^126 times +-4 and up, 2^125 times +-8 and up: bytes 0xFE and 0xFD)."""
+    if dtype != "mxfp4":
+        return False
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, FORMATS[dtype].nbytes)
+    if np.any(raw[:, 0] == E8M0_NAN):
+        return True
+    top = raw[raw[:, 0] >= E8M0_NAN - 2]
+    with np.errstate(over="ignore"):
+        return len(top) > 0 and not np.all(np.isfinite(dequantize(dtype, top)))

@@ -56,6 +56,7 @@ static const BlockType block_types[] = {
     {"q2_k", kernel_matvec_q2_k, kernel_scalar_matvec_q2_k, kernel_matmul_q2_k, kernel_q2_k_unpack, KERNEL_Q2_K_VALUES, KERNEL_Q2_K_BYTES, 1},
     {"iq4_nl", kernel_matvec_iq4_nl, kernel_scalar_matvec_iq4_nl, kernel_matmul_iq4_nl, kernel_iq4_nl_unpack, KERNEL_IQ4_NL_VALUES, KERNEL_IQ4_NL_BYTES, 0},
     {"iq4_xs", kernel_matvec_iq4_xs, kernel_scalar_matvec_iq4_xs, kernel_matmul_iq4_xs, kernel_iq4_xs_unpack, KERNEL_IQ4_XS_VALUES, KERNEL_IQ4_XS_BYTES, 0},
+    {"mxfp4", kernel_matvec_mxfp4, kernel_scalar_matvec_mxfp4, kernel_matmul_mxfp4, kernel_mxfp4_unpack, KERNEL_MXFP4_VALUES, KERNEL_MXFP4_BYTES, 0},
 };
 
 static const BlockType *block_type(const char *name)

@@ -295,6 +295,50 @@ def test_a_k_block_with_an_infinite_or_nan_scale_is_refused_naming_the_tensor(k_
     )
 
 
+@pytest.fixture(scope="module")
+def mxfp4_gguf(good_gguf):
+    """The good file's checkpoint with MXFP4 matrices (17-byte blocks: the e8m0 exponent, then 16
+    nibble bytes)."""
+    return hf_to_gguf(good_gguf.parent / "hf", good_gguf.parent / "mxfp4.gguf", "MXFP4")
+
+
+@pytest.mark.parametrize(
+    "exponent, nibbles",
+    [(0xFF, 0x21), (0xFE, 0x14)],  # every exponent and nibble: test_gguf_blocks.py
+    ids=["nan-scale-small-values", "4-times-2^126"],
+)
+def test_an_mxfp4_block_that_cannot_hold_finite_values_is_refused_naming_the_tensor(
+    mxfp4_gguf, tmp_path, exponent, nibbles
+):
+    """e = 0xFF is NaN in the OCP MX spec (ggml's decoding would read 2^127 and go on); 0xFE and 0xFD
+    with a value of 4 or 8 make an infinite weight."""
+    raw = raw_gguf(mxfp4_gguf)
+    offset = tensor(raw, "blk.1.ffn_up.weight")[3] + 17 * 7  # the 8th block
+    block = bytes([exponent]) + bytes([0x00] * 15) + bytes([nibbles])
+    raw.data = raw.data[:offset] + block + raw.data[offset + 17 :]
+    path = tmp_path / "bad-exponent.gguf"
+    path.write_bytes(raw.encode())
+    refused(
+        path,
+        tmp_path / "out",
+        "tensor 'blk.1.ffn_up.weight' (MXFP4): a block's e8m0 scale is 0xFF (NaN) or makes one of its values "
+        "overflow float32",
+    )
+
+
+@pytest.mark.slow  # a whole build (~10 s)
+def test_an_mxfp4_block_at_the_largest_finite_values_is_kept(mxfp4_gguf, tmp_path):
+    """0xFE with values up to 3 (1.5 * 2^127) and 0xFD with values up to 6 are finite: kept."""
+    raw = raw_gguf(mxfp4_gguf)
+    offset = tensor(raw, "blk.1.ffn_up.weight")[3] + 17 * 7
+    block = bytes([0xFE]) + bytes([0x3B] * 16) + bytes([0xFD]) + bytes([0x5D] * 16)  # 3, -3; 6, -6
+    raw.data = raw.data[:offset] + block + raw.data[offset + 34 :]
+    path = tmp_path / "top-exponent.gguf"
+    path.write_bytes(raw.encode())
+    done = run_cli("build", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_file_cut_inside_a_superblock_is_refused_naming_the_tensor(k_gguf, tmp_path):
     raw = raw_gguf(k_gguf)
     moved = tensor(raw, "blk.0.attn_v.weight")  # its data moved to the end of the file, then cut short

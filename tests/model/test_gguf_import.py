@@ -167,7 +167,9 @@ def test_other_types_have_no_exact_blocks(tmp_path):
     assert tensor_blocks(parsed, parsed.tensors["t"]) is None
 
 
-@pytest.mark.parametrize("tensor_type", ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize(
+    "tensor_type", ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
+)
 def test_verbatim_types_keep_the_files_bytes(tensor_type, tmp_path):
     parsed = write_random_blocks(tmp_path / "t.gguf", tensor_type)
     info = parsed.tensors["t"]

@@ -1,6 +1,6 @@
 """--quant gguf: a GGUF file's Q8_0, Q4_0 and Q4_1 blocks go into the weight image as they are,
 value for value (their binary16 scales and minimums are what the image stores), and decode bit
-for bit as the NumPy reference does on every board (the types kept verbatim, Q5_0 to IQ4_XS:
+for bit as the NumPy reference does on every board (the types kept verbatim, Q5_0 to MXFP4:
 test_gguf_kept_blocks.py); other block types are quantized again and the build says so, per
 tensor, with the error."""
 
@@ -21,6 +21,12 @@ pytestmark = pytest.mark.slow  # builds GGUF files of every family and verifies 
 MODELS = {
     "llama": ORACLE_CONFIGS["llama_gqa_linear"],
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(ORACLE_CONFIGS["mixtral_moe"][2], sliding_window=None)),
+    # rows of 256 and 512 values, for the block types of 256 that are quantized again (TQ2_0)
+    "wide-llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(ORACLE_CONFIGS["llama_gqa_linear"][2], hidden_size=256, intermediate_size=512, num_attention_heads=4),
+    ),
 }
 
 
@@ -111,12 +117,12 @@ def test_kept_q4_1_blocks_decode_as_the_reference_on_every_board(gguf_file, tmp_
 
 
 def test_other_block_types_are_quantized_again_and_the_build_says_by_how_much(gguf_file, tmp_path):
-    generated, stderr = build(gguf_file("llama", "MXFP4"), tmp_path / "out")
+    generated, stderr = build(gguf_file("wide-llama", "TQ2_0"), tmp_path / "out")
     plan = json.loads((generated / "plan.json").read_text())
     again = plan["gguf"]["quantized_again"]
-    assert again and {a["file_type"] for a in again} == {"MXFP4"} and {a["block_type"] for a in again} == {"q4_1"}
+    assert again and {a["file_type"] for a in again} == {"TQ2_0"} and {a["block_type"] for a in again} == {"q4_1"}
     for a in again:
-        assert f"note: {a['tensor']} (MXFP4 in the file) quantized again to q4_1: largest error" in stderr
+        assert f"note: {a['tensor']} (TQ2_0 in the file) quantized again to q4_1: largest error" in stderr
     assert "tensors kept exactly as the GGUF file holds them" in stderr and "quantized again: " in stderr
 
 
@@ -129,17 +135,17 @@ def test_gguf_quant_needs_a_gguf_file(tmp_path):
 
 
 def test_report_says_which_tensors_are_exact(gguf_file, tmp_path):
-    path = gguf_file("llama", "MXFP4")
+    path = gguf_file("wide-llama", "TQ2_0")
     done = run_cli("report", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", tmp_path / "out", "--json")
     assert done.returncode == 0, done.stderr
     rep = json.loads(done.stdout)["gguf"]
     assert (
         rep["exact"]
         and rep["quantized_again"]
-        and rep["summary"].endswith(f"quantized again: {len(rep['quantized_again'])} MXFP4 to q4_1")
+        and rep["summary"].endswith(f"quantized again: {len(rep['quantized_again'])} TQ2_0 to q4_1")
     )
     text = run_cli("report", "--model", path, "--quant", "gguf", "--ctx", "64", "--out", tmp_path / "out").stdout
-    assert "tensors kept exactly as the GGUF file holds them" in text and "quantized again: layers.0.wq (MXFP4" in text
+    assert "tensors kept exactly as the GGUF file holds them" in text and "quantized again: layers.0.wq (TQ2_0" in text
 
 
 def test_a_plan_of_tens_of_thousands_of_tensors_says_what_it_kept_in_linear_time():

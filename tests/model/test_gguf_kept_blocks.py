@@ -1,5 +1,5 @@
 """--quant gguf with the block types kept verbatim (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K,
-IQ4_NL, IQ4_XS): the image holds the file's blocks as they are, the plan and report say each
+IQ4_NL, IQ4_XS, MXFP4): the image holds the file's blocks as they are, the plan and report say each
 tensor's type, and the firmware decodes the reference's bits on host, linux-aarch64 and qemu-rv32,
 and through the expert cache's slots."""
 
@@ -37,21 +37,22 @@ MIXED = {
     "blk.0.ffn_down.weight": "Q2_K",
     "blk.1.attn_q.weight": "IQ4_NL",
     "blk.1.attn_k.weight": "IQ4_XS",
-    "blk.1.attn_v.weight": "Q5_1",
+    "blk.1.attn_v.weight": "MXFP4",
     "blk.1.attn_output.weight": "Q2_K",
     "blk.1.ffn_gate.weight": "Q6_K",
     "blk.1.ffn_up.weight": "Q4_K",
     "blk.1.ffn_down.weight": "Q5_0",
 }
-# The MoE test model's rows are 64 and 96 values: the types of 32-value blocks.
+# The MoE test model's rows are 64 and 96 values: the types of 32-value blocks; MXFP4 (gpt-oss's
+# experts' type) in experts of both layers and in the embedding.
 MOE_TYPES = {
-    "token_embd.weight": "Q5_1",
+    "token_embd.weight": "MXFP4",
     "blk.0.ffn_gate_exps.weight": "Q5_0",
     "blk.0.ffn_up_exps.weight": "IQ4_NL",
-    "blk.0.ffn_down_exps.weight": "Q5_1",
+    "blk.0.ffn_down_exps.weight": "MXFP4",
     "blk.1.ffn_gate_exps.weight": "IQ4_NL",
     "blk.1.ffn_up_exps.weight": "Q5_1",
-    "blk.1.ffn_down_exps.weight": "Q5_0",
+    "blk.1.ffn_down_exps.weight": "MXFP4",
 }
 
 
@@ -192,7 +193,8 @@ def test_kept_expert_blocks_read_into_the_cache_slots_decode_the_same_bits(build
         return request, run_on_board(board, art.program, art.weights, request, art.model_hash())
 
     board, art, plan = builder.build(moe_gguf, "gguf", 64)
-    assert {t.dtype for t in plan.tensors if ".experts." in t.name} == {"q5_0", "q5_1", "iq4_nl"}
+    assert {t.dtype for t in plan.tensors if ".experts." in t.name} == {"q5_0", "q5_1", "iq4_nl", "mxfp4"}
+    assert next(t.dtype for t in plan.tensors if t.name == "embed") == "mxfp4"
     request, unlimited = run(0)
     assert compare(unlimited, reference_run(plan, art.weights, request)).passed
     _, result = run(cache_plan(plan, board.budget_reserve, 0).constants.min_budget)

@@ -16,18 +16,40 @@ TYPES = sorted(blocks.FORMATS)
 # binary16 scales a file may hold: zeros of both signs, the smallest subnormal and a larger one,
 # negative ones, the largest finite, and ordinary ones
 EDGE_HALVES = np.array([0.0, -0.0, 2**-24, -(2**-24), 3 * 2**-20, -1.5, 65504.0, -65504.0], np.float16)
+# MXFP4 e8m0 exponents alike: the two subnormal scales (0, 1), the smallest normal ones, ordinary
+# ones, and 2^16, the largest binary16's size (so that products stay finite as the others' do)
+EDGE_EXPONENTS = np.array([0, 1, 2, 3, 64, 127, 128, 144], np.uint8)
+
+
+def mxfp4_exponents(n: int, spread: float) -> np.ndarray:
+    """n e8m0 bytes whose scales 2^(e - 128) are about `spread` (values up to 12 of them)."""
+    centre = 128 + int(np.round(np.log2(spread)))
+    return (centre + rng.integers(-3, 4, n)).astype(np.uint8)
+
+
+def set_scales(dtype: str, raw: np.ndarray, pick) -> None:
+    """Every scale field of blocks `raw` set from pick(kind, n): kind "half" for binary16 fields
+    (float16 values), "e8m0" for MXFP4's exponent byte (uint8)."""
+    f = blocks.FORMATS[dtype]
+    if dtype == "mxfp4":
+        raw[:, 0] = pick("e8m0", len(raw))
+    for at in f.halves:
+        raw[:, at : at + 2] = np.asarray(pick("half", len(raw)), np.float16).view(np.uint8).reshape(-1, 2)
 
 
 def random_blocks(dtype: str, n: int, edges: bool = True, spread: float = 1.0) -> np.ndarray:
     """n blocks of random bytes whose binary16 fields are finite: the first ones edge values."""
     f = blocks.FORMATS[dtype]
     raw = rng.integers(0, 256, (n, f.nbytes), dtype=np.uint8)
-    for at in f.halves:
-        h = (rng.normal(0, spread, n)).astype(np.float16)
+
+    def pick(kind, count):
+        h = mxfp4_exponents(count, spread) if kind == "e8m0" else rng.normal(0, spread, count).astype(np.float16)
         if edges:
-            k = min(n, len(EDGE_HALVES))
-            h[:k] = rng.permutation(EDGE_HALVES)[:k]
-        raw[:, at : at + 2] = h.view(np.uint8).reshape(n, 2)
+            k = min(count, len(EDGE_HALVES))
+            h[:k] = rng.permutation(EDGE_EXPONENTS if kind == "e8m0" else EDGE_HALVES)[:k]
+        return h
+
+    set_scales(dtype, raw, pick)
     return raw
 
 
@@ -44,6 +66,38 @@ def test_values_are_the_gguf_packages_bit_for_bit(dtype):
         raw = random_blocks(dtype, 200, edges)
         want = dequantize(raw, gguf.GGMLQuantizationType[blocks.FORMATS[dtype].ggml_type])
         assert_same_bits(blocks.dequantize(dtype, raw), np.asarray(want, np.float32).reshape(-1))
+
+
+def test_mxfp4_values_are_the_gguf_packages_at_every_exponent_and_nibble():
+    """Every e8m0 byte the package reads (all 256: ggml's decoding ignores OCP's NaN, 0xFF) with
+    all 16 nibbles in both halves of the block: subnormal scales (e = 0, 1) and values that overflow
+    to infinity (e >= 0xFD) included, the same bits."""
+    nibbles = np.arange(16, dtype=np.uint8)
+    raw = np.zeros((256, 17), np.uint8)
+    raw[:, 0] = np.arange(256)
+    raw[:, 1:] = nibbles | (nibbles[::-1] << 4)
+    with np.errstate(over="ignore"):
+        want = np.asarray(dequantize(raw, gguf.GGMLQuantizationType.MXFP4), np.float32).reshape(-1)
+        assert_same_bits(blocks.dequantize("mxfp4", raw), want)
+    assert_same_bits(
+        blocks.e8m0_half(np.array([0, 1, 2, 127, 128, 254])), [2.0**-128, 2.0**-127, 2.0**-126, 0.5, 1, 2.0**126]
+    )
+
+
+def test_mxfp4_blocks_that_cannot_hold_finite_values_are_found():
+    """e = 0xFF (NaN in the OCP MX spec) whatever the nibbles; 0xFE with a value of 4 or more and
+    0xFD with one of 8 or more (overflow to infinity); everything else is kept."""
+    for e in range(256):
+        for nibble in range(16):
+            block = np.array([[e] + [nibble] * 16], np.uint8)
+            k = abs(int(blocks.KVALUES_MXFP4[nibble]))
+            bad = e == 0xFF or (e == 0xFE and k >= 4) or (e == 0xFD and k >= 8)
+            assert blocks.bad_exponents("mxfp4", block) == bad, (e, nibble)
+    many = random_blocks("mxfp4", 40)
+    assert not blocks.bad_exponents("mxfp4", many)
+    many[17, 0], many[17, 9] = 0xFE, 0x70  # one value of 12 in the 18th block
+    assert blocks.bad_exponents("mxfp4", many)
+    assert not blocks.bad_exponents("iq4_nl", random_blocks("iq4_nl", 4))
 
 
 def test_the_formats_are_ggmls_block_sizes():
@@ -237,9 +291,13 @@ def edge_blocks(dtype: str, rows: int, cols: int) -> np.ndarray:
     """Random quants with every binary16 field drawn from the edge values (zero, subnormal, +-65504,
     negative), so that every lane of every group of eight blocks meets them."""
     w = row_blocks(dtype, rows, cols, edges=False).reshape(-1, blocks.FORMATS[dtype].nbytes)
-    for at in blocks.FORMATS[dtype].halves:
-        h = rng.choice(np.concatenate([EDGE_HALVES, np.array([0.01, -0.02, 1.0], np.float16)]), w.shape[0])
-        w[:, at : at + 2] = h.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+    def pick(kind, count):
+        if kind == "e8m0":
+            return rng.choice(np.concatenate([EDGE_EXPONENTS, np.array([121, 122, 128], np.uint8)]), count)
+        return rng.choice(np.concatenate([EDGE_HALVES, np.array([0.01, -0.02, 1.0], np.float16)]), count)
+
+    set_scales(dtype, w, pick)
     return w.reshape(rows, -1)
 
 
@@ -255,17 +313,17 @@ def test_c_products_at_every_row_and_block_count_of_the_simd_groups(harness, dty
 
 @pytest.mark.parametrize("dtype", TYPES)
 def test_c_products_at_the_largest_integer_sums(harness, dtype):
-    """Every weight byte 0x00 or 0xFF (the largest unsigned quants, or IQ4's -127) against activation
+    """Every weight byte but the scales 0x00 or 0xFF (the largest unsigned quants, IQ4's -127, MXFP4's -12) against activation
     quants all +127 or all -127: the int16 pair sums of maddubs at their largest (Q6_K 2 * 63 * 127,
     IQ4 2 * 127 * 127) must stay exact."""
     f = blocks.FORMATS[dtype]
     rows, cols = 9, 2 * 256
     for fill in (0x00, 0xFF):
         w = row_blocks(dtype, rows, cols, edges=False).reshape(-1, f.nbytes)
-        halves = [w[:, at : at + 2].copy() for at in f.halves]
+        scale_bytes = [at for at in f.halves for at in (at, at + 1)] + ([0] if dtype == "mxfp4" else [])
+        kept = w[:, scale_bytes].copy()
         w[:] = fill
-        for at, h in zip(f.halves, halves, strict=True):
-            w[:, at : at + 2] = h
+        w[:, scale_bytes] = kept
         w = w.reshape(rows, -1)
         for sign in (1.0, -1.0):
             xq, xd = quantize_q8_0(np.full((1, cols), sign, np.float32))

@@ -1,5 +1,5 @@
 /* aarch64 kernels: NEON integer dot products for q8_0, q4_0, q4_1 and the kept GGUF block types
- * (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS), with the dot-product extension
+ * (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, MXFP4), with the dot-product extension
  * (SDOT) when the CPU has it (checked at run time through the kernel's hwcaps), plain NEON widening
  * multiplies otherwise; f32 products four rows per vector. Same bits as kernels/scalar.c: each
  * block's int32 sum is exact, the binary16 weight scales are widened exactly (fcvtl), and the float
@@ -29,6 +29,7 @@
 #define KERNEL_HAS_MATVEC_Q2_K
 #define KERNEL_HAS_MATVEC_IQ4_NL
 #define KERNEL_HAS_MATVEC_IQ4_XS
+#define KERNEL_HAS_MATVEC_MXFP4
 #define KERNEL_HAS_MATMUL_Q5_0
 #define KERNEL_HAS_MATMUL_Q5_1
 #define KERNEL_HAS_MATMUL_Q4_K
@@ -38,6 +39,7 @@
 #define KERNEL_HAS_MATMUL_Q2_K
 #define KERNEL_HAS_MATMUL_IQ4_NL
 #define KERNEL_HAS_MATMUL_IQ4_XS
+#define KERNEL_HAS_MATMUL_MXFP4
 #define KERNEL_ATTENTION_CHAINS 4 /* an out-of-order core overlaps four positions' sums */
 #include "fallback.h"
 
@@ -562,7 +564,7 @@ void kernel_matmul_f32(float *out, int out_stride, const float *w, const float *
     }
 }
 
-/* ---- The kept GGUF block types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS) ----
+/* ---- The kept GGUF block types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, MXFP4) ----
  *
  * Each 32-value block is decoded from its bytes straight into two int8 vectors (values 0..15 and
  * 16..31): the small integers kernel_<type>_unpack makes, so the int32 sums (SDOT, or widening
@@ -580,6 +582,7 @@ enum {
     BLOCKS_Q5_0,
     BLOCKS_Q5_1,
     BLOCKS_IQ4_NL,
+    BLOCKS_MXFP4,
     BLOCKS_Q4_K,
     BLOCKS_Q5_K,
     BLOCKS_Q6_K,
@@ -590,7 +593,7 @@ enum {
 
 static inline int blocks_values(int type)
 {
-    return type == BLOCKS_Q5_0 || type == BLOCKS_Q5_1 || type == BLOCKS_IQ4_NL ? 32 : 256;
+    return type == BLOCKS_Q5_0 || type == BLOCKS_Q5_1 || type == BLOCKS_IQ4_NL || type == BLOCKS_MXFP4 ? 32 : 256;
 }
 
 static inline int blocks_bytes(int type)
@@ -599,6 +602,7 @@ static inline int blocks_bytes(int type)
     case BLOCKS_Q5_0: return KERNEL_Q5_0_BYTES;
     case BLOCKS_Q5_1: return KERNEL_Q5_1_BYTES;
     case BLOCKS_IQ4_NL: return KERNEL_IQ4_NL_BYTES;
+    case BLOCKS_MXFP4: return KERNEL_MXFP4_BYTES;
     case BLOCKS_Q4_K: return KERNEL_Q4_K_BYTES;
     case BLOCKS_Q5_K: return KERNEL_Q5_K_BYTES;
     case BLOCKS_Q6_K: return KERNEL_Q6_K_BYTES;
@@ -754,8 +758,8 @@ typedef struct {
     int8x16_t w[8]; /* block k of the group: values 0..15 in w[2k], 16..31 in w[2k + 1] */
 } BlocksQuants;
 
-/* One block of Q5_0, Q5_1 or IQ4_NL (w0: values 0..15, the low nibbles of qs; w1: values 16..31,
- * the high ones), as kernel_<type>_unpack makes them. */
+/* One block of Q5_0, Q5_1, IQ4_NL or MXFP4 (w0: values 0..15, the low nibbles of qs; w1: values
+ * 16..31, the high ones), as kernel_<type>_unpack makes them. */
 static inline __attribute__((always_inline)) void block32_quants(int type, const uint8_t *blk, int8x16_t *w0,
                                                                  int8x16_t *w1)
 {
@@ -763,6 +767,13 @@ static inline __attribute__((always_inline)) void block32_quants(int type, const
     if (type == BLOCKS_IQ4_NL) {
         const uint8x16_t qs = vld1q_u8(blk + 2);
         const int8x16_t values = vld1q_s8(kernel_iq4nl_values);
+        *w0 = vqtbl1q_s8(values, vandq_u8(qs, low4));
+        *w1 = vqtbl1q_s8(values, vshrq_n_u8(qs, 4));
+        return;
+    }
+    if (type == BLOCKS_MXFP4) { /* qs after the exponent byte, through kvalues_mxfp4 */
+        const uint8x16_t qs = vld1q_u8(blk + 1);
+        const int8x16_t values = vld1q_s8(kernel_mxfp4_values);
         *w0 = vqtbl1q_s8(values, vandq_u8(qs, low4));
         *w1 = vqtbl1q_s8(values, vshrq_n_u8(qs, 4));
         return;
@@ -782,8 +793,9 @@ static inline __attribute__((always_inline)) void block32_quants(int type, const
     }
 }
 
-/* Blocks b .. b + n - 1 (n <= 4) of a row of Q5_0, Q5_1 or IQ4_NL: their quants and their scales
- * (and Q5_1's minimums) widened together; lanes past n are zero and never read from the row. */
+/* Blocks b .. b + n - 1 (n <= 4) of a row of Q5_0, Q5_1, IQ4_NL or MXFP4: their quants and their
+ * scales (binary16 widened, or MXFP4's e8m0 power of two, kernel_e8m0_half) and Q5_1's minimums;
+ * lanes past n are zero and never read from the row. */
 static inline __attribute__((always_inline)) void decode_block32(int type, BlocksScales *sc, BlocksQuants *q,
                                                                  const uint8_t *row, int b, int n)
 {
@@ -794,7 +806,7 @@ static inline __attribute__((always_inline)) void decode_block32(int type, Block
         if (k < n) {
             const uint8_t *blk = row + (int64_t)(b + k) * bytes;
             block32_quants(type, blk, &q->w[2 * k], &q->w[2 * k + 1]);
-            d[k] = half_at(blk);
+            d[k] = type == BLOCKS_MXFP4 ? kernel_e8m0_half(blk[0]) : half_at(blk);
             if (type == BLOCKS_Q5_1) {
                 m[k] = half_at(blk + 2);
             }
@@ -1421,6 +1433,39 @@ void kernel_matmul_iq4_nl(float *out, int out_stride, const uint8_t *w, const in
         matmul_iq4_nl_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
     } else {
         blocks_matmul(BLOCKS_IQ4_NL, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matvec_mxfp4_dotprod(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(BLOCKS_MXFP4, out, w, x_qs, x_d, rows, cols, 1);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void matmul_mxfp4_dotprod(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
+                                                                                    const float *x_d, int n_tok, int rows, int cols)
+{
+    blocks_matmul(BLOCKS_MXFP4, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 1);
+}
+
+void kernel_matvec_mxfp4(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (have_dotprod()) {
+        matvec_mxfp4_dotprod(out, w, x_qs, x_d, rows, cols);
+    } else {
+        blocks_matvec(BLOCKS_MXFP4, out, w, x_qs, x_d, rows, cols, 0);
+    }
+}
+
+void kernel_matmul_mxfp4(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d,
+                          int n_tok, int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_tiled_matmul_blocks(kernel_matvec_mxfp4, (int64_t)(cols / KERNEL_MXFP4_VALUES) * KERNEL_MXFP4_BYTES, out,
+                                   out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_dotprod()) {
+        matmul_mxfp4_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        blocks_matmul(BLOCKS_MXFP4, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
     }
 }
 

@@ -318,6 +318,22 @@ void kernel_matmul_iq4_xs(float *out, int out_stride, const uint8_t *w, const in
 }
 #endif
 
+#ifndef KERNEL_HAS_MATVEC_MXFP4
+void kernel_matvec_mxfp4(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    kernel_scalar_matvec_mxfp4(out, w, x_qs, x_d, rows, cols);
+}
+#endif
+
+#ifndef KERNEL_HAS_MATMUL_MXFP4
+void kernel_matmul_mxfp4(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                         int rows, int cols)
+{
+    kernel_tiled_matmul_blocks(kernel_matvec_mxfp4, (int64_t)(cols / KERNEL_MXFP4_VALUES) * KERNEL_MXFP4_BYTES, out,
+                               out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+#endif
+
 #if !defined(KERNEL_HAS_ATTENTION_SCORES) || !defined(KERNEL_HAS_ATTENTION_MIX)
 #ifndef KERNEL_ATTENTION_CHAINS
 #define KERNEL_ATTENTION_CHAINS 1 /* in-order cores: one sum at a time, fewest instructions */

@@ -100,11 +100,12 @@ void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const K
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols);
 
 /* GGUF block types kept as the file holds them (docs/numerics.md, "GGUF blocks"): Q5_0, Q5_1, Q4_K,
- * Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS. A matrix is its rows one after another, each row its
+ * Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, MXFP4. A matrix is its rows one after another, each row its
  * blocks verbatim (ggml-common.h's block_* layouts, binary16 fields little-endian, at any byte
  * alignment). Every reader sees a block of 32 values through the type's kernel_<type>_unpack:
  * 32 small integers q, and per 16 values a float32 scale (and offset, for the affine types)
- * computed exactly from the block's fields (a binary16 times an integer of at most 8 bits).
+ * computed exactly from the block's fields (a binary16 times an integer of at most 8 bits, or
+ * MXFP4's power of two).
  * A value is scale * q (+ offset); a product term is kernel_unpacked_term's. */
 #define KERNEL_Q5_0_VALUES 32 /* values per block */
 #define KERNEL_Q5_0_BYTES 22 /* d, qh[4], qs[16] */
@@ -124,6 +125,8 @@ void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const K
 #define KERNEL_IQ4_NL_BYTES 18 /* d, qs[16] */
 #define KERNEL_IQ4_XS_VALUES 256
 #define KERNEL_IQ4_XS_BYTES 136 /* d, scales_h (u16), scales_l[4], qs[128] */
+#define KERNEL_MXFP4_VALUES 32
+#define KERNEL_MXFP4_BYTES 17 /* e (e8m0 exponent), qs[16] */
 
 /* One 32-value block decoded: value l is scale[l / 16] * q[l] (+ offset[l / 16]); a type with one
  * scale per 32 values stores it twice. */
@@ -307,6 +310,33 @@ static inline void kernel_iq4_xs_unpack(const uint8_t *row, int b, KernelUnpacke
     kernel_unpacked_one_scale(u, kernel_half_at(blk) * (float)(ls - 32), 0.0f);
 }
 
+/* MXFP4's sixteen values: the e2m1 numbers doubled (ggml's kvalues_mxfp4), hence the half scale. */
+static const int8_t kernel_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* MXFP4's scale: its e8m0 byte e as 2^(e - 128), exactly (ggml's GGML_E8M0_TO_FP32_HALF): the
+ * float32 bits (e - 1) << 23, or for e = 0 and 1 the subnormals 2^-128 and 2^-127. The image never
+ * holds e = 0xFF (NaN in the OCP MX spec) nor a block whose values overflow (the generator refuses
+ * them), so every scale and value is a finite float32. */
+static inline float kernel_e8m0_half(uint8_t e)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {e < 2 ? (uint32_t)0x00200000 << e : (uint32_t)(e - 1) << 23};
+    return v.f;
+}
+
+/* MXFP4: value = 2^(e - 128) * kvalues_mxfp4[q], the nibbles as IQ4_NL's (low 0..15, high 16..31). */
+static inline void kernel_mxfp4_unpack(const uint8_t *row, int b, KernelUnpacked *u)
+{
+    const uint8_t *blk = row + (int64_t)b * KERNEL_MXFP4_BYTES;
+    const uint8_t *qs = blk + 1;
+    for (int l = 0; l < KERNEL_QK; l++) {
+        u->q[l] = kernel_mxfp4_values[l < 16 ? qs[l] & 0x0F : qs[l - 16] >> 4];
+    }
+    kernel_unpacked_one_scale(u, kernel_e8m0_half(blk[0]), 0.0f);
+}
+
 /* Value l of an unpacked block: the product, then (affine types) the sum. */
 static inline float kernel_unpacked_value(const KernelUnpacked *u, int l, int affine)
 {
@@ -356,6 +386,7 @@ void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
 void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_matvec_mxfp4(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_matmul_q5_0(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
                         int rows, int cols);
 void kernel_matmul_q5_1(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
@@ -374,6 +405,8 @@ void kernel_matmul_iq4_nl(float *out, int out_stride, const uint8_t *w, const in
                           int rows, int cols);
 void kernel_matmul_iq4_xs(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
                           int rows, int cols);
+void kernel_matmul_mxfp4(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                         int rows, int cols);
 
 /* Attention of one query head over n positions of the KV cache: position i's key (value) is at
  * keys (values) + ((first_slot + i) % slots) * stride, head_dim floats; the cache is a ring.
@@ -471,6 +504,7 @@ void kernel_scalar_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs,
 void kernel_scalar_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+void kernel_scalar_matvec_mxfp4(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 void kernel_scalar_swiglu(float *up, const float *gate, int n);
 void kernel_scalar_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,

@@ -171,6 +171,12 @@ void kernel_scalar_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_q
                          KERNEL_ONE_SCALE, 0);
 }
 
+void kernel_scalar_matvec_mxfp4(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    scalar_matvec_blocks(out, w, x_qs, x_d, rows, cols, KERNEL_MXFP4_VALUES, KERNEL_MXFP4_BYTES, kernel_mxfp4_unpack,
+                         KERNEL_ONE_SCALE, 0);
+}
+
 void kernel_scalar_swiglu(float *up, const float *gate, int n)
 {
     for (int i = 0; i < n; i++) {

@@ -1,5 +1,5 @@
 /* x86-64 kernels: AVX2 integer dot products for q8_0 and q4_0 (AVX-VNNI where the CPU has it) and
- * for the kept GGUF block types (Q5_0 ... IQ4_XS: x86_avx2_blocks.c, the set's second file),
+ * for the kept GGUF block types (Q5_0 ... MXFP4: x86_avx2_blocks.c, the set's second file),
  * f32 products eight rows at a time, SwiGLU and activation quantization, chosen at run time
  * (cpuid); the scalar kernels otherwise. Same bits as kernels/scalar.c: each block's int32 sum is
  * exact, the binary16 weight scales are widened exactly by F16C (vcvtph2ps, eight blocks' scales
@@ -43,6 +43,8 @@
 #define KERNEL_HAS_MATMUL_IQ4_NL
 #define KERNEL_HAS_MATVEC_IQ4_XS
 #define KERNEL_HAS_MATMUL_IQ4_XS
+#define KERNEL_HAS_MATVEC_MXFP4
+#define KERNEL_HAS_MATMUL_MXFP4
 #include "fallback.h"
 
 /* AVX2 and F16C, both or neither: every kernel of the AVX2 region below is compiled for the two.

@@ -1,5 +1,5 @@
 /* x86-64 kernels for the GGUF block types kept as the file holds them (Q5_0, Q5_1, Q4_K, Q5_K,
- * Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS): the second file of the x86_avx2 kernel set, as ggml's
+ * Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, MXFP4): the second file of the x86_avx2 kernel set, as ggml's
  * arch/x86/ splits its kernels. x86_avx2.c names these entry points among the set's
  * KERNEL_HAS_<ENTRY> and includes fallback.h once for the set; this file defines them: the AVX2
  * kernels when the CPU has AVX2 and F16C (x86_avx2_usable), the scalar reference otherwise. */
@@ -25,8 +25,8 @@
  * values is turned into 32 unsigned bytes u (the quants, or the quants plus a bias the type's
  * formula takes off again as bias * sum(x), an exact integer identity), and maddubs + madd give
  * the exact int32 sums (no pair of products can saturate int16: the largest u is 63, Q6_K's, and
- * 2 * 63 * 127 = 16002; IQ4's signed table values go through the sign trick with |v| <= 127, at
- * most 2 * 127 * 127 = 32258). A 256-value superblock is exactly eight 32-value blocks, so its
+ * 2 * 63 * 127 = 16002; IQ4's and MXFP4's signed table values go through the sign trick with
+ * |v| <= 127, at most 2 * 127 * 127 = 32258). A 256-value superblock is exactly eight 32-value blocks, so its
  * eight block terms are one float vector whose lane j is block 8s + j: it is added to the row's
  * eight partials as it stands (block b -> partial b % 8, in block order). The 32-value types take
  * eight blocks per vector, the q8_0 way. Every term is the contract's formula, a separate
@@ -136,12 +136,41 @@ __attribute__((always_inline)) static inline __m256i iq4_values32(const uint8_t 
     return _mm256_shuffle_epi8(table, nibbles32(qs));
 }
 
-/* The nine kept types, as one decode per group of eight 32-value blocks (a superblock, or eight
- * consecutive blocks of a 32-value type) and one product that every type shares. */
-enum block_kind { KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_Q3_K, KIND_Q2_K, KIND_IQ4_NL, KIND_IQ4_XS };
+/* MXFP4's 32 values of 16 nibble bytes through kvalues_mxfp4, the same shuffle. */
+__attribute__((always_inline)) static inline __m256i mxfp4_values32(const uint8_t *qs)
+{
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kernel_mxfp4_values));
+    return _mm256_shuffle_epi8(table, nibbles32(qs));
+}
 
-/* A group decoded: block k's 32 bytes u[k] in value order (unsigned quants, or IQ4's signed table
- * values), and per block (lane k) the float32 scales of its two halves and, for the affine types,
+/* Eight MXFP4 blocks' scales 2^(e - 128) from their e8m0 bytes, as kernel_e8m0_half: the float32
+ * bits (e - 1) << 23, or 0x00200000 << e for the subnormals e = 0 and 1 (e8 holds 0 past block n). */
+__attribute__((always_inline)) static inline __m256 e8m0_half8(const int32_t e8[8])
+{
+    const __m256i e = load8_i32(e8);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i is_subnormal = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, is_subnormal));
+}
+
+/* The ten kept types, as one decode per group of eight 32-value blocks (a superblock, or eight
+ * consecutive blocks of a 32-value type) and one product that every type shares. */
+enum block_kind {
+    KIND_Q5_0,
+    KIND_Q5_1,
+    KIND_Q4_K,
+    KIND_Q5_K,
+    KIND_Q6_K,
+    KIND_Q3_K,
+    KIND_Q2_K,
+    KIND_IQ4_NL,
+    KIND_IQ4_XS,
+    KIND_MXFP4
+};
+
+/* A group decoded: block k's 32 bytes u[k] in value order (unsigned quants, or IQ4's and MXFP4's
+ * signed table values), and per block (lane k) the float32 scales of its two halves and, for the affine types,
  * their offsets (the one-scale types use sa and oa alone). */
 struct group8 {
     __m256i u[8];
@@ -162,7 +191,7 @@ __attribute__((always_inline)) static inline int kind_affine(enum block_kind k)
 
 __attribute__((always_inline)) static inline int kind_signed(enum block_kind k)
 {
-    return k == KIND_IQ4_NL || k == KIND_IQ4_XS;
+    return k == KIND_IQ4_NL || k == KIND_IQ4_XS || k == KIND_MXFP4;
 }
 
 __attribute__((always_inline)) static inline int kind_bias_shift(enum block_kind k)
@@ -173,7 +202,7 @@ __attribute__((always_inline)) static inline int kind_bias_shift(enum block_kind
 /* Values and bytes per block as kernels.h states them. */
 __attribute__((always_inline)) static inline int kind_values(enum block_kind k)
 {
-    return k == KIND_Q5_0 || k == KIND_Q5_1 || k == KIND_IQ4_NL ? 32 : 256;
+    return k == KIND_Q5_0 || k == KIND_Q5_1 || k == KIND_IQ4_NL || k == KIND_MXFP4 ? 32 : 256;
 }
 
 __attribute__((always_inline)) static inline int kind_bytes(enum block_kind k)
@@ -188,16 +217,33 @@ __attribute__((always_inline)) static inline int kind_bytes(enum block_kind k)
     case KIND_Q2_K: return KERNEL_Q2_K_BYTES;
     case KIND_IQ4_NL: return KERNEL_IQ4_NL_BYTES;
     case KIND_IQ4_XS: return KERNEL_IQ4_XS_BYTES;
+    case KIND_MXFP4: return KERNEL_MXFP4_BYTES;
     }
     return 0;
 }
 
-/* Blocks b .. b + n - 1 (n <= 8) of a Q5_0, Q5_1 or IQ4_NL row: nothing past block b + n - 1 is
- * read; blocks past n decode as zeros. Q5_0's u is q + 16. */
+/* Blocks b .. b + n - 1 (n <= 8) of a Q5_0, Q5_1, IQ4_NL or MXFP4 row: nothing past block b + n - 1
+ * is read; blocks past n decode as zeros. Q5_0's u is q + 16. */
 __attribute__((always_inline)) static inline void small_decode(enum block_kind kind, const uint8_t *row, int b, int n,
                                                                struct group8 *g)
 {
     const int bytes = kind_bytes(kind);
+    if (kind == KIND_MXFP4) {
+        int32_t e[8] = {0};
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            if (k >= n) {
+                g->u[k] = _mm256_setzero_si256();
+                continue;
+            }
+            const uint8_t *blk = row + (int64_t)(b + k) * bytes;
+            g->u[k] = mxfp4_values32(blk + 1);
+            e[k] = blk[0];
+        }
+        g->sa = g->sb = e8m0_half8(e);
+        g->oa = g->ob = _mm256_setzero_ps();
+        return;
+    }
     uint16_t d[8] = {0}, m[8] = {0};
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
@@ -393,7 +439,8 @@ __attribute__((always_inline)) static inline void group_decode(enum block_kind k
     switch (kind) {
     case KIND_Q5_0:
     case KIND_Q5_1:
-    case KIND_IQ4_NL: small_decode(kind, row, b, n, g); break;
+    case KIND_IQ4_NL:
+    case KIND_MXFP4: small_decode(kind, row, b, n, g); break;
     case KIND_Q4_K: k_decode(blk, 0, g); break;
     case KIND_Q5_K: k_decode(blk, 1, g); break;
     case KIND_Q6_K: q6_k_decode(blk, g); break;
@@ -727,6 +774,17 @@ static void matmul_iq4_nl_avx2(float *out, int out_stride, const uint8_t *w, con
     blocks_matmul(KIND_IQ4_NL, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
 }
 
+static void matvec_mxfp4_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    blocks_matvec(KIND_MXFP4, out, w, x_qs, x_d, rows, cols);
+}
+
+static void matmul_mxfp4_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                              int rows, int cols)
+{
+    blocks_matmul(KIND_MXFP4, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+}
+
 static void matvec_iq4_xs_avx2(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     blocks_matvec(KIND_IQ4_XS, out, w, x_qs, x_d, rows, cols);
@@ -947,5 +1005,26 @@ void kernel_matmul_iq4_xs(float *out, int out_stride, const uint8_t *w, const in
         matmul_iq4_xs_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
     } else {
         matmul_by_token(kernel_matvec_iq4_xs, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+void kernel_matvec_mxfp4(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    if (blocks_avx2(cols)) {
+        matvec_mxfp4_avx2(out, w, x_qs, x_d, rows, cols);
+    } else {
+        kernel_scalar_matvec_mxfp4(out, w, x_qs, x_d, rows, cols);
+    }
+}
+
+void kernel_matmul_mxfp4(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
+                         int rows, int cols)
+{
+    if (n_tok == 1) {
+        kernel_matvec_mxfp4(out, w, x_qs, x_d, rows, cols);
+    } else if (blocks_avx2(cols)) {
+        matmul_mxfp4_avx2(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        matmul_by_token(kernel_matvec_mxfp4, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
     }
 }

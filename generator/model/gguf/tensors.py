@@ -38,7 +38,7 @@ BLOCK = 32
 # Block types whose blocks are kept as the file holds them (the image's q8_0, q4_0 and q4_1, or the
 # blocks verbatim: numerics/blocks.py's types); FIELD_TYPES are also read as fields (_fields).
 FIELD_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K")
-EXACT_TYPES = FIELD_TYPES + ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS")
+EXACT_TYPES = FIELD_TYPES + ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "MXFP4")
 PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
 
 

@@ -522,6 +522,7 @@ __attribute__((always_inline)) static inline __m256 small_group_terms(enum block
     const int bytes = kind_bytes(kind);
     prefetch_ahead(row + (int64_t)b * bytes, (8 * bytes + 63) / 64);
     uint16_t d[8] = {0}, m[8] = {0};
+    int32_t e[8] = {0};
     __m256i v[8];
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
@@ -531,6 +532,11 @@ __attribute__((always_inline)) static inline __m256 small_group_terms(enum block
         }
         const uint8_t *blk = row + (int64_t)(b + k) * bytes;
         const int8_t *x = x_qs + (b + k) * KERNEL_QK;
+        if (kind == KIND_MXFP4) { /* an e8m0 exponent, then the nibbles */
+            e[k] = blk[0];
+            v[k] = kind_dot(kind, mxfp4_values32(blk + 1), x);
+            continue;
+        }
         memcpy(&d[k], blk, 2);
         if (kind == KIND_Q5_0) {
             v[k] = kind_dot(kind, q5_quants(blk + 2, blk + 6), x);
@@ -542,6 +548,11 @@ __attribute__((always_inline)) static inline __m256 small_group_terms(enum block
         }
     }
     struct group8 g;
+    if (kind == KIND_MXFP4) {
+        g.sa = g.sb = e8m0_half8(e);
+        g.oa = g.ob = _mm256_setzero_ps();
+        return dots_terms(kind, v, &g, x_d, in, b, n);
+    }
     g.sa = g.sb = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], (short)d[4],
                                                  (short)d[5], (short)d[6], (short)d[7]));
     g.oa = g.ob = _mm256_cvtph_ps(_mm_setr_epi16((short)m[0], (short)m[1], (short)m[2], (short)m[3], (short)m[4],

@@ -11,11 +11,17 @@ class RopeSpec:
     """Rotary position embedding parameters (rotate-half convention, as in Hugging Face)."""
 
     theta: float
-    scaling: str = "default"  # "default" | "linear" | "llama3"
+    scaling: str = "default"  # "default" | "linear" | "llama3" | "yarn"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 0
+    # YaRN (gpt-oss): the ramp between interpolated and extrapolated frequencies, and the factor
+    # cos and sin are multiplied by (already resolved from factor / mscale when the config omits it).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class ModelSpec:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     # Gemma-style variations of the same decoder (defaults: Llama).
-    activation: str = "silu"  # gated FFN activation: "silu" | "gelu_tanh"
+    activation: str = "silu"  # gated FFN activation: "silu" | "gelu_tanh" | "swiglu_clamped"
     embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(hidden_size))
     attn_scale: float = 0.0  # score scale; 0 means 1/sqrt(head_dim)
     post_norms: bool = False  # RMSNorm of the attention and FFN outputs before the residual add
@@ -58,6 +64,16 @@ class ModelSpec:
     norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert with a sigmoid gate
     moe_layers: tuple[bool, ...] = field(default_factory=tuple)  # True where the FFN is a mixture
+    # gpt-oss: a learned logit per query head joins that head's softmax and is dropped after it.
+    attn_sinks: bool = False
+    # "softmax_then_topk" (Mixtral, Qwen-MoE) or "topk_then_softmax" (gpt-oss: softmax over the k chosen logits)
+    router: str = "softmax_then_topk"
+    router_bias: bool = False  # the router linear has a bias
+    expert_biases: bool = False  # every routed expert's gate, up and down projections have biases
+    # activation "swiglu_clamped" (gpt-oss): gate = min(gate, limit), up = clamp(up, -limit, limit),
+    # (up + 1) * (gate * sigmoid(alpha * gate)).
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
 
     @property
     def q_dim(self) -> int:
@@ -100,6 +116,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         shapes[p + "wo"] = (d, spec.q_dim)
         if spec.o_bias:
             shapes[p + "bo"] = (d,)
+        if spec.attn_sinks:
+            shapes[p + "sinks"] = (spec.n_heads,)
         if spec.post_norms:
             shapes[p + "post_attn_norm"] = (d,)
         shapes[p + "ffn_norm"] = (d,)
@@ -107,10 +125,18 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             # Expert-major: each expert's three matrices together, so a token reads only its experts.
             fe = spec.expert_intermediate_size
             shapes[p + "router"] = (spec.n_experts, d)
+            if spec.router_bias:
+                shapes[p + "router_bias"] = (spec.n_experts,)
             for e in range(spec.n_experts):
                 shapes[p + f"experts.{e}.w_gate"] = (fe, d)
                 shapes[p + f"experts.{e}.w_up"] = (fe, d)
                 shapes[p + f"experts.{e}.w_down"] = (d, fe)
+            if spec.expert_biases:
+                # Every expert's biases in one vector per projection, expert after expert: small,
+                # kept resident beside the router while the experts' matrices may be paged.
+                shapes[p + "expert_b_gate"] = (spec.n_experts * fe,)
+                shapes[p + "expert_b_up"] = (spec.n_experts * fe,)
+                shapes[p + "expert_b_down"] = (spec.n_experts * d,)
             if spec.shared_expert_intermediate_size:
                 fs = spec.shared_expert_intermediate_size
                 shapes[p + "shared.w_gate"] = (fs, d)

@@ -225,22 +225,7 @@ def test_verify_passes_on_a_gguf_model(tensor_type, quant, converted, tmp_path):
     assert "PASS" in done.stdout
 
 
-# gpt-oss as llama.cpp's own converter writes it (vocab 512: the kjv-tiny tokenizer it needs).
-GPT_OSS_512 = (
-    ORACLE_CONFIGS["gpt_oss"][0],
-    ORACLE_CONFIGS["gpt_oss"][1],
-    dict(ORACLE_CONFIGS["gpt_oss"][2], vocab_size=512),
-)
-
-
-@pytest.fixture(scope="module")
-def gpt_oss_peer(tmp_path_factory):
-    """(checkpoint directory, {outtype: .gguf}) for the gpt-oss checkpoint, converted by the peer."""
-    from gguf_files import peer_convert
-
-    root = tmp_path_factory.mktemp("gpt-oss-peer")
-    model_dir = make_checkpoint(GPT_OSS_512, root / "model")
-    return model_dir, {t: peer_convert(model_dir, root / f"gpt-oss-{t}.gguf", t) for t in ("f32", "q8_0")}
+# gpt-oss as llama.cpp's own converter writes it: the gpt_oss_peer fixture (tests/conftest.py).
 
 
 def test_gpt_oss_converted_by_llama_cpp_imports_as_its_safetensors_do(gpt_oss_peer):

@@ -21,7 +21,7 @@ import zlib
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +81,7 @@ class Piece:
 
 
 def spec_identity(plan: Plan) -> bytes:
-    spec = asdict(plan.spec)
+    spec = plan.spec.identity()
     spec.pop("name")
     return json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,32 @@ class ModelSpec:
     def layer_rope(self, layer: int) -> RopeSpec:
         return self.rope_local if (self.rope_local and self.layer_windows[layer]) else self.rope
 
+    def identity(self) -> dict:
+        """The spec as the model hash sees it: every field, except those added with a later family
+        (LATER_FIELDS) while they hold their default, so the models that came before keep their
+        image bytes and hashes."""
+        out = asdict(self)
+        _drop_later_defaults(out, self, LATER_FIELDS)
+        _drop_later_defaults(out["rope"], self.rope, LATER_ROPE_FIELDS)
+        if self.rope_local is not None:
+            _drop_later_defaults(out["rope_local"], self.rope_local, LATER_ROPE_FIELDS)
+        return out
+
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no whitespace variance): part of the model hash."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+
+
+# Fields added for gpt-oss: left out of a spec's identity while at their defaults.
+LATER_FIELDS = ("attn_sinks", "router", "router_bias", "expert_biases", "swiglu_alpha", "swiglu_limit")
+LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor")
+
+
+def _drop_later_defaults(out: dict, obj, names: tuple[str, ...]) -> None:
+    defaults = {f.name: f.default for f in fields(obj)}
+    for name in names:
+        if getattr(obj, name) == defaults[name]:
+            del out[name]
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:

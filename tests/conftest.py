@@ -124,6 +124,7 @@ def gpt_oss_peer(tmp_path_factory):
     """The random-init gpt-oss checkpoint (vocab 512: kjv-tiny's tokenizer, which the converter
     needs) and {outtype: .gguf} as llama.cpp's own convert_hf_to_gguf.py writes it, f32 and q8_0."""
     from gguf_files import peer_convert
+
     from models import ORACLE_CONFIGS, make_checkpoint
 
     config_cls, model_cls, kwargs = ORACLE_CONFIGS["gpt_oss"]

@@ -15,7 +15,7 @@ from generator.verify import compare, reference_run
 pytestmark = pytest.mark.slow  # builds the gpt-oss firmware in two quantizations and runs it on three boards
 
 PROMPT = [1, 17, 42, 99, 7, 200]
-STEPS = 16  # the sliding layers' window is 4: most steps see a window that has moved on
+STEPS = 10  # the sliding layers' window is 4: most steps see a window that has moved on
 SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, min_p=0.01, seed=11)
 
 
@@ -50,15 +50,15 @@ def test_gpt_oss_verifies_on_host_greedy_and_sampled_on_1_and_2_threads(quant, b
             assert_verified(plan, art, request, result, ref)
             unlimited[sampling.seed, threads] = result
     assert unlimited[SAMPLED.seed, 1].digests == unlimited[SAMPLED.seed, 2].digests
-    # Under the smallest budget: top-k slots for 4 layers of 8 experts, evicting all the time.
+    # Under the smallest budget (2 threads and the I/O thread): top-k slots for 4 layers of 8
+    # experts, evicting all the time.
     c = cache_plan(plan, board.budget_reserve, 0).constants
-    for threads in (1, 2):
-        request, budgeted = run(board, art, SAMPLED, threads, budget=c.min_budget)
-        stats = cache_stats(budgeted)
-        assert stats.slots == c.experts_per_token < c.max_slots and stats.cache_misses > 0
-        assert budgeted.tokens == unlimited[SAMPLED.seed, threads].tokens
-        assert budgeted.digests == unlimited[SAMPLED.seed, threads].digests
-        assert budgeted.expert_counts == unlimited[SAMPLED.seed, threads].expert_counts
+    request, budgeted = run(board, art, SAMPLED, 2, budget=c.min_budget)
+    stats = cache_stats(budgeted)
+    assert stats.slots == c.experts_per_token < c.max_slots and stats.cache_misses > 0
+    assert budgeted.tokens == unlimited[SAMPLED.seed, 2].tokens
+    assert budgeted.digests == unlimited[SAMPLED.seed, 2].digests
+    assert budgeted.expert_counts == unlimited[SAMPLED.seed, 2].expert_counts
 
 
 def test_gpt_oss_verifies_on_linux_aarch64_with_q4_0_on_2_threads_under_a_budget(builder, checkpoints):

@@ -55,6 +55,7 @@ class Family:
     attn_sinks: bool = False  # gpt-oss: a learned sink logit per query head
     clamped_swiglu: bool = False  # gpt-oss: experts apply the clamped SwiGLU (swiglu_alpha, swiglu_limit)
     default_theta: float = 10000.0  # RoPE base when the config names none
+    fused_experts: bool = False  # gpt-oss: a layer's experts in fused, interleaved tensors (_fused_parts)
 
 
 FAMILIES = {
@@ -80,6 +81,7 @@ FAMILIES = {
         attn_sinks=True,
         clamped_swiglu=True,
         default_theta=150000.0,
+        fused_experts=True,
     ),
 }
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
@@ -138,9 +140,10 @@ HF_MOE_LAYER_PARTS = {
     "mlp.shared_expert.down_proj.weight": "shared.w_down",
     "mlp.shared_expert_gate.weight": "shared_gate",
 }
-# gpt-oss: a layer's experts in fused tensors, [E, hidden, 2 x inner] with gate and up interleaved
-# (gate = [..., ::2], up = [..., 1::2]), [E, inner, hidden] for down (both applied as x @ W), and
-# their biases [E, 2 x inner] and [E, hidden]; the router and the sinks under their own names.
+# gpt-oss: the router and the sinks under their own names (a family without them meets them as
+# unexpected tensors, as any other), and a layer's experts in fused tensors, [E, hidden, 2 x inner]
+# with gate and up interleaved (gate = [..., ::2], up = [..., 1::2]), [E, inner, hidden] for down
+# (both applied as x @ W), and their biases [E, 2 x inner] and [E, hidden] (_fused_parts).
 HF_GPT_OSS_LAYER_PARTS = {
     "self_attn.sinks": "sinks",
     "mlp.router.weight": "router",
@@ -216,8 +219,8 @@ class HfFusedSlice:
 
 
 def _fused_parts(hf_name: str, path: Path, info: TensorInfo, spec: ModelSpec) -> dict[str, HfFusedSlice] | None:
-    """The canonical tensors a fused gpt-oss expert tensor holds, or None when hf_name is none."""
-    if not hf_name.startswith("model.layers.") or spec.family != "gpt_oss":
+    """The canonical tensors a fused gpt-oss expert tensor holds, or None when hf_name is not one."""
+    if not hf_name.startswith("model.layers.") or not FAMILIES[spec.family].fused_experts:
         return None
     index, _, part = hf_name[len("model.layers.") :].partition(".")
     if not index.isdigit() or str(int(index)) != index or int(index) >= spec.n_layers:
@@ -634,7 +637,7 @@ def _canonical(hf_name: str, family: str) -> str | None:
             return f"layers.{index}.{parts[part]}"
         if part in HF_MOE_LAYER_PARTS:
             return f"layers.{index}.{HF_MOE_LAYER_PARTS[part]}"
-        if family == "gpt_oss" and part in HF_GPT_OSS_LAYER_PARTS:
+        if part in HF_GPT_OSS_LAYER_PARTS:
             return f"layers.{index}.{HF_GPT_OSS_LAYER_PARTS[part]}"
         for prefix in ("block_sparse_moe.experts.", "mlp.experts."):
             if part.startswith(prefix):

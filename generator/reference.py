@@ -30,7 +30,9 @@ from .numerics.ops import (
     silu,
     softcap,
     softmax,
+    softmax_with_sink,
     softplus,
+    swiglu_clamped,
 )
 from .numerics.ops import rope as apply_rope
 from .numerics.perplexity import Score
@@ -205,19 +207,41 @@ class Reference:
         hidden = (gelu_tanh(gate) if self.spec.activation == "gelu_tanh" else silu(gate)) * up
         return self._linear(prefix + "w_down", self._prepare(hidden), prefix + "b_down" if biases else None)
 
+    def _expert_bias(self, layer: int, part: str, expert: int) -> np.ndarray:
+        """Expert `expert`'s bias of `part` (b_gate, b_up, b_down) from the layer's bias vector."""
+        values = self.w[f"layers.{layer}.expert_{part}"]
+        width = values.shape[0] // self.spec.n_experts
+        return values[expert * width : (expert + 1) * width]
+
+    def _biased_expert(self, layer: int, expert: int, act) -> np.ndarray:
+        """A gpt-oss expert: its projections with their biases, the clamped SwiGLU between."""
+        s, p = self.spec, f"layers.{layer}.experts.{expert}."
+        gate = self._linear(p + "w_gate", act) + self._expert_bias(layer, "b_gate", expert)
+        up = self._linear(p + "w_up", act) + self._expert_bias(layer, "b_up", expert)
+        hidden = swiglu_clamped(gate, up, s.swiglu_alpha, s.swiglu_limit)
+        return self._linear(p + "w_down", self._prepare(hidden)) + self._expert_bias(layer, "b_down", expert)
+
     def _moe(self, layer: int, act) -> np.ndarray:
         """Softmax over the router logits, top k (best first, lowest id on ties), optional
         renormalisation, expert outputs summed in rank order, plus the gated shared expert."""
         s, p = self.spec, f"layers.{layer}."
-        probs = softmax(self._linear(p + "router", act))
-        chosen = np.lexsort((np.arange(s.n_experts), -probs))[: s.experts_per_token]
-        weights = probs[chosen]
+        logits = self._linear(p + "router", act, p + "router_bias" if s.router_bias else None)
+        if s.router == "topk_then_softmax":  # gpt-oss: the top k of the logits, softmax over them
+            chosen = np.lexsort((np.arange(s.n_experts), -logits))[: s.experts_per_token]
+            weights = softmax(logits[chosen])
+        else:
+            probs = softmax(logits)
+            chosen = np.lexsort((np.arange(s.n_experts), -probs))[: s.experts_per_token]
+            weights = probs[chosen]
         if s.norm_topk_prob:
             weights = weights / seq_sum(weights)
         out = None
         for rank, expert in enumerate(chosen):
             self.expert_counts[layer, expert] += 1
-            term = weights[rank] * self._gated_ffn(f"{p}experts.{expert}.", act)
+            if s.expert_biases:
+                term = weights[rank] * self._biased_expert(layer, expert, act)
+            else:
+                term = weights[rank] * self._gated_ffn(f"{p}experts.{expert}.", act)
             out = term if out is None else out + term
         if s.shared_expert_intermediate_size:
             scale = sigmoid(self._linear(p + "shared_gate", act))[0]
@@ -300,7 +324,7 @@ class Reference:
                 keys = self.k_cache[layer][ring, h // group]
                 values = self.v_cache[layer][ring, h // group]
                 scores = dot(keys, q[h][None, :], axis=1) * self.scale
-                probs = softmax(scores)
+                probs = softmax_with_sink(scores, self.w[p + "sinks"][h]) if s.attn_sinks else softmax(scores)
                 out[h] = seq_sum(probs[:, None] * values, axis=0)
             if s.attn_output_gate:
                 out = out * sigmoid(self._linear(p + "wq_gate", act)).reshape(s.n_heads, hd)

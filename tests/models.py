@@ -232,6 +232,37 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=False,
         ),
     ),
+    # gpt-oss: sinks, sliding (window 4, shorter than the decode) and full layers alternating, YaRN
+    # RoPE, biases on q/k/v/o, the router and every expert; 8 experts, top-4 then softmax; the
+    # clamped SwiGLU; experts 96 wide (not the hidden 64), so a transposed layout would not fit.
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            num_local_experts=8,
+            num_experts_per_tok=4,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 
 

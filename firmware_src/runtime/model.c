@@ -344,7 +344,7 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
 }
 
 /* One gated FFN on the n_tok rows of x (each COLIBRI_DIM wide) into b->proj:
- * down(act(gate x) * up x), act SiLU or GELU (tanh). */
+ * down(act(gate x) * up x), act SiLU or GELU (tanh); or gpt-oss's clamped SwiGLU of gate and up. */
 static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const ColibriMatrix *w_up,
                       const ColibriMatrix *w_down, const float *b_gate, const float *b_up, const float *b_down,
                       const float *x, int n_tok, int inner)
@@ -355,6 +355,10 @@ static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const Coli
 #if COLIBRI_FFN_GELU_TANH
     for (int64_t i = 0; i < (int64_t)n_tok * inner; i++) {
         b->up[i] = op_gelu_tanh(b->gate[i]) * b->up[i];
+    }
+#elif COLIBRI_FFN_SWIGLU_CLAMPED
+    for (int64_t i = 0; i < (int64_t)n_tok * inner; i++) {
+        b->up[i] = op_swiglu_clamped(b->gate[i], b->up[i], COLIBRI_SWIGLU_ALPHA, COLIBRI_SWIGLU_LIMIT);
     }
 #else
     kernel_swiglu(b->up, b->gate, n_tok * inner);
@@ -394,7 +398,9 @@ static void top_k(const float *scores, int n, int32_t *ids, int k)
 }
 
 /* Mixture of experts for one token, xn into out: softmax over the router logits, the top k
- * experts (best first, lowest id on ties), weights optionally renormalised, outputs summed in rank
+ * experts (best first, lowest id on ties) — or, with ROUTER_TOPK_THEN_SOFTMAX (gpt-oss), the top k
+ * of the logits (plus the router's bias) and softmax over those k —, weights optionally
+ * renormalised, each expert's projections with its biases where the model has them, outputs summed in rank
  * order, plus the shared expert scaled by sigmoid(shared_gate x) where the model has one. Tokens
  * are routed one at a time; the first slot of the per-token buffers is its workspace. The experts
  * come from runtime/expert_cache.c (in place, or from slots under a memory budget: the same bytes),
@@ -404,12 +410,17 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
 {
     const ColibriLayerWeights *lw = &w->layers[layer];
     const MatmulInput in = matmul_input(b, xn, 1, COLIBRI_DIM);
-    linear(b->router_logits, &in, &lw->router, NULL, COLIBRI_N_EXPERTS);
-    op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
+    linear(b->router_logits, &in, &lw->router, lw->router_bias, COLIBRI_N_EXPERTS);
+    if (!COLIBRI_ROUTER_TOPK_THEN_SOFTMAX) {
+        op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
+    }
     top_k(b->router_logits, COLIBRI_N_EXPERTS, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN);
     for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
         b->expert_weights[k] = b->router_logits[b->expert_ids[k]];
         b->expert_counts[layer * COLIBRI_N_EXPERTS + b->expert_ids[k]]++;
+    }
+    if (COLIBRI_ROUTER_TOPK_THEN_SOFTMAX) {
+        op_softmax(b->expert_weights, COLIBRI_EXPERTS_PER_TOKEN); /* the chosen logits, in rank order */
     }
     if (COLIBRI_NORM_TOPK_PROB) {
         float sum = b->expert_weights[0];
@@ -430,7 +441,7 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
          * the same quantized input (no matmul_input since) with its router, into the router buffer
          * this layer no longer needs, and have them read while this layer computes. */
         int32_t likely[COLIBRI_EXPERTS_PER_TOKEN];
-        linear(b->router_logits, &in, &w->layers[next].router, NULL, COLIBRI_N_EXPERTS);
+        linear(b->router_logits, &in, &w->layers[next].router, w->layers[next].router_bias, COLIBRI_N_EXPERTS);
         top_k(b->router_logits, COLIBRI_N_EXPERTS, likely, COLIBRI_EXPERTS_PER_TOKEN);
         colibri_experts_prefetch(next, likely, COLIBRI_EXPERTS_PER_TOKEN);
     }
@@ -458,7 +469,14 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
         if (status != 0) {
             return status;
         }
-        gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, xn, 1, COLIBRI_EXPERT_FFN_DIM);
+        const int64_t expert = b->expert_ids[k];
+        if (lw->expert_b_gate != NULL) { /* this expert's rows of the layer's bias vectors */
+            gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, lw->expert_b_gate + expert * COLIBRI_EXPERT_FFN_DIM,
+                      lw->expert_b_up + expert * COLIBRI_EXPERT_FFN_DIM, lw->expert_b_down + expert * COLIBRI_DIM, xn,
+                      1, COLIBRI_EXPERT_FFN_DIM);
+        } else {
+            gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, xn, 1, COLIBRI_EXPERT_FFN_DIM);
+        }
         float *term = b->expert_terms + (int64_t)k * COLIBRI_DIM;
         for (int i = 0; i < COLIBRI_DIM; i++) {
             term[i] = b->expert_weights[k] * b->proj[i];
@@ -492,6 +510,7 @@ typedef struct {
     int32_t pos;
     const float *q;
     float *out;
+    const float *sinks; /* [N_HEADS] each head's sink logit (gpt-oss), or NULL */
 } AttentionJob;
 
 /* Attention of one token at position pos (its keys and values already in the cache) for heads
@@ -512,16 +531,20 @@ static void attention_heads(void *ctx, int h_begin, int h_end)
         const int kv_head = (h / GROUP) * COLIBRI_HEAD_DIM;
         kernel_attention_scores(att, j->q + h * COLIBRI_HEAD_DIM, keys + kv_head, start % slots, slots, n,
                                 COLIBRI_KV_DIM, COLIBRI_HEAD_DIM, COLIBRI_ATTN_SCALE);
-        op_softmax(att, n);
+        if (j->sinks != NULL) {
+            op_softmax_with_sink(att, n, j->sinks[h]);
+        } else {
+            op_softmax(att, n);
+        }
         kernel_attention_mix(j->out + h * COLIBRI_HEAD_DIM, att, values + kv_head, start % slots, slots, n,
                              COLIBRI_KV_DIM, COLIBRI_HEAD_DIM);
     }
 }
 
 /* The heads split over the threads once the context makes it worth waking them. */
-static void attention(const ColibriBuffers *b, int layer, int32_t pos, const float *q, float *out)
+static void attention(const ColibriBuffers *b, int layer, int32_t pos, const float *q, float *out, const float *sinks)
 {
-    AttentionJob job = {b, layer, pos, q, out};
+    AttentionJob job = {b, layer, pos, q, out, sinks};
     const int64_t macs = 2 * (int64_t)COLIBRI_N_HEADS * (pos + 1) * COLIBRI_HEAD_DIM;
     if (macs < PARALLEL_MIN_MACS) {
         attention_heads(&job, 0, COLIBRI_N_HEADS);
@@ -637,7 +660,7 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
                 memcpy(colibri_key_cache + kv_slot(l, pos + t), k, COLIBRI_KV_DIM * sizeof(float));
                 memcpy(colibri_value_cache + kv_slot(l, pos + t), b->v + (int64_t)t * COLIBRI_KV_DIM,
                        COLIBRI_KV_DIM * sizeof(float));
-                attention(b, l, pos + t, q, b->attn_out + (int64_t)t * COLIBRI_Q_DIM);
+                attention(b, l, pos + t, q, b->attn_out + (int64_t)t * COLIBRI_Q_DIM, lw->sinks);
             }
 #if COLIBRI_ATTN_OUTPUT_GATE
             for (int64_t i = 0; i < (int64_t)n * COLIBRI_Q_DIM; i++) {

@@ -29,6 +29,14 @@ float op_gelu_tanh(float x)
     return (0.5f * x) * (1.0f + op_tanh(inner));
 }
 
+float op_swiglu_clamped(float gate, float up, float alpha, float limit)
+{
+    const float g = gate > limit ? limit : gate;
+    const float u = up < -limit ? -limit : (up > limit ? limit : up);
+    const float glu = g * op_sigmoid(alpha * g);
+    return (u + 1.0f) * glu;
+}
+
 float op_softcap(float x, float cap)
 {
     return op_tanh(x / cap) * cap;
@@ -96,6 +104,26 @@ void op_softmax(float *x, int n)
         x[i] = v >= -87.0f ? op_expf_in_range(v) : (v != v ? v : 0.0f);
         sum = sum + x[i];
     }
+    for (int i = 0; i < n; i++) {
+        x[i] = x[i] / sum;
+    }
+}
+
+void op_softmax_with_sink(float *x, int n, float sink)
+{
+    float max = sink;
+    for (int i = 0; i < n; i++) {
+        if (x[i] > max) {
+            max = x[i];
+        }
+    }
+    float sum = -0.0f; /* replaced exactly by the first term: the sum runs from x[0], the sink last */
+    for (int i = 0; i < n; i++) {
+        const float v = x[i] - max;
+        x[i] = v >= -87.0f ? op_expf_in_range(v) : (v != v ? v : 0.0f);
+        sum = sum + x[i];
+    }
+    sum = sum + op_expf(sink - max);
     for (int i = 0; i < n; i++) {
         x[i] = x[i] / sum;
     }

@@ -60,11 +60,16 @@ float op_sigmoid(float x);   /* 1 / (1 + exp(-x)) */
 float op_tanh(float x);      /* 1 - 2 / (exp(2x) + 1) */
 float op_gelu_tanh(float x); /* (0.5 x) (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
 float op_softcap(float x, float cap); /* tanh(x / cap) * cap */
+/* gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit), (u + 1) * (g * sigmoid(alpha * g)). */
+float op_swiglu_clamped(float gate, float up, float alpha, float limit);
 float op_dot(const float *a, const float *b, int n);
 /* out[i] = (x[i] * (1 / sqrt(sum(x^2) / n + eps))) * w[i]; out may equal x. */
 void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* In place: x[i] = exp(x[i] - max) / sum. */
 void op_softmax(float *x, int n);
+/* In place, softmax over x and one more logit, the sink, which is dropped: m = max(x, sink),
+ * x[i] = exp(x[i] - m) / (sum of those in order + exp(sink - m)). */
+void op_softmax_with_sink(float *x, int n, float sink);
 /* The parts of log-softmax, x unchanged: *max = max x[i], returns sum over i in order of
  * exp(x[i] - max), computed as op_softmax computes them. log p_t = (x[t] - max) - log(sum). */
 float op_exp_sum(const float *x, int n, float *max);

@@ -40,6 +40,8 @@ LINEAR_LAYER_MATRICES = ("lin_qkv", "lin_z", "lin_b", "lin_a", "lin_out")
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
 
 TEMPLATE_DIR = REPO / "templates"
+# gpt-oss's per-layer vectors: the heads' sink logits, the router's bias, every expert's biases.
+GPT_OSS_LAYER_VECTORS = ("sinks", "router_bias", "expert_b_gate", "expert_b_up", "expert_b_down")
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")
 
 
@@ -236,6 +238,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         "b_down",
         "post_ffn_norm",
         *LINEAR_LAYER_PARTS,
+        *GPT_OSS_LAYER_VECTORS,
     ):
         matrix = part.startswith("w") or part in LINEAR_LAYER_MATRICES
         layer_fields.append(
@@ -307,6 +310,9 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         embed_scale=c_float(spec.embed_scale),
         final_softcap=c_float(spec.final_softcap),
         gelu=spec.activation == "gelu_tanh",
+        swiglu_clamped=spec.activation == "swiglu_clamped",
+        swiglu_alpha=c_float(spec.swiglu_alpha),
+        swiglu_limit=c_float(spec.swiglu_limit),
         n_rope_tables=len(plan.ropes),
         rope_doc=[
             f"table {i}: {r.scaling}, theta {r.theta:g}" + (f", factor {r.factor:g}" if r.scaling != "default" else "")

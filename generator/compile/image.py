@@ -28,7 +28,6 @@ import numpy as np
 
 from ..errors import ColibriError
 from ..files import atomic_output
-from ..model.spec import identity_fields
 from ..numerics import blocks as kept_blocks
 from ..numerics.quantize import (
     HALF,
@@ -82,7 +81,7 @@ class Piece:
 
 
 def spec_identity(plan: Plan) -> bytes:
-    spec = identity_fields(plan.spec)
+    spec = plan.spec.identity()
     spec.pop("name")
     return json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 
 @dataclass(frozen=True)
@@ -12,11 +11,17 @@ class RopeSpec:
     """Rotary position embedding parameters (rotate-half convention, as in Hugging Face)."""
 
     theta: float
-    scaling: str = "default"  # "default" | "linear" | "llama3"
+    scaling: str = "default"  # "default" | "linear" | "llama3" | "yarn"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 0
+    # YaRN (gpt-oss): the ramp between interpolated and extrapolated frequencies, and the factor
+    # cos and sin are multiplied by (already resolved from factor / mscale when the config omits it).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class ModelSpec:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     # Gemma-style variations of the same decoder (defaults: Llama).
-    activation: str = "silu"  # gated FFN activation: "silu" | "gelu_tanh"
+    activation: str = "silu"  # gated FFN activation: "silu" | "gelu_tanh" | "swiglu_clamped"
     embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(hidden_size))
     attn_scale: float = 0.0  # score scale; 0 means 1/sqrt(head_dim)
     post_norms: bool = False  # RMSNorm of the attention and FFN outputs before the residual add
@@ -69,6 +74,16 @@ class ModelSpec:
     linear_conv_kernel: int = 0  # taps of the causal depthwise convolution over q, k and v
     attn_output_gate: bool = False  # the q projection also makes a per-head sigmoid gate of the attention output
     rope_dim: int = 0  # the leading dims of each head RoPE rotates (partial rotary); 0 = all of head_dim
+    # gpt-oss: a learned logit per query head joins that head's softmax and is dropped after it.
+    attn_sinks: bool = False
+    # "softmax_then_topk" (Mixtral, Qwen-MoE) or "topk_then_softmax" (gpt-oss: softmax over the k chosen logits)
+    router: str = "softmax_then_topk"
+    router_bias: bool = False  # the router linear has a bias
+    expert_biases: bool = False  # every routed expert's gate, up and down projections have biases
+    # activation "swiglu_clamped" (gpt-oss): gate = min(gate, limit), up = clamp(up, -limit, limit),
+    # (up + 1) * (gate * sigmoid(alpha * gate)).
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
 
     @property
     def q_dim(self) -> int:
@@ -105,13 +120,25 @@ class ModelSpec:
     def layer_rope(self, layer: int) -> RopeSpec:
         return self.rope_local if (self.rope_local and self.layer_windows[layer]) else self.rope
 
+    def identity(self) -> dict:
+        """The spec as the model hash sees it: every field, except those added with a later family
+        (LATER_FIELDS) while they hold their default, so the models that came before keep their
+        image bytes and hashes."""
+        out = asdict(self)
+        _drop_later_defaults(out, self, LATER_FIELDS)
+        _drop_later_defaults(out["rope"], self.rope, LATER_ROPE_FIELDS)
+        if self.rope_local is not None:
+            _drop_later_defaults(out["rope_local"], self.rope_local, LATER_ROPE_FIELDS)
+        return out
+
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no whitespace variance): part of the model hash."""
-        return json.dumps(identity_fields(self), sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
 
 
-# Fields added after the model hash's first form: left out of it while at their defaults, so a model
-# without the feature keeps the identity (and the weight image, bit for bit) it had before.
+# Fields added after the model hash's first form (Qwen3.5's Gated DeltaNet, gpt-oss): left out of a
+# spec's identity while at their defaults, so a model without the feature keeps the identity (and
+# the weight image, bit for bit) it had before.
 LATER_FIELDS = (
     "linear_layers",
     "linear_k_heads",
@@ -121,17 +148,21 @@ LATER_FIELDS = (
     "linear_conv_kernel",
     "attn_output_gate",
     "rope_dim",
+    "attn_sinks",
+    "router",
+    "router_bias",
+    "expert_biases",
+    "swiglu_alpha",
+    "swiglu_limit",
 )
+LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor")
 
 
-def identity_fields(spec: ModelSpec) -> dict:
-    """The spec as the model hash sees it: every field but LATER_FIELDS at their defaults."""
-    fields = asdict(spec)
-    default = {f.name: f.default for f in dataclasses.fields(ModelSpec) if f.name in LATER_FIELDS}
-    for name in LATER_FIELDS:
-        if fields[name] == default[name] or (name == "linear_layers" and not fields[name]):
-            fields.pop(name)
-    return fields
+def _drop_later_defaults(out: dict, obj, names: tuple[str, ...]) -> None:
+    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(obj)}
+    for name in names:
+        if getattr(obj, name) == defaults[name]:
+            del out[name]
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
@@ -153,10 +184,18 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             # Expert-major: each expert's three matrices together, so a token reads only its experts.
             fe = spec.expert_intermediate_size
             shapes[p + "router"] = (spec.n_experts, d)
+            if spec.router_bias:
+                shapes[p + "router_bias"] = (spec.n_experts,)
             for e in range(spec.n_experts):
                 shapes[p + f"experts.{e}.w_gate"] = (fe, d)
                 shapes[p + f"experts.{e}.w_up"] = (fe, d)
                 shapes[p + f"experts.{e}.w_down"] = (d, fe)
+            if spec.expert_biases:
+                # Every expert's biases in one vector per projection, expert after expert: small,
+                # kept resident beside the router while the experts' matrices may be paged.
+                shapes[p + "expert_b_gate"] = (spec.n_experts * fe,)
+                shapes[p + "expert_b_up"] = (spec.n_experts * fe,)
+                shapes[p + "expert_b_down"] = (spec.n_experts * d,)
             if spec.shared_expert_intermediate_size:
                 fs = spec.shared_expert_intermediate_size
                 shapes[p + "shared.w_gate"] = (fs, d)
@@ -197,6 +236,8 @@ def _attention_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
     shapes[p + "wo"] = (d, spec.q_dim)
     if spec.o_bias:
         shapes[p + "bo"] = (d,)
+    if spec.attn_sinks:
+        shapes[p + "sinks"] = (spec.n_heads,)
     return shapes
 
 

@@ -106,6 +106,28 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return (F32(0.5) * x) * (F32(1.0) + tanh(inner))
 
 
+def swiglu_clamped(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's gated activation (op_swiglu_clamped): g = min(gate, limit), u = clamp(up, -limit,
+    limit), (u + 1) * (g * sigmoid(alpha * g)). A NaN stays NaN (the comparisons are false)."""
+    gate, up = f32(gate), f32(up)
+    a, lim = F32(alpha), F32(limit)
+    g = np.where(gate > lim, lim, gate)
+    u = np.where(up < -lim, -lim, np.where(up > lim, lim, up))
+    glu = g * sigmoid(a * g)
+    return ((u + F32(1.0)) * glu).astype(np.float32)
+
+
+def softmax_with_sink(x: np.ndarray, sink: float) -> np.ndarray:
+    """Softmax over x plus one more logit, the sink, dropped after (op_softmax_with_sink):
+    m = max(max x, sink); e_i = exp(x_i - m); s = (sum_i e_i in order) + exp(sink - m); e_i / s."""
+    x = f32(x)
+    sink = F32(sink)
+    m = max(np.max(x), sink)
+    e = expf(x - m)
+    total = seq_sum(e) + expf(np.array([sink - m], dtype=np.float32))[0]
+    return e / total
+
+
 def softcap(x: np.ndarray, cap: float) -> np.ndarray:
     """tanh(x / cap) * cap."""
     return tanh(f32(x) / F32(cap)) * F32(cap)

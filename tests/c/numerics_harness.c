@@ -2,6 +2,7 @@
  * stdout, so tests can compare the C runtime with generator/numerics/ops.py bit for bit.
  *
  *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
+ *           swiglu_clamped N ALPHA LIMIT (gate, then up) | softmax_sink N SINK
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS | matvec_q4_1 ROWS COLS
  *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 | matmul_q4_0 | matmul_q4_1 TOKENS ROWS COLS
  *           (output: token-major; weight scales and q4_1 minimums are binary16; q4_1 weights:
@@ -183,6 +184,19 @@ int main(int argc, char **argv)
         float *up = read_exact(n * sizeof(float));
         kernel_swiglu(up, gate, n);
         write_all(up, n * sizeof(float));
+    } else if (strcmp(op, "swiglu_clamped") == 0) {
+        const float alpha = strtof(argv[3], NULL), limit = strtof(argv[4], NULL);
+        float *gate = read_exact(n * sizeof(float));
+        float *up = read_exact(n * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            up[i] = op_swiglu_clamped(gate[i], up[i], alpha, limit);
+        }
+        write_all(up, n * sizeof(float));
+    } else if (strcmp(op, "softmax_sink") == 0) {
+        const float sink = strtof(argv[3], NULL);
+        float *x = read_exact(n * sizeof(float));
+        op_softmax_with_sink(x, n, sink);
+        write_all(x, n * sizeof(float));
     } else if (strcmp(op, "softmax") == 0) {
         float *x = read_exact(n * sizeof(float));
         op_softmax(x, n);

@@ -20,6 +20,26 @@ def test_real_sizes_document_is_current():
     assert done.returncode == 0, done.stderr
 
 
+def test_gpt_oss_20b_plans_at_its_published_shape():
+    import math
+
+    from generator.compile.cache_plan import cache_constants
+    from generator.compile.plan import make_plan
+    from generator.model.hf.load import config_only_spec
+
+    spec = config_only_spec(CONFIGS / "gpt-oss-20b")
+    assert spec.layer_windows == (128, 0) * 12 and spec.n_experts == 32 and spec.experts_per_token == 4
+    assert spec.rope.scaling == "yarn" and not spec.rope.truncate
+    assert spec.rope.attention_factor == 0.1 * math.log(32.0) + 1.0
+    plan = make_plan(spec, "linux-aarch64", "q8_0", 4096)
+    assert round(sum(t.rows * t.cols for t in plan.tensors) / 1e9, 1) == 20.9  # "21B parameters"
+    c = cache_constants(plan, 0)
+    # One expert: gate and up 2880 x 2880, down 2880 x 2880, q8_0 (34 bytes per 32 values).
+    assert c.expert_bytes == 3 * 2880 * 2880 // 32 * 34 and c.max_slots == 24 * 32
+    # Resident: both 201088 x 2880 embeddings in q8_0 and the layers' attention, with every bias.
+    assert 1.8e9 < c.resident_bytes < 2.0e9
+
+
 def test_report_of_a_config_that_does_not_fit_names_region_need_and_budget():
     done = run_cli("report", "--board", "esp32p4", "--model", CONFIGS / "smollm2-135m")
     assert done.returncode == 2

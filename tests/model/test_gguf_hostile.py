@@ -172,7 +172,7 @@ CASES = {
     "tensor name over 63 bytes": (edit(lambda r: r.infos[0].__setitem__(0, "x" * 100)), "is longer than 63 bytes"),
     "unsupported architecture": (
         edit(lambda r: set_kv(r, "general.architecture", string_kv("general.architecture", "bert"))),
-        "unsupported architecture 'bert' (supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe)",
+        "unsupported architecture 'bert' (supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, gpt-oss)",
     ),
     "no architecture": (edit(lambda r: set_kv(r, "general.architecture", None)), "no general.architecture string"),
     "metadata of the wrong type": (
@@ -192,12 +192,69 @@ CASES = {
         "the metadata implies [96, 96]",
     ),
     "unsupported rope scaling": (
-        edit(lambda r: set_kv(r, "llama.rope.scaling.type", string_kv("llama.rope.scaling.type", "yarn"))),
-        "unsupported rope scaling 'yarn'",
+        edit(lambda r: set_kv(r, "llama.rope.scaling.type", string_kv("llama.rope.scaling.type", "longrope"))),
+        "unsupported rope scaling 'longrope'",
     ),
     "llama3 rope frequencies": (
         edit(lambda r: tensor(r, "output_norm.weight").__setitem__(0, "rope_freqs.weight")),
         "llama3 RoPE scaling (a rope_freqs tensor) is not supported",
+    ),
+}
+
+
+def f32_kv(key: str, value: float) -> bytes:
+    return kv(key, F32, struct.pack("<f", value))
+
+
+def u32_kv(key: str, value: int) -> bytes:
+    return kv(key, U32, struct.pack("<I", value))
+
+
+# gpt-oss's keys and tensors, each broken alone in the file llama.cpp's converter wrote.
+GPT_OSS_CASES = {
+    "yarn log multiplier": (
+        edit(
+            lambda r: set_kv(
+                r, "gpt-oss.rope.scaling.yarn_log_multiplier", f32_kv("gpt-oss.rope.scaling.yarn_log_multiplier", 0.1)
+            )
+        ),
+        "yarn rope with a log multiplier (mscale) is not supported",
+    ),
+    "yarn without its original context": (
+        edit(lambda r: set_kv(r, "gpt-oss.rope.scaling.original_context_length", None)),
+        "missing metadata 'gpt-oss.rope.scaling.original_context_length'",
+    ),
+    "yarn factor negative": (
+        edit(lambda r: set_kv(r, "gpt-oss.rope.scaling.factor", f32_kv("gpt-oss.rope.scaling.factor", -4.0))),
+        "rope scaling factor must be positive",
+    ),
+    "yarn beta 0": (
+        edit(
+            lambda r: set_kv(
+                r, "gpt-oss.rope.scaling.yarn_beta_slow", f32_kv("gpt-oss.rope.scaling.yarn_beta_slow", 0.0)
+            )
+        ),
+        "yarn rope beta_fast and beta_slow must be positive",
+    ),
+    "more experts used than there are": (
+        edit(lambda r: set_kv(r, "gpt-oss.expert_used_count", u32_kv("gpt-oss.expert_used_count", 9))),
+        "expert_used_count 9 exceeds the 8 experts",
+    ),
+    "sliding window pattern 0": (
+        edit(
+            lambda r: set_kv(
+                r, "gpt-oss.attention.sliding_window_pattern", u32_kv("gpt-oss.attention.sliding_window_pattern", 0)
+            )
+        ),
+        "'gpt-oss.attention.sliding_window_pattern' must be at least 1",
+    ),
+    "stacked expert bias not one row per expert": (
+        edit(lambda r: tensor(r, "blk.0.ffn_up_exps.bias").__setitem__(1, [48, 16])),
+        "tensor 'blk.0.ffn_up_exps.bias' has shape [16, 48], the metadata implies [768]",
+    ),
+    "sinks misnamed": (
+        edit(lambda r: tensor(r, "blk.2.attn_sinks.weight").__setitem__(0, "blk.2.attn_sink.weight")),
+        "unexpected tensor 'blk.2.attn_sink.weight'",
     ),
 }
 
@@ -213,6 +270,21 @@ def test_broken_gguf_is_refused_in_one_line(case, good_gguf, tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("colibri: error: broken.gguf: "), done.stderr
     assert message in lines[0]
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+@pytest.mark.slow  # llama.cpp's converter writes the file (~10 s), each broken copy built
+@pytest.mark.parametrize("case", sorted(GPT_OSS_CASES))
+def test_broken_gpt_oss_gguf_is_refused_in_one_line(case, gpt_oss_peer, tmp_path):
+    damage, message = GPT_OSS_CASES[case]
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(damage(raw_gguf(gpt_oss_peer[1]["f32"])))
+    out = tmp_path / "out"
+    done = run_cli("build", "--model", path, "--out", out)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("colibri: error: broken.gguf: "), done.stderr
+    assert message in lines[0], lines[0]
     assert "Traceback" not in done.stderr and not out.exists()
 
 

@@ -225,3 +225,46 @@ def test_verify_passes_on_a_gguf_model(tensor_type, quant, converted, tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout
+
+
+# gpt-oss as llama.cpp's own converter writes it: the gpt_oss_peer fixture (tests/conftest.py).
+
+
+def test_gpt_oss_converted_by_llama_cpp_imports_as_its_safetensors_do(gpt_oss_peer):
+    model_dir, files = gpt_oss_peer
+    from_hf, from_gguf = load_model(model_dir), load_model(files["f32"])
+    spec = from_hf.spec
+    assert spec.family == "gpt_oss" and spec.attn_sinks and spec.router == "topk_then_softmax"
+    assert spec.layer_windows == (4, 0, 4, 0) and spec.rope.scaling == "yarn"
+    assert dataclasses.replace(from_gguf.spec, name=spec.name) == spec
+    assert list(from_gguf.tensors) == list(from_hf.tensors)
+    # Every tensor, the de-interleaved and transposed experts and their stacked biases included.
+    differ = [n for n in from_hf.tensors if not np.array_equal(bits(from_hf.tensors[n]), bits(from_gguf.tensors[n]))]
+    assert differ == []
+    # The q8_0 file: the experts' and attention's blocks kept as the converter wrote them.
+    q8 = load_gguf(files["q8_0"])
+    assert q8.tensor_types["layers.1.experts.5.w_down"] == "Q8_0" and q8.tensor_types["layers.1.sinks"] == "F32"
+    assert dataclasses.replace(q8.spec, name=spec.name) == spec
+
+
+def test_verify_passes_on_gpt_oss_converted_by_llama_cpp_with_its_q8_0_blocks_kept(gpt_oss_peer, tmp_path):
+    _, files = gpt_oss_peer
+    done = run_cli(
+        "verify",
+        "--board",
+        "host",
+        "--model",
+        files["q8_0"],
+        "--quant",
+        "gguf",
+        "--prompt-ids",
+        "1,5,9,200,7",
+        "--steps",
+        "10",
+        "--ctx",
+        "32",
+        "--out",
+        tmp_path / "out",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS" in done.stdout

@@ -37,8 +37,8 @@ def test_legacy_and_v5_rope_formats_give_the_same_spec():
 
 
 def test_unknown_rope_type_is_refused_with_the_supported_list():
-    with pytest.raises(ColibriError, match="unsupported rope type 'yarn'.*default, linear, llama3"):
-        parse_config(cfg(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "m")
+    with pytest.raises(ColibriError, match="unsupported rope type 'dynamic'.*default, linear, llama3, yarn"):
+        parse_config(cfg(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "m")
 
 
 def test_sliding_windows_per_family():

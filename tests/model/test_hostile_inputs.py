@@ -134,7 +134,7 @@ CASES = {
         "config.json implies",
     ),
     "unknown rope scaling": (
-        edit_config(lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})),
+        edit_config(lambda c: c.update(rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4})),
         "unsupported rope type",
     ),
     "unsupported architecture": (
@@ -154,6 +154,67 @@ def test_broken_model_is_refused_in_one_line(case, model, tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("colibri: error: "), done.stderr
     assert message in lines[0]
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+def yarn(**change):
+    """gpt-oss's rope_parameters with keys changed (None: removed)."""
+
+    def fn(c):
+        params = dict(c["rope_parameters"], **change)
+        c["rope_parameters"] = {k: v for k, v in params.items() if v is not None}
+
+    return edit_config(fn)
+
+
+# gpt-oss's own keys, each broken alone on the random-init gpt-oss checkpoint.
+GPT_OSS_CASES = {
+    "sliding window 0": (edit_config(lambda c: c.update(sliding_window=0)), "'sliding_window' must be a positive"),
+    "sliding window negative": (
+        edit_config(lambda c: c.update(sliding_window=-4)),
+        "'sliding_window' must be a positive",
+    ),
+    "layer_types too short": (
+        edit_config(lambda c: c.update(layer_types=c["layer_types"][:3])),
+        "'layer_types' must list one type per layer (4)",
+    ),
+    "layer type unknown": (
+        edit_config(lambda c: c.update(layer_types=["linear_attention"] * 4)),
+        "unsupported layer type 'linear_attention'",
+    ),
+    "more experts per token than experts": (
+        edit_config(lambda c: c.update(num_experts_per_tok=9)),
+        "num_experts_per_tok 9 exceeds the 8 experts",
+    ),
+    "experts 0": (edit_config(lambda c: c.update(num_local_experts=0)), "'num_local_experts' must be at least 1"),
+    "swiglu limit 0": (edit_config(lambda c: c.update(swiglu_limit=0)), "'swiglu_limit' must be positive"),
+    "swiglu alpha text": (edit_config(lambda c: c.update(swiglu_alpha="1.7")), "'swiglu_alpha' must be a finite"),
+    "yarn without original length": (
+        yarn(original_max_position_embeddings=None),
+        "yarn rope needs a positive integer 'original_max_position_embeddings'",
+    ),
+    "yarn beta 0": (yarn(beta_fast=0.0), "'beta_fast' and 'beta_slow' must be positive"),
+    "yarn truncate text": (yarn(truncate="no"), "'truncate' must be true or false"),
+    "yarn attention factor negative": (yarn(attention_factor=-1.0), "'attention_factor' must be positive"),
+    "experts narrower than the fused tensors": (
+        edit_config(lambda c: c.update(intermediate_size=64)),
+        "mlp.experts.down_proj' has shape [8, 96, 64], config.json implies [8, 64, 64]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GPT_OSS_CASES))
+def test_broken_gpt_oss_config_is_refused_in_one_line(case, checkpoints, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints("gpt_oss"), model)
+    damage, message = GPT_OSS_CASES[case]
+    damage(model)
+    out = tmp_path / "out"
+    done = run_cli("build", "--model", model, "--out", out)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("colibri: error: "), done.stderr
+    assert message in lines[0], lines[0]
     assert "Traceback" not in done.stderr and not out.exists()
 
 

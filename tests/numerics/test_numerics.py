@@ -66,6 +66,37 @@ def test_tanh_and_gelu_match_and_are_accurate(harness):
     assert np.max(np.abs(numerics.gelu_tanh(x) - exact) / np.maximum(1.0, np.abs(exact))) < 1e-6
 
 
+def test_gpt_oss_clamped_swiglu_matches_and_clamps(harness):
+    """op_swiglu_clamped: min(gate, limit), clamp(up, -limit, limit), (up + 1) * (gate * sigmoid(alpha
+    gate)); values past the limits on both sides, at them and just inside, signed zeros."""
+    alpha, limit = np.float32(1.702), np.float32(7.0)
+    edges = np.array([7.0, -7.0, 7.5, -7.5, 100.0, -100.0, 0.0, -0.0, 6.999999, -7.000001], np.float32)
+    gate = np.concatenate([rng.normal(0, 5, 600).astype(np.float32), edges, np.roll(edges, 3)])
+    up = np.concatenate([rng.normal(0, 5, 600).astype(np.float32), np.roll(edges, 5), edges])
+    args = ["swiglu_clamped", gate.size, float.hex(float(alpha)), float.hex(float(limit))]
+    want = numerics.swiglu_clamped(gate, up, alpha, limit)
+    assert_same_bits(c_floats(harness, args, f32_bytes(gate, up), gate.size), want)
+    # The clamps as stated: a gate above the limit counts as the limit, an up beyond it likewise.
+    assert numerics.swiglu_clamped(np.float32(50), np.float32(-50), alpha, limit) == numerics.swiglu_clamped(
+        limit, -limit, alpha, limit
+    )
+    g = np.float32(1.5)
+    assert numerics.swiglu_clamped(g, np.float32(0.0), alpha, limit) == g * numerics.sigmoid(alpha * g)
+
+
+@pytest.mark.parametrize("sink", [0.0, 3.5, -2.0, 40.0, -100.0])
+def test_softmax_with_a_sink_matches_and_leaves_the_sinks_share_out(harness, sink):
+    x = rng.normal(0, 4, 37).astype(np.float32)
+    sink = np.float32(sink)
+    got = c_floats(harness, ["softmax_sink", x.size, float.hex(float(sink))], f32_bytes(x), x.size)
+    want = numerics.softmax_with_sink(x, sink)
+    assert_same_bits(got, want)
+    e = np.exp(np.append(x, sink).astype(np.float64) - max(x.max(), sink))
+    exact, sink_share = e[:-1] / e.sum(), e[-1] / e.sum()
+    assert np.max(np.abs(want - exact)) < 1e-6
+    assert abs(float(numerics.seq_sum(want)) - (1.0 - sink_share)) < 1e-5  # the sink's share is dropped
+
+
 def test_silu_softmax_rmsnorm_match(harness):
     x = rng.normal(0, 4, 777).astype(np.float32)
     assert_same_bits(c_floats(harness, ["silu", x.size], f32_bytes(x), x.size), numerics.silu(x))

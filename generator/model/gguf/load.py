@@ -13,6 +13,7 @@ the same float32 (1e-05, not 9.99999974738e-06), which is what the checkpoint's 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,17 @@ class GgufArch:
     shared_expert: bool = False
     norm_topk_prob: bool = False  # llama.cpp's default when {arch}.expert_weights_norm is absent
     hybrid_linear: bool = False  # see hf/load.Family.hybrid_linear (Qwen3.5's Gated DeltaNet layers)
+    # gpt-oss (llama.cpp's openai-moe): sink logits, top-k then softmax, its SwiGLU with llama.cpp's
+    # fixed alpha 1.702 and limit 7.0, post_attention_norm as the FFN's input norm, sliding layers
+    # alternating (llama.cpp's default pattern 2: even layers slide), and YaRN without truncation
+    # (the ramp's ends not rounded; what gpt-oss's config says, and the file does not record).
+    attn_sinks: bool = False
+    router: str = "softmax_then_topk"
+    swiglu: tuple[float, float] | None = None  # (alpha, limit) of the clamped SwiGLU
+    post_attention_norm: str = "post_attn_norm"  # the canonical norm blk.N.post_attention_norm is
+    swa_pattern: int = 0  # llama.cpp's default sliding-window pattern (0: every layer slides)
+    yarn_truncate: bool = True
+    rope_theta: float = 10000.0
 
 
 GGUF_ARCHITECTURES = {
@@ -56,6 +68,18 @@ GGUF_ARCHITECTURES = {
         shared_expert=True,
         norm_topk_prob=True,
         hybrid_linear=True,
+    ),
+    "gpt-oss": GgufArch(
+        "gpt_oss",
+        "GptOssForCausalLM",
+        moe=True,
+        attn_sinks=True,
+        router="topk_then_softmax",
+        swiglu=(1.702, 7.0),
+        post_attention_norm="ffn_norm",
+        swa_pattern=2,
+        yarn_truncate=False,
+        rope_theta=150000.0,
     ),
 }
 # Qwen3.5's tensors (llama.cpp's qwen35moe): the DeltaNet's, and its FFN norm under another name.
@@ -101,11 +125,19 @@ LAYER_TENSORS = {
     "ffn_up_shexp.weight": "shared.w_up",
     "ffn_down_shexp.weight": "shared.w_down",
     "ffn_gate_inp_shexp.weight": "shared_gate",
+    "attn_sinks.weight": "sinks",
+    "ffn_gate_inp.bias": "router_bias",
 }
 # Experts stacked in one tensor (n_experts, rows, cols): split into the canonical per-expert names.
 EXPERT_TENSORS = {"ffn_gate_exps.weight": "w_gate", "ffn_up_exps.weight": "w_up", "ffn_down_exps.weight": "w_down"}
+# Experts' biases stacked (n_experts, width): one canonical vector each, expert after expert.
+EXPERT_BIASES = {
+    "ffn_gate_exps.bias": "expert_b_gate",
+    "ffn_up_exps.bias": "expert_b_up",
+    "ffn_down_exps.bias": "expert_b_down",
+}
 LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.(.+)")
-ROPE_SCALINGS = ("none", "linear")
+ROPE_SCALINGS = ("none", "linear", "yarn")
 # llama.cpp's end-of-generation tokens by their text, for files whose eos_token_id is something else.
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>")
 
@@ -274,7 +306,37 @@ def _arch(gguf: GgufFile) -> tuple[str, GgufArch]:
     return arch, info
 
 
-def _rope(meta: _Meta, theta_default: float) -> RopeSpec:
+def _yarn(meta: _Meta, theta: float, truncate: bool) -> RopeSpec:
+    """YaRN from llama.cpp's keys, the attention factor resolved as transformers does when the file
+    has none (0.1 ln(factor) + 1)."""
+    factor = meta.float("rope.scaling.factor")
+    if factor <= 0:
+        raise ColibriError(f"{meta.where}: rope scaling factor must be positive, got {factor}")
+    if meta.has("rope.scaling.yarn_log_multiplier"):
+        raise ColibriError(f"{meta.where}: yarn rope with a log multiplier (mscale) is not supported")
+    beta_fast = meta.float("rope.scaling.yarn_beta_fast", 32.0)
+    beta_slow = meta.float("rope.scaling.yarn_beta_slow", 1.0)
+    if not (beta_fast > 0 and beta_slow > 0):
+        raise ColibriError(f"{meta.where}: yarn rope beta_fast and beta_slow must be positive")
+    if meta.has("rope.scaling.yarn_attn_factor"):
+        attention = meta.float("rope.scaling.yarn_attn_factor")
+    else:
+        attention = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    if attention <= 0:
+        raise ColibriError(f"{meta.where}: yarn attention factor must be positive, got {attention}")
+    return RopeSpec(
+        theta=theta,
+        scaling="yarn",
+        factor=factor,
+        original_max_position_embeddings=meta.int("rope.scaling.original_context_length"),
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        truncate=truncate,
+        attention_factor=attention,
+    )
+
+
+def _rope(meta: _Meta, theta_default: float, yarn_truncate: bool = True) -> RopeSpec:
     if "rope_freqs.weight" in meta.gguf.tensors:
         raise ColibriError(
             f"{meta.where}: llama3 RoPE scaling (a rope_freqs tensor) is not supported from GGUF "
@@ -286,6 +348,8 @@ def _rope(meta: _Meta, theta_default: float) -> RopeSpec:
     kind = meta.str("rope.scaling.type", "none")
     if kind not in ROPE_SCALINGS:
         raise ColibriError(f"{meta.where}: unsupported rope scaling {kind!r} (supported: {', '.join(ROPE_SCALINGS)})")
+    if kind == "yarn":
+        return _yarn(meta, theta, yarn_truncate)
     factor = meta.float("rope.scaling.factor", 0.0) if kind == "linear" else 0.0
     if kind == "none" and meta.has("rope.scale_linear"):
         factor = meta.float("rope.scale_linear")  # older files
@@ -298,18 +362,20 @@ def _rope(meta: _Meta, theta_default: float) -> RopeSpec:
     return RopeSpec(theta=theta)
 
 
-def _windows(meta: _Meta, n_layers: int, gemma: bool) -> tuple[int, ...]:
+def _windows(meta: _Meta, n_layers: int, default_pattern: int) -> tuple[int, ...]:
+    """Per layer: its window, or 0. default_pattern: llama.cpp's pattern for the architecture (Gemma 3
+    6: every sixth layer global; gpt-oss 2: odd layers global; 0: every layer slides)."""
     if not meta.has("attention.sliding_window"):
         return (0,) * n_layers
     window = meta.int("attention.sliding_window", minimum=0)
     if window == 0:
         return (0,) * n_layers
-    if not gemma:
+    if not default_pattern:
         return (window,) * n_layers  # (Mistral-style: every layer)
-    pattern = meta.gguf.metadata.get(f"{meta.arch}.attention.sliding_window_pattern", 6)
+    pattern = meta.gguf.metadata.get(f"{meta.arch}.attention.sliding_window_pattern", default_pattern)
     if isinstance(pattern, np.ndarray) and pattern.dtype == np.bool_ and len(pattern) == n_layers:
         return tuple(window if sliding else 0 for sliding in pattern.tolist())
-    pattern = meta.int("attention.sliding_window_pattern", 6)
+    pattern = meta.int("attention.sliding_window_pattern", default_pattern)
     return tuple(0 if (i + 1) % pattern == 0 else window for i in range(n_layers))
 
 
@@ -397,6 +463,9 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
                 meta.int("expert_shared_feed_forward_length", 0, minimum=0) if family.shared_expert else 0
             ),
             moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n_layers)),
+            router=info.router,
+            router_bias=present("ffn_gate_inp.bias"),
+            expert_biases=present("ffn_gate_exps.bias"),
         )
         intermediate = ff
     else:
@@ -414,17 +483,17 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         n_kv_heads=n_kv,
         head_dim=head_dim,
         rms_norm_eps=eps,
-        rope=_rope(meta, 1000000.0 if gemma else 10000.0),
+        rope=_rope(meta, 1000000.0 if gemma else info.rope_theta, info.yarn_truncate),
         max_position_embeddings=meta.int("context_length", 2048),
         tie_embeddings="output.weight" not in tensors,
         qkv_bias=qkv_bias,
         o_bias=present("attn_output.bias"),
         mlp_bias=present("ffn_gate.bias") or present("ffn_up.bias"),
         qk_norm=family.qk_norm,
-        layer_windows=_windows(meta, n_layers, gemma),
+        layer_windows=_windows(meta, n_layers, 6 if gemma else info.swa_pattern),
         bos_token_id=bos,
         eos_token_ids=eos,
-        activation="gelu_tanh" if gemma else "silu",
+        activation="gelu_tanh" if gemma else ("swiglu_clamped" if info.swiglu else "silu"),
         embed_scale=float(np.float32(hidden**0.5)) if gemma else 1.0,
         attn_scale=(meta.float("attention.scale") if meta.has("attention.scale") else float(head_dim) ** -0.5)
         if gemma
@@ -434,6 +503,8 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         final_softcap=meta.float("final_logit_softcapping", 0.0) if gemma else 0.0,
         **moe,
         **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.hybrid_linear else {}),
+        attn_sinks=info.attn_sinks,
+        **(dict(swiglu_alpha=info.swiglu[0], swiglu_limit=info.swiglu[1]) if info.swiglu else {}),
     )
 
 
@@ -465,7 +536,7 @@ def _hybrid_linear(meta: _Meta, n_layers: int, head_dim: int, rope_dim: int) -> 
     )
 
 
-def _canonical(name: str, hybrid_linear: bool = False) -> tuple[str, bool] | None:
+def _canonical(name: str, arch: GgufArch | None = None) -> tuple[str, bool] | None:
     """GGUF tensor name -> (canonical name or per-expert pattern, stacked experts?)."""
     if name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[name], False
@@ -473,8 +544,12 @@ def _canonical(name: str, hybrid_linear: bool = False) -> tuple[str, bool] | Non
     if not m:
         return None
     index, part = m.groups()
-    if hybrid_linear and part in HYBRID_LINEAR_TENSORS:
+    if arch is not None and arch.hybrid_linear and part in HYBRID_LINEAR_TENSORS:
         return f"layers.{index}.{HYBRID_LINEAR_TENSORS[part]}", False
+    if part == "post_attention_norm.weight" and arch is not None:
+        return f"layers.{index}.{arch.post_attention_norm}", False
+    if part in EXPERT_BIASES:
+        return f"layers.{index}.{EXPERT_BIASES[part]}", False
     if part in LAYER_TENSORS:
         return f"layers.{index}.{LAYER_TENSORS[part]}", False
     if part in EXPERT_TENSORS:
@@ -488,7 +563,7 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
     where = gguf.path.name
     sources = {}
     for name, info in gguf.tensors.items():
-        found = _canonical(name, arch.hybrid_linear)
+        found = _canonical(name, arch)
         if found is None or (found[0] not in wanted and not found[1]):
             raise ColibriError(f"{where}: unexpected tensor {name!r} for {spec.architecture} with this metadata")
         canonical, stacked = found
@@ -515,6 +590,10 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
             )
         info, expert, _ = sources[canonical]
         got = info.shape[1:] if expert is not None else info.shape
+        if _is_stacked_bias(canonical):  # (n_experts, width), read as one vector
+            got = (
+                (int(np.prod(info.shape)),) if len(info.shape) == 2 and info.shape[0] == spec.n_experts else info.shape
+            )
         if _squeezed(got) != _squeezed(_file_shape(spec, canonical, shape)):
             raise ColibriError(
                 f"{where}: tensor {info.name!r} has shape {list(info.shape)}, the metadata implies {list(shape)}"
@@ -572,6 +651,10 @@ def _view_of(spec: ModelSpec, canonical: str) -> dict:
     return dict(view, row_order=tuple(int(i) for i in order))
 
 
+def _is_stacked_bias(canonical: str) -> bool:
+    return canonical.rsplit(".", 1)[-1] in EXPERT_BIASES.values()
+
+
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     """A shape without leading 1s: llama.cpp stores a (1, n) matrix as a vector of n."""
     shape = tuple(shape)
@@ -597,7 +680,10 @@ def load_gguf(path: Path | str, load_tensors: bool = True) -> GgufCheckpoint:
     if load_tensors:
         for canonical, shape in wanted.items():
             info, expert, heads = sources[canonical]
-            tensors[canonical] = GgufTensor(path, info, tuple(shape), expert, heads or 0, **_view_of(spec, canonical))
+            view = _view_of(spec, canonical)
+            if _is_stacked_bias(canonical):
+                view["flat"] = True
+            tensors[canonical] = GgufTensor(path, info, tuple(shape), expert, heads or 0, **view)
     return GgufCheckpoint(
         spec=spec,
         tensors=tensors,

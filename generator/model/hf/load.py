@@ -33,6 +33,7 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",  # its text tower; the vision tower is ignored
+    "GptOssForCausalLM": "gpt_oss",
 }
 # Multimodal classes whose config.json keeps the text tower's settings under text_config.
 TEXT_CONFIG_ARCHITECTURES = ("Gemma3ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
@@ -52,10 +53,15 @@ class Family:
     window_flag: bool = False  # sliding windows apply only when use_sliding_window is true (Qwen)
     gemma: bool = False  # GeGLU, scaled embeddings, four norms per layer, query_pre_attn_scalar,
     #                      local RoPE, logit softcapping, tied embeddings by default, RoPE base 1e6
-    moe: str | None = None  # "mixtral" (every layer routes, experts of intermediate_size) or "qwen"
+    moe: str | None = None  # "mixtral" (every layer routes, experts of intermediate_size), "qwen", or
+    #                         "gpt_oss" (every layer routes: top-k then softmax, biases, fused experts)
     shared_expert: bool = False  # Qwen2-MoE's gated shared expert
     hybrid_linear: bool = False  # Qwen3.5: Gated DeltaNet layers beside gated full-attention layers
     #                              (layer_types), partial RoPE, norms scaling by (1 + w), top-k renormalised
+    attn_sinks: bool = False  # gpt-oss: a learned sink logit per query head
+    clamped_swiglu: bool = False  # gpt-oss: experts apply the clamped SwiGLU (swiglu_alpha, swiglu_limit)
+    default_theta: float = 10000.0  # RoPE base when the config names none
+    fused_experts: bool = False  # gpt-oss: a layer's experts in fused, interleaved tensors (_fused_parts)
 
 
 FAMILIES = {
@@ -82,6 +88,18 @@ FAMILIES = {
         shared_expert=True,
         hybrid_linear=True,
     ),
+    "gpt_oss": Family(
+        "attention_bias",
+        "attention_bias",
+        False,
+        False,
+        "alternating",
+        moe="gpt_oss",
+        attn_sinks=True,
+        clamped_swiglu=True,
+        default_theta=150000.0,
+        fused_experts=True,
+    ),
 }
 # A Gated DeltaNet layer's tensors (Qwen3.5's linear_attn).
 HF_LINEAR_LAYER_PARTS = {
@@ -97,7 +115,7 @@ HF_LINEAR_LAYER_PARTS = {
 }
 LINEAR_LAYER_TYPES = ("linear_attention", "full_attention")
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 HF_LAYER_PARTS = {
     "input_layernorm.weight": "attn_norm",
@@ -159,6 +177,19 @@ HF_MOE_LAYER_PARTS = {
     "mlp.shared_expert.down_proj.weight": "shared.w_down",
     "mlp.shared_expert_gate.weight": "shared_gate",
 }
+# gpt-oss: the router and the sinks under their own names (a family without them meets them as
+# unexpected tensors, as any other), and a layer's experts in fused tensors, [E, hidden, 2 x inner]
+# with gate and up interleaved (gate = [..., ::2], up = [..., 1::2]), [E, inner, hidden] for down
+# (both applied as x @ W), and their biases [E, 2 x inner] and [E, hidden] (_fused_parts).
+HF_GPT_OSS_LAYER_PARTS = {
+    "self_attn.sinks": "sinks",
+    "mlp.router.weight": "router",
+    "mlp.router.bias": "router_bias",
+}
+HF_FUSED_EXPERT_BIASES = {
+    "mlp.experts.gate_up_proj_bias": (("expert_b_gate", 0), ("expert_b_up", 1)),
+    "mlp.experts.down_proj_bias": (("expert_b_down", None),),
+}
 HF_GLOBAL = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 
 
@@ -216,6 +247,73 @@ class HfTensor:
         return self.rows(0, 1 if self.flat else self.shape[0] if self.row_period else rows_cols(self.info)[0]).reshape(
             self.shape
         )
+
+
+@dataclass(frozen=True)
+class HfFusedSlice:
+    """One canonical tensor cut from a fused gpt-oss expert tensor, read when asked (the HfTensor
+    interface): expert `expert`'s [rows_in, cols_in] block of a stacked tensor (or, for a bias, its
+    row), its even (`parity` 0) or odd (1) columns or all of them (None), transposed for the
+    matrices (the checkpoint applies them as x @ W; canonical rows are output features). A bias
+    with expert None is every expert's columns, expert after expert, as one vector."""
+
+    path: Path
+    info: TensorInfo
+    shape: tuple[int, ...]  # the canonical shape
+    expert: int | None
+    parity: int | None
+    transposed: bool
+
+    def _block(self, expert: int) -> np.ndarray:
+        per_expert = rows_cols(self.info)[0] // self.info.shape[0]
+        arr = read_rows(self.path, self.info, expert * per_expert, (expert + 1) * per_expert)
+        if self.parity is not None:
+            arr = arr[:, self.parity :: 2]
+        return arr.T if self.transposed else arr
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        if self.expert is None:  # a bias vector of all experts: one row
+            flat = np.concatenate([self._block(e).reshape(-1) for e in range(self.info.shape[0])])
+            return np.ascontiguousarray(flat[None, :][start:stop], dtype=np.float32)
+        return np.ascontiguousarray(self._block(self.expert)[start:stop], dtype=np.float32)
+
+    def load(self) -> np.ndarray:
+        return self.rows(0, self.shape[0] if len(self.shape) == 2 else 1).reshape(self.shape)
+
+
+def _fused_parts(hf_name: str, path: Path, info: TensorInfo, spec: ModelSpec) -> dict[str, HfFusedSlice] | None:
+    """The canonical tensors a fused gpt-oss expert tensor holds, or None when hf_name is not one."""
+    if not hf_name.startswith("model.layers.") or not FAMILIES[spec.family].fused_experts:
+        return None
+    index, _, part = hf_name[len("model.layers.") :].partition(".")
+    if not index.isdigit() or str(int(index)) != index or int(index) >= spec.n_layers:
+        return None
+    p, n, d, fe = f"layers.{index}.", spec.n_experts, spec.hidden_size, spec.expert_intermediate_size
+    expected = {
+        "mlp.experts.gate_up_proj": (n, d, 2 * fe),
+        "mlp.experts.down_proj": (n, fe, d),
+        "mlp.experts.gate_up_proj_bias": (n, 2 * fe),
+        "mlp.experts.down_proj_bias": (n, d),
+    }
+    if part not in expected:
+        return None
+    if info.shape != expected[part]:
+        raise ColibriError(
+            f"tensor {info.name!r} has shape {list(info.shape)}, config.json implies {list(expected[part])}"
+        )
+    out = {}
+    if part == "mlp.experts.gate_up_proj":
+        for e in range(n):
+            out[p + f"experts.{e}.w_gate"] = HfFusedSlice(path, info, (fe, d), e, 0, True)
+            out[p + f"experts.{e}.w_up"] = HfFusedSlice(path, info, (fe, d), e, 1, True)
+    elif part == "mlp.experts.down_proj":
+        for e in range(n):
+            out[p + f"experts.{e}.w_down"] = HfFusedSlice(path, info, (d, fe), e, None, True)
+    else:
+        width = fe if part == "mlp.experts.gate_up_proj_bias" else d
+        for name, parity in HF_FUSED_EXPERT_BIASES[part]:
+            out[p + name] = HfFusedSlice(path, info, (n * width,), None, parity, False)
+    return out
 
 
 @dataclass
@@ -300,6 +398,8 @@ def _rope_from(cfg: _Config, params: dict, theta: float, max_pos: int) -> RopeSp
         raise ColibriError(f"{cfg.where}: rope 'factor' must be positive")
     if kind == "linear":
         return RopeSpec(theta=theta, scaling="linear", factor=factor)
+    if kind == "yarn":
+        return _yarn(cfg, params, theta, factor)
     low = cfg.float("low_freq_factor", None, params)
     high = cfg.float("high_freq_factor", None, params)
     if not 0 < low < high:
@@ -314,6 +414,45 @@ def _rope_from(cfg: _Config, params: dict, theta: float, max_pos: int) -> RopeSp
         low_freq_factor=low,
         high_freq_factor=high,
         original_max_position_embeddings=original,
+    )
+
+
+def _yarn(cfg: _Config, params: dict, theta: float, factor: float) -> RopeSpec:
+    """YaRN's parameters as transformers 5.24 reads them; the attention factor resolved here
+    (attention_factor, else from mscale and mscale_all_dim, else 0.1 ln(factor) + 1)."""
+    original = params.get("original_max_position_embeddings")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ColibriError(f"{cfg.where}: yarn rope needs a positive integer 'original_max_position_embeddings'")
+    beta_fast = cfg.float("beta_fast", 32.0, params)
+    beta_slow = cfg.float("beta_slow", 1.0, params)
+    if not (beta_fast > 0 and beta_slow > 0):
+        raise ColibriError(f"{cfg.where}: yarn rope 'beta_fast' and 'beta_slow' must be positive")
+    truncate = params.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ColibriError(f"{cfg.where}: yarn rope 'truncate' must be true or false, got {json.dumps(truncate)}")
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if params.get("attention_factor") is not None:
+        attention = cfg.float("attention_factor", None, params)
+    elif params.get("mscale") and params.get("mscale_all_dim"):
+        attention = mscale(factor, cfg.float("mscale", None, params)) / mscale(
+            factor, cfg.float("mscale_all_dim", None, params)
+        )
+    else:
+        attention = mscale(factor)
+    if attention <= 0:
+        raise ColibriError(f"{cfg.where}: yarn rope 'attention_factor' must be positive")
+    return RopeSpec(
+        theta=theta,
+        scaling="yarn",
+        factor=factor,
+        original_max_position_embeddings=original,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        truncate=truncate,
+        attention_factor=attention,
     )
 
 
@@ -373,6 +512,8 @@ def _layer_windows(cfg: _Config, family: Family, n_layers: int) -> tuple[int, ..
         return tuple(0 if (i + 1) % pattern == 0 else window for i in range(n_layers))
     if family.windows == "every_layer":
         return (window,) * n_layers
+    if family.windows == "alternating":  # gpt-oss without layer_types: even layers slide, odd ones see all
+        return tuple(window if i % 2 == 0 else 0 for i in range(n_layers))
     first = cfg.int("max_window_layers", n_layers, minimum=0)
     return tuple(window if i >= first else 0 for i in range(n_layers))
 
@@ -394,6 +535,17 @@ def _moe(cfg: _Config, family: Family, n_layers: int) -> dict:
     top_k = cfg.int("num_experts_per_tok")
     if top_k > n_experts:
         raise ColibriError(f"{cfg.where}: num_experts_per_tok {top_k} exceeds the {n_experts} experts")
+    if family.moe == "gpt_oss":
+        # gpt-oss: every layer routes; top-k of the router logits, then softmax over those k.
+        return dict(
+            n_experts=n_experts,
+            experts_per_token=top_k,
+            expert_intermediate_size=cfg.int("intermediate_size"),
+            moe_layers=(True,) * n_layers,
+            router="topk_then_softmax",
+            router_bias=True,
+            expert_biases=True,
+        )
     if family.moe == "mixtral":
         # Mixtral: every layer routes; experts have intermediate_size; top-k weights always renormalised.
         return dict(
@@ -508,6 +660,12 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         if act != "silu":
             raise ColibriError(f"config.json: unsupported hidden_act {act!r} for {arch} (supported: silu)")
         activation = "silu"
+    swiglu = {}
+    if family.clamped_swiglu:
+        activation = "swiglu_clamped"
+        swiglu = dict(swiglu_alpha=cfg.float("swiglu_alpha", 1.702), swiglu_limit=cfg.float("swiglu_limit", 7.0))
+        if swiglu["swiglu_limit"] <= 0:
+            raise ColibriError(f"config.json: 'swiglu_limit' must be positive, got {swiglu['swiglu_limit']}")
     if not family.hybrid_linear and data.get("partial_rotary_factor", 1.0) != 1.0:
         raise ColibriError("config.json: partial_rotary_factor other than 1.0 is not supported")
     n_layers = cfg.int("num_hidden_layers")
@@ -548,7 +706,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         n_kv_heads=n_kv,
         head_dim=head_dim,
         rms_norm_eps=eps,
-        rope=_rope(cfg, max_pos, 1000000.0 if gemma else 10000.0),
+        rope=_rope(cfg, max_pos, 1000000.0 if gemma else family.default_theta),
         max_position_embeddings=max_pos,
         tie_embeddings=cfg.bool("tie_word_embeddings", gemma),
         qkv_bias=qkv_bias,
@@ -568,6 +726,8 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         final_softcap=_softcap(cfg, "final_logit_softcapping") if arch != "Gemma3ForConditionalGeneration" else 0.0,
         **(_moe(cfg, family, n_layers) if family.moe else {}),
         **(_hybrid_linear(cfg, n_layers, head_dim) if family.hybrid_linear else {}),
+        attn_sinks=family.attn_sinks,
+        **swiglu,
     )
 
 
@@ -590,6 +750,8 @@ def _canonical(hf_name: str, family: str) -> str | None:
             return f"layers.{index}.{HF_MOE_LAYER_PARTS[part]}"
         if FAMILIES[family].hybrid_linear and part in HF_LINEAR_LAYER_PARTS:
             return f"layers.{index}.{HF_LINEAR_LAYER_PARTS[part]}"
+        if part in HF_GPT_OSS_LAYER_PARTS:
+            return f"layers.{index}.{HF_GPT_OSS_LAYER_PARTS[part]}"
         for prefix in ("block_sparse_moe.experts.", "mlp.experts."):
             if part.startswith(prefix):
                 expert, _, rest = part[len(prefix) :].partition(".")
@@ -685,9 +847,16 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
     located = _tensor_files(model_dir)
     wanted = expected_shapes(spec)
     by_canonical: dict[str, tuple[Path, TensorInfo]] = {}
+    fused: dict[str, HfFusedSlice] = {}
     for hf_name, (path, info) in sorted(located.items()):
         if hf_name.startswith(NOT_TEXT_PREFIXES):
             continue  # the vision tower of a multimodal checkpoint
+        parts = _fused_parts(hf_name, path, info, spec)
+        if parts is not None:  # gpt-oss's fused experts: their shapes checked there
+            fused.update(parts)
+            for canonical in parts:
+                by_canonical[canonical] = (path, info)
+            continue
         canonical = _canonical(hf_name, spec.family)
         if canonical is None:
             if hf_name.endswith("rotary_emb.inv_freq"):
@@ -704,6 +873,9 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
     for canonical, shape in wanted.items():
         if canonical not in by_canonical:
             raise ColibriError(f"missing tensor for {canonical!r} ({spec.architecture}, expected shape {list(shape)})")
+        if canonical in fused:
+            views[canonical] = fused[canonical]  # its shape checked by _fused_parts
+            continue
         path, info = by_canonical[canonical]
         views[canonical] = _view(spec, canonical, path, info)
         if views[canonical].shape != shape:

@@ -159,10 +159,11 @@ LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor")
 
 
 def _drop_later_defaults(out: dict, obj, names: tuple[str, ...]) -> None:
-    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(obj)}
-    for name in names:
-        if getattr(obj, name) == defaults[name]:
-            del out[name]
+    for f in fields(obj):
+        if f.name in names:
+            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+            if getattr(obj, f.name) == default:
+                del out[f.name]
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:

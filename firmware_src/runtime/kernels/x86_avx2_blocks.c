@@ -224,52 +224,61 @@ __attribute__((always_inline)) static inline int kind_bytes(enum block_kind k)
     return 0;
 }
 
+/* The scale fields of up to eight blocks of a 32-value type as the file holds them: binary16 d
+ * (and Q5_1's m), or MXFP4's e8m0 exponent; blocks not read stay 0. */
+struct small_scales {
+    uint16_t d[8], m[8];
+    int32_t e[8];
+};
+
+/* Block k of a Q5_0, Q5_1, IQ4_NL or MXFP4 group at blk: its scale fields into sc, its 32 bytes u
+ * in value order returned (Q5_0's u is q + 16). */
+__attribute__((always_inline)) static inline __m256i small_block(enum block_kind kind, const uint8_t *blk,
+                                                                 struct small_scales *sc, int k)
+{
+    if (kind == KIND_MXFP4) {
+        sc->e[k] = blk[0];
+        return mxfp4_values32(blk + 1);
+    }
+    memcpy(&sc->d[k], blk, 2);
+    if (kind == KIND_Q5_0) {
+        return q5_quants(blk + 2, blk + 6);
+    }
+    if (kind == KIND_Q5_1) {
+        memcpy(&sc->m[k], blk + 2, 2);
+        return q5_quants(blk + 4, blk + 8);
+    }
+    return iq4_values32(blk + 2);
+}
+
+/* The group's float32 scales (and offsets) per block from their fields: one per block, both halves. */
+__attribute__((always_inline)) static inline void small_scales_set(enum block_kind kind, const struct small_scales *sc,
+                                                                   struct group8 *g)
+{
+    if (kind == KIND_MXFP4) {
+        g->sa = g->sb = e8m0_half8(sc->e);
+        g->oa = g->ob = _mm256_setzero_ps();
+        return;
+    }
+    const uint16_t *d = sc->d, *m = sc->m;
+    g->sa = g->sb = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], (short)d[4],
+                                                   (short)d[5], (short)d[6], (short)d[7]));
+    g->oa = g->ob = _mm256_cvtph_ps(_mm_setr_epi16((short)m[0], (short)m[1], (short)m[2], (short)m[3], (short)m[4],
+                                                   (short)m[5], (short)m[6], (short)m[7]));
+}
+
 /* Blocks b .. b + n - 1 (n <= 8) of a Q5_0, Q5_1, IQ4_NL or MXFP4 row: nothing past block b + n - 1
- * is read; blocks past n decode as zeros. Q5_0's u is q + 16. */
+ * is read; blocks past n decode as zeros. */
 __attribute__((always_inline)) static inline void small_decode(enum block_kind kind, const uint8_t *row, int b, int n,
                                                                struct group8 *g)
 {
     const int bytes = kind_bytes(kind);
-    if (kind == KIND_MXFP4) {
-        int32_t e[8] = {0};
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            if (k >= n) {
-                g->u[k] = _mm256_setzero_si256();
-                continue;
-            }
-            const uint8_t *blk = row + (int64_t)(b + k) * bytes;
-            g->u[k] = mxfp4_values32(blk + 1);
-            e[k] = blk[0];
-        }
-        g->sa = g->sb = e8m0_half8(e);
-        g->oa = g->ob = _mm256_setzero_ps();
-        return;
-    }
-    uint16_t d[8] = {0}, m[8] = {0};
+    struct small_scales sc = {{0}, {0}, {0}};
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
-        if (k >= n) {
-            g->u[k] = _mm256_setzero_si256();
-            continue;
-        }
-        const uint8_t *blk = row + (int64_t)(b + k) * bytes;
-        memcpy(&d[k], blk, 2);
-        if (kind == KIND_Q5_0) {
-            g->u[k] = q5_quants(blk + 2, blk + 6);
-        } else if (kind == KIND_Q5_1) {
-            memcpy(&m[k], blk + 2, 2);
-            g->u[k] = q5_quants(blk + 4, blk + 8);
-        } else {
-            g->u[k] = iq4_values32(blk + 2);
-        }
+        g->u[k] = k < n ? small_block(kind, row + (int64_t)(b + k) * bytes, &sc, k) : _mm256_setzero_si256();
     }
-    g->sa = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], (short)d[4], (short)d[5],
-                                           (short)d[6], (short)d[7]));
-    g->oa = _mm256_cvtph_ps(_mm_setr_epi16((short)m[0], (short)m[1], (short)m[2], (short)m[3], (short)m[4], (short)m[5],
-                                           (short)m[6], (short)m[7]));
-    g->sb = g->sa;
-    g->ob = g->oa;
+    small_scales_set(kind, &sc, g);
 }
 
 /* Q4_K's and Q5_K's eight 6-bit scales and minimums (kernel_k_scale_min for j = 0..7) from the 12
@@ -523,42 +532,15 @@ __attribute__((always_inline)) static inline __m256 small_group_terms(enum block
 {
     const int bytes = kind_bytes(kind);
     prefetch_ahead(row + (int64_t)b * bytes, (8 * bytes + 63) / 64);
-    uint16_t d[8] = {0}, m[8] = {0};
-    int32_t e[8] = {0};
+    struct small_scales sc = {{0}, {0}, {0}};
     __m256i v[8];
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
-        if (k >= n) {
-            v[k] = _mm256_setzero_si256();
-            continue;
-        }
-        const uint8_t *blk = row + (int64_t)(b + k) * bytes;
-        const int8_t *x = x_qs + (b + k) * KERNEL_QK;
-        if (kind == KIND_MXFP4) { /* an e8m0 exponent, then the nibbles */
-            e[k] = blk[0];
-            v[k] = kind_dot(kind, mxfp4_values32(blk + 1), x);
-            continue;
-        }
-        memcpy(&d[k], blk, 2);
-        if (kind == KIND_Q5_0) {
-            v[k] = kind_dot(kind, q5_quants(blk + 2, blk + 6), x);
-        } else if (kind == KIND_Q5_1) {
-            memcpy(&m[k], blk + 2, 2);
-            v[k] = kind_dot(kind, q5_quants(blk + 4, blk + 8), x);
-        } else {
-            v[k] = kind_dot(kind, iq4_values32(blk + 2), x);
-        }
+        v[k] = k < n ? kind_dot(kind, small_block(kind, row + (int64_t)(b + k) * bytes, &sc, k), x_qs + (b + k) * KERNEL_QK)
+                     : _mm256_setzero_si256();
     }
     struct group8 g;
-    if (kind == KIND_MXFP4) {
-        g.sa = g.sb = e8m0_half8(e);
-        g.oa = g.ob = _mm256_setzero_ps();
-        return dots_terms(kind, v, &g, x_d, in, b, n);
-    }
-    g.sa = g.sb = _mm256_cvtph_ps(_mm_setr_epi16((short)d[0], (short)d[1], (short)d[2], (short)d[3], (short)d[4],
-                                                 (short)d[5], (short)d[6], (short)d[7]));
-    g.oa = g.ob = _mm256_cvtph_ps(_mm_setr_epi16((short)m[0], (short)m[1], (short)m[2], (short)m[3], (short)m[4],
-                                                 (short)m[5], (short)m[6], (short)m[7]));
+    small_scales_set(kind, &sc, &g);
     return dots_terms(kind, v, &g, x_d, in, b, n);
 }
 

@@ -666,7 +666,7 @@ def report(options: JobOptions) -> MemoryReport:
     that does not fit, an ESP-IDF project not built here)."""
     from .compile.elfsize import read_elf
     from .compile.plan import plan_for_board, planned_use
-    from .model.load import config_only_spec
+    from .model.load import config_only_held_types, config_only_spec
     from .report import linked_report, planned_report
 
     board = load_board(options.board)
@@ -674,7 +674,9 @@ def report(options: JobOptions) -> MemoryReport:
     if spec is not None:
         # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
         n_ctx = options.ctx or min(board.default_ctx, spec.max_position_embeddings)
-        plan = plan_for_board(spec, board, options.quant or "q8_0", n_ctx)  # a config is plain floats
+        # A config is plain floats, but for the tensors its quantization_config says are packed.
+        held = config_only_held_types(options.model)
+        plan = plan_for_board(spec, board, options.quant or "q8_0", n_ctx, held_types=held)
         cache = report_budget(options, board, plan)
         rep = planned_report(board, plan)
     else:

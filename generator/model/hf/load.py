@@ -951,6 +951,16 @@ def config_only_spec(model_dir: Path) -> ModelSpec | None:
     return parse_config(read_json(config_path), model_dir.resolve().name)
 
 
+def config_only_held_types(model_dir: Path) -> dict[str, str]:
+    """The tensors a configuration without weights says its checkpoint holds quantized (gpt-oss's
+    MXFP4 experts, by config.json's quantization_config), as HfCheckpoint.held_types would be."""
+    config = read_json(model_dir / "config.json")
+    spec = parse_config(config, model_dir.resolve().name)
+    if mxfp4.quant_method(config) != mxfp4.QUANT_METHOD or not FAMILIES[spec.family].fused_experts:
+        return {}
+    return mxfp4.published_held_types(spec)
+
+
 def generation_config(model_dir: Path) -> tuple[dict, Path]:
     """generation_config.json's settings ({} without one), and the file, to name in messages."""
     path = model_dir / "generation_config.json"

@@ -25,13 +25,17 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
-from ...numerics import blocks as kept_blocks
 from ..gguf.tensors import QuantBlocks
 from .safetensors_io import TensorInfo, read_bytes
 
 QUANT_METHOD = "mxfp4"
 BLOCK_VALUES = 32
 BLOCK_BYTES = 16  # the codes of one block; its e8m0 scale is in the _scales tensor
+# e2m1 codes -> values (transformers' FP4_VALUES): sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6
+FP4_VALUES = np.array(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32
+)
+E8M0_NAN = 0xFF
 
 
 def quant_method(config: dict) -> str | None:
@@ -47,6 +51,16 @@ def quant_method(config: dict) -> str | None:
             f"(give a checkpoint of plain floats, or gpt-oss's mxfp4 experts)"
         )
     return method
+
+
+def values(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Checkpoint blocks (n, 16) and e8m0 bytes (n,) -> their (n, 32) values in float32, exactly:
+    FP4[code] * 2^(e - 127), as transformers computes them (one ldexp, no rounding)."""
+    out = np.empty((len(codes), BLOCK_VALUES), np.float32)
+    out[:, 0::2] = FP4_VALUES[codes & 0x0F]
+    out[:, 1::2] = FP4_VALUES[codes >> 4]
+    with np.errstate(over="ignore"):
+        return np.ldexp(out, scales.astype(np.int32)[:, None] - 127).astype(np.float32)
 
 
 def ggml_blocks(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -84,26 +98,32 @@ class HfMxfp4Slice:
             return base + start, base + stop, 1
         return base + 2 * start + self.parity, base + 2 * (stop - 1) + self.parity + 1, 2
 
-    def blocks(self, start: int, stop: int) -> QuantBlocks:
+    def _packed(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows [start, stop)'s checkpoint blocks (n, 16) and e8m0 bytes (n,), row after row; a
+        scale of 0xFF (NaN in the OCP MX spec) or one whose values overflow float32 is refused."""
         nb = self.shape[1] // BLOCK_VALUES
         if stop <= start:
-            return QuantBlocks("MXFP4", np.zeros((0, nb, 1 + BLOCK_BYTES), np.uint8))
+            return np.zeros((0, BLOCK_BYTES), np.uint8), np.zeros(0, np.uint8)
         first, end, step = self._physical_rows(start, stop)
         codes = read_bytes(self.path, _as_rows(self.info, BLOCK_BYTES), first * nb, end * nb)
         scales = read_bytes(self.scales_path, _as_rows(self.scales_info, 1), first * nb, end * nb)
         codes = codes.reshape(end - first, nb, BLOCK_BYTES)[::step].reshape(-1, BLOCK_BYTES)
         scales = scales.reshape(end - first, nb)[::step].reshape(-1)
-        raw = ggml_blocks(codes, scales)
-        if kept_blocks.bad_exponents("mxfp4", raw):
+        top = scales >= E8M0_NAN - 2  # 2^126 * 4 and 2^125 * 8 overflow; 0xFF is NaN
+        if np.any(scales == E8M0_NAN) or not np.all(np.isfinite(values(codes[top], scales[top]))):
             raise ColibriError(
-                f"{self.path.name}: tensor {self.scales_info.name!r}: an e8m0 scale is 0xFF (NaN) or makes "
-                f"one of its values overflow float32"
+                f"{self.scales_path.name}: tensor {self.scales_info.name!r}: an e8m0 scale is 0xFF (NaN) or "
+                f"makes one of its values overflow float32"
             )
-        return QuantBlocks("MXFP4", raw.reshape(stop - start, nb, 1 + BLOCK_BYTES))
+        return codes, scales
+
+    def blocks(self, start: int, stop: int) -> QuantBlocks:
+        nb = self.shape[1] // BLOCK_VALUES
+        raw = ggml_blocks(*self._packed(start, stop))
+        return QuantBlocks("MXFP4", raw.reshape(max(0, stop - start), nb, 1 + BLOCK_BYTES))
 
     def rows(self, start: int, stop: int) -> np.ndarray:
-        raw = self.blocks(start, stop).block_bytes()
-        return kept_blocks.dequantize("mxfp4", raw.reshape(-1, 1 + BLOCK_BYTES)).reshape(stop - start, self.shape[1])
+        return values(*self._packed(start, stop)).reshape(max(0, stop - start), self.shape[1])
 
     def load(self) -> np.ndarray:
         return self.rows(0, self.shape[0])
@@ -121,6 +141,17 @@ PACKED_PARTS = {
     "mlp.experts.gate_up_proj": (("w_gate", 0), ("w_up", 1)),
     "mlp.experts.down_proj": (("w_down", None),),
 }
+
+
+def published_held_types(spec) -> dict[str, str]:
+    """What a config-only plan of a checkpoint published with MXFP4 experts holds of them: every
+    layer's every expert matrix (a checkpoint with weights says it from its tensors instead)."""
+    return {
+        f"layers.{i}.experts.{e}.{name}": "MXFP4"
+        for i in range(spec.n_layers)
+        for e in range(spec.n_experts)
+        for name in ("w_gate", "w_up", "w_down")
+    }
 
 
 def packed_shapes(part: str, n: int, d: int, fe: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -229,13 +229,13 @@ class Plan:
     def linear_conv_state_floats(self) -> int:
         """One DeltaNet layer's convolution state."""
         s = self.spec
-        return max(0, s.linear_conv_kernel - 1) * s.linear_conv_dim if s.linear_layers else 0
+        return max(0, s.linear_conv_kernel - 1) * s.linear_conv_dim if any(s.linear_layers) else 0
 
     @property
     def linear_delta_state_floats(self) -> int:
         """One DeltaNet layer's delta-rule state: a key_dim x value_dim matrix per value head."""
         s = self.spec
-        return s.linear_v_heads * s.linear_k_dim * s.linear_v_dim if s.linear_layers else 0
+        return s.linear_v_heads * s.linear_k_dim * s.linear_v_dim if any(s.linear_layers) else 0
 
     def linear_state_report(self) -> dict | None:
         """The Gated DeltaNet layers' recurrent state as report shows it (None without such layers):
@@ -595,7 +595,7 @@ def make_plan(
         ]
     if spec.attn_output_gate:
         items += [("q_gate", "float", n * spec.q_dim, "gated attention: the output gate's logits, per token")]
-    if spec.linear_layers:
+    if any(spec.linear_layers):
         items += [
             ("lin_qkv", "float", n * spec.linear_conv_dim, "DeltaNet: q, k, v projections, then convolved, per token"),
             ("lin_z", "float", n * spec.linear_value_dim, "DeltaNet: output gate projection, per token"),
@@ -665,7 +665,7 @@ def make_plan(
         kept_f32=kept_f32,
         gguf_types=tuple(gguf_types.items()),
         held_types=tuple(held_types.items()),
-        linear_state_offsets=tuple(linear_offsets) if spec.linear_layers else (),
+        linear_state_offsets=tuple(linear_offsets) if any(spec.linear_layers) else (),
         linear_state_bytes=linear_cursor * 4,
     )
 

@@ -74,6 +74,7 @@ class JobOptions:
     seed: int | None = None
     ignore_eos: bool = False
     threads: int = 1
+    speculate: int = 0  # drafted tokens checked per forward pass (exact speculative decoding); 0: off
     port: str | None = None
     reset: bool = False
     remote: str | None = None
@@ -394,6 +395,7 @@ def run_request(prepared: Prepared[PromptInputs]) -> RunRequest:
         not options.ignore_eos,
         options.threads,
         memory_budget=prepared.memory_budget,
+        speculate=options.speculate,
     )
 
 
@@ -494,6 +496,7 @@ def converse(
                 prepared.options.threads,
                 digests=digests,
                 start=planned.start,
+                speculate=prepared.options.speculate,
             )
             shown = stream()
             try:
@@ -645,6 +648,7 @@ def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptio
         cache=prepared.cache,
         stream=made.stream,
         in_ram=bench.in_ram,
+        speculate=options.speculate,
     )
 
 

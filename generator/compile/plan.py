@@ -213,6 +213,9 @@ class Plan:
     rope_table_bytes: int  # cos + sin of every table
     max_input: int  # longest matrix row: the activation quantization buffer's length
     prefill_batch: int = 1  # prompt tokens one forward pass takes at once (the board's choice)
+    # Exact speculative decoding: the most tokens one verification pass feeds (the sampled one and
+    # drafted ones), each with its logits in spec_logits; 0 where it cannot keep the bits (speculation_tokens)
+    speculate_tokens: int = 0
     expand_q4: bool = False  # q4_0 matrices are expanded to int8 + scales in RAM when the image loads
     expanded_bytes: int = 0  # the RAM arena those expanded matrices take
     kept_f32: tuple[str, ...] = ()  # matrices kept in f32 under q8_0/q4_0/q4_1: rows not whole blocks of QK
@@ -368,6 +371,7 @@ class Plan:
             "quant": self.quant,
             "n_ctx": self.n_ctx,
             "prefill_batch": self.prefill_batch,
+            "speculate_tokens": self.speculate_tokens,
             "q4_0_weights": self.q4_0_weights,
             "q4_1_weights": self.q4_1_weights,
             "kept_f32": list(self.kept_f32),
@@ -510,6 +514,19 @@ def _expanded_layout(tensors: tuple[TensorEntry, ...]) -> tuple[tuple[TensorEntr
     return tuple(out), cursor
 
 
+def speculation_tokens(spec: ModelSpec, requested: int, prefill_batch: int, n_ctx: int) -> int:
+    """The tokens a speculative verification pass may feed (the board's speculate_tokens, at most its
+    prefill batch), or 0 where a rejected draft would change what plain decoding computes: experts
+    (the routing counts would include drafts), Gated DeltaNet layers (their state cannot step
+    back) and sliding windows shorter than the context (a draft's keys would evict ones still
+    needed)."""
+    if requested < 2 or prefill_batch < 2 or spec.n_experts or any(spec.linear_layers):
+        return 0
+    if any(0 < window < n_ctx for window in spec.layer_windows):
+        return 0
+    return min(requested, prefill_batch)
+
+
 def make_plan(
     spec: ModelSpec,
     board: str,
@@ -519,6 +536,7 @@ def make_plan(
     expand_q4: bool = False,
     gguf_types: dict[str, str] | None = None,
     held_types: dict[str, str] | None = None,
+    speculate_tokens: int = 0,
 ) -> Plan:
     """The plan for `spec` on `board`. Buffers of per-token activations have room for
     `prefill_batch` tokens: the prompt goes through the model that many tokens at a time, each
@@ -558,6 +576,7 @@ def make_plan(
     f = max(spec.intermediate_size, spec.expert_intermediate_size, spec.shared_expert_intermediate_size)
     max_input = max(d, spec.q_dim, f, spec.linear_value_dim)
     n = prefill_batch
+    spec_tokens = speculation_tokens(spec, speculate_tokens, prefill_batch, n_ctx)
     items = [
         ("x", "float", n * d, "residual stream, per token of the batch"),
         ("xn", "float", n * d, "normalised input of the current block, per token"),
@@ -570,6 +589,11 @@ def make_plan(
         ("gate", "float", n * f, "FFN gate projection (of a dense FFN or of one expert), per token"),
         ("up", "float", n * f, "FFN up projection, then the gated product, per token"),
         ("logits", "float", v, "logits of the current step"),
+        *(
+            [("spec_logits", "float", spec_tokens * v, "speculative decoding: the logits after each token of a pass")]
+            if spec_tokens
+            else []
+        ),
         ("probs", "float", v, "sampling: probabilities, sorted"),
         ("cand", "int32_t", v, "sampling: candidate token ids, sorted"),
     ]
@@ -660,6 +684,7 @@ def make_plan(
         rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.rotary_dim // 2) * 4,
         max_input=max_input,
         prefill_batch=prefill_batch,
+        speculate_tokens=spec_tokens,
         expand_q4=expand_q4,
         expanded_bytes=expanded_bytes,
         kept_f32=kept_f32,
@@ -681,6 +706,7 @@ def replan(plan: Plan, n_ctx: int) -> Plan:
         plan.expand_q4,
         dict(plan.gguf_types),
         dict(plan.held_types),
+        plan.speculate_tokens,
     )
 
 
@@ -715,9 +741,27 @@ def plan_for_board(
     weights and everything still fits; otherwise the q4_0 kernels read them in place.
     gguf_types: for --quant gguf, each tensor's block type in the file; held_types: the tensors the
     checkpoint holds already quantized (Checkpoint.held_types)."""
-    plan = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch, gguf_types=gguf_types, held_types=held_types)
+    plan = make_plan(
+        spec,
+        board.name,
+        quant,
+        n_ctx,
+        board.prefill_batch,
+        gguf_types=gguf_types,
+        held_types=held_types,
+        speculate_tokens=board.speculate_tokens,
+    )
     if quant == "q4_0" and board.region_holding("expanded_weights") is not None:
-        expanded = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch, expand_q4=True, held_types=held_types)
+        expanded = make_plan(
+            spec,
+            board.name,
+            quant,
+            n_ctx,
+            board.prefill_batch,
+            expand_q4=True,
+            held_types=held_types,
+            speculate_tokens=board.speculate_tokens,
+        )
         if not any(use.over_budget for use in planned_use(board, expanded)):
             return expanded
     return plan

@@ -26,6 +26,10 @@ int spec_draft(SpecState *s, const int32_t *history, int32_t len, int32_t *draft
         s->skip--;
         return 0;
     }
+    if (s->length == 0) {
+        s->length = SPEC_FIRST_LENGTH;
+    }
+    max_draft = max_draft < s->length ? max_draft : s->length;
     for (int n = SPEC_NGRAM_MAX; n >= 1; n--) {
         if (len <= n) {
             continue;
@@ -48,6 +52,11 @@ void spec_taken(SpecState *s, int drafted, int taken)
     s->drafted += drafted;
     s->accepted += taken;
     s->passes++;
+    if (taken == drafted) {
+        s->length = s->length < 32 ? 2 * s->length : 64;
+    } else {
+        s->length = taken + 1;
+    }
     if (taken > 0) {
         s->misses = 0;
         return;

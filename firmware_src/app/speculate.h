@@ -10,6 +10,9 @@
 
 #define SPEC_NGRAM_MAX 3   /* the longest suffix of the context looked up (then 2, then 1) */
 #define SPEC_BACKOFF_MAX 16 /* after drafts that keep failing, the most steps decoded without one */
+#define SPEC_FIRST_LENGTH 2 /* a draft's length: 2 at first, doubled while drafts are taken whole, one
+                             * past what was taken otherwise (a longer pass costs more than it saves
+                             * when its tokens are not taken) */
 
 typedef struct {
     int32_t drafted;  /* tokens drafted and checked */
@@ -17,6 +20,7 @@ typedef struct {
     int32_t passes;   /* forward passes that checked a draft */
     int32_t misses;   /* drafts in a row of which not one token was taken */
     int32_t skip;     /* steps still to decode without drafting (the back-off) */
+    int32_t length;   /* the longest draft to check next (0: not set yet, SPEC_FIRST_LENGTH) */
 } SpecState;
 
 /* Up to max_draft tokens that followed the latest earlier occurrence of the longest suffix (at most

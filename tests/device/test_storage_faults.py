@@ -11,7 +11,6 @@ import select
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from conftest import TESTS

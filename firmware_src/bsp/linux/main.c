@@ -176,6 +176,18 @@ static int read_request_line(char *line, int capacity)
     if (len == (size_t)capacity - 1 && line[len - 1] != '\n') {
         return -1;
     }
+    /* A line cut short (a host killed mid-send, a link dropped) and then a whole request: the
+     * request is the last frame marker's, the fragment before it is dropped. */
+    const char *last = NULL;
+    for (const char *p = strstr(line, "@CLB "); p != NULL; p = strstr(p + 1, "@CLB ")) {
+        last = p;
+    }
+    if (last != NULL && last != line) {
+        fprintf(stderr, "colibri: note: %d bytes of a cut request line dropped before a new request\n",
+                (int)(last - line));
+        len -= (size_t)(last - line);
+        memmove(line, last, len + 1);
+    }
     return (int)len;
 }
 

@@ -85,6 +85,20 @@ class Firmware:
         self.reader = FrameReader()
         self.held = 0
 
+    def wait_blocked(self, timeout=60):
+        """Until the firmware has filled its (shrunk) stdout pipe: it is blocked mid-request."""
+        import fcntl
+        import struct
+        import termios
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            waiting = struct.unpack("i", fcntl.ioctl(self.p.stdout.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+            if waiting >= 3500:  # a 4096-byte pipe with no room for another ~100-byte token frame
+                return
+            time.sleep(0.02)
+        raise AssertionError("the firmware never filled its stdout pipe")
+
     def send(self, prompt, steps):
         request = RunRequest(prompt, steps, start=self.held, stop_at_eos=False)
         self.p.stdin.write(request_frame(request))
@@ -178,7 +192,7 @@ def test_an_expert_read_that_fails_mid_decode_ends_in_one_error_naming_it(moe, f
         steps = 64 - fw.held - len(MORE)  # ~50 token frames of ~100 bytes: more than the pipe holds
         clean = expected.ask(MORE, steps)
         fw.send(MORE, steps)
-        time.sleep(0.5)
+        fw.wait_blocked()
         rules = (f"eio image.bin {m} {m + 1}" if fault == "eio" else f"short image.bin {m}" for m in middles)
         control.write_text("".join(rule + "\n" for rule in rules))
         second = fw.answer()
@@ -240,7 +254,7 @@ def test_the_file_truncated_mid_request_ends_in_one_error_never_sigbus(moe, tmp_
     expected = long_clean.ask(MORE, steps)
     assert long_clean.close()[0] == 0
     fw.send(MORE, steps)
-    time.sleep(0.5)  # the firmware fills the pipe and blocks mid-request
+    fw.wait_blocked()  # the firmware fills the pipe and blocks mid-request
     os.truncate(image, data_offset + 64)
     frames = fw.answer()
     status, _ = fw.close()

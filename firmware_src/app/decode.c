@@ -141,7 +141,8 @@ static void send_score(const float *logits, int32_t index, int32_t token)
 /* A forward pass that failed (an expert that could not be brought in): its error frame. */
 static int forward_failed(int status)
 {
-    colibri_report_error(status, colibri_status_message(status));
+    const char *why = colibri_experts_failure();
+    colibri_report_error(status, why != NULL ? why : colibri_status_message(status));
     return status;
 }
 

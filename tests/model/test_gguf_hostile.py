@@ -154,6 +154,26 @@ CASES = {
     "dimension of 2^63": (edit(lambda r: r.infos[0].__setitem__(1, [2**63, 1])), "has a dimension of 2^63 or more"),
     "rows not whole blocks": (edit(lambda r: r.infos[0].__setitem__(2, 12)), "not whole blocks of 256"),
     "Q6_K rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 14)), "not whole blocks of 256"),
+    "Q2_K rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 10)), "not whole blocks of 256"),
+    "Q3_K rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 11)), "not whole blocks of 256"),
+    "Q5_K rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 13)), "not whole blocks of 256"),
+    "IQ4_XS rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 23)), "not whole blocks of 256"),
+    "a type in ggml's table this build cannot read (Q8_1)": (
+        edit(lambda r: r.infos[0].__setitem__(2, 9)),
+        "tensor 'output.weight' has type Q8_1, which this build cannot read",
+    ),
+    "block_count 2^32 - 1": (
+        edit(lambda r: set_kv(r, "llama.block_count", u32_kv("llama.block_count", 2**32 - 1))),
+        "block_count 4294967295 but the file has tensors for 2 layers",
+    ),
+    "block_count one layer more than the tensors": (
+        edit(lambda r: set_kv(r, "llama.block_count", u32_kv("llama.block_count", 3))),
+        "block_count 3 but the file has tensors for 2 layers",
+    ),
+    "block_count negative": (
+        edit(lambda r: set_kv(r, "llama.block_count", i32_kv("llama.block_count", -3))),
+        "metadata 'llama.block_count' must be at least 1, got -3",
+    ),
     "Q5_0 rows not whole blocks": (
         edit(lambda r: (r.infos[0].__setitem__(2, 6), r.infos[0].__setitem__(1, [80, 250]))),
         "not whole blocks of 32",
@@ -200,6 +220,10 @@ CASES = {
         "llama3 RoPE scaling (a rope_freqs tensor) is not supported",
     ),
 }
+
+
+def i32_kv(key: str, value: int) -> bytes:
+    return kv(key, 5, struct.pack("<i", value))
 
 
 def f32_kv(key: str, value: float) -> bytes:
@@ -257,6 +281,59 @@ GPT_OSS_CASES = {
         "unexpected tensor 'blk.2.attn_sink.weight'",
     ),
 }
+
+
+# The MoE families' metadata keys (a qwen3moe file; gpt-oss's own keys are GPT_OSS_CASES, Qwen3.5's
+# QWEN35_CASES): counts of 0, negative or huge, refused when the file is imported.
+MOE_CASES = {
+    "expert count 0": (
+        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 0))),
+        "metadata 'qwen3moe.expert_count' must be at least 1, got 0",
+    ),
+    "expert count negative": (
+        edit(lambda r: set_kv(r, "qwen3moe.expert_count", i32_kv("qwen3moe.expert_count", -1))),
+        "metadata 'qwen3moe.expert_count' must be at least 1, got -1",
+    ),
+    "expert count over 4096": (
+        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 4097))),
+        "expert_count 4097 exceeds 4,096 (the most supported)",
+    ),
+    "expert count 2^32 - 1": (
+        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 2**32 - 1))),
+        "expert_count 4294967295 exceeds 4,096",
+    ),
+    "experts used 0": (
+        edit(lambda r: set_kv(r, "qwen3moe.expert_used_count", u32_kv("qwen3moe.expert_used_count", 0))),
+        "metadata 'qwen3moe.expert_used_count' must be at least 1, got 0",
+    ),
+    "block_count past the layers": (
+        edit(lambda r: set_kv(r, "qwen3moe.block_count", u32_kv("qwen3moe.block_count", 1 << 30))),
+        "block_count 1073741824 but the file has tensors for",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def moe_gguf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile-moe")
+    return hf_to_gguf(make_checkpoint("qwen3_moe", root / "hf"), root / "moe.gguf")
+
+
+def refused_at_import(damage, message, good, tmp_path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(damage(raw_gguf(good)))
+    out = tmp_path / "out"
+    done = run_cli("build", "--model", path, "--out", out)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("colibri: error: broken.gguf: "), done.stderr
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("case", sorted(MOE_CASES))
+def test_broken_moe_metadata_is_refused_in_one_line(case, moe_gguf, tmp_path):
+    refused_at_import(*MOE_CASES[case], moe_gguf, tmp_path)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

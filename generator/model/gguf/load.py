@@ -533,6 +533,14 @@ def _hybrid_linear(meta: _Meta, n_layers: int, head_dim: int, rope_dim: int) -> 
             f"and ssm.inner_size {inner} of it"
         )
     linear = tuple(f"blk.{i}.ssm_a" in meta.gguf.tensors for i in range(n_layers))
+    if meta.has("full_attention_interval"):  # llama.cpp's schedule: every interval-th layer full attention
+        interval = meta.int("full_attention_interval")
+        if tuple((i + 1) % interval != 0 for i in range(n_layers)) != linear:
+            full = [i for i, is_linear in enumerate(linear) if not is_linear]
+            raise ColibriError(
+                f"{meta.where}: full_attention_interval {interval} does not match the layers the tensors make "
+                f"full attention ({full})"
+            )
     if all(linear):
         raise ColibriError(
             f"{meta.where}: every layer is a DeltaNet layer (at least one full-attention layer is supported)"

@@ -34,6 +34,7 @@ BOMB = "{% for i in range(100000) %}{% for j in range(100000) %}{{ 'xxxxxxxxxxxx
 STOPPED = r"the model's chat template \(tokenizer_config.json\) was stopped: "
 FAILED = r"the model's chat template \(tokenizer_config.json\) failed: "
 MADE = STOPPED + "it made more than its budget of [0-9,]+ characters"
+MADE_OR_TIMED = STOPPED + "(it made more than its budget of [0-9,]+ characters|it ran longer than its 5 s budget)"
 NUMBER = STOPPED + "it passed a number larger than its budget"
 
 TEMPLATES = {
@@ -45,7 +46,7 @@ TEMPLATES = {
     "the bomb inside a macro": (
         "{% macro m() %}{% for i in range(100000) %}{% for j in range(100000) %}xxxx{% endfor %}{% endfor %}"
         "{% endmacro %}{{ m() }}",
-        MADE,
+        MADE_OR_TIMED,  # every piece a macro body appends is counted: on a busy machine the clock may stop it first
     ),
     "a macro that calls itself": (
         "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",

@@ -431,19 +431,22 @@ def prepare_chat(options: JobOptions) -> Prepared[ChatTemplate]:
     from .model.chat_template import ChatTemplate
 
     def template(planned: Planned, tokenizer: Tokenizer | None) -> ChatTemplate:
-        if options.chat_template is not None:
-            return ChatTemplate.from_file(options.chat_template, options.model)
-        found = ChatTemplate.for_model(options.model)
-        if found is None:
-            where = (
-                "the GGUF file has no tokenizer.chat_template"
-                if is_gguf(options.model)
-                else "no chat template (tokenizer_config.json's chat_template or chat_template.jinja)"
-            )
-            raise ColibriError(
-                f"{options.model}: {where}; give one with --chat-template FILE, or use ./colibri run for plain text"
-            )
-        return found
+        found = (
+            ChatTemplate.from_file(options.chat_template, options.model)
+            if options.chat_template is not None
+            else ChatTemplate.for_model(options.model)
+        )
+        if found is not None:  # a template that fails or goes past its budgets is said before building
+            found.render([{"role": "user", "content": "hello"}], add_generation_prompt=True)
+            return found
+        where = (
+            "the GGUF file has no tokenizer.chat_template"
+            if is_gguf(options.model)
+            else "no chat template (tokenizer_config.json's chat_template or chat_template.jinja)"
+        )
+        raise ColibriError(
+            f"{options.model}: {where}; give one with --chat-template FILE, or use ./colibri run for plain text"
+        )
 
     return prepare(options, template, tokenizer_needed_for="chat needs the model's tokenizer.json")
 

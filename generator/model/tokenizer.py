@@ -4,10 +4,12 @@ algorithm); the firmware sees only ids."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ColibriError
+from . import vocab_limits
 from .gguf import is_gguf
 
 
@@ -33,8 +35,9 @@ class Tokenizer:
     def __init__(self, path: Path):
         from tokenizers import Tokenizer as HFTokenizer
 
+        text = _checked_tokenizer_json(path)
         try:
-            self._backend: _Backend = _HfBackend(HFTokenizer.from_file(str(path)))
+            self._backend: _Backend = _HfBackend(HFTokenizer.from_str(text))
         except Exception as e:  # the tokenizers library raises plain Exceptions
             raise ColibriError(f"{path.name}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
 
@@ -74,6 +77,61 @@ class Tokenizer:
         if len(with_special) == len(without) + 1 and with_special[1:] == without:
             return with_special[0]
         return None
+
+
+def _checked_tokenizer_json(path: Path) -> str:
+    """tokenizer.json's text once its vocabulary is within vocab_limits' budgets: its size, token
+    count and lengths, merges, finite scores, no token listed twice, and (byte_fallback set) all 256
+    byte tokens <0x00>..<0xFF>; ColibriError, one line, otherwise."""
+    where = path.name
+    if path.stat().st_size > vocab_limits.MAX_TOKENIZER_JSON_BYTES:
+        raise ColibriError(
+            f"{where}: {path.stat().st_size:,} bytes exceed the limit of {vocab_limits.MAX_TOKENIZER_JSON_BYTES:,}"
+        )
+
+    def unique(pairs):
+        made = dict(pairs)
+        if len(made) != len(pairs):
+            seen: set = set()
+            twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+            raise ColibriError(f"{where}: {str(twice)[:40]!r} is listed twice in one JSON object")
+        return made
+
+    try:
+        text = path.read_bytes().decode("utf-8")
+        spec = json.loads(text, object_pairs_hook=unique)
+    except UnicodeDecodeError:
+        raise ColibriError(f"{where}: cannot load tokenizer (not UTF-8 text)") from None
+    except ValueError as e:
+        raise ColibriError(f"{where}: cannot load tokenizer (not valid JSON: {e})") from None
+    model = spec.get("model") if isinstance(spec, dict) else None
+    if not isinstance(model, dict):
+        return text  # the tokenizers library says what is wrong
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        tokens = list(vocab)
+        vocab_limits.check_tokens(where, tokens)
+        if model.get("byte_fallback"):
+            missing = [b for b in range(256) if f"<0x{b:02X}>" not in vocab]
+            if missing:
+                raise ColibriError(
+                    f"{where}: byte_fallback is set but {len(missing)} of the 256 byte tokens are missing "
+                    f"(the first: <0x{missing[0]:02X}>)"
+                )
+    elif isinstance(vocab, list):  # Unigram: [token, score] pairs
+        pairs = [v for v in vocab if isinstance(v, list) and len(v) == 2]
+        tokens = [str(v[0]) for v in pairs]
+        vocab_limits.check_tokens(where, tokens)
+        vocab_limits.check_scores(where, [v[1] if isinstance(v[1], float) else 0.0 for v in pairs], tokens)
+    merges = model.get("merges")
+    if isinstance(merges, list):
+        vocab_limits.check_merges(where, merges)
+    added = spec.get("added_tokens")
+    if isinstance(added, list):
+        vocab_limits.check_tokens(
+            f"{where}: added_tokens", [str(t.get("content", "")) for t in added if isinstance(t, dict)]
+        )
+    return text
 
 
 def parse_prompt_ids(text: str) -> list[int]:

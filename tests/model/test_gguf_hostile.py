@@ -154,6 +154,26 @@ CASES = {
     "dimension of 2^63": (edit(lambda r: r.infos[0].__setitem__(1, [2**63, 1])), "has a dimension of 2^63 or more"),
     "rows not whole blocks": (edit(lambda r: r.infos[0].__setitem__(2, 12)), "not whole blocks of 256"),
     "Q6_K rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 14)), "not whole blocks of 256"),
+    "Q2_K rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 10)), "not whole blocks of 256"),
+    "Q3_K rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 11)), "not whole blocks of 256"),
+    "Q5_K rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 13)), "not whole blocks of 256"),
+    "IQ4_XS rows not whole superblocks": (edit(lambda r: r.infos[0].__setitem__(2, 23)), "not whole blocks of 256"),
+    "a type in ggml's table this build cannot read (Q8_1)": (
+        edit(lambda r: r.infos[0].__setitem__(2, 9)),
+        "tensor 'output.weight' has type Q8_1, which this build cannot read",
+    ),
+    "block_count 2^32 - 1": (
+        edit(lambda r: set_kv(r, "llama.block_count", u32_kv("llama.block_count", 2**32 - 1))),
+        "block_count 4294967295 but the file has tensors for 2 layers",
+    ),
+    "block_count one layer more than the tensors": (
+        edit(lambda r: set_kv(r, "llama.block_count", u32_kv("llama.block_count", 3))),
+        "block_count 3 but the file has tensors for 2 layers",
+    ),
+    "block_count negative": (
+        edit(lambda r: set_kv(r, "llama.block_count", i32_kv("llama.block_count", -3))),
+        "metadata 'llama.block_count' must be at least 1, got -3",
+    ),
     "Q5_0 rows not whole blocks": (
         edit(lambda r: (r.infos[0].__setitem__(2, 6), r.infos[0].__setitem__(1, [80, 250]))),
         "not whole blocks of 32",
@@ -200,6 +220,10 @@ CASES = {
         "llama3 RoPE scaling (a rope_freqs tensor) is not supported",
     ),
 }
+
+
+def i32_kv(key: str, value: int) -> bytes:
+    return kv(key, 5, struct.pack("<i", value))
 
 
 def f32_kv(key: str, value: float) -> bytes:
@@ -252,11 +276,135 @@ GPT_OSS_CASES = {
         edit(lambda r: tensor(r, "blk.0.ffn_up_exps.bias").__setitem__(1, [48, 16])),
         "tensor 'blk.0.ffn_up_exps.bias' has shape [16, 48], the metadata implies [768]",
     ),
+    "expert count 0": (
+        edit(lambda r: set_kv(r, "gpt-oss.expert_count", u32_kv("gpt-oss.expert_count", 0))),
+        "metadata 'gpt-oss.expert_count' must be at least 1, got 0",
+    ),
+    "expert count over 4096": (
+        edit(lambda r: set_kv(r, "gpt-oss.expert_count", u32_kv("gpt-oss.expert_count", 5000))),
+        "expert_count 5000 exceeds 4,096",
+    ),
+    "sliding-window schedule of the wrong length": (
+        edit(
+            lambda r: set_kv(
+                r,
+                "gpt-oss.attention.sliding_window_pattern",
+                kv("gpt-oss.attention.sliding_window_pattern", ARRAY, struct.pack("<IQ", BOOL, 3) + bytes([1, 0, 1])),
+            )
+        ),
+        "gpt-oss.attention.sliding_window_pattern must be one boolean per layer",
+    ),
     "sinks misnamed": (
         edit(lambda r: tensor(r, "blk.2.attn_sinks.weight").__setitem__(0, "blk.2.attn_sink.weight")),
         "unexpected tensor 'blk.2.attn_sink.weight'",
     ),
 }
+
+
+# The MoE families' metadata keys (a qwen3moe file; gpt-oss's own keys are GPT_OSS_CASES, Qwen3.5's
+# QWEN35_CASES): counts of 0, negative or huge, refused when the file is imported.
+MOE_CASES = {
+    "expert count 0": (
+        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 0))),
+        "metadata 'qwen3moe.expert_count' must be at least 1, got 0",
+    ),
+    "expert count negative": (
+        edit(lambda r: set_kv(r, "qwen3moe.expert_count", i32_kv("qwen3moe.expert_count", -1))),
+        "metadata 'qwen3moe.expert_count' must be at least 1, got -1",
+    ),
+    "expert count over 4096": (
+        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 4097))),
+        "expert_count 4097 exceeds 4,096 (the most supported)",
+    ),
+    "expert count 2^32 - 1": (
+        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 2**32 - 1))),
+        "expert_count 4294967295 exceeds 4,096",
+    ),
+    "experts used 0": (
+        edit(lambda r: set_kv(r, "qwen3moe.expert_used_count", u32_kv("qwen3moe.expert_used_count", 0))),
+        "metadata 'qwen3moe.expert_used_count' must be at least 1, got 0",
+    ),
+    "block_count past the layers": (
+        edit(lambda r: set_kv(r, "qwen3moe.block_count", u32_kv("qwen3moe.block_count", 1 << 30))),
+        "block_count 1073741824 but the file has tensors for",
+    ),
+}
+
+
+QWEN35_CASES = {
+    "DeltaNet key heads 0": (
+        edit(lambda r: set_kv(r, "qwen35moe.ssm.group_count", u32_kv("qwen35moe.ssm.group_count", 0))),
+        "metadata 'qwen35moe.ssm.group_count' must be at least 1, got 0",
+    ),
+    "DeltaNet key heads negative": (
+        edit(lambda r: set_kv(r, "qwen35moe.ssm.group_count", i32_kv("qwen35moe.ssm.group_count", -2))),
+        "metadata 'qwen35moe.ssm.group_count' must be at least 1, got -2",
+    ),
+    "DeltaNet value heads not a multiple of the key heads": (
+        edit(lambda r: set_kv(r, "qwen35moe.ssm.time_step_rank", u32_kv("qwen35moe.ssm.time_step_rank", 5))),
+        "ssm.time_step_rank 5 must be a multiple of ssm.group_count",
+    ),
+    "DeltaNet inner size 2^32 - 1": (
+        edit(lambda r: set_kv(r, "qwen35moe.ssm.inner_size", u32_kv("qwen35moe.ssm.inner_size", 2**32 - 1))),
+        "and ssm.inner_size 4294967295 of it",
+    ),
+    "DeltaNet state size 0": (
+        edit(lambda r: set_kv(r, "qwen35moe.ssm.state_size", u32_kv("qwen35moe.ssm.state_size", 0))),
+        "metadata 'qwen35moe.ssm.state_size' must be at least 1, got 0",
+    ),
+    "full-attention schedule 0": (
+        edit(lambda r: set_kv(r, "qwen35moe.full_attention_interval", u32_kv("qwen35moe.full_attention_interval", 0))),
+        "metadata 'qwen35moe.full_attention_interval' must be at least 1, got 0",
+    ),
+    "full-attention schedule that disagrees with the layers": (
+        edit(lambda r: set_kv(r, "qwen35moe.full_attention_interval", u32_kv("qwen35moe.full_attention_interval", 2))),
+        "full_attention_interval 2 does not match the layers the tensors make full attention ([3])",
+    ),
+    "expert count over 4096": (
+        edit(lambda r: set_kv(r, "qwen35moe.expert_count", u32_kv("qwen35moe.expert_count", 65536))),
+        "expert_count 65536 exceeds 4,096",
+    ),
+    "block_count 2^32 - 1": (
+        edit(lambda r: set_kv(r, "qwen35moe.block_count", u32_kv("qwen35moe.block_count", 2**32 - 1))),
+        "block_count 4294967295 but the file has tensors for 4 layers",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def qwen35_file(checkpoints, tmp_path_factory):
+    from gguf_files import qwen35_hf_to_gguf
+
+    root = tmp_path_factory.mktemp("hostile-qwen35")
+    return qwen35_hf_to_gguf(checkpoints("qwen3_5_moe"), root / "qwen35.gguf")
+
+
+@pytest.mark.parametrize("case", sorted(QWEN35_CASES))
+def test_broken_qwen35_metadata_is_refused_in_one_line(case, qwen35_file, tmp_path):
+    refused_at_import(*QWEN35_CASES[case], qwen35_file, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def moe_gguf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile-moe")
+    return hf_to_gguf(make_checkpoint("qwen3_moe", root / "hf"), root / "moe.gguf")
+
+
+def refused_at_import(damage, message, good, tmp_path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(damage(raw_gguf(good)))
+    out = tmp_path / "out"
+    done = run_cli("build", "--model", path, "--out", out)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("colibri: error: broken.gguf: "), done.stderr
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("case", sorted(MOE_CASES))
+def test_broken_moe_metadata_is_refused_in_one_line(case, moe_gguf, tmp_path):
+    refused_at_import(*MOE_CASES[case], moe_gguf, tmp_path)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -424,3 +572,73 @@ def test_a_file_cut_inside_a_superblock_is_refused_naming_the_tensor(k_gguf, tmp
     path = tmp_path / "cut.gguf"
     path.write_bytes(blob[:cut_at])
     refused(path, tmp_path / "out", "tensor 'blk.0.attn_v.weight'")
+
+
+# ---- every kept block type's scales -----------------------------------------------------------
+
+
+class _Blocks:
+    """What the image builder reads of a tensor's kept blocks: their bytes."""
+
+    def __init__(self, raw: np.ndarray):
+        self.raw = raw
+
+    def block_bytes(self) -> np.ndarray:
+        return self.raw
+
+
+def kept_blocks(dtype: str, n: int = 4, seed: int = 0) -> np.ndarray:
+    """n random blocks of a kept type, every binary16 field a finite 0.01 (MXFP4: exponent 120)."""
+    from generator.numerics.blocks import FORMATS
+
+    fmt = FORMATS[dtype]
+    raw = np.random.default_rng(seed).integers(0, 256, (n, fmt.nbytes), dtype=np.uint8)
+    for at in fmt.halves:
+        raw[:, at : at + 2] = np.array([np.float16(0.01)]).view(np.uint8)
+    if dtype == "mxfp4":
+        raw[:, 0] = 120
+    return raw
+
+
+HALF_TYPES = ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs"]
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("dtype", HALF_TYPES)
+def test_every_kept_types_non_finite_scale_is_refused_naming_the_tensor(dtype, value):
+    """Each binary16 field (d, dmin, m) of the third block, in turn."""
+    from generator.compile.image import encode_blocks
+    from generator.errors import ColibriError
+    from generator.numerics.blocks import FORMATS
+
+    for at in FORMATS[dtype].halves:
+        raw = kept_blocks(dtype)
+        raw[2, at : at + 2] = np.array([np.float16(value)]).view(np.uint8)
+        with pytest.raises(ColibriError, match=rf"tensor 'w' \({FORMATS[dtype].ggml_type}\): a block's binary16"):
+            encode_blocks(_Blocks(raw), dtype, "tensor 'w'")
+
+
+@pytest.mark.parametrize("dtype", [*HALF_TYPES, "mxfp4"])
+def test_every_kept_types_subnormal_scale_is_kept_and_decodes_as_ggml_decodes_it(dtype):
+    """Subnormal binary16 scales (0x0001, 0x03FF) and MXFP4's subnormal exponents 0 and 1 are legal:
+    kept verbatim, and the reference decodes them bit for bit as the gguf package does."""
+    import gguf
+
+    from generator.compile.image import encode_blocks
+    from generator.numerics.blocks import FORMATS, dequantize
+
+    fmt = FORMATS[dtype]
+    raw = kept_blocks(dtype)
+    for k, bits in enumerate([0x0001, 0x03FF, 0x8001, 0x0200]):
+        for at in fmt.halves:
+            raw[k, at : at + 2] = np.array([bits], "<u2").view(np.uint8)
+        if dtype == "mxfp4":
+            raw[k, 0] = k % 2
+    kept, _, _ = encode_blocks(_Blocks(raw), dtype, "tensor 'w'")
+    assert np.array_equal(kept, raw)
+    ours = dequantize(dtype, raw).reshape(-1)
+    theirs = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[fmt.ggml_type]).reshape(-1)
+    assert (
+        np.all(np.isfinite(ours))
+        and ours.view(np.uint32).tolist() == theirs.astype(np.float32).view(np.uint32).tolist()
+    )

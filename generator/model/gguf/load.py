@@ -23,7 +23,7 @@ import numpy as np
 from ...errors import ColibriError
 from ..spec import ModelSpec, RopeSpec, expected_shapes
 from .file import GgufFile, GgufTensorInfo, read_gguf
-from .tensors import EXACT_TYPES, QuantBlocks, rows_blocks, rows_f32, tensor_blocks
+from .tensors import EXACT_TYPES, QuantBlocks, readable, rows_blocks, rows_f32, tensor_blocks
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,9 @@ EXPERT_BIASES = {
     "ffn_up_exps.bias": "expert_b_up",
     "ffn_down_exps.bias": "expert_b_down",
 }
+# The most routed experts a layer may have (the largest published MoE models have 512; 4,096 leaves
+# room and keeps every per-expert table small).
+MAX_EXPERTS = 4096
 LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.(.+)")
 ROPE_SCALINGS = ("none", "linear", "yarn")
 # llama.cpp's end-of-generation tokens by their text, for files whose eos_token_id is something else.
@@ -374,7 +377,12 @@ def _windows(meta: _Meta, n_layers: int, default_pattern: int) -> tuple[int, ...
     if not default_pattern:
         return (window,) * n_layers  # (Mistral-style: every layer)
     pattern = meta.gguf.metadata.get(f"{meta.arch}.attention.sliding_window_pattern", default_pattern)
-    if isinstance(pattern, np.ndarray) and pattern.dtype == np.bool_ and len(pattern) == n_layers:
+    if isinstance(pattern, (np.ndarray, list)):
+        if not (isinstance(pattern, np.ndarray) and pattern.dtype == np.bool_) or len(pattern) != n_layers:
+            raise ColibriError(
+                f"{meta.where}: {meta.arch}.attention.sliding_window_pattern must be one boolean per layer "
+                f"({n_layers}), got {len(pattern)} values"
+            )
         return tuple(window if sliding else 0 for sliding in pattern.tolist())
     pattern = meta.int("attention.sliding_window_pattern", default_pattern)
     return tuple(0 if (i + 1) % pattern == 0 else window for i in range(n_layers))
@@ -413,6 +421,9 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
 
     hidden = meta.int("embedding_length")
     n_layers = meta.int("block_count")
+    layers_present = 1 + max((int(m.group(1)) for m in map(LAYER_NAME.fullmatch, tensors) if m), default=-1)
+    if n_layers > layers_present:  # said before any per-layer table is made (a count of 2^32 - 1 would be)
+        raise ColibriError(f"{meta.where}: block_count {n_layers} but the file has tensors for {layers_present} layers")
     n_heads = meta.int("attention.head_count")
     n_kv = meta.int("attention.head_count_kv", n_heads)
     if meta.has("attention.key_length"):
@@ -450,6 +461,8 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     moe = {}
     if family.moe:
         n_experts = meta.int("expert_count")
+        if n_experts > MAX_EXPERTS:
+            raise ColibriError(f"{meta.where}: expert_count {n_experts} exceeds {MAX_EXPERTS:,} (the most supported)")
         top_k = meta.int("expert_used_count")
         if top_k > n_experts:
             raise ColibriError(f"{meta.where}: expert_used_count {top_k} exceeds the {n_experts} experts")
@@ -521,6 +534,14 @@ def _hybrid_linear(meta: _Meta, n_layers: int, head_dim: int, rope_dim: int) -> 
             f"and ssm.inner_size {inner} of it"
         )
     linear = tuple(f"blk.{i}.ssm_a" in meta.gguf.tensors for i in range(n_layers))
+    if meta.has("full_attention_interval"):  # llama.cpp's schedule: every interval-th layer full attention
+        interval = meta.int("full_attention_interval")
+        if tuple((i + 1) % interval != 0 for i in range(n_layers)) != linear:
+            full = [i for i, is_linear in enumerate(linear) if not is_linear]
+            raise ColibriError(
+                f"{meta.where}: full_attention_interval {interval} does not match the layers the tensors make "
+                f"full attention ({full})"
+            )
     if all(linear):
         raise ColibriError(
             f"{meta.where}: every layer is a DeltaNet layer (at least one full-attention layer is supported)"
@@ -672,6 +693,11 @@ def load_gguf(path: Path | str, load_tensors: bool = True) -> GgufCheckpoint:
     if not path.is_file():
         raise ColibriError(f"{path} is not a file")
     gguf = read_gguf(path)
+    for info in gguf.tensors.values():
+        if not readable(info.ggml_type):  # said before anything is built, not when the blocks are read
+            raise ColibriError(
+                f"{path.name}: tensor {info.name!r} has type {info.ggml_type}, which this build cannot read"
+            )
     spec = parse_metadata(gguf)
     _, arch = _arch(gguf)
     sources = _locate(gguf, spec, arch)

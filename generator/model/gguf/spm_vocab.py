@@ -5,7 +5,8 @@ Keys: `tokenizer.ggml.tokens` (spaces spelled U+2581), `scores` (f32 or i32; abs
 and 0), `add_bos_token` (default true), `add_eos_token` (default false) and `add_space_prefix`
 (default true for every SPM file; Gemma's converter writes false).
 
-Refused, one ColibriError line each: tokens, scores or types that are not one per token, a NaN score,
+Refused, one ColibriError line each: more tokens or a longer token than vocab_limits allows, tokens,
+scores or types that are not one per token, a NaN or infinite score,
 a token type llama.cpp does not know, a token spelled twice (llama.cpp asserts on it), a byte token
 not spelled <0xXX>, an id key outside the vocabulary. Handled as llama.cpp handles them: an empty
 token (renamed "[EMPTY_<id>]", so it never matches text), a vocabulary without some byte tokens (only
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ColibriError
+from ..vocab_limits import check_tokens
 from .file import GgufFile
 
 # Token types (llama.cpp's llama_token_type); 0 is "undefined".
@@ -99,12 +101,15 @@ def read_spm_vocab(gguf: GgufFile) -> SpmVocab:
     if gguf.value_types.get("tokenizer.ggml.tokens") != "ARRAY[STRING]" or not tokens:
         raise ColibriError(f"{where}: metadata 'tokenizer.ggml.tokens' must be a non-empty array of strings")
     n = len(tokens)
+    check_tokens(where, tokens)
     if "" in tokens:
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
     scores = _numbers(meta, where, "tokenizer.ggml.scores", n, 0.0, "fi")
-    if np.isnan(scores).any():
-        first = int(np.flatnonzero(np.isnan(scores))[0])
-        raise ColibriError(f"{where}: tokenizer.ggml.scores[{first}] is NaN (token {tokens[first]!r})")
+    if not np.isfinite(scores).all():  # NaN or an infinity: the merge order would be undefined
+        first = int(np.flatnonzero(~np.isfinite(scores))[0])
+        raise ColibriError(
+            f"{where}: tokenizer.ggml.scores[{first}] is {_word(scores[first])} (token {tokens[first]!r})"
+        )
     types = _numbers(meta, where, "tokenizer.ggml.token_type", n, NORMAL, "i").astype(np.int64)
     bad = np.flatnonzero((types < UNDEFINED) | (types > BYTE))
     if len(bad):
@@ -177,3 +182,8 @@ def _flag(meta: dict, where: str, key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise ColibriError(f"{where}: metadata {key!r} must be true or false")
     return value
+
+
+def _word(value: float) -> str:
+    """NaN, +inf or -inf, as the messages spell a score that is not a finite number."""
+    return "NaN" if np.isnan(value) else f"{value:+}"

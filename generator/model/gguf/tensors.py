@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 
 import numpy as np
@@ -219,6 +219,20 @@ def rows_blocks(path: Path, info: GgufTensorInfo, rows: np.ndarray) -> QuantBloc
 def _per_row(raw: np.ndarray, rows_shape: tuple[int, ...]) -> np.ndarray:
     """(blocks, block bytes) -> rows_shape + (blocks per row, block bytes)."""
     return raw.reshape(*rows_shape, -1, raw.shape[-1])
+
+
+@cache
+def readable(ggml_type: str) -> bool:
+    """Can this build read a tensor of this type (kept, plain, or dequantized)? A type in ggml's
+    table that the gguf package cannot decode either (Q8_1, Q8_K) is not."""
+    if ggml_type in PLAIN or ggml_type in EXACT_TYPES or ggml_type in ("BF16", "I8", "I16", "I32", "I64"):
+        return True
+    _, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    try:
+        _dequantize(ggml_type, np.zeros((1, block_bytes), np.uint8))
+    except (NotImplementedError, KeyError, ValueError):
+        return False
+    return True
 
 
 def _dequantize(ggml_type: str, raw: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ColibriError
+from ..vocab_limits import check_merges, check_tokens
 from .file import GgufFile
 
 # Token types (llama.cpp's llama_token_type).
@@ -97,7 +98,13 @@ def build_tokenizer(gguf: GgufFile):
         raise ColibriError(f"{where}: unsupported pre-tokenizer {pre_name!r} (supported: {', '.join(PRE_TOKENIZERS)})")
     pre = PRE_TOKENIZERS[pre_name]
     tokens = _strings(gguf, "tokenizer.ggml.tokens")
+    check_tokens(where, tokens)
     merges = _strings(gguf, "tokenizer.ggml.merges")
+    check_merges(where, merges)
+    scores = gguf.metadata.get("tokenizer.ggml.scores")
+    if isinstance(scores, np.ndarray) and scores.dtype.kind == "f" and not np.isfinite(scores).all():
+        first = int(np.flatnonzero(~np.isfinite(scores))[0])
+        raise ColibriError(f"{where}: tokenizer.ggml.scores[{first}] is {_word(scores[first])}, not a finite number")
     types = gguf.metadata.get("tokenizer.ggml.token_type")
     if types is None:
         types = np.full(len(tokens), NORMAL, np.int32)
@@ -150,3 +157,8 @@ def build_tokenizer(gguf: GgufFile):
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     return tok
+
+
+def _word(value: float) -> str:
+    """NaN, +inf or -inf, as the messages spell a score that is not a finite number."""
+    return "NaN" if np.isnan(value) else f"{value:+}"

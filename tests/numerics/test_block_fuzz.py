@@ -1,0 +1,108 @@
+"""libFuzzer over every kept GGUF block type's C decoders (tests/c/fuzz_blocks.c): each type's
+kernel_<type>_unpack on every 32-value group and its matvec, the scalar reference's and the AVX2
+set's, under ASan and UBSan, for a fixed number of runs in every test run; where the blocks are ones
+a weight image can hold (every binary16 field and value finite) the two matvecs give the same bits.
+The seeds include subnormal scales (binary16 0x0001, MXFP4 exponents 0 and 1), which are legal and
+must decode like any other."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+RUNTIME = REPO / "firmware_src" / "runtime"
+C_TESTS = REPO / "tests" / "c"
+# (name, values per block, bytes per block, binary16 field offsets), in fuzz_blocks.c's TYPES order.
+TYPES = [
+    ("Q5_0", 32, 22, (0,)),
+    ("Q5_1", 32, 24, (0, 2)),
+    ("Q4_K", 256, 144, (0, 2)),
+    ("Q5_K", 256, 176, (0, 2)),
+    ("Q6_K", 256, 210, (208,)),
+    ("Q3_K", 256, 110, (108,)),
+    ("Q2_K", 256, 84, (80, 82)),
+    ("IQ4_NL", 32, 18, (0,)),
+    ("IQ4_XS", 256, 136, (0,)),
+    ("MXFP4", 32, 17, ()),
+]
+RUNS = 50_000
+
+pytestmark = pytest.mark.slow  # the ASan + UBSan build of the AVX2 kernel set takes about a minute of CPU
+
+
+def seeds(into) -> None:
+    """Two rows of two blocks of each type: random bytes with a finite scale, the same with a
+    subnormal scale (and MXFP4's exponents 0 and 1), and one with a NaN scale."""
+    rng = np.random.default_rng(0)
+    into.mkdir()
+    for index, (name, _, size, halves) in enumerate(TYPES):
+        variants = {"finite": np.float16(0.01), "subnormal": np.uint16(1).view(np.float16), "nan": np.float16(np.nan)}
+        for label, scale in variants.items():
+            blocks = bytearray(rng.integers(0, 256, 4 * size, dtype=np.uint8).tobytes())
+            for k in range(4):
+                for offset in halves:
+                    blocks[k * size + offset : k * size + offset + 2] = np.array([scale]).tobytes()
+                if name == "MXFP4":
+                    blocks[k * size] = {"finite": 120, "subnormal": k % 2, "nan": 0xFF}[label]
+            (into / f"{name}-{label}").write_bytes(bytes([index, 1, len(label)]) + bytes(blocks))
+
+
+def test_libfuzzer_finds_no_block_the_decoders_mishandle(tmp_path):
+    clang = shutil.which("clang-14") or shutil.which("clang")
+    assert clang, "clang is installed by ./colibri test (tests/apt-packages.txt)"
+    fuzzer = tmp_path / "fuzz_blocks"
+    done = subprocess.run(
+        [
+            clang,
+            "-std=c11",
+            "-g",
+            "-O1",
+            "-fsanitize=fuzzer,address,undefined",
+            "-fno-sanitize-recover=all",
+            "-ffp-contract=off",
+            "-fno-math-errno",
+            "-include",
+            str(C_TESTS / "fuzz_cpu_features.h"),
+            f"-I{RUNTIME}",
+            str(C_TESTS / "fuzz_blocks.c"),
+            str(RUNTIME / "ops.c"),
+            str(RUNTIME / "kernels" / "scalar.c"),
+            str(RUNTIME / "kernels" / "x86_avx2.c"),
+            str(RUNTIME / "kernels" / "x86_avx2_blocks.c"),
+            "-lm",
+            "-o",
+            str(fuzzer),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    seeds(tmp_path / "seeds")
+    # libFuzzer's RSS limit is off: Linux carries the peak RSS over exec, so the fuzzer would inherit
+    # the test process's and stop at once; the per-allocation limit still catches a runaway one.
+    run = subprocess.run(
+        [
+            str(fuzzer),
+            str(corpus),
+            str(tmp_path / "seeds"),
+            f"-runs={RUNS}",
+            "-seed=1",
+            "-max_len=4096",
+            "-rss_limit_mb=0",
+            "-malloc_limit_mb=64",
+            f"-artifact_prefix={tmp_path}/",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, ASAN_OPTIONS="quarantine_size_mb=16"),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"Done {RUNS} runs" in run.stderr and not list(tmp_path.glob("crash-*"))

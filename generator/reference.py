@@ -35,6 +35,7 @@ from .numerics.ops import (
     swiglu_clamped,
 )
 from .numerics.ops import rope as apply_rope
+from .numerics.kv_cache import kv_round
 from .numerics.perplexity import Score
 from .numerics.quantize import (
     HALF,
@@ -313,8 +314,9 @@ class Reference:
                 q = apply_rope(q, cos[pos], sin[pos])
                 k = apply_rope(k, cos[pos], sin[pos])
             slots = self.plan.kv_slots[layer]
-            self.k_cache[layer][pos % slots] = k
-            self.v_cache[layer][pos % slots] = v
+            # Rounded once, when written, to the cache's type (docs/numerics.md, "KV cache").
+            self.k_cache[layer][pos % slots] = kv_round(k, self.plan.kv_type)
+            self.v_cache[layer][pos % slots] = kv_round(v, self.plan.kv_type)
 
             window = s.layer_windows[layer]
             start = max(0, pos - window + 1) if window else 0

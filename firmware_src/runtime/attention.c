@@ -4,7 +4,6 @@
  * of query tokens change which reads serve which sums, never a sum. */
 #include "attention.h"
 
-#include <math.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -26,10 +25,8 @@ _Static_assert(COLIBRI_SCRATCH_ATT_BYTES == 4ull * COLIBRI_ATTENTION_BLOCK * COL
 #define VALUE_SCALES NULL
 #endif
 
-/* One row of KV_DIM keys or values into the cache at value index `at`, rounded to the cache's type:
- * f16 to nearest even binary16 (saturating at +-65504); q8_0 per block of 32 as the weights' q8_0
- * (d = binary16(max|x| / 127), q = clamp(round_half_even(x * (1 / d)), -127, 127), all zero when
- * d is 0). */
+/* One row of KV_DIM keys or values into the cache at value index `at`, rounded to the cache's type
+ * (kernels.h: kernel_round_f16, kernel_round_q8_0; q8_0 blocks never straddle two heads). */
 static void store_row(ColibriKvValue *cache, uint16_t *scales, int64_t at, const float *x)
 {
 #if COLIBRI_KV_TYPE == COLIBRI_KV_F32
@@ -37,27 +34,9 @@ static void store_row(ColibriKvValue *cache, uint16_t *scales, int64_t at, const
     memcpy(cache + at, x, COLIBRI_KV_DIM * sizeof(float));
 #elif COLIBRI_KV_TYPE == COLIBRI_KV_F16
     (void)scales;
-    for (int i = 0; i < COLIBRI_KV_DIM; i++) {
-        cache[at + i] = kernel_float_to_half(x[i]);
-    }
+    kernel_round_f16(cache + at, x, COLIBRI_KV_DIM);
 #else
-    for (int blk = 0; blk < COLIBRI_KV_DIM / KERNEL_QK; blk++) {
-        const float *xb = x + blk * KERNEL_QK;
-        float amax = 0.0f;
-        for (int i = 0; i < KERNEL_QK; i++) {
-            const float a = fabsf(xb[i]);
-            amax = a > amax ? a : amax;
-        }
-        const KernelHalf dh = kernel_float_to_half(amax / 127.0f);
-        const float d = kernel_half_to_float(dh);
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int i = 0; i < KERNEL_QK; i++) {
-            float q = op_round_even(xb[i] * id);
-            q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
-            cache[at + blk * KERNEL_QK + i] = (int8_t)(int32_t)q;
-        }
-        scales[at / KERNEL_QK + blk] = dh;
-    }
+    kernel_round_q8_0(cache + at, scales + at / KERNEL_QK, x, COLIBRI_KV_DIM);
 #endif
 }
 

@@ -455,6 +455,12 @@ void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stri
  * (float)qs[i] * d[i / KERNEL_QK]), widened to float32: exact, so every set's bits are the same. */
 void kernel_widen_f16(float *out, const KernelHalf *h, int n);
 void kernel_widen_q8_0(float *out, const int8_t *qs, const KernelHalf *d, int n);
+/* The KV cache's rounding when a key or value row is written, defined once (kernels/scalar.c) for
+ * every set: binary16 by kernel_float_to_half; q8_0 per block of 32 as the weights' q8_0 (d =
+ * binary16(max|x| / 127), saturating; q = clamp(round_half_even(x * (1 / d)), -127, 127), all zero
+ * when d is 0). n is a multiple of KERNEL_QK for q8_0. */
+void kernel_round_f16(KernelHalf *out, const float *x, int n);
+void kernel_round_q8_0(int8_t *qs, KernelHalf *d, const float *x, int n);
 
 /* SwiGLU: up[i] = silu(gate[i]) * up[i], silu being op_silu (ops.c) bit for bit. */
 void kernel_swiglu(float *up, const float *gate, int n);

@@ -260,3 +260,30 @@ void kernel_scalar_widen_q8_0(float *out, const int8_t *qs, const KernelHalf *d,
         }
     }
 }
+
+void kernel_round_f16(KernelHalf *out, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = kernel_float_to_half(x[i]);
+    }
+}
+
+void kernel_round_q8_0(int8_t *qs, KernelHalf *d, const float *x, int n)
+{
+    for (int b = 0; b < n / KERNEL_QK; b++) {
+        const float *xb = x + b * KERNEL_QK;
+        float amax = 0.0f;
+        for (int i = 0; i < KERNEL_QK; i++) {
+            const float a = fabsf(xb[i]);
+            amax = a > amax ? a : amax;
+        }
+        d[b] = kernel_float_to_half(amax / 127.0f);
+        const float scale = kernel_half_to_float(d[b]);
+        const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+        for (int i = 0; i < KERNEL_QK; i++) {
+            float q = (xb[i] * inverse + 12582912.0f) - 12582912.0f; /* round half to even */
+            q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+            qs[b * KERNEL_QK + i] = (int8_t)(int32_t)q;
+        }
+    }
+}

@@ -111,3 +111,22 @@ def test_sliding_layers_keep_their_ring_with_every_kv_type(kv_type, checkpoints,
     """Gemma 3's sliding layers (window 4, a ring of 4 slots) attend token by token, the global
     ones in blocks: the reference's bits with either rounding."""
     run_and_compare(builder, checkpoints("gemma3_text"), kv_type)
+
+
+def test_report_shows_each_kv_types_bytes_and_largest_context():
+    """On the ESP32-P4 (L2MEM) the bundled model's context is bounded by memory with an f32 cache
+    and reaches the model's limit with f16; q8_0 is left out, as the model cannot take it."""
+    from generator.files import DEFAULT_MODEL
+    from generator.report import format_report, planned_report
+
+    board = load_board("esp32p4")
+    spec = spec_of(DEFAULT_MODEL)
+    rep = planned_report(board, plan_for_board(spec, board, "q8_0", 64, kv_type="f32"))
+    rows = {row.kv_type: row for row in rep.kv_types}
+    assert set(rows) == {"f32", "f16"}
+    assert rows["f32"].bytes == 2 * rows["f16"].bytes == 2 * 2 * spec.n_layers * 64 * spec.kv_dim * 4 // 2
+    assert rows["f32"].largest_ctx_that_fits == rep.largest_ctx_that_fits < spec.max_position_embeddings
+    assert rows["f16"].largest_ctx_that_fits == spec.max_position_embeddings
+    text = format_report(rep)
+    assert "KV cache by type (--kv-type)" in text and "(this build)" in text.split("f32", 2)[-1].splitlines()[0]
+    assert rep.to_json()["kv_types"][1]["kv_type"] == "f16"

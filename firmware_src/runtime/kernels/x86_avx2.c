@@ -1123,53 +1123,65 @@ static void delta_rule_step_avx2(float *out, float *state, const float *q, const
  * the group (grouped-query attention), each column then one multiply and one add per query head;
  * the transposes overlap the additions. Positions past the last group of eight take the scalar
  * loop. */
+__attribute__((always_inline)) static inline void scores_avx2_heads(float *att, int att_stride, const float *q,
+                                                                   int q_stride, const int m, const float *keys,
+                                                                   int stride, int n, int head_dim, float scale)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float *k = keys + (int64_t)i * stride;
+        __m256 acc[4];
+        for (int a = 0; a < m; a++) {
+            acc[a] = _mm256_set1_ps(-0.0f);
+        }
+        int j = 0;
+        for (; j + 8 <= head_dim; j += 8) {
+            __m256 col[8];
+            for (int p = 0; p < 8; p++) {
+                col[p] = _mm256_loadu_ps(k + (int64_t)p * stride + j);
+            }
+            transpose8(col);
+            for (int t = 0; t < 8; t++) {
+                for (int a = 0; a < m; a++) {
+                    acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_set1_ps(q[(int64_t)a * q_stride + j + t]), col[t]));
+                }
+            }
+        }
+        for (; j < head_dim; j++) {
+            const __m256 col = _mm256_setr_ps(k[j], k[stride + j], k[2 * stride + j], k[3 * stride + j],
+                                              k[4 * stride + j], k[5 * stride + j], k[6 * stride + j],
+                                              k[7 * stride + j]);
+            for (int a = 0; a < m; a++) {
+                acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_set1_ps(q[(int64_t)a * q_stride + j]), col));
+            }
+        }
+        for (int a = 0; a < m; a++) {
+            _mm256_storeu_ps(att + (int64_t)a * att_stride + i, _mm256_mul_ps(acc[a], _mm256_set1_ps(scale)));
+        }
+    }
+    for (; i < n; i++) {
+        const float *k = keys + (int64_t)i * stride;
+        for (int a = 0; a < m; a++) {
+            float s = -0.0f;
+            for (int j = 0; j < head_dim; j++) {
+                s = s + q[(int64_t)a * q_stride + j] * k[j];
+            }
+            att[(int64_t)a * att_stride + i] = s * scale;
+        }
+    }
+}
+
 static void attention_scores_avx2(float *att, int att_stride, const float *q, int q_stride, int n_q,
                                   const float *keys, int stride, int n, int head_dim, float scale)
 {
-    for (int a0 = 0; a0 < n_q; a0 += 4) {
-        const int m = n_q - a0 < 4 ? n_q - a0 : 4;
+    for (int a0 = 0; a0 < n_q; a0 += 4) { /* up to four query heads per pass over the keys */
+        float *att0 = att + (int64_t)a0 * att_stride;
         const float *q0 = q + (int64_t)a0 * q_stride;
-        const float *qa[4] = {q0, q0 + (m > 1 ? q_stride : 0), q0 + (m > 2 ? 2 * q_stride : 0),
-                              q0 + (m > 3 ? 3 * q_stride : 0)};
-        int i = 0;
-        for (; i + 8 <= n; i += 8) {
-            const float *k = keys + (int64_t)i * stride;
-            __m256 acc[4] = {_mm256_set1_ps(-0.0f), _mm256_set1_ps(-0.0f), _mm256_set1_ps(-0.0f),
-                             _mm256_set1_ps(-0.0f)};
-            int j = 0;
-            for (; j + 8 <= head_dim; j += 8) {
-                __m256 col[8];
-                for (int p = 0; p < 8; p++) {
-                    col[p] = _mm256_loadu_ps(k + (int64_t)p * stride + j);
-                }
-                transpose8(col);
-                for (int t = 0; t < 8; t++) {
-                    for (int a = 0; a < 4; a++) { /* the unused heads repeat head 0: never stored */
-                        acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_set1_ps(qa[a][j + t]), col[t]));
-                    }
-                }
-            }
-            for (; j < head_dim; j++) {
-                const __m256 col = _mm256_setr_ps(k[j], k[stride + j], k[2 * stride + j], k[3 * stride + j],
-                                                  k[4 * stride + j], k[5 * stride + j], k[6 * stride + j],
-                                                  k[7 * stride + j]);
-                for (int a = 0; a < 4; a++) {
-                    acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_set1_ps(qa[a][j]), col));
-                }
-            }
-            for (int a = 0; a < m; a++) {
-                _mm256_storeu_ps(att + (int64_t)(a0 + a) * att_stride + i, _mm256_mul_ps(acc[a], _mm256_set1_ps(scale)));
-            }
-        }
-        for (; i < n; i++) {
-            const float *k = keys + (int64_t)i * stride;
-            for (int a = 0; a < m; a++) {
-                float s = -0.0f;
-                for (int j = 0; j < head_dim; j++) {
-                    s = s + qa[a][j] * k[j];
-                }
-                att[(int64_t)(a0 + a) * att_stride + i] = s * scale;
-            }
+        switch (n_q - a0 < 4 ? n_q - a0 : 4) { /* each count compiled with its accumulators known */
+        case 1: scores_avx2_heads(att0, att_stride, q0, q_stride, 1, keys, stride, n, head_dim, scale); break;
+        case 2: scores_avx2_heads(att0, att_stride, q0, q_stride, 2, keys, stride, n, head_dim, scale); break;
+        case 3: scores_avx2_heads(att0, att_stride, q0, q_stride, 3, keys, stride, n, head_dim, scale); break;
+        default: scores_avx2_heads(att0, att_stride, q0, q_stride, 4, keys, stride, n, head_dim, scale); break;
         }
     }
 }

@@ -102,7 +102,9 @@ def plan_build(options: JobOptions) -> Planned:
     """The board, the options it takes, the model, its plan and fit: no compiler involved."""
     board = load_board(options.board)
     check_board_options(board, options, options.given, options.defaults)
-    request, plan = prepare_build(board, options.model, options.quant, options.ctx, options.out, kv_type=options.kv_type)
+    request, plan = prepare_build(
+        board, options.model, options.quant, options.ctx, options.out, kv_type=options.kv_type
+    )
     return Planned(board, request, plan)
 
 

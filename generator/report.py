@@ -277,8 +277,7 @@ def _report(
 def format_report(rep: MemoryReport) -> str:
     lines = [
         f"memory report: {rep.model} ({rep.architecture}), {rep.quant}, context {rep.n_ctx}, KV cache {rep.kv_type}, "
-        f"board {rep.board}"
-        + (" (planned, not linked: code is the board's reserve)" if rep.planned_only else "")
+        f"board {rep.board}" + (" (planned, not linked: code is the board's reserve)" if rep.planned_only else "")
     ]
     if rep.q4_0_weights:
         lines.append(f"  q4_0 weights: {rep.q4_0_weights}")

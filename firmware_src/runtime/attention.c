@@ -25,44 +25,50 @@ _Static_assert(COLIBRI_SCRATCH_ATT_BYTES == 4ull * COLIBRI_ATTENTION_BLOCK * COL
 #define VALUE_SCALES NULL
 #endif
 
-/* One row of KV_DIM keys or values into the cache at value index `at`, rounded to the cache's type
- * (kernels.h: kernel_round_f16, kernel_round_q8_0; q8_0 blocks never straddle two heads). */
-static void store_row(ColibriKvValue *cache, uint16_t *scales, int64_t at, const float *x)
+/* Where a layer's cache keeps KV head g's key (or value) of ring slot `slot`, in values: a layer's
+ * part of each arena is [KV head][slot][HEAD_DIM], so one KV head's positions are one contiguous
+ * stream (read once per token, front to back, as the weights are). */
+static int64_t kv_at(int layer, int g, int slot)
 {
-#if COLIBRI_KV_TYPE == COLIBRI_KV_F32
-    (void)scales;
-    memcpy(cache + at, x, COLIBRI_KV_DIM * sizeof(float));
-#elif COLIBRI_KV_TYPE == COLIBRI_KV_F16
-    (void)scales;
-    kernel_round_f16(cache + at, x, COLIBRI_KV_DIM);
-#else
-    kernel_round_q8_0(cache + at, scales + at / KERNEL_QK, x, COLIBRI_KV_DIM);
-#endif
+    return colibri_kv_offset[layer] + ((int64_t)g * colibri_kv_slots[layer] + slot) * COLIBRI_HEAD_DIM;
 }
 
-/* Rows slot .. slot + count - 1 of KV head g in a layer's keys or values, as float32: the cache
- * itself (f32, `*stride` KV_DIM apart) or widened exactly into `tile` (HEAD_DIM apart). */
-static const float *kv_rows(const ColibriKvValue *cache, const uint16_t *scales, int64_t layer_offset, int slot,
-                            int count, int g, float *tile, int *stride)
+/* One token's KV_DIM keys or values into the cache at ring slot `slot`, rounded to the cache's type
+ * (kernels.h: kernel_round_f16, kernel_round_q8_0; head widths are whole q8_0 blocks). */
+static void store_row(ColibriKvValue *cache, uint16_t *scales, int layer, int slot, const float *x)
 {
-    const int64_t first = layer_offset + (int64_t)slot * COLIBRI_KV_DIM + (int64_t)g * COLIBRI_HEAD_DIM;
+    for (int g = 0; g < COLIBRI_N_KV_HEADS; g++) {
+        const int64_t at = kv_at(layer, g, slot);
+        const float *head = x + (int64_t)g * COLIBRI_HEAD_DIM;
+#if COLIBRI_KV_TYPE == COLIBRI_KV_F32
+        (void)scales;
+        memcpy(cache + at, head, COLIBRI_HEAD_DIM * sizeof(float));
+#elif COLIBRI_KV_TYPE == COLIBRI_KV_F16
+        (void)scales;
+        kernel_round_f16(cache + at, head, COLIBRI_HEAD_DIM);
+#else
+        kernel_round_q8_0(cache + at, scales + at / KERNEL_QK, head, COLIBRI_HEAD_DIM);
+#endif
+    }
+}
+
+/* Slots slot .. slot + count - 1 of KV head g in a layer's keys or values, as float32 rows
+ * HEAD_DIM apart: the cache itself (f32), or widened exactly into `tile`. */
+static const float *kv_rows(const ColibriKvValue *cache, const uint16_t *scales, int layer, int slot, int count,
+                            int g, float *tile)
+{
+    const int64_t first = kv_at(layer, g, slot);
 #if COLIBRI_KV_TYPE == COLIBRI_KV_F32
     (void)scales;
     (void)count;
     (void)tile;
-    *stride = COLIBRI_KV_DIM;
     return cache + first;
+#elif COLIBRI_KV_TYPE == COLIBRI_KV_F16
+    (void)scales;
+    kernel_widen_f16(tile, cache + first, count * COLIBRI_HEAD_DIM);
+    return tile;
 #else
-    for (int i = 0; i < count; i++) {
-        const int64_t at = first + (int64_t)i * COLIBRI_KV_DIM;
-#if COLIBRI_KV_TYPE == COLIBRI_KV_F16
-        (void)scales;
-        kernel_widen_f16(tile + (int64_t)i * COLIBRI_HEAD_DIM, cache + at, COLIBRI_HEAD_DIM);
-#else
-        kernel_widen_q8_0(tile + (int64_t)i * COLIBRI_HEAD_DIM, cache + at, scales + at / KERNEL_QK, COLIBRI_HEAD_DIM);
-#endif
-    }
-    *stride = COLIBRI_HEAD_DIM;
+    kernel_widen_q8_0(tile, cache + first, scales + first / KERNEL_QK, count * COLIBRI_HEAD_DIM);
     return tile;
 #endif
 }
@@ -98,11 +104,9 @@ static void over_tiles(const AttentionJob *j, int g, int in_keys)
         int count = last - t0 + 1;
         count = count < COLIBRI_KV_TILE ? count : COLIBRI_KV_TILE;
         count = count < slots - slot ? count : slots - slot; /* a tile never wraps the ring */
-        int stride;
-        const float *rows = in_keys ? kv_rows(colibri_key_cache, KEY_SCALES, colibri_kv_offset[layer], slot, count, g,
-                                              tile, &stride)
-                                    : kv_rows(colibri_value_cache, VALUE_SCALES, colibri_kv_offset[layer], slot,
-                                              count, g, tile, &stride);
+        const int stride = COLIBRI_HEAD_DIM;
+        const float *rows = in_keys ? kv_rows(colibri_key_cache, KEY_SCALES, layer, slot, count, g, tile)
+                                    : kv_rows(colibri_value_cache, VALUE_SCALES, layer, slot, count, g, tile);
         for (int a = 0; a < j->n; a++) {
             const int32_t p = j->pos + a;
             const int32_t start = first_seen(p, window);
@@ -142,7 +146,7 @@ static void attend_kv_heads(void *ctx, int g_begin, int g_end)
                 if (j->sinks != NULL) {
                     op_softmax_with_sink(att, n_seen, j->sinks[h]);
                 } else {
-                    op_softmax(att, n_seen);
+                    kernel_softmax(att, n_seen);
                 }
                 float *out = j->out + (int64_t)a * COLIBRI_Q_DIM + (int64_t)h * COLIBRI_HEAD_DIM;
                 for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
@@ -163,9 +167,9 @@ void attention_layer(const ColibriBuffers *b, int layer, int32_t pos, int n, con
     for (int t0 = 0; t0 < n; t0 += block) {
         const int m = n - t0 < block ? n - t0 : block;
         for (int t = t0; t < t0 + m; t++) {
-            const int64_t at = colibri_kv_offset[layer] + (int64_t)((pos + t) % colibri_kv_slots[layer]) * COLIBRI_KV_DIM;
-            store_row(colibri_key_cache, KEY_SCALES, at, b->k + (int64_t)t * COLIBRI_KV_DIM);
-            store_row(colibri_value_cache, VALUE_SCALES, at, b->v + (int64_t)t * COLIBRI_KV_DIM);
+            const int slot = (pos + t) % colibri_kv_slots[layer];
+            store_row(colibri_key_cache, KEY_SCALES, layer, slot, b->k + (int64_t)t * COLIBRI_KV_DIM);
+            store_row(colibri_value_cache, VALUE_SCALES, layer, slot, b->v + (int64_t)t * COLIBRI_KV_DIM);
         }
         AttentionJob job = {b, layer, pos + t0, m, b->q + (int64_t)t0 * COLIBRI_Q_DIM,
                             b->attn_out + (int64_t)t0 * COLIBRI_Q_DIM, sinks};

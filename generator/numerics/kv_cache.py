@@ -69,6 +69,4 @@ def kv_round(x: np.ndarray, kv_type: str) -> np.ndarray:
         return to_half_saturating(x).astype(np.float32)
     q, d = quantize_kv_q8_0(x)
     n = x.shape[-1]
-    return (q.reshape(*x.shape[:-1], n // QK, QK).astype(np.float32) * d.astype(np.float32)[..., None]).reshape(
-        x.shape
-    )
+    return (q.reshape(*x.shape[:-1], n // QK, QK).astype(np.float32) * d.astype(np.float32)[..., None]).reshape(x.shape)

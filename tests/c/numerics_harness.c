@@ -1,7 +1,7 @@
 /* Test harness: runs one runtime operation on binary input from stdin, writes the result to
  * stdout, so tests can compare the C runtime with generator/numerics/ops.py bit for bit.
  *
- *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
+ *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | kernel_softmax N | rmsnorm N EPS | quantize N
  *           swiglu_clamped N ALPHA LIMIT (gate, then up) | softmax_sink N SINK
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS | matvec_q4_1 ROWS COLS
  *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 | matmul_q4_0 | matmul_q4_1 TOKENS ROWS COLS
@@ -201,6 +201,10 @@ int main(int argc, char **argv)
     } else if (strcmp(op, "softmax") == 0) {
         float *x = read_exact(n * sizeof(float));
         op_softmax(x, n);
+        write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "kernel_softmax") == 0) { /* the kernel set's softmax (attention's) */
+        float *x = read_exact(n * sizeof(float));
+        kernel_softmax(x, n);
         write_all(x, n * sizeof(float));
     } else if (strcmp(op, "rmsnorm") == 0) {
         float eps = strtof(argv[3], NULL);

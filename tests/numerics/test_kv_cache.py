@@ -32,7 +32,9 @@ def spec_of(model_dir):
 def test_plan_reserves_the_bytes_of_each_type(checkpoints):
     spec = spec_of(checkpoints("qwen3_qknorm"))  # 2 layers, 2 KV heads of 32
     host = load_board("host")
-    per_position = {t: with_kv_type(make_plan(spec, "host", "q8_0", 128), t).kv_bytes // 128 for t in ("f32", "f16", "q8_0")}
+    per_position = {
+        t: with_kv_type(make_plan(spec, "host", "q8_0", 128), t).kv_bytes // 128 for t in ("f32", "f16", "q8_0")
+    }
     values = 2 * spec.n_layers * spec.kv_dim  # keys and values of every layer, one position
     assert per_position == {"f32": 4 * values, "f16": 2 * values, "q8_0": values + values // 32 * 2}
     assert plan_for_board(spec, host, "q8_0", 128).kv_type == "f16"  # the default
@@ -94,7 +96,9 @@ def test_kv_types_change_the_numbers_they_should(checkpoints, builder):
     """The type is in the bits: f16 and q8_0 logits differ from f32's (else the rounding did not
     happen), and each is the reference's (above)."""
     model_dir = checkpoints("qwen3_qknorm")
-    digests = {t: run_and_compare(builder, model_dir, t, sampling=SamplingParams()).digests for t in ("f32", "f16", "q8_0")}
+    digests = {
+        t: run_and_compare(builder, model_dir, t, sampling=SamplingParams()).digests for t in ("f32", "f16", "q8_0")
+    }
     assert len({tuple(d) for d in digests.values()}) == 3
 
 

@@ -107,6 +107,19 @@ def test_silu_softmax_rmsnorm_match(harness):
     assert_same_bits(got, numerics.rmsnorm(x, w, eps))
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1537])
+def test_attention_softmax_kernel_is_op_softmax(harness, n):
+    """kernel_softmax (what attention runs; AVX2 vectorizes its exponentials and divisions) gives
+    op_softmax's bits: rows around the vector width, scores far below the maximum (exp below -87
+    is 0), equal maxima."""
+    x = rng.normal(0, 30, n).astype(np.float32)
+    x[:: max(1, n // 5)] = np.float32(-200.0)
+    x[n // 2] = x.max() if n > 2 else x[n // 2]
+    got = c_floats(harness, ["kernel_softmax", n], f32_bytes(x), n)
+    assert_same_bits(got, numerics.softmax(x))
+    assert_same_bits(got, c_floats(harness, ["softmax", n], f32_bytes(x), n))
+
+
 def test_log_and_softplus_match_and_are_accurate(harness):
     x = np.concatenate(
         [np.geomspace(1e-30, 1e30, 4001, dtype=np.float32), np.array([1.0, 2.0, 1.4142135, 1.4142137], np.float32)]
@@ -460,7 +473,9 @@ def test_attention_tile_scores_and_mix_keep_each_sum_in_order(harness, n, n_q, s
     carried[0] = -0.0  # a sum's start
     scale = np.float32(1 / np.sqrt(head_dim))
     raw = run_harness(
-        harness, ["attention", n, n_q, stride, head_dim, float.hex(float(scale))], f32_bytes(keys, values, q, p, carried)
+        harness,
+        ["attention", n, n_q, stride, head_dim, float.hex(float(scale))],
+        f32_bytes(keys, values, q, p, carried),
     )
     got = np.frombuffer(raw, "<f4")
     assert got.size == n_q * (n + head_dim)

@@ -7,6 +7,7 @@
 #define COLIBRI_KERNELS_FALLBACK_H
 
 #include "kernels.h"
+#include "../ops.h" /* op_softmax: the scalar definition a set may vectorize */
 
 #ifndef KERNEL_HAS_DELTA_RULE_STEP
 void kernel_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
@@ -460,6 +461,13 @@ void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stri
     for (int a = 0; a < n_q; a++) {
         fallback_mix_any(out + (int64_t)a * out_stride, p + (int64_t)a * p_stride, values, n, stride, head_dim);
     }
+}
+#endif
+
+#ifndef KERNEL_HAS_SOFTMAX
+void kernel_softmax(float *x, int n)
+{
+    op_softmax(x, n);
 }
 #endif
 

@@ -451,6 +451,10 @@ void kernel_attention_scores(float *att, int att_stride, const float *q, int q_s
                              int stride, int n, int head_dim, float scale);
 void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stride, int n_q, const float *values,
                           int stride, int n, int head_dim);
+/* op_softmax (ops.c) bit for bit: the maximum and the sum of the exponentials in order, one at a
+ * time; a set may compute the exponentials and the divisions several per vector. */
+void kernel_softmax(float *x, int n);
+
 /* A binary16 KV cache's values (n), and a q8_0 one's (n a multiple of KERNEL_QK: value i is
  * (float)qs[i] * d[i / KERNEL_QK]), widened to float32: exact, so every set's bits are the same. */
 void kernel_widen_f16(float *out, const KernelHalf *h, int n);

@@ -26,6 +26,7 @@
 #define KERNEL_HAS_ATTENTION_SCORES
 #define KERNEL_HAS_ATTENTION_MIX
 #define KERNEL_HAS_WIDEN_F16
+#define KERNEL_HAS_SOFTMAX
 #define KERNEL_HAS_WIDEN_Q8_0
 /* the kept GGUF types, defined in x86_avx2_blocks.c (the same kernel set) */
 #define KERNEL_HAS_MATVEC_Q5_0
@@ -1077,6 +1078,57 @@ static inline __m256 silu8(__m256 x)
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
+/* op_softmax eight exponentials and divisions at a time, each lane op_expf's steps as silu8's
+ * (x - max is never above 0, so only the low end needs its case); the maximum and the sum stay
+ * scalar, in order, as op_softmax computes them. */
+static void softmax_avx2(float *x, int n)
+{
+    float max = x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] > max) {
+            max = x[i];
+        }
+    }
+    const __m256 vmax = _mm256_set1_ps(max);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), vmax);
+        const __m256 below = _mm256_cmp_ps(v, _mm256_set1_ps(-87.0f), _CMP_NGE_UQ);
+        const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+        const __m256 c = _mm256_min_ps(v, _mm256_set1_ps(88.0f));
+        const __m256i k = _mm256_cvtps_epi32(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)));
+        const __m256 kf = _mm256_cvtepi32_ps(k);
+        __m256 r = _mm256_sub_ps(c, _mm256_mul_ps(kf, _mm256_set1_ps(0.693145751953125f)));
+        r = _mm256_sub_ps(r, _mm256_mul_ps(kf, _mm256_set1_ps(1.42860676533018e-06f)));
+        __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 120.0f));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 24.0f));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 6.0f));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+        const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+        const __m256 e = _mm256_mul_ps(p, scale);
+        _mm256_storeu_ps(x + i, _mm256_blendv_ps(e, _mm256_and_ps(nan, v), below)); /* 0, or the NaN itself */
+    }
+    for (; i < n; i++) {
+        const float v = x[i] - max;
+        x[i] = v >= -87.0f ? op_expf_in_range(v) : (v != v ? v : 0.0f);
+    }
+    float sum = -0.0f;
+    for (int t = 0; t < n; t++) {
+        sum = sum + x[t];
+    }
+    const __m256 vsum = _mm256_set1_ps(sum);
+    i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), vsum));
+    }
+    for (; i < n; i++) {
+        x[i] = x[i] / sum;
+    }
+}
+
 static void swiglu_avx2(float *up, const float *gate, int n)
 {
     int i = 0;
@@ -1401,6 +1453,15 @@ void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stri
         attention_mix_avx2(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim);
     } else {
         kernel_scalar_attention_mix(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim);
+    }
+}
+
+void kernel_softmax(float *x, int n)
+{
+    if (have_avx2_f16c()) {
+        softmax_avx2(x, n);
+    } else {
+        op_softmax(x, n);
     }
 }
 

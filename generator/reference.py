@@ -12,6 +12,7 @@ import numpy as np
 from .compile.image import read_header
 from .compile.plan import Plan
 from .numerics import blocks, rope
+from .numerics.kv_cache import kv_round
 from .numerics.ops import (
     F32,
     conv_step,
@@ -35,7 +36,6 @@ from .numerics.ops import (
     swiglu_clamped,
 )
 from .numerics.ops import rope as apply_rope
-from .numerics.kv_cache import kv_round
 from .numerics.perplexity import Score
 from .numerics.quantize import (
     HALF,

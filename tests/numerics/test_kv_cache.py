@@ -134,3 +134,17 @@ def test_report_shows_each_kv_types_bytes_and_largest_context():
     text = format_report(rep)
     assert "KV cache by type (--kv-type)" in text and "(this build)" in text.split("f32", 2)[-1].splitlines()[0]
     assert rep.to_json()["kv_types"][1]["kv_type"] == "f16"
+
+
+def test_a_q8_0_cache_links_as_planned(checkpoints, builder):
+    """The linked q8_0 arenas (quants, and binary16 scales apart) are the plan's bytes."""
+    from generator.compile.elfsize import read_elf
+    from generator.report import check_elf_against_plan, linked_report
+
+    board, art, plan = builder.build(checkpoints("qwen3_qknorm"), "q8_0", 128, "host", "q8_0")
+    elf = read_elf(art.program)
+    check_elf_against_plan(plan, elf)
+    assert elf.symbols["colibri_key_scales"] == 2 * plan.kv_values // 32
+    assert elf.symbols["colibri_key_cache"] + elf.symbols["colibri_key_scales"] == plan.kv_bytes // 2
+    rep = linked_report(board, plan, elf)
+    assert rep.kv_type == "q8_0" and [r.kv_type for r in rep.kv_types] == ["f32", "f16", "q8_0"]

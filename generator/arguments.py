@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .boards import available_boards
+from .boards import KV_TYPES, available_boards
 from .files import DEFAULT_MODEL
 from .numerics.quantize import QUANTS
 
@@ -55,6 +55,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
+    p.add_argument(
+        "--kv-type",
+        choices=KV_TYPES,
+        help="how the KV cache holds keys and values: f32, f16 (binary16) or q8_0 (default: the board's, f16)",
+    )
     p.add_argument("--out", type=Path, help="build directory (default build/<board>/<model>-<quant>-ctx<N>)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 

@@ -59,6 +59,7 @@ class JobOptions:
     model: Path = DEFAULT_MODEL
     quant: str | None = None  # None: the model's default (a GGUF file's own blocks, else q8_0)
     ctx: int | None = None
+    kv_type: str | None = None  # None: the board's KV cache type
     out: Path | None = None
     jobs: int | None = None  # weight quantization workers
     quiet: bool = False  # no progress (the CLI's --json)
@@ -102,7 +103,9 @@ def plan_build(options: JobOptions) -> Planned:
     """The board, the options it takes, the model, its plan and fit: no compiler involved."""
     board = load_board(options.board)
     check_board_options(board, options, options.given, options.defaults)
-    request, plan = prepare_build(board, options.model, options.quant, options.ctx, options.out)
+    request, plan = prepare_build(
+        board, options.model, options.quant, options.ctx, options.out, kv_type=options.kv_type
+    )
     return Planned(board, request, plan)
 
 
@@ -683,11 +686,13 @@ def report(options: JobOptions) -> MemoryReport:
         n_ctx = options.ctx or min(board.default_ctx, spec.max_position_embeddings)
         # A config is plain floats, but for the tensors its quantization_config says are packed.
         held = config_only_held_types(options.model)
-        plan = plan_for_board(spec, board, options.quant or "q8_0", n_ctx, held_types=held)
+        plan = plan_for_board(spec, board, options.quant or "q8_0", n_ctx, held_types=held, kv_type=options.kv_type)
         cache = report_budget(options, board, plan)
         rep = planned_report(board, plan)
     else:
-        request, plan = prepare_build(board, options.model, options.quant, options.ctx, options.out, check_fit=False)
+        request, plan = prepare_build(
+            board, options.model, options.quant, options.ctx, options.out, check_fit=False, kv_type=options.kv_type
+        )
         cache = report_budget(options, board, plan)  # a budget too small is said before building
         if any(use.over_budget for use in planned_use(board, plan)):
             # It would be refused before compiling: show where the bytes would go, then say so.

@@ -12,6 +12,7 @@ import numpy as np
 from .compile.image import read_header
 from .compile.plan import Plan
 from .numerics import blocks, rope
+from .numerics.kv_cache import kv_round
 from .numerics.ops import (
     F32,
     conv_step,
@@ -313,8 +314,9 @@ class Reference:
                 q = apply_rope(q, cos[pos], sin[pos])
                 k = apply_rope(k, cos[pos], sin[pos])
             slots = self.plan.kv_slots[layer]
-            self.k_cache[layer][pos % slots] = k
-            self.v_cache[layer][pos % slots] = v
+            # Rounded once, when written, to the cache's type (docs/numerics.md, "KV cache").
+            self.k_cache[layer][pos % slots] = kv_round(k, self.plan.kv_type)
+            self.v_cache[layer][pos % slots] = kv_round(v, self.plan.kv_type)
 
             window = s.layer_windows[layer]
             start = max(0, pos - window + 1) if window else 0

@@ -6,11 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .boards import CATEGORIES, Board
+from .boards import CATEGORIES, KV_TYPES, Board
 from .compile.cache_plan import REPORTED_HIT_RATES, CachePlan
 from .compile.elfsize import ElfSizes
-from .compile.plan import Plan, RegionUse, fit_problem, largest_fitting_ctx, largest_planned_ctx, planned_use
+from .compile.plan import (
+    Plan,
+    RegionUse,
+    fit_problem,
+    largest_fitting_ctx,
+    largest_planned_ctx,
+    planned_use,
+    with_kv_type,
+)
 from .errors import ColibriError
+from .numerics.kv_cache import kv_arena_bytes
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
 ROWS = CATEGORIES + WITH_CODE  # what the report shows per region
@@ -18,13 +27,16 @@ ROWS = CATEGORIES + WITH_CODE  # what the report shows per region
 
 def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
     """The linked arenas must be exactly the sizes the plan computed."""
+    arena = plan.kv_bytes // 2 - 2 * plan.kv_scales  # the keys (or values) without their q8_0 scales
     expected = {
         "colibri_scratch": plan.scratch_bytes,
-        "colibri_key_cache": plan.kv_bytes // 2,
-        "colibri_value_cache": plan.kv_bytes // 2,
+        "colibri_key_cache": arena,
+        "colibri_value_cache": arena,
         "colibri_rope_cos": plan.rope_table_bytes // 2,
         "colibri_rope_sin": plan.rope_table_bytes // 2,
     }
+    if plan.kv_scales:
+        expected["colibri_key_scales"] = expected["colibri_value_scales"] = 2 * plan.kv_scales
     if plan.expand_q4:
         expected["colibri_expanded"] = plan.expanded_bytes
     if plan.linear_state_bytes:
@@ -97,6 +109,39 @@ class KeptF32:
 
 
 @dataclass(frozen=True)
+class KvTypeRow:
+    """One KV cache type for this model on this board: its bytes at the report's context, per
+    position, and the largest context that fits with it (None: no limit on the board)."""
+
+    kv_type: str
+    bytes: int
+    bytes_per_position: int
+    largest_ctx_that_fits: int | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "kv_type": self.kv_type,
+            "bytes": self.bytes,
+            "bytes_per_position": self.bytes_per_position,
+            "largest_ctx_that_fits": self.largest_ctx_that_fits,
+        }
+
+
+def kv_type_rows(board: Board, plan: Plan, uses: Callable[[Plan], list[RegionUse]] | None) -> list[KvTypeRow]:
+    """Every KV cache type the model can take, with the plan's context and the board's budgets
+    (`uses`: what a plan puts in each region, as largest_fitting_ctx takes it)."""
+    rows = []
+    for kv_type in KV_TYPES:
+        try:
+            trial = with_kv_type(plan, kv_type)
+        except ColibriError:  # the model cannot take it (q8_0 needs heads of whole blocks)
+            continue
+        per_position = 2 * kv_arena_bytes(plan.spec.kv_dim, kv_type) * sum(1 for s in plan.kv_slots if s)
+        rows.append(KvTypeRow(kv_type, trial.kv_bytes, per_position, largest_fitting_ctx(board, trial, uses)))
+    return rows
+
+
+@dataclass(frozen=True)
 class MemoryReport:
     """Where every byte goes per memory region, against the board's budgets: from the linked ELF
     (`elf_sections`), or planned only (a configuration alone, nothing linked: the code is the
@@ -119,6 +164,8 @@ class MemoryReport:
     memory_budget: CachePlan | None = None  # the expert cache, under --memory-budget
     linear_state: dict[str, Any] | None = None  # Gated DeltaNet layers: Plan.linear_state_report()
     held: str | None = None  # Plan.held_summary(): tensors kept as the checkpoint holds them
+    kv_type: str = "f16"  # the KV cache type of this build
+    kv_types: tuple[KvTypeRow, ...] = ()  # every type the model can take: bytes, largest context
 
     @property
     def planned_only(self) -> bool:
@@ -131,6 +178,8 @@ class MemoryReport:
             "architecture": self.architecture,
             "quant": self.quant,
             "n_ctx": self.n_ctx,
+            "kv_type": self.kv_type,
+            "kv_types": [row.to_json() for row in self.kv_types],
             **({"planned_only": True} if self.planned_only else {}),
             "q4_0_weights": self.q4_0_weights,
             "q4_1_weights": self.q4_1_weights,
@@ -163,8 +212,17 @@ class MemoryReport:
 def linked_report(board: Board, plan: Plan, elf: ElfSizes) -> MemoryReport:
     """The report of a linked firmware (its arenas checked against the plan first)."""
     check_elf_against_plan(plan, elf)
-    largest = largest_fitting_ctx(board, plan, linked_use(board, plan, elf))
-    return _report(board, plan, regions(board, plan, elf), largest, elf_sections=elf.sections, code_estimate=None)
+    uses = linked_use(board, plan, elf)
+    largest = largest_fitting_ctx(board, plan, uses)
+    return _report(
+        board,
+        plan,
+        regions(board, plan, elf),
+        largest,
+        elf_sections=elf.sections,
+        code_estimate=None,
+        kv_types=kv_type_rows(board, plan, uses),
+    )
 
 
 def kept_f32_of(plan: Plan) -> KeptF32:
@@ -177,7 +235,15 @@ def planned_report(board: Board, plan: Plan) -> MemoryReport:
     reserve, and a region that does not fit says so with the numbers."""
     uses = planned_use(board, plan)
     largest = largest_planned_ctx(board, plan)
-    return _report(board, plan, uses, largest, elf_sections=None, code_estimate=board.code_reserve)
+    return _report(
+        board,
+        plan,
+        uses,
+        largest,
+        elf_sections=None,
+        code_estimate=board.code_reserve,
+        kv_types=kv_type_rows(board, plan, None),
+    )
 
 
 def _report(
@@ -187,6 +253,7 @@ def _report(
     largest_ctx: int | None,
     elf_sections: dict[str, int] | None,
     code_estimate: int | None,
+    kv_types: list[KvTypeRow],
 ) -> MemoryReport:
     return MemoryReport(
         board=board.name,
@@ -205,13 +272,15 @@ def _report(
         code_estimate=code_estimate,
         linear_state=plan.linear_state_report(),
         held=plan.held_summary(),
+        kv_type=plan.kv_type,
+        kv_types=tuple(kv_types),
     )
 
 
 def format_report(rep: MemoryReport) -> str:
     lines = [
-        f"memory report: {rep.model} ({rep.architecture}), {rep.quant}, context {rep.n_ctx}, board {rep.board}"
-        + (" (planned, not linked: code is the board's reserve)" if rep.planned_only else "")
+        f"memory report: {rep.model} ({rep.architecture}), {rep.quant}, context {rep.n_ctx}, KV cache {rep.kv_type}, "
+        f"board {rep.board}" + (" (planned, not linked: code is the board's reserve)" if rep.planned_only else "")
     ]
     if rep.q4_0_weights:
         lines.append(f"  q4_0 weights: {rep.q4_0_weights}")
@@ -240,6 +309,16 @@ def format_report(rep: MemoryReport) -> str:
         "  largest context that fits: "
         + ("no limit on this board" if largest is None else "none" if largest == 0 else str(largest))
     )
+    if rep.kv_types:
+        lines.append(f"  KV cache by type (--kv-type), at context {rep.n_ctx}:")
+        for row in rep.kv_types:
+            fit = row.largest_ctx_that_fits
+            fits = "no limit on this board" if fit is None else "none" if fit == 0 else f"{fit:,}"
+            mark = "  (this build)" if row.kv_type == rep.kv_type else ""
+            lines.append(
+                f"    {row.kv_type:<5} {row.bytes:>14,} B  {row.bytes_per_position:>9,} B a position  "
+                f"largest context that fits: {fits}{mark}"
+            )
     if rep.memory_budget:
         lines += budget_lines(rep.memory_budget)
     return "\n".join(lines)

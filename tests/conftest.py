@@ -65,18 +65,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 class Builder:
-    """Builds (model, quant, ctx) for the host board once per test session."""
+    """Builds (model, quant, ctx, board, KV type) once per test session. kv_type None: the board's
+    (f16), except with f32 weights, which keep an f32 cache: the tests hold those to transformers
+    with float32's tolerance."""
 
     def __init__(self, root: Path):
         self.root = root
         self.cache = {}
 
-    def build(self, model_dir: Path, quant: str = "q8_0", ctx: int = 64, board: str = "host"):
-        key = (str(model_dir), quant, ctx, board)
+    def build(self, model_dir: Path, quant: str = "q8_0", ctx: int = 64, board: str = "host", kv_type=None):
+        kv_type = kv_type or ("f32" if quant == "f32" else None)
+        key = (str(model_dir), quant, ctx, board, kv_type)
         if key not in self.cache:
             b = load_board(board)
-            out = self.root / f"{Path(model_dir).name}-{quant}-{ctx}-{board}"
-            req, plan = prepare(b, model_dir, quant, ctx, out)
+            out = self.root / f"{Path(model_dir).name}-{quant}-{ctx}-{board}-kv{kv_type or b.kv_type}"
+            req, plan = prepare(b, model_dir, quant, ctx, out, kv_type=kv_type)
             self.cache[key] = (b, run_scons(req), plan)
         return self.cache[key]
 
@@ -91,8 +94,9 @@ class Builder:
         stop_at_eos=False,
         logits_out=None,
         board="host",
+        kv_type=None,
     ):
-        board, art, plan = self.build(model_dir, quant, ctx, board)
+        board, art, plan = self.build(model_dir, quant, ctx, board, kv_type)
         request = RunRequest(list(prompt), steps, sampling, stop_at_eos)
         result = run_on_board(
             board,

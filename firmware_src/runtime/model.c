@@ -3,13 +3,13 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "attention.h"
 #include "deltanet.h"
 #include "expert_cache.h"
 #include "kernels/kernels.h"
 #include "ops.h"
 #include "parallel.h"
 
-#define GROUP (COLIBRI_N_HEADS / COLIBRI_N_KV_HEADS) /* query heads per KV head */
 #define READS_KEPT_BLOCKS (COLIBRI_READS_Q5_0 || COLIBRI_READS_Q5_1 || COLIBRI_READS_Q4_K || COLIBRI_READS_Q5_K || COLIBRI_READS_Q6_K || COLIBRI_READS_Q3_K || COLIBRI_READS_Q2_K || COLIBRI_READS_IQ4_NL || COLIBRI_READS_IQ4_XS || COLIBRI_READS_MXFP4) /* some matrix is a kept GGUF type's blocks */
 
 /* The generator's blocks of the kept GGUF types (model_def.h) are the kernels' (kernels.h). */
@@ -33,6 +33,11 @@ void colibri_buffers_init(ColibriBuffers *b)
     b->k = (float *)(s + COLIBRI_SCRATCH_K_OFFSET);
     b->v = (float *)(s + COLIBRI_SCRATCH_V_OFFSET);
     b->att = (float *)(s + COLIBRI_SCRATCH_ATT_OFFSET);
+#if COLIBRI_KV_TYPE != COLIBRI_KV_F32
+    b->kv_tile = (float *)(s + COLIBRI_SCRATCH_KV_TILE_OFFSET);
+#else
+    b->kv_tile = NULL;
+#endif
     b->attn_out = (float *)(s + COLIBRI_SCRATCH_ATTN_OUT_OFFSET);
     b->proj = (float *)(s + COLIBRI_SCRATCH_PROJ_OFFSET);
     b->gate = (float *)(s + COLIBRI_SCRATCH_GATE_OFFSET);
@@ -502,62 +507,6 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
 }
 #endif
 
-/* Position t of layer `layer` lives in slot t % slots of that layer's part of the KV arenas. */
-static int64_t kv_slot(int layer, int32_t t)
-{
-    return colibri_kv_offset[layer] + (int64_t)(t % colibri_kv_slots[layer]) * COLIBRI_KV_DIM;
-}
-
-/* One token's attention, for the heads a thread takes. */
-typedef struct {
-    const ColibriBuffers *b;
-    int layer;
-    int32_t pos;
-    const float *q;
-    float *out;
-    const float *sinks; /* [N_HEADS] each head's sink logit (gpt-oss), or NULL */
-} AttentionJob;
-
-/* Attention of one token at position pos (its keys and values already in the cache) for heads
- * h_begin .. h_end - 1: the scores of the positions the layer sees (all, or its window), softmax,
- * the weighted sum of their values. q holds its queries, out receives those heads' outputs. */
-static void attention_heads(void *ctx, int h_begin, int h_end)
-{
-    const AttentionJob *j = ctx;
-    const int layer = j->layer;
-    const int32_t window = colibri_layer_window[layer];
-    const int32_t start = (window > 0 && j->pos - window + 1 > 0) ? j->pos - window + 1 : 0;
-    const int n = j->pos - start + 1;
-    const int32_t slots = colibri_kv_slots[layer];
-    const float *keys = colibri_key_cache + colibri_kv_offset[layer];
-    const float *values = colibri_value_cache + colibri_kv_offset[layer];
-    for (int h = h_begin; h < h_end; h++) {
-        float *att = j->b->att + (int64_t)h * COLIBRI_N_CTX; /* each head its own scores: heads run in parallel */
-        const int kv_head = (h / GROUP) * COLIBRI_HEAD_DIM;
-        kernel_attention_scores(att, j->q + h * COLIBRI_HEAD_DIM, keys + kv_head, start % slots, slots, n,
-                                COLIBRI_KV_DIM, COLIBRI_HEAD_DIM, COLIBRI_ATTN_SCALE);
-        if (j->sinks != NULL) {
-            op_softmax_with_sink(att, n, j->sinks[h]);
-        } else {
-            op_softmax(att, n);
-        }
-        kernel_attention_mix(j->out + h * COLIBRI_HEAD_DIM, att, values + kv_head, start % slots, slots, n,
-                             COLIBRI_KV_DIM, COLIBRI_HEAD_DIM);
-    }
-}
-
-/* The heads split over the threads once the context makes it worth waking them. */
-static void attention(const ColibriBuffers *b, int layer, int32_t pos, const float *q, float *out, const float *sinks)
-{
-    AttentionJob job = {b, layer, pos, q, out, sinks};
-    const int64_t macs = 2 * (int64_t)COLIBRI_N_HEADS * (pos + 1) * COLIBRI_HEAD_DIM;
-    if (macs < PARALLEL_MIN_MACS) {
-        attention_heads(&job, 0, COLIBRI_N_HEADS);
-    } else {
-        parallel_for(attention_heads, &job, COLIBRI_N_HEADS);
-    }
-}
-
 /* Queries and keys of one token at position pos: optional per-head RMSNorm, then RoPE. */
 static void position_qk(const ColibriLayerWeights *lw, int layer, int32_t pos, float *q, float *k)
 {
@@ -641,9 +590,9 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
     for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
         const ColibriLayerWeights *lw = &w->layers[l];
 
-        /* Attention block: the projections for all tokens at once, then token after token
-         * (each one's keys and values enter the cache before it attends, so a token sees
-         * exactly the positions up to its own, and a sliding layer's ring is never overrun). */
+        /* Attention block: the projections for all tokens at once, RoPE token after token, then
+         * attention over the cache (which the tokens' keys and values enter first, so a token sees
+         * exactly the positions up to its own). */
         normalize(b, lw->attn_norm, n);
 #if COLIBRI_N_LINEAR_LAYERS > 0
         if (colibri_layer_linear[l]) {
@@ -659,14 +608,9 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
             linear(b->q_gate, &xn, &lw->wq_gate, NULL, COLIBRI_Q_DIM);
 #endif
             for (int t = 0; t < n; t++) {
-                float *q = b->q + (int64_t)t * COLIBRI_Q_DIM;
-                float *k = b->k + (int64_t)t * COLIBRI_KV_DIM;
-                position_qk(lw, l, pos + t, q, k);
-                memcpy(colibri_key_cache + kv_slot(l, pos + t), k, COLIBRI_KV_DIM * sizeof(float));
-                memcpy(colibri_value_cache + kv_slot(l, pos + t), b->v + (int64_t)t * COLIBRI_KV_DIM,
-                       COLIBRI_KV_DIM * sizeof(float));
-                attention(b, l, pos + t, q, b->attn_out + (int64_t)t * COLIBRI_Q_DIM, lw->sinks);
+                position_qk(lw, l, pos + t, b->q + (int64_t)t * COLIBRI_Q_DIM, b->k + (int64_t)t * COLIBRI_KV_DIM);
             }
+            attention_layer(b, l, pos, n, lw->sinks); /* runtime/attention.c */
 #if COLIBRI_ATTN_OUTPUT_GATE
             for (int64_t i = 0; i < (int64_t)n * COLIBRI_Q_DIM; i++) {
                 b->attn_out[i] = b->attn_out[i] * op_sigmoid(b->q_gate[i]);

@@ -16,8 +16,10 @@ typedef struct {
     float *q;        /* [BATCH][Q_DIM] queries, heads side by side */
     float *k;        /* [BATCH][KV_DIM] keys, before they are copied into the KV cache */
     float *v;        /* [BATCH][KV_DIM] values, likewise */
-    float *att;      /* [N_HEADS][N_CTX] one token's attention scores over the positions it sees, then their
-                      * softmax; a row per head, as the heads run in parallel */
+    float *att;      /* [ATTENTION_BLOCK][N_HEADS][N_CTX] attention scores over the positions each query
+                      * token of a block sees, then their softmax; a row per token and head */
+    float *kv_tile;  /* [N_KV_HEADS][KV_TILE][HEAD_DIM] keys or values of an f16 or q8_0 cache widened to
+                      * float32, a tile per KV head, as the KV heads run in parallel (f32 caches: NULL) */
     float *attn_out; /* [BATCH][Q_DIM] attention output of all heads, the input of wo */
     float *proj;     /* [BATCH][DIM] output of wo or w_down, before it is added to x */
     float *gate;     /* [BATCH][FFN] FFN gate projection (of the dense FFN or of one expert) */

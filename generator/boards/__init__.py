@@ -2,7 +2,7 @@
 model) parsed from targets/<name>.toml when it loads, and the ways a board runs. Every stage may
 import this package; it imports none of them."""
 
-from .board import CATEGORIES, Board, MemoryRegion
+from .board import CATEGORIES, DEFAULT_KV_TYPE, KV_TYPES, Board, MemoryRegion
 from .esp_idf import IdfSettings
 from .flash import Flash, FlashImage
 from .load import TARGETS_DIR, available_boards, board_from_data, load_board
@@ -12,6 +12,8 @@ from .sources import firmware_sources
 
 __all__ = [
     "CATEGORIES",
+    "DEFAULT_KV_TYPE",
+    "KV_TYPES",
     "TARGETS_DIR",
     "Board",
     "BuildOnlyRunner",

@@ -13,6 +13,10 @@ from .predict import TimingModel
 from .runners import Runner
 
 CATEGORIES = ("code", "weights", "expanded_weights", "kv_cache", "scratch", "rope_tables")
+# How a KV cache may hold keys and values (docs/numerics.md, "KV cache"): float32, binary16 (the
+# default), or q8_0 blocks of 32 values with a binary16 scale. --kv-type or a board's kv_type.
+KV_TYPES = ("f32", "f16", "q8_0")
+DEFAULT_KV_TYPE = "f16"
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Board:
     idf: IdfSettings | None = None  # the [idf] section with [flash]: an ESP-IDF project
     predict: TimingModel | None = None  # the [predict] section: this board's timing model
     predicts: str | None = None  # the board whose speed bench predicts from this one's instruction counts
+    kv_type: str = DEFAULT_KV_TYPE  # the KV cache's type when --kv-type is not given (KV_TYPES)
 
     @property
     def is_esp_idf(self) -> bool:

@@ -21,6 +21,8 @@ Common fields (every board):
               (which of code, weights, expanded_weights, kv_cache, scratch, rope_tables live
               there; a board naming a region for expanded_weights gets q4_0 matrices expanded to
               int8 there at load whenever they fit)
+  kv_type     (optional, default "f16") how the KV cache holds keys and values when --kv-type is not
+              given: "f32", "f16" (binary16) or "q8_0" (docs/numerics.md, "KV cache")
   parallel    (optional, default "none") runtime/parallel/<name>.c: "pthread" on Linux boards
   code_reserve (optional) bytes set aside for code, constants and stack when checking a plan's fit
               before anything is compiled
@@ -48,7 +50,7 @@ from pathlib import Path
 from ..errors import ColibriError
 from ..files import REPO
 from ..sizes import AutoBudget, parse_budget
-from .board import CATEGORIES, Board, MemoryRegion
+from .board import CATEGORIES, DEFAULT_KV_TYPE, KV_TYPES, Board, MemoryRegion
 from .esp_idf import parse_idf
 from .flash import Flash, FlashImage
 from .predict import parse_predict
@@ -122,6 +124,13 @@ def _flash(section: dict | None) -> Flash | None:
     )
 
 
+def _kv_type(data: dict, path: Path) -> str:
+    kv_type = data.get("kv_type", DEFAULT_KV_TYPE)
+    if kv_type not in KV_TYPES:
+        raise ColibriError(f"{path.name}: kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+    return kv_type
+
+
 def board_from_data(data: dict, path: Path) -> Board:
     """A Board from a parsed board file (load_board reads targets/<name>.toml into this)."""
     try:
@@ -166,6 +175,7 @@ def board_from_data(data: dict, path: Path) -> Board:
             flash=flash,
             predict=parse_predict(data["predict"]) if "predict" in data else None,
             predicts=predicts,
+            kv_type=_kv_type(data, path),
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ColibriError(f"{path.name}: malformed board file ({e})") from None

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..boards import Board
+from ..boards import DEFAULT_KV_TYPE, Board
 from ..errors import ColibriError
 from ..files import REPO, slug
 from ..model.load import load_model
@@ -33,6 +33,7 @@ class BuildRequest:
     quant: str
     n_ctx: int
     out_dir: Path
+    kv_type: str = DEFAULT_KV_TYPE
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,11 @@ class Artifacts:
 BUILD_ROOT = Path(os.environ.get("COLIBRI_BUILD_DIR") or REPO / "build").resolve()
 
 
-def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int) -> Path:
-    """build/<board>/<model>-<quant>-ctx<N>: where a build goes unless --out says otherwise."""
-    return BUILD_ROOT / board.name / f"{slug(Path(model_dir).resolve().name)}-{quant}-ctx{n_ctx}"
+def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int, kv_type: str | None = None) -> Path:
+    """build/<board>/<model>-<quant>-ctx<N>: where a build goes unless --out says otherwise
+    (-kv<type> after it for a KV cache type other than the board's)."""
+    kv = f"-kv{kv_type}" if kv_type and kv_type != board.kv_type else ""
+    return BUILD_ROOT / board.name / f"{slug(Path(model_dir).resolve().name)}-{quant}-ctx{n_ctx}{kv}"
 
 
 def prepare(
@@ -70,19 +73,20 @@ def prepare(
     ctx: int | None,
     out_dir: Path | str | None = None,
     check_fit: bool = True,
+    kv_type: str | None = None,
 ) -> tuple[BuildRequest, Plan]:
     """Validate everything that can be validated without compiling; returns the plan too.
-    quant None: the model's default (a GGUF file's own blocks, else q8_0).
+    quant None: the model's default (a GGUF file's own blocks, else q8_0); kv_type None: the board's.
     check_fit=False leaves the memory budgets to the caller (`report` shows the table first)."""
     model_dir = Path(model_dir)
     checkpoint = load_model(model_dir, load_tensors=False)
-    plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx)
+    plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx, kv_type)
     quant, n_ctx = plan.quant, plan.n_ctx
     if check_fit:
         check_fits(board, plan)
     if out_dir is None:
-        out_dir = default_out_dir(board, model_dir, quant, n_ctx)
-    return BuildRequest(board, model_dir.resolve(), quant, n_ctx, Path(out_dir).resolve()), plan
+        out_dir = default_out_dir(board, model_dir, quant, n_ctx, plan.kv_type)
+    return BuildRequest(board, model_dir.resolve(), quant, n_ctx, Path(out_dir).resolve(), plan.kv_type), plan
 
 
 def generation_modules() -> list[Path]:
@@ -180,6 +184,7 @@ def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str
         f"model={req.model_dir}",
         f"quant={req.quant}",
         f"ctx={req.n_ctx}",
+        f"kv_type={req.kv_type}",
         f"out={req.out_dir}",
         *(extra or []),
     ]

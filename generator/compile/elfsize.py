@@ -15,6 +15,8 @@ ARENA_SYMBOLS = (
     "colibri_scratch",
     "colibri_key_cache",
     "colibri_value_cache",
+    "colibri_key_scales",
+    "colibri_value_scales",
     "colibri_rope_cos",
     "colibri_rope_sin",
     "colibri_tensor_table",

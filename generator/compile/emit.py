@@ -21,7 +21,7 @@ from ..numerics.quantize import INTEGER_QUANTS, KEPT_BLOCK_TYPES, SCALE_BYTES
 from . import image_format
 from .cache_plan import STORAGE_ALIGN, cache_constants
 from .image_format import DTYPE_CODES, QUANT_CODES
-from .plan import ALIGN, Plan, align_up, expert_groups
+from .plan import ALIGN, KV_TILE, Plan, align_up, expert_groups
 
 # A Gated DeltaNet layer's fields in ColibriLayerWeights (model_def.h), and which are matrices.
 LINEAR_LAYER_PARTS = (
@@ -321,7 +321,9 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         layer_rope=", ".join(str(i) for i in plan.layer_rope),
         kv_slots=", ".join(str(n) for n in plan.kv_slots),
         kv_offsets=", ".join(str(n) for n in plan.kv_offsets),
-        kv_floats=plan.kv_bytes // 8,
+        kv_type_code={"f32": 0, "f16": 1, "q8_0": 2}[plan.kv_type],
+        kv_ctype={"f32": "float", "f16": "uint16_t", "q8_0": "int8_t"}[plan.kv_type],
+        kv_tile=KV_TILE,
         moe=spec.n_experts > 0,
         layer_moe=", ".join("1" if m else "0" for m in (spec.moe_layers or (False,) * spec.n_layers)),
         moe_layer_indices=[i for i, m in enumerate(spec.moe_layers) if m],

@@ -44,9 +44,17 @@ def model_default_quant(checkpoint: Checkpoint) -> str:
     return GGUF if checkpoint.tensor_types is not None else "q8_0"
 
 
-def plan_checkpoint(checkpoint: Checkpoint, model_dir: Path, board: Board, quant: str | None, ctx: int | None) -> Plan:
+def plan_checkpoint(
+    checkpoint: Checkpoint,
+    model_dir: Path,
+    board: Board,
+    quant: str | None,
+    ctx: int | None,
+    kv_type: str | None = None,
+) -> Plan:
     """The plan of a checkpoint for a board: --quant gguf takes each tensor's block type from the
-    GGUF file it was read from; no --quant, the model's default (model_default_quant)."""
+    GGUF file it was read from; no --quant, the model's default (model_default_quant); no
+    --kv-type, the board's."""
     quant = quant or model_default_quant(checkpoint)
     n_ctx = resolve_ctx(board, checkpoint.spec.max_position_embeddings, ctx)
     gguf_types = checkpoint.tensor_types
@@ -57,7 +65,13 @@ def plan_checkpoint(checkpoint: Checkpoint, model_dir: Path, board: Board, quant
         )
     held = dict(getattr(checkpoint, "held_types", None) or {})
     return plan_for_board(
-        checkpoint.spec, board, quant, n_ctx, dict(gguf_types) if quant == GGUF else None, held_types=held
+        checkpoint.spec,
+        board,
+        quant,
+        n_ctx,
+        dict(gguf_types) if quant == GGUF else None,
+        held_types=held,
+        kv_type=kv_type,
     )
 
 
@@ -94,14 +108,21 @@ class QuantizeProgress:
 
 
 def generate(
-    model_dir: Path, board: Board, quant: str, ctx: int | None, out_dir: Path, progress=None, jobs: int | None = None
+    model_dir: Path,
+    board: Board,
+    quant: str,
+    ctx: int | None,
+    out_dir: Path,
+    progress=None,
+    jobs: int | None = None,
+    kv_type: str | None = None,
 ) -> Generated:
     """Generate every file for (model, board, quant, ctx) into out_dir. The weight image streams
     tensor by tensor (quantized in `jobs` worker processes; default: every core): memory stays
     bounded by the largest piece of a tensor, whatever the model's size. The bytes are the same at
     any job count."""
     checkpoint = load_model(model_dir)
-    plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx)
+    plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx, kv_type)
 
     report = None
     if progress:

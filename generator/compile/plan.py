@@ -17,6 +17,7 @@ from ..boards import CATEGORIES, Board
 from ..errors import ColibriError
 from ..model.spec import ModelSpec, expected_shapes
 from ..numerics import blocks
+from ..numerics.kv_cache import DEFAULT_KV_TYPE, check_kv_type, kv_arena_bytes
 from ..numerics.quantize import (
     GGUF,
     INTEGER_QUANTS,
@@ -31,6 +32,11 @@ from . import image_format
 
 ALIGN = image_format.ALIGN  # tensors in the image, buffers in the arenas
 PLAN_FORMAT = 1
+# Attention reads the KV cache in tiles of KV_TILE positions of one KV head (widened to float32 in
+# scratch when the cache is f16 or q8_0), each tile once for every query head sharing that KV head
+# and for up to ATTENTION_BLOCK query tokens of a prompt at once (runtime/attention.c).
+KV_TILE = 64
+ATTENTION_BLOCK = 16
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -207,7 +213,7 @@ class Plan:
     scratch_bytes: int
     kv_slots: tuple[int, ...]  # per layer: positions its KV cache holds (a ring of `window` for sliding layers)
     kv_offsets: tuple[int, ...]  # per layer: first float of its keys (or values) in the K (or V) arena
-    kv_bytes: int  # K and V for all layers
+    kv_bytes: int  # K and V for all layers (values and, for q8_0, their binary16 block scales)
     ropes: tuple  # distinct RopeSpecs; layer_rope[i] indexes this
     layer_rope: tuple[int, ...]
     rope_table_bytes: int  # cos + sin of every table
@@ -227,6 +233,18 @@ class Plan:
     # convolution's last kernel - 1 inputs, then each value head's key_dim x value_dim state (floats).
     linear_state_offsets: tuple[int, ...] = ()  # per layer: its first float in the arena; -1: not a DeltaNet layer
     linear_state_bytes: int = 0
+    kv_type: str = DEFAULT_KV_TYPE  # how the KV cache holds keys and values: f32, f16 or q8_0
+    attention_block: int = 1  # query tokens attention takes at once (each key tile read once for all)
+
+    @property
+    def kv_values(self) -> int:
+        """Keys (or values) of all layers, in values: the K (or V) arena's length."""
+        return sum(self.kv_slots) * self.spec.kv_dim
+
+    @property
+    def kv_scales(self) -> int:
+        """q8_0: the binary16 block scales of the K (or V) arena, one per 32 values; else 0."""
+        return self.kv_values // QK if self.kv_type == "q8_0" else 0
 
     @property
     def linear_conv_state_floats(self) -> int:
@@ -382,6 +400,7 @@ class Plan:
             "tensors": [asdict(t) for t in self.tensors],
             "scratch": {"bytes": self.scratch_bytes, "buffers": [asdict(b) for b in self.scratch]},
             "kv_cache": {
+                "type": self.kv_type,
                 "bytes": self.kv_bytes,
                 "slots_per_layer": list(self.kv_slots),
                 "kv_heads": self.spec.n_kv_heads,
@@ -537,6 +556,7 @@ def make_plan(
     gguf_types: dict[str, str] | None = None,
     held_types: dict[str, str] | None = None,
     speculate_tokens: int = 0,
+    kv_type: str = DEFAULT_KV_TYPE,
 ) -> Plan:
     """The plan for `spec` on `board`. Buffers of per-token activations have room for
     `prefill_batch` tokens: the prompt goes through the model that many tokens at a time, each
@@ -552,6 +572,7 @@ def make_plan(
         raise ColibriError(
             f"context length {n_ctx} exceeds the model's max_position_embeddings ({spec.max_position_embeddings})"
         )
+    check_kv_type(spec, kv_type)
     if quant == GGUF and not gguf_types:
         raise ColibriError("--quant gguf keeps a GGUF file's own blocks: the model must be a .gguf file")
     gguf_types = dict(gguf_types or {}) if quant == GGUF else {}
@@ -577,13 +598,19 @@ def make_plan(
     max_input = max(d, spec.q_dim, f, spec.linear_value_dim)
     n = prefill_batch
     spec_tokens = speculation_tokens(spec, speculate_tokens, prefill_batch, n_ctx)
+    attention_block = min(prefill_batch, ATTENTION_BLOCK)
     items = [
         ("x", "float", n * d, "residual stream, per token of the batch"),
         ("xn", "float", n * d, "normalised input of the current block, per token"),
         ("q", "float", n * spec.q_dim, "queries, per token"),
         ("k", "float", n * spec.kv_dim, "keys, per token (copied into the KV cache)"),
         ("v", "float", n * spec.kv_dim, "values, per token (copied into the KV cache)"),
-        ("att", "float", spec.n_heads * n_ctx, "attention scores over the context, per head (heads run in parallel)"),
+        (
+            "att",
+            "float",
+            attention_block * spec.n_heads * n_ctx,
+            "attention scores over the context, per query token of a block and per head",
+        ),
         ("attn_out", "float", n * spec.q_dim, "attention output of all heads, per token"),
         ("proj", "float", n * d, "output of wo or w_down before the residual add, per token"),
         ("gate", "float", n * f, "FFN gate projection (of a dense FFN or of one expert), per token"),
@@ -643,6 +670,15 @@ def make_plan(
             ("act_qs", "int8_t", n * max_input, "q8_0 quants of the current matmul input, per token"),
             ("act_d", "float", n * max_input // QK, "q8_0 block scales of the current matmul input, per token"),
         ]
+    if kv_type != "f32":
+        items.append(
+            (
+                "kv_tile",
+                "float",
+                spec.n_kv_heads * KV_TILE * spec.head_dim,
+                f"a tile of {KV_TILE} positions' keys or values widened to float32, per KV head",
+            )
+        )
     scratch, scratch_bytes = _arena(items)
     # Sliding-window layers keep only their window: position t lives in slot t % slots.
     # DeltaNet layers keep no keys or values: their state is the recurrent arena's.
@@ -678,7 +714,7 @@ def make_plan(
         scratch_bytes=scratch_bytes,
         kv_slots=kv_slots,
         kv_offsets=tuple(kv_offsets),
-        kv_bytes=2 * cursor * 4,
+        kv_bytes=2 * kv_arena_bytes(cursor, kv_type),
         ropes=tuple(ropes),
         layer_rope=tuple(layer_rope),
         rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.rotary_dim // 2) * 4,
@@ -692,6 +728,8 @@ def make_plan(
         held_types=tuple(held_types.items()),
         linear_state_offsets=tuple(linear_offsets) if any(spec.linear_layers) else (),
         linear_state_bytes=linear_cursor * 4,
+        kv_type=kv_type,
+        attention_block=attention_block,
     )
 
 
@@ -707,6 +745,23 @@ def replan(plan: Plan, n_ctx: int) -> Plan:
         dict(plan.gguf_types),
         dict(plan.held_types),
         plan.speculate_tokens,
+        plan.kv_type,
+    )
+
+
+def with_kv_type(plan: Plan, kv_type: str) -> Plan:
+    """The same plan with another KV cache type (report's table of every type)."""
+    return make_plan(
+        plan.spec,
+        plan.board,
+        plan.quant,
+        plan.n_ctx,
+        plan.prefill_batch,
+        plan.expand_q4,
+        dict(plan.gguf_types),
+        dict(plan.held_types),
+        plan.speculate_tokens,
+        kv_type,
     )
 
 
@@ -735,12 +790,14 @@ def plan_for_board(
     n_ctx: int,
     gguf_types: dict[str, str] | None = None,
     held_types: dict[str, str] | None = None,
+    kv_type: str | None = None,
 ) -> Plan:
     """The plan for a board. q4_0 weights are expanded to int8 in RAM at load (the q8_0 kernels
     then read them, with no nibbles to unpack per token) when the board has a region for expanded
     weights and everything still fits; otherwise the q4_0 kernels read them in place.
     gguf_types: for --quant gguf, each tensor's block type in the file; held_types: the tensors the
-    checkpoint holds already quantized (Checkpoint.held_types)."""
+    checkpoint holds already quantized (Checkpoint.held_types). kv_type None: the board's."""
+    kv_type = kv_type or board.kv_type
     plan = make_plan(
         spec,
         board.name,
@@ -750,6 +807,7 @@ def plan_for_board(
         gguf_types=gguf_types,
         held_types=held_types,
         speculate_tokens=board.speculate_tokens,
+        kv_type=kv_type,
     )
     if quant == "q4_0" and board.region_holding("expanded_weights") is not None:
         expanded = make_plan(
@@ -761,6 +819,7 @@ def plan_for_board(
             expand_q4=True,
             held_types=held_types,
             speculate_tokens=board.speculate_tokens,
+            kv_type=kv_type,
         )
         if not any(use.over_budget for use in planned_use(board, expanded)):
             return expanded

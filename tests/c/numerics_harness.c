@@ -1,7 +1,7 @@
 /* Test harness: runs one runtime operation on binary input from stdin, writes the result to
  * stdout, so tests can compare the C runtime with generator/numerics/ops.py bit for bit.
  *
- *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | rmsnorm N EPS | quantize N
+ *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | kernel_softmax N | rmsnorm N EPS | quantize N
  *           swiglu_clamped N ALPHA LIMIT (gate, then up) | softmax_sink N SINK
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS | matvec_q4_1 ROWS COLS
  *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 | matmul_q4_0 | matmul_q4_1 TOKENS ROWS COLS
@@ -12,8 +12,9 @@
  *           blocks_values TYPE BLOCKS32 (the values of BLOCKS32 32-value blocks: kernel_<type>_unpack,
  *           kernel_unpacked_value)
  *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
- *           attention N SLOTS FIRST_SLOT STRIDE HEAD_DIM SCALE  (a ring of SLOTS key and value rows of
- *           STRIDE floats; q, then p; output: the N scores, then the HEAD_DIM mixed values)
+ *           attention N N_Q STRIDE HEAD_DIM SCALE  (N key and value rows of STRIDE floats, N_Q queries, their
+ *           weights, the sums the mix continues; output: the N_Q x N scores, then the N_Q x HEAD_DIM sums)
+ *           kv_f16 N | kv_q8_0 N  (N floats as the KV cache stores them, and read back)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,6 +202,10 @@ int main(int argc, char **argv)
         float *x = read_exact(n * sizeof(float));
         op_softmax(x, n);
         write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "kernel_softmax") == 0) { /* the kernel set's softmax (attention's) */
+        float *x = read_exact(n * sizeof(float));
+        kernel_softmax(x, n);
+        write_all(x, n * sizeof(float));
     } else if (strcmp(op, "rmsnorm") == 0) {
         float eps = strtof(argv[3], NULL);
         float *x = read_exact(n * sizeof(float));
@@ -298,18 +303,41 @@ int main(int argc, char **argv)
             write_all(out + (size_t)t * stride, rows * sizeof(float));
         }
     } else if (strcmp(op, "attention") == 0) {
-        int slots = atoi(argv[3]), first = atoi(argv[4]), stride = atoi(argv[5]), head_dim = atoi(argv[6]);
-        float scale = strtof(argv[7], NULL);
-        float *keys = read_exact((size_t)slots * stride * sizeof(float));
-        float *values = read_exact((size_t)slots * stride * sizeof(float));
-        float *q = read_exact(head_dim * sizeof(float));
-        float *p = read_exact(n * sizeof(float));
-        float *att = malloc(n * sizeof(float));
-        float *out = malloc(head_dim * sizeof(float));
-        kernel_attention_scores(att, q, keys, first, slots, n, stride, head_dim, scale);
-        kernel_attention_mix(out, p, values, first, slots, n, stride, head_dim);
-        write_all(att, n * sizeof(float));
-        write_all(out, head_dim * sizeof(float));
+        /* N positions' key and value rows of STRIDE floats, N_Q queries of HEAD_DIM, their N_Q rows
+         * of N weights, and N_Q rows of HEAD_DIM that the mix adds onto */
+        int n_q = atoi(argv[3]), stride = atoi(argv[4]), head_dim = atoi(argv[5]);
+        float scale = strtof(argv[6], NULL);
+        float *keys = read_exact((size_t)n * stride * sizeof(float));
+        float *values = read_exact((size_t)n * stride * sizeof(float));
+        float *q = read_exact((size_t)n_q * head_dim * sizeof(float));
+        float *p = read_exact((size_t)n_q * n * sizeof(float));
+        float *out = read_exact((size_t)n_q * head_dim * sizeof(float));
+        float *att = malloc((size_t)n_q * n * sizeof(float));
+        kernel_attention_scores(att, n, q, head_dim, n_q, keys, stride, n, head_dim, scale);
+        kernel_attention_mix(out, head_dim, p, n, n_q, values, stride, n, head_dim);
+        write_all(att, (size_t)n_q * n * sizeof(float));
+        write_all(out, (size_t)n_q * head_dim * sizeof(float));
+    } else if (strcmp(op, "kv_f16") == 0) {
+        /* N floats rounded as an f16 KV cache writes them: the binary16 bits, then widened */
+        float *x = read_exact((size_t)n * sizeof(float));
+        KernelHalf *h = malloc((size_t)n * sizeof(KernelHalf));
+        float *wide = malloc((size_t)n * sizeof(float));
+        kernel_round_f16(h, x, n);
+        kernel_widen_f16(wide, h, n);
+        write_all(h, (size_t)n * sizeof(KernelHalf));
+        write_all(wide, (size_t)n * sizeof(float));
+    } else if (strcmp(op, "kv_q8_0") == 0) {
+        /* N floats (whole blocks) rounded as a q8_0 KV cache writes them: quants, binary16 scales,
+         * then widened */
+        float *x = read_exact((size_t)n * sizeof(float));
+        int8_t *qs = malloc((size_t)n);
+        KernelHalf *d = malloc((size_t)n / KERNEL_QK * sizeof(KernelHalf));
+        float *wide = malloc((size_t)n * sizeof(float));
+        kernel_round_q8_0(qs, d, x, n);
+        kernel_widen_q8_0(wide, qs, d, n);
+        write_all(qs, (size_t)n);
+        write_all(d, (size_t)n / KERNEL_QK * sizeof(KernelHalf));
+        write_all(wide, (size_t)n * sizeof(float));
     } else if (strcmp(op, "rng") == 0) {
         ColibriRng rng;
         rng_seed(&rng, strtoull(argv[2], NULL, 10));

@@ -152,13 +152,13 @@ def test_report_on_a_model_that_does_not_fit_shows_the_table_then_the_documented
     done = refused_before_compiling(tmp_path, "report", "--board", "esp32p4", "--quant", "f32")
     assert done.returncode == 2
     assert done.stdout.startswith(
-        "memory report: kjv-tiny (LlamaForCausalLM), f32, context 128, board esp32p4 "
+        "memory report: kjv-tiny (LlamaForCausalLM), f32, context 128, KV cache f16, board esp32p4 "
         "(planned, not linked: code is the board's reserve)"
     )
     assert "OVER BUDGET" in done.stdout and "weights" in done.stdout
     one_line_error(
         done,
-        "kjv-tiny (f32, context 128) does not fit board esp32p4: region l2mem needs 823,624 B "
-        "(code 45,056, weights 694,216, kv_cache 65,536, scratch 10,624, rope_tables 8,192; "
+        "kjv-tiny (f32, context 128) does not fit board esp32p4: region l2mem needs 794,952 B "
+        "(code 45,056, weights 694,216, kv_cache 32,768, scratch 14,720, rope_tables 8,192; "
         "code is the board's reserve) but has 393,216 B",
     )

@@ -107,6 +107,19 @@ def test_silu_softmax_rmsnorm_match(harness):
     assert_same_bits(got, numerics.rmsnorm(x, w, eps))
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1537])
+def test_attention_softmax_kernel_is_op_softmax(harness, n):
+    """kernel_softmax (what attention runs; AVX2 vectorizes its exponentials and divisions) gives
+    op_softmax's bits: rows around the vector width, scores far below the maximum (exp below -87
+    is 0), equal maxima."""
+    x = rng.normal(0, 30, n).astype(np.float32)
+    x[:: max(1, n // 5)] = np.float32(-200.0)
+    x[n // 2] = x.max() if n > 2 else x[n // 2]
+    got = c_floats(harness, ["kernel_softmax", n], f32_bytes(x), n)
+    assert_same_bits(got, numerics.softmax(x))
+    assert_same_bits(got, c_floats(harness, ["softmax", n], f32_bytes(x), n))
+
+
 def test_log_and_softplus_match_and_are_accurate(harness):
     x = np.concatenate(
         [np.geomspace(1e-30, 1e30, 4001, dtype=np.float32), np.array([1.0, 2.0, 1.4142135, 1.4142137], np.float32)]
@@ -430,43 +443,106 @@ def test_round_even_ties_to_even():
 
 
 @pytest.mark.parametrize(
-    "n,slots,first,stride,head_dim",
+    "n,n_q,stride,head_dim",
     [
-        (1, 8, 0, 16, 16),
-        (7, 8, 3, 32, 16),
-        (8, 8, 5, 64, 32),
-        (13, 16, 9, 96, 48),
-        (5, 5, 4, 64, 64),
-        (21, 32, 30, 256, 128),
-        (9, 12, 2, 24, 24),
-        (3, 4, 1, 300, 300),
-        # groups of eight positions (the AVX2 scores), wrapping the ring inside a group, with a tail
-        (43, 48, 37, 64, 64),
-        (24, 24, 7, 136, 128),
-        (17, 20, 19, 20, 20),
+        (1, 1, 16, 16),
+        (7, 3, 32, 16),
+        (8, 4, 64, 32),
+        (13, 2, 96, 48),
+        (5, 5, 64, 64),
+        (21, 1, 256, 128),
+        (9, 3, 24, 24),
+        (3, 2, 300, 300),
+        # groups of eight positions (the AVX2 scores) with a tail, more query heads than one pass takes
+        (43, 6, 64, 64),
+        (64, 9, 192, 64),
+        (24, 8, 136, 128),
+        (17, 3, 20, 20),
     ],
 )
-def test_attention_scores_and_mix_walk_the_ring_in_order(harness, n, slots, first, stride, head_dim):
-    """Each score is q . k summed over j in order, each mixed value sums p_i v_i over positions in
-    order, position i at ring slot (first + i) % slots: every kernel set, every head size (the
-    sizes the fallback specialises, one it does not, and one past its local arrays)."""
-    keys = rng.normal(0, 1, (slots, stride)).astype(np.float32)
-    values = rng.normal(0, 1, (slots, stride)).astype(np.float32)
-    q = rng.normal(0, 1, head_dim).astype(np.float32)
-    p = numerics.softmax(rng.normal(0, 2, n).astype(np.float32))
+def test_attention_tile_scores_and_mix_keep_each_sum_in_order(harness, n, n_q, stride, head_dim):
+    """Each score is q_a . k_i summed over j in order, for every query head a of the group; each
+    mixed value continues the sum it is given with p_a,i v_i over the positions in order: every
+    kernel set, every head size (the sizes the fallback specialises, one it does not, and one past
+    its local arrays)."""
+    keys = rng.normal(0, 1, (n, stride)).astype(np.float32)
+    values = rng.normal(0, 1, (n, stride)).astype(np.float32)
+    q = rng.normal(0, 1, (n_q, head_dim)).astype(np.float32)
+    p = np.stack([numerics.softmax(row) for row in rng.normal(0, 2, (n_q, n)).astype(np.float32)])
+    carried = rng.normal(0, 1, (n_q, head_dim)).astype(np.float32)  # the sum of an earlier tile
+    carried[0] = -0.0  # a sum's start
     scale = np.float32(1 / np.sqrt(head_dim))
-    ring = [(first + i) % slots for i in range(n)]
     raw = run_harness(
         harness,
-        ["attention", n, slots, first, stride, head_dim, float.hex(float(scale))],
-        f32_bytes(keys, values, q, p),
+        ["attention", n, n_q, stride, head_dim, float.hex(float(scale))],
+        f32_bytes(keys, values, q, p, carried),
     )
     got = np.frombuffer(raw, "<f4")
-    assert got.size == n + head_dim
-    want_scores = numerics.dot(keys[ring, :head_dim], q[None, :], axis=1) * scale
-    want_mix = numerics.seq_sum(p[:, None] * values[ring, :head_dim], axis=0)
-    assert_same_bits(got[:n], want_scores)
-    assert_same_bits(got[n:], want_mix)
+    assert got.size == n_q * (n + head_dim)
+    want_scores = numerics.dot(keys[None, :, :head_dim], q[:, None, :], axis=2) * scale
+    terms = np.concatenate([carried[:, None, :], p[:, :, None] * values[None, :, :head_dim]], axis=1)
+    want_mix = numerics.seq_sum(terms, axis=1)
+    assert_same_bits(got[: n_q * n], want_scores.reshape(-1))
+    assert_same_bits(got[n_q * n :], want_mix.reshape(-1))
+
+
+def kv_test_values():
+    """Floats a KV cache meets and the edges of binary16: normal ones, tiny ones (binary16
+    subnormals and below), ties between two binary16 values, the largest binary16 and beyond,
+    signed zeros, whole blocks of zeros and a block with one large value."""
+    ties = (np.arange(1, 2049, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-10)  # halfway in [1, 3)
+    edges = np.array([0.0, -0.0, 65504.0, -65504.0, 65519.0, 65520.0, 1e6, -1e30, 2.0**-24, 2.0**-25, 3e-8], np.float32)
+    x = np.concatenate(
+        [
+            rng.normal(0, 1, 4096).astype(np.float32),
+            rng.normal(0, 1e-5, 1024).astype(np.float32),
+            ties,
+            edges,
+            np.zeros(64, np.float32),
+            np.r_[np.float32(300.0), rng.normal(0, 0.01, 31).astype(np.float32)],
+        ]
+    )
+    return np.concatenate([x, np.zeros(-x.size % 32, np.float32)])
+
+
+def test_kv_cache_f16_rounds_to_nearest_even_saturating(harness):
+    """An f16 KV cache stores kernel_float_to_half(x) and reads back its exact float32 value: the
+    reference's numbers (generator/numerics/kv_cache.py), NumPy's binary16 rounding, +-65504 for
+    anything larger."""
+    from generator.numerics.kv_cache import kv_round, to_half_saturating
+
+    x = kv_test_values()
+    raw = run_harness(harness, ["kv_f16", x.size], f32_bytes(x))
+    halves = np.frombuffer(raw[: 2 * x.size], "<u2")
+    wide = np.frombuffer(raw[2 * x.size :], "<f4")
+    assert np.array_equal(halves, to_half_saturating(x).view(np.uint16))
+    assert_same_bits(wide, kv_round(x, "f16"))
+    assert to_half_saturating(np.float32(1e6)) == np.float16(65504)
+    assert np.array_equal(kv_round(x, "f16"), np.clip(x, -65504, 65504).astype(np.float16).astype(np.float32))
+
+
+def test_kv_cache_q8_0_blocks_match_the_reference(harness):
+    """A q8_0 KV cache stores the weights' q8_0 blocks of each row (binary16 scales) and reads back
+    (float)q * d: the reference's numbers, within half a step of the value."""
+    from generator.numerics.kv_cache import kv_round, quantize_kv_q8_0
+
+    x = kv_test_values()
+    x = x[np.abs(x) < 1e5]  # a scale beyond binary16's range saturates: the bits still agree, below
+    x = np.concatenate([x, np.zeros(-x.size % 32, np.float32)])
+    raw = run_harness(harness, ["kv_q8_0", x.size], f32_bytes(x))
+    nb = x.size // 32
+    qs = np.frombuffer(raw[: x.size], np.int8)
+    d = np.frombuffer(raw[x.size : x.size + 2 * nb], "<u2")
+    wide = np.frombuffer(raw[x.size + 2 * nb :], "<f4")
+    want_q, want_d = quantize_kv_q8_0(x)
+    assert np.array_equal(qs, want_q) and np.array_equal(d, want_d.view(np.uint16))
+    assert_same_bits(wide, kv_round(x, "q8_0"))
+    # Where d is a normal binary16 (11 significant bits), a value is within half a step, plus what
+    # rounding d costs the block's largest value (clipped at 127 steps).
+    step = np.repeat(want_d.astype(np.float32), 32)
+    normal = step >= 2.0**-14
+    assert normal.sum() > x.size // 2
+    assert np.all(np.abs(wide - x)[normal] <= step[normal] * (0.5 + 127 * 2.0**-11))
 
 
 # The reduction tree of a quantized row (docs/numerics.md): block b's term goes to partial b % 8,

@@ -75,7 +75,7 @@ def test_plan_scratch_and_kv_cache_sizes():
         assert b.offset % ALIGN == 0 and b.offset >= end
         end = b.offset + b.nbytes
     assert plan.scratch_bytes >= end
-    assert plan.kv_bytes == 2 * s.n_layers * 100 * s.n_kv_heads * s.head_dim * 4
+    assert plan.kv_type == "f16" and plan.kv_bytes == 2 * s.n_layers * 100 * s.n_kv_heads * s.head_dim * 2  # binary16
     assert plan.rope_table_bytes == 2 * 100 * 24 * 4
     assert "act_qs" not in {b.name for b in make_plan(s, "host", "f32", 100).scratch}
 

@@ -39,7 +39,7 @@ def test_the_recurrent_state_is_a_fixed_arena_beside_a_kv_cache_of_the_attention
         assert plan.linear_state_bytes == 3 * per_layer
         assert plan.linear_state_offsets == (0, per_layer // 4, 2 * per_layer // 4, -1)
         assert plan.kv_slots == (0, 0, 0, plan.n_ctx)  # keys and values of the attention layer only
-        assert plan.kv_bytes == 2 * plan.n_ctx * spec.kv_dim * 4
+        assert plan.kv_bytes == 2 * plan.n_ctx * spec.kv_dim * 2  # binary16
     assert large.context_state_bytes - small.context_state_bytes == large.kv_bytes - small.kv_bytes
     # report says what the state costs per layer, and that a longer context does not change it.
     host = load_board("host")

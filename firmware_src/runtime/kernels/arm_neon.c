@@ -40,6 +40,9 @@
 #define KERNEL_HAS_MATMUL_IQ4_NL
 #define KERNEL_HAS_MATMUL_IQ4_XS
 #define KERNEL_HAS_MATMUL_MXFP4
+#define KERNEL_HAS_ATTENTION_MIX
+#define KERNEL_HAS_WIDEN_F16
+#define KERNEL_HAS_WIDEN_Q8_0
 #define KERNEL_ATTENTION_CHAINS 4 /* an out-of-order core overlaps four positions' sums */
 #include "fallback.h"
 
@@ -1499,5 +1502,73 @@ void kernel_matmul_iq4_xs(float *out, int out_stride, const uint8_t *w, const in
         matmul_iq4_xs_dotprod(out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
     } else {
         blocks_matmul(BLOCKS_IQ4_XS, out, out_stride, w, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
+/* The weighted sum of values, four of a head's dimensions per vector (lane j carries out[j]'s chain
+ * over the positions in order: a multiply, then an add, never fused), up to 32 dimensions (eight
+ * vectors) in registers at once. */
+void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stride, int n_q, const float *values,
+                          int stride, int n, int head_dim)
+{
+    for (int a = 0; a < n_q; a++) {
+        float *o = out + (int64_t)a * out_stride;
+        const float *w = p + (int64_t)a * p_stride;
+        int j0 = 0;
+        for (; j0 + 32 <= head_dim; j0 += 32) {
+            float32x4_t acc[8];
+            for (int v = 0; v < 8; v++) {
+                acc[v] = vld1q_f32(o + j0 + 4 * v);
+            }
+            for (int i = 0; i < n; i++) {
+                const float *row = values + (int64_t)i * stride + j0;
+                const float32x4_t wi = vdupq_n_f32(w[i]);
+                for (int v = 0; v < 8; v++) {
+                    acc[v] = vaddq_f32(acc[v], vmulq_f32(wi, vld1q_f32(row + 4 * v)));
+                }
+            }
+            for (int v = 0; v < 8; v++) {
+                vst1q_f32(o + j0 + 4 * v, acc[v]);
+            }
+        }
+        for (; j0 + 4 <= head_dim; j0 += 4) {
+            float32x4_t acc = vld1q_f32(o + j0);
+            for (int i = 0; i < n; i++) {
+                acc = vaddq_f32(acc, vmulq_f32(vdupq_n_f32(w[i]), vld1q_f32(values + (int64_t)i * stride + j0)));
+            }
+            vst1q_f32(o + j0, acc);
+        }
+        for (; j0 < head_dim; j0++) {
+            float acc = o[j0];
+            for (int i = 0; i < n; i++) {
+                acc = acc + w[i] * values[(int64_t)i * stride + j0];
+            }
+            o[j0] = acc;
+        }
+    }
+}
+
+/* binary16 -> float32 with fcvtl (exact, subnormals included). */
+void kernel_widen_f16(float *out, const KernelHalf *h, int n)
+{
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        vst1q_f32(out + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + i))));
+    }
+    for (; i < n; i++) {
+        out[i] = kernel_half_to_float(h[i]);
+    }
+}
+
+/* q8_0 -> float32: each quant widened to float32 and times its block's widened scale (exact). */
+void kernel_widen_q8_0(float *out, const int8_t *qs, const KernelHalf *d, int n)
+{
+    for (int b = 0; b < n / KERNEL_QK; b++) {
+        const float32x4_t scale = vdupq_n_f32(kernel_half_to_float(d[b]));
+        for (int i = 0; i < KERNEL_QK; i += 8) {
+            const int16x8_t q = vmovl_s8(vld1_s8(qs + b * KERNEL_QK + i));
+            vst1q_f32(out + b * KERNEL_QK + i, vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(q))), scale));
+            vst1q_f32(out + b * KERNEL_QK + i + 4, vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(q))), scale));
+        }
     }
 }

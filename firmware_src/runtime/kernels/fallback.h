@@ -7,6 +7,7 @@
 #define COLIBRI_KERNELS_FALLBACK_H
 
 #include "kernels.h"
+#include "../ops.h" /* op_softmax: the scalar definition a set may vectorize */
 
 #ifndef KERNEL_HAS_DELTA_RULE_STEP
 void kernel_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
@@ -334,45 +335,31 @@ void kernel_matmul_mxfp4(float *out, int out_stride, const uint8_t *w, const int
 }
 #endif
 
-#if !defined(KERNEL_HAS_ATTENTION_SCORES) || !defined(KERNEL_HAS_ATTENTION_MIX)
 #ifndef KERNEL_ATTENTION_CHAINS
 #define KERNEL_ATTENTION_CHAINS 1 /* in-order cores: one sum at a time, fewest instructions */
-#endif
-
-/* The ring slot after `slot` (no division). */
-static inline int fallback_next_slot(int slot, int slots)
-{
-    return slot + 1 == slots ? 0 : slot + 1;
-}
-
 #endif
 
 #ifndef KERNEL_HAS_ATTENTION_SCORES
 /* Scores with the query in local variables: for a head_dim known at compile time (the
  * specialisations below) the compiler keeps it in registers. Out-of-order cores take
  * KERNEL_ATTENTION_CHAINS = 4: four positions side by side, four independent sums (each still over
- * j in order) whose additions overlap instead of waiting on one chain. */
+ * j in order) whose additions overlap instead of waiting on one chain. The tile's rows are read
+ * once per query head of the group, from the L1 cache after the first. */
 static inline __attribute__((always_inline)) void fallback_scores(float *att, const float *q, const float *keys,
-                                                                  int first_slot, int slots, int n, int stride,
-                                                                  const int head_dim, float scale)
+                                                                  int n, int stride, const int head_dim, float scale)
 {
     float qh[256];
 #pragma GCC unroll 16
     for (int j = 0; j < head_dim; j++) {
         qh[j] = q[j];
     }
-    int slot = first_slot % slots;
     int i = 0;
 #if KERNEL_ATTENTION_CHAINS == 4
     for (; i + 4 <= n; i += 4) {
-        const float *k0 = keys + (int64_t)slot * stride;
-        slot = fallback_next_slot(slot, slots);
-        const float *k1 = keys + (int64_t)slot * stride;
-        slot = fallback_next_slot(slot, slots);
-        const float *k2 = keys + (int64_t)slot * stride;
-        slot = fallback_next_slot(slot, slots);
-        const float *k3 = keys + (int64_t)slot * stride;
-        slot = fallback_next_slot(slot, slots);
+        const float *k0 = keys + (int64_t)i * stride;
+        const float *k1 = k0 + stride;
+        const float *k2 = k1 + stride;
+        const float *k3 = k2 + stride;
         float s0 = -0.0f, s1 = -0.0f, s2 = -0.0f, s3 = -0.0f;
         for (int j = 0; j < head_dim; j++) {
             s0 = s0 + qh[j] * k0[j];
@@ -387,57 +374,62 @@ static inline __attribute__((always_inline)) void fallback_scores(float *att, co
     }
 #endif
     for (; i < n; i++) {
-        const float *k = keys + (int64_t)slot * stride;
+        const float *k = keys + (int64_t)i * stride;
         float s = -0.0f;
 #pragma GCC unroll 16
         for (int j = 0; j < head_dim; j++) {
             s = s + qh[j] * k[j];
         }
         att[i] = s * scale;
-        slot = fallback_next_slot(slot, slots);
     }
 }
 
-void kernel_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
-                             int stride, int head_dim, float scale)
+static void fallback_scores_any(float *att, const float *q, const float *keys, int n, int stride, int head_dim,
+                                float scale)
 {
     switch (head_dim) { /* the usual head sizes, each compiled with its size known */
-    case 16: fallback_scores(att, q, keys, first_slot, slots, n, stride, 16, scale); break;
-    case 32: fallback_scores(att, q, keys, first_slot, slots, n, stride, 32, scale); break;
-    case 48: fallback_scores(att, q, keys, first_slot, slots, n, stride, 48, scale); break;
-    case 64: fallback_scores(att, q, keys, first_slot, slots, n, stride, 64, scale); break;
-    case 128: fallback_scores(att, q, keys, first_slot, slots, n, stride, 128, scale); break;
+    case 16: fallback_scores(att, q, keys, n, stride, 16, scale); break;
+    case 32: fallback_scores(att, q, keys, n, stride, 32, scale); break;
+    case 48: fallback_scores(att, q, keys, n, stride, 48, scale); break;
+    case 64: fallback_scores(att, q, keys, n, stride, 64, scale); break;
+    case 128: fallback_scores(att, q, keys, n, stride, 128, scale); break;
     default:
         if (head_dim <= 256) {
-            fallback_scores(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
+            fallback_scores(att, q, keys, n, stride, head_dim, scale);
         } else {
-            kernel_scalar_attention_scores(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
+            kernel_scalar_attention_scores(att, 0, q, 0, 1, keys, stride, n, head_dim, scale);
         }
         break;
+    }
+}
+
+void kernel_attention_scores(float *att, int att_stride, const float *q, int q_stride, int n_q, const float *keys,
+                             int stride, int n, int head_dim, float scale)
+{
+    for (int a = 0; a < n_q; a++) {
+        fallback_scores_any(att + (int64_t)a * att_stride, q + (int64_t)a * q_stride, keys, n, stride, head_dim, scale);
     }
 }
 #endif
 
 #ifndef KERNEL_HAS_ATTENTION_MIX
-/* The weighted sum with its head_dim sums in local variables (registers, for a small head). */
+/* The weighted sum with its head_dim sums in local variables (registers, for a small head),
+ * continuing from what out holds. */
 static inline __attribute__((always_inline)) void fallback_mix(float *out, const float *p, const float *values,
-                                                               int first_slot, int slots, int n, int stride,
-                                                               const int head_dim)
+                                                               int n, int stride, const int head_dim)
 {
     float acc[256];
 #pragma GCC unroll 16
     for (int j = 0; j < head_dim; j++) {
-        acc[j] = -0.0f;
+        acc[j] = out[j];
     }
-    int slot = first_slot % slots;
     for (int i = 0; i < n; i++) {
-        const float *v = values + (int64_t)slot * stride;
+        const float *v = values + (int64_t)i * stride;
         const float w = p[i];
 #pragma GCC unroll 16
         for (int j = 0; j < head_dim; j++) {
             acc[j] = acc[j] + w * v[j];
         }
-        slot = fallback_next_slot(slot, slots);
     }
 #pragma GCC unroll 16
     for (int j = 0; j < head_dim; j++) {
@@ -445,23 +437,51 @@ static inline __attribute__((always_inline)) void fallback_mix(float *out, const
     }
 }
 
-void kernel_attention_mix(float *out, const float *p, const float *values, int first_slot, int slots, int n,
-                          int stride, int head_dim)
+static void fallback_mix_any(float *out, const float *p, const float *values, int n, int stride, int head_dim)
 {
     switch (head_dim) {
-    case 16: fallback_mix(out, p, values, first_slot, slots, n, stride, 16); break;
-    case 32: fallback_mix(out, p, values, first_slot, slots, n, stride, 32); break;
-    case 48: fallback_mix(out, p, values, first_slot, slots, n, stride, 48); break;
-    case 64: fallback_mix(out, p, values, first_slot, slots, n, stride, 64); break;
-    case 128: fallback_mix(out, p, values, first_slot, slots, n, stride, 128); break;
+    case 16: fallback_mix(out, p, values, n, stride, 16); break;
+    case 32: fallback_mix(out, p, values, n, stride, 32); break;
+    case 48: fallback_mix(out, p, values, n, stride, 48); break;
+    case 64: fallback_mix(out, p, values, n, stride, 64); break;
+    case 128: fallback_mix(out, p, values, n, stride, 128); break;
     default:
         if (head_dim <= 256) {
-            fallback_mix(out, p, values, first_slot, slots, n, stride, head_dim);
+            fallback_mix(out, p, values, n, stride, head_dim);
         } else {
-            kernel_scalar_attention_mix(out, p, values, first_slot, slots, n, stride, head_dim);
+            kernel_scalar_attention_mix(out, 0, p, 0, 1, values, stride, n, head_dim);
         }
         break;
     }
+}
+
+void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stride, int n_q, const float *values,
+                          int stride, int n, int head_dim)
+{
+    for (int a = 0; a < n_q; a++) {
+        fallback_mix_any(out + (int64_t)a * out_stride, p + (int64_t)a * p_stride, values, n, stride, head_dim);
+    }
+}
+#endif
+
+#ifndef KERNEL_HAS_SOFTMAX
+void kernel_softmax(float *x, int n)
+{
+    op_softmax(x, n);
+}
+#endif
+
+#ifndef KERNEL_HAS_WIDEN_F16
+void kernel_widen_f16(float *out, const KernelHalf *h, int n)
+{
+    kernel_scalar_widen_f16(out, h, n);
+}
+#endif
+
+#ifndef KERNEL_HAS_WIDEN_Q8_0
+void kernel_widen_q8_0(float *out, const int8_t *qs, const KernelHalf *d, int n)
+{
+    kernel_scalar_widen_q8_0(out, qs, d, n);
 }
 #endif
 

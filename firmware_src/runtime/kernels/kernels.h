@@ -40,6 +40,36 @@ static inline float kernel_half_to_float(KernelHalf h)
     return v.f;
 }
 
+/* float32 -> binary16, rounded to nearest, ties to even, in portable C (the KV cache's rounding
+ * at write, docs/numerics.md): |f| of 65504 and more saturates to +-65504, so a finite value never
+ * becomes an infinity; a NaN stays a NaN. The rounding is done by float32 additions: |f| scaled so
+ * that binary16's last place is float32's, plus a power of two that puts the bits to keep at the
+ * bottom of the significand (Maratyszcza's FP16 conversion), exact in float32 round-to-nearest. */
+static inline KernelHalf kernel_float_to_half(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {f}, base, bias;
+    const uint32_t sign = (v.u >> 16) & 0x8000u;
+    const uint32_t magnitude = v.u & 0x7FFFFFFFu;
+    if (magnitude > 0x7F800000u) {
+        return (KernelHalf)(sign | 0x7E00u); /* NaN */
+    }
+    if (magnitude >= 0x477FE000u) {
+        return (KernelHalf)(sign | 0x7BFFu); /* 65504 and beyond: the largest binary16 */
+    }
+    v.u = magnitude;
+    base.f = (v.f * 0x1p112f) * 0x1p-110f;
+    uint32_t exponent = (magnitude << 1) & 0xFF000000u;
+    if (exponent < 0x71000000u) {
+        exponent = 0x71000000u;
+    }
+    bias.u = (exponent >> 1) + 0x07800000u;
+    base.f = bias.f + base.f;
+    return (KernelHalf)(sign | (((base.u >> 13) & 0x7C00u) + (base.u & 0x0FFFu)));
+}
+
 /* The reduction tree of a quantized row (docs/numerics.md, "q8_0 dot product"). Block b's term
  * t_b = (float)isum_b * (w_d_b * x_d_b) goes to partial b % KERNEL_PARTIALS; each partial adds its
  * terms in block order, starting from -0.0f (which its first term replaces exactly: -0.0f + t == t
@@ -408,15 +438,33 @@ void kernel_matmul_iq4_xs(float *out, int out_stride, const uint8_t *w, const in
 void kernel_matmul_mxfp4(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
                          int rows, int cols);
 
-/* Attention of one query head over n positions of the KV cache: position i's key (value) is at
- * keys (values) + ((first_slot + i) % slots) * stride, head_dim floats; the cache is a ring.
- *   scores: att[i] = (q . k_i) * scale, the dot product summed over j in order;
- *   mix:    out[j] = sum over i in order of p[i] * v_i[j].
- * Each sum starts from -0.0f, which the first term replaces exactly. */
-void kernel_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
-                             int stride, int head_dim, float scale);
-void kernel_attention_mix(float *out, const float *p, const float *values, int first_slot, int slots, int n,
-                          int stride, int head_dim);
+/* Attention over one tile of the KV cache: n consecutive positions of one KV head, row i's key
+ * (value) at keys (values) + i * stride, head_dim floats (read in place from an f32 cache, or
+ * widened exactly from an f16 or q8_0 one into a tile), and n_q query heads that share that KV
+ * head (grouped-query attention: the tile is read once for all of them):
+ *   scores: att[a * att_stride + i] = (q_a . k_i) * scale, q_a = q + a * q_stride, the dot
+ *           product summed over j in order from -0.0f (which the first term replaces exactly);
+ *   mix:    out[a * out_stride + j] += sum over i in order of p[a * p_stride + i] * v_i[j], one
+ *           addition at a time onto what out holds (the caller starts it at -0.0f), so a sum over
+ *           many tiles is the one chain over all positions in order. */
+void kernel_attention_scores(float *att, int att_stride, const float *q, int q_stride, int n_q, const float *keys,
+                             int stride, int n, int head_dim, float scale);
+void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stride, int n_q, const float *values,
+                          int stride, int n, int head_dim);
+/* op_softmax (ops.c) bit for bit: the maximum and the sum of the exponentials in order, one at a
+ * time; a set may compute the exponentials and the divisions several per vector. */
+void kernel_softmax(float *x, int n);
+
+/* A binary16 KV cache's values (n), and a q8_0 one's (n a multiple of KERNEL_QK: value i is
+ * (float)qs[i] * d[i / KERNEL_QK]), widened to float32: exact, so every set's bits are the same. */
+void kernel_widen_f16(float *out, const KernelHalf *h, int n);
+void kernel_widen_q8_0(float *out, const int8_t *qs, const KernelHalf *d, int n);
+/* The KV cache's rounding when a key or value row is written, defined once (kernels/scalar.c) for
+ * every set: binary16 by kernel_float_to_half; q8_0 per block of 32 as the weights' q8_0 (d =
+ * binary16(max|x| / 127), saturating; q = clamp(round_half_even(x * (1 / d)), -127, 127), all zero
+ * when d is 0). n is a multiple of KERNEL_QK for q8_0. */
+void kernel_round_f16(KernelHalf *out, const float *x, int n);
+void kernel_round_q8_0(int8_t *qs, KernelHalf *d, const float *x, int n);
 
 /* SwiGLU: up[i] = silu(gate[i]) * up[i], silu being op_silu (ops.c) bit for bit. */
 void kernel_swiglu(float *up, const float *gate, int n);
@@ -509,9 +557,11 @@ void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 void kernel_scalar_swiglu(float *up, const float *gate, int n);
 void kernel_scalar_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
                                    float beta, float *memory, int key_dim, int value_dim);
-void kernel_scalar_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
-                                    int stride, int head_dim, float scale);
-void kernel_scalar_attention_mix(float *out, const float *p, const float *values, int first_slot, int slots, int n,
-                                 int stride, int head_dim);
+void kernel_scalar_attention_scores(float *att, int att_stride, const float *q, int q_stride, int n_q,
+                                    const float *keys, int stride, int n, int head_dim, float scale);
+void kernel_scalar_attention_mix(float *out, int out_stride, const float *p, int p_stride, int n_q,
+                                 const float *values, int stride, int n, int head_dim);
+void kernel_scalar_widen_f16(float *out, const KernelHalf *h, int n);
+void kernel_scalar_widen_q8_0(float *out, const int8_t *qs, const KernelHalf *d, int n);
 
 #endif

@@ -216,29 +216,74 @@ void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
     }
 }
 
-void kernel_scalar_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
-                                    int stride, int head_dim, float scale)
+void kernel_scalar_attention_scores(float *att, int att_stride, const float *q, int q_stride, int n_q,
+                                    const float *keys, int stride, int n, int head_dim, float scale)
 {
-    for (int i = 0; i < n; i++) {
-        const float *k = keys + (int64_t)((first_slot + i) % slots) * stride;
-        float s = -0.0f;
-        for (int j = 0; j < head_dim; j++) {
-            s = s + q[j] * k[j];
+    for (int a = 0; a < n_q; a++) {
+        for (int i = 0; i < n; i++) {
+            const float *k = keys + (int64_t)i * stride;
+            float s = -0.0f;
+            for (int j = 0; j < head_dim; j++) {
+                s = s + q[(int64_t)a * q_stride + j] * k[j];
+            }
+            att[(int64_t)a * att_stride + i] = s * scale;
         }
-        att[i] = s * scale;
     }
 }
 
-void kernel_scalar_attention_mix(float *out, const float *p, const float *values, int first_slot, int slots, int n,
-                                 int stride, int head_dim)
+void kernel_scalar_attention_mix(float *out, int out_stride, const float *p, int p_stride, int n_q,
+                                 const float *values, int stride, int n, int head_dim)
 {
-    for (int j = 0; j < head_dim; j++) {
-        out[j] = -0.0f;
+    for (int a = 0; a < n_q; a++) {
+        for (int i = 0; i < n; i++) {
+            const float *v = values + (int64_t)i * stride;
+            for (int j = 0; j < head_dim; j++) {
+                out[(int64_t)a * out_stride + j] = out[(int64_t)a * out_stride + j] + p[(int64_t)a * p_stride + i] * v[j];
+            }
+        }
     }
+}
+
+void kernel_scalar_widen_f16(float *out, const KernelHalf *h, int n)
+{
     for (int i = 0; i < n; i++) {
-        const float *v = values + (int64_t)((first_slot + i) % slots) * stride;
-        for (int j = 0; j < head_dim; j++) {
-            out[j] = out[j] + p[i] * v[j];
+        out[i] = kernel_half_to_float(h[i]);
+    }
+}
+
+void kernel_scalar_widen_q8_0(float *out, const int8_t *qs, const KernelHalf *d, int n)
+{
+    for (int b = 0; b < n / KERNEL_QK; b++) {
+        const float scale = kernel_half_to_float(d[b]);
+        for (int i = 0; i < KERNEL_QK; i++) {
+            out[b * KERNEL_QK + i] = (float)qs[b * KERNEL_QK + i] * scale;
+        }
+    }
+}
+
+void kernel_round_f16(KernelHalf *out, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = kernel_float_to_half(x[i]);
+    }
+}
+
+void kernel_round_q8_0(int8_t *qs, KernelHalf *d, const float *x, int n)
+{
+    for (int b = 0; b < n / KERNEL_QK; b++) {
+        const float *xb = x + b * KERNEL_QK;
+        float amax = 0.0f;
+        for (int i = 0; i < KERNEL_QK; i++) {
+            const float a = fabsf(xb[i]);
+            amax = a > amax ? a : amax;
+        }
+        d[b] = kernel_float_to_half(amax / 127.0f);
+        const float scale = kernel_half_to_float(d[b]);
+        const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+        for (int i = 0; i < KERNEL_QK; i++) {
+            float q = (xb[i] * inverse + 12582912.0f) - 12582912.0f; /* round half to even */
+            q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+            qs[b * KERNEL_QK + i] = (int8_t)(int32_t)q;
         }
     }
 }

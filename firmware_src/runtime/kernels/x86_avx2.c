@@ -24,6 +24,10 @@
 #define KERNEL_HAS_DELTA_RULE_STEP
 #define KERNEL_HAS_QUANTIZE_Q8_0
 #define KERNEL_HAS_ATTENTION_SCORES
+#define KERNEL_HAS_ATTENTION_MIX
+#define KERNEL_HAS_WIDEN_F16
+#define KERNEL_HAS_SOFTMAX
+#define KERNEL_HAS_WIDEN_Q8_0
 /* the kept GGUF types, defined in x86_avx2_blocks.c (the same kernel set) */
 #define KERNEL_HAS_MATVEC_Q5_0
 #define KERNEL_HAS_MATMUL_Q5_0
@@ -1074,6 +1078,57 @@ static inline __m256 silu8(__m256 x)
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
+/* op_softmax eight exponentials and divisions at a time, each lane op_expf's steps as silu8's
+ * (x - max is never above 0, so only the low end needs its case); the maximum and the sum stay
+ * scalar, in order, as op_softmax computes them. */
+static void softmax_avx2(float *x, int n)
+{
+    float max = x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] > max) {
+            max = x[i];
+        }
+    }
+    const __m256 vmax = _mm256_set1_ps(max);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), vmax);
+        const __m256 below = _mm256_cmp_ps(v, _mm256_set1_ps(-87.0f), _CMP_NGE_UQ);
+        const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+        const __m256 c = _mm256_min_ps(v, _mm256_set1_ps(88.0f));
+        const __m256i k = _mm256_cvtps_epi32(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)));
+        const __m256 kf = _mm256_cvtepi32_ps(k);
+        __m256 r = _mm256_sub_ps(c, _mm256_mul_ps(kf, _mm256_set1_ps(0.693145751953125f)));
+        r = _mm256_sub_ps(r, _mm256_mul_ps(kf, _mm256_set1_ps(1.42860676533018e-06f)));
+        __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 120.0f));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 24.0f));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 6.0f));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+        const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+        const __m256 e = _mm256_mul_ps(p, scale);
+        _mm256_storeu_ps(x + i, _mm256_blendv_ps(e, _mm256_and_ps(nan, v), below)); /* 0, or the NaN itself */
+    }
+    for (; i < n; i++) {
+        const float v = x[i] - max;
+        x[i] = v >= -87.0f ? op_expf_in_range(v) : (v != v ? v : 0.0f);
+    }
+    float sum = -0.0f;
+    for (int t = 0; t < n; t++) {
+        sum = sum + x[t];
+    }
+    const __m256 vsum = _mm256_set1_ps(sum);
+    i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), vsum));
+    }
+    for (; i < n; i++) {
+        x[i] = x[i] / sum;
+    }
+}
+
 static void swiglu_avx2(float *up, const float *gate, int n)
 {
     int i = 0;
@@ -1116,48 +1171,136 @@ static void delta_rule_step_avx2(float *out, float *state, const float *q, const
 
 /* Attention scores, eight positions per vector: lane p carries position i + p's sum over j in
  * order, from -0.0f, the scalar kernel's chain lane by lane. Eight keys' next eight values are
- * loaded and transposed (column t lane p = key p's value j + t), then each column is one multiply
- * and one add for the eight positions; the transposes overlap the previous columns' additions.
- * Positions past the last group of eight take the scalar loop. Measured against fallback.h's four
- * scalar chains: decode 1.03-1.05x at 240 positions of the SmolLM2-135M shape, level at 128; the
- * scores stay ~8 % of decoding there, bound by reading the keys (each read once per query head). */
-static void attention_scores_avx2(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
-                                  int stride, int head_dim, float scale)
+ * loaded and transposed once (column t lane p = key p's value j + t) for up to four query heads of
+ * the group (grouped-query attention), each column then one multiply and one add per query head;
+ * the transposes overlap the additions. Positions past the last group of eight take the scalar
+ * loop. */
+__attribute__((always_inline)) static inline void scores_avx2_heads(float *att, int att_stride, const float *q,
+                                                                   int q_stride, const int m, const float *keys,
+                                                                   int stride, int n, int head_dim, float scale)
 {
-    int slot = first_slot % slots;
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        const float *k[8];
-        for (int p = 0; p < 8; p++) {
-            k[p] = keys + (int64_t)slot * stride;
-            slot = slot + 1 == slots ? 0 : slot + 1;
+        const float *k = keys + (int64_t)i * stride;
+        __m256 acc[4];
+        for (int a = 0; a < m; a++) {
+            acc[a] = _mm256_set1_ps(-0.0f);
         }
-        __m256 acc = _mm256_set1_ps(-0.0f);
         int j = 0;
         for (; j + 8 <= head_dim; j += 8) {
             __m256 col[8];
             for (int p = 0; p < 8; p++) {
-                col[p] = _mm256_loadu_ps(k[p] + j);
+                col[p] = _mm256_loadu_ps(k + (int64_t)p * stride + j);
             }
             transpose8(col);
             for (int t = 0; t < 8; t++) {
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(q[j + t]), col[t]));
+                for (int a = 0; a < m; a++) {
+                    acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_set1_ps(q[(int64_t)a * q_stride + j + t]), col[t]));
+                }
             }
         }
         for (; j < head_dim; j++) {
-            const __m256 col = _mm256_setr_ps(k[0][j], k[1][j], k[2][j], k[3][j], k[4][j], k[5][j], k[6][j], k[7][j]);
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(q[j]), col));
+            const __m256 col = _mm256_setr_ps(k[j], k[stride + j], k[2 * stride + j], k[3 * stride + j],
+                                              k[4 * stride + j], k[5 * stride + j], k[6 * stride + j],
+                                              k[7 * stride + j]);
+            for (int a = 0; a < m; a++) {
+                acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_set1_ps(q[(int64_t)a * q_stride + j]), col));
+            }
         }
-        _mm256_storeu_ps(att + i, _mm256_mul_ps(acc, _mm256_set1_ps(scale)));
+        for (int a = 0; a < m; a++) {
+            _mm256_storeu_ps(att + (int64_t)a * att_stride + i, _mm256_mul_ps(acc[a], _mm256_set1_ps(scale)));
+        }
     }
     for (; i < n; i++) {
-        const float *k = keys + (int64_t)slot * stride;
-        float s = -0.0f;
-        for (int j = 0; j < head_dim; j++) {
-            s = s + q[j] * k[j];
+        const float *k = keys + (int64_t)i * stride;
+        for (int a = 0; a < m; a++) {
+            float s = -0.0f;
+            for (int j = 0; j < head_dim; j++) {
+                s = s + q[(int64_t)a * q_stride + j] * k[j];
+            }
+            att[(int64_t)a * att_stride + i] = s * scale;
         }
-        att[i] = s * scale;
-        slot = slot + 1 == slots ? 0 : slot + 1;
+    }
+}
+
+static void attention_scores_avx2(float *att, int att_stride, const float *q, int q_stride, int n_q,
+                                  const float *keys, int stride, int n, int head_dim, float scale)
+{
+    for (int a0 = 0; a0 < n_q; a0 += 4) { /* up to four query heads per pass over the keys */
+        float *att0 = att + (int64_t)a0 * att_stride;
+        const float *q0 = q + (int64_t)a0 * q_stride;
+        switch (n_q - a0 < 4 ? n_q - a0 : 4) { /* each count compiled with its accumulators known */
+        case 1: scores_avx2_heads(att0, att_stride, q0, q_stride, 1, keys, stride, n, head_dim, scale); break;
+        case 2: scores_avx2_heads(att0, att_stride, q0, q_stride, 2, keys, stride, n, head_dim, scale); break;
+        case 3: scores_avx2_heads(att0, att_stride, q0, q_stride, 3, keys, stride, n, head_dim, scale); break;
+        default: scores_avx2_heads(att0, att_stride, q0, q_stride, 4, keys, stride, n, head_dim, scale); break;
+        }
+    }
+}
+
+/* The weighted sum of values, eight of a head's dimensions per vector (lane j carries out[j]'s
+ * chain over the positions in order), up to 64 dimensions (eight vectors) in registers at once. */
+static void attention_mix_avx2(float *out, int out_stride, const float *p, int p_stride, int n_q,
+                               const float *values, int stride, int n, int head_dim)
+{
+    for (int a = 0; a < n_q; a++) {
+        float *o = out + (int64_t)a * out_stride;
+        const float *w = p + (int64_t)a * p_stride;
+        int j0 = 0;
+        for (; j0 + 64 <= head_dim; j0 += 64) {
+            __m256 acc[8];
+            for (int v = 0; v < 8; v++) {
+                acc[v] = _mm256_loadu_ps(o + j0 + 8 * v);
+            }
+            for (int i = 0; i < n; i++) {
+                const float *row = values + (int64_t)i * stride + j0;
+                const __m256 wi = _mm256_set1_ps(w[i]);
+                for (int v = 0; v < 8; v++) {
+                    acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(wi, _mm256_loadu_ps(row + 8 * v)));
+                }
+            }
+            for (int v = 0; v < 8; v++) {
+                _mm256_storeu_ps(o + j0 + 8 * v, acc[v]);
+            }
+        }
+        for (; j0 + 8 <= head_dim; j0 += 8) {
+            __m256 acc = _mm256_loadu_ps(o + j0);
+            for (int i = 0; i < n; i++) {
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(w[i]), _mm256_loadu_ps(values + (int64_t)i * stride + j0)));
+            }
+            _mm256_storeu_ps(o + j0, acc);
+        }
+        for (; j0 < head_dim; j0++) {
+            float acc = o[j0];
+            for (int i = 0; i < n; i++) {
+                acc = acc + w[i] * values[(int64_t)i * stride + j0];
+            }
+            o[j0] = acc;
+        }
+    }
+}
+
+/* binary16 -> float32 with F16C (vcvtph2ps: exact, subnormals included). */
+static void widen_f16_avx2(float *out, const KernelHalf *h, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    }
+    for (; i < n; i++) {
+        out[i] = kernel_half_to_float(h[i]);
+    }
+}
+
+/* q8_0 -> float32: each quant widened to float32 and times its block's widened scale (exact). */
+static void widen_q8_0_avx2(float *out, const int8_t *qs, const KernelHalf *d, int n)
+{
+    for (int b = 0; b < n / KERNEL_QK; b++) {
+        const __m256 scale = _mm256_set1_ps(kernel_half_to_float(d[b]));
+        for (int i = 0; i < KERNEL_QK; i += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + b * KERNEL_QK + i)));
+            _mm256_storeu_ps(out + b * KERNEL_QK + i, _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale));
+        }
     }
 }
 
@@ -1304,12 +1447,49 @@ void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
     }
 }
 
-void kernel_attention_scores(float *att, const float *q, const float *keys, int first_slot, int slots, int n,
-                             int stride, int head_dim, float scale)
+void kernel_attention_scores(float *att, int att_stride, const float *q, int q_stride, int n_q, const float *keys,
+                             int stride, int n, int head_dim, float scale)
 {
     if (have_avx2_f16c()) {
-        attention_scores_avx2(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
+        attention_scores_avx2(att, att_stride, q, q_stride, n_q, keys, stride, n, head_dim, scale);
     } else {
-        kernel_scalar_attention_scores(att, q, keys, first_slot, slots, n, stride, head_dim, scale);
+        kernel_scalar_attention_scores(att, att_stride, q, q_stride, n_q, keys, stride, n, head_dim, scale);
+    }
+}
+
+void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stride, int n_q, const float *values,
+                          int stride, int n, int head_dim)
+{
+    if (have_avx2_f16c()) {
+        attention_mix_avx2(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim);
+    } else {
+        kernel_scalar_attention_mix(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim);
+    }
+}
+
+void kernel_softmax(float *x, int n)
+{
+    if (have_avx2_f16c()) {
+        softmax_avx2(x, n);
+    } else {
+        op_softmax(x, n);
+    }
+}
+
+void kernel_widen_f16(float *out, const KernelHalf *h, int n)
+{
+    if (have_avx2_f16c()) {
+        widen_f16_avx2(out, h, n);
+    } else {
+        kernel_scalar_widen_f16(out, h, n);
+    }
+}
+
+void kernel_widen_q8_0(float *out, const int8_t *qs, const KernelHalf *d, int n)
+{
+    if (have_avx2_f16c()) {
+        widen_q8_0_avx2(out, qs, d, n);
+    } else {
+        kernel_scalar_widen_q8_0(out, qs, d, n);
     }
 }

@@ -56,8 +56,8 @@ def test_report_json_of_a_config_on_host(tmp_path):
     rep = json.loads(done.stdout)
     assert rep["planned_only"] and rep["fits"] and rep["n_ctx"] == 1024
     (ram,) = rep["regions"]
-    # 28 layers x 1024 positions x 8 KV heads x 128 x (K and V) x 4 bytes
-    assert ram["items"]["kv_cache"] == 28 * 1024 * 8 * 128 * 2 * 4
+    # 28 layers x 1024 positions x 8 KV heads x 128 x (K and V) x 2 bytes (the default binary16 cache)
+    assert ram["items"]["kv_cache"] == 28 * 1024 * 8 * 128 * 2 * 2
 
 
 def test_gemma3_270m_shaped_random_checkpoint_verifies_on_host(tmp_path):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..sizes import AutoBudget
@@ -22,6 +22,17 @@ class MemoryRegion:
     base: int
     size: int  # bytes; 0 = no fixed budget
     holds: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SelftestSettings:
+    """The [selftest] section: the golden decode the build embeds (its prompt's length and its greedy
+    steps) and whether the firmware runs the self-test at boot (MCU boards) as well as on a
+    selftest request (every board)."""
+
+    boot: bool = False
+    prompt_tokens: int = 4
+    steps: int = 4
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,7 @@ class Board:
     idf: IdfSettings | None = None  # the [idf] section with [flash]: an ESP-IDF project
     predict: TimingModel | None = None  # the [predict] section: this board's timing model
     predicts: str | None = None  # the board whose speed bench predicts from this one's instruction counts
+    selftest: SelftestSettings = field(default_factory=lambda: SelftestSettings())  # the [selftest] section
 
     @property
     def is_esp_idf(self) -> bool:

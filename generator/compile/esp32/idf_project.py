@@ -27,6 +27,7 @@ from ...boards.esp_idf import FLASH_FREQS
 from ...errors import ColibriError
 from ...files import REPO, write_atomic
 from ..emit import GENERATED_FILES, environment
+from ..pipeline import SELFTEST_DATA_FILE
 from ..image import read_header
 from ..pipeline import WEIGHTS_FILE
 from ..plan import Plan, align_up
@@ -240,7 +241,7 @@ def write_project(board: Board, plan: Plan, generated_dir: Path, project_dir: Pa
         raise ColibriError(f"{generated_dir}: weights.img and model_data.c are from different generations: regenerate")
 
     copies = project_sources(board, repo)
-    copies += [(generated_dir / n, f"{COLIBRI_DIR}/generated/{n}") for n in sorted(GENERATED_FILES)]
+    copies += [(generated_dir / n, f"{COLIBRI_DIR}/generated/{n}") for n in sorted((*GENERATED_FILES, SELFTEST_DATA_FILE))]
     rel_paths = [rel for _, rel in copies] + [TEMPLATES["colibri_idf.h"]]
     context = template_context(board, plan, s, header.model_hash, sorted(rel_paths))
 

@@ -101,12 +101,17 @@ def job_options(args) -> JobOptions:
 
 
 def _run(args, stream: bool) -> Ran:
+    return _run_prepared(args, stream)[2]
+
+
+def _run_prepared(args, stream: bool):
+    """(prepared, built, ran): the run, and what made it (verify asks the same firmware again)."""
     options = job_options(args)
     prepared = job.prepare_run(options)
     built = job.build(prepared)
     text_out = TextStream(prepared.tokenizer, enabled=stream and not args.json, echo=prepared.inputs.text)
     try:
-        return job.run_built(prepared, built, on_token=text_out)
+        return prepared, built, job.run_built(prepared, built, on_token=text_out)
     finally:
         text_out.end_line()
 
@@ -143,7 +148,7 @@ def cmd_run(args) -> int:
 
 def cmd_verify(args) -> int:
     try:
-        ran = _run(args, stream=True)
+        prepared, built, ran = _run_prepared(args, stream=True)
     except FirmwareMismatch as e:
         # Another firmware answered: a verdict about what is on the board, not a broken link.
         if args.json:
@@ -172,6 +177,8 @@ def cmd_verify(args) -> int:
         )
     ref = reference_run(plan, ran.art.weights, request)
     comparison = compare(result, ref)
+    # The firmware's own check (golden vectors inside it): its boot run on MCU boards, else asked.
+    selftest = job.selftest_built(prepared, built, result.selftest) if board.runner.runs_here or prepared.port else None
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
     summary = {
         "board": board.name,
@@ -184,7 +191,8 @@ def cmd_verify(args) -> int:
         "firmware": {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason},
         "reference": {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason},
         "text": decode_text(ran.tokenizer, result.tokens),
-        "pass": comparison.passed,
+        "pass": comparison.passed and (selftest is None or selftest.passed),
+        "selftest": {"pass": selftest.passed, **selftest.fields} if selftest else None,
         "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts}
         if ref.expert_counts
         else None,
@@ -195,8 +203,14 @@ def cmd_verify(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(comparison.verdict(board.name, plan.quant, mode))
-    return 0 if comparison.passed else 1
+        if selftest is not None and not selftest.passed:
+            progress(comparison.verdict(board.name, plan.quant, mode))
+            print(f"FAIL: the {board.name} firmware's {selftest.line()}")
+        else:
+            if selftest is not None:
+                progress(selftest.line())
+            print(comparison.verdict(board.name, plan.quant, mode))
+    return 0 if summary["pass"] else 1
 
 
 def cmd_chat(args) -> int:

@@ -3,7 +3,7 @@ against the board's budgets, with the largest context that would still fit."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .boards import CATEGORIES, Board
@@ -118,6 +118,9 @@ class MemoryReport:
     code_estimate: int | None  # planned only: the board's code reserve
     memory_budget: CachePlan | None = None  # the expert cache, under --memory-budget
     linear_state: dict[str, Any] | None = None  # Gated DeltaNet layers: Plan.linear_state_report()
+    # The self-test's share of the linked firmware (code, rodata, ram bytes) and whether it runs at
+    # boot; None: planned only
+    selftest: dict[str, Any] | None = None
 
     @property
     def planned_only(self) -> bool:
@@ -155,6 +158,8 @@ class MemoryReport:
             out["memory_budget"] = self.memory_budget.to_dict()
         if self.linear_state is not None:
             out["linear_state"] = self.linear_state
+        if self.selftest is not None:
+            out["selftest"] = self.selftest
         return out
 
 
@@ -162,7 +167,8 @@ def linked_report(board: Board, plan: Plan, elf: ElfSizes) -> MemoryReport:
     """The report of a linked firmware (its arenas checked against the plan first)."""
     check_elf_against_plan(plan, elf)
     largest = largest_fitting_ctx(board, plan, linked_use(board, plan, elf))
-    return _report(board, plan, regions(board, plan, elf), largest, elf_sections=elf.sections, code_estimate=None)
+    rep = _report(board, plan, regions(board, plan, elf), largest, elf_sections=elf.sections, code_estimate=None)
+    return replace(rep, selftest={**elf.selftest, "boot": board.selftest.boot, "steps": board.selftest.steps})
 
 
 def kept_f32_of(plan: Plan) -> KeptF32:
@@ -235,6 +241,13 @@ def format_report(rep: MemoryReport) -> str:
         "  largest context that fits: "
         + ("no limit on this board" if largest is None else "none" if largest == 0 else str(largest))
     )
+    if rep.selftest:
+        t = rep.selftest
+        when = "at boot and on a selftest request" if t["boot"] else "on a selftest request"
+        lines.append(
+            f"  self-test ({when}; its bytes are counted above): {t['code']:,} B code, {t['rodata']:,} B "
+            f"read-only data (golden vectors of {t['steps']} steps, its kernel table), {t['ram']:,} B RAM (its fixed input)"
+        )
     if rep.memory_budget:
         lines += budget_lines(rep.memory_budget)
     return "\n".join(lines)

@@ -33,7 +33,7 @@ int colibri_serve_line(const char *line, int len, int load_status, const char *l
     }
     const char *problem = colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX);
     if (problem == NULL && req.selftest) {
-        return colibri_selftest(load_status, load_message); /* a refused image is a FAIL, saying why */
+        return colibri_selftest(load_status, load_message, 1); /* a refused image is a FAIL, saying why */
     }
     if (problem == NULL && req.threads != 1) {
         problem = "this board runs one thread";
@@ -55,7 +55,7 @@ int colibri_serve_line(const char *line, int len, int load_status, const char *l
 int colibri_boot_selftest(int load_status, const char *load_message)
 {
 #if COLIBRI_SELFTEST_AT_BOOT
-    return colibri_selftest(load_status, load_message);
+    return colibri_selftest(load_status, load_message, 0);
 #else
     (void)load_status;
     (void)load_message;

@@ -24,10 +24,11 @@ extern const int32_t colibri_selftest_prompt[COLIBRI_SELFTEST_PROMPT_TOKENS];
 extern const int32_t colibri_selftest_tokens[COLIBRI_SELFTEST_STEPS];
 extern const uint8_t colibri_selftest_digests[COLIBRI_SELFTEST_STEPS][32];
 
-/* Run both checks and send the selftest frame, then a done frame (reason=selftest). load_status:
+/* Run both checks and send the selftest frame, then, answering a request, a done frame
+ * (reason=selftest; a boot run sends none: the host's first request is still to come). load_status:
  * the loader's status for the weight image (0: loaded); otherwise the decode cannot run and the
  * frame says why (load_message, or the loader's own words when NULL). Returns 0 on PASS, else
  * COLIBRI_ERR_SELFTEST. The conversation the firmware held is forgotten. */
-int colibri_selftest(int load_status, const char *load_message);
+int colibri_selftest(int load_status, const char *load_message, int answering);
 
 #endif

@@ -132,7 +132,9 @@ def _selftest(section: dict | None, runner: Runner) -> SelftestSettings:
     if not isinstance(boot, bool):
         raise ValueError(f"[selftest] boot must be true or false, got {boot!r}")
     if boot and runner.takes_memory_budget:
-        raise ValueError("[selftest] boot is for MCU boards: a Linux firmware is a process, asked with a selftest request")
+        raise ValueError(
+            "[selftest] boot is for MCU boards: a Linux firmware is a process, asked with a selftest request"
+        )
     settings = SelftestSettings(boot, _int(section.get("prompt_tokens", 4)), _int(section.get("steps", 4)))
     if not (1 <= settings.prompt_tokens <= 64 and 1 <= settings.steps <= 64):
         raise ValueError("[selftest] prompt_tokens and steps must be between 1 and 64")

@@ -642,7 +642,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (status != 0 && req.selftest) {
-        colibri_selftest(status, NULL); /* a refused image: the self-test's FAIL says why */
+        colibri_selftest(status, NULL, 1); /* a refused image: the self-test's FAIL says why */
     } else if (status != 0) {
         colibri_report_error(status, colibri_status_message(status));
     } else {

@@ -31,8 +31,8 @@ from typing import TextIO
 
 from ..errors import ColibriError
 from .protocol import Frame
-from .session import Selftest
 from .serial_link import SerialLink
+from .session import Selftest
 
 _SGR = re.compile(r"\x1b\[[0-9;]*m")  # colour codes (ESP-IDF logs use them): kept
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything else could drive the terminal: escaped

@@ -27,9 +27,8 @@ from ...boards.esp_idf import FLASH_FREQS
 from ...errors import ColibriError
 from ...files import REPO, write_atomic
 from ..emit import GENERATED_FILES, environment
-from ..pipeline import SELFTEST_DATA_FILE
 from ..image import read_header
-from ..pipeline import WEIGHTS_FILE
+from ..pipeline import SELFTEST_DATA_FILE, WEIGHTS_FILE
 from ..plan import Plan, align_up
 from .partitions import MMU_PAGE, Partition, check_partitions
 

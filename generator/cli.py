@@ -387,6 +387,34 @@ def cmd_release(args) -> int:
     return 0
 
 
+def cmd_deploy(args) -> int:
+    from .device.remote import parse_remote
+    from .release.deploy import DEFAULT_ROOT, deploy_inventory, deploy_remote, payload_of
+
+    if (args.remote is None) == (args.inventory is None):
+        raise ColibriError("deploy needs --remote HOST (one board) or --inventory FILE (an Ansible inventory), not both")
+    payload = payload_of(args.bundle)
+    if args.remote is not None:
+        outcomes = [deploy_remote(parse_remote(args.remote), payload, args.root or DEFAULT_ROOT)]
+    else:
+        outcomes = deploy_inventory(args.inventory, payload, args.root)
+    if args.json:
+        print(json.dumps({"release": payload.name, "slot": payload.slot, "hosts": [o.to_json() for o in outcomes]}, indent=2))
+    else:
+        for o in outcomes:
+            print(o.line())
+    return 0 if all(o.passed for o in outcomes) else 1
+
+
+def cmd_rollback(args) -> int:
+    from .device.remote import parse_remote
+    from .release.deploy import rollback_remote
+
+    current = rollback_remote(parse_remote(args.remote), args.root)
+    print(json.dumps({"host": args.remote, "current": current}) if args.json else f"{args.remote}: current {current}")
+    return 0
+
+
 def cmd_verify_release(args) -> int:
     from .release.check import check_release
 
@@ -729,6 +757,24 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
         help="directory holding the release's model files (default: models/<the release's model name>)",
     )
     p.add_argument("--no-rebuild", action="store_true", help="check hashes and the signature only")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+    p = command(
+        "deploy",
+        cmd_deploy,
+        "install a release on Linux boards into a new slot, run its self-test there, switch only on PASS",
+    )
+    p.add_argument("bundle", type=Path, help="the release bundle directory (./colibri release's output)")
+    p.add_argument("--remote", metavar="[USER@]HOST[:PORT]", help="the board, over SSH")
+    p.add_argument("--inventory", type=Path, metavar="FILE", help="an Ansible inventory: every host, by ansible-playbook")
+    p.add_argument(
+        "--root", help="the slots' directory on the boards (default /opt/colibri; with --inventory: each host's colibri_root)"
+    )
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+    p = command("rollback", cmd_rollback, "point a Linux board's current slot back at the one it replaced")
+    p.add_argument("--remote", required=True, metavar="[USER@]HOST[:PORT]", help="the board, over SSH")
+    p.add_argument("--root", default="/opt/colibri", help="the slots' directory on the board (default /opt/colibri)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
     p = command("clean", cmd_clean, "remove builds under build/: all of them, or one board's or one model's")

@@ -392,14 +392,20 @@ def cmd_deploy(args) -> int:
     from .release.deploy import DEFAULT_ROOT, deploy_inventory, deploy_remote, payload_of
 
     if (args.remote is None) == (args.inventory is None):
-        raise ColibriError("deploy needs --remote HOST (one board) or --inventory FILE (an Ansible inventory), not both")
+        raise ColibriError(
+            "deploy needs --remote HOST (one board) or --inventory FILE (an Ansible inventory), not both"
+        )
     payload = payload_of(args.bundle)
     if args.remote is not None:
         outcomes = [deploy_remote(parse_remote(args.remote), payload, args.root or DEFAULT_ROOT)]
     else:
         outcomes = deploy_inventory(args.inventory, payload, args.root)
     if args.json:
-        print(json.dumps({"release": payload.name, "slot": payload.slot, "hosts": [o.to_json() for o in outcomes]}, indent=2))
+        print(
+            json.dumps(
+                {"release": payload.name, "slot": payload.slot, "hosts": [o.to_json() for o in outcomes]}, indent=2
+            )
+        )
     else:
         for o in outcomes:
             print(o.line())
@@ -766,9 +772,12 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     )
     p.add_argument("bundle", type=Path, help="the release bundle directory (./colibri release's output)")
     p.add_argument("--remote", metavar="[USER@]HOST[:PORT]", help="the board, over SSH")
-    p.add_argument("--inventory", type=Path, metavar="FILE", help="an Ansible inventory: every host, by ansible-playbook")
     p.add_argument(
-        "--root", help="the slots' directory on the boards (default /opt/colibri; with --inventory: each host's colibri_root)"
+        "--inventory", type=Path, metavar="FILE", help="an Ansible inventory: every host, by ansible-playbook"
+    )
+    p.add_argument(
+        "--root",
+        help="the slots' directory on the boards (default /opt/colibri; with --inventory: each host's colibri_root)",
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 

@@ -52,7 +52,9 @@ def payload_of(bundle: Path) -> Payload:
         build = (manifest["firmware"].get("build_id") or manifest["model_hash"])[:12]
         name = manifest["name"]
     except FileNotFoundError:
-        raise ColibriError(f"{bundle} is not a release bundle (no {MANIFEST}): make one with ./colibri release") from None
+        raise ColibriError(
+            f"{bundle} is not a release bundle (no {MANIFEST}): make one with ./colibri release"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ColibriError(f"{bundle / MANIFEST}: not a release manifest ({e})") from None
     if not board.runner.takes_remote:
@@ -178,7 +180,7 @@ def rollback_remote(remote: Remote, root: str = DEFAULT_ROOT) -> str:
     """Point the board's current back at the slot it replaced; returns that slot."""
     q = shlex.quote
     # colibri-slot goes along on stdin: the board needs nothing of Colibri installed.
-    script = f"tmp=$(mktemp); cat > \"$tmp\"; sh \"$tmp\" rollback {q(root)}; status=$?; rm -f \"$tmp\"; exit $status"
+    script = f'tmp=$(mktemp); cat > "$tmp"; sh "$tmp" rollback {q(root)}; status=$?; rm -f "$tmp"; exit $status'
     status, output = _ssh(remote, script, SLOT_SCRIPT.read_bytes(), "rolling back")
     if status != 0:
         last = next((line for line in reversed(output.splitlines()) if line.strip()), "no output")
@@ -235,7 +237,9 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
                 r = json.loads(found.read_text())
                 outcomes.append(outcome_of(host, payload.slot, int(r["rc"]), r["stdout"] + "\n" + r["stderr"]))
             else:
-                outcomes.append(Deployed(host, payload.slot, "unreachable", None, "", unreachable_reason(done.stdout, host)))
+                outcomes.append(
+                    Deployed(host, payload.slot, "unreachable", None, "", unreachable_reason(done.stdout, host))
+                )
     if not hosts:
         raise ColibriError(f"--inventory {inventory}: no hosts (ansible-playbook said: {done.stdout.decode()[-200:]})")
     return outcomes
@@ -248,7 +252,9 @@ def hosts_of(inventory: Path, env: dict[str, str]) -> list[str]:
     try:
         data = json.loads(done.stdout)
     except ValueError:
-        raise ColibriError(f"--inventory {inventory}: not an Ansible inventory ({done.stderr.decode()[-200:].strip()})") from None
+        raise ColibriError(
+            f"--inventory {inventory}: not an Ansible inventory ({done.stderr.decode()[-200:].strip()})"
+        ) from None
     return sorted(data.get("_meta", {}).get("hostvars", {}))
 
 

@@ -223,6 +223,7 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
             # The same ssh the other commands use (an -F config, options): its arguments for Ansible.
             env["ANSIBLE_SSH_ARGS"] = shlex.join([*shlex.split(ssh)[1:], "-o", "BatchMode=yes"])
         env.setdefault("ANSIBLE_NOCOLOR", "1")
+        env.setdefault("ANSIBLE_PIPELINING", "True")  # one ssh session per task, not three
         done = subprocess.run(
             [playbook, "-i", str(inventory), str(PLAYBOOK), "-e", json.dumps(extra)],
             capture_output=True,

@@ -1,17 +1,20 @@
 """deploy and rollback on Linux boards over real SSH (tests/sshd.py: OpenSSH servers on localhost
 ports, each board's slots in a directory of its own): a release goes into a new slot, its self-test
-runs there, and `current` moves only on PASS; a damaged image rolls back by itself."""
+runs there, and `current` moves only on PASS; a damaged image rolls back by itself. The fleet run
+goes through the shipped playbook with the real ansible-playbook, two boards, one given a damaged
+image (the host variable colibri_host_weights): it rolls back while the other updates."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sshd import ALIAS, Sshd  # noqa: E402
@@ -81,3 +84,36 @@ def test_deploy_switches_only_on_pass_and_rolls_back(release, boards, tmp_path, 
 
     assert rollback_remote(remote, str(root)) == first.slot
     assert slots(root) == (f"slots/{first.slot}", second.slot)
+
+
+def test_deploy_through_ansible_two_boards_one_rolls_back(release, boards, tmp_path):
+    good, bad = boards
+    damaged = variant(release, tmp_path, "damaged", damage=True) / "generated" / "weights.img"
+    roots = {"board-a": tmp_path / "a", "board-b": tmp_path / "b"}
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text(
+        "[boards]\n"
+        f"board-a ansible_host=127.0.0.1 ansible_port={good.port} ansible_user=root colibri_root={roots['board-a']}\n"
+        f"board-b ansible_host=127.0.0.1 ansible_port={bad.port} ansible_user=root colibri_root={roots['board-b']} "
+        f"colibri_host_weights={damaged}\n"
+        "[boards:vars]\nansible_python_interpreter=/usr/bin/python3\n"
+    )
+    # One client config for both boards: the second trusts the first's key, one known_hosts for the two.
+    (bad.root / "authorized_keys").write_text((good.root / "id_ed25519.pub").read_text())
+    known = good.root / "known_hosts"
+    known.write_text(known.read_text() + (bad.root / "known_hosts").read_text())
+    done = subprocess.run(
+        [sys.executable, "-m", "generator.cli", "deploy", str(release), "--inventory", str(inventory), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, COLIBRI_SSH_COMMAND=good.ssh_command()),
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    hosts = {h["host"]: h for h in json.loads(done.stdout)["hosts"]}
+    slot = payload_of(release).slot
+    assert hosts["board-a"]["outcome"] == "pass" and hosts["board-a"]["current"] == slot, hosts
+    assert os.readlink(roots["board-a"] / "current") == f"slots/{slot}"
+    assert hosts["board-b"]["outcome"] == "rolled back" and hosts["board-b"]["selftest"]["result"] == "fail", hosts
+    assert not (roots["board-b"] / "current").exists() and not (roots["board-b"] / "slots" / slot).exists()

@@ -369,10 +369,15 @@ def cmd_monitor(args) -> int:
 
 
 def cmd_release(args) -> int:
+    from .release.artifacts import check_artifact_options, write_mender, write_rauc
+    from .release.deploy import payload_of
     from .release.make import make_release
 
     if args.out is None:
         raise ColibriError("release needs --out DIR: the directory for the bundle and its tarball")
+    check_artifact_options(args.format, args.artifact_key, args.artifact_cert)
+    if args.format is not None and not load_board(args.board).runner.takes_remote:
+        raise ColibriError(f"--format {args.format} is for Linux boards (host, linux-aarch64), not {args.board}")
     release = make_release(
         args.board,
         args.model,
@@ -383,7 +388,20 @@ def cmd_release(args) -> int:
         progress=None if args.json else progress,
         jobs=args.jobs,
     )
-    print(json.dumps(release.summary(), indent=2) if args.json else release.describe())
+    summary = release.summary()
+    if args.format is not None:
+        payload = payload_of(release.bundle)
+        if args.format == "mender":
+            artifact = write_mender(payload, release.bundle.parent, args.artifact_key)
+        else:
+            artifact = write_rauc(payload, release.bundle.parent, args.artifact_key, args.artifact_cert)
+        summary[args.format] = str(artifact)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(release.describe())
+        if args.format is not None:
+            print(f"  {args.format} {summary[args.format]} (slot {payload.slot}, through colibri-slot on the board)")
     return 0
 
 
@@ -738,6 +756,20 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
         metavar="KEY",
         help="sign manifest.json with this ed25519 private key "
         "(PEM, e.g. from `openssl genpkey -algorithm ed25519`, or OpenSSH)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("mender", "rauc"),
+        help="also write a Mender artifact (mender-artifact) or a RAUC bundle (rauc) of it, beside the bundle",
+    )
+    p.add_argument(
+        "--artifact-key",
+        type=Path,
+        metavar="KEY",
+        help="sign the Mender artifact or RAUC bundle with this RSA or ECDSA P-256 private key (PEM)",
+    )
+    p.add_argument(
+        "--artifact-cert", type=Path, metavar="CERT", help="--format rauc: the X.509 certificate of --artifact-key"
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 

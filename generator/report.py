@@ -246,7 +246,8 @@ def format_report(rep: MemoryReport) -> str:
         when = "at boot and on a selftest request" if t["boot"] else "on a selftest request"
         lines.append(
             f"  self-test ({when}; its bytes are counted above): {t['code']:,} B code, {t['rodata']:,} B "
-            f"read-only data (golden vectors of {t['steps']} steps, its kernel table), {t['ram']:,} B RAM (its fixed input)"
+            f"read-only data (golden vectors of {t['steps']} steps, its kernel table), {t['ram']:,} B RAM of its own "
+            f"(its fixed input lies in the scratch arena when that is large enough)"
         )
     if rep.memory_budget:
         lines += budget_lines(rep.memory_budget)

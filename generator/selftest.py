@@ -16,7 +16,7 @@ from pathlib import Path
 from .boards import Board
 from .compile.emit import c_comment, environment
 from .compile.image import map_image
-from .compile.pipeline import SELFTEST_DATA_FILE
+from .compile.pipeline import SELFTEST_CHECKS_FILE, SELFTEST_DATA_FILE
 from .compile.plan import Plan
 from .files import write_atomic
 from .numerics.sampling import SamplingParams
@@ -24,6 +24,17 @@ from .reference import Reference
 
 GOLDEN_FILE = SELFTEST_DATA_FILE
 GOLDEN_TEMPLATE = "selftest_data.c.j2"
+CHECKS_FILE = SELFTEST_CHECKS_FILE
+CHECKS_TEMPLATE = "selftest_checks.h.j2"
+# The block types whose kernels the self-test can check (firmware_src/app/selftest.c); f32 and q8_0
+# (the activations' type) are always checked.
+CHECKABLE = ("q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs", "mxfp4")
+
+
+def checked_types(plan: Plan) -> dict[str, int]:
+    """Block type -> 1 if this model's matrices use it (its kernels are checked), else 0."""
+    used = {t.dtype for t in plan.tensors}
+    return {name: int(name in used) for name in CHECKABLE}
 
 
 def golden_prompt(plan: Plan, n: int) -> list[int]:
@@ -57,8 +68,14 @@ def render_golden(golden: Golden, board: Board) -> str:
     return environment().get_template(GOLDEN_TEMPLATE).render(context)
 
 
+def render_checks(plan: Plan) -> str:
+    return environment().get_template(CHECKS_TEMPLATE).render(checks=checked_types(plan), quant=plan.quant)
+
+
 def write_golden(plan: Plan, weights: Path, board: Board, out: Path) -> Golden:
-    """selftest_data.c for the image at `weights`, written whole or not at all."""
+    """selftest_data.c for the image at `weights`, and selftest_checks.h beside it (the block types
+    whose kernels are checked), each written whole or not at all."""
     golden = golden_run(plan, weights, board)
+    write_atomic(out.parent / CHECKS_FILE, render_checks(plan).encode())
     write_atomic(out, render_golden(golden, board).encode())
     return golden

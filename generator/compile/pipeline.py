@@ -26,6 +26,7 @@ OUTPUT_FILES = (*GENERATED_FILES, WEIGHTS_FILE, PLAN_FILE)
 # The self-test's golden vectors, generated after the image by the NumPy reference (generator/selftest.py:
 # the SConstruct's GOLDEN builder), compiled with model_data.c.
 SELFTEST_DATA_FILE = "selftest_data.c"
+SELFTEST_CHECKS_FILE = "selftest_checks.h"  # with it: the block types whose kernels the self-test checks
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from generator.compile.pipeline import SELFTEST_DATA_FILE
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest
 from generator.errors import ColibriError
-from generator.selftest import golden_run
+from generator.selftest import checked_types, golden_run
 
 SELFTEST = RunRequest([], 0, selftest=True)
 
@@ -43,7 +43,9 @@ def test_host_firmware_passes_its_selftest_and_fails_on_a_damaged_image(builder,
     board, art, plan = builder.build(DEFAULT_MODEL, ctx=64)
     good = run_on_board(board, art.program, art.weights, SELFTEST, art.model_hash())
     assert good.selftest is not None and good.selftest.passed, good.selftest
-    assert int(good.selftest.fields["kernels_checked"]) >= 30
+    # f32 and q8_0 products (one token, batched), activation quantization (quants, scales), SwiGLU,
+    # attention scores and mix; and both products of every other block type the model uses.
+    assert int(good.selftest.fields["kernels_checked"]) == 9 + 2 * sum(checked_types(plan).values())
     assert good.selftest.fields["steps"] == str(board.selftest.steps)
     assert good.stop_reason == "selftest" and good.tokens == []
 

@@ -301,6 +301,10 @@ int colibri_selftest(int load_status, const char *load_message, int answering)
     if (load_status == 0) {
         decode_status = colibri_decode_quietly(colibri_selftest_prompt, COLIBRI_SELFTEST_PROMPT_TOKENS,
                                                COLIBRI_SELFTEST_STEPS, tokens, digests, &steps);
+#ifdef COLIBRI_TEST_SELFTEST_DAMAGE_STEP
+        /* Test builds only: one bit of one step's logits digest flipped, as a wrong forward pass would. */
+        digests[COLIBRI_TEST_SELFTEST_DAMAGE_STEP][0] ^= 1;
+#endif
         divergent = decode_status == 0 ? first_divergence(steps) : -1;
     }
     const uint64_t us = bsp_time_us() - t0;

@@ -11,6 +11,8 @@ import re
 import pytest
 from conftest import DEFAULT_MODEL
 
+from generator.boards import load_board
+from generator.compile.build import prepare, run_scons
 from generator.compile.pipeline import SELFTEST_DATA_FILE
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest
@@ -69,3 +71,15 @@ def test_qemu_rv32_runs_its_selftest_at_boot_and_fails_by_itself_on_a_damaged_im
             board, art.program, art.weights, SELFTEST, art.model_hash(), flash_image=damaged(art.weights, tmp_path)
         )
     assert re.search(r"error 17: .*\(self-test FAIL: weight image refused: .*CRC-32", str(failed.value))
+
+
+def test_a_firmware_whose_decode_differs_from_the_golden_one_names_the_step(tmp_path):
+    """A test build whose self-test sees step 2's logits differ (COLIBRI_TEST_SELFTEST_DAMAGE_STEP):
+    FAIL, naming the step, its token the expected one, its logits different."""
+    board = load_board("host")
+    req, plan = prepare(board, DEFAULT_MODEL, "q8_0", 64, tmp_path / "build")
+    art = run_scons(req, defines=("COLIBRI_TEST_SELFTEST_DAMAGE_STEP=2",))
+    result = run_on_board(board, art.program, art.weights, SELFTEST, art.model_hash())
+    assert result.selftest is not None and not result.selftest.passed
+    assert result.selftest.fields["step"] == "2" and result.selftest.fields["logits"] == "differ"
+    assert "golden decode step 2" in result.selftest.line() and "logits SHA-256 differs" in result.selftest.line()

@@ -15,7 +15,7 @@
  * SELFTEST_TOKENS tokens for the batched products; f32 rows are SELFTEST_F32_COLS wide, so that
  * every row fits in SELFTEST_ROW_BYTES. Only the block types this model's matrices use are checked
  * (selftest_checks.h, generated with the golden vectors): a kernel the firmware never runs is not
- * linked in for the check's sake. */
+ * linked in for the check's sake. A build with COLIBRI_SELFTEST_CHECK_ALL checks every type. */
 #define SELFTEST_ROWS 3
 #define SELFTEST_COLS 512
 #define SELFTEST_F32_COLS 128
@@ -147,34 +147,34 @@ typedef struct {
 } BlockType;
 
 static const BlockType block_types[] = {
-#if COLIBRI_SELFTEST_CHECKS_Q5_0
+#if COLIBRI_SELFTEST_CHECKS_Q5_0 || defined(COLIBRI_SELFTEST_CHECK_ALL)
     {"matvec_q5_0", "matmul_q5_0", kernel_scalar_matvec_q5_0, kernel_matvec_q5_0, kernel_matmul_q5_0, KERNEL_Q5_0_BYTES, KERNEL_Q5_0_VALUES, 0, 1, 0},
 #endif
-#if COLIBRI_SELFTEST_CHECKS_Q5_1
+#if COLIBRI_SELFTEST_CHECKS_Q5_1 || defined(COLIBRI_SELFTEST_CHECK_ALL)
     {"matvec_q5_1", "matmul_q5_1", kernel_scalar_matvec_q5_1, kernel_matvec_q5_1, kernel_matmul_q5_1, KERNEL_Q5_1_BYTES, KERNEL_Q5_1_VALUES, 0, 2, 0},
 #endif
-#if COLIBRI_SELFTEST_CHECKS_Q4_K
+#if COLIBRI_SELFTEST_CHECKS_Q4_K || defined(COLIBRI_SELFTEST_CHECK_ALL)
     {"matvec_q4_k", "matmul_q4_k", kernel_scalar_matvec_q4_k, kernel_matvec_q4_k, kernel_matmul_q4_k, KERNEL_Q4_K_BYTES, KERNEL_Q4_K_VALUES, 0, 2, 0},
 #endif
-#if COLIBRI_SELFTEST_CHECKS_Q5_K
+#if COLIBRI_SELFTEST_CHECKS_Q5_K || defined(COLIBRI_SELFTEST_CHECK_ALL)
     {"matvec_q5_k", "matmul_q5_k", kernel_scalar_matvec_q5_k, kernel_matvec_q5_k, kernel_matmul_q5_k, KERNEL_Q5_K_BYTES, KERNEL_Q5_K_VALUES, 0, 2, 0},
 #endif
-#if COLIBRI_SELFTEST_CHECKS_Q6_K
+#if COLIBRI_SELFTEST_CHECKS_Q6_K || defined(COLIBRI_SELFTEST_CHECK_ALL)
     {"matvec_q6_k", "matmul_q6_k", kernel_scalar_matvec_q6_k, kernel_matvec_q6_k, kernel_matmul_q6_k, KERNEL_Q6_K_BYTES, KERNEL_Q6_K_VALUES, 208, 1, 0},
 #endif
-#if COLIBRI_SELFTEST_CHECKS_Q3_K
+#if COLIBRI_SELFTEST_CHECKS_Q3_K || defined(COLIBRI_SELFTEST_CHECK_ALL)
     {"matvec_q3_k", "matmul_q3_k", kernel_scalar_matvec_q3_k, kernel_matvec_q3_k, kernel_matmul_q3_k, KERNEL_Q3_K_BYTES, KERNEL_Q3_K_VALUES, 108, 1, 0},
 #endif
-#if COLIBRI_SELFTEST_CHECKS_Q2_K
+#if COLIBRI_SELFTEST_CHECKS_Q2_K || defined(COLIBRI_SELFTEST_CHECK_ALL)
     {"matvec_q2_k", "matmul_q2_k", kernel_scalar_matvec_q2_k, kernel_matvec_q2_k, kernel_matmul_q2_k, KERNEL_Q2_K_BYTES, KERNEL_Q2_K_VALUES, 80, 2, 0},
 #endif
-#if COLIBRI_SELFTEST_CHECKS_IQ4_NL
+#if COLIBRI_SELFTEST_CHECKS_IQ4_NL || defined(COLIBRI_SELFTEST_CHECK_ALL)
     {"matvec_iq4_nl", "matmul_iq4_nl", kernel_scalar_matvec_iq4_nl, kernel_matvec_iq4_nl, kernel_matmul_iq4_nl, KERNEL_IQ4_NL_BYTES, KERNEL_IQ4_NL_VALUES, 0, 1, 0},
 #endif
-#if COLIBRI_SELFTEST_CHECKS_IQ4_XS
+#if COLIBRI_SELFTEST_CHECKS_IQ4_XS || defined(COLIBRI_SELFTEST_CHECK_ALL)
     {"matvec_iq4_xs", "matmul_iq4_xs", kernel_scalar_matvec_iq4_xs, kernel_matvec_iq4_xs, kernel_matmul_iq4_xs, KERNEL_IQ4_XS_BYTES, KERNEL_IQ4_XS_VALUES, 0, 1, 0},
 #endif
-#if COLIBRI_SELFTEST_CHECKS_MXFP4
+#if COLIBRI_SELFTEST_CHECKS_MXFP4 || defined(COLIBRI_SELFTEST_CHECK_ALL)
     {"matvec_mxfp4", "matmul_mxfp4", kernel_scalar_matvec_mxfp4, kernel_matvec_mxfp4, kernel_matmul_mxfp4, KERNEL_MXFP4_BYTES, KERNEL_MXFP4_VALUES, 0, 0, 1},
 #endif
     {NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0}, /* the end (and never empty) */
@@ -230,14 +230,14 @@ static void check_kernels(void)
     kernel_matmul_q8_0(st->got, rows, st->w.i8, st->w_d, st->x_qs, st->x_d, n_tok, rows, cols);
     expect_same("matmul_q8_0", st->want, st->got, n_tok * out_bytes);
 
-#if COLIBRI_SELFTEST_CHECKS_Q4_0
+#if COLIBRI_SELFTEST_CHECKS_Q4_0 || defined(COLIBRI_SELFTEST_CHECK_ALL)
     WANT_PER_TOKEN(kernel_scalar_matvec_q4_0(o, st->w.bytes, st->w_d, xq, xd, rows, cols));
     kernel_matvec_q4_0(st->got, st->w.bytes, st->w_d, st->x_qs, st->x_d, rows, cols);
     expect_same("matvec_q4_0", st->want, st->got, out_bytes);
     kernel_matmul_q4_0(st->got, rows, st->w.bytes, st->w_d, st->x_qs, st->x_d, n_tok, rows, cols);
     expect_same("matmul_q4_0", st->want, st->got, n_tok * out_bytes);
 #endif
-#if COLIBRI_SELFTEST_CHECKS_Q4_1
+#if COLIBRI_SELFTEST_CHECKS_Q4_1 || defined(COLIBRI_SELFTEST_CHECK_ALL)
     WANT_PER_TOKEN(kernel_scalar_matvec_q4_1(o, st->w.bytes, st->w_d, st->w_m, xq, xd, rows, cols));
     kernel_matvec_q4_1(st->got, st->w.bytes, st->w_d, st->w_m, st->x_qs, st->x_d, rows, cols);
     expect_same("matvec_q4_1", st->want, st->got, out_bytes);

@@ -17,7 +17,7 @@ from generator.compile.pipeline import SELFTEST_DATA_FILE
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest
 from generator.errors import ColibriError
-from generator.selftest import checked_types, golden_run
+from generator.selftest import CHECKABLE, checked_types, golden_run
 
 SELFTEST = RunRequest([], 0, selftest=True)
 
@@ -73,13 +73,19 @@ def test_qemu_rv32_runs_its_selftest_at_boot_and_fails_by_itself_on_a_damaged_im
     assert re.search(r"error 17: .*\(self-test FAIL: weight image refused: .*CRC-32", str(failed.value))
 
 
-def test_a_firmware_whose_decode_differs_from_the_golden_one_names_the_step(tmp_path):
-    """A test build whose self-test sees step 2's logits differ (COLIBRI_TEST_SELFTEST_DAMAGE_STEP):
-    FAIL, naming the step, its token the expected one, its logits different."""
-    board = load_board("host")
+@pytest.mark.slow
+@pytest.mark.parametrize("board_name", ["host", "linux-aarch64"])
+def test_every_kernel_matches_the_scalar_one_and_a_decode_that_differs_names_the_step(board_name, tmp_path):
+    """A test build checking every block type (COLIBRI_SELFTEST_CHECK_ALL), not only the model's:
+    the board's SIMD set (AVX2; NEON with SDOT under qemu-aarch64) against the scalar kernels, all
+    equal. The same build sees step 2's logits differ (COLIBRI_TEST_SELFTEST_DAMAGE_STEP, as a wrong
+    forward pass would): FAIL, naming the step, its token the expected one, its logits different."""
+    board = load_board(board_name)
     req, plan = prepare(board, DEFAULT_MODEL, "q8_0", 64, tmp_path / "build")
-    art = run_scons(req, defines=("COLIBRI_TEST_SELFTEST_DAMAGE_STEP=2",))
+    art = run_scons(req, defines=("COLIBRI_SELFTEST_CHECK_ALL", "COLIBRI_TEST_SELFTEST_DAMAGE_STEP=2"))
     result = run_on_board(board, art.program, art.weights, SELFTEST, art.model_hash())
-    assert result.selftest is not None and not result.selftest.passed
-    assert result.selftest.fields["step"] == "2" and result.selftest.fields["logits"] == "differ"
-    assert "golden decode step 2" in result.selftest.line() and "logits SHA-256 differs" in result.selftest.line()
+    test = result.selftest
+    assert test is not None and "kernel_failed" not in test.fields
+    assert test.fields["kernels_checked"] == str(9 + 2 * len(CHECKABLE))
+    assert not test.passed and test.fields["step"] == "2" and test.fields["logits"] == "differ"
+    assert "golden decode step 2" in test.line() and "logits SHA-256 differs" in test.line()

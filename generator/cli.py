@@ -410,9 +410,8 @@ def cmd_deploy(args) -> int:
     from .release.deploy import DEFAULT_ROOT, deploy_inventory, deploy_remote, payload_of
 
     if (args.remote is None) == (args.inventory is None):
-        raise ColibriError(
-            "deploy needs --remote HOST (one board) or --inventory FILE (an Ansible inventory), not both"
-        )
+        both = ", not both" if args.remote is not None else ""
+        raise ColibriError(f"deploy needs --remote HOST (one board) or --inventory FILE (an Ansible inventory){both}")
     payload = payload_of(args.bundle)
     if args.remote is not None:
         outcomes = [deploy_remote(parse_remote(args.remote), payload, args.root or DEFAULT_ROOT)]

@@ -121,6 +121,7 @@ class MemoryReport:
     # The self-test's share of the linked firmware (code, rodata, ram bytes) and whether it runs at
     # boot; None: planned only
     selftest: dict[str, Any] | None = None
+    held: str | None = None  # Plan.held_summary(): tensors kept as the checkpoint holds them
 
     @property
     def planned_only(self) -> bool:
@@ -138,6 +139,7 @@ class MemoryReport:
             "q4_1_weights": self.q4_1_weights,
             "kept_f32": self.kept_f32.to_json(),
             "gguf": self.gguf,
+            **({"held": self.held} if self.held else {}),
             **({"code_estimate": self.code_estimate} if self.planned_only else {}),
             "regions": [
                 {
@@ -208,6 +210,7 @@ def _report(
         elf_sections=elf_sections,
         code_estimate=code_estimate,
         linear_state=plan.linear_state_report(),
+        held=plan.held_summary(),
     )
 
 
@@ -224,6 +227,8 @@ def format_report(rep: MemoryReport) -> str:
         lines.append(f"  {rep.kept_f32.summary}")
     if rep.linear_state:
         lines.append(f"  {rep.linear_state['summary']}")
+    if rep.held:
+        lines.append(f"  {rep.held}")
     if rep.gguf:
         lines.append(f"  {rep.gguf['summary']}")
         for t in rep.gguf["quantized_again"]:

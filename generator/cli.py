@@ -102,12 +102,17 @@ def job_options(args) -> JobOptions:
 
 
 def _run(args, stream: bool) -> Ran:
+    return _run_prepared(args, stream)[2]
+
+
+def _run_prepared(args, stream: bool):
+    """(prepared, built, ran): the run, and what made it (verify asks the same firmware again)."""
     options = job_options(args)
     prepared = job.prepare_run(options)
     built = job.build(prepared)
     text_out = TextStream(prepared.tokenizer, enabled=stream and not args.json, echo=prepared.inputs.text)
     try:
-        return job.run_built(prepared, built, on_token=text_out)
+        return prepared, built, job.run_built(prepared, built, on_token=text_out)
     finally:
         text_out.end_line()
 
@@ -144,7 +149,7 @@ def cmd_run(args) -> int:
 
 def cmd_verify(args) -> int:
     try:
-        ran = _run(args, stream=True)
+        prepared, built, ran = _run_prepared(args, stream=True)
     except FirmwareMismatch as e:
         # Another firmware answered: a verdict about what is on the board, not a broken link.
         if args.json:
@@ -173,6 +178,8 @@ def cmd_verify(args) -> int:
         )
     ref = reference_run(plan, ran.art.weights, request)
     comparison = compare(result, ref)
+    # The firmware's own check (golden vectors inside it): its boot run on MCU boards, else asked.
+    selftest = job.selftest_built(prepared, built, result.selftest) if board.runner.runs_here or prepared.port else None
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
     summary = {
         "board": board.name,
@@ -185,7 +192,8 @@ def cmd_verify(args) -> int:
         "firmware": {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason},
         "reference": {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason},
         "text": decode_text(ran.tokenizer, result.tokens),
-        "pass": comparison.passed,
+        "pass": comparison.passed and (selftest is None or selftest.passed),
+        "selftest": {"pass": selftest.passed, **selftest.fields} if selftest else None,
         "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts}
         if ref.expert_counts
         else None,
@@ -196,8 +204,14 @@ def cmd_verify(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(comparison.verdict(board.name, plan.quant, mode))
-    return 0 if comparison.passed else 1
+        if selftest is not None and not selftest.passed:
+            progress(comparison.verdict(board.name, plan.quant, mode))
+            print(f"FAIL: the {board.name} firmware's {selftest.line()}")
+        else:
+            if selftest is not None:
+                progress(selftest.line())
+            print(comparison.verdict(board.name, plan.quant, mode))
+    return 0 if summary["pass"] else 1
 
 
 def cmd_chat(args) -> int:
@@ -356,10 +370,15 @@ def cmd_monitor(args) -> int:
 
 
 def cmd_release(args) -> int:
+    from .release.artifacts import check_artifact_options, write_mender, write_rauc
+    from .release.deploy import payload_of
     from .release.make import make_release
 
     if args.out is None:
         raise ColibriError("release needs --out DIR: the directory for the bundle and its tarball")
+    check_artifact_options(args.format, args.artifact_key, args.artifact_cert)
+    if args.format is not None and not load_board(args.board).runner.takes_remote:
+        raise ColibriError(f"--format {args.format} is for Linux boards (host, linux-aarch64), not {args.board}")
     release = make_release(
         args.board,
         args.model,
@@ -370,7 +389,53 @@ def cmd_release(args) -> int:
         progress=None if args.json else progress,
         jobs=args.jobs,
     )
-    print(json.dumps(release.summary(), indent=2) if args.json else release.describe())
+    summary = release.summary()
+    if args.format is not None:
+        payload = payload_of(release.bundle)
+        if args.format == "mender":
+            artifact = write_mender(payload, release.bundle.parent, args.artifact_key)
+        else:
+            artifact = write_rauc(payload, release.bundle.parent, args.artifact_key, args.artifact_cert)
+        summary[args.format] = str(artifact)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(release.describe())
+        if args.format is not None:
+            print(f"  {args.format} {summary[args.format]} (slot {payload.slot}, through colibri-slot on the board)")
+    return 0
+
+
+def cmd_deploy(args) -> int:
+    from .device.remote import parse_remote
+    from .release.deploy import DEFAULT_ROOT, deploy_inventory, deploy_remote, payload_of
+
+    if (args.remote is None) == (args.inventory is None):
+        both = ", not both" if args.remote is not None else ""
+        raise ColibriError(f"deploy needs --remote HOST (one board) or --inventory FILE (an Ansible inventory){both}")
+    payload = payload_of(args.bundle)
+    if args.remote is not None:
+        outcomes = [deploy_remote(parse_remote(args.remote), payload, args.root or DEFAULT_ROOT)]
+    else:
+        outcomes = deploy_inventory(args.inventory, payload, args.root)
+    if args.json:
+        print(
+            json.dumps(
+                {"release": payload.name, "slot": payload.slot, "hosts": [o.to_json() for o in outcomes]}, indent=2
+            )
+        )
+    else:
+        for o in outcomes:
+            print(o.line())
+    return 0 if all(o.passed for o in outcomes) else 1
+
+
+def cmd_rollback(args) -> int:
+    from .device.remote import parse_remote
+    from .release.deploy import rollback_remote
+
+    current = rollback_remote(parse_remote(args.remote), args.root)
+    print(json.dumps({"host": args.remote, "current": current}) if args.json else f"{args.remote}: current {current}")
     return 0
 
 
@@ -696,6 +761,20 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
         help="sign manifest.json with this ed25519 private key "
         "(PEM, e.g. from `openssl genpkey -algorithm ed25519`, or OpenSSH)",
     )
+    p.add_argument(
+        "--format",
+        choices=("mender", "rauc"),
+        help="also write a Mender artifact (mender-artifact) or a RAUC bundle (rauc) of it, beside the bundle",
+    )
+    p.add_argument(
+        "--artifact-key",
+        type=Path,
+        metavar="KEY",
+        help="sign the Mender artifact or RAUC bundle with this RSA or ECDSA P-256 private key (PEM)",
+    )
+    p.add_argument(
+        "--artifact-cert", type=Path, metavar="CERT", help="--format rauc: the X.509 certificate of --artifact-key"
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
     p = command(
@@ -720,6 +799,27 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
         help="directory holding the release's model files (default: models/<the release's model name>)",
     )
     p.add_argument("--no-rebuild", action="store_true", help="check hashes and the signature only")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+    p = command(
+        "deploy",
+        cmd_deploy,
+        "install a release on Linux boards into a new slot, run its self-test there, switch only on PASS",
+    )
+    p.add_argument("bundle", type=Path, help="the release bundle directory (./colibri release's output)")
+    p.add_argument("--remote", metavar="[USER@]HOST[:PORT]", help="the board, over SSH")
+    p.add_argument(
+        "--inventory", type=Path, metavar="FILE", help="an Ansible inventory: every host, by ansible-playbook"
+    )
+    p.add_argument(
+        "--root",
+        help="the slots' directory on the boards (default /opt/colibri; with --inventory: each host's colibri_root)",
+    )
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+    p = command("rollback", cmd_rollback, "point a Linux board's current slot back at the one it replaced")
+    p.add_argument("--remote", required=True, metavar="[USER@]HOST[:PORT]", help="the board, over SSH")
+    p.add_argument("--root", default="/opt/colibri", help="the slots' directory on the board (default /opt/colibri)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
     p = command("clean", cmd_clean, "remove builds under build/: all of them, or one board's or one model's")

@@ -30,7 +30,7 @@ from .console import TextStream, progress, warn
 from .device.links import Link, OnToken, open_link
 from .device.remote import Remote, remote_for
 from .device.runner import run_on_board
-from .device.session import RunRequest, RunResult, check_fits_context
+from .device.session import RunRequest, RunResult, Selftest, check_fits_context
 from .device.setup_toolchain import ensure_toolchain
 from .errors import ColibriError
 from .files import DEFAULT_MODEL
@@ -419,6 +419,19 @@ def run_built(prepared: Prepared[PromptInputs], built: Built, on_token: OnToken 
     request = run_request(prepared)
     result = run_turn(prepared, built, request, on_token, prepared.progress)
     return Ran(prepared.board, prepared.plan, built.art, prepared.tokenizer, request, result, built.identity)
+
+
+def selftest_built(prepared: Prepared[Any], built: Built, seen: Selftest | None = None) -> Selftest:
+    """The firmware's own verdict on itself (app/selftest.c): the selftest frame `seen` already (an
+    MCU board's boot run), else the answer to a selftest request."""
+    if seen is not None:
+        return seen
+    result = run_turn(prepared, built, RunRequest([], 0, selftest=True))
+    if result.selftest is None:
+        raise ColibriError(
+            f"the firmware on {prepared.board.name} answered a selftest request without a selftest frame"
+        )
+    return result.selftest
 
 
 def run(options: JobOptions, on_token: OnToken | None = None) -> Ran:

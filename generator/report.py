@@ -3,7 +3,7 @@ against the board's budgets, with the largest context that would still fit."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .boards import CATEGORIES, KV_TYPES, Board
@@ -163,6 +163,9 @@ class MemoryReport:
     code_estimate: int | None  # planned only: the board's code reserve
     memory_budget: CachePlan | None = None  # the expert cache, under --memory-budget
     linear_state: dict[str, Any] | None = None  # Gated DeltaNet layers: Plan.linear_state_report()
+    # The self-test's share of the linked firmware (code, rodata, ram bytes) and whether it runs at
+    # boot; None: planned only
+    selftest: dict[str, Any] | None = None
     held: str | None = None  # Plan.held_summary(): tensors kept as the checkpoint holds them
     kv_type: str = "f16"  # the KV cache type of this build
     kv_types: tuple[KvTypeRow, ...] = ()  # every type the model can take: bytes, largest context
@@ -206,6 +209,8 @@ class MemoryReport:
             out["memory_budget"] = self.memory_budget.to_dict()
         if self.linear_state is not None:
             out["linear_state"] = self.linear_state
+        if self.selftest is not None:
+            out["selftest"] = self.selftest
         return out
 
 
@@ -223,6 +228,9 @@ def linked_report(board: Board, plan: Plan, elf: ElfSizes) -> MemoryReport:
         code_estimate=None,
         kv_types=kv_type_rows(board, plan, uses),
     )
+    largest = largest_fitting_ctx(board, plan, linked_use(board, plan, elf))
+    rep = _report(board, plan, regions(board, plan, elf), largest, elf_sections=elf.sections, code_estimate=None)
+    return replace(rep, selftest={**elf.selftest, "boot": board.selftest.boot, "steps": board.selftest.steps})
 
 
 def kept_f32_of(plan: Plan) -> KeptF32:
@@ -319,6 +327,14 @@ def format_report(rep: MemoryReport) -> str:
                 f"    {row.kv_type:<5} {row.bytes:>14,} B  {row.bytes_per_position:>9,} B a position  "
                 f"largest context that fits: {fits}{mark}"
             )
+    if rep.selftest:
+        t = rep.selftest
+        when = "at boot and on a selftest request" if t["boot"] else "on a selftest request"
+        lines.append(
+            f"  self-test ({when}; its bytes are counted above): {t['code']:,} B code, {t['rodata']:,} B "
+            f"read-only data (golden vectors of {t['steps']} steps, its kernel table), {t['ram']:,} B RAM of its own "
+            f"(its fixed input lies in the scratch arena when that is large enough)"
+        )
     if rep.memory_budget:
         lines += budget_lines(rep.memory_budget)
     return "\n".join(lines)

@@ -11,6 +11,7 @@
 #include "../runtime/parallel.h"
 #include "bsp.h"
 #include "protocol.h"
+#include "selftest.h"
 #include "speculate.h"
 
 void colibri_report_error(int code, const char *message)
@@ -55,6 +56,15 @@ static int is_eos(int32_t token)
         }
     }
     return 0;
+}
+
+/* The SHA-256 of a step's logits (COLIBRI_VOCAB float32 as they lie in memory: little-endian). */
+static void logits_sha256(const float *logits, uint8_t digest[32])
+{
+    Sha256 sha;
+    sha256_init(&sha);
+    sha256_update(&sha, (const uint8_t *)logits, COLIBRI_VOCAB * sizeof(float));
+    sha256_final(&sha, digest);
 }
 
 /* Tokens of the conversation whose keys and values the KV cache holds: where a request with start
@@ -228,10 +238,7 @@ static void send_token(const ColibriRequest *req, int32_t step, int32_t token, c
     proto_u64("id", (uint64_t)token);
     if (req->digests) {
         uint8_t digest[32];
-        Sha256 sha;
-        sha256_init(&sha);
-        sha256_update(&sha, (const uint8_t *)logits, COLIBRI_VOCAB * sizeof(float));
-        sha256_final(&sha, digest);
+        logits_sha256(logits, digest);
         proto_hex("logits", digest, 32);
     }
     proto_u64("us", bsp_time_us() - s->t1);
@@ -320,8 +327,38 @@ static void send_done(int32_t generated, const char *reason)
     proto_end();
 }
 
+int colibri_decode_quietly(const int32_t *prompt, int32_t n_prompt, int32_t steps, int32_t *tokens,
+                           uint8_t (*digests)[32], int *done)
+{
+    *done = 0;
+    held = 0;
+    if (!weights_loaded) {
+        return COLIBRI_ERR_NO_IMAGE;
+    }
+    const ColibriRequest req = {.prompt = prompt, .n_prompt = n_prompt, .n_steps = steps,
+                                .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0},
+                                .threads = 1, .probe_mib = -1, .score_from = -1, .decode_from = -1};
+    ColibriBuffers b;
+    colibri_buffers_init(&b);
+    ColibriRng rng;
+    rng_seed(&rng, 0);
+    int status = prefill(&b, &req, 0, n_prompt);
+    for (int32_t step = 0; status == 0 && step < steps; step++) {
+        tokens[step] = sample_token(b.logits, COLIBRI_VOCAB, &req.sampling, &rng, b.probs, b.cand);
+        logits_sha256(b.logits, digests[step]);
+        *done = step + 1;
+        if (step + 1 < steps) {
+            status = colibri_forward(&weights, &b, &tokens[step], 1, n_prompt + step, 1);
+        }
+    }
+    return status;
+}
+
 int colibri_decode(const ColibriRequest *req)
 {
+    if (req->selftest) {
+        return colibri_selftest(weights_loaded ? 0 : COLIBRI_ERR_NO_IMAGE, "no valid weight image is loaded", 1);
+    }
     if (!weights_loaded) {
         colibri_report_error(COLIBRI_ERR_NO_IMAGE, "no valid weight image is loaded");
         return COLIBRI_ERR_NO_IMAGE;

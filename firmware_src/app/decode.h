@@ -18,6 +18,7 @@ typedef struct {
                         * the caches); -1: no probe */
     int32_t start;      /* position of the prompt's first token: the tokens already held (0: a new conversation) */
     int32_t score_from; /* score prompt tokens score_from + 1 .. n_prompt - 1 (score frames); -1: none */
+    int selftest;        /* 1: a selftest request (no other field): run app/selftest.c, nothing else */
     int32_t decode_from; /* prefill the prompt before it, then decode prompt tokens decode_from .. n_prompt - 1
                           * one per forward pass as steps 0, 1, ... (teacher forcing); -1: prefill it all */
     int32_t speculate;   /* at most this many drafted tokens checked per pass (exact speculative decoding,
@@ -65,6 +66,13 @@ int colibri_load_checking(const uint8_t *image, uint64_t image_len, int check);
  * Returns 0 on success, else the error code also sent in the error frame (the conversation is then
  * forgotten). */
 int colibri_decode(const ColibriRequest *req);
+
+/* The self-test's decode (app/selftest.c): prompt prefilled, then `steps` greedy steps with the
+ * end-of-sequence ignored, each step's token and logits SHA-256 stored, no frames sent. *done: the
+ * steps stored. Returns 0, COLIBRI_ERR_NO_IMAGE, or a forward pass's error. The conversation held
+ * is forgotten. */
+int colibri_decode_quietly(const int32_t *prompt, int32_t n_prompt, int32_t steps, int32_t *tokens,
+                           uint8_t (*digests)[32], int *done);
 
 /* Parse a request frame (generator/device/protocol.py encode_request) into req, whose prompt points to
  * prompt_buf (capacity entries: the context, which also bounds steps). Returns NULL for a valid

@@ -5,6 +5,7 @@
 #include "../runtime/image_loader.h"
 #include "protocol.h"
 #include "decode.h"
+#include "selftest.h"
 #include "model_def.h"
 
 void colibri_report_trap(uint32_t cause, uint32_t pc, uint32_t value)
@@ -31,6 +32,9 @@ int colibri_serve_line(const char *line, int len, int load_status, const char *l
         return -1; /* a stray newline or noise: not addressed to the firmware */
     }
     const char *problem = colibri_parse_request(line, len, &req, prompt, COLIBRI_N_CTX);
+    if (problem == NULL && req.selftest) {
+        return colibri_selftest(load_status, load_message, 1); /* a refused image is a FAIL, saying why */
+    }
     if (problem == NULL && req.threads != 1) {
         problem = "this board runs one thread";
     }
@@ -46,6 +50,17 @@ int colibri_serve_line(const char *line, int len, int load_status, const char *l
         return load_status;
     }
     return colibri_decode(&req);
+}
+
+int colibri_boot_selftest(int load_status, const char *load_message)
+{
+#if COLIBRI_SELFTEST_AT_BOOT
+    return colibri_selftest(load_status, load_message, 0);
+#else
+    (void)load_status;
+    (void)load_message;
+    return 0;
+#endif
 }
 
 int colibri_request_restarts(const char *line, int len, char c)

@@ -21,6 +21,12 @@ void colibri_report_trap(uint32_t cause, uint32_t pc, uint32_t value);
  * decode's status, the error code, or -1 for a line that is not a frame (noise, a stray newline). */
 int colibri_serve_line(const char *line, int len, int load_status, const char *load_message);
 
+/* The self-test at boot, after the hello and before the first request, where the board file asks
+ * for it ([selftest] boot = true: COLIBRI_SELFTEST_AT_BOOT): a selftest frame (app/selftest.h),
+ * PASS, or FAIL saying what differed (a refused image too: load_status and load_message as for
+ * colibri_serve_line). Returns its status (0 where it does not run). */
+int colibri_boot_selftest(int load_status, const char *load_message);
+
 /* Flow control for links without it (an MCU's UART, whose receive FIFO holds 128 bytes on the
  * ESP32-P4): after every PROTO_ACK_BYTES bytes of a request line that has not ended, an ack frame
  * (bytes=received); the host sends the next piece only then. Call with the count so far. */

@@ -3,19 +3,20 @@
  *   @CLB <seq> <kind> <key>=<value> ... *<crc32>\n
  *
  * seq counts frames from 0 since reset; kind is hello, bandwidth (Linux boards, when asked), score (when
- * asked), token, stats, experts, done, error or ack; values contain no spaces (strings are percent-encoded); crc32 is 8 lowercase hex
+ * asked), token, stats, experts, selftest, done, error or ack; values contain no spaces (strings are percent-encoded); crc32 is 8 lowercase hex
  * digits of the CRC-32 of every byte from '@' up to the space before '*'. Anything else is not a frame. */
 #ifndef COLIBRI_PROTOCOL_H
 #define COLIBRI_PROTOCOL_H
 
 #include <stdint.h>
 
-#define PROTO_VERSION 4 /* 2: the board acknowledges each PROTO_ACK_BYTES of a request it reads;
+#define PROTO_VERSION 5 /* 2: the board acknowledges each PROTO_ACK_BYTES of a request it reads;
                          * 3: requests may continue a conversation (start) and score a prompt (score
                          * frames); stats carry how a Linux board holds the weights and its expert
                          * cache's counters; a storage frame;
                          * 4: requests may decode the prompt's tail one token per forward pass
-                         * (decode_from: teacher forcing, bench's text stream) */
+                         * (decode_from: teacher forcing, bench's text stream);
+                         * 5: a selftest request and the selftest frame (app/selftest.c) */
 #define PROTO_ACK_BYTES 64 /* half the ESP32-P4's 128-byte UART receive FIFO */
 #define PROTO_ERR_FRAME_TOO_LONG 101 /* a frame that did not fit is replaced by this error, never cut */
 #define PROTO_EXPERTS_PER_FRAME 128 /* expert counts per experts frame (a layer may take several) */

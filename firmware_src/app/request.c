@@ -17,6 +17,8 @@
  * speculate=K checks up to K drafted tokens per forward pass (speculate.h): the same tokens and
  * logits as without it; a build without room for it (COLIBRI_SPEC_TOKENS 0) decodes plainly.
  *
+ * The self-test (protocol 5) is a frame of its own kind, with no fields: "@CLB <seq> selftest *<crc32>".
+ *
  * Floats travel as the 8 hex digits of their IEEE-754 bits, so both sides hold the same value.
  * Every key at most once; decimals are plain ASCII digits; prompt and steps are required. The
  * ranges of every field are checked here, once, for every board. */
@@ -228,14 +230,23 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
 #endif
     const char *p = line + 5;
     uint64_t seq;
-    if (!parse_dec(&p, end, UINT32_MAX, &seq) || end - p < 8 || memcmp(p, " request", 8) != 0) {
+    if (!parse_dec(&p, end, UINT32_MAX, &seq)) {
         return "not a request frame";
     }
-    p += 8;
     ColibriRequest r = {.prompt = prompt_buf, .n_prompt = 0, .n_steps = 0,
                         .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0},
                         .stop_at_eos = 1, .digests = 1, .threads = 1, .probe_mib = -1, .start = 0,
-                        .score_from = -1, .decode_from = -1, .speculate = 0};
+                        .score_from = -1, .decode_from = -1, .speculate = 0, .selftest = 0};
+    /* Protocol 5: "@CLB <seq> selftest *<crc32>", no fields: run the self-test (app/selftest.c). */
+    if (end - p == 9 && memcmp(p, " selftest", 9) == 0) {
+        r.selftest = 1;
+        *req = r;
+        return NULL;
+    }
+    if (end - p < 8 || memcmp(p, " request", 8) != 0) {
+        return "not a request frame";
+    }
+    p += 8;
     unsigned seen = 0;
     while (p < end) {
         if (*p != ' ') {

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..sizes import AutoBudget
@@ -26,6 +26,17 @@ class MemoryRegion:
     base: int
     size: int  # bytes; 0 = no fixed budget
     holds: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SelftestSettings:
+    """The [selftest] section: the golden decode the build embeds (its prompt's length and its greedy
+    steps) and whether the firmware runs the self-test at boot (MCU boards) as well as on a
+    selftest request (every board)."""
+
+    boot: bool = False
+    prompt_tokens: int = 4
+    steps: int = 4
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,7 @@ class Board:
     predict: TimingModel | None = None  # the [predict] section: this board's timing model
     predicts: str | None = None  # the board whose speed bench predicts from this one's instruction counts
     kv_type: str = DEFAULT_KV_TYPE  # the KV cache's type when --kv-type is not given (KV_TYPES)
+    selftest: SelftestSettings = field(default_factory=lambda: SelftestSettings())  # the [selftest] section
 
     @property
     def is_esp_idf(self) -> bool:

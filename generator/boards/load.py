@@ -37,6 +37,9 @@ Common fields (every board):
               supported_revisions, min_revision, load_window, app_image, flash_image, and
               [[flash.images]] (offset, file, optional name and size): what goes where in flash
   [idf]       (ESP-IDF boards) the project's settings, parsed and checked by boards/esp_idf.py
+  [selftest]  (optional) the self-test built into the firmware (app/selftest.c): boot (default
+              false; MCU boards) runs it at every boot, before the first request; prompt_tokens and
+              steps (default 4 each) size the golden greedy decode the build embeds
   [predict]   (optional) the board's timing model (boards/predict.py); `predicts` (optional) names
               the board whose speed bench predicts from this one's exact instruction counts
 """
@@ -50,7 +53,7 @@ from pathlib import Path
 from ..errors import ColibriError
 from ..files import REPO
 from ..sizes import AutoBudget, parse_budget
-from .board import CATEGORIES, DEFAULT_KV_TYPE, KV_TYPES, Board, MemoryRegion
+from .board import CATEGORIES, DEFAULT_KV_TYPE, KV_TYPES, Board, MemoryRegion, SelftestSettings
 from .esp_idf import parse_idf
 from .flash import Flash, FlashImage
 from .predict import parse_predict
@@ -131,6 +134,25 @@ def _kv_type(data: dict, path: Path) -> str:
     return kv_type
 
 
+def _selftest(section: dict | None, runner: Runner) -> SelftestSettings:
+    if section is None:
+        return SelftestSettings()
+    unknown = set(section) - {"boot", "prompt_tokens", "steps"}
+    if unknown:
+        raise ValueError(f"[selftest] has unknown keys {sorted(unknown)}")
+    boot = section.get("boot", False)
+    if not isinstance(boot, bool):
+        raise ValueError(f"[selftest] boot must be true or false, got {boot!r}")
+    if boot and runner.takes_memory_budget:
+        raise ValueError(
+            "[selftest] boot is for MCU boards: a Linux firmware is a process, asked with a selftest request"
+        )
+    settings = SelftestSettings(boot, _int(section.get("prompt_tokens", 4)), _int(section.get("steps", 4)))
+    if not (1 <= settings.prompt_tokens <= 64 and 1 <= settings.steps <= 64):
+        raise ValueError("[selftest] prompt_tokens and steps must be between 1 and 64")
+    return settings
+
+
 def board_from_data(data: dict, path: Path) -> Board:
     """A Board from a parsed board file (load_board reads targets/<name>.toml into this)."""
     try:
@@ -176,6 +198,7 @@ def board_from_data(data: dict, path: Path) -> Board:
             predict=parse_predict(data["predict"]) if "predict" in data else None,
             predicts=predicts,
             kv_type=_kv_type(data, path),
+            selftest=_selftest(data.get("selftest"), runner),
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ColibriError(f"{path.name}: malformed board file ({e})") from None

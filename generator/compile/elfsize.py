@@ -34,6 +34,38 @@ class ElfSizes:
     bss: int = 0  # zero-initialised (the arenas)
     symbols: dict[str, int] = field(default_factory=dict)  # size of each ARENA_SYMBOLS symbol
     sections: dict[str, int] = field(default_factory=dict)
+    # The self-test's own cost (app/selftest.c, the golden vectors of selftest_data.c): bytes of
+    # "code", "rodata" (golden vectors, its kernel table) and "ram" (its fixed input, its results).
+    selftest: dict[str, int] = field(default_factory=dict)
+
+
+SELFTEST_FILES = ("selftest.c", "selftest_data.c")  # the objects whose local symbols are the self-test's
+SELFTEST_PREFIX = "colibri_selftest"  # its global symbols
+
+
+def _selftest_bytes(elf: ELFFile, symtab: SymbolTableSection) -> dict[str, int]:
+    kinds = {}
+    for section_index in range(elf.num_sections()):
+        section = elf.get_section(section_index)
+        flags = section["sh_flags"]
+        kinds[section_index] = (
+            "code"
+            if flags & SH_FLAGS.SHF_EXECINSTR
+            else "ram"
+            if section["sh_type"] == "SHT_NOBITS" or flags & SH_FLAGS.SHF_WRITE
+            else "rodata"
+        )
+    out = {"code": 0, "rodata": 0, "ram": 0}
+    in_selftest_file = False
+    for sym in symtab.iter_symbols():
+        kind = sym["st_info"]["type"]
+        if kind == "STT_FILE":
+            in_selftest_file = sym.name.rsplit("/", 1)[-1] in SELFTEST_FILES
+            continue
+        ours = sym.name.startswith(SELFTEST_PREFIX) or (in_selftest_file and sym["st_info"]["bind"] == "STB_LOCAL")
+        if ours and kind in ("STT_FUNC", "STT_OBJECT") and isinstance(sym["st_shndx"], int):
+            out[kinds.get(sym["st_shndx"], "rodata")] += sym["st_size"]
+    return out
 
 
 def read_elf(path: Path) -> ElfSizes:
@@ -63,4 +95,5 @@ def read_elf(path: Path) -> ElfSizes:
             for sym in symtab.iter_symbols():
                 if sym.name in ARENA_SYMBOLS:
                     sizes.symbols[sym.name] = sym["st_size"]
+            sizes.selftest = _selftest_bytes(elf, symtab)
     return sizes

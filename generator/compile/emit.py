@@ -358,7 +358,7 @@ def board_context(board) -> dict:
     ]
     weights = board.region_holding("weights") if board.weights == "mapped" else None
     weights_region = next((r for r in regions if weights and r["name"] == weights.name), None)
-    return dict(target=board, regions=regions, weights_region=weights_region)
+    return dict(target=board, regions=regions, weights_region=weights_region, selftest_at_boot=int(board.selftest.boot))
 
 
 def cache_context(plan: Plan, board) -> dict:

@@ -23,6 +23,10 @@ WEIGHTS_FILE = "weights.img"
 PLAN_FILE = "plan.json"
 PROGRESS_SECONDS = 2.0
 OUTPUT_FILES = (*GENERATED_FILES, WEIGHTS_FILE, PLAN_FILE)
+# The self-test's golden vectors, generated after the image by the NumPy reference (generator/selftest.py:
+# the SConstruct's GOLDEN builder), compiled with model_data.c.
+SELFTEST_DATA_FILE = "selftest_data.c"
+SELFTEST_CHECKS_FILE = "selftest_checks.h"  # with it: the block types whose kernels the self-test checks
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import TextIO
 from ..errors import ColibriError
 from .protocol import Frame
 from .serial_link import SerialLink
+from .session import Selftest
 
 _SGR = re.compile(r"\x1b\[[0-9;]*m")  # colour codes (ESP-IDF logs use them): kept
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything else could drive the terminal: escaped
@@ -68,6 +69,9 @@ def describe(frame: Frame) -> str:
         return head + f"token: step {f.get('step', '?')}, id {f.get('id', '?')}, logits {_short(f.get('logits', '?'))}"
     if frame.kind == "done":
         return head + f"done: {f.get('tokens', '?')} tokens, reason {f.get('reason', '?')}"
+    if frame.kind == "selftest":
+        verdict = Selftest(f.get("result") == "pass", dict(f))
+        return head + printable(verdict.line())
     if frame.kind == "error":
         return head + f"ERROR {f.get('code', '?')}: {printable(f.get('msg', ''))}"
     return head + f"{frame.kind}: " + " ".join(f"{k}={printable(v)}" for k, v in f.items())

@@ -17,7 +17,20 @@ from urllib.parse import unquote
 from ..errors import ColibriError
 
 START = b"@CLB "
-KINDS = ("hello", "bandwidth", "storage", "score", "token", "stats", "experts", "done", "error", "request", "ack")
+KINDS = (
+    "hello",
+    "bandwidth",
+    "storage",
+    "score",
+    "token",
+    "stats",
+    "experts",
+    "selftest",
+    "done",
+    "error",
+    "request",
+    "ack",
+)
 _F32_BITS = re.compile(r"[0-9a-f]{8}", re.ASCII)
 MAX_LINE = 4096  # longer than any frame the firmware can send (its line buffer is 2048 bytes)
 _FRAME = re.compile(rb"@CLB (\d+) ([a-z]+)((?: [a-z_]+=[^ ]*)*) \*([0-9a-f]{8})\r?$")

@@ -10,7 +10,7 @@ from ..compile.cache_plan import AutoBudget, AutoChoice, AutoRan, MemoryFound
 from ..errors import ColibriError
 from ..numerics.perplexity import Score
 from ..numerics.sampling import SamplingParams
-from .protocol import Frame, encode_request
+from .protocol import Frame, encode_frame, encode_request
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ class RunRequest:
     probe_storage_mib: int | None = None
     eviction: str | None = None  # "lfu" | "lru"
     copy_weights: bool = False  # read the whole image into memory, as before mapping (for comparisons)
+    # Protocol 5: run the firmware's self-test (app/selftest.c) instead of a decode; prompt and
+    # steps are not sent (the golden ones are in the firmware).
+    selftest: bool = False
 
     def firmware_options(self) -> list[str]:
         """The Linux firmware's command-line options for this request (beyond --weights)."""
@@ -109,6 +112,46 @@ class RunResult:
     remote: RemoteRun | None = None  # a run over SSH (device/remote.py): where it ran and the bytes sent
     scores: list[Score] = field(default_factory=list)  # scored prompt tokens, in order (score frames)
     held: int = 0  # positions the firmware's KV cache holds afterwards: where the next request may start
+    selftest: Selftest | None = None  # the selftest frame: asked for, or sent at boot (MCU boards)
+
+
+@dataclass(frozen=True)
+class Selftest:
+    """A selftest frame (firmware_src/app/selftest.c): PASS, or FAIL with what differed."""
+
+    passed: bool
+    fields: dict[str, str]
+
+    @property
+    def what(self) -> str:
+        """What differed, in words (empty for a PASS)."""
+        f = self.fields
+        parts = []
+        if "kernel_failed" in f:
+            parts.append(f"kernel {f['kernel_failed']} differs from the scalar kernel")
+        if "image" in f:
+            parts.append(f"weight image refused: {f['image']}")
+        if "decode_error" in f:
+            parts.append(f"the golden decode failed with error {f['decode_error']}")
+        if "step" in f:
+            logits = "its logits differ too" if f.get("logits") == "differ" else "its logits are the same"
+            parts.append(
+                f"golden decode step {f['step']}: token {f.get('token', '?')}, expected {f.get('expected', '?')}"
+                if f.get("token") != f.get("expected")
+                else f"golden decode step {f['step']}: token {f.get('token', '?')} as expected but the logits SHA-256 differs"
+            )
+            if f.get("token") != f.get("expected"):
+                parts[-1] += f" ({logits})"
+        return "; ".join(parts)
+
+    def line(self) -> str:
+        """The one line monitor and verify print."""
+        f = self.fields
+        checked = f"{f.get('kernels_checked', '?')} kernel checks ({f.get('kernels', '?')}), golden decode of {f.get('steps', '?')} steps"
+        cost = f", {int(f['instret']):,} instructions" if f.get("instret", "").isdigit() else ""
+        if self.passed:
+            return f"self-test PASS: {checked}{cost}"
+        return f"self-test FAIL: {self.what or 'no reason given'} ({checked})"
 
 
 # Protocol 3's stats fields from a Linux board (firmware_src/app/decode.c): how it holds the weights
@@ -209,7 +252,8 @@ class Session:
                 )
         elif frame.kind == "error":
             msg = frame.fields.get("msg", "unknown error")
-            raise ColibriError(f"firmware reported error {frame.fields.get('code', '?')}: {msg}")
+            said = f" ({r.selftest.line()})" if r.selftest is not None and not r.selftest.passed else ""
+            raise ColibriError(f"firmware reported error {frame.fields.get('code', '?')}: {msg}{said}")
         elif frame.kind == "token":
             step = frame.int("step")
             if step != len(r.tokens):
@@ -247,6 +291,13 @@ class Session:
             for key in ("read_bw", "bytes", "chunk", "direct"):
                 frame.int(key, minimum=0)
             r.storage = frame.fields
+        elif frame.kind == "selftest":
+            result = frame.fields.get("result")
+            if result not in ("pass", "fail"):
+                raise ColibriError(f"malformed selftest frame from the board: result={str(result)[:24]!r}")
+            for key in ("kernels_checked", "steps", "us"):
+                frame.int(key, minimum=0)
+            r.selftest = Selftest(result == "pass", frame.fields)
         elif frame.kind == "ack":
             pass  # flow control of the request, the link's business (serial_link.py)
         elif frame.kind == "experts":
@@ -303,6 +354,8 @@ def check_fits_context(prompt: list[int], steps: int, n_ctx: int, limit: int | N
 
 def request_frame(request: RunRequest, seq: int = 0) -> bytes:
     """The request frame of `request`: what every board reads (firmware_src/app/request.c)."""
+    if request.selftest:
+        return encode_frame(seq, "selftest", {})
     s = request.sampling.as_f32()
     return encode_request(
         seq,

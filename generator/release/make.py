@@ -37,7 +37,7 @@ from typing import Any
 from ..boards import Board, load_board
 from ..compile.build import GENERATED_DIR, prepare, run_scons
 from ..compile.firmware_id import elf_build_id
-from ..compile.pipeline import OUTPUT_FILES
+from ..compile.pipeline import OUTPUT_FILES, SELFTEST_CHECKS_FILE, SELFTEST_DATA_FILE
 from ..device.session import RunRequest
 from ..errors import ColibriError
 from ..files import REPO
@@ -166,7 +166,7 @@ def produce(
             bundle / FIRMWARE_DIR / rel,
             executable=(rel == board.program and board.runner.linux_program),
         )
-    for gen_name in OUTPUT_FILES:
+    for gen_name in (*OUTPUT_FILES, SELFTEST_DATA_FILE, SELFTEST_CHECKS_FILE):  # the self-test's golden vectors too
         put(art.generated / gen_name, bundle / GENERATED_DIR / gen_name)
     report = linked_report(board, plan, read_elf(art.program))
     write_file(bundle / REPORT_JSON, json_bytes(report.to_json()))

@@ -14,6 +14,8 @@ from .provenance import request_dict
 # Hello-frame fields that describe the firmware itself, recorded in verification.json. The others
 # describe the machine it ran on (e.g. `kernels`, chosen at run time from the CPU's features) and go
 # to <name>.measurements.json.
+# Selftest-frame fields that depend on the machine it ran on, not on the firmware.
+SELFTEST_MACHINE = ("kernels", "us", "instret")  # a boot run's count includes the UART interrupts of the host's request
 HELLO_IDENTITY = ("proto", "fw", "board", "arch", "quant", "ctx", "vocab", "model", "weights", "build")
 
 
@@ -53,12 +55,31 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
     # The hello frame must name these very files: board, quantization, context, the weight image's
     # SHA-256 and the ELF's build id (verify.py's check, the one `verify` makes on a port).
     identity = identity_differences(result.hello, firmware_identity(board, art, plan))
-    passed = comparison.passed and not identity
+    # The firmware's own check (app/selftest.c): the boot run's frame on MCU boards, else asked.
+    selftest = result.selftest
+    if selftest is None:
+        asked = run_on_board(
+            board,
+            art.program,
+            art.weights,
+            RunRequest([], 0, selftest=True),
+            art.model_hash(),
+            flash_image=art.flash_image,
+        )
+        selftest = asked.selftest
+    passed = comparison.passed and not identity and selftest is not None and selftest.passed
     s = result.stats
     hello = {k: v for k, v in result.hello.items() if k in HELLO_IDENTITY}
     verification.update(ran=True, passed=passed, first_divergent_step=diverged, hello=hello, firmware=firmware)
     if identity:
         verification["identity_problems"] = identity
+    # What the run machine chose (the kernel set, the microseconds) goes to the measurements; the
+    # rest, the exact instructions on an emulated MCU included, is what a rebuild must reproduce.
+    verification["selftest"] = (
+        None
+        if selftest is None
+        else {"pass": selftest.passed, **{k: v for k, v in selftest.fields.items() if k not in SELFTEST_MACHINE}}
+    )
     n_prompt, n_decode = int(s.get("prompt", 0)), int(s.get("decode", 0))
     if "prefill_instret" in s and "decode_instret" in s:
         # Exact under qemu's -icount shift=0: part of what a rebuild must reproduce.
@@ -85,5 +106,6 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
         "prefill_tok_s": r.prefill_tok_s,
         "decode_tok_s": r.decode_tok_s,
         "forward_tok_s": r.forward_tok_s,
+        "selftest": {k: v for k, v in (selftest.fields if selftest else {}).items() if k in SELFTEST_MACHINE},
     }
     return verification, measurements

@@ -24,6 +24,7 @@ from generator.compile.esp32.partitions import parse_partitions_csv
 from generator.compile.pipeline import generate
 from generator.device.flash import flash_images, flash_plan
 from generator.errors import ColibriError
+from generator.selftest import GOLDEN_FILE, write_golden
 
 PORT = "loop://"
 FAKED = ("detect_chip", "run_stub", "attach_flash", "write_flash", "verify_flash", "reset_chip")
@@ -247,6 +248,7 @@ def build_dir(board, tmp_path):
     """A build directory as `./colibri build` would leave it: generated/ and the ESP-IDF project in idf/."""
     gen = tmp_path / "generated"
     generated = generate(DEFAULT_MODEL, board, "q8_0", 64, gen)
+    write_golden(generated.plan, gen / "weights.img", board, gen / GOLDEN_FILE)  # the SConstruct's GOLDEN step
     write_project(board, generated.plan, gen, tmp_path / "idf", REPO)
     return tmp_path
 

@@ -22,7 +22,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(line, data, size);
     ColibriRequest req;
     const char *problem = colibri_parse_request(line, (int)size, &req, prompt, CONTEXT);
-    if (problem == NULL) {
+    if (problem == NULL && req.selftest) {
+        /* A selftest request (protocol 5) carries no field: everything else stays at its default. */
+        if (req.selftest != 1 || req.n_prompt != 0 || req.n_steps != 0 || req.threads != 1 || req.probe_mib != -1 ||
+            req.start != 0 || req.score_from != -1 || req.decode_from != -1) {
+            __builtin_trap();
+        }
+    } else if (problem == NULL) {
         int ok = req.prompt == prompt && req.n_prompt >= 1 && req.n_prompt <= CONTEXT && req.n_steps >= 0 &&
                  req.n_steps <= CONTEXT && (req.n_steps >= 1 || req.score_from >= 0) && req.start >= 0 &&
                  req.start < CONTEXT && req.score_from >= -1 && req.score_from < req.n_prompt &&

@@ -30,6 +30,7 @@ from generator.device.protocol import FrameReader, encode_request
 from generator.errors import ColibriError
 from generator.numerics.sampling import SamplingParams
 from generator.reference import Reference
+from generator.selftest import GOLDEN_FILE, write_golden
 
 pytestmark = pytest.mark.slow  # generates and checks ESP-IDF projects
 
@@ -59,6 +60,7 @@ class Project:
 def make_project(board, model: Path, where: Path, quant="q8_0", ctx=None) -> Project:
     gen = where / "generated"
     generated = generate(model, board, quant, ctx, gen)
+    write_golden(generated.plan, gen / "weights.img", board, gen / GOLDEN_FILE)  # the SConstruct's GOLDEN step
     root = where / "project"
     written = write_project(board, generated.plan, gen, root, REPO)
     assert written == sorted(written) and all(p.is_file() for p in written)
@@ -344,6 +346,7 @@ def test_a_weight_image_larger_than_the_partition_is_refused_with_the_numbers(bo
     small = board_from_data(data, board.path)
     gen = tmp_path / "generated"
     generated = generate(DEFAULT_MODEL, small, "q8_0", 64, gen)
+    write_golden(generated.plan, gen / "weights.img", small, gen / GOLDEN_FILE)
     with pytest.raises(ColibriError) as e:
         write_project(small, generated.plan, gen, tmp_path / "project", REPO)
     assert f"{generated.plan.image.image_bytes:,} B" in str(e.value) and "65,536 B" in str(e.value)

@@ -12,7 +12,7 @@ import pytest
 from test_serial_link import BANNER, MODEL, OTHER_MODEL, PtyBoard, answer, hello, token
 
 from generator.device.monitor import describe, monitor, printable
-from generator.device.protocol import encode_frame, parse_frame
+from generator.device.protocol import Frame, encode_frame, parse_frame
 from generator.device.serial_link import SerialLink
 from generator.errors import ColibriError
 
@@ -245,3 +245,30 @@ def test_every_command_words_a_missing_port_the_same_way():
         "plugged in? ./colibri devices lists the serial ports)"
     )
     assert "Errno" not in messages[0]
+
+
+def test_describe_says_what_a_selftest_found():
+    good = Frame(
+        3,
+        "selftest",
+        {"result": "pass", "kernels": "rv32", "kernels_checked": "33", "steps": "3", "instret": "5982954"},
+    )
+    assert (
+        describe(good)
+        == "[3] self-test PASS: 33 kernel checks (rv32), golden decode of 3 steps, 5,982,954 instructions"
+    )
+    bad = Frame(
+        1,
+        "selftest",
+        {
+            "result": "fail",
+            "kernels": "avx2",
+            "kernels_checked": "33",
+            "steps": "4",
+            "step": "2",
+            "token": "17",
+            "expected": "45",
+            "logits": "differ",
+        },
+    )
+    assert describe(bad).startswith("[1] self-test FAIL: golden decode step 2: token 17, expected 45")

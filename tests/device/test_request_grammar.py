@@ -85,6 +85,8 @@ BAD = {
     "no steps": ("@CLB 0 request prompt=1", "a request needs prompt and steps"),
     "key without value": (GOOD + " seed", "malformed request field"),
     "double space": ("@CLB 0 request  prompt=1 steps=3", "malformed request field"),
+    "selftest with a field": ("@CLB 0 selftest steps=3", "not a request frame"),
+    "selftest twice": ("@CLB 0 selftest selftest", "not a request frame"),
 }
 
 
@@ -107,6 +109,13 @@ def test_the_linux_firmware_decodes_the_request_frame_it_reads_on_stdin(host_fir
     code, frames = run_host(host_firmware, frame(GOOD))
     assert code == 0
     assert [f.kind for f in frames] == ["hello", "token", "token", "token", "stats", "done"]
+
+
+def test_a_selftest_request_between_decodes_answers_its_frame_and_the_next_request_decodes(host_firmware):
+    code, frames = run_host(host_firmware, frame("@CLB 0 selftest") + frame(GOOD.replace(" 0 ", " 1 ")))
+    assert code == 0
+    assert [f.kind for f in frames] == ["hello", "selftest", "done", "token", "token", "token", "stats", "done"]
+    assert frames[1].fields["result"] == "pass" and frames[2].fields["reason"] == "selftest"
 
 
 def test_decode_from_decodes_the_prompts_tail_as_steps_then_samples(host_firmware):

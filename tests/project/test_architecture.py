@@ -16,7 +16,7 @@ STAGES = [
     ("compile",),
     ("device",),
     ("reference",),
-    ("verify", "report", "chat", "evaluate"),
+    ("verify", "report", "chat", "evaluate", "selftest"),
     ("bench",),
     ("release",),
     ("job", "option_checks"),

@@ -321,6 +321,8 @@ def test_measurements_stay_outside_the_release(host_release):
             "generated/model_data.c",
             "generated/model_def.h",
             "generated/plan.json",
+            "generated/selftest_checks.h",
+            "generated/selftest_data.c",
             "generated/weights.img",
             "memory-report.json",
             "memory-report.txt",

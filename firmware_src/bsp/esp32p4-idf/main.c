@@ -127,6 +127,7 @@ void app_main(void)
             vTaskDelay(portMAX_DELAY);
         }
     }
+    colibri_boot_selftest(load_status, load_message);
     if (load_status != COLIBRI_OK) {
         colibri_report_error(load_status, load_message);
     }

@@ -111,6 +111,7 @@ int main(void)
     uint64_t image_bytes = (uint64_t)(colibri_weights_end - colibri_weights_image);
     int status = colibri_load(colibri_weights_image, image_bytes);
     colibri_hello();
+    colibri_boot_selftest(status, NULL);
     if (status != 0) {
         colibri_report_error(status, colibri_status_message(status));
     }

@@ -23,6 +23,7 @@
 #include "../../app/bsp.h"
 #include "../../app/build_id.h"
 #include "../../app/decode.h"
+#include "../../app/selftest.h"
 #include "../../app/protocol.h"
 #include "../../runtime/expert_cache.h"
 #include "../../runtime/image_loader.h"
@@ -754,7 +755,7 @@ static int serve_requests(char *line, int capacity, int len, ColibriRequest *req
             if (problem == NULL && req->probe_mib >= 0) {
                 problem = "the bandwidth probe runs only before the first request";
             }
-            if (problem == NULL && req->threads != threads) {
+            if (problem == NULL && !req->selftest && req->threads != threads) {
                 problem = "threads must stay what the first request set";
             }
         }
@@ -816,7 +817,9 @@ int main(int argc, char **argv)
     if (status < 0) {
         return 1;
     }
-    if (status != 0) {
+    if (status != 0 && req.selftest) {
+        colibri_selftest(status, NULL, 1); /* a refused image: the self-test's FAIL says why */
+    } else if (status != 0) {
         colibri_report_error(status, colibri_status_message(status));
     } else {
         status = serve_requests(line, (int)sizeof line, len, &req, prompt);

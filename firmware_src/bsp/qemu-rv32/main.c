@@ -174,6 +174,7 @@ int main(void)
     }
 #endif
     colibri_hello();
+    colibri_boot_selftest(status, NULL);
     if (status != 0) {
         colibri_report_error(status, colibri_status_message(status));
         return status;

@@ -28,7 +28,7 @@ from ...errors import ColibriError
 from ...files import REPO, write_atomic
 from ..emit import GENERATED_FILES, environment
 from ..image import read_header
-from ..pipeline import WEIGHTS_FILE
+from ..pipeline import SELFTEST_CHECKS_FILE, SELFTEST_DATA_FILE, WEIGHTS_FILE
 from ..plan import Plan, align_up
 from .partitions import MMU_PAGE, Partition, check_partitions
 
@@ -225,7 +225,11 @@ def write_project(board: Board, plan: Plan, generated_dir: Path, project_dir: Pa
     s = board.idf
     if s is None:
         raise ColibriError(f"board {board.name} has no [flash] and [idf] sections: it is not an ESP-IDF board")
-    missing = [n for n in (*GENERATED_FILES, WEIGHTS_FILE) if not (generated_dir / n).is_file()]
+    missing = [
+        n
+        for n in (*GENERATED_FILES, WEIGHTS_FILE, SELFTEST_DATA_FILE, SELFTEST_CHECKS_FILE)
+        if not (generated_dir / n).is_file()
+    ]
     if missing:
         raise ColibriError(f"{generated_dir} lacks {', '.join(missing)}: generate the sources first")
     image = (generated_dir / WEIGHTS_FILE).read_bytes()
@@ -240,7 +244,9 @@ def write_project(board: Board, plan: Plan, generated_dir: Path, project_dir: Pa
         raise ColibriError(f"{generated_dir}: weights.img and model_data.c are from different generations: regenerate")
 
     copies = project_sources(board, repo)
-    copies += [(generated_dir / n, f"{COLIBRI_DIR}/generated/{n}") for n in sorted(GENERATED_FILES)]
+    copies += [
+        (generated_dir / n, f"{COLIBRI_DIR}/generated/{n}") for n in sorted((*GENERATED_FILES, SELFTEST_DATA_FILE))
+    ]
     rel_paths = [rel for _, rel in copies] + [TEMPLATES["colibri_idf.h"]]
     context = template_context(board, plan, s, header.model_hash, sorted(rel_paths))
 

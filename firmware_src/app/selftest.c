@@ -262,18 +262,26 @@ static void check_kernels(void)
     kernel_swiglu(st->got, st->x, n_swiglu);
     expect_same("swiglu", st->want, st->got, n_swiglu * (int)sizeof(float));
 
-    /* Attention of one head over a ring of SELFTEST_POSITIONS slots, starting mid-ring. */
-    for (int i = 0; i < SELFTEST_HEAD_DIM; i++) {
+    /* Attention over a tile of SELFTEST_POSITIONS positions of one KV head for two query heads
+     * that share it (the grouped-query path), as the runtime calls it (kernels.h). */
+    const int n_q = 2, n = SELFTEST_POSITIONS, hd = SELFTEST_HEAD_DIM;
+    for (int i = 0; i < n_q * hd; i++) {
         st->w.f32[i] = next_float();
     }
     const float *q = st->w.f32, *keys = st->x;
-    const int n = SELFTEST_POSITIONS - 1, slots = SELFTEST_POSITIONS, hd = SELFTEST_HEAD_DIM;
-    kernel_scalar_attention_scores(st->want, q, keys, 3, slots, n, hd, hd, 0.125f);
-    kernel_attention_scores(st->got, q, keys, 3, slots, n, hd, hd, 0.125f);
-    expect_same("attention_scores", st->want, st->got, n * (int)sizeof(float));
-    float mix_want[SELFTEST_HEAD_DIM], mix_got[SELFTEST_HEAD_DIM];
-    kernel_scalar_attention_mix(mix_want, st->w.f32, keys, 3, slots, n, hd, hd);
-    kernel_attention_mix(mix_got, st->w.f32, keys, 3, slots, n, hd, hd);
+    kernel_scalar_attention_scores(st->want, n, q, hd, n_q, keys, hd, n, hd, 0.125f);
+    kernel_attention_scores(st->got, n, q, hd, n_q, keys, hd, n, hd, 0.125f);
+    expect_same("attention_scores", st->want, st->got, n_q * n * (int)sizeof(float));
+    float mix_want[2 * SELFTEST_HEAD_DIM], mix_got[2 * SELFTEST_HEAD_DIM];
+    for (int i = 0; i < n_q * hd; i++) {
+        mix_want[i] = mix_got[i] = -0.0f;
+    }
+    const float *p = st->w.f32 + n_q * hd; /* weights of the positions: the next values of the input */
+    for (int i = 0; i < n_q * n; i++) {
+        st->w.f32[n_q * hd + i] = next_float();
+    }
+    kernel_scalar_attention_mix(mix_want, hd, p, n, n_q, keys, hd, n, hd);
+    kernel_attention_mix(mix_got, hd, p, n, n_q, keys, hd, n, hd);
     expect_same("attention_mix", mix_want, mix_got, (int)sizeof mix_want);
 }
 

@@ -209,6 +209,7 @@ class Plan:
     kv_offsets: tuple[int, ...]  # per layer: first float of its keys (or values) in the K (or V) arena
     kv_bytes: int  # K and V for all layers
     ropes: tuple  # distinct RopeSpecs; layer_rope[i] indexes this
+    rope_dims: tuple[int, ...]  # the dims each table rotates (its rows hold the widest's half, padded)
     layer_rope: tuple[int, ...]
     rope_table_bytes: int  # cos + sin of every table
     max_input: int  # longest matrix row: the activation quantization buffer's length
@@ -530,16 +531,16 @@ def make_plan(
 
     d, v = spec.hidden_size, spec.vocab_size
     f = max(spec.intermediate_size, spec.expert_intermediate_size, spec.shared_expert_intermediate_size)
-    max_input = max(d, spec.q_dim, f, spec.linear_value_dim)
+    max_input = max(d, spec.max_q_dim, f, spec.linear_value_dim, spec.n_layers * spec.ple_dim)
     n = prefill_batch
     items = [
         ("x", "float", n * d, "residual stream, per token of the batch"),
         ("xn", "float", n * d, "normalised input of the current block, per token"),
-        ("q", "float", n * spec.q_dim, "queries, per token"),
-        ("k", "float", n * spec.kv_dim, "keys, per token (copied into the KV cache)"),
-        ("v", "float", n * spec.kv_dim, "values, per token (copied into the KV cache)"),
+        ("q", "float", n * spec.max_q_dim, "queries, per token"),
+        ("k", "float", n * spec.max_kv_dim, "keys, per token (copied into the KV cache)"),
+        ("v", "float", n * spec.max_kv_dim, "values, per token (copied into the KV cache)"),
         ("att", "float", spec.n_heads * n_ctx, "attention scores over the context, per head (heads run in parallel)"),
-        ("attn_out", "float", n * spec.q_dim, "attention output of all heads, per token"),
+        ("attn_out", "float", n * spec.max_q_dim, "attention output of all heads, per token"),
         ("proj", "float", n * d, "output of wo or w_down before the residual add, per token"),
         ("gate", "float", n * f, "FFN gate projection (of a dense FFN or of one expert), per token"),
         ("up", "float", n * f, "FFN up projection, then the gated product, per token"),
@@ -569,6 +570,18 @@ def make_plan(
         ]
     if spec.attn_output_gate:
         items += [("q_gate", "float", n * spec.q_dim, "gated attention: the output gate's logits, per token")]
+    if spec.ple_dim:
+        items += [
+            (
+                "ple",
+                "float",
+                n * spec.n_layers * spec.ple_dim,
+                "per-layer inputs: every layer's slice, per token (made once from its embedding)",
+            ),
+            ("ple_gate", "float", n * spec.ple_dim, "per-layer input gate, then times the layer's slice, per token"),
+        ]
+    if spec.moe_beside_dense:
+        items += [("dense_out", "float", n * d, "MoE block: the dense FFN's normed output, per token")]
     if spec.linear_layers:
         items += [
             ("lin_qkv", "float", n * spec.linear_conv_dim, "DeltaNet: q, k, v projections, then convolved, per token"),
@@ -600,9 +613,9 @@ def make_plan(
         0 if spec.is_linear(i) else min(w, n_ctx) if w else n_ctx for i, w in enumerate(spec.layer_windows)
     )
     kv_offsets, cursor = [], 0
-    for slots in kv_slots:
+    for i, slots in enumerate(kv_slots):
         kv_offsets.append(cursor)
-        cursor += slots * spec.kv_dim
+        cursor += slots * spec.layer_kv_dim(i)
     linear_offsets, linear_cursor = [], 0
     per_linear_layer = (max(0, spec.linear_conv_kernel - 1) * spec.linear_conv_dim) + (
         spec.linear_v_heads * spec.linear_k_dim * spec.linear_v_dim
@@ -610,13 +623,16 @@ def make_plan(
     for i in range(spec.n_layers):
         linear_offsets.append(linear_cursor if spec.is_linear(i) else -1)
         linear_cursor += per_linear_layer if spec.is_linear(i) else 0
-    ropes: list = []
+    # One table per distinct (RoPE, rotated width): Gemma 4's global layers rotate their wider heads.
+    tables: list = []
     layer_rope = []
     for layer in range(spec.n_layers):
-        r = spec.layer_rope(layer)
-        if r not in ropes:
-            ropes.append(r)
-        layer_rope.append(ropes.index(r))
+        key = (spec.layer_rope(layer), spec.layer_rotary_dim(layer))
+        if key not in tables:
+            tables.append(key)
+        layer_rope.append(tables.index(key))
+    ropes = [r for r, _ in tables]
+    rope_dims = tuple(dim for _, dim in tables)
     return Plan(
         spec=spec,
         board=board,
@@ -630,8 +646,9 @@ def make_plan(
         kv_offsets=tuple(kv_offsets),
         kv_bytes=2 * cursor * 4,
         ropes=tuple(ropes),
+        rope_dims=rope_dims,
         layer_rope=tuple(layer_rope),
-        rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.rotary_dim // 2) * 4,
+        rope_table_bytes=len(ropes) * 2 * n_ctx * (max(rope_dims) // 2) * 4,
         max_input=max_input,
         prefill_batch=prefill_batch,
         expand_q4=expand_q4,

@@ -579,9 +579,13 @@ def make_plan(
                 "per-layer inputs: every layer's slice, per token (made once from its embedding)",
             ),
             ("ple_gate", "float", n * spec.ple_dim, "per-layer input gate, then times the layer's slice, per token"),
+            ("ple_row", "float", spec.n_layers * spec.ple_dim, "per-layer inputs: one token's ple_embed row"),
         ]
     if spec.moe_beside_dense:
-        items += [("dense_out", "float", n * d, "MoE block: the dense FFN's normed output, per token")]
+        items += [
+            ("dense_out", "float", n * d, "MoE block: the dense FFN's normed output, per token"),
+            ("router_in", "float", d, "MoE block: one token's router input (its own norm of the residual)"),
+        ]
     if spec.linear_layers:
         items += [
             ("lin_qkv", "float", n * spec.linear_conv_dim, "DeltaNet: q, k, v projections, then convolved, per token"),

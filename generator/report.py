@@ -118,6 +118,7 @@ class MemoryReport:
     code_estimate: int | None  # planned only: the board's code reserve
     memory_budget: CachePlan | None = None  # the expert cache, under --memory-budget
     linear_state: dict[str, Any] | None = None  # Gated DeltaNet layers: Plan.linear_state_report()
+    per_layer_inputs: dict[str, Any] | None = None  # Gemma 4: Plan.per_layer_inputs_report()
 
     @property
     def planned_only(self) -> bool:
@@ -155,6 +156,8 @@ class MemoryReport:
             out["memory_budget"] = self.memory_budget.to_dict()
         if self.linear_state is not None:
             out["linear_state"] = self.linear_state
+        if self.per_layer_inputs is not None:
+            out["per_layer_inputs"] = self.per_layer_inputs
         return out
 
 
@@ -202,6 +205,7 @@ def _report(
         elf_sections=elf_sections,
         code_estimate=code_estimate,
         linear_state=plan.linear_state_report(),
+        per_layer_inputs=plan.per_layer_inputs_report(),
     )
 
 
@@ -218,6 +222,8 @@ def format_report(rep: MemoryReport) -> str:
         lines.append(f"  {rep.kept_f32.summary}")
     if rep.linear_state:
         lines.append(f"  {rep.linear_state['summary']}")
+    if rep.per_layer_inputs:
+        lines.append(f"  {rep.per_layer_inputs['summary']}")
     if rep.gguf:
         lines.append(f"  {rep.gguf['summary']}")
         for t in rep.gguf["quantized_again"]:

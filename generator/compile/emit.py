@@ -394,7 +394,12 @@ def board_context(board) -> dict:
 def cache_context(plan: Plan, board) -> dict:
     """The expert cache's constants (compile/cache_plan.py): the firmware sizes its slots from a
     run-time budget with them, exactly as `report` and the check before a run do."""
-    return dict(cache=cache_constants(plan, board.budget_reserve), storage_align=STORAGE_ALIGN)
+    table = plan.paged_table
+    return dict(
+        cache=cache_constants(plan, board.budget_reserve),
+        storage_align=STORAGE_ALIGN,
+        paged_table=dict(offset=table.offset if table else 0, nbytes=table.nbytes if table else 0),
+    )
 
 
 def render(plan: Plan, model_hash: bytes, board, weights_sha256: bytes = bytes(32)) -> dict[str, str]:

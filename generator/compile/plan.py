@@ -257,6 +257,20 @@ class Plan:
             "summary": summary,
         }
 
+    def per_layer_inputs_report(self) -> dict | None:
+        """Gemma 4's per-layer input table as report shows it (None without one): its bytes, counted
+        with the weights (the image: flash on an MCU, the mapping on Linux), and the one row a token
+        reads of it."""
+        t = self.paged_table
+        if t is None:
+            return None
+        row = t.nbytes // t.rows
+        summary = (
+            f"per-layer inputs: ple_embed {t.dtype} [{t.rows} x {t.cols}] = {t.nbytes:,} B in the weight image, "
+            f"one row of {row:,} B read per token (not in RAM: never held under a memory budget)"
+        )
+        return {"tensor": t.name, "dtype": t.dtype, "bytes": t.nbytes, "row_bytes": row, "summary": summary}
+
     @property
     def context_state_bytes(self) -> int:
         """What the model keeps of the sequence so far: the KV cache and the DeltaNet states."""
@@ -333,6 +347,12 @@ class Plan:
         """How the firmware reads q4_1 matrices (None for other quantizations): in place on every
         board (an int8 copy would not spare the minimums' part of the product)."""
         return "read in place by the q4_1 kernels" if self.quant == "q4_1" else None
+
+    @property
+    def paged_table(self) -> TensorEntry | None:
+        """Gemma 4's per-layer input table (ple_embed): read one row per token, so it stays where the
+        image is (flash on an MCU, the mapping on Linux, never held under a memory budget)."""
+        return self._tensor_by_name.get("ple_embed")
 
     @cached_property
     def _tensor_by_name(self) -> dict[str, TensorEntry]:

@@ -294,18 +294,32 @@ static int layer_experts(int layer, uint64_t *start, uint64_t *end)
     return 1;
 }
 
+/* The image's ranges a budget does not hold, in file order: Gemma 4's per-layer input table first
+ * (i = 0: read one row per token through the mapping, its pages the kernel's to reclaim), then each
+ * MoE layer's experts (i = 1 + layer). Returns 0 where there is none. */
+static int unheld_range(int i, uint64_t *start, uint64_t *end)
+{
+    if (i == 0) {
+        *start = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + COLIBRI_PAGED_TABLE_OFFSET;
+        *end = *start + COLIBRI_PAGED_TABLE_BYTES;
+        return COLIBRI_PAGED_TABLE_BYTES > 0;
+    }
+    return layer_experts(i - 1, start, end);
+}
+
 /* Under a budget: no readahead anywhere in the mapping (a fault next to an expert's range would read
  * into it, and those pages would count against the budget), then each resident range read ahead as
  * exactly that range (MADV_WILLNEED) and locked; the experts' ranges are never touched through the
- * mapping. Returns the bytes locked; *refused says whether mlock refused any of it. */
+ * mapping, the per-layer input table's a row at a time. Returns the bytes locked; *refused says
+ * whether mlock refused any of it. */
 static uint64_t hold_resident(uint8_t *image, uint64_t len, int *refused)
 {
     uint64_t locked = 0, cursor = 0;
     *refused = 0;
     madvise(image, (size_t)len, MADV_RANDOM);
-    for (int l = 0; l <= COLIBRI_N_LAYERS; l++) {
+    for (int i = 0; i <= COLIBRI_N_LAYERS + 1; i++) {
         uint64_t start = len, end = len, from, to;
-        if (l < COLIBRI_N_LAYERS && !layer_experts(l, &start, &end)) {
+        if (i < COLIBRI_N_LAYERS + 1 && !unheld_range(i, &start, &end)) {
             continue;
         }
         page_range(cursor, start, len, &from, &to);

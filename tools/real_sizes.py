@@ -65,6 +65,14 @@ def render() -> str:
                 f"{'yes' if rep.fits else '**no**'} | {over} | "
                 f"{'no limit' if largest is None else largest} |"
             )
+    lines += [
+        "",
+        "gemma-4-26b-a4b is the text tower of google/gemma-4-26B-A4B-it at its published shape (hidden 2816,",
+        "30 layers of which every sixth is global, 16 heads, 8 KV heads of 256 on sliding layers and 2 of 512",
+        "with keys equal to values on global ones, 128 experts top-8 of width 704 beside a dense FFN of 2112,",
+        "no per-layer inputs), as public Gemma 4 test fixtures reproduce its config.json; its context length",
+        "is transformers' Gemma4TextConfig default (131,072).",
+    ]
     lines += moe_budgets()
     lines += [
         "",

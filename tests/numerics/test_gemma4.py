@@ -54,6 +54,29 @@ def test_global_layers_have_their_own_widths_and_the_per_layer_table_stays_in_th
     assert make_plan(spec, "qemu-rv32", "q8_0", 32).paged_table.nbytes == table.nbytes
 
 
+def test_proportional_rope_has_transformers_frequencies():
+    """The global layers' RoPE: the first quarter of the pairs rotate, the rest have frequency 0."""
+    import numpy as np
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from generator.numerics import rope
+    from models import ORACLE_CONFIGS
+
+    config = transformers.Gemma4TextConfig(**ORACLE_CONFIGS["gemma4_text"][2])
+    theirs, _ = ROPE_INIT_FUNCTIONS["proportional"](config, layer_type="full_attention")
+    spec_rope = load_rope(config)
+    ours = rope.inverse_frequencies(spec_rope, 32)
+    assert np.count_nonzero(ours) == 4 and np.allclose(ours, theirs.numpy(), rtol=1e-6, atol=0)
+
+
+def load_rope(config):
+    from generator.model.hf.load import parse_config
+
+    data = dict(config.to_dict(), architectures=["Gemma4ForCausalLM"])
+    return parse_config(data, "gemma4").rope
+
+
 def test_the_moe_block_keeps_the_dense_ffn_beside_the_experts(checkpoints):
     spec = load_hf(checkpoints("gemma4_moe"), load_tensors=False).spec
     assert spec.moe_beside_dense and spec.norm_topk_prob and spec.n_experts == 8 and spec.experts_per_token == 2

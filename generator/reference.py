@@ -133,6 +133,9 @@ class Reference:
             for i, n in enumerate(plan.kv_slots)
         ]
         self.v_cache = [np.zeros_like(k) for k in self.k_cache]
+        for i in range(s.n_layers):  # Gemma 4's KV-sharing layers read their source's cache
+            src = s.kv_source(i)
+            self.k_cache[i], self.v_cache[i] = self.k_cache[src], self.v_cache[src]
         self.expert_counts = np.zeros((s.n_layers, max(1, s.n_experts)), dtype=np.int64)
         # Gated DeltaNet layers: the convolution's last kernel - 1 inputs and each value head's
         # key x value state, the whole context in a fixed size (zeroed when a sequence starts).
@@ -329,15 +332,19 @@ class Reference:
                 x = x + self._deltanet(layer, act)
                 x = self._ffn_block(layer, x)
                 continue
+            own_kv = not s.is_kv_consumer(layer)  # Gemma 4's KV-sharing layers: queries only
             q = self._linear(p + "wq", act, p + "bq" if s.qkv_bias else None).reshape(s.n_heads, hd)
-            k = self._linear(p + "wk", act, p + "bk" if s.qkv_bias else None).reshape(kvh, hd)
-            if s.layer_k_eq_v(layer):  # Gemma 4's global layers: the values are the keys' projection
+            k = v = np.zeros((kvh, hd), dtype=np.float32)
+            if own_kv:
+                k = self._linear(p + "wk", act, p + "bk" if s.qkv_bias else None).reshape(kvh, hd)
+            if own_kv and s.layer_k_eq_v(layer):  # Gemma 4's global layers: the values are the keys' projection
                 v = k.copy()
-            else:
+            elif own_kv:
                 v = self._linear(p + "wv", act, p + "bv" if s.qkv_bias else None).reshape(kvh, hd)
             if s.qk_norm:
                 q = rmsnorm(q, self.w[p + "q_norm"], eps)
-                k = rmsnorm(k, self.w[p + "k_norm"], eps)
+                if own_kv:
+                    k = rmsnorm(k, self.w[p + "k_norm"], eps)
             if s.v_norm:
                 v = rmsnorm_unscaled(v, eps)
             cos, sin = self.tables[self.plan.layer_rope[layer]]
@@ -348,9 +355,10 @@ class Reference:
             else:
                 q = apply_rope(q, cos[pos], sin[pos])
                 k = apply_rope(k, cos[pos], sin[pos])
-            slots = self.plan.kv_slots[layer]
-            self.k_cache[layer][pos % slots] = k
-            self.v_cache[layer][pos % slots] = v
+            slots = self.plan.kv_slots[s.kv_source(layer)]
+            if own_kv:
+                self.k_cache[layer][pos % slots] = k
+                self.v_cache[layer][pos % slots] = v
 
             window = s.layer_windows[layer]
             start = max(0, pos - window + 1) if window else 0

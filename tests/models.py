@@ -316,6 +316,32 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=False,
         ),
     ),
+    # Gemma 4 E2B-style: the last 2 of 6 layers share the keys and values of the last earlier layer
+    # of their type (layer 4 layer 3's, layer 5 layer 2's), with FFNs twice as wide; no k_eq_v (the
+    # global layers have their own values and 2 KV heads of 32); per-layer inputs 32 wide.
+    "gemma4_kv_shared": (
+        "Gemma4TextConfig",
+        "Gemma4ForCausalLM",
+        dict(
+            vocab_size=262,
+            hidden_size=64,
+            intermediate_size=64,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            global_head_dim=32,
+            attention_k_eq_v=False,
+            num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
+            sliding_window=4,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            hidden_size_per_layer_input=32,
+            vocab_size_per_layer_input=262,
+            final_logit_softcapping=30.0,
+            max_position_embeddings=128,
+        ),
+    ),
 }
 # Learned scales that default to 1 (Gemma 4's layer scalars, router scale, per-expert scales):
 # randomised like the norms, so their paths are tested.

@@ -589,7 +589,7 @@ static void attention(const ColibriBuffers *b, int layer, int32_t pos, const flo
 
 /* Queries, keys and values of one token at position pos: optional per-head RMSNorm of the queries
  * and keys, then RoPE (the layer's pairs: its table's row holds them first); with V_NORM the
- * values' unweighted RMSNorm (Gemma 4). */
+ * values' unweighted RMSNorm (Gemma 4). k and v NULL: the queries only (a KV-sharing layer). */
 static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, float *q, float *k, float *v)
 {
     const float eps = COLIBRI_RMS_NORM_EPS;
@@ -604,7 +604,7 @@ static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, 
         }
         op_rope(qh, cos, sin, half);
     }
-    for (int h = 0; h < colibri_layer_kv_heads[layer]; h++) {
+    for (int h = 0; k != NULL && h < colibri_layer_kv_heads[layer]; h++) {
         float *kh = k + h * hd;
         if (lw->k_norm != NULL) {
             op_rmsnorm(kh, kh, lw->k_norm, hd, eps);
@@ -714,7 +714,7 @@ static int gemma4_moe_block(const ColibriWeights *w, ColibriBuffers *b, int laye
 {
     const ColibriLayerWeights *lw = &w->layers[layer];
     const float eps = COLIBRI_RMS_NORM_EPS;
-    gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, NULL, NULL, NULL, b->xn, n, COLIBRI_FFN_DIM);
+    gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, NULL, NULL, NULL, b->xn, n, colibri_layer_ffn_dim[layer]);
     for (int t = 0; t < n; t++) {
         op_rmsnorm(b->dense_out + (int64_t)t * COLIBRI_DIM, b->proj + (int64_t)t * COLIBRI_DIM, lw->post_dense_norm,
                    COLIBRI_DIM, eps);
@@ -768,12 +768,17 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         {
             /* A layer's widths: Gemma 4's global layers have wider heads and fewer KV heads. */
             const int q_dim = COLIBRI_N_HEADS * colibri_layer_head_dim[l], kv_dim = layer_kv_dim(l);
+            /* A Gemma 4 KV-sharing layer makes queries only and attends over its source's cache,
+             * which that earlier layer has filled for these positions. */
+            const int own_kv = colibri_layer_kv_source[l] == l;
             const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
             linear(b->q, &xn, &lw->wq, lw->bq, q_dim);
-            linear(b->k, &xn, &lw->wk, lw->bk, kv_dim);
-            if (colibri_layer_k_eq_v[l]) { /* the values are the keys' projection, before its norm and RoPE */
+            if (!own_kv) {
+            } else if (colibri_layer_k_eq_v[l]) { /* the values are the keys' projection, before its norm and RoPE */
+                linear(b->k, &xn, &lw->wk, lw->bk, kv_dim);
                 memcpy(b->v, b->k, (size_t)n * kv_dim * sizeof(float));
             } else {
+                linear(b->k, &xn, &lw->wk, lw->bk, kv_dim);
                 linear(b->v, &xn, &lw->wv, lw->bv, kv_dim);
             }
 #if COLIBRI_ATTN_OUTPUT_GATE
@@ -783,9 +788,11 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
                 float *q = b->q + (int64_t)t * q_dim;
                 float *k = b->k + (int64_t)t * kv_dim;
                 float *v = b->v + (int64_t)t * kv_dim;
-                position_qkv(lw, l, pos + t, q, k, v);
-                memcpy(colibri_key_cache + kv_slot(l, pos + t), k, (size_t)kv_dim * sizeof(float));
-                memcpy(colibri_value_cache + kv_slot(l, pos + t), v, (size_t)kv_dim * sizeof(float));
+                position_qkv(lw, l, pos + t, q, own_kv ? k : NULL, own_kv ? v : NULL);
+                if (own_kv) {
+                    memcpy(colibri_key_cache + kv_slot(l, pos + t), k, (size_t)kv_dim * sizeof(float));
+                    memcpy(colibri_value_cache + kv_slot(l, pos + t), v, (size_t)kv_dim * sizeof(float));
+                }
                 attention(b, l, pos + t, q, b->attn_out + (int64_t)t * q_dim, lw->sinks);
             }
 #if COLIBRI_ATTN_OUTPUT_GATE
@@ -825,7 +832,7 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
 #endif
         {
             gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, lw->b_gate, lw->b_up, lw->b_down, b->xn, n,
-                      COLIBRI_FFN_DIM);
+                      colibri_layer_ffn_dim[l]);
         }
         residual_add(b, lw->post_ffn_norm, n);
 #if COLIBRI_PLE_DIM > 0

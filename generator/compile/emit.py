@@ -347,7 +347,8 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
             for i, r in enumerate(plan.ropes)
         ],
         layer_rope=", ".join(str(i) for i in plan.layer_rope),
-        kv_slots=", ".join(str(n) for n in plan.kv_slots),
+        # (a KV-sharing layer attends over its source's ring: its slots and offset)
+        kv_slots=", ".join(str(plan.kv_slots[spec.kv_source(i)]) for i in range(spec.n_layers)),
         kv_offsets=", ".join(str(n) for n in plan.kv_offsets),
         kv_floats=plan.kv_bytes // 8,
         moe=spec.n_experts > 0,
@@ -358,6 +359,8 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         layer_head_dim=", ".join(str(spec.layer_head_dim(i)) for i in range(spec.n_layers)),
         layer_kv_heads=", ".join(str(spec.layer_kv_heads(i)) for i in range(spec.n_layers)),
         layer_k_eq_v=", ".join("1" if spec.layer_k_eq_v(i) else "0" for i in range(spec.n_layers)),
+        layer_kv_source=", ".join(str(spec.kv_source(i)) for i in range(spec.n_layers)),
+        layer_ffn_dim=", ".join(str(spec.layer_ffn_dim(i)) for i in range(spec.n_layers)),
         linear=bool(spec.linear_layers),
         n_linear_layers=sum(spec.linear_layers),
         layer_linear=", ".join("1" if spec.is_linear(i) else "0" for i in range(spec.n_layers)),

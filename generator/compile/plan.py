@@ -550,7 +550,12 @@ def make_plan(
     )
 
     d, v = spec.hidden_size, spec.vocab_size
-    f = max(spec.intermediate_size, spec.expert_intermediate_size, spec.shared_expert_intermediate_size)
+    f = max(
+        spec.intermediate_size,
+        spec.expert_intermediate_size,
+        spec.shared_expert_intermediate_size,
+        *(spec.layer_ffn_dim(i) for i in range(spec.n_layers)),
+    )
     max_input = max(d, spec.max_q_dim, f, spec.linear_value_dim, spec.n_layers * spec.ple_dim)
     n = prefill_batch
     items = [
@@ -633,12 +638,14 @@ def make_plan(
     scratch, scratch_bytes = _arena(items)
     # Sliding-window layers keep only their window: position t lives in slot t % slots.
     # DeltaNet layers keep no keys or values: their state is the recurrent arena's.
+    # Gemma 4's KV-sharing layers hold none either: they read their kv_source's (kv_offsets says where).
     kv_slots = tuple(
-        0 if spec.is_linear(i) else min(w, n_ctx) if w else n_ctx for i, w in enumerate(spec.layer_windows)
+        0 if spec.is_linear(i) or spec.is_kv_consumer(i) else min(w, n_ctx) if w else n_ctx
+        for i, w in enumerate(spec.layer_windows)
     )
     kv_offsets, cursor = [], 0
     for i, slots in enumerate(kv_slots):
-        kv_offsets.append(cursor)
+        kv_offsets.append(kv_offsets[spec.kv_source(i)] if spec.is_kv_consumer(i) else cursor)
         cursor += slots * spec.layer_kv_dim(i)
     linear_offsets, linear_cursor = [], 0
     per_linear_layer = (max(0, spec.linear_conv_kernel - 1) * spec.linear_conv_dim) + (

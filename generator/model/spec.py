@@ -101,6 +101,11 @@ class ModelSpec:
     # and post-norm, the router reading the un-normed residual through its own norm; routing weights
     # renormalised then multiplied by a learned per-expert scale.
     moe_beside_dense: bool = False
+    # Gemma 4 (E2B, E4B): the last kv_shared_layers layers compute no keys or values; each attends
+    # over those of the last earlier layer of its type (kv_source). With double_wide_mlp their FFN
+    # is twice intermediate_size wide.
+    kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
 
     @property
     def q_dim(self) -> int:
@@ -135,6 +140,21 @@ class ModelSpec:
 
     def layer_k_eq_v(self, layer: int) -> bool:
         return self.k_eq_v and self.is_global(layer)
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values `layer` attends over: itself, or for the last
+        kv_shared_layers layers the last earlier layer of the same type (-1: there is none)."""
+        first = self.n_layers - self.kv_shared_layers
+        if layer < first:
+            return layer
+        same = [i for i in range(first) if self.is_global(i) == self.is_global(layer)]
+        return same[-1] if same else -1
+
+    def is_kv_consumer(self, layer: int) -> bool:
+        return self.kv_source(layer) != layer
+
+    def layer_ffn_dim(self, layer: int) -> int:
+        return self.intermediate_size * (2 if self.double_wide_mlp and self.is_kv_consumer(layer) else 1)
 
     @property
     def max_head_dim(self) -> int:
@@ -212,6 +232,8 @@ LATER_FIELDS = (
     "ple_dim",
     "layer_scalars",
     "moe_beside_dense",
+    "kv_shared_layers",
+    "double_wide_mlp",
 )
 LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "rotated_fraction")
 
@@ -270,9 +292,10 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
                 shapes[p + "shared.w_down"] = (d, fs)
                 shapes[p + "shared_gate"] = (1, d)
         else:
-            shapes[p + "w_gate"] = (f, d)
-            shapes[p + "w_up"] = (f, d)
-            shapes[p + "w_down"] = (d, f)
+            fl = spec.layer_ffn_dim(i)
+            shapes[p + "w_gate"] = (fl, d)
+            shapes[p + "w_up"] = (fl, d)
+            shapes[p + "w_down"] = (d, fl)
         if spec.mlp_bias:
             shapes[p + "b_gate"] = (f,)
             shapes[p + "b_up"] = (f,)
@@ -294,19 +317,23 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 def _attention_shapes(spec: ModelSpec, p: str, layer: int) -> dict[str, tuple[int, ...]]:
     """A softmax-attention layer's tensors (no wv where the values are the keys: Gemma 4's k_eq_v)."""
     d, qd, kvd, hd = spec.hidden_size, spec.layer_q_dim(layer), spec.layer_kv_dim(layer), spec.layer_head_dim(layer)
+    own_kv = not spec.is_kv_consumer(layer)  # (Gemma 4's KV-sharing layers: queries only)
     shapes: dict[str, tuple[int, ...]] = {p + "wq": (qd, d)}
     if spec.attn_output_gate:
         shapes[p + "wq_gate"] = (qd, d)
-    shapes[p + "wk"] = (kvd, d)
-    if not spec.layer_k_eq_v(layer):
+    if own_kv:
+        shapes[p + "wk"] = (kvd, d)
+    if own_kv and not spec.layer_k_eq_v(layer):
         shapes[p + "wv"] = (kvd, d)
     if spec.qkv_bias:
         shapes[p + "bq"] = (qd,)
-        shapes[p + "bk"] = (kvd,)
-        shapes[p + "bv"] = (kvd,)
+        if own_kv:
+            shapes[p + "bk"] = (kvd,)
+            shapes[p + "bv"] = (kvd,)
     if spec.qk_norm:
         shapes[p + "q_norm"] = (hd,)
-        shapes[p + "k_norm"] = (hd,)
+        if own_kv:
+            shapes[p + "k_norm"] = (hd,)
     shapes[p + "wo"] = (d, qd)
     if spec.o_bias:
         shapes[p + "bo"] = (d,)
@@ -319,7 +346,8 @@ def _gemma4_moe_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
     """Gemma 4's MoE block (ffn_norm and post_ffn_norm around it are the layer's): the dense FFN and
     its post-norm, the router's norm weight (its scale times hidden^-1/2, folded at import), the
     router, the per-expert scales, the experts' pre-norm, the experts, their post-norm."""
-    d, f, fe = spec.hidden_size, spec.intermediate_size, spec.expert_intermediate_size
+    d, fe = spec.hidden_size, spec.expert_intermediate_size
+    f = spec.layer_ffn_dim(int(p.split(".")[1]))
     shapes: dict[str, tuple[int, ...]] = {
         p + "w_gate": (f, d),
         p + "w_up": (f, d),

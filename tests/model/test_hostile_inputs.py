@@ -346,10 +346,20 @@ def test_broken_qwen35_config_is_refused_in_one_line(case, checkpoints, tmp_path
 # "gemma4_text": per-layer inputs 32 wide), each broken alone.
 GEMMA4_GLOBAL = {"head_dim": 32, "num_key_value_heads": 1}
 GEMMA4_CASES = {
-    "shared KV layers": (
+    "KV-sharing layers without a source": (
         "gemma4_moe",
-        dict(num_kv_shared_layers=2),
-        "'num_kv_shared_layers' = 2 (layers reusing an earlier layer's keys and values) is not supported",
+        dict(num_kv_shared_layers=3),
+        "layer 1 shares keys and values, but no earlier layer is full_attention (num_kv_shared_layers 3)",
+    ),
+    "more KV-sharing layers than layers": (
+        "gemma4_moe",
+        dict(num_kv_shared_layers=9),
+        "num_kv_shared_layers 9 exceeds the 4 layers",
+    ),
+    "KV-sharing count text": (
+        "gemma4_moe",
+        dict(num_kv_shared_layers="2"),
+        "'num_kv_shared_layers' must be an integer",
     ),
     "bidirectional attention": (
         "gemma4_moe",

@@ -1,6 +1,7 @@
 """Gemma 4's text model (tests/models.py "gemma4_text": sliding layers of window 4 and global layers
 with wider heads, one KV head, keys equal to values and proportional RoPE, per-layer inputs;
-"gemma4_moe": the MoE block of 8 experts top-2 beside the dense FFN): the plan keeps the per-layer
+"gemma4_moe": the MoE block of 8 experts top-2 beside the dense FFN; "gemma4_kv_shared": the last
+two layers attending over earlier layers' keys and values, with FFNs twice as wide): the plan keeps the per-layer
 input table in the image, and the firmware decodes the reference's bits (tokens and every step's
 logits SHA-256) with q8_0 and q4_0, greedy and sampled, on 1 and 2 threads, under a memory budget,
 and on the emulated boards. tests/numerics/test_oracle.py checks the f32 firmware against
@@ -54,6 +55,20 @@ def test_global_layers_have_their_own_widths_and_the_per_layer_table_stays_in_th
     assert make_plan(spec, "qemu-rv32", "q8_0", 32).paged_table.nbytes == table.nbytes
 
 
+def test_kv_sharing_layers_hold_no_cache_and_read_their_sources(checkpoints):
+    spec = load_hf(checkpoints("gemma4_kv_shared"), load_tensors=False).spec
+    assert spec.kv_shared_layers == 2 and spec.double_wide_mlp and not spec.k_eq_v
+    assert [spec.kv_source(i) for i in range(6)] == [0, 1, 2, 3, 3, 2]
+    assert [spec.layer_ffn_dim(i) for i in range(6)] == [64, 64, 64, 64, 128, 128]
+    plan = make_plan(spec, "host", "q8_0", 64)
+    assert plan.kv_slots == (4, 4, 64, 4, 0, 0)  # layers 4 and 5 keep nothing of their own
+    assert plan.kv_offsets[4] == plan.kv_offsets[3] and plan.kv_offsets[5] == plan.kv_offsets[2]
+    assert plan.kv_bytes == 2 * 4 * (3 * 4 * (2 * 16) + 64 * (2 * 32))
+    names = {t.name for t in plan.tensors}
+    assert {"layers.4.wk", "layers.4.wv", "layers.4.k_norm", "layers.5.wk"}.isdisjoint(names)
+    assert plan.tensor("layers.4.w_gate").rows == 128 and plan.tensor("layers.3.w_gate").rows == 64
+
+
 def test_proportional_rope_has_transformers_frequencies():
     """The global layers' RoPE: the first quarter of the pairs rotate, the rest have frequency 0."""
     import numpy as np
@@ -103,9 +118,17 @@ def assert_verified(plan, art, request, result, ref=None):
     assert len(result.tokens) == request.steps
 
 
-@pytest.mark.slow  # four firmware builds and sixteen runs on host (about 30 s)
-@pytest.mark.parametrize("kind", ["gemma4_text", "gemma4_moe"])
-@pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
+@pytest.mark.slow  # five firmware builds and twenty runs on host (about 40 s)
+@pytest.mark.parametrize(
+    "kind, quant",
+    [
+        ("gemma4_text", "q8_0"),
+        ("gemma4_text", "q4_0"),
+        ("gemma4_moe", "q8_0"),
+        ("gemma4_moe", "q4_0"),
+        ("gemma4_kv_shared", "q4_0"),  # (its q8_0 bits: test_oracle.py)
+    ],
+)
 def test_host_firmware_decodes_the_reference_bits_greedy_and_sampled_on_one_and_two_threads(
     kind, quant, checkpoints, builder
 ):
@@ -141,6 +164,7 @@ def test_the_expert_cache_decodes_the_same_bits_as_unlimited(checkpoints, builde
         ("gemma4_moe", "q8_0", "linux-aarch64"),
         ("gemma4_text", "q8_0", "qemu-rv32"),
         ("gemma4_moe", "q4_0", "qemu-rv32"),
+        ("gemma4_kv_shared", "q8_0", "qemu-rv32"),
     ],
 )
 def test_emulated_boards_decode_the_reference_bits(kind, quant, board, checkpoints, builder):

@@ -179,9 +179,16 @@ HF_GEMMA4_GLOBAL = {
 }
 GEMMA4_UNSUPPORTED = {
     # key: (value that is supported, why)
-    "num_kv_shared_layers": (0, "layers reusing an earlier layer's keys and values"),
     "use_bidirectional_attention": (None, "bidirectional attention"),
 }
+# What a KV-sharing layer of a Gemma 4 checkpoint may still hold and does not use (transformers
+# ignores them too).
+GEMMA4_UNUSED_KV_PARTS = (
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.k_norm.weight",
+    "self_attn.v_norm.weight",
+)
 # Prefixes under which multimodal checkpoints keep their text tower, and parts that are not text.
 TEXT_TOWER_PREFIXES = (
     ("model.language_model.", "model."),
@@ -748,7 +755,20 @@ def _gemma4(cfg: _Config, n_layers: int, windows: tuple[int, ...], vocab: int) -
             moe_layers=(True,) * n_layers,
             moe_beside_dense=True,
         )
+    shared = cfg.int("num_kv_shared_layers", 0, minimum=0)
+    if shared > n_layers:
+        raise ColibriError(f"{cfg.where}: num_kv_shared_layers {shared} exceeds the {n_layers} layers")
+    first = n_layers - shared
+    for i in range(first, n_layers):
+        if not any(bool(windows[j]) == bool(windows[i]) for j in range(first)):
+            kind = "sliding_attention" if windows[i] else "full_attention"
+            raise ColibriError(
+                f"{cfg.where}: layer {i} shares keys and values, but no earlier layer is {kind} "
+                f"(num_kv_shared_layers {shared})"
+            )
     return dict(
+        kv_shared_layers=shared,
+        double_wide_mlp=cfg.bool("use_double_wide_mlp", False) and shared > 0,
         global_head_dim=0 if global_head_dim == head_dim else global_head_dim,
         global_kv_heads=0 if global_kv in (0, cfg.int("num_key_value_heads")) else global_kv,
         k_eq_v=k_eq_v,
@@ -916,6 +936,22 @@ def _canonical(hf_name: str, family: str) -> str | None:
     return None
 
 
+def _unused_kv_part(hf_name: str, spec: ModelSpec) -> bool:
+    for prefix, replacement in TEXT_TOWER_PREFIXES:
+        if hf_name.startswith(prefix):
+            hf_name = replacement + hf_name[len(prefix) :]
+            break
+    if not hf_name.startswith("model.layers."):
+        return False
+    index, _, part = hf_name[len("model.layers.") :].partition(".")
+    return (
+        index.isdigit()
+        and int(index) < spec.n_layers
+        and spec.is_kv_consumer(int(index))
+        and part in GEMMA4_UNUSED_KV_PARTS
+    )
+
+
 def _view(spec: ModelSpec, canonical: str, path: Path, info: TensorInfo) -> HfTensor:
     """The canonical tensor as a view of the file's: Gemma's and Qwen3.5's (1 + w) norms (not
     Qwen3.5's gated norm, which scales by w), the queries and the output gate of Qwen3.5's q_proj
@@ -1018,6 +1054,8 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
                 by_canonical[canonical] = (path, info)
             continue
         canonical = _canonical(hf_name, spec.family)
+        if spec.kv_shared_layers and _unused_kv_part(hf_name, spec):
+            continue  # a KV-sharing layer's own k/v projections and norms: not used
         if canonical is None:
             if hf_name.endswith("rotary_emb.inv_freq"):
                 continue  # a cache some exporters save; recomputed by the generator

@@ -16,7 +16,7 @@ from generator.model.load import load_model
 from generator.numerics.sampling import SamplingParams
 from generator.verify import compare, reference_run
 
-pytestmark = pytest.mark.slow  # the peer's converter runs four times, firmware is built (about 40 s)
+pytestmark = pytest.mark.slow  # the peer's converter runs five times, firmware is built (about 60 s)
 
 PROMPT = [1, 17, 42, 99, 7, 3, 250]
 KINDS = ("gemma4_text", "gemma4_moe")
@@ -31,14 +31,15 @@ def gemma4_peer(tmp_path_factory):
     from models import ORACLE_CONFIGS, make_checkpoint
 
     out = {}
-    for kind in KINDS:
+    for kind in (*KINDS, "gemma4_kv_shared"):
         config_cls, model_cls, kwargs = ORACLE_CONFIGS[kind]
         kwargs = dict(kwargs, vocab_size=512)
         if kwargs.get("hidden_size_per_layer_input"):
             kwargs["vocab_size_per_layer_input"] = 512
         root = tmp_path_factory.mktemp(kind + "-peer")
         model_dir = make_checkpoint((config_cls, model_cls, kwargs), root / "model")
-        out[kind] = model_dir, {t: peer_convert(model_dir, root / f"{kind}-{t}.gguf", t) for t in ("f32", "q8_0")}
+        types = ("f32",) if kind == "gemma4_kv_shared" else ("f32", "q8_0")
+        out[kind] = model_dir, {t: peer_convert(model_dir, root / f"{kind}-{t}.gguf", t) for t in types}
     return out
 
 
@@ -61,6 +62,18 @@ def test_converted_by_llama_cpp_imports_as_its_safetensors_do(kind, gemma4_peer)
     assert dataclasses.replace(q8.spec, name=spec.name) == spec
 
 
+def test_kv_sharing_layers_and_their_double_wide_ffns_import_as_their_safetensors_do(gemma4_peer):
+    """attention.shared_kv_layers, and feed_forward_length per layer (twice on those layers)."""
+    model_dir, files = gemma4_peer["gemma4_kv_shared"]
+    from_hf, from_gguf = load_model(model_dir), load_model(files["f32"])
+    assert from_hf.spec.kv_shared_layers == 2 and from_hf.spec.double_wide_mlp
+    assert dataclasses.replace(from_gguf.spec, name=from_hf.spec.name) == from_hf.spec
+    assert list(from_gguf.tensors) == list(from_hf.tensors)
+    for name in from_hf.tensors:
+        a, b = from_hf.tensors[name].load(), from_gguf.tensors[name].load()
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), name
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_firmware_from_the_q8_0_gguf_keeps_its_blocks_and_decodes_the_reference_bits(kind, gemma4_peer, builder):
     _, files = gemma4_peer[kind]
@@ -78,10 +91,15 @@ def test_firmware_from_the_q8_0_gguf_keeps_its_blocks_and_decodes_the_reference_
 # llama.cpp's gemma4 keys, damaged: one line each, nothing built.
 U32 = 4  # GGUF value type UINT32
 HOSTILE_KEYS = {
-    "shared KV layers": (
+    "every layer sharing keys and values": (
         "gemma4.attention.shared_kv_layers",
-        2,
-        "'gemma4.attention.shared_kv_layers' = 2 (layers reusing an earlier layer's keys and values) is not supported",
+        6,
+        "layer 0 shares keys and values, but no earlier layer is of its kind",
+    ),
+    "more sharing layers than layers": (
+        "gemma4.attention.shared_kv_layers",
+        7,
+        "attention.shared_kv_layers 7 exceeds the 6 layers",
     ),
     "no sliding head width": (
         "gemma4.attention.key_length_swa",

@@ -116,6 +116,7 @@ GEMMA4_TENSORS = {
     "ffn_down_exps.scale": "expert_scale",
 }
 GEMMA4_GATE_UP = "ffn_gate_up_exps.weight"
+GEMMA4_UNUSED_KV = ("attn_k.weight", "attn_v.weight", "attn_k_norm.weight")  # of a KV-sharing layer, if a file has them
 # The global layers' RoPE (llama.cpp writes rope_freqs: 1 for each pair that rotates, 1e30 for the others).
 GEMMA4_ROPE_FREQS = "rope_freqs.weight"
 # A llama-architecture file with experts is Mixtral.
@@ -557,12 +558,6 @@ def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: 
     (key_length), KV heads per layer, the sliding pattern, the per-layer inputs' width, the global
     layers' proportional RoPE (rope_freqs: the pairs that rotate), the MoE block (expert_count)."""
     tensors = gguf.tensors
-    if meta.int("attention.shared_kv_layers", 0, minimum=0):
-        raise ColibriError(
-            f"{meta.where}: metadata '{meta.arch}.attention.shared_kv_layers' "
-            f"= {meta.int('attention.shared_kv_layers', 0, minimum=0)} (layers reusing an earlier layer's keys "
-            f"and values) is not supported"
-        )
     head_dim = meta.int("attention.key_length_swa")
     global_head_dim = meta.int("attention.key_length")
     for key, width in (("attention.value_length_swa", head_dim), ("attention.value_length", global_head_dim)):
@@ -604,6 +599,25 @@ def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: 
             )
         rope = RopeSpec(theta=theta, scaling="proportional", rotated_fraction=2 * rotated / global_head_dim)
     globals_ = [i for i, w in enumerate(windows) if not w]
+    shared = meta.int("attention.shared_kv_layers", 0, minimum=0)
+    if shared > n_layers:
+        raise ColibriError(f"{meta.where}: attention.shared_kv_layers {shared} exceeds the {n_layers} layers")
+    first = n_layers - shared
+    for i in range(first, n_layers):
+        if not any(bool(windows[j]) == bool(windows[i]) for j in range(first)):
+            raise ColibriError(
+                f"{meta.where}: layer {i} shares keys and values, but no earlier layer is of its kind "
+                f"(attention.shared_kv_layers {shared})"
+            )
+    # feed_forward_length, one or per layer: the KV-sharing layers' twice the others' with double_wide_mlp.
+    ffs = _per_layer_ints(meta, "feed_forward_length", n_layers)
+    intermediate = ffs[0]
+    double_wide = shared > 0 and ffs[-1] == 2 * intermediate
+    if any(f != intermediate * (2 if double_wide and i >= first else 1) for i, f in enumerate(ffs)):
+        raise ColibriError(
+            f"{meta.where}: metadata '{meta.arch}.feed_forward_length' must be one width, or twice it on the "
+            f"KV-sharing layers only"
+        )
     moe = {}
     if meta.has("expert_count"):
         n_experts, top_k = meta.int("expert_count"), meta.int("expert_used_count")
@@ -623,7 +637,7 @@ def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: 
         family=info.family,
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=meta.int("feed_forward_length"),
+        intermediate_size=intermediate,
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
@@ -653,6 +667,8 @@ def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: 
         v_norm=True,
         ple_dim=meta.int("embedding_length_per_layer_input", 0, minimum=0),
         layer_scalars=True,
+        kv_shared_layers=shared,
+        double_wide_mlp=double_wide,
     )
 
 
@@ -730,6 +746,14 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
                 sources[f"layers.{m.group(1)}.experts.{e}.w_up"] = (info, e, 0)
             continue
         found = _canonical(name, arch)
+        if (
+            arch.gemma4
+            and m
+            and m.group(2) in GEMMA4_UNUSED_KV
+            and int(m.group(1)) < spec.n_layers
+            and spec.is_kv_consumer(int(m.group(1)))
+        ):
+            continue  # a KV-sharing layer's own k/v projections and norms: not used
         if found is None or (found[0] not in wanted and not found[1]):
             raise ColibriError(f"{where}: unexpected tensor {name!r} for {spec.architecture} with this metadata")
         canonical, stacked = found

@@ -416,6 +416,47 @@ def make_gemma3_multimodal(out: Path, seed: int = 7) -> Path:
     return out
 
 
+def make_gemma4_multimodal(out: Path, seed: int = 7) -> Path:
+    """A tiny Gemma4ForConditionalGeneration: a one-layer vision tower beside the Gemma 4 text tower
+    of "gemma4_text" (its norms and layer scalars randomised as make_checkpoint does)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    text = transformers.Gemma4TextConfig(
+        initializer_range=0.1, bos_token_id=1, eos_token_id=2, **ORACLE_CONFIGS["gemma4_text"][2]
+    )
+    vision = transformers.Gemma4VisionConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        patch_size=16,
+        position_embedding_size=64,
+    )
+    config = transformers.Gemma4Config(
+        text_config=text,
+        vision_config=vision,
+        audio_config=None,
+        image_token_id=261,
+        boi_token_id=259,
+        eoi_token_id=260,
+        video_token_id=258,
+        boa_token_id=257,
+        eoa_token_index=256,
+        audio_token_id=255,
+    )
+    model = transformers.Gemma4ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in [*model.named_parameters(), *model.named_buffers()]:
+            if "language_model" in name and ("norm" in name or name.endswith(SCALES)):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return out
+
+
 def make_upcycled_moe(out: Path, experts: int = 8, top_k: int = 2, noise: float = 0.05, seed: int = 5) -> Path:
     """A Mixtral made from the bundled kjv-tiny (trained on the KJV): its embeddings, attention and
     norms, each layer's experts a copy of its MLP perturbed by `noise` (relative), and a random

@@ -172,3 +172,25 @@ def test_emulated_boards_decode_the_reference_bits(kind, quant, board, checkpoin
     request, result = run(b, art, SAMPLED, threads=2 if board == "linux-aarch64" else 1, steps=8)
     assert result.hello["board"] == board
     assert_verified(plan, art, request, result)
+
+
+@pytest.mark.slow  # transformers runs the multimodal model; one f32 firmware build
+def test_text_tower_of_a_gemma4_multimodal_checkpoint_matches_transformers(builder, tmp_path_factory):
+    import numpy as np
+    import torch
+    from transformers import Gemma4ForConditionalGeneration
+
+    from models import make_gemma4_multimodal
+
+    model_dir = make_gemma4_multimodal(tmp_path_factory.mktemp("gemma4mm") / "model")
+    logits_file = tmp_path_factory.mktemp("gemma4mm-logits") / "logits.f32"
+    art, plan, request, result = builder.run(model_dir, PROMPT, 10, quant="f32", logits_out=logits_file)
+    assert plan.spec.architecture == "Gemma4ForConditionalGeneration" and plan.spec.ple_dim == 32
+    fw = np.fromfile(logits_file, dtype="<f4").reshape(10, plan.spec.vocab_size)
+    hf_model = Gemma4ForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        hf = hf_model(input_ids=torch.tensor([PROMPT + result.tokens[:-1]])).logits[0, len(PROMPT) - 1 :].numpy()
+    assert np.abs(fw - hf).max() <= 1e-4 * np.abs(hf).max()
+    assert list(np.argmax(hf, axis=1)) == result.tokens

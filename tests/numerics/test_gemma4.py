@@ -9,7 +9,10 @@ transformers and q8_0 against the reference for both."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from conftest import run_cli
 
 from generator.boards import load_board
 from generator.compile.cache_plan import cache_plan
@@ -154,6 +157,46 @@ def test_the_expert_cache_decodes_the_same_bits_as_unlimited(checkpoints, builde
         assert stats.slots == c.experts_per_token < c.max_slots and stats.cache_misses > 0
         assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
         assert result.expert_counts == unlimited.expert_counts
+
+
+@pytest.mark.slow  # the q8_0 build of the test above, run under a memory budget (about 5 s)
+def test_under_a_budget_the_per_layer_table_is_read_in_place_with_the_same_bits(checkpoints, builder):
+    board, art, plan = builder.build(checkpoints("gemma4_text"), "q8_0", 64)
+    c = cache_plan(plan, board.budget_reserve, 0).constants
+    assert c.resident_bytes + plan.paged_table.nbytes == plan.image.image_bytes
+    request, unlimited = run(board, art, SAMPLED)
+    _, budgeted = run(board, art, SAMPLED, budget=c.min_budget)  # room for the resident part only
+    assert budgeted.tokens == unlimited.tokens and budgeted.digests == unlimited.digests
+    assert_verified(plan, art, request, budgeted)
+
+
+@pytest.mark.slow  # the verify command builds and runs the firmware (about 10 s)
+def test_verify_passes_with_q4_0_sampled_on_two_threads(checkpoints, tmp_path):
+    done = run_cli(
+        "verify",
+        "--model",
+        checkpoints("gemma4_moe"),
+        "--quant",
+        "q4_0",
+        "--ctx",
+        "64",
+        "--prompt-ids",
+        ",".join(map(str, PROMPT)),
+        "--steps",
+        "12",
+        "--threads",
+        "2",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+        "--ignore-eos",
+        "--json",
+        "--out",
+        tmp_path / "out",
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["pass"]
 
 
 @pytest.mark.slow  # runs under qemu-aarch64 and qemu-system-riscv32

@@ -88,6 +88,16 @@ def test_proportional_rope_has_transformers_frequencies():
     assert np.count_nonzero(ours) == 4 and np.allclose(ours, theirs.numpy(), rtol=1e-6, atol=0)
 
 
+def test_without_rope_parameters_the_ropes_are_transformers_defaults(checkpoints):
+    from generator.model.hf.load import parse_config
+
+    data = json.loads((checkpoints("gemma4_text") / "config.json").read_text())
+    del data["rope_parameters"]
+    spec = parse_config(data, "gemma4")
+    assert (spec.rope.scaling, spec.rope.theta, spec.rope.rotated_fraction) == ("proportional", 1e6, 0.25)
+    assert (spec.rope_local.scaling, spec.rope_local.theta) == ("default", 10000.0)
+
+
 def load_rope(config):
     from generator.model.hf.load import parse_config
 

@@ -177,6 +177,8 @@ HF_GEMMA4_GLOBAL = {
     "model.per_layer_model_projection.weight": "ple_model_proj",
     "model.per_layer_projection_norm.weight": "ple_proj_norm",
 }
+# Gemma4TextConfig's global-layer RoPE when config.json names none (its sliding layers': theta 1e4).
+GEMMA4_DEFAULT_ROPE = RopeSpec(theta=1000000.0, scaling="proportional", rotated_fraction=0.25)
 GEMMA4_UNSUPPORTED = {
     # key: (value that is supported, why)
     "use_bidirectional_attention": (None, "bidirectional attention"),
@@ -873,7 +875,11 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         n_kv_heads=n_kv,
         head_dim=head_dim,
         rms_norm_eps=eps,
-        rope=_rope(cfg, max_pos, 1000000.0 if gemma else family.default_theta),
+        rope=(
+            GEMMA4_DEFAULT_ROPE
+            if family.gemma4 and data.get("rope_parameters") is None
+            else _rope(cfg, max_pos, 1000000.0 if gemma else family.default_theta)
+        ),
         max_position_embeddings=max_pos,
         tie_embeddings=cfg.bool("tie_word_embeddings", gemma),
         qkv_bias=qkv_bias,

@@ -135,6 +135,18 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=non_negative_int, help="sampling seed (default 0)")
 
 
+def add_speculate_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--speculate",
+        type=number(int, 0, 64, what="a count of drafted tokens from 0 to 64"),
+        default=0,
+        metavar="N",
+        help="exact speculative decoding: check up to N tokens drafted from the context (prompt lookup) "
+        "in each forward pass; the same tokens and logits as without it (default 0: off; a model or "
+        "board that cannot keep the bits decodes plainly)",
+    )
+
+
 def add_jobs_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs",

@@ -892,6 +892,7 @@ def run_bench(
     cache: CachePlan | AutoElsewhere | None = None,
     stream: Stream | None = None,
     in_ram: bool = True,
+    speculate: int = 0,
 ) -> BenchResult:
     """Run the built firmware `art` `repeat` times and return bench's figures. On Linux boards run
     natively, each run first has the firmware probe the read bandwidth with the same threads:
@@ -919,6 +920,7 @@ def run_bench(
         memory_budget=budget,
         probe_storage_mib=STORAGE_PROBE_MIB if budget and probes else None,
         decode_from=stream.decode_from(steps),
+        speculate=speculate,
     )
     compare = bool(budget and plan.spec.n_experts and in_ram)
     skipped = in_ram_fits(art.weights) if compare and remote is None else None

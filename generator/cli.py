@@ -24,6 +24,7 @@ from .arguments import (
     add_jobs_arg,
     add_model_args,
     add_sampling_args,
+    add_speculate_arg,
     add_target_args,
     non_negative_float,
     non_negative_int,
@@ -541,6 +542,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_target_args(p)
     add_jobs_arg(p)
     add_decode_args(p, steps=64)
+    add_speculate_arg(p)
     add_board_args(p)
 
     p = command(
@@ -551,6 +553,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_target_args(p)
     add_jobs_arg(p)
     add_decode_args(p, steps=64)
+    add_speculate_arg(p)
     add_board_args(p)
 
     p = command(
@@ -572,6 +575,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
         "--steps", type=positive_int, help="the most tokens a reply may have (default: what is left of the context)"
     )
     add_sampling_args(p)
+    add_speculate_arg(p)
     add_board_args(p)
 
     p = command(
@@ -632,6 +636,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     )
     p.add_argument("--top-p", type=unit_float, help="the sampled stream's top-p (default: the model's, else 0.95)")
     p.add_argument("--seed", type=non_negative_int, help="the sampled stream's seed (default 0)")
+    add_speculate_arg(p)
     p.add_argument(
         "--no-in-ram",
         action="store_true",

@@ -74,6 +74,7 @@ class JobOptions:
     seed: int | None = None
     ignore_eos: bool = False
     threads: int = 1
+    speculate: int = 0  # drafted tokens checked per forward pass (exact speculative decoding); 0: off
     port: str | None = None
     reset: bool = False
     remote: str | None = None
@@ -394,6 +395,7 @@ def run_request(prepared: Prepared[PromptInputs]) -> RunRequest:
         not options.ignore_eos,
         options.threads,
         memory_budget=prepared.memory_budget,
+        speculate=options.speculate,
     )
 
 
@@ -494,6 +496,7 @@ def converse(
                 prepared.options.threads,
                 digests=digests,
                 start=planned.start,
+                speculate=prepared.options.speculate,
             )
             shown = stream()
             try:
@@ -645,6 +648,7 @@ def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptio
         cache=prepared.cache,
         stream=made.stream,
         in_ram=bench.in_ram,
+        speculate=options.speculate,
     )
 
 
@@ -666,7 +670,7 @@ def report(options: JobOptions) -> MemoryReport:
     that does not fit, an ESP-IDF project not built here)."""
     from .compile.elfsize import read_elf
     from .compile.plan import plan_for_board, planned_use
-    from .model.load import config_only_spec
+    from .model.load import config_only_held_types, config_only_spec
     from .report import linked_report, planned_report
 
     board = load_board(options.board)
@@ -674,7 +678,9 @@ def report(options: JobOptions) -> MemoryReport:
     if spec is not None:
         # A configuration alone (no hub here to fetch weights): plan it, nothing to build or link.
         n_ctx = options.ctx or min(board.default_ctx, spec.max_position_embeddings)
-        plan = plan_for_board(spec, board, options.quant or "q8_0", n_ctx)  # a config is plain floats
+        # A config is plain floats, but for the tensors its quantization_config says are packed.
+        held = config_only_held_types(options.model)
+        plan = plan_for_board(spec, board, options.quant or "q8_0", n_ctx, held_types=held)
         cache = report_budget(options, board, plan)
         rep = planned_report(board, plan)
     else:

@@ -119,6 +119,7 @@ class MemoryReport:
     memory_budget: CachePlan | None = None  # the expert cache, under --memory-budget
     linear_state: dict[str, Any] | None = None  # Gated DeltaNet layers: Plan.linear_state_report()
     per_layer_inputs: dict[str, Any] | None = None  # Gemma 4: Plan.per_layer_inputs_report()
+    held: str | None = None  # Plan.held_summary(): tensors kept as the checkpoint holds them
 
     @property
     def planned_only(self) -> bool:
@@ -136,6 +137,7 @@ class MemoryReport:
             "q4_1_weights": self.q4_1_weights,
             "kept_f32": self.kept_f32.to_json(),
             "gguf": self.gguf,
+            **({"held": self.held} if self.held else {}),
             **({"code_estimate": self.code_estimate} if self.planned_only else {}),
             "regions": [
                 {
@@ -206,6 +208,7 @@ def _report(
         code_estimate=code_estimate,
         linear_state=plan.linear_state_report(),
         per_layer_inputs=plan.per_layer_inputs_report(),
+        held=plan.held_summary(),
     )
 
 
@@ -224,6 +227,8 @@ def format_report(rep: MemoryReport) -> str:
         lines.append(f"  {rep.linear_state['summary']}")
     if rep.per_layer_inputs:
         lines.append(f"  {rep.per_layer_inputs['summary']}")
+    if rep.held:
+        lines.append(f"  {rep.held}")
     if rep.gguf:
         lines.append(f"  {rep.gguf['summary']}")
         for t in rep.gguf["quantized_again"]:

@@ -182,9 +182,12 @@ class RunRates:
     # Exact retired instructions, on boards that count them (qemu-rv32, esp32p4).
     prefill_instructions_per_token: float | None
     decode_instructions_per_token: float | None
+    # Speculative decoding (None: not asked for): passes that checked a draft, tokens drafted, taken.
+    speculation: dict[str, float] | None
 
     def to_json(self) -> dict[str, object]:
         return {
+            **({"speculation": self.speculation} if self.speculation else {}),
             "prompt_tokens": self.prompt_tokens,
             "prefill_seconds": self.prefill_seconds,
             "prefill_tok_s": self.prefill_tok_s,
@@ -203,11 +206,24 @@ def rates(result: RunResult) -> RunRates:
     prefill_us, decode_us = int(s.get("prefill_us", 0)), int(s.get("decode_us", 0))
     forward_us = int(s.get("forward_us", 0))
     n_prompt, n_decode = int(s.get("prompt", 0)), int(s.get("decode", 0))
+    passes = n_decode
+    speculation = None
+    if "drafted" in s:
+        # A pass that checked a draft decodes its token and every drafted one taken: tokens, not passes.
+        drafted, accepted, checked = int(s["drafted"]), int(s["accepted"]), int(s["spec_passes"])
+        n_decode = passes + accepted
+        speculation = {
+            "passes_with_draft": checked,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else 0.0,
+            "tokens_per_pass": n_decode / passes if passes else 0.0,
+        }
     return RunRates(
         prompt_tokens=n_prompt,
         prefill_seconds=prefill_us / 1e6,
         prefill_tok_s=n_prompt / (prefill_us / 1e6) if prefill_us else None,
-        decode_forward_passes=n_decode,
+        decode_forward_passes=passes,
         decode_seconds=decode_us / 1e6,
         decode_tok_s=n_decode / (decode_us / 1e6) if decode_us and n_decode else None,
         forward_tok_s=n_decode / (forward_us / 1e6) if forward_us and n_decode else None,
@@ -217,6 +233,7 @@ def rates(result: RunResult) -> RunRates:
         decode_instructions_per_token=int(s["decode_instret"]) / n_decode
         if "decode_instret" in s and n_decode
         else None,
+        speculation=speculation,
     )
 
 

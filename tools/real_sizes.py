@@ -18,6 +18,7 @@ from generator.boards import available_boards, load_board  # noqa: E402
 from generator.compile.cache_plan import cache_constants, slots_for_budget  # noqa: E402
 from generator.compile.plan import make_plan  # noqa: E402
 from generator.model.hf.load import parse_config, read_json  # noqa: E402
+from generator.model.load import config_only_held_types as held_types  # noqa: E402
 from generator.report import planned_report  # noqa: E402
 
 CONFIGS = REPO / "models" / "configs"
@@ -38,7 +39,7 @@ def render() -> str:
         "context (capped by the model); code is the board's reserve (`code_reserve`), 0 where no budget",
         "applies. Sizes in MiB; *largest ctx* is the longest context whose plan fits every budgeted region.",
         "*KV cache* is what the model keeps of the context: keys and values, and the fixed recurrent state",
-        "of Gated DeltaNet layers (Qwen3.5).",
+        "of Gated DeltaNet layers (Qwen3.5). A checkpoint published with MXFP4 experts (gpt-oss) keeps them.",
         "",
         "| model | params (M) | board | ctx | weights | KV cache | scratch | RoPE | fits | over budget | largest ctx |",
         "|---|---:|---|---:|---:|---:|---:|---:|---|---|---:|",
@@ -48,7 +49,7 @@ def render() -> str:
         for name in available_boards():
             board = load_board(name)
             n_ctx = min(board.default_ctx, spec.max_position_embeddings)
-            plan = make_plan(spec, board.name, "q8_0", n_ctx, board.prefill_batch)
+            plan = make_plan(spec, board.name, "q8_0", n_ctx, board.prefill_batch, held_types=held_types(model_dir))
             params = sum(t.rows * t.cols for t in plan.tensors) / 1e6
             rep = planned_report(board, plan)
             items: dict[str, int] = {}
@@ -107,7 +108,8 @@ def moe_budgets() -> list[str]:
         + f"{BOARD_RAM[0][1]}G`, an 8 GB one `{BOARD_RAM[1][1]}G`",
         "(the rest is the OS's); *slots* is the expert pool those budgets make, out of every expert of",
         "every layer (*all*: the whole model is held). Sizes in MiB. gpt-oss-20b is published with MXFP4",
-        "experts (4.25 bits per weight, a little under q4_0's 4.5): its q4_0 row is close to what those take.",
+        "experts (4.25 bits per weight), which every integer quantization keeps as they are: its quant",
+        "applies to the resident part.",
         "",
         "| model | quant | resident | one expert | all experts | fixed | least budget | 4 GB board: slots | 8 GB board: slots |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -117,7 +119,8 @@ def moe_budgets() -> list[str]:
         if not spec.n_experts:
             continue
         for quant in ("q8_0", "q4_0"):
-            plan = make_plan(spec, board.name, quant, min(BUDGET_CTX, spec.max_position_embeddings))
+            n_ctx = min(BUDGET_CTX, spec.max_position_embeddings)
+            plan = make_plan(spec, board.name, quant, n_ctx, held_types=held_types(model_dir))
             c = cache_constants(plan, board.budget_reserve)
             cells = []
             for _, budget_gib in BOARD_RAM:

@@ -11,6 +11,7 @@
 #include "../runtime/parallel.h"
 #include "bsp.h"
 #include "protocol.h"
+#include "speculate.h"
 
 void colibri_report_error(int code, const char *message)
 {
@@ -140,7 +141,8 @@ static void send_score(const float *logits, int32_t index, int32_t token)
 /* A forward pass that failed (an expert that could not be brought in): its error frame. */
 static int forward_failed(int status)
 {
-    colibri_report_error(status, colibri_status_message(status));
+    const char *why = colibri_experts_failure();
+    colibri_report_error(status, why != NULL ? why : colibri_status_message(status));
     return status;
 }
 
@@ -196,17 +198,24 @@ static void stats_decode_done(DecodeStats *s)
     colibri_experts_stats(&s->c2);
 }
 
-/* One forward pass of the decode (the token just sent, at pos), timed alone. */
-static int decode_forward(DecodeStats *s, ColibriBuffers *b, int32_t token, int32_t pos)
+/* One forward pass of the decode (the token just sent, at pos, then the n - 1 drafted tokens after
+ * it: logits after each), timed alone. */
+static int decode_forward(DecodeStats *s, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos)
 {
     const uint64_t f0 = bsp_time_us();
-    const int status = colibri_forward(&weights, b, &token, 1, pos, 1);
+    const int status =
+        colibri_forward(&weights, b, tokens, n, pos, n > 1 ? COLIBRI_LOGITS_EVERY_TOKEN : COLIBRI_LOGITS_LAST);
     if (status == 0) {
         s->forward_us += bsp_time_us() - f0;
         s->decode_passes++;
     }
     return status;
 }
+
+#if COLIBRI_SPEC_TOKENS > 0
+/* The request's tokens so far, prompt then sampled: where drafts are looked up. */
+static int32_t history[COLIBRI_N_CTX];
+#endif
 
 /* The token frame of a step: its id, the SHA-256 of the logits it came from (if asked) and the
  * microseconds since the prompt was done (per-token latencies); the logits to the BSP's sink. */
@@ -229,7 +238,7 @@ static void send_token(const ColibriRequest *req, int32_t step, int32_t token, c
     proto_end();
 }
 
-static void send_stats(const DecodeStats *s, int32_t prefilled)
+static void send_stats(const DecodeStats *s, int32_t prefilled, const SpecState *spec)
 {
     const ColibriCacheStats *c1 = &s->c1, *c2 = &s->c2;
     proto_begin("stats");
@@ -239,6 +248,12 @@ static void send_stats(const DecodeStats *s, int32_t prefilled)
     proto_u64("decode_us", s->t2 - s->t1);
     proto_u64("forward_us", s->forward_us);
     proto_u64("threads", (uint64_t)parallel_threads());
+    if (spec != NULL) {
+        /* Speculative decoding: passes that checked a draft, tokens drafted, tokens taken. */
+        proto_u64("spec_passes", (uint64_t)spec->passes);
+        proto_u64("drafted", (uint64_t)spec->drafted);
+        proto_u64("accepted", (uint64_t)spec->accepted);
+    }
     if (bsp_peak_memory() > 0) {
         proto_u64("peak_rss", bsp_peak_memory());
     }
@@ -336,12 +351,28 @@ int colibri_decode(const ColibriRequest *req)
     int32_t pos = req->start + prefilled;
     int32_t generated = 0;
     const char *reason = "length";
+    /* Speculative decoding (requested, and possible for this plan; not with teacher forcing):
+     * batch holds the token just sampled and the drafted tokens after it, fed in one pass; the
+     * logits after batch[i] are then those of step + i + 1, used while the sampled tokens equal
+     * the drafted ones (`ahead` drafted tokens fed, `taken` of them sampled so far). */
+    const int speculate = COLIBRI_SPEC_TOKENS > 0 && req->decode_from < 0 ? req->speculate : 0;
+    SpecState spec = {0};
+    int32_t batch[COLIBRI_SPEC_TOKENS > 0 ? COLIBRI_SPEC_TOKENS : 1];
+    int ahead = 0, taken = 0;
+#if COLIBRI_SPEC_TOKENS > 0
+    int32_t n_history = 0;
+    if (speculate) {
+        memcpy(history, req->prompt, (size_t)req->n_prompt * sizeof(int32_t));
+        n_history = req->n_prompt;
+    }
+#endif
+    const float *logits = b.logits;
     for (int32_t step = 0; step < req->n_steps; step++) {
         /* Teacher forcing: the prompt's next token instead of a sampled one, while there is one. */
         const int forced = prefilled + step < req->n_prompt;
         const int32_t token = forced ? req->prompt[prefilled + step]
-                                     : sample_token(b.logits, COLIBRI_VOCAB, &req->sampling, &rng, b.probs, b.cand);
-        send_token(req, step, token, b.logits, &stats);
+                                     : sample_token(logits, COLIBRI_VOCAB, &req->sampling, &rng, b.probs, b.cand);
+        send_token(req, step, token, logits, &stats);
         generated++;
         if (req->stop_at_eos && !forced && is_eos(token)) {
             reason = "eos";
@@ -350,16 +381,50 @@ int colibri_decode(const ColibriRequest *req)
         if (step == req->n_steps - 1) {
             break;
         }
-        status = decode_forward(&stats, &b, token, pos);
+#if COLIBRI_SPEC_TOKENS > 0
+        if (speculate) {
+            history[n_history++] = token;
+            if (taken < ahead && token == batch[1 + taken]) { /* fed already: its logits are computed */
+                taken++;
+                logits = b.spec_logits + (int64_t)taken * COLIBRI_VOCAB;
+                pos++;
+                continue;
+            }
+            if (ahead > 0) {
+                spec_taken(&spec, ahead, taken);
+            }
+        }
+#endif
+        /* A new pass: this token, and a draft after it where one is found. Drafted tokens past the
+         * last step or the context would be checked for nothing. */
+        int n = 1;
+        batch[0] = token;
+#if COLIBRI_SPEC_TOKENS > 0
+        if (speculate) {
+            int most = speculate;
+            const int32_t steps_left = req->n_steps - 1 - step, room = COLIBRI_N_CTX - 1 - pos;
+            most = most < steps_left - 1 ? most : steps_left - 1;
+            most = most < room ? most : room;
+            most = most < COLIBRI_SPEC_TOKENS - 1 ? most : COLIBRI_SPEC_TOKENS - 1;
+            n += spec_draft(&spec, history, n_history, batch + 1, most);
+        }
+#endif
+        status = decode_forward(&stats, &b, batch, n, pos);
         if (status != 0) {
             return forward_failed(status);
         }
+        ahead = n - 1;
+        taken = 0;
+        logits = n > 1 ? b.spec_logits : b.logits;
         pos++;
+    }
+    if (ahead > 0) {
+        spec_taken(&spec, ahead, taken);
     }
     stats_decode_done(&stats);
 
     held = pos; /* the last token sent is not fed back: the next request starts with it */
-    send_stats(&stats, prefilled);
+    send_stats(&stats, prefilled, speculate ? &spec : NULL);
     send_expert_counts(&b);
     send_done(generated, reason);
     return 0;

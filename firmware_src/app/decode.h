@@ -20,6 +20,8 @@ typedef struct {
     int32_t score_from; /* score prompt tokens score_from + 1 .. n_prompt - 1 (score frames); -1: none */
     int32_t decode_from; /* prefill the prompt before it, then decode prompt tokens decode_from .. n_prompt - 1
                           * one per forward pass as steps 0, 1, ... (teacher forcing); -1: prefill it all */
+    int32_t speculate;   /* at most this many drafted tokens checked per pass (exact speculative decoding,
+                          * where the build has COLIBRI_SPEC_TOKENS); 0: plain decoding */
 } ColibriRequest;
 
 /* Application-level errors reported in the error frame (image errors use colibri_status codes). */

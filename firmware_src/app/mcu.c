@@ -48,6 +48,17 @@ int colibri_serve_line(const char *line, int len, int load_status, const char *l
     return colibri_decode(&req);
 }
 
+int colibri_request_restarts(const char *line, int len, char c)
+{
+    return c == ' ' && len > 4 && memcmp(line + len - 4, "@CLB", 4) == 0;
+}
+
+int colibri_restart_line(char *line)
+{
+    memcpy(line, "@CLB", 4);
+    return 4;
+}
+
 void colibri_acknowledge(int received)
 {
     if (received > 0 && received % PROTO_ACK_BYTES == 0) {
@@ -64,6 +75,10 @@ int colibri_serve(int (*read_byte)(void), int forever, int load_status)
     for (;;) {
         int c = read_byte();
         if (c != '\n') {
+            if (len <= REQUEST_LINE_BYTES && colibri_request_restarts(line, len, (char)c)) {
+                len = received = colibri_restart_line(line); /* acknowledged from the new frame's start */
+                too_long = 0;
+            }
             if (len < REQUEST_LINE_BYTES) {
                 line[len++] = (char)c;
             } else {

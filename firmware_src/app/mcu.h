@@ -24,6 +24,15 @@ int colibri_serve_line(const char *line, int len, int load_status, const char *l
 /* Flow control for links without it (an MCU's UART, whose receive FIFO holds 128 bytes on the
  * ESP32-P4): after every PROTO_ACK_BYTES bytes of a request line that has not ended, an ack frame
  * (bytes=received); the host sends the next piece only then. Call with the count so far. */
+/* Whether byte c, after line[0..len), starts a new request frame's marker ("@CLB " with c its
+ * space) inside a line already begun: a line cut short (a host killed mid-send, a cable pulled) and
+ * then a whole request sent. The caller drops the fragment and keeps the marker (colibri_restart_line),
+ * so the new request is served instead of refused with the fragment in front of it. */
+int colibri_request_restarts(const char *line, int len, char c);
+
+/* The line reduced to the marker's first 4 bytes ("@CLB"): its new length. */
+int colibri_restart_line(char *line);
+
 void colibri_acknowledge(int received);
 
 /* Read lines with read_byte (blocking) and serve each (colibri_serve_line, acknowledging as they

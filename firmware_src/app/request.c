@@ -3,7 +3,7 @@
  *
  *   @CLB <seq> request prompt=1,2,3 steps=N [temperature=XXXXXXXX] [top_k=K] [top_p=XXXXXXXX]
  *        [min_p=XXXXXXXX] [seed=S] [eos=0|1] [digests=0|1] [threads=N] [probe_mib=N] [start=P]
- *        [score_from=F] [decode_from=D] *<crc32>
+ *        [score_from=F] [decode_from=D] [speculate=K] *<crc32>
  *
  * start=P continues a conversation: the prompt goes at positions P, P+1, ... after the P tokens the
  * firmware already holds in its KV cache (the done frame of the previous request says how many).
@@ -14,6 +14,8 @@
  * sampled one, fed back in its own forward pass as a sampled token would be; steps must cover
  * those tokens (steps >= prompt length - D), and the steps after them sample. D >= 1, and not with
  * score_from.
+ * speculate=K checks up to K drafted tokens per forward pass (speculate.h): the same tokens and
+ * logits as without it; a build without room for it (COLIBRI_SPEC_TOKENS 0) decodes plainly.
  *
  * Floats travel as the 8 hex digits of their IEEE-754 bits, so both sides hold the same value.
  * Every key at most once; decimals are plain ASCII digits; prompt and steps are required. The
@@ -26,6 +28,7 @@
 
 #define MAX_THREADS 64
 #define MAX_PROBE_MIB (1u << 20)
+#define MAX_SPECULATE 64
 
 static int hex_digit(char c)
 {
@@ -83,10 +86,10 @@ static int parse_f32_bits(const char *s, const char *end, float *out)
 }
 
 enum { KEY_PROMPT, KEY_STEPS, KEY_TEMPERATURE, KEY_TOP_K, KEY_TOP_P, KEY_MIN_P, KEY_SEED, KEY_EOS, KEY_DIGESTS,
-       KEY_THREADS, KEY_PROBE_MIB, KEY_START, KEY_SCORE_FROM, KEY_DECODE_FROM, N_KEYS };
+       KEY_THREADS, KEY_PROBE_MIB, KEY_START, KEY_SCORE_FROM, KEY_DECODE_FROM, KEY_SPECULATE, N_KEYS };
 static const char *const key_names[N_KEYS] = {"prompt", "steps", "temperature", "top_k", "top_p", "min_p",
                                               "seed", "eos", "digests", "threads", "probe_mib", "start",
-                                              "score_from", "decode_from"};
+                                              "score_from", "decode_from", "speculate"};
 
 static int key_index(const char *key, const char *key_end)
 {
@@ -185,6 +188,12 @@ static const char *parse_field(int key, const char *val, const char *end, Colibr
         }
         *(key == KEY_START ? &r->start : key == KEY_SCORE_FROM ? &r->score_from : &r->decode_from) = (int32_t)v;
         return NULL;
+    case KEY_SPECULATE:
+        if (!parse_whole_dec(val, end, MAX_SPECULATE, &v)) {
+            return "speculate must be between 0 and 64 drafted tokens";
+        }
+        r->speculate = (int32_t)v;
+        return NULL;
     default: /* KEY_PROBE_MIB */
         if (!parse_whole_dec(val, end, MAX_PROBE_MIB, &v)) {
             return "probe_mib must be a size in MiB (0: chosen from the caches)";
@@ -226,7 +235,7 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
     ColibriRequest r = {.prompt = prompt_buf, .n_prompt = 0, .n_steps = 0,
                         .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0},
                         .stop_at_eos = 1, .digests = 1, .threads = 1, .probe_mib = -1, .start = 0,
-                        .score_from = -1, .decode_from = -1};
+                        .score_from = -1, .decode_from = -1, .speculate = 0};
     unsigned seen = 0;
     while (p < end) {
         if (*p != ' ') {

@@ -1,6 +1,7 @@
 #include "expert_cache.h"
 
 #include <stddef.h>
+#include <string.h>
 
 #include "image_loader.h"
 #include "tensor_table.h"
@@ -24,6 +25,7 @@ typedef struct {
     int check;           /* the read checks the expert's CRC-32s (its first time in) */
     uint64_t skip, need; /* the expert's first byte in the read, and the bytes the read must deliver */
     int status;          /* the read's outcome: COLIBRI_OK, COLIBRI_ERR_READ or a CRC-32 mismatch */
+    int64_t got;         /* what the storage's read returned (bytes, -errno or COLIBRI_STORAGE_CHANGED) */
     uint64_t read_us;    /* how long the read took */
     uint8_t *buf;        /* COLIBRI_EXPERT_SLOT_BYTES, COLIBRI_STORAGE_ALIGN aligned */
     ColibriExpert w;     /* its matrices, bound into buf */
@@ -57,6 +59,74 @@ static uint64_t clock_tick;
 static colibri_eviction policy = COLIBRI_EVICT_LFU;
 static uint32_t uses[TABLE_ENTRIES];           /* [layer][expert]: times used since start (LFU) */
 static ColibriCacheStats stats;
+
+/* The last expert that could not be brought in, and why (colibri_experts_failure). */
+#define FAILURE_BYTES 320
+static char failure[FAILURE_BYTES];
+static int failure_len;
+
+static void failure_text(const char *s)
+{
+    while (*s && failure_len < FAILURE_BYTES - 1) {
+        failure[failure_len++] = *s++;
+    }
+    failure[failure_len] = '\0';
+}
+
+static void failure_u64(uint64_t v)
+{
+    char digits[21];
+    int n = 0;
+    do {
+        digits[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    char text[21];
+    for (int i = 0; i < n; i++) {
+        text[i] = digits[n - 1 - i];
+    }
+    text[n] = '\0';
+    failure_text(text);
+}
+
+/* "<the loader's message>: layer L expert E (file bytes A..B): <cause>", for the error frame. */
+static void note_failure(int status, int layer, int expert, int64_t got, uint64_t need)
+{
+    uint64_t start, bytes;
+    const ColibriExpertGroup *group = colibri_layer_experts(layer);
+    start = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + colibri_expert_offset(group, expert);
+    bytes = group->stride;
+    failure_len = 0;
+    failure_text(colibri_status_message(status));
+    failure_text(": layer ");
+    failure_u64((uint64_t)layer);
+    failure_text(" expert ");
+    failure_u64((uint64_t)expert);
+    failure_text(" (file bytes ");
+    failure_u64(start);
+    failure_text("..");
+    failure_u64(start + bytes);
+    failure_text("): ");
+    if (status != COLIBRI_ERR_READ) {
+        failure_text("its bytes fail their CRC-32 (the image on storage is damaged)");
+    } else if (got == COLIBRI_STORAGE_CHANGED) {
+        failure_text("the weight image file changed (truncated or rewritten) since the firmware opened it");
+    } else if (got < 0) {
+        failure_text("the read failed: ");
+        failure_text(strerror((int)-got));
+    } else {
+        failure_text("a short read: the file gave ");
+        failure_u64((uint64_t)got);
+        failure_text(" of ");
+        failure_u64(need);
+        failure_text(" B (it ends there: truncated?)");
+    }
+}
+
+const char *colibri_experts_failure(void)
+{
+    return failure_len > 0 ? failure : NULL;
+}
 
 /* The experts of the token being computed (one layer), as colibri_experts_next hands them out. */
 typedef enum { READY, IN_FLIGHT, GIVEN } Progress;
@@ -125,6 +195,7 @@ static int check_expert(int layer, int expert, const uint8_t *data)
 static void finish_read(Slot *slot, int64_t got)
 {
     const int layer = slot->entry / EXPERTS_PER_LAYER, expert = slot->entry % EXPERTS_PER_LAYER;
+    slot->got = got;
     if (got < (int64_t)slot->need) {
         slot->status = COLIBRI_ERR_READ;
     } else if (slot->check) {
@@ -320,6 +391,7 @@ static int take(int j)
     }
     const int status = slot->status;
     if (status != COLIBRI_OK) {
+        note_failure(status, slot->entry / EXPERTS_PER_LAYER, slot->entry % EXPERTS_PER_LAYER, slot->got, slot->need);
         forget(j);
         return status;
     }
@@ -333,6 +405,7 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
 {
     token.w = w;
     token.k = k;
+    failure_len = 0;
     for (int i = 0; i < k; i++) {
         token.progress[i] = READY;
     }
@@ -344,6 +417,7 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
                 expert_extent(layer, ids[i], &start, &bytes);
                 int status = check_expert(layer, ids[i], image_base + start);
                 if (status != COLIBRI_OK) {
+                    note_failure(status, layer, ids[i], (int64_t)bytes, bytes);
                     return status;
                 }
                 verified[entry] = 1;

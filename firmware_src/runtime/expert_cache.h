@@ -12,11 +12,15 @@
 
 #include "model_def.h"
 
+/* A storage read's result when the file changed under it (its size or modification time). */
+#define COLIBRI_STORAGE_CHANGED (-1000000)
+
 /* What the cache asks of the BSP. Reads are of the image file, at offsets and lengths that are
  * multiples of COLIBRI_STORAGE_ALIGN into buffers aligned the same way. */
 typedef struct {
     /* Read `bytes` at file `offset` into dst on the caller's thread: the bytes read (fewer only at the
-     * end of the file), or -1. */
+     * end of the file), or -errno when the read failed, or COLIBRI_STORAGE_CHANGED when the file is
+     * no longer the one opened (truncated or rewritten since). */
     int64_t (*read)(void *ctx, uint8_t *dst, uint64_t offset, uint64_t bytes);
     /* Queue the same read for the I/O threads, tagged `ticket`; when it is done an I/O thread calls
      * done(ticket, bytes read or -1, the read's microseconds) and only then counts the ticket finished.
@@ -95,5 +99,10 @@ int colibri_experts_prefetching(void);
 void colibri_experts_prefetch(int layer, const int32_t *ids, int k);
 
 void colibri_experts_stats(ColibriCacheStats *out);
+
+/* Why the last colibri_experts_acquire / colibri_experts_next failed, naming the expert (layer,
+ * expert id, its file bytes) and the cause (the read's errno, a short read, the file changed, a
+ * CRC-32 mismatch), for the error frame; NULL when nothing failed since the last acquire. */
+const char *colibri_experts_failure(void);
 
 #endif

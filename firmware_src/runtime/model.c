@@ -65,6 +65,11 @@ void colibri_buffers_init(ColibriBuffers *b)
 #else
     b->lin_qkv = b->lin_z = b->lin_b = b->lin_a = b->lin_out = b->lin_memory = NULL;
 #endif
+#if COLIBRI_SPEC_TOKENS > 0
+    b->spec_logits = (float *)(s + COLIBRI_SCRATCH_SPEC_LOGITS_OFFSET);
+#else
+    b->spec_logits = NULL;
+#endif
 #if COLIBRI_ACT_Q8_0
     b->act_qs = (int8_t *)(s + COLIBRI_SCRATCH_ACT_QS_OFFSET);
     b->act_d = (float *)(s + COLIBRI_SCRATCH_ACT_D_OFFSET);
@@ -844,16 +849,22 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         }
 #endif
     }
-    if (!want_logits) {
+    if (want_logits == COLIBRI_LOGITS_NONE) {
         return 0;
     }
-    /* Only the last token's next-token logits are wanted. */
-    op_rmsnorm(b->xn, b->x + (int64_t)(n - 1) * COLIBRI_DIM, w->final_norm, COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
-    const MatmulInput last = matmul_input(b, b->xn, 1, COLIBRI_DIM);
-    linear(b->logits, &last, &w->lm_head, NULL, COLIBRI_VOCAB);
+    /* The last token's next-token logits, or every token's (a speculative pass: one read of the
+     * output matrix for all of them). */
+    const int first = want_logits == COLIBRI_LOGITS_EVERY_TOKEN ? 0 : n - 1;
+    float *out = want_logits == COLIBRI_LOGITS_EVERY_TOKEN ? b->spec_logits : b->logits;
+    for (int t = first; t < n; t++) {
+        op_rmsnorm(b->xn + (int64_t)(t - first) * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, w->final_norm,
+                   COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
+    }
+    const MatmulInput normed = matmul_input(b, b->xn, n - first, COLIBRI_DIM);
+    linear(out, &normed, &w->lm_head, NULL, COLIBRI_VOCAB);
     if (COLIBRI_FINAL_SOFTCAP != 0.0f) {
-        for (int i = 0; i < COLIBRI_VOCAB; i++) {
-            b->logits[i] = op_softcap(b->logits[i], COLIBRI_FINAL_SOFTCAP);
+        for (int64_t i = 0; i < (int64_t)(n - first) * COLIBRI_VOCAB; i++) {
+            out[i] = op_softcap(out[i], COLIBRI_FINAL_SOFTCAP);
         }
     }
     return 0;

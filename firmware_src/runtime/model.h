@@ -22,7 +22,9 @@ typedef struct {
     float *proj;     /* [BATCH][DIM] output of wo or w_down, before it is added to x */
     float *gate;     /* [BATCH][FFN] FFN gate projection (of the dense FFN or of one expert) */
     float *up;       /* [BATCH][FFN] FFN up projection, then the gated product, the input of w_down */
-    float *logits;   /* [VOCAB] logits after the last token of the pass (want_logits) */
+    float *logits;   /* [VOCAB] logits after the last token of the pass (COLIBRI_LOGITS_LAST) */
+    float *spec_logits; /* [SPEC_TOKENS][VOCAB] logits after each token of the pass (COLIBRI_LOGITS_EVERY_TOKEN:
+                         * speculative decoding's check of a draft; NULL where the plan has none) */
     float *probs;    /* [VOCAB] sampling: probabilities, sorted */
     int32_t *cand;   /* [VOCAB] sampling: the token ids of probs, in the same order */
     int8_t *act_qs;  /* [n tokens][cols] q8_0 quants of the current matmul input, cols <= MAX_INPUT (builds
@@ -58,9 +60,17 @@ typedef struct {
 
 void colibri_buffers_init(ColibriBuffers *b);
 
+/* What a forward pass computes after its last layer. */
+enum {
+    COLIBRI_LOGITS_NONE = 0,       /* nothing: a prompt batch before the last */
+    COLIBRI_LOGITS_LAST = 1,       /* b->logits: the next-token logits after the last token */
+    COLIBRI_LOGITS_EVERY_TOKEN = 2 /* b->spec_logits: after each of the n <= COLIBRI_SPEC_TOKENS tokens */
+};
+
 /* Run the n tokens (1 <= n <= COLIBRI_PREFILL_BATCH) at positions pos .. pos + n - 1 (all below
- * COLIBRI_N_CTX) through the model, filling the KV cache; with want_logits, b->logits holds the
- * logits that follow the last of them. Decoding passes one token; the prompt goes in batches.
+ * COLIBRI_N_CTX) through the model, filling the KV cache; want_logits says which logits follow
+ * (COLIBRI_LOGITS_*): those after token t of a pass are the bits a pass of that token alone gives
+ * (docs/numerics.md, "Batches"). Decoding passes one token; the prompt goes in batches.
  * Returns 0, or the error code of an expert that could not be brought in (runtime/expert_cache.h):
  * the pass stops there and its results are not to be used. */
 int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos,

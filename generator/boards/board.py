@@ -44,6 +44,7 @@ class Board:
     memory: tuple[MemoryRegion, ...]
     path: Path
     prefill_batch: int = 1
+    speculate_tokens: int = 0  # tokens a speculative verification pass may feed (0: no speculative decoding)
     parallel: str = "none"  # runtime/parallel/<name>.c
     code_reserve: int = 0
     memory_budget: int | AutoBudget = 0  # default --memory-budget (Linux boards): bytes (0: unlimited) or auto

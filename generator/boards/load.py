@@ -5,6 +5,9 @@ Common fields (every board):
   default_ctx, program (linked file name)
   prefill_batch (optional, default 1): prompt tokens per forward pass; their activations all
               live in the scratch arena, so MCU boards keep it small
+  speculate_tokens (optional, default 0): the most tokens one pass of exact speculative decoding
+              feeds (the sampled one and drafted ones), at most prefill_batch; each costs a
+              vocabulary of logits in scratch, so MCU boards leave it at 0 (off)
   [toolchain] cc, apt (Debian packages providing it), cflags, ldflags, libs, linker_script (optional)
   [runner]    kind: "process" (a Linux program; `emulator` prefixes it when this machine's ISA
               differs), "qemu-system" (`command` with {program} {flash_image} {port}),
@@ -155,6 +158,7 @@ def board_from_data(data: dict, path: Path) -> Board:
             memory=memory,
             path=path,
             prefill_batch=_int(data.get("prefill_batch", 1)),
+            speculate_tokens=_int(data.get("speculate_tokens", 0)),
             parallel=str(data.get("parallel", "none")),
             code_reserve=_int(data.get("code_reserve", 0)),
             memory_budget=_budget(data, runner),

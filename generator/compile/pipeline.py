@@ -55,7 +55,10 @@ def plan_checkpoint(checkpoint: Checkpoint, model_dir: Path, board: Board, quant
             f"--quant gguf keeps a GGUF file's own blocks, and {model_dir} is not a GGUF file "
             f"(choose f32, q8_0, q4_0 or q4_1)"
         )
-    return plan_for_board(checkpoint.spec, board, quant, n_ctx, dict(gguf_types) if quant == GGUF else None)
+    held = dict(getattr(checkpoint, "held_types", None) or {})
+    return plan_for_board(
+        checkpoint.spec, board, quant, n_ctx, dict(gguf_types) if quant == GGUF else None, held_types=held
+    )
 
 
 def requantized_note(plan: Plan, name: str, error) -> str:
@@ -116,6 +119,8 @@ def generate(
             progress(f"note: {plan.gguf_summary()}")
             for name, error in image.requantized.items():
                 progress(requantized_note(plan, name, error))
+        if progress and plan.held_summary():
+            progress(f"note: {plan.held_summary()}")
         sources = render(plan, image.model_hash, board, image.identity)
         files = []
         for name, text in sources.items():

@@ -214,10 +214,16 @@ class Plan:
     rope_table_bytes: int  # cos + sin of every table
     max_input: int  # longest matrix row: the activation quantization buffer's length
     prefill_batch: int = 1  # prompt tokens one forward pass takes at once (the board's choice)
+    # Exact speculative decoding: the most tokens one verification pass feeds (the sampled one and
+    # drafted ones), each with its logits in spec_logits; 0 where it cannot keep the bits (speculation_tokens)
+    speculate_tokens: int = 0
     expand_q4: bool = False  # q4_0 matrices are expanded to int8 + scales in RAM when the image loads
     expanded_bytes: int = 0  # the RAM arena those expanded matrices take
     kept_f32: tuple[str, ...] = ()  # matrices kept in f32 under q8_0/q4_0/q4_1: rows not whole blocks of QK
     gguf_types: tuple[tuple[str, str], ...] = ()  # --quant gguf: each tensor's block type in the GGUF file
+    # Tensors the checkpoint holds already quantized (gpt-oss's MXFP4 experts), by GGUF block type:
+    # kept exactly under q8_0, q4_0 and q4_1 (f32 decodes them; gguf takes gguf_types)
+    held_types: tuple[tuple[str, str], ...] = ()
     # Gated DeltaNet layers' recurrent state, a fixed arena whatever the context: per such layer its
     # convolution's last kernel - 1 inputs, then each value head's key_dim x value_dim state (floats).
     linear_state_offsets: tuple[int, ...] = ()  # per layer: its first float in the arena; -1: not a DeltaNet layer
@@ -227,13 +233,13 @@ class Plan:
     def linear_conv_state_floats(self) -> int:
         """One DeltaNet layer's convolution state."""
         s = self.spec
-        return max(0, s.linear_conv_kernel - 1) * s.linear_conv_dim if s.linear_layers else 0
+        return max(0, s.linear_conv_kernel - 1) * s.linear_conv_dim if any(s.linear_layers) else 0
 
     @property
     def linear_delta_state_floats(self) -> int:
         """One DeltaNet layer's delta-rule state: a key_dim x value_dim matrix per value head."""
         s = self.spec
-        return s.linear_v_heads * s.linear_k_dim * s.linear_v_dim if s.linear_layers else 0
+        return s.linear_v_heads * s.linear_k_dim * s.linear_v_dim if any(s.linear_layers) else 0
 
     def linear_state_report(self) -> dict | None:
         """The Gated DeltaNet layers' recurrent state as report shows it (None without such layers):
@@ -316,6 +322,23 @@ class Plan:
             line += "; quantized again: " + ", ".join(f"{n} {k}" for k, n in sorted(moved.items()))
         return line
 
+    def held_summary(self) -> str | None:
+        """One line on the tensors kept as the checkpoint holds them (None when none are)."""
+        kept = [(n, g) for n, g in self.held_types if self.tensor(n).dtype != "f32"]
+        if not kept:
+            return None
+        types: dict[str, int] = {}
+        for name, ggml_type in kept:
+            key = f"{ggml_type} as {self.tensor(name).dtype}"
+            types[key] = types.get(key, 0) + 1
+        nbytes = sum(self.tensor(n).nbytes for n, _ in kept)
+        return (
+            f"{len(kept)} tensors kept exactly as the checkpoint holds them ("
+            + ", ".join(f"{n} {k}" for k, n in sorted(types.items()))
+            + f", {nbytes:,} B): {', '.join(_name_patterns(n for n, _ in kept))}; --quant {self.quant} "
+            f"applies to the others"
+        )
+
     @property
     def kept_f32_bytes(self) -> int:
         return sum(self.tensor(n).nbytes for n in self.kept_f32)
@@ -369,10 +392,12 @@ class Plan:
             "quant": self.quant,
             "n_ctx": self.n_ctx,
             "prefill_batch": self.prefill_batch,
+            "speculate_tokens": self.speculate_tokens,
             "q4_0_weights": self.q4_0_weights,
             "q4_1_weights": self.q4_1_weights,
             "kept_f32": list(self.kept_f32),
             **({"gguf": {"file_types": dict(self.gguf_types), **self.gguf_report()}} if self.gguf_types else {}),
+            **({"held": {"types": dict(self.held_types), "summary": self.held_summary()}} if self.held_types else {}),
             "spec": asdict(self.spec),
             "image": asdict(self.image),
             "tensors": [asdict(t) for t in self.tensors],
@@ -441,16 +466,19 @@ def _c_name(name: str) -> str:
 
 
 def _tensor_layout(
-    spec: ModelSpec, quant: str, gguf_types: dict[str, str]
+    spec: ModelSpec, quant: str, gguf_types: dict[str, str], held_types: dict[str, str]
 ) -> tuple[tuple[TensorEntry, ...], int, tuple[str, ...]]:
     """Every tensor's place in the image's data region, and the matrices kept in f32 under an
     integer quantization because their rows are not whole blocks of QK (as llama.cpp does, rather
     than refusing the model). Under --quant gguf each matrix's block type is its type in the file
-    (gguf_block_type)."""
+    (gguf_block_type); under an integer quantization a tensor the checkpoint holds in a kept block
+    type (held_types) stays in it."""
     entries, kept_f32 = [], []
     cursor = 0
     for name, shape in expected_shapes(spec).items():
         block_type = gguf_block_type(gguf_types[name])[0] if quant == GGUF else quant
+        if name in held_types and quant in INTEGER_QUANTS:
+            block_type = gguf_block_type(held_types[name])[0]
         verbatim = len(shape) == 2 and block_type in KEPT_BLOCK_TYPES
         quantized = len(shape) == 2 and block_type in INTEGER_QUANTS
         if quantized and shape[1] % QK:
@@ -507,6 +535,19 @@ def _expanded_layout(tensors: tuple[TensorEntry, ...]) -> tuple[tuple[TensorEntr
     return tuple(out), cursor
 
 
+def speculation_tokens(spec: ModelSpec, requested: int, prefill_batch: int, n_ctx: int) -> int:
+    """The tokens a speculative verification pass may feed (the board's speculate_tokens, at most its
+    prefill batch), or 0 where a rejected draft would change what plain decoding computes: experts
+    (the routing counts would include drafts), Gated DeltaNet layers (their state cannot step
+    back) and sliding windows shorter than the context (a draft's keys would evict ones still
+    needed)."""
+    if requested < 2 or prefill_batch < 2 or spec.n_experts or any(spec.linear_layers):
+        return 0
+    if any(0 < window < n_ctx for window in spec.layer_windows):
+        return 0
+    return min(requested, prefill_batch)
+
+
 def make_plan(
     spec: ModelSpec,
     board: str,
@@ -515,6 +556,8 @@ def make_plan(
     prefill_batch: int = 1,
     expand_q4: bool = False,
     gguf_types: dict[str, str] | None = None,
+    held_types: dict[str, str] | None = None,
+    speculate_tokens: int = 0,
 ) -> Plan:
     """The plan for `spec` on `board`. Buffers of per-token activations have room for
     `prefill_batch` tokens: the prompt goes through the model that many tokens at a time, each
@@ -533,7 +576,8 @@ def make_plan(
     if quant == GGUF and not gguf_types:
         raise ColibriError("--quant gguf keeps a GGUF file's own blocks: the model must be a .gguf file")
     gguf_types = dict(gguf_types or {}) if quant == GGUF else {}
-    tensors, data_bytes, kept_f32 = _tensor_layout(spec, quant, gguf_types)
+    held_types = dict(held_types or {})
+    tensors, data_bytes, kept_f32 = _tensor_layout(spec, quant, gguf_types, held_types)
     expand_q4 = expand_q4 and quant == "q4_0"
     expanded_bytes = 0
     if expand_q4:
@@ -558,6 +602,7 @@ def make_plan(
     )
     max_input = max(d, spec.max_q_dim, f, spec.linear_value_dim, spec.n_layers * spec.ple_dim)
     n = prefill_batch
+    spec_tokens = speculation_tokens(spec, speculate_tokens, prefill_batch, n_ctx)
     items = [
         ("x", "float", n * d, "residual stream, per token of the batch"),
         ("xn", "float", n * d, "normalised input of the current block, per token"),
@@ -570,6 +615,11 @@ def make_plan(
         ("gate", "float", n * f, "FFN gate projection (of a dense FFN or of one expert), per token"),
         ("up", "float", n * f, "FFN up projection, then the gated product, per token"),
         ("logits", "float", v, "logits of the current step"),
+        *(
+            [("spec_logits", "float", spec_tokens * v, "speculative decoding: the logits after each token of a pass")]
+            if spec_tokens
+            else []
+        ),
         ("probs", "float", v, "sampling: probabilities, sorted"),
         ("cand", "int32_t", v, "sampling: candidate token ids, sorted"),
     ]
@@ -611,7 +661,7 @@ def make_plan(
             ("dense_out", "float", n * d, "MoE block: the dense FFN's normed output, per token"),
             ("router_in", "float", d, "MoE block: one token's router input (its own norm of the residual)"),
         ]
-    if spec.linear_layers:
+    if any(spec.linear_layers):
         items += [
             ("lin_qkv", "float", n * spec.linear_conv_dim, "DeltaNet: q, k, v projections, then convolved, per token"),
             ("lin_z", "float", n * spec.linear_value_dim, "DeltaNet: output gate projection, per token"),
@@ -682,11 +732,13 @@ def make_plan(
         rope_table_bytes=len(ropes) * 2 * n_ctx * (max(rope_dims) // 2) * 4,
         max_input=max_input,
         prefill_batch=prefill_batch,
+        speculate_tokens=spec_tokens,
         expand_q4=expand_q4,
         expanded_bytes=expanded_bytes,
         kept_f32=kept_f32,
         gguf_types=tuple(gguf_types.items()),
-        linear_state_offsets=tuple(linear_offsets) if spec.linear_layers else (),
+        held_types=tuple(held_types.items()),
+        linear_state_offsets=tuple(linear_offsets) if any(spec.linear_layers) else (),
         linear_state_bytes=linear_cursor * 4,
     )
 
@@ -694,7 +746,15 @@ def make_plan(
 def replan(plan: Plan, n_ctx: int) -> Plan:
     """The same plan at another context length."""
     return make_plan(
-        plan.spec, plan.board, plan.quant, n_ctx, plan.prefill_batch, plan.expand_q4, dict(plan.gguf_types)
+        plan.spec,
+        plan.board,
+        plan.quant,
+        n_ctx,
+        plan.prefill_batch,
+        plan.expand_q4,
+        dict(plan.gguf_types),
+        dict(plan.held_types),
+        plan.speculate_tokens,
     )
 
 
@@ -717,15 +777,39 @@ def planned_use(board: Board, plan: Plan) -> list[RegionUse]:
 
 
 def plan_for_board(
-    spec: ModelSpec, board: Board, quant: str, n_ctx: int, gguf_types: dict[str, str] | None = None
+    spec: ModelSpec,
+    board: Board,
+    quant: str,
+    n_ctx: int,
+    gguf_types: dict[str, str] | None = None,
+    held_types: dict[str, str] | None = None,
 ) -> Plan:
     """The plan for a board. q4_0 weights are expanded to int8 in RAM at load (the q8_0 kernels
     then read them, with no nibbles to unpack per token) when the board has a region for expanded
     weights and everything still fits; otherwise the q4_0 kernels read them in place.
-    gguf_types: for --quant gguf, each tensor's block type in the file."""
-    plan = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch, gguf_types=gguf_types)
+    gguf_types: for --quant gguf, each tensor's block type in the file; held_types: the tensors the
+    checkpoint holds already quantized (Checkpoint.held_types)."""
+    plan = make_plan(
+        spec,
+        board.name,
+        quant,
+        n_ctx,
+        board.prefill_batch,
+        gguf_types=gguf_types,
+        held_types=held_types,
+        speculate_tokens=board.speculate_tokens,
+    )
     if quant == "q4_0" and board.region_holding("expanded_weights") is not None:
-        expanded = make_plan(spec, board.name, quant, n_ctx, board.prefill_batch, expand_q4=True)
+        expanded = make_plan(
+            spec,
+            board.name,
+            quant,
+            n_ctx,
+            board.prefill_batch,
+            expand_q4=True,
+            held_types=held_types,
+            speculate_tokens=board.speculate_tokens,
+        )
         if not any(use.over_budget for use in planned_use(board, expanded)):
             return expanded
     return plan

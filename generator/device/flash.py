@@ -228,6 +228,7 @@ def flash_images(
         raise ColibriError("esptool is not installed (./colibri sets up its environment with it)") from None
 
     ser = _open_port(port)
+    writing = ""  # the image being written or verified, once a write began: the flash is then partly new
     try:
         try:
             progress(f"connecting to the board on {port}")
@@ -241,15 +242,25 @@ def flash_images(
             params = dict(flash_mode=flash.mode, flash_freq=flash.frequency, flash_size=flash.size)
             for i, (offset, path, data) in enumerate(checked, 1):
                 progress(f"[{i}/{len(checked)}] writing {path.name} ({len(data):,} B) at 0x{offset:x}")
+                writing = f"{path.name} at 0x{offset:x}, image {i} of {len(checked)}"
                 cmds.write_flash(esp, [(offset, str(path))], compress=True, **params)
                 cmds.verify_flash(esp, [(offset, str(path))], **params)
                 progress(f"[{i}/{len(checked)}] {path.name} verified")
+            writing = ""  # every image written and verified
             if reset:
                 progress("resetting the board")
                 cmds.reset_chip(esp, "hard-reset")
         except (FatalError, serial.SerialException, OSError) as e:
             text = _one_line(e)
-            raise ColibriError(f"flashing board {board.name} on {port} failed: {text}{_esptool_advice(text)}") from None
+            partly = (
+                f"; cut while writing {writing}: the flash is partly written, run flash again "
+                "(it writes and verifies every image)"
+                if writing
+                else ""
+            )
+            raise ColibriError(
+                f"flashing board {board.name} on {port} failed: {text}{_esptool_advice(text)}{partly}"
+            ) from None
     finally:
         try:
             ser.close()

@@ -95,6 +95,7 @@ def encode_request(
     start: int = 0,
     score_from: int | None = None,
     decode_from: int | None = None,
+    speculate: int = 0,
 ) -> bytes:
     """The request frame every board reads (firmware_src/app/request.c): an MCU after its hello on
     its UART, a Linux firmware on its stdin."""
@@ -116,6 +117,7 @@ def encode_request(
             **({} if start == 0 else {"start": start}),
             **({} if score_from is None else {"score_from": score_from}),
             **({} if decode_from is None else {"decode_from": decode_from}),
+            **({} if not speculate else {"speculate": speculate}),
         },
     )
 

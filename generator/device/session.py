@@ -31,6 +31,9 @@ class RunRequest:
     # step's token the prompt's next one instead of a sampled one (steps >= len(prompt) - decode_from;
     # the steps after them sample). Protocol 4.
     decode_from: int | None = None
+    # Exact speculative decoding: check up to this many drafted tokens (prompt lookup) per forward
+    # pass; the tokens and logits are plain decoding's (0: off; a plan without room decodes plainly).
+    speculate: int = 0
     # Linux boards, given on the firmware's command line (not in the request frame: they decide how
     # the weights are held before the request is read): the RAM budget in bytes (0: unlimited, the
     # mapped image read in place; an AutoBudget: the firmware takes what it finds, less the margin,
@@ -317,4 +320,5 @@ def request_frame(request: RunRequest, seq: int = 0) -> bytes:
         request.start,
         request.score_from,
         request.decode_from,
+        request.speculate,
     )

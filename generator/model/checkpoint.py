@@ -48,3 +48,9 @@ class Checkpoint(Protocol):
         """Each tensor's block type in the file ("Q4_1", "F32", ...), which --quant gguf keeps; None
         for a format that stores plain floats."""
         ...
+
+    @property
+    def held_types(self) -> Mapping[str, str]:
+        """Tensors a checkpoint of floats holds already quantized, by GGUF block type (gpt-oss's
+        MXFP4 experts): kept exactly under every integer quantization. Empty for most models."""
+        ...

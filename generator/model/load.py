@@ -11,7 +11,15 @@ from .gguf import is_gguf
 from .hf import load as hf
 from .spec import ModelSpec
 
-__all__ = ["Checkpoint", "companion_files", "config_only_spec", "generation_config", "is_gguf", "load_model"]
+__all__ = [
+    "Checkpoint",
+    "companion_files",
+    "config_only_held_types",
+    "config_only_spec",
+    "generation_config",
+    "is_gguf",
+    "load_model",
+]
 
 
 def load_model(path: Path | str, load_tensors: bool = True) -> Checkpoint:
@@ -32,6 +40,12 @@ def config_only_spec(path: Path | str) -> ModelSpec | None:
     with weights."""
     path = Path(path)
     return None if is_gguf(path) else hf.config_only_spec(path)
+
+
+def config_only_held_types(path: Path | str) -> dict[str, str]:
+    """What a configuration without weights says its checkpoint holds already quantized
+    (Checkpoint.held_types: gpt-oss's MXFP4 experts); {} for most models."""
+    return hf.config_only_held_types(Path(path))
 
 
 def generation_config(path: Path | str) -> tuple[dict, Path]:

@@ -337,3 +337,70 @@ def test_before_chooses_how_esptool_enters_the_bootloader_and_its_advice_names_o
     assert "colibri flash takes esptool's --before as --before, and --after no-reset as --no-reset" in str(e.value)
     with pytest.raises(ColibriError, match="--before must be one of"):
         flash_images(board, PORT, images, progress=lambda _: None, before="sometimes")
+
+
+# ---- A flash cut at every stage (issue 29 item 4) ------------------------------------------------
+# The chip's flash is a bytearray that outlives a run; write_flash copies an image's bytes into it
+# and, when cut, stops at a random byte with the error a pulled cable gives; verify_flash compares.
+# The next flash must finish the job: every image in place and verified.
+
+STAGES = ["detect_chip", "run_stub", "attach_flash", "write_flash", "verify_flash", "reset_chip"]
+
+
+@pytest.fixture
+def chip(fake, monkeypatch):
+    """`fake` with a flash memory: chip.memory, and chip.cut = (stage, which call of it, 1 from)."""
+    import random
+
+    memory = bytearray(b"\xff" * 0x300000)
+    state = SimpleNamespace(memory=memory, cut=None, counts={}, rng=random.Random(29))
+    for name in STAGES:
+        faked = getattr(esptool.cmds, name)
+
+        def fn(*args, _name=name, _faked=faked, **kwargs):
+            result = _faked(*args, **kwargs)  # the signature check and the call log
+            state.counts[_name] = state.counts.get(_name, 0) + 1
+            cut_here = state.cut == (_name, state.counts[_name])
+            if _name == "write_flash":
+                for offset, path in args[1]:
+                    data = Path(path).read_bytes()
+                    end = state.rng.randrange(1, len(data)) if cut_here else len(data)
+                    memory[offset : offset + end] = data[:end]
+            if cut_here:
+                raise serial.SerialException("device reports readiness to read but returned no data")
+            if _name == "verify_flash":
+                for offset, path in args[1]:
+                    data = Path(path).read_bytes()
+                    if bytes(memory[offset : offset + len(data)]) != data:
+                        raise FatalError(f"Verification failed at 0x{offset:x}")
+            return result
+
+        monkeypatch.setattr(esptool.cmds, name, fn)
+    return state
+
+
+@pytest.mark.parametrize(
+    "stage, call",
+    [(s, 1) for s in STAGES] + [("write_flash", 3), ("write_flash", 4), ("verify_flash", 4)],
+)
+def test_a_flash_cut_at_any_stage_is_finished_by_the_next_flash(board, chip, images, stage, call):
+    chip.cut = (stage, call)
+    with pytest.raises(ColibriError) as cut:
+        flash_images(board, PORT, images, progress=lambda _: None)
+    msg = str(cut.value)
+    assert "\n" not in msg and "failed: device reports readiness to read" in msg, msg
+    if stage in ("write_flash", "verify_flash"):
+        name, offset = images[call - 1][1].name, images[call - 1][0]
+        assert f"cut while writing {name} at 0x{offset:x}, image {call} of {len(images)}" in msg, msg
+        assert "run flash again" in msg
+        if stage == "write_flash":  # the image is half there: what verify would refuse
+            assert chip.memory[offset : offset + images[call - 1][1].stat().st_size] != images[call - 1][1].read_bytes()
+    else:
+        assert "partly written" not in msg  # before any write, or after every image was verified
+    # The next flash writes and verifies every image: the job is done.
+    chip.cut, chip.counts = None, {}
+    flash_images(board, PORT, images, progress=lambda _: None)
+    assert chip.counts["verify_flash"] == len(images) and chip.counts["reset_chip"] == 1
+    for offset, path in images:
+        data = path.read_bytes()
+        assert bytes(chip.memory[offset : offset + len(data)]) == data, path.name

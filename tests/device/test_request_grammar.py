@@ -79,6 +79,8 @@ BAD = {
     "zero threads": (GOOD + " threads=0", "threads must be between 1 and 64"),
     "65 threads": (GOOD + " threads=65", "threads must be between 1 and 64"),
     "huge probe": (GOOD + " probe_mib=2000000", "probe_mib must be a size in MiB"),
+    "65 drafted tokens": (GOOD + " speculate=65", "speculate must be between 0 and 64 drafted tokens"),
+    "negative speculation": (GOOD + " speculate=-1", "speculate must be between 0 and 64 drafted tokens"),
     "unknown key": (GOOD + " color=3", "unknown request field"),
     "no steps": ("@CLB 0 request prompt=1", "a request needs prompt and steps"),
     "key without value": (GOOD + " seed", "malformed request field"),

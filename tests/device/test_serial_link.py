@@ -565,3 +565,27 @@ def test_qemu_rv32_through_serial_link_matches_the_reference(builder, sampling):
     assert result.tokens == ref.tokens
     assert result.digests == ref.digests
     assert int(result.stats["decode_instret"]) > 0  # -icount: exact instruction counts arrive in stats
+
+
+def test_a_reset_while_the_request_line_is_arriving(board):
+    # A board that acknowledges pieces of the request (protocol 2) resets after reading the first
+    # piece: the host says so at once, in one line, instead of waiting for an ack that never comes.
+    def reset_mid_request(b):
+        b.write(b"".join(BANNER))
+        b.write(encode_frame(0, "hello", {**parse_frame(hello()).fields, "proto": 2}))
+        deadline = time.monotonic() + 3
+        got = b""
+        while len(got) < 64 and time.monotonic() < deadline:  # the first piece only
+            ready, _, _ = select.select([b.master], [], [], 0.05)
+            if ready:
+                got += os.read(b.master, 4096)
+        assert got.startswith(b"@CLB 0 request") and b"\n" not in got, got
+        b.write(b"".join(BANNER).replace(b"POWERON", b"SW_CPU_RESET") + hello(0))
+        b.idle(5)
+
+    long_request = RunRequest(list(range(1, 60)), 6, stop_at_eos=False)  # several 64-byte pieces
+    err, elapsed = run_link(board, reset_mid_request, request=long_request)
+    assert isinstance(err, ColibriError), err
+    msg = str(err)
+    assert "\n" not in msg and "the board reset during the run" in msg and "after 0 of 6 tokens" in msg, msg
+    assert elapsed < 0.5  # at once, not after a timeout

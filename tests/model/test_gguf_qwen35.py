@@ -2,7 +2,8 @@
 written as llama.cpp's converter writes it (tests/gguf_files.py qwen35_hf_to_gguf: its value heads
 reordered, -exp(A_log), the squeezed convolution, (1 + w) norms) imports to the same ModelSpec and
 bit-identical tensors as its safetensors, and its firmware decodes the reference's bits from the
-Q8_0 blocks kept as the file holds them."""
+Q8_0 blocks kept as the file holds them. The same holds for the file llama.cpp's own converter writes
+of such a checkpoint (the peer sdist's convert_hf_to_gguf.py)."""
 
 import dataclasses
 
@@ -45,6 +46,42 @@ def test_firmware_from_the_q8_0_gguf_keeps_its_blocks_and_decodes_the_reference_
     exact, _ = plan.gguf_kept()
     # The DeltaNet matrices whose rows llama.cpp reordered keep their Q8_0 blocks, reordered back.
     assert {"layers.0.lin_qkv", "layers.0.lin_z", "layers.0.lin_b", "layers.3.wq", "layers.3.wq_gate"} <= set(exact)
+
+
+@pytest.fixture(scope="module")
+def qwen35_peer(tmp_path_factory):
+    """The same checkpoint kind (vocab 520: Qwen3.5's tokenizer class adds <|endoftext|> as id 512 to
+    the kjv-tiny vocabulary the converter is given) as llama.cpp's own convert_hf_to_gguf.py writes
+    it, f32 and q8_0; --no-mtp, as the checkpoint has no multi-token-prediction layers."""
+    from gguf_files import peer_convert
+
+    from models import ORACLE_CONFIGS, make_checkpoint
+
+    config_cls, model_cls, kwargs = ORACLE_CONFIGS["qwen3_5_moe"]
+    root = tmp_path_factory.mktemp("qwen35-peer")
+    model = make_checkpoint((config_cls, model_cls, dict(kwargs, vocab_size=520)), root / "model")
+    return model, {t: peer_convert(model, root / f"qwen35-{t}.gguf", t, "--no-mtp") for t in ("f32", "q8_0")}
+
+
+def test_llama_cpps_converter_output_imports_to_the_same_spec_and_tensors(qwen35_peer):
+    model, files = qwen35_peer
+    hf, gguf = load_model(model), load_model(files["f32"])
+    # The file's end-of-sequence ids are the tokenizer's too (the converter adds <|endoftext|>).
+    assert gguf.spec.eos_token_ids == (2, 512)
+    assert dataclasses.replace(gguf.spec, name=hf.spec.name, eos_token_ids=hf.spec.eos_token_ids) == hf.spec
+    assert list(gguf.tensors) == list(hf.tensors)
+    for name in hf.tensors:
+        a, b = hf.tensors[name].load(), gguf.tensors[name].load()
+        assert a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32)), name
+
+
+def test_llama_cpps_q8_0_file_keeps_its_blocks_and_decodes_the_reference_bits(qwen35_peer, builder):
+    _, files = qwen35_peer
+    art, plan, request, result = builder.run(files["q8_0"], PROMPT, 12, quant="gguf")
+    assert compare(result, reference_run(plan, art.weights, request)).passed
+    exact, _ = plan.gguf_kept()
+    assert {"layers.0.lin_qkv", "layers.0.lin_z", "layers.3.wq", "layers.3.wq_gate"} <= set(exact)
+    assert {plan.tensor(n).dtype for n in exact if ".experts." in n} == {"q8_0"}
 
 
 # llama.cpp's qwen35moe keys, damaged: one line each, nothing built.

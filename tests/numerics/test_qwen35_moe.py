@@ -56,6 +56,19 @@ def test_the_recurrent_state_is_a_fixed_arena_beside_a_kv_cache_of_the_attention
     assert planned_report(host, large).to_json()["linear_state"]["grows_with_context"] is False
 
 
+@pytest.mark.slow  # one firmware build and a run (about 10 s)
+def test_a_schedule_of_attention_layers_only_has_no_state_arena_and_decodes_the_reference_bits(builder, tmp_path):
+    from models import ORACLE_CONFIGS, make_checkpoint
+
+    config_cls, model_cls, kwargs = ORACLE_CONFIGS[KIND]
+    model = make_checkpoint(
+        (config_cls, model_cls, dict(kwargs, layer_types=["full_attention"] * 4)), tmp_path / "attention-only"
+    )
+    art, plan, request, result = builder.run(model, PROMPT, 8, quant="q8_0")
+    assert plan.linear_state_bytes == 0 and plan.linear_conv_state_floats == plan.linear_delta_state_floats == 0
+    assert compare(result, reference_run(plan, art.weights, request)).passed
+
+
 @pytest.mark.slow  # two firmware builds and eight runs on host (about 15 s)
 @pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
 def test_host_firmware_decodes_the_reference_bits_greedy_and_sampled_on_one_and_two_threads(

@@ -147,6 +147,9 @@ void app_main(void)
         }
         for (int i = 0; i < n; i++) {
             char c = (char)chunk[i];
+            if (!too_long && colibri_request_restarts(line, len, c)) {
+                len = received = colibri_restart_line(line); /* a cut line, then a whole request: that one */
+            }
             if (c != '\n') {
                 colibri_acknowledge(++received); /* the host sends the next piece of a request only then */
             } else {

@@ -6,8 +6,10 @@
 #define _GNU_SOURCE /* dl_iterate_phdr, for the build-id */
 #define _POSIX_C_SOURCE 200809L
 
+#include <errno.h>
 #include <fcntl.h>
 #include <link.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,10 +35,21 @@
 
 static FILE *logits_file;
 
+/* Frames go straight to the file descriptor (no stdio buffer), so that the SIGBUS handler below can
+ * send one too. */
 void bsp_write(const char *data, size_t len)
 {
-    fwrite(data, 1, len, stdout);
-    fflush(stdout);
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = write(STDOUT_FILENO, data + done, len - done);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            return; /* the reader is gone */
+        }
+        done += (size_t)n;
+    }
 }
 
 uint64_t bsp_time_us(void)
@@ -163,6 +176,18 @@ static int read_request_line(char *line, int capacity)
     if (len == (size_t)capacity - 1 && line[len - 1] != '\n') {
         return -1;
     }
+    /* A line cut short (a host killed mid-send, a link dropped) and then a whole request: the
+     * request is the last frame marker's, the fragment before it is dropped. */
+    const char *last = NULL;
+    for (const char *p = strstr(line, "@CLB "); p != NULL; p = strstr(p + 1, "@CLB ")) {
+        last = p;
+    }
+    if (last != NULL && last != line) {
+        fprintf(stderr, "colibri: note: %d bytes of a cut request line dropped before a new request\n",
+                (int)(last - line));
+        len -= (size_t)(last - line);
+        memmove(line, last, len + 1);
+    }
     return (int)len;
 }
 
@@ -247,6 +272,10 @@ static uint8_t *copy_image(const char *path, uint64_t *len)
     return buf;
 }
 
+/* The image file as opened: its descriptor (kept open to see whether it changes), size and time. */
+static int image_fd = -1;
+static struct stat image_stat;
+
 /* The image mapped read-only (private: nothing is ever written), or NULL. */
 static uint8_t *map_image(const char *path, uint64_t *len)
 {
@@ -254,14 +283,112 @@ static uint8_t *map_image(const char *path, uint64_t *len)
     if (fd < 0) {
         return NULL;
     }
-    struct stat st;
     void *map = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && st.st_size > 0) {
-        map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        *len = (uint64_t)st.st_size;
+    if (fstat(fd, &image_stat) == 0 && image_stat.st_size > 0) {
+        map = mmap(NULL, (size_t)image_stat.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        *len = (uint64_t)image_stat.st_size;
     }
-    close(fd); /* the mapping keeps the file */
-    return map == MAP_FAILED ? NULL : map;
+    if (map == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    image_fd = fd;
+    return map;
+}
+
+/* Whether the file this firmware mapped was truncated or written since (a rename over its path
+ * leaves it as it was: this firmware keeps it). */
+static int image_changed(void)
+{
+    struct stat st;
+    if (image_fd < 0) {
+        return 0;
+    }
+    return fstat(image_fd, &st) != 0 || st.st_size != image_stat.st_size ||
+           st.st_mtim.tv_sec != image_stat.st_mtim.tv_sec || st.st_mtim.tv_nsec != image_stat.st_mtim.tv_nsec;
+}
+
+/* A fault on the mapped image (the file truncated under it, or its storage failing: the kernel
+ * sends SIGBUS for a mapped page it cannot read) ends the run with one error frame saying where,
+ * instead of a crash. The handler runs on the thread that touched the page, inside the forward pass
+ * or the start-up checks: no frame is being built then (frames are built between forward passes,
+ * on the main thread), and bsp_write is a plain write(2), so sending the frame here is safe; then
+ * the process ends at once (_exit), since the forward pass cannot go on without those bytes. */
+static const uint8_t *fault_image;
+static uint64_t fault_image_len;
+
+static void u64_text(char *out, uint64_t v)
+{
+    char digits[21];
+    int n = 0;
+    do {
+        digits[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (int i = 0; i < n; i++) {
+        out[i] = digits[n - 1 - i];
+    }
+    out[n] = '\0';
+}
+
+static void append(char *out, size_t cap, const char *text)
+{
+    size_t len = strlen(out);
+    while (*text && len + 1 < cap) {
+        out[len++] = *text++;
+    }
+    out[len] = '\0';
+}
+
+static void on_mapping_fault(int sig, siginfo_t *info, void *context)
+{
+    (void)context;
+    const uint8_t *at = info->si_addr;
+    if (fault_image == NULL || at < fault_image || at >= fault_image + fault_image_len) {
+        signal(sig, SIG_DFL); /* not the image: the crash it is */
+        raise(sig);
+        return;
+    }
+    const uint64_t offset = (uint64_t)(at - fault_image);
+    char message[320] = "reading the mapped weight image file failed at byte ", number[21];
+    u64_text(number, offset);
+    append(message, sizeof message, number);
+    append(message, sizeof message, " (");
+    int found = 0;
+    for (int l = 0; l < COLIBRI_N_LAYERS && !found; l++) {
+        const ColibriExpertGroup *group = colibri_layer_experts(l);
+        if (group == NULL || group->stride == 0) {
+            continue;
+        }
+        const uint64_t start = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + group->offset;
+        if (offset >= start && offset < start + (uint64_t)COLIBRI_N_EXPERTS * group->stride) {
+            append(message, sizeof message, "layer ");
+            u64_text(number, (uint64_t)l);
+            append(message, sizeof message, number);
+            append(message, sizeof message, " expert ");
+            u64_text(number, (offset - start) / group->stride);
+            append(message, sizeof message, number);
+            found = 1;
+        }
+    }
+    if (!found) {
+        append(message, sizeof message, "the resident weights");
+    }
+    append(message, sizeof message, "): the file was truncated under the firmware or its storage failed (SIGBUS)");
+    colibri_report_error(COLIBRI_ERR_READ, message);
+    _exit(1);
+}
+
+static void catch_mapping_faults(const uint8_t *image, uint64_t len)
+{
+    fault_image = image;
+    fault_image_len = len;
+    struct sigaction act;
+    memset(&act, 0, sizeof act);
+    act.sa_sigaction = on_mapping_fault;
+    act.sa_flags = SA_SIGINFO;
+    sigemptyset(&act.sa_mask);
+    sigaction(SIGBUS, &act, NULL);
 }
 
 static uint64_t page_bytes(void)
@@ -307,12 +434,41 @@ static int unheld_range(int i, uint64_t *start, uint64_t *end)
     return layer_experts(i - 1, start, end);
 }
 
-/* Under a budget: no readahead anywhere in the mapping (a fault next to an expert's range would read
- * into it, and those pages would count against the budget), then each resident range read ahead as
- * exactly that range (MADV_WILLNEED) and locked; the experts' ranges are never touched through the
- * mapping, the per-layer input table's a row at a time. Returns the bytes locked; *refused says
- * whether mlock refused any of it. */
-static uint64_t hold_resident(uint8_t *image, uint64_t len, int *refused)
+/* [from, to) of the mapping (whole pages) replaced by private memory holding the file's bytes, read
+ * in chunks whose page-cache pages are dropped again: 0, or -1 when the file cannot be read. */
+static int copy_in_place(uint8_t *image, uint64_t from, uint64_t to)
+{
+    if (mmap(image + from, (size_t)(to - from), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+             0) == MAP_FAILED) {
+        return -1;
+    }
+    const uint64_t chunk = 8u << 20;
+    for (uint64_t at = from; at < to;) {
+        const uint64_t want = to - at < chunk ? to - at : chunk;
+        const ssize_t n = pread(image_fd, image + at, (size_t)want, (off_t)at);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            return -1;
+        }
+        posix_fadvise(image_fd, (off_t)at, (off_t)want, POSIX_FADV_DONTNEED);
+        if (n == 0) {
+            break; /* the file's end (its last page): the rest stays zero, as the mapping's would */
+        }
+        at += (uint64_t)n;
+    }
+    return mprotect(image + from, (size_t)(to - from), PROT_READ);
+}
+
+/* Under a budget: the resident part (everything but the routed experts) read into private memory in
+ * place of its mapped pages, and locked. Its bytes are then this process's own: a file truncated,
+ * rewritten or failing later cannot change them or fault on them (the experts' reads see those, and
+ * say so: storage.c). No readahead anywhere in the mapping: its experts' ranges are never touched
+ * through it, Gemma 4's per-layer input table a row at a time (unheld_range).
+ * Returns the bytes held, or -1 when the file cannot be read; *refused says whether mlock refused
+ * any of it. */
+static int64_t hold_resident(uint8_t *image, uint64_t len, int *refused)
 {
     uint64_t locked = 0, cursor = 0;
     *refused = 0;
@@ -324,7 +480,9 @@ static uint64_t hold_resident(uint8_t *image, uint64_t len, int *refused)
         }
         page_range(cursor, start, len, &from, &to);
         if (to > from) {
-            madvise(image + from, (size_t)(to - from), MADV_WILLNEED);
+            if (copy_in_place(image, from, to) != 0) {
+                return -1;
+            }
             if (mlock(image + from, (size_t)(to - from)) == 0) {
                 locked += to - from;
             } else {
@@ -333,7 +491,7 @@ static uint64_t hold_resident(uint8_t *image, uint64_t len, int *refused)
         }
         cursor = end;
     }
-    return locked;
+    return (int64_t)locked;
 }
 
 /* The command line. */
@@ -544,9 +702,13 @@ static int bind_weights(Options *opt, HeldWeights *w)
     info->mapped = !opt->copy_weights;
     info->budget = opt->budget;
     if (opt->budget > 0) {
-        /* Before the checks below read the resident tensors through the mapping: read ahead there
-         * must not bring in the experts next to them. */
-        info->locked_bytes = hold_resident(w->image, w->image_len, &info->lock_refused);
+        /* Before the checks below read the resident tensors. */
+        const int64_t held = hold_resident(w->image, w->image_len, &info->lock_refused);
+        if (held < 0) {
+            colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the resident weights from the weight image file");
+            return -1;
+        }
+        info->locked_bytes = (uint64_t)held;
     }
     /* Mapped: the header, the directory and the resident tensors are checked now, each expert when
      * it is first brought in, so start-up does not grow with the experts. */
@@ -584,6 +746,10 @@ static void release_weights(const Options *opt, HeldWeights *w)
         free(w->image);
     } else {
         munmap(w->image, (size_t)w->image_len);
+        if (image_fd >= 0) {
+            close(image_fd);
+            image_fd = -1;
+        }
     }
 }
 
@@ -609,6 +775,13 @@ static int serve_requests(char *line, int capacity, int len, ColibriRequest *req
         if (problem != NULL) {
             colibri_report_error(COLIBRI_ERR_REQUEST, problem);
             status = COLIBRI_ERR_REQUEST;
+        } else if (image_changed()) {
+            /* Without a budget every weight is read through the mapping: a file written or cut
+             * since start would be decoded from silently (or fault); under a budget the resident
+             * part is this process's copy, but its experts come from the file. Either way: no. */
+            colibri_report_error(COLIBRI_ERR_READ, "the weight image file changed (truncated or rewritten) since the "
+                                                   "firmware opened it: restart the firmware to use the new file");
+            status = COLIBRI_ERR_READ;
         } else {
             status = colibri_decode(req);
         }
@@ -643,6 +816,9 @@ int main(int argc, char **argv)
     parallel_start(req.threads);
     if (open_image(&opt, &w) != 0) {
         return 1;
+    }
+    if (!opt.copy_weights) {
+        catch_mapping_faults(w.image, w.image_len);
     }
     if (opt.logits_path != NULL) {
         logits_file = fopen(opt.logits_path, "wb");

@@ -6,12 +6,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../../app/bsp.h"
 
-/* pread until `bytes` are in or the file ends: the bytes read, or -1. Buffered reads drop their pages
- * from the page cache afterwards: the slot holds the copy, the cache need not hold another. */
+/* Whether the open file is still the one opened: its size and modification time as they were. A
+ * rename over the path leaves the open file as it was (this firmware reads on from it); a truncation
+ * or a write into it is seen here, after the read, so a read that raced with either is refused. */
+static int unchanged(const Storage *s)
+{
+    struct stat st;
+    return fstat(s->fd, &st) == 0 && st.st_size == s->size && st.st_mtim.tv_sec == s->mtime.tv_sec &&
+           st.st_mtim.tv_nsec == s->mtime.tv_nsec;
+}
+
+/* pread until `bytes` are in or the file ends: the bytes read, -errno, or COLIBRI_STORAGE_CHANGED.
+ * Buffered reads drop their pages from the page cache afterwards: the slot holds the copy, the cache
+ * need not hold another. */
 static int64_t read_at(Storage *s, uint8_t *dst, uint64_t offset, uint64_t bytes)
 {
     uint64_t done = 0;
@@ -21,7 +33,7 @@ static int64_t read_at(Storage *s, uint8_t *dst, uint64_t offset, uint64_t bytes
             if (errno == EINTR) {
                 continue;
             }
-            return -1;
+            return errno > 0 ? -(int64_t)errno : -EIO;
         }
         if (n == 0) {
             break; /* the end of the file */
@@ -30,6 +42,9 @@ static int64_t read_at(Storage *s, uint8_t *dst, uint64_t offset, uint64_t bytes
     }
     if (!s->direct) {
         posix_fadvise(s->fd, (off_t)offset, (off_t)bytes, POSIX_FADV_DONTNEED);
+    }
+    if (!unchanged(s)) {
+        return COLIBRI_STORAGE_CHANGED;
     }
     return (int64_t)done;
 }
@@ -159,6 +174,14 @@ int storage_open(Storage *s, const char *path, int n_tickets, int io_threads)
         fprintf(stderr, "colibri: note: this file system refuses O_DIRECT reads of %s: experts are read through "
                         "the page cache (each read's pages are dropped again)\n", path);
     }
+    struct stat st;
+    if (fstat(s->fd, &st) != 0) {
+        close(s->fd);
+        s->fd = -1;
+        return -1;
+    }
+    s->size = st.st_size;
+    s->mtime = st.st_mtim;
     s->n_tickets = n_tickets > 0 ? n_tickets : 1;
     s->queue = calloc((size_t)s->n_tickets, sizeof *s->queue);
     s->done = malloc((size_t)s->n_tickets);

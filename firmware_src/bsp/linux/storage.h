@@ -7,6 +7,8 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
 
 #include "../../runtime/expert_cache.h"
 
@@ -19,6 +21,8 @@ typedef struct {
 typedef struct {
     int fd;
     int direct;              /* 1: O_DIRECT reads */
+    off_t size;              /* the file's size and modification time when opened: a read after */
+    struct timespec mtime;   /* either changed fails (storage.c unchanged()) */
     int n_tickets;
     /* The I/O threads' shared queue (a ring of n_tickets: a ticket is queued at most once at a time). */
     pthread_t *threads;

@@ -176,6 +176,7 @@ class GgufCheckpoint:
     input_files: list[Path]
     gguf: GgufFile
     tensor_types: dict[str, str] = field(default_factory=dict)  # canonical name -> GGUF type ("Q4_1", ...)
+    held_types: dict[str, str] = field(default_factory=dict)  # none: --quant gguf keeps the file's types
     chat_template: str | None = None
     _sources: dict = field(default_factory=dict, repr=False)  # canonical -> (info, expert or None, permute)
 

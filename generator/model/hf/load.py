@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import ColibriError
 from ..spec import ModelSpec, RopeSpec, expected_shapes
+from . import mxfp4
 from .safetensors_io import TensorInfo, read_header, read_rows, rows_cols, strict_json
 
 ARCHITECTURES = {
@@ -400,6 +401,31 @@ class HfCheckpoint:
     tensors: dict[str, HfTensor]  # canonical name -> where its values are, in plan order
     input_files: list[Path]  # every file the checkpoint was read from (build dependencies)
     tensor_types: None = None  # safetensors hold plain floats: no block types to keep (--quant gguf)
+    # Tensors the checkpoint holds already quantized (gpt-oss's MXFP4 experts: hf/mxfp4.py), by
+    # their GGUF block type: kept exactly under every integer --quant.
+    held_types: dict[str, str] = field(default_factory=dict)
+
+
+def _mxfp4_parts(
+    hf_name: str, located: dict[str, tuple[Path, TensorInfo]], spec: ModelSpec
+) -> dict[str, mxfp4.HfMxfp4Slice] | None:
+    """The expert matrices of a packed MXFP4 tensor pair (hf/mxfp4.py), named by its _blocks
+    tensor ({} for its _scales, read with it), or None when hf_name is not one."""
+    if not hf_name.startswith("model.layers.") or not hf_name.endswith(("_blocks", "_scales")):
+        return None
+    index, _, part = hf_name[len("model.layers.") :].partition(".")
+    stem, _, kind = part.rpartition("_")
+    if not index.isdigit() or str(int(index)) != index or int(index) >= spec.n_layers:
+        return None
+    if stem not in mxfp4.PACKED_PARTS:
+        return None
+    partner = f"model.layers.{index}.{stem}_{'scales' if kind == 'blocks' else 'blocks'}"
+    if partner not in located:
+        raise ColibriError(f"tensor {hf_name!r} has no {partner!r} beside it (MXFP4 blocks need their scales)")
+    if kind == "scales":
+        return {}
+    n, d, fe = spec.n_experts, spec.hidden_size, spec.expert_intermediate_size
+    return mxfp4.expert_slices(f"layers.{index}.", stem, located[hf_name], located[partner], n, d, fe)
 
 
 def read_json(path: Path) -> dict:
@@ -1044,15 +1070,25 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
         raise ColibriError(f"{model_dir}: no config.json (is this a Hugging Face model directory?)")
     gen_path = model_dir / "generation_config.json"
     generation = read_json(gen_path) if gen_path.is_file() else None
-    spec = parse_config(read_json(config_path), model_dir.resolve().name, generation)
+    config = read_json(config_path)
+    spec = parse_config(config, model_dir.resolve().name, generation)
+    packed = mxfp4.quant_method(config) == mxfp4.QUANT_METHOD and FAMILIES[spec.family].fused_experts
 
     located = _tensor_files(model_dir)
     wanted = expected_shapes(spec)
     by_canonical: dict[str, tuple[Path, TensorInfo]] = {}
-    fused: dict[str, HfFusedSlice] = {}
+    fused: dict[str, HfFusedSlice | mxfp4.HfMxfp4Slice] = {}
+    held: dict[str, str] = {}
     for hf_name, (path, info) in sorted(located.items()):
         if hf_name.startswith(NOT_TEXT_PREFIXES):
             continue  # the vision tower of a multimodal checkpoint
+        parts = _mxfp4_parts(hf_name, located, spec) if packed else None
+        if parts is not None:  # gpt-oss's MXFP4 experts: their blocks kept as they are
+            fused.update(parts)
+            held.update({canonical: "MXFP4" for canonical in parts})
+            for canonical in parts:
+                by_canonical[canonical] = (path, info)
+            continue
         parts = _fused_parts(hf_name, path, info, spec)
         if parts is not None:  # gpt-oss's fused experts: their shapes checked there
             fused.update(parts)
@@ -1098,7 +1134,7 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
             else set()
         )
     )
-    return HfCheckpoint(spec=spec, tensors=tensors, input_files=files)
+    return HfCheckpoint(spec=spec, tensors=tensors, input_files=files, held_types=held)
 
 
 # The files beside the weights that a release carries with them (not generation inputs: the
@@ -1117,6 +1153,16 @@ def config_only_spec(model_dir: Path) -> ModelSpec | None:
     if has_weights(model_dir) or not config_path.is_file():
         return None
     return parse_config(read_json(config_path), model_dir.resolve().name)
+
+
+def config_only_held_types(model_dir: Path) -> dict[str, str]:
+    """The tensors a configuration without weights says its checkpoint holds quantized (gpt-oss's
+    MXFP4 experts, by config.json's quantization_config), as HfCheckpoint.held_types would be."""
+    config = read_json(model_dir / "config.json")
+    spec = parse_config(config, model_dir.resolve().name)
+    if mxfp4.quant_method(config) != mxfp4.QUANT_METHOD or not FAMILIES[spec.family].fused_experts:
+        return {}
+    return mxfp4.published_held_types(spec)
 
 
 def generation_config(model_dir: Path) -> tuple[dict, Path]:

@@ -17,7 +17,8 @@ import numpy as np
 from ...errors import ColibriError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "U8": 1}
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # weights as numbers; U8 holds packed blocks (MXFP4)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,8 @@ def read_rows(path: Path | str, info: TensorInfo, start: int, stop: int) -> np.n
     supported dtype but F64 widens). Only those rows are read: the file is mapped for them alone and
     unmapped before returning, so reading a model tensor by tensor holds one piece at a time."""
     path = Path(path)
+    if info.dtype not in FLOAT_DTYPES:
+        raise ColibriError(f"{path.name}: tensor {info.name!r} holds bytes ({info.dtype}), not weights")
     rows, cols = rows_cols(info)
     if not 0 <= start <= stop <= rows:
         raise ValueError(f"rows [{start}, {stop}) of a tensor with {rows} rows")
@@ -177,6 +180,32 @@ def read_rows(path: Path | str, info: TensorInfo, start: int, stop: int) -> np.n
     if not np.all(np.isfinite(arr)):
         raise ColibriError(f"{path.name}: tensor {info.name!r} contains NaN or Inf")
     return arr
+
+
+def read_bytes(path: Path | str, info: TensorInfo, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of a U8 tensor (packed blocks) as uint8 (rows, cols), read with one pread."""
+    path = Path(path)
+    rows, cols = rows_cols(info)
+    if info.dtype != "U8" or not 0 <= start <= stop <= rows:
+        raise ValueError(f"rows [{start}, {stop}) of a {info.dtype} tensor with {rows} rows")
+    out = np.empty((stop - start) * cols, np.uint8)
+    view, offset = memoryview(out), info.begin + start * cols
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while view:
+                n = os.preadv(fd, [view], offset)
+                if n <= 0:
+                    raise ColibriError(
+                        f"{path.name}: tensor {info.name!r}: the file ends before its data "
+                        f"(truncated or rewritten while it was being read?)"
+                    )
+                view, offset = view[n:], offset + n
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise ColibriError(f"{path.name}: cannot read tensor {info.name!r}: {e.strerror or e}") from None
+    return out.reshape(stop - start, cols)
 
 
 def load_f32(path: Path, info: TensorInfo) -> np.ndarray:

@@ -1,0 +1,145 @@
+"""Exact speculative decoding on the real SmolLM2-135M-Instruct (docs/performance.md, "Speculative
+decoding"): plain decoding and `--speculate N`, alternating, on tasks whose answer copies its input
+and on free text; the tokens must be the same, and the speedup, the acceptance and the tokens per
+forward pass are printed.
+
+    .venv/bin/python tools/speculation_bench.py [--model GGUF] [--speculate 7] [--rounds 3]
+        [--steps 256] [--threads 1]
+
+--model defaults to the SmolLM2-135M-Instruct Q4_1 file the tests fetch (tools/fetch_models.py).
+Each task is a chat turn in the model's ChatML format, decoded greedily with `./colibri run --json`
+on host; the figure is decode tok/s (every token after the first over the decode's wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = Path.home() / ".cache" / "colibri-test-models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+PARAGRAPH = (
+    "The river town woke slowly in the grey light of early spring. Fishermen pulled their boats "
+    "onto the gravel and spread their nets to dry along the low stone wall, while the baker opened "
+    "his shutters and set the first loaves on the sill to cool. Children ran down the narrow lane "
+    "toward the school, their boots loud on the wet cobbles, and an old dog followed them as far as "
+    "the bridge before it turned back to sleep in the doorway of the inn. Across the water the mill "
+    "wheel began to turn, and the sound of it carried over the fields where the farmers were already "
+    "at work with their horses. By the time the church bell rang eight, the market square was full "
+    "of carts and voices, of apples and cheese and cloth, and the smell of smoke from the "
+    "blacksmith's forge hung over everything. Nobody in the town could remember a winter as long as "
+    "the one that had just ended, and everyone seemed determined to make up for the lost weeks. The "
+    "schoolmaster stood at his window and watched the square fill, thinking of the letter he had to "
+    "write to his sister in the city, and of how little there was to tell her that she would not "
+    "find dull. Still, he thought, she would want to know that the river had not flooded this year, "
+    "that the new bridge had held, and that the swallows had come back to the eaves of the old barn "
+    "on the hill, as they did every year, as if nothing in the world had changed at all."
+)
+MISSPELT = (
+    "Teh comittee met on Tuesdy to discus the new libary. Most of the memebers agreed that the "
+    "bulding was to small for the growing town, and that a new one shoud be built near the scool. "
+    "The treasurer said there was enuogh money for the plans but not for the constuction, so the "
+    "comittee decided to ask the council for a grant. Everyone was pleased with the desicion and "
+    "the meeting ended erly."
+)
+RECORD = (
+    "Customer record 4471. Name: Margaret Ellen Hughes. Born: 14 March 1962 in Cardiff, Wales. "
+    "Address: 27 Orchard Row, Bristol BS8 4QT, United Kingdom. Phone: +44 117 496 0123. Email: "
+    "m.hughes@example.org. Account opened: 2 September 2011. Plan: Premium Family, renewed yearly. "
+    "Last payment: 18 January 2026, 149.00 GBP by direct debit. Notes: prefers letters to phone "
+    "calls; has asked twice about the loyalty discount."
+)
+TASKS = {
+    "rewrite with one word changed": f"Rewrite the following paragraph exactly, changing only the word "
+    f'"river" to "harbour" everywhere it appears.\n\n{PARAGRAPH}',
+    "fix the spelling": f"Correct the spelling mistakes in this text and give back the whole corrected "
+    f"text.\n\n{MISSPELT}",
+    "extract fields": "From this record, list the name, the date of birth, the address, the phone "
+    f"number, the email and the last payment, one per line as 'field: value'.\n\n{RECORD}",
+    "free text": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+def chat(user: str) -> str:
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def run(model: Path, prompt_file: Path, steps: int, speculate: int, threads: int, out: Path) -> dict:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "generator.cli",
+            "run",
+            "--model",
+            str(model),
+            "--prompt-file",
+            str(prompt_file),
+            "--greedy",
+            "--steps",
+            str(steps),
+            "--ctx",
+            "1024",
+            "--speculate",
+            str(speculate),
+            "--threads",
+            str(threads),
+            "--out",
+            str(out),
+            "--json",
+        ],  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"run failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--speculate", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "colibri-speculation")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for task, user in TASKS.items():
+        prompt_file = args.out / "prompt.txt"
+        prompt_file.write_text(chat(user))
+        plain, fast, spec = [], [], None
+        for r in range(args.rounds):
+            a = run(args.model, prompt_file, args.steps, 0, args.threads, args.out / "build")
+            b = run(args.model, prompt_file, args.steps, args.speculate, args.threads, args.out / "build")
+            if a["tokens"] != b["tokens"] or a["logits_sha256"] != b["logits_sha256"]:
+                raise SystemExit(f"{task}: speculative decoding changed the tokens or logits")
+            plain.append(a["stats"]["decode_tok_s"])
+            fast.append(b["stats"]["decode_tok_s"])
+            spec = b["stats"]["speculation"]
+            print(f"{task}, round {r + 1}: plain {plain[-1]:.1f}, speculative {fast[-1]:.1f} tok/s", flush=True)
+        ratios = [f / p for f, p in zip(fast, plain)]
+        rows.append((task, len(a["tokens"]), plain, fast, ratios, spec))
+    print()
+    print("| task | tokens | plain tok/s | speculative tok/s | ratio, round by round | acceptance | tokens per pass |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for task, n, plain, fast, ratios, spec in rows:
+        print(
+            f"| {task} | {n} | {', '.join(f'{v:.1f}' for v in plain)} | {', '.join(f'{v:.1f}' for v in fast)} | "
+            f"{', '.join(f'{v:.2f}' for v in ratios)} (median {statistics.median(ratios):.2f}) | "
+            f"{spec['acceptance']:.2f} | {spec['tokens_per_pass']:.2f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

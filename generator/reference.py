@@ -26,6 +26,7 @@ from .numerics.ops import (
     l2norm,
     matvec_f32,
     rmsnorm,
+    rmsnorm_unscaled,
     seq_sum,
     sigmoid,
     silu,
@@ -124,12 +125,18 @@ class Reference:
             else:
                 arr = np.frombuffer(image, dtype="<f4", count=t.rows * t.cols, offset=start)
                 self.w[t.name] = arr.reshape(t.rows, t.cols) if t.rows > 1 else arr
-        self.tables = [rope.tables(r, self.spec.rotary_dim, plan.n_ctx) for r in plan.ropes]
+        self.tables = [rope.tables(r, dim, plan.n_ctx) for r, dim in zip(plan.ropes, plan.rope_dims)]
         self.scale = F32(self.spec.score_scale)
         s = self.spec
         # Per layer, a ring of kv_slots[layer] positions: position t lives in slot t % slots.
-        self.k_cache = [np.zeros((n, s.n_kv_heads, s.head_dim), dtype=np.float32) for n in plan.kv_slots]
+        self.k_cache = [
+            np.zeros((n, s.layer_kv_heads(i), s.layer_head_dim(i)), dtype=np.float32)
+            for i, n in enumerate(plan.kv_slots)
+        ]
         self.v_cache = [np.zeros_like(k) for k in self.k_cache]
+        for i in range(s.n_layers):  # Gemma 4's KV-sharing layers read their source's cache
+            src = s.kv_source(i)
+            self.k_cache[i], self.v_cache[i] = self.k_cache[src], self.v_cache[src]
         self.expert_counts = np.zeros((s.n_layers, max(1, s.n_experts)), dtype=np.int64)
         # Gated DeltaNet layers: the convolution's last kernel - 1 inputs and each value head's
         # key x value state, the whole context in a fixed size (zeroed when a sequence starts).
@@ -187,19 +194,39 @@ class Reference:
             out = out + self.w[bias]
         return out
 
-    def _embed(self, token: int) -> np.ndarray:
-        w = self.w["embed"]
+    def _row(self, name: str, token: int) -> np.ndarray:
+        """Row `token` of an embedding table (embed, ple_embed) as floats: only that row is read."""
+        w = self.w[name]
         if isinstance(w, KeptBlocks):
-            row = blocks.dequantize(w.dtype, blocks.rows_of(w.dtype, w.raw[token], w.cols))
-        elif isinstance(w, tuple) and len(w) == 3:
-            row = dequantize_q4_1(self._quants("embed", token), w[1][token], w[2][token])
-        elif isinstance(w, tuple):
-            row = dequantize_q8_0(self._quants("embed", token), w[1][token])
-        else:
-            row = w[token].copy()
+            return blocks.dequantize(w.dtype, blocks.rows_of(w.dtype, w.raw[token], w.cols))
+        if isinstance(w, tuple) and len(w) == 3:
+            return dequantize_q4_1(self._quants(name, token), w[1][token], w[2][token])
+        if isinstance(w, tuple):
+            return dequantize_q8_0(self._quants(name, token), w[1][token])
+        return w[token].copy()
+
+    def _embed(self, token: int) -> np.ndarray:
+        row = self._row("embed", token)
         if self.spec.embed_scale != 1.0:
             row = row * F32(self.spec.embed_scale)
         return row
+
+    def _per_layer_inputs(self, token: int, x: np.ndarray) -> np.ndarray:
+        """Gemma 4's per-layer inputs of a token, [n_layers, ple_dim]: (norm(P x / sqrt(hidden)) +
+        E[token] * sqrt(ple_dim)) / sqrt(2), x the scaled token embedding, P ple_model_proj, the
+        norm per layer slice, E the ple_embed table (one row read)."""
+        s = self.spec
+        proj = self._linear("ple_model_proj", self._prepare(x)) * F32(s.hidden_size**-0.5)
+        proj = rmsnorm(proj.reshape(s.n_layers, s.ple_dim), self.w["ple_proj_norm"], s.rms_norm_eps)
+        table = self._row("ple_embed", token).reshape(s.n_layers, s.ple_dim) * F32(s.ple_dim**0.5)
+        return (proj + table) * F32(2.0**-0.5)
+
+    def _per_layer_block(self, layer: int, x: np.ndarray, ple: np.ndarray) -> np.ndarray:
+        """x + norm(proj(gelu_tanh(gate x) * ple[layer])): a layer's per-layer input into its residual."""
+        p = f"layers.{layer}."
+        gated = gelu_tanh(self._linear(p + "ple_gate", self._prepare(x))) * ple[layer]
+        out = self._linear(p + "ple_proj", self._prepare(gated))
+        return x + rmsnorm(out, self.w[p + "ple_norm"], self.spec.rms_norm_eps)
 
     def _gated_ffn(self, prefix: str, act, biases: bool = False) -> np.ndarray:
         """down(act(gate x) * up x) with the weights under `prefix` (w_gate, w_up, w_down)."""
@@ -222,11 +249,14 @@ class Reference:
         hidden = swiglu_clamped(gate, up, s.swiglu_alpha, s.swiglu_limit)
         return self._linear(p + "w_down", self._prepare(hidden)) + self._expert_bias(layer, "b_down", expert)
 
-    def _moe(self, layer: int, act) -> np.ndarray:
+    def _moe(self, layer: int, act, router_act=None) -> np.ndarray:
         """Softmax over the router logits, top k (best first, lowest id on ties), optional
-        renormalisation, expert outputs summed in rank order, plus the gated shared expert."""
+        renormalisation (then Gemma 4's per-expert scales), expert outputs summed in rank order,
+        plus the gated shared expert. The router reads router_act where given (Gemma 4), else act."""
         s, p = self.spec, f"layers.{layer}."
-        logits = self._linear(p + "router", act, p + "router_bias" if s.router_bias else None)
+        logits = self._linear(
+            p + "router", act if router_act is None else router_act, p + "router_bias" if s.router_bias else None
+        )
         if s.router == "topk_then_softmax":  # gpt-oss: the top k of the logits, softmax over them
             chosen = np.lexsort((np.arange(s.n_experts), -logits))[: s.experts_per_token]
             weights = softmax(logits[chosen])
@@ -236,6 +266,8 @@ class Reference:
             weights = probs[chosen]
         if s.norm_topk_prob:
             weights = weights / seq_sum(weights)
+        if s.moe_beside_dense:
+            weights = weights * self.w[p + "expert_scale"][chosen]
         out = None
         for rank, expert in enumerate(chosen):
             self.expert_counts[layer, expert] += 1
@@ -287,24 +319,35 @@ class Reference:
     def forward(self, token: int, pos: int, want_logits: bool = True) -> np.ndarray | None:
         s = self.spec
         eps = s.rms_norm_eps
-        hd, group = s.head_dim, s.n_heads // s.n_kv_heads
         if pos == 0:
             self._reset_sequence()
         x = self._embed(token)
+        ple = self._per_layer_inputs(token, x) if s.ple_dim else None
         for layer in range(s.n_layers):
             p = f"layers.{layer}."
+            hd, kvh = s.layer_head_dim(layer), s.layer_kv_heads(layer)
+            group = s.n_heads // kvh
             xn = rmsnorm(x, self.w[p + "attn_norm"], eps)
             act = self._prepare(xn)
             if s.is_linear(layer):
                 x = x + self._deltanet(layer, act)
                 x = self._ffn_block(layer, x)
                 continue
+            own_kv = not s.is_kv_consumer(layer)  # Gemma 4's KV-sharing layers: queries only
             q = self._linear(p + "wq", act, p + "bq" if s.qkv_bias else None).reshape(s.n_heads, hd)
-            k = self._linear(p + "wk", act, p + "bk" if s.qkv_bias else None).reshape(s.n_kv_heads, hd)
-            v = self._linear(p + "wv", act, p + "bv" if s.qkv_bias else None).reshape(s.n_kv_heads, hd)
+            k = v = np.zeros((kvh, hd), dtype=np.float32)
+            if own_kv:
+                k = self._linear(p + "wk", act, p + "bk" if s.qkv_bias else None).reshape(kvh, hd)
+            if own_kv and s.layer_k_eq_v(layer):  # Gemma 4's global layers: the values are the keys' projection
+                v = k.copy()
+            elif own_kv:
+                v = self._linear(p + "wv", act, p + "bv" if s.qkv_bias else None).reshape(kvh, hd)
             if s.qk_norm:
                 q = rmsnorm(q, self.w[p + "q_norm"], eps)
-                k = rmsnorm(k, self.w[p + "k_norm"], eps)
+                if own_kv:
+                    k = rmsnorm(k, self.w[p + "k_norm"], eps)
+            if s.v_norm:
+                v = rmsnorm_unscaled(v, eps)
             cos, sin = self.tables[self.plan.layer_rope[layer]]
             if s.rope_dim:  # partial RoPE: the leading rope_dim dims of each head rotate, the rest pass
                 r = s.rope_dim
@@ -313,10 +356,11 @@ class Reference:
             else:
                 q = apply_rope(q, cos[pos], sin[pos])
                 k = apply_rope(k, cos[pos], sin[pos])
-            slots = self.plan.kv_slots[layer]
-            # Rounded once, when written, to the cache's type (docs/numerics.md, "KV cache").
-            self.k_cache[layer][pos % slots] = kv_round(k, self.plan.kv_type)
-            self.v_cache[layer][pos % slots] = kv_round(v, self.plan.kv_type)
+            slots = self.plan.kv_slots[s.kv_source(layer)]
+            if own_kv:
+                # Rounded once, when written, to the cache's type (docs/numerics.md, "KV cache").
+                self.k_cache[layer][pos % slots] = kv_round(k, self.plan.kv_type)
+                self.v_cache[layer][pos % slots] = kv_round(v, self.plan.kv_type)
 
             window = s.layer_windows[layer]
             start = max(0, pos - window + 1) if window else 0
@@ -335,6 +379,10 @@ class Reference:
                 proj = rmsnorm(proj, self.w[p + "post_attn_norm"], eps)
             x = x + proj
             x = self._ffn_block(layer, x)
+            if s.ple_dim:
+                x = self._per_layer_block(layer, x, ple)
+            if s.layer_scalars:
+                x = x * self.w[p + "layer_scalar"][0]
         if not want_logits:
             return None
         xn = rmsnorm(x, self.w["final_norm"], eps)
@@ -347,7 +395,16 @@ class Reference:
         s, p = self.spec, f"layers.{layer}."
         xn = rmsnorm(x, self.w[p + "ffn_norm"], s.rms_norm_eps)
         act = self._prepare(xn)
-        if s.moe_layers and s.moe_layers[layer]:
+        if s.moe_beside_dense and s.moe_layers[layer]:
+            # Gemma 4: the dense FFN and the experts side by side, each normed before and after;
+            # the router reads x through its own norm, the experts x through theirs.
+            eps = s.rms_norm_eps
+            dense = rmsnorm(self._gated_ffn(p, act), self.w[p + "post_dense_norm"], eps)
+            router_act = self._prepare(rmsnorm(x, self.w[p + "router_norm"], eps))
+            moe_act = self._prepare(rmsnorm(x, self.w[p + "moe_norm"], eps))
+            moe = rmsnorm(self._moe(layer, moe_act, router_act), self.w[p + "post_moe_norm"], eps)
+            down = dense + moe
+        elif s.moe_layers and s.moe_layers[layer]:
             down = self._moe(layer, act)
         else:
             down = self._gated_ffn(p, act, s.mlp_bias)

@@ -166,6 +166,7 @@ class MemoryReport:
     # The self-test's share of the linked firmware (code, rodata, ram bytes) and whether it runs at
     # boot; None: planned only
     selftest: dict[str, Any] | None = None
+    per_layer_inputs: dict[str, Any] | None = None  # Gemma 4: Plan.per_layer_inputs_report()
     held: str | None = None  # Plan.held_summary(): tensors kept as the checkpoint holds them
     kv_type: str = "f16"  # the KV cache type of this build
     kv_types: tuple[KvTypeRow, ...] = ()  # every type the model can take: bytes, largest context
@@ -211,6 +212,8 @@ class MemoryReport:
             out["linear_state"] = self.linear_state
         if self.selftest is not None:
             out["selftest"] = self.selftest
+        if self.per_layer_inputs is not None:
+            out["per_layer_inputs"] = self.per_layer_inputs
         return out
 
 
@@ -279,6 +282,7 @@ def _report(
         elf_sections=elf_sections,
         code_estimate=code_estimate,
         linear_state=plan.linear_state_report(),
+        per_layer_inputs=plan.per_layer_inputs_report(),
         held=plan.held_summary(),
         kv_type=plan.kv_type,
         kv_types=tuple(kv_types),
@@ -298,6 +302,8 @@ def format_report(rep: MemoryReport) -> str:
         lines.append(f"  {rep.kept_f32.summary}")
     if rep.linear_state:
         lines.append(f"  {rep.linear_state['summary']}")
+    if rep.per_layer_inputs:
+        lines.append(f"  {rep.per_layer_inputs['summary']}")
     if rep.held:
         lines.append(f"  {rep.held}")
     if rep.gguf:

@@ -263,7 +263,89 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=False,
         ),
     ),
+    # Gemma 4 text: sliding layers (window 4, head_dim 16, 2 KV heads) and global layers (head_dim 32,
+    # 1 KV head, keys equal to values, proportional RoPE over a quarter of the pairs), per-layer
+    # inputs 32 wide, norms scaling by w, learned layer scalars, the final softcap.
+    "gemma4_text": (
+        "Gemma4TextConfig",
+        "Gemma4ForCausalLM",
+        dict(
+            vocab_size=262,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            global_head_dim=32,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            sliding_window=4,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            hidden_size_per_layer_input=32,
+            vocab_size_per_layer_input=262,
+            final_logit_softcapping=30.0,
+            max_position_embeddings=128,
+        ),
+    ),
+    # Gemma 4's MoE block (the 26B-A4B's shape, small): the dense FFN beside 8 experts top-2 with
+    # their router norm and per-expert scales; k_eq_v global layers; no per-layer inputs; untied.
+    "gemma4_moe": (
+        "Gemma4TextConfig",
+        "Gemma4ForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            global_head_dim=32,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            hidden_size_per_layer_input=0,
+            enable_moe_block=True,
+            num_experts=8,
+            top_k_experts=2,
+            moe_intermediate_size=32,
+            final_logit_softcapping=30.0,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Gemma 4 E2B-style: the last 2 of 6 layers share the keys and values of the last earlier layer
+    # of their type (layer 4 layer 3's, layer 5 layer 2's), with FFNs twice as wide; no k_eq_v (the
+    # global layers have their own values and 2 KV heads of 32); per-layer inputs 32 wide.
+    "gemma4_kv_shared": (
+        "Gemma4TextConfig",
+        "Gemma4ForCausalLM",
+        dict(
+            vocab_size=262,
+            hidden_size=64,
+            intermediate_size=64,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            global_head_dim=32,
+            attention_k_eq_v=False,
+            num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
+            sliding_window=4,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+            hidden_size_per_layer_input=32,
+            vocab_size_per_layer_input=262,
+            final_logit_softcapping=30.0,
+            max_position_embeddings=128,
+        ),
+    ),
 }
+# Learned scales that default to 1 (Gemma 4's layer scalars, router scale, per-expert scales):
+# randomised like the norms, so their paths are tested.
+SCALES = ("layer_scalar", "router.scale", "router.per_expert_scale")
 
 
 def make_checkpoint(
@@ -284,6 +366,9 @@ def make_checkpoint(
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn_like(p))
+        for name, b in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(SCALES):
+                b.copy_(1.0 + 0.2 * torch.randn_like(b))
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
@@ -327,6 +412,47 @@ def make_gemma3_multimodal(out: Path, seed: int = 7) -> Path:
         for name, p in model.named_parameters():
             if "norm" in name and "language_model" in name:
                 p.copy_(0.2 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return out
+
+
+def make_gemma4_multimodal(out: Path, seed: int = 7) -> Path:
+    """A tiny Gemma4ForConditionalGeneration: a one-layer vision tower beside the Gemma 4 text tower
+    of "gemma4_text" (its norms and layer scalars randomised as make_checkpoint does)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    text = transformers.Gemma4TextConfig(
+        initializer_range=0.1, bos_token_id=1, eos_token_id=2, **ORACLE_CONFIGS["gemma4_text"][2]
+    )
+    vision = transformers.Gemma4VisionConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        patch_size=16,
+        position_embedding_size=64,
+    )
+    config = transformers.Gemma4Config(
+        text_config=text,
+        vision_config=vision,
+        audio_config=None,
+        image_token_id=261,
+        boi_token_id=259,
+        eoi_token_id=260,
+        video_token_id=258,
+        boa_token_id=257,
+        eoa_token_index=256,
+        audio_token_id=255,
+    )
+    model = transformers.Gemma4ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in [*model.named_parameters(), *model.named_buffers()]:
+            if "language_model" in name and ("norm" in name or name.endswith(SCALES)):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
     model.save_pretrained(out)
     return out
 

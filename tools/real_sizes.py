@@ -66,6 +66,17 @@ def render() -> str:
                 f"{'yes' if rep.fits else '**no**'} | {over} | "
                 f"{'no limit' if largest is None else largest} |"
             )
+    lines += [
+        "",
+        "gemma-4-26b-a4b is the text tower of google/gemma-4-26B-A4B-it at its published shape (hidden 2816,",
+        "30 layers of which every sixth is global, 16 heads, 8 KV heads of 256 on sliding layers and 2 of 512",
+        "with keys equal to values on global ones, 128 experts top-8 of width 704 beside a dense FFN of 2112,",
+        "no per-layer inputs), as public Gemma 4 test fixtures reproduce its config.json; its context length",
+        "is transformers' Gemma4TextConfig default (131,072). gemma-4-e2b is google/gemma-4-E2B-it's text tower",
+        "the same way (hidden 1536, 35 layers of which every fifth is global, 1 KV head, the last 20 layers",
+        "sharing keys and values with FFNs twice 6144 wide, per-layer inputs 256 wide): its *weights* hold",
+        "the per-layer input table (262,144 x 35 x 256 values), read one row per token and never in RAM.",
+    ]
     lines += moe_budgets()
     lines += [
         "",

@@ -10,7 +10,6 @@
 #include "ops.h"
 #include "parallel.h"
 
-#define GROUP (COLIBRI_N_HEADS / COLIBRI_N_KV_HEADS) /* query heads per KV head */
 #define ATTENTION_MIN_MACS 32768                    /* below this a block's attention stays on one thread */
 
 _Static_assert(COLIBRI_ATTENTION_BLOCK >= 1 && COLIBRI_ATTENTION_BLOCK <= COLIBRI_PREFILL_BATCH, "attention block");
@@ -25,39 +24,63 @@ _Static_assert(COLIBRI_SCRATCH_ATT_BYTES == 4ull * COLIBRI_ATTENTION_BLOCK * COL
 #define VALUE_SCALES NULL
 #endif
 
-/* Where a layer's cache keeps KV head g's key (or value) of ring slot `slot`, in values: a layer's
- * part of each arena is [KV head][slot][HEAD_DIM], so one KV head's positions are one contiguous
- * stream (read once per token, front to back, as the weights are). */
-static int64_t kv_at(int layer, int g, int slot)
+/* A layer's attention geometry: its head width and KV heads (Gemma 4's global layers differ from
+ * its sliding ones) and the layer whose cache it keeps or reads (itself, or a Gemma 4 KV-sharing
+ * layer's source, whose ring and offsets are the ones to use). */
+typedef struct {
+    int hd;       /* head width */
+    int kv_heads; /* key/value heads */
+    int group;    /* query heads per KV head */
+    int q_dim;    /* a token's queries (and outputs): N_HEADS x hd */
+    int kv_dim;   /* a token's keys (or values): kv_heads x hd */
+    int cache;    /* the layer whose part of the arenas holds the keys and values */
+} Geometry;
+
+static Geometry geometry(int layer)
 {
-    return colibri_kv_offset[layer] + ((int64_t)g * colibri_kv_slots[layer] + slot) * COLIBRI_HEAD_DIM;
+    Geometry g;
+    g.hd = colibri_layer_head_dim[layer];
+    g.kv_heads = colibri_layer_kv_heads[layer];
+    g.group = COLIBRI_N_HEADS / g.kv_heads;
+    g.q_dim = COLIBRI_N_HEADS * g.hd;
+    g.kv_dim = g.kv_heads * g.hd;
+    g.cache = colibri_layer_kv_source[layer];
+    return g;
+}
+
+/* Where a layer's cache keeps KV head g's key (or value) of ring slot `slot`, in values: a layer's
+ * part of each arena is [KV head][slot][head width], so one KV head's positions are one contiguous
+ * stream (read once per token, front to back, as the weights are). */
+static int64_t kv_at(const Geometry *geo, int g, int slot)
+{
+    return colibri_kv_offset[geo->cache] + ((int64_t)g * colibri_kv_slots[geo->cache] + slot) * geo->hd;
 }
 
 /* One token's KV_DIM keys or values into the cache at ring slot `slot`, rounded to the cache's type
  * (kernels.h: kernel_round_f16, kernel_round_q8_0; head widths are whole q8_0 blocks). */
-static void store_row(ColibriKvValue *cache, uint16_t *scales, int layer, int slot, const float *x)
+static void store_row(ColibriKvValue *cache, uint16_t *scales, const Geometry *geo, int slot, const float *x)
 {
-    for (int g = 0; g < COLIBRI_N_KV_HEADS; g++) {
-        const int64_t at = kv_at(layer, g, slot);
-        const float *head = x + (int64_t)g * COLIBRI_HEAD_DIM;
+    for (int g = 0; g < geo->kv_heads; g++) {
+        const int64_t at = kv_at(geo, g, slot);
+        const float *head = x + (int64_t)g * geo->hd;
 #if COLIBRI_KV_TYPE == COLIBRI_KV_F32
         (void)scales;
-        memcpy(cache + at, head, COLIBRI_HEAD_DIM * sizeof(float));
+        memcpy(cache + at, head, (size_t)geo->hd * sizeof(float));
 #elif COLIBRI_KV_TYPE == COLIBRI_KV_F16
         (void)scales;
-        kernel_round_f16(cache + at, head, COLIBRI_HEAD_DIM);
+        kernel_round_f16(cache + at, head, geo->hd);
 #else
-        kernel_round_q8_0(cache + at, scales + at / KERNEL_QK, head, COLIBRI_HEAD_DIM);
+        kernel_round_q8_0(cache + at, scales + at / KERNEL_QK, head, geo->hd);
 #endif
     }
 }
 
 /* Slots slot .. slot + count - 1 of KV head g in a layer's keys or values, as float32 rows
  * HEAD_DIM apart: the cache itself (f32), or widened exactly into `tile`. */
-static const float *kv_rows(const ColibriKvValue *cache, const uint16_t *scales, int layer, int slot, int count,
-                            int g, float *tile)
+static const float *kv_rows(const ColibriKvValue *cache, const uint16_t *scales, const Geometry *geo, int slot,
+                            int count, int g, float *tile)
 {
-    const int64_t first = kv_at(layer, g, slot);
+    const int64_t first = kv_at(geo, g, slot);
 #if COLIBRI_KV_TYPE == COLIBRI_KV_F32
     (void)scales;
     (void)count;
@@ -65,10 +88,10 @@ static const float *kv_rows(const ColibriKvValue *cache, const uint16_t *scales,
     return cache + first;
 #elif COLIBRI_KV_TYPE == COLIBRI_KV_F16
     (void)scales;
-    kernel_widen_f16(tile, cache + first, count * COLIBRI_HEAD_DIM);
+    kernel_widen_f16(tile, cache + first, count * geo->hd);
     return tile;
 #else
-    kernel_widen_q8_0(tile, cache + first, scales + first / KERNEL_QK, count * COLIBRI_HEAD_DIM);
+    kernel_widen_q8_0(tile, cache + first, scales + first / KERNEL_QK, count * geo->hd);
     return tile;
 #endif
 }
@@ -83,10 +106,11 @@ static int32_t first_seen(int32_t p, int32_t window)
 typedef struct {
     const ColibriBuffers *b;
     int layer;
+    Geometry geo;
     int32_t pos;        /* the block's first token's position */
     int n;              /* tokens in the block */
-    const float *q;     /* [n][Q_DIM] their queries */
-    float *out;         /* [n][Q_DIM] their attention outputs */
+    const float *q;     /* [n][geo.q_dim] their queries */
+    float *out;         /* [n][geo.q_dim] their attention outputs */
     const float *sinks; /* [N_HEADS] each head's sink logit (gpt-oss), or NULL */
 } AttentionJob;
 
@@ -94,19 +118,20 @@ typedef struct {
  * query token a takes, of each tile, the positions in its own range [first_seen, its position]. */
 static void over_tiles(const AttentionJob *j, int g, int in_keys)
 {
-    const int layer = j->layer;
-    const int32_t window = colibri_layer_window[layer];
-    const int32_t slots = colibri_kv_slots[layer];
+    const Geometry *geo = &j->geo;
+    const int32_t window = colibri_layer_window[j->layer];
+    const int32_t slots = colibri_kv_slots[geo->cache];
     const int32_t last = j->pos + j->n - 1;
-    float *tile = j->b->kv_tile != NULL ? j->b->kv_tile + (int64_t)g * COLIBRI_KV_TILE * COLIBRI_HEAD_DIM : NULL;
+    const int hd = geo->hd, group = geo->group;
+    float *tile = j->b->kv_tile != NULL ? j->b->kv_tile + (int64_t)g * COLIBRI_KV_TILE * hd : NULL;
     for (int32_t t0 = first_seen(j->pos, window); t0 <= last;) {
         const int slot = t0 % slots;
         int count = last - t0 + 1;
         count = count < COLIBRI_KV_TILE ? count : COLIBRI_KV_TILE;
         count = count < slots - slot ? count : slots - slot; /* a tile never wraps the ring */
-        const int stride = COLIBRI_HEAD_DIM;
-        const float *rows = in_keys ? kv_rows(colibri_key_cache, KEY_SCALES, layer, slot, count, g, tile)
-                                    : kv_rows(colibri_value_cache, VALUE_SCALES, layer, slot, count, g, tile);
+        const int stride = hd;
+        const float *rows = in_keys ? kv_rows(colibri_key_cache, KEY_SCALES, geo, slot, count, g, tile)
+                                    : kv_rows(colibri_value_cache, VALUE_SCALES, geo, slot, count, g, tile);
         for (int a = 0; a < j->n; a++) {
             const int32_t p = j->pos + a;
             const int32_t start = first_seen(p, window);
@@ -115,15 +140,14 @@ static void over_tiles(const AttentionJob *j, int g, int in_keys)
             if (hi < lo) {
                 continue;
             }
-            float *att = j->b->att + ((int64_t)a * COLIBRI_N_HEADS + g * GROUP) * COLIBRI_N_CTX + (lo - start);
-            const int64_t head = (int64_t)a * COLIBRI_Q_DIM + (int64_t)g * GROUP * COLIBRI_HEAD_DIM;
+            float *att = j->b->att + ((int64_t)a * COLIBRI_N_HEADS + g * group) * COLIBRI_N_CTX + (lo - start);
+            const int64_t head = (int64_t)a * geo->q_dim + (int64_t)g * group * hd;
             const float *from = rows + (int64_t)(lo - t0) * stride;
             if (in_keys) {
-                kernel_attention_scores(att, COLIBRI_N_CTX, j->q + head, COLIBRI_HEAD_DIM, GROUP, from, stride,
-                                        hi - lo + 1, COLIBRI_HEAD_DIM, COLIBRI_ATTN_SCALE);
+                kernel_attention_scores(att, COLIBRI_N_CTX, j->q + head, hd, group, from, stride, hi - lo + 1, hd,
+                                        COLIBRI_ATTN_SCALE);
             } else {
-                kernel_attention_mix(j->out + head, COLIBRI_HEAD_DIM, att, COLIBRI_N_CTX, GROUP, from, stride,
-                                     hi - lo + 1, COLIBRI_HEAD_DIM);
+                kernel_attention_mix(j->out + head, hd, att, COLIBRI_N_CTX, group, from, stride, hi - lo + 1, hd);
             }
         }
         t0 += count;
@@ -136,20 +160,21 @@ static void attend_kv_heads(void *ctx, int g_begin, int g_end)
 {
     const AttentionJob *j = ctx;
     const int32_t window = colibri_layer_window[j->layer];
+    const int hd = j->geo.hd, group = j->geo.group;
     for (int g = g_begin; g < g_end; g++) {
         over_tiles(j, g, 1);
         for (int a = 0; a < j->n; a++) {
             const int32_t p = j->pos + a;
             const int n_seen = p - first_seen(p, window) + 1;
-            for (int h = g * GROUP; h < (g + 1) * GROUP; h++) {
+            for (int h = g * group; h < (g + 1) * group; h++) {
                 float *att = j->b->att + ((int64_t)a * COLIBRI_N_HEADS + h) * COLIBRI_N_CTX;
                 if (j->sinks != NULL) {
                     op_softmax_with_sink(att, n_seen, j->sinks[h]);
                 } else {
                     kernel_softmax(att, n_seen);
                 }
-                float *out = j->out + (int64_t)a * COLIBRI_Q_DIM + (int64_t)h * COLIBRI_HEAD_DIM;
-                for (int i = 0; i < COLIBRI_HEAD_DIM; i++) {
+                float *out = j->out + (int64_t)a * j->geo.q_dim + (int64_t)h * hd;
+                for (int i = 0; i < hd; i++) {
                     out[i] = -0.0f; /* each value sum starts from -0.0f, which its first term replaces */
                 }
             }
@@ -160,24 +185,26 @@ static void attend_kv_heads(void *ctx, int g_begin, int g_end)
 
 void attention_layer(const ColibriBuffers *b, int layer, int32_t pos, int n, const float *sinks)
 {
+    const Geometry geo = geometry(layer);
+    const int32_t slots = colibri_kv_slots[geo.cache];
     /* A sliding layer whose ring holds only its window attends token by token, right after each
      * token's keys and values enter: a block's later keys would overwrite positions its earlier
-     * tokens still see. */
-    const int block = colibri_kv_slots[layer] < COLIBRI_N_CTX ? 1 : COLIBRI_ATTENTION_BLOCK;
+     * tokens still see. A KV-sharing layer stores nothing: its source stored these positions. */
+    const int block = slots < COLIBRI_N_CTX ? 1 : COLIBRI_ATTENTION_BLOCK;
     for (int t0 = 0; t0 < n; t0 += block) {
         const int m = n - t0 < block ? n - t0 : block;
-        for (int t = t0; t < t0 + m; t++) {
-            const int slot = (pos + t) % colibri_kv_slots[layer];
-            store_row(colibri_key_cache, KEY_SCALES, layer, slot, b->k + (int64_t)t * COLIBRI_KV_DIM);
-            store_row(colibri_value_cache, VALUE_SCALES, layer, slot, b->v + (int64_t)t * COLIBRI_KV_DIM);
+        for (int t = t0; geo.cache == layer && t < t0 + m; t++) {
+            const int slot = (pos + t) % slots;
+            store_row(colibri_key_cache, KEY_SCALES, &geo, slot, b->k + (int64_t)t * geo.kv_dim);
+            store_row(colibri_value_cache, VALUE_SCALES, &geo, slot, b->v + (int64_t)t * geo.kv_dim);
         }
-        AttentionJob job = {b, layer, pos + t0, m, b->q + (int64_t)t0 * COLIBRI_Q_DIM,
-                            b->attn_out + (int64_t)t0 * COLIBRI_Q_DIM, sinks};
-        const int64_t macs = 2 * (int64_t)COLIBRI_N_HEADS * (pos + t0 + m) * COLIBRI_HEAD_DIM * m;
+        AttentionJob job = {b, layer, geo, pos + t0, m, b->q + (int64_t)t0 * geo.q_dim,
+                            b->attn_out + (int64_t)t0 * geo.q_dim, sinks};
+        const int64_t macs = 2 * (int64_t)COLIBRI_N_HEADS * (pos + t0 + m) * geo.hd * m;
         if (macs < ATTENTION_MIN_MACS) {
-            attend_kv_heads(&job, 0, COLIBRI_N_KV_HEADS);
+            attend_kv_heads(&job, 0, geo.kv_heads);
         } else {
-            parallel_for(attend_kv_heads, &job, COLIBRI_N_KV_HEADS);
+            parallel_for(attend_kv_heads, &job, geo.kv_heads);
         }
     }
 }

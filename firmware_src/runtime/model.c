@@ -83,6 +83,19 @@ void colibri_buffers_init(ColibriBuffers *b)
     b->act_qs = NULL;
     b->act_d = NULL;
 #endif
+#if COLIBRI_PLE_DIM > 0
+    b->ple = (float *)(s + COLIBRI_SCRATCH_PLE_OFFSET);
+    b->ple_gate = (float *)(s + COLIBRI_SCRATCH_PLE_GATE_OFFSET);
+    b->ple_row = (float *)(s + COLIBRI_SCRATCH_PLE_ROW_OFFSET);
+#else
+    b->ple = b->ple_gate = b->ple_row = NULL;
+#endif
+#if COLIBRI_MOE_BESIDE_DENSE
+    b->dense_out = (float *)(s + COLIBRI_SCRATCH_DENSE_OUT_OFFSET);
+    b->router_in = (float *)(s + COLIBRI_SCRATCH_ROUTER_IN_OFFSET);
+#else
+    b->dense_out = b->router_in = NULL;
+#endif
 }
 
 /* The input of one or more matrix products: n_tok rows of `cols` floats and, when the model has
@@ -246,11 +259,11 @@ static void linear(float *out, const MatmulInput *in, const ColibriMatrix *w, co
 
 #if READS_KEPT_BLOCKS
 /* A kept GGUF type's embedding row: each 32-value block unpacked, its values scale * q (+ offset). */
-static void embed_blocks(float *x, const ColibriMatrix *m, int32_t token, int64_t row_bytes,
+static void embed_blocks(float *x, const ColibriMatrix *m, int32_t token, int cols, int64_t row_bytes,
                          void (*unpack)(const uint8_t *, int, KernelUnpacked *), int affine)
 {
     const uint8_t *row = block_row(m, token, row_bytes);
-    for (int b = 0; b < COLIBRI_DIM / KERNEL_QK; b++) {
+    for (int b = 0; b < cols / KERNEL_QK; b++) {
         KernelUnpacked u;
         unpack(row, b, &u);
         for (int l = 0; l < KERNEL_QK; l++) {
@@ -260,14 +273,16 @@ static void embed_blocks(float *x, const ColibriMatrix *m, int32_t token, int64_
 }
 #endif
 
-static void embed(float *x, const ColibriMatrix *m, int32_t token)
+/* Row `token` of an embedding table of `cols` values a row (embed, ple_embed), as floats: only that
+ * row is read (on an MCU it stays in flash). */
+static void table_row(float *x, const ColibriMatrix *m, int32_t token, int cols)
 {
-    const int64_t first_scale = (int64_t)token * (COLIBRI_DIM / KERNEL_QK);
+    const int64_t first_scale = (int64_t)token * (cols / KERNEL_QK);
     switch (m->dtype) {
 #if COLIBRI_READS_Q4_0
     case COLIBRI_DTYPE_Q4_0: {
-        const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (COLIBRI_DIM / 2);
-        for (int i = 0; i < COLIBRI_DIM; i++) {
+        const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (cols / 2);
+        for (int i = 0; i < cols; i++) {
             const int b = i / KERNEL_QK;
             x[i] = (float)kernel_q4_0_value(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * kernel_half_to_float(m->d[first_scale + b]);
         }
@@ -276,8 +291,8 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
 #endif
 #if COLIBRI_READS_Q4_1
     case COLIBRI_DTYPE_Q4_1: { /* (float)q * d + m: a product, then a sum (docs/numerics.md) */
-        const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (COLIBRI_DIM / 2);
-        for (int i = 0; i < COLIBRI_DIM; i++) {
+        const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (cols / 2);
+        for (int i = 0; i < cols; i++) {
             const int b = i / KERNEL_QK;
             x[i] = (float)kernel_q4_1_quant(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * kernel_half_to_float(m->d[first_scale + b]) +
                    kernel_half_to_float(m->m[first_scale + b]);
@@ -287,65 +302,70 @@ static void embed(float *x, const ColibriMatrix *m, int32_t token)
 #endif
 #if COLIBRI_READS_Q5_0
     case COLIBRI_DTYPE_Q5_0:
-        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES, kernel_q5_0_unpack, 0);
+        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES, kernel_q5_0_unpack, 0);
         break;
 #endif
 #if COLIBRI_READS_Q5_1
     case COLIBRI_DTYPE_Q5_1:
-        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES, kernel_q5_1_unpack, 1);
+        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES, kernel_q5_1_unpack, 1);
         break;
 #endif
 #if COLIBRI_READS_Q4_K
     case COLIBRI_DTYPE_Q4_K:
-        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES, kernel_q4_k_unpack, 1);
+        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES, kernel_q4_k_unpack, 1);
         break;
 #endif
 #if COLIBRI_READS_Q5_K
     case COLIBRI_DTYPE_Q5_K:
-        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES, kernel_q5_k_unpack, 1);
+        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES, kernel_q5_k_unpack, 1);
         break;
 #endif
 #if COLIBRI_READS_Q6_K
     case COLIBRI_DTYPE_Q6_K:
-        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES, kernel_q6_k_unpack, 0);
+        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES, kernel_q6_k_unpack, 0);
         break;
 #endif
 #if COLIBRI_READS_Q3_K
     case COLIBRI_DTYPE_Q3_K:
-        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES, kernel_q3_k_unpack, 0);
+        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES, kernel_q3_k_unpack, 0);
         break;
 #endif
 #if COLIBRI_READS_Q2_K
     case COLIBRI_DTYPE_Q2_K:
-        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES, kernel_q2_k_unpack, 1);
+        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES, kernel_q2_k_unpack, 1);
         break;
 #endif
 #if COLIBRI_READS_IQ4_NL
     case COLIBRI_DTYPE_IQ4_NL:
-        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES, kernel_iq4_nl_unpack, 0);
+        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES, kernel_iq4_nl_unpack, 0);
         break;
 #endif
 #if COLIBRI_READS_IQ4_XS
     case COLIBRI_DTYPE_IQ4_XS:
-        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES, kernel_iq4_xs_unpack, 0);
+        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES, kernel_iq4_xs_unpack, 0);
         break;
 #endif
 #if COLIBRI_READS_MXFP4
     case COLIBRI_DTYPE_MXFP4:
-        embed_blocks(x, m, token, (int64_t)(COLIBRI_DIM / KERNEL_MXFP4_VALUES) * KERNEL_MXFP4_BYTES, kernel_mxfp4_unpack, 0);
+        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_MXFP4_VALUES) * KERNEL_MXFP4_BYTES, kernel_mxfp4_unpack, 0);
         break;
 #endif
     case COLIBRI_DTYPE_Q8_0: {
-        const int8_t *qs = (const int8_t *)m->w + (int64_t)token * COLIBRI_DIM;
-        for (int i = 0; i < COLIBRI_DIM; i++) {
+        const int8_t *qs = (const int8_t *)m->w + (int64_t)token * cols;
+        for (int i = 0; i < cols; i++) {
             x[i] = (float)qs[i] * kernel_half_to_float(m->d[first_scale + i / KERNEL_QK]);
         }
         break;
     }
     default:
-        memcpy(x, (const float *)m->w + (int64_t)token * COLIBRI_DIM, COLIBRI_DIM * sizeof(float));
+        memcpy(x, (const float *)m->w + (int64_t)token * cols, (size_t)cols * sizeof(float));
         break;
     }
+}
+
+static void embed(float *x, const ColibriMatrix *m, int32_t token)
+{
+    table_row(x, m, token, COLIBRI_DIM);
     if (COLIBRI_EMBED_SCALE != 1.0f) {
         for (int i = 0; i < COLIBRI_DIM; i++) {
             x[i] = x[i] * COLIBRI_EMBED_SCALE;
@@ -415,11 +435,14 @@ static void top_k(const float *scores, int n, int32_t *ids, int k)
  * are routed one at a time; the first slot of the per-token buffers is its workspace. The experts
  * come from runtime/expert_cache.c (in place, or from slots under a memory budget: the same bytes),
  * each computed as soon as it is there; with `guess`, the next MoE layer's router is applied to
- * this token's xn and its top k are prefetched while this layer computes. Returns COLIBRI_OK or the cache's error code. */
-static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const float *xn, float *out, int guess)
+ * this token's xn and its top k are prefetched while this layer computes. The router reads
+ * router_in where given (Gemma 4: its own norm of the residual), else xn; Gemma 4's routing weights
+ * are then multiplied by their expert's learned scale. Returns COLIBRI_OK or the cache's error code. */
+static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const float *xn, float *out, int guess,
+                   const float *router_in)
 {
     const ColibriLayerWeights *lw = &w->layers[layer];
-    const MatmulInput in = matmul_input(b, xn, 1, COLIBRI_DIM);
+    const MatmulInput in = matmul_input(b, router_in != NULL ? router_in : xn, 1, COLIBRI_DIM);
     linear(b->router_logits, &in, &lw->router, lw->router_bias, COLIBRI_N_EXPERTS);
     if (!COLIBRI_ROUTER_TOPK_THEN_SOFTMAX) {
         op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
@@ -439,6 +462,11 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
         }
         for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
             b->expert_weights[k] = b->expert_weights[k] / sum;
+        }
+    }
+    if (lw->expert_scale != NULL) {
+        for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
+            b->expert_weights[k] = b->expert_weights[k] * lw->expert_scale[b->expert_ids[k]];
         }
     }
     int status = colibri_experts_acquire(w, layer, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN);
@@ -507,26 +535,38 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
 }
 #endif
 
-/* Queries and keys of one token at position pos: optional per-head RMSNorm, then RoPE. */
-static void position_qk(const ColibriLayerWeights *lw, int layer, int32_t pos, float *q, float *k)
+/* A layer's keys (or values) of one position: its KV heads times its head width. */
+static int layer_kv_dim(int layer)
+{
+    return colibri_layer_kv_heads[layer] * colibri_layer_head_dim[layer];
+}
+
+/* Queries, keys and values of one token at position pos: optional per-head RMSNorm of the queries
+ * and keys, then RoPE (the layer's pairs: its table's row holds them first); with V_NORM the
+ * values' unweighted RMSNorm (Gemma 4). k and v NULL: the queries only (a KV-sharing layer). */
+static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, float *q, float *k, float *v)
 {
     const float eps = COLIBRI_RMS_NORM_EPS;
+    const int hd = colibri_layer_head_dim[layer], half = colibri_layer_rope_half[layer];
     const int64_t rope_row = ((int64_t)colibri_layer_rope[layer] * COLIBRI_N_CTX + pos) * COLIBRI_ROPE_HALF;
     const float *cos = colibri_rope_cos + rope_row;
     const float *sin = colibri_rope_sin + rope_row;
     for (int h = 0; h < COLIBRI_N_HEADS; h++) {
-        float *qh = q + h * COLIBRI_HEAD_DIM;
+        float *qh = q + h * hd;
         if (lw->q_norm != NULL) {
-            op_rmsnorm(qh, qh, lw->q_norm, COLIBRI_HEAD_DIM, eps);
+            op_rmsnorm(qh, qh, lw->q_norm, hd, eps);
         }
-        op_rope(qh, cos, sin, COLIBRI_ROPE_HALF);
+        op_rope(qh, cos, sin, half);
     }
-    for (int h = 0; h < COLIBRI_N_KV_HEADS; h++) {
-        float *kh = k + h * COLIBRI_HEAD_DIM;
+    for (int h = 0; k != NULL && h < colibri_layer_kv_heads[layer]; h++) {
+        float *kh = k + h * hd;
         if (lw->k_norm != NULL) {
-            op_rmsnorm(kh, kh, lw->k_norm, COLIBRI_HEAD_DIM, eps);
+            op_rmsnorm(kh, kh, lw->k_norm, hd, eps);
         }
-        op_rope(kh, cos, sin, COLIBRI_ROPE_HALF);
+        op_rope(kh, cos, sin, half);
+        if (COLIBRI_V_NORM) {
+            op_rmsnorm_unscaled(v + h * hd, v + h * hd, hd, eps);
+        }
     }
 }
 
@@ -575,6 +615,83 @@ static void linear_attention(ColibriBuffers *b, const ColibriLayerWeights *lw, i
 }
 #endif
 
+#if COLIBRI_PLE_DIM > 0
+#define PLE_ROW (COLIBRI_N_LAYERS * COLIBRI_PLE_DIM) /* one token's per-layer inputs, every layer's slice */
+
+/* Gemma 4's per-layer inputs of the n tokens (their scaled embeddings in b->x) into b->ple: for each,
+ * (norm(ple_model_proj x / sqrt(DIM)) + ple_embed[token] * sqrt(PLE_DIM)) / sqrt(2), the norm per
+ * layer slice; of the large ple_embed table only the token's row is read. */
+static void per_layer_inputs(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n)
+{
+    const MatmulInput x = matmul_input(b, b->x, n, COLIBRI_DIM);
+    linear(b->ple, &x, &w->ple_model_proj, NULL, PLE_ROW);
+    for (int t = 0; t < n; t++) {
+        float *ple = b->ple + (int64_t)t * PLE_ROW;
+        table_row(b->ple_row, &w->ple_embed, tokens[t], PLE_ROW);
+        for (int i = 0; i < PLE_ROW; i++) {
+            ple[i] = ple[i] * COLIBRI_PLE_PROJ_SCALE;
+        }
+        for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
+            float *slice = ple + l * COLIBRI_PLE_DIM;
+            op_rmsnorm(slice, slice, w->ple_proj_norm, COLIBRI_PLE_DIM, COLIBRI_RMS_NORM_EPS);
+        }
+        for (int i = 0; i < PLE_ROW; i++) {
+            ple[i] = (ple[i] + b->ple_row[i] * COLIBRI_PLE_SCALE) * COLIBRI_PLE_MIX_SCALE;
+        }
+    }
+}
+
+/* A layer's per-layer input into the residual of the n tokens: x += norm(ple_proj(gelu_tanh(ple_gate x)
+ * * the token's slice of the layer)). */
+static void per_layer_block(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int n)
+{
+    const MatmulInput x = matmul_input(b, b->x, n, COLIBRI_DIM);
+    linear(b->ple_gate, &x, &lw->ple_gate, NULL, COLIBRI_PLE_DIM);
+    for (int t = 0; t < n; t++) {
+        float *g = b->ple_gate + (int64_t)t * COLIBRI_PLE_DIM;
+        const float *slice = b->ple + (int64_t)t * PLE_ROW + layer * COLIBRI_PLE_DIM;
+        for (int i = 0; i < COLIBRI_PLE_DIM; i++) {
+            g[i] = op_gelu_tanh(g[i]) * slice[i];
+        }
+    }
+    const MatmulInput gated = matmul_input(b, b->ple_gate, n, COLIBRI_PLE_DIM);
+    linear(b->proj, &gated, &lw->ple_proj, NULL, COLIBRI_DIM);
+    residual_add(b, lw->ple_norm, n);
+}
+#endif
+
+#if COLIBRI_MOE_BESIDE_DENSE
+/* Gemma 4's MoE block on the n tokens (b->xn: the residual through ffn_norm) into b->proj: the dense
+ * FFN normed by post_dense_norm, plus the experts normed by post_moe_norm; the router reads the
+ * residual through router_norm, the experts through moe_norm. */
+static int gemma4_moe_block(const ColibriWeights *w, ColibriBuffers *b, int layer, int n)
+{
+    const ColibriLayerWeights *lw = &w->layers[layer];
+    const float eps = COLIBRI_RMS_NORM_EPS;
+    gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, NULL, NULL, NULL, b->xn, n, colibri_layer_ffn_dim[layer]);
+    for (int t = 0; t < n; t++) {
+        op_rmsnorm(b->dense_out + (int64_t)t * COLIBRI_DIM, b->proj + (int64_t)t * COLIBRI_DIM, lw->post_dense_norm,
+                   COLIBRI_DIM, eps);
+    }
+    for (int t = 0; t < n; t++) {
+        const float *x = b->x + (int64_t)t * COLIBRI_DIM;
+        float *xn = b->xn + (int64_t)t * COLIBRI_DIM; /* the dense FFN is done with it */
+        float *moe = b->moe_out + (int64_t)t * COLIBRI_DIM;
+        op_rmsnorm(b->router_in, x, lw->router_norm, COLIBRI_DIM, eps);
+        op_rmsnorm(xn, x, lw->moe_norm, COLIBRI_DIM, eps);
+        int status = moe_ffn(w, b, layer, xn, moe, n == 1, b->router_in);
+        if (status != 0) {
+            return status;
+        }
+        op_rmsnorm(moe, moe, lw->post_moe_norm, COLIBRI_DIM, eps);
+    }
+    for (int64_t i = 0; i < (int64_t)n * COLIBRI_DIM; i++) {
+        b->proj[i] = b->dense_out[i] + b->moe_out[i];
+    }
+    return 0;
+}
+#endif
+
 int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos,
                     int want_logits)
 {
@@ -586,6 +703,9 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
     for (int t = 0; t < n; t++) {
         embed(b->x + (int64_t)t * COLIBRI_DIM, &w->embed, tokens[t]);
     }
+#if COLIBRI_PLE_DIM > 0
+    per_layer_inputs(w, b, tokens, n);
+#endif
 
     for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
         const ColibriLayerWeights *lw = &w->layers[l];
@@ -600,23 +720,37 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         } else
 #endif
         {
+            /* A layer's widths: Gemma 4's global layers have wider heads and fewer KV heads. */
+            const int q_dim = COLIBRI_N_HEADS * colibri_layer_head_dim[l], kv_dim = layer_kv_dim(l);
+            /* A Gemma 4 KV-sharing layer makes queries only and attends over its source's cache,
+             * which that earlier layer has filled for these positions. */
+            const int own_kv = colibri_layer_kv_source[l] == l;
             const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
-            linear(b->q, &xn, &lw->wq, lw->bq, COLIBRI_Q_DIM);
-            linear(b->k, &xn, &lw->wk, lw->bk, COLIBRI_KV_DIM);
-            linear(b->v, &xn, &lw->wv, lw->bv, COLIBRI_KV_DIM);
+            linear(b->q, &xn, &lw->wq, lw->bq, q_dim);
+            if (!own_kv) {
+            } else if (colibri_layer_k_eq_v[l]) { /* the values are the keys' projection, before its norm and RoPE */
+                linear(b->k, &xn, &lw->wk, lw->bk, kv_dim);
+                memcpy(b->v, b->k, (size_t)n * kv_dim * sizeof(float));
+            } else {
+                linear(b->k, &xn, &lw->wk, lw->bk, kv_dim);
+                linear(b->v, &xn, &lw->wv, lw->bv, kv_dim);
+            }
 #if COLIBRI_ATTN_OUTPUT_GATE
-            linear(b->q_gate, &xn, &lw->wq_gate, NULL, COLIBRI_Q_DIM);
+            linear(b->q_gate, &xn, &lw->wq_gate, NULL, q_dim);
 #endif
             for (int t = 0; t < n; t++) {
-                position_qk(lw, l, pos + t, b->q + (int64_t)t * COLIBRI_Q_DIM, b->k + (int64_t)t * COLIBRI_KV_DIM);
+                float *q = b->q + (int64_t)t * q_dim;
+                float *k = b->k + (int64_t)t * kv_dim;
+                float *v = b->v + (int64_t)t * kv_dim;
+                position_qkv(lw, l, pos + t, q, own_kv ? k : NULL, own_kv ? v : NULL);
             }
-            attention_layer(b, l, pos, n, lw->sinks); /* runtime/attention.c */
+            attention_layer(b, l, pos, n, lw->sinks); /* runtime/attention.c: the cache, then attention */
 #if COLIBRI_ATTN_OUTPUT_GATE
-            for (int64_t i = 0; i < (int64_t)n * COLIBRI_Q_DIM; i++) {
+            for (int64_t i = 0; i < (int64_t)n * q_dim; i++) {
                 b->attn_out[i] = b->attn_out[i] * op_sigmoid(b->q_gate[i]);
             }
 #endif
-            const MatmulInput attn_out = matmul_input(b, b->attn_out, n, COLIBRI_Q_DIM);
+            const MatmulInput attn_out = matmul_input(b, b->attn_out, n, q_dim);
             linear(b->proj, &attn_out, &lw->wo, lw->bo, COLIBRI_DIM);
         }
         residual_add(b, lw->post_attn_norm, n);
@@ -624,13 +758,21 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         /* Feed-forward block: a gated FFN, down(act(gate(x)) * up(x)) with act SiLU or GELU, or
          * on MoE layers a routed mixture of such FFNs, token by token. */
         normalize(b, lw->ffn_norm, n);
+#if COLIBRI_MOE_BESIDE_DENSE
+        if (colibri_layer_moe[l]) {
+            int status = gemma4_moe_block(w, b, l, n);
+            if (status != 0) {
+                return status;
+            }
+        } else
+#endif
 #if COLIBRI_N_EXPERTS > 0
         if (colibri_layer_moe[l]) {
             for (int t = 0; t < n; t++) {
                 /* Prefetch guesses only while decoding: in a prompt batch the next token's experts
                  * come before the next layer's. */
                 int status = moe_ffn(w, b, l, b->xn + (int64_t)t * COLIBRI_DIM, b->moe_out + (int64_t)t * COLIBRI_DIM,
-                                     n == 1);
+                                     n == 1, NULL);
                 if (status != 0) {
                     return status;
                 }
@@ -640,9 +782,17 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
 #endif
         {
             gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, lw->b_gate, lw->b_up, lw->b_down, b->xn, n,
-                      COLIBRI_FFN_DIM);
+                      colibri_layer_ffn_dim[l]);
         }
         residual_add(b, lw->post_ffn_norm, n);
+#if COLIBRI_PLE_DIM > 0
+        per_layer_block(b, lw, l, n);
+#endif
+#if COLIBRI_LAYER_SCALARS
+        for (int64_t i = 0; i < (int64_t)n * COLIBRI_DIM; i++) {
+            b->x[i] = b->x[i] * lw->layer_scalar[0];
+        }
+#endif
     }
     if (want_logits == COLIBRI_LOGITS_NONE) {
         return 0;

@@ -13,8 +13,8 @@
 typedef struct {
     float *x;        /* [BATCH][DIM] residual stream, per token of the batch */
     float *xn;       /* [BATCH][DIM] normalised input of the current block */
-    float *q;        /* [BATCH][Q_DIM] queries, heads side by side */
-    float *k;        /* [BATCH][KV_DIM] keys, before they are copied into the KV cache */
+    float *q;        /* [BATCH][Q_DIM] queries, heads side by side (MAX_Q_DIM: the widest layer's) */
+    float *k;        /* [BATCH][KV_DIM] keys, before they are copied into the KV cache (MAX_KV_DIM) */
     float *v;        /* [BATCH][KV_DIM] values, likewise */
     float *att;      /* [ATTENTION_BLOCK][N_HEADS][N_CTX] attention scores over the positions each query
                       * token of a block sees, then their softmax; a row per token and head */
@@ -51,6 +51,13 @@ typedef struct {
     float *lin_out;    /* [BATCH][LINEAR_VALUE_DIM] delta-rule output, gated-normed: the input of out_proj */
     float *lin_memory; /* [LINEAR_V_HEADS][LINEAR_V_DIM] each value head's state times its key: a row per
                         * head, as the heads run in parallel */
+    /* Per-layer inputs (Gemma 4; else NULL). */
+    float *ple;      /* [BATCH][N_LAYERS][PLE_DIM] every layer's per-layer input, made once per token */
+    float *ple_gate; /* [BATCH][PLE_DIM] a layer's gate, then times its slice: the input of ple_proj */
+    float *ple_row;  /* [N_LAYERS * PLE_DIM] one token's ple_embed row */
+    /* Gemma 4's MoE block (else NULL). */
+    float *dense_out; /* [BATCH][DIM] the dense FFN's normed output, beside the experts' */
+    float *router_in; /* [DIM] one token's router input */
 } ColibriBuffers;
 
 void colibri_buffers_init(ColibriBuffers *b);

@@ -89,6 +89,16 @@ void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
     }
 }
 
+void op_rmsnorm_unscaled(float *out, const float *x, int n, float eps)
+{
+    float ss = op_dot(x, x, n);
+    float mean = ss / (float)n;
+    float inv = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < n; i++) {
+        out[i] = x[i] * inv;
+    }
+}
+
 void op_softmax(float *x, int n)
 {
     float max = x[0];

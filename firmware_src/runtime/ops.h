@@ -65,6 +65,8 @@ float op_swiglu_clamped(float gate, float up, float alpha, float limit);
 float op_dot(const float *a, const float *b, int n);
 /* out[i] = (x[i] * (1 / sqrt(sum(x^2) / n + eps))) * w[i]; out may equal x. */
 void op_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* RMSNorm without a weight (Gemma 4's values): op_rmsnorm's bits with w = 1. */
+void op_rmsnorm_unscaled(float *out, const float *x, int n, float eps);
 /* In place: x[i] = exp(x[i] - max) / sum. */
 void op_softmax(float *x, int n);
 /* In place, softmax over x and one more logit, the sink, which is dropped: m = max(x, sink),

@@ -7,7 +7,8 @@ computes the same slot count from the constants this module's numbers are emitte
 (model_def.h: COLIBRI_BUDGET_FIXED_BYTES, COLIBRI_EXPERT_SLOT_BYTES, ...; runtime/expert_cache.c),
 so `report` and the check made before anything runs say exactly what the firmware will do.
 
-    resident   every byte of the image except the routed experts' tensors: header, directory,
+    resident   every byte of the image except the routed experts' tensors and Gemma 4's per-layer
+               input table (read one row per token through the mapping): header, directory,
                trailer, embeddings, attention, norms, routers, shared experts, dense layers
     fixed      resident + KV cache + scratch + RoPE tables + expanded weights + the board's
                budget_reserve (code, C library, stacks, the I/O thread)
@@ -80,7 +81,9 @@ def cache_constants(plan: Plan, reserve_bytes: int) -> CacheConstants:
     expert_bytes = max((g.stride for g in groups), default=0)
     # +1 block: an extent starting at any 64-byte boundary, read from the 4 KiB boundary below it.
     slot_bytes = align_up(expert_bytes, STORAGE_ALIGN) + STORAGE_ALIGN if groups else 0
-    resident = plan.image.image_bytes - sum(g.n_experts * g.stride for g in groups)
+    # Gemma 4's per-layer input table is read a row per token through the mapping: not held either.
+    table = plan.paged_table
+    resident = plan.image.image_bytes - sum(g.n_experts * g.stride for g in groups) - (table.nbytes if table else 0)
     fixed = (
         resident
         + plan.context_state_bytes

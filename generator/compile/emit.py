@@ -43,6 +43,18 @@ TEMPLATE_DIR = REPO / "templates"
 # gpt-oss's per-layer vectors: the heads' sink logits, the router's bias, every expert's biases.
 GPT_OSS_LAYER_VECTORS = ("sinks", "router_bias", "expert_b_gate", "expert_b_up", "expert_b_down")
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")
+# Gemma 4's per-layer parts: the per-layer input's gate and projection (matrices) and norm, the
+# layer scalar, the MoE block's norms (the router's with its folded scale) and per-expert scales.
+GEMMA4_LAYER_MATRICES = ("ple_gate", "ple_proj")
+GEMMA4_LAYER_VECTORS = (
+    "ple_norm",
+    "layer_scalar",
+    "post_dense_norm",
+    "router_norm",
+    "expert_scale",
+    "moe_norm",
+    "post_moe_norm",
+)
 
 
 def c_float(value) -> str:
@@ -104,6 +116,9 @@ def _bindings(spec, by_name: dict, layer_fields: list) -> tuple[list[dict], list
     """ColibriWeights' fields in order, each with the tensor it points at: matrices and vectors.
     Routed experts are bound from colibri_expert_groups (runtime/weights.c), not one by one."""
     matrices, vectors = [dict(field="embed", t=by_name["embed"])], []
+    if spec.ple_dim:
+        matrices += [dict(field=f, t=by_name[f]) for f in ("ple_embed", "ple_model_proj")]
+        vectors.append(dict(field="ple_proj_norm", t=by_name["ple_proj_norm"]))
     for i in range(spec.n_layers):
         for f in layer_fields:
             name = f"layers.{i}.{f['part']}"
@@ -187,9 +202,11 @@ def _placements(tensors: list[dict], groups: list[dict]) -> list[tuple[dict, dic
 
 def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = bytes(32)) -> dict:
     spec = plan.spec
-    tables = [rope.tables(r, spec.rotary_dim, plan.n_ctx) for r in plan.ropes]
-    cos = np.concatenate([c for c, _ in tables])
-    sin = np.concatenate([s_ for _, s_ in tables])
+    # Each table's rows padded to the widest table's half (Gemma 4's global layers rotate wider heads).
+    half = max(plan.rope_dims) // 2
+    tables = [rope.tables(r, dim, plan.n_ctx) for r, dim in zip(plan.ropes, plan.rope_dims)]
+    cos = np.concatenate([np.pad(c, ((0, 0), (0, half - c.shape[1])), constant_values=1.0) for c, _ in tables])
+    sin = np.concatenate([np.pad(s_, ((0, 0), (0, half - s_.shape[1]))) for _, s_ in tables])
     tensors = [
         dict(
             name=t.name,
@@ -239,8 +256,10 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         "post_ffn_norm",
         *LINEAR_LAYER_PARTS,
         *GPT_OSS_LAYER_VECTORS,
+        *GEMMA4_LAYER_MATRICES,
+        *GEMMA4_LAYER_VECTORS,
     ):
-        matrix = part.startswith("w") or part in LINEAR_LAYER_MATRICES
+        matrix = part.startswith("w") or part in LINEAR_LAYER_MATRICES or part in GEMMA4_LAYER_MATRICES
         layer_fields.append(
             dict(part=part, matrix=matrix, present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)])
         )
@@ -306,9 +325,18 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         weights_sha256_bytes=", ".join(f"0x{b:02x}" for b in weights_sha256),
         rms_norm_eps=c_float(spec.rms_norm_eps),
         attn_scale=c_float(spec.score_scale),
-        attn_scale_doc="1 / sqrt(query_pre_attn_scalar)" if spec.attn_scale else "1 / sqrt(HEAD_DIM)",
+        attn_scale_doc=(
+            "1: queries and keys are normalised"
+            if spec.attn_scale == 1.0
+            else "1 / sqrt(query_pre_attn_scalar)"
+            if spec.attn_scale
+            else "1 / sqrt(HEAD_DIM)"
+        ),
         embed_scale=c_float(spec.embed_scale),
         final_softcap=c_float(spec.final_softcap),
+        ple_scale=c_float(spec.ple_dim**0.5 if spec.ple_dim else 0.0),
+        ple_proj_scale=c_float(spec.hidden_size**-0.5),
+        ple_mix_scale=c_float(2.0**-0.5),
         gelu=spec.activation == "gelu_tanh",
         swiglu_clamped=spec.activation == "swiglu_clamped",
         swiglu_alpha=c_float(spec.swiglu_alpha),
@@ -319,7 +347,8 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
             for i, r in enumerate(plan.ropes)
         ],
         layer_rope=", ".join(str(i) for i in plan.layer_rope),
-        kv_slots=", ".join(str(n) for n in plan.kv_slots),
+        # (a KV-sharing layer attends over its source's ring: its slots and offset)
+        kv_slots=", ".join(str(plan.kv_slots[spec.kv_source(i)]) for i in range(spec.n_layers)),
         kv_offsets=", ".join(str(n) for n in plan.kv_offsets),
         kv_type_code={"f32": 0, "f16": 1, "q8_0": 2}[plan.kv_type],
         kv_ctype={"f32": "float", "f16": "uint16_t", "q8_0": "int8_t"}[plan.kv_type],
@@ -327,7 +356,13 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         moe=spec.n_experts > 0,
         layer_moe=", ".join("1" if m else "0" for m in (spec.moe_layers or (False,) * spec.n_layers)),
         moe_layer_indices=[i for i, m in enumerate(spec.moe_layers) if m],
-        rope_half=spec.rotary_dim // 2,
+        rope_half=max(plan.rope_dims) // 2,
+        layer_rope_half=", ".join(str(spec.layer_rotary_dim(i) // 2) for i in range(spec.n_layers)),
+        layer_head_dim=", ".join(str(spec.layer_head_dim(i)) for i in range(spec.n_layers)),
+        layer_kv_heads=", ".join(str(spec.layer_kv_heads(i)) for i in range(spec.n_layers)),
+        layer_k_eq_v=", ".join("1" if spec.layer_k_eq_v(i) else "0" for i in range(spec.n_layers)),
+        layer_kv_source=", ".join(str(spec.kv_source(i)) for i in range(spec.n_layers)),
+        layer_ffn_dim=", ".join(str(spec.layer_ffn_dim(i)) for i in range(spec.n_layers)),
         linear=any(spec.linear_layers),
         n_linear_layers=sum(spec.linear_layers),
         layer_linear=", ".join("1" if spec.is_linear(i) else "0" for i in range(spec.n_layers)),
@@ -364,7 +399,12 @@ def board_context(board) -> dict:
 def cache_context(plan: Plan, board) -> dict:
     """The expert cache's constants (compile/cache_plan.py): the firmware sizes its slots from a
     run-time budget with them, exactly as `report` and the check before a run do."""
-    return dict(cache=cache_constants(plan, board.budget_reserve), storage_align=STORAGE_ALIGN)
+    table = plan.paged_table
+    return dict(
+        cache=cache_constants(plan, board.budget_reserve),
+        storage_align=STORAGE_ALIGN,
+        paged_table=dict(offset=table.offset if table else 0, nbytes=table.nbytes if table else 0),
+    )
 
 
 def render(plan: Plan, model_hash: bytes, board, weights_sha256: bytes = bytes(32)) -> dict[str, str]:

@@ -215,6 +215,7 @@ class Plan:
     kv_offsets: tuple[int, ...]  # per layer: first float of its keys (or values) in the K (or V) arena
     kv_bytes: int  # K and V for all layers (values and, for q8_0, their binary16 block scales)
     ropes: tuple  # distinct RopeSpecs; layer_rope[i] indexes this
+    rope_dims: tuple[int, ...]  # the dims each table rotates (its rows hold the widest's half, padded)
     layer_rope: tuple[int, ...]
     rope_table_bytes: int  # cos + sin of every table
     max_input: int  # longest matrix row: the activation quantization buffer's length
@@ -239,7 +240,7 @@ class Plan:
     @property
     def kv_values(self) -> int:
         """Keys (or values) of all layers, in values: the K (or V) arena's length."""
-        return sum(self.kv_slots) * self.spec.kv_dim
+        return sum(slots * self.spec.layer_kv_dim(i) for i, slots in enumerate(self.kv_slots))
 
     @property
     def kv_scales(self) -> int:
@@ -279,6 +280,20 @@ class Plan:
             "grows_with_context": False,
             "summary": summary,
         }
+
+    def per_layer_inputs_report(self) -> dict | None:
+        """Gemma 4's per-layer input table as report shows it (None without one): its bytes, counted
+        with the weights (the image: flash on an MCU, the mapping on Linux), and the one row a token
+        reads of it."""
+        t = self.paged_table
+        if t is None:
+            return None
+        row = t.nbytes // t.rows
+        summary = (
+            f"per-layer inputs: ple_embed {t.dtype} [{t.rows} x {t.cols}] = {t.nbytes:,} B in the weight image, "
+            f"one row of {row:,} B read per token (not in RAM: never held under a memory budget)"
+        )
+        return {"tensor": t.name, "dtype": t.dtype, "bytes": t.nbytes, "row_bytes": row, "summary": summary}
 
     @property
     def context_state_bytes(self) -> int:
@@ -373,6 +388,12 @@ class Plan:
         """How the firmware reads q4_1 matrices (None for other quantizations): in place on every
         board (an int8 copy would not spare the minimums' part of the product)."""
         return "read in place by the q4_1 kernels" if self.quant == "q4_1" else None
+
+    @property
+    def paged_table(self) -> TensorEntry | None:
+        """Gemma 4's per-layer input table (ple_embed): read one row per token, so it stays where the
+        image is (flash on an MCU, the mapping on Linux, never held under a memory budget)."""
+        return self._tensor_by_name.get("ple_embed")
 
     @cached_property
     def _tensor_by_name(self) -> dict[str, TensorEntry]:
@@ -594,24 +615,29 @@ def make_plan(
     )
 
     d, v = spec.hidden_size, spec.vocab_size
-    f = max(spec.intermediate_size, spec.expert_intermediate_size, spec.shared_expert_intermediate_size)
-    max_input = max(d, spec.q_dim, f, spec.linear_value_dim)
+    f = max(
+        spec.intermediate_size,
+        spec.expert_intermediate_size,
+        spec.shared_expert_intermediate_size,
+        *(spec.layer_ffn_dim(i) for i in range(spec.n_layers)),
+    )
+    max_input = max(d, spec.max_q_dim, f, spec.linear_value_dim, spec.n_layers * spec.ple_dim)
     n = prefill_batch
     spec_tokens = speculation_tokens(spec, speculate_tokens, prefill_batch, n_ctx)
     attention_block = min(prefill_batch, ATTENTION_BLOCK)
     items = [
         ("x", "float", n * d, "residual stream, per token of the batch"),
         ("xn", "float", n * d, "normalised input of the current block, per token"),
-        ("q", "float", n * spec.q_dim, "queries, per token"),
-        ("k", "float", n * spec.kv_dim, "keys, per token (copied into the KV cache)"),
-        ("v", "float", n * spec.kv_dim, "values, per token (copied into the KV cache)"),
+        ("q", "float", n * spec.max_q_dim, "queries, per token"),
+        ("k", "float", n * spec.max_kv_dim, "keys, per token (copied into the KV cache)"),
+        ("v", "float", n * spec.max_kv_dim, "values, per token (copied into the KV cache)"),
         (
             "att",
             "float",
             attention_block * spec.n_heads * n_ctx,
             "attention scores over the context, per query token of a block and per head",
         ),
-        ("attn_out", "float", n * spec.q_dim, "attention output of all heads, per token"),
+        ("attn_out", "float", n * spec.max_q_dim, "attention output of all heads, per token"),
         ("proj", "float", n * d, "output of wo or w_down before the residual add, per token"),
         ("gate", "float", n * f, "FFN gate projection (of a dense FFN or of one expert), per token"),
         ("up", "float", n * f, "FFN up projection, then the gated product, per token"),
@@ -646,6 +672,22 @@ def make_plan(
         ]
     if spec.attn_output_gate:
         items += [("q_gate", "float", n * spec.q_dim, "gated attention: the output gate's logits, per token")]
+    if spec.ple_dim:
+        items += [
+            (
+                "ple",
+                "float",
+                n * spec.n_layers * spec.ple_dim,
+                "per-layer inputs: every layer's slice, per token (made once from its embedding)",
+            ),
+            ("ple_gate", "float", n * spec.ple_dim, "per-layer input gate, then times the layer's slice, per token"),
+            ("ple_row", "float", spec.n_layers * spec.ple_dim, "per-layer inputs: one token's ple_embed row"),
+        ]
+    if spec.moe_beside_dense:
+        items += [
+            ("dense_out", "float", n * d, "MoE block: the dense FFN's normed output, per token"),
+            ("router_in", "float", d, "MoE block: one token's router input (its own norm of the residual)"),
+        ]
     if any(spec.linear_layers):
         items += [
             ("lin_qkv", "float", n * spec.linear_conv_dim, "DeltaNet: q, k, v projections, then convolved, per token"),
@@ -675,20 +717,22 @@ def make_plan(
             (
                 "kv_tile",
                 "float",
-                spec.n_kv_heads * KV_TILE * spec.head_dim,
+                KV_TILE * spec.max_kv_dim,
                 f"a tile of {KV_TILE} positions' keys or values widened to float32, per KV head",
             )
         )
     scratch, scratch_bytes = _arena(items)
     # Sliding-window layers keep only their window: position t lives in slot t % slots.
     # DeltaNet layers keep no keys or values: their state is the recurrent arena's.
+    # Gemma 4's KV-sharing layers hold none either: they read their kv_source's (kv_offsets says where).
     kv_slots = tuple(
-        0 if spec.is_linear(i) else min(w, n_ctx) if w else n_ctx for i, w in enumerate(spec.layer_windows)
+        0 if spec.is_linear(i) or spec.is_kv_consumer(i) else min(w, n_ctx) if w else n_ctx
+        for i, w in enumerate(spec.layer_windows)
     )
     kv_offsets, cursor = [], 0
-    for slots in kv_slots:
-        kv_offsets.append(cursor)
-        cursor += slots * spec.kv_dim
+    for i, slots in enumerate(kv_slots):
+        kv_offsets.append(kv_offsets[spec.kv_source(i)] if spec.is_kv_consumer(i) else cursor)
+        cursor += slots * spec.layer_kv_dim(i)
     linear_offsets, linear_cursor = [], 0
     per_linear_layer = (max(0, spec.linear_conv_kernel - 1) * spec.linear_conv_dim) + (
         spec.linear_v_heads * spec.linear_k_dim * spec.linear_v_dim
@@ -696,13 +740,16 @@ def make_plan(
     for i in range(spec.n_layers):
         linear_offsets.append(linear_cursor if spec.is_linear(i) else -1)
         linear_cursor += per_linear_layer if spec.is_linear(i) else 0
-    ropes: list = []
+    # One table per distinct (RoPE, rotated width): Gemma 4's global layers rotate their wider heads.
+    tables: list = []
     layer_rope = []
     for layer in range(spec.n_layers):
-        r = spec.layer_rope(layer)
-        if r not in ropes:
-            ropes.append(r)
-        layer_rope.append(ropes.index(r))
+        key = (spec.layer_rope(layer), spec.layer_rotary_dim(layer))
+        if key not in tables:
+            tables.append(key)
+        layer_rope.append(tables.index(key))
+    ropes = [r for r, _ in tables]
+    rope_dims = tuple(dim for _, dim in tables)
     return Plan(
         spec=spec,
         board=board,
@@ -716,8 +763,9 @@ def make_plan(
         kv_offsets=tuple(kv_offsets),
         kv_bytes=2 * kv_arena_bytes(cursor, kv_type),
         ropes=tuple(ropes),
+        rope_dims=rope_dims,
         layer_rope=tuple(layer_rope),
-        rope_table_bytes=len(ropes) * 2 * n_ctx * (spec.rotary_dim // 2) * 4,
+        rope_table_bytes=len(ropes) * 2 * n_ctx * (max(rope_dims) // 2) * 4,
         max_input=max_input,
         prefill_batch=prefill_batch,
         speculate_tokens=spec_tokens,

@@ -11,7 +11,7 @@ class RopeSpec:
     """Rotary position embedding parameters (rotate-half convention, as in Hugging Face)."""
 
     theta: float
-    scaling: str = "default"  # "default" | "linear" | "llama3" | "yarn"
+    scaling: str = "default"  # "default" | "linear" | "llama3" | "yarn" | "proportional"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -22,6 +22,9 @@ class RopeSpec:
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: float = 1.0
+    # "proportional" (Gemma 4's global layers): the first int(fraction * head_dim / 2) pairs rotate at
+    # theta^(-2i / head_dim) / factor, the others do not rotate (frequency 0).
+    rotated_fraction: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,25 @@ class ModelSpec:
     # (up + 1) * (gate * sigmoid(alpha * gate)).
     swiglu_alpha: float = 0.0
     swiglu_limit: float = 0.0
+    # Gemma 4: full-attention (global) layers have their own head width and KV heads (0: as the
+    # sliding ones); with k_eq_v their values are the keys' projection (before k_norm and RoPE).
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    k_eq_v: bool = False
+    v_norm: bool = False  # values RMS-normalised without a weight (Gemma 4)
+    # Gemma 4 per-layer input embeddings (0: none): a [vocab, n_layers * ple_dim] table read one row
+    # per token, mixed with a projection of the token's embedding, fed into every layer's residual.
+    ple_dim: int = 0
+    layer_scalars: bool = False  # every layer's output is multiplied by its learned scalar (Gemma 4)
+    # Gemma 4's MoE block: the dense FFN and the routed experts side by side, each with its own pre-
+    # and post-norm, the router reading the un-normed residual through its own norm; routing weights
+    # renormalised then multiplied by a learned per-expert scale.
+    moe_beside_dense: bool = False
+    # Gemma 4 (E2B, E4B): the last kv_shared_layers layers compute no keys or values; each attends
+    # over those of the last earlier layer of its type (kv_source). With double_wide_mlp their FFN
+    # is twice intermediate_size wide.
+    kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
 
     @property
     def q_dim(self) -> int:
@@ -96,6 +118,55 @@ class ModelSpec:
     @property
     def rotary_dim(self) -> int:
         return self.rope_dim or self.head_dim
+
+    def is_global(self, layer: int) -> bool:
+        """A full-attention layer (sees every position), as opposed to a sliding-window one."""
+        return not (self.layer_windows and self.layer_windows[layer])
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.global_head_dim if self.global_head_dim and self.is_global(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.global_kv_heads if self.global_kv_heads and self.is_global(layer) else self.n_kv_heads
+
+    def layer_q_dim(self, layer: int) -> int:
+        return self.n_heads * self.layer_head_dim(layer)
+
+    def layer_kv_dim(self, layer: int) -> int:
+        return self.layer_kv_heads(layer) * self.layer_head_dim(layer)
+
+    def layer_rotary_dim(self, layer: int) -> int:
+        return self.rope_dim or self.layer_head_dim(layer)
+
+    def layer_k_eq_v(self, layer: int) -> bool:
+        return self.k_eq_v and self.is_global(layer)
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values `layer` attends over: itself, or for the last
+        kv_shared_layers layers the last earlier layer of the same type (-1: there is none)."""
+        first = self.n_layers - self.kv_shared_layers
+        if layer < first:
+            return layer
+        same = [i for i in range(first) if self.is_global(i) == self.is_global(layer)]
+        return same[-1] if same else -1
+
+    def is_kv_consumer(self, layer: int) -> bool:
+        return self.kv_source(layer) != layer
+
+    def layer_ffn_dim(self, layer: int) -> int:
+        return self.intermediate_size * (2 if self.double_wide_mlp and self.is_kv_consumer(layer) else 1)
+
+    @property
+    def max_head_dim(self) -> int:
+        return max([self.head_dim] + [self.layer_head_dim(i) for i in range(self.n_layers)])
+
+    @property
+    def max_q_dim(self) -> int:
+        return max([self.q_dim] + [self.layer_q_dim(i) for i in range(self.n_layers)])
+
+    @property
+    def max_kv_dim(self) -> int:
+        return max([self.kv_dim] + [self.layer_kv_dim(i) for i in range(self.n_layers)])
 
     @property
     def linear_key_dim(self) -> int:
@@ -154,8 +225,17 @@ LATER_FIELDS = (
     "expert_biases",
     "swiglu_alpha",
     "swiglu_limit",
+    "global_head_dim",
+    "global_kv_heads",
+    "k_eq_v",
+    "v_norm",
+    "ple_dim",
+    "layer_scalars",
+    "moe_beside_dense",
+    "kv_shared_layers",
+    "double_wide_mlp",
 )
-LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor")
+LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "rotated_fraction")
 
 
 def _drop_later_defaults(out: dict, obj, names: tuple[str, ...]) -> None:
@@ -171,17 +251,25 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     stores them. The importer maps a checkpoint's names onto it; the plan lays it out."""
     d, f, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
     shapes: dict[str, tuple[int, ...]] = {"embed": (v, d)}
+    if spec.ple_dim:
+        # Gemma 4's per-layer inputs: the table (one row per token, every layer's slice side by
+        # side), the projection of the token's embedding and its norm (one slice wide).
+        shapes["ple_embed"] = (v, spec.n_layers * spec.ple_dim)
+        shapes["ple_model_proj"] = (spec.n_layers * spec.ple_dim, d)
+        shapes["ple_proj_norm"] = (spec.ple_dim,)
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         shapes[p + "attn_norm"] = (d,)
         if spec.is_linear(i):
             shapes.update(_linear_attention_shapes(spec, p))
         else:
-            shapes.update(_attention_shapes(spec, p))
+            shapes.update(_attention_shapes(spec, p, i))
         if spec.post_norms:
             shapes[p + "post_attn_norm"] = (d,)
         shapes[p + "ffn_norm"] = (d,)
-        if spec.moe_layers and spec.moe_layers[i]:
+        if spec.moe_beside_dense and spec.moe_layers and spec.moe_layers[i]:
+            shapes.update(_gemma4_moe_shapes(spec, p))
+        elif spec.moe_layers and spec.moe_layers[i]:
             # Expert-major: each expert's three matrices together, so a token reads only its experts.
             fe = spec.expert_intermediate_size
             shapes[p + "router"] = (spec.n_experts, d)
@@ -204,41 +292,77 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
                 shapes[p + "shared.w_down"] = (d, fs)
                 shapes[p + "shared_gate"] = (1, d)
         else:
-            shapes[p + "w_gate"] = (f, d)
-            shapes[p + "w_up"] = (f, d)
-            shapes[p + "w_down"] = (d, f)
+            fl = spec.layer_ffn_dim(i)
+            shapes[p + "w_gate"] = (fl, d)
+            shapes[p + "w_up"] = (fl, d)
+            shapes[p + "w_down"] = (d, fl)
         if spec.mlp_bias:
             shapes[p + "b_gate"] = (f,)
             shapes[p + "b_up"] = (f,)
             shapes[p + "b_down"] = (d,)
         if spec.post_norms:
             shapes[p + "post_ffn_norm"] = (d,)
+        if spec.ple_dim:
+            shapes[p + "ple_gate"] = (spec.ple_dim, d)
+            shapes[p + "ple_proj"] = (d, spec.ple_dim)
+            shapes[p + "ple_norm"] = (d,)
+        if spec.layer_scalars:
+            shapes[p + "layer_scalar"] = (1,)
     shapes["final_norm"] = (d,)
     if not spec.tie_embeddings:
         shapes["lm_head"] = (v, d)
     return shapes
 
 
-def _attention_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
-    """A softmax-attention layer's tensors."""
-    d = spec.hidden_size
-    shapes: dict[str, tuple[int, ...]] = {p + "wq": (spec.q_dim, d)}
+def _attention_shapes(spec: ModelSpec, p: str, layer: int) -> dict[str, tuple[int, ...]]:
+    """A softmax-attention layer's tensors (no wv where the values are the keys: Gemma 4's k_eq_v)."""
+    d, qd, kvd, hd = spec.hidden_size, spec.layer_q_dim(layer), spec.layer_kv_dim(layer), spec.layer_head_dim(layer)
+    own_kv = not spec.is_kv_consumer(layer)  # (Gemma 4's KV-sharing layers: queries only)
+    shapes: dict[str, tuple[int, ...]] = {p + "wq": (qd, d)}
     if spec.attn_output_gate:
-        shapes[p + "wq_gate"] = (spec.q_dim, d)
-    shapes[p + "wk"] = (spec.kv_dim, d)
-    shapes[p + "wv"] = (spec.kv_dim, d)
+        shapes[p + "wq_gate"] = (qd, d)
+    if own_kv:
+        shapes[p + "wk"] = (kvd, d)
+    if own_kv and not spec.layer_k_eq_v(layer):
+        shapes[p + "wv"] = (kvd, d)
     if spec.qkv_bias:
-        shapes[p + "bq"] = (spec.q_dim,)
-        shapes[p + "bk"] = (spec.kv_dim,)
-        shapes[p + "bv"] = (spec.kv_dim,)
+        shapes[p + "bq"] = (qd,)
+        if own_kv:
+            shapes[p + "bk"] = (kvd,)
+            shapes[p + "bv"] = (kvd,)
     if spec.qk_norm:
-        shapes[p + "q_norm"] = (spec.head_dim,)
-        shapes[p + "k_norm"] = (spec.head_dim,)
-    shapes[p + "wo"] = (d, spec.q_dim)
+        shapes[p + "q_norm"] = (hd,)
+        if own_kv:
+            shapes[p + "k_norm"] = (hd,)
+    shapes[p + "wo"] = (d, qd)
     if spec.o_bias:
         shapes[p + "bo"] = (d,)
     if spec.attn_sinks:
         shapes[p + "sinks"] = (spec.n_heads,)
+    return shapes
+
+
+def _gemma4_moe_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
+    """Gemma 4's MoE block (ffn_norm and post_ffn_norm around it are the layer's): the dense FFN and
+    its post-norm, the router's norm weight (its scale times hidden^-1/2, folded at import), the
+    router, the per-expert scales, the experts' pre-norm, the experts, their post-norm."""
+    d, fe = spec.hidden_size, spec.expert_intermediate_size
+    f = spec.layer_ffn_dim(int(p.split(".")[1]))
+    shapes: dict[str, tuple[int, ...]] = {
+        p + "w_gate": (f, d),
+        p + "w_up": (f, d),
+        p + "w_down": (d, f),
+        p + "post_dense_norm": (d,),
+        p + "router_norm": (d,),
+        p + "router": (spec.n_experts, d),
+        p + "expert_scale": (spec.n_experts,),
+        p + "moe_norm": (d,),
+    }
+    for e in range(spec.n_experts):
+        shapes[p + f"experts.{e}.w_gate"] = (fe, d)
+        shapes[p + f"experts.{e}.w_up"] = (fe, d)
+        shapes[p + f"experts.{e}.w_down"] = (d, fe)
+    shapes[p + "post_moe_norm"] = (d,)
     return shapes
 
 

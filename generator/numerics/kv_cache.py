@@ -23,10 +23,12 @@ def check_kv_type(spec: ModelSpec, kv_type: str) -> None:
     """Refuse a KV type the model cannot take, in one line."""
     if kv_type not in KV_TYPES:
         raise ColibriError(f"unknown KV cache type {kv_type!r} (supported: {', '.join(KV_TYPES)})")
-    if kv_type == "q8_0" and spec.head_dim % QK:
+    widths = sorted({spec.layer_head_dim(i) for i in range(spec.n_layers)} | {spec.head_dim})
+    odd = [w for w in widths if w % QK]
+    if kv_type == "q8_0" and odd:
         raise ColibriError(
             f"--kv-type q8_0 needs a head width that is a multiple of {QK} (blocks of {QK} values per head); "
-            f"{spec.name} has head_dim {spec.head_dim}: use --kv-type f16 or f32"
+            f"{spec.name} has head_dim {odd[0]}: use --kv-type f16 or f32"
         )
 
 

@@ -143,6 +143,15 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return (x * f32(inv)[..., None]) * f32(weight)
 
 
+def rmsnorm_unscaled(x: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm without a weight (Gemma 4's values): x_i * (1 / sqrt(mean(x^2) + eps)), rmsnorm's
+    bits with w = 1."""
+    x = f32(x)
+    ss = dot(x, x)
+    inv = F32(1.0) / np.sqrt(ss / F32(x.shape[-1]) + F32(eps), dtype=np.float32)
+    return x * f32(inv)[..., None]
+
+
 def softmax(x: np.ndarray) -> np.ndarray:
     x = f32(x)
     m = np.max(x)

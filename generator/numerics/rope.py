@@ -27,6 +27,9 @@ def inverse_frequencies(rope: RopeSpec, head_dim: int) -> np.ndarray:
         inv = np.where(medium, smoothed, scaled)
     elif rope.scaling == "yarn":
         inv = _yarn_inverse_frequencies(rope, head_dim)
+    elif rope.scaling == "proportional":  # as transformers 5.24's _compute_proportional_rope_parameters
+        rotated = int(rope.rotated_fraction * head_dim // 2)
+        inv = np.where(np.arange(half) < rotated, inv, 0.0) / rope.factor
     return inv
 
 

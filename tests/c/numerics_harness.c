@@ -1,7 +1,8 @@
 /* Test harness: runs one runtime operation on binary input from stdin, writes the result to
  * stdout, so tests can compare the C runtime with generator/numerics/ops.py bit for bit.
  *
- *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | kernel_softmax N | rmsnorm N EPS | quantize N
+ *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | kernel_softmax N | rmsnorm N EPS
+ *           rmsnorm_unscaled N EPS | quantize N
  *           swiglu_clamped N ALPHA LIMIT (gate, then up) | softmax_sink N SINK
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS | matvec_q4_1 ROWS COLS
  *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 | matmul_q4_0 | matmul_q4_1 TOKENS ROWS COLS
@@ -211,6 +212,11 @@ int main(int argc, char **argv)
         float *x = read_exact(n * sizeof(float));
         float *w = read_exact(n * sizeof(float));
         op_rmsnorm(x, x, w, n, eps);
+        write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "rmsnorm_unscaled") == 0) {
+        float eps = strtof(argv[3], NULL);
+        float *x = read_exact(n * sizeof(float));
+        op_rmsnorm_unscaled(x, x, n, eps);
         write_all(x, n * sizeof(float));
     } else if (strcmp(op, "quantize") == 0) {
         float *x = read_exact(n * sizeof(float));

@@ -192,7 +192,7 @@ CASES = {
     "tensor name over 63 bytes": (edit(lambda r: r.infos[0].__setitem__(0, "x" * 100)), "is longer than 63 bytes"),
     "unsupported architecture": (
         edit(lambda r: set_kv(r, "general.architecture", string_kv("general.architecture", "bert"))),
-        "unsupported architecture 'bert' (supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, qwen35moe, gpt-oss)",
+        "unsupported architecture 'bert' (supported: llama, qwen2, qwen3, gemma3, gemma4, qwen2moe, qwen3moe, qwen35moe, gpt-oss)",
     ),
     "no architecture": (edit(lambda r: set_kv(r, "general.architecture", None)), "no general.architecture string"),
     "metadata of the wrong type": (

@@ -339,3 +339,125 @@ def test_broken_qwen35_config_is_refused_in_one_line(case, checkpoints, tmp_path
     assert len(lines) == 1 and lines[0].startswith("colibri: error: "), lines
     assert message in lines[0]
     assert not out.exists()
+
+
+# Gemma 4's config keys (tests/models.py "gemma4_moe": sliding and full_attention layers alternating,
+# per_layer_config giving the full ones head_dim 32 and 1 KV head, k_eq_v, 8 experts top-2;
+# "gemma4_text": per-layer inputs 32 wide), each broken alone.
+GEMMA4_GLOBAL = {"head_dim": 32, "num_key_value_heads": 1}
+GEMMA4_CASES = {
+    "KV-sharing layers without a source": (
+        "gemma4_moe",
+        dict(num_kv_shared_layers=3),
+        "layer 1 shares keys and values, but no earlier layer is full_attention (num_kv_shared_layers 3)",
+    ),
+    "more KV-sharing layers than layers": (
+        "gemma4_moe",
+        dict(num_kv_shared_layers=9),
+        "num_kv_shared_layers 9 exceeds the 4 layers",
+    ),
+    "KV-sharing count text": (
+        "gemma4_moe",
+        dict(num_kv_shared_layers="2"),
+        "'num_kv_shared_layers' must be an integer",
+    ),
+    "bidirectional attention": (
+        "gemma4_moe",
+        dict(use_bidirectional_attention="all"),
+        "'use_bidirectional_attention' = \"all\" (bidirectional attention) is not supported",
+    ),
+    "per_layer_config not an object": (
+        "gemma4_moe",
+        dict(per_layer_config=[GEMMA4_GLOBAL]),
+        "'per_layer_config' must be an object of layer overrides",
+    ),
+    "per_layer_config of a sliding layer": (
+        "gemma4_moe",
+        dict(per_layer_config={"0": GEMMA4_GLOBAL, "1": GEMMA4_GLOBAL, "3": GEMMA4_GLOBAL}),
+        "supports head_dim and num_key_value_heads of full_attention layers only (layer 0)",
+    ),
+    "per_layer_config of another key": (
+        "gemma4_moe",
+        dict(per_layer_config={"1": dict(GEMMA4_GLOBAL, sliding_window=2), "3": GEMMA4_GLOBAL}),
+        "supports head_dim and num_key_value_heads of full_attention layers only (layer 1)",
+    ),
+    "per_layer_config past the layers": (
+        "gemma4_moe",
+        dict(per_layer_config={"1": GEMMA4_GLOBAL, "9": GEMMA4_GLOBAL}),
+        "'per_layer_config' key \"9\" is not a layer index",
+    ),
+    "global layers of two widths": (
+        "gemma4_moe",
+        dict(per_layer_config={"1": GEMMA4_GLOBAL, "3": dict(GEMMA4_GLOBAL, head_dim=64)}),
+        "'per_layer_config' must give every full_attention layer the same shape",
+    ),
+    "odd global head width": (
+        "gemma4_moe",
+        dict(per_layer_config={"1": dict(GEMMA4_GLOBAL, head_dim=31), "3": dict(GEMMA4_GLOBAL, head_dim=31)}),
+        "global head_dim 31 must be even",
+    ),
+    "global KV heads that do not divide the heads": (
+        "gemma4_moe",
+        dict(
+            per_layer_config={
+                "1": dict(GEMMA4_GLOBAL, num_key_value_heads=3),
+                "3": dict(GEMMA4_GLOBAL, num_key_value_heads=3),
+            }
+        ),
+        "num_attention_heads 4 is not divisible by the global layers' 3 KV heads",
+    ),
+    "global head width text": (
+        "gemma4_moe",
+        dict(per_layer_config=None, global_head_dim="32"),
+        "'global_head_dim' must be an integer",
+    ),
+    "top k above the experts": ("gemma4_moe", dict(top_k_experts=9), "top_k_experts 9 exceeds the 8 experts"),
+    "no expert width": (
+        "gemma4_moe",
+        dict(moe_intermediate_size=None),
+        "missing required integer 'moe_intermediate_size'",
+    ),
+    "enable_moe_block text": ("gemma4_moe", dict(enable_moe_block="yes"), "'enable_moe_block' must be true or false"),
+    "proportional rope rotating nothing": (
+        "gemma4_moe",
+        dict(
+            rope_parameters={
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            }
+        ),
+        "proportional rope needs 0 < partial_rotary_factor <= 1",
+    ),
+    "values the checkpoint does not have": (
+        "gemma4_moe",
+        dict(attention_k_eq_v=False),
+        "missing tensor for 'layers.1.wv'",
+    ),
+    "per-layer vocabulary of another size": (
+        "gemma4_text",
+        dict(vocab_size_per_layer_input=100),
+        "'vocab_size_per_layer_input' must equal vocab_size (262)",
+    ),
+    "per-layer width the weights do not have": (
+        "gemma4_text",
+        dict(hidden_size_per_layer_input=16),
+        "config.json implies [262, 96]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GEMMA4_CASES))
+def test_broken_gemma4_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+    from generator.cli import main
+
+    kind, change, message = GEMMA4_CASES[case]
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints(kind), model)
+    edit_config(lambda c: c.update(change))(model)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["build", "--model", str(model), "--out", str(out)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("colibri: error: "), lines
+    assert message in lines[0], lines[0]
+    assert not out.exists()

@@ -105,6 +105,10 @@ def test_silu_softmax_rmsnorm_match(harness):
     eps = np.float32(1e-5)
     got = c_floats(harness, ["rmsnorm", x.size, float.hex(float(eps))], f32_bytes(x, w), x.size)
     assert_same_bits(got, numerics.rmsnorm(x, w, eps))
+    # Gemma 4's values: the same norm without a weight, rmsnorm's bits with w = 1.
+    got = c_floats(harness, ["rmsnorm_unscaled", x.size, float.hex(float(eps))], f32_bytes(x), x.size)
+    assert_same_bits(got, numerics.rmsnorm_unscaled(x, eps))
+    assert_same_bits(got, numerics.rmsnorm(x, np.ones_like(x), eps))
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 1537])

@@ -422,6 +422,19 @@ static int layer_experts(int layer, uint64_t *start, uint64_t *end)
     return 1;
 }
 
+/* The image's ranges a budget does not hold, in file order: Gemma 4's per-layer input table first
+ * (i = 0: read one row per token through the mapping, its pages the kernel's to reclaim), then each
+ * MoE layer's experts (i = 1 + layer). Returns 0 where there is none. */
+static int unheld_range(int i, uint64_t *start, uint64_t *end)
+{
+    if (i == 0) {
+        *start = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + COLIBRI_PAGED_TABLE_OFFSET;
+        *end = *start + COLIBRI_PAGED_TABLE_BYTES;
+        return COLIBRI_PAGED_TABLE_BYTES > 0;
+    }
+    return layer_experts(i - 1, start, end);
+}
+
 /* [from, to) of the mapping (whole pages) replaced by private memory holding the file's bytes, read
  * in chunks whose page-cache pages are dropped again: 0, or -1 when the file cannot be read. */
 static int copy_in_place(uint8_t *image, uint64_t from, uint64_t to)
@@ -452,7 +465,8 @@ static int copy_in_place(uint8_t *image, uint64_t from, uint64_t to)
 /* Under a budget: the resident part (everything but the routed experts) read into private memory in
  * place of its mapped pages, and locked. Its bytes are then this process's own: a file truncated,
  * rewritten or failing later cannot change them or fault on them (the experts' reads see those, and
- * say so: storage.c). No readahead anywhere in the mapping: its experts' ranges are never touched.
+ * say so: storage.c). No readahead anywhere in the mapping: its experts' ranges are never touched
+ * through it, Gemma 4's per-layer input table a row at a time (unheld_range).
  * Returns the bytes held, or -1 when the file cannot be read; *refused says whether mlock refused
  * any of it. */
 static int64_t hold_resident(uint8_t *image, uint64_t len, int *refused)
@@ -460,9 +474,9 @@ static int64_t hold_resident(uint8_t *image, uint64_t len, int *refused)
     uint64_t locked = 0, cursor = 0;
     *refused = 0;
     madvise(image, (size_t)len, MADV_RANDOM);
-    for (int l = 0; l <= COLIBRI_N_LAYERS; l++) {
+    for (int i = 0; i <= COLIBRI_N_LAYERS + 1; i++) {
         uint64_t start = len, end = len, from, to;
-        if (l < COLIBRI_N_LAYERS && !layer_experts(l, &start, &end)) {
+        if (i < COLIBRI_N_LAYERS + 1 && !unheld_range(i, &start, &end)) {
             continue;
         }
         page_range(cursor, start, len, &from, &to);

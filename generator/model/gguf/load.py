@@ -51,6 +51,7 @@ class GgufArch:
     swa_pattern: int = 0  # llama.cpp's default sliding-window pattern (0: every layer slides)
     yarn_truncate: bool = True
     rope_theta: float = 10000.0
+    gemma4: bool = False  # see hf/load.Family.gemma4 (_gemma4 reads its keys)
 
 
 GGUF_ARCHITECTURES = {
@@ -58,6 +59,7 @@ GGUF_ARCHITECTURES = {
     "qwen2": GgufArch("qwen2", "Qwen2ForCausalLM", qkv_bias=True),
     "qwen3": GgufArch("qwen3", "Qwen3ForCausalLM", qk_norm=True),
     "gemma3": GgufArch("gemma3", "Gemma3ForCausalLM", qk_norm=True, gemma=True),
+    "gemma4": GgufArch("gemma4", "Gemma4ForCausalLM", qk_norm=True, gemma=True, moe=True, gemma4=True),
     "qwen2moe": GgufArch("qwen2_moe", "Qwen2MoeForCausalLM", qkv_bias=True, moe=True, shared_expert=True),
     "qwen3moe": GgufArch("qwen3_moe", "Qwen3MoeForCausalLM", qk_norm=True, moe=True, norm_topk_prob=True),
     "qwen35moe": GgufArch(
@@ -95,6 +97,28 @@ HYBRID_LINEAR_TENSORS = {
     "ssm_out.weight": "lin_out",
     "post_attention_norm.weight": "ffn_norm",
 }
+# Gemma 4's tensors (llama.cpp's gemma4): the per-layer inputs, the layer scalar, the MoE block's
+# norms, router scale and per-expert scales; its experts' gate and up in one stacked tensor.
+GEMMA4_GLOBAL_TENSORS = {
+    "per_layer_token_embd.weight": "ple_embed",
+    "per_layer_model_proj.weight": "ple_model_proj",
+    "per_layer_proj_norm.weight": "ple_proj_norm",
+}
+GEMMA4_TENSORS = {
+    "layer_output_scale.weight": "layer_scalar",
+    "inp_gate.weight": "ple_gate",
+    "proj.weight": "ple_proj",
+    "post_norm.weight": "ple_norm",
+    "post_ffw_norm_1.weight": "post_dense_norm",
+    "post_ffw_norm_2.weight": "post_moe_norm",
+    "pre_ffw_norm_2.weight": "moe_norm",
+    "ffn_gate_inp.scale": "router_norm",
+    "ffn_down_exps.scale": "expert_scale",
+}
+GEMMA4_GATE_UP = "ffn_gate_up_exps.weight"
+GEMMA4_UNUSED_KV = ("attn_k.weight", "attn_v.weight", "attn_k_norm.weight")  # of a KV-sharing layer, if a file has them
+# The global layers' RoPE (llama.cpp writes rope_freqs: 1 for each pair that rotates, 1e30 for the others).
+GEMMA4_ROPE_FREQS = "rope_freqs.weight"
 # A llama-architecture file with experts is Mixtral.
 LLAMA_MOE = GgufArch("mixtral", "MixtralForCausalLM", permuted_qk=True, moe=True, norm_topk_prob=True)
 
@@ -166,9 +190,14 @@ class GgufCheckpoint:
         view = self.tensors.get(canonical)
         if view is not None and (view.col_order or view.flat):
             return None
+        if view is not None and view.scale != 1.0:
+            return None
         if view is not None and view.row_order:
             blocks = tensor_blocks(self.gguf, info)
-            return None if blocks is None else blocks.take(np.asarray(view.row_order))
+            if blocks is None:
+                return None
+            rows = blocks.raw.reshape(-1, *blocks.raw.shape[-2:])  # a stacked tensor's rows, expert after expert
+            return type(blocks)(blocks.ggml_type, rows).take(np.asarray(view.row_order))
         blocks = tensor_blocks(self.gguf, info)
         if blocks is None:
             return None
@@ -195,6 +224,7 @@ class GgufTensor:
     row_order: tuple[int, ...] = ()
     col_order: tuple[int, ...] = ()  # the file's columns in canonical order (out_proj); () keeps them
     flat: bool = False  # the whole matrix as one vector (the convolution's [channels, kernel] taps)
+    scale: float = 1.0  # multiplied in float32 (Gemma 4's router scale by hidden^-1/2)
 
     @property
     def ggml_type(self) -> str:
@@ -204,7 +234,7 @@ class GgufTensor:
     def exact_blocks(self) -> bool:
         """Its blocks can be kept as they are (Q8_0, Q4_0, Q4_1, Q4_K): not where the file's
         columns are reordered or its matrix read as a vector."""
-        return self.info.ggml_type in EXACT_TYPES and not self.col_order and not self.flat
+        return self.info.ggml_type in EXACT_TYPES and not self.col_order and not self.flat and self.scale == 1.0
 
     def _source_rows(self, start: int, stop: int) -> np.ndarray:
         if self.row_order and len(self.shape) == 2:
@@ -216,6 +246,9 @@ class GgufTensor:
 
     def rows(self, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) as float32, dequantized as llama.cpp does."""
+        if self.scale != 1.0:
+            plain = GgufTensor(self.path, self.info, self.shape, self.expert, self.heads, self.row_order)
+            return (plain.rows(start, stop).astype(np.float32) * np.float32(self.scale)).astype(np.float32)
         if self.flat or (self.row_order and len(self.shape) == 1):
             file_rows = self.info.shape[0] if (self.flat and len(self.info.shape) == 2) else 1
             values = rows_f32(self.path, self.info, np.arange(file_rows)).reshape(1, -1)
@@ -425,6 +458,8 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     if n_layers > layers_present:  # said before any per-layer table is made (a count of 2^32 - 1 would be)
         raise ColibriError(f"{meta.where}: block_count {n_layers} but the file has tensors for {layers_present} layers")
     n_heads = meta.int("attention.head_count")
+    if family.gemma4:
+        return _gemma4(gguf, meta, info, hidden, n_layers, n_heads)
     n_kv = meta.int("attention.head_count_kv", n_heads)
     if meta.has("attention.key_length"):
         head_dim = meta.int("attention.key_length")
@@ -522,6 +557,135 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     )
 
 
+def _per_layer_ints(meta: _Meta, key: str, n_layers: int) -> tuple[int, ...]:
+    """A key llama.cpp writes as one integer or as one per layer."""
+    name, value = meta._get(key, None)
+    if isinstance(value, np.ndarray) and value.ndim == 1 and len(value) == n_layers and value.dtype.kind in "iu":
+        if (value < 1).any():
+            raise ColibriError(f"{meta.where}: metadata {name!r} must be at least 1 for every layer")
+        return tuple(int(v) for v in value)
+    return (meta.int(key),) * n_layers
+
+
+def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: int, n_heads: int) -> ModelSpec:
+    """llama.cpp's gemma4 keys: the sliding layers' head width (key_length_swa) and the global ones'
+    (key_length), KV heads per layer, the sliding pattern, the per-layer inputs' width, the global
+    layers' proportional RoPE (rope_freqs: the pairs that rotate), the MoE block (expert_count)."""
+    tensors = gguf.tensors
+    head_dim = meta.int("attention.key_length_swa")
+    global_head_dim = meta.int("attention.key_length")
+    for key, width in (("attention.value_length_swa", head_dim), ("attention.value_length", global_head_dim)):
+        if meta.int(key, width) != width:
+            raise ColibriError(f"{meta.where}: attention key and value lengths differ (not supported)")
+    if head_dim % 2 or global_head_dim % 2:
+        raise ColibriError(f"{meta.where}: head dimensions {head_dim} and {global_head_dim} must be even")
+    for key, width in (("rope.dimension_count_swa", head_dim), ("rope.dimension_count", global_head_dim)):
+        if meta.int(key, width) != width:
+            raise ColibriError(f"{meta.where}: metadata '{meta.arch}.{key}' must be the head width {width}")
+    windows = _windows(meta, n_layers, 6)
+    kv = _per_layer_ints(meta, "attention.head_count_kv", n_layers)
+    sliding_kv = {k for k, w in zip(kv, windows) if w} or {kv[0]}
+    global_kv = {k for k, w in zip(kv, windows) if not w} or {kv[0]}
+    if len(sliding_kv) > 1 or len(global_kv) > 1:
+        raise ColibriError(f"{meta.where}: every sliding (and every global) layer must have the same KV heads")
+    n_kv, n_global_kv = sliding_kv.pop(), global_kv.pop()
+    if n_heads % n_kv or n_heads % n_global_kv:
+        raise ColibriError(f"{meta.where}: head_count {n_heads} is not divisible by the layers' KV heads")
+    vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
+    eps = meta.float("attention.layer_norm_rms_epsilon", 1e-6)
+    if not 0 < eps < 1:
+        raise ColibriError(f"{meta.where}: layer_norm_rms_epsilon must be between 0 and 1")
+    bos, eos = _token_ids(meta, vocab)
+    theta = meta.float("rope.freq_base", 1000000.0)
+    if theta <= 0:
+        raise ColibriError(f"{meta.where}: metadata '{meta.arch}.rope.freq_base' must be positive")
+    rope = RopeSpec(theta=theta)
+    if GEMMA4_ROPE_FREQS in tensors:
+        freqs = tensors[GEMMA4_ROPE_FREQS]
+        values = rows_f32(gguf.path, freqs).reshape(-1)
+        rotated = int(np.count_nonzero(values == 1.0))
+        if len(values) != global_head_dim // 2 or not (
+            (values[:rotated] == 1.0).all() and (values[rotated:] >= 1e30).all()
+        ):
+            raise ColibriError(
+                f"{meta.where}: tensor {GEMMA4_ROPE_FREQS!r} must hold {global_head_dim // 2} factors: 1 for each "
+                f"rotated pair, then 1e30 for the others"
+            )
+        rope = RopeSpec(theta=theta, scaling="proportional", rotated_fraction=2 * rotated / global_head_dim)
+    globals_ = [i for i, w in enumerate(windows) if not w]
+    shared = meta.int("attention.shared_kv_layers", 0, minimum=0)
+    if shared > n_layers:
+        raise ColibriError(f"{meta.where}: attention.shared_kv_layers {shared} exceeds the {n_layers} layers")
+    first = n_layers - shared
+    for i in range(first, n_layers):
+        if not any(bool(windows[j]) == bool(windows[i]) for j in range(first)):
+            raise ColibriError(
+                f"{meta.where}: layer {i} shares keys and values, but no earlier layer is of its kind "
+                f"(attention.shared_kv_layers {shared})"
+            )
+    # feed_forward_length, one or per layer: the KV-sharing layers' twice the others' with double_wide_mlp.
+    ffs = _per_layer_ints(meta, "feed_forward_length", n_layers)
+    intermediate = ffs[0]
+    double_wide = shared > 0 and ffs[-1] == 2 * intermediate
+    if any(f != intermediate * (2 if double_wide and i >= first else 1) for i, f in enumerate(ffs)):
+        raise ColibriError(
+            f"{meta.where}: metadata '{meta.arch}.feed_forward_length' must be one width, or twice it on the "
+            f"KV-sharing layers only"
+        )
+    moe = {}
+    if meta.has("expert_count"):
+        n_experts, top_k = meta.int("expert_count"), meta.int("expert_used_count")
+        if top_k > n_experts:
+            raise ColibriError(f"{meta.where}: expert_used_count {top_k} exceeds the {n_experts} experts")
+        moe = dict(
+            n_experts=n_experts,
+            experts_per_token=top_k,
+            expert_intermediate_size=meta.int("expert_feed_forward_length"),
+            norm_topk_prob=True,
+            moe_layers=(True,) * n_layers,
+            moe_beside_dense=True,
+        )
+    return ModelSpec(
+        name=gguf.path.stem,
+        architecture=info.architecture,
+        family=info.family,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        rms_norm_eps=eps,
+        rope=rope,
+        max_position_embeddings=meta.int("context_length", 2048),
+        tie_embeddings="output.weight" not in tensors,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        qk_norm=True,
+        layer_windows=windows,
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        activation="gelu_tanh",
+        embed_scale=float(np.float32(hidden**0.5)),
+        attn_scale=1.0,
+        post_norms=True,
+        rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)),
+        final_softcap=meta.float("final_logit_softcapping", 0.0),
+        **moe,
+        global_head_dim=0 if global_head_dim == head_dim else global_head_dim,
+        global_kv_heads=0 if n_global_kv == n_kv else n_global_kv,
+        # (a global layer without attn_v: its values are its keys)
+        k_eq_v=bool(globals_) and f"blk.{globals_[0]}.attn_v.weight" not in tensors,
+        v_norm=True,
+        ple_dim=meta.int("embedding_length_per_layer_input", 0, minimum=0),
+        layer_scalars=True,
+        kv_shared_layers=shared,
+        double_wide_mlp=double_wide,
+    )
+
+
 def _hybrid_linear(meta: _Meta, n_layers: int, head_dim: int, rope_dim: int) -> dict:
     """Qwen3.5's Gated DeltaNet settings from llama.cpp's ssm.* keys; a layer with an ssm_a
     tensor is a DeltaNet layer, the others gated full attention."""
@@ -562,10 +726,14 @@ def _canonical(name: str, arch: GgufArch | None = None) -> tuple[str, bool] | No
     """GGUF tensor name -> (canonical name or per-expert pattern, stacked experts?)."""
     if name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[name], False
+    if arch is not None and arch.gemma4 and name in GEMMA4_GLOBAL_TENSORS:
+        return GEMMA4_GLOBAL_TENSORS[name], False
     m = LAYER_NAME.fullmatch(name)
     if not m:
         return None
     index, part = m.groups()
+    if arch is not None and arch.gemma4 and part in GEMMA4_TENSORS:
+        return f"layers.{index}.{GEMMA4_TENSORS[part]}", False
     if arch is not None and arch.hybrid_linear and part in HYBRID_LINEAR_TENSORS:
         return f"layers.{index}.{HYBRID_LINEAR_TENSORS[part]}", False
     if part == "post_attention_norm.weight" and arch is not None:
@@ -585,7 +753,29 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
     where = gguf.path.name
     sources = {}
     for name, info in gguf.tensors.items():
+        if arch.gemma4 and name == GEMMA4_ROPE_FREQS:
+            continue  # read by _gemma4 into the spec's RoPE
+        m = LAYER_NAME.fullmatch(name)
+        if arch.gemma4 and m and m.group(2) == GEMMA4_GATE_UP and f"layers.{m.group(1)}.experts.0.w_gate" in wanted:
+            fe = spec.expert_intermediate_size
+            if tuple(info.shape) != (spec.n_experts, 2 * fe, spec.hidden_size):
+                raise ColibriError(
+                    f"{where}: tensor {name!r} has shape {list(info.shape)}, the metadata implies "
+                    f"{[spec.n_experts, 2 * fe, spec.hidden_size]}"
+                )
+            for e in range(spec.n_experts):
+                sources[f"layers.{m.group(1)}.experts.{e}.w_gate"] = (info, e, 0)
+                sources[f"layers.{m.group(1)}.experts.{e}.w_up"] = (info, e, 0)
+            continue
         found = _canonical(name, arch)
+        if (
+            arch.gemma4
+            and m
+            and m.group(2) in GEMMA4_UNUSED_KV
+            and int(m.group(1)) < spec.n_layers
+            and spec.is_kv_consumer(int(m.group(1)))
+        ):
+            continue  # a KV-sharing layer's own k/v projections and norms: not used
         if found is None or (found[0] not in wanted and not found[1]):
             raise ColibriError(f"{where}: unexpected tensor {name!r} for {spec.architecture} with this metadata")
         canonical, stacked = found
@@ -612,6 +802,8 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
             )
         info, expert, _ = sources[canonical]
         got = info.shape[1:] if expert is not None else info.shape
+        if arch.gemma4 and info.name.endswith(GEMMA4_GATE_UP):
+            continue  # its shape checked above
         if _is_stacked_bias(canonical):  # (n_experts, width), read as one vector
             got = (
                 (int(np.prod(info.shape)),) if len(info.shape) == 2 and info.shape[0] == spec.n_experts else info.shape
@@ -643,8 +835,15 @@ def _value_head_order(spec: ModelSpec, width: int) -> np.ndarray:
 
 
 def _view_of(spec: ModelSpec, canonical: str) -> dict:
-    """GgufTensor's view fields for a canonical tensor (Qwen3.5's; {} for everything else)."""
+    """GgufTensor's view fields for a canonical tensor (Qwen3.5's and Gemma 4's; {} for everything else)."""
     part = canonical.rsplit(".", 1)[-1]
+    if spec.moe_beside_dense and part in ("w_gate", "w_up") and ".experts." in canonical:
+        # Gemma 4's ffn_gate_up_exps: each expert's gate rows, then its up rows (rows of the whole tensor).
+        fe, expert = spec.expert_intermediate_size, int(canonical.split(".")[3])
+        first = expert * 2 * fe + (fe if part == "w_up" else 0)
+        return dict(row_order=tuple(range(first, first + fe)))
+    if spec.moe_beside_dense and part == "router_norm":
+        return dict(scale=spec.hidden_size**-0.5)  # the router's scale times hidden^-1/2, as hf/load folds it
     if spec.attn_output_gate and part in ("wq", "wq_gate"):
         hd = spec.head_dim
         rows = np.arange(spec.q_dim)

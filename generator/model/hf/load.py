@@ -35,9 +35,15 @@ ARCHITECTURES = {
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",  # its text tower; the vision tower is ignored
     "GptOssForCausalLM": "gpt_oss",
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",  # its text tower; the vision and audio towers are ignored
 }
 # Multimodal classes whose config.json keeps the text tower's settings under text_config.
-TEXT_CONFIG_ARCHITECTURES = ("Gemma3ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+TEXT_CONFIG_ARCHITECTURES = (
+    "Gemma3ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "Gemma4ForConditionalGeneration",
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,8 @@ class Family:
     clamped_swiglu: bool = False  # gpt-oss: experts apply the clamped SwiGLU (swiglu_alpha, swiglu_limit)
     default_theta: float = 10000.0  # RoPE base when the config names none
     fused_experts: bool = False  # gpt-oss: a layer's experts in fused, interleaved tensors (_fused_parts)
+    gemma4: bool = False  # Gemma 4 (_gemma4): norms scaling by w (not 1 + w), score scale 1, per-layer
+    #                       inputs, k_eq_v and wider global layers, the MoE block beside the dense FFN
 
 
 FAMILIES = {
@@ -101,6 +109,7 @@ FAMILIES = {
         default_theta=150000.0,
         fused_experts=True,
     ),
+    "gemma4": Family("attention_bias", "attention_bias", False, True, "pattern", gemma=True, gemma4=True),
 }
 # A Gated DeltaNet layer's tensors (Qwen3.5's linear_attn).
 HF_LINEAR_LAYER_PARTS = {
@@ -116,7 +125,7 @@ HF_LINEAR_LAYER_PARTS = {
 }
 LINEAR_LAYER_TYPES = ("linear_attention", "full_attention")
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
 HF_LAYER_PARTS = {
     "input_layernorm.weight": "attn_norm",
@@ -147,6 +156,42 @@ HF_GEMMA_LAYER_PARTS = dict(
         "post_feedforward_layernorm.weight": "post_ffn_norm",
     },
 )
+# Gemma 4's parts beyond Gemma 3's: the MoE block's norms, router and experts (stacked: _fused_parts),
+# the per-layer inputs' gate, projection and norm, the layer scalar.
+HF_GEMMA4_LAYER_PARTS = dict(
+    HF_GEMMA_LAYER_PARTS,
+    **{
+        "post_feedforward_layernorm_1.weight": "post_dense_norm",
+        "pre_feedforward_layernorm_2.weight": "moe_norm",
+        "post_feedforward_layernorm_2.weight": "post_moe_norm",
+        "router.proj.weight": "router",
+        "router.scale": "router_norm",
+        "router.per_expert_scale": "expert_scale",
+        "per_layer_input_gate.weight": "ple_gate",
+        "per_layer_projection.weight": "ple_proj",
+        "post_per_layer_input_norm.weight": "ple_norm",
+        "layer_scalar": "layer_scalar",
+    },
+)
+HF_GEMMA4_GLOBAL = {
+    "model.embed_tokens_per_layer.weight": "ple_embed",
+    "model.per_layer_model_projection.weight": "ple_model_proj",
+    "model.per_layer_projection_norm.weight": "ple_proj_norm",
+}
+# Gemma4TextConfig's global-layer RoPE when config.json names none (its sliding layers': theta 1e4).
+GEMMA4_DEFAULT_ROPE = RopeSpec(theta=1000000.0, scaling="proportional", rotated_fraction=0.25)
+GEMMA4_UNSUPPORTED = {
+    # key: (value that is supported, why)
+    "use_bidirectional_attention": (None, "bidirectional attention"),
+}
+# What a KV-sharing layer of a Gemma 4 checkpoint may still hold and does not use (transformers
+# ignores them too).
+GEMMA4_UNUSED_KV_PARTS = (
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.k_norm.weight",
+    "self_attn.v_norm.weight",
+)
 # Prefixes under which multimodal checkpoints keep their text tower, and parts that are not text.
 TEXT_TOWER_PREFIXES = (
     ("model.language_model.", "model."),
@@ -160,6 +205,9 @@ NOT_TEXT_PREFIXES = (
     "multi_modal_projector.",
     "model.visual.",  # Qwen3.5's vision tower
     "mtp.",  # Qwen3.5's multi-token-prediction head: not part of next-token decoding
+    "model.audio_tower.",  # Gemma 4's audio tower and the embedders of both towers
+    "model.embed_vision.",
+    "model.embed_audio.",
 )
 # Expert weights: Mixtral's block_sparse_moe.experts.E.w1/w3/w2, Qwen-MoE's mlp.experts.E.*_proj.
 HF_EXPERT_PARTS = {
@@ -213,6 +261,7 @@ class HfTensor:
     row_count: int = 0
     flat: bool = False  # the whole tensor as one vector (Qwen3.5's conv1d taps, [channels, 1, kernel])
     neg_exp: bool = False  # -exp(w), in float64 rounded to float32 (Qwen3.5's A_log: the decay's scale)
+    scale: float = 1.0  # multiplied in float32 (Gemma 4's router scale by hidden^-1/2)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -237,6 +286,8 @@ class HfTensor:
             arr = read_rows(self.path, self.info, start, stop)
         if self.neg_exp:
             arr = (-np.exp(arr.astype(np.float64))).astype(np.float32)
+        if self.scale != 1.0:
+            arr = (arr.astype(np.float32) * np.float32(self.scale)).astype(np.float32)
         if self.plus_one:
             # Gemma's RMSNorm scales by (1 + w), computed in float32: folded in once here, so
             # every norm in the runtime is the same x * inv * w.
@@ -264,9 +315,14 @@ class HfFusedSlice:
     expert: int | None
     parity: int | None
     transposed: bool
+    half: int | None = None  # Gemma 4's gate_up_proj: the first (0) or second (1) half of the rows
 
     def _block(self, expert: int) -> np.ndarray:
         per_expert = rows_cols(self.info)[0] // self.info.shape[0]
+        if self.half is not None:
+            half = per_expert // 2
+            start = expert * per_expert + self.half * half
+            return read_rows(self.path, self.info, start, start + half)
         arr = read_rows(self.path, self.info, expert * per_expert, (expert + 1) * per_expert)
         if self.parity is not None:
             arr = arr[:, self.parity :: 2]
@@ -284,12 +340,32 @@ class HfFusedSlice:
 
 def _fused_parts(hf_name: str, path: Path, info: TensorInfo, spec: ModelSpec) -> dict[str, HfFusedSlice] | None:
     """The canonical tensors a fused gpt-oss expert tensor holds, or None when hf_name is not one."""
-    if not hf_name.startswith("model.layers.") or not FAMILIES[spec.family].fused_experts:
+    for prefix, replacement in TEXT_TOWER_PREFIXES:
+        if hf_name.startswith(prefix):
+            hf_name = replacement + hf_name[len(prefix) :]
+            break
+    family = FAMILIES[spec.family]
+    if not hf_name.startswith("model.layers.") or not (family.fused_experts or family.gemma4):
         return None
     index, _, part = hf_name[len("model.layers.") :].partition(".")
     if not index.isdigit() or str(int(index)) != index or int(index) >= spec.n_layers:
         return None
     p, n, d, fe = f"layers.{index}.", spec.n_experts, spec.hidden_size, spec.expert_intermediate_size
+    if family.gemma4:  # experts.gate_up_proj [E, 2 x inner, hidden] (gate rows, then up), down [E, hidden, inner]
+        shapes = {"experts.gate_up_proj": (n, 2 * fe, d), "experts.down_proj": (n, d, fe)}
+        if part not in shapes or not spec.n_experts:
+            return None
+        if info.shape != shapes[part]:
+            raise ColibriError(
+                f"tensor {info.name!r} has shape {list(info.shape)}, config.json implies {list(shapes[part])}"
+            )
+        if part == "experts.down_proj":
+            return {p + f"experts.{e}.w_down": HfFusedSlice(path, info, (d, fe), e, None, False) for e in range(n)}
+        out = {}
+        for e in range(n):
+            out[p + f"experts.{e}.w_gate"] = HfFusedSlice(path, info, (fe, d), e, None, False, half=0)
+            out[p + f"experts.{e}.w_up"] = HfFusedSlice(path, info, (fe, d), e, None, False, half=1)
+        return out
     expected = {
         "mlp.experts.gate_up_proj": (n, d, 2 * fe),
         "mlp.experts.down_proj": (n, fe, d),
@@ -419,6 +495,14 @@ def _rope_from(cfg: _Config, params: dict, theta: float, max_pos: int) -> RopeSp
         raise ColibriError(f"{cfg.where}: 'rope_theta' must be positive")
     if kind == "default":
         return RopeSpec(theta=theta)
+    if kind == "proportional":  # Gemma 4's global layers: the first fraction of the pairs rotate
+        fraction = cfg.float("partial_rotary_factor", 1.0, params)
+        factor = cfg.float("factor", 1.0, params)
+        if not 0 < fraction <= 1 or factor <= 0:
+            raise ColibriError(
+                f"{cfg.where}: proportional rope needs 0 < partial_rotary_factor <= 1 and a positive factor"
+            )
+        return RopeSpec(theta=theta, scaling="proportional", factor=factor, rotated_fraction=fraction)
     factor = cfg.float("factor", None, params)
     if factor <= 0:
         raise ColibriError(f"{cfg.where}: rope 'factor' must be positive")
@@ -640,6 +724,89 @@ def _hybrid_linear(cfg: _Config, n_layers: int, head_dim: int) -> dict:
     )
 
 
+def _gemma4(cfg: _Config, n_layers: int, windows: tuple[int, ...], vocab: int) -> dict:
+    """Gemma 4's settings beyond Gemma 3's: the global layers' head width and KV heads
+    (per_layer_config as transformers saves it, or global_head_dim and num_global_key_value_heads),
+    keys equal to values there, the per-layer inputs, the MoE block beside the dense FFN. Refuses
+    what is not supported, by name."""
+    data = cfg.data
+    for key, (supported, what) in GEMMA4_UNSUPPORTED.items():
+        if data.get(key, supported) != supported:
+            raise ColibriError(f"{cfg.where}: {key!r} = {json.dumps(data[key])} ({what}) is not supported")
+    k_eq_v = cfg.bool("attention_k_eq_v", False)
+    head_dim = cfg.int("head_dim")
+    per_layer = data.get("per_layer_config")
+    if per_layer is not None:
+        if not isinstance(per_layer, dict):
+            raise ColibriError(f"{cfg.where}: 'per_layer_config' must be an object of layer overrides")
+        overrides = set()
+        for key, value in per_layer.items():
+            if not (isinstance(key, str) and key.isdigit() and int(key) < n_layers) or not isinstance(value, dict):
+                raise ColibriError(f"{cfg.where}: 'per_layer_config' key {json.dumps(key)} is not a layer index")
+            if windows[int(key)] or set(value) - {"head_dim", "num_key_value_heads"}:
+                raise ColibriError(
+                    f"{cfg.where}: 'per_layer_config' supports head_dim and num_key_value_heads of full_attention "
+                    f"layers only (layer {key})"
+                )
+            overrides.add(json.dumps(value, sort_keys=True))
+        if len(overrides) > 1:
+            raise ColibriError(f"{cfg.where}: 'per_layer_config' must give every full_attention layer the same shape")
+        one = json.loads(overrides.pop()) if overrides else {}
+        global_head_dim = _Config(one, f"{cfg.where} per_layer_config").int("head_dim", head_dim)
+        global_kv = _Config(one, f"{cfg.where} per_layer_config").int("num_key_value_heads", 0, minimum=0)
+    else:
+        global_head_dim = cfg.int("global_head_dim", 512)
+        global_kv = cfg.int("num_global_key_value_heads", 0, minimum=0) if k_eq_v else 0
+    n_heads = cfg.int("num_attention_heads")
+    if global_head_dim % 2:
+        raise ColibriError(f"{cfg.where}: global head_dim {global_head_dim} must be even for rotary embeddings")
+    if global_kv and n_heads % global_kv:
+        raise ColibriError(
+            f"{cfg.where}: num_attention_heads {n_heads} is not divisible by the global layers' {global_kv} KV heads"
+        )
+    ple = data.get("hidden_size_per_layer_input") or 0
+    if ple:
+        ple = cfg.int("hidden_size_per_layer_input")
+        if cfg.int("vocab_size_per_layer_input", vocab) != vocab:
+            raise ColibriError(f"{cfg.where}: 'vocab_size_per_layer_input' must equal vocab_size ({vocab})")
+    moe = {}
+    if cfg.bool("enable_moe_block", False):
+        n_experts = cfg.int("num_experts")
+        top_k = cfg.int("top_k_experts")
+        if top_k > n_experts:
+            raise ColibriError(f"{cfg.where}: top_k_experts {top_k} exceeds the {n_experts} experts")
+        moe = dict(
+            n_experts=n_experts,
+            experts_per_token=top_k,
+            expert_intermediate_size=cfg.int("moe_intermediate_size"),
+            norm_topk_prob=True,
+            moe_layers=(True,) * n_layers,
+            moe_beside_dense=True,
+        )
+    shared = cfg.int("num_kv_shared_layers", 0, minimum=0)
+    if shared > n_layers:
+        raise ColibriError(f"{cfg.where}: num_kv_shared_layers {shared} exceeds the {n_layers} layers")
+    first = n_layers - shared
+    for i in range(first, n_layers):
+        if not any(bool(windows[j]) == bool(windows[i]) for j in range(first)):
+            kind = "sliding_attention" if windows[i] else "full_attention"
+            raise ColibriError(
+                f"{cfg.where}: layer {i} shares keys and values, but no earlier layer is {kind} "
+                f"(num_kv_shared_layers {shared})"
+            )
+    return dict(
+        kv_shared_layers=shared,
+        double_wide_mlp=cfg.bool("use_double_wide_mlp", False) and shared > 0,
+        global_head_dim=0 if global_head_dim == head_dim else global_head_dim,
+        global_kv_heads=0 if global_kv in (0, cfg.int("num_key_value_heads")) else global_kv,
+        k_eq_v=k_eq_v,
+        v_norm=True,
+        ple_dim=ple,
+        layer_scalars=True,
+        **moe,
+    )
+
+
 def parse_config(data: dict, name: str, generation: dict | None = None) -> ModelSpec:
     """config.json (+ optional generation_config.json) -> ModelSpec, with every field checked."""
     cfg = _Config(data, "config.json")
@@ -716,6 +883,8 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
     for t in bos + eos:
         if t >= vocab:
             raise ColibriError(f"config.json: special token id {t} is outside the vocabulary ({vocab})")
+    windows = _layer_windows(cfg, family, n_layers)
+    gemma4 = _gemma4(cfg, n_layers, windows, vocab) if family.gemma4 else {}
 
     return ModelSpec(
         name=name,
@@ -732,25 +901,31 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         n_kv_heads=n_kv,
         head_dim=head_dim,
         rms_norm_eps=eps,
-        rope=_rope(cfg, max_pos, 1000000.0 if gemma else family.default_theta),
+        rope=(
+            GEMMA4_DEFAULT_ROPE
+            if family.gemma4 and data.get("rope_parameters") is None
+            else _rope(cfg, max_pos, 1000000.0 if gemma else family.default_theta)
+        ),
         max_position_embeddings=max_pos,
         tie_embeddings=cfg.bool("tie_word_embeddings", gemma),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,
         qk_norm=family.qk_norm,
-        layer_windows=_layer_windows(cfg, family, n_layers),
+        layer_windows=windows,
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=eos,
         activation=activation,
         embed_scale=float(np.float32(hidden**0.5)) if gemma else 1.0,
-        attn_scale=(cfg.float("query_pre_attn_scalar", head_dim) ** -0.5) if gemma else 0.0,
+        # (Gemma 4 normalises queries and keys and scores them unscaled.)
+        attn_scale=1.0 if family.gemma4 else (cfg.float("query_pre_attn_scalar", head_dim) ** -0.5) if gemma else 0.0,
         post_norms=gemma,
         rope_local=_rope_local(cfg, max_pos) if gemma else None,
         # (Gemma 3 configs may carry attn_logit_softcapping, but transformers' Gemma 3 never applies it.)
         # transformers applies final_logit_softcapping in Gemma3ForCausalLM, not in the multimodal class.
         final_softcap=_softcap(cfg, "final_logit_softcapping") if arch != "Gemma3ForConditionalGeneration" else 0.0,
         **(_moe(cfg, family, n_layers) if family.moe else {}),
+        **gemma4,
         **(_hybrid_linear(cfg, n_layers, head_dim) if family.hybrid_linear else {}),
         attn_sinks=family.attn_sinks,
         **swiglu,
@@ -764,7 +939,11 @@ def _canonical(hf_name: str, family: str) -> str | None:
             break
     if hf_name in HF_GLOBAL:
         return HF_GLOBAL[hf_name]
+    if FAMILIES[family].gemma4 and hf_name in HF_GEMMA4_GLOBAL:
+        return HF_GEMMA4_GLOBAL[hf_name]
     parts = HF_GEMMA_LAYER_PARTS if FAMILIES[family].gemma else HF_LAYER_PARTS
+    if FAMILIES[family].gemma4:
+        parts = HF_GEMMA4_LAYER_PARTS
     if hf_name.startswith("model.layers."):
         rest = hf_name[len("model.layers.") :]
         index, _, part = rest.partition(".")
@@ -772,6 +951,8 @@ def _canonical(hf_name: str, family: str) -> str | None:
             return None
         if part in parts:
             return f"layers.{index}.{parts[part]}"
+        if FAMILIES[family].gemma4:
+            return None
         if part in HF_MOE_LAYER_PARTS:
             return f"layers.{index}.{HF_MOE_LAYER_PARTS[part]}"
         if FAMILIES[family].hybrid_linear and part in HF_LINEAR_LAYER_PARTS:
@@ -787,14 +968,35 @@ def _canonical(hf_name: str, family: str) -> str | None:
     return None
 
 
+def _unused_kv_part(hf_name: str, spec: ModelSpec) -> bool:
+    for prefix, replacement in TEXT_TOWER_PREFIXES:
+        if hf_name.startswith(prefix):
+            hf_name = replacement + hf_name[len(prefix) :]
+            break
+    if not hf_name.startswith("model.layers."):
+        return False
+    index, _, part = hf_name[len("model.layers.") :].partition(".")
+    return (
+        index.isdigit()
+        and int(index) < spec.n_layers
+        and spec.is_kv_consumer(int(index))
+        and part in GEMMA4_UNUSED_KV_PARTS
+    )
+
+
 def _view(spec: ModelSpec, canonical: str, path: Path, info: TensorInfo) -> HfTensor:
     """The canonical tensor as a view of the file's: Gemma's and Qwen3.5's (1 + w) norms (not
     Qwen3.5's gated norm, which scales by w), the queries and the output gate of Qwen3.5's q_proj
     (each head's head_dim queries, then its head_dim gates), its convolution's taps as one vector."""
     family = FAMILIES[spec.family]
     plus_one = (
-        (family.gemma or family.hybrid_linear) and canonical.endswith("norm") and not canonical.endswith("lin_norm")
+        (family.gemma or family.hybrid_linear)
+        and not family.gemma4
+        and canonical.endswith("norm")
+        and not canonical.endswith("lin_norm")
     )
+    if family.gemma4 and canonical.endswith("router_norm"):
+        return HfTensor(path, info, scale=spec.hidden_size**-0.5)
     if spec.attn_output_gate and (canonical.endswith(".wq") or canonical.endswith(".wq_gate")):
         hd = spec.head_dim
         if info.shape != (2 * spec.q_dim, spec.hidden_size):
@@ -894,6 +1096,8 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
                 by_canonical[canonical] = (path, info)
             continue
         canonical = _canonical(hf_name, spec.family)
+        if spec.kv_shared_layers and _unused_kv_part(hf_name, spec):
+            continue  # a KV-sharing layer's own k/v projections and norms: not used
         if canonical is None:
             if hf_name.endswith("rotary_emb.inv_freq"):
                 continue  # a cache some exporters save; recomputed by the generator

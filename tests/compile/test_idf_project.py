@@ -249,7 +249,7 @@ def test_cmake_files_list_every_copied_source_and_the_idf_pieces(name, projects,
         + [f"colibri/runtime/kernels/{k}.c" for k in board.kernels]
         + [f"colibri/runtime/parallel/{board.parallel}.c"]
         + [f"colibri/app/{f.name}" for f in (src / "app").glob("*.c")]
-        + ["colibri/bsp/esp32p4-idf/main.c", "colibri/generated/model_data.c"]
+        + ["colibri/bsp/esp32p4-idf/main.c", "colibri/generated/model_data.c", "colibri/generated/selftest_data.c"]
     )
     assert sorted(srcs) == sorted(expected)
     for rel in srcs:  # hand-written files are copied unchanged; generated ones are the generator's
@@ -640,12 +640,20 @@ def as_flash(image: bytes, size: int) -> bytes:
     return image + b"\xff" * (size - len(image))
 
 
+def after_boot_selftest(frames, result="pass"):
+    """The frames with the boot self-test's (the board file's [selftest] boot = true), checked, left out."""
+    assert frames[1].kind == "selftest" and frames[1].fields.get("result") == result, frames[:2]
+    return frames[:1] + frames[2:]
+
+
 def test_bsp_loads_the_image_from_its_partition_and_decodes_what_the_reference_decodes(simulated, tmp_path):
     p, exe = simulated
     image = (p.root / "weights.bin").read_bytes()
     partition = as_flash(image, align_up(len(image), 0x10000))  # larger than the image, as in flash
     prompt, steps = [1, 17, 42, 99], 6
-    frames = run_simulated(exe, partition, b"noise from a terminal\n" + request_line(prompt, steps), tmp_path)
+    frames = after_boot_selftest(
+        run_simulated(exe, partition, b"noise from a terminal\n" + request_line(prompt, steps), tmp_path)
+    )
     kinds = [f.kind for f in frames]
     assert kinds == ["hello"] + ["token"] * steps + ["stats", "done"], kinds
     assert frames[0].fields["board"] == BOARD and frames[0].fields["model"] == p.generated.model_hash.hex()
@@ -665,7 +673,9 @@ def test_bsp_acknowledges_every_64_bytes_of_a_request_line(simulated, tmp_path):
 def test_bsp_serves_requests_one_after_another(simulated, tmp_path):
     p, exe = simulated
     image = (p.root / "weights.bin").read_bytes()
-    frames = run_simulated(exe, image, request_line([5, 6], 2) + request_line([7], 3, seed=9), tmp_path)
+    frames = after_boot_selftest(
+        run_simulated(exe, image, request_line([5, 6], 2) + request_line([7], 3, seed=9), tmp_path)
+    )
     assert [f.kind for f in frames] == [
         "hello",
         "token",
@@ -683,8 +693,8 @@ def test_bsp_serves_requests_one_after_another(simulated, tmp_path):
 def test_bsp_repeats_its_hello_while_idle_so_a_late_host_sees_one(simulated, tmp_path, board):
     p, exe = simulated
     assert board.idf.idle_hello_ms == 2000
-    frames = run_simulated(
-        exe, (p.root / "weights.bin").read_bytes(), request_line([8], 1), tmp_path, silent_reads=5
+    frames = after_boot_selftest(
+        run_simulated(exe, (p.root / "weights.bin").read_bytes(), request_line([8], 1), tmp_path, silent_reads=5)
     )  # 5 s of silence: hellos at 2 s and 4 s
     assert [f.kind for f in frames] == ["hello", "hello", "hello", "token", "stats", "done"]
     assert frames[1].fields == frames[0].fields and frames[1].seq > 0  # not mistaken for a reset
@@ -717,7 +727,7 @@ def test_bsp_reports_a_bad_or_missing_partition_and_repeats_it_for_each_request(
 
         image = bytes(image)
         partition = header(image, "model_hash", bytes(b ^ 0xFF for b in read_header(image).model_hash))
-    frames = run_simulated(exe, partition, request_line([1, 2], 2), tmp_path, label)
+    frames = after_boot_selftest(run_simulated(exe, partition, request_line([1, 2], 2), tmp_path, label), "fail")
     assert [f.kind for f in frames] == ["hello", "error", "error"]
     for f in frames[1:]:
         assert f.int("code") == code and words in f.fields["msg"].replace("%20", " ").lower()
@@ -729,7 +739,7 @@ def test_bsp_refuses_an_overlong_or_corrupted_request_line_and_keeps_serving(sim
     overlong = b"@CLB 0 request prompt=" + b"1," * (p.plan.n_ctx * 12) + b"1 steps=1 *00000000\n"
     good = request_line([3, 4], 2)
     corrupted = good.replace(b"steps=2", b"steps=3")  # CRC no longer matches
-    frames = run_simulated(exe, image, overlong + corrupted + good, tmp_path)
+    frames = after_boot_selftest(run_simulated(exe, image, overlong + corrupted + good, tmp_path))
     assert [f.kind for f in frames] == ["hello", "error", "error", "token", "token", "stats", "done"]
     assert "longer" in frames[1].fields["msg"] and "CRC mismatch" in frames[2].fields["msg"]
     assert frames[1].int("code") == frames[2].int("code") == 100

@@ -96,11 +96,26 @@ TEMPLATES = {
 }
 
 
+# Runs the command given after a file name and writes the command's peak RSS (wait4's ru_maxrss, in
+# KiB) into that file. Linux carries a process's high-water mark across exec from the memory it was
+# forked with, so the CLI started straight from a test worker that has grown to hundreds of MB would
+# report the worker's size; started from this small process, it reports its own.
+RSS_WRAPPER = """import os, subprocess, sys
+p = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(p.pid, 0)
+open(sys.argv[1], "w").write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def cli_measured(*args, stdin: str = "hello\n") -> tuple[subprocess.CompletedProcess, float, float]:
     """The CLI in a subprocess, with its wall time and its own peak RSS in MB (wait4's rusage)."""
+    import tempfile
+
     start = time.monotonic()
+    rss_file = Path(tempfile.mkstemp(prefix="colibri-rss-")[1])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "generator.cli", *map(str, args)],
+        [sys.executable, "-c", RSS_WRAPPER, str(rss_file), sys.executable, "-m", "generator.cli", *map(str, args)],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -111,12 +126,14 @@ def cli_measured(*args, stdin: str = "hello\n") -> tuple[subprocess.CompletedPro
     proc.stdin.close()
     err = proc.stderr.read()  # one line, or a traceback: either fits the pipe while stdout waits
     out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, status, _ = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
+    rss_kib = int(rss_file.read_text() or 0)
+    rss_file.unlink()
     return (
         subprocess.CompletedProcess(proc.args, proc.returncode, out, err),
         time.monotonic() - start,
-        usage.ru_maxrss / 1024,
+        rss_kib / 1024,
     )
 
 

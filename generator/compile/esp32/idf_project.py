@@ -245,7 +245,8 @@ def write_project(board: Board, plan: Plan, generated_dir: Path, project_dir: Pa
 
     copies = project_sources(board, repo)
     copies += [
-        (generated_dir / n, f"{COLIBRI_DIR}/generated/{n}") for n in sorted((*GENERATED_FILES, SELFTEST_DATA_FILE))
+        (generated_dir / n, f"{COLIBRI_DIR}/generated/{n}")
+        for n in sorted((*GENERATED_FILES, SELFTEST_DATA_FILE, SELFTEST_CHECKS_FILE))
     ]
     rel_paths = [rel for _, rel in copies] + [TEMPLATES["colibri_idf.h"]]
     context = template_context(board, plan, s, header.model_hash, sorted(rel_paths))

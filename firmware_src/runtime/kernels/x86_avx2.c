@@ -1050,17 +1050,16 @@ static void quantize_q8_0_avx2(int8_t *qs, float *d, const float *x, int n)
     }
 }
 
-/* op_silu eight lanes at a time, with op_expf's operations in its order (ops.c): n = x/ln2 rounded
- * half to even (cvtps under the default rounding mode, as lrintf), the two-part ln2 reduction,
- * the degree-6 polynomial, 2^n from the exponent bits; below -87 e^x is 0 (NaN stays NaN), above
- * 88 x is clamped. Every step is one IEEE single-precision operation, so each lane is the scalar
- * result bit for bit. */
-static inline __m256 silu8(__m256 x)
+/* op_expf eight lanes at a time, with its operations in its order (ops.c): n = x/ln2 rounded half
+ * to even (cvtps under the default rounding mode, as lrintf), the two-part ln2 reduction, the
+ * degree-6 polynomial, 2^n from the exponent bits; below -87 e^x is 0 (NaN stays NaN), above 88 x
+ * is clamped. Every step is one IEEE single-precision operation, so each lane is the scalar result
+ * bit for bit. */
+static inline __m256 expf8(__m256 x)
 {
-    const __m256 neg = _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); /* e^-x */
-    const __m256 below = _mm256_cmp_ps(neg, _mm256_set1_ps(-87.0f), _CMP_NGE_UQ);
-    const __m256 nan = _mm256_cmp_ps(neg, neg, _CMP_UNORD_Q);
-    const __m256 v = _mm256_min_ps(neg, _mm256_set1_ps(88.0f));
+    const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_NGE_UQ);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    const __m256 v = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
     const __m256i n = _mm256_cvtps_epi32(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)));
     const __m256 nf = _mm256_cvtepi32_ps(n);
     __m256 r = _mm256_sub_ps(v, _mm256_mul_ps(nf, _mm256_set1_ps(0.693145751953125f)));
@@ -1073,14 +1072,20 @@ static inline __m256 silu8(__m256 x)
     p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
     p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
     const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
-    __m256 e = _mm256_mul_ps(p, scale);
-    e = _mm256_blendv_ps(e, _mm256_and_ps(nan, neg), below); /* 0, or the NaN itself */
+    const __m256 e = _mm256_mul_ps(p, scale);
+    return _mm256_blendv_ps(e, _mm256_and_ps(nan, x), below); /* 0, or the NaN itself */
+}
+
+/* op_silu eight lanes at a time: x / (1 + e^-x), e^-x as expf8 computes it. */
+static inline __m256 silu8(__m256 x)
+{
+    const __m256 e = expf8(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-/* op_softmax eight exponentials and divisions at a time, each lane op_expf's steps as silu8's
- * (x - max is never above 0, so only the low end needs its case); the maximum and the sum stay
- * scalar, in order, as op_softmax computes them. */
+/* op_softmax eight exponentials and divisions at a time, each lane expf8's steps (x - max is never
+ * above 0, so only the low end's case applies); the maximum and the sum stay scalar, in order, as
+ * op_softmax computes them. */
 static void softmax_avx2(float *x, int n)
 {
     float max = x[0];
@@ -1092,24 +1097,7 @@ static void softmax_avx2(float *x, int n)
     const __m256 vmax = _mm256_set1_ps(max);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), vmax);
-        const __m256 below = _mm256_cmp_ps(v, _mm256_set1_ps(-87.0f), _CMP_NGE_UQ);
-        const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-        const __m256 c = _mm256_min_ps(v, _mm256_set1_ps(88.0f));
-        const __m256i k = _mm256_cvtps_epi32(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)));
-        const __m256 kf = _mm256_cvtepi32_ps(k);
-        __m256 r = _mm256_sub_ps(c, _mm256_mul_ps(kf, _mm256_set1_ps(0.693145751953125f)));
-        r = _mm256_sub_ps(r, _mm256_mul_ps(kf, _mm256_set1_ps(1.42860676533018e-06f)));
-        __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 120.0f));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 24.0f));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 6.0f));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
-        const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
-        const __m256 e = _mm256_mul_ps(p, scale);
-        _mm256_storeu_ps(x + i, _mm256_blendv_ps(e, _mm256_and_ps(nan, v), below)); /* 0, or the NaN itself */
+        _mm256_storeu_ps(x + i, expf8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax)));
     }
     for (; i < n; i++) {
         const float v = x[i] - max;

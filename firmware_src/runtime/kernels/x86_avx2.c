@@ -753,6 +753,186 @@ static void matvec_q4_1_avx2(float *out, const uint8_t *w_q4, const KernelHalf *
     matvec_q4_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, 0);
 }
 
+/* Short batches (a speculative pass checks 2 to 8 tokens): up to PASS_TOKENS tokens against the
+ * same rows in one pass. Each weight block comes from memory once and is multiplied into every
+ * token's partials while it sits in L1, so the later tokens' arithmetic runs under the memory
+ * stream of the first. Tiles of the matvec (the tokens one after another over a tile of rows) left
+ * the memory idle while the later tokens computed: a pass of 2 tokens cost 1.65 single-token
+ * passes on the SmolLM2-135M shape. Each (row, token) sum is the matvec kernel's: the same terms
+ * into the same partials, eight rows combined by sum_partials8. */
+#define PASS_TOKENS 4
+#define SHORT_BATCH_MAX 7 /* MATMUL_LANES_FROM - 1: from eight tokens on, the batched kernels */
+
+/* One q8_0 row against nt tokens: acc[t] gets token t's eight partials, as q8_row makes them. */
+__attribute__((always_inline)) static inline void
+q8_row_tokens(__m256 acc[PASS_TOKENS], const int8_t *wq, const KernelHalf *wd, const int8_t *const x_qs[],
+              const float *const x_d[], int nt, int nb, int vnni)
+{
+    for (int t = 0; t < nt; t++) {
+        acc[t] = _mm256_set1_ps(-0.0f);
+    }
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const int8_t *w = wq + b * KERNEL_QK;
+        prefetch_ahead(w, 4);
+        for (int t = 0; t < nt; t++) {
+            const int8_t *x = x_qs[t] + b * KERNEL_QK;
+            const __m256i isums = block_sums8(q8_block(w, x, vnni), q8_block(w + 32, x + 32, vnni),
+                                              q8_block(w + 64, x + 64, vnni), q8_block(w + 96, x + 96, vnni),
+                                              q8_block(w + 128, x + 128, vnni), q8_block(w + 160, x + 160, vnni),
+                                              q8_block(w + 192, x + 192, vnni), q8_block(w + 224, x + 224, vnni));
+            acc[t] = add_terms(acc[t], isums, wd + b, x_d[t] + b, 8);
+        }
+    }
+    if (b < nb) {
+        for (int t = 0; t < nt; t++) {
+            __m256i v[8];
+            for (int k = 0; k < 8; k++) {
+                v[k] = b + k < nb ? q8_block(wq + (b + k) * KERNEL_QK, x_qs[t] + (b + k) * KERNEL_QK, vnni)
+                                  : _mm256_setzero_si256();
+            }
+            const __m256i isums = block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+            acc[t] = add_terms(acc[t], isums, wd + b, x_d[t] + b, nb - b);
+        }
+    }
+}
+
+/* One q4_0 (w_m NULL) or q4_1 row against nt tokens, as q4_row and q4_1_row make each. */
+__attribute__((always_inline)) static inline void
+q4_row_tokens(__m256 acc[PASS_TOKENS], const uint8_t *wq, const KernelHalf *wd, const KernelHalf *wm,
+              const struct q4_input *const in[], const float *const x_d[], int nt, int nb, int vnni)
+{
+    for (int t = 0; t < nt; t++) {
+        acc[t] = _mm256_set1_ps(-0.0f);
+    }
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        for (int t = 0; t < nt; t++) {
+            const __m256i s = q4_nibble_sums8(wq, in[t], b, vnni);
+            const __m256i sum8 = _mm256_loadu_si256((const __m256i *)(in[t]->sum8 + b));
+            acc[t] = wm == NULL ? add_terms(acc[t], _mm256_sub_epi32(s, sum8), wd + b, x_d[t] + b, 8)
+                                : add_q4_1_terms(acc[t], s, _mm256_srai_epi32(sum8, 3), wd + b, wm + b, x_d[t] + b, 8);
+        }
+    }
+    if (b < nb) {
+        const int n = nb - b;
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int t = 0; t < nt; t++) {
+            __m256i v[4];
+            q4_tail_pairs(v, wq, in[t], b, nb, vnni);
+            const __m256i s = pair_sums8(v[0], v[1], v[2], v[3]);
+            const __m256i sum8 = _mm256_maskload_epi32(in[t]->sum8 + b, mask);
+            acc[t] = wm == NULL ? add_terms(acc[t], _mm256_sub_epi32(s, sum8), wd + b, x_d[t] + b, n)
+                                : add_q4_1_terms(acc[t], s, _mm256_srai_epi32(sum8, 3), wd + b, wm + b, x_d[t] + b, n);
+        }
+    }
+}
+
+/* The nt tokens' sums of rows r .. r + n - 1 (a group of eight, rows past n repeating row r) into
+ * out, token t's at out + t * out_stride. `q4` and `w_m == NULL` are constants in every caller. */
+__attribute__((always_inline)) static inline void
+short_pass(float *out, int out_stride, const uint8_t *w, int q4, const KernelHalf *w_d, const KernelHalf *w_m,
+           const int8_t *const x_qs[], const struct q4_input *const in[], const float *const x_d[], int nt, int r,
+           int n, int cols, int vnni)
+{
+    const int nb = cols / KERNEL_QK;
+    const int64_t row_bytes = q4 ? cols / 2 : cols;
+    int row[8];
+    group_rows8(row, r, n);
+    __m256 acc[8][PASS_TOKENS];
+    for (int i = 0; i < 8; i++) {
+        const uint8_t *wq = w + (int64_t)row[i] * row_bytes;
+        const int64_t first_block = (int64_t)row[i] * nb;
+        if (q4) {
+            q4_row_tokens(acc[i], wq, w_d + first_block, w_m == NULL ? NULL : w_m + first_block, in, x_d, nt, nb, vnni);
+        } else {
+            q8_row_tokens(acc[i], (const int8_t *)wq, w_d + first_block, x_qs, x_d, nt, nb, vnni);
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        __m256 token[8];
+        for (int i = 0; i < 8; i++) {
+            token[i] = acc[i][t];
+        }
+        store_rows(out + (int64_t)t * out_stride + r, sum_partials8(token), n);
+    }
+}
+
+/* The q4 activations of a short batch, laid out once per call (q4_prepare), per thread. */
+static _Thread_local struct q4_input short_batch_q4[SHORT_BATCH_MAX];
+
+/* 2 .. SHORT_BATCH_MAX tokens: each group of eight rows passes under every token, PASS_TOKENS at a
+ * time (a second pass finds the group's weights in L1), with nt a constant in each copy. */
+__attribute__((always_inline)) static inline void
+matmul_short(float *out, int out_stride, const uint8_t *w, int q4, const KernelHalf *w_d, const KernelHalf *w_m,
+             const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols, int vnni)
+{
+    const int nb = cols / KERNEL_QK;
+    const int8_t *xq[SHORT_BATCH_MAX];
+    const float *xd[SHORT_BATCH_MAX];
+    const struct q4_input *in[SHORT_BATCH_MAX];
+    for (int t = 0; t < n_tok; t++) {
+        xq[t] = x_qs + (int64_t)t * cols;
+        xd[t] = x_d + (int64_t)t * nb;
+        in[t] = &short_batch_q4[t];
+        if (q4) {
+            q4_prepare(&short_batch_q4[t], xq[t], nb);
+        }
+    }
+    for (int r = 0; r < rows; r += 8) {
+        const int n = rows - r < 8 ? rows - r : 8;
+        for (int t0 = 0; t0 < n_tok; t0 += PASS_TOKENS) {
+            const int nt = n_tok - t0 < PASS_TOKENS ? n_tok - t0 : PASS_TOKENS;
+            float *o = out + (int64_t)t0 * out_stride;
+            switch (nt) {
+            case 1:
+                short_pass(o, out_stride, w, q4, w_d, w_m, xq + t0, in + t0, xd + t0, 1, r, n, cols, vnni);
+                break;
+            case 2:
+                short_pass(o, out_stride, w, q4, w_d, w_m, xq + t0, in + t0, xd + t0, 2, r, n, cols, vnni);
+                break;
+            case 3:
+                short_pass(o, out_stride, w, q4, w_d, w_m, xq + t0, in + t0, xd + t0, 3, r, n, cols, vnni);
+                break;
+            default:
+                short_pass(o, out_stride, w, q4, w_d, w_m, xq + t0, in + t0, xd + t0, PASS_TOKENS, r, n, cols, vnni);
+                break;
+            }
+        }
+    }
+}
+
+static void matmul_short_q8_0(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d,
+                              const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols, int vnni)
+{
+    if (vnni) {
+        matmul_short(out, out_stride, (const uint8_t *)w_qs, 0, w_d, NULL, x_qs, x_d, n_tok, rows, cols, 1);
+    } else {
+        matmul_short(out, out_stride, (const uint8_t *)w_qs, 0, w_d, NULL, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
+static void matmul_short_q4_0(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
+                              const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols, int vnni)
+{
+    if (vnni) {
+        matmul_short(out, out_stride, w_q4, 1, w_d, NULL, x_qs, x_d, n_tok, rows, cols, 1);
+    } else {
+        matmul_short(out, out_stride, w_q4, 1, w_d, NULL, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
+static void matmul_short_q4_1(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
+                              const KernelHalf *w_m, const int8_t *x_qs, const float *x_d, int n_tok, int rows,
+                              int cols, int vnni)
+{
+    if (vnni) {
+        matmul_short(out, out_stride, w_q4, 1, w_d, w_m, x_qs, x_d, n_tok, rows, cols, 1);
+    } else {
+        matmul_short(out, out_stride, w_q4, 1, w_d, w_m, x_qs, x_d, n_tok, rows, cols, 0);
+    }
+}
+
 /* Batched q4_1: one weight row against eight tokens at a time, one float lane per token, as
  * matmul_avx2 does for q8_0 and q4_0. Each lane is its (row, token) sum built with the matvec
  * kernel's terms; lane-wise, these are kernel_q4_1_sum_add and kernel_q4_1_sum_end (kernels.h):
@@ -1325,15 +1505,18 @@ void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const KernelHalf *w_d,
 }
 
 /* The batched kernels give each of eight tokens a float lane and compute all eight lanes for any
- * count: below that, tiles of the matvec (rows that stay in the L1 cache while every token passes
- * over them) cost less. A speculative pass checks 2 to 8 tokens; a prompt batch has 64. */
+ * count: below that, the short-batch kernels (every token under one pass over the rows) cost less.
+ * A speculative pass checks 2 to 8 tokens; a prompt batch has 64. */
 #define MATMUL_LANES_FROM 8
+_Static_assert(SHORT_BATCH_MAX == MATMUL_LANES_FROM - 1, "the short batches end where the lanes begin");
 
 void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     if (n_tok == 1) {
         kernel_matvec_q8_0(out, w_qs, w_d, x_qs, x_d, rows, cols);
+    } else if (n_tok < MATMUL_LANES_FROM && have_avx2_f16c()) {
+        matmul_short_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols, have_vnni());
     } else if (n_tok < MATMUL_LANES_FROM) {
         kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
@@ -1350,6 +1533,8 @@ void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const K
 {
     if (n_tok == 1) {
         kernel_matvec_q4_0(out, w_q4, w_d, x_qs, x_d, rows, cols);
+    } else if (n_tok < MATMUL_LANES_FROM && have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matmul_short_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols, have_vnni());
     } else if (n_tok < MATMUL_LANES_FROM) {
         kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
@@ -1378,6 +1563,8 @@ void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const K
 {
     if (n_tok == 1) {
         kernel_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+    } else if (n_tok < MATMUL_LANES_FROM && have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
+        matmul_short_q4_1(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols, have_vnni());
     } else if (n_tok < MATMUL_LANES_FROM) {
         kernel_tiled_matmul_q4_1(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {

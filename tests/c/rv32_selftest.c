@@ -242,6 +242,33 @@ static void check_swiglu(void)
     }
 }
 
+/* The binary16 KV cache's widening (rv32.c's half_scaled times 2^112) against the scalar
+ * kernel_half_to_float for all 65,536 encodings, subnormals, signed zeros and NaNs included, at
+ * lengths that leave every remainder of its eight-value loop. */
+static void check_widen_f16(void)
+{
+    static KernelHalf h[65536];
+    static float wide_a[65536], wide_b[65536];
+    for (uint32_t i = 0; i < 65536u; i++) {
+        h[i] = (KernelHalf)i;
+    }
+    kernel_widen_f16(wide_a, h, 65536);
+    kernel_scalar_widen_f16(wide_b, h, 65536);
+    if (memcmp(wide_a, wide_b, sizeof wide_a) != 0) {
+        printf("widen_f16 differs from the scalar kernel\n");
+        mismatches++;
+    }
+    for (int n = 1; n <= 17; n++) {
+        wide_a[n] = wide_b[n] = 1.0f; /* the value just past the end stays as it was */
+        kernel_widen_f16(wide_a, h + 0x3C00 - n, n);
+        kernel_scalar_widen_f16(wide_b, h + 0x3C00 - n, n);
+        if (memcmp(wide_a, wide_b, (size_t)(n + 1) * sizeof(float)) != 0) {
+            printf("widen_f16 %d differs from the scalar kernel\n", n);
+            mismatches++;
+        }
+    }
+}
+
 static void check_dot(int n)
 {
     for (int i = 0; i < n; i++) {
@@ -319,6 +346,19 @@ static void count_swiglu(int n)
     printf("instructions swiglu %d: %lu\n", n, (unsigned long)(b - a));
 }
 
+static void count_widen_f16(int n)
+{
+    static KernelHalf h[MAX_COLS];
+    static float wide[MAX_COLS];
+    for (int i = 0; i < n; i++) {
+        h[i] = (KernelHalf)(next() & 0xFFFFu);
+    }
+    uint32_t a = instret();
+    kernel_widen_f16(wide, h, n);
+    uint32_t b = instret();
+    printf("instructions widen_f16 %d: %lu\n", n, (unsigned long)(b - a));
+}
+
 static void count_quantize(int n)
 {
     static int8_t q[MAX_COLS];
@@ -365,6 +405,7 @@ int main(void)
         check_dot(n);
     }
     check_swiglu();
+    check_widen_f16();
     count_matvec(64, 64);
     count_matvec(16, 64);
     count_matvec(128, 64);
@@ -380,6 +421,7 @@ int main(void)
     count_quantize(64);
     count_quantize(128);
     count_swiglu(128);
+    count_widen_f16(512);
     printf("mismatches %d\n", mismatches);
     *(volatile uint32_t *)0x00100000u = mismatches == 0 ? 0x5555u : (1u << 16) | 0x3333u; /* SiFive test device */
     for (;;) {

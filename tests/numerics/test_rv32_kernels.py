@@ -103,6 +103,13 @@ def test_rv32_q8_0_product_costs_about_three_instructions_per_multiply_accumulat
     assert dot16 < 90  # 64 for the arithmetic of a 16-long attention dot product
 
 
+def test_rv32_widens_a_binary16_kv_tile_in_about_six_instructions_a_value(selftest_output):
+    # lh, slli, and, fmv.w.x, fmul by 2^112 and fsw (rv32.c), against ~12 for the portable
+    # kernel_half_to_float; the bits are checked for all 65,536 encodings above.
+    widen = int(re.search(r"widen_f16 512: (\d+)", selftest_output).group(1))
+    assert widen < 7 * 512
+
+
 def test_rv32_q4_1_product_reads_nibbles_in_place_at_about_four_instructions_per_multiply_accumulate(selftest_output):
     # Per byte and row: lbu, andi, two mul and two add for two multiply-adds (rv32.c), plus each
     # row's float term per block; q4_0 read in place has no rv32 kernel (the scalar one).

@@ -20,6 +20,7 @@
 #define KERNEL_HAS_MATVEC_Q4_1
 #define KERNEL_HAS_MATMUL_Q4_1
 #define KERNEL_HAS_WIDEN_F16
+#define KERNEL_HAS_MATVEC_Q4_K
 #include "fallback.h"
 
 #include <math.h>
@@ -572,6 +573,19 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const Ke
         s7 += (p7[j] & 0x0F) * aj + p7[j] * yj;                                                     \
     } while (0)
 
+/* The sum of each activation block's 32 quants: the affine types' xsum, which does not depend on
+ * the row, made once per call. */
+static void activation_sums(int32_t *x_sums, const int8_t *x_qs, int nb)
+{
+    for (int b = 0; b < nb; b++) {
+        int32_t sum = 0;
+        for (int j = 0; j < KERNEL_QK; j++) {
+            sum += x_qs[b * KERNEL_QK + j];
+        }
+        x_sums[b] = sum;
+    }
+}
+
 /* isum from 16 * isum: an exact multiple of 16, so the arithmetic shift (GCC's >> on a negative
  * int) divides exactly. */
 static inline int32_t q4_1_isum(int32_t sum16)
@@ -718,13 +732,7 @@ void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, 
     float xs[XS_BLOCKS];
     if (nb <= XS_BLOCKS && rows >= 4 && prescale(xs, x_d, nb)) {
         const int16_t *wd = (const int16_t *)w_d, *wm = (const int16_t *)w_m;
-        for (int b = 0; b < nb; b++) {
-            int32_t sum = 0;
-            for (int j = 0; j < KERNEL_QK; j++) {
-                sum += x_qs[b * KERNEL_QK + j];
-            }
-            x_sums[b] = sum;
-        }
+        activation_sums(x_sums, x_qs, nb);
         for (; r + 8 <= rows; r += 8) {
             rows8_q4_1(out + r, w_q4 + (int64_t)r * (cols / 2), wd + (int64_t)r * nb, wm + (int64_t)r * nb,
                        x_qs, xs, x_sums, cols);
@@ -771,5 +779,105 @@ void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const K
         kernel_matvec_q4_1(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
     } else {
         matmul_q4_1_tiles(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
+    }
+}
+
+/* Q4_K read in place, four rows at once. A superblock's 128 quant bytes are four runs of 32: run i
+ * holds sub-block 2i in its low nibbles and sub-block 2i + 1 in its high ones (kernel_k_unpack), so
+ * a byte, loaded once, serves both: andi, mul, add for the low nibble, srai, mul, add for the high
+ * one, and each activation quant is loaded once for the four rows. Each row's eight scales and
+ * minimums are decoded once per superblock (kernel_k_unpack's d * sc and -(dmin * m)) and a
+ * sub-block's term is kernel_unpacked_term's, the activation sums made once per call; sub-block j
+ * of every superblock goes to partial j (eight sub-blocks a superblock: the reduction tree's
+ * partial b % 8), so the bits are the scalar kernel's. */
+#define Q4K_MAC4(l)                                   \
+    do {                                              \
+        const int32_t xl = x[l], yl = y[l];           \
+        const int32_t v0 = q0[l], v1 = q1[l];         \
+        const int32_t v2 = q2[l], v3 = q3[l];         \
+        lo0 += (v0 & 0x0F) * xl;                      \
+        hi0 += (v0 >> 4) * yl;                        \
+        lo1 += (v1 & 0x0F) * xl;                      \
+        hi1 += (v1 >> 4) * yl;                        \
+        lo2 += (v2 & 0x0F) * xl;                      \
+        hi2 += (v2 >> 4) * yl;                        \
+        lo3 += (v3 & 0x0F) * xl;                      \
+        hi3 += (v3 >> 4) * yl;                        \
+    } while (0)
+
+/* A Q4_K superblock's eight sub-block scales d * sc_j and offsets -(dmin * m_j), as kernel_k_unpack
+ * makes them. */
+static void q4_k_scales(const uint8_t *blk, float scale[8], float offset[8])
+{
+    const float d = kernel_half_at(blk), dmin = kernel_half_at(blk + 2);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        kernel_k_scale_min(blk + 4, j, &sc, &m);
+        scale[j] = d * (float)sc;
+        offset[j] = -(dmin * (float)m);
+    }
+}
+
+__attribute__((noinline)) static void rows4_q4_k(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const float *x_sums, int superblocks)
+{
+    float part[4][KERNEL_PARTIALS];
+    for (int r = 0; r < 4; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int s = 0; s < superblocks; s++) {
+        const uint8_t *blk = w + (int64_t)s * KERNEL_Q4_K_BYTES;
+        float scale[4][8], offset[4][8];
+        for (int r = 0; r < 4; r++) {
+            q4_k_scales(blk + (int64_t)r * row_bytes, scale[r], offset[r]);
+        }
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *q0 = blk + 16 + 32 * i, *q1 = q0 + row_bytes, *q2 = q1 + row_bytes, *q3 = q2 + row_bytes;
+            const int8_t *x = x_qs + s * KERNEL_Q4_K_VALUES + 2 * i * KERNEL_QK, *y = x + KERNEL_QK;
+            int32_t lo0 = 0, lo1 = 0, lo2 = 0, lo3 = 0, hi0 = 0, hi1 = 0, hi2 = 0, hi3 = 0;
+            for (int l = 0; l < KERNEL_QK; l += 4) {
+                Q4K_MAC4(0);
+                Q4K_MAC4(1);
+                Q4K_MAC4(2);
+                Q4K_MAC4(3);
+                q0 += 4, q1 += 4, q2 += 4, q3 += 4, x += 4, y += 4;
+            }
+            const int32_t isum[2][4] = {{lo0, lo1, lo2, lo3}, {hi0, hi1, hi2, hi3}};
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * i + h, b = s * 8 + j;
+                const float xd = x_d[b], xsum = x_sums[b];
+                for (int r = 0; r < 4; r++) {
+                    const float term = (float)isum[h][r] * (scale[r][j] * xd); /* kernel_unpacked_term's */
+                    part[r][j] = part[r][j] + (term + xsum * (offset[r][j] * xd));
+                }
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        out[r] = kernel_sum_partials(part[r]);
+    }
+}
+
+void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK, superblocks = cols / KERNEL_Q4_K_VALUES;
+    const int row_bytes = superblocks * KERNEL_Q4_K_BYTES;
+    int r = 0;
+    if (nb <= XS_BLOCKS) {
+        int32_t sums[XS_BLOCKS];
+        float x_sums[XS_BLOCKS]; /* exact: |sum| < 2^12 */
+        activation_sums(sums, x_qs, nb);
+        for (int b = 0; b < nb; b++) {
+            x_sums[b] = (float)sums[b];
+        }
+        for (; r + 4 <= rows; r += 4) {
+            rows4_q4_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, superblocks);
+        }
+    }
+    /* the last one to three rows, or rows too long for x_sums: the scalar kernel */
+    if (r < rows) {
+        kernel_scalar_matvec_q4_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
     }
 }

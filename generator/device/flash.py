@@ -10,6 +10,7 @@ ColibriError line, and the port is closed in every case.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +21,19 @@ from .ports import open_error
 SECTOR = 0x1000  # flash erase sector: images start on one
 ESP_IMAGE_MAGIC = 0xE9  # first byte of an ESP bootloader or app image
 UNLIMITED_REV = 0xFFFF  # max_rev_full meaning "no upper bound"
+
+
+@dataclass(frozen=True)
+class Chip:
+    """The chip a flash found: esptool's name for it, its revision (MAJOR * 100 + MINOR) and MAC."""
+
+    name: str
+    revision: int
+    mac: str  # aa:bb:cc:dd:ee:ff
+
+    @property
+    def revision_text(self) -> str:
+        return _rev(self.revision)
 
 
 def _flash_section(board: Board) -> Flash:
@@ -209,9 +223,11 @@ def flash_images(
     progress: Callable[[str], None] = print,
     reset: bool = True,
     before: str = "default-reset",
-) -> None:
+    found: Callable[[Chip], None] | None = None,
+) -> Chip:
     """Write `images` ((offset, file) pairs, e.g. flash_plan()'s) to the board on `port`, verify
-    each, then hard-reset the board (unless reset=False). `before`: how esptool puts the chip in
+    each, then hard-reset the board (unless reset=False); returns the chip it found (and tells
+    `found` as soon as it is known, the board's right one). `before`: how esptool puts the chip in
     its bootloader (BEFORE_MODES)."""
     if before not in BEFORE_MODES:
         raise ColibriError(f"--before must be one of {', '.join(BEFORE_MODES)}, not {before!r}")
@@ -234,7 +250,10 @@ def flash_images(
             progress(f"connecting to the board on {port}")
             esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode=before)
             _check_chip(board, flash, esp, port, checked)
-            progress(f"found {esp.CHIP_NAME} revision {_rev(esp.get_chip_revision())}")
+            chip = Chip(esp.CHIP_NAME, esp.get_chip_revision(), ":".join(f"{b:02x}" for b in esp.read_mac()))
+            progress(f"found {chip.name} revision {chip.revision_text}, MAC {chip.mac}")
+            if found is not None:
+                found(chip)
             esp = cmds.run_stub(esp)
             if baud > ESPLoader.ESP_ROM_BAUD:
                 esp.change_baud(baud)
@@ -250,6 +269,7 @@ def flash_images(
             if reset:
                 progress("resetting the board")
                 cmds.reset_chip(esp, "hard-reset")
+            return chip
         except (FatalError, serial.SerialException, OSError) as e:
             text = _one_line(e)
             partly = (

@@ -10,8 +10,8 @@ check them with the stub's MD5 command.
 
 There are no DTR/RTS lines on a pseudo-terminal: esptool connects with --before no-reset and the
 board is left in its loader afterwards. Knobs that make one board fail the way real ones do:
-`silent` (it never answers), `cut_after` (the line goes dead once that many bytes of flash data
-were written), `corrupt_at` (the byte written at that flash address comes out with one bit
+`silent` (it never answers), `cut_after` (nothing comes back once that many bytes of flash data
+were written, as with a pulled cable), `corrupt_at` (the byte written at that flash address comes out with one bit
 flipped: the MD5 differs) and `chip_id` (another chip, e.g. 9 for an ESP32-S3).
 """
 
@@ -95,11 +95,10 @@ class FakeChip:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        for fd in (self._master, self._slave):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        if self._master >= 0:
+            os.close(self._master)
+            os.close(self._slave)
+            self._master = self._slave = -1
 
     # ---- the line ---------------------------------------------------------------------------
 
@@ -195,7 +194,7 @@ class FakeChip:
             keep = self.cut_after - self.written
             self.flash[address : address + keep] = raw[:keep]
             self.written += keep
-            self._dead = True  # a pulled cable: nothing more is answered
+            self._dead = True  # a pulled cable: nothing more comes back
             return
         self.flash[address : address + len(raw)] = raw
         if self.corrupt_at is not None and address <= self.corrupt_at < address + len(raw):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import __version__, job
 from .arguments import (
+    PortList,
     add_board_args,
     add_budget_arg,
     add_decode_args,
@@ -28,6 +29,7 @@ from .arguments import (
     add_target_args,
     non_negative_float,
     non_negative_int,
+    ports_given,
     positive_int,
     unit_float,
 )
@@ -319,7 +321,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_flash(args) -> int:
-    ports = args.ports or []
+    ports = ports_given(args.port)
     if args.all_ports or len(ports) > 1:
         return _flash_fleet(args, ports)
     if args.report is not None or args.no_selftest:
@@ -363,8 +365,10 @@ def _flash_fleet(args, ports: list[str]) -> int:
 
     if args.monitor:
         raise ColibriError("--monitor watches one board: flash several without it, or give one --port")
+    options = job_options(args)
+    options.port = None  # each board's port is in `ports`
     flashed = job.flash_fleet(
-        job_options(args),
+        options,
         ports,
         all_ports=args.all_ports,
         baud=args.baud,
@@ -752,8 +756,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     add_jobs_arg(p)
     p.add_argument(
         "--port",
-        dest="ports",
-        action="append",
+        action=PortList,
         help="serial port of the board (default: the only port that looks like an ESP32 board's); "
         "given several times, those boards are flashed at once and each runs its self-test",
     )

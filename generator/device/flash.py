@@ -227,7 +227,7 @@ def flash_images(
 ) -> Chip:
     """Write `images` ((offset, file) pairs, e.g. flash_plan()'s) to the board on `port`, verify
     each, then hard-reset the board (unless reset=False); returns the chip it found (and tells
-    `found` as soon as it is known, the board's right one). `before`: how esptool puts the chip in
+    `found` as soon as it is known, before it is checked). `before`: how esptool puts the chip in
     its bootloader (BEFORE_MODES)."""
     if before not in BEFORE_MODES:
         raise ColibriError(f"--before must be one of {', '.join(BEFORE_MODES)}, not {before!r}")
@@ -249,11 +249,11 @@ def flash_images(
         try:
             progress(f"connecting to the board on {port}")
             esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode=before)
-            _check_chip(board, flash, esp, port, checked)
             chip = Chip(esp.CHIP_NAME, esp.get_chip_revision(), ":".join(f"{b:02x}" for b in esp.read_mac()))
-            progress(f"found {chip.name} revision {chip.revision_text}, MAC {chip.mac}")
             if found is not None:
                 found(chip)
+            _check_chip(board, flash, esp, port, checked)
+            progress(f"found {chip.name} revision {chip.revision_text}, MAC {chip.mac}")
             esp = cmds.run_stub(esp)
             if baud > ESPLoader.ESP_ROM_BAUD:
                 esp.change_baud(baud)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..boards import Board
@@ -172,7 +172,8 @@ def flash_many(
     def speaker(port: str) -> Callable[[str], None]:
         def say(line: str) -> None:
             with lock:
-                progress(f"{port}: {line}")
+                if not stop.is_set():  # after Ctrl-C a board still running says nothing more
+                    progress(f"{port}: {line}")
 
         return say
 
@@ -203,8 +204,12 @@ def flash_many(
             while thread.is_alive():
                 thread.join(0.1)
     except KeyboardInterrupt:
-        stop.set()
+        with lock:
+            stop.set()
         report.interrupted = True
+        # The boards still running keep their threads (an esptool call cannot be cut short): the
+        # report holds copies, so what those threads do later cannot change it.
+        report.boards = [replace(outcome) for outcome in report.boards]
         for outcome in report.boards:
             if outcome.result == INTERRUPTED:
                 outcome.seconds = time.monotonic() - start

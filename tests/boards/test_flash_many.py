@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,13 @@ from esp_rom_pty import FakeChip
 
 from generator import cli
 from generator.boards import load_board
+from generator.device import ports
 from generator.device.flash_many import FAIL, INTERRUPTED, PASS, flash_many, format_table
+from generator.device.ports import Port, esp_bridge
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest
 from generator.errors import ColibriError
+from generator.job import fleet_ports
 
 MACS = [bytes.fromhex(f"60550f0000{i:02x}") for i in range(1, 7)]
 
@@ -136,6 +140,21 @@ def test_ports_are_checked_before_anything_is_flashed(board, images):
         flash_many(board, [], images, "", baud=460800)
 
 
+def test_all_ports_takes_every_port_that_looks_like_an_esp32_boards(monkeypatch):
+    def port(device, vid=None, pid=None):
+        return Port(device, "", vid, pid, None, esp_bridge(vid, pid))
+
+    found = [port("/dev/ttyACM0", 0x303A, 0x1001), port("/dev/ttyS0"), port("/dev/ttyUSB1", 0x10C4, 0xEA60)]
+    monkeypatch.setattr(ports, "list_ports", lambda: found)
+    assert fleet_ports([], all_ports=True) == ["/dev/ttyACM0", "/dev/ttyUSB1"]
+    assert fleet_ports(["/dev/ttyS0"], all_ports=False) == ["/dev/ttyS0"]
+    with pytest.raises(ColibriError, match="--port or take them all with --all-ports, not both"):
+        fleet_ports(["/dev/ttyACM0"], all_ports=True)
+    found[:] = [port("/dev/ttyS0")]
+    with pytest.raises(ColibriError, match=r"no serial port that looks like an ESP32 board \(found only /dev/ttyS0\)"):
+        fleet_ports([], all_ports=True)
+
+
 def test_a_port_that_does_not_exist_fails_alone(board, chips, images):
     (good,) = chips({})
     ports = [good.port, "/dev/ttyCOLIBRI_NONE"]
@@ -242,3 +261,22 @@ def test_flash_several_ports_from_the_command_line(chips, tmp_path, capsys, monk
     assert cli.main([*argv, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["passed"] == 2 and json.loads((out / "flash-report.json").read_text()) == printed
+
+    # Ctrl-C while a silent board is still being connected to: the report of what finished, exit 130.
+    good, silent = chips({}, {"silent": True})
+    argv = argv[:-4] + ["--port", good.port, "--port", silent.port]
+
+    def interrupt_once_the_good_board_is_verified() -> None:
+        for _ in range(400):
+            if good.commands.count(0x13) >= 2:  # write_flash's MD5 check and verify_flash's
+                time.sleep(0.3)
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_once_the_good_board_is_verified, daemon=True).start()
+    assert cli.main([*argv, "--report", str(report)]) == 130
+    captured = capsys.readouterr()
+    assert "colibri: interrupted" in captured.err and "(interrupted)" in captured.out.splitlines()[-1]
+    rows = json.loads(report.read_text())["boards"]
+    assert [r["result"] for r in rows] == ["PASS", "interrupted"]

@@ -205,6 +205,11 @@ def _open_port(port: str):
 BEFORE_MODES = ("default-reset", "usb-reset", "no-reset", "no-reset-no-sync")
 
 
+# What esptool says when an image's MD5 read back from the flash is not the file's: the line held,
+# the flash did not keep the bytes.
+READ_BACK_DIFFERS = ("MD5 of file does not match data in flash", "Verification failed", "written flash region is empty")
+
+
 def _esptool_advice(text: str) -> str:
     """esptool's advice names its own flags; say what they are called here."""
     if "--before" in text or "--after" in text:
@@ -272,12 +277,18 @@ def flash_images(
             return chip
         except (FatalError, serial.SerialException, OSError) as e:
             text = _one_line(e)
-            partly = (
-                f"; cut while writing {writing}: the flash is partly written, run flash again "
-                "(it writes and verifies every image)"
-                if writing
-                else ""
-            )
+            if writing and any(words in text for words in READ_BACK_DIFFERS):
+                partly = (
+                    f"; {writing} reads back different from its file: run flash again (a board that "
+                    "fails again has a bad flash chip or supply)"
+                )
+            elif writing:
+                partly = (
+                    f"; cut while writing {writing}: the flash is partly written, run flash again "
+                    "(it writes and verifies every image)"
+                )
+            else:
+                partly = ""
             raise ColibriError(
                 f"flashing board {board.name} on {port} failed: {text}{_esptool_advice(text)}{partly}"
             ) from None

@@ -101,7 +101,9 @@ def test_a_flash_that_reads_back_wrong_and_another_chip_are_their_boards_lines(b
     outcome = {b.port: b for b in report.boards}
     assert outcome[good.port].result == PASS and holds(good, images)
     assert outcome[corrupt.port].result == FAIL and "MD5" in outcome[corrupt.port].failed
-    assert "data.bin at 0x100000, image 2 of 2" in outcome[corrupt.port].failed
+    assert "; data.bin at 0x100000, image 2 of 2 reads back different from its file: run flash again" in (
+        outcome[corrupt.port].failed
+    )
     assert outcome[s3.port].failed == f"found ESP32-S3 on {s3.port}; board esp32p4 needs an ESP32-P4"
     assert outcome[s3.port].chip == "ESP32-S3"  # the odd board out, named in its row
     assert s3.flash == bytearray(b"\xff" * len(s3.flash))  # refused before anything was written

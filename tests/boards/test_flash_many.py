@@ -18,13 +18,13 @@ import pytest
 from conftest import DEFAULT_MODEL
 from esp_rom_pty import FakeChip
 
-from generator import cli
+from generator import cli, job
 from generator.boards import load_board
 from generator.device import ports
 from generator.device.flash_many import FAIL, INTERRUPTED, PASS, flash_many, format_table
 from generator.device.ports import Port, esp_bridge
 from generator.device.runner import run_on_board
-from generator.device.session import RunRequest
+from generator.device.session import RunRequest, Selftest
 from generator.errors import ColibriError
 from generator.job import fleet_ports
 
@@ -240,7 +240,7 @@ def test_each_board_runs_its_self_test_and_a_damaged_one_says_fail(board, builde
 
 
 @pytest.mark.slow
-def test_flash_several_ports_from_the_command_line(chips, tmp_path, capsys, monkeypatch):
+def test_flash_several_ports_from_the_command_line_and_the_api(chips, tmp_path, capsys, monkeypatch):
     """./colibri flash --board esp32p4 --port P1 --port P2: the build's firmware.bin on each board,
     the table on stdout, the JSON report where --report says; --json prints the JSON instead."""
     good, bad = chips({}, {"cut_after": 4096})
@@ -282,3 +282,24 @@ def test_flash_several_ports_from_the_command_line(chips, tmp_path, capsys, monk
     assert "colibri: interrupted" in captured.err and "(interrupted)" in captured.out.splitlines()[-1]
     rows = json.loads(report.read_text())["boards"]
     assert [r["result"] for r in rows] == ["PASS", "interrupted"]
+
+    # The API under the command: the self-test step after each board's flash (here a verdict per
+    # port instead of a reset over RTS, which a pseudo-terminal cannot do), the report beside the build.
+    ok, failing = chips({}, {})
+    verdicts = {
+        ok.port: Selftest(True, {"kernels_checked": "9", "kernels": "rv32", "steps": "3"}),
+        failing.port: Selftest(False, {"image": "CRC-32 of tensor 3 differs", "kernels_checked": "9", "steps": "3"}),
+    }
+    flashed = job.flash_fleet(
+        job.JobOptions(board="esp32p4", out=out, quiet=True),
+        [ok.port, failing.port],
+        before="no-reset",
+        selftest_on=verdicts.__getitem__,
+    )
+    assert flashed.path == out / "flash-report.json"
+    rows = json.loads(flashed.path.read_text())["boards"]
+    assert [(r["result"], r["stage"]) for r in rows] == [("PASS", "done"), ("FAIL", "selftest")]
+    assert rows[0]["selftest"].startswith("self-test PASS: 9 kernel checks (rv32)")
+    assert rows[1]["failed"].startswith("self-test FAIL: weight image refused: CRC-32 of tensor 3 differs")
+    with pytest.raises(ColibriError, match="--no-reset leaves the boards in their bootloader"):
+        job.flash_fleet(job.JobOptions(board="esp32p4", out=out), [ok.port, failing.port], no_reset=True)

@@ -73,6 +73,22 @@ def add_port_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reset", action="store_true", help="reset the board through RTS after opening its port")
 
 
+class PortList(argparse.Action):
+    """--port given again and again: a list of ports. A single port from colibri.toml is a default,
+    replaced (not extended) by the first --port on the command line."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, (given if isinstance(given, list) else []) + [values])
+
+
+def ports_given(value: str | list[str] | None) -> list[str]:
+    """The ports a PortList option holds: none, one (from colibri.toml or the command line) or several."""
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
 def add_remote_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--remote",

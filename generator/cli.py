@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import __version__, job
 from .arguments import (
+    PortList,
     add_board_args,
     add_budget_arg,
     add_decode_args,
@@ -28,6 +29,7 @@ from .arguments import (
     add_target_args,
     non_negative_float,
     non_negative_int,
+    ports_given,
     positive_int,
     unit_float,
 )
@@ -319,7 +321,16 @@ def cmd_bench(args) -> int:
 
 
 def cmd_flash(args) -> int:
-    flashed = job.flash(job_options(args), args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor)
+    ports = ports_given(args.port)
+    if args.all_ports or len(ports) > 1:
+        return _flash_fleet(args, ports)
+    if args.report is not None or args.no_selftest:
+        raise ColibriError(
+            "--report and --no-selftest are for several boards at once (--port P1 --port P2 …, or --all-ports)"
+        )
+    options = job_options(args)
+    options.port = ports[0] if ports else None
+    flashed = job.flash(options, args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor)
     board, port, images, art = flashed.board, flashed.port, flashed.images, flashed.art
     summary = {
         "board": board.name,
@@ -347,6 +358,36 @@ def cmd_flash(args) -> int:
         json_lines=args.json,
         tokenizer=Tokenizer.for_model(args.model),
     )
+
+
+def _flash_fleet(args, ports: list[str]) -> int:
+    from .device.flash_many import format_table
+
+    if args.monitor:
+        raise ColibriError("--monitor watches one board: flash several without it, or give one --port")
+    options = job_options(args)
+    options.port = None  # each board's port is in `ports`
+    flashed = job.flash_fleet(
+        options,
+        ports,
+        all_ports=args.all_ports,
+        baud=args.baud,
+        before=args.before,
+        no_reset=args.no_reset,
+        selftest=not args.no_selftest,
+        report_path=args.report,
+    )
+    report = flashed.report
+    print(json.dumps(report.to_json(), indent=2) if args.json else format_table(report))
+    progress(f"report written to {flashed.path}")
+    if report.interrupted:
+        print("colibri: interrupted", file=sys.stderr)
+        return 130
+    failed = [b for b in report.boards if b.result != "PASS"]
+    if failed:
+        print(f"colibri: error: {len(failed)} of {len(report.boards)} boards failed", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_monitor(args) -> int:
@@ -713,7 +754,28 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
     p = command("flash", cmd_flash, "write a board's images with esptool, verify them, reset the board")
     add_target_args(p)
     add_jobs_arg(p)
-    p.add_argument("--port", help="serial port of the board (default: the only port that looks like an ESP32 board's)")
+    p.add_argument(
+        "--port",
+        action=PortList,
+        help="serial port of the board (default: the only port that looks like an ESP32 board's); "
+        "given several times, those boards are flashed at once and each runs its self-test",
+    )
+    p.add_argument(
+        "--all-ports",
+        action="store_true",
+        help="flash every port that looks like an ESP32 board's at once (./colibri devices lists them)",
+    )
+    p.add_argument(
+        "--no-selftest",
+        action="store_true",
+        help="several boards: skip the self-test after flashing (each board is reset instead)",
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="FILE",
+        help="several boards: where the JSON report goes (default flash-report.json in the build directory)",
+    )
     p.add_argument("--baud", type=positive_int, help="flashing baud rate (default: the board file's, or 460800)")
     p.add_argument(
         "--before",

@@ -15,6 +15,7 @@ compiles nothing and leaves no build directory. Each command asks only for the p
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,7 @@ from .device.runner import run_on_board
 from .device.session import RunRequest, RunResult, Selftest, check_fits_context
 from .device.setup_toolchain import ensure_toolchain
 from .errors import ColibriError
-from .files import DEFAULT_MODEL
+from .files import DEFAULT_MODEL, write_atomic
 from .model.gguf import is_gguf
 from .model.tokenizer import Tokenizer, parse_prompt_ids
 from .numerics.sampling import SamplingParams, generation_defaults
@@ -43,6 +44,7 @@ from .verify import FirmwareIdentity, firmware_identity, hello_check
 if TYPE_CHECKING:  # imported where used, so a command that does not chat, score or bench loads none of them
     from .bench import BenchResult, Stream
     from .chat import ChatState, TurnPlan
+    from .device.flash_many import FleetReport, SelftestOn
     from .evaluate import Evaluation
     from .model.chat_template import ChatTemplate
     from .report import MemoryReport
@@ -761,3 +763,92 @@ def flash(
         before=before,
     )
     return Flashed(board, port, images, art)
+
+
+def fleet_ports(ports: list[str], all_ports: bool) -> list[str]:
+    """The ports `flash` writes to: those given, or with all_ports every port that looks like an
+    ESP32 board's (device/ports.py)."""
+    from .device.ports import list_ports
+
+    if not all_ports:
+        return ports
+    if ports:
+        raise ColibriError("give the boards' ports with --port or take them all with --all-ports, not both")
+    found = list_ports()
+    likely = [p.device for p in found if p.esp_bridge]
+    if not likely:
+        others = f" (found only {', '.join(p.device for p in found)})" if found else " (no serial ports found)"
+        raise ColibriError(f"--all-ports found no serial port that looks like an ESP32 board{others}")
+    return likely
+
+
+@dataclass(frozen=True)
+class FleetFlashed:
+    report: FleetReport
+    path: Path  # where the JSON report was written
+
+
+def flash_fleet(
+    options: JobOptions,
+    ports: list[str],
+    *,
+    all_ports: bool = False,
+    baud: int | None = None,
+    before: str = "default-reset",
+    no_reset: bool = False,
+    selftest: bool = True,
+    report_path: Path | None = None,
+    selftest_on: SelftestOn | None = None,
+) -> FleetFlashed:
+    """Build once, then flash every board on `ports` (or all_ports) in parallel, verify each and run
+    its self-test (device/flash_many.py); the report goes to report_path (default
+    flash-report.json in the build directory), whole or not at all. selftest_on(port) replaces
+    the self-test over the port itself (a board reset through RTS, then a selftest request)."""
+    from .device.flash import flash_plan
+    from .device.flash_many import check_ports, flash_many
+
+    planned = plan_build(options)
+    board = planned.board
+    if not board.is_flashed:
+        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
+    if selftest and no_reset:
+        raise ColibriError(
+            "--no-reset leaves the boards in their bootloader, so their self-test cannot run: add --no-selftest"
+        )
+    ports = fleet_ports(ports, all_ports)
+    check_ports(ports)
+    assert board.flash is not None  # a flashed board has a [flash] section
+    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
+    images = flash_plan(board, art.out_dir)
+    identity = firmware_identity(board, art, planned.plan)
+
+    def over_the_port(port: str) -> Selftest:
+        with open_link(
+            board,
+            art.program,
+            art.weights,
+            art.model_hash(),
+            check_hello=hello_check(identity),
+            flash_image=art.flash_image,
+            port=port,
+            reset=True,
+        ) as link:
+            result = link.turn(RunRequest([], 0, selftest=True))
+        if result.selftest is None:
+            raise ColibriError(f"{port}: the firmware answered a selftest request without a selftest frame")
+        return result.selftest
+
+    report = flash_many(
+        board,
+        ports,
+        images,
+        art.model_hash(),
+        baud=baud or board.flash.baud,
+        before=before,
+        reset=not no_reset,
+        selftest=(selftest_on or over_the_port) if selftest else None,
+        progress=progress,
+    )
+    path = report_path or art.out_dir / "flash-report.json"
+    write_atomic(path, json.dumps(report.to_json(), indent=2) + "\n")
+    return FleetFlashed(report, path)

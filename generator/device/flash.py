@@ -10,6 +10,7 @@ ColibriError line, and the port is closed in every case.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +21,19 @@ from .ports import open_error
 SECTOR = 0x1000  # flash erase sector: images start on one
 ESP_IMAGE_MAGIC = 0xE9  # first byte of an ESP bootloader or app image
 UNLIMITED_REV = 0xFFFF  # max_rev_full meaning "no upper bound"
+
+
+@dataclass(frozen=True)
+class Chip:
+    """The chip a flash found: esptool's name for it, its revision (MAJOR * 100 + MINOR) and MAC."""
+
+    name: str
+    revision: int
+    mac: str  # aa:bb:cc:dd:ee:ff
+
+    @property
+    def revision_text(self) -> str:
+        return _rev(self.revision)
 
 
 def _flash_section(board: Board) -> Flash:
@@ -191,6 +205,11 @@ def _open_port(port: str):
 BEFORE_MODES = ("default-reset", "usb-reset", "no-reset", "no-reset-no-sync")
 
 
+# What esptool says when an image's MD5 read back from the flash is not the file's: the line held,
+# the flash did not keep the bytes.
+READ_BACK_DIFFERS = ("MD5 of file does not match data in flash", "Verification failed", "written flash region is empty")
+
+
 def _esptool_advice(text: str) -> str:
     """esptool's advice names its own flags; say what they are called here."""
     if "--before" in text or "--after" in text:
@@ -209,9 +228,11 @@ def flash_images(
     progress: Callable[[str], None] = print,
     reset: bool = True,
     before: str = "default-reset",
-) -> None:
+    found: Callable[[Chip], None] | None = None,
+) -> Chip:
     """Write `images` ((offset, file) pairs, e.g. flash_plan()'s) to the board on `port`, verify
-    each, then hard-reset the board (unless reset=False). `before`: how esptool puts the chip in
+    each, then hard-reset the board (unless reset=False); returns the chip it found (and tells
+    `found` as soon as it is known, before it is checked). `before`: how esptool puts the chip in
     its bootloader (BEFORE_MODES)."""
     if before not in BEFORE_MODES:
         raise ColibriError(f"--before must be one of {', '.join(BEFORE_MODES)}, not {before!r}")
@@ -233,8 +254,11 @@ def flash_images(
         try:
             progress(f"connecting to the board on {port}")
             esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode=before)
+            chip = Chip(esp.CHIP_NAME, esp.get_chip_revision(), ":".join(f"{b:02x}" for b in esp.read_mac()))
+            if found is not None:
+                found(chip)
             _check_chip(board, flash, esp, port, checked)
-            progress(f"found {esp.CHIP_NAME} revision {_rev(esp.get_chip_revision())}")
+            progress(f"found {chip.name} revision {chip.revision_text}, MAC {chip.mac}")
             esp = cmds.run_stub(esp)
             if baud > ESPLoader.ESP_ROM_BAUD:
                 esp.change_baud(baud)
@@ -250,14 +274,21 @@ def flash_images(
             if reset:
                 progress("resetting the board")
                 cmds.reset_chip(esp, "hard-reset")
+            return chip
         except (FatalError, serial.SerialException, OSError) as e:
             text = _one_line(e)
-            partly = (
-                f"; cut while writing {writing}: the flash is partly written, run flash again "
-                "(it writes and verifies every image)"
-                if writing
-                else ""
-            )
+            if writing and any(words in text for words in READ_BACK_DIFFERS):
+                partly = (
+                    f"; {writing} reads back different from its file: run flash again (a board that "
+                    "fails again has a bad flash chip or supply)"
+                )
+            elif writing:
+                partly = (
+                    f"; cut while writing {writing}: the flash is partly written, run flash again "
+                    "(it writes and verifies every image)"
+                )
+            else:
+                partly = ""
             raise ColibriError(
                 f"flashing board {board.name} on {port} failed: {text}{_esptool_advice(text)}{partly}"
             ) from None

@@ -218,6 +218,15 @@ def cache_stats(result: RunResult) -> CacheStats | None:
     return CacheStats(**sent)
 
 
+class FirmwareError(ColibriError):
+    """An error frame from the firmware; `selftest`: the failed self-test that came before it (a
+    board whose boot self-test failed refuses to run), else None."""
+
+    def __init__(self, message: str, selftest: Selftest | None = None):
+        super().__init__(message)
+        self.selftest = selftest
+
+
 class Session:
     """Interprets one run's frames: hello, token..., stats, done; or an error frame."""
 
@@ -252,8 +261,9 @@ class Session:
                 )
         elif frame.kind == "error":
             msg = frame.fields.get("msg", "unknown error")
-            said = f" ({r.selftest.line()})" if r.selftest is not None and not r.selftest.passed else ""
-            raise ColibriError(f"firmware reported error {frame.fields.get('code', '?')}: {msg}{said}")
+            failed = r.selftest if r.selftest is not None and not r.selftest.passed else None
+            said = f" ({failed.line()})" if failed is not None else ""
+            raise FirmwareError(f"firmware reported error {frame.fields.get('code', '?')}: {msg}{said}", failed)
         elif frame.kind == "token":
             step = frame.int("step")
             if step != len(r.tokens):

@@ -46,6 +46,9 @@ class FakeESP:
     def get_chip_revision(self):
         return self.revision
 
+    def read_mac(self):
+        return (0x60, 0x55, 0x0F, 0x00, 0x00, 0x01)
+
     def change_baud(self, baud):
         self.bauds.append(baud)
 
@@ -106,7 +109,8 @@ def images(tmp_path):
 
 def test_images_are_written_at_their_offsets_verified_and_the_board_reset(board, fake, images):
     lines = []
-    flash_images(board, PORT, list(reversed(images)), baud=921600, progress=lines.append)
+    chip = flash_images(board, PORT, list(reversed(images)), baud=921600, progress=lines.append)
+    assert (chip.name, chip.revision_text, chip.mac) == ("ESP32-P4", "v3.1", "60:55:0f:00:00:01")
     names = fake.names()
     assert names == ["detect_chip", "run_stub", "attach_flash"] + ["write_flash", "verify_flash"] * 4 + ["reset_chip"]
     writes = [c for c in fake.calls if c[0] == "write_flash"]

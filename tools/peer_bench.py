@@ -24,6 +24,15 @@ bandwidth each Colibri run's own probe measured that the run's weight reads took
 token reads and how the output matrix is read (the embedding table itself when the file ties them).
 
     .venv/bin/python tools/peer_bench.py --gguf ~/.cache/colibri-test-models/gemma-3-270m-q4_k_m.gguf
+
+With --long-context N (1,536 in docs/performance.md) it benches long contexts instead, on the same
+q8_0 checkpoint, 1 thread, both sides with a binary16 KV cache (llama.cpp's default, Colibri's
+`--kv-type f16`): an N-token prefill (llama-bench `-p N`, Colibri `--prompt-tokens N`) and the
+decode of 64 tokens after N positions (llama-bench `-d N -n 64`, Colibri's 64 decode steps after
+the N-token prompt), round by round, and the bound each decode has at Colibri's measured read
+bandwidth: the weights plus the keys and values of the positions a token reads.
+
+    .venv/bin/python tools/peer_bench.py --long-context 1536 --rounds 2
 """
 
 from __future__ import annotations
@@ -141,13 +150,15 @@ def make_gguf(cache: Path, tree: Path, model: Path) -> Path:
 NOTES: set[str] = set()
 
 
-def llama_bench(bins: Path, gguf: Path, threads: int, prompt: int, gen: int, repack: str = "auto") -> float:
+def llama_bench(
+    bins: Path, gguf: Path, threads: int, prompt: int, gen: int, repack: str = "auto", extra: tuple = ()
+) -> float:
     """tokens per second of one llama-bench test (its own mean over its repetitions). Where the
     native build's AMX kernels (llama.cpp's repacked "extra" weight buffers) die with SIGILL, as in a
     KVM guest whose CPU flags list AMX without letting a process use it, the test is run again with
     --repack 0 (plain AVX-512/AVX2 kernels), and the table says so. `repack` "0" or "1" passes
     --repack so to every test instead (no retry)."""
-    cmd = [bins / "llama-bench", "-m", gguf, "-p", prompt, "-n", gen, "-t", threads, "-o", "json"]
+    cmd = [bins / "llama-bench", "-m", gguf, "-p", prompt, "-n", gen, "-t", threads, *extra, "-o", "json"]
     if repack != "auto":
         done = run([*cmd, "--repack", repack], capture_output=True, text=True)
         return float(json.loads(done.stdout)[0]["avg_ts"])
@@ -162,7 +173,7 @@ def llama_bench(bins: Path, gguf: Path, threads: int, prompt: int, gen: int, rep
 
 
 def colibri_bench(
-    model: Path, quant: str, threads: int, prompt: int, steps: int, ctx: int = 256, repeat: int = 3
+    model: Path, quant: str, threads: int, prompt: int, steps: int, ctx: int = 256, repeat: int = 3, extra: tuple = ()
 ) -> dict:
     done = run(
         [
@@ -184,6 +195,7 @@ def colibri_bench(
             steps,
             "--repeat",
             repeat,
+            *extra,
             "--json",
         ],
         capture_output=True,
@@ -289,6 +301,63 @@ def bench_gguf(bins: Path, gguf: Path, rounds: int, repack: str, repeat: int) ->
     return 0
 
 
+LONG_DECODE = 64  # tokens decoded after the long prompt, both sides
+
+
+def kv_bytes_per_position(model: Path) -> int:
+    """A binary16 cache's bytes for one position: keys and values of every layer."""
+    cfg = json.loads((model / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 2
+
+
+def bench_long_context(bins: Path, model: Path, gguf: Path, n: int, rounds: int, repack: str) -> int:
+    """An n-token prefill and the decode after n positions, both sides with an f16 KV cache, 1 thread."""
+    rows: dict[str, tuple[list[float], list[float]]] = {"pp": ([], []), "tg": ([], [])}
+    bounds: list[float] = []
+    per_position = kv_bytes_per_position(model)
+    ctx = 1 << (n + LONG_DECODE).bit_length()  # a power of two with room for the prompt and the decode
+    for r in range(rounds):
+        log(f"round {r + 1}/{rounds}")
+        rows["pp"][0].append(llama_bench(bins, gguf, 1, n, 0, repack, ("-r", "3")))
+        rows["tg"][0].append(llama_bench(bins, gguf, 1, 0, LONG_DECODE, repack, ("-d", n, "-r", "3")))
+        c = colibri_bench(model, "q8_0", 1, n, LONG_DECODE, ctx, 3, ("--kv-type", "f16"))
+        rows["pp"][1].append(c["prefill_tok_s"])
+        rows["tg"][1].append(c["decode_tok_s"])
+        # a decoded token reads the weights and the cache of the positions before it (mean over the decode)
+        read = c["weight_bytes_per_token"] + per_position * (n + LONG_DECODE / 2)
+        probes = [x["read_bandwidth_bytes_s"] for x in c["runs"] if x["read_bandwidth_bytes_s"]]
+        bounds.append(median(probes) / read if probes else float("nan"))
+        log(
+            f"round {r + 1}: pp{n} llama.cpp {rows['pp'][0][-1]:.1f}, Colibri {rows['pp'][1][-1]:.1f}; "
+            f"tg{LONG_DECODE}@{n} llama.cpp {rows['tg'][0][-1]:.1f}, Colibri {rows['tg'][1][-1]:.1f}, "
+            f"bound {bounds[-1]:.1f} tok/s"
+        )
+    peer = "llama-bench's default (weight repacking on)" if repack == "auto" else f"llama-bench --repack {repack}"
+    print(
+        f"model: {model} (q8_0; GGUF for llama.cpp: {gguf.name}); 1 thread; binary16 KV cache on both sides; "
+        f"Colibri --ctx {ctx}, the median of 3 runs; llama.cpp: {peer}, llama-bench's mean of 3; {rounds} "
+        f"alternating rounds\n"
+    )
+    print("| what | llama.cpp tok/s | Colibri tok/s | Colibri / llama.cpp, round by round | of the medians |")
+    print("|---|---:|---:|---:|---:|")
+    names = {"pp": f"prefill of {n} tokens (pp{n})", "tg": f"decode of {LONG_DECODE} after {n} positions"}
+    for key, name in names.items():
+        peer_s, ours = rows[key]
+        pairs = ", ".join(f"{o / p:.2f}" for p, o in zip(peer_s, ours))
+        print(f"| {name} | {fmt(peer_s)} | {fmt(ours)} | {pairs} | {median(ours) / median(peer_s):.2f} |")
+    print()
+    for note in sorted(NOTES):
+        print(f"note: {note}")
+    shares = ", ".join(f"{o / b:.2f}" for o, b in zip(rows["tg"][1], bounds))
+    print(
+        f"the decode's bound at Colibri's measured read bandwidth (weights + {per_position:,} KV bytes a "
+        f"position): {fmt(bounds)} tok/s; Colibri's decode of it, round by round: {shares}"
+    )
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, help="HF checkpoint directory (default: the SmolLM2-135M shape, random)")
@@ -298,6 +367,12 @@ def main() -> int:
         choices=("auto", "0", "1"),
         default="auto",
         help="llama-bench's weight repacking: auto (its default, --repack 0 where it dies with SIGILL), 0 or 1",
+    )
+    ap.add_argument(
+        "--long-context",
+        type=int,
+        metavar="N",
+        help="bench an N-token prefill and the decode after N positions (f16 KV cache) instead",
     )
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     ap.add_argument(
@@ -324,6 +399,8 @@ def main() -> int:
     tree = llama_tree(cache)
     bins = build_llama(cache, tree)
     gguf = make_gguf(cache, tree, model)
+    if args.long_context is not None:
+        return bench_long_context(bins, model, gguf, args.long_context, args.rounds, args.repack)
 
     rows = {k: ([], []) for k in ("tg1", "tg2", "pp64", "q4_0", "q4_1")}  # (llama.cpp, Colibri)
     bandwidth: list[float] = []

@@ -68,7 +68,11 @@ def _check_against_partition_table(board: Board, flash: Flash, build_dir: Path, 
     if not csv.is_file():
         raise ColibriError(f"build the ESP-IDF project first: {csv} does not exist")
     parts = {p.name: p for p in parse_partitions_csv(csv.read_text())}
-    wanted = {"app": "factory", "weights": board.idf.weights_partition if board.idf is not None else "weights"}
+    idf = board.idf
+    assert idf is not None
+    wanted = {"app": "ota_0" if idf.ota_slots else "factory", "weights": idf.weights_partition}
+    if idf.ota_slots:
+        wanted["otadata"] = "otadata"
     for image_name, part_name in wanted.items():
         entry, part = flash.image(image_name), parts.get(part_name)
         if entry is None:

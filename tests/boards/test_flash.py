@@ -261,6 +261,7 @@ def idf_outputs(build: Path) -> None:
     esp_image(out / "bootloader" / "bootloader.bin")
     (out / "partition_table" / "partition-table.bin").write_bytes(b"\xaa\x50" + bytes(3070))
     esp_image(out / "colibri_fw.bin")
+    (out / "ota_data_initial.bin").write_bytes(b"\xff" * 0x2000)  # blank otadata: the bootloader starts ota_0
 
 
 def test_flash_plan_without_the_idf_build_says_to_build_it(board, build_dir):
@@ -275,12 +276,14 @@ def test_flash_plan_lists_the_idf_outputs_and_the_weights_at_their_partitions(bo
     assert plan == [
         (0x2000, build_dir / "idf/build/bootloader/bootloader.bin"),
         (0x8000, build_dir / "idf/build/partition_table/partition-table.bin"),
+        (0xD000, build_dir / "idf/build/ota_data_initial.bin"),
         (0x10000, build_dir / "idf/build/colibri_fw.bin"),
         (0x200000, build_dir / "idf/weights.bin"),
     ]
     parts = {p.name: p for p in parse_partitions_csv((build_dir / "idf/partitions.csv").read_text())}
-    assert parts["factory"].offset == plan[2][0] and parts["weights"].offset == plan[3][0]
-    assert plan[3][1].read_bytes() == (build_dir / "generated/weights.img").read_bytes()
+    assert parts["otadata"].offset == plan[2][0] and parts["ota_0"].offset == plan[3][0]
+    assert parts["weights"].offset == plan[4][0]
+    assert plan[4][1].read_bytes() == (build_dir / "generated/weights.img").read_bytes()
     assert all(
         off == img.offset for (off, _), img in zip(plan, sorted(board.idf.images.values(), key=lambda i: i.offset))
     )
@@ -306,7 +309,7 @@ def test_flash_plan_refuses_a_project_whose_partitions_disagree_with_the_board(b
 def test_flash_plan_and_flash_images_work_together(board, build_dir, fake):
     idf_outputs(build_dir)
     flash_images(board, PORT, flash_plan(board, build_dir), progress=lambda _: None)
-    assert [c[1][1][0][0] for c in fake.calls if c[0] == "write_flash"] == [0x2000, 0x8000, 0x10000, 0x200000]
+    assert [c[1][1][0][0] for c in fake.calls if c[0] == "write_flash"] == [0x2000, 0x8000, 0xD000, 0x10000, 0x200000]
 
 
 def test_a_board_without_flash_images_has_nothing_to_flash(tmp_path):

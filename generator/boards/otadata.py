@@ -64,9 +64,10 @@ class OtaEntry:
         return f"seq {self.seq}, {STATE_NAMES.get(self.state, f'state {self.state:#x}')}{crc}"
 
 
-def _stamped(entry: OtaEntry, **changes) -> OtaEntry:
-    e = replace(entry, **changes)
-    return replace(e, crc=ota_crc(e.seq))
+def _stamped(entry: OtaEntry, seq: int | None = None, state: int | None = None) -> OtaEntry:
+    """The entry with a new seq and/or state, and the crc of its seq (as ESP-IDF rewrites one)."""
+    seq = entry.seq if seq is None else seq
+    return replace(entry, seq=seq, state=entry.state if state is None else state, crc=ota_crc(seq))
 
 
 @dataclass(frozen=True)

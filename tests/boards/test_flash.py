@@ -22,7 +22,7 @@ from generator.boards import load_board
 from generator.compile.esp32.idf_project import write_project
 from generator.compile.esp32.partitions import parse_partitions_csv
 from generator.compile.pipeline import generate
-from generator.device.flash import flash_images, flash_plan
+from generator.device.flash import flash_images, flash_plan, select_images
 from generator.errors import ColibriError
 from generator.selftest import GOLDEN_FILE, write_golden
 
@@ -409,3 +409,34 @@ def test_a_flash_cut_at_any_stage_is_finished_by_the_next_flash(board, chip, ima
     for offset, path in images:
         data = path.read_bytes()
         assert bytes(chip.memory[offset : offset + len(data)]) == data, path.name
+
+
+# ---- flash --app-only / --model-only: the model in its own partition, written apart from the app ----
+
+
+def written(fake) -> list[int]:
+    return [c[1][1][0][0] for c in fake.calls if c[0] == "write_flash"]
+
+
+def test_app_only_writes_everything_but_the_weights_and_says_what_it_leaves(board, build_dir, fake):
+    idf_outputs(build_dir)
+    images, skipped = select_images(board, flash_plan(board, build_dir), "app")
+    flash_images(board, PORT, images, progress=lambda _: None)
+    assert written(fake) == [0x2000, 0x8000, 0xD000, 0x10000]  # bootloader, table, blank otadata, ota_0
+    assert skipped == ["weights at 0x200000"]
+
+
+def test_model_only_writes_only_the_weights_partition(board, build_dir, fake):
+    idf_outputs(build_dir)
+    images, skipped = select_images(board, flash_plan(board, build_dir), "model")
+    flash_images(board, PORT, images, progress=lambda _: None)
+    assert written(fake) == [0x200000]
+    assert images[0][1].read_bytes() == (build_dir / "generated/weights.img").read_bytes()
+    assert skipped == ["bootloader at 0x2000", "partition-table at 0x8000", "otadata at 0xd000", "app at 0x10000"]
+
+
+def test_a_board_whose_weights_are_in_its_app_has_neither():
+    p4 = load_board("esp32p4")
+    for only in ("app", "model"):
+        with pytest.raises(ColibriError, match=f"no weights partition.*--{only}-only"):
+            select_images(p4, [], only)

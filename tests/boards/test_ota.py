@@ -6,6 +6,7 @@ in the middle of a write leaves the bytes written so far, as a real cut does."""
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -166,3 +167,26 @@ def test_the_update_file_is_the_checked_app_image(board, app, tmp_path):
     out = tmp_path / "served" / "colibri_fw.bin"
     assert write_update_file(board, app, out) == app.stat().st_size
     assert out.read_bytes() == app.read_bytes()
+
+
+@pytest.mark.slow  # builds the default model's ESP-IDF project
+def test_the_ota_command_updates_the_board_and_writes_the_served_file(chip, tmp_path, capsys):
+    from test_flash import idf_outputs
+
+    from generator import cli
+
+    out = tmp_path / "p4"
+    assert cli.main(["build", "--board", "esp32p4-idf", "--out", str(out)]) == 0
+    idf_outputs(out)  # what idf.py build leaves (ESP-IDF is not installed here)
+    capsys.readouterr()
+    assert cli.main(["ota", "--board", "esp32p4-idf", "--out", str(out), "--port", PORT, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["running_slot"], summary["slot"], summary["seq"]) == ("ota_0", "ota_1", 2)
+    served = tmp_path / "colibri_fw.bin"
+    calls = len(chip.calls)
+    assert cli.main(["ota", "--board", "esp32p4-idf", "--out", str(out), "--file", str(served)]) == 0
+    assert served.read_bytes() == (out / "idf/build/colibri_fw.bin").read_bytes()
+    assert len(chip.calls) == calls  # no board touched
+    assert "esp_https_ota" in capsys.readouterr().err
+    assert cli.main(["ota", "--board", "host", "--out", str(tmp_path / "h"), "--port", PORT]) == 2
+    assert not (tmp_path / "h").exists()  # refused before building

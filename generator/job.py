@@ -803,7 +803,15 @@ def ota(
         write_update_file(board, app, file)
         return Updated(board, app, art, None, Path(file))
     assert port is not None and board.flash is not None
+    weights = art.out_dir / board.idf.images["weights"].file  # the board must hold them: checked first
     done = ota_update(
-        board, port, app, baud=baud or board.flash.baud, progress=progress, reset=not no_reset, before=before
+        board,
+        port,
+        app,
+        baud=baud or board.flash.baud,
+        progress=progress,
+        reset=not no_reset,
+        before=before,
+        weights=weights,
     )
     return Updated(board, app, art, done)

@@ -64,6 +64,14 @@ def write_update_file(board: Board, app: Path, out: Path) -> int:
     return len(data)
 
 
+def _identity(weights: Path) -> bytes:
+    """The weight image's header and directory: the bytes whose SHA-256 the app carries."""
+    from ..compile.image import map_image, read_header
+
+    blob = map_image(weights)
+    return bytes(blob[: read_header(blob).data_offset])
+
+
 def ota_update(
     board: Board,
     port: str,
@@ -72,9 +80,12 @@ def ota_update(
     progress: Callable[[str], None] = print,
     reset: bool = True,
     before: str = "default-reset",
+    weights: Path | None = None,
 ) -> OtaUpdate:
     """Write `app` into the inactive slot of the board on `port`, verify it, select it in otadata,
-    read otadata back, and reset the board (unless reset=False) so the bootloader starts it."""
+    read otadata back, and reset the board (unless reset=False) so the bootloader starts it.
+    weights: the image the app was built for; the board's weights partition must begin with its
+    header and directory (else the new app would refuse them, fail its self-test and roll back)."""
     if before not in BEFORE_MODES:
         raise ColibriError(f"--before must be one of {', '.join(BEFORE_MODES)}, not {before!r}")
     layout = _layout(board)
@@ -91,6 +102,7 @@ def ota_update(
     except ImportError:
         raise ColibriError("esptool is not installed (./colibri sets up its environment with it)") from None
 
+    identity = _identity(weights) if weights is not None else None
     slots = len(layout.slots)
     params = dict(flash_mode=flash.mode, flash_freq=flash.frequency, flash_size=flash.size)
     ser = _open_port(port)
@@ -105,6 +117,15 @@ def ota_update(
                 esp.change_baud(baud)
             cmds.attach_flash(esp)
             before_data = OtaData.parse(cmds.read_flash(esp, layout.otadata, OTADATA_BYTES))
+            if identity is not None:
+                at = board.idf.images["weights"].offset if board.idf is not None else 0
+                if cmds.read_flash(esp, at, len(identity)) != identity:
+                    raise ColibriError(
+                        f"the weights partition of the board on {port} (0x{at:x}) does not hold the weight image "
+                        "this app was built for: write it first with flash --model-only (the new app would "
+                        "refuse it, fail its self-test and roll back)"
+                    )
+                progress("the board's weights partition holds the image this app was built for")
             running, after_boot = before_data.boot(slots)  # what the bootloader would start now
             target = (running + 1) % slots
             entries = "; ".join(f"otadata[{i}] {e.describe()}" for i, e in enumerate(before_data.entries))

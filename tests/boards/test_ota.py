@@ -179,6 +179,11 @@ def test_the_ota_command_updates_the_board_and_writes_the_served_file(chip, tmp_
     assert cli.main(["build", "--board", "esp32p4-idf", "--out", str(out)]) == 0
     idf_outputs(out)  # what idf.py build leaves (ESP-IDF is not installed here)
     capsys.readouterr()
+    # The board's weights partition is blank: the new app would refuse it, so nothing is written.
+    assert cli.main(["ota", "--board", "esp32p4-idf", "--out", str(out), "--port", PORT]) == 2
+    assert "write it first with flash --model-only" in capsys.readouterr().err and chip.written == []
+    weights = (out / "idf/weights.bin").read_bytes()
+    chip.flash[0x200000 : 0x200000 + len(weights)] = weights  # flash --model-only
     assert cli.main(["ota", "--board", "esp32p4-idf", "--out", str(out), "--port", PORT, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["running_slot"], summary["slot"], summary["seq"]) == ("ota_0", "ota_1", 2)

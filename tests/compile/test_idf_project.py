@@ -902,3 +902,17 @@ def test_a_failing_idf_build_is_one_clear_line(projects, tmp_path, monkeypatch):
         idf_build(projects["kjv-tiny"].root)
     msg = str(e.value)
     assert "idf.py build failed" in msg and "exit 2" in msg and "unknown type name foo" in msg and "\n" not in msg
+
+
+def test_the_partition_table_keeps_gen_esp32parts_rules_for_ota(board):
+    from generator.compile.esp32.partitions import Partition, check_partitions
+
+    parts = idf_project.partition_table(board.idf, 1000)
+    check_partitions(parts, 0x8000, 16 << 20)
+    otadata = next(p for p in parts if p.subtype == "ota")
+    with pytest.raises(ColibriError, match="otadata partition must be 0x2000 bytes"):
+        check_partitions([dataclasses.replace(otadata, size=0x1000)] + parts[2:], 0x8000, 16 << 20)
+    with pytest.raises(ColibriError, match="more than one otadata"):
+        check_partitions(parts + [Partition("otadata2", "data", "ota", 0xF00000, 0x2000)], 0x8000, 16 << 20)
+    with pytest.raises(ColibriError, match="unique"):
+        check_partitions(parts + [Partition("ota_0", "app", "ota_2", 0xF00000, 0x10000)], 0x8000, 16 << 20)

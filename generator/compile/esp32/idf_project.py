@@ -5,7 +5,7 @@ partition table and the app, beside the weight image for its flash partition.
     project/
       CMakeLists.txt            project(colibri_fw); idf.py's entry
       sdkconfig.defaults        target, PSRAM (hex), CPU clock, -O2, watchdogs, flash, partition table
-      partitions.csv            nvs, the factory app, the weights data partition
+      partitions.csv            nvs, otadata and the A/B app slots (or a factory app), the weights partition
       weights.bin               the weight image (generated/weights.img), for the weights partition
       flash_args, README.txt    which file goes at which offset (esptool's @file syntax)
       main/CMakeLists.txt       idf_component_register: every source below, numerics flags
@@ -215,6 +215,7 @@ def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes
             subtype=f"0x{s.weights_subtype_value:02x}",
         ),
         partition_table_offset=f"0x{table.offset:x}",
+        ota_slots=len(s.ota_slots),
         sdkconfig=sdkconfig_entries(s),
         flash_files=flash_files,
         flash_header=f"--flash-mode {s.flash_mode} --flash-freq {s.flash_freq} --flash-size {s.flash_size}",

@@ -1,8 +1,7 @@
 /* The A/B update logic (app/ota_state.c) on a simulated otadata partition: updates that pass their
  * self-test, fail it, or lose power before deciding, each followed by the boots the bootloader would
  * make. Built for the host and for qemu-rv32 (semihosting output, then the SiFive test device ends
- * the emulator); tests/boards/test_ota_state.py
- * reads the lines:
+ * the emulator); tests/boards/test_ota_state.py reads the lines:
  *   crc <seq> <crc>                      bootloader_common_ota_select_crc
  *   <scenario> <step> slot <n> state <s> after each boot: the slot started and its otadata state
  *   <scenario> <step> action <a> [refused]

@@ -330,7 +330,8 @@ def cmd_flash(args) -> int:
         )
     options = job_options(args)
     options.port = ports[0] if ports else None
-    flashed = job.flash(options, args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor)
+    only = "app" if args.app_only else "model" if args.model_only else None
+    flashed = job.flash(options, args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor, only=only)
     board, port, images, art = flashed.board, flashed.port, flashed.images, flashed.art
     summary = {
         "board": board.name,
@@ -376,6 +377,7 @@ def _flash_fleet(args, ports: list[str]) -> int:
         no_reset=args.no_reset,
         selftest=not args.no_selftest,
         report_path=args.report,
+        only="app" if args.app_only else "model" if args.model_only else None,
     )
     report = flashed.report
     print(json.dumps(report.to_json(), indent=2) if args.json else format_table(report))
@@ -387,6 +389,37 @@ def _flash_fleet(args, ports: list[str]) -> int:
     if failed:
         print(f"colibri: error: {len(failed)} of {len(report.boards)} boards failed", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_ota(args) -> int:
+    updated = job.ota(job_options(args), args.baud, args.before, no_reset=args.no_reset, file=args.file)
+    board, done = updated.board, updated.update
+    if done is None:
+        assert updated.file is not None
+        summary = {"board": board.name, "file": str(updated.file), "bytes": updated.file.stat().st_size}
+        message = (
+            f"wrote {updated.file} ({summary['bytes']:,} B): the app image an esp_https_ota server serves; "
+            "no board was touched"
+        )
+    else:
+        summary = {
+            "board": board.name,
+            "port": done.port,
+            "running_slot": f"ota_{done.running_slot}",
+            "slot": f"ota_{done.slot}",
+            "seq": done.seq,
+            "bytes": done.app_bytes,
+            "model_hash": updated.art.model_hash(),
+        }
+        message = (
+            f"updated {board.name} on {done.port}: the new app is in ota_{done.slot} and selected; "
+            f"it confirms itself if its self-test passes, else the board goes back to ota_{done.running_slot}"
+        )
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        progress(message)
     return 0
 
 
@@ -793,6 +826,36 @@ def make_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentP
         "--monitor",
         action="store_true",
         help="then reset the board and monitor it (like idf.py flash monitor; Ctrl-C to stop)",
+    )
+
+    only = p.add_mutually_exclusive_group()
+    only.add_argument(
+        "--app-only",
+        action="store_true",
+        help="write the bootloader, partition table, otadata and app, and leave the weights partition alone",
+    )
+    only.add_argument("--model-only", action="store_true", help="write only the weights partition")
+
+    p = command(
+        "ota",
+        cmd_ota,
+        "A/B update of an ESP-IDF board: the app into the slot not running, verified, then selected in otadata",
+    )
+    add_target_args(p)
+    add_jobs_arg(p)
+    p.add_argument("--port", help="serial port of the board (default: the only port that looks like an ESP32 board's)")
+    p.add_argument("--baud", type=positive_int, help="flashing baud rate (default: the board file's, or 460800)")
+    p.add_argument(
+        "--before",
+        default="default-reset",
+        choices=("default-reset", "usb-reset", "no-reset", "no-reset-no-sync"),
+        help="how esptool puts the chip in its bootloader (esptool --before)",
+    )
+    p.add_argument("--no-reset", action="store_true", help="leave the board in its bootloader afterwards")
+    p.add_argument(
+        "--file",
+        type=Path,
+        help="write the app image an esp_https_ota server would serve to FILE instead of updating a board",
     )
 
     p = command("monitor", cmd_monitor, "show what a board prints: logs and decoded frames (Ctrl-C to stop)")

@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # imported where used, so a command that does not chat, score
     from .bench import BenchResult, Stream
     from .chat import ChatState, TurnPlan
     from .device.flash_many import FleetReport, SelftestOn
+    from .device.ota import OtaUpdate
     from .evaluate import Evaluation
     from .model.chat_template import ChatTemplate
     from .report import MemoryReport
@@ -735,11 +736,13 @@ def flash(
     before: str = "default-reset",
     no_reset: bool = False,
     then_monitor: bool = False,
+    only: str | None = None,
 ) -> Flashed:
     """Build and write a flashed board's images with esptool and verify them; reset the board after,
     unless no_reset or then_monitor (the monitor resets it once its port is open, so the hello of the
-    new firmware is not lost before anyone listens)."""
-    from .device.flash import flash_images, flash_plan
+    new firmware is not lost before anyone listens). only="app" leaves the weights partition as it
+    is on the board, only="model" writes the weights alone (device.flash.select_images)."""
+    from .device.flash import flash_images, flash_plan, select_images
 
     planned = plan_build(options)
     board = planned.board
@@ -749,10 +752,13 @@ def flash(
         raise ColibriError(
             "--no-reset leaves the board in its bootloader, so --monitor would show nothing: give one or the other"
         )
+    select_images(board, [], only)  # a board whose weights are in its app has no --app-only: said before building
     port = board_port(options, board)
     assert port is not None and board.flash is not None  # a flashed board is on a serial port
     art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
-    images = flash_plan(board, art.out_dir)
+    images, skipped = select_images(board, flash_plan(board, art.out_dir), only)
+    for left in skipped:
+        progress(f"--{only}-only: leaving {left} as it is on the board")
     flash_images(
         board,
         port,
@@ -799,12 +805,14 @@ def flash_fleet(
     selftest: bool = True,
     report_path: Path | None = None,
     selftest_on: SelftestOn | None = None,
+    only: str | None = None,
 ) -> FleetFlashed:
     """Build once, then flash every board on `ports` (or all_ports) in parallel, verify each and run
     its self-test (device/flash_many.py); the report goes to report_path (default
     flash-report.json in the build directory), whole or not at all. selftest_on(port) replaces
-    the self-test over the port itself (a board reset through RTS, then a selftest request)."""
-    from .device.flash import flash_plan
+    the self-test over the port itself (a board reset through RTS, then a selftest request); only
+    as flash()'s (--app-only, --model-only) for every board."""
+    from .device.flash import flash_plan, select_images
     from .device.flash_many import check_ports, flash_many
 
     planned = plan_build(options)
@@ -818,8 +826,11 @@ def flash_fleet(
     ports = fleet_ports(ports, all_ports)
     check_ports(ports)
     assert board.flash is not None  # a flashed board has a [flash] section
+    select_images(board, [], only)  # a board whose weights are in its app has no --app-only: said before building
     art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
-    images = flash_plan(board, art.out_dir)
+    images, skipped = select_images(board, flash_plan(board, art.out_dir), only)
+    if skipped:
+        progress(f"--{only}-only: leaving {', '.join(skipped)} as it is on every board")
     identity = firmware_identity(board, art, planned.plan)
 
     def over_the_port(port: str) -> Selftest:
@@ -852,3 +863,51 @@ def flash_fleet(
     path = report_path or art.out_dir / "flash-report.json"
     write_atomic(path, json.dumps(report.to_json(), indent=2) + "\n")
     return FleetFlashed(report, path)
+
+
+@dataclass(frozen=True)
+class Updated:
+    board: Board
+    app: Path  # the app image written (or served)
+    art: Artifacts
+    update: OtaUpdate | None  # None when only the update file was written
+    file: Path | None = None
+
+
+def ota(
+    options: JobOptions,
+    baud: int | None = None,
+    before: str = "default-reset",
+    no_reset: bool = False,
+    file: Path | None = None,
+) -> Updated:
+    """Build and write the app into the inactive A/B slot of an ESP-IDF board over its serial port,
+    then select it (device.ota); with `file`, write the image an esp_https_ota server would serve
+    there instead, and touch no board."""
+    from .device.flash import flash_plan
+    from .device.ota import ota_update, write_update_file
+
+    planned = plan_build(options)
+    board = planned.board
+    if board.idf is None or not board.idf.ota_slots:
+        raise ColibriError(f"board {board.name} has no A/B app slots: ota updates ESP-IDF boards such as esp32p4-idf")
+    port = None if file is not None else board_port(options, board)
+    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
+    flash_plan(board, art.out_dir)  # the idf.py build exists and matches the partition table
+    app = art.out_dir / board.idf.images["app"].file
+    if file is not None:
+        write_update_file(board, app, file)
+        return Updated(board, app, art, None, Path(file))
+    assert port is not None and board.flash is not None
+    weights = art.out_dir / board.idf.images["weights"].file  # the board must hold them: checked first
+    done = ota_update(
+        board,
+        port,
+        app,
+        baud=baud or board.flash.baud,
+        progress=progress,
+        reset=not no_reset,
+        before=before,
+        weights=weights,
+    )
+    return Updated(board, app, art, done)

@@ -56,6 +56,7 @@ class IdfSettings:
     weights_subtype: str
     nvs_offset: int
     nvs_size: int
+    ota_slots: tuple[int, ...]  # app slot offsets (ota_0, ota_1, ...), each the app image's size; () = factory app
     uart_num: int
     uart_baud: int
     uart_rx_buffer: int
@@ -135,6 +136,7 @@ def parse_idf(section: object, flash: Flash | None, path: Path) -> IdfSettings:
             weights_subtype=subtype if isinstance(subtype, str) else f"0x{_positive_int(subtype, 'subtype'):02x}",
             nvs_offset=_positive_int(section["nvs_offset"], "nvs_offset"),
             nvs_size=_positive_int(section["nvs_size"], "nvs_size"),
+            ota_slots=tuple(_positive_int(o, "ota_slots entry") for o in section.get("ota_slots", [])),
             uart_num=_positive_int(section["uart_num"], "uart_num"),
             uart_baud=_positive_int(section["uart_baud"], "uart_baud"),
             uart_rx_buffer=_positive_int(section["uart_rx_buffer"], "uart_rx_buffer"),
@@ -164,6 +166,21 @@ def _check_settings(path: Path, s: IdfSettings) -> None:
         bad("the partition table must start on a 4 KiB sector at 0x8000 or above")
     if s.images["app"].offset % MMU_PAGE or s.images["weights"].offset % MMU_PAGE:
         bad("the app and weights partitions must start on 64 KiB boundaries")
+    if s.ota_slots:
+        otadata = s.images.get("otadata")
+        if len(s.ota_slots) < 2 or len(s.ota_slots) > 16:
+            bad(f"ota_slots must list 2 to 16 app slots, not {len(s.ota_slots)}")
+        if s.ota_slots[0] != s.images["app"].offset:
+            bad(f"ota_slots starts at 0x{s.ota_slots[0]:x}, but flash writes the app at 0x{s.images['app'].offset:x}")
+        if any(o % MMU_PAGE for o in s.ota_slots):
+            bad("every app slot in ota_slots must start on a 64 KiB boundary")
+        size, starts = s.images["app"].size or 0, sorted(s.ota_slots)
+        if any(lo + size > hi for lo, hi in zip(starts, starts[1:])):
+            bad(f"the app slots in ota_slots overlap: each holds the app image's 0x{size:x} bytes")
+        if otadata is None or otadata.size != 2 * SECTOR or otadata.offset % SECTOR:
+            bad(
+                "A/B slots need an otadata image in [[flash.images]]: two 4 KiB sectors (size = 0x2000), sector-aligned"
+            )
     mixed = {r < 3 for r in s.supported_revisions}
     if len(mixed) > 1:
         bad(

@@ -74,6 +74,36 @@ def flash_plan(board: Board, build_dir: Path) -> list[tuple[int, Path]]:
     return plan
 
 
+# flash --app-only / --model-only: which of a board's [[flash.images]] each writes.
+PARTS = {"app": "everything but the weights", "model": "only the weights"}
+
+
+def select_images(
+    board: Board, plan: list[tuple[int, Path]], only: str | None
+) -> tuple[list[tuple[int, Path]], list[str]]:
+    """The part of flash_plan()'s images that `only` ("app": all but the weights partition,
+    "model": the weights alone, None: all) writes, and a description of each image left alone."""
+    if only is None:
+        return plan, []
+    if only not in PARTS:
+        raise ColibriError(f"only must be one of {', '.join(PARTS)}, not {only!r}")
+    flash = _flash_section(board)
+    weights = flash.image("weights")
+    if weights is None:
+        raise ColibriError(
+            f"board {board.name} has no weights partition (its weights are linked into the app): "
+            f"--{only}-only needs a board that keeps the model apart, such as esp32p4-idf"
+        )
+    kept, skipped = [], []
+    for offset, path in plan:
+        if (offset == weights.offset) == (only == "model"):
+            kept.append((offset, path))
+        else:
+            name = next((i.name for i in flash.images if i.offset == offset), "") or path.name
+            skipped.append(f"{name} at 0x{offset:x}")
+    return kept, skipped
+
+
 def _check_against_partition_table(board: Board, flash: Flash, build_dir: Path, project: Path) -> None:
     """The images must fit the partitions the project was built with (a stale project would not)."""
     from ..compile.esp32.partitions import parse_partitions_csv
@@ -82,7 +112,11 @@ def _check_against_partition_table(board: Board, flash: Flash, build_dir: Path, 
     if not csv.is_file():
         raise ColibriError(f"build the ESP-IDF project first: {csv} does not exist")
     parts = {p.name: p for p in parse_partitions_csv(csv.read_text())}
-    wanted = {"app": "factory", "weights": board.idf.weights_partition if board.idf is not None else "weights"}
+    idf = board.idf
+    assert idf is not None
+    wanted = {"app": "ota_0" if idf.ota_slots else "factory", "weights": idf.weights_partition}
+    if idf.ota_slots:
+        wanted["otadata"] = "otadata"
     for image_name, part_name in wanted.items():
         entry, part = flash.image(image_name), parts.get(part_name)
         if entry is None:

@@ -22,7 +22,7 @@ from generator.boards import load_board
 from generator.compile.esp32.idf_project import write_project
 from generator.compile.esp32.partitions import parse_partitions_csv
 from generator.compile.pipeline import generate
-from generator.device.flash import flash_images, flash_plan
+from generator.device.flash import flash_images, flash_plan, select_images
 from generator.errors import ColibriError
 from generator.selftest import GOLDEN_FILE, write_golden
 
@@ -265,6 +265,7 @@ def idf_outputs(build: Path) -> None:
     esp_image(out / "bootloader" / "bootloader.bin")
     (out / "partition_table" / "partition-table.bin").write_bytes(b"\xaa\x50" + bytes(3070))
     esp_image(out / "colibri_fw.bin")
+    (out / "ota_data_initial.bin").write_bytes(b"\xff" * 0x2000)  # blank otadata: the bootloader starts ota_0
 
 
 def test_flash_plan_without_the_idf_build_says_to_build_it(board, build_dir):
@@ -279,12 +280,14 @@ def test_flash_plan_lists_the_idf_outputs_and_the_weights_at_their_partitions(bo
     assert plan == [
         (0x2000, build_dir / "idf/build/bootloader/bootloader.bin"),
         (0x8000, build_dir / "idf/build/partition_table/partition-table.bin"),
+        (0xD000, build_dir / "idf/build/ota_data_initial.bin"),
         (0x10000, build_dir / "idf/build/colibri_fw.bin"),
         (0x200000, build_dir / "idf/weights.bin"),
     ]
     parts = {p.name: p for p in parse_partitions_csv((build_dir / "idf/partitions.csv").read_text())}
-    assert parts["factory"].offset == plan[2][0] and parts["weights"].offset == plan[3][0]
-    assert plan[3][1].read_bytes() == (build_dir / "generated/weights.img").read_bytes()
+    assert parts["otadata"].offset == plan[2][0] and parts["ota_0"].offset == plan[3][0]
+    assert parts["weights"].offset == plan[4][0]
+    assert plan[4][1].read_bytes() == (build_dir / "generated/weights.img").read_bytes()
     assert all(
         off == img.offset for (off, _), img in zip(plan, sorted(board.idf.images.values(), key=lambda i: i.offset))
     )
@@ -310,7 +313,7 @@ def test_flash_plan_refuses_a_project_whose_partitions_disagree_with_the_board(b
 def test_flash_plan_and_flash_images_work_together(board, build_dir, fake):
     idf_outputs(build_dir)
     flash_images(board, PORT, flash_plan(board, build_dir), progress=lambda _: None)
-    assert [c[1][1][0][0] for c in fake.calls if c[0] == "write_flash"] == [0x2000, 0x8000, 0x10000, 0x200000]
+    assert [c[1][1][0][0] for c in fake.calls if c[0] == "write_flash"] == [0x2000, 0x8000, 0xD000, 0x10000, 0x200000]
 
 
 def test_a_board_without_flash_images_has_nothing_to_flash(tmp_path):
@@ -410,3 +413,34 @@ def test_a_flash_cut_at_any_stage_is_finished_by_the_next_flash(board, chip, ima
     for offset, path in images:
         data = path.read_bytes()
         assert bytes(chip.memory[offset : offset + len(data)]) == data, path.name
+
+
+# ---- flash --app-only / --model-only: the model in its own partition, written apart from the app ----
+
+
+def written(fake) -> list[int]:
+    return [c[1][1][0][0] for c in fake.calls if c[0] == "write_flash"]
+
+
+def test_app_only_writes_everything_but_the_weights_and_says_what_it_leaves(board, build_dir, fake):
+    idf_outputs(build_dir)
+    images, skipped = select_images(board, flash_plan(board, build_dir), "app")
+    flash_images(board, PORT, images, progress=lambda _: None)
+    assert written(fake) == [0x2000, 0x8000, 0xD000, 0x10000]  # bootloader, table, blank otadata, ota_0
+    assert skipped == ["weights at 0x200000"]
+
+
+def test_model_only_writes_only_the_weights_partition(board, build_dir, fake):
+    idf_outputs(build_dir)
+    images, skipped = select_images(board, flash_plan(board, build_dir), "model")
+    flash_images(board, PORT, images, progress=lambda _: None)
+    assert written(fake) == [0x200000]
+    assert images[0][1].read_bytes() == (build_dir / "generated/weights.img").read_bytes()
+    assert skipped == ["bootloader at 0x2000", "partition-table at 0x8000", "otadata at 0xd000", "app at 0x10000"]
+
+
+def test_a_board_whose_weights_are_in_its_app_has_neither():
+    p4 = load_board("esp32p4")
+    for only in ("app", "model"):
+        with pytest.raises(ColibriError, match=f"no weights partition.*--{only}-only"):
+            select_images(p4, [], only)

@@ -114,7 +114,15 @@ def test_board_file_describes_the_p4_with_idf(board):
 
     s = board.idf
     images = {name: img.offset for name, img in s.images.items()}
-    assert images == {"bootloader": 0x2000, "partition-table": 0x8000, "app": 0x10000, "weights": 0x200000}
+    assert images == {
+        "bootloader": 0x2000,
+        "partition-table": 0x8000,
+        "otadata": 0xD000,
+        "app": 0x10000,
+        "weights": 0x200000,
+    }
+    assert s.ota_slots == (0x10000, 0x100000) and s.images["otadata"].size == 0x2000  # two sectors
+    assert s.ota_slots[1] + s.images["app"].size <= s.images["weights"].offset  # ota_1 ends before the weights
     assert (s.chip, s.chip_id, s.flash_mode, s.target) == ("esp32p4", 18, "dio", "esp32p4")
     assert s.images["weights"].offset + s.images["weights"].size == s.flash_bytes
     assert s.images["weights"].size == regions["flash"].size  # the budget `report` checks is the partition's
@@ -132,7 +140,11 @@ def test_board_file_describes_the_p4_with_idf(board):
             "cpu_mhz 400",
         ),
         (lambda d: d["flash"]["images"].pop(), "no entry named 'weights'"),
-        (lambda d: d["flash"]["images"][3].update(offset=0x208000), "64 KiB boundaries"),
+        (lambda d: d["flash"]["images"][4].update(offset=0x208000), "64 KiB boundaries"),
+        (lambda d: d["idf"].update(ota_slots=[0x10000]), "2 to 16 app slots"),
+        (lambda d: d["idf"].update(ota_slots=[0x100000, 0x10000]), "ota_slots starts at 0x100000"),
+        (lambda d: d["flash"]["images"][2].update(size=0x1000), "two 4 KiB sectors"),
+        (lambda d: d["idf"].update(ota_slots=[0x10000, 0xF0000]), "overlap"),
         (lambda d: d["flash"].update(size="3MB"), "flash size '3MB'"),
         (lambda d: d["idf"].update(uart_num=1), "uart_num must be 0"),
         (lambda d: d["idf"]["sdkconfig"].update(IDF_TARGET="esp32"), None),  # checked when rendering
@@ -160,7 +172,7 @@ def test_partition_table_is_aligned_disjoint_and_holds_the_image(name, projects,
     s = board.idf
     parts = parse_partitions_csv(p.text("partitions.csv"))
     names = [q.name for q in parts]
-    assert len(names) == len(set(names)) and {"nvs", "factory", "weights"} <= set(names)
+    assert names == ["nvs", "otadata", "ota_0", "ota_1", "weights"]
     image_bytes = (p.root / "weights.bin").stat().st_size
     assert image_bytes == p.plan.image.image_bytes
     lo = 0x8000 + 0x1000  # the partition table's sector
@@ -171,8 +183,11 @@ def test_partition_table_is_aligned_disjoint_and_holds_the_image(name, projects,
         lo = q.offset + q.size
     assert lo <= 16 << 20
     by_name = {q.name: q for q in parts}
-    app, weights = by_name["factory"], by_name["weights"]
-    assert (app.type, app.subtype, app.offset) == ("app", "factory", 0x10000)
+    weights = by_name["weights"]
+    assert (by_name["otadata"].type, by_name["otadata"].subtype, by_name["otadata"].size) == ("data", "ota", 0x2000)
+    for i, offset in enumerate(s.ota_slots):  # each slot holds the app image flash writes into ota_0
+        slot = by_name[f"ota_{i}"]
+        assert (slot.type, slot.subtype, slot.offset, slot.size) == ("app", f"ota_{i}", offset, s.images["app"].size)
     assert (weights.type, weights.subtype, weights.flags) == ("data", "undefined", "readonly")
     assert weights.offset % 0x10000 == 0 and weights.offset == s.images["weights"].offset
     assert weights.size >= image_bytes and weights.size == align_up(image_bytes, 0x10000)
@@ -295,6 +310,7 @@ def test_weights_and_flash_args_say_what_goes_where(name, projects, board):
     assert written == {
         0x2000: "build/bootloader/bootloader.bin",
         0x8000: "build/partition_table/partition-table.bin",
+        0xD000: "build/ota_data_initial.bin",  # idf.py's blank otadata: the bootloader starts ota_0
         0x10000: "build/colibri_fw.bin",
         s.images["weights"].offset: "weights.bin",
     }
@@ -342,7 +358,7 @@ def test_regenerating_replaces_stale_copies_but_leaves_idf_outputs(board, tmp_pa
 
 def test_a_weight_image_larger_than_the_partition_is_refused_with_the_numbers(board, tmp_path):
     data = tomllib.loads(board.path.read_text())
-    data["flash"]["images"][3]["size"] = 0x10000
+    data["flash"]["images"][4]["size"] = 0x10000
     small = board_from_data(data, board.path)
     gen = tmp_path / "generated"
     generated = generate(DEFAULT_MODEL, small, "q8_0", 64, gen)
@@ -466,6 +482,21 @@ esp_err_t esp_partition_mmap(const esp_partition_t *partition, size_t offset, si
                              esp_partition_mmap_memory_t memory, const void **out_ptr,
                              esp_partition_mmap_handle_t *out_handle);
 """,
+    "esp_system.h": """
+void esp_restart(void);
+""",
+    "esp_ota_ops.h": """
+#include "esp_err.h"
+#include "esp_partition.h"
+typedef enum {
+    ESP_OTA_IMG_NEW = 0, ESP_OTA_IMG_PENDING_VERIFY = 1, ESP_OTA_IMG_VALID = 2, ESP_OTA_IMG_INVALID = 3,
+    ESP_OTA_IMG_ABORTED = 4, ESP_OTA_IMG_UNDEFINED = -1
+} esp_ota_img_states_t;
+const esp_partition_t *esp_ota_get_running_partition(void);
+esp_err_t esp_ota_get_state_partition(const esp_partition_t *partition, esp_ota_img_states_t *ota_state);
+esp_err_t esp_ota_mark_app_valid_cancel_rollback(void);
+esp_err_t esp_ota_mark_app_invalid_rollback_and_reboot(void);
+""",
 }
 
 # The simulated ESP-IDF: the partition is a file (COLIBRI_PARTITION), absent if COLIBRI_LABEL differs
@@ -481,6 +512,8 @@ STUB_C = r"""
 #include "esp_partition.h"
 #include "esp_timer.h"
 #include "esp_app_desc.h"
+#include "esp_ota_ops.h"
+#include "esp_system.h"
 #include "freertos/task.h"
 
 void app_main(void);
@@ -561,6 +594,37 @@ esp_err_t esp_partition_mmap(const esp_partition_t *p, size_t offset, size_t siz
     return ESP_OK;
 }
 
+/* OTA: COLIBRI_OTA_STATE is the running app's otadata state (unset: no entry, an app flashed over
+ * serial); marking it valid says so on stderr, rolling back ends the process with 6 (the reboot),
+ * or returns when COLIBRI_OTA_NO_PREVIOUS is set (nothing to go back to), and esp_restart ends with 7. */
+static const esp_partition_t running = {.type = ESP_PARTITION_TYPE_APP, .address = 0x10000, .size = 0xF0000};
+
+const esp_partition_t *esp_ota_get_running_partition(void) { return &running; }
+
+esp_err_t esp_ota_get_state_partition(const esp_partition_t *p, esp_ota_img_states_t *state)
+{
+    const char *s = getenv("COLIBRI_OTA_STATE");
+    if (p != &running || s == NULL || *s == 0) return ESP_FAIL;
+    *state = (esp_ota_img_states_t)atoi(s);
+    return ESP_OK;
+}
+
+esp_err_t esp_ota_mark_app_valid_cancel_rollback(void)
+{
+    fprintf(stderr, "ota: marked valid\n");
+    return ESP_OK;
+}
+
+esp_err_t esp_ota_mark_app_invalid_rollback_and_reboot(void)
+{
+    fflush(stdout);
+    if (getenv("COLIBRI_OTA_NO_PREVIOUS")) return ESP_FAIL;
+    fprintf(stderr, "ota: marked invalid, rebooting\n");
+    exit(6);
+}
+
+void esp_restart(void) { fflush(stdout); exit(7); }
+
 int main(void)
 {
     app_main();
@@ -577,7 +641,7 @@ def simulated(projects, tmp_path_factory):
     where = tmp_path_factory.mktemp("bsp-sim")
     for name, text in STUB_HEADERS.items():
         (where / "include" / name).parent.mkdir(parents=True, exist_ok=True)
-        (where / "include" / name).write_text(text)
+        (where / "include" / name).write_text("#pragma once\n" + text)
     (where / "stubs.c").write_text(STUB_C)
     main = p.root / "main"
     sources = sorted(main.rglob("*.c")) + [where / "stubs.c"]
@@ -733,6 +797,42 @@ def test_bsp_reports_a_bad_or_missing_partition_and_repeats_it_for_each_request(
         assert f.int("code") == code and words in f.fields["msg"].replace("%20", " ").lower()
 
 
+def run_update_boot(exe: Path, partition: bytes, tmp_path: Path, state: int | None, no_previous=False):
+    """The simulated board's boot as an app whose otadata state is `state` (None: no entry)."""
+    (tmp_path / "partition.bin").write_bytes(partition)
+    env = dict(os.environ, COLIBRI_PARTITION=str(tmp_path / "partition.bin"), COLIBRI_LABEL="weights")
+    env["COLIBRI_OTA_STATE"] = "" if state is None else str(state)
+    if no_previous:
+        env["COLIBRI_OTA_NO_PREVIOUS"] = "1"
+    done = subprocess.run([str(exe)], input=request_line([1], 1), capture_output=True, env=env, timeout=120)
+    return done.returncode, [f for f in FrameReader().feed(done.stdout) if f.kind != "ack"], done.stderr.decode()
+
+
+def test_an_updates_first_boot_confirms_the_app_when_its_self_test_passes(simulated, tmp_path):
+    p, exe = simulated
+    code, frames, log = run_update_boot(exe, (p.root / "weights.bin").read_bytes(), tmp_path, 1)  # PENDING_VERIFY
+    assert code == 0 and "ota: marked valid" in log
+    assert [f.kind for f in frames] == ["hello", "selftest", "token", "stats", "done"]
+    assert frames[1].fields["result"] == "pass"
+    for state in (None, 2):  # flashed over serial, or already confirmed: nothing to decide
+        code, frames, log = run_update_boot(exe, (p.root / "weights.bin").read_bytes(), tmp_path, state)
+        assert code == 0 and "ota:" not in log
+
+
+def test_an_updates_first_boot_rolls_back_when_its_self_test_fails(simulated, tmp_path):
+    p, exe = simulated
+    image = bytearray((p.root / "weights.bin").read_bytes())
+    image[-100] ^= 0x10  # a tensor's bytes: its CRC-32 no longer matches
+    code, frames, log = run_update_boot(exe, bytes(image), tmp_path, 1)
+    assert code == 6 and "ota: marked invalid, rebooting" in log  # esp_ota_mark_app_invalid_rollback_and_reboot
+    assert [f.kind for f in frames] == ["hello", "selftest", "error"]
+    assert frames[1].fields["result"] == "fail" and "previous app" in frames[2].fields["msg"].replace("%20", " ")
+    # Nothing to go back to (the first update of a serial-flashed board): the app restarts, and the
+    # bootloader aborts the unconfirmed app and starts ota_0.
+    code, frames, log = run_update_boot(exe, bytes(image), tmp_path, 1, no_previous=True)
+    assert code == 7 and [f.kind for f in frames] == ["hello", "selftest", "error"]
+
+
 def test_bsp_refuses_an_overlong_or_corrupted_request_line_and_keeps_serving(simulated, tmp_path):
     p, exe = simulated
     image = (p.root / "weights.bin").read_bytes()
@@ -802,3 +902,17 @@ def test_a_failing_idf_build_is_one_clear_line(projects, tmp_path, monkeypatch):
         idf_build(projects["kjv-tiny"].root)
     msg = str(e.value)
     assert "idf.py build failed" in msg and "exit 2" in msg and "unknown type name foo" in msg and "\n" not in msg
+
+
+def test_the_partition_table_keeps_gen_esp32parts_rules_for_ota(board):
+    from generator.compile.esp32.partitions import Partition, check_partitions
+
+    parts = idf_project.partition_table(board.idf, 1000)
+    check_partitions(parts, 0x8000, 16 << 20)
+    otadata = next(p for p in parts if p.subtype == "ota")
+    with pytest.raises(ColibriError, match="otadata partition must be 0x2000 bytes"):
+        check_partitions([dataclasses.replace(otadata, size=0x1000)] + parts[2:], 0x8000, 16 << 20)
+    with pytest.raises(ColibriError, match="more than one otadata"):
+        check_partitions(parts + [Partition("otadata2", "data", "ota", 0xF00000, 0x2000)], 0x8000, 16 << 20)
+    with pytest.raises(ColibriError, match="unique"):
+        check_partitions(parts + [Partition("ota_0", "app", "ota_2", 0xF00000, 0x10000)], 0x8000, 16 << 20)

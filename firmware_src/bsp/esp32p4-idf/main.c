@@ -6,7 +6,12 @@
  * with esp_partition_mmap and read in place. The arenas live in PSRAM and the hot code in IRAM
  * because of the project's linker fragment, not because of anything here. After reset the
  * firmware sends its hello frame and loads the image, then serves request frames forever; while
- * idle it repeats the hello frame, so a host that opens the port later still sees one. */
+ * idle it repeats the hello frame, so a host that opens the port later still sees one.
+ *
+ * A/B updates (`colibri ota`): an update's first boot finds its app PENDING_VERIFY (the bootloader,
+ * built with CONFIG_BOOTLOADER_APP_ROLLBACK_ENABLE, marked it so); it runs the self-test whatever
+ * [selftest] boot says, and confirms itself on PASS or rolls back on FAIL (app/ota_state.c decides,
+ * the esp_ota_* calls are here). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,7 +20,9 @@
 #include "driver/uart.h"
 #include "esp_app_desc.h"
 #include "esp_err.h"
+#include "esp_ota_ops.h"
 #include "esp_partition.h"
+#include "esp_system.h"
 #include "esp_timer.h"
 #include "freertos/FreeRTOS.h"
 #include "freertos/task.h"
@@ -23,6 +30,8 @@
 #include "../../app/bsp.h"
 #include "../../app/decode.h"
 #include "../../app/mcu.h"
+#include "../../app/ota_state.h"
+#include "../../app/selftest.h"
 #include "../../runtime/image_loader.h"
 #include "colibri_idf.h" /* generated with the project: partition label and subtype, UART settings */
 #include "model_def.h"
@@ -112,6 +121,36 @@ const char *bsp_machine(void)
     return NULL; /* no operating system to ask: the board file says what this is */
 }
 
+/* The running app's state in otadata: PENDING_VERIFY on an update's first boot, UNDEFINED for an
+ * app flashed over serial (no otadata entry). */
+static uint32_t running_ota_state(void)
+{
+    esp_ota_img_states_t state;
+    const esp_partition_t *running = esp_ota_get_running_partition();
+    if (running == NULL || esp_ota_get_state_partition(running, &state) != ESP_OK) {
+        return COLIBRI_OTA_IMG_UNDEFINED;
+    }
+    return (uint32_t)state;
+}
+
+static void settle_update(uint32_t state, int selftest_status)
+{
+    switch (colibri_ota_action(state, selftest_status)) {
+    case COLIBRI_OTA_CONFIRM:
+        if (esp_ota_mark_app_valid_cancel_rollback() != ESP_OK) {
+            colibri_report_error(COLIBRI_ERR_SELFTEST, "this update passed its self-test but could not confirm itself");
+        }
+        break;
+    case COLIBRI_OTA_ROLL_BACK:
+        colibri_report_error(COLIBRI_ERR_SELFTEST, "this update failed its self-test: going back to the previous app");
+        esp_ota_mark_app_invalid_rollback_and_reboot(); /* returns only when there is no app to go back to */
+        esp_restart(); /* then the bootloader aborts this unconfirmed app and starts the first slot */
+        break;
+    case COLIBRI_OTA_KEEP:
+        break;
+    }
+}
+
 void app_main(void)
 {
     static char line[REQUEST_LINE_BYTES];
@@ -127,7 +166,10 @@ void app_main(void)
             vTaskDelay(portMAX_DELAY);
         }
     }
-    colibri_boot_selftest(load_status, load_message);
+    uint32_t ota_state = running_ota_state();
+    int selftest_status = ota_state == COLIBRI_OTA_IMG_PENDING_VERIFY ? colibri_selftest(load_status, load_message, 0)
+                                                                      : colibri_boot_selftest(load_status, load_message);
+    settle_update(ota_state, selftest_status);
     if (load_status != COLIBRI_OK) {
         colibri_report_error(load_status, load_message);
     }

@@ -5,7 +5,7 @@ partition table and the app, beside the weight image for its flash partition.
     project/
       CMakeLists.txt            project(colibri_fw); idf.py's entry
       sdkconfig.defaults        target, PSRAM (hex), CPU clock, -O2, watchdogs, flash, partition table
-      partitions.csv            nvs, the factory app, the weights data partition
+      partitions.csv            nvs, otadata and the A/B app slots (or a factory app), the weights partition
       weights.bin               the weight image (generated/weights.img), for the weights partition
       flash_args, README.txt    which file goes at which offset (esptool's @file syntax)
       main/CMakeLists.txt       idf_component_register: every source below, numerics flags
@@ -46,9 +46,9 @@ TEMPLATES = {
     "flash_args": "flash_args",
     "README.txt": "README.txt",
 }
-# ESP-IDF components the BSP uses (header -> component): driver/uart.h, esp_partition.h,
+# ESP-IDF components the BSP uses (header -> component): esp_ota_ops.h, driver/uart.h, esp_partition.h,
 # esp_timer.h, FreeRTOS; spi_flash provides the mmap types esp_partition.h uses.
-REQUIRES = ("esp_app_format", "esp_driver_uart", "esp_partition", "esp_timer", "freertos", "spi_flash")
+REQUIRES = ("app_update", "esp_app_format", "esp_driver_uart", "esp_partition", "esp_timer", "freertos", "spi_flash")
 # The numerics contract (docs/numerics.md), on top of ESP-IDF's own flags.
 COMPILE_OPTIONS = ("-ffp-contract=off", "-fno-fast-math", "-fno-math-errno")
 # Objects whose code runs for every weight: in IRAM, so streaming weights through the cache cannot
@@ -57,7 +57,8 @@ HOT_OBJECTS = ("checksum", "model", "ops", "sampler")
 
 
 def partition_table(s: IdfSettings, image_bytes: int) -> list[Partition]:
-    """nvs, the factory app and the weights partition (the image rounded up to 64 KiB)."""
+    """nvs, the app (two or more OTA slots and otadata, or the factory app) and the weights
+    partition (the image rounded up to 64 KiB)."""
     app, weights = s.images["app"], s.images["weights"]
     needed = align_up(max(image_bytes, 1), MMU_PAGE)
     if needed > weights.size:
@@ -67,7 +68,12 @@ def partition_table(s: IdfSettings, image_bytes: int) -> list[Partition]:
         )
     parts = [
         Partition("nvs", "data", "nvs", s.nvs_offset, s.nvs_size),
-        Partition("factory", "app", "factory", app.offset, app.size),
+        *(
+            [Partition("otadata", "data", "ota", s.images["otadata"].offset, s.images["otadata"].size)]
+            + [Partition(f"ota_{i}", "app", f"ota_{i}", offset, app.size) for i, offset in enumerate(s.ota_slots)]
+            if s.ota_slots
+            else [Partition("factory", "app", "factory", app.offset, app.size)]
+        ),
         Partition(s.weights_partition, "data", s.weights_subtype, weights.offset, needed, "readonly"),
     ]
     check_partitions(parts, s.images["partition-table"].offset, s.flash_bytes)
@@ -116,6 +122,10 @@ def sdkconfig_entries(s: IdfSettings) -> list[dict]:
         ),
         ("Requests and results on the console UART", [("ESP_CONSOLE_UART_BAUDRATE", s.uart_baud)]),
     ]
+    if s.ota_slots:  # a new app boots pending and confirms itself or rolls back (bsp/esp32p4-idf, app/ota_state.c)
+        derived.append(
+            (f"A/B app slots (ota_0..ota_{len(s.ota_slots) - 1}): rollback", [("BOOTLOADER_APP_ROLLBACK_ENABLE", True)])
+        )
     taken = {key for _, items in derived for key, _ in items}
     clash = sorted(taken & set(s.sdkconfig))
     if clash:
@@ -205,6 +215,7 @@ def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes
             subtype=f"0x{s.weights_subtype_value:02x}",
         ),
         partition_table_offset=f"0x{table.offset:x}",
+        ota_slots=len(s.ota_slots),
         sdkconfig=sdkconfig_entries(s),
         flash_files=flash_files,
         flash_header=f"--flash-mode {s.flash_mode} --flash-freq {s.flash_freq} --flash-size {s.flash_size}",

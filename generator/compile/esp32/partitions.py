@@ -26,6 +26,14 @@ class Partition:
 
 def check_partitions(parts: list[Partition], table_offset: int, flash_bytes: int) -> None:
     """The rules gen_esp32part.py enforces that matter here, with this project's own messages."""
+    otadata = [p for p in parts if p.type == "data" and p.subtype == "ota"]
+    if len(otadata) > 1:
+        raise ColibriError("the partition table has more than one otadata partition")
+    if otadata and otadata[0].size != 2 * SECTOR:
+        raise ColibriError(f"the otadata partition must be 0x2000 bytes (two sectors), not 0x{otadata[0].size:x}")
+    names = [p.name for p in parts]
+    if len(set(names)) != len(names) or any(len(n) > 16 for n in names):
+        raise ColibriError(f"partition names must be unique and at most 16 characters: {', '.join(names)}")
     lo = table_offset + SECTOR  # the table takes one sector
     for p in sorted(parts, key=lambda p: p.offset):
         align = MMU_PAGE if p.type == "app" else SECTOR

@@ -189,8 +189,19 @@ def test_q8_0_matvec_matches(harness, rows, cols):
 
 @pytest.mark.parametrize(
     "tokens,rows,cols",
-    [(1, 9, 64), (2, 1, 32), (3, 11, 32 * 13), (4, 8, 576), (5, 17, 256), (6, 9, 32 * 9), (7, 13, 96),
-     (8, 8, 576), (9, 5, 288), (17, 33, 1536), (64, 3, 32 * 17)],
+    [
+        (1, 9, 64),
+        (2, 1, 32),
+        (3, 11, 32 * 13),
+        (4, 8, 576),
+        (5, 17, 256),
+        (6, 9, 32 * 9),
+        (7, 13, 96),
+        (8, 8, 576),
+        (9, 5, 288),
+        (17, 33, 1536),
+        (64, 3, 32 * 17),
+    ],
 )
 def test_batched_q8_0_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
     wq, wd = quantize_weights_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
@@ -318,8 +329,17 @@ def test_q4_1_matvec_matches_numpy_on_every_kernel_set(harness, rows, cols, extr
 
 @pytest.mark.parametrize(
     "tokens,rows,cols",
-    [(2, 9, 64), (4, 11, 32 * 13), (5, 17, 576), (6, 9, 32 * 9), (7, 8, 1536), (9, 5, 288), (17, 33, 1536),
-     (8, 8, 576), (3, 40, 32)],
+    [
+        (2, 9, 64),
+        (4, 11, 32 * 13),
+        (5, 17, 576),
+        (6, 9, 32 * 9),
+        (7, 8, 1536),
+        (9, 5, 288),
+        (17, 33, 1536),
+        (8, 8, 576),
+        (3, 40, 32),
+    ],
 )
 def test_batched_q4_1_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
     packed, d, m = random_q4_1(rows, cols, extreme=tokens == 3)

@@ -303,3 +303,10 @@ def test_flash_several_ports_from_the_command_line_and_the_api(chips, tmp_path, 
     assert rows[1]["failed"].startswith("self-test FAIL: weight image refused: CRC-32 of tensor 3 differs")
     with pytest.raises(ColibriError, match="--no-reset leaves the boards in their bootloader"):
         job.flash_fleet(job.JobOptions(board="esp32p4", out=out), [ok.port, failing.port], no_reset=True)
+
+
+def test_several_boards_take_app_only_where_the_model_has_its_own_partition(chips, tmp_path):
+    ok, other = chips({}, {})
+    with pytest.raises(ColibriError, match="board esp32p4 has no weights partition.*--app-only needs a board"):
+        job.flash_fleet(job.JobOptions(board="esp32p4", out=tmp_path / "b"), [ok.port, other.port], only="app")
+    assert not (tmp_path / "b").exists()  # refused before anything was built

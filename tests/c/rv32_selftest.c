@@ -269,22 +269,35 @@ static void check_widen_f16(void)
     }
 }
 
-/* Q4_K blocks in place (rv32.c reads four rows at a time): random quants and 6-bit scales and
- * minimums, d and dmin from the weight scales' ranges (either sign, any binary16 with extreme). */
-static uint8_t k_blocks[MAX_WEIGHTS / 256 * KERNEL_Q4_K_BYTES];
+/* K-quant blocks in place (rv32.c reads several rows at a time): random quants and scales, the
+ * binary16 fields (Q4_K's d and dmin, Q6_K's d) from the weight scales' ranges (either sign, any
+ * binary16 with extreme). */
+static uint8_t k_blocks[MAX_WEIGHTS / 256 * KERNEL_Q6_K_BYTES];
 
-static void fill_q4_k(int rows, int cols, int extreme)
+typedef void (*BlocksMatvec)(float *, const uint8_t *, const int8_t *, const float *, int, int);
+
+typedef struct {
+    const char *name;
+    int bytes;          /* a superblock's */
+    int halves[2];      /* offsets of its binary16 fields (-1: none) */
+    BlocksMatvec fast, scalar;
+} KType;
+
+static const KType Q4_K = {"q4_k", KERNEL_Q4_K_BYTES, {0, 2}, kernel_matvec_q4_k, kernel_scalar_matvec_q4_k};
+static const KType Q6_K = {"q6_k", KERNEL_Q6_K_BYTES, {208, -1}, kernel_matvec_q6_k, kernel_scalar_matvec_q6_k};
+
+static void fill_k(const KType *t, int rows, int cols, int extreme)
 {
-    const int n = rows * cols / KERNEL_Q4_K_VALUES;
-    for (int i = 0; i < n * KERNEL_Q4_K_BYTES; i++) {
+    const int n = rows * cols / 256;
+    for (int i = 0; i < n * t->bytes; i++) {
         k_blocks[i] = (uint8_t)next();
     }
     for (int i = 0; i < n; i++) {
-        const KernelHalf d = extreme ? any_half() : half_scale(), dmin = extreme ? any_half() : half_scale();
-        k_blocks[i * KERNEL_Q4_K_BYTES] = (uint8_t)d;
-        k_blocks[i * KERNEL_Q4_K_BYTES + 1] = (uint8_t)(d >> 8);
-        k_blocks[i * KERNEL_Q4_K_BYTES + 2] = (uint8_t)dmin;
-        k_blocks[i * KERNEL_Q4_K_BYTES + 3] = (uint8_t)(dmin >> 8);
+        for (int f = 0; f < 2 && t->halves[f] >= 0; f++) {
+            const KernelHalf h = extreme ? any_half() : half_scale();
+            k_blocks[i * t->bytes + t->halves[f]] = (uint8_t)h;
+            k_blocks[i * t->bytes + t->halves[f] + 1] = (uint8_t)(h >> 8);
+        }
     }
     for (int i = 0; i < cols; i++) {
         x_qs[i] = quant(extreme);
@@ -292,13 +305,13 @@ static void fill_q4_k(int rows, int cols, int extreme)
     fill_act_scales(x_d, cols / KERNEL_QK, extreme);
 }
 
-static void check_matvec_q4_k(int rows, int cols, int extreme)
+static void check_matvec_k(const KType *t, int rows, int cols, int extreme)
 {
-    fill_q4_k(rows, cols, extreme);
-    kernel_matvec_q4_k(out_fast, k_blocks, x_qs, x_d, rows, cols);
-    kernel_scalar_matvec_q4_k(out_ref, k_blocks, x_qs, x_d, rows, cols);
+    fill_k(t, rows, cols, extreme);
+    t->fast(out_fast, k_blocks, x_qs, x_d, rows, cols);
+    t->scalar(out_ref, k_blocks, x_qs, x_d, rows, cols);
     if (memcmp(out_fast, out_ref, rows * sizeof(float)) != 0) {
-        printf("matvec_q4_k %dx%d (extremes %d) differs from the scalar kernel\n", rows, cols, extreme);
+        printf("matvec_%s %dx%d (extremes %d) differs from the scalar kernel\n", t->name, rows, cols, extreme);
         mismatches++;
     }
 }
@@ -380,16 +393,16 @@ static void count_swiglu(int n)
     printf("instructions swiglu %d: %lu\n", n, (unsigned long)(b - a));
 }
 
-static void count_matvec_q4_k(int rows, int cols)
+static void count_matvec_k(const KType *t, int rows, int cols)
 {
-    fill_q4_k(rows, cols, 0);
+    fill_k(t, rows, cols, 0);
     uint32_t a = instret();
-    kernel_matvec_q4_k(out_fast, k_blocks, x_qs, x_d, rows, cols);
+    t->fast(out_fast, k_blocks, x_qs, x_d, rows, cols);
     uint32_t b = instret();
-    kernel_scalar_matvec_q4_k(out_ref, k_blocks, x_qs, x_d, rows, cols);
+    t->scalar(out_ref, k_blocks, x_qs, x_d, rows, cols);
     uint32_t c = instret();
-    printf("instructions matvec_q4_k %dx%d: %lu (%.3f per multiply-accumulate), scalar %lu (%.3f)\n", rows, cols,
-           (unsigned long)(b - a), (double)(b - a) / ((double)rows * cols), (unsigned long)(c - b),
+    printf("instructions matvec_%s %dx%d: %lu (%.3f per multiply-accumulate), scalar %lu (%.3f)\n", t->name, rows,
+           cols, (unsigned long)(b - a), (double)(b - a) / ((double)rows * cols), (unsigned long)(c - b),
            (double)(c - b) / ((double)rows * cols));
 }
 
@@ -456,9 +469,10 @@ int main(void)
     static const int k_rows[] = {1, 3, 4, 5, 8, 11, 16, 33};
     for (unsigned r = 0; r < sizeof k_rows / sizeof k_rows[0]; r++) {
         for (int cols = 256; cols <= 2304; cols += 512) {
-            check_matvec_q4_k(k_rows[r], cols, 0);
-            check_matvec_q4_k(k_rows[r], cols, 1);
-            check_matvec_q4_k(k_rows[r], cols, 2);
+            for (int extreme = 0; extreme < 3; extreme++) {
+                check_matvec_k(&Q4_K, k_rows[r], cols, extreme);
+                check_matvec_k(&Q6_K, k_rows[r], cols, extreme);
+            }
         }
     }
     count_matvec(64, 64);
@@ -477,8 +491,10 @@ int main(void)
     count_quantize(128);
     count_swiglu(128);
     count_widen_f16(512);
-    count_matvec_q4_k(64, 256);
-    count_matvec_q4_k(32, 1024);
+    count_matvec_k(&Q4_K, 64, 256);
+    count_matvec_k(&Q4_K, 32, 1024);
+    count_matvec_k(&Q6_K, 64, 256);
+    count_matvec_k(&Q6_K, 32, 1024);
     printf("mismatches %d\n", mismatches);
     *(volatile uint32_t *)0x00100000u = mismatches == 0 ? 0x5555u : (1u << 16) | 0x3333u; /* SiFive test device */
     for (;;) {

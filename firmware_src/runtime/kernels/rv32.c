@@ -21,6 +21,7 @@
 #define KERNEL_HAS_MATMUL_Q4_1
 #define KERNEL_HAS_WIDEN_F16
 #define KERNEL_HAS_MATVEC_Q4_K
+#define KERNEL_HAS_MATVEC_Q6_K
 #include "fallback.h"
 
 #include <math.h>
@@ -586,6 +587,18 @@ static void activation_sums(int32_t *x_sums, const int8_t *x_qs, int nb)
     }
 }
 
+/* The same for every 16 quants (Q6_K's scales cover 16 values). */
+static void activation_sums16(int32_t *x_sums, const int8_t *x_qs, int n16)
+{
+    for (int g = 0; g < n16; g++) {
+        int32_t sum = 0;
+        for (int j = 0; j < 16; j++) {
+            sum += x_qs[g * 16 + j];
+        }
+        x_sums[g] = sum;
+    }
+}
+
 /* isum from 16 * isum: an exact multiple of 16, so the arithmetic shift (GCC's >> on a negative
  * int) divides exactly. */
 static inline int32_t q4_1_isum(int32_t sum16)
@@ -879,5 +892,98 @@ void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     /* the last one to three rows, or rows too long for x_sums: the scalar kernel */
     if (r < rows) {
         kernel_scalar_matvec_q4_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* Q6_K read in place, two rows at once. Each half of a superblock holds four runs of 32 values: run
+ * k's low four bits are the low (k = 0, 1) or high (k = 2, 3) nibbles of ql[32 * (k % 2) + l] and
+ * its high two bits are bits 2k, 2k + 1 of qh[l] (kernel_q6_k_unpack), so the three bytes of
+ * position l, loaded once, give all four runs' quants, which multiply the four activation quants
+ * of position l (loaded once for both rows). The quants are summed as stored (0..63) and the 32
+ * taken off once per 16 values as 32 times their activation sum, the same integer isum; a run's
+ * term is kernel_unpacked_term's two-scale one, (float)isum_a * (s_a * x_d) + (float)isum_b *
+ * (s_b * x_d) with s = d * scale, and run j of every superblock goes to partial j: the scalar
+ * kernel's bits. */
+#define Q6K_ROW(r, l)                                                      \
+    do {                                                                   \
+        const int32_t a = ql##r[l], c = ql##r[(l) + 32], h = qh##r[l];     \
+        s##r##0 += ((a & 0x0F) | ((h & 0x03) << 4)) * x0;                  \
+        s##r##1 += ((c & 0x0F) | ((h & 0x0C) << 2)) * x1;                  \
+        s##r##2 += ((a >> 4) | (h & 0x30)) * x2;                           \
+        s##r##3 += ((c >> 4) | ((h & 0xC0) >> 2)) * x3;                    \
+    } while (0)
+
+#define Q6K_MAC2(l)                                                        \
+    do {                                                                   \
+        const int32_t x0 = x[l], x1 = x[(l) + 32];                         \
+        const int32_t x2 = x[(l) + 64], x3 = x[(l) + 96];                  \
+        Q6K_ROW(0, l);                                                     \
+        Q6K_ROW(1, l);                                                     \
+    } while (0)
+
+__attribute__((noinline)) static void rows2_q6_k(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const int32_t *x_sums16, int superblocks)
+{
+    float part[2][KERNEL_PARTIALS];
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int s = 0; s < superblocks; s++) {
+        const uint8_t *blk0 = w + (int64_t)s * KERNEL_Q6_K_BYTES, *blk1 = blk0 + row_bytes;
+        const float d[2] = {kernel_half_at(blk0 + 208), kernel_half_at(blk1 + 208)};
+        for (int half = 0; half < 2; half++) {
+            int32_t isum[2][2][4]; /* [16-value half of the run][row][run] */
+            for (int sh = 0; sh < 2; sh++) {
+                const uint8_t *ql0 = blk0 + 64 * half + 16 * sh, *qh0 = blk0 + 128 + 32 * half + 16 * sh;
+                const uint8_t *ql1 = blk1 + 64 * half + 16 * sh, *qh1 = blk1 + 128 + 32 * half + 16 * sh;
+                const int8_t *x = x_qs + s * KERNEL_Q6_K_VALUES + 128 * half + 16 * sh;
+                int32_t s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+                for (int l = 0; l < 16; l += 2) {
+                    Q6K_MAC2(0);
+                    Q6K_MAC2(1);
+                    ql0 += 2, qh0 += 2, ql1 += 2, qh1 += 2, x += 2;
+                }
+                const int32_t *sums = x_sums16 + 2 * (s * 8 + 4 * half) + sh; /* run k's: sums[2 * k] */
+                isum[sh][0][0] = s00 - 32 * sums[0];
+                isum[sh][0][1] = s01 - 32 * sums[2];
+                isum[sh][0][2] = s02 - 32 * sums[4];
+                isum[sh][0][3] = s03 - 32 * sums[6];
+                isum[sh][1][0] = s10 - 32 * sums[0];
+                isum[sh][1][1] = s11 - 32 * sums[2];
+                isum[sh][1][2] = s12 - 32 * sums[4];
+                isum[sh][1][3] = s13 - 32 * sums[6];
+            }
+            for (int k = 0; k < 4; k++) {
+                const int j = 4 * half + k, b = s * 8 + j;
+                const float xd = x_d[b];
+                for (int r = 0; r < 2; r++) {
+                    const int8_t *scales = (const int8_t *)(r == 0 ? blk0 : blk1) + 192;
+                    const float sa = d[r] * (float)scales[2 * j], sb = d[r] * (float)scales[2 * j + 1];
+                    const float term = (float)isum[0][r][k] * (sa * xd) + (float)isum[1][r][k] * (sb * xd);
+                    part[r][j] = part[r][j] + term;
+                }
+            }
+        }
+    }
+    out[0] = kernel_sum_partials(part[0]);
+    out[1] = kernel_sum_partials(part[1]);
+}
+
+void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int superblocks = cols / KERNEL_Q6_K_VALUES;
+    const int row_bytes = superblocks * KERNEL_Q6_K_BYTES;
+    int r = 0;
+    if (cols / 16 <= 2 * XS_BLOCKS) {
+        int32_t sums16[2 * XS_BLOCKS]; /* each 16 activation quants' sum */
+        activation_sums16(sums16, x_qs, cols / 16);
+        for (; r + 2 <= rows; r += 2) {
+            rows2_q6_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, sums16, superblocks);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q6_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
     }
 }

@@ -269,26 +269,29 @@ static void check_widen_f16(void)
     }
 }
 
-/* K-quant blocks in place (rv32.c reads several rows at a time): random quants and scales, the
- * binary16 fields (Q4_K's d and dmin, Q6_K's d) from the weight scales' ranges (either sign, any
+/* GGUF blocks in place (rv32.c reads several rows at a time): random quants and scales, the
+ * binary16 fields (Q4_K's d and dmin, Q6_K's and Q5_0's d) from the weight scales' ranges (either sign, any
  * binary16 with extreme). */
-static uint8_t k_blocks[MAX_WEIGHTS / 256 * KERNEL_Q6_K_BYTES];
+static uint8_t k_blocks[MAX_WEIGHTS / KERNEL_QK * KERNEL_Q5_0_BYTES];
 
 typedef void (*BlocksMatvec)(float *, const uint8_t *, const int8_t *, const float *, int, int);
 
 typedef struct {
     const char *name;
-    int bytes;          /* a superblock's */
+    int values, bytes;  /* a block's */
     int halves[2];      /* offsets of its binary16 fields (-1: none) */
     BlocksMatvec fast, scalar;
 } KType;
 
-static const KType Q4_K = {"q4_k", KERNEL_Q4_K_BYTES, {0, 2}, kernel_matvec_q4_k, kernel_scalar_matvec_q4_k};
-static const KType Q6_K = {"q6_k", KERNEL_Q6_K_BYTES, {208, -1}, kernel_matvec_q6_k, kernel_scalar_matvec_q6_k};
+static const KType Q4_K = {"q4_k", KERNEL_Q4_K_VALUES, KERNEL_Q4_K_BYTES, {0, 2}, kernel_matvec_q4_k, kernel_scalar_matvec_q4_k};
+static const KType Q6_K = {"q6_k", KERNEL_Q6_K_VALUES, KERNEL_Q6_K_BYTES, {208, -1}, kernel_matvec_q6_k, kernel_scalar_matvec_q6_k};
+
+static const KType Q5_0 = {"q5_0", KERNEL_Q5_0_VALUES, KERNEL_Q5_0_BYTES, {0, -1}, kernel_matvec_q5_0,
+                           kernel_scalar_matvec_q5_0};
 
 static void fill_k(const KType *t, int rows, int cols, int extreme)
 {
-    const int n = rows * cols / 256;
+    const int n = rows * cols / t->values;
     for (int i = 0; i < n * t->bytes; i++) {
         k_blocks[i] = (uint8_t)next();
     }
@@ -472,6 +475,7 @@ int main(void)
             for (int extreme = 0; extreme < 3; extreme++) {
                 check_matvec_k(&Q4_K, k_rows[r], cols, extreme);
                 check_matvec_k(&Q6_K, k_rows[r], cols, extreme);
+                check_matvec_k(&Q5_0, k_rows[r], cols + 32, extreme); /* 9, 25, 41, 57, 73 blocks */
             }
         }
     }
@@ -495,6 +499,9 @@ int main(void)
     count_matvec_k(&Q4_K, 32, 1024);
     count_matvec_k(&Q6_K, 64, 256);
     count_matvec_k(&Q6_K, 32, 1024);
+    count_matvec_k(&Q5_0, 64, 64);
+    count_matvec_k(&Q5_0, 32, 288);
+    count_matvec_k(&Q5_0, 32, 1024);
     printf("mismatches %d\n", mismatches);
     *(volatile uint32_t *)0x00100000u = mismatches == 0 ? 0x5555u : (1u << 16) | 0x3333u; /* SiFive test device */
     for (;;) {

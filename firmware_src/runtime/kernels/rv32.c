@@ -22,6 +22,7 @@
 #define KERNEL_HAS_WIDEN_F16
 #define KERNEL_HAS_MATVEC_Q4_K
 #define KERNEL_HAS_MATVEC_Q6_K
+#define KERNEL_HAS_MATVEC_Q5_0
 #include "fallback.h"
 
 #include <math.h>
@@ -985,5 +986,77 @@ void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
     if (r < rows) {
         kernel_scalar_matvec_q6_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* Q5_0 read in place, two rows at once (four spill registers): the nibbles as q4_1's (value j
+ * low, j + 16 high: with a = 16 * x - y, lo * a + byte * y is 16 * (lo * x + hi * y), an andi and
+ * two multiply-adds a byte), the fifth bits of values j and j + 16 from the block's qh (shifted,
+ * masked, multiplied by 256 * x), all in one sum of 16 times the block's sum of stored quants; the
+ * 16 taken off as 16 times the activation sum gives the scalar kernel's integer isum, and the term
+ * (float)isum * (d * x_d) and the reduction tree are the scalar kernel's: the same bits. */
+#define Q50_ROW(r, j)                                                                      \
+    do {                                                                                   \
+        const int32_t byte = p##r[j];                                                      \
+        const uint32_t bits = h##r >> (j);                                                 \
+        s##r += (byte & 0x0F) * aj + byte * yj + (bits & 1) * xh + ((bits >> 16) & 1) * yh; \
+    } while (0)
+
+#define Q50_MAC2(j)                                                                        \
+    do {                                                                                   \
+        const int32_t xj = x[j], yj = x[(j) + KERNEL_QK / 2];                              \
+        const int32_t aj = xj * 16 - yj, xh = xj * 256, yh = yj * 256;                     \
+        Q50_ROW(0, j);                                                                     \
+        Q50_ROW(1, j);                                                                     \
+    } while (0)
+
+static inline uint32_t q5_high_bits(const uint8_t *blk)
+{
+    return (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
+}
+
+__attribute__((noinline)) static void rows2_q5_0(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const int32_t *x_sums, int nb)
+{
+    float part[2][KERNEL_PARTIALS];
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk0 = w + (int64_t)b * KERNEL_Q5_0_BYTES, *blk1 = blk0 + row_bytes;
+        const uint32_t h0 = q5_high_bits(blk0), h1 = q5_high_bits(blk1);
+        const uint8_t *p0 = blk0 + 6, *p1 = blk1 + 6;
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        int32_t s0 = 0, s1 = 0;
+#pragma GCC unroll 1
+        for (int j = 0; j < KERNEL_QK / 2; j++) {
+            Q50_MAC2(j);
+        }
+        const float d0 = kernel_half_at(blk0), d1 = kernel_half_at(blk1);
+        const float t0 = (float)(q4_1_isum(s0) - 16 * x_sums[b]) * (d0 * x_d[b]);
+        const float t1 = (float)(q4_1_isum(s1) - 16 * x_sums[b]) * (d1 * x_d[b]);
+        part[0][b % KERNEL_PARTIALS] = part[0][b % KERNEL_PARTIALS] + t0;
+        part[1][b % KERNEL_PARTIALS] = part[1][b % KERNEL_PARTIALS] + t1;
+    }
+    out[0] = kernel_sum_partials(part[0]);
+    out[1] = kernel_sum_partials(part[1]);
+}
+
+void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int row_bytes = nb * KERNEL_Q5_0_BYTES;
+    int r = 0;
+    if (nb <= XS_BLOCKS) {
+        int32_t x_sums[XS_BLOCKS];
+        activation_sums(x_sums, x_qs, nb);
+        for (; r + 2 <= rows; r += 2) {
+            rows2_q5_0(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, nb);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q5_0(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
     }
 }

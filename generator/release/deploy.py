@@ -239,7 +239,6 @@ def status_fields(output: str) -> dict[str, str]:
 def after_drop(remote: Remote, payload: Payload, root: str, why: str) -> Deployed:
     """The link dropped during a deploy: reconnect, wait (RECONNECT_SECONDS at most) for the board's
     deploy to finish, self-test its current slot and say what happened."""
-    host, slot = str(remote), payload.slot
     deadline = time.monotonic() + RECONNECT_SECONDS
     fields: dict[str, str] = {}
     while time.monotonic() < deadline and fields.get("deploying") != "no":
@@ -250,22 +249,27 @@ def after_drop(remote: Remote, payload: Payload, root: str, why: str) -> Deploye
         fields = status_fields(answer[1])
     if not fields:
         return Deployed(
-            host,
-            slot,
+            str(remote),
+            payload.slot,
             "unreachable",
             None,
             "",
             f"{why}; the board did not answer again in {RECONNECT_SECONDS} s: where its deploy ended is unknown",
         )
+    tested = ""
+    if fields.get("current") and fields.get("deploying") == "no":
+        answer = _reach(remote, ["selftest", root], f"self-testing slot {fields['current']}", deadline + 60)
+        tested = answer[1] if answer else ""
+    return landed(str(remote), payload.slot, why, fields, tested)
+
+
+def landed(host: str, slot: str, why: str, fields: dict[str, str], selftest_output: str) -> Deployed:
+    """Where a board whose link dropped during the deploy of `slot` ended, from its colibri-slot
+    status fields and its current slot's self-test output."""
     current = fields.get("current", "")
     if fields.get("deploying") != "no":
         return Deployed(
-            host,
-            slot,
-            "link dropped",
-            None,
-            current,
-            f"{why}; the board is still deploying after {RECONNECT_SECONDS} s (colibri-slot status {root})",
+            host, slot, "link dropped", None, current, f"{why}; the board is still deploying (colibri-slot status)"
         )
     last_slot, _, result = fields.get("last", "").partition(":")
     happened = {
@@ -273,11 +277,9 @@ def after_drop(remote: Remote, payload: Payload, root: str, why: str) -> Deploye
         "current": f"slot {slot} was current already",
         "rolled-back": f"slot {slot} failed its self-test on the board and was removed",
     }.get(result if last_slot == slot else "", "the release did not arrive whole: nothing was installed")
-    if not current:
-        return Deployed(host, slot, "link dropped", None, "", f"{why}; reconnected: {happened}")
-    answer = _reach(remote, ["selftest", root], f"self-testing slot {current}", deadline + 60)
-    selftest = selftest_of(answer[1]) if answer else None
-    return Deployed(host, slot, "link dropped", selftest, current, f"{why}; reconnected: {happened}")
+    return Deployed(
+        host, slot, "link dropped", selftest_of(selftest_output), current, f"{why}; reconnected: {happened}"
+    )
 
 
 def rollback_remote(remote: Remote, root: str = DEFAULT_ROOT) -> str:
@@ -337,7 +339,11 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
             found = results / f"{host}.json"
             if found.is_file():
                 r = json.loads(found.read_text())
-                outcomes.append(outcome_of(host, payload.slot, int(r["rc"]), r["stdout"] + "\n" + r["stderr"]))
+                if "dropped" in r:
+                    why = f"the link dropped during the deploy ({(r['dropped'].strip().splitlines() or ['no message'])[0][:160]})"
+                    outcomes.append(landed(host, payload.slot, why, status_fields(r["status"]), r["selftest"]))
+                else:
+                    outcomes.append(outcome_of(host, payload.slot, int(r["rc"]), r["stdout"] + "\n" + r["stderr"]))
             else:
                 outcomes.append(
                     Deployed(host, payload.slot, "unreachable", None, "", unreachable_reason(done.stdout, host))

@@ -126,6 +126,7 @@ class Board:
     """The board: sshd, the relay before it, the gates and the slots' directory."""
 
     def __init__(self, where: Path):
+        where.mkdir(parents=True, exist_ok=True)
         self.gates = where / "gates"
         self.gates.mkdir()
         bin_dir = where / "bin"
@@ -390,3 +391,48 @@ def test_rollback_self_tests_the_slot_it_goes_back_to_and_refuses_a_broken_one(r
     on_board = board.slot("rollback", str(board.root))
     assert on_board.returncode == 2 and "fails its self-test" in on_board.stdout + on_board.stderr
     assert board.current() == second
+
+
+def test_an_ansible_fleet_run_with_one_host_dropped_reconnects_and_reports_where_it_ended(release, tmp_path):
+    a, b = Board(tmp_path / "a"), Board(tmp_path / "b")
+    try:
+        inventory = tmp_path / "inventory.ini"
+        inventory.write_text(
+            "[boards]\n"
+            f"board-a ansible_host=127.0.0.1 ansible_port={a.relay.port} colibri_root={a.root}\n"
+            f"board-b ansible_host=127.0.0.1 ansible_port={b.relay.port} colibri_root={b.root}\n"
+            # piped: the boards' ForceCommand serves no sftp subsystem
+            "[boards:vars]\nansible_user=root\nansible_python_interpreter=/usr/bin/python3\n"
+            "ansible_ssh_transfer_method=piped\n"
+        )
+        # One client config for both boards: b trusts a's key, a's known_hosts knows both.
+        (b.sshd.root / "authorized_keys").write_text((a.sshd.root / "id_ed25519.pub").read_text())
+        known = a.sshd.root / "known_hosts"
+        known.write_text(known.read_text() + (b.sshd.root / "known_hosts").read_text())
+        b.arm("selftest-start")
+        run = subprocess.Popen(
+            [sys.executable, "-m", "generator.cli", "deploy", str(release), "--inventory", str(inventory), "--json"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, COLIBRI_SSH_COMMAND=a.ssh),
+        )
+        b.reached("selftest-start", seconds=240)
+        b.relay.cut()
+        b.go("selftest-start")
+        code, out, err = finish(run)
+        assert code == 1, out + err
+        hosts = {h["host"]: h for h in json.loads(out)["hosts"]}
+        slot = payload_of(release).slot
+        assert hosts["board-a"]["outcome"] == "pass" and hosts["board-a"]["current"] == slot, hosts
+        dropped = hosts["board-b"]
+        assert dropped["outcome"] == "link dropped" and dropped["current"] == slot, hosts
+        assert dropped["selftest"]["result"] == "pass", hosts
+        assert dropped["detail"].startswith("the link dropped during the deploy ("), dropped
+        assert dropped["detail"].endswith("; reconnected: the deploy finished on the board"), dropped
+        a.assert_working(slot)
+        b.assert_working(slot)
+    finally:
+        a.stop()
+        b.stop()

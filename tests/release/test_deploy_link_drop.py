@@ -320,6 +320,34 @@ def test_a_damaged_release_cut_during_its_self_test_is_rolled_back_on_the_board(
     assert not (board.root / "slots" / slot).exists()
 
 
+def test_the_board_side_finishes_through_a_hangup_and_a_dead_stdout(release, board, tmp_path):
+    """colibri-slot itself, without ssh: SIGHUP to its process group and its stdout's reader gone
+    while the self-test is held; the deploy still switches current and exits 0."""
+    payload = payload_of(release)
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    shutil.copy(payload.program, incoming / "firmware")
+    shutil.copy(payload.weights, incoming / "weights.img")
+    board.arm("selftest-start")
+    run = subprocess.Popen(
+        ["sh", str(SLOT_SCRIPT), "deploy", str(board.root), payload.slot, str(incoming)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=dict(os.environ, COLIBRI_PREFIX=str(tmp_path / "hold-selftest")),
+    )
+    board.reached("selftest-start")
+    run.stdout.close()
+    run.stderr.close()
+    os.killpg(run.pid, signal.SIGHUP)
+    board.go("selftest-start")
+    assert run.wait(timeout=120) == 0
+    assert board.current() == payload.slot
+    assert (board.root / "last-deploy").read_text().split() == [payload.slot, "pass"]
+    assert " selftest result=pass " in (board.root / "deploy.log").read_text()
+    assert not (board.root / "deploying").exists()
+
+
 def test_a_board_that_stays_unreachable_is_said_so_and_finishes_on_its_own(release, board, tmp_path, monkeypatch):
     deploy_cleanly(board, variant(release, tmp_path, "first"))
     new = payload_of(variant(release, tmp_path, "second"))
@@ -359,6 +387,8 @@ def test_a_second_deploy_is_refused_while_one_runs_and_a_stale_lock_is_taken_ove
     assert len(err.splitlines()) == 1, err
     status = board.slot("status", str(board.root))
     assert "deploying=yes" in status.stdout, status.stdout
+    on_board = board.slot("rollback", str(board.root))
+    assert on_board.returncode == 2 and "another deploy is running" in on_board.stderr, on_board
     board.go("selftest-start")
     code, out, err = finish(running)
     assert code == 0, out + err

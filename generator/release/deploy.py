@@ -6,14 +6,17 @@ fleets through an Ansible playbook shipped here (ansible/deploy.yml), run by ans
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,8 @@ SLOT_SCRIPT = HERE / "board" / "colibri-slot"
 PLAYBOOK = HERE / "ansible" / "deploy.yml"
 DEFAULT_ROOT = "/opt/colibri"  # on the board: slots/, current, previous
 DEPLOY_SECONDS = 300
+RECONNECT_SECONDS = 240  # after a dropped link: how long the board has to answer again and finish
+RETRY_SECONDS = 3  # between attempts to reach it
 
 
 @dataclass(frozen=True)
@@ -70,29 +75,34 @@ def payload_of(bundle: Path) -> Payload:
 
 
 def payload_tar(payload: Payload) -> bytes:
-    """firmware, weights.img and colibri-slot as one tar stream (what the board unpacks)."""
+    """firmware, weights.img and their SHA256SUMS as one tar stream (what colibri-slot receive
+    unpacks and checks before it installs anything)."""
     buf = io.BytesIO()
+    sums = []
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path, name, mode in (
-            (payload.program, "firmware", 0o755),
-            (payload.weights, "weights.img", 0o644),
-            (SLOT_SCRIPT, "colibri-slot", 0o755),
-        ):
+        for path, name, mode in ((payload.program, "firmware", 0o755), (payload.weights, "weights.img", 0o644)):
             info = tar.gettarinfo(str(path), arcname=name)
             info.mode, info.uid, info.gid, info.uname, info.gname = mode, 0, 0, "", ""
             with open(path, "rb") as f:
                 tar.addfile(info, f)
+            with open(path, "rb") as f:
+                sums.append(f"{hashlib.file_digest(f, 'sha256').hexdigest()}  {name}\n")
+        text = "".join(sums).encode()
+        info = tarfile.TarInfo("SHA256SUMS")
+        info.size, info.mode = len(text), 0o644
+        tar.addfile(info, io.BytesIO(text))
     return buf.getvalue()
 
 
 @dataclass(frozen=True)
 class Deployed:
     """One board's outcome: PASS (current is the new slot), rolled back (the new slot failed its
-    self-test and current is what it was), or unreachable."""
+    self-test and current is what it was), link dropped (the board was reached again after the
+    link dropped: where it ended and its current slot's self-test), or unreachable."""
 
     host: str
     slot: str
-    outcome: str  # "pass" | "rolled back" | "unreachable" | "failed"
+    outcome: str  # "pass" | "rolled back" | "link dropped" | "unreachable" | "failed"
     selftest: Selftest | None
     current: str
     detail: str = ""
@@ -102,6 +112,13 @@ class Deployed:
         return self.outcome == "pass"
 
     def line(self) -> str:
+        if self.outcome == "link dropped":
+            verdict = (
+                "PASS" if self.selftest and self.selftest.passed else "FAIL" if self.selftest else "not self-tested"
+            )
+            on = f"board is on slot {self.current} ({verdict})" if self.current else "board has no current slot"
+            test = f"; {self.selftest.line()}" if self.selftest else ""
+            return f"{self.host}: LINK DROPPED deploying slot {self.slot}: {self.detail}; {on}{test}"
         what = {"pass": "PASS", "rolled back": "ROLLED BACK", "unreachable": "UNREACHABLE", "failed": "FAILED"}[
             self.outcome
         ]
@@ -149,42 +166,128 @@ def outcome_of(host: str, slot: str, status: int, output: str) -> Deployed:
     return Deployed(host, slot, "failed", selftest, current, last.strip())
 
 
-def _ssh(remote: Remote, script: str, stdin: bytes, doing: str) -> tuple[int, str]:
+class LinkLost(ColibriError):
+    """ssh ended with status 255 after it had connected: the link dropped, the board may go on."""
+
+
+# ssh's 255s that mean it never got a session: the board cannot have started anything.
+NEVER_CONNECTED = re.compile(
+    r"REMOTE HOST IDENTIFICATION|Host key verification failed|host key is known|Permission denied|"
+    r"Too many authentication failures|Could not resolve hostname|connect to host|Network is unreachable|"
+    r"No route to host"
+)
+
+
+def _ssh(remote: Remote, script: str, stdin: bytes, doing: str, timeout: float = DEPLOY_SECONDS) -> tuple[int, str]:
     try:
-        done = subprocess.run(remote.ssh_argv(script), input=stdin, capture_output=True, timeout=DEPLOY_SECONDS)
+        done = subprocess.run(remote.ssh_argv(script), input=stdin, capture_output=True, timeout=timeout)
     except FileNotFoundError:
         raise ColibriError("ssh is not installed (Debian: apt-get install openssh-client)") from None
     except subprocess.TimeoutExpired:
-        raise ColibriError(f"{remote}: no answer in {DEPLOY_SECONDS} s while {doing}") from None
+        raise ColibriError(f"{remote}: no answer in {timeout:.0f} s while {doing}") from None
     out, err = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
     if done.returncode == 255:
-        raise ColibriError(ssh_failure(remote, err, doing))
+        failure = ssh_failure(remote, err, doing)
+        raise ColibriError(failure) if NEVER_CONNECTED.search(err) else LinkLost(failure)
     return done.returncode, out + err
+
+
+def _slot(
+    remote: Remote, args: list[str], stdin: bytes, doing: str, timeout: float = DEPLOY_SECONDS
+) -> tuple[int, str]:
+    """colibri-slot ARGS on the board, the script itself sent along: the board needs nothing of Colibri."""
+    script = f"exec sh -c {shlex.quote(SLOT_SCRIPT.read_text())} colibri-slot {shlex.join(args)}"
+    return _ssh(remote, script, stdin, doing, timeout)
+
+
+def _refusal(output: str) -> str:
+    last = next((line for line in reversed(output.splitlines()) if line.strip()), "no output")
+    return last.strip().removeprefix("colibri-slot: error: ")
 
 
 def deploy_remote(remote: Remote, payload: Payload, root: str = DEFAULT_ROOT) -> Deployed:
     """Install `payload` into a new slot under `root` on the board, run its self-test there and
-    switch `current` only on PASS (one ssh session: the payload as a tar stream on its stdin)."""
-    incoming = f"{root}/incoming/{payload.slot}"
-    q = shlex.quote
-    script = (
-        f"set -e; rm -rf {q(incoming)}; mkdir -p {q(incoming)}; tar -x -C {q(incoming)} -f -; set +e; "
-        f"sh {q(incoming)}/colibri-slot deploy {q(root)} {q(payload.slot)} {q(incoming)}; status=$?; "
-        f"rm -rf {q(incoming)}; exit $status"
-    )
-    status, output = _ssh(remote, script, payload_tar(payload), f"deploying {payload.slot}")
+    switch `current` only on PASS (one ssh session: the payload as a tar stream on its stdin). When
+    the link drops, the board finishes on its own; this reconnects and says where it ended."""
+    try:
+        status, output = _slot(
+            remote, ["receive", root, payload.slot], payload_tar(payload), f"deploying {payload.slot}"
+        )
+    except LinkLost as lost:
+        return after_drop(remote, payload, root, str(lost))
+    if status == 2:
+        raise ColibriError(f"{remote}: deploy refused: {_refusal(output)}")
     return outcome_of(str(remote), payload.slot, status, output)
 
 
+def _reach(remote: Remote, args: list[str], doing: str, deadline: float) -> tuple[int, str] | None:
+    """colibri-slot ARGS, tried again while the board does not answer, until `deadline`."""
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            return _slot(remote, args, b"", doing, timeout=left + 30)
+        except ColibriError:
+            time.sleep(min(RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
+    return None
+
+
+def status_fields(output: str) -> dict[str, str]:
+    """colibri-slot status's words: current, previous, deploying, last (SLOT:RESULT)."""
+    line = next((line for line in output.splitlines() if line.startswith("current=")), "")
+    return dict(word.partition("=")[::2] for word in line.split())
+
+
+def after_drop(remote: Remote, payload: Payload, root: str, why: str) -> Deployed:
+    """The link dropped during a deploy: reconnect, wait (RECONNECT_SECONDS at most) for the board's
+    deploy to finish, self-test its current slot and say what happened."""
+    deadline = time.monotonic() + RECONNECT_SECONDS
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline and fields.get("deploying") != "no":
+        wait = max(1, min(60, int(deadline - time.monotonic())))
+        answer = _reach(remote, ["status", root, str(wait)], "asking the board how the deploy went", deadline)
+        if answer is None:
+            break
+        fields = status_fields(answer[1])
+    if not fields:
+        return Deployed(
+            str(remote),
+            payload.slot,
+            "unreachable",
+            None,
+            "",
+            f"{why}; the board did not answer again in {RECONNECT_SECONDS} s: where its deploy ended is unknown",
+        )
+    tested = ""
+    if fields.get("current") and fields.get("deploying") == "no":
+        answer = _reach(remote, ["selftest", root], f"self-testing slot {fields['current']}", deadline + 60)
+        tested = answer[1] if answer else ""
+    return landed(str(remote), payload.slot, why, fields, tested)
+
+
+def landed(host: str, slot: str, why: str, fields: dict[str, str], selftest_output: str) -> Deployed:
+    """Where a board whose link dropped during the deploy of `slot` ended, from its colibri-slot
+    status fields and its current slot's self-test output."""
+    current = fields.get("current", "")
+    if fields.get("deploying") != "no":
+        return Deployed(
+            host, slot, "link dropped", None, current, f"{why}; the board is still deploying (colibri-slot status)"
+        )
+    last_slot, _, result = fields.get("last", "").partition(":")
+    happened = {
+        "pass": "the deploy finished on the board",
+        "current": f"slot {slot} was current already",
+        "rolled-back": f"slot {slot} failed its self-test on the board and was removed",
+    }.get(result if last_slot == slot else "", "the release did not arrive whole: nothing was installed")
+    return Deployed(
+        host, slot, "link dropped", selftest_of(selftest_output), current, f"{why}; reconnected: {happened}"
+    )
+
+
 def rollback_remote(remote: Remote, root: str = DEFAULT_ROOT) -> str:
-    """Point the board's current back at the slot it replaced; returns that slot."""
-    q = shlex.quote
-    # colibri-slot goes along on stdin: the board needs nothing of Colibri installed.
-    script = f'tmp=$(mktemp); cat > "$tmp"; sh "$tmp" rollback {q(root)}; status=$?; rm -f "$tmp"; exit $status'
-    status, output = _ssh(remote, script, SLOT_SCRIPT.read_bytes(), "rolling back")
+    """Point the board's current back at the slot it replaced, once that slot passes its self-test;
+    returns that slot."""
+    status, output = _slot(remote, ["rollback", root], b"", "rolling back")
     if status != 0:
-        last = next((line for line in reversed(output.splitlines()) if line.strip()), "no output")
-        raise ColibriError(f"{remote}: rollback failed: {last.strip().removeprefix('colibri-slot: error: ')}")
+        raise ColibriError(f"{remote}: rollback failed: {_refusal(output)}")
     return current_of(output)
 
 
@@ -236,7 +339,11 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
             found = results / f"{host}.json"
             if found.is_file():
                 r = json.loads(found.read_text())
-                outcomes.append(outcome_of(host, payload.slot, int(r["rc"]), r["stdout"] + "\n" + r["stderr"]))
+                if "dropped" in r:
+                    why = f"the link dropped during the deploy ({(r['dropped'].strip().splitlines() or ['no message'])[0][:160]})"
+                    outcomes.append(landed(host, payload.slot, why, status_fields(r["status"]), r["selftest"]))
+                else:
+                    outcomes.append(outcome_of(host, payload.slot, int(r["rc"]), r["stdout"] + "\n" + r["stderr"]))
             else:
                 outcomes.append(
                     Deployed(host, payload.slot, "unreachable", None, "", unreachable_reason(done.stdout, host))

@@ -229,6 +229,55 @@ def half_bytes(*arrays) -> bytes:
     return b"".join(out)
 
 
+def run_rv32_semihosted(sources: list, elf: Path, include: Path, timeout: int = 300, extra: tuple = ()) -> str:
+    """C sources built with the qemu-rv32 board's compiler and flags, with picolibc's semihosting
+    for their output instead of the board's startup and UART, run bare metal on
+    qemu-system-riscv32 with exact instruction counting (-icount shift=0). Returns what they printed
+    (qemu writes the semihosting console to stderr); the program's exit through the SiFive test
+    device must be 0."""
+    board = load_board("qemu-rv32")
+    link = [
+        f"-Wl,--defsym={k}={v}"
+        for k, v in (
+            ("__flash", "0x80000000"),
+            ("__flash_size", "0x400000"),
+            ("__ram", "0x80400000"),
+            ("__ram_size", "0x400000"),
+        )
+    ]
+    subprocess.run(
+        [
+            board.cc,
+            *board.cflags,
+            "--oslib=semihost",
+            f"-I{include}",
+            *link,
+            *map(str, sources),
+            *extra,
+            "-o",
+            str(elf),
+        ],
+        check=True,
+    )
+    qemu = ["qemu-system-riscv32", "-M", "virt", "-cpu", "rv32", "-bios", "none", "-display", "none"]
+    qemu += [
+        "-monitor",
+        "none",
+        "-serial",
+        "none",
+        "-icount",
+        "shift=0",
+        "-semihosting-config",
+        "enable=on,target=native",
+    ]
+    done = subprocess.run(
+        [*qemu, "-kernel", str(elf)], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    return output
+
+
 def run_cli(*args, cwd=REPO, timeout=600):
     """Run the CLI in a subprocess, as a user would (python -m generator.cli)."""
     return subprocess.run(

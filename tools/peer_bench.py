@@ -205,6 +205,16 @@ def colibri_bench(
     return json.loads(done.stdout)
 
 
+def print_ratio_table(names: dict[str, str], rows: dict[str, tuple[list[float], list[float]]]) -> None:
+    """The markdown table of Colibri against llama.cpp: each round's numbers, the ratios, the medians'."""
+    print("| what | llama.cpp tok/s | Colibri tok/s | Colibri / llama.cpp, round by round | of the medians |")
+    print("|---|---:|---:|---:|---:|")
+    for key, name in names.items():
+        peer, ours = rows[key]
+        pairs = ", ".join(f"{o / p:.2f}" for p, o in zip(peer, ours))
+        print(f"| {name} | {fmt(peer)} | {fmt(ours)} | {pairs} | {median(ours) / median(peer):.2f} |")
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -274,12 +284,7 @@ def bench_gguf(bins: Path, gguf: Path, rounds: int, repack: str, repeat: int) ->
         f"{rounds} alternating rounds; each Colibri number the median of {repeat} run(s), each llama.cpp number "
         f"llama-bench's mean of 5\n"
     )
-    print("| what | llama.cpp tok/s | Colibri tok/s | Colibri / llama.cpp, round by round | of the medians |")
-    print("|---|---:|---:|---:|---:|")
-    for key, name in GGUF_ROWS.items():
-        peer_s, ours = rows[key]
-        pairs = ", ".join(f"{o / p:.2f}" for p, o in zip(peer_s, ours))
-        print(f"| {name} | {fmt(peer_s)} | {fmt(ours)} | {pairs} | {median(ours) / median(peer_s):.2f} |")
+    print_ratio_table(GGUF_ROWS, rows)
     print()
     for note in sorted(NOTES):
         print(f"note: {note}")
@@ -340,13 +345,9 @@ def bench_long_context(bins: Path, model: Path, gguf: Path, n: int, rounds: int,
         f"Colibri --ctx {ctx}, the median of 3 runs; llama.cpp: {peer}, llama-bench's mean of 3; {rounds} "
         f"alternating rounds\n"
     )
-    print("| what | llama.cpp tok/s | Colibri tok/s | Colibri / llama.cpp, round by round | of the medians |")
-    print("|---|---:|---:|---:|---:|")
-    names = {"pp": f"prefill of {n} tokens (pp{n})", "tg": f"decode of {LONG_DECODE} after {n} positions"}
-    for key, name in names.items():
-        peer_s, ours = rows[key]
-        pairs = ", ".join(f"{o / p:.2f}" for p, o in zip(peer_s, ours))
-        print(f"| {name} | {fmt(peer_s)} | {fmt(ours)} | {pairs} | {median(ours) / median(peer_s):.2f} |")
+    print_ratio_table(
+        {"pp": f"prefill of {n} tokens (pp{n})", "tg": f"decode of {LONG_DECODE} after {n} positions"}, rows
+    )
     print()
     for note in sorted(NOTES):
         print(f"note: {note}")
@@ -425,17 +426,12 @@ def main() -> int:
         f"model: {model} (GGUF for llama.cpp: {gguf.name}); {args.rounds} alternating rounds; "
         f"each Colibri number the median of 3 runs, each llama.cpp number llama-bench's mean of 5\n"
     )
-    print("| what | llama.cpp tok/s | Colibri tok/s | Colibri / llama.cpp, round by round | of the medians |")
-    print("|---|---:|---:|---:|---:|")
     names = {
         "tg1": "q8_0 decode, 1 thread (tg128)",
         "tg2": "q8_0 decode, 2 threads (tg128)",
         "pp64": "q8_0 64-token prefill, 1 thread (pp64)",
     }
-    for key, name in names.items():
-        peer, ours = rows[key]
-        pairs = ", ".join(f"{o / p:.2f}" for p, o in zip(peer, ours))
-        print(f"| {name} | {fmt(peer)} | {fmt(ours)} | {pairs} | {median(ours) / median(peer):.2f} |")
+    print_ratio_table(names, rows)
     for quant in ("q4_0", "q4_1"):
         q4 = rows[quant][1]
         pairs = ", ".join(f"{a / b:.2f}" for a, b in zip(q4, q8_1))

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_rv32_semihosted
 
 from generator.boards import load_board
 from generator.boards.otadata import (
@@ -48,46 +48,7 @@ def rv32_output(tmp_path_factory) -> str:
     if shutil.which(board.cc) is None or shutil.which("qemu-system-riscv32") is None:
         pytest.skip("the qemu-rv32 toolchain is not installed (./colibri setup-toolchain --board qemu-rv32)")
     elf = tmp_path_factory.mktemp("ota-rv32") / "ota_harness.elf"
-    link = [
-        f"-Wl,--defsym={k}={v}"
-        for k, v in (
-            ("__flash", "0x80000000"),
-            ("__flash_size", "0x400000"),
-            ("__ram", "0x80400000"),
-            ("__ram_size", "0x400000"),
-        )
-    ]
-    subprocess.run(
-        [board.cc, *board.cflags, "--oslib=semihost", f"-I{APP}", *link, *map(str, SOURCES), "-o", str(elf)],
-        check=True,
-    )
-    done = subprocess.run(
-        [
-            "qemu-system-riscv32",
-            "-M",
-            "virt",
-            "-cpu",
-            "rv32",
-            "-bios",
-            "none",
-            "-display",
-            "none",
-            "-monitor",
-            "none",
-            "-serial",
-            "none",
-            "-semihosting-config",
-            "enable=on,target=native",
-            "-kernel",
-            str(elf),
-        ],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout + done.stderr  # qemu writes the semihosting console to stderr
+    return run_rv32_semihosted(SOURCES, elf, APP, timeout=120)
 
 
 NAMES = {

@@ -4,16 +4,14 @@ says); on every kernel set their fast paths (16-row passes, 16-long dot products
 softmax) match NumPy; and bench counts attention's multiply-accumulates correctly."""
 
 import re
-import subprocess
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import REPO, f32_bytes, half_bytes, run_harness
+from conftest import REPO, f32_bytes, half_bytes, run_harness, run_rv32_semihosted
 from test_numerics import assert_same_bits, c_floats, random_halves
 
 from generator import bench
-from generator.boards import load_board
 from generator.numerics import ops as numerics
 from generator.numerics.quantize import matvec_q4_1, matvec_q8_0, quantize_q8_0, quantize_weights_q8_0, unpack_q4_1
 
@@ -25,63 +23,12 @@ RUNTIME = REPO / "firmware_src" / "runtime"
 
 @pytest.fixture(scope="module")
 def selftest_output(tmp_path_factory) -> str:
-    """tests/c/rv32_selftest.c built with the qemu-rv32 board's compiler and flags (picolibc with
-    semihosting for its output instead of the board's startup and UART), run on the emulator."""
-    board = load_board("qemu-rv32")
+    """tests/c/rv32_selftest.c built for qemu-rv32 (semihosting for its output) and run on the
+    emulator; its exit is 0 when nothing differed."""
+    sources = [REPO / "tests" / "c" / "rv32_selftest.c", RUNTIME / "ops.c"]
+    sources += [RUNTIME / "kernels" / "scalar.c", RUNTIME / "kernels" / "rv32.c"]
     elf = tmp_path_factory.mktemp("rv32") / "selftest.elf"
-    link = [
-        "-Wl,--defsym=__flash=0x80000000",
-        "-Wl,--defsym=__flash_size=0x400000",
-        "-Wl,--defsym=__ram=0x80400000",
-        "-Wl,--defsym=__ram_size=0x400000",
-    ]
-    subprocess.run(
-        [
-            board.cc,
-            *board.cflags,
-            "--oslib=semihost",
-            f"-I{RUNTIME}",
-            *link,
-            str(REPO / "tests" / "c" / "rv32_selftest.c"),
-            str(RUNTIME / "ops.c"),
-            str(RUNTIME / "kernels" / "scalar.c"),
-            str(RUNTIME / "kernels" / "rv32.c"),
-            "-lm",
-            "-o",
-            str(elf),
-        ],
-        check=True,
-    )
-    done = subprocess.run(
-        [
-            "qemu-system-riscv32",
-            "-M",
-            "virt",
-            "-cpu",
-            "rv32",
-            "-bios",
-            "none",
-            "-display",
-            "none",
-            "-monitor",
-            "none",
-            "-serial",
-            "none",
-            "-icount",
-            "shift=0",
-            "-semihosting-config",
-            "enable=on,target=native",
-            "-kernel",
-            str(elf),
-        ],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = done.stdout + done.stderr  # qemu writes the semihosting console to stderr
-    assert done.returncode == 0, output  # the SiFive test device: 0 when nothing differed
-    return output
+    return run_rv32_semihosted(sources, elf, RUNTIME, extra=("-lm",))
 
 
 def test_rv32_kernels_on_the_emulated_cpu_give_the_scalar_kernels_bits(selftest_output):

@@ -27,6 +27,7 @@ from conftest import REPO, run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sshd import ALIAS, Sshd, descendants  # noqa: E402
+from test_deploy import variant  # noqa: E402
 
 from generator.device.remote import parse_remote  # noqa: E402
 from generator.release import deploy  # noqa: E402
@@ -207,21 +208,6 @@ def release(tmp_path_factory):
     done = run_cli("release", "--board", "host", "--ctx", "64", "--out", out)
     assert done.returncode == 0, done.stderr
     return next(p for p in out.iterdir() if p.is_dir())
-
-
-def variant(bundle: Path, where: Path, name: str, damage: bool = False) -> Path:
-    """A copy of the bundle under another release name (another slot), its image damaged if asked."""
-    copy = where / name
-    shutil.copytree(bundle, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["name"] = name
-    (copy / "manifest.json").write_text(json.dumps(manifest))
-    if damage:
-        image = copy / manifest["weights"]["file"]
-        blob = bytearray(image.read_bytes())
-        blob[len(blob) // 2] ^= 0x10
-        image.write_bytes(bytes(blob))
-    return copy
 
 
 @pytest.fixture

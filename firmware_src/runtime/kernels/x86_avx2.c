@@ -1348,42 +1348,6 @@ __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, 
                                                                    int stride, int n, int head_dim, float scale)
 {
     int i = 0;
-    /* Sixteen positions at a time: two groups of eight whose chains interleave, so the additions of
-     * one group run while the other's keys are loaded and transposed (one group's m chains alone
-     * leave the adder waiting on its latency). */
-    for (; i + 16 <= n && head_dim % 8 == 0; i += 16) {
-        const float *k = keys + (int64_t)i * stride;
-        __m256 acc0[4], acc1[4];
-        for (int a = 0; a < m; a++) {
-            acc0[a] = _mm256_set1_ps(-0.0f);
-            acc1[a] = _mm256_set1_ps(-0.0f);
-        }
-        for (int j = 0; j < head_dim; j += 8) {
-            __m256 col[8];
-            for (int p = 0; p < 8; p++) {
-                col[p] = _mm256_loadu_ps(k + (int64_t)p * stride + j);
-            }
-            transpose8(col);
-            for (int t = 0; t < 8; t++) {
-                for (int a = 0; a < m; a++) {
-                    acc0[a] = _mm256_add_ps(acc0[a], _mm256_mul_ps(_mm256_set1_ps(q[(int64_t)a * q_stride + j + t]), col[t]));
-                }
-            }
-            for (int p = 0; p < 8; p++) {
-                col[p] = _mm256_loadu_ps(k + (int64_t)(p + 8) * stride + j);
-            }
-            transpose8(col);
-            for (int t = 0; t < 8; t++) {
-                for (int a = 0; a < m; a++) {
-                    acc1[a] = _mm256_add_ps(acc1[a], _mm256_mul_ps(_mm256_set1_ps(q[(int64_t)a * q_stride + j + t]), col[t]));
-                }
-            }
-        }
-        for (int a = 0; a < m; a++) {
-            _mm256_storeu_ps(att + (int64_t)a * att_stride + i, _mm256_mul_ps(acc0[a], _mm256_set1_ps(scale)));
-            _mm256_storeu_ps(att + (int64_t)a * att_stride + i + 8, _mm256_mul_ps(acc1[a], _mm256_set1_ps(scale)));
-        }
-    }
     for (; i + 8 <= n; i += 8) {
         const float *k = keys + (int64_t)i * stride;
         __m256 acc[4];

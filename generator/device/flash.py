@@ -10,6 +10,8 @@ ColibriError line, and the port is closed in every case.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -233,6 +235,32 @@ def _open_port(port: str):
     return ser
 
 
+@contextmanager
+def esptool_link(port: str, failure: Callable[[str], str], also: tuple[type[Exception], ...] = ()) -> Iterator[tuple]:
+    """One session with a chip through esptool: yields (the open port, esptool.cmds, ESPLoader).
+    What esptool, the port or the OS raises (and the `also` exceptions) becomes one ColibriError
+    line, failure(esptool's line), asked when it happens so it can name the stage reached; the port
+    is closed in every case."""
+    try:
+        import serial
+        from esptool import cmds
+        from esptool.loader import ESPLoader
+        from esptool.util import FatalError
+    except ImportError:
+        raise ColibriError("esptool is not installed (./colibri sets up its environment with it)") from None
+
+    ser = _open_port(port)
+    try:
+        yield ser, cmds, ESPLoader
+    except (FatalError, serial.SerialException, OSError, *also) as e:
+        raise ColibriError(failure(_one_line(e))) from None
+    finally:
+        try:
+            ser.close()
+        except Exception:  # noqa: BLE001 - closing must not hide the real outcome
+            pass
+
+
 # esptool's ways of getting the chip into its bootloader before connecting (esptool --before):
 # toggling DTR/RTS (default), the USB-Serial/JTAG's own reset, or none (the board is put in
 # download mode by hand: hold BOOT, press RESET).
@@ -274,60 +302,44 @@ def flash_images(
     checked = _check_images(flash, images)
     if not port:
         raise ColibriError(f"board {board.name} is flashed over a serial port: give it with --port (e.g. /dev/ttyUSB0)")
-    try:
-        import serial
-        from esptool import cmds
-        from esptool.loader import ESPLoader
-        from esptool.util import FatalError
-    except ImportError:
-        raise ColibriError("esptool is not installed (./colibri sets up its environment with it)") from None
-
-    ser = _open_port(port)
     writing = ""  # the image being written or verified, once a write began: the flash is then partly new
-    try:
-        try:
-            progress(f"connecting to the board on {port}")
-            esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode=before)
-            chip = Chip(esp.CHIP_NAME, esp.get_chip_revision(), ":".join(f"{b:02x}" for b in esp.read_mac()))
-            if found is not None:
-                found(chip)
-            _check_chip(board, flash, esp, port, checked)
-            progress(f"found {chip.name} revision {chip.revision_text}, MAC {chip.mac}")
-            esp = cmds.run_stub(esp)
-            if baud > ESPLoader.ESP_ROM_BAUD:
-                esp.change_baud(baud)
-            cmds.attach_flash(esp)
-            params = dict(flash_mode=flash.mode, flash_freq=flash.frequency, flash_size=flash.size)
-            for i, (offset, path, data) in enumerate(checked, 1):
-                progress(f"[{i}/{len(checked)}] writing {path.name} ({len(data):,} B) at 0x{offset:x}")
-                writing = f"{path.name} at 0x{offset:x}, image {i} of {len(checked)}"
-                cmds.write_flash(esp, [(offset, str(path))], compress=True, **params)
-                cmds.verify_flash(esp, [(offset, str(path))], **params)
-                progress(f"[{i}/{len(checked)}] {path.name} verified")
-            writing = ""  # every image written and verified
-            if reset:
-                progress("resetting the board")
-                cmds.reset_chip(esp, "hard-reset")
-            return chip
-        except (FatalError, serial.SerialException, OSError) as e:
-            text = _one_line(e)
-            if writing and any(words in text for words in READ_BACK_DIFFERS):
-                partly = (
-                    f"; {writing} reads back different from its file: run flash again (a board that "
-                    "fails again has a bad flash chip or supply)"
-                )
-            elif writing:
-                partly = (
-                    f"; cut while writing {writing}: the flash is partly written, run flash again "
-                    "(it writes and verifies every image)"
-                )
-            else:
-                partly = ""
-            raise ColibriError(
-                f"flashing board {board.name} on {port} failed: {text}{_esptool_advice(text)}{partly}"
-            ) from None
-    finally:
-        try:
-            ser.close()
-        except Exception:  # noqa: BLE001 - closing must not hide the real outcome
-            pass
+
+    def failure(text: str) -> str:
+        if writing and any(words in text for words in READ_BACK_DIFFERS):
+            partly = (
+                f"; {writing} reads back different from its file: run flash again (a board that "
+                "fails again has a bad flash chip or supply)"
+            )
+        elif writing:
+            partly = (
+                f"; cut while writing {writing}: the flash is partly written, run flash again "
+                "(it writes and verifies every image)"
+            )
+        else:
+            partly = ""
+        return f"flashing board {board.name} on {port} failed: {text}{_esptool_advice(text)}{partly}"
+
+    with esptool_link(port, failure) as (ser, cmds, ESPLoader):
+        progress(f"connecting to the board on {port}")
+        esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode=before)
+        chip = Chip(esp.CHIP_NAME, esp.get_chip_revision(), ":".join(f"{b:02x}" for b in esp.read_mac()))
+        if found is not None:
+            found(chip)
+        _check_chip(board, flash, esp, port, checked)
+        progress(f"found {chip.name} revision {chip.revision_text}, MAC {chip.mac}")
+        esp = cmds.run_stub(esp)
+        if baud > ESPLoader.ESP_ROM_BAUD:
+            esp.change_baud(baud)
+        cmds.attach_flash(esp)
+        params = dict(flash_mode=flash.mode, flash_freq=flash.frequency, flash_size=flash.size)
+        for i, (offset, path, data) in enumerate(checked, 1):
+            progress(f"[{i}/{len(checked)}] writing {path.name} ({len(data):,} B) at 0x{offset:x}")
+            writing = f"{path.name} at 0x{offset:x}, image {i} of {len(checked)}"
+            cmds.write_flash(esp, [(offset, str(path))], compress=True, **params)
+            cmds.verify_flash(esp, [(offset, str(path))], **params)
+            progress(f"[{i}/{len(checked)}] {path.name} verified")
+        writing = ""  # every image written and verified
+        if reset:
+            progress("resetting the board")
+            cmds.reset_chip(esp, "hard-reset")
+        return chip

@@ -19,7 +19,7 @@ from ..boards import Board
 from ..boards.otadata import OTADATA_BYTES, SECTOR, STATE_NAMES, OtaData
 from ..errors import ColibriError
 from ..files import write_atomic
-from .flash import BEFORE_MODES, _check_chip, _check_images, _esptool_advice, _one_line, _open_port
+from .flash import BEFORE_MODES, _check_chip, _check_images, _esptool_advice, esptool_link
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class _Layout:
     otadata: int  # offset of the otadata partition
     slots: tuple[int, ...]  # app slot offsets
     slot_size: int
+    weights: int  # offset of the weights partition
 
 
 def _layout(board: Board) -> _Layout:
@@ -44,7 +45,8 @@ def _layout(board: Board) -> _Layout:
         raise ColibriError(
             f"board {board.name} has no A/B app slots (ota_slots in its [idf] section): flash it instead"
         )
-    return _Layout(idf.images["otadata"].offset, idf.ota_slots, idf.images["app"].size or 0)
+    images = idf.images
+    return _Layout(images["otadata"].offset, idf.ota_slots, images["app"].size or 0, images["weights"].offset)
 
 
 def _checked_app(board: Board, layout: _Layout, app: Path) -> bytes:
@@ -94,75 +96,59 @@ def ota_update(
     assert flash is not None
     if not port:
         raise ColibriError(f"board {board.name} is updated over a serial port: give it with --port (e.g. /dev/ttyUSB0)")
-    try:
-        import serial
-        from esptool import cmds
-        from esptool.loader import ESPLoader
-        from esptool.util import FatalError
-    except ImportError:
-        raise ColibriError("esptool is not installed (./colibri sets up its environment with it)") from None
-
     identity = _identity(weights) if weights is not None else None
     slots = len(layout.slots)
     params = dict(flash_mode=flash.mode, flash_freq=flash.frequency, flash_size=flash.size)
-    ser = _open_port(port)
     stage = ""  # what a cut would have interrupted, once the board's flash is being changed
-    try:
-        try:
-            progress(f"connecting to the board on {port}")
-            esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode=before)
-            _check_chip(board, flash, esp, port, [(layout.slots[0], Path(app), data)])
-            esp = cmds.run_stub(esp)
-            if baud > ESPLoader.ESP_ROM_BAUD:
-                esp.change_baud(baud)
-            cmds.attach_flash(esp)
-            before_data = OtaData.parse(cmds.read_flash(esp, layout.otadata, OTADATA_BYTES))
-            if identity is not None:
-                at = board.idf.images["weights"].offset if board.idf is not None else 0
-                if cmds.read_flash(esp, at, len(identity)) != identity:
-                    raise ColibriError(
-                        f"the weights partition of the board on {port} (0x{at:x}) does not hold the weight image "
-                        "this app was built for: write it first with flash --model-only (the new app would "
-                        "refuse it, fail its self-test and roll back)"
-                    )
-                progress("the board's weights partition holds the image this app was built for")
-            running, after_boot = before_data.boot(slots)  # what the bootloader would start now
-            target = (running + 1) % slots
-            entries = "; ".join(f"otadata[{i}] {e.describe()}" for i, e in enumerate(before_data.entries))
-            progress(f"the board starts ota_{running} ({entries}): writing the app into ota_{target}")
-            stage = f"the app into ota_{target}: the board still starts ota_{running} (otadata is unchanged)"
-            offset = layout.slots[target]
-            cmds.write_flash(esp, [(offset, str(app))], compress=True, **params)
-            cmds.verify_flash(esp, [(offset, str(app))], **params)
-            progress(f"ota_{target} written and verified ({len(data):,} B at 0x{offset:x}, MD5 matches)")
-            index, selected = after_boot.select(target, slots)
-            sector = selected.entries[index].sector()
-            stage = f"otadata[{index}]: the board still starts ota_{running} (the other copy is untouched)"
-            cmds.write_flash(esp, [(layout.otadata + index * SECTOR, sector)], compress=True, **params)
-            read_back = OtaData.parse(cmds.read_flash(esp, layout.otadata, OTADATA_BYTES))
-            if read_back.selected_slot(slots) != target or read_back.entries[index] != selected.entries[index]:
+
+    def failure(text: str) -> str:
+        cut = f"; cut while writing {stage}; run ota again" if stage else ""
+        return f"updating board {board.name} on {port} failed: {text}{_esptool_advice(text)}{cut}"
+
+    with esptool_link(port, failure, also=(ValueError,)) as (ser, cmds, ESPLoader):
+        progress(f"connecting to the board on {port}")
+        esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode=before)
+        _check_chip(board, flash, esp, port, [(layout.slots[0], Path(app), data)])
+        esp = cmds.run_stub(esp)
+        if baud > ESPLoader.ESP_ROM_BAUD:
+            esp.change_baud(baud)
+        cmds.attach_flash(esp)
+        before_data = OtaData.parse(cmds.read_flash(esp, layout.otadata, OTADATA_BYTES))
+        if identity is not None:
+            at = layout.weights
+            if cmds.read_flash(esp, at, len(identity)) != identity:
                 raise ColibriError(
-                    f"updating board {board.name} on {port}: otadata reads back as "
-                    f"{read_back.entries[index].describe()}, not the selection of ota_{target}: run ota again"
+                    f"the weights partition of the board on {port} (0x{at:x}) does not hold the weight image "
+                    "this app was built for: write it first with flash --model-only (the new app would "
+                    "refuse it, fail its self-test and roll back)"
                 )
-            stage = ""
-            entry = selected.entries[index]
-            progress(
-                f"otadata[{index}] selects ota_{target} (seq {entry.seq}, {STATE_NAMES[entry.state]}): "
-                "its first boot runs the self-test, then confirms it or goes back"
-            )
-            if reset:
-                progress("resetting the board")
-                cmds.reset_chip(esp, "hard-reset")
-            return OtaUpdate(port, running, target, entry.seq, len(data))
-        except (FatalError, serial.SerialException, OSError, ValueError) as e:
-            text = _one_line(e)
-            cut = f"; cut while writing {stage}; run ota again" if stage else ""
+            progress("the board's weights partition holds the image this app was built for")
+        running, after_boot = before_data.boot(slots)  # what the bootloader would start now
+        target = (running + 1) % slots
+        entries = "; ".join(f"otadata[{i}] {e.describe()}" for i, e in enumerate(before_data.entries))
+        progress(f"the board starts ota_{running} ({entries}): writing the app into ota_{target}")
+        stage = f"the app into ota_{target}: the board still starts ota_{running} (otadata is unchanged)"
+        offset = layout.slots[target]
+        cmds.write_flash(esp, [(offset, str(app))], compress=True, **params)
+        cmds.verify_flash(esp, [(offset, str(app))], **params)
+        progress(f"ota_{target} written and verified ({len(data):,} B at 0x{offset:x}, MD5 matches)")
+        index, selected = after_boot.select(target, slots)
+        sector = selected.entries[index].sector()
+        stage = f"otadata[{index}]: the board still starts ota_{running} (the other copy is untouched)"
+        cmds.write_flash(esp, [(layout.otadata + index * SECTOR, sector)], compress=True, **params)
+        read_back = OtaData.parse(cmds.read_flash(esp, layout.otadata, OTADATA_BYTES))
+        if read_back.selected_slot(slots) != target or read_back.entries[index] != selected.entries[index]:
             raise ColibriError(
-                f"updating board {board.name} on {port} failed: {text}{_esptool_advice(text)}{cut}"
-            ) from None
-    finally:
-        try:
-            ser.close()
-        except Exception:  # noqa: BLE001 - closing must not hide the real outcome
-            pass
+                f"updating board {board.name} on {port}: otadata reads back as "
+                f"{read_back.entries[index].describe()}, not the selection of ota_{target}: run ota again"
+            )
+        stage = ""
+        entry = selected.entries[index]
+        progress(
+            f"otadata[{index}] selects ota_{target} (seq {entry.seq}, {STATE_NAMES[entry.state]}): "
+            "its first boot runs the self-test, then confirms it or goes back"
+        )
+        if reset:
+            progress("resetting the board")
+            cmds.reset_chip(esp, "hard-reset")
+        return OtaUpdate(port, running, target, entry.seq, len(data))

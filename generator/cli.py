@@ -320,6 +320,11 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def flash_part(args) -> str | None:
+    """What --app-only / --model-only ask flash to write (None: everything)."""
+    return "app" if args.app_only else "model" if args.model_only else None
+
+
 def cmd_flash(args) -> int:
     ports = ports_given(args.port)
     if args.all_ports or len(ports) > 1:
@@ -330,8 +335,9 @@ def cmd_flash(args) -> int:
         )
     options = job_options(args)
     options.port = ports[0] if ports else None
-    only = "app" if args.app_only else "model" if args.model_only else None
-    flashed = job.flash(options, args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor, only=only)
+    flashed = job.flash(
+        options, args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor, only=flash_part(args)
+    )
     board, port, images, art = flashed.board, flashed.port, flashed.images, flashed.art
     summary = {
         "board": board.name,
@@ -377,7 +383,7 @@ def _flash_fleet(args, ports: list[str]) -> int:
         no_reset=args.no_reset,
         selftest=not args.no_selftest,
         report_path=args.report,
-        only="app" if args.app_only else "model" if args.model_only else None,
+        only=flash_part(args),
     )
     report = flashed.report
     print(json.dumps(report.to_json(), indent=2) if args.json else format_table(report))

@@ -74,6 +74,18 @@ def payload_of(bundle: Path) -> Payload:
     return Payload(name, board.name, program, weights, f"{name}-{build}")
 
 
+class _Digesting:
+    """A file read through once: what tarfile copies is also hashed, so a weight image is read once."""
+
+    def __init__(self, f):
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.sha256.update(data)
+        return data
+
+
 def payload_tar(payload: Payload) -> bytes:
     """firmware, weights.img and their SHA256SUMS as one tar stream (what colibri-slot receive
     unpacks and checks before it installs anything)."""
@@ -84,9 +96,9 @@ def payload_tar(payload: Payload) -> bytes:
             info = tar.gettarinfo(str(path), arcname=name)
             info.mode, info.uid, info.gid, info.uname, info.gname = mode, 0, 0, "", ""
             with open(path, "rb") as f:
-                tar.addfile(info, f)
-            with open(path, "rb") as f:
-                sums.append(f"{hashlib.file_digest(f, 'sha256').hexdigest()}  {name}\n")
+                digesting = _Digesting(f)
+                tar.addfile(info, digesting)
+            sums.append(f"{digesting.sha256.hexdigest()}  {name}\n")
         text = "".join(sums).encode()
         info = tarfile.TarInfo("SHA256SUMS")
         info.size, info.mode = len(text), 0o644

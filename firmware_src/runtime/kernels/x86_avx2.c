@@ -207,8 +207,9 @@ q8_row(const int8_t *wq, const KernelHalf *wd, const int8_t *x_qs, const float *
                                           q8_block(w + 192, x + 192, vnni), q8_block(w + 224, x + 224, vnni));
         acc = add_terms(acc, isums, wd + b, x_d + b, 8);
     }
-    if (b < nb) {
+    if (b < nb) { /* unrolled, so the blocks stay in registers (a 640-value row's last 4 of 20) */
         __m256i v[8];
+#pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             v[k] = b + k < nb ? q8_block(wq + (b + k) * KERNEL_QK, x_qs + (b + k) * KERNEL_QK, vnni)
                               : _mm256_setzero_si256();
@@ -310,6 +311,7 @@ q4_nibble_sums8(const uint8_t *wq, const struct q4_input *in, int b, int vnni)
 __attribute__((always_inline)) static inline void
 q4_tail_pairs(__m256i v[4], const uint8_t *wq, const struct q4_input *in, int b, int nb, int vnni)
 {
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         const int blk = b + 2 * k;
         __m256i packed = _mm256_setzero_si256();
@@ -799,6 +801,7 @@ q8_row_tokens(__m256 acc[PASS_TOKENS], const int8_t *wq, const KernelHalf *wd, c
     if (b < nb) {
         for (int t = 0; t < nt; t++) {
             __m256i v[8];
+#pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
                 v[k] = b + k < nb ? q8_block(wq + (b + k) * KERNEL_QK, x_qs[t] + (b + k) * KERNEL_QK, vnni)
                                   : _mm256_setzero_si256();

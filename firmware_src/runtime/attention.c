@@ -203,12 +203,13 @@ static void attend_kv_heads(void *ctx, int g_begin, int g_end)
         for (int a = 0; a < j->n; a++) {
             const int32_t p = j->pos + a;
             const int n_seen = p - first_seen(p, window) + 1;
+            float *scores = j->b->att + ((int64_t)a * COLIBRI_N_HEADS + g * group) * COLIBRI_N_CTX;
+            if (j->sinks == NULL) {
+                kernel_softmax_rows(scores, COLIBRI_N_CTX, group, n_seen); /* the group's heads together */
+            }
             for (int h = g * group; h < (g + 1) * group; h++) {
-                float *att = j->b->att + ((int64_t)a * COLIBRI_N_HEADS + h) * COLIBRI_N_CTX;
                 if (j->sinks != NULL) {
-                    op_softmax_with_sink(att, n_seen, j->sinks[h]);
-                } else {
-                    kernel_softmax(att, n_seen);
+                    op_softmax_with_sink(scores + (int64_t)(h - g * group) * COLIBRI_N_CTX, n_seen, j->sinks[h]);
                 }
                 float *out = j->out + (int64_t)a * j->geo.q_dim + (int64_t)h * hd;
                 for (int i = 0; i < hd; i++) {

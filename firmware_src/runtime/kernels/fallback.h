@@ -471,6 +471,15 @@ void kernel_softmax(float *x, int n)
 }
 #endif
 
+#ifndef KERNEL_HAS_SOFTMAX_ROWS
+void kernel_softmax_rows(float *x, int stride, int rows, int n)
+{
+    for (int r = 0; r < rows; r++) {
+        kernel_softmax(x + (int64_t)r * stride, n);
+    }
+}
+#endif
+
 #ifndef KERNEL_HAS_WIDEN_F16
 void kernel_widen_f16(float *out, const KernelHalf *h, int n)
 {

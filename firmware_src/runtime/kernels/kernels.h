@@ -464,6 +464,9 @@ void kernel_attention_mix_f16(float *out, int out_stride, const float *p, int p_
 /* op_softmax (ops.c) bit for bit: the maximum and the sum of the exponentials in order, one at a
  * time; a set may compute the exponentials and the divisions several per vector. */
 void kernel_softmax(float *x, int n);
+/* kernel_softmax of each of `rows` rows of n values, stride floats apart (a KV head's query heads:
+ * a set may run their sums interleaved, each still in order). */
+void kernel_softmax_rows(float *x, int stride, int rows, int n);
 
 /* A binary16 KV cache's values (n), and a q8_0 one's (n a multiple of KERNEL_QK: value i is
  * (float)qs[i] * d[i / KERNEL_QK]), widened to float32: exact, so every set's bits are the same. */

@@ -25,8 +25,10 @@
 #define KERNEL_HAS_QUANTIZE_Q8_0
 #define KERNEL_HAS_ATTENTION_SCORES
 #define KERNEL_HAS_ATTENTION_MIX
+#define KERNEL_HAS_ATTENTION_F16
 #define KERNEL_HAS_WIDEN_F16
 #define KERNEL_HAS_SOFTMAX
+#define KERNEL_HAS_SOFTMAX_ROWS
 #define KERNEL_HAS_WIDEN_Q8_0
 /* the kept GGUF types, defined in x86_avx2_blocks.c (the same kernel set) */
 #define KERNEL_HAS_MATVEC_Q5_0
@@ -1281,14 +1283,36 @@ static inline __m256 silu8(__m256 x)
 /* op_softmax eight exponentials and divisions at a time, each lane expf8's steps (x - max is never
  * above 0, so only the low end's case applies); the maximum and the sum stay scalar, in order, as
  * op_softmax computes them. */
-static void softmax_avx2(float *x, int n)
+/* The maximum of x[0 .. n - 1] as op_softmax finds it, eight lanes at a time; 0 if some value is
+ * NaN (the caller then takes op_softmax's loop, where a NaN's place decides). Without NaNs the
+ * maximum is the same number in any order, except that the sign of a zero maximum may differ,
+ * which changes nothing after it: x - (+0) and x - (-0) are x for x != 0, and e^(+0) = e^(-0) = 1. */
+static int max_avx2(const float *x, int n, float *max)
 {
-    float max = x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] > max) {
-            max = x[i];
-        }
+    __m256 m = _mm256_set1_ps(x[0]), unordered = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        m = _mm256_max_ps(m, v);
     }
+    float lanes[8], best = x[0];
+    _mm256_storeu_ps(lanes, m);
+    for (int k = 0; k < 8; k++) {
+        best = lanes[k] > best ? lanes[k] : best;
+    }
+    int nan = _mm256_movemask_ps(unordered) != 0 || x[0] != x[0];
+    for (; i < n; i++) {
+        nan |= x[i] != x[i];
+        best = x[i] > best ? x[i] : best;
+    }
+    *max = best;
+    return !nan;
+}
+
+/* x[i] = e^(x[i] - max), eight at a time (expf8), the rest as op_softmax computes them. */
+static void exp_shifted_avx2(float *x, int n, float max)
+{
     const __m256 vmax = _mm256_set1_ps(max);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -1298,17 +1322,66 @@ static void softmax_avx2(float *x, int n)
         const float v = x[i] - max;
         x[i] = v >= -87.0f ? op_expf_in_range(v) : (v != v ? v : 0.0f);
     }
-    float sum = -0.0f;
-    for (int t = 0; t < n; t++) {
-        sum = sum + x[t];
-    }
+}
+
+static void divide_avx2(float *x, int n, float sum)
+{
     const __m256 vsum = _mm256_set1_ps(sum);
-    i = 0;
+    int i = 0;
     for (; i + 8 <= n; i += 8) {
         _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), vsum));
     }
     for (; i < n; i++) {
         x[i] = x[i] / sum;
+    }
+}
+
+/* m <= 4 rows (stride apart) of n values: each row's maximum, exponentials, their sum in order
+ * and the divisions, as op_softmax. The m sums run interleaved, one add of each row per position:
+ * a row's sum is one chain of dependent adds, and m of them fill the adder that one leaves idle. */
+__attribute__((always_inline)) static inline void softmax_rows_avx2(float *x, int stride, const int m, int n)
+{
+    for (int r = 0; r < m; r++) {
+        float *row = x + (int64_t)r * stride;
+        float max;
+        if (!max_avx2(row, n, &max)) {
+            max = row[0];
+            for (int i = 1; i < n; i++) {
+                if (row[i] > max) {
+                    max = row[i];
+                }
+            }
+        }
+        exp_shifted_avx2(row, n, max);
+    }
+    float sum[4] = {-0.0f, -0.0f, -0.0f, -0.0f};
+    for (int t = 0; t < n; t++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < m; r++) {
+            sum[r] = sum[r] + x[(int64_t)r * stride + t];
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < m; r++) {
+        divide_avx2(x + (int64_t)r * stride, n, sum[r]);
+    }
+}
+
+static void softmax_avx2(float *x, int n)
+{
+    softmax_rows_avx2(x, 0, 1, n);
+}
+
+static void softmax_many_avx2(float *x, int stride, int rows, int n)
+{
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        float *x0 = x + (int64_t)r0 * stride;
+        switch (rows - r0 < 4 ? rows - r0 : 4) {
+        case 1: softmax_rows_avx2(x0, stride, 1, n); break;
+        case 2: softmax_rows_avx2(x0, stride, 2, n); break;
+        case 3: softmax_rows_avx2(x0, stride, 3, n); break;
+        default: softmax_rows_avx2(x0, stride, 4, n); break;
+        }
     }
 }
 
@@ -1352,6 +1425,22 @@ static void delta_rule_step_avx2(float *out, float *state, const float *q, const
     }
 }
 
+/* A key's or value's elements, from a float32 tile or read where they lie in a binary16 cache
+ * (widened exactly, as kernel_widen_f16 would: vcvtph2ps, kernel_half_to_float): `half` is a
+ * constant in every caller, so each kernel below compiles once per cache type. */
+__attribute__((always_inline)) static inline __m256 kv_load8(const void *base, int64_t i, int half)
+{
+    if (half) {
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const KernelHalf *)base + i)));
+    }
+    return _mm256_loadu_ps((const float *)base + i);
+}
+
+__attribute__((always_inline)) static inline float kv_load1(const void *base, int64_t i, int half)
+{
+    return half ? kernel_half_to_float(((const KernelHalf *)base)[i]) : ((const float *)base)[i];
+}
+
 /* Attention scores, eight positions per vector: lane p carries position i + p's sum over j in
  * order, from -0.0f, the scalar kernel's chain lane by lane. Eight keys' next eight values are
  * loaded and transposed once (column t lane p = key p's value j + t) for up to four query heads of
@@ -1361,12 +1450,13 @@ static void delta_rule_step_avx2(float *out, float *state, const float *q, const
  * accumulators and columns in memory, every add then waiting on a store (decode at 1,536
  * positions ran at 34 tok/s that way, 55 with them). */
 __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, int att_stride, const float *q,
-                                                                   int q_stride, const int m, const float *keys,
-                                                                   int stride, int n, int head_dim, float scale)
+                                                                   int q_stride, const int m, const void *keys,
+                                                                   int stride, int n, int head_dim, float scale,
+                                                                   const int half)
 {
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        const float *k = keys + (int64_t)i * stride;
+        const int64_t k = (int64_t)i * stride;
         __m256 acc[4];
 #pragma GCC unroll 4
         for (int a = 0; a < m; a++) {
@@ -1377,7 +1467,7 @@ __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, 
             __m256 col[8];
 #pragma GCC unroll 8
             for (int p = 0; p < 8; p++) {
-                col[p] = _mm256_loadu_ps(k + (int64_t)p * stride + j);
+                col[p] = kv_load8(keys, k + (int64_t)p * stride + j, half);
             }
             transpose8(col);
 #pragma GCC unroll 8
@@ -1389,9 +1479,11 @@ __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, 
             }
         }
         for (; j < head_dim; j++) {
-            const __m256 col = _mm256_setr_ps(k[j], k[stride + j], k[2 * stride + j], k[3 * stride + j],
-                                              k[4 * stride + j], k[5 * stride + j], k[6 * stride + j],
-                                              k[7 * stride + j]);
+            const __m256 col = _mm256_setr_ps(
+                kv_load1(keys, k + j, half), kv_load1(keys, k + stride + j, half),
+                kv_load1(keys, k + 2 * stride + j, half), kv_load1(keys, k + 3 * stride + j, half),
+                kv_load1(keys, k + 4 * stride + j, half), kv_load1(keys, k + 5 * stride + j, half),
+                kv_load1(keys, k + 6 * stride + j, half), kv_load1(keys, k + 7 * stride + j, half));
 #pragma GCC unroll 4
             for (int a = 0; a < m; a++) {
                 acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_set1_ps(q[(int64_t)a * q_stride + j]), col));
@@ -1403,13 +1495,29 @@ __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, 
         }
     }
     for (; i < n; i++) {
-        const float *k = keys + (int64_t)i * stride;
+        const int64_t k = (int64_t)i * stride;
         for (int a = 0; a < m; a++) {
             float s = -0.0f;
             for (int j = 0; j < head_dim; j++) {
-                s = s + q[(int64_t)a * q_stride + j] * k[j];
+                s = s + q[(int64_t)a * q_stride + j] * kv_load1(keys, k + j, half);
             }
             att[(int64_t)a * att_stride + i] = s * scale;
+        }
+    }
+}
+
+__attribute__((always_inline)) static inline void scores_avx2(float *att, int att_stride, const float *q, int q_stride,
+                                                              int n_q, const void *keys, int stride, int n,
+                                                              int head_dim, float scale, const int half)
+{
+    for (int a0 = 0; a0 < n_q; a0 += 4) { /* up to four query heads per pass over the keys */
+        float *att0 = att + (int64_t)a0 * att_stride;
+        const float *q0 = q + (int64_t)a0 * q_stride;
+        switch (n_q - a0 < 4 ? n_q - a0 : 4) { /* each count compiled with its accumulators known */
+        case 1: scores_avx2_heads(att0, att_stride, q0, q_stride, 1, keys, stride, n, head_dim, scale, half); break;
+        case 2: scores_avx2_heads(att0, att_stride, q0, q_stride, 2, keys, stride, n, head_dim, scale, half); break;
+        case 3: scores_avx2_heads(att0, att_stride, q0, q_stride, 3, keys, stride, n, head_dim, scale, half); break;
+        default: scores_avx2_heads(att0, att_stride, q0, q_stride, 4, keys, stride, n, head_dim, scale, half); break;
         }
     }
 }
@@ -1417,61 +1525,109 @@ __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, 
 static void attention_scores_avx2(float *att, int att_stride, const float *q, int q_stride, int n_q,
                                   const float *keys, int stride, int n, int head_dim, float scale)
 {
-    for (int a0 = 0; a0 < n_q; a0 += 4) { /* up to four query heads per pass over the keys */
-        float *att0 = att + (int64_t)a0 * att_stride;
-        const float *q0 = q + (int64_t)a0 * q_stride;
-        switch (n_q - a0 < 4 ? n_q - a0 : 4) { /* each count compiled with its accumulators known */
-        case 1: scores_avx2_heads(att0, att_stride, q0, q_stride, 1, keys, stride, n, head_dim, scale); break;
-        case 2: scores_avx2_heads(att0, att_stride, q0, q_stride, 2, keys, stride, n, head_dim, scale); break;
-        case 3: scores_avx2_heads(att0, att_stride, q0, q_stride, 3, keys, stride, n, head_dim, scale); break;
-        default: scores_avx2_heads(att0, att_stride, q0, q_stride, 4, keys, stride, n, head_dim, scale); break;
+    scores_avx2(att, att_stride, q, q_stride, n_q, keys, stride, n, head_dim, scale, 0);
+}
+
+static void attention_scores_f16_avx2(float *att, int att_stride, const float *q, int q_stride, int n_q,
+                                      const KernelHalf *keys, int stride, int n, int head_dim, float scale)
+{
+    scores_avx2(att, att_stride, q, q_stride, n_q, keys, stride, n, head_dim, scale, 1);
+}
+
+/* Value sums of m <= 4 query heads over positions 0 .. n - 1, dimensions j0 .. j0 + 15: each value
+ * row's sixteen elements are loaded (and widened) once for all the heads of the group, which keeps
+ * 2 * m sums in registers; lane j of each carries out[j]'s chain over the positions in order, from
+ * the value in `out`. */
+__attribute__((always_inline)) static inline void mix_heads16(float *out, int out_stride, const float *p, int p_stride,
+                                                              const int m, const void *values, int stride, int n,
+                                                              int j0, const int half)
+{
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int a = 0; a < m; a++) {
+        acc[a][0] = _mm256_loadu_ps(out + (int64_t)a * out_stride + j0);
+        acc[a][1] = _mm256_loadu_ps(out + (int64_t)a * out_stride + j0 + 8);
+    }
+    for (int i = 0; i < n; i++) {
+        const __m256 v0 = kv_load8(values, (int64_t)i * stride + j0, half);
+        const __m256 v1 = kv_load8(values, (int64_t)i * stride + j0 + 8, half);
+#pragma GCC unroll 4
+        for (int a = 0; a < m; a++) {
+            const __m256 w = _mm256_set1_ps(p[(int64_t)a * p_stride + i]);
+            acc[a][0] = _mm256_add_ps(acc[a][0], _mm256_mul_ps(w, v0));
+            acc[a][1] = _mm256_add_ps(acc[a][1], _mm256_mul_ps(w, v1));
         }
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < m; a++) {
+        _mm256_storeu_ps(out + (int64_t)a * out_stride + j0, acc[a][0]);
+        _mm256_storeu_ps(out + (int64_t)a * out_stride + j0 + 8, acc[a][1]);
     }
 }
 
-/* The weighted sum of values, eight of a head's dimensions per vector (lane j carries out[j]'s
- * chain over the positions in order), up to 64 dimensions (eight vectors) in registers at once. */
-static void attention_mix_avx2(float *out, int out_stride, const float *p, int p_stride, int n_q,
-                               const float *values, int stride, int n, int head_dim)
+/* Positions taken MIX_POSITIONS at a time, so the head_dim / 16 passes over them read lines the
+ * first pass brought into L1 (64 binary16 rows of 64 values: 8 KiB). */
+#define MIX_POSITIONS 64
+
+/* The weighted sum of values: heads of the group four at a time, sixteen dimensions a pass
+ * (mix_heads16); a head width that is not a multiple of 16 takes eight dimensions per vector for
+ * one head at a time, then the scalar chain for the rest. Every out[j] adds p_i * v_i[j] over the
+ * positions in order, whatever the grouping. */
+__attribute__((always_inline)) static inline void mix_avx2(float *out, int out_stride, const float *p, int p_stride,
+                                                           int n_q, const void *values, int stride, int n,
+                                                           int head_dim, const int half)
 {
+    if (head_dim % 16 == 0) {
+        for (int i0 = 0; i0 < n; i0 += MIX_POSITIONS) {
+            const int count = n - i0 < MIX_POSITIONS ? n - i0 : MIX_POSITIONS;
+            const void *rows = half ? (const void *)((const KernelHalf *)values + (int64_t)i0 * stride)
+                                    : (const void *)((const float *)values + (int64_t)i0 * stride);
+            for (int a0 = 0; a0 < n_q; a0 += 4) {
+                float *o = out + (int64_t)a0 * out_stride;
+                const float *w = p + (int64_t)a0 * p_stride + i0;
+                for (int j0 = 0; j0 < head_dim; j0 += 16) {
+                    switch (n_q - a0 < 4 ? n_q - a0 : 4) {
+                    case 1: mix_heads16(o, out_stride, w, p_stride, 1, rows, stride, count, j0, half); break;
+                    case 2: mix_heads16(o, out_stride, w, p_stride, 2, rows, stride, count, j0, half); break;
+                    case 3: mix_heads16(o, out_stride, w, p_stride, 3, rows, stride, count, j0, half); break;
+                    default: mix_heads16(o, out_stride, w, p_stride, 4, rows, stride, count, j0, half); break;
+                    }
+                }
+            }
+        }
+        return;
+    }
     for (int a = 0; a < n_q; a++) {
         float *o = out + (int64_t)a * out_stride;
         const float *w = p + (int64_t)a * p_stride;
         int j0 = 0;
-        for (; j0 + 64 <= head_dim; j0 += 64) {
-            __m256 acc[8];
-#pragma GCC unroll 8
-            for (int v = 0; v < 8; v++) {
-                acc[v] = _mm256_loadu_ps(o + j0 + 8 * v);
-            }
-            for (int i = 0; i < n; i++) {
-                const float *row = values + (int64_t)i * stride + j0;
-                const __m256 wi = _mm256_set1_ps(w[i]);
-#pragma GCC unroll 8
-                for (int v = 0; v < 8; v++) {
-                    acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(wi, _mm256_loadu_ps(row + 8 * v)));
-                }
-            }
-#pragma GCC unroll 8
-            for (int v = 0; v < 8; v++) {
-                _mm256_storeu_ps(o + j0 + 8 * v, acc[v]);
-            }
-        }
         for (; j0 + 8 <= head_dim; j0 += 8) {
             __m256 acc = _mm256_loadu_ps(o + j0);
             for (int i = 0; i < n; i++) {
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(w[i]), _mm256_loadu_ps(values + (int64_t)i * stride + j0)));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(w[i]), kv_load8(values, (int64_t)i * stride + j0, half)));
             }
             _mm256_storeu_ps(o + j0, acc);
         }
         for (; j0 < head_dim; j0++) {
             float acc = o[j0];
             for (int i = 0; i < n; i++) {
-                acc = acc + w[i] * values[(int64_t)i * stride + j0];
+                acc = acc + w[i] * kv_load1(values, (int64_t)i * stride + j0, half);
             }
             o[j0] = acc;
         }
     }
+}
+
+static void attention_mix_avx2(float *out, int out_stride, const float *p, int p_stride, int n_q,
+                               const float *values, int stride, int n, int head_dim)
+{
+    mix_avx2(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim, 0);
+}
+
+static void attention_mix_f16_avx2(float *out, int out_stride, const float *p, int p_stride, int n_q,
+                                   const KernelHalf *values, int stride, int n, int head_dim)
+{
+    mix_avx2(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim, 1);
 }
 
 /* binary16 -> float32 with F16C (vcvtph2ps: exact, subnormals included). */
@@ -1665,6 +1821,39 @@ void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stri
         attention_mix_avx2(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim);
     } else {
         kernel_scalar_attention_mix(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim);
+    }
+}
+
+void kernel_attention_scores_f16(float *att, int att_stride, const float *q, int q_stride, int n_q,
+                                 const KernelHalf *keys, int stride, int n, int head_dim, float scale, float *tile,
+                                 int tile_rows)
+{
+    if (have_avx2_f16c()) {
+        attention_scores_f16_avx2(att, att_stride, q, q_stride, n_q, keys, stride, n, head_dim, scale);
+    } else {
+        fallback_widened_scores_f16(att, att_stride, q, q_stride, n_q, keys, stride, n, head_dim, scale, tile,
+                                    tile_rows);
+    }
+}
+
+void kernel_attention_mix_f16(float *out, int out_stride, const float *p, int p_stride, int n_q,
+                              const KernelHalf *values, int stride, int n, int head_dim, float *tile, int tile_rows)
+{
+    if (have_avx2_f16c()) {
+        attention_mix_f16_avx2(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim);
+    } else {
+        fallback_widened_mix_f16(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim, tile, tile_rows);
+    }
+}
+
+void kernel_softmax_rows(float *x, int stride, int rows, int n)
+{
+    if (have_avx2_f16c()) {
+        softmax_many_avx2(x, stride, rows, n);
+    } else {
+        for (int r = 0; r < rows; r++) {
+            op_softmax(x + (int64_t)r * stride, n);
+        }
     }
 }
 

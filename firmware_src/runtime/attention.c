@@ -96,6 +96,34 @@ static const float *kv_rows(const ColibriKvValue *cache, const uint16_t *scales,
 #endif
 }
 
+#if COLIBRI_KV_TYPE == COLIBRI_KV_F16
+/* One query token reads a binary16 tile where it lies (kernels.h: a set decodes it in registers, or
+ * widens it into `tile` itself); a block of tokens has it widened once for all of them. */
+#define IN_PLACE(n_tokens) ((n_tokens) == 1)
+#else
+#define IN_PLACE(n_tokens) 0
+#endif
+
+/* Scores (in_keys) or value sums of n_q query heads over positions slot .. slot + n - 1 of KV head
+ * g, read in place from a binary16 cache (IN_PLACE). */
+static void in_place(const Geometry *geo, int in_keys, int g, int slot, float *att, const float *q, float *out, int n,
+                     float *tile)
+{
+#if COLIBRI_KV_TYPE == COLIBRI_KV_F16
+    const int hd = geo->hd;
+    const int64_t at = kv_at(geo, g, slot);
+    if (in_keys) {
+        kernel_attention_scores_f16(att, COLIBRI_N_CTX, q, hd, geo->group, colibri_key_cache + at, hd, n, hd,
+                                    COLIBRI_ATTN_SCALE, tile, COLIBRI_KV_TILE);
+    } else {
+        kernel_attention_mix_f16(out, hd, att, COLIBRI_N_CTX, geo->group, colibri_value_cache + at, hd, n, hd, tile,
+                                 COLIBRI_KV_TILE);
+    }
+#else
+    (void)geo, (void)in_keys, (void)g, (void)slot, (void)att, (void)q, (void)out, (void)n, (void)tile;
+#endif
+}
+
 /* The first position a query at position p sees: 0, or the start of its sliding window. */
 static int32_t first_seen(int32_t p, int32_t window)
 {
@@ -124,14 +152,19 @@ static void over_tiles(const AttentionJob *j, int g, int in_keys)
     const int32_t last = j->pos + j->n - 1;
     const int hd = geo->hd, group = geo->group;
     float *tile = j->b->kv_tile != NULL ? j->b->kv_tile + (int64_t)g * COLIBRI_KV_TILE * hd : NULL;
+    /* read in place, a tile is every position up to the ring's end (the kernel widens, if it does,
+     * COLIBRI_KV_TILE rows at a time) */
+    const int direct = IN_PLACE(j->n);
+    const int most = direct ? slots : COLIBRI_KV_TILE;
     for (int32_t t0 = first_seen(j->pos, window); t0 <= last;) {
         const int slot = t0 % slots;
         int count = last - t0 + 1;
-        count = count < COLIBRI_KV_TILE ? count : COLIBRI_KV_TILE;
+        count = count < most ? count : most;
         count = count < slots - slot ? count : slots - slot; /* a tile never wraps the ring */
         const int stride = hd;
-        const float *rows = in_keys ? kv_rows(colibri_key_cache, KEY_SCALES, geo, slot, count, g, tile)
-                                    : kv_rows(colibri_value_cache, VALUE_SCALES, geo, slot, count, g, tile);
+        const float *rows = direct    ? NULL
+                            : in_keys ? kv_rows(colibri_key_cache, KEY_SCALES, geo, slot, count, g, tile)
+                                      : kv_rows(colibri_value_cache, VALUE_SCALES, geo, slot, count, g, tile);
         for (int a = 0; a < j->n; a++) {
             const int32_t p = j->pos + a;
             const int32_t start = first_seen(p, window);
@@ -142,6 +175,10 @@ static void over_tiles(const AttentionJob *j, int g, int in_keys)
             }
             float *att = j->b->att + ((int64_t)a * COLIBRI_N_HEADS + g * group) * COLIBRI_N_CTX + (lo - start);
             const int64_t head = (int64_t)a * geo->q_dim + (int64_t)g * group * hd;
+            if (direct) {
+                in_place(geo, in_keys, g, slot + (lo - t0), att, j->q + head, j->out + head, hi - lo + 1, tile);
+                continue;
+            }
             const float *from = rows + (int64_t)(lo - t0) * stride;
             if (in_keys) {
                 kernel_attention_scores(att, COLIBRI_N_CTX, j->q + head, hd, group, from, stride, hi - lo + 1, hd,

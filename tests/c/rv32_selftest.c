@@ -269,6 +269,80 @@ static void check_widen_f16(void)
     }
 }
 
+/* Attention over a binary16 tile read in place (rv32.c's kernel_attention_*_f16) against the tile
+ * widened by the scalar kernel and the scalar attention kernels: every encoding in the keys and
+ * values (NaN's and infinity's included, which widen to finite values); queries ordinary, with
+ * zeros, subnormals and values just below 2^16 (still prescaled exactly), and (large) one of 2^16
+ * or more, which takes the widened path; weights in [0, 1], subnormal, negative or large. */
+#define ATT_MAX_N 70
+#define ATT_MAX_HEADS 9
+#define ATT_MAX_DIM 264
+
+static KernelHalf att_kv[ATT_MAX_N * ATT_MAX_DIM];
+static float att_q[ATT_MAX_HEADS * ATT_MAX_DIM], att_p[ATT_MAX_HEADS * ATT_MAX_N];
+static float att_tile[ATT_MAX_N * ATT_MAX_DIM];
+static float att_a[ATT_MAX_HEADS * ATT_MAX_N], att_b[ATT_MAX_HEADS * ATT_MAX_N];
+static float mix_a[ATT_MAX_HEADS * ATT_MAX_DIM], mix_b[ATT_MAX_HEADS * ATT_MAX_DIM];
+
+static float att_query(int large)
+{
+    switch (next() % 16u) {
+    case 0: return 0.0f;
+    case 1: return -0.0f;
+    case 2: return (float)(int32_t)(next() % 2001u - 1000u) * 1e-41f; /* subnormal */
+    case 3: return (next() & 1) ? 0x1.fffffep15f : -0x1.fffffep15f;
+    case 4: return large ? 0x1p16f : value();
+    default: return value() * (float)(1u << (next() % 8u));
+    }
+}
+
+static float att_weight(void)
+{
+    switch (next() % 8u) {
+    case 0: return 0.0f;
+    case 1: return (float)(next() % 1000u) * 1e-42f; /* subnormal */
+    case 2: return -value();
+    case 3: return value() * 3000.0f;
+    default: return (float)(next() % 1000001u) * 1e-6f;
+    }
+}
+
+static void check_attention_f16(int n_q, int n, int head_dim, int stride, int large)
+{
+    const int tile_rows = n > 8 ? 8 : n; /* the widened path takes several tiles */
+    for (int i = 0; i < n * stride; i++) {
+        att_kv[i] = (KernelHalf)next();
+    }
+    for (int i = 0; i < n_q * head_dim; i++) {
+        att_q[i] = att_query(large);
+    }
+    for (int i = 0; i < n_q * n; i++) {
+        att_p[i] = att_weight();
+    }
+    for (int i = 0; i < n; i++) {
+        kernel_scalar_widen_f16(att_tile + i * head_dim, att_kv + i * stride, head_dim);
+    }
+    kernel_attention_scores_f16(att_a, n, att_q, head_dim, n_q, att_kv, stride, n, head_dim, 0.25f,
+                                att_tile + n * head_dim, tile_rows);
+    kernel_scalar_attention_scores(att_b, n, att_q, head_dim, n_q, att_tile, head_dim, n, head_dim, 0.25f);
+    for (int i = 0; i < n_q * head_dim; i++) {
+        mix_a[i] = mix_b[i] = (i % 3 == 0) ? -0.0f : value(); /* the sum so far: fresh, or earlier tiles' */
+    }
+    kernel_attention_mix_f16(mix_a, head_dim, att_p, n, n_q, att_kv, stride, n, head_dim, att_tile + n * head_dim,
+                             tile_rows);
+    kernel_scalar_attention_mix(mix_b, head_dim, att_p, n, n_q, att_tile, head_dim, n, head_dim);
+    if (memcmp(att_a, att_b, (size_t)n_q * n * sizeof(float)) != 0) {
+        printf("attention_scores_f16 %d heads %d positions %d wide (stride %d, large %d) differs from the scalar kernel\n",
+               n_q, n, head_dim, stride, large);
+        mismatches++;
+    }
+    if (memcmp(mix_a, mix_b, (size_t)n_q * head_dim * sizeof(float)) != 0) {
+        printf("attention_mix_f16 %d heads %d positions %d wide (stride %d) differs from the scalar kernel\n", n_q,
+               n, head_dim, stride);
+        mismatches++;
+    }
+}
+
 /* GGUF blocks in place (rv32.c reads several rows at a time): random quants and scales, the
  * binary16 fields (Q4_K's d and dmin, Q6_K's and Q5_0's d) from the weight scales' ranges (either sign, any
  * binary16 with extreme). */
@@ -422,6 +496,44 @@ static void count_widen_f16(int n)
     printf("instructions widen_f16 %d: %lu\n", n, (unsigned long)(b - a));
 }
 
+/* Attention at the default model's shape (4 query heads on one KV head, head width 16) over a tile
+ * of n positions: the binary16 tile read in place, widened then read as float32, and a float32
+ * tile (an f32 cache). */
+static void count_attention(int n)
+{
+    const int n_q = 4, hd = 16;
+    for (int i = 0; i < n * hd; i++) {
+        att_kv[i] = kernel_float_to_half(value());
+        att_tile[i] = value();
+    }
+    for (int i = 0; i < n_q * hd; i++) {
+        att_q[i] = value();
+    }
+    for (int i = 0; i < n_q * n; i++) {
+        att_p[i] = (float)(next() % 1000u) * 1e-3f;
+    }
+    float *tile = att_tile + n * hd;
+    uint32_t c0 = instret();
+    kernel_attention_scores_f16(att_a, n, att_q, hd, n_q, att_kv, hd, n, hd, 0.25f, tile, n);
+    uint32_t c1 = instret();
+    kernel_attention_mix_f16(mix_a, hd, att_p, n, n_q, att_kv, hd, n, hd, tile, n);
+    uint32_t c2 = instret();
+    kernel_widen_f16(tile, att_kv, n * hd);
+    kernel_attention_scores(att_a, n, att_q, hd, n_q, tile, hd, n, hd, 0.25f);
+    uint32_t c3 = instret();
+    kernel_widen_f16(tile, att_kv, n * hd);
+    kernel_attention_mix(mix_a, hd, att_p, n, n_q, tile, hd, n, hd);
+    uint32_t c4 = instret();
+    kernel_attention_scores(att_a, n, att_q, hd, n_q, att_tile, hd, n, hd, 0.25f);
+    uint32_t c5 = instret();
+    kernel_attention_mix(mix_a, hd, att_p, n, n_q, att_tile, hd, n, hd);
+    uint32_t c6 = instret();
+    printf("instructions attention 4x16 %d positions: f16 in place scores %lu mix %lu, f16 widened scores %lu mix "
+           "%lu, f32 scores %lu mix %lu\n",
+           n, (unsigned long)(c1 - c0), (unsigned long)(c2 - c1), (unsigned long)(c3 - c2), (unsigned long)(c4 - c3),
+           (unsigned long)(c5 - c4), (unsigned long)(c6 - c5));
+}
+
 static void count_quantize(int n)
 {
     static int8_t q[MAX_COLS];
@@ -469,6 +581,21 @@ int main(void)
     }
     check_swiglu();
     check_widen_f16();
+    static const int att_heads[] = {1, 2, 3, 4, 5, 8, 9};
+    static const int att_dims[] = {8, 16, 24, 32, 40, 64, 12, 128, 256, 264};
+    static const int att_n[] = {1, 2, 3, 4, 5, 7, 8, 9, 17, 64, 70};
+    for (unsigned h = 0; h < sizeof att_heads / sizeof att_heads[0]; h++) {
+        for (unsigned d = 0; d < sizeof att_dims / sizeof att_dims[0]; d++) {
+            for (unsigned k = 0; k < sizeof att_n / sizeof att_n[0]; k++) {
+                const int hd = att_dims[d], n = att_n[k];
+                if (n * (hd + 8) * 2 > ATT_MAX_N * ATT_MAX_DIM) {
+                    continue; /* the tile and its widened copy must fit att_tile */
+                }
+                check_attention_f16(att_heads[h], n, hd, hd, (int)(k % 2));
+                check_attention_f16(att_heads[h], n, hd, hd + 8, (int)(k % 2 == 0));
+            }
+        }
+    }
     static const int k_rows[] = {1, 3, 4, 5, 8, 11, 16, 33};
     for (unsigned r = 0; r < sizeof k_rows / sizeof k_rows[0]; r++) {
         for (int cols = 256; cols <= 2304; cols += 512) {
@@ -495,6 +622,8 @@ int main(void)
     count_quantize(128);
     count_swiglu(128);
     count_widen_f16(512);
+    count_attention(64);
+    count_attention(9);
     count_matvec_k(&Q4_K, 64, 256);
     count_matvec_k(&Q4_K, 32, 1024);
     count_matvec_k(&Q6_K, 64, 256);

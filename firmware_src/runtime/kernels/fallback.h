@@ -478,6 +478,57 @@ void kernel_widen_f16(float *out, const KernelHalf *h, int n)
 }
 #endif
 
+/* A binary16 tile's n rows (stride apart) widened into tile, head_dim floats a row, then the float
+ * kernels: kernels.h's definition of the _f16 attention entry points, and a set's own way out. */
+static inline const float *fallback_widen_rows(float *tile, const KernelHalf *h, int stride, int n, int head_dim)
+{
+    if (stride == head_dim) {
+        kernel_widen_f16(tile, h, n * head_dim);
+    } else {
+        for (int i = 0; i < n; i++) {
+            kernel_widen_f16(tile + (int64_t)i * head_dim, h + (int64_t)i * stride, head_dim);
+        }
+    }
+    return tile;
+}
+
+static inline void fallback_widened_scores_f16(float *att, int att_stride, const float *q, int q_stride, int n_q,
+                                               const KernelHalf *keys, int stride, int n, int head_dim, float scale,
+                                               float *tile, int tile_rows)
+{
+    for (int i = 0; i < n; i += tile_rows) {
+        const int m = n - i < tile_rows ? n - i : tile_rows;
+        const float *rows = fallback_widen_rows(tile, keys + (int64_t)i * stride, stride, m, head_dim);
+        kernel_attention_scores(att + i, att_stride, q, q_stride, n_q, rows, head_dim, m, head_dim, scale);
+    }
+}
+
+static inline void fallback_widened_mix_f16(float *out, int out_stride, const float *p, int p_stride, int n_q,
+                                            const KernelHalf *values, int stride, int n, int head_dim, float *tile,
+                                            int tile_rows)
+{
+    for (int i = 0; i < n; i += tile_rows) {
+        const int m = n - i < tile_rows ? n - i : tile_rows;
+        const float *rows = fallback_widen_rows(tile, values + (int64_t)i * stride, stride, m, head_dim);
+        kernel_attention_mix(out, out_stride, p + i, p_stride, n_q, rows, head_dim, m, head_dim);
+    }
+}
+
+#ifndef KERNEL_HAS_ATTENTION_F16
+void kernel_attention_scores_f16(float *att, int att_stride, const float *q, int q_stride, int n_q,
+                                 const KernelHalf *keys, int stride, int n, int head_dim, float scale, float *tile,
+                                 int tile_rows)
+{
+    fallback_widened_scores_f16(att, att_stride, q, q_stride, n_q, keys, stride, n, head_dim, scale, tile, tile_rows);
+}
+
+void kernel_attention_mix_f16(float *out, int out_stride, const float *p, int p_stride, int n_q,
+                              const KernelHalf *values, int stride, int n, int head_dim, float *tile, int tile_rows)
+{
+    fallback_widened_mix_f16(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim, tile, tile_rows);
+}
+#endif
+
 #ifndef KERNEL_HAS_WIDEN_Q8_0
 void kernel_widen_q8_0(float *out, const int8_t *qs, const KernelHalf *d, int n)
 {

@@ -451,6 +451,16 @@ void kernel_attention_scores(float *att, int att_stride, const float *q, int q_s
                              int stride, int n, int head_dim, float scale);
 void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stride, int n_q, const float *values,
                           int stride, int n, int head_dim);
+/* The same two over a binary16 cache read where it lies: keys (values) n rows of head_dim binary16
+ * stride apart. The bits are those of kernel_widen_f16 into a tile and the float kernels above,
+ * which is what a set without its own does (fallback.h): tile_rows rows at a time in `tile` (room
+ * for tile_rows * head_dim floats; a value sum goes on from one tile to the next, so its chain is
+ * unchanged). rv32 decodes each value once for all n_q heads instead of storing and reloading it. */
+void kernel_attention_scores_f16(float *att, int att_stride, const float *q, int q_stride, int n_q,
+                                 const KernelHalf *keys, int stride, int n, int head_dim, float scale, float *tile,
+                                 int tile_rows);
+void kernel_attention_mix_f16(float *out, int out_stride, const float *p, int p_stride, int n_q,
+                              const KernelHalf *values, int stride, int n, int head_dim, float *tile, int tile_rows);
 /* op_softmax (ops.c) bit for bit: the maximum and the sum of the exponentials in order, one at a
  * time; a set may compute the exponentials and the divisions several per vector. */
 void kernel_softmax(float *x, int n);

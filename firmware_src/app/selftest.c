@@ -30,6 +30,9 @@ _Static_assert(SELFTEST_COLS % KERNEL_Q4_K_VALUES == 0, "whole superblocks");
 _Static_assert(SELFTEST_F32_COLS * 4 <= SELFTEST_ROW_BYTES, "an f32 row fits");
 _Static_assert(KERNEL_Q6_K_BYTES * (SELFTEST_COLS / KERNEL_Q6_K_VALUES) <= SELFTEST_ROW_BYTES, "the widest kept-block row fits");
 _Static_assert(SELFTEST_COLS >= SELFTEST_POSITIONS * SELFTEST_HEAD_DIM, "the keys fit in x");
+_Static_assert(SELFTEST_ROWS * SELFTEST_BLOCKS >= SELFTEST_POSITIONS * 8 &&
+                   SELFTEST_ROWS * SELFTEST_ROW_BYTES / 4 >= 4 * 8 + 4 * SELFTEST_POSITIONS + 2 * SELFTEST_POSITIONS * 8,
+               "the binary16 keys fit in w_d, the four heads' queries, weights and two tiles in w");
 _Static_assert(SELFTEST_COLS >= 2 * SELFTEST_SWIGLU && SELFTEST_SWIGLU >= SELFTEST_TOKENS * SELFTEST_ROWS,
                "SwiGLU's two inputs fit in x, a batched product's result in want");
 
@@ -283,6 +286,26 @@ static void check_kernels(void)
     kernel_scalar_attention_mix(mix_want, hd, p, n, n_q, keys, hd, n, hd);
     kernel_attention_mix(mix_got, hd, p, n, n_q, keys, hd, n, hd);
     expect_same("attention_mix", mix_want, mix_got, (int)sizeof mix_want);
+
+    /* The same over a binary16 tile read where it lies (a decode step's path), four query heads on
+     * the KV head, head width 8, against the tile widened by the scalar kernel. */
+    const int g4 = 4, hd8 = 8;
+    KernelHalf *halves = st->w_d;
+    kernel_round_f16(halves, st->x, n * hd8);
+    float *q4 = st->w.f32, *p4 = q4 + g4 * hd8, *wide = p4 + g4 * n, *tile = wide + n * hd8;
+    for (int i = 0; i < g4 * (hd8 + n); i++) {
+        q4[i] = next_float(); /* the queries, then the weights */
+    }
+    kernel_scalar_widen_f16(wide, halves, n * hd8);
+    kernel_scalar_attention_scores(st->want, n, q4, hd8, g4, wide, hd8, n, hd8, 0.125f);
+    kernel_attention_scores_f16(st->got, n, q4, hd8, g4, halves, hd8, n, hd8, 0.125f, tile, n);
+    expect_same("attention_scores_f16", st->want, st->got, g4 * n * (int)sizeof(float));
+    for (int i = 0; i < g4 * hd8; i++) {
+        st->want[i] = st->got[i] = -0.0f;
+    }
+    kernel_scalar_attention_mix(st->want, hd8, p4, n, g4, wide, hd8, n, hd8);
+    kernel_attention_mix_f16(st->got, hd8, p4, n, g4, halves, hd8, n, hd8, tile, n);
+    expect_same("attention_mix_f16", st->want, st->got, g4 * hd8 * (int)sizeof(float));
 }
 
 /* The golden decode: the first step whose token or logits differ (-1: none). */

@@ -323,6 +323,22 @@ int main(int argc, char **argv)
         kernel_attention_mix(out, head_dim, p, n, n_q, values, stride, n, head_dim);
         write_all(att, (size_t)n_q * n * sizeof(float));
         write_all(out, (size_t)n_q * head_dim * sizeof(float));
+    } else if (strcmp(op, "attention_f16") == 0) {
+        /* the same over N binary16 key and value rows of STRIDE, read in place, a tile of TILE_ROWS
+         * rows for a set that widens them */
+        int n_q = atoi(argv[3]), stride = atoi(argv[4]), head_dim = atoi(argv[5]), tile_rows = atoi(argv[7]);
+        float scale = strtof(argv[6], NULL);
+        KernelHalf *keys = read_exact((size_t)n * stride * sizeof(KernelHalf));
+        KernelHalf *values = read_exact((size_t)n * stride * sizeof(KernelHalf));
+        float *q = read_exact((size_t)n_q * head_dim * sizeof(float));
+        float *p = read_exact((size_t)n_q * n * sizeof(float));
+        float *out = read_exact((size_t)n_q * head_dim * sizeof(float));
+        float *att = malloc((size_t)n_q * n * sizeof(float));
+        float *tile = malloc((size_t)tile_rows * head_dim * sizeof(float));
+        kernel_attention_scores_f16(att, n, q, head_dim, n_q, keys, stride, n, head_dim, scale, tile, tile_rows);
+        kernel_attention_mix_f16(out, head_dim, p, n, n_q, values, stride, n, head_dim, tile, tile_rows);
+        write_all(att, (size_t)n_q * n * sizeof(float));
+        write_all(out, (size_t)n_q * head_dim * sizeof(float));
     } else if (strcmp(op, "kv_f16") == 0) {
         /* N floats rounded as an f16 KV cache writes them: the binary16 bits, then widened */
         float *x = read_exact((size_t)n * sizeof(float));

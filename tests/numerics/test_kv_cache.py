@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import DEFAULT_MODEL
 
 from generator.boards import load_board
 from generator.boards.load import board_from_data
@@ -107,6 +108,22 @@ def test_kv_types_change_the_numbers_they_should(checkpoints, builder):
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
 def test_every_kv_type_decodes_the_reference_bits_on_every_board(board, kv_type, checkpoints, builder):
     run_and_compare(builder, checkpoints("qwen3_qknorm"), kv_type, board=board)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("board", ["host", "linux-aarch64", "qemu-rv32"])
+def test_four_query_heads_on_one_kv_head_read_the_f16_cache_in_place(board, builder):
+    """The default model (GQA 4:1, head_dim 16): a decoded token reads the binary16 cache where it
+    lies (rv32: each key and value decoded once for the four heads, four positions at a time and the
+    rest one by one; the other sets widen it, KV_TILE rows at a time), past a tile's 64 positions."""
+    run_and_compare(builder, DEFAULT_MODEL, "f16", board=board)
+
+
+@pytest.mark.slow
+def test_sliding_layers_read_their_f16_ring_in_place_on_qemu_rv32(checkpoints, builder):
+    """Gemma 3's sliding layers attend token by token, so rv32 reads their ring in place, wrapped
+    around its 4 slots; two query heads per KV head (head by head)."""
+    run_and_compare(builder, checkpoints("gemma3_text"), "f16", board="qemu-rv32")
 
 
 @pytest.mark.slow

@@ -517,6 +517,47 @@ def test_attention_tile_scores_and_mix_keep_each_sum_in_order(harness, n, n_q, s
     assert_same_bits(got[n_q * n :], want_mix.reshape(-1))
 
 
+@pytest.mark.parametrize(
+    "n,n_q,stride,head_dim,tile_rows,large",
+    [
+        (72, 4, 16, 16, 64, False),  # the default model's group: four heads, four positions at a time
+        (7, 4, 24, 16, 3, True),  # a query of 2^16: the widened path
+        (9, 2, 32, 32, 4, False),  # two heads: one at a time
+        (13, 6, 64, 64, 64, False),  # four heads and then two
+        (5, 4, 12, 12, 2, False),  # a head width rv32 does not take in place
+        (3, 1, 256, 256, 2, False),
+    ],
+)
+def test_attention_over_a_binary16_tile_read_in_place_is_the_widened_tiles(
+    harness, n, n_q, stride, head_dim, tile_rows, large
+):
+    """kernel_attention_*_f16 give the float kernels' bits on the keys and values widened to
+    float32: every kernel set (rv32 decodes them in registers, the others widen tile_rows rows at a
+    time, a value sum carried from one tile to the next)."""
+    keys = rng.normal(0, 1, (n, stride)).astype(np.float16)
+    values = rng.normal(0, 1, (n, stride)).astype(np.float16)
+    keys[0, :3] = [np.float16(6e-8), np.float16(-0.0), np.float16(65504)]  # subnormal, zero, largest
+    q = rng.normal(0, 1, (n_q, head_dim)).astype(np.float32)
+    q[0, 0] = np.float32(2.0**16 if large else 2.0**16 - 1)
+    q[-1, 1] = np.float32(1e-40)
+    p = np.stack([numerics.softmax(row) for row in rng.normal(0, 2, (n_q, n)).astype(np.float32)])
+    carried = rng.normal(0, 1, (n_q, head_dim)).astype(np.float32)
+    carried[0] = -0.0
+    scale = np.float32(1 / np.sqrt(head_dim))
+    raw = run_harness(
+        harness,
+        ["attention_f16", n, n_q, stride, head_dim, float.hex(float(scale)), tile_rows],
+        keys.tobytes() + values.tobytes() + f32_bytes(q, p, carried),
+    )
+    got = np.frombuffer(raw, "<f4")
+    assert got.size == n_q * (n + head_dim)
+    k32, v32 = keys.astype(np.float32), values.astype(np.float32)
+    want_scores = numerics.dot(k32[None, :, :head_dim], q[:, None, :], axis=2) * scale
+    terms = np.concatenate([carried[:, None, :], p[:, :, None] * v32[None, :, :head_dim]], axis=1)
+    assert_same_bits(got[: n_q * n], want_scores.reshape(-1))
+    assert_same_bits(got[n_q * n :], numerics.seq_sum(terms, axis=1).reshape(-1))
+
+
 def kv_test_values():
     """Floats a KV cache meets and the edges of binary16: normal ones, tiny ones (binary16
     subnormals and below), ties between two binary16 values, the largest binary16 and beyond,

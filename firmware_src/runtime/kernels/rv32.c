@@ -108,16 +108,22 @@ void kernel_widen_f16(float *out, const KernelHalf *h, int n)
 static inline float half_in_register(int16_t h)
 {
     float f = half_scaled(h);
+#if defined(__riscv)
     __asm__("" : "+f"(f));
+#endif
     return f;
 }
 
-/* The larger of a and b, a NaN passed over: RISC-V's fmax.s (picolibc's fmaxf is a call). */
-static inline float max_s(float a, float b)
+/* The larger of m (never a NaN) and b, a NaN b passed over: RISC-V's fmax.s (picolibc's fmaxf is a
+ * call); the same in C elsewhere (the host's build of this set). */
+static inline float max_s(float m, float b)
 {
-    float m;
-    __asm__("fmax.s %0, %1, %2" : "=f"(m) : "f"(a), "f"(b));
+#if defined(__riscv)
+    __asm__("fmax.s %0, %0, %1" : "+f"(m) : "f"(b));
     return m;
+#else
+    return b > m ? b : m;
+#endif
 }
 
 /* qs[j * h + a] = q[a * q_stride + j] * 2^112 for h heads (1 or 4); 0 if some product would not
@@ -134,7 +140,7 @@ static int prescale_queries(float *qs, const float *q, int q_stride, int h, int 
             qs[1] = b * 0x1p112f;
             qs[2] = c * 0x1p112f;
             qs[3] = d * 0x1p112f;
-            top = max_s(max_s(top, fabsf(a)), max_s(fabsf(b), max_s(fabsf(c), fabsf(d))));
+            top = max_s(max_s(max_s(max_s(top, fabsf(a)), fabsf(b)), fabsf(c)), fabsf(d));
             qs += 4;
         }
     } else {

@@ -99,9 +99,12 @@ void kernel_widen_f16(float *out, const KernelHalf *h, int n)
  * same order (j ascending from -0.0f); four positions share each query load. Value sums: the
  * value is widened (half_scaled times 2^112, exact), no check needed, and the sums of up to six
  * columns of four heads stay in 24 registers across the positions, each the chain over i in
- * order. Head widths that are not a multiple of 8 take the widened path. */
+ * order. A decoded value pays for itself against a widened one when it serves four heads, or the
+ * one head of its group (7 instructions a value against 9); the two or three heads a group has
+ * left over, and head widths that are not a multiple of 8, take the widened path (6 a value, then
+ * 3 a head). */
 #define F16_HEADS 4
-#define F16_MAX_HEAD_DIM 256
+#define F16_QUERIES 256 /* prescaled queries: 1 KiB of stack, four heads of up to 64 or one of 256 */
 
 /* half_scaled's value in a float register (the empty asm statement): GCC would otherwise keep the
  * bits in an integer register and repeat the fmv.w.x for every product that uses them. */
@@ -290,32 +293,28 @@ void kernel_attention_scores_f16(float *att, int att_stride, const float *q, int
                                  const KernelHalf *keys, int stride, int n, int head_dim, float scale, float *tile,
                                  int tile_rows)
 {
-    if (head_dim % 8 != 0 || head_dim > F16_MAX_HEAD_DIM) {
-        fallback_widened_scores_f16(att, att_stride, q, q_stride, n_q, keys, stride, n, head_dim, scale, tile,
-                                    tile_rows);
-        return;
-    }
-    float qs[F16_HEADS * F16_MAX_HEAD_DIM];
+    float qs[F16_QUERIES];
     const int16_t *k = (const int16_t *)keys;
+    const int fours = head_dim % 8 == 0 && F16_HEADS * head_dim <= F16_QUERIES;
+    const int ones = head_dim % 8 == 0 && head_dim <= F16_QUERIES;
     for (int a = 0; a < n_q;) {
-        const int h = n_q - a >= F16_HEADS ? F16_HEADS : 1;
+        const int four = n_q - a >= F16_HEADS && fours, one = n_q - a == 1 && ones;
+        const int h = four ? F16_HEADS : (one ? 1 : n_q - a);
         float *at = att + (int64_t)a * att_stride;
         const float *qa = q + (int64_t)a * q_stride;
-        if (!prescale_queries(qs, qa, q_stride, h, head_dim)) {
+        if (!(four || one) || !prescale_queries(qs, qa, q_stride, h, head_dim)) {
             fallback_widened_scores_f16(at, att_stride, qa, q_stride, h, keys, stride, n, head_dim, scale, tile,
                                         tile_rows);
-        } else {
-            if (h == F16_HEADS) {
-                const int i = n / 4 * 4;
-                if (i > 0) {
-                    scores_f16_4x4(at, att_stride, qs, k, stride, n / 4, head_dim, scale);
-                }
-                if (i < n) {
-                    scores_f16_1x4(at + i, att_stride, qs, k + (int64_t)i * stride, stride, n - i, head_dim, scale);
-                }
-            } else {
-                scores_f16_one_head(at, qs, k, stride, n, head_dim, scale);
+        } else if (h == F16_HEADS) {
+            const int i = n / 4 * 4;
+            if (i > 0) {
+                scores_f16_4x4(at, att_stride, qs, k, stride, n / 4, head_dim, scale);
             }
+            if (i < n) {
+                scores_f16_1x4(at + i, att_stride, qs, k + (int64_t)i * stride, stride, n - i, head_dim, scale);
+            }
+        } else {
+            scores_f16_one_head(at, qs, k, stride, n, head_dim, scale);
         }
         a += h;
     }
@@ -381,11 +380,14 @@ void kernel_attention_mix_f16(float *out, int out_stride, const float *p, int p_
             mix_f16_columns(o + j, out_stride, pa, p_stride, v + j, stride, n, F16_HEADS, 2);
         }
     }
-    for (; a < n_q; a++) {
+    if (n_q - a == 1) {
         for (int j = 0; j < head_dim; j += 8) {
             mix_f16_columns(out + (int64_t)a * out_stride + j, out_stride, p + (int64_t)a * p_stride, p_stride, v + j,
                             stride, n, 1, 8);
         }
+    } else if (a < n_q) {
+        fallback_widened_mix_f16(out + (int64_t)a * out_stride, out_stride, p + (int64_t)a * p_stride, p_stride,
+                                 n_q - a, values, stride, n, head_dim, tile, tile_rows);
     }
 }
 

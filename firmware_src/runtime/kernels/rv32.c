@@ -23,6 +23,13 @@
 #define KERNEL_HAS_MATVEC_Q4_K
 #define KERNEL_HAS_MATVEC_Q6_K
 #define KERNEL_HAS_MATVEC_Q5_0
+#define KERNEL_HAS_MATVEC_Q5_K
+#define KERNEL_HAS_MATVEC_Q3_K
+#define KERNEL_HAS_MATVEC_Q2_K
+#define KERNEL_HAS_MATVEC_Q5_1
+#define KERNEL_HAS_MATVEC_IQ4_NL
+#define KERNEL_HAS_MATVEC_IQ4_XS
+#define KERNEL_HAS_MATVEC_MXFP4
 #include "fallback.h"
 
 #include <math.h>
@@ -819,9 +826,9 @@ void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const K
         hi3 += (v3 >> 4) * yl;                        \
     } while (0)
 
-/* A Q4_K superblock's eight sub-block scales d * sc_j and offsets -(dmin * m_j), as kernel_k_unpack
- * makes them. */
-static void q4_k_scales(const uint8_t *blk, float scale[8], float offset[8])
+/* A Q4_K (or Q5_K) superblock's eight sub-block scales d * sc_j and offsets -(dmin * m_j), as
+ * kernel_k_unpack makes them; inlined into each row pass (a call a row and superblock otherwise). */
+static inline __attribute__((always_inline)) void q4_k_scales(const uint8_t *blk, float scale[8], float offset[8])
 {
     const float d = kernel_half_at(blk), dmin = kernel_half_at(blk + 2);
     for (int j = 0; j < 8; j++) {
@@ -1058,5 +1065,463 @@ void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
     if (r < rows) {
         kernel_scalar_matvec_q5_0(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* Q5_K read in place, four rows at once: rows4_q4_k's nibbles with each value's fifth bit from
+ * qh[l] (bit j for sub-block j, kernel_k_unpack) put at bit 4 beside it. Run i's two sub-blocks
+ * 2i and 2i + 1 take bits 2i and 2i + 1 of the same qh byte: shifted once (h << 4 >> 2i, constant
+ * shifts since the run loop is unrolled), one andi and one or give the low value's bit, a shift
+ * more the high one's. The stored quants (0..31) are the unpacked ones, so each sub-block's isum,
+ * its term (kernel_unpacked_term's affine one) and partial j are the scalar kernel's: its bits. */
+#define Q5K_ROW(r, l)                                                                \
+    do {                                                                             \
+        const int32_t v = q##r[l], hs = (q##r[(l) - 32 * (i + 1)] << 4) >> (2 * i);   \
+        lo##r += ((v & 0x0F) | (hs & 0x10)) * xl;                                    \
+        hi##r += ((v >> 4) | ((hs >> 1) & 0x10)) * yl;                               \
+    } while (0)
+
+#define Q5K_MAC4(l)                                                                  \
+    do {                                                                             \
+        const int32_t xl = x[l], yl = y[l];                                          \
+        Q5K_ROW(0, l);                                                               \
+        Q5K_ROW(1, l);                                                               \
+        Q5K_ROW(2, l);                                                               \
+        Q5K_ROW(3, l);                                                               \
+    } while (0)
+
+__attribute__((noinline)) static void rows4_q5_k(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const float *x_sums, int superblocks)
+{
+    float part[4][KERNEL_PARTIALS];
+    for (int r = 0; r < 4; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int s = 0; s < superblocks; s++) {
+        const uint8_t *blk = w + (int64_t)s * KERNEL_Q5_K_BYTES;
+        float scale[4][8], offset[4][8];
+        for (int r = 0; r < 4; r++) {
+            q4_k_scales(blk + (int64_t)r * row_bytes, scale[r], offset[r]); /* Q5_K's d, dmin, scales: Q4_K's */
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *q0 = blk + 48 + 32 * i, *q1 = q0 + row_bytes, *q2 = q1 + row_bytes, *q3 = q2 + row_bytes;
+            const int8_t *x = x_qs + s * KERNEL_Q5_K_VALUES + 2 * i * KERNEL_QK, *y = x + KERNEL_QK;
+            int32_t lo0 = 0, lo1 = 0, lo2 = 0, lo3 = 0, hi0 = 0, hi1 = 0, hi2 = 0, hi3 = 0;
+            for (int l = 0; l < KERNEL_QK; l += 2) {
+                Q5K_MAC4(0);
+                Q5K_MAC4(1);
+                q0 += 2, q1 += 2, q2 += 2, q3 += 2, x += 2, y += 2;
+            }
+            const int32_t isum[2][4] = {{lo0, lo1, lo2, lo3}, {hi0, hi1, hi2, hi3}};
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * i + h, b = s * 8 + j;
+                const float xd = x_d[b], xsum = x_sums[b];
+                for (int r = 0; r < 4; r++) {
+                    const float term = (float)isum[h][r] * (scale[r][j] * xd);
+                    part[r][j] = part[r][j] + (term + xsum * (offset[r][j] * xd));
+                }
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        out[r] = kernel_sum_partials(part[r]);
+    }
+}
+
+void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK, superblocks = cols / KERNEL_Q5_K_VALUES;
+    const int row_bytes = superblocks * KERNEL_Q5_K_BYTES;
+    int r = 0;
+    if (nb <= XS_BLOCKS) {
+        int32_t sums[XS_BLOCKS];
+        float x_sums[XS_BLOCKS]; /* exact: |sum| < 2^12 */
+        activation_sums(sums, x_qs, nb);
+        for (int b = 0; b < nb; b++) {
+            x_sums[b] = (float)sums[b];
+        }
+        for (; r + 4 <= rows; r += 4) {
+            rows4_q5_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, superblocks);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q5_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* Q3_K read in place, two rows at once. A half (sub-blocks 4h..4h + 3) of a superblock is one run
+ * of 32 qs bytes: bits 2k, 2k + 1 of byte l are value l of sub-block 4h + k, and bit 4h + k of
+ * hmask[l] says whether 4 is not taken off (kernel_q3_k_unpack). So the two bytes of position l,
+ * loaded once, give four quants, each multiplying its own activation quant (loaded once for both
+ * rows). Quant k is summed as crumb + 4 * bit (0..7) left where it lies, at 4^k times its value:
+ * the and of its two bits, the hmask bit shifted beside them and masked, an or; the sum is shifted
+ * back once per 16 values (exact: a multiple of 4^k), and the 4 taken off as 4 times the
+ * activation sum, the same integer isum as the scalar kernel's. Each 16 values' term is
+ * kernel_unpacked_term's two-scale one and sub-block j goes to partial j: the scalar kernel's bits. */
+#define Q3K_ROW(r, l)                                                                \
+    do {                                                                             \
+        const int32_t v = q##r[l], hh = m##r[l] >> (4 * half);                       \
+        s##r##0 += ((v & 0x03) | ((hh << 2) & 0x004)) * x0;                          \
+        s##r##1 += ((v & 0x0C) | ((hh << 3) & 0x010)) * x1;                          \
+        s##r##2 += ((v & 0x30) | ((hh << 4) & 0x040)) * x2;                          \
+        s##r##3 += ((v & 0xC0) | ((hh << 5) & 0x100)) * x3;                          \
+    } while (0)
+
+#define Q3K_MAC2(l)                                                                  \
+    do {                                                                             \
+        const int32_t x0 = x[l], x1 = x[(l) + 32];                                   \
+        const int32_t x2 = x[(l) + 64], x3 = x[(l) + 96];                            \
+        Q3K_ROW(0, l);                                                               \
+        Q3K_ROW(1, l);                                                               \
+    } while (0)
+
+__attribute__((noinline)) static void rows2_q3_k(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const int32_t *x_sums16, int superblocks)
+{
+    float part[2][KERNEL_PARTIALS];
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int s = 0; s < superblocks; s++) {
+        const uint8_t *blk0 = w + (int64_t)s * KERNEL_Q3_K_BYTES, *blk1 = blk0 + row_bytes;
+        const float d[2] = {kernel_half_at(blk0 + 108), kernel_half_at(blk1 + 108)};
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            int32_t isum[2][2][4]; /* [16-value half of the sub-block][row][k] */
+            for (int sh = 0; sh < 2; sh++) {
+                const uint8_t *q0 = blk0 + 32 + 32 * half + 16 * sh, *m0 = blk0 + 16 * sh;
+                const uint8_t *q1 = blk1 + 32 + 32 * half + 16 * sh, *m1 = blk1 + 16 * sh;
+                const int8_t *x = x_qs + s * KERNEL_Q3_K_VALUES + 128 * half + 16 * sh;
+                int32_t s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+                for (int l = 0; l < 16; l += 2) {
+                    Q3K_MAC2(0);
+                    Q3K_MAC2(1);
+                    q0 += 2, m0 += 2, q1 += 2, m1 += 2, x += 2;
+                }
+                const int32_t *sums = x_sums16 + 2 * (s * 8 + 4 * half) + sh; /* sub-block k's: sums[2 * k] */
+                isum[sh][0][0] = s00 - 4 * sums[0];
+                isum[sh][0][1] = (s01 >> 2) - 4 * sums[2];
+                isum[sh][0][2] = (s02 >> 4) - 4 * sums[4];
+                isum[sh][0][3] = (s03 >> 6) - 4 * sums[6];
+                isum[sh][1][0] = s10 - 4 * sums[0];
+                isum[sh][1][1] = (s11 >> 2) - 4 * sums[2];
+                isum[sh][1][2] = (s12 >> 4) - 4 * sums[4];
+                isum[sh][1][3] = (s13 >> 6) - 4 * sums[6];
+            }
+            for (int k = 0; k < 4; k++) {
+                const int j = 4 * half + k, b = s * 8 + j;
+                const float xd = x_d[b];
+                for (int r = 0; r < 2; r++) {
+                    const uint8_t *scales = (r == 0 ? blk0 : blk1) + 96;
+                    const float sa = d[r] * (float)kernel_q3_k_scale(scales, 2 * j);
+                    const float sb = d[r] * (float)kernel_q3_k_scale(scales, 2 * j + 1);
+                    const float term = (float)isum[0][r][k] * (sa * xd) + (float)isum[1][r][k] * (sb * xd);
+                    part[r][j] = part[r][j] + term;
+                }
+            }
+        }
+    }
+    out[0] = kernel_sum_partials(part[0]);
+    out[1] = kernel_sum_partials(part[1]);
+}
+
+void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int superblocks = cols / KERNEL_Q3_K_VALUES;
+    const int row_bytes = superblocks * KERNEL_Q3_K_BYTES;
+    int r = 0;
+    if (cols / 16 <= 2 * XS_BLOCKS) {
+        int32_t sums16[2 * XS_BLOCKS];
+        activation_sums16(sums16, x_qs, cols / 16);
+        for (; r + 2 <= rows; r += 2) {
+            rows2_q3_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, sums16, superblocks);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q3_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* Q2_K read in place, two rows at once: as Q3_K's runs without the hmask, so a quant is the and
+ * of its two bits alone, summed where it lies (4^k times its value) and shifted back once per 16
+ * values (the top one shifted down instead). Each 16 values' scale d * (sc & 15) and offset
+ * -(dmin * (sc >> 4)) are kernel_q2_k_unpack's and the term kernel_unpacked_term's two-scale affine
+ * one, the activation sums (exact as floats: |sum| < 2^11) made once per call: the scalar bits. */
+#define Q2K_ROW(r, l)                                                                \
+    do {                                                                             \
+        const int32_t v = q##r[l];                                                   \
+        s##r##0 += (v & 0x03) * x0;                                                  \
+        s##r##1 += (v & 0x0C) * x1;                                                  \
+        s##r##2 += (v & 0x30) * x2;                                                  \
+        s##r##3 += (v >> 6) * x3;                                                    \
+    } while (0)
+
+#define Q2K_MAC2(l)                                                                  \
+    do {                                                                             \
+        const int32_t x0 = x[l], x1 = x[(l) + 32];                                   \
+        const int32_t x2 = x[(l) + 64], x3 = x[(l) + 96];                            \
+        Q2K_ROW(0, l);                                                               \
+        Q2K_ROW(1, l);                                                               \
+    } while (0)
+
+__attribute__((noinline)) static void rows2_q2_k(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const float *x_sums16, int superblocks)
+{
+    float part[2][KERNEL_PARTIALS];
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int s = 0; s < superblocks; s++) {
+        const uint8_t *blk0 = w + (int64_t)s * KERNEL_Q2_K_BYTES, *blk1 = blk0 + row_bytes;
+        const float d[2] = {kernel_half_at(blk0 + 80), kernel_half_at(blk1 + 80)};
+        const float dmin[2] = {kernel_half_at(blk0 + 82), kernel_half_at(blk1 + 82)};
+        for (int half = 0; half < 2; half++) {
+            int32_t isum[2][2][4]; /* [16-value half of the sub-block][row][k] */
+            for (int sh = 0; sh < 2; sh++) {
+                const uint8_t *q0 = blk0 + 16 + 32 * half + 16 * sh, *q1 = blk1 + 16 + 32 * half + 16 * sh;
+                const int8_t *x = x_qs + s * KERNEL_Q2_K_VALUES + 128 * half + 16 * sh;
+                int32_t s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+                for (int l = 0; l < 16; l += 4) {
+                    Q2K_MAC2(0);
+                    Q2K_MAC2(1);
+                    Q2K_MAC2(2);
+                    Q2K_MAC2(3);
+                    q0 += 4, q1 += 4, x += 4;
+                }
+                isum[sh][0][0] = s00;
+                isum[sh][0][1] = s01 >> 2;
+                isum[sh][0][2] = s02 >> 4;
+                isum[sh][0][3] = s03;
+                isum[sh][1][0] = s10;
+                isum[sh][1][1] = s11 >> 2;
+                isum[sh][1][2] = s12 >> 4;
+                isum[sh][1][3] = s13;
+            }
+            for (int k = 0; k < 4; k++) {
+                const int j = 4 * half + k, b = s * 8 + j;
+                const float xd = x_d[b], xsa = x_sums16[2 * b], xsb = x_sums16[2 * b + 1];
+                for (int r = 0; r < 2; r++) {
+                    const uint8_t *sc = (r == 0 ? blk0 : blk1) + 2 * j;
+                    const float sa = d[r] * (float)(sc[0] & 0x0F), sb = d[r] * (float)(sc[1] & 0x0F);
+                    const float oa = -(dmin[r] * (float)(sc[0] >> 4)), ob = -(dmin[r] * (float)(sc[1] >> 4));
+                    float term = (float)isum[0][r][k] * (sa * xd) + (float)isum[1][r][k] * (sb * xd);
+                    term = term + xsa * (oa * xd);
+                    term = term + xsb * (ob * xd);
+                    part[r][j] = part[r][j] + term;
+                }
+            }
+        }
+    }
+    out[0] = kernel_sum_partials(part[0]);
+    out[1] = kernel_sum_partials(part[1]);
+}
+
+void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int superblocks = cols / KERNEL_Q2_K_VALUES;
+    const int row_bytes = superblocks * KERNEL_Q2_K_BYTES;
+    int r = 0;
+    if (cols / 16 <= 2 * XS_BLOCKS) {
+        int32_t sums16[2 * XS_BLOCKS];
+        float x_sums16[2 * XS_BLOCKS];
+        activation_sums16(sums16, x_qs, cols / 16);
+        for (int g = 0; g < cols / 16; g++) {
+            x_sums16[g] = (float)sums16[g];
+        }
+        for (; r + 2 <= rows; r += 2) {
+            rows2_q2_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums16, superblocks);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q2_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* Q5_1 read in place, two rows at once: rows2_q5_0's sum of 16 times the stored quants (0..31,
+ * which are Q5_1's own) over the block at d, m, qh, qs; the term is kernel_unpacked_term's affine
+ * one, (float)isum * (d * x_d) + (float)xsum * (m * x_d), the activation sums made once per call. */
+__attribute__((noinline)) static void rows2_q5_1(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const int32_t *x_sums, int nb)
+{
+    float part[2][KERNEL_PARTIALS];
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk0 = w + (int64_t)b * KERNEL_Q5_1_BYTES, *blk1 = blk0 + row_bytes;
+        const uint32_t h0 = q5_high_bits(blk0 + 2), h1 = q5_high_bits(blk1 + 2);
+        const uint8_t *p0 = blk0 + 8, *p1 = blk1 + 8;
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        int32_t s0 = 0, s1 = 0;
+#pragma GCC unroll 1
+        for (int j = 0; j < KERNEL_QK / 2; j++) {
+            Q50_MAC2(j);
+        }
+        const float xd = x_d[b], xsum = (float)x_sums[b];
+        const float t0 = (float)q4_1_isum(s0) * (kernel_half_at(blk0) * xd) + xsum * (kernel_half_at(blk0 + 2) * xd);
+        const float t1 = (float)q4_1_isum(s1) * (kernel_half_at(blk1) * xd) + xsum * (kernel_half_at(blk1 + 2) * xd);
+        part[0][b % KERNEL_PARTIALS] = part[0][b % KERNEL_PARTIALS] + t0;
+        part[1][b % KERNEL_PARTIALS] = part[1][b % KERNEL_PARTIALS] + t1;
+    }
+    out[0] = kernel_sum_partials(part[0]);
+    out[1] = kernel_sum_partials(part[1]);
+}
+
+void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int row_bytes = nb * KERNEL_Q5_1_BYTES;
+    int r = 0;
+    if (nb <= XS_BLOCKS) {
+        int32_t x_sums[XS_BLOCKS];
+        activation_sums(x_sums, x_qs, nb);
+        for (; r + 2 <= rows; r += 2) {
+            rows2_q5_1(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, nb);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q5_1(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* The table types (IQ4_NL, IQ4_XS, MXFP4) read in place, four rows at once: a 32-value block's
+ * 16 bytes hold values l (low nibble) and l + 16 (high), each nibble an index into the type's
+ * sixteen int8 values (kernel_iq4_values): lbu once for both, andi or srli, the table's lb, mul
+ * and add per value, the two activation quants loaded once for the four rows. One scale covers
+ * the block (IQ4_XS's sub-block), so each row keeps one sum; the term (float)isum * (scale * x_d)
+ * with the type's scale, as its unpack computes it, and partial b % 8: the scalar kernel's bits. */
+#define TABLE4_ROW(r, l)                                                             \
+    do {                                                                             \
+        const int32_t v = p##r[l];                                                   \
+        s##r += table[v & 0x0F] * xl + table[v >> 4] * yl;                           \
+    } while (0)
+
+#define TABLE4_MAC4(l)                                                               \
+    do {                                                                             \
+        const int32_t xl = x[l], yl = x[(l) + 16];                                   \
+        TABLE4_ROW(0, l);                                                            \
+        TABLE4_ROW(1, l);                                                            \
+        TABLE4_ROW(2, l);                                                            \
+        TABLE4_ROW(3, l);                                                            \
+    } while (0)
+
+/* per: 32-value blocks a stored block (1, or IQ4_XS's 8); block j of a stored one has its 16
+ * bytes at qs + 16 * j and its scale from scale_of(stored block, j). */
+static inline __attribute__((always_inline)) void rows4_table4(float *out, const uint8_t *w, int row_bytes,
+                                                               const int8_t *x_qs, const float *x_d, int nb,
+                                                               const int8_t *table, int per, int block_bytes, int qs,
+                                                               float (*scale_of)(const uint8_t *, int))
+{
+    float part[4][KERNEL_PARTIALS];
+    for (int r = 0; r < 4; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        const int j = b % per;
+        const uint8_t *blk = w + (int64_t)(b / per) * block_bytes;
+        const uint8_t *p0 = blk + qs + 16 * j, *p1 = p0 + row_bytes, *p2 = p1 + row_bytes, *p3 = p2 + row_bytes;
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int l = 0; l < 16; l += 4) {
+            TABLE4_MAC4(0);
+            TABLE4_MAC4(1);
+            TABLE4_MAC4(2);
+            TABLE4_MAC4(3);
+            p0 += 4, p1 += 4, p2 += 4, p3 += 4, x += 4;
+        }
+        const float xd = x_d[b];
+        const int32_t isum[4] = {s0, s1, s2, s3};
+        for (int r = 0; r < 4; r++) {
+            const float term = (float)isum[r] * (scale_of(blk + (int64_t)r * row_bytes, j) * xd);
+            part[r][b % KERNEL_PARTIALS] = part[r][b % KERNEL_PARTIALS] + term;
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        out[r] = kernel_sum_partials(part[r]);
+    }
+}
+
+/* The scales as kernel_iq4_nl_unpack, kernel_iq4_xs_unpack and kernel_mxfp4_unpack make them. */
+static inline float iq4_nl_scale(const uint8_t *blk, int j)
+{
+    (void)j;
+    return kernel_half_at(blk);
+}
+
+static inline float iq4_xs_scale(const uint8_t *blk, int j)
+{
+    const int scales_h = blk[2] | blk[3] << 8;
+    const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4);
+    return kernel_half_at(blk) * (float)(ls - 32);
+}
+
+static inline float mxfp4_scale(const uint8_t *blk, int j)
+{
+    (void)j;
+    return kernel_e8m0_half(blk[0]);
+}
+
+__attribute__((noinline)) static void rows4_iq4_nl(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                   const float *x_d, int nb)
+{
+    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, kernel_iq4nl_values, 1, KERNEL_IQ4_NL_BYTES, 2, iq4_nl_scale);
+}
+
+__attribute__((noinline)) static void rows4_iq4_xs(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                   const float *x_d, int nb)
+{
+    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, kernel_iq4nl_values, 8, KERNEL_IQ4_XS_BYTES, 8, iq4_xs_scale);
+}
+
+__attribute__((noinline)) static void rows4_mxfp4(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                  const float *x_d, int nb)
+{
+    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, kernel_mxfp4_values, 1, KERNEL_MXFP4_BYTES, 1, mxfp4_scale);
+}
+
+void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK, row_bytes = nb * KERNEL_IQ4_NL_BYTES;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        rows4_iq4_nl(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, nb);
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_iq4_nl(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+void kernel_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK, row_bytes = cols / KERNEL_IQ4_XS_VALUES * KERNEL_IQ4_XS_BYTES;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        rows4_iq4_xs(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, nb);
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_iq4_xs(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+void kernel_matvec_mxfp4(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK, row_bytes = nb * KERNEL_MXFP4_BYTES;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        rows4_mxfp4(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, nb);
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_mxfp4(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
     }
 }

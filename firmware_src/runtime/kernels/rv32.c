@@ -1395,14 +1395,31 @@ void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const 
 
 /* The table types (IQ4_NL, IQ4_XS, MXFP4) read in place, four rows at once: a 32-value block's
  * 16 bytes hold values l (low nibble) and l + 16 (high), each nibble an index into the type's
- * sixteen int8 values (kernel_iq4_values): lbu once for both, andi or srli, the table's lb, mul
- * and add per value, the two activation quants loaded once for the four rows. One scale covers
- * the block (IQ4_XS's sub-block), so each row keeps one sum; the term (float)isum * (scale * x_d)
- * with the type's scale, as its unpack computes it, and partial b % 8: the scalar kernel's bits. */
+ * sixteen int8 values (kernel_iq4_values). The lookups go through 512-byte tables indexed by the
+ * whole byte, the low nibble's value at [byte] and the high one's at [256 + byte], so a byte costs
+ * lbu, one add of the table's address and two lb, then mul and add per value (no andi, no shift),
+ * the two activation quants loaded once for the four rows. One scale covers the block (IQ4_XS's
+ * sub-block), so each row keeps one sum; the term (float)isum * (scale * x_d) with the type's
+ * scale as its unpack computes it, and partial b % 8: the scalar kernel's bits. */
+#define NIBBLE_X16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
+#define NIBBLE_TABLES(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)                                  \
+    {                                                                                                 \
+        NIBBLE_X16(NIBBLE_LIST(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)),                       \
+        NIBBLE_X16(a), NIBBLE_X16(b), NIBBLE_X16(c), NIBBLE_X16(d), NIBBLE_X16(e), NIBBLE_X16(f),      \
+        NIBBLE_X16(g), NIBBLE_X16(h), NIBBLE_X16(i), NIBBLE_X16(j), NIBBLE_X16(k), NIBBLE_X16(l),      \
+        NIBBLE_X16(m), NIBBLE_X16(n), NIBBLE_X16(o), NIBBLE_X16(p)                                    \
+    }
+#define NIBBLE_LIST(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p) a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p
+
+/* kernel_iq4nl_values and kernel_mxfp4_values (kernels.h), spread over the bytes. */
+static const int8_t iq4nl_bytes[512] = NIBBLE_TABLES(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
+                                                     69, 89, 113);
+static const int8_t mxfp4_bytes[512] = NIBBLE_TABLES(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+
 #define TABLE4_ROW(r, l)                                                             \
     do {                                                                             \
-        const int32_t v = p##r[l];                                                   \
-        s##r += table[v & 0x0F] * xl + table[v >> 4] * yl;                           \
+        const int8_t *t = table + p##r[l];                                           \
+        s##r += t[0] * xl + t[256] * yl;                                             \
     } while (0)
 
 #define TABLE4_MAC4(l)                                                               \
@@ -1414,12 +1431,32 @@ void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const 
         TABLE4_ROW(3, l);                                                            \
     } while (0)
 
-/* per: 32-value blocks a stored block (1, or IQ4_XS's 8); block j of a stored one has its 16
- * bytes at qs + 16 * j and its scale from scale_of(stored block, j). */
+/* The scales' parts as kernel_iq4_nl_unpack, kernel_iq4_xs_unpack and kernel_mxfp4_unpack make
+ * them: the binary16 d (IQ4_XS's sub-block j then takes d * (float)(ls_j - 32)) or 2^(e - 128). */
+static inline float half_base(const uint8_t *blk)
+{
+    return kernel_half_at(blk);
+}
+
+static inline int iq4_xs_ls(const uint8_t *blk, int j)
+{
+    const int scales_h = blk[2] | blk[3] << 8;
+    return (((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
+static inline float e8m0_base(const uint8_t *blk)
+{
+    return kernel_e8m0_half(blk[0]);
+}
+
+/* per: 32-value blocks a stored block (1, or IQ4_XS's 8), block j of which has its 16 bytes at
+ * qs + 16 * j; base_of(stored block) is its scale (IQ4_XS's d, widened once for its 8 blocks and
+ * times (float)(ls_j - 32) for block j). The compiler sees per, so each type's pass has only its
+ * own branch. */
 static inline __attribute__((always_inline)) void rows4_table4(float *out, const uint8_t *w, int row_bytes,
                                                                const int8_t *x_qs, const float *x_d, int nb,
                                                                const int8_t *table, int per, int block_bytes, int qs,
-                                                               float (*scale_of)(const uint8_t *, int))
+                                                               float (*base_of)(const uint8_t *))
 {
     float part[4][KERNEL_PARTIALS];
     for (int r = 0; r < 4; r++) {
@@ -1427,24 +1464,32 @@ static inline __attribute__((always_inline)) void rows4_table4(float *out, const
             part[r][k] = -0.0f;
         }
     }
-    for (int b = 0; b < nb; b++) {
-        const int j = b % per;
-        const uint8_t *blk = w + (int64_t)(b / per) * block_bytes;
-        const uint8_t *p0 = blk + qs + 16 * j, *p1 = p0 + row_bytes, *p2 = p1 + row_bytes, *p3 = p2 + row_bytes;
-        const int8_t *x = x_qs + b * KERNEL_QK;
-        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (int l = 0; l < 16; l += 4) {
-            TABLE4_MAC4(0);
-            TABLE4_MAC4(1);
-            TABLE4_MAC4(2);
-            TABLE4_MAC4(3);
-            p0 += 4, p1 += 4, p2 += 4, p3 += 4, x += 4;
+    for (int sb = 0; sb < nb / per; sb++) {
+        const uint8_t *blk = w + (int64_t)sb * block_bytes;
+        float base[4];
+        for (int r = 0; r < 4 && per > 1; r++) {
+            base[r] = base_of(blk + (int64_t)r * row_bytes);
         }
-        const float xd = x_d[b];
-        const int32_t isum[4] = {s0, s1, s2, s3};
-        for (int r = 0; r < 4; r++) {
-            const float term = (float)isum[r] * (scale_of(blk + (int64_t)r * row_bytes, j) * xd);
-            part[r][b % KERNEL_PARTIALS] = part[r][b % KERNEL_PARTIALS] + term;
+        for (int j = 0; j < per; j++) {
+            const int b = sb * per + j;
+            const uint8_t *p0 = blk + qs + 16 * j, *p1 = p0 + row_bytes, *p2 = p1 + row_bytes, *p3 = p2 + row_bytes;
+            const int8_t *x = x_qs + b * KERNEL_QK;
+            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            for (int l = 0; l < 16; l += 4) {
+                TABLE4_MAC4(0);
+                TABLE4_MAC4(1);
+                TABLE4_MAC4(2);
+                TABLE4_MAC4(3);
+                p0 += 4, p1 += 4, p2 += 4, p3 += 4, x += 4;
+            }
+            const float xd = x_d[b];
+            const int32_t isum[4] = {s0, s1, s2, s3};
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *rblk = blk + (int64_t)r * row_bytes;
+                const float scale = per == 1 ? base_of(rblk) : base[r] * (float)iq4_xs_ls(rblk, j);
+                const float term = (float)isum[r] * (scale * xd);
+                part[r][b % KERNEL_PARTIALS] = part[r][b % KERNEL_PARTIALS] + term;
+            }
         }
     }
     for (int r = 0; r < 4; r++) {
@@ -1452,42 +1497,22 @@ static inline __attribute__((always_inline)) void rows4_table4(float *out, const
     }
 }
 
-/* The scales as kernel_iq4_nl_unpack, kernel_iq4_xs_unpack and kernel_mxfp4_unpack make them. */
-static inline float iq4_nl_scale(const uint8_t *blk, int j)
-{
-    (void)j;
-    return kernel_half_at(blk);
-}
-
-static inline float iq4_xs_scale(const uint8_t *blk, int j)
-{
-    const int scales_h = blk[2] | blk[3] << 8;
-    const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4);
-    return kernel_half_at(blk) * (float)(ls - 32);
-}
-
-static inline float mxfp4_scale(const uint8_t *blk, int j)
-{
-    (void)j;
-    return kernel_e8m0_half(blk[0]);
-}
-
 __attribute__((noinline)) static void rows4_iq4_nl(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
                                                    const float *x_d, int nb)
 {
-    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, kernel_iq4nl_values, 1, KERNEL_IQ4_NL_BYTES, 2, iq4_nl_scale);
+    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, iq4nl_bytes, 1, KERNEL_IQ4_NL_BYTES, 2, half_base);
 }
 
 __attribute__((noinline)) static void rows4_iq4_xs(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
                                                    const float *x_d, int nb)
 {
-    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, kernel_iq4nl_values, 8, KERNEL_IQ4_XS_BYTES, 8, iq4_xs_scale);
+    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, iq4nl_bytes, 8, KERNEL_IQ4_XS_BYTES, 8, half_base);
 }
 
 __attribute__((noinline)) static void rows4_mxfp4(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
                                                   const float *x_d, int nb)
 {
-    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, kernel_mxfp4_values, 1, KERNEL_MXFP4_BYTES, 1, mxfp4_scale);
+    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, mxfp4_bytes, 1, KERNEL_MXFP4_BYTES, 1, e8m0_base);
 }
 
 void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)

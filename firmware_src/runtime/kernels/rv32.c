@@ -1068,17 +1068,36 @@ void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
-/* Q5_K read in place, four rows at once: rows4_q4_k's nibbles with each value's fifth bit from
- * qh[l] (bit j for sub-block j, kernel_k_unpack) put at bit 4 beside it. Run i's two sub-blocks
- * 2i and 2i + 1 take bits 2i and 2i + 1 of the same qh byte: shifted once (h << 4 >> 2i, constant
- * shifts since the run loop is unrolled), one andi and one or give the low value's bit, a shift
- * more the high one's. The stored quants (0..31) are the unpacked ones, so each sub-block's isum,
- * its term (kernel_unpacked_term's affine one) and partial j are the scalar kernel's: its bits. */
+/* Q5_K read in place, four rows at once: rows4_q4_k's runs with each value's fifth bit from qh[l]
+ * (bit j for sub-block j, kernel_k_unpack). Run i's two sub-blocks 2i and 2i + 1 take bits 2i and
+ * 2i + 1 of the same qh byte, which one shift and one andi put beside the quant byte as bits 8 and 9
+ * (constant shifts: the run loop is unrolled); that 10-bit index looks up both 5-bit quants in two
+ * 1 KiB tables (q5k_quants: low value at [index], high at [1024 + index], one add of the table's
+ * address for both), so a byte's two multiply-adds cost two lbu, slli, andi, or, add, two lbu, two
+ * mul and two add, and each activation quant is loaded once for the four rows. The quants are the
+ * unpacked ones, so each sub-block's isum, its term (kernel_unpacked_term's affine one) and partial
+ * j are the scalar kernel's: its bits. */
+#define Q5K_SEQ16(o) (o), (o) + 1, (o) + 2, (o) + 3, (o) + 4, (o) + 5, (o) + 6, (o) + 7, (o) + 8, (o) + 9, \
+    (o) + 10, (o) + 11, (o) + 12, (o) + 13, (o) + 14, (o) + 15
+#define Q5K_EACH16(o) NIBBLE_X16(o), NIBBLE_X16((o) + 1), NIBBLE_X16((o) + 2), NIBBLE_X16((o) + 3),         \
+    NIBBLE_X16((o) + 4), NIBBLE_X16((o) + 5), NIBBLE_X16((o) + 6), NIBBLE_X16((o) + 7), NIBBLE_X16((o) + 8), \
+    NIBBLE_X16((o) + 9), NIBBLE_X16((o) + 10), NIBBLE_X16((o) + 11), NIBBLE_X16((o) + 12),                  \
+    NIBBLE_X16((o) + 13), NIBBLE_X16((o) + 14), NIBBLE_X16((o) + 15)
+#define NIBBLE_X16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
+
+/* [b << 8 | byte]: the low nibble plus 16 times bit 0 of b; then [1024 + (b << 8 | byte)]: the
+ * high nibble plus 16 times bit 1 of b. */
+static const uint8_t q5k_quants[2048] = {
+    NIBBLE_X16(Q5K_SEQ16(0)), NIBBLE_X16(Q5K_SEQ16(16)), NIBBLE_X16(Q5K_SEQ16(0)), NIBBLE_X16(Q5K_SEQ16(16)),
+    Q5K_EACH16(0),            Q5K_EACH16(0),             Q5K_EACH16(16),           Q5K_EACH16(16),
+};
+
 #define Q5K_ROW(r, l)                                                                \
     do {                                                                             \
-        const int32_t v = q##r[l], hs = (q##r[(l) - 32 * (i + 1)] << 4) >> (2 * i);   \
-        lo##r += ((v & 0x0F) | (hs & 0x10)) * xl;                                    \
-        hi##r += ((v >> 4) | ((hs >> 1) & 0x10)) * yl;                               \
+        const int32_t h = q##r[(l) - 32 * (i + 1)];                                  \
+        const uint8_t *t = q5k_quants + (q##r[l] | ((h << (8 - 2 * i)) & 0x300));    \
+        lo##r += t[0] * xl;                                                          \
+        hi##r += t[1024] * yl;                                                       \
     } while (0)
 
 #define Q5K_MAC4(l)                                                                  \
@@ -1110,10 +1129,12 @@ __attribute__((noinline)) static void rows4_q5_k(float *out, const uint8_t *w, i
             const uint8_t *q0 = blk + 48 + 32 * i, *q1 = q0 + row_bytes, *q2 = q1 + row_bytes, *q3 = q2 + row_bytes;
             const int8_t *x = x_qs + s * KERNEL_Q5_K_VALUES + 2 * i * KERNEL_QK, *y = x + KERNEL_QK;
             int32_t lo0 = 0, lo1 = 0, lo2 = 0, lo3 = 0, hi0 = 0, hi1 = 0, hi2 = 0, hi3 = 0;
-            for (int l = 0; l < KERNEL_QK; l += 2) {
+            for (int l = 0; l < KERNEL_QK; l += 4) {
                 Q5K_MAC4(0);
                 Q5K_MAC4(1);
-                q0 += 2, q1 += 2, q2 += 2, q3 += 2, x += 2, y += 2;
+                Q5K_MAC4(2);
+                Q5K_MAC4(3);
+                q0 += 4, q1 += 4, q2 += 4, q3 += 4, x += 4, y += 4;
             }
             const int32_t isum[2][4] = {{lo0, lo1, lo2, lo3}, {hi0, hi1, hi2, hi3}};
             for (int h = 0; h < 2; h++) {
@@ -1401,7 +1422,6 @@ void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const 
  * the two activation quants loaded once for the four rows. One scale covers the block (IQ4_XS's
  * sub-block), so each row keeps one sum; the term (float)isum * (scale * x_d) with the type's
  * scale as its unpack computes it, and partial b % 8: the scalar kernel's bits. */
-#define NIBBLE_X16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
 #define NIBBLE_TABLES(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)                                  \
     {                                                                                                 \
         NIBBLE_X16(NIBBLE_LIST(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)),                       \

@@ -1177,18 +1177,30 @@ void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
  * of 32 qs bytes: bits 2k, 2k + 1 of byte l are value l of sub-block 4h + k, and bit 4h + k of
  * hmask[l] says whether 4 is not taken off (kernel_q3_k_unpack). So the two bytes of position l,
  * loaded once, give four quants, each multiplying its own activation quant (loaded once for both
- * rows). Quant k is summed as crumb + 4 * bit (0..7) left where it lies, at 4^k times its value:
- * the and of its two bits, the hmask bit shifted beside them and masked, an or; the sum is shifted
- * back once per 16 values (exact: a multiple of 4^k), and the 4 taken off as 4 times the
- * activation sum, the same integer isum as the scalar kernel's. Each 16 values' term is
+ * rows). A quant is summed as crumb + 4 * bit (0..7), two at a time looked up in q3k_quants from
+ * a nibble of the qs byte and the two hmask bits beside it (andi or srli, the bits' shift and
+ * andi, or, the table's add, two lbu); the 4 is taken off as 4 times the activation sum, once per
+ * 16 values: the same integer isum as the scalar kernel's. Each 16 values' term is
  * kernel_unpacked_term's two-scale one and sub-block j goes to partial j: the scalar kernel's bits. */
+#define Q3K_LOW4(o) (o), (o) + 1, (o) + 2, (o) + 3, (o), (o) + 1, (o) + 2, (o) + 3, (o), (o) + 1, (o) + 2, \
+    (o) + 3, (o), (o) + 1, (o) + 2, (o) + 3
+#define Q3K_HIGH4(o) (o), (o), (o), (o), (o) + 1, (o) + 1, (o) + 1, (o) + 1, (o) + 2, (o) + 2, (o) + 2, \
+    (o) + 2, (o) + 3, (o) + 3, (o) + 3, (o) + 3
+
+/* [b << 4 | nibble]: its low crumb plus 4 times bit 0 of b; [64 + (b << 4 | nibble)]: its high
+ * crumb plus 4 times bit 1 of b. */
+static const uint8_t q3k_quants[128] = {Q3K_LOW4(0),  Q3K_LOW4(4),  Q3K_LOW4(0),  Q3K_LOW4(4),
+                                        Q3K_HIGH4(0), Q3K_HIGH4(0), Q3K_HIGH4(4), Q3K_HIGH4(4)};
+
 #define Q3K_ROW(r, l)                                                                \
     do {                                                                             \
-        const int32_t v = q##r[l], hh = m##r[l] >> (4 * half);                       \
-        s##r##0 += ((v & 0x03) | ((hh << 2) & 0x004)) * x0;                          \
-        s##r##1 += ((v & 0x0C) | ((hh << 3) & 0x010)) * x1;                          \
-        s##r##2 += ((v & 0x30) | ((hh << 4) & 0x040)) * x2;                          \
-        s##r##3 += ((v & 0xC0) | ((hh << 5) & 0x100)) * x3;                          \
+        const int32_t v = q##r[l], h = q##r[(l) - 32 - 32 * half]; /* hmask[l] */      \
+        const uint8_t *a = q3k_quants + ((v & 0x0F) | (((h >> (4 * half)) << 4) & 0x30)); \
+        const uint8_t *c = q3k_quants + ((v >> 4) | (((h >> (4 * half + 2)) << 4) & 0x30)); \
+        s##r##0 += a[0] * x0;                                                        \
+        s##r##1 += a[64] * x1;                                                       \
+        s##r##2 += c[0] * x2;                                                        \
+        s##r##3 += c[64] * x3;                                                       \
     } while (0)
 
 #define Q3K_MAC2(l)                                                                  \
@@ -1215,24 +1227,25 @@ __attribute__((noinline)) static void rows2_q3_k(float *out, const uint8_t *w, i
         for (int half = 0; half < 2; half++) {
             int32_t isum[2][2][4]; /* [16-value half of the sub-block][row][k] */
             for (int sh = 0; sh < 2; sh++) {
-                const uint8_t *q0 = blk0 + 32 + 32 * half + 16 * sh, *m0 = blk0 + 16 * sh;
-                const uint8_t *q1 = blk1 + 32 + 32 * half + 16 * sh, *m1 = blk1 + 16 * sh;
+                const uint8_t *q0 = blk0 + 32 + 32 * half + 16 * sh, *q1 = blk1 + 32 + 32 * half + 16 * sh;
                 const int8_t *x = x_qs + s * KERNEL_Q3_K_VALUES + 128 * half + 16 * sh;
                 int32_t s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
-                for (int l = 0; l < 16; l += 2) {
+                for (int l = 0; l < 16; l += 4) {
                     Q3K_MAC2(0);
                     Q3K_MAC2(1);
-                    q0 += 2, m0 += 2, q1 += 2, m1 += 2, x += 2;
+                    Q3K_MAC2(2);
+                    Q3K_MAC2(3);
+                    q0 += 4, q1 += 4, x += 4;
                 }
                 const int32_t *sums = x_sums16 + 2 * (s * 8 + 4 * half) + sh; /* sub-block k's: sums[2 * k] */
                 isum[sh][0][0] = s00 - 4 * sums[0];
-                isum[sh][0][1] = (s01 >> 2) - 4 * sums[2];
-                isum[sh][0][2] = (s02 >> 4) - 4 * sums[4];
-                isum[sh][0][3] = (s03 >> 6) - 4 * sums[6];
+                isum[sh][0][1] = s01 - 4 * sums[2];
+                isum[sh][0][2] = s02 - 4 * sums[4];
+                isum[sh][0][3] = s03 - 4 * sums[6];
                 isum[sh][1][0] = s10 - 4 * sums[0];
-                isum[sh][1][1] = (s11 >> 2) - 4 * sums[2];
-                isum[sh][1][2] = (s12 >> 4) - 4 * sums[4];
-                isum[sh][1][3] = (s13 >> 6) - 4 * sums[6];
+                isum[sh][1][1] = s11 - 4 * sums[2];
+                isum[sh][1][2] = s12 - 4 * sums[4];
+                isum[sh][1][3] = s13 - 4 * sums[6];
             }
             for (int k = 0; k < 4; k++) {
                 const int j = 4 * half + k, b = s * 8 + j;

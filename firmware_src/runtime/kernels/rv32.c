@@ -996,76 +996,10 @@ void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
-/* Q5_0 read in place, two rows at once (four spill registers): the nibbles as q4_1's (value j
- * low, j + 16 high: with a = 16 * x - y, lo * a + byte * y is 16 * (lo * x + hi * y), an andi and
- * two multiply-adds a byte), the fifth bits of values j and j + 16 from the block's qh (shifted,
- * masked, multiplied by 256 * x), all in one sum of 16 times the block's sum of stored quants; the
- * 16 taken off as 16 times the activation sum gives the scalar kernel's integer isum, and the term
- * (float)isum * (d * x_d) and the reduction tree are the scalar kernel's: the same bits. */
-#define Q50_ROW(r, j)                                                                      \
-    do {                                                                                   \
-        const int32_t byte = p##r[j];                                                      \
-        const uint32_t bits = h##r >> (j);                                                 \
-        s##r += (byte & 0x0F) * aj + byte * yj + (bits & 1) * xh + ((bits >> 16) & 1) * yh; \
-    } while (0)
-
-#define Q50_MAC2(j)                                                                        \
-    do {                                                                                   \
-        const int32_t xj = x[j], yj = x[(j) + KERNEL_QK / 2];                              \
-        const int32_t aj = xj * 16 - yj, xh = xj * 256, yh = yj * 256;                     \
-        Q50_ROW(0, j);                                                                     \
-        Q50_ROW(1, j);                                                                     \
-    } while (0)
-
-static inline uint32_t q5_high_bits(const uint8_t *blk)
+/* A Q5_0 or Q5_1 block's qh: the fifth bits of its 32 values, bit l for value l. */
+static inline uint32_t q5_high_bits(const uint8_t *qh)
 {
-    return (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
-}
-
-__attribute__((noinline)) static void rows2_q5_0(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
-                                                 const float *x_d, const int32_t *x_sums, int nb)
-{
-    float part[2][KERNEL_PARTIALS];
-    for (int r = 0; r < 2; r++) {
-        for (int k = 0; k < KERNEL_PARTIALS; k++) {
-            part[r][k] = -0.0f;
-        }
-    }
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk0 = w + (int64_t)b * KERNEL_Q5_0_BYTES, *blk1 = blk0 + row_bytes;
-        const uint32_t h0 = q5_high_bits(blk0), h1 = q5_high_bits(blk1);
-        const uint8_t *p0 = blk0 + 6, *p1 = blk1 + 6;
-        const int8_t *x = x_qs + b * KERNEL_QK;
-        int32_t s0 = 0, s1 = 0;
-#pragma GCC unroll 1
-        for (int j = 0; j < KERNEL_QK / 2; j++) {
-            Q50_MAC2(j);
-        }
-        const float d0 = kernel_half_at(blk0), d1 = kernel_half_at(blk1);
-        const float t0 = (float)(q4_1_isum(s0) - 16 * x_sums[b]) * (d0 * x_d[b]);
-        const float t1 = (float)(q4_1_isum(s1) - 16 * x_sums[b]) * (d1 * x_d[b]);
-        part[0][b % KERNEL_PARTIALS] = part[0][b % KERNEL_PARTIALS] + t0;
-        part[1][b % KERNEL_PARTIALS] = part[1][b % KERNEL_PARTIALS] + t1;
-    }
-    out[0] = kernel_sum_partials(part[0]);
-    out[1] = kernel_sum_partials(part[1]);
-}
-
-void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
-{
-    const int nb = cols / KERNEL_QK;
-    const int row_bytes = nb * KERNEL_Q5_0_BYTES;
-    int r = 0;
-    if (nb <= XS_BLOCKS) {
-        int32_t x_sums[XS_BLOCKS];
-        activation_sums(x_sums, x_qs, nb);
-        for (; r + 2 <= rows; r += 2) {
-            rows2_q5_0(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, nb);
-        }
-    }
-    if (r < rows) {
-        kernel_scalar_matvec_q5_0(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
-    }
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
 }
 
 /* Q5_K read in place, four rows at once: rows4_q4_k's runs with each value's fifth bit from qh[l]
@@ -1378,36 +1312,118 @@ void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
-/* Q5_1 read in place, two rows at once: rows2_q5_0's sum of 16 times the stored quants (0..31,
- * which are Q5_1's own) over the block at d, m, qh, qs; the term is kernel_unpacked_term's affine
- * one, (float)isum * (d * x_d) + (float)xsum * (m * x_d), the activation sums made once per call. */
-__attribute__((noinline)) static void rows2_q5_1(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
-                                                 const float *x_d, const int32_t *x_sums, int nb)
+/* Q5_0 and Q5_1 read in place, four rows at once. Byte j of a block's qs holds the nibbles of
+ * values j and j + 16, whose fifth bits are bits j and j + 16 of qh; interleaved once per block and
+ * row (bit j to 2j, bit j + 16 to 2j + 1: q5_pair_bits), the two bits of byte j sit side by side,
+ * and one shift and one andi put them beside the byte as bits 8 and 9: the index of both 5-bit
+ * quants in Q5_K's tables (q5k_quants). So a byte's two multiply-adds cost lbu, slli, andi, or, add,
+ * two lbu, two mul and two add, the interleaved bits stepping on by one srli every four bytes, and
+ * each activation quant is loaded once for the four rows. The sum is over the stored quants
+ * (0..31): Q5_1's own, so isum; Q5_0's take 16 off, 16 times the activation sum. The term is
+ * kernel_unpacked_term's, (float)isum * (d * x_d) [+ (float)xsum * (m * x_d) for Q5_1], the
+ * activation sums made once per call, and block b goes to partial b % 8: the scalar kernel's bits. */
+static inline uint32_t spread16(uint32_t v)
 {
-    float part[2][KERNEL_PARTIALS];
-    for (int r = 0; r < 2; r++) {
+    v &= 0xFFFFu;
+    v = (v | v << 8) & 0x00FF00FFu;
+    v = (v | v << 4) & 0x0F0F0F0Fu;
+    v = (v | v << 2) & 0x33333333u;
+    return (v | v << 1) & 0x55555555u;
+}
+
+static inline uint32_t q5_pair_bits(const uint8_t *qh)
+{
+    const uint32_t h = q5_high_bits(qh);
+    return spread16(h) | spread16(h >> 16) << 1;
+}
+
+#define Q5_ROW(r, j)                                                                 \
+    do {                                                                             \
+        const uint8_t *t = q5k_quants + (p##r[j] | ((z##r << (8 - 2 * (j))) & 0x300)); \
+        s##r += t[0] * xj + t[1024] * yj;                                            \
+    } while (0)
+
+#define Q5_MAC4(j)                                                                   \
+    do {                                                                             \
+        const int32_t xj = x[j], yj = x[(j) + KERNEL_QK / 2];                        \
+        Q5_ROW(0, j);                                                                \
+        Q5_ROW(1, j);                                                                \
+        Q5_ROW(2, j);                                                                \
+        Q5_ROW(3, j);                                                                \
+    } while (0)
+
+/* block_bytes: Q5_0's 22 (d, qh, qs) or Q5_1's 24 (d, m, qh, qs). */
+static inline __attribute__((always_inline)) void rows4_q5(float *out, const uint8_t *w, int row_bytes,
+                                                           const int8_t *x_qs, const float *x_d,
+                                                           const int32_t *x_sums, int nb, int block_bytes)
+{
+    const int affine = block_bytes == KERNEL_Q5_1_BYTES, qh = affine ? 4 : 2;
+    float part[4][KERNEL_PARTIALS];
+    for (int r = 0; r < 4; r++) {
         for (int k = 0; k < KERNEL_PARTIALS; k++) {
             part[r][k] = -0.0f;
         }
     }
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk0 = w + (int64_t)b * KERNEL_Q5_1_BYTES, *blk1 = blk0 + row_bytes;
-        const uint32_t h0 = q5_high_bits(blk0 + 2), h1 = q5_high_bits(blk1 + 2);
-        const uint8_t *p0 = blk0 + 8, *p1 = blk1 + 8;
+        const uint8_t *blk = w + (int64_t)b * block_bytes;
+        const uint8_t *p0 = blk + qh + 4, *p1 = p0 + row_bytes, *p2 = p1 + row_bytes, *p3 = p2 + row_bytes;
+        uint32_t z0 = q5_pair_bits(p0 - 4), z1 = q5_pair_bits(p1 - 4);
+        uint32_t z2 = q5_pair_bits(p2 - 4), z3 = q5_pair_bits(p3 - 4);
         const int8_t *x = x_qs + b * KERNEL_QK;
-        int32_t s0 = 0, s1 = 0;
-#pragma GCC unroll 1
-        for (int j = 0; j < KERNEL_QK / 2; j++) {
-            Q50_MAC2(j);
+        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int j = 0; j < KERNEL_QK / 2; j += 4) {
+            Q5_MAC4(0);
+            Q5_MAC4(1);
+            Q5_MAC4(2);
+            Q5_MAC4(3);
+            p0 += 4, p1 += 4, p2 += 4, p3 += 4, x += 4;
+            z0 >>= 8, z1 >>= 8, z2 >>= 8, z3 >>= 8;
         }
-        const float xd = x_d[b], xsum = (float)x_sums[b];
-        const float t0 = (float)q4_1_isum(s0) * (kernel_half_at(blk0) * xd) + xsum * (kernel_half_at(blk0 + 2) * xd);
-        const float t1 = (float)q4_1_isum(s1) * (kernel_half_at(blk1) * xd) + xsum * (kernel_half_at(blk1 + 2) * xd);
-        part[0][b % KERNEL_PARTIALS] = part[0][b % KERNEL_PARTIALS] + t0;
-        part[1][b % KERNEL_PARTIALS] = part[1][b % KERNEL_PARTIALS] + t1;
+        const float xd = x_d[b];
+        const int32_t isum[4] = {s0, s1, s2, s3};
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *rblk = blk + (int64_t)r * row_bytes;
+            float term;
+            if (affine) {
+                term = (float)isum[r] * (kernel_half_at(rblk) * xd) + (float)x_sums[b] * (kernel_half_at(rblk + 2) * xd);
+            } else {
+                term = (float)(isum[r] - 16 * x_sums[b]) * (kernel_half_at(rblk) * xd);
+            }
+            part[r][b % KERNEL_PARTIALS] = part[r][b % KERNEL_PARTIALS] + term;
+        }
     }
-    out[0] = kernel_sum_partials(part[0]);
-    out[1] = kernel_sum_partials(part[1]);
+    for (int r = 0; r < 4; r++) {
+        out[r] = kernel_sum_partials(part[r]);
+    }
+}
+
+__attribute__((noinline)) static void rows4_q5_0(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const int32_t *x_sums, int nb)
+{
+    rows4_q5(out, w, row_bytes, x_qs, x_d, x_sums, nb, KERNEL_Q5_0_BYTES);
+}
+
+__attribute__((noinline)) static void rows4_q5_1(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const int32_t *x_sums, int nb)
+{
+    rows4_q5(out, w, row_bytes, x_qs, x_d, x_sums, nb, KERNEL_Q5_1_BYTES);
+}
+
+void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int row_bytes = nb * KERNEL_Q5_0_BYTES;
+    int r = 0;
+    if (nb <= XS_BLOCKS) {
+        int32_t x_sums[XS_BLOCKS];
+        activation_sums(x_sums, x_qs, nb);
+        for (; r + 4 <= rows; r += 4) {
+            rows4_q5_0(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, nb);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q5_0(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
 }
 
 void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
@@ -1418,8 +1434,8 @@ void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const 
     if (nb <= XS_BLOCKS) {
         int32_t x_sums[XS_BLOCKS];
         activation_sums(x_sums, x_qs, nb);
-        for (; r + 2 <= rows; r += 2) {
-            rows2_q5_1(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, nb);
+        for (; r + 4 <= rows; r += 4) {
+            rows4_q5_1(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, nb);
         }
     }
     if (r < rows) {

@@ -996,12 +996,6 @@ void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
-/* A Q5_0 or Q5_1 block's qh: the fifth bits of its 32 values, bit l for value l. */
-static inline uint32_t q5_high_bits(const uint8_t *qh)
-{
-    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
-}
-
 /* Q5_K read in place, four rows at once: rows4_q4_k's runs with each value's fifth bit from qh[l]
  * (bit j for sub-block j, kernel_k_unpack). Run i's two sub-blocks 2i and 2i + 1 take bits 2i and
  * 2i + 1 of the same qh byte, which one shift and one andi put beside the quant byte as bits 8 and 9
@@ -1314,7 +1308,7 @@ void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
 
 /* Q5_0 and Q5_1 read in place, four rows at once. Byte j of a block's qs holds the nibbles of
  * values j and j + 16, whose fifth bits are bits j and j + 16 of qh; interleaved once per block and
- * row (bit j to 2j, bit j + 16 to 2j + 1: q5_pair_bits), the two bits of byte j sit side by side,
+ * row (bit j to 2j, bit j + 16 to 2j + 1: q5_pair_bits, through a 512-byte table), the two bits of byte j sit side by side,
  * and one shift and one andi put them beside the byte as bits 8 and 9: the index of both 5-bit
  * quants in Q5_K's tables (q5k_quants). So a byte's two multiply-adds cost lbu, slli, andi, or, add,
  * two lbu, two mul and two add, the interleaved bits stepping on by one srli every four bytes, and
@@ -1322,19 +1316,23 @@ void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
  * (0..31): Q5_1's own, so isum; Q5_0's take 16 off, 16 times the activation sum. The term is
  * kernel_unpacked_term's, (float)isum * (d * x_d) [+ (float)xsum * (m * x_d) for Q5_1], the
  * activation sums made once per call, and block b goes to partial b % 8: the scalar kernel's bits. */
-static inline uint32_t spread16(uint32_t v)
-{
-    v &= 0xFFFFu;
-    v = (v | v << 8) & 0x00FF00FFu;
-    v = (v | v << 4) & 0x0F0F0F0Fu;
-    v = (v | v << 2) & 0x33333333u;
-    return (v | v << 1) & 0x55555555u;
-}
+/* spread8[v]: bit i of v at bit 2i (a byte's bits interleaved with zeros). */
+#define SPREAD8_ROW(o) (o), (o) + 1, (o) + 4, (o) + 5, (o) + 16, (o) + 17, (o) + 20, (o) + 21, (o) + 64, (o) + 65, \
+    (o) + 68, (o) + 69, (o) + 80, (o) + 81, (o) + 84, (o) + 85
+static const uint16_t spread8[256] = {
+    SPREAD8_ROW(0 << 8),  SPREAD8_ROW(1 << 8),  SPREAD8_ROW(4 << 8),  SPREAD8_ROW(5 << 8),
+    SPREAD8_ROW(16 << 8), SPREAD8_ROW(17 << 8), SPREAD8_ROW(20 << 8), SPREAD8_ROW(21 << 8),
+    SPREAD8_ROW(64 << 8), SPREAD8_ROW(65 << 8), SPREAD8_ROW(68 << 8), SPREAD8_ROW(69 << 8),
+    SPREAD8_ROW(80 << 8), SPREAD8_ROW(81 << 8), SPREAD8_ROW(84 << 8), SPREAD8_ROW(85 << 8),
+};
 
+/* A Q5_0 or Q5_1 block's qh (bit l: value l's fifth bit) with bits j (0..15) at 2j and j + 16 at
+ * 2j + 1. */
 static inline uint32_t q5_pair_bits(const uint8_t *qh)
 {
-    const uint32_t h = q5_high_bits(qh);
-    return spread16(h) | spread16(h >> 16) << 1;
+    const uint32_t low = spread8[qh[0]] | (uint32_t)spread8[qh[1]] << 16;
+    const uint32_t high = spread8[qh[2]] | (uint32_t)spread8[qh[3]] << 16;
+    return low | high << 1;
 }
 
 #define Q5_ROW(r, j)                                                                 \

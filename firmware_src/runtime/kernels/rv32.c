@@ -6,7 +6,8 @@
  * all the rows, and each row's binary16 block scale costs eight more per block (half_scaled says
  * why); about 3.31 instructions per multiply-add (3.25 when the scales were float32). Each row's
  * block sums and the reduction tree (kernels.h) are the scalar kernel's, so are the bits. q4_1
- * weights are read in place, eight rows at once (rows8_q4_1 says how). Portable C: it is also
+ * weights are read in place, eight rows at once (rows8_q4_1 says how), and so is every kept GGUF
+ * type, two or four rows at once (the passes after kernel_matvec_q4_1). Portable C: it is also
  * tested against NumPy on the host. */
 #include "kernels.h"
 #include "../ops.h"

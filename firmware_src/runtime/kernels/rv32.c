@@ -1292,11 +1292,13 @@ void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     const int row_bytes = superblocks * KERNEL_Q2_K_BYTES;
     int r = 0;
     if (cols / 16 <= 2 * XS_BLOCKS) {
-        int32_t sums16[2 * XS_BLOCKS];
-        float x_sums16[2 * XS_BLOCKS];
-        activation_sums16(sums16, x_qs, cols / 16);
+        float x_sums16[2 * XS_BLOCKS]; /* 2 KiB of the MCU's 8 KiB stack, as Q6_K's */
         for (int g = 0; g < cols / 16; g++) {
-            x_sums16[g] = (float)sums16[g];
+            int32_t sum = 0;
+            for (int j = 0; j < 16; j++) {
+                sum += x_qs[g * 16 + j];
+            }
+            x_sums16[g] = (float)sum;
         }
         for (; r + 2 <= rows; r += 2) {
             rows2_q2_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums16, superblocks);

@@ -491,7 +491,7 @@ int main(void)
     }
     check_swiglu();
     check_widen_f16();
-    static const int k_rows[] = {1, 3, 4, 5, 8, 11, 16, 33};
+    static const int k_rows[] = {1, 2, 3, 4, 5, 6, 8, 11, 16, 33};
     for (unsigned r = 0; r < sizeof k_rows / sizeof k_rows[0]; r++) {
         for (int cols = 256; cols <= 2304; cols += 512) {
             for (int extreme = 0; extreme < 3; extreme++) {
@@ -501,6 +501,11 @@ int main(void)
                 for (unsigned t = 0; t < sizeof k_types32 / sizeof k_types32[0]; t++) {
                     check_matvec_k(k_types32[t], k_rows[r], cols + 32, extreme); /* 9, 25, 41, 57, 73 blocks */
                 }
+            }
+        }
+        for (int cols = 32; cols <= 256; cols += 32) { /* 1 to 8 blocks: one per partial */
+            for (unsigned t = 0; t < sizeof k_types32 / sizeof k_types32[0]; t++) {
+                check_matvec_k(k_types32[t], k_rows[r], cols, r % 3);
             }
         }
     }

@@ -82,7 +82,7 @@ GGUF_RV32_PER_MAC = {
     "q5_1": 9.5,  # 8.53-9.41: the same, plus the minimum's term
     "q5_k": 8.6,  # 8.31-8.44: the byte and its two qh bits index both quants
     "q3_k": 9.1,  # 8.82-8.96: two quants looked up from a qs nibble and two hmask bits
-    "q2_k": 6.6,  # 6.38-6.52: each crumb summed where it lies, one andi
+    "q2_k": 6.6,  # 6.36-6.50: each crumb summed where it lies, one andi
     "iq4_xs": 6.1,  # 5.80-5.99: both table values of a byte from one 512-byte table lookup
     "iq4_nl": 6.5,  # 5.48-6.39
     "mxfp4": 6.3,  # 5.23-6.13

@@ -344,9 +344,11 @@ static void check_attention_f16(int n_q, int n, int head_dim, int stride, int la
 }
 
 /* GGUF blocks in place (rv32.c reads several rows at a time): random quants and scales, the
- * binary16 fields (Q4_K's d and dmin, Q6_K's and Q5_0's d) from the weight scales' ranges (either sign, any
- * binary16 with extreme). */
-static uint8_t k_blocks[MAX_WEIGHTS / KERNEL_QK * KERNEL_Q5_0_BYTES];
+ * binary16 fields (Q4_K's d and dmin, Q6_K's and Q5_0's d, ...) from the weight scales' ranges
+ * (either sign, any binary16 with extreme), MXFP4's e8m0 exponent near 2^0 (any but 0xFF, which the
+ * image never holds, with extreme). With extreme, every fourth block is all ones and the next all
+ * zeros apart from those fields: the largest and smallest quants, scales and minimums. */
+static uint8_t k_blocks[MAX_WEIGHTS / KERNEL_QK * KERNEL_Q5_1_BYTES];
 
 typedef void (*BlocksMatvec)(float *, const uint8_t *, const int8_t *, const float *, int, int);
 
@@ -355,13 +357,27 @@ typedef struct {
     int values, bytes;  /* a block's */
     int halves[2];      /* offsets of its binary16 fields (-1: none) */
     BlocksMatvec fast, scalar;
+    int e8m0;           /* offset of its e8m0 exponent (-1: none) */
 } KType;
 
-static const KType Q4_K = {"q4_k", KERNEL_Q4_K_VALUES, KERNEL_Q4_K_BYTES, {0, 2}, kernel_matvec_q4_k, kernel_scalar_matvec_q4_k};
-static const KType Q6_K = {"q6_k", KERNEL_Q6_K_VALUES, KERNEL_Q6_K_BYTES, {208, -1}, kernel_matvec_q6_k, kernel_scalar_matvec_q6_k};
-
+static const KType Q4_K = {"q4_k", KERNEL_Q4_K_VALUES, KERNEL_Q4_K_BYTES, {0, 2}, kernel_matvec_q4_k, kernel_scalar_matvec_q4_k, -1};
+static const KType Q6_K = {"q6_k", KERNEL_Q6_K_VALUES, KERNEL_Q6_K_BYTES, {208, -1}, kernel_matvec_q6_k, kernel_scalar_matvec_q6_k, -1};
 static const KType Q5_0 = {"q5_0", KERNEL_Q5_0_VALUES, KERNEL_Q5_0_BYTES, {0, -1}, kernel_matvec_q5_0,
-                           kernel_scalar_matvec_q5_0};
+                           kernel_scalar_matvec_q5_0, -1};
+static const KType Q5_K = {"q5_k", KERNEL_Q5_K_VALUES, KERNEL_Q5_K_BYTES, {0, 2}, kernel_matvec_q5_k, kernel_scalar_matvec_q5_k, -1};
+static const KType Q3_K = {"q3_k", KERNEL_Q3_K_VALUES, KERNEL_Q3_K_BYTES, {108, -1}, kernel_matvec_q3_k, kernel_scalar_matvec_q3_k, -1};
+static const KType Q2_K = {"q2_k", KERNEL_Q2_K_VALUES, KERNEL_Q2_K_BYTES, {80, 82}, kernel_matvec_q2_k, kernel_scalar_matvec_q2_k, -1};
+static const KType IQ4_XS = {"iq4_xs", KERNEL_IQ4_XS_VALUES, KERNEL_IQ4_XS_BYTES, {0, -1}, kernel_matvec_iq4_xs,
+                             kernel_scalar_matvec_iq4_xs, -1};
+static const KType IQ4_NL = {"iq4_nl", KERNEL_IQ4_NL_VALUES, KERNEL_IQ4_NL_BYTES, {0, -1}, kernel_matvec_iq4_nl,
+                             kernel_scalar_matvec_iq4_nl, -1};
+static const KType Q5_1 = {"q5_1", KERNEL_Q5_1_VALUES, KERNEL_Q5_1_BYTES, {0, 2}, kernel_matvec_q5_1, kernel_scalar_matvec_q5_1, -1};
+static const KType MXFP4 = {"mxfp4", KERNEL_MXFP4_VALUES, KERNEL_MXFP4_BYTES, {-1, -1}, kernel_matvec_mxfp4,
+                            kernel_scalar_matvec_mxfp4, 0};
+
+/* The types of 256-value superblocks and of 32-value blocks, each checked and counted alike. */
+static const KType *const k_types256[] = {&Q4_K, &Q6_K, &Q5_K, &Q3_K, &Q2_K, &IQ4_XS};
+static const KType *const k_types32[] = {&Q5_0, &Q5_1, &IQ4_NL, &MXFP4};
 
 static void fill_k(const KType *t, int rows, int cols, int extreme)
 {
@@ -370,10 +386,16 @@ static void fill_k(const KType *t, int rows, int cols, int extreme)
         k_blocks[i] = (uint8_t)next();
     }
     for (int i = 0; i < n; i++) {
+        if (extreme && i % 4 < 2) {
+            memset(k_blocks + i * t->bytes, i % 4 == 0 ? 0xFF : 0x00, (size_t)t->bytes);
+        }
         for (int f = 0; f < 2 && t->halves[f] >= 0; f++) {
             const KernelHalf h = extreme ? any_half() : half_scale();
             k_blocks[i * t->bytes + t->halves[f]] = (uint8_t)h;
             k_blocks[i * t->bytes + t->halves[f] + 1] = (uint8_t)(h >> 8);
+        }
+        if (t->e8m0 >= 0) {
+            k_blocks[i * t->bytes + t->e8m0] = (uint8_t)(extreme ? next() % 255u : 118u + next() % 16u);
         }
     }
     for (int i = 0; i < cols; i++) {
@@ -596,13 +618,21 @@ int main(void)
             }
         }
     }
-    static const int k_rows[] = {1, 3, 4, 5, 8, 11, 16, 33};
+    static const int k_rows[] = {1, 2, 3, 4, 5, 6, 8, 11, 16, 33};
     for (unsigned r = 0; r < sizeof k_rows / sizeof k_rows[0]; r++) {
         for (int cols = 256; cols <= 2304; cols += 512) {
             for (int extreme = 0; extreme < 3; extreme++) {
-                check_matvec_k(&Q4_K, k_rows[r], cols, extreme);
-                check_matvec_k(&Q6_K, k_rows[r], cols, extreme);
-                check_matvec_k(&Q5_0, k_rows[r], cols + 32, extreme); /* 9, 25, 41, 57, 73 blocks */
+                for (unsigned t = 0; t < sizeof k_types256 / sizeof k_types256[0]; t++) {
+                    check_matvec_k(k_types256[t], k_rows[r], cols, extreme);
+                }
+                for (unsigned t = 0; t < sizeof k_types32 / sizeof k_types32[0]; t++) {
+                    check_matvec_k(k_types32[t], k_rows[r], cols + 32, extreme); /* 9, 25, 41, 57, 73 blocks */
+                }
+            }
+        }
+        for (int cols = 32; cols <= 256; cols += 32) { /* 1 to 8 blocks: one per partial */
+            for (unsigned t = 0; t < sizeof k_types32 / sizeof k_types32[0]; t++) {
+                check_matvec_k(k_types32[t], k_rows[r], cols, r % 3);
             }
         }
     }
@@ -631,6 +661,20 @@ int main(void)
     count_matvec_k(&Q5_0, 64, 64);
     count_matvec_k(&Q5_0, 32, 288);
     count_matvec_k(&Q5_0, 32, 1024);
+    count_matvec_k(&Q5_K, 64, 256);
+    count_matvec_k(&Q5_K, 32, 1024);
+    count_matvec_k(&Q3_K, 64, 256);
+    count_matvec_k(&Q3_K, 32, 1024);
+    count_matvec_k(&Q2_K, 64, 256);
+    count_matvec_k(&Q2_K, 32, 1024);
+    count_matvec_k(&IQ4_XS, 64, 256);
+    count_matvec_k(&IQ4_XS, 32, 1024);
+    count_matvec_k(&IQ4_NL, 64, 64);
+    count_matvec_k(&IQ4_NL, 32, 1024);
+    count_matvec_k(&Q5_1, 64, 64);
+    count_matvec_k(&Q5_1, 32, 1024);
+    count_matvec_k(&MXFP4, 64, 64);
+    count_matvec_k(&MXFP4, 32, 1024);
     printf("mismatches %d\n", mismatches);
     *(volatile uint32_t *)0x00100000u = mismatches == 0 ? 0x5555u : (1u << 16) | 0x3333u; /* SiFive test device */
     for (;;) {

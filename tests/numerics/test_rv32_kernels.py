@@ -88,6 +88,37 @@ def test_rv32_q4_1_product_reads_nibbles_in_place_at_about_four_instructions_per
         assert per_mac["q4_1", shape] < 0.6 * per_mac["q4_0", shape]
 
 
+# Every kept GGUF type's rv32 kernel (rv32.c), instructions per multiply-accumulate at the
+# self-test's shapes (64x256 and 32x1024, 64x64 for the 32-value types, 32x288 for Q5_0): the
+# measured values plus a margin, and at most 0.45 of the scalar kernel's (17.4-31.9).
+GGUF_RV32_PER_MAC = {
+    "q4_k": 6.0,  # 5.81-5.93: a byte's two nibbles, andi / srai, mul, add each
+    "q6_k": 9.6,  # 9.35-9.49
+    "q5_0": 9.1,  # 8.11-8.97: both 5-bit quants of a byte looked up with its two interleaved qh bits
+    "q5_1": 9.5,  # 8.53-9.41: the same, plus the minimum's term
+    "q5_k": 8.6,  # 8.31-8.44: the byte and its two qh bits index both quants
+    "q3_k": 9.1,  # 8.82-8.96: two quants looked up from a qs nibble and two hmask bits
+    "q2_k": 6.6,  # 6.36-6.50: each crumb summed where it lies, one andi
+    "iq4_xs": 6.1,  # 5.80-5.99: both table values of a byte from one 512-byte table lookup
+    "iq4_nl": 6.5,  # 5.48-6.39
+    "mxfp4": 6.3,  # 5.23-6.13
+}
+
+
+def test_rv32_kernels_of_every_kept_gguf_type_cost_under_half_the_scalar_ones(selftest_output):
+    found = {
+        (m.group(1), m.group(2)): (float(m.group(3)), float(m.group(4)))
+        for m in re.finditer(
+            r"matvec_(\w+) (\d+x\d+): \d+ \(([\d.]+) per multiply-accumulate\), scalar \d+ \(([\d.]+)\)",
+            selftest_output,
+        )
+    }
+    assert {name for name, _ in found} == set(GGUF_RV32_PER_MAC)
+    for (name, shape), (fast, scalar) in found.items():
+        assert fast < GGUF_RV32_PER_MAC[name], (name, shape, fast)
+        assert fast < 0.45 * scalar, (name, shape, fast, scalar)
+
+
 @pytest.mark.parametrize("rows,cols", [(16, 64), (48, 64), (37, 128), (512, 64), (19, 128), (24, 160)])
 def test_q8_0_matvec_at_the_shapes_of_the_16_and_8_row_passes(harness, rows, cols):
     wq, wd = quantize_weights_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))

@@ -6,7 +6,8 @@
  * all the rows, and each row's binary16 block scale costs eight more per block (half_scaled says
  * why); about 3.31 instructions per multiply-add (3.25 when the scales were float32). Each row's
  * block sums and the reduction tree (kernels.h) are the scalar kernel's, so are the bits. q4_1
- * weights are read in place, eight rows at once (rows8_q4_1 says how). Portable C: it is also
+ * weights are read in place, eight rows at once (rows8_q4_1 says how), and so is every kept GGUF
+ * type, two or four rows at once (the passes after kernel_matvec_q4_1). Portable C: it is also
  * tested against NumPy on the host. */
 #include "kernels.h"
 #include "../ops.h"
@@ -24,6 +25,13 @@
 #define KERNEL_HAS_MATVEC_Q4_K
 #define KERNEL_HAS_MATVEC_Q6_K
 #define KERNEL_HAS_MATVEC_Q5_0
+#define KERNEL_HAS_MATVEC_Q5_K
+#define KERNEL_HAS_MATVEC_Q3_K
+#define KERNEL_HAS_MATVEC_Q2_K
+#define KERNEL_HAS_MATVEC_Q5_1
+#define KERNEL_HAS_MATVEC_IQ4_NL
+#define KERNEL_HAS_MATVEC_IQ4_XS
+#define KERNEL_HAS_MATVEC_MXFP4
 #include "fallback.h"
 
 #include <math.h>
@@ -1121,9 +1129,9 @@ void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const K
         hi3 += (v3 >> 4) * yl;                        \
     } while (0)
 
-/* A Q4_K superblock's eight sub-block scales d * sc_j and offsets -(dmin * m_j), as kernel_k_unpack
- * makes them. */
-static void q4_k_scales(const uint8_t *blk, float scale[8], float offset[8])
+/* A Q4_K (or Q5_K) superblock's eight sub-block scales d * sc_j and offsets -(dmin * m_j), as
+ * kernel_k_unpack makes them; inlined into each row pass (a call a row and superblock otherwise). */
+static inline __attribute__((always_inline)) void q4_k_scales(const uint8_t *blk, float scale[8], float offset[8])
 {
     const float d = kernel_half_at(blk), dmin = kernel_half_at(blk + 2);
     for (int j = 0; j < 8; j++) {
@@ -1291,34 +1299,151 @@ void kernel_matvec_q6_k(float *out, const uint8_t *w, const int8_t *x_qs, const 
     }
 }
 
-/* Q5_0 read in place, two rows at once (four spill registers): the nibbles as q4_1's (value j
- * low, j + 16 high: with a = 16 * x - y, lo * a + byte * y is 16 * (lo * x + hi * y), an andi and
- * two multiply-adds a byte), the fifth bits of values j and j + 16 from the block's qh (shifted,
- * masked, multiplied by 256 * x), all in one sum of 16 times the block's sum of stored quants; the
- * 16 taken off as 16 times the activation sum gives the scalar kernel's integer isum, and the term
- * (float)isum * (d * x_d) and the reduction tree are the scalar kernel's: the same bits. */
-#define Q50_ROW(r, j)                                                                      \
-    do {                                                                                   \
-        const int32_t byte = p##r[j];                                                      \
-        const uint32_t bits = h##r >> (j);                                                 \
-        s##r += (byte & 0x0F) * aj + byte * yj + (bits & 1) * xh + ((bits >> 16) & 1) * yh; \
+/* Q5_K read in place, four rows at once: rows4_q4_k's runs with each value's fifth bit from qh[l]
+ * (bit j for sub-block j, kernel_k_unpack). Run i's two sub-blocks 2i and 2i + 1 take bits 2i and
+ * 2i + 1 of the same qh byte, which one shift and one andi put beside the quant byte as bits 8 and 9
+ * (constant shifts: the run loop is unrolled); that 10-bit index looks up both 5-bit quants in two
+ * 1 KiB tables (q5k_quants: low value at [index], high at [1024 + index], one add of the table's
+ * address for both), so a byte's two multiply-adds cost two lbu, slli, andi, or, add, two lbu, two
+ * mul and two add, and each activation quant is loaded once for the four rows. The quants are the
+ * unpacked ones, so each sub-block's isum, its term (kernel_unpacked_term's affine one) and partial
+ * j are the scalar kernel's: its bits. */
+#define Q5K_SEQ16(o) (o), (o) + 1, (o) + 2, (o) + 3, (o) + 4, (o) + 5, (o) + 6, (o) + 7, (o) + 8, (o) + 9, \
+    (o) + 10, (o) + 11, (o) + 12, (o) + 13, (o) + 14, (o) + 15
+#define Q5K_EACH16(o) NIBBLE_X16(o), NIBBLE_X16((o) + 1), NIBBLE_X16((o) + 2), NIBBLE_X16((o) + 3),         \
+    NIBBLE_X16((o) + 4), NIBBLE_X16((o) + 5), NIBBLE_X16((o) + 6), NIBBLE_X16((o) + 7), NIBBLE_X16((o) + 8), \
+    NIBBLE_X16((o) + 9), NIBBLE_X16((o) + 10), NIBBLE_X16((o) + 11), NIBBLE_X16((o) + 12),                  \
+    NIBBLE_X16((o) + 13), NIBBLE_X16((o) + 14), NIBBLE_X16((o) + 15)
+#define NIBBLE_X16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
+
+/* [b << 8 | byte]: the low nibble plus 16 times bit 0 of b; then [1024 + (b << 8 | byte)]: the
+ * high nibble plus 16 times bit 1 of b. */
+static const uint8_t q5k_quants[2048] = {
+    NIBBLE_X16(Q5K_SEQ16(0)), NIBBLE_X16(Q5K_SEQ16(16)), NIBBLE_X16(Q5K_SEQ16(0)), NIBBLE_X16(Q5K_SEQ16(16)),
+    Q5K_EACH16(0),            Q5K_EACH16(0),             Q5K_EACH16(16),           Q5K_EACH16(16),
+};
+
+#define Q5K_ROW(r, l)                                                                \
+    do {                                                                             \
+        const int32_t h = q##r[(l) - 32 * (i + 1)];                                  \
+        const uint8_t *t = q5k_quants + (q##r[l] | ((h << (8 - 2 * i)) & 0x300));    \
+        lo##r += t[0] * xl;                                                          \
+        hi##r += t[1024] * yl;                                                       \
     } while (0)
 
-#define Q50_MAC2(j)                                                                        \
-    do {                                                                                   \
-        const int32_t xj = x[j], yj = x[(j) + KERNEL_QK / 2];                              \
-        const int32_t aj = xj * 16 - yj, xh = xj * 256, yh = yj * 256;                     \
-        Q50_ROW(0, j);                                                                     \
-        Q50_ROW(1, j);                                                                     \
+#define Q5K_MAC4(l)                                                                  \
+    do {                                                                             \
+        const int32_t xl = x[l], yl = y[l];                                          \
+        Q5K_ROW(0, l);                                                               \
+        Q5K_ROW(1, l);                                                               \
+        Q5K_ROW(2, l);                                                               \
+        Q5K_ROW(3, l);                                                               \
     } while (0)
 
-static inline uint32_t q5_high_bits(const uint8_t *blk)
+__attribute__((noinline)) static void rows4_q5_k(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const float *x_sums, int superblocks)
 {
-    return (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
+    float part[4][KERNEL_PARTIALS];
+    for (int r = 0; r < 4; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int s = 0; s < superblocks; s++) {
+        const uint8_t *blk = w + (int64_t)s * KERNEL_Q5_K_BYTES;
+        float scale[4][8], offset[4][8];
+        for (int r = 0; r < 4; r++) {
+            q4_k_scales(blk + (int64_t)r * row_bytes, scale[r], offset[r]); /* Q5_K's d, dmin, scales: Q4_K's */
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *q0 = blk + 48 + 32 * i, *q1 = q0 + row_bytes, *q2 = q1 + row_bytes, *q3 = q2 + row_bytes;
+            const int8_t *x = x_qs + s * KERNEL_Q5_K_VALUES + 2 * i * KERNEL_QK, *y = x + KERNEL_QK;
+            int32_t lo0 = 0, lo1 = 0, lo2 = 0, lo3 = 0, hi0 = 0, hi1 = 0, hi2 = 0, hi3 = 0;
+            for (int l = 0; l < KERNEL_QK; l += 4) {
+                Q5K_MAC4(0);
+                Q5K_MAC4(1);
+                Q5K_MAC4(2);
+                Q5K_MAC4(3);
+                q0 += 4, q1 += 4, q2 += 4, q3 += 4, x += 4, y += 4;
+            }
+            const int32_t isum[2][4] = {{lo0, lo1, lo2, lo3}, {hi0, hi1, hi2, hi3}};
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * i + h, b = s * 8 + j;
+                const float xd = x_d[b], xsum = x_sums[b];
+                for (int r = 0; r < 4; r++) {
+                    const float term = (float)isum[h][r] * (scale[r][j] * xd);
+                    part[r][j] = part[r][j] + (term + xsum * (offset[r][j] * xd));
+                }
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        out[r] = kernel_sum_partials(part[r]);
+    }
 }
 
-__attribute__((noinline)) static void rows2_q5_0(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
-                                                 const float *x_d, const int32_t *x_sums, int nb)
+void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK, superblocks = cols / KERNEL_Q5_K_VALUES;
+    const int row_bytes = superblocks * KERNEL_Q5_K_BYTES;
+    int r = 0;
+    if (nb <= XS_BLOCKS) {
+        int32_t sums[XS_BLOCKS];
+        float x_sums[XS_BLOCKS]; /* exact: |sum| < 2^12 */
+        activation_sums(sums, x_qs, nb);
+        for (int b = 0; b < nb; b++) {
+            x_sums[b] = (float)sums[b];
+        }
+        for (; r + 4 <= rows; r += 4) {
+            rows4_q5_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, superblocks);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q5_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* Q3_K read in place, two rows at once. A half (sub-blocks 4h..4h + 3) of a superblock is one run
+ * of 32 qs bytes: bits 2k, 2k + 1 of byte l are value l of sub-block 4h + k, and bit 4h + k of
+ * hmask[l] says whether 4 is not taken off (kernel_q3_k_unpack). So the two bytes of position l,
+ * loaded once, give four quants, each multiplying its own activation quant (loaded once for both
+ * rows). A quant is summed as crumb + 4 * bit (0..7), two at a time looked up in q3k_quants from
+ * a nibble of the qs byte and the two hmask bits beside it (andi or srli, the bits' shift and
+ * andi, or, the table's add, two lbu); the 4 is taken off as 4 times the activation sum, once per
+ * 16 values: the same integer isum as the scalar kernel's. Each 16 values' term is
+ * kernel_unpacked_term's two-scale one and sub-block j goes to partial j: the scalar kernel's bits. */
+#define Q3K_LOW4(o) (o), (o) + 1, (o) + 2, (o) + 3, (o), (o) + 1, (o) + 2, (o) + 3, (o), (o) + 1, (o) + 2, \
+    (o) + 3, (o), (o) + 1, (o) + 2, (o) + 3
+#define Q3K_HIGH4(o) (o), (o), (o), (o), (o) + 1, (o) + 1, (o) + 1, (o) + 1, (o) + 2, (o) + 2, (o) + 2, \
+    (o) + 2, (o) + 3, (o) + 3, (o) + 3, (o) + 3
+
+/* [b << 4 | nibble]: its low crumb plus 4 times bit 0 of b; [64 + (b << 4 | nibble)]: its high
+ * crumb plus 4 times bit 1 of b. */
+static const uint8_t q3k_quants[128] = {Q3K_LOW4(0),  Q3K_LOW4(4),  Q3K_LOW4(0),  Q3K_LOW4(4),
+                                        Q3K_HIGH4(0), Q3K_HIGH4(0), Q3K_HIGH4(4), Q3K_HIGH4(4)};
+
+#define Q3K_ROW(r, l)                                                                \
+    do {                                                                             \
+        const int32_t v = q##r[l], h = q##r[(l) - 32 - 32 * half]; /* hmask[l] */      \
+        const uint8_t *a = q3k_quants + ((v & 0x0F) | (((h >> (4 * half)) << 4) & 0x30)); \
+        const uint8_t *c = q3k_quants + ((v >> 4) | (((h >> (4 * half + 2)) << 4) & 0x30)); \
+        s##r##0 += a[0] * x0;                                                        \
+        s##r##1 += a[64] * x1;                                                       \
+        s##r##2 += c[0] * x2;                                                        \
+        s##r##3 += c[64] * x3;                                                       \
+    } while (0)
+
+#define Q3K_MAC2(l)                                                                  \
+    do {                                                                             \
+        const int32_t x0 = x[l], x1 = x[(l) + 32];                                   \
+        const int32_t x2 = x[(l) + 64], x3 = x[(l) + 96];                            \
+        Q3K_ROW(0, l);                                                               \
+        Q3K_ROW(1, l);                                                               \
+    } while (0)
+
+__attribute__((noinline)) static void rows2_q3_k(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const int32_t *x_sums16, int superblocks)
 {
     float part[2][KERNEL_PARTIALS];
     for (int r = 0; r < 2; r++) {
@@ -1326,24 +1451,265 @@ __attribute__((noinline)) static void rows2_q5_0(float *out, const uint8_t *w, i
             part[r][k] = -0.0f;
         }
     }
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk0 = w + (int64_t)b * KERNEL_Q5_0_BYTES, *blk1 = blk0 + row_bytes;
-        const uint32_t h0 = q5_high_bits(blk0), h1 = q5_high_bits(blk1);
-        const uint8_t *p0 = blk0 + 6, *p1 = blk1 + 6;
-        const int8_t *x = x_qs + b * KERNEL_QK;
-        int32_t s0 = 0, s1 = 0;
-#pragma GCC unroll 1
-        for (int j = 0; j < KERNEL_QK / 2; j++) {
-            Q50_MAC2(j);
+    for (int s = 0; s < superblocks; s++) {
+        const uint8_t *blk0 = w + (int64_t)s * KERNEL_Q3_K_BYTES, *blk1 = blk0 + row_bytes;
+        const float d[2] = {kernel_half_at(blk0 + 108), kernel_half_at(blk1 + 108)};
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            int32_t isum[2][2][4]; /* [16-value half of the sub-block][row][k] */
+            for (int sh = 0; sh < 2; sh++) {
+                const uint8_t *q0 = blk0 + 32 + 32 * half + 16 * sh, *q1 = blk1 + 32 + 32 * half + 16 * sh;
+                const int8_t *x = x_qs + s * KERNEL_Q3_K_VALUES + 128 * half + 16 * sh;
+                int32_t s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+                for (int l = 0; l < 16; l += 4) {
+                    Q3K_MAC2(0);
+                    Q3K_MAC2(1);
+                    Q3K_MAC2(2);
+                    Q3K_MAC2(3);
+                    q0 += 4, q1 += 4, x += 4;
+                }
+                const int32_t *sums = x_sums16 + 2 * (s * 8 + 4 * half) + sh; /* sub-block k's: sums[2 * k] */
+                isum[sh][0][0] = s00 - 4 * sums[0];
+                isum[sh][0][1] = s01 - 4 * sums[2];
+                isum[sh][0][2] = s02 - 4 * sums[4];
+                isum[sh][0][3] = s03 - 4 * sums[6];
+                isum[sh][1][0] = s10 - 4 * sums[0];
+                isum[sh][1][1] = s11 - 4 * sums[2];
+                isum[sh][1][2] = s12 - 4 * sums[4];
+                isum[sh][1][3] = s13 - 4 * sums[6];
+            }
+            for (int k = 0; k < 4; k++) {
+                const int j = 4 * half + k, b = s * 8 + j;
+                const float xd = x_d[b];
+                for (int r = 0; r < 2; r++) {
+                    const uint8_t *scales = (r == 0 ? blk0 : blk1) + 96;
+                    const float sa = d[r] * (float)kernel_q3_k_scale(scales, 2 * j);
+                    const float sb = d[r] * (float)kernel_q3_k_scale(scales, 2 * j + 1);
+                    const float term = (float)isum[0][r][k] * (sa * xd) + (float)isum[1][r][k] * (sb * xd);
+                    part[r][j] = part[r][j] + term;
+                }
+            }
         }
-        const float d0 = kernel_half_at(blk0), d1 = kernel_half_at(blk1);
-        const float t0 = (float)(q4_1_isum(s0) - 16 * x_sums[b]) * (d0 * x_d[b]);
-        const float t1 = (float)(q4_1_isum(s1) - 16 * x_sums[b]) * (d1 * x_d[b]);
-        part[0][b % KERNEL_PARTIALS] = part[0][b % KERNEL_PARTIALS] + t0;
-        part[1][b % KERNEL_PARTIALS] = part[1][b % KERNEL_PARTIALS] + t1;
     }
     out[0] = kernel_sum_partials(part[0]);
     out[1] = kernel_sum_partials(part[1]);
+}
+
+void kernel_matvec_q3_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int superblocks = cols / KERNEL_Q3_K_VALUES;
+    const int row_bytes = superblocks * KERNEL_Q3_K_BYTES;
+    int r = 0;
+    if (cols / 16 <= 2 * XS_BLOCKS) {
+        int32_t sums16[2 * XS_BLOCKS];
+        activation_sums16(sums16, x_qs, cols / 16);
+        for (; r + 2 <= rows; r += 2) {
+            rows2_q3_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, sums16, superblocks);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q3_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* Q2_K read in place, two rows at once: as Q3_K's runs without the hmask, so a quant is the and
+ * of its two bits alone, summed where it lies (4^k times its value) and shifted back once per 16
+ * values (the top one shifted down instead). Each 16 values' scale d * (sc & 15) and offset
+ * -(dmin * (sc >> 4)) are kernel_q2_k_unpack's and the term kernel_unpacked_term's two-scale affine
+ * one, the activation sums (exact as floats: |sum| < 2^11) made once per call: the scalar bits. */
+#define Q2K_ROW(r, l)                                                                \
+    do {                                                                             \
+        const int32_t v = q##r[l];                                                   \
+        s##r##0 += (v & 0x03) * x0;                                                  \
+        s##r##1 += (v & 0x0C) * x1;                                                  \
+        s##r##2 += (v & 0x30) * x2;                                                  \
+        s##r##3 += (v >> 6) * x3;                                                    \
+    } while (0)
+
+#define Q2K_MAC2(l)                                                                  \
+    do {                                                                             \
+        const int32_t x0 = x[l], x1 = x[(l) + 32];                                   \
+        const int32_t x2 = x[(l) + 64], x3 = x[(l) + 96];                            \
+        Q2K_ROW(0, l);                                                               \
+        Q2K_ROW(1, l);                                                               \
+    } while (0)
+
+__attribute__((noinline)) static void rows2_q2_k(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const float *x_sums16, int superblocks)
+{
+    float part[2][KERNEL_PARTIALS];
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int s = 0; s < superblocks; s++) {
+        const uint8_t *blk0 = w + (int64_t)s * KERNEL_Q2_K_BYTES, *blk1 = blk0 + row_bytes;
+        const float d[2] = {kernel_half_at(blk0 + 80), kernel_half_at(blk1 + 80)};
+        const float dmin[2] = {kernel_half_at(blk0 + 82), kernel_half_at(blk1 + 82)};
+        for (int half = 0; half < 2; half++) {
+            int32_t isum[2][2][4]; /* [16-value half of the sub-block][row][k] */
+            for (int sh = 0; sh < 2; sh++) {
+                const uint8_t *q0 = blk0 + 16 + 32 * half + 16 * sh, *q1 = blk1 + 16 + 32 * half + 16 * sh;
+                const int8_t *x = x_qs + s * KERNEL_Q2_K_VALUES + 128 * half + 16 * sh;
+                int32_t s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+                for (int l = 0; l < 16; l += 4) {
+                    Q2K_MAC2(0);
+                    Q2K_MAC2(1);
+                    Q2K_MAC2(2);
+                    Q2K_MAC2(3);
+                    q0 += 4, q1 += 4, x += 4;
+                }
+                isum[sh][0][0] = s00;
+                isum[sh][0][1] = s01 >> 2;
+                isum[sh][0][2] = s02 >> 4;
+                isum[sh][0][3] = s03;
+                isum[sh][1][0] = s10;
+                isum[sh][1][1] = s11 >> 2;
+                isum[sh][1][2] = s12 >> 4;
+                isum[sh][1][3] = s13;
+            }
+            for (int k = 0; k < 4; k++) {
+                const int j = 4 * half + k, b = s * 8 + j;
+                const float xd = x_d[b], xsa = x_sums16[2 * b], xsb = x_sums16[2 * b + 1];
+                for (int r = 0; r < 2; r++) {
+                    const uint8_t *sc = (r == 0 ? blk0 : blk1) + 2 * j;
+                    const float sa = d[r] * (float)(sc[0] & 0x0F), sb = d[r] * (float)(sc[1] & 0x0F);
+                    const float oa = -(dmin[r] * (float)(sc[0] >> 4)), ob = -(dmin[r] * (float)(sc[1] >> 4));
+                    float term = (float)isum[0][r][k] * (sa * xd) + (float)isum[1][r][k] * (sb * xd);
+                    term = term + xsa * (oa * xd);
+                    term = term + xsb * (ob * xd);
+                    part[r][j] = part[r][j] + term;
+                }
+            }
+        }
+    }
+    out[0] = kernel_sum_partials(part[0]);
+    out[1] = kernel_sum_partials(part[1]);
+}
+
+void kernel_matvec_q2_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int superblocks = cols / KERNEL_Q2_K_VALUES;
+    const int row_bytes = superblocks * KERNEL_Q2_K_BYTES;
+    int r = 0;
+    if (cols / 16 <= 2 * XS_BLOCKS) {
+        float x_sums16[2 * XS_BLOCKS]; /* 2 KiB of the MCU's 8 KiB stack, as Q6_K's */
+        for (int g = 0; g < cols / 16; g++) {
+            int32_t sum = 0;
+            for (int j = 0; j < 16; j++) {
+                sum += x_qs[g * 16 + j];
+            }
+            x_sums16[g] = (float)sum;
+        }
+        for (; r + 2 <= rows; r += 2) {
+            rows2_q2_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums16, superblocks);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q2_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* Q5_0 and Q5_1 read in place, four rows at once. Byte j of a block's qs holds the nibbles of
+ * values j and j + 16, whose fifth bits are bits j and j + 16 of qh; interleaved once per block and
+ * row (bit j to 2j, bit j + 16 to 2j + 1: q5_pair_bits, through a 512-byte table), the two bits of byte j sit side by side,
+ * and one shift and one andi put them beside the byte as bits 8 and 9: the index of both 5-bit
+ * quants in Q5_K's tables (q5k_quants). So a byte's two multiply-adds cost lbu, slli, andi, or, add,
+ * two lbu, two mul and two add, the interleaved bits stepping on by one srli every four bytes, and
+ * each activation quant is loaded once for the four rows. The sum is over the stored quants
+ * (0..31): Q5_1's own, so isum; Q5_0's take 16 off, 16 times the activation sum. The term is
+ * kernel_unpacked_term's, (float)isum * (d * x_d) [+ (float)xsum * (m * x_d) for Q5_1], the
+ * activation sums made once per call, and block b goes to partial b % 8: the scalar kernel's bits. */
+/* spread8[v]: bit i of v at bit 2i (a byte's bits interleaved with zeros). */
+#define SPREAD8_ROW(o) (o), (o) + 1, (o) + 4, (o) + 5, (o) + 16, (o) + 17, (o) + 20, (o) + 21, (o) + 64, (o) + 65, \
+    (o) + 68, (o) + 69, (o) + 80, (o) + 81, (o) + 84, (o) + 85
+static const uint16_t spread8[256] = {
+    SPREAD8_ROW(0 << 8),  SPREAD8_ROW(1 << 8),  SPREAD8_ROW(4 << 8),  SPREAD8_ROW(5 << 8),
+    SPREAD8_ROW(16 << 8), SPREAD8_ROW(17 << 8), SPREAD8_ROW(20 << 8), SPREAD8_ROW(21 << 8),
+    SPREAD8_ROW(64 << 8), SPREAD8_ROW(65 << 8), SPREAD8_ROW(68 << 8), SPREAD8_ROW(69 << 8),
+    SPREAD8_ROW(80 << 8), SPREAD8_ROW(81 << 8), SPREAD8_ROW(84 << 8), SPREAD8_ROW(85 << 8),
+};
+
+/* A Q5_0 or Q5_1 block's qh (bit l: value l's fifth bit) with bits j (0..15) at 2j and j + 16 at
+ * 2j + 1. */
+static inline uint32_t q5_pair_bits(const uint8_t *qh)
+{
+    const uint32_t low = spread8[qh[0]] | (uint32_t)spread8[qh[1]] << 16;
+    const uint32_t high = spread8[qh[2]] | (uint32_t)spread8[qh[3]] << 16;
+    return low | high << 1;
+}
+
+#define Q5_ROW(r, j)                                                                 \
+    do {                                                                             \
+        const uint8_t *t = q5k_quants + (p##r[j] | ((z##r << (8 - 2 * (j))) & 0x300)); \
+        s##r += t[0] * xj + t[1024] * yj;                                            \
+    } while (0)
+
+#define Q5_MAC4(j)                                                                   \
+    do {                                                                             \
+        const int32_t xj = x[j], yj = x[(j) + KERNEL_QK / 2];                        \
+        Q5_ROW(0, j);                                                                \
+        Q5_ROW(1, j);                                                                \
+        Q5_ROW(2, j);                                                                \
+        Q5_ROW(3, j);                                                                \
+    } while (0)
+
+/* block_bytes: Q5_0's 22 (d, qh, qs) or Q5_1's 24 (d, m, qh, qs). */
+static inline __attribute__((always_inline)) void rows4_q5(float *out, const uint8_t *w, int row_bytes,
+                                                           const int8_t *x_qs, const float *x_d,
+                                                           const int32_t *x_sums, int nb, int block_bytes)
+{
+    const int affine = block_bytes == KERNEL_Q5_1_BYTES, qh = affine ? 4 : 2;
+    float part[4][KERNEL_PARTIALS];
+    for (int r = 0; r < 4; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (int64_t)b * block_bytes;
+        const uint8_t *p0 = blk + qh + 4, *p1 = p0 + row_bytes, *p2 = p1 + row_bytes, *p3 = p2 + row_bytes;
+        uint32_t z0 = q5_pair_bits(p0 - 4), z1 = q5_pair_bits(p1 - 4);
+        uint32_t z2 = q5_pair_bits(p2 - 4), z3 = q5_pair_bits(p3 - 4);
+        const int8_t *x = x_qs + b * KERNEL_QK;
+        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int j = 0; j < KERNEL_QK / 2; j += 4) {
+            Q5_MAC4(0);
+            Q5_MAC4(1);
+            Q5_MAC4(2);
+            Q5_MAC4(3);
+            p0 += 4, p1 += 4, p2 += 4, p3 += 4, x += 4;
+            z0 >>= 8, z1 >>= 8, z2 >>= 8, z3 >>= 8;
+        }
+        const float xd = x_d[b];
+        const int32_t isum[4] = {s0, s1, s2, s3};
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *rblk = blk + (int64_t)r * row_bytes;
+            float term;
+            if (affine) {
+                term = (float)isum[r] * (kernel_half_at(rblk) * xd) + (float)x_sums[b] * (kernel_half_at(rblk + 2) * xd);
+            } else {
+                term = (float)(isum[r] - 16 * x_sums[b]) * (kernel_half_at(rblk) * xd);
+            }
+            part[r][b % KERNEL_PARTIALS] = part[r][b % KERNEL_PARTIALS] + term;
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        out[r] = kernel_sum_partials(part[r]);
+    }
+}
+
+__attribute__((noinline)) static void rows4_q5_0(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const int32_t *x_sums, int nb)
+{
+    rows4_q5(out, w, row_bytes, x_qs, x_d, x_sums, nb, KERNEL_Q5_0_BYTES);
+}
+
+__attribute__((noinline)) static void rows4_q5_1(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                 const float *x_d, const int32_t *x_sums, int nb)
+{
+    rows4_q5(out, w, row_bytes, x_qs, x_d, x_sums, nb, KERNEL_Q5_1_BYTES);
 }
 
 void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
@@ -1354,11 +1720,185 @@ void kernel_matvec_q5_0(float *out, const uint8_t *w, const int8_t *x_qs, const 
     if (nb <= XS_BLOCKS) {
         int32_t x_sums[XS_BLOCKS];
         activation_sums(x_sums, x_qs, nb);
-        for (; r + 2 <= rows; r += 2) {
-            rows2_q5_0(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, nb);
+        for (; r + 4 <= rows; r += 4) {
+            rows4_q5_0(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, nb);
         }
     }
     if (r < rows) {
         kernel_scalar_matvec_q5_0(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+void kernel_matvec_q5_1(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK;
+    const int row_bytes = nb * KERNEL_Q5_1_BYTES;
+    int r = 0;
+    if (nb <= XS_BLOCKS) {
+        int32_t x_sums[XS_BLOCKS];
+        activation_sums(x_sums, x_qs, nb);
+        for (; r + 4 <= rows; r += 4) {
+            rows4_q5_1(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, nb);
+        }
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_q5_1(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+/* The table types (IQ4_NL, IQ4_XS, MXFP4) read in place, four rows at once: a 32-value block's
+ * 16 bytes hold values l (low nibble) and l + 16 (high), each nibble an index into the type's
+ * sixteen int8 values (kernel_iq4_values). The lookups go through 512-byte tables indexed by the
+ * whole byte, the low nibble's value at [byte] and the high one's at [256 + byte], so a byte costs
+ * lbu, one add of the table's address and two lb, then mul and add per value (no andi, no shift),
+ * the two activation quants loaded once for the four rows. One scale covers the block (IQ4_XS's
+ * sub-block), so each row keeps one sum; the term (float)isum * (scale * x_d) with the type's
+ * scale as its unpack computes it, and partial b % 8: the scalar kernel's bits. */
+#define NIBBLE_TABLES(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)                                  \
+    {                                                                                                 \
+        NIBBLE_X16(NIBBLE_LIST(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)),                       \
+        NIBBLE_X16(a), NIBBLE_X16(b), NIBBLE_X16(c), NIBBLE_X16(d), NIBBLE_X16(e), NIBBLE_X16(f),      \
+        NIBBLE_X16(g), NIBBLE_X16(h), NIBBLE_X16(i), NIBBLE_X16(j), NIBBLE_X16(k), NIBBLE_X16(l),      \
+        NIBBLE_X16(m), NIBBLE_X16(n), NIBBLE_X16(o), NIBBLE_X16(p)                                    \
+    }
+#define NIBBLE_LIST(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p) a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p
+
+/* kernel_iq4nl_values and kernel_mxfp4_values (kernels.h), spread over the bytes. */
+static const int8_t iq4nl_bytes[512] = NIBBLE_TABLES(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
+                                                     69, 89, 113);
+static const int8_t mxfp4_bytes[512] = NIBBLE_TABLES(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+
+#define TABLE4_ROW(r, l)                                                             \
+    do {                                                                             \
+        const int8_t *t = table + p##r[l];                                           \
+        s##r += t[0] * xl + t[256] * yl;                                             \
+    } while (0)
+
+#define TABLE4_MAC4(l)                                                               \
+    do {                                                                             \
+        const int32_t xl = x[l], yl = x[(l) + 16];                                   \
+        TABLE4_ROW(0, l);                                                            \
+        TABLE4_ROW(1, l);                                                            \
+        TABLE4_ROW(2, l);                                                            \
+        TABLE4_ROW(3, l);                                                            \
+    } while (0)
+
+/* The scales' parts as kernel_iq4_nl_unpack, kernel_iq4_xs_unpack and kernel_mxfp4_unpack make
+ * them: the binary16 d (IQ4_XS's sub-block j then takes d * (float)(ls_j - 32)) or 2^(e - 128). */
+static inline float half_base(const uint8_t *blk)
+{
+    return kernel_half_at(blk);
+}
+
+static inline int iq4_xs_ls(const uint8_t *blk, int j)
+{
+    const int scales_h = blk[2] | blk[3] << 8;
+    return (((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
+static inline float e8m0_base(const uint8_t *blk)
+{
+    return kernel_e8m0_half(blk[0]);
+}
+
+/* per: 32-value blocks a stored block (1, or IQ4_XS's 8), block j of which has its 16 bytes at
+ * qs + 16 * j; base_of(stored block) is its scale (IQ4_XS's d, widened once for its 8 blocks and
+ * times (float)(ls_j - 32) for block j). The compiler sees per, so each type's pass has only its
+ * own branch. */
+static inline __attribute__((always_inline)) void rows4_table4(float *out, const uint8_t *w, int row_bytes,
+                                                               const int8_t *x_qs, const float *x_d, int nb,
+                                                               const int8_t *table, int per, int block_bytes, int qs,
+                                                               float (*base_of)(const uint8_t *))
+{
+    float part[4][KERNEL_PARTIALS];
+    for (int r = 0; r < 4; r++) {
+        for (int k = 0; k < KERNEL_PARTIALS; k++) {
+            part[r][k] = -0.0f;
+        }
+    }
+    for (int sb = 0; sb < nb / per; sb++) {
+        const uint8_t *blk = w + (int64_t)sb * block_bytes;
+        float base[4];
+        for (int r = 0; r < 4 && per > 1; r++) {
+            base[r] = base_of(blk + (int64_t)r * row_bytes);
+        }
+        for (int j = 0; j < per; j++) {
+            const int b = sb * per + j;
+            const uint8_t *p0 = blk + qs + 16 * j, *p1 = p0 + row_bytes, *p2 = p1 + row_bytes, *p3 = p2 + row_bytes;
+            const int8_t *x = x_qs + b * KERNEL_QK;
+            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            for (int l = 0; l < 16; l += 4) {
+                TABLE4_MAC4(0);
+                TABLE4_MAC4(1);
+                TABLE4_MAC4(2);
+                TABLE4_MAC4(3);
+                p0 += 4, p1 += 4, p2 += 4, p3 += 4, x += 4;
+            }
+            const float xd = x_d[b];
+            const int32_t isum[4] = {s0, s1, s2, s3};
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *rblk = blk + (int64_t)r * row_bytes;
+                const float scale = per == 1 ? base_of(rblk) : base[r] * (float)iq4_xs_ls(rblk, j);
+                const float term = (float)isum[r] * (scale * xd);
+                part[r][b % KERNEL_PARTIALS] = part[r][b % KERNEL_PARTIALS] + term;
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        out[r] = kernel_sum_partials(part[r]);
+    }
+}
+
+__attribute__((noinline)) static void rows4_iq4_nl(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                   const float *x_d, int nb)
+{
+    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, iq4nl_bytes, 1, KERNEL_IQ4_NL_BYTES, 2, half_base);
+}
+
+__attribute__((noinline)) static void rows4_iq4_xs(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                   const float *x_d, int nb)
+{
+    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, iq4nl_bytes, 8, KERNEL_IQ4_XS_BYTES, 8, half_base);
+}
+
+__attribute__((noinline)) static void rows4_mxfp4(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
+                                                  const float *x_d, int nb)
+{
+    rows4_table4(out, w, row_bytes, x_qs, x_d, nb, mxfp4_bytes, 1, KERNEL_MXFP4_BYTES, 1, e8m0_base);
+}
+
+void kernel_matvec_iq4_nl(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK, row_bytes = nb * KERNEL_IQ4_NL_BYTES;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        rows4_iq4_nl(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, nb);
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_iq4_nl(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+void kernel_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK, row_bytes = cols / KERNEL_IQ4_XS_VALUES * KERNEL_IQ4_XS_BYTES;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        rows4_iq4_xs(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, nb);
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_iq4_xs(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
+void kernel_matvec_mxfp4(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK, row_bytes = nb * KERNEL_MXFP4_BYTES;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        rows4_mxfp4(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, nb);
+    }
+    if (r < rows) {
+        kernel_scalar_matvec_mxfp4(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
     }
 }

@@ -161,7 +161,7 @@ def llama_bench(
     cmd = [bins / "llama-bench", "-m", gguf, "-p", prompt, "-n", gen, "-t", threads, *extra, "-o", "json"]
     if repack != "auto":
         done = run([*cmd, "--repack", repack], capture_output=True, text=True)
-        return float(json.loads(done.stdout)[0]["avg_ts"])
+        return fastest(json.loads(done.stdout), prompt, gen)
     try:
         done = run(cmd, capture_output=True, text=True)
     except subprocess.CalledProcessError as e:
@@ -169,7 +169,19 @@ def llama_bench(
             raise
         NOTES.add(f"llama-bench -p {prompt} -n {gen} died with SIGILL (AMX) and was run with --repack 0")
         done = run([*cmd, "--repack", "0"], capture_output=True, text=True)
-    return float(json.loads(done.stdout)[0]["avg_ts"])
+    return fastest(json.loads(done.stdout), prompt, gen)
+
+
+def fastest(tests: list[dict], prompt: int, gen: int) -> float:
+    """The fastest of the configurations one llama-bench call measured (several with `-fa 0,1`),
+    the table's notes saying which flash-attention setting that was."""
+    best = max(tests, key=lambda t: t["avg_ts"])
+    if len(tests) > 1:
+        NOTES.add(
+            f"llama-bench -p {prompt} -n {gen}: the faster of flash attention on and off, each round "
+            f"(this round's: {'on' if best.get('flash_attn') else 'off'})"
+        )
+    return float(best["avg_ts"])
 
 
 def colibri_bench(
@@ -325,8 +337,10 @@ def bench_long_context(bins: Path, model: Path, gguf: Path, n: int, rounds: int,
     ctx = 1 << (n + LONG_DECODE).bit_length()  # a power of two with room for the prompt and the decode
     for r in range(rounds):
         log(f"round {r + 1}/{rounds}")
-        rows["pp"][0].append(llama_bench(bins, gguf, 1, n, 0, repack, ("-r", "3")))
-        rows["tg"][0].append(llama_bench(bins, gguf, 1, 0, LONG_DECODE, repack, ("-d", n, "-r", "3")))
+        # llama-bench's default, flash attention "auto", turns it on here, which decodes at 1,536
+        # positions at 2/3 of the speed it has off: both are measured, the faster one counts
+        rows["pp"][0].append(llama_bench(bins, gguf, 1, n, 0, repack, ("-r", "3", "-fa", "0,1")))
+        rows["tg"][0].append(llama_bench(bins, gguf, 1, 0, LONG_DECODE, repack, ("-d", n, "-r", "3", "-fa", "0,1")))
         c = colibri_bench(model, "q8_0", 1, n, LONG_DECODE, ctx, 3, ("--kv-type", "f16"))
         rows["pp"][1].append(c["prefill_tok_s"])
         rows["tg"][1].append(c["decode_tok_s"])

@@ -4,6 +4,7 @@
  *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | kernel_softmax N | rmsnorm N EPS
  *           rmsnorm_unscaled N EPS | quantize N
  *           swiglu_clamped N ALPHA LIMIT (gate, then up) | softmax_sink N SINK
+ *           kernel_softmax_rows N ROWS STRIDE (ROWS rows of N values, STRIDE floats apart)
  *           matvec_f32 ROWS COLS | matvec_q8_0 ROWS COLS | matvec_q4_0 ROWS COLS | matvec_q4_1 ROWS COLS
  *           matmul_f32 TOKENS ROWS COLS | matmul_q8_0 | matmul_q4_0 | matmul_q4_1 TOKENS ROWS COLS
  *           (output: token-major; weight scales and q4_1 minimums are binary16; q4_1 weights:
@@ -207,6 +208,11 @@ int main(int argc, char **argv)
         float *x = read_exact(n * sizeof(float));
         kernel_softmax(x, n);
         write_all(x, n * sizeof(float));
+    } else if (strcmp(op, "kernel_softmax_rows") == 0) { /* a KV head's query heads together */
+        int rows = atoi(argv[3]), stride = atoi(argv[4]);
+        float *x = read_exact((size_t)rows * stride * sizeof(float));
+        kernel_softmax_rows(x, stride, rows, n);
+        write_all(x, (size_t)rows * stride * sizeof(float));
     } else if (strcmp(op, "rmsnorm") == 0) {
         float eps = strtof(argv[3], NULL);
         float *x = read_exact(n * sizeof(float));

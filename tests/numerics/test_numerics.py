@@ -124,6 +124,29 @@ def test_attention_softmax_kernel_is_op_softmax(harness, n):
     assert_same_bits(got, c_floats(harness, ["softmax", n], f32_bytes(x), n))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("n", [1, 7, 8, 17, 1537])
+def test_softmax_of_a_kv_heads_query_heads_together_is_op_softmax_row_by_row(harness, rows, n):
+    """kernel_softmax_rows (attention's: the sums of a group's rows interleaved, the maximum eight
+    lanes at a time) gives each row op_softmax's bits, and leaves what lies between the rows: rows
+    whose maximum is a zero of either sign, a NaN first or further on, exp below -87."""
+    stride = n + 3
+    x = rng.normal(0, 30, (rows, stride)).astype(np.float32)
+    x[:, :: max(1, n // 5)] = np.float32(-200.0)
+    if rows > 1:
+        x[1, :n] = -np.abs(x[1, :n])
+        x[1, n // 2] = np.float32(-0.0)
+        x[1, n - 1] = np.float32(0.0)
+    if rows > 2:
+        x[2, n // 2] = np.float32("nan")
+    if rows > 3:
+        x[3, 0] = np.float32("nan")
+    got = c_floats(harness, ["kernel_softmax_rows", n, rows, stride], f32_bytes(x), rows * stride).reshape(rows, stride)
+    for r in range(rows):
+        assert_same_bits(got[r, :n], numerics.softmax(x[r, :n]))
+        assert_same_bits(got[r, n:], x[r, n:])
+
+
 def test_log_and_softplus_match_and_are_accurate(harness):
     x = np.concatenate(
         [np.geomspace(1e-30, 1e30, 4001, dtype=np.float32), np.array([1.0, 2.0, 1.4142135, 1.4142137], np.float32)]

@@ -1142,6 +1142,51 @@ static inline __attribute__((always_inline)) void q4_k_scales(const uint8_t *blk
     }
 }
 
+/* Run i of superblock s (sub-blocks 2i and 2i + 1) in four rows of a Q4_K or Q5_K pass: each
+ * sub-block's integer sum made into kernel_unpacked_term's affine term, d * sc times the sum plus
+ * the activation sum times -(dmin * m), and added to partial j of its row. */
+__attribute__((always_inline)) static inline void k_run_terms4(float part[4][KERNEL_PARTIALS], const int32_t isum[2][4],
+                                                               const float scale[4][8], const float offset[4][8],
+                                                               const float *x_d, const float *x_sums, int s, int i)
+{
+    for (int h = 0; h < 2; h++) {
+        const int j = 2 * i + h, b = s * 8 + j;
+        const float xd = x_d[b], xsum = x_sums[b];
+        for (int r = 0; r < 4; r++) {
+            const float term = (float)isum[h][r] * (scale[r][j] * xd);
+            part[r][j] = part[r][j] + (term + xsum * (offset[r][j] * xd));
+        }
+    }
+}
+
+/* A Q4_K or Q5_K matvec: its four-row pass over every group of four rows, the activation sums made
+ * once; the last one to three rows, or rows too long for x_sums, take the scalar kernel. */
+typedef void KRowsPass4(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs, const float *x_d,
+                        const float *x_sums, int superblocks);
+typedef void KMatvec(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
+
+static void k_matvec_rows4(KRowsPass4 *pass, KMatvec *scalar, int block_bytes, float *out, const uint8_t *w,
+                           const int8_t *x_qs, const float *x_d, int rows, int cols)
+{
+    const int nb = cols / KERNEL_QK, superblocks = cols / KERNEL_Q4_K_VALUES; /* Q5_K: 256 too */
+    const int row_bytes = superblocks * block_bytes;
+    int r = 0;
+    if (nb <= XS_BLOCKS) {
+        int32_t sums[XS_BLOCKS];
+        float x_sums[XS_BLOCKS]; /* exact: |sum| < 2^12 */
+        activation_sums(sums, x_qs, nb);
+        for (int b = 0; b < nb; b++) {
+            x_sums[b] = (float)sums[b];
+        }
+        for (; r + 4 <= rows; r += 4) {
+            pass(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, superblocks);
+        }
+    }
+    if (r < rows) {
+        scalar(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
+    }
+}
+
 __attribute__((noinline)) static void rows4_q4_k(float *out, const uint8_t *w, int row_bytes, const int8_t *x_qs,
                                                  const float *x_d, const float *x_sums, int superblocks)
 {
@@ -1169,14 +1214,7 @@ __attribute__((noinline)) static void rows4_q4_k(float *out, const uint8_t *w, i
                 q0 += 4, q1 += 4, q2 += 4, q3 += 4, x += 4, y += 4;
             }
             const int32_t isum[2][4] = {{lo0, lo1, lo2, lo3}, {hi0, hi1, hi2, hi3}};
-            for (int h = 0; h < 2; h++) {
-                const int j = 2 * i + h, b = s * 8 + j;
-                const float xd = x_d[b], xsum = x_sums[b];
-                for (int r = 0; r < 4; r++) {
-                    const float term = (float)isum[h][r] * (scale[r][j] * xd); /* kernel_unpacked_term's */
-                    part[r][j] = part[r][j] + (term + xsum * (offset[r][j] * xd));
-                }
-            }
+            k_run_terms4(part, isum, scale, offset, x_d, x_sums, s, i);
         }
     }
     for (int r = 0; r < 4; r++) {
@@ -1186,24 +1224,7 @@ __attribute__((noinline)) static void rows4_q4_k(float *out, const uint8_t *w, i
 
 void kernel_matvec_q4_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    const int nb = cols / KERNEL_QK, superblocks = cols / KERNEL_Q4_K_VALUES;
-    const int row_bytes = superblocks * KERNEL_Q4_K_BYTES;
-    int r = 0;
-    if (nb <= XS_BLOCKS) {
-        int32_t sums[XS_BLOCKS];
-        float x_sums[XS_BLOCKS]; /* exact: |sum| < 2^12 */
-        activation_sums(sums, x_qs, nb);
-        for (int b = 0; b < nb; b++) {
-            x_sums[b] = (float)sums[b];
-        }
-        for (; r + 4 <= rows; r += 4) {
-            rows4_q4_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, superblocks);
-        }
-    }
-    /* the last one to three rows, or rows too long for x_sums: the scalar kernel */
-    if (r < rows) {
-        kernel_scalar_matvec_q4_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
-    }
+    k_matvec_rows4(rows4_q4_k, kernel_scalar_matvec_q4_k, KERNEL_Q4_K_BYTES, out, w, x_qs, x_d, rows, cols);
 }
 
 /* Q6_K read in place, two rows at once. Each half of a superblock holds four runs of 32 values: run
@@ -1368,14 +1389,7 @@ __attribute__((noinline)) static void rows4_q5_k(float *out, const uint8_t *w, i
                 q0 += 4, q1 += 4, q2 += 4, q3 += 4, x += 4, y += 4;
             }
             const int32_t isum[2][4] = {{lo0, lo1, lo2, lo3}, {hi0, hi1, hi2, hi3}};
-            for (int h = 0; h < 2; h++) {
-                const int j = 2 * i + h, b = s * 8 + j;
-                const float xd = x_d[b], xsum = x_sums[b];
-                for (int r = 0; r < 4; r++) {
-                    const float term = (float)isum[h][r] * (scale[r][j] * xd);
-                    part[r][j] = part[r][j] + (term + xsum * (offset[r][j] * xd));
-                }
-            }
+            k_run_terms4(part, isum, scale, offset, x_d, x_sums, s, i);
         }
     }
     for (int r = 0; r < 4; r++) {
@@ -1385,23 +1399,7 @@ __attribute__((noinline)) static void rows4_q5_k(float *out, const uint8_t *w, i
 
 void kernel_matvec_q5_k(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
-    const int nb = cols / KERNEL_QK, superblocks = cols / KERNEL_Q5_K_VALUES;
-    const int row_bytes = superblocks * KERNEL_Q5_K_BYTES;
-    int r = 0;
-    if (nb <= XS_BLOCKS) {
-        int32_t sums[XS_BLOCKS];
-        float x_sums[XS_BLOCKS]; /* exact: |sum| < 2^12 */
-        activation_sums(sums, x_qs, nb);
-        for (int b = 0; b < nb; b++) {
-            x_sums[b] = (float)sums[b];
-        }
-        for (; r + 4 <= rows; r += 4) {
-            rows4_q5_k(out + r, w + (int64_t)r * row_bytes, row_bytes, x_qs, x_d, x_sums, superblocks);
-        }
-    }
-    if (r < rows) {
-        kernel_scalar_matvec_q5_k(out + r, w + (int64_t)r * row_bytes, x_qs, x_d, rows - r, cols);
-    }
+    k_matvec_rows4(rows4_q5_k, kernel_scalar_matvec_q5_k, KERNEL_Q5_K_BYTES, out, w, x_qs, x_d, rows, cols);
 }
 
 /* Q3_K read in place, two rows at once. A half (sub-blocks 4h..4h + 3) of a superblock is one run

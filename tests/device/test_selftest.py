@@ -46,8 +46,9 @@ def test_host_firmware_passes_its_selftest_and_fails_on_a_damaged_image(builder,
     good = run_on_board(board, art.program, art.weights, SELFTEST, art.model_hash())
     assert good.selftest is not None and good.selftest.passed, good.selftest
     # f32 and q8_0 products (one token, batched), activation quantization (quants, scales), SwiGLU,
-    # attention scores and mix; and both products of every other block type the model uses.
-    assert int(good.selftest.fields["kernels_checked"]) == 9 + 2 * sum(checked_types(plan).values())
+    # attention scores and mix, over a float32 tile and over a binary16 one read in place; and both
+    # products of every other block type the model uses.
+    assert int(good.selftest.fields["kernels_checked"]) == 11 + 2 * sum(checked_types(plan).values())
     assert good.selftest.fields["steps"] == str(board.selftest.steps)
     assert good.stop_reason == "selftest" and good.tokens == []
 
@@ -86,6 +87,6 @@ def test_every_kernel_matches_the_scalar_one_and_a_decode_that_differs_names_the
     result = run_on_board(board, art.program, art.weights, SELFTEST, art.model_hash())
     test = result.selftest
     assert test is not None and "kernel_failed" not in test.fields
-    assert test.fields["kernels_checked"] == str(9 + 2 * len(CHECKABLE))
+    assert test.fields["kernels_checked"] == str(11 + 2 * len(CHECKABLE))
     assert not test.passed and test.fields["step"] == "2" and test.fields["logits"] == "differ"
     assert "golden decode step 2" in test.line() and "logits SHA-256 differs" in test.line()

@@ -431,143 +431,43 @@ static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4, const KernelHalf *
     matvec_q4_rows(out, w_q4, w_d, NULL, x_qs, x_d, rows, cols, 0);
 }
 
-/* Batched (prefill): one weight row against eight tokens at a time, one float lane per token. A
- * token's eight partials are eight vectors (part[k] lane i = token i's partial k), so the combine
- * is seven vertical adds in order and each lane is exactly the matvec kernel's tree. */
-#define TILE_ROWS 32
+/* Batched (prefill), q8_0, q4_0 and q4_1, for eight tokens and more: no horizontal sums at all. The
+ * activations of up to LANE_TOKENS tokens are transposed once per call so that one vector holds
+ * the same four values of a block for each of eight tokens (lane t: token t's values 4k .. 4k + 3 of
+ * the block); a row's four weights 4k .. 4k + 3 are broadcast to every lane, and the eight k of a
+ * block accumulate into lane t: token t's whole block sum, exact, in one lane. Four rows share each
+ * activation vector. The rows of a tile are prepared once for every token that passes over it:
+ *   without AVX-VNNI, q8_0: |w| (maddubs' unsigned operand; the activations take w's sign from the
+ *     row itself), four products a step, madd to int32;
+ *   without AVX-VNNI, q4_0 and q4_1: the nibble q (q4_0's value q - 8); a block's eight steps of
+ *     pair sums stay int16 (8 * 2 * 15 * 127 = 30480), one madd a block; q4_0 takes 8 * sum(x)
+ *     off, q4_1's term takes sum(x) as its xsum (kernel_q4_1_term);
+ *   with it: vpdpbusd on u = w + 128 (q8_0) or q, 128 (q8_0) or 8 (q4_0) times sum(x) taken off.
+ * Each lane then follows the reduction tree exactly as the matvec kernel does, so the bits are the
+ * same. It replaced one weight row at a time against eight tokens' lanes, whose block sums took
+ * seven hadds per eight blocks and token: 1,536 x 576 weights x 64 tokens, one thread, alternating
+ * builds, q8_0 22-35 -> 34-45 G multiply-adds a second, q4_0 20-28 -> 39-72, q4_1 20-27 -> 38-69. */
+#define LANE_TOKENS 64 /* tokens per pass; longer batches take several */
+enum lane_kind { LANE_Q8_0, LANE_Q4_0, LANE_Q4_1 };
+#define LANE_TILE_BYTES 16384 /* prepared weights of a row tile, kept in L1 while every token passes */
+/* the largest tile: LANE_TILE_BYTES, or four rows when they are longer */
+#define LANE_TILE_MAX (4 * MAX_BLOCKS * KERNEL_QK > LANE_TILE_BYTES ? 4 * MAX_BLOCKS * KERNEL_QK : LANE_TILE_BYTES)
 
-/* The 32 int8 values of weight block b of a row: q8_0 quants as they are, or q4_0 nibbles as the
- * values quant - 8 (low nibbles are values 0..15, high nibbles 16..31). */
-static inline __m256i weight_block(const uint8_t *row, int b, int q4)
-{
-    if (!q4) {
-        return _mm256_loadu_si256((const __m256i *)(row + b * KERNEL_QK));
-    }
-    const __m128i packed = _mm_loadu_si128((const __m128i *)(row + b * (KERNEL_QK / 2)));
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    return _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4)),
-                           _mm256_set1_epi8(8));
-}
-
-/* The eight tokens' sums of one weight block, as one vector (lane i = token i). |w| is computed
- * once for all eight. */
-__attribute__((always_inline)) static inline __m256i token_block_sums(__m256i wv, const int8_t *const x[8], int o)
-{
-    const __m256i wabs = _mm256_sign_epi8(wv, wv);
-    __m256i p[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x[i] + o));
-        p[i] = dot_u8s8(wabs, _mm256_sign_epi8(xv, wv), 0);
-    }
-    return block_sums8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
-}
-
-/* The batched kernel without AVX-VNNI (the one with it is matmul_vnni below): q8_0 or q4_0
- * weights, the flag being a constant in each caller. */
-__attribute__((always_inline)) static inline void
-matmul_rows(float *out, int out_stride, const uint8_t *w, int q4, const KernelHalf *w_d, const int8_t *x_qs,
-            const float *x_d, int n_tok, int rows, int cols)
-{
-    const int nb = cols / KERNEL_QK;
-    const int row_bytes = q4 ? cols / 2 : cols;
-    float token_scales[MAX_BLOCKS * 8];
-    float wd[MAX_BLOCKS]; /* the row's scales widened: nb / 8 conversions against 8 * nb block products */
-    /* Tiles of TILE_ROWS rows: every group of eight tokens passes over a tile while it sits in L1,
-     * so each weight comes from memory once per batch, not once per group. */
-    for (int r0 = 0; r0 < rows; r0 += TILE_ROWS) {
-        const int r1 = rows - r0 < TILE_ROWS ? rows : r0 + TILE_ROWS;
-        for (int t0 = 0; t0 < n_tok; t0 += 8) {
-            const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
-            /* Missing tokens of a short last group repeat the group's first token; their lanes
-             * are computed and dropped. */
-            const int8_t *x[8];
-            for (int i = 0; i < 8; i++) {
-                const int t = t0 + (i < n ? i : 0);
-                x[i] = x_qs + (int64_t)t * cols;
-                for (int b = 0; b < nb; b++) {
-                    token_scales[b * 8 + i] = x_d[(int64_t)t * nb + b];
-                }
-            }
-            for (int r = r0; r < r1; r++) {
-                const uint8_t *wq = w + (int64_t)r * row_bytes;
-                widen_halves(wd, w_d + (int64_t)r * nb, nb);
-                /* Blocks go eight at a time, block b + k to part[k], every index a constant once
-                 * unrolled: with part[b % 8] GCC keeps the partials in memory, and the adds then
-                 * wait on stores (a fifth of the prefill's time at 1,536 tokens). */
-                __m256 part[8];
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    part[k] = _mm256_set1_ps(-0.0f);
-                }
-                for (int b0 = 0; b0 < nb; b0 += 8) {
-#pragma GCC unroll 8
-                    for (int k = 0; k < 8; k++) {
-                        const int b = b0 + k;
-                        if (b < nb) {
-                            const __m256i wv = weight_block(wq, b, q4);
-                            const __m256 scales =
-                                _mm256_mul_ps(_mm256_set1_ps(wd[b]), _mm256_loadu_ps(token_scales + b * 8));
-                            const __m256 terms =
-                                _mm256_mul_ps(_mm256_cvtepi32_ps(token_block_sums(wv, x, b * KERNEL_QK)), scales);
-                            part[k] = _mm256_add_ps(part[k], terms);
-                        }
-                    }
-                }
-                __m256 sum = part[0];
-#pragma GCC unroll 8
-                for (int k = 1; k < 8; k++) {
-                    sum = _mm256_add_ps(sum, part[k]);
-                }
-                float lanes[8];
-                _mm256_storeu_ps(lanes, sum);
-                for (int i = 0; i < n; i++) {
-                    out[(int64_t)(t0 + i) * out_stride + r] = lanes[i];
-                }
-            }
-        }
-    }
-}
-
-static void matmul_q8_0_avx2(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs,
-                             const float *x_d, int n_tok, int rows, int cols)
-{
-    matmul_rows(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
-}
-
-static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
-                             const float *x_d, int n_tok, int rows, int cols)
-{
-    matmul_rows(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
-}
-
-/* Batched (prefill) with AVX-VNNI: no horizontal sums at all. The activations of eight tokens are
- * transposed once per call so that one vector holds the same four values of a block for each of
- * the eight tokens (lane t: token t's values 4k .. 4k + 3 of the block); the row's four weights
- * 4k .. 4k + 3 are broadcast to every lane, and vpdpbusd accumulates the eight k of a block into
- * lane t: token t's whole block sum, exact, in one lane. Weights enter as unsigned bytes u = w + 128
- * (q8_0) or the nibble q (q4_0, value q - 8), and bias * sum(x) of the block is taken off the
- * lane: an exact integer identity. Four rows share each activation vector. Each lane then follows
- * the reduction tree exactly as the matvec kernel does, so the bits are the same. */
-#define VNNI_TOKENS 64 /* tokens per pass; longer batches take several */
-#define VNNI_TILE_BYTES 16384 /* unsigned weights of a row tile, kept in L1 while every token passes */
-/* the largest tile: VNNI_TILE_BYTES, or four rows when they are longer */
-#define VNNI_TILE_MAX (4 * MAX_BLOCKS * KERNEL_QK > VNNI_TILE_BYTES ? 4 * MAX_BLOCKS * KERNEL_QK : VNNI_TILE_BYTES)
-
-struct vnni_batch {
-    int8_t xt[VNNI_TOKENS * MAX_BLOCKS * KERNEL_QK]; /* group g, block b, k: 8 tokens x 4 values */
-    float scales[VNNI_TOKENS * MAX_BLOCKS];           /* group g, block b: 8 tokens' x_d */
-    int32_t bias_sums[VNNI_TOKENS * MAX_BLOCKS];      /* group g, block b: 8 tokens' bias * sum(x) */
-    uint8_t u[VNNI_TILE_MAX];
-    float wd[VNNI_TILE_MAX / KERNEL_QK]; /* the tile's weight scales widened, once for every token */
+struct lane_batch {
+    int8_t xt[LANE_TOKENS * MAX_BLOCKS * KERNEL_QK]; /* group g, block b, k: 8 tokens x 4 values */
+    float scales[LANE_TOKENS * MAX_BLOCKS];           /* group g, block b: 8 tokens' x_d */
+    int32_t bias_sums[LANE_TOKENS * MAX_BLOCKS];      /* group g, block b: 8 tokens' bias * sum(x) */
+    uint8_t u[LANE_TILE_MAX];
+    float wd[LANE_TILE_MAX / KERNEL_QK]; /* the tile's weight scales widened, once for every token */
+    float wm[LANE_TILE_MAX / KERNEL_QK]; /* and q4_1's minimums */
 };
 
 /* One per thread: each thread of the pool runs the kernel on its own rows. */
-static _Thread_local struct vnni_batch vnni_batch;
+static _Thread_local struct lane_batch lane_batch;
 
 /* Tokens t0 .. t0 + nt - 1 in the transposed layout; a short last group repeats its first token
  * (lanes computed and dropped). */
-static void vnni_prepare_tokens(struct vnni_batch *bt, const int8_t *x_qs, const float *x_d, int t0, int nt, int nb,
+static void lane_prepare_tokens(struct lane_batch *bt, const int8_t *x_qs, const float *x_d, int t0, int nt, int nb,
                                 int bias)
 {
     const int cols = nb * KERNEL_QK;
@@ -592,15 +492,18 @@ static void vnni_prepare_tokens(struct vnni_batch *bt, const int8_t *x_qs, const
     }
 }
 
-/* Rows r .. r + n - 1 as unsigned bytes in value order: q8_0 w + 128, q4_0 the nibbles. */
-static void vnni_prepare_rows(uint8_t *restrict u, const uint8_t *restrict w, int q4, int r, int n, int cols)
+/* Rows r .. r + n - 1 as unsigned bytes in value order: q8_0 |w| (w + 128 with VNNI), q4_0 the
+ * nibbles. */
+static void lane_prepare_rows(uint8_t *restrict u, const uint8_t *restrict w, enum lane_kind kind, int vnni, int r, int n,
+                              int cols)
 {
     const int64_t blocks = (int64_t)n * cols / KERNEL_QK;
-    if (!q4) {
+    if (kind == LANE_Q8_0) {
         const uint8_t *src = w + (int64_t)r * cols;
         for (int64_t blk = 0; blk < blocks; blk++) { /* two's complement w + 128: the sign bit flipped */
             const __m256i v = _mm256_loadu_si256((const __m256i *)(src + blk * 32));
-            _mm256_storeu_si256((__m256i *)(u + blk * 32), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
+            const __m256i prepared = vnni ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : _mm256_sign_epi8(v, v);
+            _mm256_storeu_si256((__m256i *)(u + blk * 32), prepared);
         }
         return;
     }
@@ -620,10 +523,33 @@ __attribute__((always_inline)) static inline __m256i bcast4(const uint8_t *p)
     return _mm256_set1_epi32(v);
 }
 
-/* R (1 or 4) rows of the tile against one group of eight tokens. */
+/* Step k of a block for one row: acc + the products of the row's four prepared weights at u (its
+ * signed q8_0 quants at w) with the eight tokens' four values xv. q4_0 without VNNI accumulates
+ * int16 pair sums (madd once a block, in lane_block_sum). */
+__attribute__((always_inline)) static inline __m256i lane_step(__m256i acc, const uint8_t *u, const uint8_t *w,
+                                                               __m256i xv, enum lane_kind kind, int vnni)
+{
+    if (vnni) {
+        return vpdpbusd(acc, bcast4(u), xv);
+    }
+    if (kind != LANE_Q8_0) {
+        return _mm256_add_epi16(acc, _mm256_maddubs_epi16(bcast4(u), xv));
+    }
+    const __m256i signed_x = _mm256_sign_epi8(xv, bcast4(w));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(bcast4(u), signed_x), _mm256_set1_epi16(1)));
+}
+
+__attribute__((always_inline)) static inline __m256i lane_block_sum(__m256i acc, enum lane_kind kind, int vnni)
+{
+    return kind != LANE_Q8_0 && !vnni ? _mm256_madd_epi16(acc, _mm256_set1_epi16(1)) : acc;
+}
+
+/* R (1 or 4) rows of the tile against one group of eight tokens; w: the first row's q8_0 quants
+ * as the file holds them (read for their signs without VNNI). */
 __attribute__((always_inline)) static inline void
-vnni_rows(float *out, int out_stride, int n_valid, const uint8_t *u, int cols, const float *wd, int nb,
-          const int8_t *xt, const float *scales, const int32_t *bias_sums, int R)
+lane_rows(float *out, int out_stride, int n_valid, const uint8_t *u, const uint8_t *w, int cols, const float *wd,
+          const float *wm, int nb, const int8_t *xt, const float *scales, const int32_t *bias_sums, int R,
+          enum lane_kind kind, int vnni)
 {
     __m256 part[4][8];
     for (int i = 0; i < R; i++) {
@@ -632,30 +558,34 @@ vnni_rows(float *out, int out_stride, int n_valid, const uint8_t *u, int cols, c
         }
     }
     for (int b = 0; b < nb; b++) {
-        const uint8_t *ub = u + b * KERNEL_QK;
+        const uint8_t *ub = u + b * KERNEL_QK, *wb = w + b * KERNEL_QK;
         const int8_t *xb = xt + (int64_t)b * 8 * 32;
         __m256i acc[4];
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0; /* named: kept in registers */
-#pragma GCC unroll 8
+        /* two steps a turn: unrolled eight, GCC reassociated the sums into trees whose products
+         * went through the stack (q8_0 at 2/3 of the speed) */
+#pragma GCC unroll 2
         for (int k = 0; k < 8; k++) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 32 * k));
-            a0 = vpdpbusd(a0, bcast4(ub + 4 * k), xv);
+            a0 = lane_step(a0, ub + 4 * k, wb + 4 * k, xv, kind, vnni);
             if (R == 4) {
-                a1 = vpdpbusd(a1, bcast4(ub + cols + 4 * k), xv);
-                a2 = vpdpbusd(a2, bcast4(ub + 2 * cols + 4 * k), xv);
-                a3 = vpdpbusd(a3, bcast4(ub + 3 * cols + 4 * k), xv);
+                a1 = lane_step(a1, ub + cols + 4 * k, wb + cols + 4 * k, xv, kind, vnni);
+                a2 = lane_step(a2, ub + 2 * cols + 4 * k, wb + 2 * cols + 4 * k, xv, kind, vnni);
+                a3 = lane_step(a3, ub + 3 * cols + 4 * k, wb + 3 * cols + 4 * k, xv, kind, vnni);
             }
         }
-        acc[0] = a0;
-        acc[1] = a1;
-        acc[2] = a2;
-        acc[3] = a3;
+        acc[0] = lane_block_sum(a0, kind, vnni);
+        acc[1] = lane_block_sum(a1, kind, vnni);
+        acc[2] = lane_block_sum(a2, kind, vnni);
+        acc[3] = lane_block_sum(a3, kind, vnni);
         const __m256i bias = _mm256_loadu_si256((const __m256i *)(bias_sums + b * 8));
         const __m256 xs = _mm256_loadu_ps(scales + b * 8);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            const __m256 terms = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i], bias)),
-                                               _mm256_mul_ps(_mm256_set1_ps(wd[(int64_t)i * nb + b]), xs));
+            const __m256 d = _mm256_set1_ps(wd[(int64_t)i * nb + b]);
+            const __m256 terms =
+                kind == LANE_Q4_1 ? q4_1_terms(acc[i], bias, d, _mm256_set1_ps(wm[(int64_t)i * nb + b]), xs)
+                                  : _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i], bias)), _mm256_mul_ps(d, xs));
             part[i][b % 8] = _mm256_add_ps(part[i][b % 8], terms);
         }
     }
@@ -672,23 +602,30 @@ vnni_rows(float *out, int out_stride, int n_valid, const uint8_t *u, int cols, c
     }
 }
 
-static void matmul_vnni(float *out, int out_stride, const uint8_t *w, int q4, const KernelHalf *w_d, const int8_t *x_qs,
-                        const float *x_d, int n_tok, int rows, int cols)
+/* w_m: q4_1's minimums (NULL for the others). */
+__attribute__((always_inline)) static inline void matmul_lanes(float *out, int out_stride, const uint8_t *w,
+                                                               enum lane_kind kind, int vnni, const KernelHalf *w_d,
+                                                               const KernelHalf *w_m, const int8_t *x_qs,
+                                                               const float *x_d, int n_tok, int rows, int cols)
 {
-    struct vnni_batch *bt = &vnni_batch;
+    struct lane_batch *bt = &lane_batch;
     const int nb = cols / KERNEL_QK;
-    int tile = VNNI_TILE_BYTES / cols / 4 * 4;
+    const int row_bytes = kind == LANE_Q8_0 ? cols : cols / 2;
+    const int bias = kind == LANE_Q4_0 ? 8 : kind == LANE_Q4_1 ? 1 : vnni ? 128 : 0; /* q4_1: its xsum */
+    int tile = LANE_TILE_BYTES / cols / 4 * 4;
     tile = tile < 4 ? 4 : tile;
-    for (int t0 = 0; t0 < n_tok; t0 += VNNI_TOKENS) {
-        const int nt = n_tok - t0 < VNNI_TOKENS ? n_tok - t0 : VNNI_TOKENS;
-        vnni_prepare_tokens(bt, x_qs, x_d, t0, nt, nb, q4 ? 8 : 128);
+    for (int t0 = 0; t0 < n_tok; t0 += LANE_TOKENS) {
+        const int nt = n_tok - t0 < LANE_TOKENS ? n_tok - t0 : LANE_TOKENS;
+        lane_prepare_tokens(bt, x_qs, x_d, t0, nt, nb, bias);
         for (int r0 = 0; r0 < rows; r0 += tile) {
             const int nr = rows - r0 < tile ? rows - r0 : tile;
-            vnni_prepare_rows(bt->u, w, q4, r0, nr, cols);
+            lane_prepare_rows(bt->u, w, kind, vnni, r0, nr, cols);
             widen_halves(bt->wd, w_d + (int64_t)r0 * nb, nr * nb);
+            if (kind == LANE_Q4_1) {
+                widen_halves(bt->wm, w_m + (int64_t)r0 * nb, nr * nb);
+            }
             /* The next tile's weights are asked for into L2 a slice per token group while this
              * tile is computed: otherwise preparing it would wait on memory for all of them. */
-            const int row_bytes = q4 ? cols / 2 : cols;
             const int next_rows = rows - r0 - nr < tile ? rows - r0 - nr : tile;
             const uint8_t *next = w + (int64_t)(r0 + nr) * row_bytes;
             const int64_t next_bytes = (int64_t)next_rows * row_bytes;
@@ -700,18 +637,45 @@ static void matmul_vnni(float *out, int out_stride, const uint8_t *w, int q4, co
                 }
                 const int64_t gb = (int64_t)g * nb;
                 float *o = out + (int64_t)(t0 + 8 * g) * out_stride + r0;
+                const uint8_t *wr = w + (int64_t)r0 * row_bytes; /* the signs: q8_0 without VNNI only */
                 int r = 0;
                 for (; r + 4 <= nr; r += 4) {
-                    vnni_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, cols, bt->wd + (int64_t)r * nb,
-                              nb, bt->xt + gb * 8 * 32, bt->scales + gb * 8, bt->bias_sums + gb * 8, 4);
+                    lane_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, wr + (int64_t)r * cols, cols,
+                              bt->wd + (int64_t)r * nb, bt->wm + (int64_t)r * nb, nb, bt->xt + gb * 8 * 32,
+                              bt->scales + gb * 8, bt->bias_sums + gb * 8, 4, kind, vnni);
                 }
                 for (; r < nr; r++) {
-                    vnni_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, cols, bt->wd + (int64_t)r * nb,
-                              nb, bt->xt + gb * 8 * 32, bt->scales + gb * 8, bt->bias_sums + gb * 8, 1);
+                    lane_rows(o + r, out_stride, n_valid, bt->u + (int64_t)r * cols, wr + (int64_t)r * cols, cols,
+                              bt->wd + (int64_t)r * nb, bt->wm + (int64_t)r * nb, nb, bt->xt + gb * 8 * 32,
+                              bt->scales + gb * 8, bt->bias_sums + gb * 8, 1, kind, vnni);
                 }
             }
         }
     }
+}
+
+static void matmul_q8_0_avx2(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs,
+                             const float *x_d, int n_tok, int rows, int cols)
+{
+    matmul_lanes(out, out_stride, (const uint8_t *)w_qs, LANE_Q8_0, 0, w_d, NULL, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matmul_q8_0_vnni(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs,
+                             const float *x_d, int n_tok, int rows, int cols)
+{
+    matmul_lanes(out, out_stride, (const uint8_t *)w_qs, LANE_Q8_0, 1, w_d, NULL, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
+                             const float *x_d, int n_tok, int rows, int cols)
+{
+    matmul_lanes(out, out_stride, w_q4, LANE_Q4_0, 0, w_d, NULL, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matmul_q4_0_vnni(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
+                             const float *x_d, int n_tok, int rows, int cols)
+{
+    matmul_lanes(out, out_stride, w_q4, LANE_Q4_0, 1, w_d, NULL, x_qs, x_d, n_tok, rows, cols);
 }
 
 /* q4_1 products. The quants are unsigned (0..15), which is what maddubs (and vpdpbusd) take as
@@ -719,44 +683,13 @@ static void matmul_vnni(float *out, int out_stride, const uint8_t *w, int q4, co
  * in magnitude, well inside int16, and madd widens them to int32, so isum is exact without the
  * sign trick of q8_0. The minimum's part needs xsum, the sum of each activation block's 32 quants,
  * which does not depend on the row: it is computed once per call, for all the rows (decoding:
- * q4_prepare's sums; batched: Q4_1_XSUM_BLOCKS int32s on the stack; rows of up to 16384 values,
+ * q4_prepare's sums; batched: the lanes kernel's per-token sums above; rows of up to 16384 values,
  * longer rows take the scalar kernel). The terms are kernel_q4_1_term's operations, eight blocks
  * (or eight tokens) per vector, on the binary16 scales and minimums widened by F16C, and they go
  * to the partials of the reduction tree (kernels.h) lane by lane. Decoding reads the nibbles as
  * q4_0's kernel does, two blocks per load, with a row's partials in vector lanes: 1.3-2.1 times
  * the decode speed of one block per load with its terms added block by block (SmolLM2-135M
  * shape, one thread, four alternating runs of each build). */
-#define Q4_1_XSUM_BLOCKS MAX_BLOCKS
-
-/* The 32 quants of q4_1 block b of a row as unsigned bytes: low nibbles are values 0..15, high
- * nibbles 16..31. */
-static inline __m256i q4_1_block(const uint8_t *row, int b)
-{
-    const __m128i packed = _mm_loadu_si128((const __m128i *)(row + b * (KERNEL_QK / 2)));
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
-}
-
-/* The 32 products of unsigned quants wv with the activations at x, as 8 int32 partial sums. */
-static inline __m256i q4_1_products(__m256i wv, const int8_t *x)
-{
-    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), _mm256_set1_epi16(1));
-}
-
-/* xs[b] = the sum of activation block b's 32 quants (exact int32), for nb blocks. */
-static void q4_1_x_sums(int32_t *xs, const int8_t *x_qs, int nb)
-{
-    const __m256i ones = _mm256_set1_epi8(1);
-    for (int b = 0; b < nb; b++) {
-        const __m256i v = q4_1_products(ones, x_qs + b * KERNEL_QK);
-        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        s = _mm_hadd_epi32(s, s);
-        s = _mm_hadd_epi32(s, s);
-        xs[b] = _mm_cvtsi128_si32(s);
-    }
-}
-
 static void matvec_q4_1_vnni(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
                              const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
@@ -950,77 +883,10 @@ static void matmul_short_q4_1(float *out, int out_stride, const uint8_t *w_q4, c
     }
 }
 
-/* Batched q4_1: one weight row against eight tokens at a time, one float lane per token, as
- * matmul_avx2 does for q8_0 and q4_0. Each lane is its (row, token) sum built with the matvec
- * kernel's terms; lane-wise, these are kernel_q4_1_sum_add and kernel_q4_1_sum_end (kernels.h):
- * eight partials per lane, block b's term into partial b % 8, then the partials added in order. */
-static inline void q4_1_lanes_add(__m256 partial[KERNEL_PARTIALS], int b, __m256 terms)
-{
-    partial[b % KERNEL_PARTIALS] = _mm256_add_ps(partial[b % KERNEL_PARTIALS], terms);
-}
-
-static inline __m256 q4_1_lanes_end(const __m256 partial[KERNEL_PARTIALS])
-{
-    __m256 acc = partial[0];
-    for (int k = 1; k < KERNEL_PARTIALS; k++) {
-        acc = _mm256_add_ps(acc, partial[k]);
-    }
-    return acc;
-}
-
 static void matmul_q4_1_avx2(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
                              const KernelHalf *w_m, const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
-    const int nb = cols / KERNEL_QK;
-    float token_scales[MAX_BLOCKS * 8];
-    float wd[MAX_BLOCKS], wm[MAX_BLOCKS]; /* the row's scales and minimums widened, as matmul_rows does */
-    int32_t token_xsums[MAX_BLOCKS * 8];
-    int32_t xs[MAX_BLOCKS];
-    for (int r0 = 0; r0 < rows; r0 += TILE_ROWS) {
-        const int r1 = rows - r0 < TILE_ROWS ? rows : r0 + TILE_ROWS;
-        for (int t0 = 0; t0 < n_tok; t0 += 8) {
-            const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
-            /* Missing tokens of a short last group repeat the group's first token; their lanes
-             * are computed and dropped. */
-            const int8_t *x[8];
-            for (int i = 0; i < 8; i++) {
-                const int t = t0 + (i < n ? i : 0);
-                x[i] = x_qs + (int64_t)t * cols;
-                q4_1_x_sums(xs, x[i], nb);
-                for (int b = 0; b < nb; b++) {
-                    token_scales[b * 8 + i] = x_d[(int64_t)t * nb + b];
-                    token_xsums[b * 8 + i] = xs[b];
-                }
-            }
-            for (int r = r0; r < r1; r++) {
-                const uint8_t *wq = w_q4 + (int64_t)r * (cols / 2);
-                widen_halves(wd, w_d + (int64_t)r * nb, nb);
-                widen_halves(wm, w_m + (int64_t)r * nb, nb);
-                __m256 partial[KERNEL_PARTIALS];
-                for (int k = 0; k < KERNEL_PARTIALS; k++) {
-                    partial[k] = _mm256_set1_ps(-0.0f);
-                }
-                for (int b = 0; b < nb; b++) {
-                    const __m256i wv = q4_1_block(wq, b);
-                    __m256i p[8];
-#pragma GCC unroll 8
-                    for (int i = 0; i < 8; i++) {
-                        p[i] = q4_1_products(wv, x[i] + b * KERNEL_QK);
-                    }
-                    const __m256i isum = block_sums8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
-                    const __m256 terms = q4_1_terms(isum, _mm256_loadu_si256((const __m256i *)(token_xsums + b * 8)),
-                                                    _mm256_set1_ps(wd[b]), _mm256_set1_ps(wm[b]),
-                                                    _mm256_loadu_ps(token_scales + b * 8));
-                    q4_1_lanes_add(partial, b, terms);
-                }
-                float lanes[8];
-                _mm256_storeu_ps(lanes, q4_1_lanes_end(partial));
-                for (int i = 0; i < n; i++) {
-                    out[(int64_t)(t0 + i) * out_stride + r] = lanes[i];
-                }
-            }
-        }
-    }
+    matmul_lanes(out, out_stride, w_q4, LANE_Q4_1, 0, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
 }
 
 /* f32 products. A row's sum is one chain of dependent float32 additions in column order
@@ -1702,7 +1568,7 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const Ke
     } else if (n_tok < MATMUL_LANES_FROM) {
         kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matmul_vnni(out, out_stride, (const uint8_t *)w_qs, 0, w_d, x_qs, x_d, n_tok, rows, cols);
+        matmul_q8_0_vnni(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q8_0_avx2(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     } else {
@@ -1720,7 +1586,7 @@ void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const K
     } else if (n_tok < MATMUL_LANES_FROM) {
         kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matmul_vnni(out, out_stride, w_q4, 1, w_d, x_qs, x_d, n_tok, rows, cols);
+        matmul_q4_0_vnni(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q4_0_avx2(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
     } else {

@@ -165,6 +165,8 @@ static void over_tiles(const AttentionJob *j, int g, int in_keys)
         const float *rows = direct    ? NULL
                             : in_keys ? kv_rows(colibri_key_cache, KEY_SCALES, geo, slot, count, g, tile)
                                       : kv_rows(colibri_value_cache, VALUE_SCALES, geo, slot, count, g, tile);
+        KernelQueryRange seen[COLIBRI_ATTENTION_BLOCK]; /* the block's tokens that score this tile */
+        int n_seen = 0;
         for (int a = 0; a < j->n; a++) {
             const int32_t p = j->pos + a;
             const int32_t start = first_seen(p, window);
@@ -177,15 +179,16 @@ static void over_tiles(const AttentionJob *j, int g, int in_keys)
             const int64_t head = (int64_t)a * geo->q_dim + (int64_t)g * group * hd;
             if (direct) {
                 in_place(geo, in_keys, g, slot + (lo - t0), att, j->q + head, j->out + head, hi - lo + 1, tile);
-                continue;
-            }
-            const float *from = rows + (int64_t)(lo - t0) * stride;
-            if (in_keys) {
-                kernel_attention_scores(att, COLIBRI_N_CTX, j->q + head, hd, group, from, stride, hi - lo + 1, hd,
-                                        COLIBRI_ATTN_SCALE);
+            } else if (in_keys) {
+                seen[n_seen++] = (KernelQueryRange){att, j->q + head, lo - t0, hi - lo + 1};
             } else {
-                kernel_attention_mix(j->out + head, hd, att, COLIBRI_N_CTX, group, from, stride, hi - lo + 1, hd);
+                kernel_attention_mix(j->out + head, hd, att, COLIBRI_N_CTX, group, rows + (int64_t)(lo - t0) * stride,
+                                     stride, hi - lo + 1, hd);
             }
+        }
+        if (n_seen > 0) { /* all of them at once: a set may rearrange the tile once for the block */
+            kernel_attention_scores_tokens(seen, n_seen, COLIBRI_N_CTX, hd, group, rows, stride, count, hd,
+                                           COLIBRI_ATTN_SCALE);
         }
         t0 += count;
     }

@@ -16,6 +16,9 @@
  *           rng SEED COUNT | sample N COUNT TEMPERATURE TOP_K TOP_P MIN_P SEED
  *           attention N N_Q STRIDE HEAD_DIM SCALE  (N key and value rows of STRIDE floats, N_Q queries, their
  *           weights, the sums the mix continues; output: the N_Q x N scores, then the N_Q x HEAD_DIM sums)
+ *           attention_tokens N N_Q STRIDE HEAD_DIM SCALE TOKENS  (N key rows of STRIDE floats; per token
+ *           its first position and count as int32 pairs, then its N_Q queries of HEAD_DIM; output: per
+ *           token N_Q rows of N scores, -7 where the token sees no position)
  *           kv_f16 N | kv_q8_0 N  (N floats as the KV cache stores them, and read back)
  */
 #include <stdio.h>
@@ -345,6 +348,25 @@ int main(int argc, char **argv)
         kernel_attention_mix_f16(out, head_dim, p, n, n_q, values, stride, n, head_dim, tile, tile_rows);
         write_all(att, (size_t)n_q * n * sizeof(float));
         write_all(out, (size_t)n_q * head_dim * sizeof(float));
+    } else if (strcmp(op, "attention_tokens") == 0) {
+        /* a block of query tokens against one tile, each its own range of positions */
+        int n_q = atoi(argv[3]), stride = atoi(argv[4]), head_dim = atoi(argv[5]), n_tok = atoi(argv[7]);
+        float scale = strtof(argv[6], NULL);
+        float *keys = read_exact((size_t)n * stride * sizeof(float));
+        int32_t *ranges = read_exact((size_t)n_tok * 2 * sizeof(int32_t));
+        float *q = read_exact((size_t)n_tok * n_q * head_dim * sizeof(float));
+        float *att = malloc((size_t)n_tok * n_q * n * sizeof(float));
+        KernelQueryRange *tokens = malloc((size_t)n_tok * sizeof(KernelQueryRange));
+        for (int i = 0; i < n_tok * n_q * n; i++) {
+            att[i] = -7.0f;
+        }
+        for (int t = 0; t < n_tok; t++) {
+            const int first = ranges[2 * t], count = ranges[2 * t + 1];
+            tokens[t] = (KernelQueryRange){att + (size_t)t * n_q * n + first, q + (size_t)t * n_q * head_dim, first,
+                                           count};
+        }
+        kernel_attention_scores_tokens(tokens, n_tok, n, head_dim, n_q, keys, stride, n, head_dim, scale);
+        write_all(att, (size_t)n_tok * n_q * n * sizeof(float));
     } else if (strcmp(op, "kv_f16") == 0) {
         /* N floats rounded as an f16 KV cache writes them: the binary16 bits, then widened */
         float *x = read_exact((size_t)n * sizeof(float));

@@ -543,6 +543,43 @@ def test_attention_tile_scores_and_mix_keep_each_sum_in_order(harness, n, n_q, s
 
 
 @pytest.mark.parametrize(
+    "n,n_q,stride,head_dim,ranges",
+    [
+        # a whole tile of 64 for every token, three heads (SmolLM2's group): 16 positions a pass
+        (64, 3, 64, 64, [(0, 64)] * 4),
+        # a prompt block on the diagonal: each token sees one more position than the one before
+        (64, 3, 192, 64, [(0, c) for c in range(49, 65)]),
+        # sliding windows: later first positions, counts that leave 1-7 and 8-15 positions over
+        (40, 4, 48, 48, [(3, 37), (9, 31), (17, 9), (39, 1)]),
+        (37, 2, 32, 32, [(0, 37), (5, 32), (1, 35)]),  # two heads: 32 positions a pass
+        (64, 9, 128, 128, [(0, 64), (63, 1)]),  # more heads than one pass takes
+        (13, 1, 24, 24, [(0, 13), (2, 11)]),  # a head width that is not a multiple of eight
+        (64, 3, 64, 64, [(0, 64)]),  # one token: the per-token kernel
+    ],
+)
+def test_a_block_of_query_tokens_scores_a_tile_as_each_token_alone(harness, n, n_q, stride, head_dim, ranges):
+    """kernel_attention_scores_tokens gives every token of a prompt block the scores it would get
+    alone, q_a . k_i summed over j in order, whatever the set does with the tile (AVX2 transposes it
+    once for the block), and writes nothing outside each token's positions."""
+    keys = rng.normal(0, 1, (n, stride)).astype(np.float32)
+    keys[1, :2] = [np.float32(-0.0), np.float32(3e-39)]  # a signed zero, a subnormal
+    q = rng.normal(0, 1, (len(ranges), n_q, head_dim)).astype(np.float32)
+    scale = np.float32(1 / np.sqrt(head_dim))
+    raw = run_harness(
+        harness,
+        ["attention_tokens", n, n_q, stride, head_dim, float.hex(float(scale)), len(ranges)],
+        f32_bytes(keys) + np.array(ranges, "<i4").tobytes() + f32_bytes(q),
+    )
+    got = np.frombuffer(raw, "<f4").reshape(len(ranges), n_q, n)
+    for t, (first, count) in enumerate(ranges):
+        seen = keys[first : first + count, :head_dim]
+        want = numerics.dot(seen[None, :, :], q[t][:, None, :], axis=2) * scale
+        assert_same_bits(got[t][:, first : first + count].reshape(-1), want.reshape(-1))
+        outside = np.concatenate([got[t][:, :first], got[t][:, first + count :]], axis=1)
+        assert np.all(outside == np.float32(-7.0)), f"token {t} wrote outside its positions"
+
+
+@pytest.mark.parametrize(
     "n,n_q,stride,head_dim,tile_rows,large",
     [
         (72, 4, 16, 16, 64, False),  # the default model's group: four heads, four positions at a time

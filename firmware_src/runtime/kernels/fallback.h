@@ -412,6 +412,28 @@ void kernel_attention_scores(float *att, int att_stride, const float *q, int q_s
 }
 #endif
 
+/* A block's tokens one after the other through kernel_attention_scores: kernels.h's definition of
+ * kernel_attention_scores_tokens, and a set's own way out. */
+static inline void fallback_scores_token_by_token(const KernelQueryRange *tokens, int n_tok, int att_stride,
+                                                  int q_stride, int n_q, const float *keys, int stride, int head_dim,
+                                                  float scale)
+{
+    for (int t = 0; t < n_tok; t++) {
+        const KernelQueryRange *r = &tokens[t];
+        kernel_attention_scores(r->att, att_stride, r->q, q_stride, n_q, keys + (int64_t)r->first * stride, stride,
+                                r->count, head_dim, scale);
+    }
+}
+
+#ifndef KERNEL_HAS_ATTENTION_SCORES_TOKENS
+void kernel_attention_scores_tokens(const KernelQueryRange *tokens, int n_tok, int att_stride, int q_stride, int n_q,
+                                    const float *keys, int stride, int n, int head_dim, float scale)
+{
+    (void)n;
+    fallback_scores_token_by_token(tokens, n_tok, att_stride, q_stride, n_q, keys, stride, head_dim, scale);
+}
+#endif
+
 #ifndef KERNEL_HAS_ATTENTION_MIX
 /* The weighted sum with its head_dim sums in local variables (registers, for a small head),
  * continuing from what out holds. */

@@ -451,6 +451,20 @@ void kernel_attention_scores(float *att, int att_stride, const float *q, int q_s
                              int stride, int n, int head_dim, float scale);
 void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stride, int n_q, const float *values,
                           int stride, int n, int head_dim);
+/* One query token of a block (a prompt's tokens attend together) against a tile: its n_q query
+ * heads (q_stride apart), the tile's positions first .. first + count - 1 it sees, and where the
+ * score of position first + i goes (att + a * att_stride + i). */
+typedef struct {
+    float *att;
+    const float *q;
+    int first;
+    int count;
+} KernelQueryRange;
+/* kernel_attention_scores for each of n_tok tokens against the same tile of n keys, bit for bit:
+ * a set may rearrange the tile once for all of them (AVX2 transposes it, so that no token's pass
+ * transposes it again); the sums are the same chains. */
+void kernel_attention_scores_tokens(const KernelQueryRange *tokens, int n_tok, int att_stride, int q_stride, int n_q,
+                                    const float *keys, int stride, int n, int head_dim, float scale);
 /* The same two over a binary16 cache read where it lies: keys (values) n rows of head_dim binary16
  * stride apart. The bits are those of kernel_widen_f16 into a tile and the float kernels above,
  * which is what a set without its own does (fallback.h): tile_rows rows at a time in `tile` (room

@@ -25,6 +25,7 @@
 #define KERNEL_HAS_QUANTIZE_Q8_0
 #define KERNEL_HAS_ATTENTION_SCORES
 #define KERNEL_HAS_ATTENTION_MIX
+#define KERNEL_HAS_ATTENTION_SCORES_TOKENS
 #define KERNEL_HAS_ATTENTION_F16
 #define KERNEL_HAS_WIDEN_F16
 #define KERNEL_HAS_SOFTMAX
@@ -1400,6 +1401,130 @@ static void attention_scores_f16_avx2(float *att, int att_stride, const float *q
     scores_avx2(att, att_stride, q, q_stride, n_q, keys, stride, n, head_dim, scale, 1);
 }
 
+/* A prompt block's tokens against one tile (kernel_attention_scores_tokens): the tile is transposed
+ * once into keys_t (row j = the tile's value j of every position, TOKENS_ROWS_MAX wide), then each
+ * token's scores read eight positions' value j as one vector: no transpose per token, and a column
+ * serves the token's m query heads for sixteen positions at a time (2m sums in registers). Lane p of
+ * a vector is position i + p's chain over j in order from -0.0f, the scalar kernel's. The
+ * per-token kernel above takes single tokens, head widths that are not a multiple of eight and
+ * tiles larger than the scratch. */
+#define TOKENS_ROWS_MAX 64
+#define TOKENS_HEAD_MAX 256
+
+static _Thread_local float keys_t[TOKENS_HEAD_MAX * TOKENS_ROWS_MAX];
+
+static void transpose_tile_avx2(float *kt, const float *keys, int stride, int n, int head_dim)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int j = 0; j < head_dim; j += 8) {
+            __m256 col[8];
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++) {
+                col[p] = _mm256_loadu_ps(keys + (int64_t)(i + p) * stride + j);
+            }
+            transpose8(col);
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                _mm256_storeu_ps(kt + (int64_t)(j + t) * TOKENS_ROWS_MAX + i, col[t]);
+            }
+        }
+    }
+    for (; i < n; i++) {
+        for (int j = 0; j < head_dim; j++) {
+            kt[(int64_t)j * TOKENS_ROWS_MAX + i] = keys[(int64_t)i * stride + j];
+        }
+    }
+}
+
+/* m <= 4 query heads' scores over positions i .. i + 8 * v_count - 1 of the transposed tile (kt at
+ * the token's first position): m * v_count sums in registers, each column load serving m heads. */
+__attribute__((always_inline)) static inline void scores_t_vectors(float *att, int att_stride, const float *q,
+                                                                   int q_stride, const int m, const float *kt, int i,
+                                                                   const int v_count, int head_dim, float scale)
+{
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int a = 0; a < m; a++) {
+#pragma GCC unroll 4
+        for (int v = 0; v < v_count; v++) {
+            acc[a][v] = _mm256_set1_ps(-0.0f);
+        }
+    }
+    for (int j = 0; j < head_dim; j++) {
+        __m256 col[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < v_count; v++) {
+            col[v] = _mm256_loadu_ps(kt + (int64_t)j * TOKENS_ROWS_MAX + i + 8 * v);
+        }
+#pragma GCC unroll 4
+        for (int a = 0; a < m; a++) {
+            const __m256 qa = _mm256_set1_ps(q[(int64_t)a * q_stride + j]);
+#pragma GCC unroll 4
+            for (int v = 0; v < v_count; v++) {
+                acc[a][v] = _mm256_add_ps(acc[a][v], _mm256_mul_ps(qa, col[v]));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int a = 0; a < m; a++) {
+#pragma GCC unroll 4
+        for (int v = 0; v < v_count; v++) {
+            _mm256_storeu_ps(att + (int64_t)a * att_stride + i + 8 * v, _mm256_mul_ps(acc[a][v], _mm256_set1_ps(scale)));
+        }
+    }
+}
+
+/* m <= 4 query heads' scores over count positions of the transposed tile: 32 positions a pass for
+ * one or two heads, 16 for more (at most eight sums in registers; a tile's 64 positions divide
+ * evenly), then eight at a time, then the last ones one chain at a time. */
+__attribute__((always_inline)) static inline void scores_t_heads(float *att, int att_stride, const float *q,
+                                                                 int q_stride, const int m, const float *kt, int count,
+                                                                 int head_dim, float scale)
+{
+    int i = 0;
+    if (m <= 2) {
+        for (; i + 32 <= count; i += 32) {
+            scores_t_vectors(att, att_stride, q, q_stride, m, kt, i, 4, head_dim, scale);
+        }
+    }
+    for (; i + 16 <= count; i += 16) {
+        scores_t_vectors(att, att_stride, q, q_stride, m, kt, i, 2, head_dim, scale);
+    }
+    for (; i + 8 <= count; i += 8) {
+        scores_t_vectors(att, att_stride, q, q_stride, m, kt, i, 1, head_dim, scale);
+    }
+    for (; i < count; i++) {
+        for (int a = 0; a < m; a++) {
+            float s = -0.0f;
+            for (int j = 0; j < head_dim; j++) {
+                s = s + q[(int64_t)a * q_stride + j] * kt[(int64_t)j * TOKENS_ROWS_MAX + i];
+            }
+            att[(int64_t)a * att_stride + i] = s * scale;
+        }
+    }
+}
+
+static void attention_scores_tokens_avx2(const KernelQueryRange *tokens, int n_tok, int att_stride, int q_stride,
+                                         int n_q, const float *keys, int stride, int n, int head_dim, float scale)
+{
+    transpose_tile_avx2(keys_t, keys, stride, n, head_dim);
+    for (int t = 0; t < n_tok; t++) {
+        const KernelQueryRange *r = &tokens[t];
+        for (int a0 = 0; a0 < n_q; a0 += 4) {
+            float *att = r->att + (int64_t)a0 * att_stride;
+            const float *q = r->q + (int64_t)a0 * q_stride;
+            const float *kt = keys_t + r->first;
+            switch (n_q - a0 < 4 ? n_q - a0 : 4) {
+            case 1: scores_t_heads(att, att_stride, q, q_stride, 1, kt, r->count, head_dim, scale); break;
+            case 2: scores_t_heads(att, att_stride, q, q_stride, 2, kt, r->count, head_dim, scale); break;
+            case 3: scores_t_heads(att, att_stride, q, q_stride, 3, kt, r->count, head_dim, scale); break;
+            default: scores_t_heads(att, att_stride, q, q_stride, 4, kt, r->count, head_dim, scale); break;
+            }
+        }
+    }
+}
+
 /* Value sums of m <= 4 query heads over positions 0 .. n - 1, dimensions j0 .. j0 + 15: each value
  * row's sixteen elements are loaded (and widened) once for all the heads of the group, which keeps
  * 2 * m sums in registers; lane j of each carries out[j]'s chain over the positions in order, from
@@ -1679,6 +1804,16 @@ void kernel_attention_scores(float *att, int att_stride, const float *q, int q_s
     } else {
         kernel_scalar_attention_scores(att, att_stride, q, q_stride, n_q, keys, stride, n, head_dim, scale);
     }
+}
+
+void kernel_attention_scores_tokens(const KernelQueryRange *tokens, int n_tok, int att_stride, int q_stride, int n_q,
+                                    const float *keys, int stride, int n, int head_dim, float scale)
+{
+    if (have_avx2_f16c() && n_tok >= 2 && n <= TOKENS_ROWS_MAX && head_dim <= TOKENS_HEAD_MAX && head_dim % 8 == 0) {
+        attention_scores_tokens_avx2(tokens, n_tok, att_stride, q_stride, n_q, keys, stride, n, head_dim, scale);
+        return;
+    }
+    fallback_scores_token_by_token(tokens, n_tok, att_stride, q_stride, n_q, keys, stride, head_dim, scale);
 }
 
 void kernel_attention_mix(float *out, int out_stride, const float *p, int p_stride, int n_q, const float *values,

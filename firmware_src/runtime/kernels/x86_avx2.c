@@ -467,28 +467,39 @@ struct lane_batch {
 static _Thread_local struct lane_batch lane_batch;
 
 /* Tokens t0 .. t0 + nt - 1 in the transposed layout; a short last group repeats its first token
- * (lanes computed and dropped). */
+ * (lanes computed and dropped). A block of eight tokens is an 8 x 8 matrix of 4-byte groups, so one
+ * transpose8 lays it out; each token's quant sum (exact in int32) is the byte pairs' sums of its
+ * lane, added over the eight steps. */
 static void lane_prepare_tokens(struct lane_batch *bt, const int8_t *x_qs, const float *x_d, int t0, int nt, int nb,
                                 int bias)
 {
     const int cols = nb * KERNEL_QK;
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int g = 0; g * 8 < nt; g++) {
+        const int8_t *x[8];
         for (int t = 0; t < 8; t++) {
             const int tok = t0 + 8 * g + (8 * g + t < nt ? t : 0);
-            const int8_t *x = x_qs + (int64_t)tok * cols;
+            x[t] = x_qs + (int64_t)tok * cols;
             for (int b = 0; b < nb; b++) {
-                const int64_t gb = (int64_t)g * nb + b;
-                int32_t s = 0;
-                for (int k = 0; k < 8; k++) {
-                    int8_t *dst = bt->xt + (gb * 8 + k) * 32 + t * 4;
-                    for (int i = 0; i < 4; i++) {
-                        dst[i] = x[b * KERNEL_QK + 4 * k + i];
-                        s += dst[i];
-                    }
-                }
-                bt->scales[gb * 8 + t] = x_d[(int64_t)tok * nb + b];
-                bt->bias_sums[gb * 8 + t] = bias * s;
+                bt->scales[((int64_t)g * nb + b) * 8 + t] = x_d[(int64_t)tok * nb + b];
             }
+        }
+        for (int b = 0; b < nb; b++) {
+            const int64_t gb = (int64_t)g * nb + b;
+            __m256 r[8];
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                r[t] = _mm256_loadu_ps((const float *)(x[t] + b * KERNEL_QK));
+            }
+            transpose8(r);
+            __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m256i step = _mm256_castps_si256(r[k]);
+                _mm256_storeu_si256((__m256i *)(bt->xt + (gb * 8 + k) * 32), step);
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, step), ones16));
+            }
+            _mm256_storeu_si256((__m256i *)(bt->bias_sums + gb * 8), _mm256_mullo_epi32(sum, _mm256_set1_epi32(bias)));
         }
     }
 }

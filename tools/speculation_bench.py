@@ -4,24 +4,33 @@ and on free text; the tokens must be the same, and the speedup, the acceptance a
 forward pass are printed.
 
     .venv/bin/python tools/speculation_bench.py [--model GGUF] [--speculate 7] [--rounds 3]
-        [--steps 256] [--threads 1]
+        [--repeat 1] [--steps 256] [--threads 1] [--task NAME ...]
 
 --model defaults to the SmolLM2-135M-Instruct Q4_1 file the tests fetch (tools/fetch_models.py).
-Each task is a chat turn in the model's ChatML format, decoded greedily with `./colibri run --json`
-on host; the figure is decode tok/s (every token after the first over the decode's wall time).
+Each task is a chat turn in the model's ChatML format, decoded greedily on host by the firmware
+`./colibri run --greedy --ctx 1024` builds (built once). The bits are checked once per task with
+every step's logits hashed, as `run --json` and `verify` do; the timed runs hash nothing, as a plain
+`run` does (hashing a 49,152-value row costs ~0.9 ms a token, more than a tenth of a token's time,
+and would be counted on both sides). The figure is decode tok/s (every token after the first over
+the decode's wall time); each round runs plain and speculative decoding `--repeat` times each,
+alternating, and takes each side's median.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from generator import job  # noqa: E402
+from generator.device.session import RunRequest  # noqa: E402
+from generator.verify import run_stats  # noqa: E402
+
 DEFAULT_MODEL = Path.home() / ".cache" / "colibri-test-models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 PARAGRAPH = (
@@ -70,37 +79,21 @@ def chat(user: str) -> str:
     return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def run(model: Path, prompt_file: Path, steps: int, speculate: int, threads: int, out: Path) -> dict:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "generator.cli",
-            "run",
-            "--model",
-            str(model),
-            "--prompt-file",
-            str(prompt_file),
-            "--greedy",
-            "--steps",
-            str(steps),
-            "--ctx",
-            "1024",
-            "--speculate",
-            str(speculate),
-            "--threads",
-            str(threads),
-            "--out",
-            str(out),
-            "--json",
-        ],  # fmt: skip
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"run failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout)
+def prepared_build(model: Path, prompt_file: Path, steps: int, speculate: int, threads: int, out: Path):
+    """The firmware `./colibri run --greedy --ctx 1024` builds for this model, built once."""
+    options = job.JobOptions(
+        model=model, prompt_file=prompt_file, steps=steps, greedy=True, ctx=1024, speculate=speculate,
+        threads=threads, out=out, quiet=True,
+    )  # fmt: skip
+    prepared = job.prepare_run(options)
+    return prepared, job.build(prepared)
+
+
+def decode(prepared, built, prompt: list[int], steps: int, speculate: int, threads: int, digests: bool):
+    """One greedy decode of the prompt; digests: every step's logits hashed (the bits' check)."""
+    request = RunRequest(prompt, steps, prepared.sampling, True, threads, digests=digests, speculate=speculate)
+    result = job.run_turn(prepared, built, request)
+    return result, run_stats(result, prepared.board, request)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,27 +101,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--speculate", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each side in a round; its median is the round's")
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--task", action="append", choices=sorted(TASKS), help="only these tasks (repeatable)")
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "colibri-speculation")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    prompt_file = args.out / "prompt.txt"
+    prompt_file.write_text(chat(TASKS["free text"]))
+    prepared, built = prepared_build(
+        args.model, prompt_file, args.steps, args.speculate, args.threads, args.out / "build"
+    )
     rows = []
-    for task, user in TASKS.items():
-        prompt_file = args.out / "prompt.txt"
-        prompt_file.write_text(chat(user))
-        plain, fast, spec = [], [], None
+    for task in args.task or list(TASKS):
+        prompt = prepared.tokenizer.encode(chat(TASKS[task]))
+        a, _ = decode(prepared, built, prompt, args.steps, 0, args.threads, digests=True)
+        b, checked = decode(prepared, built, prompt, args.steps, args.speculate, args.threads, digests=True)
+        if a.tokens != b.tokens or a.digests != b.digests:
+            raise SystemExit(f"{task}: speculative decoding changed the tokens or logits")
+        spec = checked.to_json()["speculation"]
+        plain, fast = [], []
         for r in range(args.rounds):
-            a = run(args.model, prompt_file, args.steps, 0, args.threads, args.out / "build")
-            b = run(args.model, prompt_file, args.steps, args.speculate, args.threads, args.out / "build")
-            if a["tokens"] != b["tokens"] or a["logits_sha256"] != b["logits_sha256"]:
-                raise SystemExit(f"{task}: speculative decoding changed the tokens or logits")
-            plain.append(a["stats"]["decode_tok_s"])
-            fast.append(b["stats"]["decode_tok_s"])
-            spec = b["stats"]["speculation"]
+            runs: dict[int, list[float]] = {0: [], args.speculate: []}
+            for _ in range(args.repeat):
+                for k in runs:
+                    result, stats = decode(prepared, built, prompt, args.steps, k, args.threads, digests=False)
+                    if result.tokens != a.tokens:
+                        raise SystemExit(f"{task}: a timed run decoded other tokens")
+                    runs[k].append(stats.decode_tok_s)
+            plain.append(statistics.median(runs[0]))
+            fast.append(statistics.median(runs[args.speculate]))
             print(f"{task}, round {r + 1}: plain {plain[-1]:.1f}, speculative {fast[-1]:.1f} tok/s", flush=True)
         ratios = [f / p for f, p in zip(fast, plain)]
-        rows.append((task, len(a["tokens"]), plain, fast, ratios, spec))
+        rows.append((task, len(a.tokens), plain, fast, ratios, spec))
     print()
     print("| task | tokens | plain tok/s | speculative tok/s | ratio, round by round | acceptance | tokens per pass |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -100,6 +100,35 @@ __attribute__((always_inline)) static inline __m256i dot_block_signed(__m256i v,
     return dot_u8s8(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v), 0);
 }
 
+/* u (unsigned bytes <= 31) times x: 16 int16 lanes, each the sum of two products (lanes 0-7 values
+ * 0-15, lanes 8-15 values 16-31); none saturates (2 * 31 * 128 = 7936). */
+__attribute__((always_inline)) static inline __m256i pairs_block(__m256i u, const int8_t *x)
+{
+    return _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)x));
+}
+
+/* Signed values v (|v| <= 31, MXFP4's table) times x, as pairs_block's: |v| unsigned, x taking v's sign. */
+__attribute__((always_inline)) static inline __m256i pairs_block_signed(__m256i v, const int8_t *x)
+{
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v));
+}
+
+/* Eight blocks' pair sums totalled: lane i of the result is the sum of p[i]'s 16 int16 lanes. The
+ * first two steps add in int16, which stays exact for bytes <= 31: a sum of eight products is at
+ * most 8 * 31 * 128 = 31744 in size. Two horizontal steps fewer than widening each block to int32
+ * first (block_sums8), and integer adds: the same sums in any order. */
+__attribute__((always_inline)) static inline __m256i pair_sums8(const __m256i p[8])
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i q0123 = _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
+    const __m256i q4567 = _mm256_hadd_epi16(_mm256_hadd_epi16(p[4], p[5]), _mm256_hadd_epi16(p[6], p[7]));
+    const __m256i h0123 = _mm256_madd_epi16(q0123, ones); /* lanes 0-3 values 0-15 of blocks 0-3, 4-7 values 16-31 */
+    const __m256i h4567 = _mm256_madd_epi16(q4567, ones);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                            _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
 /* Eight blocks' lane sums split by halves: lane j of *a is the total of v[j]'s lanes 0-3 (values
  * 0-15), of *b its lanes 4-7 (values 16-31); block_sums8 without its last add. */
 __attribute__((always_inline)) static inline void half_sums8(const __m256i v[8], __m256i *a, __m256i *b)
@@ -194,6 +223,13 @@ __attribute__((always_inline)) static inline int kind_affine(enum block_kind k)
 __attribute__((always_inline)) static inline int kind_signed(enum block_kind k)
 {
     return k == KIND_IQ4_NL || k == KIND_IQ4_XS || k == KIND_MXFP4;
+}
+
+/* Whether a block's values are small enough (|u| <= 31: Q5_0, Q5_1, Q4_K, Q5_K, MXFP4) for the
+ * int16 sums of pair_sums8. The two-scale types need their halves apart, and IQ4's table reaches 127. */
+__attribute__((always_inline)) static inline int kind_int16_sums(enum block_kind k)
+{
+    return k == KIND_Q5_0 || k == KIND_Q5_1 || k == KIND_Q4_K || k == KIND_Q5_K || k == KIND_MXFP4;
 }
 
 __attribute__((always_inline)) static inline int kind_bias_shift(enum block_kind k)
@@ -461,7 +497,7 @@ __attribute__((always_inline)) static inline void group_decode(enum block_kind k
     }
 }
 
-/* The terms of a group of blocks from their integer dots v (lane k = block b + k),
+/* The terms of a group of blocks from their integer products v (kind_dot's; lane k = block b + k),
  * each the contract's formula in its order (kernel_unpacked_term); lanes past n are -0.0f, which
  * leaves a partial as it was.
  *   one scale:  (float)isum * (s * x_d) [+ (float)xsum * (o * x_d)]
@@ -489,7 +525,7 @@ __attribute__((always_inline)) static inline __m256 dots_terms(enum block_kind k
             terms = _mm256_add_ps(terms, _mm256_mul_ps(_mm256_cvtepi32_ps(load8_i32(in->hi + b)), _mm256_mul_ps(g->ob, xd)));
         }
     } else {
-        __m256i isums = block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+        __m256i isums = kind_int16_sums(kind) ? pair_sums8(v) : block_sums8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
         if (shift) {
             isums = _mm256_sub_epi32(isums, _mm256_slli_epi32(load8_i32(in->sum + b), shift));
         }
@@ -504,9 +540,14 @@ __attribute__((always_inline)) static inline __m256 dots_terms(enum block_kind k
     return terms;
 }
 
-/* Block k's quants (or table values) times token's x: 8 int32 lanes, as dot_block's. */
+/* Block k's quants (or table values) times token's x: 16 int16 pair sums for the kinds of
+ * kind_int16_sums (pairs_block's), 8 int32 lanes for the others (dot_block's); dots_terms totals
+ * either. */
 __attribute__((always_inline)) static inline __m256i kind_dot(enum block_kind kind, __m256i u, const int8_t *x)
 {
+    if (kind_int16_sums(kind)) {
+        return kind_signed(kind) ? pairs_block_signed(u, x) : pairs_block(u, x);
+    }
     return kind_signed(kind) ? dot_block_signed(u, x) : dot_block(u, x);
 }
 

@@ -1,6 +1,7 @@
 /* clang-14 knows neither __builtin_cpu_supports("f16c") nor ("avxvnni"), which the AVX2 kernel set
  * asks for; the libFuzzer builds (clang only) force-include this header, which answers the same
- * questions from CPUID (leaf 1: F16C; leaf 7: AVX2; leaf 7 subleaf 1: AVX-VNNI). */
+ * questions from CPUID (leaf 1: F16C; leaf 7: AVX2; leaf 7 subleaf 1: AVX-VNNI). Any other feature
+ * (AVX512-VNNI, AVX512VL) is answered "no", so these builds never take the EVEX-encoded path. */
 #ifndef COLIBRI_FUZZ_CPU_FEATURES_H
 #define COLIBRI_FUZZ_CPU_FEATURES_H
 #include <cpuid.h>

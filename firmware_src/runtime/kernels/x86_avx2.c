@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "x86_vnni.h"
 
 /* This set's own entry points (fallback.h defines the rest). */
 #define KERNEL_HAS_MATVEC_F32
@@ -81,13 +82,19 @@ static int have_vnni(void);
 
 const char *kernel_cpu_features(void)
 {
-    return !have_avx2_f16c() ? "none" : have_vnni() ? "avx2,f16c,avxvnni" : "avx2,f16c";
+    if (!have_avx2_f16c()) {
+        return "none";
+    }
+    return have_vnni() == KERNEL_VNNI_VEX ? "avx2,f16c,avxvnni" : have_vnni() ? "avx2,f16c,avx512vnni" : "avx2,f16c";
 }
 
-/* The integer dot products of quantized blocks. With AVX-VNNI (vpdpbusd: four u8 x s8 products
- * summed into each int32 lane, exactly) a block takes one instruction fewer than with AVX2's
- * maddubs (pairs into int16) + madd (pairs into int32); both give the exact int32 sums. The
- * choice is made at run time; KERNEL_NO_VNNI builds the AVX2 path alone (tests run both). */
+/* The integer dot products of quantized blocks. With vpdpbusd (four u8 x s8 products summed into
+ * each int32 lane, exactly) a block takes one instruction fewer than with AVX2's maddubs (pairs
+ * into int16) + madd (pairs into int32); both give the exact int32 sums. AVX-VNNI encodes it with
+ * VEX; a CPU with AVX512-VNNI and AVX512VL but not AVX-VNNI (AMD Zen 4) runs the same instruction
+ * on ymm registers EVEX encoded (libgcc reports the AVX-512 features only where the OS saves their
+ * state). The choice is made at run time (KERNEL_VNNI_VEX, KERNEL_VNNI_EVEX or 0); KERNEL_NO_VNNI
+ * builds the AVX2 path alone (tests run both). */
 static int have_vnni(void)
 {
 #ifdef KERNEL_NO_VNNI
@@ -96,7 +103,9 @@ static int have_vnni(void)
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
-        known = __builtin_cpu_supports("avxvnni") ? 1 : 0;
+        known = __builtin_cpu_supports("avxvnni")                                              ? KERNEL_VNNI_VEX
+                : __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") ? KERNEL_VNNI_EVEX
+                                                                                               : 0;
     }
     return known;
 #endif
@@ -119,7 +128,7 @@ static int have_vnni(void)
 __attribute__((always_inline)) static inline __m256i dot2_u8s8(__m256i a0, __m256i b0, __m256i a1, __m256i b1, int vnni)
 {
     if (vnni) {
-        return vpdpbusd(vpdpbusd(_mm256_setzero_si256(), a0, b0), a1, b1);
+        return vpdpbusd(vpdpbusd(_mm256_setzero_si256(), a0, b0, vnni), a1, b1, vnni);
     }
     /* each maddubs lane is at most 2 * 15 * 127 in magnitude, so their sum fits int16 */
     return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(a0, b0), _mm256_maddubs_epi16(a1, b1)),
@@ -243,9 +252,13 @@ matvec_q8_0_rows(float *out, const int8_t *w_qs, const KernelHalf *w_d, const in
 }
 
 static void matvec_q8_0_vnni(float *out, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs,
-                             const float *x_d, int rows, int cols)
+                             const float *x_d, int rows, int cols, int vnni)
 {
-    matvec_q8_0_rows(out, w_qs, w_d, x_qs, x_d, rows, cols, 1);
+    if (vnni == KERNEL_VNNI_EVEX) {
+        matvec_q8_0_rows(out, w_qs, w_d, x_qs, x_d, rows, cols, KERNEL_VNNI_EVEX);
+    } else {
+        matvec_q8_0_rows(out, w_qs, w_d, x_qs, x_d, rows, cols, KERNEL_VNNI_VEX);
+    }
 }
 
 static void matvec_q8_0_avx2(float *out, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs,
@@ -421,9 +434,13 @@ matvec_q4_rows(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const Ker
 }
 
 static void matvec_q4_0_vnni(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
-                             const float *x_d, int rows, int cols)
+                             const float *x_d, int rows, int cols, int vnni)
 {
-    matvec_q4_rows(out, w_q4, w_d, NULL, x_qs, x_d, rows, cols, 1);
+    if (vnni == KERNEL_VNNI_EVEX) {
+        matvec_q4_rows(out, w_q4, w_d, NULL, x_qs, x_d, rows, cols, KERNEL_VNNI_EVEX);
+    } else {
+        matvec_q4_rows(out, w_q4, w_d, NULL, x_qs, x_d, rows, cols, KERNEL_VNNI_VEX);
+    }
 }
 
 static void matvec_q4_0_avx2(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
@@ -542,7 +559,7 @@ __attribute__((always_inline)) static inline __m256i lane_step(__m256i acc, cons
                                                                __m256i xv, enum lane_kind kind, int vnni)
 {
     if (vnni) {
-        return vpdpbusd(acc, bcast4(u), xv);
+        return vpdpbusd(acc, bcast4(u), xv, vnni);
     }
     if (kind != LANE_Q8_0) {
         return _mm256_add_epi16(acc, _mm256_maddubs_epi16(bcast4(u), xv));
@@ -673,9 +690,13 @@ static void matmul_q8_0_avx2(float *out, int out_stride, const int8_t *w_qs, con
 }
 
 static void matmul_q8_0_vnni(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d, const int8_t *x_qs,
-                             const float *x_d, int n_tok, int rows, int cols)
+                             const float *x_d, int n_tok, int rows, int cols, int vnni)
 {
-    matmul_lanes(out, out_stride, (const uint8_t *)w_qs, LANE_Q8_0, 1, w_d, NULL, x_qs, x_d, n_tok, rows, cols);
+    if (vnni == KERNEL_VNNI_EVEX) {
+        matmul_lanes(out, out_stride, (const uint8_t *)w_qs, LANE_Q8_0, KERNEL_VNNI_EVEX, w_d, NULL, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        matmul_lanes(out, out_stride, (const uint8_t *)w_qs, LANE_Q8_0, KERNEL_VNNI_VEX, w_d, NULL, x_qs, x_d, n_tok, rows, cols);
+    }
 }
 
 static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
@@ -685,9 +706,13 @@ static void matmul_q4_0_avx2(float *out, int out_stride, const uint8_t *w_q4, co
 }
 
 static void matmul_q4_0_vnni(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d, const int8_t *x_qs,
-                             const float *x_d, int n_tok, int rows, int cols)
+                             const float *x_d, int n_tok, int rows, int cols, int vnni)
 {
-    matmul_lanes(out, out_stride, w_q4, LANE_Q4_0, 1, w_d, NULL, x_qs, x_d, n_tok, rows, cols);
+    if (vnni == KERNEL_VNNI_EVEX) {
+        matmul_lanes(out, out_stride, w_q4, LANE_Q4_0, KERNEL_VNNI_EVEX, w_d, NULL, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        matmul_lanes(out, out_stride, w_q4, LANE_Q4_0, KERNEL_VNNI_VEX, w_d, NULL, x_qs, x_d, n_tok, rows, cols);
+    }
 }
 
 /* q4_1 products. The quants are unsigned (0..15), which is what maddubs (and vpdpbusd) take as
@@ -703,9 +728,13 @@ static void matmul_q4_0_vnni(float *out, int out_stride, const uint8_t *w_q4, co
  * the decode speed of one block per load with its terms added block by block (SmolLM2-135M
  * shape, one thread, four alternating runs of each build). */
 static void matvec_q4_1_vnni(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
-                             const int8_t *x_qs, const float *x_d, int rows, int cols)
+                             const int8_t *x_qs, const float *x_d, int rows, int cols, int vnni)
 {
-    matvec_q4_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, 1);
+    if (vnni == KERNEL_VNNI_EVEX) {
+        matvec_q4_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, KERNEL_VNNI_EVEX);
+    } else {
+        matvec_q4_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, KERNEL_VNNI_VEX);
+    }
 }
 
 static void matvec_q4_1_avx2(float *out, const uint8_t *w_q4, const KernelHalf *w_d, const KernelHalf *w_m,
@@ -867,8 +896,10 @@ matmul_short(float *out, int out_stride, const uint8_t *w, int q4, const KernelH
 static void matmul_short_q8_0(float *out, int out_stride, const int8_t *w_qs, const KernelHalf *w_d,
                               const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols, int vnni)
 {
-    if (vnni) {
-        matmul_short(out, out_stride, (const uint8_t *)w_qs, 0, w_d, NULL, x_qs, x_d, n_tok, rows, cols, 1);
+    if (vnni == KERNEL_VNNI_EVEX) {
+        matmul_short(out, out_stride, (const uint8_t *)w_qs, 0, w_d, NULL, x_qs, x_d, n_tok, rows, cols, KERNEL_VNNI_EVEX);
+    } else if (vnni) {
+        matmul_short(out, out_stride, (const uint8_t *)w_qs, 0, w_d, NULL, x_qs, x_d, n_tok, rows, cols, KERNEL_VNNI_VEX);
     } else {
         matmul_short(out, out_stride, (const uint8_t *)w_qs, 0, w_d, NULL, x_qs, x_d, n_tok, rows, cols, 0);
     }
@@ -877,8 +908,10 @@ static void matmul_short_q8_0(float *out, int out_stride, const int8_t *w_qs, co
 static void matmul_short_q4_0(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
                               const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols, int vnni)
 {
-    if (vnni) {
-        matmul_short(out, out_stride, w_q4, 1, w_d, NULL, x_qs, x_d, n_tok, rows, cols, 1);
+    if (vnni == KERNEL_VNNI_EVEX) {
+        matmul_short(out, out_stride, w_q4, 1, w_d, NULL, x_qs, x_d, n_tok, rows, cols, KERNEL_VNNI_EVEX);
+    } else if (vnni) {
+        matmul_short(out, out_stride, w_q4, 1, w_d, NULL, x_qs, x_d, n_tok, rows, cols, KERNEL_VNNI_VEX);
     } else {
         matmul_short(out, out_stride, w_q4, 1, w_d, NULL, x_qs, x_d, n_tok, rows, cols, 0);
     }
@@ -888,8 +921,10 @@ static void matmul_short_q4_1(float *out, int out_stride, const uint8_t *w_q4, c
                               const KernelHalf *w_m, const int8_t *x_qs, const float *x_d, int n_tok, int rows,
                               int cols, int vnni)
 {
-    if (vnni) {
-        matmul_short(out, out_stride, w_q4, 1, w_d, w_m, x_qs, x_d, n_tok, rows, cols, 1);
+    if (vnni == KERNEL_VNNI_EVEX) {
+        matmul_short(out, out_stride, w_q4, 1, w_d, w_m, x_qs, x_d, n_tok, rows, cols, KERNEL_VNNI_EVEX);
+    } else if (vnni) {
+        matmul_short(out, out_stride, w_q4, 1, w_d, w_m, x_qs, x_d, n_tok, rows, cols, KERNEL_VNNI_VEX);
     } else {
         matmul_short(out, out_stride, w_q4, 1, w_d, w_m, x_qs, x_d, n_tok, rows, cols, 0);
     }
@@ -899,6 +934,17 @@ static void matmul_q4_1_avx2(float *out, int out_stride, const uint8_t *w_q4, co
                              const KernelHalf *w_m, const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols)
 {
     matmul_lanes(out, out_stride, w_q4, LANE_Q4_1, 0, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
+}
+
+static void matmul_q4_1_vnni(float *out, int out_stride, const uint8_t *w_q4, const KernelHalf *w_d,
+                             const KernelHalf *w_m, const int8_t *x_qs, const float *x_d, int n_tok, int rows, int cols,
+                             int vnni)
+{
+    if (vnni == KERNEL_VNNI_EVEX) {
+        matmul_lanes(out, out_stride, w_q4, LANE_Q4_1, KERNEL_VNNI_EVEX, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
+    } else {
+        matmul_lanes(out, out_stride, w_q4, LANE_Q4_1, KERNEL_VNNI_VEX, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
+    }
 }
 
 /* f32 products. A row's sum is one chain of dependent float32 additions in column order
@@ -1692,7 +1738,7 @@ void kernel_matvec_q8_0(float *out, const int8_t *w_qs, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (have_avx2_f16c() && have_vnni()) {
-        matvec_q8_0_vnni(out, w_qs, w_d, x_qs, x_d, rows, cols);
+        matvec_q8_0_vnni(out, w_qs, w_d, x_qs, x_d, rows, cols, have_vnni());
     } else if (have_avx2_f16c()) {
         matvec_q8_0_avx2(out, w_qs, w_d, x_qs, x_d, rows, cols);
     } else {
@@ -1704,7 +1750,7 @@ void kernel_matvec_q4_0(float *out, const uint8_t *w_q4, const KernelHalf *w_d,
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matvec_q4_0_vnni(out, w_q4, w_d, x_qs, x_d, rows, cols);
+        matvec_q4_0_vnni(out, w_q4, w_d, x_qs, x_d, rows, cols, have_vnni());
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matvec_q4_0_avx2(out, w_q4, w_d, x_qs, x_d, rows, cols);
     } else {
@@ -1729,7 +1775,7 @@ void kernel_matmul_q8_0(float *out, int out_stride, const int8_t *w_qs, const Ke
     } else if (n_tok < MATMUL_LANES_FROM) {
         kernel_tiled_matmul_q8_0(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matmul_q8_0_vnni(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
+        matmul_q8_0_vnni(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols, have_vnni());
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q8_0_avx2(out, out_stride, w_qs, w_d, x_qs, x_d, n_tok, rows, cols);
     } else {
@@ -1747,7 +1793,7 @@ void kernel_matmul_q4_0(float *out, int out_stride, const uint8_t *w_q4, const K
     } else if (n_tok < MATMUL_LANES_FROM) {
         kernel_tiled_matmul_q4_0(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matmul_q4_0_vnni(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
+        matmul_q4_0_vnni(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols, have_vnni());
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q4_0_avx2(out, out_stride, w_q4, w_d, x_qs, x_d, n_tok, rows, cols);
     } else {
@@ -1759,7 +1805,7 @@ void kernel_matvec_q4_1(float *out, const uint8_t *w_q4, const KernelHalf *w_d, 
                         const int8_t *x_qs, const float *x_d, int rows, int cols)
 {
     if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
-        matvec_q4_1_vnni(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
+        matvec_q4_1_vnni(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, have_vnni());
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matvec_q4_1_avx2(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols);
     } else {
@@ -1776,6 +1822,8 @@ void kernel_matmul_q4_1(float *out, int out_stride, const uint8_t *w_q4, const K
         matmul_short_q4_1(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols, have_vnni());
     } else if (n_tok < MATMUL_LANES_FROM) {
         kernel_tiled_matmul_q4_1(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
+    } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS && have_vnni()) {
+        matmul_q4_1_vnni(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols, have_vnni());
     } else if (have_avx2_f16c() && cols / KERNEL_QK <= MAX_BLOCKS) {
         matmul_q4_1_avx2(out, out_stride, w_q4, w_d, w_m, x_qs, x_d, n_tok, rows, cols);
     } else {

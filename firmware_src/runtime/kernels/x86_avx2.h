@@ -7,6 +7,8 @@
 
 #include <immintrin.h>
 
+#include "x86_vnni.h"
+
 #include "kernels.h"
 
 /* 1 when the CPU has AVX2 and F16C (cpuid, checked once): only then may a kernel of an AVX2
@@ -15,12 +17,17 @@ int x86_avx2_usable(void);
 
 #define MAX_BLOCKS 512 /* the batched kernels and the q4_0 activation layout: rows of up to 16384 values */
 
-/* acc + the four adjacent u8 x s8 products of a and b per int32 lane (AVX-VNNI vpdpbusd, VEX
- * encoded). Written as one instruction of inline assembly so that every function here is compiled
- * for AVX2 and F16C alone: the compiler cannot then use VNNI anywhere the CPU was not checked for it. */
-__attribute__((always_inline)) static inline __m256i vpdpbusd(__m256i acc, __m256i a, __m256i b)
+/* acc + the four adjacent u8 x s8 products of a and b per int32 lane (vpdpbusd, encoded as `vnni`
+ * says). Written as one instruction of inline assembly so that every function here is compiled
+ * for AVX2 and F16C alone: the compiler cannot then use VNNI or AVX-512 anywhere the CPU was not
+ * checked for it. */
+__attribute__((always_inline)) static inline __m256i vpdpbusd(__m256i acc, __m256i a, __m256i b, int vnni)
 {
-    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    if (vnni == KERNEL_VNNI_EVEX) {
+        __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    } else {
+        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    }
     return acc;
 }
 
@@ -30,7 +37,7 @@ __attribute__((always_inline)) static inline __m256i vpdpbusd(__m256i acc, __m25
 __attribute__((always_inline)) static inline __m256i dot_u8s8(__m256i a, __m256i b, int vnni)
 {
     if (vnni) {
-        return vpdpbusd(_mm256_setzero_si256(), a, b);
+        return vpdpbusd(_mm256_setzero_si256(), a, b, vnni);
     }
     return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
 }

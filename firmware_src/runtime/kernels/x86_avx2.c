@@ -1365,14 +1365,6 @@ __attribute__((always_inline)) static inline float kv_load1(const void *base, in
     return half ? kernel_half_to_float(((const KernelHalf *)base)[i]) : ((const float *)base)[i];
 }
 
-/* Attention scores, eight positions per vector: lane p carries position i + p's sum over j in
- * order, from -0.0f, the scalar kernel's chain lane by lane. Eight keys' next eight values are
- * loaded and transposed once (column t lane p = key p's value j + t) for up to four query heads of
- * the group (grouped-query attention), each column then one multiply and one add per query head;
- * the transposes overlap the additions. Positions past the last group of eight take the scalar
- * loop. The unroll pragmas matter: at -O2 GCC keeps these loops of four and eight rolled and the
- * accumulators and columns in memory, every add then waiting on a store (decode at 1,536
- * positions ran at 34 tok/s that way, 55 with them). */
 /* The keys of eight positions a KV head's pass will read SCORES_PREFETCH_POSITIONS positions
  * later, asked for now. Each KV head's keys are one stream (attention.c: [KV head][slot]), but in
  * a decode each is a short one started cold between the weights' streams, and the hardware
@@ -1393,6 +1385,14 @@ __attribute__((always_inline)) static inline void scores_prefetch(const void *ke
     }
 }
 
+/* Attention scores, eight positions per vector: lane p carries position i + p's sum over j in
+ * order, from -0.0f, the scalar kernel's chain lane by lane. Eight keys' next eight values are
+ * loaded and transposed once (column t lane p = key p's value j + t) for up to four query heads of
+ * the group (grouped-query attention), each column then one multiply and one add per query head;
+ * the transposes overlap the additions. Positions past the last group of eight take the scalar
+ * loop. The unroll pragmas matter: at -O2 GCC keeps these loops of four and eight rolled and the
+ * accumulators and columns in memory, every add then waiting on a store (decode at 1,536
+ * positions ran at 34 tok/s that way, 55 with them). */
 __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, int att_stride, const float *q,
                                                                    int q_stride, const int m, const void *keys,
                                                                    int stride, int n, int head_dim, float scale,

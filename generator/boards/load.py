@@ -10,7 +10,7 @@ Common fields (every board):
               vocabulary of logits in scratch, so MCU boards leave it at 0 (off)
   [toolchain] cc, apt (Debian packages providing it), cflags, ldflags, libs, linker_script (optional)
   [runner]    kind: "process" (a Linux program; `emulator` prefixes it when this machine's ISA
-              differs), "qemu-system" (`command` with {program} {flash_image} {port}),
+              differs), "qemu-system" (`command` with {program} {flash_image} {uart_fd}),
               "serial" (a real board on a serial port) or "none" (build only): boards/runners.py;
               weights: "file" | "mapped" (read in place at the base of the region holding
               weights) | "embedded" (linked into the program) | "partition" (an ESP-IDF data partition);

@@ -107,8 +107,9 @@ class ProcessRunner(Runner):
 
 @dataclass(frozen=True)
 class EmulatedSystemRunner(Runner):
-    """An emulated MCU: `command` (with {program}, {flash_image} and {port} filled in) starts the
-    system emulator, whose UART is a local TCP socket the host talks to as to a serial port."""
+    """An emulated MCU: `command` (with {program}, {flash_image} and {uart_fd} filled in) starts the
+    system emulator, whose UART is a local TCP socket the host talks to as to a serial port; {uart_fd}
+    is that socket, already listening, inherited by the emulator."""
 
     command: tuple[str, ...] = ()
 

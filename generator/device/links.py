@@ -38,11 +38,14 @@ def default_timeout(request: RunRequest, weights_bytes: int) -> float:
     return 20.0 + per_token * (len(request.prompt) + request.steps)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def listening_socket() -> socket.socket:
+    """A TCP socket on a free 127.0.0.1 port, already listening. It is handed to the emulator
+    rather than its port number: a port looked up, closed and named to the emulator could be
+    taken in between by another emulator, whose board would then answer this one's requests."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    return sock
 
 
 def local_prefix() -> list[str]:
@@ -182,6 +185,19 @@ def emulator_timeouts(request: RunRequest, timeout: float | None) -> Timeouts:
     return Timeouts(boot=timeout, per_token=timeout / max(1, len(request.prompt) + request.steps), silence=timeout)
 
 
+def start_emulator(
+    runner: EmulatedSystemRunner, program: Path, flash_image: Path, stderr: int = subprocess.DEVNULL
+) -> tuple[subprocess.Popen, int]:
+    """Start the system emulator with its UART listening on a local TCP port; returns the process
+    and the port (the emulator boots once something connects to it)."""
+    with listening_socket() as uart:
+        argv = [a.format(program=program, flash_image=flash_image, uart_fd=uart.fileno()) for a in runner.command]
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=stderr, stdin=subprocess.DEVNULL, pass_fds=(uart.fileno(),)
+        )
+        return proc, uart.getsockname()[1]
+
+
 class Emulator:
     """A system emulator (qemu-system) running the firmware, its UART on a local TCP socket that a
     SerialLink talks to as to a real board's port. The firmware serves requests until it is stopped."""
@@ -189,12 +205,9 @@ class Emulator:
     def __init__(self, board: Board, program: Path, flash_image: Path):
         runner = board.runner
         assert isinstance(runner, EmulatedSystemRunner)
-        port = free_port()
-        self.argv = [a.format(program=program, flash_image=flash_image, port=port) for a in runner.command]
+        self.argv = list(runner.command)
         try:
-            self.proc = subprocess.Popen(
-                self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
-            )
+            self.proc, port = start_emulator(runner, program, flash_image, stderr=subprocess.PIPE)
         except OSError as e:
             raise ColibriError(f"cannot start {self.argv[0]}: {e.strerror}") from None
         self.link: SerialLink | None = None

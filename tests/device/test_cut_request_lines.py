@@ -13,7 +13,7 @@ import pytest
 import serial
 from conftest import DEFAULT_MODEL
 
-from generator.device.links import free_port
+from generator.device.links import start_emulator
 from generator.device.protocol import FrameReader
 from generator.device.serial_link import ACK_BYTES
 from generator.device.session import RunRequest, request_frame
@@ -51,9 +51,7 @@ def test_a_cut_line_then_a_whole_request_on_a_linux_firmware(builder, cut_at):
 def test_a_cut_line_then_a_whole_request_on_qemu_rv32(builder):
     board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64, "qemu-rv32")
     expected = reference_run(plan, art.weights, WHOLE).tokens
-    port = free_port()
-    argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.runner.command]
-    qemu = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    qemu, port = start_emulator(board.runner, art.program, art.flash_image, stderr=subprocess.PIPE)
     reader = FrameReader()
     try:
         link = serial.serial_for_url(f"socket://127.0.0.1:{port}", timeout=0.1, do_not_open=True)

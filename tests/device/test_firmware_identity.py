@@ -9,7 +9,6 @@ import json
 import os
 import select
 import socket
-import subprocess
 import threading
 import time
 import tty
@@ -19,7 +18,7 @@ from conftest import DEFAULT_MODEL, run_cli
 from test_serial_link import FAST, MODEL, REQUEST, PtyBoard, answer
 
 from generator.compile.firmware_id import elf_build_id
-from generator.device.links import free_port
+from generator.device.links import start_emulator
 from generator.device.protocol import encode_frame
 from generator.device.serial_link import SerialLink
 from generator.device.session import Session
@@ -34,11 +33,7 @@ class QemuOnPty:
     which it does once the command has opened the pty, as a board reset by opening its port."""
 
     def __init__(self, board, art):
-        port = free_port()
-        argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.runner.command]
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
-        )
+        self.proc, port = start_emulator(board.runner, art.program, art.flash_image)
         self.master, slave = os.openpty()
         tty.setraw(slave)
         self.path = os.ttyname(slave)

@@ -14,7 +14,7 @@ from conftest import DEFAULT_MODEL
 
 from generator.boards import load_board
 from generator.compile.build import prepare, run_scons
-from generator.device.links import free_port
+from generator.device.links import start_emulator
 from generator.device.protocol import FrameReader
 from generator.device.runner import run_on_board
 from generator.device.serial_link import ACK_BYTES
@@ -52,9 +52,7 @@ def test_bytes_sent_while_the_board_cannot_read_are_lost_as_on_the_p4(slow_board
     when the hello came before the load), gets only what the FIFO held through: the board reads
     128 bytes, acknowledges them, and never sees the rest of the line."""
     board, plan, art = slow_board
-    port = free_port()
-    argv = [a.format(program=art.program, flash_image=art.flash_image, port=port) for a in board.runner.command]
-    qemu = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    qemu, port = start_emulator(board.runner, art.program, art.flash_image, stderr=subprocess.PIPE)
     try:
         link = serial.serial_for_url(f"socket://127.0.0.1:{port}", timeout=0.1, do_not_open=True)
         deadline = time.monotonic() + 30

@@ -264,6 +264,15 @@ static void check_kernels(void)
     kernel_scalar_swiglu(st->want, st->x, n_swiglu);
     kernel_swiglu(st->got, st->x, n_swiglu);
     expect_same("swiglu", st->want, st->got, n_swiglu * (int)sizeof(float));
+#if COLIBRI_FFN_GELU_TANH || defined(COLIBRI_SELFTEST_CHECK_ALL)
+    /* Gemma's GeGLU: only where the model runs it (or every check is asked for), so it is not linked
+     * into other firmware for the check's sake. */
+    memcpy(st->want, st->x + n_swiglu, (size_t)n_swiglu * sizeof(float));
+    memcpy(st->got, st->x + n_swiglu, (size_t)n_swiglu * sizeof(float));
+    kernel_scalar_gelu_tanh_mul(st->want, st->x, n_swiglu);
+    kernel_gelu_tanh_mul(st->got, st->x, n_swiglu);
+    expect_same("gelu_tanh_mul", st->want, st->got, n_swiglu * (int)sizeof(float));
+#endif
 
     /* Attention over a tile of SELFTEST_POSITIONS positions of one KV head for two query heads
      * that share it (the grouped-query path), as the runtime calls it (kernels.h). */

@@ -383,9 +383,7 @@ static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const Coli
     linear(b->gate, &in, w_gate, b_gate, inner);
     linear(b->up, &in, w_up, b_up, inner);
 #if COLIBRI_FFN_GELU_TANH
-    for (int64_t i = 0; i < (int64_t)n_tok * inner; i++) {
-        b->up[i] = op_gelu_tanh(b->gate[i]) * b->up[i];
-    }
+    kernel_gelu_tanh_mul(b->up, b->gate, n_tok * inner);
 #elif COLIBRI_FFN_SWIGLU_CLAMPED
     for (int64_t i = 0; i < (int64_t)n_tok * inner; i++) {
         b->up[i] = op_swiglu_clamped(b->gate[i], b->up[i], COLIBRI_SWIGLU_ALPHA, COLIBRI_SWIGLU_LIMIT);

@@ -1,7 +1,7 @@
 /* Test harness: runs one runtime operation on binary input from stdin, writes the result to
  * stdout, so tests can compare the C runtime with generator/numerics/ops.py bit for bit.
  *
- *   harness expf N | silu N | swiglu N | tanh N | gelu N | softmax N | kernel_softmax N | rmsnorm N EPS
+ *   harness expf N | silu N | swiglu N | gelu_mul N | tanh N | gelu N | softmax N | kernel_softmax N | rmsnorm N EPS
  *           rmsnorm_unscaled N EPS | quantize N
  *           swiglu_clamped N ALPHA LIMIT (gate, then up) | softmax_sink N SINK
  *           kernel_softmax_rows N ROWS STRIDE (ROWS rows of N values, STRIDE floats apart)
@@ -189,6 +189,11 @@ int main(int argc, char **argv)
         float *gate = read_exact(n * sizeof(float));
         float *up = read_exact(n * sizeof(float));
         kernel_swiglu(up, gate, n);
+        write_all(up, n * sizeof(float));
+    } else if (strcmp(op, "gelu_mul") == 0) {
+        float *gate = read_exact(n * sizeof(float));
+        float *up = read_exact(n * sizeof(float));
+        kernel_gelu_tanh_mul(up, gate, n);
         write_all(up, n * sizeof(float));
     } else if (strcmp(op, "swiglu_clamped") == 0) {
         const float alpha = strtof(argv[3], NULL), limit = strtof(argv[4], NULL);

@@ -87,6 +87,6 @@ def test_every_kernel_matches_the_scalar_one_and_a_decode_that_differs_names_the
     result = run_on_board(board, art.program, art.weights, SELFTEST, art.model_hash())
     test = result.selftest
     assert test is not None and "kernel_failed" not in test.fields
-    assert test.fields["kernels_checked"] == str(11 + 2 * len(CHECKABLE))
+    assert test.fields["kernels_checked"] == str(12 + 2 * len(CHECKABLE))  # 12: GeGLU's among them
     assert not test.passed and test.fields["step"] == "2" and test.fields["logits"] == "differ"
     assert "golden decode step 2" in test.line() and "logits SHA-256 differs" in test.line()

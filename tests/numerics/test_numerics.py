@@ -493,6 +493,23 @@ def test_swiglu_kernel_matches_silu_times_up(harness, n):
     assert_same_bits(got, numerics.silu(gate) * up)
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 2048, 4099])
+def test_gelu_tanh_kernel_matches_gelu_times_up(harness, n):
+    """Gemma's GeGLU through the kernel set (eight lanes at a time on AVX2) against the NumPy
+    reference's gelu_tanh times up, including the exponential's edges and non-finite gates."""
+    specials = np.array([-44.0, -43.4, -43.6, 44.0, 44.5, -0.0, 0.0, 1e-30, np.inf, -np.inf, np.nan])
+    gate = np.concatenate([rng.normal(0, 4, n), np.linspace(-60, 60, n), specials]).astype(np.float32)
+    gate = np.roll(gate, n % 7)  # the special values land in vector lanes and in the scalar tail
+    up = rng.normal(0, 2, gate.size).astype(np.float32)
+    got = c_floats(harness, ["gelu_mul", gate.size], f32_bytes(gate, up), gate.size)
+    want = numerics.gelu_tanh(gate) * up
+    # gelu(-inf) is (-inf * 0.5) * (1 + -1): a NaN the operation makes, whose sign is the ISA's
+    # default NaN's (x86 negative, Arm positive), op_gelu_tanh's as much as the kernel's.
+    made_nan = np.isneginf(gate)
+    assert np.isnan(got[made_nan]).all() and np.isnan(want[made_nan]).all()
+    assert_same_bits(got[~made_nan], want[~made_nan])
+
+
 def test_round_even_ties_to_even():
     v = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 0.49999997], np.float32)
     assert list(numerics.round_even(v)) == [0.0, 2.0, 2.0, -0.0, -2.0, 126.0, 0.0]

@@ -55,6 +55,13 @@ void kernel_swiglu(float *up, const float *gate, int n)
 }
 #endif
 
+#ifndef KERNEL_HAS_GELU_TANH_MUL
+void kernel_gelu_tanh_mul(float *up, const float *gate, int n)
+{
+    kernel_scalar_gelu_tanh_mul(up, gate, n);
+}
+#endif
+
 #ifndef KERNEL_HAS_QUANTIZE_Q8_0
 void kernel_quantize_q8_0(int8_t *qs, float *d, const float *x, int n)
 {

@@ -495,6 +495,9 @@ void kernel_round_q8_0(int8_t *qs, KernelHalf *d, const float *x, int n);
 
 /* SwiGLU: up[i] = silu(gate[i]) * up[i], silu being op_silu (ops.c) bit for bit. */
 void kernel_swiglu(float *up, const float *gate, int n);
+/* GeGLU (Gemma): up[i] = gelu_tanh(gate[i]) * up[i], gelu_tanh being op_gelu_tanh (ops.c) bit for
+ * bit, with its tanh (op_tanh) and exponential (op_expf) step for step. */
+void kernel_gelu_tanh_mul(float *up, const float *gate, int n);
 
 /* One head's gated delta-rule step (Gated DeltaNet), op_delta_rule_step (ops.c) bit for bit: every
  * value column j is its own chain of sums over the key rows i, in order, so a set may run several
@@ -582,6 +585,7 @@ void kernel_scalar_matvec_iq4_xs(float *out, const uint8_t *w, const int8_t *x_q
 void kernel_scalar_matvec_mxfp4(float *out, const uint8_t *w, const int8_t *x_qs, const float *x_d, int rows, int cols);
 void kernel_scalar_quantize_q8_0(int8_t *qs, float *d, const float *x, int n);
 void kernel_scalar_swiglu(float *up, const float *gate, int n);
+void kernel_scalar_gelu_tanh_mul(float *up, const float *gate, int n);
 void kernel_scalar_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
                                    float beta, float *memory, int key_dim, int value_dim);
 void kernel_scalar_attention_scores(float *att, int att_stride, const float *q, int q_stride, int n_q,

@@ -184,6 +184,13 @@ void kernel_scalar_swiglu(float *up, const float *gate, int n)
     }
 }
 
+void kernel_scalar_gelu_tanh_mul(float *up, const float *gate, int n)
+{
+    for (int i = 0; i < n; i++) {
+        up[i] = op_gelu_tanh(gate[i]) * up[i];
+    }
+}
+
 void kernel_scalar_delta_rule_step(float *out, float *state, const float *q, const float *k, const float *v, float decay,
                                    float beta, float *memory, int key_dim, int value_dim)
 {

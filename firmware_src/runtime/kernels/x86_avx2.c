@@ -22,6 +22,7 @@
 #define KERNEL_HAS_MATVEC_Q4_1
 #define KERNEL_HAS_MATMUL_Q4_1
 #define KERNEL_HAS_SWIGLU
+#define KERNEL_HAS_GELU_TANH_MUL
 #define KERNEL_HAS_DELTA_RULE_STEP
 #define KERNEL_HAS_QUANTIZE_Q8_0
 #define KERNEL_HAS_ATTENTION_SCORES
@@ -1332,6 +1333,30 @@ static void swiglu_avx2(float *up, const float *gate, int n)
     kernel_scalar_swiglu(up + i, gate + i, n - i);
 }
 
+/* op_gelu_tanh eight lanes at a time, its operations in its order: inner = c * (x + a * ((x * x) *
+ * x)), tanh(inner) = 1 - 2 / (e^(2 inner) + 1) with e^ as expf8 computes it, then (0.5 * x) *
+ * (1 + tanh). */
+static inline __m256 gelu_tanh8(__m256 x)
+{
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                       _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044715f), cube)));
+    const __m256 e = expf8(_mm256_mul_ps(_mm256_set1_ps(2.0f), inner));
+    const __m256 tanh = _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                                      _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), tanh));
+}
+
+static void gelu_tanh_mul_avx2(float *up, const float *gate, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = gelu_tanh8(_mm256_loadu_ps(gate + i));
+        _mm256_storeu_ps(up + i, _mm256_mul_ps(g, _mm256_loadu_ps(up + i)));
+    }
+    kernel_scalar_gelu_tanh_mul(up + i, gate + i, n - i);
+}
+
 /* The delta rule eight value columns per vector: lane l carries column j + l's chains, each
  * operation the scalar one (a multiply, then an add), so the sums are the scalar kernel's. */
 static void delta_rule_step_avx2(float *out, float *state, const float *q, const float *k, const float *v, float decay,
@@ -1880,6 +1905,15 @@ void kernel_swiglu(float *up, const float *gate, int n)
         swiglu_avx2(up, gate, n);
     } else {
         kernel_scalar_swiglu(up, gate, n);
+    }
+}
+
+void kernel_gelu_tanh_mul(float *up, const float *gate, int n)
+{
+    if (have_avx2_f16c()) {
+        gelu_tanh_mul_avx2(up, gate, n);
+    } else {
+        kernel_scalar_gelu_tanh_mul(up, gate, n);
     }
 }
 

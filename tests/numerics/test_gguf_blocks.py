@@ -262,6 +262,21 @@ def test_c_batched_products_over_several_passes(harness, dtype):
 
 
 @pytest.mark.parametrize("dtype", TYPES)
+def test_c_batched_products_of_eight_tokens_and_more_over_row_tiles(harness, dtype):
+    """The lanes kernels (eight tokens a vector, a tile of decoded rows shared by every token of a
+    pass): Gemma 3 270M's rows of 640 values (20 blocks of 32: a short last group of 4) or two
+    superblocks, more rows than a tile (and not a multiple of four), 8, 12 and 40 tokens (a pass of
+    32 and one of 8)."""
+    f = blocks.FORMATS[dtype]
+    cols = 640 if f.values == 32 else 2 * 256
+    rows = 16384 // cols + 7
+    w = row_blocks(dtype, rows, cols)
+    for tokens in (8, 12, 40):
+        xq, xd = activations(cols, tokens)
+        check_products(harness, dtype, w, cols, xq, xd)
+
+
+@pytest.mark.parametrize("dtype", TYPES)
 def test_c_batched_products_of_many_rows(harness, dtype):
     """More rows than one tile of the batched product holds (and not a multiple of four), several
     tokens: each token's rows are the matvec's bits."""

@@ -68,18 +68,23 @@ static int have_avx2_f16c(void)
     return known;
 }
 
-/* The same check for the set's other file (x86_avx2_blocks.c). */
+/* The same checks for the set's other file (x86_avx2_blocks.c). */
 int x86_avx2_usable(void)
 {
     return have_avx2_f16c();
+}
+
+static int have_vnni(void);
+
+int x86_avx2_vnni(void)
+{
+    return have_vnni();
 }
 
 const char *kernel_set(void)
 {
     return have_avx2_f16c() ? "avx2" : "scalar";
 }
-
-static int have_vnni(void);
 
 const char *kernel_cpu_features(void)
 {
@@ -492,7 +497,6 @@ static void lane_prepare_tokens(struct lane_batch *bt, const int8_t *x_qs, const
                                 int bias)
 {
     const int cols = nb * KERNEL_QK;
-    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (int g = 0; g * 8 < nt; g++) {
         const int8_t *x[8];
         for (int t = 0; t < 8; t++) {
@@ -504,19 +508,9 @@ static void lane_prepare_tokens(struct lane_batch *bt, const int8_t *x_qs, const
         }
         for (int b = 0; b < nb; b++) {
             const int64_t gb = (int64_t)g * nb + b;
-            __m256 r[8];
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
-                r[t] = _mm256_loadu_ps((const float *)(x[t] + b * KERNEL_QK));
-            }
-            transpose8(r);
-            __m256i sum = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                const __m256i step = _mm256_castps_si256(r[k]);
-                _mm256_storeu_si256((__m256i *)(bt->xt + (gb * 8 + k) * 32), step);
-                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, step), ones16));
-            }
+            __m256i lo, hi;
+            lanes_block(bt->xt + gb * 8 * 32, x, b, &lo, &hi);
+            const __m256i sum = _mm256_add_epi32(lo, hi);
             _mm256_storeu_si256((__m256i *)(bt->bias_sums + gb * 8), _mm256_mullo_epi32(sum, _mm256_set1_epi32(bias)));
         }
     }
@@ -544,13 +538,6 @@ static void lane_prepare_rows(uint8_t *restrict u, const uint8_t *restrict w, en
         _mm_storeu_si128((__m128i *)(u + blk * 32), _mm_and_si128(packed, low4));
         _mm_storeu_si128((__m128i *)(u + blk * 32 + 16), _mm_and_si128(_mm_srli_epi16(packed, 4), low4));
     }
-}
-
-__attribute__((always_inline)) static inline __m256i bcast4(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
 }
 
 /* Step k of a block for one row: acc + the products of the row's four prepared weights at u (its

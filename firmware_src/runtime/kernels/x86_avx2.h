@@ -6,6 +6,7 @@
 #define COLIBRI_KERNELS_X86_AVX2_H
 
 #include <immintrin.h>
+#include <string.h>
 
 #include "x86_vnni.h"
 
@@ -14,6 +15,9 @@
 /* 1 when the CPU has AVX2 and F16C (cpuid, checked once): only then may a kernel of an AVX2
  * region run. */
 int x86_avx2_usable(void);
+/* How this CPU reaches vpdpbusd (x86_vnni.h: KERNEL_VNNI_VEX, KERNEL_VNNI_EVEX, or 0 for maddubs +
+ * madd; always 0 in a KERNEL_NO_VNNI build), checked once. */
+int x86_avx2_vnni(void);
 
 #define MAX_BLOCKS 512 /* the batched kernels and the q4_0 activation layout: rows of up to 16384 values */
 
@@ -129,6 +133,50 @@ static inline void group_rows8(int *row, int r, int n)
     for (int i = 0; i < 8; i++) {
         row[i] = r + (i < n ? i : 0);
     }
+}
+
+/* The lanes layout of the batched kernels (x86_avx2.c's matmul_lanes, x86_avx2_blocks.c's
+ * blocks_lanes): block b of eight tokens' q8_0 inputs x[0..7] as eight steps of 32 bytes at xt,
+ * step k lane t = token t's values 4k .. 4k + 3, made by one 8x8 transpose of 4-byte groups.
+ * Returns each token's quant sums (exact int32, lane t) of the block's values 0-15 in *lo and
+ * 16-31 in *hi. */
+__attribute__((always_inline)) static inline void lanes_block(int8_t *xt, const int8_t *const x[8], int b, __m256i *lo,
+                                                              __m256i *hi)
+{
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) {
+        r[t] = _mm256_loadu_ps((const float *)(x[t] + b * KERNEL_QK));
+    }
+    transpose8(r);
+    __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        const __m256i step = _mm256_castps_si256(r[k]);
+        _mm256_storeu_si256((__m256i *)(xt + 32 * k), step);
+        sums[k / 4] = _mm256_add_epi32(sums[k / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, step), ones16));
+    }
+    *lo = sums[0];
+    *hi = sums[1];
+}
+
+/* acc + the four adjacent u8 x s8 products of u and x per int32 lane, exact: vpdpbusd, or maddubs +
+ * madd, whose int16 pair sums cannot saturate when u <= 128 (2 * 128 * 127 < 32768). */
+__attribute__((always_inline)) static inline __m256i lanes_step(__m256i acc, __m256i u, __m256i x, int vnni)
+{
+    if (vnni) {
+        return vpdpbusd(acc, u, x, vnni);
+    }
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+}
+
+/* Four bytes at p broadcast to every int32 lane. */
+__attribute__((always_inline)) static inline __m256i bcast4(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
 }
 
 static inline void store_rows(float *out, __m256 v, int n)

@@ -31,9 +31,9 @@
  * eight partials as it stands (block b -> partial b % 8, in block order). The 32-value types take
  * eight blocks per vector, the q8_0 way. Every term is the contract's formula, a separate
  * multiply or add per step in its order, lane by lane. Activation sums (whole blocks and their
- * halves) are made once per call. Only the maddubs path: vpdpbusd would give the same sums, but
- * the CPUs these kernels were written and measured on lack AVX-VNNI, so a VNNI path would run
- * untested. Measured against the scalar kernels (thread CPU time, rows of 2048 values held in L2,
+ * halves) are made once per call. The matvec and the short batches take the maddubs path; the
+ * lanes kernel for eight tokens and more (blocks_lanes) takes vpdpbusd where the CPU has it (the
+ * same exact sums; the tests run both paths). Measured against the scalar kernels (thread CPU time, rows of 2048 values held in L2,
  * an AMD EPYC KVM guest): 10x (Q4_K, Q5_K) to 45x (Q6_K, Q2_K); from memory Q4_K, Q5_K, Q6_K and
  * Q5_0 read 7-8 GB/s where the q8_0 kernel reads 10, while Q3_K, Q2_K and IQ4_XS stay compute bound
  * at 4-6 GB/s. Q5_0 (the Gemma 3 270M file's rows of 640 values) cost ~1.7x q8_0's time per byte

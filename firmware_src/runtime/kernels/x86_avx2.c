@@ -486,8 +486,16 @@ struct lane_batch {
     float wm[LANE_TILE_MAX / KERNEL_QK]; /* and q4_1's minimums */
 };
 
-/* One per thread: each thread of the pool runs the kernel on its own rows. */
+_Static_assert(sizeof(struct lane_batch) == X86_LANES_SCRATCH_BYTES, "the lanes scratch x86_avx2.h states");
+
+/* One per thread: each thread of the pool runs the kernel on its own rows; the GGUF types' lanes
+ * kernel (x86_avx2_blocks.c) uses the same bytes. */
 static _Thread_local struct lane_batch lane_batch;
+
+void *x86_lanes_scratch(void)
+{
+    return &lane_batch;
+}
 
 /* Tokens t0 .. t0 + nt - 1 in the transposed layout; a short last group repeats its first token
  * (lanes computed and dropped). A block of eight tokens is an 8 x 8 matrix of 4-byte groups, so one

@@ -15,6 +15,14 @@
 /* 1 when the CPU has AVX2 and F16C (cpuid, checked once): only then may a kernel of an AVX2
  * region run. */
 int x86_avx2_usable(void);
+/* The per-thread scratch of the batched kernels in lanes: x86_avx2.c's (q8_0, q4_0, q4_1) and
+ * x86_avx2_blocks.c's (the GGUF types) lay their tokens and rows out in the same bytes, since a
+ * thread runs one product at a time. A buffer each would cost every thread of the firmware that much
+ * more resident memory (the C runtime zeroes thread-local storage when a thread starts), which a run
+ * under a memory budget does not have to spare. X86_LANES_SCRATCH_BYTES is x86_avx2.c's layout's
+ * size (asserted there); x86_avx2_blocks.c asserts that its own fits. */
+#define X86_LANES_SCRATCH_BYTES 1392640
+void *x86_lanes_scratch(void);
 /* How this CPU reaches vpdpbusd (x86_vnni.h: KERNEL_VNNI_VEX, KERNEL_VNNI_EVEX, or 0 for maddubs +
  * madd; always 0 in a KERNEL_NO_VNNI build), checked once. */
 int x86_avx2_vnni(void);

@@ -747,8 +747,7 @@ struct blocks_lanes {
     float scales[BLOCKS_LANE_TILE_MAX / KERNEL_QK * 4];     /* per block of the tile: sa, sb, oa, ob */
 };
 
-/* One per thread: each thread of the pool runs the kernel on its own rows. */
-static _Thread_local struct blocks_lanes blocks_lanes_batch;
+_Static_assert(sizeof(struct blocks_lanes) <= X86_LANES_SCRATCH_BYTES, "the layout fits the set's lanes scratch");
 
 /* Tokens t0 .. t0 + nt - 1 laid out; a short last group repeats its first token (computed and
  * dropped). */
@@ -896,7 +895,7 @@ __attribute__((always_inline)) static inline void blocks_lanes(enum block_kind k
                                                                int out_stride, const uint8_t *w, const int8_t *x_qs,
                                                                const float *x_d, int n_tok, int rows, int cols)
 {
-    struct blocks_lanes *bt = &blocks_lanes_batch;
+    struct blocks_lanes *bt = x86_lanes_scratch(); /* this thread's, shared with x86_avx2.c's lanes kernel */
     const int nb = cols / KERNEL_QK;
     const int64_t row_bytes = (int64_t)(cols / kind_values(kind)) * kind_bytes(kind);
     int tile = BLOCKS_LANE_TILE_BYTES / cols / 4 * 4;

@@ -504,16 +504,9 @@ void *x86_lanes_scratch(void)
 static void lane_prepare_tokens(struct lane_batch *bt, const int8_t *x_qs, const float *x_d, int t0, int nt, int nb,
                                 int bias)
 {
-    const int cols = nb * KERNEL_QK;
     for (int g = 0; g * 8 < nt; g++) {
         const int8_t *x[8];
-        for (int t = 0; t < 8; t++) {
-            const int tok = t0 + 8 * g + (8 * g + t < nt ? t : 0);
-            x[t] = x_qs + (int64_t)tok * cols;
-            for (int b = 0; b < nb; b++) {
-                bt->scales[((int64_t)g * nb + b) * 8 + t] = x_d[(int64_t)tok * nb + b];
-            }
-        }
+        lanes_group_inputs(x, bt->scales + (int64_t)g * nb * 8, x_qs, x_d, t0, nt, g, nb);
         for (int b = 0; b < nb; b++) {
             const int64_t gb = (int64_t)g * nb + b;
             __m256i lo, hi;
@@ -627,17 +620,7 @@ lane_rows(float *out, int out_stride, int n_valid, const uint8_t *u, const uint8
             part[i][b % 8] = _mm256_add_ps(part[i][b % 8], terms);
         }
     }
-    for (int i = 0; i < R; i++) {
-        __m256 sum = part[i][0];
-        for (int k = 1; k < 8; k++) {
-            sum = _mm256_add_ps(sum, part[i][k]);
-        }
-        float lanes[8];
-        _mm256_storeu_ps(lanes, sum);
-        for (int t = 0; t < n_valid; t++) {
-            out[(int64_t)t * out_stride + i] = lanes[t];
-        }
-    }
+    lanes_store_rows(out, out_stride, n_valid, part, R);
 }
 
 /* w_m: q4_1's minimums (NULL for the others). */

@@ -169,6 +169,40 @@ __attribute__((always_inline)) static inline void lanes_block(int8_t *xt, const 
     *hi = sums[1];
 }
 
+/* Group g of the tokens t0 .. t0 + nt - 1 (eight of them; a short last group repeats its first
+ * token, computed and dropped): their q8_0 rows into x, and their block scales into xd in the lanes
+ * layout (block b: the eight tokens' x_d at xd + 8 b). */
+static inline void lanes_group_inputs(const int8_t *x[8], float *xd, const int8_t *x_qs, const float *x_d, int t0,
+                                      int nt, int g, int nb)
+{
+    for (int t = 0; t < 8; t++) {
+        const int tok = t0 + 8 * g + (8 * g + t < nt ? t : 0);
+        x[t] = x_qs + (int64_t)tok * nb * KERNEL_QK;
+        for (int b = 0; b < nb; b++) {
+            xd[b * 8 + t] = x_d[(int64_t)tok * nb + b];
+        }
+    }
+}
+
+/* The combine of the reduction tree for R rows of eight tokens in lanes: part[i][k] holds row i's
+ * partial k of every token (lane t); each row's total, ((p0 + p1) + p2) + ... + p7 lane by lane,
+ * goes to out[t * out_stride + i] for the n_valid tokens. */
+__attribute__((always_inline)) static inline void lanes_store_rows(float *out, int out_stride, int n_valid,
+                                                                   __m256 part[4][8], int R)
+{
+    for (int i = 0; i < R; i++) {
+        __m256 sum = part[i][0];
+        for (int k = 1; k < 8; k++) {
+            sum = _mm256_add_ps(sum, part[i][k]);
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, sum);
+        for (int t = 0; t < n_valid; t++) {
+            out[(int64_t)t * out_stride + i] = lanes[t];
+        }
+    }
+}
+
 /* acc + the four adjacent u8 x s8 products of u and x per int32 lane, exact: vpdpbusd, or maddubs +
  * madd, whose int16 pair sums cannot saturate when u <= 128 (2 * 128 * 127 < 32768). */
 __attribute__((always_inline)) static inline __m256i lanes_step(__m256i acc, __m256i u, __m256i x, int vnni)

@@ -753,16 +753,9 @@ _Static_assert(sizeof(struct blocks_lanes) <= X86_LANES_SCRATCH_BYTES, "the layo
  * dropped). */
 static void blocks_lanes_tokens(struct blocks_lanes *bt, const int8_t *x_qs, const float *x_d, int t0, int nt, int nb)
 {
-    const int cols = nb * KERNEL_QK;
     for (int g = 0; g * 8 < nt; g++) {
         const int8_t *x[8];
-        for (int t = 0; t < 8; t++) {
-            const int tok = t0 + 8 * g + (8 * g + t < nt ? t : 0);
-            x[t] = x_qs + (int64_t)tok * cols;
-            for (int b = 0; b < nb; b++) {
-                bt->xd[((int64_t)g * nb + b) * 8 + t] = x_d[(int64_t)tok * nb + b];
-            }
-        }
+        lanes_group_inputs(x, bt->xd + (int64_t)g * nb * 8, x_qs, x_d, t0, nt, g, nb);
         for (int b = 0; b < nb; b++) {
             const int64_t gb = (int64_t)g * nb + b;
             __m256i lo, hi;
@@ -878,17 +871,7 @@ __attribute__((always_inline)) static inline void blocks_lanes_group(float *out,
             part[i][b % 8] = _mm256_add_ps(part[i][b % 8], lanes_term(kind, lo[i], hi[i], s, xd, tlo, thi, tsum));
         }
     }
-    for (int i = 0; i < R; i++) {
-        __m256 sum = part[i][0];
-        for (int k = 1; k < 8; k++) {
-            sum = _mm256_add_ps(sum, part[i][k]);
-        }
-        float lanes[8];
-        _mm256_storeu_ps(lanes, sum);
-        for (int t = 0; t < n_valid; t++) {
-            out[(int64_t)t * out_stride + i] = lanes[t];
-        }
-    }
+    lanes_store_rows(out, out_stride, n_valid, part, R);
 }
 
 __attribute__((always_inline)) static inline void blocks_lanes(enum block_kind kind, int vnni, float *out,

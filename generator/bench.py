@@ -107,10 +107,14 @@ def latency_percentiles(token_us: list[int]) -> Latencies | None:
     if not gaps:
         return None
     q = statistics.quantiles(gaps, n=100, method="inclusive") if len(gaps) > 1 else gaps * 99
-    # The interpolation between two equal gaps can round a hair past them (0.027000000000000003
-    # from gaps of 0.027): no percentile lies above the largest gap.
+    # The interpolation between equal gaps can round a hair off them (0.027000000000000003 or
+    # 0.026999999999999996 from gaps of 0.027): the percentiles are kept in order, none above the
+    # largest gap.
     top = max(gaps)
-    return Latencies(min(q[49], top), min(q[89], top), min(q[98], top), top)
+    p50 = min(q[49], top)
+    p90 = min(max(q[89], p50), top)
+    p99 = min(max(q[98], p90), top)
+    return Latencies(p50, p90, p99, top)
 
 
 def predicted_timing(board: Board) -> TimingModel:

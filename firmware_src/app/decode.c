@@ -9,6 +9,7 @@
 #include "../runtime/model.h"
 #include "../runtime/ops.h"
 #include "../runtime/parallel.h"
+#include "board_def.h"
 #include "bsp.h"
 #include "protocol.h"
 #include "selftest.h"
@@ -225,6 +226,10 @@ static int decode_forward(DecodeStats *s, ColibriBuffers *b, const int32_t *toke
 #if COLIBRI_SPEC_TOKENS > 0
 /* The request's tokens so far, prompt then sampled: where drafts are looked up. */
 static int32_t history[COLIBRI_N_CTX];
+/* What a pass of 1, 2, ... tokens costs on this board against a pass of one (board_def.h). */
+static const float spec_pass_cost[] = COLIBRI_SPEC_PASS_COST;
+_Static_assert(sizeof spec_pass_cost / sizeof spec_pass_cost[0] >= COLIBRI_SPEC_TOKENS,
+               "the board file gives a pass cost for every token count a pass may have");
 #endif
 
 /* The token frame of a step: its id, the SHA-256 of the logits it came from (if asked) and the
@@ -443,7 +448,7 @@ int colibri_decode(const ColibriRequest *req)
             most = most < steps_left - 1 ? most : steps_left - 1;
             most = most < room ? most : room;
             most = most < COLIBRI_SPEC_TOKENS - 1 ? most : COLIBRI_SPEC_TOKENS - 1;
-            n += spec_draft(&spec, history, n_history, batch + 1, most);
+            n += spec_draft(&spec, history, n_history, batch + 1, most, spec_pass_cost);
         }
 #endif
         status = decode_forward(&stats, &b, batch, n, pos);

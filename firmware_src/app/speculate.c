@@ -25,32 +25,40 @@ static int longest_match(const int32_t *history, int32_t len, int32_t *end)
     return best;
 }
 
-int spec_draft(SpecState *s, const int32_t *history, int32_t len, int32_t *draft, int max_draft)
+int spec_draft(SpecState *s, const int32_t *history, int32_t len, int32_t *draft, int max_draft,
+               const float *pass_cost)
 {
     if (max_draft <= 0) {
         return 0;
     }
-    if (s->skip > 0) {
-        s->skip--;
-        return 0;
-    }
-    if (s->length == 0) {
-        s->length = SPEC_FIRST_LENGTH;
-    }
-    max_draft = max_draft < s->length ? max_draft : s->length;
     int32_t at = 0;
     const int matched = longest_match(history, len, &at);
     if (matched < SPEC_MATCH_MIN) {
         return 0;
     }
-    /* no longer than the match: a draft that went on past what the match vouches for was taken
-     * less often than it cost */
-    max_draft = max_draft < matched ? max_draft : matched;
-    int k = 0;
-    for (int32_t i = at; i < len && k < max_draft; i++) {
-        draft[k++] = history[i];
+    const int m = matched < SPEC_MATCH_CLASSES ? matched : SPEC_MATCH_CLASSES;
+    /* p: the chance that a drafted token is taken, its predecessors having been (each refusal ends
+     * a draft); a draft of k then yields 1 + p + ... + p^k tokens for a pass of k + 1 */
+    const float prior = (float)SPEC_PRIOR_TOKENS * (float)m / (float)(m + 1);
+    const float p = ((float)s->taken[m] + prior) / ((float)s->tried[m] + (float)SPEC_PRIOR_TOKENS);
+    const int most = max_draft < len - at ? max_draft : (int)(len - at);
+    int best = 0;
+    float best_rate = 1.0f; /* no draft: one token for a pass of one */
+    float expected = 1.0f, chance = 1.0f;
+    for (int k = 1; k <= most; k++) {
+        chance *= p;
+        expected += chance;
+        const float rate = expected / pass_cost[k];
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = k;
+        }
     }
-    return k;
+    for (int i = 0; i < best; i++) {
+        draft[i] = history[at + i];
+    }
+    s->matched = m;
+    return best;
 }
 
 void spec_taken(SpecState *s, int drafted, int taken)
@@ -58,17 +66,6 @@ void spec_taken(SpecState *s, int drafted, int taken)
     s->drafted += drafted;
     s->accepted += taken;
     s->passes++;
-    if (taken == drafted) {
-        s->length = s->length < 32 ? 2 * s->length : 64;
-    } else {
-        s->length = taken + 1;
-    }
-    if (taken > 0) {
-        s->misses = 0;
-        return;
-    }
-    /* Drafts that keep failing cost a longer pass for nothing: wait 1, 2, 4 ... steps before the next. */
-    s->misses++;
-    const int32_t wait = (int32_t)1 << (s->misses < 5 ? s->misses - 1 : 4);
-    s->skip = wait < SPEC_BACKOFF_MAX ? wait : SPEC_BACKOFF_MAX;
+    s->taken[s->matched] += taken;
+    s->tried[s->matched] += taken + (taken < drafted ? 1 : 0);
 }

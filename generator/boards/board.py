@@ -60,6 +60,8 @@ class Board:
     path: Path
     prefill_batch: int = 1
     speculate_tokens: int = 0  # tokens a speculative verification pass may feed (0: no speculative decoding)
+    # what a pass of 1, 2, ... speculate_tokens tokens costs relative to a pass of one (drafts' lengths)
+    speculate_pass_cost: tuple[float, ...] = ()
     parallel: str = "none"  # runtime/parallel/<name>.c
     code_reserve: int = 0
     memory_budget: int | AutoBudget = 0  # default --memory-budget (Linux boards): bytes (0: unlimited) or auto

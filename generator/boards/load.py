@@ -8,6 +8,9 @@ Common fields (every board):
   speculate_tokens (optional, default 0): the most tokens one pass of exact speculative decoding
               feeds (the sampled one and drafted ones), at most prefill_batch; each costs a
               vocabulary of logits in scratch, so MCU boards leave it at 0 (off)
+  speculate_pass_cost (with speculate_tokens): what a forward pass of 1, 2, ... speculate_tokens
+              tokens costs on the board relative to a pass of one (1.0 first, never falling): a
+              draft is as long as makes the most expected tokens per cost (app/speculate.c)
   [toolchain] cc, apt (Debian packages providing it), cflags, ldflags, libs, linker_script (optional)
   [runner]    kind: "process" (a Linux program; `emulator` prefixes it when this machine's ISA
               differs), "qemu-system" (`command` with {program} {flash_image} {uart_fd}),
@@ -46,6 +49,7 @@ Common fields (every board):
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -153,6 +157,23 @@ def _selftest(section: dict | None, runner: Runner) -> SelftestSettings:
     return settings
 
 
+def _pass_cost(data: dict) -> tuple[float, ...]:
+    """speculate_pass_cost: one relative cost per token count of a speculative pass."""
+    tokens = _int(data.get("speculate_tokens", 0))
+    costs = data.get("speculate_pass_cost")
+    if tokens < 2:
+        if costs is not None:
+            raise ValueError("speculate_pass_cost is for boards with speculate_tokens of 2 or more")
+        return ()
+    if not isinstance(costs, list) or len(costs) != tokens:
+        raise ValueError(f"speculate_pass_cost must list {tokens} costs, one per token count of a pass, got {costs!r}")
+    if any(isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) for c in costs):
+        raise ValueError(f"speculate_pass_cost must hold finite numbers, got {costs!r}")
+    if costs[0] != 1 or any(b < a for a, b in zip(costs, costs[1:])):
+        raise ValueError(f"speculate_pass_cost must start at 1.0 (a pass of one token) and never fall, got {costs!r}")
+    return tuple(float(c) for c in costs)
+
+
 def board_from_data(data: dict, path: Path) -> Board:
     """A Board from a parsed board file (load_board reads targets/<name>.toml into this)."""
     try:
@@ -190,6 +211,7 @@ def board_from_data(data: dict, path: Path) -> Board:
             path=path,
             prefill_batch=_int(data.get("prefill_batch", 1)),
             speculate_tokens=_int(data.get("speculate_tokens", 0)),
+            speculate_pass_cost=_pass_cost(data),
             parallel=str(data.get("parallel", "none")),
             code_reserve=_int(data.get("code_reserve", 0)),
             memory_budget=_budget(data, runner),

@@ -159,6 +159,33 @@ def test_a_malformed_runner_or_predict_section_is_refused_when_the_board_loads()
         )
 
 
+def test_a_speculating_board_gives_a_pass_cost_per_token_count_starting_at_one_and_never_falling():
+    from pathlib import Path
+
+    from generator.boards import board_from_data
+
+    assert load_board("host").speculate_pass_cost[0] == 1.0 and len(load_board("host").speculate_pass_cost) == 8
+    assert load_board("qemu-rv32").speculate_pass_cost == ()
+    data = _board_data("host")
+    bad = {
+        "missing": (None, r"must list 8 costs"),
+        "short": ([1.0, 1.5], r"must list 8 costs"),
+        "not 1 first": ([1.5, 2, 3, 4, 5, 6, 7, 8], r"must start at 1.0 .* and never fall"),
+        "falling": ([1.0, 2, 1.5, 4, 5, 6, 7, 8], r"must start at 1.0 .* and never fall"),
+        "not a number": ([1.0, "2", 3, 4, 5, 6, 7, 8], r"must hold finite numbers"),
+        "infinite": ([1.0, 2, 3, 4, 5, 6, 7, float("inf")], r"must hold finite numbers"),
+    }
+    for name, (costs, message) in bad.items():
+        board = {k: v for k, v in data.items() if k != "speculate_pass_cost"}
+        if costs is not None:
+            board["speculate_pass_cost"] = costs
+        with pytest.raises(ColibriError, match=r"x.toml: malformed board file \(speculate_pass_cost " + message):
+            board_from_data(board, Path("x.toml"))
+    no_speculation = {**_board_data("qemu-rv32"), "speculate_pass_cost": [1.0]}
+    with pytest.raises(ColibriError, match=r"speculate_pass_cost is for boards with speculate_tokens of 2 or more"):
+        board_from_data(no_speculation, Path("x.toml"))
+
+
 def test_qemu_rv32_predicts_with_the_esp32p4_idf_timing_model():
     from generator.bench import predict_speed, predicted_timing
 

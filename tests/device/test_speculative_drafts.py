@@ -1,6 +1,7 @@
-"""Where speculative decoding's drafts come from (firmware_src/app/speculate.c, driven alone by
-tests/c/speculate_harness.c): what followed the earlier occurrence of the context's longest
-suffix, never a single token's match, and no longer than the match."""
+"""Where speculative decoding's drafts come from and how long they are (firmware_src/app/speculate.c,
+driven alone by tests/c/speculate_harness.c): what followed the earlier occurrence of the context's
+longest suffix, never a single token's match, and as long as makes the most expected tokens per
+cost of the pass, from what drafts after matches that long did before."""
 
 import subprocess
 
@@ -20,7 +21,7 @@ def drafts(tmp_path_factory):
     )  # fmt: skip
 
     def draft(*contexts):
-        args = [",".join(map(str, c)) for c in contexts]
+        args = [c if isinstance(c, str) else ",".join(map(str, c)) for c in contexts]
         out = subprocess.run([str(exe), *args], check=True, capture_output=True, text=True).stdout
         return [[int(t) for t in line.split(",")] if line else [] for line in out.splitlines()]
 
@@ -31,11 +32,11 @@ def test_the_draft_follows_the_longest_earlier_match_not_the_latest(drafts):
     # The context ends in "1 5 6 7": it occurred first, followed by 8 9 2 9; "5 6 7" occurred later,
     # followed by 30.
     context = [1, 5, 6, 7, 8, 9, 2, 9, 5, 6, 7, 30, 3, 1, 5, 6, 7]
-    assert drafts(context) == [[8, 9, 2, 9]]
+    assert drafts(context) == [[8, 9, 2, 9, 5, 6, 7]]
 
 
 def test_of_equally_long_matches_the_latest_drafts(drafts):
-    assert drafts([3, 4, 11, 12, 3, 4, 21, 22, 9, 3, 4]) == [[21, 22]]
+    assert drafts([3, 4, 11, 12, 3, 4, 21, 22, 9, 3, 4]) == [[21, 22, 9, 3, 4]]
 
 
 def test_a_single_token_match_drafts_nothing(drafts):
@@ -43,8 +44,28 @@ def test_a_single_token_match_drafts_nothing(drafts):
     assert drafts([1, 2, 3, 4], [4]) == [[], []]
 
 
-def test_a_draft_is_no_longer_than_its_match_nor_runs_past_the_context(drafts):
-    # matched by 2 tokens: 2 drafted though 5 followed
-    assert drafts([1, 2, 30, 31, 32, 33, 34, 9, 1, 2]) == [[30, 31]]
+def test_a_draft_never_runs_past_the_context(drafts):
     # matched by 4 (overlapping itself): the draft stops where the context does
     assert drafts([1, 2, 1, 2, 1, 2]) == [[1, 2]]
+
+
+HOST = "cost=1.0,1.72,2.29,2.83,3.26,3.36,3.5,3.65"  # targets/host.toml's speculate_pass_cost
+COPYING = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 5, 6, 7, 8]  # "5 6 7 8" again: a copy?
+
+
+def test_where_passes_cost_a_short_match_drafts_nothing_and_a_long_one_drafts_all_it_can(drafts):
+    # a 2-token match is taken for a copy 2 times in 3: a 2-token pass (1.72) would not pay for it
+    assert drafts(HOST, [1, 2, 30, 31, 32, 33, 34, 9, 1, 2]) == [[]]
+    # a 4-token match, 4 times in 5: the longest draft makes the most tokens per cost
+    assert drafts(HOST, COPYING) == [[9, 10, 11, 12, 13, 14, 15]]
+
+
+def test_drafts_after_matches_that_long_being_refused_stop_the_drafting(drafts):
+    refused = ["taken=0"] * 3
+    assert drafts(HOST, COPYING, *refused, COPYING) == [[9, 10, 11, 12, 13, 14, 15], []]
+    # drafts that were taken whole keep it going
+    assert drafts(HOST, COPYING, "taken=7", COPYING) == [[9, 10, 11, 12, 13, 14, 15]] * 2
+
+
+def test_free_passes_draft_whatever_follows_the_match(drafts):
+    assert drafts([1, 2, 30, 31, 32, 33, 34, 9, 1, 2]) == [[30, 31, 32, 33, 34, 9, 1]]

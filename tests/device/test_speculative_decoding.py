@@ -20,7 +20,7 @@ from generator.verify import compare, rates, reference_run
 KJV = REPO / "models" / "kjv-tiny"
 # A prompt that repeats itself, so that prompt lookup finds drafts that decoding takes.
 REPEATING = [1, 45, 96, 30, 12, 45, 96, 30, 12, 45, 96, 30, 12, 45, 96]
-SAMPLED = SamplingParams(0.8, top_k=40, top_p=0.95, seed=5)
+SAMPLED = SamplingParams(0.5, top_k=40, top_p=0.95, seed=5)  # see the last test
 
 
 def run(board, art, prompt, steps, sampling=SamplingParams(), speculate=0, threads=1):
@@ -113,3 +113,12 @@ def test_verify_and_bench_take_speculate_and_say_what_it_did(tmp_path):
     assert out["pass"] and out["stats"]["speculation"]["accepted"] > 0
     bad = run_cli("verify", "--speculate", "65", "--out", tmp_path / "w")
     assert bad.returncode == 2 and "--speculate: expected a count of drafted tokens from 0 to 64" in bad.stderr
+
+
+def test_the_sampled_runs_here_draw_other_tokens_than_greedy_decoding(builder):
+    """SAMPLED is cool enough that the tiny model's output repeats (so drafts are made and checked)
+    and warm enough that its draws are not greedy decoding's."""
+    board, art, _ = builder.build(KJV, "q8_0", 128)
+    _, greedy = run(board, art, REPEATING, 60)
+    _, sampled = run(board, art, REPEATING, 60, SAMPLED, speculate=7)
+    assert sampled.tokens != greedy.tokens and rates(sampled).speculation["drafted"] > 0

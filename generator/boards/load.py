@@ -157,9 +157,8 @@ def _selftest(section: dict | None, runner: Runner) -> SelftestSettings:
     return settings
 
 
-def _pass_cost(data: dict) -> tuple[float, ...]:
-    """speculate_pass_cost: one relative cost per token count of a speculative pass."""
-    tokens = _int(data.get("speculate_tokens", 0))
+def _pass_cost(data: dict, tokens: int) -> tuple[float, ...]:
+    """speculate_pass_cost: one relative cost per token count of a pass of up to `tokens`."""
     costs = data.get("speculate_pass_cost")
     if tokens < 2:
         if costs is not None:
@@ -191,6 +190,7 @@ def board_from_data(data: dict, path: Path) -> Board:
         predicts = data.get("predicts")
         if predicts is not None and not isinstance(predicts, str):
             raise ValueError(f"predicts must be a board's name, got {predicts!r}")
+        speculate_tokens = _int(data.get("speculate_tokens", 0))
         board = Board(
             name=data["name"],
             description=data["description"],
@@ -210,8 +210,8 @@ def board_from_data(data: dict, path: Path) -> Board:
             memory=memory,
             path=path,
             prefill_batch=_int(data.get("prefill_batch", 1)),
-            speculate_tokens=_int(data.get("speculate_tokens", 0)),
-            speculate_pass_cost=_pass_cost(data),
+            speculate_tokens=speculate_tokens,
+            speculate_pass_cost=_pass_cost(data, speculate_tokens),
             parallel=str(data.get("parallel", "none")),
             code_reserve=_int(data.get("code_reserve", 0)),
             memory_budget=_budget(data, runner),

@@ -71,6 +71,14 @@ TASKS = {
     f"text.\n\n{MISSPELT}",
     "extract fields": "From this record, list the name, the date of birth, the address, the phone "
     f"number, the email and the last payment, one per line as 'field: value'.\n\n{RECORD}",
+    # The two above, asked so that SmolLM2-135M's answer copies its input: to the first it answers
+    # with a list of corrections that falls into repeating one line, to the second with numbered
+    # lines that fall into repeating "2011"; to these, with the text corrected (a correction every
+    # few words) and with the record's fields copied (then the copy again).
+    "fix the spelling, the text only": "Rewrite this text with the spelling mistakes corrected. Write "
+    f"only the corrected text.\n\n{MISSPELT}",
+    "copy the record's fields": "Copy the following record as a list with one field per line, in "
+    f"the form 'Field: value', keeping the values exactly as written.\n\n{RECORD}",
     "free text": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 

@@ -20,20 +20,29 @@
 #define SPEC_PRIOR_TOKENS 2  /* before any evidence, a match of m tokens counts as 2 drafted tokens
                               * taken at m / (m + 1): longer matches more often find the place being
                               * copied */
+#define SPEC_NEAR_WINDOW 8   /* a match starting at most this many tokens past where the last draft's
+                              * taken tokens ended in their source is the copy resuming after an edit
+                              * (a changed or corrected word) */
+#define SPEC_NEAR_CLASS (SPEC_MATCH_CLASSES + 1) /* such matches' own acceptance count */
+#define SPEC_NEAR_PRIOR 0.8f /* and their chance before any evidence */
 
 typedef struct {
     int32_t drafted;  /* tokens drafted and checked */
     int32_t accepted; /* of them, the ones decoding took */
     int32_t passes;   /* forward passes that checked a draft */
-    int32_t matched;  /* the match length class of the draft being checked */
-    int32_t taken[SPEC_MATCH_CLASSES + 1]; /* per match length class: drafted tokens taken */
-    int32_t tried[SPEC_MATCH_CLASSES + 1]; /* and the ones that could have been: taken, plus the
-                                            * first one refused in each draft */
+    int32_t matched;  /* the match class of the draft being checked (a length, or SPEC_NEAR_CLASS) */
+    int32_t source;   /* where in the history the draft being checked was copied from */
+    int32_t copy_end; /* where the last draft's taken tokens ended in their source (0: none taken) */
+    int32_t taken[SPEC_NEAR_CLASS + 1]; /* per match class: drafted tokens taken */
+    int32_t tried[SPEC_NEAR_CLASS + 1]; /* and the ones that could have been: taken, plus the
+                                         * first one refused in each draft */
 } SpecState;
 
-/* Up to max_draft tokens that followed the earlier occurrence of the longest suffix of
- * history[0 .. len) (SPEC_MATCH_MIN to SPEC_MATCH_MAX tokens, the latest of equally long ones)
- * into draft, as many as make the most expected tokens per cost; returns how many (0: none).
+/* Up to max_draft tokens that followed an earlier occurrence of a suffix of history[0 .. len)
+ * (SPEC_MATCH_MIN to SPEC_MATCH_MAX tokens) into draft, as many as make the most expected tokens
+ * per cost; returns how many (0: none). The occurrence is the longest one just past where the last
+ * draft's copy stopped (SPEC_NEAR_WINDOW) if there is one and it is worth a draft, else the longest
+ * anywhere (the latest of equally long ones).
  * pass_cost[n - 1]: what a pass of n tokens costs relative to a pass of one (pass_cost[0] == 1),
  * n = 1 .. max_draft + 1. */
 int spec_draft(SpecState *s, const int32_t *history, int32_t len, int32_t *draft, int max_draft,

@@ -1,7 +1,8 @@
 """Where speculative decoding's drafts come from and how long they are (firmware_src/app/speculate.c,
 driven alone by tests/c/speculate_harness.c): what followed the earlier occurrence of the context's
-longest suffix, never a single token's match, and as long as makes the most expected tokens per
-cost of the pass, from what drafts after matches that long did before."""
+longest suffix, or of a shorter one just past where the last copy stopped, never a single token's
+match, and as long as makes the most expected tokens per cost of the pass, from what drafts after
+matches of that kind did before."""
 
 import subprocess
 
@@ -64,10 +65,32 @@ def test_where_passes_cost_a_short_match_drafts_nothing_and_a_long_one_drafts_al
 
 def test_drafts_after_matches_that_long_being_refused_stop_the_drafting(drafts):
     refused = ["taken=0"] * 3
-    assert drafts(HOST, COPYING, *refused, COPYING) == [[9, 10, 11, 12, 13, 14, 15], []]
+    elsewhere = list(range(60, 70)) + COPYING  # the same match, far from where the refused copy was
+    assert drafts(HOST, COPYING, *refused, elsewhere) == [[9, 10, 11, 12, 13, 14, 15], []]
     # drafts that were taken whole keep it going
     assert drafts(HOST, COPYING, "taken=7", COPYING) == [[9, 10, 11, 12, 13, 14, 15]] * 2
 
 
 def test_free_passes_draft_whatever_follows_the_match(drafts):
     assert drafts([1, 2, 30, 31, 32, 33, 34, 9, 1, 2]) == [[30, 31, 32, 33, 34, 9, 1]]
+
+
+SOURCE = list(range(10, 30))  # a text being copied, with its 6th token (15) changed to 99
+
+
+def test_after_an_edit_a_short_match_just_past_the_copy_resumes_it(drafts):
+    copied = SOURCE + [10, 11, 12, 13]
+    after_edit = copied + [14, 99, 16]  # 14 taken, 15 refused: the edit
+    resumed = after_edit + [17]  # "16 17": a 2-token match just past where the copy stopped
+    assert drafts(HOST, copied, "taken=1", after_edit, resumed) == [
+        [14, 15, 16, 17, 18, 19, 20],
+        [],
+        [18, 19, 20, 21, 22, 23, 24],
+    ]
+    # the same 2-token match with no copy before it is not worth a pass of several tokens
+    assert drafts(HOST, resumed) == [[]]
+
+
+def test_a_draft_refused_from_its_first_token_leaves_no_copy_to_resume(drafts):
+    copied = SOURCE + [10, 11, 12, 13]
+    assert drafts(HOST, copied, "taken=0", copied + [99, 15, 16]) == [[14, 15, 16, 17, 18, 19, 20], []]

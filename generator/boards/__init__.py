@@ -5,7 +5,7 @@ import this package; it imports none of them."""
 from .board import CATEGORIES, DEFAULT_KV_TYPE, KV_TYPES, Board, MemoryRegion
 from .esp_idf import IdfSettings
 from .flash import Flash, FlashImage
-from .load import TARGETS_DIR, available_boards, board_from_data, load_board
+from .load import TARGETS_DIR, available_boards, board_from_data, board_reference, load_board
 from .predict import TimingModel
 from .runners import BuildOnlyRunner, EmulatedSystemRunner, ProcessRunner, Runner, SerialRunner
 from .sources import firmware_sources
@@ -28,6 +28,7 @@ __all__ = [
     "TimingModel",
     "available_boards",
     "board_from_data",
+    "board_reference",
     "firmware_sources",
     "load_board",
 ]

@@ -1,4 +1,5 @@
-"""Boards as data: targets/<name>.toml, one declarative file per board, read into a typed Board.
+"""Boards as data: targets/<name>.toml, one declarative file per board, read into a typed Board
+(or a board file of one's own, given by its path: `--board path/to/board.toml`).
 
 Common fields (every board):
   name, description, isa, bsp (firmware_src/bsp/<bsp>), kernels (runtime/kernels/<k>.c),
@@ -71,14 +72,28 @@ def available_boards() -> list[str]:
 
 
 def load_board(name: str) -> Board:
-    path = TARGETS_DIR / f"{name}.toml"
-    if not path.is_file():
-        raise ColibriError(f"unknown board {name!r} (available: {', '.join(available_boards())})")
+    """A board by its name (targets/<name>.toml), or by the path of a board file of one's own (a
+    name ending in .toml: a variant kept outside the repository; the paths in it, such as a linker
+    script, are still the repository's)."""
+    if name.endswith(".toml"):
+        path = Path(name).expanduser().resolve()
+        if not path.is_file():
+            raise ColibriError(f"no board file {name}")
+    else:
+        path = TARGETS_DIR / f"{name}.toml"
+        if not path.is_file():
+            raise ColibriError(f"unknown board {name!r} (available: {', '.join(available_boards())})")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ColibriError(f"{path.name}: malformed board file ({e})") from None
     return board_from_data(data, path)
+
+
+def board_reference(board: Board) -> str:
+    """What load_board takes to load this board again (the build's SCons run does): its name, or
+    its file's path when that is not targets/<name>.toml."""
+    return board.name if board.path == TARGETS_DIR / f"{board.name}.toml" else str(board.path)
 
 
 def _int(value: object) -> int:

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..boards import DEFAULT_KV_TYPE, Board
+from ..boards import DEFAULT_KV_TYPE, Board, board_reference
 from ..errors import ColibriError
 from ..files import REPO, slug
 from ..model.load import load_model
@@ -180,7 +180,7 @@ def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str
         "-Q",
         "-C",
         str(REPO),
-        f"board={req.board.name}",
+        f"board={board_reference(req.board)}",
         f"model={req.model_dir}",
         f"quant={req.quant}",
         f"ctx={req.n_ctx}",

@@ -204,3 +204,24 @@ def test_a_build_only_board_has_no_link(tmp_path):
     assert board.runner.how_it_runs() == "not from here (build only)"
     with pytest.raises(ColibriError, match=r"board esp32p4 cannot be run from here \(runner 'none'\)"):
         open_link(board, tmp_path / "fw", tmp_path / "w.img", "0" * 64)
+
+
+def test_a_board_file_kept_elsewhere_is_given_by_its_path(tmp_path):
+    from generator.boards import board_reference
+
+    text = load_board("host").path.read_text()
+    assert 'name = "host"' in text and "default_ctx = 512" in text
+    mine = tmp_path / "my-host.toml"
+    mine.write_text(text.replace('name = "host"', 'name = "my-host"').replace("default_ctx = 512", "default_ctx = 96"))
+    board = load_board(str(mine))
+    assert (board.name, board.default_ctx, board.path) == ("my-host", 96, mine)
+    assert board_reference(board) == str(mine) and board_reference(load_board("host")) == "host"
+
+    # the build's SCons run takes the same file: the plan has its context
+    r = run_cli("run", "--board", mine, "--prompt-ids", "1,21,51", "--steps", "4", "--json", "--out", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "b" / "generated" / "plan.json").read_text())["n_ctx"] == 96
+    assert json.loads(r.stdout)["board"] == "my-host"
+
+    r = run_cli("run", "--board", tmp_path / "missing.toml", "--prompt-ids", "1", "--steps", "1")
+    assert r.returncode != 0 and f"no board file {tmp_path / 'missing.toml'}" in r.stderr

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..boards import Board, load_board
+from ..boards import Board, board_reference, load_board
 from ..compile.build import GENERATED_DIR, prepare, run_scons
 from ..compile.firmware_id import elf_build_id
 from ..compile.pipeline import OUTPUT_FILES, SELFTEST_CHECKS_FILE, SELFTEST_DATA_FILE
@@ -297,6 +297,11 @@ def make_release(
     from ..device.setup_toolchain import ensure_toolchain
 
     board = load_board(board_name)
+    if board_reference(board) != board.name:
+        raise ColibriError(
+            f"release: {board.path} is not a board file of targets/: a release is rebuilt from the "
+            "repository's own sources, so its board must be one of them"
+        )
     model_dir = Path(model_dir)
     # Every check that needs no compiling comes first: the model, its fit, the key, the destination.
     _, plan = prepare(board, model_dir, quant, ctx)

@@ -225,3 +225,7 @@ def test_a_board_file_kept_elsewhere_is_given_by_its_path(tmp_path):
 
     r = run_cli("run", "--board", tmp_path / "missing.toml", "--prompt-ids", "1", "--steps", "1")
     assert r.returncode != 0 and f"no board file {tmp_path / 'missing.toml'}" in r.stderr
+    # a release is rebuilt from the repository's sources: its board must be one of targets/
+    r = run_cli("release", "--board", mine, "--out", tmp_path / "rel")
+    assert r.returncode != 0 and f"{mine} is not a board file of targets/" in r.stderr
+    assert not (tmp_path / "rel").exists()

@@ -42,18 +42,32 @@ def descendants(pid: int) -> list[int]:
 
 
 class Sshd:
+    ATTEMPTS = 5  # a free port can be taken by another process before sshd binds it: try another
+
     def __init__(self, root: Path, extra_config: str = ""):
         self.root = root
-        self.port = free_port()
+        self.extra_config = extra_config
         root.mkdir(parents=True, exist_ok=True)
         for name in ("host_key", "id_ed25519", "wrong_key"):
             keygen(root / name)
         (root / "authorized_keys").write_text((root / "id_ed25519.pub").read_text())
-        host_pub = (root / "host_key.pub").read_text().split()
-        (root / "known_hosts").write_text(f"[127.0.0.1]:{self.port} {host_pub[0]} {host_pub[1]}\n")
         (root / "empty_known_hosts").write_text("")
+        # sshd's privilege-separation directory (the Debian package creates it at boot only).
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        for attempt in range(self.ATTEMPTS):
+            if self._start(free_port()):
+                return
+        raise RuntimeError(f"sshd did not start in {self.ATTEMPTS} attempts: {(root / 'sshd.log').read_text()}")
+
+    def _start(self, port: int) -> bool:
+        """sshd on this port, waited for until its log says it listens there; False if it exited
+        (the port was taken meanwhile)."""
+        root = self.root
+        self.port = port
+        host_pub = (root / "host_key.pub").read_text().split()
+        (root / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
         (root / "sshd_config").write_text(f"""\
-Port {self.port}
+Port {port}
 ListenAddress 127.0.0.1
 HostKey {root}/host_key
 PidFile {root}/sshd.pid
@@ -66,26 +80,25 @@ KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 MaxStartups 50
 LogLevel VERBOSE
-{extra_config}
+{self.extra_config}
 """)
         self.log = open(root / "sshd.log", "wb")
-        # sshd's privilege-separation directory (the Debian package creates it at boot only).
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         self.proc = subprocess.Popen(
             [SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+        listening = f"Server listening on 127.0.0.1 port {port}.".encode()
         deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"sshd did not start: {(root / 'sshd.log').read_text()}")
-                time.sleep(0.05)
+        while listening not in (root / "sshd.log").read_bytes():
+            if self.proc.poll() is not None:
+                self.log.close()
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd did not start: {(root / 'sshd.log').read_text()}")
+            time.sleep(0.05)
+        return True
 
     def client_config(
         self, name: str = "config", identity: str = "id_ed25519", known_hosts: str = "known_hosts"

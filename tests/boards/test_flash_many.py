@@ -47,6 +47,18 @@ def images(tmp_path):
 
 
 @pytest.fixture
+def ctrl_c():
+    """Ctrl-C as a terminal delivers it: Python's KeyboardInterrupt handler installed and SIGINT not
+    blocked in this thread, whatever an earlier test in this worker process left behind (the two
+    Ctrl-C tests once saw no KeyboardInterrupt in a full run, and pass alone)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
 def chips():
     """chips(**knobs, ...) -> started FakeChips, closed after the test."""
     made: list[FakeChip] = []
@@ -165,7 +177,7 @@ def test_a_port_that_does_not_exist_fails_alone(board, chips, images):
     assert report.boards[1].failed.startswith("cannot open serial port /dev/ttyCOLIBRI_NONE")
 
 
-def test_ctrl_c_reports_what_finished_and_the_rest_as_interrupted(board, chips, images):
+def test_ctrl_c_reports_what_finished_and_the_rest_as_interrupted(board, chips, images, ctrl_c):
     """A silent board keeps esptool trying to connect for seconds; Ctrl-C meanwhile stops the wait."""
     good, silent = chips({}, {"silent": True})
     lines: list[str] = []
@@ -240,7 +252,7 @@ def test_each_board_runs_its_self_test_and_a_damaged_one_says_fail(board, builde
 
 
 @pytest.mark.slow
-def test_flash_several_ports_from_the_command_line_and_the_api(chips, tmp_path, capsys, monkeypatch):
+def test_flash_several_ports_from_the_command_line_and_the_api(chips, tmp_path, capsys, monkeypatch, ctrl_c):
     """./colibri flash --board esp32p4 --port P1 --port P2: the build's firmware.bin on each board,
     the table on stdout, the JSON report where --report says; --json prints the JSON instead."""
     good, bad = chips({}, {"cut_after": 4096})

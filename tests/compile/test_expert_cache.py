@@ -354,16 +354,21 @@ def test_reads_that_finish_out_of_order_give_the_same_bits(builder, checkpoints,
     c = constants(board, plan)
     request, unlimited = run(board, art, steps=12)
     ref = reference_run(plan, art.weights, request)
-    monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", shim_prefix(slow_reads, us=2000, scramble=8))
     reordered = 0
-    for budget in (c.min_budget, c.budget_for(c.experts_per_token * c.n_moe_layers)):
-        for threads in (1, 2):
-            for prefetch in (False, True):
-                _, result = run(board, art, budget, threads, prefetch, steps=12)
-                assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
-                assert result.expert_counts == unlimited.expert_counts
-                assert compare(result, ref).passed
-                reordered += cache_stats(result).reads_reordered
+    # On a loaded machine the reads can still finish in rank order throughout: then once more with
+    # the delays spread wider.
+    for us in (2000, 6000):
+        monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", shim_prefix(slow_reads, us=us, scramble=8))
+        for budget in (c.min_budget, c.budget_for(c.experts_per_token * c.n_moe_layers)):
+            for threads in (1, 2):
+                for prefetch in (False, True):
+                    _, result = run(board, art, budget, threads, prefetch, steps=12)
+                    assert result.tokens == unlimited.tokens and result.digests == unlimited.digests
+                    assert result.expert_counts == unlimited.expert_counts
+                    assert compare(result, ref).passed
+                    reordered += cache_stats(result).reads_reordered
+        if reordered:
+            break
     assert reordered > 0, "no expert was computed ahead of a lower rank: the order was never tested"
 
 

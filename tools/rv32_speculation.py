@@ -31,11 +31,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from generator import job  # noqa: E402
+from speculation_bench import decode, prepared_build  # noqa: E402  (tools/, this script's folder)
+
 from generator.bench import predict_speed, predicted_timing, weight_bytes_per_token  # noqa: E402
 from generator.boards import load_board  # noqa: E402
-from generator.device.session import RunRequest  # noqa: E402
-from generator.verify import run_stats  # noqa: E402
 
 PASS_TOKENS = 8  # the variant's speculate_tokens: the board's prefill batch
 
@@ -56,29 +55,14 @@ def prompts() -> dict[str, str]:
     }
 
 
-def prepared_build(board, model: Path, prompt_file: Path, steps: int, speculate: int, out: Path):
-    options = job.JobOptions(
-        board=board, model=model, prompt_file=prompt_file, steps=steps, greedy=True, speculate=speculate,
-        out=out, quiet=True,
-    )  # fmt: skip
-    prepared = job.prepare_run(options)
-    return prepared, job.build(prepared)
-
-
-def decode(prepared, built, prompt: list[int], steps: int, speculate: int, digests: bool):
-    request = RunRequest(prompt, steps, prepared.sampling, True, 1, digests=digests, speculate=speculate)
-    result = job.run_turn(prepared, built, request)
-    return result, run_stats(result, prepared.board, request)
-
-
 def pass_costs(model: Path, prompt_file: Path, out: Path) -> tuple[float, ...]:
     """What a prefill pass of 1 .. PASS_TOKENS tokens costs against one of a single token, in
     exact instructions on the board as it is."""
-    prepared, built = prepared_build("qemu-rv32", model, prompt_file, 1, 0, out)
+    prepared, built = prepared_build(model, prompt_file, 1, 0, 1, out, board="qemu-rv32", ctx=None)
     prompt = prepared.tokenizer.encode(ruth(40))
     counts = []
     for n in range(1, PASS_TOKENS + 1):
-        _, stats = decode(prepared, built, prompt[:n], 1, 0, digests=False)
+        _, stats = decode(prepared, built, prompt[:n], 1, 0, 1, digests=False)
         counts.append(stats.prefill_instructions_per_token * n)
     costs = [round(c / counts[0], 3) for c in counts]
     for i in range(1, len(costs)):  # the board file's rule: never falling
@@ -124,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     for label, costs in (("measured", measured), ("all 1.0", (1.0,) * PASS_TOKENS)):
         out = args.out / ("variant-" + label.replace(" ", "-"))
         variant = speculating_board(costs, out)
-        prepared, built = prepared_build(variant, args.model, prompt_file, args.steps, args.speculate, out)
+        prepared, built = prepared_build(
+            args.model, prompt_file, args.steps, args.speculate, 1, out, board=variant, ctx=None
+        )
         if prepared.plan.speculate_tokens != PASS_TOKENS:
             raise SystemExit(
                 f"the plan made room for {prepared.plan.speculate_tokens} tokens a pass, not {PASS_TOKENS}"
@@ -133,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         weights = weight_bytes_per_token(prepared.plan)
         for name, text in prompts().items():
             prompt = prepared.tokenizer.encode(text)
-            a, _ = decode(prepared, built, prompt, args.steps, 0, digests=True)
-            b, _ = decode(prepared, built, prompt, args.steps, args.speculate, digests=True)
+            a, _ = decode(prepared, built, prompt, args.steps, 0, 1, digests=True)
+            b, _ = decode(prepared, built, prompt, args.steps, args.speculate, 1, digests=True)
             if a.tokens != b.tokens or a.digests != b.digests:
                 raise SystemExit(f"{name}: speculative decoding changed the tokens or logits")
-            _, plain = decode(prepared, built, prompt, args.steps, 0, digests=False)
-            _, fast = decode(prepared, built, prompt, args.steps, args.speculate, digests=False)
+            _, plain = decode(prepared, built, prompt, args.steps, 0, 1, digests=False)
+            _, fast = decode(prepared, built, prompt, args.steps, args.speculate, 1, digests=False)
             spec = fast.speculation or {}
             tokens_per_pass = spec.get("tokens_per_pass", 1.0) or 1.0
             p = predict_speed(timing, plain.decode_instructions_per_token, weights)

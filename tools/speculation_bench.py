@@ -87,10 +87,14 @@ def chat(user: str) -> str:
     return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def prepared_build(model: Path, prompt_file: Path, steps: int, speculate: int, threads: int, out: Path):
-    """The firmware `./colibri run --greedy --ctx 1024` builds for this model, built once."""
+def prepared_build(
+    model: Path, prompt_file: Path, steps: int, speculate: int, threads: int, out: Path, board: str = "host",
+    ctx: int | None = 1024,
+):  # fmt: skip
+    """The firmware `./colibri run --greedy --ctx 1024` builds for this model, built once (ctx None:
+    the board's default)."""
     options = job.JobOptions(
-        model=model, prompt_file=prompt_file, steps=steps, greedy=True, ctx=1024, speculate=speculate,
+        board=board, model=model, prompt_file=prompt_file, steps=steps, greedy=True, ctx=ctx, speculate=speculate,
         threads=threads, out=out, quiet=True,
     )  # fmt: skip
     prepared = job.prepare_run(options)

@@ -14,6 +14,12 @@ every step's logits hashed, as `run --json` and `verify` do; the timed runs hash
 and would be counted on both sides). The figure is decode tok/s (every token after the first over
 the decode's wall time); each round runs plain and speculative decoding `--repeat` times each,
 alternating, and takes each side's median.
+
+The ceiling column is what a drafter that copies from the context could reach at best on the same
+answer: one that knew the answer would draft, before each pass, the longest run of it (up to
+--speculate tokens) found anywhere in the context so far, passes sized to cost the least in all,
+priced with the board's speculate_pass_cost. No drafter that only copies does better, so it says
+how much of a task's room the drafting rule takes, and when a target is out of any copier's reach.
 """
 
 from __future__ import annotations
@@ -108,6 +114,38 @@ def decode(prepared, built, prompt: list[int], steps: int, speculate: int, threa
     return result, run_stats(result, prepared.board, request)
 
 
+def ceiling(prompt: list[int], answer: list[int], pass_cost: list[float], max_draft: int) -> float:
+    """Plain decode's passes over the fewest a clairvoyant copier needs for the answer after its
+    first token (priced with pass_cost[n - 1] for a pass of n tokens; 1.0 means no copy helps).
+    The pass after answer[i] may draft answer[i + 1 .. i + l] if that run occurs in prompt +
+    answer[: i + 1]; it yields l + 1 tokens (the draft and the token after it)."""
+    history: list[int] = []
+    runs: set[tuple[int, ...]] = set()
+
+    def add(token: int) -> None:
+        history.append(token)
+        for n in range(1, max_draft + 1):
+            if n <= len(history):
+                runs.add(tuple(history[-n:]))
+
+    for token in prompt:
+        add(token)
+    draftable = []
+    for i, token in enumerate(answer):
+        add(token)
+        n = 0
+        while n < max_draft and i + n + 1 < len(answer) and tuple(answer[i + 1 : i + n + 2]) in runs:
+            n += 1
+        draftable.append(n)
+    last = len(answer) - 1
+    if last <= 0:
+        return 1.0
+    cost = [0.0] * len(answer)  # cost[i]: the least for answer[i + 1 ..] once answer[i] is known
+    for i in range(last - 1, -1, -1):
+        cost[i] = min(pass_cost[n] + cost[i + n + 1] for n in range(min(draftable[i], last - 1 - i) + 1))
+    return last / cost[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
@@ -146,15 +184,20 @@ def main(argv: list[str] | None = None) -> int:
             fast.append(statistics.median(runs[args.speculate]))
             print(f"{task}, round {r + 1}: plain {plain[-1]:.1f}, speculative {fast[-1]:.1f} tok/s", flush=True)
         ratios = [f / p for f, p in zip(fast, plain)]
-        rows.append((task, len(a.tokens), plain, fast, ratios, spec))
+        costs = list(prepared.board.speculate_pass_cost)
+        best = ceiling(prompt, a.tokens, costs, min(args.speculate, len(costs) - 1))
+        rows.append((task, len(a.tokens), plain, fast, ratios, spec, best))
     print()
-    print("| task | tokens | plain tok/s | speculative tok/s | ratio, round by round | acceptance | tokens per pass |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for task, n, plain, fast, ratios, spec in rows:
+    print(
+        "| task | tokens | plain tok/s | speculative tok/s | ratio, round by round | acceptance | tokens per pass "
+        "| ceiling |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for task, n, plain, fast, ratios, spec, best in rows:
         print(
             f"| {task} | {n} | {', '.join(f'{v:.1f}' for v in plain)} | {', '.join(f'{v:.1f}' for v in fast)} | "
             f"{', '.join(f'{v:.2f}' for v in ratios)} (median {statistics.median(ratios):.2f}) | "
-            f"{spec['acceptance']:.2f} | {spec['tokens_per_pass']:.2f} |"
+            f"{spec['acceptance']:.2f} | {spec['tokens_per_pass']:.2f} | {best:.2f} |"
         )
     return 0
 

@@ -531,6 +531,10 @@ def test_round_even_ties_to_even():
         (64, 9, 192, 64),
         (24, 8, 136, 128),
         (17, 3, 20, 20),
+        # sixteen positions a step with their columns staged, then eight, then the scalar tail; and
+        # a head wider than the staged columns hold
+        (45, 3, 72, 64),
+        (33, 2, 264, 264),
     ],
 )
 def test_attention_tile_scores_and_mix_keep_each_sum_in_order(harness, n, n_q, stride, head_dim):
@@ -605,6 +609,7 @@ def test_a_block_of_query_tokens_scores_a_tile_as_each_token_alone(harness, n, n
         (13, 6, 64, 64, 64, False),  # four heads and then two
         (5, 4, 12, 12, 2, False),  # a head width rv32 does not take in place
         (3, 1, 256, 256, 2, False),
+        (45, 3, 64, 64, 64, False),  # SmolLM2's group: staged steps of sixteen positions, eight, a tail
     ],
 )
 def test_attention_over_a_binary16_tile_read_in_place_is_the_widened_tiles(

@@ -1386,8 +1386,10 @@ __attribute__((always_inline)) static inline float kv_load1(const void *base, in
  * a decode each is a short one started cold between the weights' streams, and the hardware
  * prefetchers ramped up on it too late: decode of SmolLM2-135M Q4_1 at 1,536 positions (63 tokens,
  * six alternating runs of each build) took 687-722 ms without this and 580-646 ms with it. On one
- * long stream alone (the kernel in a loop over consecutive heads) it changes nothing. */
-#define SCORES_PREFETCH_POSITIONS 64
+ * long stream alone (the kernel in a loop over consecutive heads) it changes nothing. Two steps of
+ * sixteen ahead: with the staged columns below, 64 positions ahead left the scores of 4,096
+ * positions (tools/attention_bench.c) at 4.2-4.7 ms a token, 32 at 3.6-3.8. */
+#define SCORES_PREFETCH_POSITIONS 32
 
 __attribute__((always_inline)) static inline void scores_prefetch(const void *keys, int64_t at, int stride,
                                                                   int64_t row_bytes, const int half)
@@ -1409,6 +1411,27 @@ __attribute__((always_inline)) static inline void scores_prefetch(const void *ke
  * loop. The unroll pragmas matter: at -O2 GCC keeps these loops of four and eight rolled and the
  * accumulators and columns in memory, every add then waiting on a store (decode at 1,536
  * positions ran at 34 tok/s that way, 55 with them). */
+/* The widest head whose columns scores_avx2_heads stages: two groups of eight positions, 16 KiB. */
+#define SCORES_STAGED_DIM 256
+
+/* Eight keys' columns, column j lane p = key p's value j, for j < head_dim (a multiple of 8). */
+__attribute__((always_inline)) static inline void stage_columns(__m256 *cols, const void *keys, int64_t k, int stride,
+                                                                int head_dim, const int half)
+{
+    for (int j = 0; j < head_dim; j += 8) {
+        __m256 col[8];
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) {
+            col[p] = kv_load8(keys, k + (int64_t)p * stride + j, half);
+        }
+        transpose8(col);
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            cols[j + t] = col[t];
+        }
+    }
+}
+
 __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, int att_stride, const float *q,
                                                                    int q_stride, const int m, const void *keys,
                                                                    int stride, int n, int head_dim, float scale,
@@ -1416,6 +1439,42 @@ __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, 
 {
     int i = 0;
     const int64_t row_bytes = (int64_t)head_dim * (half ? 2 : 4);
+    if (head_dim % 8 == 0 && head_dim <= SCORES_STAGED_DIM) {
+        /* Sixteen positions a step, their columns staged in L1 first: each sum is a chain of
+         * head_dim additions, one per column, and eight positions give only m chains in flight,
+         * which the adds' latency then paces; two groups give 2m. */
+        __m256 cols_a[SCORES_STAGED_DIM], cols_b[SCORES_STAGED_DIM];
+        for (; i + 16 <= n; i += 16) {
+            const int64_t k = (int64_t)i * stride;
+            if (i + SCORES_PREFETCH_POSITIONS + 16 <= n) {
+                scores_prefetch(keys, k + (int64_t)SCORES_PREFETCH_POSITIONS * stride, stride, row_bytes, half);
+                scores_prefetch(keys, k + (int64_t)(SCORES_PREFETCH_POSITIONS + 8) * stride, stride, row_bytes, half);
+            }
+            stage_columns(cols_a, keys, k, stride, head_dim, half);
+            stage_columns(cols_b, keys, k + 8 * (int64_t)stride, stride, head_dim, half);
+            __m256 acc_a[4], acc_b[4];
+#pragma GCC unroll 4
+            for (int a = 0; a < m; a++) {
+                acc_a[a] = _mm256_set1_ps(-0.0f);
+                acc_b[a] = _mm256_set1_ps(-0.0f);
+            }
+#pragma GCC unroll 2
+            for (int j = 0; j < head_dim; j++) {
+                const __m256 col_a = cols_a[j], col_b = cols_b[j];
+#pragma GCC unroll 4
+                for (int a = 0; a < m; a++) {
+                    const __m256 w = _mm256_set1_ps(q[(int64_t)a * q_stride + j]);
+                    acc_a[a] = _mm256_add_ps(acc_a[a], _mm256_mul_ps(w, col_a));
+                    acc_b[a] = _mm256_add_ps(acc_b[a], _mm256_mul_ps(w, col_b));
+                }
+            }
+#pragma GCC unroll 4
+            for (int a = 0; a < m; a++) {
+                _mm256_storeu_ps(att + (int64_t)a * att_stride + i, _mm256_mul_ps(acc_a[a], _mm256_set1_ps(scale)));
+                _mm256_storeu_ps(att + (int64_t)a * att_stride + i + 8, _mm256_mul_ps(acc_b[a], _mm256_set1_ps(scale)));
+            }
+        }
+    }
     for (; i + 8 <= n; i += 8) {
         const int64_t k = (int64_t)i * stride;
         if (i + SCORES_PREFETCH_POSITIONS + 8 <= n) {
@@ -1654,8 +1713,10 @@ __attribute__((always_inline)) static inline void mix_heads16(float *out, int ou
 }
 
 /* Positions taken MIX_POSITIONS at a time, so the head_dim / 16 passes over them read lines the
- * first pass brought into L1 (64 binary16 rows of 64 values: 8 KiB). */
-#define MIX_POSITIONS 64
+ * first pass brought into L1 (32 binary16 rows of 64 values: 4 KiB). Blocks of 64 rows summed the
+ * values of 4,096 positions (tools/attention_bench.c) in 4.0-4.2 ms a token, of 32 in 3.6-3.7, of
+ * 128 in 4.9-5.0: the shorter the block, the sooner its later passes find its lines. */
+#define MIX_POSITIONS 32
 
 /* The weighted sum of values: heads of the group four at a time, sixteen dimensions a pass
  * (mix_heads16); a head width that is not a multiple of 16 takes eight dimensions per vector for

@@ -1414,21 +1414,24 @@ __attribute__((always_inline)) static inline void scores_prefetch(const void *ke
 /* The widest head whose columns scores_avx2_heads stages: two groups of eight positions, 16 KiB. */
 #define SCORES_STAGED_DIM 256
 
+/* The eight keys from k on (stride apart), values j .. j + 7 of each, as columns: col[t] lane p =
+ * key p's value j + t. */
+__attribute__((always_inline)) static inline void key_columns8(__m256 col[8], const void *keys, int64_t k, int stride,
+                                                               int j, const int half)
+{
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++) {
+        col[p] = kv_load8(keys, k + (int64_t)p * stride + j, half);
+    }
+    transpose8(col);
+}
+
 /* Eight keys' columns, column j lane p = key p's value j, for j < head_dim (a multiple of 8). */
 __attribute__((always_inline)) static inline void stage_columns(__m256 *cols, const void *keys, int64_t k, int stride,
                                                                 int head_dim, const int half)
 {
     for (int j = 0; j < head_dim; j += 8) {
-        __m256 col[8];
-#pragma GCC unroll 8
-        for (int p = 0; p < 8; p++) {
-            col[p] = kv_load8(keys, k + (int64_t)p * stride + j, half);
-        }
-        transpose8(col);
-#pragma GCC unroll 8
-        for (int t = 0; t < 8; t++) {
-            cols[j + t] = col[t];
-        }
+        key_columns8(cols + j, keys, k, stride, j, half);
     }
 }
 
@@ -1488,11 +1491,7 @@ __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, 
         int j = 0;
         for (; j + 8 <= head_dim; j += 8) {
             __m256 col[8];
-#pragma GCC unroll 8
-            for (int p = 0; p < 8; p++) {
-                col[p] = kv_load8(keys, k + (int64_t)p * stride + j, half);
-            }
-            transpose8(col);
+            key_columns8(col, keys, k, stride, j, half);
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
 #pragma GCC unroll 4

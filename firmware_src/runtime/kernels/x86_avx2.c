@@ -1403,14 +1403,6 @@ __attribute__((always_inline)) static inline void scores_prefetch(const void *ke
     }
 }
 
-/* Attention scores, eight positions per vector: lane p carries position i + p's sum over j in
- * order, from -0.0f, the scalar kernel's chain lane by lane. Eight keys' next eight values are
- * loaded and transposed once (column t lane p = key p's value j + t) for up to four query heads of
- * the group (grouped-query attention), each column then one multiply and one add per query head;
- * the transposes overlap the additions. Positions past the last group of eight take the scalar
- * loop. The unroll pragmas matter: at -O2 GCC keeps these loops of four and eight rolled and the
- * accumulators and columns in memory, every add then waiting on a store (decode at 1,536
- * positions ran at 34 tok/s that way, 55 with them). */
 /* The widest head whose columns scores_avx2_heads stages: two groups of eight positions, 16 KiB. */
 #define SCORES_STAGED_DIM 256
 
@@ -1435,6 +1427,15 @@ __attribute__((always_inline)) static inline void stage_columns(__m256 *cols, co
     }
 }
 
+/* Attention scores, eight positions per vector: lane p carries position i + p's sum over j in
+ * order, from -0.0f, the scalar kernel's chain lane by lane. Eight keys' next eight values are
+ * loaded and transposed once (column t lane p = key p's value j + t) for up to four query heads of
+ * the group (grouped-query attention), each column then one multiply and one add per query head;
+ * the transposes overlap the additions. Where the head fits the staging, sixteen positions go
+ * first (below); positions past the last group of eight take the scalar loop. The unroll pragmas
+ * matter: at -O2 GCC keeps these loops of four and eight rolled and the accumulators and columns
+ * in memory, every add then waiting on a store (decode at 1,536 positions ran at 34 tok/s that
+ * way, 55 with them). */
 __attribute__((always_inline)) static inline void scores_avx2_heads(float *att, int att_stride, const float *q,
                                                                    int q_stride, const int m, const void *keys,
                                                                    int stride, int n, int head_dim, float scale,

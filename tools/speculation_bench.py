@@ -124,9 +124,8 @@ def ceiling(prompt: list[int], answer: list[int], pass_cost: list[float], max_dr
 
     def add(token: int) -> None:
         history.append(token)
-        for n in range(1, max_draft + 1):
-            if n <= len(history):
-                runs.add(tuple(history[-n:]))
+        for n in range(1, min(max_draft, len(history)) + 1):
+            runs.add(tuple(history[-n:]))
 
     for token in prompt:
         add(token)

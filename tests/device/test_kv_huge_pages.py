@@ -14,7 +14,8 @@ from models import ORACLE_CONFIGS, make_checkpoint
 CTX = 32768  # 2 layers x 48 KV values x 2 bytes a position: 6 MiB of keys, room for whole 2 MiB pages
 
 
-def symbol_address(program, name: str) -> int:
+def symbol_address(program, name: str) -> tuple[int, int, bool]:
+    """A symbol's address in the ELF, its size, and whether the program is loaded at a base (PIE)."""
     with open(program, "rb") as f:
         elf = ELFFile(f)
         (sym,) = elf.get_section_by_name(".symtab").get_symbol_by_name(name)

@@ -789,6 +789,7 @@ class BandwidthProbe:
     mib: int
     threads: int
     passes: int
+    huge_pages: bool  # its buffer in 2 MiB pages, as the weights are when the firmware reads them into memory
 
 
 @dataclass(frozen=True)
@@ -1012,7 +1013,10 @@ def run_bench(
             peak_rss_bytes=max(int(r.stats.get("peak_rss", 0)) for r in results),
             bandwidth=bandwidth_summary(weight_bytes, runs),
             read_bandwidth_probe=BandwidthProbe(
-                int(first_probe["mib"]), int(first_probe["threads"]), int(first_probe["passes"])
+                int(first_probe["mib"]),
+                int(first_probe["threads"]),
+                int(first_probe["passes"]),
+                first_probe.get("huge_pages") == "1",
             )
             if first_probe
             else None,
@@ -1098,7 +1102,7 @@ def bench_line(out: BenchResult, name: str) -> str:
             f"{weights} = {100 * (clocked.bandwidth.bandwidth_fraction or 0):.0f}% of the read bandwidth the "
             f"firmware measured just before each run (median of the runs' shares; probes {bandwidth.min / 1e9:.1f}–"
             f"{bandwidth.max / 1e9:.1f} GB/s, median {bandwidth.median / 1e9:.1f}, {probe.threads} "
-            f"thread(s) over {probe.mib} MiB; limit {clocked.bandwidth.bandwidth_limit_tok_s:.0f} tok/s)"
+            f"thread(s) over {probe.mib} MiB{' in 2 MiB pages' if probe.huge_pages else ''}; limit {clocked.bandwidth.bandwidth_limit_tok_s:.0f} tok/s)"
         )
     label = ": the emulator's speed on this machine, not the board's" if emulator else ""
     return (

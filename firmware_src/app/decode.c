@@ -282,6 +282,7 @@ static void send_stats(const DecodeStats *s, int32_t prefilled, const SpecState 
         proto_u64("budget", info->budget);
         proto_u64("slots", (uint64_t)info->slots);
         proto_u64("locked", info->locked_bytes);
+        proto_u64("resident", info->resident_bytes);
         proto_u64("lock_refused", (uint64_t)info->lock_refused);
         proto_u64("direct_io", (uint64_t)info->direct_io);
         proto_u64("prefetch", (uint64_t)info->prefetch);

@@ -38,6 +38,7 @@ typedef struct {
     uint64_t budget;          /* --memory-budget in bytes; 0: unlimited */
     int32_t slots;            /* expert slots in the pool the MoE layers share; 0: experts read in place */
     uint64_t locked_bytes;    /* resident bytes (and the slot pool) mlock()ed */
+    uint64_t resident_bytes;  /* bytes of the image read into this process's memory, advised into huge pages */
     int lock_refused;         /* 1: mlock was refused (RLIMIT_MEMLOCK): they may be paged out */
     int direct_io;            /* 1: experts are read with O_DIRECT (no page cache); 0: buffered reads */
     int prefetch;             /* 1: the next MoE layer's likely experts are read on an I/O thread */

@@ -167,6 +167,7 @@ class CacheStats:
     budget: int | None = None
     slots: int | None = None
     locked: int | None = None
+    resident: int | None = None  # bytes of the image read into the process's memory (in 2 MiB pages where it can)
     lock_refused: int | None = None
     direct_io: int | None = None
     prefetch: int | None = None

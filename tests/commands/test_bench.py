@@ -104,6 +104,7 @@ def test_bench_reports_rates_latencies_memory_and_bandwidth_and_plots_rate_again
         "max": max(probes),
     }
     assert out["read_bandwidth_probe"]["threads"] == 1 and out["read_bandwidth_probe"]["mib"] >= 256
+    assert out["read_bandwidth_probe"]["huge_pages"] is True  # as the weights, read into memory
     for r in out["runs"]:
         assert (
             r["bandwidth_fraction"] == out["weight_bytes_per_token"] * r["decode_tok_s"] / r["read_bandwidth_bytes_s"]
@@ -149,11 +150,14 @@ def test_bench_text_gives_the_median_share_and_the_range_of_the_probes_next_to_e
     assert done.returncode == 0, done.stderr
     m = re.search(
         r"= (\d+)% of the read bandwidth the firmware measured just before each run \(median of the runs' "
-        r"shares; probes (\d+\.\d)–(\d+\.\d) GB/s, median (\d+\.\d), 2 thread\(s\) over (\d+) MiB;",
+        r"shares; probes (\d+\.\d)–(\d+\.\d) GB/s, median (\d+\.\d), 2 thread\(s\) over (\d+) MiB"
+        r"( in 2 MiB pages)?;",
         done.stdout,
     )
     assert m, done.stdout
     assert float(m[2]) <= float(m[4]) <= float(m[3]) and int(m[5]) >= 256
+    # The model fits in memory, so the firmware read it in, and probed the way it then reads.
+    assert m[6] == " in 2 MiB pages"
     assert len(re.findall(r"run \d/3: .* tok/s, read bandwidth \d+\.\d GB/s just before", done.stderr)) == 3
 
 

@@ -4,7 +4,8 @@ image file truncated, rewritten or replaced while the firmware has it mapped and
 it. Each fault ends the request with one error frame naming the expert (layer, expert id) and the
 cause, the tokens before it are the clean run's, none after it; the process exits 1, never by
 SIGBUS or SIGSEGV. A rename over the file changes nothing: the firmware decodes on from the file it
-opened."""
+opened. Unlimited runs keep the mapping here (--map-weights): by default an unlimited model that
+fits in memory is read into it at start, and then nothing done to the file reaches the decode."""
 
 import os
 import select
@@ -73,10 +74,12 @@ def moe(builder, checkpoints):
 class Firmware:
     """The firmware as a process serving requests one at a time on its stdin."""
 
-    def __init__(self, program, weights, budget, pipe_bytes=0):
+    def __init__(self, program, weights, budget, pipe_bytes=0, mapped=True):
         argv = [str(program), "--weights", str(weights)]
         if budget:
             argv += ["--memory-budget", str(budget)]
+        elif mapped:
+            argv += ["--map-weights"]
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if pipe_bytes:
             import fcntl
@@ -237,7 +240,7 @@ def test_the_host_says_a_failing_expert_read_in_one_line(moe, faulty_fs):
     ), message
 
 
-@pytest.mark.parametrize("budgeted", [True, False], ids=["budget", "unlimited"])
+@pytest.mark.parametrize("budgeted", [True, False], ids=["budget", "mapped"])
 def test_the_file_truncated_mid_request_ends_in_one_error_never_sigbus(moe, tmp_path, budgeted):
     # The firmware's stdout pipe is made small and left unread, so the firmware blocks writing a
     # token frame in the middle of a request; the file is cut there; then the rest is read.
@@ -280,7 +283,7 @@ def test_the_file_truncated_mid_request_ends_in_one_error_never_sigbus(moe, tmp_
     assert len(tokens(frames)) > 0  # it was cut mid-request, after some tokens
 
 
-@pytest.mark.parametrize("budgeted", [True, False], ids=["budget", "unlimited"])
+@pytest.mark.parametrize("budgeted", [True, False], ids=["budget", "mapped"])
 def test_the_file_rewritten_in_place_is_refused_at_the_next_request(moe, tmp_path, budgeted):
     board, art, plan, budget = moe
     budget = budget if budgeted else 0
@@ -300,7 +303,7 @@ def test_the_file_rewritten_in_place_is_refused_at_the_next_request(moe, tmp_pat
     assert fw.close()[0] == 1
 
 
-@pytest.mark.parametrize("budgeted", [True, False], ids=["budget", "unlimited"])
+@pytest.mark.parametrize("budgeted", [True, False], ids=["budget", "mapped"])
 def test_a_file_renamed_over_the_image_changes_nothing_until_restart(moe, tmp_path, budgeted):
     board, art, plan, budget = moe
     budget = budget if budgeted else 0
@@ -320,3 +323,23 @@ def test_a_file_renamed_over_the_image_changes_nothing_until_restart(moe, tmp_pa
     again.send(PROMPT, STEPS)
     status, frames = again.close()
     assert status == 1 and [f.kind for f in again.reader.frames][-1] == "error"
+
+
+def test_an_unlimited_model_read_into_memory_decodes_on_whatever_happens_to_the_file(moe, tmp_path):
+    # No budget and no --map-weights: the image fits in memory, so it is read in at start (2 MiB
+    # pages) and the file is never read again: cut and rewritten, the decode goes on unchanged.
+    board, art, plan, budget = moe
+    clean = clean_second_request(art, 0)
+    image = tmp_path / "image.bin"
+    shutil.copyfile(art.weights, image)
+    fw = Firmware(art.program, image, 0, mapped=False)
+    first = fw.ask(PROMPT, STEPS)
+    stats = next(f for f in first if f.kind == "stats").fields
+    assert int(stats["resident"]) == image.stat().st_size
+    with open(image, "r+b") as f:
+        f.seek(read_header(art.weights.read_bytes()).data_offset + 100)
+        f.write(b"\x55")
+    os.truncate(image, 64)
+    second = fw.ask(MORE, STEPS)
+    assert tokens(second) == tokens(clean) and second[-1].kind == "done"
+    assert fw.close()[0] == 0

@@ -145,10 +145,12 @@ void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 static const char usage[] =
     "usage: firmware --weights IMAGE [--memory-budget BYTES|auto|auto-MARGIN] [--prefetch auto|0|1]\n"
     "                [--evict auto|lfu|lru] [--probe-storage MIB]\n"
-    "                [--copy-weights] [--logits-out FILE] < REQUESTS\n"
+    "                [--copy-weights | --map-weights] [--logits-out FILE] < REQUESTS\n"
     "Each request is one request frame on a line of stdin, the same line an MCU board reads on its\n"
     "UART (firmware_src/app/request.c), served in turn until stdin ends; results go to stdout as\n"
-    "frames. The image is mapped read-only;\n"
+    "frames. The image is mapped read-only; unlimited, and where the whole model fits in the memory\n"
+    "this process may use (as auto finds it, less 128 MiB), it is then read into memory in 2 MiB\n"
+    "pages (--map-weights: not; it stays read through the mapping's pages);\n"
     "with a memory budget (bytes; 0: unlimited) the resident weights are locked in RAM and routed\n"
     "experts are read into a fixed pool of slots. --memory-budget auto takes the smaller of this\n"
     "process's memory cgroup limit and MemAvailable less a margin (auto-MARGIN: that many bytes;\n"
@@ -209,6 +211,14 @@ static int parse_u64(const char *text, uint64_t *out)
     return 0;
 }
 
+/* What the whole model takes when every expert is held: the resident weights, the arenas and the
+ * reserve, and every expert in a slot of its own (cache_plan.py's arithmetic). */
+static uint64_t whole_model_bytes(void)
+{
+    return (uint64_t)COLIBRI_BUDGET_FIXED_BYTES +
+           (uint64_t)COLIBRI_N_MOE_LAYERS * COLIBRI_N_EXPERTS * COLIBRI_EXPERT_SLOT_BYTES;
+}
+
 /* --memory-budget auto[-MARGIN]: the memory this process may use less the margin (memory_limit.h), as
  * *budget; 0 (unlimited) when that holds every expert in a slot, i.e. the whole model. The arithmetic
  * is cache_plan.py's auto_budget. Returns 0, or -1 with *message saying why it cannot run. */
@@ -221,8 +231,7 @@ static int resolve_auto_budget(uint64_t margin, uint64_t *budget, ColibriWeights
         return -1;
     }
     const uint64_t usable = found.bytes > margin ? found.bytes - margin : 0;
-    const uint64_t whole = (uint64_t)COLIBRI_BUDGET_FIXED_BYTES +
-                           (uint64_t)COLIBRI_N_MOE_LAYERS * COLIBRI_N_EXPERTS * COLIBRI_EXPERT_SLOT_BYTES;
+    const uint64_t whole = whole_model_bytes();
     info->auto_source = memory_source_name(found.source);
     info->auto_found = found.bytes;
     info->auto_margin = margin;
@@ -277,7 +286,38 @@ static uint8_t *copy_image(const char *path, uint64_t *len)
 static int image_fd = -1;
 static struct stat image_stat;
 
-/* The image mapped read-only (private: nothing is ever written), or NULL. */
+static uint64_t page_bytes(void)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    return page > 0 ? (uint64_t)page : 4096u;
+}
+
+/* Transparent huge pages: what the kernel can map with one TLB entry where a range is advised so. */
+#define HUGE_PAGE_BYTES ((uint64_t)2 << 20)
+
+/* `bytes` of address space starting at a multiple of HUGE_PAGE_BYTES, reserved (no access), or
+ * MAP_FAILED: a range later read into memory in place (copy_in_place) then fills whole huge pages. */
+static void *reserve_huge_aligned(uint64_t bytes)
+{
+    const uint64_t padded = bytes + HUGE_PAGE_BYTES;
+    uint8_t *area = mmap(NULL, (size_t)padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (area == MAP_FAILED) {
+        return MAP_FAILED;
+    }
+    const uint64_t page = page_bytes();
+    uint8_t *start = (uint8_t *)(((uintptr_t)area + HUGE_PAGE_BYTES - 1) & ~(uintptr_t)(HUGE_PAGE_BYTES - 1));
+    uint8_t *end = start + (bytes + page - 1) / page * page;
+    if (start > area) {
+        munmap(area, (size_t)(start - area));
+    }
+    if (area + padded > end) {
+        munmap(end, (size_t)(area + padded - end));
+    }
+    return start;
+}
+
+/* The image mapped read-only (private: nothing is ever written), or NULL; the mapping starts on a
+ * huge page's boundary, so that the image's bytes keep their offsets within huge pages. */
 static uint8_t *map_image(const char *path, uint64_t *len)
 {
     int fd = open(path, O_RDONLY);
@@ -286,7 +326,10 @@ static uint8_t *map_image(const char *path, uint64_t *len)
     }
     void *map = MAP_FAILED;
     if (fstat(fd, &image_stat) == 0 && image_stat.st_size > 0) {
-        map = mmap(NULL, (size_t)image_stat.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        void *at = reserve_huge_aligned((uint64_t)image_stat.st_size);
+        if (at != MAP_FAILED) {
+            map = mmap(at, (size_t)image_stat.st_size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+        }
         *len = (uint64_t)image_stat.st_size;
     }
     if (map == MAP_FAILED) {
@@ -392,12 +435,6 @@ static void catch_mapping_faults(const uint8_t *image, uint64_t len)
     sigaction(SIGBUS, &act, NULL);
 }
 
-static uint64_t page_bytes(void)
-{
-    long page = sysconf(_SC_PAGESIZE);
-    return page > 0 ? (uint64_t)page : 4096u;
-}
-
 /* The bytes [start, end) of the mapping, widened to whole pages. */
 static void page_range(uint64_t start, uint64_t end, uint64_t len, uint64_t *from, uint64_t *to)
 {
@@ -436,13 +473,21 @@ static int unheld_range(int i, uint64_t *start, uint64_t *end)
 }
 
 /* [from, to) of the mapping (whole pages) replaced by private memory holding the file's bytes, read
- * in chunks whose page-cache pages are dropped again: 0, or -1 when the file cannot be read. */
+ * in chunks whose page-cache pages are dropped again: 0, or -1 when the file cannot be read. The
+ * memory is advised into huge pages (MADV_HUGEPAGE: where transparent huge pages are "madvise", as
+ * on Debian, or "always"): the page cache maps a file in 4 KiB pages here (ext4 gives no huge
+ * ones), and a decode streaming its weights through 4 KiB pages took a TLB walk every 4 KiB and
+ * restarted the hardware prefetchers at each; the SmolLM2-135M shape's q8_0 decode ran 1.45x as
+ * fast from 2 MiB pages (docs/performance.md, "Weights in 2 MiB pages"). */
 static int copy_in_place(uint8_t *image, uint64_t from, uint64_t to)
 {
     if (mmap(image + from, (size_t)(to - from), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
              0) == MAP_FAILED) {
         return -1;
     }
+#ifdef MADV_HUGEPAGE
+    madvise(image + from, (size_t)(to - from), MADV_HUGEPAGE);
+#endif
     const uint64_t chunk = 8u << 20;
     for (uint64_t at = from; at < to;) {
         const uint64_t want = to - at < chunk ? to - at : chunk;
@@ -505,6 +550,8 @@ typedef struct {
     uint64_t probe_storage_mib;    /* --probe-storage; 0: no storage probe */
     int prefetch, eviction;        /* -1: chosen from the pool's size (use_expert_slots) */
     int copy_weights;              /* --copy-weights: the image read into memory, not mapped */
+    int map_weights;               /* --map-weights: read through the mapping even where it would fit in memory */
+    int resident;                  /* the whole image read into memory in huge pages (plan_budget decides) */
 } Options;
 
 /* argv into *opt: 0, or the exit status after the usage and an error frame. */
@@ -515,6 +562,10 @@ static int parse_options(int argc, char **argv, Options *opt)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--copy-weights") == 0) {
             opt->copy_weights = 1;
+            continue;
+        }
+        if (strcmp(argv[i], "--map-weights") == 0) {
+            opt->map_weights = 1;
             continue;
         }
         if (i + 1 == argc) {
@@ -563,6 +614,9 @@ static int parse_options(int argc, char **argv, Options *opt)
     if (opt->copy_weights && (opt->budget > 0 || opt->budget_auto)) {
         return fail(COLIBRI_ERR_REQUEST, "--copy-weights reads the whole image: it cannot keep a --memory-budget");
     }
+    if (opt->copy_weights && opt->map_weights) {
+        return fail(COLIBRI_ERR_REQUEST, "--copy-weights and --map-weights ask for opposite things: give one");
+    }
     return 0;
 }
 
@@ -577,6 +631,14 @@ static int plan_budget(Options *opt, int64_t *slots)
             return -1;
         }
     }
+    /* Unlimited, and the whole model fits in the memory this process may use (less the auto
+     * margin): the image is read into memory in huge pages (copy_in_place) instead of being read
+     * through the mapping's 4 KiB pages. Where it does not fit (or memory cannot be told), the
+     * mapping stays, and the page cache holds what it can. */
+    MemoryFound found;
+    opt->resident = opt->budget == 0 && !opt->copy_weights && !opt->map_weights && memory_found("", &found) == 0 &&
+                    found.bytes > COLIBRI_AUTO_MARGIN_BYTES &&
+                    whole_model_bytes() <= found.bytes - COLIBRI_AUTO_MARGIN_BYTES;
     *slots = colibri_cache_slots_for_budget(opt->budget);
     if (*slots < 0) {
         char message[320];
@@ -603,7 +665,7 @@ static int run_probes(const Options *opt, const ColibriRequest *req)
     if (req->probe_mib >= 0) {
         ReadProbe probe;
         uint64_t mib = req->probe_mib > 0 ? (uint64_t)req->probe_mib : read_probe_default_mib();
-        if (read_probe_run(req->threads, mib, &probe) != 0) {
+        if (read_probe_run(req->threads, mib, opt->resident, &probe) != 0) {
             colibri_report_error(COLIBRI_ERR_REQUEST, "the bandwidth probe failed (no child process or no memory for its buffer)");
             return -1;
         }
@@ -612,6 +674,7 @@ static int run_probes(const Options *opt, const ColibriRequest *req)
         proto_u64("mib", probe.mib);
         proto_u64("threads", (uint64_t)probe.threads);
         proto_u64("passes", (uint64_t)probe.passes);
+        proto_u64("huge_pages", (uint64_t)probe.huge_pages);
         proto_end();
     }
     if (opt->probe_storage_mib > 0) {
@@ -702,6 +765,16 @@ static int bind_weights(Options *opt, HeldWeights *w)
     ColibriWeightsInfo *info = &colibri_weights_info;
     info->mapped = !opt->copy_weights;
     info->budget = opt->budget;
+    if (opt->resident) {
+        /* Before the checks below read it; nothing reads the file afterwards. */
+        if (copy_in_place(w->image, 0, (w->image_len + page_bytes() - 1) / page_bytes() * page_bytes()) != 0) {
+            colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file into memory");
+            return -1;
+        }
+        info->resident_bytes = w->image_len;
+        close(image_fd);
+        image_fd = -1; /* a file rewritten after this no longer matters (image_changed) */
+    }
     if (opt->budget > 0) {
         /* Before the checks below read the resident tensors. */
         const int64_t held = hold_resident(w->image, w->image_len, &info->lock_refused);
@@ -710,6 +783,7 @@ static int bind_weights(Options *opt, HeldWeights *w)
             return -1;
         }
         info->locked_bytes = (uint64_t)held;
+        info->resident_bytes = (uint64_t)held;
     }
     /* Mapped: the header, the directory and the resident tensors are checked now, each expert when
      * it is first brought in, so start-up does not grow with the experts. */

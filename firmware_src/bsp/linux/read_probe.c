@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include "../../runtime/parallel.h"
 
 #define MIB ((uint64_t)1 << 20)
+#define HUGE_PAGE_BYTES (2 * MIB)
 #define BLOCK_BYTES 4096u /* parallel_for hands out whole pages */
 #define PASSES 5          /* the best of these: the others lost time to the scheduler, not to memory */
 
@@ -130,14 +132,22 @@ static uint64_t now_ns(void)
 }
 
 /* The child's side: returns 0 and fills *out, or -1 if the buffer cannot be had. */
-static int measure(int threads, uint64_t mib, ReadProbe *out)
+static int measure(int threads, uint64_t mib, int huge_pages, ReadProbe *out)
 {
     const int blocks = (int)(mib * MIB / BLOCK_BYTES);
     Sweep s;
-    s.data = aligned_alloc(64, (size_t)blocks * BLOCK_BYTES);
+    s.data = aligned_alloc(HUGE_PAGE_BYTES, (size_t)blocks * BLOCK_BYTES); /* mib is whole MiB: whole huge pages */
     if (s.data == NULL) {
         return -1;
     }
+    out->huge_pages = 0;
+#ifdef MADV_HUGEPAGE
+    if (huge_pages) {
+        out->huge_pages = madvise(s.data, (size_t)blocks * BLOCK_BYTES, MADV_HUGEPAGE) == 0;
+    }
+#else
+    (void)huge_pages;
+#endif
     atomic_init(&s.sink, 0);
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("avx2")) {
@@ -160,7 +170,7 @@ static int measure(int threads, uint64_t mib, ReadProbe *out)
     return atomic_load(&s.sink) == (uint64_t)blocks * (BLOCK_BYTES / 8) * 0x0101010101010101u * PASSES ? 0 : -1;
 }
 
-int read_probe_run(int threads, uint64_t mib, ReadProbe *out)
+int read_probe_run(int threads, uint64_t mib, int huge_pages, ReadProbe *out)
 {
     if (mib == 0 || mib > ((uint64_t)INT32_MAX * BLOCK_BYTES) / MIB) {
         return -1;
@@ -180,7 +190,7 @@ int read_probe_run(int threads, uint64_t mib, ReadProbe *out)
          * parent's stdio buffers are not the child's to flush. */
         close(fds[0]);
         ReadProbe r;
-        int ok = measure(threads, mib, &r) == 0 && write(fds[1], &r, sizeof r) == (ssize_t)sizeof r;
+        int ok = measure(threads, mib, huge_pages, &r) == 0 && write(fds[1], &r, sizeof r) == (ssize_t)sizeof r;
         _exit(ok ? 0 : 1);
     }
     close(fds[1]);

@@ -1102,7 +1102,8 @@ def bench_line(out: BenchResult, name: str) -> str:
             f"{weights} = {100 * (clocked.bandwidth.bandwidth_fraction or 0):.0f}% of the read bandwidth the "
             f"firmware measured just before each run (median of the runs' shares; probes {bandwidth.min / 1e9:.1f}–"
             f"{bandwidth.max / 1e9:.1f} GB/s, median {bandwidth.median / 1e9:.1f}, {probe.threads} "
-            f"thread(s) over {probe.mib} MiB{' in 2 MiB pages' if probe.huge_pages else ''}; limit {clocked.bandwidth.bandwidth_limit_tok_s:.0f} tok/s)"
+            f"thread(s) over {probe.mib} MiB{' in 2 MiB pages' if probe.huge_pages else ''}; "
+            f"limit {clocked.bandwidth.bandwidth_limit_tok_s:.0f} tok/s)"
         )
     label = ": the emulator's speed on this machine, not the board's" if emulator else ""
     return (

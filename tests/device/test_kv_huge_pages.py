@@ -1,7 +1,8 @@
 """The Linux firmware asks for its KV cache in 2 MiB pages (transparent huge pages on request,
 firmware_src/bsp/linux/main.c) before it says hello: at a long context each KV head's keys and
 values are read as streams of hundreds of KiB, which 4 KiB pages break up (docs/performance.md,
-"At 4,096 positions")."""
+"At 4,096 positions"). Weights that fit in memory are read into it in 2 MiB pages as well
+("Weights in 2 MiB pages"); --map-weights keeps the file's mapping."""
 
 import os
 import subprocess
@@ -9,6 +10,7 @@ import subprocess
 from elftools.elf.elffile import ELFFile
 
 from generator.device.protocol import FrameReader
+from generator.device.session import RunRequest, request_frame
 from models import ORACLE_CONFIGS, make_checkpoint
 
 CTX = 32768  # 2 layers x 48 KV values x 2 bytes a position: 6 MiB of keys, room for whole 2 MiB pages
@@ -65,3 +67,46 @@ def test_the_kv_cache_is_advised_into_huge_pages_before_hello(builder, tmp_path)
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def image_mapping(pid: int, size: int) -> tuple[int, str]:
+    """(start, backing file or "") of the one mapping of process pid that is `size` bytes long."""
+    found = []
+    for line in open(f"/proc/{pid}/maps"):
+        fields = line.split()
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if end - start == size:
+            found.append((start, fields[5] if len(fields) >= 6 else ""))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def held_weights(art, *options: str) -> tuple[int, str, list[str]]:
+    """How a firmware run holds the image once it has answered a request: its mapping's start on a
+    2 MiB boundary or not (start % 2 MiB), its backing file ("" for private memory), its VmFlags."""
+    proc = subprocess.Popen(
+        [str(art.program), "--weights", str(art.weights), *options], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        proc.stdin.write(request_frame(RunRequest([1, 2, 3], 2)))
+        proc.stdin.flush()
+        reader, frames = FrameReader(), []
+        while not any(f.kind in ("done", "error") for f in frames):
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, "the firmware ended before its answer"
+            frames += reader.feed(chunk)
+        assert frames[-1].kind == "done", frames[-1]
+        size = (art.weights.stat().st_size + 4095) // 4096 * 4096
+        start, backing = image_mapping(proc.pid, size)
+        return start % (2 << 20), backing, vm_flags(proc.pid, start)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def test_weights_that_fit_in_memory_are_read_into_huge_pages_and_mapped_ones_are_not(builder, checkpoints):
+    _, art, _ = builder.build(checkpoints("llama_gqa_linear"), "q8_0", 64)
+    offset, backing, flags = held_weights(art)
+    assert offset == 0 and backing == "" and "hg" in flags  # private memory, advised, on a 2 MiB boundary
+    offset, backing, flags = held_weights(art, "--map-weights")
+    assert backing == os.path.realpath(art.weights) and "hg" not in flags

@@ -136,14 +136,16 @@ static int measure(int threads, uint64_t mib, int huge_pages, ReadProbe *out)
 {
     const int blocks = (int)(mib * MIB / BLOCK_BYTES);
     Sweep s;
-    s.data = aligned_alloc(HUGE_PAGE_BYTES, (size_t)blocks * BLOCK_BYTES); /* mib is whole MiB: whole huge pages */
+    /* On a huge page's boundary and in whole huge pages, so that every byte can sit in one. */
+    const size_t bytes = ((size_t)blocks * BLOCK_BYTES + HUGE_PAGE_BYTES - 1) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+    s.data = aligned_alloc(HUGE_PAGE_BYTES, bytes);
     if (s.data == NULL) {
         return -1;
     }
     out->huge_pages = 0;
 #ifdef MADV_HUGEPAGE
     if (huge_pages) {
-        out->huge_pages = madvise(s.data, (size_t)blocks * BLOCK_BYTES, MADV_HUGEPAGE) == 0;
+        out->huge_pages = madvise(s.data, bytes, MADV_HUGEPAGE) == 0;
     }
 #else
     (void)huge_pages;

@@ -767,7 +767,9 @@ static int bind_weights(Options *opt, HeldWeights *w)
     info->budget = opt->budget;
     if (opt->resident) {
         /* Before the checks below read it; nothing reads the file afterwards. */
-        if (copy_in_place(w->image, 0, (w->image_len + page_bytes() - 1) / page_bytes() * page_bytes()) != 0) {
+        uint64_t from, to;
+        page_range(0, w->image_len, w->image_len, &from, &to);
+        if (copy_in_place(w->image, from, to) != 0) {
             colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file into memory");
             return -1;
         }
@@ -873,7 +875,7 @@ static int serve_requests(char *line, int capacity, int len, ColibriRequest *req
 static void kv_cache_in_huge_pages(void *arena, size_t bytes)
 {
 #ifdef MADV_HUGEPAGE
-    const uintptr_t huge = (uintptr_t)2 << 20;
+    const uintptr_t huge = (uintptr_t)HUGE_PAGE_BYTES;
     const uintptr_t from = ((uintptr_t)arena + huge - 1) & ~(huge - 1), to = ((uintptr_t)arena + bytes) & ~(huge - 1);
     if (to > from) {
         madvise((void *)from, (size_t)(to - from), MADV_HUGEPAGE);

@@ -8,7 +8,7 @@ from .flash import Flash, FlashImage
 from .load import TARGETS_DIR, available_boards, board_from_data, board_reference, load_board
 from .predict import TimingModel
 from .runners import BuildOnlyRunner, EmulatedSystemRunner, ProcessRunner, Runner, SerialRunner
-from .sources import firmware_sources
+from .sources import firmware_sources, kernel_set_sources
 
 __all__ = [
     "CATEGORIES",
@@ -30,5 +30,6 @@ __all__ = [
     "board_from_data",
     "board_reference",
     "firmware_sources",
+    "kernel_set_sources",
     "load_board",
 ]

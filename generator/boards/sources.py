@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..errors import ColibriError
 from ..files import REPO
 from .board import Board
+
+
+def kernel_set_sources(name: str, repo: Path = REPO) -> list[Path]:
+    """A kernel set's C files: the folder firmware_src/runtime/kernels/<name>/ (an ISA's set, its
+    files by role as ggml's arch/<isa>/), or the one file kernels/<name>.c (the scalar reference,
+    the generic set)."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise ColibriError(f"kernel set {name!r}: a set's name is lower-case letters, digits and _")
+    kernels = repo / "firmware_src" / "runtime" / "kernels"
+    folder = kernels / name
+    if folder.is_dir():
+        files = sorted(folder.glob("*.c"))
+        if files:
+            return files
+    elif (kernels / f"{name}.c").is_file():
+        return [kernels / f"{name}.c"]
+    raise ColibriError(f"kernel set {name!r} has no firmware_src/runtime/kernels/{name}/*.c or kernels/{name}.c")
 
 
 def firmware_sources(board: Board, repo: Path = REPO) -> list[Path]:
@@ -15,12 +33,12 @@ def firmware_sources(board: Board, repo: Path = REPO) -> list[Path]:
     idf.py, which supplies its headers; the SConstruct compiles the rest as a check.)"""
     src = repo / "firmware_src"
     bsp = src / "bsp" / board.bsp
-    kernels = [src / "runtime" / "kernels" / f"{k}.c" for k in board.kernels]
-    for kernel in kernels:
-        if not kernel.is_file():
-            raise ColibriError(
-                f"board {board.name}: kernel set {kernel.stem!r} has no firmware_src/runtime/kernels/{kernel.name}"
-            )
+    kernels = []
+    for name in board.kernels:
+        try:
+            kernels += kernel_set_sources(name, repo)
+        except ColibriError as e:
+            raise ColibriError(f"board {board.name}: {e}") from None
     if not (bsp / "main.c").is_file():
         raise ColibriError(f"board {board.name}: no BSP at firmware_src/bsp/{board.bsp}/main.c")
     sources = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["COLIBRI_BUILD_DIR"] = str(
         Path(tempfile.gettempdir()) / f"colibri-test-build-{os.environ['PYTEST_XDIST_WORKER']}"
     )
+
+# One build cache for the whole run (generator/compile/build_cache.py), made by the first process,
+# whose environment the parallel workers inherit: a firmware the run compiled once is taken from it
+# by every later build in any worker or directory, and nothing comes from a developer's own cache.
+# Removed when that first process ends.
+_RUN_CACHE = None
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    _RUN_CACHE = tempfile.mkdtemp(prefix="colibri-test-cache-")
+    os.environ["COLIBRI_CACHE_DIR"] = _RUN_CACHE
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(TESTS))
@@ -53,6 +63,11 @@ def pytest_configure(config):
         "markers",
         "slow: left out of the fast tier (./colibri test --fast): seconds or more each, measured in a full run",
     )
+
+
+def pytest_unconfigure(config):
+    if _RUN_CACHE:
+        shutil.rmtree(_RUN_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,6 +16,7 @@ from ..errors import ColibriError
 from ..files import REPO, slug
 from ..model.load import load_model
 from ..numerics.quantize import QUANTS
+from . import build_cache
 from .module_inputs import modules_run_by
 from .pipeline import PLAN_FILE, WEIGHTS_FILE, generate, plan_checkpoint
 from .plan import Plan, check_fits
@@ -190,16 +191,26 @@ def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str
     ]
 
 
-def run_scons(req: BuildRequest, echo=None, defines: tuple[str, ...] = (), jobs: int | None = None) -> Artifacts:
+def run_scons(
+    req: BuildRequest,
+    echo=None,
+    defines: tuple[str, ...] = (),
+    jobs: int | None = None,
+    cache_dir: str | Path | None = None,
+) -> Artifacts:
     """Run the SCons build; progress lines go to `echo`. A failure raises ColibriError and, when
     this run created the build directory, removes it: a refused model leaves nothing behind.
     `defines` (NAME or NAME=VALUE) are extra preprocessor definitions, for test and diagnostic
     builds such as a slower loader (SCons's `defines=` argument). `jobs`: the worker processes
-    that quantize the weights if they are generated (SCons's `jobs=`; default every core)."""
+    that quantize the weights if they are generated (SCons's `jobs=`; default every core).
+    `cache_dir`: the build cache (build_cache.py; None: the default one, "off": none)."""
+    cache = build_cache.prepare_cache_dir(build_cache.resolve_cache_dir(cache_dir))
     fresh = not req.out_dir.exists()
     extra = [f"defines={','.join(defines)}"] if defines else []
     if jobs is not None:
         extra.append(f"jobs={jobs}")
+    if cache is not None:
+        extra.append(f"cache_dir={cache}")
     try:
         made = _run_scons(req, echo, extra)
     except BaseException:
@@ -207,6 +218,7 @@ def run_scons(req: BuildRequest, echo=None, defines: tuple[str, ...] = (), jobs:
             shutil.rmtree(req.out_dir, ignore_errors=True)
         raise
     link_compile_commands(req.out_dir, BUILD_ROOT)
+    build_cache.trim_cache(cache)
     return made
 
 
@@ -222,6 +234,13 @@ def link_compile_commands(out_dir: Path, build_root: Path) -> None:
     partial.unlink(missing_ok=True)
     partial.symlink_to(database.relative_to(build_root))
     os.replace(partial, link)
+
+
+def cache_hit_line(line: str) -> str:
+    """SCons's "Retrieved `obj/x.o' from cache" as a progress line shaped like the others."""
+    if line.startswith("Retrieved `") and line.endswith("' from cache"):
+        return f"  CACHED  {line[len('Retrieved `') : -len(chr(39) + ' from cache')]}"
+    return line
 
 
 def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:
@@ -243,7 +262,7 @@ def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:
         line = line.rstrip("\n")
         lines.append(line)
         if echo and not line.startswith("colibri: error:") and not line.endswith("is up to date."):
-            echo(line)
+            echo(cache_hit_line(line))
     proc.wait()
     if proc.returncode != 0:
         for line in lines:

@@ -132,7 +132,9 @@ def produce(
     say(progress, f"building {name} in a private build directory (SOURCE_DATE_EPOCH={inp.source_date_epoch})")
     echo = (lambda line: progress(f"  {line.strip()}")) if progress else None
     with _environ(SOURCE_DATE_EPOCH=str(inp.source_date_epoch)):
-        art = run_scons(req, echo, jobs=inp.jobs)
+        # From the sources, never from the build cache: the bundle is what this checkout compiles
+        # to, and verify-release's rebuild must compile too for its comparison to prove anything.
+        art = run_scons(req, echo, jobs=inp.jobs, cache_dir="off")
     build_seconds = time.monotonic() - t0
     if not art.program.is_file():
         raise ColibriError(

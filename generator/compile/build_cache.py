@@ -1,0 +1,110 @@
+"""The build cache: SCons's CacheDir, shared by every build directory, as ccache is for a compiler.
+
+A compiled object or linked program is stored under the signature of everything that made it
+(the sources' and headers' contents, the command line without the paths that the prefix maps make
+irrelevant), so the same firmware is never compiled twice: not in another build directory, not
+after `clean`, not in a second checkout. Generated weights and sources are never stored (a weight
+image can be tens of GB; generation has its own up-to-date check).
+
+Where it lives, first match wins: `--cache-dir DIR` (or `cache-dir` in colibri.toml), then
+$COLIBRI_CACHE_DIR, then $XDG_CACHE_HOME/colibri/build-cache, else ~/.cache/colibri/build-cache.
+`off` (or an empty value) turns it off. After each build the cache is trimmed to
+$COLIBRI_CACHE_MAX_MB (default 2048), oldest files first; `./colibri clean --cache` empties it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ..errors import ColibriError
+
+DEFAULT_MAX_BYTES = 2048 << 20
+OFF = ("", "off", "none")
+
+
+def default_cache_dir() -> Path | None:
+    """The cache directory when no --cache-dir is given: $COLIBRI_CACHE_DIR, else the user's cache
+    directory. None when $COLIBRI_CACHE_DIR turns the cache off."""
+    env = os.environ.get("COLIBRI_CACHE_DIR")
+    if env is not None:
+        return None if env.strip().lower() in OFF else Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "colibri" / "build-cache"
+
+
+def resolve_cache_dir(given: str | Path | None) -> Path | None:
+    """--cache-dir's value (None: not given) as the directory to use, or None for no cache."""
+    if given is None:
+        return default_cache_dir()
+    if str(given).strip().lower() in OFF:
+        return None
+    return Path(given).expanduser().resolve()
+
+
+def prepare_cache_dir(path: Path | None) -> Path | None:
+    """Make the cache directory, or say in one line why it cannot be one."""
+    if path is None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ColibriError(f"build cache {path}: cannot create it ({e.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ColibriError(f"build cache {path}: not writable (give another with --cache-dir, or --cache-dir off)")
+    return path
+
+
+def max_cache_bytes() -> int:
+    value = os.environ.get("COLIBRI_CACHE_MAX_MB")
+    if value is None:
+        return DEFAULT_MAX_BYTES
+    if not value.isdigit():
+        raise ColibriError(f"COLIBRI_CACHE_MAX_MB must be a whole number of MiB, got {value!r}")
+    return int(value) << 20
+
+
+def _cached_files(path: Path) -> list[tuple[Path, os.stat_result]]:
+    found = []
+    for f in path.rglob("*"):
+        if f.is_file() and not f.is_symlink() and f.name != "config":
+            found.append((f, f.stat()))
+    return found
+
+
+def cache_bytes(path: Path) -> int:
+    """The bytes the cache holds."""
+    if not path.is_dir():
+        return 0
+    return sum(st.st_size for _, st in _cached_files(path))
+
+
+def trim_cache(path: Path | None, limit: int | None = None) -> int:
+    """Remove the least recently used entries (by access, else modification time) until the cache
+    holds at most `limit` bytes. Returns the bytes removed."""
+    if path is None or not path.is_dir():
+        return 0
+    limit = max_cache_bytes() if limit is None else limit
+    files = _cached_files(path)
+    total = sum(st.st_size for _, st in files)
+    removed = 0
+    for f, st in sorted(files, key=lambda e: (max(e[1].st_atime, e[1].st_mtime), str(e[0]))):
+        if total <= limit:
+            break
+        try:
+            f.unlink()
+        except OSError:
+            continue
+        total -= st.st_size
+        removed += st.st_size
+    return removed
+
+
+def empty_cache(path: Path | None) -> int:
+    """Remove everything the cache holds; returns the bytes freed."""
+    if path is None or not path.is_dir():
+        return 0
+    freed = cache_bytes(path)
+    shutil.rmtree(path)
+    return freed

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ..boards import Board, available_boards, load_board
@@ -32,10 +33,44 @@ def apt_install(packages: list[str], why: str) -> None:
         ["apt-get", "update", "-qq"],
         ["apt-get", "install", "-y", "-qq", "--no-remove", "--no-install-recommends", *packages],
     ):
-        done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ColibriError(f"{' '.join(cmd[:2])} failed: {last}")
+        run_apt(cmd, env)
+
+
+# A fresh Debian or Ubuntu board often runs unattended-upgrades at boot, holding dpkg's locks for
+# minutes: apt waits for them (DPkg::Lock::Timeout) and a lock error is tried again until then.
+APT_LOCK_WAIT_SECONDS = 600
+APT_LOCK_ERRORS = ("Could not get lock", "Unable to acquire the dpkg frontend lock", "Unable to lock directory")
+
+
+def run_apt(cmd: list[str], env: dict, wait: float = APT_LOCK_WAIT_SECONDS, pause: float = 5.0) -> None:
+    """Run an apt-get command; while another apt or dpkg holds its lock, wait (at most `wait`
+    seconds, saying so once); any other failure is one line with apt's last message."""
+    deadline = time.monotonic() + wait
+    told = False
+    while True:
+        lock_wait = max(1, int(deadline - time.monotonic()))
+        done = subprocess.run(
+            [cmd[0], "-o", f"DPkg::Lock::Timeout={lock_wait}", *cmd[1:]],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if done.returncode == 0:
+            return
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        if any(e in done.stderr for e in APT_LOCK_ERRORS) and time.monotonic() + pause < deadline:
+            if not told:
+                print(
+                    f"colibri: another apt or dpkg holds its lock (unattended-upgrades?): waiting for it,"
+                    f" at most {wait / 60:.0f} minutes",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                told = True
+            time.sleep(pause)
+            continue
+        raise ColibriError(f"{' '.join(cmd[:2])} failed: {last}")
 
 
 # dpkg's package states (dpkg-query(1), "Package states"): the files are on disk and configured in

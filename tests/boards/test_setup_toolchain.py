@@ -12,6 +12,7 @@ from conftest import TESTS
 
 from generator.device import setup_toolchain
 from generator.device.setup_toolchain import USABLE_STATES, status_is_installed
+from generator.errors import ColibriError
 
 WANTS = ("unknown", "install", "hold", "deinstall", "purge")
 FLAGS = ("ok", "reinstreq")
@@ -133,3 +134,43 @@ def test_the_test_packages_do_not_conflict_with_a_board_toolchain():
     board_packages = {p for name in available_boards() for p in load_board(name).apt_packages}
     assert "gcc-multilib" not in listed and "gcc-12-multilib" in listed
     assert any(p.startswith("gcc-aarch64") for p in board_packages)
+
+
+def fake_apt(tmp_path, monkeypatch, locked_runs: int, final_error: str = ""):
+    """An apt-get on PATH that fails with dpkg's lock message its first `locked_runs` times (as while
+    unattended-upgrades runs at boot), then succeeds, or fails with `final_error`. Returns its log."""
+    log = tmp_path / "apt.log"
+    script = tmp_path / "apt-get"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {log}\n'
+        f'if [ "$(wc -l < {log})" -le {locked_runs} ]; then\n'
+        "  echo 'E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 612 (unattended-upgr)' >&2\n"
+        "  echo 'E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), is another process using it?' >&2\n"
+        "  exit 100\n"
+        "fi\n" + (f"echo '{final_error}' >&2; exit 100\n" if final_error else "exit 0\n")
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def test_a_busy_dpkg_is_waited_for_and_said_once(tmp_path, monkeypatch, capsys):
+    log = fake_apt(tmp_path, monkeypatch, locked_runs=2)
+    setup_toolchain.run_apt(["apt-get", "install", "-y", "rauc"], dict(os.environ), wait=30, pause=0.01)
+    runs = log.read_text().splitlines()
+    assert len(runs) == 3 and all(r.startswith("-o DPkg::Lock::Timeout=") for r in runs)
+    assert capsys.readouterr().err.count("another apt or dpkg holds its lock") == 1
+
+
+def test_a_lock_held_past_the_wait_is_one_line_naming_it(tmp_path, monkeypatch):
+    fake_apt(tmp_path, monkeypatch, locked_runs=10**6)
+    with pytest.raises(ColibriError, match=r"^apt-get install failed: E: Unable to acquire the dpkg frontend lock"):
+        setup_toolchain.run_apt(["apt-get", "install", "-y", "rauc"], dict(os.environ), wait=0.05, pause=0.01)
+
+
+def test_other_apt_failures_are_not_retried(tmp_path, monkeypatch):
+    log = fake_apt(tmp_path, monkeypatch, locked_runs=0, final_error="E: Unable to locate package nosuch")
+    with pytest.raises(ColibriError, match="^apt-get install failed: E: Unable to locate package nosuch$"):
+        setup_toolchain.run_apt(["apt-get", "install", "-y", "nosuch"], dict(os.environ), wait=30, pause=0.01)
+    assert len(log.read_text().splitlines()) == 1

@@ -35,7 +35,7 @@ if not os.environ.get("PYTEST_XDIST_WORKER"):
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(TESTS))
 
-from generator.boards import load_board  # noqa: E402
+from generator.boards import kernel_set_sources, load_board  # noqa: E402
 from generator.compile.build import prepare, run_scons  # noqa: E402
 from generator.device.runner import run_on_board  # noqa: E402
 from generator.device.session import RunRequest  # noqa: E402
@@ -214,7 +214,7 @@ def harness(request, tmp_path_factory) -> list[str]:
         str(rt / "ops.c"),
         str(rt / "sampler.c"),
         str(rt / "kernels" / "scalar.c"),
-        str(rt / "kernels" / f"{kernel}.c"),
+        *map(str, kernel_set_sources(kernel)),
         *kernel_set_siblings(kernel),
         "-lm",
         "-o",

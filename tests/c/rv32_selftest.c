@@ -52,8 +52,8 @@ static KernelHalf any_half(void)
 }
 
 /* An activation block scale. extreme 0: what quantized activations usually have; 1: also
- * subnormal, zero, negative and the largest below 2^16 (which rv32.c's prescaled product must
- * still take exactly); 2: as 1, but one block of the call at 2^16 or above (rv32.c then takes the
+ * subnormal, zero, negative and the largest below 2^16 (which the rv32 set's prescaled product must
+ * still take exactly); 2: as 1, but one block of the call at 2^16 or above (the rv32 set then takes the
  * scalar kernel's path). */
 static float act_scale(int extreme)
 {
@@ -216,7 +216,7 @@ static void check_quantize(int n)
     }
 }
 
-/* SwiGLU (rv32.c restates op_silu inline) over ordinary values and every branch of its e^-x:
+/* SwiGLU (rv32/vector.c restates op_silu inline) over ordinary values and every branch of its e^-x:
  * below -87 (0), above 88 (clamped), at both edges, NaN, infinities, zeros and subnormals. */
 static void check_swiglu(void)
 {
@@ -242,7 +242,7 @@ static void check_swiglu(void)
     }
 }
 
-/* The binary16 KV cache's widening (rv32.c's half_scaled times 2^112) against the scalar
+/* The binary16 KV cache's widening (rv32/vector.c: half_scaled times 2^112) against the scalar
  * kernel_half_to_float for all 65,536 encodings, subnormals, signed zeros and NaNs included, at
  * lengths that leave every remainder of its eight-value loop. */
 static void check_widen_f16(void)
@@ -269,7 +269,7 @@ static void check_widen_f16(void)
     }
 }
 
-/* Attention over a binary16 tile read in place (rv32.c's kernel_attention_*_f16) against the tile
+/* Attention over a binary16 tile read in place (rv32/attention.c's kernel_attention_*_f16) against the tile
  * widened by the scalar kernel and the scalar attention kernels: every encoding in the keys and
  * values (NaN's and infinity's included, which widen to finite values); queries ordinary, with
  * zeros, subnormals and values just below 2^16 (still prescaled exactly), and (large) one of 2^16
@@ -343,7 +343,7 @@ static void check_attention_f16(int n_q, int n, int head_dim, int stride, int la
     }
 }
 
-/* GGUF blocks in place (rv32.c reads several rows at a time): random quants and scales, the
+/* GGUF blocks in place (rv32/kquants.c and blocks.c read several rows at a time): random quants and scales, the
  * binary16 fields (Q4_K's d and dmin, Q6_K's and Q5_0's d, ...) from the weight scales' ranges
  * (either sign, any binary16 with extreme), MXFP4's e8m0 exponent near 2^0 (any but 0xFF, which the
  * image never holds, with extreme). With extreme, every fourth block is all ones and the next all
@@ -449,7 +449,7 @@ static void count_matvec(int rows, int cols)
            (unsigned long)(b - a), (double)(b - a) / ((double)rows * cols));
 }
 
-/* The 4-bit products read in place: q4_1 (rv32.c) and q4_0 (no rv32 kernel: the scalar one, which a
+/* The 4-bit products read in place: q4_1 (rv32/matvec.c) and q4_0 (no rv32 kernel: the scalar one, which a
  * board with room for expanded weights avoids by reading the int8 copy with the q8_0 kernel). */
 static void count_matvec_4bit(int rows, int cols)
 {

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import DEFAULT_MODEL, REPO
 
-from generator.boards import board_from_data, load_board
+from generator.boards import board_from_data, kernel_set_sources, load_board
 from generator.compile.esp32 import idf_project
 from generator.compile.esp32.idf_build import find_idf, idf_build
 from generator.compile.esp32.idf_project import COLIBRI_DIR, write_project
@@ -261,7 +261,7 @@ def test_cmake_files_list_every_copied_source_and_the_idf_pieces(name, projects,
     src = REPO / "firmware_src"
     expected = (
         [f"colibri/runtime/{f.name}" for f in (src / "runtime").glob("*.c")]
-        + [f"colibri/runtime/kernels/{k}.c" for k in board.kernels]
+        + [f"colibri/{f.relative_to(src).as_posix()}" for k in board.kernels for f in kernel_set_sources(k)]
         + [f"colibri/runtime/parallel/{board.parallel}.c"]
         + [f"colibri/app/{f.name}" for f in (src / "app").glob("*.c")]
         + ["colibri/bsp/esp32p4-idf/main.c", "colibri/generated/model_data.c", "colibri/generated/selftest_data.c"]

@@ -12,6 +12,7 @@ from conftest import REPO, f32_bytes, half_bytes, run_harness, run_rv32_semihost
 from test_numerics import assert_same_bits, c_floats, random_halves
 
 from generator import bench
+from generator.boards import kernel_set_sources
 from generator.numerics import ops as numerics
 from generator.numerics.quantize import matvec_q4_1, matvec_q8_0, quantize_q8_0, quantize_weights_q8_0, unpack_q4_1
 
@@ -26,7 +27,7 @@ def selftest_output(tmp_path_factory) -> str:
     """tests/c/rv32_selftest.c built for qemu-rv32 (semihosting for its output) and run on the
     emulator; its exit is 0 when nothing differed."""
     sources = [REPO / "tests" / "c" / "rv32_selftest.c", RUNTIME / "ops.c"]
-    sources += [RUNTIME / "kernels" / "scalar.c", RUNTIME / "kernels" / "rv32.c"]
+    sources += [RUNTIME / "kernels" / "scalar.c", *kernel_set_sources("rv32")]
     elf = tmp_path_factory.mktemp("rv32") / "selftest.elf"
     return run_rv32_semihosted(sources, elf, RUNTIME, extra=("-lm",))
 
@@ -39,7 +40,7 @@ def test_rv32_kernels_on_the_emulated_cpu_give_the_scalar_kernels_bits(selftest_
 def test_rv32_q8_0_product_costs_about_three_instructions_per_multiply_accumulate(selftest_output):
     # Exact counts (-icount shift=0): lb, mul and add per multiply-add, plus the block scales: 3.25
     # with float32 scales; binary16 ones cost three instructions more per row and block (lh, slli,
-    # and, fmv.w.x for one flw, rv32.c), ~0.09 per multiply-add, of which the first block's term,
+    # and, fmv.w.x for one flw, rv32/matvec.c), ~0.09 per multiply-add, of which the first block's term,
     # no longer added to -0.0f, wins back ~0.03: 3.31-3.32.
     per_mac = {
         m.group(1): float(m.group(2))
@@ -51,7 +52,7 @@ def test_rv32_q8_0_product_costs_about_three_instructions_per_multiply_accumulat
 
 
 def test_rv32_widens_a_binary16_kv_tile_in_about_six_instructions_a_value(selftest_output):
-    # lh, slli, and, fmv.w.x, fmul by 2^112 and fsw (rv32.c), against ~12 for the portable
+    # lh, slli, and, fmv.w.x, fmul by 2^112 and fsw (rv32/vector.c), against ~12 for the portable
     # kernel_half_to_float; the bits are checked for all 65,536 encodings above.
     widen = int(re.search(r"widen_f16 512: (\d+)", selftest_output).group(1))
     assert widen < 7 * 512
@@ -74,13 +75,13 @@ def test_rv32_reads_a_binary16_kv_tile_in_place_at_about_a_float32_tiles_cost(se
 
 
 def test_rv32_q4_1_product_reads_nibbles_in_place_at_about_four_instructions_per_multiply_accumulate(selftest_output):
-    # Per byte and row: lbu, andi, two mul and two add for two multiply-adds (rv32.c), plus each
+    # Per byte and row: lbu, andi, two mul and two add for two multiply-adds (rv32/matvec.c), plus each
     # row's float term per block; q4_0 read in place has no rv32 kernel (the scalar one).
     per_mac = {
         (m.group(1), m.group(2)): float(m.group(3))
         for m in re.finditer(r"matvec_(q4_[01]) (\d+x\d+): \d+ \(([\d.]+) per", selftest_output)
     }
-    # 4.19-4.37 (rv32.c): ~3.4 for the nibbles and the activation pairs, then per row and block
+    # 4.19-4.37 (rv32/matvec.c): ~3.4 for the nibbles and the activation pairs, then per row and block
     # the widening of the binary16 scale and minimum (8 instructions) and the term's float work;
     # 32x288's nine blocks take the reduction tree's eight partials (kernels.h), each set up alone.
     for shape in ("64x64", "64x128", "512x64", "32x288"):
@@ -88,7 +89,7 @@ def test_rv32_q4_1_product_reads_nibbles_in_place_at_about_four_instructions_per
         assert per_mac["q4_1", shape] < 0.6 * per_mac["q4_0", shape]
 
 
-# Every kept GGUF type's rv32 kernel (rv32.c), instructions per multiply-accumulate at the
+# Every kept GGUF type's rv32 kernel (rv32/kquants.c, rv32/blocks.c), instructions per multiply-accumulate at the
 # self-test's shapes (64x256 and 32x1024, 64x64 for the 32-value types, 32x288 for Q5_0): the
 # measured values plus a margin, and at most 0.45 of the scalar kernel's (17.4-31.9).
 GGUF_RV32_PER_MAC = {
@@ -137,7 +138,7 @@ def test_batched_q8_0_product_over_several_row_tiles(harness, tokens, rows, cols
         assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
 
 
-# Activation block scales below 2^16, where rv32.c multiplies w_d * 2^-112 by x_d * 2^112 made once
+# Activation block scales below 2^16, where the rv32 set multiplies w_d * 2^-112 by x_d * 2^112 made once
 # per call: subnormal (down to the smallest), zero, ordinary and the largest float32 below 2^16.
 PRESCALED_XD = np.array(
     [1e-40, 1.4e-45, 0.0, 3e-3, 1.0, 60000.0, np.nextafter(np.float32(65536), np.float32(0))], np.float32
@@ -149,7 +150,7 @@ PRESCALED_XD = np.array(
 def test_products_with_binary16_weight_scales_and_extreme_activation_scales(harness, rows, cols, large):
     # Weight scales and minimums anywhere in binary16's range (subnormals, zeros, both signs) times
     # the activation scales above, through the 16-, 8-, 4- and 1-row passes; with `large`, one block
-    # of the call at 2^16 or above, which rv32.c leaves to the scalar kernel.
+    # of the call at 2^16 or above, which the rv32 set leaves to the scalar kernel.
     nb = cols // 32
     xq = rng.integers(-127, 128, cols).astype(np.int8)
     xd = rng.choice(PRESCALED_XD, nb)

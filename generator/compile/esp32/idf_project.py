@@ -52,8 +52,10 @@ REQUIRES = ("app_update", "esp_app_format", "esp_driver_uart", "esp_partition", 
 # The numerics contract (docs/numerics.md), on top of ESP-IDF's own flags.
 COMPILE_OPTIONS = ("-ffp-contract=off", "-fno-fast-math", "-fno-math-errno")
 # Objects whose code runs for every weight: in IRAM, so streaming weights through the cache cannot
-# evict them. (Their constants go to internal RAM with them: the `noflash` scheme.)
+# evict them. (Their constants go to internal RAM with them: the `noflash` scheme.) Every file of the
+# board's kernel sets joins them (kernel_objects).
 HOT_OBJECTS = ("checksum", "model", "ops", "sampler")
+KERNELS_DIR = f"{COLIBRI_DIR}/runtime/kernels/"
 
 
 def partition_table(s: IdfSettings, image_bytes: int) -> list[Partition]:
@@ -152,6 +154,13 @@ def project_sources(board: Board, repo: Path) -> list[tuple[Path, str]]:
     return [(f, f"{COLIBRI_DIR}/{f.relative_to(src).as_posix()}") for f in sorted(set(c_files) | set(headers))]
 
 
+def kernel_objects(sources: list[str]) -> set[str]:
+    """The objects of the kernel sets' C files among the project's sources (a set's folder holds
+    several: kernels/<set>/*.c), named as ldgen names an object: by its file name alone, so a
+    kernel file and a runtime file of the same name (attention.c) are placed together."""
+    return {Path(p).stem for p in sources if p.startswith(KERNELS_DIR) and p.endswith(".c")}
+
+
 def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes, sources: list[str]) -> dict:
     parts = partition_table(s, plan.image.image_bytes)
     weights = next(p for p in parts if p.name == s.weights_partition)
@@ -196,7 +205,7 @@ def template_context(board: Board, plan: Plan, s: IdfSettings, model_hash: bytes
         include_dirs=["colibri/generated"],
         requires=sorted(REQUIRES),
         compile_options=list(COMPILE_OPTIONS),
-        hot_objects=sorted(HOT_OBJECTS + tuple(board.kernels)),
+        hot_objects=sorted(set(HOT_OBJECTS) | kernel_objects(sources)),
         partitions=[
             dict(
                 name=p.name,

@@ -25,7 +25,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(TESTS))
 
-from generator.boards import load_board  # noqa: E402
+from generator.boards import kernel_set_sources, load_board  # noqa: E402
 from generator.compile.build import prepare, run_scons  # noqa: E402
 from generator.device.runner import run_on_board  # noqa: E402
 from generator.device.session import RunRequest  # noqa: E402
@@ -179,7 +179,7 @@ def kernel_set_siblings(kernel: str) -> list[str]:
 def harness(request, tmp_path_factory) -> list[str]:
     """tests/c/numerics_harness.c built against the runtime's ops, sampler and each kernel set:
     the scalar kernels (generic.c), AVX2 (x86_avx2.c), the rv32 set (rv32.c, portable C) and NEON
-    (arm_neon.c, with and without SDOT, under qemu-aarch64). Returns the command that runs it."""
+    (kernels/arm_neon/, with and without SDOT, under qemu-aarch64). Returns the command that runs it."""
     cc, flags, runner = HARNESS_BUILDS[request.param]
     kernel = request.param.split("-")[0]
     out = tmp_path_factory.mktemp("harness") / f"harness-{request.param}"
@@ -199,7 +199,7 @@ def harness(request, tmp_path_factory) -> list[str]:
         str(rt / "ops.c"),
         str(rt / "sampler.c"),
         str(rt / "kernels" / "scalar.c"),
-        str(rt / "kernels" / f"{kernel}.c"),
+        *map(str, kernel_set_sources(kernel)),
         *kernel_set_siblings(kernel),
         "-lm",
         "-o",

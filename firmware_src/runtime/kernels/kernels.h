@@ -5,8 +5,11 @@
  * within a q8_0 block, then the block terms summed in float32 along the fixed reduction tree
  * below (KERNEL_PARTIALS partial sums per row, combined in order), and sequential float32 sums
  * for f32 rows and attention. A board's kernel list names scalar.c plus one kernel set: an
- * ISA file (x86_avx2.c, arm_neon.c, rv32.c; a set may add files named <set>_*.c, as x86_avx2_blocks.c)
- * or generic.c. A set defines the entry points it
+ * ISA's folder kernels/<set>/ (arm_neon/), its files by role as ggml's arch/<isa>/ (<set>.h the
+ * shared static inline helpers; set.c kernel_set(), the KERNEL_HAS_<ENTRY> list and fallback.h;
+ * cpu.c the CPU features; matvec.c, matmul.c, blocks.c (the kept GGUF types), f32.c, vector.c,
+ * attention.c: those the set has), an ISA file (x86_avx2.c, rv32.c; a set may add files named
+ * <set>_*.c, as x86_avx2_blocks.c) or generic.c. A set defines the entry points it
  * makes faster, says so with KERNEL_HAS_<ENTRY> and includes fallback.h, which defines
  * every entry point it left out: the scalar reference, or for the batched products, tiles of rows
  * over the set's own matvec. So no set restates what it does not change. */

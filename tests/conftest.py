@@ -194,7 +194,7 @@ def kernel_set_siblings(kernel: str) -> list[str]:
 def harness(request, tmp_path_factory) -> list[str]:
     """tests/c/numerics_harness.c built against the runtime's ops, sampler and each kernel set:
     the scalar kernels (generic.c), AVX2 (x86_avx2.c), the rv32 set (rv32.c, portable C) and NEON
-    (arm_neon.c, with and without SDOT, under qemu-aarch64). Returns the command that runs it."""
+    (kernels/arm_neon/, with and without SDOT, under qemu-aarch64). Returns the command that runs it."""
     cc, flags, runner = HARNESS_BUILDS[request.param]
     kernel = request.param.split("-")[0]
     out = tmp_path_factory.mktemp("harness") / f"harness-{request.param}"

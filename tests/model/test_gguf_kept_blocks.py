@@ -154,7 +154,7 @@ def test_kept_blocks_decode_as_the_reference_on_every_board(mixed_gguf, tmp_path
 
 def test_kept_blocks_decode_as_the_reference_on_aarch64_without_sdot(mixed_gguf, tmp_path, monkeypatch):
     """linux-aarch64 on a core without the dot-product extension (qemu-aarch64 -cpu cortex-a72, as
-    a Raspberry Pi 4): arm_neon.c's plain NEON path, rows split over three threads."""
+    a Raspberry Pi 4): the arm_neon set's plain NEON path, rows split over three threads."""
     monkeypatch.setenv("QEMU_CPU", "cortex-a72")
     done = run_cli(
         "verify",

@@ -5,12 +5,12 @@
  * within a q8_0 block, then the block terms summed in float32 along the fixed reduction tree
  * below (KERNEL_PARTIALS partial sums per row, combined in order), and sequential float32 sums
  * for f32 rows and attention. A board's kernel list names scalar.c plus one kernel set: an
- * ISA's folder kernels/<set>/ (rv32/), its files by role, the same in every set (<set>.h the ISA's
- * shared helpers, set.c the entry table, cpu.c CPU features, matvec.c, matmul.c, blocks.c and
- * kquants.c the GGUF block types, f32.c, vector.c, attention.c: the roles it has), an ISA file
- * (x86_avx2.c, arm_neon.c; a set may add files named <set>_*.c, as x86_avx2_blocks.c) or generic.c.
- * A set defines the entry points it makes faster, says so with KERNEL_HAS_<ENTRY> and includes
- * fallback.h (a folder's set.c), which defines every entry point it left out: the scalar
+ * ISA's folder kernels/<set>/ (x86_avx2/, arm_neon/, rv32/), its files by role as ggml's
+ * arch/<isa>/, the same in every set (those the set has: <set>.h the shared static inline helpers;
+ * set.c kernel_set(), the KERNEL_HAS_<ENTRY> list and fallback.h; cpu.c the CPU features;
+ * matvec.c, matmul.c, f32.c, blocks.c and kquants.c the kept GGUF types, vector.c, attention.c),
+ * or generic.c. A set defines the entry points it makes faster, says so with KERNEL_HAS_<ENTRY>
+ * and includes fallback.h (in its set.c), which defines every entry point it left out: the scalar
  * reference, or for the batched products, tiles of rows over the set's own matvec. So no set
  * restates what it does not change. */
 #ifndef COLIBRI_KERNELS_H

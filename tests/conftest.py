@@ -25,7 +25,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(TESTS))
 
-from generator.boards import load_board  # noqa: E402
+from generator.boards import kernel_set_sources, load_board  # noqa: E402
 from generator.compile.build import prepare, run_scons  # noqa: E402
 from generator.device.runner import run_on_board  # noqa: E402
 from generator.device.session import RunRequest  # noqa: E402
@@ -163,12 +163,6 @@ HARNESS_BUILDS = {
 FAST_HARNESS_BUILDS = ("generic", "x86_avx2")
 
 
-def kernel_set_siblings(kernel: str) -> list[str]:
-    """A kernel set's other files, as the board files list them (host: x86_avx2_blocks.c with
-    x86_avx2.c): firmware_src/runtime/kernels/<set>_*.c."""
-    return [str(p) for p in sorted((REPO / "firmware_src" / "runtime" / "kernels").glob(f"{kernel}_*.c"))]
-
-
 @pytest.fixture(
     scope="session",
     params=[
@@ -198,9 +192,7 @@ def harness(request, tmp_path_factory) -> list[str]:
         str(REPO / "tests" / "c" / "numerics_harness.c"),
         str(rt / "ops.c"),
         str(rt / "sampler.c"),
-        str(rt / "kernels" / "scalar.c"),
-        str(rt / "kernels" / f"{kernel}.c"),
-        *kernel_set_siblings(kernel),
+        *map(str, kernel_set_sources("scalar") + kernel_set_sources(kernel)),
         "-lm",
         "-o",
         str(out),

@@ -4,9 +4,12 @@
  * against; a faster kernel must return the same bits (docs/numerics.md): integer dot products
  * within a q8_0 block, then the block terms summed in float32 along the fixed reduction tree
  * below (KERNEL_PARTIALS partial sums per row, combined in order), and sequential float32 sums
- * for f32 rows and attention. A board's kernel list names scalar.c plus one kernel set: an
- * ISA file (x86_avx2.c, arm_neon.c, rv32.c; a set may add files named <set>_*.c, as x86_avx2_blocks.c)
- * or generic.c. A set defines the entry points it
+ * for f32 rows and attention. A board's kernel list names scalar.c plus one kernel set: a folder
+ * kernels/<set>/ (an ISA's, as x86_avx2/), its files by role with the same roles in every set:
+ * <set>.h (the ISA's shared static inline helpers, the set's internal declarations), set.c (its
+ * identity, its KERNEL_HAS_<ENTRY> with fallback.h, the entry points), cpu.c, matvec.c, matmul.c,
+ * blocks.c, f32.c, vector.c and attention.c, those it has; or one file kernels/<set>.c (generic.c).
+ * A set defines the entry points it
  * makes faster, says so with KERNEL_HAS_<ENTRY> and includes fallback.h, which defines
  * every entry point it left out: the scalar reference, or for the batched products, tiles of rows
  * over the set's own matvec. So no set restates what it does not change. */

@@ -5,13 +5,7 @@
  * checked. */
 #include "x86_avx2.h"
 
-/* The AVX2 region: every function up to the pop below is compiled for AVX2 and F16C. */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+X86_AVX2_BEGIN /* from here to X86_AVX2_END: compiled for AVX2 and F16C */
 
 /* A key's or value's elements, from a float32 tile or read where they lie in a binary16 cache
  * (widened exactly, as kernel_widen_f16 would: vcvtph2ps, kernel_half_to_float): `half` is a
@@ -424,8 +418,4 @@ void attention_mix_f16_avx2(float *out, int out_stride, const float *p, int p_st
     mix_avx2(out, out_stride, p, p_stride, n_q, values, stride, n, head_dim, 1);
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+X86_AVX2_END

@@ -6,13 +6,7 @@
 #include "x86_avx2.h"
 #include "blocks.h"
 
-/* The AVX2 region: every function up to the pop below is compiled for AVX2 and F16C. */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+X86_AVX2_BEGIN /* from here to X86_AVX2_END: compiled for AVX2 and F16C */
 
 /* The GGUF block types kept as the file holds them (kernels.h, "GGUF block types"): decode kernels
  * that read each weight byte once, with the bits of kernels/scalar.c. For every type a block of 32
@@ -468,8 +462,4 @@ void matmul_iq4_xs_avx2(float *out, int out_stride, const uint8_t *w, const int8
     blocks_matmul(KIND_IQ4_XS, out, out_stride, w, x_qs, x_d, n_tok, rows, cols);
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+X86_AVX2_END

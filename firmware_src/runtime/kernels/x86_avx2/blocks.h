@@ -8,13 +8,7 @@
 
 #include "x86_avx2.h"
 
-/* The AVX2 region of the header: every function up to the pop below is compiled for AVX2 and F16C. */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+X86_AVX2_BEGIN /* from here to X86_AVX2_END: compiled for AVX2 and F16C */
 
 __attribute__((always_inline)) static inline __m256i load8_i32(const int32_t *p)
 {
@@ -394,10 +388,6 @@ __attribute__((always_inline)) static inline void group_decode(enum block_kind k
 void blocks_lanes_batched(enum block_kind kind, float *out, int out_stride, const uint8_t *w, const int8_t *x_qs,
                           const float *x_d, int n_tok, int rows, int cols);
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+X86_AVX2_END
 
 #endif

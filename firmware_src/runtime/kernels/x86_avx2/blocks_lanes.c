@@ -5,13 +5,7 @@
 #include "x86_avx2.h"
 #include "blocks.h"
 
-/* The AVX2 region: every function up to the pop below is compiled for AVX2 and F16C. */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+X86_AVX2_BEGIN /* from here to X86_AVX2_END: compiled for AVX2 and F16C */
 
 /* Batched (prefill) from eight tokens on, the unsigned types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K,
  * Q2_K: u <= 63): matmul.c's lanes layout for the GGUF blocks. The tokens of a pass are laid out
@@ -224,8 +218,4 @@ void blocks_lanes_batched(enum block_kind kind, float *out, int out_stride, cons
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+X86_AVX2_END

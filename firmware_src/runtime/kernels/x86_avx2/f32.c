@@ -3,13 +3,7 @@
  * of weights transposed in registers. Called by set.c's entry points once the CPU was checked. */
 #include "x86_avx2.h"
 
-/* The AVX2 region: every function up to the pop below is compiled for AVX2 and F16C. */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+X86_AVX2_BEGIN /* from here to X86_AVX2_END: compiled for AVX2 and F16C */
 
 /* f32 products. A row's sum is one chain of dependent float32 additions in column order
  * (docs/numerics.md), which no vector can shorten; so the vectors run across rows instead: lane i
@@ -200,8 +194,4 @@ void matmul_f32_avx2(float *out, int out_stride, const float *w, const float *x,
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+X86_AVX2_END

@@ -5,13 +5,7 @@
  * set.c's entry points once the CPU was checked. */
 #include "x86_avx2.h"
 
-/* The AVX2 region: every function up to the pop below is compiled for AVX2 and F16C. */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+X86_AVX2_BEGIN /* from here to X86_AVX2_END: compiled for AVX2 and F16C */
 
 /* dst[i] = src[i] widened, i < n: for the batched kernels, which broadcast one block's scale to
  * every token lane and so want float32s in memory. */
@@ -482,8 +476,4 @@ void matmul_q4_1_vnni(float *out, int out_stride, const uint8_t *w_q4, const Ker
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+X86_AVX2_END

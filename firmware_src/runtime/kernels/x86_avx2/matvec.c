@@ -4,13 +4,7 @@
  * points once the CPU was checked; x86_avx2.h holds the helpers matmul.c's short batches share. */
 #include "x86_avx2.h"
 
-/* The AVX2 region: every function up to the pop below is compiled for AVX2 and F16C. */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+X86_AVX2_BEGIN /* from here to X86_AVX2_END: compiled for AVX2 and F16C */
 
 /* One q8_0 row's eight partials (reduction tree, kernels.h). */
 __attribute__((always_inline)) static inline __m256
@@ -213,8 +207,4 @@ void matvec_q4_1_avx2(float *out, const uint8_t *w_q4, const KernelHalf *w_d, co
     matvec_q4_rows(out, w_q4, w_d, w_m, x_qs, x_d, rows, cols, 0);
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+X86_AVX2_END

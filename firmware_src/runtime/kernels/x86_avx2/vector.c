@@ -5,13 +5,7 @@
 #include "../../ops.h" /* op_expf_in_range: exp_shifted_avx2's last values, as op_softmax */
 #include "x86_avx2.h"
 
-/* The AVX2 region: every function up to the pop below is compiled for AVX2 and F16C. */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+X86_AVX2_BEGIN /* from here to X86_AVX2_END: compiled for AVX2 and F16C */
 
 /* The scalar quantizer's operations, eight values at a time: the block maximum (order does not
  * matter for a maximum), the same scale and reciprocal, the same rounding by adding and
@@ -274,8 +268,4 @@ void widen_q8_0_avx2(float *out, const int8_t *qs, const KernelHalf *d, int n)
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+X86_AVX2_END

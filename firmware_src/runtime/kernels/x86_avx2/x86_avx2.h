@@ -33,14 +33,19 @@ int x86_avx2_vnni(void);
 #define TOKENS_ROWS_MAX 64
 #define TOKENS_HEAD_MAX 256
 
-/* The AVX2 region of the header: from here to the pop below, every function (declared or
- * defined) is compiled for AVX2 and F16C, as the kernels are in their files. */
+/* The AVX2 region of a file (and of this header): every function declared or defined between
+ * X86_AVX2_BEGIN and X86_AVX2_END is compiled for AVX2 and F16C, not FMA (the float terms must stay
+ * separate multiplies and adds). None may run before x86_avx2_usable() said yes: only set.c's entry
+ * points, compiled for baseline x86-64 like the scalar kernels of fallback.h, call into a region. */
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#define X86_AVX2_BEGIN _Pragma("clang attribute push(__attribute__((target(\"avx2,f16c\"))), apply_to = function)")
+#define X86_AVX2_END _Pragma("clang attribute pop")
 #else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
+#define X86_AVX2_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,f16c\")")
+#define X86_AVX2_END _Pragma("GCC pop_options")
 #endif
+
+X86_AVX2_BEGIN
 
 /* The per-thread scratch of the batched kernels in lanes: matmul.c's (q8_0, q4_0, q4_1) and
  * blocks_lanes.c's (the GGUF types) lay their tokens and rows out in the same bytes, since a
@@ -140,6 +145,8 @@ void matmul_iq4_xs_avx2(float *out, int out_stride, const uint8_t *w, const int8
                         int rows, int cols);
 void matmul_mxfp4_avx2(float *out, int out_stride, const uint8_t *w, const int8_t *x_qs, const float *x_d, int n_tok,
                        int rows, int cols);
+
+/* The helpers several files' kernels share. */
 
 /* acc + the four adjacent u8 x s8 products of a and b per int32 lane (vpdpbusd, encoded as `vnni`
  * says). Written as one instruction of inline assembly so that every function here is compiled
@@ -493,10 +500,6 @@ __attribute__((always_inline)) static inline __m256 add_q4_1_terms(__m256 acc, _
     return _mm256_add_ps(acc, _mm256_blendv_ps(_mm256_set1_ps(-0.0f), terms, _mm256_castsi256_ps(mask)));
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+X86_AVX2_END
 
 #endif

@@ -178,12 +178,6 @@ HARNESS_BUILDS = {
 FAST_HARNESS_BUILDS = ("generic", "x86_avx2")
 
 
-def kernel_set_siblings(kernel: str) -> list[str]:
-    """A kernel set's other files, as the board files list them (host: x86_avx2_blocks.c with
-    x86_avx2.c): firmware_src/runtime/kernels/<set>_*.c."""
-    return [str(p) for p in sorted((REPO / "firmware_src" / "runtime" / "kernels").glob(f"{kernel}_*.c"))]
-
-
 @pytest.fixture(
     scope="session",
     params=[
@@ -193,7 +187,7 @@ def kernel_set_siblings(kernel: str) -> list[str]:
 )
 def harness(request, tmp_path_factory) -> list[str]:
     """tests/c/numerics_harness.c built against the runtime's ops, sampler and each kernel set:
-    the scalar kernels (generic.c), AVX2 (x86_avx2.c), the rv32 set (rv32.c, portable C) and NEON
+    the scalar kernels (generic.c), AVX2 (kernels/x86_avx2/), the rv32 set (kernels/rv32/, portable C) and NEON
     (kernels/arm_neon/, with and without SDOT, under qemu-aarch64). Returns the command that runs it."""
     cc, flags, runner = HARNESS_BUILDS[request.param]
     kernel = request.param.split("-")[0]
@@ -213,9 +207,7 @@ def harness(request, tmp_path_factory) -> list[str]:
         str(REPO / "tests" / "c" / "numerics_harness.c"),
         str(rt / "ops.c"),
         str(rt / "sampler.c"),
-        str(rt / "kernels" / "scalar.c"),
-        *map(str, kernel_set_sources(kernel)),
-        *kernel_set_siblings(kernel),
+        *map(str, kernel_set_sources("scalar") + kernel_set_sources(kernel)),
         "-lm",
         "-o",
         str(out),

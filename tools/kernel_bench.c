@@ -5,7 +5,7 @@
  *
  *   RT=firmware_src/runtime
  *   gcc -std=c11 -O2 -ffp-contract=off -fno-math-errno -I$RT tools/kernel_bench.c $RT/ops.c \
- *       $RT/kernels/scalar.c $RT/kernels/x86_avx2.c $RT/kernels/x86_avx2_blocks.c -lm -o /tmp/kernel_bench
+ *       $RT/kernels/scalar.c $RT/kernels/x86_avx2/[a-z]*.c -lm -o /tmp/kernel_bench
  *   /tmp/kernel_bench [q4_1|q4_0|q8_0] [rows 1536] [cols 576] [matrices 60]
  */
 #define _POSIX_C_SOURCE 199309L

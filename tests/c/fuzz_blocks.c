@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
-int x86_avx2_usable(void); /* kernels/x86_avx2.c: this CPU runs the AVX2 set */
+int x86_avx2_usable(void); /* kernels/x86_avx2/cpu.c: this CPU runs the AVX2 set */
 
 typedef void (*Matvec)(float *, const uint8_t *, const int8_t *, const float *, int, int);
 typedef void (*Unpack)(const uint8_t *, int, KernelUnpacked *);

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from conftest import REPO
 
+from generator.boards import kernel_set_sources
+
 RUNTIME = REPO / "firmware_src" / "runtime"
 C_TESTS = REPO / "tests" / "c"
 # (name, values per block, bytes per block, binary16 field offsets), in fuzz_blocks.c's TYPES order.
@@ -71,9 +73,7 @@ def test_libfuzzer_finds_no_block_the_decoders_mishandle(tmp_path):
             f"-I{RUNTIME}",
             str(C_TESTS / "fuzz_blocks.c"),
             str(RUNTIME / "ops.c"),
-            str(RUNTIME / "kernels" / "scalar.c"),
-            str(RUNTIME / "kernels" / "x86_avx2.c"),
-            str(RUNTIME / "kernels" / "x86_avx2_blocks.c"),
+            *map(str, kernel_set_sources("scalar") + kernel_set_sources("x86_avx2")),
             "-lm",
             "-o",
             str(fuzzer),

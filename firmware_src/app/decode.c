@@ -12,7 +12,6 @@
 #include "board_def.h"
 #include "bsp.h"
 #include "protocol.h"
-#include "selftest.h"
 #include "speculate.h"
 
 void colibri_report_error(int code, const char *message)
@@ -362,9 +361,6 @@ int colibri_decode_quietly(const int32_t *prompt, int32_t n_prompt, int32_t step
 
 int colibri_decode(const ColibriRequest *req)
 {
-    if (req->selftest) {
-        return colibri_selftest(weights_loaded ? 0 : COLIBRI_ERR_NO_IMAGE, "no valid weight image is loaded", 1);
-    }
     if (!weights_loaded) {
         colibri_report_error(COLIBRI_ERR_NO_IMAGE, "no valid weight image is loaded");
         return COLIBRI_ERR_NO_IMAGE;

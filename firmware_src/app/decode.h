@@ -65,7 +65,8 @@ int colibri_load_checking(const uint8_t *image, uint64_t image_len, int check);
 /* Prefill the prompt (scoring it if asked) and decode, sending score, token, stats and done frames;
  * the done frame says how many tokens the KV cache then holds, where the next request may continue.
  * Returns 0 on success, else the error code also sent in the error frame (the conversation is then
- * forgotten). */
+ * forgotten). A selftest request is not one to decode: the BSP's serve loop gives it to
+ * colibri_selftest (app/selftest.h), which decodes through colibri_decode_quietly below. */
 int colibri_decode(const ColibriRequest *req);
 
 /* The self-test's decode (app/selftest.c): prompt prefilled, then `steps` greedy steps with the

@@ -1,3 +1,7 @@
+/* The forward pass (model.h), as llama2.c's run.c has it: per layer a norm, the token mixer of the
+ * layer's kind (attention over the KV cache, or Gated DeltaNet's linear attention), the residual,
+ * a norm, the feed-forward block (a gated FFN, or a mixture of experts), the residual; then the
+ * final norm and the logits. What a model lacks is compiled out by model_def.h's constants. */
 #include "model.h"
 
 #include <stddef.h>
@@ -7,22 +11,8 @@
 #include "deltanet.h"
 #include "expert_cache.h"
 #include "kernels/kernels.h"
+#include "matmul.h"
 #include "ops.h"
-#include "parallel.h"
-
-#define READS_KEPT_BLOCKS (COLIBRI_READS_Q5_0 || COLIBRI_READS_Q5_1 || COLIBRI_READS_Q4_K || COLIBRI_READS_Q5_K || COLIBRI_READS_Q6_K || COLIBRI_READS_Q3_K || COLIBRI_READS_Q2_K || COLIBRI_READS_IQ4_NL || COLIBRI_READS_IQ4_XS || COLIBRI_READS_MXFP4) /* some matrix is a kept GGUF type's blocks */
-
-/* The generator's blocks of the kept GGUF types (model_def.h) are the kernels' (kernels.h). */
-_Static_assert(COLIBRI_Q5_0_BLOCK_VALUES == KERNEL_Q5_0_VALUES && COLIBRI_Q5_0_BLOCK_BYTES == KERNEL_Q5_0_BYTES, "q5_0 blocks");
-_Static_assert(COLIBRI_Q5_1_BLOCK_VALUES == KERNEL_Q5_1_VALUES && COLIBRI_Q5_1_BLOCK_BYTES == KERNEL_Q5_1_BYTES, "q5_1 blocks");
-_Static_assert(COLIBRI_Q4_K_BLOCK_VALUES == KERNEL_Q4_K_VALUES && COLIBRI_Q4_K_BLOCK_BYTES == KERNEL_Q4_K_BYTES, "q4_k blocks");
-_Static_assert(COLIBRI_Q5_K_BLOCK_VALUES == KERNEL_Q5_K_VALUES && COLIBRI_Q5_K_BLOCK_BYTES == KERNEL_Q5_K_BYTES, "q5_k blocks");
-_Static_assert(COLIBRI_Q6_K_BLOCK_VALUES == KERNEL_Q6_K_VALUES && COLIBRI_Q6_K_BLOCK_BYTES == KERNEL_Q6_K_BYTES, "q6_k blocks");
-_Static_assert(COLIBRI_Q3_K_BLOCK_VALUES == KERNEL_Q3_K_VALUES && COLIBRI_Q3_K_BLOCK_BYTES == KERNEL_Q3_K_BYTES, "q3_k blocks");
-_Static_assert(COLIBRI_Q2_K_BLOCK_VALUES == KERNEL_Q2_K_VALUES && COLIBRI_Q2_K_BLOCK_BYTES == KERNEL_Q2_K_BYTES, "q2_k blocks");
-_Static_assert(COLIBRI_IQ4_NL_BLOCK_VALUES == KERNEL_IQ4_NL_VALUES && COLIBRI_IQ4_NL_BLOCK_BYTES == KERNEL_IQ4_NL_BYTES, "iq4_nl blocks");
-_Static_assert(COLIBRI_IQ4_XS_BLOCK_VALUES == KERNEL_IQ4_XS_VALUES && COLIBRI_IQ4_XS_BLOCK_BYTES == KERNEL_IQ4_XS_BYTES, "iq4_xs blocks");
-_Static_assert(COLIBRI_MXFP4_BLOCK_VALUES == KERNEL_MXFP4_VALUES && COLIBRI_MXFP4_BLOCK_BYTES == KERNEL_MXFP4_BYTES, "mxfp4 blocks");
 
 void colibri_buffers_init(ColibriBuffers *b)
 {
@@ -98,274 +88,10 @@ void colibri_buffers_init(ColibriBuffers *b)
 #endif
 }
 
-/* The input of one or more matrix products: n_tok rows of `cols` floats and, when the model has
- * integer weights and the rows are whole q8_0 blocks, their q8_0 quants, made once for every matrix
- * that takes this input (run.c quantizes x the same way before its matmuls). The quants live in the
- * scratch arena's act_qs/act_d: an input stays valid until the next matmul_input(). */
-typedef struct {
-    const float *x;
-    const int8_t *qs; /* NULL: not quantized (f32 model, or rows that are not whole blocks) */
-    const float *d;
-    int n_tok, cols;
-} MatmulInput;
-
-static MatmulInput matmul_input(const ColibriBuffers *b, const float *x, int n_tok, int cols)
-{
-    MatmulInput in = {x, NULL, NULL, n_tok, cols};
-#if COLIBRI_ACT_Q8_0
-    if (cols % KERNEL_QK == 0) {
-        for (int t = 0; t < n_tok; t++) {
-            kernel_quantize_q8_0(b->act_qs + (int64_t)t * cols, b->act_d + (int64_t)t * (cols / KERNEL_QK),
-                                 x + (int64_t)t * cols, cols);
-        }
-        in.qs = b->act_qs;
-        in.d = b->act_d;
-    }
-#else
-    (void)b;
-#endif
-    return in;
-}
-
-#if READS_KEPT_BLOCKS
-/* Row `first` of a matrix of a kept GGUF type, whose rows are row_bytes of blocks each. */
-static const uint8_t *block_row(const ColibriMatrix *w, int64_t first, int64_t row_bytes)
-{
-    return (const uint8_t *)w->w + first * row_bytes;
-}
-#endif
-
-/* One matrix times the input's rows, split by weight rows over the threads (each sum unchanged). */
-typedef struct {
-    float *out;
-    const MatmulInput *in;
-    const ColibriMatrix *w;
-    int rows;
-} LinearJob;
-
-static void linear_rows(void *ctx, int begin, int end)
-{
-    const LinearJob *j = ctx;
-    const int cols = j->in->cols, n = end - begin;
-    const int64_t first_scale = (int64_t)begin * (cols / KERNEL_QK);
-    switch (j->w->dtype) {
-#if COLIBRI_READS_Q4_0
-    case COLIBRI_DTYPE_Q4_0:
-        kernel_matmul_q4_0(j->out + begin, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
-                           j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-#if COLIBRI_READS_Q4_1
-    case COLIBRI_DTYPE_Q4_1:
-        kernel_matmul_q4_1(j->out + begin, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
-                           j->w->d + first_scale, j->w->m + first_scale, j->in->qs, j->in->d, j->in->n_tok, n,
-                           cols);
-        break;
-#endif
-#if COLIBRI_READS_Q5_0
-    case COLIBRI_DTYPE_Q5_0:
-        kernel_matmul_q5_0(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES),
-                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-#if COLIBRI_READS_Q5_1
-    case COLIBRI_DTYPE_Q5_1:
-        kernel_matmul_q5_1(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES),
-                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-#if COLIBRI_READS_Q4_K
-    case COLIBRI_DTYPE_Q4_K:
-        kernel_matmul_q4_k(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES),
-                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-#if COLIBRI_READS_Q5_K
-    case COLIBRI_DTYPE_Q5_K:
-        kernel_matmul_q5_k(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES),
-                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-#if COLIBRI_READS_Q6_K
-    case COLIBRI_DTYPE_Q6_K:
-        kernel_matmul_q6_k(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES),
-                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-#if COLIBRI_READS_Q3_K
-    case COLIBRI_DTYPE_Q3_K:
-        kernel_matmul_q3_k(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES),
-                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-#if COLIBRI_READS_Q2_K
-    case COLIBRI_DTYPE_Q2_K:
-        kernel_matmul_q2_k(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES),
-                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-#if COLIBRI_READS_IQ4_NL
-    case COLIBRI_DTYPE_IQ4_NL:
-        kernel_matmul_iq4_nl(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES),
-                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-#if COLIBRI_READS_IQ4_XS
-    case COLIBRI_DTYPE_IQ4_XS:
-        kernel_matmul_iq4_xs(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES),
-                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-#if COLIBRI_READS_MXFP4
-    case COLIBRI_DTYPE_MXFP4:
-        kernel_matmul_mxfp4(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_MXFP4_VALUES) * KERNEL_MXFP4_BYTES),
-                          j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-#endif
-    case COLIBRI_DTYPE_Q8_0:
-        kernel_matmul_q8_0(j->out + begin, j->rows, (const int8_t *)j->w->w + (int64_t)begin * cols,
-                           j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
-        break;
-    default:
-        kernel_matmul_f32(j->out + begin, j->rows, (const float *)j->w->w + (int64_t)begin * cols, j->in->x,
-                          j->in->n_tok, n, cols);
-        break;
-    }
-}
-
-/* Below this many multiply-adds a product is not worth waking the other threads for. */
-#define PARALLEL_MIN_MACS 32768
-
-/* out[t] = W in[t] (+ bias) for each of the input's rows; out rows are `rows` long, one after
- * another. Each matrix is read in its own form (the plan may keep a matrix in f32 when its rows
- * are not whole blocks), so the product picks its kernel by the matrix's element type. */
-static void linear(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows)
-{
-    LinearJob job = {out, in, w, rows};
-    if ((int64_t)in->n_tok * rows * in->cols < PARALLEL_MIN_MACS) {
-        linear_rows(&job, 0, rows);
-    } else {
-        parallel_for(linear_rows, &job, rows);
-    }
-    if (bias != NULL) {
-        for (int t = 0; t < in->n_tok; t++) {
-            float *o = out + (int64_t)t * rows;
-            for (int i = 0; i < rows; i++) {
-                o[i] = o[i] + bias[i];
-            }
-        }
-    }
-}
-
-#if READS_KEPT_BLOCKS
-/* A kept GGUF type's embedding row: each 32-value block unpacked, its values scale * q (+ offset). */
-static void embed_blocks(float *x, const ColibriMatrix *m, int32_t token, int cols, int64_t row_bytes,
-                         void (*unpack)(const uint8_t *, int, KernelUnpacked *), int affine)
-{
-    const uint8_t *row = block_row(m, token, row_bytes);
-    for (int b = 0; b < cols / KERNEL_QK; b++) {
-        KernelUnpacked u;
-        unpack(row, b, &u);
-        for (int l = 0; l < KERNEL_QK; l++) {
-            x[b * KERNEL_QK + l] = kernel_unpacked_value(&u, l, affine);
-        }
-    }
-}
-#endif
-
-/* Row `token` of an embedding table of `cols` values a row (embed, ple_embed), as floats: only that
- * row is read (on an MCU it stays in flash). */
-static void table_row(float *x, const ColibriMatrix *m, int32_t token, int cols)
-{
-    const int64_t first_scale = (int64_t)token * (cols / KERNEL_QK);
-    switch (m->dtype) {
-#if COLIBRI_READS_Q4_0
-    case COLIBRI_DTYPE_Q4_0: {
-        const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (cols / 2);
-        for (int i = 0; i < cols; i++) {
-            const int b = i / KERNEL_QK;
-            x[i] = (float)kernel_q4_0_value(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * kernel_half_to_float(m->d[first_scale + b]);
-        }
-        break;
-    }
-#endif
-#if COLIBRI_READS_Q4_1
-    case COLIBRI_DTYPE_Q4_1: { /* (float)q * d + m: a product, then a sum (docs/numerics.md) */
-        const uint8_t *qs = (const uint8_t *)m->w + (int64_t)token * (cols / 2);
-        for (int i = 0; i < cols; i++) {
-            const int b = i / KERNEL_QK;
-            x[i] = (float)kernel_q4_1_quant(qs + b * (KERNEL_QK / 2), i % KERNEL_QK) * kernel_half_to_float(m->d[first_scale + b]) +
-                   kernel_half_to_float(m->m[first_scale + b]);
-        }
-        break;
-    }
-#endif
-#if COLIBRI_READS_Q5_0
-    case COLIBRI_DTYPE_Q5_0:
-        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES, kernel_q5_0_unpack, 0);
-        break;
-#endif
-#if COLIBRI_READS_Q5_1
-    case COLIBRI_DTYPE_Q5_1:
-        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES, kernel_q5_1_unpack, 1);
-        break;
-#endif
-#if COLIBRI_READS_Q4_K
-    case COLIBRI_DTYPE_Q4_K:
-        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES, kernel_q4_k_unpack, 1);
-        break;
-#endif
-#if COLIBRI_READS_Q5_K
-    case COLIBRI_DTYPE_Q5_K:
-        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES, kernel_q5_k_unpack, 1);
-        break;
-#endif
-#if COLIBRI_READS_Q6_K
-    case COLIBRI_DTYPE_Q6_K:
-        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES, kernel_q6_k_unpack, 0);
-        break;
-#endif
-#if COLIBRI_READS_Q3_K
-    case COLIBRI_DTYPE_Q3_K:
-        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES, kernel_q3_k_unpack, 0);
-        break;
-#endif
-#if COLIBRI_READS_Q2_K
-    case COLIBRI_DTYPE_Q2_K:
-        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES, kernel_q2_k_unpack, 1);
-        break;
-#endif
-#if COLIBRI_READS_IQ4_NL
-    case COLIBRI_DTYPE_IQ4_NL:
-        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES, kernel_iq4_nl_unpack, 0);
-        break;
-#endif
-#if COLIBRI_READS_IQ4_XS
-    case COLIBRI_DTYPE_IQ4_XS:
-        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES, kernel_iq4_xs_unpack, 0);
-        break;
-#endif
-#if COLIBRI_READS_MXFP4
-    case COLIBRI_DTYPE_MXFP4:
-        embed_blocks(x, m, token, cols, (int64_t)(cols / KERNEL_MXFP4_VALUES) * KERNEL_MXFP4_BYTES, kernel_mxfp4_unpack, 0);
-        break;
-#endif
-    case COLIBRI_DTYPE_Q8_0: {
-        const int8_t *qs = (const int8_t *)m->w + (int64_t)token * cols;
-        for (int i = 0; i < cols; i++) {
-            x[i] = (float)qs[i] * kernel_half_to_float(m->d[first_scale + i / KERNEL_QK]);
-        }
-        break;
-    }
-    default:
-        memcpy(x, (const float *)m->w + (int64_t)token * cols, (size_t)cols * sizeof(float));
-        break;
-    }
-}
-
+/* A token's embedding, scaled where the model scales it (COLIBRI_EMBED_SCALE). */
 static void embed(float *x, const ColibriMatrix *m, int32_t token)
 {
-    table_row(x, m, token, COLIBRI_DIM);
+    embedding_row(x, m, token, COLIBRI_DIM);
     if (COLIBRI_EMBED_SCALE != 1.0f) {
         for (int i = 0; i < COLIBRI_DIM; i++) {
             x[i] = x[i] * COLIBRI_EMBED_SCALE;
@@ -380,8 +106,8 @@ static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const Coli
                       const float *x, int n_tok, int inner)
 {
     const MatmulInput in = matmul_input(b, x, n_tok, COLIBRI_DIM);
-    linear(b->gate, &in, w_gate, b_gate, inner);
-    linear(b->up, &in, w_up, b_up, inner);
+    matmul(b->gate, &in, w_gate, b_gate, inner);
+    matmul(b->up, &in, w_up, b_up, inner);
 #if COLIBRI_FFN_GELU_TANH
     kernel_gelu_tanh_mul(b->up, b->gate, n_tok * inner);
 #elif COLIBRI_FFN_SWIGLU_CLAMPED
@@ -392,7 +118,7 @@ static void gated_ffn(ColibriBuffers *b, const ColibriMatrix *w_gate, const Coli
     kernel_swiglu(b->up, b->gate, n_tok * inner);
 #endif
     const MatmulInput hidden = matmul_input(b, b->up, n_tok, inner);
-    linear(b->proj, &hidden, w_down, b_down, COLIBRI_DIM);
+    matmul(b->proj, &hidden, w_down, b_down, COLIBRI_DIM);
 }
 
 #if COLIBRI_N_EXPERTS > 0
@@ -441,7 +167,7 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
 {
     const ColibriLayerWeights *lw = &w->layers[layer];
     const MatmulInput in = matmul_input(b, router_in != NULL ? router_in : xn, 1, COLIBRI_DIM);
-    linear(b->router_logits, &in, &lw->router, lw->router_bias, COLIBRI_N_EXPERTS);
+    matmul(b->router_logits, &in, &lw->router, lw->router_bias, COLIBRI_N_EXPERTS);
     if (!COLIBRI_ROUTER_TOPK_THEN_SOFTMAX) {
         op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
     }
@@ -477,7 +203,7 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
          * the same quantized input (no matmul_input since) with its router, into the router buffer
          * this layer no longer needs, and have them read while this layer computes. */
         int32_t likely[COLIBRI_EXPERTS_PER_TOKEN];
-        linear(b->router_logits, &in, &w->layers[next].router, w->layers[next].router_bias, COLIBRI_N_EXPERTS);
+        matmul(b->router_logits, &in, &w->layers[next].router, w->layers[next].router_bias, COLIBRI_N_EXPERTS);
         top_k(b->router_logits, COLIBRI_N_EXPERTS, likely, COLIBRI_EXPERTS_PER_TOKEN);
         colibri_experts_prefetch(next, likely, COLIBRI_EXPERTS_PER_TOKEN);
     }
@@ -486,7 +212,7 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
     float *shared_term = b->expert_terms + (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_DIM;
     if (COLIBRI_SHARED_FFN_DIM > 0) {
         const MatmulInput shared_in = matmul_input(b, xn, 1, COLIBRI_DIM);
-        linear(b->router_logits, &shared_in, &lw->shared_gate, NULL, 1);
+        matmul(b->router_logits, &shared_in, &lw->shared_gate, NULL, 1);
         float scale = op_sigmoid(b->router_logits[0]);
         gated_ffn(b, &lw->shared.w_gate, &lw->shared.w_up, &lw->shared.w_down, NULL, NULL, NULL, xn, 1,
                   COLIBRI_SHARED_FFN_DIM);
@@ -592,16 +318,56 @@ static void normalize(ColibriBuffers *b, const float *weight, int n)
     }
 }
 
-#if COLIBRI_N_LINEAR_LAYERS > 0
+/* Softmax attention on the n tokens of xn into b->proj: the projections for all tokens at once,
+ * RoPE token after token, then attention over the cache (which the tokens' keys and values enter
+ * first, so a token sees exactly the positions up to its own), the output gate where the model has
+ * one, and wo. A layer's widths are its own: Gemma 4's global layers have wider heads and fewer KV
+ * heads. A Gemma 4 KV-sharing layer makes queries only and attends over its source's cache, which
+ * that earlier layer has filled for these positions. */
+static void attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int32_t pos, int n)
+{
+    const int q_dim = COLIBRI_N_HEADS * colibri_layer_head_dim[layer], kv_dim = layer_kv_dim(layer);
+    const int own_kv = colibri_layer_kv_source[layer] == layer;
+    const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
+    matmul(b->q, &xn, &lw->wq, lw->bq, q_dim);
+    if (own_kv) {
+        matmul(b->k, &xn, &lw->wk, lw->bk, kv_dim);
+        if (colibri_layer_k_eq_v[layer]) { /* the values are the keys' projection, before its norm and RoPE */
+            memcpy(b->v, b->k, (size_t)n * kv_dim * sizeof(float));
+        } else {
+            matmul(b->v, &xn, &lw->wv, lw->bv, kv_dim);
+        }
+    }
+#if COLIBRI_ATTN_OUTPUT_GATE
+    matmul(b->q_gate, &xn, &lw->wq_gate, NULL, q_dim);
+#endif
+    for (int t = 0; t < n; t++) {
+        float *q = b->q + (int64_t)t * q_dim;
+        float *k = b->k + (int64_t)t * kv_dim;
+        float *v = b->v + (int64_t)t * kv_dim;
+        position_qkv(lw, layer, pos + t, q, own_kv ? k : NULL, own_kv ? v : NULL);
+    }
+    attention_layer(b, layer, pos, n, lw->sinks); /* runtime/attention.c: the cache, then attention */
+#if COLIBRI_ATTN_OUTPUT_GATE
+    for (int64_t i = 0; i < (int64_t)n * q_dim; i++) {
+        b->attn_out[i] = b->attn_out[i] * op_sigmoid(b->q_gate[i]);
+    }
+#endif
+    const MatmulInput attn_out = matmul_input(b, b->attn_out, n, q_dim);
+    matmul(b->proj, &attn_out, &lw->wo, lw->bo, COLIBRI_DIM);
+}
+
 /* A Gated DeltaNet layer on the n tokens of xn into b->proj: the projections for all tokens at
- * once, the recurrence token after token (each one's state follows the one before), out_proj. */
+ * once, the recurrence token after token (each one's state follows the one before), out_proj.
+ * Only models with DeltaNet layers (COLIBRI_N_LINEAR_LAYERS) have one. */
 static void linear_attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int n)
 {
+#if COLIBRI_N_LINEAR_LAYERS > 0
     const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
-    linear(b->lin_qkv, &xn, &lw->lin_qkv, NULL, COLIBRI_LINEAR_CONV_DIM);
-    linear(b->lin_z, &xn, &lw->lin_z, NULL, COLIBRI_LINEAR_VALUE_DIM);
-    linear(b->lin_b, &xn, &lw->lin_b, NULL, COLIBRI_LINEAR_V_HEADS);
-    linear(b->lin_a, &xn, &lw->lin_a, NULL, COLIBRI_LINEAR_V_HEADS);
+    matmul(b->lin_qkv, &xn, &lw->lin_qkv, NULL, COLIBRI_LINEAR_CONV_DIM);
+    matmul(b->lin_z, &xn, &lw->lin_z, NULL, COLIBRI_LINEAR_VALUE_DIM);
+    matmul(b->lin_b, &xn, &lw->lin_b, NULL, COLIBRI_LINEAR_V_HEADS);
+    matmul(b->lin_a, &xn, &lw->lin_a, NULL, COLIBRI_LINEAR_V_HEADS);
     for (int t = 0; t < n; t++) {
         deltanet_token(lw, layer, b->lin_qkv + (int64_t)t * COLIBRI_LINEAR_CONV_DIM,
                        b->lin_z + (int64_t)t * COLIBRI_LINEAR_VALUE_DIM, b->lin_b + (int64_t)t * COLIBRI_LINEAR_V_HEADS,
@@ -609,23 +375,33 @@ static void linear_attention(ColibriBuffers *b, const ColibriLayerWeights *lw, i
                        b->lin_memory);
     }
     const MatmulInput mixed = matmul_input(b, b->lin_out, n, COLIBRI_LINEAR_VALUE_DIM);
-    linear(b->proj, &mixed, &lw->lin_out, NULL, COLIBRI_DIM);
-}
+    matmul(b->proj, &mixed, &lw->lin_out, NULL, COLIBRI_DIM);
+#else
+    (void)b, (void)lw, (void)layer, (void)n;
 #endif
+}
 
-#if COLIBRI_PLE_DIM > 0
+/* A sequence's first pass (position 0): the DeltaNet recurrences start from zero. */
+static void start_sequence(void)
+{
+#if COLIBRI_N_LINEAR_LAYERS > 0
+    deltanet_reset();
+#endif
+}
+
 #define PLE_ROW (COLIBRI_N_LAYERS * COLIBRI_PLE_DIM) /* one token's per-layer inputs, every layer's slice */
 
 /* Gemma 4's per-layer inputs of the n tokens (their scaled embeddings in b->x) into b->ple: for each,
  * (norm(ple_model_proj x / sqrt(DIM)) + ple_embed[token] * sqrt(PLE_DIM)) / sqrt(2), the norm per
- * layer slice; of the large ple_embed table only the token's row is read. */
+ * layer slice; of the large ple_embed table only the token's row is read. Nothing for other models. */
 static void per_layer_inputs(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n)
 {
+#if COLIBRI_PLE_DIM > 0
     const MatmulInput x = matmul_input(b, b->x, n, COLIBRI_DIM);
-    linear(b->ple, &x, &w->ple_model_proj, NULL, PLE_ROW);
+    matmul(b->ple, &x, &w->ple_model_proj, NULL, PLE_ROW);
     for (int t = 0; t < n; t++) {
         float *ple = b->ple + (int64_t)t * PLE_ROW;
-        table_row(b->ple_row, &w->ple_embed, tokens[t], PLE_ROW);
+        embedding_row(b->ple_row, &w->ple_embed, tokens[t], PLE_ROW);
         for (int i = 0; i < PLE_ROW; i++) {
             ple[i] = ple[i] * COLIBRI_PLE_PROJ_SCALE;
         }
@@ -637,14 +413,18 @@ static void per_layer_inputs(const ColibriWeights *w, ColibriBuffers *b, const i
             ple[i] = (ple[i] + b->ple_row[i] * COLIBRI_PLE_SCALE) * COLIBRI_PLE_MIX_SCALE;
         }
     }
+#else
+    (void)w, (void)b, (void)tokens, (void)n;
+#endif
 }
 
-/* A layer's per-layer input into the residual of the n tokens: x += norm(ple_proj(gelu_tanh(ple_gate x)
- * * the token's slice of the layer)). */
+/* A layer's per-layer input into the residual of the n tokens (Gemma 4; nothing for other models):
+ * x += norm(ple_proj(gelu_tanh(ple_gate x) * the token's slice of the layer)). */
 static void per_layer_block(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int n)
 {
+#if COLIBRI_PLE_DIM > 0
     const MatmulInput x = matmul_input(b, b->x, n, COLIBRI_DIM);
-    linear(b->ple_gate, &x, &lw->ple_gate, NULL, COLIBRI_PLE_DIM);
+    matmul(b->ple_gate, &x, &lw->ple_gate, NULL, COLIBRI_PLE_DIM);
     for (int t = 0; t < n; t++) {
         float *g = b->ple_gate + (int64_t)t * COLIBRI_PLE_DIM;
         const float *slice = b->ple + (int64_t)t * PLE_ROW + layer * COLIBRI_PLE_DIM;
@@ -653,10 +433,25 @@ static void per_layer_block(ColibriBuffers *b, const ColibriLayerWeights *lw, in
         }
     }
     const MatmulInput gated = matmul_input(b, b->ple_gate, n, COLIBRI_PLE_DIM);
-    linear(b->proj, &gated, &lw->ple_proj, NULL, COLIBRI_DIM);
+    matmul(b->proj, &gated, &lw->ple_proj, NULL, COLIBRI_DIM);
     residual_add(b, lw->ple_norm, n);
-}
+#else
+    (void)b, (void)lw, (void)layer, (void)n;
 #endif
+}
+
+/* A layer's output, the whole residual of the n tokens, times its learned scalar (Gemma 4; nothing
+ * for other models). */
+static void scale_layer_output(ColibriBuffers *b, const ColibriLayerWeights *lw, int n)
+{
+#if COLIBRI_LAYER_SCALARS
+    for (int64_t i = 0; i < (int64_t)n * COLIBRI_DIM; i++) {
+        b->x[i] = b->x[i] * lw->layer_scalar[0];
+    }
+#else
+    (void)b, (void)lw, (void)n;
+#endif
+}
 
 #if COLIBRI_MOE_BESIDE_DENSE
 /* Gemma 4's MoE block on the n tokens (b->xn: the residual through ffn_norm) into b->proj: the dense
@@ -690,107 +485,80 @@ static int gemma4_moe_block(const ColibriWeights *w, ColibriBuffers *b, int laye
 }
 #endif
 
+/* A MoE layer's feed-forward block on the n tokens of xn into b->proj: each token through the
+ * experts its router picks, one token after another (Gemma 4's block: beside a dense FFN). Returns
+ * 0, or the error code of an expert that could not be brought in. Only MoE models have one. */
+static int moe_block(const ColibriWeights *w, ColibriBuffers *b, int layer, int n)
+{
+#if COLIBRI_MOE_BESIDE_DENSE
+    return gemma4_moe_block(w, b, layer, n);
+#elif COLIBRI_N_EXPERTS > 0
+    for (int t = 0; t < n; t++) {
+        /* Prefetch guesses only while decoding: in a prompt batch the next token's experts come
+         * before the next layer's. */
+        int status = moe_ffn(w, b, layer, b->xn + (int64_t)t * COLIBRI_DIM, b->moe_out + (int64_t)t * COLIBRI_DIM,
+                             n == 1, NULL);
+        if (status != 0) {
+            return status;
+        }
+    }
+    memcpy(b->proj, b->moe_out, (size_t)n * COLIBRI_DIM * sizeof(float));
+    return 0;
+#else
+    (void)w, (void)b, (void)layer, (void)n;
+    return 0;
+#endif
+}
+
+/* A layer's kinds (model_def.h's tables; constant 0 where the model has none of the kind). */
+static int is_linear_attention_layer(int layer)
+{
+    return COLIBRI_N_LINEAR_LAYERS > 0 && colibri_layer_linear[layer];
+}
+
+static int is_moe_layer(int layer)
+{
+    return COLIBRI_N_EXPERTS > 0 && colibri_layer_moe[layer];
+}
+
 int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos,
                     int want_logits)
 {
-#if COLIBRI_N_LINEAR_LAYERS > 0
     if (pos == 0) {
-        deltanet_reset(); /* a new sequence: the recurrences start from zero */
+        start_sequence();
     }
-#endif
     for (int t = 0; t < n; t++) {
         embed(b->x + (int64_t)t * COLIBRI_DIM, &w->embed, tokens[t]);
     }
-#if COLIBRI_PLE_DIM > 0
     per_layer_inputs(w, b, tokens, n);
-#endif
 
     for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
         const ColibriLayerWeights *lw = &w->layers[l];
 
-        /* Attention block: the projections for all tokens at once, RoPE token after token, then
-         * attention over the cache (which the tokens' keys and values enter first, so a token sees
-         * exactly the positions up to its own). */
+        /* Token mixing: attention over the KV cache, or a DeltaNet layer's recurrence. */
         normalize(b, lw->attn_norm, n);
-#if COLIBRI_N_LINEAR_LAYERS > 0
-        if (colibri_layer_linear[l]) {
+        if (is_linear_attention_layer(l)) {
             linear_attention(b, lw, l, n);
-        } else
-#endif
-        {
-            /* A layer's widths: Gemma 4's global layers have wider heads and fewer KV heads. */
-            const int q_dim = COLIBRI_N_HEADS * colibri_layer_head_dim[l], kv_dim = layer_kv_dim(l);
-            /* A Gemma 4 KV-sharing layer makes queries only and attends over its source's cache,
-             * which that earlier layer has filled for these positions. */
-            const int own_kv = colibri_layer_kv_source[l] == l;
-            const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
-            linear(b->q, &xn, &lw->wq, lw->bq, q_dim);
-            if (!own_kv) {
-            } else if (colibri_layer_k_eq_v[l]) { /* the values are the keys' projection, before its norm and RoPE */
-                linear(b->k, &xn, &lw->wk, lw->bk, kv_dim);
-                memcpy(b->v, b->k, (size_t)n * kv_dim * sizeof(float));
-            } else {
-                linear(b->k, &xn, &lw->wk, lw->bk, kv_dim);
-                linear(b->v, &xn, &lw->wv, lw->bv, kv_dim);
-            }
-#if COLIBRI_ATTN_OUTPUT_GATE
-            linear(b->q_gate, &xn, &lw->wq_gate, NULL, q_dim);
-#endif
-            for (int t = 0; t < n; t++) {
-                float *q = b->q + (int64_t)t * q_dim;
-                float *k = b->k + (int64_t)t * kv_dim;
-                float *v = b->v + (int64_t)t * kv_dim;
-                position_qkv(lw, l, pos + t, q, own_kv ? k : NULL, own_kv ? v : NULL);
-            }
-            attention_layer(b, l, pos, n, lw->sinks); /* runtime/attention.c: the cache, then attention */
-#if COLIBRI_ATTN_OUTPUT_GATE
-            for (int64_t i = 0; i < (int64_t)n * q_dim; i++) {
-                b->attn_out[i] = b->attn_out[i] * op_sigmoid(b->q_gate[i]);
-            }
-#endif
-            const MatmulInput attn_out = matmul_input(b, b->attn_out, n, q_dim);
-            linear(b->proj, &attn_out, &lw->wo, lw->bo, COLIBRI_DIM);
+        } else {
+            attention(b, lw, l, pos, n);
         }
         residual_add(b, lw->post_attn_norm, n);
 
         /* Feed-forward block: a gated FFN, down(act(gate(x)) * up(x)) with act SiLU or GELU, or
          * on MoE layers a routed mixture of such FFNs, token by token. */
         normalize(b, lw->ffn_norm, n);
-#if COLIBRI_MOE_BESIDE_DENSE
-        if (colibri_layer_moe[l]) {
-            int status = gemma4_moe_block(w, b, l, n);
+        if (is_moe_layer(l)) {
+            const int status = moe_block(w, b, l, n);
             if (status != 0) {
                 return status;
             }
-        } else
-#endif
-#if COLIBRI_N_EXPERTS > 0
-        if (colibri_layer_moe[l]) {
-            for (int t = 0; t < n; t++) {
-                /* Prefetch guesses only while decoding: in a prompt batch the next token's experts
-                 * come before the next layer's. */
-                int status = moe_ffn(w, b, l, b->xn + (int64_t)t * COLIBRI_DIM, b->moe_out + (int64_t)t * COLIBRI_DIM,
-                                     n == 1, NULL);
-                if (status != 0) {
-                    return status;
-                }
-            }
-            memcpy(b->proj, b->moe_out, (size_t)n * COLIBRI_DIM * sizeof(float));
-        } else
-#endif
-        {
+        } else {
             gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, lw->b_gate, lw->b_up, lw->b_down, b->xn, n,
                       colibri_layer_ffn_dim[l]);
         }
         residual_add(b, lw->post_ffn_norm, n);
-#if COLIBRI_PLE_DIM > 0
         per_layer_block(b, lw, l, n);
-#endif
-#if COLIBRI_LAYER_SCALARS
-        for (int64_t i = 0; i < (int64_t)n * COLIBRI_DIM; i++) {
-            b->x[i] = b->x[i] * lw->layer_scalar[0];
-        }
-#endif
+        scale_layer_output(b, lw, n);
     }
     if (want_logits == COLIBRI_LOGITS_NONE) {
         return 0;
@@ -804,7 +572,7 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
                    COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
     }
     const MatmulInput normed = matmul_input(b, b->xn, n - first, COLIBRI_DIM);
-    linear(out, &normed, &w->lm_head, NULL, COLIBRI_VOCAB);
+    matmul(out, &normed, &w->lm_head, NULL, COLIBRI_VOCAB);
     if (COLIBRI_FINAL_SOFTCAP != 0.0f) {
         for (int64_t i = 0; i < (int64_t)(n - first) * COLIBRI_VOCAB; i++) {
             out[i] = op_softcap(out[i], COLIBRI_FINAL_SOFTCAP);

@@ -1,5 +1,5 @@
 """The Linux firmware asks for its KV cache in 2 MiB pages (transparent huge pages on request,
-firmware_src/bsp/linux/main.c) before it says hello: at a long context each KV head's keys and
+firmware_src/bsp/linux/image_map.c, from main.c) before it says hello: at a long context each KV head's keys and
 values are read as streams of hundreds of KiB, which 4 KiB pages break up (docs/performance.md,
 "At 4,096 positions"). Weights that fit in memory are read into it in 2 MiB pages as well
 ("Weights in 2 MiB pages"); --map-weights keeps the file's mapping."""

@@ -1,0 +1,337 @@
+"""run, verify, chat, eval and bench: the commands that run firmware, each through job.py's
+prepare -> build -> link, printing what it answered (text, or a --json document)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from .. import job
+from ..arguments import (
+    add_board_args,
+    add_decode_args,
+    add_jobs_arg,
+    add_sampling_args,
+    add_speculate_arg,
+    add_target_args,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    unit_float,
+)
+from ..console import TextStream, progress, user_messages
+from ..device.remote import ran_on
+from ..job import Ran
+from ..model.tokenizer import Tokenizer
+from ..verify import FirmwareMismatch, budget_text, compare, reference_run, run_stats, speed_text
+from .common import Command, job_options, print_json
+
+
+def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
+    return tokenizer.decode(ids) if tokenizer else None
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """run's and verify's options."""
+    add_target_args(p)
+    add_jobs_arg(p)
+    add_decode_args(p, steps=64)
+    add_speculate_arg(p)
+    add_board_args(p)
+
+
+def _run_prepared(args: argparse.Namespace, stream: bool):
+    """(prepared, built, ran): the run, and what made it (verify asks the same firmware again)."""
+    options = job_options(args)
+    prepared = job.prepare_run(options)
+    built = job.build(prepared)
+    text_out = TextStream(prepared.tokenizer, enabled=stream and not args.json, echo=prepared.inputs.text)
+    try:
+        return prepared, built, job.run_built(prepared, built, on_token=text_out)
+    finally:
+        text_out.end_line()
+
+
+def run(args: argparse.Namespace) -> int:
+    ran: Ran = _run_prepared(args, stream=True)[2]
+    result = ran.result
+    stats = run_stats(result, ran.board, ran.request)
+    if args.json:
+        print_json(
+            {
+                "board": ran.board.name,
+                "prompt": ran.request.prompt,
+                "tokens": result.tokens,
+                "text": decode_text(ran.tokenizer, result.tokens),
+                "logits_sha256": result.digests,
+                "stop_reason": result.stop_reason,
+                "stats": stats.to_json(),
+                "remote": result.remote.to_json() if result.remote else None,
+            }
+        )
+    else:
+        speed = f"; decode {speed_text(stats)}" if speed_text(stats) else ""
+        print(
+            f"[{len(result.tokens)} tokens on {ran_on(ran.board, result)}{budget_text(stats)}, stopped by "
+            f"{result.stop_reason}{speed}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    try:
+        prepared, built, ran = _run_prepared(args, stream=True)
+    except FirmwareMismatch as e:
+        # Another firmware answered: a verdict about what is on the board, not a broken link.
+        if args.json:
+            print_json(
+                {
+                    "board": args.board,
+                    "model": str(args.model),
+                    "pass": False,
+                    "firmware_identity": {"differences": e.differences, "hello": e.hello},
+                }
+            )
+        else:
+            print(f"FAIL: {e}")
+        return 1
+    board, plan, request, result = ran.board, ran.plan, ran.request, ran.result
+    stats = run_stats(result, board, request)
+    if not args.json:
+        speed = f" at {speed_text(stats)}" if speed_text(stats) else ""
+        progress(
+            f"firmware on {ran_on(board, result)}{budget_text(stats)} (its hello names this build: board, context, "
+            f"quantization, weight image, build id): {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
+            f"running the NumPy reference on the same weight image"
+        )
+    ref = reference_run(plan, ran.art.weights, request)
+    comparison = compare(result, ref)
+    # The firmware's own check (golden vectors inside it): its boot run on MCU boards, else asked.
+    selftest = job.selftest_built(prepared, built, result.selftest) if board.runner.runs_here or prepared.port else None
+    mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
+    summary = {
+        "board": board.name,
+        "model": str(args.model),
+        "quant": plan.quant,
+        "n_ctx": plan.n_ctx,
+        "prompt": request.prompt,
+        "sampling": asdict(request.sampling),
+        "firmware_identity": {"expected": ran.identity.fields(), "differences": []},
+        "firmware": {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason},
+        "reference": {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason},
+        "text": decode_text(ran.tokenizer, result.tokens),
+        "pass": comparison.passed and (selftest is None or selftest.passed),
+        "selftest": {"pass": selftest.passed, **selftest.fields} if selftest else None,
+        "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts}
+        if ref.expert_counts
+        else None,
+        "first_divergent_step": comparison.first_divergent_step,
+        "stats": stats.to_json(),
+        "remote": result.remote.to_json() if result.remote else None,
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        if selftest is not None and not selftest.passed:
+            progress(comparison.verdict(board.name, plan.quant, mode))
+            print(f"FAIL: the {board.name} firmware's {selftest.line()}")
+        else:
+            if selftest is not None:
+                progress(selftest.line())
+            print(comparison.verdict(board.name, plan.quant, mode))
+    return 0 if summary["pass"] else 1
+
+
+def add_chat_arguments(p: argparse.ArgumentParser) -> None:
+    add_target_args(p)
+    add_jobs_arg(p)
+    p.add_argument("--system", metavar="TEXT", help="a system message to start the conversation with")
+    p.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="FILE",
+        help="a Jinja2 chat template file (as tokenizer_config.json's chat_template), used instead of the model's own",
+    )
+    p.add_argument(
+        "--steps", type=positive_int, help="the most tokens a reply may have (default: what is left of the context)"
+    )
+    add_sampling_args(p)
+    add_speculate_arg(p)
+    add_board_args(p)
+
+
+def chat(args: argparse.Namespace) -> int:
+    prepared = job.prepare_chat(job_options(args))
+    board, plan = prepared.board, prepared.plan
+    built = job.build(prepared)
+    state = job.chat_state(prepared, args.steps, args.system)
+    interactive = sys.stdin.isatty() and not args.json
+    if interactive:
+        progress(f"chatting with {args.model} on {board.name} (context {plan.n_ctx}); Ctrl-D ends")
+    turns = job.converse(
+        prepared,
+        built,
+        state,
+        user_messages(interactive),
+        digests=args.json,
+        stream=lambda: TextStream(prepared.tokenizer, enabled=not args.json),
+    )
+    for index, turn in enumerate(turns):
+        planned, result = turn.planned, turn.result
+        if args.json:
+            print_json(
+                {
+                    "turn": index,
+                    "user": turn.user,
+                    "reply": turn.reply,
+                    "prompt": planned.prompt,
+                    "tokens": result.tokens,
+                    "logits_sha256": result.digests,
+                    "start": planned.start,
+                    "prefilled": len(planned.prompt),
+                    "reprefilled": planned.reprefilled,
+                    "held": result.held,
+                    "stop_reason": result.stop_reason,
+                    "stats": run_stats(result, board, turn.request).to_json(),
+                },
+                indent=None,
+                flush=True,
+            )
+        elif planned.reprefilled:
+            progress("(the chat template rewrote earlier turns: the whole conversation was prefilled again)")
+    return 0
+
+
+def add_eval_arguments(p: argparse.ArgumentParser) -> None:
+    add_target_args(p)
+    add_jobs_arg(p)
+    p.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text to score")
+    p.add_argument("--chunks", type=positive_int, help="score at most this many chunks (default: all)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="also score with the NumPy reference and require every score to be bit-identical",
+    )
+    add_board_args(p)
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    prepared = job.prepare_eval(job_options(args), args.text)
+    board, plan = prepared.board, prepared.plan
+    ev = job.evaluate_built(prepared, job.build(prepared), args.check, args.chunks)
+    r = ev.result
+    if args.json:
+        print_json(
+            {
+                "board": board.name,
+                "model": str(args.model),
+                "quant": plan.quant,
+                "n_ctx": plan.n_ctx,
+                "text": str(args.text),
+                "text_tokens": len(prepared.inputs),
+                "chunks": ev.chunks,
+                "tokens_scored": r.tokens,
+                "ppl": r.ppl,
+                "ppl_error": r.error,
+                "seconds": ev.seconds,
+                "tokens_per_second": ev.tokens_per_second,
+                "reference_checked": ev.reference_checked,
+            }
+        )
+    else:
+        checked = "; every score bit-identical to the NumPy reference's" if ev.reference_checked else ""
+        print(
+            f"PPL = {r.ppl:.4f} +/- {r.error:.5f} ({r.tokens} tokens scored in {ev.chunks} chunks of {plan.n_ctx} "
+            f"on {board.name}, {plan.quant}; {ev.tokens_per_second:.1f} tok/s{checked})"
+        )
+    return 0
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    add_target_args(p)
+    add_jobs_arg(p)
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        help="decoded tokens per run (default 128, or fewer so that "
+        "the prompt and the steps fit the firmware's context)",
+    )
+    p.add_argument("--prompt-tokens", type=positive_int, default=8, help="prompt length (default 8)")
+    p.add_argument(
+        "--repeat",
+        type=positive_int,
+        help="runs; the median is reported (default 3; 1 on boards whose instruction counts are exact)",
+    )
+    p.add_argument("--plot", type=Path, metavar="PNG", help="also draw decode tok/s against context length into PNG")
+    p.add_argument(
+        "--stream",
+        choices=("text", "sampled", "synthetic"),
+        help="the tokens decoded: text (a text teacher-forced, one token per forward pass), sampled "
+        "(sampled decoding, fixed seed) or synthetic (a fixed prompt, then greedy: it repeats); "
+        "default: text on MoE models (sampled without a tokenizer), synthetic on dense ones",
+    )
+    p.add_argument(
+        "--text",
+        type=Path,
+        metavar="FILE",
+        help="UTF-8 text of the text stream (default: docs/texts/ruth-kjv.txt, the Book of Ruth, public domain)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=non_negative_float,
+        help="the sampled stream's temperature (default: the model's generation_config.json if it samples, else 1.0)",
+    )
+    p.add_argument("--top-p", type=unit_float, help="the sampled stream's top-p (default: the model's, else 0.95)")
+    p.add_argument("--seed", type=non_negative_int, help="the sampled stream's seed (default 0)")
+    add_speculate_arg(p)
+    p.add_argument(
+        "--no-in-ram",
+        action="store_true",
+        help="under --memory-budget, skip the runs of the same "
+        "stream without a budget that bench alternates with the budgeted ones on MoE models",
+    )
+    add_board_args(p)
+
+
+def bench(args: argparse.Namespace) -> int:
+    from ..bench import bench_line
+
+    options = job.BenchOptions(
+        args.stream, args.text, args.prompt_tokens, args.steps, args.repeat, args.plot, in_ram=not args.no_in_ram
+    )
+    prepared = job.prepare_bench(job_options(args), options)
+    out = job.bench_built(prepared, job.build(prepared, quiet=True), options)
+    if args.json:
+        print_json(out.to_json())
+    else:
+        print(bench_line(out, prepared.plan.spec.name))
+    return 0
+
+
+COMMANDS = [
+    Command("run", "build, run the firmware on a prompt and print the text", add_run_arguments, run),
+    Command(
+        "verify",
+        "run the firmware and the NumPy reference; PASS only if bit-identical and the firmware is this build",
+        add_run_arguments,
+        verify,
+    ),
+    Command(
+        "chat",
+        "chat with the model on a board: its chat template, the KV cache kept "
+        "between turns (messages from standard input when it is not a terminal)",
+        add_chat_arguments,
+        chat,
+    ),
+    Command(
+        "eval",
+        "perplexity of a text, scored by the firmware on a board (llama.cpp's "
+        "protocol: chunks of the context, second halves scored)",
+        add_eval_arguments,
+        evaluate,
+    ),
+    Command("bench", "measure prefill and decode speed (instructions on emulated MCUs)", add_bench_arguments, bench),
+]

@@ -62,12 +62,28 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, object]:
     return {a.dest: a.default for a in parser._actions if a.option_strings and a.dest != "help"}
 
 
+def command_first(argv: list[str], names: set[str]) -> list[str]:
+    """A command's options given before it (./colibri --board qemu-rv32 run ...) moved after it,
+    where its parser declares them; --help and --version before a command stay colibri's own."""
+    if any(a in ("-h", "--help", "--version") for a in argv[:1]) or not argv or not argv[0].startswith("-"):
+        return argv
+    at = next((i for i, a in enumerate(argv) if a in names), None)
+    if at is None:
+        raise ColibriError(
+            f"{argv[0]} is an option of a command: give the command too, before or after its options "
+            f"(./colibri COMMAND {' '.join(argv)}; ./colibri --help lists the commands)"
+        )
+    if any(a in ("-h", "--help", "--version") for a in argv[:at]):
+        return argv
+    return [argv[at], *argv[:at], *argv[at + 1 :]]
+
+
 def parse_args(argv: list[str] | None = None):
     """Parse the command line over colibri.toml's defaults. args.given: the options the command
     line itself set (option_checks refuses those a board cannot take; a file's defaults that do
     not apply to the board in use are skipped)."""
     parser, commands = make_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = command_first(list(sys.argv[1:] if argv is None else argv), set(commands))
     name = next((a for a in argv if not a.startswith("-")), None)  # the top level has only options
     applied: dict = {}
     defaults: dict = {}

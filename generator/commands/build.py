@@ -4,12 +4,14 @@ build directories, the boards there are."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import job
 from ..arguments import add_budget_arg, add_jobs_arg, add_target_args
 from ..boards import Board, available_boards, load_board
 from ..compile.build import build_dirs, remove_builds
+from ..documents import JsonDocument, json_field
 from ..errors import ColibriError
 from ..job import compile_build, plan_build
 from ..report import format_report, report_problem
@@ -21,37 +23,51 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     add_jobs_arg(p)
 
 
+@dataclass(frozen=True)
+class BuildSummary(JsonDocument):
+    """build --json's document: the firmware's files, its model hash and what it was built for; on
+    ESP-IDF boards the generated project and whether idf.py built it here."""
+
+    board: str
+    program: Path
+    weights: Path
+    plan: Path
+    generated: Path
+    model_hash: str
+    quant: str
+    n_ctx: int
+    idf_project: Path | None = json_field(omit_none=True, default=None)
+    idf_built: bool | None = json_field(omit_none=True, default=None)
+
+
 def build(args: argparse.Namespace) -> int:
     planned = plan_build(job_options(args))
     art = compile_build(planned, quiet=False, jobs=args.jobs)
     board, plan = planned.board, planned.plan
-    info = {
-        "board": board.name,
-        "program": str(art.program),
-        "weights": str(art.weights),
-        "plan": str(art.plan_json),
-        "generated": str(art.generated),
-        "model_hash": art.model_hash(),
-        "quant": plan.quant,
-        "n_ctx": plan.n_ctx,
-    }
     idf = board.idf
-    if idf is not None:
-        info["idf_project"] = str(art.out_dir / idf.project_dir)
-        info["idf_built"] = art.program.exists()
+    built = BuildSummary(
+        board.name,
+        art.program,
+        art.weights,
+        art.plan_json,
+        art.generated,
+        art.model_hash(),
+        plan.quant,
+        plan.n_ctx,
+        idf_project=art.out_dir / idf.project_dir if idf is not None else None,
+        idf_built=art.program.exists() if idf is not None else None,
+    )
     if args.json:
-        print_json(info)
+        print_json(built.to_json())
     elif idf is not None and not art.program.exists():
         print(
-            f"generated the ESP-IDF project {info['idf_project']} for {board.name} ({plan.spec.architecture}, "
+            f"generated the ESP-IDF project {built.idf_project} for {board.name} ({plan.spec.architecture}, "
             f"{plan.quant}, context {plan.n_ctx}); ESP-IDF is not installed here, so build it with "
             f"`idf.py build` in that directory (ESP-IDF >= {idf.min_version}), then `./colibri flash`"
         )
     else:
         print(f"built {art.program} for {board.name} ({plan.spec.architecture}, {plan.quant}, context {plan.n_ctx})")
-        print(
-            f"weight image {art.weights} ({art.weights.stat().st_size:,} bytes, model hash {info['model_hash'][:16]})"
-        )
+        print(f"weight image {art.weights} ({art.weights.stat().st_size:,} bytes, model hash {built.model_hash[:16]})")
     return 0
 
 
@@ -79,6 +95,14 @@ def add_clean_arguments(p: argparse.ArgumentParser) -> None:
     add_json_arg(p)
 
 
+@dataclass(frozen=True)
+class Cleaned(JsonDocument):
+    """clean --json's document: the build directories removed (under build/) and the bytes freed."""
+
+    removed: list[str]
+    bytes: int
+
+
 def clean(args: argparse.Namespace) -> int:
     from ..compile import build
 
@@ -95,31 +119,54 @@ def clean(args: argparse.Namespace) -> int:
     if not dirs:
         message = f"nothing to clean under {root}" + (f" for {what}" if what else "")
         if args.json:
-            print_json({"removed": [], "bytes": 0}, indent=None)
+            print_json(Cleaned([], 0).to_json(), indent=None)
         else:
             print(message)
         return 0
     freed = remove_builds(dirs)
     shown = [f"{root.name}/{d.relative_to(root)}" for d in dirs]
     if args.json:
-        print_json({"removed": shown, "bytes": freed})
+        print_json(Cleaned(shown, freed).to_json())
     else:
         print(f"removed {', '.join(shown)} ({freed / 1e6:.1f} MB)")
     return 0
 
 
-def board_summary(board: Board) -> dict[str, object]:
-    regions = [{"name": r.name, "kind": r.kind, "bytes": r.size or None, "holds": list(r.holds)} for r in board.memory]
-    return {
-        "name": board.name,
-        "description": board.description,
-        "isa": board.isa,
-        "runs_here": board.runner.how_it_runs(),
-        "emulated_by": board.runner.emulated_by(),
-        "memory": regions,
-        "default_ctx": board.default_ctx,
-        "flashed": board.is_flashed,
-    }
+@dataclass(frozen=True)
+class RegionSummary(JsonDocument):
+    name: str
+    kind: str
+    bytes: int | None  # None: no fixed size
+    holds: list[str]
+
+
+@dataclass(frozen=True)
+class BoardSummary(JsonDocument):
+    """boards --json's entry for one board: what it is, how it runs here, its memory."""
+
+    name: str
+    description: str
+    isa: str
+    runs_here: str
+    emulated_by: str | None
+    memory: list[RegionSummary]
+    default_ctx: int
+    flashed: bool
+
+    @classmethod
+    def of(cls, board: Board) -> BoardSummary:
+        regions = [RegionSummary(r.name, r.kind, r.size or None, list(r.holds)) for r in board.memory]
+        runner = board.runner
+        return cls(
+            board.name,
+            board.description,
+            board.isa,
+            runner.how_it_runs(),
+            runner.emulated_by(),
+            regions,
+            board.default_ctx,
+            board.is_flashed,
+        )
 
 
 def _size(n: int | None) -> str:
@@ -129,16 +176,15 @@ def _size(n: int | None) -> str:
 
 
 def boards(args: argparse.Namespace) -> int:
-    summaries = [board_summary(load_board(name)) for name in available_boards()]
+    summaries = [BoardSummary.of(load_board(name)) for name in available_boards()]
     if args.json:
-        print_json(summaries)
+        print_json([b.to_json() for b in summaries])
         return 0
-    width = max(len(b["name"]) for b in summaries)
+    width = max(len(b.name) for b in summaries)
     for b in summaries:
-        memory = ", ".join(f"{r['name']} {_size(r['bytes'])}" for r in b["memory"])
+        memory = ", ".join(f"{r.name} {_size(r.bytes)}" for r in b.memory)
         print(
-            f"{b['name']:<{width}}  {b['description']}; runs {b['runs_here']}; memory: {memory}; "
-            f"default context {b['default_ctx']}"
+            f"{b.name:<{width}}  {b.description}; runs {b.runs_here}; memory: {memory}; default context {b.default_ctx}"
         )
     return 0
 

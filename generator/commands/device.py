@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from .. import job
+from .. import flash_job, job
 from ..arguments import PortList, add_jobs_arg, add_target_args, non_negative_float, ports_given, positive_int
 from ..console import progress
+from ..documents import JsonDocument
 from ..errors import ColibriError
 from ..model.tokenizer import Tokenizer
 from .common import Command, add_json_arg, job_options, print_json
@@ -79,6 +81,22 @@ def flash_part(args: argparse.Namespace) -> str | None:
     return "app" if args.app_only else "model" if args.model_only else None
 
 
+@dataclass(frozen=True)
+class FlashedImage(JsonDocument):
+    offset: int
+    file: Path
+
+
+@dataclass(frozen=True)
+class FlashDocument(JsonDocument):
+    """flash --json's document (one board): the images written where, the model hash."""
+
+    board: str
+    port: str
+    images: list[FlashedImage]
+    model_hash: str
+
+
 def flash(args: argparse.Namespace) -> int:
     ports = ports_given(args.port)
     if args.all_ports or len(ports) > 1:
@@ -89,22 +107,17 @@ def flash(args: argparse.Namespace) -> int:
         )
     options = job_options(args)
     options.port = ports[0] if ports else None
-    flashed = job.flash(
+    flashed = flash_job.flash(
         options, args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor, only=flash_part(args)
     )
     board, port, images, art = flashed.board, flashed.port, flashed.images, flashed.art
-    summary = {
-        "board": board.name,
-        "port": port,
-        "images": [{"offset": o, "file": str(p)} for o, p in images],
-        "model_hash": art.model_hash(),
-    }
+    summary = FlashDocument(board.name, port, [FlashedImage(o, p) for o, p in images], art.model_hash())
     if args.json and not args.monitor:
-        print_json(summary)
+        print_json(summary.to_json())
     else:
         progress(
             f"flashed {len(images)} image(s) to {board.name} on {port} and verified them; "
-            f"model hash {summary['model_hash'][:16]}"
+            f"model hash {summary.model_hash[:16]}"
         )
     if not args.monitor:
         return 0
@@ -128,7 +141,7 @@ def _flash_fleet(args: argparse.Namespace, ports: list[str]) -> int:
         raise ColibriError("--monitor watches one board: flash several without it, or give one --port")
     options = job_options(args)
     options.port = None  # each board's port is in `ports`
-    flashed = job.flash_fleet(
+    flashed = flash_job.flash_fleet(
         options,
         ports,
         all_ports=args.all_ports,
@@ -174,32 +187,56 @@ def add_ota_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True)
+class OtaFileDocument(JsonDocument):
+    """ota --file --json's document: the update file written, no board touched."""
+
+    board: str
+    file: Path
+    bytes: int
+
+
+@dataclass(frozen=True)
+class OtaDocument(JsonDocument):
+    """ota --json's document: the slot written and selected, the one running before, otadata's
+    sequence number, the app's size."""
+
+    board: str
+    port: str
+    running_slot: str
+    slot: str
+    seq: int
+    bytes: int
+    model_hash: str
+
+
 def ota(args: argparse.Namespace) -> int:
-    updated = job.ota(job_options(args), args.baud, args.before, no_reset=args.no_reset, file=args.file)
+    updated = flash_job.ota(job_options(args), args.baud, args.before, no_reset=args.no_reset, file=args.file)
     board, done = updated.board, updated.update
+    summary: OtaFileDocument | OtaDocument
     if done is None:
         assert updated.file is not None
-        summary = {"board": board.name, "file": str(updated.file), "bytes": updated.file.stat().st_size}
+        summary = OtaFileDocument(board.name, updated.file, updated.file.stat().st_size)
         message = (
-            f"wrote {updated.file} ({summary['bytes']:,} B): the app image an esp_https_ota server serves; "
+            f"wrote {updated.file} ({summary.bytes:,} B): the app image an esp_https_ota server serves; "
             "no board was touched"
         )
     else:
-        summary = {
-            "board": board.name,
-            "port": done.port,
-            "running_slot": f"ota_{done.running_slot}",
-            "slot": f"ota_{done.slot}",
-            "seq": done.seq,
-            "bytes": done.app_bytes,
-            "model_hash": updated.art.model_hash(),
-        }
+        summary = OtaDocument(
+            board.name,
+            done.port,
+            f"ota_{done.running_slot}",
+            f"ota_{done.slot}",
+            done.seq,
+            done.app_bytes,
+            updated.art.model_hash(),
+        )
         message = (
             f"updated {board.name} on {done.port}: the new app is in ota_{done.slot} and selected; "
             f"it confirms itself if its self-test passes, else the board goes back to ota_{done.running_slot}"
         )
     if args.json:
-        print_json(summary)
+        print_json(summary.to_json())
     else:
         progress(message)
     return 0

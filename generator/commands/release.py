@@ -4,13 +4,19 @@ Linux boards into a new slot and switched back."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..arguments import add_jobs_arg, add_model_args
 from ..boards import load_board
 from ..console import progress
+from ..documents import JsonDocument
 from ..errors import ColibriError
 from .common import Command, add_json_arg, print_json
+
+if TYPE_CHECKING:
+    from ..release.deploy import Deployed
 
 
 def add_release_arguments(p: argparse.ArgumentParser) -> None:
@@ -137,6 +143,15 @@ def add_deploy_arguments(p: argparse.ArgumentParser) -> None:
     add_json_arg(p)
 
 
+@dataclass(frozen=True)
+class Deployment(JsonDocument):
+    """deploy --json's document: the release, its slot, each host's outcome."""
+
+    release: str
+    slot: str
+    hosts: list[Deployed]
+
+
 def deploy(args: argparse.Namespace) -> int:
     from ..device.remote import parse_remote
     from ..release.deploy import DEFAULT_ROOT, deploy_inventory, deploy_remote, payload_of
@@ -150,7 +165,7 @@ def deploy(args: argparse.Namespace) -> int:
     else:
         outcomes = deploy_inventory(args.inventory, payload, args.root)
     if args.json:
-        print_json({"release": payload.name, "slot": payload.slot, "hosts": [o.to_json() for o in outcomes]})
+        print_json(Deployment(payload.name, payload.slot, outcomes).to_json())
     else:
         for o in outcomes:
             print(o.line())
@@ -163,13 +178,19 @@ def add_rollback_arguments(p: argparse.ArgumentParser) -> None:
     add_json_arg(p)
 
 
+@dataclass(frozen=True)
+class RolledBack(JsonDocument):
+    host: str
+    current: str
+
+
 def rollback(args: argparse.Namespace) -> int:
     from ..device.remote import parse_remote
     from ..release.deploy import rollback_remote
 
     current = rollback_remote(parse_remote(args.remote), args.root)
     if args.json:
-        print_json({"host": args.remote, "current": current}, indent=None)
+        print_json(RolledBack(args.remote, current).to_json(), indent=None)
     else:
         print(f"{args.remote}: current {current}")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import job
@@ -23,9 +23,11 @@ from ..arguments import (
 )
 from ..console import TextStream, progress, user_messages
 from ..device.remote import ran_on
+from ..device.session import RemoteRun
+from ..documents import JsonDocument, json_field
 from ..job import Ran
 from ..model.tokenizer import Tokenizer
-from ..verify import FirmwareMismatch, budget_text, compare, reference_run, run_stats, speed_text
+from ..verify import FirmwareMismatch, RunStats, budget_text, compare, reference_run, run_stats, speed_text
 from .common import Command, job_options, print_json
 
 
@@ -54,22 +56,37 @@ def _run_prepared(args: argparse.Namespace, stream: bool):
         text_out.end_line()
 
 
+@dataclass(frozen=True)
+class RunDocument(JsonDocument):
+    """run --json's document: the prompt, the tokens and their text, the per-step logits hashes,
+    why it stopped, the run's figures and, over SSH, where it ran."""
+
+    board: str
+    prompt: list[int]
+    tokens: list[int]
+    text: str | None
+    logits_sha256: list[str]
+    stop_reason: str
+    stats: RunStats
+    remote: RemoteRun | None
+
+
 def run(args: argparse.Namespace) -> int:
     ran: Ran = _run_prepared(args, stream=True)[2]
     result = ran.result
     stats = run_stats(result, ran.board, ran.request)
     if args.json:
         print_json(
-            {
-                "board": ran.board.name,
-                "prompt": ran.request.prompt,
-                "tokens": result.tokens,
-                "text": decode_text(ran.tokenizer, result.tokens),
-                "logits_sha256": result.digests,
-                "stop_reason": result.stop_reason,
-                "stats": stats.to_json(),
-                "remote": result.remote.to_json() if result.remote else None,
-            }
+            RunDocument(
+                ran.board.name,
+                ran.request.prompt,
+                result.tokens,
+                decode_text(ran.tokenizer, result.tokens),
+                result.digests,
+                result.stop_reason,
+                stats,
+                result.remote,
+            ).to_json()
         )
     else:
         speed = f"; decode {speed_text(stats)}" if speed_text(stats) else ""
@@ -81,20 +98,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class IdentityMismatch(JsonDocument):
+    differences: list[str]
+    hello: dict[str, str]
+
+
+@dataclass(frozen=True)
+class NotThisBuild(JsonDocument):
+    """verify --json's document when another firmware answered (refused at its hello frame)."""
+
+    board: str
+    model: Path
+    passed: bool = json_field(key="pass")
+    firmware_identity: IdentityMismatch = json_field()
+
+
 def verify(args: argparse.Namespace) -> int:
     try:
         prepared, built, ran = _run_prepared(args, stream=True)
     except FirmwareMismatch as e:
         # Another firmware answered: a verdict about what is on the board, not a broken link.
         if args.json:
-            print_json(
-                {
-                    "board": args.board,
-                    "model": str(args.model),
-                    "pass": False,
-                    "firmware_identity": {"differences": e.differences, "hello": e.hello},
-                }
-            )
+            print_json(NotThisBuild(args.board, args.model, False, IdentityMismatch(e.differences, e.hello)).to_json())
         else:
             print(f"FAIL: {e}")
         return 1
@@ -163,6 +189,43 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     add_board_args(p)
 
 
+@dataclass(frozen=True)
+class ChatTurnDocument(JsonDocument):
+    """chat --json's line for one turn: the messages, what was prefilled from where (`start`: the
+    KV cache's tokens kept), the reply's tokens and logits hashes, the tokens held back."""
+
+    turn: int
+    user: str
+    reply: str
+    prompt: list[int]
+    tokens: list[int]
+    logits_sha256: list[str]
+    start: int
+    prefilled: int
+    reprefilled: bool
+    held: int
+    stop_reason: str
+    stats: RunStats
+
+    @classmethod
+    def of(cls, index: int, turn: job.ChatTurn, stats: RunStats) -> ChatTurnDocument:
+        planned, result = turn.planned, turn.result
+        return cls(
+            index,
+            turn.user,
+            turn.reply,
+            planned.prompt,
+            result.tokens,
+            result.digests,
+            planned.start,
+            len(planned.prompt),
+            planned.reprefilled,
+            result.held,
+            result.stop_reason,
+            stats,
+        )
+
+
 def chat(args: argparse.Namespace) -> int:
     prepared = job.prepare_chat(job_options(args))
     board, plan = prepared.board, prepared.plan
@@ -180,27 +243,10 @@ def chat(args: argparse.Namespace) -> int:
         stream=lambda: TextStream(prepared.tokenizer, enabled=not args.json),
     )
     for index, turn in enumerate(turns):
-        planned, result = turn.planned, turn.result
         if args.json:
-            print_json(
-                {
-                    "turn": index,
-                    "user": turn.user,
-                    "reply": turn.reply,
-                    "prompt": planned.prompt,
-                    "tokens": result.tokens,
-                    "logits_sha256": result.digests,
-                    "start": planned.start,
-                    "prefilled": len(planned.prompt),
-                    "reprefilled": planned.reprefilled,
-                    "held": result.held,
-                    "stop_reason": result.stop_reason,
-                    "stats": run_stats(result, board, turn.request).to_json(),
-                },
-                indent=None,
-                flush=True,
-            )
-        elif planned.reprefilled:
+            stats = run_stats(turn.result, board, turn.request)
+            print_json(ChatTurnDocument.of(index, turn, stats).to_json(), indent=None, flush=True)
+        elif turn.planned.reprefilled:
             progress("(the chat template rewrote earlier turns: the whole conversation was prefilled again)")
     return 0
 
@@ -218,6 +264,25 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     add_board_args(p)
 
 
+@dataclass(frozen=True)
+class EvalDocument(JsonDocument):
+    """eval --json's document: the text's perplexity on the board and how it was scored."""
+
+    board: str
+    model: Path
+    quant: str
+    n_ctx: int
+    text: Path
+    text_tokens: int
+    chunks: int
+    tokens_scored: int
+    ppl: float
+    ppl_error: float
+    seconds: float
+    tokens_per_second: float
+    reference_checked: bool
+
+
 def evaluate(args: argparse.Namespace) -> int:
     prepared = job.prepare_eval(job_options(args), args.text)
     board, plan = prepared.board, prepared.plan
@@ -225,21 +290,21 @@ def evaluate(args: argparse.Namespace) -> int:
     r = ev.result
     if args.json:
         print_json(
-            {
-                "board": board.name,
-                "model": str(args.model),
-                "quant": plan.quant,
-                "n_ctx": plan.n_ctx,
-                "text": str(args.text),
-                "text_tokens": len(prepared.inputs),
-                "chunks": ev.chunks,
-                "tokens_scored": r.tokens,
-                "ppl": r.ppl,
-                "ppl_error": r.error,
-                "seconds": ev.seconds,
-                "tokens_per_second": ev.tokens_per_second,
-                "reference_checked": ev.reference_checked,
-            }
+            EvalDocument(
+                board.name,
+                args.model,
+                plan.quant,
+                plan.n_ctx,
+                args.text,
+                len(prepared.inputs),
+                ev.chunks,
+                r.tokens,
+                r.ppl,
+                r.error,
+                ev.seconds,
+                ev.tokens_per_second,
+                ev.reference_checked,
+            ).to_json()
         )
     else:
         checked = "; every score bit-identical to the NumPy reference's" if ev.reference_checked else ""

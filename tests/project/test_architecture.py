@@ -10,7 +10,7 @@ from generator.compile.module_inputs import GENERATOR, graph, modules_run_by
 
 # Each stage, lowest first: a module may import its own stage and the ones below it.
 STAGES = [
-    ("errors", "files", "__init__", "project_file", "sizes", "boards", "console"),
+    ("errors", "files", "__init__", "project_file", "sizes", "boards", "console", "documents"),
     ("model",),
     ("numerics",),
     ("compile",),
@@ -19,7 +19,7 @@ STAGES = [
     ("verify", "report", "chat", "evaluate", "selftest"),
     ("bench",),
     ("release",),
-    ("job", "option_checks"),
+    ("job", "option_checks", "flash_job"),
     ("cli", "arguments", "commands"),
 ]
 

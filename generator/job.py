@@ -39,7 +39,7 @@ from .model.gguf import is_gguf
 from .model.tokenizer import Tokenizer, parse_prompt_ids
 from .numerics.sampling import SamplingParams, generation_defaults
 from .option_checks import check_board_options, check_sampling_options, threads_warning
-from .verify import FirmwareIdentity, firmware_identity, hello_check
+from .verify import FirmwareIdentity, Verified, firmware_identity, hello_check, verify_run
 
 if TYPE_CHECKING:  # imported where used, so a command that does not chat, score or bench loads none of them
     from .bench import BenchResult, Stream
@@ -419,6 +419,15 @@ def selftest_built(prepared: Prepared[Any], built: Built, seen: Selftest | None 
             f"the firmware on {prepared.board.name} answered a selftest request without a selftest frame"
         )
     return result.selftest
+
+
+def verify_ran(prepared: Prepared[PromptInputs], built: Built, ran: Ran) -> Verified:
+    """The one verify (verify.verify_run) of a run of the built firmware; its self-test asked where
+    the firmware is reached (here, or over a serial port)."""
+    board = prepared.board
+    asked = board.runner.runs_here or prepared.port
+    selftest = (lambda: selftest_built(prepared, built)) if asked else None
+    return verify_run(board, prepared.plan, built.art.weights, built.identity, ran.request, ran.result, selftest)
 
 
 def run(options: JobOptions, on_token: OnToken | None = None) -> Ran:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import job
@@ -27,7 +27,8 @@ from ..device.session import RemoteRun
 from ..documents import JsonDocument, json_field
 from ..job import Ran
 from ..model.tokenizer import Tokenizer
-from ..verify import FirmwareMismatch, RunStats, budget_text, compare, reference_run, run_stats, speed_text
+from ..numerics.sampling import SamplingParams
+from ..verify import FirmwareMismatch, RunStats, Verified, budget_text, run_stats, speed_text
 from .common import Command, job_options, print_json
 
 
@@ -114,6 +115,61 @@ class NotThisBuild(JsonDocument):
     firmware_identity: IdentityMismatch = json_field()
 
 
+@dataclass(frozen=True)
+class Decoded(JsonDocument):
+    """A decode's tokens, per-step logits hashes and why it stopped."""
+
+    tokens: list[int]
+    logits_sha256: list[str]
+    stop_reason: str
+
+
+@dataclass(frozen=True)
+class VerifyDocument(JsonDocument):
+    """verify --json's document: the build and the request, the firmware's decode and the
+    reference's, the self-test's frame, the verdict and the run's figures."""
+
+    board: str
+    model: Path
+    quant: str
+    n_ctx: int
+    prompt: list[int]
+    sampling: SamplingParams
+    firmware_identity: dict[str, object]
+    firmware: Decoded
+    reference: Decoded
+    text: str | None
+    passed: bool = json_field(key="pass")
+    selftest: dict[str, object] | None = json_field()
+    expert_counts: dict[str, dict[int, int]] | None = json_field()
+    first_divergent_step: int | None = json_field()
+    stats: RunStats = json_field()
+    remote: RemoteRun | None = json_field()
+
+    @classmethod
+    def of(cls, verified: Verified, model: Path, text: str | None) -> VerifyDocument:
+        plan, request, result, ref = verified.plan, verified.request, verified.result, verified.reference
+        selftest = verified.selftest
+        return cls(
+            verified.board.name,
+            model,
+            plan.quant,
+            plan.n_ctx,
+            request.prompt,
+            request.sampling,
+            {"expected": verified.identity.fields(), "differences": verified.identity_problems},
+            Decoded(result.tokens, result.digests, result.stop_reason),
+            Decoded(ref.tokens, ref.digests, ref.stop_reason),
+            text,
+            verified.passed,
+            {"pass": selftest.passed, **selftest.fields} if selftest else None,
+            {"firmware": result.expert_counts, "reference": ref.expert_counts} if ref.expert_counts else None,
+            verified.comparison.first_divergent_step,
+            verified.stats,
+            result.remote,
+        )
+
+
 def verify(args: argparse.Namespace) -> int:
     try:
         prepared, built, ran = _run_prepared(args, stream=True)
@@ -124,7 +180,7 @@ def verify(args: argparse.Namespace) -> int:
         else:
             print(f"FAIL: {e}")
         return 1
-    board, plan, request, result = ran.board, ran.plan, ran.request, ran.result
+    board, request, result = ran.board, ran.request, ran.result
     stats = run_stats(result, board, request)
     if not args.json:
         speed = f" at {speed_text(stats)}" if speed_text(stats) else ""
@@ -133,42 +189,19 @@ def verify(args: argparse.Namespace) -> int:
             f"quantization, weight image, build id): {len(result.tokens)} tokens{speed}, stopped by {result.stop_reason}; "
             f"running the NumPy reference on the same weight image"
         )
-    ref = reference_run(plan, ran.art.weights, request)
-    comparison = compare(result, ref)
-    # The firmware's own check (golden vectors inside it): its boot run on MCU boards, else asked.
-    selftest = job.selftest_built(prepared, built, result.selftest) if board.runner.runs_here or prepared.port else None
+    verified = job.verify_ran(prepared, built, ran)
+    selftest, quant = verified.selftest, verified.plan.quant
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
-    summary = {
-        "board": board.name,
-        "model": str(args.model),
-        "quant": plan.quant,
-        "n_ctx": plan.n_ctx,
-        "prompt": request.prompt,
-        "sampling": asdict(request.sampling),
-        "firmware_identity": {"expected": ran.identity.fields(), "differences": []},
-        "firmware": {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason},
-        "reference": {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason},
-        "text": decode_text(ran.tokenizer, result.tokens),
-        "pass": comparison.passed and (selftest is None or selftest.passed),
-        "selftest": {"pass": selftest.passed, **selftest.fields} if selftest else None,
-        "expert_counts": {"firmware": result.expert_counts, "reference": ref.expert_counts}
-        if ref.expert_counts
-        else None,
-        "first_divergent_step": comparison.first_divergent_step,
-        "stats": stats.to_json(),
-        "remote": result.remote.to_json() if result.remote else None,
-    }
     if args.json:
-        print_json(summary)
+        print_json(VerifyDocument.of(verified, args.model, decode_text(ran.tokenizer, result.tokens)).to_json())
+    elif selftest is not None and not selftest.passed:
+        progress(verified.comparison.verdict(board.name, quant, mode))
+        print(f"FAIL: the {board.name} firmware's {selftest.line()}")
     else:
-        if selftest is not None and not selftest.passed:
-            progress(comparison.verdict(board.name, plan.quant, mode))
-            print(f"FAIL: the {board.name} firmware's {selftest.line()}")
-        else:
-            if selftest is not None:
-                progress(selftest.line())
-            print(comparison.verdict(board.name, plan.quant, mode))
-    return 0 if summary["pass"] else 1
+        if selftest is not None:
+            progress(selftest.line())
+        print(verified.comparison.verdict(board.name, quant, mode))
+    return 0 if verified.passed else 1
 
 
 def add_chat_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,11 +16,20 @@ from .device.links import LinkOptions, open_firmware
 from .device.session import RunRequest, Selftest
 from .errors import ColibriError
 from .files import write_atomic
-from .job import JobOptions, board_port, built_firmware, compile_build, plan_build
+from .job import JobOptions, Planned, board_port, built_firmware, compile_build, plan_build
 
 if TYPE_CHECKING:
     from .device.flash_many import FleetReport, SelftestOn
     from .device.ota import OtaUpdate
+
+
+def plan_flashed(options: JobOptions) -> Planned:
+    """job.plan_build for a board that is flashed (refused on the others)."""
+    planned = plan_build(options)
+    board = planned.board
+    if not board.is_flashed:
+        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
+    return planned
 
 
 @dataclass(frozen=True)
@@ -45,10 +54,8 @@ def flash(
     is on the board, only="model" writes the weights alone (device.flash.select_images)."""
     from .device.flash import check_part, flash_images, flash_plan, select_images
 
-    planned = plan_build(options)
+    planned = plan_flashed(options)
     board = planned.board
-    if not board.is_flashed:
-        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
     if then_monitor and no_reset:
         raise ColibriError(
             "--no-reset leaves the board in its bootloader, so --monitor would show nothing: give one or the other"
@@ -117,10 +124,8 @@ def flash_fleet(
     from .device.flash import check_part, flash_plan, select_images
     from .device.flash_many import check_ports, flash_many
 
-    planned = plan_build(options)
+    planned = plan_flashed(options)
     board = planned.board
-    if not board.is_flashed:
-        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
     if selftest and no_reset:
         raise ColibriError(
             "--no-reset leaves the boards in their bootloader, so their self-test cannot run: add --no-selftest"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any, NoReturn
 
 from . import __version__
 from .commands import all_commands
@@ -23,17 +24,29 @@ from .project_file import apply_project_file, find_project_file, load_project_fi
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"colibri: error: {message} (see {self.prog} --help)\n")
 
 
 class VersionAction(argparse.Action):
     """--version: the generator, its git commit and the toolchains found here."""
 
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+    def __init__(
+        self,
+        option_strings: list[str],
+        dest: str = argparse.SUPPRESS,
+        default: Any = argparse.SUPPRESS,
+        help: str | None = None,
+    ) -> None:
         super().__init__(option_strings, dest, nargs=0, default=default, help=help)
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         from .release.provenance import version_report
 
         print("\n".join(version_report()))
@@ -78,7 +91,7 @@ def command_first(argv: list[str], names: set[str]) -> list[str]:
     return [argv[at], *argv[:at], *argv[at + 1 :]]
 
 
-def parse_args(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line over colibri.toml's defaults. args.given: the options the command
     line itself set (option_checks refuses those a board cannot take; a file's defaults that do
     not apply to the board in use are skipped)."""

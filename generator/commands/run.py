@@ -45,7 +45,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_board_args(p)
 
 
-def _run_prepared(args: argparse.Namespace, stream: bool):
+def _run_prepared(args: argparse.Namespace, stream: bool) -> tuple[job.Prepared[job.PromptInputs], job.Built, Ran]:
     """(prepared, built, ran): the run, and what made it (verify asks the same firmware again)."""
     options = job_options(args)
     prepared = job.prepare_run(options)
@@ -141,7 +141,7 @@ class VerifyDocument(JsonDocument):
     text: str | None
     passed: bool = json_field(key="pass")
     selftest: dict[str, object] | None = json_field()
-    expert_counts: dict[str, dict[int, int]] | None = json_field()
+    expert_counts: dict[str, dict[int, list[int]]] | None = json_field()
     first_divergent_step: int | None = json_field()
     stats: RunStats = json_field()
     remote: RemoteRun | None = json_field()

@@ -110,11 +110,20 @@ def plan_build(options: JobOptions) -> Planned:
     return Planned(board, request, plan)
 
 
-def compile_build(planned: Planned, quiet: bool, jobs: int | None = None) -> Artifacts:
+def compile_build(
+    planned: Planned,
+    quiet: bool,
+    jobs: int | None = None,
+    echo: Progress | None = None,
+    cache_dir: str | None = None,
+) -> Artifacts:
+    """Compile a planned build (quiet: no progress; echo: where SCons's lines go instead, a release's
+    indented progress; cache_dir: run_scons's build cache, None the default one, "off" none)."""
     ensure_toolchain(planned.board)
     if planned.plan.kept_f32 and not quiet:
         progress(f"note: {planned.plan.kept_f32_summary()}")
-    return run_scons(planned.request, None if quiet else progress, jobs=jobs)
+    echo = echo if echo is not None else None if quiet else progress
+    return run_scons(planned.request, echo, jobs=jobs, cache_dir=cache_dir)
 
 
 def budget_plan(

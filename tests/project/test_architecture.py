@@ -1,5 +1,5 @@
 """The generator's house: stage packages whose imports point down the pipeline
-(model -> numerics -> compile -> device -> verify/report/bench -> release -> job -> commands/cli), never in a circle,
+(model -> numerics -> compile -> device -> verify/report/bench -> job -> release -> commands/cli), never in a circle,
 on a ground floor every stage may use (errors, files, sizes, the boards)."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ STAGES = [
     ("reference",),
     ("verify", "report", "chat", "evaluate", "selftest"),
     ("bench",),
-    ("release",),
     ("job", "option_checks", "flash_job"),
+    ("release",),
     ("cli", "arguments", "commands"),
 ]
 

@@ -1,5 +1,6 @@
 """Prepare → build → open the link, once, for every command that runs firmware: run, verify, chat,
-eval and bench (and the parts of it that build, report and flash need). This is the Python API a
+eval and bench (and the parts of it that build, report and flash need: flash and ota are in
+flash_job.py). This is the Python API a
 script would use (the CLI is argparse and printing around it):
 
     from generator.job import JobOptions, run
@@ -15,7 +16,6 @@ compiles nothing and leaves no build directory. Each command asks only for the p
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -28,24 +28,22 @@ from .compile.build import prepare as prepare_build
 from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan
 from .compile.plan import Plan, largest_planned_ctx
 from .console import TextStream, progress, warn
-from .device.links import Link, OnToken, open_link
+from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware
 from .device.remote import Remote, remote_for
-from .device.runner import run_on_board
+from .device.runner import run_firmware
 from .device.session import RunRequest, RunResult, Selftest, check_fits_context
 from .device.setup_toolchain import ensure_toolchain
 from .errors import ColibriError
-from .files import DEFAULT_MODEL, write_atomic
+from .files import DEFAULT_MODEL
 from .model.gguf import is_gguf
 from .model.tokenizer import Tokenizer, parse_prompt_ids
 from .numerics.sampling import SamplingParams, generation_defaults
 from .option_checks import check_board_options, check_sampling_options, threads_warning
-from .verify import FirmwareIdentity, firmware_identity, hello_check
+from .verify import FirmwareIdentity, Verified, firmware_identity, hello_check, verify_run
 
 if TYPE_CHECKING:  # imported where used, so a command that does not chat, score or bench loads none of them
     from .bench import BenchResult, Stream
     from .chat import ChatState, TurnPlan
-    from .device.flash_many import FleetReport, SelftestOn
-    from .device.ota import OtaUpdate
     from .evaluate import Evaluation
     from .model.chat_template import ChatTemplate
     from .report import MemoryReport
@@ -112,18 +110,30 @@ def plan_build(options: JobOptions) -> Planned:
     return Planned(board, request, plan)
 
 
-def compile_build(planned: Planned, quiet: bool, jobs: int | None = None) -> Artifacts:
+def compile_build(
+    planned: Planned,
+    quiet: bool,
+    jobs: int | None = None,
+    echo: Progress | None = None,
+    cache_dir: str | None = None,
+) -> Artifacts:
+    """Compile a planned build (quiet: no progress; echo: where SCons's lines go instead, a release's
+    indented progress; cache_dir: run_scons's build cache, None the default one, "off" none)."""
     ensure_toolchain(planned.board)
     if planned.plan.kept_f32 and not quiet:
         progress(f"note: {planned.plan.kept_f32_summary()}")
-    return run_scons(planned.request, None if quiet else progress, jobs=jobs)
+    echo = echo if echo is not None else None if quiet else progress
+    return run_scons(planned.request, echo, jobs=jobs, cache_dir=cache_dir)
 
 
-def budget_plan(options: JobOptions, board: Board, plan: Plan, here: bool = False) -> CachePlan | AutoElsewhere | None:
+def budget_plan(
+    options: JobOptions, board: Board, plan: Plan, remote: Remote | None = None, here: bool = False
+) -> CachePlan | AutoElsewhere | None:
     """The expert cache under --memory-budget (or the board file's default): refused here, with the
     numbers, when the budget cannot hold the resident weights, the arenas and top-k slots per MoE
     layer. None on boards that take no budget (MCUs: weights in flash). auto is resolved here when
     the firmware runs here (`here`: report's view of this machine); a firmware on a board over SSH
+    (`remote`)
     or under COLIBRI_FIRMWARE_PREFIX (another cgroup) resolves, and refuses, it where it runs."""
     from .compile.cache_plan import auto_cache_plan, cache_constants, cache_plan, find_memory
     from .device.links import local_prefix
@@ -133,7 +143,7 @@ def budget_plan(options: JobOptions, board: Board, plan: Plan, here: bool = Fals
     budget = options.memory_budget if options.memory_budget is not None else board.memory_budget
     if not isinstance(budget, AutoBudget):
         return cache_plan(plan, board.budget_reserve, budget)
-    if here or (remote_for(board, options.remote) is None and not local_prefix()):
+    if here or (remote is None and not local_prefix()):
         return auto_cache_plan(plan, board.budget_reserve, budget, find_memory())
     return AutoElsewhere(budget, cache_constants(plan, board.budget_reserve))
 
@@ -256,16 +266,23 @@ class Prepared(Generic[Inputs]):
 
     options: JobOptions
     planned: Planned
-    remote: Remote | None
+    link: LinkOptions  # how the firmware is reached: --remote, the serial port, --reset, progress
     tokenizer: Tokenizer | None
     inputs: Inputs
     cache: CachePlan | AutoElsewhere | None
     sampling: SamplingParams | None
-    port: str | None
 
     @property
     def board(self) -> Board:
         return self.planned.board
+
+    @property
+    def remote(self) -> Remote | None:
+        return self.link.remote
+
+    @property
+    def port(self) -> str | None:
+        return self.link.port
 
     @property
     def plan(self) -> Plan:
@@ -278,7 +295,7 @@ class Prepared(Generic[Inputs]):
 
     @property
     def progress(self) -> Progress | None:
-        return None if self.options.quiet else progress
+        return self.link.progress
 
 
 def prepare(
@@ -306,47 +323,37 @@ def prepare(
     context = decoded(made)
     if context is not None:
         check_context(context.prompt, context.steps, board, plan)
-    cache = budget_plan(options, board, plan)
+    cache = budget_plan(options, board, plan, remote)
     if after_budget is not None:
         after_budget(planned, made)
     params = sampling_from(options, options.model) if sampling else None
     port = board_port(options, board)
     warn_threads(board, options.threads)
-    return Prepared(options, planned, remote, tokenizer, made, cache, params, port)
+    link = LinkOptions(remote=remote, progress=None if options.quiet else progress, port=port, reset=options.reset)
+    return Prepared(options, planned, link, tokenizer, made, cache, params)
 
 
 @dataclass(frozen=True)
 class Built:
-    """The compiled firmware and the identity its hello frame must carry."""
+    """The compiled firmware, the identity its hello frame must carry, and both packed as a link
+    runs them (the image's model hash read once)."""
 
     art: Artifacts
     identity: FirmwareIdentity
+    firmware: Firmware
+
+
+def built_firmware(planned: Planned, art: Artifacts) -> Built:
+    identity = firmware_identity(planned.board, art, planned.plan)
+    firmware = Firmware(art.program, art.weights, identity.model, art.flash_image, hello_check(identity))
+    return Built(art, identity, firmware)
 
 
 def build(prepared: Prepared[Any], quiet: bool | None = None) -> Built:
     """Compile what `prepared` planned (quiet: no progress; default: the options')."""
     options = prepared.options
     art = compile_build(prepared.planned, quiet=options.quiet if quiet is None else quiet, jobs=options.jobs)
-    return Built(art, firmware_identity(prepared.board, art, prepared.plan))
-
-
-def link_to(prepared: Prepared[Any], built: Built, *, keep_open: bool = False, options: tuple[str, ...] = ()) -> Link:
-    """The link to the built firmware on the prepared board (keep_open: one firmware for every turn)."""
-    art = built.art
-    return open_link(
-        prepared.board,
-        art.program,
-        art.weights,
-        art.model_hash(),
-        check_hello=hello_check(built.identity),
-        flash_image=art.flash_image,
-        options=options,
-        remote=prepared.remote,
-        progress=prepared.progress,
-        port=prepared.port,
-        reset=prepared.options.reset,
-        keep_open=keep_open,
-    )
+    return built_firmware(prepared.planned, art)
 
 
 def run_turn(
@@ -356,22 +363,8 @@ def run_turn(
     on_token: OnToken | None = None,
     progress: Progress | None = None,
 ) -> RunResult:
-    """One request, one run of the built firmware."""
-    art = built.art
-    return run_on_board(
-        prepared.board,
-        art.program,
-        art.weights,
-        request,
-        art.model_hash(),
-        on_token=on_token,
-        flash_image=art.flash_image,
-        port=prepared.port,
-        reset=prepared.options.reset,
-        check_hello=hello_check(built.identity),
-        remote=prepared.remote,
-        progress=progress,
-    )
+    """One request, one run of the built firmware (progress: hears about copies over SSH)."""
+    return run_firmware(prepared.board, built.firmware, replace(prepared.link, progress=progress), request, on_token)
 
 
 # ---- run and verify: a prompt, one turn ---------------------------------------------------
@@ -437,6 +430,15 @@ def selftest_built(prepared: Prepared[Any], built: Built, seen: Selftest | None 
     return result.selftest
 
 
+def verify_ran(prepared: Prepared[PromptInputs], built: Built, ran: Ran) -> Verified:
+    """The one verify (verify.verify_run) of a run of the built firmware; its self-test asked where
+    the firmware is reached (here, or over a serial port)."""
+    board = prepared.board
+    asked = board.runner.runs_here or prepared.port
+    selftest = (lambda: selftest_built(prepared, built)) if asked else None
+    return verify_run(board, prepared.plan, built.art.weights, built.identity, ran.request, ran.result, selftest)
+
+
 def run(options: JobOptions, on_token: OnToken | None = None) -> Ran:
     """Prepare, build and run a prompt on the board (verify.reference_run gives what it must equal)."""
     prepared = prepare_run(options)
@@ -473,7 +475,9 @@ def prepare_chat(options: JobOptions) -> Prepared[ChatTemplate]:
 def open_chat(prepared: Prepared[ChatTemplate], built: Built) -> Link:
     """One firmware kept running for the whole conversation, its KV cache kept between turns."""
     firmware_options = RunRequest([], 1, memory_budget=prepared.memory_budget).firmware_options()
-    return link_to(prepared, built, keep_open=True, options=tuple(firmware_options))
+    return open_firmware(
+        prepared.board, built.firmware, replace(prepared.link, options=tuple(firmware_options), keep_open=True)
+    )
 
 
 def chat_state(prepared: Prepared[ChatTemplate], max_steps: int | None, system: str | None) -> ChatState:
@@ -720,194 +724,3 @@ def report(options: JobOptions) -> MemoryReport:
             else:  # an ESP-IDF project that idf.py has not built here
                 rep = planned_report(board, plan)
     return replace(rep, memory_budget=cache) if cache is not None else rep
-
-
-@dataclass(frozen=True)
-class Flashed:
-    board: Board
-    port: str
-    images: list[tuple[int, Path]]  # (offset, file)
-    art: Artifacts
-
-
-def flash(
-    options: JobOptions,
-    baud: int | None = None,
-    before: str = "default-reset",
-    no_reset: bool = False,
-    then_monitor: bool = False,
-    only: str | None = None,
-) -> Flashed:
-    """Build and write a flashed board's images with esptool and verify them; reset the board after,
-    unless no_reset or then_monitor (the monitor resets it once its port is open, so the hello of the
-    new firmware is not lost before anyone listens). only="app" leaves the weights partition as it
-    is on the board, only="model" writes the weights alone (device.flash.select_images)."""
-    from .device.flash import flash_images, flash_plan, select_images
-
-    planned = plan_build(options)
-    board = planned.board
-    if not board.is_flashed:
-        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
-    if then_monitor and no_reset:
-        raise ColibriError(
-            "--no-reset leaves the board in its bootloader, so --monitor would show nothing: give one or the other"
-        )
-    select_images(board, [], only)  # a board whose weights are in its app has no --app-only: said before building
-    port = board_port(options, board)
-    assert port is not None and board.flash is not None  # a flashed board is on a serial port
-    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
-    images, skipped = select_images(board, flash_plan(board, art.out_dir), only)
-    for left in skipped:
-        progress(f"--{only}-only: leaving {left} as it is on the board")
-    flash_images(
-        board,
-        port,
-        images,
-        baud=baud or board.flash.baud,
-        progress=progress,
-        reset=not no_reset and not then_monitor,
-        before=before,
-    )
-    return Flashed(board, port, images, art)
-
-
-def fleet_ports(ports: list[str], all_ports: bool) -> list[str]:
-    """The ports `flash` writes to: those given, or with all_ports every port that looks like an
-    ESP32 board's (device/ports.py)."""
-    from .device.ports import list_ports
-
-    if not all_ports:
-        return ports
-    if ports:
-        raise ColibriError("give the boards' ports with --port or take them all with --all-ports, not both")
-    found = list_ports()
-    likely = [p.device for p in found if p.esp_bridge]
-    if not likely:
-        others = f" (found only {', '.join(p.device for p in found)})" if found else " (no serial ports found)"
-        raise ColibriError(f"--all-ports found no serial port that looks like an ESP32 board{others}")
-    return likely
-
-
-@dataclass(frozen=True)
-class FleetFlashed:
-    report: FleetReport
-    path: Path  # where the JSON report was written
-
-
-def flash_fleet(
-    options: JobOptions,
-    ports: list[str],
-    *,
-    all_ports: bool = False,
-    baud: int | None = None,
-    before: str = "default-reset",
-    no_reset: bool = False,
-    selftest: bool = True,
-    report_path: Path | None = None,
-    selftest_on: SelftestOn | None = None,
-    only: str | None = None,
-) -> FleetFlashed:
-    """Build once, then flash every board on `ports` (or all_ports) in parallel, verify each and run
-    its self-test (device/flash_many.py); the report goes to report_path (default
-    flash-report.json in the build directory), whole or not at all. selftest_on(port) replaces
-    the self-test over the port itself (a board reset through RTS, then a selftest request); only
-    as flash()'s (--app-only, --model-only) for every board."""
-    from .device.flash import flash_plan, select_images
-    from .device.flash_many import check_ports, flash_many
-
-    planned = plan_build(options)
-    board = planned.board
-    if not board.is_flashed:
-        raise ColibriError(f"board {board.name} is not flashed (it runs with ./colibri run --board {board.name})")
-    if selftest and no_reset:
-        raise ColibriError(
-            "--no-reset leaves the boards in their bootloader, so their self-test cannot run: add --no-selftest"
-        )
-    ports = fleet_ports(ports, all_ports)
-    check_ports(ports)
-    assert board.flash is not None  # a flashed board has a [flash] section
-    select_images(board, [], only)  # a board whose weights are in its app has no --app-only: said before building
-    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
-    images, skipped = select_images(board, flash_plan(board, art.out_dir), only)
-    if skipped:
-        progress(f"--{only}-only: leaving {', '.join(skipped)} as it is on every board")
-    identity = firmware_identity(board, art, planned.plan)
-
-    def over_the_port(port: str) -> Selftest:
-        with open_link(
-            board,
-            art.program,
-            art.weights,
-            art.model_hash(),
-            check_hello=hello_check(identity),
-            flash_image=art.flash_image,
-            port=port,
-            reset=True,
-        ) as link:
-            result = link.turn(RunRequest([], 0, selftest=True))
-        if result.selftest is None:
-            raise ColibriError(f"{port}: the firmware answered a selftest request without a selftest frame")
-        return result.selftest
-
-    report = flash_many(
-        board,
-        ports,
-        images,
-        art.model_hash(),
-        baud=baud or board.flash.baud,
-        before=before,
-        reset=not no_reset,
-        selftest=(selftest_on or over_the_port) if selftest else None,
-        progress=progress,
-    )
-    path = report_path or art.out_dir / "flash-report.json"
-    write_atomic(path, json.dumps(report.to_json(), indent=2) + "\n")
-    return FleetFlashed(report, path)
-
-
-@dataclass(frozen=True)
-class Updated:
-    board: Board
-    app: Path  # the app image written (or served)
-    art: Artifacts
-    update: OtaUpdate | None  # None when only the update file was written
-    file: Path | None = None
-
-
-def ota(
-    options: JobOptions,
-    baud: int | None = None,
-    before: str = "default-reset",
-    no_reset: bool = False,
-    file: Path | None = None,
-) -> Updated:
-    """Build and write the app into the inactive A/B slot of an ESP-IDF board over its serial port,
-    then select it (device.ota); with `file`, write the image an esp_https_ota server would serve
-    there instead, and touch no board."""
-    from .device.flash import flash_plan
-    from .device.ota import ota_update, write_update_file
-
-    planned = plan_build(options)
-    board = planned.board
-    if board.idf is None or not board.idf.ota_slots:
-        raise ColibriError(f"board {board.name} has no A/B app slots: ota updates ESP-IDF boards such as esp32p4-idf")
-    port = None if file is not None else board_port(options, board)
-    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
-    flash_plan(board, art.out_dir)  # the idf.py build exists and matches the partition table
-    app = art.out_dir / board.idf.images["app"].file
-    if file is not None:
-        write_update_file(board, app, file)
-        return Updated(board, app, art, None, Path(file))
-    assert port is not None and board.flash is not None
-    weights = art.out_dir / board.idf.images["weights"].file  # the board must hold them: checked first
-    done = ota_update(
-        board,
-        port,
-        app,
-        baud=baud or board.flash.baud,
-        progress=progress,
-        reset=not no_reset,
-        before=before,
-        weights=weights,
-    )
-    return Updated(board, app, art, done)

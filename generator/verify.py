@@ -12,7 +12,7 @@ from .boards import Board
 from .compile.firmware_id import firmware_build_id
 from .compile.image import identity_sha256, map_image
 from .compile.plan import Plan
-from .device.session import CacheStats, RunRequest, RunResult, cache_stats
+from .device.session import CacheStats, RunRequest, RunResult, Selftest, cache_stats
 from .errors import ColibriError
 from .reference import Generation, Reference
 
@@ -165,6 +165,51 @@ def compare(result: RunResult, ref: Generation) -> Comparison:
     layers = sorted(set(result.expert_counts) | set(ref.expert_counts))
     routing = next((i for i in layers if result.expert_counts.get(i) != ref.expert_counts.get(i)), None)
     return Comparison(result, ref, first_divergence(result.tokens, result.digests, ref.tokens, ref.digests), routing)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A firmware's run checked against the NumPy reference on the same weight image: the
+    comparison, what its hello frame says that differs from this build, and its self-test."""
+
+    board: Board
+    plan: Plan
+    request: RunRequest
+    result: RunResult
+    reference: Generation
+    comparison: Comparison
+    identity: FirmwareIdentity
+    identity_problems: list[str]  # what the hello frame says that differs from this build ([]: it is this build)
+    selftest: Selftest | None  # None: not asked (a real board not reached here)
+
+    @property
+    def passed(self) -> bool:
+        selftest_ok = self.selftest is None or self.selftest.passed
+        return self.comparison.passed and not self.identity_problems and selftest_ok
+
+    @property
+    def stats(self) -> RunStats:
+        return run_stats(self.result, self.board, self.request)
+
+
+def verify_run(
+    board: Board,
+    plan: Plan,
+    weights: Path,
+    identity: FirmwareIdentity,
+    request: RunRequest,
+    result: RunResult,
+    selftest: Callable[[], Selftest | None] | None,
+) -> Verified:
+    """The one verify, for `verify` and `release`: the firmware's `result` for `request` against the
+    reference's decode of `weights`, its hello against this build's identity, and its own check
+    (app/selftest.c): the selftest frame of its boot run (MCU boards), else what `selftest()` asks
+    (None: not checked, a board not reached here)."""
+    reference = reference_run(plan, weights, request)
+    comparison = compare(result, reference)
+    problems = identity_differences(result.hello, identity)
+    checked = None if selftest is None else result.selftest if result.selftest is not None else selftest()
+    return Verified(board, plan, request, result, reference, comparison, identity, problems, checked)
 
 
 @dataclass(frozen=True)

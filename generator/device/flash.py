@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..boards import Board, Flash
+from ..boards import Board, Flash, FlashImage
 from ..errors import ColibriError
 from .ports import open_error
 
@@ -80,6 +80,20 @@ def flash_plan(board: Board, build_dir: Path) -> list[tuple[int, Path]]:
 PARTS = {"app": "everything but the weights", "model": "only the weights"}
 
 
+def check_part(board: Board, only: str) -> FlashImage:
+    """Refuse an `only` (see select_images) the board cannot write apart, before anything is
+    built; the board's weights partition."""
+    if only not in PARTS:
+        raise ColibriError(f"only must be one of {', '.join(PARTS)}, not {only!r}")
+    weights = _flash_section(board).image("weights")
+    if weights is None:
+        raise ColibriError(
+            f"board {board.name} has no weights partition (its weights are linked into the app): "
+            f"--{only}-only needs a board that keeps the model apart, such as esp32p4-idf"
+        )
+    return weights
+
+
 def select_images(
     board: Board, plan: list[tuple[int, Path]], only: str | None
 ) -> tuple[list[tuple[int, Path]], list[str]]:
@@ -87,15 +101,8 @@ def select_images(
     "model": the weights alone, None: all) writes, and a description of each image left alone."""
     if only is None:
         return plan, []
-    if only not in PARTS:
-        raise ColibriError(f"only must be one of {', '.join(PARTS)}, not {only!r}")
+    weights = check_part(board, only)
     flash = _flash_section(board)
-    weights = flash.image("weights")
-    if weights is None:
-        raise ColibriError(
-            f"board {board.name} has no weights partition (its weights are linked into the app): "
-            f"--{only}-only needs a board that keeps the model apart, such as esp32p4-idf"
-        )
     kept, skipped = [], []
     for offset, path in plan:
         if (offset == weights.offset) == (only == "model"):

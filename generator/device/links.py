@@ -290,6 +290,25 @@ LINKS: dict[type[Runner], Callable[[Board, Firmware, LinkOptions], Link]] = {
 }
 
 
+def open_firmware(board: Board, firmware: Firmware, how: LinkOptions = LinkOptions()) -> Link:
+    """Open the link to `firmware`, built for `board`, the way `how` says, refusing what the board
+    cannot do; how.progress hears about copies to a board over SSH."""
+    runner = board.runner
+    if how.options and not runner.takes_memory_budget:
+        raise ColibriError(f"board {board.name} keeps its weights in flash: a memory budget is for Linux boards")
+    if how.remote is not None:
+        if not runner.takes_remote:
+            raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
+        if how.logits_out is not None:
+            raise ColibriError("raw logits are stored only by a local run, not over --remote")
+    if how.logits_out is not None and not runner.stores_raw_logits:
+        raise ColibriError(f"board {board.name} cannot store raw logits (only Linux boards can)")
+    opener = LINKS.get(type(runner))
+    if opener is None:
+        raise ColibriError(f"board {board.name} cannot be run from here (runner {runner.kind!r})")
+    return opener(board, firmware, how)
+
+
 def open_link(
     board: Board,
     program: Path,
@@ -306,21 +325,8 @@ def open_link(
     reset: bool = False,
     keep_open: bool = False,
 ) -> Link:
-    """Open the link to the firmware built for `board` (see LinkOptions), refusing what the board
-    cannot do; progress hears about copies to a board over SSH."""
-    runner = board.runner
-    if options and not runner.takes_memory_budget:
-        raise ColibriError(f"board {board.name} keeps its weights in flash: a memory budget is for Linux boards")
-    if remote is not None:
-        if not runner.takes_remote:
-            raise ColibriError(f"--remote is for Linux boards (host, linux-aarch64); {board.name} is not one")
-        if logits_out is not None:
-            raise ColibriError("raw logits are stored only by a local run, not over --remote")
-    if logits_out is not None and not runner.stores_raw_logits:
-        raise ColibriError(f"board {board.name} cannot store raw logits (only Linux boards can)")
-    opener = LINKS.get(type(runner))
-    if opener is None:
-        raise ColibriError(f"board {board.name} cannot be run from here (runner {runner.kind!r})")
+    """open_firmware() with the firmware and the link options given one by one (a script's or a
+    test's way; job.py packs them once)."""
     firmware = Firmware(Path(program), Path(weights), expected_model, flash_image, check_hello)
     how = LinkOptions(tuple(options), logits_out, remote, progress, port, reset, keep_open)
-    return opener(board, firmware, how)
+    return open_firmware(board, firmware, how)

@@ -3,11 +3,12 @@ frames read back into the result."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..boards import Board
 from ..errors import ColibriError
-from .links import HelloCheck, OnToken, Progress, open_link
+from .links import Firmware, HelloCheck, LinkOptions, OnToken, Progress, open_firmware
 from .remote import Remote
 from .session import RunRequest, RunResult
 
@@ -22,6 +23,21 @@ def check_request(board: Board, request: RunRequest) -> None:
         raise ColibriError(
             f"board {board.name} keeps its weights in flash: a memory budget and storage probes are for Linux boards"
         )
+
+
+def run_firmware(
+    board: Board,
+    firmware: Firmware,
+    how: LinkOptions,
+    request: RunRequest,
+    on_token: OnToken | None = None,
+    timeout: float | None = None,
+) -> RunResult:
+    """Run `request` on `firmware`, built for `board`: here, or on the Linux board how.remote reached
+    over SSH (how.progress hears about copies to it); the request's own firmware options added."""
+    check_request(board, request)
+    with open_firmware(board, firmware, replace(how, options=tuple(request.firmware_options()))) as link:
+        return link.turn(request, on_token, timeout)
 
 
 def run_on_board(
@@ -40,21 +56,8 @@ def run_on_board(
     remote: Remote | None = None,
     progress: Progress | None = None,
 ) -> RunResult:
-    """Run `request` on the firmware built for `board`: here, or on the Linux board `remote` reached
-    over SSH (progress hears about copies to it); check_hello: see Session."""
-    check_request(board, request)
-    with open_link(
-        board,
-        program,
-        weights,
-        expected_model,
-        check_hello=check_hello,
-        flash_image=flash_image,
-        options=request.firmware_options(),
-        logits_out=logits_out,
-        remote=remote,
-        progress=progress,
-        port=port,
-        reset=reset,
-    ) as link:
-        return link.turn(request, on_token, timeout)
+    """run_firmware() with the firmware and the link options given one by one; check_hello: see
+    Session."""
+    firmware = Firmware(Path(program), Path(weights), expected_model, flash_image, check_hello)
+    how = LinkOptions(logits_out=logits_out, remote=remote, progress=progress, port=port, reset=reset)
+    return run_firmware(board, firmware, how, request, on_token, timeout)

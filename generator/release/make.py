@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from ..boards import Board, board_reference, load_board
-from ..compile.build import GENERATED_DIR, prepare, run_scons
+from ..compile.build import GENERATED_DIR
 from ..compile.firmware_id import elf_build_id
 from ..compile.pipeline import OUTPUT_FILES, SELFTEST_CHECKS_FILE, SELFTEST_DATA_FILE
 from ..device.session import RunRequest
 from ..errors import ColibriError
 from ..files import REPO
+from ..job import JobOptions, compile_build, plan_build
 from .bundle import (
     FIRMWARE_DIR,
     MANIFEST,
@@ -124,7 +125,11 @@ def produce(
     """Build, verify and assemble one bundle (and its tarball) under `work`."""
     board = inp.board
     t0 = time.monotonic()
-    req, plan = prepare(board, inp.model_dir, inp.quant, inp.ctx, work / "build")
+    # Planned and compiled as every command's build is (job.py), in a private build directory.
+    planned = plan_build(
+        JobOptions(board=board.name, model=inp.model_dir, quant=inp.quant, ctx=inp.ctx, out=work / "build")
+    )
+    plan = planned.plan
     request = inp.request or default_request(plan.spec, plan.n_ctx)
     if len(request.prompt) + request.steps - 1 > plan.n_ctx:
         raise ColibriError("the release's verification request does not fit its context")
@@ -134,7 +139,7 @@ def produce(
     with _environ(SOURCE_DATE_EPOCH=str(inp.source_date_epoch)):
         # From the sources, never from the build cache: the bundle is what this checkout compiles
         # to, and verify-release's rebuild must compile too for its comparison to prove anything.
-        art = run_scons(req, echo, jobs=inp.jobs, cache_dir="off")
+        art = compile_build(planned, quiet=True, jobs=inp.jobs, echo=echo, cache_dir="off")
     build_seconds = time.monotonic() - t0
     if not art.program.is_file():
         raise ColibriError(
@@ -306,7 +311,7 @@ def make_release(
         )
     model_dir = Path(model_dir)
     # Every check that needs no compiling comes first: the model, its fit, the key, the destination.
-    _, plan = prepare(board, model_dir, quant, ctx)
+    plan = plan_build(JobOptions(board=board.name, model=model_dir, quant=quant, ctx=ctx)).plan
     names = model_files(model_dir)
     if sign_key is not None:
         load_private_key(Path(sign_key))

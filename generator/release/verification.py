@@ -4,12 +4,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..boards import Board
+from ..compile.plan import Plan
 from ..device.runner import run_on_board
 from ..device.session import RunRequest, RunResult
-from ..verify import compare, firmware_identity, identity_differences, instructions_scope, rates, reference_run
+from ..reference import Generation
+from ..verify import firmware_identity, instructions_scope, rates, reference_run, verify_run
 from .bundle import RELEASE_FORMAT
 from .provenance import request_dict
+
+if TYPE_CHECKING:
+    from ..compile.build import Artifacts
 
 # Hello-frame fields that describe the firmware itself, recorded in verification.json. The others
 # describe the machine it ran on (e.g. `kernels`, chosen at run time from the CPU's features) and go
@@ -19,22 +26,27 @@ SELFTEST_MACHINE = ("kernels", "us", "instret")  # a boot run's count includes t
 HELLO_IDENTITY = ("proto", "fw", "board", "arch", "quant", "ctx", "vocab", "model", "weights", "build")
 
 
-def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict, dict]:
-    """(verification.json, measurements) for this exact firmware."""
-    ref = reference_run(plan, art.weights, request)
-    reference = {"tokens": ref.tokens, "logits_sha256": ref.digests, "stop_reason": ref.stop_reason}
-    if ref.expert_counts:
-        reference["expert_counts"] = {str(k): v for k, v in ref.expert_counts.items()}
-    verification = {
+def decoded(run: RunResult | Generation) -> dict[str, Any]:
+    """A decode as verification.json records it: its MoE routing counts only when it has some."""
+    out: dict[str, Any] = {"tokens": run.tokens, "logits_sha256": run.digests, "stop_reason": run.stop_reason}
+    if run.expert_counts:
+        out["expert_counts"] = {str(k): v for k, v in run.expert_counts.items()}
+    return out
+
+
+def verify_firmware(board: Board, art: Artifacts, plan: Plan, request: RunRequest) -> tuple[dict, dict]:
+    """(verification.json, measurements) for this exact firmware: verify.verify_run, the one verify,
+    on boards that run here; on the others the reference's result a board must reproduce."""
+    verification: dict[str, Any] = {
         "format": RELEASE_FORMAT,
         "board": board.name,
         "quant": plan.quant,
         "n_ctx": plan.n_ctx,
         "request": request_dict(request),
-        "reference": reference,
     }
     if not board.runner.runs_here:
         verification.update(
+            reference=decoded(reference_run(plan, art.weights, request)),
             ran=False,
             passed=None,
             reason=(
@@ -44,35 +56,36 @@ def verify_firmware(board: Board, art, plan, request: RunRequest) -> tuple[dict,
             ),
         )
         return verification, {"ran": False}
-    result: RunResult = run_on_board(
-        board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image
-    )
-    firmware = {"tokens": result.tokens, "logits_sha256": result.digests, "stop_reason": result.stop_reason}
-    if result.expert_counts:
-        firmware["expert_counts"] = {str(k): v for k, v in result.expert_counts.items()}
-    comparison = compare(result, ref)
-    diverged = comparison.first_divergent_step
+
+    def run(asked: RunRequest) -> RunResult:
+        return run_on_board(board, art.program, art.weights, asked, art.model_hash(), flash_image=art.flash_image)
+
+    result = run(request)
     # The hello frame must name these very files: board, quantization, context, the weight image's
-    # SHA-256 and the ELF's build id (verify.py's check, the one `verify` makes on a port).
-    identity = identity_differences(result.hello, firmware_identity(board, art, plan))
-    # The firmware's own check (app/selftest.c): the boot run's frame on MCU boards, else asked.
-    selftest = result.selftest
-    if selftest is None:
-        asked = run_on_board(
-            board,
-            art.program,
-            art.weights,
-            RunRequest([], 0, selftest=True),
-            art.model_hash(),
-            flash_image=art.flash_image,
-        )
-        selftest = asked.selftest
-    passed = comparison.passed and not identity and selftest is not None and selftest.passed
+    # SHA-256 and the ELF's build id (the check `verify` makes on a port); the firmware's own check
+    # (app/selftest.c): the boot run's frame on MCU boards, else asked.
+    verified = verify_run(
+        board,
+        plan,
+        art.weights,
+        firmware_identity(board, art, plan),
+        request,
+        result,
+        lambda: run(RunRequest([], 0, selftest=True)).selftest,
+    )
+    selftest = verified.selftest
     s = result.stats
     hello = {k: v for k, v in result.hello.items() if k in HELLO_IDENTITY}
-    verification.update(ran=True, passed=passed, first_divergent_step=diverged, hello=hello, firmware=firmware)
-    if identity:
-        verification["identity_problems"] = identity
+    verification.update(
+        reference=decoded(verified.reference),
+        ran=True,
+        passed=verified.passed and selftest is not None,
+        first_divergent_step=verified.comparison.first_divergent_step,
+        hello=hello,
+        firmware=decoded(result),
+    )
+    if verified.identity_problems:
+        verification["identity_problems"] = verified.identity_problems
     # What the run machine chose (the kernel set, the microseconds) goes to the measurements; the
     # rest, the exact instructions on an emulated MCU included, is what a rebuild must reproduce.
     verification["selftest"] = (

@@ -18,7 +18,7 @@ import pytest
 from conftest import DEFAULT_MODEL
 from esp_rom_pty import FakeChip
 
-from generator import cli, job
+from generator import cli, flash_job, job
 from generator.boards import load_board
 from generator.device import ports
 from generator.device.flash_many import FAIL, INTERRUPTED, PASS, flash_many, format_table
@@ -26,7 +26,7 @@ from generator.device.ports import Port, esp_bridge
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest, Selftest
 from generator.errors import ColibriError
-from generator.job import fleet_ports
+from generator.flash_job import fleet_ports
 
 MACS = [bytes.fromhex(f"60550f0000{i:02x}") for i in range(1, 7)]
 
@@ -302,7 +302,7 @@ def test_flash_several_ports_from_the_command_line_and_the_api(chips, tmp_path, 
         ok.port: Selftest(True, {"kernels_checked": "9", "kernels": "rv32", "steps": "3"}),
         failing.port: Selftest(False, {"image": "CRC-32 of tensor 3 differs", "kernels_checked": "9", "steps": "3"}),
     }
-    flashed = job.flash_fleet(
+    flashed = flash_job.flash_fleet(
         job.JobOptions(board="esp32p4", out=out, quiet=True),
         [ok.port, failing.port],
         before="no-reset",
@@ -314,11 +314,11 @@ def test_flash_several_ports_from_the_command_line_and_the_api(chips, tmp_path, 
     assert rows[0]["selftest"].startswith("self-test PASS: 9 kernel checks (rv32)")
     assert rows[1]["failed"].startswith("self-test FAIL: weight image refused: CRC-32 of tensor 3 differs")
     with pytest.raises(ColibriError, match="--no-reset leaves the boards in their bootloader"):
-        job.flash_fleet(job.JobOptions(board="esp32p4", out=out), [ok.port, failing.port], no_reset=True)
+        flash_job.flash_fleet(job.JobOptions(board="esp32p4", out=out), [ok.port, failing.port], no_reset=True)
 
 
 def test_several_boards_take_app_only_where_the_model_has_its_own_partition(chips, tmp_path):
     ok, other = chips({}, {})
     with pytest.raises(ColibriError, match="board esp32p4 has no weights partition.*--app-only needs a board"):
-        job.flash_fleet(job.JobOptions(board="esp32p4", out=tmp_path / "b"), [ok.port, other.port], only="app")
+        flash_job.flash_fleet(job.JobOptions(board="esp32p4", out=tmp_path / "b"), [ok.port, other.port], only="app")
     assert not (tmp_path / "b").exists()  # refused before anything was built

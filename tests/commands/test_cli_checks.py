@@ -12,8 +12,9 @@ import pytest
 from conftest import DEFAULT_MODEL, run_cli
 from test_cli_errors import one_line_error
 
-from generator import cli
+from generator import cli, job
 from generator.boards import load_board
+from generator.console import TextStream
 from generator.device import ports
 from generator.option_checks import threads_warning
 
@@ -108,7 +109,7 @@ def test_a_board_on_a_serial_port_without_one_prints_nothing_on_stdout(monkeypat
 def test_the_text_stream_prints_nothing_before_the_first_token_and_closes_its_line(capsys):
     from generator.model.tokenizer import Tokenizer
 
-    stream = cli.TextStream(Tokenizer.for_model(DEFAULT_MODEL), enabled=True, echo="And God")
+    stream = TextStream(Tokenizer.for_model(DEFAULT_MODEL), enabled=True, echo="And God")
     assert capsys.readouterr().out == ""
     stream(0, 42)
     stream.end_line()
@@ -144,7 +145,7 @@ def test_prompt_from_a_file_and_from_standard_input(tmp_path, monkeypatch, capsy
     assert json.loads(done.stdout)["prompt"] == by_file["prompt"]  # the final newline dropped
     monkeypatch.setattr("sys.stdin", io.StringIO("And God said"))
     args = cli.parse_args(["run", "--prompt-file", "-"])
-    assert cli.prompt_text(args) == "And God said"
+    assert job.prompt_text(args) == "And God said"
     one_line_error(run_cli("run", "--prompt-file", tmp_path / "absent.txt"), "--prompt-file", "No such file")
 
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import DEFAULT_MODEL, REPO, run_cli
 
 from generator import cli
+from generator.commands import suite
 from generator.compile import build
 from generator.device import ports
 from generator.device.ports import Port, detect_port, esp_bridge
@@ -173,4 +174,4 @@ def test_clean_never_reaches_outside_build(tmp_path):
 
 def test_everything_after_test_goes_to_pytest():
     args = cli.parse_args(["test", "-k", "boards", "-x"])
-    assert args.func is cli.cmd_test and args.pytest_args == ["-k", "boards", "-x"]
+    assert args.func is suite.run and args.pytest_args == ["-k", "boards", "-x"]

@@ -1,5 +1,5 @@
 """The generator's house: stage packages whose imports point down the pipeline
-(model -> numerics -> compile -> device -> verify/report/bench -> release -> cli), never in a circle,
+(model -> numerics -> compile -> device -> verify/report/bench -> job -> release -> commands/cli), never in a circle,
 on a ground floor every stage may use (errors, files, sizes, the boards)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from generator.compile.module_inputs import GENERATOR, graph, modules_run_by
 
 # Each stage, lowest first: a module may import its own stage and the ones below it.
 STAGES = [
-    ("errors", "files", "__init__", "project_file", "sizes", "boards", "console"),
+    ("errors", "files", "__init__", "project_file", "sizes", "boards", "console", "documents"),
     ("model",),
     ("numerics",),
     ("compile",),
@@ -18,9 +18,9 @@ STAGES = [
     ("reference",),
     ("verify", "report", "chat", "evaluate", "selftest"),
     ("bench",),
+    ("job", "option_checks", "flash_job"),
     ("release",),
-    ("job", "option_checks"),
-    ("cli", "arguments"),
+    ("cli", "arguments", "commands"),
 ]
 
 
@@ -54,7 +54,7 @@ def test_every_module_belongs_to_a_stage_and_imports_only_its_own_or_lower_stage
     wrong = [f"{m} -> {n}" for m, targets in edges.items() for n in targets if stage_of(n) > stage_of(m)]
     assert wrong == []
     packages = {p.name for p in GENERATOR.iterdir() if (p / "__init__.py").is_file()}
-    assert packages == {"boards", "model", "numerics", "compile", "device", "release"}
+    assert packages == {"boards", "model", "numerics", "compile", "device", "release", "commands"}
 
 
 def test_the_boards_are_on_the_ground_floor():

@@ -1,0 +1,307 @@
+"""flash, ota, monitor and devices: a board on a serial port (its images written with esptool, an
+A/B update, what it prints, the ports there are)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import flash_job, job
+from ..arguments import PortList, add_jobs_arg, add_target_args, non_negative_float, ports_given, positive_int
+from ..console import progress
+from ..documents import JsonDocument
+from ..errors import ColibriError
+from ..model.tokenizer import Tokenizer
+from .common import Command, add_json_arg, job_options, print_json
+
+BEFORE = ("default-reset", "usb-reset", "no-reset", "no-reset-no-sync")
+
+
+def add_baud_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--baud", type=positive_int, help="flashing baud rate (default: the board file's, or 460800)")
+
+
+def add_flash_arguments(p: argparse.ArgumentParser) -> None:
+    add_target_args(p)
+    add_jobs_arg(p)
+    p.add_argument(
+        "--port",
+        action=PortList,
+        help="serial port of the board (default: the only port that looks like an ESP32 board's); "
+        "given several times, those boards are flashed at once and each runs its self-test",
+    )
+    p.add_argument(
+        "--all-ports",
+        action="store_true",
+        help="flash every port that looks like an ESP32 board's at once (./colibri devices lists them)",
+    )
+    p.add_argument(
+        "--no-selftest",
+        action="store_true",
+        help="several boards: skip the self-test after flashing (each board is reset instead)",
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="FILE",
+        help="several boards: where the JSON report goes (default flash-report.json in the build directory)",
+    )
+    add_baud_arg(p)
+    p.add_argument(
+        "--before",
+        default="default-reset",
+        choices=BEFORE,
+        help="how esptool puts the chip in its bootloader (esptool --before; no-reset: hold BOOT "
+        "and press RESET yourself)",
+    )
+    p.add_argument(
+        "--no-reset",
+        action="store_true",
+        help="leave the board in the bootloader afterwards (esptool --after no-reset)",
+    )
+    p.add_argument(
+        "--monitor",
+        action="store_true",
+        help="then reset the board and monitor it (like idf.py flash monitor; Ctrl-C to stop)",
+    )
+
+    only = p.add_mutually_exclusive_group()
+    only.add_argument(
+        "--app-only",
+        action="store_true",
+        help="write the bootloader, partition table, otadata and app, and leave the weights partition alone",
+    )
+    only.add_argument("--model-only", action="store_true", help="write only the weights partition")
+
+
+def flash_part(args: argparse.Namespace) -> str | None:
+    """What --app-only / --model-only ask flash to write (None: everything)."""
+    return "app" if args.app_only else "model" if args.model_only else None
+
+
+@dataclass(frozen=True)
+class FlashedImage(JsonDocument):
+    offset: int
+    file: Path
+
+
+@dataclass(frozen=True)
+class FlashDocument(JsonDocument):
+    """flash --json's document (one board): the images written where, the model hash."""
+
+    board: str
+    port: str
+    images: list[FlashedImage]
+    model_hash: str
+
+
+def flash(args: argparse.Namespace) -> int:
+    ports = ports_given(args.port)
+    if args.all_ports or len(ports) > 1:
+        return _flash_fleet(args, ports)
+    if args.report is not None or args.no_selftest:
+        raise ColibriError(
+            "--report and --no-selftest are for several boards at once (--port P1 --port P2 …, or --all-ports)"
+        )
+    options = job_options(args)
+    options.port = ports[0] if ports else None
+    flashed = flash_job.flash(
+        options, args.baud, args.before, no_reset=args.no_reset, then_monitor=args.monitor, only=flash_part(args)
+    )
+    board, port, images, art = flashed.board, flashed.port, flashed.images, flashed.art
+    summary = FlashDocument(board.name, port, [FlashedImage(o, p) for o, p in images], art.model_hash())
+    if args.json and not args.monitor:
+        print_json(summary.to_json())
+    else:
+        progress(
+            f"flashed {len(images)} image(s) to {board.name} on {port} and verified them; "
+            f"model hash {summary.model_hash[:16]}"
+        )
+    if not args.monitor:
+        return 0
+    from ..device.monitor import monitor
+
+    uart_baud = board.idf.uart_baud if board.idf is not None else 115200
+    return monitor(
+        port,
+        uart_baud,
+        reset=True,
+        expected_model=art.model_hash(),
+        json_lines=args.json,
+        tokenizer=Tokenizer.for_model(args.model),
+    )
+
+
+def _flash_fleet(args: argparse.Namespace, ports: list[str]) -> int:
+    from ..device.flash_many import format_table
+
+    if args.monitor:
+        raise ColibriError("--monitor watches one board: flash several without it, or give one --port")
+    options = job_options(args)
+    options.port = None  # each board's port is in `ports`
+    flashed = flash_job.flash_fleet(
+        options,
+        ports,
+        all_ports=args.all_ports,
+        baud=args.baud,
+        before=args.before,
+        no_reset=args.no_reset,
+        selftest=not args.no_selftest,
+        report_path=args.report,
+        only=flash_part(args),
+    )
+    report = flashed.report
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print(format_table(report))
+    progress(f"report written to {flashed.path}")
+    if report.interrupted:
+        print("colibri: interrupted", file=sys.stderr)
+        return 130
+    failed = [b for b in report.boards if b.result != "PASS"]
+    if failed:
+        print(f"colibri: error: {len(failed)} of {len(report.boards)} boards failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_ota_arguments(p: argparse.ArgumentParser) -> None:
+    add_target_args(p)
+    add_jobs_arg(p)
+    p.add_argument("--port", help="serial port of the board (default: the only port that looks like an ESP32 board's)")
+    add_baud_arg(p)
+    p.add_argument(
+        "--before",
+        default="default-reset",
+        choices=BEFORE,
+        help="how esptool puts the chip in its bootloader (esptool --before)",
+    )
+    p.add_argument("--no-reset", action="store_true", help="leave the board in its bootloader afterwards")
+    p.add_argument(
+        "--file",
+        type=Path,
+        help="write the app image an esp_https_ota server would serve to FILE instead of updating a board",
+    )
+
+
+@dataclass(frozen=True)
+class OtaFileDocument(JsonDocument):
+    """ota --file --json's document: the update file written, no board touched."""
+
+    board: str
+    file: Path
+    bytes: int
+
+
+@dataclass(frozen=True)
+class OtaDocument(JsonDocument):
+    """ota --json's document: the slot written and selected, the one running before, otadata's
+    sequence number, the app's size."""
+
+    board: str
+    port: str
+    running_slot: str
+    slot: str
+    seq: int
+    bytes: int
+    model_hash: str
+
+
+def ota(args: argparse.Namespace) -> int:
+    updated = flash_job.ota(job_options(args), args.baud, args.before, no_reset=args.no_reset, file=args.file)
+    board, done = updated.board, updated.update
+    summary: OtaFileDocument | OtaDocument
+    if done is None:
+        assert updated.file is not None
+        summary = OtaFileDocument(board.name, updated.file, updated.file.stat().st_size)
+        message = (
+            f"wrote {updated.file} ({summary.bytes:,} B): the app image an esp_https_ota server serves; "
+            "no board was touched"
+        )
+    else:
+        summary = OtaDocument(
+            board.name,
+            done.port,
+            f"ota_{done.running_slot}",
+            f"ota_{done.slot}",
+            done.seq,
+            done.app_bytes,
+            updated.art.model_hash(),
+        )
+        message = (
+            f"updated {board.name} on {done.port}: the new app is in ota_{done.slot} and selected; "
+            f"it confirms itself if its self-test passes, else the board goes back to ota_{done.running_slot}"
+        )
+    if args.json:
+        print_json(summary.to_json())
+    else:
+        progress(message)
+    return 0
+
+
+def add_monitor_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--port",
+        help="serial device or pyserial URL (e.g. socket://127.0.0.1:4444; default: the "
+        "only port that looks like an ESP32 board's)",
+    )
+    p.add_argument("--baud", type=positive_int, default=115200, help="baud rate (default 115200)")
+    p.add_argument(
+        "--reset", action="store_true", help="reset the board through RTS after opening (default: leave it alone)"
+    )
+    p.add_argument("--duration", type=non_negative_float, help="stop after this many seconds")
+    p.add_argument("--expect-model", metavar="HASH", help="model hash (or a prefix) the firmware must carry")
+    p.add_argument("--model", type=Path, help="model directory whose tokenizer turns token frames into text")
+    p.add_argument("--json", action="store_true", help="one JSON object per frame or log line")
+
+
+def monitor(args: argparse.Namespace) -> int:
+    from ..device.monitor import monitor
+
+    port = args.port or job.look_up_port("monitor")
+    tokenizer = None
+    if args.model is not None:
+        tokenizer = Tokenizer.for_model(args.model)
+        if tokenizer is None:
+            raise ColibriError(f"{args.model}: no tokenizer.json, so --model cannot decode the text")
+    return monitor(
+        port,
+        args.baud,
+        args.reset,
+        duration=args.duration,
+        expected_model=args.expect_model,
+        json_lines=args.json,
+        tokenizer=tokenizer,
+    )
+
+
+def devices(args: argparse.Namespace) -> int:
+    from ..device.ports import describe, list_ports
+
+    ports = list_ports()
+    if args.json:
+        print_json([p.to_dict() for p in ports])
+    elif not ports:
+        print("no serial ports found (is the board plugged in, and its USB-serial driver loaded?)")
+    else:
+        for port in ports:
+            print(describe(port))
+    return 0
+
+
+COMMANDS = [
+    Command("flash", "write a board's images with esptool, verify them, reset the board", add_flash_arguments, flash),
+    Command(
+        "ota",
+        "A/B update of an ESP-IDF board: the app into the slot not running, verified, then selected in otadata",
+        add_ota_arguments,
+        ota,
+    ),
+    Command(
+        "monitor", "show what a board prints: logs and decoded frames (Ctrl-C to stop)", add_monitor_arguments, monitor
+    ),
+    Command("devices", "list serial ports, marking those that look like ESP32 boards", add_json_arg, devices),
+]

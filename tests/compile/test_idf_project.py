@@ -12,13 +12,12 @@ import shutil
 import stat
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 from conftest import DEFAULT_MODEL, REPO
 
-from generator.boards import board_from_data, load_board
+from generator.boards import board_from_data, load_board, read_board_file
 from generator.compile.esp32 import idf_project
 from generator.compile.esp32.idf_build import find_idf, idf_build
 from generator.compile.esp32.idf_project import COLIBRI_DIR, write_project
@@ -151,7 +150,7 @@ def test_board_file_describes_the_p4_with_idf(board):
     ],
 )
 def test_malformed_idf_settings_are_refused_with_the_reason(board, change, message):
-    data = tomllib.loads(board.path.read_text())
+    data = read_board_file(board.path)
     change(data)
     if message is None:
         bad = board_from_data(data, board.path)
@@ -357,7 +356,7 @@ def test_regenerating_replaces_stale_copies_but_leaves_idf_outputs(board, tmp_pa
 
 
 def test_a_weight_image_larger_than_the_partition_is_refused_with_the_numbers(board, tmp_path):
-    data = tomllib.loads(board.path.read_text())
+    data = read_board_file(board.path)
     data["flash"]["images"][4]["size"] = 0x10000
     small = board_from_data(data, board.path)
     gen = tmp_path / "generated"

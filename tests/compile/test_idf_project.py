@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from c_builds import gcc
 from conftest import DEFAULT_MODEL, REPO
 
 from generator.boards import board_from_data, load_board, read_board_file
@@ -644,27 +645,16 @@ def simulated(projects, tmp_path_factory):
     (where / "stubs.c").write_text(STUB_C)
     main = p.root / "main"
     sources = sorted(main.rglob("*.c")) + [where / "stubs.c"]
-    exe = where / "firmware"
-    subprocess.run(
-        [
-            "gcc",
-            "-std=c11",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-ffp-contract=off",
-            "-fno-fast-math",
-            "-I",
-            str(where / "include"),
-            "-I",
-            str(main / "colibri/generated"),
-            *map(str, sources),
-            "-lm",
-            "-o",
-            str(exe),
-        ],
-        check=True,
+    exe = gcc(
+        where / "firmware",
+        "-ffp-contract=off",
+        "-fno-fast-math",
+        "-I",
+        where / "include",
+        "-I",
+        main / "colibri/generated",
+        *sources,
+        "-lm",
     )
     return p, exe
 

@@ -335,6 +335,9 @@ def gguf_string(text: str | bytes) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
+U32 = 4  # GGUF value type UINT32
+
+
 def kv(key: str, vtype: int, payload: bytes) -> bytes:
     return gguf_string(key) + struct.pack("<I", vtype) + payload
 
@@ -386,6 +389,15 @@ def raw_gguf(path: Path) -> RawGguf:
         for t in reader.tensors
     ]
     return RawGguf(kvs, infos, blob[reader.data_offset :])
+
+
+def with_u32_key(source: Path, key: str, value: int | None, out: Path) -> Path:
+    """source's file with its metadata key set to a u32 value (None: the key removed), written to out."""
+    raw = raw_gguf(source)
+    kept = [e for e in raw.kvs if e[8 : 8 + struct.unpack_from("<Q", e)[0]].decode() != key]
+    raw.kvs = kept + ([] if value is None else [kv(key, U32, struct.pack("<I", value))])
+    out.write_bytes(raw.encode())
+    return out
 
 
 # ---- The real model ----

@@ -384,6 +384,16 @@ def load_hf(model_dir: Path):
     return model.eval()
 
 
+def transformers_logits(model_class, model_dir: Path, prompt: list[int], tokens: list[int]):
+    """transformers' f32 logits (eager attention) at each position that chose one of the decoded
+    tokens: the last of the prompt, then each token but the last."""
+    import torch
+
+    model = model_class.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1 :].numpy()
+
+
 def make_gemma3_multimodal(out: Path, seed: int = 7) -> Path:
     """A tiny Gemma3ForConditionalGeneration (SigLIP vision tower + Gemma 3 text tower)."""
     import torch

@@ -5,7 +5,15 @@ import this package; it imports none of them."""
 from .board import CATEGORIES, DEFAULT_KV_TYPE, KV_TYPES, Board, MemoryRegion
 from .esp_idf import IdfSettings
 from .flash import Flash, FlashImage
-from .load import TARGETS_DIR, available_boards, board_from_data, board_reference, load_board
+from .load import (
+    TARGETS_DIR,
+    available_boards,
+    board_files,
+    board_from_data,
+    board_reference,
+    load_board,
+    read_board_file,
+)
 from .predict import TimingModel
 from .runners import BuildOnlyRunner, EmulatedSystemRunner, ProcessRunner, Runner, SerialRunner
 from .sources import firmware_sources, kernel_set_sources
@@ -27,9 +35,11 @@ __all__ = [
     "SerialRunner",
     "TimingModel",
     "available_boards",
+    "board_files",
     "board_from_data",
     "board_reference",
     "firmware_sources",
     "kernel_set_sources",
     "load_board",
+    "read_board_file",
 ]

@@ -1,7 +1,10 @@
 """Boards as data: targets/<name>.toml, one declarative file per board, read into a typed Board
-(or a board file of one's own, given by its path: `--board path/to/board.toml`).
+(or a board file of one's own, given by its path: `--board path/to/board.toml`). A board file may
+extend another board and say only what differs (below the fields).
 
 Common fields (every board):
+  extends, unset (optional): the board of targets/ this one starts from, and what of it not to take
+              (below)
   name, description, isa, bsp (firmware_src/bsp/<bsp>), kernels (runtime/kernels/<k>.c),
   default_ctx, program (linked file name)
   prefill_batch (optional, default 1): prompt tokens per forward pass; their activations all
@@ -46,6 +49,18 @@ Common fields (every board):
               steps (default 4 each) size the golden greedy decode the build embeds
   [predict]   (optional) the board's timing model (boards/predict.py); `predicts` (optional) names
               the board whose speed bench predicts from this one's exact instruction counts
+
+A board file may start from another board of targets/ (`extends = "esp32p4"`) and say only what
+differs:
+  - the parent is a board of targets/, named as --board names it (not a path), so a board file kept
+    elsewhere may extend one of the repository's too; the parent may extend another in turn, but
+    never back to a board already in the chain;
+  - the board's own tables merge into the parent's key by key, at every depth; any other value
+    (a string, a number, a list, an array of tables such as [[memory]] or [[flash.images]])
+    replaces the parent's whole;
+  - `unset = ["flash", "toolchain.linker_script"]` removes what the parent has and this board must
+    not take (TOML has no empty value); each dotted key must be one the parent has;
+  - `name` is the board's own: a board that extends another must set it.
 """
 
 from __future__ import annotations
@@ -71,6 +86,69 @@ def available_boards() -> list[str]:
     return sorted(p.stem for p in TARGETS_DIR.glob("*.toml"))
 
 
+def read_board_file(path: Path) -> dict:
+    """The board file's table as if it were written whole: what it extends merged in."""
+    return _resolve(path, ())[0]
+
+
+def _resolve(path: Path, chain: tuple[Path, ...]) -> tuple[dict, tuple[Path, ...]]:
+    """The merged table and the files it came from; chain: the files that extend this one."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ColibriError(f"{path.name}: malformed board file ({e})") from None
+    parent = data.pop("extends", None)
+    unset = data.pop("unset", None)
+    if parent is None:
+        if unset is not None:
+            raise ColibriError(f"{path.name}: unset is for a board that extends another")
+        return data, (path,)
+    if not isinstance(parent, str) or parent not in available_boards():
+        raise ColibriError(
+            f"{path.name}: extends {parent!r}, which is not a board of targets/ "
+            f"(available: {', '.join(available_boards())})"
+        )
+    if "name" not in data:
+        raise ColibriError(f"{path.name}: a board that extends {parent} must set its own name")
+    parent_path = TARGETS_DIR / f"{parent}.toml"
+    if parent_path.resolve() in {p.resolve() for p in (*chain, path)}:
+        loop = " -> ".join(p.stem for p in (*chain, path, parent_path))
+        raise ColibriError(f"{path.name}: extends loops: {loop}")
+    base, files = _resolve(parent_path, (*chain, path))
+    for key in _dotted_keys(unset, path):
+        _remove(base, key, parent, path)
+    return _merged(base, data), (path, *files)
+
+
+def _dotted_keys(unset: object, path: Path) -> list[str]:
+    if unset is None:
+        return []
+    if not isinstance(unset, list) or not all(isinstance(k, str) for k in unset):
+        raise ColibriError(f"{path.name}: unset must list dotted keys, got {unset!r}")
+    return unset
+
+
+def _remove(data: dict, key: str, parent: str, path: Path) -> None:
+    *tables, last = key.split(".")
+    table: object = data
+    for name in tables:
+        table = table.get(name) if isinstance(table, dict) else None
+    if not isinstance(table, dict) or last not in table:
+        raise ColibriError(f"{path.name}: unset names {key}, which {parent} does not have")
+    del table[last]
+
+
+def _merged(base: dict, own: dict) -> dict:
+    """base with own on top: tables merged key by key, every other value replaced."""
+    merged = dict(base)
+    for key, value in own.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def load_board(name: str) -> Board:
     """A board by its name (targets/<name>.toml), or by the path of a board file of one's own (a
     name ending in .toml: a variant kept outside the repository; the paths in it, such as a linker
@@ -83,11 +161,12 @@ def load_board(name: str) -> Board:
         path = TARGETS_DIR / f"{name}.toml"
         if not path.is_file():
             raise ColibriError(f"unknown board {name!r} (available: {', '.join(available_boards())})")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ColibriError(f"{path.name}: malformed board file ({e})") from None
-    return board_from_data(data, path)
+    return board_from_data(read_board_file(path), path)
+
+
+def board_files(board: Board) -> tuple[Path, ...]:
+    """The files a loaded board was read from: its own, then each board it extends."""
+    return _resolve(board.path, ())[1]
 
 
 def board_reference(board: Board) -> str:

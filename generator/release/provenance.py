@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .. import __version__
-from ..boards import Board
+from ..boards import Board, board_files
 from ..device.session import RunRequest
 from ..errors import ColibriError
 from ..files import REPO, slug
@@ -77,7 +77,7 @@ def _source_files(board: Board) -> list[Path]:
             files.append(path)
         elif path.is_dir():
             files += [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
-    files.append(board.path)
+    files += board_files(board)
     return sorted(set(files))
 
 
@@ -93,7 +93,7 @@ def source_info(board: Board) -> dict:
     if top and Path(top).resolve() == REPO.resolve():
         commit = _git("rev-parse", "HEAD") or "unknown"
         if commit != "unknown":
-            paths = [*SOURCE_PATHS, board.path.relative_to(REPO).as_posix()]
+            paths = [*SOURCE_PATHS, *(p.relative_to(REPO).as_posix() for p in board_files(board))]
             status = _git("status", "--porcelain", "--untracked-files=normal", "--", *paths)
             dirty = bool(status) if status is not None else None
     return {"version": __version__, "git_commit": commit, "git_dirty": dirty, "source_sha256": digest.hexdigest()}

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import DEFAULT_MODEL, run_cli
 
-from generator.boards import available_boards, load_board
+from generator.boards import available_boards, load_board, read_board_file
 from generator.compile.esp32.flash_image import check_app_image, load_segments
 from generator.errors import ColibriError
 from generator.numerics.sampling import SamplingParams
@@ -128,9 +128,7 @@ def test_mcu_boards_refuse_threads(builder):
 
 
 def _board_data(name: str) -> dict:
-    import tomllib
-
-    return tomllib.loads(load_board(name).path.read_text())
+    return read_board_file(load_board(name).path)
 
 
 def test_each_way_a_board_runs_says_what_it_can_do():

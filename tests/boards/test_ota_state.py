@@ -9,6 +9,7 @@ import shutil
 import subprocess
 
 import pytest
+from c_builds import gcc
 from conftest import REPO, run_rv32_semihosted
 
 from generator.boards import load_board
@@ -32,11 +33,7 @@ SLOTS = 2
 
 @pytest.fixture(scope="module")
 def host_output(tmp_path_factory) -> str:
-    exe = tmp_path_factory.mktemp("ota") / "ota_harness"
-    subprocess.run(
-        ["gcc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{APP}", *map(str, SOURCES), "-o", str(exe)],
-        check=True,
-    )
+    exe = gcc(tmp_path_factory.mktemp("ota") / "ota_harness", f"-I{APP}", *SOURCES, optimize="-O1")
     return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
 
 

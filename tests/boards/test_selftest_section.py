@@ -3,11 +3,9 @@ board_def.h (COLIBRI_SELFTEST_AT_BOOT and the golden decode's size)."""
 
 from __future__ import annotations
 
-import tomllib
-
 import pytest
 
-from generator.boards import load_board
+from generator.boards import load_board, read_board_file
 from generator.boards.load import board_from_data
 from generator.compile.emit import board_context, environment
 from generator.errors import ColibriError
@@ -15,7 +13,7 @@ from generator.errors import ColibriError
 
 def with_section(name: str, section: dict | None):
     board = load_board(name)
-    data = tomllib.loads(board.path.read_text())
+    data = read_board_file(board.path)
     data.pop("selftest", None)
     if section is not None:
         data["selftest"] = section

@@ -10,6 +10,7 @@ import json
 import statistics
 
 import pytest
+from cli_runs import main_json
 from conftest import run_cli
 
 from generator import bench
@@ -61,6 +62,11 @@ def bench_run(capsys, monkeypatch, moe, art, *args) -> tuple[dict, bench.BenchRe
     return bench_json(capsys, moe, art, *args), made[-1]
 
 
+def once_under(budget: int) -> list[str]:
+    """bench's options for one run under the budget, without the in-RAM comparison."""
+    return ["--repeat", "1", "--memory-budget", str(budget), "--no-in-ram"]
+
+
 def hit_rate(stats: dict) -> float:
     return stats["cache_hits"] / (stats["cache_hits"] + stats["cache_misses"])
 
@@ -97,9 +103,7 @@ def test_the_text_stream_decodes_one_token_per_forward_pass_the_texts_not_the_mo
 
 def test_bench_on_a_moe_model_feeds_the_bundled_text_which_does_not_repeat(built, moe, capsys, monkeypatch):
     board, art, plan, budget = built
-    out, result = bench_run(
-        capsys, monkeypatch, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram"
-    )
+    out, result = bench_run(capsys, monkeypatch, moe, art, *once_under(budget))
     s = out["stream"]
     assert s["kind"] == "text" and s["text"].endswith("docs/texts/ruth-kjv.txt")
     assert s["prompt_tokens"] == out["prompt_tokens"] == 8 and s["decoded_tokens_fed"] == out["decode_steps"] - 1
@@ -107,117 +111,44 @@ def test_bench_on_a_moe_model_feeds_the_bundled_text_which_does_not_repeat(built
     # Routing follows it: every layer used far more experts than the two a token takes.
     assert s["experts_per_token"] == 2 and min(s["experts_used_per_layer"].values()) >= 12
     # The old stream, still there by name, is the one that repeats, and bench says so.
-    old, old_result = bench_run(
-        capsys,
-        monkeypatch,
-        moe,
-        art,
-        "--repeat",
-        "1",
-        "--memory-budget",
-        str(budget),
-        "--no-in-ram",
-        "--stream",
-        "synthetic",
-    )
+    old, old_result = bench_run(capsys, monkeypatch, moe, art, *once_under(budget), "--stream", "synthetic")
     assert old["stream"]["kind"] == "synthetic" and old["stream"]["repeated_4grams"] > 0.3
     assert "it REPEATS" in bench.bench_line(old_result, "m") and "REPEATS" not in bench.bench_line(result, "m")
 
 
 def test_the_hit_rate_bench_reports_is_what_a_run_with_the_same_text_gets(built, moe, capsys, tmp_path):
     board, art, plan, budget = built
-    out = bench_json(capsys, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram")
+    out = bench_json(capsys, moe, art, *once_under(budget))
     # A user's run: the text's opening as the prompt, the model's own sampling, three seeds.
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(bench.read_text(bench.DEFAULT_TEXT)[:300])
     runs = []
     for seed in (0, 1, 2):
-        from generator.cli import main
-
-        assert (
-            main(
-                [
-                    "run",
-                    "--model",
-                    str(moe),
-                    "--ctx",
-                    str(CTX),
-                    "--out",
-                    str(art.out_dir),
-                    "--json",
-                    "--prompt-file",
-                    str(prompt),
-                    "--steps",
-                    "128",
-                    "--ignore-eos",
-                    "--seed",
-                    str(seed),
-                    "--memory-budget",
-                    str(budget),
-                ]
-            )
-            == 0
-        )
-        runs.append(hit_rate(json.loads(capsys.readouterr().out)["stats"]["weights_held"]))
+        summary = main_json(
+            capsys, "run", model=moe, ctx=CTX, out=art.out_dir, prompt_file=prompt, steps=128, ignore_eos=True,
+            seed=seed, memory_budget=budget,
+        )  # fmt: skip
+        runs.append(hit_rate(summary["stats"]["weights_held"]))
     user = statistics.median(runs)
     assert abs(out["cache"]["hit_rate"] - user) <= 0.05, (out["cache"]["hit_rate"], runs)
     # The synthetic prompt and greedy loop would not have been: it hits far more often.
-    old = bench_json(
-        capsys, moe, art, "--repeat", "1", "--memory-budget", str(budget), "--no-in-ram", "--stream", "synthetic"
-    )
+    old = bench_json(capsys, moe, art, *once_under(budget), "--stream", "synthetic")
     assert old["cache"]["hit_rate"] - user > 0.05, (old["cache"]["hit_rate"], runs)
 
 
 def test_the_sampled_stream_is_what_run_decodes_with_the_same_settings(built, moe, capsys):
     board, art, plan, budget = built
-    out = bench_json(
-        capsys,
-        moe,
-        art,
-        "--repeat",
-        "1",
-        "--memory-budget",
-        str(budget),
-        "--no-in-ram",
-        "--stream",
-        "sampled",
-        "--seed",
-        "4",
-        "--steps",
-        "64",
-    )
+    out = bench_json(capsys, moe, art, *once_under(budget), "--stream", "sampled", "--seed", "4", "--steps", "64")
     s = out["stream"]
     # kjv-tiny's generation_config.json samples (temperature 0.8, top-k 40, top-p 0.95): bench takes it.
     assert s["kind"] == "sampled" and s["sampling"]["seed"] == 4 and s["sampling"]["top_k"] == 40
     assert s["repeated_4grams"] < 0.1
-    from generator.cli import main
-
     prompt = ",".join(map(str, bench.synthetic_prompt(plan, 8)))
-    assert (
-        main(
-            [
-                "run",
-                "--model",
-                str(moe),
-                "--ctx",
-                str(CTX),
-                "--out",
-                str(art.out_dir),
-                "--json",
-                "--prompt-ids",
-                prompt,
-                "--steps",
-                "64",
-                "--ignore-eos",
-                "--seed",
-                "4",
-                "--memory-budget",
-                str(budget),
-            ]
-        )
-        == 0
-    )
-    held = json.loads(capsys.readouterr().out)["stats"]["weights_held"]
+    summary = main_json(
+        capsys, "run", model=moe, ctx=CTX, out=art.out_dir, prompt_ids=prompt, steps=64, ignore_eos=True, seed=4,
+        memory_budget=budget,
+    )  # fmt: skip
+    held = summary["stats"]["weights_held"]
     assert out["cache"]["cache_hits"] == held["cache_hits"] and out["cache"]["cache_misses"] == held["cache_misses"]
 
 

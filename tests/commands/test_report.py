@@ -9,12 +9,17 @@ from generator.compile.elfsize import read_elf
 from generator.report import check_elf_against_plan
 
 
-@pytest.mark.slow
-@pytest.mark.slow
-@pytest.mark.slow
-def test_report_json_accounts_for_every_category_and_matches_the_elf(checkpoints, builder):
+@pytest.fixture
+def llama(checkpoints, builder):
+    """The llama test model built for the host at context 64: the model's path, the build and its plan."""
     model = checkpoints("llama_gqa_linear")
     board, art, plan = builder.build(model, "q8_0", 64)
+    return model, art, plan
+
+
+@pytest.mark.slow
+def test_report_json_accounts_for_every_category_and_matches_the_elf(llama):
+    model, art, plan = llama
     done = run_cli("report", "--model", model, "--ctx", "64", "--out", art.out_dir, "--json")
     assert done.returncode == 0, done.stderr
     rep = json.loads(done.stdout)
@@ -33,11 +38,8 @@ def test_report_json_accounts_for_every_category_and_matches_the_elf(checkpoints
 
 
 @pytest.mark.slow
-@pytest.mark.slow
-@pytest.mark.slow
-def test_report_text_names_the_region_and_totals(checkpoints, builder):
-    model = checkpoints("llama_gqa_linear")
-    board, art, plan = builder.build(model, "q8_0", 64)
+def test_report_text_names_the_region_and_totals(llama):
+    model, art, _ = llama
     done = run_cli("report", "--model", model, "--ctx", "64", "--out", art.out_dir)
     assert done.returncode == 0, done.stderr
     assert "region ram" in done.stdout and "kv_cache" in done.stdout and "total" in done.stdout

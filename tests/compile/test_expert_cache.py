@@ -4,6 +4,7 @@ hashes, routing counts equal to the unlimited run's and the reference's) while r
 checks each expert against its CRC-32 when it first brings it in."""
 
 import pytest
+from cli_runs import main_json
 from conftest import TESTS
 from damaged_images import entry, tensor_edited
 
@@ -210,58 +211,16 @@ def test_cli_refuses_a_budget_too_small_or_malformed_before_building(checkpoints
 
 
 def test_report_and_bench_show_the_cache(builder, checkpoints, tmp_path, capsys):
-    import json
-
-    from generator.cli import main
-
     model = checkpoints("qwen3_moe")
     board, art, plan = builder.build(model, "q8_0", 64)
     c = constants(board, plan)
     budget = c.budget_for(c.experts_per_token * c.n_moe_layers)
     out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "report",
-                "--model",
-                str(model),
-                "--ctx",
-                "64",
-                "--out",
-                str(out),
-                "--json",
-                "--memory-budget",
-                str(budget),
-            ]
-        )
-        == 0
-    )
-    rep = json.loads(capsys.readouterr().out)["memory_budget"]
+    rep = main_json(capsys, "report", model=model, ctx=64, out=out, memory_budget=budget)["memory_budget"]
     assert rep["resident_bytes"] == c.resident_bytes and rep["slot_bytes"] == c.slot_bytes
     assert rep["slots"] == c.experts_per_token * c.n_moe_layers and rep["slots_per_layer"] == c.experts_per_token
     assert rep["bytes_read_per_token"]["0"] == c.n_moe_layers * c.experts_per_token * c.slot_bytes
-    assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(model),
-                "--ctx",
-                "64",
-                "--out",
-                str(out),
-                "--json",
-                "--repeat",
-                "1",
-                "--steps",
-                "16",
-                "--memory-budget",
-                str(budget),
-            ]
-        )
-        == 0
-    )
-    out_json = json.loads(capsys.readouterr().out)
+    out_json = main_json(capsys, "bench", model=model, ctx=64, out=out, repeat=1, steps=16, memory_budget=budget)
     cache = out_json["cache"]
     assert cache["slots"] == rep["slots"] and 0 <= cache["hit_rate"] <= 1 and cache["read_bytes_per_token"] > 0
     assert cache["storage_read_bytes_s"] > 0 and cache["storage_bound_tok_s"] > 0

@@ -12,13 +12,13 @@ import shutil
 import stat
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+from c_builds import gcc
 from conftest import DEFAULT_MODEL, REPO
 
-from generator.boards import board_from_data, kernel_set_sources, load_board
+from generator.boards import board_from_data, kernel_set_sources, load_board, read_board_file
 from generator.compile.esp32 import idf_project
 from generator.compile.esp32.idf_build import find_idf, idf_build
 from generator.compile.esp32.idf_project import COLIBRI_DIR, write_project
@@ -151,7 +151,7 @@ def test_board_file_describes_the_p4_with_idf(board):
     ],
 )
 def test_malformed_idf_settings_are_refused_with_the_reason(board, change, message):
-    data = tomllib.loads(board.path.read_text())
+    data = read_board_file(board.path)
     change(data)
     if message is None:
         bad = board_from_data(data, board.path)
@@ -357,7 +357,7 @@ def test_regenerating_replaces_stale_copies_but_leaves_idf_outputs(board, tmp_pa
 
 
 def test_a_weight_image_larger_than_the_partition_is_refused_with_the_numbers(board, tmp_path):
-    data = tomllib.loads(board.path.read_text())
+    data = read_board_file(board.path)
     data["flash"]["images"][4]["size"] = 0x10000
     small = board_from_data(data, board.path)
     gen = tmp_path / "generated"
@@ -645,27 +645,16 @@ def simulated(projects, tmp_path_factory):
     (where / "stubs.c").write_text(STUB_C)
     main = p.root / "main"
     sources = sorted(main.rglob("*.c")) + [where / "stubs.c"]
-    exe = where / "firmware"
-    subprocess.run(
-        [
-            "gcc",
-            "-std=c11",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-ffp-contract=off",
-            "-fno-fast-math",
-            "-I",
-            str(where / "include"),
-            "-I",
-            str(main / "colibri/generated"),
-            *map(str, sources),
-            "-lm",
-            "-o",
-            str(exe),
-        ],
-        check=True,
+    exe = gcc(
+        where / "firmware",
+        "-ffp-contract=off",
+        "-fno-fast-math",
+        "-I",
+        where / "include",
+        "-I",
+        main / "colibri/generated",
+        *sources,
+        "-lm",
     )
     return p, exe
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_runs import verify_passes
 from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow  # writes and runs images past 2 and 4 GiB
@@ -88,30 +89,8 @@ def test_an_image_past_4_gib_builds_with_64_bit_constants_and_a_readable_header(
 @pytest.mark.parametrize("budget", ["0", "1G"])
 def test_experts_past_2_32_decode_the_references_bits_on_host(large, budget):
     model, out = large
-    done = run_cli(
-        "verify",
-        "--board",
-        "host",
-        "--model",
-        model,
-        "--quant",
-        "gguf",
-        "--ctx",
-        "64",
-        "--out",
-        out,
-        "--prompt-ids",
-        PROMPT,
-        "--steps",
-        "4",
-        "--memory-budget",
-        budget,
-        "--json",
-        timeout=1200,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
-    assert result["pass"], result
+    settings = dict(model=model, quant="gguf", ctx=64, prompt_ids=PROMPT)
+    result = verify_passes(out, timeout=1200, board="host", **settings, steps=4, memory_budget=budget)
     assert experts_past_2_32(out, result["expert_counts"]["firmware"])
 
 
@@ -119,30 +98,8 @@ def test_experts_past_2_32_decode_the_references_bits_on_linux_aarch64(large, tm
     model, _ = large
     out = tmp_path_factory.mktemp("large-aarch64") / "build"
     try:
-        done = run_cli(
-            "verify",
-            "--board",
-            "linux-aarch64",
-            "--model",
-            model,
-            "--quant",
-            "gguf",
-            "--ctx",
-            "64",
-            "--out",
-            out,
-            "--prompt-ids",
-            PROMPT,
-            "--steps",
-            "2",
-            "--memory-budget",
-            "1G",
-            "--json",
-            timeout=2400,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        result = json.loads(done.stdout)
-        assert result["pass"], result
+        settings = dict(model=model, quant="gguf", ctx=64, prompt_ids=PROMPT)
+        result = verify_passes(out, timeout=2400, board="linux-aarch64", **settings, steps=2, memory_budget="1G")
         assert experts_past_2_32(out, result["expert_counts"]["firmware"])
     finally:
         shutil.rmtree(out.parent, ignore_errors=True)

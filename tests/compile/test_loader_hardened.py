@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 from damaged_images import cases, flip
+from libfuzzer import build_fuzzer, run_fuzzer
 from safetensors.numpy import save_file
 
 from generator.boards import load_board
@@ -218,9 +219,6 @@ def test_libfuzzer_on_a_moe_image_opened_both_ways(moe_images, tmp_path):
 
 
 def fuzz(root, files, tmp_path, seconds):
-    clang = shutil.which("clang-14") or shutil.which("clang")
-    assert clang, "clang is installed by ./colibri test (tests/apt-packages.txt)"
-    fuzzer = tmp_path / "fuzz_loader"
     sources = [
         C_TESTS / "fuzz_loader.c",
         RUNTIME / "image_loader.c",
@@ -229,25 +227,13 @@ def fuzz(root, files, tmp_path, seconds):
         RUNTIME / "tensor_table.c",
         root / "gen" / "model_data.c",
     ]
-    done = subprocess.run(
-        [
-            clang,
-            "-std=c11",
-            "-g",
-            "-O1",
-            "-fsanitize=fuzzer,address,undefined",
-            "-fno-sanitize-recover=all",
-            "-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION",
-            f"-I{RUNTIME}",
-            f"-I{root / 'gen'}",
-            *map(str, sources),
-            "-o",
-            str(fuzzer),
-        ],
-        capture_output=True,
-        text=True,
+    fuzzer = build_fuzzer(
+        tmp_path / "fuzz_loader",
+        "-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION",
+        f"-I{RUNTIME}",
+        f"-I{root / 'gen'}",
+        *sources,
     )
-    assert done.returncode == 0, done.stderr
     seeds = tmp_path / "seeds"
     corpus = tmp_path / "corpus"
     seeds.mkdir()
@@ -255,24 +241,7 @@ def fuzz(root, files, tmp_path, seconds):
     shutil.copy(root / "gen" / "weights.img", seeds / "valid")
     for name, (path, _) in sorted(files.items()):
         shutil.copy(path, seeds / name)
-    # libFuzzer's RSS limit is off: Linux carries the peak RSS over exec, so the fuzzer would inherit
-    # the test process's; the per-allocation limit still catches a runaway allocation.
-    run = subprocess.run(
-        [
-            str(fuzzer),
-            str(corpus),
-            str(seeds),
-            f"-max_total_time={seconds}",
-            "-seed=1",
-            "-rss_limit_mb=0",
-            "-malloc_limit_mb=1024",
-            f"-artifact_prefix={tmp_path}/",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = run_fuzzer(fuzzer, corpus, seeds, tmp_path, f"-max_total_time={seconds}", malloc_limit_mb=1024, timeout=180)
     assert "Done" in run.stderr and not list(tmp_path.glob("crash-*"))
 
 

@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from c_builds import gcc
+from cli_runs import main_json
 from conftest import REPO
 
 from generator.boards import board_from_data
@@ -140,22 +142,11 @@ TREES = {
 @pytest.fixture(scope="module")
 def c_rule(tmp_path_factory):
     """bsp/linux/memory_limit.c compiled alone with a harness that prints what it finds."""
-    exe = tmp_path_factory.mktemp("memory_limit") / "memory_limit_harness"
-    subprocess.run(
-        [
-            "gcc",
-            "-std=c11",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            f"-I{REPO}/firmware_src/bsp/linux",
-            str(REPO / "tests/c/memory_limit_harness.c"),
-            str(REPO / "firmware_src/bsp/linux/memory_limit.c"),
-            "-o",
-            str(exe),
-        ],
-        check=True,
+    exe = gcc(
+        tmp_path_factory.mktemp("memory_limit") / "memory_limit_harness",
+        f"-I{REPO}/firmware_src/bsp/linux",
+        REPO / "tests/c/memory_limit_harness.c",
+        REPO / "firmware_src/bsp/linux/memory_limit.c",
     )
 
     def find(root: Path):
@@ -324,30 +315,10 @@ def test_report_shows_what_auto_chooses_here_and_why(checkpoints, tmp_path, caps
 
 
 def test_bench_reports_the_budget_the_firmware_chose(checkpoints, tmp_path, capsys):
-    from generator.cli import main
-
     model = checkpoints("mixtral_moe")
-    assert (
-        main(
-            [
-                "bench",
-                "--model",
-                str(model),
-                "--ctx",
-                "64",
-                "--out",
-                str(tmp_path / "out"),
-                "--json",
-                "--repeat",
-                "1",
-                "--steps",
-                "4",
-                "--memory-budget",
-                "auto",
-            ]
-        )
-        == 0
+    summary = main_json(
+        capsys, "bench", model=model, ctx=64, out=tmp_path / "out", repeat=1, steps=4, memory_budget="auto"
     )
-    budget = json.loads(capsys.readouterr().out)["memory_budget"]
+    budget = summary["memory_budget"]
     assert budget["unlimited"] and budget["auto"]["whole_model"] and budget["auto"]["source"] == find_memory().source
     assert budget["auto"]["margin"] == AUTO_MARGIN_BYTES and budget["auto"]["found"] > AUTO_MARGIN_BYTES

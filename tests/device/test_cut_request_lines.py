@@ -10,10 +10,9 @@ import subprocess
 import time
 
 import pytest
-import serial
 from conftest import DEFAULT_MODEL
+from emulated_uart import emulated_uart
 
-from generator.device.links import start_emulator
 from generator.device.protocol import FrameReader
 from generator.device.serial_link import ACK_BYTES
 from generator.device.session import RunRequest, request_frame
@@ -51,19 +50,8 @@ def test_a_cut_line_then_a_whole_request_on_a_linux_firmware(builder, cut_at):
 def test_a_cut_line_then_a_whole_request_on_qemu_rv32(builder):
     board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64, "qemu-rv32")
     expected = reference_run(plan, art.weights, WHOLE).tokens
-    qemu, port = start_emulator(board.runner, art.program, art.flash_image, stderr=subprocess.PIPE)
     reader = FrameReader()
-    try:
-        link = serial.serial_for_url(f"socket://127.0.0.1:{port}", timeout=0.1, do_not_open=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                link.open()
-                break
-            except serial.SerialException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+    with emulated_uart(board, art) as link:
 
         def wait_for(pred, seconds=60):
             end = time.monotonic() + seconds
@@ -83,11 +71,6 @@ def test_a_cut_line_then_a_whole_request_on_qemu_rv32(builder):
                 want = at + ACK_BYTES
                 wait_for(lambda: any(f.kind == "ack" and int(f.fields["bytes"]) == want for f in reader.frames), 10)
         wait_for(lambda: any(f.kind in ("done", "error") for f in reader.frames))
-        link.close()
-    finally:
-        qemu.kill()
-        qemu.wait()
-        qemu.stderr.close()
     kinds = [f.kind for f in reader.frames]
     assert "error" not in kinds and kinds[-1] == "done", reader.frames
     acks = [int(f.fields["bytes"]) for f in reader.frames if f.kind == "ack"]

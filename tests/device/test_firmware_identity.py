@@ -14,8 +14,9 @@ import time
 import tty
 
 import pytest
+from cli_runs import cli_options
 from conftest import DEFAULT_MODEL, run_cli
-from test_serial_link import FAST, MODEL, REQUEST, PtyBoard, answer
+from test_serial_link import FAST, HELLO_FIELDS, MODEL, REQUEST, PtyBoard, answer
 
 from generator.compile.firmware_id import elf_build_id
 from generator.device.links import start_emulator
@@ -101,20 +102,8 @@ def rv32_on_pty(builder):
 
 def test_verify_refuses_another_boards_firmware_on_the_port_and_says_what_differs(rv32_on_pty, tmp_path):
     bridge, rv32 = rv32_on_pty
-    done = run_cli(
-        "verify",
-        "--board",
-        "esp32p4",
-        "--port",
-        bridge.path,
-        "--prompt",
-        "And God",
-        "--steps",
-        "8",
-        "--out",
-        tmp_path / "p4",
-        timeout=120,
-    )
+    options = cli_options(board="esp32p4", port=bridge.path, prompt="And God", steps=8, out=tmp_path / "p4")
+    done = run_cli("verify", *options, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     verdict = done.stdout.strip().splitlines()[-1]
     assert verdict.startswith("FAIL: ") and "PASS" not in done.stdout, done.stdout
@@ -128,21 +117,10 @@ def test_verify_refuses_another_boards_firmware_on_the_port_and_says_what_differ
 
 def test_verify_json_names_the_differences(rv32_on_pty, tmp_path):
     bridge, _ = rv32_on_pty
-    done = run_cli(
-        "verify",
-        "--board",
-        "esp32p4",
-        "--port",
-        bridge.path,
-        "--prompt-ids",
-        "1,2,3",
-        "--steps",
-        "4",
-        "--out",
-        tmp_path / "p4",
-        "--json",
-        timeout=120,
+    options = cli_options(
+        board="esp32p4", port=bridge.path, prompt_ids="1,2,3", steps=4, out=tmp_path / "p4", json=True
     )
+    done = run_cli("verify", *options, timeout=120)
     assert done.returncode == 1, done.stderr
     result = json.loads(done.stdout)
     assert result["pass"] is False
@@ -155,21 +133,9 @@ IDENTITY = FirmwareIdentity("fake-p4", "q8_0", "64", MODEL, "ee" * 32, "aa" * 20
 
 
 def hello_with(**fields) -> bytes:
-    base = {
-        "proto": 1,
-        "fw": "0.1.0",
-        "board": "fake-p4",
-        "arch": "llama",
-        "quant": "q8_0",
-        "ctx": 64,
-        "vocab": 512,
-        "kernels": "scalar",
-        "model": MODEL,
-        "weights": "ee" * 32,
-        "build": "aa" * 20,
-    }
-    base.update(fields)
-    return encode_frame(0, "hello", base)
+    return encode_frame(
+        0, "hello", {**HELLO_FIELDS, "model": MODEL, "weights": "ee" * 32, "build": "aa" * 20, **fields}
+    )
 
 
 @pytest.fixture

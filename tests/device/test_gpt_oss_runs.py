@@ -5,12 +5,12 @@ q8_0 and q4_0 weights, greedy and sampled, on 1 and 2 threads; under a memory bu
 expert slots than experts) with the same bits as unlimited; and on linux-aarch64 and qemu-rv32."""
 
 import pytest
+from cli_runs import assert_decodes_as_the_reference, run_prompt
 
 from generator.compile.cache_plan import cache_plan
-from generator.device.runner import run_on_board
-from generator.device.session import RunRequest, cache_stats
+from generator.device.session import cache_stats
 from generator.numerics.sampling import SamplingParams
-from generator.verify import compare, reference_run
+from generator.verify import reference_run
 
 pytestmark = pytest.mark.slow  # builds the gpt-oss firmware in two quantizations and runs it on three boards
 
@@ -20,18 +20,12 @@ SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, min_p=0.01, seed=11)
 
 
 def run(board, art, sampling=SamplingParams(), threads=1, budget=0, steps=STEPS):
-    request = RunRequest(PROMPT, steps, sampling, stop_at_eos=False, threads=threads, memory_budget=budget)
-    return request, run_on_board(
-        board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image
-    )
+    return run_prompt(board, art, PROMPT, steps, sampling, threads, budget)
 
 
 def assert_verified(plan, art, request, result, ref=None):
     """The run against the reference's decode of the same image (given, or made here)."""
-    ref = ref or reference_run(plan, art.weights, request)
-    assert compare(result, ref).passed
-    assert result.tokens == ref.tokens and result.digests == ref.digests
-    assert result.expert_counts == ref.expert_counts
+    assert_decodes_as_the_reference(plan, art, request, result, ref)
     passes = len(PROMPT) + request.steps - 1  # every layer routes each pass to 4 experts
     assert set(result.expert_counts) == {0, 1, 2, 3}
     assert all(sum(c) == 4 * passes for c in result.expert_counts.values())

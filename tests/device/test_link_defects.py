@@ -98,30 +98,15 @@ def test_a_firmware_writing_much_to_stderr_still_finishes(tmp_path):
 
 @pytest.fixture(scope="module")
 def protocol_harness(tmp_path_factory):
-    import subprocess
-
+    from c_builds import gcc
     from conftest import REPO
 
     out = tmp_path_factory.mktemp("protocol") / "protocol_harness"
     app, runtime = REPO / "firmware_src" / "app", REPO / "firmware_src" / "runtime"
-    subprocess.run(
-        [
-            "gcc",
-            "-std=c11",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            f"-I{app}",
-            str(REPO / "tests" / "c" / "protocol_harness.c"),
-            str(app / "protocol.c"),
-            str(runtime / "checksum.c"),
-            "-o",
-            str(out),
-        ],
-        check=True,
-    )
-    return out
+    return gcc(
+        out, f"-I{app}", REPO / "tests" / "c" / "protocol_harness.c", app / "protocol.c", runtime / "checksum.c",
+        optimize="-O1",
+    )  # fmt: skip
 
 
 def harness_frames(harness, *args):

@@ -107,6 +107,7 @@ def test_auto_takes_the_cgroup_limit_less_the_margin_and_decodes_the_same_bits(
     it), so the firmware resolves auto where it runs, and verify passes with its numbers."""
     import json
 
+    from cli_runs import cli_options, verify_passes
     from conftest import run_cli
 
     from generator.compile.cache_plan import AUTO_MARGIN_BYTES, AutoBudget, slots_for_budget
@@ -138,47 +139,13 @@ def test_auto_takes_the_cgroup_limit_less_the_margin_and_decodes_the_same_bits(
 
     # The CLI, the firmware in the cgroup and the CLI outside: verify's JSON says what the board chose.
     out = art.out_dir
-    done = run_cli(
-        "verify",
-        "--model",
-        big_moe_model,
-        "--quant",
-        "q8_0",
-        "--ctx",
-        "64",
-        "--out",
-        out,
-        "--prompt-ids",
-        "1,17,99,3,250",
-        "--steps",
-        "8",
-        "--ignore-eos",
-        "--memory-budget",
-        "auto",
-        "--json",
-    )
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
+    model = dict(model=big_moe_model, quant="q8_0", ctx=64)
+    summary = verify_passes(out, **model, prompt_ids="1,17,99,3,250", steps=8, ignore_eos=True, memory_budget="auto")
     held = summary["stats"]["weights_held"]
     assert summary["pass"] and held["budget"] == budget and held["auto_found"] == limit and held["slots"] == slots
     # An auto-MARGIN that leaves less than the model needs: the firmware's one line, a non-zero exit.
-    done = run_cli(
-        "run",
-        "--model",
-        big_moe_model,
-        "--quant",
-        "q8_0",
-        "--ctx",
-        "64",
-        "--out",
-        out,
-        "--prompt-ids",
-        "1,2",
-        "--steps",
-        "2",
-        "--memory-budget",
-        f"auto-{limit - c.min_budget + 1}",
-    )
+    margin = limit - c.min_budget + 1
+    done = run_cli("run", *cli_options(**model, out=out, prompt_ids="1,2", steps=2, memory_budget=f"auto-{margin}"))
     errors = [line for line in done.stderr.splitlines() if line.startswith("colibri: error: ")]
     assert done.returncode != 0 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     assert (

@@ -165,13 +165,15 @@ def test_monitor_stops_on_ctrl_c_with_a_summary(board, watch, monkeypatch):
     assert elapsed < 2.0
 
 
-def test_monitor_reports_a_vanished_port_in_one_line(board, watch):
-    def unplug(b):
-        b.write(hello())
-        b.idle(0.2)
-        os.close(b.master)
-        b.master = os.open("/dev/null", os.O_RDONLY)
+def unplug(b):
+    """The board says hello, then its port vanishes (reads from then on fail)."""
+    b.write(hello())
+    b.idle(0.2)
+    os.close(b.master)
+    b.master = os.open("/dev/null", os.O_RDONLY)
 
+
+def test_monitor_reports_a_vanished_port_in_one_line(board, watch):
     start = time.monotonic()
     with pytest.raises(ColibriError) as info:
         watch(unplug, duration=5.0)
@@ -182,12 +184,6 @@ def test_monitor_reports_a_vanished_port_in_one_line(board, watch):
 
 
 def test_monitor_summary_comes_before_the_port_error(board, monkeypatch):
-    def unplug(b):
-        b.write(hello())
-        b.idle(0.2)
-        os.close(b.master)
-        b.master = os.open("/dev/null", os.O_RDONLY)
-
     out = io.StringIO()
     start_board_on_open(monkeypatch, board, unplug)
     with pytest.raises(ColibriError):

@@ -5,16 +5,14 @@ FIFO that drops what arrives while it is full (firmware_src/bsp/qemu-rv32/main.c
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
-import serial
 from conftest import DEFAULT_MODEL
+from emulated_uart import emulated_uart
 
 from generator.boards import load_board
 from generator.compile.build import prepare, run_scons
-from generator.device.links import start_emulator
 from generator.device.protocol import FrameReader
 from generator.device.runner import run_on_board
 from generator.device.serial_link import ACK_BYTES
@@ -52,18 +50,7 @@ def test_bytes_sent_while_the_board_cannot_read_are_lost_as_on_the_p4(slow_board
     when the hello came before the load), gets only what the FIFO held through: the board reads
     128 bytes, acknowledges them, and never sees the rest of the line."""
     board, plan, art = slow_board
-    qemu, port = start_emulator(board.runner, art.program, art.flash_image, stderr=subprocess.PIPE)
-    try:
-        link = serial.serial_for_url(f"socket://127.0.0.1:{port}", timeout=0.1, do_not_open=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                link.open()
-                break
-            except serial.SerialException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+    with emulated_uart(board, art) as link:
         link.write(request_frame(RunRequest(PROMPT, 8, stop_at_eos=False)))  # all at once, no hello yet
         reader = FrameReader()
         deadline = time.monotonic() + 90
@@ -72,11 +59,6 @@ def test_bytes_sent_while_the_board_cannot_read_are_lost_as_on_the_p4(slow_board
         quiet_until = time.monotonic() + 3  # then whatever else the board sends
         while time.monotonic() < quiet_until:
             reader.feed(link.read(4096))
-        link.close()
-    finally:
-        qemu.kill()
-        qemu.wait()
-        qemu.stderr.close()
     kinds = [f.kind for f in reader.frames]
     # The boot self-test's frame ([selftest] boot = true), then 128 bytes read and acknowledged, then nothing.
     assert kinds == ["hello", "selftest", "ack", "ack"], kinds

@@ -4,13 +4,12 @@ with a reason in an error frame, and a fuzz target keeps it honest."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import zlib
 
 import pytest
 from conftest import DEFAULT_MODEL, REPO
+from libfuzzer import build_fuzzer, run_fuzzer
 
 from generator.device.protocol import FrameReader, encode_frame, f32_bits
 from generator.device.runner import run_on_board
@@ -167,65 +166,36 @@ def test_the_argv_keeps_only_what_is_not_a_request(host_firmware):
     assert done.returncode == 2 and b"unknown option" in done.stderr
 
 
-def test_an_mcu_answers_a_bad_request_with_an_error_frame_instead_of_silence(builder, monkeypatch):
-    """qemu-rv32's serve loop used to drop a bad line and leave the host waiting for its timeout."""
+def run_on_qemu_rv32_sending(line: str, builder, monkeypatch) -> None:
+    """A run on qemu-rv32 whose request frame carries this line instead of the request's own."""
     from generator.device import serial_link
 
     board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64, "qemu-rv32")
-    monkeypatch.setattr(serial_link, "request_frame", lambda request, seq=0: frame(GOOD + " eos=5"))
+    monkeypatch.setattr(serial_link, "request_frame", lambda request, seq=0: frame(line))
+    request = RunRequest([1, 5, 9], 3)
+    run_on_board(board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image, timeout=60)
+
+
+def test_an_mcu_answers_a_bad_request_with_an_error_frame_instead_of_silence(builder, monkeypatch):
+    """qemu-rv32's serve loop used to drop a bad line and leave the host waiting for its timeout."""
     with pytest.raises(ColibriError, match="firmware reported error 100: eos must be 0 or 1"):
-        run_on_board(
-            board,
-            art.program,
-            art.weights,
-            RunRequest([1, 5, 9], 3),
-            art.model_hash(),
-            flash_image=art.flash_image,
-            timeout=60,
-        )
+        run_on_qemu_rv32_sending(GOOD + " eos=5", builder, monkeypatch)
 
 
 def test_an_mcu_refuses_threads_and_a_bandwidth_probe(builder, monkeypatch):
-    from generator.device import serial_link
-
-    board, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64, "qemu-rv32")
-    monkeypatch.setattr(serial_link, "request_frame", lambda request, seq=0: frame(GOOD + " threads=2"))
     with pytest.raises(ColibriError, match="this board runs one thread"):
-        run_on_board(
-            board,
-            art.program,
-            art.weights,
-            RunRequest([1, 5, 9], 3),
-            art.model_hash(),
-            flash_image=art.flash_image,
-            timeout=60,
-        )
+        run_on_qemu_rv32_sending(GOOD + " threads=2", builder, monkeypatch)
 
 
 def test_libfuzzer_finds_no_request_the_parser_mishandles(tmp_path):
-    clang = shutil.which("clang-14") or shutil.which("clang")
-    assert clang, "clang is installed by ./colibri test (tests/apt-packages.txt)"
-    fuzzer = tmp_path / "fuzz_request"
-    done = subprocess.run(
-        [
-            clang,
-            "-std=c11",
-            "-g",
-            "-O1",
-            "-fsanitize=fuzzer,address,undefined",
-            "-fno-sanitize-recover=all",
-            "-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION",
-            f"-I{APP}",
-            str(REPO / "tests" / "c" / "fuzz_request.c"),
-            str(APP / "request.c"),
-            str(RUNTIME / "checksum.c"),
-            "-o",
-            str(fuzzer),
-        ],
-        capture_output=True,
-        text=True,
+    fuzzer = build_fuzzer(
+        tmp_path / "fuzz_request",
+        "-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION",
+        f"-I{APP}",
+        REPO / "tests" / "c" / "fuzz_request.c",
+        APP / "request.c",
+        RUNTIME / "checksum.c",
     )
-    assert done.returncode == 0, done.stderr
     seeds, corpus = tmp_path / "seeds", tmp_path / "corpus"
     seeds.mkdir()
     corpus.mkdir()
@@ -237,25 +207,9 @@ def test_libfuzzer_finds_no_request_the_parser_mishandles(tmp_path):
         (seeds / f"bad{i}").write_bytes(frame(body))
     (seeds / "other-kind").write_bytes(encode_frame(0, "hello", {"proto": 1}))
     # Requests are short and the parser fast (hundreds of thousands of runs): a small ASan quarantine
-    # keeps the fuzzer's memory bounded. libFuzzer's RSS limit is off: Linux carries the peak RSS
-    # over exec, so the fuzzer would inherit the test process's (torch's) and stop at once; the
-    # per-allocation limit still catches a runaway allocation.
-    run = subprocess.run(
-        [
-            str(fuzzer),
-            str(corpus),
-            str(seeds),
-            "-max_total_time=15",
-            "-seed=1",
-            "-max_len=1024",
-            "-rss_limit_mb=0",
-            "-malloc_limit_mb=256",
-            f"-artifact_prefix={tmp_path}/",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=dict(os.environ, ASAN_OPTIONS="quarantine_size_mb=16"),
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    # keeps the fuzzer's memory bounded.
+    run = run_fuzzer(
+        fuzzer, corpus, seeds, tmp_path, "-max_total_time=15", "-max_len=1024",
+        malloc_limit_mb=256, timeout=180, asan_options="quarantine_size_mb=16",
+    )  # fmt: skip
     assert "Done" in run.stderr and not list(tmp_path.glob("crash-*"))

@@ -45,22 +45,21 @@ def digest(step: int) -> str:
     return f"{step * 2654435761 % 2**64:064x}"
 
 
+# What the fake board's hello frame says before its model.
+HELLO_FIELDS = {
+    "proto": 1,
+    "fw": "0.1.0",
+    "board": "fake-p4",
+    "arch": "llama",
+    "quant": "q8_0",
+    "ctx": 64,
+    "vocab": 512,
+    "kernels": "scalar",
+}
+
+
 def hello(seq: int = 0, model: str = MODEL) -> bytes:
-    return encode_frame(
-        seq,
-        "hello",
-        {
-            "proto": 1,
-            "fw": "0.1.0",
-            "board": "fake-p4",
-            "arch": "llama",
-            "quant": "q8_0",
-            "ctx": 64,
-            "vocab": 512,
-            "kernels": "scalar",
-            "model": model,
-        },
-    )
+    return encode_frame(seq, "hello", {**HELLO_FIELDS, "model": model})
 
 
 def token(seq: int, step: int) -> bytes:
@@ -266,21 +265,26 @@ def test_frames_of_an_earlier_run_before_the_hello_are_ignored(board):
     assert_clean(result)
 
 
-def test_timeouts_scale_with_the_tokens_asked_for(board):
-    """A board that takes 0.1 s per token: within the budget of 0.25 s per token it completes,
-    though the whole run takes longer than the boot timeout plus the silence timeout."""
-    steps = 10
+def paced_board(steps: int, seconds_per_token: float):
+    """A board that answers a request of `steps` tokens, one token frame every seconds_per_token."""
 
     def slow(b):
         b.write(hello())
         b.read_request()
         for frame in answer(steps):
             b.write(frame)
-            b.idle(0.1)
+            b.idle(seconds_per_token)
 
+    return slow
+
+
+def test_timeouts_scale_with_the_tokens_asked_for(board):
+    """A board that takes 0.1 s per token: within the budget of 0.25 s per token it completes,
+    though the whole run takes longer than the boot timeout plus the silence timeout."""
+    steps = 10
     request = RunRequest([1, 2, 3], steps)
     timeouts = Timeouts(boot=0.3, per_token=0.25, silence=0.3)
-    result, elapsed = run_link(board, slow, request, timeouts)
+    result, elapsed = run_link(board, paced_board(steps, 0.1), request, timeouts)
     assert_clean(result, steps)
     assert elapsed > timeouts.boot + timeouts.silence
     assert timeouts.total(request) == pytest.approx(0.3 + 0.25 * 13)
@@ -288,17 +292,9 @@ def test_timeouts_scale_with_the_tokens_asked_for(board):
 
 def test_the_whole_result_must_arrive_within_the_total_timeout(board):
     steps = 12
-
-    def slow(b):
-        b.write(hello())
-        b.read_request()
-        for frame in answer(steps):
-            b.write(frame)
-            b.idle(0.15)
-
     request = RunRequest([1, 2, 3], steps)
     timeouts = Timeouts(boot=0.5, per_token=0.05, silence=0.5)  # total 1.25 s; the board needs ~2 s
-    err, elapsed = run_link(board, slow, request, timeouts)
+    err, elapsed = run_link(board, paced_board(steps, 0.15), request, timeouts)
     assert isinstance(err, ColibriError)
     assert "no complete result within 1.25 s" in str(err) and f"of {steps} tokens received" in str(err)
     assert timeouts.total(request) <= elapsed <= timeouts.total(request) + SLACK

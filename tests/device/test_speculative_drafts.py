@@ -7,6 +7,7 @@ matches of that kind did before."""
 import subprocess
 
 import pytest
+from c_builds import gcc
 from conftest import REPO
 
 from generator.boards import load_board
@@ -16,12 +17,13 @@ APP = REPO / "firmware_src" / "app"
 
 @pytest.fixture(scope="module")
 def drafts(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("speculate") / "speculate_harness"
-    subprocess.run(
-        ["gcc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{APP}",
-         str(REPO / "tests" / "c" / "speculate_harness.c"), str(APP / "speculate.c"), "-o", str(exe)],
-        check=True,
-    )  # fmt: skip
+    exe = gcc(
+        tmp_path_factory.mktemp("speculate") / "speculate_harness",
+        f"-I{APP}",
+        REPO / "tests" / "c" / "speculate_harness.c",
+        APP / "speculate.c",
+        optimize="-O1",
+    )
 
     def draft(*contexts):
         args = [c if isinstance(c, str) else ",".join(map(str, c)) for c in contexts]

@@ -240,14 +240,20 @@ def test_the_host_says_a_failing_expert_read_in_one_line(moe, faulty_fs):
     ), message
 
 
+def image_copy(moe, tmp_path, budgeted: bool):
+    """The build, its budget (0 when not budgeted: the image read through the mapping) and a copy of
+    its weight image for the test to damage."""
+    board, art, plan, budget = moe
+    image = tmp_path / "image.bin"
+    shutil.copyfile(art.weights, image)
+    return art, budget if budgeted else 0, image
+
+
 @pytest.mark.parametrize("budgeted", [True, False], ids=["budget", "mapped"])
 def test_the_file_truncated_mid_request_ends_in_one_error_never_sigbus(moe, tmp_path, budgeted):
     # The firmware's stdout pipe is made small and left unread, so the firmware blocks writing a
     # token frame in the middle of a request; the file is cut there; then the rest is read.
-    board, art, plan, budget = moe
-    budget = budget if budgeted else 0
-    image = tmp_path / "image.bin"
-    shutil.copyfile(art.weights, image)
+    art, budget, image = image_copy(moe, tmp_path, budgeted)
     data_offset = read_header(art.weights.read_bytes()).data_offset
     fw = Firmware(art.program, image, budget, pipe_bytes=4096)
     fw.ask(PROMPT, 2)
@@ -285,10 +291,7 @@ def test_the_file_truncated_mid_request_ends_in_one_error_never_sigbus(moe, tmp_
 
 @pytest.mark.parametrize("budgeted", [True, False], ids=["budget", "mapped"])
 def test_the_file_rewritten_in_place_is_refused_at_the_next_request(moe, tmp_path, budgeted):
-    board, art, plan, budget = moe
-    budget = budget if budgeted else 0
-    image = tmp_path / "image.bin"
-    shutil.copyfile(art.weights, image)
+    art, budget, image = image_copy(moe, tmp_path, budgeted)
     fw = Firmware(art.program, image, budget)
     fw.ask(PROMPT, STEPS)
     blob = art.weights.read_bytes()

@@ -10,6 +10,7 @@ import struct
 
 import numpy as np
 import pytest
+from cli_runs import build_refused
 
 from generator.model.gguf.load import load_gguf
 from generator.model.load import load_model
@@ -89,7 +90,6 @@ def test_firmware_from_the_q8_0_gguf_keeps_its_blocks_and_decodes_the_reference_
 
 
 # llama.cpp's gemma4 keys, damaged: one line each, nothing built.
-U32 = 4  # GGUF value type UINT32
 HOSTILE_KEYS = {
     "every layer sharing keys and values": (
         "gemma4.attention.shared_kv_layers",
@@ -119,23 +119,12 @@ HOSTILE_KEYS = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_KEYS))
 def test_damaged_gemma4_keys_are_refused_in_one_line(case, gemma4_peer, tmp_path, capsys):
-    from gguf_files import kv, raw_gguf
-
-    from generator.cli import main
+    from gguf_files import with_u32_key
 
     key, value, message = HOSTILE_KEYS[case]
-    raw = raw_gguf(gemma4_peer["gemma4_text"][1]["f32"])
-    kept = [e for e in raw.kvs if e[8 : 8 + struct.unpack_from("<Q", e)[0]].decode() != key]
-    raw.kvs = kept + ([] if value is None else [kv(key, U32, struct.pack("<I", value))])
-    path = tmp_path / "damaged.gguf"
-    path.write_bytes(raw.encode())
-    out = tmp_path / "out"
-    capsys.readouterr()
-    assert main(["build", "--model", str(path), "--out", str(out)]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("colibri: error: damaged.gguf: "), lines
-    assert message in lines[0]
-    assert not out.exists()
+    path = with_u32_key(gemma4_peer["gemma4_text"][1]["f32"], key, value, tmp_path / "damaged.gguf")
+    line = build_refused(capsys, path, tmp_path / "out")
+    assert line.startswith("colibri: error: damaged.gguf: ") and message in line, line
 
 
 def test_a_rope_freqs_tensor_that_is_not_proportional_is_refused(gemma4_peer, tmp_path, capsys):

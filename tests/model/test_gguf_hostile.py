@@ -9,6 +9,7 @@ import struct
 
 import numpy as np
 import pytest
+from cli_runs import cli_build_refused
 from conftest import run_cli
 from gguf_files import RawGguf, gguf_string, hf_to_gguf, kv, raw_gguf
 
@@ -394,12 +395,8 @@ def refused_at_import(damage, message, good, tmp_path):
     path = tmp_path / "broken.gguf"
     path.write_bytes(damage(raw_gguf(good)))
     out = tmp_path / "out"
-    done = run_cli("build", "--model", path, "--out", out)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("colibri: error: broken.gguf: "), done.stderr
-    assert message in lines[0], lines[0]
-    assert "Traceback" not in done.stderr and not out.exists()
+    line = cli_build_refused(path, out)
+    assert line.startswith("colibri: error: broken.gguf: ") and message in line, line
 
 
 @pytest.mark.parametrize("case", sorted(MOE_CASES))
@@ -413,12 +410,8 @@ def test_broken_gguf_is_refused_in_one_line(case, good_gguf, tmp_path):
     path = tmp_path / "broken.gguf"
     path.write_bytes(damage(raw_gguf(good_gguf)))
     out = tmp_path / "out"
-    done = run_cli("build", "--model", path, "--out", out)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("colibri: error: broken.gguf: "), done.stderr
-    assert message in lines[0]
-    assert "Traceback" not in done.stderr and not out.exists()
+    line = cli_build_refused(path, out)
+    assert line.startswith("colibri: error: broken.gguf: ") and message in line, line
 
 
 @pytest.mark.slow  # llama.cpp's converter writes the file (~10 s), each broken copy built
@@ -428,12 +421,8 @@ def test_broken_gpt_oss_gguf_is_refused_in_one_line(case, gpt_oss_peer, tmp_path
     path = tmp_path / "broken.gguf"
     path.write_bytes(damage(raw_gguf(gpt_oss_peer[1]["f32"])))
     out = tmp_path / "out"
-    done = run_cli("build", "--model", path, "--out", out)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("colibri: error: broken.gguf: "), done.stderr
-    assert message in lines[0], lines[0]
-    assert "Traceback" not in done.stderr and not out.exists()
+    line = cli_build_refused(path, out)
+    assert line.startswith("colibri: error: broken.gguf: ") and message in line, line
 
 
 @pytest.mark.slow

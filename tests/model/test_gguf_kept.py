@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from cli_runs import verify_passes
 from conftest import run_cli
 from gguf_files import hf_to_gguf
 
@@ -88,32 +89,10 @@ def test_the_files_blocks_are_kept_value_for_value(gguf_file, tmp_path, tensor_t
 @pytest.mark.parametrize("kind", ["llama", "mixtral"])
 def test_kept_q4_1_blocks_decode_as_the_reference_on_every_board(gguf_file, tmp_path, kind, board):
     path = gguf_file(kind, "Q4_1")
-    done = run_cli(
-        "verify",
-        "--board",
-        board,
-        "--model",
-        path,
-        "--quant",
-        "gguf",
-        "--ctx",
-        "64",
-        "--prompt-ids",
-        "1,5,9,30",
-        "--steps",
-        "6",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "3",
-        "--ignore-eos",
-        "--json",
-        "--out",
-        tmp_path / "out",
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["pass"]
+    verify_passes(
+        tmp_path / "out", timeout=900, board=board, model=path, quant="gguf", ctx=64, prompt_ids="1,5,9,30", steps=6,
+        temperature=0.8, seed=3, ignore_eos=True,
+    )  # fmt: skip
 
 
 def test_other_block_types_are_quantized_again_and_the_build_says_by_how_much(gguf_file, tmp_path):

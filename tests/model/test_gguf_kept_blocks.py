@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from cli_runs import verify_passes
 from conftest import run_cli
 from gguf_files import hf_to_gguf
 
@@ -124,62 +125,20 @@ def test_report_names_each_type(mixed_gguf, tmp_path):
 
 @pytest.mark.parametrize("board", ["host", "linux-aarch64", "qemu-rv32"])
 def test_kept_blocks_decode_as_the_reference_on_every_board(mixed_gguf, tmp_path, board):
-    done = run_cli(
-        "verify",
-        "--board",
-        board,
-        "--model",
-        mixed_gguf,
-        "--quant",
-        "gguf",
-        "--ctx",
-        "64",
-        "--prompt-ids",
-        "1,5,9,30",
-        "--steps",
-        "6",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "3",
-        "--ignore-eos",
-        "--json",
-        "--out",
-        tmp_path / "out",
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["pass"]
+    verify_passes(
+        tmp_path / "out", timeout=900, board=board, model=mixed_gguf, quant="gguf", ctx=64, prompt_ids="1,5,9,30",
+        steps=6, temperature=0.8, seed=3, ignore_eos=True,
+    )  # fmt: skip
 
 
 def test_kept_blocks_decode_as_the_reference_on_aarch64_without_sdot(mixed_gguf, tmp_path, monkeypatch):
     """linux-aarch64 on a core without the dot-product extension (qemu-aarch64 -cpu cortex-a72, as
     a Raspberry Pi 4): the arm_neon set's plain NEON path, rows split over three threads."""
     monkeypatch.setenv("QEMU_CPU", "cortex-a72")
-    done = run_cli(
-        "verify",
-        "--board",
-        "linux-aarch64",
-        "--model",
-        mixed_gguf,
-        "--quant",
-        "gguf",
-        "--ctx",
-        "64",
-        "--prompt-ids",
-        "1,5,9,30",
-        "--steps",
-        "6",
-        "--threads",
-        "3",
-        "--ignore-eos",
-        "--json",
-        "--out",
-        tmp_path / "out",
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["pass"]
+    verify_passes(
+        tmp_path / "out", timeout=900, board="linux-aarch64", model=mixed_gguf, quant="gguf", ctx=64,
+        prompt_ids="1,5,9,30", steps=6, threads=3, ignore_eos=True,
+    )  # fmt: skip
 
 
 def test_kept_expert_blocks_read_into_the_cache_slots_decode_the_same_bits(builder, moe_gguf):

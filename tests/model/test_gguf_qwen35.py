@@ -9,6 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from cli_runs import build_refused
 from gguf_files import qwen35_hf_to_gguf
 
 from generator.model.load import load_model
@@ -27,14 +28,19 @@ def qwen35_gguf(checkpoints, tmp_path_factory):
     return model, {t: qwen35_hf_to_gguf(model, root / f"qwen35-{t}.gguf", t) for t in ("F32", "Q8_0")}
 
 
-def test_gguf_imports_to_the_same_spec_and_tensors_as_the_safetensors(qwen35_gguf):
-    model, files = qwen35_gguf
-    hf, gguf = load_model(model), load_model(files["F32"])
-    assert dataclasses.replace(gguf.spec, name=hf.spec.name) == hf.spec
+def assert_same_tensors(hf, gguf):
+    """The same tensors, in the same order, each the same bits."""
     assert list(gguf.tensors) == list(hf.tensors)
     for name in hf.tensors:
         a, b = hf.tensors[name].load(), gguf.tensors[name].load()
         assert a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32)), name
+
+
+def test_gguf_imports_to_the_same_spec_and_tensors_as_the_safetensors(qwen35_gguf):
+    model, files = qwen35_gguf
+    hf, gguf = load_model(model), load_model(files["F32"])
+    assert dataclasses.replace(gguf.spec, name=hf.spec.name) == hf.spec
+    assert_same_tensors(hf, gguf)
 
 
 def test_firmware_from_the_q8_0_gguf_keeps_its_blocks_and_decodes_the_reference_bits(qwen35_gguf, builder):
@@ -69,10 +75,7 @@ def test_llama_cpps_converter_output_imports_to_the_same_spec_and_tensors(qwen35
     # The file's end-of-sequence ids are the tokenizer's too (the converter adds <|endoftext|>).
     assert gguf.spec.eos_token_ids == (2, 512)
     assert dataclasses.replace(gguf.spec, name=hf.spec.name, eos_token_ids=hf.spec.eos_token_ids) == hf.spec
-    assert list(gguf.tensors) == list(hf.tensors)
-    for name in hf.tensors:
-        a, b = hf.tensors[name].load(), gguf.tensors[name].load()
-        assert a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32)), name
+    assert_same_tensors(hf, gguf)
 
 
 def test_llama_cpps_q8_0_file_keeps_its_blocks_and_decodes_the_reference_bits(qwen35_peer, builder):
@@ -85,7 +88,6 @@ def test_llama_cpps_q8_0_file_keeps_its_blocks_and_decodes_the_reference_bits(qw
 
 
 # llama.cpp's qwen35moe keys, damaged: one line each, nothing built.
-U32 = 4  # GGUF value type UINT32
 HOSTILE_KEYS = {
     "no ssm.group_count": ("qwen35moe.ssm.group_count", None, "missing metadata 'qwen35moe.ssm.group_count'"),
     "zero key groups": ("qwen35moe.ssm.group_count", 0, "'qwen35moe.ssm.group_count' must be at least 1, got 0"),
@@ -107,22 +109,9 @@ HOSTILE_KEYS = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_KEYS))
 def test_damaged_qwen35moe_keys_are_refused_in_one_line(case, qwen35_gguf, tmp_path, capsys):
-    import struct
-
-    from gguf_files import kv, raw_gguf
-
-    from generator.cli import main
+    from gguf_files import with_u32_key
 
     key, value, message = HOSTILE_KEYS[case]
-    raw = raw_gguf(qwen35_gguf[1]["F32"])
-    kept = [e for e in raw.kvs if e[8 : 8 + struct.unpack_from("<Q", e)[0]].decode() != key]
-    raw.kvs = kept + ([] if value is None else [kv(key, U32, struct.pack("<I", value))])
-    path = tmp_path / "damaged.gguf"
-    path.write_bytes(raw.encode())
-    out = tmp_path / "out"
-    capsys.readouterr()
-    assert main(["build", "--model", str(path), "--out", str(out)]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("colibri: error: damaged.gguf: "), lines
-    assert message in lines[0]
-    assert not out.exists()
+    path = with_u32_key(qwen35_gguf[1]["F32"], key, value, tmp_path / "damaged.gguf")
+    line = build_refused(capsys, path, tmp_path / "out")
+    assert line.startswith("colibri: error: damaged.gguf: ") and message in line, line

@@ -7,6 +7,7 @@ import struct
 
 import numpy as np
 import pytest
+from cli_runs import build_refused, cli_build_refused
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow  # each damaged checkpoint through the CLI
@@ -149,12 +150,8 @@ def test_broken_model_is_refused_in_one_line(case, model, tmp_path):
     damage, message = CASES[case]
     damage(model)
     out = tmp_path / "out"
-    done = run_cli("build", "--model", model, "--out", out)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("colibri: error: "), done.stderr
-    assert message in lines[0]
-    assert "Traceback" not in done.stderr and not out.exists()
+    line = cli_build_refused(model, out)
+    assert message in line, line
 
 
 def yarn(**change):
@@ -210,12 +207,8 @@ def test_broken_gpt_oss_config_is_refused_in_one_line(case, checkpoints, tmp_pat
     damage, message = GPT_OSS_CASES[case]
     damage(model)
     out = tmp_path / "out"
-    done = run_cli("build", "--model", model, "--out", out)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("colibri: error: "), done.stderr
-    assert message in lines[0], lines[0]
-    assert "Traceback" not in done.stderr and not out.exists()
+    line = cli_build_refused(model, out)
+    assert message in line, line
 
 
 def test_nan_in_weights_is_refused_without_output(model, tmp_path):
@@ -326,19 +319,12 @@ QWEN35_CASES = {
 
 @pytest.mark.parametrize("case", sorted(QWEN35_CASES))
 def test_broken_qwen35_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
-    from generator.cli import main
 
     model = tmp_path / "model"
     shutil.copytree(checkpoints("qwen3_5_moe"), model)
     change, message = QWEN35_CASES[case]
     edit_config(lambda c: c.update(change))(model)
-    out = tmp_path / "out"
-    capsys.readouterr()
-    assert main(["build", "--model", str(model), "--out", str(out)]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("colibri: error: "), lines
-    assert message in lines[0]
-    assert not out.exists()
+    assert message in build_refused(capsys, model, tmp_path / "out")
 
 
 # Gemma 4's config keys (tests/models.py "gemma4_moe": sliding and full_attention layers alternating,
@@ -448,16 +434,10 @@ GEMMA4_CASES = {
 
 @pytest.mark.parametrize("case", sorted(GEMMA4_CASES))
 def test_broken_gemma4_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
-    from generator.cli import main
 
     kind, change, message = GEMMA4_CASES[case]
     model = tmp_path / "model"
     shutil.copytree(checkpoints(kind), model)
     edit_config(lambda c: c.update(change))(model)
-    out = tmp_path / "out"
-    capsys.readouterr()
-    assert main(["build", "--model", str(model), "--out", str(out)]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("colibri: error: "), lines
-    assert message in lines[0], lines[0]
-    assert not out.exists()
+    line = build_refused(capsys, model, tmp_path / "out")
+    assert message in line, line

@@ -7,13 +7,10 @@ must decode like any other."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 from conftest import REPO
+from libfuzzer import build_fuzzer, run_fuzzer
 
 from generator.boards import kernel_set_sources
 
@@ -55,54 +52,24 @@ def seeds(into) -> None:
 
 
 def test_libfuzzer_finds_no_block_the_decoders_mishandle(tmp_path):
-    clang = shutil.which("clang-14") or shutil.which("clang")
-    assert clang, "clang is installed by ./colibri test (tests/apt-packages.txt)"
-    fuzzer = tmp_path / "fuzz_blocks"
-    done = subprocess.run(
-        [
-            clang,
-            "-std=c11",
-            "-g",
-            "-O1",
-            "-fsanitize=fuzzer,address,undefined",
-            "-fno-sanitize-recover=all",
-            "-ffp-contract=off",
-            "-fno-math-errno",
-            "-include",
-            str(C_TESTS / "fuzz_cpu_features.h"),
-            f"-I{RUNTIME}",
-            str(C_TESTS / "fuzz_blocks.c"),
-            str(RUNTIME / "ops.c"),
-            *map(str, kernel_set_sources("scalar") + kernel_set_sources("x86_avx2")),
-            "-lm",
-            "-o",
-            str(fuzzer),
-        ],
-        capture_output=True,
-        text=True,
+    fuzzer = build_fuzzer(
+        tmp_path / "fuzz_blocks",
+        "-ffp-contract=off",
+        "-fno-math-errno",
+        "-include",
+        C_TESTS / "fuzz_cpu_features.h",
+        f"-I{RUNTIME}",
+        C_TESTS / "fuzz_blocks.c",
+        RUNTIME / "ops.c",
+        *kernel_set_sources("scalar"),
+        *kernel_set_sources("x86_avx2"),
+        "-lm",
     )
-    assert done.returncode == 0, done.stderr
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     seeds(tmp_path / "seeds")
-    # libFuzzer's RSS limit is off: Linux carries the peak RSS over exec, so the fuzzer would inherit
-    # the test process's and stop at once; the per-allocation limit still catches a runaway one.
-    run = subprocess.run(
-        [
-            str(fuzzer),
-            str(corpus),
-            str(tmp_path / "seeds"),
-            f"-runs={RUNS}",
-            "-seed=1",
-            "-max_len=4096",
-            "-rss_limit_mb=0",
-            "-malloc_limit_mb=64",
-            f"-artifact_prefix={tmp_path}/",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, ASAN_OPTIONS="quarantine_size_mb=16"),
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = run_fuzzer(
+        fuzzer, corpus, tmp_path / "seeds", tmp_path, f"-runs={RUNS}", "-max_len=4096",
+        malloc_limit_mb=64, timeout=300, asan_options="quarantine_size_mb=16",
+    )  # fmt: skip
     assert f"Done {RUNS} runs" in run.stderr and not list(tmp_path.glob("crash-*"))

@@ -12,17 +12,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_cli
+from cli_runs import assert_decodes_as_the_reference, run_prompt, verify_passes
 
 from generator.boards import load_board
 from generator.compile.cache_plan import cache_plan
 from generator.compile.plan import make_plan
-from generator.device.runner import run_on_board
-from generator.device.session import RunRequest, cache_stats
+from generator.device.session import cache_stats
 from generator.model.hf.load import load_hf
 from generator.numerics.sampling import SamplingParams
 from generator.report import format_report, planned_report
-from generator.verify import compare, reference_run
+from generator.verify import reference_run
 
 PROMPT = [1, 17, 42, 99, 7, 3, 250, 64]  # longer than the sliding window (4)
 STEPS = 12
@@ -117,17 +116,11 @@ def test_the_moe_block_keeps_the_dense_ffn_beside_the_experts(checkpoints):
 
 
 def run(board, art, sampling=SamplingParams(), threads=1, budget=0, steps=STEPS):
-    request = RunRequest(PROMPT, steps, sampling, stop_at_eos=False, threads=threads, memory_budget=budget)
-    return request, run_on_board(
-        board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image
-    )
+    return run_prompt(board, art, PROMPT, steps, sampling, threads, budget)
 
 
 def assert_verified(plan, art, request, result, ref=None):
-    ref = ref or reference_run(plan, art.weights, request)
-    assert compare(result, ref).passed
-    assert result.tokens == ref.tokens and result.digests == ref.digests
-    assert result.expert_counts == ref.expert_counts
+    assert_decodes_as_the_reference(plan, art, request, result, ref)
     assert len(result.tokens) == request.steps
 
 
@@ -182,31 +175,10 @@ def test_under_a_budget_the_per_layer_table_is_read_in_place_with_the_same_bits(
 
 @pytest.mark.slow  # the verify command builds and runs the firmware (about 10 s)
 def test_verify_passes_with_q4_0_sampled_on_two_threads(checkpoints, tmp_path):
-    done = run_cli(
-        "verify",
-        "--model",
-        checkpoints("gemma4_moe"),
-        "--quant",
-        "q4_0",
-        "--ctx",
-        "64",
-        "--prompt-ids",
-        ",".join(map(str, PROMPT)),
-        "--steps",
-        "12",
-        "--threads",
-        "2",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "3",
-        "--ignore-eos",
-        "--json",
-        "--out",
-        tmp_path / "out",
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["pass"]
+    verify_passes(
+        tmp_path / "out", model=checkpoints("gemma4_moe"), quant="q4_0", ctx=64, prompt_ids=",".join(map(str, PROMPT)),
+        steps=12, threads=2, temperature=0.8, seed=3, ignore_eos=True,
+    )  # fmt: skip
 
 
 @pytest.mark.slow  # runs under qemu-aarch64 and qemu-system-riscv32
@@ -230,20 +202,15 @@ def test_emulated_boards_decode_the_reference_bits(kind, quant, board, checkpoin
 @pytest.mark.slow  # transformers runs the multimodal model; one f32 firmware build
 def test_text_tower_of_a_gemma4_multimodal_checkpoint_matches_transformers(builder, tmp_path_factory):
     import numpy as np
-    import torch
     from transformers import Gemma4ForConditionalGeneration
 
-    from models import make_gemma4_multimodal
+    from models import make_gemma4_multimodal, transformers_logits
 
     model_dir = make_gemma4_multimodal(tmp_path_factory.mktemp("gemma4mm") / "model")
     logits_file = tmp_path_factory.mktemp("gemma4mm-logits") / "logits.f32"
     art, plan, request, result = builder.run(model_dir, PROMPT, 10, quant="f32", logits_out=logits_file)
     assert plan.spec.architecture == "Gemma4ForConditionalGeneration" and plan.spec.ple_dim == 32
     fw = np.fromfile(logits_file, dtype="<f4").reshape(10, plan.spec.vocab_size)
-    hf_model = Gemma4ForConditionalGeneration.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    with torch.no_grad():
-        hf = hf_model(input_ids=torch.tensor([PROMPT + result.tokens[:-1]])).logits[0, len(PROMPT) - 1 :].numpy()
+    hf = transformers_logits(Gemma4ForConditionalGeneration, model_dir, PROMPT, result.tokens)
     assert np.abs(fw - hf).max() <= 1e-4 * np.abs(hf).max()
     assert list(np.argmax(hf, axis=1)) == result.tokens

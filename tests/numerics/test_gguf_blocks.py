@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import f32_bytes, run_harness
 from gguf.quants import dequantize
+from test_numerics import assert_same_bits
 
 from generator.numerics import blocks
 from generator.numerics.quantize import quantize_q8_0
@@ -51,13 +52,6 @@ def random_blocks(dtype: str, n: int, edges: bool = True, spread: float = 1.0) -
 
     set_scales(dtype, raw, pick)
     return raw
-
-
-def assert_same_bits(a, b):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    assert a.shape == b.shape
-    bad = np.nonzero(a.view(np.uint32) != b.view(np.uint32))[0]
-    assert bad.size == 0, f"first mismatch at {bad[0]}: {a.flat[bad[0]]!r} vs {b.flat[bad[0]]!r}"
 
 
 @pytest.mark.parametrize("dtype", TYPES)
@@ -146,16 +140,23 @@ def test_c_products_are_the_references(harness, dtype):
             assert_same_bits(got, want)
 
 
-@pytest.mark.parametrize("dtype", TYPES)
-def test_c_batched_products_give_each_token_the_matvec_bits(harness, dtype):
-    rows, cols, tokens = 5, shapes(dtype)[1][1], 3
-    w = row_blocks(dtype, rows, cols)
-    xq, xd = activations(cols, tokens)
+def check_batched(harness, dtype, w, rows, cols, xq, xd):
+    """The harness's batched product of rows x cols blocks w: each token's rows are the reference
+    matvec's bits."""
+    tokens = xq.shape[0]
     payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
     got = np.frombuffer(run_harness(harness, ["blocks_matmul", dtype, tokens, rows, cols], payload), "<f4")
     got = got.reshape(tokens, rows)
     for t in range(tokens):
         assert_same_bits(got[t], blocks.matvec(dtype, w, cols, xq[t], xd[t]))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_c_batched_products_give_each_token_the_matvec_bits(harness, dtype):
+    rows, cols, tokens = 5, shapes(dtype)[1][1], 3
+    w = row_blocks(dtype, rows, cols)
+    xq, xd = activations(cols, tokens)
+    check_batched(harness, dtype, w, rows, cols, xq, xd)
 
 
 @pytest.mark.parametrize("dtype", TYPES)
@@ -286,11 +287,7 @@ def test_c_batched_products_of_many_rows(harness, dtype):
     tokens = 3
     w = row_blocks(dtype, rows, cols)
     xq, xd = activations(cols, tokens)
-    payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
-    got = np.frombuffer(run_harness(harness, ["blocks_matmul", dtype, tokens, rows, cols], payload), "<f4")
-    got = got.reshape(tokens, rows)
-    for t in range(tokens):
-        assert_same_bits(got[t], blocks.matvec(dtype, w, cols, xq[t], xd[t]))
+    check_batched(harness, dtype, w, rows, cols, xq, xd)
 
 
 def stress_shapes(dtype: str):
@@ -357,8 +354,4 @@ def test_c_batched_products_over_many_tokens_and_rows(harness, dtype):
     w = edge_blocks(dtype, rows, cols)
     for tokens in (1, 2, 8, 9, 17):
         xq, xd = activations(cols, tokens)
-        payload = w.tobytes() + xq.tobytes() + f32_bytes(xd)
-        got = np.frombuffer(run_harness(harness, ["blocks_matmul", dtype, tokens, rows, cols], payload), "<f4")
-        got = got.reshape(tokens, rows)
-        for t in range(tokens):
-            assert_same_bits(got[t], blocks.matvec(dtype, w, cols, xq[t], xd[t]))
+        check_batched(harness, dtype, w, rows, cols, xq, xd)

@@ -78,21 +78,16 @@ def test_sharded_bfloat16_checkpoint_imports_and_matches_transformers(checkpoint
 
 
 def test_text_tower_of_a_gemma3_multimodal_checkpoint_matches_transformers(builder, tmp_path_factory):
-    import torch
     from transformers import Gemma3ForConditionalGeneration
 
-    from models import make_gemma3_multimodal
+    from models import make_gemma3_multimodal, transformers_logits
 
     model_dir = make_gemma3_multimodal(tmp_path_factory.mktemp("gemma3mm") / "model")
     logits_file = tmp_path_factory.mktemp("gemma3mm-logits") / "logits.f32"
     art, plan, request, result = builder.run(model_dir, PROMPT, 12, quant="f32", logits_out=logits_file)
     assert plan.spec.architecture == "Gemma3ForConditionalGeneration" and plan.spec.post_norms
     fw = np.fromfile(logits_file, dtype="<f4").reshape(12, plan.spec.vocab_size)
-    hf_model = Gemma3ForConditionalGeneration.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    with torch.no_grad():
-        hf = hf_model(input_ids=torch.tensor([PROMPT + result.tokens[:-1]])).logits[0, len(PROMPT) - 1 :].numpy()
+    hf = transformers_logits(Gemma3ForConditionalGeneration, model_dir, PROMPT, result.tokens)
     assert np.abs(fw - hf).max() <= 1e-4 * np.abs(hf).max()
 
 

@@ -6,10 +6,8 @@ the emulated boards. tests/numerics/test_oracle.py checks the f32 firmware again
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from conftest import run_cli
+from cli_runs import verify_passes
 
 from generator.boards import load_board
 from generator.compile.cache_plan import cache_plan
@@ -106,31 +104,10 @@ def test_the_expert_cache_decodes_the_same_bits_as_unlimited(checkpoints, builde
 
 @pytest.mark.slow  # the verify command builds and runs the firmware (about 10 s)
 def test_verify_passes_with_q4_0_on_two_threads(checkpoints, tmp_path):
-    done = run_cli(
-        "verify",
-        "--model",
-        checkpoints(KIND),
-        "--quant",
-        "q4_0",
-        "--ctx",
-        "64",
-        "--prompt-ids",
-        ",".join(map(str, PROMPT)),
-        "--steps",
-        "12",
-        "--threads",
-        "2",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "3",
-        "--ignore-eos",
-        "--json",
-        "--out",
-        tmp_path / "out",
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["pass"]
+    verify_passes(
+        tmp_path / "out", model=checkpoints(KIND), quant="q4_0", ctx=64, prompt_ids=",".join(map(str, PROMPT)),
+        steps=12, threads=2, temperature=0.8, seed=3, ignore_eos=True,
+    )  # fmt: skip
 
 
 @pytest.mark.slow  # runs under qemu-aarch64 and qemu-system-riscv32

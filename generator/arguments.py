@@ -177,6 +177,15 @@ def add_jobs_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="the build cache: compiled objects kept by their inputs, so the same firmware is never "
+        "compiled twice (default $COLIBRI_CACHE_DIR, else ~/.cache/colibri/build-cache; off: none)",
+    )
+
+
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",

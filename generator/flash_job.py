@@ -64,7 +64,7 @@ def flash(
         check_part(board, only)  # a board whose weights are in its app has no --app-only: said before building
     port = board_port(options, board)
     assert port is not None and board.flash is not None  # a flashed board is on a serial port
-    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
+    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs, cache_dir=options.cache_dir)
     images, skipped = select_images(board, flash_plan(board, art.out_dir), only)
     for left in skipped:
         progress(f"--{only}-only: leaving {left} as it is on the board")
@@ -135,7 +135,7 @@ def flash_fleet(
     assert board.flash is not None  # a flashed board has a [flash] section
     if only is not None:
         check_part(board, only)  # a board whose weights are in its app has no --app-only: said before building
-    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
+    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs, cache_dir=options.cache_dir)
     images, skipped = select_images(board, flash_plan(board, art.out_dir), only)
     if skipped:
         progress(f"--{only}-only: leaving {', '.join(skipped)} as it is on every board")
@@ -191,7 +191,7 @@ def ota(
     if board.idf is None or not board.idf.ota_slots:
         raise ColibriError(f"board {board.name} has no A/B app slots: ota updates ESP-IDF boards such as esp32p4-idf")
     port = None if file is not None else board_port(options, board)
-    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs)
+    art = compile_build(planned, quiet=options.quiet, jobs=options.jobs, cache_dir=options.cache_dir)
     flash_plan(board, art.out_dir)  # the idf.py build exists and matches the partition table
     app = art.out_dir / board.idf.images["app"].file
     if file is not None:

@@ -63,6 +63,7 @@ class JobOptions:
     kv_type: str | None = None  # None: the board's KV cache type
     out: Path | None = None
     jobs: int | None = None  # weight quantization workers
+    cache_dir: str | None = None  # the build cache (--cache-dir): None the default one, "off" none
     quiet: bool = False  # no progress (the CLI's --json)
     prompt: str | None = None
     prompt_file: Path | None = None  # "-": standard input
@@ -352,7 +353,12 @@ def built_firmware(planned: Planned, art: Artifacts) -> Built:
 def build(prepared: Prepared[Any], quiet: bool | None = None) -> Built:
     """Compile what `prepared` planned (quiet: no progress; default: the options')."""
     options = prepared.options
-    art = compile_build(prepared.planned, quiet=options.quiet if quiet is None else quiet, jobs=options.jobs)
+    art = compile_build(
+        prepared.planned,
+        quiet=options.quiet if quiet is None else quiet,
+        jobs=options.jobs,
+        cache_dir=options.cache_dir,
+    )
     return built_firmware(prepared.planned, art)
 
 
@@ -718,7 +724,9 @@ def report(options: JobOptions) -> MemoryReport:
             # It would be refused before compiling: show where the bytes would go, then say so.
             rep = planned_report(board, plan)
         else:
-            art = compile_build(Planned(board, request, plan), quiet=options.quiet, jobs=options.jobs)
+            art = compile_build(
+                Planned(board, request, plan), quiet=options.quiet, jobs=options.jobs, cache_dir=options.cache_dir
+            )
             if art.program.exists():
                 rep = linked_report(board, plan, read_elf(art.program))
             else:  # an ESP-IDF project that idf.py has not built here

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import job
-from ..arguments import add_budget_arg, add_jobs_arg, add_target_args
+from ..arguments import add_budget_arg, add_cache_arg, add_jobs_arg, add_target_args
 from ..boards import Board, available_boards, load_board
 from ..compile.build import build_dirs, remove_builds
+from ..compile.build_cache import empty_cache, resolve_cache_dir
 from ..documents import JsonDocument, json_field
 from ..errors import ColibriError
 from ..job import compile_build, plan_build
@@ -21,6 +22,7 @@ from .common import Command, add_json_arg, job_options, print_json
 def add_build_arguments(p: argparse.ArgumentParser) -> None:
     add_target_args(p)
     add_jobs_arg(p)
+    add_cache_arg(p)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class BuildSummary(JsonDocument):
 
 def build(args: argparse.Namespace) -> int:
     planned = plan_build(job_options(args))
-    art = compile_build(planned, quiet=False, jobs=args.jobs)
+    art = compile_build(planned, quiet=False, jobs=args.jobs, cache_dir=args.cache_dir)
     board, plan = planned.board, planned.plan
     idf = board.idf
     built = BuildSummary(
@@ -74,6 +76,7 @@ def build(args: argparse.Namespace) -> int:
 def add_report_arguments(p: argparse.ArgumentParser) -> None:
     add_target_args(p)
     add_jobs_arg(p)
+    add_cache_arg(p)
     add_budget_arg(p)
 
 
@@ -92,6 +95,8 @@ def add_clean_arguments(p: argparse.ArgumentParser) -> None:
     # Own dests: a colibri.toml's board and model are defaults for building, not what to delete.
     p.add_argument("--board", dest="only_board", metavar="BOARD", help="only this board's builds")
     p.add_argument("--model", dest="only_model", type=Path, metavar="DIR", help="only this model's builds")
+    p.add_argument("--cache", action="store_true", help="empty the build cache too (see --cache-dir)")
+    add_cache_arg(p)
     add_json_arg(p)
 
 
@@ -101,6 +106,8 @@ class Cleaned(JsonDocument):
 
     removed: list[str]
     bytes: int
+    cache: str | None = json_field(default=None, omit_none=True)  # with --cache: the cache emptied
+    cache_bytes: int | None = json_field(default=None, omit_none=True)
 
 
 def clean(args: argparse.Namespace) -> int:
@@ -116,19 +123,29 @@ def clean(args: argparse.Namespace) -> int:
         )
         if part
     )
+    cache, cache_freed = None, None
+    if args.cache:
+        cache = resolve_cache_dir(args.cache_dir)
+        cache_freed = empty_cache(cache)
+    cache_text = f"emptied the build cache {cache} ({cache_freed / 1e6:.1f} MB)" if cache is not None else None
+    cache_fields = dict(cache=str(cache), cache_bytes=cache_freed) if cache is not None else {}
     if not dirs:
         message = f"nothing to clean under {root}" + (f" for {what}" if what else "")
         if args.json:
-            print_json(Cleaned([], 0).to_json(), indent=None)
+            print_json(Cleaned([], 0, **cache_fields).to_json(), indent=None)
         else:
             print(message)
+            if cache_text:
+                print(cache_text)
         return 0
     freed = remove_builds(dirs)
     shown = [f"{root.name}/{d.relative_to(root)}" for d in dirs]
     if args.json:
-        print_json(Cleaned(shown, freed).to_json())
+        print_json(Cleaned(shown, freed, **cache_fields).to_json())
     else:
         print(f"removed {', '.join(shown)} ({freed / 1e6:.1f} MB)")
+        if cache_text:
+            print(cache_text)
     return 0
 
 

@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import flash_job, job
-from ..arguments import PortList, add_jobs_arg, add_target_args, non_negative_float, ports_given, positive_int
+from ..arguments import (
+    PortList,
+    add_cache_arg,
+    add_jobs_arg,
+    add_target_args,
+    non_negative_float,
+    ports_given,
+    positive_int,
+)
 from ..console import progress
 from ..documents import JsonDocument
 from ..errors import ColibriError
@@ -26,6 +34,7 @@ def add_baud_arg(p: argparse.ArgumentParser) -> None:
 def add_flash_arguments(p: argparse.ArgumentParser) -> None:
     add_target_args(p)
     add_jobs_arg(p)
+    add_cache_arg(p)
     p.add_argument(
         "--port",
         action=PortList,
@@ -171,6 +180,7 @@ def _flash_fleet(args: argparse.Namespace, ports: list[str]) -> int:
 def add_ota_arguments(p: argparse.ArgumentParser) -> None:
     add_target_args(p)
     add_jobs_arg(p)
+    add_cache_arg(p)
     p.add_argument("--port", help="serial port of the board (default: the only port that looks like an ESP32 board's)")
     add_baud_arg(p)
     p.add_argument(

@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import job
 from ..arguments import (
     add_board_args,
+    add_cache_arg,
     add_decode_args,
     add_jobs_arg,
     add_sampling_args,
@@ -40,6 +41,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """run's and verify's options."""
     add_target_args(p)
     add_jobs_arg(p)
+    add_cache_arg(p)
     add_decode_args(p, steps=64)
     add_speculate_arg(p)
     add_board_args(p)
@@ -207,6 +209,7 @@ def verify(args: argparse.Namespace) -> int:
 def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     add_target_args(p)
     add_jobs_arg(p)
+    add_cache_arg(p)
     p.add_argument("--system", metavar="TEXT", help="a system message to start the conversation with")
     p.add_argument(
         "--chat-template",
@@ -287,6 +290,7 @@ def chat(args: argparse.Namespace) -> int:
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     add_target_args(p)
     add_jobs_arg(p)
+    add_cache_arg(p)
     p.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text to score")
     p.add_argument("--chunks", type=positive_int, help="score at most this many chunks (default: all)")
     p.add_argument(
@@ -351,6 +355,7 @@ def evaluate(args: argparse.Namespace) -> int:
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     add_target_args(p)
     add_jobs_arg(p)
+    add_cache_arg(p)
     p.add_argument(
         "--steps",
         type=positive_int,

@@ -15,13 +15,14 @@ $COLIBRI_CACHE_MAX_MB (default 2048), oldest files first; `./colibri clean --cac
 from __future__ import annotations
 
 import os
-import shutil
+import re
 from pathlib import Path
 
 from ..errors import ColibriError
 
 DEFAULT_MAX_BYTES = 2048 << 20
 OFF = ("", "off", "none")
+CACHEDIR_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"  # bford.info/cachedir
 
 
 def default_cache_dir() -> Path | None:
@@ -51,9 +52,17 @@ def prepare_cache_dir(path: Path | None) -> Path | None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ColibriError(f"build cache {path}: cannot create it ({e.strerror})") from None
+    if any(path.iterdir()) and not is_cache(path):
+        raise ColibriError(f"build cache {path}: a directory of other files, not a build cache (give an empty one)")
     if not os.access(path, os.W_OK | os.X_OK):
         raise ColibriError(f"build cache {path}: not writable (give another with --cache-dir, or --cache-dir off)")
     return path
+
+
+def is_cache(path: Path) -> bool:
+    """Whether SCons made `path` a cache (its CACHEDIR.TAG, the cachedir standard's signature)."""
+    tag = path / "CACHEDIR.TAG"
+    return tag.is_file() and tag.read_bytes().startswith(CACHEDIR_SIGNATURE)
 
 
 def max_cache_bytes() -> int:
@@ -66,10 +75,15 @@ def max_cache_bytes() -> int:
 
 
 def _cached_files(path: Path) -> list[tuple[Path, os.stat_result]]:
+    """The cache's entries: SCons's files named by their signature in two-character folders, and
+    nothing else (a mistaken --cache-dir full of the user's files loses none of them)."""
     found = []
-    for f in path.rglob("*"):
-        if f.is_file() and not f.is_symlink() and f.name != "config":
-            found.append((f, f.stat()))
+    for folder in path.iterdir():
+        if not (folder.is_dir() and not folder.is_symlink() and re.fullmatch(r"[0-9A-F]{2}", folder.name)):
+            continue
+        for f in folder.iterdir():
+            if re.fullmatch(r"[0-9a-f]{32,128}", f.name) and f.is_file() and not f.is_symlink():
+                found.append((f, f.stat()))
     return found
 
 
@@ -102,9 +116,13 @@ def trim_cache(path: Path | None, limit: int | None = None) -> int:
 
 
 def empty_cache(path: Path | None) -> int:
-    """Remove everything the cache holds; returns the bytes freed."""
+    """Remove everything the cache holds; returns the bytes freed. Only a directory SCons made a
+    cache (its CACHEDIR.TAG) is emptied: --cache-dir naming another is refused, not wiped."""
     if path is None or not path.is_dir():
         return 0
+    if not is_cache(path):
+        raise ColibriError(f"{path} is not a build cache (no CACHEDIR.TAG): not emptied")
     freed = cache_bytes(path)
-    shutil.rmtree(path)
+    for f, _ in _cached_files(path):
+        f.unlink()
     return freed

@@ -425,36 +425,26 @@ def make_plan(
     )
 
 
-def replan(plan: Plan, n_ctx: int) -> Plan:
-    """The same plan at another context length."""
+def replan(plan: Plan, n_ctx: int, kv_type: str | None = None, expand_q4: bool | None = None) -> Plan:
+    """The same plan at another context length (with another KV cache type, q4_0 expanded or not:
+    None keeps the plan's)."""
     return make_plan(
         plan.spec,
         plan.board,
         plan.quant,
         n_ctx,
         plan.prefill_batch,
-        plan.expand_q4,
+        plan.expand_q4 if expand_q4 is None else expand_q4,
         dict(plan.gguf_types),
         dict(plan.held_types),
         plan.speculate_tokens,
-        plan.kv_type,
+        kv_type or plan.kv_type,
     )
 
 
 def with_kv_type(plan: Plan, kv_type: str) -> Plan:
     """The same plan with another KV cache type (report's table of every type)."""
-    return make_plan(
-        plan.spec,
-        plan.board,
-        plan.quant,
-        plan.n_ctx,
-        plan.prefill_batch,
-        plan.expand_q4,
-        dict(plan.gguf_types),
-        dict(plan.held_types),
-        plan.speculate_tokens,
-        kv_type,
-    )
+    return replan(plan, plan.n_ctx, kv_type)
 
 
 # ---- a plan for a board: what fits where -----------------------------------------------------
@@ -489,7 +479,6 @@ def plan_for_board(
     weights and everything still fits; otherwise the q4_0 kernels read them in place.
     gguf_types: for --quant gguf, each tensor's block type in the file; held_types: the tensors the
     checkpoint holds already quantized (Checkpoint.held_types). kv_type None: the board's."""
-    kv_type = kv_type or board.kv_type
     plan = make_plan(
         spec,
         board.name,
@@ -499,20 +488,10 @@ def plan_for_board(
         gguf_types=gguf_types,
         held_types=held_types,
         speculate_tokens=board.speculate_tokens,
-        kv_type=kv_type,
+        kv_type=kv_type or board.kv_type,
     )
     if quant == "q4_0" and board.region_holding("expanded_weights") is not None:
-        expanded = make_plan(
-            spec,
-            board.name,
-            quant,
-            n_ctx,
-            board.prefill_batch,
-            expand_q4=True,
-            held_types=held_types,
-            speculate_tokens=board.speculate_tokens,
-            kv_type=kv_type,
-        )
+        expanded = replan(plan, n_ctx, expand_q4=True)
         if not any(use.over_budget for use in planned_use(board, expanded)):
             return expanded
     return plan

@@ -4,7 +4,7 @@ instruction counts (its [predict] timing model: the ESP32-P4's)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ..boards import Board, TimingModel, load_board
 from ..compile.plan import Plan
@@ -85,8 +85,8 @@ class PredictedSpeed:
     memory_s: float
     model: str  # the timing model, described
 
-    def to_json(self) -> dict[str, float | str]:
-        return {"tok_s": self.tok_s, "compute_s": self.compute_s, "memory_s": self.memory_s, "model": self.model}
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)  # its fields, nested ones included, as they are
 
 
 def predict_speed(timing: TimingModel, instructions_per_token: float, bytes_per_token: int) -> PredictedSpeed:

@@ -5,7 +5,7 @@ token could reach, the bytes sent to a board over SSH)."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, TypeVar
 
 from ..boards import Board
@@ -25,8 +25,8 @@ class Latencies:
     p99: float
     max: float
 
-    def to_json(self) -> dict[str, float]:
-        return {"p50": self.p50, "p90": self.p90, "p99": self.p99, "max": self.max}
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)  # its fields, nested ones included, as they are
 
 
 def latency_percentiles(token_us: list[int]) -> Latencies | None:
@@ -154,14 +154,7 @@ class BoundFigures:
     of_bound: float | None
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "bound_tok_s": self.bound_tok_s,
-            "limited_by": self.limited_by,
-            "in_ram_tok_s": self.in_ram_tok_s,
-            "of_in_ram": self.of_in_ram,
-            "decode_tok_s": self.decode_tok_s,
-            "of_bound": self.of_bound,
-        }
+        return asdict(self)  # its fields, nested ones included, as they are
 
 
 @dataclass(frozen=True)
@@ -191,8 +184,8 @@ class ProbeRange:
     median: float
     max: int
 
-    def to_json(self) -> dict[str, float]:
-        return {"min": self.min, "median": self.median, "max": self.max}
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)  # its fields, nested ones included, as they are
 
 
 @dataclass(frozen=True)
@@ -205,12 +198,7 @@ class BandwidthFigures:
     bandwidth_limit_tok_s: float | None
 
     def to_json(self) -> dict[str, object]:
-        probes = self.read_bandwidth_bytes_s
-        return {
-            "read_bandwidth_bytes_s": probes.to_json() if probes else None,
-            "bandwidth_fraction": self.bandwidth_fraction,
-            "bandwidth_limit_tok_s": self.bandwidth_limit_tok_s,
-        }
+        return asdict(self)  # its fields, nested ones included, as they are
 
 
 def bandwidth_summary(weight_bytes: int, runs: list[RunFigures]) -> BandwidthFigures:
@@ -253,7 +241,7 @@ class InRamFigures:
     note: str
 
     def to_json(self) -> dict[str, object]:
-        return {"decode_tok_s": self.decode_tok_s, "runs": self.runs, "of_in_ram": self.of_in_ram, "note": self.note}
+        return asdict(self)  # its fields, nested ones included, as they are
 
 
 def in_ram_summary(runs: list[RunFigures], ram_runs: list[RunFigures], skipped: str | None) -> InRamFigures | None:

@@ -46,16 +46,7 @@ class CountedFigures:
     predicted_esp32p4: PredictedSpeed
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "instructions_counted": self.instructions_counted,
-            "decode_instructions_per_token": self.decode_instructions_per_token,
-            "prefill_instructions_per_token": self.prefill_instructions_per_token,
-            "instructions_per_mac": self.instructions_per_mac,
-            "attention_macs_per_token": self.attention_macs_per_token,
-            "mean_context": self.mean_context,
-            "instructions_per_mac_with_attention": self.instructions_per_mac_with_attention,
-            "predicted_esp32p4": self.predicted_esp32p4.to_json(),
-        }
+        return asdict(self)  # its fields, nested ones included, as they are
 
 
 @dataclass(frozen=True)

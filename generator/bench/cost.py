@@ -4,11 +4,12 @@ instruction counts (its [predict] timing model: the ESP32-P4's)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..boards import Board, TimingModel, load_board
 from ..compile.plan import Plan
 from ..errors import ColibriError
+from .plain import PlainFigures
 
 
 def weight_bytes_per_token(plan: Plan) -> int:
@@ -77,16 +78,13 @@ def predicted_timing(board: Board) -> TimingModel:
 
 
 @dataclass(frozen=True)
-class PredictedSpeed:
+class PredictedSpeed(PlainFigures):
     """A board's speed predicted from exact instruction counts (seconds per token each way)."""
 
     tok_s: float
     compute_s: float
     memory_s: float
     model: str  # the timing model, described
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)  # its fields, nested ones included, as they are
 
 
 def predict_speed(timing: TimingModel, instructions_per_token: float, bytes_per_token: int) -> PredictedSpeed:

@@ -5,28 +5,26 @@ token could reach, the bytes sent to a board over SSH)."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, TypeVar
 
 from ..boards import Board
 from ..device.session import CacheStats, RemoteRun, RunRequest, RunResult, cache_stats
 from ..verify import RunRates, rates, run_stats
+from .plain import PlainFigures
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 
 @dataclass(frozen=True)
-class Latencies:
+class Latencies(PlainFigures):
     """Milliseconds between consecutive tokens."""
 
     p50: float
     p90: float
     p99: float
     max: float
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)  # its fields, nested ones included, as they are
 
 
 def latency_percentiles(token_us: list[int]) -> Latencies | None:
@@ -140,7 +138,7 @@ def medians(items: list[Figures]) -> Figures:
 
 
 @dataclass(frozen=True)
-class BoundFigures:
+class BoundFigures(PlainFigures):
     """Under a memory budget: the speed a token could reach at the measured hit rate, the storage
     bound (bandwidth / bytes read per token, if compute cost nothing) or the in-RAM speed (if reads
     cost nothing), whichever is lower and which one that is ("storage", "compute"); the in-RAM
@@ -152,9 +150,6 @@ class BoundFigures:
     of_in_ram: float | None
     decode_tok_s: float | None
     of_bound: float | None
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)  # its fields, nested ones included, as they are
 
 
 @dataclass(frozen=True)
@@ -177,28 +172,22 @@ def cache_summary(runs: list[RunFigures]) -> CacheFigures | None:
 
 
 @dataclass(frozen=True)
-class ProbeRange:
+class ProbeRange(PlainFigures):
     """The read bandwidth probes' bytes/s over the runs."""
 
     min: int
     median: float
     max: int
 
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)  # its fields, nested ones included, as they are
-
 
 @dataclass(frozen=True)
-class BandwidthFigures:
+class BandwidthFigures(PlainFigures):
     """Over the runs: the probes' range, the median of the runs' own shares, and the decode speed
     the median bandwidth would allow if a token only read its weights (None: no probe)."""
 
     read_bandwidth_bytes_s: ProbeRange | None
     bandwidth_fraction: float | None
     bandwidth_limit_tok_s: float | None
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)  # its fields, nested ones included, as they are
 
 
 def bandwidth_summary(weight_bytes: int, runs: list[RunFigures]) -> BandwidthFigures:
@@ -230,7 +219,7 @@ def remote_summary(results: list[RunResult]) -> RemoteRun | None:
 
 
 @dataclass(frozen=True)
-class InRamFigures:
+class InRamFigures(PlainFigures):
     """The same stream without a budget, run after each budgeted run: its median decode tok/s,
     each run's, the budgeted runs' share of it (the median of each pair's ratio), and what it is
     (or why it was skipped)."""
@@ -239,9 +228,6 @@ class InRamFigures:
     runs: list[float | None]
     of_in_ram: float | None
     note: str
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)  # its fields, nested ones included, as they are
 
 
 def in_ram_summary(runs: list[RunFigures], ram_runs: list[RunFigures], skipped: str | None) -> InRamFigures | None:

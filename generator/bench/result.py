@@ -23,6 +23,7 @@ from .figures import (
     bandwidth_summary,
     latency_percentiles,
 )
+from .plain import PlainFigures
 from .stream import StreamFigures
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class CountedFigures:
+class CountedFigures(PlainFigures):
     """An emulated MCU's exact instruction counts (an emulator's clock is not the board's): per
     decoded token, per prompt token, per multiply-accumulate two ways (of the matrices alone, fixed
     per token, and with attention's, which grow with the context: averaged over the run's decode
@@ -44,9 +45,6 @@ class CountedFigures:
     mean_context: float
     instructions_per_mac_with_attention: float
     predicted_esp32p4: PredictedSpeed
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)  # its fields, nested ones included, as they are
 
 
 @dataclass(frozen=True)

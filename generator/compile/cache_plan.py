@@ -42,7 +42,8 @@ from pathlib import Path
 
 from ..errors import ColibriError
 from ..sizes import AUTO_MARGIN_BYTES, AutoBudget, format_size, parse_budget, parse_size  # noqa: F401 (used by callers too)
-from .plan import Plan, align_up, expert_groups
+from .layout import align_up, expert_groups
+from .plan import Plan
 
 STORAGE_ALIGN = 4096  # O_DIRECT: file offsets, lengths and buffers in multiples of this
 NO_LIMIT_FROM = 2**62  # a cgroup limit this large is no limit (v1 writes 2^63 - 4096 for none)

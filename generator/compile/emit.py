@@ -19,9 +19,11 @@ from ..numerics import rope
 from ..numerics.blocks import FORMATS
 from ..numerics.quantize import INTEGER_QUANTS, KEPT_BLOCK_TYPES, SCALE_BYTES
 from . import image_format
+from .arenas import KV_TILE
 from .cache_plan import STORAGE_ALIGN, cache_constants
 from .image_format import DTYPE_CODES, QUANT_CODES
-from .plan import ALIGN, KV_TILE, Plan, align_up, expert_groups
+from .layout import ALIGN, align_up, expert_groups
+from .plan import Plan
 
 # A Gated DeltaNet layer's fields in ColibriLayerWeights (model_def.h), and which are matrices.
 LINEAR_LAYER_PARTS = (

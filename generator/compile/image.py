@@ -46,7 +46,8 @@ from ..numerics.quantize import (
     unpack_q4_1,
 )
 from . import image_format as fmt
-from .plan import Plan, TensorEntry
+from .layout import TensorEntry
+from .plan import Plan
 
 # Work is cut into pieces of whole rows of at most this many values (16 MB as float32): the
 # memory a piece needs is bounded whatever the tensor's size, and one large tensor still spreads

@@ -1,5 +1,7 @@
-"""Plan stage: where every byte lives. Tensor layout in the weight image, the scratch arena,
-the KV cache arena and the RoPE tables, all 64-byte aligned, all computed here once.
+"""Plan stage: where every byte lives. The Plan gathers the tensor layout in the weight image
+(layout.py), the scratch arena, the KV cache arena, the DeltaNet state and the RoPE tables
+(arenas.py), all 64-byte aligned, all computed once; and here, what a plan puts in each of a
+board's memory regions against their budgets, and the largest context that fits.
 
 The emitter turns a Plan into named C constants; the image writer follows the same offsets;
 `report` and the tests read plan.json. Nothing downstream recomputes a size.
@@ -9,38 +11,36 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Callable
 
 from ..boards import CATEGORIES, Board
 from ..errors import ColibriError
-from ..model.spec import ModelSpec, expected_shapes
-from ..numerics import blocks
+from ..model.spec import ModelSpec
 from ..numerics.kv_cache import DEFAULT_KV_TYPE, check_kv_type, kv_arena_bytes
 from ..numerics.quantize import (
     GGUF,
-    INTEGER_QUANTS,
-    KEPT_BLOCK_TYPES,
     Q8_INPUT_TYPES,
     QK,
     QUANTS,
-    SCALE_BYTES,
     gguf_block_type,
 )
-from . import image_format
+from .arenas import (
+    ATTENTION_BLOCK,
+    Buffer,
+    kv_layout,
+    linear_state_layout,
+    max_matmul_input,
+    rope_tables,
+    scratch_arena,
+)
+from .layout import ImageLayout, TensorEntry, expanded_layout, image_layout, tensor_layout
 
-ALIGN = image_format.ALIGN  # tensors in the image, buffers in the arenas
 PLAN_FORMAT = 1
-# Attention reads the KV cache in tiles of KV_TILE positions of one KV head (widened to float32 in
-# scratch when the cache is f16 or q8_0), each tile once for every query head sharing that KV head
-# and for up to ATTENTION_BLOCK query tokens of a prompt at once (runtime/attention.c).
-KV_TILE = 64
-ATTENTION_BLOCK = 16
 
 
-def align_up(n: int, a: int = ALIGN) -> int:
-    return (n + a - 1) // a * a
+PLAN_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -57,148 +57,6 @@ class RegionUse:
     @property
     def over_budget(self) -> bool:
         return self.budget > 0 and self.used > self.budget
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    name: str  # canonical name, e.g. "layers.0.wq"
-    c_name: str  # C identifier fragment, e.g. "LAYERS_0_WQ"
-    dtype: str  # "f32" | "q8_0" | "q4_0" | "q4_1" | a kept GGUF block type (numerics/blocks.py: "q4_k", ...)
-    rows: int
-    cols: int
-    offset: int  # from the start of the image's data region; multiple of ALIGN
-    nbytes: int
-    scales_offset: int  # q8_0, q4_0, q4_1: where the binary16 block scales start, relative to `offset`; else 0
-    expanded_offset: int = -1  # q4_0 expanded at load: where its int8 copy starts in the RAM arena
-    mins_offset: int = 0  # q4_1: where the binary16 block minimums start (right after the scales); else 0
-
-    @property
-    def extent(self) -> int:
-        """Its bytes and the zero padding up to the next tensor: what its CRC-32 covers."""
-        return align_up(self.nbytes)
-
-
-@dataclass(frozen=True)
-class ExpertPart:
-    """One of a routed expert's three matrices, where it lies inside its expert's extent."""
-
-    part: str  # "w_gate" | "w_up" | "w_down"
-    dtype: str
-    rows: int
-    cols: int
-    at: int  # from its expert's first byte; multiple of ALIGN
-    nbytes: int
-    scales_offset: int  # as TensorEntry's, relative to the matrix
-    mins_offset: int
-    expanded_at: int = -1  # q4_0 expanded at load: from its expert's int8 copy's first byte
-
-
-@dataclass(frozen=True)
-class ExpertGroup:
-    """A MoE layer's routed experts: n_experts extents of `stride` bytes one after another from
-    `offset`, each its w_gate, w_up and w_down at the same places (the directory's entries
-    first_tensor + 3 * expert + part). The generated C states a layer's experts this way, as one
-    table row, instead of a named constant per matrix (a 30 B MoE has 18,432 of them)."""
-
-    layer: int
-    first_tensor: int  # index of expert 0's w_gate in the plan's tensors
-    n_experts: int
-    offset: int  # expert 0's w_gate, from the data region's start
-    stride: int  # from one expert's first byte to the next's: an expert's extent, padding included
-    parts: tuple[ExpertPart, ...]
-    expanded_offset: int = -1  # q4_0 expanded at load: expert 0's copy in the RAM arena
-    expanded_stride: int = 0
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.n_experts * self.stride
-
-
-EXPERT_PARTS = ("w_gate", "w_up", "w_down")
-
-
-def expert_groups(spec: ModelSpec, tensors: tuple[TensorEntry, ...]) -> tuple[ExpertGroup, ...]:
-    """The routed experts of every MoE layer as groups. Every expert of a layer has the same shapes
-    and block types (a GGUF file stores a layer's experts as one tensor; a quantization applies to
-    all), so their extents share one stride: this checks it, with every offset."""
-    index = {t.name: i for i, t in enumerate(tensors)}
-    out = []
-    for layer in range(spec.n_layers):
-        first = index.get(f"layers.{layer}.experts.0.w_gate")
-        if first is None:
-            continue
-        n = spec.n_experts
-        gate0 = tensors[first]
-        stride = (
-            tensors[first + 3].offset - gate0.offset
-            if n > 1
-            else align_up(tensors[first + 2].offset + tensors[first + 2].nbytes) - gate0.offset
-        )
-        e_stride = (tensors[first + 3].expanded_offset - gate0.expanded_offset) if n > 1 else 0
-        parts = tuple(
-            ExpertPart(
-                p,
-                t.dtype,
-                t.rows,
-                t.cols,
-                t.offset - gate0.offset,
-                t.nbytes,
-                t.scales_offset,
-                t.mins_offset,
-                t.expanded_offset - gate0.expanded_offset if t.expanded_offset >= 0 else -1,
-            )
-            for p, t in zip(EXPERT_PARTS, tensors[first : first + 3])
-        )
-        for e in range(n):
-            for k, part in enumerate(parts):
-                t = tensors[first + 3 * e + k]
-                if (
-                    t.name != f"layers.{layer}.experts.{e}.{part.part}"
-                    or t.offset != gate0.offset + e * stride + part.at
-                    or (t.dtype, t.rows, t.cols, t.nbytes, t.scales_offset, t.mins_offset)
-                    != (part.dtype, part.rows, part.cols, part.nbytes, part.scales_offset, part.mins_offset)
-                    or (t.expanded_offset >= 0) != (part.expanded_at >= 0)
-                    or (
-                        t.expanded_offset >= 0
-                        and t.expanded_offset != gate0.expanded_offset + e * e_stride + part.expanded_at
-                    )
-                ):
-                    raise ColibriError(f"internal: layer {layer}'s experts do not share one layout ({t.name})")
-        if align_up(parts[2].at + parts[2].nbytes) != stride:
-            raise ColibriError(f"internal: layer {layer}'s experts are not contiguous in the image")
-        out.append(
-            ExpertGroup(
-                layer,
-                first,
-                n,
-                gate0.offset,
-                stride,
-                parts,
-                gate0.expanded_offset,
-                e_stride if gate0.expanded_offset >= 0 else 0,
-            )
-        )
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class Buffer:
-    name: str
-    ctype: str  # "float" | "int8_t" | "int32_t"
-    count: int
-    offset: int  # from the start of the arena; multiple of ALIGN
-    nbytes: int
-    purpose: str
-
-
-@dataclass(frozen=True)
-class ImageLayout:
-    header_bytes: int
-    dir_offset: int
-    dir_bytes: int
-    data_offset: int
-    data_bytes: int
-    image_bytes: int
 
 
 @dataclass(frozen=True)
@@ -480,80 +338,6 @@ def _name_patterns(names) -> list[str]:
     return out
 
 
-def _c_name(name: str) -> str:
-    return name.replace(".", "_").upper()
-
-
-def _tensor_layout(
-    spec: ModelSpec, quant: str, gguf_types: dict[str, str], held_types: dict[str, str]
-) -> tuple[tuple[TensorEntry, ...], int, tuple[str, ...]]:
-    """Every tensor's place in the image's data region, and the matrices kept in f32 under an
-    integer quantization because their rows are not whole blocks of QK (as llama.cpp does, rather
-    than refusing the model). Under --quant gguf each matrix's block type is its type in the file
-    (gguf_block_type); under an integer quantization a tensor the checkpoint holds in a kept block
-    type (held_types) stays in it."""
-    entries, kept_f32 = [], []
-    cursor = 0
-    for name, shape in expected_shapes(spec).items():
-        block_type = gguf_block_type(gguf_types[name])[0] if quant == GGUF else quant
-        if name in held_types and quant in INTEGER_QUANTS:
-            block_type = gguf_block_type(held_types[name])[0]
-        verbatim = len(shape) == 2 and block_type in KEPT_BLOCK_TYPES
-        quantized = len(shape) == 2 and block_type in INTEGER_QUANTS
-        if quantized and shape[1] % QK:
-            kept_f32.append(name)
-            quantized = False
-        if verbatim and shape[1] % blocks.FORMATS[block_type].values:  # the GGUF reader refuses such a file
-            raise ColibriError(f"{name}: rows of {shape[1]} are not whole {block_type} blocks")
-        if verbatim:  # the file's blocks, row after row
-            rows, cols = shape
-            scales_offset = mins_offset = 0
-            nbytes = rows * blocks.row_bytes(block_type, cols)
-            dtype = block_type
-        elif quantized:
-            rows, cols = shape
-            quant_bytes = rows * cols if block_type == "q8_0" else rows * cols // 2
-            scales_offset = align_up(quant_bytes)
-            nbytes = scales_offset + rows * (cols // QK) * SCALE_BYTES
-            # q4_1: the binary16 minimums follow the scales
-            mins_offset = nbytes if block_type == "q4_1" else 0
-            nbytes += rows * (cols // QK) * SCALE_BYTES if block_type == "q4_1" else 0
-            dtype = block_type
-        else:
-            rows, cols = shape if len(shape) == 2 else (1, shape[0])
-            scales_offset = mins_offset = 0
-            nbytes = rows * cols * 4
-            dtype = "f32"
-        entries.append(
-            TensorEntry(name, _c_name(name), dtype, rows, cols, cursor, nbytes, scales_offset, mins_offset=mins_offset)
-        )
-        cursor = align_up(cursor + nbytes)
-    return tuple(entries), cursor, tuple(kept_f32)
-
-
-def _arena(items: list[tuple[str, str, int, str]]) -> tuple[tuple[Buffer, ...], int]:
-    sizes = {"float": 4, "int8_t": 1, "int32_t": 4}
-    out, cursor = [], 0
-    for name, ctype, count, purpose in items:
-        nbytes = count * sizes[ctype]
-        out.append(Buffer(name, ctype, count, cursor, nbytes, purpose))
-        cursor = align_up(cursor + nbytes)
-    return tuple(out), cursor
-
-
-def _expanded_layout(tensors: tuple[TensorEntry, ...]) -> tuple[tuple[TensorEntry, ...], int]:
-    """Places in the RAM arena for the int8 copies of q4_0 matrices: quants, padding to 64,
-    scales, exactly the q8_0 layout, so the q8_0 kernels read them."""
-    out, cursor = [], 0
-    for t in tensors:
-        if t.dtype == "q4_0":
-            out.append(replace(t, expanded_offset=cursor))
-            cursor = align_up(cursor + align_up(t.rows * t.cols) + t.rows * (t.cols // QK) * SCALE_BYTES)
-        else:
-            out.append(t)
-    return tuple(out), cursor
-
-
 def speculation_tokens(spec: ModelSpec, requested: int, prefill_batch: int, n_ctx: int) -> int:
     """The tokens a speculative verification pass may feed (the board's speculate_tokens, at most its
     prefill batch), or 0 where a rejected draft would change what plain decoding computes: experts
@@ -598,175 +382,35 @@ def make_plan(
         raise ColibriError("--quant gguf keeps a GGUF file's own blocks: the model must be a .gguf file")
     gguf_types = dict(gguf_types or {}) if quant == GGUF else {}
     held_types = dict(held_types or {})
-    tensors, data_bytes, kept_f32 = _tensor_layout(spec, quant, gguf_types, held_types)
+    tensors, data_bytes, kept_f32 = tensor_layout(spec, quant, gguf_types, held_types)
     expand_q4 = expand_q4 and quant == "q4_0"
     expanded_bytes = 0
     if expand_q4:
-        tensors, expanded_bytes = _expanded_layout(tensors)
-    dir_bytes = image_format.DIR_ENTRY_BYTES * len(tensors)
-    data_offset = align_up(image_format.HEADER_BYTES + dir_bytes)
-    image = ImageLayout(
-        image_format.HEADER_BYTES,
-        image_format.HEADER_BYTES,
-        dir_bytes,
-        data_offset,
-        data_bytes,
-        data_offset + data_bytes + image_format.TRAILER_BYTES,
-    )
-
-    d, v = spec.hidden_size, spec.vocab_size
-    f = max(
-        spec.intermediate_size,
-        spec.expert_intermediate_size,
-        spec.shared_expert_intermediate_size,
-        *(spec.layer_ffn_dim(i) for i in range(spec.n_layers)),
-    )
-    max_input = max(d, spec.max_q_dim, f, spec.linear_value_dim, spec.n_layers * spec.ple_dim)
-    n = prefill_batch
+        tensors, expanded_bytes = expanded_layout(tensors)
     spec_tokens = speculation_tokens(spec, speculate_tokens, prefill_batch, n_ctx)
     attention_block = min(prefill_batch, ATTENTION_BLOCK)
-    items = [
-        ("x", "float", n * d, "residual stream, per token of the batch"),
-        ("xn", "float", n * d, "normalised input of the current block, per token"),
-        ("q", "float", n * spec.max_q_dim, "queries, per token"),
-        ("k", "float", n * spec.max_kv_dim, "keys, per token (copied into the KV cache)"),
-        ("v", "float", n * spec.max_kv_dim, "values, per token (copied into the KV cache)"),
-        (
-            "att",
-            "float",
-            attention_block * spec.n_heads * n_ctx,
-            "attention scores over the context, per query token of a block and per head",
-        ),
-        ("attn_out", "float", n * spec.max_q_dim, "attention output of all heads, per token"),
-        ("proj", "float", n * d, "output of wo or w_down before the residual add, per token"),
-        ("gate", "float", n * f, "FFN gate projection (of a dense FFN or of one expert), per token"),
-        ("up", "float", n * f, "FFN up projection, then the gated product, per token"),
-        ("logits", "float", v, "logits of the current step"),
-        *(
-            [("spec_logits", "float", spec_tokens * v, "speculative decoding: the logits after each token of a pass")]
-            if spec_tokens
-            else []
-        ),
-        ("probs", "float", v, "sampling: probabilities, sorted"),
-        ("cand", "int32_t", v, "sampling: candidate token ids, sorted"),
-    ]
-    if spec.n_experts:
-        items += [
-            ("router_logits", "float", spec.n_experts, "MoE: router logits, then probabilities"),
-            ("moe_out", "float", n * d, "MoE: weighted sum of the selected experts' outputs, per token"),
-            (
-                "expert_terms",
-                "float",
-                (spec.experts_per_token + bool(spec.shared_expert_intermediate_size)) * d,
-                "MoE: each selected expert's weighted output (and the shared expert's), summed in rank order "
-                "once all are computed",
-            ),
-            ("expert_ids", "int32_t", spec.experts_per_token, "MoE: experts selected for this token, best first"),
-            ("expert_weights", "float", spec.experts_per_token, "MoE: their routing weights"),
-            (
-                "expert_counts",
-                "int32_t",
-                spec.n_layers * spec.n_experts,
-                "MoE: selections per layer and expert in this run",
-            ),
-        ]
-    if spec.attn_output_gate:
-        items += [("q_gate", "float", n * spec.q_dim, "gated attention: the output gate's logits, per token")]
-    if spec.ple_dim:
-        items += [
-            (
-                "ple",
-                "float",
-                n * spec.n_layers * spec.ple_dim,
-                "per-layer inputs: every layer's slice, per token (made once from its embedding)",
-            ),
-            ("ple_gate", "float", n * spec.ple_dim, "per-layer input gate, then times the layer's slice, per token"),
-            ("ple_row", "float", spec.n_layers * spec.ple_dim, "per-layer inputs: one token's ple_embed row"),
-        ]
-    if spec.moe_beside_dense:
-        items += [
-            ("dense_out", "float", n * d, "MoE block: the dense FFN's normed output, per token"),
-            ("router_in", "float", d, "MoE block: one token's router input (its own norm of the residual)"),
-        ]
-    if any(spec.linear_layers):
-        items += [
-            ("lin_qkv", "float", n * spec.linear_conv_dim, "DeltaNet: q, k, v projections, then convolved, per token"),
-            ("lin_z", "float", n * spec.linear_value_dim, "DeltaNet: output gate projection, per token"),
-            ("lin_b", "float", n * spec.linear_v_heads, "DeltaNet: beta projection, per token"),
-            ("lin_a", "float", n * spec.linear_v_heads, "DeltaNet: decay projection, per token"),
-            (
-                "lin_out",
-                "float",
-                n * spec.linear_value_dim,
-                "DeltaNet: delta-rule output, then gated-normed, per token",
-            ),
-            (
-                "lin_memory",
-                "float",
-                spec.linear_value_dim,
-                "DeltaNet: each value head's state times its key (heads run in parallel)",
-            ),
-        ]
-    if any(t.dtype in Q8_INPUT_TYPES for t in tensors):
-        items += [
-            ("act_qs", "int8_t", n * max_input, "q8_0 quants of the current matmul input, per token"),
-            ("act_d", "float", n * max_input // QK, "q8_0 block scales of the current matmul input, per token"),
-        ]
-    if kv_type != "f32":
-        items.append(
-            (
-                "kv_tile",
-                "float",
-                KV_TILE * spec.max_kv_dim,
-                f"a tile of {KV_TILE} positions' keys or values widened to float32, per KV head",
-            )
-        )
-    scratch, scratch_bytes = _arena(items)
-    # Sliding-window layers keep only their window: position t lives in slot t % slots.
-    # DeltaNet layers keep no keys or values: their state is the recurrent arena's.
-    # Gemma 4's KV-sharing layers hold none either: they read their kv_source's (kv_offsets says where).
-    kv_slots = tuple(
-        0 if spec.is_linear(i) or spec.is_kv_consumer(i) else min(w, n_ctx) if w else n_ctx
-        for i, w in enumerate(spec.layer_windows)
-    )
-    kv_offsets, cursor = [], 0
-    for i, slots in enumerate(kv_slots):
-        kv_offsets.append(kv_offsets[spec.kv_source(i)] if spec.is_kv_consumer(i) else cursor)
-        cursor += slots * spec.layer_kv_dim(i)
-    linear_offsets, linear_cursor = [], 0
-    per_linear_layer = (max(0, spec.linear_conv_kernel - 1) * spec.linear_conv_dim) + (
-        spec.linear_v_heads * spec.linear_k_dim * spec.linear_v_dim
-    )
-    for i in range(spec.n_layers):
-        linear_offsets.append(linear_cursor if spec.is_linear(i) else -1)
-        linear_cursor += per_linear_layer if spec.is_linear(i) else 0
-    # One table per distinct (RoPE, rotated width): Gemma 4's global layers rotate their wider heads.
-    tables: list = []
-    layer_rope = []
-    for layer in range(spec.n_layers):
-        key = (spec.layer_rope(layer), spec.layer_rotary_dim(layer))
-        if key not in tables:
-            tables.append(key)
-        layer_rope.append(tables.index(key))
-    ropes = [r for r, _ in tables]
-    rope_dims = tuple(dim for _, dim in tables)
+    q8_inputs = any(t.dtype in Q8_INPUT_TYPES for t in tensors)
+    scratch, scratch_bytes = scratch_arena(spec, n_ctx, prefill_batch, spec_tokens, attention_block, q8_inputs, kv_type)
+    kv_slots, kv_offsets, kv_values = kv_layout(spec, n_ctx)
+    linear_offsets, linear_floats = linear_state_layout(spec)
+    ropes, rope_dims, layer_rope = rope_tables(spec)
     return Plan(
         spec=spec,
         board=board,
         quant=quant,
         n_ctx=n_ctx,
         tensors=tensors,
-        image=image,
+        image=image_layout(len(tensors), data_bytes),
         scratch=scratch,
         scratch_bytes=scratch_bytes,
         kv_slots=kv_slots,
-        kv_offsets=tuple(kv_offsets),
-        kv_bytes=2 * kv_arena_bytes(cursor, kv_type),
-        ropes=tuple(ropes),
+        kv_offsets=kv_offsets,
+        kv_bytes=2 * kv_arena_bytes(kv_values, kv_type),
+        ropes=ropes,
         rope_dims=rope_dims,
-        layer_rope=tuple(layer_rope),
+        layer_rope=layer_rope,
         rope_table_bytes=len(ropes) * 2 * n_ctx * (max(rope_dims) // 2) * 4,
-        max_input=max_input,
+        max_input=max_matmul_input(spec),
         prefill_batch=prefill_batch,
         speculate_tokens=spec_tokens,
         expand_q4=expand_q4,
@@ -774,43 +418,33 @@ def make_plan(
         kept_f32=kept_f32,
         gguf_types=tuple(gguf_types.items()),
         held_types=tuple(held_types.items()),
-        linear_state_offsets=tuple(linear_offsets) if any(spec.linear_layers) else (),
-        linear_state_bytes=linear_cursor * 4,
+        linear_state_offsets=linear_offsets,
+        linear_state_bytes=linear_floats * 4,
         kv_type=kv_type,
         attention_block=attention_block,
     )
 
 
-def replan(plan: Plan, n_ctx: int) -> Plan:
-    """The same plan at another context length."""
+def replan(plan: Plan, n_ctx: int, kv_type: str | None = None, expand_q4: bool | None = None) -> Plan:
+    """The same plan at another context length (with another KV cache type, q4_0 expanded or not:
+    None keeps the plan's)."""
     return make_plan(
         plan.spec,
         plan.board,
         plan.quant,
         n_ctx,
         plan.prefill_batch,
-        plan.expand_q4,
+        plan.expand_q4 if expand_q4 is None else expand_q4,
         dict(plan.gguf_types),
         dict(plan.held_types),
         plan.speculate_tokens,
-        plan.kv_type,
+        kv_type or plan.kv_type,
     )
 
 
 def with_kv_type(plan: Plan, kv_type: str) -> Plan:
     """The same plan with another KV cache type (report's table of every type)."""
-    return make_plan(
-        plan.spec,
-        plan.board,
-        plan.quant,
-        plan.n_ctx,
-        plan.prefill_batch,
-        plan.expand_q4,
-        dict(plan.gguf_types),
-        dict(plan.held_types),
-        plan.speculate_tokens,
-        kv_type,
-    )
+    return replan(plan, plan.n_ctx, kv_type)
 
 
 # ---- a plan for a board: what fits where -----------------------------------------------------
@@ -845,7 +479,6 @@ def plan_for_board(
     weights and everything still fits; otherwise the q4_0 kernels read them in place.
     gguf_types: for --quant gguf, each tensor's block type in the file; held_types: the tensors the
     checkpoint holds already quantized (Checkpoint.held_types). kv_type None: the board's."""
-    kv_type = kv_type or board.kv_type
     plan = make_plan(
         spec,
         board.name,
@@ -855,20 +488,10 @@ def plan_for_board(
         gguf_types=gguf_types,
         held_types=held_types,
         speculate_tokens=board.speculate_tokens,
-        kv_type=kv_type,
+        kv_type=kv_type or board.kv_type,
     )
     if quant == "q4_0" and board.region_holding("expanded_weights") is not None:
-        expanded = make_plan(
-            spec,
-            board.name,
-            quant,
-            n_ctx,
-            board.prefill_batch,
-            expand_q4=True,
-            held_types=held_types,
-            speculate_tokens=board.speculate_tokens,
-            kv_type=kv_type,
-        )
+        expanded = replan(plan, n_ctx, expand_q4=True)
         if not any(use.over_budget for use in planned_use(board, expanded)):
             return expanded
     return plan

@@ -24,8 +24,8 @@ from generator.compile.esp32.idf_build import find_idf, idf_build
 from generator.compile.esp32.idf_project import COLIBRI_DIR, write_project
 from generator.compile.esp32.partitions import parse_partitions_csv
 from generator.compile.image import read_header
+from generator.compile.layout import align_up
 from generator.compile.pipeline import generate
-from generator.compile.plan import align_up
 from generator.device.protocol import FrameReader, encode_request
 from generator.errors import ColibriError
 from generator.numerics.sampling import SamplingParams

@@ -26,7 +26,8 @@ from generator.compile.image import spec_identity, write_image
 from generator.compile.pipeline import WEIGHTS_FILE, generate
 from generator.compile.plan import plan_for_board
 from generator.errors import ColibriError
-from generator.model.hf.load import FAMILIES, _canonical
+from generator.model.hf.families import FAMILIES
+from generator.model.hf.names import canonical_name
 from generator.model.load import load_model
 from generator.numerics.quantize import quantize_q4_0, quantize_weights_q8_0
 
@@ -48,7 +49,7 @@ def oracle_image(model_dir: Path, quant: str, ctx: int) -> bytes:
     values = {}
     for shard in sorted(model_dir.glob("*.safetensors")):
         for hf_name, tensor in load_file(shard).items():
-            name = _canonical(hf_name, plan.spec.family)
+            name = canonical_name(hf_name, plan.spec.family)
             if name is not None:
                 values[name] = tensor.float().numpy()
     if FAMILIES[plan.spec.family].gemma:

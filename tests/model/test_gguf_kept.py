@@ -75,7 +75,7 @@ def test_the_files_blocks_are_kept_value_for_value(gguf_file, tmp_path, tensor_t
     assert len(plan["gguf"]["exact"]) == len(plan["tensors"])
     image = map_image(generated / "weights.img")
     tensors = load_gguf(path).tensors
-    from generator.compile.plan import TensorEntry
+    from generator.compile.layout import TensorEntry
 
     for entry in plan["tensors"]:
         t = TensorEntry(**entry)

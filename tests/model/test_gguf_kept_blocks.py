@@ -12,7 +12,7 @@ from conftest import run_cli
 from gguf_files import hf_to_gguf
 
 from generator.compile.image import map_image, read_header
-from generator.compile.plan import TensorEntry
+from generator.compile.layout import TensorEntry
 from generator.model.gguf.load import load_gguf
 from generator.numerics import blocks
 from models import ORACLE_CONFIGS, make_checkpoint

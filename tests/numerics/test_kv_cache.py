@@ -10,7 +10,8 @@ from conftest import DEFAULT_MODEL
 
 from generator.boards import load_board
 from generator.boards.load import board_from_data
-from generator.compile.plan import ATTENTION_BLOCK, KV_TILE, make_plan, plan_for_board, with_kv_type
+from generator.compile.arenas import ATTENTION_BLOCK, KV_TILE
+from generator.compile.plan import make_plan, plan_for_board, with_kv_type
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest
 from generator.errors import ColibriError

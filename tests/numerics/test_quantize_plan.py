@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from generator.compile.plan import ALIGN, make_plan
+from generator.compile.layout import ALIGN
+from generator.compile.plan import make_plan
 from generator.errors import ColibriError
 from generator.model.hf.load import parse_config
 from generator.numerics.quantize import dequantize_q8_0, quantize_q8_0

@@ -54,7 +54,7 @@ def test_every_module_belongs_to_a_stage_and_imports_only_its_own_or_lower_stage
     wrong = [f"{m} -> {n}" for m, targets in edges.items() for n in targets if stage_of(n) > stage_of(m)]
     assert wrong == []
     packages = {p.name for p in GENERATOR.iterdir() if (p / "__init__.py").is_file()}
-    assert packages == {"boards", "model", "numerics", "compile", "device", "release", "commands"}
+    assert packages == {"boards", "model", "numerics", "compile", "device", "release", "bench", "commands"}
 
 
 def test_the_boards_are_on_the_ground_floor():

@@ -28,8 +28,9 @@ from ...errors import ColibriError
 from ...files import REPO, write_atomic
 from ..emit import GENERATED_FILES, environment
 from ..image import read_header
+from ..layout import align_up
 from ..pipeline import SELFTEST_CHECKS_FILE, SELFTEST_DATA_FILE, WEIGHTS_FILE
-from ..plan import Plan, align_up
+from ..plan import Plan
 from .partitions import MMU_PAGE, Partition, check_partitions
 
 TEMPLATE_DIR = REPO / "templates" / "idf"

@@ -23,7 +23,6 @@ exact in float32: an fp16 number, or for Q4_K an fp16 number times a 6-bit integ
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ...errors import ColibriError
+from ..file_reads import read_exactly
 from .file import GgufFile, GgufTensorInfo
 
 BLOCK = 32
@@ -140,26 +140,15 @@ def _consecutive(rows: np.ndarray) -> bool:
 
 
 def _read(path: Path, info: GgufTensorInfo, start: int, nbytes: int) -> np.ndarray:
-    """`nbytes` of the file from `start` into a new array: the kernel copies them once (a mapping
-    would fault page by page), and a file cut short while it is read is an error, not a crash."""
-    out = np.empty(nbytes, np.uint8)
-    view = memoryview(out)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            while view:
-                n = os.preadv(fd, [view], start)
-                if n <= 0:
-                    raise ColibriError(
-                        f"{Path(path).name}: tensor {info.name!r} runs past the end of the file "
-                        f"(truncated while it was read?)"
-                    )
-                view, start = view[n:], start + n
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise ColibriError(f"{Path(path).name}: cannot read tensor {info.name!r}: {e.strerror or e}") from None
-    return out
+    """`nbytes` of the file from `start` into a new array (file_reads.read_exactly)."""
+    where = Path(path).name
+    return read_exactly(
+        path,
+        start,
+        nbytes,
+        f"{where}: tensor {info.name!r} runs past the end of the file (truncated while it was read?)",
+        f"{where}: cannot read tensor {info.name!r}",
+    )
 
 
 def _f16(raw: np.ndarray, start: int) -> np.ndarray:

@@ -1,2 +1,3 @@
-"""Hugging Face model directories: config.json (+ generation_config.json) and safetensors shards
-(load.py), the safetensors reader (safetensors_io.py)."""
+"""Hugging Face model directories: the import (load.py) of config.json (config.py, families.py)
+and the safetensors shards (safetensors_io.py) under canonical tensor names (names.py) as views
+read when asked (views.py, mxfp4.py)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
+from ..file_reads import read_exactly
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "U8": 1}
@@ -188,23 +189,14 @@ def read_bytes(path: Path | str, info: TensorInfo, start: int, stop: int) -> np.
     rows, cols = rows_cols(info)
     if info.dtype != "U8" or not 0 <= start <= stop <= rows:
         raise ValueError(f"rows [{start}, {stop}) of a {info.dtype} tensor with {rows} rows")
-    out = np.empty((stop - start) * cols, np.uint8)
-    view, offset = memoryview(out), info.begin + start * cols
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            while view:
-                n = os.preadv(fd, [view], offset)
-                if n <= 0:
-                    raise ColibriError(
-                        f"{path.name}: tensor {info.name!r}: the file ends before its data "
-                        f"(truncated or rewritten while it was being read?)"
-                    )
-                view, offset = view[n:], offset + n
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise ColibriError(f"{path.name}: cannot read tensor {info.name!r}: {e.strerror or e}") from None
+    out = read_exactly(
+        path,
+        info.begin + start * cols,
+        (stop - start) * cols,
+        f"{path.name}: tensor {info.name!r}: the file ends before its data "
+        f"(truncated or rewritten while it was being read?)",
+        f"{path.name}: cannot read tensor {info.name!r}",
+    )
     return out.reshape(stop - start, cols)
 
 

@@ -1,0 +1,215 @@
+"""Plan stage, the RAM arenas: the scratch buffers of one forward pass (sized for the prefill
+batch), the KV cache (each layer's slots and where its keys start), the Gated DeltaNet layers'
+recurrent state and the RoPE tables. Each is laid out here once; plan.make_plan gathers them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model.spec import ModelSpec
+from ..numerics.quantize import QK
+from .layout import align_up
+
+# Attention reads the KV cache in tiles of KV_TILE positions of one KV head (widened to float32 in
+# scratch when the cache is f16 or q8_0), each tile once for every query head sharing that KV head
+# and for up to ATTENTION_BLOCK query tokens of a prompt at once (runtime/attention.c).
+KV_TILE = 64
+ATTENTION_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    ctype: str  # "float" | "int8_t" | "int32_t"
+    count: int
+    offset: int  # from the start of the arena; multiple of ALIGN
+    nbytes: int
+    purpose: str
+
+
+def _arena(items: list[tuple[str, str, int, str]]) -> tuple[tuple[Buffer, ...], int]:
+    sizes = {"float": 4, "int8_t": 1, "int32_t": 4}
+    out, cursor = [], 0
+    for name, ctype, count, purpose in items:
+        nbytes = count * sizes[ctype]
+        out.append(Buffer(name, ctype, count, cursor, nbytes, purpose))
+        cursor = align_up(cursor + nbytes)
+    return tuple(out), cursor
+
+
+def max_matmul_input(spec: ModelSpec) -> int:
+    """The longest matrix row: the activation quantization buffer's length."""
+    d = spec.hidden_size
+    f = ffn_width(spec)
+    return max(d, spec.max_q_dim, f, spec.linear_value_dim, spec.n_layers * spec.ple_dim)
+
+
+def ffn_width(spec: ModelSpec) -> int:
+    """The widest FFN of any layer, dense, expert or shared expert."""
+    return max(
+        spec.intermediate_size,
+        spec.expert_intermediate_size,
+        spec.shared_expert_intermediate_size,
+        *(spec.layer_ffn_dim(i) for i in range(spec.n_layers)),
+    )
+
+
+def scratch_arena(
+    spec: ModelSpec,
+    n_ctx: int,
+    prefill_batch: int,
+    spec_tokens: int,
+    attention_block: int,
+    q8_inputs: bool,
+    kv_type: str,
+) -> tuple[tuple[Buffer, ...], int]:
+    """The scratch buffers of one forward pass: per-token activations for `prefill_batch` tokens,
+    the logits (and spec_tokens more for speculative decoding), the sampler's, the MoE's, the per-layer
+    inputs', the DeltaNet's; the q8_0 activation buffers where a matrix has integer quants
+    (q8_inputs); a KV tile where the cache is not f32."""
+    d, v = spec.hidden_size, spec.vocab_size
+    f = ffn_width(spec)
+    max_input = max_matmul_input(spec)
+    n = prefill_batch
+    items = [
+        ("x", "float", n * d, "residual stream, per token of the batch"),
+        ("xn", "float", n * d, "normalised input of the current block, per token"),
+        ("q", "float", n * spec.max_q_dim, "queries, per token"),
+        ("k", "float", n * spec.max_kv_dim, "keys, per token (copied into the KV cache)"),
+        ("v", "float", n * spec.max_kv_dim, "values, per token (copied into the KV cache)"),
+        (
+            "att",
+            "float",
+            attention_block * spec.n_heads * n_ctx,
+            "attention scores over the context, per query token of a block and per head",
+        ),
+        ("attn_out", "float", n * spec.max_q_dim, "attention output of all heads, per token"),
+        ("proj", "float", n * d, "output of wo or w_down before the residual add, per token"),
+        ("gate", "float", n * f, "FFN gate projection (of a dense FFN or of one expert), per token"),
+        ("up", "float", n * f, "FFN up projection, then the gated product, per token"),
+        ("logits", "float", v, "logits of the current step"),
+        *(
+            [("spec_logits", "float", spec_tokens * v, "speculative decoding: the logits after each token of a pass")]
+            if spec_tokens
+            else []
+        ),
+        ("probs", "float", v, "sampling: probabilities, sorted"),
+        ("cand", "int32_t", v, "sampling: candidate token ids, sorted"),
+    ]
+    if spec.n_experts:
+        items += [
+            ("router_logits", "float", spec.n_experts, "MoE: router logits, then probabilities"),
+            ("moe_out", "float", n * d, "MoE: weighted sum of the selected experts' outputs, per token"),
+            (
+                "expert_terms",
+                "float",
+                (spec.experts_per_token + bool(spec.shared_expert_intermediate_size)) * d,
+                "MoE: each selected expert's weighted output (and the shared expert's), summed in rank order "
+                "once all are computed",
+            ),
+            ("expert_ids", "int32_t", spec.experts_per_token, "MoE: experts selected for this token, best first"),
+            ("expert_weights", "float", spec.experts_per_token, "MoE: their routing weights"),
+            (
+                "expert_counts",
+                "int32_t",
+                spec.n_layers * spec.n_experts,
+                "MoE: selections per layer and expert in this run",
+            ),
+        ]
+    if spec.attn_output_gate:
+        items += [("q_gate", "float", n * spec.q_dim, "gated attention: the output gate's logits, per token")]
+    if spec.ple_dim:
+        items += [
+            (
+                "ple",
+                "float",
+                n * spec.n_layers * spec.ple_dim,
+                "per-layer inputs: every layer's slice, per token (made once from its embedding)",
+            ),
+            ("ple_gate", "float", n * spec.ple_dim, "per-layer input gate, then times the layer's slice, per token"),
+            ("ple_row", "float", spec.n_layers * spec.ple_dim, "per-layer inputs: one token's ple_embed row"),
+        ]
+    if spec.moe_beside_dense:
+        items += [
+            ("dense_out", "float", n * d, "MoE block: the dense FFN's normed output, per token"),
+            ("router_in", "float", d, "MoE block: one token's router input (its own norm of the residual)"),
+        ]
+    if any(spec.linear_layers):
+        items += [
+            ("lin_qkv", "float", n * spec.linear_conv_dim, "DeltaNet: q, k, v projections, then convolved, per token"),
+            ("lin_z", "float", n * spec.linear_value_dim, "DeltaNet: output gate projection, per token"),
+            ("lin_b", "float", n * spec.linear_v_heads, "DeltaNet: beta projection, per token"),
+            ("lin_a", "float", n * spec.linear_v_heads, "DeltaNet: decay projection, per token"),
+            (
+                "lin_out",
+                "float",
+                n * spec.linear_value_dim,
+                "DeltaNet: delta-rule output, then gated-normed, per token",
+            ),
+            (
+                "lin_memory",
+                "float",
+                spec.linear_value_dim,
+                "DeltaNet: each value head's state times its key (heads run in parallel)",
+            ),
+        ]
+    if q8_inputs:
+        items += [
+            ("act_qs", "int8_t", n * max_input, "q8_0 quants of the current matmul input, per token"),
+            ("act_d", "float", n * max_input // QK, "q8_0 block scales of the current matmul input, per token"),
+        ]
+    if kv_type != "f32":
+        items.append(
+            (
+                "kv_tile",
+                "float",
+                KV_TILE * spec.max_kv_dim,
+                f"a tile of {KV_TILE} positions' keys or values widened to float32, per KV head",
+            )
+        )
+    return _arena(items)
+
+
+def kv_layout(spec: ModelSpec, n_ctx: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Per layer, the positions its KV cache holds and its first value in the K (or V) arena; and
+    the arena's length in values."""
+    # Sliding-window layers keep only their window: position t lives in slot t % slots.
+    # DeltaNet layers keep no keys or values: their state is the recurrent arena's.
+    # Gemma 4's KV-sharing layers hold none either: they read their kv_source's (kv_offsets says where).
+    kv_slots = tuple(
+        0 if spec.is_linear(i) or spec.is_kv_consumer(i) else min(w, n_ctx) if w else n_ctx
+        for i, w in enumerate(spec.layer_windows)
+    )
+    kv_offsets, cursor = [], 0
+    for i, slots in enumerate(kv_slots):
+        kv_offsets.append(kv_offsets[spec.kv_source(i)] if spec.is_kv_consumer(i) else cursor)
+        cursor += slots * spec.layer_kv_dim(i)
+    return kv_slots, tuple(kv_offsets), cursor
+
+
+def linear_state_layout(spec: ModelSpec) -> tuple[tuple[int, ...], int]:
+    """Per layer, its first float in the Gated DeltaNet state arena (-1: not a DeltaNet layer; ()
+    for a model without such layers); and the arena's length in floats."""
+    linear_offsets, linear_cursor = [], 0
+    per_linear_layer = (max(0, spec.linear_conv_kernel - 1) * spec.linear_conv_dim) + (
+        spec.linear_v_heads * spec.linear_k_dim * spec.linear_v_dim
+    )
+    for i in range(spec.n_layers):
+        linear_offsets.append(linear_cursor if spec.is_linear(i) else -1)
+        linear_cursor += per_linear_layer if spec.is_linear(i) else 0
+    return (tuple(linear_offsets) if any(spec.linear_layers) else ()), linear_cursor
+
+
+def rope_tables(spec: ModelSpec) -> tuple[tuple, tuple[int, ...], tuple[int, ...]]:
+    """The distinct RoPE tables (RopeSpecs), the dims each rotates, and each layer's table."""
+    # One table per distinct (RoPE, rotated width): Gemma 4's global layers rotate their wider heads.
+    tables: list = []
+    layer_rope = []
+    for layer in range(spec.n_layers):
+        key = (spec.layer_rope(layer), spec.layer_rotary_dim(layer))
+        if key not in tables:
+            tables.append(key)
+        layer_rope.append(tables.index(key))
+    ropes = [r for r, _ in tables]
+    rope_dims = tuple(dim for _, dim in tables)
+    return tuple(ropes), rope_dims, tuple(layer_rope)

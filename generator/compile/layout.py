@@ -1,0 +1,229 @@
+"""Plan stage, the weight image's layout: every tensor's place in the image's data region (its
+block type, rows, bytes, scales and minimums), a MoE layer's experts as one group of equal extents,
+the q4_0 matrices' int8 copies in RAM, and the image's header, directory and data offsets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import ColibriError
+from ..model.spec import ModelSpec, expected_shapes
+from ..numerics import blocks
+from ..numerics.quantize import GGUF, INTEGER_QUANTS, KEPT_BLOCK_TYPES, QK, SCALE_BYTES, gguf_block_type
+from . import image_format
+
+ALIGN = image_format.ALIGN  # tensors in the image, buffers in the arenas
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str  # canonical name, e.g. "layers.0.wq"
+    c_name: str  # C identifier fragment, e.g. "LAYERS_0_WQ"
+    dtype: str  # "f32" | "q8_0" | "q4_0" | "q4_1" | a kept GGUF block type (numerics/blocks.py: "q4_k", ...)
+    rows: int
+    cols: int
+    offset: int  # from the start of the image's data region; multiple of ALIGN
+    nbytes: int
+    scales_offset: int  # q8_0, q4_0, q4_1: where the binary16 block scales start, relative to `offset`; else 0
+    expanded_offset: int = -1  # q4_0 expanded at load: where its int8 copy starts in the RAM arena
+    mins_offset: int = 0  # q4_1: where the binary16 block minimums start (right after the scales); else 0
+
+    @property
+    def extent(self) -> int:
+        """Its bytes and the zero padding up to the next tensor: what its CRC-32 covers."""
+        return align_up(self.nbytes)
+
+
+@dataclass(frozen=True)
+class ExpertPart:
+    """One of a routed expert's three matrices, where it lies inside its expert's extent."""
+
+    part: str  # "w_gate" | "w_up" | "w_down"
+    dtype: str
+    rows: int
+    cols: int
+    at: int  # from its expert's first byte; multiple of ALIGN
+    nbytes: int
+    scales_offset: int  # as TensorEntry's, relative to the matrix
+    mins_offset: int
+    expanded_at: int = -1  # q4_0 expanded at load: from its expert's int8 copy's first byte
+
+
+@dataclass(frozen=True)
+class ExpertGroup:
+    """A MoE layer's routed experts: n_experts extents of `stride` bytes one after another from
+    `offset`, each its w_gate, w_up and w_down at the same places (the directory's entries
+    first_tensor + 3 * expert + part). The generated C states a layer's experts this way, as one
+    table row, instead of a named constant per matrix (a 30 B MoE has 18,432 of them)."""
+
+    layer: int
+    first_tensor: int  # index of expert 0's w_gate in the plan's tensors
+    n_experts: int
+    offset: int  # expert 0's w_gate, from the data region's start
+    stride: int  # from one expert's first byte to the next's: an expert's extent, padding included
+    parts: tuple[ExpertPart, ...]
+    expanded_offset: int = -1  # q4_0 expanded at load: expert 0's copy in the RAM arena
+    expanded_stride: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.n_experts * self.stride
+
+
+EXPERT_PARTS = ("w_gate", "w_up", "w_down")
+
+
+def expert_groups(spec: ModelSpec, tensors: tuple[TensorEntry, ...]) -> tuple[ExpertGroup, ...]:
+    """The routed experts of every MoE layer as groups. Every expert of a layer has the same shapes
+    and block types (a GGUF file stores a layer's experts as one tensor; a quantization applies to
+    all), so their extents share one stride: this checks it, with every offset."""
+    index = {t.name: i for i, t in enumerate(tensors)}
+    out = []
+    for layer in range(spec.n_layers):
+        first = index.get(f"layers.{layer}.experts.0.w_gate")
+        if first is None:
+            continue
+        n = spec.n_experts
+        gate0 = tensors[first]
+        stride = (
+            tensors[first + 3].offset - gate0.offset
+            if n > 1
+            else align_up(tensors[first + 2].offset + tensors[first + 2].nbytes) - gate0.offset
+        )
+        e_stride = (tensors[first + 3].expanded_offset - gate0.expanded_offset) if n > 1 else 0
+        parts = tuple(
+            ExpertPart(
+                p,
+                t.dtype,
+                t.rows,
+                t.cols,
+                t.offset - gate0.offset,
+                t.nbytes,
+                t.scales_offset,
+                t.mins_offset,
+                t.expanded_offset - gate0.expanded_offset if t.expanded_offset >= 0 else -1,
+            )
+            for p, t in zip(EXPERT_PARTS, tensors[first : first + 3])
+        )
+        for e in range(n):
+            for k, part in enumerate(parts):
+                t = tensors[first + 3 * e + k]
+                if (
+                    t.name != f"layers.{layer}.experts.{e}.{part.part}"
+                    or t.offset != gate0.offset + e * stride + part.at
+                    or (t.dtype, t.rows, t.cols, t.nbytes, t.scales_offset, t.mins_offset)
+                    != (part.dtype, part.rows, part.cols, part.nbytes, part.scales_offset, part.mins_offset)
+                    or (t.expanded_offset >= 0) != (part.expanded_at >= 0)
+                    or (
+                        t.expanded_offset >= 0
+                        and t.expanded_offset != gate0.expanded_offset + e * e_stride + part.expanded_at
+                    )
+                ):
+                    raise ColibriError(f"internal: layer {layer}'s experts do not share one layout ({t.name})")
+        if align_up(parts[2].at + parts[2].nbytes) != stride:
+            raise ColibriError(f"internal: layer {layer}'s experts are not contiguous in the image")
+        out.append(
+            ExpertGroup(
+                layer,
+                first,
+                n,
+                gate0.offset,
+                stride,
+                parts,
+                gate0.expanded_offset,
+                e_stride if gate0.expanded_offset >= 0 else 0,
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    header_bytes: int
+    dir_offset: int
+    dir_bytes: int
+    data_offset: int
+    data_bytes: int
+    image_bytes: int
+
+
+def c_name(name: str) -> str:
+    return name.replace(".", "_").upper()
+
+
+def tensor_layout(
+    spec: ModelSpec, quant: str, gguf_types: dict[str, str], held_types: dict[str, str]
+) -> tuple[tuple[TensorEntry, ...], int, tuple[str, ...]]:
+    """Every tensor's place in the image's data region, and the matrices kept in f32 under an
+    integer quantization because their rows are not whole blocks of QK (as llama.cpp does, rather
+    than refusing the model). Under --quant gguf each matrix's block type is its type in the file
+    (gguf_block_type); under an integer quantization a tensor the checkpoint holds in a kept block
+    type (held_types) stays in it."""
+    entries, kept_f32 = [], []
+    cursor = 0
+    for name, shape in expected_shapes(spec).items():
+        block_type = gguf_block_type(gguf_types[name])[0] if quant == GGUF else quant
+        if name in held_types and quant in INTEGER_QUANTS:
+            block_type = gguf_block_type(held_types[name])[0]
+        verbatim = len(shape) == 2 and block_type in KEPT_BLOCK_TYPES
+        quantized = len(shape) == 2 and block_type in INTEGER_QUANTS
+        if quantized and shape[1] % QK:
+            kept_f32.append(name)
+            quantized = False
+        if verbatim and shape[1] % blocks.FORMATS[block_type].values:  # the GGUF reader refuses such a file
+            raise ColibriError(f"{name}: rows of {shape[1]} are not whole {block_type} blocks")
+        if verbatim:  # the file's blocks, row after row
+            rows, cols = shape
+            scales_offset = mins_offset = 0
+            nbytes = rows * blocks.row_bytes(block_type, cols)
+            dtype = block_type
+        elif quantized:
+            rows, cols = shape
+            quant_bytes = rows * cols if block_type == "q8_0" else rows * cols // 2
+            scales_offset = align_up(quant_bytes)
+            nbytes = scales_offset + rows * (cols // QK) * SCALE_BYTES
+            # q4_1: the binary16 minimums follow the scales
+            mins_offset = nbytes if block_type == "q4_1" else 0
+            nbytes += rows * (cols // QK) * SCALE_BYTES if block_type == "q4_1" else 0
+            dtype = block_type
+        else:
+            rows, cols = shape if len(shape) == 2 else (1, shape[0])
+            scales_offset = mins_offset = 0
+            nbytes = rows * cols * 4
+            dtype = "f32"
+        entries.append(
+            TensorEntry(name, c_name(name), dtype, rows, cols, cursor, nbytes, scales_offset, mins_offset=mins_offset)
+        )
+        cursor = align_up(cursor + nbytes)
+    return tuple(entries), cursor, tuple(kept_f32)
+
+
+def expanded_layout(tensors: tuple[TensorEntry, ...]) -> tuple[tuple[TensorEntry, ...], int]:
+    """Places in the RAM arena for the int8 copies of q4_0 matrices: quants, padding to 64,
+    scales, exactly the q8_0 layout, so the q8_0 kernels read them."""
+    out, cursor = [], 0
+    for t in tensors:
+        if t.dtype == "q4_0":
+            out.append(replace(t, expanded_offset=cursor))
+            cursor = align_up(cursor + align_up(t.rows * t.cols) + t.rows * (t.cols // QK) * SCALE_BYTES)
+        else:
+            out.append(t)
+    return tuple(out), cursor
+
+
+def image_layout(n_tensors: int, data_bytes: int) -> ImageLayout:
+    """The image's header, its directory of `n_tensors` entries, the data region, the trailer."""
+    dir_bytes = image_format.DIR_ENTRY_BYTES * n_tensors
+    data_offset = align_up(image_format.HEADER_BYTES + dir_bytes)
+    return ImageLayout(
+        image_format.HEADER_BYTES,
+        image_format.HEADER_BYTES,
+        dir_bytes,
+        data_offset,
+        data_bytes,
+        data_offset + data_bytes + image_format.TRAILER_BYTES,
+    )

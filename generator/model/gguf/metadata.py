@@ -1,0 +1,446 @@
+"""GGUF metadata (+ which tensors exist) -> ModelSpec, every field checked: typed accessors over
+llama.cpp's keys (`{arch}.block_count`, ...) that fail with the key's name, RoPE and its scalings,
+sliding windows, special tokens, MoE, Qwen3.5's Gated DeltaNet and Gemma 4's settings.
+
+Floats in the metadata are float32; each is read back as the shortest decimal that rounds to
+the same float32 (1e-05, not 9.99999974738e-06), which is what the checkpoint's config said.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...errors import ColibriError
+from ..family_facts import check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
+from ..spec import ModelSpec, RopeSpec
+from .archs import GgufArch, arch_of
+from .file import GgufFile
+from .names import GEMMA4_ROPE_FREQS, LAYER_NAME
+from .tensors import rows_f32
+
+# The most routed experts a layer may have (the largest published MoE models have 512; 4,096 leaves
+# room and keeps every per-expert table small).
+MAX_EXPERTS = 4096
+
+
+ROPE_SCALINGS = ("none", "linear", "yarn")
+
+
+# llama.cpp's end-of-generation tokens by their text, for files whose eos_token_id is something else.
+END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>")
+
+
+class _Meta:
+    """Typed accessors over the metadata that fail with the key's name."""
+
+    def __init__(self, gguf: GgufFile, arch: str):
+        self.gguf, self.arch, self.where = gguf, arch, gguf.path.name
+
+    def has(self, key: str) -> bool:
+        return f"{self.arch}.{key}" in self.gguf.metadata
+
+    def _get(self, key, default, full: bool = False):
+        name = key if full else f"{self.arch}.{key}"
+        value = self.gguf.metadata.get(name, default)
+        return name, value
+
+    def int(self, key: str, default=None, minimum: int = 1, full: bool = False) -> int:
+        name, value = self._get(key, default, full)
+        if value is None:
+            raise ColibriError(f"{self.where}: missing metadata {name!r}")
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise ColibriError(f"{self.where}: metadata {name!r} must be an integer, got {_show(value)}")
+        if value < minimum:
+            raise ColibriError(f"{self.where}: metadata {name!r} must be at least {minimum}, got {value}")
+        return int(value)
+
+    def float(self, key: str, default=None) -> float:
+        name, value = self._get(key, default)
+        if value is None:
+            raise ColibriError(f"{self.where}: missing metadata {name!r}")
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise ColibriError(f"{self.where}: metadata {name!r} must be a finite number, got {_show(value)}")
+        if self.gguf.value_types.get(name) == "FLOAT32":
+            return float(str(np.float32(value)))  # the decimal the converter was given
+        return float(value)
+
+    def str(self, key: str, default=None, full: bool = False) -> str | None:
+        name, value = self._get(key, default, full)
+        if value is not None and not isinstance(value, str):
+            raise ColibriError(f"{self.where}: metadata {name!r} must be a string, got {_show(value)}")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        name, value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise ColibriError(f"{self.where}: metadata {name!r} must be true or false, got {_show(value)}")
+        return value
+
+
+def _show(value) -> str:
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _yarn(meta: _Meta, theta: float, truncate: bool) -> RopeSpec:
+    """YaRN from llama.cpp's keys, the attention factor resolved as transformers does when the file
+    has none (0.1 ln(factor) + 1)."""
+    factor = meta.float("rope.scaling.factor")
+    if factor <= 0:
+        raise ColibriError(f"{meta.where}: rope scaling factor must be positive, got {factor}")
+    if meta.has("rope.scaling.yarn_log_multiplier"):
+        raise ColibriError(f"{meta.where}: yarn rope with a log multiplier (mscale) is not supported")
+    beta_fast = meta.float("rope.scaling.yarn_beta_fast", 32.0)
+    beta_slow = meta.float("rope.scaling.yarn_beta_slow", 1.0)
+    if not (beta_fast > 0 and beta_slow > 0):
+        raise ColibriError(f"{meta.where}: yarn rope beta_fast and beta_slow must be positive")
+    if meta.has("rope.scaling.yarn_attn_factor"):
+        attention = meta.float("rope.scaling.yarn_attn_factor")
+    else:
+        attention = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    if attention <= 0:
+        raise ColibriError(f"{meta.where}: yarn attention factor must be positive, got {attention}")
+    return RopeSpec(
+        theta=theta,
+        scaling="yarn",
+        factor=factor,
+        original_max_position_embeddings=meta.int("rope.scaling.original_context_length"),
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        truncate=truncate,
+        attention_factor=attention,
+    )
+
+
+def _rope(meta: _Meta, theta_default: float, yarn_truncate: bool = True) -> RopeSpec:
+    if "rope_freqs.weight" in meta.gguf.tensors:
+        raise ColibriError(
+            f"{meta.where}: llama3 RoPE scaling (a rope_freqs tensor) is not supported from GGUF "
+            f"files (its parameters are not in the metadata)"
+        )
+    theta = meta.float("rope.freq_base", theta_default)
+    if theta <= 0:
+        raise ColibriError(f"{meta.where}: metadata '{meta.arch}.rope.freq_base' must be positive")
+    kind = meta.str("rope.scaling.type", "none")
+    if kind not in ROPE_SCALINGS:
+        raise ColibriError(f"{meta.where}: unsupported rope scaling {kind!r} (supported: {', '.join(ROPE_SCALINGS)})")
+    if kind == "yarn":
+        return _yarn(meta, theta, yarn_truncate)
+    factor = meta.float("rope.scaling.factor", 0.0) if kind == "linear" else 0.0
+    if kind == "none" and meta.has("rope.scale_linear"):
+        factor = meta.float("rope.scale_linear")  # older files
+    if factor and factor != 1.0:
+        if factor <= 0:
+            raise ColibriError(f"{meta.where}: rope scaling factor must be positive, got {factor}")
+        return RopeSpec(theta=theta, scaling="linear", factor=factor)
+    if kind == "linear" and not factor:
+        raise ColibriError(f"{meta.where}: linear rope scaling without '{meta.arch}.rope.scaling.factor'")
+    return RopeSpec(theta=theta)
+
+
+def _windows(meta: _Meta, n_layers: int, default_pattern: int) -> tuple[int, ...]:
+    """Per layer: its window, or 0. default_pattern: llama.cpp's pattern for the architecture (Gemma 3
+    6: every sixth layer global; gpt-oss 2: odd layers global; 0: every layer slides)."""
+    if not meta.has("attention.sliding_window"):
+        return (0,) * n_layers
+    window = meta.int("attention.sliding_window", minimum=0)
+    if window == 0:
+        return (0,) * n_layers
+    if not default_pattern:
+        return (window,) * n_layers  # (Mistral-style: every layer)
+    pattern = meta.gguf.metadata.get(f"{meta.arch}.attention.sliding_window_pattern", default_pattern)
+    if isinstance(pattern, (np.ndarray, list)):
+        if not (isinstance(pattern, np.ndarray) and pattern.dtype == np.bool_) or len(pattern) != n_layers:
+            raise ColibriError(
+                f"{meta.where}: {meta.arch}.attention.sliding_window_pattern must be one boolean per layer "
+                f"({n_layers}), got {len(pattern)} values"
+            )
+        return tuple(window if sliding else 0 for sliding in pattern.tolist())
+    pattern = meta.int("attention.sliding_window_pattern", default_pattern)
+    return tuple(0 if (i + 1) % pattern == 0 else window for i in range(n_layers))
+
+
+def _token_ids(meta: _Meta, vocab: int) -> tuple[int | None, tuple[int, ...]]:
+    data = meta.gguf.metadata
+    bos = meta.int("tokenizer.ggml.bos_token_id", None, 0, full=True) if "tokenizer.ggml.bos_token_id" in data else None
+    eos = [
+        meta.int(f"tokenizer.ggml.{k}_token_id", None, 0, full=True)
+        for k in ("eos", "eot", "eom")
+        if f"tokenizer.ggml.{k}_token_id" in data
+    ]
+    tokens, types = data.get("tokenizer.ggml.tokens"), data.get("tokenizer.ggml.token_type")
+    if isinstance(tokens, list) and isinstance(types, np.ndarray) and len(types) == len(tokens):
+        # Like llama.cpp: control tokens that end a turn stop generation too.
+        eos += [
+            i for i, (text, kind) in enumerate(zip(tokens, types.tolist())) if kind == 3 and text in END_OF_TURN_TEXTS
+        ]
+    eos = tuple(dict.fromkeys(eos))
+    for t in ([bos] if bos is not None else []) + list(eos):
+        if t >= vocab:
+            raise ColibriError(f"{meta.where}: special token id {t} is outside the vocabulary ({vocab})")
+    return bos, eos
+
+
+def parse_metadata(gguf: GgufFile) -> ModelSpec:
+    """GGUF metadata (+ which tensors exist) -> ModelSpec, with every field checked."""
+    arch, info = arch_of(gguf)
+    meta = _Meta(gguf, arch)
+    family = info
+    gemma = family.gemma
+    tensors = gguf.tensors
+    if "token_embd.weight" not in tensors:
+        raise ColibriError(f"{meta.where}: no token_embd.weight tensor")
+
+    hidden = meta.int("embedding_length")
+    n_layers = meta.int("block_count")
+    layers_present = 1 + max((int(m.group(1)) for m in map(LAYER_NAME.fullmatch, tensors) if m), default=-1)
+    if n_layers > layers_present:  # said before any per-layer table is made (a count of 2^32 - 1 would be)
+        raise ColibriError(f"{meta.where}: block_count {n_layers} but the file has tensors for {layers_present} layers")
+    n_heads = meta.int("attention.head_count")
+    if family.gemma4:
+        return _gemma4(gguf, meta, info, hidden, n_layers, n_heads)
+    n_kv = meta.int("attention.head_count_kv", n_heads)
+    if meta.has("attention.key_length"):
+        head_dim = meta.int("attention.key_length")
+        if meta.int("attention.value_length", head_dim) != head_dim:
+            raise ColibriError(f"{meta.where}: attention key and value lengths differ (not supported)")
+    else:
+        if hidden % n_heads:
+            raise ColibriError(f"{meta.where}: embedding_length {hidden} is not divisible by head_count {n_heads}")
+        head_dim = hidden // n_heads
+    if n_heads % n_kv:
+        raise ColibriError(f"{meta.where}: head_count {n_heads} is not divisible by head_count_kv {n_kv}")
+    if head_dim % 2:
+        raise ColibriError(f"{meta.where}: head dimension {head_dim} must be even for rotary embeddings")
+    rope_dim = meta.int("rope.dimension_count", head_dim)
+    if family.hybrid_linear and (rope_dim > head_dim or rope_dim % 2):
+        raise ColibriError(f"{meta.where}: rope.dimension_count {rope_dim} must be even and at most {head_dim}")
+    if not family.hybrid_linear and rope_dim != head_dim:
+        raise ColibriError(
+            f"{meta.where}: partial rotary embeddings (rope.dimension_count "
+            f"{meta.int('rope.dimension_count')} of {head_dim}) are not supported"
+        )
+    vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
+    eps = meta.float("attention.layer_norm_rms_epsilon", 1e-6 if gemma else 1e-5)
+    if not 0 < eps < 1:
+        raise ColibriError(f"{meta.where}: layer_norm_rms_epsilon must be between 0 and 1")
+    bos, eos = _token_ids(meta, vocab)
+
+    def present(part: str) -> bool:
+        return f"blk.0.{part}" in tensors
+
+    qkv_bias = present("attn_q.bias")
+    if family.qkv_bias and not qkv_bias:
+        raise ColibriError(f"{meta.where}: missing tensor 'blk.0.attn_q.bias' ({arch} has q/k/v biases)")
+    moe = {}
+    if family.moe:
+        n_experts = meta.int("expert_count")
+        if n_experts > MAX_EXPERTS:
+            raise ColibriError(f"{meta.where}: expert_count {n_experts} exceeds {MAX_EXPERTS:,} (the most supported)")
+        top_k = meta.int("expert_used_count")
+        check_experts_per_token(meta.where, "expert_used_count", top_k, n_experts)
+        ff = meta.int("feed_forward_length", meta.gguf.metadata.get(f"{arch}.expert_feed_forward_length"))
+        moe = dict(
+            n_experts=n_experts,
+            experts_per_token=top_k,
+            expert_intermediate_size=meta.int("expert_feed_forward_length", ff),
+            # (Qwen3.5 always renormalises, as transformers does, whatever the file says.)
+            norm_topk_prob=True if info.hybrid_linear else meta.bool("expert_weights_norm", info.norm_topk_prob),
+            shared_expert_intermediate_size=(
+                meta.int("expert_shared_feed_forward_length", 0, minimum=0) if family.shared_expert else 0
+            ),
+            moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n_layers)),
+            router=info.router,
+            router_bias=present("ffn_gate_inp.bias"),
+            expert_biases=present("ffn_gate_exps.bias"),
+        )
+        intermediate = ff
+    else:
+        intermediate = meta.int("feed_forward_length")
+
+    return ModelSpec(
+        name=gguf.path.stem,
+        architecture=info.architecture,
+        family=info.family,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        rms_norm_eps=eps,
+        rope=_rope(meta, 1000000.0 if gemma else info.rope_theta, info.yarn_truncate),
+        max_position_embeddings=meta.int("context_length", 2048),
+        tie_embeddings="output.weight" not in tensors,
+        qkv_bias=qkv_bias,
+        o_bias=present("attn_output.bias"),
+        mlp_bias=present("ffn_gate.bias") or present("ffn_up.bias"),
+        qk_norm=family.qk_norm,
+        layer_windows=_windows(meta, n_layers, 6 if gemma else info.swa_pattern),
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        activation="gelu_tanh" if gemma else ("swiglu_clamped" if info.swiglu else "silu"),
+        embed_scale=gemma_embed_scale(hidden) if gemma else 1.0,
+        attn_scale=(meta.float("attention.scale") if meta.has("attention.scale") else float(head_dim) ** -0.5)
+        if gemma
+        else 0.0,
+        post_norms=gemma,
+        rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)) if gemma else None,
+        final_softcap=meta.float("final_logit_softcapping", 0.0) if gemma else 0.0,
+        **moe,
+        **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.hybrid_linear else {}),
+        attn_sinks=info.attn_sinks,
+        **(dict(swiglu_alpha=info.swiglu[0], swiglu_limit=info.swiglu[1]) if info.swiglu else {}),
+    )
+
+
+def _per_layer_ints(meta: _Meta, key: str, n_layers: int) -> tuple[int, ...]:
+    """A key llama.cpp writes as one integer or as one per layer."""
+    name, value = meta._get(key, None)
+    if isinstance(value, np.ndarray) and value.ndim == 1 and len(value) == n_layers and value.dtype.kind in "iu":
+        if (value < 1).any():
+            raise ColibriError(f"{meta.where}: metadata {name!r} must be at least 1 for every layer")
+        return tuple(int(v) for v in value)
+    return (meta.int(key),) * n_layers
+
+
+def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: int, n_heads: int) -> ModelSpec:
+    """llama.cpp's gemma4 keys: the sliding layers' head width (key_length_swa) and the global ones'
+    (key_length), KV heads per layer, the sliding pattern, the per-layer inputs' width, the global
+    layers' proportional RoPE (rope_freqs: the pairs that rotate), the MoE block (expert_count)."""
+    tensors = gguf.tensors
+    head_dim = meta.int("attention.key_length_swa")
+    global_head_dim = meta.int("attention.key_length")
+    for key, width in (("attention.value_length_swa", head_dim), ("attention.value_length", global_head_dim)):
+        if meta.int(key, width) != width:
+            raise ColibriError(f"{meta.where}: attention key and value lengths differ (not supported)")
+    if head_dim % 2 or global_head_dim % 2:
+        raise ColibriError(f"{meta.where}: head dimensions {head_dim} and {global_head_dim} must be even")
+    for key, width in (("rope.dimension_count_swa", head_dim), ("rope.dimension_count", global_head_dim)):
+        if meta.int(key, width) != width:
+            raise ColibriError(f"{meta.where}: metadata '{meta.arch}.{key}' must be the head width {width}")
+    windows = _windows(meta, n_layers, 6)
+    kv = _per_layer_ints(meta, "attention.head_count_kv", n_layers)
+    sliding_kv = {k for k, w in zip(kv, windows) if w} or {kv[0]}
+    global_kv = {k for k, w in zip(kv, windows) if not w} or {kv[0]}
+    if len(sliding_kv) > 1 or len(global_kv) > 1:
+        raise ColibriError(f"{meta.where}: every sliding (and every global) layer must have the same KV heads")
+    n_kv, n_global_kv = sliding_kv.pop(), global_kv.pop()
+    if n_heads % n_kv or n_heads % n_global_kv:
+        raise ColibriError(f"{meta.where}: head_count {n_heads} is not divisible by the layers' KV heads")
+    vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
+    eps = meta.float("attention.layer_norm_rms_epsilon", 1e-6)
+    if not 0 < eps < 1:
+        raise ColibriError(f"{meta.where}: layer_norm_rms_epsilon must be between 0 and 1")
+    bos, eos = _token_ids(meta, vocab)
+    theta = meta.float("rope.freq_base", 1000000.0)
+    if theta <= 0:
+        raise ColibriError(f"{meta.where}: metadata '{meta.arch}.rope.freq_base' must be positive")
+    rope = RopeSpec(theta=theta)
+    if GEMMA4_ROPE_FREQS in tensors:
+        freqs = tensors[GEMMA4_ROPE_FREQS]
+        values = rows_f32(gguf.path, freqs).reshape(-1)
+        rotated = int(np.count_nonzero(values == 1.0))
+        if len(values) != global_head_dim // 2 or not (
+            (values[:rotated] == 1.0).all() and (values[rotated:] >= 1e30).all()
+        ):
+            raise ColibriError(
+                f"{meta.where}: tensor {GEMMA4_ROPE_FREQS!r} must hold {global_head_dim // 2} factors: 1 for each "
+                f"rotated pair, then 1e30 for the others"
+            )
+        rope = RopeSpec(theta=theta, scaling="proportional", rotated_fraction=2 * rotated / global_head_dim)
+    globals_ = [i for i, w in enumerate(windows) if not w]
+    shared = meta.int("attention.shared_kv_layers", 0, minimum=0)
+    first = check_kv_sharing(meta.where, "attention.shared_kv_layers", shared, windows, lambda sliding: "of its kind")
+    # feed_forward_length, one or per layer: the KV-sharing layers' twice the others' with double_wide_mlp.
+    ffs = _per_layer_ints(meta, "feed_forward_length", n_layers)
+    intermediate = ffs[0]
+    double_wide = shared > 0 and ffs[-1] == 2 * intermediate
+    if any(f != intermediate * (2 if double_wide and i >= first else 1) for i, f in enumerate(ffs)):
+        raise ColibriError(
+            f"{meta.where}: metadata '{meta.arch}.feed_forward_length' must be one width, or twice it on the "
+            f"KV-sharing layers only"
+        )
+    moe = {}
+    if meta.has("expert_count"):
+        n_experts, top_k = meta.int("expert_count"), meta.int("expert_used_count")
+        check_experts_per_token(meta.where, "expert_used_count", top_k, n_experts)
+        moe = moe_beside_dense(n_experts, top_k, meta.int("expert_feed_forward_length"), n_layers)
+    return ModelSpec(
+        name=gguf.path.stem,
+        architecture=info.architecture,
+        family=info.family,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        rms_norm_eps=eps,
+        rope=rope,
+        max_position_embeddings=meta.int("context_length", 2048),
+        tie_embeddings="output.weight" not in tensors,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        qk_norm=True,
+        layer_windows=windows,
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        activation="gelu_tanh",
+        embed_scale=gemma_embed_scale(hidden),
+        attn_scale=1.0,
+        post_norms=True,
+        rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)),
+        final_softcap=meta.float("final_logit_softcapping", 0.0),
+        **moe,
+        global_head_dim=0 if global_head_dim == head_dim else global_head_dim,
+        global_kv_heads=0 if n_global_kv == n_kv else n_global_kv,
+        # (a global layer without attn_v: its values are its keys)
+        k_eq_v=bool(globals_) and f"blk.{globals_[0]}.attn_v.weight" not in tensors,
+        v_norm=True,
+        ple_dim=meta.int("embedding_length_per_layer_input", 0, minimum=0),
+        layer_scalars=True,
+        kv_shared_layers=shared,
+        double_wide_mlp=double_wide,
+    )
+
+
+def _hybrid_linear(meta: _Meta, n_layers: int, head_dim: int, rope_dim: int) -> dict:
+    """Qwen3.5's Gated DeltaNet settings from llama.cpp's ssm.* keys; a layer with an ssm_a
+    tensor is a DeltaNet layer, the others gated full attention."""
+    k_heads = meta.int("ssm.group_count")
+    v_heads = meta.int("ssm.time_step_rank")
+    inner = meta.int("ssm.inner_size")
+    if v_heads % k_heads or inner % v_heads:
+        raise ColibriError(
+            f"{meta.where}: ssm.time_step_rank {v_heads} must be a multiple of ssm.group_count {k_heads}, "
+            f"and ssm.inner_size {inner} of it"
+        )
+    linear = tuple(f"blk.{i}.ssm_a" in meta.gguf.tensors for i in range(n_layers))
+    if meta.has("full_attention_interval"):  # llama.cpp's schedule: every interval-th layer full attention
+        interval = meta.int("full_attention_interval")
+        if tuple((i + 1) % interval != 0 for i in range(n_layers)) != linear:
+            full = [i for i, is_linear in enumerate(linear) if not is_linear]
+            raise ColibriError(
+                f"{meta.where}: full_attention_interval {interval} does not match the layers the tensors make "
+                f"full attention ({full})"
+            )
+    if all(linear):
+        raise ColibriError(
+            f"{meta.where}: every layer is a DeltaNet layer (at least one full-attention layer is supported)"
+        )
+    return dict(
+        linear_layers=linear,
+        linear_k_heads=k_heads,
+        linear_v_heads=v_heads,
+        linear_k_dim=meta.int("ssm.state_size"),
+        linear_v_dim=inner // v_heads,
+        linear_conv_kernel=meta.int("ssm.conv_kernel"),
+        attn_output_gate=True,
+        rope_dim=0 if rope_dim == head_dim else rope_dim,
+    )

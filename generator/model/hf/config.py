@@ -1,0 +1,515 @@
+"""config.json (+ generation_config.json) -> ModelSpec, every field checked: typed accessors that
+fail with the key's name, RoPE and its scalings, sliding windows, MoE, Qwen3.5's Gated DeltaNet and
+Gemma 4's settings."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ...errors import ColibriError
+from ..family_facts import check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
+from ..spec import ModelSpec, RopeSpec
+from .families import (
+    ARCHITECTURES,
+    FAMILIES,
+    GELU_TANH,
+    GEMMA4_DEFAULT_ROPE,
+    GEMMA4_UNSUPPORTED,
+    LINEAR_LAYER_TYPES,
+    ROPE_TYPES,
+    TEXT_CONFIG_ARCHITECTURES,
+    Family,
+)
+from .safetensors_io import strict_json
+
+
+def read_json(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ColibriError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ColibriError(f"{path}: cannot read ({e})") from None
+    try:
+        data = strict_json(text)
+    except ValueError as e:
+        raise ColibriError(f"{path.name}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ColibriError(f"{path.name}: expected a JSON object at the top level")
+    return data
+
+
+class _Config:
+    """Typed accessors over config.json that fail with the key's name."""
+
+    def __init__(self, data: dict, where: str):
+        self.data, self.where = data, where
+
+    def int(self, key: str, default=None, minimum: int = 1) -> int:
+        value = self.data.get(key, default)
+        if value is None:
+            raise ColibriError(f"{self.where}: missing required integer {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ColibriError(f"{self.where}: {key!r} must be an integer, got {json.dumps(value)}")
+        if value < minimum:
+            raise ColibriError(f"{self.where}: {key!r} must be at least {minimum}, got {value}")
+        return value
+
+    def float(self, key: str, default=None, data: dict | None = None) -> float:
+        value = (self.data if data is None else data).get(key, default)
+        if value is None:
+            raise ColibriError(f"{self.where}: missing required number {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ColibriError(f"{self.where}: {key!r} must be a finite number, got {json.dumps(value)}")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ColibriError(f"{self.where}: {key!r} must be true or false, got {json.dumps(value)}")
+        return value
+
+
+def _token_ids(value, where: str, key: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ColibriError(f"{where}: {key!r} must be a token id or a list of token ids, got {json.dumps(value)}")
+    return tuple(values)
+
+
+def _rope_from(cfg: _Config, params: dict, theta: float, max_pos: int) -> RopeSpec:
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ColibriError(f"{cfg.where}: unsupported rope type {kind!r} (supported: {', '.join(ROPE_TYPES)})")
+    if theta <= 0:
+        raise ColibriError(f"{cfg.where}: 'rope_theta' must be positive")
+    if kind == "default":
+        return RopeSpec(theta=theta)
+    if kind == "proportional":  # Gemma 4's global layers: the first fraction of the pairs rotate
+        fraction = cfg.float("partial_rotary_factor", 1.0, params)
+        factor = cfg.float("factor", 1.0, params)
+        if not 0 < fraction <= 1 or factor <= 0:
+            raise ColibriError(
+                f"{cfg.where}: proportional rope needs 0 < partial_rotary_factor <= 1 and a positive factor"
+            )
+        return RopeSpec(theta=theta, scaling="proportional", factor=factor, rotated_fraction=fraction)
+    factor = cfg.float("factor", None, params)
+    if factor <= 0:
+        raise ColibriError(f"{cfg.where}: rope 'factor' must be positive")
+    if kind == "linear":
+        return RopeSpec(theta=theta, scaling="linear", factor=factor)
+    if kind == "yarn":
+        return _yarn(cfg, params, theta, factor)
+    low = cfg.float("low_freq_factor", None, params)
+    high = cfg.float("high_freq_factor", None, params)
+    if not 0 < low < high:
+        raise ColibriError(f"{cfg.where}: llama3 rope needs 0 < low_freq_factor < high_freq_factor")
+    original = params.get("original_max_position_embeddings", max_pos)
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ColibriError(f"{cfg.where}: 'original_max_position_embeddings' must be a positive integer")
+    return RopeSpec(
+        theta=theta,
+        scaling="llama3",
+        factor=factor,
+        low_freq_factor=low,
+        high_freq_factor=high,
+        original_max_position_embeddings=original,
+    )
+
+
+def _yarn(cfg: _Config, params: dict, theta: float, factor: float) -> RopeSpec:
+    """YaRN's parameters as transformers 5.24 reads them; the attention factor resolved here
+    (attention_factor, else from mscale and mscale_all_dim, else 0.1 ln(factor) + 1)."""
+    original = params.get("original_max_position_embeddings")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ColibriError(f"{cfg.where}: yarn rope needs a positive integer 'original_max_position_embeddings'")
+    beta_fast = cfg.float("beta_fast", 32.0, params)
+    beta_slow = cfg.float("beta_slow", 1.0, params)
+    if not (beta_fast > 0 and beta_slow > 0):
+        raise ColibriError(f"{cfg.where}: yarn rope 'beta_fast' and 'beta_slow' must be positive")
+    truncate = params.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ColibriError(f"{cfg.where}: yarn rope 'truncate' must be true or false, got {json.dumps(truncate)}")
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if params.get("attention_factor") is not None:
+        attention = cfg.float("attention_factor", None, params)
+    elif params.get("mscale") and params.get("mscale_all_dim"):
+        attention = mscale(factor, cfg.float("mscale", None, params)) / mscale(
+            factor, cfg.float("mscale_all_dim", None, params)
+        )
+    else:
+        attention = mscale(factor)
+    if attention <= 0:
+        raise ColibriError(f"{cfg.where}: yarn rope 'attention_factor' must be positive")
+    return RopeSpec(
+        theta=theta,
+        scaling="yarn",
+        factor=factor,
+        original_max_position_embeddings=original,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        truncate=truncate,
+        attention_factor=attention,
+    )
+
+
+def _rope(cfg: _Config, max_pos: int, default_theta: float = 10000.0) -> RopeSpec:
+    """RoPE of (global) attention layers: transformers 5 `rope_parameters`, or legacy keys."""
+    data = cfg.data
+    params = data.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]  # per layer type (Gemma 3)
+    if isinstance(params, dict):
+        return _rope_from(cfg, params, cfg.float("rope_theta", default_theta, params), max_pos)
+    params = data.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise ColibriError(f"{cfg.where}: 'rope_scaling' must be an object or null")
+    return _rope_from(cfg, params, cfg.float("rope_theta", default_theta), max_pos)
+
+
+def _rope_local(cfg: _Config, max_pos: int) -> RopeSpec:
+    """RoPE of Gemma 3's sliding-window layers: their own base, never scaled."""
+    params = cfg.data.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("sliding_attention"), dict):
+        local = params["sliding_attention"]
+        return _rope_from(cfg, local, cfg.float("rope_theta", 10000.0, local), max_pos)
+    return RopeSpec(theta=cfg.float("rope_local_base_freq", 10000.0))
+
+
+def _layer_windows(cfg: _Config, family: Family, n_layers: int) -> tuple[int, ...]:
+    data = cfg.data
+    window = data.get("sliding_window")
+    layer_types = data.get("layer_types")
+    if family.window_flag and not cfg.bool("use_sliding_window", False):
+        return (0,) * n_layers  # (their configs may carry a sliding_window, even 0, that is not used)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ColibriError(f"{cfg.where}: 'sliding_window' must be a positive integer or null")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+            raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
+        out = []
+        for t in layer_types:
+            if t == "full_attention":
+                out.append(0)
+            elif t == "sliding_attention":
+                if window is None:
+                    raise ColibriError(f"{cfg.where}: sliding_attention layers need 'sliding_window'")
+                out.append(window)
+            else:
+                raise ColibriError(
+                    f"{cfg.where}: unsupported layer type {t!r} (supported: full_attention, sliding_attention)"
+                )
+        return tuple(out)
+    if window is None:
+        return (0,) * n_layers
+    if family.windows == "pattern":
+        pattern = data.get("sliding_window_pattern", data.get("_sliding_window_pattern", 6))
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise ColibriError(f"{cfg.where}: 'sliding_window_pattern' must be a positive integer")
+        return tuple(0 if (i + 1) % pattern == 0 else window for i in range(n_layers))
+    if family.windows == "every_layer":
+        return (window,) * n_layers
+    if family.windows == "alternating":  # gpt-oss without layer_types: even layers slide, odd ones see all
+        return tuple(window if i % 2 == 0 else 0 for i in range(n_layers))
+    first = cfg.int("max_window_layers", n_layers, minimum=0)
+    return tuple(window if i >= first else 0 for i in range(n_layers))
+
+
+def _softcap(cfg: _Config, key: str) -> float:
+    value = cfg.data.get(key)
+    if value is None:
+        return 0.0
+    cap = cfg.float(key)
+    if cap <= 0:
+        raise ColibriError(f"{cfg.where}: {key!r} must be positive or null")
+    return cap
+
+
+def _moe(cfg: _Config, family: Family, n_layers: int) -> dict:
+    """Mixture-of-experts settings: which layers route, to how many experts, how big they are."""
+    key = "num_local_experts" if "num_local_experts" in cfg.data else "num_experts"
+    n_experts = cfg.int(key)
+    top_k = cfg.int("num_experts_per_tok")
+    check_experts_per_token(cfg.where, "num_experts_per_tok", top_k, n_experts)
+    if family.moe == "gpt_oss":
+        # gpt-oss: every layer routes; top-k of the router logits, then softmax over those k.
+        return dict(
+            n_experts=n_experts,
+            experts_per_token=top_k,
+            expert_intermediate_size=cfg.int("intermediate_size"),
+            moe_layers=(True,) * n_layers,
+            router="topk_then_softmax",
+            router_bias=True,
+            expert_biases=True,
+        )
+    if family.moe == "mixtral":
+        # Mixtral: every layer routes; experts have intermediate_size; top-k weights always renormalised.
+        return dict(
+            n_experts=n_experts,
+            experts_per_token=top_k,
+            expert_intermediate_size=cfg.int("intermediate_size"),
+            norm_topk_prob=True,
+            moe_layers=(True,) * n_layers,
+        )
+    step = cfg.int("decoder_sparse_step", 1)
+    dense = cfg.data.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+        raise ColibriError(f"{cfg.where}: 'mlp_only_layers' must be a list of layer indices")
+    shared = cfg.int("shared_expert_intermediate_size", 0, minimum=0) if family.shared_expert else 0
+    return dict(
+        n_experts=n_experts,
+        experts_per_token=top_k,
+        expert_intermediate_size=cfg.int("moe_intermediate_size"),
+        # Qwen3.5's router always renormalises its top k (its config.json has no norm_topk_prob).
+        norm_topk_prob=True if family.hybrid_linear else cfg.bool("norm_topk_prob", False),
+        shared_expert_intermediate_size=shared,
+        moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n_layers)),
+    )
+
+
+def _hybrid_linear(cfg: _Config, n_layers: int, head_dim: int) -> dict:
+    """Qwen3.5's Gated DeltaNet settings: which layers are linear attention (layer_types, or every
+    full_attention_interval-th layer full attention), the DeltaNet heads and convolution, the
+    partial RoPE of its full-attention layers and their output gate."""
+    data = cfg.data
+    layer_types = data.get("layer_types")
+    if layer_types is None:
+        interval = cfg.int("full_attention_interval", 4)
+        layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)]
+    if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+        raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
+    for t in layer_types:
+        if t not in LINEAR_LAYER_TYPES:
+            raise ColibriError(
+                f"{cfg.where}: unsupported layer type {json.dumps(t)} (supported: {', '.join(LINEAR_LAYER_TYPES)})"
+            )
+    if "full_attention" not in layer_types:
+        raise ColibriError(f"{cfg.where}: 'layer_types' has no full_attention layer (at least one is supported)")
+    k_heads = cfg.int("linear_num_key_heads")
+    v_heads = cfg.int("linear_num_value_heads")
+    if v_heads % k_heads:
+        raise ColibriError(
+            f"{cfg.where}: linear_num_value_heads {v_heads} is not a multiple of linear_num_key_heads {k_heads}"
+        )
+    params = data.get("rope_parameters")
+    factor = cfg.float("partial_rotary_factor", data.get("partial_rotary_factor", 1.0), params or {})
+    rope_dim = int(head_dim * factor)
+    if not 0 < factor <= 1 or rope_dim < 2 or rope_dim % 2:
+        raise ColibriError(
+            f"{cfg.where}: partial_rotary_factor {factor} must rotate an even number of head_dim's {head_dim} dims"
+        )
+    return dict(
+        linear_layers=tuple(t == "linear_attention" for t in layer_types),
+        linear_k_heads=k_heads,
+        linear_v_heads=v_heads,
+        linear_k_dim=cfg.int("linear_key_head_dim"),
+        linear_v_dim=cfg.int("linear_value_head_dim"),
+        linear_conv_kernel=cfg.int("linear_conv_kernel_dim"),
+        attn_output_gate=True,
+        rope_dim=0 if rope_dim == head_dim else rope_dim,
+    )
+
+
+# A layer's kind as config.json's layer_types names it, by whether it slides.
+LAYER_TYPES = {True: "sliding_attention", False: "full_attention"}
+
+
+def _gemma4(cfg: _Config, n_layers: int, windows: tuple[int, ...], vocab: int) -> dict:
+    """Gemma 4's settings beyond Gemma 3's: the global layers' head width and KV heads
+    (per_layer_config as transformers saves it, or global_head_dim and num_global_key_value_heads),
+    keys equal to values there, the per-layer inputs, the MoE block beside the dense FFN. Refuses
+    what is not supported, by name."""
+    data = cfg.data
+    for key, (supported, what) in GEMMA4_UNSUPPORTED.items():
+        if data.get(key, supported) != supported:
+            raise ColibriError(f"{cfg.where}: {key!r} = {json.dumps(data[key])} ({what}) is not supported")
+    k_eq_v = cfg.bool("attention_k_eq_v", False)
+    head_dim = cfg.int("head_dim")
+    per_layer = data.get("per_layer_config")
+    if per_layer is not None:
+        if not isinstance(per_layer, dict):
+            raise ColibriError(f"{cfg.where}: 'per_layer_config' must be an object of layer overrides")
+        overrides = set()
+        for key, value in per_layer.items():
+            if not (isinstance(key, str) and key.isdigit() and int(key) < n_layers) or not isinstance(value, dict):
+                raise ColibriError(f"{cfg.where}: 'per_layer_config' key {json.dumps(key)} is not a layer index")
+            if windows[int(key)] or set(value) - {"head_dim", "num_key_value_heads"}:
+                raise ColibriError(
+                    f"{cfg.where}: 'per_layer_config' supports head_dim and num_key_value_heads of full_attention "
+                    f"layers only (layer {key})"
+                )
+            overrides.add(json.dumps(value, sort_keys=True))
+        if len(overrides) > 1:
+            raise ColibriError(f"{cfg.where}: 'per_layer_config' must give every full_attention layer the same shape")
+        one = json.loads(overrides.pop()) if overrides else {}
+        global_head_dim = _Config(one, f"{cfg.where} per_layer_config").int("head_dim", head_dim)
+        global_kv = _Config(one, f"{cfg.where} per_layer_config").int("num_key_value_heads", 0, minimum=0)
+    else:
+        global_head_dim = cfg.int("global_head_dim", 512)
+        global_kv = cfg.int("num_global_key_value_heads", 0, minimum=0) if k_eq_v else 0
+    n_heads = cfg.int("num_attention_heads")
+    if global_head_dim % 2:
+        raise ColibriError(f"{cfg.where}: global head_dim {global_head_dim} must be even for rotary embeddings")
+    if global_kv and n_heads % global_kv:
+        raise ColibriError(
+            f"{cfg.where}: num_attention_heads {n_heads} is not divisible by the global layers' {global_kv} KV heads"
+        )
+    ple = data.get("hidden_size_per_layer_input") or 0
+    if ple:
+        ple = cfg.int("hidden_size_per_layer_input")
+        if cfg.int("vocab_size_per_layer_input", vocab) != vocab:
+            raise ColibriError(f"{cfg.where}: 'vocab_size_per_layer_input' must equal vocab_size ({vocab})")
+    moe = {}
+    if cfg.bool("enable_moe_block", False):
+        n_experts = cfg.int("num_experts")
+        top_k = cfg.int("top_k_experts")
+        check_experts_per_token(cfg.where, "top_k_experts", top_k, n_experts)
+        moe = moe_beside_dense(n_experts, top_k, cfg.int("moe_intermediate_size"), n_layers)
+    shared = cfg.int("num_kv_shared_layers", 0, minimum=0)
+    check_kv_sharing(cfg.where, "num_kv_shared_layers", shared, windows, lambda sliding: LAYER_TYPES[sliding])
+    return dict(
+        kv_shared_layers=shared,
+        double_wide_mlp=cfg.bool("use_double_wide_mlp", False) and shared > 0,
+        global_head_dim=0 if global_head_dim == head_dim else global_head_dim,
+        global_kv_heads=0 if global_kv in (0, cfg.int("num_key_value_heads")) else global_kv,
+        k_eq_v=k_eq_v,
+        v_norm=True,
+        ple_dim=ple,
+        layer_scalars=True,
+        **moe,
+    )
+
+
+def parse_config(data: dict, name: str, generation: dict | None = None) -> ModelSpec:
+    """config.json (+ optional generation_config.json) -> ModelSpec, with every field checked."""
+    cfg = _Config(data, "config.json")
+    archs = data.get("architectures")
+    supported = ", ".join(ARCHITECTURES)
+    if not isinstance(archs, list) or len(archs) != 1 or not isinstance(archs[0], str):
+        raise ColibriError(f"config.json: 'architectures' must name one architecture (supported: {supported})")
+    arch = archs[0]
+    if arch not in ARCHITECTURES:
+        raise ColibriError(f"unsupported architecture {arch!r} (supported: {supported})")
+    family_name = ARCHITECTURES[arch]
+    family = FAMILIES[family_name]
+    if arch in TEXT_CONFIG_ARCHITECTURES:
+        text = data.get("text_config")
+        if not isinstance(text, dict):
+            raise ColibriError(f"config.json: {arch} needs a 'text_config' object")
+        cfg = _Config(text, "config.json text_config")
+        data = text
+    gemma = family.gemma
+
+    hidden = cfg.int("hidden_size")
+    n_heads = cfg.int("num_attention_heads")
+    n_kv = cfg.int("num_key_value_heads", n_heads)
+    head_dim = data.get("head_dim")
+    if head_dim is None:
+        if hidden % n_heads:
+            raise ColibriError(f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {n_heads}")
+        head_dim = hidden // n_heads
+    else:
+        head_dim = cfg.int("head_dim")
+    if n_heads % n_kv:
+        raise ColibriError(f"config.json: num_attention_heads {n_heads} is not divisible by num_key_value_heads {n_kv}")
+    if head_dim % 2:
+        raise ColibriError(f"config.json: head_dim {head_dim} must be even for rotary embeddings")
+    if gemma:
+        act = data.get("hidden_activation", data.get("hidden_act", "gelu_pytorch_tanh"))
+        if act not in GELU_TANH:
+            raise ColibriError(
+                f"config.json: unsupported hidden_activation {act!r} for {arch} (supported: {', '.join(GELU_TANH)})"
+            )
+        activation = "gelu_tanh"
+    else:
+        act = data.get("hidden_act", "silu")
+        if act != "silu":
+            raise ColibriError(f"config.json: unsupported hidden_act {act!r} for {arch} (supported: silu)")
+        activation = "silu"
+    swiglu = {}
+    if family.clamped_swiglu:
+        activation = "swiglu_clamped"
+        swiglu = dict(swiglu_alpha=cfg.float("swiglu_alpha", 1.702), swiglu_limit=cfg.float("swiglu_limit", 7.0))
+        if swiglu["swiglu_limit"] <= 0:
+            raise ColibriError(f"config.json: 'swiglu_limit' must be positive, got {swiglu['swiglu_limit']}")
+    if not family.hybrid_linear and data.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ColibriError("config.json: partial_rotary_factor other than 1.0 is not supported")
+    n_layers = cfg.int("num_hidden_layers")
+    max_pos = cfg.int("max_position_embeddings", 2048)
+    eps = cfg.float("rms_norm_eps", 1e-6)
+    if not 0 < eps < 1:
+        raise ColibriError("config.json: 'rms_norm_eps' must be between 0 and 1")
+
+    attention_bias = cfg.bool("attention_bias", False)
+    qkv_bias = True if family.qkv_bias == "always" else attention_bias
+    o_bias = False if family.o_bias == "never" else attention_bias
+    mlp_bias = cfg.bool("mlp_bias", False) if family.mlp_bias else False
+
+    bos = _token_ids(data.get("bos_token_id"), "config.json", "bos_token_id")
+    eos = _token_ids(data.get("eos_token_id"), "config.json", "eos_token_id")
+    if generation:
+        if "bos_token_id" in generation:
+            bos = _token_ids(generation["bos_token_id"], "generation_config.json", "bos_token_id") or bos
+        if "eos_token_id" in generation:
+            eos = _token_ids(generation["eos_token_id"], "generation_config.json", "eos_token_id") or eos
+    vocab = cfg.int("vocab_size")
+    for t in bos + eos:
+        if t >= vocab:
+            raise ColibriError(f"config.json: special token id {t} is outside the vocabulary ({vocab})")
+    windows = _layer_windows(cfg, family, n_layers)
+    gemma4 = _gemma4(cfg, n_layers, windows, vocab) if family.gemma4 else {}
+
+    return ModelSpec(
+        name=name,
+        architecture=arch,
+        family=family_name,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        # (Qwen3.5 has no dense FFN: every layer routes, and its config.json no intermediate_size.)
+        intermediate_size=cfg.int(
+            "intermediate_size", data.get("moe_intermediate_size") if family.hybrid_linear else None
+        ),
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        rms_norm_eps=eps,
+        rope=(
+            GEMMA4_DEFAULT_ROPE
+            if family.gemma4 and data.get("rope_parameters") is None
+            else _rope(cfg, max_pos, 1000000.0 if gemma else family.default_theta)
+        ),
+        max_position_embeddings=max_pos,
+        tie_embeddings=cfg.bool("tie_word_embeddings", gemma),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=mlp_bias,
+        qk_norm=family.qk_norm,
+        layer_windows=windows,
+        bos_token_id=bos[0] if bos else None,
+        eos_token_ids=eos,
+        activation=activation,
+        embed_scale=gemma_embed_scale(hidden) if gemma else 1.0,
+        # (Gemma 4 normalises queries and keys and scores them unscaled.)
+        attn_scale=1.0 if family.gemma4 else (cfg.float("query_pre_attn_scalar", head_dim) ** -0.5) if gemma else 0.0,
+        post_norms=gemma,
+        rope_local=_rope_local(cfg, max_pos) if gemma else None,
+        # (Gemma 3 configs may carry attn_logit_softcapping, but transformers' Gemma 3 never applies it.)
+        # transformers applies final_logit_softcapping in Gemma3ForCausalLM, not in the multimodal class.
+        final_softcap=_softcap(cfg, "final_logit_softcapping") if arch != "Gemma3ForConditionalGeneration" else 0.0,
+        **(_moe(cfg, family, n_layers) if family.moe else {}),
+        **gemma4,
+        **(_hybrid_linear(cfg, n_layers, head_dim) if family.hybrid_linear else {}),
+        attn_sinks=family.attn_sinks,
+        **swiglu,
+    )

@@ -1,0 +1,212 @@
+"""Hugging Face tensor names -> canonical names: the parts of a layer each family's checkpoint
+holds (attention, FFN, MoE, Gemma 4's, gpt-oss's, Qwen3.5's DeltaNet), the prefixes under which a
+multimodal checkpoint keeps its text tower, and what is not text.
+
+Canonical tensor names (used by the planner, the weight image, the generated C and the reference):
+  embed, final_norm, lm_head (untied only), and per layer ``layers.N.<part>`` with parts
+  attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, q_norm, k_norm, ffn_norm, w_gate, w_up, w_down,
+  b_gate, b_up, b_down (biases and q/k norms only where the architecture has them).
+"""
+
+from __future__ import annotations
+
+from ..spec import ModelSpec
+from .families import FAMILIES
+
+# A Gated DeltaNet layer's tensors (Qwen3.5's linear_attn).
+HF_LINEAR_LAYER_PARTS = {
+    "linear_attn.in_proj_qkv.weight": "lin_qkv",
+    "linear_attn.in_proj_z.weight": "lin_z",
+    "linear_attn.in_proj_b.weight": "lin_b",
+    "linear_attn.in_proj_a.weight": "lin_a",
+    "linear_attn.conv1d.weight": "lin_conv",
+    "linear_attn.dt_bias": "lin_dt_bias",
+    "linear_attn.A_log": "lin_decay_scale",
+    "linear_attn.norm.weight": "lin_norm",
+    "linear_attn.out_proj.weight": "lin_out",
+}
+
+
+HF_LAYER_PARTS = {
+    "input_layernorm.weight": "attn_norm",
+    "self_attn.q_proj.weight": "wq",
+    "self_attn.k_proj.weight": "wk",
+    "self_attn.v_proj.weight": "wv",
+    "self_attn.o_proj.weight": "wo",
+    "self_attn.q_proj.bias": "bq",
+    "self_attn.k_proj.bias": "bk",
+    "self_attn.v_proj.bias": "bv",
+    "self_attn.o_proj.bias": "bo",
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
+    "post_attention_layernorm.weight": "ffn_norm",
+    "mlp.gate_proj.weight": "w_gate",
+    "mlp.up_proj.weight": "w_up",
+    "mlp.down_proj.weight": "w_down",
+    "mlp.gate_proj.bias": "b_gate",
+    "mlp.up_proj.bias": "b_up",
+    "mlp.down_proj.bias": "b_down",
+}
+
+
+# Gemma's norms: post_attention_layernorm normalises the attention output (not the FFN input).
+HF_GEMMA_LAYER_PARTS = dict(
+    HF_LAYER_PARTS,
+    **{
+        "post_attention_layernorm.weight": "post_attn_norm",
+        "pre_feedforward_layernorm.weight": "ffn_norm",
+        "post_feedforward_layernorm.weight": "post_ffn_norm",
+    },
+)
+
+
+# Gemma 4's parts beyond Gemma 3's: the MoE block's norms, router and experts (stacked: fused_parts),
+# the per-layer inputs' gate, projection and norm, the layer scalar.
+HF_GEMMA4_LAYER_PARTS = dict(
+    HF_GEMMA_LAYER_PARTS,
+    **{
+        "post_feedforward_layernorm_1.weight": "post_dense_norm",
+        "pre_feedforward_layernorm_2.weight": "moe_norm",
+        "post_feedforward_layernorm_2.weight": "post_moe_norm",
+        "router.proj.weight": "router",
+        "router.scale": "router_norm",
+        "router.per_expert_scale": "expert_scale",
+        "per_layer_input_gate.weight": "ple_gate",
+        "per_layer_projection.weight": "ple_proj",
+        "post_per_layer_input_norm.weight": "ple_norm",
+        "layer_scalar": "layer_scalar",
+    },
+)
+
+
+HF_GEMMA4_GLOBAL = {
+    "model.embed_tokens_per_layer.weight": "ple_embed",
+    "model.per_layer_model_projection.weight": "ple_model_proj",
+    "model.per_layer_projection_norm.weight": "ple_proj_norm",
+}
+
+
+# What a KV-sharing layer of a Gemma 4 checkpoint may still hold and does not use (transformers
+# ignores them too).
+GEMMA4_UNUSED_KV_PARTS = (
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.k_norm.weight",
+    "self_attn.v_norm.weight",
+)
+
+
+# Prefixes under which multimodal checkpoints keep their text tower, and parts that are not text.
+TEXT_TOWER_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+
+
+NOT_TEXT_PREFIXES = (
+    "model.vision_tower.",
+    "vision_tower.",
+    "model.multi_modal_projector.",
+    "multi_modal_projector.",
+    "model.visual.",  # Qwen3.5's vision tower
+    "mtp.",  # Qwen3.5's multi-token-prediction head: not part of next-token decoding
+    "model.audio_tower.",  # Gemma 4's audio tower and the embedders of both towers
+    "model.embed_vision.",
+    "model.embed_audio.",
+)
+
+
+# Expert weights: Mixtral's block_sparse_moe.experts.E.w1/w3/w2, Qwen-MoE's mlp.experts.E.*_proj.
+HF_EXPERT_PARTS = {
+    "w1": "w_gate",
+    "w3": "w_up",
+    "w2": "w_down",
+    "gate_proj": "w_gate",
+    "up_proj": "w_up",
+    "down_proj": "w_down",
+}
+
+
+HF_MOE_LAYER_PARTS = {
+    "block_sparse_moe.gate.weight": "router",
+    "mlp.gate.weight": "router",
+    "mlp.shared_expert.gate_proj.weight": "shared.w_gate",
+    "mlp.shared_expert.up_proj.weight": "shared.w_up",
+    "mlp.shared_expert.down_proj.weight": "shared.w_down",
+    "mlp.shared_expert_gate.weight": "shared_gate",
+}
+
+
+# gpt-oss: the router and the sinks under their own names (a family without them meets them as
+# unexpected tensors, as any other), and a layer's experts in fused tensors, [E, hidden, 2 x inner]
+# with gate and up interleaved (gate = [..., ::2], up = [..., 1::2]), [E, inner, hidden] for down
+# (both applied as x @ W), and their biases [E, 2 x inner] and [E, hidden] (fused_parts).
+HF_GPT_OSS_LAYER_PARTS = {
+    "self_attn.sinks": "sinks",
+    "mlp.router.weight": "router",
+    "mlp.router.bias": "router_bias",
+}
+
+
+HF_FUSED_EXPERT_BIASES = {
+    "mlp.experts.gate_up_proj_bias": (("expert_b_gate", 0), ("expert_b_up", 1)),
+    "mlp.experts.down_proj_bias": (("expert_b_down", None),),
+}
+
+
+HF_GLOBAL = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
+
+
+def canonical_name(hf_name: str, family: str) -> str | None:
+    hf_name = text_tower_name(hf_name)
+    if hf_name in HF_GLOBAL:
+        return HF_GLOBAL[hf_name]
+    if FAMILIES[family].gemma4 and hf_name in HF_GEMMA4_GLOBAL:
+        return HF_GEMMA4_GLOBAL[hf_name]
+    parts = HF_GEMMA_LAYER_PARTS if FAMILIES[family].gemma else HF_LAYER_PARTS
+    if FAMILIES[family].gemma4:
+        parts = HF_GEMMA4_LAYER_PARTS
+    if hf_name.startswith("model.layers."):
+        rest = hf_name[len("model.layers.") :]
+        index, _, part = rest.partition(".")
+        if not index.isdigit() or str(int(index)) != index:
+            return None
+        if part in parts:
+            return f"layers.{index}.{parts[part]}"
+        if FAMILIES[family].gemma4:
+            return None
+        if part in HF_MOE_LAYER_PARTS:
+            return f"layers.{index}.{HF_MOE_LAYER_PARTS[part]}"
+        if FAMILIES[family].hybrid_linear and part in HF_LINEAR_LAYER_PARTS:
+            return f"layers.{index}.{HF_LINEAR_LAYER_PARTS[part]}"
+        if part in HF_GPT_OSS_LAYER_PARTS:
+            return f"layers.{index}.{HF_GPT_OSS_LAYER_PARTS[part]}"
+        for prefix in ("block_sparse_moe.experts.", "mlp.experts."):
+            if part.startswith(prefix):
+                expert, _, rest = part[len(prefix) :].partition(".")
+                name = rest[: -len(".weight")] if rest.endswith(".weight") else None
+                if expert.isdigit() and str(int(expert)) == expert and name in HF_EXPERT_PARTS:
+                    return f"layers.{index}.experts.{expert}.{HF_EXPERT_PARTS[name]}"
+    return None
+
+
+def unused_kv_part(hf_name: str, spec: ModelSpec) -> bool:
+    hf_name = text_tower_name(hf_name)
+    if not hf_name.startswith("model.layers."):
+        return False
+    index, _, part = hf_name[len("model.layers.") :].partition(".")
+    return (
+        index.isdigit()
+        and int(index) < spec.n_layers
+        and spec.is_kv_consumer(int(index))
+        and part in GEMMA4_UNUSED_KV_PARTS
+    )
+
+
+def text_tower_name(hf_name: str) -> str:
+    """A multimodal checkpoint's text-tower tensor under the name a text-only checkpoint gives it."""
+    for prefix, replacement in TEXT_TOWER_PREFIXES:
+        if hf_name.startswith(prefix):
+            return replacement + hf_name[len(prefix) :]
+    return hf_name

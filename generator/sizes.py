@@ -54,7 +54,7 @@ class AutoBudget:
     margin: int = AUTO_MARGIN_BYTES
 
     def firmware_option(self) -> str:
-        """The Linux firmware's --memory-budget value (bsp/linux/main.c): the margin in bytes."""
+        """The Linux firmware's --memory-budget value (bsp/linux/options.c): the margin in bytes."""
         return f"auto-{self.margin}"
 
     def __str__(self) -> str:

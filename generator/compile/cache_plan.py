@@ -310,7 +310,7 @@ class AutoChoice:
 
 
 def auto_budget(c: CacheConstants, usable: int) -> int | None:
-    """The budget auto gives the firmware from `usable` bytes (runtime: bsp/linux/main.c): 0
+    """The budget auto gives the firmware from `usable` bytes (runtime: bsp/linux/budget.c): 0
     (unlimited) when it holds every expert in a slot, so the whole model; None when it is too small."""
     if usable >= c.budget_for(c.max_slots):
         return 0

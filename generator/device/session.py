@@ -40,7 +40,7 @@ class RunRequest:
     # compile/cache_plan.py), prefetching on the I/O thread, and a storage read probe of this
     # many MiB of the image file before decoding (None: none).
     memory_budget: int | AutoBudget = 0
-    # None: the firmware chooses (bsp/linux/main.c): LRU with top-k slots per MoE layer or more, else
+    # None: the firmware chooses (bsp/linux/held_weights.c): LRU with top-k slots per MoE layer or more, else
     # LFU; no prefetch (measured slower, docs/performance.md).
     prefetch: bool | None = None
     probe_storage_mib: int | None = None

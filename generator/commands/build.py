@@ -123,16 +123,18 @@ def clean(args: argparse.Namespace) -> int:
         )
         if part
     )
-    cache, cache_freed = None, None
+    cache: Path | None = None
+    cache_freed = 0
     if args.cache:
         cache = resolve_cache_dir(args.cache_dir)
         cache_freed = empty_cache(cache)
     cache_text = f"emptied the build cache {cache} ({cache_freed / 1e6:.1f} MB)" if cache is not None else None
-    cache_fields = dict(cache=str(cache), cache_bytes=cache_freed) if cache is not None else {}
+    cache_name = str(cache) if cache is not None else None
+    cache_bytes = cache_freed if cache is not None else None
     if not dirs:
         message = f"nothing to clean under {root}" + (f" for {what}" if what else "")
         if args.json:
-            print_json(Cleaned([], 0, **cache_fields).to_json(), indent=None)
+            print_json(Cleaned([], 0, cache_name, cache_bytes).to_json(), indent=None)
         else:
             print(message)
             if cache_text:
@@ -141,7 +143,7 @@ def clean(args: argparse.Namespace) -> int:
     freed = remove_builds(dirs)
     shown = [f"{root.name}/{d.relative_to(root)}" for d in dirs]
     if args.json:
-        print_json(Cleaned(shown, freed, **cache_fields).to_json())
+        print_json(Cleaned(shown, freed, cache_name, cache_bytes).to_json())
     else:
         print(f"removed {', '.join(shown)} ({freed / 1e6:.1f} MB)")
         if cache_text:

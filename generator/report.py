@@ -18,6 +18,7 @@ from .compile.plan import (
     planned_use,
     with_kv_type,
 )
+from .documents import JsonDocument
 from .errors import ColibriError
 from .numerics.kv_cache import kv_arena_bytes
 
@@ -97,19 +98,16 @@ def linked_use(board: Board, plan: Plan, elf: ElfSizes) -> Callable[[Plan], list
 
 
 @dataclass(frozen=True)
-class KeptF32:
+class KeptF32(JsonDocument):
     """The matrices a q8_0, q4_0 or q4_1 plan keeps in f32 (rows not whole blocks), with their bytes."""
 
     tensors: dict[str, int]  # tensor name -> bytes
     bytes: int
     summary: str | None  # one line on them; None when there are none
 
-    def to_json(self) -> dict[str, object]:
-        return {"tensors": self.tensors, "bytes": self.bytes, "summary": self.summary}
-
 
 @dataclass(frozen=True)
-class KvTypeRow:
+class KvTypeRow(JsonDocument):
     """One KV cache type for this model on this board: its bytes at the report's context, per
     position, and the largest context that fits with it (None: no limit on the board)."""
 
@@ -117,14 +115,6 @@ class KvTypeRow:
     bytes: int
     bytes_per_position: int
     largest_ctx_that_fits: int | None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "kv_type": self.kv_type,
-            "bytes": self.bytes,
-            "bytes_per_position": self.bytes_per_position,
-            "largest_ctx_that_fits": self.largest_ctx_that_fits,
-        }
 
 
 def kv_type_rows(board: Board, plan: Plan, uses: Callable[[Plan], list[RegionUse]] | None) -> list[KvTypeRow]:

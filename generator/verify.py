@@ -4,7 +4,7 @@ step) and the rates a run reports are computed here, once, for `verify`, `releas
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -13,6 +13,7 @@ from .compile.firmware_id import firmware_build_id
 from .compile.image import identity_sha256, map_image
 from .compile.plan import Plan
 from .device.session import CacheStats, RunRequest, RunResult, Selftest, cache_stats
+from .documents import JsonDocument, json_meta
 from .errors import ColibriError
 from .reference import Generation, Reference
 
@@ -62,16 +63,16 @@ def firmware_identity(board: Board, art: Artifacts, plan: Plan) -> FirmwareIdent
 def identity_differences(hello: dict[str, str], identity: FirmwareIdentity) -> list[str]:
     """What differs between a hello frame and this build, one phrase per field ([] if nothing)."""
 
-    def show(field: str, value: str) -> str:
-        return value[:16] + "…" if field in _HASHES and len(value) > 16 else value
+    def show(name: str, value: str) -> str:
+        return value[:16] + "…" if name in _HASHES and len(value) > 16 else value
 
     out = []
-    for field, expected in identity.fields().items():
-        got = hello.get(field)
+    for name, expected in identity.fields().items():
+        got = hello.get(name)
         if got is None:
-            out.append(f"no {_FIELD_NAMES[field]} reported (this build: {show(field, expected)})")
+            out.append(f"no {_FIELD_NAMES[name]} reported (this build: {show(name, expected)})")
         elif got.lower() != expected.lower():
-            out.append(f"{_FIELD_NAMES[field]} {show(field, got)} (this build: {show(field, expected)})")
+            out.append(f"{_FIELD_NAMES[name]} {show(name, got)} (this build: {show(name, expected)})")
     return out
 
 
@@ -213,10 +214,13 @@ def verify_run(
 
 
 @dataclass(frozen=True)
-class RunRates:
+class RunRates(JsonDocument):
     """A run's speeds from its stats frame: tokens per second (wall clock) or instructions per
     token (boards that count them); None where the run has no such figure."""
 
+    # Speculative decoding (None: not asked for, and not in the document): passes that checked a
+    # draft, tokens drafted, taken.
+    speculation: dict[str, float] | None = field(metadata=json_meta(omit_none=True))
     prompt_tokens: int
     prefill_seconds: float
     prefill_tok_s: float | None
@@ -227,22 +231,6 @@ class RunRates:
     # Exact retired instructions, on boards that count them (qemu-rv32, esp32p4).
     prefill_instructions_per_token: float | None
     decode_instructions_per_token: float | None
-    # Speculative decoding (None: not asked for): passes that checked a draft, tokens drafted, taken.
-    speculation: dict[str, float] | None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            **({"speculation": self.speculation} if self.speculation else {}),
-            "prompt_tokens": self.prompt_tokens,
-            "prefill_seconds": self.prefill_seconds,
-            "prefill_tok_s": self.prefill_tok_s,
-            "decode_forward_passes": self.decode_forward_passes,
-            "decode_seconds": self.decode_seconds,
-            "decode_tok_s": self.decode_tok_s,
-            "forward_tok_s": self.forward_tok_s,
-            "prefill_instructions_per_token": self.prefill_instructions_per_token,
-            "decode_instructions_per_token": self.decode_instructions_per_token,
-        }
 
 
 def rates(result: RunResult) -> RunRates:
@@ -292,15 +280,6 @@ class RunStats(RunRates):
     instructions_counted: str | None
     memory_budget: int | str  # bytes, or "auto"
     weights_held: CacheStats | None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            **super().to_json(),
-            "emulated_by": self.emulated_by,
-            "instructions_counted": self.instructions_counted,
-            "memory_budget": self.memory_budget,
-            "weights_held": self.weights_held.to_json() if self.weights_held else None,
-        }
 
 
 def instructions_scope(request: RunRequest, result: RunResult) -> str:

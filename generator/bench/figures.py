@@ -5,11 +5,12 @@ token could reach, the bytes sent to a board over SSH)."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, TypeVar
 
 from ..boards import Board
 from ..device.session import CacheStats, RemoteRun, RunRequest, RunResult, cache_stats
+from ..documents import JsonDocument, json_meta
 from ..verify import RunRates, rates, run_stats
 from .plain import PlainFigures
 
@@ -44,13 +45,13 @@ def latency_percentiles(token_us: list[int]) -> Latencies | None:
 
 
 @dataclass(frozen=True)
-class CacheFigures:
+class CacheFigures(JsonDocument):
     """One run's expert cache over its decode (or the median over the runs: cache_summary): the
     stats frame's counters, the hit rate, bytes read from storage and time waiting on reads per
     decoded token, the storage bandwidth the firmware measured just before, and the decode speed
     that bandwidth allows if a token only waited on its reads (bytes per token / bandwidth)."""
 
-    stats: CacheStats
+    stats: CacheStats = field(metadata=json_meta(flatten=True))
     hit_rate: float | None  # None: no expert was used
     read_bytes_per_token: float
     read_wait_ms_per_token: float
@@ -59,37 +60,17 @@ class CacheFigures:
     storage_bound_tok_s: float | None
     of_storage_bound: float | None
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            **self.stats.to_json(),
-            "hit_rate": self.hit_rate,
-            "read_bytes_per_token": self.read_bytes_per_token,
-            "read_wait_ms_per_token": self.read_wait_ms_per_token,
-            "storage_read_bytes_s": self.storage_read_bytes_s,
-            "storage_direct": self.storage_direct,
-            "storage_bound_tok_s": self.storage_bound_tok_s,
-            "of_storage_bound": self.of_storage_bound,
-        }
-
 
 @dataclass(frozen=True)
-class RunFigures:
+class RunFigures(JsonDocument):
     """One run's speeds (labelled as verify.run_stats labels them when the board and request are
     known) and, where the firmware probed the read bandwidth just before it, that figure and the
     share of it the decode's weight reads took; its expert cache under a memory budget."""
 
-    run: RunRates
+    run: RunRates = field(metadata=json_meta(flatten=True))
     read_bandwidth_bytes_s: int | None
     bandwidth_fraction: float | None
     cache: CacheFigures | None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            **self.run.to_json(),
-            "read_bandwidth_bytes_s": self.read_bandwidth_bytes_s,
-            "bandwidth_fraction": self.bandwidth_fraction,
-            "cache": self.cache.to_json() if self.cache else None,
-        }
 
 
 def run_figures(
@@ -153,14 +134,11 @@ class BoundFigures(PlainFigures):
 
 
 @dataclass(frozen=True)
-class CacheSummary:
+class CacheSummary(JsonDocument):
     """The expert cache over the runs: the median of each figure, and under a budget its bounds."""
 
-    medians: CacheFigures
-    bound: BoundFigures | None  # None: no budget
-
-    def to_json(self) -> dict[str, object]:
-        return {**self.medians.to_json(), **(self.bound.to_json() if self.bound else {})}
+    medians: CacheFigures = field(metadata=json_meta(flatten=True))
+    bound: BoundFigures | None = field(metadata=json_meta(flatten=True))  # None: no budget
 
 
 def cache_summary(runs: list[RunFigures]) -> CacheFigures | None:

@@ -5,13 +5,14 @@ either an emulated MCU's exact instruction counts (CountedFigures) or wall-clock
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from ..boards import Board
 from ..compile.cache_plan import CachePlan
 from ..compile.plan import Plan
 from ..device.session import RemoteRun, RunResult
+from ..documents import JsonDocument, json_field, json_meta
 from ..verify import RunRates, RunStats
 from .cost import PredictedSpeed, decode_attention_macs, macs_per_token, predict_speed, predicted_timing
 from .figures import (
@@ -58,33 +59,24 @@ class BandwidthProbe:
 
 
 @dataclass(frozen=True)
-class ClockedFigures:
+class ClockedFigures(JsonDocument):
     """Wall-clock figures (boards that do not count instructions): the medians over the runs,
     the middle run's latencies, the peak RSS, and the read bandwidth the firmware measured."""
 
     prefill_tok_s: float | None
     decode_tok_s: float | None
     forward_only_tok_s: float | None
-    ms_per_token: Latencies | None  # None: a run of fewer than two tokens
+    # None: a run of fewer than two tokens (in the document: {})
+    ms_per_token: Latencies | None = field(
+        metadata=json_meta(convert=lambda latencies: latencies.to_json() if latencies else {})
+    )
     peak_rss_bytes: int
-    bandwidth: BandwidthFigures
+    bandwidth: BandwidthFigures = field(metadata=json_meta(flatten=True))
     read_bandwidth_probe: BandwidthProbe | None
-
-    def to_json(self) -> dict[str, object]:
-        probe = self.read_bandwidth_probe
-        return {
-            "prefill_tok_s": self.prefill_tok_s,
-            "decode_tok_s": self.decode_tok_s,
-            "forward_only_tok_s": self.forward_only_tok_s,
-            "ms_per_token": self.ms_per_token.to_json() if self.ms_per_token else {},
-            "peak_rss_bytes": self.peak_rss_bytes,
-            **self.bandwidth.to_json(),
-            "read_bandwidth_probe": asdict(probe) if probe else None,
-        }
 
 
 @dataclass(frozen=True)
-class BenchResult:
+class BenchResult(JsonDocument):
     """bench's figures: what ran where, each run's, the stream, the expert cache, the in-RAM
     comparison, and either exact instruction counts (`counted`) or wall-clock speeds (`clocked`).
     to_json() is the --json document."""
@@ -105,45 +97,15 @@ class BenchResult:
     weight_bytes_per_token: int
     macs_per_token: int
     runs: list[RunFigures]
-    memory_budget: CachePlan | None  # the expert cache as the firmware ran it
+    # the expert cache as the firmware ran it
+    memory_budget: CachePlan | None = field(metadata=json_meta(convert=lambda plan: plan.to_dict() if plan else None))
     stream: StreamFigures
     cache: CacheSummary | None
     in_ram: InRamFigures | None
     remote: RemoteRun | None  # remote_summary
-    counted: CountedFigures | None
-    clocked: ClockedFigures | None
-    plot: str | None = None  # the PNG written
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "board": self.board,
-            "model": self.model,
-            "architecture": self.architecture,
-            "quant": self.quant,
-            "n_ctx": self.n_ctx,
-            "threads": self.threads,
-            "kernels": self.kernels,
-            "prompt_tokens": self.prompt_tokens,
-            "decode_steps": self.decode_steps,
-            "repeat": self.repeat,
-            "emulated_by": self.emulated_by,
-            "speed_note": self.speed_note,
-            "weight_bytes_per_token": self.weight_bytes_per_token,
-            "macs_per_token": self.macs_per_token,
-            "runs": [r.to_json() for r in self.runs],
-            "memory_budget": self.memory_budget.to_dict() if self.memory_budget else None,
-            "stream": self.stream.to_json(),
-            "cache": self.cache.to_json() if self.cache else None,
-            "in_ram": self.in_ram.to_json() if self.in_ram else None,
-            "remote": self.remote.to_json() if self.remote else None,
-        }
-        if self.counted:
-            out.update(self.counted.to_json())
-        if self.clocked:
-            out.update(self.clocked.to_json())
-        if self.plot is not None:
-            out["plot"] = self.plot
-        return out
+    counted: CountedFigures | None = field(metadata=json_meta(flatten=True))
+    clocked: ClockedFigures | None = field(metadata=json_meta(flatten=True))
+    plot: str | None = json_field(default=None, omit_none=True)  # the PNG written
 
 
 def counted_figures(

@@ -7,12 +7,13 @@ And what the decode was fed, measured (StreamFigures)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..compile.plan import Plan
 from ..device.session import RunRequest, RunResult
+from ..documents import JsonDocument, json_meta
 from ..errors import ColibriError
 from ..files import REPO
 from ..numerics.sampling import SamplingParams
@@ -192,13 +193,13 @@ class StreamExperts:
     """On a MoE model: the experts a token takes, of how many, and the distinct experts each MoE
     layer used over the run (keys: the layer, as a string, as the JSON names it)."""
 
-    per_token: int
+    per_token: int = field(metadata=json_meta(key="experts_per_token"))
     n_experts: int
-    used_per_layer: dict[str, int]
+    used_per_layer: dict[str, int] = field(metadata=json_meta(key="experts_used_per_layer"))
 
 
 @dataclass(frozen=True)
-class StreamFigures:
+class StreamFigures(JsonDocument):
     """What the decode was fed and how varied it was."""
 
     kind: str
@@ -208,27 +209,10 @@ class StreamFigures:
     prompt_tokens: int
     decoded_tokens_fed: int
     distinct_tokens: int
-    repeated_ngrams: float | None  # the share of its NGRAM-grams that occurred earlier in it
+    # the share of its NGRAM-grams that occurred earlier in it
+    repeated_ngrams: float | None = field(metadata=json_meta(key=f"repeated_{NGRAM}grams"))
     description: str
-    experts: StreamExperts | None  # None: a dense model
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "kind": self.kind,
-            "text": self.text,
-            "text_tokens": self.text_tokens,
-            "sampling": asdict(self.sampling) if self.sampling else None,
-            "prompt_tokens": self.prompt_tokens,
-            "decoded_tokens_fed": self.decoded_tokens_fed,
-            "distinct_tokens": self.distinct_tokens,
-            f"repeated_{NGRAM}grams": self.repeated_ngrams,
-            "description": self.description,
-        }
-        if self.experts:
-            out["experts_per_token"] = self.experts.per_token
-            out["n_experts"] = self.experts.n_experts
-            out["experts_used_per_layer"] = self.experts.used_per_layer
-        return out
+    experts: StreamExperts | None = field(metadata=json_meta(flatten=True))  # None: a dense model
 
 
 def stream_figures(stream: Stream, request: RunRequest, result: RunResult, plan: Plan, steps: int) -> StreamFigures:

@@ -122,7 +122,7 @@ def verify_release(args: argparse.Namespace) -> int:
         progress=None if args.json else progress,
     )
     if args.json:
-        print_json(result.to_dict())
+        print_json(result.to_json())
     else:
         for note in result.notes:
             progress(f"note: {note}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..boards import Board
+from ..documents import JsonDocument, json_field
 from ..errors import ColibriError
 from .flash import Chip, flash_images
 from .session import Selftest
@@ -24,32 +25,28 @@ PASS, FAIL, INTERRUPTED = "PASS", "FAIL", "interrupted"
 SelftestOn = Callable[[str], Selftest]  # port -> the firmware's self-test verdict there
 
 
+def _or_null(text: str) -> str | None:
+    return text or None
+
+
+def _hundredths(seconds: float) -> float:
+    return round(seconds, 2)
+
+
 @dataclass
-class BoardOutcome:
-    """One port's board: what was found on it and how it ended."""
+class BoardOutcome(JsonDocument):
+    """One port's board: what was found on it and how it ended (in its document, an empty text is
+    null and the seconds are rounded to hundredths)."""
 
     port: str
     result: str = INTERRUPTED
-    chip: str = ""
-    revision: str = ""
-    mac: str = ""
-    seconds: float = 0.0
+    chip: str = json_field(default="", convert=_or_null)
+    revision: str = json_field(default="", convert=_or_null)
+    mac: str = json_field(default="", convert=_or_null)
+    seconds: float = json_field(default=0.0, convert=_hundredths)
     stage: str = "connect"  # where it is, or ended: connect, flash, selftest, done
-    failed: str = ""  # why, in one line
-    selftest: str = ""  # the self-test's line, "skipped" under --no-selftest
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "port": self.port,
-            "result": self.result,
-            "chip": self.chip or None,
-            "revision": self.revision or None,
-            "mac": self.mac or None,
-            "seconds": round(self.seconds, 2),
-            "stage": self.stage,
-            "failed": self.failed or None,
-            "selftest": self.selftest or None,
-        }
+    failed: str = json_field(default="", convert=_or_null)  # why, in one line
+    selftest: str = json_field(default="", convert=_or_null)  # the self-test's line, "skipped" under --no-selftest
 
 
 @dataclass
@@ -73,7 +70,7 @@ class FleetReport:
             "passed": sum(b.result == PASS for b in self.boards),
             "failed": sum(b.result == FAIL for b in self.boards),
             "interrupted": self.interrupted,
-            "seconds": round(self.seconds, 2),
+            "seconds": _hundredths(self.seconds),
             "boards": [b.to_json() for b in self.boards],
         }
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from ..compile.cache_plan import AutoBudget, AutoChoice, AutoRan, MemoryFound
+from ..documents import JsonDocument
 from ..errors import ColibriError
 from ..numerics.perplexity import Score
 from ..numerics.sampling import SamplingParams
@@ -69,7 +70,7 @@ class RunRequest:
 
 
 @dataclass(frozen=True)
-class RemoteRun:
+class RemoteRun(JsonDocument):
     """Where a run over SSH ran (device/remote.py's run_remote): the host, the board's cache directory and machine, the prefix
     the firmware ran under, what the firmware's hello said of the machine, and the bytes sent per
     kind (firmware, weights, request, total)."""
@@ -82,18 +83,6 @@ class RemoteRun:
     cpu: str | None
     kernels: str | None
     bytes_sent: dict[str, int]
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "host": self.host,
-            "cache": self.cache,
-            "machine": self.machine,
-            "prefix": self.prefix,
-            "firmware_machine": self.firmware_machine,
-            "cpu": self.cpu,
-            "kernels": self.kernels,
-            "bytes_sent": self.bytes_sent,
-        }
 
 
 @dataclass

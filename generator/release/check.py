@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..boards import load_board
+from ..documents import JsonDocument, json_field
 from ..errors import ColibriError
 from ..files import REPO
 from .bundle import MANIFEST, RELEASE_FORMAT, SIGNATURE, SUMS, Progress, bundle_files, say, sha256_file, write_tarball
@@ -25,8 +26,10 @@ from .signing import signature_problem
 
 
 @dataclass
-class VerifyResult:
-    bundle: str
+class VerifyResult(JsonDocument):
+    """verify-release's outcome; to_json() is its --json document."""
+
+    bundle: str = json_field(then=("ok",))
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     files_checked: int = 0
@@ -37,19 +40,6 @@ class VerifyResult:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-    def to_dict(self) -> dict[str, object]:
-        """verify-release --json's document."""
-        return {
-            "bundle": self.bundle,
-            "ok": self.ok,
-            "problems": self.problems,
-            "notes": self.notes,
-            "files_checked": self.files_checked,
-            "signature_checked": self.signature_checked,
-            "rebuilt": self.rebuilt,
-            "tarball_checked": self.tarball_checked,
-        }
 
     def describe(self) -> str:
         if self.problems:

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,28 +244,47 @@ def cache_hit_line(line: str) -> str:
     return line
 
 
-def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:
-    env = dict(os.environ)
-    env.setdefault("PYTHONHASHSEED", "0")
+def run_echoing(
+    command: list[str], env: dict, echo_line: Callable[[str], None], cannot_run: Callable[[str], str], **popen
+) -> tuple[int, list[str]]:
+    """Run command (stderr into stdout), each output line to echo_line as it comes; its exit code and lines.
+    A command that cannot start is a ColibriError: cannot_run(its strerror)."""
     try:
         proc = subprocess.Popen(
-            scons_command(req, extra),
+            command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
             text=True,
             errors="replace",
+            **popen,
         )
     except OSError as e:
-        raise ColibriError(f"cannot run SCons ({e.strerror}); run ./colibri from the repository root") from None
+        raise ColibriError(cannot_run(e.strerror)) from None
     lines = []
     for line in proc.stdout:
         line = line.rstrip("\n")
         lines.append(line)
+        echo_line(line)
+    proc.wait()
+    return proc.returncode, lines
+
+
+def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:
+    env = dict(os.environ)
+    env.setdefault("PYTHONHASHSEED", "0")
+
+    def echo_line(line: str) -> None:
         if echo and not line.startswith("colibri: error:") and not line.endswith("is up to date."):
             echo(cache_hit_line(line))
-    proc.wait()
-    if proc.returncode != 0:
+
+    returncode, lines = run_echoing(
+        scons_command(req, extra),
+        env,
+        echo_line,
+        lambda strerror: f"cannot run SCons ({strerror}); run ./colibri from the repository root",
+    )
+    if returncode != 0:
         for line in lines:
             if line.startswith("colibri: error: "):
                 raise ColibriError(line[len("colibri: error: ") :])

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from ...errors import ColibriError
+from ..build import run_echoing
 
 
 def find_idf() -> Path | None:
@@ -36,27 +37,15 @@ def idf_build(project_dir: Path, echo=None, min_version: str = "5.5.3") -> None:
         )
     env = dict(os.environ, LC_ALL="C", TZ="UTC")
     env.setdefault("SOURCE_DATE_EPOCH", "0")
-    try:
-        proc = subprocess.Popen(
-            [str(idf), "-C", str(project_dir), "build"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            text=True,
-            errors="replace",
-        )
-    except OSError as e:
-        raise ColibriError(f"cannot run {idf}: {e.strerror} (run '. $IDF_PATH/export.sh' first)") from None
-    lines = []
-    for line in proc.stdout:
-        line = line.rstrip("\n")
-        lines.append(line)
-        if echo:
-            echo(line)
-    proc.wait()
-    if proc.returncode != 0:
+    returncode, lines = run_echoing(
+        [str(idf), "-C", str(project_dir), "build"],
+        env,
+        echo or (lambda line: None),
+        lambda strerror: f"cannot run {idf}: {strerror} (run '. $IDF_PATH/export.sh' first)",
+        stdin=subprocess.DEVNULL,
+    )
+    if returncode != 0:
         errors = [ln.strip() for ln in lines if re.search(r"\berror\b", ln, re.IGNORECASE) and ln.strip()]
         tail = [ln.strip() for ln in lines if ln.strip()]
         detail = (errors or tail or ["no output"])[0 if errors else -1]
-        raise ColibriError(f"idf.py build failed in {project_dir} (exit {proc.returncode}): {detail[:300]}")
+        raise ColibriError(f"idf.py build failed in {project_dir} (exit {returncode}): {detail[:300]}")

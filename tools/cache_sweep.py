@@ -90,6 +90,13 @@ def pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.0f} %"
 
 
+def budget_name(row: dict) -> str:
+    """How a table row names its build's weight budget."""
+    if row["copy"]:
+        return "whole image read into RAM"
+    return "none (mapped)" if not row["budget"] else f"{row['budget'] / 2**20:.0f} MiB"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("build", type=Path)
@@ -147,11 +154,7 @@ def main() -> int:
         )
         print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            name = (
-                "whole image read into RAM"
-                if r["copy"]
-                else ("none (mapped)" if not r["budget"] else f"{r['budget'] / 2**20:.0f} MiB")
-            )
+            name = budget_name(r)
             reads = "—" if r["read_ms_per_token"] is None else f"{r['read_ms_per_token']:.1f}"
             ratio = "" if "ratio" not in r else f"{r['ratio']:.2f} ({', '.join(map(str, r['ratio_runs']))})"
             print(
@@ -167,11 +170,7 @@ def main() -> int:
     )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        name = (
-            "whole image read into RAM"
-            if r["copy"]
-            else ("none (mapped)" if not r["budget"] else f"{r['budget'] / 2**20:.0f} MiB")
-        )
+        name = budget_name(r)
         bound = r.get("storage_bound_tok_s")
         storage = "—" if not r["storage_gb_s"] else f"{r['storage_gb_s']:.2f}"
         bound_text = "—" if not bound else f"{bound:.1f}"

@@ -55,15 +55,11 @@ def warm(path: Path) -> None:
     subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M", "status=none"], check=True)
 
 
-def colibri(a, budget: int) -> dict:
-    env = dict(os.environ)
-    if budget:
-        env["COLIBRI_FIRMWARE_PREFIX"] = f"{REPO / 'tools' / 'in-memory-cgroup'} {CGROUP}"
-    else:
-        warm(a.out / "generated" / "weights.img")
-    cmd = [
+def colibri_command(verb: str, a) -> list[str]:
+    """`./colibri VERB` for the host board on the GGUF as it is, into a.out."""
+    return [
         str(REPO / "colibri"),
-        "bench",
+        verb,
         "--board",
         "host",
         "--model",
@@ -72,6 +68,17 @@ def colibri(a, budget: int) -> dict:
         "gguf",
         "--out",
         str(a.out),
+    ]
+
+
+def colibri(a, budget: int) -> dict:
+    env = dict(os.environ)
+    if budget:
+        env["COLIBRI_FIRMWARE_PREFIX"] = f"{REPO / 'tools' / 'in-memory-cgroup'} {CGROUP}"
+    else:
+        warm(a.out / "generated" / "weights.img")
+    cmd = [
+        *colibri_command("bench", a),
         "--threads",
         str(a.threads),
         "--steps",
@@ -157,21 +164,7 @@ def main(argv=None) -> int:
     slack = parse_size(a.slack)
     if not (a.out / "firmware").exists():
         log(f"building {a.gguf.name} into {a.out}")
-        subprocess.run(
-            [
-                str(REPO / "colibri"),
-                "build",
-                "--board",
-                "host",
-                "--model",
-                str(a.gguf),
-                "--quant",
-                "gguf",
-                "--out",
-                str(a.out),
-            ],
-            check=True,
-        )
+        subprocess.run(colibri_command("build", a), check=True)
     image = (a.out / "generated" / "weights.img").stat().st_size
     rows = []
     for r in range(a.rounds):

@@ -9,6 +9,7 @@ no weights: nothing can be downloaded here). With --check, exit 1 if the documen
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -19,6 +20,7 @@ from generator.compile.cache_plan import cache_constants, slots_for_budget  # no
 from generator.compile.plan import make_plan  # noqa: E402
 from generator.model.hf.load import parse_config, read_json  # noqa: E402
 from generator.model.load import config_only_held_types as held_types  # noqa: E402
+from generator.model.spec import ModelSpec  # noqa: E402
 from generator.report import planned_report  # noqa: E402
 
 CONFIGS = REPO / "models" / "configs"
@@ -27,6 +29,12 @@ DOC = REPO / "docs" / "real-sizes.md"
 
 def mib(n: int) -> str:
     return f"{n / 2**20:,.1f}"
+
+
+def configured_models() -> Iterator[tuple[Path, ModelSpec]]:
+    """Each model folder in models/configs/ (by name) with the spec its config.json describes."""
+    for model_dir in sorted(p for p in CONFIGS.iterdir() if (p / "config.json").is_file()):
+        yield model_dir, parse_config(read_json(model_dir / "config.json"), model_dir.name)
 
 
 def render() -> str:
@@ -44,8 +52,7 @@ def render() -> str:
         "| model | params (M) | board | ctx | weights | KV cache | scratch | RoPE | fits | over budget | largest ctx |",
         "|---|---:|---|---:|---:|---:|---:|---:|---|---|---:|",
     ]
-    for model_dir in sorted(p for p in CONFIGS.iterdir() if (p / "config.json").is_file()):
-        spec = parse_config(read_json(model_dir / "config.json"), model_dir.name)
+    for model_dir, spec in configured_models():
         for name in available_boards():
             board = load_board(name)
             n_ctx = min(board.default_ctx, spec.max_position_embeddings)
@@ -114,8 +121,7 @@ def moe_budgets() -> list[str]:
         "| model | quant | resident | one expert | all experts | fixed | least budget | 4 GB board: slots | 8 GB board: slots |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for model_dir in sorted(p for p in CONFIGS.iterdir() if (p / "config.json").is_file()):
-        spec = parse_config(read_json(model_dir / "config.json"), model_dir.name)
+    for model_dir, spec in configured_models():
         if not spec.n_experts:
             continue
         for quant in ("q8_0", "q4_0"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -239,9 +240,8 @@ def link_compile_commands(out_dir: Path, build_root: Path) -> None:
 
 def cache_hit_line(line: str) -> str:
     """SCons's "Retrieved `obj/x.o' from cache" as a progress line shaped like the others."""
-    if line.startswith("Retrieved `") and line.endswith("' from cache"):
-        return f"  CACHED  {line[len('Retrieved `') : -len(chr(39) + ' from cache')]}"
-    return line
+    hit = re.fullmatch(r"Retrieved `(.*)' from cache", line)
+    return f"  CACHED  {hit.group(1)}" if hit else line
 
 
 def run_echoing(

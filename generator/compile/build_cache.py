@@ -25,18 +25,17 @@ OFF = ("", "off", "none")
 CACHEDIR_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"  # bford.info/cachedir
 
 
-def default_cache_dir() -> Path | None:
-    """The cache directory when no --cache-dir is given: $COLIBRI_CACHE_DIR, else the user's cache
-    directory. None when $COLIBRI_CACHE_DIR turns the cache off."""
-    env = os.environ.get("COLIBRI_CACHE_DIR")
-    if env is not None:
-        return None if env.strip().lower() in OFF else Path(env).expanduser()
+def default_cache_dir() -> Path:
+    """The user's cache directory: $XDG_CACHE_HOME/colibri/build-cache, else ~/.cache/..."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "colibri" / "build-cache"
 
 
 def resolve_cache_dir(given: str | Path | None) -> Path | None:
-    """--cache-dir's value (None: not given) as the directory to use, or None for no cache."""
+    """--cache-dir's value (None: not given, then $COLIBRI_CACHE_DIR, then the user's cache
+    directory) as an absolute directory, or None when it says `off`."""
+    if given is None:
+        given = os.environ.get("COLIBRI_CACHE_DIR")
     if given is None:
         return default_cache_dir()
     if str(given).strip().lower() in OFF:

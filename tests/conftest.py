@@ -27,13 +27,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # whose environment the parallel workers inherit: a firmware the run compiled once is taken from it
 # by every later build in any worker or directory, and nothing comes from a developer's own cache.
 # Removed when that first process ends.
-_RUN_CACHE = None
+# The test programs built from C (harnesses, fuzzers: tests/c_builds.py built_once) are shared the
+# same way, in a folder of their own.
+_RUN_FOLDERS = []
 if not os.environ.get("PYTEST_XDIST_WORKER"):
-    _RUN_CACHE = tempfile.mkdtemp(prefix="colibri-test-cache-")
-    os.environ["COLIBRI_CACHE_DIR"] = _RUN_CACHE
+    _RUN_FOLDERS = [tempfile.mkdtemp(prefix="colibri-test-cache-"), tempfile.mkdtemp(prefix="colibri-test-programs-")]
+    os.environ["COLIBRI_CACHE_DIR"], os.environ["COLIBRI_TEST_PROGRAMS"] = _RUN_FOLDERS
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(TESTS))
+
+from c_builds import built_once  # noqa: E402
 
 from generator.boards import kernel_set_sources, load_board  # noqa: E402
 from generator.compile.build import prepare, run_scons  # noqa: E402
@@ -66,17 +70,27 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    if _RUN_CACHE:
-        shutil.rmtree(_RUN_CACHE, ignore_errors=True)
+    for folder in _RUN_FOLDERS:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption("--fast"):
+    if config.getoption("--fast"):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
         return
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    items[:] = heavy_files_first(items)
+
+
+def heavy_files_first(items: list) -> list:
+    """The files holding slow tests before the others, each file's tests in their own order.
+    The parallel workers take whole files in this order (--dist loadfile), so the long ones start
+    at once and the short ones fill the gaps; in file order a long file collected last kept one
+    worker busy for minutes after the other had finished."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    return sorted(items, key=lambda item: item.path not in slow_files)  # a stable sort
 
 
 class Builder:
@@ -185,13 +199,13 @@ FAST_HARNESS_BUILDS = ("generic", "x86_avx2")
         for name in sorted(HARNESS_BUILDS)
     ],
 )
-def harness(request, tmp_path_factory) -> list[str]:
+def harness(request) -> list[str]:
     """tests/c/numerics_harness.c built against the runtime's ops, sampler and each kernel set:
     the scalar kernels (generic.c), AVX2 (kernels/x86_avx2/), the rv32 set (kernels/rv32/, portable C) and NEON
-    (kernels/arm_neon/, with and without SDOT, under qemu-aarch64). Returns the command that runs it."""
+    (kernels/arm_neon/, with and without SDOT, under qemu-aarch64), once per run for all workers.
+    Returns the command that runs it."""
     cc, flags, runner = HARNESS_BUILDS[request.param]
     kernel = request.param.split("-")[0]
-    out = tmp_path_factory.mktemp("harness") / f"harness-{request.param}"
     rt = REPO / "firmware_src" / "runtime"
     cmd = [
         cc,
@@ -209,11 +223,8 @@ def harness(request, tmp_path_factory) -> list[str]:
         str(rt / "sampler.c"),
         *map(str, kernel_set_sources("scalar") + kernel_set_sources(kernel)),
         "-lm",
-        "-o",
-        str(out),
     ]
-    subprocess.run(cmd, check=True)
-    return [*runner, str(out)]
+    return [*runner, str(built_once(f"harness-{request.param}", cmd))]
 
 
 def run_harness(harness: list[str], args: list, payload: bytes) -> bytes:

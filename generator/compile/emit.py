@@ -8,6 +8,7 @@ environment is StrictUndefined, so a missing value is an error rather than an em
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import jinja2
@@ -140,35 +141,11 @@ def _bindings(spec, by_name: dict, layer_fields: list) -> tuple[list[dict], list
 def _expert_groups(plan: Plan) -> list[dict]:
     groups = []
     for g in expert_groups(plan.spec, plan.tensors):
+        # Each part and group as the templates read it: its fields, and the names its C constants take.
         parts = [
-            dict(
-                part=p.part,
-                c_part=p.part.upper(),
-                dtype=p.dtype,
-                rows=p.rows,
-                cols=p.cols,
-                at=p.at,
-                nbytes=p.nbytes,
-                scales_offset=p.scales_offset,
-                mins_offset=p.mins_offset,
-                expanded_at=p.expanded_at,
-                expanded_scales_offset=align_up(p.rows * p.cols),
-            )
-            for p in g.parts
+            dict(asdict(p), c_part=p.part.upper(), expanded_scales_offset=align_up(p.rows * p.cols)) for p in g.parts
         ]
-        groups.append(
-            dict(
-                layer=g.layer,
-                c_name=f"LAYERS_{g.layer}",
-                first_tensor=g.first_tensor,
-                offset=g.offset,
-                stride=g.stride,
-                expanded_offset=g.expanded_offset,
-                expanded_stride=g.expanded_stride,
-                n_experts=g.n_experts,
-                parts=parts,
-            )
-        )
+        groups.append(dict(asdict(g), c_name=f"LAYERS_{g.layer}", parts=parts))
     return groups
 
 
@@ -304,18 +281,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         layer_expert_group=", ".join(str(group_of_layer.get(i, -1)) for i in range(spec.n_layers)),
         tensor_by_name={t["name"]: t for t in tensors},
         layer_fields=layer_fields,
-        scratch=[
-            dict(
-                name=b.name,
-                c_name=b.name.upper(),
-                ctype=b.ctype,
-                count=b.count,
-                offset=b.offset,
-                nbytes=b.nbytes,
-                purpose=b.purpose,
-            )
-            for b in plan.scratch
-        ],
+        scratch=[dict(asdict(b), c_name=b.name.upper()) for b in plan.scratch],
         image=plan.image,
         align=ALIGN,
         image_format=image_format,

@@ -352,37 +352,13 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
                         break
                 crc = _checksum(f.fileno(), layout.data_offset + t.offset, t.extent, model_hash)
                 _let_go(f.fileno(), layout.data_offset + t.offset, t.extent)
-                directory += fmt.pack(
-                    fmt.DIR_ENTRY,
-                    fmt.DIR_ENTRY_BYTES,
-                    name=t.name.encode(),
-                    dtype=fmt.DTYPE_CODES[t.dtype],
-                    rows=t.rows,
-                    cols=t.cols,
-                    crc32=crc,
-                    offset=t.offset,
-                    bytes=t.nbytes,
-                )
+                directory += directory_entry(t, crc)
                 if progress:
                     progress(i + 1, len(plan.tensors), t.offset + t.extent, layout.data_bytes)
         finally:
             written.close()  # stops the workers when something failed
         model_hash.update(directory)
-        header = fmt.pack(
-            fmt.HEADER,
-            fmt.HEADER_BYTES,
-            magic=fmt.MAGIC,
-            version=fmt.FORMAT_VERSION,
-            header_bytes=fmt.HEADER_BYTES,
-            tensor_count=len(plan.tensors),
-            dir_entry_bytes=fmt.DIR_ENTRY_BYTES,
-            dir_offset=layout.dir_offset,
-            data_offset=layout.data_offset,
-            data_bytes=layout.data_bytes,
-            image_bytes=layout.image_bytes,
-            model_hash=model_hash.digest(),
-            quant=fmt.QUANT_CODES[plan.quant],
-        )
+        header = image_header(plan, model_hash.digest())
         front = bytearray(layout.data_offset)  # header, directory, zero padding up to the data
         front[: len(header)] = header
         front[layout.dir_offset : layout.dir_offset + len(directory)] = directory
@@ -391,6 +367,41 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
         f.seek(layout.image_bytes - fmt.TRAILER_BYTES)
         f.write(struct.pack("<I", zlib.crc32(front)) + fmt.END_MAGIC)
     return ImageWritten(Path(path), model_hash.digest(), hashlib.sha256(bytes(front)).digest(), requantized)
+
+
+def directory_entry(t: TensorEntry, crc32: int) -> bytes:
+    """A tensor's directory entry: its name, type, shape, place and the CRC-32 of its extent."""
+    return fmt.pack(
+        fmt.DIR_ENTRY,
+        fmt.DIR_ENTRY_BYTES,
+        name=t.name.encode(),
+        dtype=fmt.DTYPE_CODES[t.dtype],
+        rows=t.rows,
+        cols=t.cols,
+        crc32=crc32,
+        offset=t.offset,
+        bytes=t.nbytes,
+    )
+
+
+def image_header(plan: Plan, model_hash: bytes) -> bytes:
+    """The image's header for plan's layout, its tensor count and quantization, and model_hash."""
+    layout = plan.image
+    return fmt.pack(
+        fmt.HEADER,
+        fmt.HEADER_BYTES,
+        magic=fmt.MAGIC,
+        version=fmt.FORMAT_VERSION,
+        header_bytes=fmt.HEADER_BYTES,
+        tensor_count=len(plan.tensors),
+        dir_entry_bytes=fmt.DIR_ENTRY_BYTES,
+        dir_offset=layout.dir_offset,
+        data_offset=layout.data_offset,
+        data_bytes=layout.data_bytes,
+        image_bytes=layout.image_bytes,
+        model_hash=model_hash,
+        quant=fmt.QUANT_CODES[plan.quant],
+    )
 
 
 @dataclass(frozen=True)

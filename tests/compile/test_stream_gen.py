@@ -22,7 +22,7 @@ from conftest import DEFAULT_MODEL, REPO, run_cli
 from generator.boards import load_board
 from generator.compile import image as image_mod
 from generator.compile import image_format as fmt
-from generator.compile.image import spec_identity, write_image
+from generator.compile.image import directory_entry, image_header, spec_identity, write_image
 from generator.compile.pipeline import WEIGHTS_FILE, generate
 from generator.compile.plan import plan_for_board
 from generator.errors import ColibriError
@@ -67,36 +67,12 @@ def oracle_image(model_dir: Path, quant: str, ctx: int) -> bytes:
             data[t.offset : t.offset + qs.size] = qs.tobytes()
             scales = d.astype("<f2").tobytes()
             data[t.offset + t.scales_offset : t.offset + t.scales_offset + len(scales)] = scales
-        directory += fmt.pack(
-            fmt.DIR_ENTRY,
-            fmt.DIR_ENTRY_BYTES,
-            name=t.name.encode(),
-            dtype=fmt.DTYPE_CODES[t.dtype],
-            rows=t.rows,
-            cols=t.cols,
-            crc32=zlib.crc32(data[t.offset : t.offset + t.extent]),
-            offset=t.offset,
-            bytes=t.nbytes,
-        )
+        directory += directory_entry(t, zlib.crc32(data[t.offset : t.offset + t.extent]))
     model_hash = hashlib.sha256(
         b"colibri-image-v3\0" + spec_identity(plan) + quant.encode() + bytes(data) + bytes(directory)
     ).digest()
     out = bytearray(layout.image_bytes)
-    out[: fmt.HEADER_BYTES] = fmt.pack(
-        fmt.HEADER,
-        fmt.HEADER_BYTES,
-        magic=fmt.MAGIC,
-        version=fmt.FORMAT_VERSION,
-        header_bytes=fmt.HEADER_BYTES,
-        tensor_count=len(plan.tensors),
-        dir_entry_bytes=fmt.DIR_ENTRY_BYTES,
-        dir_offset=layout.dir_offset,
-        data_offset=layout.data_offset,
-        data_bytes=layout.data_bytes,
-        image_bytes=layout.image_bytes,
-        model_hash=model_hash,
-        quant=fmt.DTYPE_CODES[quant],
-    )
+    out[: fmt.HEADER_BYTES] = image_header(plan, model_hash)
     out[layout.dir_offset : layout.dir_offset + len(directory)] = directory
     out[layout.data_offset : layout.data_offset + len(data)] = data
     out[-fmt.TRAILER_BYTES :] = struct.pack("<I", zlib.crc32(out[: layout.data_offset])) + fmt.END_MAGIC

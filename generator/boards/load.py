@@ -75,6 +75,7 @@ from ..files import REPO
 from ..sizes import AutoBudget, parse_budget
 from .board import CATEGORIES, DEFAULT_KV_TYPE, KV_TYPES, Board, MemoryRegion, SelftestSettings
 from .esp_idf import parse_idf
+from .fields import check_board_fields
 from .flash import Flash, FlashImage
 from .predict import parse_predict
 from .runners import Runner, runner_from_section
@@ -268,7 +269,9 @@ def _pass_cost(data: dict, tokens: int) -> tuple[float, ...]:
 
 
 def board_from_data(data: dict, path: Path) -> Board:
-    """A Board from a parsed board file (load_board reads targets/<name>.toml into this)."""
+    """A Board from a parsed board file (load_board reads targets/<name>.toml into this): every
+    field that reaches a command, a path or C checked against its grammar first (boards/fields.py)."""
+    check_board_fields(data, path)
     try:
         tc, section = data["toolchain"], data["runner"]
         memory = tuple(
@@ -316,7 +319,7 @@ def board_from_data(data: dict, path: Path) -> Board:
             kv_type=_kv_type(data, path),
             selftest=_selftest(data.get("selftest"), runner),
         )
-    except (KeyError, TypeError, ValueError, IndexError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise ColibriError(f"{path.name}: malformed board file ({e})") from None
     if "idf" in data:
         # Parsed last, with its own messages (the field and the rule), on a board otherwise well formed.

@@ -122,7 +122,7 @@ BOARD_FIELDS = (
     BoardField("runner.command[]", ARGUMENT, "each is one argument of the emulator's command"),
     BoardField("memory[].name", C_IDENTIFIER, "it names the region's macros in board_def.h"),
     BoardField("memory[].kind", _one_of(REGION_KINDS), "it is written into board_def.h"),
-    BoardField("memory[].base", _integer(0, UINT64_LIMIT - 1), "it is an address (a uint64_t in board_def.h)"),
+    BoardField("memory[].base", _integer(0, UINT64_LIMIT - 1), "it is an address, written into board_def.h"),
     BoardField("memory[].size", _integer(0, UINT64_LIMIT - 1), "it is a byte count (0: no fixed budget)"),
     BoardField("memory[].holds[]", _one_of(CATEGORIES), "each is a category of bytes the plan places"),
     BoardField("flash.app_image", RELATIVE_PATH, "it is written inside the build directory"),

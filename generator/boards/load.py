@@ -50,6 +50,9 @@ Common fields (every board):
   [predict]   (optional) the board's timing model (boards/predict.py); `predicts` (optional) names
               the board whose speed bench predicts from this one's exact instruction counts
 
+Every field that reaches a command, a path or C source has a grammar (boards/fields.py, the table
+docs/boards.md shows), checked before the board is built from its fields.
+
 A board file may start from another board of targets/ (`extends = "esp32p4"`) and say only what
 differs:
   - the parent is a board of targets/, named as --board names it (not a path), so a board file kept

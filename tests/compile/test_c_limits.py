@@ -5,6 +5,7 @@ generated (compile/c_limits.py): one line naming the config key and the limit, n
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,3 +52,16 @@ def test_a_float_beyond_float32_is_refused_naming_its_key(tmp_path):
         check_c_limits(replace(plan.spec, rms_norm_eps=1e39), plan)
     with pytest.raises(ColibriError, match=r"num_attention_heads = 3000000000 does not fit COLIBRI_N_HEADS"):
         check_c_limits(replace(plan.spec, n_heads=3_000_000_000), plan)
+
+
+def test_a_gguf_window_of_2_to_the_62_is_refused_before_generating(tmp_path, capsys):
+    """The bundled model as a GGUF file whose llama.attention.sliding_window is a UINT64 of 2^62."""
+    from gguf_files import hf_to_gguf, kv, raw_gguf
+
+    source = hf_to_gguf(DEFAULT_MODEL, tmp_path / "model.gguf")
+    raw = raw_gguf(source)
+    raw.kvs.append(kv("llama.attention.sliding_window", 10, struct.pack("<Q", 2**62)))  # 10: UINT64
+    windowed = tmp_path / "windowed.gguf"
+    windowed.write_bytes(raw.encode())
+    line = build_refused(capsys, windowed, tmp_path / "out")
+    assert f"sliding_window = {2**62}" in line and "int32_t colibri_layer_window[]" in line

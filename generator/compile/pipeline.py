@@ -15,8 +15,7 @@ from ..errors import ColibriError
 from ..files import write_atomic
 from ..model.load import Checkpoint, load_model
 from ..numerics.quantize import GGUF
-from .c_limits import check_c_limits
-from .emit import GENERATED_FILES, render
+from .emit import GENERATED_FILES, check_c_limits, render
 from .image import default_jobs, write_image
 from .plan import Plan, plan_for_board
 

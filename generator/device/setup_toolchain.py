@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..boards import Board, available_boards, load_board
-from ..boards.fields import DEBIAN_PACKAGE
+from ..boards.load import DEBIAN_PACKAGE
 from ..errors import ColibriError
 
 

@@ -1,6 +1,7 @@
-"""A board file is data (boards/fields.py): a value that would reach a shell, a path outside the
-build, or C source unchecked is refused when the board loads, with one line naming the field; the
-compiler is started without a shell. None of these tests builds: loading is where they stop."""
+"""A board file is data (BOARD_FIELDS in boards/load.py): a value that would reach a shell, a path
+outside the build, or C source unchecked is refused when the board loads, with one line naming the
+field; the compiler is started without a shell. None of these tests builds: loading is where they
+stop."""
 
 from __future__ import annotations
 

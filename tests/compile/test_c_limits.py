@@ -1,5 +1,5 @@
 """Model values the generated C holds, range-checked against their C types before anything is
-generated (compile/c_limits.py): one line naming the config key and the limit, never gcc's
+generated (C_VALUES in compile/emit.py): one line naming the config key and the limit, never gcc's
 -Werror=overflow or a window that compiles as INT_MIN. None of these tests compiles."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from conftest import DEFAULT_MODEL
 
 from generator.boards import load_board
 from generator.compile import build
-from generator.compile.c_limits import check_c_limits
+from generator.compile.emit import check_c_limits
 from generator.errors import ColibriError
 
 

@@ -3,6 +3,7 @@ runs SCons, which generates the sources (pipeline.generate) and cross-builds the
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..boards import DEFAULT_KV_TYPE, Board, board_reference
+from ..boards import DEFAULT_KV_TYPE, Board, available_boards, board_reference
 from ..errors import ColibriError
 from ..files import REPO, slug
 from ..model.load import load_model
@@ -128,13 +129,34 @@ def image_signature(path: Path | str) -> str | None:
         return None
 
 
+def check_board_to_clean(board: str, root: Path | None = None) -> None:
+    """`clean --board BOARD` names a board of targets/ or one with builds under root (a board file
+    of one's own builds into build/<its name>/): an empty or unknown name is refused, never taken
+    as "every board" or "nothing to clean"."""
+
+    root = BUILD_ROOT if root is None else root
+    built = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    known = sorted(set(available_boards()) | set(built))
+    if board in known:
+        return
+    if not board:
+        raise ColibriError(
+            f"--board is empty: name a board (known: {', '.join(known)}), or leave --board out to clean every board"
+        )
+    closest = difflib.get_close_matches(board, known, n=1)
+    hint = f"did you mean {closest[0]}? " if closest else ""
+    raise ColibriError(f"unknown board {board!r}: {hint}known boards: {', '.join(known)}")
+
+
 def build_dirs(board: str | None = None, model: Path | str | None = None, root: Path | None = None) -> list[Path]:
     """The build directories under build/ (all, one board's, one model's, or one model's on one
     board): what `./colibri clean` removes. Builds elsewhere (--out) are the user's own."""
     root = BUILD_ROOT if root is None else root
+    if board is not None:
+        check_board_to_clean(board, root)
     if not root.is_dir():
         return []
-    boards = [root / board] if board else sorted(p for p in root.iterdir() if p.is_dir())
+    boards = [root / board] if board is not None else sorted(p for p in root.iterdir() if p.is_dir())
     prefix = f"{slug(Path(model).resolve().name)}-" if model is not None else None
     found = []
     for board_dir in boards:
@@ -268,6 +290,17 @@ def run_echoing(
         echo_line(line)
     proc.wait()
     return proc.returncode, lines
+
+
+def spawn_argument_list(sh: str, escape, cmd: str, args: list[str], env: dict) -> int:
+    """SCons's SPAWN for the SConstruct: the compiler and linker started with their argument list
+    as SCons substituted it, never through `sh -c` (SCons's own joins the arguments into one shell
+    command, so a flag with a backtick or `;` would run). A program that cannot start is one line."""
+    try:
+        return subprocess.run(list(args), env={k: str(v) for k, v in env.items()}, close_fds=True).returncode
+    except OSError as e:
+        print(f"colibri: error: cannot run {args[0]}: {e.strerror}", file=sys.stderr)
+        return 127
 
 
 def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:

@@ -15,7 +15,7 @@ from ..errors import ColibriError
 from ..files import write_atomic
 from ..model.load import Checkpoint, load_model
 from ..numerics.quantize import GGUF
-from .emit import GENERATED_FILES, render
+from .emit import GENERATED_FILES, check_c_limits, render
 from .image import default_jobs, write_image
 from .plan import Plan, plan_for_board
 
@@ -68,7 +68,7 @@ def plan_checkpoint(
             f"(choose f32, q8_0, q4_0 or q4_1)"
         )
     held = dict(getattr(checkpoint, "held_types", None) or {})
-    return plan_for_board(
+    plan = plan_for_board(
         checkpoint.spec,
         board,
         quant,
@@ -77,6 +77,8 @@ def plan_checkpoint(
         held_types=held,
         kv_type=kv_type,
     )
+    check_c_limits(checkpoint.spec, plan)
+    return plan
 
 
 def requantized_note(plan: Plan, name: str, error) -> str:

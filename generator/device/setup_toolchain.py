@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ..boards import Board, available_boards, load_board
+from ..boards.load import DEBIAN_PACKAGE
 from ..errors import ColibriError
 
 
@@ -113,6 +114,9 @@ def have_dpkg() -> bool:
 
 def ensure_packages(listing: Path) -> None:
     wanted = [p for p in (line.split("#")[0].strip() for line in listing.read_text().splitlines()) if p]
+    for name in wanted:  # handed to apt-get as root: a name, never an option (as a board file's apt)
+        if not DEBIAN_PACKAGE.accepts(name):
+            raise ColibriError(f"{listing.name}: {name!r} is not {DEBIAN_PACKAGE.what}")
     present = installed_packages(wanted)
     missing = [p for p in wanted if p not in present]
     if missing:

@@ -92,6 +92,16 @@ def test_the_test_packages_not_installed_are_handed_to_apt(fake_dpkg, tmp_path, 
     assert asked == [["gcc-multilib", "libclang-rt-14-dev"]]
 
 
+@pytest.mark.parametrize("name", ["-oAPT::Update::Pre-Invoke::=touch x", "gcc;id", "Gcc", "g"])
+def test_a_listed_name_that_is_not_a_debian_package_never_reaches_apt(fake_dpkg, tmp_path, monkeypatch, name):
+    fake_dpkg({})
+    listing = tmp_path / "apt-packages.txt"
+    listing.write_text(f"clang-14\n{name}\n")
+    monkeypatch.setattr(setup_toolchain, "apt_install", lambda packages, why: pytest.fail("apt-get was run"))
+    with pytest.raises(ColibriError, match="is not a Debian package name"):
+        setup_toolchain.ensure_packages(listing)
+
+
 def test_a_board_library_without_a_program_is_checked_too(fake_dpkg, monkeypatch):
     """qemu-rv32 needs picolibc, which puts no program on PATH: its package state decides."""
     from generator.boards import load_board

@@ -172,6 +172,23 @@ def test_clean_never_reaches_outside_build(tmp_path):
     assert REPO.is_dir()
 
 
+@pytest.mark.parametrize(
+    ("board", "words"),
+    [("", "--board is empty"), ("hots", "did you mean host?"), ("../host", "unknown board"), (".", "unknown board")],
+)
+def test_clean_refuses_an_empty_or_unknown_board_and_removes_nothing(monkeypatch, tmp_path, capsys, board, words):
+    root = tmp_path / "build"
+    for rel in ("host/kjv-tiny-q8_0-ctx256", "mine/kjv-tiny-q8_0-ctx64"):
+        (root / rel).mkdir(parents=True)
+    monkeypatch.setattr(build, "BUILD_ROOT", root)
+    assert cli.main(["clean", "--board", board]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and words in lines[0] and "esp32p4, esp32p4-idf, host, linux-aarch64, mine" in lines[0]
+    assert (root / "host" / "kjv-tiny-q8_0-ctx256").is_dir() and (root / "mine" / "kjv-tiny-q8_0-ctx64").is_dir()
+    # a board of one's own (a board file elsewhere) is known by its builds
+    assert cli.main(["clean", "--board", "mine"]) == 0 and not (root / "mine").exists()
+
+
 def test_everything_after_test_goes_to_pytest():
     args = cli.parse_args(["test", "-k", "boards", "-x"])
     assert args.func is suite.run and args.pytest_args == ["-k", "boards", "-x"]

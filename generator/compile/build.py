@@ -282,7 +282,8 @@ def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:
         scons_command(req, extra),
         env,
         echo_line,
-        lambda strerror: f"cannot run SCons ({strerror}); run ./colibri from the repository root",
+        lambda strerror: f"cannot run SCons ({strerror}); ./colibri installs it into .venv",
+        cwd=REPO,  # where -C points, so SCons says nothing of entering it; every path it gets is absolute
     )
     if returncode != 0:
         for line in lines:

@@ -22,7 +22,7 @@ from ..arguments import (
     positive_int,
     unit_float,
 )
-from ..console import TextStream, progress, user_messages
+from ..console import TextStream, counted, progress, user_messages
 from ..device.remote import ran_on
 from ..device.session import RemoteRun
 from ..documents import JsonDocument, json_field
@@ -346,7 +346,7 @@ def evaluate(args: argparse.Namespace) -> int:
     else:
         checked = "; every score bit-identical to the NumPy reference's" if ev.reference_checked else ""
         print(
-            f"PPL = {r.ppl:.4f} +/- {r.error:.5f} ({r.tokens} tokens scored in {ev.chunks} chunks of {plan.n_ctx} "
+            f"PPL = {r.ppl:.4f} +/- {r.error:.5f} ({counted(r.tokens, 'token')} scored in {counted(ev.chunks, 'chunk')} of {plan.n_ctx} "
             f"on {board.name}, {plan.quant}; {ev.tokens_per_second:.1f} tok/s{checked})"
         )
     return 0

@@ -46,6 +46,13 @@ def test_help_lists_every_command_the_readme_opens_with_and_the_new_ones():
         assert re.search(rf"^\s+{re.escape(name)}\s", done.stdout, re.M), name
 
 
+def test_a_commands_options_before_it_are_its_own_and_alone_are_one_line(capsys):
+    args = cli.parse_args(["--board", "qemu-rv32", "--steps", "3", "run", "--prompt", "And God"])
+    assert (args.command, args.board, args.steps, args.prompt) == ("run", "qemu-rv32", 3, "And God")
+    assert cli.main(["--board", "qemu-rv32"]) == 2
+    assert capsys.readouterr().err.startswith("colibri: error: --board is an option of a command: give the command")
+
+
 def test_version_names_the_commit_and_the_toolchains():
     done = run_cli("--version")
     assert done.returncode == 0, done.stderr

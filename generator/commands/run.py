@@ -415,7 +415,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 def bench(args: argparse.Namespace) -> int:
     from ..bench import bench_line
-    from ..bench.sweep import format_rows, is_sweep, load_warning, machine_load, points, row
+    from ..bench.text import format_rows, is_sweep, load_warning, machine_load, points, row
 
     sweep = is_sweep(args.threads, args.prompt_tokens, args.steps)
     if sweep and args.plot:

@@ -47,19 +47,7 @@ class ElfSizes:
 
 
 # Counted in rows of their own (report.category_bytes), not among the data beside them.
-OWN_ROW_SYMBOLS = frozenset(
-    {
-        "colibri_scratch",
-        "colibri_key_cache",
-        "colibri_value_cache",
-        "colibri_key_scales",
-        "colibri_value_scales",
-        "colibri_rope_cos",
-        "colibri_rope_sin",
-        "colibri_expanded",
-        "colibri_linear_state",
-    }
-)
+OWN_ROW_SYMBOLS = frozenset(ARENA_SYMBOLS) - {"colibri_tensor_table", "colibri_expert_groups"}
 FIRMWARE_PREFIX = "colibri_"
 
 

@@ -27,6 +27,23 @@ def number(kind, low: float, high: float = float("inf"), what: str = ""):
     return parse
 
 
+def counts(low: int, high: float = float("inf"), what: str = "a positive integer"):
+    """An argparse type: one count (an int) or several, comma-separated (a tuple, in the order
+    given), each within [low, high]: --threads 1,2 as llama-bench's -t 1,2."""
+    one = number(int, low, high, what)
+
+    def parse(text: str) -> int | tuple[int, ...]:
+        try:
+            values = [one(part) for part in text.split(",")]
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected {what}, or several comma-separated, got {text!r}") from None
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"{text!r} names a value twice")
+        return values[0] if len(values) == 1 else tuple(values)
+
+    return parse
+
+
 positive_int = number(int, 1, what="a positive integer")
 non_negative_int = number(int, 0, what="a non-negative integer")
 unit_float = number(float, 0.0, 1.0, what="a number between 0 and 1")
@@ -138,10 +155,10 @@ def add_decode_args(p: argparse.ArgumentParser, steps: int) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
 
 
-def add_board_args(p: argparse.ArgumentParser) -> None:
+def add_board_args(p: argparse.ArgumentParser, threads_sweep: bool = False) -> None:
     """What a board may take, the same for every command that runs firmware (option_checks refuses
-    those the board in use cannot take)."""
-    add_threads_arg(p)
+    those the board in use cannot take); threads_sweep: --threads takes several counts (bench)."""
+    add_threads_arg(p, threads_sweep)
     add_port_arg(p)
     add_remote_arg(p)
     add_budget_arg(p)
@@ -186,7 +203,15 @@ def add_cache_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_threads_arg(p: argparse.ArgumentParser) -> None:
+def add_threads_arg(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    if sweep:
+        p.add_argument(
+            "--threads",
+            type=counts(1, 64, what="a thread count from 1 to 64"),
+            default=1,
+            help="threads on Linux boards, or several, comma-separated (1,2,4): a row each (default 1)",
+        )
+        return
     p.add_argument(
         "--threads",
         type=number(int, 1, 64, what="a thread count from 1 to 64"),

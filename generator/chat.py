@@ -36,6 +36,7 @@ class ChatState:
     held: int = 0  # positions the firmware's KV cache holds
     pending: list[int] = field(default_factory=list)  # the last reply token: sampled, not fed back yet
     text: str = ""  # what held + pending stand for, as the template renders the conversation so far
+    largest_ctx: int | None = None  # the largest context this board and model allow (None: not known)
 
     def plan_turn(self, user: str) -> TurnPlan:
         """The request for the user's next message; ColibriError when the context is full."""
@@ -53,11 +54,18 @@ class ChatState:
         if room < 1:
             raise ColibriError(
                 f"the context is full: the conversation would need {start + len(prompt)} of the "
-                f"{self.n_ctx} positions this firmware was built for (start a new chat, or build "
-                f"with a larger --ctx)"
+                f"{self.n_ctx} positions this firmware was built for ({self._when_full()})"
             )
         self.messages = messages
         return TurnPlan(prompt, start, min(self.max_steps, room), reprefilled, rendered)
+
+    def _when_full(self) -> str:
+        """What to do about a full context: never a --ctx the board and model would refuse."""
+        if self.largest_ctx is None:
+            return "start a new chat, or build with a larger --ctx"
+        if self.largest_ctx <= self.n_ctx:
+            return f"start a new chat; this board and model allow no larger context than {self.n_ctx}"
+        return f"start a new chat, or build with a larger --ctx, at most {self.largest_ctx}"
 
     def finish_turn(self, plan: TurnPlan, reply: list[int], held: int) -> str:
         """Record the reply the firmware gave (its tokens, and the positions it now holds); returns

@@ -9,6 +9,11 @@ from collections.abc import Iterator
 from typing import Protocol
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 token', '2 tokens': a count and its noun, plural when it is not one."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

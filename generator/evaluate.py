@@ -16,6 +16,7 @@ from typing import Callable
 
 from .compile.image import map_image
 from .compile.plan import Plan
+from .console import counted
 from .device.session import RunRequest, RunResult
 from .errors import ColibriError
 from .numerics.perplexity import Perplexity, Score, chunks, perplexity
@@ -52,7 +53,7 @@ def evaluate(
     parts = chunks(tokens, n_ctx, bos, limit)
     if not parts:
         raise ColibriError(
-            f"the text is {len(tokens)} tokens, less than one chunk of {n_ctx} (the firmware's "
+            f"the text is {counted(len(tokens), 'token')}, less than one chunk of {n_ctx} (the firmware's "
             f"context): give a longer text or build with a smaller --ctx"
         )
     reference = Reference(plan, map_image(weights)) if weights is not None else None

@@ -154,9 +154,13 @@ def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> No
     model allow (searched only when the request does not fit)."""
     if len(prompt) + steps - 1 <= plan.n_ctx:
         return
+    check_fits_context(prompt, steps, plan.n_ctx, largest_context(board, plan))
+
+
+def largest_context(board: Board, plan: Plan) -> int:
+    """The largest context this board's memory and the model allow, before compiling."""
     largest = largest_planned_ctx(board, plan)
-    limit = plan.spec.max_position_embeddings if largest is None else min(largest, plan.spec.max_position_embeddings)
-    check_fits_context(prompt, steps, plan.n_ctx, limit)
+    return plan.spec.max_position_embeddings if largest is None else min(largest, plan.spec.max_position_embeddings)
 
 
 def board_port(options: JobOptions, board: Board) -> str | None:
@@ -493,6 +497,7 @@ def chat_state(prepared: Prepared[ChatTemplate], max_steps: int | None, system: 
 
     assert prepared.tokenizer is not None
     state = ChatState(prepared.inputs, prepared.tokenizer, prepared.plan.n_ctx, max_steps or prepared.plan.n_ctx)
+    state.largest_ctx = largest_context(prepared.board, prepared.plan)
     if system:
         state.messages.append({"role": "system", "content": system})
     return state
@@ -544,7 +549,10 @@ def converse(
 def prepare_eval(options: JobOptions, text: Path) -> Prepared[list[int]]:
     def tokens(planned: Planned, tokenizer: Tokenizer | None) -> list[int]:
         assert tokenizer is not None
-        return tokenizer.encode(read_text_file(text, "--text"))
+        content = read_text_file(text, "--text")
+        if not content.strip():
+            raise ColibriError(f"--text {text}: the text is empty: give a file with the text to score")
+        return tokenizer.encode(content)
 
     return prepare(
         options, tokens, sampling=False, tokenizer_needed_for="eval needs the model's tokenizer.json to tokenize --text"

@@ -3,7 +3,7 @@ against the board's budgets, with the largest context that would still fit."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .boards import CATEGORIES, KV_TYPES, Board
@@ -66,6 +66,44 @@ def category_bytes(board: Board, plan: Plan, elf: ElfSizes) -> dict[str, int]:
         "other_data": max(0, elf.rodata - plan.rope_table_bytes - embedded)
         + elf.data
         + max(0, elf.bss - arenas - stack),
+    }
+
+
+def other_data_parts(board: Board, plan: Plan, elf: ElfSizes) -> dict[str, int]:
+    """What other_data is made of, measured from the ELF's sections and symbols: per_thread (the
+    thread-local sections: each thread of a run holds its own copy, so --threads N holds N), the
+    self-test's data, the firmware's other tables and buffers, the C library's (and the compiler's
+    run-time's) objects, and the rest: what no symbol claims (dynamic symbols and relocations,
+    unwind tables, alignment)."""
+    total = category_bytes(board, plan, elf)["other_data"]
+    owners = elf.data_owners
+    selftest = elf.selftest.get("rodata", 0) + elf.selftest.get("ram", 0)
+    parts = {
+        "per_thread": owners.get("thread_local", 0),
+        "selftest": selftest,
+        "firmware": max(0, owners.get("colibri", 0) - selftest),
+        "c_library": owners.get("c_library", 0),
+    }
+    parts["linker_and_unwind"] = max(0, total - sum(parts.values()))
+    return parts
+
+
+# Why a row a board could show is not in its report: no region of the board holds it.
+ABSENT_BECAUSE = {
+    "expanded_weights": "this board reads q4_0 blocks as they are: they are expanded to int8 at load only on "
+    "boards whose file gives a RAM region for them (qemu-rv32, esp32p4-idf)",
+}
+
+
+def absent_rows(board: Board) -> dict[str, str]:
+    """The rows no memory region of the board holds, each with why."""
+    held = {c for r in board.memory for c in r.holds} | (
+        set(WITH_CODE) if any("code" in r.holds for r in board.memory) else set()
+    )
+    return {
+        row: ABSENT_BECAUSE.get(row, f"no memory region of board {board.name} holds it")
+        for row in ROWS
+        if row not in held
     }
 
 
@@ -160,6 +198,9 @@ class MemoryReport:
     held: str | None = None  # Plan.held_summary(): tensors kept as the checkpoint holds them
     kv_type: str = "f16"  # the KV cache type of this build
     kv_types: tuple[KvTypeRow, ...] = ()  # every type the model can take: bytes, largest context
+    other_data: dict[str, int] | None = None  # other_data_parts(); None: planned only
+    absent_rows: dict[str, str] = field(default_factory=dict)  # row -> why no region shows it
+    stack_outside_elf: bool = False  # a Linux program: its stacks come at run time, not in its ELF
 
     @property
     def planned_only(self) -> bool:
@@ -202,6 +243,9 @@ class MemoryReport:
             out["linear_state"] = self.linear_state
         if self.selftest is not None:
             out["selftest"] = self.selftest
+        if self.other_data is not None:
+            out["other_data"] = self.other_data
+        out["absent_rows"] = self.absent_rows
         if self.per_layer_inputs is not None:
             out["per_layer_inputs"] = self.per_layer_inputs
         return out
@@ -212,7 +256,7 @@ def linked_report(board: Board, plan: Plan, elf: ElfSizes) -> MemoryReport:
     check_elf_against_plan(plan, elf)
     uses = linked_use(board, plan, elf)
     largest = largest_fitting_ctx(board, plan, uses)
-    return _report(
+    rep = _report(
         board,
         plan,
         regions(board, plan, elf),
@@ -221,9 +265,12 @@ def linked_report(board: Board, plan: Plan, elf: ElfSizes) -> MemoryReport:
         code_estimate=None,
         kv_types=kv_type_rows(board, plan, uses),
     )
-    largest = largest_fitting_ctx(board, plan, linked_use(board, plan, elf))
-    rep = _report(board, plan, regions(board, plan, elf), largest, elf_sections=elf.sections, code_estimate=None)
-    return replace(rep, selftest={**elf.selftest, "boot": board.selftest.boot, "steps": board.selftest.steps})
+    return replace(
+        rep,
+        selftest={**elf.selftest, "boot": board.selftest.boot, "steps": board.selftest.steps},
+        other_data=other_data_parts(board, plan, elf),
+        stack_outside_elf=board.runner.linux_program and ".stack" not in elf.sections,
+    )
 
 
 def kept_f32_of(plan: Plan) -> KeptF32:
@@ -276,6 +323,7 @@ def _report(
         held=plan.held_summary(),
         kv_type=plan.kv_type,
         kv_types=tuple(kv_types),
+        absent_rows=absent_rows(board),
     )
 
 
@@ -308,6 +356,7 @@ def format_report(rep: MemoryReport) -> str:
         status = "OVER BUDGET" if r.over_budget else ("fits" if r.budget else "")
         share = f" ({100 * r.used / r.budget:.1f}% of budget)" if r.budget else ""
         lines.append(f"    {'total':<16} {r.used:>14,} B{share} {status}".rstrip())
+    lines += composition_lines(rep)
     largest = rep.largest_ctx_that_fits
     lines.append(
         "  largest context that fits: "
@@ -334,6 +383,35 @@ def format_report(rep: MemoryReport) -> str:
     if rep.memory_budget:
         lines += budget_lines(rep.memory_budget)
     return "\n".join(lines)
+
+
+def composition_lines(rep: MemoryReport) -> list[str]:
+    """What other_data is made of, why the stack shows 0 on a Linux board, and the rows not shown."""
+    lines = []
+    if rep.other_data is not None:
+        parts = rep.other_data
+        total = sum(parts.values())
+        per_thread = parts["per_thread"]
+        threads = (
+            f"{per_thread:,} B a thread (the kernels' thread-local buffers: a run with --threads 2 holds 2 copies, "
+            f"{2 * per_thread:,} B), "
+            if per_thread
+            else ""
+        )
+        lines.append(
+            f"  other_data is {total:,} B: {threads}{parts['selftest']:,} B the self-test's data, "
+            f"{parts['firmware']:,} B the firmware's other tables and buffers, {parts['c_library']:,} B the C "
+            f"library's and compiler run-time's, {parts['linker_and_unwind']:,} B no symbol claims (the linker's "
+            f"tables: dynamic symbols, relocations, unwind data; alignment)"
+        )
+    if rep.stack_outside_elf:
+        lines.append(
+            "  stack 0 B: a Linux program's stacks are not in its ELF (the kernel gives the main thread its "
+            "stack and each worker thread gets one at run time; the board's budget_reserve covers them)"
+        )
+    for row, why in rep.absent_rows.items():
+        lines.append(f"  not shown: {row} ({why})")
+    return lines
 
 
 def budget_lines(cache: CachePlan) -> list[str]:

@@ -4,6 +4,7 @@ prepare -> build -> link, printing what it answered (text, or a --json document)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,15 +18,17 @@ from ..arguments import (
     add_sampling_args,
     add_speculate_arg,
     add_target_args,
+    counts,
     non_negative_float,
     non_negative_int,
     positive_int,
     unit_float,
 )
-from ..console import TextStream, progress, user_messages
+from ..console import TextStream, counted, progress, user_messages, warn
 from ..device.remote import ran_on
 from ..device.session import RemoteRun
 from ..documents import JsonDocument, json_field
+from ..errors import ColibriError
 from ..job import Ran
 from ..model.tokenizer import Tokenizer
 from ..numerics.sampling import SamplingParams
@@ -346,7 +349,7 @@ def evaluate(args: argparse.Namespace) -> int:
     else:
         checked = "; every score bit-identical to the NumPy reference's" if ev.reference_checked else ""
         print(
-            f"PPL = {r.ppl:.4f} +/- {r.error:.5f} ({r.tokens} tokens scored in {ev.chunks} chunks of {plan.n_ctx} "
+            f"PPL = {r.ppl:.4f} +/- {r.error:.5f} ({counted(r.tokens, 'token')} scored in {counted(ev.chunks, 'chunk')} of {plan.n_ctx} "
             f"on {board.name}, {plan.quant}; {ev.tokens_per_second:.1f} tok/s{checked})"
         )
     return 0
@@ -358,11 +361,22 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     add_cache_arg(p)
     p.add_argument(
         "--steps",
-        type=positive_int,
+        type=counts(1),
         help="decoded tokens per run (default 128, or fewer so that "
-        "the prompt and the steps fit the firmware's context)",
+        "the prompt and the steps fit the firmware's context); several, comma-separated: a row each",
     )
-    p.add_argument("--prompt-tokens", type=positive_int, default=8, help="prompt length (default 8)")
+    p.add_argument(
+        "--prompt-tokens",
+        type=counts(1),
+        default=8,
+        help="prompt length (default 8); several, comma-separated (64,512): a row each",
+    )
+    p.add_argument(
+        "--output",
+        choices=("md", "csv", "json"),
+        help="a table of a row per combination of --threads, --prompt-tokens and --steps, with llama-bench's "
+        "column names: md (Markdown), csv or json (default: md for a sweep, else bench's line of text)",
+    )
     p.add_argument(
         "--repeat",
         type=positive_int,
@@ -396,21 +410,39 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         help="under --memory-budget, skip the runs of the same "
         "stream without a budget that bench alternates with the budgeted ones on MoE models",
     )
-    add_board_args(p)
+    add_board_args(p, threads_sweep=True)
 
 
 def bench(args: argparse.Namespace) -> int:
     from ..bench import bench_line
+    from ..bench.text import format_rows, is_sweep, load_warning, machine_load, points, row
 
-    options = job.BenchOptions(
-        args.stream, args.text, args.prompt_tokens, args.steps, args.repeat, args.plot, in_ram=not args.no_in_ram
-    )
-    prepared = job.prepare_bench(job_options(args), options)
-    out = job.bench_built(prepared, job.build(prepared, quiet=True), options)
-    if args.json:
-        print_json(out.to_json())
+    sweep = is_sweep(args.threads, args.prompt_tokens, args.steps)
+    if sweep and args.plot:
+        raise ColibriError("--plot draws one run: give one --threads, --prompt-tokens and --steps with it")
+    # Every combination checked before anything is compiled; one build serves them all.
+    combinations = []
+    for point in points(args.threads, args.prompt_tokens, args.steps):
+        one = argparse.Namespace(**{**vars(args), "threads": point.threads, "steps": point.steps})
+        options = job.BenchOptions(
+            args.stream, args.text, point.prompt_tokens, point.steps, args.repeat, args.plot, in_ram=not args.no_in_ram
+        )
+        combinations.append((options, job.prepare_bench(job_options(one), options)))
+    built = job.build(combinations[0][1], quiet=True)
+    before = machine_load()
+    results = [job.bench_built(prepared, built, options) for options, prepared in combinations]
+    name = combinations[0][1].plan.spec.name
+    warning = load_warning(before, machine_load(), os.cpu_count() or 1, max(r.threads for r in results))
+    if warning:
+        warn(warning)
+    if args.output or (sweep and not args.json):
+        print(format_rows([row(r, name) for r in results], args.output or "md"))
+    elif sweep:
+        print_json([r.to_json() for r in results])
+    elif args.json:
+        print_json(results[0].to_json())
     else:
-        print(bench_line(out, prepared.plan.spec.name))
+        print(bench_line(results[0], name))
     return 0
 
 

@@ -67,7 +67,14 @@ def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int, kv_ty
     """build/<board>/<model>-<quant>-ctx<N>: where a build goes unless --out says otherwise
     (-kv<type> after it for a KV cache type other than the board's)."""
     kv = f"-kv{kv_type}" if kv_type and kv_type != board.kv_type else ""
-    return BUILD_ROOT / board.name / f"{slug(Path(model_dir).resolve().name)}-{quant}-ctx{n_ctx}{kv}"
+    return BUILD_ROOT / board.name / f"{model_slug(model_dir)}-{quant}-ctx{n_ctx}{kv}"
+
+
+def model_slug(model: Path | str) -> str:
+    """A model's name in its build directories: the directory's or the file's name, a GGUF
+    file's extension left out (its quantization follows: SmolLM2-135M-Instruct.Q4_1-gguf-ctx512)."""
+    path = Path(model).resolve()
+    return slug(path.stem if path.suffix.lower() == ".gguf" else path.name)
 
 
 def prepare(
@@ -157,7 +164,7 @@ def build_dirs(board: str | None = None, model: Path | str | None = None, root: 
     if not root.is_dir():
         return []
     boards = [root / board] if board is not None else sorted(p for p in root.iterdir() if p.is_dir())
-    prefix = f"{slug(Path(model).resolve().name)}-" if model is not None else None
+    prefix = f"{model_slug(model)}-" if model is not None else None
     found = []
     for board_dir in boards:
         if not board_dir.is_dir():
@@ -315,7 +322,8 @@ def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:
         scons_command(req, extra),
         env,
         echo_line,
-        lambda strerror: f"cannot run SCons ({strerror}); run ./colibri from the repository root",
+        lambda strerror: f"cannot run SCons ({strerror}); ./colibri installs it into .venv",
+        cwd=REPO,  # where -C points, so SCons says nothing of entering it; every path it gets is absolute
     )
     if returncode != 0:
         for line in lines:

@@ -81,6 +81,22 @@ def plan_checkpoint(
     return plan
 
 
+def generation_line(plan: Plan) -> str:
+    """The line that opens a weight image's generation: what happens to the tensors. A GGUF
+    file's blocks are copied as the file holds them, so only those quantized again are said to be."""
+    n, size = len(plan.tensors), _megabytes(sum(t.nbytes for t in plan.tensors))
+    if plan.quant != "gguf":
+        return f"quantizing {n} tensors to {plan.quant} ({size})"
+    _, again = plan.gguf_kept()
+    if not again:
+        return f"writing {n} tensors as the GGUF file holds them, none quantized again ({size})"
+    into = ", ".join(sorted({dtype for _, _, dtype in again}))
+    return (
+        f"writing {n} tensors: {n - len(again)} as the GGUF file holds them, {len(again)} quantized "
+        f"again to {into} ({size})"
+    )
+
+
 def requantized_note(plan: Plan, name: str, error) -> str:
     ggml_type = dict(plan.gguf_types)[name]
     return (
@@ -133,9 +149,8 @@ def generate(
     report = None
     if progress:
         if quant != "f32":
-            megabytes = sum(t.nbytes for t in plan.tensors) / 1e6
-            progress(f"quantizing {len(plan.tensors)} tensors to {quant} ({megabytes:.1f} MB)")
-        report = QuantizeProgress(progress, verb="quantizing" if quant != "f32" else "writing")
+            progress(generation_line(plan))
+        report = QuantizeProgress(progress, verb="writing" if quant in ("f32", "gguf") else "quantizing")
     out_dir.mkdir(parents=True, exist_ok=True)
     # The image is written under a hidden name and takes its place last, after the sources that
     # name its hash: a failure anywhere leaves the previous generation whole (or nothing).

@@ -347,7 +347,17 @@ def check_fits_context(prompt: list[int], steps: int, n_ctx: int, limit: int | N
     if limit is not None and need > limit and limit > n_ctx and limit - n_prompt + 1 >= 1:
         fixes.append(f"--ctx {limit} with --steps {limit - n_prompt + 1} or fewer")
     if not fixes:
-        fixes.append(f"a prompt of at most {limit if limit else n_ctx} tokens")
+        # Only a shorter prompt works: the longest one that leaves room for these steps (the
+        # context less the steps, plus the last token that is never fed back), and for one step.
+        largest = max(limit or n_ctx, n_ctx)
+        with_ctx = f" (and --ctx {largest})" if largest > n_ctx else ""
+        longest = largest - steps + 1
+        fixes.append(
+            f"a prompt of at most {longest} tokens with --steps {steps}, or of at most {largest} tokens with --steps 1"
+            if longest >= 1
+            else f"a prompt of at most {largest} tokens with --steps 1"
+        )
+        fixes[-1] += with_ctx
     allowed = f"; this board and model allow a context of at most {limit}" if limit is not None and need > limit else ""
     raise ColibriError(f"{why}, but the firmware is built for a context of {n_ctx}{allowed}: use {' or '.join(fixes)}")
 

@@ -1,5 +1,6 @@
 """bench: what it reports (not how fast: speeds are measured, not asserted), and --plot."""
 
+import argparse
 import json
 import platform
 import re
@@ -9,6 +10,7 @@ import pytest
 from conftest import DEFAULT_MODEL, run_cli
 
 from generator import bench
+from generator.bench import text as bench_text
 from generator.boards import load_board
 from generator.device.session import RunResult
 
@@ -194,3 +196,49 @@ def test_an_emulated_linux_board_gets_no_bandwidth_figure_in_the_text():
     assert "on linux-aarch64 EMULATED by qemu-aarch64" in line
     assert "the emulator's speed on this machine, not the board's" in line
     assert "no bandwidth figure: the emulator's reads are not the board's" in line and "GB/s" not in line
+
+
+def test_sweep_values_are_counts_comma_separated_and_each_is_checked():
+    from generator.arguments import counts
+
+    threads = counts(1, 64, what="a thread count from 1 to 64")
+    assert threads("2") == 2 and threads("1,2,4") == (1, 2, 4)
+    for bad in ("0", "1,,2", "1,x", "65", "1,1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            threads(bad)
+    pts = bench_text.points((1, 2), (64, 512), None)
+    assert [(p.threads, p.prompt_tokens, p.steps) for p in pts] == [
+        (1, 64, None),
+        (1, 512, None),
+        (2, 64, None),
+        (2, 512, None),
+    ]
+    assert not bench_text.is_sweep(2, 8, 16) and bench_text.is_sweep(1, 8, (16, 64))
+
+
+def test_a_busy_machine_is_said_to_distort_the_numbers():
+    assert bench_text.load_warning(before=0.3, after=1.2, cores=2, threads=1) is None  # the bench's own thread
+    busy = bench_text.load_warning(before=7.9, after=8.3, cores=2, threads=1)
+    assert busy and busy.startswith("the machine is busy: load average 7.9 before the bench and 8.3 after it on 2 core")
+    assert bench_text.load_warning(before=0.1, after=6.0, cores=4, threads=2)  # work that started during it
+
+
+def test_a_sweep_gives_a_row_per_combination_as_markdown_csv_or_json(tmp_path):
+    """Two runs of 2 steps on the bundled model (the build of the test above, at context 128)."""
+    args = ["bench", "--model", DEFAULT_MODEL, "--ctx", 128, "--steps", 2, "--prompt-tokens", 4, "--repeat", 1]
+    done = run_cli(*args, "--threads", "1,2", "--output", "json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [tuple(r) for r in rows] == [bench_text.COLUMNS] * 2
+    assert [(r["n_threads"], r["n_prompt"], r["n_gen"], r["repetitions"]) for r in rows] == [(1, 4, 2, 1), (2, 4, 2, 1)]
+    assert all(r["tg_avg_ts"] > 0 and r["pp_avg_ts"] > 0 and r["tg_stddev_ts"] == 0.0 for r in rows)
+
+    csv_lines = bench_text.format_rows(rows, "csv").splitlines()
+    assert csv_lines[0] == ",".join(bench_text.COLUMNS) and len(csv_lines) == 3
+    assert csv_lines[2].split(",")[3:7] == ["2", "4", "2", "1"]
+    md_lines = bench_text.format_rows(rows, "md").splitlines()
+    assert md_lines[0] == "| " + " | ".join(bench_text.COLUMNS) + " |" and len(md_lines) == 4
+    assert md_lines[1].count("|") == len(bench_text.COLUMNS) + 1
+
+    refused = run_cli(*args, "--threads", "1,2", "--plot", tmp_path / "p.png")
+    assert refused.returncode == 2 and refused.stderr.startswith("colibri: error: --plot draws one run")

@@ -310,3 +310,17 @@ def test_the_gemma_file_chats_with_a_template_file(tmp_path):
     text = "<bos><start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"
     assert turn["prompt"] == tokenizer.encode(text, special=False)
     assert turn["prompt"][:2] == [2, 105]  # <bos> and <start_of_turn>, each one token
+
+
+@pytest.mark.parametrize(
+    "largest, advice",
+    [
+        (64, "start a new chat; this board and model allow no larger context than 64"),
+        (256, "start a new chat, or build with a larger --ctx, at most 256"),
+    ],
+)
+def test_a_full_context_advises_only_a_context_the_board_and_model_allow(largest, advice):
+    state = ChatState(ChatTemplate(TEMPLATE), Tokenizer.for_model(DEFAULT_MODEL), 64, 8, largest_ctx=largest)
+    with pytest.raises(ColibriError, match=r"the context is full") as refused:
+        state.plan_turn(TEXT)
+    assert advice in str(refused.value)

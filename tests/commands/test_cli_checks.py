@@ -16,6 +16,7 @@ from generator import cli, job
 from generator.boards import load_board
 from generator.console import TextStream
 from generator.device import ports
+from generator.errors import ColibriError
 from generator.option_checks import threads_warning
 
 pytestmark = pytest.mark.slow  # option checks through the CLI on built firmware
@@ -87,6 +88,14 @@ def test_prompt_and_steps_beyond_the_context_are_refused_before_compiling_and_sa
     # Beyond what the model allows, the advice is a --ctx that works, not one that is refused too.
     done = refused_before_compiling(tmp_path, "run", "--prompt-ids", "1,2,3", "--steps", "300")
     one_line_error(done, "need a context of 302", "allow a context of at most 256", "use --steps 254 or fewer")
+    # A prompt longer than the whole context: the longest prompt that still leaves room for the
+    # steps (256 - 64 + 1 at the default 64 steps), not one that is refused in turn.
+    done = refused_before_compiling(tmp_path, "run", "--prompt-ids", ",".join(["1"] * 482))
+    one_line_error(
+        done,
+        "need a context of 545",
+        "use a prompt of at most 193 tokens with --steps 64, or of at most 256 tokens with --steps 1",
+    )
     done = refused_before_compiling(tmp_path, "bench", "--board", "esp32p4", "--steps", "128", "--port", "/dev/null")
     one_line_error(
         done, "the prompt's 8 tokens and 128 steps need a context of 135", "use --ctx 135 or --steps 121 or fewer"
@@ -163,3 +172,18 @@ def test_report_on_a_model_that_does_not_fit_shows_the_table_then_the_documented
         "(code 45,056, weights 694,216, kv_cache 32,768, scratch 14,720, rope_tables 8,192; "
         "code is the board's reserve) but has 393,216 B",
     )
+
+
+def test_an_empty_text_to_score_is_said_to_be_empty_before_compiling(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    done = refused_before_compiling(tmp_path, "eval", "--text", empty)
+    one_line_error(done, f"--text {empty}: the text is empty: give a file with the text to score")
+
+
+def test_a_text_shorter_than_a_chunk_counts_its_tokens_in_words(tmp_path):
+    from generator.evaluate import evaluate
+
+    plan = job.plan_build(job.JobOptions(out=tmp_path / "build")).plan
+    with pytest.raises(ColibriError, match=r"the text is 1 token, less than one chunk of 256 \(the firmware"):
+        evaluate([1], plan, 1, lambda request: None)

@@ -12,6 +12,7 @@ import pytest
 from conftest import DEFAULT_MODEL, REPO, run_cli
 
 from generator import cli
+from generator.boards import load_board
 from generator.commands import suite
 from generator.compile import build
 from generator.device import ports
@@ -43,6 +44,13 @@ def test_help_lists_every_command_the_readme_opens_with_and_the_new_ones():
         "test",
     ):
         assert re.search(rf"^\s+{re.escape(name)}\s", done.stdout, re.M), name
+
+
+def test_a_commands_options_before_it_are_its_own_and_alone_are_one_line(capsys):
+    args = cli.parse_args(["--board", "qemu-rv32", "--steps", "3", "run", "--prompt", "And God"])
+    assert (args.command, args.board, args.steps, args.prompt) == ("run", "qemu-rv32", 3, "And God")
+    assert cli.main(["--board", "qemu-rv32"]) == 2
+    assert capsys.readouterr().err.startswith("colibri: error: --board is an option of a command: give the command")
 
 
 def test_version_names_the_commit_and_the_toolchains():
@@ -163,6 +171,16 @@ def test_clean_removes_all_builds_or_one_boards_or_one_models(monkeypatch, tmp_p
     assert root.is_dir() and not any(root.iterdir())
     assert cli.main(["clean"]) == 0
     assert "nothing to clean" in capsys.readouterr().out
+
+
+def test_a_gguf_files_build_directory_names_its_model_once(monkeypatch, tmp_path, capsys):
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    out = build.default_out_dir(load_board("host"), gguf, "gguf", 512)
+    assert out == build.BUILD_ROOT / "host" / "SmolLM2-135M-Instruct.Q4_1-gguf-ctx512"
+    root = tmp_path / "build"
+    (root / "host" / "SmolLM2-135M-Instruct.Q4_1-gguf-ctx512").mkdir(parents=True)
+    monkeypatch.setattr(build, "BUILD_ROOT", root)
+    assert build.build_dirs("host", gguf) == [root / "host" / "SmolLM2-135M-Instruct.Q4_1-gguf-ctx512"]
 
 
 def test_clean_never_reaches_outside_build(tmp_path):

@@ -17,12 +17,17 @@ def llama(checkpoints, builder):
     return model, art, plan
 
 
+def report_of(model, art, *flags: str) -> str:
+    """./colibri report of the llama build (its context 64): what it printed, which must be a success."""
+    done = run_cli("report", "--model", model, "--ctx", "64", "--out", art.out_dir, *flags)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 @pytest.mark.slow
 def test_report_json_accounts_for_every_category_and_matches_the_elf(llama):
     model, art, plan = llama
-    done = run_cli("report", "--model", model, "--ctx", "64", "--out", art.out_dir, "--json")
-    assert done.returncode == 0, done.stderr
-    rep = json.loads(done.stdout)
+    rep = json.loads(report_of(model, art, "--json"))
     (region,) = rep["regions"]
     assert region["name"] == "ram" and region["budget"] == 0 and rep["fits"]
     assert region["items"]["weights"] == plan.image.image_bytes
@@ -40,9 +45,8 @@ def test_report_json_accounts_for_every_category_and_matches_the_elf(llama):
 @pytest.mark.slow
 def test_report_text_names_the_region_and_totals(llama):
     model, art, _ = llama
-    done = run_cli("report", "--model", model, "--ctx", "64", "--out", art.out_dir)
-    assert done.returncode == 0, done.stderr
-    assert "region ram" in done.stdout and "kv_cache" in done.stdout and "total" in done.stdout
+    text = report_of(model, art)
+    assert "region ram" in text and "kv_cache" in text and "total" in text
 
 
 def test_the_report_and_the_plan_share_one_largest_context_rule():
@@ -68,3 +72,27 @@ def test_the_report_and_the_plan_share_one_largest_context_rule():
     assert largest_fitting_ctx(board, plan, linked_use(board, plan, linked(board.code_reserve))) == planned
     # More code leaves less room for the context.
     assert largest_fitting_ctx(board, plan, linked_use(board, plan, linked(board.code_reserve + 20_000))) < planned
+
+
+@pytest.mark.slow
+def test_report_shows_the_selftests_bytes_what_other_data_is_made_of_and_why_a_row_is_absent(llama):
+    model, art, _ = llama
+    rep = json.loads(report_of(model, art, "--json"))
+    elf = read_elf(art.program)
+    assert rep["selftest"]["code"] == elf.selftest["code"] > 0 and rep["selftest"]["boot"] is False
+    (region,) = rep["regions"]
+    parts = rep["other_data"]
+    assert sum(parts.values()) == region["items"]["other_data"]
+    # The AVX2 kernels' thread-local buffers: one copy per thread, the most of other_data.
+    tls = sum(size for name, size in elf.sections.items() if name in (".tbss", ".tdata"))
+    assert parts["per_thread"] == tls > region["items"]["other_data"] // 2
+    assert parts["selftest"] == elf.selftest["rodata"] + elf.selftest["ram"]
+    assert parts["c_library"] == elf.data_owners["c_library"]
+    assert rep["absent_rows"]["expanded_weights"].startswith("this board reads q4_0 blocks as they are")
+
+    text = report_of(model, art)
+    assert f"self-test (on a selftest request; its bytes are counted above): {elf.selftest['code']:,} B code" in text
+    assert f"other_data is {region['items']['other_data']:,} B: {tls:,} B a thread" in text
+    assert "--threads 2 holds 2 copies" in text
+    assert "not shown: expanded_weights (this board reads q4_0 blocks as they are" in text
+    assert "stack 0 B: a Linux program's stacks are not in its ELF" in text

@@ -185,3 +185,29 @@ def test_without_quant_a_gguf_file_keeps_its_blocks_and_a_checkpoint_is_built_q8
     assert {plan.tensor(name).dtype for name, kind in plan.gguf_types if kind == "Q4_1"} == {"q4_1"}
     request, plan = prepare(host, DEFAULT_MODEL, None, 64, tmp_path / "hf")
     assert (request.quant, plan.quant, plan.gguf_types) == ("q8_0", "q8_0", ())
+
+
+@pytest.mark.parametrize(
+    "file_types, line",
+    [
+        ({}, "writing 12 tensors as the GGUF file holds them, none quantized again"),
+        ({"layers.0.wq": "TQ2_0"}, "writing 12 tensors: 11 as the GGUF file holds them, 1 quantized again to q4_1"),
+    ],
+)
+def test_the_generation_line_says_a_gguf_files_blocks_are_kept_not_quantized(file_types, line):
+    from generator.compile.pipeline import generation_line
+    from generator.compile.plan import make_plan
+    from generator.model.spec import ModelSpec, RopeSpec, expected_shapes
+
+    spec = ModelSpec(
+        name="small", architecture="LlamaForCausalLM", family="llama", vocab_size=64, hidden_size=32,
+        intermediate_size=64, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, rms_norm_eps=1e-6,
+        rope=RopeSpec(theta=10000.0), max_position_embeddings=128, tie_embeddings=False, qkv_bias=False,
+        o_bias=False, mlp_bias=False, qk_norm=False, layer_windows=(0,),
+    )  # fmt: skip
+    names = list(expected_shapes(spec))
+    kept = {n: "F32" if n.endswith("norm") else "Q8_0" for n in names}
+    plan = make_plan(spec, "host", "gguf", 64, gguf_types={**kept, **file_types})
+    assert generation_line(plan).startswith(line)
+    q8 = make_plan(spec, "host", "q8_0", 64)
+    assert generation_line(q8).startswith(f"quantizing {len(names)} tensors to q8_0 (")

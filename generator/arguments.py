@@ -8,7 +8,10 @@ import argparse
 from pathlib import Path
 
 from .boards import KV_TYPES, available_boards
+from .errors import ColibriError
 from .files import DEFAULT_MODEL
+from .model.hub import HubReference
+from .model.load import model_value
 from .numerics.quantize import QUANTS
 
 
@@ -33,13 +36,22 @@ unit_float = number(float, 0.0, 1.0, what="a number between 0 and 1")
 non_negative_float = number(float, 0.0, what="a finite number >= 0")
 
 
+def model_argument(text: str) -> Path | HubReference:
+    """--model: a path, or a model on the hub (hf:ORG/NAME...), fetched once the command runs."""
+    try:
+        return model_value(text)
+    except ColibriError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", default="host", help=f"target board (available: {', '.join(available_boards())})")
     p.add_argument(
         "--model",
-        type=Path,
+        type=model_argument,
         default=DEFAULT_MODEL,
-        help="Hugging Face model directory or GGUF file (default: the bundled models/kjv-tiny)",
+        help="Hugging Face model directory or GGUF file, or a model on the hub: hf:ORG/NAME[@REVISION][:QUANT|:FILE.gguf] "
+        "(fetched into huggingface_hub's cache; HF_HUB_OFFLINE=1 uses only the cache) (default: the bundled models/kjv-tiny)",
     )
     p.add_argument(
         "--quant",

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..boards import DEFAULT_KV_TYPE, Board, board_reference
 from ..errors import ColibriError
 from ..files import REPO, slug
-from ..model.load import load_model
+from ..model.load import load_model, model_name
 from ..numerics.quantize import QUANTS
 from . import build_cache
 from .module_inputs import modules_run_by
@@ -66,7 +66,7 @@ def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int, kv_ty
     """build/<board>/<model>-<quant>-ctx<N>: where a build goes unless --out says otherwise
     (-kv<type> after it for a KV cache type other than the board's)."""
     kv = f"-kv{kv_type}" if kv_type and kv_type != board.kv_type else ""
-    return BUILD_ROOT / board.name / f"{slug(Path(model_dir).resolve().name)}-{quant}-ctx{n_ctx}{kv}"
+    return BUILD_ROOT / board.name / f"{slug(model_name(Path(model_dir)))}-{quant}-ctx{n_ctx}{kv}"
 
 
 def prepare(

@@ -82,7 +82,10 @@ BAD = {
     "negative speculation": (GOOD + " speculate=-1", "speculate must be between 0 and 64 drafted tokens"),
     "unknown key": (GOOD + " color=3", "unknown request field"),
     "repeat penalty zero": (GOOD + f" repeat_penalty={f32_bits(0.0)}", "repeat_penalty must be a finite number > 0"),
-    "repeat penalty negative": (GOOD + f" repeat_penalty={f32_bits(-1.1)}", "repeat_penalty must be a finite number > 0"),
+    "repeat penalty negative": (
+        GOOD + f" repeat_penalty={f32_bits(-1.1)}",
+        "repeat_penalty must be a finite number > 0",
+    ),
     "repeat penalty infinite": (
         GOOD + f" repeat_penalty={f32_bits(float('inf'))}",
         "repeat_penalty must be a finite number > 0",

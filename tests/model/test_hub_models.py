@@ -123,6 +123,16 @@ def test_the_command_says_it_in_one_line_and_exits_2(tmp_path, monkeypatch):
     )
 
 
+def test_colibri_toml_names_a_model_on_the_hub_as_the_command_line_does(tmp_path, monkeypatch):
+    from generator.cli import parse_args
+    from generator.model.hub import HubReference
+
+    (tmp_path / "colibri.toml").write_text('model = "hf:colibri/kjv-tiny@v1:Q8_0"\n')
+    monkeypatch.chdir(tmp_path)
+    # Not a path relative to the file: the reference, fetched when the command runs.
+    assert parse_args(["run"]).model == HubReference("colibri/kjv-tiny", "v1", "Q8_0")
+
+
 def test_a_malformed_name_is_a_usage_error(capsys):
     from generator.cli import main
 

@@ -120,9 +120,7 @@ def test_a_sampled_conversation_draws_what_one_sampled_run_draws(builder, chat_m
 
 
 @pytest.mark.parametrize("board", ["host", "qemu-rv32"])  # the builds of the conversation test above
-def test_a_repetition_penalty_looks_back_over_the_whole_conversation_as_the_reference_does(
-    builder, chat_model, board
-):
+def test_a_repetition_penalty_looks_back_over_the_whole_conversation_as_the_reference_does(builder, chat_model, board):
     """llama.cpp's repetition penalty, its window spanning the turns the firmware holds: the last
     reply is the reference's over the transcript, bit for bit, and not the unpenalized one."""
     penalty = SamplingParams(repeat_penalty=1.5, repeat_last_n=48)

@@ -141,3 +141,38 @@ def test_a_malformed_name_is_a_usage_error(capsys):
             main(["run", "--model", value, "--prompt-ids", "1"])
         assert exited.value.code == 2
         assert f"{value!r} is not a model on the hub: write hf:ORG/NAME" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("show", [True, False])
+def test_a_download_shows_huggingface_hubs_progress_on_a_terminal_and_nothing_with_json(hub, tmp_path, show):
+    """stderr a terminal (a pty): the file's progress bar, as huggingface_hub draws it; --json
+    (show_progress False): nothing at all."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    script = (
+        "import sys; from generator.model.load import model_path, model_value; "
+        f"model_path(model_value(sys.argv[1]), show_progress={show})"
+    )
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "0"}
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal's size, as tqdm asks
+    done = subprocess.run(
+        [sys.executable, "-c", script, "hf:colibri/tiny-GGUF:Q8_0"], cwd=REPO, env=env, stderr=terminal, timeout=60
+    )
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the terminal's other end is closed: all of it read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(controller)
+    assert done.returncode == 0, shown
+    assert (b"tiny-Q8_0.gguf" in shown and b"100%" in shown) if show else shown == b"", shown

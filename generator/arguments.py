@@ -8,8 +8,12 @@ import argparse
 from pathlib import Path
 
 from .boards import KV_TYPES, available_boards
+from .errors import ColibriError
 from .files import DEFAULT_MODEL
+from .model.hub import HubReference
+from .model.load import model_value
 from .numerics.quantize import QUANTS
+from .numerics.sampling import DEFAULT_REPEAT_LAST_N
 
 
 def number(kind, low: float, high: float = float("inf"), what: str = ""):
@@ -50,13 +54,22 @@ unit_float = number(float, 0.0, 1.0, what="a number between 0 and 1")
 non_negative_float = number(float, 0.0, what="a finite number >= 0")
 
 
+def model_argument(text: str) -> Path | HubReference:
+    """--model: a path, or a model on the hub (hf:ORG/NAME...), fetched once the command runs."""
+    try:
+        return model_value(text)
+    except ColibriError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", default="host", help=f"target board (available: {', '.join(available_boards())})")
     p.add_argument(
         "--model",
-        type=Path,
+        type=model_argument,
         default=DEFAULT_MODEL,
-        help="Hugging Face model directory or GGUF file (default: the bundled models/kjv-tiny)",
+        help="Hugging Face model directory or GGUF file, or a model on the hub: hf:ORG/NAME[@REVISION][:QUANT|:FILE.gguf] "
+        "(fetched into huggingface_hub's cache; HF_HUB_OFFLINE=1 uses only the cache) (default: the bundled models/kjv-tiny)",
     )
     p.add_argument(
         "--quant",
@@ -171,6 +184,22 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=unit_float, help="keep the smallest set with this total probability")
     p.add_argument("--min-p", type=unit_float, help="drop tokens below min-p times the top probability")
     p.add_argument("--seed", type=non_negative_int, help="sampling seed (default 0)")
+    p.add_argument(
+        "--repeat-penalty",
+        type=number(float, 1e-6, 1e6, what="a penalty from 0.000001 to 1000000 (1 = off)"),
+        default=1.0,
+        metavar="P",
+        help="llama.cpp's repetition penalty: the logit of a token among the last --repeat-last-n is divided "
+        "by P when positive, multiplied by it otherwise (default 1.0: off; greedy decoding too)",
+    )
+    p.add_argument(
+        "--repeat-last-n",
+        type=number(int, -1, what="a token count, 0 (off) or -1 (the whole context)"),
+        default=DEFAULT_REPEAT_LAST_N,
+        metavar="N",
+        help=f"the tokens of the conversation the penalty looks back over (default {DEFAULT_REPEAT_LAST_N}; "
+        "0: off; -1: the whole context)",
+    )
 
 
 def add_speculate_arg(p: argparse.ArgumentParser) -> None:

@@ -16,12 +16,16 @@ from .errors import ColibriError
 from .model.chat_template import ChatTemplate
 from .model.tokenizer import Tokenizer
 
+# A reply's length unless --steps says otherwise (it also ends at the model's end-of-turn, and
+# never runs past the context): a few paragraphs, not the rest of the context.
+DEFAULT_REPLY_STEPS = 256
+
 
 @dataclass(frozen=True)
 class TurnPlan:
     prompt: list[int]  # the tokens this turn sends
     start: int  # where they go: the positions the firmware holds before the turn
-    steps: int  # the most tokens the reply may have (what is left of the context)
+    steps: int  # the most tokens the reply may have (max_steps, or what is left of the context)
     reprefilled: bool  # the template changed earlier text: everything was sent again
     rendered: str  # the whole conversation up to this turn's reply, as the template renders it
 

@@ -18,6 +18,8 @@ from . import __version__
 from .commands import all_commands
 from .console import progress
 from .errors import ColibriError
+from .model.hub import HubReference
+from .model.load import model_path
 from .project_file import apply_project_file, find_project_file, load_project_file
 
 
@@ -125,6 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
+        if isinstance(getattr(args, "model", None), HubReference):
+            args.model = model_path(args.model, show_progress=not getattr(args, "json", False))
         return args.func(args)
     except ColibriError as e:
         print(f"colibri: error: {e}", file=sys.stderr)

@@ -37,7 +37,7 @@ from .errors import ColibriError
 from .files import DEFAULT_MODEL
 from .model.gguf import is_gguf
 from .model.tokenizer import Tokenizer, parse_prompt_ids
-from .numerics.sampling import SamplingParams, generation_defaults
+from .numerics.sampling import DEFAULT_REPEAT_LAST_N, SamplingParams, generation_defaults
 from .option_checks import check_board_options, check_sampling_options, threads_warning
 from .verify import FirmwareIdentity, Verified, firmware_identity, hello_check, verify_run
 
@@ -75,6 +75,8 @@ class JobOptions:
     top_p: float | None = None
     min_p: float | None = None
     seed: int | None = None
+    repeat_penalty: float = 1.0  # llama.cpp's repetition penalty; 1: off
+    repeat_last_n: int = DEFAULT_REPEAT_LAST_N  # its window in tokens; 0: off, -1: the context
     ignore_eos: bool = False
     threads: int = 1
     speculate: int = 0  # drafted tokens checked per forward pass (exact speculative decoding); 0: off
@@ -186,8 +188,9 @@ def warn_threads(board: Board, threads: int) -> None:
         warn(message)
 
 
-def sampling_from(options: JobOptions, model_dir: Path) -> SamplingParams:
-    """generation_config.json's defaults, overridden by the command line."""
+def sampling_from(options: JobOptions, model_dir: Path, n_ctx: int) -> SamplingParams:
+    """generation_config.json's defaults, overridden by the command line; the repetition penalty's
+    window (-1: the context) within the firmware's context of n_ctx, which it then covers whole."""
     gen = generation_defaults(model_dir)
     temperature, top_k, top_p, min_p = gen.temperature, gen.top_k, gen.top_p, gen.min_p
     if options.temperature is not None:
@@ -202,7 +205,9 @@ def sampling_from(options: JobOptions, model_dir: Path) -> SamplingParams:
         top_p = options.top_p
     if options.min_p is not None:
         min_p = options.min_p
-    return SamplingParams(temperature, top_k, top_p, min_p, options.seed if options.seed is not None else 0)
+    last_n = n_ctx if options.repeat_last_n < 0 else min(options.repeat_last_n, n_ctx)
+    seed = options.seed if options.seed is not None else 0
+    return SamplingParams(temperature, top_k, top_p, min_p, seed, options.repeat_penalty, last_n)
 
 
 def read_text_file(path: Path, flag: str) -> str:
@@ -331,7 +336,7 @@ def prepare(
     cache = budget_plan(options, board, plan, remote)
     if after_budget is not None:
         after_budget(planned, made)
-    params = sampling_from(options, options.model) if sampling else None
+    params = sampling_from(options, options.model, plan.n_ctx) if sampling else None
     port = board_port(options, board)
     warn_threads(board, options.threads)
     link = LinkOptions(remote=remote, progress=None if options.quiet else progress, port=port, reset=options.reset)
@@ -490,13 +495,13 @@ def open_chat(prepared: Prepared[ChatTemplate], built: Built) -> Link:
     )
 
 
-def chat_state(prepared: Prepared[ChatTemplate], max_steps: int | None, system: str | None) -> ChatState:
+def chat_state(prepared: Prepared[ChatTemplate], max_steps: int, system: str | None) -> ChatState:
     """The conversation so far (a system message, if given); a reply is at most max_steps tokens
-    (default: what is left of the context)."""
+    (and what is left of the context)."""
     from .chat import ChatState
 
     assert prepared.tokenizer is not None
-    state = ChatState(prepared.inputs, prepared.tokenizer, prepared.plan.n_ctx, max_steps or prepared.plan.n_ctx)
+    state = ChatState(prepared.inputs, prepared.tokenizer, prepared.plan.n_ctx, max_steps)
     state.largest_ctx = largest_context(prepared.board, prepared.plan)
     if system:
         state.messages.append({"role": "system", "content": system})

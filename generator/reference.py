@@ -97,6 +97,9 @@ class Reference:
         self.q4_packed: dict[str, np.ndarray] = {}
         self.q4_unpacked: dict[str, np.ndarray] = {}
         self.q4_unpacked_bytes = 0
+        # The conversation's tokens by position (those the KV cache holds): the repetition
+        # penalty's window, as the firmware's history in app/decode.c.
+        self.seen: list[int] = []
         for t in plan.tensors:
             start = base + t.offset
             if t.dtype == "q8_0":
@@ -433,6 +436,7 @@ class Reference:
         self.expert_counts[:] = 0
         logits = None
         prefilled = len(prompt) if decode_from is None else decode_from
+        seen = self.seen = [*self.seen[:start], *prompt[:prefilled]]
         for i, tok in enumerate(prompt[:prefilled]):
             scored = score_from is not None and i >= score_from
             logits = self.forward(tok, start + i, want_logits=(scored or i == prefilled - 1))
@@ -442,7 +446,7 @@ class Reference:
         pos = start + prefilled
         for step in range(steps):
             forced = prefilled + step < len(prompt)
-            token = prompt[prefilled + step] if forced else sample(logits, params, rng)
+            token = prompt[prefilled + step] if forced else sample(logits, params, rng, seen)
             out.tokens.append(token)
             out.digests.append(logits_digest(logits))
             if keep_logits:
@@ -452,6 +456,7 @@ class Reference:
                 break
             if step == steps - 1:
                 break
+            seen.append(token)
             logits = self.forward(token, pos)
             pos += 1
         out.held = pos

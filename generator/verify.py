@@ -295,7 +295,7 @@ def instructions_scope(request: RunRequest, result: RunResult) -> str:
         + (f", top-k {s.top_k}" if s.top_k else "")
         + (f", top-p {s.top_p:g}" if s.top_p < 1 else "")
         + (f", min-p {s.min_p:g}" if s.min_p else "")
-    )
+    ) + (f", repeat penalty {s.repeat_penalty:g} over {s.repeat_last_n} tokens" if s.penalizes else "")
     passes = int(result.stats.get("decode", 0))
     first = len(request.prompt) + 1
     contexts = f"context {first}" if passes <= 1 else f"contexts {first}-{first + passes - 1}"

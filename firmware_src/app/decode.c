@@ -222,9 +222,11 @@ static int decode_forward(DecodeStats *s, ColibriBuffers *b, const int32_t *toke
     return status;
 }
 
-#if COLIBRI_SPEC_TOKENS > 0
-/* The request's tokens so far, prompt then sampled: where drafts are looked up. */
+/* The conversation's tokens by position (the KV cache's, then the token being fed): the repetition
+ * penalty's window, and from the request's start on, where speculative drafts are looked up. */
 static int32_t history[COLIBRI_N_CTX];
+
+#if COLIBRI_SPEC_TOKENS > 0
 /* What a pass of 1, 2, ... tokens costs on this board against a pass of one (board_def.h). */
 static const float spec_pass_cost[] = COLIBRI_SPEC_PASS_COST;
 _Static_assert(sizeof spec_pass_cost / sizeof spec_pass_cost[0] >= COLIBRI_SPEC_TOKENS,
@@ -341,7 +343,8 @@ int colibri_decode_quietly(const int32_t *prompt, int32_t n_prompt, int32_t step
         return COLIBRI_ERR_NO_IMAGE;
     }
     const ColibriRequest req = {.prompt = prompt, .n_prompt = n_prompt, .n_steps = steps,
-                                .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0},
+                                .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
+                                             .repeat_penalty = 1.0f, .repeat_last_n = 0},
                                 .threads = 1, .probe_mib = -1, .score_from = -1, .decode_from = -1};
     ColibriBuffers b;
     colibri_buffers_init(&b);
@@ -349,7 +352,7 @@ int colibri_decode_quietly(const int32_t *prompt, int32_t n_prompt, int32_t step
     rng_seed(&rng, 0);
     int status = prefill(&b, &req, 0, n_prompt);
     for (int32_t step = 0; status == 0 && step < steps; step++) {
-        tokens[step] = sample_token(b.logits, COLIBRI_VOCAB, &req.sampling, &rng, b.probs, b.cand);
+        tokens[step] = sample_token(b.logits, COLIBRI_VOCAB, &req.sampling, NULL, 0, &rng, b.probs, b.cand);
         logits_sha256(b.logits, digests[step]);
         *done = step + 1;
         if (step + 1 < steps) {
@@ -398,19 +401,17 @@ int colibri_decode(const ColibriRequest *req)
     SpecState spec = {0};
     int32_t batch[COLIBRI_SPEC_TOKENS > 0 ? COLIBRI_SPEC_TOKENS : 1];
     int ahead = 0, taken = 0;
-#if COLIBRI_SPEC_TOKENS > 0
-    int32_t n_history = 0;
-    if (speculate) {
-        memcpy(history, req->prompt, (size_t)req->n_prompt * sizeof(int32_t));
-        n_history = req->n_prompt;
-    }
-#endif
+    /* The prompt follows what the conversation holds (check_request: start + prefilled + steps - 1
+     * fit the context, so every token fed below has its place). */
+    memcpy(history + req->start, req->prompt, (size_t)prefilled * sizeof(int32_t));
+    int32_t n_history = req->start + prefilled;
     const float *logits = b.logits;
     for (int32_t step = 0; step < req->n_steps; step++) {
         /* Teacher forcing: the prompt's next token instead of a sampled one, while there is one. */
         const int forced = prefilled + step < req->n_prompt;
         const int32_t token = forced ? req->prompt[prefilled + step]
-                                     : sample_token(logits, COLIBRI_VOCAB, &req->sampling, &rng, b.probs, b.cand);
+                                     : sample_token(logits, COLIBRI_VOCAB, &req->sampling, history, n_history, &rng,
+                                                    b.probs, b.cand);
         send_token(req, step, token, logits, &stats);
         generated++;
         if (req->stop_at_eos && !forced && is_eos(token)) {
@@ -420,9 +421,9 @@ int colibri_decode(const ColibriRequest *req)
         if (step == req->n_steps - 1) {
             break;
         }
+        history[n_history++] = token;
 #if COLIBRI_SPEC_TOKENS > 0
         if (speculate) {
-            history[n_history++] = token;
             if (taken < ahead && token == batch[1 + taken]) { /* fed already: its logits are computed */
                 taken++;
                 logits = b.spec_logits + (int64_t)taken * COLIBRI_VOCAB;
@@ -445,7 +446,7 @@ int colibri_decode(const ColibriRequest *req)
             most = most < steps_left - 1 ? most : steps_left - 1;
             most = most < room ? most : room;
             most = most < COLIBRI_SPEC_TOKENS - 1 ? most : COLIBRI_SPEC_TOKENS - 1;
-            n += spec_draft(&spec, history, n_history, batch + 1, most, spec_pass_cost);
+            n += spec_draft(&spec, history + req->start, n_history - req->start, batch + 1, most, spec_pass_cost);
         }
 #endif
         status = decode_forward(&stats, &b, batch, n, pos);

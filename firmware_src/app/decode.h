@@ -84,7 +84,7 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
 
 /* Longest request line for a context of n_ctx: every prompt id as up to 10 digits and a comma,
  * plus the other fields. */
-#define COLIBRI_REQUEST_LINE_BYTES(n_ctx) ((n_ctx) * 11 + 320)
+#define COLIBRI_REQUEST_LINE_BYTES(n_ctx) ((n_ctx) * 11 + 384)
 
 /* Send an error frame (for BSPs that fail before decoding starts). */
 void colibri_report_error(int code, const char *message);

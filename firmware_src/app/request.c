@@ -3,8 +3,11 @@
  *
  *   @CLB <seq> request prompt=1,2,3 steps=N [temperature=XXXXXXXX] [top_k=K] [top_p=XXXXXXXX]
  *        [min_p=XXXXXXXX] [seed=S] [eos=0|1] [digests=0|1] [threads=N] [probe_mib=N] [start=P]
- *        [score_from=F] [decode_from=D] [speculate=K] *<crc32>
+ *        [score_from=F] [decode_from=D] [speculate=K] [repeat_penalty=XXXXXXXX] [repeat_last_n=N] *<crc32>
  *
+ * repeat_penalty (> 0; default 1: off) is llama.cpp's repetition penalty over the last repeat_last_n
+ * tokens of the conversation (default 64; 0: off; at most the context, which covers all of them):
+ * runtime/sampler.c.
  * start=P continues a conversation: the prompt goes at positions P, P+1, ... after the P tokens the
  * firmware already holds in its KV cache (the done frame of the previous request says how many).
  * score_from=F scores the prompt: for every prompt index i from F on, the log-probability of
@@ -88,10 +91,12 @@ static int parse_f32_bits(const char *s, const char *end, float *out)
 }
 
 enum { KEY_PROMPT, KEY_STEPS, KEY_TEMPERATURE, KEY_TOP_K, KEY_TOP_P, KEY_MIN_P, KEY_SEED, KEY_EOS, KEY_DIGESTS,
-       KEY_THREADS, KEY_PROBE_MIB, KEY_START, KEY_SCORE_FROM, KEY_DECODE_FROM, KEY_SPECULATE, N_KEYS };
+       KEY_THREADS, KEY_PROBE_MIB, KEY_START, KEY_SCORE_FROM, KEY_DECODE_FROM, KEY_SPECULATE, KEY_REPEAT_PENALTY,
+       KEY_REPEAT_LAST_N, N_KEYS };
 static const char *const key_names[N_KEYS] = {"prompt", "steps", "temperature", "top_k", "top_p", "min_p",
                                               "seed", "eos", "digests", "threads", "probe_mib", "start",
-                                              "score_from", "decode_from", "speculate"};
+                                              "score_from", "decode_from", "speculate", "repeat_penalty",
+                                              "repeat_last_n"};
 
 static int key_index(const char *key, const char *key_end)
 {
@@ -160,6 +165,18 @@ static const char *parse_field(int key, const char *val, const char *end, Colibr
         if (!parse_f32_bits(val, end, &r->sampling.min_p) || !(r->sampling.min_p >= 0.0f && r->sampling.min_p <= 1.0f)) {
             return "min_p must be in [0, 1]";
         }
+        return NULL;
+    case KEY_REPEAT_PENALTY:
+        if (!parse_f32_bits(val, end, &r->sampling.repeat_penalty) ||
+            !(r->sampling.repeat_penalty > 0.0f && r->sampling.repeat_penalty <= FLT_MAX)) {
+            return "repeat_penalty must be a finite number > 0";
+        }
+        return NULL;
+    case KEY_REPEAT_LAST_N:
+        if (!parse_whole_dec(val, end, (uint64_t)capacity, &v)) {
+            return "repeat_last_n must be between 0 and the context length";
+        }
+        r->sampling.repeat_last_n = (int32_t)v;
         return NULL;
     case KEY_SEED:
         if (!parse_whole_dec(val, end, UINT64_MAX, &v)) {
@@ -234,7 +251,8 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
         return "not a request frame";
     }
     ColibriRequest r = {.prompt = prompt_buf, .n_prompt = 0, .n_steps = 0,
-                        .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0},
+                        .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
+                                     .repeat_penalty = 1.0f, .repeat_last_n = 64},
                         .stop_at_eos = 1, .digests = 1, .threads = 1, .probe_mib = -1, .start = 0,
                         .score_from = -1, .decode_from = -1, .speculate = 0, .selftest = 0};
     /* Protocol 5: "@CLB <seq> selftest *<crc32>", no fields: run the self-test (app/selftest.c). */

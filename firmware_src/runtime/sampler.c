@@ -106,9 +106,37 @@ static int32_t argmax(const float *x, int32_t n)
     return at[winner];
 }
 
-int32_t sample_token(const float *logits, int32_t n, const ColibriSampling *s, ColibriRng *rng,
-                     float *probs, int32_t *cand)
+/* llama.cpp's repetition penalty (the repeat part of llama_sampler_penalties): every distinct token
+ * among the last repeat_last_n seen has its logit divided by the penalty when it is positive and
+ * multiplied by it otherwise, once however often it was seen. The penalized logits go to out;
+ * mark (n entries) notes the tokens done. One float32 operation per token, so the order of the
+ * window does not matter to the bits (generator/numerics/sampling.py penalized does the same). */
+static void repeat_penalty(const float *logits, int32_t n, const ColibriSampling *s, const int32_t *seen,
+                           int32_t n_seen, float *out, int32_t *mark)
 {
+    for (int32_t i = 0; i < n; i++) {
+        out[i] = logits[i];
+        mark[i] = 0;
+    }
+    const float penalty = s->repeat_penalty;
+    for (int32_t j = n_seen > s->repeat_last_n ? n_seen - s->repeat_last_n : 0; j < n_seen; j++) {
+        const int32_t t = seen[j];
+        if (t < 0 || t >= n || mark[t]) {
+            continue;
+        }
+        mark[t] = 1;
+        out[t] = out[t] <= 0.0f ? out[t] * penalty : out[t] / penalty;
+    }
+}
+
+int32_t sample_token(const float *logits, int32_t n, const ColibriSampling *s, const int32_t *seen, int32_t n_seen,
+                     ColibriRng *rng, float *probs, int32_t *cand)
+{
+    /* The penalty first, as in llama.cpp's sampler chain (penalties before temperature), greedy too. */
+    if (s->repeat_penalty != 1.0f && s->repeat_last_n > 0 && n_seen > 0) {
+        repeat_penalty(logits, n, s, seen, n_seen, probs, cand);
+        logits = probs;
+    }
     if (!(s->temperature >= SAMPLER_GREEDY_BELOW)) {
         return argmax(logits, n);
     }

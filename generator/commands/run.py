@@ -24,6 +24,7 @@ from ..arguments import (
     positive_int,
     unit_float,
 )
+from ..chat import DEFAULT_REPLY_STEPS
 from ..console import TextStream, counted, progress, user_messages, warn
 from ..device.remote import ran_on
 from ..device.session import RemoteRun
@@ -221,7 +222,11 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
         help="a Jinja2 chat template file (as tokenizer_config.json's chat_template), used instead of the model's own",
     )
     p.add_argument(
-        "--steps", type=positive_int, help="the most tokens a reply may have (default: what is left of the context)"
+        "--steps",
+        type=positive_int,
+        default=DEFAULT_REPLY_STEPS,
+        help=f"the most tokens a reply may have; it also ends at the model's end-of-turn token "
+        f"(default {DEFAULT_REPLY_STEPS}, and never past the context)",
     )
     add_sampling_args(p)
     add_speculate_arg(p)

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..boards import DEFAULT_KV_TYPE, Board, available_boards, board_reference
 from ..errors import ColibriError
 from ..files import REPO, slug
-from ..model.load import load_model
+from ..model.load import load_model, model_name
 from ..numerics.quantize import QUANTS
 from . import build_cache
 from .module_inputs import modules_run_by
@@ -71,10 +71,11 @@ def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int, kv_ty
 
 
 def model_slug(model: Path | str) -> str:
-    """A model's name in its build directories: the directory's or the file's name, a GGUF
-    file's extension left out (its quantization follows: SmolLM2-135M-Instruct.Q4_1-gguf-ctx512)."""
+    """A model's name in its build directories: the directory's name (a snapshot in the hub's
+    cache by its repository's), or the file's, a GGUF file's extension left out (its quantization
+    follows: SmolLM2-135M-Instruct.Q4_1-gguf-ctx512)."""
     path = Path(model).resolve()
-    return slug(path.stem if path.suffix.lower() == ".gguf" else path.name)
+    return slug(path.stem if path.suffix.lower() == ".gguf" else model_name(path))
 
 
 def prepare(

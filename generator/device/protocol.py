@@ -109,6 +109,8 @@ def encode_request(
     score_from: int | None = None,
     decode_from: int | None = None,
     speculate: int = 0,
+    repeat_penalty: float = 1.0,
+    repeat_last_n: int = 64,
 ) -> bytes:
     """The request frame every board reads (firmware_src/app/request.c): an MCU after its hello on
     its UART, a Linux firmware on its stdin."""
@@ -131,6 +133,12 @@ def encode_request(
             **({} if score_from is None else {"score_from": score_from}),
             **({} if decode_from is None else {"decode_from": decode_from}),
             **({} if not speculate else {"speculate": speculate}),
+            # The repetition penalty's two values, sent when it is on (1.0 is off, the firmware's default).
+            **(
+                {}
+                if f32_bits(repeat_penalty) == f32_bits(1.0)
+                else {"repeat_penalty": f32_bits(repeat_penalty), "repeat_last_n": repeat_last_n}
+            ),
         },
     )
 

@@ -384,4 +384,6 @@ def request_frame(request: RunRequest, seq: int = 0) -> bytes:
         request.score_from,
         request.decode_from,
         request.speculate,
+        s.repeat_penalty,
+        s.repeat_last_n,
     )

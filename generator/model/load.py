@@ -1,6 +1,7 @@
 """The model door: a path -> the checkpoint of its format (a .gguf file or a Hugging Face
 directory), and the few things the commands ask of a model path without loading it. Nothing
-above the model stage names a model's files."""
+above the model stage names a model's files. A model named on the hub (hf:ORG/NAME, model/hub.py)
+becomes a path here too, once, in model_path: everything after it sees a local path."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from .checkpoint import Checkpoint
 from .gguf import is_gguf
 from .hf import load as hf
+from .hub import HubReference, fetch, is_hub_reference, model_name, parse_hub_reference
 from .spec import ModelSpec
 
 __all__ = [
@@ -19,7 +21,22 @@ __all__ = [
     "generation_config",
     "is_gguf",
     "load_model",
+    "model_name",
+    "model_path",
+    "model_value",
 ]
+
+
+def model_value(text: str) -> Path | HubReference:
+    """A --model value as written: a hub reference (hf:ORG/NAME[@REV][:FILE|:QUANT], its syntax
+    checked, nothing fetched yet) or a path."""
+    return parse_hub_reference(text) if is_hub_reference(text) else Path(text)
+
+
+def model_path(value: Path | HubReference, show_progress: bool = True) -> Path:
+    """The local path of a --model value: a hub reference is fetched into huggingface_hub's cache
+    (or found there: offline, HF_HUB_OFFLINE) and becomes the file or directory it names there."""
+    return fetch(value, show_progress) if isinstance(value, HubReference) else value
 
 
 def load_model(path: Path | str, load_tensors: bool = True) -> Checkpoint:

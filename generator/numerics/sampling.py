@@ -6,6 +6,7 @@ probability is computed with the float32 rules of numerics.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,24 +20,39 @@ MASK64 = (1 << 64) - 1
 # A temperature below this is greedy (firmware_src/runtime/sampler.h SAMPLER_GREEDY_BELOW): dividing
 # logits by a smaller one risks overflowing them to infinity, where softmax has no answer.
 GREEDY_BELOW = F32(1e-3)
+# llama.cpp's --repeat-last-n default: the window of the repetition penalty, in tokens.
+DEFAULT_REPEAT_LAST_N = 64
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature below GREEDY_BELOW (0 included) means greedy; top_k 0, top_p 1 and min_p 0
-    disable those filters."""
+    disable those filters. repeat_penalty is llama.cpp's repetition penalty (1: off) over the last
+    repeat_last_n tokens of the conversation (0: off; at least the tokens held: all of them)."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int = 0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = DEFAULT_REPEAT_LAST_N
 
     def as_f32(self) -> "SamplingParams":
         """The values exactly as the firmware holds them (float32)."""
         return SamplingParams(
-            float(F32(self.temperature)), self.top_k, float(F32(self.top_p)), float(F32(self.min_p)), self.seed
+            float(F32(self.temperature)),
+            self.top_k,
+            float(F32(self.top_p)),
+            float(F32(self.min_p)),
+            self.seed,
+            float(F32(self.repeat_penalty)),
+            self.repeat_last_n,
         )
+
+    @property
+    def penalizes(self) -> bool:
+        return F32(self.repeat_penalty) != F32(1.0) and self.repeat_last_n > 0
 
 
 class Rng:
@@ -72,7 +88,25 @@ def argmax(logits: np.ndarray) -> int:
     return int(np.flatnonzero(x == x.max())[0])
 
 
-def sample(logits: np.ndarray, params: SamplingParams, rng: Rng) -> int:
+def penalized(logits: np.ndarray, params: SamplingParams, seen: Sequence[int]) -> np.ndarray:
+    """llama.cpp's repetition penalty (the repeat part of llama_sampler_penalties), as
+    firmware_src/runtime/sampler.c applies it: every distinct token among the last repeat_last_n
+    seen has its logit divided by the penalty when positive, multiplied by it otherwise, once."""
+    x = f32(logits)
+    if not params.penalizes or not len(seen):
+        return x
+    window = np.asarray(seen[-params.repeat_last_n :], dtype=np.int64)
+    ids = np.unique(window[(window >= 0) & (window < len(x))])
+    x = x.copy()
+    penalty, v = F32(params.repeat_penalty), x[ids]
+    x[ids] = np.where(v <= F32(0), v * penalty, v / penalty)
+    return x
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: Rng, seen: Sequence[int] = ()) -> int:
+    """The next token: the repetition penalty over `seen` (the conversation's tokens so far) first,
+    as in llama.cpp's chain, then greedy or the filters and a draw."""
+    logits = penalized(logits, params, seen)
     if not F32(params.temperature) >= GREEDY_BELOW:
         return argmax(logits)
     probs = softmax(f32(logits) / F32(params.temperature))

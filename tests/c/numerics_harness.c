@@ -413,13 +413,18 @@ int main(int argc, char **argv)
         s.top_p = strtof(argv[6], NULL);
         s.min_p = strtof(argv[7], NULL);
         s.seed = strtoull(argv[8], NULL, 10);
+        /* Optional: the repetition penalty, its window, and how many seen tokens follow the logits. */
+        s.repeat_penalty = argc > 9 ? strtof(argv[9], NULL) : 1.0f;
+        s.repeat_last_n = argc > 10 ? atoi(argv[10]) : 0;
+        const int n_seen = argc > 11 ? atoi(argv[11]) : 0;
         float *logits = read_exact(n * sizeof(float));
+        const int32_t *seen = n_seen > 0 ? read_exact((size_t)n_seen * sizeof(int32_t)) : NULL;
         float *probs = malloc(n * sizeof(float));
         int32_t *cand = malloc(n * sizeof(int32_t));
         ColibriRng rng;
         rng_seed(&rng, s.seed);
         for (int i = 0; i < count; i++) {
-            int32_t t = sample_token(logits, n, &s, &rng, probs, cand);
+            int32_t t = sample_token(logits, n, &s, seen, n_seen, &rng, probs, cand);
             write_all(&t, sizeof t);
         }
     } else {

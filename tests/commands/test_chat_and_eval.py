@@ -119,6 +119,20 @@ def test_a_sampled_conversation_draws_what_one_sampled_run_draws(builder, chat_m
     assert once.tokens == last.tokens and once.digests == last.digests
 
 
+@pytest.mark.parametrize("board", ["host", "qemu-rv32"])  # the builds of the conversation test above
+def test_a_repetition_penalty_looks_back_over_the_whole_conversation_as_the_reference_does(builder, chat_model, board):
+    """llama.cpp's repetition penalty, its window spanning the turns the firmware holds: the last
+    reply is the reference's over the transcript, bit for bit, and not the unpenalized one."""
+    penalty = SamplingParams(repeat_penalty=1.5, repeat_last_n=48)
+    b, art, plan, turns = chat(builder, chat_model, board, penalty)
+    last = turns[-1][1]
+    ref = Reference(plan, map_image(art.weights))
+    penalized = ref.generate(transcript(turns), len(last.tokens), penalty, False)
+    assert penalized.tokens == last.tokens and penalized.digests == last.digests
+    plain = ref.generate(transcript(turns), len(last.tokens), SamplingParams(), False)
+    assert plain.tokens != last.tokens
+
+
 def request_line(body: str) -> bytes:
     return f"{body} *{zlib.crc32(body.encode()):08x}\n".encode()
 

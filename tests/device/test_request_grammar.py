@@ -81,6 +81,20 @@ BAD = {
     "65 drafted tokens": (GOOD + " speculate=65", "speculate must be between 0 and 64 drafted tokens"),
     "negative speculation": (GOOD + " speculate=-1", "speculate must be between 0 and 64 drafted tokens"),
     "unknown key": (GOOD + " color=3", "unknown request field"),
+    "repeat penalty zero": (GOOD + f" repeat_penalty={f32_bits(0.0)}", "repeat_penalty must be a finite number > 0"),
+    "repeat penalty negative": (
+        GOOD + f" repeat_penalty={f32_bits(-1.1)}",
+        "repeat_penalty must be a finite number > 0",
+    ),
+    "repeat penalty infinite": (
+        GOOD + f" repeat_penalty={f32_bits(float('inf'))}",
+        "repeat_penalty must be a finite number > 0",
+    ),
+    "repeat window beyond the context": (
+        GOOD + " repeat_last_n=65",
+        "repeat_last_n must be between 0 and the context length",
+    ),
+    "repeat window negative": (GOOD + " repeat_last_n=-1", "repeat_last_n must be between 0 and the context length"),
     "no steps": ("@CLB 0 request prompt=1", "a request needs prompt and steps"),
     "key without value": (GOOD + " seed", "malformed request field"),
     "double space": ("@CLB 0 request  prompt=1 steps=3", "malformed request field"),

@@ -1,10 +1,12 @@
 """Same seed, same draws: the C sampler and generator/numerics/sampling.py agree on every setting."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import f32_bytes, run_harness
 
-from generator.numerics.sampling import GREEDY_BELOW, Rng, SamplingParams, sample
+from generator.numerics.sampling import GREEDY_BELOW, Rng, SamplingParams, penalized, sample
 
 
 def test_rng_stream_is_identical_in_c_and_python(harness):
@@ -105,3 +107,46 @@ def test_at_the_threshold_sampling_begins():
     rng = Rng(1)
     draws = {sample(logits, SamplingParams(temperature=float(GREEDY_BELOW), seed=1), rng) for _ in range(64)}
     assert len(draws) > 1  # equal logits at the threshold temperature: a real draw, not the argmax
+
+
+PENALTIES = [
+    SamplingParams(repeat_penalty=1.3, repeat_last_n=64),  # greedy: llama.cpp penalizes before the argmax too
+    SamplingParams(temperature=0.8, top_k=40, seed=8, repeat_penalty=1.1, repeat_last_n=16),
+    SamplingParams(temperature=1.0, seed=9, repeat_penalty=0.7, repeat_last_n=200),  # below 1: repeats favoured
+]
+
+
+@pytest.mark.parametrize(
+    "params", PENALTIES, ids=lambda p: f"T{p.temperature}-penalty{p.repeat_penalty}-n{p.repeat_last_n}"
+)
+def test_c_and_python_penalize_repeated_tokens_alike(harness, params):
+    """The same float32 division or multiplication, once per distinct token of the window, in C and
+    NumPy: the same draws, and the penalty changes what is drawn."""
+    vocab = 300
+    rng = np.random.default_rng(params.seed + 1)
+    logits = rng.normal(0, 2, vocab).astype(np.float32)
+    logits[:8] = [9.0, 8.9, 0.0, -0.0, -3.0, np.float32(1e-30), 8.8, 8.7]  # near ties, zeros and a negative
+    # The window's end holds repeats and ids out of range.
+    seen = [*rng.integers(0, vocab, 150).tolist(), 0, 1, 2, 3, 4, 5, 0, 0, 1, vocab + 3, -1]
+    p = params.as_f32()
+    raw = run_harness(
+        harness,
+        ["sample", vocab, 200, float.hex(p.temperature), p.top_k, float.hex(p.top_p), float.hex(p.min_p), p.seed]
+        + [float.hex(p.repeat_penalty), p.repeat_last_n, len(seen)],
+        f32_bytes(logits) + np.asarray(seen, "<i4").tobytes(),
+    )
+    draw = Rng(p.seed)
+    expected = [sample(logits, p, draw, seen) for _ in range(200)]
+    assert np.frombuffer(raw, "<i4").tolist() == expected
+    plain = Rng(p.seed)
+    assert expected != [sample(logits, replace(p, repeat_penalty=1.0), plain, seen) for _ in range(200)]
+
+
+def test_the_penalty_divides_positive_logits_multiplies_the_rest_once_per_token_in_the_window():
+    logits = np.array([2.0, -2.0, 0.0, 4.0, 3.0], np.float32)
+    p = SamplingParams(repeat_penalty=2.0, repeat_last_n=4)
+    # The window is the last 4 tokens: 4 is out of it; 0 is seen twice but divided once.
+    assert penalized(logits, p, [4, 0, 1, 0, 2]).tolist() == [1.0, -4.0, 0.0, 4.0, 3.0]
+    assert penalized(logits, replace(p, repeat_last_n=0), [0]).tolist() == logits.tolist()  # 0: off
+    assert penalized(logits, replace(p, repeat_penalty=1.0), [0]).tolist() == logits.tolist()  # 1: off
+    assert sample(logits, p, Rng(0), [3]) == 4 and sample(logits, p, Rng(0), []) == 3

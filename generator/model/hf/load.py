@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import ColibriError
+from ..hub import model_name
 from ..spec import ModelSpec, expected_shapes
 from . import mxfp4
 from .config import parse_config, read_json
@@ -86,7 +87,7 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
     gen_path = model_dir / "generation_config.json"
     generation = read_json(gen_path) if gen_path.is_file() else None
     config = read_json(config_path)
-    spec = parse_config(config, model_dir.resolve().name, generation)
+    spec = parse_config(config, model_name(model_dir), generation)
     packed = mxfp4.quant_method(config) == mxfp4.QUANT_METHOD and FAMILIES[spec.family].fused_experts
 
     located = _tensor_files(model_dir)
@@ -167,14 +168,14 @@ def config_only_spec(model_dir: Path) -> ModelSpec | None:
     config_path = model_dir / "config.json"
     if has_weights(model_dir) or not config_path.is_file():
         return None
-    return parse_config(read_json(config_path), model_dir.resolve().name)
+    return parse_config(read_json(config_path), model_name(model_dir))
 
 
 def config_only_held_types(model_dir: Path) -> dict[str, str]:
     """The tensors a configuration without weights says its checkpoint holds quantized (gpt-oss's
     MXFP4 experts, by config.json's quantization_config), as HfCheckpoint.held_types would be."""
     config = read_json(model_dir / "config.json")
-    spec = parse_config(config, model_dir.resolve().name)
+    spec = parse_config(config, model_name(model_dir))
     if mxfp4.quant_method(config) != mxfp4.QUANT_METHOD or not FAMILIES[spec.family].fused_experts:
         return {}
     return mxfp4.published_held_types(spec)

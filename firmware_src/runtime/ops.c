@@ -139,6 +139,19 @@ void op_softmax_with_sink(float *x, int n, float sink)
     }
 }
 
+int op_all_finite(const float *x, int64_t n)
+{
+    /* An OR of the exponent fields would not do (two finite values can OR to all ones): each
+     * value's own exponent is tested, with no early exit, so the loop stays branch-free. */
+    uint32_t all_ones = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        all_ones |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    return all_ones == 0;
+}
+
 float op_exp_sum(const float *x, int n, float *max_out)
 {
     float max = x[0];

@@ -9,6 +9,8 @@ from typing import Any, Callable
 from ..compile.cache_plan import AutoBudget, AutoChoice, AutoRan, MemoryFound
 from ..documents import JsonDocument
 from ..errors import ColibriError
+from ..numerics.nonfinite import FIELD as NONFINITE
+from ..numerics.nonfinite import HEAD, NonFiniteLogits
 from ..numerics.perplexity import Score
 from ..numerics.sampling import SamplingParams
 from .protocol import Frame, encode_frame, encode_request
@@ -264,6 +266,8 @@ class Session:
                 raise ColibriError(
                     f"malformed token frame from the board: id {token} is outside its vocabulary ({vocab})"
                 )
+            if NONFINITE in frame.fields:
+                raise NonFiniteLogits("the firmware", f"step {step}", nonfinite_layer(frame))
             r.tokens.append(token)
             r.digests.append(frame.fields.get("logits", ""))
             if "us" in frame.fields:
@@ -274,6 +278,8 @@ class Session:
             index, token = frame.int("i", minimum=1), frame.int("id", minimum=0)
             if r.scores and index != r.scores[-1].index + 1:
                 raise ColibriError(f"score frame for prompt token {index} arrived after token {r.scores[-1].index}")
+            if NONFINITE in frame.fields:
+                raise NonFiniteLogits("the firmware", f"prompt token {index}", nonfinite_layer(frame))
             r.scores.append(Score(index, token, frame.f32("lp"), frame.f32("z")))
         elif frame.kind == "stats":
             for key in CACHE_STATS:
@@ -325,6 +331,14 @@ class Session:
             if "held" in frame.fields:
                 r.held = frame.int("held", minimum=0)
             self.finished = True
+
+
+def nonfinite_layer(frame: Frame) -> int | None:
+    """A token or score frame's nonfinite field (protocol 6): the first layer whose output was not
+    finite, or None for "head" (the final norm or the output matrix)."""
+    if frame.fields[NONFINITE] == HEAD:
+        return None
+    return frame.int(NONFINITE, minimum=0)
 
 
 def check_fits_context(prompt: list[int], steps: int, n_ctx: int, limit: int | None = None) -> None:

@@ -35,6 +35,6 @@ class NonFiniteLogits(ColibriError):
     def __init__(self, side: str, at: str, layer: int | None) -> None:
         super().__init__(
             f"{side}'s logits at {at} hold a NaN or an infinity, {where_text(layer)}: the model's values "
-            f"overflow float32 there (its weights are too large; docs/numerics.md, \"Non-finite values\")"
+            f'overflow float32 there (its weights are too large; docs/numerics.md, "Non-finite values")'
         )
         self.side, self.at, self.layer = side, at, layer

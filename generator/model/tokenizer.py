@@ -12,6 +12,10 @@ from ..errors import ColibriError
 from . import vocab_limits
 from .gguf import is_gguf
 
+# Rows a Hugging Face checkpoint may have past its tokenizer's last id: padding to a multiple for
+# tensor parallelism and reserved tokens (DeepSeek-V3's 465 are the most among the families).
+HF_PADDING_ROWS = 1024
+
 
 class _Backend(Protocol):
     def encode(self, text: str, add_special: bool) -> list[int]: ...
@@ -23,6 +27,10 @@ class _HfBackend:
 
     def __init__(self, tok: Any):  # a tokenizers.Tokenizer (imported where it is made)
         self._tok = tok
+
+    def size(self) -> int:
+        """The ids it has a token for: its vocabulary and its added tokens."""
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str, add_special: bool) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special).ids)
@@ -62,6 +70,22 @@ class Tokenizer:
             return tokenizer
         path = Path(model_dir) / "tokenizer.json"
         return Tokenizer(path) if path.is_file() else None
+
+    def check_covers(self, rows: int, model: Path) -> None:
+        """Refuse a tokenizer.json that lacks tokens for more than padding of the model's `rows`
+        output rows: the ids past its end would be generated and decode to nothing. Hugging Face
+        checkpoints pad their rows past the tokenizer (Qwen2.5: 151,936 rows for 151,665 tokens,
+        DeepSeek-V3: 129,280 for 128,815), so up to HF_PADDING_ROWS are allowed; a GGUF file's
+        vocabulary must cover every row (gguf/metadata.py refuses it at import)."""
+        if not isinstance(self._backend, _HfBackend):
+            return
+        size = self._backend.size()
+        if rows - size > HF_PADDING_ROWS:
+            raise ColibriError(
+                f"{model}: tokenizer.json has {size} tokens but the model has {rows} output rows: ids "
+                f"{size}..{rows - 1} would have no text (more than the {HF_PADDING_ROWS} rows of padding "
+                f"a checkpoint may have; give the model's own tokenizer.json)"
+            )
 
     def encode(self, text: str, special: bool = True) -> list[int]:
         """The ids of `text`; special=False: without the tokens the tokenizer adds (BOS), for text

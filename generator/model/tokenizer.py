@@ -12,9 +12,10 @@ from ..errors import ColibriError
 from . import vocab_limits
 from .gguf import is_gguf
 
-# Rows a Hugging Face checkpoint may have past its tokenizer's last id: padding to a multiple for
-# tensor parallelism and reserved tokens (DeepSeek-V3's 465 are the most among the families).
-HF_PADDING_ROWS = 1024
+# The share of a Hugging Face checkpoint's rows it may have past its tokenizer's last id: padding to
+# a multiple for tensor parallelism and reserved tokens (Qwen2.5: 271 of 151,936 rows, 0.18 %;
+# DeepSeek-V3: 465 of 129,280, 0.36 %, the most among the families).
+HF_PADDING_SHARE = 0.01
 
 
 class _Backend(Protocol):
@@ -73,17 +74,16 @@ class Tokenizer:
 
     def check_covers(self, rows: int, model: Path) -> None:
         """Refuse a tokenizer.json that lacks tokens for more than padding of the model's `rows`
-        output rows: the ids past its end would be generated and decode to nothing. Hugging Face
-        checkpoints pad their rows past the tokenizer (Qwen2.5: 151,936 rows for 151,665 tokens,
-        DeepSeek-V3: 129,280 for 128,815), so up to HF_PADDING_ROWS are allowed; a GGUF file's
-        vocabulary must cover every row (gguf/metadata.py refuses it at import)."""
+        output rows (HF_PADDING_SHARE): the ids past its end would be generated and decode to
+        nothing. A GGUF file's vocabulary must cover every row (gguf/metadata.py refuses it at
+        import)."""
         if not isinstance(self._backend, _HfBackend):
             return
         size = self._backend.size()
-        if rows - size > HF_PADDING_ROWS:
+        if rows - size > rows * HF_PADDING_SHARE:
             raise ColibriError(
                 f"{model}: tokenizer.json has {size} tokens but the model has {rows} output rows: ids "
-                f"{size}..{rows - 1} would have no text (more than the {HF_PADDING_ROWS} rows of padding "
+                f"{size}..{rows - 1} would have no text (more than the {HF_PADDING_SHARE:.0%} of padding rows "
                 f"a checkpoint may have; give the model's own tokenizer.json)"
             )
 

@@ -11,9 +11,9 @@ import numpy as np
 
 from .compile.image import read_header
 from .compile.plan import Plan
+from .errors import NonFiniteLogits
 from .numerics import blocks, rope
 from .numerics.kv_cache import kv_round
-from .numerics.nonfinite import NonFiniteLogits, all_finite
 from .numerics.ops import (
     F32,
     conv_step,
@@ -398,12 +398,12 @@ class Reference:
 
     def _check_layer(self, layer: int, x: np.ndarray) -> None:
         """Note `layer` if its output is the first in this request with a NaN or an infinity."""
-        if self.nonfinite_layer is None and not all_finite(x):
+        if self.nonfinite_layer is None and not np.isfinite(x).all():
             self.nonfinite_layer = layer
 
     def _finite(self, logits: np.ndarray, at: str) -> np.ndarray:
         """The logits, if they are all finite; else the error the firmware's flag also raises."""
-        if not all_finite(logits):
+        if not np.isfinite(logits).all():
             raise NonFiniteLogits("the reference", at, self.nonfinite_layer)
         return logits
 

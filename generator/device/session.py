@@ -8,9 +8,7 @@ from typing import Any, Callable
 
 from ..compile.cache_plan import AutoBudget, AutoChoice, AutoRan, MemoryFound
 from ..documents import JsonDocument
-from ..errors import ColibriError
-from ..numerics.nonfinite import FIELD as NONFINITE
-from ..numerics.nonfinite import HEAD, NonFiniteLogits
+from ..errors import ColibriError, NonFiniteLogits
 from ..numerics.perplexity import Score
 from ..numerics.sampling import SamplingParams
 from .protocol import Frame, encode_frame, encode_request
@@ -194,6 +192,10 @@ class CacheStats:
     def to_json(self) -> dict[str, int | str]:
         return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
 
+
+# Protocol 6: a token or score frame whose logits hold a NaN or an infinity carries this field, the
+# first layer whose output was not finite, or HEAD when every layer's output was (app/decode.c).
+NONFINITE, HEAD = "nonfinite", "head"
 
 CACHE_STATS = tuple(f.name for f in fields(CacheStats) if f.name not in ("auto_source", "auto_where"))
 AUTO_SOURCES = ("cgroup-v2", "cgroup-v1", "meminfo")

@@ -16,9 +16,8 @@ from generator.compile.image import map_image
 from generator.device.protocol import encode_frame, parse_frame
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest, Session
-from generator.errors import ColibriError
+from generator.errors import ColibriError, NonFiniteLogits
 from generator.model.load import load_model
-from generator.numerics.nonfinite import NonFiniteLogits
 from generator.numerics.sampling import SamplingParams
 from generator.reference import Reference
 

@@ -31,8 +31,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ...errors import ColibriError
-from ..file_reads import read_exactly
-from ..weight_limits import check_weights
+from ..file_reads import check_weights, read_exactly
 from .file import GgufFile, GgufTensorInfo
 
 BLOCK = 32

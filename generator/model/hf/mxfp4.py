@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
+from ..file_reads import E8M0_FIRST_CHECKED, within_limit
 from ..gguf.tensors import QuantBlocks
-from ..weight_limits import E8M0_FIRST_CHECKED, within_limit
 from .safetensors_io import TensorInfo, read_bytes
 
 QUANT_METHOD = "mxfp4"

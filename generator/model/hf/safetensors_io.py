@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
-from ..file_reads import read_exactly
-from ..weight_limits import check_weights
+from ..file_reads import check_weights, read_exactly
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "U8": 1}

@@ -327,6 +327,8 @@ def prepare(
     if sampling:
         check_sampling_options(options, options.given)
     tokenizer = Tokenizer.for_model(options.model)
+    if tokenizer is not None:
+        tokenizer.check_covers(plan.spec.vocab_size, options.model)
     if tokenizer is None and tokenizer_needed_for is not None:
         raise ColibriError(f"{options.model}: {tokenizer_needed_for}")
     made = inputs(planned, tokenizer)

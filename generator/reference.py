@@ -11,6 +11,7 @@ import numpy as np
 
 from .compile.image import read_header
 from .compile.plan import Plan
+from .errors import NonFiniteLogits
 from .numerics import blocks, rope
 from .numerics.kv_cache import kv_round
 from .numerics.ops import (
@@ -141,6 +142,9 @@ class Reference:
             src = s.kv_source(i)
             self.k_cache[i], self.v_cache[i] = self.k_cache[src], self.v_cache[src]
         self.expert_counts = np.zeros((s.n_layers, max(1, s.n_experts)), dtype=np.int64)
+        # The first layer whose output held a NaN or an infinity in this request (None: none), as
+        # model.c keeps it: where a step's non-finite logits are said to come from.
+        self.nonfinite_layer: int | None = None
         # Gated DeltaNet layers: the convolution's last kernel - 1 inputs and each value head's
         # key x value state, the whole context in a fixed size (zeroed when a sequence starts).
         self.conv_state = {
@@ -335,6 +339,7 @@ class Reference:
             if s.is_linear(layer):
                 x = x + self._deltanet(layer, act)
                 x = self._ffn_block(layer, x)
+                self._check_layer(layer, x)
                 continue
             own_kv = not s.is_kv_consumer(layer)  # Gemma 4's KV-sharing layers: queries only
             q = self._linear(p + "wq", act, p + "bq" if s.qkv_bias else None).reshape(s.n_heads, hd)
@@ -386,12 +391,24 @@ class Reference:
                 x = self._per_layer_block(layer, x, ple)
             if s.layer_scalars:
                 x = x * self.w[p + "layer_scalar"][0]
+            self._check_layer(layer, x)
         if not want_logits:
             return None
         xn = rmsnorm(x, self.w["final_norm"], eps)
         head = "embed" if s.tie_embeddings else "lm_head"
         logits = f32(self._linear(head, self._prepare(xn)))
         return softcap(logits, s.final_softcap) if s.final_softcap else logits
+
+    def _check_layer(self, layer: int, x: np.ndarray) -> None:
+        """Note `layer` if its output is the first in this request with a NaN or an infinity."""
+        if self.nonfinite_layer is None and not np.isfinite(x).all():
+            self.nonfinite_layer = layer
+
+    def _finite(self, logits: np.ndarray, at: str) -> np.ndarray:
+        """The logits, if they are all finite; else the error the firmware's flag also raises."""
+        if not np.isfinite(logits).all():
+            raise NonFiniteLogits("the reference", at, self.nonfinite_layer)
+        return logits
 
     def _ffn_block(self, layer: int, x: np.ndarray) -> np.ndarray:
         """x + FFN(norm(x)): the gated FFN, or on MoE layers the mixture (and its post-norm, if any)."""
@@ -430,10 +447,25 @@ class Reference:
         the conversation this object holds), scored from prompt index score_from + 1 if asked; with
         decode_from, the prompt from that index on is decoded as steps (teacher forcing: each step's
         token is the prompt's next one, not a sampled one, while there is one)."""
+        with np.errstate(over="ignore", invalid="ignore"):  # a NaN or an infinity is an error of its own (_finite)
+            return self._generate(prompt, steps, params, stop_at_eos, keep_logits, start, score_from, decode_from)
+
+    def _generate(
+        self,
+        prompt: list[int],
+        steps: int,
+        params: SamplingParams,
+        stop_at_eos: bool,
+        keep_logits: bool,
+        start: int,
+        score_from: int | None,
+        decode_from: int | None,
+    ) -> Generation:
         params = params.as_f32()
         rng = Rng(params.seed)
         out = Generation()
         self.expert_counts[:] = 0
+        self.nonfinite_layer = None
         logits = None
         prefilled = len(prompt) if decode_from is None else decode_from
         seen = self.seen = [*self.seen[:start], *prompt[:prefilled]]
@@ -441,11 +473,13 @@ class Reference:
             scored = score_from is not None and i >= score_from
             logits = self.forward(tok, start + i, want_logits=(scored or i == prefilled - 1))
             if scored and i + 1 < len(prompt):
+                logits = self._finite(logits, f"prompt token {i + 1}")
                 lp_max, z = exp_sum(logits)
                 out.scores.append(Score(i + 1, prompt[i + 1], logits[prompt[i + 1]] - lp_max, z))
         pos = start + prefilled
         for step in range(steps):
             forced = prefilled + step < len(prompt)
+            logits = self._finite(logits, f"step {step}")
             token = prompt[prefilled + step] if forced else sample(logits, params, rng, seen)
             out.tokens.append(token)
             out.digests.append(logits_digest(logits))

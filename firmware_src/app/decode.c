@@ -133,10 +133,47 @@ static int prefill(ColibriBuffers *b, const ColibriRequest *req, int32_t from, i
     return 0;
 }
 
+/* -1 when a step's logits are all finite; else the layer they are blamed on: the first whose
+ * output held a NaN or an infinity in this request (model.c checks each), or COLIBRI_N_LAYERS when
+ * every layer's output was finite (the final norm and the output matrix made it). */
+static int nonfinite_layer(const ColibriBuffers *b, const float *logits)
+{
+    if (op_all_finite(logits, COLIBRI_VOCAB)) {
+        return -1;
+    }
+    return b->nonfinite_layer >= 0 ? b->nonfinite_layer : COLIBRI_N_LAYERS;
+}
+
+/* The frames' nonfinite field: the layer, or "head" (COLIBRI_N_LAYERS: the final norm or the
+ * output matrix). */
+static void proto_nonfinite(const char *key, int layer)
+{
+    if (layer == COLIBRI_N_LAYERS) {
+        proto_str(key, "head");
+    } else {
+        proto_u64(key, (uint64_t)layer);
+    }
+}
+
+/* The request ends at a step whose logits are not finite: after its token or score frame (which
+ * carries nonfinite=LAYER), this error frame, and the conversation is forgotten. */
+static int nonfinite_stop(int32_t step, int layer)
+{
+    proto_begin("error");
+    proto_u64("code", COLIBRI_ERR_NONFINITE);
+    proto_str("msg", "the logits hold a NaN or an infinity");
+    proto_u64("step", (uint64_t)step);
+    proto_nonfinite("layer", layer);
+    proto_end();
+    held = 0;
+    return COLIBRI_ERR_NONFINITE;
+}
+
 /* The score frame of prompt token `index`, given the logits of the tokens before it: the two f32
  * parts of its log-probability, logit - max and the sum of exp(logit_i - max) (op_exp_sum), so
- * that the host takes the logarithm and the reference can check every bit. */
-static void send_score(const float *logits, int32_t index, int32_t token)
+ * that the host takes the logarithm and the reference can check every bit; nonfinite=LAYER when
+ * the logits are not finite (then the request stops: nonfinite_stop). */
+static void send_score(const float *logits, int32_t index, int32_t token, int nonfinite)
 {
     float max;
     const float sum = op_exp_sum(logits, COLIBRI_VOCAB, &max);
@@ -145,6 +182,9 @@ static void send_score(const float *logits, int32_t index, int32_t token)
     proto_u64("id", (uint64_t)token);
     proto_f32("lp", logits[token] - max);
     proto_f32("z", sum);
+    if (nonfinite >= 0) {
+        proto_nonfinite("nonfinite", nonfinite);
+    }
     proto_end();
 }
 
@@ -165,7 +205,11 @@ static int feed_prompt(ColibriBuffers *b, const ColibriRequest *req)
     }
     int status = prefill(b, req, 0, req->score_from + 1);
     for (int32_t i = req->score_from; status == 0 && i + 1 < req->n_prompt; i++) {
-        send_score(b->logits, i + 1, req->prompt[i + 1]);
+        const int nonfinite = nonfinite_layer(b, b->logits);
+        send_score(b->logits, i + 1, req->prompt[i + 1], nonfinite);
+        if (nonfinite >= 0) {
+            return nonfinite_stop(i + 1, nonfinite);
+        }
         status = colibri_forward(&weights, b, req->prompt + i + 1, 1, req->start + i + 1, 1);
     }
     return status;
@@ -234,9 +278,10 @@ _Static_assert(sizeof spec_pass_cost / sizeof spec_pass_cost[0] >= COLIBRI_SPEC_
 #endif
 
 /* The token frame of a step: its id, the SHA-256 of the logits it came from (if asked) and the
- * microseconds since the prompt was done (per-token latencies); the logits to the BSP's sink. */
+ * microseconds since the prompt was done (per-token latencies); the logits to the BSP's sink.
+ * nonfinite=LAYER when the logits are not finite (nonfinite_layer; then the request stops). */
 static void send_token(const ColibriRequest *req, int32_t step, int32_t token, const float *logits,
-                       const DecodeStats *s)
+                       const DecodeStats *s, int nonfinite)
 {
     bsp_logits_sink(step, logits, COLIBRI_VOCAB);
     proto_begin("token");
@@ -248,6 +293,9 @@ static void send_token(const ColibriRequest *req, int32_t step, int32_t token, c
         proto_hex("logits", digest, 32);
     }
     proto_u64("us", bsp_time_us() - s->t1);
+    if (nonfinite >= 0) {
+        proto_nonfinite("nonfinite", nonfinite);
+    }
     proto_end();
 }
 
@@ -384,6 +432,9 @@ int colibri_decode(const ColibriRequest *req)
 
     stats_start(&stats);
     status = feed_prompt(&b, req);
+    if (status == COLIBRI_ERR_NONFINITE) {
+        return status; /* said already, in a score frame and an error frame */
+    }
     if (status != 0) {
         return forward_failed(status);
     }
@@ -409,10 +460,17 @@ int colibri_decode(const ColibriRequest *req)
     for (int32_t step = 0; step < req->n_steps; step++) {
         /* Teacher forcing: the prompt's next token instead of a sampled one, while there is one. */
         const int forced = prefilled + step < req->n_prompt;
+        /* Logits with a NaN or an infinity are not sampled: the step's frame says so (its id 0,
+         * or the forced token) and the request ends. */
+        const int nonfinite = nonfinite_layer(&b, logits);
         const int32_t token = forced ? req->prompt[prefilled + step]
-                                     : sample_token(logits, COLIBRI_VOCAB, &req->sampling, history, n_history, &rng,
-                                                    b.probs, b.cand);
-        send_token(req, step, token, logits, &stats);
+                               : nonfinite >= 0 ? 0
+                                                : sample_token(logits, COLIBRI_VOCAB, &req->sampling, history, n_history,
+                                                               &rng, b.probs, b.cand);
+        send_token(req, step, token, logits, &stats, nonfinite);
+        if (nonfinite >= 0) {
+            return nonfinite_stop(step, nonfinite);
+        }
         generated++;
         if (req->stop_at_eos && !forced && is_eos(token)) {
             reason = "eos";

@@ -29,6 +29,8 @@ typedef struct {
 enum {
     COLIBRI_ERR_REQUEST = 100, /* prompt empty, token id out of range, or too long for the context */
     COLIBRI_ERR_BUDGET = 102,  /* --memory-budget cannot hold the resident weights, the arenas and top-k slots */
+    COLIBRI_ERR_NONFINITE = 104, /* a step's logits held a NaN or an infinity (its token or score frame says
+                                  * where: nonfinite=LAYER); the request ends there */
 };
 
 /* How a Linux board holds the weights (set by its BSP before colibri_decode; zero on MCUs), for

@@ -10,13 +10,15 @@
 
 #include <stdint.h>
 
-#define PROTO_VERSION 5 /* 2: the board acknowledges each PROTO_ACK_BYTES of a request it reads;
+#define PROTO_VERSION 6 /* 2: the board acknowledges each PROTO_ACK_BYTES of a request it reads;
                          * 3: requests may continue a conversation (start) and score a prompt (score
                          * frames); stats carry how a Linux board holds the weights and its expert
                          * cache's counters; a storage frame;
                          * 4: requests may decode the prompt's tail one token per forward pass
                          * (decode_from: teacher forcing, bench's text stream);
-                         * 5: a selftest request and the selftest frame (app/selftest.c) */
+                         * 5: a selftest request and the selftest frame (app/selftest.c);
+                         * 6: token and score frames carry nonfinite=LAYER|head when the logits hold
+                         * a NaN or an infinity, and the request ends there (an error frame) */
 #define PROTO_ACK_BYTES 64 /* half the ESP32-P4's 128-byte UART receive FIFO */
 #define PROTO_ERR_FRAME_TOO_LONG 101 /* a frame that did not fit is replaced by this error, never cut */
 #define PROTO_EXPERTS_PER_FRAME 128 /* expert counts per experts frame (a layer may take several) */

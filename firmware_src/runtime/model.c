@@ -86,6 +86,7 @@ void colibri_buffers_init(ColibriBuffers *b)
 #else
     b->dense_out = b->router_in = NULL;
 #endif
+    b->nonfinite_layer = -1;
 }
 
 /* A token's embedding, scaled where the model scales it (COLIBRI_EMBED_SCALE). */
@@ -559,6 +560,11 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         residual_add(b, lw->post_ffn_norm, n);
         per_layer_block(b, lw, l, n);
         scale_layer_output(b, lw, n);
+        /* Where a non-finite value first appears (a pass over DIM floats per token: next to the
+         * layer's matrices, nothing); once found, later layers are not checked. */
+        if (b->nonfinite_layer < 0 && !op_all_finite(b->x, (int64_t)n * COLIBRI_DIM)) {
+            b->nonfinite_layer = l;
+        }
     }
     if (want_logits == COLIBRI_LOGITS_NONE) {
         return 0;

@@ -58,6 +58,9 @@ typedef struct {
     /* Gemma 4's MoE block (else NULL). */
     float *dense_out; /* [BATCH][DIM] the dense FFN's normed output, beside the experts' */
     float *router_in; /* [DIM] one token's router input */
+    /* The first layer whose output (the residual stream of the pass's tokens) held a NaN or an
+     * infinity since colibri_buffers_init, or -1: where a non-finite logit came from. */
+    int nonfinite_layer;
 } ColibriBuffers;
 
 void colibri_buffers_init(ColibriBuffers *b);

@@ -139,6 +139,21 @@ void op_softmax_with_sink(float *x, int n, float sink)
     }
 }
 
+int op_all_finite(const float *x, int64_t n)
+{
+    /* A value's exponent is all ones (NaN or an infinity) exactly when adding one to the exponent
+     * of its magnitude carries into bit 31: one AND, one ADD and one OR a value, no branch, so the
+     * check costs a few instructions per value on every board (it runs on each layer's output and
+     * on every step's logits). */
+    uint32_t carries = 0;
+    for (const float *p = x, *end = x + n; p < end; p++) {
+        const union { float f; uint32_t bits; } v = {.f = *p}; /* C11 type punning: a register move, where
+                                                                  * memcpy from the array is byte by byte on rv32 */
+        carries |= (v.bits & 0x7fffffffu) + 0x00800000u;
+    }
+    return (carries & 0x80000000u) == 0;
+}
+
 float op_exp_sum(const float *x, int n, float *max_out)
 {
     float max = x[0];

@@ -55,6 +55,10 @@ static inline float op_silu_inline(float x)
 }
 
 float op_expf(float x);
+/* 1 when none of the n values is NaN or an infinity, by their exponent bits (no isfinite, whose
+ * cost and meaning depend on the compiler's flags): the check every board makes on a layer's
+ * output and on the logits (docs/numerics.md, "Non-finite values"). */
+int op_all_finite(const float *x, int64_t n);
 float op_silu(float x);
 float op_sigmoid(float x);   /* 1 / (1 + exp(-x)) */
 float op_tanh(float x);      /* 1 - 2 / (exp(2x) + 1) */

@@ -117,7 +117,8 @@ def encode_blocks(
             )
         if kept_blocks.bad_exponents(dtype, raw):
             raise ColibriError(
-                f"{where} (MXFP4): a block's e8m0 scale is 0xFF (NaN) or makes one of its values overflow float32"
+                f"{where} (MXFP4): a block's e8m0 scale is 0xFF (NaN) or makes one of its values overflow float32 "
+                f'or pass the +-2^32 a weight may be (docs/numerics.md, "Non-finite values")'
             )
         return raw, b"", b""
     qs, d, m = keep_blocks(*blocks.fields(), dtype)

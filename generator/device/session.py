@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from ..compile.cache_plan import AutoBudget, AutoChoice, AutoRan, MemoryFound
 from ..documents import JsonDocument
-from ..errors import ColibriError
+from ..errors import ColibriError, NonFiniteLogits
 from ..numerics.perplexity import Score
 from ..numerics.sampling import SamplingParams
 from .protocol import Frame, encode_frame, encode_request
@@ -193,6 +193,10 @@ class CacheStats:
         return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
 
 
+# Protocol 6: a token or score frame whose logits hold a NaN or an infinity carries this field, the
+# first layer whose output was not finite, or HEAD when every layer's output was (app/decode.c).
+NONFINITE, HEAD = "nonfinite", "head"
+
 CACHE_STATS = tuple(f.name for f in fields(CacheStats) if f.name not in ("auto_source", "auto_where"))
 AUTO_SOURCES = ("cgroup-v2", "cgroup-v1", "meminfo")
 
@@ -264,6 +268,8 @@ class Session:
                 raise ColibriError(
                     f"malformed token frame from the board: id {token} is outside its vocabulary ({vocab})"
                 )
+            if NONFINITE in frame.fields:
+                raise NonFiniteLogits("the firmware", f"step {step}", nonfinite_layer(frame))
             r.tokens.append(token)
             r.digests.append(frame.fields.get("logits", ""))
             if "us" in frame.fields:
@@ -274,6 +280,8 @@ class Session:
             index, token = frame.int("i", minimum=1), frame.int("id", minimum=0)
             if r.scores and index != r.scores[-1].index + 1:
                 raise ColibriError(f"score frame for prompt token {index} arrived after token {r.scores[-1].index}")
+            if NONFINITE in frame.fields:
+                raise NonFiniteLogits("the firmware", f"prompt token {index}", nonfinite_layer(frame))
             r.scores.append(Score(index, token, frame.f32("lp"), frame.f32("z")))
         elif frame.kind == "stats":
             for key in CACHE_STATS:
@@ -325,6 +333,14 @@ class Session:
             if "held" in frame.fields:
                 r.held = frame.int("held", minimum=0)
             self.finished = True
+
+
+def nonfinite_layer(frame: Frame) -> int | None:
+    """A token or score frame's nonfinite field (protocol 6): the first layer whose output was not
+    finite, or None for "head" (the final norm or the output matrix)."""
+    if frame.fields[NONFINITE] == HEAD:
+        return None
+    return frame.int(NONFINITE, minimum=0)
 
 
 def check_fits_context(prompt: list[int], steps: int, n_ctx: int, limit: int | None = None) -> None:

@@ -12,6 +12,11 @@ from ..errors import ColibriError
 from . import vocab_limits
 from .gguf import is_gguf
 
+# The share of a Hugging Face checkpoint's rows it may have past its tokenizer's last id: padding to
+# a multiple for tensor parallelism and reserved tokens (Qwen2.5: 271 of 151,936 rows, 0.18 %;
+# DeepSeek-V3: 465 of 129,280, 0.36 %, the most among the families).
+HF_PADDING_SHARE = 0.01
+
 
 class _Backend(Protocol):
     def encode(self, text: str, add_special: bool) -> list[int]: ...
@@ -23,6 +28,10 @@ class _HfBackend:
 
     def __init__(self, tok: Any):  # a tokenizers.Tokenizer (imported where it is made)
         self._tok = tok
+
+    def size(self) -> int:
+        """The ids it has a token for: its vocabulary and its added tokens."""
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str, add_special: bool) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special).ids)
@@ -62,6 +71,21 @@ class Tokenizer:
             return tokenizer
         path = Path(model_dir) / "tokenizer.json"
         return Tokenizer(path) if path.is_file() else None
+
+    def check_covers(self, rows: int, model: Path) -> None:
+        """Refuse a tokenizer.json that lacks tokens for more than padding of the model's `rows`
+        output rows (HF_PADDING_SHARE): the ids past its end would be generated and decode to
+        nothing. A GGUF file's vocabulary must cover every row (gguf/metadata.py refuses it at
+        import)."""
+        if not isinstance(self._backend, _HfBackend):
+            return
+        size = self._backend.size()
+        if rows - size > rows * HF_PADDING_SHARE:
+            raise ColibriError(
+                f"{model}: tokenizer.json has {size} tokens but the model has {rows} output rows: ids "
+                f"{size}..{rows - 1} would have no text (more than the {HF_PADDING_SHARE:.0%} of padding rows "
+                f"a checkpoint may have; give the model's own tokenizer.json)"
+            )
 
     def encode(self, text: str, special: bool = True) -> list[int]:
         """The ids of `text`; special=False: without the tokens the tokenizer adds (BOS), for text

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.file_reads import E8M0_FIRST_CHECKED, within_limit
 from .ops import tree_sum
 
 QK = 32
@@ -233,12 +234,13 @@ def bad_halves(dtype: str, raw: np.ndarray) -> bool:
 def bad_exponents(dtype: str, raw: np.ndarray) -> bool:
     """Some MXFP4 block cannot be a block of finite values: its e8m0 byte is 0xFF (NaN in the OCP MX
     spec; ggml's decoding, which ignores NaN, would read 2^127), or its scale times one of its values
-    overflows float32 (2^126 times +-4 and up, 2^125 times +-8 and up: bytes 0xFE and 0xFD)."""
+    overflows float32 (2^126 times +-4 and up, 2^125 times +-8 and up: bytes 0xFE and 0xFD) or
+    passes the +-2^32 a weight may be (model/file_reads.py)."""
     if dtype != "mxfp4":
         return False
     raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, FORMATS[dtype].nbytes)
     if np.any(raw[:, 0] == E8M0_NAN):
         return True
-    top = raw[raw[:, 0] >= E8M0_NAN - 2]
+    top = raw[raw[:, 0] >= E8M0_FIRST_CHECKED]
     with np.errstate(over="ignore"):
-        return len(top) > 0 and not np.all(np.isfinite(dequantize(dtype, top)))
+        return len(top) > 0 and not within_limit(dequantize(dtype, top))

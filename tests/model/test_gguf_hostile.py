@@ -513,14 +513,15 @@ def mxfp4_gguf(good_gguf):
 
 @pytest.mark.parametrize(
     "exponent, nibbles",
-    [(0xFF, 0x21), (0xFE, 0x14)],  # every exponent and nibble: test_gguf_blocks.py
-    ids=["nan-scale-small-values", "4-times-2^126"],
+    [(0xFF, 0x21), (0xFE, 0x14), (157, 0x17)],  # every exponent and nibble: test_gguf_blocks.py
+    ids=["nan-scale-small-values", "4-times-2^126", "12-times-2^29-past-the-weight-limit"],
 )
 def test_an_mxfp4_block_that_cannot_hold_finite_values_is_refused_naming_the_tensor(
     mxfp4_gguf, tmp_path, exponent, nibbles
 ):
     """e = 0xFF is NaN in the OCP MX spec (ggml's decoding would read 2^127 and go on); 0xFE and 0xFD
-    with a value of 4 or 8 make an infinite weight."""
+    with a value of 4 or 8 make an infinite weight; 157 with a value of 12 a finite one of 6.4e9,
+    past the +-2^32 a weight may be (docs/numerics.md, "Non-finite values")."""
     raw = raw_gguf(mxfp4_gguf)
     offset = tensor(raw, "blk.1.ffn_up.weight")[3] + 17 * 7  # the 8th block
     block = bytes([exponent]) + bytes([0x00] * 15) + bytes([nibbles])
@@ -536,11 +537,12 @@ def test_an_mxfp4_block_that_cannot_hold_finite_values_is_refused_naming_the_ten
 
 
 @pytest.mark.slow  # a whole build (~10 s)
-def test_an_mxfp4_block_at_the_largest_finite_values_is_kept(mxfp4_gguf, tmp_path):
-    """0xFE with values up to 3 (1.5 * 2^127) and 0xFD with values up to 6 are finite: kept."""
+def test_an_mxfp4_block_at_the_largest_values_a_weight_may_be_is_kept(mxfp4_gguf, tmp_path):
+    """156 with values up to 12 (3.2e9) and 157 with values up to 8 (2^32 exactly) are within the
+    +-2^32 a weight may be: kept."""
     raw = raw_gguf(mxfp4_gguf)
     offset = tensor(raw, "blk.1.ffn_up.weight")[3] + 17 * 7
-    block = bytes([0xFE]) + bytes([0x3B] * 16) + bytes([0xFD]) + bytes([0x5D] * 16)  # 3, -3; 6, -6
+    block = bytes([156]) + bytes([0x7F] * 16) + bytes([157]) + bytes([0x6E] * 16)  # 12, -12; 8, -8
     raw.data = raw.data[:offset] + block + raw.data[offset + 34 :]
     path = tmp_path / "top-exponent.gguf"
     path.write_bytes(raw.encode())

@@ -171,6 +171,13 @@ def _token_ids(meta: _Meta, vocab: int) -> tuple[int | None, tuple[int, ...]]:
         if f"tokenizer.ggml.{k}_token_id" in data
     ]
     tokens, types = data.get("tokenizer.ggml.tokens"), data.get("tokenizer.ggml.token_type")
+    if isinstance(tokens, list) and len(tokens) < vocab:
+        # A GGUF vocabulary lists one token per row (converters pad it with [PAD] tokens): ids past
+        # its end would be generated and decode to nothing.
+        raise ColibriError(
+            f"{meta.where}: the vocabulary (tokenizer.ggml.tokens) has {len(tokens)} tokens but the model "
+            f"has {vocab} rows: ids {len(tokens)}..{vocab - 1} would have no text (give the file its full vocabulary)"
+        )
     if isinstance(tokens, list) and isinstance(types, np.ndarray) and len(types) == len(tokens):
         # Like llama.cpp: control tokens that end a turn stop generation too.
         eos += [

@@ -31,7 +31,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ...errors import ColibriError
-from ..file_reads import read_exactly
+from ..file_reads import check_weights, read_exactly
 from .file import GgufFile, GgufTensorInfo
 
 BLOCK = 32
@@ -289,6 +289,5 @@ def rows_f32(path: Path, info: GgufTensorInfo, rows: np.ndarray | None = None) -
         except (NotImplementedError, KeyError, ValueError) as e:
             raise ColibriError(f"{Path(path).name}: tensor {info.name!r}: cannot dequantize {t} ({e})") from None
     values = np.asarray(values, dtype=np.float32).reshape(-1, info.shape[-1])
-    if not np.all(np.isfinite(values)):
-        raise ColibriError(f"{Path(path).name}: tensor {info.name!r} contains NaN or Inf")
+    check_weights(Path(path).name, info.name, values)
     return values

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
+from ..file_reads import E8M0_FIRST_CHECKED, within_limit
 from ..gguf.tensors import QuantBlocks
 from .safetensors_io import TensorInfo, read_bytes
 
@@ -109,11 +110,12 @@ class HfMxfp4Slice:
         scales = read_bytes(self.scales_path, _as_rows(self.scales_info, 1), first * nb, end * nb)
         codes = codes.reshape(end - first, nb, BLOCK_BYTES)[::step].reshape(-1, BLOCK_BYTES)
         scales = scales.reshape(end - first, nb)[::step].reshape(-1)
-        top = scales >= E8M0_NAN - 2  # 2^126 * 4 and 2^125 * 8 overflow; 0xFF is NaN
-        if np.any(scales == E8M0_NAN) or not np.all(np.isfinite(values(codes[top], scales[top]))):
+        top = scales >= E8M0_FIRST_CHECKED  # 0xFF is NaN; smaller scales cannot pass the weight limit
+        if np.any(scales == E8M0_NAN) or not within_limit(values(codes[top], scales[top])):
             raise ColibriError(
                 f"{self.scales_path.name}: tensor {self.scales_info.name!r}: an e8m0 scale is 0xFF (NaN) or "
-                f"makes one of its values overflow float32"
+                f"makes one of its values overflow float32 or pass the +-2^32 a weight may be "
+                f'(docs/numerics.md, "Non-finite values")'
             )
         return codes, scales
 

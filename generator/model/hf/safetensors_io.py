@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
-from ..file_reads import read_exactly
+from ..file_reads import check_weights, read_exactly
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "U8": 1}
@@ -178,8 +178,7 @@ def read_rows(path: Path | str, info: TensorInfo, start: int, stop: int) -> np.n
     except OSError as e:
         raise ColibriError(f"{path.name}: cannot read tensor {info.name!r}: {e.strerror or e}") from None
     arr = arr.reshape(stop - start, cols)
-    if not np.all(np.isfinite(arr)):
-        raise ColibriError(f"{path.name}: tensor {info.name!r} contains NaN or Inf")
+    check_weights(path.name, info.name, arr)
     return arr
 
 

@@ -20,7 +20,7 @@ from ..errors import ColibriError
 from ..files import REPO, slug
 from ..model.load import companion_files, generation_config, load_model
 from ..numerics.sampling import SamplingParams, generation_defaults
-from .bundle import sha256_file
+from .bundle import is_plain_name, sha256_file
 
 # The verification decode every release records: greedy, a fixed tokenizer-free prompt (the
 # model's BOS token, then ids spread over the vocabulary, as `bench` uses), a fixed step count.
@@ -151,6 +151,8 @@ def stage_model(
     name, which is the model's name in the generated sources), hashing them; with `expected`, every
     file must have the recorded SHA-256. The build then sees only the release's files."""
     staged = dest / (name or model_dir.resolve().name)
+    if staged.parent != dest or not all(is_plain_name(n) for n in [staged.name, *names]):
+        raise ColibriError(f"the model's name {staged.name!r} or a file name of it is not a plain name")
     staged.mkdir(parents=True)
     hashes = {}
     for name in names:

@@ -205,16 +205,37 @@ def request_dict(request: RunRequest) -> dict:
     }
 
 
-def request_from(data: dict) -> RunRequest:
+def _is_int(value: object, low: int = 0, high: int = 1 << 64) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def _is_fraction(value: object, high: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= high
+
+
+def request_from(data: object) -> RunRequest:
+    """The decode request a manifest records (inputs.verification), each value of its type and range."""
+    malformed = ColibriError("manifest.json: malformed inputs.verification (the release's decode request)")
+    if not isinstance(data, dict) or not isinstance(data.get("sampling"), dict):
+        raise malformed
     try:
-        return RunRequest(
-            [int(t) for t in data["prompt"]],
-            int(data["steps"]),
-            SamplingParams(**data["sampling"]),
-            bool(data["stop_at_eos"]),
-        )
-    except (KeyError, TypeError, ValueError):
-        raise ColibriError("manifest.json: malformed inputs.verification (the release's decode request)") from None
+        prompt, steps, stop_at_eos = data["prompt"], data["steps"], data["stop_at_eos"]
+        sampling = SamplingParams(**data["sampling"])
+    except (KeyError, TypeError):
+        raise malformed from None
+    if not (
+        isinstance(prompt, list)
+        and all(_is_int(t, high=1 << 31) for t in prompt)
+        and _is_int(steps, 1, 1 << 31)
+        and isinstance(stop_at_eos, bool)
+        and _is_int(sampling.top_k, high=1 << 31)
+        and _is_int(sampling.seed)
+        and _is_fraction(sampling.temperature, 1e6)
+        and _is_fraction(sampling.top_p, 1.0)
+        and _is_fraction(sampling.min_p, 1.0)
+    ):
+        raise malformed
+    return RunRequest(list(prompt), steps, sampling, stop_at_eos)
 
 
 def bundle_name(model_name: str, board: str, quant: str, n_ctx: int) -> str:

@@ -389,6 +389,10 @@ def test_a_bundle_directory_with_a_link_or_too_many_files(signed_host_release, t
     result = check_release(bundle, rebuild=False)
     assert result.problems == ["'passwd': not a regular file (a bundle holds only files and directories)"]
     (bundle / "passwd").unlink()
+    (bundle / "a\nFAIL").write_bytes(b"")  # a name that would print as two lines
+    result = check_release(bundle, rebuild=False)
+    assert result.problems == ["'a\\nFAIL': a name a bundle may not have (a control character or a backslash)"]
+    (bundle / "a\nFAIL").unlink()
     many = bundle / "many"
     many.mkdir()
     for i in range(41):

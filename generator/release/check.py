@@ -413,16 +413,14 @@ def check_release(
         if manifest is None or result.problems:
             result.notes.append("nothing rebuilt: the bundle's hashes or signature do not check")
             return result
-        try:
-            sde = manifest["source_date_epoch"]
-            if isinstance(sde, bool) or not isinstance(sde, int) or sde < 0:
-                raise TypeError
-            if manifest["name"] != bundle_dir.name:
-                result.problems.append(
-                    f"{MANIFEST}: names the bundle {_short(manifest['name'])}, its directory is {bundle_dir.name!r}"
-                )
-        except (KeyError, TypeError):
-            result.problems.append(f"{MANIFEST}: no valid source_date_epoch or name")
+        sde = manifest.get("source_date_epoch")
+        if isinstance(sde, bool) or not isinstance(sde, int) or not 0 <= sde < 1 << 33:
+            result.problems.append(f"{MANIFEST}: no valid source_date_epoch")
+            return result
+        if manifest.get("name") != bundle_dir.name:
+            result.problems.append(
+                f"{MANIFEST}: names the bundle {_short(manifest.get('name'))}, its directory is {bundle_dir.name!r}"
+            )
             return result
         inputs = rebuild_inputs(manifest, bundle_dir) if rebuild else None
         if tarball is not None:
@@ -454,7 +452,7 @@ def check_release(
         staged, hashes = stage_model(
             src, sorted(inputs.model_files), tmp / "model", inputs.model_name, inputs.model_files
         )
-        say(progress, f"rebuilding {manifest['name']} from its manifest in a fresh directory")
+        say(progress, f"rebuilding {bundle_dir.name} from its manifest in a fresh directory")
         made = produce(
             Inputs(inputs.board, staged, hashes, inputs.quant, inputs.ctx, sde, inputs.request),
             tmp / "rebuild",

@@ -10,6 +10,7 @@ import gzip
 import io
 import json
 import random
+import shutil
 import tarfile
 import tempfile
 import zlib
@@ -76,8 +77,10 @@ def one_error_line(done) -> str:
 @pytest.fixture
 def board_in_bundle(signed_host_release, tmp_path):
     """A bundle whose manifest names a board file it carries, with commands in its cflags, every
-    hash made to agree; the manifest no longer matches its signature."""
-    bundle = copy_release(signed_host_release, tmp_path / "releases")
+    hash made to agree; the manifest no longer matches its signature. Kept where users keep
+    releases, under the checkout's releases/ (git ignores it), as the attack found it."""
+    out = REPO / "releases" / f".test-{tmp_path.name}"
+    bundle = copy_release(signed_host_release, out)
     marker = tmp_path / "MARKER"
 
     def edit(manifest):
@@ -86,7 +89,8 @@ def board_in_bundle(signed_host_release, tmp_path):
         manifest["board"]["file"] = "evil.toml"
 
     tamper(bundle, edit)
-    return bundle, marker
+    yield bundle, marker
+    shutil.rmtree(out)
 
 
 def test_with_a_key_a_tampered_manifest_stops_at_its_signature(board_in_bundle, release_keys, private_tmp):

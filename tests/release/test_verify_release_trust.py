@@ -6,6 +6,7 @@ release the session makes (no test here builds firmware)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -80,6 +81,7 @@ def board_in_bundle(signed_host_release, tmp_path):
     hash made to agree; the manifest no longer matches its signature. Kept where users keep
     releases, under the checkout's releases/ (git ignores it), as the attack found it."""
     out = REPO / "releases" / f".test-{tmp_path.name}"
+    had_releases = out.parent.exists()
     bundle = copy_release(signed_host_release, out)
     marker = tmp_path / "MARKER"
 
@@ -91,6 +93,9 @@ def board_in_bundle(signed_host_release, tmp_path):
     tamper(bundle, edit)
     yield bundle, marker
     shutil.rmtree(out)
+    if not had_releases:
+        with contextlib.suppress(OSError):  # another test's bundle may be there now
+            out.parent.rmdir()
 
 
 def test_with_a_key_a_tampered_manifest_stops_at_its_signature(board_in_bundle, release_keys, private_tmp):

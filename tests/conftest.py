@@ -305,3 +305,44 @@ def run_cli(*args, cwd=REPO, timeout=600):
         text=True,
         timeout=timeout,
     )
+
+
+# ---- one signed host release for the tests that check and tamper with releases (tests/release/) ----
+
+
+@pytest.fixture(scope="session")
+def release_keys(tmp_path_factory) -> Path:
+    """release.key/.pub and other.key/.pub: two ed25519 key pairs."""
+    from generator.release.signing import generate_signing_key
+
+    root = tmp_path_factory.mktemp("keys")
+    generate_signing_key(root / "release.key", root / "release.pub")
+    generate_signing_key(root / "other.key", root / "other.pub")
+    return root
+
+
+@pytest.fixture(scope="session")
+def signed_host_release(tmp_path_factory, release_keys):
+    """A host release of the default model, signed with release.key: made once (about 70 s) for
+    every test that checks or tampers with a bundle (each tampers with its own copy_release)."""
+    from generator.release.make import make_release
+
+    out = tmp_path_factory.mktemp("release")
+    return make_release("host", DEFAULT_MODEL, "q8_0", 64, out, sign_key=release_keys / "release.key")
+
+
+def copy_release(release, dest: Path) -> Path:
+    """A copy of the bundle and its tarball, to tamper with."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(release.bundle, dest / release.bundle.name)
+    shutil.copyfile(release.tarball, dest / release.tarball.name)
+    return dest / release.bundle.name
+
+
+def resign_sums(bundle: Path) -> None:
+    """What a careless (or malicious) editor does after changing a file: make SHA256SUMS agree."""
+    from generator.release.bundle import write_sums
+
+    write_sums(bundle)
+    tarball = bundle.parent / f"{bundle.name}.tar.gz"
+    tarball.unlink(missing_ok=True)

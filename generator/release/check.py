@@ -4,22 +4,43 @@ directory and compare byte for byte, naming each file that differs.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import hashlib
 import json
 import os
-import shutil
+import re
+import signal
 import stat
-import tarfile
 import tempfile
+import threading
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from ..boards import load_board
+from ..boards import TARGETS_DIR, Board, available_boards, load_board
+from ..device.session import RunRequest
+from ..device.setup_toolchain import ensure_toolchain
 from ..documents import JsonDocument, json_field
 from ..errors import ColibriError
 from ..files import REPO
-from .bundle import MANIFEST, RELEASE_FORMAT, SIGNATURE, SUMS, Progress, bundle_files, say, sha256_file, write_tarball
+from .bundle import (
+    DOCUMENT_LIMITS,
+    MANIFEST,
+    MAX_BUNDLE_FILES,
+    RELEASE_FORMAT,
+    SIGNATURE,
+    SUMS,
+    Progress,
+    bundle_files,
+    is_bundle_path,
+    is_plain_name,
+    read_document,
+    say,
+    sha256_file,
+    unpack_tarball,
+    write_tarball,
+)
 from .make import Inputs, produce
 from .provenance import request_from, source_info, stage_model
 from .signing import signature_problem
@@ -42,6 +63,8 @@ class VerifyResult(JsonDocument):
         return not self.problems
 
     def describe(self) -> str:
+        if len(self.problems) == 1:
+            return f"FAIL: {self.bundle}: {self.problems[0]}"
         if self.problems:
             return "\n".join(
                 [f"FAIL: {self.bundle}: {len(self.problems)} problem(s)"] + [f"  {p}" for p in self.problems]
@@ -56,80 +79,87 @@ class VerifyResult(JsonDocument):
         return f"PASS: {self.bundle}: " + "; ".join(done)
 
 
-def _unpack(tarball: Path, dest: Path) -> Path:
-    """Extract a release tarball (regular files and directories under one top directory only)."""
-    try:
-        tar = tarfile.open(tarball, "r:gz")
-    except (OSError, tarfile.TarError) as e:
-        raise ColibriError(f"{tarball}: not a release tarball ({e})") from None
-    top = None
-    with tar:
-        for member in tar:
-            parts = PurePosixPath(member.name).parts
-            if not parts or member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir()):
-                raise ColibriError(f"{tarball}: unsafe or unexpected entry {member.name!r}")
-            if top is None:
-                top = parts[0]
-            if parts[0] != top:
-                raise ColibriError(f"{tarball}: entries outside the bundle directory {top!r}")
-            target = dest.joinpath(*parts)
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tar.extractfile(member) as src, open(target, "wb") as f:
-                shutil.copyfileobj(src, f)
-            os.chmod(target, 0o755 if member.mode & stat.S_IXUSR else 0o644)
-    if top is None:
-        raise ColibriError(f"{tarball}: empty tarball")
-    return dest / top
-
-
 def _read_sums(bundle: Path, problems: list[str]) -> dict[str, str]:
-    sums = {}
-    path = bundle / SUMS
-    if not path.is_file():
+    sums: dict[str, str] = {}
+    if not (bundle / SUMS).is_file():
         problems.append(f"{SUMS} is missing")
         return sums
-    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+    for n, line in enumerate(read_document(bundle / SUMS).decode(errors="replace").splitlines(), 1):
         digest, sep, rel = line.partition("  ")
-        if not sep or len(digest) != 64 or not rel:
+        if not sep or not _SHA256.fullmatch(digest) or not is_bundle_path(rel):
             problems.append(f"{SUMS}: line {n} is malformed")
             continue
         sums[rel] = digest
     return sums
 
 
-def check_hashes(bundle: Path, result: VerifyResult) -> dict[str, Any] | None:
-    """Every file against SHA256SUMS and manifest.json's outputs; returns the manifest as read from
-    the bundle (a JSON document, not yet trusted), or None."""
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _scan_bundle(bundle: Path, problems: list[str]) -> set[str]:
+    """The bundle's regular files (relative paths); anything else in it (a link, a FIFO, a device)
+    is a problem and is never opened."""
+    files = set()
+    for root, dirs, names in os.walk(bundle):
+        for name in sorted(dirs + names):
+            path = Path(root) / name
+            rel = path.relative_to(bundle).as_posix()
+            mode = path.lstat().st_mode
+            if not is_bundle_path(rel):
+                problems.append(f"{rel!r}: a name a bundle may not have (a control character or a backslash)")
+            elif stat.S_ISREG(mode):
+                files.add(rel)
+            elif not stat.S_ISDIR(mode):
+                problems.append(f"{rel!r}: not a regular file (a bundle holds only files and directories)")
+        if len(files) > MAX_BUNDLE_FILES:
+            raise ColibriError(f"{bundle}: more than {MAX_BUNDLE_FILES:,} files; not a release bundle")
+    return files
+
+
+def _file_digest(path: Path) -> str | None:
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
+
+
+def check_hashes(bundle: Path, result: VerifyResult, manifest_bytes: bytes | None) -> dict[str, Any] | None:
+    """Every file against SHA256SUMS and manifest.json's outputs (`manifest_bytes`: manifest.json as
+    read once, what the signature is checked on too); returns the manifest (a JSON document, not
+    yet trusted), or None. No path the bundle names is opened unless it is a path inside it."""
     problems = result.problems
-    files = set(bundle_files(bundle))
+    files = _scan_bundle(bundle, problems)
     sums = _read_sums(bundle, problems)
+    digests = {rel: _file_digest(bundle / rel) for rel in sorted(files - {MANIFEST})}
+    if manifest_bytes is not None:
+        digests[MANIFEST] = hashlib.sha256(manifest_bytes).hexdigest()
     for rel in sorted(sums):
         if rel not in files:
             problems.append(f"{rel}: listed in {SUMS} but missing from the bundle")
-        elif sha256_file(bundle / rel) != sums[rel]:
+        elif digests[rel] != sums[rel]:
             problems.append(f"{rel}: SHA-256 does not match {SUMS}")
     for rel in sorted(files - set(sums) - {SUMS}):
         problems.append(f"{rel}: not listed in {SUMS} (a file was added)")
     result.files_checked = len(files)
-    try:
-        manifest = json.loads((bundle / MANIFEST).read_text())
-        outputs = manifest["outputs"]
-        if manifest.get("format") != RELEASE_FORMAT:
-            problems.append(f"{MANIFEST}: format {manifest.get('format')!r} is not {RELEASE_FORMAT!r}")
-    except FileNotFoundError:
+    if manifest_bytes is None:
         problems.append(f"{MANIFEST} is missing")
         return None
-    except (ValueError, KeyError, TypeError):
+    try:
+        manifest = json.loads(manifest_bytes)
+        outputs = manifest["outputs"]
+        if not isinstance(outputs, dict) or not all(isinstance(e, dict) for e in outputs.values()):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, RecursionError):
         problems.append(f"{MANIFEST} is not a release manifest (malformed JSON or no outputs)")
         return None
+    if manifest.get("format") != RELEASE_FORMAT:
+        problems.append(f"{MANIFEST}: format {_short(manifest.get('format'))} is not {RELEASE_FORMAT!r}")
     for rel, entry in sorted(outputs.items()):
-        path = bundle / rel
-        if not path.is_file():
+        if not is_bundle_path(rel):
+            problems.append(f"{MANIFEST}: outputs names {_short(rel)}, which is not a path inside the bundle")
+        elif rel not in files:
             problems.append(f"{rel}: listed in {MANIFEST} but missing from the bundle")
-        elif path.stat().st_size != entry.get("size") or sha256_file(path) != entry.get("sha256"):
+        elif (bundle / rel).stat().st_size != entry.get("size") or digests.get(rel) != entry.get("sha256"):
             problems.append(f"{rel}: does not match the SHA-256 and size in {MANIFEST}")
     for rel in sorted(files - set(outputs) - {MANIFEST, SIGNATURE, SUMS}):
         problems.append(f"{rel}: not listed in {MANIFEST}'s outputs")
@@ -150,10 +180,13 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _json_differences(a: bytes, b: bytes, limit: int = 4) -> str:
+def _json_differences(a: Path, b: Path, limit: int = 4) -> str:
+    """The keys two JSON files differ in, for files of a document's size (the bundle's may be anything)."""
+    if max(a.stat().st_size, b.stat().st_size) > DOCUMENT_LIMITS[MANIFEST]:
+        return ""
     try:
-        fa, fb = _flatten(json.loads(a)), _flatten(json.loads(b))
-    except ValueError:
+        fa, fb = _flatten(json.loads(a.read_bytes())), _flatten(json.loads(b.read_bytes()))
+    except (ValueError, RecursionError):
         return ""
     keys = sorted(k for k in set(fa) | set(fb) if fa.get(k, "<absent>") != fb.get(k, "<absent>"))
     if not keys:
@@ -177,11 +210,7 @@ def compare_bundles(given: Path, rebuilt: Path) -> list[str]:
             problems.append(f"{rel}: produced by the rebuild but missing from the bundle")
         else:
             if not _same_bytes(given / rel, rebuilt / rel):
-                detail = (
-                    _json_differences((given / rel).read_bytes(), (rebuilt / rel).read_bytes())
-                    if rel.endswith(".json")
-                    else ""
-                )
+                detail = _json_differences(given / rel, rebuilt / rel) if rel.endswith(".json") else ""
                 problems.append(f"{rel}: differs from the rebuild{detail}")
     return problems
 
@@ -251,6 +280,101 @@ def locate_bundle(path: Path) -> Path:
     raise ColibriError(f"{path} is not a release bundle (no {MANIFEST}) and holds none")
 
 
+@dataclass(frozen=True)
+class RebuildInputs:
+    """What a rebuild takes from a verified manifest, every name and path in it checked."""
+
+    board: Board
+    model_name: str  # one path component: the staged directory's name
+    model_files: dict[str, dict]  # plain file name -> {"sha256", "size"}
+    quant: str
+    ctx: int
+    request: RunRequest
+
+
+def _malformed(what: str) -> ColibriError:
+    return ColibriError(f"{MANIFEST}: {what}; the release cannot be rebuilt from it")
+
+
+def _release_board(recorded: object, bundle: Path, outputs: dict) -> Board:
+    """The board a manifest names: a board of this checkout's targets/ (`board.file` its
+    targets/<name>.toml), or a board file inside the bundle that its hashes cover and that is byte
+    for byte that targets/ file. A rebuild compiles only with this checkout's board files."""
+    if not isinstance(recorded, dict):
+        raise _malformed("no board")
+    name, file = recorded.get("name"), recorded.get("file")
+    if not is_plain_name(name) or name not in available_boards():
+        raise _malformed(f"board {_short(name)} is not a board of this checkout's targets/")
+    own = TARGETS_DIR / f"{name}.toml"
+    if file != f"targets/{name}.toml":
+        if not is_bundle_path(file) or file not in outputs:
+            raise _malformed(
+                f"board.file {_short(file)} is neither targets/{name}.toml nor a file of the bundle its hashes cover"
+            )
+        if not _same_bytes(bundle / file, own):
+            raise _malformed(
+                f"the bundle's board file {file} is not byte for byte targets/{name}.toml of this checkout"
+            )
+    return load_board(name)
+
+
+def _model_files(files: object) -> dict[str, dict]:
+    if not isinstance(files, dict) or not files:
+        raise _malformed("inputs.model.files is not a table of the model's files")
+    for file, entry in files.items():
+        if not is_plain_name(file):
+            raise _malformed(f"inputs.model.files names {_short(file)}, which is not a plain file name")
+        if not isinstance(entry, dict) or not (
+            isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])
+        ):
+            raise _malformed(f"inputs.model.files[{file!r}] has no SHA-256")
+    return files
+
+
+def rebuild_inputs(manifest: dict[str, Any], bundle: Path) -> RebuildInputs:
+    """The rebuild's inputs from a manifest whose hashes (and signature) have been checked: a board
+    of targets/, a model name that is one path component, plain model file names, a quant, a ctx
+    and the decode request. One-line error otherwise."""
+    inputs = manifest.get("inputs")
+    model = inputs.get("model") if isinstance(inputs, dict) else None
+    if not isinstance(model, dict):
+        raise _malformed("no inputs.model")
+    if not is_plain_name(model.get("name")):
+        raise _malformed(f"inputs.model.name {_short(model.get('name'))} is not a plain directory name")
+    quant, ctx = inputs.get("quant"), inputs.get("ctx")
+    if not is_plain_name(quant) or len(quant) > 32:
+        raise _malformed(f"inputs.quant {_short(quant)} is not a quantization's name")
+    if isinstance(ctx, bool) or not isinstance(ctx, int) or not 0 < ctx <= 1 << 31:
+        raise _malformed(f"inputs.ctx {_short(ctx)} is not a context length")
+    if not isinstance(inputs.get("verification"), dict):
+        raise _malformed("no inputs.verification")
+    board = _release_board(manifest.get("board"), bundle, manifest["outputs"])
+    return RebuildInputs(
+        board, model["name"], _model_files(model.get("files")), quant, ctx, request_from(inputs["verification"])
+    )
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted():
+    """SIGTERM unwinds as Ctrl-C does, so the temporary directory of a rebuild is removed then too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _read_signature(bundle: Path) -> bytes | None:
+    return read_document(bundle / SIGNATURE) if (bundle / SIGNATURE).exists() else None
+
+
 def check_release(
     bundle: Path | str,
     verify_key: Path | str | None = None,
@@ -258,12 +382,15 @@ def check_release(
     rebuild: bool = True,
     progress: Progress = None,
 ) -> VerifyResult:
-    """verify_release with the details (what was checked, notes) for the CLI."""
-    from ..device.setup_toolchain import ensure_toolchain
+    """verify_release with the details (what was checked, notes) for the CLI.
 
+    In this order, each step only on what the ones before have verified: the hashes and the
+    signature (any problem stops here, nothing of the bundle used); the names and paths in the
+    manifest (a one-line error); the tarball against the bundle's files; the rebuild, in a temporary
+    directory removed on every exit."""
     path = locate_bundle(Path(bundle))
     result = VerifyResult(str(path))
-    with tempfile.TemporaryDirectory(prefix="colibri-verify-") as tmp:
+    with _terminated_as_interrupted(), tempfile.TemporaryDirectory(prefix="colibri-verify-") as tmp:
         tmp = Path(tmp)
         if path.is_dir():
             bundle_dir = path
@@ -271,27 +398,31 @@ def check_release(
             tarball = sibling if sibling.is_file() else None
         else:
             tarball = path
-            bundle_dir = _unpack(path, tmp / "unpacked")
+            bundle_dir = unpack_tarball(path, tmp / "unpacked")
         say(progress, f"checking the hashes of {bundle_dir.name}")
-        manifest = check_hashes(bundle_dir, result)
+        manifest_bytes = read_document(bundle_dir / MANIFEST) if (bundle_dir / MANIFEST).exists() else None
+        manifest = check_hashes(bundle_dir, result, manifest_bytes)
+        signature = _read_signature(bundle_dir)
         if verify_key is not None:
-            problem = signature_problem(bundle_dir, Path(verify_key))
+            problem = signature_problem(signature, manifest_bytes, Path(verify_key))
             result.signature_checked = problem is None
             if problem:
                 result.problems.append(problem)
-        elif (bundle_dir / SIGNATURE).is_file():
+        elif signature is not None:
             result.notes.append(f"{SIGNATURE} is present but was not checked (no verify key given)")
-        if manifest is None:
+        if manifest is None or result.problems:
+            result.notes.append("nothing rebuilt: the bundle's hashes or signature do not check")
             return result
-        try:
-            sde = int(manifest["source_date_epoch"])
-            if manifest["name"] != bundle_dir.name:
-                result.problems.append(
-                    f"{MANIFEST}: names the bundle {manifest['name']!r}, its directory is {bundle_dir.name!r}"
-                )
-        except (KeyError, TypeError, ValueError):
-            result.problems.append(f"{MANIFEST}: no valid source_date_epoch or name")
+        sde = manifest.get("source_date_epoch")
+        if isinstance(sde, bool) or not isinstance(sde, int) or not 0 <= sde < 1 << 33:
+            result.problems.append(f"{MANIFEST}: no valid source_date_epoch")
             return result
+        if manifest.get("name") != bundle_dir.name:
+            result.problems.append(
+                f"{MANIFEST}: names the bundle {_short(manifest.get('name'))}, its directory is {bundle_dir.name!r}"
+            )
+            return result
+        inputs = rebuild_inputs(manifest, bundle_dir) if rebuild else None
         if tarball is not None:
             canonical = tmp / "canonical.tar.gz"
             write_tarball(bundle_dir, canonical, sde)
@@ -299,38 +430,31 @@ def check_release(
             result.tarball_checked = problem is None
             if problem:
                 result.problems.append(problem)
-        if not rebuild:
+        if inputs is None:
             result.notes.append("not rebuilt (hashes and signature only)")
             return result
-        try:
-            board = load_board(manifest["board"]["name"])
-            model = manifest["inputs"]["model"]
-            quant, ctx = manifest["inputs"]["quant"], int(manifest["inputs"]["ctx"])
-            request = request_from(manifest["inputs"]["verification"])
-            expected_files = dict(model["files"])
-        except (KeyError, TypeError, ValueError):
-            result.problems.append(f"{MANIFEST}: the inputs needed to rebuild are missing or malformed")
-            return result
-        src = Path(model_dir) if model_dir is not None else REPO / "models" / model["name"]
+        src = Path(model_dir) if model_dir is not None else REPO / "models" / inputs.model_name
         if not src.is_dir():
             raise ColibriError(
-                f"the release was made from model {model['name']!r}: give its directory with "
+                f"the release was made from model {inputs.model_name!r}: give its directory with "
                 f"--model (it is not at {src})"
             )
-        here = source_info(board)
-        recorded = manifest.get("generator", {})
-        if here.get("source_sha256") != recorded.get("source_sha256"):
+        here = source_info(inputs.board)
+        recorded = manifest.get("generator")
+        if not isinstance(recorded, dict) or here.get("source_sha256") != recorded.get("source_sha256"):
+            commit = recorded.get("git_commit", "?") if isinstance(recorded, dict) else "?"
             result.notes.append(
-                f"this checkout's sources differ from the release's (commit "
-                f"{recorded.get('git_commit', '?')}): the rebuild may differ for that reason"
+                f"this checkout's sources differ from the release's (commit {_short(commit)}): "
+                "the rebuild may differ for that reason"
             )
-        ensure_toolchain(board)
+        ensure_toolchain(inputs.board)
         # The release's model files under the release's model name, wherever the user keeps them.
-        staged, hashes = stage_model(src, sorted(expected_files), tmp / "model", model["name"], expected_files)
-        signature = (bundle_dir / SIGNATURE).read_bytes() if (bundle_dir / SIGNATURE).is_file() else None
-        say(progress, f"rebuilding {manifest['name']} from its manifest in a fresh directory")
+        staged, hashes = stage_model(
+            src, sorted(inputs.model_files), tmp / "model", inputs.model_name, inputs.model_files
+        )
+        say(progress, f"rebuilding {bundle_dir.name} from its manifest in a fresh directory")
         made = produce(
-            Inputs(board, staged, hashes, quant, ctx, sde, request),
+            Inputs(inputs.board, staged, hashes, inputs.quant, inputs.ctx, sde, inputs.request),
             tmp / "rebuild",
             progress,
             signature=signature,

@@ -131,8 +131,12 @@ def produce(
     )
     plan = planned.plan
     request = inp.request or default_request(plan.spec, plan.n_ctx)
-    if len(request.prompt) + request.steps - 1 > plan.n_ctx:
+    if len(request.prompt) + request.steps - 1 > plan.n_ctx or request.steps < 1:
         raise ColibriError("the release's verification request does not fit its context")
+    if not request.prompt or not all(0 <= t < plan.spec.vocab_size for t in request.prompt):
+        raise ColibriError(
+            f"the release's verification prompt is empty or not ids of the model's {plan.spec.vocab_size} tokens"
+        )
     name = bundle_name(plan.spec.name, board.name, plan.quant, plan.n_ctx)
     say(progress, f"building {name} in a private build directory (SOURCE_DATE_EPOCH={inp.source_date_epoch})")
     echo = (lambda line: progress(f"  {line.strip()}")) if progress else None

@@ -20,7 +20,7 @@ from ..errors import ColibriError
 from ..files import REPO, slug
 from ..model.load import companion_files, generation_config, load_model
 from ..numerics.sampling import SamplingParams, generation_defaults
-from .bundle import sha256_file
+from .bundle import is_plain_name, sha256_file
 
 # The verification decode every release records: greedy, a fixed tokenizer-free prompt (the
 # model's BOS token, then ids spread over the vocabulary, as `bench` uses), a fixed step count.
@@ -151,6 +151,8 @@ def stage_model(
     name, which is the model's name in the generated sources), hashing them; with `expected`, every
     file must have the recorded SHA-256. The build then sees only the release's files."""
     staged = dest / (name or model_dir.resolve().name)
+    if staged.parent != dest or not all(is_plain_name(n) for n in [staged.name, *names]):
+        raise ColibriError(f"the model's name {staged.name!r} or a file name of it is not a plain name")
     staged.mkdir(parents=True)
     hashes = {}
     for name in names:
@@ -203,16 +205,37 @@ def request_dict(request: RunRequest) -> dict:
     }
 
 
-def request_from(data: dict) -> RunRequest:
+def _is_int(value: object, low: int = 0, high: int = 1 << 64) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def _is_fraction(value: object, high: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= high
+
+
+def request_from(data: object) -> RunRequest:
+    """The decode request a manifest records (inputs.verification), each value of its type and range."""
+    malformed = ColibriError("manifest.json: malformed inputs.verification (the release's decode request)")
+    if not isinstance(data, dict) or not isinstance(data.get("sampling"), dict):
+        raise malformed
     try:
-        return RunRequest(
-            [int(t) for t in data["prompt"]],
-            int(data["steps"]),
-            SamplingParams(**data["sampling"]),
-            bool(data["stop_at_eos"]),
-        )
-    except (KeyError, TypeError, ValueError):
-        raise ColibriError("manifest.json: malformed inputs.verification (the release's decode request)") from None
+        prompt, steps, stop_at_eos = data["prompt"], data["steps"], data["stop_at_eos"]
+        sampling = SamplingParams(**data["sampling"])
+    except (KeyError, TypeError):
+        raise malformed from None
+    if not (
+        isinstance(prompt, list)
+        and all(_is_int(t, high=1 << 31) for t in prompt)
+        and _is_int(steps, 1, 1 << 31)
+        and isinstance(stop_at_eos, bool)
+        and _is_int(sampling.top_k, high=1 << 31)
+        and _is_int(sampling.seed)
+        and _is_fraction(sampling.temperature, 1e6)
+        and _is_fraction(sampling.top_p, 1.0)
+        and _is_fraction(sampling.min_p, 1.0)
+    ):
+        raise malformed
+    return RunRequest(list(prompt), steps, sampling, stop_at_eos)
 
 
 def bundle_name(model_name: str, board: str, quant: str, n_ctx: int) -> str:

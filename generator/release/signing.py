@@ -70,17 +70,18 @@ def sign_manifest(manifest: bytes, key_path: Path) -> bytes:
     return load_private_key(key_path).sign(manifest)
 
 
-def signature_problem(bundle: Path, key_path: Path) -> str | None:
+def signature_problem(signature: bytes | None, manifest: bytes | None, key_path: Path) -> str | None:
+    """Why `signature` is not a valid signature of `manifest` by the key at key_path (None when it
+    is): the bytes as verify-release read them once, so what is checked is what is used."""
     from cryptography.exceptions import InvalidSignature
 
     key = load_public_key(key_path)
-    sig, manifest = bundle / SIGNATURE, bundle / MANIFEST
-    if not sig.is_file():
+    if signature is None:
         return f"{SIGNATURE} is missing: the bundle is not signed"
-    if not manifest.is_file():
+    if manifest is None:
         return f"{MANIFEST} is missing, so its signature cannot be checked"
     try:
-        key.verify(sig.read_bytes(), manifest.read_bytes())
+        key.verify(signature, manifest)
     except InvalidSignature:
         return (
             f"{SIGNATURE}: the signature does not verify with {Path(key_path).name} "

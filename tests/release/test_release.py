@@ -16,15 +16,14 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import DEFAULT_MODEL, REPO, run_cli
+from conftest import DEFAULT_MODEL, REPO, copy_release, resign_sums, run_cli
 
 from generator.boards import load_board
 from generator.errors import ColibriError
-from generator.release.bundle import MANIFEST, SIGNATURE, SUMS, json_bytes, sha256_file, write_sums, write_tarball
+from generator.release.bundle import MANIFEST, SIGNATURE, SUMS, json_bytes, sha256_file, write_tarball
 from generator.release.check import check_release, locate_bundle, verify_release
 from generator.release.make import make_release
 from generator.release.provenance import default_source_date_epoch, source_info
-from generator.release.signing import generate_signing_key
 
 pytestmark = pytest.mark.slow  # builds, verifies and rebuilds release bundles
 
@@ -169,33 +168,14 @@ def test_two_directory_rebuild_is_byte_identical(board, checkouts, tmp_path):
 # ---- one signed host release, checked every way --------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    root = tmp_path_factory.mktemp("keys")
-    generate_signing_key(root / "release.key", root / "release.pub")
-    generate_signing_key(root / "other.key", root / "other.pub")
-    return root
+@pytest.fixture
+def keys(release_keys):
+    return release_keys
 
 
-@pytest.fixture(scope="module")
-def host_release(tmp_path_factory, keys):
-    out = tmp_path_factory.mktemp("release")
-    return make_release("host", DEFAULT_MODEL, "q8_0", 64, out, sign_key=keys / "release.key")
-
-
-def copy_release(release, dest: Path) -> Path:
-    """A copy of the bundle and its tarball, to tamper with."""
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(release.bundle, dest / release.bundle.name)
-    shutil.copyfile(release.tarball, dest / release.tarball.name)
-    return dest / release.bundle.name
-
-
-def resign_sums(bundle: Path) -> None:
-    """What a careless (or malicious) editor does after changing a file: make SHA256SUMS agree."""
-    write_sums(bundle)
-    tarball = bundle.parent / f"{bundle.name}.tar.gz"
-    tarball.unlink(missing_ok=True)
+@pytest.fixture
+def host_release(signed_host_release):
+    return signed_host_release
 
 
 def test_verify_release_passes_on_a_fresh_bundle(host_release, keys):
@@ -214,25 +194,24 @@ def test_verify_release_from_the_tarball_with_a_renamed_model_dir(host_release, 
     assert result.problems == [] and result.rebuilt and result.tarball_checked
 
 
-def test_verify_release_names_a_changed_file(host_release, tmp_path):
+def test_verify_release_names_a_changed_file_and_rebuilds_nothing(host_release, tmp_path):
     bundle = copy_release(host_release, tmp_path)
     weights = bundle / "generated" / "weights.img"
     data = bytearray(weights.read_bytes())
     data[4096] ^= 0x01
     weights.write_bytes(bytes(data))
-    problems = verify_release(bundle)
-    text = "\n".join(problems)
-    assert "generated/weights.img: SHA-256 does not match SHA256SUMS" in text
-    assert "generated/weights.img: does not match the SHA-256 and size in manifest.json" in text
-    assert "generated/weights.img: differs from the rebuild" in text
-    assert f"{bundle.name}.tar.gz: differs" in text  # the (untouched) tarball no longer matches the files
-    named = {p.split(":")[0] for p in problems}
-    assert named == {"generated/weights.img", f"{bundle.name}.tar.gz"}, problems
+    result = check_release(bundle)
+    assert result.problems == [
+        "generated/weights.img: SHA-256 does not match SHA256SUMS",
+        "generated/weights.img: does not match the SHA-256 and size in manifest.json",
+    ]
+    assert not result.rebuilt and any("nothing rebuilt" in n for n in result.notes)
 
 
 def test_verify_release_rebuild_catches_a_consistently_altered_firmware(host_release, keys, tmp_path):
     # Firmware replaced and every hash list updated to match: only the signature and the rebuild
-    # can tell, and both do, naming the file.
+    # can tell. With the key the signature stops it before anything is rebuilt; without one the
+    # rebuild names the file.
     bundle = copy_release(host_release, tmp_path)
     program = bundle / "firmware" / "firmware"
     program.write_bytes(program.read_bytes() + b"\0")
@@ -241,8 +220,10 @@ def test_verify_release_rebuild_catches_a_consistently_altered_firmware(host_rel
     (bundle / MANIFEST).write_bytes(json_bytes(manifest))
     resign_sums(bundle)
     assert verify_release(bundle, rebuild=False) == []  # the hashes alone agree now
-    problems = verify_release(bundle, verify_key=keys / "release.pub")
-    assert any(p.startswith(f"{SIGNATURE}: the signature does not verify") for p in problems), problems
+    signed = check_release(bundle, verify_key=keys / "release.pub")
+    assert len(signed.problems) == 1 and signed.problems[0].startswith(f"{SIGNATURE}: the signature does not verify")
+    assert not signed.rebuilt
+    problems = verify_release(bundle)
     assert any(p.startswith("firmware/firmware: differs from the rebuild") for p in problems), problems
     assert any(p.startswith("manifest.json: differs from the rebuild (outputs.firmware/firmware") for p in problems)
 
@@ -396,7 +377,7 @@ def test_unsafe_tarball_is_refused(tmp_path):
         info = tarfile.TarInfo("bundle/../../escape")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(ColibriError, match="unsafe or unexpected entry"):
+    with pytest.raises(ColibriError, match="unsafe entry name"):
         verify_release(evil)
     assert not (tmp_path.parent / "escape").exists()
 

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,56 @@ def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int, kv_ty
     return BUILD_ROOT / board.name / f"{slug(Path(model_dir).resolve().name)}-{quant}-ctx{n_ctx}{kv}"
 
 
+# Written into every build directory when the build makes it: what tells a build directory (which
+# a build may overwrite) from a user's directory that happens to be named by --out. A directory
+# SCons has built in (its .sconsign.dblite) counts too.
+BUILD_DIR_MARKER = ".colibri-build"
+SCONS_DATABASE = ".sconsign.dblite"
+
+
+def check_out_dir(text: str | Path, flag: str = "--out") -> Path:
+    """An output directory the user names (`flag`), checked before any work: not empty, not a
+    file, its parent there, and a directory can be made or written in it (a probe directory is
+    made and removed: a read-only disk, /proc or /sys refuse it whatever the permission bits say).
+    Every command's --out comes through here (arguments.out_dir, prepare, the release)."""
+    if str(text) == "":
+        raise ColibriError(f"{flag} is empty: name a directory, or leave the option out for the default one")
+    path = Path(text)
+    where = path.absolute()
+    if where.exists() and not where.is_dir():
+        raise ColibriError(f"{flag} {path}: exists and is not a directory; name a directory")
+    holder = where if where.is_dir() else where.parent
+    if not holder.is_dir():
+        what = "is not a directory" if holder.exists() else "does not exist"
+        raise ColibriError(f"{flag} {path}: its parent {holder} {what}; create it first or choose another {flag}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".colibri-probe-", dir=holder))
+    except OSError as e:
+        raise ColibriError(f"{flag} {path}: cannot write in {holder} ({e.strerror}); choose another {flag}") from None
+    return path
+
+
+def check_build_dir(text: str | Path, flag: str = "--out") -> None:
+    """A build may go into a new or empty directory, or one a build made: never into a directory
+    of the user's own files, whose `firmware` or `generated/` it would overwrite."""
+    out_dir = check_out_dir(text, flag)
+    if not out_dir.is_dir() or (out_dir / BUILD_DIR_MARKER).exists() or (out_dir / SCONS_DATABASE).exists():
+        return
+    held = sorted(p.name for p in out_dir.iterdir())
+    if held:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ColibriError(
+            f"{flag} {out_dir}: holds files a build did not make ({shown}); the build would overwrite them: "
+            f"name a new or empty directory, or a previous build's"
+        )
+
+
+def make_build_dir(out_dir: Path) -> None:
+    """Create the build directory (and its parents) with the marker that makes it a build's."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / BUILD_DIR_MARKER).touch()
+
+
 def prepare(
     board: Board,
     model_dir: Path | str,
@@ -81,6 +132,8 @@ def prepare(
     """Validate everything that can be validated without compiling; returns the plan too.
     quant None: the model's default (a GGUF file's own blocks, else q8_0); kv_type None: the board's.
     check_fit=False leaves the memory budgets to the caller (`report` shows the table first)."""
+    if out_dir is not None:
+        check_build_dir(out_dir)  # before any work: a bad --out costs nothing
     model_dir = Path(model_dir)
     checkpoint = load_model(model_dir, load_tensors=False)
     plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx, kv_type)

@@ -21,16 +21,22 @@
 #include "../../runtime/tensor_table.h"
 #include "model_def.h"
 
-uint8_t *copy_image(const char *path, uint64_t *len)
+uint8_t *copy_image(const char *path, uint64_t *len, int *refused)
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
         return NULL;
     }
     uint8_t *buf = NULL;
+    uint8_t header[COLIBRI_IMAGE_HEADER_BYTES] = {0};
     if (fseek(f, 0, SEEK_END) == 0) {
         long size = ftell(f);
+        /* The header first: a file longer (or shorter) than it says is refused before the rest is read. */
         if (size > 0 && fseek(f, 0, SEEK_SET) == 0) {
+            const size_t head = fread(header, 1, sizeof header, f);
+            *refused = colibri_image_check_length(header, head < sizeof header ? head : (uint64_t)size);
+        }
+        if (size > 0 && *refused == COLIBRI_OK && fseek(f, 0, SEEK_SET) == 0) {
             size_t rounded = ((size_t)size + 63u) & ~(size_t)63u;
             buf = aligned_alloc(64, rounded);
             if (buf != NULL && fread(buf, 1, (size_t)size, f) != (size_t)size) {

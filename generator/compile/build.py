@@ -181,6 +181,17 @@ def image_signature(path: Path | str) -> str | None:
         return None
 
 
+def changed_outside_build(output) -> bool:
+    """Whether a build output (an SCons file node) is no longer the file SCons recorded making:
+    its size or modification time differ from those in the node's stored info. A file never built,
+    or missing (SCons rebuilds it anyway), is not."""
+    recorded = getattr(output.get_stored_info(), "ninfo", None)
+    size, timestamp = getattr(recorded, "size", None), getattr(recorded, "timestamp", None)
+    if size is None or timestamp is None or not output.exists():
+        return False
+    return (output.get_size(), output.get_timestamp()) != (size, timestamp)
+
+
 def build_dirs(board: str | None = None, model: Path | str | None = None, root: Path | None = None) -> list[Path]:
     """The build directories under build/ (all, one board's, one model's, or one model's on one
     board): what `./colibri clean` removes. Builds elsewhere (--out) are the user's own."""

@@ -46,4 +46,3 @@ def test_an_output_changed_outside_the_build_is_built_again(tmp_path):
     assert any(line.strip().startswith("GEN") for line in lines), lines
     assert any(line.strip().startswith(("LINK", "CACHED")) and "firmware" in line for line in lines), lines
     assert art.weights.read_bytes() == image and art.program.read_bytes() == firmware
-

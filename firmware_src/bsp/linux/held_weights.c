@@ -21,7 +21,8 @@ int open_image(const Options *opt, HeldWeights *w)
     w->image = opt->copy_weights ? copy_image(opt->weights_path, &w->image_len, &w->refused)
                                  : map_image(opt->weights_path, &w->image_len);
     if (w->image == NULL && w->refused == COLIBRI_OK) {
-        colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file");
+        colibri_report_error(COLIBRI_ERR_NO_IMAGE,
+                             "cannot read the weight image file (missing, unreadable, empty, or not a regular file)");
         return -1;
     }
     return 0;

@@ -316,17 +316,19 @@ STOP_GRACE_SECONDS = 2.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
     """A preexec_fn: the child is killed (SIGKILL) when the CLI dies, even by SIGKILL, where no
-    handler of the CLI's can run. Linux's prctl; elsewhere nothing."""
+    handler of the CLI's can run. Linux's prctl, looked up here: the child, between fork and exec,
+    only calls it. None where there is no prctl."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
     def arm() -> None:
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            return
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         if os.getppid() != parent:  # the CLI died before the prctl: nobody would signal it now
             os._exit(1)
 

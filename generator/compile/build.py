@@ -80,17 +80,23 @@ BUILD_DIR_MARKER = ".colibri-build"
 SCONS_DATABASE = ".sconsign.dblite"
 
 
+def _named_directory(text: str | Path, flag: str) -> Path:
+    """`flag`'s value as a path that names a directory (not empty, not an existing file)."""
+    if str(text) == "":
+        raise ColibriError(f"{flag} is empty: name a directory, or leave the option out for the default one")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ColibriError(f"{flag} {path}: exists and is not a directory; name a directory")
+    return path
+
+
 def check_out_dir(text: str | Path, flag: str = "--out") -> Path:
     """An output directory the user names (`flag`), checked before any work: not empty, not a
     file, its parent there, and a directory can be made or written in it (a probe directory is
     made and removed: a read-only disk, /proc or /sys refuse it whatever the permission bits say).
-    Every command's --out comes through here (arguments.out_dir, prepare, the release)."""
-    if str(text) == "":
-        raise ColibriError(f"{flag} is empty: name a directory, or leave the option out for the default one")
-    path = Path(text)
+    Every command's --out comes through here (arguments.out_dir, the release)."""
+    path = _named_directory(text, flag)
     where = path.absolute()
-    if where.exists() and not where.is_dir():
-        raise ColibriError(f"{flag} {path}: exists and is not a directory; name a directory")
     holder = where if where.is_dir() else where.parent
     if not holder.is_dir():
         what = "is not a directory" if holder.exists() else "does not exist"
@@ -104,8 +110,10 @@ def check_out_dir(text: str | Path, flag: str = "--out") -> Path:
 
 def check_build_dir(text: str | Path, flag: str = "--out") -> None:
     """A build may go into a new or empty directory, or one a build made: never into a directory
-    of the user's own files, whose `firmware` or `generated/` it would overwrite."""
-    out_dir = check_out_dir(text, flag)
+    of the user's own files, whose `firmware` or `generated/` it would overwrite. (Where it may be
+    made is check_out_dir's, on what the user names; a build inside the program's own temporary
+    directories has its parents made for it.)"""
+    out_dir = _named_directory(text, flag)
     if not out_dir.is_dir() or (out_dir / BUILD_DIR_MARKER).exists() or (out_dir / SCONS_DATABASE).exists():
         return
     held = sorted(p.name for p in out_dir.iterdir())

@@ -83,6 +83,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def out_dir(text: str) -> Path:
+    """An argparse type for --out: refused at once (before any model is read) when it cannot be a
+    directory to write in (compile.build.check_out_dir's ColibriError, the CLI's one line)."""
+    from .compile.build import check_out_dir
+
+    return check_out_dir(text)
+
+
 def add_target_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument(
@@ -90,7 +98,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
         choices=KV_TYPES,
         help="how the KV cache holds keys and values: f32, f16 (binary16) or q8_0 (default: the board's, f16)",
     )
-    p.add_argument("--out", type=Path, help="build directory (default build/<board>/<model>-<quant>-ctx<N>)")
+    p.add_argument("--out", type=out_dir, help="build directory (default build/<board>/<model>-<quant>-ctx<N>)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
 

@@ -90,30 +90,42 @@ int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights 
     return colibri_image_open_checking(image, image_len, weights, COLIBRI_CHECK_ALL);
 }
 
-int colibri_image_open_checking(const uint8_t *image, uint64_t image_len, ColibriWeights *weights, colibri_check check)
+int colibri_image_check_length(const uint8_t *header, uint64_t image_len)
 {
-    if (image == NULL || weights == NULL) {
+    if (header == NULL) {
         return COLIBRI_ERR_NO_IMAGE;
     }
     if (image_len < (uint64_t)COLIBRI_IMAGE_HEADER_BYTES + COLIBRI_IMAGE_TRAILER_BYTES) {
         return COLIBRI_ERR_TRUNCATED;
     }
-    if (memcmp(image + COLIBRI_IMAGE_MAGIC_AT, image_magic, sizeof image_magic) != 0) {
+    if (memcmp(header + COLIBRI_IMAGE_MAGIC_AT, image_magic, sizeof image_magic) != 0) {
         return COLIBRI_ERR_MAGIC;
     }
-    if (rd_u32(image + COLIBRI_IMAGE_VERSION_AT) != COLIBRI_IMAGE_FORMAT_VERSION) {
+    if (rd_u32(header + COLIBRI_IMAGE_VERSION_AT) != COLIBRI_IMAGE_FORMAT_VERSION) {
         return COLIBRI_ERR_VERSION;
     }
-    if (rd_u32(image + COLIBRI_IMAGE_HEADER_BYTES_AT) != COLIBRI_IMAGE_HEADER_BYTES ||
-        rd_u32(image + COLIBRI_IMAGE_DIR_ENTRY_BYTES_AT) != COLIBRI_IMAGE_DIR_ENTRY_BYTES) {
+    if (rd_u32(header + COLIBRI_IMAGE_HEADER_BYTES_AT) != COLIBRI_IMAGE_HEADER_BYTES ||
+        rd_u32(header + COLIBRI_IMAGE_DIR_ENTRY_BYTES_AT) != COLIBRI_IMAGE_DIR_ENTRY_BYTES) {
         return COLIBRI_ERR_HEADER;
     }
-    uint64_t declared_len = rd_u64(image + COLIBRI_IMAGE_IMAGE_BYTES_AT);
+    uint64_t declared_len = rd_u64(header + COLIBRI_IMAGE_IMAGE_BYTES_AT);
     if (declared_len > image_len) {
         return COLIBRI_ERR_TRUNCATED;
     }
     if (declared_len != image_len) {
         return COLIBRI_ERR_LENGTH;
+    }
+    return COLIBRI_OK;
+}
+
+int colibri_image_open_checking(const uint8_t *image, uint64_t image_len, ColibriWeights *weights, colibri_check check)
+{
+    if (image == NULL || weights == NULL) {
+        return COLIBRI_ERR_NO_IMAGE;
+    }
+    const int length = colibri_image_check_length(image, image_len);
+    if (length != COLIBRI_OK) {
+        return length;
     }
     uint64_t crc_at = image_len - COLIBRI_IMAGE_TRAILER_BYTES;
     if (memcmp(image + crc_at + 4, end_magic, sizeof end_magic) != 0) {

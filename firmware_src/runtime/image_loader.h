@@ -40,6 +40,13 @@ typedef enum {
                                  * is checked when first brought in (runtime/expert_cache.c) */
 } colibri_check;
 
+/* The header's first checks (magic, version, sizes) and the length it declares against the
+ * image's: COLIBRI_OK, COLIBRI_ERR_TRUNCATED (shorter) or COLIBRI_ERR_LENGTH (longer), reading only
+ * the first COLIBRI_IMAGE_HEADER_BYTES at `header` (all of them when image_len holds a header). A
+ * file is checked so before anything reads the rest of it: a valid image padded to gigabytes is
+ * refused unread. colibri_image_open starts with it. */
+int colibri_image_check_length(const uint8_t *header, uint64_t image_len);
+
 /* Checks the header, the directory and every tensor's CRC-32, then binds the weight pointers. */
 int colibri_image_open(const uint8_t *image, uint64_t image_len, ColibriWeights *weights);
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..arguments import add_jobs_arg, add_model_args
+from ..arguments import add_jobs_arg, add_model_args, out_dir
 from ..boards import load_board
 from ..console import progress
 from ..documents import JsonDocument
@@ -23,7 +23,7 @@ def add_release_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_jobs_arg(p)
     p.add_argument(
-        "--out", type=Path, help="directory for the bundle, its .tar.gz and <bundle>.measurements.json (required)"
+        "--out", type=out_dir, help="directory for the bundle, its .tar.gz and <bundle>.measurements.json (required)"
     )
     p.add_argument(
         "--sign",

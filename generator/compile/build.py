@@ -8,8 +8,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +82,64 @@ def model_slug(model: Path | str) -> str:
     return slug(path.stem if path.suffix.lower() == ".gguf" else model_name(path))
 
 
+# Written into every build directory when the build makes it: what tells a build directory (which
+# a build may overwrite) from a user's directory that happens to be named by --out. A directory
+# SCons has built in (its .sconsign.dblite) counts too.
+BUILD_DIR_MARKER = ".colibri-build"
+SCONS_DATABASE = ".sconsign.dblite"
+
+
+def _named_directory(text: str | Path, flag: str) -> Path:
+    """`flag`'s value as a path that names a directory (not empty, not an existing file)."""
+    if str(text) == "":
+        raise ColibriError(f"{flag} is empty: name a directory, or leave the option out for the default one")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ColibriError(f"{flag} {path}: exists and is not a directory; name a directory")
+    return path
+
+
+def check_out_dir(text: str | Path, flag: str = "--out") -> Path:
+    """An output directory the user names (`flag`), checked before any work: not empty, not a
+    file, its parent there, and a directory can be made or written in it (a probe directory is
+    made and removed: a read-only disk, /proc or /sys refuse it whatever the permission bits say).
+    Every command's --out comes through here (arguments.out_dir, the release)."""
+    path = _named_directory(text, flag)
+    where = path.absolute()
+    holder = where if where.is_dir() else where.parent
+    if not holder.is_dir():
+        what = "is not a directory" if holder.exists() else "does not exist"
+        raise ColibriError(f"{flag} {path}: its parent {holder} {what}; create it first or choose another {flag}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".colibri-probe-", dir=holder))
+    except OSError as e:
+        raise ColibriError(f"{flag} {path}: cannot write in {holder} ({e.strerror}); choose another {flag}") from None
+    return path
+
+
+def check_build_dir(text: str | Path, flag: str = "--out") -> None:
+    """A build may go into a new or empty directory, or one a build made: never into a directory
+    of the user's own files, whose `firmware` or `generated/` it would overwrite. (Where it may be
+    made is check_out_dir's, on what the user names; a build inside the program's own temporary
+    directories has its parents made for it.)"""
+    out_dir = _named_directory(text, flag)
+    if not out_dir.is_dir() or (out_dir / BUILD_DIR_MARKER).exists() or (out_dir / SCONS_DATABASE).exists():
+        return
+    held = sorted(p.name for p in out_dir.iterdir())
+    if held:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ColibriError(
+            f"{flag} {out_dir}: holds files a build did not make ({shown}); the build would overwrite them: "
+            f"name a new or empty directory, or a previous build's"
+        )
+
+
+def make_build_dir(out_dir: Path) -> None:
+    """Create the build directory (and its parents) with the marker that makes it a build's."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / BUILD_DIR_MARKER).touch()
+
+
 def prepare(
     board: Board,
     model_dir: Path | str,
@@ -90,6 +152,8 @@ def prepare(
     """Validate everything that can be validated without compiling; returns the plan too.
     quant None: the model's default (a GGUF file's own blocks, else q8_0); kv_type None: the board's.
     check_fit=False leaves the memory budgets to the caller (`report` shows the table first)."""
+    if out_dir is not None:
+        check_build_dir(out_dir)  # before any work: a bad --out costs nothing
     model_dir = Path(model_dir)
     checkpoint = load_model(model_dir, load_tensors=False)
     plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx, kv_type)
@@ -154,6 +218,17 @@ def check_board_to_clean(board: str, root: Path | None = None) -> None:
     closest = difflib.get_close_matches(board, known, n=1)
     hint = f"did you mean {closest[0]}? " if closest else ""
     raise ColibriError(f"unknown board {board!r}: {hint}known boards: {', '.join(known)}")
+
+
+def changed_outside_build(output) -> bool:
+    """Whether a build output (an SCons file node) is no longer the file SCons recorded making:
+    its size or modification time differ from those in the node's stored info. A file never built,
+    or missing (SCons rebuilds it anyway), is not."""
+    recorded = getattr(output.get_stored_info(), "ninfo", None)
+    size, timestamp = getattr(recorded, "size", None), getattr(recorded, "timestamp", None)
+    if size is None or timestamp is None or not output.exists():
+        return False
+    return (output.get_size(), output.get_timestamp()) != (size, timestamp)
 
 
 def build_dirs(board: str | None = None, model: Path | str | None = None, root: Path | None = None) -> list[Path]:
@@ -274,30 +349,156 @@ def cache_hit_line(line: str) -> str:
     return f"  CACHED  {hit.group(1)}" if hit else line
 
 
+# How long a build's processes have after SIGTERM, when the CLI ends before them, before SIGKILL.
+STOP_GRACE_SECONDS = 2.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A preexec_fn: the child is killed (SIGKILL) when the CLI dies, even by SIGKILL, where no
+    handler of the CLI's can run. Linux's prctl, looked up here: the child, between fork and exec,
+    only calls it. None where there is no prctl."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the CLI died before the prctl: nobody would signal it now
+            os._exit(1)
+
+    return arm
+
+
+def stop_group(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
+    """End a child that leads its own process group, and everything it started: SIGTERM to the
+    group, then SIGKILL to it after `grace` (SCons blocked on a FIFO ignores SIGTERM)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGKILL:
+            return
+        try:  # the leader has gone; what it started may linger in the group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+
+
+def _terminated(signum, frame):
+    # SIGTERM as an exception, so run_echoing's cleanup runs (Python's default ends at once).
+    raise SystemExit(128 + signum)
+
+
 def run_echoing(
     command: list[str], env: dict, echo_line: Callable[[str], None], cannot_run: Callable[[str], str], **popen
 ) -> tuple[int, list[str]]:
     """Run command (stderr into stdout), each output line to echo_line as it comes; its exit code and lines.
-    A command that cannot start is a ColibriError: cannot_run(its strerror)."""
+    A command that cannot start is a ColibriError: cannot_run(its strerror). The command runs in its
+    own process group, ended with everything in it when the CLI ends first (an error, Ctrl-C,
+    SIGTERM; SIGKILL ends the command itself)."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if in_main_thread else None
     try:
-        proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            text=True,
-            errors="replace",
-            **popen,
-        )
-    except OSError as e:
-        raise ColibriError(cannot_run(e.strerror)) from None
-    lines = []
-    for line in proc.stdout:
-        line = line.rstrip("\n")
-        lines.append(line)
-        echo_line(line)
-    proc.wait()
-    return proc.returncode, lines
+        try:
+            proc = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()) if in_main_thread else None,
+                **popen,
+            )
+        except OSError as e:
+            raise ColibriError(cannot_run(e.strerror)) from None
+        try:
+            lines = []
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                lines.append(line)
+                echo_line(line)
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                stop_group(proc)
+            proc.stdout.close()
+        return proc.returncode, lines
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+# How long a build's progress line is held back before it is shown: a build refused within this
+# time of its last progress line says only its one error line.
+PROGRESS_HOLD_SECONDS = 2.0
+
+
+class HeldProgress:
+    """Progress lines shown PROGRESS_HOLD_SECONDS after they come (at once when the build ends
+    well: flush), or never when it fails first (drop): a refused build's output is its error
+    line alone, a long build still shows where it is."""
+
+    def __init__(self, echo: Callable[[str], None], hold: float = PROGRESS_HOLD_SECONDS):
+        self.echo, self.hold = echo, hold
+        self.pending: list[tuple[float, str]] = []
+        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+
+    def add(self, line: str) -> None:
+        with self.lock:
+            self.pending.append((time.monotonic() + self.hold, line))
+            if self.timer is None:
+                self._start(self.hold)
+
+    def _start(self, delay: float) -> None:
+        self.timer = threading.Timer(delay, self._due)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _due(self) -> None:
+        with self.lock:
+            now = time.monotonic()
+            while self.pending and self.pending[0][0] <= now:
+                self.echo(self.pending.pop(0)[1])
+            self.timer = None
+            if self.pending:
+                self._start(max(0.0, self.pending[0][0] - now))
+
+    def _stop(self) -> list[str]:
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            lines = [line for _, line in self.pending]
+            self.pending = []
+            return lines
+
+    def flush(self) -> None:
+        for line in self._stop():
+            self.echo(line)
+
+    def drop(self) -> None:
+        self._stop()
+
+
+def progress_line(line: str) -> str | None:
+    """A line of SCons's output as the build's progress shows it, or None: only the progress lines
+    (SConstruct's indented `  GEN  ...`, `  CC  ...`, cache hits), never SCons's own `scons: ***`
+    lines, the error line the CLI prints itself, or a warning."""
+    shown = cache_hit_line(line)
+    return shown if shown.startswith("  ") and shown.strip() else None
 
 
 def spawn_argument_list(sh: str, escape, cmd: str, args: list[str], env: dict) -> int:
@@ -314,22 +515,36 @@ def spawn_argument_list(sh: str, escape, cmd: str, args: list[str], env: dict) -
 def _run_scons(req: BuildRequest, echo, extra: list[str]) -> Artifacts:
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")
+    # Python's warnings (NumPy's on odd weights) are no message for the user: what is wrong with a
+    # model is said by the build's one error line.
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    held = HeldProgress(echo) if echo else None
 
     def echo_line(line: str) -> None:
-        if echo and not line.startswith("colibri: error:") and not line.endswith("is up to date."):
-            echo(cache_hit_line(line))
+        shown = progress_line(line)
+        if held is not None and shown is not None:
+            held.add(shown)
 
-    returncode, lines = run_echoing(
-        scons_command(req, extra),
-        env,
-        echo_line,
-        lambda strerror: f"cannot run SCons ({strerror}); ./colibri installs it into .venv",
-        cwd=REPO,  # where -C points, so SCons says nothing of entering it; every path it gets is absolute
-    )
+    try:
+        returncode, lines = run_echoing(
+            scons_command(req, extra),
+            env,
+            echo_line,
+            lambda strerror: f"cannot run SCons ({strerror}); ./colibri installs it into .venv",
+            cwd=REPO,  # where -C points, so SCons says nothing of entering it; every path it gets is absolute
+        )
+    except BaseException:
+        if held is not None:
+            held.drop()
+        raise
     if returncode != 0:
+        if held is not None:
+            held.drop()
         for line in lines:
             if line.startswith("colibri: error: "):
                 raise ColibriError(line[len("colibri: error: ") :])
         tail = "\n".join(lines[-30:])
         raise ColibriError(f"the build for board {req.board.name} failed:\n{tail}")
+    if held is not None:
+        held.flush()
     return artifacts(req)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..boards import Board, board_reference, load_board
-from ..compile.build import GENERATED_DIR
+from ..compile.build import GENERATED_DIR, check_out_dir
 from ..compile.firmware_id import elf_build_id
 from ..compile.pipeline import OUTPUT_FILES, SELFTEST_CHECKS_FILE, SELFTEST_DATA_FILE
 from ..device.session import RunRequest
@@ -307,6 +307,7 @@ def make_release(
     Refuses to overwrite an existing bundle and leaves nothing behind on failure."""
     from ..device.setup_toolchain import ensure_toolchain
 
+    out = check_out_dir(out_dir)  # before any work: a bad --out is said at once, not after the build
     board = load_board(board_name)
     if board_reference(board) != board.name:
         raise ColibriError(
@@ -320,9 +321,6 @@ def make_release(
     if sign_key is not None:
         load_private_key(Path(sign_key))
     sde = default_source_date_epoch() if source_date_epoch is None else int(source_date_epoch)
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ColibriError(f"--out {out} exists and is not a directory")
     name = bundle_name(plan.spec.name, board.name, plan.quant, plan.n_ctx)
     final, tarball, measurements_file = out / name, out / f"{name}.tar.gz", out / f"{name}{MEASUREMENTS_SUFFIX}"
     for path in (final, tarball, measurements_file):

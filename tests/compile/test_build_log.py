@@ -71,3 +71,24 @@ def test_plain_scons_defaults_to_the_bundled_model(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "colibri: error" not in done.stderr
     assert f"{out}/generated" in done.stdout + done.stderr
+
+
+def test_a_build_refused_in_generation_says_one_line(checkpoints, tmp_path):
+    """Weights refused while the image is generated (inside SCons): the one error line, without
+    the progress, NumPy's warnings or SCons's own lines before it."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints("qwen2_bias"), model)
+    tensors = load_file(model / "model.safetensors")
+    norm = tensors["model.norm.weight"].copy()
+    norm[0] = np.inf
+    tensors["model.norm.weight"] = norm
+    save_file(tensors, model / "model.safetensors")
+    done = run_cli("build", "--model", model, "--out", tmp_path / "out")
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "contains NaN or Inf" in lines[0], done.stderr

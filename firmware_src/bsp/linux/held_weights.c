@@ -18,10 +18,11 @@ static Storage storage;
 
 int open_image(const Options *opt, HeldWeights *w)
 {
-    w->image = opt->copy_weights ? copy_image(opt->weights_path, &w->image_len)
+    w->image = opt->copy_weights ? copy_image(opt->weights_path, &w->image_len, &w->refused)
                                  : map_image(opt->weights_path, &w->image_len);
-    if (w->image == NULL) {
-        colibri_report_error(COLIBRI_ERR_NO_IMAGE, "cannot read the weight image file");
+    if (w->image == NULL && w->refused == COLIBRI_OK) {
+        colibri_report_error(COLIBRI_ERR_NO_IMAGE,
+                             "cannot read the weight image file (missing, unreadable, empty, or not a regular file)");
         return -1;
     }
     return 0;
@@ -68,6 +69,12 @@ static int use_expert_slots(Options *opt, HeldWeights *w)
 
 int bind_weights(Options *opt, HeldWeights *w)
 {
+    /* The file's length against its header's, before anything reads past the header (a valid image
+     * padded to gigabytes would be read whole into memory first). */
+    const int length = w->refused != COLIBRI_OK ? w->refused : colibri_image_check_length(w->image, w->image_len);
+    if (length != COLIBRI_OK) {
+        return length;
+    }
     ColibriWeightsInfo *info = &colibri_weights_info;
     info->mapped = !opt->copy_weights;
     info->budget = opt->budget;

@@ -12,6 +12,7 @@
 typedef struct {
     uint8_t *image;     /* the image file, mapped read-only (or copied: --copy-weights) */
     uint64_t image_len;
+    int refused;        /* the loader's status for a file refused before it was read (copy_image), else 0 */
     int64_t slots;      /* expert slots the budget leaves (plan_budget); 0: every expert in place */
     uint8_t *pool;      /* their memory; NULL: the experts are read in place through the mapping */
 } HeldWeights;

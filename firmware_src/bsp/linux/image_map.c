@@ -21,16 +21,42 @@
 #include "../../runtime/tensor_table.h"
 #include "model_def.h"
 
-uint8_t *copy_image(const char *path, uint64_t *len)
+/* The image file opened for reading, or -1: a regular file only (a FIFO or a device would block
+ * the open or the reads forever; O_NONBLOCK lets the open return so fstat can say what it is). */
+static int open_regular(const char *path, struct stat *st)
 {
-    FILE *f = fopen(path, "rb");
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) {
+        return -1;
+    }
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) || fcntl(fd, F_SETFL, 0) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+uint8_t *copy_image(const char *path, uint64_t *len, int *refused)
+{
+    struct stat st;
+    int fd = open_regular(path, &st);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
     if (f == NULL) {
+        if (fd >= 0) {
+            close(fd);
+        }
         return NULL;
     }
     uint8_t *buf = NULL;
+    uint8_t header[COLIBRI_IMAGE_HEADER_BYTES] = {0};
     if (fseek(f, 0, SEEK_END) == 0) {
         long size = ftell(f);
+        /* The header first: a file longer (or shorter) than it says is refused before the rest is read. */
         if (size > 0 && fseek(f, 0, SEEK_SET) == 0) {
+            const size_t head = fread(header, 1, sizeof header, f);
+            *refused = colibri_image_check_length(header, head < sizeof header ? head : (uint64_t)size);
+        }
+        if (size > 0 && *refused == COLIBRI_OK && fseek(f, 0, SEEK_SET) == 0) {
             size_t rounded = ((size_t)size + 63u) & ~(size_t)63u;
             buf = aligned_alloc(64, rounded);
             if (buf != NULL && fread(buf, 1, (size_t)size, f) != (size_t)size) {
@@ -80,12 +106,12 @@ static void *reserve_huge_aligned(uint64_t bytes)
 
 uint8_t *map_image(const char *path, uint64_t *len)
 {
-    int fd = open(path, O_RDONLY);
+    int fd = open_regular(path, &image_stat);
     if (fd < 0) {
         return NULL;
     }
     void *map = MAP_FAILED;
-    if (fstat(fd, &image_stat) == 0 && image_stat.st_size > 0) {
+    if (image_stat.st_size > 0) {
         void *at = reserve_huge_aligned((uint64_t)image_stat.st_size);
         if (at != MAP_FAILED) {
             map = mmap(at, (size_t)image_stat.st_size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);

@@ -9,8 +9,10 @@
 #include <stdint.h>
 
 /* The whole image read into one 64-byte aligned buffer (free() it), or NULL: how the firmware held
- * its weights before it mapped them (--copy-weights keeps it for comparisons). */
-uint8_t *copy_image(const char *path, uint64_t *len);
+ * its weights before it mapped them (--copy-weights keeps it for comparisons). Its header is read
+ * and checked first (colibri_image_check_length): a file of another length than the header says is
+ * not read, NULL with *refused set to the loader's status (left as it was otherwise). */
+uint8_t *copy_image(const char *path, uint64_t *len, int *refused);
 
 /* The image mapped read-only (private: nothing is ever written), or NULL; the mapping starts on a
  * huge page's boundary, so that the image's bytes keep their offsets within huge pages. The file

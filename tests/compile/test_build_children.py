@@ -1,0 +1,79 @@
+"""SCons and what it starts end with the CLI: a build blocked on a FIFO, in an SCons that ignores
+SIGTERM, leaves no process behind when the CLI is stopped (SIGTERM, Ctrl-C's SIGINT, or SIGKILL)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+# Run by SCons before it reads the SConstruct (SCONSFLAGS=--site-dir): a child of its own, SIGTERM
+# ignored, then blocked opening a FIFO nobody writes, as a model file that is a FIFO blocks it.
+SITE_INIT = """
+import os, signal, subprocess
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen(["sleep", "300"])
+with open({pids!r} + ".partial", "w") as f:
+    f.write(f"{{os.getpid()}} {{child.pid}}")
+os.replace({pids!r} + ".partial", {pids!r})
+open({fifo!r}).read()
+"""
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def blocked_build(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    """The CLI building with SCons blocked; returns it and the pids of SCons and its child."""
+    site = tmp_path / "site"
+    site.mkdir()
+    fifo, pids = tmp_path / "fifo", tmp_path / "pids"
+    os.mkfifo(fifo)
+    (site / "site_init.py").write_text(SITE_INIT.format(pids=str(pids), fifo=str(fifo)))
+    env = dict(os.environ, SCONSFLAGS=f"--site-dir={site}")
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "generator.cli", "build", "--out", str(tmp_path / "out")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not pids.exists():
+        assert cli.poll() is None and time.monotonic() < deadline, cli.communicate()
+        time.sleep(0.05)
+    return cli, [int(p) for p in pids.read_text().split()]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_stopping_the_cli_ends_its_scons_and_everything_scons_started(tmp_path, stop):
+    cli, (scons, scons_child) = blocked_build(tmp_path)
+    try:
+        cli.send_signal(stop)
+        _, err = cli.communicate(timeout=20)
+        assert "Traceback" not in err, err
+        deadline = time.monotonic() + 10
+        ended = [scons] if stop == signal.SIGKILL else [scons, scons_child]  # SIGKILL: no handler runs
+        while any(alive(pid) for pid in ended) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in ended), [pid for pid in ended if alive(pid)]
+        if stop == signal.SIGINT:
+            assert cli.returncode == 130 and err.strip().splitlines()[-1] == "colibri: interrupted", err
+        if stop == signal.SIGTERM:
+            assert cli.returncode == 128 + signal.SIGTERM, err
+        if stop != signal.SIGKILL:
+            assert not (tmp_path / "out").exists()  # a refused first build leaves no directory
+    finally:
+        for pid in (scons, scons_child):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

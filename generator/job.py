@@ -34,7 +34,15 @@ from .device.runner import run_firmware
 from .device.session import RunRequest, RunResult, Selftest, check_fits_context
 from .device.setup_toolchain import ensure_toolchain
 from .errors import ColibriError
-from .files import DEFAULT_MODEL
+from .files import (
+    DEFAULT_MODEL,
+    PROMPT_BYTES,
+    TEXT_BYTES,
+    checked_text,
+    read_stream_limited,
+    read_text_limited,
+    utf8_text,
+)
 from .model.gguf import is_gguf
 from .model.tokenizer import Tokenizer, parse_prompt_ids
 from .numerics.sampling import SamplingParams, generation_defaults
@@ -201,21 +209,16 @@ def sampling_from(options: JobOptions, model_dir: Path) -> SamplingParams:
     return SamplingParams(temperature, top_k, top_p, min_p, options.seed if options.seed is not None else 0)
 
 
-def read_text_file(path: Path, flag: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ColibriError(f"{flag} {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ColibriError(f"{flag} {path}: not UTF-8 text") from None
-
-
 def prompt_text(options: JobOptions) -> str | None:
-    """--prompt, or the text of --prompt-file (standard input for -)."""
+    """--prompt, or the text of --prompt-file (standard input for -), UTF-8 within PROMPT_BYTES."""
     if options.prompt_file is None:
-        return options.prompt
+        return None if options.prompt is None else checked_text(options.prompt, "--prompt")
     path = options.prompt_file
-    text = sys.stdin.read() if str(path) == "-" else read_text_file(Path(path), "--prompt-file")
+    if str(path) == "-":
+        where = "--prompt-file - (standard input)"
+        text = utf8_text(read_stream_limited(sys.stdin.buffer, PROMPT_BYTES, where), where)
+    else:
+        text = read_text_limited(Path(path), PROMPT_BYTES, f"--prompt-file {path}")
     # An editor ends a file with a newline the user did not mean as part of the prompt.
     return text[:-1] if text.endswith("\n") else text
 
@@ -544,7 +547,7 @@ def converse(
 def prepare_eval(options: JobOptions, text: Path) -> Prepared[list[int]]:
     def tokens(planned: Planned, tokenizer: Tokenizer | None) -> list[int]:
         assert tokenizer is not None
-        return tokenizer.encode(read_text_file(text, "--text"))
+        return tokenizer.encode(read_text_limited(text, TEXT_BYTES, f"--text {text}"))
 
     return prepare(
         options, tokens, sampling=False, tokenizer_needed_for="eval needs the model's tokenizer.json to tokenize --text"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ColibriError
+from ..files import CONFIG_BYTES, TEMPLATE_BYTES, check_json_nesting, optional_file, read_text_limited
 from .gguf import is_gguf
 
 if TYPE_CHECKING:
@@ -34,6 +35,17 @@ class ChatTemplate:
     bos_token: str = ""
     eos_token: str = ""
     origin: str = "chat template"
+
+    def __post_init__(self):
+        # Whatever holds it (tokenizer_config.json, a GGUF string), a template is compiled whole.
+        if (
+            len(self.source) > TEMPLATE_BYTES // 4
+            and len(self.source.encode("utf-8", "surrogatepass")) > TEMPLATE_BYTES
+        ):
+            size = len(self.source.encode("utf-8", "surrogatepass"))
+            raise ColibriError(
+                f"{self.origin}: the chat template's {size:,} bytes exceed the limit of {TEMPLATE_BYTES:,}"
+            )
 
     @staticmethod
     def for_model(model_dir: Path) -> "ChatTemplate | None":
@@ -48,8 +60,8 @@ class ChatTemplate:
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
             source = named.get("default")
         jinja = model_dir / "chat_template.jinja"
-        if source is None and jinja.is_file():
-            source, origin = jinja.read_text(encoding="utf-8"), jinja.name
+        if source is None and optional_file(jinja, str(jinja)):
+            source, origin = read_text_limited(jinja, TEMPLATE_BYTES, str(jinja)), jinja.name
         if source is None:
             return None
         if not isinstance(source, str):
@@ -73,12 +85,7 @@ class ChatTemplate:
         """A Jinja2 template file, as tokenizer_config.json's chat_template would hold it, for the
         model at `model_dir` (whose BOS and EOS token texts it gets)."""
         template, model_dir = Path(template), Path(model_dir)
-        try:
-            source = template.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ColibriError(f"--chat-template {template}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise ColibriError(f"--chat-template {template}: not UTF-8 text") from None
+        source = read_text_limited(template, TEMPLATE_BYTES, f"--chat-template {template}")
         if is_gguf(model_dir):
             from .gguf.file import read_gguf
 
@@ -395,11 +402,13 @@ def _token_text(value) -> str:
 
 def _tokenizer_config(path: Path) -> dict:
     """tokenizer_config.json as a dict ({} when there is none)."""
-    if not path.is_file():
+    if not optional_file(path, str(path)):
         return {}
+    text = read_text_limited(path, CONFIG_BYTES, str(path))
+    check_json_nesting(text, str(path))
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
         raise ColibriError(f"{path}: not a readable JSON file ({e})") from None
     if not isinstance(config, dict):
         raise ColibriError(f"{path}: not a JSON object")

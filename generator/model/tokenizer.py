@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ColibriError
+from ..files import check_json_nesting, optional_file, read_limited
 from . import vocab_limits
 from .gguf import is_gguf
 
@@ -61,7 +62,7 @@ class Tokenizer:
             tokenizer._backend = backend
             return tokenizer
         path = Path(model_dir) / "tokenizer.json"
-        return Tokenizer(path) if path.is_file() else None
+        return Tokenizer(path) if optional_file(path, str(path)) else None
 
     def encode(self, text: str, special: bool = True) -> list[int]:
         """The ids of `text`; special=False: without the tokens the tokenizer adds (BOS), for text
@@ -84,10 +85,8 @@ def _checked_tokenizer_json(path: Path) -> str:
     count and lengths, merges, finite scores, no token listed twice, and (byte_fallback set) all 256
     byte tokens <0x00>..<0xFF>; ColibriError, one line, otherwise."""
     where = path.name
-    if path.stat().st_size > vocab_limits.MAX_TOKENIZER_JSON_BYTES:
-        raise ColibriError(
-            f"{where}: {path.stat().st_size:,} bytes exceed the limit of {vocab_limits.MAX_TOKENIZER_JSON_BYTES:,}"
-        )
+    data = read_limited(path, vocab_limits.MAX_TOKENIZER_JSON_BYTES, where)
+    check_json_nesting(data, where)
 
     def unique(pairs):
         made = dict(pairs)
@@ -98,7 +97,7 @@ def _checked_tokenizer_json(path: Path) -> str:
         return made
 
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
         spec = json.loads(text, object_pairs_hook=unique)
     except UnicodeDecodeError:
         raise ColibriError(f"{where}: cannot load tokenizer (not UTF-8 text)") from None

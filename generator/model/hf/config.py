@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from ...errors import ColibriError
+from ...files import CONFIG_BYTES, check_json_nesting, read_text_limited
 from ..family_facts import check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
 from ..spec import ModelSpec, RopeSpec
 from .families import (
@@ -25,13 +26,11 @@ from .families import (
 from .safetensors_io import strict_json
 
 
-def read_json(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ColibriError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ColibriError(f"{path}: cannot read ({e})") from None
+def read_json(path: Path, limit: int = CONFIG_BYTES) -> dict:
+    """A model's JSON file (config.json, generation_config.json, the shard index) as an object,
+    read within `limit` bytes and files.MAX_NESTING deep."""
+    text = read_text_limited(path, limit, str(path))
+    check_json_nesting(text, path.name)
     try:
         data = strict_json(text)
     except ValueError as e:

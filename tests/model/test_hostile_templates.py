@@ -36,6 +36,7 @@ FAILED = r"the model's chat template \(tokenizer_config.json\) failed: "
 MADE = STOPPED + "it made more than its budget of [0-9,]+ characters"
 MADE_OR_TIMED = STOPPED + "(it made more than its budget of [0-9,]+ characters|it ran longer than its 5 s budget)"
 NUMBER = STOPPED + "it passed a number larger than its budget"
+WIDTH = STOPPED + "its format string asks for a width past its budget"
 
 TEMPLATES = {
     "the issue's bomb: 10^10 strings": (BOMB, MADE),
@@ -74,6 +75,9 @@ TEMPLATES = {
     "str.ljust(10^10)": ("{{ 'x'.ljust(10000000000) }}", NUMBER),
     "a %-format width of 10^9": ("{{ '%0999999999d' % 1 }}", STOPPED + "its format string asks for a width"),
     "a str.format width of 10^9": ("{{ '{:>999999999}'.format(1) }}", STOPPED + "its format string asks for a width"),
+    "a str.format width passed as an argument": ("{{ '{0:{1}}'.format('a', '999999999') }}", WIDTH),
+    "a str.format precision passed as an argument": ("{{ '{0:.{1}f}'.format(1.0, '999999999') }}", WIDTH),
+    "a format_map width from the mapping": ("{{ '{a:>{w}}'.format_map({'a': 'x', 'w': '999999999'}) }}", WIDTH),
     "replace with itself": ("{% set s = 'a' * 100000 %}{{ s.replace('a', s) }}", MADE),
     "a string joined with itself": ("{% set s = 'a' * 100000 %}{{ s.join(s) }}", MADE),
     "indent of 10^5 lines by 10^5": ("{% set s = '\\n' * 100000 %}{{ s|indent(100000) }}", MADE),
@@ -94,6 +98,32 @@ TEMPLATES = {
         FAILED + "x{300}…$",
     ),
 }
+
+
+# Every way Python's formatting takes a width or a precision, each within the budget alone: what is
+# checked is the spec once its nested fields are filled in, and the widths of one call together.
+WIDTHS = [
+    "{{ '{0:{1}}'.format('a', '999999999') }}",
+    "{{ '{0:{1}{2}}'.format('a', '9999', '99999') }}",  # a width spelled across two fields
+    "{{ '{0:{1[0]}}'.format('a', ['999999999']) }}",  # a width looked up in an argument
+    "{{ '{0:{w}}'.format('a', w='>999999999') }}",
+    "{{ ('{:>3000000}' * 10).format(*range(10)) }}",  # ten widths, each within the budget
+    "{{ ('{0:{1}}'|safe).format('a', '999999999') }}",  # Markup's own format
+    "{{ '%*d%*d' % (3000000, 1, 3000000, 1) }}",
+    "{{ '%*d%*d'|format(3000000, 1, 3000000, 1) }}",
+    "{{ ('%3000000d' * 5) % (1, 2, 3, 4, 5) }}",
+]
+
+
+@pytest.mark.parametrize("source", WIDTHS)
+def test_every_way_to_ask_for_a_width_is_counted_before_the_text_is_made(source):
+    with pytest.raises(ColibriError, match="its format string asks for a width past its budget"):
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+
+
+def test_widths_within_the_budget_format_as_python_formats_them():
+    source = "{{ '{:>5}|{:.2f}|{!r}|{a:{b}}'.format('ab', 3.14159, 'x', a=7, b='03') }}{{ '%5.2f|%*d' % (3.14159, 4, 7) }}"
+    assert ChatTemplate(source).render([]) == "   ab|3.14|'x'|007 3.14|   7"
 
 
 # Runs the command given after a file name and writes the command's peak RSS (wait4's ru_maxrss, in

@@ -122,7 +122,9 @@ def test_every_way_to_ask_for_a_width_is_counted_before_the_text_is_made(source)
 
 
 def test_widths_within_the_budget_format_as_python_formats_them():
-    source = "{{ '{:>5}|{:.2f}|{!r}|{a:{b}}'.format('ab', 3.14159, 'x', a=7, b='03') }}{{ '%5.2f|%*d' % (3.14159, 4, 7) }}"
+    source = (
+        "{{ '{:>5}|{:.2f}|{!r}|{a:{b}}'.format('ab', 3.14159, 'x', a=7, b='03') }}{{ '%5.2f|%*d' % (3.14159, 4, 7) }}"
+    )
     assert ChatTemplate(source).render([]) == "   ab|3.14|'x'|007 3.14|   7"
 
 

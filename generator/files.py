@@ -157,32 +157,24 @@ def read_text_limited(path: Path, limit: int, where: str) -> str:
     return utf8_text(read_limited(path, limit, where), where)
 
 
+_NOT_QUOTE_OR_BRACKET = bytes(b for b in range(256) if b not in b'"[]{}')
+
+
 def _json_depth(data: bytes) -> int:
-    """How deeply arrays and objects nest in JSON text, counted without parsing it (NumPy over
-    the quotes, backslashes and brackets alone: a 100 MB tokenizer.json in a fraction of a second).
-    A quote ends or starts a string unless an odd run of backslashes comes right before it; a
-    bracket inside a string does not count."""
+    """How deeply arrays and objects nest in JSON text, counted without parsing it: escapes taken
+    out (each backslash escapes the byte after it: pairs of backslashes first, then escaped
+    quotes), then everything but quotes and brackets, then NumPy counts the brackets between
+    strings. A 100 MB tokenizer.json takes a fraction of a second and a few bytes per bracket."""
     import numpy as np
 
-    raw = np.frombuffer(data, np.uint8)
-    wanted = np.zeros(256, bool)
-    wanted[list(b'"\\[]{}')] = True
-    pos = np.flatnonzero(wanted[raw])
-    kind = raw[pos]
-    n = len(pos)
-    index = np.arange(n)
-    adjacent = np.zeros(n, bool)  # the interesting byte just before is the byte just before
-    adjacent[1:] = pos[1:] == pos[:-1] + 1
-    backslash = kind == ord("\\")
-    run_start = backslash & ~(adjacent & np.concatenate(([False], backslash[:-1])))
-    run_length = index - np.maximum.accumulate(np.where(run_start, index, 0)) + 1
-    escaped = np.zeros(n, bool)
-    escaped[1:] = adjacent[1:] & backslash[:-1] & (run_length[:-1] % 2 == 1)
-    quotes = np.cumsum((kind == ord('"')) & ~escaped)
-    outside = quotes % 2 == 0
-    step = (outside & ((kind == ord("[")) | (kind == ord("{")))).astype(np.int64)
-    step -= outside & ((kind == ord("]")) | (kind == ord("}")))
-    return int(np.cumsum(step).max(initial=0))
+    bare = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_QUOTE_OR_BRACKET)
+    marks = np.frombuffer(bare, np.uint8)
+    quote = marks == ord('"')
+    outside = (np.cumsum(quote, dtype=np.int32) & 1) == 0  # a bracket is no quote: its count is the one before it
+    del quote
+    step = (outside & ((marks == ord("[")) | (marks == ord("{")))).astype(np.int8)
+    step -= outside & ((marks == ord("]")) | (marks == ord("}")))
+    return int(np.cumsum(step, dtype=np.int32).max(initial=0))
 
 
 def check_json_nesting(text: str | bytes, where: str) -> None:

@@ -256,6 +256,12 @@ def many_tokens(spec):
     vocab.update({f"t{i}": len(vocab) + i for i in range(vocab_limits.MAX_TOKENS)})
 
 
+TEN_AS = {"type": "Replace", "pattern": {"String": "a"}, "content": "a" * 10}
+BACKTRACKS = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
+# What the vocabulary cases tokenize: 40 a's and a b, which (a+)+$ takes 2^40 steps to refuse.
+PROMPT = "In the beginning " + "a" * 40 + "b"
+
+
 def duplicate_token(spec):
     body = json.dumps(spec)
     return body.replace('"vocab": {', '"vocab": {"!": 7, ', 1)
@@ -285,6 +291,18 @@ TOKENIZER_JSONS = {
         r"tokenizer.json: the score of token 1 \('a'\) is nan, not a finite number",
     ),
     "not UTF-8": (lambda s: None, r"tokenizer.json: cannot load tokenizer \(not UTF-8 text\)"),
+    "five Replace normalizers, each making a text ten times longer": (
+        lambda s: s.update(normalizer={"type": "Sequence", "normalizers": [TEN_AS] * 5}),
+        r"tokenizer.json: its normalizer can make a text 100,000 times longer \(the limit is 32\)",
+    ),
+    "a Replace decoder by a regex, a thousand characters for each match": (
+        lambda s: s.update(decoder={"type": "Replace", "pattern": {"Regex": "."}, "content": "x" * 1000}),
+        r"tokenizer.json: its decoder can make a text 1,001 times longer \(the limit is 32\)",
+    ),
+    "a Split regex that backtracks past Oniguruma's limit": (
+        lambda s: s.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [BACKTRACKS, s["pre_tokenizer"]]}),
+        r"tokenizer.json: the tokenizer could not tokenize the text \(.*retry-limit-in-match over\)",
+    ),
 }
 
 
@@ -298,18 +316,21 @@ def test_a_hostile_tokenizer_json_is_one_line_and_builds_nothing(model, tmp_path
     else:
         tokenizer_json(model, edit)
     out = tmp_path / "build"
-    done, seconds, rss = cli_measured("run", "--model", model, "--prompt", "In the beginning", "--out", out)
+    done, seconds, rss = cli_measured("run", "--model", model, "--prompt", PROMPT, "--out", out)
     assert_one_line_nothing_built(done, seconds, rss, out, message)
 
 
-def gpt2_vocab_gguf(out: Path, tokens: list[str], merges: list[str], scores: list[float] | None = None) -> Path:
-    """A GGUF file with only a byte-level BPE ("gpt2") vocabulary."""
+def gpt2_vocab_gguf(
+    out: Path, tokens: list[str], merges: list[str], scores: list[float] | None = None, extra=lambda w: None
+) -> Path:
+    """A GGUF file with only a byte-level BPE ("gpt2") vocabulary (extra(writer): more keys)."""
     w = gguf.GGUFWriter(str(out), "llama")
     w.add_tokenizer_model("gpt2")
     w.add_token_list(tokens)
     w.add_token_merges(merges)
     if scores is not None:
         w.add_token_scores(scores)
+    extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -328,6 +349,28 @@ GGUF_GPT2 = {
     "an infinite score": (lambda: (*GPT2, [0.0, float("inf"), 0.0]), r"tokenizer.ggml.scores\[1\] is \+inf"),
     "a token twice": (lambda: (["a", "b", "ab", "a"], ["a b"]), r"token 'a' appears twice \(ids 0 and 3\)"),
 }
+
+
+def test_a_gguf_pre_tokenizer_name_that_is_an_array_is_one_line(tmp_path):
+    path = gpt2_vocab_gguf(tmp_path / "bpe.gguf", *GPT2, extra=lambda w: w.add_array("tokenizer.ggml.pre", ["llama3"]))
+    with pytest.raises(ColibriError, match=r"bpe.gguf: unsupported pre-tokenizer \['llama3'\]"):
+        Tokenizer.for_model(path)
+
+
+def test_a_gguf_bos_text_in_templateprocessing_syntax_is_only_a_text(tmp_path):
+    """ "<s> $B" (or a text with ":") was read as a post-processor template; it is just the BOS token."""
+    tokens = ["<s> $B", "a:0", "a", "b", "ab"]
+
+    def bos(w):
+        w.add_token_types([3, 3, 1, 1, 1])  # the first two are control tokens
+        w.add_bos_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_eos_token_id(1)
+        w.add_add_eos_token(True)
+
+    tok = Tokenizer.for_model(gpt2_vocab_gguf(tmp_path / "bos.gguf", tokens, ["a b"], extra=bos))
+    assert tok.encode("ab") == [0, 4, 1] and tok.encode("ab", special=False) == [4]
+    assert tok.decode([0, 4, 1]) == "ab"
 
 
 @pytest.mark.parametrize("case", list(GGUF_GPT2))

@@ -102,10 +102,8 @@ def read_limited(path: Path, limit: int, where: str) -> bytes:
     try:
         _refuse_unless_regular(os.stat(path).st_mode, where)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ColibriError(f"{where}: file not found") from None
     except OSError as e:
-        raise ColibriError(f"{where}: cannot read ({e.strerror})") from None
+        raise ColibriError(f"{where}: {e.strerror}") from None
     try:
         st = os.fstat(fd)
         _refuse_unless_regular(st.st_mode, where)
@@ -138,8 +136,8 @@ def read_stream_limited(stream: BinaryIO, limit: int, where: str) -> bytes:
 def utf8_text(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ColibriError(f"{where}: not UTF-8 text (byte {e.start:,} is {data[e.start]:#04x})") from None
+    except UnicodeDecodeError:
+        raise ColibriError(f"{where}: not UTF-8 text") from None
 
 
 def checked_text(text: str, where: str) -> str:

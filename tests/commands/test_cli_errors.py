@@ -136,14 +136,14 @@ def test_text_that_is_not_utf8_is_one_line(tmp_path):
     one_line_error(run_cli(*run, "--prompt", "\udcff\udcfeIn the beginning"), "--prompt: not UTF-8 text")
     one_line_error(
         cli_with_stdin(*run, "--prompt-file", "-", stdin=NOT_UTF8),
-        "--prompt-file - (standard input): not UTF-8 text (byte 0 is 0xff)",
+        "--prompt-file - (standard input): not UTF-8 text",
     )
     assert not out.exists()
     (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
     chat = ("chat", "--model", DEFAULT_MODEL, "--chat-template", tmp_path / "chat.jinja", "--steps", "2")
     one_line_error(
         cli_with_stdin(*chat, "--out", out, stdin=b"In the beginning\n" + NOT_UTF8),
-        "standard input, line 2: not UTF-8 text (byte 0 is 0xff)",
+        "standard input, line 2: not UTF-8 text",
     )
 
 

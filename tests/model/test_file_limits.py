@@ -126,7 +126,7 @@ CASES = {
         lambda m, t: (m / "chat_template.jinja").write_bytes(b"{{ messages[0].content }}\xff"),
         CHAT,
         "hello\n",
-        r"chat_template.jinja: not UTF-8 text \(byte 25 is 0xff\)",
+        "chat_template.jinja: not UTF-8 text$",
     ),
     "chat_template.jinja a named pipe": (
         lambda m, t: fifo(m / "chat_template.jinja"),

@@ -4,9 +4,13 @@ of a decode as it arrives, the user's chat messages. On the ground floor, so eve
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Iterator
 from typing import Protocol
+
+from .errors import ColibriError
+from .files import PROMPT_BYTES, checked_text, utf8_text
 
 
 def counted(n: int, noun: str) -> str:
@@ -65,13 +69,22 @@ class TextStream:
 
 
 def user_messages(interactive: bool) -> Iterator[str]:
-    """The user's messages: prompted for on a terminal, else one per line of standard input."""
-    while True:
-        try:
-            line = input("you> " if interactive else "")
-        except EOFError:
-            if interactive:
+    """The user's messages: prompted for on a terminal, else one per line of standard input (UTF-8,
+    a line within files.PROMPT_BYTES)."""
+    for number in itertools.count(1):
+        where = f"standard input, line {number}"
+        if interactive:
+            try:
+                line = checked_text(input("you> "), where)
+            except EOFError:
                 print(file=sys.stderr)
-            return
+                return
+        else:
+            raw = sys.stdin.buffer.readline(PROMPT_BYTES + 1)
+            if not raw:
+                return
+            if len(raw) > PROMPT_BYTES:
+                raise ColibriError(f"{where}: longer than the limit of {PROMPT_BYTES:,} bytes")
+            line = utf8_text(raw, where).removesuffix("\n")
         if line.strip():
             yield line

@@ -34,7 +34,15 @@ from .device.runner import run_firmware
 from .device.session import RunRequest, RunResult, Selftest, check_fits_context
 from .device.setup_toolchain import ensure_toolchain
 from .errors import ColibriError
-from .files import DEFAULT_MODEL
+from .files import (
+    DEFAULT_MODEL,
+    PROMPT_BYTES,
+    TEXT_BYTES,
+    checked_text,
+    read_stream_limited,
+    read_text_limited,
+    utf8_text,
+)
 from .model.gguf import is_gguf
 from .model.tokenizer import Tokenizer, parse_prompt_ids
 from .numerics.sampling import DEFAULT_REPEAT_LAST_N, SamplingParams, generation_defaults
@@ -210,21 +218,16 @@ def sampling_from(options: JobOptions, model_dir: Path, n_ctx: int) -> SamplingP
     return SamplingParams(temperature, top_k, top_p, min_p, seed, options.repeat_penalty, last_n)
 
 
-def read_text_file(path: Path, flag: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ColibriError(f"{flag} {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ColibriError(f"{flag} {path}: not UTF-8 text") from None
-
-
 def prompt_text(options: JobOptions) -> str | None:
-    """--prompt, or the text of --prompt-file (standard input for -)."""
+    """--prompt, or the text of --prompt-file (standard input for -), UTF-8 within PROMPT_BYTES."""
     if options.prompt_file is None:
-        return options.prompt
+        return None if options.prompt is None else checked_text(options.prompt, "--prompt")
     path = options.prompt_file
-    text = sys.stdin.read() if str(path) == "-" else read_text_file(Path(path), "--prompt-file")
+    if str(path) == "-":
+        where = "--prompt-file - (standard input)"
+        text = utf8_text(read_stream_limited(sys.stdin.buffer, PROMPT_BYTES, where), where)
+    else:
+        text = read_text_limited(Path(path), PROMPT_BYTES, f"--prompt-file {path}")
     # An editor ends a file with a newline the user did not mean as part of the prompt.
     return text[:-1] if text.endswith("\n") else text
 
@@ -556,7 +559,7 @@ def converse(
 def prepare_eval(options: JobOptions, text: Path) -> Prepared[list[int]]:
     def tokens(planned: Planned, tokenizer: Tokenizer | None) -> list[int]:
         assert tokenizer is not None
-        content = read_text_file(text, "--text")
+        content = read_text_limited(text, TEXT_BYTES, f"--text {text}")
         if not content.strip():
             raise ColibriError(f"--text {text}: the text is empty: give a file with the text to score")
         return tokenizer.encode(content)

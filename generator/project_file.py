@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ColibriError
-from .files import REPO
+from .files import REPO, load_toml
 
 FILE_NAME = "colibri.toml"
 
@@ -48,9 +48,7 @@ def find_project_file(cwd: Path | None = None) -> Path | None:
 
 def load_project_file(path: Path, commands: set[str]) -> ProjectFile:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise ColibriError(f"{path}: cannot read it ({e})") from None
+        data = load_toml(path, str(path))
     except tomllib.TOMLDecodeError as e:
         raise ColibriError(f"{path}: not valid TOML ({e})") from None
     common, tables = {}, {}

@@ -15,7 +15,7 @@ from ..compile.plan import Plan
 from ..device.session import RunRequest, RunResult
 from ..documents import JsonDocument, json_meta
 from ..errors import ColibriError
-from ..files import REPO
+from ..files import REPO, TEXT_BYTES, read_limited
 from ..numerics.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -89,10 +89,7 @@ class Stream:
 
 def read_text(path: Path) -> str:
     """--text's file as text: missing, unreadable, empty or binary is one clear error."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise ColibriError(f"--text {path}: {e.strerror or e}") from None
+    data = read_limited(Path(path), TEXT_BYTES, f"--text {path}")
     if b"\0" in data:
         raise ColibriError(f"--text {path}: a binary file (it holds NUL bytes), not a text")
     try:

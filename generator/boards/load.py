@@ -76,7 +76,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ColibriError
-from ..files import REPO
+from ..files import REPO, load_toml
 from ..sizes import AutoBudget, parse_budget
 from .board import CATEGORIES, DEFAULT_KV_TYPE, KV_TYPES, Board, MemoryRegion, SelftestSettings
 from .esp_idf import parse_idf
@@ -99,7 +99,7 @@ def read_board_file(path: Path) -> dict:
 def _resolve(path: Path, chain: tuple[Path, ...]) -> tuple[dict, tuple[Path, ...]]:
     """The merged table and the files it came from; chain: the files that extend this one."""
     try:
-        data = tomllib.loads(path.read_text())
+        data = load_toml(path, path.name)
     except tomllib.TOMLDecodeError as e:
         raise ColibriError(f"{path.name}: malformed board file ({e})") from None
     parent = data.pop("extends", None)

@@ -18,10 +18,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import update_wrapper
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ColibriError
+from ..files import CONFIG_BYTES, TEMPLATE_BYTES, check_json_nesting, optional_file, read_text_limited
 from .gguf import is_gguf
 
 if TYPE_CHECKING:
@@ -34,6 +36,17 @@ class ChatTemplate:
     bos_token: str = ""
     eos_token: str = ""
     origin: str = "chat template"
+
+    def __post_init__(self):
+        # Whatever holds it (tokenizer_config.json, a GGUF string), a template is compiled whole.
+        if (
+            len(self.source) > TEMPLATE_BYTES // 4
+            and len(self.source.encode("utf-8", "surrogatepass")) > TEMPLATE_BYTES
+        ):
+            size = len(self.source.encode("utf-8", "surrogatepass"))
+            raise ColibriError(
+                f"{self.origin}: the chat template's {size:,} bytes exceed the limit of {TEMPLATE_BYTES:,}"
+            )
 
     @staticmethod
     def for_model(model_dir: Path) -> "ChatTemplate | None":
@@ -48,8 +61,8 @@ class ChatTemplate:
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
             source = named.get("default")
         jinja = model_dir / "chat_template.jinja"
-        if source is None and jinja.is_file():
-            source, origin = jinja.read_text(encoding="utf-8"), jinja.name
+        if source is None and optional_file(jinja, str(jinja)):
+            source, origin = read_text_limited(jinja, TEMPLATE_BYTES, str(jinja)), jinja.name
         if source is None:
             return None
         if not isinstance(source, str):
@@ -73,12 +86,7 @@ class ChatTemplate:
         """A Jinja2 template file, as tokenizer_config.json's chat_template would hold it, for the
         model at `model_dir` (whose BOS and EOS token texts it gets)."""
         template, model_dir = Path(template), Path(model_dir)
-        try:
-            source = template.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ColibriError(f"--chat-template {template}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise ColibriError(f"--chat-template {template}: not UTF-8 text") from None
+        source = read_text_limited(template, TEMPLATE_BYTES, f"--chat-template {template}")
         if is_gguf(model_dir):
             from .gguf.file import read_gguf
 
@@ -183,11 +191,22 @@ class _Budget:
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > self.chars:
             raise _OverBudget(f"it passed a number larger than its budget of {self.chars:,} characters")
 
-    def check_widths(self, text: str) -> None:
-        """A format string's widths and precisions ('%999999999d', '{:>999999999}')."""
-        for digits in re.findall(r"\d+", text):
-            if len(digits) > 12 or int(digits) > self.chars:
-                raise _OverBudget(f"its format string asks for a width past its budget of {self.chars:,} characters")
+    def check_widths(self, text: str, given: int = 0) -> int:
+        """A format string's widths and precisions ('%999999999d', '{:>999999999}'), counted as every
+        number in it, plus `given` (widths from arguments, or fields formatted before): refused when
+        together they pass what the budget has left; their sum otherwise."""
+        runs = re.findall(r"\d+", text)
+        total = given + sum(int(digits) for digits in runs if len(digits) <= 12)
+        if any(len(digits) > 12 for digits in runs) or self.made + total > self.chars:
+            raise _OverBudget(f"its format string asks for a width past its budget of {self.chars:,} characters")
+        return total
+
+    def check_percent(self, text: str, values: tuple) -> None:
+        """text % values: its own widths, and those '*' takes from the values ('%*.*f')."""
+        for value in values:
+            self.check_number(value)
+        stars = [v for v in values if isinstance(v, int) and not isinstance(v, bool)] if "*" in text else []
+        self.check_widths(text, sum(abs(v) for v in stars))
 
 
 class _BudgetBuffer(list):
@@ -279,9 +298,7 @@ def _budget_environment(budget_holder: list):
                 if left.bit_length() * right > MAX_INT_BITS:
                     raise _OverBudget(f"it made an integer of more than {MAX_INT_BITS} bits")
             elif operator == "%" and isinstance(left, str):
-                budget.check_widths(left)
-                for value in right if isinstance(right, tuple) else (right,):
-                    budget.check_number(value)
+                budget.check_percent(left, right if isinstance(right, tuple) else (right,))
             return budget.charge(super().call_binop(context, operator, left, right))
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's signature)
@@ -292,9 +309,7 @@ def _budget_environment(budget_holder: list):
             bound = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
             subject, name = getattr(bound, "__self__", None), getattr(bound, "__name__", "")
             if isinstance(subject, str):
-                if name in ("format", "format_map"):
-                    budget.check_widths(subject)
-                elif name == "join" and args:
+                if name == "join" and args:
                     items = list(args[0])
                     budget.need(len(subject) * max(0, len(items) - 1) + sum(_sized(i) for i in items))
                     args = (items, *args[1:])
@@ -302,6 +317,23 @@ def _budget_environment(budget_holder: list):
                 if made is not None:
                     budget.need(made)
             return budget.charge(super().call(__context, __obj, *args, **kwargs))
+
+        def wrap_str_format(self, value):
+            """str.format and str.format_map, formatted field by field by a formatter that checks
+            each field's format spec once its nested fields are filled in ('{0:{1}}' with '999999999'
+            as the argument): every width and precision str.format takes, however it is given."""
+            if super().wrap_str_format(value) is None:
+                return None
+            template, format_map = value.__self__, value.__name__ == "format_map"
+
+            def checked(*args, **kwargs):
+                if format_map:
+                    if kwargs or len(args) != 1:
+                        raise TypeError("format_map() takes exactly one argument")
+                    args, kwargs = (), args[0]
+                return type(template)(_budget_formatter(self, template).vformat(template, args, kwargs))
+
+            return update_wrapper(checked, value)
 
         def getattr(self, obj, attribute):
             self.budget.tick()
@@ -327,8 +359,8 @@ def _budget_filter(name: str, function, budget_holder: list):
             budget.check_number(value)
         if values:
             subject = values[0]
-            if name == "format" and isinstance(subject, str):
-                budget.check_widths(subject)
+            if name == "format" and isinstance(subject, str):  # subject % args
+                budget.check_percent(subject, (*values[1:], *kwargs.values()))
             elif name == "join":
                 items = list(subject)
                 sep = values[1] if len(values) > 1 else kwargs.get("d", "")
@@ -347,6 +379,24 @@ def _budget_filter(name: str, function, budget_holder: list):
         if hasattr(function, marker):
             setattr(budgeted, marker, getattr(function, marker))
     return budgeted
+
+
+def _budget_formatter(env, template: str):
+    """jinja2's sandboxed formatter (its field lookups go through the sandbox) whose every field's
+    resolved format spec is checked against the budget before it is formatted."""
+    from jinja2.sandbox import SandboxedEscapeFormatter, SandboxedFormatter
+    from markupsafe import Markup
+
+    base = SandboxedEscapeFormatter if isinstance(template, Markup) else SandboxedFormatter
+
+    class BudgetFormatter(base):  # type: ignore[valid-type, misc]
+        widths = 0  # of the fields formatted so far in this call: '{:3000000}' ten times is refused too
+
+        def format_field(self, value, format_spec):
+            self.widths = env.budget.check_widths(format_spec, self.widths)
+            return super().format_field(value, format_spec)
+
+    return BudgetFormatter(env, escape=template.escape) if isinstance(template, Markup) else BudgetFormatter(env)
 
 
 def _is_context(value: Any) -> bool:
@@ -395,11 +445,13 @@ def _token_text(value) -> str:
 
 def _tokenizer_config(path: Path) -> dict:
     """tokenizer_config.json as a dict ({} when there is none)."""
-    if not path.is_file():
+    if not optional_file(path, str(path)):
         return {}
+    text = read_text_limited(path, CONFIG_BYTES, str(path))
+    check_json_nesting(text, str(path))
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
         raise ColibriError(f"{path}: not a readable JSON file ({e})") from None
     if not isinstance(config, dict):
         raise ColibriError(f"{path}: not a JSON object")

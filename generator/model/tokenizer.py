@@ -5,10 +5,15 @@ algorithm); the firmware sees only ids."""
 from __future__ import annotations
 
 import json
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ColibriError
+from ..files import check_json_nesting, optional_file, read_limited
 from . import vocab_limits
 from .gguf import is_gguf
 
@@ -24,20 +29,52 @@ class _Backend(Protocol):
 
 
 class _HfBackend:
-    """A `tokenizers.Tokenizer` behind the backend's two calls."""
+    """A `tokenizers.Tokenizer` behind the backend's two calls; `before` and `after`: the ids added
+    around a text with its special tokens (a GGUF file's BOS and EOS, added here rather than by a
+    TemplateProcessing, which would parse the tokens' texts as its template language)."""
 
-    def __init__(self, tok: Any):  # a tokenizers.Tokenizer (imported where it is made)
-        self._tok = tok
+    def __init__(self, tok: Any, where: str, before: tuple[int, ...] = (), after: tuple[int, ...] = ()):
+        self._tok, self._where, self._before, self._after = tok, where, list(before), list(after)
 
     def size(self) -> int:
         """The ids it has a token for: its vocabulary and its added tokens."""
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str, add_special: bool) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=add_special).ids)
+        with rust_panics_as_errors(self._where, "could not tokenize the text"):
+            ids = list(self._tok.encode(text, add_special_tokens=add_special).ids)
+        return self._before + ids + self._after if add_special else ids
 
     def decode(self, ids: list[int], skip_special: bool) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+        with rust_panics_as_errors(self._where, "could not decode the tokens"):
+            return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+
+
+@contextmanager
+def rust_panics_as_errors(where: str, what: str):
+    """A panic inside the tokenizers library (a regex from tokenizer.json that backtracks past
+    Oniguruma's retry limit, say) as one ColibriError line. Rust prints a panic's message, and a
+    backtrace where RUST_BACKTRACE is set, on file descriptor 2 before Python sees it: for the call,
+    that descriptor goes to a scratch file, which is copied back to stderr unless the call panicked."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as scratch:
+        os.dup2(scratch.fileno(), 2)
+        panicked = None
+        try:
+            yield
+        except BaseException as e:  # pyo3's PanicException derives from BaseException
+            if type(e).__name__ != "PanicException":
+                raise
+            panicked = str(e).splitlines()[0] if str(e) else "a panic"
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if panicked is None and scratch.tell():
+                scratch.seek(0)
+                os.write(2, scratch.read())
+    if panicked is not None:
+        raise ColibriError(f"{where}: the tokenizer {what} ({panicked[:200]})")
 
 
 class Tokenizer:
@@ -46,7 +83,8 @@ class Tokenizer:
 
         text = _checked_tokenizer_json(path)
         try:
-            self._backend: _Backend = _HfBackend(HFTokenizer.from_str(text))
+            with rust_panics_as_errors(path.name, "could not be built"):
+                self._backend: _Backend = _HfBackend(HFTokenizer.from_str(text), path.name)
         except Exception as e:  # the tokenizers library raises plain Exceptions
             raise ColibriError(f"{path.name}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
 
@@ -63,14 +101,14 @@ class Tokenizer:
             if is_spm(gguf):
                 backend = SpmTokenizer(read_spm_vocab(gguf))
             elif supported(gguf):
-                backend = _HfBackend(build_tokenizer(gguf))
+                backend = _HfBackend(*build_tokenizer(gguf))
             else:
                 return None
             tokenizer = Tokenizer.__new__(Tokenizer)
             tokenizer._backend = backend
             return tokenizer
         path = Path(model_dir) / "tokenizer.json"
-        return Tokenizer(path) if path.is_file() else None
+        return Tokenizer(path) if optional_file(path, str(path)) else None
 
     def check_covers(self, rows: int, model: Path) -> None:
         """Refuse a tokenizer.json that lacks tokens for more than padding of the model's `rows`
@@ -108,10 +146,8 @@ def _checked_tokenizer_json(path: Path) -> str:
     count and lengths, merges, finite scores, no token listed twice, and (byte_fallback set) all 256
     byte tokens <0x00>..<0xFF>; ColibriError, one line, otherwise."""
     where = path.name
-    if path.stat().st_size > vocab_limits.MAX_TOKENIZER_JSON_BYTES:
-        raise ColibriError(
-            f"{where}: {path.stat().st_size:,} bytes exceed the limit of {vocab_limits.MAX_TOKENIZER_JSON_BYTES:,}"
-        )
+    data = read_limited(path, vocab_limits.MAX_TOKENIZER_JSON_BYTES, where)
+    check_json_nesting(data, where)
 
     def unique(pairs):
         made = dict(pairs)
@@ -122,12 +158,19 @@ def _checked_tokenizer_json(path: Path) -> str:
         return made
 
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
         spec = json.loads(text, object_pairs_hook=unique)
     except UnicodeDecodeError:
         raise ColibriError(f"{where}: cannot load tokenizer (not UTF-8 text)") from None
     except ValueError as e:
         raise ColibriError(f"{where}: cannot load tokenizer (not valid JSON: {e})") from None
+    if isinstance(spec, dict):
+        for part in ("normalizer", "decoder"):
+            growth = _growth(spec.get(part))
+            if growth > MAX_GROWTH:
+                raise ColibriError(
+                    f"{where}: its {part} can make a text {growth:,.0f} times longer (the limit is {MAX_GROWTH})"
+                )
     model = spec.get("model") if isinstance(spec, dict) else None
     if not isinstance(model, dict):
         return text  # the tokenizers library says what is wrong
@@ -156,6 +199,58 @@ def _checked_tokenizer_json(path: Path) -> str:
             f"{where}: added_tokens", [str(t.get("content", "")) for t in added if isinstance(t, dict)]
         )
     return text
+
+
+# How many times longer a tokenizer.json's normalizer (or decoder) may make a text, in characters:
+# the tokenizers library builds the whole result in memory and aborts the process (SIGABRT, not an
+# exception) when it cannot, so a chain that multiplies the text (five Replace steps each turning
+# "a" into ten) is refused before it is built. NFKC's worst case, 18 characters for one, is the
+# largest a real tokenizer needs; the text itself is within files.PROMPT_BYTES or TEXT_BYTES.
+MAX_GROWTH = 32
+# Each step's worst case, characters out per character in (Unicode's normalization forms: UAX #15).
+_STEP_GROWTH = {"NFC": 3, "NFD": 4, "NFKC": 18, "NFKD": 18, "Lowercase": 3, "BertNormalizer": 9, "ByteLevel": 4}
+
+
+def _growth(step: Any) -> float:
+    """The most one normalizer or decoder step (a Sequence: its steps in turn) multiplies a text's
+    length by; steps that only remove, map one to one or add a constant count 1, and a step the
+    library does not know is left to it to refuse."""
+    if not isinstance(step, dict):
+        return 1
+    kind = step.get("type")
+    if kind == "Sequence":
+        inner = step.get("normalizers", step.get("decoders"))
+        growth = 1.0
+        for s in inner if isinstance(inner, list) else []:
+            growth *= _growth(s)
+        return growth
+    if kind == "Replace":
+        pattern, content = step.get("pattern"), step.get("content")
+        if not isinstance(content, str) or not isinstance(pattern, dict):
+            return 1
+        if isinstance(pattern.get("String"), str) and pattern["String"]:
+            return max(1.0, len(content) / len(pattern["String"]))
+        return 1.0 + len(content)  # a regex may match one character, or none, anywhere
+    if kind == "Precompiled":
+        return _precompiled_growth(step.get("precompiled_charsmap"))
+    return _STEP_GROWTH.get(kind, 1) if isinstance(kind, str) else 1
+
+
+def _precompiled_growth(charsmap: Any) -> float:
+    """A SentencePiece normalizer's charsmap (base64: a 4-byte trie size, the trie, then its
+    replacements, each ending in a zero byte): at most its longest replacement, in characters, for each
+    character or more it matches."""
+    import base64
+    import binascii
+    import struct
+
+    try:
+        blob = base64.b64decode(charsmap or "", validate=True)
+        (trie,) = struct.unpack_from("<I", blob)
+    except (binascii.Error, struct.error, TypeError, ValueError):
+        return 1  # the library refuses what it cannot read
+    replacements = blob[4 + trie :].split(b"\0")
+    return max(1, max((len(r.decode("utf-8", "replace")) for r in replacements), default=1))
 
 
 def parse_prompt_ids(text: str) -> list[int]:

@@ -107,6 +107,46 @@ def test_prompt_errors(good_model):
     one_line_error(run_cli("run", "--model", good_model), "give a prompt")
 
 
+NOT_UTF8 = b"\xff\xfeIn the beginning\n"
+
+
+def cli_with_stdin(*args, stdin: bytes):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    done = subprocess.run(
+        [sys.executable, "-m", "generator.cli", *map(str, args)],
+        cwd=REPO,
+        input=stdin,
+        capture_output=True,
+        timeout=600,
+    )
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def test_text_that_is_not_utf8_is_one_line(tmp_path):
+    """Bytes that are not UTF-8 in --prompt (Python hands them over as lone surrogates), on
+    --prompt-file's standard input and on chat's: one line each, not a TypeError from the tokenizer."""
+    from conftest import DEFAULT_MODEL
+
+    out = tmp_path / "out"
+    run = ("run", "--model", DEFAULT_MODEL, "--steps", "2", "--out", out)
+    one_line_error(run_cli(*run, "--prompt", "\udcff\udcfeIn the beginning"), "--prompt: not UTF-8 text")
+    one_line_error(
+        cli_with_stdin(*run, "--prompt-file", "-", stdin=NOT_UTF8),
+        "--prompt-file - (standard input): not UTF-8 text",
+    )
+    assert not out.exists()
+    (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    chat = ("chat", "--model", DEFAULT_MODEL, "--chat-template", tmp_path / "chat.jinja", "--steps", "2")
+    one_line_error(
+        cli_with_stdin(*chat, "--out", out, stdin=b"In the beginning\n" + NOT_UTF8),
+        "standard input, line 2: not UTF-8 text",
+    )
+
+
 def test_verify_passes_and_reports_json(good_model):
     done = run_cli("verify", "--model", good_model, "--prompt-ids", "1,2,3", "--steps", "6", "--json")
     assert done.returncode == 0, done.stderr

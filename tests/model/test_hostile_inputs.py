@@ -122,6 +122,10 @@ CASES = {
     ),
     "config boolean size": (edit_config(lambda c: c.update(hidden_size=True)), "must be an integer"),
     "config missing size": (edit_config(lambda c: c.pop("num_hidden_layers")), "missing required integer"),
+    "config of 10^9 layers": (
+        edit_config(lambda c: c.update(num_hidden_layers=10**9)),
+        "'num_hidden_layers' is 1,000,000,000, more than the limit of 1,024",
+    ),
     "heads do not divide hidden": (
         edit_config(lambda c: c.update(num_attention_heads=5, head_dim=None)),
         "not divisible by num_attention_heads",

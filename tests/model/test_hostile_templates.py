@@ -36,6 +36,7 @@ FAILED = r"the model's chat template \(tokenizer_config.json\) failed: "
 MADE = STOPPED + "it made more than its budget of [0-9,]+ characters"
 MADE_OR_TIMED = STOPPED + "(it made more than its budget of [0-9,]+ characters|it ran longer than its 5 s budget)"
 NUMBER = STOPPED + "it passed a number larger than its budget"
+WIDTH = STOPPED + "its format string asks for a width past its budget"
 
 TEMPLATES = {
     "the issue's bomb: 10^10 strings": (BOMB, MADE),
@@ -74,6 +75,9 @@ TEMPLATES = {
     "str.ljust(10^10)": ("{{ 'x'.ljust(10000000000) }}", NUMBER),
     "a %-format width of 10^9": ("{{ '%0999999999d' % 1 }}", STOPPED + "its format string asks for a width"),
     "a str.format width of 10^9": ("{{ '{:>999999999}'.format(1) }}", STOPPED + "its format string asks for a width"),
+    "a str.format width passed as an argument": ("{{ '{0:{1}}'.format('a', '999999999') }}", WIDTH),
+    "a str.format precision passed as an argument": ("{{ '{0:.{1}f}'.format(1.0, '999999999') }}", WIDTH),
+    "a format_map width from the mapping": ("{{ '{a:>{w}}'.format_map({'a': 'x', 'w': '999999999'}) }}", WIDTH),
     "replace with itself": ("{% set s = 'a' * 100000 %}{{ s.replace('a', s) }}", MADE),
     "a string joined with itself": ("{% set s = 'a' * 100000 %}{{ s.join(s) }}", MADE),
     "indent of 10^5 lines by 10^5": ("{% set s = '\\n' * 100000 %}{{ s|indent(100000) }}", MADE),
@@ -94,6 +98,34 @@ TEMPLATES = {
         FAILED + "x{300}…$",
     ),
 }
+
+
+# Every way Python's formatting takes a width or a precision, each within the budget alone: what is
+# checked is the spec once its nested fields are filled in, and the widths of one call together.
+WIDTHS = [
+    "{{ '{0:{1}}'.format('a', '999999999') }}",
+    "{{ '{0:{1}{2}}'.format('a', '9999', '99999') }}",  # a width spelled across two fields
+    "{{ '{0:{1[0]}}'.format('a', ['999999999']) }}",  # a width looked up in an argument
+    "{{ '{0:{w}}'.format('a', w='>999999999') }}",
+    "{{ ('{:>3000000}' * 10).format(*range(10)) }}",  # ten widths, each within the budget
+    "{{ ('{0:{1}}'|safe).format('a', '999999999') }}",  # Markup's own format
+    "{{ '%*d%*d' % (3000000, 1, 3000000, 1) }}",
+    "{{ '%*d%*d'|format(3000000, 1, 3000000, 1) }}",
+    "{{ ('%3000000d' * 5) % (1, 2, 3, 4, 5) }}",
+]
+
+
+@pytest.mark.parametrize("source", WIDTHS)
+def test_every_way_to_ask_for_a_width_is_counted_before_the_text_is_made(source):
+    with pytest.raises(ColibriError, match="its format string asks for a width past its budget"):
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+
+
+def test_widths_within_the_budget_format_as_python_formats_them():
+    source = (
+        "{{ '{:>5}|{:.2f}|{!r}|{a:{b}}'.format('ab', 3.14159, 'x', a=7, b='03') }}{{ '%5.2f|%*d' % (3.14159, 4, 7) }}"
+    )
+    assert ChatTemplate(source).render([]) == "   ab|3.14|'x'|007 3.14|   7"
 
 
 # Runs the command given after a file name and writes the command's peak RSS (wait4's ru_maxrss, in
@@ -224,6 +256,12 @@ def many_tokens(spec):
     vocab.update({f"t{i}": len(vocab) + i for i in range(vocab_limits.MAX_TOKENS)})
 
 
+TEN_AS = {"type": "Replace", "pattern": {"String": "a"}, "content": "a" * 10}
+BACKTRACKS = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
+# What the vocabulary cases tokenize: 40 a's and a b, which (a+)+$ takes 2^40 steps to refuse.
+PROMPT = "In the beginning " + "a" * 40 + "b"
+
+
 def duplicate_token(spec):
     body = json.dumps(spec)
     return body.replace('"vocab": {', '"vocab": {"!": 7, ', 1)
@@ -253,6 +291,18 @@ TOKENIZER_JSONS = {
         r"tokenizer.json: the score of token 1 \('a'\) is nan, not a finite number",
     ),
     "not UTF-8": (lambda s: None, r"tokenizer.json: cannot load tokenizer \(not UTF-8 text\)"),
+    "five Replace normalizers, each making a text ten times longer": (
+        lambda s: s.update(normalizer={"type": "Sequence", "normalizers": [TEN_AS] * 5}),
+        r"tokenizer.json: its normalizer can make a text 100,000 times longer \(the limit is 32\)",
+    ),
+    "a Replace decoder by a regex, a thousand characters for each match": (
+        lambda s: s.update(decoder={"type": "Replace", "pattern": {"Regex": "."}, "content": "x" * 1000}),
+        r"tokenizer.json: its decoder can make a text 1,001 times longer \(the limit is 32\)",
+    ),
+    "a Split regex that backtracks past Oniguruma's limit": (
+        lambda s: s.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [BACKTRACKS, s["pre_tokenizer"]]}),
+        r"tokenizer.json: the tokenizer could not tokenize the text \(.*retry-limit-in-match over\)",
+    ),
 }
 
 
@@ -266,18 +316,21 @@ def test_a_hostile_tokenizer_json_is_one_line_and_builds_nothing(model, tmp_path
     else:
         tokenizer_json(model, edit)
     out = tmp_path / "build"
-    done, seconds, rss = cli_measured("run", "--model", model, "--prompt", "In the beginning", "--out", out)
+    done, seconds, rss = cli_measured("run", "--model", model, "--prompt", PROMPT, "--out", out)
     assert_one_line_nothing_built(done, seconds, rss, out, message)
 
 
-def gpt2_vocab_gguf(out: Path, tokens: list[str], merges: list[str], scores: list[float] | None = None) -> Path:
-    """A GGUF file with only a byte-level BPE ("gpt2") vocabulary."""
+def gpt2_vocab_gguf(
+    out: Path, tokens: list[str], merges: list[str], scores: list[float] | None = None, extra=lambda w: None
+) -> Path:
+    """A GGUF file with only a byte-level BPE ("gpt2") vocabulary (extra(writer): more keys)."""
     w = gguf.GGUFWriter(str(out), "llama")
     w.add_tokenizer_model("gpt2")
     w.add_token_list(tokens)
     w.add_token_merges(merges)
     if scores is not None:
         w.add_token_scores(scores)
+    extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -296,6 +349,28 @@ GGUF_GPT2 = {
     "an infinite score": (lambda: (*GPT2, [0.0, float("inf"), 0.0]), r"tokenizer.ggml.scores\[1\] is \+inf"),
     "a token twice": (lambda: (["a", "b", "ab", "a"], ["a b"]), r"token 'a' appears twice \(ids 0 and 3\)"),
 }
+
+
+def test_a_gguf_pre_tokenizer_name_that_is_an_array_is_one_line(tmp_path):
+    path = gpt2_vocab_gguf(tmp_path / "bpe.gguf", *GPT2, extra=lambda w: w.add_array("tokenizer.ggml.pre", ["llama3"]))
+    with pytest.raises(ColibriError, match=r"bpe.gguf: unsupported pre-tokenizer \['llama3'\]"):
+        Tokenizer.for_model(path)
+
+
+def test_a_gguf_bos_text_in_templateprocessing_syntax_is_only_a_text(tmp_path):
+    """ "<s> $B" (or a text with ":") was read as a post-processor template; it is just the BOS token."""
+    tokens = ["<s> $B", "a:0", "a", "b", "ab"]
+
+    def bos(w):
+        w.add_token_types([3, 3, 1, 1, 1])  # the first two are control tokens
+        w.add_bos_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_eos_token_id(1)
+        w.add_add_eos_token(True)
+
+    tok = Tokenizer.for_model(gpt2_vocab_gguf(tmp_path / "bos.gguf", tokens, ["a b"], extra=bos))
+    assert tok.encode("ab") == [0, 4, 1] and tok.encode("ab", special=False) == [4]
+    assert tok.decode([0, 4, 1]) == "ab"
 
 
 @pytest.mark.parametrize("case", list(GGUF_GPT2))

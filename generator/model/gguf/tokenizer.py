@@ -86,7 +86,9 @@ def _flag(gguf: GgufFile, key: str, default: bool) -> bool:
 
 
 def build_tokenizer(gguf: GgufFile):
-    """The file's tokenizer as a `tokenizers.Tokenizer` (ColibriError for a broken or unsupported one)."""
+    """The file's tokenizer as a `tokenizers.Tokenizer`, the name to give in messages, and the ids
+    to put before and after a text with its special tokens (ColibriError for a broken or
+    unsupported one)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     where = gguf.path.name
@@ -94,7 +96,7 @@ def build_tokenizer(gguf: GgufFile):
     if kind != "gpt2":
         raise ColibriError(f"{where}: tokenizer model {kind!r} is not supported (supported: gpt2, byte-level BPE)")
     pre_name = gguf.metadata.get("tokenizer.ggml.pre", "default")
-    if pre_name not in PRE_TOKENIZERS:
+    if not isinstance(pre_name, str) or pre_name not in PRE_TOKENIZERS:
         raise ColibriError(f"{where}: unsupported pre-tokenizer {pre_name!r} (supported: {', '.join(PRE_TOKENIZERS)})")
     pre = PRE_TOKENIZERS[pre_name]
     tokens = _strings(gguf, "tokenizer.ggml.tokens")
@@ -148,15 +150,12 @@ def build_tokenizer(gguf: GgufFile):
     for flag, token, name in ((add_bos, bos, "bos"), (add_eos, eos, "eos")):
         if flag and token is None:
             raise ColibriError(f"{where}: tokenizer.ggml.add_{name}_token without tokenizer.ggml.{name}_token_id")
-    if add_bos or add_eos:
-        special = {tokens[t]: t for t, flag in ((bos, add_bos), (eos, add_eos)) if flag}
-        single = " ".join(
-            [*([f"{tokens[bos]}:0"] if add_bos else []), "$A:0", *([f"{tokens[eos]}:0"] if add_eos else [])]
-        )
-        tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=list(special.items()))
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tok
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    # BOS and EOS are added around the ids by the caller: a TemplateProcessing would read their
+    # texts as its own template language ("<s> $B" is two pieces, ":" a type id).
+    before = (bos,) if add_bos and bos is not None else ()
+    after = (eos,) if add_eos and eos is not None else ()
+    return tok, where, before, after
 
 
 def _word(value: float) -> str:

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from ...errors import ColibriError
+from ...files import CONFIG_BYTES, check_json_nesting, read_text_limited
 from ..family_facts import check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
 from ..spec import ModelSpec, RopeSpec
 from .families import (
@@ -24,14 +25,17 @@ from .families import (
 )
 from .safetensors_io import strict_json
 
+# The most layers a config.json may declare, said before anything is made per layer (a count of
+# 10^9 took minutes and ended in a MemoryError): 8 x the deepest published model (Llama 3.1 405B's
+# 126 layers), so a configuration without weights can still be planned at any real depth.
+MAX_LAYERS = 1024
 
-def read_json(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ColibriError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ColibriError(f"{path}: cannot read ({e})") from None
+
+def read_json(path: Path, limit: int = CONFIG_BYTES) -> dict:
+    """A model's JSON file (config.json, generation_config.json, the shard index) as an object,
+    read within `limit` bytes and files.MAX_NESTING deep."""
+    text = read_text_limited(path, limit, str(path))
+    check_json_nesting(text, path.name)
     try:
         data = strict_json(text)
     except ValueError as e:
@@ -47,7 +51,7 @@ class _Config:
     def __init__(self, data: dict, where: str):
         self.data, self.where = data, where
 
-    def int(self, key: str, default=None, minimum: int = 1) -> int:
+    def int(self, key: str, default=None, minimum: int = 1, maximum: int | None = None) -> int:
         value = self.data.get(key, default)
         if value is None:
             raise ColibriError(f"{self.where}: missing required integer {key!r}")
@@ -55,6 +59,8 @@ class _Config:
             raise ColibriError(f"{self.where}: {key!r} must be an integer, got {json.dumps(value)}")
         if value < minimum:
             raise ColibriError(f"{self.where}: {key!r} must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise ColibriError(f"{self.where}: {key!r} is {value:,}, more than the limit of {maximum:,}")
         return value
 
     def float(self, key: str, default=None, data: dict | None = None) -> float:
@@ -444,7 +450,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
             raise ColibriError(f"config.json: 'swiglu_limit' must be positive, got {swiglu['swiglu_limit']}")
     if not family.hybrid_linear and data.get("partial_rotary_factor", 1.0) != 1.0:
         raise ColibriError("config.json: partial_rotary_factor other than 1.0 is not supported")
-    n_layers = cfg.int("num_hidden_layers")
+    n_layers = cfg.int("num_hidden_layers", maximum=MAX_LAYERS)
     max_pos = cfg.int("max_position_embeddings", 2048)
     eps = cfg.float("rms_norm_eps", 1e-6)
     if not 0 < eps < 1:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import ColibriError
+from ...files import SHARD_INDEX_BYTES, optional_file
 from ..hub import model_name
 from ..spec import ModelSpec, expected_shapes
 from . import mxfp4
@@ -47,7 +48,7 @@ def _tensor_files(model_dir: Path) -> dict[str, tuple[Path, TensorInfo]]:
         return located
     if not index.is_file():
         raise ColibriError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
-    weight_map = read_json(index).get("weight_map")
+    weight_map = read_json(index, SHARD_INDEX_BYTES).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise ColibriError("model.safetensors.index.json: 'weight_map' must be a non-empty object")
     root = model_dir.resolve()
@@ -82,10 +83,11 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
     if not model_dir.is_dir():
         raise ColibriError(f"{model_dir} is not a directory (give the folder holding config.json)")
     config_path = model_dir / "config.json"
-    if not config_path.is_file():
+    if not optional_file(config_path, str(config_path)):
         raise ColibriError(f"{model_dir}: no config.json (is this a Hugging Face model directory?)")
     gen_path = model_dir / "generation_config.json"
-    generation = read_json(gen_path) if gen_path.is_file() else None
+    has_generation = optional_file(gen_path, str(gen_path))
+    generation = read_json(gen_path) if has_generation else None
     config = read_json(config_path)
     spec = parse_config(config, model_name(model_dir), generation)
     packed = mxfp4.quant_method(config) == mxfp4.QUANT_METHOD and FAMILIES[spec.family].fused_experts
@@ -143,7 +145,7 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
         tensors = views
     files = sorted(
         {config_path, *(p for p, _ in by_canonical.values())}
-        | ({gen_path} if gen_path.is_file() else set())
+        | ({gen_path} if has_generation else set())
         | (
             {model_dir / "model.safetensors.index.json"}
             if (model_dir / "model.safetensors.index.json").is_file()
@@ -184,7 +186,7 @@ def config_only_held_types(model_dir: Path) -> dict[str, str]:
 def generation_config(model_dir: Path) -> tuple[dict, Path]:
     """generation_config.json's settings ({} without one), and the file, to name in messages."""
     path = model_dir / "generation_config.json"
-    return (read_json(path) if path.is_file() else {}), path
+    return (read_json(path) if optional_file(path, str(path)) else {}), path
 
 
 def tokenizer_files(model_dir: Path) -> list[Path]:

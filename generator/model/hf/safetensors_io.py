@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
+from ...files import check_json_nesting, optional_file
 from ..file_reads import check_weights, read_exactly
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -52,6 +53,7 @@ def strict_json(text: str):
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """Parse and validate the header of one safetensors file."""
     where = path.name
+    optional_file(path, where)  # a named pipe or a device is refused, not read
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -74,6 +76,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ColibriError(f"{where}: safetensors header is not UTF-8") from None
+    check_json_nesting(raw, f"{where}: safetensors header")
     try:
         header = strict_json(text)
     except ValueError as e:

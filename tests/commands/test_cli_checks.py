@@ -152,7 +152,7 @@ def test_prompt_from_a_file_and_from_standard_input(tmp_path, monkeypatch, capsy
     by_file = json.loads(done.stdout)
     done = run_cli("run", "--prompt", "And God said", "--greedy", "--steps", "4", "--out", tmp_path / "b", "--json")
     assert json.loads(done.stdout)["prompt"] == by_file["prompt"]  # the final newline dropped
-    monkeypatch.setattr("sys.stdin", io.StringIO("And God said"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"And God said")))  # a real stdin: bytes underneath
     args = cli.parse_args(["run", "--prompt-file", "-"])
     assert job.prompt_text(args) == "And God said"
     one_line_error(run_cli("run", "--prompt-file", tmp_path / "absent.txt"), "--prompt-file", "No such file")

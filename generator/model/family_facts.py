@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ColibriError
+from .families import Moe
 
 
 def gemma_embed_scale(hidden: int) -> float:
@@ -23,13 +24,14 @@ def check_experts_per_token(where: str, key: str, top_k: int, n_experts: int) ->
         raise ColibriError(f"{where}: {key} {top_k} exceeds the {n_experts} experts")
 
 
-def moe_beside_dense(n_experts: int, top_k: int, expert_intermediate_size: int, n_layers: int) -> dict:
-    """Gemma 4's MoE block: every layer routes, beside its dense FFN, its top k renormalised."""
+def moe_beside_dense(moe: Moe | None, n_experts: int, top_k: int, expert_intermediate_size: int, n_layers: int) -> dict:
+    """Gemma 4's MoE block: every layer routes, beside its dense FFN, its top k renormalised as the
+    family's row says."""
     return dict(
         n_experts=n_experts,
         experts_per_token=top_k,
         expert_intermediate_size=expert_intermediate_size,
-        norm_topk_prob=True,
+        norm_topk_prob=moe is not None and moe.renormalise == "always",
         moe_layers=(True,) * n_layers,
         moe_beside_dense=True,
     )

@@ -283,22 +283,33 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         qkv_bias=qkv_bias,
         o_bias=present("attn_output.bias"),
         mlp_bias=present("ffn_gate.bias") or present("ffn_up.bias"),
-        qk_norm=attention.qk_norm,
         layer_windows=_windows(meta, n_layers, attention.window_period),
         bos_token_id=bos,
         eos_token_ids=eos,
-        activation=family.ffn.activation,
+        **_row_settings(meta, family, hidden, head_dim),
+        **moe,
+        **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.deltanet else {}),
+    )
+
+
+def _row_settings(meta: _Meta, family: Family, hidden: int, head_dim: int) -> dict:
+    """The spec's fields the family's row decides, with the keys llama.cpp writes for them."""
+    attention, ffn = family.attention, family.ffn
+    attn_scale = 0.0  # 1/sqrt(head_dim)
+    if attention.score_scale == "one":
+        attn_scale = 1.0
+    elif attention.score_scale == "query_pre_attn_scalar":
+        attn_scale = meta.float("attention.scale") if meta.has("attention.scale") else float(head_dim) ** -0.5
+    return dict(
+        qk_norm=attention.qk_norm,
+        activation=ffn.activation,
         embed_scale=gemma_embed_scale(hidden) if family.embed_scale == "sqrt_hidden" else 1.0,
-        attn_scale=(meta.float("attention.scale") if meta.has("attention.scale") else float(head_dim) ** -0.5)
-        if attention.score_scale == "query_pre_attn_scalar"
-        else 0.0,
+        attn_scale=attn_scale,
         post_norms=family.norms.sandwich,
         rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)) if attention.local_rope else None,
         final_softcap=meta.float("final_logit_softcapping", 0.0) if family.logit_softcap else 0.0,
-        **moe,
-        **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.deltanet else {}),
         attn_sinks=attention.sinks,
-        **(dict(swiglu_alpha=family.ffn.swiglu[0], swiglu_limit=family.ffn.swiglu[1]) if family.ffn.swiglu else {}),
+        **(dict(swiglu_alpha=ffn.swiglu[0], swiglu_limit=ffn.swiglu[1]) if ffn.swiglu else {}),
     )
 
 
@@ -337,7 +348,7 @@ def _gemma4(gguf: GgufFile, meta: _Meta, family: Family, hidden: int, n_layers: 
     if n_heads % n_kv or n_heads % n_global_kv:
         raise ColibriError(f"{meta.where}: head_count {n_heads} is not divisible by the layers' KV heads")
     vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
-    eps = meta.float("attention.layer_norm_rms_epsilon", 1e-6)
+    eps = meta.float("attention.layer_norm_rms_epsilon", family.norms.gguf_eps)
     if not 0 < eps < 1:
         raise ColibriError(f"{meta.where}: layer_norm_rms_epsilon must be between 0 and 1")
     bos, eos = _token_ids(meta, vocab)
@@ -373,7 +384,7 @@ def _gemma4(gguf: GgufFile, meta: _Meta, family: Family, hidden: int, n_layers: 
     if meta.has("expert_count"):
         n_experts, top_k = meta.int("expert_count"), meta.int("expert_used_count")
         check_experts_per_token(meta.where, "expert_used_count", top_k, n_experts)
-        moe = moe_beside_dense(n_experts, top_k, meta.int("expert_feed_forward_length"), n_layers)
+        moe = moe_beside_dense(family.moe, n_experts, top_k, meta.int("expert_feed_forward_length"), n_layers)
     return ModelSpec(
         name=gguf.path.stem,
         architecture=family.hf_architectures[0],
@@ -392,16 +403,10 @@ def _gemma4(gguf: GgufFile, meta: _Meta, family: Family, hidden: int, n_layers: 
         qkv_bias=False,
         o_bias=False,
         mlp_bias=False,
-        qk_norm=True,
         layer_windows=windows,
         bos_token_id=bos,
         eos_token_ids=eos,
-        activation="gelu_tanh",
-        embed_scale=gemma_embed_scale(hidden),
-        attn_scale=1.0,
-        post_norms=True,
-        rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)),
-        final_softcap=meta.float("final_logit_softcapping", 0.0),
+        **_row_settings(meta, family, hidden, head_dim),
         **moe,
         global_head_dim=0 if global_head_dim == head_dim else global_head_dim,
         global_kv_heads=0 if n_global_kv == n_kv else n_global_kv,

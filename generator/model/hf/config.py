@@ -325,7 +325,7 @@ def _hybrid_linear(cfg: _Config, family: Family, n_layers: int, head_dim: int) -
 LAYER_TYPES = {True: "sliding_attention", False: "full_attention"}
 
 
-def _gemma4(cfg: _Config, n_layers: int, windows: tuple[int, ...], vocab: int) -> dict:
+def _gemma4(cfg: _Config, family: Family, n_layers: int, windows: tuple[int, ...], vocab: int) -> dict:
     """Gemma 4's settings beyond Gemma 3's: the global layers' head width and KV heads
     (per_layer_config as transformers saves it, or global_head_dim and num_global_key_value_heads),
     keys equal to values there, the per-layer inputs, the MoE block beside the dense FFN. Refuses
@@ -375,7 +375,7 @@ def _gemma4(cfg: _Config, n_layers: int, windows: tuple[int, ...], vocab: int) -
         n_experts = cfg.int("num_experts")
         top_k = cfg.int("top_k_experts")
         check_experts_per_token(cfg.where, "top_k_experts", top_k, n_experts)
-        moe = moe_beside_dense(n_experts, top_k, cfg.int("moe_intermediate_size"), n_layers)
+        moe = moe_beside_dense(family.moe, n_experts, top_k, cfg.int("moe_intermediate_size"), n_layers)
     shared = cfg.int("num_kv_shared_layers", 0, minimum=0)
     check_kv_sharing(cfg.where, "num_kv_shared_layers", shared, windows, lambda sliding: LAYER_TYPES[sliding])
     return dict(
@@ -469,7 +469,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         if t >= vocab:
             raise ColibriError(f"config.json: special token id {t} is outside the vocabulary ({vocab})")
     windows = _layer_windows(cfg, family, n_layers)
-    gemma4 = _gemma4(cfg, n_layers, windows, vocab) if family.gemma4_layers else {}
+    gemma4 = _gemma4(cfg, family, n_layers, windows, vocab) if family.gemma4_layers else {}
     moe = _moe(cfg, family.moe, n_layers) if family.moe and family.moe.placement != "beside_dense" else {}
 
     return ModelSpec(

@@ -26,7 +26,7 @@ from generator.compile.image import directory_entry, image_header, spec_identity
 from generator.compile.pipeline import WEIGHTS_FILE, generate
 from generator.compile.plan import plan_for_board
 from generator.errors import ColibriError
-from generator.model.families import FAMILIES
+from generator.model.family_facts import FAMILIES
 from generator.model.hf.names import canonical_name
 from generator.model.load import load_model
 from generator.numerics.quantize import quantize_q4_0, quantize_weights_q8_0

@@ -1,10 +1,10 @@
 """The architecture a GGUF file names (general.architecture), found in the family table
-(model/families.py: GGUF_ARCHITECTURES, and a llama file with experts is Mixtral)."""
+(model/family_facts.py: GGUF_ARCHITECTURES, and a llama file with experts is Mixtral)."""
 
 from __future__ import annotations
 
 from ...errors import ColibriError
-from ..families import GGUF_ARCHITECTURES, GGUF_WITH_EXPERTS, Family
+from ..family_facts import GGUF_ARCHITECTURES, GGUF_WITH_EXPERTS, Family
 from .file import GgufFile
 
 

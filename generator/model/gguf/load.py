@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
-from ..families import Family
+from ..family_facts import Family
 from ..spec import ModelSpec, expected_shapes
 from .archs import arch_of
 from .file import GgufFile, read_gguf

@@ -13,8 +13,7 @@ import math
 import numpy as np
 
 from ...errors import ColibriError
-from ..families import Family
-from ..family_facts import check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
+from ..family_facts import Family, check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
 from ..spec import ModelSpec, RopeSpec
 from .archs import arch_of
 from .file import GgufFile

@@ -1,12 +1,12 @@
 """llama.cpp's tensor names -> canonical names (`token_embd.weight`, `blk.N.attn_q.weight`,
 `blk.N.ffn_gate_exps.weight`, ...): the common global and per-layer tables (a family's own are in
-model/families.py), Gemma 4's stacked gate and up, and the stacked experts and their biases."""
+model/family_facts.py), Gemma 4's stacked gate and up, and the stacked experts and their biases."""
 
 from __future__ import annotations
 
 import re
 
-from ..families import Family
+from ..family_facts import Family
 
 # Gemma 4's experts' gate and up in one stacked tensor (gguf/load.py splits it).
 GEMMA4_GATE_UP = "ffn_gate_up_exps.weight"
@@ -70,7 +70,7 @@ LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.(.+)")
 
 def canonical_name(name: str, family: Family | None = None) -> tuple[str, bool] | None:
     """GGUF tensor name -> (canonical name or per-expert pattern, stacked experts?): the family's
-    own names (model/families.py) first, then the common ones."""
+    own names (model/family_facts.py) first, then the common ones."""
     if name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[name], False
     if family is not None and name in family.gguf_global_tensors:

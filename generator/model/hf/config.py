@@ -9,8 +9,16 @@ import math
 from pathlib import Path
 
 from ...errors import ColibriError
-from ..families import FAMILIES, Attention, Family, Moe
-from ..family_facts import check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
+from ..family_facts import (
+    FAMILIES,
+    Attention,
+    Family,
+    Moe,
+    check_experts_per_token,
+    check_kv_sharing,
+    gemma_embed_scale,
+    moe_beside_dense,
+)
 from ..spec import ModelSpec, RopeSpec
 from .families import (
     ARCHITECTURES,

@@ -1,14 +1,14 @@
-"""Hugging Face settings of the families (model/families.py is the table): the architectures
+"""Hugging Face settings of the families (model/family_facts.py is the table): the architectures
 config.json may name, the layer types, activations and RoPE types config.py reads, Gemma 4's
 defaults and what it refuses."""
 
 from __future__ import annotations
 
-from ..families import FAMILY_ROWS, HF_ARCHITECTURES
+from ..family_facts import FAMILY_ROWS, HF_ARCHITECTURES
 from ..spec import RopeSpec
 
 # config.json's class -> its family's name, and the multimodal classes whose config.json keeps the
-# text tower's settings under text_config: views of the family table (model/families.py).
+# text tower's settings under text_config: views of the family table (model/family_facts.py).
 ARCHITECTURES = {arch: row.name for arch, row in HF_ARCHITECTURES.items()}
 
 

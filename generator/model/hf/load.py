@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import ColibriError
-from ..families import FAMILIES
+from ..family_facts import FAMILIES
 from ..spec import ModelSpec, expected_shapes
 from . import mxfp4
 from .config import parse_config, read_json

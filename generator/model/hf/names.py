@@ -1,5 +1,5 @@
 """Hugging Face tensor names -> canonical names: the common parts of a layer (attention, FFN, MoE,
-gpt-oss's router and sinks; a family's own are in model/families.py), the prefixes under which a
+gpt-oss's router and sinks; a family's own are in model/family_facts.py), the prefixes under which a
 multimodal checkpoint keeps its text tower, and what is not text.
 
 Canonical tensor names (used by the planner, the weight image, the generated C and the reference):
@@ -10,7 +10,7 @@ Canonical tensor names (used by the planner, the weight image, the generated C a
 
 from __future__ import annotations
 
-from ..families import FAMILIES
+from ..family_facts import FAMILIES
 from ..spec import ModelSpec
 
 HF_LAYER_PARTS = {
@@ -108,7 +108,7 @@ HF_GLOBAL = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_n
 
 
 def canonical_name(hf_name: str, family_name: str) -> str | None:
-    """A checkpoint's tensor name -> its canonical name: the family's own names (model/families.py)
+    """A checkpoint's tensor name -> its canonical name: the family's own names (model/family_facts.py)
     over the common ones; the common MoE and expert names where the family takes them."""
     family = FAMILIES[family_name]
     hf_name = text_tower_name(hf_name)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
-from ..families import FAMILIES
+from ..family_facts import FAMILIES
 from ..spec import ModelSpec
 from . import mxfp4
 from .names import HF_FUSED_EXPERT_BIASES, text_tower_name

@@ -1,15 +1,373 @@
-"""Family facts both importers state the same way, whatever the format's keys: what hf/config.py
-reads from config.json and gguf/metadata.py from llama.cpp's metadata must give the same ModelSpec,
-so a fact about a family (Gemma's embedding scale, Gemma 4's MoE block and KV sharing, a router's
-top-k) is written once, here. Each check names the key the file used."""
+"""The family table: a model family is a row of blocks, read by both importers (hf/config.py,
+gguf/metadata.py and their tensor names). Per family: the mixer of each layer kind, the FFN, the
+MoE block, the norms, the multipliers, the default RoPE base, the Hugging Face classes and the GGUF
+architecture that name it, and its tensor names in both formats where they differ from the common
+ones. What hf/config.py reads from config.json and gguf/metadata.py from llama.cpp's metadata must
+give the same ModelSpec, so a fact about a family is written once, here; so are the checks both
+importers share (Gemma's embedding scale, Gemma 4's MoE block and KV sharing, a router's top-k),
+each naming the key the file used.
+
+Facts that only one format has are named for it (gguf_*: what llama.cpp's converter did to the
+tensors, or the default it assumes when a key is absent); everything else holds for both.
+
+Gemma 4's per-layer inputs, KV sharing, layer scalars and wider global layers are not blocks yet:
+`gemma4_layers` marks the family whose importers still read them with their own code (_gemma4 in
+hf/config.py and gguf/metadata.py). docs/models.md, "A family is a row", says how a family is added.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Mapping, Union
 
 import numpy as np
 
 from ..errors import ColibriError
+
+
+@dataclass(frozen=True)
+class Attention:
+    """The attention mixer and its options."""
+
+    qkv_bias: str = "config"  # "always" (Qwen2), or "config": config.json's attention_bias / the GGUF's tensors
+    o_bias: str = "config"  # "never" (Qwen2), or "config"
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys
+    # Which layers slide when config.json has no layer_types: "max_window_layers" (the layers from
+    # max_window_layers on), "every_layer", "pattern" (every window_period-th layer global unless
+    # sliding_window_pattern says otherwise) or "alternating" (every window_period-th layer global).
+    windows: str = "max_window_layers"
+    window_period: int = 0  # the pattern's period (llama.cpp's default too); 0: every layer slides
+    window_flag: bool = False  # sliding windows apply only when use_sliding_window is true (Qwen)
+    sinks: bool = False  # a learned sink logit per query head (gpt-oss)
+    output_gate: bool = False  # the q projection also makes a per-head sigmoid gate of the output (Qwen3.5)
+    partial_rotary: bool = False  # RoPE may rotate only the leading dims of a head (Qwen3.5)
+    # The score scale: "head_dim" (1/sqrt(head_dim)), "query_pre_attn_scalar" (Gemma 3; GGUF
+    # attention.scale), or "one" (Gemma 4: queries and keys normalised, scores unscaled).
+    score_scale: str = "head_dim"
+    local_rope: bool = False  # sliding-window layers have their own RoPE base, never scaled (Gemma)
+
+
+@dataclass(frozen=True)
+class GatedDeltaNet:
+    """Qwen3.5's linear-attention mixer: a short causal convolution over q, k and v, then the gated
+    delta rule on a per-head key x value state. Its tensors in both formats."""
+
+    hf_tensors: Mapping[str, str] = field(default_factory=dict)
+    gguf_tensors: Mapping[str, str] = field(default_factory=dict)
+
+
+Mixer = Union[Attention, GatedDeltaNet]
+
+
+@dataclass(frozen=True)
+class Ffn:
+    """The gated FFN: its activation, its biases, whether a layer has a dense one at all."""
+
+    activation: str = "silu"  # "silu" | "gelu_tanh" (Gemma: config.json's hidden_activation) | "swiglu_clamped"
+    swiglu: tuple[float, float] | None = None  # (alpha, limit) of the clamped SwiGLU: the defaults config.json
+    #                                            may override, llama.cpp's fixed values
+    mlp_bias: bool = False  # config.json's mlp_bias applies (Llama; a GGUF's tensors say)
+    dense: bool = True  # False: every layer routes, config.json has no intermediate_size (Qwen3.5)
+
+
+@dataclass(frozen=True)
+class Moe:
+    """The mixture-of-experts block."""
+
+    # "every_layer" (experts of intermediate_size), "sparse_step" (decoder_sparse_step, mlp_only_layers,
+    # moe_intermediate_size) or "beside_dense" (Gemma 4: beside the dense FFN, enable_moe_block).
+    placement: str
+    router: str = "softmax_then_topk"  # or "topk_then_softmax" (gpt-oss: softmax over the k chosen)
+    renormalise: str = "config"  # the top k's weights: "always", "never", or config.json's norm_topk_prob
+    # llama.cpp's default when the file has no expert_weights_norm; None: the file's key is not read,
+    # renormalise holds.
+    gguf_renormalise_default: bool | None = None
+    shared_expert: str | None = None  # "gated": an always-on expert behind a sigmoid gate (Qwen2-MoE)
+    biases: bool = False  # the router and every expert have biases (gpt-oss)
+    fused_experts: bool = False  # a layer's experts in fused, interleaved tensors (gpt-oss's HF layout)
+
+
+@dataclass(frozen=True)
+class Norms:
+    plus_one: bool = False  # a Hugging Face checkpoint's RMSNorm scales by (1 + w), not w
+    sandwich: bool = False  # the attention and FFN outputs normalised too, before the residual add
+    gguf_eps: float = 1e-5  # llama.cpp's default layer_norm_rms_epsilon
+
+
+ATTENTION_LAYERS = ("full_attention", "sliding_attention")
+
+
+def attention_layers(attention: Attention) -> Mapping[str, Mixer]:
+    return MappingProxyType({kind: attention for kind in ATTENTION_LAYERS})
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row: a family's blocks and names."""
+
+    name: str  # the spec's family
+    hf_architectures: tuple[str, ...]  # config.json's class names; the first is the one a GGUF's spec names
+    gguf_architecture: str | None  # llama.cpp's general.architecture (None: written as another's)
+    layers: Mapping[str, Mixer]  # the mixer of each layer kind, as config.json's layer_types names them
+    ffn: Ffn = Ffn()
+    moe: Moe | None = None
+    norms: Norms = Norms()
+    hf_text_towers: tuple[str, ...] = ()  # classes whose config.json keeps the text tower under text_config
+    gguf_with_experts: bool = False  # the family a gguf_architecture file with experts is (Mixtral: llama)
+    default_theta: float = 10000.0  # RoPE base when the file names none
+    embed_scale: str | None = None  # "sqrt_hidden": embeddings times sqrt(hidden_size) (Gemma)
+    tie_embeddings: bool = False  # when config.json does not say
+    logit_softcap: bool = False  # final_logit_softcapping (GGUF: the key is read only for these)
+    gguf_permuted_qk: bool = False  # llama.cpp's converter permuted the q/k rows
+    gguf_yarn_truncate: bool = True  # YaRN's ramp ends rounded (the file does not say; gpt-oss: not)
+    gemma4_layers: bool = False  # see the module's docstring
+    # Tensor names beyond (or instead of) the common ones in hf/names.py and gguf/names.py; a mixer's
+    # own (GatedDeltaNet's) come with it. hf_common_moe: the common MoE and expert names apply.
+    hf_tensors: Mapping[str, str] = field(default_factory=dict)
+    hf_global_tensors: Mapping[str, str] = field(default_factory=dict)
+    hf_common_moe: bool = True
+    gguf_tensors: Mapping[str, str] = field(default_factory=dict)
+    gguf_global_tensors: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def attention(self) -> Attention:
+        """The attention mixer (every family has attention layers)."""
+        return next(m for m in self.layers.values() if isinstance(m, Attention))
+
+    @property
+    def deltanet(self) -> GatedDeltaNet | None:
+        return next((m for m in self.layers.values() if isinstance(m, GatedDeltaNet)), None)
+
+    @property
+    def fused_experts(self) -> bool:
+        return self.moe is not None and self.moe.fused_experts
+
+    @property
+    def hf_layer_tensors(self) -> Mapping[str, str]:
+        """Per-layer parts of a Hugging Face checkpoint beyond the common ones."""
+        return {**self.hf_tensors, **(self.deltanet.hf_tensors if self.deltanet else {})}
+
+    @property
+    def gguf_layer_tensors(self) -> Mapping[str, str]:
+        """Per-layer parts of a GGUF file beyond (or instead of) the common ones."""
+        return {**self.gguf_tensors, **(self.deltanet.gguf_tensors if self.deltanet else {})}
+
+
+# Gemma's norms: post_attention_layernorm normalises the attention output (not the FFN input).
+GEMMA_HF_NORMS = {
+    "post_attention_layernorm.weight": "post_attn_norm",
+    "pre_feedforward_layernorm.weight": "ffn_norm",
+    "post_feedforward_layernorm.weight": "post_ffn_norm",
+}
+
+
+# Gemma 4's parts beyond Gemma 3's: the MoE block's norms, router and experts (stacked: hf/views.py's
+# fused_parts), the per-layer inputs' gate, projection and norm, the layer scalar.
+GEMMA4_HF_LAYER = {
+    "post_feedforward_layernorm_1.weight": "post_dense_norm",
+    "pre_feedforward_layernorm_2.weight": "moe_norm",
+    "post_feedforward_layernorm_2.weight": "post_moe_norm",
+    "router.proj.weight": "router",
+    "router.scale": "router_norm",
+    "router.per_expert_scale": "expert_scale",
+    "per_layer_input_gate.weight": "ple_gate",
+    "per_layer_projection.weight": "ple_proj",
+    "post_per_layer_input_norm.weight": "ple_norm",
+    "layer_scalar": "layer_scalar",
+}
+
+
+GEMMA4_HF_GLOBAL = {
+    "model.embed_tokens_per_layer.weight": "ple_embed",
+    "model.per_layer_model_projection.weight": "ple_model_proj",
+    "model.per_layer_projection_norm.weight": "ple_proj_norm",
+}
+
+
+# llama.cpp's gemma4: the per-layer inputs, the layer scalar, the MoE block's norms, router scale and
+# per-expert scales (its experts' gate and up in one stacked tensor: gguf/names.GEMMA4_GATE_UP).
+GEMMA4_GGUF_GLOBAL = {
+    "per_layer_token_embd.weight": "ple_embed",
+    "per_layer_model_proj.weight": "ple_model_proj",
+    "per_layer_proj_norm.weight": "ple_proj_norm",
+}
+
+
+GEMMA4_GGUF_LAYER = {
+    "layer_output_scale.weight": "layer_scalar",
+    "inp_gate.weight": "ple_gate",
+    "proj.weight": "ple_proj",
+    "post_norm.weight": "ple_norm",
+    "post_ffw_norm_1.weight": "post_dense_norm",
+    "post_ffw_norm_2.weight": "post_moe_norm",
+    "pre_ffw_norm_2.weight": "moe_norm",
+    "ffn_gate_inp.scale": "router_norm",
+    "ffn_down_exps.scale": "expert_scale",
+}
+
+
+GATED_DELTANET = GatedDeltaNet(
+    hf_tensors={
+        "linear_attn.in_proj_qkv.weight": "lin_qkv",
+        "linear_attn.in_proj_z.weight": "lin_z",
+        "linear_attn.in_proj_b.weight": "lin_b",
+        "linear_attn.in_proj_a.weight": "lin_a",
+        "linear_attn.conv1d.weight": "lin_conv",
+        "linear_attn.dt_bias": "lin_dt_bias",
+        "linear_attn.A_log": "lin_decay_scale",
+        "linear_attn.norm.weight": "lin_norm",
+        "linear_attn.out_proj.weight": "lin_out",
+    },
+    gguf_tensors={
+        "attn_qkv.weight": "lin_qkv",
+        "attn_gate.weight": "lin_z",
+        "ssm_beta.weight": "lin_b",
+        "ssm_alpha.weight": "lin_a",
+        "ssm_conv1d.weight": "lin_conv",
+        "ssm_dt.bias": "lin_dt_bias",
+        "ssm_a": "lin_decay_scale",
+        "ssm_norm.weight": "lin_norm",
+        "ssm_out.weight": "lin_out",
+    },
+)
+
+
+# llama.cpp names the FFN's input norm post_attention_norm in these families' files.
+GGUF_FFN_NORM_AS_POST_ATTENTION = {"post_attention_norm.weight": "ffn_norm"}
+
+
+QWEN2_ATTENTION = Attention(qkv_bias="always", o_bias="never", window_flag=True)
+QWEN3_ATTENTION = Attention(qk_norm=True, window_flag=True)
+GEMMA_ATTENTION = Attention(
+    qk_norm=True, windows="pattern", window_period=6, score_scale="query_pre_attn_scalar", local_rope=True
+)
+GEMMA_NORMS = Norms(plus_one=True, sandwich=True, gguf_eps=1e-6)
+GEMMA_FFN = Ffn(activation="gelu_tanh")
+
+
+FAMILY_ROWS = (
+    Family(
+        "llama",
+        ("LlamaForCausalLM",),
+        "llama",
+        attention_layers(Attention()),
+        ffn=Ffn(mlp_bias=True),
+        gguf_permuted_qk=True,
+    ),
+    Family("mistral", ("MistralForCausalLM",), None, attention_layers(Attention(windows="every_layer"))),
+    Family("qwen2", ("Qwen2ForCausalLM",), "qwen2", attention_layers(QWEN2_ATTENTION)),
+    Family("qwen3", ("Qwen3ForCausalLM",), "qwen3", attention_layers(QWEN3_ATTENTION)),
+    Family(
+        "gemma3",
+        ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),  # its text tower; the vision tower is ignored
+        "gemma3",
+        attention_layers(GEMMA_ATTENTION),
+        norms=GEMMA_NORMS,
+        hf_text_towers=("Gemma3ForConditionalGeneration",),
+        default_theta=1000000.0,
+        hf_tensors=GEMMA_HF_NORMS,
+        ffn=GEMMA_FFN,
+        embed_scale="sqrt_hidden",
+        tie_embeddings=True,
+        logit_softcap=True,
+    ),
+    Family(
+        "gemma4",
+        ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"),  # the vision and audio towers are ignored
+        "gemma4",
+        attention_layers(
+            Attention(qk_norm=True, windows="pattern", window_period=6, score_scale="one", local_rope=True)
+        ),
+        moe=Moe("beside_dense", renormalise="always"),
+        norms=Norms(sandwich=True, gguf_eps=1e-6),
+        hf_text_towers=("Gemma4ForConditionalGeneration",),
+        default_theta=1000000.0,
+        gemma4_layers=True,
+        hf_tensors={**GEMMA_HF_NORMS, **GEMMA4_HF_LAYER},
+        hf_global_tensors=GEMMA4_HF_GLOBAL,
+        hf_common_moe=False,
+        gguf_tensors=GEMMA4_GGUF_LAYER,
+        gguf_global_tensors=GEMMA4_GGUF_GLOBAL,
+        ffn=GEMMA_FFN,
+        embed_scale="sqrt_hidden",
+        tie_embeddings=True,
+        logit_softcap=True,
+    ),
+    Family(
+        "mixtral",
+        ("MixtralForCausalLM",),
+        "llama",
+        attention_layers(Attention(windows="every_layer")),
+        moe=Moe("every_layer", renormalise="always", gguf_renormalise_default=True),
+        gguf_with_experts=True,
+        gguf_permuted_qk=True,
+    ),
+    Family(
+        "qwen2_moe",
+        ("Qwen2MoeForCausalLM",),
+        "qwen2moe",
+        attention_layers(QWEN2_ATTENTION),
+        moe=Moe("sparse_step", gguf_renormalise_default=False, shared_expert="gated"),
+    ),
+    Family(
+        "qwen3_moe",
+        ("Qwen3MoeForCausalLM",),
+        "qwen3moe",
+        attention_layers(QWEN3_ATTENTION),
+        moe=Moe("sparse_step", gguf_renormalise_default=True),
+    ),
+    Family(
+        "qwen3_5_moe",
+        ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),  # the vision tower is ignored
+        "qwen35moe",
+        MappingProxyType(
+            {
+                "linear_attention": GATED_DELTANET,
+                "full_attention": Attention(qk_norm=True, window_flag=True, output_gate=True, partial_rotary=True),
+            }
+        ),
+        ffn=Ffn(dense=False),
+        moe=Moe("sparse_step", renormalise="always", shared_expert="gated"),
+        norms=Norms(plus_one=True),
+        hf_text_towers=("Qwen3_5MoeForConditionalGeneration",),
+        gguf_tensors=GGUF_FFN_NORM_AS_POST_ATTENTION,
+    ),
+    Family(
+        "gpt_oss",
+        ("GptOssForCausalLM",),
+        "gpt-oss",
+        attention_layers(Attention(windows="alternating", window_period=2, sinks=True)),
+        ffn=Ffn(activation="swiglu_clamped", swiglu=(1.702, 7.0)),
+        moe=Moe(
+            "every_layer",
+            router="topk_then_softmax",
+            renormalise="never",
+            gguf_renormalise_default=False,
+            biases=True,
+            fused_experts=True,
+        ),
+        default_theta=150000.0,
+        gguf_yarn_truncate=False,
+        gguf_tensors=GGUF_FFN_NORM_AS_POST_ATTENTION,
+    ),
+)
+
+
+FAMILIES = {row.name: row for row in FAMILY_ROWS}
+
+
+# config.json's class -> its family.
+HF_ARCHITECTURES = {arch: row for row in FAMILY_ROWS for arch in row.hf_architectures}
+
+
+# general.architecture -> its family; GGUF_WITH_EXPERTS: the family such a file is when it has experts.
+GGUF_ARCHITECTURES = {
+    row.gguf_architecture: row for row in FAMILY_ROWS if row.gguf_architecture and not row.gguf_with_experts
+}
+GGUF_WITH_EXPERTS = {
+    row.gguf_architecture: row for row in FAMILY_ROWS if row.gguf_architecture and row.gguf_with_experts
+}
 
 
 def gemma_embed_scale(hidden: int) -> float:
@@ -23,13 +381,14 @@ def check_experts_per_token(where: str, key: str, top_k: int, n_experts: int) ->
         raise ColibriError(f"{where}: {key} {top_k} exceeds the {n_experts} experts")
 
 
-def moe_beside_dense(n_experts: int, top_k: int, expert_intermediate_size: int, n_layers: int) -> dict:
-    """Gemma 4's MoE block: every layer routes, beside its dense FFN, its top k renormalised."""
+def moe_beside_dense(moe: Moe | None, n_experts: int, top_k: int, expert_intermediate_size: int, n_layers: int) -> dict:
+    """Gemma 4's MoE block: every layer routes, beside its dense FFN, its top k renormalised as the
+    family's row says."""
     return dict(
         n_experts=n_experts,
         experts_per_token=top_k,
         expert_intermediate_size=expert_intermediate_size,
-        norm_topk_prob=True,
+        norm_topk_prob=moe is not None and moe.renormalise == "always",
         moe_layers=(True,) * n_layers,
         moe_beside_dense=True,
     )

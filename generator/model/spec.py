@@ -33,7 +33,7 @@ class ModelSpec:
 
     name: str
     architecture: str  # Hugging Face class name, e.g. "LlamaForCausalLM"
-    family: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    family: str  # its row in model/family_facts.py, e.g. "llama", "qwen3_moe"
     vocab_size: int
     hidden_size: int
     intermediate_size: int

@@ -26,7 +26,7 @@ from generator.compile.image import directory_entry, image_header, spec_identity
 from generator.compile.pipeline import WEIGHTS_FILE, generate
 from generator.compile.plan import plan_for_board
 from generator.errors import ColibriError
-from generator.model.hf.families import FAMILIES
+from generator.model.family_facts import FAMILIES
 from generator.model.hf.names import canonical_name
 from generator.model.load import load_model
 from generator.numerics.quantize import quantize_q4_0, quantize_weights_q8_0
@@ -52,7 +52,7 @@ def oracle_image(model_dir: Path, quant: str, ctx: int) -> bytes:
             name = canonical_name(hf_name, plan.spec.family)
             if name is not None:
                 values[name] = tensor.float().numpy()
-    if FAMILIES[plan.spec.family].gemma:
+    if FAMILIES[plan.spec.family].norms.plus_one:
         values = {k: (np.float32(1.0) + v).astype(np.float32) if k.endswith("norm") else v for k, v in values.items()}
     layout = plan.image
     data = bytearray(layout.data_bytes)

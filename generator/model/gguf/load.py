@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
+from ..family_facts import Family
 from ..spec import ModelSpec, expected_shapes
-from .archs import GgufArch, arch_of
+from .archs import arch_of
 from .file import GgufFile, read_gguf
 from .metadata import parse_metadata
 from .names import GEMMA4_GATE_UP, GEMMA4_ROPE_FREQS, GEMMA4_UNUSED_KV, LAYER_NAME, canonical_name
@@ -60,16 +61,21 @@ class GgufCheckpoint:
         return blocks.take(unpermute_order(blocks.shape[0], heads)) if heads else blocks
 
 
-def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
+def _locate(gguf: GgufFile, spec: ModelSpec, family: Family) -> dict:
     """canonical name -> (tensor info, expert index or None, heads to un-permute or 0)."""
     wanted = expected_shapes(spec)
     where = gguf.path.name
     sources = {}
     for name, info in gguf.tensors.items():
-        if arch.gemma4 and name == GEMMA4_ROPE_FREQS:
+        if family.gemma4_layers and name == GEMMA4_ROPE_FREQS:
             continue  # read by _gemma4 into the spec's RoPE
         m = LAYER_NAME.fullmatch(name)
-        if arch.gemma4 and m and m.group(2) == GEMMA4_GATE_UP and f"layers.{m.group(1)}.experts.0.w_gate" in wanted:
+        if (
+            family.gemma4_layers
+            and m
+            and m.group(2) == GEMMA4_GATE_UP
+            and f"layers.{m.group(1)}.experts.0.w_gate" in wanted
+        ):
             fe = spec.expert_intermediate_size
             if tuple(info.shape) != (spec.n_experts, 2 * fe, spec.hidden_size):
                 raise ColibriError(
@@ -80,9 +86,9 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
                 sources[f"layers.{m.group(1)}.experts.{e}.w_gate"] = (info, e, 0)
                 sources[f"layers.{m.group(1)}.experts.{e}.w_up"] = (info, e, 0)
             continue
-        found = canonical_name(name, arch)
+        found = canonical_name(name, family)
         if (
-            arch.gemma4
+            family.gemma4_layers
             and m
             and m.group(2) in GEMMA4_UNUSED_KV
             and int(m.group(1)) < spec.n_layers
@@ -101,9 +107,9 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
                 sources[canonical.format(e)] = (info, e, 0)
             continue
         heads = 0
-        if arch.permuted_qk and canonical.rsplit(".", 1)[-1] in ("wq", "bq"):
+        if family.gguf_permuted_qk and canonical.rsplit(".", 1)[-1] in ("wq", "bq"):
             heads = spec.n_heads
-        elif arch.permuted_qk and canonical.rsplit(".", 1)[-1] in ("wk", "bk"):
+        elif family.gguf_permuted_qk and canonical.rsplit(".", 1)[-1] in ("wk", "bk"):
             heads = spec.n_kv_heads
         sources[canonical] = (info, None, heads)
         if spec.attn_output_gate and canonical.endswith(".wq"):
@@ -115,7 +121,7 @@ def _locate(gguf: GgufFile, spec: ModelSpec, arch: GgufArch) -> dict:
             )
         info, expert, _ = sources[canonical]
         got = info.shape[1:] if expert is not None else info.shape
-        if arch.gemma4 and info.name.endswith(GEMMA4_GATE_UP):
+        if family.gemma4_layers and info.name.endswith(GEMMA4_GATE_UP):
             continue  # its shape checked above
         if is_stacked_bias(canonical):  # (n_experts, width), read as one vector
             got = (
@@ -152,8 +158,8 @@ def load_gguf(path: Path | str, load_tensors: bool = True) -> GgufCheckpoint:
                 f"{path.name}: tensor {info.name!r} has type {info.ggml_type}, which this build cannot read"
             )
     spec = parse_metadata(gguf)
-    _, arch = arch_of(gguf)
-    sources = _locate(gguf, spec, arch)
+    _, family = arch_of(gguf)
+    sources = _locate(gguf, spec, family)
     wanted = expected_shapes(spec)
     template = gguf.metadata.get("tokenizer.chat_template")
     tensors: dict[str, GgufTensor] = {}

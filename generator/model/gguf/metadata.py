@@ -13,9 +13,9 @@ import math
 import numpy as np
 
 from ...errors import ColibriError
-from ..family_facts import check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
+from ..family_facts import Family, check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
 from ..spec import ModelSpec, RopeSpec
-from .archs import GgufArch, arch_of
+from .archs import arch_of
 from .file import GgufFile
 from .names import GEMMA4_ROPE_FREQS, LAYER_NAME
 from .tensors import rows_f32
@@ -192,10 +192,9 @@ def _token_ids(meta: _Meta, vocab: int) -> tuple[int | None, tuple[int, ...]]:
 
 def parse_metadata(gguf: GgufFile) -> ModelSpec:
     """GGUF metadata (+ which tensors exist) -> ModelSpec, with every field checked."""
-    arch, info = arch_of(gguf)
+    arch, family = arch_of(gguf)
     meta = _Meta(gguf, arch)
-    family = info
-    gemma = family.gemma
+    attention = family.attention
     tensors = gguf.tensors
     if "token_embd.weight" not in tensors:
         raise ColibriError(f"{meta.where}: no token_embd.weight tensor")
@@ -206,8 +205,8 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     if n_layers > layers_present:  # said before any per-layer table is made (a count of 2^32 - 1 would be)
         raise ColibriError(f"{meta.where}: block_count {n_layers} but the file has tensors for {layers_present} layers")
     n_heads = meta.int("attention.head_count")
-    if family.gemma4:
-        return _gemma4(gguf, meta, info, hidden, n_layers, n_heads)
+    if family.gemma4_layers:
+        return _gemma4(gguf, meta, family, hidden, n_layers, n_heads)
     n_kv = meta.int("attention.head_count_kv", n_heads)
     if meta.has("attention.key_length"):
         head_dim = meta.int("attention.key_length")
@@ -222,15 +221,15 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     if head_dim % 2:
         raise ColibriError(f"{meta.where}: head dimension {head_dim} must be even for rotary embeddings")
     rope_dim = meta.int("rope.dimension_count", head_dim)
-    if family.hybrid_linear and (rope_dim > head_dim or rope_dim % 2):
+    if attention.partial_rotary and (rope_dim > head_dim or rope_dim % 2):
         raise ColibriError(f"{meta.where}: rope.dimension_count {rope_dim} must be even and at most {head_dim}")
-    if not family.hybrid_linear and rope_dim != head_dim:
+    if not attention.partial_rotary and rope_dim != head_dim:
         raise ColibriError(
             f"{meta.where}: partial rotary embeddings (rope.dimension_count "
             f"{meta.int('rope.dimension_count')} of {head_dim}) are not supported"
         )
     vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
-    eps = meta.float("attention.layer_norm_rms_epsilon", 1e-6 if gemma else 1e-5)
+    eps = meta.float("attention.layer_norm_rms_epsilon", family.norms.gguf_eps)
     if not 0 < eps < 1:
         raise ColibriError(f"{meta.where}: layer_norm_rms_epsilon must be between 0 and 1")
     bos, eos = _token_ids(meta, vocab)
@@ -239,10 +238,11 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         return f"blk.0.{part}" in tensors
 
     qkv_bias = present("attn_q.bias")
-    if family.qkv_bias and not qkv_bias:
+    if attention.qkv_bias == "always" and not qkv_bias:
         raise ColibriError(f"{meta.where}: missing tensor 'blk.0.attn_q.bias' ({arch} has q/k/v biases)")
     moe = {}
     if family.moe:
+        routing = family.moe
         n_experts = meta.int("expert_count")
         if n_experts > MAX_EXPERTS:
             raise ColibriError(f"{meta.where}: expert_count {n_experts} exceeds {MAX_EXPERTS:,} (the most supported)")
@@ -254,12 +254,16 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
             experts_per_token=top_k,
             expert_intermediate_size=meta.int("expert_feed_forward_length", ff),
             # (Qwen3.5 always renormalises, as transformers does, whatever the file says.)
-            norm_topk_prob=True if info.hybrid_linear else meta.bool("expert_weights_norm", info.norm_topk_prob),
+            norm_topk_prob=(
+                routing.renormalise == "always"
+                if routing.gguf_renormalise_default is None
+                else meta.bool("expert_weights_norm", routing.gguf_renormalise_default)
+            ),
             shared_expert_intermediate_size=(
-                meta.int("expert_shared_feed_forward_length", 0, minimum=0) if family.shared_expert else 0
+                meta.int("expert_shared_feed_forward_length", 0, minimum=0) if routing.shared_expert else 0
             ),
             moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n_layers)),
-            router=info.router,
+            router=routing.router,
             router_bias=present("ffn_gate_inp.bias"),
             expert_biases=present("ffn_gate_exps.bias"),
         )
@@ -269,8 +273,8 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
 
     return ModelSpec(
         name=gguf.path.stem,
-        architecture=info.architecture,
-        family=info.family,
+        architecture=family.hf_architectures[0],
+        family=family.name,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -279,28 +283,39 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         n_kv_heads=n_kv,
         head_dim=head_dim,
         rms_norm_eps=eps,
-        rope=_rope(meta, 1000000.0 if gemma else info.rope_theta, info.yarn_truncate),
+        rope=_rope(meta, family.default_theta, family.gguf_yarn_truncate),
         max_position_embeddings=meta.int("context_length", 2048),
         tie_embeddings="output.weight" not in tensors,
         qkv_bias=qkv_bias,
         o_bias=present("attn_output.bias"),
         mlp_bias=present("ffn_gate.bias") or present("ffn_up.bias"),
-        qk_norm=family.qk_norm,
-        layer_windows=_windows(meta, n_layers, 6 if gemma else info.swa_pattern),
+        layer_windows=_windows(meta, n_layers, attention.window_period),
         bos_token_id=bos,
         eos_token_ids=eos,
-        activation="gelu_tanh" if gemma else ("swiglu_clamped" if info.swiglu else "silu"),
-        embed_scale=gemma_embed_scale(hidden) if gemma else 1.0,
-        attn_scale=(meta.float("attention.scale") if meta.has("attention.scale") else float(head_dim) ** -0.5)
-        if gemma
-        else 0.0,
-        post_norms=gemma,
-        rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)) if gemma else None,
-        final_softcap=meta.float("final_logit_softcapping", 0.0) if gemma else 0.0,
+        **_row_settings(meta, family, hidden, head_dim),
         **moe,
-        **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.hybrid_linear else {}),
-        attn_sinks=info.attn_sinks,
-        **(dict(swiglu_alpha=info.swiglu[0], swiglu_limit=info.swiglu[1]) if info.swiglu else {}),
+        **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.deltanet else {}),
+    )
+
+
+def _row_settings(meta: _Meta, family: Family, hidden: int, head_dim: int) -> dict:
+    """The spec's fields the family's row decides, with the keys llama.cpp writes for them."""
+    attention, ffn = family.attention, family.ffn
+    attn_scale = 0.0  # 1/sqrt(head_dim)
+    if attention.score_scale == "one":
+        attn_scale = 1.0
+    elif attention.score_scale == "query_pre_attn_scalar":
+        attn_scale = meta.float("attention.scale") if meta.has("attention.scale") else float(head_dim) ** -0.5
+    return dict(
+        qk_norm=attention.qk_norm,
+        activation=ffn.activation,
+        embed_scale=gemma_embed_scale(hidden) if family.embed_scale == "sqrt_hidden" else 1.0,
+        attn_scale=attn_scale,
+        post_norms=family.norms.sandwich,
+        rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)) if attention.local_rope else None,
+        final_softcap=meta.float("final_logit_softcapping", 0.0) if family.logit_softcap else 0.0,
+        attn_sinks=attention.sinks,
+        **(dict(swiglu_alpha=ffn.swiglu[0], swiglu_limit=ffn.swiglu[1]) if ffn.swiglu else {}),
     )
 
 
@@ -314,7 +329,7 @@ def _per_layer_ints(meta: _Meta, key: str, n_layers: int) -> tuple[int, ...]:
     return (meta.int(key),) * n_layers
 
 
-def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: int, n_heads: int) -> ModelSpec:
+def _gemma4(gguf: GgufFile, meta: _Meta, family: Family, hidden: int, n_layers: int, n_heads: int) -> ModelSpec:
     """llama.cpp's gemma4 keys: the sliding layers' head width (key_length_swa) and the global ones'
     (key_length), KV heads per layer, the sliding pattern, the per-layer inputs' width, the global
     layers' proportional RoPE (rope_freqs: the pairs that rotate), the MoE block (expert_count)."""
@@ -329,7 +344,7 @@ def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: 
     for key, width in (("rope.dimension_count_swa", head_dim), ("rope.dimension_count", global_head_dim)):
         if meta.int(key, width) != width:
             raise ColibriError(f"{meta.where}: metadata '{meta.arch}.{key}' must be the head width {width}")
-    windows = _windows(meta, n_layers, 6)
+    windows = _windows(meta, n_layers, family.attention.window_period)
     kv = _per_layer_ints(meta, "attention.head_count_kv", n_layers)
     sliding_kv = {k for k, w in zip(kv, windows) if w} or {kv[0]}
     global_kv = {k for k, w in zip(kv, windows) if not w} or {kv[0]}
@@ -339,11 +354,11 @@ def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: 
     if n_heads % n_kv or n_heads % n_global_kv:
         raise ColibriError(f"{meta.where}: head_count {n_heads} is not divisible by the layers' KV heads")
     vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
-    eps = meta.float("attention.layer_norm_rms_epsilon", 1e-6)
+    eps = meta.float("attention.layer_norm_rms_epsilon", family.norms.gguf_eps)
     if not 0 < eps < 1:
         raise ColibriError(f"{meta.where}: layer_norm_rms_epsilon must be between 0 and 1")
     bos, eos = _token_ids(meta, vocab)
-    theta = meta.float("rope.freq_base", 1000000.0)
+    theta = meta.float("rope.freq_base", family.default_theta)
     if theta <= 0:
         raise ColibriError(f"{meta.where}: metadata '{meta.arch}.rope.freq_base' must be positive")
     rope = RopeSpec(theta=theta)
@@ -375,11 +390,11 @@ def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: 
     if meta.has("expert_count"):
         n_experts, top_k = meta.int("expert_count"), meta.int("expert_used_count")
         check_experts_per_token(meta.where, "expert_used_count", top_k, n_experts)
-        moe = moe_beside_dense(n_experts, top_k, meta.int("expert_feed_forward_length"), n_layers)
+        moe = moe_beside_dense(family.moe, n_experts, top_k, meta.int("expert_feed_forward_length"), n_layers)
     return ModelSpec(
         name=gguf.path.stem,
-        architecture=info.architecture,
-        family=info.family,
+        architecture=family.hf_architectures[0],
+        family=family.name,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -394,16 +409,10 @@ def _gemma4(gguf: GgufFile, meta: _Meta, info: GgufArch, hidden: int, n_layers: 
         qkv_bias=False,
         o_bias=False,
         mlp_bias=False,
-        qk_norm=True,
         layer_windows=windows,
         bos_token_id=bos,
         eos_token_ids=eos,
-        activation="gelu_tanh",
-        embed_scale=gemma_embed_scale(hidden),
-        attn_scale=1.0,
-        post_norms=True,
-        rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)),
-        final_softcap=meta.float("final_logit_softcapping", 0.0),
+        **_row_settings(meta, family, hidden, head_dim),
         **moe,
         global_head_dim=0 if global_head_dim == head_dim else global_head_dim,
         global_kv_heads=0 if n_global_kv == n_kv else n_global_kv,

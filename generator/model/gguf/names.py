@@ -1,50 +1,14 @@
 """llama.cpp's tensor names -> canonical names (`token_embd.weight`, `blk.N.attn_q.weight`,
-`blk.N.ffn_gate_exps.weight`, ...): the global and per-layer tables, Qwen3.5's and Gemma 4's, and
-the stacked experts and their biases."""
+`blk.N.ffn_gate_exps.weight`, ...): the common global and per-layer tables (a family's own are in
+model/family_facts.py), Gemma 4's stacked gate and up, and the stacked experts and their biases."""
 
 from __future__ import annotations
 
 import re
 
-from .archs import GgufArch
+from ..family_facts import Family
 
-# Qwen3.5's tensors (llama.cpp's qwen35moe): the DeltaNet's, and its FFN norm under another name.
-HYBRID_LINEAR_TENSORS = {
-    "attn_qkv.weight": "lin_qkv",
-    "attn_gate.weight": "lin_z",
-    "ssm_beta.weight": "lin_b",
-    "ssm_alpha.weight": "lin_a",
-    "ssm_conv1d.weight": "lin_conv",
-    "ssm_dt.bias": "lin_dt_bias",
-    "ssm_a": "lin_decay_scale",
-    "ssm_norm.weight": "lin_norm",
-    "ssm_out.weight": "lin_out",
-    "post_attention_norm.weight": "ffn_norm",
-}
-
-
-# Gemma 4's tensors (llama.cpp's gemma4): the per-layer inputs, the layer scalar, the MoE block's
-# norms, router scale and per-expert scales; its experts' gate and up in one stacked tensor.
-GEMMA4_GLOBAL_TENSORS = {
-    "per_layer_token_embd.weight": "ple_embed",
-    "per_layer_model_proj.weight": "ple_model_proj",
-    "per_layer_proj_norm.weight": "ple_proj_norm",
-}
-
-
-GEMMA4_TENSORS = {
-    "layer_output_scale.weight": "layer_scalar",
-    "inp_gate.weight": "ple_gate",
-    "proj.weight": "ple_proj",
-    "post_norm.weight": "ple_norm",
-    "post_ffw_norm_1.weight": "post_dense_norm",
-    "post_ffw_norm_2.weight": "post_moe_norm",
-    "pre_ffw_norm_2.weight": "moe_norm",
-    "ffn_gate_inp.scale": "router_norm",
-    "ffn_down_exps.scale": "expert_scale",
-}
-
-
+# Gemma 4's experts' gate and up in one stacked tensor (gguf/load.py splits it).
 GEMMA4_GATE_UP = "ffn_gate_up_exps.weight"
 
 
@@ -104,22 +68,20 @@ EXPERT_BIASES = {
 LAYER_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.(.+)")
 
 
-def canonical_name(name: str, arch: GgufArch | None = None) -> tuple[str, bool] | None:
-    """GGUF tensor name -> (canonical name or per-expert pattern, stacked experts?)."""
+def canonical_name(name: str, family: Family | None = None) -> tuple[str, bool] | None:
+    """GGUF tensor name -> (canonical name or per-expert pattern, stacked experts?): the family's
+    own names (model/family_facts.py) first, then the common ones."""
     if name in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[name], False
-    if arch is not None and arch.gemma4 and name in GEMMA4_GLOBAL_TENSORS:
-        return GEMMA4_GLOBAL_TENSORS[name], False
+    if family is not None and name in family.gguf_global_tensors:
+        return family.gguf_global_tensors[name], False
     m = LAYER_NAME.fullmatch(name)
     if not m:
         return None
     index, part = m.groups()
-    if arch is not None and arch.gemma4 and part in GEMMA4_TENSORS:
-        return f"layers.{index}.{GEMMA4_TENSORS[part]}", False
-    if arch is not None and arch.hybrid_linear and part in HYBRID_LINEAR_TENSORS:
-        return f"layers.{index}.{HYBRID_LINEAR_TENSORS[part]}", False
-    if part == "post_attention_norm.weight" and arch is not None:
-        return f"layers.{index}.{arch.post_attention_norm}", False
+    own = family.gguf_layer_tensors if family is not None else {}
+    if part in own:
+        return f"layers.{index}.{own[part]}", False
     if part in EXPERT_BIASES:
         return f"layers.{index}.{EXPERT_BIASES[part]}", False
     if part in LAYER_TENSORS:

@@ -10,18 +10,24 @@ from pathlib import Path
 
 from ...errors import ColibriError
 from ...files import CONFIG_BYTES, check_json_nesting, read_text_limited
-from ..family_facts import check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
+from ..family_facts import (
+    FAMILIES,
+    Attention,
+    Family,
+    Moe,
+    check_experts_per_token,
+    check_kv_sharing,
+    gemma_embed_scale,
+    moe_beside_dense,
+)
 from ..spec import ModelSpec, RopeSpec
 from .families import (
     ARCHITECTURES,
-    FAMILIES,
     GELU_TANH,
     GEMMA4_DEFAULT_ROPE,
     GEMMA4_UNSUPPORTED,
-    LINEAR_LAYER_TYPES,
     ROPE_TYPES,
     TEXT_CONFIG_ARCHITECTURES,
-    Family,
 )
 from .safetensors_io import strict_json
 
@@ -196,7 +202,8 @@ def _layer_windows(cfg: _Config, family: Family, n_layers: int) -> tuple[int, ..
     data = cfg.data
     window = data.get("sliding_window")
     layer_types = data.get("layer_types")
-    if family.window_flag and not cfg.bool("use_sliding_window", False):
+    attention = family.attention
+    if attention.window_flag and not cfg.bool("use_sliding_window", False):
         return (0,) * n_layers  # (their configs may carry a sliding_window, even 0, that is not used)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ColibriError(f"{cfg.where}: 'sliding_window' must be a positive integer or null")
@@ -218,15 +225,15 @@ def _layer_windows(cfg: _Config, family: Family, n_layers: int) -> tuple[int, ..
         return tuple(out)
     if window is None:
         return (0,) * n_layers
-    if family.windows == "pattern":
-        pattern = data.get("sliding_window_pattern", data.get("_sliding_window_pattern", 6))
+    if attention.windows == "pattern":
+        pattern = data.get("sliding_window_pattern", data.get("_sliding_window_pattern", attention.window_period))
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             raise ColibriError(f"{cfg.where}: 'sliding_window_pattern' must be a positive integer")
         return tuple(0 if (i + 1) % pattern == 0 else window for i in range(n_layers))
-    if family.windows == "every_layer":
+    if attention.windows == "every_layer":
         return (window,) * n_layers
-    if family.windows == "alternating":  # gpt-oss without layer_types: even layers slide, odd ones see all
-        return tuple(window if i % 2 == 0 else 0 for i in range(n_layers))
+    if attention.windows == "alternating":  # gpt-oss without layer_types: even layers slide, odd ones see all
+        return tuple(0 if (i + 1) % attention.window_period == 0 else window for i in range(n_layers))
     first = cfg.int("max_window_layers", n_layers, minimum=0)
     return tuple(window if i >= first else 0 for i in range(n_layers))
 
@@ -241,49 +248,52 @@ def _softcap(cfg: _Config, key: str) -> float:
     return cap
 
 
-def _moe(cfg: _Config, family: Family, n_layers: int) -> dict:
+def _attn_scale(cfg: _Config, attention: Attention, head_dim: int) -> float:
+    """The score scale the attention block names (0: 1/sqrt(head_dim))."""
+    if attention.score_scale == "one":  # (Gemma 4 normalises queries and keys and scores them unscaled)
+        return 1.0
+    if attention.score_scale == "query_pre_attn_scalar":
+        return cfg.float("query_pre_attn_scalar", head_dim) ** -0.5
+    return 0.0
+
+
+def _moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
     """Mixture-of-experts settings: which layers route, to how many experts, how big they are."""
     key = "num_local_experts" if "num_local_experts" in cfg.data else "num_experts"
     n_experts = cfg.int(key)
     top_k = cfg.int("num_experts_per_tok")
     check_experts_per_token(cfg.where, "num_experts_per_tok", top_k, n_experts)
-    if family.moe == "gpt_oss":
-        # gpt-oss: every layer routes; top-k of the router logits, then softmax over those k.
+    if moe.placement == "every_layer":
+        # Mixtral, gpt-oss: every layer routes; experts have intermediate_size.
         return dict(
             n_experts=n_experts,
             experts_per_token=top_k,
             expert_intermediate_size=cfg.int("intermediate_size"),
+            norm_topk_prob=moe.renormalise == "always"
+            or (moe.renormalise == "config" and cfg.bool("norm_topk_prob", False)),
             moe_layers=(True,) * n_layers,
-            router="topk_then_softmax",
-            router_bias=True,
-            expert_biases=True,
-        )
-    if family.moe == "mixtral":
-        # Mixtral: every layer routes; experts have intermediate_size; top-k weights always renormalised.
-        return dict(
-            n_experts=n_experts,
-            experts_per_token=top_k,
-            expert_intermediate_size=cfg.int("intermediate_size"),
-            norm_topk_prob=True,
-            moe_layers=(True,) * n_layers,
+            router=moe.router,
+            router_bias=moe.biases,
+            expert_biases=moe.biases,
         )
     step = cfg.int("decoder_sparse_step", 1)
     dense = cfg.data.get("mlp_only_layers") or []
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
         raise ColibriError(f"{cfg.where}: 'mlp_only_layers' must be a list of layer indices")
-    shared = cfg.int("shared_expert_intermediate_size", 0, minimum=0) if family.shared_expert else 0
+    shared = cfg.int("shared_expert_intermediate_size", 0, minimum=0) if moe.shared_expert else 0
     return dict(
         n_experts=n_experts,
         experts_per_token=top_k,
         expert_intermediate_size=cfg.int("moe_intermediate_size"),
-        # Qwen3.5's router always renormalises its top k (its config.json has no norm_topk_prob).
-        norm_topk_prob=True if family.hybrid_linear else cfg.bool("norm_topk_prob", False),
+        # (Qwen3.5's router always renormalises its top k: its config.json has no norm_topk_prob.)
+        norm_topk_prob=moe.renormalise == "always"
+        or (moe.renormalise == "config" and cfg.bool("norm_topk_prob", False)),
         shared_expert_intermediate_size=shared,
         moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n_layers)),
     )
 
 
-def _hybrid_linear(cfg: _Config, n_layers: int, head_dim: int) -> dict:
+def _hybrid_linear(cfg: _Config, family: Family, n_layers: int, head_dim: int) -> dict:
     """Qwen3.5's Gated DeltaNet settings: which layers are linear attention (layer_types, or every
     full_attention_interval-th layer full attention), the DeltaNet heads and convolution, the
     partial RoPE of its full-attention layers and their output gate."""
@@ -292,13 +302,12 @@ def _hybrid_linear(cfg: _Config, n_layers: int, head_dim: int) -> dict:
     if layer_types is None:
         interval = cfg.int("full_attention_interval", 4)
         layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)]
+    kinds = tuple(family.layers)
     if not isinstance(layer_types, list) or len(layer_types) != n_layers:
         raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
     for t in layer_types:
-        if t not in LINEAR_LAYER_TYPES:
-            raise ColibriError(
-                f"{cfg.where}: unsupported layer type {json.dumps(t)} (supported: {', '.join(LINEAR_LAYER_TYPES)})"
-            )
+        if t not in kinds:
+            raise ColibriError(f"{cfg.where}: unsupported layer type {json.dumps(t)} (supported: {', '.join(kinds)})")
     if "full_attention" not in layer_types:
         raise ColibriError(f"{cfg.where}: 'layer_types' has no full_attention layer (at least one is supported)")
     k_heads = cfg.int("linear_num_key_heads")
@@ -330,7 +339,7 @@ def _hybrid_linear(cfg: _Config, n_layers: int, head_dim: int) -> dict:
 LAYER_TYPES = {True: "sliding_attention", False: "full_attention"}
 
 
-def _gemma4(cfg: _Config, n_layers: int, windows: tuple[int, ...], vocab: int) -> dict:
+def _gemma4(cfg: _Config, family: Family, n_layers: int, windows: tuple[int, ...], vocab: int) -> dict:
     """Gemma 4's settings beyond Gemma 3's: the global layers' head width and KV heads
     (per_layer_config as transformers saves it, or global_head_dim and num_global_key_value_heads),
     keys equal to values there, the per-layer inputs, the MoE block beside the dense FFN. Refuses
@@ -380,7 +389,7 @@ def _gemma4(cfg: _Config, n_layers: int, windows: tuple[int, ...], vocab: int) -
         n_experts = cfg.int("num_experts")
         top_k = cfg.int("top_k_experts")
         check_experts_per_token(cfg.where, "top_k_experts", top_k, n_experts)
-        moe = moe_beside_dense(n_experts, top_k, cfg.int("moe_intermediate_size"), n_layers)
+        moe = moe_beside_dense(family.moe, n_experts, top_k, cfg.int("moe_intermediate_size"), n_layers)
     shared = cfg.int("num_kv_shared_layers", 0, minimum=0)
     check_kv_sharing(cfg.where, "num_kv_shared_layers", shared, windows, lambda sliding: LAYER_TYPES[sliding])
     return dict(
@@ -408,13 +417,13 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         raise ColibriError(f"unsupported architecture {arch!r} (supported: {supported})")
     family_name = ARCHITECTURES[arch]
     family = FAMILIES[family_name]
+    attention = family.attention
     if arch in TEXT_CONFIG_ARCHITECTURES:
         text = data.get("text_config")
         if not isinstance(text, dict):
             raise ColibriError(f"config.json: {arch} needs a 'text_config' object")
         cfg = _Config(text, "config.json text_config")
         data = text
-    gemma = family.gemma
 
     hidden = cfg.int("hidden_size")
     n_heads = cfg.int("num_attention_heads")
@@ -430,7 +439,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         raise ColibriError(f"config.json: num_attention_heads {n_heads} is not divisible by num_key_value_heads {n_kv}")
     if head_dim % 2:
         raise ColibriError(f"config.json: head_dim {head_dim} must be even for rotary embeddings")
-    if gemma:
+    if family.ffn.activation == "gelu_tanh":
         act = data.get("hidden_activation", data.get("hidden_act", "gelu_pytorch_tanh"))
         if act not in GELU_TANH:
             raise ColibriError(
@@ -443,12 +452,13 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
             raise ColibriError(f"config.json: unsupported hidden_act {act!r} for {arch} (supported: silu)")
         activation = "silu"
     swiglu = {}
-    if family.clamped_swiglu:
+    if family.ffn.swiglu:
         activation = "swiglu_clamped"
-        swiglu = dict(swiglu_alpha=cfg.float("swiglu_alpha", 1.702), swiglu_limit=cfg.float("swiglu_limit", 7.0))
+        alpha, limit = family.ffn.swiglu
+        swiglu = dict(swiglu_alpha=cfg.float("swiglu_alpha", alpha), swiglu_limit=cfg.float("swiglu_limit", limit))
         if swiglu["swiglu_limit"] <= 0:
             raise ColibriError(f"config.json: 'swiglu_limit' must be positive, got {swiglu['swiglu_limit']}")
-    if not family.hybrid_linear and data.get("partial_rotary_factor", 1.0) != 1.0:
+    if not attention.partial_rotary and data.get("partial_rotary_factor", 1.0) != 1.0:
         raise ColibriError("config.json: partial_rotary_factor other than 1.0 is not supported")
     n_layers = cfg.int("num_hidden_layers", maximum=MAX_LAYERS)
     max_pos = cfg.int("max_position_embeddings", 2048)
@@ -457,9 +467,9 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         raise ColibriError("config.json: 'rms_norm_eps' must be between 0 and 1")
 
     attention_bias = cfg.bool("attention_bias", False)
-    qkv_bias = True if family.qkv_bias == "always" else attention_bias
-    o_bias = False if family.o_bias == "never" else attention_bias
-    mlp_bias = cfg.bool("mlp_bias", False) if family.mlp_bias else False
+    qkv_bias = True if attention.qkv_bias == "always" else attention_bias
+    o_bias = False if attention.o_bias == "never" else attention_bias
+    mlp_bias = cfg.bool("mlp_bias", False) if family.ffn.mlp_bias else False
 
     bos = _token_ids(data.get("bos_token_id"), "config.json", "bos_token_id")
     eos = _token_ids(data.get("eos_token_id"), "config.json", "eos_token_id")
@@ -473,7 +483,8 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         if t >= vocab:
             raise ColibriError(f"config.json: special token id {t} is outside the vocabulary ({vocab})")
     windows = _layer_windows(cfg, family, n_layers)
-    gemma4 = _gemma4(cfg, n_layers, windows, vocab) if family.gemma4 else {}
+    gemma4 = _gemma4(cfg, family, n_layers, windows, vocab) if family.gemma4_layers else {}
+    moe = _moe(cfg, family.moe, n_layers) if family.moe and family.moe.placement != "beside_dense" else {}
 
     return ModelSpec(
         name=name,
@@ -483,7 +494,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         hidden_size=hidden,
         # (Qwen3.5 has no dense FFN: every layer routes, and its config.json no intermediate_size.)
         intermediate_size=cfg.int(
-            "intermediate_size", data.get("moe_intermediate_size") if family.hybrid_linear else None
+            "intermediate_size", data.get("moe_intermediate_size") if not family.ffn.dense else None
         ),
         n_layers=n_layers,
         n_heads=n_heads,
@@ -492,30 +503,29 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         rms_norm_eps=eps,
         rope=(
             GEMMA4_DEFAULT_ROPE
-            if family.gemma4 and data.get("rope_parameters") is None
-            else _rope(cfg, max_pos, 1000000.0 if gemma else family.default_theta)
+            if family.gemma4_layers and data.get("rope_parameters") is None
+            else _rope(cfg, max_pos, family.default_theta)
         ),
         max_position_embeddings=max_pos,
-        tie_embeddings=cfg.bool("tie_word_embeddings", gemma),
+        tie_embeddings=cfg.bool("tie_word_embeddings", family.tie_embeddings),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,
-        qk_norm=family.qk_norm,
+        qk_norm=attention.qk_norm,
         layer_windows=windows,
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=eos,
         activation=activation,
-        embed_scale=gemma_embed_scale(hidden) if gemma else 1.0,
-        # (Gemma 4 normalises queries and keys and scores them unscaled.)
-        attn_scale=1.0 if family.gemma4 else (cfg.float("query_pre_attn_scalar", head_dim) ** -0.5) if gemma else 0.0,
-        post_norms=gemma,
-        rope_local=_rope_local(cfg, max_pos) if gemma else None,
+        embed_scale=gemma_embed_scale(hidden) if family.embed_scale == "sqrt_hidden" else 1.0,
+        attn_scale=_attn_scale(cfg, attention, head_dim),
+        post_norms=family.norms.sandwich,
+        rope_local=_rope_local(cfg, max_pos) if attention.local_rope else None,
         # (Gemma 3 configs may carry attn_logit_softcapping, but transformers' Gemma 3 never applies it.)
         # transformers applies final_logit_softcapping in Gemma3ForCausalLM, not in the multimodal class.
         final_softcap=_softcap(cfg, "final_logit_softcapping") if arch != "Gemma3ForConditionalGeneration" else 0.0,
-        **(_moe(cfg, family, n_layers) if family.moe else {}),
+        **moe,
         **gemma4,
-        **(_hybrid_linear(cfg, n_layers, head_dim) if family.hybrid_linear else {}),
-        attn_sinks=family.attn_sinks,
+        **(_hybrid_linear(cfg, family, n_layers, head_dim) if family.deltanet else {}),
+        attn_sinks=attention.sinks,
         **swiglu,
     )

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from ...errors import ColibriError
 from ...files import SHARD_INDEX_BYTES, optional_file
+from ..family_facts import FAMILIES
 from ..hub import model_name
 from ..spec import ModelSpec, expected_shapes
 from . import mxfp4
 from .config import parse_config, read_json
-from .families import FAMILIES
 from .names import NOT_TEXT_PREFIXES, canonical_name, unused_kv_part
 from .safetensors_io import TensorInfo, read_header
 from .views import HfFusedSlice, HfTensor, file_shape, fused_parts, mxfp4_parts, tensor_view

@@ -1,5 +1,5 @@
-"""Hugging Face tensor names -> canonical names: the parts of a layer each family's checkpoint
-holds (attention, FFN, MoE, Gemma 4's, gpt-oss's, Qwen3.5's DeltaNet), the prefixes under which a
+"""Hugging Face tensor names -> canonical names: the common parts of a layer (attention, FFN, MoE,
+gpt-oss's router and sinks; a family's own are in model/family_facts.py), the prefixes under which a
 multimodal checkpoint keeps its text tower, and what is not text.
 
 Canonical tensor names (used by the planner, the weight image, the generated C and the reference):
@@ -10,22 +10,8 @@ Canonical tensor names (used by the planner, the weight image, the generated C a
 
 from __future__ import annotations
 
+from ..family_facts import FAMILIES
 from ..spec import ModelSpec
-from .families import FAMILIES
-
-# A Gated DeltaNet layer's tensors (Qwen3.5's linear_attn).
-HF_LINEAR_LAYER_PARTS = {
-    "linear_attn.in_proj_qkv.weight": "lin_qkv",
-    "linear_attn.in_proj_z.weight": "lin_z",
-    "linear_attn.in_proj_b.weight": "lin_b",
-    "linear_attn.in_proj_a.weight": "lin_a",
-    "linear_attn.conv1d.weight": "lin_conv",
-    "linear_attn.dt_bias": "lin_dt_bias",
-    "linear_attn.A_log": "lin_decay_scale",
-    "linear_attn.norm.weight": "lin_norm",
-    "linear_attn.out_proj.weight": "lin_out",
-}
-
 
 HF_LAYER_PARTS = {
     "input_layernorm.weight": "attn_norm",
@@ -46,43 +32,6 @@ HF_LAYER_PARTS = {
     "mlp.gate_proj.bias": "b_gate",
     "mlp.up_proj.bias": "b_up",
     "mlp.down_proj.bias": "b_down",
-}
-
-
-# Gemma's norms: post_attention_layernorm normalises the attention output (not the FFN input).
-HF_GEMMA_LAYER_PARTS = dict(
-    HF_LAYER_PARTS,
-    **{
-        "post_attention_layernorm.weight": "post_attn_norm",
-        "pre_feedforward_layernorm.weight": "ffn_norm",
-        "post_feedforward_layernorm.weight": "post_ffn_norm",
-    },
-)
-
-
-# Gemma 4's parts beyond Gemma 3's: the MoE block's norms, router and experts (stacked: fused_parts),
-# the per-layer inputs' gate, projection and norm, the layer scalar.
-HF_GEMMA4_LAYER_PARTS = dict(
-    HF_GEMMA_LAYER_PARTS,
-    **{
-        "post_feedforward_layernorm_1.weight": "post_dense_norm",
-        "pre_feedforward_layernorm_2.weight": "moe_norm",
-        "post_feedforward_layernorm_2.weight": "post_moe_norm",
-        "router.proj.weight": "router",
-        "router.scale": "router_norm",
-        "router.per_expert_scale": "expert_scale",
-        "per_layer_input_gate.weight": "ple_gate",
-        "per_layer_projection.weight": "ple_proj",
-        "post_per_layer_input_norm.weight": "ple_norm",
-        "layer_scalar": "layer_scalar",
-    },
-)
-
-
-HF_GEMMA4_GLOBAL = {
-    "model.embed_tokens_per_layer.weight": "ple_embed",
-    "model.per_layer_model_projection.weight": "ple_model_proj",
-    "model.per_layer_projection_norm.weight": "ple_proj_norm",
 }
 
 
@@ -158,15 +107,16 @@ HF_FUSED_EXPERT_BIASES = {
 HF_GLOBAL = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 
 
-def canonical_name(hf_name: str, family: str) -> str | None:
+def canonical_name(hf_name: str, family_name: str) -> str | None:
+    """A checkpoint's tensor name -> its canonical name: the family's own names (model/family_facts.py)
+    over the common ones; the common MoE and expert names where the family takes them."""
+    family = FAMILIES[family_name]
     hf_name = text_tower_name(hf_name)
     if hf_name in HF_GLOBAL:
         return HF_GLOBAL[hf_name]
-    if FAMILIES[family].gemma4 and hf_name in HF_GEMMA4_GLOBAL:
-        return HF_GEMMA4_GLOBAL[hf_name]
-    parts = HF_GEMMA_LAYER_PARTS if FAMILIES[family].gemma else HF_LAYER_PARTS
-    if FAMILIES[family].gemma4:
-        parts = HF_GEMMA4_LAYER_PARTS
+    if hf_name in family.hf_global_tensors:
+        return family.hf_global_tensors[hf_name]
+    parts = {**HF_LAYER_PARTS, **family.hf_layer_tensors}
     if hf_name.startswith("model.layers."):
         rest = hf_name[len("model.layers.") :]
         index, _, part = rest.partition(".")
@@ -174,12 +124,10 @@ def canonical_name(hf_name: str, family: str) -> str | None:
             return None
         if part in parts:
             return f"layers.{index}.{parts[part]}"
-        if FAMILIES[family].gemma4:
+        if not family.hf_common_moe:
             return None
         if part in HF_MOE_LAYER_PARTS:
             return f"layers.{index}.{HF_MOE_LAYER_PARTS[part]}"
-        if FAMILIES[family].hybrid_linear and part in HF_LINEAR_LAYER_PARTS:
-            return f"layers.{index}.{HF_LINEAR_LAYER_PARTS[part]}"
         if part in HF_GPT_OSS_LAYER_PARTS:
             return f"layers.{index}.{HF_GPT_OSS_LAYER_PARTS[part]}"
         for prefix in ("block_sparse_moe.experts.", "mlp.experts."):

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
+from ..family_facts import FAMILIES
 from ..spec import ModelSpec
 from . import mxfp4
-from .families import FAMILIES
 from .names import HF_FUSED_EXPERT_BIASES, text_tower_name
 from .safetensors_io import TensorInfo, read_rows, rows_cols
 
@@ -118,13 +118,15 @@ def fused_parts(hf_name: str, path: Path, info: TensorInfo, spec: ModelSpec) -> 
     """The canonical tensors a fused gpt-oss expert tensor holds, or None when hf_name is not one."""
     hf_name = text_tower_name(hf_name)
     family = FAMILIES[spec.family]
-    if not hf_name.startswith("model.layers.") or not (family.fused_experts or family.gemma4):
+    if not hf_name.startswith("model.layers.") or not (family.fused_experts or family.gemma4_layers):
         return None
     index, _, part = hf_name[len("model.layers.") :].partition(".")
     if not index.isdigit() or str(int(index)) != index or int(index) >= spec.n_layers:
         return None
     p, n, d, fe = f"layers.{index}.", spec.n_experts, spec.hidden_size, spec.expert_intermediate_size
-    if family.gemma4:  # experts.gate_up_proj [E, 2 x inner, hidden] (gate rows, then up), down [E, hidden, inner]
+    if (
+        family.gemma4_layers
+    ):  # experts.gate_up_proj [E, 2 x inner, hidden] (gate rows, then up), down [E, hidden, inner]
         shapes = {"experts.gate_up_proj": (n, 2 * fe, d), "experts.down_proj": (n, d, fe)}
         if part not in shapes or not spec.n_experts:
             return None
@@ -193,13 +195,8 @@ def tensor_view(spec: ModelSpec, canonical: str, path: Path, info: TensorInfo) -
     Qwen3.5's gated norm, which scales by w), the queries and the output gate of Qwen3.5's q_proj
     (each head's head_dim queries, then its head_dim gates), its convolution's taps as one vector."""
     family = FAMILIES[spec.family]
-    plus_one = (
-        (family.gemma or family.hybrid_linear)
-        and not family.gemma4
-        and canonical.endswith("norm")
-        and not canonical.endswith("lin_norm")
-    )
-    if family.gemma4 and canonical.endswith("router_norm"):
+    plus_one = family.norms.plus_one and canonical.endswith("norm") and not canonical.endswith("lin_norm")
+    if family.gemma4_layers and canonical.endswith("router_norm"):
         return HfTensor(path, info, scale=spec.hidden_size**-0.5)
     if spec.attn_output_gate and (canonical.endswith(".wq") or canonical.endswith(".wq_gate")):
         hd = spec.head_dim

@@ -364,7 +364,7 @@ def _gemma4(gguf: GgufFile, meta: _Meta, family: Family, hidden: int, n_layers: 
     rope = RopeSpec(theta=theta)
     if GEMMA4_ROPE_FREQS in tensors:
         freqs = tensors[GEMMA4_ROPE_FREQS]
-        values = rows_f32(gguf.path, freqs).reshape(-1)
+        values = rows_f32(gguf.path, freqs, weights=False).reshape(-1)
         rotated = int(np.count_nonzero(values == 1.0))
         if len(values) != global_head_dim // 2 or not (
             (values[:rotated] == 1.0).all() and (values[rotated:] >= 1e30).all()

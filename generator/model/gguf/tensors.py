@@ -272,9 +272,11 @@ def tensor_f32(gguf: GgufFile, info: GgufTensorInfo) -> np.ndarray:
     return rows_f32(gguf.path, info).reshape(info.shape)
 
 
-def rows_f32(path: Path, info: GgufTensorInfo, rows: np.ndarray | None = None) -> np.ndarray:
+def rows_f32(path: Path, info: GgufTensorInfo, rows: np.ndarray | None = None, weights: bool = True) -> np.ndarray:
     """Rows `rows` of a tensor (all of them when None) as float32 (rows, cols); NaN or Inf is
-    refused."""
+    refused, and with `weights` a value beyond the weight limit (file_reads.check_weights). A
+    tensor that is no weight (Gemma 4's rope_freqs: 1e30 marks a pair that does not rotate) is
+    read with weights=False."""
     raw = _raw_rows(path, info, rows)
     t = info.ggml_type
     if t in PLAIN:
@@ -289,5 +291,8 @@ def rows_f32(path: Path, info: GgufTensorInfo, rows: np.ndarray | None = None) -
         except (NotImplementedError, KeyError, ValueError) as e:
             raise ColibriError(f"{Path(path).name}: tensor {info.name!r}: cannot dequantize {t} ({e})") from None
     values = np.asarray(values, dtype=np.float32).reshape(-1, info.shape[-1])
-    check_weights(Path(path).name, info.name, values)
+    if weights:
+        check_weights(Path(path).name, info.name, values)
+    elif not np.isfinite(values).all():
+        raise ColibriError(f"{Path(path).name}: tensor {info.name!r} contains NaN or Inf")
     return values

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..boards import DEFAULT_KV_TYPE, Board, available_boards, board_reference
 from ..errors import ColibriError
 from ..files import REPO, slug
+from ..model.gguf import is_gguf
 from ..model.load import load_model, model_name
 from ..numerics.quantize import QUANTS
 from . import build_cache
@@ -79,7 +80,7 @@ def model_slug(model: Path | str) -> str:
     cache by its repository's), or the file's, a GGUF file's extension left out (its quantization
     follows: SmolLM2-135M-Instruct.Q4_1-gguf-ctx512)."""
     path = Path(model).resolve()
-    return slug(path.stem if path.suffix.lower() == ".gguf" else model_name(path))
+    return slug(path.stem if is_gguf(path) else model_name(path))
 
 
 # Written into every build directory when the build makes it: what tells a build directory (which

@@ -37,6 +37,7 @@ from typing import Callable
 
 from ..boards import Board, ProcessRunner, available_boards, load_board
 from ..errors import ColibriError
+from ..files import load_toml
 from .process import run_process, signal_name
 from .session import RemoteRun, RunRequest, RunResult, Session, request_frame
 
@@ -149,8 +150,8 @@ def default_remote(board_name: str) -> tuple[str, str] | None:
     if not path.is_file():
         return None
     try:
-        table = tomllib.loads(path.read_text()).get("remote", {})
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        table = load_toml(path, str(path)).get("remote", {})
+    except tomllib.TOMLDecodeError as e:
         raise ColibriError(f"{path}: malformed config file ({e})") from None
     value = table.get(board_name) if isinstance(table, dict) else None
     if value is None:

@@ -19,7 +19,7 @@ import pytest
 from conftest import DEFAULT_MODEL, run_cli
 from sshd import ALIAS, Sshd, processes_running
 
-from generator.device.remote import Blob, Remote, copy_blob, file_sha256, parse_remote
+from generator.device.remote import Blob, Remote, copy_blob, default_remote, file_sha256, parse_remote
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest
 from generator.errors import ColibriError
@@ -378,3 +378,19 @@ def test_memory_budget_auto_is_resolved_on_the_board_not_here(builder, board_env
         " - margin 1099511627776 B = 0 B cannot hold this model",
     )
     assert "too small" not in line, "refused by the firmware on the board, not by the CLI here"
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("[remote]\nhost = " + "[" * 100 + "]" * 100 + "\n", "nested more than 64 deep"),
+        ("[remote]\nhost = 'x'\n" + "# padding\n" * 120_000, "exceed the limit"),
+    ],
+)
+def test_the_user_config_is_read_within_the_file_limits(tmp_path, monkeypatch, text, says):
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+    monkeypatch.delenv("COLIBRI_REMOTE", raising=False)
+    monkeypatch.setenv("COLIBRI_CONFIG", str(config))
+    with pytest.raises(ColibriError, match=says):
+        default_remote("host")

@@ -467,6 +467,14 @@ def make_gemma4_multimodal(out: Path, seed: int = 7) -> Path:
     return out
 
 
+# What make_upcycled_moe takes of kjv-tiny's config.json: everything but its MLP's kind.
+KJV_SHAPE_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_theta", "rms_norm_eps",
+    "tie_word_embeddings", "bos_token_id", "eos_token_id",
+)  # fmt: skip
+
+
 def make_upcycled_moe(out: Path, experts: int = 8, top_k: int = 2, noise: float = 0.05, seed: int = 5) -> Path:
     """A Mixtral made from the bundled kjv-tiny (trained on the KJV): its embeddings, attention and
     norms, each layer's experts a copy of its MLP perturbed by `noise` (relative), and a random
@@ -474,6 +482,7 @@ def make_upcycled_moe(out: Path, experts: int = 8, top_k: int = 2, noise: float 
     a MoE whose sampled decoding is text-like, so a stream sampled from it and a text fed to it
     route alike (tests of bench's token stream). Its tokenizer and generation settings are
     kjv-tiny's."""
+    import json
     import shutil
 
     import torch
@@ -483,23 +492,12 @@ def make_upcycled_moe(out: Path, experts: int = 8, top_k: int = 2, noise: float 
     kjv = Path(__file__).resolve().parent.parent / "models" / "kjv-tiny"
     src = load_file(str(kjv / "model.safetensors"))
     torch.manual_seed(seed)
+    shape = json.loads((kjv / "config.json").read_text())  # kjv-tiny's own, so its weights fit
     config = transformers.MixtralConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=256,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
+        **{key: shape[key] for key in KJV_SHAPE_KEYS},
         num_local_experts=experts,
         num_experts_per_tok=top_k,
-        tie_word_embeddings=True,
         sliding_window=None,
-        bos_token_id=1,
-        eos_token_id=2,
     )
     model = transformers.MixtralForCausalLM(config).eval()
     with torch.no_grad():

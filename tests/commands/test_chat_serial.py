@@ -139,7 +139,7 @@ def p4_on_pty(builder, chat_model):  # noqa: F811 (the fixture imported above)
 
 def chat_json(monkeypatch, capsys, *args) -> list[dict]:
     """`colibri chat --json` with MESSAGES on standard input, one JSON turn per line."""
-    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(MESSAGES) + "\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(("\n".join(MESSAGES) + "\n").encode())))
     code = cli.main(["chat", "--ctx", str(CTX), "--steps", "6", "--greedy", "--json", *map(str, args)])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -179,7 +179,7 @@ def test_chat_over_a_serial_port_answers_as_chat_on_host(
 
 def test_chat_without_a_port_looks_it_up_as_run_does(chat_model, tmp_path, monkeypatch, capsys):  # noqa: F811
     monkeypatch.setattr(ports, "list_ports", lambda: [PLAIN])  # a port, but none like an ESP32 board's
-    monkeypatch.setattr("sys.stdin", io.StringIO("And God said\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"And God said\n")))
     said = {}
     for command, extra in (("run", ["--prompt-ids", "1,2,3", "--steps", "4"]), ("chat", [])):
         code = cli.main(

@@ -104,6 +104,7 @@ def release_in(checkout: Path, board: str, out: Path, env_spec: dict) -> subproc
 @pytest.mark.parametrize("board", BOARDS)
 def test_two_directory_rebuild_is_byte_identical(board, checkouts, tmp_path):
     outs = (tmp_path / "out-a", tmp_path / "elsewhere" / "deeper" / "out-b")
+    outs[1].parent.mkdir(parents=True)  # --out's parent must exist, as for any user's --out
     procs = [release_in(c, board, o, e) for c, o, e in zip(checkouts, outs, ENVIRONMENTS)]
     for proc in procs:  # the two builds run at the same time: private build directories
         output, _ = proc.communicate(timeout=600)

@@ -402,6 +402,9 @@ def test_sources_and_source_date_epoch_come_from_git(monkeypatch):
 
 
 def test_cli_release_and_verify_release(tmp_path, keys):
+    """The two commands as a user runs them, end to end (90 s in CI): a release compiles from source
+    on purpose (no build cache: what is signed was built here), and verify-release builds it again
+    to compare, so this test is two whole builds and cannot share the module's release."""
     out = tmp_path / "rel"
     done = run_cli(
         "release",

@@ -53,7 +53,7 @@ def seeds(into) -> None:
 
 def test_libfuzzer_finds_no_block_the_decoders_mishandle(tmp_path):
     """About 4 minutes in CI: clang with ASan and UBSan over the scalar and AVX2 kernel sets, then
-    50,000 runs through both sets' decoders and matvecs; fewer runs would leave block types unvisited."""
+    50,000 runs through both sets' decoders and matvecs (the runs, not the build, are most of it)."""
     fuzzer = build_fuzzer(
         tmp_path / "fuzz_blocks",
         "-ffp-contract=off",

@@ -195,6 +195,8 @@ import conversion.base as base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 import conversion.gemma as gemma
 gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()  # (its own wants a Llama BPE vocabulary)
+import conversion.glm as glm
+glm.Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()  # (its own wants GLM's special tokens)
 import convert_hf_to_gguf
 sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
 convert_hf_to_gguf.main()

@@ -268,3 +268,30 @@ def test_verify_passes_on_gpt_oss_converted_by_llama_cpp_with_its_q8_0_blocks_ke
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout
+
+
+# GLM-4.x MoE as llama.cpp's converter writes it (glm4moe): block_count counts the
+# multi-token-prediction layer (nextn_predict_layers), the sigmoid routing's keys
+# (expert_gating_func, expert_group_count, expert_weights_scale), exp_probs_b, the shared experts.
+
+
+@pytest.fixture(scope="module")
+def glm4_moe_peer(tmp_path_factory):
+    from gguf_files import peer_convert
+
+    config_cls, model_cls, kwargs = ORACLE_CONFIGS["glm4_moe"]
+    root = tmp_path_factory.mktemp("glm4-moe-peer")
+    model_dir = make_checkpoint((config_cls, model_cls, dict(kwargs, vocab_size=512)), root / "model")
+    return model_dir, peer_convert(model_dir, root / "glm4-moe-f32.gguf", "f32")
+
+
+def test_glm4_moe_converted_by_llama_cpp_imports_as_its_safetensors_do(glm4_moe_peer):
+    model_dir, path = glm4_moe_peer
+    from_hf, from_gguf = load_model(model_dir), load_model(path)
+    spec = from_hf.spec
+    assert read_gguf(path).metadata["glm4moe.block_count"] == spec.n_layers + 1 and spec.mtp_layers == 1
+    assert (spec.expert_groups, spec.routed_scaling, spec.router_choice_bias) == (4, 2.5, True)
+    assert dataclasses.replace(from_gguf.spec, name=spec.name) == spec
+    assert list(from_gguf.tensors) == list(from_hf.tensors)
+    differ = [n for n in from_hf.tensors if not np.array_equal(bits(from_hf.tensors[n]), bits(from_gguf.tensors[n]))]
+    assert differ == []

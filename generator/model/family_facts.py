@@ -394,6 +394,15 @@ FAMILY_ROWS = (
         hf_tensors=DEEPSEEK_MOE_HF,
         gguf_tensors={**GGUF_FFN_NORM_AS_POST_ATTENTION, **DEEPSEEK_MOE_GGUF},
     ),
+    Family(
+        "deepseek",
+        ("DeepseekForCausalLM",),  # DeepSeekMoE (16B): its own modeling code, no transformers class
+        "deepseek",
+        attention_layers(Attention()),
+        moe=Moe("first_k_dense", gguf_renormalise_default=False, shared_expert="ungated"),
+        hf_tensors=DEEPSEEK_MOE_HF,
+        gguf_permuted_qk=True,
+    ),
 )
 
 

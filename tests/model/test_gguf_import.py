@@ -4,6 +4,7 @@ llama.cpp's formulas (the gguf package is the oracle) and keep their exact block
 built from a .gguf file passes verify."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -376,3 +377,29 @@ def test_verify_passes_on_deepseek_moe_with_its_q8_0_blocks_kept(deepseek_moe, t
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        (
+            "glm4moe.expert_gating_func",
+            1,
+            "metadata 'glm4moe.expert_gating_func' 1 is not this architecture's sigmoid (2)",
+        ),
+        ("glm4moe.expert_group_count", 3, "expert_group_count 3 does not divide the 8 experts into equal groups"),
+        (
+            "glm4moe.expert_group_used_count",
+            1,
+            "expert_used_count 3 exceeds the 2 experts that expert_group_used_count",
+        ),
+    ],
+)
+def test_broken_glm4_moe_routing_keys_are_refused_in_one_line(key, value, message, glm4_moe_peer, tmp_path):
+    from gguf_files import with_u32_key
+
+    from generator.errors import ColibriError
+
+    path = with_u32_key(glm4_moe_peer[1], key, value, tmp_path / "broken.gguf")
+    with pytest.raises(ColibriError, match=re.escape(message)):
+        load_model(path)

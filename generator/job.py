@@ -450,6 +450,18 @@ def selftest_built(prepared: Prepared[Any], built: Built, seen: Selftest | None 
     return result.selftest
 
 
+def prepare_selftest(options: JobOptions) -> Prepared[None]:
+    """selftest's checks before compiling: the board, the model and its fit, where the firmware runs;
+    no prompt, no sampling (the golden prompt is in the firmware)."""
+    return prepare(options, lambda planned, tokenizer: None, sampling=False)
+
+
+def selftest(options: JobOptions) -> tuple[Prepared[None], Selftest]:
+    """Build the firmware and ask it for its own verdict (app/selftest.c), no host reference."""
+    prepared = prepare_selftest(options)
+    return prepared, selftest_built(prepared, build(prepared))
+
+
 def verify_ran(prepared: Prepared[PromptInputs], built: Built, ran: Ran) -> Verified:
     """The one verify (verify.verify_run) of a run of the built firmware; its self-test asked where
     the firmware is reached (here, or over a serial port)."""

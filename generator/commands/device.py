@@ -130,7 +130,7 @@ def flash(args: argparse.Namespace) -> int:
         )
     if not args.monitor:
         return 0
-    from ..device.monitor import monitor
+    from ..device.monitor import PanicDecoder, monitor
 
     uart_baud = board.idf.uart_baud if board.idf is not None else 115200
     return monitor(
@@ -140,6 +140,7 @@ def flash(args: argparse.Namespace) -> int:
         expected_model=art.model_hash(),
         json_lines=args.json,
         tokenizer=Tokenizer.for_model(args.model),
+        decoder=PanicDecoder(art.program, board.cc) if art.program.exists() else None,
     )
 
 
@@ -265,12 +266,20 @@ def add_monitor_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=non_negative_float, help="stop after this many seconds")
     p.add_argument("--expect-model", metavar="HASH", help="model hash (or a prefix) the firmware must carry")
     p.add_argument("--model", type=Path, help="model directory whose tokenizer turns token frames into text")
+    p.add_argument(
+        "--elf",
+        type=Path,
+        metavar="FILE",
+        help="the build's ELF (e.g. build/esp32p4/<model>/firmware.elf): code addresses in the log (a panic's "
+        "MEPC and RA, its stack dump, a backtrace) are decoded to function, file and line, as idf.py monitor does",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per frame or log line")
 
 
 def monitor(args: argparse.Namespace) -> int:
-    from ..device.monitor import monitor
+    from ..device.monitor import PanicDecoder, monitor
 
+    decoder = PanicDecoder(args.elf) if args.elf is not None else None  # a bad --elf is said before the port
     port = args.port or job.look_up_port("monitor")
     tokenizer = None
     if args.model is not None:
@@ -285,6 +294,7 @@ def monitor(args: argparse.Namespace) -> int:
         expected_model=args.expect_model,
         json_lines=args.json,
         tokenizer=tokenizer,
+        decoder=decoder,
     )
 
 

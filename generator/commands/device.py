@@ -361,10 +361,12 @@ def probe(args: argparse.Namespace) -> int:
     for port in ports:
         chip = probe_chip(port, args.before)
         chips.append(chip)
-        serial_boards = [
-            b for b in (load_board(name) for name in available_boards()) if b.flash is not None and b.runner.needs_port
+        for_chip = [
+            b
+            for b in (load_board(name) for name in available_boards())
+            if b.runner.needs_port and b.flash is not None and b.flash.chip == chip.name.replace("-", "").lower()
         ]
-        boards = given or [b for b in serial_boards if chip.name.replace("-", "").lower() == b.flash.chip]
+        boards = given or for_chip
         if not boards:
             problems.append(f"{port}: no board of targets/ is for the {chip.name} (give one with --board FILE)")
         for board in boards:

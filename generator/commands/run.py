@@ -36,7 +36,16 @@ from ..job import Ran
 from ..model.tokenizer import Tokenizer
 from ..numerics.sampling import SamplingParams
 from ..selftest import SelftestCheck, selftest_checks
-from ..verify import FirmwareMismatch, RunStats, Verified, budget_text, run_stats, speed_text
+from ..verify import (
+    FirmwareMismatch,
+    RunStats,
+    Verified,
+    budget_text,
+    planned_stack,
+    record_margins,
+    run_stats,
+    speed_text,
+)
 from .common import Command, job_options, print_json
 
 
@@ -199,6 +208,15 @@ def verify(args: argparse.Namespace) -> int:
             f"running the NumPy reference on the same weight image"
         )
     verified = job.verify_ran(prepared, built, ran)
+    margins = stats.margins
+    if margins is not None:
+        # An MCU's stack and heap at their most, against the stack its linked ELF reserves; kept for report.
+        planned = planned_stack(built.art.program)
+        record_margins(built.art.out_dir, built.identity.build, margins)
+        if not args.json:
+            progress(margins.line(planned))
+        for warning in margins.warnings(planned):
+            warn(warning)
     selftest, quant = verified.selftest, verified.plan.quant
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
     if args.json:

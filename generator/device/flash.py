@@ -15,11 +15,12 @@ import struct
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ..boards import Board, Flash, FlashImage
+from ..documents import JsonDocument, json_meta
 from ..errors import ColibriError
 from .ports import open_error
 
@@ -359,17 +360,17 @@ def flash_images(
 
 
 @dataclass(frozen=True)
-class ProbedChip:
+class ProbedChip(JsonDocument):
     """What esptool reads from a chip in its ROM loader: its name and revision (MAJOR * 100 + MINOR),
     the MAC, the flash size from the flash chip's JEDEC id (None: not recognised), its features
     (the embedded PSRAM among them on chips whose eFuses say it: not on the ESP32-P4)."""
 
     port: str
-    name: str
+    name: str = field(metadata=json_meta(key="chip"))
     description: str
-    revision: int
+    revision: int = field(metadata=json_meta(convert=lambda full: _rev(full)))
     mac: str
-    flash_size: str | None
+    flash_size: str | None = field(metadata=json_meta(then=("psram",)))
     features: tuple[str, ...]
 
     @property
@@ -380,18 +381,6 @@ class ProbedChip:
         flash = self.flash_size or "flash size not recognised"
         psram = self.psram or "PSRAM not reported by the chip"
         return f"{self.port}: {self.description}, MAC {self.mac}, {flash} flash, {psram}; {', '.join(self.features)}"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "port": self.port,
-            "chip": self.name,
-            "description": self.description,
-            "revision": _rev(self.revision),
-            "mac": self.mac,
-            "flash_size": self.flash_size,
-            "psram": self.psram,
-            "features": list(self.features),
-        }
 
 
 def probe_chip(port: str, before: str = "default-reset") -> ProbedChip:

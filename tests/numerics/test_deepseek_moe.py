@@ -99,6 +99,7 @@ def test_multi_token_prediction_layers_are_left_out_and_reported(checkpoints, tm
     save_file({**tensors, **mtp}, model / "model.safetensors", metadata={"format": "pt"})
     checkpoint = load_hf(model)
     assert checkpoint.spec.mtp_layers == 1 and not any(n.startswith("layers.3.") for n in checkpoint.tensors)
+    assert checkpoint.spec.to_json() == replace(checkpoint.spec, mtp_layers=0).to_json()  # nothing built changes
     plan = make_plan(checkpoint.spec, "host", "q8_0", 64)
     assert "multi-token-prediction layers left out: 1" in format_report(planned_report(load_board("host"), plan))
     save_file({**tensors, "model.layers.4.enorm.weight": np.ones(64, np.float32)}, model / "model.safetensors")

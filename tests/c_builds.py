@@ -7,8 +7,8 @@ import fcntl
 import hashlib
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
 
 # How the kernel sets' harnesses and the kernel benchmarks in tools/ compile: C11, every warning an
 # error, the numerics contract's flags.
@@ -51,5 +51,12 @@ def objects_once(compile_command: list[str], sources: list) -> list[Path]:
     """Each source compiled (-c) by compile_command (a compiler and its flags) once per test run,
     built_once: programs linked from the same sources with the same flags (a kernel set's numerics
     harness and the kernel benchmarks in tools/) share its objects instead of compiling the set
-    again. Sources are given by absolute paths, so the command is the same from any directory."""
-    return [built_once(f"object-{Path(source).stem}", [*compile_command, "-c", str(source)]) for source in sources]
+    again. The sources are compiled side by side, one per core (a worker that needs an object
+    another is compiling waits for it). Sources are given by absolute paths, so the command is the
+    same from any directory."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(
+            pool.map(
+                lambda source: built_once(f"object-{Path(source).stem}", [*compile_command, "-c", str(source)]), sources
+            )
+        )

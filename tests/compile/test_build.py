@@ -23,7 +23,19 @@ def scons(root: Path, model: Path, out: Path, *extra, cached: bool = True):
     say CACHED, not CC), so each chain compiles only what its own edits and its model change."""
     cache = [f"cache_dir={os.environ['COLIBRI_CACHE_DIR']}"] if cached else []
     done = subprocess.run(
-        [SCONS, "-Q", "-C", str(root), "board=host", f"model={model}", "quant=q8_0", "ctx=48", f"out={out}", *cache, *extra],
+        [
+            SCONS,
+            "-Q",
+            "-C",
+            str(root),
+            "board=host",
+            f"model={model}",
+            "quant=q8_0",
+            "ctx=48",
+            f"out={out}",
+            *cache,
+            *extra,
+        ],
         capture_output=True,
         text=True,
         timeout=300,

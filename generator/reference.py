@@ -350,7 +350,10 @@ class Reference:
                 v = k.copy()
             elif own_kv:
                 v = self._linear(p + "wv", act, p + "bv" if s.qkv_bias else None).reshape(kvh, hd)
-            if s.qk_norm:
+            if s.qk_norm and s.qk_norm_whole:  # OLMoE: one norm over all the heads' queries, one over the keys
+                q = rmsnorm(q.reshape(-1), self.w[p + "q_norm"], eps).reshape(q.shape)
+                k = rmsnorm(k.reshape(-1), self.w[p + "k_norm"], eps).reshape(k.shape) if own_kv else k
+            elif s.qk_norm:
                 q = rmsnorm(q, self.w[p + "q_norm"], eps)
                 if own_kv:
                     k = rmsnorm(k, self.w[p + "k_norm"], eps)

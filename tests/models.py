@@ -342,6 +342,25 @@ ORACLE_CONFIGS = {
             max_position_embeddings=128,
         ),
     ),
+    # OLMoE: q/k RMSNorm over all the heads' queries (64 wide) and all the keys (32: GQA 2:1), not per
+    # head; 8 experts of 32, top-3, softmax weights not renormalised; every layer routed; untied.
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=False,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 # Learned scales that default to 1 (Gemma 4's layer scalars, router scale, per-expert scales):
 # randomised like the norms, so their paths are tested.

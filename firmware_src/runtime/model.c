@@ -266,8 +266,8 @@ static int layer_kv_dim(int layer)
     return colibri_layer_kv_heads[layer] * colibri_layer_head_dim[layer];
 }
 
-/* Queries, keys and values of one token at position pos: optional per-head RMSNorm of the queries
- * and keys, then RoPE (the layer's pairs: its table's row holds them first); with V_NORM the
+/* Queries, keys and values of one token at position pos: optional RMSNorm of the queries and keys
+ * (per head, or with QK_NORM_WHOLE one over all the heads' queries and one over the keys), then RoPE (the layer's pairs: its table's row holds them first); with V_NORM the
  * values' unweighted RMSNorm (Gemma 4). k and v NULL: the queries only (a KV-sharing layer). */
 static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, float *q, float *k, float *v)
 {
@@ -276,16 +276,22 @@ static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, 
     const int64_t rope_row = ((int64_t)colibri_layer_rope[layer] * COLIBRI_N_CTX + pos) * COLIBRI_ROPE_HALF;
     const float *cos = colibri_rope_cos + rope_row;
     const float *sin = colibri_rope_sin + rope_row;
+    if (COLIBRI_QK_NORM_WHOLE && lw->q_norm != NULL) {
+        op_rmsnorm(q, q, lw->q_norm, COLIBRI_N_HEADS * hd, eps);
+        if (k != NULL) {
+            op_rmsnorm(k, k, lw->k_norm, colibri_layer_kv_heads[layer] * hd, eps);
+        }
+    }
     for (int h = 0; h < COLIBRI_N_HEADS; h++) {
         float *qh = q + h * hd;
-        if (lw->q_norm != NULL) {
+        if (!COLIBRI_QK_NORM_WHOLE && lw->q_norm != NULL) {
             op_rmsnorm(qh, qh, lw->q_norm, hd, eps);
         }
         op_rope(qh, cos, sin, half);
     }
     for (int h = 0; k != NULL && h < colibri_layer_kv_heads[layer]; h++) {
         float *kh = k + h * hd;
-        if (lw->k_norm != NULL) {
+        if (!COLIBRI_QK_NORM_WHOLE && lw->k_norm != NULL) {
             op_rmsnorm(kh, kh, lw->k_norm, hd, eps);
         }
         op_rope(kh, cos, sin, half);

@@ -46,6 +46,9 @@ class Attention:
     # attention.scale), or "one" (Gemma 4: queries and keys normalised, scores unscaled).
     score_scale: str = "head_dim"
     local_rope: bool = False  # sliding-window layers have their own RoPE base, never scaled (Gemma)
+    # With qk_norm: one RMSNorm over all the heads' queries (n_heads x head_dim weights) and one over
+    # all the keys (n_kv_heads x head_dim), before the split into heads (OLMoE), not one per head.
+    qk_norm_whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ class Family:
     hf_common_moe: bool = True
     gguf_tensors: Mapping[str, str] = field(default_factory=dict)
     gguf_global_tensors: Mapping[str, str] = field(default_factory=dict)
+    # config.json keys refused unless at the value given (key: (value supported, what it would do)).
+    hf_unsupported: Mapping[str, tuple[object, str]] = field(default_factory=dict)
 
     @property
     def attention(self) -> Attention:
@@ -350,6 +355,14 @@ FAMILY_ROWS = (
         default_theta=150000.0,
         gguf_yarn_truncate=False,
         gguf_tensors=GGUF_FFN_NORM_AS_POST_ATTENTION,
+    ),
+    Family(
+        "olmoe",
+        ("OlmoeForCausalLM",),
+        "olmoe",
+        attention_layers(Attention(qk_norm=True, qk_norm_whole=True)),
+        moe=Moe("every_layer", gguf_renormalise_default=False),
+        hf_unsupported={"clip_qkv": (None, "queries, keys and values clipped")},
     ),
 )
 

@@ -106,6 +106,9 @@ class ModelSpec:
     # is twice intermediate_size wide.
     kv_shared_layers: int = 0
     double_wide_mlp: bool = False
+    # OLMoE: with qk_norm, one RMSNorm over all the heads' queries (q_norm: n_heads x head_dim wide)
+    # and one over all the keys (k_norm: n_kv_heads x head_dim), not one per head.
+    qk_norm_whole: bool = False
 
     @property
     def q_dim(self) -> int:
@@ -234,6 +237,7 @@ LATER_FIELDS = (
     "moe_beside_dense",
     "kv_shared_layers",
     "double_wide_mlp",
+    "qk_norm_whole",
 )
 LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "rotated_fraction")
 
@@ -331,9 +335,9 @@ def _attention_shapes(spec: ModelSpec, p: str, layer: int) -> dict[str, tuple[in
             shapes[p + "bk"] = (kvd,)
             shapes[p + "bv"] = (kvd,)
     if spec.qk_norm:
-        shapes[p + "q_norm"] = (hd,)
+        shapes[p + "q_norm"] = (qd if spec.qk_norm_whole else hd,)
         if own_kv:
-            shapes[p + "k_norm"] = (hd,)
+            shapes[p + "k_norm"] = (kvd if spec.qk_norm_whole else hd,)
     shapes[p + "wo"] = (d, qd)
     if spec.o_bias:
         shapes[p + "bo"] = (d,)

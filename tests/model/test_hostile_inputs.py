@@ -436,10 +436,24 @@ GEMMA4_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(GEMMA4_CASES))
-def test_broken_gemma4_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+# The keys of the families added as rows of the family table, each broken alone (kind: its
+# checkpoint in tests/models.py).
+ROW_CASES = {
+    "OLMoE clipping queries, keys and values": (
+        "olmoe",
+        dict(clip_qkv=8.0),
+        "'clip_qkv' = 8.0 (queries, keys and values clipped) is not supported for OlmoeForCausalLM",
+    ),
+    "OLMoE renormalising as text": ("olmoe", dict(norm_topk_prob="no"), "'norm_topk_prob' must be true or false"),
+    "OLMoE top k above the experts": ("olmoe", dict(num_experts_per_tok=9), "num_experts_per_tok 9 exceeds the 8"),
+}
+FAMILY_CASES = {**GEMMA4_CASES, **ROW_CASES}
 
-    kind, change, message = GEMMA4_CASES[case]
+
+@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+def test_broken_family_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+
+    kind, change, message = FAMILY_CASES[case]
     model = tmp_path / "model"
     shutil.copytree(checkpoints(kind), model)
     edit_config(lambda c: c.update(change))(model)

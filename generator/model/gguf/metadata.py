@@ -315,6 +315,7 @@ def _row_settings(meta: _Meta, family: Family, hidden: int, head_dim: int) -> di
         rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)) if attention.local_rope else None,
         final_softcap=meta.float("final_logit_softcapping", 0.0) if family.logit_softcap else 0.0,
         attn_sinks=attention.sinks,
+        qk_norm_whole=attention.qk_norm_whole,
         **(dict(swiglu_alpha=ffn.swiglu[0], swiglu_limit=ffn.swiglu[1]) if ffn.swiglu else {}),
     )
 

@@ -425,6 +425,9 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         cfg = _Config(text, "config.json text_config")
         data = text
 
+    for key, (supported, what) in family.hf_unsupported.items():
+        if data.get(key, supported) != supported:
+            raise ColibriError(f"{cfg.where}: {key!r} = {json.dumps(data[key])} ({what}) is not supported for {arch}")
     hidden = cfg.int("hidden_size")
     n_heads = cfg.int("num_attention_heads")
     n_kv = cfg.int("num_key_value_heads", n_heads)
@@ -528,4 +531,5 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         **(_hybrid_linear(cfg, family, n_layers, head_dim) if family.deltanet else {}),
         attn_sinks=attention.sinks,
         **swiglu,
+        qk_norm_whole=attention.qk_norm_whole,
     )

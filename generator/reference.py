@@ -25,6 +25,7 @@ from .numerics.ops import (
     gated_rmsnorm,
     gelu_tanh,
     l2norm,
+    layer_norm,
     matvec_f32,
     rmsnorm,
     rmsnorm_unscaled,
@@ -35,6 +36,7 @@ from .numerics.ops import (
     softmax,
     softmax_with_sink,
     softplus,
+    sparsemixer_weights,
     swiglu_clamped,
 )
 from .numerics.ops import rope as apply_rope
@@ -267,6 +269,9 @@ class Reference:
         if s.router == "topk_then_softmax":  # gpt-oss: the top k of the logits, softmax over them
             chosen = np.lexsort((np.arange(s.n_experts), -logits))[: s.experts_per_token]
             weights = softmax(logits[chosen])
+        elif s.router == "sparsemixer":  # Phi-3.5-MoE: the top 2 of the logits, each its own softmax
+            chosen = np.lexsort((np.arange(s.n_experts), -logits))[: s.experts_per_token]
+            weights = sparsemixer_weights(logits, chosen, 2 * s.router_jitter)
         else:
             probs = softmax(logits)
             chosen = np.lexsort((np.arange(s.n_experts), -probs))[: s.experts_per_token]
@@ -334,7 +339,7 @@ class Reference:
             p = f"layers.{layer}."
             hd, kvh = s.layer_head_dim(layer), s.layer_kv_heads(layer)
             group = s.n_heads // kvh
-            xn = rmsnorm(x, self.w[p + "attn_norm"], eps)
+            xn = self._norm(x, p + "attn_norm")
             act = self._prepare(xn)
             if s.is_linear(layer):
                 x = x + self._deltanet(layer, act)
@@ -397,10 +402,16 @@ class Reference:
             self._check_layer(layer, x)
         if not want_logits:
             return None
-        xn = rmsnorm(x, self.w["final_norm"], eps)
+        xn = self._norm(x, "final_norm")
         head = "embed" if s.tie_embeddings else "lm_head"
-        logits = f32(self._linear(head, self._prepare(xn)))
+        logits = f32(self._linear(head, self._prepare(xn), "lm_head_bias" if s.lm_head_bias else None))
         return softcap(logits, s.final_softcap) if s.final_softcap else logits
+
+    def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x through the norm `name`: RMSNorm, or with layer_norm LayerNorm with its bias (name_bias)."""
+        if self.spec.layer_norm:
+            return layer_norm(x, self.w[name], self.w[name + "_bias"], self.spec.rms_norm_eps)
+        return rmsnorm(x, self.w[name], self.spec.rms_norm_eps)
 
     def _check_layer(self, layer: int, x: np.ndarray) -> None:
         """Note `layer` if its output is the first in this request with a NaN or an infinity."""
@@ -416,7 +427,7 @@ class Reference:
     def _ffn_block(self, layer: int, x: np.ndarray) -> np.ndarray:
         """x + FFN(norm(x)): the gated FFN, or on MoE layers the mixture (and its post-norm, if any)."""
         s, p = self.spec, f"layers.{layer}."
-        xn = rmsnorm(x, self.w[p + "ffn_norm"], s.rms_norm_eps)
+        xn = self._norm(x, p + "ffn_norm")
         act = self._prepare(xn)
         if s.moe_beside_dense and s.moe_layers[layer]:
             # Gemma 4: the dense FFN and the experts side by side, each normed before and after;

@@ -169,7 +169,7 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
     const ColibriLayerWeights *lw = &w->layers[layer];
     const MatmulInput in = matmul_input(b, router_in != NULL ? router_in : xn, 1, COLIBRI_DIM);
     matmul(b->router_logits, &in, &lw->router, lw->router_bias, COLIBRI_N_EXPERTS);
-    if (!COLIBRI_ROUTER_TOPK_THEN_SOFTMAX) {
+    if (!COLIBRI_ROUTER_TOPK_THEN_SOFTMAX && !COLIBRI_ROUTER_SPARSEMIXER) {
         op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
     }
     top_k(b->router_logits, COLIBRI_N_EXPERTS, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN);
@@ -179,6 +179,11 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
     }
     if (COLIBRI_ROUTER_TOPK_THEN_SOFTMAX) {
         op_softmax(b->expert_weights, COLIBRI_EXPERTS_PER_TOKEN); /* the chosen logits, in rank order */
+    }
+    if (COLIBRI_ROUTER_SPARSEMIXER) {
+        float gates[COLIBRI_N_EXPERTS];
+        op_sparsemixer_weights(b->router_logits, COLIBRI_N_EXPERTS, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN,
+                            COLIBRI_SPARSEMIXER_THRESHOLD, b->expert_weights, gates);
     }
     if (COLIBRI_NORM_TOPK_PROB) {
         float sum = b->expert_weights[0];
@@ -316,12 +321,21 @@ static void residual_add(ColibriBuffers *b, const float *post_norm, int n)
     }
 }
 
-/* xn[t] = RMSNorm(x[t]) for each token of the batch. */
-static void normalize(ColibriBuffers *b, const float *weight, int n)
+/* One row of the residual through the model's norm: RMSNorm, or LayerNorm with its bias. */
+static void norm_row(float *out, const float *x, const float *weight, const float *bias)
+{
+    if (COLIBRI_LAYER_NORM) {
+        op_layer_norm(out, x, weight, bias, COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
+    } else {
+        op_rmsnorm(out, x, weight, COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
+    }
+}
+
+/* xn[t] = norm(x[t]) for each token of the batch. */
+static void normalize(ColibriBuffers *b, const float *weight, const float *bias, int n)
 {
     for (int t = 0; t < n; t++) {
-        op_rmsnorm(b->xn + (int64_t)t * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, weight, COLIBRI_DIM,
-                   COLIBRI_RMS_NORM_EPS);
+        norm_row(b->xn + (int64_t)t * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, weight, bias);
     }
 }
 
@@ -543,7 +557,7 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         const ColibriLayerWeights *lw = &w->layers[l];
 
         /* Token mixing: attention over the KV cache, or a DeltaNet layer's recurrence. */
-        normalize(b, lw->attn_norm, n);
+        normalize(b, lw->attn_norm, lw->attn_norm_bias, n);
         if (is_linear_attention_layer(l)) {
             linear_attention(b, lw, l, n);
         } else {
@@ -553,7 +567,7 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
 
         /* Feed-forward block: a gated FFN, down(act(gate(x)) * up(x)) with act SiLU or GELU, or
          * on MoE layers a routed mixture of such FFNs, token by token. */
-        normalize(b, lw->ffn_norm, n);
+        normalize(b, lw->ffn_norm, lw->ffn_norm_bias, n);
         if (is_moe_layer(l)) {
             const int status = moe_block(w, b, l, n);
             if (status != 0) {
@@ -580,11 +594,11 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
     const int first = want_logits == COLIBRI_LOGITS_EVERY_TOKEN ? 0 : n - 1;
     float *out = want_logits == COLIBRI_LOGITS_EVERY_TOKEN ? b->spec_logits : b->logits;
     for (int t = first; t < n; t++) {
-        op_rmsnorm(b->xn + (int64_t)(t - first) * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, w->final_norm,
-                   COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
+        norm_row(b->xn + (int64_t)(t - first) * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, w->final_norm,
+                 w->final_norm_bias);
     }
     const MatmulInput normed = matmul_input(b, b->xn, n - first, COLIBRI_DIM);
-    matmul(out, &normed, &w->lm_head, NULL, COLIBRI_VOCAB);
+    matmul(out, &normed, &w->lm_head, w->lm_head_bias, COLIBRI_VOCAB);
     if (COLIBRI_FINAL_SOFTCAP != 0.0f) {
         for (int64_t i = 0; i < (int64_t)(n - first) * COLIBRI_VOCAB; i++) {
             out[i] = op_softcap(out[i], COLIBRI_FINAL_SOFTCAP);

@@ -446,6 +446,18 @@ ROW_CASES = {
     ),
     "OLMoE renormalising as text": ("olmoe", dict(norm_topk_prob="no"), "'norm_topk_prob' must be true or false"),
     "OLMoE top k above the experts": ("olmoe", dict(num_experts_per_tok=9), "num_experts_per_tok 9 exceeds the 8"),
+    "Phi-3.5-MoE sparsemixer of 3": (
+        "phimoe",
+        dict(num_experts_per_tok=3),
+        "num_experts_per_tok 3: the sparsemixer router picks exactly 2 experts",
+    ),
+    "Phi-3.5-MoE jitter negative": (
+        "phimoe",
+        dict(router_jitter_noise=-0.1),
+        "the sparsemixer's router_jitter_noise must not be negative, got -0.1",
+    ),
+    "Phi-3.5-MoE jitter text": ("phimoe", dict(router_jitter_noise="0.01"), "'router_jitter_noise' must be a finite"),
+    "Phi-3.5-MoE output bias as text": ("phimoe", dict(lm_head_bias="yes"), "'lm_head_bias' must be true or false"),
 }
 FAMILY_CASES = {**GEMMA4_CASES, **ROW_CASES}
 

@@ -19,6 +19,7 @@ from ..family_facts import (
     check_kv_sharing,
     gemma_embed_scale,
     moe_beside_dense,
+    router_fields,
 )
 from ..spec import ModelSpec, RopeSpec
 from .families import (
@@ -272,7 +273,9 @@ def _moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
             norm_topk_prob=moe.renormalise == "always"
             or (moe.renormalise == "config" and cfg.bool("norm_topk_prob", False)),
             moe_layers=(True,) * n_layers,
-            router=moe.router,
+            **router_fields(
+                cfg.where, "num_experts_per_tok", top_k, moe, cfg.float("router_jitter_noise", moe.sparsemixer_jitter)
+            ),
             router_bias=moe.biases,
             expert_biases=moe.biases,
         )
@@ -532,4 +535,6 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         attn_sinks=attention.sinks,
         **swiglu,
         qk_norm_whole=attention.qk_norm_whole,
+        layer_norm=family.norms.layer_norm,
+        lm_head_bias=family.lm_head_bias and cfg.bool("lm_head_bias", False),
     )

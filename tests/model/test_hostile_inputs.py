@@ -436,10 +436,36 @@ GEMMA4_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(GEMMA4_CASES))
-def test_broken_gemma4_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+# The keys of the families added as rows of the family table, each broken alone (kind: its
+# checkpoint in tests/models.py).
+ROW_CASES = {
+    "OLMoE clipping queries, keys and values": (
+        "olmoe",
+        dict(clip_qkv=8.0),
+        "'clip_qkv' = 8.0 (queries, keys and values clipped) is not supported for OlmoeForCausalLM",
+    ),
+    "OLMoE renormalising as text": ("olmoe", dict(norm_topk_prob="no"), "'norm_topk_prob' must be true or false"),
+    "OLMoE top k above the experts": ("olmoe", dict(num_experts_per_tok=9), "num_experts_per_tok 9 exceeds the 8"),
+    "Phi-3.5-MoE sparsemixer of 3": (
+        "phimoe",
+        dict(num_experts_per_tok=3),
+        "num_experts_per_tok 3: the sparsemixer router picks exactly 2 experts",
+    ),
+    "Phi-3.5-MoE jitter negative": (
+        "phimoe",
+        dict(router_jitter_noise=-0.1),
+        "the sparsemixer's router_jitter_noise must not be negative, got -0.1",
+    ),
+    "Phi-3.5-MoE jitter text": ("phimoe", dict(router_jitter_noise="0.01"), "'router_jitter_noise' must be a finite"),
+    "Phi-3.5-MoE output bias as text": ("phimoe", dict(lm_head_bias="yes"), "'lm_head_bias' must be true or false"),
+}
+FAMILY_CASES = {**GEMMA4_CASES, **ROW_CASES}
 
-    kind, change, message = GEMMA4_CASES[case]
+
+@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+def test_broken_family_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+
+    kind, change, message = FAMILY_CASES[case]
     model = tmp_path / "model"
     shutil.copytree(checkpoints(kind), model)
     edit_config(lambda c: c.update(change))(model)

@@ -342,6 +342,26 @@ ORACLE_CONFIGS = {
             max_position_embeddings=128,
         ),
     ),
+    # LFM2: gated short convolutions (3 taps) and full-attention layers with q/k norms, each twice;
+    # the FFN width adjusted as Lfm2MLP does (2/3 of 144, times 1.5, rounded up to 32: 160).
+    "lfm2": (
+        "Lfm2Config",
+        "Lfm2ForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=144,
+            block_auto_adjust_ff_dim=True,
+            block_ffn_dim_multiplier=1.5,
+            block_multiple_of=32,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            conv_L_cache=3,
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            max_position_embeddings=128,
+        ),
+    ),
 }
 # Learned scales that default to 1 (Gemma 4's layer scalars, router scale, per-expert scales):
 # randomised like the norms, so their paths are tested.

@@ -35,7 +35,8 @@ class Attention:
     qk_norm: bool = False  # RMSNorm on each head's queries and keys
     # Which layers slide when config.json has no layer_types: "max_window_layers" (the layers from
     # max_window_layers on), "every_layer", "pattern" (every window_period-th layer global unless
-    # sliding_window_pattern says otherwise) or "alternating" (every window_period-th layer global).
+    # sliding_window_pattern says otherwise), "alternating" (every window_period-th layer global) or
+    # "none" (no layer slides: LFM2).
     windows: str = "max_window_layers"
     window_period: int = 0  # the pattern's period (llama.cpp's default too); 0: every layer slides
     window_flag: bool = False  # sliding windows apply only when use_sliding_window is true (Qwen)
@@ -57,7 +58,17 @@ class GatedDeltaNet:
     gguf_tensors: Mapping[str, str] = field(default_factory=dict)
 
 
-Mixer = Union[Attention, GatedDeltaNet]
+@dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolution: in_proj makes B, C and x; B * x goes through a causal
+    depthwise convolution of conv_L_cache taps (the layer's state: its last inputs); C times its
+    output; out_proj. Its tensors in both formats."""
+
+    hf_tensors: Mapping[str, str] = field(default_factory=dict)
+    gguf_tensors: Mapping[str, str] = field(default_factory=dict)
+
+
+Mixer = Union[Attention, GatedDeltaNet, ShortConv]
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,9 @@ class Ffn:
     #                                            may override, llama.cpp's fixed values
     mlp_bias: bool = False  # config.json's mlp_bias applies (Llama; a GGUF's tensors say)
     dense: bool = True  # False: every layer routes, config.json has no intermediate_size (Qwen3.5)
+    # LFM2: config.json's intermediate_size is adjusted by block_auto_adjust_ff_dim (2/3 of it, times
+    # block_ffn_dim_multiplier, rounded up to block_multiple_of), as the model builds its FFN.
+    block_sizing: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +107,7 @@ class Norms:
     plus_one: bool = False  # a Hugging Face checkpoint's RMSNorm scales by (1 + w), not w
     sandwich: bool = False  # the attention and FFN outputs normalised too, before the residual add
     gguf_eps: float = 1e-5  # llama.cpp's default layer_norm_rms_epsilon
+    hf_eps_key: str = "rms_norm_eps"  # config.json's key for it (LFM2: norm_eps)
 
 
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
@@ -140,18 +155,30 @@ class Family:
         return next((m for m in self.layers.values() if isinstance(m, GatedDeltaNet)), None)
 
     @property
+    def short_conv(self) -> ShortConv | None:
+        return next((m for m in self.layers.values() if isinstance(m, ShortConv)), None)
+
+    @property
     def fused_experts(self) -> bool:
         return self.moe is not None and self.moe.fused_experts
 
     @property
     def hf_layer_tensors(self) -> Mapping[str, str]:
         """Per-layer parts of a Hugging Face checkpoint beyond the common ones."""
-        return {**self.hf_tensors, **(self.deltanet.hf_tensors if self.deltanet else {})}
+        return {
+            **self.hf_tensors,
+            **(self.deltanet.hf_tensors if self.deltanet else {}),
+            **(self.short_conv.hf_tensors if self.short_conv else {}),
+        }
 
     @property
     def gguf_layer_tensors(self) -> Mapping[str, str]:
         """Per-layer parts of a GGUF file beyond (or instead of) the common ones."""
-        return {**self.gguf_tensors, **(self.deltanet.gguf_tensors if self.deltanet else {})}
+        return {
+            **self.gguf_tensors,
+            **(self.deltanet.gguf_tensors if self.deltanet else {}),
+            **(self.short_conv.gguf_tensors if self.short_conv else {}),
+        }
 
 
 # Gemma's norms: post_attention_layernorm normalises the attention output (not the FFN input).
@@ -231,6 +258,35 @@ GATED_DELTANET = GatedDeltaNet(
         "ssm_out.weight": "lin_out",
     },
 )
+
+
+SHORT_CONV = ShortConv(
+    hf_tensors={
+        "conv.in_proj.weight": "conv_in",
+        "conv.conv.weight": "conv_taps",
+        "conv.out_proj.weight": "conv_out",
+    },
+    gguf_tensors={
+        "shortconv.in_proj.weight": "conv_in",
+        "shortconv.conv.weight": "conv_taps",
+        "shortconv.out_proj.weight": "conv_out",
+    },
+)
+
+
+# LFM2's names of the common parts: operator_norm before the mixer, feed_forward's w1/w3/w2, the
+# attention's out_proj and q/k layernorms; its final norm is called embedding_norm (llama.cpp:
+# token_embd_norm).
+LFM2_HF_LAYER = {
+    "operator_norm.weight": "attn_norm",
+    "ffn_norm.weight": "ffn_norm",
+    "feed_forward.w1.weight": "w_gate",
+    "feed_forward.w3.weight": "w_up",
+    "feed_forward.w2.weight": "w_down",
+    "self_attn.out_proj.weight": "wo",
+    "self_attn.q_layernorm.weight": "q_norm",
+    "self_attn.k_layernorm.weight": "k_norm",
+}
 
 
 # llama.cpp names the FFN's input norm post_attention_norm in these families' files.
@@ -350,6 +406,19 @@ FAMILY_ROWS = (
         default_theta=150000.0,
         gguf_yarn_truncate=False,
         gguf_tensors=GGUF_FFN_NORM_AS_POST_ATTENTION,
+    ),
+    Family(
+        "lfm2",
+        ("Lfm2ForCausalLM",),
+        "lfm2",
+        MappingProxyType({"conv": SHORT_CONV, "full_attention": Attention(qk_norm=True, windows="none")}),
+        ffn=Ffn(block_sizing=True),
+        norms=Norms(hf_eps_key="norm_eps"),
+        default_theta=1000000.0,
+        tie_embeddings=True,
+        hf_tensors=LFM2_HF_LAYER,
+        hf_global_tensors={"model.embedding_norm.weight": "final_norm"},
+        gguf_global_tensors={"token_embd_norm.weight": "final_norm"},
     ),
 )
 

@@ -4,7 +4,7 @@ against the board's budgets, with the largest context that would still fit."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .boards import CATEGORIES, KV_TYPES, Board
 from .compile.cache_plan import REPORTED_HIT_RATES, CachePlan
@@ -21,6 +21,9 @@ from .compile.plan import (
 from .documents import JsonDocument
 from .errors import ColibriError
 from .numerics.kv_cache import kv_arena_bytes
+
+if TYPE_CHECKING:
+    from .verify import Margins
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
 ROWS = CATEGORIES + WITH_CODE  # what the report shows per region
@@ -201,6 +204,11 @@ class MemoryReport:
     other_data: dict[str, int] | None = None  # other_data_parts(); None: planned only
     absent_rows: dict[str, str] = field(default_factory=dict)  # row -> why no region shows it
     stack_outside_elf: bool = False  # a Linux program: its stacks come at run time, not in its ELF
+    mtp_layers: int = 0  # multi-token-prediction layers the checkpoint names, left out (ModelSpec.mtp_layers)
+    # An MCU's stack and heap at their most, as the last verify of this build measured them (None:
+    # not measured), and the stack the linked ELF reserves.
+    margins: Margins | None = None
+    planned_stack: int | None = None
 
     @property
     def planned_only(self) -> bool:
@@ -248,6 +256,14 @@ class MemoryReport:
         out["absent_rows"] = self.absent_rows
         if self.per_layer_inputs is not None:
             out["per_layer_inputs"] = self.per_layer_inputs
+        if self.mtp_layers:
+            out["mtp_layers_left_out"] = self.mtp_layers
+        if self.margins is not None:
+            out["margins"] = {
+                **self.margins.to_json(),
+                "planned_stack": self.planned_stack,
+                "warnings": self.margins.warnings(self.planned_stack),
+            }
         return out
 
 
@@ -324,6 +340,7 @@ def _report(
         kv_type=plan.kv_type,
         kv_types=tuple(kv_types),
         absent_rows=absent_rows(board),
+        mtp_layers=plan.spec.mtp_layers,
     )
 
 
@@ -344,6 +361,11 @@ def format_report(rep: MemoryReport) -> str:
         lines.append(f"  {rep.per_layer_inputs['summary']}")
     if rep.held:
         lines.append(f"  {rep.held}")
+    if rep.mtp_layers:
+        lines.append(
+            f"  multi-token-prediction layers left out: {rep.mtp_layers} (the checkpoint's layers past the last; "
+            "next-token decoding does not use them)"
+        )
     if rep.gguf:
         lines.append(f"  {rep.gguf['summary']}")
         for t in rep.gguf["quantized_again"]:
@@ -380,6 +402,9 @@ def format_report(rep: MemoryReport) -> str:
             f"read-only data (golden vectors of {t['steps']} steps, its kernel table), {t['ram']:,} B RAM of its own "
             f"(its fixed input lies in the scratch arena when that is large enough)"
         )
+    if rep.margins is not None:
+        lines.append(f"  measured by the last verify of this build: {rep.margins.line(rep.planned_stack)}")
+        lines += [f"  WARNING: {w}" for w in rep.margins.warnings(rep.planned_stack)]
     if rep.memory_budget:
         lines += budget_lines(rep.memory_budget)
     return "\n".join(lines)

@@ -86,6 +86,8 @@ def _locate(gguf: GgufFile, spec: ModelSpec, family: Family) -> dict:
                 sources[f"layers.{m.group(1)}.experts.{e}.w_gate"] = (info, e, 0)
                 sources[f"layers.{m.group(1)}.experts.{e}.w_up"] = (info, e, 0)
             continue
+        if m and spec.mtp_layers and int(m.group(1)) >= spec.n_layers:
+            continue  # a multi-token-prediction layer (block_count counts it): left out
         found = canonical_name(name, family)
         if (
             family.gemma4_layers

@@ -393,12 +393,36 @@ ORACLE_CONFIGS = {
             max_position_embeddings=128,
         ),
     ),
+    # LFM2-MoE: LFM2's layers (convolution and attention alternating), a dense first layer, then 8
+    # experts top-2 by sigmoid scores chosen with a random expert_bias, renormalised (plus 1e-6) and
+    # scaled by 1.5.
+    "lfm2_moe": (
+        "Lfm2MoeConfig",
+        "Lfm2MoeForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            num_dense_layers=1,
+            routed_scaling_factor=1.5,
+            norm_topk_prob=True,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            conv_L_cache=3,
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            max_position_embeddings=128,
+        ),
+    ),
 }
 # Learned scales that default to 1 (Gemma 4's layer scalars, router scale, per-expert scales):
 # randomised like the norms, so their paths are tested.
 SCALES = ("layer_scalar", "router.scale", "router.per_expert_scale")
 # Biases that default to 0 and are buffers, not parameters (a router's correction bias): randomised too.
-CHOICE_BIASES = ("e_score_correction_bias",)
+CHOICE_BIASES = ("e_score_correction_bias", "expert_bias")
 
 
 def make_checkpoint(

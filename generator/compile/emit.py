@@ -327,6 +327,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         swiglu_alpha=c_float(spec.swiglu_alpha),
         swiglu_limit=c_float(spec.swiglu_limit),
         routed_scaling=c_float(spec.routed_scaling),
+        router_norm_eps=c_float(spec.router_norm_eps),
         n_rope_tables=len(plan.ropes),
         rope_doc=[
             f"table {i}: {r.scaling}, theta {r.theta:g}" + (f", factor {r.factor:g}" if r.scaling != "default" else "")

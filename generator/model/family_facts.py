@@ -113,6 +113,11 @@ class Moe:
     groups: str = "never"
     routed_scaling: bool = False
     mtp_key: str | None = None  # the key counting multi-token-prediction layers the checkpoint holds, left out
+    # config.json's names for the first_k_dense placement's keys where they are not the DeepSeek
+    # line's (LFM2-MoE: num_experts, num_dense_layers), and what the renormalisation adds to the sum
+    # it divides by (LFM2-MoE: 1e-6).
+    hf_keys: Mapping[str, str] = field(default_factory=dict)
+    norm_eps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -302,6 +307,11 @@ LFM2_HF_LAYER = {
 }
 
 
+LFM2_LAYERS = MappingProxyType({"conv": SHORT_CONV, "full_attention": Attention(qk_norm=True, windows="none")})
+LFM2_HF_GLOBAL = {"model.embedding_norm.weight": "final_norm"}
+LFM2_GGUF_GLOBAL = {"token_embd_norm.weight": "final_norm"}
+
+
 # llama.cpp names the FFN's input norm post_attention_norm in these families' files.
 GGUF_FFN_NORM_AS_POST_ATTENTION = {"post_attention_norm.weight": "ffn_norm"}
 
@@ -463,14 +473,41 @@ FAMILY_ROWS = (
         "lfm2",
         ("Lfm2ForCausalLM",),
         "lfm2",
-        MappingProxyType({"conv": SHORT_CONV, "full_attention": Attention(qk_norm=True, windows="none")}),
+        LFM2_LAYERS,
         ffn=Ffn(block_sizing=True),
         norms=Norms(hf_eps_key="norm_eps"),
         default_theta=1000000.0,
         tie_embeddings=True,
         hf_tensors=LFM2_HF_LAYER,
-        hf_global_tensors={"model.embedding_norm.weight": "final_norm"},
-        gguf_global_tensors={"token_embd_norm.weight": "final_norm"},
+        hf_global_tensors=LFM2_HF_GLOBAL,
+        gguf_global_tensors=LFM2_GGUF_GLOBAL,
+    ),
+    Family(
+        "lfm2_moe",
+        ("Lfm2MoeForCausalLM",),
+        "lfm2moe",
+        LFM2_LAYERS,
+        # Sigmoid scores chosen with expert_bias, the first num_dense_layers layers dense, the top k
+        # renormalised where norm_topk_prob says (plus 1e-6), then routed_scaling_factor.
+        moe=Moe(
+            "first_k_dense",
+            router="sigmoid",
+            gguf_renormalise_default=True,
+            routed_scaling=True,
+            hf_keys=MappingProxyType({"n_routed_experts": "num_experts", "first_k_dense_replace": "num_dense_layers"}),
+            norm_eps=1e-6,
+        ),
+        norms=Norms(hf_eps_key="norm_eps"),
+        default_theta=1000000.0,
+        tie_embeddings=True,
+        hf_tensors={
+            **LFM2_HF_LAYER,
+            "feed_forward.gate.weight": "router",
+            "feed_forward.expert_bias": "router_choice_bias",
+        },
+        hf_global_tensors=LFM2_HF_GLOBAL,
+        gguf_tensors=DEEPSEEK_MOE_GGUF,
+        gguf_global_tensors=LFM2_GGUF_GLOBAL,
     ),
 )
 

@@ -125,6 +125,7 @@ class ModelSpec:
     # C * conv(B * x) over the last short_conv_kernel positions (depthwise, causal), out_proj.
     short_conv_layers: tuple[bool, ...] = field(default_factory=tuple)
     short_conv_kernel: int = 0  # taps of the convolution (config.json's conv_L_cache)
+    router_norm_eps: float = 0.0  # renormalised routing weights: w / (their sum + this) (LFM2-MoE: 1e-6)
 
     @property
     def q_dim(self) -> int:
@@ -264,6 +265,7 @@ LATER_FIELDS = (
     "mtp_layers",
     "short_conv_layers",
     "short_conv_kernel",
+    "router_norm_eps",
 )
 LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "rotated_fraction")
 

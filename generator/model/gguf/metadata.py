@@ -351,6 +351,7 @@ def _deepseek_routing(meta: _Meta, routing: Moe, n_experts: int, top_k: int, exp
         expert_groups=groups,
         expert_groups_used=used,
         routed_scaling=scaling,
+        router_norm_eps=routing.norm_eps,
         mtp_layers=mtp_layers,
     )
 

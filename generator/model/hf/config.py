@@ -300,10 +300,10 @@ def _deepseek_moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
     """The DeepSeek line's MoE (V2, V3, GLM-4.x MoE): n_routed_experts of moe_intermediate_size, the
     first first_k_dense_replace layers dense and then every moe_layer_freq-th routed, n_shared_experts
     as one ungated MLP, the group limits, the routed scaling; multi-token-prediction layers counted."""
-    n_experts = cfg.int("n_routed_experts")
+    n_experts = cfg.int(moe.hf_keys.get("n_routed_experts", "n_routed_experts"))
     top_k = cfg.int("num_experts_per_tok")
     check_experts_per_token(cfg.where, "num_experts_per_tok", top_k, n_experts)
-    first = cfg.int("first_k_dense_replace", 0, minimum=0)
+    first = cfg.int(moe.hf_keys.get("first_k_dense_replace", "first_k_dense_replace"), 0, minimum=0)
     freq = cfg.int("moe_layer_freq", 1)
     grouped = moe.groups == "always"
     if moe.groups == "topk_method":
@@ -334,7 +334,8 @@ def _deepseek_moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
         ungated_shared_expert=shared > 0,
         moe_layers=tuple(i >= first and i % freq == 0 for i in range(n_layers)),
         router=moe.router,
-        router_choice_bias=moe.router == "sigmoid",
+        router_choice_bias=moe.router == "sigmoid" and cfg.bool("use_expert_bias", True),
+        router_norm_eps=moe.norm_eps,
         expert_groups=groups,
         expert_groups_used=used,
         routed_scaling=scaling,

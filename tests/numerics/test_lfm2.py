@@ -1,17 +1,19 @@
 """LFM2 (tests/models.py "lfm2": gated short convolutions and full-attention layers, each twice): the
 convolutions' state is a fixed ring of inputs in the recurrent state arena that the plan names and
 report counts, speculative decoding steps it back exactly, a conversation keeps it between turns,
-and the emulated boards decode the reference's bits. tests/numerics/test_oracle.py checks the f32
-firmware against transformers and q8_0 against the reference on host."""
+and the emulated boards decode the reference's bits. LFM2-MoE ("lfm2_moe") pages its experts under
+the smallest budget and runs on qemu-rv32 with the same bits. tests/numerics/test_oracle.py checks
+the f32 firmware of both against transformers and q8_0 against the reference on host."""
 
 from __future__ import annotations
 
 import pytest
 
 from generator.boards import load_board
+from generator.compile.cache_plan import cache_plan
 from generator.compile.plan import make_plan, plan_for_board
 from generator.device.runner import run_on_board
-from generator.device.session import RunRequest
+from generator.device.session import RunRequest, cache_stats
 from generator.model.hf.load import load_hf
 from generator.numerics.sampling import SamplingParams
 from generator.reference import Reference
@@ -97,3 +99,26 @@ def test_emulated_boards_decode_the_reference_bits(board, checkpoints, builder):
     art, plan, request, result = builder.run(checkpoints(KIND), PROMPT, 12, quant="q8_0", sampling=SAMPLED, board=board)
     assert compare(result, reference_run(plan, art.weights, request)).passed
     assert plan.linear_state_bytes > 0 and result.hello["board"] == board
+
+
+@pytest.mark.slow  # one host build, a run unlimited and one at the smallest budget (about 10 s)
+def test_lfm2_moe_pages_its_experts_with_the_same_bits(checkpoints, builder):
+    board, art, plan = builder.build(checkpoints("lfm2_moe"), "q8_0", 64)
+    assert plan.spec.moe_layers == (False, True, True, True) and plan.spec.router == "sigmoid"
+    assert plan.speculate_tokens == 0  # experts: it decodes plainly, as every MoE
+    min_budget = cache_plan(plan, board.budget_reserve, 0).constants.min_budget
+    for budget, threads in ((0, 1), (min_budget, 2)):
+        request = RunRequest(PROMPT, 16, SAMPLED, stop_at_eos=False, threads=threads, memory_budget=budget)
+        result = run(board, art, request)
+        ref = reference_run(plan, art.weights, request)
+        assert compare(result, ref).passed and result.expert_counts == ref.expert_counts, budget
+        assert cache_stats(result).cache_misses > 0 or not budget  # top-2 slots for 3 MoE layers: evicting
+
+
+@pytest.mark.slow  # runs under qemu-system-riscv32
+def test_lfm2_moe_decodes_the_reference_bits_on_qemu_rv32(checkpoints, builder):
+    art, plan, request, result = builder.run(
+        checkpoints("lfm2_moe"), PROMPT, 12, quant="q8_0", sampling=SAMPLED, board="qemu-rv32"
+    )
+    ref = reference_run(plan, art.weights, request)
+    assert compare(result, ref).passed and result.expert_counts == ref.expert_counts

@@ -10,6 +10,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# LFM2's layers, shared by "lfm2" and "lfm2_moe": gated short convolutions (3 taps) and
+# full-attention layers with q/k norms, alternating.
+LFM2_LAYERS = dict(
+    vocab_size=256,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    conv_L_cache=3,
+    layer_types=["conv", "full_attention", "conv", "full_attention"],
+    max_position_embeddings=128,
+)
+
+
 ORACLE_CONFIGS = {
     # GQA 2:1, head_dim 48, vocab 250, untied, linear RoPE scaling.
     "llama_gqa_linear": (
@@ -373,24 +387,17 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=False,
         ),
     ),
-    # LFM2: gated short convolutions (3 taps) and full-attention layers with q/k norms, each twice;
-    # the FFN width adjusted as Lfm2MLP does (2/3 of 144, times 1.5, rounded up to 32: 160).
+    # LFM2: its layers (LFM2_LAYERS: convolutions and attention, each twice); the FFN width adjusted
+    # as Lfm2MLP does (2/3 of 144, times 1.5, rounded up to 32: 160).
     "lfm2": (
         "Lfm2Config",
         "Lfm2ForCausalLM",
         dict(
-            vocab_size=256,
-            hidden_size=64,
+            LFM2_LAYERS,
             intermediate_size=144,
             block_auto_adjust_ff_dim=True,
             block_ffn_dim_multiplier=1.5,
             block_multiple_of=32,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            conv_L_cache=3,
-            layer_types=["conv", "full_attention", "conv", "full_attention"],
-            max_position_embeddings=128,
         ),
     ),
     # LFM2-MoE: LFM2's layers (convolution and attention alternating), a dense first layer, then 8
@@ -400,8 +407,7 @@ ORACLE_CONFIGS = {
         "Lfm2MoeConfig",
         "Lfm2MoeForCausalLM",
         dict(
-            vocab_size=256,
-            hidden_size=64,
+            LFM2_LAYERS,
             intermediate_size=96,
             moe_intermediate_size=32,
             num_experts=8,
@@ -409,12 +415,6 @@ ORACLE_CONFIGS = {
             num_dense_layers=1,
             routed_scaling_factor=1.5,
             norm_topk_prob=True,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            conv_L_cache=3,
-            layer_types=["conv", "full_attention", "conv", "full_attention"],
-            max_position_embeddings=128,
         ),
     ),
 }

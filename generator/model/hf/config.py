@@ -366,12 +366,7 @@ def _hybrid_linear(cfg: _Config, family: Family, n_layers: int, head_dim: int) -
     if layer_types is None:
         interval = cfg.int("full_attention_interval", 4)
         layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)]
-    kinds = tuple(family.layers)
-    if not isinstance(layer_types, list) or len(layer_types) != n_layers:
-        raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
-    for t in layer_types:
-        if t not in kinds:
-            raise ColibriError(f"{cfg.where}: unsupported layer type {json.dumps(t)} (supported: {', '.join(kinds)})")
+    _check_layer_types(cfg, family, layer_types, n_layers)
     if "full_attention" not in layer_types:
         raise ColibriError(f"{cfg.where}: 'layer_types' has no full_attention layer (at least one is supported)")
     k_heads = cfg.int("linear_num_key_heads")
@@ -392,6 +387,16 @@ def _hybrid_linear(cfg: _Config, family: Family, n_layers: int, head_dim: int) -
     )
 
 
+def _check_layer_types(cfg: _Config, family: Family, layer_types, n_layers: int) -> None:
+    """layer_types lists one of the family's layer kinds per layer."""
+    kinds = tuple(family.layers)
+    if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+        raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
+    for t in layer_types:
+        if t not in kinds:
+            raise ColibriError(f"{cfg.where}: unsupported layer type {json.dumps(t)} (supported: {', '.join(kinds)})")
+
+
 def _short_conv(cfg: _Config, family: Family, n_layers: int) -> dict:
     """LFM2's layer kinds (layer_types, or full_attn_idxs: those attend, the others convolve) and
     its convolution's taps (conv_L_cache); the convolution without biases."""
@@ -403,12 +408,7 @@ def _short_conv(cfg: _Config, family: Family, n_layers: int) -> dict:
         if not isinstance(full, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in full):
             raise ColibriError(f"{cfg.where}: 'full_attn_idxs' must be a list of layer indices")
         layer_types = ["full_attention" if i in full else "conv" for i in range(n_layers)]
-    kinds = tuple(family.layers)
-    if not isinstance(layer_types, list) or len(layer_types) != n_layers:
-        raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
-    for t in layer_types:
-        if t not in kinds:
-            raise ColibriError(f"{cfg.where}: unsupported layer type {json.dumps(t)} (supported: {', '.join(kinds)})")
+    _check_layer_types(cfg, family, layer_types, n_layers)
     if cfg.bool("conv_bias", False):
         raise ColibriError(f"{cfg.where}: 'conv_bias' true (biases in the short convolution) is not supported")
     return dict(

@@ -55,6 +55,7 @@ from .numerics.quantize import (
 )
 from .numerics.routing import route
 from .numerics.sampling import Rng, SamplingParams, sample
+from .numerics.short_conv import short_conv_step
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,13 @@ class Reference:
             i: np.zeros((s.linear_v_heads, s.linear_k_dim, s.linear_v_dim), dtype=np.float32)
             for i in range(s.n_layers)
             if s.is_linear(i)
+        }
+
+        # Gated short convolution layers (LFM2): a ring of their last inputs (short_conv.py).
+        self.conv_ring = {
+            i: np.zeros((plan.short_conv_ring_rows, s.hidden_size), dtype=np.float32)
+            for i in range(s.n_layers)
+            if s.is_short_conv(i)
         }
 
     # -- building blocks -------------------------------------------------------------------
@@ -312,10 +320,18 @@ class Reference:
         out = gated_rmsnorm(out, self.w[p + "lin_norm"], z, s.rms_norm_eps)
         return self._linear(p + "lin_out", self._prepare(out.reshape(-1)))
 
+    def _short_conv(self, layer: int, act, pos: int) -> np.ndarray:
+        """A gated short convolution layer's output at `pos`: out_proj(C * conv(B * x))."""
+        p = f"layers.{layer}."
+        bcx = self._linear(p + "conv_in", act)
+        taps = self.w[p + "conv_taps"].reshape(self.spec.hidden_size, self.spec.short_conv_kernel)
+        gated = short_conv_step(self.conv_ring[layer], pos, bcx, taps)
+        return self._linear(p + "conv_out", self._prepare(gated))
+
     def _reset_sequence(self) -> None:
         """A sequence starts at position 0: the DeltaNet layers' states start from zero (the KV
         cache needs nothing: a position's keys are written before they are read)."""
-        for state in (*self.conv_state.values(), *self.delta_state.values()):
+        for state in (*self.conv_state.values(), *self.delta_state.values(), *self.conv_ring.values()):
             state[:] = 0
 
     # -- the forward pass ------------------------------------------------------------------
@@ -332,8 +348,8 @@ class Reference:
             group = s.n_heads // kvh
             xn = self._norm(x, p + "attn_norm")
             act = self._prepare(xn)
-            if s.is_linear(layer):
-                x = x + self._deltanet(layer, act)
+            if s.is_linear(layer) or s.is_short_conv(layer):
+                x = x + (self._short_conv(layer, act, pos) if s.is_short_conv(layer) else self._deltanet(layer, act))
                 x = self._ffn_block(layer, x)
                 self._check_layer(layer, x)
                 continue

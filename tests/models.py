@@ -10,6 +10,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# LFM2's layers, shared by "lfm2" and "lfm2_moe": gated short convolutions (3 taps) and
+# full-attention layers with q/k norms, alternating.
+LFM2_LAYERS = dict(
+    vocab_size=256,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    conv_L_cache=3,
+    layer_types=["conv", "full_attention", "conv", "full_attention"],
+    max_position_embeddings=128,
+)
+
+
 ORACLE_CONFIGS = {
     # GQA 2:1, head_dim 48, vocab 250, untied, linear RoPE scaling.
     "llama_gqa_linear": (
@@ -415,12 +429,42 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=False,
         ),
     ),
+    # LFM2: its layers (LFM2_LAYERS: convolutions and attention, each twice); the FFN width adjusted
+    # as Lfm2MLP does (2/3 of 144, times 1.5, rounded up to 32: 160).
+    "lfm2": (
+        "Lfm2Config",
+        "Lfm2ForCausalLM",
+        dict(
+            LFM2_LAYERS,
+            intermediate_size=144,
+            block_auto_adjust_ff_dim=True,
+            block_ffn_dim_multiplier=1.5,
+            block_multiple_of=32,
+        ),
+    ),
+    # LFM2-MoE: LFM2's layers (convolution and attention alternating), a dense first layer, then 8
+    # experts top-2 by sigmoid scores chosen with a random expert_bias, renormalised (plus 1e-6) and
+    # scaled by 1.5.
+    "lfm2_moe": (
+        "Lfm2MoeConfig",
+        "Lfm2MoeForCausalLM",
+        dict(
+            LFM2_LAYERS,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            num_dense_layers=1,
+            routed_scaling_factor=1.5,
+            norm_topk_prob=True,
+        ),
+    ),
 }
 # Learned scales that default to 1 (Gemma 4's layer scalars, router scale, per-expert scales):
 # randomised like the norms, so their paths are tested.
 SCALES = ("layer_scalar", "router.scale", "router.per_expert_scale")
 # Biases that default to 0 and are buffers, not parameters (a router's correction bias): randomised too.
-CHOICE_BIASES = ("e_score_correction_bias",)
+CHOICE_BIASES = ("e_score_correction_bias", "expert_bias")
 
 
 def make_checkpoint(

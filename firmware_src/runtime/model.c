@@ -14,6 +14,7 @@
 #include "matmul.h"
 #include "ops.h"
 #include "router.h"
+#include "short_conv.h"
 
 void colibri_buffers_init(ColibriBuffers *b)
 {
@@ -366,11 +367,14 @@ static void linear_attention(ColibriBuffers *b, const ColibriLayerWeights *lw, i
 #endif
 }
 
-/* A sequence's first pass (position 0): the DeltaNet recurrences start from zero. */
+/* A sequence's first pass (position 0): the DeltaNet recurrences and short convolutions start from zero. */
 static void start_sequence(void)
 {
 #if COLIBRI_N_LINEAR_LAYERS > 0
     deltanet_reset();
+#endif
+#if COLIBRI_N_SHORT_CONV_LAYERS > 0
+    short_conv_reset();
 #endif
 }
 
@@ -524,6 +528,10 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         normalize(b, lw->attn_norm, lw->attn_norm_bias, n);
         if (is_linear_attention_layer(l)) {
             linear_attention(b, lw, l, n);
+#if COLIBRI_N_SHORT_CONV_LAYERS > 0
+        } else if (colibri_layer_short_conv[l]) {
+            short_conv_layer(b, lw, l, pos, n);
+#endif
         } else {
             attention(b, lw, l, pos, n);
         }

@@ -103,6 +103,9 @@ void router_route(float *logits, const float *choice_bias, int32_t *ids, float *
         for (int j = 1; j < k; j++) {
             sum = sum + weights[j];
         }
+        if (COLIBRI_ROUTER_NORM_EPS != 0.0f) {
+            sum = sum + COLIBRI_ROUTER_NORM_EPS;
+        }
         for (int j = 0; j < k; j++) {
             weights[j] = weights[j] / sum;
         }

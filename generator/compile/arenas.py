@@ -158,6 +158,11 @@ def scratch_arena(
                 "DeltaNet: each value head's state times its key (heads run in parallel)",
             ),
         ]
+    if any(spec.short_conv_layers):
+        items += [
+            ("conv_bcx", "float", n * 3 * d, "short convolution: in_proj's B, C and x, per token"),
+            ("conv_y", "float", n * d, "short convolution: C times the convolved B * x, per token"),
+        ]
     if q8_inputs:
         items += [
             ("act_qs", "int8_t", n * max_input, "q8_0 quants of the current matmul input, per token"),
@@ -182,7 +187,7 @@ def kv_layout(spec: ModelSpec, n_ctx: int) -> tuple[tuple[int, ...], tuple[int, 
     # DeltaNet layers keep no keys or values: their state is the recurrent arena's.
     # Gemma 4's KV-sharing layers hold none either: they read their kv_source's (kv_offsets says where).
     kv_slots = tuple(
-        0 if spec.is_linear(i) or spec.is_kv_consumer(i) else min(w, n_ctx) if w else n_ctx
+        0 if spec.is_linear(i) or spec.is_short_conv(i) or spec.is_kv_consumer(i) else min(w, n_ctx) if w else n_ctx
         for i, w in enumerate(spec.layer_windows)
     )
     kv_offsets, cursor = [], 0
@@ -192,17 +197,28 @@ def kv_layout(spec: ModelSpec, n_ctx: int) -> tuple[tuple[int, ...], tuple[int, 
     return kv_slots, tuple(kv_offsets), cursor
 
 
-def linear_state_layout(spec: ModelSpec) -> tuple[tuple[int, ...], int]:
-    """Per layer, its first float in the Gated DeltaNet state arena (-1: not a DeltaNet layer; ()
-    for a model without such layers); and the arena's length in floats."""
+def short_conv_ring_rows(spec: ModelSpec, spec_tokens: int) -> int:
+    """The inputs a short convolution layer keeps (0 without such layers): its kernel's, and one
+    more per token a speculative pass may feed beyond the first, so dropped drafts step back
+    exactly (numerics/short_conv.py)."""
+    return spec.short_conv_kernel - 1 + max(1, spec_tokens) if any(spec.short_conv_layers) else 0
+
+
+def linear_state_layout(spec: ModelSpec, spec_tokens: int = 0) -> tuple[tuple[int, ...], int]:
+    """Per layer, its first float in the recurrent state arena (-1: a layer without state; () for
+    a model without such layers); and the arena's length in floats. A Gated DeltaNet layer keeps
+    its convolution's last inputs and its delta-rule state, a short convolution layer its ring of
+    inputs (short_conv_ring_rows x hidden)."""
     linear_offsets, linear_cursor = [], 0
     per_linear_layer = (max(0, spec.linear_conv_kernel - 1) * spec.linear_conv_dim) + (
         spec.linear_v_heads * spec.linear_k_dim * spec.linear_v_dim
     )
+    per_conv_layer = short_conv_ring_rows(spec, spec_tokens) * spec.hidden_size
     for i in range(spec.n_layers):
-        linear_offsets.append(linear_cursor if spec.is_linear(i) else -1)
-        linear_cursor += per_linear_layer if spec.is_linear(i) else 0
-    return (tuple(linear_offsets) if any(spec.linear_layers) else ()), linear_cursor
+        stateful = spec.is_linear(i) or spec.is_short_conv(i)
+        linear_offsets.append(linear_cursor if stateful else -1)
+        linear_cursor += per_linear_layer if spec.is_linear(i) else per_conv_layer if spec.is_short_conv(i) else 0
+    return (tuple(linear_offsets) if linear_cursor else ()), linear_cursor
 
 
 def rope_tables(spec: ModelSpec) -> tuple[tuple, tuple[int, ...], tuple[int, ...]]:

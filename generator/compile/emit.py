@@ -43,6 +43,9 @@ LINEAR_LAYER_PARTS = (
     "lin_out",
 )
 LINEAR_LAYER_MATRICES = ("lin_qkv", "lin_z", "lin_b", "lin_a", "lin_out")
+# A gated short convolution layer's fields (LFM2): in_proj and out_proj (matrices), the taps.
+SHORT_CONV_LAYER_PARTS = ("conv_in", "conv_taps", "conv_out")
+SHORT_CONV_LAYER_MATRICES = ("conv_in", "conv_out")
 
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
 
@@ -250,8 +253,14 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         *GEMMA4_LAYER_VECTORS,
         *ROUTER_LAYER_VECTORS,
         *LAYER_NORM_BIASES,
+        *SHORT_CONV_LAYER_PARTS,
     ):
-        matrix = part.startswith("w") or part in LINEAR_LAYER_MATRICES or part in GEMMA4_LAYER_MATRICES
+        matrix = (
+            part.startswith("w")
+            or part in LINEAR_LAYER_MATRICES
+            or part in GEMMA4_LAYER_MATRICES
+            or part in SHORT_CONV_LAYER_MATRICES
+        )
         layer_fields.append(
             dict(part=part, matrix=matrix, present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)])
         )
@@ -323,6 +332,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         swiglu_alpha=c_float(spec.swiglu_alpha),
         swiglu_limit=c_float(spec.swiglu_limit),
         routed_scaling=c_float(spec.routed_scaling),
+        router_norm_eps=c_float(spec.router_norm_eps),
         n_rope_tables=len(plan.ropes),
         rope_doc=[
             f"table {i}: {r.scaling}, theta {r.theta:g}" + (f", factor {r.factor:g}" if r.scaling != "default" else "")
@@ -353,6 +363,9 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         linear_delta_state_floats=plan.linear_delta_state_floats,
         linear_state_floats=plan.linear_state_bytes // 4,
         linear_q_scale=c_float(spec.linear_k_dim**-0.5 if spec.linear_k_dim else 0.0),
+        short_conv=any(spec.short_conv_layers),
+        n_short_conv_layers=sum(spec.short_conv_layers),
+        layer_short_conv=", ".join("1" if spec.is_short_conv(i) else "0" for i in range(spec.n_layers)),
         rope_cos_rows=_float_rows(cos),
         rope_sin_rows=_float_rows(sin),
         layer_windows=", ".join(str(w) for w in spec.layer_windows),

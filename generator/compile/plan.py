@@ -34,6 +34,7 @@ from .arenas import (
     max_matmul_input,
     rope_tables,
     scratch_arena,
+    short_conv_ring_rows,
 )
 from .layout import ImageLayout, TensorEntry, expanded_layout, image_layout, tensor_layout
 
@@ -117,23 +118,42 @@ class Plan:
         s = self.spec
         return s.linear_v_heads * s.linear_k_dim * s.linear_v_dim if any(s.linear_layers) else 0
 
+    @property
+    def short_conv_ring_rows(self) -> int:
+        """The inputs each short convolution layer keeps (numerics/short_conv.py); 0: no such layers."""
+        return short_conv_ring_rows(self.spec, self.speculate_tokens)
+
     def linear_state_report(self) -> dict | None:
-        """The Gated DeltaNet layers' recurrent state as report shows it (None without such layers):
-        bytes per layer (convolution, delta rule), the arena's total, and that no context changes it."""
+        """The recurrent state as report shows it (None without stateful layers): bytes per layer
+        (a DeltaNet's convolution and delta rule; a short convolution's ring of inputs), the arena's
+        total, and that no context changes it."""
         if not self.linear_state_bytes:
             return None
         conv, delta = 4 * self.linear_conv_state_floats, 4 * self.linear_delta_state_floats
         layers = sum(self.spec.linear_layers)
-        attention = self.spec.n_layers - layers
+        conv_layers = sum(self.spec.short_conv_layers)
+        ring = 4 * self.short_conv_ring_rows * self.spec.hidden_size
+        attention = self.spec.n_layers - layers - conv_layers
+        parts = []
+        if layers:
+            parts.append(
+                f"Gated DeltaNet state: {layers} layers x {conv + delta:,} B (convolution {conv:,} B + delta rule "
+                f"{delta:,} B)"
+            )
+        if conv_layers:
+            parts.append(
+                f"short convolution state: {conv_layers} layers x {ring:,} B (the last {self.short_conv_ring_rows} "
+                f"inputs of {self.spec.hidden_size} channels)"
+            )
         summary = (
-            f"Gated DeltaNet state: {layers} layers x {conv + delta:,} B (convolution {conv:,} B + delta rule "
-            f"{delta:,} B) = {self.linear_state_bytes:,} B, fixed: it does not grow with the context "
+            f"{'; '.join(parts)} = {self.linear_state_bytes:,} B, fixed: it does not grow with the context "
             f"(counted under kv_cache, beside the KV cache of the {attention} attention layer{'s' * (attention != 1)})"
         )
         return {
             "layers": layers,
             "conv_bytes_per_layer": conv,
             "delta_bytes_per_layer": delta,
+            **({"short_conv_layers": conv_layers, "short_conv_bytes_per_layer": ring} if conv_layers else {}),
             "bytes": self.linear_state_bytes,
             "grows_with_context": False,
             "summary": summary,
@@ -292,6 +312,7 @@ class Plan:
                         "layer_offsets": list(self.linear_state_offsets),
                         "conv_floats_per_layer": self.linear_conv_state_floats,
                         "delta_floats_per_layer": self.linear_delta_state_floats,
+                        **({"short_conv_ring_rows": self.short_conv_ring_rows} if self.short_conv_ring_rows else {}),
                     }
                 }
                 if self.linear_state_bytes
@@ -343,7 +364,7 @@ def speculation_tokens(spec: ModelSpec, requested: int, prefill_batch: int, n_ct
     prefill batch), or 0 where a rejected draft would change what plain decoding computes: experts
     (the routing counts would include drafts), Gated DeltaNet layers (their state cannot step
     back) and sliding windows shorter than the context (a draft's keys would evict ones still
-    needed)."""
+    needed). Short convolution layers step back: their ring keeps a pass's worth of inputs more."""
     if requested < 2 or prefill_batch < 2 or spec.n_experts or any(spec.linear_layers):
         return 0
     if any(0 < window < n_ctx for window in spec.layer_windows):
@@ -392,7 +413,7 @@ def make_plan(
     q8_inputs = any(t.dtype in Q8_INPUT_TYPES for t in tensors)
     scratch, scratch_bytes = scratch_arena(spec, n_ctx, prefill_batch, spec_tokens, attention_block, q8_inputs, kv_type)
     kv_slots, kv_offsets, kv_values = kv_layout(spec, n_ctx)
-    linear_offsets, linear_floats = linear_state_layout(spec)
+    linear_offsets, linear_floats = linear_state_layout(spec, spec_tokens)
     ropes, rope_dims, layer_rope = rope_tables(spec)
     return Plan(
         spec=spec,

@@ -35,7 +35,8 @@ class Attention:
     qk_norm: bool = False  # RMSNorm on each head's queries and keys
     # Which layers slide when config.json has no layer_types: "max_window_layers" (the layers from
     # max_window_layers on), "every_layer", "pattern" (every window_period-th layer global unless
-    # sliding_window_pattern says otherwise) or "alternating" (every window_period-th layer global).
+    # sliding_window_pattern says otherwise), "alternating" (every window_period-th layer global) or
+    # "none" (no layer slides: LFM2).
     windows: str = "max_window_layers"
     window_period: int = 0  # the pattern's period (llama.cpp's default too); 0: every layer slides
     window_flag: bool = False  # sliding windows apply only when use_sliding_window is true (Qwen)
@@ -64,7 +65,17 @@ class GatedDeltaNet:
     gguf_tensors: Mapping[str, str] = field(default_factory=dict)
 
 
-Mixer = Union[Attention, GatedDeltaNet]
+@dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolution: in_proj makes B, C and x; B * x goes through a causal
+    depthwise convolution of conv_L_cache taps (the layer's state: its last inputs); C times its
+    output; out_proj. Its tensors in both formats."""
+
+    hf_tensors: Mapping[str, str] = field(default_factory=dict)
+    gguf_tensors: Mapping[str, str] = field(default_factory=dict)
+
+
+Mixer = Union[Attention, GatedDeltaNet, ShortConv]
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,9 @@ class Ffn:
     #                                            may override, llama.cpp's fixed values
     mlp_bias: bool = False  # config.json's mlp_bias applies (Llama; a GGUF's tensors say)
     dense: bool = True  # False: every layer routes, config.json has no intermediate_size (Qwen3.5)
+    # LFM2: config.json's intermediate_size is adjusted by block_auto_adjust_ff_dim (2/3 of it, times
+    # block_ffn_dim_multiplier, rounded up to block_multiple_of), as the model builds its FFN.
+    block_sizing: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +121,11 @@ class Moe:
     # The sparsemixer router's jitter (its mask's threshold is twice it) when the file does not say:
     # transformers' default, and a GGUF file's (llama.cpp writes no key for it).
     sparsemixer_jitter: float = 0.01
+    # config.json's names for the first_k_dense placement's keys where they are not the DeepSeek
+    # line's (LFM2-MoE: num_experts, num_dense_layers), and what the renormalisation adds to the sum
+    # it divides by (LFM2-MoE: 1e-6).
+    hf_keys: Mapping[str, str] = field(default_factory=dict)
+    norm_eps: float = 0.0
 
     def route_groups(
         self, where: str, n_experts: int, top_k: int, n_group: int, topk_group: int, keys: tuple[str, str, str]
@@ -142,6 +161,7 @@ class Norms:
     sandwich: bool = False  # the attention and FFN outputs normalised too, before the residual add
     gguf_eps: float = 1e-5  # llama.cpp's default layer_norm_rms_epsilon
     layer_norm: bool = False  # LayerNorm with a weight and a bias, not RMSNorm (Phi-3.5-MoE)
+    hf_eps_key: str = "rms_norm_eps"  # config.json's key for it (LFM2: norm_eps)
 
 
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
@@ -192,18 +212,30 @@ class Family:
         return next((m for m in self.layers.values() if isinstance(m, GatedDeltaNet)), None)
 
     @property
+    def short_conv(self) -> ShortConv | None:
+        return next((m for m in self.layers.values() if isinstance(m, ShortConv)), None)
+
+    @property
     def fused_experts(self) -> bool:
         return self.moe is not None and self.moe.fused_experts
 
     @property
     def hf_layer_tensors(self) -> Mapping[str, str]:
         """Per-layer parts of a Hugging Face checkpoint beyond the common ones."""
-        return {**self.hf_tensors, **(self.deltanet.hf_tensors if self.deltanet else {})}
+        return {
+            **self.hf_tensors,
+            **(self.deltanet.hf_tensors if self.deltanet else {}),
+            **(self.short_conv.hf_tensors if self.short_conv else {}),
+        }
 
     @property
     def gguf_layer_tensors(self) -> Mapping[str, str]:
         """Per-layer parts of a GGUF file beyond (or instead of) the common ones."""
-        return {**self.gguf_tensors, **(self.deltanet.gguf_tensors if self.deltanet else {})}
+        return {
+            **self.gguf_tensors,
+            **(self.deltanet.gguf_tensors if self.deltanet else {}),
+            **(self.short_conv.gguf_tensors if self.short_conv else {}),
+        }
 
 
 # Gemma's norms: post_attention_layernorm normalises the attention output (not the FFN input).
@@ -283,6 +315,40 @@ GATED_DELTANET = GatedDeltaNet(
         "ssm_out.weight": "lin_out",
     },
 )
+
+
+SHORT_CONV = ShortConv(
+    hf_tensors={
+        "conv.in_proj.weight": "conv_in",
+        "conv.conv.weight": "conv_taps",
+        "conv.out_proj.weight": "conv_out",
+    },
+    gguf_tensors={
+        "shortconv.in_proj.weight": "conv_in",
+        "shortconv.conv.weight": "conv_taps",
+        "shortconv.out_proj.weight": "conv_out",
+    },
+)
+
+
+# LFM2's names of the common parts: operator_norm before the mixer, feed_forward's w1/w3/w2, the
+# attention's out_proj and q/k layernorms; its final norm is called embedding_norm (llama.cpp:
+# token_embd_norm).
+LFM2_HF_LAYER = {
+    "operator_norm.weight": "attn_norm",
+    "ffn_norm.weight": "ffn_norm",
+    "feed_forward.w1.weight": "w_gate",
+    "feed_forward.w3.weight": "w_up",
+    "feed_forward.w2.weight": "w_down",
+    "self_attn.out_proj.weight": "wo",
+    "self_attn.q_layernorm.weight": "q_norm",
+    "self_attn.k_layernorm.weight": "k_norm",
+}
+
+
+LFM2_LAYERS = MappingProxyType({"conv": SHORT_CONV, "full_attention": Attention(qk_norm=True, windows="none")})
+LFM2_HF_GLOBAL = {"model.embedding_norm.weight": "final_norm"}
+LFM2_GGUF_GLOBAL = {"token_embd_norm.weight": "final_norm"}
 
 
 # llama.cpp names the FFN's input norm post_attention_norm in these families' files.
@@ -463,6 +529,46 @@ FAMILY_ROWS = (
         gguf_tensors={"attn_norm.bias": "attn_norm_bias", "ffn_norm.bias": "ffn_norm_bias"},
         gguf_global_tensors={"output_norm.bias": "final_norm_bias", "output.bias": "lm_head_bias"},
         lm_head_bias=True,
+    ),
+    Family(
+        "lfm2",
+        ("Lfm2ForCausalLM",),
+        "lfm2",
+        LFM2_LAYERS,
+        ffn=Ffn(block_sizing=True),
+        norms=Norms(hf_eps_key="norm_eps"),
+        default_theta=1000000.0,
+        tie_embeddings=True,
+        hf_tensors=LFM2_HF_LAYER,
+        hf_global_tensors=LFM2_HF_GLOBAL,
+        gguf_global_tensors=LFM2_GGUF_GLOBAL,
+    ),
+    Family(
+        "lfm2_moe",
+        ("Lfm2MoeForCausalLM",),
+        "lfm2moe",
+        LFM2_LAYERS,
+        # Sigmoid scores chosen with expert_bias, the first num_dense_layers layers dense, the top k
+        # renormalised where norm_topk_prob says (plus 1e-6), then routed_scaling_factor.
+        moe=Moe(
+            "first_k_dense",
+            router="sigmoid",
+            gguf_renormalise_default=True,
+            routed_scaling=True,
+            hf_keys=MappingProxyType({"n_routed_experts": "num_experts", "first_k_dense_replace": "num_dense_layers"}),
+            norm_eps=1e-6,
+        ),
+        norms=Norms(hf_eps_key="norm_eps"),
+        default_theta=1000000.0,
+        tie_embeddings=True,
+        hf_tensors={
+            **LFM2_HF_LAYER,
+            "feed_forward.gate.weight": "router",
+            "feed_forward.expert_bias": "router_choice_bias",
+        },
+        hf_global_tensors=LFM2_HF_GLOBAL,
+        gguf_tensors=DEEPSEEK_MOE_GGUF,
+        gguf_global_tensors=LFM2_GGUF_GLOBAL,
     ),
 )
 

@@ -130,6 +130,11 @@ class ModelSpec:
     layer_norm: bool = False
     lm_head_bias: bool = False
     router_jitter: float = 0.0
+    # LFM2's gated short convolution: True where the layer's token mixer is in_proj to B, C and x,
+    # C * conv(B * x) over the last short_conv_kernel positions (depthwise, causal), out_proj.
+    short_conv_layers: tuple[bool, ...] = field(default_factory=tuple)
+    short_conv_kernel: int = 0  # taps of the convolution (config.json's conv_L_cache)
+    router_norm_eps: float = 0.0  # renormalised routing weights: w / (their sum + this) (LFM2-MoE: 1e-6)
 
     @property
     def q_dim(self) -> int:
@@ -208,6 +213,9 @@ class ModelSpec:
     def is_linear(self, layer: int) -> bool:
         return bool(self.linear_layers) and self.linear_layers[layer]
 
+    def is_short_conv(self, layer: int) -> bool:
+        return bool(self.short_conv_layers) and self.short_conv_layers[layer]
+
     @property
     def score_scale(self) -> float:
         return self.attn_scale if self.attn_scale else self.head_dim**-0.5
@@ -268,6 +276,9 @@ LATER_FIELDS = (
     "layer_norm",
     "lm_head_bias",
     "router_jitter",
+    "short_conv_layers",
+    "short_conv_kernel",
+    "router_norm_eps",
 )
 LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "rotated_fraction")
 
@@ -298,6 +309,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             shapes[p + "attn_norm_bias"] = (d,)
         if spec.is_linear(i):
             shapes.update(_linear_attention_shapes(spec, p))
+        elif spec.is_short_conv(i):
+            shapes.update(_short_conv_shapes(spec, p))
         else:
             shapes.update(_attention_shapes(spec, p, i))
         if spec.post_norms:
@@ -427,4 +440,15 @@ def _linear_attention_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ..
         p + "lin_decay_scale": (nv,),
         p + "lin_norm": (spec.linear_v_dim,),
         p + "lin_out": (d, spec.linear_value_dim),
+    }
+
+
+def _short_conv_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
+    """A gated short convolution's tensors: in_proj (B, C and x, each hidden wide, stacked), the
+    convolution's taps (channel after channel, its kernel values each), out_proj."""
+    d = spec.hidden_size
+    return {
+        p + "conv_in": (3 * d, d),
+        p + "conv_taps": (d * spec.short_conv_kernel,),
+        p + "conv_out": (d, d),
     }

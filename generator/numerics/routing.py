@@ -11,7 +11,8 @@ With expert groups only the best `expert_groups_used` groups may be chosen from 
 its two best choice scores added, best first, with a sigmoid router; its best probability with a
 softmax one); the others' scores become -inf. Choosing is a top k: best first, the lowest id on
 ties (groups too). Then the weights renormalised where norm_topk_prob says (w / their sum, added in
-rank order), then times routed_scaling where it is not 1.
+rank order, plus router_norm_eps where it is not 0: LFM2-MoE's 1e-6), then times routed_scaling where
+it is not 1.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def route(spec: ModelSpec, logits: np.ndarray, choice_bias: np.ndarray | None) -
         chosen = top_k(choice, k)
         weights = scores[chosen]
     if spec.norm_topk_prob:
-        weights = weights / seq_sum(weights)
+        total = seq_sum(weights)
+        weights = weights / (total + F32(spec.router_norm_eps) if spec.router_norm_eps else total)
     if spec.routed_scaling != 1.0:
         weights = weights * F32(spec.routed_scaling)
     return chosen, weights

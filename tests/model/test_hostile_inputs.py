@@ -516,3 +516,26 @@ def test_broken_glm4_moe_routing_is_refused_in_one_line(case, checkpoints, tmp_p
     damage, message = GLM4_MOE_CASES[case]
     damage(shutil.copytree(checkpoints("glm4_moe"), tmp_path / "model"))
     assert message in build_refused(capsys, tmp_path / "model", tmp_path / "out")
+
+
+# LFM2's config keys (tests/models.py "lfm2": conv and full_attention layers alternating, 3 taps),
+# each broken alone.
+LFM2_CASES = {
+    "unknown layer type": (
+        dict(layer_types=["conv", "mamba", "conv", "full_attention"]),
+        'unsupported layer type "mamba" (supported: conv, full_attention)',
+    ),
+    "conv_L_cache 0": (dict(conv_L_cache=0), "'conv_L_cache' must be at least 1, got 0"),
+    "conv biases": (dict(conv_bias=True), "'conv_bias' true (biases in the short convolution) is not supported"),
+    "more taps than the weights have": (dict(conv_L_cache=4), "has shape [64, 1, 3], config.json implies [64, 1, 4]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LFM2_CASES))
+def test_broken_lfm2_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints("lfm2"), model)
+    change, message = LFM2_CASES[case]
+    edit_config(lambda c: c.update(change))(model)
+    line = build_refused(capsys, model, tmp_path / "out")
+    assert message in line, line

@@ -143,6 +143,8 @@ def _file_shape(spec: ModelSpec, canonical: str, shape: tuple[int, ...]) -> tupl
         return (2 * shape[0], shape[1])
     if canonical.endswith(".lin_conv"):
         return (spec.linear_conv_dim, spec.linear_conv_kernel)
+    if canonical.endswith(".conv_taps"):
+        return (spec.hidden_size, spec.short_conv_kernel)
     return shape
 
 

@@ -219,7 +219,8 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     n_heads = meta.int("attention.head_count")
     if family.gemma4_layers:
         return _gemma4(gguf, meta, family, hidden, n_layers, n_heads)
-    n_kv = meta.int("attention.head_count_kv", n_heads)
+    n_kv, short_conv = _short_conv(meta, n_layers) if family.short_conv else (None, {})
+    n_kv = n_kv or meta.int("attention.head_count_kv", n_heads)
     if meta.has("attention.key_length"):
         head_dim = meta.int("attention.key_length")
         if meta.int("attention.value_length", head_dim) != head_dim:
@@ -309,6 +310,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         **_row_settings(meta, family, hidden, head_dim),
         **moe,
         **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.deltanet else {}),
+        **short_conv,
         **(
             dict(rope_dim=0 if rope_dim == head_dim else rope_dim)
             if attention.partial_rotary and not family.deltanet
@@ -349,6 +351,7 @@ def _deepseek_routing(meta: _Meta, family: Family, n_experts: int, top_k: int, e
         expert_groups=groups,
         expert_groups_used=used,
         routed_scaling=scaling,
+        router_norm_eps=routing.norm_eps,
         mtp_layers=mtp_layers,
     )
 
@@ -518,4 +521,19 @@ def _hybrid_linear(meta: _Meta, n_layers: int, head_dim: int, rope_dim: int) -> 
         linear_conv_kernel=meta.int("ssm.conv_kernel"),
         attn_output_gate=True,
         rope_dim=0 if rope_dim == head_dim else rope_dim,
+    )
+
+
+def _short_conv(meta: _Meta, n_layers: int) -> tuple[int, dict]:
+    """LFM2's layer kinds as llama.cpp writes them: head_count_kv per layer, 0 for a convolution
+    layer (every attention layer the same), and the convolution's taps (shortconv.l_cache)."""
+    name, value = meta._get("attention.head_count_kv", None)
+    if not (isinstance(value, np.ndarray) and value.ndim == 1 and len(value) == n_layers and value.dtype.kind in "iu"):
+        raise ColibriError(f"{meta.where}: metadata {name!r} must give each of the {n_layers} layers its KV heads")
+    heads = {int(v) for v in value if v}
+    if len(heads) != 1:
+        raise ColibriError(f"{meta.where}: metadata {name!r} must give every attention layer the same KV heads")
+    return heads.pop(), dict(
+        short_conv_layers=tuple(int(v) == 0 for v in value),
+        short_conv_kernel=meta.int("shortconv.l_cache"),
     )

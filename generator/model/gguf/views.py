@@ -116,6 +116,8 @@ def view_of(spec: ModelSpec, canonical: str) -> dict:
         rows = np.arange(spec.q_dim)
         first = hd if part == "wq_gate" else 0
         return dict(row_order=tuple(int(r) for r in (rows // hd) * 2 * hd + first + rows % hd))
+    if part == "conv_taps":  # LFM2's [hidden, kernel]
+        return dict(flat=True)
     if not part.startswith("lin_"):
         return {}
     dv, key_dim = spec.linear_v_dim, spec.linear_key_dim

@@ -204,7 +204,7 @@ def _layer_windows(cfg: _Config, family: Family, n_layers: int) -> tuple[int, ..
     window = data.get("sliding_window")
     layer_types = data.get("layer_types")
     attention = family.attention
-    if attention.window_flag and not cfg.bool("use_sliding_window", False):
+    if attention.windows == "none" or (attention.window_flag and not cfg.bool("use_sliding_window", False)):
         return (0,) * n_layers  # (their configs may carry a sliding_window, even 0, that is not used)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ColibriError(f"{cfg.where}: 'sliding_window' must be a positive integer or null")
@@ -302,10 +302,10 @@ def _deepseek_moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
     """The DeepSeek line's MoE (V2, V3, GLM-4.x MoE): n_routed_experts of moe_intermediate_size, the
     first first_k_dense_replace layers dense and then every moe_layer_freq-th routed, n_shared_experts
     as one ungated MLP, the group limits, the routed scaling; multi-token-prediction layers counted."""
-    n_experts = cfg.int("n_routed_experts")
+    n_experts = cfg.int(moe.hf_keys.get("n_routed_experts", "n_routed_experts"))
     top_k = cfg.int("num_experts_per_tok")
     check_experts_per_token(cfg.where, "num_experts_per_tok", top_k, n_experts)
-    first = cfg.int("first_k_dense_replace", 0, minimum=0)
+    first = cfg.int(moe.hf_keys.get("first_k_dense_replace", "first_k_dense_replace"), 0, minimum=0)
     freq = cfg.int("moe_layer_freq", 1)
     grouped = moe.groups == "always"
     if moe.groups == "topk_method":
@@ -336,7 +336,8 @@ def _deepseek_moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
         ungated_shared_expert=shared > 0,
         moe_layers=tuple(i >= first and i % freq == 0 for i in range(n_layers)),
         router=moe.router,
-        router_choice_bias=moe.router == "sigmoid",
+        router_choice_bias=moe.router == "sigmoid" and cfg.bool("use_expert_bias", True),
+        router_norm_eps=moe.norm_eps,
         expert_groups=groups,
         expert_groups_used=used,
         routed_scaling=scaling,
@@ -367,12 +368,7 @@ def _hybrid_linear(cfg: _Config, family: Family, n_layers: int, head_dim: int) -
     if layer_types is None:
         interval = cfg.int("full_attention_interval", 4)
         layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)]
-    kinds = tuple(family.layers)
-    if not isinstance(layer_types, list) or len(layer_types) != n_layers:
-        raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
-    for t in layer_types:
-        if t not in kinds:
-            raise ColibriError(f"{cfg.where}: unsupported layer type {json.dumps(t)} (supported: {', '.join(kinds)})")
+    _check_layer_types(cfg, family, layer_types, n_layers)
     if "full_attention" not in layer_types:
         raise ColibriError(f"{cfg.where}: 'layer_types' has no full_attention layer (at least one is supported)")
     k_heads = cfg.int("linear_num_key_heads")
@@ -391,6 +387,53 @@ def _hybrid_linear(cfg: _Config, family: Family, n_layers: int, head_dim: int) -
         attn_output_gate=True,
         rope_dim=_rotary_dim(cfg, head_dim, 1.0),
     )
+
+
+def _check_layer_types(cfg: _Config, family: Family, layer_types, n_layers: int) -> None:
+    """layer_types lists one of the family's layer kinds per layer."""
+    kinds = tuple(family.layers)
+    if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+        raise ColibriError(f"{cfg.where}: 'layer_types' must list one type per layer ({n_layers})")
+    for t in layer_types:
+        if t not in kinds:
+            raise ColibriError(f"{cfg.where}: unsupported layer type {json.dumps(t)} (supported: {', '.join(kinds)})")
+
+
+def _short_conv(cfg: _Config, family: Family, n_layers: int) -> dict:
+    """LFM2's layer kinds (layer_types, or full_attn_idxs: those attend, the others convolve) and
+    its convolution's taps (conv_L_cache); the convolution without biases."""
+    data = cfg.data
+    layer_types = data.get("layer_types")
+    if layer_types is None:
+        full = data.get("full_attn_idxs")
+        full = list(range(n_layers)) if full is None else full
+        if not isinstance(full, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in full):
+            raise ColibriError(f"{cfg.where}: 'full_attn_idxs' must be a list of layer indices")
+        layer_types = ["full_attention" if i in full else "conv" for i in range(n_layers)]
+    _check_layer_types(cfg, family, layer_types, n_layers)
+    if cfg.bool("conv_bias", False):
+        raise ColibriError(f"{cfg.where}: 'conv_bias' true (biases in the short convolution) is not supported")
+    return dict(
+        short_conv_layers=tuple(t == "conv" for t in layer_types),
+        short_conv_kernel=cfg.int("conv_L_cache", 3),
+    )
+
+
+def _block_ffn_width(cfg: _Config) -> int:
+    """LFM2's FFN width as Lfm2MLP makes it: intermediate_size (block_ff_dim); with
+    block_auto_adjust_ff_dim 2/3 of it, and with a block_ffn_dim_multiplier that times it, rounded up
+    to a multiple of block_multiple_of."""
+    width = cfg.int("block_ff_dim" if "block_ff_dim" in cfg.data else "intermediate_size")
+    if not cfg.bool("block_auto_adjust_ff_dim", True):
+        return width
+    width = int(2 * width / 3)
+    if cfg.data.get("block_ffn_dim_multiplier") is not None:  # (transformers rounds only then)
+        width = int(cfg.float("block_ffn_dim_multiplier") * width)
+        multiple = cfg.int("block_multiple_of", 256)
+        width = multiple * ((width + multiple - 1) // multiple)
+    if width < 1:
+        raise ColibriError(f"{cfg.where}: the adjusted FFN width is {width} (block_ffn_dim_multiplier too small)")
+    return width
 
 
 # A layer's kind as config.json's layer_types names it, by whether it slides.
@@ -523,9 +566,10 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         raise ColibriError("config.json: partial_rotary_factor other than 1.0 is not supported")
     n_layers = cfg.int("num_hidden_layers", maximum=MAX_LAYERS)
     max_pos = cfg.int("max_position_embeddings", 2048)
-    eps = cfg.float("rms_norm_eps", 1e-6)
+    eps_key = family.norms.hf_eps_key
+    eps = cfg.float(eps_key, 1e-6)
     if not 0 < eps < 1:
-        raise ColibriError("config.json: 'rms_norm_eps' must be between 0 and 1")
+        raise ColibriError(f"config.json: {eps_key!r} must be between 0 and 1")
 
     attention_bias = cfg.bool("attention_bias", False)
     qkv_bias = True if attention.qkv_bias == "always" else attention_bias
@@ -554,9 +598,9 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         vocab_size=vocab,
         hidden_size=hidden,
         # (Qwen3.5 has no dense FFN: every layer routes, and its config.json no intermediate_size.)
-        intermediate_size=cfg.int(
-            "intermediate_size", data.get("moe_intermediate_size") if not family.ffn.dense else None
-        ),
+        intermediate_size=_block_ffn_width(cfg)
+        if family.ffn.block_sizing
+        else cfg.int("intermediate_size", data.get("moe_intermediate_size") if not family.ffn.dense else None),
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
@@ -587,6 +631,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         **moe,
         **gemma4,
         **(_hybrid_linear(cfg, family, n_layers, head_dim) if family.deltanet else {}),
+        **(_short_conv(cfg, family, n_layers) if family.short_conv else {}),
         attn_sinks=attention.sinks,
         **swiglu,
         **(

@@ -130,7 +130,7 @@ def canonical_name(hf_name: str, family_name: str) -> str | None:
             return f"layers.{index}.{HF_MOE_LAYER_PARTS[part]}"
         if part in HF_GPT_OSS_LAYER_PARTS:
             return f"layers.{index}.{HF_GPT_OSS_LAYER_PARTS[part]}"
-        for prefix in ("block_sparse_moe.experts.", "mlp.experts."):
+        for prefix in ("block_sparse_moe.experts.", "mlp.experts.", "feed_forward.experts."):
             if part.startswith(prefix):
                 expert, _, rest = part[len(prefix) :].partition(".")
                 name = rest[: -len(".weight")] if rest.endswith(".weight") else None

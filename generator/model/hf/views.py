@@ -207,6 +207,10 @@ def tensor_view(spec: ModelSpec, canonical: str, path: Path, info: TensorInfo) -
         if info.shape != (spec.linear_conv_dim, 1, spec.linear_conv_kernel):
             return HfTensor(path, info)
         return HfTensor(path, info, flat=True)
+    if canonical.endswith("conv_taps"):  # LFM2's [hidden, 1, kernel]
+        if info.shape != (spec.hidden_size, 1, spec.short_conv_kernel):
+            return HfTensor(path, info)
+        return HfTensor(path, info, flat=True)
     if canonical.endswith("lin_decay_scale"):
         return HfTensor(path, info, neg_exp=True)
     return HfTensor(path, info, plus_one=plus_one)
@@ -218,4 +222,6 @@ def file_shape(spec: ModelSpec, canonical: str, shape: tuple[int, ...]) -> tuple
         return (2 * shape[0], shape[1])
     if canonical.endswith("lin_conv"):
         return (spec.linear_conv_dim, 1, spec.linear_conv_kernel)
+    if canonical.endswith("conv_taps"):
+        return (spec.hidden_size, 1, spec.short_conv_kernel)
     return shape

@@ -14,6 +14,7 @@ from .compile.plan import Plan
 from .errors import NonFiniteLogits
 from .numerics import blocks, rope
 from .numerics.kv_cache import kv_round
+from .numerics.mla import latent_attention, latent_cache
 from .numerics.ops import (
     F32,
     conv_step,
@@ -141,6 +142,7 @@ class Reference:
         for i in range(s.n_layers):  # Gemma 4's KV-sharing layers read their source's cache
             src = s.kv_source(i)
             self.k_cache[i], self.v_cache[i] = self.k_cache[src], self.v_cache[src]
+        self.latent_cache = latent_cache(s, plan.kv_slots) if s.kv_lora_rank else []
         self.expert_counts = np.zeros((s.n_layers, max(1, s.n_experts)), dtype=np.int64)
         # The first layer whose output held a NaN or an infinity in this request (None: none), as
         # model.c keeps it: where a step's non-finite logits are said to come from.
@@ -336,6 +338,11 @@ class Reference:
             group = s.n_heads // kvh
             xn = rmsnorm(x, self.w[p + "attn_norm"], eps)
             act = self._prepare(xn)
+            if s.kv_lora_rank:  # latent attention (numerics/mla.py)
+                x = x + latent_attention(self, layer, act, pos)
+                x = self._ffn_block(layer, x)
+                self._check_layer(layer, x)
+                continue
             if s.is_linear(layer):
                 x = x + self._deltanet(layer, act)
                 x = self._ffn_block(layer, x)

@@ -20,7 +20,7 @@ from .compile.plan import (
 )
 from .documents import JsonDocument
 from .errors import ColibriError
-from .numerics.kv_cache import kv_arena_bytes
+from .numerics.kv_cache import VALUE_BYTES, kv_arena_bytes
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
 ROWS = CATEGORIES + WITH_CODE  # what the report shows per region
@@ -28,16 +28,18 @@ ROWS = CATEGORIES + WITH_CODE  # what the report shows per region
 
 def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
     """The linked arenas must be exactly the sizes the plan computed."""
-    arena = plan.kv_bytes // 2 - 2 * plan.kv_scales  # the keys (or values) without their q8_0 scales
+    value = VALUE_BYTES[plan.kv_type]
     expected = {
         "colibri_scratch": plan.scratch_bytes,
-        "colibri_key_cache": arena,
-        "colibri_value_cache": arena,
+        "colibri_key_cache": plan.kv_values * value,
+        # (latent attention caches no values: its V arena is C's smallest array, one value)
+        "colibri_value_cache": max(1, plan.value_arena_values) * value,
         "colibri_rope_cos": plan.rope_table_bytes // 2,
         "colibri_rope_sin": plan.rope_table_bytes // 2,
     }
     if plan.kv_scales:
-        expected["colibri_key_scales"] = expected["colibri_value_scales"] = 2 * plan.kv_scales
+        expected["colibri_key_scales"] = 2 * plan.kv_scales
+        expected["colibri_value_scales"] = 2 * max(1, plan.value_arena_values // 32)
     if plan.expand_q4:
         expected["colibri_expanded"] = plan.expanded_bytes
     if plan.linear_state_bytes:
@@ -164,7 +166,11 @@ def kv_type_rows(board: Board, plan: Plan, uses: Callable[[Plan], list[RegionUse
             trial = with_kv_type(plan, kv_type)
         except ColibriError:  # the model cannot take it (q8_0 needs heads of whole blocks)
             continue
-        per_position = 2 * kv_arena_bytes(plan.spec.kv_dim, kv_type) * sum(1 for s in plan.kv_slots if s)
+        per_position = (
+            trial.kv_bytes_per_position
+            if plan.spec.kv_lora_rank
+            else 2 * kv_arena_bytes(plan.spec.kv_dim, kv_type) * sum(1 for s in plan.kv_slots if s)
+        )
         rows.append(KvTypeRow(kv_type, trial.kv_bytes, per_position, largest_fitting_ctx(board, trial, uses)))
     return rows
 

@@ -342,6 +342,88 @@ ORACLE_CONFIGS = {
             max_position_embeddings=128,
         ),
     ),
+    # Multi-head latent attention, every layer dense (first_k_dense_replace = layers): DeepSeek-V3's
+    # low-rank queries (q_lora_rank 32), a latent of 48 + a RoPE key of 16 (a cached row of 64:
+    # whole q8_0 blocks), query heads of 16 + 16, value heads of 24, interleaved RoPE with YaRN and
+    # its mscale_all_dim in the softmax scale; untied.
+    "deepseek_v3_mla": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_hidden_layers=3,
+            first_k_dense_replace=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=48,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=16,
+            v_head_dim=24,
+            max_position_embeddings=256,
+            rope_interleave=True,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 64,
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
+    # DeepSeek-V2(-Lite)'s shape: queries straight from the hidden state (no q_lora_rank), the
+    # complex RoPE of adjacent pairs, a latent of 32 + a RoPE key of 32, value heads of 16; tied.
+    "deepseek_v2_mla": (
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            first_k_dense_replace=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=32,
+            qk_nope_head_dim=32,
+            qk_rope_head_dim=32,
+            v_head_dim=16,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+        ),
+    ),
+    # GLM-4.7-Flash's latent attention, dense: value heads (48) wider than the query heads' non-rotated
+    # part (16), q_lora_rank 32, the latent 32 + 32.
+    "glm4_moe_lite_mla": (
+        "Glm4MoeLiteConfig",
+        "Glm4MoeLiteForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            mlp_layer_types=["dense", "dense"],
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=32,
+            v_head_dim=48,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 # Learned scales that default to 1 (Gemma 4's layer scalars, router scale, per-expert scales):
 # randomised like the norms, so their paths are tested.

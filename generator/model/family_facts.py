@@ -57,6 +57,19 @@ class GatedDeltaNet:
     gguf_tensors: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LatentAttention(Attention):
+    """Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash): the queries directly or through
+    a low-rank path with its RMSNorm; keys and values from one compressed latent per position (with
+    its RMSNorm) and one shared RoPE key; decoded in the absorbed form over a cache of the latent and
+    the RoPE key (model/latent_attention.py). rope_interleave: "config" (config.json's
+    rope_interleave, true when absent) or "always" (V2's complex rotation of adjacent pairs): the
+    pairs a checkpoint's RoPE rows hold, de-interleaved at import so the runtime's rotate-half RoPE
+    applies."""
+
+    rope_interleave: str = "config"
+
+
 Mixer = Union[Attention, GatedDeltaNet]
 
 
@@ -134,6 +147,11 @@ class Family:
     def attention(self) -> Attention:
         """The attention mixer (every family has attention layers)."""
         return next(m for m in self.layers.values() if isinstance(m, Attention))
+
+    @property
+    def latent(self) -> LatentAttention | None:
+        """The latent attention mixer, where the family's attention is one."""
+        return self.attention if isinstance(self.attention, LatentAttention) else None
 
     @property
     def deltanet(self) -> GatedDeltaNet | None:
@@ -235,6 +253,26 @@ GATED_DELTANET = GatedDeltaNet(
 
 # llama.cpp names the FFN's input norm post_attention_norm in these families' files.
 GGUF_FFN_NORM_AS_POST_ATTENTION = {"post_attention_norm.weight": "ffn_norm"}
+
+
+# Multi-head latent attention's parts (kv_b_proj, both key and value up-projections, is cut into
+# wk_b and wv_b at import: hf/latent.py; llama.cpp's older files hold it whole as attn_kv_b).
+MLA_HF_LAYER = {
+    "self_attn.q_a_proj.weight": "wq_a",
+    "self_attn.q_a_layernorm.weight": "q_a_norm",
+    "self_attn.q_b_proj.weight": "wq_b",
+    "self_attn.kv_a_proj_with_mqa.weight": "wkv_a",
+    "self_attn.kv_a_layernorm.weight": "kv_a_norm",
+}
+MLA_GGUF_LAYER = {
+    "attn_q_a.weight": "wq_a",
+    "attn_q_a_norm.weight": "q_a_norm",
+    "attn_q_b.weight": "wq_b",
+    "attn_kv_a_mqa.weight": "wkv_a",
+    "attn_kv_a_norm.weight": "kv_a_norm",
+    "attn_k_b.weight": "wk_b",
+    "attn_v_b.weight": "wv_b",
+}
 
 
 QWEN2_ATTENTION = Attention(qkv_bias="always", o_bias="never", window_flag=True)
@@ -350,6 +388,33 @@ FAMILY_ROWS = (
         default_theta=150000.0,
         gguf_yarn_truncate=False,
         gguf_tensors=GGUF_FFN_NORM_AS_POST_ATTENTION,
+    ),
+    # Multi-head latent attention. llama.cpp writes all three as deepseek2; a GGUF names V2's row.
+    Family(
+        "deepseek_v2",
+        ("DeepseekV2ForCausalLM",),
+        "deepseek2",
+        attention_layers(LatentAttention(rope_interleave="always")),
+        norms=Norms(gguf_eps=1e-6),
+        hf_tensors=MLA_HF_LAYER,
+        gguf_tensors=MLA_GGUF_LAYER,
+    ),
+    Family(
+        "deepseek_v3",
+        ("DeepseekV3ForCausalLM",),
+        None,
+        attention_layers(LatentAttention()),
+        norms=Norms(gguf_eps=1e-6),
+        hf_tensors=MLA_HF_LAYER,
+        gguf_tensors=MLA_GGUF_LAYER,
+    ),
+    Family(
+        "glm4_moe_lite",
+        ("Glm4MoeLiteForCausalLM",),
+        None,
+        attention_layers(LatentAttention()),
+        hf_tensors=MLA_HF_LAYER,
+        gguf_tensors=MLA_GGUF_LAYER,
     ),
 )
 

@@ -29,6 +29,7 @@ from .families import (
     ROPE_TYPES,
     TEXT_CONFIG_ARCHITECTURES,
 )
+from .latent import hf_latent
 from .safetensors_io import strict_json
 
 # The most layers a config.json may declare, said before anything is made per layer (a count of
@@ -428,12 +429,17 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
     hidden = cfg.int("hidden_size")
     n_heads = cfg.int("num_attention_heads")
     n_kv = cfg.int("num_key_value_heads", n_heads)
-    head_dim = data.get("head_dim")
+    latent = {}
+    if family.latent:  # (config.json's head_dim is then the RoPE key's width: the latent's fields say)
+        n_layers = cfg.int("num_hidden_layers", maximum=MAX_LAYERS)
+        latent = hf_latent(cfg, family_name, family.latent, hidden, n_heads, n_layers)
+        n_kv = latent.pop("n_kv_heads")
+    head_dim = latent.pop("head_dim", None) or data.get("head_dim")
     if head_dim is None:
         if hidden % n_heads:
             raise ColibriError(f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {n_heads}")
         head_dim = hidden // n_heads
-    else:
+    elif not latent:
         head_dim = cfg.int("head_dim")
     if n_heads % n_kv:
         raise ColibriError(f"config.json: num_attention_heads {n_heads} is not divisible by num_key_value_heads {n_kv}")
@@ -517,7 +523,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         eos_token_ids=eos,
         activation=activation,
         embed_scale=gemma_embed_scale(hidden) if family.embed_scale == "sqrt_hidden" else 1.0,
-        attn_scale=_attn_scale(cfg, attention, head_dim),
+        attn_scale=latent.pop("attn_scale") if latent else _attn_scale(cfg, attention, head_dim),
         post_norms=family.norms.sandwich,
         rope_local=_rope_local(cfg, max_pos) if attention.local_rope else None,
         # (Gemma 3 configs may carry attn_logit_softcapping, but transformers' Gemma 3 never applies it.)
@@ -528,4 +534,5 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         **(_hybrid_linear(cfg, family, n_layers, head_dim) if family.deltanet else {}),
         attn_sinks=attention.sinks,
         **swiglu,
+        **latent,
     )

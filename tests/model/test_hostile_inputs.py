@@ -445,3 +445,33 @@ def test_broken_gemma4_config_is_refused_in_one_line(case, checkpoints, tmp_path
     edit_config(lambda c: c.update(change))(model)
     line = build_refused(capsys, model, tmp_path / "out")
     assert message in line, line
+
+
+# Latent attention's config keys (tests/models.py "deepseek_v3_mla": hidden 64, latent 48 + RoPE 16,
+# every layer dense; "glm4_moe_lite_mla": mlp_layer_types), each broken alone.
+LATENT_CASES = {
+    "no latent": ("deepseek_v3_mla", dict(kv_lora_rank=0), "'kv_lora_rank' must be at least 1 for latent attention"),
+    "latent wider than the hidden size": (
+        "deepseek_v3_mla",
+        dict(kv_lora_rank=80),
+        "'kv_lora_rank' 80 is wider than the hidden size 64",
+    ),
+    "odd RoPE key": ("deepseek_v3_mla", dict(qk_rope_head_dim=15), "'qk_rope_head_dim' must be a positive even"),
+    "routed layers": ("deepseek_v3_mla", dict(first_k_dense_replace=1), "layers 1..2 route to experts"),
+    "routed GLM layers": ("glm4_moe_lite_mla", dict(mlp_layer_types=["dense", "sparse"]), "layers 1..1 route"),
+    "value heads the weights do not have": (
+        "deepseek_v3_mla",
+        dict(v_head_dim=16),
+        "kv_b_proj.weight' has shape [160, 48], config.json implies [128, 48]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LATENT_CASES))
+def test_broken_latent_attention_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+    kind, change, message = LATENT_CASES[case]
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints(kind), model)
+    edit_config(lambda c: c.update(change))(model)
+    line = build_refused(capsys, model, tmp_path / "out")
+    assert message in line, line

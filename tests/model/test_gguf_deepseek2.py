@@ -58,8 +58,10 @@ def unsplit(source, model_dir, out):
         entry = meta[key]
         return struct.unpack_from("<I", entry, len(entry) - 4)[0]
 
-    heads, nope_rope, v = u32("deepseek2.attention.head_count"), u32("deepseek2.attention.key_length_mla"), u32(
-        "deepseek2.attention.value_length_mla"
+    heads, nope_rope, v = (
+        u32("deepseek2.attention.head_count"),
+        u32("deepseek2.attention.key_length_mla"),
+        u32("deepseek2.attention.value_length_mla"),
     )
     changed = {
         "deepseek2.attention.key_length": nope_rope,

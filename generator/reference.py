@@ -53,6 +53,7 @@ from .numerics.quantize import (
     unpack_q4_0,
     unpack_q4_1,
 )
+from .numerics.routing import route
 from .numerics.sampling import Rng, SamplingParams, sample
 
 
@@ -266,15 +267,7 @@ class Reference:
         logits = self._linear(
             p + "router", act if router_act is None else router_act, p + "router_bias" if s.router_bias else None
         )
-        if s.router == "topk_then_softmax":  # gpt-oss: the top k of the logits, softmax over them
-            chosen = np.lexsort((np.arange(s.n_experts), -logits))[: s.experts_per_token]
-            weights = softmax(logits[chosen])
-        else:
-            probs = softmax(logits)
-            chosen = np.lexsort((np.arange(s.n_experts), -probs))[: s.experts_per_token]
-            weights = probs[chosen]
-        if s.norm_topk_prob:
-            weights = weights / seq_sum(weights)
+        chosen, weights = route(s, logits, self.w[p + "router_choice_bias"] if s.router_choice_bias else None)
         if s.moe_beside_dense:
             weights = weights * self.w[p + "expert_scale"][chosen]
         out = None
@@ -285,7 +278,9 @@ class Reference:
             else:
                 term = weights[rank] * self._gated_ffn(f"{p}experts.{expert}.", act)
             out = term if out is None else out + term
-        if s.shared_expert_intermediate_size:
+        if s.shared_expert_intermediate_size and s.ungated_shared_expert:  # the DeepSeek line's: always on
+            out = out + self._gated_ffn(p + "shared.", act)
+        elif s.shared_expert_intermediate_size:
             scale = sigmoid(self._linear(p + "shared_gate", act))[0]
             out = out + scale * self._gated_ffn(p + "shared.", act)
         return out

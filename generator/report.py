@@ -207,6 +207,7 @@ class MemoryReport:
     other_data: dict[str, int] | None = None  # other_data_parts(); None: planned only
     absent_rows: dict[str, str] = field(default_factory=dict)  # row -> why no region shows it
     stack_outside_elf: bool = False  # a Linux program: its stacks come at run time, not in its ELF
+    mtp_layers: int = 0  # multi-token-prediction layers the checkpoint names, left out (ModelSpec.mtp_layers)
 
     @property
     def planned_only(self) -> bool:
@@ -254,6 +255,8 @@ class MemoryReport:
         out["absent_rows"] = self.absent_rows
         if self.per_layer_inputs is not None:
             out["per_layer_inputs"] = self.per_layer_inputs
+        if self.mtp_layers:
+            out["mtp_layers_left_out"] = self.mtp_layers
         return out
 
 
@@ -330,6 +333,7 @@ def _report(
         kv_type=plan.kv_type,
         kv_types=tuple(kv_types),
         absent_rows=absent_rows(board),
+        mtp_layers=plan.spec.mtp_layers,
     )
 
 
@@ -350,6 +354,11 @@ def format_report(rep: MemoryReport) -> str:
         lines.append(f"  {rep.per_layer_inputs['summary']}")
     if rep.held:
         lines.append(f"  {rep.held}")
+    if rep.mtp_layers:
+        lines.append(
+            f"  multi-token-prediction layers left out: {rep.mtp_layers} (the checkpoint's layers past the last; "
+            "next-token decoding does not use them)"
+        )
     if rep.gguf:
         lines.append(f"  {rep.gguf['summary']}")
         for t in rep.gguf["quantized_again"]:

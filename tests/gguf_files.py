@@ -38,6 +38,7 @@ GGUF_ARCH = {
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Qwen2MoeForCausalLM": "qwen2moe",
     "Gemma3ForCausalLM": "gemma3",
+    "DeepseekForCausalLM": "deepseek",
 }
 HF_TO_GGUF = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -64,6 +65,9 @@ HF_TO_GGUF = {
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
 }
 # Gemma's four norms per layer (convert_hf_to_gguf stores each as 1 + w).
 GEMMA_TO_GGUF = dict(
@@ -143,6 +147,13 @@ def hf_to_gguf(
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if cfg.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if "n_routed_experts" in cfg:  # DeepSeekMoE, as convert_hf_to_gguf.py's DeepseekModel writes it
+        w.add_expert_count(cfg["n_routed_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_count(cfg["n_shared_experts"])
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_expert_weights_scale(1.0)
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_eos_token_id(cfg["eos_token_id"])
     for key, value in (tokenizer or {}).items():
@@ -167,9 +178,9 @@ def hf_to_gguf(
                 experts.setdefault(f"blk.{layer}.{EXPERTS[which]}.weight", {})[int(expert)] = data
                 continue
             target = f"blk.{layer}.{(GEMMA_TO_GGUF if arch == 'gemma3' else HF_TO_GGUF)[part]}"
-            if arch == "llama" and part.startswith("self_attn.q_proj."):
+            if arch in ("llama", "deepseek") and part.startswith("self_attn.q_proj."):
                 data = permute(data, n_head, n_head)
-            elif arch == "llama" and part.startswith("self_attn.k_proj."):
+            elif arch in ("llama", "deepseek") and part.startswith("self_attn.k_proj."):
                 data = permute(data, n_head, n_kv)
         if arch == "gemma3" and name.endswith("norm.weight"):
             data = (np.float32(1.0) + data).astype(np.float32)
@@ -195,6 +206,8 @@ import conversion.base as base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 import conversion.gemma as gemma
 gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()  # (its own wants a Llama BPE vocabulary)
+import conversion.glm as glm
+glm.Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()  # (its own wants GLM's special tokens)
 import convert_hf_to_gguf
 sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
 convert_hf_to_gguf.main()

@@ -342,6 +342,37 @@ ORACLE_CONFIGS = {
             max_position_embeddings=128,
         ),
     ),
+    # GLM-4.x MoE: a dense first layer then 2 MoE layers; 8 experts in 4 groups, 2 groups used, top-3
+    # (the group limit changes the choice), sigmoid scores chosen with a random correction bias,
+    # renormalised then scaled by 2.5; 2 ungated shared experts; q/k norms, q/k/v biases, RoPE on
+    # half of head_dim 32 (rotate-half); GQA 2:1; untied.
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            n_shared_experts=2,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            use_qk_norm=True,
+            attention_bias=True,
+            partial_rotary_factor=0.5,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+    ),
     # Multi-head latent attention, every layer dense (first_k_dense_replace = layers): DeepSeek-V3's
     # low-rank queries (q_lora_rank 32), a latent of 48 + a RoPE key of 16 (a cached row of 64:
     # whole q8_0 blocks), query heads of 16 + 16, value heads of 24, interleaved RoPE with YaRN and
@@ -428,6 +459,8 @@ ORACLE_CONFIGS = {
 # Learned scales that default to 1 (Gemma 4's layer scalars, router scale, per-expert scales):
 # randomised like the norms, so their paths are tested.
 SCALES = ("layer_scalar", "router.scale", "router.per_expert_scale")
+# Biases that default to 0 and are buffers, not parameters (a router's correction bias): randomised too.
+CHOICE_BIASES = ("e_score_correction_bias",)
 
 
 def make_checkpoint(
@@ -451,6 +484,8 @@ def make_checkpoint(
         for name, b in [*model.named_parameters(), *model.named_buffers()]:
             if name.endswith(SCALES):
                 b.copy_(1.0 + 0.2 * torch.randn_like(b))
+            elif name.endswith(CHOICE_BIASES):
+                b.copy_(0.1 * torch.randn_like(b))
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}

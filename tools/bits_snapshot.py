@@ -74,6 +74,7 @@ def one_run(model: Path, quant: str, board: str, out: Path, steps: int) -> dict:
         "--ignore-eos",
         "--greedy",
     ]
+    out.parent.mkdir(parents=True, exist_ok=True)  # --out's parent must exist (its own folder is made by the build)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [""])[-1]

@@ -14,6 +14,7 @@
 #include "matmul.h"
 #include "mla.h"
 #include "ops.h"
+#include "router.h"
 
 void colibri_buffers_init(ColibriBuffers *b)
 {
@@ -135,29 +136,10 @@ static int next_moe_layer(int layer)
     return -1;
 }
 
-/* The top k of n scores into ids, best first, lowest id on ties. */
-static void top_k(const float *scores, int n, int32_t *ids, int k)
-{
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < n; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++) {
-                taken |= (ids[i] == e);
-            }
-            if (!taken && (best < 0 || scores[e] > scores[best])) {
-                best = e;
-            }
-        }
-        ids[j] = best;
-    }
-}
-
-/* Mixture of experts for one token, xn into out: softmax over the router logits, the top k
- * experts (best first, lowest id on ties) — or, with ROUTER_TOPK_THEN_SOFTMAX (gpt-oss), the top k
- * of the logits (plus the router's bias) and softmax over those k —, weights optionally
- * renormalised, each expert's projections with its biases where the model has them, outputs summed in rank
- * order, plus the shared expert scaled by sigmoid(shared_gate x) where the model has one. Tokens
+/* Mixture of experts for one token, xn into out: the router's logits (plus its bias where it has
+ * one) routed by runtime/router.c (the experts best first, their weights), each expert's
+ * projections with its biases where the model has them, outputs summed in rank order, plus the
+ * shared expert where the model has one (scaled by sigmoid(shared_gate x), or whole). Tokens
  * are routed one at a time; the first slot of the per-token buffers is its workspace. The experts
  * come from runtime/expert_cache.c (in place, or from slots under a memory budget: the same bytes),
  * each computed as soon as it is there; with `guess`, the next MoE layer's router is applied to
@@ -170,25 +152,9 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
     const ColibriLayerWeights *lw = &w->layers[layer];
     const MatmulInput in = matmul_input(b, router_in != NULL ? router_in : xn, 1, COLIBRI_DIM);
     matmul(b->router_logits, &in, &lw->router, lw->router_bias, COLIBRI_N_EXPERTS);
-    if (!COLIBRI_ROUTER_TOPK_THEN_SOFTMAX) {
-        op_softmax(b->router_logits, COLIBRI_N_EXPERTS);
-    }
-    top_k(b->router_logits, COLIBRI_N_EXPERTS, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN);
+    router_route(b->router_logits, lw->router_choice_bias, b->expert_ids, b->expert_weights); /* runtime/router.c */
     for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
-        b->expert_weights[k] = b->router_logits[b->expert_ids[k]];
         b->expert_counts[layer * COLIBRI_N_EXPERTS + b->expert_ids[k]]++;
-    }
-    if (COLIBRI_ROUTER_TOPK_THEN_SOFTMAX) {
-        op_softmax(b->expert_weights, COLIBRI_EXPERTS_PER_TOKEN); /* the chosen logits, in rank order */
-    }
-    if (COLIBRI_NORM_TOPK_PROB) {
-        float sum = b->expert_weights[0];
-        for (int k = 1; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
-            sum = sum + b->expert_weights[k];
-        }
-        for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
-            b->expert_weights[k] = b->expert_weights[k] / sum;
-        }
     }
     if (lw->expert_scale != NULL) {
         for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
@@ -206,16 +172,19 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
          * this layer no longer needs, and have them read while this layer computes. */
         int32_t likely[COLIBRI_EXPERTS_PER_TOKEN];
         matmul(b->router_logits, &in, &w->layers[next].router, w->layers[next].router_bias, COLIBRI_N_EXPERTS);
-        top_k(b->router_logits, COLIBRI_N_EXPERTS, likely, COLIBRI_EXPERTS_PER_TOKEN);
+        router_top_k(b->router_logits, COLIBRI_N_EXPERTS, likely, COLIBRI_EXPERTS_PER_TOKEN);
         colibri_experts_prefetch(next, likely, COLIBRI_EXPERTS_PER_TOKEN);
     }
     /* The shared expert first, while the misses are read: its scaled output in the row after the
      * routed experts' rows. */
     float *shared_term = b->expert_terms + (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_DIM;
     if (COLIBRI_SHARED_FFN_DIM > 0) {
-        const MatmulInput shared_in = matmul_input(b, xn, 1, COLIBRI_DIM);
-        matmul(b->router_logits, &shared_in, &lw->shared_gate, NULL, 1);
-        float scale = op_sigmoid(b->router_logits[0]);
+        float scale = 1.0f; /* the DeepSeek line's shared experts: always on, ungated (1 x is exact) */
+        if (COLIBRI_SHARED_EXPERT_GATED) {
+            const MatmulInput shared_in = matmul_input(b, xn, 1, COLIBRI_DIM);
+            matmul(b->router_logits, &shared_in, &lw->shared_gate, NULL, 1);
+            scale = op_sigmoid(b->router_logits[0]);
+        }
         gated_ffn(b, &lw->shared.w_gate, &lw->shared.w_up, &lw->shared.w_down, NULL, NULL, NULL, xn, 1,
                   COLIBRI_SHARED_FFN_DIM);
         for (int i = 0; i < COLIBRI_DIM; i++) {

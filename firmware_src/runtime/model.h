@@ -33,7 +33,8 @@ typedef struct {
                       * with integer weights only; else NULL) */
     float *act_d;    /* [n tokens][cols / 32] their block scales (likewise) */
     /* MoE builds only (else NULL); a batch's tokens go through the experts one at a time. */
-    float *router_logits;  /* [N_EXPERTS] one token's router logits, then probabilities */
+    float *router_logits;  /* [N_EXPERTS] one token's router logits, then probabilities (a sigmoid or
+                            * grouped router: N_EXPERTS more, its choice scores) */
     float *moe_out;        /* [BATCH][DIM] weighted sum of the selected experts' outputs */
     float *expert_terms;   /* [EXPERTS_PER_TOKEN (+ 1 with a shared expert)][DIM] each selected expert's
                             * weighted output, the shared expert's last, summed in rank order at the end */

@@ -111,7 +111,12 @@ def scratch_arena(
     ]
     if spec.n_experts:
         items += [
-            ("router_logits", "float", spec.n_experts, "MoE: router logits, then probabilities"),
+            (
+                "router_logits",
+                "float",
+                spec.n_experts * (2 if spec.router == "sigmoid" or spec.expert_groups else 1),
+                "MoE: router logits, then probabilities",
+            ),
             ("moe_out", "float", n * d, "MoE: weighted sum of the selected experts' outputs, per token"),
             (
                 "expert_terms",

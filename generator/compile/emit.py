@@ -49,6 +49,8 @@ DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code),
 TEMPLATE_DIR = REPO / "templates"
 # gpt-oss's per-layer vectors: the heads' sink logits, the router's bias, every expert's biases.
 GPT_OSS_LAYER_VECTORS = ("sinks", "router_bias", "expert_b_gate", "expert_b_up", "expert_b_down")
+# The DeepSeek line's router: the correction bias its choice adds (V3, GLM-4.x MoE).
+ROUTER_LAYER_VECTORS = ("router_choice_bias",)
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")
 # Gemma 4's per-layer parts: the per-layer input's gate and projection (matrices) and norm, the
 # layer scalar, the MoE block's norms (the router's with its folded scale) and per-expert scales.
@@ -138,7 +140,8 @@ def _bindings(spec, by_name: dict, layer_fields: list) -> tuple[list[dict], list
             if spec.shared_expert_intermediate_size:
                 for part in ("w_gate", "w_up", "w_down"):
                     matrices.append(dict(field=f"layers[{i}].shared.{part}", t=by_name[f"layers.{i}.shared.{part}"]))
-                matrices.append(dict(field=f"layers[{i}].shared_gate", t=by_name[f"layers.{i}.shared_gate"]))
+                if not spec.ungated_shared_expert:
+                    matrices.append(dict(field=f"layers[{i}].shared_gate", t=by_name[f"layers.{i}.shared_gate"]))
     vectors.append(dict(field="final_norm", t=by_name["final_norm"]))
     matrices.append(dict(field="lm_head", t=by_name["embed" if spec.tie_embeddings else "lm_head"]))
     return matrices, vectors
@@ -244,6 +247,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         *GEMMA4_LAYER_MATRICES,
         *GEMMA4_LAYER_VECTORS,
         *LATENT_LAYER_PARTS,
+        *ROUTER_LAYER_VECTORS,
     ):
         matrix = part.startswith("w") or part in LINEAR_LAYER_MATRICES or part in GEMMA4_LAYER_MATRICES
         layer_fields.append(
@@ -316,6 +320,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         swiglu_clamped=spec.activation == "swiglu_clamped",
         swiglu_alpha=c_float(spec.swiglu_alpha),
         swiglu_limit=c_float(spec.swiglu_limit),
+        routed_scaling=c_float(spec.routed_scaling),
         n_rope_tables=len(plan.ropes),
         rope_doc=[
             f"table {i}: {r.scaling}, theta {r.theta:g}" + (f", factor {r.factor:g}" if r.scaling != "default" else "")
@@ -441,6 +446,10 @@ C_VALUES = (
         lambda s, p: [s.shared_expert_intermediate_size],
         "int32",
     ),
+    CValue(
+        "n_group, topk_group", "COLIBRI_EXPERT_GROUPS*", lambda s, p: [s.expert_groups, s.expert_groups_used], "int32"
+    ),
+    CValue("routed_scaling_factor", "COLIBRI_ROUTED_SCALING", lambda s, p: [s.routed_scaling], "float32"),
     CValue(
         "linear attention heads and widths",
         "COLIBRI_LINEAR_*",

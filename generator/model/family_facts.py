@@ -17,7 +17,7 @@ hf/config.py and gguf/metadata.py). docs/models.md, "A family is a row", says ho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping, Union
 
@@ -46,6 +46,10 @@ class Attention:
     # attention.scale), or "one" (Gemma 4: queries and keys normalised, scores unscaled).
     score_scale: str = "head_dim"
     local_rope: bool = False  # sliding-window layers have their own RoPE base, never scaled (Gemma)
+    # GLM-4.x MoE: q/k RMSNorm only where config.json's use_qk_norm says (a GGUF's tensors say), and
+    # the fraction of a head RoPE rotates when config.json names none (partial_rotary_factor).
+    qk_norm_flag: bool = False
+    rotary_fraction: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,15 @@ class Moe:
     shared_expert: str | None = None  # "gated": an always-on expert behind a sigmoid gate (Qwen2-MoE)
     biases: bool = False  # the router and every expert have biases (gpt-oss)
     fused_experts: bool = False  # a layer's experts in fused, interleaved tensors (gpt-oss's HF layout)
+    # The DeepSeek line (DeepSeekMoE, V2, V3, GLM-4.x MoE), with placement "first_k_dense" (the first
+    # first_k_dense_replace layers dense, then every moe_layer_freq-th; n_routed_experts of
+    # moe_intermediate_size) and shared_expert "ungated" (n_shared_experts x moe_intermediate_size
+    # wide, always on, no gate). router "sigmoid": sigmoid scores, the correction bias
+    # (e_score_correction_bias) added to choose only. groups: "never", "always" (n_group, topk_group:
+    # V3, GLM) or "topk_method" (V2: group_limited_greedy). routed_scaling: routed_scaling_factor read.
+    groups: str = "never"
+    routed_scaling: bool = False
+    mtp_key: str | None = None  # the key counting multi-token-prediction layers the checkpoint holds, left out
 
 
 @dataclass(frozen=True)
@@ -284,6 +297,27 @@ GEMMA_NORMS = Norms(plus_one=True, sandwich=True, gguf_eps=1e-6)
 GEMMA_FFN = Ffn(activation="gelu_tanh")
 
 
+# The DeepSeek line's MoE block in both formats: the router's correction bias (V3, GLM-4.x MoE; the
+# GGUF's exp_probs_b) and the always-on shared experts (one MLP, n_shared_experts wide).
+DEEPSEEK_MOE_HF = {
+    "mlp.gate.e_score_correction_bias": "router_choice_bias",
+    "mlp.shared_experts.gate_proj.weight": "shared.w_gate",
+    "mlp.shared_experts.up_proj.weight": "shared.w_up",
+    "mlp.shared_experts.down_proj.weight": "shared.w_down",
+}
+DEEPSEEK_MOE_GGUF = {"exp_probs_b.bias": "router_choice_bias"}
+# V3's routing (GLM-4.x MoE's too): sigmoid scores chosen with the correction bias, group limits,
+# the top k renormalised where norm_topk_prob says, then scaled.
+DEEPSEEK_V3_MOE = Moe(
+    "first_k_dense",
+    router="sigmoid",
+    gguf_renormalise_default=True,
+    shared_expert="ungated",
+    groups="always",
+    routed_scaling=True,
+)
+
+
 FAMILY_ROWS = (
     Family(
         "llama",
@@ -416,6 +450,24 @@ FAMILY_ROWS = (
         hf_tensors=MLA_HF_LAYER,
         gguf_tensors=MLA_GGUF_LAYER,
     ),
+    Family(
+        "glm4_moe",
+        ("Glm4MoeForCausalLM",),
+        "glm4moe",
+        attention_layers(Attention(o_bias="never", qk_norm_flag=True, partial_rotary=True, rotary_fraction=0.5)),
+        moe=replace(DEEPSEEK_V3_MOE, mtp_key="num_nextn_predict_layers"),
+        hf_tensors=DEEPSEEK_MOE_HF,
+        gguf_tensors={**GGUF_FFN_NORM_AS_POST_ATTENTION, **DEEPSEEK_MOE_GGUF},
+    ),
+    Family(
+        "deepseek",
+        ("DeepseekForCausalLM",),  # DeepSeekMoE (16B): its own modeling code, no transformers class
+        "deepseek",
+        attention_layers(Attention()),
+        moe=Moe("first_k_dense", gguf_renormalise_default=False, shared_expert="ungated"),
+        hf_tensors=DEEPSEEK_MOE_HF,
+        gguf_permuted_qk=True,
+    ),
 )
 
 
@@ -444,6 +496,32 @@ def check_experts_per_token(where: str, key: str, top_k: int, n_experts: int) ->
     """A router takes at most every expert."""
     if top_k > n_experts:
         raise ColibriError(f"{where}: {key} {top_k} exceeds the {n_experts} experts")
+
+
+def route_groups(
+    where: str, moe: Moe | None, n_experts: int, top_k: int, n_group: int, topk_group: int, keys: tuple[str, str, str]
+) -> tuple[int, int]:
+    """The DeepSeek line's group limits, checked (keys: how the file names the group count, the groups
+    used and the top k): (expert_groups, expert_groups_used), or (0, 0) where they limit nothing (one
+    group, or every group used)."""
+    group_key, used_key, top_k_key = keys
+    if n_group <= 1:
+        return 0, 0
+    if n_experts % n_group:
+        raise ColibriError(f"{where}: {group_key} {n_group} does not divide the {n_experts} experts into equal groups")
+    if not 1 <= topk_group <= n_group:
+        raise ColibriError(f"{where}: {used_key} {topk_group} must be from 1 to {group_key} {n_group}")
+    per_group = n_experts // n_group
+    if moe is not None and moe.router == "sigmoid" and per_group < 2:
+        raise ColibriError(
+            f"{where}: a group scores its two best experts, but {group_key} {n_group} leaves {per_group} a group"
+        )
+    if top_k > topk_group * per_group:
+        raise ColibriError(
+            f"{where}: {top_k_key} {top_k} exceeds the {topk_group * per_group} experts that {used_key} {topk_group} "
+            f"groups of {per_group} hold"
+        )
+    return (0, 0) if topk_group == n_group else (n_group, topk_group)
 
 
 def moe_beside_dense(moe: Moe | None, n_experts: int, top_k: int, expert_intermediate_size: int, n_layers: int) -> dict:

@@ -115,6 +115,21 @@ class ModelSpec:
     q_lora_rank: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # The DeepSeek line's routing (DeepSeek-V2/V3, GLM-4.x MoE; numerics/routing.py). router "sigmoid":
+    # sigmoid scores, the top k chosen on scores + router_choice_bias (V3's e_score_correction_bias)
+    # and weighted by the scores alone. With expert_groups the experts are that many equal groups
+    # and only the best expert_groups_used groups may be chosen from: a group scores the sum of its
+    # top two choice scores (sigmoid) or its best probability (softmax: V2's group_limited_greedy).
+    # The weights are then multiplied by routed_scaling. ungated_shared_expert: the shared expert
+    # (n_shared_experts of them as one MLP) is always added whole, without a sigmoid gate.
+    expert_groups: int = 0
+    expert_groups_used: int = 0
+    router_choice_bias: bool = False
+    routed_scaling: float = 1.0
+    ungated_shared_expert: bool = False
+    # Multi-token-prediction layers the checkpoint holds past the last (model.layers.<n>, blk.<n>):
+    # not part of next-token decoding, left out (report says so).
+    mtp_layers: int = 0
 
     @property
     def q_dim(self) -> int:
@@ -251,6 +266,12 @@ LATER_FIELDS = (
     "q_lora_rank",
     "qk_nope_head_dim",
     "v_head_dim",
+    "expert_groups",
+    "expert_groups_used",
+    "router_choice_bias",
+    "routed_scaling",
+    "ungated_shared_expert",
+    "mtp_layers",
 )
 LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "rotated_fraction")
 
@@ -292,6 +313,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             shapes[p + "router"] = (spec.n_experts, d)
             if spec.router_bias:
                 shapes[p + "router_bias"] = (spec.n_experts,)
+            if spec.router_choice_bias:
+                shapes[p + "router_choice_bias"] = (spec.n_experts,)
             for e in range(spec.n_experts):
                 shapes[p + f"experts.{e}.w_gate"] = (fe, d)
                 shapes[p + f"experts.{e}.w_up"] = (fe, d)
@@ -307,7 +330,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
                 shapes[p + "shared.w_gate"] = (fs, d)
                 shapes[p + "shared.w_up"] = (fs, d)
                 shapes[p + "shared.w_down"] = (d, fs)
-                shapes[p + "shared_gate"] = (1, d)
+                if not spec.ungated_shared_expert:
+                    shapes[p + "shared_gate"] = (1, d)
         else:
             fl = spec.layer_ffn_dim(i)
             shapes[p + "w_gate"] = (fl, d)

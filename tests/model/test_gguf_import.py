@@ -4,6 +4,7 @@ llama.cpp's formulas (the gguf package is the oracle) and keep their exact block
 built from a .gguf file passes verify."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -268,3 +269,137 @@ def test_verify_passes_on_gpt_oss_converted_by_llama_cpp_with_its_q8_0_blocks_ke
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout
+
+
+# GLM-4.x MoE as llama.cpp's converter writes it (glm4moe): block_count counts the
+# multi-token-prediction layer (nextn_predict_layers), the sigmoid routing's keys
+# (expert_gating_func, expert_group_count, expert_weights_scale), exp_probs_b, the shared experts.
+
+
+@pytest.fixture(scope="module")
+def glm4_moe_peer(tmp_path_factory):
+    from gguf_files import peer_convert
+
+    config_cls, model_cls, kwargs = ORACLE_CONFIGS["glm4_moe"]
+    root = tmp_path_factory.mktemp("glm4-moe-peer")
+    model_dir = make_checkpoint((config_cls, model_cls, dict(kwargs, vocab_size=512)), root / "model")
+    return model_dir, peer_convert(model_dir, root / "glm4-moe-f32.gguf", "f32")
+
+
+def test_glm4_moe_converted_by_llama_cpp_imports_as_its_safetensors_do(glm4_moe_peer):
+    model_dir, path = glm4_moe_peer
+    from_hf, from_gguf = load_model(model_dir), load_model(path)
+    spec = from_hf.spec
+    assert read_gguf(path).metadata["glm4moe.block_count"] == spec.n_layers + 1 and spec.mtp_layers == 1
+    assert (spec.expert_groups, spec.routed_scaling, spec.router_choice_bias) == (4, 2.5, True)
+    assert dataclasses.replace(from_gguf.spec, name=spec.name) == spec
+    assert list(from_gguf.tensors) == list(from_hf.tensors)
+    differ = [n for n in from_hf.tensors if not np.array_equal(bits(from_hf.tensors[n]), bits(from_gguf.tensors[n]))]
+    assert differ == []
+
+
+# DeepSeekMoE (llama.cpp's deepseek): no transformers class, so its checkpoint is written here from
+# seeded tensors in the shape of its modeling code (plain multi-head attention, a dense first layer,
+# 8 fine-grained experts top-3 by softmax, not renormalised, 2 ungated shared experts) and converted
+# as convert_hf_to_gguf.py's DeepseekModel does (gguf_files.hf_to_gguf: q/k permuted, experts stacked).
+DEEPSEEK_MOE = dict(
+    architectures=["DeepseekForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=96,
+    moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+    n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1, moe_layer_freq=1,
+    norm_topk_prob=False, scoring_func="softmax", max_position_embeddings=128, rms_norm_eps=1e-6,
+    rope_theta=10000.0, attention_bias=False, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip
+
+
+def make_deepseek_moe(out, seed=3):
+    import json
+
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    c = DEEPSEEK_MOE
+    d, f, fe, v = c["hidden_size"], c["intermediate_size"], c["moe_intermediate_size"], c["vocab_size"]
+
+    def mat(rows, cols):
+        return (0.1 * rng.standard_normal((rows, cols))).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    def mlp(prefix, width):
+        return {f"{prefix}.gate_proj.weight": mat(width, d), f"{prefix}.up_proj.weight": mat(width, d),
+                f"{prefix}.down_proj.weight": mat(d, width)}  # fmt: skip
+
+    tensors = {"model.embed_tokens.weight": mat(v, d), "model.norm.weight": norm(d), "lm_head.weight": mat(v, d)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors.update({p + "input_layernorm.weight": norm(d), p + "post_attention_layernorm.weight": norm(d)})
+        tensors.update({p + f"self_attn.{x}_proj.weight": mat(d, d) for x in "qkvo"})
+        if i < c["first_k_dense_replace"]:
+            tensors.update(mlp(p + "mlp", f))
+            continue
+        tensors[p + "mlp.gate.weight"] = mat(c["n_routed_experts"], d)
+        tensors.update(mlp(p + "mlp.shared_experts", fe * c["n_shared_experts"]))
+        for e in range(c["n_routed_experts"]):
+            tensors.update(mlp(p + f"mlp.experts.{e}", fe))
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(c))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def deepseek_moe(tmp_path_factory):
+    """The DeepSeekMoE checkpoint and its GGUF files {type: path}, F32 and Q8_0."""
+    root = tmp_path_factory.mktemp("deepseek-moe")
+    model_dir = make_deepseek_moe(root / "model")
+    return model_dir, {t: hf_to_gguf(model_dir, root / f"deepseek-moe-{t}.gguf", t) for t in ("F32", "Q8_0")}
+
+
+def test_deepseek_moe_gguf_imports_as_its_checkpoint_does(deepseek_moe):
+    model_dir, files = deepseek_moe
+    from_hf, from_gguf = load_model(model_dir), load_model(files["F32"])
+    spec = from_hf.spec
+    assert spec.family == "deepseek" and spec.moe_layers == (False, True, True) and not spec.norm_topk_prob
+    assert spec.router == "softmax_then_topk" and spec.shared_expert_intermediate_size == 64
+    assert spec.ungated_shared_expert
+    assert dataclasses.replace(from_gguf.spec, name=spec.name) == spec
+    assert list(from_gguf.tensors) == list(from_hf.tensors)
+    differ = [n for n in from_hf.tensors if not np.array_equal(bits(from_hf.tensors[n]), bits(from_gguf.tensors[n]))]
+    assert differ == []  # the q/k rows un-permuted, the stacked experts split
+
+
+def test_verify_passes_on_deepseek_moe_with_its_q8_0_blocks_kept(deepseek_moe, tmp_path):
+    _, files = deepseek_moe
+    done = run_cli(
+        "verify", "--board", "host", "--model", files["Q8_0"], "--quant", "gguf", "--prompt-ids", "1,17,42,99,7",
+        "--steps", "12", "--ctx", "32", "--temperature", "0.9", "--seed", "3", "--out", tmp_path / "out",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        (
+            "glm4moe.expert_gating_func",
+            1,
+            "metadata 'glm4moe.expert_gating_func' 1 is not this architecture's sigmoid (2)",
+        ),
+        ("glm4moe.expert_group_count", 3, "expert_group_count 3 does not divide the 8 experts into equal groups"),
+        (
+            "glm4moe.expert_group_used_count",
+            1,
+            "expert_used_count 3 exceeds the 2 experts that expert_group_used_count",
+        ),
+    ],
+)
+def test_broken_glm4_moe_routing_keys_are_refused_in_one_line(key, value, message, glm4_moe_peer, tmp_path):
+    from gguf_files import with_u32_key
+
+    from generator.errors import ColibriError
+
+    path = with_u32_key(glm4_moe_peer[1], key, value, tmp_path / "broken.gguf")
+    with pytest.raises(ColibriError, match=re.escape(message)):
+        load_model(path)

@@ -447,6 +447,54 @@ def test_broken_gemma4_config_is_refused_in_one_line(case, checkpoints, tmp_path
     assert message in line, line
 
 
+def wrong_length_choice_bias(model):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(model / "model.safetensors")
+    tensors["model.layers.1.mlp.gate.e_score_correction_bias"] = np.zeros(7, np.float32)
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+
+
+# The DeepSeek line's routing keys (tests/models.py "glm4_moe": 8 experts in 4 groups, 2 used, top-3),
+# each broken alone.
+GLM4_MOE_CASES = {
+    "groups that do not divide the experts": (
+        edit_config(lambda c: c.update(n_group=3)),
+        "n_group 3 does not divide the 8 experts into equal groups",
+    ),
+    "more groups used than groups": (
+        edit_config(lambda c: c.update(topk_group=5)),
+        "topk_group 5 must be from 1 to n_group 4",
+    ),
+    "more experts per token than the groups hold": (
+        edit_config(lambda c: c.update(topk_group=1)),
+        "num_experts_per_tok 3 exceeds the 2 experts that topk_group 1 groups of 2 hold",
+    ),
+    "groups of one expert": (
+        edit_config(lambda c: c.update(n_group=8, topk_group=4)),
+        "a group scores its two best experts, but n_group 8 leaves 1 a group",
+    ),
+    "routed scaling 0": (
+        edit_config(lambda c: c.update(routed_scaling_factor=0)),
+        "'routed_scaling_factor' must be positive",
+    ),
+    "correction bias of the wrong length": (
+        wrong_length_choice_bias,
+        "tensor 'model.layers.1.mlp.gate.e_score_correction_bias' has shape [7], config.json implies [8]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GLM4_MOE_CASES))
+def test_broken_glm4_moe_routing_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints("glm4_moe"), model)
+    damage, message = GLM4_MOE_CASES[case]
+    damage(model)
+    line = build_refused(capsys, model, tmp_path / "out")
+    assert message in line, line
+
+
 # Latent attention's config keys (tests/models.py "deepseek_v3_mla": hidden 64, latent 48 + RoPE 16,
 # every layer dense; "glm4_moe_lite_mla": mlp_layer_types), each broken alone.
 LATENT_CASES = {

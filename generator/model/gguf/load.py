@@ -92,6 +92,8 @@ def _locate(gguf: GgufFile, spec: ModelSpec, family: Family) -> dict:
         if latent_kv_b:  # an older deepseek2 file's attn_kv_b: both up-projections
             sources.update(latent_kv_b)
             continue
+        if m and spec.mtp_layers and int(m.group(1)) >= spec.n_layers:
+            continue  # a multi-token-prediction layer (block_count counts it): left out
         found = canonical_name(name, family)
         if (
             family.gemma4_layers

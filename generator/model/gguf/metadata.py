@@ -13,7 +13,15 @@ import math
 import numpy as np
 
 from ...errors import ColibriError
-from ..family_facts import Family, check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
+from ..family_facts import (
+    Family,
+    Moe,
+    check_experts_per_token,
+    check_kv_sharing,
+    gemma_embed_scale,
+    moe_beside_dense,
+    route_groups,
+)
 from ..spec import ModelSpec, RopeSpec
 from .archs import arch_of
 from .file import GgufFile
@@ -206,6 +214,11 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
 
     hidden = meta.int("embedding_length")
     n_layers = meta.int("block_count")
+    # block_count counts the multi-token-prediction layers too (nextn_predict_layers, after the others)
+    mtp_layers = meta.int("nextn_predict_layers", 0, minimum=0) if family.moe and family.moe.mtp_key else 0
+    if mtp_layers >= n_layers:
+        raise ColibriError(f"{meta.where}: nextn_predict_layers {mtp_layers} leaves none of the {n_layers} blocks")
+    n_layers -= mtp_layers
     layers_present = 1 + max((int(m.group(1)) for m in map(LAYER_NAME.fullmatch, tensors) if m), default=-1)
     if n_layers > layers_present:  # said before any per-layer table is made (a count of 2^32 - 1 would be)
         raise ColibriError(f"{meta.where}: block_count {n_layers} but the file has tensors for {layers_present} layers")
@@ -276,6 +289,8 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
             router_bias=present("ffn_gate_inp.bias"),
             expert_biases=present("ffn_gate_exps.bias"),
         )
+        if routing.placement == "first_k_dense":
+            moe.update(_deepseek_routing(meta, routing, n_experts, top_k, moe["expert_intermediate_size"], mtp_layers))
         intermediate = ff
     else:
         intermediate = meta.int("feed_forward_length")
@@ -304,6 +319,46 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         **(_row_settings(meta, family, hidden, head_dim) | latent),
         **moe,
         **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.deltanet else {}),
+        **(
+            dict(rope_dim=0 if rope_dim == head_dim else rope_dim)
+            if attention.partial_rotary and not family.deltanet
+            else {}
+        ),
+    )
+
+
+def _deepseek_routing(meta: _Meta, routing: Moe, n_experts: int, top_k: int, expert_ff: int, mtp_layers: int) -> dict:
+    """The DeepSeek line's routing from llama.cpp's keys: the gating function (as the row's router),
+    the groups, the weights' scale, the shared experts (expert_shared_count of the experts' width,
+    ungated); the layers with a router are the MoE layers (leading_dense_block_count before them)."""
+    gating = meta.int("expert_gating_func", 2 if routing.router == "sigmoid" else 1)
+    if gating != (2 if routing.router == "sigmoid" else 1):
+        raise ColibriError(
+            f"{meta.where}: metadata '{meta.arch}.expert_gating_func' {gating} is not this architecture's "
+            f"{'sigmoid (2)' if routing.router == 'sigmoid' else 'softmax (1)'}"
+        )
+    n_group = meta.int("expert_group_count", 1)
+    groups, used = route_groups(
+        meta.where,
+        routing,
+        n_experts,
+        top_k,
+        n_group,
+        meta.int("expert_group_used_count", n_group),
+        ("expert_group_count", "expert_group_used_count", "expert_used_count"),
+    )
+    scaling = meta.float("expert_weights_scale", 1.0) if routing.routed_scaling else 1.0
+    if scaling <= 0:
+        raise ColibriError(f"{meta.where}: metadata '{meta.arch}.expert_weights_scale' must be positive, got {scaling}")
+    shared = meta.int("expert_shared_count", 0, minimum=0)
+    return dict(
+        shared_expert_intermediate_size=expert_ff * shared,
+        ungated_shared_expert=shared > 0,
+        router_choice_bias=any(name.endswith(".exp_probs_b.bias") for name in meta.gguf.tensors),
+        expert_groups=groups,
+        expert_groups_used=used,
+        routed_scaling=scaling,
+        mtp_layers=mtp_layers,
     )
 
 
@@ -316,7 +371,8 @@ def _row_settings(meta: _Meta, family: Family, hidden: int, head_dim: int) -> di
     elif attention.score_scale == "query_pre_attn_scalar":
         attn_scale = meta.float("attention.scale") if meta.has("attention.scale") else float(head_dim) ** -0.5
     return dict(
-        qk_norm=attention.qk_norm,
+        # (GLM-4.x MoE: where the file has the norms)
+        qk_norm=attention.qk_norm or (attention.qk_norm_flag and "blk.0.attn_q_norm.weight" in meta.gguf.tensors),
         activation=ffn.activation,
         embed_scale=gemma_embed_scale(hidden) if family.embed_scale == "sqrt_hidden" else 1.0,
         attn_scale=attn_scale,

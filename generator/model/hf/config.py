@@ -19,6 +19,7 @@ from ..family_facts import (
     check_kv_sharing,
     gemma_embed_scale,
     moe_beside_dense,
+    route_groups,
 )
 from ..spec import ModelSpec, RopeSpec
 from .families import (
@@ -260,6 +261,8 @@ def _attn_scale(cfg: _Config, attention: Attention, head_dim: int) -> float:
 
 def _moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
     """Mixture-of-experts settings: which layers route, to how many experts, how big they are."""
+    if moe.placement == "first_k_dense":
+        return _deepseek_moe(cfg, moe, n_layers)
     key = "num_local_experts" if "num_local_experts" in cfg.data else "num_experts"
     n_experts = cfg.int(key)
     top_k = cfg.int("num_experts_per_tok")
@@ -294,6 +297,66 @@ def _moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
     )
 
 
+def _deepseek_moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
+    """The DeepSeek line's MoE (V2, V3, GLM-4.x MoE): n_routed_experts of moe_intermediate_size, the
+    first first_k_dense_replace layers dense and then every moe_layer_freq-th routed, n_shared_experts
+    as one ungated MLP, the group limits, the routed scaling; multi-token-prediction layers counted."""
+    n_experts = cfg.int("n_routed_experts")
+    top_k = cfg.int("num_experts_per_tok")
+    check_experts_per_token(cfg.where, "num_experts_per_tok", top_k, n_experts)
+    first = cfg.int("first_k_dense_replace", 0, minimum=0)
+    freq = cfg.int("moe_layer_freq", 1)
+    grouped = moe.groups == "always"
+    if moe.groups == "topk_method":
+        method = cfg.data.get("topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ColibriError(
+                f"{cfg.where}: unsupported topk_method {json.dumps(method)} (supported: greedy, group_limited_greedy)"
+            )
+        grouped = method == "group_limited_greedy"
+    n_group = cfg.int("n_group", 1) if grouped and cfg.data.get("n_group") is not None else 1
+    topk_group = cfg.int("topk_group", n_group) if n_group > 1 else 1
+    groups, used = route_groups(
+        cfg.where, moe, n_experts, top_k, n_group, topk_group, ("n_group", "topk_group", "num_experts_per_tok")
+    )
+    scaling = cfg.float("routed_scaling_factor", 1.0) if moe.routed_scaling else 1.0
+    if scaling <= 0:
+        raise ColibriError(f"{cfg.where}: 'routed_scaling_factor' must be positive, got {scaling}")
+    fe = cfg.int("moe_intermediate_size")
+    shared = cfg.int("n_shared_experts", 0, minimum=0)
+    mtp_key = "num_mtp_layers" if "num_mtp_layers" in cfg.data else moe.mtp_key
+    return dict(
+        n_experts=n_experts,
+        experts_per_token=top_k,
+        expert_intermediate_size=fe,
+        norm_topk_prob=moe.renormalise == "always"
+        or (moe.renormalise == "config" and cfg.bool("norm_topk_prob", False)),
+        shared_expert_intermediate_size=fe * shared,
+        ungated_shared_expert=shared > 0,
+        moe_layers=tuple(i >= first and i % freq == 0 for i in range(n_layers)),
+        router=moe.router,
+        router_choice_bias=moe.router == "sigmoid",
+        expert_groups=groups,
+        expert_groups_used=used,
+        routed_scaling=scaling,
+        mtp_layers=cfg.int(mtp_key, 0, minimum=0, maximum=MAX_LAYERS) if mtp_key else 0,
+    )
+
+
+def _rotary_dim(cfg: _Config, head_dim: int, default: float) -> int:
+    """The leading dims of a head RoPE rotates (partial_rotary_factor, in rope_parameters or at the
+    top level; `default` where neither names it); 0: all of them."""
+    data = cfg.data
+    params = data.get("rope_parameters")
+    factor = cfg.float("partial_rotary_factor", data.get("partial_rotary_factor", default), params or {})
+    rope_dim = int(head_dim * factor)
+    if not 0 < factor <= 1 or rope_dim < 2 or rope_dim % 2:
+        raise ColibriError(
+            f"{cfg.where}: partial_rotary_factor {factor} must rotate an even number of head_dim's {head_dim} dims"
+        )
+    return 0 if rope_dim == head_dim else rope_dim
+
+
 def _hybrid_linear(cfg: _Config, family: Family, n_layers: int, head_dim: int) -> dict:
     """Qwen3.5's Gated DeltaNet settings: which layers are linear attention (layer_types, or every
     full_attention_interval-th layer full attention), the DeltaNet heads and convolution, the
@@ -317,13 +380,6 @@ def _hybrid_linear(cfg: _Config, family: Family, n_layers: int, head_dim: int) -
         raise ColibriError(
             f"{cfg.where}: linear_num_value_heads {v_heads} is not a multiple of linear_num_key_heads {k_heads}"
         )
-    params = data.get("rope_parameters")
-    factor = cfg.float("partial_rotary_factor", data.get("partial_rotary_factor", 1.0), params or {})
-    rope_dim = int(head_dim * factor)
-    if not 0 < factor <= 1 or rope_dim < 2 or rope_dim % 2:
-        raise ColibriError(
-            f"{cfg.where}: partial_rotary_factor {factor} must rotate an even number of head_dim's {head_dim} dims"
-        )
     return dict(
         linear_layers=tuple(t == "linear_attention" for t in layer_types),
         linear_k_heads=k_heads,
@@ -332,7 +388,7 @@ def _hybrid_linear(cfg: _Config, family: Family, n_layers: int, head_dim: int) -
         linear_v_dim=cfg.int("linear_value_head_dim"),
         linear_conv_kernel=cfg.int("linear_conv_kernel_dim"),
         attn_output_gate=True,
-        rope_dim=0 if rope_dim == head_dim else rope_dim,
+        rope_dim=_rotary_dim(cfg, head_dim, 1.0),
     )
 
 
@@ -517,7 +573,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,
-        qk_norm=attention.qk_norm,
+        qk_norm=attention.qk_norm or (attention.qk_norm_flag and cfg.bool("use_qk_norm", False)),
         layer_windows=windows,
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=eos,
@@ -535,4 +591,9 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         attn_sinks=attention.sinks,
         **swiglu,
         **latent,
+        **(
+            dict(rope_dim=_rotary_dim(cfg, head_dim, attention.rotary_fraction))
+            if attention.partial_rotary and not family.deltanet
+            else {}
+        ),
     )

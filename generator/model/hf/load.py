@@ -20,7 +20,7 @@ from ..spec import ModelSpec, expected_shapes
 from . import mxfp4
 from .config import parse_config, read_json
 from .latent import HfLatentView, latent_parts, rope_interleaved
-from .names import NOT_TEXT_PREFIXES, canonical_name, unused_kv_part
+from .names import NOT_TEXT_PREFIXES, canonical_name, mtp_layer_part, unused_kv_part
 from .safetensors_io import TensorInfo, read_header
 from .views import HfFusedSlice, HfTensor, file_shape, fused_parts, mxfp4_parts, tensor_view
 
@@ -100,8 +100,8 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
     fused: dict[str, HfFusedSlice | mxfp4.HfMxfp4Slice | HfLatentView] = {}
     held: dict[str, str] = {}
     for hf_name, (path, info) in sorted(located.items()):
-        if hf_name.startswith(NOT_TEXT_PREFIXES):
-            continue  # the vision tower of a multimodal checkpoint
+        if hf_name.startswith(NOT_TEXT_PREFIXES) or mtp_layer_part(hf_name, spec):
+            continue  # the vision tower of a multimodal checkpoint; a multi-token-prediction layer
         parts = mxfp4_parts(hf_name, located, spec) if packed else None
         if parts is not None:  # gpt-oss's MXFP4 experts: their blocks kept as they are
             fused.update(parts)

@@ -152,6 +152,14 @@ def unused_kv_part(hf_name: str, spec: ModelSpec) -> bool:
     )
 
 
+def mtp_layer_part(hf_name: str, spec: ModelSpec) -> bool:
+    """A tensor of a multi-token-prediction layer (model.layers.<n> past the last): left out."""
+    if not spec.mtp_layers or not hf_name.startswith("model.layers."):
+        return False
+    index = hf_name[len("model.layers.") :].partition(".")[0]
+    return index.isdigit() and spec.n_layers <= int(index) < spec.n_layers + spec.mtp_layers
+
+
 def text_tower_name(hf_name: str) -> str:
     """A multimodal checkpoint's text-tower tensor under the name a text-only checkpoint gives it."""
     for prefix, replacement in TEXT_TOWER_PREFIXES:

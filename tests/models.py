@@ -373,10 +373,11 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=False,
         ),
     ),
-    # Multi-head latent attention, every layer dense (first_k_dense_replace = layers): DeepSeek-V3's
-    # low-rank queries (q_lora_rank 32), a latent of 48 + a RoPE key of 16 (a cached row of 64:
-    # whole q8_0 blocks), query heads of 16 + 16, value heads of 24, interleaved RoPE with YaRN and
-    # its mscale_all_dim in the softmax scale; untied.
+    # Multi-head latent attention: DeepSeek-V3's low-rank queries (q_lora_rank 32), a latent of 48 + a
+    # RoPE key of 16 (a cached row of 64: whole q8_0 blocks), query heads of 16 + 16, value heads of
+    # 24, interleaved RoPE with YaRN and its mscale_all_dim in the softmax scale; a dense first layer,
+    # then V3's routing: 8 experts in 4 groups, 2 used, top-3, sigmoid with a correction bias,
+    # renormalised and scaled by 2.5, one shared expert; untied.
     "deepseek_v3_mla": (
         "DeepseekV3Config",
         "DeepseekV3ForCausalLM",
@@ -386,7 +387,16 @@ ORACLE_CONFIGS = {
             intermediate_size=96,
             moe_intermediate_size=32,
             num_hidden_layers=3,
-            first_k_dense_replace=3,
+            first_k_dense_replace=1,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            scoring_func="sigmoid",  # (as DeepSeek-V3's config.json says: llama.cpp's converter reads it)
+            num_nextn_predict_layers=0,
             num_attention_heads=4,
             num_key_value_heads=4,
             q_lora_rank=32,
@@ -410,7 +420,9 @@ ORACLE_CONFIGS = {
         ),
     ),
     # DeepSeek-V2(-Lite)'s shape: queries straight from the hidden state (no q_lora_rank), the
-    # complex RoPE of adjacent pairs, a latent of 32 + a RoPE key of 32, value heads of 16; tied.
+    # complex RoPE of adjacent pairs, a latent of 32 + a RoPE key of 32, value heads of 16; a dense
+    # first layer, then V2's group-limited greedy softmax routing (6 experts in 3 groups, 2 used,
+    # top-2, scaled by 1.5) and 2 shared experts; tied.
     "deepseek_v2_mla": (
         "DeepseekV2Config",
         "DeepseekV2ForCausalLM",
@@ -419,8 +431,15 @@ ORACLE_CONFIGS = {
             hidden_size=64,
             intermediate_size=96,
             moe_intermediate_size=32,
-            num_hidden_layers=2,
-            first_k_dense_replace=2,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            n_routed_experts=6,
+            num_experts_per_tok=2,
+            topk_method="group_limited_greedy",
+            n_group=3,
+            topk_group=2,
+            n_shared_experts=2,
+            routed_scaling_factor=1.5,
             num_attention_heads=4,
             num_key_value_heads=4,
             q_lora_rank=None,
@@ -432,8 +451,9 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=True,
         ),
     ),
-    # GLM-4.7-Flash's latent attention, dense: value heads (48) wider than the query heads' non-rotated
-    # part (16), q_lora_rank 32, the latent 32 + 32.
+    # GLM-4.7-Flash's latent attention: value heads (48) wider than the query heads' non-rotated part
+    # (16), q_lora_rank 32, the latent 32 + 32; mlp_layer_types (a dense first layer, then V3's
+    # routing without group limits: 6 experts top-2, one shared expert).
     "glm4_moe_lite_mla": (
         "Glm4MoeLiteConfig",
         "Glm4MoeLiteForCausalLM",
@@ -442,8 +462,16 @@ ORACLE_CONFIGS = {
             hidden_size=64,
             intermediate_size=96,
             moe_intermediate_size=32,
-            num_hidden_layers=2,
-            mlp_layer_types=["dense", "dense"],
+            num_hidden_layers=3,
+            mlp_layer_types=["dense", "sparse", "sparse"],
+            n_routed_experts=6,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=1.8,
+            norm_topk_prob=True,
+            scoring_func="sigmoid",
             num_attention_heads=2,
             num_key_value_heads=2,
             q_lora_rank=32,

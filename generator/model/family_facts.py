@@ -112,6 +112,9 @@ class Moe:
     groups: str = "never"
     routed_scaling: bool = False
     mtp_key: str | None = None  # the key counting multi-token-prediction layers the checkpoint holds, left out
+    # GLM-4.7-Flash: config.json lists "dense" or "sparse" per layer under this key (absent: a dense
+    # first layer, sparse ones after it), instead of first_k_dense_replace.
+    layer_types_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -423,32 +426,44 @@ FAMILY_ROWS = (
         gguf_yarn_truncate=False,
         gguf_tensors=GGUF_FFN_NORM_AS_POST_ATTENTION,
     ),
-    # Multi-head latent attention. llama.cpp writes all three as deepseek2; a GGUF names V2's row.
+    # Multi-head latent attention with the DeepSeek line's MoE. llama.cpp writes all three as
+    # deepseek2: a file whose experts are gated by sigmoid is V3's row (GGUF_SIGMOID_GATED), else V2's.
     Family(
         "deepseek_v2",
         ("DeepseekV2ForCausalLM",),
         "deepseek2",
         attention_layers(LatentAttention(rope_interleave="always")),
+        # (V2's router scales its top k by routed_scaling_factor and never renormalises them)
+        moe=Moe(
+            "first_k_dense",
+            renormalise="never",
+            gguf_renormalise_default=False,
+            shared_expert="ungated",
+            groups="topk_method",
+            routed_scaling=True,
+        ),
         norms=Norms(gguf_eps=1e-6),
-        hf_tensors=MLA_HF_LAYER,
-        gguf_tensors=MLA_GGUF_LAYER,
+        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
+        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
     ),
     Family(
         "deepseek_v3",
         ("DeepseekV3ForCausalLM",),
         None,
         attention_layers(LatentAttention()),
+        moe=replace(DEEPSEEK_V3_MOE, mtp_key="num_nextn_predict_layers"),
         norms=Norms(gguf_eps=1e-6),
-        hf_tensors=MLA_HF_LAYER,
-        gguf_tensors=MLA_GGUF_LAYER,
+        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
+        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
     ),
     Family(
         "glm4_moe_lite",
         ("Glm4MoeLiteForCausalLM",),
         None,
         attention_layers(LatentAttention()),
-        hf_tensors=MLA_HF_LAYER,
-        gguf_tensors=MLA_GGUF_LAYER,
+        moe=replace(DEEPSEEK_V3_MOE, mtp_key="num_nextn_predict_layers", layer_types_key="mlp_layer_types"),
+        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
+        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
     ),
     Family(
         "glm4_moe",
@@ -485,6 +500,9 @@ GGUF_ARCHITECTURES = {
 GGUF_WITH_EXPERTS = {
     row.gguf_architecture: row for row in FAMILY_ROWS if row.gguf_architecture and row.gguf_with_experts
 }
+# The family a file of these architectures is when its experts are gated by sigmoid
+# (expert_gating_func 2): llama.cpp writes DeepSeek-V3 and GLM-4.7-Flash as deepseek2.
+GGUF_SIGMOID_GATED = {"deepseek2": FAMILIES["deepseek_v3"]}
 
 
 def gemma_embed_scale(hidden: int) -> float:

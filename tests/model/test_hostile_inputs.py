@@ -495,8 +495,8 @@ def test_broken_glm4_moe_routing_is_refused_in_one_line(case, checkpoints, tmp_p
     assert message in line, line
 
 
-# Latent attention's config keys (tests/models.py "deepseek_v3_mla": hidden 64, latent 48 + RoPE 16,
-# every layer dense; "glm4_moe_lite_mla": mlp_layer_types), each broken alone.
+# Latent attention's config keys (tests/models.py "deepseek_v3_mla": hidden 64, latent 48 + RoPE 16;
+# "glm4_moe_lite_mla": mlp_layer_types), each broken alone.
 LATENT_CASES = {
     "no latent": ("deepseek_v3_mla", dict(kv_lora_rank=0), "'kv_lora_rank' must be at least 1 for latent attention"),
     "latent wider than the hidden size": (
@@ -505,8 +505,11 @@ LATENT_CASES = {
         "'kv_lora_rank' 80 is wider than the hidden size 64",
     ),
     "odd RoPE key": ("deepseek_v3_mla", dict(qk_rope_head_dim=15), "'qk_rope_head_dim' must be a positive even"),
-    "routed layers": ("deepseek_v3_mla", dict(first_k_dense_replace=1), "layers 1..2 route to experts"),
-    "routed GLM layers": ("glm4_moe_lite_mla", dict(mlp_layer_types=["dense", "sparse"]), "layers 1..1 route"),
+    "GLM layer types of another length": (
+        "glm4_moe_lite_mla",
+        dict(mlp_layer_types=["dense", "sparse"]),
+        "'mlp_layer_types' must say \"dense\" or \"sparse\" for each of the 3 layers",
+    ),
     "value heads the weights do not have": (
         "deepseek_v3_mla",
         dict(v_head_dim=16),

@@ -37,7 +37,7 @@ def test_model_def_and_report_show_the_cache_bytes_per_position(checkpoints, bui
     assert "#define COLIBRI_KV_LORA_RANK 32 " in model_def and "#define COLIBRI_KV_V_VALUES 0ull" in model_def
     report = planned_report(load_board("esp32p4-idf"), plan).to_json()
     rows = {r["kv_type"]: r for r in report["kv_types"]}
-    assert rows["f32"]["bytes_per_position"] == 2 * (32 + 32) * 4
+    assert rows["f32"]["bytes_per_position"] == plan.spec.n_layers * (32 + 32) * 4
 
 
 @pytest.mark.slow  # runs under qemu-aarch64 (two threads) and qemu-system-riscv32

@@ -16,15 +16,9 @@ KV_B = "attn_kv_b.weight"  # the older files' kv_b_proj, whole
 SPLIT = ("attn_k_b.weight", "attn_v_b.weight")  # the newer files'
 
 
-def gguf_latent(meta, hidden: int, n_heads: int, n_layers: int, rope_factor: float) -> dict:
-    """deepseek2's keys as ModelSpec fields; its routed layers refused until they are supported."""
-    where, tensors = meta.where, meta.gguf.tensors
-    routed = [i for i in range(n_layers) if f"blk.{i}.ffn_gate_inp.weight" in tensors]
-    if routed:
-        raise ColibriError(
-            f"{where}: layers {routed[0]}..{routed[-1]} route to experts, which latent attention's families do "
-            f"not support yet (only files whose every layer is dense: leading_dense_block_count = block_count)"
-        )
+def gguf_latent(meta, hidden: int, n_heads: int, rope_factor: float) -> dict:
+    """deepseek2's keys as ModelSpec fields."""
+    where = meta.where
     rope = meta.int("rope.dimension_count")
     # Newer files describe the absorbed (MQA) form in key/value_length and the heads in *_mla;
     # older ones the heads in key/value_length.

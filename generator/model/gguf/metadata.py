@@ -227,7 +227,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         return _gemma4(gguf, meta, family, hidden, n_layers, n_heads)
     n_kv = meta.int("attention.head_count_kv", n_heads)
     rope = _rope(meta, family.default_theta, family.gguf_yarn_truncate, family.latent is not None)
-    latent = gguf_latent(meta, hidden, n_heads, n_layers, rope.factor) if family.latent else {}
+    latent = gguf_latent(meta, hidden, n_heads, rope.factor) if family.latent else {}
     if latent:  # (key_length and head_count_kv describe llama.cpp's absorbed form: the latent's fields say)
         n_kv, head_dim = latent.pop("n_kv_heads"), latent.pop("head_dim")
     elif meta.has("attention.key_length"):

@@ -30,7 +30,7 @@ from .families import (
     ROPE_TYPES,
     TEXT_CONFIG_ARCHITECTURES,
 )
-from .latent import hf_latent
+from .latent import hf_latent, routed_layer_types
 from .safetensors_io import strict_json
 
 # The most layers a config.json may declare, said before anything is made per layer (a count of
@@ -487,8 +487,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
     n_kv = cfg.int("num_key_value_heads", n_heads)
     latent = {}
     if family.latent:  # (config.json's head_dim is then the RoPE key's width: the latent's fields say)
-        n_layers = cfg.int("num_hidden_layers", maximum=MAX_LAYERS)
-        latent = hf_latent(cfg, family_name, family.latent, hidden, n_heads, n_layers)
+        latent = hf_latent(cfg, family.latent, hidden, n_heads)
         n_kv = latent.pop("n_kv_heads")
     head_dim = latent.pop("head_dim", None) or data.get("head_dim")
     if head_dim is None:
@@ -547,6 +546,8 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
     windows = _layer_windows(cfg, family, n_layers)
     gemma4 = _gemma4(cfg, family, n_layers, windows, vocab) if family.gemma4_layers else {}
     moe = _moe(cfg, family.moe, n_layers) if family.moe and family.moe.placement != "beside_dense" else {}
+    if family.moe and family.moe.layer_types_key:
+        moe["moe_layers"] = routed_layer_types(cfg, family.moe.layer_types_key, n_layers)
 
     return ModelSpec(
         name=name,

@@ -6,7 +6,6 @@ value up-projection (wv_b)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +21,9 @@ from .safetensors_io import TensorInfo, read_rows
 LATENT_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
-def hf_latent(cfg, family_name: str, attention: LatentAttention, hidden: int, n_heads: int, n_layers: int) -> dict:
-    """config.json's latent attention as ModelSpec fields; its MoE layers refused until routed."""
+def hf_latent(cfg, attention: LatentAttention, hidden: int, n_heads: int) -> dict:
+    """config.json's latent attention as ModelSpec fields."""
     data = cfg.data
-    _refuse_moe_layers(cfg, family_name, n_layers)
     if data.get("attention_bias"):
         raise ColibriError(f"{cfg.where}: 'attention_bias' true is not supported for latent attention")
     q_rank = data.get("q_lora_rank")
@@ -47,25 +45,15 @@ def hf_latent(cfg, family_name: str, attention: LatentAttention, hidden: int, n_
     return latent_fields(values, n_heads, latent_score_scale(head_dim, factor, mscale_all_dim))
 
 
-def _refuse_moe_layers(cfg, family_name: str, n_layers: int) -> None:
-    """The routed layers of these families are not supported yet: one line saying which."""
-    data = cfg.data
-    kinds = data.get("mlp_layer_types")
-    if kinds is not None:
-        if not isinstance(kinds, list) or len(kinds) != n_layers:
-            raise ColibriError(f"{cfg.where}: 'mlp_layer_types' must list one type per layer ({n_layers})")
-        routed = [i for i, kind in enumerate(kinds) if kind != "dense"]
-    elif family_name == "glm4_moe_lite":
-        routed = list(range(1, n_layers))  # transformers' default: a dense first layer, then sparse ones
-    else:
-        first = cfg.int("first_k_dense_replace", 0, minimum=0)
-        routed = list(range(first, n_layers)) if data.get("n_routed_experts") else []
-    if routed:
-        raise ColibriError(
-            f"{cfg.where}: layers {routed[0]}..{routed[-1]} route to experts, which {family_name}'s latent-attention "
-            f"row does not support yet (only models whose every layer is dense: first_k_dense_replace = "
-            f"num_hidden_layers, or mlp_layer_types all {json.dumps('dense')})"
-        )
+def routed_layer_types(cfg, key: str, n_layers: int) -> tuple[bool, ...]:
+    """GLM-4.7-Flash's routed layers: `key` ("dense" or "sparse" per layer), else transformers'
+    default, a dense first layer and sparse ones after it."""
+    kinds = cfg.data.get(key)
+    if kinds is None:
+        return tuple(i > 0 for i in range(n_layers))
+    if not isinstance(kinds, list) or len(kinds) != n_layers or not all(k in ("dense", "sparse") for k in kinds):
+        raise ColibriError(f'{cfg.where}: {key!r} must say "dense" or "sparse" for each of the {n_layers} layers')
+    return tuple(kind == "sparse" for kind in kinds)
 
 
 def rope_interleaved(config: dict, attention: LatentAttention) -> bool:

@@ -20,6 +20,7 @@ from .compile.plan import (
 )
 from .documents import JsonDocument
 from .errors import ColibriError
+from .latent_report import latent_cache_report
 from .numerics.kv_cache import VALUE_BYTES, kv_arena_bytes
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
@@ -208,6 +209,7 @@ class MemoryReport:
     absent_rows: dict[str, str] = field(default_factory=dict)  # row -> why no region shows it
     stack_outside_elf: bool = False  # a Linux program: its stacks come at run time, not in its ELF
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint names, left out (ModelSpec.mtp_layers)
+    latent_cache: dict[str, Any] | None = None  # latent attention: latent_report.latent_cache_report()
 
     @property
     def planned_only(self) -> bool:
@@ -257,6 +259,8 @@ class MemoryReport:
             out["per_layer_inputs"] = self.per_layer_inputs
         if self.mtp_layers:
             out["mtp_layers_left_out"] = self.mtp_layers
+        if self.latent_cache is not None:
+            out["latent_cache"] = self.latent_cache
         return out
 
 
@@ -276,6 +280,7 @@ def linked_report(board: Board, plan: Plan, elf: ElfSizes) -> MemoryReport:
     )
     return replace(
         rep,
+        latent_cache=latent_cache_report(board, plan, uses),
         selftest={**elf.selftest, "boot": board.selftest.boot, "steps": board.selftest.steps},
         other_data=other_data_parts(board, plan, elf),
         stack_outside_elf=board.runner.linux_program and ".stack" not in elf.sections,
@@ -292,7 +297,7 @@ def planned_report(board: Board, plan: Plan) -> MemoryReport:
     reserve, and a region that does not fit says so with the numbers."""
     uses = planned_use(board, plan)
     largest = largest_planned_ctx(board, plan)
-    return _report(
+    rep = _report(
         board,
         plan,
         uses,
@@ -301,6 +306,7 @@ def planned_report(board: Board, plan: Plan) -> MemoryReport:
         code_estimate=board.code_reserve,
         kv_types=kv_type_rows(board, plan, None),
     )
+    return replace(rep, latent_cache=latent_cache_report(board, plan, None))
 
 
 def _report(
@@ -354,6 +360,8 @@ def format_report(rep: MemoryReport) -> str:
         lines.append(f"  {rep.per_layer_inputs['summary']}")
     if rep.held:
         lines.append(f"  {rep.held}")
+    if rep.latent_cache:
+        lines.append(f"  {rep.latent_cache['summary']}")
     if rep.mtp_layers:
         lines.append(
             f"  multi-token-prediction layers left out: {rep.mtp_layers} (the checkpoint's layers past the last; "

@@ -6,12 +6,12 @@ rewritten in the older form (attn_kv_b whole, the heads' widths in key/value_len
 same ModelSpec and bit-identical tensors as their safetensors; the Q8_0 file's firmware keeps its
 blocks and decodes the reference's bits. Damaged files are refused in one line."""
 
-import dataclasses
 import struct
 
 import numpy as np
 import pytest
-from cli_runs import build_refused
+from cli_runs import build_refused, damaged_key_refused
+from gguf_files import assert_imports_alike
 
 from generator.model.load import load_model
 from generator.numerics.sampling import SamplingParams
@@ -91,14 +91,7 @@ def test_converted_by_llama_cpp_imports_as_its_safetensors_do(kind, form, deepse
     spec = from_hf.spec
     assert spec.kv_lora_rank and spec.rope_dim
     assert spec.n_experts and spec.expert_groups
-    assert dataclasses.replace(from_gguf.spec, name=spec.name) == spec
-    assert list(from_gguf.tensors) == list(from_hf.tensors)
-    differ = [
-        n
-        for n in from_hf.tensors
-        if not np.array_equal(from_hf.tensors[n].load().view(np.uint32), from_gguf.tensors[n].load().view(np.uint32))
-    ]
-    assert differ == []
+    assert_imports_alike(from_hf, from_gguf)
 
 
 def test_firmware_from_the_q8_0_gguf_keeps_its_blocks_and_decodes_the_reference_bits(deepseek2_peer, builder):
@@ -123,12 +116,9 @@ HOSTILE_KEYS = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_KEYS))
 def test_damaged_deepseek2_keys_are_refused_in_one_line(case, deepseek2_peer, tmp_path, capsys):
-    from gguf_files import with_u32_key
-
     key, value, message = HOSTILE_KEYS[case]
-    path = with_u32_key(deepseek2_peer["deepseek_v3_mla"][1]["f32"], key, value, tmp_path / "damaged.gguf")
-    line = build_refused(capsys, path, tmp_path / "out")
-    assert line.startswith("colibri: error: damaged.gguf: ") and message in line, line
+    line = damaged_key_refused(capsys, deepseek2_peer["deepseek_v3_mla"][1]["f32"], key, value, tmp_path)
+    assert message in line, line
 
 
 def test_a_key_up_projection_without_its_value_one_is_refused(deepseek2_peer, tmp_path, capsys):

@@ -436,14 +436,19 @@ GEMMA4_CASES = {
 }
 
 
+def changed_config_refused(kind, change, checkpoints, tmp_path, capsys) -> str:
+    """The checkpoint of tests/models.py `kind` with config.json's keys changed: its one error line."""
+    model = tmp_path / "model"
+    shutil.copytree(checkpoints(kind), model)
+    edit_config(lambda c: c.update(change))(model)
+    return build_refused(capsys, model, tmp_path / "out")
+
+
 @pytest.mark.parametrize("case", sorted(GEMMA4_CASES))
 def test_broken_gemma4_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
 
     kind, change, message = GEMMA4_CASES[case]
-    model = tmp_path / "model"
-    shutil.copytree(checkpoints(kind), model)
-    edit_config(lambda c: c.update(change))(model)
-    line = build_refused(capsys, model, tmp_path / "out")
+    line = changed_config_refused(kind, change, checkpoints, tmp_path, capsys)
     assert message in line, line
 
 
@@ -521,8 +526,5 @@ LATENT_CASES = {
 @pytest.mark.parametrize("case", sorted(LATENT_CASES))
 def test_broken_latent_attention_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
     kind, change, message = LATENT_CASES[case]
-    model = tmp_path / "model"
-    shutil.copytree(checkpoints(kind), model)
-    edit_config(lambda c: c.update(change))(model)
-    line = build_refused(capsys, model, tmp_path / "out")
+    line = changed_config_refused(kind, change, checkpoints, tmp_path, capsys)
     assert message in line, line

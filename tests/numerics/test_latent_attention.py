@@ -55,3 +55,21 @@ def test_emulated_boards_decode_the_reference_bits(kind, quant, board, kv_type, 
     assert result.hello["board"] == board
     assert_decodes_as_the_reference(plan, art, request, result)
     assert len(result.tokens) == request.steps
+
+
+def test_report_says_the_longest_context_the_psram_holds_against_plain_attention(checkpoints):
+    """report --board esp32p4-idf: the latent cache's bytes a position against plain attention's of the
+    same heads (keys of qk_nope + qk_rope, values of v_head_dim, every head), and the longest context
+    each leaves room for."""
+    from generator.compile.plan import plan_for_board
+    from generator.report import format_report
+
+    board = load_board("esp32p4-idf")
+    plan = plan_for_board(load_hf(checkpoints("deepseek_v3_mla"), load_tensors=False).spec, board, "q8_0", 128)
+    rep = planned_report(board, plan)
+    s = plan.spec
+    latent = rep.latent_cache
+    assert latent["bytes_per_position"] == s.n_layers * (s.kv_lora_rank + s.rope_dim) * 2  # f16, the board's
+    assert latent["plain_bytes_per_position"] == s.n_layers * s.n_heads * (s.head_dim + s.v_head_dim) * 2
+    assert latent["plain_largest_ctx_that_fits"] <= latent["largest_ctx_that_fits"] == rep.largest_ctx_that_fits
+    assert latent["summary"] in format_report(rep) and rep.to_json()["latent_cache"] == latent

@@ -513,7 +513,7 @@ LATENT_CASES = {
     "GLM layer types of another length": (
         "glm4_moe_lite_mla",
         dict(mlp_layer_types=["dense", "sparse"]),
-        "'mlp_layer_types' must say \"dense\" or \"sparse\" for each of the 3 layers",
+        '\'mlp_layer_types\' must say "dense" or "sparse" for each of the 3 layers',
     ),
     "value heads the weights do not have": (
         "deepseek_v3_mla",

@@ -450,6 +450,18 @@ def selftest_built(prepared: Prepared[Any], built: Built, seen: Selftest | None 
     return result.selftest
 
 
+def prepare_selftest(options: JobOptions) -> Prepared[None]:
+    """selftest's checks before compiling: the board, the model and its fit, where the firmware runs;
+    no prompt, no sampling (the golden prompt is in the firmware)."""
+    return prepare(options, lambda planned, tokenizer: None, sampling=False)
+
+
+def selftest(options: JobOptions) -> tuple[Prepared[None], Selftest]:
+    """Build the firmware and ask it for its own verdict (app/selftest.c), no host reference."""
+    prepared = prepare_selftest(options)
+    return prepared, selftest_built(prepared, build(prepared))
+
+
 def verify_ran(prepared: Prepared[PromptInputs], built: Built, ran: Ran) -> Verified:
     """The one verify (verify.verify_run) of a run of the built firmware; its self-test asked where
     the firmware is reached (here, or over a serial port)."""
@@ -714,6 +726,16 @@ def report_budget(options: JobOptions, board: Board, plan: Plan) -> CachePlan | 
     return cache
 
 
+def with_margins(rep: MemoryReport, board: Board, art: Artifacts) -> MemoryReport:
+    """The report with the stack and heap margins the last verify of this very build measured
+    (an MCU's stats frame), against the stack its linked ELF reserves."""
+    from .compile.firmware_id import firmware_build_id
+    from .verify import planned_stack, recorded_margins
+
+    margins = recorded_margins(art.out_dir, firmware_build_id(board, art.program))
+    return replace(rep, margins=margins, planned_stack=planned_stack(art.program)) if margins else rep
+
+
 def report(options: JobOptions) -> MemoryReport:
     """Where every byte goes (report.linked_report, with the expert cache if any): from
     the linked ELF, or planned only when there is nothing to link (a configuration alone, a model
@@ -747,6 +769,7 @@ def report(options: JobOptions) -> MemoryReport:
             )
             if art.program.exists():
                 rep = linked_report(board, plan, read_elf(art.program))
+                rep = with_margins(rep, board, art)
             else:  # an ESP-IDF project that idf.py has not built here
                 rep = planned_report(board, plan)
     return replace(rep, memory_budget=cache) if cache is not None else rep

@@ -4,7 +4,7 @@ against the board's budgets, with the largest context that would still fit."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .boards import CATEGORIES, KV_TYPES, Board
 from .compile.cache_plan import REPORTED_HIT_RATES, CachePlan
@@ -22,6 +22,9 @@ from .documents import JsonDocument
 from .errors import ColibriError
 from .latent_report import latent_cache_report
 from .numerics.kv_cache import VALUE_BYTES, kv_arena_bytes
+
+if TYPE_CHECKING:
+    from .verify import Margins
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
 ROWS = CATEGORIES + WITH_CODE  # what the report shows per region
@@ -210,6 +213,10 @@ class MemoryReport:
     stack_outside_elf: bool = False  # a Linux program: its stacks come at run time, not in its ELF
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint names, left out (ModelSpec.mtp_layers)
     latent_cache: dict[str, Any] | None = None  # latent attention: latent_report.latent_cache_report()
+    # An MCU's stack and heap at their most, as the last verify of this build measured them (None:
+    # not measured), and the stack the linked ELF reserves.
+    margins: Margins | None = None
+    planned_stack: int | None = None
 
     @property
     def planned_only(self) -> bool:
@@ -261,6 +268,12 @@ class MemoryReport:
             out["mtp_layers_left_out"] = self.mtp_layers
         if self.latent_cache is not None:
             out["latent_cache"] = self.latent_cache
+        if self.margins is not None:
+            out["margins"] = {
+                **self.margins.to_json(),
+                "planned_stack": self.planned_stack,
+                "warnings": self.margins.warnings(self.planned_stack),
+            }
         return out
 
 
@@ -403,6 +416,9 @@ def format_report(rep: MemoryReport) -> str:
             f"read-only data (golden vectors of {t['steps']} steps, its kernel table), {t['ram']:,} B RAM of its own "
             f"(its fixed input lies in the scratch arena when that is large enough)"
         )
+    if rep.margins is not None:
+        lines.append(f"  measured by the last verify of this build: {rep.margins.line(rep.planned_stack)}")
+        lines += [f"  WARNING: {w}" for w in rep.margins.warnings(rep.planned_stack)]
     if rep.memory_budget:
         lines += budget_lines(rep.memory_budget)
     return "\n".join(lines)

@@ -18,6 +18,8 @@ from .compile.emit import c_comment, environment
 from .compile.image import map_image
 from .compile.pipeline import SELFTEST_CHECKS_FILE, SELFTEST_DATA_FILE
 from .compile.plan import Plan
+from .device.session import Selftest
+from .documents import JsonDocument, json_field
 from .files import write_atomic
 from .numerics.sampling import SamplingParams
 from .reference import Reference
@@ -35,6 +37,21 @@ def checked_types(plan: Plan) -> dict[str, int]:
     """Block type -> 1 if this model's matrices use it (its kernels are checked), else 0."""
     used = {t.dtype for t in plan.tensors}
     return {name: int(name in used) for name in CHECKABLE}
+
+
+def kernel_checks(plan: Plan) -> list[str]:
+    """The kernels app/selftest.c checks against the scalar ones for this model, in its order (one
+    name per comparison it counts in kernels_checked: quantize_q8_0 compares quants and scales)."""
+    used = checked_types(plan)
+    names = ["matvec_f32", "matmul_f32", "matvec_q8_0", "matmul_q8_0"]
+    # q4_0 and q4_1 are checked before the table of the other block types
+    for dtype in ("q4_0", "q4_1", *(t for t in CHECKABLE if t not in ("q4_0", "q4_1"))):
+        if used[dtype]:
+            names += [f"matvec_{dtype}", f"matmul_{dtype}"]
+    names += ["quantize_q8_0", "quantize_q8_0", "swiglu"]
+    if plan.spec.activation == "gelu_tanh":
+        names.append("gelu_tanh_mul")
+    return names + ["attention_scores", "attention_mix", "attention_scores_f16", "attention_mix_f16"]
 
 
 def golden_prompt(plan: Plan, n: int) -> list[int]:
@@ -79,3 +96,47 @@ def write_golden(plan: Plan, weights: Path, board: Board, out: Path) -> Golden:
     write_atomic(out.parent / CHECKS_FILE, render_checks(plan).encode())
     write_atomic(out, render_golden(golden, board).encode())
     return golden
+
+
+@dataclass(frozen=True)
+class SelftestCheck(JsonDocument):
+    """One of the self-test's checks, as `./colibri selftest` lists it: what was checked, and what
+    differed (empty when it passed)."""
+
+    name: str
+    checked: str
+    passed: bool = json_field(key="pass")
+    differed: str = ""
+
+
+def selftest_checks(frame: Selftest, plan: Plan, golden_steps: int) -> list[SelftestCheck]:
+    """The self-test frame's verdict check by check: the weight image, the kernels against the
+    scalar ones, the golden decode (a check not reached after an earlier failure did not pass)."""
+    f = frame.fields
+    image_ok = "image" not in f
+    kernels = kernel_checks(plan)
+    count = f.get("kernels_checked", "?")
+    names = ", ".join(dict.fromkeys(kernels)) if count == str(len(kernels)) else "this build's kernels"
+    decode_ok = image_ok and "decode_error" not in f and "step" not in f
+    decoded = {k: v for k, v in f.items() if k in ("decode_error", "step", "token", "expected", "logits")}
+    return [
+        SelftestCheck(
+            "weight image",
+            "the image's header, model hash and CRC-32s, as the loader checks them",
+            image_ok,
+            "" if image_ok else f["image"],
+        ),
+        SelftestCheck(
+            "kernels",
+            f"{count} comparisons of the {f.get('kernels', '?')} kernel set against the scalar kernels on fixed inputs: {names}",
+            "kernel_failed" not in f,
+            f"{f['kernel_failed']} differs from the scalar kernel" if "kernel_failed" in f else "",
+        ),
+        SelftestCheck(
+            "golden decode",
+            f"a greedy decode of the golden prompt, {golden_steps} steps: every token and the SHA-256 of every "
+            "step's logits against the NumPy reference's, computed at build time",
+            decode_ok,
+            "not run: the weight image was refused" if not image_ok else Selftest(False, decoded).what,
+        ),
+    ]

@@ -4,6 +4,7 @@ step) and the rates a run reports are computed here, once, for `verify`, `releas
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -270,6 +271,84 @@ def rates(result: RunResult) -> RunRates:
     )
 
 
+# Under this share of a stack or heap left, verify and report warn.
+MARGIN_WARNING = 0.10
+# The build directory's record of the margins its firmware last reported (verify writes it, report
+# reads it for the same build id).
+MARGINS_FILE = "margins.json"
+
+
+@dataclass(frozen=True)
+class Margins(JsonDocument):
+    """An MCU's memory margins from its stats frame (firmware_src/bsp/rv32-common): the most of its
+    stack ever used (the high-water mark over the stack painted at start-up) and the stack's size,
+    the largest heap use and the heap's size (0 and 0: no heap, the arenas are static)."""
+
+    stack_used: int
+    stack_size: int
+    heap_peak: int
+    heap_size: int
+
+    @classmethod
+    def of(cls, stats: dict[str, str]) -> Margins | None:
+        names = ("stack_used", "stack_size", "heap_peak", "heap_size")
+        if not all(stats.get(n, "").isdigit() for n in names):
+            return None  # a board that does not measure them (Linux: its peak RSS instead)
+        return cls(*(int(stats[n]) for n in names))
+
+    def line(self, planned_stack: int | None = None) -> str:
+        stack = planned_stack or self.stack_size
+        left = stack - self.stack_used
+        heap = "heap: none (static arenas)"
+        if self.heap_size:
+            heap_left = 100 * (self.heap_size - self.heap_peak) / self.heap_size
+            heap = f"heap: {self.heap_peak:,} B of {self.heap_size:,} B at most ({heap_left:.0f}% left)"
+        return f"stack: {self.stack_used:,} B of {stack:,} B at most ({100 * left / stack:.0f}% left); {heap}"
+
+    def warnings(self, planned_stack: int | None = None) -> list[str]:
+        """Under MARGIN_WARNING left of the stack (`planned_stack`: the linked ELF's .stack, else the
+        frame's size) or of the heap; a stack used past its size overflowed into what lies below it."""
+        out = []
+        stack = planned_stack or self.stack_size
+        if stack and stack - self.stack_used < MARGIN_WARNING * stack:
+            out.append(
+                f"the firmware used {self.stack_used:,} B of its {stack:,} B stack at most: "
+                f"{100 * (stack - self.stack_used) / stack:.1f}% left (under {100 * MARGIN_WARNING:.0f}%); "
+                "a longer context or another model may overflow it (the stack is the linker script's .stack)"
+            )
+        if self.heap_size and self.heap_size - self.heap_peak < MARGIN_WARNING * self.heap_size:
+            out.append(
+                f"the firmware used {self.heap_peak:,} B of its {self.heap_size:,} B heap at most: "
+                f"{100 * (self.heap_size - self.heap_peak) / self.heap_size:.1f}% left (under {100 * MARGIN_WARNING:.0f}%)"
+            )
+        return out
+
+
+def planned_stack(program: Path) -> int | None:
+    """The stack the linked firmware reserves (its ELF's .stack section); None where it has none."""
+    from .compile.elfsize import read_elf
+
+    return read_elf(program).sections.get(".stack") or None
+
+
+def record_margins(out_dir: Path, build_id: str | None, margins: Margins) -> None:
+    """Keep the margins a run of this build measured, for report (MARGINS_FILE, by build id)."""
+    from .files import write_atomic
+
+    write_atomic(out_dir / MARGINS_FILE, json.dumps({"build_id": build_id, **margins.to_json()}, indent=2) + "\n")
+
+
+def recorded_margins(out_dir: Path, build_id: str | None) -> Margins | None:
+    """The margins a run of this very build measured (recorded by verify), else None."""
+    try:
+        found = json.loads((out_dir / MARGINS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, dict) or found.get("build_id") != build_id:
+        return None  # none recorded, or for a build since replaced
+    return Margins.of({k: str(v) for k, v in found.items()})
+
+
 @dataclass(frozen=True)
 class RunStats(RunRates):
     """rates() with what they are: the emulator they were measured under (None: the board itself),
@@ -280,6 +359,7 @@ class RunStats(RunRates):
     instructions_counted: str | None
     memory_budget: int | str  # bytes, or "auto"
     weights_held: CacheStats | None
+    margins: Margins | None = field(default=None, metadata=json_meta(omit_none=True))  # an MCU's
 
 
 def instructions_scope(request: RunRequest, result: RunResult) -> str:
@@ -312,6 +392,7 @@ def run_stats(result: RunResult, board: Board, request: RunRequest) -> RunStats:
         instructions_counted=instructions_scope(request, result) if r.decode_instructions_per_token else None,
         memory_budget=request.memory_budget if isinstance(request.memory_budget, int) else str(request.memory_budget),
         weights_held=cache_stats(result),
+        margins=Margins.of(result.stats),
     )
 
 

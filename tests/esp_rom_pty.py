@@ -68,6 +68,8 @@ class FakeChip:
         self.mac, self.revision, self.chip_id = mac, revision, chip_id
         self.silent, self.cut_after, self.corrupt_at = silent, cut_after, corrupt_at
         self.flash = bytearray(b"\xff" * flash_size)
+        # the JEDEC id's last byte is log2 of the flash chip's size (0x18: 16 MB)
+        self.spi_answers = {**SPI_ANSWERS, 0x9F: SPI_ANSWERS[0x9F] & 0xFFFF | (flash_size.bit_length() - 1) << 16}
         self.written = 0  # bytes of flash data written so far
         self.commands: list[int] = []  # every command's opcode, in order
         self.stub = False
@@ -157,7 +159,7 @@ class FakeChip:
         elif op == WRITE_REG:
             addr, value, mask, _ = struct.unpack_from("<IIII", data)
             if addr == SPI_CMD_REG and value & mask & SPI_CMD_USR:  # done at once: the bit reads 0
-                self.regs[SPI_W0_REG] = SPI_ANSWERS.get(self.regs.get(SPI_USR2_REG, 0) & 0xFF, 0)
+                self.regs[SPI_W0_REG] = self.spi_answers.get(self.regs.get(SPI_USR2_REG, 0) & 0xFF, 0)
             else:
                 self.regs[addr] = (self.regs.get(addr, 0) & ~mask) | (value & mask)
             self._reply(op)

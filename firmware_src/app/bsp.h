@@ -14,6 +14,11 @@ uint64_t bsp_time_us(void);
 /* Peak resident memory of the firmware in bytes, where the board can tell (Linux); else 0. */
 uint64_t bsp_peak_memory(void);
 
+/* The MCU's memory margins where the board can tell (returns 1; else 0): the most of its stack ever
+ * used (a high-water mark over the stack painted at start-up) and the stack's size, the largest heap
+ * use and the heap's size (0 and 0 where nothing is allocated: static arenas, no heap linked). */
+int bsp_margins(uint64_t *stack_used, uint64_t *stack_size, uint64_t *heap_peak, uint64_t *heap_size);
+
 /* Retired-instruction counter: returns 1 and sets *count where the board has one, else 0. */
 int bsp_instructions(uint64_t *count);
 

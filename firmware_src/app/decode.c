@@ -318,6 +318,14 @@ static void send_stats(const DecodeStats *s, int32_t prefilled, const SpecState 
     if (bsp_peak_memory() > 0) {
         proto_u64("peak_rss", bsp_peak_memory());
     }
+    uint64_t stack_used, stack_size, heap_peak, heap_size;
+    if (bsp_margins(&stack_used, &stack_size, &heap_peak, &heap_size)) {
+        /* An MCU's margins, since it started: the stack's high-water mark and the largest heap use. */
+        proto_u64("stack_used", stack_used);
+        proto_u64("stack_size", stack_size);
+        proto_u64("heap_peak", heap_peak);
+        proto_u64("heap_size", heap_size);
+    }
     if (s->counted) {
         /* Exact retired instructions (emulators with -icount, or a CPU counter). */
         proto_u64("prefill_instret", s->i1 - s->i0);

@@ -2,7 +2,8 @@
 module per group, each command a Command (its name, its help, add_arguments(parser), run(args)).
 
     build.py     build, report, clean, boards      (a firmware and what it holds)
-    run.py       run, verify, chat, eval, bench    (firmware running: job.py's prepare -> build -> link)
+    run.py       run, verify, selftest, chat,      (firmware running: job.py's prepare -> build -> link)
+                 eval, bench
     device.py    flash, ota, monitor, devices      (a board on a serial port)
     release.py   release, verify-release, deploy, rollback
     suite.py     test
@@ -20,6 +21,7 @@ ORDER = (
     "build",
     "run",
     "verify",
+    "selftest",
     "chat",
     "eval",
     "report",

@@ -7,6 +7,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import flash_job, job
 from ..arguments import (
@@ -23,6 +24,10 @@ from ..documents import JsonDocument
 from ..errors import ColibriError
 from ..model.tokenizer import Tokenizer
 from .common import Command, add_json_arg, job_options, print_json
+
+if TYPE_CHECKING:
+    from ..device.flash import ProbedChip
+    from ..device.setup_toolchain import BoardNeeds
 
 BEFORE = ("default-reset", "usb-reset", "no-reset", "no-reset-no-sync")
 
@@ -130,7 +135,7 @@ def flash(args: argparse.Namespace) -> int:
         )
     if not args.monitor:
         return 0
-    from ..device.monitor import monitor
+    from ..device.monitor import PanicDecoder, monitor
 
     uart_baud = board.idf.uart_baud if board.idf is not None else 115200
     return monitor(
@@ -140,6 +145,7 @@ def flash(args: argparse.Namespace) -> int:
         expected_model=art.model_hash(),
         json_lines=args.json,
         tokenizer=Tokenizer.for_model(args.model),
+        decoder=PanicDecoder(art.program, board.cc) if art.program.exists() else None,
     )
 
 
@@ -265,12 +271,20 @@ def add_monitor_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=non_negative_float, help="stop after this many seconds")
     p.add_argument("--expect-model", metavar="HASH", help="model hash (or a prefix) the firmware must carry")
     p.add_argument("--model", type=Path, help="model directory whose tokenizer turns token frames into text")
+    p.add_argument(
+        "--elf",
+        type=Path,
+        metavar="FILE",
+        help="the build's ELF (e.g. build/esp32p4/<model>/firmware.elf): code addresses in the log (a panic's "
+        "MEPC and RA, its stack dump, a backtrace) are decoded to function, file and line, as idf.py monitor does",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per frame or log line")
 
 
 def monitor(args: argparse.Namespace) -> int:
-    from ..device.monitor import monitor
+    from ..device.monitor import PanicDecoder, monitor
 
+    decoder = PanicDecoder(args.elf) if args.elf is not None else None  # a bad --elf is said before the port
     port = args.port or job.look_up_port("monitor")
     tokenizer = None
     if args.model is not None:
@@ -285,12 +299,103 @@ def monitor(args: argparse.Namespace) -> int:
         expected_model=args.expect_model,
         json_lines=args.json,
         tokenizer=tokenizer,
+        decoder=decoder,
     )
+
+
+def add_devices_arguments(p: argparse.ArgumentParser) -> None:
+    add_json_arg(p)
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="read each ESP32 port's chip through esptool (chip, revision, flash size, PSRAM where the chip "
+        "says, MAC) and check the board files against it, one line per problem; with no board plugged in, "
+        "list the toolchains, emulators and ESP-IDF installed and what each board needs",
+    )
+    p.add_argument(
+        "--port",
+        action=PortList,
+        help="--probe: this port (again for several; default: every port that looks like an ESP32 board's)",
+    )
+    p.add_argument(
+        "--board",
+        help="--probe: check this board file (a name of targets/ or a path; default: every board of targets/ "
+        "flashed over a serial port for the chip found)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="--probe: the build directory whose images are weighed against the chip's flash "
+        "(default: every build of the board under build/)",
+    )
+    p.add_argument(
+        "--before",
+        default="default-reset",
+        choices=BEFORE,
+        help="--probe: how esptool puts the chip in its ROM loader (no-reset: hold BOOT and press RESET "
+        "yourself; the chip is then left there)",
+    )
+
+
+@dataclass(frozen=True)
+class ProbeDocument(JsonDocument):
+    """devices --probe --json's document: each chip found and the problems of the board files
+    checked against it; the programs of every board on this machine."""
+
+    chips: list[ProbedChip]
+    problems: list[str]
+    boards: list[BoardNeeds]
+
+
+def probe(args: argparse.Namespace) -> int:
+    from ..boards import available_boards, load_board
+    from ..compile.build import BUILD_ROOT
+    from ..device.flash import board_problems, probe_chip
+    from ..device.ports import list_ports
+    from ..device.setup_toolchain import every_board_needs
+
+    given = [load_board(args.board)] if args.board else None
+    ports = ports_given(args.port) or [str(p.device) for p in list_ports() if p.esp_bridge]
+    chips, problems = [], []
+    for port in ports:
+        chip = probe_chip(port, args.before)
+        chips.append(chip)
+        for_chip = [
+            b
+            for b in (load_board(name) for name in available_boards())
+            if b.runner.needs_port and b.flash is not None and b.flash.chip == chip.name.replace("-", "").lower()
+        ]
+        boards = given or for_chip
+        if not boards:
+            problems.append(f"{port}: no board of targets/ is for the {chip.name} (give one with --board FILE)")
+        for board in boards:
+            builds = [args.out] if args.out else sorted(p for p in (BUILD_ROOT / board.name).glob("*") if p.is_dir())
+            problems += board_problems(board, chip, builds)
+    needs = every_board_needs()
+    if args.json:
+        print_json(ProbeDocument(chips, problems, needs).to_json())
+        return 1 if problems else 0
+    for chip in chips:
+        print(chip.line())
+    for problem in problems:
+        print(f"PROBLEM {problem}")
+    if chips and not problems:
+        print(f"the board file{'s' if len(chips) > 1 else ''} hold{'' if len(chips) > 1 else 's'} for every chip found")
+    if not chips:
+        print("no board plugged in (no port looks like an ESP32 board's); on this machine:")
+        for need in needs:
+            print(f"  {need.line()}")
+    return 1 if problems else 0
 
 
 def devices(args: argparse.Namespace) -> int:
     from ..device.ports import describe, list_ports
 
+    if args.probe:
+        return probe(args)
+    if args.port or args.board or args.out:
+        raise ColibriError("--port, --board and --out go with --probe (./colibri devices --probe)")
     ports = list_ports()
     if args.json:
         print_json([p.to_dict() for p in ports])
@@ -313,5 +418,10 @@ COMMANDS = [
     Command(
         "monitor", "show what a board prints: logs and decoded frames (Ctrl-C to stop)", add_monitor_arguments, monitor
     ),
-    Command("devices", "list serial ports, marking those that look like ESP32 boards", add_json_arg, devices),
+    Command(
+        "devices",
+        "list serial ports, marking those that look like ESP32 boards; --probe: each chip against its board file",
+        add_devices_arguments,
+        devices,
+    ),
 ]

@@ -1,4 +1,4 @@
-"""run, verify, chat, eval and bench: the commands that run firmware, each through job.py's
+"""run, verify, selftest, chat, eval and bench: the commands that run firmware, each through job.py's
 prepare -> build -> link, printing what it answered (text, or a --json document)."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from ..arguments import (
     add_cache_arg,
     add_decode_args,
     add_jobs_arg,
+    add_port_arg,
+    add_remote_arg,
     add_sampling_args,
     add_speculate_arg,
     add_target_args,
@@ -33,7 +35,17 @@ from ..errors import ColibriError
 from ..job import Ran
 from ..model.tokenizer import Tokenizer
 from ..numerics.sampling import SamplingParams
-from ..verify import FirmwareMismatch, RunStats, Verified, budget_text, run_stats, speed_text
+from ..selftest import SelftestCheck, selftest_checks
+from ..verify import (
+    FirmwareMismatch,
+    RunStats,
+    Verified,
+    budget_text,
+    planned_stack,
+    record_margins,
+    run_stats,
+    speed_text,
+)
 from .common import Command, job_options, print_json
 
 
@@ -196,6 +208,15 @@ def verify(args: argparse.Namespace) -> int:
             f"running the NumPy reference on the same weight image"
         )
     verified = job.verify_ran(prepared, built, ran)
+    margins = stats.margins
+    if margins is not None:
+        # An MCU's stack and heap at their most, against the stack its linked ELF reserves; kept for report.
+        planned = planned_stack(built.art.program)
+        record_margins(built.art.out_dir, built.identity.build, margins)
+        if not args.json:
+            progress(margins.line(planned))
+        for warning in margins.warnings(planned):
+            warn(warning)
     selftest, quant = verified.selftest, verified.plan.quant
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
     if args.json:
@@ -208,6 +229,50 @@ def verify(args: argparse.Namespace) -> int:
             progress(selftest.line())
         print(verified.comparison.verdict(board.name, quant, mode))
     return 0 if verified.passed else 1
+
+
+# ---- selftest: the firmware's own verdict on itself (app/selftest.c), no host reference ----
+
+
+def add_selftest_arguments(p: argparse.ArgumentParser) -> None:
+    add_target_args(p)
+    add_jobs_arg(p)
+    add_cache_arg(p)
+    add_port_arg(p)
+    add_remote_arg(p)
+
+
+@dataclass(frozen=True)
+class SelftestDocument(JsonDocument):
+    """selftest --json's document: the build, the verdict, each check, and the frame's own fields."""
+
+    board: str
+    model: Path
+    quant: str
+    n_ctx: int
+    passed: bool = json_field(key="pass")
+    checks: list[SelftestCheck] = json_field()
+    frame: dict[str, str] = json_field()
+
+
+def selftest(args: argparse.Namespace) -> int:
+    prepared, frame = job.selftest(job_options(args))
+    board, plan = prepared.board, prepared.plan
+    checks = selftest_checks(frame, plan, board.selftest.steps)
+    if args.json:
+        print_json(
+            SelftestDocument(
+                board.name, args.model, plan.quant, plan.n_ctx, frame.passed, checks, frame.fields
+            ).to_json()
+        )
+    else:
+        for check in checks:
+            verdict = "ok  " if check.passed else "FAIL"
+            print(
+                f"  {verdict} {check.name}: {check.checked}" + (f"\n       {check.differed}" if check.differed else "")
+            )
+        print(f"{board.name}: {frame.line()}")
+    return 0 if frame.passed else 1
 
 
 def add_chat_arguments(p: argparse.ArgumentParser) -> None:
@@ -458,6 +523,13 @@ COMMANDS = [
         "run the firmware and the NumPy reference; PASS only if bit-identical and the firmware is this build",
         add_run_arguments,
         verify,
+    ),
+    Command(
+        "selftest",
+        "build the firmware and run its own self-test on the board (the golden vectors in the artifact, "
+        "no host reference): PASS or FAIL, its checks listed",
+        add_selftest_arguments,
+        selftest,
     ),
     Command(
         "chat",

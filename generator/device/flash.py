@@ -4,19 +4,23 @@ flash_plan() says what to write (the board file's [[flash.images]], relative to 
 directory); flash_images() connects, refuses a chip or chip revision the board (or an image) was
 not built for, runs the flasher stub, writes every image at its offset, verifies it, and resets
 the board. Whatever goes wrong (no port, a busy port, no answer, a bad write) ends in one
-ColibriError line, and the port is closed in every case.
+ColibriError line, and the port is closed in every case. probe_chip() only reads what the chip says
+about itself (`devices --probe`), and board_problems() checks a board file's assumptions against it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import struct
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ..boards import Board, Flash, FlashImage
+from ..documents import JsonDocument, json_meta
 from ..errors import ColibriError
 from .ports import open_error
 
@@ -350,3 +354,127 @@ def flash_images(
             progress("resetting the board")
             cmds.reset_chip(esp, "hard-reset")
         return chip
+
+
+# ---- devices --probe: what the chip says about itself, against a board file -------------------
+
+
+@dataclass(frozen=True)
+class ProbedChip(JsonDocument):
+    """What esptool reads from a chip in its ROM loader: its name and revision (MAJOR * 100 + MINOR),
+    the MAC, the flash size from the flash chip's JEDEC id (None: not recognised), its features
+    (the embedded PSRAM among them on chips whose eFuses say it: not on the ESP32-P4)."""
+
+    port: str
+    name: str = field(metadata=json_meta(key="chip"))
+    description: str
+    revision: int = field(metadata=json_meta(convert=lambda full: _rev(full)))
+    mac: str
+    flash_size: str | None = field(metadata=json_meta(then=("psram",)))
+    features: tuple[str, ...]
+
+    @property
+    def psram(self) -> str | None:
+        return next((f for f in self.features if "PSRAM" in f), None)
+
+    def line(self) -> str:
+        flash = self.flash_size or "flash size not recognised"
+        psram = self.psram or "PSRAM not reported by the chip"
+        return f"{self.port}: {self.description}, MAC {self.mac}, {flash} flash, {psram}; {', '.join(self.features)}"
+
+
+def probe_chip(port: str, before: str = "default-reset") -> ProbedChip:
+    """Connect to the chip on `port` through esptool (`before`: how it enters its ROM loader) and read
+    what it says about itself; nothing is written. A chip reset into its loader is reset again
+    afterwards, so its firmware runs on; one entered without a reset is left in the loader."""
+    if before not in BEFORE_MODES:
+        raise ColibriError(f"--before must be one of {', '.join(BEFORE_MODES)}, not {before!r}")
+
+    def failure(text: str) -> str:
+        return f"probing {port} failed: {text}{_esptool_advice(text)}"
+
+    # esptool's own notes go to stderr, beside progress: stdout is the probe's (its --json document)
+    with esptool_link(port, failure) as (ser, cmds, ESPLoader), contextlib.redirect_stdout(sys.stderr):
+        esp = cmds.detect_chip(ser, baud=ESPLoader.ESP_ROM_BAUD, connect_mode=before)
+        chip = ProbedChip(
+            port,
+            esp.CHIP_NAME,
+            esp.get_chip_description(),
+            esp.get_chip_revision(),
+            ":".join(f"{b:02x}" for b in esp.read_mac()),
+            _flash_size_said(cmds, esp),
+            tuple(esp.get_chip_features()),
+        )
+        if before in ("default-reset", "usb-reset"):
+            cmds.reset_chip(esp, "hard-reset")
+        return chip
+
+
+def _flash_size_said(cmds, esp) -> str | None:
+    """The flash size from the flash chip's JEDEC id, or None where it cannot be read (secure
+    download mode, an id esptool does not know, a SPI command that does not complete)."""
+    from esptool.util import FatalError
+
+    try:
+        return cmds.detect_flash_size(esp)
+    except FatalError:
+        return None
+
+
+def board_problems(board: Board, chip: ProbedChip, builds: list[Path]) -> list[str]:
+    """What of `board`'s file does not hold for `chip`, one line each: the chip, its revision (the
+    L2MEM window a bare-metal image loads into is kept free only on some), the flash size the image
+    headers say, the partition table's end, and the images of each build directory in `builds`."""
+    from esptool.targets import CHIP_DEFS
+
+    flash = board.flash
+    if flash is None:
+        return [f"{chip.port}: board {board.name} has no [flash] section: it is not flashed over a serial port"]
+    at = f"{chip.port} ({board.name})"
+    expected = CHIP_DEFS[flash.chip].CHIP_NAME if flash.chip in CHIP_DEFS else flash.chip.upper()
+    if chip.name != expected:
+        return [f"{at}: found {chip.name}; board {board.name} needs an {expected}"]
+    problems = []
+    majors = list(flash.supported_revisions)
+    if majors and chip.revision // 100 not in majors:
+        supported = ", ".join(f"v{m}.x" for m in majors)
+        if flash.load_window:
+            lo, hi = flash.load_window
+            problems.append(
+                f"{at}: revision {_rev(chip.revision)}: the image loads into L2MEM 0x{lo:x}-0x{hi:x}, which the ROM "
+                f"leaves free on revisions {supported} only"
+            )
+        else:
+            problems.append(f"{at}: revision {_rev(chip.revision)}; board {board.name} supports revisions {supported}")
+    if isinstance(flash.min_revision, int) and chip.revision < flash.min_revision:
+        problems.append(
+            f"{at}: revision {_rev(chip.revision)}; board {board.name} needs {_rev(flash.min_revision)} or later"
+        )
+    chip_bytes = _flash_bytes(chip.flash_size or "")
+    if chip_bytes is None:
+        return problems
+    board_bytes = _flash_bytes(flash.size)
+    if board_bytes and board_bytes > chip_bytes:
+        problems.append(
+            f"{at}: the images' headers say a {flash.size} flash ([flash] size), the chip has {chip.flash_size}"
+        )
+    laid_out = [(i.offset + i.size, i.name or i.file) for i in flash.images if i.size]
+    if laid_out:
+        end, last = max(laid_out)
+        if end > chip_bytes:
+            problems.append(
+                f"{at}: the partition table runs to 0x{end:x} (partition {last}), past the chip's {chip.flash_size} flash"
+            )
+    for build in builds:
+        try:
+            images = flash_plan(board, build)
+        except ColibriError:
+            continue  # not built (or an ESP-IDF project idf.py has not built here): nothing to weigh
+        for offset, path in images:
+            end = offset + path.stat().st_size
+            if end > chip_bytes:
+                problems.append(
+                    f"{at}: {build}: {path.name} at 0x{offset:x} ({path.stat().st_size:,} B) ends at 0x{end:x}, "
+                    f"past the chip's {chip.flash_size} flash"
+                )
+    return problems

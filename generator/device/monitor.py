@@ -17,17 +17,31 @@ finished run its whole text:
     [1] token: step 0, id 312, logits 9f8e7d6c5b4a3b2c…, text " God"
     -- text:  God said, Let there be light
 
+With the build's ELF (`monitor --elf FILE`, or `flash --monitor`), every code address in a log line
+(an ESP32-P4 panic's MEPC and RA, its stack dump, a backtrace) is decoded below it to function, file
+and line with Espressif's decoder (esp-idf-panic-decoder), as idf.py monitor does:
+
+    | MEPC    : 0x4ff0a1b2  RA      : 0x4ff0a3c4  SP      : 0x4ff3ff10  GP      : 0x4ff0c000
+       0x4ff0a1b2: colibri_forward at firmware_src/runtime/model.c:412
+
 With json_lines, each of those is one JSON object per line instead ({"type": "log" | "frame" |
-"rejected" | "lost" | "reset" | "model_mismatch" | "text" | "start" | "summary", "t": seconds, ...}).
+"rejected" | "lost" | "reset" | "model_mismatch" | "text" | "address" | "start" | "summary", "t":
+seconds, ...}).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
 
 from ..errors import ColibriError
 from .protocol import Frame
@@ -77,6 +91,90 @@ def describe(frame: Frame) -> str:
     return head + f"{frame.kind}: " + " ".join(f"{k}={printable(v)}" for k, v in f.items())
 
 
+# ---- code addresses in the log: the build's ELF, Espressif's decoder ----------------------------
+
+# The binutils whose addr2line reads an ELF of each machine, the first found on PATH taken:
+# Espressif's own RISC-V toolchain where ESP-IDF is installed, else Debian's (the boards' compiler).
+ADDR2LINE_PREFIXES = {
+    "EM_RISCV": ("riscv32-esp-elf-", "riscv64-unknown-elf-"),
+    "EM_AARCH64": ("aarch64-linux-gnu-", ""),
+    "EM_X86_64": ("",),
+}
+
+
+@dataclass(frozen=True)
+class DecodedAddress:
+    """One code address of a log line: where it is in the source (several places when inlined,
+    innermost first)."""
+
+    address: str
+    places: tuple[tuple[str, str, str], ...]  # (function, file, line)
+
+    def lines(self) -> list[str]:
+        def place(func: str, path: str, line: str) -> str:
+            return f"{func} at {path}" + (f":{line}" if line and line != "?" else "")
+
+        first, *inlined = self.places
+        return [f"{self.address}: {place(*first)}"] + [f"  (inlined by) {place(*p)}" for p in inlined]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "address": self.address,
+            "function": self.places[0][0],
+            "file": self.places[0][1],
+            "line": self.places[0][2],
+            "inlined_by": [{"function": f, "file": p, "line": n} for f, p, n in self.places[1:]],
+        }
+
+
+def elf_machine(elf: Path) -> str:
+    """The ELF's machine (EM_RISCV, ...); a file that is not an ELF is refused."""
+    try:
+        with open(elf, "rb") as f:
+            return str(ELFFile(f)["e_machine"])
+    except FileNotFoundError:
+        raise ColibriError(
+            f"--elf {elf}: no such file (give the build's ELF: build/<board>/<model>/firmware.elf)"
+        ) from None
+    except (ELFError, OSError) as e:
+        raise ColibriError(f"--elf {elf}: not an ELF file ({e}); give the firmware's ELF, not its .bin image") from None
+
+
+def toolchain_prefix(elf: Path, compiler: str | None = None) -> str:
+    """The binutils prefix whose addr2line reads `elf`: the board's compiler's own (riscv64-unknown-elf-gcc
+    gives riscv64-unknown-elf-) when known, else the first of ADDR2LINE_PREFIXES found for its machine."""
+    machine = elf_machine(elf)
+    candidates: tuple[str, ...] = ()
+    if compiler and compiler.endswith("gcc"):
+        candidates = (compiler[: -len("gcc")],)
+    candidates += ADDR2LINE_PREFIXES.get(machine, ())
+    for prefix in candidates:
+        if shutil.which(prefix + "addr2line"):
+            return prefix
+    wanted = " or ".join(p + "addr2line" for p in candidates) or f"an addr2line for {machine}"
+    raise ColibriError(
+        f"--elf {elf}: no {wanted} on PATH to decode its addresses "
+        "(sudo apt-get install gcc-riscv64-unknown-elf for the ESP32-P4, or ESP-IDF's riscv32-esp-elf)"
+    )
+
+
+class PanicDecoder:
+    """The code addresses of log lines decoded with the build's ELF (esp-idf-panic-decoder)."""
+
+    def __init__(self, elf: Path, compiler: str | None = None):
+        from esp_idf_panic_decoder import PcAddressDecoder
+
+        self.elf = elf
+        self.decoder = PcAddressDecoder(toolchain_prefix(elf, compiler), str(elf))
+
+    def decode(self, line: str) -> list[DecodedAddress]:
+        """Each address of `line` in the ELF's code, in the order they appear (a log line with none: [])."""
+        return [
+            DecodedAddress(address, tuple((p.func, p.path, p.line) for p in places))
+            for address, places in self.decoder.translate_addresses(line)
+        ]
+
+
 class _Output:
     def __init__(self, out: TextIO, json_lines: bool, start: float):
         self.out, self.json_lines, self.start = out, json_lines, start
@@ -123,11 +221,13 @@ def monitor(
     expected_model: str | None = None,
     json_lines: bool = False,
     tokenizer=None,
+    decoder: PanicDecoder | None = None,
 ) -> int:
     """Print what the board on `url` sends until Ctrl-C or `duration` seconds; return the exit code:
     0, or 1 if an error frame arrived or a hello named another model than `expected_model` (the
     full hash or a prefix of it). With the model's `tokenizer` (model.tokenizer.Tokenizer), token
-    frames show their text and a finished run its whole text. A port that cannot be opened or fails
+    frames show their text and a finished run its whole text. With a `decoder` (the build's ELF),
+    the code addresses of log lines are decoded below them. A port that cannot be opened or fails
     (unplugged) raises ColibriError after the summary line."""
     text = _Text(tokenizer) if tokenizer is not None else None
     out = out if out is not None else sys.stdout
@@ -153,6 +253,9 @@ def monitor(
             for kind, item in link.poll():
                 if kind == "log":
                     show.emit("| " + printable(item), "log", text=item)
+                    for decoded in decoder.decode(item) if decoder is not None else []:
+                        shown = "\n".join("   " + printable(line) for line in decoded.lines())
+                        show.emit(shown, "address", **decoded.to_json())
                     continue
                 if kind == "rejected":
                     counts["rejected"] += 1

@@ -12,10 +12,12 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..boards import Board, available_boards, load_board
 from ..boards.load import DEBIAN_PACKAGE
+from ..documents import JsonDocument, json_field
 from ..errors import ColibriError
 
 
@@ -133,6 +135,48 @@ def missing_for(board: Board) -> tuple[list[str], list[str]]:
         present = installed_packages(list(board.apt_packages))
         packages = [p for p in board.apt_packages if p not in present]
     return packages, tools
+
+
+@dataclass(frozen=True)
+class BoardNeeds(JsonDocument):
+    """What a board needs on this machine (`devices --probe` with no board plugged in): its programs
+    and where they are (None: not on PATH), its Debian packages not installed, and for an ESP-IDF
+    board where idf.py is (None: not found: the project is generated, not built, here)."""
+
+    board: str
+    programs: dict[str, str | None]
+    packages_missing: list[str]
+    idf: str | None = None
+    needs_idf: bool = json_field(False, then=("ready",))
+
+    @property
+    def ready(self) -> bool:
+        return (
+            all(self.programs.values()) and not self.packages_missing and (self.idf is not None or not self.needs_idf)
+        )
+
+    def line(self) -> str:
+        parts = [f"{program} {where or 'NOT FOUND'}" for program, where in self.programs.items()]
+        if self.packages_missing:
+            parts.append(f"Debian packages not installed: {' '.join(self.packages_missing)}")
+        if self.needs_idf:
+            parts.append(
+                f"ESP-IDF's idf.py {self.idf or 'NOT FOUND (its project is generated here, built where ESP-IDF is)'}"
+            )
+        return f"{self.board:<14} {'ready' if self.ready else 'NOT READY'}: {'; '.join(parts)}"
+
+
+def board_needs(board: Board) -> BoardNeeds:
+    from ..compile.esp32.idf_build import find_idf
+
+    packages, _ = missing_for(board)
+    programs = {tool: shutil.which(tool) for tool in board.tools()}
+    idf = find_idf() if board.idf is not None else None
+    return BoardNeeds(board.name, programs, packages, str(idf) if idf else None, board.idf is not None)
+
+
+def every_board_needs() -> list[BoardNeeds]:
+    return [board_needs(load_board(name)) for name in available_boards()]
 
 
 def ensure_toolchain(board: Board) -> None:

@@ -116,6 +116,33 @@ class Moe:
     # first layer, sparse ones after it), instead of first_k_dense_replace.
     layer_types_key: str | None = None
 
+    def route_groups(
+        self, where: str, n_experts: int, top_k: int, n_group: int, topk_group: int, keys: tuple[str, str, str]
+    ) -> tuple[int, int]:
+        """The DeepSeek line's group limits, checked (keys: how the file names the group count, the groups
+        used and the top k): (expert_groups, expert_groups_used), or (0, 0) where they limit nothing (one
+        group, or every group used)."""
+        group_key, used_key, top_k_key = keys
+        if n_group <= 1:
+            return 0, 0
+        if n_experts % n_group:
+            raise ColibriError(
+                f"{where}: {group_key} {n_group} does not divide the {n_experts} experts into equal groups"
+            )
+        if not 1 <= topk_group <= n_group:
+            raise ColibriError(f"{where}: {used_key} {topk_group} must be from 1 to {group_key} {n_group}")
+        per_group = n_experts // n_group
+        if self.router == "sigmoid" and per_group < 2:
+            raise ColibriError(
+                f"{where}: a group scores its two best experts, but {group_key} {n_group} leaves {per_group} a group"
+            )
+        if top_k > topk_group * per_group:
+            raise ColibriError(
+                f"{where}: {top_k_key} {top_k} exceeds the {topk_group * per_group} experts that {used_key} {topk_group} "
+                f"groups of {per_group} hold"
+            )
+        return (0, 0) if topk_group == n_group else (n_group, topk_group)
+
 
 @dataclass(frozen=True)
 class Norms:
@@ -514,32 +541,6 @@ def check_experts_per_token(where: str, key: str, top_k: int, n_experts: int) ->
     """A router takes at most every expert."""
     if top_k > n_experts:
         raise ColibriError(f"{where}: {key} {top_k} exceeds the {n_experts} experts")
-
-
-def route_groups(
-    where: str, moe: Moe | None, n_experts: int, top_k: int, n_group: int, topk_group: int, keys: tuple[str, str, str]
-) -> tuple[int, int]:
-    """The DeepSeek line's group limits, checked (keys: how the file names the group count, the groups
-    used and the top k): (expert_groups, expert_groups_used), or (0, 0) where they limit nothing (one
-    group, or every group used)."""
-    group_key, used_key, top_k_key = keys
-    if n_group <= 1:
-        return 0, 0
-    if n_experts % n_group:
-        raise ColibriError(f"{where}: {group_key} {n_group} does not divide the {n_experts} experts into equal groups")
-    if not 1 <= topk_group <= n_group:
-        raise ColibriError(f"{where}: {used_key} {topk_group} must be from 1 to {group_key} {n_group}")
-    per_group = n_experts // n_group
-    if moe is not None and moe.router == "sigmoid" and per_group < 2:
-        raise ColibriError(
-            f"{where}: a group scores its two best experts, but {group_key} {n_group} leaves {per_group} a group"
-        )
-    if top_k > topk_group * per_group:
-        raise ColibriError(
-            f"{where}: {top_k_key} {top_k} exceeds the {topk_group * per_group} experts that {used_key} {topk_group} "
-            f"groups of {per_group} hold"
-        )
-    return (0, 0) if topk_group == n_group else (n_group, topk_group)
 
 
 def moe_beside_dense(moe: Moe | None, n_experts: int, top_k: int, expert_intermediate_size: int, n_layers: int) -> dict:

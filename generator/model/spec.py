@@ -222,8 +222,9 @@ class ModelSpec:
     def identity(self) -> dict:
         """The spec as the model hash sees it: every field, except those added with a later family
         (LATER_FIELDS) while they hold their default, so the models that came before keep their
-        image bytes and hashes."""
+        image bytes and hashes, and mtp_layers (what is left out changes nothing built)."""
         out = asdict(self)
+        del out["mtp_layers"]  # (layers left out: the firmware and its image do not depend on them)
         _drop_later_defaults(out, self, LATER_FIELDS)
         _drop_later_defaults(out["rope"], self.rope, LATER_ROPE_FIELDS)
         if self.rope_local is not None:
@@ -271,7 +272,6 @@ LATER_FIELDS = (
     "router_choice_bias",
     "routed_scaling",
     "ungated_shared_expert",
-    "mtp_layers",
 )
 LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "rotated_fraction")
 

@@ -492,12 +492,9 @@ GLM4_MOE_CASES = {
 
 @pytest.mark.parametrize("case", sorted(GLM4_MOE_CASES))
 def test_broken_glm4_moe_routing_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
-    model = tmp_path / "model"
-    shutil.copytree(checkpoints("glm4_moe"), model)
     damage, message = GLM4_MOE_CASES[case]
-    damage(model)
-    line = build_refused(capsys, model, tmp_path / "out")
-    assert message in line, line
+    damage(shutil.copytree(checkpoints("glm4_moe"), tmp_path / "model"))
+    assert message in build_refused(capsys, tmp_path / "model", tmp_path / "out")
 
 
 # Latent attention's config keys (tests/models.py "deepseek_v3_mla": hidden 64, latent 48 + RoPE 16;

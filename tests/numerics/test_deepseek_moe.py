@@ -99,6 +99,7 @@ def test_multi_token_prediction_layers_are_left_out_and_reported(checkpoints, tm
     save_file({**tensors, **mtp}, model / "model.safetensors", metadata={"format": "pt"})
     checkpoint = load_hf(model)
     assert checkpoint.spec.mtp_layers == 1 and not any(n.startswith("layers.3.") for n in checkpoint.tensors)
+    assert checkpoint.spec.to_json() == replace(checkpoint.spec, mtp_layers=0).to_json()  # nothing built changes
     plan = make_plan(checkpoint.spec, "host", "q8_0", 64)
     assert "multi-token-prediction layers left out: 1" in format_report(planned_report(load_board("host"), plan))
     save_file({**tensors, "model.layers.4.enorm.weight": np.ones(64, np.float32)}, model / "model.safetensors")
@@ -128,3 +129,28 @@ def test_the_expert_cache_keeps_shared_experts_and_dense_layers_resident(checkpo
     assert stats.slots == c.experts_per_token < c.max_slots and stats.cache_misses > 0
     assert budgeted.tokens == unlimited.tokens and budgeted.digests == unlimited.digests
     assert budgeted.expert_counts == unlimited.expert_counts
+
+
+def test_dense_layers_lead_and_moe_layer_freq_spaces_the_rest(checkpoints):
+    import json
+
+    from generator.model.hf.config import parse_config
+
+    config = json.loads((checkpoints("glm4_moe") / "config.json").read_text())
+    spec = parse_config(dict(config, num_hidden_layers=6, moe_layer_freq=2), "glm")
+    assert spec.moe_layers == (False, False, True, False, True, False)  # from layer 1, every 2nd (DeepSeek's rule)
+
+
+def test_v2_topk_method_decides_the_group_limits():
+    from generator.model.family_facts import Moe
+    from generator.model.hf.config import _Config, _deepseek_moe
+
+    v2 = Moe("first_k_dense", shared_expert="ungated", groups="topk_method")
+    config = dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=2, n_group=4,
+                  topk_group=2, first_k_dense_replace=1)  # fmt: skip
+    greedy = _deepseek_moe(_Config(dict(config, topk_method="greedy"), "config.json"), v2, 3)
+    limited = _deepseek_moe(_Config(dict(config, topk_method="group_limited_greedy"), "config.json"), v2, 3)
+    assert (greedy["expert_groups"], limited["expert_groups"], limited["expert_groups_used"]) == (0, 4, 2)
+    assert limited["router"] == "softmax_then_topk" and not limited["router_choice_bias"]
+    with pytest.raises(Exception, match="unsupported topk_method"):
+        _deepseek_moe(_Config(dict(config, topk_method="noaux"), "config.json"), v2, 3)

@@ -76,6 +76,15 @@ uint64_t bsp_peak_memory(void)
     return 0; /* static arenas: `./colibri report` gives every byte */
 }
 
+int bsp_margins(uint64_t *stack_used, uint64_t *stack_size, uint64_t *heap_peak, uint64_t *heap_size)
+{
+    (void)stack_used;
+    (void)stack_size;
+    (void)heap_peak;
+    (void)heap_size;
+    return 0; /* FreeRTOS's task stacks and ESP-IDF's heaps are not measured here yet */
+}
+
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 {
     (void)step;

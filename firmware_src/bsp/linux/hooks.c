@@ -98,6 +98,15 @@ const char *bsp_machine(void)
     return name.machine;
 }
 
+int bsp_margins(uint64_t *stack_used, uint64_t *stack_size, uint64_t *heap_peak, uint64_t *heap_size)
+{
+    (void)stack_used;
+    (void)stack_size;
+    (void)heap_peak;
+    (void)heap_size;
+    return 0; /* a process: its peak RSS says what it used (bsp_peak_memory) */
+}
+
 /* VmHWM of this process image (getrusage's ru_maxrss would include the launcher's memory from
  * before exec). */
 uint64_t bsp_peak_memory(void)

@@ -39,6 +39,23 @@ uint64_t bsp_peak_memory(void)
     return 0; /* static arenas: `./colibri report` gives every byte */
 }
 
+#define STACK_PAINT 0x5354434bu /* start.S paints the stack with it before main */
+extern uint32_t __stack_bottom[], __stack_top[]; /* link.ld: the .stack section */
+
+int bsp_margins(uint64_t *stack_used, uint64_t *stack_size, uint64_t *heap_peak, uint64_t *heap_size)
+{
+    /* The stack grows down from __stack_top: the lowest word no longer painted is its high-water mark. */
+    const uint32_t *w = __stack_bottom;
+    while (w < __stack_top && *w == STACK_PAINT) {
+        w++;
+    }
+    *stack_used = (uint64_t)((uintptr_t)__stack_top - (uintptr_t)w);
+    *stack_size = (uint64_t)((uintptr_t)__stack_top - (uintptr_t)__stack_bottom);
+    *heap_peak = 0; /* no heap: nothing is allocated, the arenas are static (link.ld defines none) */
+    *heap_size = 0;
+    return 1;
+}
+
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n)
 {
     (void)step;

@@ -13,15 +13,7 @@ import math
 import numpy as np
 
 from ...errors import ColibriError
-from ..family_facts import (
-    Family,
-    Moe,
-    check_experts_per_token,
-    check_kv_sharing,
-    gemma_embed_scale,
-    moe_beside_dense,
-    route_groups,
-)
+from ..family_facts import Family, check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
 from ..spec import ModelSpec, RopeSpec
 from .archs import arch_of
 from .file import GgufFile
@@ -290,7 +282,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
             expert_biases=present("ffn_gate_exps.bias"),
         )
         if routing.placement == "first_k_dense":
-            moe.update(_deepseek_routing(meta, routing, n_experts, top_k, moe["expert_intermediate_size"], mtp_layers))
+            moe.update(_deepseek_routing(meta, family, n_experts, top_k, moe["expert_intermediate_size"], mtp_layers))
         intermediate = ff
     else:
         intermediate = meta.int("feed_forward_length")
@@ -327,10 +319,12 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     )
 
 
-def _deepseek_routing(meta: _Meta, routing: Moe, n_experts: int, top_k: int, expert_ff: int, mtp_layers: int) -> dict:
+def _deepseek_routing(meta: _Meta, family: Family, n_experts: int, top_k: int, expert_ff: int, mtp_layers: int) -> dict:
     """The DeepSeek line's routing from llama.cpp's keys: the gating function (as the row's router),
     the groups, the weights' scale, the shared experts (expert_shared_count of the experts' width,
     ungated); the layers with a router are the MoE layers (leading_dense_block_count before them)."""
+    routing = family.moe
+    assert routing is not None  # (a row with placement first_k_dense)
     gating = meta.int("expert_gating_func", 2 if routing.router == "sigmoid" else 1)
     if gating != (2 if routing.router == "sigmoid" else 1):
         raise ColibriError(
@@ -338,9 +332,8 @@ def _deepseek_routing(meta: _Meta, routing: Moe, n_experts: int, top_k: int, exp
             f"{'sigmoid (2)' if routing.router == 'sigmoid' else 'softmax (1)'}"
         )
     n_group = meta.int("expert_group_count", 1)
-    groups, used = route_groups(
+    groups, used = routing.route_groups(
         meta.where,
-        routing,
         n_experts,
         top_k,
         n_group,

@@ -19,7 +19,6 @@ from ..family_facts import (
     check_kv_sharing,
     gemma_embed_scale,
     moe_beside_dense,
-    route_groups,
 )
 from ..spec import ModelSpec, RopeSpec
 from .families import (
@@ -316,8 +315,8 @@ def _deepseek_moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
         grouped = method == "group_limited_greedy"
     n_group = cfg.int("n_group", 1) if grouped and cfg.data.get("n_group") is not None else 1
     topk_group = cfg.int("topk_group", n_group) if n_group > 1 else 1
-    groups, used = route_groups(
-        cfg.where, moe, n_experts, top_k, n_group, topk_group, ("n_group", "topk_group", "num_experts_per_tok")
+    groups, used = moe.route_groups(
+        cfg.where, n_experts, top_k, n_group, topk_group, ("n_group", "topk_group", "num_experts_per_tok")
     )
     scaling = cfg.float("routed_scaling_factor", 1.0) if moe.routed_scaling else 1.0
     if scaling <= 0:

@@ -189,17 +189,18 @@ class Reference:
             self.q4_unpacked_bytes += qs.nbytes
         return qs
 
-    def _linear(self, name: str, act, bias: str | None = None) -> np.ndarray:
+    def _linear(self, name: str, act, bias: str | None = None, rows: slice = slice(None)) -> np.ndarray:
+        """The matrix (or its `rows`: a head's block, latent attention's) times the input."""
         w = self.w[name]
         x, q = act
         if isinstance(w, KeptBlocks):
-            out = blocks.matvec(w.dtype, w.raw, w.cols, q[0], q[1])
+            out = blocks.matvec(w.dtype, w.raw[rows], w.cols, q[0], q[1])
         elif isinstance(w, tuple) and len(w) == 3:
-            out = matvec_q4_1(self._quants(name), w[1], w[2], q[0], q[1])
+            out = matvec_q4_1(self._quants(name)[rows], w[1][rows], w[2][rows], q[0], q[1])
         elif isinstance(w, tuple):
-            out = matvec_q8_0(self._quants(name), w[1], q[0], q[1])
+            out = matvec_q8_0(self._quants(name)[rows], w[1][rows], q[0], q[1])
         else:
-            out = matvec_f32(w, x)
+            out = matvec_f32(w[rows], x)
         if bias is not None:
             out = out + self.w[bias]
         return out

@@ -20,7 +20,6 @@ from .compile.plan import (
 )
 from .documents import JsonDocument
 from .errors import ColibriError
-from .latent_report import latent_cache_report
 from .numerics.kv_cache import VALUE_BYTES, kv_arena_bytes
 
 if TYPE_CHECKING:
@@ -212,7 +211,7 @@ class MemoryReport:
     absent_rows: dict[str, str] = field(default_factory=dict)  # row -> why no region shows it
     stack_outside_elf: bool = False  # a Linux program: its stacks come at run time, not in its ELF
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint names, left out (ModelSpec.mtp_layers)
-    latent_cache: dict[str, Any] | None = None  # latent attention: latent_report.latent_cache_report()
+    latent_cache: dict[str, Any] | None = None  # latent attention: latent_cache_report()
     # An MCU's stack and heap at their most, as the last verify of this build measured them (None:
     # not measured), and the stack the linked ELF reserves.
     margins: Margins | None = None
@@ -489,3 +488,49 @@ def report_problem(rep: MemoryReport) -> str | None:
         rep.regions,
         "; code is the board's reserve" if rep.planned_only else "",
     )
+
+
+# ---- Latent attention: its cache against plain attention's of the same heads (each head's keys,
+# qk_nope_head_dim + qk_rope_head_dim wide, and values, v_head_dim wide, in the same KV type), and
+# the longest context each leaves room for (the one bisection: plan.largest_fitting_ctx) ----
+
+
+def plain_bytes_per_position(plan: Plan) -> int:
+    """Plain attention's cache of the same heads, one position over every layer that keeps one."""
+    s = plan.spec
+    values = s.n_heads * (s.head_dim + s.v_head_dim)
+    return sum(kv_arena_bytes(values, plan.kv_type) for slots in plan.kv_slots if slots)
+
+
+def latent_cache_report(board: Board, plan: Plan, uses: Callable[[Plan], list[RegionUse]] | None) -> dict | None:
+    """The latent cache against plain attention (None without latent attention). `uses`: what a plan
+    puts in each region (None: planned, the code the board's reserve)."""
+    if not plan.spec.kv_lora_rank:
+        return None
+    use_of = uses or (lambda trial: planned_use(board, trial))
+    latent, plain = plan.kv_bytes_per_position, plain_bytes_per_position(plan)
+
+    def with_plain_cache(trial: Plan) -> list[RegionUse]:
+        extra = trial.n_ctx * (plain - latent)  # what plain attention's cache would add at this context
+        return [
+            replace(u, items={**u.items, "kv_cache": u.items["kv_cache"] + extra}) if "kv_cache" in u.items else u
+            for u in use_of(trial)
+        ]
+
+    longest = largest_fitting_ctx(board, plan, use_of)
+    longest_plain = largest_fitting_ctx(board, plan, with_plain_cache)
+
+    def said(n: int | None) -> str:
+        return "no limit on this board" if n is None else "none" if n == 0 else f"{n:,}"
+
+    return {
+        "bytes_per_position": latent,
+        "plain_bytes_per_position": plain,
+        "largest_ctx_that_fits": longest,
+        "plain_largest_ctx_that_fits": longest_plain,
+        "summary": (
+            f"latent attention's cache: {latent:,} B a position ({plan.kv_type}; the latent and the RoPE key), where "
+            f"plain attention of the same heads would take {plain:,} B: largest context that fits {said(longest)} "
+            f"(plain attention: {said(longest_plain)})"
+        ),
+    }

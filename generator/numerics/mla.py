@@ -26,26 +26,6 @@ import numpy as np
 from .kv_cache import kv_round
 from .ops import dot, rmsnorm, seq_sum, softmax
 from .ops import rope as apply_rope
-from .quantize import matvec_q4_1, matvec_q8_0
-
-
-def linear_rows(ref, name: str, first: int, count: int, act) -> np.ndarray:
-    """Rows first .. first + count - 1 of matrix `name` times the input (the reference's _linear on
-    a head's block of rows: the same kernel, row by row)."""
-    from ..reference import KeptBlocks  # (the reference imports this module)
-    from . import blocks
-    from .ops import matvec_f32
-
-    w = ref.w[name]
-    x, q = act
-    rows = slice(first, first + count)
-    if isinstance(w, KeptBlocks):
-        return blocks.matvec(w.dtype, w.raw[rows], w.cols, q[0], q[1])
-    if isinstance(w, tuple) and len(w) == 3:
-        return matvec_q4_1(ref._quants(name)[rows], w[1][rows], w[2][rows], q[0], q[1])
-    if isinstance(w, tuple):
-        return matvec_q8_0(ref._quants(name)[rows], w[1][rows], q[0], q[1])
-    return matvec_f32(w[rows], x)
 
 
 def latent_cache(spec, kv_slots: tuple[int, ...]) -> list[np.ndarray]:
@@ -56,7 +36,8 @@ def latent_cache(spec, kv_slots: tuple[int, ...]) -> list[np.ndarray]:
 
 def latent_attention(ref, layer: int, act, pos: int) -> np.ndarray:
     """The layer's attention output (after wo) for the token whose normed input is `act`, its
-    latent row entered into ref.latent_cache first."""
+    latent row entered into ref.latent_cache first (ref: the Reference, whose _linear takes a
+    head's block of rows of wk_b and wv_b)."""
     s, p, eps = ref.spec, f"layers.{layer}.", ref.spec.rms_norm_eps
     heads, rank, nope, rot, v = s.n_heads, s.kv_lora_rank, s.qk_nope_head_dim, s.rope_dim, s.v_head_dim
     if s.q_lora_rank:
@@ -75,9 +56,9 @@ def latent_attention(ref, layer: int, act, pos: int) -> np.ndarray:
     rows = cache[[t % slots for t in range(pos + 1)]]
     out = np.empty((heads, v), dtype=np.float32)
     for h in range(heads):
-        absorbed = linear_rows(ref, p + "wk_b", h * rank, rank, ref._prepare(q[h, :nope]))
+        absorbed = ref._linear(p + "wk_b", ref._prepare(q[h, :nope]), rows=slice(h * rank, (h + 1) * rank))
         query = np.concatenate([absorbed, q_rope[h]])
         probs = softmax(dot(rows, query[None, :], axis=1) * ref.scale)
         mixed = seq_sum(probs[:, None] * rows[:, :rank], axis=0)
-        out[h] = linear_rows(ref, p + "wv_b", h * v, v, ref._prepare(mixed))
+        out[h] = ref._linear(p + "wv_b", ref._prepare(mixed), rows=slice(h * v, (h + 1) * v))
     return ref._linear(p + "wo", ref._prepare(out.reshape(-1)))

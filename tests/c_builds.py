@@ -7,7 +7,12 @@ import fcntl
 import hashlib
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+# How the kernel sets' harnesses and the kernel benchmarks in tools/ compile: C11, every warning an
+# error, the numerics contract's flags.
+STRICT_C_FLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-fno-math-errno"]
 
 
 def gcc(out: Path, *args: object, optimize: str = "-O2") -> Path:
@@ -40,3 +45,18 @@ def built_once(name: str, command: list[str]) -> Path:
             subprocess.run([*command, "-o", str(partial)], check=True)
             partial.rename(out)
     return out
+
+
+def objects_once(compile_command: list[str], sources: list) -> list[Path]:
+    """Each source compiled (-c) by compile_command (a compiler and its flags) once per test run,
+    built_once: programs linked from the same sources with the same flags (a kernel set's numerics
+    harness and the kernel benchmarks in tools/) share its objects instead of compiling the set
+    again. The sources are compiled side by side, one per core (a worker that needs an object
+    another is compiling waits for it). Sources are given by absolute paths, so the command is the
+    same from any directory."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(
+            pool.map(
+                lambda source: built_once(f"object-{Path(source).stem}", [*compile_command, "-c", str(source)]), sources
+            )
+        )

@@ -37,7 +37,7 @@ if not os.environ.get("PYTEST_XDIST_WORKER"):
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(TESTS))
 
-from c_builds import built_once  # noqa: E402
+from c_builds import STRICT_C_FLAGS, built_once, objects_once  # noqa: E402
 
 from generator.boards import kernel_set_sources, load_board  # noqa: E402
 from generator.compile.build import prepare, run_scons  # noqa: E402
@@ -207,24 +207,15 @@ def harness(request) -> list[str]:
     cc, flags, runner = HARNESS_BUILDS[request.param]
     kernel = request.param.split("-")[0]
     rt = REPO / "firmware_src" / "runtime"
-    cmd = [
-        cc,
-        "-std=c11",
-        "-O2",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-ffp-contract=off",
-        "-fno-math-errno",
-        *flags,
-        f"-I{rt}",
-        str(REPO / "tests" / "c" / "numerics_harness.c"),
-        str(rt / "ops.c"),
-        str(rt / "sampler.c"),
-        *map(str, kernel_set_sources("scalar") + kernel_set_sources(kernel)),
-        "-lm",
+    sources = [
+        REPO / "tests" / "c" / "numerics_harness.c",
+        rt / "ops.c",
+        rt / "sampler.c",
+        *kernel_set_sources("scalar"),
+        *kernel_set_sources(kernel),
     ]
-    return [*runner, str(built_once(f"harness-{request.param}", cmd))]
+    objects = objects_once([cc, *STRICT_C_FLAGS, *flags, f"-I{rt}"], sources)
+    return [*runner, str(built_once(f"harness-{request.param}", [cc, *flags, *map(str, objects), "-lm"]))]
 
 
 def run_harness(harness: list[str], args: list, payload: bytes) -> bytes:

@@ -5,7 +5,7 @@
  * keys and values start cold as they do in the firmware. The median of 7 tokens, wall time.
  *
  *   RT=firmware_src/runtime
- *   gcc -std=c11 -O2 -ffp-contract=off -fno-math-errno -I$RT tools/attention_bench.c $RT/ops.c \
+ *   gcc -std=c11 -O2 -Wall -Wextra -Werror -ffp-contract=off -fno-math-errno -I$RT tools/attention_bench.c $RT/ops.c \
  *       $RT/kernels/scalar.c $RT/kernels/x86_avx2/[a-z]*.c -lm -o /tmp/attention_bench
  *   /tmp/attention_bench [positions 4096] [weight MB read between the layers 143] [huge: 1 = the
  *       cache in 2 MiB pages, as the Linux firmware asks for it; 0 = 4 KiB pages]

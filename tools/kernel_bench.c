@@ -4,7 +4,7 @@
  * of five passes over the set for each token count.
  *
  *   RT=firmware_src/runtime
- *   gcc -std=c11 -O2 -ffp-contract=off -fno-math-errno -I$RT tools/kernel_bench.c $RT/ops.c \
+ *   gcc -std=c11 -O2 -Wall -Wextra -Werror -ffp-contract=off -fno-math-errno -I$RT tools/kernel_bench.c $RT/ops.c \
  *       $RT/kernels/scalar.c $RT/kernels/x86_avx2/[a-z]*.c -lm -o /tmp/kernel_bench
  *   /tmp/kernel_bench [q4_1|q4_0|q8_0] [rows 1536] [cols 576] [matrices 60]
  */

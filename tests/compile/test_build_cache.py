@@ -29,6 +29,7 @@ def test_a_second_build_directory_takes_every_object_from_the_cache(tmp_path):
     assert (tmp_path / "a" / "firmware").read_bytes() == (tmp_path / "b" / "firmware").read_bytes()
 
 
+@pytest.mark.slow  # a whole compile of the firmware by design (about 35 s): the full tier only
 def test_with_the_cache_off_everything_is_compiled(tmp_path):
     lines = build_lines(tmp_path / "off", "--cache-dir", "off")
     assert "CACHED" not in lines and lines.count("CC") >= 20

@@ -26,6 +26,7 @@ from .numerics.ops import (
     gated_rmsnorm,
     gelu_tanh,
     l2norm,
+    layer_norm,
     matvec_f32,
     rmsnorm,
     rmsnorm_unscaled,
@@ -332,7 +333,7 @@ class Reference:
             p = f"layers.{layer}."
             hd, kvh = s.layer_head_dim(layer), s.layer_kv_heads(layer)
             group = s.n_heads // kvh
-            xn = rmsnorm(x, self.w[p + "attn_norm"], eps)
+            xn = self._norm(x, p + "attn_norm")
             act = self._prepare(xn)
             if s.kv_lora_rank:  # latent attention (numerics/mla.py)
                 x = x + latent_attention(self, layer, act, pos)
@@ -353,7 +354,10 @@ class Reference:
                 v = k.copy()
             elif own_kv:
                 v = self._linear(p + "wv", act, p + "bv" if s.qkv_bias else None).reshape(kvh, hd)
-            if s.qk_norm:
+            if s.qk_norm and s.qk_norm_whole:  # OLMoE: one norm over all the heads' queries, one over the keys
+                q = rmsnorm(q.reshape(-1), self.w[p + "q_norm"], eps).reshape(q.shape)
+                k = rmsnorm(k.reshape(-1), self.w[p + "k_norm"], eps).reshape(k.shape) if own_kv else k
+            elif s.qk_norm:
                 q = rmsnorm(q, self.w[p + "q_norm"], eps)
                 if own_kv:
                     k = rmsnorm(k, self.w[p + "k_norm"], eps)
@@ -397,10 +401,16 @@ class Reference:
             self._check_layer(layer, x)
         if not want_logits:
             return None
-        xn = rmsnorm(x, self.w["final_norm"], eps)
+        xn = self._norm(x, "final_norm")
         head = "embed" if s.tie_embeddings else "lm_head"
-        logits = f32(self._linear(head, self._prepare(xn)))
+        logits = f32(self._linear(head, self._prepare(xn), "lm_head_bias" if s.lm_head_bias else None))
         return softcap(logits, s.final_softcap) if s.final_softcap else logits
+
+    def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x through the norm `name`: RMSNorm, or with layer_norm LayerNorm with its bias (name_bias)."""
+        if self.spec.layer_norm:
+            return layer_norm(x, self.w[name], self.w[name + "_bias"], self.spec.rms_norm_eps)
+        return rmsnorm(x, self.w[name], self.spec.rms_norm_eps)
 
     def _check_layer(self, layer: int, x: np.ndarray) -> None:
         """Note `layer` if its output is the first in this request with a NaN or an infinity."""
@@ -416,7 +426,7 @@ class Reference:
     def _ffn_block(self, layer: int, x: np.ndarray) -> np.ndarray:
         """x + FFN(norm(x)): the gated FFN, or on MoE layers the mixture (and its post-norm, if any)."""
         s, p = self.spec, f"layers.{layer}."
-        xn = rmsnorm(x, self.w[p + "ffn_norm"], s.rms_norm_eps)
+        xn = self._norm(x, p + "ffn_norm")
         act = self._prepare(xn)
         if s.moe_beside_dense and s.moe_layers[layer]:
             # Gemma 4: the dense FFN and the experts side by side, each normed before and after;

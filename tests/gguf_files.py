@@ -197,8 +197,8 @@ def hf_to_gguf(
 PEER_CACHE = Path.home() / ".cache" / "colibri-peer"
 # The peer's converter identifies a BPE vocabulary's pre-tokenizer by the hash of its encoding of a
 # test text; a test vocabulary (kjv-tiny's byte-level BPE, GPT-2's regex) is in no table, so the run
-# below names it "gpt-2" (and has Gemma 4's converter write it as the other BPE vocabularies are
-# written) and leaves everything else to convert_hf_to_gguf.py.
+# below names it "gpt-2" (and has Gemma 4's and Phi-3.5-MoE's converters write it as the other BPE
+# vocabularies are written) and leaves everything else to convert_hf_to_gguf.py.
 PEER_CONVERT = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -208,6 +208,8 @@ import conversion.gemma as gemma
 gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()  # (its own wants a Llama BPE vocabulary)
 import conversion.glm as glm
 glm.Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()  # (its own wants GLM's special tokens)
+import conversion.phi as phi
+phi.PhiMoeModel.set_vocab = lambda self: self._set_vocab_gpt2()  # (its own wants a SentencePiece tokenizer.model)
 import convert_hf_to_gguf
 sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
 convert_hf_to_gguf.main()

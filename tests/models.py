@@ -373,6 +373,48 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=False,
         ),
     ),
+    # OLMoE: q/k RMSNorm over all the heads' queries (64 wide) and all the keys (32: GQA 2:1), not per
+    # head; 8 experts of 32, top-3, softmax weights not renormalised; every layer routed; untied.
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=False,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Phi-3.5-MoE: LayerNorm with weights and biases, q/k/v/o biases, the output matrix's bias, a
+    # sliding window (8) shorter than the decode, 8 experts routed by the sparsemixer, its jitter
+    # 0.25 so that several logits fall within the mask's threshold (0.5) of the chosen one.
+    "phimoe": (
+        "PhimoeConfig",
+        "PhimoeForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            router_jitter_noise=0.25,
+            attention_bias=True,
+            lm_head_bias=True,
+            sliding_window=8,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+    ),
     # Multi-head latent attention: DeepSeek-V3's low-rank queries (q_lora_rank 32), a latent of 48 + a
     # RoPE key of 16 (a cached row of 64: whole q8_0 blocks), query heads of 16 + 16, value heads of
     # 24, interleaved RoPE with YaRN and its mscale_all_dim in the softmax scale; a dense first layer,

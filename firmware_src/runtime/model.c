@@ -236,8 +236,8 @@ static int layer_kv_dim(int layer)
     return colibri_layer_kv_heads[layer] * colibri_layer_head_dim[layer];
 }
 
-/* Queries, keys and values of one token at position pos: optional per-head RMSNorm of the queries
- * and keys, then RoPE (the layer's pairs: its table's row holds them first); with V_NORM the
+/* Queries, keys and values of one token at position pos: optional RMSNorm of the queries and keys
+ * (per head, or with QK_NORM_WHOLE one over all the heads' queries and one over the keys), then RoPE (the layer's pairs: its table's row holds them first); with V_NORM the
  * values' unweighted RMSNorm (Gemma 4). k and v NULL: the queries only (a KV-sharing layer). */
 static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, float *q, float *k, float *v)
 {
@@ -246,16 +246,22 @@ static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, 
     const int64_t rope_row = ((int64_t)colibri_layer_rope[layer] * COLIBRI_N_CTX + pos) * COLIBRI_ROPE_HALF;
     const float *cos = colibri_rope_cos + rope_row;
     const float *sin = colibri_rope_sin + rope_row;
+    if (COLIBRI_QK_NORM_WHOLE && lw->q_norm != NULL) {
+        op_rmsnorm(q, q, lw->q_norm, COLIBRI_N_HEADS * hd, eps);
+        if (k != NULL) {
+            op_rmsnorm(k, k, lw->k_norm, colibri_layer_kv_heads[layer] * hd, eps);
+        }
+    }
     for (int h = 0; h < COLIBRI_N_HEADS; h++) {
         float *qh = q + h * hd;
-        if (lw->q_norm != NULL) {
+        if (!COLIBRI_QK_NORM_WHOLE && lw->q_norm != NULL) {
             op_rmsnorm(qh, qh, lw->q_norm, hd, eps);
         }
         op_rope(qh, cos, sin, half);
     }
     for (int h = 0; k != NULL && h < colibri_layer_kv_heads[layer]; h++) {
         float *kh = k + h * hd;
-        if (lw->k_norm != NULL) {
+        if (!COLIBRI_QK_NORM_WHOLE && lw->k_norm != NULL) {
             op_rmsnorm(kh, kh, lw->k_norm, hd, eps);
         }
         op_rope(kh, cos, sin, half);
@@ -280,12 +286,21 @@ static void residual_add(ColibriBuffers *b, const float *post_norm, int n)
     }
 }
 
-/* xn[t] = RMSNorm(x[t]) for each token of the batch. */
-static void normalize(ColibriBuffers *b, const float *weight, int n)
+/* One row of the residual through the model's norm: RMSNorm, or LayerNorm with its bias. */
+static void norm_row(float *out, const float *x, const float *weight, const float *bias)
+{
+    if (COLIBRI_LAYER_NORM) {
+        op_layer_norm(out, x, weight, bias, COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
+    } else {
+        op_rmsnorm(out, x, weight, COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
+    }
+}
+
+/* xn[t] = norm(x[t]) for each token of the batch. */
+static void normalize(ColibriBuffers *b, const float *weight, const float *bias, int n)
 {
     for (int t = 0; t < n; t++) {
-        op_rmsnorm(b->xn + (int64_t)t * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, weight, COLIBRI_DIM,
-                   COLIBRI_RMS_NORM_EPS);
+        norm_row(b->xn + (int64_t)t * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, weight, bias);
     }
 }
 
@@ -517,7 +532,7 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         const ColibriLayerWeights *lw = &w->layers[l];
 
         /* Token mixing: attention over the KV cache, or a DeltaNet layer's recurrence. */
-        normalize(b, lw->attn_norm, n);
+        normalize(b, lw->attn_norm, lw->attn_norm_bias, n);
         if (is_linear_attention_layer(l)) {
             linear_attention(b, lw, l, n);
         } else if (COLIBRI_KV_LORA_RANK > 0) {
@@ -529,7 +544,7 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
 
         /* Feed-forward block: a gated FFN, down(act(gate(x)) * up(x)) with act SiLU or GELU, or
          * on MoE layers a routed mixture of such FFNs, token by token. */
-        normalize(b, lw->ffn_norm, n);
+        normalize(b, lw->ffn_norm, lw->ffn_norm_bias, n);
         if (is_moe_layer(l)) {
             const int status = moe_block(w, b, l, n);
             if (status != 0) {
@@ -556,11 +571,11 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
     const int first = want_logits == COLIBRI_LOGITS_EVERY_TOKEN ? 0 : n - 1;
     float *out = want_logits == COLIBRI_LOGITS_EVERY_TOKEN ? b->spec_logits : b->logits;
     for (int t = first; t < n; t++) {
-        op_rmsnorm(b->xn + (int64_t)(t - first) * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, w->final_norm,
-                   COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
+        norm_row(b->xn + (int64_t)(t - first) * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, w->final_norm,
+                 w->final_norm_bias);
     }
     const MatmulInput normed = matmul_input(b, b->xn, n - first, COLIBRI_DIM);
-    matmul(out, &normed, &w->lm_head, NULL, COLIBRI_VOCAB);
+    matmul(out, &normed, &w->lm_head, w->lm_head_bias, COLIBRI_VOCAB);
     if (COLIBRI_FINAL_SOFTCAP != 0.0f) {
         for (int64_t i = 0; i < (int64_t)(n - first) * COLIBRI_VOCAB; i++) {
             out[i] = op_softcap(out[i], COLIBRI_FINAL_SOFTCAP);

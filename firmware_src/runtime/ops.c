@@ -296,3 +296,40 @@ void op_gated_rmsnorm(float *x, const float *w, const float *z, int n, float eps
         x[i] = x[i] * op_silu(z[i]);
     }
 }
+
+void op_layer_norm(float *out, const float *x, const float *w, const float *b, int n, float eps)
+{
+    float sum = x[0];
+    for (int i = 1; i < n; i++) {
+        sum = sum + x[i];
+    }
+    const float mean = sum / (float)n;
+    for (int i = 0; i < n; i++) {
+        out[i] = x[i] - mean;
+    }
+    const float var = op_dot(out, out, n) / (float)n;
+    const float inv = 1.0f / sqrtf(var + eps);
+    for (int i = 0; i < n; i++) {
+        out[i] = (out[i] * inv) * w[i] + b[i];
+    }
+}
+
+/* As transformers 5.24's sparsemixer in eval mode: no Gumbel sampling, no jitter; the router's
+ * jitter setting is the mask's threshold (twice it). Its experts are the top k of the logits. */
+void op_sparsemixer_weights(const float *logits, int n, const int32_t *ids, int k, float threshold, float *weights,
+                            float *gates)
+{
+    for (int r = 0; r < k; r++) {
+        const float m = logits[ids[r]];
+        for (int e = 0; e < n; e++) {
+            int taken = 0;
+            for (int j = 0; j < r; j++) {
+                taken |= (ids[j] == e);
+            }
+            const float factor = fmaxf(fabsf(logits[e]), m);
+            gates[e] = (taken || (m - logits[e]) / factor > threshold) ? -INFINITY : logits[e];
+        }
+        op_softmax(gates, n);
+        weights[r] = gates[ids[r]];
+    }
+}

@@ -98,5 +98,14 @@ void op_delta_rule_step(float *out, float *state, const float *q, const float *k
                         float beta, float *memory, int key_dim, int value_dim);
 /* In place: x[i] = ((x[i] * inv) * w[i]) * silu(z[i]), inv = 1 / sqrt(mean(x^2) + eps). */
 void op_gated_rmsnorm(float *x, const float *w, const float *z, int n, float eps);
+/* Phi-3.5-MoE's LayerNorm: out[i] = ((d[i] * (1 / sqrt(dot(d, d) / n + eps))) * w[i]) + b[i], with
+ * d[i] = x[i] - (sum of x in order) / n; out may equal x. */
+void op_layer_norm(float *out, const float *x, const float *w, const float *b, int n, float eps);
+/* Phi-3.5-MoE's sparsemixer at inference: the weights of the k experts `ids` (the top k of the n
+ * router logits, best first). For the expert of rank r, with m its logit, the softmax over the
+ * logits of the experts not chosen at an earlier rank and within the threshold of m
+ * ((m - l[e]) / max(|l[e]|, m) <= threshold; the others -inf), at the expert. gates: n floats. */
+void op_sparsemixer_weights(const float *logits, int n, const int32_t *ids, int k, float threshold, float *weights,
+                            float *gates);
 
 #endif

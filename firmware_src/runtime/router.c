@@ -67,6 +67,11 @@ void router_route(float *logits, const float *choice_bias, int32_t *ids, float *
         weights[j] = logits[ids[j]];
     }
     op_softmax(weights, k); /* the chosen logits, in rank order */
+#elif COLIBRI_ROUTER_SPARSEMIXER
+    (void)choice_bias;
+    router_top_k(logits, n, ids, k);
+    float gates[COLIBRI_N_EXPERTS];
+    op_sparsemixer_weights(logits, n, ids, k, COLIBRI_SPARSEMIXER_THRESHOLD, weights, gates);
 #else
     if (COLIBRI_ROUTER_SIGMOID) {
         for (int e = 0; e < n; e++) {

@@ -66,6 +66,9 @@ GEMMA4_LAYER_VECTORS = (
     "moe_norm",
     "post_moe_norm",
 )
+# Phi-3.5-MoE's LayerNorm biases: per layer, and the final norm's and the output matrix's.
+LAYER_NORM_BIASES = ("attn_norm_bias", "ffn_norm_bias")
+GLOBAL_BIASES = ("final_norm_bias", "lm_head_bias")
 
 
 def c_float(value) -> str:
@@ -144,6 +147,7 @@ def _bindings(spec, by_name: dict, layer_fields: list) -> tuple[list[dict], list
                     matrices.append(dict(field=f"layers[{i}].shared_gate", t=by_name[f"layers.{i}.shared_gate"]))
     vectors.append(dict(field="final_norm", t=by_name["final_norm"]))
     matrices.append(dict(field="lm_head", t=by_name["embed" if spec.tie_embeddings else "lm_head"]))
+    vectors += [dict(field=name, t=by_name[name]) for name in GLOBAL_BIASES if name in by_name]
     return matrices, vectors
 
 
@@ -248,6 +252,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         *GEMMA4_LAYER_VECTORS,
         *LATENT_LAYER_PARTS,
         *ROUTER_LAYER_VECTORS,
+        *LAYER_NORM_BIASES,
     ):
         matrix = part.startswith("w") or part in LINEAR_LAYER_MATRICES or part in GEMMA4_LAYER_MATRICES
         layer_fields.append(

@@ -50,6 +50,9 @@ class Attention:
     # the fraction of a head RoPE rotates when config.json names none (partial_rotary_factor).
     qk_norm_flag: bool = False
     rotary_fraction: float = 1.0
+    # With qk_norm: one RMSNorm over all the heads' queries (n_heads x head_dim weights) and one over
+    # all the keys (n_kv_heads x head_dim), before the split into heads (OLMoE), not one per head.
+    qk_norm_whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,9 @@ class Moe:
     # "every_layer" (experts of intermediate_size), "sparse_step" (decoder_sparse_step, mlp_only_layers,
     # moe_intermediate_size) or "beside_dense" (Gemma 4: beside the dense FFN, enable_moe_block).
     placement: str
-    router: str = "softmax_then_topk"  # or "topk_then_softmax" (gpt-oss: softmax over the k chosen)
+    # or "topk_then_softmax" (gpt-oss: softmax over the k chosen), or "sparsemixer" (Phi-3.5-MoE: the
+    # top 2, each weighted by a softmax over the logits near its own)
+    router: str = "softmax_then_topk"
     renormalise: str = "config"  # the top k's weights: "always", "never", or config.json's norm_topk_prob
     # llama.cpp's default when the file has no expert_weights_norm; None: the file's key is not read,
     # renormalise holds.
@@ -115,6 +120,9 @@ class Moe:
     # GLM-4.7-Flash: config.json lists "dense" or "sparse" per layer under this key (absent: a dense
     # first layer, sparse ones after it), instead of first_k_dense_replace.
     layer_types_key: str | None = None
+    # The sparsemixer router's jitter (its mask's threshold is twice it) when the file does not say:
+    # transformers' default, and a GGUF file's (llama.cpp writes no key for it).
+    sparsemixer_jitter: float = 0.01
 
     def route_groups(
         self, where: str, n_experts: int, top_k: int, n_group: int, topk_group: int, keys: tuple[str, str, str]
@@ -149,6 +157,7 @@ class Norms:
     plus_one: bool = False  # a Hugging Face checkpoint's RMSNorm scales by (1 + w), not w
     sandwich: bool = False  # the attention and FFN outputs normalised too, before the residual add
     gguf_eps: float = 1e-5  # llama.cpp's default layer_norm_rms_epsilon
+    layer_norm: bool = False  # LayerNorm with a weight and a bias, not RMSNorm (Phi-3.5-MoE)
 
 
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
@@ -185,6 +194,9 @@ class Family:
     hf_common_moe: bool = True
     gguf_tensors: Mapping[str, str] = field(default_factory=dict)
     gguf_global_tensors: Mapping[str, str] = field(default_factory=dict)
+    # config.json keys refused unless at the value given (key: (value supported, what it would do)).
+    hf_unsupported: Mapping[str, tuple[object, str]] = field(default_factory=dict)
+    lm_head_bias: bool = False  # the output matrix may have a bias (config.json's lm_head_bias; GGUF: output.bias)
 
     @property
     def attention(self) -> Attention:
@@ -510,6 +522,28 @@ FAMILY_ROWS = (
         hf_tensors=DEEPSEEK_MOE_HF,
         gguf_permuted_qk=True,
     ),
+    Family(
+        "olmoe",
+        ("OlmoeForCausalLM",),
+        "olmoe",
+        attention_layers(Attention(qk_norm=True, qk_norm_whole=True)),
+        moe=Moe("every_layer", gguf_renormalise_default=False),
+        hf_unsupported={"clip_qkv": (None, "queries, keys and values clipped")},
+    ),
+    Family(
+        "phimoe",
+        ("PhimoeForCausalLM",),
+        "phimoe",
+        attention_layers(Attention(windows="every_layer")),
+        moe=Moe("every_layer", router="sparsemixer", renormalise="never", gguf_renormalise_default=None),
+        norms=Norms(layer_norm=True),
+        default_theta=1000000.0,
+        hf_tensors={"input_layernorm.bias": "attn_norm_bias", "post_attention_layernorm.bias": "ffn_norm_bias"},
+        hf_global_tensors={"model.norm.bias": "final_norm_bias", "lm_head.bias": "lm_head_bias"},
+        gguf_tensors={"attn_norm.bias": "attn_norm_bias", "ffn_norm.bias": "ffn_norm_bias"},
+        gguf_global_tensors={"output_norm.bias": "final_norm_bias", "output.bias": "lm_head_bias"},
+        lm_head_bias=True,
+    ),
 )
 
 
@@ -541,6 +575,19 @@ def check_experts_per_token(where: str, key: str, top_k: int, n_experts: int) ->
     """A router takes at most every expert."""
     if top_k > n_experts:
         raise ColibriError(f"{where}: {key} {top_k} exceeds the {n_experts} experts")
+
+
+def router_fields(where: str, key: str, top_k: int, moe: Moe, jitter: float | None = None) -> dict:
+    """The router's spec fields: its kind, and a sparsemixer's jitter (the file's, else the row's
+    default). A sparsemixer picks exactly two experts (its second pass masks out the first)."""
+    if moe.router != "sparsemixer":
+        return dict(router=moe.router)
+    if top_k != 2:
+        raise ColibriError(f"{where}: {key} {top_k}: the sparsemixer router picks exactly 2 experts")
+    jitter = moe.sparsemixer_jitter if jitter is None else jitter
+    if jitter < 0:
+        raise ColibriError(f"{where}: the sparsemixer's router_jitter_noise must not be negative, got {jitter}")
+    return dict(router=moe.router, router_jitter=jitter)
 
 
 def moe_beside_dense(moe: Moe | None, n_experts: int, top_k: int, expert_intermediate_size: int, n_layers: int) -> dict:

@@ -130,6 +130,15 @@ class ModelSpec:
     # Multi-token-prediction layers the checkpoint holds past the last (model.layers.<n>, blk.<n>):
     # not part of next-token decoding, left out (report says so).
     mtp_layers: int = 0
+    # OLMoE: with qk_norm, one RMSNorm over all the heads' queries (q_norm: n_heads x head_dim wide)
+    # and one over all the keys (k_norm: n_kv_heads x head_dim), not one per head.
+    qk_norm_whole: bool = False
+    # Phi-3.5-MoE: LayerNorm (a weight and a bias: attn_norm_bias, ffn_norm_bias, final_norm_bias)
+    # in place of every RMSNorm; a bias on the output matrix; router "sparsemixer" and its jitter,
+    # whose double is the threshold of the logits near the chosen one.
+    layer_norm: bool = False
+    lm_head_bias: bool = False
+    router_jitter: float = 0.0
 
     @property
     def q_dim(self) -> int:
@@ -272,6 +281,10 @@ LATER_FIELDS = (
     "router_choice_bias",
     "routed_scaling",
     "ungated_shared_expert",
+    "qk_norm_whole",
+    "layer_norm",
+    "lm_head_bias",
+    "router_jitter",
 )
 LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "rotated_fraction")
 
@@ -298,6 +311,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     for i in range(spec.n_layers):
         p = f"layers.{i}."
         shapes[p + "attn_norm"] = (d,)
+        if spec.layer_norm:
+            shapes[p + "attn_norm_bias"] = (d,)
         if spec.is_linear(i):
             shapes.update(_linear_attention_shapes(spec, p))
         else:
@@ -305,6 +320,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         if spec.post_norms:
             shapes[p + "post_attn_norm"] = (d,)
         shapes[p + "ffn_norm"] = (d,)
+        if spec.layer_norm:
+            shapes[p + "ffn_norm_bias"] = (d,)
         if spec.moe_beside_dense and spec.moe_layers and spec.moe_layers[i]:
             shapes.update(_gemma4_moe_shapes(spec, p))
         elif spec.moe_layers and spec.moe_layers[i]:
@@ -350,8 +367,12 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         if spec.layer_scalars:
             shapes[p + "layer_scalar"] = (1,)
     shapes["final_norm"] = (d,)
+    if spec.layer_norm:
+        shapes["final_norm_bias"] = (d,)
     if not spec.tie_embeddings:
         shapes["lm_head"] = (v, d)
+    if spec.lm_head_bias:
+        shapes["lm_head_bias"] = (v,)
     return shapes
 
 
@@ -374,9 +395,9 @@ def _attention_shapes(spec: ModelSpec, p: str, layer: int) -> dict[str, tuple[in
             shapes[p + "bk"] = (kvd,)
             shapes[p + "bv"] = (kvd,)
     if spec.qk_norm:
-        shapes[p + "q_norm"] = (hd,)
+        shapes[p + "q_norm"] = (qd if spec.qk_norm_whole else hd,)
         if own_kv:
-            shapes[p + "k_norm"] = (hd,)
+            shapes[p + "k_norm"] = (kvd if spec.qk_norm_whole else hd,)
     shapes[p + "wo"] = (d, qd)
     if spec.o_bias:
         shapes[p + "bo"] = (d,)

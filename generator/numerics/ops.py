@@ -254,3 +254,31 @@ def delta_rule_step(
 def gated_rmsnorm(x: np.ndarray, weight: np.ndarray, z: np.ndarray, eps: float) -> np.ndarray:
     """RMSNorm of x times SiLU of the gate z: ((x_i * inv) * w_i) * silu(z_i)."""
     return rmsnorm(x, weight, eps) * silu(z)
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """Phi-3.5-MoE's LayerNorm of one vector (op_layer_norm): mean = (sum of x in order) / n,
+    d = x - mean, var = dot(d, d) / n, ((d * (1 / sqrt(var + eps))) * w) + b."""
+    x = f32(x)
+    n = F32(x.shape[-1])
+    d = x - seq_sum(x) / n
+    inv = F32(1.0) / np.sqrt(dot(d, d) / n + F32(eps), dtype=np.float32)
+    return (d * inv) * f32(weight) + f32(bias)
+
+
+def sparsemixer_weights(logits: np.ndarray, chosen: np.ndarray, threshold: float) -> np.ndarray:
+    """Phi-3.5-MoE's sparsemixer at inference (op_sparsemixer_weights), as transformers 5.24's in
+    eval mode: the weights of the experts `chosen` (the top k of the logits, best first). For the
+    expert of rank r, with m its logit, the softmax over the logits of the experts not chosen at an
+    earlier rank and within the threshold of m ((m - l_e) / max(|l_e|, m) <= threshold; the others
+    -inf), taken at the expert."""
+    logits = f32(logits)
+    candidates = logits.copy()
+    weights = np.empty(len(chosen), dtype=np.float32)
+    for rank, expert in enumerate(chosen):
+        m = logits[expert]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            outside = (m - logits) / np.maximum(np.abs(logits), m) > F32(threshold)
+        weights[rank] = softmax(np.where(outside, F32(-np.inf), candidates))[expert]
+        candidates[expert] = F32(-np.inf)
+    return weights

@@ -3,6 +3,8 @@
 
   softmax_then_topk   p = softmax(logits); choose on p; weights p[chosen]     (Mixtral, Qwen-MoE, V2)
   topk_then_softmax   choose on the logits; weights softmax(logits[chosen])   (gpt-oss)
+  sparsemixer         choose on the logits; each chosen expert's own masked softmax (Phi-3.5-MoE:
+                      ops.sparsemixer_weights)
   sigmoid             p = sigmoid(logits); choose on p + choice bias; weights p[chosen]   (V3, GLM-4.x)
 
 With expert groups only the best `expert_groups_used` groups may be chosen from (a group scores
@@ -17,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.spec import ModelSpec
-from .ops import F32, seq_sum, sigmoid, softmax
+from .ops import F32, seq_sum, sigmoid, softmax, sparsemixer_weights
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -44,6 +46,9 @@ def route(spec: ModelSpec, logits: np.ndarray, choice_bias: np.ndarray | None) -
     if spec.router == "topk_then_softmax":
         chosen = top_k(logits, k)
         weights = softmax(logits[chosen])
+    elif spec.router == "sparsemixer":
+        chosen = top_k(logits, k)
+        weights = sparsemixer_weights(logits, chosen, 2 * spec.router_jitter)
     else:
         scores = sigmoid(logits) if spec.router == "sigmoid" else softmax(logits)
         choice = scores + choice_bias if choice_bias is not None else scores

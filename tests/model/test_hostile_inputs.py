@@ -436,19 +436,61 @@ GEMMA4_CASES = {
 }
 
 
-def changed_config_refused(kind, change, checkpoints, tmp_path, capsys) -> str:
-    """The checkpoint of tests/models.py `kind` with config.json's keys changed: its one error line."""
+# The keys of the families added as rows of the family table, each broken alone (kind: its
+# checkpoint in tests/models.py).
+ROW_CASES = {
+    "OLMoE clipping queries, keys and values": (
+        "olmoe",
+        dict(clip_qkv=8.0),
+        "'clip_qkv' = 8.0 (queries, keys and values clipped) is not supported for OlmoeForCausalLM",
+    ),
+    "OLMoE renormalising as text": ("olmoe", dict(norm_topk_prob="no"), "'norm_topk_prob' must be true or false"),
+    "OLMoE top k above the experts": ("olmoe", dict(num_experts_per_tok=9), "num_experts_per_tok 9 exceeds the 8"),
+    "Phi-3.5-MoE sparsemixer of 3": (
+        "phimoe",
+        dict(num_experts_per_tok=3),
+        "num_experts_per_tok 3: the sparsemixer router picks exactly 2 experts",
+    ),
+    "Phi-3.5-MoE jitter negative": (
+        "phimoe",
+        dict(router_jitter_noise=-0.1),
+        "the sparsemixer's router_jitter_noise must not be negative, got -0.1",
+    ),
+    "Phi-3.5-MoE jitter text": ("phimoe", dict(router_jitter_noise="0.01"), "'router_jitter_noise' must be a finite"),
+    "Phi-3.5-MoE output bias as text": ("phimoe", dict(lm_head_bias="yes"), "'lm_head_bias' must be true or false"),
+}
+# Latent attention's config keys (tests/models.py "deepseek_v3_mla": hidden 64, latent 48 + RoPE 16;
+# "glm4_moe_lite_mla": mlp_layer_types), each broken alone.
+LATENT_CASES = {
+    "no latent": ("deepseek_v3_mla", dict(kv_lora_rank=0), "'kv_lora_rank' must be at least 1 for latent attention"),
+    "latent wider than the hidden size": (
+        "deepseek_v3_mla",
+        dict(kv_lora_rank=80),
+        "'kv_lora_rank' 80 is wider than the hidden size 64",
+    ),
+    "odd RoPE key": ("deepseek_v3_mla", dict(qk_rope_head_dim=15), "'qk_rope_head_dim' must be a positive even"),
+    "GLM layer types of another length": (
+        "glm4_moe_lite_mla",
+        dict(mlp_layer_types=["dense", "sparse"]),
+        '\'mlp_layer_types\' must say "dense" or "sparse" for each of the 3 layers',
+    ),
+    "value heads the weights do not have": (
+        "deepseek_v3_mla",
+        dict(v_head_dim=16),
+        "kv_b_proj.weight' has shape [160, 48], config.json implies [128, 48]",
+    ),
+}
+FAMILY_CASES = {**GEMMA4_CASES, **ROW_CASES, **LATENT_CASES}
+
+
+@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+def test_broken_family_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+
+    kind, change, message = FAMILY_CASES[case]
     model = tmp_path / "model"
     shutil.copytree(checkpoints(kind), model)
     edit_config(lambda c: c.update(change))(model)
-    return build_refused(capsys, model, tmp_path / "out")
-
-
-@pytest.mark.parametrize("case", sorted(GEMMA4_CASES))
-def test_broken_gemma4_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
-
-    kind, change, message = GEMMA4_CASES[case]
-    line = changed_config_refused(kind, change, checkpoints, tmp_path, capsys)
+    line = build_refused(capsys, model, tmp_path / "out")
     assert message in line, line
 
 
@@ -495,33 +537,3 @@ def test_broken_glm4_moe_routing_is_refused_in_one_line(case, checkpoints, tmp_p
     damage, message = GLM4_MOE_CASES[case]
     damage(shutil.copytree(checkpoints("glm4_moe"), tmp_path / "model"))
     assert message in build_refused(capsys, tmp_path / "model", tmp_path / "out")
-
-
-# Latent attention's config keys (tests/models.py "deepseek_v3_mla": hidden 64, latent 48 + RoPE 16;
-# "glm4_moe_lite_mla": mlp_layer_types), each broken alone.
-LATENT_CASES = {
-    "no latent": ("deepseek_v3_mla", dict(kv_lora_rank=0), "'kv_lora_rank' must be at least 1 for latent attention"),
-    "latent wider than the hidden size": (
-        "deepseek_v3_mla",
-        dict(kv_lora_rank=80),
-        "'kv_lora_rank' 80 is wider than the hidden size 64",
-    ),
-    "odd RoPE key": ("deepseek_v3_mla", dict(qk_rope_head_dim=15), "'qk_rope_head_dim' must be a positive even"),
-    "GLM layer types of another length": (
-        "glm4_moe_lite_mla",
-        dict(mlp_layer_types=["dense", "sparse"]),
-        '\'mlp_layer_types\' must say "dense" or "sparse" for each of the 3 layers',
-    ),
-    "value heads the weights do not have": (
-        "deepseek_v3_mla",
-        dict(v_head_dim=16),
-        "kv_b_proj.weight' has shape [160, 48], config.json implies [128, 48]",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", sorted(LATENT_CASES))
-def test_broken_latent_attention_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
-    kind, change, message = LATENT_CASES[case]
-    line = changed_config_refused(kind, change, checkpoints, tmp_path, capsys)
-    assert message in line, line

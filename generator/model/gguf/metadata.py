@@ -13,7 +13,14 @@ import math
 import numpy as np
 
 from ...errors import ColibriError
-from ..family_facts import Family, check_experts_per_token, check_kv_sharing, gemma_embed_scale, moe_beside_dense
+from ..family_facts import (
+    Family,
+    check_experts_per_token,
+    check_kv_sharing,
+    gemma_embed_scale,
+    moe_beside_dense,
+    router_fields,
+)
 from ..spec import ModelSpec, RopeSpec
 from .archs import arch_of
 from .file import GgufFile
@@ -277,7 +284,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
                 meta.int("expert_shared_feed_forward_length", 0, minimum=0) if routing.shared_expert else 0
             ),
             moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n_layers)),
-            router=routing.router,
+            **router_fields(meta.where, "expert_used_count", top_k, routing),
             router_bias=present("ffn_gate_inp.bias"),
             expert_biases=present("ffn_gate_exps.bias"),
         )
@@ -373,6 +380,9 @@ def _row_settings(meta: _Meta, family: Family, hidden: int, head_dim: int) -> di
         rope_local=RopeSpec(theta=meta.float("rope.freq_base_swa", 10000.0)) if attention.local_rope else None,
         final_softcap=meta.float("final_logit_softcapping", 0.0) if family.logit_softcap else 0.0,
         attn_sinks=attention.sinks,
+        qk_norm_whole=attention.qk_norm_whole,
+        layer_norm=family.norms.layer_norm,
+        lm_head_bias=family.lm_head_bias and "output.bias" in meta.gguf.tensors,
         **(dict(swiglu_alpha=ffn.swiglu[0], swiglu_limit=ffn.swiglu[1]) if ffn.swiglu else {}),
     )
 

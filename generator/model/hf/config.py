@@ -19,6 +19,7 @@ from ..family_facts import (
     check_kv_sharing,
     gemma_embed_scale,
     moe_beside_dense,
+    router_fields,
 )
 from ..spec import ModelSpec, RopeSpec
 from .families import (
@@ -275,7 +276,9 @@ def _moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
             norm_topk_prob=moe.renormalise == "always"
             or (moe.renormalise == "config" and cfg.bool("norm_topk_prob", False)),
             moe_layers=(True,) * n_layers,
-            router=moe.router,
+            **router_fields(
+                cfg.where, "num_experts_per_tok", top_k, moe, cfg.float("router_jitter_noise", moe.sparsemixer_jitter)
+            ),
             router_bias=moe.biases,
             expert_biases=moe.biases,
         )
@@ -481,6 +484,9 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         cfg = _Config(text, "config.json text_config")
         data = text
 
+    for key, (supported, what) in family.hf_unsupported.items():
+        if data.get(key, supported) != supported:
+            raise ColibriError(f"{cfg.where}: {key!r} = {json.dumps(data[key])} ({what}) is not supported for {arch}")
     hidden = cfg.int("hidden_size")
     n_heads = cfg.int("num_attention_heads")
     n_kv = cfg.int("num_key_value_heads", n_heads)
@@ -596,4 +602,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
             if attention.partial_rotary and not family.deltanet
             else {}
         ),
+        qk_norm_whole=attention.qk_norm_whole,
+        layer_norm=family.norms.layer_norm,
+        lm_head_bias=family.lm_head_bias and cfg.bool("lm_head_bias", False),
     )

@@ -14,6 +14,7 @@ from .compile.plan import Plan
 from .errors import NonFiniteLogits
 from .numerics import blocks, rope
 from .numerics.kv_cache import kv_round
+from .numerics.mla import latent_attention, latent_cache
 from .numerics.ops import (
     F32,
     conv_step,
@@ -144,6 +145,7 @@ class Reference:
         for i in range(s.n_layers):  # Gemma 4's KV-sharing layers read their source's cache
             src = s.kv_source(i)
             self.k_cache[i], self.v_cache[i] = self.k_cache[src], self.v_cache[src]
+        self.latent_cache = latent_cache(s, plan.kv_slots) if s.kv_lora_rank else []
         self.expert_counts = np.zeros((s.n_layers, max(1, s.n_experts)), dtype=np.int64)
         # The first layer whose output held a NaN or an infinity in this request (None: none), as
         # model.c keeps it: where a step's non-finite logits are said to come from.
@@ -196,17 +198,18 @@ class Reference:
             self.q4_unpacked_bytes += qs.nbytes
         return qs
 
-    def _linear(self, name: str, act, bias: str | None = None) -> np.ndarray:
+    def _linear(self, name: str, act, bias: str | None = None, rows: slice = slice(None)) -> np.ndarray:
+        """The matrix (or its `rows`: a head's block, latent attention's) times the input."""
         w = self.w[name]
         x, q = act
         if isinstance(w, KeptBlocks):
-            out = blocks.matvec(w.dtype, w.raw, w.cols, q[0], q[1])
+            out = blocks.matvec(w.dtype, w.raw[rows], w.cols, q[0], q[1])
         elif isinstance(w, tuple) and len(w) == 3:
-            out = matvec_q4_1(self._quants(name), w[1], w[2], q[0], q[1])
+            out = matvec_q4_1(self._quants(name)[rows], w[1][rows], w[2][rows], q[0], q[1])
         elif isinstance(w, tuple):
-            out = matvec_q8_0(self._quants(name), w[1], q[0], q[1])
+            out = matvec_q8_0(self._quants(name)[rows], w[1][rows], q[0], q[1])
         else:
-            out = matvec_f32(w, x)
+            out = matvec_f32(w[rows], x)
         if bias is not None:
             out = out + self.w[bias]
         return out
@@ -348,6 +351,11 @@ class Reference:
             group = s.n_heads // kvh
             xn = self._norm(x, p + "attn_norm")
             act = self._prepare(xn)
+            if s.kv_lora_rank:  # latent attention (numerics/mla.py)
+                x = x + latent_attention(self, layer, act, pos)
+                x = self._ffn_block(layer, x)
+                self._check_layer(layer, x)
+                continue
             if s.is_linear(layer) or s.is_short_conv(layer):
                 x = x + (self._short_conv(layer, act, pos) if s.is_short_conv(layer) else self._deltanet(layer, act))
                 x = self._ffn_block(layer, x)

@@ -20,7 +20,7 @@ from .compile.plan import (
 )
 from .documents import JsonDocument
 from .errors import ColibriError
-from .numerics.kv_cache import kv_arena_bytes
+from .numerics.kv_cache import VALUE_BYTES, kv_arena_bytes
 
 if TYPE_CHECKING:
     from .verify import Margins
@@ -31,16 +31,18 @@ ROWS = CATEGORIES + WITH_CODE  # what the report shows per region
 
 def check_elf_against_plan(plan: Plan, elf: ElfSizes) -> None:
     """The linked arenas must be exactly the sizes the plan computed."""
-    arena = plan.kv_bytes // 2 - 2 * plan.kv_scales  # the keys (or values) without their q8_0 scales
+    value = VALUE_BYTES[plan.kv_type]
     expected = {
         "colibri_scratch": plan.scratch_bytes,
-        "colibri_key_cache": arena,
-        "colibri_value_cache": arena,
+        "colibri_key_cache": plan.kv_values * value,
+        # (latent attention caches no values: its V arena is C's smallest array, one value)
+        "colibri_value_cache": max(1, plan.value_arena_values) * value,
         "colibri_rope_cos": plan.rope_table_bytes // 2,
         "colibri_rope_sin": plan.rope_table_bytes // 2,
     }
     if plan.kv_scales:
-        expected["colibri_key_scales"] = expected["colibri_value_scales"] = 2 * plan.kv_scales
+        expected["colibri_key_scales"] = 2 * plan.kv_scales
+        expected["colibri_value_scales"] = 2 * max(1, plan.value_arena_values // 32)
     if plan.expand_q4:
         expected["colibri_expanded"] = plan.expanded_bytes
     if plan.linear_state_bytes:
@@ -167,7 +169,11 @@ def kv_type_rows(board: Board, plan: Plan, uses: Callable[[Plan], list[RegionUse
             trial = with_kv_type(plan, kv_type)
         except ColibriError:  # the model cannot take it (q8_0 needs heads of whole blocks)
             continue
-        per_position = 2 * kv_arena_bytes(plan.spec.kv_dim, kv_type) * sum(1 for s in plan.kv_slots if s)
+        per_position = (
+            trial.kv_bytes_per_position
+            if plan.spec.kv_lora_rank
+            else 2 * kv_arena_bytes(plan.spec.kv_dim, kv_type) * sum(1 for s in plan.kv_slots if s)
+        )
         rows.append(KvTypeRow(kv_type, trial.kv_bytes, per_position, largest_fitting_ctx(board, trial, uses)))
     return rows
 
@@ -205,6 +211,7 @@ class MemoryReport:
     absent_rows: dict[str, str] = field(default_factory=dict)  # row -> why no region shows it
     stack_outside_elf: bool = False  # a Linux program: its stacks come at run time, not in its ELF
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint names, left out (ModelSpec.mtp_layers)
+    latent_cache: dict[str, Any] | None = None  # latent attention: latent_cache_report()
     # An MCU's stack and heap at their most, as the last verify of this build measured them (None:
     # not measured), and the stack the linked ELF reserves.
     margins: Margins | None = None
@@ -258,6 +265,8 @@ class MemoryReport:
             out["per_layer_inputs"] = self.per_layer_inputs
         if self.mtp_layers:
             out["mtp_layers_left_out"] = self.mtp_layers
+        if self.latent_cache is not None:
+            out["latent_cache"] = self.latent_cache
         if self.margins is not None:
             out["margins"] = {
                 **self.margins.to_json(),
@@ -283,6 +292,7 @@ def linked_report(board: Board, plan: Plan, elf: ElfSizes) -> MemoryReport:
     )
     return replace(
         rep,
+        latent_cache=latent_cache_report(board, plan, uses),
         selftest={**elf.selftest, "boot": board.selftest.boot, "steps": board.selftest.steps},
         other_data=other_data_parts(board, plan, elf),
         stack_outside_elf=board.runner.linux_program and ".stack" not in elf.sections,
@@ -299,7 +309,7 @@ def planned_report(board: Board, plan: Plan) -> MemoryReport:
     reserve, and a region that does not fit says so with the numbers."""
     uses = planned_use(board, plan)
     largest = largest_planned_ctx(board, plan)
-    return _report(
+    rep = _report(
         board,
         plan,
         uses,
@@ -308,6 +318,7 @@ def planned_report(board: Board, plan: Plan) -> MemoryReport:
         code_estimate=board.code_reserve,
         kv_types=kv_type_rows(board, plan, None),
     )
+    return replace(rep, latent_cache=latent_cache_report(board, plan, None))
 
 
 def _report(
@@ -361,6 +372,8 @@ def format_report(rep: MemoryReport) -> str:
         lines.append(f"  {rep.per_layer_inputs['summary']}")
     if rep.held:
         lines.append(f"  {rep.held}")
+    if rep.latent_cache:
+        lines.append(f"  {rep.latent_cache['summary']}")
     if rep.mtp_layers:
         lines.append(
             f"  multi-token-prediction layers left out: {rep.mtp_layers} (the checkpoint's layers past the last; "
@@ -475,3 +488,49 @@ def report_problem(rep: MemoryReport) -> str | None:
         rep.regions,
         "; code is the board's reserve" if rep.planned_only else "",
     )
+
+
+# ---- Latent attention: its cache against plain attention's of the same heads (each head's keys,
+# qk_nope_head_dim + qk_rope_head_dim wide, and values, v_head_dim wide, in the same KV type), and
+# the longest context each leaves room for (the one bisection: plan.largest_fitting_ctx) ----
+
+
+def plain_bytes_per_position(plan: Plan) -> int:
+    """Plain attention's cache of the same heads, one position over every layer that keeps one."""
+    s = plan.spec
+    values = s.n_heads * (s.head_dim + s.v_head_dim)
+    return sum(kv_arena_bytes(values, plan.kv_type) for slots in plan.kv_slots if slots)
+
+
+def latent_cache_report(board: Board, plan: Plan, uses: Callable[[Plan], list[RegionUse]] | None) -> dict | None:
+    """The latent cache against plain attention (None without latent attention). `uses`: what a plan
+    puts in each region (None: planned, the code the board's reserve)."""
+    if not plan.spec.kv_lora_rank:
+        return None
+    use_of = uses or (lambda trial: planned_use(board, trial))
+    latent, plain = plan.kv_bytes_per_position, plain_bytes_per_position(plan)
+
+    def with_plain_cache(trial: Plan) -> list[RegionUse]:
+        extra = trial.n_ctx * (plain - latent)  # what plain attention's cache would add at this context
+        return [
+            replace(u, items={**u.items, "kv_cache": u.items["kv_cache"] + extra}) if "kv_cache" in u.items else u
+            for u in use_of(trial)
+        ]
+
+    longest = largest_fitting_ctx(board, plan, use_of)
+    longest_plain = largest_fitting_ctx(board, plan, with_plain_cache)
+
+    def said(n: int | None) -> str:
+        return "no limit on this board" if n is None else "none" if n == 0 else f"{n:,}"
+
+    return {
+        "bytes_per_position": latent,
+        "plain_bytes_per_position": plain,
+        "largest_ctx_that_fits": longest,
+        "plain_largest_ctx_that_fits": longest_plain,
+        "summary": (
+            f"latent attention's cache: {latent:,} B a position ({plan.kv_type}; the latent and the RoPE key), where "
+            f"plain attention of the same heads would take {plain:,} B: largest context that fits {said(longest)} "
+            f"(plain attention: {said(longest_plain)})"
+        ),
+    }

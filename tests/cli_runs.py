@@ -56,6 +56,16 @@ def build_refused(capsys, model: Path, out: Path) -> str:
     return lines[0]
 
 
+def damaged_key_refused(capsys, source: Path, key: str, value: int | None, tmp_path: Path) -> str:
+    """source's GGUF with its metadata key set to a u32 value (None: removed), as damaged.gguf: built,
+    refused with one line naming the file, which it returns."""
+    from gguf_files import with_u32_key
+
+    line = build_refused(capsys, with_u32_key(source, key, value, tmp_path / "damaged.gguf"), tmp_path / "out")
+    assert line.startswith("colibri: error: damaged.gguf: "), line
+    return line
+
+
 def verify_passes(out: Path, timeout: int = 600, **settings: object) -> dict:
     """verify with these settings, --json, into out: its JSON, which must say the run passed."""
     done = run_cli("verify", *cli_options(**settings), "--json", "--out", out, timeout=timeout)

@@ -216,6 +216,21 @@ convert_hf_to_gguf.main()
 """
 
 
+def assert_imports_alike(from_hf, from_gguf) -> None:
+    """A GGUF checkpoint and the safetensors one it was converted from: the same spec (but its name)
+    and the same canonical tensors, in the same order, bit for bit."""
+    import dataclasses
+
+    assert dataclasses.replace(from_gguf.spec, name=from_hf.spec.name) == from_hf.spec
+    assert list(from_gguf.tensors) == list(from_hf.tensors)
+    differ = [
+        n
+        for n in from_hf.tensors
+        if not np.array_equal(from_hf.tensors[n].load().view(np.uint32), from_gguf.tensors[n].load().view(np.uint32))
+    ]
+    assert differ == []
+
+
 def peer_convert(model_dir: Path, out: Path, outtype: str = "f32", *options: str) -> Path:
     """`model_dir` converted by llama.cpp's own convert_hf_to_gguf.py (the peer sdist's, fetched and
     unpacked into ~/.cache/colibri-peer by tools/peer_bench.py's llama_tree), with kjv-tiny's

@@ -54,93 +54,97 @@ typedef struct {
     const MatmulInput *in;
     const ColibriMatrix *w;
     int rows;
+    int first; /* the matrix's first row taken (matmul_rows_of: a head's block of rows) */
 } MatmulJob;
 
 static void matmul_rows(void *ctx, int begin, int end)
 {
     const MatmulJob *j = ctx;
+    float *const out = j->out + begin;
+    begin += j->first;
+    end += j->first;
     const int cols = j->in->cols, n = end - begin;
     const int64_t first_scale = (int64_t)begin * (cols / KERNEL_QK);
     switch (j->w->dtype) {
 #if COLIBRI_READS_Q4_0
     case COLIBRI_DTYPE_Q4_0:
-        kernel_matmul_q4_0(j->out + begin, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
+        kernel_matmul_q4_0(out, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
                            j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
 #if COLIBRI_READS_Q4_1
     case COLIBRI_DTYPE_Q4_1:
-        kernel_matmul_q4_1(j->out + begin, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
+        kernel_matmul_q4_1(out, j->rows, (const uint8_t *)j->w->w + (int64_t)begin * (cols / 2),
                            j->w->d + first_scale, j->w->m + first_scale, j->in->qs, j->in->d, j->in->n_tok, n,
                            cols);
         break;
 #endif
 #if COLIBRI_READS_Q5_0
     case COLIBRI_DTYPE_Q5_0:
-        kernel_matmul_q5_0(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES),
+        kernel_matmul_q5_0(out, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q5_0_VALUES) * KERNEL_Q5_0_BYTES),
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
 #if COLIBRI_READS_Q5_1
     case COLIBRI_DTYPE_Q5_1:
-        kernel_matmul_q5_1(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES),
+        kernel_matmul_q5_1(out, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q5_1_VALUES) * KERNEL_Q5_1_BYTES),
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
 #if COLIBRI_READS_Q4_K
     case COLIBRI_DTYPE_Q4_K:
-        kernel_matmul_q4_k(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES),
+        kernel_matmul_q4_k(out, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q4_K_VALUES) * KERNEL_Q4_K_BYTES),
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
 #if COLIBRI_READS_Q5_K
     case COLIBRI_DTYPE_Q5_K:
-        kernel_matmul_q5_k(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES),
+        kernel_matmul_q5_k(out, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q5_K_VALUES) * KERNEL_Q5_K_BYTES),
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
 #if COLIBRI_READS_Q6_K
     case COLIBRI_DTYPE_Q6_K:
-        kernel_matmul_q6_k(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES),
+        kernel_matmul_q6_k(out, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q6_K_VALUES) * KERNEL_Q6_K_BYTES),
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
 #if COLIBRI_READS_Q3_K
     case COLIBRI_DTYPE_Q3_K:
-        kernel_matmul_q3_k(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES),
+        kernel_matmul_q3_k(out, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q3_K_VALUES) * KERNEL_Q3_K_BYTES),
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
 #if COLIBRI_READS_Q2_K
     case COLIBRI_DTYPE_Q2_K:
-        kernel_matmul_q2_k(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES),
+        kernel_matmul_q2_k(out, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_Q2_K_VALUES) * KERNEL_Q2_K_BYTES),
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
 #if COLIBRI_READS_IQ4_NL
     case COLIBRI_DTYPE_IQ4_NL:
-        kernel_matmul_iq4_nl(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES),
+        kernel_matmul_iq4_nl(out, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_IQ4_NL_VALUES) * KERNEL_IQ4_NL_BYTES),
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
 #if COLIBRI_READS_IQ4_XS
     case COLIBRI_DTYPE_IQ4_XS:
-        kernel_matmul_iq4_xs(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES),
+        kernel_matmul_iq4_xs(out, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_IQ4_XS_VALUES) * KERNEL_IQ4_XS_BYTES),
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
 #if COLIBRI_READS_MXFP4
     case COLIBRI_DTYPE_MXFP4:
-        kernel_matmul_mxfp4(j->out + begin, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_MXFP4_VALUES) * KERNEL_MXFP4_BYTES),
+        kernel_matmul_mxfp4(out, j->rows, block_row(j->w, begin, (int64_t)(cols / KERNEL_MXFP4_VALUES) * KERNEL_MXFP4_BYTES),
                           j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
 #endif
     case COLIBRI_DTYPE_Q8_0:
-        kernel_matmul_q8_0(j->out + begin, j->rows, (const int8_t *)j->w->w + (int64_t)begin * cols,
+        kernel_matmul_q8_0(out, j->rows, (const int8_t *)j->w->w + (int64_t)begin * cols,
                            j->w->d + first_scale, j->in->qs, j->in->d, j->in->n_tok, n, cols);
         break;
     default:
-        kernel_matmul_f32(j->out + begin, j->rows, (const float *)j->w->w + (int64_t)begin * cols, j->in->x,
+        kernel_matmul_f32(out, j->rows, (const float *)j->w->w + (int64_t)begin * cols, j->in->x,
                           j->in->n_tok, n, cols);
         break;
     }
@@ -151,7 +155,7 @@ static void matmul_rows(void *ctx, int begin, int end)
 
 void matmul(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows)
 {
-    MatmulJob job = {out, in, w, rows};
+    MatmulJob job = {out, in, w, rows, 0};
     if ((int64_t)in->n_tok * rows * in->cols < PARALLEL_MIN_MACS) {
         matmul_rows(&job, 0, rows);
     } else {
@@ -164,6 +168,16 @@ void matmul(float *out, const MatmulInput *in, const ColibriMatrix *w, const flo
                 o[i] = o[i] + bias[i];
             }
         }
+    }
+}
+
+void matmul_rows_of(float *out, const MatmulInput *in, const ColibriMatrix *w, int first, int rows)
+{
+    MatmulJob job = {out, in, w, rows, first};
+    if ((int64_t)in->n_tok * rows * in->cols < PARALLEL_MIN_MACS) {
+        matmul_rows(&job, 0, rows);
+    } else {
+        parallel_for(matmul_rows, &job, rows);
     }
 }
 

@@ -29,6 +29,11 @@ MatmulInput matmul_input(const ColibriBuffers *b, const float *x, int n_tok, int
  * are not whole blocks), so the product picks its kernel by the matrix's element type. */
 void matmul(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows);
 
+/* Rows first .. first + rows - 1 of W times the input's rows (out[t] is `rows` long): one head's
+ * block of a matrix that holds every head's (latent attention's wk_b, wv_b), the same bits as
+ * those rows of matmul's product. */
+void matmul_rows_of(float *out, const MatmulInput *in, const ColibriMatrix *w, int first, int rows);
+
 /* Row `token` of an embedding table of `cols` values a row (embed, ple_embed), as floats: only that
  * row is read (on an MCU it stays in flash). */
 void embedding_row(float *x, const ColibriMatrix *m, int32_t token, int cols);

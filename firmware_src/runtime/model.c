@@ -12,6 +12,7 @@
 #include "expert_cache.h"
 #include "kernels/kernels.h"
 #include "matmul.h"
+#include "mla.h"
 #include "ops.h"
 #include "router.h"
 #include "short_conv.h"
@@ -367,6 +368,16 @@ static void linear_attention(ColibriBuffers *b, const ColibriLayerWeights *lw, i
 #endif
 }
 
+/* Latent attention (runtime/mla.c; only models with it, COLIBRI_KV_LORA_RANK). */
+static void latent_attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int32_t pos, int n)
+{
+#if COLIBRI_KV_LORA_RANK > 0
+    mla_attention(b, lw, layer, pos, n);
+#else
+    (void)b, (void)lw, (void)layer, (void)pos, (void)n;
+#endif
+}
+
 /* A sequence's first pass (position 0): the DeltaNet recurrences and short convolutions start from zero. */
 static void start_sequence(void)
 {
@@ -532,6 +543,8 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         } else if (colibri_layer_short_conv[l]) {
             short_conv_layer(b, lw, l, pos, n);
 #endif
+        } else if (COLIBRI_KV_LORA_RANK > 0) {
+            latent_attention(b, lw, l, pos, n);
         } else {
             attention(b, lw, l, pos, n);
         }

@@ -41,7 +41,15 @@ def max_matmul_input(spec: ModelSpec) -> int:
     """The longest matrix row: the activation quantization buffer's length."""
     d = spec.hidden_size
     f = ffn_width(spec)
-    return max(d, spec.max_q_dim, f, spec.linear_value_dim, spec.n_layers * spec.ple_dim)
+    return max(d, spec.max_q_dim, f, spec.linear_value_dim, spec.n_layers * spec.ple_dim, *latent_inputs(spec))
+
+
+def latent_inputs(spec: ModelSpec) -> tuple[int, ...]:
+    """Latent attention's matmul inputs: the low-rank queries, a head's non-rotated query (wk_b's
+    input), its weighted latent (wv_b's), every head's values (wo's)."""
+    if not spec.kv_lora_rank:
+        return ()
+    return (spec.q_lora_rank, spec.qk_nope_head_dim, spec.kv_lora_rank, spec.n_heads * spec.v_head_dim)
 
 
 def ffn_width(spec: ModelSpec) -> int:
@@ -83,7 +91,12 @@ def scratch_arena(
             attention_block * spec.n_heads * n_ctx,
             "attention scores over the context, per query token of a block and per head",
         ),
-        ("attn_out", "float", n * spec.max_q_dim, "attention output of all heads, per token"),
+        (
+            "attn_out",
+            "float",
+            n * max(spec.max_q_dim, spec.n_heads * spec.v_head_dim),
+            "attention output of all heads, per token",
+        ),
         ("proj", "float", n * d, "output of wo or w_down before the residual add, per token"),
         ("gate", "float", n * f, "FFN gate projection (of a dense FFN or of one expert), per token"),
         ("up", "float", n * f, "FFN up projection, then the gated product, per token"),
@@ -120,6 +133,13 @@ def scratch_arena(
                 spec.n_layers * spec.n_experts,
                 "MoE: selections per layer and expert in this run",
             ),
+        ]
+    if spec.kv_lora_rank:
+        width = spec.kv_lora_rank + spec.rope_dim
+        items += [
+            ("mla_q_a", "float", n * max(1, spec.q_lora_rank), "latent attention: the low-rank queries, per token"),
+            ("mla_query", "float", spec.n_heads * width, "latent attention: one token's absorbed queries, per head"),
+            ("mla_mixed", "float", spec.n_heads * spec.kv_lora_rank, "latent attention: each head's weighted latent"),
         ]
     if spec.attn_output_gate:
         items += [("q_gate", "float", n * spec.q_dim, "gated attention: the output gate's logits, per token")]

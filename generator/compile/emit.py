@@ -58,6 +58,8 @@ GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h
 # Gemma 4's per-layer parts: the per-layer input's gate and projection (matrices) and norm, the
 # layer scalar, the MoE block's norms (the router's with its folded scale) and per-expert scales.
 GEMMA4_LAYER_MATRICES = ("ple_gate", "ple_proj")
+# Multi-head latent attention's per-layer parts (the matrices start with w).
+LATENT_LAYER_PARTS = ("wq_a", "q_a_norm", "wq_b", "wkv_a", "kv_a_norm", "wk_b", "wv_b")
 GEMMA4_LAYER_VECTORS = (
     "ple_norm",
     "layer_scalar",
@@ -251,6 +253,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         *GPT_OSS_LAYER_VECTORS,
         *GEMMA4_LAYER_MATRICES,
         *GEMMA4_LAYER_VECTORS,
+        *LATENT_LAYER_PARTS,
         *ROUTER_LAYER_VECTORS,
         *LAYER_NORM_BIASES,
         *SHORT_CONV_LAYER_PARTS,

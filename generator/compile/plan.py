@@ -107,6 +107,20 @@ class Plan:
         return self.kv_values // QK if self.kv_type == "q8_0" else 0
 
     @property
+    def value_arena_values(self) -> int:
+        """The V arena's length in values: the K arena's, or 0 with latent attention (its one row
+        per position, the latent and the RoPE key, lives in the K arena: no values are cached)."""
+        return 0 if self.spec.kv_lora_rank else self.kv_values
+
+    @property
+    def kv_bytes_per_position(self) -> int:
+        """What one more position costs the cache over every layer that keeps it (keys and values,
+        or latent attention's row, with their q8_0 scales)."""
+        arenas = 1 if self.spec.kv_lora_rank else 2
+        widths = sum(self.spec.layer_kv_dim(i) for i, slots in enumerate(self.kv_slots) if slots)
+        return arenas * kv_arena_bytes(widths, self.kv_type)
+
+    @property
     def linear_conv_state_floats(self) -> int:
         """One DeltaNet layer's convolution state."""
         s = self.spec
@@ -304,6 +318,7 @@ class Plan:
                 "slots_per_layer": list(self.kv_slots),
                 "kv_heads": self.spec.n_kv_heads,
                 "head_dim": self.spec.head_dim,
+                "bytes_per_position": self.kv_bytes_per_position,
             },
             **(
                 {
@@ -426,7 +441,7 @@ def make_plan(
         scratch_bytes=scratch_bytes,
         kv_slots=kv_slots,
         kv_offsets=kv_offsets,
-        kv_bytes=2 * kv_arena_bytes(kv_values, kv_type),
+        kv_bytes=(1 if spec.kv_lora_rank else 2) * kv_arena_bytes(kv_values, kv_type),
         ropes=ropes,
         rope_dims=rope_dims,
         layer_rope=layer_rope,

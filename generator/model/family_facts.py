@@ -75,6 +75,19 @@ class ShortConv:
     gguf_tensors: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LatentAttention(Attention):
+    """Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash): the queries directly or through
+    a low-rank path with its RMSNorm; keys and values from one compressed latent per position (with
+    its RMSNorm) and one shared RoPE key; decoded in the absorbed form over a cache of the latent and
+    the RoPE key (model/latent_attention.py). rope_interleave: "config" (config.json's
+    rope_interleave, true when absent) or "always" (V2's complex rotation of adjacent pairs): the
+    pairs a checkpoint's RoPE rows hold, de-interleaved at import so the runtime's rotate-half RoPE
+    applies."""
+
+    rope_interleave: str = "config"
+
+
 Mixer = Union[Attention, GatedDeltaNet, ShortConv]
 
 
@@ -118,6 +131,9 @@ class Moe:
     groups: str = "never"
     routed_scaling: bool = False
     mtp_key: str | None = None  # the key counting multi-token-prediction layers the checkpoint holds, left out
+    # GLM-4.7-Flash: config.json lists "dense" or "sparse" per layer under this key (absent: a dense
+    # first layer, sparse ones after it), instead of first_k_dense_replace.
+    layer_types_key: str | None = None
     # The sparsemixer router's jitter (its mask's threshold is twice it) when the file does not say:
     # transformers' default, and a GGUF file's (llama.cpp writes no key for it).
     sparsemixer_jitter: float = 0.01
@@ -206,6 +222,11 @@ class Family:
     def attention(self) -> Attention:
         """The attention mixer (every family has attention layers)."""
         return next(m for m in self.layers.values() if isinstance(m, Attention))
+
+    @property
+    def latent(self) -> LatentAttention | None:
+        """The latent attention mixer, where the family's attention is one."""
+        return self.attention if isinstance(self.attention, LatentAttention) else None
 
     @property
     def deltanet(self) -> GatedDeltaNet | None:
@@ -355,6 +376,26 @@ LFM2_GGUF_GLOBAL = {"token_embd_norm.weight": "final_norm"}
 GGUF_FFN_NORM_AS_POST_ATTENTION = {"post_attention_norm.weight": "ffn_norm"}
 
 
+# Multi-head latent attention's parts (kv_b_proj, both key and value up-projections, is cut into
+# wk_b and wv_b at import: hf/latent.py; llama.cpp's older files hold it whole as attn_kv_b).
+MLA_HF_LAYER = {
+    "self_attn.q_a_proj.weight": "wq_a",
+    "self_attn.q_a_layernorm.weight": "q_a_norm",
+    "self_attn.q_b_proj.weight": "wq_b",
+    "self_attn.kv_a_proj_with_mqa.weight": "wkv_a",
+    "self_attn.kv_a_layernorm.weight": "kv_a_norm",
+}
+MLA_GGUF_LAYER = {
+    "attn_q_a.weight": "wq_a",
+    "attn_q_a_norm.weight": "q_a_norm",
+    "attn_q_b.weight": "wq_b",
+    "attn_kv_a_mqa.weight": "wkv_a",
+    "attn_kv_a_norm.weight": "kv_a_norm",
+    "attn_k_b.weight": "wk_b",
+    "attn_v_b.weight": "wv_b",
+}
+
+
 QWEN2_ATTENTION = Attention(qkv_bias="always", o_bias="never", window_flag=True)
 QWEN3_ATTENTION = Attention(qk_norm=True, window_flag=True)
 GEMMA_ATTENTION = Attention(
@@ -490,6 +531,45 @@ FAMILY_ROWS = (
         gguf_yarn_truncate=False,
         gguf_tensors=GGUF_FFN_NORM_AS_POST_ATTENTION,
     ),
+    # Multi-head latent attention with the DeepSeek line's MoE. llama.cpp writes all three as
+    # deepseek2: a file whose experts are gated by sigmoid is V3's row (GGUF_SIGMOID_GATED), else V2's.
+    Family(
+        "deepseek_v2",
+        ("DeepseekV2ForCausalLM",),
+        "deepseek2",
+        attention_layers(LatentAttention(rope_interleave="always")),
+        # (V2's router scales its top k by routed_scaling_factor and never renormalises them)
+        moe=Moe(
+            "first_k_dense",
+            renormalise="never",
+            gguf_renormalise_default=False,
+            shared_expert="ungated",
+            groups="topk_method",
+            routed_scaling=True,
+        ),
+        norms=Norms(gguf_eps=1e-6),
+        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
+        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
+    ),
+    Family(
+        "deepseek_v3",
+        ("DeepseekV3ForCausalLM",),
+        None,
+        attention_layers(LatentAttention()),
+        moe=replace(DEEPSEEK_V3_MOE, mtp_key="num_nextn_predict_layers"),
+        norms=Norms(gguf_eps=1e-6),
+        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
+        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
+    ),
+    Family(
+        "glm4_moe_lite",
+        ("Glm4MoeLiteForCausalLM",),
+        None,
+        attention_layers(LatentAttention()),
+        moe=replace(DEEPSEEK_V3_MOE, mtp_key="num_nextn_predict_layers", layer_types_key="mlp_layer_types"),
+        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
+        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
+    ),
     Family(
         "glm4_moe",
         ("Glm4MoeForCausalLM",),
@@ -587,6 +667,9 @@ GGUF_ARCHITECTURES = {
 GGUF_WITH_EXPERTS = {
     row.gguf_architecture: row for row in FAMILY_ROWS if row.gguf_architecture and row.gguf_with_experts
 }
+# The family a file of these architectures is when its experts are gated by sigmoid
+# (expert_gating_func 2): llama.cpp writes DeepSeek-V3 and GLM-4.7-Flash as deepseek2.
+GGUF_SIGMOID_GATED = {"deepseek2": FAMILIES["deepseek_v3"]}
 
 
 def gemma_embed_scale(hidden: int) -> float:

@@ -106,6 +106,15 @@ class ModelSpec:
     # is twice intermediate_size wide.
     kv_shared_layers: int = 0
     double_wide_mlp: bool = False
+    # Multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash; kv_lora_rank 0: none). Every layer's
+    # keys and values come from a latent of kv_lora_rank (RMS-normed) and one shared RoPE key of
+    # rope_dim; a query head is qk_nope_head_dim + rope_dim wide (head_dim), a value head
+    # v_head_dim; the queries directly (wq) or through a q_lora_rank-wide low-rank path. The cache
+    # keeps kv_lora_rank + rope_dim values per position and layer (model/latent_attention.py).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
     # The DeepSeek line's routing (DeepSeek-V2/V3, GLM-4.x MoE; numerics/routing.py). router "sigmoid":
     # sigmoid scores, the top k chosen on scores + router_choice_bias (V3's e_score_correction_bias)
     # and weighted by the scores alone. With expert_groups the experts are that many equal groups
@@ -156,12 +165,16 @@ class ModelSpec:
         return self.global_head_dim if self.global_head_dim and self.is_global(layer) else self.head_dim
 
     def layer_kv_heads(self, layer: int) -> int:
+        if self.kv_lora_rank:  # latent attention: one cached row (the latent and the RoPE key) for every head
+            return 1
         return self.global_kv_heads if self.global_kv_heads and self.is_global(layer) else self.n_kv_heads
 
     def layer_q_dim(self, layer: int) -> int:
         return self.n_heads * self.layer_head_dim(layer)
 
     def layer_kv_dim(self, layer: int) -> int:
+        if self.kv_lora_rank:  # latent attention: the latent and the RoPE key of a position
+            return self.kv_lora_rank + self.rope_dim
         return self.layer_kv_heads(layer) * self.layer_head_dim(layer)
 
     def layer_rotary_dim(self, layer: int) -> int:
@@ -267,6 +280,10 @@ LATER_FIELDS = (
     "moe_beside_dense",
     "kv_shared_layers",
     "double_wide_mlp",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "v_head_dim",
     "expert_groups",
     "expert_groups_used",
     "router_choice_bias",
@@ -374,6 +391,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 
 def _attention_shapes(spec: ModelSpec, p: str, layer: int) -> dict[str, tuple[int, ...]]:
     """A softmax-attention layer's tensors (no wv where the values are the keys: Gemma 4's k_eq_v)."""
+    if spec.kv_lora_rank:
+        return latent_attention_shapes(spec, p)
     d, qd, kvd, hd = spec.hidden_size, spec.layer_q_dim(layer), spec.layer_kv_dim(layer), spec.layer_head_dim(layer)
     own_kv = not spec.is_kv_consumer(layer)  # (Gemma 4's KV-sharing layers: queries only)
     shapes: dict[str, tuple[int, ...]] = {p + "wq": (qd, d)}
@@ -452,3 +471,24 @@ def _short_conv_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
         p + "conv_taps": (d * spec.short_conv_kernel,),
         p + "conv_out": (d, d),
     }
+
+
+def latent_attention_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
+    """A latent attention layer's tensors: the queries (wq, or wq_a, its norm and wq_b), the latent
+    and RoPE key's projection (wkv_a) and the latent's norm, per head the key up-projection
+    transposed (wk_b: kv_lora_rank rows of qk_nope_head_dim, which the absorbed form applies to the
+    query) and the value up-projection (wv_b: v_head_dim rows of kv_lora_rank), then wo."""
+    d, h, r = spec.hidden_size, spec.n_heads, spec.kv_lora_rank
+    shapes: dict[str, tuple[int, ...]] = {}
+    if spec.q_lora_rank:
+        shapes[p + "wq_a"] = (spec.q_lora_rank, d)
+        shapes[p + "q_a_norm"] = (spec.q_lora_rank,)
+        shapes[p + "wq_b"] = (spec.q_dim, spec.q_lora_rank)
+    else:
+        shapes[p + "wq"] = (spec.q_dim, d)
+    shapes[p + "wkv_a"] = (r + spec.rope_dim, d)
+    shapes[p + "kv_a_norm"] = (r,)
+    shapes[p + "wk_b"] = (h * r, spec.qk_nope_head_dim)
+    shapes[p + "wv_b"] = (h * spec.v_head_dim, r)
+    shapes[p + "wo"] = (d, h * spec.v_head_dim)
+    return shapes

@@ -24,7 +24,14 @@ def check_kv_type(spec: ModelSpec, kv_type: str) -> None:
     if kv_type not in KV_TYPES:
         raise ColibriError(f"unknown KV cache type {kv_type!r} (supported: {', '.join(KV_TYPES)})")
     widths = sorted({spec.layer_head_dim(i) for i in range(spec.n_layers)} | {spec.head_dim})
+    if spec.kv_lora_rank:  # latent attention caches one row: the latent and the RoPE key
+        widths = [spec.layer_kv_dim(0)]
     odd = [w for w in widths if w % QK]
+    if kv_type == "q8_0" and odd and spec.kv_lora_rank:
+        raise ColibriError(
+            f"--kv-type q8_0 needs whole blocks of {QK} values per cached row; {spec.name}'s latent and RoPE key "
+            f"are {odd[0]} wide (kv_lora_rank + qk_rope_head_dim): use --kv-type f16 or f32"
+        )
     if kv_type == "q8_0" and odd:
         raise ColibriError(
             f"--kv-type q8_0 needs a head width that is a multiple of {QK} (blocks of {QK} values per head); "

@@ -10,7 +10,8 @@ import struct
 
 import numpy as np
 import pytest
-from cli_runs import build_refused
+from cli_runs import damaged_key_refused
+from gguf_files import assert_imports_alike
 
 from generator.model.gguf.load import load_gguf
 from generator.model.load import load_model
@@ -51,14 +52,7 @@ def test_converted_by_llama_cpp_imports_as_its_safetensors_do(kind, gemma4_peer)
     spec = from_hf.spec
     assert spec.global_head_dim == 32 and spec.global_kv_heads == 1 and spec.k_eq_v
     assert spec.rope.scaling == "proportional" and spec.rope.rotated_fraction == 0.25
-    assert dataclasses.replace(from_gguf.spec, name=spec.name) == spec
-    assert list(from_gguf.tensors) == list(from_hf.tensors)
-    differ = [
-        n
-        for n in from_hf.tensors
-        if not np.array_equal(from_hf.tensors[n].load().view(np.uint32), from_gguf.tensors[n].load().view(np.uint32))
-    ]
-    assert differ == []
+    assert_imports_alike(from_hf, from_gguf)
     q8 = load_gguf(files["q8_0"])
     assert dataclasses.replace(q8.spec, name=spec.name) == spec
 
@@ -119,12 +113,9 @@ HOSTILE_KEYS = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_KEYS))
 def test_damaged_gemma4_keys_are_refused_in_one_line(case, gemma4_peer, tmp_path, capsys):
-    from gguf_files import with_u32_key
-
     key, value, message = HOSTILE_KEYS[case]
-    path = with_u32_key(gemma4_peer["gemma4_text"][1]["f32"], key, value, tmp_path / "damaged.gguf")
-    line = build_refused(capsys, path, tmp_path / "out")
-    assert line.startswith("colibri: error: damaged.gguf: ") and message in line, line
+    line = damaged_key_refused(capsys, gemma4_peer["gemma4_text"][1]["f32"], key, value, tmp_path)
+    assert message in line, line
 
 
 def test_a_rope_freqs_tensor_that_is_not_proportional_is_refused(gemma4_peer, tmp_path, capsys):

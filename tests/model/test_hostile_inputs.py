@@ -459,7 +459,28 @@ ROW_CASES = {
     "Phi-3.5-MoE jitter text": ("phimoe", dict(router_jitter_noise="0.01"), "'router_jitter_noise' must be a finite"),
     "Phi-3.5-MoE output bias as text": ("phimoe", dict(lm_head_bias="yes"), "'lm_head_bias' must be true or false"),
 }
-FAMILY_CASES = {**GEMMA4_CASES, **ROW_CASES}
+# Latent attention's config keys (tests/models.py "deepseek_v3_mla": hidden 64, latent 48 + RoPE 16;
+# "glm4_moe_lite_mla": mlp_layer_types), each broken alone.
+LATENT_CASES = {
+    "no latent": ("deepseek_v3_mla", dict(kv_lora_rank=0), "'kv_lora_rank' must be at least 1 for latent attention"),
+    "latent wider than the hidden size": (
+        "deepseek_v3_mla",
+        dict(kv_lora_rank=80),
+        "'kv_lora_rank' 80 is wider than the hidden size 64",
+    ),
+    "odd RoPE key": ("deepseek_v3_mla", dict(qk_rope_head_dim=15), "'qk_rope_head_dim' must be a positive even"),
+    "GLM layer types of another length": (
+        "glm4_moe_lite_mla",
+        dict(mlp_layer_types=["dense", "sparse"]),
+        '\'mlp_layer_types\' must say "dense" or "sparse" for each of the 3 layers',
+    ),
+    "value heads the weights do not have": (
+        "deepseek_v3_mla",
+        dict(v_head_dim=16),
+        "kv_b_proj.weight' has shape [160, 48], config.json implies [128, 48]",
+    ),
+}
+FAMILY_CASES = {**GEMMA4_CASES, **ROW_CASES, **LATENT_CASES}
 
 
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))

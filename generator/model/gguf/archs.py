@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ...errors import ColibriError
-from ..family_facts import GGUF_ARCHITECTURES, GGUF_WITH_EXPERTS, Family
+from ..family_facts import GGUF_ARCHITECTURES, GGUF_SIGMOID_GATED, GGUF_WITH_EXPERTS, Family
 from .file import GgufFile
 
 
@@ -17,4 +17,6 @@ def arch_of(gguf: GgufFile) -> tuple[str, Family]:
         raise ColibriError(f"{gguf.path.name}: unsupported architecture {arch!r} (supported: {supported})")
     if arch in GGUF_WITH_EXPERTS and gguf.metadata.get(f"{arch}.expert_count", 0):
         return arch, GGUF_WITH_EXPERTS[arch]
+    if arch in GGUF_SIGMOID_GATED and gguf.metadata.get(f"{arch}.expert_gating_func") == 2:
+        return arch, GGUF_SIGMOID_GATED[arch]
     return arch, GGUF_ARCHITECTURES[arch]

@@ -18,6 +18,8 @@ from ..family_facts import Family
 from ..spec import ModelSpec, expected_shapes
 from .archs import arch_of
 from .file import GgufFile, read_gguf
+from .latent import check_split, kv_b_sources, latent_view
+from .latent import file_shape as latent_file_shape
 from .metadata import parse_metadata
 from .names import GEMMA4_GATE_UP, GEMMA4_ROPE_FREQS, GEMMA4_UNUSED_KV, LAYER_NAME, canonical_name
 from .tensors import QuantBlocks, readable, tensor_blocks
@@ -43,7 +45,7 @@ class GgufCheckpoint:
         for a tensor whose columns the file reorders: its blocks cannot be kept)."""
         info, expert, heads = self._sources[canonical]
         view = self.tensors.get(canonical)
-        if view is not None and (view.col_order or view.flat):
+        if view is not None and (view.col_order or view.flat or view.transposed_heads):
             return None
         if view is not None and view.scale != 1.0:
             return None
@@ -85,6 +87,10 @@ def _locate(gguf: GgufFile, spec: ModelSpec, family: Family) -> dict:
             for e in range(spec.n_experts):
                 sources[f"layers.{m.group(1)}.experts.{e}.w_gate"] = (info, e, 0)
                 sources[f"layers.{m.group(1)}.experts.{e}.w_up"] = (info, e, 0)
+            continue
+        latent_kv_b = kv_b_sources(name, info, spec)
+        if latent_kv_b:  # an older deepseek2 file's attn_kv_b: both up-projections
+            sources.update(latent_kv_b)
             continue
         if m and spec.mtp_layers and int(m.group(1)) >= spec.n_layers:
             continue  # a multi-token-prediction layer (block_count counts it): left out
@@ -129,7 +135,8 @@ def _locate(gguf: GgufFile, spec: ModelSpec, family: Family) -> dict:
             got = (
                 (int(np.prod(info.shape)),) if len(info.shape) == 2 and info.shape[0] == spec.n_experts else info.shape
             )
-        if squeezed(got) != squeezed(_file_shape(spec, canonical, shape)):
+        stored = latent_file_shape(spec, canonical, info.name, shape) or _file_shape(spec, canonical, shape)
+        if squeezed(got) != squeezed(stored):
             raise ColibriError(
                 f"{where}: tensor {info.name!r} has shape {list(info.shape)}, the metadata implies {list(shape)}"
             )
@@ -163,6 +170,8 @@ def load_gguf(path: Path | str, load_tensors: bool = True) -> GgufCheckpoint:
             )
     spec = parse_metadata(gguf)
     _, family = arch_of(gguf)
+    if spec.kv_lora_rank:
+        check_split(gguf, spec.n_layers)
     sources = _locate(gguf, spec, family)
     wanted = expected_shapes(spec)
     template = gguf.metadata.get("tokenizer.chat_template")
@@ -170,7 +179,7 @@ def load_gguf(path: Path | str, load_tensors: bool = True) -> GgufCheckpoint:
     if load_tensors:
         for canonical, shape in wanted.items():
             info, expert, heads = sources[canonical]
-            view = view_of(spec, canonical)
+            view = view_of(spec, canonical) or latent_view(spec, canonical, info.name)
             if is_stacked_bias(canonical):
                 view["flat"] = True
             tensors[canonical] = GgufTensor(path, info, tuple(shape), expert, heads or 0, **view)

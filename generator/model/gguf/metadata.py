@@ -24,6 +24,7 @@ from ..family_facts import (
 from ..spec import ModelSpec, RopeSpec
 from .archs import arch_of
 from .file import GgufFile
+from .latent import gguf_latent
 from .names import GEMMA4_ROPE_FREQS, LAYER_NAME
 from .tensors import rows_f32
 
@@ -91,13 +92,15 @@ def _show(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _yarn(meta: _Meta, theta: float, truncate: bool) -> RopeSpec:
+def _yarn(meta: _Meta, theta: float, truncate: bool, latent: bool = False) -> RopeSpec:
     """YaRN from llama.cpp's keys, the attention factor resolved as transformers does when the file
-    has none (0.1 ln(factor) + 1)."""
+    has none (0.1 ln(factor) + 1). deepseek2's log multiplier is latent attention's (its softmax
+    scale: gguf/latent.py), its mscale and mscale_all_dim equal (every DeepSeek config's): factor 1."""
     factor = meta.float("rope.scaling.factor")
     if factor <= 0:
         raise ColibriError(f"{meta.where}: rope scaling factor must be positive, got {factor}")
-    if meta.has("rope.scaling.yarn_log_multiplier"):
+    log_mul = meta.has("rope.scaling.yarn_log_multiplier")
+    if log_mul and not latent:
         raise ColibriError(f"{meta.where}: yarn rope with a log multiplier (mscale) is not supported")
     beta_fast = meta.float("rope.scaling.yarn_beta_fast", 32.0)
     beta_slow = meta.float("rope.scaling.yarn_beta_slow", 1.0)
@@ -105,6 +108,8 @@ def _yarn(meta: _Meta, theta: float, truncate: bool) -> RopeSpec:
         raise ColibriError(f"{meta.where}: yarn rope beta_fast and beta_slow must be positive")
     if meta.has("rope.scaling.yarn_attn_factor"):
         attention = meta.float("rope.scaling.yarn_attn_factor")
+    elif log_mul:
+        attention = 1.0
     else:
         attention = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
     if attention <= 0:
@@ -121,7 +126,7 @@ def _yarn(meta: _Meta, theta: float, truncate: bool) -> RopeSpec:
     )
 
 
-def _rope(meta: _Meta, theta_default: float, yarn_truncate: bool = True) -> RopeSpec:
+def _rope(meta: _Meta, theta_default: float, yarn_truncate: bool = True, latent: bool = False) -> RopeSpec:
     if "rope_freqs.weight" in meta.gguf.tensors:
         raise ColibriError(
             f"{meta.where}: llama3 RoPE scaling (a rope_freqs tensor) is not supported from GGUF "
@@ -134,7 +139,7 @@ def _rope(meta: _Meta, theta_default: float, yarn_truncate: bool = True) -> Rope
     if kind not in ROPE_SCALINGS:
         raise ColibriError(f"{meta.where}: unsupported rope scaling {kind!r} (supported: {', '.join(ROPE_SCALINGS)})")
     if kind == "yarn":
-        return _yarn(meta, theta, yarn_truncate)
+        return _yarn(meta, theta, yarn_truncate, latent)
     factor = meta.float("rope.scaling.factor", 0.0) if kind == "linear" else 0.0
     if kind == "none" and meta.has("rope.scale_linear"):
         factor = meta.float("rope.scale_linear")  # older files
@@ -221,7 +226,11 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         return _gemma4(gguf, meta, family, hidden, n_layers, n_heads)
     n_kv, short_conv = _short_conv(meta, n_layers) if family.short_conv else (None, {})
     n_kv = n_kv or meta.int("attention.head_count_kv", n_heads)
-    if meta.has("attention.key_length"):
+    rope = _rope(meta, family.default_theta, family.gguf_yarn_truncate, family.latent is not None)
+    latent = gguf_latent(meta, hidden, n_heads, rope.factor) if family.latent else {}
+    if latent:  # (key_length and head_count_kv describe llama.cpp's absorbed form: the latent's fields say)
+        n_kv, head_dim = latent.pop("n_kv_heads"), latent.pop("head_dim")
+    elif meta.has("attention.key_length"):
         head_dim = meta.int("attention.key_length")
         if meta.int("attention.value_length", head_dim) != head_dim:
             raise ColibriError(f"{meta.where}: attention key and value lengths differ (not supported)")
@@ -233,7 +242,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         raise ColibriError(f"{meta.where}: head_count {n_heads} is not divisible by head_count_kv {n_kv}")
     if head_dim % 2:
         raise ColibriError(f"{meta.where}: head dimension {head_dim} must be even for rotary embeddings")
-    rope_dim = meta.int("rope.dimension_count", head_dim)
+    rope_dim = head_dim if latent else meta.int("rope.dimension_count", head_dim)
     if attention.partial_rotary and (rope_dim > head_dim or rope_dim % 2):
         raise ColibriError(f"{meta.where}: rope.dimension_count {rope_dim} must be even and at most {head_dim}")
     if not attention.partial_rotary and rope_dim != head_dim:
@@ -298,7 +307,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         n_kv_heads=n_kv,
         head_dim=head_dim,
         rms_norm_eps=eps,
-        rope=_rope(meta, family.default_theta, family.gguf_yarn_truncate),
+        rope=rope,
         max_position_embeddings=meta.int("context_length", 2048),
         tie_embeddings="output.weight" not in tensors,
         qkv_bias=qkv_bias,
@@ -307,7 +316,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         layer_windows=_windows(meta, n_layers, attention.window_period),
         bos_token_id=bos,
         eos_token_ids=eos,
-        **_row_settings(meta, family, hidden, head_dim),
+        **(_row_settings(meta, family, hidden, head_dim) | latent),
         **moe,
         **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.deltanet else {}),
         **short_conv,

@@ -39,6 +39,10 @@ class GgufTensor:
     col_order: tuple[int, ...] = ()  # the file's columns in canonical order (out_proj); () keeps them
     flat: bool = False  # the whole matrix as one vector (the convolution's [channels, kernel] taps)
     scale: float = 1.0  # multiplied in float32 (Gemma 4's router scale by hidden^-1/2)
+    # Latent attention's wk_b from an older file's attn_kv_b: of each of transposed_heads heads'
+    # head_rows rows, the first cols (qk_nope_head_dim), transposed (kv_lora_rank rows a head).
+    transposed_heads: int = 0
+    head_rows: int = 0
 
     @property
     def ggml_type(self) -> str:
@@ -48,7 +52,13 @@ class GgufTensor:
     def exact_blocks(self) -> bool:
         """Its blocks can be kept as they are (Q8_0, Q4_0, Q4_1, Q4_K): not where the file's
         columns are reordered or its matrix read as a vector."""
-        return self.info.ggml_type in EXACT_TYPES and not self.col_order and not self.flat and self.scale == 1.0
+        return (
+            self.info.ggml_type in EXACT_TYPES
+            and not self.col_order
+            and not self.flat
+            and self.scale == 1.0
+            and not self.transposed_heads
+        )
 
     def _source_rows(self, start: int, stop: int) -> np.ndarray:
         if self.row_order and len(self.shape) == 2:
@@ -60,6 +70,8 @@ class GgufTensor:
 
     def rows(self, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) as float32, dequantized as llama.cpp does."""
+        if self.transposed_heads:
+            return self._transposed_rows(start, stop)
         if self.scale != 1.0:
             plain = GgufTensor(self.path, self.info, self.shape, self.expert, self.heads, self.row_order)
             return (plain.rows(start, stop).astype(np.float32) * np.float32(self.scale)).astype(np.float32)
@@ -73,6 +85,15 @@ class GgufTensor:
         if self.heads and len(self.shape) == 1:  # a q or k bias: its values un-permuted
             values = values[:, unpermute_order(values.shape[1], self.heads)]
         return values
+
+    def _transposed_rows(self, start: int, stop: int) -> np.ndarray:
+        rank, cols = self.info.shape[-1], self.shape[1]
+        out = [np.zeros((0, cols), dtype=np.float32)]
+        for h in range(start // rank, -(-stop // rank)):
+            first = h * self.head_rows
+            block = rows_f32(self.path, self.info, np.arange(first, first + cols)).T
+            out.append(block[max(start - h * rank, 0) : min(stop - h * rank, rank)])
+        return np.ascontiguousarray(np.concatenate(out), dtype=np.float32)
 
     def blocks(self, start: int, stop: int) -> QuantBlocks:
         """Rows [start, stop) as the file's own blocks (exact_blocks tensors)."""

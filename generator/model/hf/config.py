@@ -30,6 +30,7 @@ from .families import (
     ROPE_TYPES,
     TEXT_CONFIG_ARCHITECTURES,
 )
+from .latent import hf_latent, routed_layer_types
 from .safetensors_io import strict_json
 
 # The most layers a config.json may declare, said before anything is made per layer (a count of
@@ -532,12 +533,16 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
     hidden = cfg.int("hidden_size")
     n_heads = cfg.int("num_attention_heads")
     n_kv = cfg.int("num_key_value_heads", n_heads)
-    head_dim = data.get("head_dim")
+    latent = {}
+    if family.latent:  # (config.json's head_dim is then the RoPE key's width: the latent's fields say)
+        latent = hf_latent(cfg, family.latent, hidden, n_heads)
+        n_kv = latent.pop("n_kv_heads")
+    head_dim = latent.pop("head_dim", None) or data.get("head_dim")
     if head_dim is None:
         if hidden % n_heads:
             raise ColibriError(f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {n_heads}")
         head_dim = hidden // n_heads
-    else:
+    elif not latent:
         head_dim = cfg.int("head_dim")
     if n_heads % n_kv:
         raise ColibriError(f"config.json: num_attention_heads {n_heads} is not divisible by num_key_value_heads {n_kv}")
@@ -590,6 +595,8 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
     windows = _layer_windows(cfg, family, n_layers)
     gemma4 = _gemma4(cfg, family, n_layers, windows, vocab) if family.gemma4_layers else {}
     moe = _moe(cfg, family.moe, n_layers) if family.moe and family.moe.placement != "beside_dense" else {}
+    if family.moe and family.moe.layer_types_key:
+        moe["moe_layers"] = routed_layer_types(cfg, family.moe.layer_types_key, n_layers)
 
     return ModelSpec(
         name=name,
@@ -622,7 +629,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         eos_token_ids=eos,
         activation=activation,
         embed_scale=gemma_embed_scale(hidden) if family.embed_scale == "sqrt_hidden" else 1.0,
-        attn_scale=_attn_scale(cfg, attention, head_dim),
+        attn_scale=latent.pop("attn_scale") if latent else _attn_scale(cfg, attention, head_dim),
         post_norms=family.norms.sandwich,
         rope_local=_rope_local(cfg, max_pos) if attention.local_rope else None,
         # (Gemma 3 configs may carry attn_logit_softcapping, but transformers' Gemma 3 never applies it.)
@@ -634,6 +641,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         **(_short_conv(cfg, family, n_layers) if family.short_conv else {}),
         attn_sinks=attention.sinks,
         **swiglu,
+        **latent,
         **(
             dict(rope_dim=_rotary_dim(cfg, head_dim, attention.rotary_fraction))
             if attention.partial_rotary and not family.deltanet

@@ -19,6 +19,7 @@ from ..hub import model_name
 from ..spec import ModelSpec, expected_shapes
 from . import mxfp4
 from .config import parse_config, read_json
+from .latent import HfLatentView, latent_parts, rope_interleaved
 from .names import NOT_TEXT_PREFIXES, canonical_name, mtp_layer_part, unused_kv_part
 from .safetensors_io import TensorInfo, read_header
 from .views import HfFusedSlice, HfTensor, file_shape, fused_parts, mxfp4_parts, tensor_view
@@ -92,10 +93,11 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
     spec = parse_config(config, model_name(model_dir), generation)
     packed = mxfp4.quant_method(config) == mxfp4.QUANT_METHOD and FAMILIES[spec.family].fused_experts
 
+    interleaved = FAMILIES[spec.family].latent is not None and rope_interleaved(config, FAMILIES[spec.family].latent)
     located = _tensor_files(model_dir)
     wanted = expected_shapes(spec)
     by_canonical: dict[str, tuple[Path, TensorInfo]] = {}
-    fused: dict[str, HfFusedSlice | mxfp4.HfMxfp4Slice] = {}
+    fused: dict[str, HfFusedSlice | mxfp4.HfMxfp4Slice | HfLatentView] = {}
     held: dict[str, str] = {}
     for hf_name, (path, info) in sorted(located.items()):
         if hf_name.startswith(NOT_TEXT_PREFIXES) or mtp_layer_part(hf_name, spec):
@@ -107,7 +109,7 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
             for canonical in parts:
                 by_canonical[canonical] = (path, info)
             continue
-        parts = fused_parts(hf_name, path, info, spec)
+        parts = fused_parts(hf_name, path, info, spec) or latent_parts(hf_name, path, info, spec, interleaved)
         if parts is not None:  # gpt-oss's fused experts: their shapes checked there
             fused.update(parts)
             for canonical in parts:

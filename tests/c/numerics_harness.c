@@ -44,6 +44,34 @@ static void write_all(const void *data, size_t bytes)
     fwrite(data, 1, bytes, stdout);
 }
 
+/* A batched product's output: `tokens` rows of `rows` floats written with a stride of rows + 3,
+ * to check that the kernel honours out_stride; the gaps hold a value it must leave untouched. */
+#define GAP_VALUE -7.0f
+
+static float *strided_output(int tokens, int stride)
+{
+    float *out = malloc((size_t)tokens * stride * sizeof(float));
+    for (int i = 0; i < tokens * stride; i++) {
+        out[i] = GAP_VALUE;
+    }
+    return out;
+}
+
+/* Each token's rows to stdout; 4 (and nothing written after it) when a gap was written. */
+static int write_strided(const float *out, int tokens, int rows, int stride)
+{
+    for (int k = 0; k < tokens; k++) {
+        for (int i = rows; i < stride; i++) {
+            if (out[k * stride + i] != GAP_VALUE) {
+                fprintf(stderr, "matmul wrote outside its rows\n");
+                return 4;
+            }
+        }
+        write_all(out + (size_t)k * stride, rows * sizeof(float));
+    }
+    return 0;
+}
+
 /* The kept GGUF block types by name: their entry points, block size and term shape. */
 typedef struct {
     const char *name;
@@ -103,10 +131,7 @@ static int run_blocks(const char *op, char **argv)
     const int8_t *xq = read_exact((size_t)tokens * cols);
     const float *xd = read_exact((size_t)tokens * (cols / KERNEL_QK) * sizeof(float));
     const int stride = rows + 3; /* gaps the matmul must leave untouched */
-    float *out = malloc((size_t)tokens * stride * sizeof(float));
-    for (int i = 0; i < tokens * stride; i++) {
-        out[i] = -7.0f;
-    }
+    float *out = strided_output(tokens, stride);
     if (batched) {
         t->matmul(out, stride, w, xq, xd, tokens, rows, cols);
     } else if (strcmp(op, "blocks_scalar_matvec") == 0) {
@@ -114,16 +139,7 @@ static int run_blocks(const char *op, char **argv)
     } else {
         t->matvec(out, w, xq, xd, rows, cols);
     }
-    for (int k = 0; k < tokens; k++) {
-        for (int i = rows; i < stride; i++) {
-            if (out[k * stride + i] != -7.0f) {
-                fprintf(stderr, "matmul wrote outside its rows\n");
-                return 4;
-            }
-        }
-        write_all(out + (size_t)k * stride, rows * sizeof(float));
-    }
-    return 0;
+    return write_strided(out, tokens, rows, stride);
 }
 
 int main(int argc, char **argv)
@@ -282,13 +298,9 @@ int main(int argc, char **argv)
         }
         write_all(out, n * sizeof(float));
     } else if (strncmp(op, "matmul_", 7) == 0) {
-        /* n tokens; the output rows are written with a stride of rows + 3 to check that the
-         * kernel honours out_stride, and the gaps must stay untouched. */
+        /* n tokens, their rows strided (strided_output) */
         int rows = atoi(argv[3]), cols = atoi(argv[4]), nb = cols / KERNEL_QK, stride = rows + 3;
-        float *out = malloc((size_t)n * stride * sizeof(float));
-        for (int i = 0; i < n * stride; i++) {
-            out[i] = -7.0f;
-        }
+        float *out = strided_output(n, stride);
         if (strcmp(op, "matmul_f32") == 0) {
             float *w = read_exact((size_t)rows * cols * sizeof(float));
             float *x = read_exact((size_t)n * cols * sizeof(float));
@@ -313,14 +325,9 @@ int main(int argc, char **argv)
             float *xd = read_exact((size_t)n * nb * sizeof(float));
             kernel_matmul_q4_0(out, stride, wq, wd, xq, xd, n, rows, cols);
         }
-        for (int t = 0; t < n; t++) {
-            for (int i = rows; i < stride; i++) {
-                if (out[t * stride + i] != -7.0f) {
-                    fprintf(stderr, "matmul wrote outside its rows\n");
-                    return 4;
-                }
-            }
-            write_all(out + (size_t)t * stride, rows * sizeof(float));
+        int written = write_strided(out, n, rows, stride);
+        if (written != 0) {
+            return written;
         }
     } else if (strcmp(op, "attention") == 0) {
         /* N positions' key and value rows of STRIDE floats, N_Q queries of HEAD_DIM, their N_Q rows

@@ -77,6 +77,23 @@ def string_kv(key: str, value: str) -> bytes:
     return kv(key, STRING, gguf_string(value))
 
 
+def i32_kv(key: str, value: int) -> bytes:
+    return kv(key, 5, struct.pack("<i", value))
+
+
+def f32_kv(key: str, value: float) -> bytes:
+    return kv(key, F32, struct.pack("<f", value))
+
+
+def u32_kv(key: str, value: int) -> bytes:
+    return kv(key, U32, struct.pack("<I", value))
+
+
+def set_value(key: str, value: float | str, encode=u32_kv):
+    """A case that sets `key` to `value`, encoded as a u32 unless `encode` says otherwise."""
+    return edit(lambda r: set_kv(r, key, encode(key, value)))
+
+
 def tensor(raw, name):
     return next(i for i in raw.infos if i[0] == name)
 
@@ -138,7 +155,7 @@ CASES = {
     ),
     "duplicate metadata key": (edit(lambda r: r.kvs.append(r.kvs[0])), "duplicate metadata key 'general.architecture'"),
     "alignment not a power of two": (
-        edit(lambda r: set_kv(r, "general.alignment", kv("general.alignment", U32, struct.pack("<I", 24)))),
+        set_value("general.alignment", 24),
         "general.alignment 24 is not a power of two",
     ),
     "unknown tensor type": (edit(lambda r: r.infos[0].__setitem__(2, 99)), "has unknown tensor type 99"),
@@ -164,15 +181,15 @@ CASES = {
         "tensor 'output.weight' has type Q8_1, which this build cannot read",
     ),
     "block_count 2^32 - 1": (
-        edit(lambda r: set_kv(r, "llama.block_count", u32_kv("llama.block_count", 2**32 - 1))),
+        set_value("llama.block_count", 2**32 - 1),
         "block_count 4294967295 but the file has tensors for 2 layers",
     ),
     "block_count one layer more than the tensors": (
-        edit(lambda r: set_kv(r, "llama.block_count", u32_kv("llama.block_count", 3))),
+        set_value("llama.block_count", 3),
         "block_count 3 but the file has tensors for 2 layers",
     ),
     "block_count negative": (
-        edit(lambda r: set_kv(r, "llama.block_count", i32_kv("llama.block_count", -3))),
+        set_value("llama.block_count", -3, i32_kv),
         "metadata 'llama.block_count' must be at least 1, got -3",
     ),
     "Q5_0 rows not whole blocks": (
@@ -192,12 +209,12 @@ CASES = {
     "duplicate tensor name": (edit(lambda r: r.infos[1].__setitem__(0, r.infos[0][0])), "duplicate tensor name"),
     "tensor name over 63 bytes": (edit(lambda r: r.infos[0].__setitem__(0, "x" * 100)), "is longer than 63 bytes"),
     "unsupported architecture": (
-        edit(lambda r: set_kv(r, "general.architecture", string_kv("general.architecture", "bert"))),
+        set_value("general.architecture", "bert", string_kv),
         "unsupported architecture 'bert' (supported: llama, qwen2, qwen3, gemma3, gemma4, qwen2moe, qwen3moe, qwen35moe, gpt-oss)",
     ),
     "no architecture": (edit(lambda r: set_kv(r, "general.architecture", None)), "no general.architecture string"),
     "metadata of the wrong type": (
-        edit(lambda r: set_kv(r, "llama.block_count", string_kv("llama.block_count", "2"))),
+        set_value("llama.block_count", "2", string_kv),
         "metadata 'llama.block_count' must be an integer",
     ),
     "missing tensor": (
@@ -213,7 +230,7 @@ CASES = {
         "the metadata implies [96, 96]",
     ),
     "unsupported rope scaling": (
-        edit(lambda r: set_kv(r, "llama.rope.scaling.type", string_kv("llama.rope.scaling.type", "longrope"))),
+        set_value("llama.rope.scaling.type", "longrope", string_kv),
         "unsupported rope scaling 'longrope'",
     ),
     "llama3 rope frequencies": (
@@ -223,26 +240,10 @@ CASES = {
 }
 
 
-def i32_kv(key: str, value: int) -> bytes:
-    return kv(key, 5, struct.pack("<i", value))
-
-
-def f32_kv(key: str, value: float) -> bytes:
-    return kv(key, F32, struct.pack("<f", value))
-
-
-def u32_kv(key: str, value: int) -> bytes:
-    return kv(key, U32, struct.pack("<I", value))
-
-
 # gpt-oss's keys and tensors, each broken alone in the file llama.cpp's converter wrote.
 GPT_OSS_CASES = {
     "yarn log multiplier": (
-        edit(
-            lambda r: set_kv(
-                r, "gpt-oss.rope.scaling.yarn_log_multiplier", f32_kv("gpt-oss.rope.scaling.yarn_log_multiplier", 0.1)
-            )
-        ),
+        set_value("gpt-oss.rope.scaling.yarn_log_multiplier", 0.1, f32_kv),
         "yarn rope with a log multiplier (mscale) is not supported",
     ),
     "yarn without its original context": (
@@ -250,27 +251,19 @@ GPT_OSS_CASES = {
         "missing metadata 'gpt-oss.rope.scaling.original_context_length'",
     ),
     "yarn factor negative": (
-        edit(lambda r: set_kv(r, "gpt-oss.rope.scaling.factor", f32_kv("gpt-oss.rope.scaling.factor", -4.0))),
+        set_value("gpt-oss.rope.scaling.factor", -4.0, f32_kv),
         "rope scaling factor must be positive",
     ),
     "yarn beta 0": (
-        edit(
-            lambda r: set_kv(
-                r, "gpt-oss.rope.scaling.yarn_beta_slow", f32_kv("gpt-oss.rope.scaling.yarn_beta_slow", 0.0)
-            )
-        ),
+        set_value("gpt-oss.rope.scaling.yarn_beta_slow", 0.0, f32_kv),
         "yarn rope beta_fast and beta_slow must be positive",
     ),
     "more experts used than there are": (
-        edit(lambda r: set_kv(r, "gpt-oss.expert_used_count", u32_kv("gpt-oss.expert_used_count", 9))),
+        set_value("gpt-oss.expert_used_count", 9),
         "expert_used_count 9 exceeds the 8 experts",
     ),
     "sliding window pattern 0": (
-        edit(
-            lambda r: set_kv(
-                r, "gpt-oss.attention.sliding_window_pattern", u32_kv("gpt-oss.attention.sliding_window_pattern", 0)
-            )
-        ),
+        set_value("gpt-oss.attention.sliding_window_pattern", 0),
         "'gpt-oss.attention.sliding_window_pattern' must be at least 1",
     ),
     "stacked expert bias not one row per expert": (
@@ -278,11 +271,11 @@ GPT_OSS_CASES = {
         "tensor 'blk.0.ffn_up_exps.bias' has shape [16, 48], the metadata implies [768]",
     ),
     "expert count 0": (
-        edit(lambda r: set_kv(r, "gpt-oss.expert_count", u32_kv("gpt-oss.expert_count", 0))),
+        set_value("gpt-oss.expert_count", 0),
         "metadata 'gpt-oss.expert_count' must be at least 1, got 0",
     ),
     "expert count over 4096": (
-        edit(lambda r: set_kv(r, "gpt-oss.expert_count", u32_kv("gpt-oss.expert_count", 5000))),
+        set_value("gpt-oss.expert_count", 5000),
         "expert_count 5000 exceeds 4,096",
     ),
     "sliding-window schedule of the wrong length": (
@@ -306,27 +299,27 @@ GPT_OSS_CASES = {
 # QWEN35_CASES): counts of 0, negative or huge, refused when the file is imported.
 MOE_CASES = {
     "expert count 0": (
-        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 0))),
+        set_value("qwen3moe.expert_count", 0),
         "metadata 'qwen3moe.expert_count' must be at least 1, got 0",
     ),
     "expert count negative": (
-        edit(lambda r: set_kv(r, "qwen3moe.expert_count", i32_kv("qwen3moe.expert_count", -1))),
+        set_value("qwen3moe.expert_count", -1, i32_kv),
         "metadata 'qwen3moe.expert_count' must be at least 1, got -1",
     ),
     "expert count over 4096": (
-        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 4097))),
+        set_value("qwen3moe.expert_count", 4097),
         "expert_count 4097 exceeds 4,096 (the most supported)",
     ),
     "expert count 2^32 - 1": (
-        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 2**32 - 1))),
+        set_value("qwen3moe.expert_count", 2**32 - 1),
         "expert_count 4294967295 exceeds 4,096",
     ),
     "experts used 0": (
-        edit(lambda r: set_kv(r, "qwen3moe.expert_used_count", u32_kv("qwen3moe.expert_used_count", 0))),
+        set_value("qwen3moe.expert_used_count", 0),
         "metadata 'qwen3moe.expert_used_count' must be at least 1, got 0",
     ),
     "block_count past the layers": (
-        edit(lambda r: set_kv(r, "qwen3moe.block_count", u32_kv("qwen3moe.block_count", 1 << 30))),
+        set_value("qwen3moe.block_count", 1 << 30),
         "block_count 1073741824 but the file has tensors for",
     ),
 }
@@ -334,39 +327,39 @@ MOE_CASES = {
 
 QWEN35_CASES = {
     "DeltaNet key heads 0": (
-        edit(lambda r: set_kv(r, "qwen35moe.ssm.group_count", u32_kv("qwen35moe.ssm.group_count", 0))),
+        set_value("qwen35moe.ssm.group_count", 0),
         "metadata 'qwen35moe.ssm.group_count' must be at least 1, got 0",
     ),
     "DeltaNet key heads negative": (
-        edit(lambda r: set_kv(r, "qwen35moe.ssm.group_count", i32_kv("qwen35moe.ssm.group_count", -2))),
+        set_value("qwen35moe.ssm.group_count", -2, i32_kv),
         "metadata 'qwen35moe.ssm.group_count' must be at least 1, got -2",
     ),
     "DeltaNet value heads not a multiple of the key heads": (
-        edit(lambda r: set_kv(r, "qwen35moe.ssm.time_step_rank", u32_kv("qwen35moe.ssm.time_step_rank", 5))),
+        set_value("qwen35moe.ssm.time_step_rank", 5),
         "ssm.time_step_rank 5 must be a multiple of ssm.group_count",
     ),
     "DeltaNet inner size 2^32 - 1": (
-        edit(lambda r: set_kv(r, "qwen35moe.ssm.inner_size", u32_kv("qwen35moe.ssm.inner_size", 2**32 - 1))),
+        set_value("qwen35moe.ssm.inner_size", 2**32 - 1),
         "and ssm.inner_size 4294967295 of it",
     ),
     "DeltaNet state size 0": (
-        edit(lambda r: set_kv(r, "qwen35moe.ssm.state_size", u32_kv("qwen35moe.ssm.state_size", 0))),
+        set_value("qwen35moe.ssm.state_size", 0),
         "metadata 'qwen35moe.ssm.state_size' must be at least 1, got 0",
     ),
     "full-attention schedule 0": (
-        edit(lambda r: set_kv(r, "qwen35moe.full_attention_interval", u32_kv("qwen35moe.full_attention_interval", 0))),
+        set_value("qwen35moe.full_attention_interval", 0),
         "metadata 'qwen35moe.full_attention_interval' must be at least 1, got 0",
     ),
     "full-attention schedule that disagrees with the layers": (
-        edit(lambda r: set_kv(r, "qwen35moe.full_attention_interval", u32_kv("qwen35moe.full_attention_interval", 2))),
+        set_value("qwen35moe.full_attention_interval", 2),
         "full_attention_interval 2 does not match the layers the tensors make full attention ([3])",
     ),
     "expert count over 4096": (
-        edit(lambda r: set_kv(r, "qwen35moe.expert_count", u32_kv("qwen35moe.expert_count", 65536))),
+        set_value("qwen35moe.expert_count", 65536),
         "expert_count 65536 exceeds 4,096",
     ),
     "block_count 2^32 - 1": (
-        edit(lambda r: set_kv(r, "qwen35moe.block_count", u32_kv("qwen35moe.block_count", 2**32 - 1))),
+        set_value("qwen35moe.block_count", 2**32 - 1),
         "block_count 4294967295 but the file has tensors for 4 layers",
     ),
 }

@@ -262,25 +262,21 @@ int main(int argc, char **argv)
         float *out = malloc(n * sizeof(float));
         kernel_matvec_f32(out, w, x, n, cols);
         write_all(out, n * sizeof(float));
-    } else if (strcmp(op, "matvec_q8_0") == 0) {
+    } else if (strcmp(op, "matvec_q8_0") == 0 || strcmp(op, "matvec_q4_0") == 0) {
+        /* weights of int8 quants, or for q4_0 of two quants a byte */
+        const int q4_0 = strcmp(op, "matvec_q4_0") == 0;
         int cols = atoi(argv[3]);
         int nb = cols / KERNEL_QK;
-        int8_t *wq = read_exact((size_t)n * cols);
+        void *wq = read_exact((size_t)n * cols / (q4_0 ? 2 : 1));
         KernelHalf *wd = read_exact((size_t)n * nb * sizeof(KernelHalf));
         int8_t *xq = read_exact(cols);
         float *xd = read_exact(nb * sizeof(float));
         float *out = malloc(n * sizeof(float));
-        kernel_matvec_q8_0(out, wq, wd, xq, xd, n, cols);
-        write_all(out, n * sizeof(float));
-    } else if (strcmp(op, "matvec_q4_0") == 0) {
-        int cols = atoi(argv[3]);
-        int nb = cols / KERNEL_QK;
-        uint8_t *wq = read_exact((size_t)n * cols / 2);
-        KernelHalf *wd = read_exact((size_t)n * nb * sizeof(KernelHalf));
-        int8_t *xq = read_exact(cols);
-        float *xd = read_exact(nb * sizeof(float));
-        float *out = malloc(n * sizeof(float));
-        kernel_matvec_q4_0(out, wq, wd, xq, xd, n, cols);
+        if (q4_0) {
+            kernel_matvec_q4_0(out, wq, wd, xq, xd, n, cols);
+        } else {
+            kernel_matvec_q8_0(out, wq, wd, xq, xd, n, cols);
+        }
         write_all(out, n * sizeof(float));
     } else if (strcmp(op, "matvec_q4_1") == 0 || strcmp(op, "scalar_matvec_q4_1") == 0) {
         int cols = atoi(argv[3]);
@@ -329,35 +325,30 @@ int main(int argc, char **argv)
         if (written != 0) {
             return written;
         }
-    } else if (strcmp(op, "attention") == 0) {
+    } else if (strcmp(op, "attention") == 0 || strcmp(op, "attention_f16") == 0) {
         /* N positions' key and value rows of STRIDE floats, N_Q queries of HEAD_DIM, their N_Q rows
-         * of N weights, and N_Q rows of HEAD_DIM that the mix adds onto */
+         * of N weights, and N_Q rows of HEAD_DIM that the mix adds onto; attention_f16: the same
+         * over binary16 key and value rows, read in place, a tile of TILE_ROWS rows for a set that
+         * widens them */
+        const int f16 = strcmp(op, "attention_f16") == 0;
+        const size_t element = f16 ? sizeof(KernelHalf) : sizeof(float);
         int n_q = atoi(argv[3]), stride = atoi(argv[4]), head_dim = atoi(argv[5]);
         float scale = strtof(argv[6], NULL);
-        float *keys = read_exact((size_t)n * stride * sizeof(float));
-        float *values = read_exact((size_t)n * stride * sizeof(float));
+        void *keys = read_exact((size_t)n * stride * element);
+        void *values = read_exact((size_t)n * stride * element);
         float *q = read_exact((size_t)n_q * head_dim * sizeof(float));
         float *p = read_exact((size_t)n_q * n * sizeof(float));
         float *out = read_exact((size_t)n_q * head_dim * sizeof(float));
         float *att = malloc((size_t)n_q * n * sizeof(float));
-        kernel_attention_scores(att, n, q, head_dim, n_q, keys, stride, n, head_dim, scale);
-        kernel_attention_mix(out, head_dim, p, n, n_q, values, stride, n, head_dim);
-        write_all(att, (size_t)n_q * n * sizeof(float));
-        write_all(out, (size_t)n_q * head_dim * sizeof(float));
-    } else if (strcmp(op, "attention_f16") == 0) {
-        /* the same over N binary16 key and value rows of STRIDE, read in place, a tile of TILE_ROWS
-         * rows for a set that widens them */
-        int n_q = atoi(argv[3]), stride = atoi(argv[4]), head_dim = atoi(argv[5]), tile_rows = atoi(argv[7]);
-        float scale = strtof(argv[6], NULL);
-        KernelHalf *keys = read_exact((size_t)n * stride * sizeof(KernelHalf));
-        KernelHalf *values = read_exact((size_t)n * stride * sizeof(KernelHalf));
-        float *q = read_exact((size_t)n_q * head_dim * sizeof(float));
-        float *p = read_exact((size_t)n_q * n * sizeof(float));
-        float *out = read_exact((size_t)n_q * head_dim * sizeof(float));
-        float *att = malloc((size_t)n_q * n * sizeof(float));
-        float *tile = malloc((size_t)tile_rows * head_dim * sizeof(float));
-        kernel_attention_scores_f16(att, n, q, head_dim, n_q, keys, stride, n, head_dim, scale, tile, tile_rows);
-        kernel_attention_mix_f16(out, head_dim, p, n, n_q, values, stride, n, head_dim, tile, tile_rows);
+        if (f16) {
+            int tile_rows = atoi(argv[7]);
+            float *tile = malloc((size_t)tile_rows * head_dim * sizeof(float));
+            kernel_attention_scores_f16(att, n, q, head_dim, n_q, keys, stride, n, head_dim, scale, tile, tile_rows);
+            kernel_attention_mix_f16(out, head_dim, p, n, n_q, values, stride, n, head_dim, tile, tile_rows);
+        } else {
+            kernel_attention_scores(att, n, q, head_dim, n_q, keys, stride, n, head_dim, scale);
+            kernel_attention_mix(out, head_dim, p, n, n_q, values, stride, n, head_dim);
+        }
         write_all(att, (size_t)n_q * n * sizeof(float));
         write_all(out, (size_t)n_q * head_dim * sizeof(float));
     } else if (strcmp(op, "attention_tokens") == 0) {

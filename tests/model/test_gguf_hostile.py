@@ -98,6 +98,21 @@ def tensor(raw, name):
     return next(i for i in raw.infos if i[0] == name)
 
 
+def below_one(key: str, count: int):
+    """A case that sets the count `key` below 1 (a negative one as an i32), and the refusal it gets."""
+    return set_value(key, count, i32_kv if count < 0 else u32_kv), f"metadata '{key}' must be at least 1, got {count}"
+
+
+def rename_tensor(name: str, new_name: str):
+    """A case that renames the tensor `name` in the file's directory."""
+    return edit(lambda r: tensor(r, name).__setitem__(0, new_name))
+
+
+def reshape_tensor(name: str, shape: list[int]):
+    """A case that gives the tensor `name` another shape (GGUF's order: the row's width first)."""
+    return edit(lambda r: tensor(r, name).__setitem__(1, shape))
+
+
 CASES = {
     "bad magic": (edit(lambda r: setattr(r, "magic", b"GGML")), "not a GGUF file (bad magic"),
     "version 1": (edit(lambda r: setattr(r, "version", 1)), "unsupported GGUF version 1 (supported: 2, 3)"),
@@ -188,10 +203,7 @@ CASES = {
         set_value("llama.block_count", 3),
         "block_count 3 but the file has tensors for 2 layers",
     ),
-    "block_count negative": (
-        set_value("llama.block_count", -3, i32_kv),
-        "metadata 'llama.block_count' must be at least 1, got -3",
-    ),
+    "block_count negative": below_one("llama.block_count", -3),
     "Q5_0 rows not whole blocks": (
         edit(lambda r: (r.infos[0].__setitem__(2, 6), r.infos[0].__setitem__(1, [80, 250]))),
         "not whole blocks of 32",
@@ -222,11 +234,11 @@ CASES = {
         "missing tensor for 'layers.1.w_down'",
     ),
     "unexpected tensor": (
-        edit(lambda r: tensor(r, "blk.1.ffn_down.weight").__setitem__(0, "blk.1.ffn_odd.weight")),
+        rename_tensor("blk.1.ffn_down.weight", "blk.1.ffn_odd.weight"),
         "unexpected tensor 'blk.1.ffn_odd.weight'",
     ),
     "shape differs from the metadata": (
-        edit(lambda r: tensor(r, "blk.0.attn_q.weight").__setitem__(1, [48, 192])),
+        reshape_tensor("blk.0.attn_q.weight", [48, 192]),
         "the metadata implies [96, 96]",
     ),
     "unsupported rope scaling": (
@@ -234,7 +246,7 @@ CASES = {
         "unsupported rope scaling 'longrope'",
     ),
     "llama3 rope frequencies": (
-        edit(lambda r: tensor(r, "output_norm.weight").__setitem__(0, "rope_freqs.weight")),
+        rename_tensor("output_norm.weight", "rope_freqs.weight"),
         "llama3 RoPE scaling (a rope_freqs tensor) is not supported",
     ),
 }
@@ -267,13 +279,10 @@ GPT_OSS_CASES = {
         "'gpt-oss.attention.sliding_window_pattern' must be at least 1",
     ),
     "stacked expert bias not one row per expert": (
-        edit(lambda r: tensor(r, "blk.0.ffn_up_exps.bias").__setitem__(1, [48, 16])),
+        reshape_tensor("blk.0.ffn_up_exps.bias", [48, 16]),
         "tensor 'blk.0.ffn_up_exps.bias' has shape [16, 48], the metadata implies [768]",
     ),
-    "expert count 0": (
-        set_value("gpt-oss.expert_count", 0),
-        "metadata 'gpt-oss.expert_count' must be at least 1, got 0",
-    ),
+    "expert count 0": below_one("gpt-oss.expert_count", 0),
     "expert count over 4096": (
         set_value("gpt-oss.expert_count", 5000),
         "expert_count 5000 exceeds 4,096",
@@ -289,7 +298,7 @@ GPT_OSS_CASES = {
         "gpt-oss.attention.sliding_window_pattern must be one boolean per layer",
     ),
     "sinks misnamed": (
-        edit(lambda r: tensor(r, "blk.2.attn_sinks.weight").__setitem__(0, "blk.2.attn_sink.weight")),
+        rename_tensor("blk.2.attn_sinks.weight", "blk.2.attn_sink.weight"),
         "unexpected tensor 'blk.2.attn_sink.weight'",
     ),
 }
@@ -298,14 +307,8 @@ GPT_OSS_CASES = {
 # The MoE families' metadata keys (a qwen3moe file; gpt-oss's own keys are GPT_OSS_CASES, Qwen3.5's
 # QWEN35_CASES): counts of 0, negative or huge, refused when the file is imported.
 MOE_CASES = {
-    "expert count 0": (
-        set_value("qwen3moe.expert_count", 0),
-        "metadata 'qwen3moe.expert_count' must be at least 1, got 0",
-    ),
-    "expert count negative": (
-        set_value("qwen3moe.expert_count", -1, i32_kv),
-        "metadata 'qwen3moe.expert_count' must be at least 1, got -1",
-    ),
+    "expert count 0": below_one("qwen3moe.expert_count", 0),
+    "expert count negative": below_one("qwen3moe.expert_count", -1),
     "expert count over 4096": (
         set_value("qwen3moe.expert_count", 4097),
         "expert_count 4097 exceeds 4,096 (the most supported)",
@@ -314,10 +317,7 @@ MOE_CASES = {
         set_value("qwen3moe.expert_count", 2**32 - 1),
         "expert_count 4294967295 exceeds 4,096",
     ),
-    "experts used 0": (
-        set_value("qwen3moe.expert_used_count", 0),
-        "metadata 'qwen3moe.expert_used_count' must be at least 1, got 0",
-    ),
+    "experts used 0": below_one("qwen3moe.expert_used_count", 0),
     "block_count past the layers": (
         set_value("qwen3moe.block_count", 1 << 30),
         "block_count 1073741824 but the file has tensors for",
@@ -326,14 +326,8 @@ MOE_CASES = {
 
 
 QWEN35_CASES = {
-    "DeltaNet key heads 0": (
-        set_value("qwen35moe.ssm.group_count", 0),
-        "metadata 'qwen35moe.ssm.group_count' must be at least 1, got 0",
-    ),
-    "DeltaNet key heads negative": (
-        set_value("qwen35moe.ssm.group_count", -2, i32_kv),
-        "metadata 'qwen35moe.ssm.group_count' must be at least 1, got -2",
-    ),
+    "DeltaNet key heads 0": below_one("qwen35moe.ssm.group_count", 0),
+    "DeltaNet key heads negative": below_one("qwen35moe.ssm.group_count", -2),
     "DeltaNet value heads not a multiple of the key heads": (
         set_value("qwen35moe.ssm.time_step_rank", 5),
         "ssm.time_step_rank 5 must be a multiple of ssm.group_count",
@@ -342,14 +336,8 @@ QWEN35_CASES = {
         set_value("qwen35moe.ssm.inner_size", 2**32 - 1),
         "and ssm.inner_size 4294967295 of it",
     ),
-    "DeltaNet state size 0": (
-        set_value("qwen35moe.ssm.state_size", 0),
-        "metadata 'qwen35moe.ssm.state_size' must be at least 1, got 0",
-    ),
-    "full-attention schedule 0": (
-        set_value("qwen35moe.full_attention_interval", 0),
-        "metadata 'qwen35moe.full_attention_interval' must be at least 1, got 0",
-    ),
+    "DeltaNet state size 0": below_one("qwen35moe.ssm.state_size", 0),
+    "full-attention schedule 0": below_one("qwen35moe.full_attention_interval", 0),
     "full-attention schedule that disagrees with the layers": (
         set_value("qwen35moe.full_attention_interval", 2),
         "full_attention_interval 2 does not match the layers the tensors make full attention ([3])",

@@ -359,6 +359,16 @@ def kv(key: str, vtype: int, payload: bytes) -> bytes:
     return gguf_string(key) + struct.pack("<I", vtype) + payload
 
 
+def u32_kv(key: str, value: int) -> bytes:
+    return kv(key, U32, struct.pack("<I", value))
+
+
+def key_of(entry: bytes) -> str:
+    """The key of an encoded metadata entry."""
+    (n,) = struct.unpack_from("<Q", entry)
+    return entry[8 : 8 + n].decode()
+
+
 @dataclass
 class RawGguf:
     kvs: list[bytes]  # each entry encoded: key, value type, value
@@ -408,11 +418,16 @@ def raw_gguf(path: Path) -> RawGguf:
     return RawGguf(kvs, infos, blob[reader.data_offset :])
 
 
+def set_kv(raw: RawGguf, key: str, entry: bytes | None) -> None:
+    """Replace the entry for `key` (or append it; None removes it)."""
+    kept = [e for e in raw.kvs if key_of(e) != key]
+    raw.kvs = kept + ([entry] if entry is not None else [])
+
+
 def with_u32_key(source: Path, key: str, value: int | None, out: Path) -> Path:
     """source's file with its metadata key set to a u32 value (None: the key removed), written to out."""
     raw = raw_gguf(source)
-    kept = [e for e in raw.kvs if e[8 : 8 + struct.unpack_from("<Q", e)[0]].decode() != key]
-    raw.kvs = kept + ([] if value is None else [kv(key, U32, struct.pack("<I", value))])
+    set_kv(raw, key, None if value is None else u32_kv(key, value))
     out.write_bytes(raw.encode())
     return out
 

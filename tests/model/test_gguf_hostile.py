@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from cli_runs import cli_build_refused
 from conftest import run_cli
-from gguf_files import RawGguf, gguf_string, hf_to_gguf, kv, raw_gguf
+from gguf_files import RawGguf, gguf_string, hf_to_gguf, kv, raw_gguf, set_kv, u32_kv
 
 from models import make_checkpoint
 
@@ -22,17 +22,6 @@ U32, F32, BOOL, STRING, ARRAY = 4, 6, 7, 8, 9
 def good_gguf(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile-gguf")
     return hf_to_gguf(make_checkpoint("llama_gqa_linear", root / "hf"), root / "good.gguf")
-
-
-def key_of(entry: bytes) -> str:
-    (n,) = struct.unpack_from("<Q", entry)
-    return entry[8 : 8 + n].decode()
-
-
-def set_kv(raw: RawGguf, key: str, entry: bytes | None) -> None:
-    """Replace the entry for `key` (or append it; None removes it)."""
-    kept = [e for e in raw.kvs if key_of(e) != key]
-    raw.kvs = kept + ([entry] if entry is not None else [])
 
 
 def edit(fn):
@@ -83,10 +72,6 @@ def i32_kv(key: str, value: int) -> bytes:
 
 def f32_kv(key: str, value: float) -> bytes:
     return kv(key, F32, struct.pack("<f", value))
-
-
-def u32_kv(key: str, value: int) -> bytes:
-    return kv(key, U32, struct.pack("<I", value))
 
 
 def set_value(key: str, value: float | str, encode=u32_kv):

@@ -50,7 +50,7 @@ from .option_checks import check_board_options, check_sampling_options, threads_
 from .verify import FirmwareIdentity, Verified, firmware_identity, hello_check, verify_run
 
 if TYPE_CHECKING:  # imported where used, so a command that does not chat, score or bench loads none of them
-    from .bench import BenchResult, Stream
+    from .bench import BenchResult, BenchRuns
     from .chat import ChatState, TurnPlan
     from .evaluate import Evaluation
     from .model.chat_template import ChatTemplate
@@ -627,13 +627,6 @@ class BenchOptions:
     in_ram: bool = True
 
 
-@dataclass(frozen=True)
-class BenchInputs:
-    stream: Stream
-    steps: int
-    repeat: int
-
-
 def bench_sampling(options: JobOptions) -> tuple[SamplingParams, list[str]]:
     """The sampled stream's settings, and the flags among --temperature, --top-p and --seed given:
     those flags over the model's generation_config.json if it samples, else over bench.SAMPLED."""
@@ -659,10 +652,10 @@ def bench_sampling(options: JobOptions) -> tuple[SamplingParams, list[str]]:
     ), given
 
 
-def prepare_bench(options: JobOptions, bench: BenchOptions) -> Prepared[BenchInputs]:
+def prepare_bench(options: JobOptions, bench: BenchOptions) -> Prepared[BenchRuns]:
     from . import bench as benchmark
 
-    def inputs(planned: Planned, tokenizer: Tokenizer | None) -> BenchInputs:
+    def inputs(planned: Planned, tokenizer: Tokenizer | None) -> BenchRuns:
         # Defaults that fit the board: the steps the context holds after the prompt, one run where
         # the instruction count is exact.
         sampling, sampling_flags = bench_sampling(options)
@@ -677,9 +670,9 @@ def prepare_bench(options: JobOptions, bench: BenchOptions) -> Prepared[BenchInp
             sampling_flags,
         )
         repeat = bench.repeat if bench.repeat is not None else benchmark.default_repeat(planned.board)
-        return BenchInputs(stream, steps, repeat)
+        return benchmark.BenchRuns(stream, steps, repeat, options.threads, options.speculate)
 
-    def plot(planned: Planned, made: BenchInputs) -> None:
+    def plot(planned: Planned, made: BenchRuns) -> None:
         benchmark.check_plot(planned.board, bench.plot, made.steps)
 
     return prepare(
@@ -687,30 +680,21 @@ def prepare_bench(options: JobOptions, bench: BenchOptions) -> Prepared[BenchInp
     )
 
 
-def bench_built(prepared: Prepared[BenchInputs], built: Built, bench: BenchOptions) -> BenchResult:
+def bench_built(prepared: Prepared[BenchRuns], built: Built, bench: BenchOptions) -> BenchResult:
     """bench's figures for the built firmware."""
     from . import bench as benchmark
 
-    options, made = prepared.options, prepared.inputs
+    options = prepared.options
     return benchmark.run_bench(
         prepared.board,
         prepared.plan,
-        built.art,
+        built.firmware,
+        prepared.link,
+        prepared.inputs,
         model=str(options.model),
-        prompt_tokens=bench.prompt_tokens,
-        steps=made.steps,
-        repeat=made.repeat,
-        threads=options.threads,
         plot=bench.plot,
-        port=prepared.port,
-        reset=options.reset,
-        remote=prepared.remote,
-        progress=prepared.progress,
-        check_hello=hello_check(built.identity),
         cache=prepared.cache,
-        stream=made.stream,
         in_ram=bench.in_ram,
-        speculate=options.speculate,
     )
 
 

@@ -5,6 +5,7 @@ against the NumPy reference."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from conftest import run_cli
@@ -22,6 +23,12 @@ def cli_options(**settings: object) -> list[str]:
         flag = "--" + name.replace("_", "-")
         args += [flag] if value is True else [flag, str(value)]
     return args
+
+
+def model_copy(checkpoints, kind: str, into: Path) -> Path:
+    """A copy of the session's `kind` checkpoint at `into`, for a test to damage or rename."""
+    shutil.copytree(checkpoints(kind), into)
+    return into
 
 
 def main_json(capsys, command: str, **settings: object) -> dict:

@@ -24,6 +24,7 @@ import struct
 import threading
 import tty
 import zlib
+from collections.abc import Iterator
 
 ESP32P4_ID = 18
 EFUSE_BASE = 0x5012D000
@@ -51,6 +52,20 @@ def revision_word(revision: int) -> int:
 
 def slip(packet: bytes) -> bytes:
     return b"\xc0" + packet.replace(b"\xdb", b"\xdb\xdd").replace(b"\xc0", b"\xdb\xdc") + b"\xc0"
+
+
+def pty_reads(master: int, stop: threading.Event, size: int = 65536) -> Iterator[bytes]:
+    """What arrives on the pseudo-terminal `master`, chunk by chunk, until `stop` is set or the
+    other side closes the port."""
+    while not stop.is_set():
+        ready, _, _ = select.select([master], [], [], 0.05)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(master, size)
+        except OSError:  # the other side closed the port
+            return
+        yield chunk
 
 
 class FakeChip:
@@ -106,14 +121,7 @@ class FakeChip:
 
     def _serve(self) -> None:
         packet, escaped, inside = bytearray(), False, False
-        while not self._stop.is_set():
-            ready, _, _ = select.select([self._master], [], [], 0.05)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(self._master, 65536)
-            except OSError:
-                return
+        for chunk in pty_reads(self._master, self._stop):
             if self.silent or self._dead:
                 continue
             for byte in chunk:

@@ -16,6 +16,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -78,6 +79,12 @@ GEMMA_TO_GGUF = dict(
         "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
     },
 )
+# The tensors outside the layers.
+TOP_LEVEL_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 EXPERTS = {
     "w1": "ffn_gate_exps",
     "w3": "ffn_up_exps",
@@ -111,7 +118,6 @@ def hf_to_gguf(
     package cannot quantize: encode_blocks), the rest F32; `types` gives some tensors (by their
     GGUF name) a type of their own."""
     import gguf
-    from safetensors.numpy import load_file
 
     cfg = json.loads((model_dir / "config.json").read_text())
     arch_name = cfg["architectures"][0]
@@ -159,34 +165,49 @@ def hf_to_gguf(
     for key, value in (tokenizer or {}).items():
         w.add_key_value(key, *value)
 
-    hf = load_file(str(model_dir / "model.safetensors"))
-    experts: dict[str, dict[int, np.ndarray]] = {}
-    for name, data in hf.items():
-        data = np.asarray(data, dtype=np.float32)
-        if name == "model.embed_tokens.weight":
-            target = "token_embd.weight"
-        elif name == "model.norm.weight":
-            target = "output_norm.weight"
-        elif name == "lm_head.weight":
-            if cfg.get("tie_word_embeddings"):
-                continue
-            target = "output.weight"
-        else:
-            layer, part = name[len("model.layers.") :].split(".", 1)
-            if ".experts." in part:
-                expert, which = part.split(".experts.")[1].split(".")[:2]
-                experts.setdefault(f"blk.{layer}.{EXPERTS[which]}.weight", {})[int(expert)] = data
-                continue
-            target = f"blk.{layer}.{(GEMMA_TO_GGUF if arch == 'gemma3' else HF_TO_GGUF)[part]}"
-            if arch in ("llama", "deepseek") and part.startswith("self_attn.q_proj."):
-                data = permute(data, n_head, n_head)
-            elif arch in ("llama", "deepseek") and part.startswith("self_attn.k_proj."):
-                data = permute(data, n_head, n_kv)
+    def layer_tensor(layer: str, part: str, data: np.ndarray) -> tuple[str, np.ndarray]:
+        target = f"blk.{layer}.{(GEMMA_TO_GGUF if arch == 'gemma3' else HF_TO_GGUF)[part]}"
+        if arch in ("llama", "deepseek") and part.startswith("self_attn.q_proj."):
+            data = permute(data, n_head, n_head)
+        elif arch in ("llama", "deepseek") and part.startswith("self_attn.k_proj."):
+            data = permute(data, n_head, n_kv)
+        return target, data
+
+    for name, target, data in _gguf_tensors(model_dir, layer_tensor):
+        if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
         if arch == "gemma3" and name.endswith("norm.weight"):
             data = (np.float32(1.0) + data).astype(np.float32)
         _add(w, target, data, (types or {}).get(target, tensor_type))
+    return _write(w, out)
+
+
+def _gguf_tensors(
+    model_dir: Path, layer_tensor: Callable[[str, str, np.ndarray], tuple[str, np.ndarray]]
+) -> Iterator[tuple[str, str, np.ndarray]]:
+    """The checkpoint's tensors in F32 as (Hugging Face name, GGUF name, data), in the file's order,
+    then each layer's experts stacked into one tensor (named "" on the Hugging Face side);
+    `layer_tensor(layer, part, data)` names (and converts) a layer's own tensor."""
+    from safetensors.numpy import load_file
+
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for name, data in load_file(str(model_dir / "model.safetensors")).items():
+        data = np.asarray(data, dtype=np.float32)
+        if name in TOP_LEVEL_TO_GGUF:
+            yield name, TOP_LEVEL_TO_GGUF[name], data
+            continue
+        layer, part = name[len("model.layers.") :].split(".", 1)
+        if ".experts." in part:
+            expert, which = part.split(".experts.")[1].split(".")[:2]
+            experts.setdefault(f"blk.{layer}.{EXPERTS[which]}.weight", {})[int(expert)] = data
+            continue
+        yield (name, *layer_tensor(layer, part, data))
     for target, by_index in experts.items():
-        _add(w, target, np.stack([by_index[e] for e in sorted(by_index)]), (types or {}).get(target, tensor_type))
+        yield "", target, np.stack([by_index[e] for e in sorted(by_index)])
+
+
+def _write(w, out: Path) -> Path:
+    """Write the GGUFWriter `w`'s file (its header, metadata and tensors) to `out`."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -350,11 +371,7 @@ def spm_vocab_gguf(
     w.add_add_eos_token(add_eos)
     for key, value in extra.items():
         w.add_key_value(f"tokenizer.ggml.{key}", *value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+    return _write(w, out)
 
 
 # ---- A GGUF file as fields, to damage one at a time ----
@@ -370,6 +387,16 @@ U32 = 4  # GGUF value type UINT32
 
 def kv(key: str, vtype: int, payload: bytes) -> bytes:
     return gguf_string(key) + struct.pack("<I", vtype) + payload
+
+
+def u32_kv(key: str, value: int) -> bytes:
+    return kv(key, U32, struct.pack("<I", value))
+
+
+def key_of(entry: bytes) -> str:
+    """The key of an encoded metadata entry."""
+    (n,) = struct.unpack_from("<Q", entry)
+    return entry[8 : 8 + n].decode()
 
 
 @dataclass
@@ -421,11 +448,16 @@ def raw_gguf(path: Path) -> RawGguf:
     return RawGguf(kvs, infos, blob[reader.data_offset :])
 
 
+def set_kv(raw: RawGguf, key: str, entry: bytes | None) -> None:
+    """Replace the entry for `key` (or append it; None removes it)."""
+    kept = [e for e in raw.kvs if key_of(e) != key]
+    raw.kvs = kept + ([entry] if entry is not None else [])
+
+
 def with_u32_key(source: Path, key: str, value: int | None, out: Path) -> Path:
     """source's file with its metadata key set to a u32 value (None: the key removed), written to out."""
     raw = raw_gguf(source)
-    kept = [e for e in raw.kvs if e[8 : 8 + struct.unpack_from("<Q", e)[0]].decode() != key]
-    raw.kvs = kept + ([] if value is None else [kv(key, U32, struct.pack("<I", value))])
+    set_kv(raw, key, None if value is None else u32_kv(key, value))
     out.write_bytes(raw.encode())
     return out
 
@@ -540,7 +572,6 @@ def qwen35_hf_to_gguf(model_dir: Path, out: Path, tensor_type: str = "F32") -> P
     pre-tokenizer's hash), which a random-init checkpoint has not: hence this re-implementation.
     -exp is taken in float64 and rounded (the converter's torch.exp in float32 may differ by 1 ulp)."""
     import gguf
-    from safetensors.numpy import load_file
 
     cfg = json.loads((model_dir / "config.json").read_text())
     n_k, n_v = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
@@ -587,49 +618,30 @@ def qwen35_hf_to_gguf(model_dir: Path, out: Path, tensor_type: str = "F32") -> P
         "norm.weight": "ssm_norm.weight",
         "out_proj.weight": "ssm_out.weight",
     }
-    hf = load_file(str(model_dir / "model.safetensors"))
-    experts: dict[str, dict[int, np.ndarray]] = {}
-    for name, data in hf.items():
-        data = np.asarray(data, dtype=np.float32)
-        if name == "model.embed_tokens.weight":
-            target = "token_embd.weight"
-        elif name == "model.norm.weight":
-            target = "output_norm.weight"
-        elif name == "lm_head.weight":
-            target = "output.weight"
-        else:
-            layer, part = name[len("model.layers.") :].split(".", 1)
-            if ".experts." in part:
-                expert, which = part.split(".experts.")[1].split(".")[:2]
-                experts.setdefault(f"blk.{layer}.{EXPERTS[which]}.weight", {})[int(expert)] = data
-                continue
-            if part.startswith("linear_attn."):
-                sub = part[len("linear_attn.") :]
-                target = f"blk.{layer}.{linear_parts[sub]}"
-                if sub == "A_log":
-                    data = (-np.exp(data.astype(np.float64))).astype(np.float32)
-                if sub == "conv1d.weight":
-                    data = data.reshape(data.shape[0], data.shape[2])
-                if sub in ("in_proj_qkv.weight", "conv1d.weight"):
-                    data = np.concatenate([data[: 2 * key_dim], data[2 * key_dim :][heads_v]])
-                elif sub == "in_proj_z.weight":
-                    data = data[heads_v]
-                elif sub in ("in_proj_b.weight", "in_proj_a.weight", "dt_bias", "A_log"):
-                    data = data[heads_1]
-                elif sub == "out_proj.weight":
-                    data = data[:, heads_v]
-            elif part == "post_attention_layernorm.weight":
-                target = f"blk.{layer}.post_attention_norm.weight"
-            else:
-                target = f"blk.{layer}.{HF_TO_GGUF[part]}"
+
+    def layer_tensor(layer: str, part: str, data: np.ndarray) -> tuple[str, np.ndarray]:
+        if part.startswith("linear_attn."):
+            sub = part[len("linear_attn.") :]
+            if sub == "A_log":
+                data = (-np.exp(data.astype(np.float64))).astype(np.float32)
+            if sub == "conv1d.weight":
+                data = data.reshape(data.shape[0], data.shape[2])
+            if sub in ("in_proj_qkv.weight", "conv1d.weight"):
+                data = np.concatenate([data[: 2 * key_dim], data[2 * key_dim :][heads_v]])
+            elif sub == "in_proj_z.weight":
+                data = data[heads_v]
+            elif sub in ("in_proj_b.weight", "in_proj_a.weight", "dt_bias", "A_log"):
+                data = data[heads_1]
+            elif sub == "out_proj.weight":
+                data = data[:, heads_v]
+            return f"blk.{layer}.{linear_parts[sub]}", data
+        if part == "post_attention_layernorm.weight":
+            return f"blk.{layer}.post_attention_norm.weight", data
+        return f"blk.{layer}.{HF_TO_GGUF[part]}", data
+
+    for name, target, data in _gguf_tensors(model_dir, layer_tensor):
         if name.endswith("norm.weight") and ".linear_attn.norm." not in name:
             data = (np.float32(1.0) + data).astype(np.float32)
         # The converter keeps the convolution's taps F32 (as every 1-D tensor).
         _add(w, target, data, "F32" if target.endswith("ssm_conv1d.weight") else tensor_type)
-    for target, by_index in experts.items():
-        _add(w, target, np.stack([by_index[e] for e in sorted(by_index)]), tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+    return _write(w, out)

@@ -16,18 +16,24 @@ import argparse
 import sys
 from pathlib import Path
 
+# Each size option, the MixtralConfig field it sets, and its default.
+SIZES = {
+    "layers": ("num_hidden_layers", 8),
+    "hidden": ("hidden_size", 768),
+    "intermediate": ("intermediate_size", 2048),
+    "heads": ("num_attention_heads", 12),
+    "kv-heads": ("num_key_value_heads", 4),
+    "experts": ("num_local_experts", 8),
+    "top-k": ("num_experts_per_tok", 2),
+    "vocab": ("vocab_size", 32000),
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=768)
-    ap.add_argument("--intermediate", type=int, default=2048)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--experts", type=int, default=8)
-    ap.add_argument("--top-k", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=32000)
+    for option, (_, default) in SIZES.items():
+        ap.add_argument(f"--{option}", type=int, default=default)
     ap.add_argument(
         "--shard-size", default="5GB", help="save_pretrained's max_shard_size (default: one file below 5 GB)"
     )
@@ -38,18 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(args.seed)
-    config = MixtralConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        num_local_experts=args.experts,
-        num_experts_per_tok=args.top_k,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
+    sizes = {field: getattr(args, option.replace("-", "_")) for option, (field, _) in SIZES.items()}
+    config = MixtralConfig(**sizes, max_position_embeddings=4096, tie_word_embeddings=False)
     model = MixtralForCausalLM(config).to(torch.bfloat16).eval()
     params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(args.out, safe_serialization=True, max_shard_size=args.shard_size)

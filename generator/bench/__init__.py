@@ -15,7 +15,7 @@ from .cost import attention_macs, decode_attention_macs, predict_speed, predicte
 from .figures import ProbeRange, bandwidth_summary, run_figures
 from .plot import check_plot
 from .result import BenchResult, ClockedFigures
-from .run import default_repeat, probes_bandwidth, run_bench
+from .run import BenchRuns, default_repeat, probes_bandwidth, run_bench
 from .stream import (
     DEFAULT_PROMPT_TOKENS,
     DEFAULT_STEPS,
@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_TEXT",
     "SAMPLED",
     "BenchResult",
+    "BenchRuns",
     "ClockedFigures",
     "ProbeRange",
     "Stream",

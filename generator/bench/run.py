@@ -5,16 +5,15 @@ its figures gathered into a BenchResult."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from ..boards import Board
-from ..compile.build import Artifacts
 from ..compile.cache_plan import AutoElsewhere, CachePlan
 from ..compile.plan import Plan
+from ..device.links import Firmware, LinkOptions
 from ..device.remote import Remote, remote_prefix
-from ..device.runner import run_on_board
+from ..device.runner import run_firmware
 from ..device.session import RunRequest, RunResult, cache_stats, check_fits_context
 from ..sizes import AutoBudget
 from ..verify import speed_text
@@ -30,7 +29,7 @@ from .figures import (
 )
 from .plot import check_plot, plot_runs
 from .result import BenchResult, clocked_figures, counted_figures
-from .stream import Stream, check_forced, stream_figures, synthetic_prompt
+from .stream import Stream, check_forced, stream_figures
 
 # The firmware sizes the probe's buffer itself, from the caches of the machine it runs on: twice the
 # largest, at least 256 MiB (firmware_src/bsp/linux/read_probe.c).
@@ -74,60 +73,52 @@ def default_repeat(board: Board) -> int:
     return 1 if board.runner.counts_instructions_exactly() else DEFAULT_REPEAT
 
 
+@dataclass(frozen=True)
+class BenchRuns:
+    """What a bench decodes, for how many steps, with how many threads and drafted tokens
+    (speculate), and how many times."""
+
+    stream: Stream
+    steps: int
+    repeat: int
+    threads: int = 1
+    speculate: int = 0
+
+
 def run_bench(
     board: Board,
     plan: Plan,
-    art: Artifacts,
+    firmware: Firmware,
+    how: LinkOptions,
+    runs_of: BenchRuns,
     *,
     model: str,
-    prompt_tokens: int,
-    steps: int,
-    repeat: int,
-    threads: int = 1,
     plot: Path | None = None,
-    port: str | None = None,
-    reset: bool = False,
-    remote: Remote | None = None,
-    progress: Callable[[str], None] | None = None,
-    check_hello: Callable[[dict[str, str]], None] | None = None,
     cache: CachePlan | AutoElsewhere | None = None,
-    stream: Stream | None = None,
     in_ram: bool = True,
-    speculate: int = 0,
 ) -> BenchResult:
-    """Run the built firmware `art` `repeat` times and return bench's figures. On Linux boards run
-    natively, each run first has the firmware probe the read bandwidth with the same threads:
-    probe, decode, probe, decode... Under an emulator every wall-clock figure is labelled as the
-    emulator's (`emulated_by`), and there is no bandwidth share.
-    `stream`: what is decoded (default: the synthetic one). A MoE model under a budget also runs the
-    same stream without one after each run (`in_ram`), for the speed the budget costs."""
-    stream = stream or Stream("synthetic", synthetic_prompt(plan, prompt_tokens))
+    """Run the built `firmware`, reached as `how` says, `runs_of.repeat` times and return bench's
+    figures. On Linux boards run natively, each run first has the firmware probe the read bandwidth
+    with the same threads: probe, decode, probe, decode... Under an emulator every wall-clock figure
+    is labelled as the emulator's (`emulated_by`), and there is no bandwidth share. A MoE model
+    under a budget also runs the same stream without one after each run (`in_ram`), for the speed
+    the budget costs."""
+    stream, steps, repeat, threads = runs_of.stream, runs_of.steps, runs_of.repeat, runs_of.threads
+    remote, progress = how.remote, how.progress
     prompt = stream.prompt
     check_fits_context(prompt, steps, plan.n_ctx)
     check_plot(board, plot, steps)
     budget = cache.firmware_budget if cache is not None else 0
-    request = bench_request(stream, steps, threads, budget, probes_bandwidth(board, remote), speculate)
+    request = bench_request(stream, steps, threads, budget, probes_bandwidth(board, remote), runs_of.speculate)
     compare = bool(budget and plan.spec.n_experts and in_ram)
-    skipped = in_ram_fits(art.weights) if compare and remote is None else None
+    skipped = in_ram_fits(firmware.weights) if compare and remote is None else None
     ram_request = replace(request, memory_budget=0, probe_storage_mib=None) if compare and not skipped else None
     weight_bytes = weight_bytes_per_token(plan)
     macs = macs_per_token(plan)
     results, ram_results = [], []
 
     def run(req: RunRequest) -> RunResult:
-        result = run_on_board(
-            board,
-            art.program,
-            art.weights,
-            req,
-            art.model_hash(),
-            flash_image=art.flash_image,
-            port=port,
-            reset=reset,
-            remote=remote,
-            progress=progress,
-            check_hello=check_hello,
-        )
+        result = run_firmware(board, firmware, how, req)
         check_forced(stream, req, result)
         return result
 

@@ -44,6 +44,34 @@ static void write_all(const void *data, size_t bytes)
     fwrite(data, 1, bytes, stdout);
 }
 
+/* A batched product's output: `tokens` rows of `rows` floats written with a stride of rows + 3,
+ * to check that the kernel honours out_stride; the gaps hold a value it must leave untouched. */
+#define GAP_VALUE -7.0f
+
+static float *strided_output(int tokens, int stride)
+{
+    float *out = malloc((size_t)tokens * stride * sizeof(float));
+    for (int i = 0; i < tokens * stride; i++) {
+        out[i] = GAP_VALUE;
+    }
+    return out;
+}
+
+/* Each token's rows to stdout; 4 (and nothing written after it) when a gap was written. */
+static int write_strided(const float *out, int tokens, int rows, int stride)
+{
+    for (int k = 0; k < tokens; k++) {
+        for (int i = rows; i < stride; i++) {
+            if (out[k * stride + i] != GAP_VALUE) {
+                fprintf(stderr, "matmul wrote outside its rows\n");
+                return 4;
+            }
+        }
+        write_all(out + (size_t)k * stride, rows * sizeof(float));
+    }
+    return 0;
+}
+
 /* The kept GGUF block types by name: their entry points, block size and term shape. */
 typedef struct {
     const char *name;
@@ -103,10 +131,7 @@ static int run_blocks(const char *op, char **argv)
     const int8_t *xq = read_exact((size_t)tokens * cols);
     const float *xd = read_exact((size_t)tokens * (cols / KERNEL_QK) * sizeof(float));
     const int stride = rows + 3; /* gaps the matmul must leave untouched */
-    float *out = malloc((size_t)tokens * stride * sizeof(float));
-    for (int i = 0; i < tokens * stride; i++) {
-        out[i] = -7.0f;
-    }
+    float *out = strided_output(tokens, stride);
     if (batched) {
         t->matmul(out, stride, w, xq, xd, tokens, rows, cols);
     } else if (strcmp(op, "blocks_scalar_matvec") == 0) {
@@ -114,16 +139,7 @@ static int run_blocks(const char *op, char **argv)
     } else {
         t->matvec(out, w, xq, xd, rows, cols);
     }
-    for (int k = 0; k < tokens; k++) {
-        for (int i = rows; i < stride; i++) {
-            if (out[k * stride + i] != -7.0f) {
-                fprintf(stderr, "matmul wrote outside its rows\n");
-                return 4;
-            }
-        }
-        write_all(out + (size_t)k * stride, rows * sizeof(float));
-    }
-    return 0;
+    return write_strided(out, tokens, rows, stride);
 }
 
 int main(int argc, char **argv)
@@ -246,25 +262,21 @@ int main(int argc, char **argv)
         float *out = malloc(n * sizeof(float));
         kernel_matvec_f32(out, w, x, n, cols);
         write_all(out, n * sizeof(float));
-    } else if (strcmp(op, "matvec_q8_0") == 0) {
+    } else if (strcmp(op, "matvec_q8_0") == 0 || strcmp(op, "matvec_q4_0") == 0) {
+        /* weights of int8 quants, or for q4_0 of two quants a byte */
+        const int q4_0 = strcmp(op, "matvec_q4_0") == 0;
         int cols = atoi(argv[3]);
         int nb = cols / KERNEL_QK;
-        int8_t *wq = read_exact((size_t)n * cols);
+        void *wq = read_exact((size_t)n * cols / (q4_0 ? 2 : 1));
         KernelHalf *wd = read_exact((size_t)n * nb * sizeof(KernelHalf));
         int8_t *xq = read_exact(cols);
         float *xd = read_exact(nb * sizeof(float));
         float *out = malloc(n * sizeof(float));
-        kernel_matvec_q8_0(out, wq, wd, xq, xd, n, cols);
-        write_all(out, n * sizeof(float));
-    } else if (strcmp(op, "matvec_q4_0") == 0) {
-        int cols = atoi(argv[3]);
-        int nb = cols / KERNEL_QK;
-        uint8_t *wq = read_exact((size_t)n * cols / 2);
-        KernelHalf *wd = read_exact((size_t)n * nb * sizeof(KernelHalf));
-        int8_t *xq = read_exact(cols);
-        float *xd = read_exact(nb * sizeof(float));
-        float *out = malloc(n * sizeof(float));
-        kernel_matvec_q4_0(out, wq, wd, xq, xd, n, cols);
+        if (q4_0) {
+            kernel_matvec_q4_0(out, wq, wd, xq, xd, n, cols);
+        } else {
+            kernel_matvec_q8_0(out, wq, wd, xq, xd, n, cols);
+        }
         write_all(out, n * sizeof(float));
     } else if (strcmp(op, "matvec_q4_1") == 0 || strcmp(op, "scalar_matvec_q4_1") == 0) {
         int cols = atoi(argv[3]);
@@ -282,13 +294,9 @@ int main(int argc, char **argv)
         }
         write_all(out, n * sizeof(float));
     } else if (strncmp(op, "matmul_", 7) == 0) {
-        /* n tokens; the output rows are written with a stride of rows + 3 to check that the
-         * kernel honours out_stride, and the gaps must stay untouched. */
+        /* n tokens, their rows strided (strided_output) */
         int rows = atoi(argv[3]), cols = atoi(argv[4]), nb = cols / KERNEL_QK, stride = rows + 3;
-        float *out = malloc((size_t)n * stride * sizeof(float));
-        for (int i = 0; i < n * stride; i++) {
-            out[i] = -7.0f;
-        }
+        float *out = strided_output(n, stride);
         if (strcmp(op, "matmul_f32") == 0) {
             float *w = read_exact((size_t)rows * cols * sizeof(float));
             float *x = read_exact((size_t)n * cols * sizeof(float));
@@ -313,44 +321,34 @@ int main(int argc, char **argv)
             float *xd = read_exact((size_t)n * nb * sizeof(float));
             kernel_matmul_q4_0(out, stride, wq, wd, xq, xd, n, rows, cols);
         }
-        for (int t = 0; t < n; t++) {
-            for (int i = rows; i < stride; i++) {
-                if (out[t * stride + i] != -7.0f) {
-                    fprintf(stderr, "matmul wrote outside its rows\n");
-                    return 4;
-                }
-            }
-            write_all(out + (size_t)t * stride, rows * sizeof(float));
+        int written = write_strided(out, n, rows, stride);
+        if (written != 0) {
+            return written;
         }
-    } else if (strcmp(op, "attention") == 0) {
+    } else if (strcmp(op, "attention") == 0 || strcmp(op, "attention_f16") == 0) {
         /* N positions' key and value rows of STRIDE floats, N_Q queries of HEAD_DIM, their N_Q rows
-         * of N weights, and N_Q rows of HEAD_DIM that the mix adds onto */
+         * of N weights, and N_Q rows of HEAD_DIM that the mix adds onto; attention_f16: the same
+         * over binary16 key and value rows, read in place, a tile of TILE_ROWS rows for a set that
+         * widens them */
+        const int f16 = strcmp(op, "attention_f16") == 0;
+        const size_t element = f16 ? sizeof(KernelHalf) : sizeof(float);
         int n_q = atoi(argv[3]), stride = atoi(argv[4]), head_dim = atoi(argv[5]);
         float scale = strtof(argv[6], NULL);
-        float *keys = read_exact((size_t)n * stride * sizeof(float));
-        float *values = read_exact((size_t)n * stride * sizeof(float));
+        void *keys = read_exact((size_t)n * stride * element);
+        void *values = read_exact((size_t)n * stride * element);
         float *q = read_exact((size_t)n_q * head_dim * sizeof(float));
         float *p = read_exact((size_t)n_q * n * sizeof(float));
         float *out = read_exact((size_t)n_q * head_dim * sizeof(float));
         float *att = malloc((size_t)n_q * n * sizeof(float));
-        kernel_attention_scores(att, n, q, head_dim, n_q, keys, stride, n, head_dim, scale);
-        kernel_attention_mix(out, head_dim, p, n, n_q, values, stride, n, head_dim);
-        write_all(att, (size_t)n_q * n * sizeof(float));
-        write_all(out, (size_t)n_q * head_dim * sizeof(float));
-    } else if (strcmp(op, "attention_f16") == 0) {
-        /* the same over N binary16 key and value rows of STRIDE, read in place, a tile of TILE_ROWS
-         * rows for a set that widens them */
-        int n_q = atoi(argv[3]), stride = atoi(argv[4]), head_dim = atoi(argv[5]), tile_rows = atoi(argv[7]);
-        float scale = strtof(argv[6], NULL);
-        KernelHalf *keys = read_exact((size_t)n * stride * sizeof(KernelHalf));
-        KernelHalf *values = read_exact((size_t)n * stride * sizeof(KernelHalf));
-        float *q = read_exact((size_t)n_q * head_dim * sizeof(float));
-        float *p = read_exact((size_t)n_q * n * sizeof(float));
-        float *out = read_exact((size_t)n_q * head_dim * sizeof(float));
-        float *att = malloc((size_t)n_q * n * sizeof(float));
-        float *tile = malloc((size_t)tile_rows * head_dim * sizeof(float));
-        kernel_attention_scores_f16(att, n, q, head_dim, n_q, keys, stride, n, head_dim, scale, tile, tile_rows);
-        kernel_attention_mix_f16(out, head_dim, p, n, n_q, values, stride, n, head_dim, tile, tile_rows);
+        if (f16) {
+            int tile_rows = atoi(argv[7]);
+            float *tile = malloc((size_t)tile_rows * head_dim * sizeof(float));
+            kernel_attention_scores_f16(att, n, q, head_dim, n_q, keys, stride, n, head_dim, scale, tile, tile_rows);
+            kernel_attention_mix_f16(out, head_dim, p, n, n_q, values, stride, n, head_dim, tile, tile_rows);
+        } else {
+            kernel_attention_scores(att, n, q, head_dim, n_q, keys, stride, n, head_dim, scale);
+            kernel_attention_mix(out, head_dim, p, n, n_q, values, stride, n, head_dim);
+        }
         write_all(att, (size_t)n_q * n * sizeof(float));
         write_all(out, (size_t)n_q * head_dim * sizeof(float));
     } else if (strcmp(op, "attention_tokens") == 0) {

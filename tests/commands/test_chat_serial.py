@@ -13,6 +13,7 @@ import time
 import tty
 
 import pytest
+from esp_rom_pty import pty_reads
 from test_chat_and_eval import MESSAGES, chat_model  # noqa: F401 (a fixture)
 from test_cli_commands import P4_PORT, PLAIN
 
@@ -76,14 +77,7 @@ class DecodingPtyBoard:
             }
             self._write(encode_frame(0, "hello", hello))
             seq, reader = 1, FrameReader()
-            while not self.stop.is_set():
-                ready, _, _ = select.select([self.master], [], [], 0.05)
-                if not ready:
-                    continue
-                try:
-                    data = os.read(self.master, 4096)
-                except OSError:  # the command closed the port
-                    return
+            for data in pty_reads(self.master, self.stop, 4096):  # until the command closes the port
                 reader.feed(data)
                 for frame in reader.frames[len(self.requests) :]:
                     self.requests.append(frame.fields)

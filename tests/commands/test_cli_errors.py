@@ -1,11 +1,11 @@
 """Every user mistake ends in one clear line and a non-zero exit, with nothing half-written."""
 
 import json
-import shutil
 import struct
 
 import numpy as np
 import pytest
+from cli_runs import model_copy
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow  # each user error through the CLI
@@ -24,9 +24,7 @@ def one_line_error(done, *fragments):
 
 @pytest.fixture
 def good_model(checkpoints, tmp_path):
-    model = tmp_path / "model"
-    shutil.copytree(checkpoints("qwen2_bias"), model)
-    return model
+    return model_copy(checkpoints, "qwen2_bias", tmp_path / "model")
 
 
 def test_missing_model_directory(tmp_path):

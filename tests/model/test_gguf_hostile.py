@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from cli_runs import cli_build_refused
 from conftest import run_cli
-from gguf_files import RawGguf, gguf_string, hf_to_gguf, kv, raw_gguf
+from gguf_files import RawGguf, gguf_string, hf_to_gguf, kv, raw_gguf, set_kv, u32_kv
 
 from models import make_checkpoint
 
@@ -22,17 +22,6 @@ U32, F32, BOOL, STRING, ARRAY = 4, 6, 7, 8, 9
 def good_gguf(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile-gguf")
     return hf_to_gguf(make_checkpoint("llama_gqa_linear", root / "hf"), root / "good.gguf")
-
-
-def key_of(entry: bytes) -> str:
-    (n,) = struct.unpack_from("<Q", entry)
-    return entry[8 : 8 + n].decode()
-
-
-def set_kv(raw: RawGguf, key: str, entry: bytes | None) -> None:
-    """Replace the entry for `key` (or append it; None removes it)."""
-    kept = [e for e in raw.kvs if key_of(e) != key]
-    raw.kvs = kept + ([entry] if entry is not None else [])
 
 
 def edit(fn):
@@ -77,8 +66,36 @@ def string_kv(key: str, value: str) -> bytes:
     return kv(key, STRING, gguf_string(value))
 
 
+def i32_kv(key: str, value: int) -> bytes:
+    return kv(key, 5, struct.pack("<i", value))
+
+
+def f32_kv(key: str, value: float) -> bytes:
+    return kv(key, F32, struct.pack("<f", value))
+
+
+def set_value(key: str, value: float | str, encode=u32_kv):
+    """A case that sets `key` to `value`, encoded as a u32 unless `encode` says otherwise."""
+    return edit(lambda r: set_kv(r, key, encode(key, value)))
+
+
 def tensor(raw, name):
     return next(i for i in raw.infos if i[0] == name)
+
+
+def below_one(key: str, count: int):
+    """A case that sets the count `key` below 1 (a negative one as an i32), and the refusal it gets."""
+    return set_value(key, count, i32_kv if count < 0 else u32_kv), f"metadata '{key}' must be at least 1, got {count}"
+
+
+def rename_tensor(name: str, new_name: str):
+    """A case that renames the tensor `name` in the file's directory."""
+    return edit(lambda r: tensor(r, name).__setitem__(0, new_name))
+
+
+def reshape_tensor(name: str, shape: list[int]):
+    """A case that gives the tensor `name` another shape (GGUF's order: the row's width first)."""
+    return edit(lambda r: tensor(r, name).__setitem__(1, shape))
 
 
 CASES = {
@@ -138,7 +155,7 @@ CASES = {
     ),
     "duplicate metadata key": (edit(lambda r: r.kvs.append(r.kvs[0])), "duplicate metadata key 'general.architecture'"),
     "alignment not a power of two": (
-        edit(lambda r: set_kv(r, "general.alignment", kv("general.alignment", U32, struct.pack("<I", 24)))),
+        set_value("general.alignment", 24),
         "general.alignment 24 is not a power of two",
     ),
     "unknown tensor type": (edit(lambda r: r.infos[0].__setitem__(2, 99)), "has unknown tensor type 99"),
@@ -164,17 +181,14 @@ CASES = {
         "tensor 'output.weight' has type Q8_1, which this build cannot read",
     ),
     "block_count 2^32 - 1": (
-        edit(lambda r: set_kv(r, "llama.block_count", u32_kv("llama.block_count", 2**32 - 1))),
+        set_value("llama.block_count", 2**32 - 1),
         "block_count 4294967295 but the file has tensors for 2 layers",
     ),
     "block_count one layer more than the tensors": (
-        edit(lambda r: set_kv(r, "llama.block_count", u32_kv("llama.block_count", 3))),
+        set_value("llama.block_count", 3),
         "block_count 3 but the file has tensors for 2 layers",
     ),
-    "block_count negative": (
-        edit(lambda r: set_kv(r, "llama.block_count", i32_kv("llama.block_count", -3))),
-        "metadata 'llama.block_count' must be at least 1, got -3",
-    ),
+    "block_count negative": below_one("llama.block_count", -3),
     "Q5_0 rows not whole blocks": (
         edit(lambda r: (r.infos[0].__setitem__(2, 6), r.infos[0].__setitem__(1, [80, 250]))),
         "not whole blocks of 32",
@@ -192,12 +206,12 @@ CASES = {
     "duplicate tensor name": (edit(lambda r: r.infos[1].__setitem__(0, r.infos[0][0])), "duplicate tensor name"),
     "tensor name over 63 bytes": (edit(lambda r: r.infos[0].__setitem__(0, "x" * 100)), "is longer than 63 bytes"),
     "unsupported architecture": (
-        edit(lambda r: set_kv(r, "general.architecture", string_kv("general.architecture", "bert"))),
+        set_value("general.architecture", "bert", string_kv),
         "unsupported architecture 'bert' (supported: llama, qwen2, qwen3, gemma3, gemma4, qwen2moe, qwen3moe, qwen35moe, gpt-oss)",
     ),
     "no architecture": (edit(lambda r: set_kv(r, "general.architecture", None)), "no general.architecture string"),
     "metadata of the wrong type": (
-        edit(lambda r: set_kv(r, "llama.block_count", string_kv("llama.block_count", "2"))),
+        set_value("llama.block_count", "2", string_kv),
         "metadata 'llama.block_count' must be an integer",
     ),
     "missing tensor": (
@@ -205,44 +219,28 @@ CASES = {
         "missing tensor for 'layers.1.w_down'",
     ),
     "unexpected tensor": (
-        edit(lambda r: tensor(r, "blk.1.ffn_down.weight").__setitem__(0, "blk.1.ffn_odd.weight")),
+        rename_tensor("blk.1.ffn_down.weight", "blk.1.ffn_odd.weight"),
         "unexpected tensor 'blk.1.ffn_odd.weight'",
     ),
     "shape differs from the metadata": (
-        edit(lambda r: tensor(r, "blk.0.attn_q.weight").__setitem__(1, [48, 192])),
+        reshape_tensor("blk.0.attn_q.weight", [48, 192]),
         "the metadata implies [96, 96]",
     ),
     "unsupported rope scaling": (
-        edit(lambda r: set_kv(r, "llama.rope.scaling.type", string_kv("llama.rope.scaling.type", "longrope"))),
+        set_value("llama.rope.scaling.type", "longrope", string_kv),
         "unsupported rope scaling 'longrope'",
     ),
     "llama3 rope frequencies": (
-        edit(lambda r: tensor(r, "output_norm.weight").__setitem__(0, "rope_freqs.weight")),
+        rename_tensor("output_norm.weight", "rope_freqs.weight"),
         "llama3 RoPE scaling (a rope_freqs tensor) is not supported",
     ),
 }
 
 
-def i32_kv(key: str, value: int) -> bytes:
-    return kv(key, 5, struct.pack("<i", value))
-
-
-def f32_kv(key: str, value: float) -> bytes:
-    return kv(key, F32, struct.pack("<f", value))
-
-
-def u32_kv(key: str, value: int) -> bytes:
-    return kv(key, U32, struct.pack("<I", value))
-
-
 # gpt-oss's keys and tensors, each broken alone in the file llama.cpp's converter wrote.
 GPT_OSS_CASES = {
     "yarn log multiplier": (
-        edit(
-            lambda r: set_kv(
-                r, "gpt-oss.rope.scaling.yarn_log_multiplier", f32_kv("gpt-oss.rope.scaling.yarn_log_multiplier", 0.1)
-            )
-        ),
+        set_value("gpt-oss.rope.scaling.yarn_log_multiplier", 0.1, f32_kv),
         "yarn rope with a log multiplier (mscale) is not supported",
     ),
     "yarn without its original context": (
@@ -250,39 +248,28 @@ GPT_OSS_CASES = {
         "missing metadata 'gpt-oss.rope.scaling.original_context_length'",
     ),
     "yarn factor negative": (
-        edit(lambda r: set_kv(r, "gpt-oss.rope.scaling.factor", f32_kv("gpt-oss.rope.scaling.factor", -4.0))),
+        set_value("gpt-oss.rope.scaling.factor", -4.0, f32_kv),
         "rope scaling factor must be positive",
     ),
     "yarn beta 0": (
-        edit(
-            lambda r: set_kv(
-                r, "gpt-oss.rope.scaling.yarn_beta_slow", f32_kv("gpt-oss.rope.scaling.yarn_beta_slow", 0.0)
-            )
-        ),
+        set_value("gpt-oss.rope.scaling.yarn_beta_slow", 0.0, f32_kv),
         "yarn rope beta_fast and beta_slow must be positive",
     ),
     "more experts used than there are": (
-        edit(lambda r: set_kv(r, "gpt-oss.expert_used_count", u32_kv("gpt-oss.expert_used_count", 9))),
+        set_value("gpt-oss.expert_used_count", 9),
         "expert_used_count 9 exceeds the 8 experts",
     ),
     "sliding window pattern 0": (
-        edit(
-            lambda r: set_kv(
-                r, "gpt-oss.attention.sliding_window_pattern", u32_kv("gpt-oss.attention.sliding_window_pattern", 0)
-            )
-        ),
+        set_value("gpt-oss.attention.sliding_window_pattern", 0),
         "'gpt-oss.attention.sliding_window_pattern' must be at least 1",
     ),
     "stacked expert bias not one row per expert": (
-        edit(lambda r: tensor(r, "blk.0.ffn_up_exps.bias").__setitem__(1, [48, 16])),
+        reshape_tensor("blk.0.ffn_up_exps.bias", [48, 16]),
         "tensor 'blk.0.ffn_up_exps.bias' has shape [16, 48], the metadata implies [768]",
     ),
-    "expert count 0": (
-        edit(lambda r: set_kv(r, "gpt-oss.expert_count", u32_kv("gpt-oss.expert_count", 0))),
-        "metadata 'gpt-oss.expert_count' must be at least 1, got 0",
-    ),
+    "expert count 0": below_one("gpt-oss.expert_count", 0),
     "expert count over 4096": (
-        edit(lambda r: set_kv(r, "gpt-oss.expert_count", u32_kv("gpt-oss.expert_count", 5000))),
+        set_value("gpt-oss.expert_count", 5000),
         "expert_count 5000 exceeds 4,096",
     ),
     "sliding-window schedule of the wrong length": (
@@ -296,7 +283,7 @@ GPT_OSS_CASES = {
         "gpt-oss.attention.sliding_window_pattern must be one boolean per layer",
     ),
     "sinks misnamed": (
-        edit(lambda r: tensor(r, "blk.2.attn_sinks.weight").__setitem__(0, "blk.2.attn_sink.weight")),
+        rename_tensor("blk.2.attn_sinks.weight", "blk.2.attn_sink.weight"),
         "unexpected tensor 'blk.2.attn_sink.weight'",
     ),
 }
@@ -305,68 +292,47 @@ GPT_OSS_CASES = {
 # The MoE families' metadata keys (a qwen3moe file; gpt-oss's own keys are GPT_OSS_CASES, Qwen3.5's
 # QWEN35_CASES): counts of 0, negative or huge, refused when the file is imported.
 MOE_CASES = {
-    "expert count 0": (
-        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 0))),
-        "metadata 'qwen3moe.expert_count' must be at least 1, got 0",
-    ),
-    "expert count negative": (
-        edit(lambda r: set_kv(r, "qwen3moe.expert_count", i32_kv("qwen3moe.expert_count", -1))),
-        "metadata 'qwen3moe.expert_count' must be at least 1, got -1",
-    ),
+    "expert count 0": below_one("qwen3moe.expert_count", 0),
+    "expert count negative": below_one("qwen3moe.expert_count", -1),
     "expert count over 4096": (
-        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 4097))),
+        set_value("qwen3moe.expert_count", 4097),
         "expert_count 4097 exceeds 4,096 (the most supported)",
     ),
     "expert count 2^32 - 1": (
-        edit(lambda r: set_kv(r, "qwen3moe.expert_count", u32_kv("qwen3moe.expert_count", 2**32 - 1))),
+        set_value("qwen3moe.expert_count", 2**32 - 1),
         "expert_count 4294967295 exceeds 4,096",
     ),
-    "experts used 0": (
-        edit(lambda r: set_kv(r, "qwen3moe.expert_used_count", u32_kv("qwen3moe.expert_used_count", 0))),
-        "metadata 'qwen3moe.expert_used_count' must be at least 1, got 0",
-    ),
+    "experts used 0": below_one("qwen3moe.expert_used_count", 0),
     "block_count past the layers": (
-        edit(lambda r: set_kv(r, "qwen3moe.block_count", u32_kv("qwen3moe.block_count", 1 << 30))),
+        set_value("qwen3moe.block_count", 1 << 30),
         "block_count 1073741824 but the file has tensors for",
     ),
 }
 
 
 QWEN35_CASES = {
-    "DeltaNet key heads 0": (
-        edit(lambda r: set_kv(r, "qwen35moe.ssm.group_count", u32_kv("qwen35moe.ssm.group_count", 0))),
-        "metadata 'qwen35moe.ssm.group_count' must be at least 1, got 0",
-    ),
-    "DeltaNet key heads negative": (
-        edit(lambda r: set_kv(r, "qwen35moe.ssm.group_count", i32_kv("qwen35moe.ssm.group_count", -2))),
-        "metadata 'qwen35moe.ssm.group_count' must be at least 1, got -2",
-    ),
+    "DeltaNet key heads 0": below_one("qwen35moe.ssm.group_count", 0),
+    "DeltaNet key heads negative": below_one("qwen35moe.ssm.group_count", -2),
     "DeltaNet value heads not a multiple of the key heads": (
-        edit(lambda r: set_kv(r, "qwen35moe.ssm.time_step_rank", u32_kv("qwen35moe.ssm.time_step_rank", 5))),
+        set_value("qwen35moe.ssm.time_step_rank", 5),
         "ssm.time_step_rank 5 must be a multiple of ssm.group_count",
     ),
     "DeltaNet inner size 2^32 - 1": (
-        edit(lambda r: set_kv(r, "qwen35moe.ssm.inner_size", u32_kv("qwen35moe.ssm.inner_size", 2**32 - 1))),
+        set_value("qwen35moe.ssm.inner_size", 2**32 - 1),
         "and ssm.inner_size 4294967295 of it",
     ),
-    "DeltaNet state size 0": (
-        edit(lambda r: set_kv(r, "qwen35moe.ssm.state_size", u32_kv("qwen35moe.ssm.state_size", 0))),
-        "metadata 'qwen35moe.ssm.state_size' must be at least 1, got 0",
-    ),
-    "full-attention schedule 0": (
-        edit(lambda r: set_kv(r, "qwen35moe.full_attention_interval", u32_kv("qwen35moe.full_attention_interval", 0))),
-        "metadata 'qwen35moe.full_attention_interval' must be at least 1, got 0",
-    ),
+    "DeltaNet state size 0": below_one("qwen35moe.ssm.state_size", 0),
+    "full-attention schedule 0": below_one("qwen35moe.full_attention_interval", 0),
     "full-attention schedule that disagrees with the layers": (
-        edit(lambda r: set_kv(r, "qwen35moe.full_attention_interval", u32_kv("qwen35moe.full_attention_interval", 2))),
+        set_value("qwen35moe.full_attention_interval", 2),
         "full_attention_interval 2 does not match the layers the tensors make full attention ([3])",
     ),
     "expert count over 4096": (
-        edit(lambda r: set_kv(r, "qwen35moe.expert_count", u32_kv("qwen35moe.expert_count", 65536))),
+        set_value("qwen35moe.expert_count", 65536),
         "expert_count 65536 exceeds 4,096",
     ),
     "block_count 2^32 - 1": (
-        edit(lambda r: set_kv(r, "qwen35moe.block_count", u32_kv("qwen35moe.block_count", 2**32 - 1))),
+        set_value("qwen35moe.block_count", 2**32 - 1),
         "block_count 4294967295 but the file has tensors for 4 layers",
     ),
 }

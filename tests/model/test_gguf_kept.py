@@ -5,6 +5,7 @@ test_gguf_kept_blocks.py); other block types are quantized again and the build s
 tensor, with the error."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -127,6 +128,19 @@ def test_report_says_which_tensors_are_exact(gguf_file, tmp_path):
     assert "tensors kept exactly as the GGUF file holds them" in text and "quantized again: layers.0.wq (TQ2_0" in text
 
 
+def small_spec(**changes):
+    """A one-layer llama ModelSpec for plans made without a checkpoint; `changes` replace its fields."""
+    from generator.model.spec import ModelSpec, RopeSpec
+
+    spec = ModelSpec(
+        name="small", architecture="LlamaForCausalLM", family="llama", vocab_size=64, hidden_size=32,
+        intermediate_size=64, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, rms_norm_eps=1e-6,
+        rope=RopeSpec(theta=10000.0), max_position_embeddings=128, tie_embeddings=False, qkv_bias=False,
+        o_bias=False, mlp_bias=False, qk_norm=False, layer_windows=(0,),
+    )  # fmt: skip
+    return replace(spec, **changes)
+
+
 def test_a_plan_of_tens_of_thousands_of_tensors_says_what_it_kept_in_linear_time():
     """A 30 B MoE has 18,867 tensors: the plan's GGUF summary and its JSON (written by every build)
     look each tensor up by name, which took 52 s and 59 s there while it scanned the whole list per
@@ -134,34 +148,14 @@ def test_a_plan_of_tens_of_thousands_of_tensors_says_what_it_kept_in_linear_time
     import time
 
     from generator.compile.plan import make_plan
-    from generator.model.spec import ModelSpec, RopeSpec, expected_shapes
+    from generator.model.spec import expected_shapes
 
-    spec = ModelSpec(
-        name="wide-moe",
-        architecture="Qwen3MoeForCausalLM",
-        family="qwen3",
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=32,
-        n_layers=3,
-        n_heads=2,
-        n_kv_heads=1,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope=RopeSpec(theta=10000.0),
-        max_position_embeddings=64,
-        tie_embeddings=False,
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
-        qk_norm=True,
-        layer_windows=(0, 0, 0),
-        n_experts=4000,
-        experts_per_token=2,
-        expert_intermediate_size=32,
-        norm_topk_prob=True,
-        moe_layers=(True, True, True),
-    )
+    # 4,000 experts in each of 3 layers: 36,000 expert tensors and a few more.
+    spec = small_spec(
+        name="wide-moe", architecture="Qwen3MoeForCausalLM", family="qwen3", intermediate_size=32, n_layers=3,
+        max_position_embeddings=64, qk_norm=True, layer_windows=(0, 0, 0), n_experts=4000, experts_per_token=2,
+        expert_intermediate_size=32, norm_topk_prob=True, moe_layers=(True, True, True),
+    )  # fmt: skip
     names = list(expected_shapes(spec))
     assert len(names) > 36_000
     plan = make_plan(spec, "host", "gguf", 64, gguf_types={n: "F32" if n.endswith("norm") else "Q8_0" for n in names})
@@ -197,14 +191,9 @@ def test_without_quant_a_gguf_file_keeps_its_blocks_and_a_checkpoint_is_built_q8
 def test_the_generation_line_says_a_gguf_files_blocks_are_kept_not_quantized(file_types, line):
     from generator.compile.pipeline import generation_line
     from generator.compile.plan import make_plan
-    from generator.model.spec import ModelSpec, RopeSpec, expected_shapes
+    from generator.model.spec import expected_shapes
 
-    spec = ModelSpec(
-        name="small", architecture="LlamaForCausalLM", family="llama", vocab_size=64, hidden_size=32,
-        intermediate_size=64, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, rms_norm_eps=1e-6,
-        rope=RopeSpec(theta=10000.0), max_position_embeddings=128, tie_embeddings=False, qkv_bias=False,
-        o_bias=False, mlp_bias=False, qk_norm=False, layer_windows=(0,),
-    )  # fmt: skip
+    spec = small_spec()
     names = list(expected_shapes(spec))
     kept = {n: "F32" if n.endswith("norm") else "Q8_0" for n in names}
     plan = make_plan(spec, "host", "gguf", 64, gguf_types={**kept, **file_types})

@@ -2,12 +2,11 @@
 no traceback and no output directory; strings from a model reach generated C only escaped."""
 
 import json
-import shutil
 import struct
 
 import numpy as np
 import pytest
-from cli_runs import build_refused, cli_build_refused
+from cli_runs import build_refused, cli_build_refused, model_copy
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow  # each damaged checkpoint through the CLI
@@ -15,9 +14,7 @@ pytestmark = pytest.mark.slow  # each damaged checkpoint through the CLI
 
 @pytest.fixture
 def model(checkpoints, tmp_path):
-    path = tmp_path / "model"
-    shutil.copytree(checkpoints("qwen2_bias"), path)
-    return path
+    return model_copy(checkpoints, "qwen2_bias", tmp_path / "model")
 
 
 def safetensors_parts(path):
@@ -206,8 +203,7 @@ GPT_OSS_CASES = {
 
 @pytest.mark.parametrize("case", sorted(GPT_OSS_CASES))
 def test_broken_gpt_oss_config_is_refused_in_one_line(case, checkpoints, tmp_path):
-    model = tmp_path / "model"
-    shutil.copytree(checkpoints("gpt_oss"), model)
+    model = model_copy(checkpoints, "gpt_oss", tmp_path / "model")
     damage, message = GPT_OSS_CASES[case]
     damage(model)
     out = tmp_path / "out"
@@ -271,8 +267,7 @@ def test_c_literals_and_comments_survive_any_text():
 
 
 def test_hostile_model_name_is_escaped_in_generated_c_and_compiles(checkpoints, tmp_path):
-    model = tmp_path / HOSTILE_PARENT / HOSTILE
-    shutil.copytree(checkpoints("qwen2_bias"), model)
+    model = model_copy(checkpoints, "qwen2_bias", tmp_path / HOSTILE_PARENT / HOSTILE)
     # A template in the model directory must never be rendered.
     (model / "model_def.h.j2").write_text("#error rendered a template from the model\n")
     out = tmp_path / "out"
@@ -324,8 +319,7 @@ QWEN35_CASES = {
 @pytest.mark.parametrize("case", sorted(QWEN35_CASES))
 def test_broken_qwen35_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
 
-    model = tmp_path / "model"
-    shutil.copytree(checkpoints("qwen3_5_moe"), model)
+    model = model_copy(checkpoints, "qwen3_5_moe", tmp_path / "model")
     change, message = QWEN35_CASES[case]
     edit_config(lambda c: c.update(change))(model)
     assert message in build_refused(capsys, model, tmp_path / "out")
@@ -485,10 +479,8 @@ FAMILY_CASES = {**GEMMA4_CASES, **ROW_CASES, **LATENT_CASES}
 
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
 def test_broken_family_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
-
     kind, change, message = FAMILY_CASES[case]
-    model = tmp_path / "model"
-    shutil.copytree(checkpoints(kind), model)
+    model = model_copy(checkpoints, kind, tmp_path / "model")
     edit_config(lambda c: c.update(change))(model)
     line = build_refused(capsys, model, tmp_path / "out")
     assert message in line, line
@@ -535,7 +527,7 @@ GLM4_MOE_CASES = {
 @pytest.mark.parametrize("case", sorted(GLM4_MOE_CASES))
 def test_broken_glm4_moe_routing_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
     damage, message = GLM4_MOE_CASES[case]
-    damage(shutil.copytree(checkpoints("glm4_moe"), tmp_path / "model"))
+    damage(model_copy(checkpoints, "glm4_moe", tmp_path / "model"))
     assert message in build_refused(capsys, tmp_path / "model", tmp_path / "out")
 
 
@@ -554,8 +546,7 @@ LFM2_CASES = {
 
 @pytest.mark.parametrize("case", sorted(LFM2_CASES))
 def test_broken_lfm2_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
-    model = tmp_path / "model"
-    shutil.copytree(checkpoints("lfm2"), model)
+    model = model_copy(checkpoints, "lfm2", tmp_path / "model")
     change, message = LFM2_CASES[case]
     edit_config(lambda c: c.update(change))(model)
     line = build_refused(capsys, model, tmp_path / "out")

@@ -34,6 +34,17 @@ def assert_same_bits(a, b):
     assert mismatch.size == 0, f"first mismatch at {mismatch[0]}: {a.flat[mismatch[0]]!r} vs {b.flat[mismatch[0]]!r}"
 
 
+def assert_batched_product_is_each_tokens_matvec(harness, op, stored, wq, wd, xq, xd):
+    """The harness's batched product `op` of the weights (as it reads them: `stored`, their scales
+    `wd`) and the q8_0 tokens `xq`, `xd` gives each token the bits of matvec_q8_0 on the weights'
+    quants `wq`."""
+    (rows, cols), tokens = wq.shape, len(xq)
+    payload = stored.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
+    got = c_floats(harness, [op, tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
+    for t in range(tokens):
+        assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
+
+
 def test_expf_matches_bit_for_bit_over_its_whole_range(harness):
     x = np.concatenate(
         [
@@ -231,10 +242,7 @@ def test_batched_q8_0_product_gives_each_token_the_matvec_bits(harness, tokens, 
     xq, xd = quantize_q8_0(
         (rng.normal(0, 1, (tokens, cols)) * rng.choice([1e-3, 1.0, 50.0], (tokens, 1))).astype(np.float32)
     )
-    payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
-    got = c_floats(harness, ["matmul_q8_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
-    for t in range(tokens):
-        assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
+    assert_batched_product_is_each_tokens_matvec(harness, "matmul_q8_0", wq, wq, wd, xq, xd)
 
 
 def test_q4_0_quants_span_minus_8_to_7_and_reconstruct_within_half_a_step_except_at_the_clipped_end():
@@ -273,10 +281,7 @@ def test_q4_0_matvec_is_the_q8_0_product_of_its_int8_values(harness, rows, cols)
 def test_batched_q4_0_product_gives_each_token_the_matvec_bits(harness, tokens, rows, cols):
     packed, wd = quantize_q4_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
     xq, xd = quantize_q8_0(rng.normal(0, 1, (tokens, cols)).astype(np.float32))
-    payload = packed.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
-    got = c_floats(harness, ["matmul_q4_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
-    for t in range(tokens):
-        assert_same_bits(got[t], matvec_q8_0(unpack_q4_0(packed), wd, xq[t], xd[t]))
+    assert_batched_product_is_each_tokens_matvec(harness, "matmul_q4_0", packed, unpack_q4_0(packed), wd, xq, xd)
 
 
 def test_q4_1_quants_span_min_to_max_and_reconstruct_within_half_a_step():
@@ -787,12 +792,6 @@ def test_q4_0_matvec_follows_the_tree_at_every_length(harness, rows, nb):
 )
 def test_batched_products_follow_the_tree(harness, tokens, rows, nb):
     wq, wd, xq, xd = extreme_q8_0_operands(rows, nb, tokens)
-    payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
-    got = c_floats(harness, ["matmul_q8_0", tokens, rows, nb * 32], payload, tokens * rows).reshape(tokens, rows)
-    for t in range(tokens):
-        assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
+    assert_batched_product_is_each_tokens_matvec(harness, "matmul_q8_0", wq, wq, wd, xq, xd)
     packed, pd = quantize_q4_0(rng.normal(0, 1, (rows, nb * 32)).astype(np.float32))
-    payload = packed.tobytes() + half_bytes(pd) + xq.tobytes() + f32_bytes(xd)
-    got = c_floats(harness, ["matmul_q4_0", tokens, rows, nb * 32], payload, tokens * rows).reshape(tokens, rows)
-    for t in range(tokens):
-        assert_same_bits(got[t], matvec_q8_0(unpack_q4_0(packed), pd, xq[t], xd[t]))
+    assert_batched_product_is_each_tokens_matvec(harness, "matmul_q4_0", packed, unpack_q4_0(packed), pd, xq, xd)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from conftest import REPO, f32_bytes, half_bytes, run_harness, run_rv32_semihosted
-from test_numerics import assert_same_bits, c_floats, random_halves
+from test_numerics import assert_batched_product_is_each_tokens_matvec, assert_same_bits, c_floats, random_halves
 
 from generator import bench
 from generator.boards import kernel_set_sources
@@ -132,10 +132,7 @@ def test_q8_0_matvec_at_the_shapes_of_the_16_and_8_row_passes(harness, rows, col
 def test_batched_q8_0_product_over_several_row_tiles(harness, tokens, rows, cols):
     wq, wd = quantize_weights_q8_0(rng.normal(0, 1, (rows, cols)).astype(np.float32))
     xq, xd = quantize_q8_0(rng.normal(0, 1, (tokens, cols)).astype(np.float32))
-    payload = wq.tobytes() + half_bytes(wd) + xq.tobytes() + f32_bytes(xd)
-    got = c_floats(harness, ["matmul_q8_0", tokens, rows, cols], payload, tokens * rows).reshape(tokens, rows)
-    for t in range(tokens):
-        assert_same_bits(got[t], matvec_q8_0(wq, wd, xq[t], xd[t]))
+    assert_batched_product_is_each_tokens_matvec(harness, "matmul_q8_0", wq, wq, wd, xq, xd)
 
 
 # Activation block scales below 2^16, where the rv32 set multiplies w_d * 2^-112 by x_d * 2^112 made once

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
@@ -372,6 +372,24 @@ LFM2_HF_GLOBAL = {"model.embedding_norm.weight": "final_norm"}
 LFM2_GGUF_GLOBAL = {"token_embd_norm.weight": "final_norm"}
 
 
+def lfm2_row(name: str, hf_architecture: str, gguf_architecture: str, **own: Any) -> Family:
+    """A row of the LFM2 line: its convolution and attention layers, config.json's norm_eps, RoPE
+    base 1e6, tied embeddings and the embedding norm as the final norm are the line's; `own`, the
+    row's own fields."""
+    return Family(
+        name,
+        (hf_architecture,),
+        gguf_architecture,
+        LFM2_LAYERS,
+        norms=Norms(hf_eps_key="norm_eps"),
+        default_theta=1000000.0,
+        tie_embeddings=True,
+        hf_global_tensors=LFM2_HF_GLOBAL,
+        gguf_global_tensors=LFM2_GGUF_GLOBAL,
+        **own,
+    )
+
+
 # llama.cpp names the FFN's input norm post_attention_norm in these families' files.
 GGUF_FFN_NORM_AS_POST_ATTENTION = {"post_attention_norm.weight": "ffn_norm"}
 
@@ -610,24 +628,11 @@ FAMILY_ROWS = (
         gguf_global_tensors={"output_norm.bias": "final_norm_bias", "output.bias": "lm_head_bias"},
         lm_head_bias=True,
     ),
-    Family(
-        "lfm2",
-        ("Lfm2ForCausalLM",),
-        "lfm2",
-        LFM2_LAYERS,
-        ffn=Ffn(block_sizing=True),
-        norms=Norms(hf_eps_key="norm_eps"),
-        default_theta=1000000.0,
-        tie_embeddings=True,
-        hf_tensors=LFM2_HF_LAYER,
-        hf_global_tensors=LFM2_HF_GLOBAL,
-        gguf_global_tensors=LFM2_GGUF_GLOBAL,
-    ),
-    Family(
+    lfm2_row("lfm2", "Lfm2ForCausalLM", "lfm2", ffn=Ffn(block_sizing=True), hf_tensors=LFM2_HF_LAYER),
+    lfm2_row(
         "lfm2_moe",
-        ("Lfm2MoeForCausalLM",),
+        "Lfm2MoeForCausalLM",
         "lfm2moe",
-        LFM2_LAYERS,
         # Sigmoid scores chosen with expert_bias, the first num_dense_layers layers dense, the top k
         # renormalised where norm_topk_prob says (plus 1e-6), then routed_scaling_factor.
         moe=Moe(
@@ -638,17 +643,12 @@ FAMILY_ROWS = (
             hf_keys=MappingProxyType({"n_routed_experts": "num_experts", "first_k_dense_replace": "num_dense_layers"}),
             norm_eps=1e-6,
         ),
-        norms=Norms(hf_eps_key="norm_eps"),
-        default_theta=1000000.0,
-        tie_embeddings=True,
         hf_tensors={
             **LFM2_HF_LAYER,
             "feed_forward.gate.weight": "router",
             "feed_forward.expert_bias": "router_choice_bias",
         },
-        hf_global_tensors=LFM2_HF_GLOBAL,
         gguf_tensors=DEEPSEEK_MOE_GGUF,
-        gguf_global_tensors=LFM2_GGUF_GLOBAL,
     ),
 )
 

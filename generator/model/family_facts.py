@@ -444,6 +444,23 @@ DEEPSEEK_V3_MOE = Moe(
 )
 
 
+def latent_row(
+    name: str, hf_architecture: str, gguf_architecture: str | None, latent: LatentAttention, **own: Any
+) -> Family:
+    """A row of multi-head latent attention with the DeepSeek line's MoE block: its layers all
+    `latent`, the latent parts' and the MoE block's tensor names in both formats are the line's;
+    `own`, the row's own fields."""
+    return Family(
+        name,
+        (hf_architecture,),
+        gguf_architecture,
+        attention_layers(latent),
+        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
+        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
+        **own,
+    )
+
+
 FAMILY_ROWS = (
     Family(
         "llama",
@@ -551,11 +568,11 @@ FAMILY_ROWS = (
     ),
     # Multi-head latent attention with the DeepSeek line's MoE. llama.cpp writes all three as
     # deepseek2: a file whose experts are gated by sigmoid is V3's row (GGUF_SIGMOID_GATED), else V2's.
-    Family(
+    latent_row(
         "deepseek_v2",
-        ("DeepseekV2ForCausalLM",),
+        "DeepseekV2ForCausalLM",
         "deepseek2",
-        attention_layers(LatentAttention(rope_interleave="always")),
+        LatentAttention(rope_interleave="always"),
         # (V2's router scales its top k by routed_scaling_factor and never renormalises them)
         moe=Moe(
             "first_k_dense",
@@ -566,27 +583,21 @@ FAMILY_ROWS = (
             routed_scaling=True,
         ),
         norms=Norms(gguf_eps=1e-6),
-        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
-        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
     ),
-    Family(
+    latent_row(
         "deepseek_v3",
-        ("DeepseekV3ForCausalLM",),
+        "DeepseekV3ForCausalLM",
         None,
-        attention_layers(LatentAttention()),
+        LatentAttention(),
         moe=replace(DEEPSEEK_V3_MOE, mtp_key="num_nextn_predict_layers"),
         norms=Norms(gguf_eps=1e-6),
-        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
-        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
     ),
-    Family(
+    latent_row(
         "glm4_moe_lite",
-        ("Glm4MoeLiteForCausalLM",),
+        "Glm4MoeLiteForCausalLM",
         None,
-        attention_layers(LatentAttention()),
+        LatentAttention(),
         moe=replace(DEEPSEEK_V3_MOE, mtp_key="num_nextn_predict_layers", layer_types_key="mlp_layer_types"),
-        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
-        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
     ),
     Family(
         "glm4_moe",

@@ -243,6 +243,11 @@ def assert_imports_alike(from_hf, from_gguf) -> None:
     import dataclasses
 
     assert dataclasses.replace(from_gguf.spec, name=from_hf.spec.name) == from_hf.spec
+    assert_same_tensors(from_hf, from_gguf)
+
+
+def assert_same_tensors(from_hf, from_gguf) -> None:
+    """The same canonical tensors, in the same order, each of the same shape and bits."""
     assert list(from_gguf.tensors) == list(from_hf.tensors)
     differ = [
         n
@@ -460,6 +465,16 @@ def with_u32_key(source: Path, key: str, value: int | None, out: Path) -> Path:
     set_kv(raw, key, None if value is None else u32_kv(key, value))
     out.write_bytes(raw.encode())
     return out
+
+
+def assert_damaged_key_refused(capsys, source: Path, damage: tuple[str, int | None, str], tmp_path: Path) -> None:
+    """source's GGUF with one metadata key damaged, `damage` (the key, its u32 value or None: removed,
+    and what the error must say): build refuses it in one line that names the file and says that."""
+    from cli_runs import damaged_key_refused
+
+    key, value, message = damage
+    line = damaged_key_refused(capsys, source, key, value, tmp_path)
+    assert message in line, line
 
 
 # ---- The real model ----

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
@@ -372,6 +372,24 @@ LFM2_HF_GLOBAL = {"model.embedding_norm.weight": "final_norm"}
 LFM2_GGUF_GLOBAL = {"token_embd_norm.weight": "final_norm"}
 
 
+def lfm2_row(name: str, hf_architecture: str, gguf_architecture: str, **own: Any) -> Family:
+    """A row of the LFM2 line: its convolution and attention layers, config.json's norm_eps, RoPE
+    base 1e6, tied embeddings and the embedding norm as the final norm are the line's; `own`, the
+    row's own fields."""
+    return Family(
+        name,
+        (hf_architecture,),
+        gguf_architecture,
+        LFM2_LAYERS,
+        norms=Norms(hf_eps_key="norm_eps"),
+        default_theta=1000000.0,
+        tie_embeddings=True,
+        hf_global_tensors=LFM2_HF_GLOBAL,
+        gguf_global_tensors=LFM2_GGUF_GLOBAL,
+        **own,
+    )
+
+
 # llama.cpp names the FFN's input norm post_attention_norm in these families' files.
 GGUF_FFN_NORM_AS_POST_ATTENTION = {"post_attention_norm.weight": "ffn_norm"}
 
@@ -424,6 +442,23 @@ DEEPSEEK_V3_MOE = Moe(
     groups="always",
     routed_scaling=True,
 )
+
+
+def latent_row(
+    name: str, hf_architecture: str, gguf_architecture: str | None, latent: LatentAttention, **own: Any
+) -> Family:
+    """A row of multi-head latent attention with the DeepSeek line's MoE block: its layers all
+    `latent`, the latent parts' and the MoE block's tensor names in both formats are the line's;
+    `own`, the row's own fields."""
+    return Family(
+        name,
+        (hf_architecture,),
+        gguf_architecture,
+        attention_layers(latent),
+        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
+        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
+        **own,
+    )
 
 
 FAMILY_ROWS = (
@@ -533,11 +568,11 @@ FAMILY_ROWS = (
     ),
     # Multi-head latent attention with the DeepSeek line's MoE. llama.cpp writes all three as
     # deepseek2: a file whose experts are gated by sigmoid is V3's row (GGUF_SIGMOID_GATED), else V2's.
-    Family(
+    latent_row(
         "deepseek_v2",
-        ("DeepseekV2ForCausalLM",),
+        "DeepseekV2ForCausalLM",
         "deepseek2",
-        attention_layers(LatentAttention(rope_interleave="always")),
+        LatentAttention(rope_interleave="always"),
         # (V2's router scales its top k by routed_scaling_factor and never renormalises them)
         moe=Moe(
             "first_k_dense",
@@ -548,27 +583,21 @@ FAMILY_ROWS = (
             routed_scaling=True,
         ),
         norms=Norms(gguf_eps=1e-6),
-        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
-        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
     ),
-    Family(
+    latent_row(
         "deepseek_v3",
-        ("DeepseekV3ForCausalLM",),
+        "DeepseekV3ForCausalLM",
         None,
-        attention_layers(LatentAttention()),
+        LatentAttention(),
         moe=replace(DEEPSEEK_V3_MOE, mtp_key="num_nextn_predict_layers"),
         norms=Norms(gguf_eps=1e-6),
-        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
-        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
     ),
-    Family(
+    latent_row(
         "glm4_moe_lite",
-        ("Glm4MoeLiteForCausalLM",),
+        "Glm4MoeLiteForCausalLM",
         None,
-        attention_layers(LatentAttention()),
+        LatentAttention(),
         moe=replace(DEEPSEEK_V3_MOE, mtp_key="num_nextn_predict_layers", layer_types_key="mlp_layer_types"),
-        hf_tensors={**MLA_HF_LAYER, **DEEPSEEK_MOE_HF},
-        gguf_tensors={**MLA_GGUF_LAYER, **DEEPSEEK_MOE_GGUF},
     ),
     Family(
         "glm4_moe",
@@ -610,24 +639,11 @@ FAMILY_ROWS = (
         gguf_global_tensors={"output_norm.bias": "final_norm_bias", "output.bias": "lm_head_bias"},
         lm_head_bias=True,
     ),
-    Family(
-        "lfm2",
-        ("Lfm2ForCausalLM",),
-        "lfm2",
-        LFM2_LAYERS,
-        ffn=Ffn(block_sizing=True),
-        norms=Norms(hf_eps_key="norm_eps"),
-        default_theta=1000000.0,
-        tie_embeddings=True,
-        hf_tensors=LFM2_HF_LAYER,
-        hf_global_tensors=LFM2_HF_GLOBAL,
-        gguf_global_tensors=LFM2_GGUF_GLOBAL,
-    ),
-    Family(
+    lfm2_row("lfm2", "Lfm2ForCausalLM", "lfm2", ffn=Ffn(block_sizing=True), hf_tensors=LFM2_HF_LAYER),
+    lfm2_row(
         "lfm2_moe",
-        ("Lfm2MoeForCausalLM",),
+        "Lfm2MoeForCausalLM",
         "lfm2moe",
-        LFM2_LAYERS,
         # Sigmoid scores chosen with expert_bias, the first num_dense_layers layers dense, the top k
         # renormalised where norm_topk_prob says (plus 1e-6), then routed_scaling_factor.
         moe=Moe(
@@ -638,17 +654,12 @@ FAMILY_ROWS = (
             hf_keys=MappingProxyType({"n_routed_experts": "num_experts", "first_k_dense_replace": "num_dense_layers"}),
             norm_eps=1e-6,
         ),
-        norms=Norms(hf_eps_key="norm_eps"),
-        default_theta=1000000.0,
-        tie_embeddings=True,
         hf_tensors={
             **LFM2_HF_LAYER,
             "feed_forward.gate.weight": "router",
             "feed_forward.expert_bias": "router_choice_bias",
         },
-        hf_global_tensors=LFM2_HF_GLOBAL,
         gguf_tensors=DEEPSEEK_MOE_GGUF,
-        gguf_global_tensors=LFM2_GGUF_GLOBAL,
     ),
 )
 

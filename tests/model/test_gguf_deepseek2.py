@@ -10,8 +10,8 @@ import struct
 
 import numpy as np
 import pytest
-from cli_runs import build_refused, damaged_key_refused
-from gguf_files import assert_imports_alike
+from cli_runs import build_refused
+from gguf_files import assert_damaged_key_refused, assert_imports_alike
 
 from generator.model.load import load_model
 from generator.numerics.sampling import SamplingParams
@@ -116,9 +116,7 @@ HOSTILE_KEYS = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_KEYS))
 def test_damaged_deepseek2_keys_are_refused_in_one_line(case, deepseek2_peer, tmp_path, capsys):
-    key, value, message = HOSTILE_KEYS[case]
-    line = damaged_key_refused(capsys, deepseek2_peer["deepseek_v3_mla"][1]["f32"], key, value, tmp_path)
-    assert message in line, line
+    assert_damaged_key_refused(capsys, deepseek2_peer["deepseek_v3_mla"][1]["f32"], HOSTILE_KEYS[case], tmp_path)
 
 
 def test_a_key_up_projection_without_its_value_one_is_refused(deepseek2_peer, tmp_path, capsys):

@@ -7,10 +7,8 @@ of such a checkpoint (the peer sdist's convert_hf_to_gguf.py)."""
 
 import dataclasses
 
-import numpy as np
 import pytest
-from cli_runs import build_refused
-from gguf_files import qwen35_hf_to_gguf
+from gguf_files import assert_damaged_key_refused, assert_imports_alike, assert_same_tensors, qwen35_hf_to_gguf
 
 from generator.model.load import load_model
 from generator.numerics.sampling import SamplingParams
@@ -28,19 +26,9 @@ def qwen35_gguf(checkpoints, tmp_path_factory):
     return model, {t: qwen35_hf_to_gguf(model, root / f"qwen35-{t}.gguf", t) for t in ("F32", "Q8_0")}
 
 
-def assert_same_tensors(hf, gguf):
-    """The same tensors, in the same order, each the same bits."""
-    assert list(gguf.tensors) == list(hf.tensors)
-    for name in hf.tensors:
-        a, b = hf.tensors[name].load(), gguf.tensors[name].load()
-        assert a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32)), name
-
-
 def test_gguf_imports_to_the_same_spec_and_tensors_as_the_safetensors(qwen35_gguf):
     model, files = qwen35_gguf
-    hf, gguf = load_model(model), load_model(files["F32"])
-    assert dataclasses.replace(gguf.spec, name=hf.spec.name) == hf.spec
-    assert_same_tensors(hf, gguf)
+    assert_imports_alike(load_model(model), load_model(files["F32"]))
 
 
 def test_firmware_from_the_q8_0_gguf_keeps_its_blocks_and_decodes_the_reference_bits(qwen35_gguf, builder):
@@ -109,9 +97,4 @@ HOSTILE_KEYS = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_KEYS))
 def test_damaged_qwen35moe_keys_are_refused_in_one_line(case, qwen35_gguf, tmp_path, capsys):
-    from gguf_files import with_u32_key
-
-    key, value, message = HOSTILE_KEYS[case]
-    path = with_u32_key(qwen35_gguf[1]["F32"], key, value, tmp_path / "damaged.gguf")
-    line = build_refused(capsys, path, tmp_path / "out")
-    assert line.startswith("colibri: error: damaged.gguf: ") and message in line, line
+    assert_damaged_key_refused(capsys, qwen35_gguf[1]["F32"], HOSTILE_KEYS[case], tmp_path)

@@ -8,6 +8,7 @@ the f32 firmware of both against transformers and q8_0 against the reference on 
 from __future__ import annotations
 
 import pytest
+from test_qwen35_moe import assert_report_says_the_state_is_fixed
 
 from generator.boards import load_board
 from generator.compile.cache_plan import cache_plan
@@ -17,7 +18,6 @@ from generator.device.session import RunRequest, cache_stats
 from generator.model.hf.load import load_hf
 from generator.numerics.sampling import SamplingParams
 from generator.reference import Reference
-from generator.report import format_report, planned_report
 from generator.verify import compare, rates, reference_run
 
 KIND = "lfm2"
@@ -39,18 +39,14 @@ def test_the_convolution_state_is_a_fixed_ring_beside_a_kv_cache_of_the_attentio
         assert plan.linear_state_offsets == (0, -1, 3 * 64, -1)
         assert plan.kv_slots == (0, plan.n_ctx, 0, plan.n_ctx)  # keys and values of the attention layers only
     assert large.context_state_bytes - small.context_state_bytes == large.kv_bytes - small.kv_bytes
-    host = load_board("host")
-    lines = [format_report(planned_report(host, p)).splitlines()[1] for p in (small, large)]
-    assert (
-        lines[0]
-        == lines[1]
-        == (
-            "  short convolution state: 2 layers x 768 B (the last 3 inputs of 64 channels) = 1,536 B, fixed: it "
-            "does not grow with the context (counted under kv_cache, beside the KV cache of the 2 attention layers)"
-        )
+    assert_report_says_the_state_is_fixed(
+        small,
+        large,
+        "  short convolution state: 2 layers x 768 B (the last 3 inputs of 64 channels) = 1,536 B, fixed: it "
+        "does not grow with the context (counted under kv_cache, beside the KV cache of the 2 attention layers)",
     )
-    assert planned_report(host, large).to_json()["linear_state"]["grows_with_context"] is False
     # With room for speculative decoding (host: 8 tokens a pass), the ring keeps a pass's worth more.
+    host = load_board("host")
     assert plan_for_board(spec, host, "q8_0", 64).speculate_tokens == 8
     assert plan_for_board(spec, host, "q8_0", 64).short_conv_ring_rows == 2 + 8
 

@@ -40,17 +40,20 @@ def test_the_recurrent_state_is_a_fixed_arena_beside_a_kv_cache_of_the_attention
         assert plan.kv_bytes == 2 * plan.n_ctx * spec.kv_dim * 2  # binary16
     assert large.context_state_bytes - small.context_state_bytes == large.kv_bytes - small.kv_bytes
     # report says what the state costs per layer, and that a longer context does not change it.
-    host = load_board("host")
-    lines = [format_report(planned_report(host, p)).splitlines()[1] for p in (small, large)]
-    assert (
-        lines[0]
-        == lines[1]
-        == (
-            "  Gated DeltaNet state: 3 layers x 5,632 B (convolution 1,536 B + delta rule 4,096 B) = 16,896 B, "
-            "fixed: it does not grow with the context (counted under kv_cache, beside the KV cache of the 1 "
-            "attention layer)"
-        )
+    assert_report_says_the_state_is_fixed(
+        small,
+        large,
+        "  Gated DeltaNet state: 3 layers x 5,632 B (convolution 1,536 B + delta rule 4,096 B) = 16,896 B, "
+        "fixed: it does not grow with the context (counted under kv_cache, beside the KV cache of the 1 "
+        "attention layer)",
     )
+
+
+def assert_report_says_the_state_is_fixed(small, large, line: str) -> None:
+    """report's line on the recurrent state is `line` for host plans of a short and a long context
+    alike, and its JSON says the state does not grow with the context."""
+    host = load_board("host")
+    assert [format_report(planned_report(host, p)).splitlines()[1] for p in (small, large)] == [line, line]
     assert planned_report(host, large).to_json()["linear_state"]["grows_with_context"] is False
 
 

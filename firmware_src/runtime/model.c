@@ -368,6 +368,16 @@ static void linear_attention(ColibriBuffers *b, const ColibriLayerWeights *lw, i
 #endif
 }
 
+/* A gated short convolution layer (runtime/short_conv.c; only models with them). */
+static void short_conv(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int32_t pos, int n)
+{
+#if COLIBRI_N_SHORT_CONV_LAYERS > 0
+    short_conv_layer(b, lw, layer, pos, n);
+#else
+    (void)b, (void)lw, (void)layer, (void)pos, (void)n;
+#endif
+}
+
 /* Latent attention (runtime/mla.c; only models with it, COLIBRI_KV_LORA_RANK). */
 static void latent_attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int32_t pos, int n)
 {
@@ -516,6 +526,11 @@ static int is_linear_attention_layer(int layer)
     return COLIBRI_N_LINEAR_LAYERS > 0 && colibri_layer_linear[layer];
 }
 
+static int is_short_conv_layer(int layer)
+{
+    return COLIBRI_N_SHORT_CONV_LAYERS > 0 && colibri_layer_short_conv[layer];
+}
+
 static int is_moe_layer(int layer)
 {
     return COLIBRI_N_EXPERTS > 0 && colibri_layer_moe[layer];
@@ -535,14 +550,13 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
     for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
         const ColibriLayerWeights *lw = &w->layers[l];
 
-        /* Token mixing: attention over the KV cache, or a DeltaNet layer's recurrence. */
+        /* Token mixing: attention over the KV cache (or latent attention over its latent cache), a DeltaNet
+         * layer's recurrence, or a short convolution over its ring. */
         normalize(b, lw->attn_norm, lw->attn_norm_bias, n);
         if (is_linear_attention_layer(l)) {
             linear_attention(b, lw, l, n);
-#if COLIBRI_N_SHORT_CONV_LAYERS > 0
-        } else if (colibri_layer_short_conv[l]) {
-            short_conv_layer(b, lw, l, pos, n);
-#endif
+        } else if (is_short_conv_layer(l)) {
+            short_conv(b, lw, l, pos, n);
         } else if (COLIBRI_KV_LORA_RANK > 0) {
             latent_attention(b, lw, l, pos, n);
         } else {

@@ -143,7 +143,7 @@ def flash_fleet(
 
     def over_the_port(port: str) -> Selftest:
         with open_firmware(board, firmware, LinkOptions(port=port, reset=True)) as link:
-            result = link.turn(RunRequest([], 0, selftest=True))
+            result = link.turn(RunRequest.selftest_of(board.selftest))
         if result.selftest is None:
             raise ColibriError(f"{port}: the firmware answered a selftest request without a selftest frame")
         return result.selftest

@@ -442,7 +442,7 @@ def selftest_built(prepared: Prepared[Any], built: Built, seen: Selftest | None 
     MCU board's boot run), else the answer to a selftest request."""
     if seen is not None:
         return seen
-    result = run_turn(prepared, built, RunRequest([], 0, selftest=True))
+    result = run_turn(prepared, built, RunRequest.selftest_of(prepared.board.selftest))
     if result.selftest is None:
         raise ColibriError(
             f"the firmware on {prepared.board.name} answered a selftest request without a selftest frame"

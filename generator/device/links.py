@@ -35,7 +35,7 @@ Progress = Callable[[str], None]
 def default_timeout(request: RunRequest, weights_bytes: int) -> float:
     """Generous for this machine: 20 s to start plus time for every token at >= 20 MB/s of weights."""
     per_token = max(0.05, weights_bytes / 20e6)
-    return 20.0 + per_token * (len(request.prompt) + request.steps)
+    return 20.0 + per_token * request.tokens_of_work()
 
 
 def listening_socket() -> socket.socket:
@@ -182,7 +182,7 @@ class LinuxLink(Link):
 def emulator_timeouts(request: RunRequest, timeout: float | None) -> Timeouts:
     if timeout is None:
         return Timeouts(boot=20.0, per_token=2.0, silence=60.0)
-    return Timeouts(boot=timeout, per_token=timeout / max(1, len(request.prompt) + request.steps), silence=timeout)
+    return Timeouts(boot=timeout, per_token=timeout / max(1, request.tokens_of_work()), silence=timeout)
 
 
 def start_emulator(

@@ -57,7 +57,7 @@ class Timeouts:
     silence: float = 30.0
 
     def total(self, request: RunRequest) -> float:
-        return self.boot + self.per_token * (len(request.prompt) + request.steps)
+        return self.boot + self.per_token * request.tokens_of_work()
 
     def first_token(self, request: RunRequest | None) -> float:
         """The longest gap allowed between the hello and the first token (load + prefill)."""

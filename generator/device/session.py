@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
+from ..boards.board import SelftestSettings
 from ..compile.cache_plan import AutoBudget, AutoChoice, AutoRan, MemoryFound
 from ..documents import JsonDocument
 from ..errors import ColibriError, NonFiniteLogits
@@ -50,6 +51,19 @@ class RunRequest:
     # Protocol 5: run the firmware's self-test (app/selftest.c) instead of a decode; prompt and
     # steps are not sent (the golden ones are in the firmware).
     selftest: bool = False
+    # A selftest request's golden decode (prompt tokens + steps, from the board file): not sent, but
+    # the time a link allows counts them, as it counts a decode's (an image of gigabytes read from
+    # storage through the expert cache takes as long per token in the self-test as in a run).
+    golden_tokens: int = 0
+
+    def tokens_of_work(self) -> int:
+        """The forward passes this request asks for: what a link's time allowance is sized by."""
+        return len(self.prompt) + self.steps + self.golden_tokens
+
+    @classmethod
+    def selftest_of(cls, golden: SelftestSettings) -> RunRequest:
+        """The request for a firmware's self-test, its golden decode sized as the board file says."""
+        return cls([], 0, selftest=True, golden_tokens=golden.prompt_tokens + golden.steps)
 
     def firmware_options(self) -> list[str]:
         """The Linux firmware's command-line options for this request (beyond --weights)."""

@@ -71,7 +71,7 @@ def verify_firmware(board: Board, art: Artifacts, plan: Plan, request: RunReques
         firmware_identity(board, art, plan),
         request,
         result,
-        lambda: run(RunRequest([], 0, selftest=True)).selftest,
+        lambda: run(RunRequest.selftest_of(board.selftest)).selftest,
     )
     selftest = verified.selftest
     s = result.stats

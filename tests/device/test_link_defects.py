@@ -184,3 +184,17 @@ def test_fuzzing_the_host_reader_and_session_yields_clear_errors_only():
         except ColibriError:
             pass
         assert len(reader._buffer) <= MAX_LINE
+
+
+def test_a_selftest_request_is_given_the_time_of_its_golden_decode():
+    # A 4.8 GB image read through the expert cache decodes the self-test's golden prompt as slowly
+    # as any prompt; the allowance once counted 0 tokens for it (20 s) and cut such a self-test off.
+    from generator.boards.board import SelftestSettings
+    from generator.device.links import default_timeout
+    from generator.device.session import RunRequest
+
+    image = 4_800_000_000
+    golden = SelftestSettings(prompt_tokens=4, steps=4)
+    same_work = RunRequest([1, 2, 3, 4], 4)
+    assert default_timeout(RunRequest.selftest_of(golden), image) == default_timeout(same_work, image)
+    assert default_timeout(RunRequest.selftest_of(golden), image) > 20 + 8 * 200

@@ -227,7 +227,8 @@ def add_jobs_arg(p: argparse.ArgumentParser) -> None:
         "--jobs",
         type=number(int, 1, 1024, what="a process count from 1 to 1024"),
         help="worker processes that quantize the weights when the weight image is generated "
-        "(default: two per core; the same bytes at any count)",
+        "(default: two per core) and that compile the firmware (default: one per core); the same "
+        "bytes at any count",
     )
 
 

@@ -310,7 +310,8 @@ def run_scons(
     this run created the build directory, removes it: a refused model leaves nothing behind.
     `defines` (NAME or NAME=VALUE) are extra preprocessor definitions, for test and diagnostic
     builds such as a slower loader (SCons's `defines=` argument). `jobs`: the worker processes
-    that quantize the weights if they are generated (SCons's `jobs=`; default every core).
+    that quantize the weights if they are generated and compile (SCons's `jobs=`; default: two
+    quantizing and one compiling per core).
     `cache_dir`: the build cache (build_cache.py; None: the default one, "off": none)."""
     cache = build_cache.prepare_cache_dir(build_cache.resolve_cache_dir(cache_dir))
     fresh = not req.out_dir.exists()

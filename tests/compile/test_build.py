@@ -17,11 +17,11 @@ pytestmark = pytest.mark.slow  # full SCons builds, incremental rebuilds checked
 SCONS = str(Path(sys.executable).parent / "scons")
 
 
-def scons(root: Path, model: Path, out: Path, *extra, cached: bool = True):
-    """Plain scons, with the test run's build cache (tests/conftest.py) unless cached is False, as
-    the CLI builds: the runtime's objects that no edit touched come from the cache (their lines
-    say CACHED, not CC), so each chain compiles only what its own edits and its model change."""
-    cache = [f"cache_dir={os.environ['COLIBRI_CACHE_DIR']}"] if cached else []
+def scons(root: Path, model: Path, out: Path, *extra):
+    """Plain scons, with the test run's build cache (tests/conftest.py), as the CLI builds: the
+    runtime's objects that no edit touched come from the cache (their lines say CACHED, not CC),
+    so each chain compiles only what its own edits and its model change."""
+    cache = [f"cache_dir={os.environ['COLIBRI_CACHE_DIR']}"]
     done = subprocess.run(
         [
             SCONS,
@@ -133,12 +133,12 @@ def test_editing_a_module_generation_does_not_import_regenerates_nothing(repo_co
 
 
 def test_cli_build_and_plain_scons_give_identical_artifacts(checkpoints, tmp_path):
-    """Plain scons without the cache compiles every file (about 35 s): the CLI's build, whose
-    objects the cache serves, must be the same bytes as one compiled from source."""
+    """The CLI is a way to run the build, not another build: plain scons gives the same bytes.
+    (That the cache serves what a compile from source gives: test_build_cache.py's cache-off test.)"""
     model = checkpoints("mistral_window")
     done = run_cli("build", "--model", model, "--ctx", "48", "--out", tmp_path / "cli", "--json")
     assert done.returncode == 0, done.stderr
-    scons(REPO, model, tmp_path / "direct", cached=False)
+    scons(REPO, model, tmp_path / "direct")
     for rel in (
         "generated/model_def.h",
         "generated/model_data.c",

@@ -30,9 +30,14 @@ def test_a_second_build_directory_takes_every_object_from_the_cache(tmp_path):
 
 
 @pytest.mark.slow  # a whole compile of the firmware by design (about 35 s): the full tier only
-def test_with_the_cache_off_everything_is_compiled(tmp_path):
+def test_with_the_cache_off_everything_is_compiled_to_the_bytes_the_cache_serves(tmp_path):
     lines = build_lines(tmp_path / "off", "--cache-dir", "off")
     assert "CACHED" not in lines and lines.count("CC") >= 20
+    # The suite's one whole compile from source of the default firmware: what the cache serves to
+    # every other build must be these very bytes.
+    build_lines(tmp_path / "cached")
+    for rel in ("firmware", "generated/model_def.h", "generated/model_data.c", "generated/weights.img"):
+        assert (tmp_path / "off" / rel).read_bytes() == (tmp_path / "cached" / rel).read_bytes(), rel
 
 
 def test_a_directory_of_other_files_is_refused_as_a_cache(tmp_path):

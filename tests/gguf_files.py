@@ -352,6 +352,30 @@ def spm_vocab_gguf(
     enough for a tokenizer, and for llama-tokenize, which loads the vocabulary only. `extra`: more
     tokenizer keys (name without the "tokenizer.ggml." prefix -> (value, GGUFValueType)), e.g.
     add_space_prefix, which this file leaves to its default."""
+    w = _vocab_only_writer(out, vocab, "llama", name)
+    w.add_token_scores(vocab["scores"])
+    w.add_unk_token_id(vocab["unk"])
+    w.add_add_bos_token(add_bos)
+    w.add_add_eos_token(add_eos)
+    for key, value in extra.items():
+        w.add_key_value(f"tokenizer.ggml.{key}", *value)
+    return _write(w, out)
+
+
+def bpe_vocab_gguf(out: Path, vocab: dict, pre: str) -> Path:
+    """A llama-architecture GGUF file with only hyperparameters and a byte-level BPE vocabulary
+    (tests/data/bpe_vocab.json's shape: tokens, types, merges, bos/eos ids; no BOS added) whose
+    pre-tokenizer is `pre` (tokenizer.ggml.pre), no tensors."""
+    w = _vocab_only_writer(out, vocab, "gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_merges(vocab["merges"])
+    w.add_add_bos_token(False)
+    return _write(w, out)
+
+
+def _vocab_only_writer(out: Path, vocab: dict, model: str, name: str | None = None):
+    """A GGUFWriter of a tiny llama model's hyperparameters and the vocabulary's tokenizer model,
+    tokens, types and BOS/EOS ids, for a vocabulary and nothing else."""
     import gguf
 
     w = gguf.GGUFWriter(str(out), "llama")
@@ -365,18 +389,12 @@ def spm_vocab_gguf(
     w.add_head_count_kv(2)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(len(vocab["tokens"]))
-    w.add_tokenizer_model("llama")
+    w.add_tokenizer_model(model)
     w.add_token_list(vocab["tokens"])
-    w.add_token_scores(vocab["scores"])
     w.add_token_types(vocab["types"])
     w.add_bos_token_id(vocab["bos"])
     w.add_eos_token_id(vocab["eos"])
-    w.add_unk_token_id(vocab["unk"])
-    w.add_add_bos_token(add_bos)
-    w.add_add_eos_token(add_eos)
-    for key, value in extra.items():
-        w.add_key_value(f"tokenizer.ggml.{key}", *value)
-    return _write(w, out)
+    return w
 
 
 # ---- A GGUF file as fields, to damage one at a time ----

@@ -88,8 +88,7 @@ def hosts_for(board: Board, hosts: str | None, hostfile: Path | None) -> tuple[s
 _RANK_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _RANK_STATUS = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(\d+)")
 _RANK_ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d+)")
-_SSH_FAILED = re.compile(r"^(ssh: .*)$", re.MULTILINE)
-_NODE_OF = re.compile(r"Local host:\s+(\S+)")
+_DAEMONS_FAILED = "ORTE was unable to reliably start one or more daemons"
 
 
 def explain_ranks(status: int, stderr: str, tokens: int) -> str:
@@ -106,9 +105,11 @@ def explain_ranks(status: int, stderr: str, tokens: int) -> str:
     found = _RANK_STATUS.search(stderr)
     if found:
         return f"rank {found.group(1)} exited with status {found.group(2)}{after}; mpirun ended the other ranks"
-    ssh = _SSH_FAILED.search(stderr)
-    if ssh or "unable to reliably start one or more daemons" in stderr:
-        why = ssh.group(1) if ssh else "mpirun could not start its daemon there"
+    banner = stderr.find(_DAEMONS_FAILED)
+    if banner >= 0:
+        # What ssh said comes before mpirun's banner: the host refused, unknown, or not answering.
+        said = [line.strip() for line in stderr[:banner].splitlines() if line.strip() and not line.startswith("---")]
+        why = said[-1] if said else "mpirun could not start its daemon there"
         return f"a host of the ranks cannot be reached ({why}): no rank ran"
     found = _RANK_ABORTED.search(stderr)
     if found:

@@ -1,0 +1,146 @@
+"""One model over several MPI ranks (host-mpi, runtime/ranks/mpi.c): on 2 and 4 ranks of this
+machine, a dense and a MoE random-init checkpoint decode the single board's tokens and per-step
+logits hashes (the NumPy reference's), greedy and sampled; one build per model serves every rank
+count. And the faults: a rank killed mid-decode, a host that cannot be reached, each one line
+naming the rank or host, no hang, no rank left running."""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from cli_runs import assert_decodes_as_the_reference, main_json
+
+from generator.device.hosts import hosts_for
+from generator.device.links import Firmware, LinkOptions
+from generator.device.runner import run_firmware
+from generator.device.session import RunRequest
+from generator.errors import ColibriError
+from generator.numerics.sampling import SamplingParams
+
+MODELS = {"dense": "qwen3_qknorm", "moe": "qwen2_moe_shared"}  # the MoE: 6 experts, top 2, a gated shared expert
+PROMPT = [1, 17, 42, 99, 7]  # a batch of five: the gather of a batch's rows too
+SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, seed=5)
+# Builds a dense and a MoE host-mpi firmware (one each, shared by every rank count and fault).
+building = pytest.mark.slow
+
+
+def run_ranks(builder, model: Path, hosts: str | None, request: RunRequest, on_token=None, timeout=None):
+    board, art, plan = builder.build(model, "q8_0", 64, "host-mpi")
+    firmware = Firmware(art.program, art.weights, art.model_hash())
+    how = LinkOptions(hosts=hosts_for(board, hosts, None))
+    return board, art, plan, run_firmware(board, firmware, how, request, on_token, timeout)
+
+
+@building
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_decode_the_single_boards_bits_greedy_and_sampled(kind, ranks, builder, checkpoints):
+    for sampling in (SamplingParams(), SAMPLED):
+        request = RunRequest(PROMPT, 8, sampling, stop_at_eos=False)
+        _, art, plan, result = run_ranks(builder, checkpoints(MODELS[kind]), f"localhost:{ranks}", request)
+        assert_decodes_as_the_reference(plan, art, request, result)  # the expert counts too
+        assert bool(result.expert_counts) == (kind == "moe")
+
+
+@building
+def test_verify_with_hosts_passes_through_the_command(builder, checkpoints, capsys):
+    model = checkpoints(MODELS["moe"])
+    builder.build(model, "q8_0", 64, "host-mpi")  # the build the other tests share: --out is its directory
+    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16"
+    summary = main_json(
+        capsys,
+        "verify",
+        board="host-mpi",
+        model=model,
+        ctx=64,
+        out=out,
+        hosts="localhost:2",
+        prompt_ids="1,5,9",
+        steps=6,
+    )
+    assert summary["pass"] and summary["board"] == "host-mpi"
+
+
+def rank_processes(rank: int) -> list[int]:
+    """This test's descendants that are MPI rank `rank` (their environment says which)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ and descends_from_us(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue  # gone, or not ours to read
+    return found
+
+
+def descends_from_us(pid: int) -> bool:
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        status = Path(f"/proc/{pid}/status").read_text()
+        pid = int(status.split("PPid:")[1].split()[0])
+    return False
+
+
+@building
+def test_a_rank_killed_mid_decode_is_named_and_no_rank_is_left(builder, checkpoints):
+    killed = []
+
+    def kill_rank_1(step: int, token: int) -> None:
+        if not killed:
+            killed.extend(rank_processes(1))
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+
+    request = RunRequest(PROMPT, 60, stop_at_eos=False)
+    start = time.monotonic()
+    with pytest.raises(ColibriError) as e:
+        run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", request, kill_rank_1, timeout=60)
+    assert len(killed) == 1
+    assert str(e.value).startswith("rank 1 on host ") and "killed by signal 9 (SIGKILL)" in str(e.value)
+    assert time.monotonic() - start < 30  # mpirun's notice, not the timeout
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
+@building
+def test_a_host_that_cannot_be_reached_is_named(builder, checkpoints):
+    # 127.0.0.2: a loopback address with no sshd on port 22, so ssh is refused at once.
+    request = RunRequest(PROMPT, 4, stop_at_eos=False)
+    start = time.monotonic()
+    with pytest.raises(ColibriError) as e:
+        run_ranks(builder, checkpoints(MODELS["dense"]), "localhost:1,127.0.0.2:1", request, timeout=60)
+    assert "a host of the ranks cannot be reached" in str(e.value) and "127.0.0.2" in str(e.value)
+    assert time.monotonic() - start < 30
+    assert rank_processes(0) == []
+
+
+@pytest.mark.parametrize(
+    "hosts, problem",
+    [
+        ("-oProxyCommand=x:1", "is not a host name"),
+        ("localhost:0", "slots must be a count from 1"),
+        ("localhost:two", "slots must be a count from 1"),
+    ],
+)
+def test_hosts_outside_mpiruns_grammar_are_refused_before_building(hosts, problem):
+    from generator.boards import load_board
+
+    with pytest.raises(ColibriError, match=problem):
+        hosts_for(load_board("host-mpi"), hosts, None)
+
+
+def test_a_hostfile_is_checked_line_by_line(tmp_path):
+    from generator.boards import load_board
+
+    good = tmp_path / "hosts"
+    good.write_text("# the boards\nlocalhost slots=2\n127.0.0.1 slots=2 max_slots=4\n")
+    assert hosts_for(load_board("host-mpi"), None, good)[:2] == ("--hostfile", str(good))
+    bad = tmp_path / "bad"
+    bad.write_text("localhost slots=2 && reboot\n")
+    with pytest.raises(ColibriError, match=r"line 1: '&&' is not slots=N"):
+        hosts_for(load_board("host-mpi"), None, bad)

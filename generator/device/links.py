@@ -23,7 +23,7 @@ from typing import Self
 from ..boards import Board, EmulatedSystemRunner, MpiRunner, ProcessRunner, Runner, SerialRunner
 from ..errors import ColibriError
 from .hosts import explain_ranks
-from .process import ProcessLink, explain_local, run_process
+from .process import Explain, ProcessLink, explain_local, run_process
 from .remote import Remote, check_remote_machine, explain_remote, remote_command, remote_prefix, run_remote
 from .serial_link import SerialLink, Timeouts
 from .session import RunRequest, RunResult, Session, request_frame
@@ -124,7 +124,7 @@ class LinuxLink(Link):
     def weights_bytes(self) -> int:
         return self.firmware.weights.stat().st_size
 
-    def explain(self):
+    def explain(self) -> Explain:
         """How an early end is told: mpirun's ranks by rank and host, a process by its status."""
         return explain_ranks if self.board.runner.runs_ranks else explain_local
 

@@ -89,31 +89,50 @@ def descends_from_us(pid: int) -> bool:
 
 @building
 def test_a_rank_killed_mid_decode_is_named_and_no_rank_is_left(builder, checkpoints):
-    killed = []
+    killed, when = [], []
 
     def kill_rank_1(step: int, token: int) -> None:
         if not killed:
             killed.extend(rank_processes(1))
+            when.append(time.monotonic())
             for pid in killed:
                 os.kill(pid, signal.SIGKILL)
 
     request = RunRequest(PROMPT, 60, stop_at_eos=False)
-    start = time.monotonic()
     with pytest.raises(ColibriError) as e:
         run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", request, kill_rank_1, timeout=60)
     assert len(killed) == 1
     assert str(e.value).startswith("rank 1 on host ") and "killed by signal 9 (SIGKILL)" in str(e.value)
-    assert time.monotonic() - start < 30  # mpirun's notice, not the timeout
+    assert time.monotonic() - when[0] < 30  # mpirun's notice, not the timeout
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
+@building
+def test_a_stalled_rank_ends_in_the_timeout_and_no_rank_is_left(builder, checkpoints):
+    stopped = []
+
+    def stop_rank_1(step: int, token: int) -> None:
+        if not stopped:
+            stopped.extend(rank_processes(1))
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)  # alive, silent: rank 0 waits for it in a collective
+
+    request = RunRequest(PROMPT, 60, stop_at_eos=False)
+    with pytest.raises(ColibriError, match=r"no complete result from the firmware within 8 s"):
+        run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", request, stop_rank_1, timeout=8)
+    assert len(stopped) == 1
     assert rank_processes(0) == [] and rank_processes(1) == []
 
 
 @building
 def test_a_host_that_cannot_be_reached_is_named(builder, checkpoints):
     # 127.0.0.2: a loopback address with no sshd on port 22, so ssh is refused at once.
+    model = checkpoints(MODELS["dense"])
+    builder.build(model, "q8_0", 64, "host-mpi")  # built before the clock starts
     request = RunRequest(PROMPT, 4, stop_at_eos=False)
     start = time.monotonic()
     with pytest.raises(ColibriError) as e:
-        run_ranks(builder, checkpoints(MODELS["dense"]), "localhost:1,127.0.0.2:1", request, timeout=60)
+        run_ranks(builder, model, "localhost:1,127.0.0.2:1", request, timeout=60)
     assert "a host of the ranks cannot be reached" in str(e.value) and "127.0.0.2" in str(e.value)
     assert time.monotonic() - start < 30
     assert rank_processes(0) == []

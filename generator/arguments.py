@@ -138,18 +138,15 @@ def add_remote_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_hosts_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    """Where a board's MPI ranks run, in mpirun's own syntax (checked by device/hosts.py)."""
+    ranks = p.add_argument_group("MPI ranks (boards that run them: host-mpi; docs/several-boards.md)")
+    ranks.add_argument(
         "--hosts",
         metavar="HOST[:SLOTS],...",
-        help="boards that run MPI ranks (host-mpi): the hosts the ranks run on, mpirun's --host syntax "
-        "(localhost:4: four ranks here; other hosts over SSH, the build at the same path); default: one rank here",
+        help="the hosts the ranks run on, as mpirun's --host (localhost:4: four ranks here; other hosts "
+        "over SSH, the build at the same path); default: one rank here",
     )
-    p.add_argument(
-        "--hostfile",
-        type=Path,
-        metavar="FILE",
-        help="boards that run MPI ranks: the hosts from an mpirun hostfile (HOST slots=N per line)",
-    )
+    ranks.add_argument("--hostfile", type=Path, metavar="FILE", help="an mpirun hostfile (HOST slots=N per line)")
 
 
 def memory_size(text: str):

@@ -163,3 +163,19 @@ def test_a_hostfile_is_checked_line_by_line(tmp_path):
     bad.write_text("localhost slots=2 && reboot\n")
     with pytest.raises(ColibriError, match=r"line 1: '&&' is not slots=N"):
         hosts_for(load_board("host-mpi"), None, bad)
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--board", "host", "--hosts", "localhost:2"], "--hosts is for boards that run MPI ranks (host-mpi)"),
+        (["--board", "host-mpi", "--hosts", "localhost:2", "--hostfile", "f"], "with --hosts or --hostfile, not both"),
+    ],
+)
+def test_the_command_refuses_hosts_it_cannot_use_in_one_line(args, line, capsys, tmp_path):
+    from generator.cli import main
+
+    assert main(["run", *args, "--prompt-ids", "1,2", "--out", str(tmp_path / "out")]) == 2
+    err = [e for e in capsys.readouterr().err.splitlines() if e.strip()]
+    assert len(err) == 1 and err[0].startswith("colibri: error: ") and line in err[0], err
+    assert not (tmp_path / "out").exists()

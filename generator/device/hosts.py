@@ -16,7 +16,7 @@ from ..boards import Board
 from ..errors import ColibriError
 from ..files import read_text_limited
 from .process import signal_name
-from .remote import SSH_OPTIONS
+from .remote import SSH_OPTIONS, ssh_command
 
 HOSTFILE_BYTES = 1 << 20
 MAX_SLOTS = 1024
@@ -80,9 +80,21 @@ def hosts_for(board: Board, hosts: str | None, hostfile: Path | None) -> tuple[s
     if hosts is not None and hostfile is not None:
         raise ColibriError("give the ranks' hosts with --hosts or --hostfile, not both")
     where = ["--host", parse_hosts(hosts)] if hosts is not None else ["--hostfile", str(check_hostfile(hostfile))]
-    # The SSH options --remote uses: batch mode (never a prompt), a host that does not answer given
-    # up on in ConnectTimeout, keepalives that notice a host gone mid-run.
-    return (*where, "--mca", "plm_rsh_args", shlex.join(SSH_OPTIONS))
+    # The SSH --remote uses: its command (COLIBRI_SSH_COMMAND: "ssh -F my_config") and options (batch
+    # mode, never a prompt; a host that does not answer given up on in ConnectTimeout; keepalives
+    # that notice a host gone mid-run).
+    return (*where, "--mca", "plm_rsh_agent", rsh_agent(), "--mca", "plm_rsh_args", shlex.join(SSH_OPTIONS))
+
+
+def rsh_agent() -> str:
+    """The ssh command as mpirun's plm_rsh_agent, which it splits at spaces (not as a shell would)."""
+    command = ssh_command()
+    if any(not word or any(c.isspace() for c in word) for word in command):
+        raise ColibriError(
+            f"COLIBRI_SSH_COMMAND {shlex.join(command)!r}: mpirun splits its ssh command at spaces, so no "
+            "word of it may hold one (a config file's path with a space: use a path without)"
+        )
+    return " ".join(command)
 
 
 _RANK_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")

@@ -1,8 +1,9 @@
 """One model over several MPI ranks (host-mpi, runtime/ranks/mpi.c): on 2 and 4 ranks of this
-machine, a dense and a MoE random-init checkpoint decode the single board's tokens and per-step
-logits hashes (the NumPy reference's), greedy and sampled; one build per model serves every rank
-count. And the faults: a rank killed mid-decode, a host that cannot be reached, each one line
-naming the rank or host, no hang, no rank left running."""
+machine, a dense, a MoE and a hybrid random-init checkpoint decode the single board's tokens and
+per-step logits hashes (the NumPy reference's), greedy and sampled; one build per model serves
+every rank count; two hosts through a real sshd on two loopback addresses. And the faults: a rank
+killed mid-decode, a rank stalled, a host that cannot be reached: one line naming the rank or host
+(or the timeout), no hang, no rank left running."""
 
 import os
 import signal
@@ -19,10 +20,12 @@ from generator.device.session import RunRequest
 from generator.errors import ColibriError
 from generator.numerics.sampling import SamplingParams
 
-MODELS = {"dense": "qwen3_qknorm", "moe": "qwen2_moe_shared"}  # the MoE: 6 experts, top 2, a gated shared expert
+# The MoE: 6 experts, top 2, a gated shared expert; the hybrid: LFM2-MoE's short convolutions
+# beside attention layers, and its experts.
+MODELS = {"dense": "qwen3_qknorm", "moe": "qwen2_moe_shared", "hybrid": "lfm2_moe"}
 PROMPT = [1, 17, 42, 99, 7]  # a batch of five: the gather of a batch's rows too
 SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, seed=5)
-# Builds a dense and a MoE host-mpi firmware (one each, shared by every rank count and fault).
+# Builds a dense, a MoE and a hybrid host-mpi firmware (one each, shared by every rank count and fault).
 building = pytest.mark.slow
 
 
@@ -34,14 +37,14 @@ def run_ranks(builder, model: Path, hosts: str | None, request: RunRequest, on_t
 
 
 @building
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "hybrid"])
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_ranks_decode_the_single_boards_bits_greedy_and_sampled(kind, ranks, builder, checkpoints):
     for sampling in (SamplingParams(), SAMPLED):
         request = RunRequest(PROMPT, 8, sampling, stop_at_eos=False)
         _, art, plan, result = run_ranks(builder, checkpoints(MODELS[kind]), f"localhost:{ranks}", request)
         assert_decodes_as_the_reference(plan, art, request, result)  # the expert counts too
-        assert bool(result.expert_counts) == (kind == "moe")
+        assert bool(result.expert_counts) == (kind != "dense")
 
 
 @building

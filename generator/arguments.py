@@ -1,6 +1,6 @@
 """The command line's options that several commands share, and the types that check their values:
 a model and a board to build for, a prompt and its decoding, and what a board may take (threads,
-a serial port, --remote, a memory budget), one group for every command that runs firmware."""
+a serial port, --remote, MPI ranks' hosts, a memory budget), one group for every command that runs firmware."""
 
 from __future__ import annotations
 
@@ -137,6 +137,18 @@ def add_remote_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_hosts_args(p: argparse.ArgumentParser) -> None:
+    """Where a board's MPI ranks run, in mpirun's own syntax (checked by device/hosts.py)."""
+    ranks = p.add_argument_group("MPI ranks (boards that run them: host-mpi; docs/several-boards.md)")
+    ranks.add_argument(
+        "--hosts",
+        metavar="HOST[:SLOTS],...",
+        help="the hosts the ranks run on, as mpirun's --host (localhost:4: four ranks here; other hosts "
+        "over SSH, the build at the same path); default: one rank here",
+    )
+    ranks.add_argument("--hostfile", type=Path, metavar="FILE", help="an mpirun hostfile (HOST slots=N per line)")
+
+
 def memory_size(text: str):
     """--memory-budget: bytes (an int) or compile.cache_plan.AutoBudget."""
     from .compile.cache_plan import parse_budget
@@ -182,6 +194,7 @@ def add_board_args(p: argparse.ArgumentParser, threads_sweep: bool = False) -> N
     add_threads_arg(p, threads_sweep)
     add_port_arg(p)
     add_remote_arg(p)
+    add_hosts_args(p)
     add_budget_arg(p)
 
 

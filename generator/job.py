@@ -28,6 +28,7 @@ from .compile.build import prepare as prepare_build
 from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan
 from .compile.plan import Plan, largest_planned_ctx
 from .console import TextStream, progress, warn
+from .device.hosts import hosts_for
 from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware
 from .device.remote import Remote, remote_for
 from .device.runner import run_firmware
@@ -91,6 +92,8 @@ class JobOptions:
     port: str | None = None
     reset: bool = False
     remote: str | None = None
+    hosts: str | None = None  # MPI ranks' hosts, mpirun's --host syntax (device/hosts.py)
+    hostfile: Path | None = None  # or an mpirun hostfile
     memory_budget: int | AutoBudget | None = None
     chat_template: Path | None = None  # chat: a Jinja2 template file instead of the model's own
     # The options the command line itself set (refused if the board cannot take them), and the
@@ -327,6 +330,7 @@ def prepare(
     planned = plan_build(options)
     board, plan = planned.board, planned.plan
     remote = remote_for(board, options.remote)  # a bad --remote is said before building
+    hosts = hosts_for(board, options.hosts, options.hostfile)  # and bad --hosts
     if sampling:
         check_sampling_options(options, options.given)
     tokenizer = Tokenizer.for_model(options.model)
@@ -344,7 +348,9 @@ def prepare(
     params = sampling_from(options, options.model, plan.n_ctx) if sampling else None
     port = board_port(options, board)
     warn_threads(board, options.threads)
-    link = LinkOptions(remote=remote, progress=None if options.quiet else progress, port=port, reset=options.reset)
+    link = LinkOptions(
+        remote=remote, progress=None if options.quiet else progress, port=port, reset=options.reset, hosts=hosts
+    )
     return Prepared(options, planned, link, tokenizer, made, cache, params)
 
 

@@ -48,6 +48,8 @@ BOARD_OPTIONS = [
     BoardOption("reset", "--reset", _serial, "boards on a serial port"),
     BoardOption("threads", "--threads", lambda b: b.parallel != "none", "multi-threaded (Linux) boards"),
     BoardOption("remote", "--remote", lambda b: b.runner.takes_remote, "Linux boards reached over SSH"),
+    BoardOption("hosts", "--hosts", lambda b: b.runner.runs_ranks, "boards that run MPI ranks"),
+    BoardOption("hostfile", "--hostfile", lambda b: b.runner.runs_ranks, "boards that run MPI ranks"),
     BoardOption(
         "memory_budget",
         "--memory-budget",

@@ -7,6 +7,7 @@
 
 #include "kernels/kernels.h"
 #include "parallel.h"
+#include "ranks.h"
 
 #define READS_KEPT_BLOCKS (COLIBRI_READS_Q5_0 || COLIBRI_READS_Q5_1 || COLIBRI_READS_Q4_K || COLIBRI_READS_Q5_K || COLIBRI_READS_Q6_K || COLIBRI_READS_Q3_K || COLIBRI_READS_Q2_K || COLIBRI_READS_IQ4_NL || COLIBRI_READS_IQ4_XS || COLIBRI_READS_MXFP4) /* some matrix is a kept GGUF type's blocks */
 
@@ -155,12 +156,15 @@ static void matmul_rows(void *ctx, int begin, int end)
 
 void matmul(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows)
 {
-    MatmulJob job = {out, in, w, rows, 0};
-    if ((int64_t)in->n_tok * rows * in->cols < PARALLEL_MIN_MACS) {
-        matmul_rows(&job, 0, rows);
+    int begin, end; /* this rank's rows (runtime/ranks.h): all of them on a single board */
+    ranks_rows(rows, &begin, &end);
+    MatmulJob job = {out + begin, in, w, rows, begin};
+    if ((int64_t)in->n_tok * (end - begin) * in->cols < PARALLEL_MIN_MACS) {
+        matmul_rows(&job, 0, end - begin);
     } else {
-        parallel_for(matmul_rows, &job, rows);
+        parallel_for(matmul_rows, &job, end - begin);
     }
+    ranks_gather_rows(out, in->n_tok, rows);
     if (bias != NULL) {
         for (int t = 0; t < in->n_tok; t++) {
             float *o = out + (int64_t)t * rows;

@@ -14,6 +14,7 @@
 #include "matmul.h"
 #include "mla.h"
 #include "ops.h"
+#include "ranks.h"
 #include "router.h"
 #include "short_conv.h"
 
@@ -204,6 +205,10 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
             return status;
         }
         const int64_t expert = b->expert_ids[k];
+        if (!ranks_owns_expert(expert)) { /* computed on its own rank (runtime/ranks.h) */
+            continue;
+        }
+        ranks_alone(1);
         if (lw->expert_b_gate != NULL) { /* this expert's rows of the layer's bias vectors */
             gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, lw->expert_b_gate + expert * COLIBRI_EXPERT_FFN_DIM,
                       lw->expert_b_up + expert * COLIBRI_EXPERT_FFN_DIM, lw->expert_b_down + expert * COLIBRI_DIM, xn,
@@ -211,11 +216,13 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
         } else {
             gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, xn, 1, COLIBRI_EXPERT_FFN_DIM);
         }
+        ranks_alone(0);
         float *term = b->expert_terms + (int64_t)k * COLIBRI_DIM;
         for (int i = 0; i < COLIBRI_DIM; i++) {
             term[i] = b->expert_weights[k] * b->proj[i];
         }
     }
+    ranks_share_terms(b->expert_terms, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN, COLIBRI_DIM);
     for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
         const float *term = b->expert_terms + (int64_t)k * COLIBRI_DIM;
         for (int i = 0; i < COLIBRI_DIM; i++) {

@@ -15,7 +15,7 @@ from .load import (
     read_board_file,
 )
 from .predict import TimingModel
-from .runners import BuildOnlyRunner, EmulatedSystemRunner, ProcessRunner, Runner, SerialRunner
+from .runners import BuildOnlyRunner, EmulatedSystemRunner, MpiRunner, ProcessRunner, Runner, SerialRunner
 from .sources import firmware_sources, kernel_set_sources
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "FlashImage",
     "IdfSettings",
     "MemoryRegion",
+    "MpiRunner",
     "ProcessRunner",
     "Runner",
     "SerialRunner",

@@ -21,6 +21,8 @@ Common fields (every board):
               "serial" (a real board on a serial port) or "none" (build only): boards/runners.py;
               weights: "file" | "mapped" (read in place at the base of the region holding
               weights) | "embedded" (linked into the program) | "partition" (an ESP-IDF data partition);
+              "mpi" (the process as several ranks of one model, started by `launcher`, default
+              ["mpirun"], with --hosts / --hostfile: docs/several-boards.md);
               remote_prefix (process boards, optional): what the program is started under on a
               board reached over SSH (--remote); real boards leave it empty, the tests put
               qemu-aarch64 there to run linux-aarch64 through an sshd on this x86 machine
@@ -443,6 +445,7 @@ BOARD_FIELDS = (
     BoardField("toolchain.linker_script", RELATIVE_PATH, "it is a file of the repository"),
     BoardField("runner.weights", _one_of(WEIGHT_PLACES), "it names a macro of board_def.h"),
     BoardField("runner.emulator[]", ARGUMENT, "each is one argument of the command the firmware runs under"),
+    BoardField("runner.launcher[]", ARGUMENT, "each is one argument of the command that starts the ranks"),
     BoardField("runner.remote_prefix[]", ARGUMENT, "each is one argument of the command run over SSH"),
     BoardField("runner.command[]", ARGUMENT, "each is one argument of the emulator's command"),
     BoardField("memory[].name", C_IDENTIFIER, "it names the region's macros in board_def.h"),

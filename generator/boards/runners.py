@@ -2,6 +2,8 @@
 
   process      a Linux program, natively or under a user-mode emulator (qemu-aarch64), here or on
                a board reached over SSH
+  mpi          the same program as several ranks of one model, started by MPI's own launcher
+               (Open MPI's mpirun) on this machine or on the hosts it is given
   qemu-system  an emulated MCU (qemu-system-riscv32), its UART on a local socket
   serial       a real board on a serial port
   none         build only: nothing here can run it
@@ -12,7 +14,9 @@ kind's name). How a link to it is opened is the device stage's (device/links.py)
 
 from __future__ import annotations
 
+import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -38,6 +42,9 @@ class Runner:
     runs_threads: ClassVar[bool] = False
     # A real board on a serial port: runs, flashing and monitors need the port (--port).
     needs_port: ClassVar[bool] = False
+    # Runs as several ranks of one model (--hosts, --hostfile); its C: runtime/ranks/<ranks>.c.
+    runs_ranks: ClassVar[bool] = False
+    ranks: ClassVar[str] = "none"
 
     def needs_emulator(self) -> bool:
         """Whether this machine runs the firmware under a user-mode emulator (a foreign ISA)."""
@@ -104,6 +111,45 @@ class ProcessRunner(Runner):
     def tools(self) -> list[str]:
         return [self.emulator[0]] if self.needs_emulator() else []
 
+    def start_prefix(self, hosts: Sequence[str] = ()) -> list[str]:
+        """What the program is started under here: its emulator where this machine needs one."""
+        return list(self.emulator) if self.needs_emulator() else []
+
+
+def running_as_root() -> bool:
+    return os.geteuid() == 0
+
+
+@dataclass(frozen=True)
+class MpiRunner(ProcessRunner):
+    """The Linux program as several ranks of one model (runtime/ranks/mpi.c), started by `launcher`
+    (Open MPI's mpirun) with mpirun's own host syntax: `hosts` are its arguments (--host H:S,... or
+    --hostfile F), one rank on this machine when none are given. Rank 0 alone talks the link."""
+
+    launcher: tuple[str, ...] = ("mpirun",)
+
+    kind: ClassVar[str] = "mpi"
+    runs_ranks: ClassVar[bool] = True
+    ranks: ClassVar[str] = "mpi"
+    takes_remote: ClassVar[bool] = False  # the hosts are mpirun's (--hosts), not one board's SSH
+    probes_bandwidth: ClassVar[bool] = False  # every rank would probe the same memory
+    stores_raw_logits: ClassVar[bool] = False  # rank 0's file only: not wired yet
+
+    def how_it_runs(self) -> str:
+        return f"as MPI ranks started by {self.launcher[0]} ({super().how_it_runs()} each)"
+
+    def tools(self) -> list[str]:
+        return [self.launcher[0], *super().tools()]
+
+    def start_prefix(self, hosts: Sequence[str] = ()) -> list[str]:
+        # As root, Open MPI refuses to start without being told; more ranks than cores (--hosts
+        # localhost:4 on two) need --oversubscribe, else it refuses that too. A rank waiting in a
+        # collective yields its core: spinning, 4 ranks on 2 cores took 90 s for what takes 1.6 s.
+        root = ["--allow-run-as-root"] if running_as_root() else []
+        where = list(hosts) if hosts else ["--host", "localhost:1"]
+        waiting = ["--mca", "mpi_yield_when_idle", "1"]
+        return [*self.launcher, *root, "--oversubscribe", *waiting, *where, *super().start_prefix()]
+
 
 @dataclass(frozen=True)
 class EmulatedSystemRunner(Runner):
@@ -151,7 +197,7 @@ class BuildOnlyRunner(Runner):
 
 
 RUNNER_KINDS: dict[str, type[Runner]] = {
-    r.kind: r for r in (ProcessRunner, EmulatedSystemRunner, SerialRunner, BuildOnlyRunner)
+    r.kind: r for r in (ProcessRunner, MpiRunner, EmulatedSystemRunner, SerialRunner, BuildOnlyRunner)
 }
 
 
@@ -163,6 +209,13 @@ def runner_from_section(section: dict, isa: str) -> Runner:
     if kind == "process":
         return ProcessRunner(
             isa, emulator=_strings(section, "emulator"), remote_prefix=_strings(section, "remote_prefix")
+        )
+    if kind == "mpi":
+        return MpiRunner(
+            isa,
+            emulator=_strings(section, "emulator"),
+            remote_prefix=_strings(section, "remote_prefix"),
+            launcher=_strings(section, "launcher") or MpiRunner.launcher,
         )
     if kind == "qemu-system":
         return EmulatedSystemRunner(command=_strings(section, "command"))

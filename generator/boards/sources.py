@@ -29,7 +29,8 @@ def kernel_set_sources(name: str, repo: Path = REPO) -> list[Path]:
 
 def firmware_sources(board: Board, repo: Path = REPO) -> list[Path]:
     """The hand-written C files a board's firmware is compiled from: the runtime, the board's kernel
-    sets and parallel backend, the application and the BSP. (An ESP-IDF board's BSP is compiled by
+    sets, parallel backend and ranks (runtime/ranks/: several where the runner starts them), the
+    application and the BSP. (An ESP-IDF board's BSP is compiled by
     idf.py, which supplies its headers; the SConstruct compiles the rest as a check.)"""
     src = repo / "firmware_src"
     bsp = src / "bsp" / board.bsp
@@ -45,6 +46,7 @@ def firmware_sources(board: Board, repo: Path = REPO) -> list[Path]:
         sorted((src / "runtime").glob("*.c"))
         + kernels
         + [src / "runtime" / "parallel" / f"{board.parallel}.c"]
+        + [src / "runtime" / "ranks" / f"{board.runner.ranks}.c"]
         + sorted((src / "app").glob("*.c"))
         + sorted(bsp.glob("*.c"))
         + sorted(bsp.glob("*.S"))

@@ -20,9 +20,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from ..boards import Board, EmulatedSystemRunner, ProcessRunner, Runner, SerialRunner
+from ..boards import Board, EmulatedSystemRunner, MpiRunner, ProcessRunner, Runner, SerialRunner
 from ..errors import ColibriError
-from .process import ProcessLink, explain_local, run_process
+from .hosts import explain_ranks
+from .process import Explain, ProcessLink, explain_local, run_process
 from .remote import Remote, check_remote_machine, explain_remote, remote_command, remote_prefix, run_remote
 from .serial_link import SerialLink, Timeouts
 from .session import RunRequest, RunResult, Session, request_frame
@@ -81,6 +82,7 @@ class LinkOptions:
     port: str | None = None
     reset: bool = False
     keep_open: bool = False
+    hosts: tuple[str, ...] = ()  # where MPI ranks run: mpirun's --host/--hostfile (device/hosts.py)
 
 
 class Link:
@@ -117,17 +119,21 @@ class LinuxLink(Link):
                 )
                 self.process = ProcessLink(argv, explain_remote(how.remote))
             else:
-                self.process = ProcessLink(self.local_argv(), explain_local)
+                self.process = ProcessLink(self.local_argv(), self.explain())
 
     def weights_bytes(self) -> int:
         return self.firmware.weights.stat().st_size
+
+    def explain(self) -> Explain:
+        """How an early end is told: mpirun's ranks by rank and host, a process by its status."""
+        return explain_ranks if self.board.runner.runs_ranks else explain_local
 
     def local_argv(self) -> list[str]:
         runner = self.board.runner
         assert isinstance(runner, ProcessRunner)
         argv = [
             *local_prefix(),
-            *(runner.emulator if runner.needs_emulator() else ()),
+            *runner.start_prefix(self.how.hosts),
             str(self.firmware.program),
             "--weights",
             str(self.firmware.weights),
@@ -172,7 +178,7 @@ class LinuxLink(Link):
             )
         if timeout is None:
             timeout = default_timeout(request, self.weights_bytes()) * (4 if self.board.runner.needs_emulator() else 1)
-        return run_process(self.local_argv(), request_frame(request), session, timeout)
+        return run_process(self.local_argv(), request_frame(request), session, timeout, self.explain())
 
     def close(self) -> None:
         if self.process is not None:
@@ -285,6 +291,7 @@ class SerialBoardLink(Link):
 # How each way a board runs is reached (a build-only board is not: open_link refuses it).
 LINKS: dict[type[Runner], Callable[[Board, Firmware, LinkOptions], Link]] = {
     ProcessRunner: LinuxLink,
+    MpiRunner: LinuxLink,
     EmulatedSystemRunner: EmulatorLink,
     SerialRunner: SerialBoardLink,
 }
@@ -324,9 +331,10 @@ def open_link(
     port: str | None = None,
     reset: bool = False,
     keep_open: bool = False,
+    hosts: Sequence[str] = (),
 ) -> Link:
     """open_firmware() with the firmware and the link options given one by one (a script's or a
     test's way; job.py packs them once)."""
     firmware = Firmware(Path(program), Path(weights), expected_model, flash_image, check_hello)
-    how = LinkOptions(tuple(options), logits_out, remote, progress, port, reset, keep_open)
+    how = LinkOptions(tuple(options), logits_out, remote, progress, port, reset, keep_open, tuple(hosts))
     return open_firmware(board, firmware, how)

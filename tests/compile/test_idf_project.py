@@ -263,6 +263,7 @@ def test_cmake_files_list_every_copied_source_and_the_idf_pieces(name, projects,
         [f"colibri/runtime/{f.name}" for f in (src / "runtime").glob("*.c")]
         + [f"colibri/{f.relative_to(src).as_posix()}" for k in board.kernels for f in kernel_set_sources(k)]
         + [f"colibri/runtime/parallel/{board.parallel}.c"]
+        + [f"colibri/runtime/ranks/{board.runner.ranks}.c"]
         + [f"colibri/app/{f.name}" for f in (src / "app").glob("*.c")]
         + ["colibri/bsp/esp32p4-idf/main.c", "colibri/generated/model_data.c", "colibri/generated/selftest_data.c"]
     )

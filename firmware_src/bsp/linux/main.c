@@ -15,6 +15,7 @@
 #include "../../app/selftest.h"
 #include "../../runtime/image_loader.h"
 #include "../../runtime/parallel.h"
+#include "../../runtime/ranks.h"
 #include "budget.h"
 #include "held_weights.h"
 #include "hooks.h"
@@ -25,7 +26,7 @@
 
 /* One line from stdin into line (capacity bytes): its length, or -1 if there is none or it is
  * longer than any request. */
-static int read_request_line(char *line, int capacity)
+static int read_stdin_line(char *line, int capacity)
 {
     if (fgets(line, capacity, stdin) == NULL) {
         return -1;
@@ -47,6 +48,12 @@ static int read_request_line(char *line, int capacity)
         memmove(line, last, len + 1);
     }
     return (int)len;
+}
+
+/* The leader's line on every rank (runtime/ranks.h): only rank 0 reads the link. */
+static int read_request_line(char *line, int capacity)
+{
+    return ranks_share_line(line, ranks_leader() ? read_stdin_line(line, capacity) : 0);
 }
 
 #define REQUEST_LINE_BYTES COLIBRI_REQUEST_LINE_BYTES(COLIBRI_N_CTX)
@@ -88,7 +95,7 @@ static int serve_requests(char *line, int capacity, int len, ColibriRequest *req
     return status;
 }
 
-int main(int argc, char **argv)
+static int serve(int argc, char **argv)
 {
     static int32_t prompt[COLIBRI_N_CTX];
     static char line[REQUEST_LINE_BYTES + 2];
@@ -137,4 +144,10 @@ int main(int argc, char **argv)
     logits_out_close();
     release_weights(&opt, &w);
     return status == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    ranks_start(&argc, &argv); /* before the hello frame: rank 0 alone says it */
+    return ranks_finish(serve(argc, argv));
 }

@@ -1,0 +1,44 @@
+/* One model over several ranks (MPI processes, on one machine or several boards): ranks/mpi.c on
+ * boards whose runner launches ranks, ranks/none.c (one rank, nothing shared) everywhere else.
+ *
+ * Every rank holds the whole state (the residual, the KV cache, the sampler) and runs the same
+ * forward pass; the weight products are what is split. A dense matrix is split by output rows,
+ * each row computed whole on one rank and gathered, so no sum changes order; a routed expert is
+ * computed on the rank it lives on (expert % ranks), its weighted output gathered and summed in
+ * the single board's order. So every rank ends each product with the single board's bits. Rank 0
+ * alone reads requests (and shares each line) and writes frames; the others are silent. */
+#ifndef COLIBRI_RANKS_H
+#define COLIBRI_RANKS_H
+
+#include <stdint.h>
+
+/* Join the ranks (MPI_Init) before anything is written; silences stdout on every rank but 0. */
+void ranks_start(int *argc, char ***argv);
+
+/* Leave them with the process's exit status: a failure ends every rank, so none waits for it. */
+int ranks_finish(int status);
+
+/* Whether this rank talks the link protocol (rank 0; the only rank of a single board). */
+int ranks_leader(void);
+
+/* The leader's request line (its length, or -1 at the end of its stdin) on every rank. */
+int ranks_share_line(char *line, int len);
+
+/* This rank's output rows [*begin, *end) of a product with `rows` rows: all of them while
+ * ranks_alone is on, or on a single board. */
+void ranks_rows(int rows, int *begin, int *end);
+
+/* Every rank's rows into out (n_tok tokens of `rows` floats each), after each computed its own. */
+void ranks_gather_rows(float *out, int n_tok, int rows);
+
+/* On (1): products are computed whole by this rank (an expert where it lives); off (0): split. */
+void ranks_alone(int on);
+
+/* Whether routed expert `expert` is computed on this rank. */
+int ranks_owns_expert(int64_t expert);
+
+/* The k weighted expert outputs (rows of dim floats, row i for expert ids[i]) from the ranks that
+ * computed them into every rank's terms, before they are summed in order. */
+void ranks_share_terms(float *terms, const int32_t *ids, int k, int dim);
+
+#endif

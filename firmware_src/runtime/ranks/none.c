@@ -1,0 +1,50 @@
+/* A single board: one rank, holding and computing everything (runtime/ranks.h). */
+#include "../ranks.h"
+
+void ranks_start(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+}
+
+int ranks_finish(int status)
+{
+    return status;
+}
+
+int ranks_leader(void)
+{
+    return 1;
+}
+
+int ranks_share_line(char *line, int len)
+{
+    (void)line;
+    return len;
+}
+
+void ranks_rows(int rows, int *begin, int *end)
+{
+    *begin = 0;
+    *end = rows;
+}
+
+void ranks_gather_rows(float *out, int n_tok, int rows)
+{
+    (void)out, (void)n_tok, (void)rows;
+}
+
+void ranks_alone(int on)
+{
+    (void)on;
+}
+
+int ranks_owns_expert(int64_t expert)
+{
+    (void)expert;
+    return 1;
+}
+
+void ranks_share_terms(float *terms, const int32_t *ids, int k, int dim)
+{
+    (void)terms, (void)ids, (void)k, (void)dim;
+}

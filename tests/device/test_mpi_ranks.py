@@ -1,0 +1,217 @@
+"""One model over several MPI ranks (host-mpi, runtime/ranks/mpi.c): on 2 and 4 ranks of this
+machine, a dense, a MoE and a hybrid random-init checkpoint decode the single board's tokens and
+per-step logits hashes (the NumPy reference's), greedy and sampled; one build per model serves
+every rank count; two hosts through a real sshd on two loopback addresses. And the faults: a rank
+killed mid-decode, a rank stalled, a host that cannot be reached: one line naming the rank or host
+(or the timeout), no hang, no rank left running."""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from cli_runs import assert_decodes_as_the_reference, main_json
+
+from generator.device.hosts import hosts_for
+from generator.device.links import Firmware, LinkOptions
+from generator.device.runner import run_firmware
+from generator.device.session import RunRequest
+from generator.errors import ColibriError
+from generator.numerics.sampling import SamplingParams
+
+# The MoE: 6 experts, top 2, a gated shared expert; the hybrid: LFM2-MoE's short convolutions
+# beside attention layers, and its experts.
+MODELS = {"dense": "qwen3_qknorm", "moe": "qwen2_moe_shared", "hybrid": "lfm2_moe"}
+PROMPT = [1, 17, 42, 99, 7]  # a batch of five: the gather of a batch's rows too
+SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, seed=5)
+# Builds a dense, a MoE and a hybrid host-mpi firmware (one each, shared by every rank count and fault).
+building = pytest.mark.slow
+
+
+def run_ranks(builder, model: Path, hosts: str | None, request: RunRequest, on_token=None, timeout=None):
+    board, art, plan = builder.build(model, "q8_0", 64, "host-mpi")
+    firmware = Firmware(art.program, art.weights, art.model_hash())
+    how = LinkOptions(hosts=hosts_for(board, hosts, None))
+    return board, art, plan, run_firmware(board, firmware, how, request, on_token, timeout)
+
+
+@building
+@pytest.mark.parametrize("kind", ["dense", "moe", "hybrid"])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_decode_the_single_boards_bits_greedy_and_sampled(kind, ranks, builder, checkpoints):
+    for sampling in (SamplingParams(), SAMPLED):
+        request = RunRequest(PROMPT, 8, sampling, stop_at_eos=False)
+        _, art, plan, result = run_ranks(builder, checkpoints(MODELS[kind]), f"localhost:{ranks}", request)
+        assert_decodes_as_the_reference(plan, art, request, result)  # the expert counts too
+        assert bool(result.expert_counts) == (kind != "dense")
+
+
+@building
+def test_verify_with_hosts_passes_through_the_command(builder, checkpoints, capsys):
+    model = checkpoints(MODELS["moe"])
+    builder.build(model, "q8_0", 64, "host-mpi")  # the build the other tests share: --out is its directory
+    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16"
+    summary = main_json(
+        capsys,
+        "verify",
+        board="host-mpi",
+        model=model,
+        ctx=64,
+        out=out,
+        hosts="localhost:2",
+        prompt_ids="1,5,9",
+        steps=6,
+    )
+    assert summary["pass"] and summary["board"] == "host-mpi"
+
+
+def rank_processes(rank: int) -> list[int]:
+    """This test's descendants that are MPI rank `rank` (their environment says which)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ and descends_from_us(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue  # gone, or not ours to read
+    return found
+
+
+def descends_from_us(pid: int) -> bool:
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        status = Path(f"/proc/{pid}/status").read_text()
+        pid = int(status.split("PPid:")[1].split()[0])
+    return False
+
+
+def loopback_hosts_config(server, addresses: tuple[str, ...]) -> Path:
+    """An ssh config reaching the test's sshd at each loopback address, its host key known there."""
+    root = server.root
+    kind, key = (root / "host_key.pub").read_text().split()[:2]
+    (root / "known_hosts").write_text("".join(f"[{a}]:{server.port} {kind} {key}\n" for a in addresses))
+    config = root / "hosts_config"
+    config.write_text(
+        f"Host *\n    Port {server.port}\n    User root\n    IdentityFile {root}/id_ed25519\n"
+        f"    IdentitiesOnly yes\n    IdentityAgent none\n    UserKnownHostsFile {root}/known_hosts\n"
+        "    GlobalKnownHostsFile /dev/null\n    StrictHostKeyChecking yes\n    PasswordAuthentication no\n"
+    )
+    return config
+
+
+@building
+def test_two_loopback_addresses_through_the_local_sshd_are_two_hosts(builder, checkpoints, tmp_path, monkeypatch):
+    from sshd import Sshd
+
+    addresses = ("127.0.0.2", "127.0.0.3")
+    server = Sshd(tmp_path / "sshd", extra_config="".join(f"ListenAddress {a}\n" for a in addresses))
+    try:
+        monkeypatch.setenv("COLIBRI_SSH_COMMAND", f"ssh -F {loopback_hosts_config(server, addresses)}")
+        request = RunRequest(PROMPT, 6, SAMPLED, stop_at_eos=False)
+        _, art, plan, result = run_ranks(builder, checkpoints(MODELS["moe"]), "127.0.0.2:1,127.0.0.3:1", request)
+        assert_decodes_as_the_reference(plan, art, request, result)
+        log = (server.root / "sshd.log").read_text()
+        # mpirun's daemon started on each host over SSH, one connection to each address
+        assert all(f" on {a} port {server.port} " in log for a in addresses)
+        assert log.count("Accepted publickey") == 2
+    finally:
+        server.stop()
+
+
+@building
+def test_a_rank_killed_mid_decode_is_named_and_no_rank_is_left(builder, checkpoints):
+    killed, when = [], []
+
+    def kill_rank_1(step: int, token: int) -> None:
+        if not killed:
+            killed.extend(rank_processes(1))
+            when.append(time.monotonic())
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+
+    request = RunRequest(PROMPT, 60, stop_at_eos=False)
+    with pytest.raises(ColibriError) as e:
+        run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", request, kill_rank_1, timeout=60)
+    assert len(killed) == 1
+    assert str(e.value).startswith("rank 1 on host ") and "killed by signal 9 (SIGKILL)" in str(e.value)
+    assert time.monotonic() - when[0] < 30  # mpirun's notice, not the timeout
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
+@building
+def test_a_stalled_rank_ends_in_the_timeout_and_no_rank_is_left(builder, checkpoints):
+    stopped = []
+
+    def stop_rank_1(step: int, token: int) -> None:
+        if not stopped:
+            stopped.extend(rank_processes(1))
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)  # alive, silent: rank 0 waits for it in a collective
+
+    request = RunRequest(PROMPT, 60, stop_at_eos=False)
+    with pytest.raises(ColibriError, match=r"no complete result from the firmware within 8 s"):
+        run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", request, stop_rank_1, timeout=8)
+    assert len(stopped) == 1
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
+@building
+def test_a_host_that_cannot_be_reached_is_named(builder, checkpoints):
+    # 127.0.0.2: a loopback address with no sshd on port 22, so ssh is refused at once.
+    model = checkpoints(MODELS["dense"])
+    builder.build(model, "q8_0", 64, "host-mpi")  # built before the clock starts
+    request = RunRequest(PROMPT, 4, stop_at_eos=False)
+    start = time.monotonic()
+    with pytest.raises(ColibriError) as e:
+        run_ranks(builder, model, "localhost:1,127.0.0.2:1", request, timeout=60)
+    assert "a host of the ranks cannot be reached" in str(e.value) and "127.0.0.2" in str(e.value)
+    assert time.monotonic() - start < 30
+    assert rank_processes(0) == []
+
+
+@pytest.mark.parametrize(
+    "hosts, problem",
+    [
+        ("-oProxyCommand=x:1", "is not a host name"),
+        ("localhost:0", "slots must be a count from 1"),
+        ("localhost:two", "slots must be a count from 1"),
+    ],
+)
+def test_hosts_outside_mpiruns_grammar_are_refused_before_building(hosts, problem):
+    from generator.boards import load_board
+
+    with pytest.raises(ColibriError, match=problem):
+        hosts_for(load_board("host-mpi"), hosts, None)
+
+
+def test_a_hostfile_is_checked_line_by_line(tmp_path):
+    from generator.boards import load_board
+
+    good = tmp_path / "hosts"
+    good.write_text("# the boards\nlocalhost slots=2\n127.0.0.1 slots=2 max_slots=4\n")
+    assert hosts_for(load_board("host-mpi"), None, good)[:2] == ("--hostfile", str(good))
+    bad = tmp_path / "bad"
+    bad.write_text("localhost slots=2 && reboot\n")
+    with pytest.raises(ColibriError, match=r"line 1: '&&' is not slots=N"):
+        hosts_for(load_board("host-mpi"), None, bad)
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--board", "host", "--hosts", "localhost:2"], "--hosts is for boards that run MPI ranks (host-mpi)"),
+        (["--board", "host-mpi", "--hosts", "localhost:2", "--hostfile", "f"], "with --hosts or --hostfile, not both"),
+    ],
+)
+def test_the_command_refuses_hosts_it_cannot_use_in_one_line(args, line, capsys, tmp_path):
+    from generator.cli import main
+
+    assert main(["run", *args, "--prompt-ids", "1,2", "--out", str(tmp_path / "out")]) == 2
+    err = [e for e in capsys.readouterr().err.splitlines() if e.strip()]
+    assert len(err) == 1 and err[0].startswith("colibri: error: ") and line in err[0], err
+    assert not (tmp_path / "out").exists()

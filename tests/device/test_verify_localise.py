@@ -1,0 +1,115 @@
+"""verify localises a divergence: the first divergent step replayed with its checkpoints (protocol 7's
+trace=STEP, runtime/checkpoint.h) on the board and in the reference's hook, and the first operation
+whose output differs named with its layer, kernel, inputs and difference. A correct build's
+checkpoints all equal the reference's (so any difference is the build's); broken builds (fused
+multiply-adds from a board file, a kernel changed in a scratch copy of the tree) are named where
+they break."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import pytest
+from conftest import DEFAULT_MODEL, REPO, run_cli
+
+from generator.boards import load_board
+from generator.device.runner import run_on_board
+from generator.device.session import Checkpoint, RunRequest, RunResult
+from generator.numerics.sampling import SamplingParams
+from generator.verify_localise import localise, localise_step, reference_checkpoints
+
+
+def replay_on(board, art):
+    def replay(request: RunRequest) -> RunResult:
+        return run_on_board(board, art.program, art.weights, request, art.model_hash(), flash_image=art.flash_image)
+
+    return replay
+
+
+REQUEST = RunRequest([1, 2, 3, 4, 5], 3, SamplingParams(), stop_at_eos=False)
+
+
+@pytest.mark.parametrize("kind", ["kjv-tiny", "qwen3_moe", "lfm2_moe", "gemma4_moe"])
+@pytest.mark.parametrize("step", [0, 2])  # step 0: a prompt batch's last token; step 2: a decode pass
+def test_every_checkpoint_of_a_correct_build_equals_the_reference(builder, checkpoints, kind, step):
+    model = DEFAULT_MODEL if kind == "kjv-tiny" else checkpoints(kind)
+    board, art, plan = builder.build(model, "q8_0", 64)
+    loc = localise_step(plan, art.weights, REQUEST, step, None, replay_on(board, art))
+    assert loc.kind in ("not reproduced", "sampling")  # reference_token None: only the checkpoints count
+    assert all(pair.equal for pair in loc.checkpoints), [(p.layer, p.op) for p in loc.checkpoints if not p.equal]
+    ops = {pair.op for pair in loc.checkpoints}
+    assert {"embedding", "attn_norm", "mixer", "ffn", "layer_out", "final_norm", "logits"} <= ops
+    assert len([p for p in loc.checkpoints if p.op == "layer_out"]) == plan.spec.n_layers
+    if plan.spec.n_experts:
+        assert {"router", "experts", "expert_weights"} <= ops
+
+
+def test_the_same_router_with_other_experts_is_a_routing_divergence(builder, checkpoints):
+    board, art, plan = builder.build(checkpoints("qwen3_moe"), "q8_0", 64)
+    traced = replace(REQUEST, steps=2, trace=1)
+    fw = replay_on(board, art)(traced)
+    ref = reference_checkpoints(plan, art.weights, traced, 1)
+    moe_layer = next(i for i, moe in enumerate(plan.spec.moe_layers) if moe)
+
+    def changed(c: Checkpoint) -> Checkpoint:
+        return replace(c, sha256="0" * 64) if (c.layer, c.op) == (moe_layer, "experts") else c
+
+    routed = localise(plan, 1, replace(fw, checkpoints=[changed(c) for c in fw.checkpoints]), ref, fw.tokens[1], False)
+    assert (routed.kind, routed.layer, routed.op, routed.inputs_equal) == ("routing", moe_layer, "experts", True)
+    assert "routing divergence" in routed.line() and "router_route" in routed.line()
+    # every checkpoint equal and another token: sampling
+    sampled = localise(plan, 1, fw, ref, fw.tokens[1] + 1, False)
+    assert sampled.kind == "sampling" and "sampling divergence" in sampled.line()
+
+
+def verify_json(*args, cwd=REPO) -> dict:
+    done = run_cli("verify", *args, "--ctx", "64", "--steps", "4", "--prompt-ids", "1,2,3", "--json", cwd=cwd)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_a_kernel_changed_in_a_scratch_copy_of_the_tree_is_named(tmp_path):
+    """The SwiGLU kernel of a copy of the tree made to round its last output up by a factor (a
+    wrong kernel as a port would bring): verify names layer 0's FFN activation, its inputs equal.
+    Slow: it compiles the copy's firmware (its other objects come from the build cache)."""
+    tree = tmp_path / "tree"
+    for part in ("generator", "firmware_src", "templates", "targets", "SConstruct", "pyproject.toml"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, tree / part)
+    for kernel in ("x86_avx2/set.c", "fallback.h"):
+        path = tree / "firmware_src/runtime/kernels" / kernel
+        text = path.read_text()
+        call = "swiglu_avx2(up, gate, n);" if kernel.startswith("x86") else "kernel_scalar_swiglu(up, gate, n);"
+        assert text.count(call) == 1
+        path.write_text(text.replace(call, call + " up[n - 1] = up[n - 1] * 1.001f;"))
+    trace = tmp_path / "trace.jsonl"
+    doc = verify_json("--model", DEFAULT_MODEL, "--out", tmp_path / "build", "--trace", trace, cwd=tree)
+    loc = doc["localisation"]
+    assert doc["first_divergent_step"] == 0
+    assert (loc["kind"], loc["layer"], loc["op"], loc["inputs_equal"]) == ("operation", 0, "ffn_activation", True)
+    assert "swiglu" in loc["kernel"] and loc["largest_ulps"] > 0
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert rows[0]["localisation"]["op"] == "ffn_activation"
+    assert [(r["layer"], r["op"]) for r in rows[1:] if not r["equal"]][0] == (0, "ffn_activation")
+
+
+@pytest.mark.slow
+def test_a_board_file_with_fused_multiply_adds_is_localised(tmp_path):
+    """host.toml copied outside the repository with -ffp-contract=fast -mfma (the build the self-test's
+    test makes, from the build cache): the first operation that differs is one that multiplies and
+    adds, its inputs equal, its difference a few ULPs."""
+    text = load_board("host").path.read_text()
+    fused = tmp_path / "host-fused.toml"
+    fused.write_text(
+        text.replace('name = "host"', 'name = "host-fused"').replace(
+            '"-ffp-contract=off"', '"-ffp-contract=fast", "-mfma"'
+        )
+    )
+    doc = verify_json("--board", fused, "--out", tmp_path / "build")
+    loc = doc["localisation"]
+    assert loc["kind"] == "operation" and loc["inputs_equal"] is True
+    assert loc["op"] not in ("embedding", "attn_residual", "layer_out")  # additions alone do not fuse
+    assert 0 < loc["largest_ulps"] < 1 << 20

@@ -411,6 +411,9 @@ class Reference:
             else:
                 q = apply_rope(q, cos[pos], sin[pos])
                 k = apply_rope(k, cos[pos], sin[pos])
+            self._cp(layer, "q_rope", q.reshape(-1))
+            if own_kv:
+                self._cp(layer, "k_rope", k.reshape(-1))
             slots = self.plan.kv_slots[s.kv_source(layer)]
             if own_kv:
                 # Rounded once, when written, to the cache's type (docs/numerics.md, "KV cache").

@@ -33,7 +33,9 @@ _INPUTS: dict[str, list[tuple[str, ...]]] = {
     "q": [("attn_norm",)],
     "k": [("attn_norm",)],
     "v": [("attn_norm",)],
-    "attention": [("q",), ("k",), ("v",)],
+    "q_rope": [("q",)],
+    "k_rope": [("k",)],
+    "attention": [("q_rope",), ("k_rope",), ("v",)],
     "mixer": [("attention", "attn_norm")],
     "attn_residual": [("mixer",), ("previous",)],
     "ffn_norm": [("attn_residual",)],
@@ -54,7 +56,9 @@ _WHAT = {
     "q": "the query projection",
     "k": "the key projection",
     "v": "the value projection",
-    "attention": "attention over the KV cache (RoPE, scores, softmax, values)",
+    "q_rope": "the queries' norm (where the model has one) and RoPE",
+    "k_rope": "the keys' norm (where the model has one) and RoPE",
+    "attention": "attention over the KV cache (scores, softmax, values)",
     "mixer": "the token mixer's output",
     "attn_residual": "the residual after the token mixer",
     "ffn_norm": "the norm before the feed-forward block",
@@ -214,9 +218,11 @@ def kernel_of(plan: Plan, layer: int, op: str, batched: bool) -> str:
         return f"embedding_row of {dtypes.get('embed', '?')} (runtime/matmul.c)"
     if op in ("q", "k", "v"):
         return matrix(p + "w" + op)
+    if op in ("q_rope", "k_rope"):
+        return "op_rmsnorm, op_rope (runtime/ops.c)" if s.qk_norm else "op_rope (runtime/ops.c)"
     if op == "attention":
         f16 = "_f16" if plan.kv_type == "f16" else ""
-        return f"op_rope (runtime/ops.c), attention_scores{f16}, attention_mix{f16} (runtime/attention.c)"
+        return f"attention_scores{f16}, softmax_rows, attention_mix{f16} (runtime/attention.c)"
     if op == "mixer":
         if s.kv_lora_rank:
             return "mla_attention (runtime/mla.c)"

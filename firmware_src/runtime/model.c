@@ -341,6 +341,10 @@ static void attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int laye
         float *v = b->v + (int64_t)t * kv_dim;
         position_qkv(lw, layer, pos + t, q, own_kv ? k : NULL, own_kv ? v : NULL);
     }
+    checkpoint_last(layer, "q_rope", b->q, n, q_dim);
+    if (own_kv) {
+        checkpoint_last(layer, "k_rope", b->k, n, kv_dim);
+    }
     attention_layer(b, layer, pos, n, lw->sinks); /* runtime/attention.c: the cache, then attention */
 #if COLIBRI_ATTN_OUTPUT_GATE
     for (int64_t i = 0; i < (int64_t)n * q_dim; i++) {

@@ -183,8 +183,9 @@ class Localisation(JsonDocument):
             head = f"localised: step {s}, {self.where}, operation {self.op} ({self.what})"
         diff = ""
         if self.largest_difference is not None:
+            unit = "ULP" if self.largest_ulps == 1 else "ULPs"
             diff = (
-                f"; largest difference {self.largest_difference:.3g} ({self.largest_ulps:,} ULPs) over the "
+                f"; largest difference {self.largest_difference:.3g} ({self.largest_ulps:,} {unit}) over the "
                 f"{self.values_compared} values sent"
             )
         kernel = f", run by {self.kernel} (kernel set {self.kernel_set or '?'})"

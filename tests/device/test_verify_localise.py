@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 from conftest import DEFAULT_MODEL, REPO, run_cli
+from sshd import ALIAS, Sshd
 
 from generator.boards import load_board
 from generator.device.runner import run_on_board
@@ -98,9 +99,18 @@ def test_a_kernel_changed_in_a_scratch_copy_of_the_tree_is_named(tmp_path):
 
 @pytest.mark.slow
 def test_a_board_file_with_fused_multiply_adds_is_localised(tmp_path):
-    """host.toml copied outside the repository with -ffp-contract=fast -mfma (the build the self-test's
-    test makes, from the build cache): the first operation that differs is one that multiplies and
-    adds, its inputs equal, its difference a few ULPs."""
+    """A board file with fused multiply-adds: the first operation that differs is one that
+    multiplies and adds, its inputs equal, its difference a few ULPs."""
+    doc = verify_json("--board", fused_host_board(tmp_path), "--out", tmp_path / "build")
+    loc = doc["localisation"]
+    assert loc["kind"] == "operation" and loc["inputs_equal"] is True
+    assert loc["op"] not in ("embedding", "attn_residual", "layer_out")  # additions alone do not fuse
+    assert 0 < loc["largest_ulps"] < 1 << 20
+
+
+def fused_host_board(tmp_path):
+    """host.toml copied outside the repository with -ffp-contract=fast -mfma (the build the
+    self-test's test makes: shared through the build cache)."""
     text = load_board("host").path.read_text()
     fused = tmp_path / "host-fused.toml"
     fused.write_text(
@@ -108,8 +118,25 @@ def test_a_board_file_with_fused_multiply_adds_is_localised(tmp_path):
             '"-ffp-contract=off"', '"-ffp-contract=fast", "-mfma"'
         )
     )
-    doc = verify_json("--board", fused, "--out", tmp_path / "build")
-    loc = doc["localisation"]
-    assert loc["kind"] == "operation" and loc["inputs_equal"] is True
-    assert loc["op"] not in ("embedding", "attn_residual", "layer_out")  # additions alone do not fuse
-    assert 0 < loc["largest_ulps"] < 1 << 20
+    return fused
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    server = Sshd(tmp_path / "sshd")
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+def test_a_divergence_is_localised_over_ssh_as_over_the_pipe(tmp_path, sshd, monkeypatch):
+    """The fused host build run over SSH (a local sshd, test_remote.py's): the replay goes over the
+    same channel and names the same operation as the run through a pipe."""
+    monkeypatch.setenv("COLIBRI_SSH_COMMAND", sshd.ssh_command())
+    monkeypatch.setenv("COLIBRI_REMOTE_CACHE", str(tmp_path / "board-cache"))
+    monkeypatch.setenv("COLIBRI_REMOTE_PREFIX", "")
+    fused, out = fused_host_board(tmp_path), tmp_path / "build"
+    piped = verify_json("--board", fused, "--out", out)["localisation"]
+    remote = verify_json("--board", fused, "--out", out, "--remote", ALIAS)
+    assert remote["remote"]["firmware_machine"] == "x86_64"
+    assert remote["localisation"] == piped

@@ -21,6 +21,7 @@ from .compile.image import map_image
 from .compile.plan import Plan
 from .device.session import Checkpoint, RunRequest, RunResult
 from .documents import JsonDocument, json_field
+from .errors import ColibriError
 from .reference import Reference
 
 Key = tuple[int, str]  # (layer, operation); layer -1: the embedding, n_layers: the final norm and logits
@@ -376,4 +377,7 @@ def write_trace(path: Path, board: str, localisation: Localisation) -> None:
 
     lines = [json.dumps({"board": board, "localisation": localisation.to_json()})]
     lines += [json.dumps(pair.to_json()) for pair in localisation.checkpoints]
-    write_atomic(path, "\n".join(lines) + "\n")
+    try:
+        write_atomic(path, "\n".join(lines) + "\n")
+    except OSError as e:
+        raise ColibriError(f"cannot write the trace to {path}: {e.strerror or e}") from None

@@ -205,6 +205,8 @@ class VerifyDocument(JsonDocument):
 
 
 def verify(args: argparse.Namespace) -> int:
+    if args.trace is not None and args.trace.is_dir():
+        raise ColibriError(f"--trace {args.trace} is a directory: give the file to write the checkpoints to")
     try:
         prepared, built, ran = _run_prepared(args, stream=True)
     except FirmwareMismatch as e:

@@ -140,3 +140,13 @@ def test_a_divergence_is_localised_over_ssh_as_over_the_pipe(tmp_path, sshd, mon
     remote = verify_json("--board", fused, "--out", out, "--remote", ALIAS)
     assert remote["remote"]["firmware_machine"] == "x86_64"
     assert remote["localisation"] == piped
+
+
+def test_a_trace_file_that_is_a_directory_is_refused_before_anything_is_built(tmp_path):
+    done = run_cli("verify", "--prompt-ids", "1,2", "--steps", "2", "--out", tmp_path / "b", "--trace", tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        == f"colibri: error: --trace {tmp_path} is a directory: give the file to write the checkpoints to"
+    )
+    assert not (tmp_path / "b").exists()

@@ -16,8 +16,10 @@ from conftest import DEFAULT_MODEL, REPO, run_cli
 from sshd import ALIAS, Sshd
 
 from generator.boards import load_board
+from generator.device.protocol import encode_frame, parse_frame
 from generator.device.runner import run_on_board
-from generator.device.session import Checkpoint, RunRequest, RunResult
+from generator.device.session import Checkpoint, RunRequest, RunResult, Session
+from generator.errors import ColibriError
 from generator.numerics.sampling import SamplingParams
 from generator.verify_localise import localise, localise_step, reference_checkpoints
 
@@ -150,3 +152,24 @@ def test_a_trace_file_that_is_a_directory_is_refused_before_anything_is_built(tm
         == f"colibri: error: --trace {tmp_path} is a directory: give the file to write the checkpoints to"
     )
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"layer": "0", "op": "q", "n": "4", "sha": "ab" * 31, "values": "3f800000"}, "sha is not a SHA-256"),
+        ({"layer": "-2", "op": "q", "n": "4", "sha": "ab" * 32, "values": "3f800000"}, "layer=-2 is below -1"),
+        ({"layer": "0", "op": "q", "n": "4", "sha": "ab" * 32, "values": "3f80000,1"}, "values is not a list"),
+    ],
+)
+def test_a_malformed_checkpoint_frame_is_refused(fields, says):
+    session = Session()
+    with pytest.raises(ColibriError, match=says):
+        session.handle(parse_frame(encode_frame(3, "checkpoint", fields).rstrip(b"\n")))
+
+
+def test_a_checkpoint_frame_is_kept_in_the_order_sent():
+    session = Session()
+    fields = {"layer": "-1", "op": "embedding", "n": "64", "sha": "ab" * 32, "values": "3f800000,bf800000"}
+    session.handle(parse_frame(encode_frame(1, "checkpoint", fields).rstrip(b"\n")))
+    assert session.result.checkpoints == [Checkpoint(-1, "embedding", 64, "ab" * 32, ["3f800000", "bf800000"])]

@@ -49,6 +49,34 @@ def test_every_checkpoint_of_a_correct_build_equals_the_reference(builder, check
         assert {"router", "experts", "expert_weights"} <= ops
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("board", ["qemu-rv32", "linux-aarch64"])
+def test_an_emulated_board_sends_the_same_checkpoints_within_its_links_frames(builder, board):
+    """The replay on qemu-rv32 (its UART, as an ESP32-P4's) and linux-aarch64 (qemu-aarch64's pipe),
+    with the builds the session shares: every checkpoint equal to the reference's, each frame far
+    below the firmware's 2048-byte line buffer and the host's 4096-byte frame limit."""
+    b, art, plan = builder.build(DEFAULT_MODEL, "q8_0", 64, board)
+    loc = localise_step(plan, art.weights, REQUEST, 1, None, replay_on(b, art))
+    assert loc.checkpoints and all(pair.equal for pair in loc.checkpoints)
+    longest = max(
+        len(
+            encode_frame(
+                99999,
+                "checkpoint",
+                {
+                    "layer": p.layer,
+                    "op": p.op,
+                    "n": p.n,
+                    "sha": p.firmware_sha256,
+                    "values": ",".join(p.firmware_values or []),
+                },
+            )
+        )
+        for p in loc.checkpoints
+    )
+    assert longest < 300
+
+
 def test_the_same_router_with_other_experts_is_a_routing_divergence(builder, checkpoints):
     board, art, plan = builder.build(checkpoints("qwen3_moe"), "q8_0", 64)
     traced = replace(REQUEST, steps=2, trace=1)

@@ -26,9 +26,9 @@ from .reference import Reference
 
 Key = tuple[int, str]  # (layer, operation); layer -1: the embedding, n_layers: the final norm and logits
 
-# What each operation reads, by the checkpoints before it: (layer offset, operation), the first
-# one present taken for each entry (a tuple: alternatives, as a mixer reads the attention output
-# where there is one, else the normed input). "previous" is the layer before's output (or the embedding).
+# What each operation reads, as checkpoints of the same layer before it: for each entry the first of
+# its alternatives this pass has (a mixer reads the attention output where there is one, else the
+# normed input). "previous" is the layer before's output (the embedding before layer 0).
 _INPUTS: dict[str, list[tuple[str, ...]]] = {
     "attn_norm": [("previous",)],
     "q": [("attn_norm",)],
@@ -44,8 +44,8 @@ _INPUTS: dict[str, list[tuple[str, ...]]] = {
     "experts": [("router",)],
     "expert_weights": [("router",)],
     "ffn_gate": [("ffn_norm",)],
-    "ffn_activation": [("ffn_gate",)],
-    "ffn": [("ffn_activation", "expert_weights", "ffn_norm"), ("experts", "ffn_norm")],
+    "ffn_activation": [("ffn_gate",), ("ffn_norm",)],  # and the up projection of ffn_norm
+    "ffn": [("ffn_activation", "ffn_norm"), ("experts",), ("expert_weights",)],
     "layer_out": [("ffn",), ("attn_residual",)],
     "final_norm": [("previous",)],
     "logits": [("final_norm",)],
@@ -250,11 +250,10 @@ def kernel_of(plan: Plan, layer: int, op: str, batched: bool) -> str:
     return "the residual add (model.c residual_add)"
 
 
-def _inputs(key: Key, order: list[Key], present: set[Key]) -> list[Key]:
+def _inputs(key: Key, present: set[Key]) -> list[Key]:
+    """The checkpoints `key`'s operation reads (_INPUTS), those of this pass."""
     layer, op = key
     previous = (layer - 1, "layer_out") if layer > 0 else (-1, "embedding")
-    if op == "final_norm":
-        previous = (layer - 1, "layer_out") if (layer - 1, "layer_out") in present else (-1, "embedding")
     out = []
     for choices in _INPUTS.get(op, []):
         for name in choices:
@@ -327,7 +326,7 @@ def localise(
         )
     key, pair = order[first], pairs[first]
     layer, op = key
-    inputs = _inputs(key, order, set(order))
+    inputs = _inputs(key, set(order))
     inputs_equal = all(equal[k] for k in inputs) if inputs else None
     largest, largest_ulps, compared = None, None, 0
     if pair.firmware_values is not None and len(pair.firmware_values) == len(pair.reference_values):

@@ -474,7 +474,16 @@ def verify_ran(prepared: Prepared[PromptInputs], built: Built, ran: Ran) -> Veri
     board = prepared.board
     asked = board.runner.runs_here or prepared.port
     selftest = (lambda: selftest_built(prepared, built)) if asked else None
-    return verify_run(board, prepared.plan, built.art.weights, built.identity, ran.request, ran.result, selftest)
+    return verify_run(
+        board,
+        prepared.plan,
+        built.art.weights,
+        built.identity,
+        ran.request,
+        ran.result,
+        selftest,
+        replay=lambda request: run_turn(prepared, built, request),
+    )
 
 
 def run(options: JobOptions, on_token: OnToken | None = None) -> Ran:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -105,6 +106,9 @@ class Reference:
         # The conversation's tokens by position (those the KV cache holds): the repetition
         # penalty's window, as the firmware's history in app/decode.c.
         self.seen: list[int] = []
+        # Called with (layer, operation, output) after each operation of every forward pass, under
+        # the names runtime/checkpoint.h's checkpoints have in model.c (verify_localise.py); None: not.
+        self.checkpoint: Callable[[int, str, np.ndarray], None] | None = None
         for t in plan.tensors:
             start = base + t.offset
             if t.dtype == "q8_0":
@@ -248,11 +252,15 @@ class Reference:
         out = self._linear(p + "ple_proj", self._prepare(gated))
         return x + rmsnorm(out, self.w[p + "ple_norm"], self.spec.rms_norm_eps)
 
-    def _gated_ffn(self, prefix: str, act, biases: bool = False) -> np.ndarray:
-        """down(act(gate x) * up x) with the weights under `prefix` (w_gate, w_up, w_down)."""
+    def _gated_ffn(self, prefix: str, act, biases: bool = False, layer: int | None = None) -> np.ndarray:
+        """down(act(gate x) * up x) with the weights under `prefix` (w_gate, w_up, w_down); a dense
+        layer's (`layer`) checkpoints its gate and the activation's output."""
         gate = self._linear(prefix + "w_gate", act, prefix + "b_gate" if biases else None)
         up = self._linear(prefix + "w_up", act, prefix + "b_up" if biases else None)
         hidden = (gelu_tanh(gate) if self.spec.activation == "gelu_tanh" else silu(gate)) * up
+        if layer is not None:
+            self._cp(layer, "ffn_gate", gate)
+            self._cp(layer, "ffn_activation", hidden)
         return self._linear(prefix + "w_down", self._prepare(hidden), prefix + "b_down" if biases else None)
 
     def _expert_bias(self, layer: int, part: str, expert: int) -> np.ndarray:
@@ -269,6 +277,11 @@ class Reference:
         hidden = swiglu_clamped(gate, up, s.swiglu_alpha, s.swiglu_limit)
         return self._linear(p + "w_down", self._prepare(hidden)) + self._expert_bias(layer, "b_down", expert)
 
+    def _cp(self, layer: int, op: str, out: np.ndarray) -> None:
+        """Checkpoint `op` of `layer` (-1: the embedding; n_layers: the head) with its output."""
+        if self.checkpoint is not None:
+            self.checkpoint(layer, op, out)
+
     def _moe(self, layer: int, act, router_act=None) -> np.ndarray:
         """Softmax over the router logits, top k (best first, lowest id on ties), optional
         renormalisation (then Gemma 4's per-expert scales), expert outputs summed in rank order,
@@ -277,7 +290,10 @@ class Reference:
         logits = self._linear(
             p + "router", act if router_act is None else router_act, p + "router_bias" if s.router_bias else None
         )
+        self._cp(layer, "router", logits)
         chosen, weights = route(s, logits, self.w[p + "router_choice_bias"] if s.router_choice_bias else None)
+        self._cp(layer, "experts", np.asarray(chosen, dtype=np.float32))
+        self._cp(layer, "expert_weights", weights)
         if s.moe_beside_dense:
             weights = weights * self.w[p + "expert_scale"][chosen]
         out = None
@@ -344,25 +360,30 @@ class Reference:
         if pos == 0:
             self._reset_sequence()
         x = self._embed(token)
+        self._cp(-1, "embedding", x)
         ple = self._per_layer_inputs(token, x) if s.ple_dim else None
         for layer in range(s.n_layers):
             p = f"layers.{layer}."
             hd, kvh = s.layer_head_dim(layer), s.layer_kv_heads(layer)
             group = s.n_heads // kvh
             xn = self._norm(x, p + "attn_norm")
+            self._cp(layer, "attn_norm", xn)
             act = self._prepare(xn)
-            if s.kv_lora_rank:  # latent attention (numerics/mla.py)
-                x = x + latent_attention(self, layer, act, pos)
+            if s.kv_lora_rank or s.is_linear(layer) or s.is_short_conv(layer):
+                if s.kv_lora_rank:  # latent attention (numerics/mla.py)
+                    mixed = latent_attention(self, layer, act, pos)
+                else:
+                    mixed = self._short_conv(layer, act, pos) if s.is_short_conv(layer) else self._deltanet(layer, act)
+                self._cp(layer, "mixer", mixed)
+                x = x + mixed
+                self._cp(layer, "attn_residual", x)
                 x = self._ffn_block(layer, x)
-                self._check_layer(layer, x)
-                continue
-            if s.is_linear(layer) or s.is_short_conv(layer):
-                x = x + (self._short_conv(layer, act, pos) if s.is_short_conv(layer) else self._deltanet(layer, act))
-                x = self._ffn_block(layer, x)
+                self._cp(layer, "layer_out", x)
                 self._check_layer(layer, x)
                 continue
             own_kv = not s.is_kv_consumer(layer)  # Gemma 4's KV-sharing layers: queries only
             q = self._linear(p + "wq", act, p + "bq" if s.qkv_bias else None).reshape(s.n_heads, hd)
+            self._cp(layer, "q", q.reshape(-1))
             k = v = np.zeros((kvh, hd), dtype=np.float32)
             if own_kv:
                 k = self._linear(p + "wk", act, p + "bk" if s.qkv_bias else None).reshape(kvh, hd)
@@ -370,6 +391,9 @@ class Reference:
                 v = k.copy()
             elif own_kv:
                 v = self._linear(p + "wv", act, p + "bv" if s.qkv_bias else None).reshape(kvh, hd)
+            if own_kv:
+                self._cp(layer, "k", k.reshape(-1))
+                self._cp(layer, "v", v.reshape(-1))
             if s.qk_norm and s.qk_norm_whole:  # OLMoE: one norm over all the heads' queries, one over the keys
                 q = rmsnorm(q.reshape(-1), self.w[p + "q_norm"], eps).reshape(q.shape)
                 k = rmsnorm(k.reshape(-1), self.w[p + "k_norm"], eps).reshape(k.shape) if own_kv else k
@@ -387,6 +411,9 @@ class Reference:
             else:
                 q = apply_rope(q, cos[pos], sin[pos])
                 k = apply_rope(k, cos[pos], sin[pos])
+            self._cp(layer, "q_rope", q.reshape(-1))
+            if own_kv:
+                self._cp(layer, "k_rope", k.reshape(-1))
             slots = self.plan.kv_slots[s.kv_source(layer)]
             if own_kv:
                 # Rounded once, when written, to the cache's type (docs/numerics.md, "KV cache").
@@ -405,22 +432,29 @@ class Reference:
                 out[h] = seq_sum(probs[:, None] * values, axis=0)
             if s.attn_output_gate:
                 out = out * sigmoid(self._linear(p + "wq_gate", act)).reshape(s.n_heads, hd)
+            self._cp(layer, "attention", out.reshape(-1))
             proj = self._linear(p + "wo", self._prepare(out.reshape(-1)), p + "bo" if s.o_bias else None)
+            self._cp(layer, "mixer", proj)
             if s.post_norms:
                 proj = rmsnorm(proj, self.w[p + "post_attn_norm"], eps)
             x = x + proj
+            self._cp(layer, "attn_residual", x)
             x = self._ffn_block(layer, x)
             if s.ple_dim:
                 x = self._per_layer_block(layer, x, ple)
             if s.layer_scalars:
                 x = x * self.w[p + "layer_scalar"][0]
+            self._cp(layer, "layer_out", x)
             self._check_layer(layer, x)
         if not want_logits:
             return None
         xn = self._norm(x, "final_norm")
+        self._cp(s.n_layers, "final_norm", xn)
         head = "embed" if s.tie_embeddings else "lm_head"
         logits = f32(self._linear(head, self._prepare(xn), "lm_head_bias" if s.lm_head_bias else None))
-        return softcap(logits, s.final_softcap) if s.final_softcap else logits
+        logits = softcap(logits, s.final_softcap) if s.final_softcap else logits
+        self._cp(s.n_layers, "logits", logits)
+        return logits
 
     def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
         """x through the norm `name`: RMSNorm, or with layer_norm LayerNorm with its bias (name_bias)."""
@@ -443,6 +477,7 @@ class Reference:
         """x + FFN(norm(x)): the gated FFN, or on MoE layers the mixture (and its post-norm, if any)."""
         s, p = self.spec, f"layers.{layer}."
         xn = self._norm(x, p + "ffn_norm")
+        self._cp(layer, "ffn_norm", xn)
         act = self._prepare(xn)
         if s.moe_beside_dense and s.moe_layers[layer]:
             # Gemma 4: the dense FFN and the experts side by side, each normed before and after;
@@ -456,7 +491,8 @@ class Reference:
         elif s.moe_layers and s.moe_layers[layer]:
             down = self._moe(layer, act)
         else:
-            down = self._gated_ffn(p, act, s.mlp_bias)
+            down = self._gated_ffn(p, act, s.mlp_bias, layer)
+        self._cp(layer, "ffn", down)
         if s.post_norms:
             down = rmsnorm(down, self.w[p + "post_ffn_norm"], s.rms_norm_eps)
         return x + down

@@ -17,6 +17,7 @@ from .device.session import CacheStats, RunRequest, RunResult, Selftest, cache_s
 from .documents import JsonDocument, json_meta
 from .errors import ColibriError
 from .reference import Generation, Reference
+from .verify_localise import Localisation, localise_step
 
 if TYPE_CHECKING:
     from .compile.build import Artifacts
@@ -183,6 +184,9 @@ class Verified:
     identity: FirmwareIdentity
     identity_problems: list[str]  # what the hello frame says that differs from this build ([]: it is this build)
     selftest: Selftest | None  # None: not asked (a real board not reached here)
+    # Where the first divergent step first differs (verify_localise.py): None when nothing diverged
+    # or no replay was asked; a string when the replay could not be made (why).
+    localisation: Localisation | str | None = None
 
     @property
     def passed(self) -> bool:
@@ -202,16 +206,28 @@ def verify_run(
     request: RunRequest,
     result: RunResult,
     selftest: Callable[[], Selftest | None] | None,
+    replay: Callable[[RunRequest], RunResult] | None = None,
 ) -> Verified:
     """The one verify, for `verify` and `release`: the firmware's `result` for `request` against the
     reference's decode of `weights`, its hello against this build's identity, and its own check
     (app/selftest.c): the selftest frame of its boot run (MCU boards), else what `selftest()` asks
-    (None: not checked, a board not reached here)."""
+    (None: not checked, a board not reached here). With `replay` (a run of another request on the
+    same firmware), a divergent step is replayed with its checkpoints and localised."""
     reference = reference_run(plan, weights, request)
     comparison = compare(result, reference)
     problems = identity_differences(result.hello, identity)
     checked = None if selftest is None else result.selftest if result.selftest is not None else selftest()
-    return Verified(board, plan, request, result, reference, comparison, identity, problems, checked)
+    step = comparison.first_divergent_step
+    localised: Localisation | str | None = None
+    if replay is not None and step is not None and not problems:
+        if step < len(result.tokens) and step < len(reference.tokens):
+            try:
+                localised = localise_step(plan, weights, request, step, reference.tokens[step], replay)
+            except ColibriError as e:
+                localised = f"the replay of step {step} with its checkpoints failed: {e}"
+        else:
+            localised = f"step {step} has no logits on one side (it stopped earlier): nothing to replay"
+    return Verified(board, plan, request, result, reference, comparison, identity, problems, checked, localised)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "../runtime/checkpoint.h"
 #include "../runtime/checksum.h"
 #include "../runtime/expert_cache.h"
 #include "../runtime/image_loader.h"
@@ -119,13 +120,37 @@ int colibri_load_checking(const uint8_t *image, uint64_t image_len, int check)
     return status;
 }
 
+/* A checkpoint frame (runtime/checkpoint.h): layer (-1: the embedding; COLIBRI_N_LAYERS: the final
+ * norm and the logits), operation, width, the SHA-256 of the row and a few of its values. */
+static void send_checkpoint(int layer, const char *op, int64_t n, const uint8_t digest[32], const float *values,
+                            int n_values)
+{
+    proto_begin("checkpoint");
+    proto_i64("layer", layer);
+    proto_str("op", op);
+    proto_u64("n", (uint64_t)n);
+    proto_hex("sha", digest, 32);
+    proto_f32_list("values", values, n_values);
+    proto_end();
+}
+
+/* A forward pass, with its checkpoints sent when `traced` (the pass whose logits the traced step samples). */
+static int forward_traced(int traced, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos, int want_logits)
+{
+    checkpoint_sink = traced ? send_checkpoint : NULL;
+    const int status = colibri_forward(&weights, b, tokens, n, pos, want_logits);
+    checkpoint_sink = NULL;
+    return status;
+}
+
 /* Prompt tokens [from, to) at positions start + from ...: in batches, the logits of the last one
- * computed. */
+ * computed (traced when step 0 is: the last batch's pass gives its logits). */
 static int prefill(ColibriBuffers *b, const ColibriRequest *req, int32_t from, int32_t to)
 {
     for (int32_t i = from; i < to; i += COLIBRI_PREFILL_BATCH) {
         const int n = to - i < COLIBRI_PREFILL_BATCH ? (int)(to - i) : COLIBRI_PREFILL_BATCH;
-        const int status = colibri_forward(&weights, b, req->prompt + i, n, req->start + i, i + n == to);
+        const int traced = req->trace == 0 && req->score_from < 0 && i + n == to;
+        const int status = forward_traced(traced, b, req->prompt + i, n, req->start + i, i + n == to);
         if (status != 0) {
             return status;
         }
@@ -254,11 +279,11 @@ static void stats_decode_done(DecodeStats *s)
 
 /* One forward pass of the decode (the token just sent, at pos, then the n - 1 drafted tokens after
  * it: logits after each), timed alone. */
-static int decode_forward(DecodeStats *s, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos)
+static int decode_forward(DecodeStats *s, ColibriBuffers *b, const int32_t *tokens, int n, int32_t pos, int traced)
 {
     const uint64_t f0 = bsp_time_us();
     const int status =
-        colibri_forward(&weights, b, tokens, n, pos, n > 1 ? COLIBRI_LOGITS_EVERY_TOKEN : COLIBRI_LOGITS_LAST);
+        forward_traced(traced, b, tokens, n, pos, n > 1 ? COLIBRI_LOGITS_EVERY_TOKEN : COLIBRI_LOGITS_LAST);
     if (status == 0) {
         s->forward_us += bsp_time_us() - f0;
         s->decode_passes++;
@@ -401,7 +426,7 @@ int colibri_decode_quietly(const int32_t *prompt, int32_t n_prompt, int32_t step
     const ColibriRequest req = {.prompt = prompt, .n_prompt = n_prompt, .n_steps = steps,
                                 .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
                                              .repeat_penalty = 1.0f, .repeat_last_n = 0},
-                                .threads = 1, .probe_mib = -1, .score_from = -1, .decode_from = -1};
+                                .threads = 1, .probe_mib = -1, .score_from = -1, .decode_from = -1, .trace = -1};
     ColibriBuffers b;
     colibri_buffers_init(&b);
     ColibriRng rng;
@@ -456,7 +481,7 @@ int colibri_decode(const ColibriRequest *req)
      * batch holds the token just sampled and the drafted tokens after it, fed in one pass; the
      * logits after batch[i] are then those of step + i + 1, used while the sampled tokens equal
      * the drafted ones (`ahead` drafted tokens fed, `taken` of them sampled so far). */
-    const int speculate = COLIBRI_SPEC_TOKENS > 0 && req->decode_from < 0 ? req->speculate : 0;
+    const int speculate = COLIBRI_SPEC_TOKENS > 0 && req->decode_from < 0 && req->trace < 0 ? req->speculate : 0;
     SpecState spec = {0};
     int32_t batch[COLIBRI_SPEC_TOKENS > 0 ? COLIBRI_SPEC_TOKENS : 1];
     int ahead = 0, taken = 0;
@@ -515,7 +540,7 @@ int colibri_decode(const ColibriRequest *req)
             n += spec_draft(&spec, history + req->start, n_history - req->start, batch + 1, most, spec_pass_cost);
         }
 #endif
-        status = decode_forward(&stats, &b, batch, n, pos);
+        status = decode_forward(&stats, &b, batch, n, pos, step + 1 == req->trace);
         if (status != 0) {
             return forward_failed(status);
         }

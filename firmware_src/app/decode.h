@@ -23,6 +23,8 @@ typedef struct {
                           * one per forward pass as steps 0, 1, ... (teacher forcing); -1: prefill it all */
     int32_t speculate;   /* at most this many drafted tokens checked per pass (exact speculative decoding,
                           * where the build has COLIBRI_SPEC_TOKENS); 0: plain decoding */
+    int32_t trace;       /* the step whose forward pass sends its checkpoints (checkpoint frames, protocol 7:
+                          * localising a divergence); -1: none. Decodes plainly (no speculation). */
 } ColibriRequest;
 
 /* Application-level errors reported in the error frame (image errors use colibri_status codes). */

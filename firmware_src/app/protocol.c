@@ -129,6 +129,23 @@ void proto_experts(int layer, const int32_t *counts, int n)
     }
 }
 
+void proto_f32_list(const char *key, const float *values, int n)
+{
+    put_char(' ');
+    put_text(key);
+    put_char('=');
+    for (int i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &values[i], sizeof bits);
+        if (i > 0) {
+            put_char(',');
+        }
+        for (int shift = 28; shift >= 0; shift -= 4) {
+            put_char(hex_digits[(bits >> shift) & 15]);
+        }
+    }
+}
+
 void proto_u32_list(const char *key, const int32_t *values, int n)
 {
     put_char(' ');

@@ -3,7 +3,8 @@
  *
  *   @CLB <seq> request prompt=1,2,3 steps=N [temperature=XXXXXXXX] [top_k=K] [top_p=XXXXXXXX]
  *        [min_p=XXXXXXXX] [seed=S] [eos=0|1] [digests=0|1] [threads=N] [probe_mib=N] [start=P]
- *        [score_from=F] [decode_from=D] [speculate=K] [repeat_penalty=XXXXXXXX] [repeat_last_n=N] *<crc32>
+ *        [score_from=F] [decode_from=D] [speculate=K] [repeat_penalty=XXXXXXXX] [repeat_last_n=N] [trace=S]
+ *        *<crc32>
  *
  * repeat_penalty (> 0; default 1: off) is llama.cpp's repetition penalty over the last repeat_last_n
  * tokens of the conversation (default 64; 0: off; at most the context, which covers all of them):
@@ -19,6 +20,9 @@
  * score_from.
  * speculate=K checks up to K drafted tokens per forward pass (speculate.h): the same tokens and
  * logits as without it; a build without room for it (COLIBRI_SPEC_TOKENS 0) decodes plainly.
+ *
+ * trace=S (protocol 7) sends the checkpoints of the forward pass whose logits step S samples
+ * (checkpoint frames before step S's token frame, runtime/checkpoint.h): S < steps; no speculation.
  *
  * The self-test (protocol 5) is a frame of its own kind, with no fields: "@CLB <seq> selftest *<crc32>".
  *
@@ -92,11 +96,11 @@ static int parse_f32_bits(const char *s, const char *end, float *out)
 
 enum { KEY_PROMPT, KEY_STEPS, KEY_TEMPERATURE, KEY_TOP_K, KEY_TOP_P, KEY_MIN_P, KEY_SEED, KEY_EOS, KEY_DIGESTS,
        KEY_THREADS, KEY_PROBE_MIB, KEY_START, KEY_SCORE_FROM, KEY_DECODE_FROM, KEY_SPECULATE, KEY_REPEAT_PENALTY,
-       KEY_REPEAT_LAST_N, N_KEYS };
+       KEY_REPEAT_LAST_N, KEY_TRACE, N_KEYS };
 static const char *const key_names[N_KEYS] = {"prompt", "steps", "temperature", "top_k", "top_p", "min_p",
                                               "seed", "eos", "digests", "threads", "probe_mib", "start",
                                               "score_from", "decode_from", "speculate", "repeat_penalty",
-                                              "repeat_last_n"};
+                                              "repeat_last_n", "trace"};
 
 static int key_index(const char *key, const char *key_end)
 {
@@ -207,6 +211,12 @@ static const char *parse_field(int key, const char *val, const char *end, Colibr
         }
         *(key == KEY_START ? &r->start : key == KEY_SCORE_FROM ? &r->score_from : &r->decode_from) = (int32_t)v;
         return NULL;
+    case KEY_TRACE:
+        if (!parse_whole_dec(val, end, (uint64_t)capacity - 1, &v)) {
+            return "trace must be a step of the request";
+        }
+        r->trace = (int32_t)v;
+        return NULL;
     case KEY_SPECULATE:
         if (!parse_whole_dec(val, end, MAX_SPECULATE, &v)) {
             return "speculate must be between 0 and 64 drafted tokens";
@@ -254,7 +264,7 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
                         .sampling = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
                                      .repeat_penalty = 1.0f, .repeat_last_n = 64},
                         .stop_at_eos = 1, .digests = 1, .threads = 1, .probe_mib = -1, .start = 0,
-                        .score_from = -1, .decode_from = -1, .speculate = 0, .selftest = 0};
+                        .score_from = -1, .decode_from = -1, .speculate = 0, .selftest = 0, .trace = -1};
     /* Protocol 5: "@CLB <seq> selftest *<crc32>", no fields: run the self-test (app/selftest.c). */
     if (end - p == 9 && memcmp(p, " selftest", 9) == 0) {
         r.selftest = 1;
@@ -299,6 +309,9 @@ const char *colibri_parse_request(const char *line, int len, ColibriRequest *req
     }
     if (r.n_steps == 0 && r.score_from < 0) {
         return "steps must be between 1 (0 when scoring) and the context length";
+    }
+    if (r.trace >= r.n_steps) {
+        return "trace must be a step of the request";
     }
     if (r.score_from >= r.n_prompt) {
         return "score_from must be an index into the prompt";

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "checkpoint.h"
 #include "deltanet.h"
 #include "expert_cache.h"
 #include "kernels/kernels.h"
@@ -154,7 +155,10 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
     const ColibriLayerWeights *lw = &w->layers[layer];
     const MatmulInput in = matmul_input(b, router_in != NULL ? router_in : xn, 1, COLIBRI_DIM);
     matmul(b->router_logits, &in, &lw->router, lw->router_bias, COLIBRI_N_EXPERTS);
+    checkpoint(layer, "router", b->router_logits, COLIBRI_N_EXPERTS); /* a batch's tokens in turn: the last stays */
     router_route(b->router_logits, lw->router_choice_bias, b->expert_ids, b->expert_weights); /* runtime/router.c */
+    checkpoint_ids(layer, "experts", b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN);
+    checkpoint(layer, "expert_weights", b->expert_weights, COLIBRI_EXPERTS_PER_TOKEN);
     for (int k = 0; k < COLIBRI_EXPERTS_PER_TOKEN; k++) {
         b->expert_counts[layer * COLIBRI_N_EXPERTS + b->expert_ids[k]]++;
     }
@@ -324,6 +328,7 @@ static void attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int laye
     const int own_kv = colibri_layer_kv_source[layer] == layer;
     const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
     matmul(b->q, &xn, &lw->wq, lw->bq, q_dim);
+    checkpoint_last(layer, "q", b->q, n, q_dim);
     if (own_kv) {
         matmul(b->k, &xn, &lw->wk, lw->bk, kv_dim);
         if (colibri_layer_k_eq_v[layer]) { /* the values are the keys' projection, before its norm and RoPE */
@@ -331,6 +336,8 @@ static void attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int laye
         } else {
             matmul(b->v, &xn, &lw->wv, lw->bv, kv_dim);
         }
+        checkpoint_last(layer, "k", b->k, n, kv_dim);
+        checkpoint_last(layer, "v", b->v, n, kv_dim);
     }
 #if COLIBRI_ATTN_OUTPUT_GATE
     matmul(b->q_gate, &xn, &lw->wq_gate, NULL, q_dim);
@@ -341,12 +348,17 @@ static void attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int laye
         float *v = b->v + (int64_t)t * kv_dim;
         position_qkv(lw, layer, pos + t, q, own_kv ? k : NULL, own_kv ? v : NULL);
     }
+    checkpoint_last(layer, "q_rope", b->q, n, q_dim);
+    if (own_kv) {
+        checkpoint_last(layer, "k_rope", b->k, n, kv_dim);
+    }
     attention_layer(b, layer, pos, n, lw->sinks); /* runtime/attention.c: the cache, then attention */
 #if COLIBRI_ATTN_OUTPUT_GATE
     for (int64_t i = 0; i < (int64_t)n * q_dim; i++) {
         b->attn_out[i] = b->attn_out[i] * op_sigmoid(b->q_gate[i]);
     }
 #endif
+    checkpoint_last(layer, "attention", b->attn_out, n, q_dim);
     const MatmulInput attn_out = matmul_input(b, b->attn_out, n, q_dim);
     matmul(b->proj, &attn_out, &lw->wo, lw->bo, COLIBRI_DIM);
 }
@@ -552,6 +564,7 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
     for (int t = 0; t < n; t++) {
         embed(b->x + (int64_t)t * COLIBRI_DIM, &w->embed, tokens[t]);
     }
+    checkpoint_last(CHECKPOINT_EMBEDDING, "embedding", b->x, n, COLIBRI_DIM);
     per_layer_inputs(w, b, tokens, n);
 
     for (int l = 0; l < COLIBRI_N_LAYERS; l++) {
@@ -560,6 +573,7 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         /* Token mixing: attention over the KV cache (or latent attention over its latent cache), a DeltaNet
          * layer's recurrence, or a short convolution over its ring. */
         normalize(b, lw->attn_norm, lw->attn_norm_bias, n);
+        checkpoint_last(l, "attn_norm", b->xn, n, COLIBRI_DIM);
         if (is_linear_attention_layer(l)) {
             linear_attention(b, lw, l, n);
         } else if (is_short_conv_layer(l)) {
@@ -569,11 +583,14 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         } else {
             attention(b, lw, l, pos, n);
         }
+        checkpoint_last(l, "mixer", b->proj, n, COLIBRI_DIM);
         residual_add(b, lw->post_attn_norm, n);
+        checkpoint_last(l, "attn_residual", b->x, n, COLIBRI_DIM);
 
         /* Feed-forward block: a gated FFN, down(act(gate(x)) * up(x)) with act SiLU or GELU, or
          * on MoE layers a routed mixture of such FFNs, token by token. */
         normalize(b, lw->ffn_norm, lw->ffn_norm_bias, n);
+        checkpoint_last(l, "ffn_norm", b->xn, n, COLIBRI_DIM);
         if (is_moe_layer(l)) {
             const int status = moe_block(w, b, l, n);
             if (status != 0) {
@@ -582,10 +599,14 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         } else {
             gated_ffn(b, &lw->w_gate, &lw->w_up, &lw->w_down, lw->b_gate, lw->b_up, lw->b_down, b->xn, n,
                       colibri_layer_ffn_dim[l]);
+            checkpoint_last(l, "ffn_gate", b->gate, n, colibri_layer_ffn_dim[l]);
+            checkpoint_last(l, "ffn_activation", b->up, n, colibri_layer_ffn_dim[l]);
         }
+        checkpoint_last(l, "ffn", b->proj, n, COLIBRI_DIM);
         residual_add(b, lw->post_ffn_norm, n);
         per_layer_block(b, lw, l, n);
         scale_layer_output(b, lw, n);
+        checkpoint_last(l, "layer_out", b->x, n, COLIBRI_DIM);
         /* Where a non-finite value first appears (a pass over DIM floats per token: next to the
          * layer's matrices, nothing); once found, later layers are not checked. */
         if (b->nonfinite_layer < 0 && !op_all_finite(b->x, (int64_t)n * COLIBRI_DIM)) {
@@ -603,6 +624,7 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
         norm_row(b->xn + (int64_t)(t - first) * COLIBRI_DIM, b->x + (int64_t)t * COLIBRI_DIM, w->final_norm,
                  w->final_norm_bias);
     }
+    checkpoint_last(COLIBRI_N_LAYERS, "final_norm", b->xn, n - first, COLIBRI_DIM);
     const MatmulInput normed = matmul_input(b, b->xn, n - first, COLIBRI_DIM);
     matmul(out, &normed, &w->lm_head, w->lm_head_bias, COLIBRI_VOCAB);
     if (COLIBRI_FINAL_SOFTCAP != 0.0f) {
@@ -610,5 +632,6 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
             out[i] = op_softcap(out[i], COLIBRI_FINAL_SOFTCAP);
         }
     }
+    checkpoint_last(COLIBRI_N_LAYERS, "logits", out, n - first, COLIBRI_VOCAB);
     return 0;
 }

@@ -46,6 +46,7 @@ from ..verify import (
     run_stats,
     speed_text,
 )
+from ..verify_localise import Localisation, write_trace
 from .common import Command, job_options, print_json
 
 
@@ -61,6 +62,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_decode_args(p, steps=64)
     add_speculate_arg(p)
     add_board_args(p)
+
+
+def add_verify_arguments(p: argparse.ArgumentParser) -> None:
+    """verify's options: run's, and where to keep a localised divergence's checkpoints."""
+    add_run_arguments(p)
+    p.add_argument(
+        "--trace",
+        type=Path,
+        metavar="FILE",
+        help="on a mismatch, write every checkpoint of the replayed divergent step (board and reference, "
+        "one JSON object a line) to FILE, for a diff",
+    )
 
 
 def _run_prepared(args: argparse.Namespace, stream: bool) -> tuple[job.Prepared[job.PromptInputs], job.Built, Ran]:
@@ -161,6 +174,8 @@ class VerifyDocument(JsonDocument):
     selftest: dict[str, object] | None = json_field()
     expert_counts: dict[str, dict[int, list[int]]] | None = json_field()
     first_divergent_step: int | None = json_field()
+    # Where the divergent step first differs (verify_localise.Localisation), or why it could not be said.
+    localisation: Localisation | str | None = json_field()
     stats: RunStats = json_field()
     remote: RemoteRun | None = json_field()
 
@@ -183,12 +198,15 @@ class VerifyDocument(JsonDocument):
             {"pass": selftest.passed, **selftest.fields} if selftest else None,
             {"firmware": result.expert_counts, "reference": ref.expert_counts} if ref.expert_counts else None,
             verified.comparison.first_divergent_step,
+            verified.localisation,
             verified.stats,
             result.remote,
         )
 
 
 def verify(args: argparse.Namespace) -> int:
+    if args.trace is not None and args.trace.is_dir():
+        raise ColibriError(f"--trace {args.trace} is a directory: give the file to write the checkpoints to")
     try:
         prepared, built, ran = _run_prepared(args, stream=True)
     except FirmwareMismatch as e:
@@ -218,6 +236,9 @@ def verify(args: argparse.Namespace) -> int:
         for warning in margins.warnings(planned):
             warn(warning)
     selftest, quant = verified.selftest, verified.plan.quant
+    localisation = verified.localisation
+    if args.trace is not None and isinstance(localisation, Localisation):
+        write_trace(args.trace, board.name, localisation)
     mode = "greedy" if request.sampling.temperature == 0 else f"sampled, seed {request.sampling.seed}"
     if args.json:
         print_json(VerifyDocument.of(verified, args.model, decode_text(ran.tokenizer, result.tokens)).to_json())
@@ -228,6 +249,10 @@ def verify(args: argparse.Namespace) -> int:
         if selftest is not None:
             progress(selftest.line())
         print(verified.comparison.verdict(board.name, quant, mode))
+    if not args.json and localisation is not None:
+        print(localisation.line() if isinstance(localisation, Localisation) else f"not localised: {localisation}")
+        if args.trace is not None and isinstance(localisation, Localisation):
+            progress(f"every checkpoint of step {localisation.step} written to {args.trace}")
     return 0 if verified.passed else 1
 
 
@@ -521,7 +546,7 @@ COMMANDS = [
     Command(
         "verify",
         "run the firmware and the NumPy reference; PASS only if bit-identical and the firmware is this build",
-        add_run_arguments,
+        add_verify_arguments,
         verify,
     ),
     Command(

@@ -26,6 +26,7 @@ KINDS = (
     "stats",
     "experts",
     "selftest",
+    "checkpoint",
     "done",
     "error",
     "request",
@@ -66,6 +67,14 @@ class Frame:
         if value is None or not _F32_BITS.fullmatch(value):
             raise ColibriError(f"malformed {self.kind} frame from the board: {key} is not a float32's 8 hex digits")
         return np.frombuffer(bytes.fromhex(value)[::-1], dtype="<f4")[0]
+
+    def f32_list(self, key: str) -> list[str]:
+        """A comma-separated list of float32s as proto_f32_list sends them (8 hex digits each), strictly."""
+        value = self.fields.get(key, "")
+        items = value.split(",")
+        if not all(_F32_BITS.fullmatch(v) for v in items):
+            raise ColibriError(f"malformed {self.kind} frame from the board: {key} is not a list of float32s")
+        return items
 
     def int_list(self, key: str) -> list[int]:
         """A comma-separated list of non-negative integers, strictly."""
@@ -111,6 +120,7 @@ def encode_request(
     speculate: int = 0,
     repeat_penalty: float = 1.0,
     repeat_last_n: int = 64,
+    trace: int | None = None,
 ) -> bytes:
     """The request frame every board reads (firmware_src/app/request.c): an MCU after its hello on
     its UART, a Linux firmware on its stdin."""
@@ -133,6 +143,7 @@ def encode_request(
             **({} if score_from is None else {"score_from": score_from}),
             **({} if decode_from is None else {"decode_from": decode_from}),
             **({} if not speculate else {"speculate": speculate}),
+            **({} if trace is None else {"trace": trace}),  # protocol 7: that step's checkpoint frames
             # The repetition penalty's two values, sent when it is on (1.0 is off, the firmware's default).
             **(
                 {}

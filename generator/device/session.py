@@ -55,6 +55,9 @@ class RunRequest:
     # the time a link allows counts them, as it counts a decode's (an image of gigabytes read from
     # storage through the expert cache takes as long per token in the self-test as in a run).
     golden_tokens: int = 0
+    # Protocol 7: the step whose forward pass sends its checkpoints (checkpoint frames: verify's
+    # localisation of a divergence, verify_localise.py); None: none.
+    trace: int | None = None
 
     def tokens_of_work(self) -> int:
         """The forward passes this request asks for: what a link's time allowance is sized by."""
@@ -116,6 +119,20 @@ class RunResult:
     scores: list[Score] = field(default_factory=list)  # scored prompt tokens, in order (score frames)
     held: int = 0  # positions the firmware's KV cache holds afterwards: where the next request may start
     selftest: Selftest | None = None  # the selftest frame: asked for, or sent at boot (MCU boards)
+    checkpoints: list[Checkpoint] = field(default_factory=list)  # a traced step's, in the order sent
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint frame (runtime/checkpoint.h): an operation's output in the traced forward pass,
+    as its SHA-256 and a few of its values (the float32s' bits, at indices i * n // len(values)).
+    layer -1 is the embedding, n_layers the final norm and the logits."""
+
+    layer: int
+    op: str
+    n: int
+    sha256: str
+    values: list[str]
 
 
 @dataclass(frozen=True)
@@ -320,6 +337,12 @@ class Session:
             for key in ("kernels_checked", "steps", "us"):
                 frame.int(key, minimum=0)
             r.selftest = Selftest(result == "pass", frame.fields)
+        elif frame.kind == "checkpoint":
+            sha = frame.fields.get("sha", "")
+            if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+                raise ColibriError("malformed checkpoint frame from the board: sha is not a SHA-256")
+            layer, op = frame.int("layer", minimum=-1), frame.fields.get("op", "")
+            r.checkpoints.append(Checkpoint(layer, op, frame.int("n", minimum=1), sha, frame.f32_list("values")))
         elif frame.kind == "ack":
             pass  # flow control of the request, the link's business (serial_link.py)
         elif frame.kind == "experts":
@@ -416,4 +439,5 @@ def request_frame(request: RunRequest, seq: int = 0) -> bytes:
         request.speculate,
         s.repeat_penalty,
         s.repeat_last_n,
+        request.trace,
     )

@@ -60,6 +60,8 @@ BAD = {
     ),
     "decode_from beyond the context": (GOOD + " decode_from=64", "decode_from must be a position within the context"),
     "decode_from negative": (GOOD + " decode_from=-1", "decode_from must be a position within the context"),
+    "trace past the steps": (GOOD + " trace=3", "trace must be a step of the request"),
+    "trace negative": (GOOD + " trace=-1", "trace must be a step of the request"),
     "steps short of the decoded prompt": (
         "@CLB 0 request prompt=1,5,9,7 steps=2 decode_from=1",
         "steps must cover the prompt tokens from decode_from on",

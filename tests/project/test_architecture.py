@@ -16,7 +16,7 @@ STAGES = [
     ("compile",),
     ("device",),
     ("reference",),
-    ("verify", "report", "chat", "evaluate", "selftest"),
+    ("verify", "verify_localise", "report", "chat", "evaluate", "selftest"),
     ("bench",),
     ("job", "option_checks", "flash_job"),
     ("release",),

@@ -14,6 +14,7 @@ from .compile.plan import Plan
 from .errors import NonFiniteLogits
 from .numerics import blocks, rope
 from .numerics.kv_cache import kv_round
+from .numerics.mamba2 import mamba2_step
 from .numerics.mla import latent_attention, latent_cache
 from .numerics.ops import (
     F32,
@@ -168,6 +169,17 @@ class Reference:
             i: np.zeros((plan.short_conv_ring_rows, s.hidden_size), dtype=np.float32)
             for i in range(s.n_layers)
             if s.is_short_conv(i)
+        }
+        # Mamba-2 layers (Granite 4.0 hybrid): the convolution's last inputs and each head's state.
+        self.mamba_conv = {
+            i: np.zeros((s.mamba_conv_kernel - 1, s.mamba_conv_dim), dtype=np.float32)
+            for i in range(s.n_layers)
+            if s.is_mamba(i)
+        }
+        self.mamba_ssm = {
+            i: np.zeros((s.mamba_heads, s.mamba_head_dim, s.mamba_state), dtype=np.float32)
+            for i in range(s.n_layers)
+            if s.is_mamba(i)
         }
 
     # -- building blocks -------------------------------------------------------------------
@@ -336,6 +348,19 @@ class Reference:
         cache needs nothing: a position's keys are written before they are read)."""
         for state in (*self.conv_state.values(), *self.delta_state.values(), *self.conv_ring.values()):
             state[:] = 0
+        for state in (*self.mamba_conv.values(), *self.mamba_ssm.values()):
+            state[:] = 0
+
+    def _mamba2(self, layer: int, act) -> np.ndarray:
+        """A Mamba-2 layer's output for one token (its states updated): out_proj of mamba2_step."""
+        p = f"layers.{layer}."
+        proj = self._linear(p + "ssm_in", act)
+        y = mamba2_step(self.spec, self.mamba_conv[layer], self.mamba_ssm[layer], proj, self.w, p)
+        return self._linear(p + "ssm_out", self._prepare(y))
+
+    def _residual(self, out: np.ndarray) -> np.ndarray:
+        """A block's output as the residual adds it: times residual_scale (Granite; 1 is exact)."""
+        return out * F32(self.spec.residual_scale)
 
     # -- the forward pass ------------------------------------------------------------------
     def forward(self, token: int, pos: int, want_logits: bool = True) -> np.ndarray | None:
@@ -353,6 +378,11 @@ class Reference:
             act = self._prepare(xn)
             if s.kv_lora_rank:  # latent attention (numerics/mla.py)
                 x = x + latent_attention(self, layer, act, pos)
+                x = self._ffn_block(layer, x)
+                self._check_layer(layer, x)
+                continue
+            if s.is_mamba(layer):
+                x = x + self._residual(self._mamba2(layer, act))
                 x = self._ffn_block(layer, x)
                 self._check_layer(layer, x)
                 continue
@@ -408,7 +438,7 @@ class Reference:
             proj = self._linear(p + "wo", self._prepare(out.reshape(-1)), p + "bo" if s.o_bias else None)
             if s.post_norms:
                 proj = rmsnorm(proj, self.w[p + "post_attn_norm"], eps)
-            x = x + proj
+            x = x + self._residual(proj)
             x = self._ffn_block(layer, x)
             if s.ple_dim:
                 x = self._per_layer_block(layer, x, ple)
@@ -420,6 +450,8 @@ class Reference:
         xn = self._norm(x, "final_norm")
         head = "embed" if s.tie_embeddings else "lm_head"
         logits = f32(self._linear(head, self._prepare(xn), "lm_head_bias" if s.lm_head_bias else None))
+        if s.logits_scaling != 1.0:
+            logits = logits / F32(s.logits_scaling)
         return softcap(logits, s.final_softcap) if s.final_softcap else logits
 
     def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
@@ -459,7 +491,7 @@ class Reference:
             down = self._gated_ffn(p, act, s.mlp_bias)
         if s.post_norms:
             down = rmsnorm(down, self.w[p + "post_ffn_norm"], s.rms_norm_eps)
-        return x + down
+        return x + self._residual(down)
 
     def generate(
         self,

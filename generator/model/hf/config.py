@@ -657,4 +657,8 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         layer_norm=family.norms.layer_norm,
         lm_head_bias=family.lm_head_bias and cfg.bool("lm_head_bias", False),
     )
-    return replace(spec, **hf_granite_hybrid(cfg, family, spec)) if family.granite_multipliers else spec
+    return (
+        replace(spec, **hf_granite_hybrid(cfg, family, spec, _check_layer_types))
+        if family.granite_multipliers
+        else spec
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ...errors import ColibriError
 from ..family_facts import FAMILIES, Family, Mamba2, check_experts_per_token
@@ -42,13 +42,12 @@ def _positive(cfg: Any, key: str) -> float:
     return value
 
 
-def hf_granite_hybrid(cfg: Any, family: Family, spec: ModelSpec) -> dict:
-    """The fields config.json's Granite keys set over the common ones `spec` holds."""
-    from .config import _check_layer_types
-
+def hf_granite_hybrid(cfg: Any, family: Family, spec: ModelSpec, check_layer_types: Callable) -> dict:
+    """The fields config.json's Granite keys set over the common ones `spec` holds (layer_types
+    checked by config.py's check_layer_types)."""
     data, n_layers, hidden = cfg.data, spec.n_layers, spec.hidden_size
     layer_types = data.get("layer_types", ["mamba"] * n_layers)
-    _check_layer_types(cfg, family, layer_types, n_layers)
+    check_layer_types(cfg, family, layer_types, n_layers)
     for key, value in (("mamba_conv_bias", True), ("mamba_proj_bias", False)):
         if cfg.bool(key, value) != value:
             raise ColibriError(f"{cfg.where}: {key!r} {json.dumps(not value)} is not supported")

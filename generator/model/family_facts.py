@@ -740,6 +740,7 @@ FAMILY_ROWS = (
         moe=Moe("every_layer", router="topk_then_softmax", renormalise="never", shared_expert="ungated"),
         granite_multipliers=True,
         hf_tensors={"block_sparse_moe.router.layer.weight": "router"},
+        gguf_permuted_qk=True,
     ),
 )
 

@@ -10,8 +10,8 @@ context of 2^20 and no time_step_limit: the checkpoints are made without RoPE or
 import dataclasses
 import json
 
-import numpy as np
 import pytest
+from gguf_files import assert_same_tensors
 
 from generator.model.load import load_model
 from generator.numerics.sampling import SamplingParams
@@ -55,10 +55,7 @@ def test_llama_cpps_converter_output_imports_to_the_same_spec_and_tensors(kind, 
     assert gguf.spec.max_position_embeddings == 2**20  # (the converter's context for models without RoPE)
     same = dataclasses.replace(gguf.spec, name=hf.spec.name, max_position_embeddings=hf.spec.max_position_embeddings)
     assert same == hf.spec
-    assert list(gguf.tensors) == list(hf.tensors)
-    for name in hf.tensors:
-        a, b = hf.tensors[name].load(), gguf.tensors[name].load()
-        assert a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32)), name
+    assert_same_tensors(hf, gguf)
 
 
 def test_firmware_from_the_q8_0_gguf_keeps_its_blocks_and_decodes_the_reference_bits(peer_files, builder):

@@ -99,23 +99,6 @@ class Mamba2:
     hf_tensors: Mapping[str, str] = field(default_factory=dict)
     gguf_tensors: Mapping[str, str] = field(default_factory=dict)
 
-    @staticmethod
-    def fields(where: str, inner: int, heads: int, groups: int, state: int, kernel: int, keys: tuple[str, str]) -> dict:
-        """The spec's Mamba-2 fields, checked (keys: how the file names the heads and the groups):
-        the heads split the inner width evenly, the groups split the heads."""
-        heads_key, groups_key = keys
-        if inner % heads:
-            raise ColibriError(f"{where}: {heads_key} {heads} does not divide the Mamba inner width {inner}")
-        if heads % groups:
-            raise ColibriError(f"{where}: {groups_key} {groups} does not divide the {heads} Mamba heads")
-        return dict(
-            mamba_heads=heads,
-            mamba_head_dim=inner // heads,
-            mamba_groups=groups,
-            mamba_state=state,
-            mamba_conv_kernel=kernel,
-        )
-
 
 Mixer = Union[Attention, GatedDeltaNet, ShortConv, Mamba2]
 
@@ -246,9 +229,7 @@ class Family:
     # config.json keys refused unless at the value given (key: (value supported, what it would do)).
     hf_unsupported: Mapping[str, tuple[object, str]] = field(default_factory=dict)
     lm_head_bias: bool = False  # the output matrix may have a bias (config.json's lm_head_bias; GGUF: output.bias)
-    # Granite's multipliers: embedding_multiplier (the embed scale), attention_multiplier (the score
-    # scale), residual_multiplier, logits_scaling (the logits divided by it); RoPE only where
-    # position_embedding_type says "rope".
+    # Granite's multipliers (embedding, attention, residual, logits); RoPE where position_embedding_type says.
     granite_multipliers: bool = False
 
     @property

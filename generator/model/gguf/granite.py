@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ColibriError
-from ..family_facts import Mamba2, check_experts_per_token
+from ..family_facts import check_experts_per_token
+from ..mamba2_block import mamba2_fields
 from ..spec import ModelSpec, RopeSpec
 
 # Attention without position embeddings: RoPE that rotates nothing (hf/granite.py says why).
@@ -27,7 +28,7 @@ def gguf_granite_hybrid(meta: Any, spec: ModelSpec, kv_absent: tuple[bool, ...])
     """The fields llama.cpp's granitehybrid keys set over the common ones `spec` holds; kv_absent:
     per layer, whether head_count_kv gives it no KV heads (a Mamba-2 layer)."""
     tensors, n_layers = meta.gguf.tensors, spec.n_layers
-    mamba = Mamba2.fields(
+    mamba = mamba2_fields(
         meta.where,
         meta.int("ssm.inner_size"),
         meta.int("ssm.time_step_rank"),

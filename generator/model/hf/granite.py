@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ...errors import ColibriError
 from ..family_facts import FAMILIES, Family, Mamba2, check_experts_per_token
+from ..mamba2_block import mamba2_fields
 from ..spec import ModelSpec, RopeSpec
 from .safetensors_io import TensorInfo
 from .views import HfFusedSlice, HfTensor
@@ -53,7 +54,7 @@ def hf_granite_hybrid(cfg: Any, family: Family, spec: ModelSpec, check_layer_typ
             raise ColibriError(f"{cfg.where}: {key!r} {json.dumps(not value)} is not supported")
     inner = cfg.int("mamba_expand", 2) * hidden
     heads = cfg.int("mamba_n_heads", 128)
-    mamba = Mamba2.fields(
+    mamba = mamba2_fields(
         cfg.where,
         inner,
         heads,

@@ -15,6 +15,7 @@ from .compile.plan import Plan
 from .errors import NonFiniteLogits
 from .numerics import blocks, rope
 from .numerics.kv_cache import kv_round
+from .numerics.mamba2 import mamba2_step
 from .numerics.mla import latent_attention, latent_cache
 from .numerics.ops import (
     F32,
@@ -172,6 +173,17 @@ class Reference:
             i: np.zeros((plan.short_conv_ring_rows, s.hidden_size), dtype=np.float32)
             for i in range(s.n_layers)
             if s.is_short_conv(i)
+        }
+        # Mamba-2 layers (Granite 4.0 hybrid): the convolution's last inputs and each head's state.
+        self.mamba_conv = {
+            i: np.zeros((s.mamba_conv_kernel - 1, s.mamba_conv_dim), dtype=np.float32)
+            for i in range(s.n_layers)
+            if s.is_mamba(i)
+        }
+        self.mamba_ssm = {
+            i: np.zeros((s.mamba_heads, s.mamba_head_dim, s.mamba_state), dtype=np.float32)
+            for i in range(s.n_layers)
+            if s.is_mamba(i)
         }
 
     # -- building blocks -------------------------------------------------------------------
@@ -352,6 +364,19 @@ class Reference:
         cache needs nothing: a position's keys are written before they are read)."""
         for state in (*self.conv_state.values(), *self.delta_state.values(), *self.conv_ring.values()):
             state[:] = 0
+        for state in (*self.mamba_conv.values(), *self.mamba_ssm.values()):
+            state[:] = 0
+
+    def _mamba2(self, layer: int, act) -> np.ndarray:
+        """A Mamba-2 layer's output for one token (its states updated): out_proj of mamba2_step."""
+        p = f"layers.{layer}."
+        proj = self._linear(p + "ssm_in", act)
+        y = mamba2_step(self.spec, self.mamba_conv[layer], self.mamba_ssm[layer], proj, self.w, p)
+        return self._linear(p + "ssm_out", self._prepare(y))
+
+    def _residual(self, out: np.ndarray) -> np.ndarray:
+        """A block's output as the residual adds it: times residual_scale (Granite; 1 is exact)."""
+        return out * F32(self.spec.residual_scale)
 
     # -- the forward pass ------------------------------------------------------------------
     def forward(self, token: int, pos: int, want_logits: bool = True) -> np.ndarray | None:
@@ -369,13 +394,15 @@ class Reference:
             xn = self._norm(x, p + "attn_norm")
             self._cp(layer, "attn_norm", xn)
             act = self._prepare(xn)
-            if s.kv_lora_rank or s.is_linear(layer) or s.is_short_conv(layer):
+            if s.kv_lora_rank or s.is_mamba(layer) or s.is_linear(layer) or s.is_short_conv(layer):
                 if s.kv_lora_rank:  # latent attention (numerics/mla.py)
                     mixed = latent_attention(self, layer, act, pos)
+                elif s.is_mamba(layer):
+                    mixed = self._mamba2(layer, act)
                 else:
                     mixed = self._short_conv(layer, act, pos) if s.is_short_conv(layer) else self._deltanet(layer, act)
                 self._cp(layer, "mixer", mixed)
-                x = x + mixed
+                x = x + self._residual(mixed)
                 self._cp(layer, "attn_residual", x)
                 x = self._ffn_block(layer, x)
                 self._cp(layer, "layer_out", x)
@@ -437,7 +464,7 @@ class Reference:
             self._cp(layer, "mixer", proj)
             if s.post_norms:
                 proj = rmsnorm(proj, self.w[p + "post_attn_norm"], eps)
-            x = x + proj
+            x = x + self._residual(proj)
             self._cp(layer, "attn_residual", x)
             x = self._ffn_block(layer, x)
             if s.ple_dim:
@@ -452,6 +479,8 @@ class Reference:
         self._cp(s.n_layers, "final_norm", xn)
         head = "embed" if s.tie_embeddings else "lm_head"
         logits = f32(self._linear(head, self._prepare(xn), "lm_head_bias" if s.lm_head_bias else None))
+        if s.logits_scaling != 1.0:
+            logits = logits / F32(s.logits_scaling)
         logits = softcap(logits, s.final_softcap) if s.final_softcap else logits
         self._cp(s.n_layers, "logits", logits)
         return logits
@@ -495,7 +524,7 @@ class Reference:
         self._cp(layer, "ffn", down)
         if s.post_norms:
             down = rmsnorm(down, self.w[p + "post_ffn_norm"], s.rms_norm_eps)
-        return x + down
+        return x + self._residual(down)
 
     def generate(
         self,

@@ -24,6 +24,31 @@ LFM2_LAYERS = dict(
 )
 
 
+# Granite 4.0 hybrid's layers, shared by "granite_hybrid" and "granite_hybrid_moe": Mamba-2 and
+# attention alternating, every multiplier away from 1.
+GRANITE_HYBRID_LAYERS = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=32,
+    shared_intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    layer_types=["mamba", "attention", "mamba", "attention"],
+    mamba_n_heads=8,
+    mamba_n_groups=2,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_chunk_size=8,
+    embedding_multiplier=1.5,
+    residual_multiplier=0.7,
+    attention_multiplier=0.2,
+    logits_scaling=2.5,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+)
+
 ORACLE_CONFIGS = {
     # GQA 2:1, head_dim 48, vocab 250, untied, linear RoPE scaling.
     "llama_gqa_linear": (
@@ -569,10 +594,30 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=False,
         ),
     ),
+    # Granite 4.0 hybrid, dense: Mamba-2 layers (8 heads of 16 in 2 groups, state 16, 4 taps) and
+    # attention layers without RoPE, each twice; the shared MLP as the only FFN; every multiplier.
+    "granite_hybrid": (
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        dict(GRANITE_HYBRID_LAYERS, num_local_experts=0, num_experts_per_tok=0, position_embedding_type=None),
+    ),
+    # Granite 4.0 hybrid MoE: the same layers with RoPE, 6 experts (top 2) beside the shared MLP, dt
+    # clamped by time_step_limit.
+    "granite_hybrid_moe": (
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        dict(
+            GRANITE_HYBRID_LAYERS,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            position_embedding_type="rope",
+            time_step_limit=(0.05, 1.5),
+        ),
+    ),
 }
 # Learned scales that default to 1 (Gemma 4's layer scalars, router scale, per-expert scales):
 # randomised like the norms, so their paths are tested.
-SCALES = ("layer_scalar", "router.scale", "router.per_expert_scale")
+SCALES = ("layer_scalar", "router.scale", "router.per_expert_scale", "mamba.D")
 # Biases that default to 0 and are buffers, not parameters (a router's correction bias): randomised too.
 CHOICE_BIASES = ("e_score_correction_bias", "expert_bias")
 

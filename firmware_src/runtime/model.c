@@ -18,6 +18,7 @@
 #include "ranks.h"
 #include "router.h"
 #include "short_conv.h"
+#include "mamba2.h"
 
 void colibri_buffers_init(ColibriBuffers *b)
 {
@@ -293,7 +294,7 @@ static void residual_add(ColibriBuffers *b, const float *post_norm, int n)
             op_rmsnorm(proj, proj, post_norm, COLIBRI_DIM, COLIBRI_RMS_NORM_EPS);
         }
         for (int i = 0; i < COLIBRI_DIM; i++) {
-            x[i] = x[i] + proj[i];
+            x[i] = x[i] + proj[i] * COLIBRI_RESIDUAL_SCALE; /* (Granite's residual_multiplier; 1 is exact) */
         }
     }
 }
@@ -397,6 +398,16 @@ static void short_conv(ColibriBuffers *b, const ColibriLayerWeights *lw, int lay
 #endif
 }
 
+/* A Mamba-2 layer (runtime/mamba2.c; only models with them). */
+static void mamba2(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int n)
+{
+#if COLIBRI_N_MAMBA_LAYERS > 0
+    mamba2_layer(b, lw, layer, n);
+#else
+    (void)b, (void)lw, (void)layer, (void)n;
+#endif
+}
+
 /* Latent attention (runtime/mla.c; only models with it, COLIBRI_KV_LORA_RANK). */
 static void latent_attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int32_t pos, int n)
 {
@@ -415,6 +426,9 @@ static void start_sequence(void)
 #endif
 #if COLIBRI_N_SHORT_CONV_LAYERS > 0
     short_conv_reset();
+#endif
+#if COLIBRI_N_MAMBA_LAYERS > 0
+    mamba2_reset();
 #endif
 }
 
@@ -550,6 +564,11 @@ static int is_short_conv_layer(int layer)
     return COLIBRI_N_SHORT_CONV_LAYERS > 0 && colibri_layer_short_conv[layer];
 }
 
+static int is_mamba_layer(int layer)
+{
+    return COLIBRI_N_MAMBA_LAYERS > 0 && colibri_layer_mamba[layer];
+}
+
 static int is_moe_layer(int layer)
 {
     return COLIBRI_N_EXPERTS > 0 && colibri_layer_moe[layer];
@@ -578,6 +597,8 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
             linear_attention(b, lw, l, n);
         } else if (is_short_conv_layer(l)) {
             short_conv(b, lw, l, pos, n);
+        } else if (is_mamba_layer(l)) {
+            mamba2(b, lw, l, n);
         } else if (COLIBRI_KV_LORA_RANK > 0) {
             latent_attention(b, lw, l, pos, n);
         } else {
@@ -627,6 +648,11 @@ int colibri_forward(const ColibriWeights *w, ColibriBuffers *b, const int32_t *t
     checkpoint_last(COLIBRI_N_LAYERS, "final_norm", b->xn, n - first, COLIBRI_DIM);
     const MatmulInput normed = matmul_input(b, b->xn, n - first, COLIBRI_DIM);
     matmul(out, &normed, &w->lm_head, w->lm_head_bias, COLIBRI_VOCAB);
+    if (COLIBRI_LOGITS_SCALING != 1.0f) { /* Granite: the logits divided by logits_scaling */
+        for (int64_t i = 0; i < (int64_t)(n - first) * COLIBRI_VOCAB; i++) {
+            out[i] = out[i] / COLIBRI_LOGITS_SCALING;
+        }
+    }
     if (COLIBRI_FINAL_SOFTCAP != 0.0f) {
         for (int64_t i = 0; i < (int64_t)(n - first) * COLIBRI_VOCAB; i++) {
             out[i] = op_softcap(out[i], COLIBRI_FINAL_SOFTCAP);

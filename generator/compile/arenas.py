@@ -41,7 +41,15 @@ def max_matmul_input(spec: ModelSpec) -> int:
     """The longest matrix row: the activation quantization buffer's length."""
     d = spec.hidden_size
     f = ffn_width(spec)
-    return max(d, spec.max_q_dim, f, spec.linear_value_dim, spec.n_layers * spec.ple_dim, *latent_inputs(spec))
+    return max(
+        d,
+        spec.max_q_dim,
+        f,
+        spec.linear_value_dim,
+        spec.n_layers * spec.ple_dim,
+        *latent_inputs(spec),
+        spec.mamba_inner,
+    )
 
 
 def latent_inputs(spec: ModelSpec) -> tuple[int, ...]:
@@ -178,6 +186,16 @@ def scratch_arena(
                 "DeltaNet: each value head's state times its key (heads run in parallel)",
             ),
         ]
+    if any(spec.mamba_layers):
+        items += [
+            (
+                "ssm_proj",
+                "float",
+                n * (spec.mamba_inner + spec.mamba_conv_dim + spec.mamba_heads),
+                "Mamba-2: in_proj's z, xBC and dt, per token",
+            ),
+            ("ssm_y", "float", n * spec.mamba_inner, "Mamba-2: the heads' outputs, gated and normed, per token"),
+        ]
     if any(spec.short_conv_layers):
         items += [
             ("conv_bcx", "float", n * 3 * d, "short convolution: in_proj's B, C and x, per token"),
@@ -207,7 +225,11 @@ def kv_layout(spec: ModelSpec, n_ctx: int) -> tuple[tuple[int, ...], tuple[int, 
     # DeltaNet layers keep no keys or values: their state is the recurrent arena's.
     # Gemma 4's KV-sharing layers hold none either: they read their kv_source's (kv_offsets says where).
     kv_slots = tuple(
-        0 if spec.is_linear(i) or spec.is_short_conv(i) or spec.is_kv_consumer(i) else min(w, n_ctx) if w else n_ctx
+        0
+        if spec.is_linear(i) or spec.is_short_conv(i) or spec.is_mamba(i) or spec.is_kv_consumer(i)
+        else min(w, n_ctx)
+        if w
+        else n_ctx
         for i, w in enumerate(spec.layer_windows)
     )
     kv_offsets, cursor = [], 0
@@ -224,20 +246,37 @@ def short_conv_ring_rows(spec: ModelSpec, spec_tokens: int) -> int:
     return spec.short_conv_kernel - 1 + max(1, spec_tokens) if any(spec.short_conv_layers) else 0
 
 
+def mamba2_state_floats(spec: ModelSpec) -> int:
+    """A Mamba-2 layer's state in floats (0 without such layers): its convolution's last kernel - 1
+    inputs, then each head's head_dim x state recurrent state (numerics/mamba2.py)."""
+    if not any(spec.mamba_layers):
+        return 0
+    conv = (spec.mamba_conv_kernel - 1) * spec.mamba_conv_dim
+    return conv + spec.mamba_heads * spec.mamba_head_dim * spec.mamba_state
+
+
+def mamba2_state_summary(spec: ModelSpec, layers: int) -> str:
+    """Report's line on the Mamba-2 layers' state."""
+    conv = 4 * (spec.mamba_conv_kernel - 1) * spec.mamba_conv_dim
+    ssm = 4 * spec.mamba_heads * spec.mamba_head_dim * spec.mamba_state
+    return f"Mamba-2 state: {layers} layers x {conv + ssm:,} B (convolution {conv:,} B + SSM {ssm:,} B)"
+
+
 def linear_state_layout(spec: ModelSpec, spec_tokens: int = 0) -> tuple[tuple[int, ...], int]:
     """Per layer, its first float in the recurrent state arena (-1: a layer without state; () for
     a model without such layers); and the arena's length in floats. A Gated DeltaNet layer keeps
     its convolution's last inputs and its delta-rule state, a short convolution layer its ring of
-    inputs (short_conv_ring_rows x hidden)."""
+    inputs (short_conv_ring_rows x hidden), a Mamba-2 layer mamba2_state_floats."""
     linear_offsets, linear_cursor = [], 0
     per_linear_layer = (max(0, spec.linear_conv_kernel - 1) * spec.linear_conv_dim) + (
         spec.linear_v_heads * spec.linear_k_dim * spec.linear_v_dim
     )
     per_conv_layer = short_conv_ring_rows(spec, spec_tokens) * spec.hidden_size
     for i in range(spec.n_layers):
-        stateful = spec.is_linear(i) or spec.is_short_conv(i)
+        stateful = spec.is_linear(i) or spec.is_short_conv(i) or spec.is_mamba(i)
         linear_offsets.append(linear_cursor if stateful else -1)
         linear_cursor += per_linear_layer if spec.is_linear(i) else per_conv_layer if spec.is_short_conv(i) else 0
+        linear_cursor += mamba2_state_floats(spec) if spec.is_mamba(i) else 0
     return (tuple(linear_offsets) if linear_cursor else ()), linear_cursor
 
 

@@ -46,6 +46,9 @@ LINEAR_LAYER_MATRICES = ("lin_qkv", "lin_z", "lin_b", "lin_a", "lin_out")
 # A gated short convolution layer's fields (LFM2): in_proj and out_proj (matrices), the taps.
 SHORT_CONV_LAYER_PARTS = ("conv_in", "conv_taps", "conv_out")
 SHORT_CONV_LAYER_MATRICES = ("conv_in", "conv_out")
+# A Mamba-2 layer's fields (Granite 4.0 hybrid): in_proj and out_proj (matrices), the rest vectors.
+MAMBA2_LAYER_PARTS = ("ssm_in", "ssm_conv", "ssm_conv_bias", "ssm_dt_bias", "ssm_a", "ssm_d", "ssm_norm", "ssm_out")
+MAMBA2_LAYER_MATRICES = ("ssm_in", "ssm_out")
 
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
 
@@ -257,12 +260,14 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         *ROUTER_LAYER_VECTORS,
         *LAYER_NORM_BIASES,
         *SHORT_CONV_LAYER_PARTS,
+        *MAMBA2_LAYER_PARTS,
     ):
         matrix = (
             part.startswith("w")
             or part in LINEAR_LAYER_MATRICES
             or part in GEMMA4_LAYER_MATRICES
             or part in SHORT_CONV_LAYER_MATRICES
+            or part in MAMBA2_LAYER_MATRICES
         )
         layer_fields.append(
             dict(part=part, matrix=matrix, present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)])
@@ -369,6 +374,12 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         short_conv=any(spec.short_conv_layers),
         n_short_conv_layers=sum(spec.short_conv_layers),
         layer_short_conv=", ".join("1" if spec.is_short_conv(i) else "0" for i in range(spec.n_layers)),
+        n_mamba_layers=sum(spec.mamba_layers),
+        layer_mamba=", ".join("1" if spec.is_mamba(i) else "0" for i in range(spec.n_layers)),
+        mamba_dt_min=c_float(spec.mamba_dt_min),
+        mamba_dt_max=c_float(spec.mamba_dt_max),
+        residual_scale=c_float(spec.residual_scale),
+        logits_scaling=c_float(spec.logits_scaling),
         rope_cos_rows=_float_rows(cos),
         rope_sin_rows=_float_rows(sin),
         layer_windows=", ".join(str(w) for w in spec.layer_windows),

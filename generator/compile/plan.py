@@ -31,6 +31,8 @@ from .arenas import (
     Buffer,
     kv_layout,
     linear_state_layout,
+    mamba2_state_floats,
+    mamba2_state_summary,
     max_matmul_input,
     rope_tables,
     scratch_arena,
@@ -147,7 +149,8 @@ class Plan:
         layers = sum(self.spec.linear_layers)
         conv_layers = sum(self.spec.short_conv_layers)
         ring = 4 * self.short_conv_ring_rows * self.spec.hidden_size
-        attention = self.spec.n_layers - layers - conv_layers
+        mamba_layers = sum(self.spec.mamba_layers)
+        attention = self.spec.n_layers - layers - conv_layers - mamba_layers
         parts = []
         if layers:
             parts.append(
@@ -159,6 +162,8 @@ class Plan:
                 f"short convolution state: {conv_layers} layers x {ring:,} B (the last {self.short_conv_ring_rows} "
                 f"inputs of {self.spec.hidden_size} channels)"
             )
+        if mamba_layers:
+            parts.append(mamba2_state_summary(self.spec, mamba_layers))
         summary = (
             f"{'; '.join(parts)} = {self.linear_state_bytes:,} B, fixed: it does not grow with the context "
             f"(counted under kv_cache, beside the KV cache of the {attention} attention layer{'s' * (attention != 1)})"
@@ -168,6 +173,11 @@ class Plan:
             "conv_bytes_per_layer": conv,
             "delta_bytes_per_layer": delta,
             **({"short_conv_layers": conv_layers, "short_conv_bytes_per_layer": ring} if conv_layers else {}),
+            **(
+                {"mamba_layers": mamba_layers, "mamba_bytes_per_layer": 4 * mamba2_state_floats(self.spec)}
+                if mamba_layers
+                else {}
+            ),
             "bytes": self.linear_state_bytes,
             "grows_with_context": False,
             "summary": summary,
@@ -379,8 +389,9 @@ def speculation_tokens(spec: ModelSpec, requested: int, prefill_batch: int, n_ct
     prefill batch), or 0 where a rejected draft would change what plain decoding computes: experts
     (the routing counts would include drafts), Gated DeltaNet layers (their state cannot step
     back) and sliding windows shorter than the context (a draft's keys would evict ones still
-    needed). Short convolution layers step back: their ring keeps a pass's worth of inputs more."""
-    if requested < 2 or prefill_batch < 2 or spec.n_experts or any(spec.linear_layers):
+    needed). Short convolution layers step back: their ring keeps a pass's worth of inputs more.
+    Mamba-2 layers do not (their state, like DeltaNet's, is a product of every position's)."""
+    if requested < 2 or prefill_batch < 2 or spec.n_experts or any(spec.linear_layers) or any(spec.mamba_layers):
         return 0
     if any(0 < window < n_ctx for window in spec.layer_windows):
         return 0

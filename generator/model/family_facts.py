@@ -44,7 +44,8 @@ class Attention:
     output_gate: bool = False  # the q projection also makes a per-head sigmoid gate of the output (Qwen3.5)
     partial_rotary: bool = False  # RoPE may rotate only the leading dims of a head (Qwen3.5)
     # The score scale: "head_dim" (1/sqrt(head_dim)), "query_pre_attn_scalar" (Gemma 3; GGUF
-    # attention.scale), or "one" (Gemma 4: queries and keys normalised, scores unscaled).
+    # attention.scale), or "one" (Gemma 4: queries and keys normalised, scores unscaled), or
+    # "attention_multiplier" (Granite: config.json's attention_multiplier; GGUF attention.scale).
     score_scale: str = "head_dim"
     local_rope: bool = False  # sliding-window layers have their own RoPE base, never scaled (Gemma)
     # GLM-4.x MoE: q/k RMSNorm only where config.json's use_qk_norm says (a GGUF's tensors say), and
@@ -88,7 +89,18 @@ class LatentAttention(Attention):
     rope_interleave: str = "config"
 
 
-Mixer = Union[Attention, GatedDeltaNet, ShortConv]
+@dataclass(frozen=True)
+class Mamba2:
+    """Granite 4.0 hybrid's Mamba-2 mixer: in_proj makes z, xBC and dt; xBC through a causal
+    depthwise convolution with a bias and SiLU (the layer's state: its last inputs); the selective
+    state recurrence per head with A, D and dt's bias through softplus; RMSNorm per group of
+    y * silu(z); out_proj (numerics/mamba2.py). Its tensors in both formats."""
+
+    hf_tensors: Mapping[str, str] = field(default_factory=dict)
+    gguf_tensors: Mapping[str, str] = field(default_factory=dict)
+
+
+Mixer = Union[Attention, GatedDeltaNet, ShortConv, Mamba2]
 
 
 @dataclass(frozen=True)
@@ -217,6 +229,8 @@ class Family:
     # config.json keys refused unless at the value given (key: (value supported, what it would do)).
     hf_unsupported: Mapping[str, tuple[object, str]] = field(default_factory=dict)
     lm_head_bias: bool = False  # the output matrix may have a bias (config.json's lm_head_bias; GGUF: output.bias)
+    # Granite's multipliers (embedding, attention, residual, logits); RoPE where position_embedding_type says.
+    granite_multipliers: bool = False
 
     @property
     def attention(self) -> Attention:
@@ -237,6 +251,10 @@ class Family:
         return next((m for m in self.layers.values() if isinstance(m, ShortConv)), None)
 
     @property
+    def mamba2(self) -> Mamba2 | None:
+        return next((m for m in self.layers.values() if isinstance(m, Mamba2)), None)
+
+    @property
     def fused_experts(self) -> bool:
         return self.moe is not None and self.moe.fused_experts
 
@@ -247,6 +265,7 @@ class Family:
             **self.hf_tensors,
             **(self.deltanet.hf_tensors if self.deltanet else {}),
             **(self.short_conv.hf_tensors if self.short_conv else {}),
+            **(self.mamba2.hf_tensors if self.mamba2 else {}),
         }
 
     @property
@@ -256,6 +275,7 @@ class Family:
             **self.gguf_tensors,
             **(self.deltanet.gguf_tensors if self.deltanet else {}),
             **(self.short_conv.gguf_tensors if self.short_conv else {}),
+            **(self.mamba2.gguf_tensors if self.mamba2 else {}),
         }
 
 
@@ -461,6 +481,29 @@ def latent_row(
     )
 
 
+# Granite 4.0 hybrid's Mamba-2 layers (the conv1d taps flat and A as -exp(A_log), as views of the
+# checkpoint's: hf/granite.py) and its attention layers, under both names transformers gives them.
+MAMBA2 = Mamba2(
+    hf_tensors={
+        "mamba.in_proj.weight": "ssm_in",
+        "mamba.conv1d.bias": "ssm_conv_bias",
+        "mamba.dt_bias": "ssm_dt_bias",
+        "mamba.D": "ssm_d",
+        "mamba.norm.weight": "ssm_norm",
+        "mamba.out_proj.weight": "ssm_out",
+    },
+    gguf_tensors={
+        "ssm_in.weight": "ssm_in",
+        "ssm_conv1d.weight": "ssm_conv",
+        "ssm_conv1d.bias": "ssm_conv_bias",
+        "ssm_dt.bias": "ssm_dt_bias",
+        "ssm_a": "ssm_a",
+        "ssm_d": "ssm_d",
+        "ssm_norm.weight": "ssm_norm",
+        "ssm_out.weight": "ssm_out",
+    },
+)
+GRANITE_ATTENTION = Attention(windows="none", score_scale="attention_multiplier")
 FAMILY_ROWS = (
     Family(
         "llama",
@@ -660,6 +703,25 @@ FAMILY_ROWS = (
             "feed_forward.expert_bias": "router_choice_bias",
         },
         gguf_tensors=DEEPSEEK_MOE_GGUF,
+    ),
+    Family(
+        "granite_hybrid",
+        ("GraniteMoeHybridForCausalLM",),
+        "granitehybrid",
+        MappingProxyType(
+            {
+                "mamba": MAMBA2,
+                "linear_attention": MAMBA2,
+                "attention": GRANITE_ATTENTION,
+                "full_attention": GRANITE_ATTENTION,
+            }
+        ),
+        # num_local_experts 0: every layer's FFN is the shared MLP alone (shared_intermediate_size);
+        # else the experts (softmax over the top k's logits) plus that MLP, always on, ungated.
+        moe=Moe("every_layer", router="topk_then_softmax", renormalise="never", shared_expert="ungated"),
+        granite_multipliers=True,
+        hf_tensors={"block_sparse_moe.router.layer.weight": "router"},
+        gguf_permuted_qk=True,
     ),
 )
 

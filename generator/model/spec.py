@@ -144,6 +144,23 @@ class ModelSpec:
     short_conv_layers: tuple[bool, ...] = field(default_factory=tuple)
     short_conv_kernel: int = 0  # taps of the convolution (config.json's conv_L_cache)
     router_norm_eps: float = 0.0  # renormalised routing weights: w / (their sum + this) (LFM2-MoE: 1e-6)
+    # Mamba-2 (Granite 4.0 hybrid; numerics/mamba2.py): True where the layer's token mixer is
+    # in_proj to z, xBC and dt; a causal depthwise convolution (mamba_conv_kernel taps, a bias) of
+    # xBC and SiLU; the selective state recurrence per head (mamba_heads of mamba_head_dim, B and C
+    # shared by the heads of each of mamba_groups groups, mamba_state wide); RMSNorm per group of
+    # y * silu(z); out_proj. dt is clamped to [mamba_dt_min, mamba_dt_max] (0: no upper limit).
+    mamba_layers: tuple[bool, ...] = field(default_factory=tuple)
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_groups: int = 0
+    mamba_state: int = 0
+    mamba_conv_kernel: int = 0
+    mamba_dt_min: float = 0.0
+    mamba_dt_max: float = 0.0
+    # Granite's multipliers: each block's output times residual_scale before the residual add; the
+    # logits divided by logits_scaling.
+    residual_scale: float = 1.0
+    logits_scaling: float = 1.0
 
     @property
     def q_dim(self) -> int:
@@ -229,6 +246,19 @@ class ModelSpec:
     def is_short_conv(self, layer: int) -> bool:
         return bool(self.short_conv_layers) and self.short_conv_layers[layer]
 
+    def is_mamba(self, layer: int) -> bool:
+        return bool(self.mamba_layers) and self.mamba_layers[layer]
+
+    @property
+    def mamba_inner(self) -> int:
+        """Width of a Mamba-2 layer's x, z and y: its heads side by side."""
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of a Mamba-2 layer's convolution: x, then every group's B, then every group's C."""
+        return self.mamba_inner + 2 * self.mamba_groups * self.mamba_state
+
     @property
     def score_scale(self) -> float:
         return self.attn_scale if self.attn_scale else self.head_dim**-0.5
@@ -296,6 +326,16 @@ LATER_FIELDS = (
     "short_conv_layers",
     "short_conv_kernel",
     "router_norm_eps",
+    "mamba_layers",
+    "mamba_heads",
+    "mamba_head_dim",
+    "mamba_groups",
+    "mamba_state",
+    "mamba_conv_kernel",
+    "mamba_dt_min",
+    "mamba_dt_max",
+    "residual_scale",
+    "logits_scaling",
 )
 LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "rotated_fraction")
 
@@ -328,6 +368,8 @@ def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             shapes.update(_linear_attention_shapes(spec, p))
         elif spec.is_short_conv(i):
             shapes.update(_short_conv_shapes(spec, p))
+        elif spec.is_mamba(i):
+            shapes.update(mamba2_shapes(spec, p))
         else:
             shapes.update(_attention_shapes(spec, p, i))
         if spec.post_norms:
@@ -492,3 +534,20 @@ def latent_attention_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...
     shapes[p + "wv_b"] = (h * spec.v_head_dim, r)
     shapes[p + "wo"] = (d, h * spec.v_head_dim)
     return shapes
+
+
+def mamba2_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
+    """A Mamba-2 layer's tensors: in_proj (z, xBC, dt rows), the convolution's taps (channel after
+    channel, its kernel values each) and bias, per head dt's bias, A (-exp(A_log)) and D, the gated
+    norm's weight, out_proj."""
+    d, inner, conv, heads = spec.hidden_size, spec.mamba_inner, spec.mamba_conv_dim, spec.mamba_heads
+    return {
+        p + "ssm_in": (inner + conv + heads, d),
+        p + "ssm_conv": (conv * spec.mamba_conv_kernel,),
+        p + "ssm_conv_bias": (conv,),
+        p + "ssm_dt_bias": (heads,),
+        p + "ssm_a": (heads,),
+        p + "ssm_d": (heads,),
+        p + "ssm_norm": (inner,),
+        p + "ssm_out": (d, inner),
+    }

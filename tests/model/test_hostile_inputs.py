@@ -551,3 +551,27 @@ def test_broken_lfm2_config_is_refused_in_one_line(case, checkpoints, tmp_path, 
     edit_config(lambda c: c.update(change))(model)
     line = build_refused(capsys, model, tmp_path / "out")
     assert message in line, line
+
+
+# Granite 4.0 hybrid's config keys (tests/models.py "granite_hybrid": Mamba-2 and attention layers
+# alternating, 8 Mamba heads in 2 groups over an inner width of 128), each broken alone.
+GRANITE_HYBRID_CASES = {
+    "unknown layer type": (
+        dict(layer_types=["mamba", "conv", "mamba", "attention"]),
+        'unsupported layer type "conv" (supported: mamba, linear_attention, attention, full_attention)',
+    ),
+    "heads not dividing the inner width": (
+        dict(mamba_n_heads=6, mamba_d_head="auto"),
+        "mamba_n_heads 6 does not divide the Mamba inner width 128",
+    ),
+    "groups not dividing the heads": (dict(mamba_n_groups=3), "mamba_n_groups 3 does not divide the 8 Mamba heads"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GRANITE_HYBRID_CASES))
+def test_broken_granite_hybrid_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
+    model = model_copy(checkpoints, "granite_hybrid", tmp_path / "model")
+    change, message = GRANITE_HYBRID_CASES[case]
+    edit_config(lambda c: c.update(change))(model)
+    line = build_refused(capsys, model, tmp_path / "out")
+    assert message in line, line

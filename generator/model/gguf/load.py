@@ -18,6 +18,7 @@ from ..family_facts import Family
 from ..spec import ModelSpec, expected_shapes
 from .archs import arch_of
 from .file import GgufFile, read_gguf
+from .granite import mamba2_file_shape
 from .latent import check_split, kv_b_sources, latent_view
 from .latent import file_shape as latent_file_shape
 from .metadata import parse_metadata
@@ -152,7 +153,7 @@ def _file_shape(spec: ModelSpec, canonical: str, shape: tuple[int, ...]) -> tupl
         return (spec.linear_conv_dim, spec.linear_conv_kernel)
     if canonical.endswith(".conv_taps"):
         return (spec.hidden_size, spec.short_conv_kernel)
-    return shape
+    return mamba2_file_shape(spec, canonical) or shape
 
 
 def load_gguf(path: Path | str, load_tensors: bool = True) -> GgufCheckpoint:

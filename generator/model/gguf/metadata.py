@@ -9,6 +9,7 @@ the same float32 (1e-05, not 9.99999974738e-06), which is what the checkpoint's 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from ..family_facts import (
 from ..spec import ModelSpec, RopeSpec
 from .archs import arch_of
 from .file import GgufFile
+from .granite import gguf_granite_hybrid
 from .latent import gguf_latent
 from .names import GEMMA4_ROPE_FREQS, LAYER_NAME
 from .tensors import rows_f32
@@ -225,6 +227,8 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     if family.gemma4_layers:
         return _gemma4(gguf, meta, family, hidden, n_layers, n_heads)
     n_kv, short_conv = _short_conv(meta, n_layers) if family.short_conv else (None, {})
+    if family.mamba2:  # (Granite 4.0 hybrid: a layer without KV heads is a Mamba-2 layer)
+        n_kv, kv_absent = _kv_heads_per_layer(meta, n_layers)
     n_kv = n_kv or meta.int("attention.head_count_kv", n_heads)
     rope = _rope(meta, family.default_theta, family.gguf_yarn_truncate, family.latent is not None)
     latent = gguf_latent(meta, hidden, n_heads, rope.factor) if family.latent else {}
@@ -263,7 +267,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     if attention.qkv_bias == "always" and not qkv_bias:
         raise ColibriError(f"{meta.where}: missing tensor 'blk.0.attn_q.bias' ({arch} has q/k/v biases)")
     moe = {}
-    if family.moe:
+    if family.moe and not family.granite_multipliers:
         routing = family.moe
         n_experts = meta.int("expert_count")
         if n_experts > MAX_EXPERTS:
@@ -295,7 +299,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
     else:
         intermediate = meta.int("feed_forward_length")
 
-    return ModelSpec(
+    spec = ModelSpec(
         name=gguf.path.stem,
         architecture=family.hf_architectures[0],
         family=family.name,
@@ -326,6 +330,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
             else {}
         ),
     )
+    return replace(spec, **gguf_granite_hybrid(meta, spec, kv_absent)) if family.mamba2 else spec
 
 
 def _deepseek_routing(meta: _Meta, family: Family, n_experts: int, top_k: int, expert_ff: int, mtp_layers: int) -> dict:
@@ -536,13 +541,17 @@ def _hybrid_linear(meta: _Meta, n_layers: int, head_dim: int, rope_dim: int) -> 
 def _short_conv(meta: _Meta, n_layers: int) -> tuple[int, dict]:
     """LFM2's layer kinds as llama.cpp writes them: head_count_kv per layer, 0 for a convolution
     layer (every attention layer the same), and the convolution's taps (shortconv.l_cache)."""
+    n_kv, kv_absent = _kv_heads_per_layer(meta, n_layers)
+    return n_kv, dict(short_conv_layers=kv_absent, short_conv_kernel=meta.int("shortconv.l_cache"))
+
+
+def _kv_heads_per_layer(meta: _Meta, n_layers: int) -> tuple[int, tuple[bool, ...]]:
+    """head_count_kv per layer, 0 for a layer without attention (every attention layer the same):
+    the attention layers' KV heads, and per layer whether it has none."""
     name, value = meta._get("attention.head_count_kv", None)
     if not (isinstance(value, np.ndarray) and value.ndim == 1 and len(value) == n_layers and value.dtype.kind in "iu"):
         raise ColibriError(f"{meta.where}: metadata {name!r} must give each of the {n_layers} layers its KV heads")
     heads = {int(v) for v in value if v}
     if len(heads) != 1:
         raise ColibriError(f"{meta.where}: metadata {name!r} must give every attention layer the same KV heads")
-    return heads.pop(), dict(
-        short_conv_layers=tuple(int(v) == 0 for v in value),
-        short_conv_kernel=meta.int("shortconv.l_cache"),
-    )
+    return heads.pop(), tuple(int(v) == 0 for v in value)

@@ -139,6 +139,8 @@ def view_of(spec: ModelSpec, canonical: str) -> dict:
         return dict(row_order=tuple(int(r) for r in (rows // hd) * 2 * hd + first + rows % hd))
     if part == "conv_taps":  # LFM2's [hidden, kernel]
         return dict(flat=True)
+    if part in ("ssm_conv", "ssm_a", "ssm_d", "ssm_norm"):  # Mamba-2's, as gguf/granite.mamba2_file_shape
+        return dict(flat=True)
     if not part.startswith("lin_"):
         return {}
     dv, key_dim = spec.linear_v_dim, spec.linear_key_dim

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from ...errors import ColibriError
@@ -30,6 +31,7 @@ from .families import (
     ROPE_TYPES,
     TEXT_CONFIG_ARCHITECTURES,
 )
+from .granite import hf_granite_hybrid
 from .latent import hf_latent, routed_layer_types
 from .safetensors_io import strict_json
 
@@ -594,11 +596,15 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
             raise ColibriError(f"config.json: special token id {t} is outside the vocabulary ({vocab})")
     windows = _layer_windows(cfg, family, n_layers)
     gemma4 = _gemma4(cfg, family, n_layers, windows, vocab) if family.gemma4_layers else {}
-    moe = _moe(cfg, family.moe, n_layers) if family.moe and family.moe.placement != "beside_dense" else {}
+    moe = (
+        _moe(cfg, family.moe, n_layers)
+        if family.moe and family.moe.placement != "beside_dense" and not family.granite_multipliers
+        else {}
+    )
     if family.moe and family.moe.layer_types_key:
         moe["moe_layers"] = routed_layer_types(cfg, family.moe.layer_types_key, n_layers)
 
-    return ModelSpec(
+    spec = ModelSpec(
         name=name,
         architecture=arch,
         family=family_name,
@@ -650,4 +656,9 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         qk_norm_whole=attention.qk_norm_whole,
         layer_norm=family.norms.layer_norm,
         lm_head_bias=family.lm_head_bias and cfg.bool("lm_head_bias", False),
+    )
+    return (
+        replace(spec, **hf_granite_hybrid(cfg, family, spec, _check_layer_types))
+        if family.granite_multipliers
+        else spec
     )

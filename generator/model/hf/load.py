@@ -19,6 +19,7 @@ from ..hub import model_name
 from ..spec import ModelSpec, expected_shapes
 from . import mxfp4
 from .config import parse_config, read_json
+from .granite import granite_parts
 from .latent import HfLatentView, latent_parts, rope_interleaved
 from .names import NOT_TEXT_PREFIXES, canonical_name, mtp_layer_part, unused_kv_part
 from .safetensors_io import TensorInfo, read_header
@@ -109,7 +110,11 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
             for canonical in parts:
                 by_canonical[canonical] = (path, info)
             continue
-        parts = fused_parts(hf_name, path, info, spec) or latent_parts(hf_name, path, info, spec, interleaved)
+        parts = (
+            fused_parts(hf_name, path, info, spec)
+            or latent_parts(hf_name, path, info, spec, interleaved)
+            or granite_parts(hf_name, path, info, spec)
+        )
         if parts is not None:  # gpt-oss's fused experts: their shapes checked there
             fused.update(parts)
             for canonical in parts:

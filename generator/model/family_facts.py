@@ -54,6 +54,14 @@ class Attention:
     # With qk_norm: one RMSNorm over all the heads' queries (n_heads x head_dim weights) and one over
     # all the keys (n_kv_heads x head_dim), before the split into heads (OLMoE), not one per head.
     qk_norm_whole: bool = False
+    # Llama 4 (windows "chunked"): the RoPE layers attend within chunks of attention_chunk_size; the
+    # no-RoPE layers (config.json's no_rope_layers; in a GGUF file every nope_period-th layer, as
+    # llama.cpp fixes it) see every position, their queries temperature-tuned; the RoPE layers'
+    # queries and keys L2-normalised where use_qk_norm says. gguf_chunking: the chunk, floor_scale
+    # and attn_scale llama.cpp assumes (its files do not hold them). The checkpoint's q/k rows hold
+    # RoPE's pairs interleaved (a complex rotation of adjacent values): de-interleaved at import.
+    nope_period: int = 0
+    gguf_chunking: tuple[int, int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,7 @@ class Ffn:
     # LFM2: config.json's intermediate_size is adjusted by block_auto_adjust_ff_dim (2/3 of it, times
     # block_ffn_dim_multiplier, rounded up to block_multiple_of), as the model builds its FFN.
     block_sizing: bool = False
+    hf_width_key: str = "intermediate_size"  # config.json's key of the dense FFN's width (Llama 4: intermediate_size_mlp)
 
 
 @dataclass(frozen=True)
@@ -113,7 +122,8 @@ class Moe:
     # moe_intermediate_size) or "beside_dense" (Gemma 4: beside the dense FFN, enable_moe_block).
     placement: str
     # or "topk_then_softmax" (gpt-oss: softmax over the k chosen), or "sparsemixer" (Phi-3.5-MoE: the
-    # top 2, each weighted by a softmax over the logits near its own)
+    # top 2, each weighted by a softmax over the logits near its own), or "topk_then_sigmoid" (Llama 4:
+    # the top k logits, each weighted by its sigmoid)
     router: str = "softmax_then_topk"
     renormalise: str = "config"  # the top k's weights: "always", "never", or config.json's norm_topk_prob
     # llama.cpp's default when the file has no expert_weights_norm; None: the file's key is not read,
@@ -142,6 +152,10 @@ class Moe:
     # it divides by (LFM2-MoE: 1e-6).
     hf_keys: Mapping[str, str] = field(default_factory=dict)
     norm_eps: float = 0.0
+    # Llama 4 (placement "interleave": every interleave_moe_layer_step-th layer, or config.json's
+    # moe_layers; the shared expert "ungated" of the experts' width): the routing weight scales the
+    # chosen expert's input, its output is added whole.
+    scales_input: bool = False
 
     def route_groups(
         self, where: str, n_experts: int, top_k: int, n_group: int, topk_group: int, keys: tuple[str, str, str]
@@ -461,6 +475,20 @@ def latent_row(
     )
 
 
+# Llama 4: chunked attention on the RoPE layers, every fourth layer without RoPE (llama.cpp's fixed
+# pattern), q/k L2 norm, temperature tuning; its FFN names (the experts fused: hf/llama4.py).
+LLAMA4_ATTENTION = Attention(windows="chunked", nope_period=4, gguf_chunking=(8192, 8192, 0.1))
+LLAMA4_HF_LAYER = {
+    "feed_forward.gate_proj.weight": "w_gate",
+    "feed_forward.up_proj.weight": "w_up",
+    "feed_forward.down_proj.weight": "w_down",
+    "feed_forward.router.weight": "router",
+    "feed_forward.shared_expert.gate_proj.weight": "shared.w_gate",
+    "feed_forward.shared_expert.up_proj.weight": "shared.w_up",
+    "feed_forward.shared_expert.down_proj.weight": "shared.w_down",
+}
+
+
 FAMILY_ROWS = (
     Family(
         "llama",
@@ -660,6 +688,26 @@ FAMILY_ROWS = (
             "feed_forward.expert_bias": "router_choice_bias",
         },
         gguf_tensors=DEEPSEEK_MOE_GGUF,
+    ),
+    Family(
+        "llama4",
+        ("Llama4ForCausalLM", "Llama4ForConditionalGeneration"),  # its text tower; the vision tower is ignored
+        "llama4",
+        MappingProxyType({"chunked_attention": LLAMA4_ATTENTION, "full_attention": LLAMA4_ATTENTION}),
+        ffn=Ffn(hf_width_key="intermediate_size_mlp"),
+        moe=Moe(
+            "interleave",
+            router="topk_then_sigmoid",
+            renormalise="never",
+            gguf_renormalise_default=None,
+            shared_expert="ungated",
+            scales_input=True,
+        ),
+        hf_text_towers=("Llama4ForConditionalGeneration",),
+        default_theta=500000.0,
+        gguf_permuted_qk=True,  # (llama.cpp's converter keeps the checkpoint's interleaved rows: the same order)
+        hf_tensors=LLAMA4_HF_LAYER,
+        hf_unsupported={"attention_bias": (False, "q/k/v/o biases")},
     ),
 )
 

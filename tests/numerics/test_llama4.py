@@ -42,6 +42,33 @@ def test_a_position_of_a_chunked_layer_sees_its_own_chunk_only(checkpoints):
     assert [spec.first_seen(1, p) for p in positions] == [0] * len(positions)  # a no-RoPE layer sees all
 
 
+def test_the_text_tower_of_a_multimodal_checkpoint_imports_as_the_text_model(tmp_path):
+    """A Llama4ForConditionalGeneration (a one-layer vision tower beside the text tower of
+    "llama4_text", under text_config) imports as its language model saved alone: the same spec but
+    for the class, the same tensors bit for bit, the vision tower and projector left out."""
+    import torch
+    import transformers
+
+    from models import ORACLE_CONFIGS
+
+    torch.manual_seed(3)
+    text = dict(ORACLE_CONFIGS[KIND][2], initializer_range=0.1, bos_token_id=1, eos_token_id=2)
+    vision = dict(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28,
+        patch_size=14, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64,
+    )  # fmt: skip
+    model = transformers.Llama4ForConditionalGeneration(
+        transformers.Llama4Config(text_config=text, vision_config=vision)
+    )
+    model.save_pretrained(tmp_path / "multimodal")
+    model.language_model.save_pretrained(tmp_path / "text")
+    tower, alone = load_model(tmp_path / "multimodal"), load_model(tmp_path / "text")
+    assert tower.spec.architecture == "Llama4ForConditionalGeneration"
+    assert dataclasses.replace(tower.spec, name=alone.spec.name, architecture=alone.spec.architecture) == alone.spec
+    assert list(tower.tensors) == list(alone.tensors)
+    assert all(np.array_equal(tower.tensors[n].load(), alone.tensors[n].load()) for n in alone.tensors)
+
+
 @pytest.mark.slow  # runs under qemu-aarch64 (2 threads) and qemu-system-riscv32
 @pytest.mark.parametrize("quant, board", [("q4_0", "linux-aarch64"), ("q8_0", "qemu-rv32")])
 def test_emulated_boards_decode_the_reference_bits(quant, board, checkpoints, builder):

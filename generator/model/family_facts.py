@@ -111,7 +111,8 @@ class Ffn:
     # LFM2: config.json's intermediate_size is adjusted by block_auto_adjust_ff_dim (2/3 of it, times
     # block_ffn_dim_multiplier, rounded up to block_multiple_of), as the model builds its FFN.
     block_sizing: bool = False
-    hf_width_key: str = "intermediate_size"  # config.json's key of the dense FFN's width (Llama 4: intermediate_size_mlp)
+    # config.json's key of the dense FFN's width (Llama 4: intermediate_size_mlp)
+    hf_width_key: str = "intermediate_size"
 
 
 @dataclass(frozen=True)

@@ -257,12 +257,16 @@ static void llama4_queries_keys(int layer, int32_t pos, float *q, float *k)
             op_rmsnorm_unscaled(k + h * hd, k + h * hd, hd, COLIBRI_RMS_NORM_EPS);
         }
     }
-    if (COLIBRI_ATTN_TEMPERATURE_FLOOR > 0 && colibri_layer_nope[layer]) {
+#if COLIBRI_ATTN_TEMPERATURE_FLOOR > 0
+    if (colibri_layer_nope[layer]) {
         const float t = op_log((float)(1 + (pos + 1) / COLIBRI_ATTN_TEMPERATURE_FLOOR)) * COLIBRI_ATTN_TEMPERATURE_SCALE + 1.0f;
         for (int i = 0; i < COLIBRI_N_HEADS * hd; i++) {
             q[i] = q[i] * t;
         }
     }
+#else
+    (void)pos;
+#endif
 }
 
 /* Queries, keys and values of one token at position pos: optional RMSNorm of the queries and keys

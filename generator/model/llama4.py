@@ -6,6 +6,7 @@ the views of a checkpoint's tensors (q/k rows de-interleaved, the fused experts 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,9 +80,10 @@ def hf_chunked_layers(cfg: Any, n_layers: int) -> ChunkedLayers:
         raise ColibriError(f"{where}: {CHUNKED} layers need 'attention_chunk_size'")
     else:
         chunked = tuple(k == CHUNKED for k in kinds)
-    temperature = None
-    if cfg.bool("attn_temperature_tuning", True):
-        temperature = (cfg.int("floor_scale", 8192), cfg.float("attn_scale", 0.1))
+    tuning = data.get("attn_temperature_tuning", True)
+    if not isinstance(tuning, int):  # (the published Llama-4-Scout's says 4: an integer read as true)
+        raise ColibriError(f"{where}: 'attn_temperature_tuning' must be true or false, got {json.dumps(tuning)}")
+    temperature = (cfg.int("floor_scale", 8192), cfg.float("attn_scale", 0.1)) if tuning else None
     return ChunkedLayers(rope, chunked, chunk, cfg.bool("use_qk_norm", True), temperature)
 
 

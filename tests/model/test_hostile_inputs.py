@@ -472,6 +472,11 @@ ROW_CASES = {
         dict(moe_layers=[1, 4]),
         "'moe_layers' must list layer indices from 0 to 3",
     ),
+    "Llama 4 temperature tuning as text": (
+        "llama4_text",
+        dict(attn_temperature_tuning="yes"),
+        "'attn_temperature_tuning' must be true or false, got \"yes\"",
+    ),
     "Llama 4 chunked layers without a chunk size": (
         "llama4_text",
         dict(attention_chunk_size=None),

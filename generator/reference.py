@@ -19,6 +19,7 @@ from .numerics.mamba2 import mamba2_step
 from .numerics.mla import latent_attention, latent_cache
 from .numerics.ops import (
     F32,
+    attn_temperature,
     conv_step,
     delta_rule_step,
     dot,
@@ -311,7 +312,9 @@ class Reference:
         out = None
         for rank, expert in enumerate(chosen):
             self.expert_counts[layer, expert] += 1
-            if s.expert_biases:
+            if s.expert_input_scaled:  # Llama 4: the weight scales the expert's input, its output added whole
+                term = self._gated_ffn(f"{p}experts.{expert}.", self._prepare(act[0] * weights[rank]))
+            elif s.expert_biases:
                 term = weights[rank] * self._biased_expert(layer, expert, act)
             else:
                 term = weights[rank] * self._gated_ffn(f"{p}experts.{expert}.", act)
@@ -431,13 +434,17 @@ class Reference:
             if s.v_norm:
                 v = rmsnorm_unscaled(v, eps)
             cos, sin = self.tables[self.plan.layer_rope[layer]]
-            if s.rope_dim:  # partial RoPE: the leading rope_dim dims of each head rotate, the rest pass
+            if s.is_nope(layer):  # Llama 4's global layers: no RoPE, the queries' temperature (numerics/ops.py)
+                q = attn_temperature(q, pos, s.attn_temperature_floor, s.attn_temperature_scale)
+            elif s.rope_dim:  # partial RoPE: the leading rope_dim dims of each head rotate, the rest pass
                 r = s.rope_dim
                 q = np.concatenate([apply_rope(q[:, :r], cos[pos], sin[pos]), q[:, r:]], axis=1)
                 k = np.concatenate([apply_rope(k[:, :r], cos[pos], sin[pos]), k[:, r:]], axis=1)
             else:
                 q = apply_rope(q, cos[pos], sin[pos])
                 k = apply_rope(k, cos[pos], sin[pos])
+            if s.qk_l2_norm_layers and s.qk_l2_norm_layers[layer]:  # Llama 4: after RoPE, without a weight
+                q, k = rmsnorm_unscaled(q, eps), rmsnorm_unscaled(k, eps)
             self._cp(layer, "q_rope", q.reshape(-1))
             if own_kv:
                 self._cp(layer, "k_rope", k.reshape(-1))
@@ -447,9 +454,7 @@ class Reference:
                 self.k_cache[layer][pos % slots] = kv_round(k, self.plan.kv_type)
                 self.v_cache[layer][pos % slots] = kv_round(v, self.plan.kv_type)
 
-            window = s.layer_windows[layer]
-            start = max(0, pos - window + 1) if window else 0
-            ring = [t % slots for t in range(start, pos + 1)]
+            ring = [t % slots for t in range(s.first_seen(layer, pos), pos + 1)]
             out = np.empty((s.n_heads, hd), dtype=np.float32)
             for h in range(s.n_heads):
                 keys = self.k_cache[layer][ring, h // group]

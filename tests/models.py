@@ -614,6 +614,33 @@ ORACLE_CONFIGS = {
             time_step_limit=(0.05, 1.5),
         ),
     ),
+    # Llama 4: RoPE layers 0 and 3 attend within chunks of 8 (shorter than the decode), their q/k
+    # L2-normalised; layers 1 and 2 without RoPE see every position, their queries' temperature
+    # rising every 8 positions (floor_scale 8); layers 1 and 3 route (8 experts, top-1 by sigmoid
+    # scaling the expert's input, the shared expert beside them), 0 and 2 dense and wider.
+    "llama4_text": (
+        "Llama4TextConfig",
+        "Llama4ForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=32,
+            intermediate_size_mlp=96,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_local_experts=8,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            no_rope_layers=[1, 0, 0, 1],
+            attention_chunk_size=8,
+            floor_scale=8,
+            attn_scale=0.1,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 # Learned scales that default to 1 (Gemma 4's layer scalars, router scale, per-expert scales):
 # randomised like the norms, so their paths are tested.

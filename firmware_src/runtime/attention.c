@@ -124,9 +124,14 @@ static void in_place(const Geometry *geo, int in_keys, int g, int slot, float *a
 #endif
 }
 
-/* The first position a query at position p sees: 0, or the start of its sliding window. */
+/* The first position a query at position p sees: 0, or the start of its sliding window, or with
+ * CHUNKED_WINDOWS the start of its chunk (Llama 4: a position sees its own chunk only, never the
+ * chunk before it: the window's ring holds the chunk's positions, all within the last `window`). */
 static int32_t first_seen(int32_t p, int32_t window)
 {
+    if (COLIBRI_CHUNKED_WINDOWS) {
+        return window > 0 ? p - p % window : 0;
+    }
     return (window > 0 && p - window + 1 > 0) ? p - window + 1 : 0;
 }
 

@@ -214,7 +214,13 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
             continue;
         }
         ranks_alone(1);
-        if (lw->expert_b_gate != NULL) { /* this expert's rows of the layer's bias vectors */
+        float *term = b->expert_terms + (int64_t)k * COLIBRI_DIM;
+        if (COLIBRI_EXPERT_INPUT_SCALED) { /* Llama 4: the weight scales the input (in the term's row), the output added whole */
+            for (int i = 0; i < COLIBRI_DIM; i++) {
+                term[i] = b->expert_weights[k] * xn[i];
+            }
+            gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, term, 1, COLIBRI_EXPERT_FFN_DIM);
+        } else if (lw->expert_b_gate != NULL) { /* this expert's rows of the layer's bias vectors */
             gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, lw->expert_b_gate + expert * COLIBRI_EXPERT_FFN_DIM,
                       lw->expert_b_up + expert * COLIBRI_EXPERT_FFN_DIM, lw->expert_b_down + expert * COLIBRI_DIM, xn,
                       1, COLIBRI_EXPERT_FFN_DIM);
@@ -222,9 +228,9 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
             gated_ffn(b, &ex->w_gate, &ex->w_up, &ex->w_down, NULL, NULL, NULL, xn, 1, COLIBRI_EXPERT_FFN_DIM);
         }
         ranks_alone(0);
-        float *term = b->expert_terms + (int64_t)k * COLIBRI_DIM;
+        const float weight = COLIBRI_EXPERT_INPUT_SCALED ? 1.0f : b->expert_weights[k]; /* (1 x is exact) */
         for (int i = 0; i < COLIBRI_DIM; i++) {
-            term[i] = b->expert_weights[k] * b->proj[i];
+            term[i] = weight * b->proj[i];
         }
     }
     ranks_share_terms(b->expert_terms, b->expert_ids, COLIBRI_EXPERTS_PER_TOKEN, COLIBRI_DIM);
@@ -247,6 +253,32 @@ static int moe_ffn(const ColibriWeights *w, ColibriBuffers *b, int layer, const 
 static int layer_kv_dim(int layer)
 {
     return colibri_layer_kv_heads[layer] * colibri_layer_head_dim[layer];
+}
+
+/* Llama 4 (nothing for other models): on a RoPE layer with QK_L2_NORM the queries and keys
+ * RMS-normalised per head without a weight, after RoPE (its table's half is 0 on a no-RoPE layer);
+ * on a no-RoPE layer the queries times their temperature, log(1 + (pos + 1) / FLOOR) * SCALE + 1. */
+static void llama4_queries_keys(int layer, int32_t pos, float *q, float *k)
+{
+    const int hd = colibri_layer_head_dim[layer];
+    if (colibri_layer_qk_l2_norm[layer]) {
+        for (int h = 0; h < COLIBRI_N_HEADS; h++) {
+            op_rmsnorm_unscaled(q + h * hd, q + h * hd, hd, COLIBRI_RMS_NORM_EPS);
+        }
+        for (int h = 0; k != NULL && h < colibri_layer_kv_heads[layer]; h++) {
+            op_rmsnorm_unscaled(k + h * hd, k + h * hd, hd, COLIBRI_RMS_NORM_EPS);
+        }
+    }
+#if COLIBRI_ATTN_TEMPERATURE_FLOOR > 0
+    if (colibri_layer_nope[layer]) {
+        const float t = op_log((float)(1 + (pos + 1) / COLIBRI_ATTN_TEMPERATURE_FLOOR)) * COLIBRI_ATTN_TEMPERATURE_SCALE + 1.0f;
+        for (int i = 0; i < COLIBRI_N_HEADS * hd; i++) {
+            q[i] = q[i] * t;
+        }
+    }
+#else
+    (void)pos;
+#endif
 }
 
 /* Queries, keys and values of one token at position pos: optional RMSNorm of the queries and keys
@@ -282,6 +314,7 @@ static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, 
             op_rmsnorm_unscaled(v + h * hd, v + h * hd, hd, eps);
         }
     }
+    llama4_queries_keys(layer, pos, q, k);
 }
 
 /* x[t] += norm(proj[t]) (the norm only where the model has one) for each token of the batch. */

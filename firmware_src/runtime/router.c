@@ -67,6 +67,12 @@ void router_route(float *logits, const float *choice_bias, int32_t *ids, float *
         weights[j] = logits[ids[j]];
     }
     op_softmax(weights, k); /* the chosen logits, in rank order */
+#elif COLIBRI_ROUTER_TOPK_THEN_SIGMOID
+    (void)choice_bias;
+    router_top_k(logits, n, ids, k);
+    for (int j = 0; j < k; j++) {
+        weights[j] = op_sigmoid(logits[ids[j]]); /* (Llama 4: each scales its expert's input, model.c) */
+    }
 #elif COLIBRI_ROUTER_SPARSEMIXER
     (void)choice_bias;
     router_top_k(logits, n, ids, k);

@@ -357,7 +357,9 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         layer_moe=", ".join("1" if m else "0" for m in (spec.moe_layers or (False,) * spec.n_layers)),
         moe_layer_indices=[i for i, m in enumerate(spec.moe_layers) if m],
         rope_half=max(plan.rope_dims) // 2,
-        layer_rope_half=", ".join(str(spec.layer_rotary_dim(i) // 2) for i in range(spec.n_layers)),
+        layer_rope_half=", ".join(
+            str(0 if spec.is_nope(i) else spec.layer_rotary_dim(i) // 2) for i in range(spec.n_layers)
+        ),
         layer_head_dim=", ".join(str(spec.layer_head_dim(i)) for i in range(spec.n_layers)),
         layer_kv_heads=", ".join(str(spec.layer_kv_heads(i)) for i in range(spec.n_layers)),
         layer_k_eq_v=", ".join("1" if spec.layer_k_eq_v(i) else "0" for i in range(spec.n_layers)),
@@ -385,6 +387,11 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         layer_windows=", ".join(str(w) for w in spec.layer_windows),
         eos_ids=", ".join(str(t) for t in spec.eos_token_ids) or "-1",
         n_eos=len(spec.eos_token_ids),
+        layer_nope=", ".join("1" if spec.is_nope(i) else "0" for i in range(spec.n_layers)),
+        layer_qk_l2_norm=", ".join(
+            "1" if spec.qk_l2_norm_layers and spec.qk_l2_norm_layers[i] else "0" for i in range(spec.n_layers)
+        ),
+        attn_temperature_scale=c_float(spec.attn_temperature_scale),
     )
 
 

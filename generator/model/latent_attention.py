@@ -1,6 +1,6 @@
 """Multi-head latent attention's facts both importers share (hf/latent.py, gguf/metadata.py): the
 settings checked and resolved into the ModelSpec's fields, YaRN's softmax scale, and the order a
-checkpoint's RoPE rows are read in. The block itself: family_facts.LatentAttention; its numerics:
+checkpoint's RoPE rows are read in. The block itself: family_blocks.LatentAttention; its numerics:
 numerics/mla.py and runtime/mla.c (docs/numerics.md, "Latent attention")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Mamba-2's spec fields (the block of family_facts.Mamba2), checked once for both importers: the
+"""Mamba-2's spec fields (the block of family_blocks.Mamba2), checked once for both importers: the
 heads split the inner width evenly, the groups split the heads."""
 
 from __future__ import annotations

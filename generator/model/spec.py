@@ -161,6 +161,20 @@ class ModelSpec:
     # logits divided by logits_scaling.
     residual_scale: float = 1.0
     logits_scaling: float = 1.0
+    # Llama 4: with chunked_windows a layer's window (layer_windows) is a chunk: a position sees the
+    # positions of its own chunk up to itself (p - p % window .. p), not the last `window` ones.
+    # nope_layers: True where the layer applies no RoPE; qk_l2_norm_layers: True where the queries
+    # and keys are RMS-normalised without a weight after RoPE (transformers' Llama4TextL2Norm). On
+    # no-RoPE layers with attn_temperature_floor > 0 the queries are multiplied by
+    # log(1 + (p + 1) // floor) * attn_temperature_scale + 1. expert_input_scaled: each chosen
+    # expert's routing weight scales its input, its output is added whole (router
+    # "topk_then_sigmoid": the top k logits, their sigmoids the weights).
+    chunked_windows: bool = False
+    nope_layers: tuple[bool, ...] = field(default_factory=tuple)
+    qk_l2_norm_layers: tuple[bool, ...] = field(default_factory=tuple)
+    attn_temperature_floor: int = 0
+    attn_temperature_scale: float = 0.0
+    expert_input_scaled: bool = False
 
     @property
     def q_dim(self) -> int:
@@ -259,6 +273,18 @@ class ModelSpec:
         """Channels of a Mamba-2 layer's convolution: x, then every group's B, then every group's C."""
         return self.mamba_inner + 2 * self.mamba_groups * self.mamba_state
 
+    def is_nope(self, layer: int) -> bool:
+        """A layer that applies no RoPE (Llama 4's global layers)."""
+        return bool(self.nope_layers) and self.nope_layers[layer]
+
+    def first_seen(self, layer: int, pos: int) -> int:
+        """The first position a query at `pos` of `layer` attends to: 0, the start of its sliding
+        window, or with chunked_windows the start of its chunk."""
+        window = self.layer_windows[layer] if self.layer_windows else 0
+        if not window:
+            return 0
+        return pos - pos % window if self.chunked_windows else max(0, pos - window + 1)
+
     @property
     def score_scale(self) -> float:
         return self.attn_scale if self.attn_scale else self.head_dim**-0.5
@@ -336,6 +362,12 @@ LATER_FIELDS = (
     "mamba_dt_max",
     "residual_scale",
     "logits_scaling",
+    "chunked_windows",
+    "nope_layers",
+    "qk_l2_norm_layers",
+    "attn_temperature_floor",
+    "attn_temperature_scale",
+    "expert_input_scaled",
 )
 LATER_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "rotated_fraction")
 

@@ -209,6 +209,15 @@ def log(x: np.ndarray) -> np.ndarray:
     return (e * LN2 + (F32(2.0) * s) * p).astype(np.float32)
 
 
+def attn_temperature(q: np.ndarray, pos: int, floor: int, scale: float) -> np.ndarray:
+    """Llama 4's queries on its no-RoPE layers at position pos: times log(1 + (pos + 1) // floor) *
+    scale + 1 (our log; exactly 1 below the first floor); unchanged where floor is 0."""
+    if not floor:
+        return q
+    factor = log(F32(1 + (pos + 1) // floor)) * F32(scale) + F32(1.0)
+    return f32(q) * factor
+
+
 def softplus(x: np.ndarray) -> np.ndarray:
     """log(1 + e^x), x itself above 20. log1p of u = e^x as log(w) * (u / (w - 1)), w = 1 + u,
     which keeps the small u's digits that 1 + u rounds away (u itself where w rounds to 1)."""

@@ -6,6 +6,8 @@
   sparsemixer         choose on the logits; each chosen expert's own masked softmax (Phi-3.5-MoE:
                       ops.sparsemixer_weights)
   sigmoid             p = sigmoid(logits); choose on p + choice bias; weights p[chosen]   (V3, GLM-4.x)
+  topk_then_sigmoid   choose on the logits; weights sigmoid(logits[chosen])   (Llama 4, whose
+                      weights scale the experts' inputs: reference.py)
 
 With expert groups only the best `expert_groups_used` groups may be chosen from (a group scores
 its two best choice scores added, best first, with a sigmoid router; its best probability with a
@@ -47,6 +49,9 @@ def route(spec: ModelSpec, logits: np.ndarray, choice_bias: np.ndarray | None) -
     if spec.router == "topk_then_softmax":
         chosen = top_k(logits, k)
         weights = softmax(logits[chosen])
+    elif spec.router == "topk_then_sigmoid":
+        chosen = top_k(logits, k)
+        weights = sigmoid(logits[chosen])
     elif spec.router == "sparsemixer":
         chosen = top_k(logits, k)
         weights = sparsemixer_weights(logits, chosen, 2 * spec.router_jitter)

@@ -452,6 +452,36 @@ ROW_CASES = {
     ),
     "Phi-3.5-MoE jitter text": ("phimoe", dict(router_jitter_noise="0.01"), "'router_jitter_noise' must be a finite"),
     "Phi-3.5-MoE output bias as text": ("phimoe", dict(lm_head_bias="yes"), "'lm_head_bias' must be true or false"),
+    "Llama 4 chunk size 0": (
+        "llama4_text",
+        dict(attention_chunk_size=0),
+        "'attention_chunk_size' must be at least 1, got 0",
+    ),
+    "Llama 4 no_rope_layers of the wrong length": (
+        "llama4_text",
+        dict(no_rope_layers=[1, 0, 0]),
+        "'no_rope_layers' lists 3 layers, the model has 4",
+    ),
+    "Llama 4 no_rope_layers not 0 or 1": (
+        "llama4_text",
+        dict(no_rope_layers=[1, 2, 0, 1]),
+        "'no_rope_layers' must list 1 (RoPE) or 0 (no RoPE) for each layer",
+    ),
+    "Llama 4 MoE layer past the last": (
+        "llama4_text",
+        dict(moe_layers=[1, 4]),
+        "'moe_layers' must list layer indices from 0 to 3",
+    ),
+    "Llama 4 temperature tuning as text": (
+        "llama4_text",
+        dict(attn_temperature_tuning="yes"),
+        "'attn_temperature_tuning' must be true or false, got \"yes\"",
+    ),
+    "Llama 4 chunked layers without a chunk size": (
+        "llama4_text",
+        dict(attention_chunk_size=None),
+        "chunked_attention layers need 'attention_chunk_size'",
+    ),
 }
 # Latent attention's config keys (tests/models.py "deepseek_v3_mla": hidden 64, latent 48 + RoPE 16;
 # "glm4_moe_lite_mla": mlp_layer_types), each broken alone.

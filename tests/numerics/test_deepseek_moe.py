@@ -142,7 +142,7 @@ def test_dense_layers_lead_and_moe_layer_freq_spaces_the_rest(checkpoints):
 
 
 def test_v2_topk_method_decides_the_group_limits():
-    from generator.model.family_facts import Moe
+    from generator.model.family_blocks import Moe
     from generator.model.hf.config import _Config, _deepseek_moe
 
     v2 = Moe("first_k_dense", shared_expert="ungated", groups="topk_method")

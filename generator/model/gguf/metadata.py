@@ -22,6 +22,7 @@ from ..family_facts import (
     moe_beside_dense,
     router_fields,
 )
+from ..llama4 import gguf_chunked_layers, interleaved_moe
 from ..spec import ModelSpec, RopeSpec
 from .archs import arch_of
 from .file import GgufFile
@@ -295,9 +296,17 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         )
         if routing.placement == "first_k_dense":
             moe.update(_deepseek_routing(meta, family, n_experts, top_k, moe["expert_intermediate_size"], mtp_layers))
+        elif routing.placement == "interleave":
+            moe.update(interleaved_moe(routing, moe["expert_intermediate_size"]))
         intermediate = ff
     else:
         intermediate = meta.int("feed_forward_length")
+    chunks = None
+    if attention.gguf_chunking:  # Llama 4: what llama.cpp fixes (model/llama4.py)
+        window = meta.int("attention.sliding_window", minimum=0) if meta.has("attention.sliding_window") else None
+        chunks = gguf_chunked_layers(
+            attention.gguf_chunking, attention.nope_period, window, n_layers, moe.get("n_experts", 0)
+        )
 
     spec = ModelSpec(
         name=gguf.path.stem,
@@ -317,7 +326,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         qkv_bias=qkv_bias,
         o_bias=present("attn_output.bias"),
         mlp_bias=present("ffn_gate.bias") or present("ffn_up.bias"),
-        layer_windows=_windows(meta, n_layers, attention.window_period),
+        layer_windows=chunks.windows() if chunks else _windows(meta, n_layers, attention.window_period),
         bos_token_id=bos,
         eos_token_ids=eos,
         **(_row_settings(meta, family, hidden, head_dim) | latent),
@@ -329,6 +338,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
             if attention.partial_rotary and not family.deltanet
             else {}
         ),
+        **(chunks.fields() if chunks else {}),
     )
     return replace(spec, **gguf_granite_hybrid(meta, spec, kv_absent)) if family.mamba2 else spec
 

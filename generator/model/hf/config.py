@@ -11,17 +11,17 @@ from pathlib import Path
 
 from ...errors import ColibriError
 from ...files import CONFIG_BYTES, check_json_nesting, read_text_limited
+from ..family_blocks import Attention, Moe
 from ..family_facts import (
     FAMILIES,
-    Attention,
     Family,
-    Moe,
     check_experts_per_token,
     check_kv_sharing,
     gemma_embed_scale,
     moe_beside_dense,
     router_fields,
 )
+from ..llama4 import hf_chunked_layers, hf_interleaved_moe
 from ..spec import ModelSpec, RopeSpec
 from .families import (
     ARCHITECTURES,
@@ -207,6 +207,8 @@ def _layer_windows(cfg: _Config, family: Family, n_layers: int) -> tuple[int, ..
     window = data.get("sliding_window")
     layer_types = data.get("layer_types")
     attention = family.attention
+    if attention.windows == "chunked":  # Llama 4's chunks (model/llama4.py)
+        return hf_chunked_layers(cfg, n_layers).windows()
     if attention.windows == "none" or (attention.window_flag and not cfg.bool("use_sliding_window", False)):
         return (0,) * n_layers  # (their configs may carry a sliding_window, even 0, that is not used)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
@@ -265,6 +267,8 @@ def _moe(cfg: _Config, moe: Moe, n_layers: int) -> dict:
     """Mixture-of-experts settings: which layers route, to how many experts, how big they are."""
     if moe.placement == "first_k_dense":
         return _deepseek_moe(cfg, moe, n_layers)
+    if moe.placement == "interleave":
+        return hf_interleaved_moe(cfg, moe, n_layers)
     key = "num_local_experts" if "num_local_experts" in cfg.data else "num_experts"
     n_experts = cfg.int(key)
     top_k = cfg.int("num_experts_per_tok")
@@ -613,7 +617,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         # (Qwen3.5 has no dense FFN: every layer routes, and its config.json no intermediate_size.)
         intermediate_size=_block_ffn_width(cfg)
         if family.ffn.block_sizing
-        else cfg.int("intermediate_size", data.get("moe_intermediate_size") if not family.ffn.dense else None),
+        else cfg.int(family.ffn.hf_width_key, data.get("moe_intermediate_size") if not family.ffn.dense else None),
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
@@ -656,6 +660,7 @@ def parse_config(data: dict, name: str, generation: dict | None = None) -> Model
         qk_norm_whole=attention.qk_norm_whole,
         layer_norm=family.norms.layer_norm,
         lm_head_bias=family.lm_head_bias and cfg.bool("lm_head_bias", False),
+        **(hf_chunked_layers(cfg, n_layers).fields() if attention.windows == "chunked" else {}),
     )
     return (
         replace(spec, **hf_granite_hybrid(cfg, family, spec, _check_layer_types))

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ...errors import ColibriError
-from ..family_facts import FAMILIES, Family, Mamba2, check_experts_per_token
+from ..family_blocks import Mamba2
+from ..family_facts import FAMILIES, Family, check_experts_per_token
 from ..mamba2_block import mamba2_fields
 from ..spec import ModelSpec, RopeSpec
 from .safetensors_io import TensorInfo

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ColibriError
-from ..family_facts import LatentAttention
+from ..family_blocks import LatentAttention
 from ..latent_attention import check_latent, latent_fields, latent_score_scale, rope_row_order
 from ..spec import ModelSpec
 from .names import text_tower_name

@@ -16,6 +16,7 @@ from ...errors import ColibriError
 from ...files import SHARD_INDEX_BYTES, optional_file
 from ..family_facts import FAMILIES
 from ..hub import model_name
+from ..llama4 import hf_parts as llama4_parts
 from ..spec import ModelSpec, expected_shapes
 from . import mxfp4
 from .config import parse_config, read_json
@@ -114,6 +115,7 @@ def load_hf(model_dir: Path | str, load_tensors: bool = True) -> HfCheckpoint:
             fused_parts(hf_name, path, info, spec)
             or latent_parts(hf_name, path, info, spec, interleaved)
             or granite_parts(hf_name, path, info, spec)
+            or llama4_parts(hf_name, path, info, spec)
         )
         if parts is not None:  # gpt-oss's fused experts: their shapes checked there
             fused.update(parts)

@@ -63,6 +63,7 @@ NOT_TEXT_PREFIXES = (
     "model.audio_tower.",  # Gemma 4's audio tower and the embedders of both towers
     "model.embed_vision.",
     "model.embed_audio.",
+    "vision_model.",  # Llama 4's vision tower
 )
 
 

@@ -235,6 +235,14 @@ def add_speculate_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_compiled_args(p: argparse.ArgumentParser) -> None:
+    """What every command that compiles a firmware takes: the target (board, model, quantization,
+    context, KV type, build directory), --jobs and --cache-dir."""
+    add_target_args(p)
+    add_jobs_arg(p)
+    add_cache_arg(p)
+
+
 def add_jobs_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs",

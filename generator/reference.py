@@ -158,34 +158,17 @@ class Reference:
         self.nonfinite_layer: int | None = None
         # Gated DeltaNet layers: the convolution's last kernel - 1 inputs and each value head's
         # key x value state, the whole context in a fixed size (zeroed when a sequence starts).
-        self.conv_state = {
-            i: np.zeros((s.linear_conv_kernel - 1, s.linear_conv_dim), dtype=np.float32)
-            for i in range(s.n_layers)
-            if s.is_linear(i)
-        }
-        self.delta_state = {
-            i: np.zeros((s.linear_v_heads, s.linear_k_dim, s.linear_v_dim), dtype=np.float32)
-            for i in range(s.n_layers)
-            if s.is_linear(i)
-        }
-
+        self.conv_state = self._layer_states(s.is_linear, (s.linear_conv_kernel - 1, s.linear_conv_dim))
+        self.delta_state = self._layer_states(s.is_linear, (s.linear_v_heads, s.linear_k_dim, s.linear_v_dim))
         # Gated short convolution layers (LFM2): a ring of their last inputs (short_conv.py).
-        self.conv_ring = {
-            i: np.zeros((plan.short_conv_ring_rows, s.hidden_size), dtype=np.float32)
-            for i in range(s.n_layers)
-            if s.is_short_conv(i)
-        }
+        self.conv_ring = self._layer_states(s.is_short_conv, (plan.short_conv_ring_rows, s.hidden_size))
         # Mamba-2 layers (Granite 4.0 hybrid): the convolution's last inputs and each head's state.
-        self.mamba_conv = {
-            i: np.zeros((s.mamba_conv_kernel - 1, s.mamba_conv_dim), dtype=np.float32)
-            for i in range(s.n_layers)
-            if s.is_mamba(i)
-        }
-        self.mamba_ssm = {
-            i: np.zeros((s.mamba_heads, s.mamba_head_dim, s.mamba_state), dtype=np.float32)
-            for i in range(s.n_layers)
-            if s.is_mamba(i)
-        }
+        self.mamba_conv = self._layer_states(s.is_mamba, (s.mamba_conv_kernel - 1, s.mamba_conv_dim))
+        self.mamba_ssm = self._layer_states(s.is_mamba, (s.mamba_heads, s.mamba_head_dim, s.mamba_state))
+
+    def _layer_states(self, has: Callable[[int], bool], shape: tuple[int, ...]) -> dict[int, np.ndarray]:
+        """A fixed-size recurrent state of `shape`, zeros, for each layer of the kind `has` names."""
+        return {i: np.zeros(shape, dtype=np.float32) for i in range(self.spec.n_layers) if has(i)}
 
     # -- building blocks -------------------------------------------------------------------
     def _prepare(self, x: np.ndarray):

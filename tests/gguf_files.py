@@ -290,6 +290,35 @@ def peer_convert(model_dir: Path, out: Path, outtype: str = "f32", *options: str
     return out
 
 
+def peer_checkpoints(
+    root: Callable[[str], Path],
+    overrides: Callable[[str], dict] = lambda kind: {},
+    edit_config: Callable[[dict], None] | None = None,
+) -> Callable[[str], tuple[Path, dict[str, Path]]]:
+    """kind -> (tests/models.py's ORACLE_CONFIGS[kind] made with kjv-tiny's vocabulary of 512, as the
+    converter needs a tokenizer, and overrides(kind); its config.json passed through edit_config;
+    that checkpoint's f32 and q8_0 files by llama.cpp's converter), each kind made once in root(kind)."""
+    from models import ORACLE_CONFIGS, make_checkpoint
+
+    made: dict[str, tuple[Path, dict[str, Path]]] = {}
+
+    def get(kind: str) -> tuple[Path, dict[str, Path]]:
+        if kind not in made:
+            config_cls, model_cls, kwargs = ORACLE_CONFIGS[kind]
+            folder = root(kind)
+            model = make_checkpoint(
+                (config_cls, model_cls, dict(kwargs, vocab_size=512, **overrides(kind))), folder / "model"
+            )
+            if edit_config is not None:
+                config = json.loads((model / "config.json").read_text())
+                edit_config(config)
+                (model / "config.json").write_text(json.dumps(config))
+            made[kind] = model, {t: peer_convert(model, folder / f"{kind}-{t}.gguf", t) for t in ("f32", "q8_0")}
+        return made[kind]
+
+    return get
+
+
 def _add(w, name: str, data: np.ndarray, tensor_type: str) -> None:
     import gguf
 

@@ -11,11 +11,21 @@ from pathlib import Path
 SANITIZED = ["-std=c11", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all"]
 
 
-def build_fuzzer(out: Path, *args: object) -> Path:
-    """clang with SANITIZED, then args (flags and sources), linked into out."""
+def build_fuzzer(out: Path, *args: object, flags: tuple[object, ...] = (), linked_plain: tuple[Path, ...] = ()) -> Path:
+    """clang with SANITIZED, then flags and args (sources), linked into out. linked_plain: sources
+    the harness links but never reaches (a kernel set's other roles), compiled with `flags` and no
+    instrumentation: the sanitizers and the coverage would multiply their compile time for nothing."""
     clang = shutil.which("clang-14") or shutil.which("clang")
     assert clang, "clang is installed by ./colibri test (tests/apt-packages.txt)"
-    done = subprocess.run([clang, *SANITIZED, *map(str, args), "-o", str(out)], capture_output=True, text=True)
+    objects = []
+    for source in linked_plain:
+        obj = out.parent / f"{out.name}-{source.parent.name}-{source.stem}.o"
+        plain = [clang, "-std=c11", "-g", "-O1", *map(str, flags), "-c", str(source), "-o", str(obj)]
+        done = subprocess.run(plain, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        objects.append(str(obj))
+    command = [clang, *SANITIZED, *map(str, flags), *objects, *map(str, args), "-o", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return out
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# The hybrids' tiny shape: four layers of two kinds alternating, 4 query heads over 2 KV heads.
+TINY_HYBRID = dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+
 # LFM2's layers, shared by "lfm2" and "lfm2_moe": gated short convolutions (3 taps) and
 # full-attention layers with q/k norms, alternating.
 LFM2_LAYERS = dict(
-    vocab_size=256,
-    hidden_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    TINY_HYBRID,
     conv_L_cache=3,
     layer_types=["conv", "full_attention", "conv", "full_attention"],
     max_position_embeddings=128,
@@ -27,13 +26,9 @@ LFM2_LAYERS = dict(
 # Granite 4.0 hybrid's layers, shared by "granite_hybrid" and "granite_hybrid_moe": Mamba-2 and
 # attention alternating, every multiplier away from 1.
 GRANITE_HYBRID_LAYERS = dict(
-    vocab_size=256,
-    hidden_size=64,
+    TINY_HYBRID,
     intermediate_size=32,
     shared_intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     layer_types=["mamba", "attention", "mamba", "attention"],
     mamba_n_heads=8,
     mamba_n_groups=2,

@@ -44,6 +44,25 @@ static void put_u64(uint64_t v)
 
 static const char hex_digits[] = "0123456789abcdef";
 
+
+/* " key=": how every field of a frame starts. */
+static void put_key(const char *key)
+{
+    put_char(' ');
+    put_text(key);
+    put_char('=');
+}
+
+/* A float as the 8 hex digits of its bits: the bits themselves, nothing lost in a decimal. */
+static void put_f32_bits(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    for (int shift = 28; shift >= 0; shift -= 4) {
+        put_char(hex_digits[(bits >> shift) & 15]);
+    }
+}
+
 void proto_begin(const char *kind)
 {
     line_len = 0;
@@ -56,17 +75,13 @@ void proto_begin(const char *kind)
 
 void proto_u64(const char *key, uint64_t value)
 {
-    put_char(' ');
-    put_text(key);
-    put_char('=');
+    put_key(key);
     put_u64(value);
 }
 
 void proto_i64(const char *key, int64_t value)
 {
-    put_char(' ');
-    put_text(key);
-    put_char('=');
+    put_key(key);
     if (value < 0) {
         put_char('-');
         put_u64((uint64_t)0 - (uint64_t)value);
@@ -77,9 +92,7 @@ void proto_i64(const char *key, int64_t value)
 
 void proto_str(const char *key, const char *value)
 {
-    put_char(' ');
-    put_text(key);
-    put_char('=');
+    put_key(key);
     for (const unsigned char *p = (const unsigned char *)value; *p; p++) {
         if (*p <= ' ' || *p >= 0x7f || *p == '%' || *p == '*' || *p == '=') {
             put_char('%');
@@ -93,21 +106,13 @@ void proto_str(const char *key, const char *value)
 
 void proto_f32(const char *key, float value)
 {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    put_char(' ');
-    put_text(key);
-    put_char('=');
-    for (int shift = 28; shift >= 0; shift -= 4) {
-        put_char(hex_digits[(bits >> shift) & 15]);
-    }
+    put_key(key);
+    put_f32_bits(value);
 }
 
 void proto_hex(const char *key, const uint8_t *bytes, int n)
 {
-    put_char(' ');
-    put_text(key);
-    put_char('=');
+    put_key(key);
     for (int i = 0; i < n; i++) {
         put_char(hex_digits[bytes[i] >> 4]);
         put_char(hex_digits[bytes[i] & 15]);
@@ -131,26 +136,18 @@ void proto_experts(int layer, const int32_t *counts, int n)
 
 void proto_f32_list(const char *key, const float *values, int n)
 {
-    put_char(' ');
-    put_text(key);
-    put_char('=');
+    put_key(key);
     for (int i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, &values[i], sizeof bits);
         if (i > 0) {
             put_char(',');
         }
-        for (int shift = 28; shift >= 0; shift -= 4) {
-            put_char(hex_digits[(bits >> shift) & 15]);
-        }
+        put_f32_bits(values[i]);
     }
 }
 
 void proto_u32_list(const char *key, const int32_t *values, int n)
 {
-    put_char(' ');
-    put_text(key);
-    put_char('=');
+    put_key(key);
     for (int i = 0; i < n; i++) {
         if (i > 0) {
             put_char(',');

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import job
-from ..arguments import add_budget_arg, add_cache_arg, add_jobs_arg, add_target_args
+from ..arguments import add_budget_arg, add_cache_arg, add_compiled_args
 from ..boards import Board, available_boards, load_board
 from ..compile.build import build_dirs, remove_builds
 from ..compile.build_cache import empty_cache, resolve_cache_dir
@@ -20,9 +20,7 @@ from .common import Command, add_json_arg, job_options, print_json
 
 
 def add_build_arguments(p: argparse.ArgumentParser) -> None:
-    add_target_args(p)
-    add_jobs_arg(p)
-    add_cache_arg(p)
+    add_compiled_args(p)
 
 
 @dataclass(frozen=True)
@@ -74,9 +72,7 @@ def build(args: argparse.Namespace) -> int:
 
 
 def add_report_arguments(p: argparse.ArgumentParser) -> None:
-    add_target_args(p)
-    add_jobs_arg(p)
-    add_cache_arg(p)
+    add_compiled_args(p)
     add_budget_arg(p)
 
 

@@ -12,9 +12,7 @@ from typing import TYPE_CHECKING
 from .. import flash_job, job
 from ..arguments import (
     PortList,
-    add_cache_arg,
-    add_jobs_arg,
-    add_target_args,
+    add_compiled_args,
     non_negative_float,
     ports_given,
     positive_int,
@@ -37,9 +35,7 @@ def add_baud_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_flash_arguments(p: argparse.ArgumentParser) -> None:
-    add_target_args(p)
-    add_jobs_arg(p)
-    add_cache_arg(p)
+    add_compiled_args(p)
     p.add_argument(
         "--port",
         action=PortList,
@@ -184,9 +180,7 @@ def _flash_fleet(args: argparse.Namespace, ports: list[str]) -> int:
 
 
 def add_ota_arguments(p: argparse.ArgumentParser) -> None:
-    add_target_args(p)
-    add_jobs_arg(p)
-    add_cache_arg(p)
+    add_compiled_args(p)
     p.add_argument("--port", help="serial port of the board (default: the only port that looks like an ESP32 board's)")
     add_baud_arg(p)
     p.add_argument(

@@ -12,14 +12,12 @@ from pathlib import Path
 from .. import job
 from ..arguments import (
     add_board_args,
-    add_cache_arg,
+    add_compiled_args,
     add_decode_args,
-    add_jobs_arg,
     add_port_arg,
     add_remote_arg,
     add_sampling_args,
     add_speculate_arg,
-    add_target_args,
     counts,
     non_negative_float,
     non_negative_int,
@@ -56,9 +54,7 @@ def decode_text(tokenizer: Tokenizer | None, ids: list[int]) -> str | None:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """run's and verify's options."""
-    add_target_args(p)
-    add_jobs_arg(p)
-    add_cache_arg(p)
+    add_compiled_args(p)
     add_decode_args(p, steps=64)
     add_speculate_arg(p)
     add_board_args(p)
@@ -260,9 +256,7 @@ def verify(args: argparse.Namespace) -> int:
 
 
 def add_selftest_arguments(p: argparse.ArgumentParser) -> None:
-    add_target_args(p)
-    add_jobs_arg(p)
-    add_cache_arg(p)
+    add_compiled_args(p)
     add_port_arg(p)
     add_remote_arg(p)
 
@@ -301,9 +295,7 @@ def selftest(args: argparse.Namespace) -> int:
 
 
 def add_chat_arguments(p: argparse.ArgumentParser) -> None:
-    add_target_args(p)
-    add_jobs_arg(p)
-    add_cache_arg(p)
+    add_compiled_args(p)
     p.add_argument("--system", metavar="TEXT", help="a system message to start the conversation with")
     p.add_argument(
         "--chat-template",
@@ -386,9 +378,7 @@ def chat(args: argparse.Namespace) -> int:
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
-    add_target_args(p)
-    add_jobs_arg(p)
-    add_cache_arg(p)
+    add_compiled_args(p)
     p.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text to score")
     p.add_argument("--chunks", type=positive_int, help="score at most this many chunks (default: all)")
     p.add_argument(
@@ -451,9 +441,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    add_target_args(p)
-    add_jobs_arg(p)
-    add_cache_arg(p)
+    add_compiled_args(p)
     p.add_argument(
         "--steps",
         type=counts(1),

@@ -8,7 +8,6 @@ file holds them. The converter writes no RoPE for the hybrids (rope.scaling.fine
 context of 2^20 and no time_step_limit: the checkpoints are made without RoPE or a dt limit."""
 
 import dataclasses
-import json
 
 import pytest
 from gguf_files import assert_same_tensors
@@ -24,27 +23,18 @@ PROMPT = [1, 17, 42, 99, 7, 3, 250]
 
 @pytest.fixture(scope="module")
 def peer_files(tmp_path_factory):
-    """kind -> (the checkpoint with kjv-tiny's vocabulary of 512, its layer_types under the names
-    the published checkpoints and llama.cpp's converter use; its f32 and q8_0 files)."""
-    from gguf_files import peer_convert
+    """kind -> (the checkpoint with kjv-tiny's vocabulary, its layer_types under the names the
+    published checkpoints and llama.cpp's converter use; its f32 and q8_0 files)."""
+    from gguf_files import peer_checkpoints
 
-    from models import ORACLE_CONFIGS, make_checkpoint
+    def converter_layer_names(config: dict) -> None:
+        config["layer_types"] = ["mamba" if t == "linear_attention" else "attention" for t in config["layer_types"]]
 
-    made = {}
-
-    def get(kind):
-        if kind not in made:
-            config_cls, model_cls, kwargs = ORACLE_CONFIGS[kind]
-            kwargs = dict(kwargs, vocab_size=512, position_embedding_type=None, time_step_limit=(0.0, float("inf")))
-            root = tmp_path_factory.mktemp(f"{kind}-peer")
-            model = make_checkpoint((config_cls, model_cls, kwargs), root / "model")
-            config = json.loads((model / "config.json").read_text())
-            config["layer_types"] = ["mamba" if t == "linear_attention" else "attention" for t in config["layer_types"]]
-            (model / "config.json").write_text(json.dumps(config))
-            made[kind] = model, {t: peer_convert(model, root / f"{kind}-{t}.gguf", t) for t in ("f32", "q8_0")}
-        return made[kind]
-
-    return get
+    return peer_checkpoints(
+        lambda kind: tmp_path_factory.mktemp(f"{kind}-peer"),
+        lambda kind: {"position_embedding_type": None, "time_step_limit": (0.0, float("inf"))},
+        converter_layer_names,
+    )
 
 
 @pytest.mark.parametrize("kind", ["granite_hybrid", "granite_hybrid_moe"])

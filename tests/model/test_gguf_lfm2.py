@@ -21,24 +21,14 @@ PROMPT = [1, 17, 42, 99, 7, 3, 250]
 
 @pytest.fixture(scope="module")
 def peer_files(tmp_path_factory):
-    """kind -> (the checkpoint with kjv-tiny's vocabulary of 512, as the converter needs a tokenizer;
-    its f32 and q8_0 files). LFM2-MoE's routed scaling 1: llama.cpp's converter does not write it."""
-    from gguf_files import peer_convert
+    """kind -> (the checkpoint with kjv-tiny's vocabulary; its f32 and q8_0 files). LFM2-MoE's
+    routed scaling 1: llama.cpp's converter does not write it."""
+    from gguf_files import peer_checkpoints
 
-    from models import ORACLE_CONFIGS, make_checkpoint
-
-    made = {}
-
-    def get(kind):
-        if kind not in made:
-            config_cls, model_cls, kwargs = ORACLE_CONFIGS[kind]
-            kwargs = dict(kwargs, vocab_size=512, **({"routed_scaling_factor": 1.0} if kind == "lfm2_moe" else {}))
-            root = tmp_path_factory.mktemp(f"{kind}-peer")
-            model = make_checkpoint((config_cls, model_cls, kwargs), root / "model")
-            made[kind] = model, {t: peer_convert(model, root / f"{kind}-{t}.gguf", t) for t in ("f32", "q8_0")}
-        return made[kind]
-
-    return get
+    return peer_checkpoints(
+        lambda kind: tmp_path_factory.mktemp(f"{kind}-peer"),
+        lambda kind: {"routed_scaling_factor": 1.0} if kind == "lfm2_moe" else {},
+    )
 
 
 @pytest.mark.parametrize("kind", ["lfm2", "lfm2_moe"])

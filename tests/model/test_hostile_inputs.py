@@ -482,7 +482,44 @@ ROW_CASES = {
         dict(attention_chunk_size=None),
         "chunked_attention layers need 'attention_chunk_size'",
     ),
+    # LFM2's config keys (tests/models.py "lfm2": conv and full_attention layers alternating, 3 taps),
+    # each broken alone.
+    "LFM2 unknown layer type": (
+        "lfm2",
+        dict(layer_types=["conv", "mamba", "conv", "full_attention"]),
+        'unsupported layer type "mamba" (supported: conv, full_attention)',
+    ),
+    "LFM2 conv_L_cache 0": ("lfm2", dict(conv_L_cache=0), "'conv_L_cache' must be at least 1, got 0"),
+    "LFM2 conv biases": (
+        "lfm2",
+        dict(conv_bias=True),
+        "'conv_bias' true (biases in the short convolution) is not supported",
+    ),
+    "LFM2 more taps than the weights have": (
+        "lfm2",
+        dict(conv_L_cache=4),
+        "has shape [64, 1, 3], config.json implies [64, 1, 4]",
+    ),
+    # Granite 4.0 hybrid's config keys (tests/models.py "granite_hybrid": Mamba-2 and attention layers
+    # alternating, 8 Mamba heads in 2 groups over an inner width of 128), each broken alone.
+    "Granite hybrid unknown layer type": (
+        "granite_hybrid",
+        dict(layer_types=["mamba", "conv", "mamba", "attention"]),
+        'unsupported layer type "conv" (supported: mamba, linear_attention, attention, full_attention)',
+    ),
+    "Granite hybrid heads not dividing the inner width": (
+        "granite_hybrid",
+        dict(mamba_n_heads=6, mamba_d_head="auto"),
+        "mamba_n_heads 6 does not divide the Mamba inner width 128",
+    ),
+    "Granite hybrid groups not dividing the heads": (
+        "granite_hybrid",
+        dict(mamba_n_groups=3),
+        "mamba_n_groups 3 does not divide the 8 Mamba heads",
+    ),
 }
+
+
 # Latent attention's config keys (tests/models.py "deepseek_v3_mla": hidden 64, latent 48 + RoPE 16;
 # "glm4_moe_lite_mla": mlp_layer_types), each broken alone.
 LATENT_CASES = {
@@ -559,49 +596,3 @@ def test_broken_glm4_moe_routing_is_refused_in_one_line(case, checkpoints, tmp_p
     damage, message = GLM4_MOE_CASES[case]
     damage(model_copy(checkpoints, "glm4_moe", tmp_path / "model"))
     assert message in build_refused(capsys, tmp_path / "model", tmp_path / "out")
-
-
-# LFM2's config keys (tests/models.py "lfm2": conv and full_attention layers alternating, 3 taps),
-# each broken alone.
-LFM2_CASES = {
-    "unknown layer type": (
-        dict(layer_types=["conv", "mamba", "conv", "full_attention"]),
-        'unsupported layer type "mamba" (supported: conv, full_attention)',
-    ),
-    "conv_L_cache 0": (dict(conv_L_cache=0), "'conv_L_cache' must be at least 1, got 0"),
-    "conv biases": (dict(conv_bias=True), "'conv_bias' true (biases in the short convolution) is not supported"),
-    "more taps than the weights have": (dict(conv_L_cache=4), "has shape [64, 1, 3], config.json implies [64, 1, 4]"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(LFM2_CASES))
-def test_broken_lfm2_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
-    model = model_copy(checkpoints, "lfm2", tmp_path / "model")
-    change, message = LFM2_CASES[case]
-    edit_config(lambda c: c.update(change))(model)
-    line = build_refused(capsys, model, tmp_path / "out")
-    assert message in line, line
-
-
-# Granite 4.0 hybrid's config keys (tests/models.py "granite_hybrid": Mamba-2 and attention layers
-# alternating, 8 Mamba heads in 2 groups over an inner width of 128), each broken alone.
-GRANITE_HYBRID_CASES = {
-    "unknown layer type": (
-        dict(layer_types=["mamba", "conv", "mamba", "attention"]),
-        'unsupported layer type "conv" (supported: mamba, linear_attention, attention, full_attention)',
-    ),
-    "heads not dividing the inner width": (
-        dict(mamba_n_heads=6, mamba_d_head="auto"),
-        "mamba_n_heads 6 does not divide the Mamba inner width 128",
-    ),
-    "groups not dividing the heads": (dict(mamba_n_groups=3), "mamba_n_groups 3 does not divide the 8 Mamba heads"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(GRANITE_HYBRID_CASES))
-def test_broken_granite_hybrid_config_is_refused_in_one_line(case, checkpoints, tmp_path, capsys):
-    model = model_copy(checkpoints, "granite_hybrid", tmp_path / "model")
-    change, message = GRANITE_HYBRID_CASES[case]
-    edit_config(lambda c: c.update(change))(model)
-    line = build_refused(capsys, model, tmp_path / "out")
-    assert message in line, line

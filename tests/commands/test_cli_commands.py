@@ -202,7 +202,11 @@ def test_clean_refuses_an_empty_or_unknown_board_and_removes_nothing(monkeypatch
     monkeypatch.setattr(build, "BUILD_ROOT", root)
     assert cli.main(["clean", "--board", board]) == 2
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and words in lines[0] and "esp32p4, esp32p4-idf, host, host-mpi, linux-aarch64, mine" in lines[0]
+    assert (
+        len(lines) == 1
+        and words in lines[0]
+        and "esp32p4, esp32p4-idf, host, host-mpi, linux-aarch64, mine" in lines[0]
+    )
     assert (root / "host" / "kjv-tiny-q8_0-ctx256").is_dir() and (root / "mine" / "kjv-tiny-q8_0-ctx64").is_dir()
     # a board of one's own (a board file elsewhere) is known by its builds
     assert cli.main(["clean", "--board", "mine"]) == 0 and not (root / "mine").exists()

@@ -7,6 +7,7 @@ import difflib
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -401,6 +402,35 @@ def _terminated(signum, frame):
     raise SystemExit(128 + signum)
 
 
+# The longest the CLI's main thread waits on a command's output at a time. A signal meant for the
+# CLI (Ctrl-C, SIGTERM) may be handed by the kernel to any of its threads (numpy's BLAS threads,
+# a progress timer); Python then runs its handler in the main thread only when that thread runs
+# again, which a read blocked on a silent build (SCons waiting on a FIFO) never would.
+SIGNAL_WAKE_SECONDS = 0.25
+
+
+def _lines_waking(fd: int) -> Iterator[str]:
+    """The lines read from fd until its end (UTF-8, undecodable bytes replaced), the main thread
+    woken at least every SIGNAL_WAKE_SECONDS so a pending signal's handler runs."""
+    pending = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], SIGNAL_WAKE_SECONDS)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data = pending + chunk
+        held = b"\r" if data.endswith(b"\r") else b""  # it may start a CR LF the next chunk ends
+        data = data[: len(data) - len(held)].replace(b"\r\n", b"\n").replace(b"\r", b"\n")  # as text mode reads
+        *complete, pending = data.split(b"\n")
+        pending += held
+        for raw in complete:
+            yield raw.decode("utf-8", "replace")
+    if pending.rstrip(b"\r"):
+        yield pending.rstrip(b"\r").decode("utf-8", "replace")
+
+
 def run_echoing(
     command: list[str], env: dict, echo_line: Callable[[str], None], cannot_run: Callable[[str], str], **popen
 ) -> tuple[int, list[str]]:
@@ -427,8 +457,7 @@ def run_echoing(
             raise ColibriError(cannot_run(e.strerror)) from None
         try:
             lines = []
-            for line in proc.stdout:
-                line = line.rstrip("\n")
+            for line in _lines_waking(proc.stdout.fileno()):
                 lines.append(line)
                 echo_line(line)
             proc.wait()
@@ -467,7 +496,13 @@ class HeldProgress:
     def _start(self, delay: float) -> None:
         self.timer = threading.Timer(delay, self._due)
         self.timer.daemon = True
-        self.timer.start()
+        # The timer thread is made with Ctrl-C and SIGTERM blocked (a new thread takes its maker's
+        # mask), so the kernel hands them to the main thread, where their handlers run.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            self.timer.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def _due(self) -> None:
         with self.lock:

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -59,18 +58,10 @@ def blocked_build(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
 def test_stopping_the_cli_ends_its_scons_and_everything_scons_started(tmp_path, stop):
-    try:
-        stop_a_blocked_build(tmp_path / "first", stop)
-    except subprocess.TimeoutExpired as hung:
-        # Seen twice in loaded suite runs with SIGINT (the CLI still running 20 and 60 s after it) and
-        # never reproduced alone: the CLI's stacks are kept as a warning and the case is run once
-        # more, which must pass.
-        warnings.warn(f"the CLI did not end after {stop.name}; its stacks: {hung.stderr}")
-        stop_a_blocked_build(tmp_path / "second", stop)
+    stop_a_blocked_build(tmp_path, stop)
 
 
 def stop_a_blocked_build(tmp_path: Path, stop: signal.Signals) -> None:
-    tmp_path.mkdir()
     cli, (scons, scons_child) = blocked_build(tmp_path)
     try:
         cli.send_signal(stop)

@@ -32,6 +32,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+def as_from_a_terminal() -> None:
+    """The CLI started as a shell starts it: SIGINT and SIGTERM at their defaults and not blocked.
+    A child inherits an ignored or blocked signal through exec, and an earlier test in the same
+    suite worker can leave SIGINT so (test_flash_many.py's ctrl_c fixture says the same): the CLI
+    then never saw the Ctrl-C this test sends, and hung only in full suite runs."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def blocked_build(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     """The CLI building with SCons blocked; returns it and the pids of SCons and its child."""
     site = tmp_path / "site"
@@ -48,6 +58,7 @@ def blocked_build(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_from_a_terminal,
     )
     deadline = time.monotonic() + 60
     while not pids.exists():

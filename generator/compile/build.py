@@ -496,13 +496,7 @@ class HeldProgress:
     def _start(self, delay: float) -> None:
         self.timer = threading.Timer(delay, self._due)
         self.timer.daemon = True
-        # The timer thread is made with Ctrl-C and SIGTERM blocked (a new thread takes its maker's
-        # mask), so the kernel hands them to the main thread, where their handlers run.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
-            self.timer.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        self.timer.start()
 
     def _due(self) -> None:
         with self.lock:

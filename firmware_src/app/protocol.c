@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../runtime/checksum.h"
+#include "../runtime/decimal.h"
 #include "bsp.h"
 
 #define LINE_CAPACITY 2048 /* an experts frame lists one count per expert */
@@ -31,15 +32,9 @@ static void put_text(const char *s)
 
 static void put_u64(uint64_t v)
 {
-    char digits[20];
-    int n = 0;
-    do {
-        digits[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (n) {
-        put_char(digits[--n]);
-    }
+    char text[DECIMAL_U64_BYTES];
+    decimal_u64(text, v);
+    put_text(text);
 }
 
 static const char hex_digits[] = "0123456789abcdef";

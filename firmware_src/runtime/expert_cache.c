@@ -3,6 +3,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "decimal.h"
 #include "image_loader.h"
 #include "tensor_table.h"
 
@@ -75,17 +76,8 @@ static void failure_text(const char *s)
 
 static void failure_u64(uint64_t v)
 {
-    char digits[21];
-    int n = 0;
-    do {
-        digits[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    char text[21];
-    for (int i = 0; i < n; i++) {
-        text[i] = digits[n - 1 - i];
-    }
-    text[n] = '\0';
+    char text[DECIMAL_U64_BYTES];
+    decimal_u64(text, v);
     failure_text(text);
 }
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "../../app/decode.h"
+#include "../../runtime/decimal.h"
 #include "../../runtime/image_loader.h"
 #include "../../runtime/tensor_table.h"
 #include "model_def.h"
@@ -145,20 +146,6 @@ int image_changed(void)
 static const uint8_t *fault_image;
 static uint64_t fault_image_len;
 
-static void u64_text(char *out, uint64_t v)
-{
-    char digits[21];
-    int n = 0;
-    do {
-        digits[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    for (int i = 0; i < n; i++) {
-        out[i] = digits[n - 1 - i];
-    }
-    out[n] = '\0';
-}
-
 static void append(char *out, size_t cap, const char *text)
 {
     size_t len = strlen(out);
@@ -178,8 +165,8 @@ static void on_mapping_fault(int sig, siginfo_t *info, void *context)
         return;
     }
     const uint64_t offset = (uint64_t)(at - fault_image);
-    char message[320] = "reading the mapped weight image file failed at byte ", number[21];
-    u64_text(number, offset);
+    char message[320] = "reading the mapped weight image file failed at byte ", number[DECIMAL_U64_BYTES];
+    decimal_u64(number, offset);
     append(message, sizeof message, number);
     append(message, sizeof message, " (");
     int found = 0;
@@ -191,10 +178,10 @@ static void on_mapping_fault(int sig, siginfo_t *info, void *context)
         const uint64_t start = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + group->offset;
         if (offset >= start && offset < start + (uint64_t)COLIBRI_N_EXPERTS * group->stride) {
             append(message, sizeof message, "layer ");
-            u64_text(number, (uint64_t)l);
+            decimal_u64(number, (uint64_t)l);
             append(message, sizeof message, number);
             append(message, sizeof message, " expert ");
-            u64_text(number, (offset - start) / group->stride);
+            decimal_u64(number, (offset - start) / group->stride);
             append(message, sizeof message, number);
             found = 1;
         }

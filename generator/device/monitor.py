@@ -341,6 +341,10 @@ def unwind(panic: RiscvPanic, elf: Path, gdb: str) -> Backtrace:
     except subprocess.TimeoutExpired:
         return Backtrace(problem=f"{name} did not unwind the stack dump within {GDB_TIMEOUT_S:g} s", gdb=name)
     finally:
+        try:
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the stub's accept when gdb never connected
+        except OSError:
+            pass
         listener.close()
         stub.join(timeout=5)
     frames = []

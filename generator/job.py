@@ -732,7 +732,7 @@ def with_margins(rep: MemoryReport, board: Board, art: Artifacts) -> MemoryRepor
     from .verify import planned_stack, recorded_margins
 
     margins = recorded_margins(art.out_dir, firmware_build_id(board, art.program))
-    return replace(rep, margins=margins, planned_stack=planned_stack(art.program)) if margins else rep
+    return replace(rep, margins=margins, planned_stack=planned_stack(board, art.program)) if margins else rep
 
 
 def report(options: JobOptions) -> MemoryReport:

@@ -330,7 +330,8 @@ class Margins(JsonDocument):
             out.append(
                 f"the firmware used {self.stack_used:,} B of its {stack:,} B stack at most: "
                 f"{100 * (stack - self.stack_used) / stack:.1f}% left (under {100 * MARGIN_WARNING:.0f}%); "
-                "a longer context or another model may overflow it (the stack is the linker script's .stack)"
+                "a longer context or another model may overflow it (the stack is the linker script's .stack; "
+                "on ESP-IDF, the main task's: CONFIG_ESP_MAIN_TASK_STACK_SIZE)"
             )
         if self.heap_size and self.heap_size - self.heap_peak < MARGIN_WARNING * self.heap_size:
             out.append(
@@ -340,8 +341,16 @@ class Margins(JsonDocument):
         return out
 
 
-def planned_stack(program: Path) -> int | None:
-    """The stack the linked firmware reserves (its ELF's .stack section); None where it has none."""
+def planned_stack(board: Board, program: Path | None) -> int | None:
+    """The stack the plan gives the decode: on ESP-IDF the main task's, which runs app_main (the board
+    file's CONFIG_ESP_MAIN_TASK_STACK_SIZE; ESP-IDF adds its TASK_EXTRA_STACK_SIZE, which the frame's
+    stack_size counts), else the one the linked firmware reserves (its ELF's .stack section); None
+    where there is neither."""
+    if board.idf is not None:
+        size = board.idf.sdkconfig.get("ESP_MAIN_TASK_STACK_SIZE")
+        return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    if program is None:
+        return None
     from .compile.elfsize import read_elf
 
     return read_elf(program).sections.get(".stack") or None

@@ -225,7 +225,7 @@ def verify(args: argparse.Namespace) -> int:
     margins = stats.margins
     if margins is not None:
         # An MCU's stack and heap at their most, against the stack its linked ELF reserves; kept for report.
-        planned = planned_stack(built.art.program)
+        planned = planned_stack(board, built.art.program)
         record_margins(built.art.out_dir, built.identity.build, margins)
         if not args.json:
             progress(margins.line(planned))

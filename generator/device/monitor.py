@@ -24,8 +24,18 @@ and line with Espressif's decoder (esp-idf-panic-decoder), as idf.py monitor doe
     | MEPC    : 0x4ff0a1b2  RA      : 0x4ff0a3c4  SP      : 0x4ff3ff10  GP      : 0x4ff0c000
        0x4ff0a1b2: colibri_forward at firmware_src/runtime/model.c:412
 
+A RISC-V panic prints no backtrace, only its registers and a "Stack memory:" dump: below the dump,
+gdb (Debian's gdb-multiarch) unwinds it through the ELF's call frame information, reading the
+registers and the dumped stack from Espressif's gdbstub for panics (esp-idf-panic-decoder's
+gdb_panic_server, served on a localhost socket, so nothing of the log passes through a shell):
+
+       backtrace (gdb-multiarch, from the stack dump):
+       #0 0x4ff0a1b2 colibri_forward at firmware_src/runtime/model.c:412
+       #1 0x4ff0b3c6 colibri_decode at firmware_src/app/decode.c:467
+
 With json_lines, each of those is one JSON object per line instead ({"type": "log" | "frame" |
-"rejected" | "lost" | "reset" | "model_mismatch" | "text" | "address" | "start" | "summary", "t":
+"rejected" | "lost" | "reset" | "model_mismatch" | "text" | "address" | "backtrace" | "start" |
+"summary", "t":
 seconds, ...}).
 """
 
@@ -34,7 +44,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
+import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,14 +171,207 @@ def toolchain_prefix(elf: Path, compiler: str | None = None) -> str:
     )
 
 
+# ---- a RISC-V panic's stack dump unwound by gdb ---------------------------------------------------
+
+# The gdbs that unwind an rv32 stack, the first found on PATH taken: Debian's, then ESP-IDF's own.
+GDB_PROGRAMS = ("gdb-multiarch", "riscv32-esp-elf-gdb")
+# ESP-IDF dumps 1 KiB of stack; a longer dump is cut here (the log is not trusted to end it).
+STACK_DUMP_MAX_BYTES = 16 * 1024
+BACKTRACE_MAX_FRAMES = 64
+GDB_TIMEOUT_S = 30.0
+
+_REGISTER_DUMP = re.compile(r"^Core\s+(\d+) register dump:\s*$")
+_REGISTER = re.compile(r"([A-Z][A-Z0-9]*(?:/FP)?)\s*:\s*0x([0-9a-fA-F]{1,8})\b")
+_STACK_LINE = re.compile(r"^([0-9a-fA-F]{8}):((?:\s+0x[0-9a-fA-F]{8}){1,8})\s*$")
+# A frame of gdb's `bt` (an inlined one has no address): "#0  0x800018ee in colibri_forward (w=..., n=...)
+# at firmware_src/runtime/model.c:612"
+_GDB_FRAME = re.compile(r"^#(\d+)\s+(?:(0x[0-9a-f]+) in )?(\S+) \(.*?\)(?: at (.+):(\d+))?$")
+
+
+@dataclass(frozen=True)
+class RiscvPanic:
+    """What ESP-IDF's RISC-V panic handler printed: one core's registers and its stack from SP up."""
+
+    registers: dict[str, int]
+    stack_base: int
+    stack: bytes
+
+
+@dataclass(frozen=True)
+class BacktraceFrame:
+    index: int
+    address: str  # "": the function the frame above was inlined into (gdb gives the address there)
+    function: str
+    file: str
+    line: str
+
+    def text(self) -> str:
+        where = f" at {self.file}:{self.line}" if self.file else ""
+        return f"#{self.index} {self.address + ' ' if self.address else ''}{self.function}{where}"
+
+
+@dataclass(frozen=True)
+class Backtrace:
+    """The frames gdb unwound from a panic's stack dump, or why there are none."""
+
+    frames: tuple[BacktraceFrame, ...] = ()
+    problem: str = ""  # gdb missing or failed: one line saying so
+    gdb: str = ""
+
+    def lines(self) -> list[str]:
+        if self.problem:
+            return [f"!! {self.problem}"]
+        return [f"backtrace ({self.gdb}, from the stack dump):"] + [f.text() for f in self.frames]
+
+    def to_json(self) -> dict[str, object]:
+        return {"frames": [vars(f) for f in self.frames], "problem": self.problem, "gdb": self.gdb}
+
+
+class PanicDumpReader:
+    """Picks a RISC-V panic's register dump and "Stack memory:" lines out of the log, line by line,
+    each register and stack line checked against ESP-IDF's format (the stack's addresses contiguous,
+    at most STACK_DUMP_MAX_BYTES): `add` returns the panic once the dump has ended."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.state = "idle"
+        self.registers: dict[str, int] = {}
+        self.stack_base = 0
+        self.stack = bytearray()
+
+    def add(self, line: str) -> RiscvPanic | None:
+        line = line.strip()
+        if _REGISTER_DUMP.match(line):  # a new panic starts (one left unfinished is dropped)
+            self._reset()
+            self.state = "registers"
+            return None
+        if self.state == "registers":
+            if line == "Stack memory:":
+                self.state = "stack"
+            elif len(self.registers) < 64:
+                self.registers.update((name, int(value, 16)) for name, value in _REGISTER.findall(line))
+            return None
+        if self.state == "stack":
+            m = _STACK_LINE.match(line)
+            base = int(m.group(1), 16) if m else 0
+            if m and (not self.stack or base == self.stack_base + len(self.stack)):
+                if not self.stack:
+                    self.stack_base = base
+                if len(self.stack) < STACK_DUMP_MAX_BYTES:
+                    self.stack += b"".join(int(w, 16).to_bytes(4, "little") for w in m.group(2).split())
+                return None
+            return self.finish()
+        return None
+
+    def finish(self) -> RiscvPanic | None:
+        """The panic read so far, if its dump holds SP, MEPC and some stack (the log ended after it)."""
+        panic = None
+        if self.state == "stack" and self.stack and {"MEPC", "SP"} <= self.registers.keys():
+            stack = bytes(self.stack[:STACK_DUMP_MAX_BYTES])
+            panic = RiscvPanic(dict(self.registers), self.stack_base, stack)
+        self._reset()
+        return panic
+
+
+class _SocketStream:
+    """The stream Espressif's GdbServer reads and writes (text, one character at a time) over a socket;
+    gdb closing it ends the server."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def read(self, n: int) -> str:
+        data = self.sock.recv(n)
+        if not data:
+            raise EOFError
+        return data.decode("latin-1")
+
+    def write(self, text: str) -> None:
+        self.sock.sendall(text.encode("ascii"))
+
+    def flush(self) -> None:
+        pass
+
+
+def _serve_panic(listener: socket.socket, panic: RiscvPanic) -> None:
+    """Answer one gdb's remote protocol with the panic's registers and stack (Espressif's gdbstub)."""
+    from esp_idf_panic_decoder.gdb_panic_server import GdbServer, PanicInfo
+
+    try:
+        conn, _ = listener.accept()
+    except OSError:  # gdb never came (it failed first); the listener is closed by then
+        return
+    with conn:
+        conn.settimeout(GDB_TIMEOUT_S)
+        server = GdbServer(PanicInfo(0, panic.registers, panic.stack_base, panic.stack))
+        server.in_stream = server.out_stream = _SocketStream(conn)
+        try:
+            server.run()
+        except (SystemExit, EOFError, OSError):  # gdb killed the target (SystemExit), left or timed out
+            pass
+
+
+def unwind(panic: RiscvPanic, elf: Path, gdb: str) -> Backtrace:
+    """The backtrace gdb finds in `panic`'s stack with `elf`'s call frame information."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(GDB_TIMEOUT_S)
+    stub = threading.Thread(target=_serve_panic, args=(listener, panic), daemon=True)
+    stub.start()
+    argv = [
+        gdb,
+        "--batch",
+        "-nx",
+        "-iex",
+        "set auto-load off",  # nothing of the ELF runs (its .debug_gdb_scripts)
+        "-iex",
+        "set pagination off",
+        "-ex",
+        "set print frame-arguments none",
+        "-ex",
+        f"target remote 127.0.0.1:{listener.getsockname()[1]}",
+        "-ex",
+        f"bt {BACKTRACE_MAX_FRAMES}",
+        str(elf.resolve()),  # an absolute path: never read as an option
+    ]
+    name = Path(gdb).name
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=GDB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return Backtrace(problem=f"{name} did not unwind the stack dump within {GDB_TIMEOUT_S:g} s", gdb=name)
+    finally:
+        try:
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the stub's accept when gdb never connected
+        except OSError:
+            pass
+        listener.close()
+        stub.join(timeout=5)
+    frames = []
+    for line in done.stdout.splitlines():
+        m = _GDB_FRAME.match(line.strip())
+        if m:
+            index, address, function, path, number = m.groups()
+            frames.append(BacktraceFrame(int(index), address or "", function, path or "", number or ""))
+    if not frames:
+        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        why = printable(said[-1])[:200] if said else f"exit status {done.returncode}"
+        return Backtrace(problem=f"{name} could not unwind the stack dump: {why}", gdb=name)
+    return Backtrace(tuple(frames), gdb=name)
+
+
 class PanicDecoder:
-    """The code addresses of log lines decoded with the build's ELF (esp-idf-panic-decoder)."""
+    """The code addresses of log lines decoded with the build's ELF (esp-idf-panic-decoder); for a
+    RISC-V ELF, a panic's stack dump unwound into a backtrace by gdb."""
 
     def __init__(self, elf: Path, compiler: str | None = None):
         from esp_idf_panic_decoder import PcAddressDecoder
 
         self.elf = elf
         self.decoder = PcAddressDecoder(toolchain_prefix(elf, compiler), str(elf))
+        self.riscv = elf_machine(elf) == "EM_RISCV"
+        self.gdb = next((path for path in map(shutil.which, GDB_PROGRAMS) if path), None)
+        self.dump = PanicDumpReader()
 
     def decode(self, line: str) -> list[DecodedAddress]:
         """Each address of `line` in the ELF's code, in the order they appear (a log line with none: [])."""
@@ -173,6 +379,20 @@ class PanicDecoder:
             DecodedAddress(address, tuple((p.func, p.path, p.line) for p in places))
             for address, places in self.decoder.translate_addresses(line)
         ]
+
+    def backtrace(self, line: str | None) -> Backtrace | None:
+        """The backtrace of the RISC-V panic whose stack dump `line` ends (None: the log ended), else None."""
+        if not self.riscv:
+            return None
+        panic = self.dump.add(line) if line is not None else self.dump.finish()
+        if panic is None:
+            return None
+        if self.gdb is None:
+            return Backtrace(
+                problem="no gdb-multiarch on PATH, so the stack dump is not unwound into a backtrace "
+                "(sudo apt-get install gdb-multiarch); its addresses are decoded above"
+            )
+        return unwind(panic, self.elf, self.gdb)
 
 
 class _Output:
@@ -210,6 +430,11 @@ class _Text:
 
     def restart(self) -> None:
         self.ids, self.shown = [], ""
+
+
+def _show_backtrace(show: _Output, backtrace: Backtrace | None) -> None:
+    if backtrace is not None:
+        show.emit("\n".join("   " + line for line in backtrace.lines()), "backtrace", **backtrace.to_json())
 
 
 def monitor(
@@ -252,6 +477,7 @@ def monitor(
         while duration is None or time.monotonic() - start < duration:
             for kind, item in link.poll():
                 if kind == "log":
+                    _show_backtrace(show, decoder.backtrace(item) if decoder is not None else None)
                     show.emit("| " + printable(item), "log", text=item)
                     for decoded in decoder.decode(item) if decoder is not None else []:
                         shown = "\n".join("   " + printable(line) for line in decoded.lines())
@@ -324,6 +550,10 @@ def monitor(
         failure = e
     finally:
         link.close()
+    try:
+        _show_backtrace(show, decoder.backtrace(None) if decoder is not None else None)
+    except KeyboardInterrupt:
+        pass
     code = 1 if counts["errors"] or counts["model_mismatches"] else 0
     elapsed = time.monotonic() - start
     parts = [

@@ -445,11 +445,36 @@ int64_t esp_timer_get_time(void);
     "freertos/FreeRTOS.h": """
 #include <stdint.h>
 typedef uint32_t TickType_t;
+typedef unsigned int UBaseType_t;
 #define portMAX_DELAY ((TickType_t)0xffffffffu)
 #define pdMS_TO_TICKS(ms) ((TickType_t)(ms))
 """,
     "freertos/task.h": """
+typedef struct tskTaskControlBlock *TaskHandle_t;
 void vTaskDelay(TickType_t ticks);
+UBaseType_t uxTaskGetStackHighWaterMark(TaskHandle_t xTask);
+""",
+    # ESP-IDF's components/heap/include/esp_heap_caps.h (v5.x): these names, values and signatures.
+    "esp_heap_caps.h": """
+#include <stddef.h>
+#include <stdint.h>
+#define MALLOC_CAP_8BIT (1 << 2)
+#define MALLOC_CAP_SPIRAM (1 << 10)
+#define MALLOC_CAP_INTERNAL (1 << 11)
+#define MALLOC_CAP_DEFAULT (1 << 12)
+size_t heap_caps_get_total_size(uint32_t caps);
+size_t heap_caps_get_minimum_free_size(uint32_t caps);
+""",
+    # ESP-IDF's components/esp_system/include/esp_task.h: the main task's stack, which
+    # components/freertos/app_startup.c creates the task that runs app_main with.
+    "esp_task.h": """
+#include "sdkconfig.h"
+#ifdef CONFIG_NEWLIB_NANO_FORMAT
+#define TASK_EXTRA_STACK_SIZE (0)
+#else
+#define TASK_EXTRA_STACK_SIZE (512)
+#endif
+#define ESP_TASK_MAIN_STACK (CONFIG_ESP_MAIN_TASK_STACK_SIZE + TASK_EXTRA_STACK_SIZE)
 """,
     "driver/uart.h": """
 #include <stddef.h>
@@ -515,6 +540,7 @@ STUB_C = r"""
 #include "esp_app_desc.h"
 #include "esp_ota_ops.h"
 #include "esp_system.h"
+#include "esp_heap_caps.h"
 #include "freertos/task.h"
 
 void app_main(void);
@@ -626,6 +652,27 @@ esp_err_t esp_ota_mark_app_invalid_rollback_and_reboot(void)
 
 void esp_restart(void) { fflush(stdout); exit(7); }
 
+/* The main task's stack and the heaps: COLIBRI_STACK_LEFT bytes never used on the calling task's
+ * stack (only NULL, the calling task, is asked for); the internal 8-bit heap is COLIBRI_HEAP_TOTAL
+ * bytes, COLIBRI_HEAP_LEAST of them free at the least; any other heap is not the firmware's. */
+static size_t env_size(const char *name) { return getenv(name) ? (size_t)strtoul(getenv(name), NULL, 10) : 0; }
+
+UBaseType_t uxTaskGetStackHighWaterMark(TaskHandle_t task)
+{
+    if (task != NULL) { fprintf(stderr, "high-water mark of another task\n"); exit(8); }
+    return (UBaseType_t)env_size("COLIBRI_STACK_LEFT");
+}
+
+size_t heap_caps_get_total_size(uint32_t caps)
+{
+    return caps == (MALLOC_CAP_INTERNAL | MALLOC_CAP_8BIT) ? env_size("COLIBRI_HEAP_TOTAL") : 0;
+}
+
+size_t heap_caps_get_minimum_free_size(uint32_t caps)
+{
+    return caps == (MALLOC_CAP_INTERNAL | MALLOC_CAP_8BIT) ? env_size("COLIBRI_HEAP_LEAST") : 0;
+}
+
 int main(void)
 {
     app_main();
@@ -644,6 +691,11 @@ def simulated(projects, tmp_path_factory):
         (where / "include" / name).parent.mkdir(parents=True, exist_ok=True)
         (where / "include" / name).write_text("#pragma once\n" + text)
     (where / "stubs.c").write_text(STUB_C)
+    # idf.py's sdkconfig.h, from the project's sdkconfig.defaults: the values the stubs read
+    config = parse_sdkconfig(p.text("sdkconfig.defaults"))
+    (where / "include" / "sdkconfig.h").write_text(
+        "#pragma once\n" + "".join(f"#define CONFIG_{k} {v}\n" for k, v in config.items() if v.isdigit())
+    )
     main = p.root / "main"
     sources = sorted(main.rglob("*.c")) + [where / "stubs.c"]
     exe = gcc(
@@ -660,11 +712,16 @@ def simulated(projects, tmp_path_factory):
     return p, exe
 
 
-def run_simulated(exe: Path, partition: bytes | None, stdin: bytes, tmp_path: Path, label="weights", silent_reads=0):
+def run_simulated(
+    exe: Path, partition: bytes | None, stdin: bytes, tmp_path: Path, label="weights", silent_reads=0, margins=None
+):
+    """`margins`: what the simulated FreeRTOS and heaps say (COLIBRI_STACK_LEFT, COLIBRI_HEAP_TOTAL,
+    COLIBRI_HEAP_LEAST), as a dict of those names."""
     part = tmp_path / "partition.bin"
     if partition is not None:
         part.write_bytes(partition)
     env = dict(os.environ, COLIBRI_PARTITION=str(part), COLIBRI_LABEL=label, COLIBRI_SILENT_READS=str(silent_reads))
+    env |= {name: str(value) for name, value in (margins or {}).items()}
     done = subprocess.run([str(exe)], input=stdin, capture_output=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
     reader = FrameReader()
@@ -715,6 +772,60 @@ def test_bsp_loads_the_image_from_its_partition_and_decodes_what_the_reference_d
     assert [f.int("id") for f in frames[1:-2]] == ref.tokens
     assert [f.fields["logits"] for f in frames[1:-2]] == ref.digests
     assert all(b.seq > a.seq for a, b in zip(frames, frames[1:]))
+
+
+def test_bsp_reports_the_main_tasks_stack_and_the_internal_heap_in_its_stats_frame(simulated, tmp_path, board):
+    """The margins come from FreeRTOS's and ESP-IDF's own counters (uxTaskGetStackHighWaterMark of the
+    calling task, heap_caps_get_total_size / heap_caps_get_minimum_free_size of the internal 8-bit
+    heap), against the main task's stack as ESP-IDF creates it; report and verify read them as any MCU's."""
+    from generator.verify import Margins, planned_stack
+
+    p, exe = simulated
+    image = (p.root / "weights.bin").read_bytes()
+    said = {"COLIBRI_STACK_LEFT": 5000, "COLIBRI_HEAP_TOTAL": 400_000, "COLIBRI_HEAP_LEAST": 380_000}
+    frames = after_boot_selftest(run_simulated(exe, image, request_line([3, 4], 2), tmp_path, margins=said))
+    [stats] = [f for f in frames if f.kind == "stats"]
+    main_stack = board.idf.sdkconfig["ESP_MAIN_TASK_STACK_SIZE"] + 512  # ESP-IDF's TASK_EXTRA_STACK_SIZE
+    margins = Margins.of(stats.fields)
+    assert margins == Margins(stack_used=main_stack - 5000, stack_size=main_stack, heap_peak=20_000, heap_size=400_000)
+    # the plan: the main task's stack the board file asks ESP-IDF for (the ELF idf.py links has no .stack)
+    assert planned_stack(board, p.root / "no-elf-built-here") == board.idf.sdkconfig["ESP_MAIN_TASK_STACK_SIZE"]
+    assert margins.warnings(planned_stack(board, None)) == []
+    nearly_full = {"COLIBRI_STACK_LEFT": 600, "COLIBRI_HEAP_TOTAL": 400_000, "COLIBRI_HEAP_LEAST": 1000}
+    frames = after_boot_selftest(run_simulated(exe, image, request_line([3, 4], 2), tmp_path, margins=nearly_full))
+    tight = Margins.of(next(f for f in frames if f.kind == "stats").fields)
+    assert [w.split(" B ")[0] for w in tight.warnings(planned_stack(board, None))] == [
+        f"the firmware used {main_stack - 600:,}",
+        "the firmware used 399,000",
+    ]
+
+
+# Where ESP-IDF (v5.x) declares what bsp_margins uses, and the component that header belongs to:
+# components/freertos/FreeRTOS-Kernel/include/freertos/task.h, components/heap/include/esp_heap_caps.h,
+# components/esp_system/include/esp_task.h.
+MARGIN_API = {
+    "uxTaskGetStackHighWaterMark": ("freertos/task.h", "freertos"),
+    "heap_caps_get_total_size": ("esp_heap_caps.h", "heap"),
+    "heap_caps_get_minimum_free_size": ("esp_heap_caps.h", "heap"),
+    "MALLOC_CAP_INTERNAL": ("esp_heap_caps.h", "heap"),
+    "MALLOC_CAP_8BIT": ("esp_heap_caps.h", "heap"),
+    "ESP_TASK_MAIN_STACK": ("esp_task.h", "esp_system"),
+}
+
+
+def test_the_margins_use_esp_idfs_own_names_from_their_headers_and_components(projects):
+    """The simulated ESP-IDF declares each name in the header ESP-IDF does; the BSP includes that
+    header and the project requires its component, so idf.py finds them where this build did."""
+    bsp = (REPO / "firmware_src/bsp/esp32p4-idf/main.c").read_text()
+    margins = bsp[bsp.index("int bsp_margins(") :]
+    margins = margins[: margins.index("\n}\n")]
+    assert {name for name in MARGIN_API if re.search(rf"\b{name}\b", bsp)} == set(MARGIN_API)
+    requires = set(cmake_block(projects["kjv-tiny"].text("main/CMakeLists.txt"), "REQUIRES"))
+    for name, (header, component) in MARGIN_API.items():
+        assert f'#include "{header}"' in bsp, f"{name} is declared in {header}"
+        assert re.search(rf"\b{name}\b", STUB_HEADERS[header]), f"the simulated {header} lacks {name}"
+        assert component in requires, f"{header} is in ESP-IDF's {component} component"
+    assert "uxTaskGetStackHighWaterMark(NULL)" in margins  # the task running the decode: the caller
 
 
 def test_bsp_acknowledges_every_64_bytes_of_a_request_line(simulated, tmp_path):

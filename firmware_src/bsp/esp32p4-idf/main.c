@@ -20,9 +20,11 @@
 #include "driver/uart.h"
 #include "esp_app_desc.h"
 #include "esp_err.h"
+#include "esp_heap_caps.h"
 #include "esp_ota_ops.h"
 #include "esp_partition.h"
 #include "esp_system.h"
+#include "esp_task.h"
 #include "esp_timer.h"
 #include "freertos/FreeRTOS.h"
 #include "freertos/task.h"
@@ -76,13 +78,27 @@ uint64_t bsp_peak_memory(void)
     return 0; /* static arenas: `./colibri report` gives every byte */
 }
 
+/* The heap whatever is allocated for this firmware comes from: ESP-IDF allocates for it (the UART
+ * driver's buffers, FreeRTOS's task stacks and control blocks), in internal RAM; the arenas are
+ * static (in PSRAM, by the project's linker fragment) and nothing allocates from PSRAM's heap. */
+#define FIRMWARE_HEAP_CAPS (MALLOC_CAP_INTERNAL | MALLOC_CAP_8BIT)
+
 int bsp_margins(uint64_t *stack_used, uint64_t *stack_size, uint64_t *heap_peak, uint64_t *heap_size)
 {
-    (void)stack_used;
-    (void)stack_size;
-    (void)heap_peak;
-    (void)heap_size;
-    return 0; /* FreeRTOS's task stacks and ESP-IDF's heaps are not measured here yet */
+    /* The decode runs in app_main, on ESP-IDF's "main" task, which its start-up code creates with
+     * ESP_TASK_MAIN_STACK bytes (CONFIG_ESP_MAIN_TASK_STACK_SIZE plus ESP-IDF's TASK_EXTRA_STACK_SIZE).
+     * ESP-IDF's FreeRTOS counts stacks in bytes, not words: the high-water mark is the fewest bytes
+     * the calling task ever had left. */
+    uint64_t size = (uint64_t)ESP_TASK_MAIN_STACK;
+    uint64_t never_used = (uint64_t)uxTaskGetStackHighWaterMark(NULL);
+    *stack_size = size;
+    *stack_used = never_used < size ? size - never_used : 0;
+    /* The largest use since boot: the heap's size less the least it ever had free. */
+    uint64_t total = (uint64_t)heap_caps_get_total_size(FIRMWARE_HEAP_CAPS);
+    uint64_t least_free = (uint64_t)heap_caps_get_minimum_free_size(FIRMWARE_HEAP_CAPS);
+    *heap_size = total;
+    *heap_peak = least_free < total ? total - least_free : 0;
+    return 1;
 }
 
 void bsp_logits_sink(int32_t step, const float *logits, int32_t n)

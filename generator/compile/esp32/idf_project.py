@@ -48,8 +48,19 @@ TEMPLATES = {
     "README.txt": "README.txt",
 }
 # ESP-IDF components the BSP uses (header -> component): esp_ota_ops.h, driver/uart.h, esp_partition.h,
-# esp_timer.h, FreeRTOS; spi_flash provides the mmap types esp_partition.h uses.
-REQUIRES = ("app_update", "esp_app_format", "esp_driver_uart", "esp_partition", "esp_timer", "freertos", "spi_flash")
+# esp_timer.h, FreeRTOS, esp_heap_caps.h (heap), esp_task.h (esp_system); spi_flash provides the mmap
+# types esp_partition.h uses.
+REQUIRES = (
+    "app_update",
+    "esp_app_format",
+    "esp_driver_uart",
+    "esp_partition",
+    "esp_system",
+    "esp_timer",
+    "freertos",
+    "heap",
+    "spi_flash",
+)
 # The numerics contract (docs/numerics.md), on top of ESP-IDF's own flags.
 COMPILE_OPTIONS = ("-ffp-contract=off", "-fno-fast-math", "-fno-math-errno")
 # Objects whose code runs for every weight: in IRAM, so streaming weights through the cache cannot

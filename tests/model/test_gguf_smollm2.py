@@ -142,7 +142,9 @@ def test_the_f32_firmware_answers_as_transformers_does(smollm2, hf_tokenizer, bu
 
 @pytest.mark.parametrize("board", ["host", "linux-aarch64"])
 def test_chat_with_the_gguf_renders_its_template_and_answers_as_transformers_does(smollm2, builder, board):
-    """The chat template and tokenizer come from the file; the f32 weights are dequantized from it."""
+    """The chat template and tokenizer come from the file; the f32 weights are dequantized from it.
+    Slow on linux-aarch64 (about a minute): a 135 M-parameter f32 image built for it and its prompt
+    decoded under qemu-aarch64; the same turn on host is seconds."""
     from generator.chat import ChatState
     from generator.device.links import open_link
     from generator.device.session import RunRequest

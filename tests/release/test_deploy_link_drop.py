@@ -202,12 +202,10 @@ class Board:
 
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory):
-    out = tmp_path_factory.mktemp("releases")
-    os.environ.setdefault("COLIBRI_BUILD_DIR", str(tmp_path_factory.mktemp("build")))
-    done = run_cli("release", "--board", "host", "--ctx", "64", "--out", out)
-    assert done.returncode == 0, done.stderr
-    return next(p for p in out.iterdir() if p.is_dir())
+def release(signed_host_release):
+    """The session's host release (a release compiles from source: one per worker, shared with the
+    release tests); each test deploys copies of it (variant)."""
+    return signed_host_release.bundle
 
 
 @pytest.fixture

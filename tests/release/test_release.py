@@ -103,6 +103,9 @@ def release_in(checkout: Path, board: str, out: Path, env_spec: dict) -> subproc
 
 @pytest.mark.parametrize("board", BOARDS)
 def test_two_directory_rebuild_is_byte_identical(board, checkouts, tmp_path):
+    """Two releases of the board from two checkouts at different paths, in different locales and
+    umasks, give the same bytes. Slow (about a minute for host): each release compiles from source,
+    as releases do, and a shared build cache would make the comparison say nothing."""
     outs = (tmp_path / "out-a", tmp_path / "elsewhere" / "deeper" / "out-b")
     outs[1].parent.mkdir(parents=True)  # --out's parent must exist, as for any user's --out
     procs = [release_in(c, board, o, e) for c, o, e in zip(checkouts, outs, ENVIRONMENTS)]

@@ -6,6 +6,7 @@ killed mid-decode, a rank stalled, a host that cannot be reached: one line namin
 (or the timeout), no hang, no rank left running."""
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -64,6 +65,37 @@ def test_verify_with_hosts_passes_through_the_command(builder, checkpoints, caps
         steps=6,
     )
     assert summary["pass"] and summary["board"] == "host-mpi"
+
+
+def test_aarch64_ranks_run_under_qemu_with_the_sysroots_libraries(monkeypatch, tmp_path):
+    from generator.boards import load_board
+
+    monkeypatch.setenv("COLIBRI_SYSROOTS", str(tmp_path))
+    board = load_board("linux-aarch64-mpi")
+    prefix = board.runner.start_prefix(hosts_for(board, "localhost:2", None))
+    assert prefix[0] == "mpirun" and prefix[prefix.index("--host") + 1] == "localhost:2"
+    assert prefix[-3:] == ["qemu-aarch64", "-L", str(board.sysroot.path())]
+    assert board.sysroot.path().parent == tmp_path and f"--sysroot={tmp_path}" in board.sysroot.link_flags()[0]
+
+
+@building
+def test_aarch64_ranks_under_qemu_decode_the_single_boards_bits(builder, checkpoints):
+    """linux-aarch64-mpi: cross-compiled against the arm64 Open MPI sysroot (made once by the setup,
+    about a minute, when missing), two ranks each under qemu-aarch64, started by this machine's
+    mpirun. Slow: an aarch64 build of its own (shared through the build cache) and Open MPI's start
+    under emulation (about 3 s)."""
+    from generator.boards import load_board
+    from generator.device.setup_toolchain import ensure_toolchain
+
+    ensure_toolchain(load_board("linux-aarch64-mpi"))
+    model, seen = checkpoints(MODELS["dense"]), []
+    board, art, plan = builder.build(model, "q8_0", 64, "linux-aarch64-mpi")
+    firmware = Firmware(art.program, art.weights, art.model_hash())
+    how = LinkOptions(hosts=hosts_for(board, "localhost:2", None))
+    request = RunRequest(PROMPT, 6, stop_at_eos=False)
+    result = run_firmware(board, firmware, how, request, lambda step, token: seen.append(rank_processes(1)))
+    assert_decodes_as_the_reference(plan, art, request, result)
+    assert seen[0], "rank 1 was running while the tokens came"
 
 
 def rank_processes(rank: int) -> list[int]:
@@ -201,11 +233,58 @@ def test_a_hostfile_is_checked_line_by_line(tmp_path):
         hosts_for(load_board("host-mpi"), None, bad)
 
 
+def inventory(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "inventory.ini"
+    path.write_text(text)
+    return path
+
+
+def test_an_ansible_inventory_gives_the_ranks_hosts(tmp_path):
+    from generator.boards import load_board
+
+    # ansible_host is the address (else the name), colibri_slots the ranks on it; group variables too
+    listed = inventory(
+        tmp_path,
+        "[pis]\npi2 ansible_host=127.0.0.3\npi1 ansible_host=127.0.0.2 colibri_slots=2\n"
+        "[here]\nlocalhost ansible_port=22\n[pis:vars]\ncolibri_root=/opt/colibri\n",
+    )
+    where = hosts_for(load_board("host-mpi"), None, None, listed)
+    assert where[:2] == ("--host", "localhost:1,127.0.0.2:2,127.0.0.3:1")  # by host name, as deploy
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("# every board is gone\n", "names no host"),
+        ("pi1 ansible_host=-oProxyCommand=reboot\n", "host pi1: '-oProxyCommand=reboot' is not a host name"),
+        ("pi1 ansible_host=127.0.0.2 ansible_port=2222\n", "host pi1: ansible_port=2222 cannot reach mpirun"),
+        ("pi1 colibri_slots=0\n", "colibri_slots: slots must be a count from 1"),
+    ],
+)
+def test_an_inventory_mpirun_cannot_take_is_refused_in_one_line(tmp_path, text, problem):
+    from generator.boards import load_board
+
+    with pytest.raises(ColibriError, match=re.escape(problem)) as e:
+        hosts_for(load_board("host-mpi"), None, None, inventory(tmp_path, text))
+    assert "\n" not in str(e.value) and str(e.value).startswith("--inventory ")
+
+
 @pytest.mark.parametrize(
     "args, line",
     [
-        (["--board", "host", "--hosts", "localhost:2"], "--hosts is for boards that run MPI ranks (host-mpi)"),
-        (["--board", "host-mpi", "--hosts", "localhost:2", "--hostfile", "f"], "with --hosts or --hostfile, not both"),
+        (
+            ["--board", "host", "--hosts", "localhost:2"],
+            "--hosts is for boards that run MPI ranks (host-mpi, linux-aarch64-mpi)",
+        ),
+        (
+            ["--board", "host-mpi", "--hosts", "localhost:2", "--hostfile", "f"],
+            "with one of --hosts, --hostfile or --inventory",
+        ),
+        (
+            ["--board", "host", "--inventory", "f"],
+            "--inventory is for boards that run MPI ranks (host-mpi, linux-aarch64-mpi)",
+        ),
+        (["--board", "host-mpi", "--inventory", "no-such-file"], "--inventory no-such-file: no such file"),
     ],
 )
 def test_the_command_refuses_hosts_it_cannot_use_in_one_line(args, line, capsys, tmp_path):

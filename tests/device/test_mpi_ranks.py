@@ -5,8 +5,10 @@ every rank count; two hosts through a real sshd on two loopback addresses. And t
 killed mid-decode, a rank stalled, a host that cannot be reached: one line naming the rank or host
 (or the timeout), no hang, no rank left running."""
 
+import json
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -96,6 +98,56 @@ def test_aarch64_ranks_under_qemu_decode_the_single_boards_bits(builder, checkpo
     result = run_firmware(board, firmware, how, request, lambda step, token: seen.append(rank_processes(1)))
     assert_decodes_as_the_reference(plan, art, request, result)
     assert seen[0], "rank 1 was running while the tokens came"
+
+
+def gathered_floats_per_token(model: Path) -> int:
+    """The split rules' bytes on the wire, in floats: every product's output rows once per decoded
+    token (attention's q, k, v and o, the FFN's gate, up and down per layer, then the vocabulary),
+    each row computed on one rank and sent to the other."""
+    c = json.loads((model / "config.json").read_text())
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    per_layer = q + 2 * kv + c["hidden_size"] + 2 * c["intermediate_size"] + c["hidden_size"]
+    return c["num_hidden_layers"] * per_layer + c["vocab_size"]
+
+
+# Started by the link in place of the firmware's command: the ranks in a network namespace of their
+# own, whose loopback carries nothing else; its bytes sent before and after, written beside it.
+COUNTED = """#!/bin/sh
+exec unshare --net sh -c 'ip link set lo up; grep lo: /proc/net/dev > "$0.before"; "$@"; rc=$?
+grep lo: /proc/net/dev > "$0.after"; exit $rc' "$0" "$@"
+"""
+
+
+def loopback_bytes_sent(counter: Path) -> int:
+    sent = [int(Path(f"{counter}.{when}").read_text().split()[9]) for when in ("before", "after")]
+    return sent[1] - sent[0]
+
+
+@building
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a network namespace needs root")
+def test_the_bytes_on_the_wire_per_token_are_the_gathered_rows(builder, checkpoints, tmp_path, monkeypatch):
+    """Two ranks over Open MPI's TCP transport in a network namespace of the test's own (root: CI
+    runs as root): per decoded token its loopback carries every product's output rows once, 4
+    bytes each (the cost model's bytes per token, docs/several-boards.md), plus headers (TCP/IP's
+    and MPI's: under 300 bytes per message, one message each way per gathered product). Shares the
+    dense build; two runs of about a second."""
+    counter = tmp_path / "counted"
+    counter.write_text(COUNTED)
+    counter.chmod(0o755)
+    monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", str(counter))
+    monkeypatch.setenv("OMPI_MCA_btl", "tcp,self")  # no shared memory: every byte on the loopback
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_if_include", "lo")
+    model, sent = checkpoints(MODELS["dense"]), {}
+    for steps in (2, 10):
+        request = RunRequest(PROMPT, steps, stop_at_eos=False)
+        _, art, plan, result = run_ranks(builder, model, "localhost:2", request)
+        assert_decodes_as_the_reference(plan, art, request, result)
+        sent[steps] = loopback_bytes_sent(counter)
+    per_token = (sent[10] - sent[2]) / 8
+    payload = 4 * gathered_floats_per_token(model)
+    config = json.loads((model / "config.json").read_text())
+    messages = 2 * (7 * config["num_hidden_layers"] + 1)
+    assert payload <= per_token <= payload + 300 * messages, (per_token, payload)
 
 
 def rank_processes(rank: int) -> list[int]:

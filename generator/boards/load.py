@@ -310,7 +310,7 @@ def board_from_data(data: dict, path: Path) -> Board:
             if unknown:
                 raise ValueError(f"region {region.name} holds unknown categories {sorted(unknown)}")
         sysroot = sysroot_from_section(tc.get("sysroot"))
-        runner = runner_from_section(section, data["isa"], sysroot)
+        runner = runner_from_section(section, data["isa"], sysroot.path() if sysroot else None)
         flash = _flash(data.get("flash"))
         predicts = data.get("predicts")
         if predicts is not None and not isinstance(predicts, str):

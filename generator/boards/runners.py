@@ -18,10 +18,8 @@ import os
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
-
-if TYPE_CHECKING:
-    from .board import Sysroot
+from pathlib import Path
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ class ProcessRunner(Runner):
     isa: str
     emulator: tuple[str, ...] = ()
     remote_prefix: tuple[str, ...] = ()
-    sysroot: Sysroot | None = None
+    sysroot: Path | None = None
 
     kind: ClassVar[str] = "process"
     runs_here: ClassVar[bool] = True
@@ -121,8 +119,7 @@ class ProcessRunner(Runner):
         """What the program is started under here: its emulator where this machine needs one."""
         if not self.needs_emulator():
             return []
-        root = str(self.sysroot.path()) if self.sysroot else ""
-        return [a.replace("{sysroot}", root) for a in self.emulator]
+        return [a.replace("{sysroot}", str(self.sysroot or "")) for a in self.emulator]
 
 
 def running_as_root() -> bool:
@@ -210,9 +207,9 @@ RUNNER_KINDS: dict[str, type[Runner]] = {
 }
 
 
-def runner_from_section(section: dict, isa: str, sysroot: Sysroot | None = None) -> Runner:
-    """The [runner] section's kind with its fields (sysroot: the toolchain's, which the emulator
-    may name); raises ValueError naming a wrong one."""
+def runner_from_section(section: dict, isa: str, sysroot: Path | None = None) -> Runner:
+    """The [runner] section's kind with its fields (sysroot: where the toolchain's is, which the
+    emulator may name); raises ValueError naming a wrong one."""
     kind = section["kind"]
     if kind not in RUNNER_KINDS:
         raise ValueError(f"runner kind {kind!r} is not one of {', '.join(RUNNER_KINDS)}")

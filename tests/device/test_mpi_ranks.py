@@ -84,8 +84,8 @@ def test_aarch64_ranks_run_under_qemu_with_the_sysroots_libraries(monkeypatch, t
 def test_aarch64_ranks_under_qemu_decode_the_single_boards_bits(builder, checkpoints):
     """linux-aarch64-mpi: cross-compiled against the arm64 Open MPI sysroot (made once by the setup,
     about a minute, when missing), two ranks each under qemu-aarch64, started by this machine's
-    mpirun. Slow: an aarch64 build of its own (shared through the build cache) and Open MPI's start
-    under emulation (about 3 s)."""
+    mpirun. Slow (about 100 s on this 2-core machine under load): an aarch64 build of its own (its
+    objects from the build cache, its generation not) and Open MPI's start under emulation."""
     from generator.boards import load_board
     from generator.device.setup_toolchain import ensure_toolchain
 

@@ -139,7 +139,9 @@ def add_remote_arg(p: argparse.ArgumentParser) -> None:
 
 def add_hosts_args(p: argparse.ArgumentParser) -> None:
     """Where a board's MPI ranks run, in mpirun's own syntax (checked by device/hosts.py)."""
-    ranks = p.add_argument_group("MPI ranks (boards that run them: host-mpi; docs/several-boards.md)")
+    ranks = p.add_argument_group(
+        "MPI ranks (boards that run them: host-mpi, linux-aarch64-mpi; docs/several-boards.md)"
+    )
     ranks.add_argument(
         "--hosts",
         metavar="HOST[:SLOTS],...",
@@ -147,6 +149,13 @@ def add_hosts_args(p: argparse.ArgumentParser) -> None:
         "over SSH, the build at the same path); default: one rank here",
     )
     ranks.add_argument("--hostfile", type=Path, metavar="FILE", help="an mpirun hostfile (HOST slots=N per line)")
+    ranks.add_argument(
+        "--inventory",
+        type=Path,
+        metavar="FILE",
+        help="an Ansible inventory as the host list: each host's ansible_host (else its name), colibri_slots ranks "
+        "(default 1)",
+    )
 
 
 def memory_size(text: str):

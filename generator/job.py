@@ -94,6 +94,7 @@ class JobOptions:
     remote: str | None = None
     hosts: str | None = None  # MPI ranks' hosts, mpirun's --host syntax (device/hosts.py)
     hostfile: Path | None = None  # or an mpirun hostfile
+    inventory: Path | None = None  # or an Ansible inventory's hosts
     memory_budget: int | AutoBudget | None = None
     chat_template: Path | None = None  # chat: a Jinja2 template file instead of the model's own
     # The options the command line itself set (refused if the board cannot take them), and the
@@ -330,7 +331,7 @@ def prepare(
     planned = plan_build(options)
     board, plan = planned.board, planned.plan
     remote = remote_for(board, options.remote)  # a bad --remote is said before building
-    hosts = hosts_for(board, options.hosts, options.hostfile)  # and bad --hosts
+    hosts = hosts_for(board, options.hosts, options.hostfile, options.inventory)  # and bad --hosts
     if sampling:
         check_sampling_options(options, options.given)
     tokenizer = Tokenizer.for_model(options.model)

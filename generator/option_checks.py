@@ -50,6 +50,7 @@ BOARD_OPTIONS = [
     BoardOption("remote", "--remote", lambda b: b.runner.takes_remote, "Linux boards reached over SSH"),
     BoardOption("hosts", "--hosts", lambda b: b.runner.runs_ranks, "boards that run MPI ranks"),
     BoardOption("hostfile", "--hostfile", lambda b: b.runner.runs_ranks, "boards that run MPI ranks"),
+    BoardOption("inventory", "--inventory", lambda b: b.runner.runs_ranks, "boards that run MPI ranks"),
     BoardOption(
         "memory_budget",
         "--memory-budget",

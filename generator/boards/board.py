@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +41,51 @@ class SelftestSettings:
     steps: int = 4
 
 
+# A board's sysroot: a Debian root of another architecture holding the libraries its firmware
+# links against that this machine's cross toolchain lacks (arm64 Open MPI for linux-aarch64-mpi:
+# Debian 12 cannot install it beside the amd64 one through multiarch).
+#
+# The board file's [toolchain.sysroot] says what it holds (arch, Debian packages) and which of its
+# folders the build adds (include, lib); the setup makes it once with mmdebstrap
+# (device/setup_toolchain.py) in $COLIBRI_SYSROOTS, else $XDG_CACHE_HOME/colibri/sysroots, else
+# ~/.cache/colibri/sysroots, named by its architecture and a digest of its packages, so a board
+# file asking for other packages gets a sysroot of its own. The build compiles and links with
+# --sysroot and the runner's emulator finds the program's libraries there ("{sysroot}" in
+# [runner] emulator: `qemu-aarch64 -L {sysroot}`).
+
+# Written last into a sysroot mmdebstrap has made whole: a folder without it is not one.
+MADE_STAMP = ".colibri-sysroot"
+
+
+@dataclass(frozen=True)
+class Sysroot:
+    arch: str  # Debian's name of the architecture (arm64)
+    packages: tuple[str, ...]  # Debian packages it holds, with what they depend on
+    include: tuple[str, ...] = ()  # folders inside it added to the include path (-I)
+    lib: tuple[str, ...] = ()  # folders inside it added to the library path (-L)
+
+    def path(self) -> Path:
+        """Where this machine keeps it (made or not)."""
+        base = os.environ.get("COLIBRI_SYSROOTS")
+        if base:
+            root = Path(base).expanduser()
+        else:
+            root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "colibri" / "sysroots"
+        digest = hashlib.sha256(" ".join(sorted(self.packages)).encode()).hexdigest()[:12]
+        return root.resolve() / f"{self.arch}-{digest}"
+
+    def is_made(self) -> bool:
+        return (self.path() / MADE_STAMP).is_file()
+
+    def compile_flags(self) -> list[str]:
+        root = self.path()
+        return [f"--sysroot={root}", *(f"-I{root / d}" for d in self.include)]
+
+    def link_flags(self) -> list[str]:
+        root = self.path()
+        return [f"--sysroot={root}", *(f"-L{root / d}" for d in self.lib)]
+
+
 @dataclass(frozen=True)
 class Board:
     name: str
@@ -72,6 +119,7 @@ class Board:
     predicts: str | None = None  # the board whose speed bench predicts from this one's instruction counts
     kv_type: str = DEFAULT_KV_TYPE  # the KV cache's type when --kv-type is not given (KV_TYPES)
     selftest: SelftestSettings = field(default_factory=lambda: SelftestSettings())  # the [selftest] section
+    sysroot: Sysroot | None = None  # [toolchain.sysroot]: the libraries the firmware links against (Sysroot)
 
     @property
     def is_esp_idf(self) -> bool:

@@ -16,6 +16,9 @@ Common fields (every board):
               tokens costs on the board relative to a pass of one (1.0 first, never falling): a
               draft is as long as makes the most expected tokens per cost (app/speculate.c)
   [toolchain] cc, apt (Debian packages providing it), cflags, ldflags, libs, linker_script (optional)
+  [toolchain.sysroot] (optional) a Debian root of the board's architecture the build compiles and
+              links against, made once by the setup with mmdebstrap: arch, packages, include and
+              lib (folders inside it): Sysroot in boards/board.py
   [runner]    kind: "process" (a Linux program; `emulator` prefixes it when this machine's ISA
               differs), "qemu-system" (`command` with {program} {flash_image} {uart_fd}),
               "serial" (a real board on a serial port) or "none" (build only): boards/runners.py;
@@ -80,7 +83,7 @@ from pathlib import Path
 from ..errors import ColibriError
 from ..files import REPO, load_toml
 from ..sizes import AutoBudget, parse_budget
-from .board import CATEGORIES, DEFAULT_KV_TYPE, KV_TYPES, Board, MemoryRegion, SelftestSettings
+from .board import CATEGORIES, DEFAULT_KV_TYPE, KV_TYPES, Board, MemoryRegion, SelftestSettings, Sysroot
 from .esp_idf import parse_idf
 from .flash import Flash, FlashImage
 from .predict import parse_predict
@@ -232,6 +235,24 @@ def _flash(section: dict | None) -> Flash | None:
     )
 
 
+def sysroot_from_section(section: dict | None) -> Sysroot | None:
+    """[toolchain.sysroot] (its values' grammar already checked: BOARD_FIELDS); raises ValueError
+    naming a missing or unknown key."""
+    if section is None:
+        return None
+    unknown = set(section) - {"arch", "packages", "include", "lib"}
+    if unknown:
+        raise ValueError(f"[toolchain.sysroot] has unknown keys {sorted(unknown)}")
+    if not section.get("packages"):
+        raise ValueError("[toolchain.sysroot] must list its Debian packages")
+    return Sysroot(
+        str(section["arch"]),
+        tuple(section["packages"]),
+        tuple(section.get("include", ())),
+        tuple(section.get("lib", ())),
+    )
+
+
 def _kv_type(data: dict, path: Path) -> str:
     kv_type = data.get("kv_type", DEFAULT_KV_TYPE)
     if kv_type not in KV_TYPES:
@@ -288,7 +309,8 @@ def board_from_data(data: dict, path: Path) -> Board:
             unknown = set(region.holds) - set(CATEGORIES)
             if unknown:
                 raise ValueError(f"region {region.name} holds unknown categories {sorted(unknown)}")
-        runner = runner_from_section(section, data["isa"])
+        sysroot = sysroot_from_section(tc.get("sysroot"))
+        runner = runner_from_section(section, data["isa"], sysroot.path() if sysroot else None)
         flash = _flash(data.get("flash"))
         predicts = data.get("predicts")
         if predicts is not None and not isinstance(predicts, str):
@@ -308,6 +330,7 @@ def board_from_data(data: dict, path: Path) -> Board:
             ldflags=tuple(tc["ldflags"]),
             libs=tuple(tc["libs"]),
             linker_script=tc.get("linker_script"),
+            sysroot=sysroot,
             runner=runner,
             weights=section["weights"],
             memory=memory,
@@ -443,6 +466,10 @@ BOARD_FIELDS = (
     BoardField("toolchain.ldflags[]", FLAG, "each is one argument of the linker's command"),
     BoardField("toolchain.libs[]", LIB, "each becomes the linker argument -l<name>"),
     BoardField("toolchain.linker_script", RELATIVE_PATH, "it is a file of the repository"),
+    BoardField("toolchain.sysroot.arch", PLAIN_NAME, "it is mmdebstrap's --arch and names the sysroot's folder"),
+    BoardField("toolchain.sysroot.packages[]", DEBIAN_PACKAGE, "each is an argument of mmdebstrap --include"),
+    BoardField("toolchain.sysroot.include[]", RELATIVE_PATH, "each is a folder inside the sysroot, an -I flag"),
+    BoardField("toolchain.sysroot.lib[]", RELATIVE_PATH, "each is a folder inside the sysroot, an -L flag"),
     BoardField("runner.weights", _one_of(WEIGHT_PLACES), "it names a macro of board_def.h"),
     BoardField("runner.emulator[]", ARGUMENT, "each is one argument of the command the firmware runs under"),
     BoardField("runner.launcher[]", ARGUMENT, "each is one argument of the command that starts the ranks"),

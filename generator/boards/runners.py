@@ -18,6 +18,7 @@ import os
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 
@@ -76,11 +77,14 @@ class Runner:
 @dataclass(frozen=True)
 class ProcessRunner(Runner):
     """A Linux program: natively, under `emulator` when this machine's ISA is not `isa`, or on a
-    board reached over SSH under `remote_prefix` (empty on real boards; qemu-aarch64 in tests)."""
+    board reached over SSH under `remote_prefix` (empty on real boards; qemu-aarch64 in tests).
+    "{sysroot}" in `emulator` is the board's sysroot (Sysroot, boards/board.py): where a dynamically linked
+    program's libraries are (`qemu-aarch64 -L {sysroot}`)."""
 
     isa: str
     emulator: tuple[str, ...] = ()
     remote_prefix: tuple[str, ...] = ()
+    sysroot: Path | None = None
 
     kind: ClassVar[str] = "process"
     runs_here: ClassVar[bool] = True
@@ -113,7 +117,9 @@ class ProcessRunner(Runner):
 
     def start_prefix(self, hosts: Sequence[str] = ()) -> list[str]:
         """What the program is started under here: its emulator where this machine needs one."""
-        return list(self.emulator) if self.needs_emulator() else []
+        if not self.needs_emulator():
+            return []
+        return [a.replace("{sysroot}", str(self.sysroot or "")) for a in self.emulator]
 
 
 def running_as_root() -> bool:
@@ -201,20 +207,23 @@ RUNNER_KINDS: dict[str, type[Runner]] = {
 }
 
 
-def runner_from_section(section: dict, isa: str) -> Runner:
-    """The [runner] section's kind with its fields; raises ValueError naming a wrong one."""
+def runner_from_section(section: dict, isa: str, sysroot: Path | None = None) -> Runner:
+    """The [runner] section's kind with its fields (sysroot: where the toolchain's is, which the
+    emulator may name); raises ValueError naming a wrong one."""
     kind = section["kind"]
     if kind not in RUNNER_KINDS:
         raise ValueError(f"runner kind {kind!r} is not one of {', '.join(RUNNER_KINDS)}")
+    emulator = _strings(section, "emulator")
+    if sysroot is None and any("{sysroot}" in a for a in emulator):
+        raise ValueError("[runner] emulator names {sysroot}, but the board has no [toolchain.sysroot]")
     if kind == "process":
-        return ProcessRunner(
-            isa, emulator=_strings(section, "emulator"), remote_prefix=_strings(section, "remote_prefix")
-        )
+        return ProcessRunner(isa, emulator, _strings(section, "remote_prefix"), sysroot)
     if kind == "mpi":
         return MpiRunner(
             isa,
-            emulator=_strings(section, "emulator"),
-            remote_prefix=_strings(section, "remote_prefix"),
+            emulator,
+            _strings(section, "remote_prefix"),
+            sysroot,
             launcher=_strings(section, "launcher") or MpiRunner.launcher,
         )
     if kind == "qemu-system":

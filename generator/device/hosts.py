@@ -1,15 +1,19 @@
 """Where a firmware's MPI ranks run (boards whose runner runs ranks: boards/runners.py MpiRunner):
---hosts HOST[:SLOTS],... and --hostfile FILE, mpirun's own syntax, checked before anything is
-built and handed to mpirun as its --host and --hostfile; and what mpirun's stderr says when a rank
-dies or a host cannot be reached, as one line naming the rank and the host.
+--hosts HOST[:SLOTS],... and --hostfile FILE, mpirun's own syntax, or --inventory FILE, an Ansible
+inventory's hosts, checked before anything is built and handed to mpirun as its --host and
+--hostfile; and what mpirun's stderr says when a rank dies or a host cannot be reached, as one line
+naming the rank and the host.
 
 mpirun reaches other hosts through SSH with the options --remote uses (device/remote.py), so a host
 that does not answer is given up on within ConnectTimeout, and nothing asks for a password."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 from ..boards import Board
@@ -72,14 +76,68 @@ def check_hostfile(path: Path) -> Path:
     return path.resolve()
 
 
-def hosts_for(board: Board, hosts: str | None, hostfile: Path | None) -> tuple[str, ...]:
+def inventory_hostvars(inventory: Path, env: dict[str, str] | None = None) -> dict[str, dict]:
+    """Every host of an Ansible inventory and its variables, as `ansible-inventory --list` gives
+    them (Ansible's own reading: INI, YAML, groups, ranges; what deploy ships to)."""
+    if not inventory.is_file():
+        raise ColibriError(f"--inventory {inventory}: no such file")
+    tool = shutil.which("ansible-inventory")
+    if tool is None:
+        raise ColibriError(
+            "ansible-inventory is not installed (Debian: apt-get install ansible-core; ./colibri test installs it)"
+        )
+    done = subprocess.run(
+        [tool, "-i", str(inventory), "--list"], capture_output=True, env=env, timeout=INVENTORY_SECONDS
+    )
+    try:
+        data = json.loads(done.stdout)
+        hostvars = data.get("_meta", {}).get("hostvars", {})
+    except (ValueError, AttributeError):
+        said = (done.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1][:200]
+        raise ColibriError(f"--inventory {inventory}: not an Ansible inventory ({said})") from None
+    return {str(host): dict(variables or {}) for host, variables in hostvars.items()}
+
+
+INVENTORY_SECONDS = 60
+SSH_PORT = 22
+
+
+def inventory_hosts(inventory: Path) -> str:
+    """--inventory: its hosts as mpirun's --host value, by name (as deploy ships to them): each host's
+    ansible_host (else its name) and colibri_slots ranks (default 1). A host mpirun's syntax cannot
+    take is refused, as is a per-host port or user, which mpirun's one ssh command cannot carry."""
+    hostvars = inventory_hostvars(inventory)
+    if not hostvars:
+        raise ColibriError(f"--inventory {inventory} names no host")
+    entries = []
+    for name, variables in sorted(hostvars.items()):
+        where = f"--inventory {inventory}, host {name}"
+        address = _host(str(variables.get("ansible_host", name)), where)
+        for key in ("ansible_port", "ansible_user"):
+            if key in variables and not (key == "ansible_port" and str(variables[key]) == str(SSH_PORT)):
+                raise ColibriError(
+                    f"{where}: {key}={variables[key]} cannot reach mpirun, which starts every rank with the "
+                    "same ssh: say it in an ssh config (Host/Port/User) and COLIBRI_SSH_COMMAND='ssh -F CONFIG'"
+                )
+        slots = _slots(str(variables.get("colibri_slots", 1)), f"{where}: colibri_slots")
+        entries.append(f"{address}:{slots}")
+    return ",".join(entries)
+
+
+def hosts_for(board: Board, hosts: str | None, hostfile: Path | None, inventory: Path | None = None) -> tuple[str, ...]:
     """mpirun's arguments for where the ranks run (none: the runner's default, one rank here; a
-    board that runs no ranks was refused them by option_checks), refused when both are given."""
-    if hosts is None and hostfile is None or not board.runner.runs_ranks:
+    board that runs no ranks was refused them by option_checks), refused when more than one is given."""
+    given = [a for a in (hosts, hostfile, inventory) if a is not None]
+    if not given or not board.runner.runs_ranks:
         return ()
-    if hosts is not None and hostfile is not None:
-        raise ColibriError("give the ranks' hosts with --hosts or --hostfile, not both")
-    where = ["--host", parse_hosts(hosts)] if hosts is not None else ["--hostfile", str(check_hostfile(hostfile))]
+    if len(given) > 1:
+        raise ColibriError("give the ranks' hosts with one of --hosts, --hostfile or --inventory")
+    if hosts is not None:
+        where = ["--host", parse_hosts(hosts)]
+    elif hostfile is not None:
+        where = ["--hostfile", str(check_hostfile(hostfile))]
+    else:
+        where = ["--host", inventory_hosts(Path(inventory))]
     # The SSH --remote uses: its command (COLIBRI_SSH_COMMAND: "ssh -F my_config") and options (batch
     # mode, never a prompt; a host that does not answer given up on in ConnectTimeout; keepalives
     # that notice a host gone mid-run).

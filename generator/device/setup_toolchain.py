@@ -8,14 +8,18 @@ further Debian packages, one per line (# starts a comment).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..boards import Board, available_boards, load_board
+from ..boards.board import MADE_STAMP, Sysroot
 from ..boards.load import DEBIAN_PACKAGE
 from ..documents import JsonDocument, json_field
 from ..errors import ColibriError
@@ -181,8 +185,13 @@ def every_board_needs() -> list[BoardNeeds]:
 
 def ensure_toolchain(board: Board) -> None:
     packages, tools = missing_for(board)
-    if not packages and not tools:
-        return
+    if packages or tools:
+        install_toolchain(board, packages, tools)
+    if board.sysroot is not None:
+        make_sysroot(board.sysroot)
+
+
+def install_toolchain(board: Board, packages: list[str], tools: list[str]) -> None:
     if not board.apt_packages:
         raise ColibriError(f"{tools[0]!r} for board {board.name} not found")
     why = f"{tools[0]} not found" if tools else f"{packages[0]} not installed"
@@ -192,6 +201,105 @@ def ensure_toolchain(board: Board) -> None:
         raise ColibriError(f"installed {' '.join(board.apt_packages)} but {tools[0]!r} is still not on PATH")
     if packages:
         raise ColibriError(f"apt-get ran but dpkg still does not report {' '.join(packages)} installed")
+
+
+# ---- A board's sysroot (Sysroot, boards/board.py), made once with mmdebstrap ----
+
+APT_DIR = Path("/etc/apt")
+OS_RELEASE = Path("/etc/os-release")
+# A mirror's URI becomes one argument of mmdebstrap (no shell): http(s), no whitespace or quotes.
+_MIRROR = re.compile(r"https?://[A-Za-z0-9._~:/?#@!$&*+,;=%-]+")
+
+
+def host_suite(os_release: Path = OS_RELEASE) -> str:
+    """This machine's Debian release (VERSION_CODENAME): the sysroot's, so its C library is the
+    cross toolchain's and its Open MPI the one this machine's mpirun speaks to."""
+    try:
+        text = os_release.read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key == "VERSION_CODENAME" and re.fullmatch(r"[a-z]+", value.strip().strip('"')):
+            return value.strip().strip('"')
+    raise ColibriError(f"{os_release} names no Debian release (VERSION_CODENAME): a sysroot is made on Debian")
+
+
+def _source_entries(apt_dir: Path) -> Iterator[tuple[list[str], str, list[str], list[str]]]:
+    """(types, URI, suites, components) of every source apt is configured with: one-line entries
+    (sources.list, sources.list.d/*.list) and deb822 stanzas (sources.list.d/*.sources)."""
+    one_line = [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*.list"))]
+    for path in one_line:
+        for line in _read_or_empty(path).splitlines():
+            words = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()  # [options] left out
+            if len(words) >= 4:
+                yield [words[0]], words[1], [words[2]], words[3:]
+    for path in sorted((apt_dir / "sources.list.d").glob("*.sources")):
+        for stanza in re.split(r"\n\s*\n", _read_or_empty(path)):
+            fields: dict[str, list[str]] = {}
+            for line in stanza.splitlines():
+                if line and not line.startswith(("#", " ", "\t")) and ":" in line:
+                    key, _, value = line.partition(":")
+                    fields[key.strip().lower()] = value.split()
+            if fields.get("enabled", ["yes"])[0].lower() == "no":
+                continue
+            for uri in fields.get("uris", []):
+                yield fields.get("types", []), uri, fields.get("suites", []), fields.get("components", [])
+
+
+def _read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def debian_mirror(suite: str, apt_dir: Path = APT_DIR) -> str:
+    """The Debian archive this machine's apt sources already name for `suite` (main): the sysroot
+    comes from where this machine's own packages do."""
+    for types, uri, suites, components in _source_entries(apt_dir):
+        if "deb" in types and suite in suites and "main" in components and _MIRROR.fullmatch(uri):
+            return uri.rstrip("/")
+    raise ColibriError(
+        f"no Debian mirror for {suite} (main) in {apt_dir}/sources.list or sources.list.d/: "
+        "the sysroot is made from the archive apt already uses"
+    )
+
+
+def make_sysroot(sysroot: Sysroot, apt_dir: Path = APT_DIR, os_release: Path = OS_RELEASE) -> Path:
+    """The sysroot, made once (mmdebstrap --variant=extract: the packages unpacked, nothing run)
+    into a temporary folder beside it and renamed into place whole, so no half-made one is used."""
+    final = sysroot.path()
+    if sysroot.is_made():
+        return final
+    suite = host_suite(os_release)
+    mirror = debian_mirror(suite, apt_dir)
+    if not shutil.which("mmdebstrap"):
+        raise ColibriError("mmdebstrap not found: the sysroot is made with it (apt-get install mmdebstrap)")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    making = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    packages = ",".join(sysroot.packages)
+    print(
+        f"colibri: making the {sysroot.arch} sysroot {final} ({packages} from {mirror}, {suite}; once, about a minute)",
+        file=sys.stderr,
+        flush=True,
+    )
+    command = ["mmdebstrap", "--quiet", f"--arch={sysroot.arch}", "--variant=extract", f"--include={packages}"]
+    done = subprocess.run([*command, suite, str(making), mirror], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if done.returncode != 0:
+        shutil.rmtree(making, ignore_errors=True)
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise ColibriError(f"mmdebstrap could not make the {sysroot.arch} sysroot: {last}")
+    (making / MADE_STAMP).write_text(f"suite {suite}\nmirror {mirror}\npackages {packages}\n")
+    if final.exists() and not sysroot.is_made():
+        shutil.rmtree(final)  # a folder left by an interrupted run of an older version
+    try:
+        making.rename(final)
+    except OSError:
+        shutil.rmtree(making, ignore_errors=True)
+        if not sysroot.is_made():  # else another run made it meanwhile
+            raise
+    return final
 
 
 def main(argv: list[str]) -> int:

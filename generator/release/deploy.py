@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..boards import load_board
+from ..device.hosts import inventory_hostvars
 from ..device.protocol import parse_frame
 from ..device.remote import Remote, ssh_failure
 from ..device.session import Selftest
@@ -367,15 +368,7 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
 
 def hosts_of(inventory: Path, env: dict[str, str]) -> list[str]:
     """The inventory's hosts, as ansible-inventory lists them."""
-    tool = shutil.which("ansible-inventory") or "ansible-inventory"
-    done = subprocess.run([tool, "-i", str(inventory), "--list"], capture_output=True, env=env, timeout=60)
-    try:
-        data = json.loads(done.stdout)
-    except ValueError:
-        raise ColibriError(
-            f"--inventory {inventory}: not an Ansible inventory ({done.stderr.decode()[-200:].strip()})"
-        ) from None
-    return sorted(data.get("_meta", {}).get("hostvars", {}))
+    return sorted(inventory_hostvars(inventory, env))
 
 
 def unreachable_reason(stdout: bytes, host: str) -> str:

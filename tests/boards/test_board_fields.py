@@ -55,6 +55,8 @@ HOSTILE = [
     ("[[memory]]\nname = 'ram'\nkind = 'dram'\nsize = 0x10000000000000000\nholds = ['code']", "memory[0].size "),
     ("kernels = ['../../../tmp/x']", "kernels[0]"),
     ("bsp = '/tmp'", "bsp"),
+    ("[toolchain.sysroot]\narch = 'arm64'\npackages = ['--hook-dir=/tmp']", "toolchain.sysroot.packages[0]"),
+    ("[toolchain.sysroot]\narch = 'arm64'\npackages = ['libc6-dev']\nlib = ['../../etc']", "toolchain.sysroot.lib[0]"),
 ]
 
 
@@ -218,3 +220,8 @@ def test_fuzzed_board_files_load_cleanly_or_are_refused_with_one_line(tmp_path, 
     macros, code = _declares(headers)
     assert code == "" and sorted(m for m in macros if m not in expected and not VARYING_MACROS.fullmatch(m)) == []
     assert not list(tmp_path.glob("**/*MARKER*")) and not Path("MARKER").exists()
+
+
+def test_an_emulator_naming_a_sysroot_the_board_lacks_is_refused(tmp_path):
+    path = board_file(tmp_path, "[runner]\nemulator = ['qemu-aarch64', '-L', '{sysroot}']\n")
+    assert "names {sysroot}, but the board has no [toolchain.sysroot]" in refused(path)

@@ -184,3 +184,84 @@ def test_other_apt_failures_are_not_retried(tmp_path, monkeypatch):
     with pytest.raises(ColibriError, match="^apt-get install failed: E: Unable to locate package nosuch$"):
         setup_toolchain.run_apt(["apt-get", "install", "-y", "nosuch"], dict(os.environ), wait=30, pause=0.01)
     assert len(log.read_text().splitlines()) == 1
+
+
+# ---- A board's sysroot, made once with mmdebstrap from the archive apt already uses ----
+
+
+def apt_sources(root, one_line: str = "", deb822: str = ""):
+    (root / "sources.list.d").mkdir(parents=True)
+    (root / "sources.list").write_text(one_line)
+    (root / "sources.list.d" / "debian.sources").write_text(deb822)
+    return root
+
+
+DEB822 = (
+    "Types: deb-src\nURIs: http://src.example.org/debian\nSuites: bookworm\nComponents: main\n\n"
+    "Types: deb\nURIs: http://off.example.org/debian\nSuites: bookworm\nComponents: main\nEnabled: no\n\n"
+    "Types: deb\n# a snapshot, commented out\nURIs: http://deb.example.org/debian/\n"
+    "Suites: bookworm bookworm-updates\nComponents: main contrib\nSigned-By: /usr/share/keyrings/k.gpg\n"
+)
+
+
+def test_the_sysroots_mirror_is_the_one_apt_names_for_this_release(tmp_path):
+    deb822 = apt_sources(tmp_path / "a", deb822=DEB822)
+    assert setup_toolchain.debian_mirror("bookworm", deb822) == "http://deb.example.org/debian"
+    one_line = apt_sources(
+        tmp_path / "b",
+        one_line="deb http://x.example.org/other trixie main\n"
+        "deb [arch=amd64 signed-by=/k.gpg] https://y.example.org/debian bookworm main # comment\n",
+    )
+    assert setup_toolchain.debian_mirror("bookworm", one_line) == "https://y.example.org/debian"
+    with pytest.raises(ColibriError, match=r"no Debian mirror for bullseye \(main\)"):
+        setup_toolchain.debian_mirror("bullseye", deb822)
+    hostile = apt_sources(tmp_path / "c", one_line="deb http://x.example.org/$(reboot) bookworm main\n")
+    with pytest.raises(ColibriError, match="no Debian mirror"):
+        setup_toolchain.debian_mirror("bookworm", hostile)
+
+
+def fake_mmdebstrap(tmp_path, monkeypatch, fail: bool = False):
+    """An mmdebstrap on PATH that logs its arguments and unpacks one file into its target (or fails)."""
+    log = tmp_path / "mmdebstrap.log"
+    script = tmp_path / "bin" / "mmdebstrap"
+    script.parent.mkdir()
+    body = (
+        "echo 'E: cannot reach the mirror' >&2; exit 1\n"
+        if fail
+        else 'mkdir -p "$6/usr/lib"; touch "$6/usr/lib/libmpi.so"\n'
+    )
+    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n{body}')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("COLIBRI_SYSROOTS", str(tmp_path / "sysroots"))
+    os_release = tmp_path / "os-release"
+    os_release.write_text('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nVERSION_CODENAME=bookworm\n')
+    return log, os_release
+
+
+def test_a_sysroot_is_made_once_and_put_in_place_whole(tmp_path, monkeypatch, capsys):
+    from generator.boards import load_board
+
+    log, os_release = fake_mmdebstrap(tmp_path, monkeypatch)
+    sysroot = load_board("linux-aarch64-mpi").sysroot
+    apt = apt_sources(tmp_path / "apt", deb822=DEB822)
+    made = setup_toolchain.make_sysroot(sysroot, apt, os_release)
+    assert made == sysroot.path() and made.parent == tmp_path / "sysroots" and sysroot.is_made()
+    assert (made / "usr/lib/libmpi.so").is_file() and [p.name for p in made.parent.iterdir()] == [made.name]
+    assert log.read_text().split() == [
+        "--quiet", "--arch=arm64", "--variant=extract", "--include=libopenmpi-dev,libc6-dev",
+        "bookworm", log.read_text().split()[5], "http://deb.example.org/debian",
+    ]  # fmt: skip
+    assert "making the arm64 sysroot" in capsys.readouterr().err
+    setup_toolchain.make_sysroot(sysroot, apt, os_release)
+    assert len(log.read_text().splitlines()) == 1  # made once
+
+
+def test_a_failed_sysroot_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    from generator.boards import load_board
+
+    _, os_release = fake_mmdebstrap(tmp_path, monkeypatch, fail=True)
+    sysroot = load_board("linux-aarch64-mpi").sysroot
+    with pytest.raises(ColibriError, match=r"could not make the arm64 sysroot: E: cannot reach the mirror"):
+        setup_toolchain.make_sysroot(sysroot, apt_sources(tmp_path / "apt", deb822=DEB822), os_release)
+    assert list((tmp_path / "sysroots").iterdir()) == [] and not sysroot.is_made()

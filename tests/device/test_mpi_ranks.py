@@ -5,8 +5,12 @@ every rank count; two hosts through a real sshd on two loopback addresses. And t
 killed mid-decode, a rank stalled, a host that cannot be reached: one line naming the rank or host
 (or the timeout), no hang, no rank left running."""
 
+import json
 import os
+import re
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -64,6 +68,94 @@ def test_verify_with_hosts_passes_through_the_command(builder, checkpoints, caps
         steps=6,
     )
     assert summary["pass"] and summary["board"] == "host-mpi"
+
+
+def test_aarch64_ranks_run_under_qemu_with_the_sysroots_libraries(monkeypatch, tmp_path):
+    from generator.boards import load_board
+
+    monkeypatch.setenv("COLIBRI_SYSROOTS", str(tmp_path))
+    board = load_board("linux-aarch64-mpi")
+    prefix = board.runner.start_prefix(hosts_for(board, "localhost:2", None))
+    assert prefix[0] == "mpirun" and prefix[prefix.index("--host") + 1] == "localhost:2"
+    assert prefix[-3:] == ["qemu-aarch64", "-L", str(board.sysroot.path())]
+    assert board.sysroot.path().parent == tmp_path and f"--sysroot={tmp_path}" in board.sysroot.link_flags()[0]
+
+
+@building
+def test_aarch64_ranks_under_qemu_decode_the_single_boards_bits(builder, checkpoints):
+    """linux-aarch64-mpi: cross-compiled against the arm64 Open MPI sysroot (made once by the setup,
+    about a minute, when missing), two ranks each under qemu-aarch64, started by this machine's
+    mpirun. Slow (about 100 s on this 2-core machine under load): an aarch64 build of its own (its
+    objects from the build cache, its generation not) and Open MPI's start under emulation."""
+    from generator.boards import load_board
+    from generator.device.setup_toolchain import ensure_toolchain
+
+    ensure_toolchain(load_board("linux-aarch64-mpi"))
+    model, seen = checkpoints(MODELS["dense"]), []
+    board, art, plan = builder.build(model, "q8_0", 64, "linux-aarch64-mpi")
+    firmware = Firmware(art.program, art.weights, art.model_hash())
+    how = LinkOptions(hosts=hosts_for(board, "localhost:2", None))
+    request = RunRequest(PROMPT, 6, stop_at_eos=False)
+    result = run_firmware(board, firmware, how, request, lambda step, token: seen.append(rank_processes(1)))
+    assert_decodes_as_the_reference(plan, art, request, result)
+    assert seen[0], "rank 1 was running while the tokens came"
+
+
+def gathered_floats_per_token(model: Path) -> int:
+    """The split rules' bytes on the wire, in floats: every product's output rows once per decoded
+    token (attention's q, k, v and o, the FFN's gate, up and down per layer, then the vocabulary),
+    each row computed on one rank and sent to the other."""
+    c = json.loads((model / "config.json").read_text())
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    per_layer = q + 2 * kv + c["hidden_size"] + 2 * c["intermediate_size"] + c["hidden_size"]
+    return c["num_hidden_layers"] * per_layer + c["vocab_size"]
+
+
+# Started by the link in place of the firmware's command: the ranks in a network namespace of their
+# own, whose loopback carries nothing else; its bytes sent before and after, written beside it.
+COUNTED = """#!/bin/sh
+exec unshare --net sh -c 'ip link set lo up; grep lo: /proc/net/dev > "$0.before"; "$@"; rc=$?
+grep lo: /proc/net/dev > "$0.after"; exit $rc' "$0" "$@"
+"""
+
+
+def loopback_bytes_sent(counter: Path) -> int:
+    sent = [int(Path(f"{counter}.{when}").read_text().split()[9]) for when in ("before", "after")]
+    return sent[1] - sent[0]
+
+
+def can_make_a_network_namespace() -> bool:
+    """Root with unshare and ip (iproute2): CI runs as root."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        return False
+    return subprocess.run(["unshare", "--net", "ip", "link", "set", "lo", "up"], capture_output=True).returncode == 0
+
+
+@building
+@pytest.mark.skipif(not can_make_a_network_namespace(), reason="a network namespace of its own needs root")
+def test_the_bytes_on_the_wire_per_token_are_the_gathered_rows(builder, checkpoints, tmp_path, monkeypatch):
+    """Two ranks over Open MPI's TCP transport in a network namespace of the test's own (root: CI
+    runs as root): per decoded token its loopback carries every product's output rows once, 4
+    bytes each (the cost model's bytes per token, docs/several-boards.md), plus headers (TCP/IP's
+    and MPI's: under 300 bytes per message, one message each way per gathered product). Shares the
+    dense build; two runs of about a second."""
+    counter = tmp_path / "counted"
+    counter.write_text(COUNTED)
+    counter.chmod(0o755)
+    monkeypatch.setenv("COLIBRI_FIRMWARE_PREFIX", str(counter))
+    monkeypatch.setenv("OMPI_MCA_btl", "tcp,self")  # no shared memory: every byte on the loopback
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_if_include", "lo")
+    model, sent = checkpoints(MODELS["dense"]), {}
+    for steps in (2, 10):
+        request = RunRequest(PROMPT, steps, stop_at_eos=False)
+        _, art, plan, result = run_ranks(builder, model, "localhost:2", request)
+        assert_decodes_as_the_reference(plan, art, request, result)
+        sent[steps] = loopback_bytes_sent(counter)
+    per_token = (sent[10] - sent[2]) / 8
+    payload = 4 * gathered_floats_per_token(model)
+    config = json.loads((model / "config.json").read_text())
+    messages = 2 * (7 * config["num_hidden_layers"] + 1)
+    assert payload <= per_token <= payload + 300 * messages, (per_token, payload)
 
 
 def rank_processes(rank: int) -> list[int]:
@@ -201,11 +293,58 @@ def test_a_hostfile_is_checked_line_by_line(tmp_path):
         hosts_for(load_board("host-mpi"), None, bad)
 
 
+def inventory(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "inventory.ini"
+    path.write_text(text)
+    return path
+
+
+def test_an_ansible_inventory_gives_the_ranks_hosts(tmp_path):
+    from generator.boards import load_board
+
+    # ansible_host is the address (else the name), colibri_slots the ranks on it; group variables too
+    listed = inventory(
+        tmp_path,
+        "[pis]\npi2 ansible_host=127.0.0.3\npi1 ansible_host=127.0.0.2 colibri_slots=2\n"
+        "[here]\nlocalhost ansible_port=22\n[pis:vars]\ncolibri_root=/opt/colibri\n",
+    )
+    where = hosts_for(load_board("host-mpi"), None, None, listed)
+    assert where[:2] == ("--host", "localhost:1,127.0.0.2:2,127.0.0.3:1")  # by host name, as deploy
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("# every board is gone\n", "names no host"),
+        ("pi1 ansible_host=-oProxyCommand=reboot\n", "host pi1: '-oProxyCommand=reboot' is not a host name"),
+        ("pi1 ansible_host=127.0.0.2 ansible_port=2222\n", "host pi1: ansible_port=2222 cannot reach mpirun"),
+        ("pi1 colibri_slots=0\n", "colibri_slots: slots must be a count from 1"),
+    ],
+)
+def test_an_inventory_mpirun_cannot_take_is_refused_in_one_line(tmp_path, text, problem):
+    from generator.boards import load_board
+
+    with pytest.raises(ColibriError, match=re.escape(problem)) as e:
+        hosts_for(load_board("host-mpi"), None, None, inventory(tmp_path, text))
+    assert "\n" not in str(e.value) and str(e.value).startswith("--inventory ")
+
+
 @pytest.mark.parametrize(
     "args, line",
     [
-        (["--board", "host", "--hosts", "localhost:2"], "--hosts is for boards that run MPI ranks (host-mpi)"),
-        (["--board", "host-mpi", "--hosts", "localhost:2", "--hostfile", "f"], "with --hosts or --hostfile, not both"),
+        (
+            ["--board", "host", "--hosts", "localhost:2"],
+            "--hosts is for boards that run MPI ranks (host-mpi, linux-aarch64-mpi)",
+        ),
+        (
+            ["--board", "host-mpi", "--hosts", "localhost:2", "--hostfile", "f"],
+            "with one of --hosts, --hostfile or --inventory",
+        ),
+        (
+            ["--board", "host", "--inventory", "f"],
+            "--inventory is for boards that run MPI ranks (host-mpi, linux-aarch64-mpi)",
+        ),
+        (["--board", "host-mpi", "--inventory", "no-such-file"], "--inventory no-such-file: no such file"),
     ],
 )
 def test_the_command_refuses_hosts_it_cannot_use_in_one_line(args, line, capsys, tmp_path):

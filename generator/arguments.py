@@ -240,7 +240,7 @@ def add_speculate_arg(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="exact speculative decoding: check up to N tokens drafted from the context (prompt lookup) "
         "in each forward pass; the same tokens and logits as without it (default 0: off; a model or "
-        "board that cannot keep the bits decodes plainly)",
+        "board that cannot keep the bits decodes plainly, and says why)",
     )
 
 

@@ -30,6 +30,7 @@ class Decoder(Protocol):
     """What TextStream needs of a tokenizer (model.tokenizer.Tokenizer is one)."""
 
     def decode(self, ids: list[int]) -> str: ...
+    def unsettled(self, text: str) -> int: ...
 
 
 class TextStream:
@@ -58,11 +59,16 @@ class TextStream:
             self._print(f"{token} ")
             return
         text = self.tokenizer.decode(self.ids)
+        self._show(text[: len(text) - self.tokenizer.unsettled(text)])
+
+    def _show(self, text: str) -> None:
         if text.startswith(self.shown):
             self._print(text[len(self.shown) :])
             self.shown = text
 
     def end_line(self) -> None:
+        if self.enabled and self.tokenizer is not None and self.ids:
+            self._show(self.tokenizer.decode(self.ids))  # what a later token could have changed
         if self.open:
             print(flush=True)
             self.open = False

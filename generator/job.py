@@ -26,7 +26,7 @@ from .boards import Board, load_board
 from .compile.build import Artifacts, BuildRequest, run_scons
 from .compile.build import prepare as prepare_build
 from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan
-from .compile.plan import Plan, largest_planned_ctx
+from .compile.plan import Plan, largest_planned_ctx, speculation_notice
 from .console import TextStream, progress, warn
 from .device.hosts import hosts_for
 from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware
@@ -349,6 +349,9 @@ def prepare(
     params = sampling_from(options, options.model, plan.n_ctx) if sampling else None
     port = board_port(options, board)
     warn_threads(board, options.threads)
+    speculation_off = speculation_notice(plan, board, options.speculate)
+    if speculation_off:
+        warn(f"--speculate {options.speculate}: {speculation_off}")
     link = LinkOptions(
         remote=remote, progress=None if options.quiet else progress, port=port, reset=options.reset, hosts=hosts
     )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 from .boards import Board
 from .compile.firmware_id import firmware_build_id
 from .compile.image import identity_sha256, map_image
-from .compile.plan import Plan
+from .compile.plan import Plan, speculation_notice
 from .device.session import CacheStats, RunRequest, RunResult, Selftest, cache_stats
 from .documents import JsonDocument, json_meta
 from .errors import ColibriError
@@ -195,7 +195,7 @@ class Verified:
 
     @property
     def stats(self) -> RunStats:
-        return run_stats(self.result, self.board, self.request)
+        return run_stats(self.result, self.board, self.request, self.plan)
 
 
 def verify_run(
@@ -385,6 +385,8 @@ class RunStats(RunRates):
     memory_budget: int | str  # bytes, or "auto"
     weights_held: CacheStats | None
     margins: Margins | None = field(default=None, metadata=json_meta(omit_none=True))  # an MCU's
+    # --speculate asked of a plan without room for it: that it was off, and why (plan.speculation_notice).
+    speculation_off: str | None = field(default=None, metadata=json_meta(omit_none=True))
 
 
 def instructions_scope(request: RunRequest, result: RunResult) -> str:
@@ -408,8 +410,9 @@ def instructions_scope(request: RunRequest, result: RunResult) -> str:
     return f"forward pass at {contexts}, {sampling}, {hashing}, the token frame"
 
 
-def run_stats(result: RunResult, board: Board, request: RunRequest) -> RunStats:
-    """rates() labelled with the board and request they were measured with."""
+def run_stats(result: RunResult, board: Board, request: RunRequest, plan: Plan | None = None) -> RunStats:
+    """rates() labelled with the board and request they were measured with (and with the plan, why
+    a --speculate it had no room for was off)."""
     r = rates(result)
     return RunStats(
         **{f.name: getattr(r, f.name) for f in fields(RunRates)},
@@ -418,6 +421,7 @@ def run_stats(result: RunResult, board: Board, request: RunRequest) -> RunStats:
         memory_budget=request.memory_budget if isinstance(request.memory_budget, int) else str(request.memory_budget),
         weights_held=cache_stats(result),
         margins=Margins.of(result.stats),
+        speculation_off=speculation_notice(plan, board, request.speculate) if plan else None,
     )
 
 

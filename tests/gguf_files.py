@@ -229,6 +229,8 @@ import conversion.gemma as gemma
 gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()  # (its own wants a Llama BPE vocabulary)
 import conversion.glm as glm
 glm.Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()  # (its own wants GLM's special tokens)
+glm.Glm4MoeLiteModel.set_vocab = lambda self: self._set_vocab_gpt2()  # (GLM-4.7-Flash's, alike,
+glm.Glm4MoeLiteModel.get_vocab_base_pre = lambda self, tokenizer: "glm4"  # named as its own vocabulary is)
 import conversion.phi as phi
 phi.PhiMoeModel.set_vocab = lambda self: self._set_vocab_gpt2()  # (its own wants a SentencePiece tokenizer.model)
 import convert_hf_to_gguf

@@ -83,6 +83,7 @@ def render() -> str:
         "the same way (hidden 1536, 35 layers of which every fifth is global, 1 KV head, the last 20 layers",
         "sharing keys and values with FFNs twice 6144 wide, per-layer inputs 256 wide): its *weights* hold",
         "the per-layer input table (262,144 x 35 x 256 values), read one row per token and never in RAM.",
+        *EDGE_HYBRID_NOTES,
     ]
     lines += moe_budgets()
     lines += [
@@ -91,6 +92,31 @@ def render() -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# Where the edge hybrids' shapes come from. LiquidAI/LFM2-8B-A1B's config.json: hidden_size 2048,
+# 24 layers (layer_types: attention at 2, 6, 10, 14, 18 and 21, short convolutions elsewhere,
+# conv_L_cache 3, no conv bias), 32 heads and 8 KV heads of 64, num_dense_layers 2 with
+# intermediate_size 7168, then 32 experts (num_experts) top-4 of moe_intermediate_size 1792 with
+# use_expert_bias and norm_topk_prob, vocab_size 65536 tied, max_position_embeddings 128000,
+# rope_theta 1e6, norm_eps 1e-5: 8.3 B parameters ("8.3B total, 1.5B active", its model card).
+# ibm-granite/granite-4.0-h-tiny's config.json: hidden_size 1536, 40 layers (layer_types: attention
+# at 5, 15, 25 and 35, Mamba-2 elsewhere), 12 heads and 4 KV heads of 128 without RoPE
+# (position_embedding_type "nope"), Mamba-2 of 48 heads of 64 (mamba_expand 2: inner 3072), 1 group,
+# state 128, 4 taps (mamba_d_conv) with a conv bias and no projection bias, 64 experts
+# (num_local_experts) top-6 of intermediate_size 512 beside a shared MLP of shared_intermediate_size
+# 1024 in every layer, vocab_size 100352 tied, max_position_embeddings 131072, rms_norm_eps 1e-5:
+# 6.9 B parameters ("7B total, 1B active"). Its embedding, attention, residual and logits multipliers
+# change no size and are left at their defaults in models/configs/.
+EDGE_HYBRID_NOTES = [
+    "lfm2-8b-a1b is LiquidAI/LFM2-8B-A1B at its published shape (hidden 2048, 24 layers of which 6 attend",
+    "and 18 are gated short convolutions of 3 taps, 32 heads, 8 KV heads, two dense layers of 7168, then",
+    "32 experts top-4 of width 1792 with the expert bias; 65,536 tokens, tied): its *KV cache* holds the",
+    "6 attention layers' keys and values and the convolutions' fixed state. granite-4.0-h-tiny is",
+    "ibm-granite/granite-4.0-h-tiny's (hidden 1536, 40 layers of which 4 attend without RoPE and 36 are",
+    "Mamba-2 of 48 heads of 64 with a state of 128, 64 experts top-6 of width 512 beside a shared MLP of",
+    "1024 in every layer; 100,352 tokens, tied): its *KV cache* is mostly the Mamba-2 layers' fixed state.",
+]
 
 
 # RAM boards, and what of it the firmware may take: the rest is the OS's (Linux, page cache, sshd).

@@ -111,7 +111,7 @@ def decode(prepared, built, prompt: list[int], steps: int, speculate: int, threa
     """One greedy decode of the prompt; digests: every step's logits hashed (the bits' check)."""
     request = RunRequest(prompt, steps, prepared.sampling, True, threads, digests=digests, speculate=speculate)
     result = job.run_turn(prepared, built, request)
-    return result, run_stats(result, prepared.board, request)
+    return result, run_stats(result, prepared.board, request, prepared.plan)
 
 
 def ceiling(prompt: list[int], answer: list[int], pass_cost: list[float], max_draft: int) -> float:

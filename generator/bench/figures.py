@@ -17,6 +17,8 @@ from .plain import PlainFigures
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+    from ..compile.plan import Plan
+
 
 @dataclass(frozen=True)
 class Latencies(PlainFigures):
@@ -74,11 +76,15 @@ class RunFigures(JsonDocument):
 
 
 def run_figures(
-    result: RunResult, weight_bytes: int, board: Board | None = None, request: RunRequest | None = None
+    result: RunResult,
+    weight_bytes: int,
+    board: Board | None = None,
+    request: RunRequest | None = None,
+    plan: Plan | None = None,
 ) -> RunFigures:
     """One run's figures. The bandwidth share: weight bytes per token x this run's decode tok/s /
     this run's own probe (never another run's: the machine's bandwidth moves)."""
-    r = run_stats(result, board, request) if board is not None and request is not None else rates(result)
+    r = run_stats(result, board, request, plan) if board is not None and request is not None else rates(result)
     bandwidth = int(result.bandwidth["read_bw"]) if result.bandwidth else None
     fraction = weight_bytes * r.decode_tok_s / bandwidth if bandwidth and r.decode_tok_s else None
     return RunFigures(r, bandwidth, fraction, cache_figures(result, r))

@@ -134,7 +134,7 @@ def run_bench(
                     f"  run {i + 1}/{repeat} without the budget: "
                     f"{speed_text(run_figures(ram_results[-1], weight_bytes, board, ram_request).run)}"
                 )
-    runs = [run_figures(r, weight_bytes, board, request) for r in results]
+    runs = [run_figures(r, weight_bytes, board, request, plan) for r in results]
     ram_runs = [run_figures(r, weight_bytes, board, ram_request) for r in ram_results if ram_request is not None]
     kernels = results[-1].hello.get("kernels", "?")
     # Under an emulator here, or on a board over SSH behind a prefix (an emulator, in the tests).

@@ -102,7 +102,7 @@ class RunDocument(JsonDocument):
 def run(args: argparse.Namespace) -> int:
     ran: Ran = _run_prepared(args, stream=True)[2]
     result = ran.result
-    stats = run_stats(result, ran.board, ran.request)
+    stats = run_stats(result, ran.board, ran.request, ran.plan)
     if args.json:
         print_json(
             RunDocument(
@@ -213,7 +213,7 @@ def verify(args: argparse.Namespace) -> int:
             print(f"FAIL: {e}")
         return 1
     board, request, result = ran.board, ran.request, ran.result
-    stats = run_stats(result, board, request)
+    stats = run_stats(result, board, request, ran.plan)
     if not args.json:
         speed = f" at {speed_text(stats)}" if speed_text(stats) else ""
         progress(
@@ -370,7 +370,7 @@ def chat(args: argparse.Namespace) -> int:
     )
     for index, turn in enumerate(turns):
         if args.json:
-            stats = run_stats(turn.result, board, turn.request)
+            stats = run_stats(turn.result, board, turn.request, plan)
             print_json(ChatTurnDocument.of(index, turn, stats).to_json(), indent=None, flush=True)
         elif turn.planned.reprefilled:
             progress("(the chat template rewrote earlier turns: the whole conversation was prefilled again)")

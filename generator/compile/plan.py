@@ -384,18 +384,44 @@ def _name_patterns(names) -> list[str]:
     return out
 
 
+def speculation_off(spec: ModelSpec, offered: int, prefill_batch: int, n_ctx: int) -> str:
+    """Why no speculative verification pass is offered ("" when one is): where a rejected draft
+    would change what plain decoding computes (experts: the routing counts would include drafts;
+    Gated DeltaNet and Mamba-2 layers: their state, a product of every position's, cannot step
+    back; sliding windows shorter than the context: a draft's keys would evict ones still needed),
+    or where the board checks no drafts. Short convolution layers step back: their ring keeps a
+    pass's worth of inputs more."""
+    step_back = "state cannot step back over a rejected draft"
+    if any(spec.linear_layers):
+        return f"its Gated DeltaNet layers' {step_back}"
+    if any(spec.mamba_layers):
+        return f"its Mamba-2 layers' {step_back}"
+    if spec.n_experts:
+        return "its experts' routing counts would include the rejected drafts"
+    if any(0 < window < n_ctx for window in spec.layer_windows):
+        return "its sliding windows are shorter than the context: a draft's keys would evict ones still needed"
+    if offered < 2 or prefill_batch < 2:
+        return "the board checks no drafts"
+    return ""
+
+
 def speculation_tokens(spec: ModelSpec, requested: int, prefill_batch: int, n_ctx: int) -> int:
     """The tokens a speculative verification pass may feed (the board's speculate_tokens, at most its
-    prefill batch), or 0 where a rejected draft would change what plain decoding computes: experts
-    (the routing counts would include drafts), Gated DeltaNet layers (their state cannot step
-    back) and sliding windows shorter than the context (a draft's keys would evict ones still
-    needed). Short convolution layers step back: their ring keeps a pass's worth of inputs more.
-    Mamba-2 layers do not (their state, like DeltaNet's, is a product of every position's)."""
-    if requested < 2 or prefill_batch < 2 or spec.n_experts or any(spec.linear_layers) or any(spec.mamba_layers):
-        return 0
-    if any(0 < window < n_ctx for window in spec.layer_windows):
+    prefill batch), or 0 where speculation_off says why not."""
+    if speculation_off(spec, requested, prefill_batch, n_ctx):
         return 0
     return min(requested, prefill_batch)
+
+
+def speculation_notice(plan: Plan, board: Board, asked: int) -> str | None:
+    """What to tell a user who asked for `asked` drafted tokens a pass of a plan without room for
+    them (None: not asked, or the plan has room): speculation is off for the model or on the board,
+    and why."""
+    if not asked or plan.speculate_tokens:
+        return None
+    why = speculation_off(plan.spec, board.speculate_tokens, plan.prefill_batch, plan.n_ctx)
+    where = f"on {board.name}" if why.startswith("the board") else "for this model"
+    return f"speculation is off {where}: {why}, so it decodes plainly"
 
 
 def make_plan(

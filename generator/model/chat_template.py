@@ -55,7 +55,7 @@ class ChatTemplate:
         if is_gguf(model_dir):
             return ChatTemplate._from_gguf(model_dir)
         config_path = model_dir / "tokenizer_config.json"
-        config = _tokenizer_config(config_path)
+        config = read_tokenizer_config(config_path)
         source, origin = config.get("chat_template"), config_path.name
         if isinstance(source, list):  # named templates: the default one
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
@@ -92,7 +92,7 @@ class ChatTemplate:
 
             bos, eos = _gguf_token_texts(read_gguf(model_dir))
         else:
-            config = _tokenizer_config(model_dir / "tokenizer_config.json")
+            config = read_tokenizer_config(model_dir / "tokenizer_config.json")
             bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
         return ChatTemplate(source, bos, eos, f"--chat-template {template.name}")
 
@@ -443,7 +443,7 @@ def _token_text(value) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _tokenizer_config(path: Path) -> dict:
+def read_tokenizer_config(path: Path) -> dict:
     """tokenizer_config.json as a dict ({} when there is none)."""
     if not optional_file(path, str(path)):
         return {}

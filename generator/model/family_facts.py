@@ -618,6 +618,8 @@ GGUF_WITH_EXPERTS = {
 # The family a file of these architectures is when its experts are gated by sigmoid
 # (expert_gating_func 2): llama.cpp writes DeepSeek-V3 and GLM-4.7-Flash as deepseek2.
 GGUF_SIGMOID_GATED = {"deepseek2": FAMILIES["deepseek_v3"]}
+# ... and GLM-4.7-Flash's where the file's vocabulary is GLM's (tokenizer.ggml.pre glm4).
+GGUF_SIGMOID_GATED_BY_VOCABULARY = {("deepseek2", "glm4"): FAMILIES["glm4_moe_lite"]}
 
 
 def gemma_embed_scale(hidden: int) -> float:

@@ -77,16 +77,51 @@ def rust_panics_as_errors(where: str, what: str):
         raise ColibriError(f"{where}: the tokenizer {what} ({panicked[:200]})")
 
 
+# transformers' clean_up_tokenization (tokenization_utils_base.py), its replacements in its order.
+CLEAN_UPS = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
+BPE_CLEAN_UP = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+
+
+def cleans_up_spaces(config: dict, model_type: str) -> bool:
+    """Whether transformers 5.24's decode cleans up the text of a tokenizer.json model of
+    `model_type` with tokenizer_config.json `config`: clean_up_tokenization_spaces (default false),
+    but never for a BPE model unless the config also sets BPE_CLEAN_UP (it would take out spaces
+    that byte-level BPE decoded exactly)."""
+    return bool(config.get("clean_up_tokenization_spaces")) and (model_type != "BPE" or bool(config.get(BPE_CLEAN_UP)))
+
+
+def clean_up(text: str) -> str:
+    for before, after in CLEAN_UPS:
+        text = text.replace(before, after)
+    return text
+
+
 class Tokenizer:
     def __init__(self, path: Path):
         from tokenizers import Tokenizer as HFTokenizer
 
+        from .chat_template import read_tokenizer_config
+
         text = _checked_tokenizer_json(path)
         try:
             with rust_panics_as_errors(path.name, "could not be built"):
-                self._backend: _Backend = _HfBackend(HFTokenizer.from_str(text), path.name)
+                tok = HFTokenizer.from_str(text)
+                self._backend: _Backend = _HfBackend(tok, path.name)
         except Exception as e:  # the tokenizers library raises plain Exceptions
             raise ColibriError(f"{path.name}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
+        config = read_tokenizer_config(path.parent / "tokenizer_config.json")
+        self._clean_up = cleans_up_spaces(config, type(tok.model).__name__)
 
     @staticmethod
     def for_model(model_dir: Path) -> "Tokenizer | None":
@@ -105,7 +140,7 @@ class Tokenizer:
             else:
                 return None
             tokenizer = Tokenizer.__new__(Tokenizer)
-            tokenizer._backend = backend
+            tokenizer._backend, tokenizer._clean_up = backend, False
             return tokenizer
         path = Path(model_dir) / "tokenizer.json"
         return Tokenizer(path) if optional_file(path, str(path)) else None
@@ -131,7 +166,17 @@ class Tokenizer:
         return self._backend.encode(text, special)
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
-        return self._backend.decode(list(ids), skip_special)
+        text = self._backend.decode(list(ids), skip_special)
+        return clean_up(text) if self._clean_up else text
+
+    def unsettled(self, text: str) -> int:
+        """How many characters at the end of a decoded `text` a later token may still change: with
+        clean-up, from a last space that may yet start a clean-up's pattern (" n" of " n't")."""
+        space = text.rfind(" ")
+        if not self._clean_up or space < 0:
+            return 0
+        tail = text[space:]
+        return len(tail) if any(before.startswith(tail) for before, _ in CLEAN_UPS) else 0
 
     def bos_id(self) -> int | None:
         """The token the tokenizer puts before a text, if it adds one (None: it adds none)."""

@@ -21,8 +21,9 @@ def inverse_frequencies(rope: RopeSpec, head_dim: int) -> np.ndarray:
         high_wavelen = old_len / rope.high_freq_factor
         wavelen = 2.0 * math.pi / inv
         scaled = np.where(wavelen > low_wavelen, inv / rope.factor, inv)
-        smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
-        smoothed = (1.0 - smooth) * scaled / rope.factor + smooth * scaled
+        with np.errstate(divide="ignore", invalid="ignore"):  # low == high: no pair is blended (transformers')
+            smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+            smoothed = (1.0 - smooth) * scaled / rope.factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         inv = np.where(medium, smoothed, scaled)
     elif rope.scaling == "yarn":

@@ -40,6 +40,32 @@ def test_gpt_oss_20b_plans_at_its_published_shape():
     assert 1.8e9 < c.resident_bytes < 2.0e9
 
 
+@pytest.mark.parametrize(
+    "name, billions, active, state",
+    [
+        # LFM2-8B-A1B: "8.3B total, 1.5B active"; 18 short-convolution layers keep 3 inputs of 2048
+        # (the window's last 2 and the pass's token).
+        ("lfm2-8b-a1b", 8.3, (1.5, 1.6), 18 * 3 * 2048 * 4),
+        # Granite-4.0-H-Tiny: "7B total (6.9B), 1B active" (rounded down: the embedding alone is 0.15B);
+        # 36 Mamba-2 layers keep 3 inputs of the convolution (3072 + 2 x 128 wide) and 48 heads' 64 x 128
+        # states.
+        ("granite-4.0-h-tiny", 6.9, (1.0, 1.5), 36 * (3 * (3072 + 2 * 128) + 48 * 64 * 128) * 4),
+    ],
+)
+def test_edge_hybrids_plan_at_their_published_shapes(name, billions, active, state):
+    from generator.compile.plan import make_plan
+    from generator.model.hf.load import config_only_spec
+
+    spec = config_only_spec(CONFIGS / name)
+    plan = make_plan(spec, "linux-aarch64", "q8_0", 4096)
+    assert round(sum(t.rows * t.cols for t in plan.tensors) / 1e9, 1) == billions
+    routed = sum(t.rows * t.cols for t in plan.tensors if ".experts." in t.name)
+    per_token = sum(t.rows * t.cols for t in plan.tensors) - routed * (1 - spec.experts_per_token / spec.n_experts)
+    assert active[0] <= per_token / 1e9 < active[1]
+    assert plan.linear_state_bytes == state  # the fixed state, whatever the context
+    assert f"| {name} |" in (REPO / "docs" / "real-sizes.md").read_text()
+
+
 def test_report_of_a_config_that_does_not_fit_names_region_need_and_budget():
     done = run_cli("report", "--board", "esp32p4", "--model", CONFIGS / "smollm2-135m")
     assert done.returncode == 2

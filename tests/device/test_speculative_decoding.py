@@ -5,17 +5,20 @@ where it could not keep those bits (experts, DeltaNet layers, short sliding wind
 the plan has no room for it and the firmware decodes plainly."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from conftest import REPO, run_cli
 
+from generator import job
 from generator.boards import load_board
 from generator.compile.plan import make_plan, plan_for_board
 from generator.device.runner import run_on_board
 from generator.device.session import RunRequest
+from generator.job import JobOptions
 from generator.model.hf.load import load_hf
 from generator.numerics.sampling import SamplingParams
-from generator.verify import compare, rates, reference_run
+from generator.verify import compare, rates, reference_run, run_stats
 
 KJV = REPO / "models" / "kjv-tiny"
 # A prompt that repeats itself, so that prompt lookup finds drafts that decoding takes.
@@ -103,6 +106,43 @@ def test_a_model_without_room_for_it_decodes_plainly_when_asked(builder, checkpo
     request, result = run(board, art, [1, 5, 9, 5, 9, 5, 9], 16, speculate=7)
     assert rates(result).speculation is None
     assert compare(result, reference_run(plan, art.weights, request)).passed
+    # The --json document says it was off and why; not asked for, it says nothing.
+    said = run_stats(result, board, request, plan).to_json()["speculation_off"]
+    assert said.startswith("speculation is off for this model") and "experts" in said
+    assert "speculation_off" not in run_stats(result, board, replace(request, speculate=0), plan).to_json()
+
+
+@pytest.mark.parametrize(
+    "kind, why",
+    [
+        ("granite_hybrid", "its Mamba-2 layers' state cannot step back"),
+        ("qwen3_5_moe", "its Gated DeltaNet layers' state cannot step back"),
+    ],
+)
+def test_asking_a_model_whose_state_cannot_step_back_says_speculation_is_off(kind, why, checkpoints, capsys):
+    options = JobOptions(model=checkpoints(kind), prompt_ids="1,5,9", steps=4, speculate=4, quiet=True)
+    job.prepare_run(options)
+    lines = capsys.readouterr().err.splitlines()
+    said = [line for line in lines if "--speculate" in line]
+    off = f"speculation is off for this model: {why} over a rejected draft, so it decodes plainly"
+    assert said == [f"colibri: warning: --speculate 4: {off}"], lines
+    # On the MCU the board is why (it checks no drafts), whatever the model.
+    job.prepare_run(replace(options, model=KJV, board="qemu-rv32"))
+    assert "speculation is off on qemu-rv32: the board checks no drafts" in capsys.readouterr().err
+    # A model and board that speculate, or no --speculate: nothing said.
+    job.prepare_run(replace(options, model=KJV))
+    job.prepare_run(replace(options, speculate=0))
+    assert "--speculate" not in capsys.readouterr().err
+
+
+@pytest.mark.slow  # one host build of the tiny Granite hybrid (shared with tests/numerics/test_granite_hybrid.py)
+def test_run_json_carries_why_speculation_is_off(checkpoints, tmp_path):
+    done = run_cli("run", "--model", checkpoints("granite_hybrid"), "--prompt-ids", "1,5,9,5,9", "--steps", "4",
+                   "--speculate", "4", "--ctx", "128", "--json", "--out", tmp_path / "g")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)["stats"]["speculation_off"]
+    assert said.startswith("speculation is off for this model: its Mamba-2 layers' state cannot step back")
+    assert f"colibri: warning: --speculate 4: {said}" in done.stderr
 
 
 def test_verify_and_bench_take_speculate_and_say_what_it_did(tmp_path):

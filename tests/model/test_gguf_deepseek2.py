@@ -1,6 +1,8 @@
 """Latent attention from GGUF (llama.cpp's deepseek2): the checkpoints of tests/models.py
 "deepseek_v3_mla" (low-rank queries, YaRN with its mscale, V3's sigmoid routing: its file names the
-sigmoid gating, so it is V3's row) and "deepseek_v2_mla" (V2's grouped softmax routing), converted by the
+sigmoid gating, so it is V3's row), "deepseek_v2_mla" (V2's grouped softmax routing) and
+"glm4_moe_lite_mla" (GLM-4.7-Flash: a deepseek2 file with V3's gating and GLM's vocabulary, so
+GLM-4.7-Flash's row), converted by the
 peer's own convert_hf_to_gguf.py (the newer files: attn_k_b and attn_v_b split), and the same files
 rewritten in the older form (attn_kv_b whole, the heads' widths in key/value_length), import to the
 same ModelSpec and bit-identical tensors as their safetensors; the Q8_0 file's firmware keeps its
@@ -17,10 +19,11 @@ from generator.model.load import load_model
 from generator.numerics.sampling import SamplingParams
 from generator.verify import compare, reference_run
 
-pytestmark = pytest.mark.slow  # the peer's converter runs three times, firmware is built (about 40 s)
+pytestmark = pytest.mark.slow  # the peer's converter runs four times, firmware is built (about 45 s)
 
 PROMPT = [1, 17, 42, 99, 7, 3, 250]
-KINDS = ("deepseek_v3_mla", "deepseek_v2_mla")
+# (GLM-4.7-Flash: deepseek2 too, with sigmoid gating as V3's, told apart by its GLM vocabulary)
+KINDS = ("deepseek_v3_mla", "deepseek_v2_mla", "glm4_moe_lite_mla")
 F32 = 0  # GGML type id
 
 
@@ -90,7 +93,7 @@ def test_converted_by_llama_cpp_imports_as_its_safetensors_do(kind, form, deepse
     from_hf, from_gguf = load_model(model_dir), load_model(files[form])
     spec = from_hf.spec
     assert spec.kv_lora_rank and spec.rope_dim
-    assert spec.n_experts and spec.expert_groups
+    assert spec.n_experts and (spec.expert_groups or spec.family == "glm4_moe_lite")  # (GLM: one group)
     assert_imports_alike(from_hf, from_gguf)
 
 

@@ -232,9 +232,9 @@ CASES = {
         set_value("llama.rope.scaling.type", "longrope", string_kv),
         "unsupported rope scaling 'longrope'",
     ),
-    "llama3 rope frequencies": (
+    "llama3 rope divisors of the wrong length": (
         rename_tensor("output_norm.weight", "rope_freqs.weight"),
-        "llama3 RoPE scaling (a rope_freqs tensor) is not supported",
+        "tensor 'rope_freqs.weight' must hold 24 llama3 RoPE scaling divisors",
     ),
 }
 

@@ -10,6 +10,7 @@ against the reference."""
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from cli_runs import assert_decodes_as_the_reference, run_prompt
 
 from generator.model.hf.load import load_hf
 from generator.model.load import load_model
+from generator.model.spec import RopeSpec
 from generator.numerics.sampling import SamplingParams
 
 KIND = "llama4_text"
@@ -101,3 +103,57 @@ def test_the_file_llama_cpp_converts_imports_as_its_safetensors_do(tmp_path):
         if not np.array_equal(from_hf.tensors[n].load().view(np.uint32), from_gguf.tensors[n].load().view(np.uint32))
     ]
     assert differ == []
+
+
+# Llama 4 Scout's rope_scaling (llama3: factor 16, low and high band factors both 1, a step where the
+# wavelength passes original_max_position_embeddings), original shortened to 1,024 so that the tiny
+# heads of 16 have pairs on both sides of it.
+SCOUT_ROPE = dict(rope_type="llama3", factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0,
+                  original_max_position_embeddings=1024, rope_theta=500000.0)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def scout_rope_gguf(tmp_path_factory):
+    """The checkpoint with Scout's llama3 RoPE scaling and llama.cpp's f32 file of it (which holds the
+    scaling as a rope_freqs tensor of one divisor per rotated pair)."""
+    from gguf_files import peer_convert
+
+    from models import ORACLE_CONFIGS, make_checkpoint
+
+    root = tmp_path_factory.mktemp("scout-rope")
+    config_cls, model_cls, kwargs = ORACLE_CONFIGS[KIND]
+    as_llama_cpp = dict(attention_chunk_size=8192, floor_scale=8192, no_rope_layers=None, rope_parameters=SCOUT_ROPE)
+    model_dir = make_checkpoint((config_cls, model_cls, dict(kwargs, vocab_size=512, **as_llama_cpp)), root / "m")
+    return model_dir, peer_convert(model_dir, root / "llama4.gguf", "f32")
+
+
+@pytest.mark.slow  # llama.cpp's converter runs once (shared with the next test)
+def test_a_file_with_llamas_rope_freqs_imports_with_the_configs_llama3_scaling(scout_rope_gguf):
+    import gguf as gg
+
+    model_dir, path = scout_rope_gguf
+    assert "rope_freqs.weight" in {t.name for t in gg.GGUFReader(str(path)).tensors}
+    from_hf, from_gguf = load_model(model_dir), load_model(path)
+    assert from_hf.spec.rope == RopeSpec(500000.0, "llama3", 16.0, 1.0, 1.0, 1024)
+    assert dataclasses.replace(from_gguf.spec, name=from_hf.spec.name) == from_hf.spec
+    assert list(from_gguf.tensors) == list(from_hf.tensors)  # the divisors are no weight
+
+
+@pytest.mark.slow  # (the converted file of the test before)
+def test_rope_freqs_no_llama3_scaling_gives_are_refused_in_one_line(scout_rope_gguf, tmp_path, capsys):
+    import gguf as gg
+
+    from generator.cli import main
+
+    src = gg.GGUFReader(str(scout_rope_gguf[1]))
+    freqs = next(t for t in src.tensors if t.name == "rope_freqs.weight")
+    start = int(freqs.data_offset)
+    for case, value in (("a fast pair slowed", 2.0), ("a divisor under 1", 0.5)):
+        data = bytearray(src.data)
+        data[start : start + 4] = struct.pack("<f", value)  # the first (fastest) pair's divisor
+        path = tmp_path / f"{case}.gguf"
+        path.write_bytes(bytes(data))
+        capsys.readouterr()
+        assert main(["build", "--model", str(path), "--out", str(tmp_path / "out")]) == 2, case
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and "tensor 'rope_freqs.weight' must hold 8 llama3 RoPE scaling divisors" in err[0], err

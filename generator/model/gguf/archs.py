@@ -4,7 +4,13 @@
 from __future__ import annotations
 
 from ...errors import ColibriError
-from ..family_facts import GGUF_ARCHITECTURES, GGUF_SIGMOID_GATED, GGUF_WITH_EXPERTS, Family
+from ..family_facts import (
+    GGUF_ARCHITECTURES,
+    GGUF_SIGMOID_GATED,
+    GGUF_SIGMOID_GATED_BY_VOCABULARY,
+    GGUF_WITH_EXPERTS,
+    Family,
+)
 from .file import GgufFile
 
 
@@ -18,5 +24,8 @@ def arch_of(gguf: GgufFile) -> tuple[str, Family]:
     if arch in GGUF_WITH_EXPERTS and gguf.metadata.get(f"{arch}.expert_count", 0):
         return arch, GGUF_WITH_EXPERTS[arch]
     if arch in GGUF_SIGMOID_GATED and gguf.metadata.get(f"{arch}.expert_gating_func") == 2:
+        vocabulary = gguf.metadata.get("tokenizer.ggml.pre")
+        if isinstance(vocabulary, str) and (arch, vocabulary) in GGUF_SIGMOID_GATED_BY_VOCABULARY:
+            return arch, GGUF_SIGMOID_GATED_BY_VOCABULARY[arch, vocabulary]
         return arch, GGUF_SIGMOID_GATED[arch]
     return arch, GGUF_ARCHITECTURES[arch]

@@ -70,8 +70,8 @@ def _locate(gguf: GgufFile, spec: ModelSpec, family: Family) -> dict:
     where = gguf.path.name
     sources = {}
     for name, info in gguf.tensors.items():
-        if family.gemma4_layers and name == GEMMA4_ROPE_FREQS:
-            continue  # read by _gemma4 into the spec's RoPE
+        if name == GEMMA4_ROPE_FREQS:
+            continue  # read into the spec's RoPE (metadata.py: Gemma 4's proportional, else llama3)
         m = LAYER_NAME.fullmatch(name)
         if (
             family.gemma4_layers

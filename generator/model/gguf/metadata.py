@@ -29,6 +29,7 @@ from .file import GgufFile
 from .granite import gguf_granite_hybrid
 from .latent import gguf_latent
 from .names import GEMMA4_ROPE_FREQS, LAYER_NAME
+from .rope_freqs import ROPE_FREQS, llama3_rope
 from .tensors import rows_f32
 
 # The most routed experts a layer may have (the largest published MoE models have 512; 4,096 leaves
@@ -130,14 +131,14 @@ def _yarn(meta: _Meta, theta: float, truncate: bool, latent: bool = False) -> Ro
 
 
 def _rope(meta: _Meta, theta_default: float, yarn_truncate: bool = True, latent: bool = False) -> RopeSpec:
-    if "rope_freqs.weight" in meta.gguf.tensors:
-        raise ColibriError(
-            f"{meta.where}: llama3 RoPE scaling (a rope_freqs tensor) is not supported from GGUF "
-            f"files (its parameters are not in the metadata)"
-        )
     theta = meta.float("rope.freq_base", theta_default)
     if theta <= 0:
         raise ColibriError(f"{meta.where}: metadata '{meta.arch}.rope.freq_base' must be positive")
+    if ROPE_FREQS in meta.gguf.tensors:  # llama3 scaling, its parameters read back from the divisors
+        heads_width = meta.int("embedding_length") // max(1, meta.int("attention.head_count"))
+        dims = meta.int("rope.dimension_count", meta.int("attention.key_length", heads_width))
+        info = meta.gguf.tensors[ROPE_FREQS]
+        return llama3_rope(info.shape, lambda: rows_f32(meta.gguf.path, info, weights=False), theta, dims, meta.where)
     kind = meta.str("rope.scaling.type", "none")
     if kind not in ROPE_SCALINGS:
         raise ColibriError(f"{meta.where}: unsupported rope scaling {kind!r} (supported: {', '.join(ROPE_SCALINGS)})")

@@ -125,8 +125,8 @@ def _rope_from(cfg: _Config, params: dict, theta: float, max_pos: int) -> RopeSp
         return _yarn(cfg, params, theta, factor)
     low = cfg.float("low_freq_factor", None, params)
     high = cfg.float("high_freq_factor", None, params)
-    if not 0 < low < high:
-        raise ColibriError(f"{cfg.where}: llama3 rope needs 0 < low_freq_factor < high_freq_factor")
+    if not 0 < low <= high:  # (equal in Llama 4 Scout's config: no blended band, a step at original)
+        raise ColibriError(f"{cfg.where}: llama3 rope needs 0 < low_freq_factor <= high_freq_factor")
     original = params.get("original_max_position_embeddings", max_pos)
     if isinstance(original, bool) or not isinstance(original, int) or original < 1:
         raise ColibriError(f"{cfg.where}: 'original_max_position_embeddings' must be a positive integer")

@@ -52,7 +52,7 @@ def refused_before_compiling(tmp_path, *args):
         ),
         (
             ["run", "--board", "qemu-rv32", "--threads", "2", "--prompt", "And God"],
-            ["--threads is for multi-threaded (Linux) boards (host, host-mpi, linux-aarch64)"],
+            ["--threads is for multi-threaded (Linux) boards (host, host-mpi, linux-aarch64, linux-aarch64-mpi)"],
         ),
         (
             ["run", "--greedy", "--temperature", "0.7", "--prompt", "And God"],

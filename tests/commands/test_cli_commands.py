@@ -67,11 +67,20 @@ def test_boards_lists_what_each_is_how_it_runs_here_and_its_memory():
     done = run_cli("boards")
     assert done.returncode == 0, done.stderr
     lines = {line.split()[0]: line for line in done.stdout.splitlines()}
-    assert set(lines) == {"esp32p4", "esp32p4-idf", "host", "host-mpi", "linux-aarch64", "qemu-rv32"}
+    assert set(lines) == {
+        "esp32p4",
+        "esp32p4-idf",
+        "host",
+        "host-mpi",
+        "linux-aarch64",
+        "linux-aarch64-mpi",
+        "qemu-rv32",
+    }
     assert "runs natively, as a process" in lines["host"] and "ram no fixed budget" in lines["host"]
     assert "on the real board, over its serial port" in lines["esp32p4"] and "l2mem 384 KiB" in lines["esp32p4"]
     assert "under qemu-system-riscv32" in lines["qemu-rv32"] and "flash 16 MiB" in lines["qemu-rv32"]
     assert "runs as MPI ranks started by mpirun" in lines["host-mpi"]
+    assert "runs as MPI ranks started by mpirun" in lines["linux-aarch64-mpi"]
     boards = json.loads(run_cli("boards", "--json").stdout)
     assert {b["name"]: b["default_ctx"] for b in boards}["esp32p4"] == 128
 
@@ -205,7 +214,7 @@ def test_clean_refuses_an_empty_or_unknown_board_and_removes_nothing(monkeypatch
     assert (
         len(lines) == 1
         and words in lines[0]
-        and "esp32p4, esp32p4-idf, host, host-mpi, linux-aarch64, mine" in lines[0]
+        and "esp32p4, esp32p4-idf, host, host-mpi, linux-aarch64, linux-aarch64-mpi, mine" in lines[0]
     )
     assert (root / "host" / "kjv-tiny-q8_0-ctx256").is_dir() and (root / "mine" / "kjv-tiny-q8_0-ctx64").is_dir()
     # a board of one's own (a board file elsewhere) is known by its builds

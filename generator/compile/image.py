@@ -402,6 +402,8 @@ def image_header(plan: Plan, model_hash: bytes) -> bytes:
         image_bytes=layout.image_bytes,
         model_hash=model_hash,
         quant=fmt.QUANT_CODES[plan.quant],
+        rank=0,
+        ranks=0,
     )
 
 

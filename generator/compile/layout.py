@@ -155,6 +155,21 @@ def c_name(name: str) -> str:
     return name.replace(".", "_").upper()
 
 
+def tensor_bytes(dtype: str, rows: int, cols: int) -> tuple[int, int, int]:
+    """A tensor's bytes in the image and where its scales and minimums start (0 where it has none):
+    a kept GGUF type's blocks row after row; q8_0, q4_0, q4_1 quants, zero padding to ALIGN, binary16
+    scales (then q4_1's minimums); f32 values."""
+    if dtype in KEPT_BLOCK_TYPES:
+        return rows * blocks.row_bytes(dtype, cols), 0, 0
+    if dtype in INTEGER_QUANTS:
+        scales_offset = align_up(rows * cols if dtype == "q8_0" else rows * cols // 2)
+        nbytes = scales_offset + rows * (cols // QK) * SCALE_BYTES
+        if dtype == "q4_1":  # the binary16 minimums follow the scales
+            return nbytes + rows * (cols // QK) * SCALE_BYTES, scales_offset, nbytes
+        return nbytes, scales_offset, 0
+    return rows * cols * 4, 0, 0
+
+
 def tensor_layout(
     spec: ModelSpec, quant: str, gguf_types: dict[str, str], held_types: dict[str, str]
 ) -> tuple[tuple[TensorEntry, ...], int, tuple[str, ...]]:
@@ -176,25 +191,9 @@ def tensor_layout(
             quantized = False
         if verbatim and shape[1] % blocks.FORMATS[block_type].values:  # the GGUF reader refuses such a file
             raise ColibriError(f"{name}: rows of {shape[1]} are not whole {block_type} blocks")
-        if verbatim:  # the file's blocks, row after row
-            rows, cols = shape
-            scales_offset = mins_offset = 0
-            nbytes = rows * blocks.row_bytes(block_type, cols)
-            dtype = block_type
-        elif quantized:
-            rows, cols = shape
-            quant_bytes = rows * cols if block_type == "q8_0" else rows * cols // 2
-            scales_offset = align_up(quant_bytes)
-            nbytes = scales_offset + rows * (cols // QK) * SCALE_BYTES
-            # q4_1: the binary16 minimums follow the scales
-            mins_offset = nbytes if block_type == "q4_1" else 0
-            nbytes += rows * (cols // QK) * SCALE_BYTES if block_type == "q4_1" else 0
-            dtype = block_type
-        else:
-            rows, cols = shape if len(shape) == 2 else (1, shape[0])
-            scales_offset = mins_offset = 0
-            nbytes = rows * cols * 4
-            dtype = "f32"
+        rows, cols = shape if len(shape) == 2 else (1, shape[0])
+        dtype = block_type if verbatim or quantized else "f32"
+        nbytes, scales_offset, mins_offset = tensor_bytes(dtype, rows, cols)
         entries.append(
             TensorEntry(name, c_name(name), dtype, rows, cols, cursor, nbytes, scales_offset, mins_offset=mins_offset)
         )

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Self
 
 from ..boards import Board, EmulatedSystemRunner, MpiRunner, ProcessRunner, Runner, SerialRunner
+from ..compile.ranks import check_rank_images
 from ..errors import ColibriError
 from .hosts import explain_ranks
 from .process import Explain, ProcessLink, explain_local, run_process
@@ -64,6 +65,7 @@ class Firmware:
     expected_model: str
     flash_image: Path | None = None  # an emulated MCU's flash contents (default: the weight image)
     check_hello: HelloCheck | None = None  # see Session
+    rank_weights: tuple[Path, ...] = ()  # a build for several MPI ranks: each rank's image, rank 0 first
 
     def session(self, on_token: OnToken | None) -> Session:
         return Session(self.expected_model, on_token, self.check_hello)
@@ -131,17 +133,17 @@ class LinuxLink(Link):
     def local_argv(self) -> list[str]:
         runner = self.board.runner
         assert isinstance(runner, ProcessRunner)
-        argv = [
-            *local_prefix(),
-            *runner.start_prefix(self.how.hosts),
-            str(self.firmware.program),
-            "--weights",
-            str(self.firmware.weights),
-            *self.how.options,
-        ]
+        options = [*self.how.options]
         if self.how.logits_out is not None:
-            argv += ["--logits-out", str(self.how.logits_out)]
-        return argv
+            options += ["--logits-out", str(self.how.logits_out)]
+        images = self.firmware.rank_weights
+        if not images:
+            program = [str(self.firmware.program), "--weights", str(self.firmware.weights), *options]
+            return [*local_prefix(), *runner.start_prefix(self.how.hosts), *program]
+        check_rank_images(images, self.firmware.expected_model)
+        # One application context per rank (mpirun's A : B), each given its own image: rank r is the r-th.
+        contexts = [["-np", "1", str(self.firmware.program), "--weights", str(image), *options] for image in images]
+        return [*local_prefix(), *runner.start_prefix(self.how.hosts), *[a for c in contexts for a in [*c, ":"]][:-1]]
 
     def turn(self, request: RunRequest, on_token: OnToken | None = None, timeout: float | None = None) -> RunResult:
         session = self.firmware.session(on_token)

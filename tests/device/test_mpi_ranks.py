@@ -29,9 +29,15 @@ SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, seed=5)
 building = pytest.mark.slow
 
 
-def run_ranks(builder, model: Path, hosts: str | None, request: RunRequest, on_token=None, timeout=None):
-    board, art, plan = builder.build(model, "q8_0", 64, "host-mpi")
-    firmware = Firmware(art.program, art.weights, art.model_hash())
+def slots(hosts: str) -> int:
+    return sum(int(entry.partition(":")[2] or 1) for entry in hosts.split(","))
+
+
+def run_ranks(builder, model: Path, hosts: str, request: RunRequest, on_token=None, timeout=None, images=None):
+    """A run on `hosts`, the build made for as many ranks as they give, each rank given its own
+    image (or `images`)."""
+    board, art, plan = builder.build(model, "q8_0", 64, "host-mpi", ranks=slots(hosts))
+    firmware = Firmware(art.program, art.weights, art.model_hash(), rank_weights=images or art.rank_weights())
     how = LinkOptions(hosts=hosts_for(board, hosts, None))
     return board, art, plan, run_firmware(board, firmware, how, request, on_token, timeout)
 

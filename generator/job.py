@@ -30,6 +30,7 @@ from .compile.plan import Plan, largest_planned_ctx
 from .console import TextStream, progress, warn
 from .device.hosts import hosts_for
 from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware
+from .device.rank_images import slots_given
 from .device.remote import Remote, remote_for
 from .device.runner import run_firmware
 from .device.session import RunRequest, RunResult, Selftest, check_fits_context
@@ -94,6 +95,7 @@ class JobOptions:
     remote: str | None = None
     hosts: str | None = None  # MPI ranks' hosts, mpirun's --host syntax (device/hosts.py)
     hostfile: Path | None = None  # or an mpirun hostfile
+    ranks: int | None = None  # MPI ranks the weights are split over (build, report); None: as many as the hosts give
     memory_budget: int | AutoBudget | None = None
     chat_template: Path | None = None  # chat: a Jinja2 template file instead of the model's own
     # The options the command line itself set (refused if the board cannot take them), and the
@@ -119,9 +121,23 @@ def plan_build(options: JobOptions) -> Planned:
     board = load_board(options.board)
     check_board_options(board, options, options.given, options.defaults)
     request, plan = prepare_build(
-        board, options.model, options.quant, options.ctx, options.out, kv_type=options.kv_type
+        board,
+        options.model,
+        options.quant,
+        options.ctx,
+        options.out,
+        kv_type=options.kv_type,
+        ranks=ranks_of(board, options),
     )
     return Planned(board, request, plan)
+
+
+def ranks_of(board: Board, options: JobOptions) -> int:
+    """The ranks a build splits the weights over: --ranks, else as many as --hosts or --hostfile give
+    (one image per rank, made at build time: docs/several-boards.md)."""
+    if options.ranks is not None:
+        return options.ranks
+    return slots_given(hosts_for(board, options.hosts, options.hostfile)) if board.runner.runs_ranks else 1
 
 
 def compile_build(
@@ -366,7 +382,9 @@ class Built:
 
 def built_firmware(planned: Planned, art: Artifacts) -> Built:
     identity = firmware_identity(planned.board, art, planned.plan)
-    firmware = Firmware(art.program, art.weights, identity.model, art.flash_image, hello_check(identity))
+    firmware = Firmware(
+        art.program, art.weights, identity.model, art.flash_image, hello_check(identity), art.rank_weights()
+    )
     return Built(art, identity, firmware)
 
 
@@ -756,7 +774,14 @@ def report(options: JobOptions) -> MemoryReport:
         rep = planned_report(board, plan)
     else:
         request, plan = prepare_build(
-            board, options.model, options.quant, options.ctx, options.out, check_fit=False, kv_type=options.kv_type
+            board,
+            options.model,
+            options.quant,
+            options.ctx,
+            options.out,
+            check_fit=False,
+            kv_type=options.kv_type,
+            ranks=ranks_of(board, options),
         )
         cache = report_budget(options, board, plan)  # a budget too small is said before building
         if any(use.over_budget for use in planned_use(board, plan)):

@@ -48,7 +48,9 @@ def check_ranks(board, ranks: int) -> int:
     if not 1 <= ranks <= MAX_RANKS:
         raise ColibriError(f"ranks must be a count from 1 to {MAX_RANKS}, got {ranks}")
     if ranks > 1 and not board.runner.runs_ranks:
-        raise ColibriError(f"board {board.name} runs one process, not MPI ranks: build for ranks on an MPI board (host-mpi)")
+        raise ColibriError(
+            f"board {board.name} runs one process, not MPI ranks: build for ranks on an MPI board (host-mpi)"
+        )
     return ranks
 
 
@@ -101,7 +103,9 @@ class RankImage:
 
 def _rows_of(t: TensorEntry, begin: int, end: int, offset: int) -> TensorEntry:
     nbytes, scales_offset, mins_offset = tensor_bytes(t.dtype, end - begin, t.cols)
-    return replace(t, rows=end - begin, offset=offset, nbytes=nbytes, scales_offset=scales_offset, mins_offset=mins_offset)
+    return replace(
+        t, rows=end - begin, offset=offset, nbytes=nbytes, scales_offset=scales_offset, mins_offset=mins_offset
+    )
 
 
 def rank_image(spec: ModelSpec, tensors: tuple[TensorEntry, ...], rank: int, ranks: int) -> RankImage:
@@ -131,7 +135,9 @@ def rank_image(spec: ModelSpec, tensors: tuple[TensorEntry, ...], rank: int, ran
             i += 3 * g.n_experts
             continue
         t = tensors[i]
-        begin, end = (first_row(t.rows, rank, ranks), first_row(t.rows, rank + 1, ranks)) if t.name in split else (0, t.rows)
+        begin, end = (
+            (first_row(t.rows, rank, ranks), first_row(t.rows, rank + 1, ranks)) if t.name in split else (0, t.rows)
+        )
         held = _rows_of(t, begin, end, cursor) if t.name in split else replace(t, offset=cursor)
         entries.append(held)
         firsts.append(begin)
@@ -139,7 +145,13 @@ def rank_image(spec: ModelSpec, tensors: tuple[TensorEntry, ...], rank: int, ran
         cursor = align_up(cursor + held.nbytes)
         i += 1
     return RankImage(
-        rank, ranks, tuple(entries), tuple(firsts), tuple(group_offsets), image_layout(len(entries), cursor), tuple(sources)
+        rank,
+        ranks,
+        tuple(entries),
+        tuple(firsts),
+        tuple(group_offsets),
+        image_layout(len(entries), cursor),
+        tuple(sources),
     )
 
 
@@ -157,7 +169,10 @@ def _row_pieces(whole: TensorEntry, held: TensorEntry, begin: int) -> list[tuple
     if whole.dtype in INTEGER_QUANTS:
         row = whole.cols if whole.dtype == "q8_0" else whole.cols // 2
         scales = whole.cols // QK * SCALE_BYTES
-        out = [(begin * row, 0, held.rows * row), (whole.scales_offset + begin * scales, held.scales_offset, held.rows * scales)]
+        out = [
+            (begin * row, 0, held.rows * row),
+            (whole.scales_offset + begin * scales, held.scales_offset, held.rows * scales),
+        ]
         if whole.dtype == "q4_1":
             out.append((whole.mins_offset + begin * scales, held.mins_offset, held.rows * scales))
         return out
@@ -219,31 +234,3 @@ def write_rank_image(
             out.seek(layout.image_bytes - fmt.TRAILER_BYTES)
             out.write(struct.pack("<I", zlib.crc32(front)) + fmt.END_MAGIC)
     return hashlib.sha256(bytes(front)).digest()
-
-
-def check_rank_images(paths: tuple[Path, ...], model_hash: str) -> None:
-    """Before any rank starts: image r is rank r's of len(paths), of this model (its hash), so a rank
-    handed another rank's image, or another build's, is refused in one line naming both. (Each rank's
-    firmware checks its image's identity too: this says it before mpirun starts anything.)"""
-    from .image import map_image, read_header
-
-    for rank, path in enumerate(paths):
-        try:
-            blob = map_image(path)
-            header = read_header(blob)
-        except (OSError, ValueError) as e:
-            raise ColibriError(f"rank {rank}: cannot read its weight image {path}: {getattr(e, 'strerror', None) or e}") from None
-        except ColibriError as e:
-            raise ColibriError(f"rank {rank}: weight image {path}: {e}") from None
-        h = fmt.unpack(fmt.HEADER, blob)
-        if header.model_hash.hex() != model_hash:
-            raise ColibriError(
-                f"rank {rank}: weight image {path} is another build's (model hash {header.model_hash.hex()[:12]}..., "
-                f"this firmware's {model_hash[:12]}...): give each rank its image from this build"
-            )
-        if (h["rank"], h["ranks"]) != (rank, len(paths)):
-            held = f"rank {h['rank']}'s of {h['ranks']}" if h["ranks"] else "a single board's (whole) image"
-            raise ColibriError(
-                f"rank {rank}: weight image {path} is {held}, not rank {rank}'s of {len(paths)}: "
-                f"give rank {rank} {rank_image_name(rank)}"
-            )

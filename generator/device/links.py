@@ -21,10 +21,9 @@ from types import TracebackType
 from typing import Self
 
 from ..boards import Board, EmulatedSystemRunner, MpiRunner, ProcessRunner, Runner, SerialRunner
-from ..compile.ranks import check_rank_images
 from ..errors import ColibriError
-from .hosts import explain_ranks
 from .process import Explain, ProcessLink, explain_local, run_process
+from .rank_images import check_rank_count, check_rank_images, explain_rank_end
 from .remote import Remote, check_remote_machine, explain_remote, remote_command, remote_prefix, run_remote
 from .serial_link import SerialLink, Timeouts
 from .session import RunRequest, RunResult, Session, request_frame
@@ -128,7 +127,7 @@ class LinuxLink(Link):
 
     def explain(self) -> Explain:
         """How an early end is told: mpirun's ranks by rank and host, a process by its status."""
-        return explain_ranks if self.board.runner.runs_ranks else explain_local
+        return explain_rank_end if self.board.runner.runs_ranks else explain_local
 
     def local_argv(self) -> list[str]:
         runner = self.board.runner
@@ -137,6 +136,8 @@ class LinuxLink(Link):
         if self.how.logits_out is not None:
             options += ["--logits-out", str(self.how.logits_out)]
         images = self.firmware.rank_weights
+        if runner.runs_ranks:
+            check_rank_count(images, self.how.hosts)
         if not images:
             program = [str(self.firmware.program), "--weights", str(self.firmware.weights), *options]
             return [*local_prefix(), *runner.start_prefix(self.how.hosts), *program]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from cli_runs import assert_decodes_as_the_reference, main_json
 
+from generator.compile import image_format as fmt
 from generator.device.hosts import hosts_for
 from generator.device.links import Firmware, LinkOptions
 from generator.device.runner import run_firmware
@@ -53,11 +54,101 @@ def test_ranks_decode_the_single_boards_bits_greedy_and_sampled(kind, ranks, bui
         assert bool(result.expert_counts) == (kind != "dense")
 
 
+def directory(path: Path) -> tuple[dict, list[dict]]:
+    """An image's header fields and directory entries."""
+    blob = path.read_bytes()
+    header = fmt.unpack(fmt.HEADER, blob)
+    entries = [
+        fmt.unpack(fmt.DIR_ENTRY, blob, header["dir_offset"] + i * fmt.DIR_ENTRY_BYTES)
+        for i in range(header["tensor_count"])
+    ]
+    return header, entries
+
+
+@building
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_each_rank_image_holds_only_its_share(ranks, builder, checkpoints):
+    """The builds the decode test made: every routed expert in exactly one rank's image (e mod N),
+    every split matrix's rows once over the ranks, the embedding and norms in every one."""
+    _, art, plan = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=ranks)
+    whole_header, whole = directory(art.weights)
+    images = art.rank_weights()
+    assert [p.name for p in images] == [f"weights.rank{r}.img" for r in range(ranks)]
+    held = []
+    for rank, path in enumerate(images):
+        header, entries = directory(path)
+        assert (header["rank"], header["ranks"], header["model_hash"]) == (rank, ranks, whole_header["model_hash"])
+        assert path.stat().st_size < art.weights.stat().st_size
+        held.append({e["name"].rstrip(b"\0").decode(): e for e in entries})
+    for entry in whole:
+        name = entry["name"].rstrip(b"\0").decode()
+        rows = [h[name]["rows"] for h in held]
+        if ".experts." in name:
+            owner = int(name.split(".experts.")[1].split(".")[0]) % ranks
+            assert [r > 0 for r in rows] == [r == owner for r in range(ranks)], name
+        elif name in ("embed",) or name.endswith("norm"):
+            assert rows == [entry["rows"]] * ranks, name
+        elif name.endswith((".wq", ".w_down", "router")):  # split by output rows
+            assert sum(rows) == entry["rows"] and max(rows) < entry["rows"], name
+            # held once over the ranks: at most each rank's own padding after its quants more
+            assert sum(h[name]["bytes"] for h in held) <= entry["bytes"] + ranks * fmt.ALIGN, name
+
+
+def test_the_rank_count_the_images_were_made_for_is_the_one_run(builder, checkpoints):
+    board, art, _ = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=2)
+    firmware = Firmware(art.program, art.weights, art.model_hash(), rank_weights=art.rank_weights())
+    with pytest.raises(
+        ColibriError, match=r"^the weight images were made for 2 ranks and the hosts give 4: build for 4"
+    ):
+        run_firmware(board, firmware, LinkOptions(hosts=hosts_for(board, "localhost:4", None)), RunRequest(PROMPT, 2))
+    assert rank_processes(0) == []
+
+
+@building
+def test_a_rank_handed_another_ranks_image_is_refused_before_any_rank_starts(builder, checkpoints):
+    _, art, _ = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=2)
+    first, second = art.rank_weights()
+    with pytest.raises(ColibriError) as e:
+        run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", RunRequest(PROMPT, 2), images=(first, first))
+    assert str(e.value) == (
+        f"rank 1: weight image {first} is rank 0's of 2, not rank 1's of 2: give rank 1 weights.rank1.img"
+    )
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
+@building
+def test_a_rank_image_of_another_build_is_refused_naming_the_rank(builder, checkpoints):
+    _, dense, _ = builder.build(checkpoints(MODELS["dense"]), "q8_0", 64, "host-mpi", ranks=2)
+    _, moe, _ = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=2)
+    images = (moe.rank_weights()[0], dense.rank_weights()[1])
+    with pytest.raises(ColibriError, match=r"^rank 1: weight image \S+weights.rank1.img is another build's"):
+        run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", RunRequest(PROMPT, 2), images=images)
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
+@building
+def test_the_rank_itself_refuses_another_ranks_image_and_no_rank_is_left(builder, checkpoints, monkeypatch):
+    """The firmware's own check, as on a host whose file the CLI cannot read: the pre-check skipped."""
+    import generator.device.links as links
+
+    monkeypatch.setattr(links, "check_rank_images", lambda images, model: None)
+    _, art, _ = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=2)
+    first, _ = art.rank_weights()
+    start = time.monotonic()
+    with pytest.raises(ColibriError) as e:
+        run_ranks(
+            builder, checkpoints(MODELS["moe"]), "localhost:2", RunRequest(PROMPT, 2), images=(first, first), timeout=60
+        )
+    assert str(e.value).startswith(f"rank 1: weight image {first}: weight image is another rank's"), str(e.value)
+    assert time.monotonic() - start < 30
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
 @building
 def test_verify_with_hosts_passes_through_the_command(builder, checkpoints, capsys):
     model = checkpoints(MODELS["moe"])
-    builder.build(model, "q8_0", 64, "host-mpi")  # the build the other tests share: --out is its directory
-    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16"
+    builder.build(model, "q8_0", 64, "host-mpi", ranks=2)  # the other tests' build: --out is its directory
+    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16-ranks2"
     summary = main_json(
         capsys,
         "verify",
@@ -170,7 +261,7 @@ def test_a_stalled_rank_ends_in_the_timeout_and_no_rank_is_left(builder, checkpo
 def test_a_host_that_cannot_be_reached_is_named(builder, checkpoints):
     # 127.0.0.2: a loopback address with no sshd on port 22, so ssh is refused at once.
     model = checkpoints(MODELS["dense"])
-    builder.build(model, "q8_0", 64, "host-mpi")  # built before the clock starts
+    builder.build(model, "q8_0", 64, "host-mpi", ranks=2)  # built before the clock starts
     request = RunRequest(PROMPT, 4, stop_at_eos=False)
     start = time.monotonic()
     with pytest.raises(ColibriError) as e:

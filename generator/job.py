@@ -27,6 +27,7 @@ from .compile.build import Artifacts, BuildRequest, run_scons
 from .compile.build import prepare as prepare_build
 from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan
 from .compile.plan import Plan, largest_planned_ctx
+from .compile.ranks import check_rank_budget, rank_shares
 from .console import TextStream, progress, warn
 from .device.hosts import hosts_for
 from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware
@@ -171,11 +172,22 @@ def budget_plan(
     if not board.runner.takes_memory_budget:
         return None
     budget = options.memory_budget if options.memory_budget is not None else board.memory_budget
+    if plan.ranks > 1:
+        check_rank_budget(plan, board.budget_reserve, rank_budget(budget), f"--memory-budget {budget:,} B")
+        return None  # each rank maps its own image and reads it in place: no expert cache
     if not isinstance(budget, AutoBudget):
         return cache_plan(plan, board.budget_reserve, budget)
     if here or (remote is None and not local_prefix()):
         return auto_cache_plan(plan, board.budget_reserve, budget, find_memory())
     return AutoElsewhere(budget, cache_constants(plan, board.budget_reserve))
+
+
+def rank_budget(budget: int | AutoBudget) -> int:
+    """--memory-budget on ranks: a size (auto, which each rank would resolve where it runs, is not
+    taken yet)."""
+    if isinstance(budget, AutoBudget):
+        raise ColibriError("--memory-budget auto is not taken on MPI ranks yet: give each rank's budget as a size")
+    return budget
 
 
 def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> None:
@@ -796,4 +808,7 @@ def report(options: JobOptions) -> MemoryReport:
                 rep = with_margins(rep, board, art)
             else:  # an ESP-IDF project that idf.py has not built here
                 rep = planned_report(board, plan)
+    if plan.ranks > 1:  # report_budget checked the budget against each rank's share
+        budget = options.memory_budget if options.memory_budget is not None else board.memory_budget
+        rep = replace(rep, ranks=rank_shares(plan, board.budget_reserve), rank_budget=rank_budget(budget))
     return replace(rep, memory_budget=cache) if cache is not None else rep

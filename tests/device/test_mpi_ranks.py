@@ -163,6 +163,36 @@ def test_verify_with_hosts_passes_through_the_command(builder, checkpoints, caps
     assert summary["pass"] and summary["board"] == "host-mpi"
 
 
+@building
+def test_memory_budget_applies_to_each_rank(builder, checkpoints, capsys):
+    """report over 2 ranks: each rank's image and memory; a budget every rank's share fits but the
+    whole model does not (one board refuses it) is accepted; one a rank's share does not fit is
+    refused, naming the rank. The dense model: no expert cache that would let one board page."""
+    from generator.cli import main
+
+    model = checkpoints(MODELS["dense"])
+    builder.build(model, "q8_0", 64, "host-mpi", ranks=2)  # the decode test's build: report links it
+    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16-ranks2"
+    unlimited = main_json(capsys, "report", board="host-mpi", model=model, ctx=64, out=out, ranks=2)
+    shares = unlimited["ranks"]
+    assert [s["image_bytes"] for s in shares] == [
+        (out / "generated" / f"weights.rank{r}.img").stat().st_size for r in (0, 1)
+    ]
+    largest = max(shares, key=lambda s: s["memory_bytes"])
+    whole = (out / "generated" / "weights.img").stat().st_size
+    assert largest["memory_bytes"] < whole + largest["memory_bytes"] - largest["image_bytes"]
+    budget = largest["memory_bytes"]
+    fits = main_json(capsys, "report", board="host-mpi", model=model, ctx=64, out=out, ranks=2, memory_budget=budget)
+    assert fits["rank_budget"] == budget and fits["ranks"] == shares
+    assert main(["report", "--board", "host", "--model", str(model), "--ctx", "64", "--memory-budget", str(budget),
+                 "--out", str(builder.root / "one-board")]) == 2  # fmt: skip
+    assert "--memory-budget" in capsys.readouterr().err  # one board cannot hold the whole model in it
+    assert main(["report", "--board", "host-mpi", "--model", str(model), "--ctx", "64", "--ranks", "2",
+                 "--memory-budget", str(budget - 1), "--out", str(out)]) == 2  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and f"does not hold rank {largest['rank']}'s share" in err[0], err
+
+
 def rank_processes(rank: int) -> list[int]:
     """This test's descendants that are MPI rank `rank` (their environment says which)."""
     found = []

@@ -25,13 +25,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .boards import Board, load_board
 from .compile.build import Artifacts, BuildRequest, run_scons
 from .compile.build import prepare as prepare_build
-from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan
+from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan, check_rank_budget, rank_shares
 from .compile.plan import Plan, largest_planned_ctx
-from .compile.ranks import check_rank_budget, rank_shares
 from .console import TextStream, progress, warn
 from .device.hosts import hosts_for
-from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware
-from .device.rank_images import slots_given
+from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware, slots_given
 from .device.remote import Remote, remote_for
 from .device.runner import run_firmware
 from .device.session import RunRequest, RunResult, Selftest, check_fits_context

@@ -216,7 +216,7 @@ class MemoryReport:
     # not measured), and the stack the linked ELF reserves.
     margins: Margins | None = None
     planned_stack: int | None = None
-    # A build over several MPI ranks: each rank's weight image and memory (compile/ranks.py RankShare),
+    # A build over several MPI ranks: each rank's weight image and memory (compile/cache_plan.py RankShare),
     # and the --memory-budget each must fit (0: none)
     ranks: tuple[Any, ...] = ()
     rank_budget: int = 0

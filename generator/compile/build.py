@@ -44,7 +44,7 @@ class BuildRequest:
     n_ctx: int
     out_dir: Path
     kv_type: str = DEFAULT_KV_TYPE
-    ranks: int = 1  # MPI ranks: one weight image each (compile/ranks.py)
+    ranks: int = 1  # MPI ranks: one weight image each (compile/layout.py rank_image)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Artifacts:
 
     def rank_weights(self) -> tuple[Path, ...]:
         """Each rank's weight image, rank 0 first; none for a single board's build."""
-        from .ranks import rank_image_name
+        from .layout import rank_image_name
 
         ranks = self.plan().get("ranks", {}).get("count", 1)
         return tuple(self.generated / rank_image_name(r) for r in range(ranks)) if ranks > 1 else ()

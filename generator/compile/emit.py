@@ -27,7 +27,13 @@ from . import image_format
 from .arenas import KV_TILE
 from .cache_plan import STORAGE_ALIGN, cache_constants
 from .image_format import DTYPE_CODES, QUANT_CODES
-from .layout import ALIGN, align_up, expert_groups
+from .layout import (
+    ALIGN,
+    GEMMA4_LAYER_MATRICES,
+    align_up,
+    expert_groups,
+    is_matrix_part,
+)
 from .plan import Plan
 
 # A Gated DeltaNet layer's fields in ColibriLayerWeights (model_def.h), and which are matrices.
@@ -42,13 +48,10 @@ LINEAR_LAYER_PARTS = (
     "lin_norm",
     "lin_out",
 )
-LINEAR_LAYER_MATRICES = ("lin_qkv", "lin_z", "lin_b", "lin_a", "lin_out")
 # A gated short convolution layer's fields (LFM2): in_proj and out_proj (matrices), the taps.
 SHORT_CONV_LAYER_PARTS = ("conv_in", "conv_taps", "conv_out")
-SHORT_CONV_LAYER_MATRICES = ("conv_in", "conv_out")
 # A Mamba-2 layer's fields (Granite 4.0 hybrid): in_proj and out_proj (matrices), the rest vectors.
 MAMBA2_LAYER_PARTS = ("ssm_in", "ssm_conv", "ssm_conv_bias", "ssm_dt_bias", "ssm_a", "ssm_d", "ssm_norm", "ssm_out")
-MAMBA2_LAYER_MATRICES = ("ssm_in", "ssm_out")
 
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
 
@@ -60,7 +63,6 @@ ROUTER_LAYER_VECTORS = ("router_choice_bias",)
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")
 # Gemma 4's per-layer parts: the per-layer input's gate and projection (matrices) and norm, the
 # layer scalar, the MoE block's norms (the router's with its folded scale) and per-expert scales.
-GEMMA4_LAYER_MATRICES = ("ple_gate", "ple_proj")
 # Multi-head latent attention's per-layer parts (the matrices start with w).
 LATENT_LAYER_PARTS = ("wq_a", "q_a_norm", "wq_b", "wkv_a", "kv_a_norm", "wk_b", "wv_b")
 GEMMA4_LAYER_VECTORS = (
@@ -125,17 +127,6 @@ def environment(template_dir: Path = TEMPLATE_DIR) -> jinja2.Environment:
     )
     env.filters.update(c_string=c_string, c_comment=c_comment, c_float=c_float, c_ident=c_ident)
     return env
-
-
-def is_matrix_part(part: str) -> bool:
-    """Whether a layer's tensor `part` (wq, conv_in, ...) is a ColibriMatrix field, not a vector."""
-    return (
-        part.startswith("w")
-        or part in LINEAR_LAYER_MATRICES
-        or part in GEMMA4_LAYER_MATRICES
-        or part in SHORT_CONV_LAYER_MATRICES
-        or part in MAMBA2_LAYER_MATRICES
-    )
 
 
 def _float_rows(values: np.ndarray, per_line: int = 6) -> list[str]:
@@ -217,7 +208,7 @@ HELD_FIELDS = ("rows", "offset", "nbytes", "scales_offset", "mins_offset")
 
 
 def _rank_tables(plan: Plan, groups: list[dict], named: list[dict], weights_sha256: bytes, rank_images) -> list[dict]:
-    """colibri_rank_images: each rank image's held tensors (rank_images: compile/ranks.py's
+    """colibri_rank_images: each rank image's held tensors (rank_images: compile/layout.py's
     RankImage with its identity), or, for a single board, the whole image as rank 0 of 1."""
     if not rank_images:
         held = [dict(first_row=0, **{k: t[k] for k in HELD_FIELDS}) for t in named]

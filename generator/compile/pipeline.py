@@ -16,10 +16,10 @@ from ..files import write_atomic
 from ..model.load import Checkpoint, load_model
 from ..numerics.quantize import GGUF
 from .emit import GENERATED_FILES, check_c_limits, render
-from .image import default_jobs, write_image
+from .image import default_jobs, write_image, write_rank_image
 from .image_format import QUANT_CODES
+from .layout import check_ranks, rank_image, rank_image_name
 from .plan import Plan, plan_for_board
-from .ranks import check_ranks, rank_image, rank_image_name, write_rank_image
 
 WEIGHTS_FILE = "weights.img"
 PLAN_FILE = "plan.json"
@@ -135,7 +135,7 @@ class QuantizeProgress:
 
 
 def write_rank_images(plan: Plan, whole: Path, model_hash: bytes, out_dir: Path) -> tuple:
-    """A build for several ranks: each rank's image (compile/ranks.py) beside the whole one, under
+    """A build for several ranks: each rank's image (compile/layout.py rank_image) beside the whole one, under
     a hidden name until the sources naming their identities are written; ((RankImage, identity), ...)."""
     if plan.ranks == 1:
         return ()

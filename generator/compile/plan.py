@@ -97,7 +97,7 @@ class Plan:
     linear_state_bytes: int = 0
     kv_type: str = DEFAULT_KV_TYPE  # how the KV cache holds keys and values: f32, f16 or q8_0
     attention_block: int = 1  # query tokens attention takes at once (each key tile read once for all)
-    ranks: int = 1  # MPI ranks the weights are split over: one weight image per rank (compile/ranks.py)
+    ranks: int = 1  # MPI ranks the weights are split over: one weight image per rank (compile/layout.py rank_image)
 
     @property
     def kv_values(self) -> int:

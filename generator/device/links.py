@@ -10,6 +10,7 @@ The frames are interpreted the same way on every link, by Session.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -21,9 +22,13 @@ from types import TracebackType
 from typing import Self
 
 from ..boards import Board, EmulatedSystemRunner, MpiRunner, ProcessRunner, Runner, SerialRunner
+from ..compile import image_format as fmt
+from ..compile.image import map_image, read_header
+from ..compile.layout import rank_image_name
 from ..errors import ColibriError
+from ..files import read_text_limited
+from .hosts import HOSTFILE_BYTES, explain_ranks
 from .process import Explain, ProcessLink, explain_local, run_process
-from .rank_images import check_rank_count, check_rank_images, explain_rank_end
 from .remote import Remote, check_remote_machine, explain_remote, remote_command, remote_prefix, run_remote
 from .serial_link import SerialLink, Timeouts
 from .session import RunRequest, RunResult, Session, request_frame
@@ -341,3 +346,75 @@ def open_link(
     firmware = Firmware(Path(program), Path(weights), expected_model, flash_image, check_hello)
     how = LinkOptions(tuple(options), logits_out, remote, progress, port, reset, keep_open, tuple(hosts))
     return open_firmware(board, firmware, how)
+
+
+# ---- Each MPI rank's own weight image (compile/layout.py rank_image), before mpirun starts anything ----
+
+
+# A rank's own one line (bsp/linux/main.c): which rank refused which image, and why.
+_RANK_REFUSED = re.compile(r"colibri: error: (rank \d+: weight image .*)")
+
+
+def explain_rank_end(status: int, stderr: str, tokens: int) -> str:
+    """The ranks' early end: a rank's own line when it refused its image (naming the rank and the
+    image), else what mpirun said (device/hosts.py)."""
+    found = _RANK_REFUSED.search(stderr)
+    if found:
+        return f"{found.group(1).strip()}; mpirun ended the other ranks"
+    return explain_ranks(status, stderr, tokens)
+
+
+def slots_given(hosts: tuple[str, ...]) -> int:
+    """The ranks mpirun's host arguments (device/hosts.py hosts_for, already checked) give: the sum
+    of their slots, a host without slots= counting one; none: one rank here."""
+    if "--host" in hosts:
+        listed = hosts[hosts.index("--host") + 1]
+        return sum(int(entry.partition(":")[2] or 1) for entry in listed.split(","))
+    if "--hostfile" in hosts:
+        path = Path(hosts[hosts.index("--hostfile") + 1])
+        total = 0
+        for line in read_text_limited(path, HOSTFILE_BYTES, f"hostfile {path}").splitlines():
+            words = line.split("#", 1)[0].split()
+            if words:
+                found = [w.split("=", 1)[1] for w in words[1:] if w.startswith("slots=")]
+                total += int(found[0]) if found else 1
+        return total
+    return 1
+
+
+def check_rank_count(images: tuple[Path, ...], hosts: tuple[str, ...]) -> None:
+    """The hosts give as many ranks as the build made images for, or the run is refused."""
+    given, made = slots_given(hosts), max(1, len(images))
+    if given != made:
+        raise ColibriError(
+            f"the weight images were made for {made} rank{'s' if made > 1 else ''} and the hosts give {given}: "
+            f"build for {given} (--ranks {given}), or give hosts whose slots add up to {made}"
+        )
+
+
+def check_rank_images(paths: tuple[Path, ...], model_hash: str) -> None:
+    """Before any rank starts: image r is rank r's of len(paths), of this model (its hash), so a rank
+    handed another rank's image, or another build's, is refused in one line naming both. (Each rank's
+    firmware checks its image's identity too: this says it before mpirun starts anything.)"""
+    for rank, path in enumerate(paths):
+        try:
+            blob = map_image(path)
+            header = read_header(blob)
+        except (OSError, ValueError) as e:
+            raise ColibriError(
+                f"rank {rank}: cannot read its weight image {path}: {getattr(e, 'strerror', None) or e}"
+            ) from None
+        except ColibriError as e:
+            raise ColibriError(f"rank {rank}: weight image {path}: {e}") from None
+        h = fmt.unpack(fmt.HEADER, blob)
+        if header.model_hash.hex() != model_hash:
+            raise ColibriError(
+                f"rank {rank}: weight image {path} is another build's (model hash {header.model_hash.hex()[:12]}..., "
+                f"this firmware's {model_hash[:12]}...): give each rank its image from this build"
+            )
+        if (h["rank"], h["ranks"]) != (rank, len(paths)):
+            held = f"rank {h['rank']}'s of {h['ranks']}" if h["ranks"] else "a single board's (whole) image"
+            raise ColibriError(
+                f"rank {rank}: weight image {path} is {held}, not rank {rank}'s of {len(paths)}: "
+                f"give rank {rank} {rank_image_name(rank)}"
+            )

@@ -342,3 +342,18 @@ def test_the_command_refuses_hosts_it_cannot_use_in_one_line(args, line, capsys,
     err = [e for e in capsys.readouterr().err.splitlines() if e.strip()]
     assert len(err) == 1 and err[0].startswith("colibri: error: ") and line in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_ranks_on_a_board_that_runs_one_process_are_refused_in_one_line(capsys, tmp_path, checkpoints):
+    from generator.cli import main
+
+    model = checkpoints(MODELS["dense"])
+    capsys.readouterr()  # making the checkpoint says its progress
+    assert (
+        main(["build", "--board", "host", "--ranks", "2", "--model", str(model), "--out", str(tmp_path / "out")]) == 2
+    )
+    err = [e for e in capsys.readouterr().err.splitlines() if e.strip()]
+    assert err == [
+        "colibri: error: board host runs one process, not MPI ranks: build for ranks on an MPI board (host-mpi)"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -1,9 +1,10 @@
 """One model over several MPI ranks (host-mpi, runtime/ranks/mpi.c): on 2 and 4 ranks of this
 machine, a dense, a MoE and a hybrid random-init checkpoint decode the single board's tokens and
-per-step logits hashes (the NumPy reference's), greedy and sampled; one build per model serves
-every rank count; two hosts through a real sshd on two loopback addresses. And the faults: a rank
-killed mid-decode, a rank stalled, a host that cannot be reached: one line naming the rank or host
-(or the timeout), no hang, no rank left running."""
+per-step logits hashes (the NumPy reference's), greedy and sampled, each rank mapping only its own
+weight image; one build per model and rank count, shared by every test; two hosts through a real
+sshd on two loopback addresses. And the faults: a rank killed mid-decode, a rank stalled, a host
+that cannot be reached, a rank given another rank's image or another build's: one line naming the
+rank or host (or the timeout), no hang, no rank left running; --memory-budget per rank."""
 
 import os
 import signal

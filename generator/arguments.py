@@ -158,6 +158,17 @@ def add_hosts_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_ranks_arg(p: argparse.ArgumentParser) -> None:
+    """build and report: the MPI ranks a build splits the weights over (run, verify, ... take them from --hosts)."""
+    p.add_argument(
+        "--ranks",
+        type=positive_int,
+        metavar="N",
+        help="boards that run MPI ranks (host-mpi): split the weights over N ranks, one weight image each "
+        "(weights.rankR.img); run, verify, bench, chat and eval build for as many ranks as --hosts gives",
+    )
+
+
 def memory_size(text: str):
     """--memory-budget: bytes (an int) or compile.cache_plan.AutoBudget."""
     from .compile.cache_plan import parse_budget

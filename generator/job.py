@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .boards import Board, load_board
 from .compile.build import Artifacts, BuildRequest, run_scons
 from .compile.build import prepare as prepare_build
-from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan
+from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan, check_rank_budget, rank_shares
 from .compile.plan import Plan, largest_planned_ctx, speculation_notice
 from .console import TextStream, progress, warn
 from .device.hosts import hosts_for
-from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware
+from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware, slots_given
 from .device.remote import Remote, remote_for
 from .device.runner import run_firmware
 from .device.session import RunRequest, RunResult, Selftest, check_fits_context
@@ -95,6 +95,7 @@ class JobOptions:
     hosts: str | None = None  # MPI ranks' hosts, mpirun's --host syntax (device/hosts.py)
     hostfile: Path | None = None  # or an mpirun hostfile
     inventory: Path | None = None  # or an Ansible inventory's hosts
+    ranks: int | None = None  # MPI ranks the weights are split over (build, report); None: as many as the hosts give
     memory_budget: int | AutoBudget | None = None
     chat_template: Path | None = None  # chat: a Jinja2 template file instead of the model's own
     # The options the command line itself set (refused if the board cannot take them), and the
@@ -120,9 +121,25 @@ def plan_build(options: JobOptions) -> Planned:
     board = load_board(options.board)
     check_board_options(board, options, options.given, options.defaults)
     request, plan = prepare_build(
-        board, options.model, options.quant, options.ctx, options.out, kv_type=options.kv_type
+        board,
+        options.model,
+        options.quant,
+        options.ctx,
+        options.out,
+        kv_type=options.kv_type,
+        ranks=ranks_of(board, options),
     )
     return Planned(board, request, plan)
+
+
+def ranks_of(board: Board, options: JobOptions) -> int:
+    """The ranks a build splits the weights over: --ranks, else as many as --hosts, --hostfile or
+    --inventory give (one image per rank, made at build time: docs/several-boards.md)."""
+    if options.ranks is not None:
+        return options.ranks
+    if not board.runner.runs_ranks:
+        return 1
+    return slots_given(hosts_for(board, options.hosts, options.hostfile, options.inventory))
 
 
 def compile_build(
@@ -156,11 +173,22 @@ def budget_plan(
     if not board.runner.takes_memory_budget:
         return None
     budget = options.memory_budget if options.memory_budget is not None else board.memory_budget
+    if plan.ranks > 1:
+        check_rank_budget(plan, board.budget_reserve, rank_budget(budget), f"--memory-budget {budget:,} B")
+        return None  # each rank maps its own image and reads it in place: no expert cache
     if not isinstance(budget, AutoBudget):
         return cache_plan(plan, board.budget_reserve, budget)
     if here or (remote is None and not local_prefix()):
         return auto_cache_plan(plan, board.budget_reserve, budget, find_memory())
     return AutoElsewhere(budget, cache_constants(plan, board.budget_reserve))
+
+
+def rank_budget(budget: int | AutoBudget) -> int:
+    """--memory-budget on ranks: a size (auto, which each rank would resolve where it runs, is not
+    taken yet)."""
+    if isinstance(budget, AutoBudget):
+        raise ColibriError("--memory-budget auto is not taken on MPI ranks yet: give each rank's budget as a size")
+    return budget
 
 
 def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> None:
@@ -370,7 +398,9 @@ class Built:
 
 def built_firmware(planned: Planned, art: Artifacts) -> Built:
     identity = firmware_identity(planned.board, art, planned.plan)
-    firmware = Firmware(art.program, art.weights, identity.model, art.flash_image, hello_check(identity))
+    firmware = Firmware(
+        art.program, art.weights, identity.model, art.flash_image, hello_check(identity), art.rank_weights()
+    )
     return Built(art, identity, firmware)
 
 
@@ -760,7 +790,14 @@ def report(options: JobOptions) -> MemoryReport:
         rep = planned_report(board, plan)
     else:
         request, plan = prepare_build(
-            board, options.model, options.quant, options.ctx, options.out, check_fit=False, kv_type=options.kv_type
+            board,
+            options.model,
+            options.quant,
+            options.ctx,
+            options.out,
+            check_fit=False,
+            kv_type=options.kv_type,
+            ranks=ranks_of(board, options),
         )
         cache = report_budget(options, board, plan)  # a budget too small is said before building
         if any(use.over_budget for use in planned_use(board, plan)):
@@ -775,4 +812,7 @@ def report(options: JobOptions) -> MemoryReport:
                 rep = with_margins(rep, board, art)
             else:  # an ESP-IDF project that idf.py has not built here
                 rep = planned_report(board, plan)
+    if plan.ranks > 1:  # report_budget checked the budget against each rank's share
+        budget = options.memory_budget if options.memory_budget is not None else board.memory_budget
+        rep = replace(rep, ranks=rank_shares(plan, board.budget_reserve), rank_budget=rank_budget(budget))
     return replace(rep, memory_budget=cache) if cache is not None else rep

@@ -216,6 +216,10 @@ class MemoryReport:
     # not measured), and the stack the linked ELF reserves.
     margins: Margins | None = None
     planned_stack: int | None = None
+    # A build over several MPI ranks: each rank's weight image and memory (compile/cache_plan.py RankShare),
+    # and the --memory-budget each must fit (0: none)
+    ranks: tuple[Any, ...] = ()
+    rank_budget: int = 0
 
     @property
     def planned_only(self) -> bool:
@@ -230,6 +234,11 @@ class MemoryReport:
             "n_ctx": self.n_ctx,
             "kv_type": self.kv_type,
             "kv_types": [row.to_json() for row in self.kv_types],
+            **(
+                {"ranks": [share.to_json() for share in self.ranks], "rank_budget": self.rank_budget}
+                if self.ranks
+                else {}
+            ),
             **({"planned_only": True} if self.planned_only else {}),
             "q4_0_weights": self.q4_0_weights,
             "q4_1_weights": self.q4_1_weights,
@@ -420,7 +429,22 @@ def format_report(rep: MemoryReport) -> str:
         lines += [f"  WARNING: {w}" for w in rep.margins.warnings(rep.planned_stack)]
     if rep.memory_budget:
         lines += budget_lines(rep.memory_budget)
+    lines += rank_lines(rep)
     return "\n".join(lines)
+
+
+def rank_lines(rep: MemoryReport) -> list[str]:
+    """A build over several MPI ranks: what each rank maps and holds, against --memory-budget."""
+    if not rep.ranks:
+        return []
+    each = f"--memory-budget {rep.rank_budget:,} B each" if rep.rank_budget else "no --memory-budget"
+    lines = [f"  over {len(rep.ranks)} MPI ranks, each mapping its own weight image ({each}):"]
+    for share in rep.ranks:
+        fits = "  fits" if rep.rank_budget else ""
+        lines.append(
+            f"    rank {share.rank:<3} weight image {share.image_bytes:>14,} B  memory {share.memory_bytes:>14,} B{fits}"
+        )
+    return lines
 
 
 def composition_lines(rep: MemoryReport) -> list[str]:

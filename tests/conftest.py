@@ -120,13 +120,14 @@ class Builder:
         self.root = root
         self.cache = {}
 
-    def build(self, model_dir: Path, quant: str = "q8_0", ctx: int = 64, board: str = "host", kv_type=None):
+    def build(self, model_dir: Path, quant: str = "q8_0", ctx: int = 64, board: str = "host", kv_type=None, ranks=1):
         kv_type = kv_type or ("f32" if quant == "f32" else None)
-        key = (str(model_dir), quant, ctx, board, kv_type)
+        key = (str(model_dir), quant, ctx, board, kv_type, ranks)
         if key not in self.cache:
             b = load_board(board)
-            out = self.root / f"{Path(model_dir).name}-{quant}-{ctx}-{board}-kv{kv_type or b.kv_type}"
-            req, plan = prepare(b, model_dir, quant, ctx, out, kv_type=kv_type)
+            split = f"-ranks{ranks}" if ranks > 1 else ""
+            out = self.root / f"{Path(model_dir).name}-{quant}-{ctx}-{board}-kv{kv_type or b.kv_type}{split}"
+            req, plan = prepare(b, model_dir, quant, ctx, out, kv_type=kv_type, ranks=ranks)
             self.cache[key] = (b, run_scons(req), plan)
         return self.cache[key]
 

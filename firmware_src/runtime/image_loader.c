@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "checksum.h"
+#include "ranks.h"
 #include "tensor_table.h"
 #include "weights.h"
 
@@ -72,6 +73,8 @@ const char *colibri_status_message(int status)
     case COLIBRI_ERR_WEIGHTS_SHA256: return "weight image is not the one this firmware was built for (SHA-256 differs)";
     case COLIBRI_ERR_TENSOR_CHECKSUM: return "weight image tensor data is corrupted (a tensor's CRC-32 mismatch)";
     case COLIBRI_ERR_READ: return "reading an expert from the weight image file failed";
+    case COLIBRI_ERR_RANKS: return "the weight images were made for another number of ranks than run (rebuild for as many ranks as --hosts gives)";
+    case COLIBRI_ERR_RANK: return "weight image is another rank's: each rank needs its own (weights.rankN.img)";
     default: return "unknown error";
     }
 }
@@ -174,7 +177,17 @@ int colibri_image_open_checking(const uint8_t *image, uint64_t image_len, Colibr
     if (memcmp(image + COLIBRI_IMAGE_MODEL_HASH_AT, colibri_model_hash, 32) != 0) {
         return COLIBRI_ERR_MODEL_HASH;
     }
-    if (data_offset != COLIBRI_IMAGE_DATA_OFFSET || data_bytes != COLIBRI_IMAGE_DATA_BYTES) {
+    /* A rank's image names its rank and the rank count; a single board's whole image, neither. */
+    if (ranks_count() != COLIBRI_IMAGE_RANKS) {
+        return COLIBRI_ERR_RANKS;
+    }
+    const uint32_t own_rank = COLIBRI_IMAGE_RANKS > 1 ? (uint32_t)ranks_rank() : 0u;
+    if (rd_u32(image + COLIBRI_IMAGE_RANK_AT) != own_rank ||
+        rd_u32(image + COLIBRI_IMAGE_RANKS_AT) != (COLIBRI_IMAGE_RANKS > 1 ? (uint32_t)COLIBRI_IMAGE_RANKS : 0u)) {
+        return COLIBRI_ERR_RANK;
+    }
+    const ColibriRankImage *held = colibri_rank_image();
+    if (data_offset != COLIBRI_IMAGE_DATA_OFFSET || data_bytes != held->data_bytes) {
         return COLIBRI_ERR_TENSOR;
     }
     for (uint32_t i = 0; i < tensor_count; i++) {
@@ -206,7 +219,7 @@ int colibri_image_open_checking(const uint8_t *image, uint64_t image_len, Colibr
         done += chunk;
     }
     sha256_final(&sha, digest);
-    if (memcmp(digest, colibri_weights_sha256, 32) != 0) {
+    if (memcmp(digest, held->weights_sha256, 32) != 0) {
         return COLIBRI_ERR_WEIGHTS_SHA256;
     }
     for (uint32_t i = 0; i < tensor_count; i++) {

@@ -28,6 +28,8 @@ typedef enum {
     COLIBRI_ERR_WEIGHTS_SHA256 = 16, /* well-formed, but not the image this firmware was built for */
     COLIBRI_ERR_TENSOR_CHECKSUM = 17, /* a tensor's bytes differ from its CRC-32 in the directory */
     COLIBRI_ERR_READ = 18,           /* reading an expert from the image file failed or came up short */
+    COLIBRI_ERR_RANKS = 19,          /* the firmware runs as another number of ranks than its images were made for */
+    COLIBRI_ERR_RANK = 20,           /* this build's image, but another rank's (or the whole one on a rank) */
 } colibri_status;
 
 const char *colibri_status_message(int status);

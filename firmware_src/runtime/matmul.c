@@ -62,8 +62,8 @@ static void matmul_rows(void *ctx, int begin, int end)
 {
     const MatmulJob *j = ctx;
     float *const out = j->out + begin;
-    begin += j->first;
-    end += j->first;
+    begin += j->first - j->w->first_row; /* the matrix holds rows from first_row (a rank's share) */
+    end += j->first - j->w->first_row;
     const int cols = j->in->cols, n = end - begin;
     const int64_t first_scale = (int64_t)begin * (cols / KERNEL_QK);
     switch (j->w->dtype) {
@@ -158,6 +158,9 @@ void matmul(float *out, const MatmulInput *in, const ColibriMatrix *w, const flo
 {
     int begin, end; /* this rank's rows (runtime/ranks.h): all of them on a single board */
     ranks_rows(rows, &begin, &end);
+    if (w->rows_held != 0 && end > begin && (begin < w->first_row || end > w->first_row + w->rows_held)) {
+        ranks_missing_rows(rows, begin, end);
+    }
     MatmulJob job = {out + begin, in, w, rows, begin};
     if ((int64_t)in->n_tok * (end - begin) * in->cols < PARALLEL_MIN_MACS) {
         matmul_rows(&job, 0, end - begin);

@@ -18,6 +18,14 @@ void ranks_start(int *argc, char ***argv);
 /* Leave them with the process's exit status: a failure ends every rank, so none waits for it. */
 int ranks_finish(int status);
 
+/* This process's rank (0 on a single board) and the number of ranks (1). */
+int ranks_rank(void);
+int ranks_count(void);
+
+/* A split product needs rows [begin, end) that this rank's weight image does not hold (its image and
+ * the runtime disagree on a split: a defect): every rank ends, saying so. */
+void ranks_missing_rows(int rows, int begin, int end);
+
 /* Whether this rank talks the link protocol (rank 0; the only rank of a single board). */
 int ranks_leader(void);
 

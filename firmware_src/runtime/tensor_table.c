@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "ranks.h"
+
 static const char *const part_names[3] = {"w_gate", "w_up", "w_down"};
 
 /* Appends the decimal digits of v at p; returns the end. No printf: the bare-metal boards have none. */
@@ -56,12 +58,13 @@ void colibri_expected_tensor(uint32_t index, ColibriTensorEntry *out)
     memset(out, 0, sizeof *out);
     if (group == NULL) {
         const ColibriTensorDesc *t = &colibri_tensor_table[named];
+        const ColibriHeldTensor *held = &colibri_rank_image()->named[named];
         strncpy(out->name, t->name, sizeof out->name - 1);
         out->dtype = t->dtype;
-        out->rows = t->rows;
+        out->rows = held->rows;
         out->cols = t->cols;
-        out->offset = t->offset;
-        out->bytes = t->bytes;
+        out->offset = held->offset;
+        out->bytes = held->bytes;
         return;
     }
     const ColibriExpertPart *p = &group->part[part];
@@ -72,11 +75,13 @@ void colibri_expected_tensor(uint32_t index, ColibriTensorEntry *out)
     *end++ = '.';
     put_text(end, part_names[part]); /* at most 43 characters: the name fits */
     out->dtype = p->dtype;
-    out->rows = p->rows;
     out->cols = p->cols;
-    out->offset = colibri_expert_offset(group, expert) + p->at;
-    out->bytes = p->bytes;
     out->expert = 1;
+    if (ranks_owns_expert(expert)) { /* another rank's: an entry of no rows and no bytes */
+        out->rows = p->rows;
+        out->offset = colibri_expert_offset(group, expert) + p->at;
+        out->bytes = p->bytes;
+    }
 }
 
 int colibri_tensor_is_expert(uint32_t index)
@@ -92,9 +97,16 @@ const ColibriExpertGroup *colibri_layer_experts(int layer)
     return g < 0 ? NULL : &colibri_expert_groups[g];
 }
 
+const ColibriRankImage *colibri_rank_image(void)
+{
+    const int rank = ranks_rank();
+    return &colibri_rank_images[rank < COLIBRI_IMAGE_RANKS ? rank : 0];
+}
+
 uint64_t colibri_expert_offset(const ColibriExpertGroup *group, int expert)
 {
-    return group->offset + (uint64_t)expert * group->stride;
+    return colibri_rank_image()->group_offset[group - colibri_expert_groups] +
+           (uint64_t)(expert / COLIBRI_IMAGE_RANKS) * group->stride;
 }
 
 uint32_t colibri_expert_tensor(const ColibriExpertGroup *group, int expert, int part)

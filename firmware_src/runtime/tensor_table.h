@@ -31,7 +31,11 @@ int colibri_tensor_is_expert(uint32_t index);
 /* The routed experts of `layer`, or NULL for a layer without. */
 const ColibriExpertGroup *colibri_layer_experts(int layer);
 
-/* Expert `expert`'s first byte, from the data region's start. */
+/* This rank's weight image (colibri_rank_images; a single board's: the whole image). */
+const ColibriRankImage *colibri_rank_image(void);
+
+/* Expert `expert`'s first byte in this rank's image, from the data region's start (an expert of
+ * this rank's: expert % COLIBRI_IMAGE_RANKS is its rank). */
 uint64_t colibri_expert_offset(const ColibriExpertGroup *group, int expert);
 
 /* The directory entry of part `part` (COLIBRI_EXPERT_W_*) of expert `expert`. */

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "ranks.h"
+#include "tensor_table.h"
 
 #if COLIBRI_Q4_0_EXPANDED
 /* One q4_0 matrix of n values into its int8 copy (the values quant - 8), scales copied as they are. */
@@ -33,6 +35,8 @@ static void bind_matrix(ColibriMatrix *m, const uint8_t *data, uint32_t dtype, u
         KernelHalf *scales = (KernelHalf *)(copy + expanded_scales_offset);
         expand_q4_0(copy, scales, data + offset, data + offset + scales_offset, values);
         m->dtype = COLIBRI_DTYPE_Q8_0;
+        m->first_row = 0;
+        m->rows_held = 0;
         m->w = copy;
         m->d = scales;
         m->m = NULL;
@@ -44,6 +48,8 @@ static void bind_matrix(ColibriMatrix *m, const uint8_t *data, uint32_t dtype, u
     (void)expanded_scales_offset;
 #endif
     m->dtype = dtype;
+    m->first_row = 0;
+    m->rows_held = 0;
     m->w = data + offset;
     /* q8_0, q4_0 and q4_1 keep their scales apart; f32 has none, a kept GGUF type's are in its blocks */
     const int scaled = dtype == COLIBRI_DTYPE_Q8_0 || dtype == COLIBRI_DTYPE_Q4_0 || dtype == COLIBRI_DTYPE_Q4_1;
@@ -58,13 +64,16 @@ static void bind_experts(const uint8_t *data, ColibriWeights *w)
     for (int g = 0; g < COLIBRI_N_EXPERT_GROUPS; g++) {
         const ColibriExpertGroup *group = &colibri_expert_groups[g];
         for (int e = 0; e < COLIBRI_N_EXPERTS; e++) {
+            if (!ranks_owns_expert(e)) {
+                continue; /* another rank's: not in this rank's image */
+            }
             ColibriExpert *ex = &w->layers[group->layer].experts[e];
             ColibriMatrix *to[3] = {&ex->w_gate, &ex->w_up, &ex->w_down};
             for (int p = 0; p < 3; p++) {
                 const ColibriExpertPart *part = &group->part[p];
                 const int64_t expanded = part->expanded_at < 0 ? -1
                     : group->expanded_offset + (int64_t)((uint64_t)e * group->expanded_stride) + part->expanded_at;
-                bind_matrix(to[p], data, part->dtype, group->offset + (uint64_t)e * group->stride + part->at,
+                bind_matrix(to[p], data, part->dtype, colibri_expert_offset(group, e) + part->at,
                             part->scales_offset, part->mins_offset, (uint64_t)part->rows * part->cols, expanded,
                             part->expanded_scales_offset);
             }
@@ -79,14 +88,22 @@ static void bind_experts(const uint8_t *data, ColibriWeights *w)
 void colibri_bind_weights(const uint8_t *data, ColibriWeights *w)
 {
     memset(w, 0, sizeof *w); /* what the model does not have stays NULL */
+    const ColibriRankImage *image = colibri_rank_image(); /* a rank's: its rows of each split product */
     for (int i = 0; i < COLIBRI_N_MATRIX_BINDINGS; i++) {
         const ColibriMatrixBinding *b = &colibri_matrix_bindings[i];
-        bind_matrix((ColibriMatrix *)((uint8_t *)w + b->field), data, b->dtype, b->offset, b->scales_offset,
-                    b->mins_offset, b->values, b->expanded_offset, b->expanded_scales_offset);
+        const ColibriHeldTensor *held = &image->named[b->named];
+        ColibriMatrix *m = (ColibriMatrix *)((uint8_t *)w + b->field);
+        bind_matrix(m, data, b->dtype, held->offset, held->scales_offset, held->mins_offset,
+                    (uint64_t)held->rows * colibri_tensor_table[b->named].cols, b->expanded_offset,
+                    b->expanded_scales_offset);
+        if (held->rows != colibri_tensor_table[b->named].rows) {
+            m->first_row = (int32_t)held->first_row;
+            m->rows_held = (int32_t)held->rows;
+        }
     }
     bind_experts(data, w);
     for (int i = 0; i < COLIBRI_N_VECTOR_BINDINGS; i++) {
         const ColibriVectorBinding *v = &colibri_vector_bindings[i];
-        *(const float **)((uint8_t *)w + v->field) = (const float *)(data + v->offset);
+        *(const float **)((uint8_t *)w + v->field) = (const float *)(data + image->named[v->named].offset);
     }
 }

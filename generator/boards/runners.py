@@ -115,11 +115,15 @@ class ProcessRunner(Runner):
     def tools(self) -> list[str]:
         return [self.emulator[0]] if self.needs_emulator() else []
 
-    def start_prefix(self, hosts: Sequence[str] = ()) -> list[str]:
-        """What the program is started under here: its emulator where this machine needs one."""
+    def program_prefix(self) -> list[str]:
+        """What the program itself is started under here: its emulator where this machine needs one."""
         if not self.needs_emulator():
             return []
         return [a.replace("{sysroot}", str(self.sysroot or "")) for a in self.emulator]
+
+    def start_prefix(self, hosts: Sequence[str] = ()) -> list[str]:
+        """The command line before the program's own: here, its emulator where one is needed."""
+        return self.program_prefix()
 
 
 def running_as_root() -> bool:
@@ -147,14 +151,18 @@ class MpiRunner(ProcessRunner):
     def tools(self) -> list[str]:
         return [self.launcher[0], *super().tools()]
 
-    def start_prefix(self, hosts: Sequence[str] = ()) -> list[str]:
+    def launcher_prefix(self, hosts: Sequence[str] = ()) -> list[str]:
+        """mpirun and its options, before the ranks' programs (each under program_prefix)."""
         # As root, Open MPI refuses to start without being told; more ranks than cores (--hosts
         # localhost:4 on two) need --oversubscribe, else it refuses that too. A rank waiting in a
         # collective yields its core: spinning, 4 ranks on 2 cores took 90 s for what takes 1.6 s.
         root = ["--allow-run-as-root"] if running_as_root() else []
         where = list(hosts) if hosts else ["--host", "localhost:1"]
         waiting = ["--mca", "mpi_yield_when_idle", "1"]
-        return [*self.launcher, *root, "--oversubscribe", *waiting, *where, *super().start_prefix()]
+        return [*self.launcher, *root, "--oversubscribe", *waiting, *where]
+
+    def start_prefix(self, hosts: Sequence[str] = ()) -> list[str]:
+        return [*self.launcher_prefix(hosts), *self.program_prefix()]
 
 
 @dataclass(frozen=True)

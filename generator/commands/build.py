@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import job
-from ..arguments import add_budget_arg, add_cache_arg, add_compiled_args
+from ..arguments import add_budget_arg, add_cache_arg, add_compiled_args, add_ranks_arg
 from ..boards import Board, available_boards, load_board
 from ..compile.build import build_dirs, remove_builds
 from ..compile.build_cache import empty_cache, resolve_cache_dir
@@ -21,6 +21,7 @@ from .common import Command, add_json_arg, job_options, print_json
 
 def add_build_arguments(p: argparse.ArgumentParser) -> None:
     add_compiled_args(p)
+    add_ranks_arg(p)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class BuildSummary(JsonDocument):
     n_ctx: int
     idf_project: Path | None = json_field(omit_none=True, default=None)
     idf_built: bool | None = json_field(omit_none=True, default=None)
+    rank_weights: list[Path] | None = json_field(omit_none=True, default=None)  # each MPI rank's image
 
 
 def build(args: argparse.Namespace) -> int:
@@ -56,6 +58,7 @@ def build(args: argparse.Namespace) -> int:
         plan.n_ctx,
         idf_project=art.out_dir / idf.project_dir if idf is not None else None,
         idf_built=art.program.exists() if idf is not None else None,
+        rank_weights=list(art.rank_weights()) or None,
     )
     if args.json:
         print_json(built.to_json())
@@ -68,11 +71,14 @@ def build(args: argparse.Namespace) -> int:
     else:
         print(f"built {art.program} for {board.name} ({plan.spec.architecture}, {plan.quant}, context {plan.n_ctx})")
         print(f"weight image {art.weights} ({art.weights.stat().st_size:,} bytes, model hash {built.model_hash[:16]})")
+        for rank, image in enumerate(art.rank_weights()):
+            print(f"rank {rank}'s weight image {image} ({image.stat().st_size:,} bytes)")
     return 0
 
 
 def add_report_arguments(p: argparse.ArgumentParser) -> None:
     add_compiled_args(p)
+    add_ranks_arg(p)
     add_budget_arg(p)
 
 

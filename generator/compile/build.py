@@ -44,6 +44,7 @@ class BuildRequest:
     n_ctx: int
     out_dir: Path
     kv_type: str = DEFAULT_KV_TYPE
+    ranks: int = 1  # MPI ranks: one weight image each (compile/layout.py rank_image)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,13 @@ class Artifacts:
     def plan(self) -> dict:
         return json.loads(self.plan_json.read_text())
 
+    def rank_weights(self) -> tuple[Path, ...]:
+        """Each rank's weight image, rank 0 first; none for a single board's build."""
+        from .layout import rank_image_name
+
+        ranks = self.plan().get("ranks", {}).get("count", 1)
+        return tuple(self.generated / rank_image_name(r) for r in range(ranks)) if ranks > 1 else ()
+
     def model_hash(self) -> str:
         from .image import map_image, read_header
 
@@ -69,11 +77,14 @@ class Artifacts:
 BUILD_ROOT = Path(os.environ.get("COLIBRI_BUILD_DIR") or REPO / "build").resolve()
 
 
-def default_out_dir(board: Board, model_dir: Path, quant: str, n_ctx: int, kv_type: str | None = None) -> Path:
+def default_out_dir(
+    board: Board, model_dir: Path, quant: str, n_ctx: int, kv_type: str | None = None, ranks: int = 1
+) -> Path:
     """build/<board>/<model>-<quant>-ctx<N>: where a build goes unless --out says otherwise
-    (-kv<type> after it for a KV cache type other than the board's)."""
+    (-kv<type> after it for a KV cache type other than the board's, -ranks<N> for several ranks)."""
     kv = f"-kv{kv_type}" if kv_type and kv_type != board.kv_type else ""
-    return BUILD_ROOT / board.name / f"{model_slug(model_dir)}-{quant}-ctx{n_ctx}{kv}"
+    split = f"-ranks{ranks}" if ranks > 1 else ""
+    return BUILD_ROOT / board.name / f"{model_slug(model_dir)}-{quant}-ctx{n_ctx}{kv}{split}"
 
 
 def model_slug(model: Path | str) -> str:
@@ -150,6 +161,7 @@ def prepare(
     out_dir: Path | str | None = None,
     check_fit: bool = True,
     kv_type: str | None = None,
+    ranks: int = 1,
 ) -> tuple[BuildRequest, Plan]:
     """Validate everything that can be validated without compiling; returns the plan too.
     quant None: the model's default (a GGUF file's own blocks, else q8_0); kv_type None: the board's.
@@ -158,13 +170,14 @@ def prepare(
         check_build_dir(out_dir)  # before any work: a bad --out costs nothing
     model_dir = Path(model_dir)
     checkpoint = load_model(model_dir, load_tensors=False)
-    plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx, kv_type)
+    plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx, kv_type, ranks)
     quant, n_ctx = plan.quant, plan.n_ctx
     if check_fit:
         check_fits(board, plan)
     if out_dir is None:
-        out_dir = default_out_dir(board, model_dir, quant, n_ctx, plan.kv_type)
-    return BuildRequest(board, model_dir.resolve(), quant, n_ctx, Path(out_dir).resolve(), plan.kv_type), plan
+        out_dir = default_out_dir(board, model_dir, quant, n_ctx, plan.kv_type, plan.ranks)
+    request = BuildRequest(board, model_dir.resolve(), quant, n_ctx, Path(out_dir).resolve(), plan.kv_type, plan.ranks)
+    return request, plan
 
 
 def generation_modules() -> list[Path]:
@@ -295,6 +308,7 @@ def scons_command(req: BuildRequest, extra: list[str] | None = None) -> list[str
         f"quant={req.quant}",
         f"ctx={req.n_ctx}",
         f"kv_type={req.kv_type}",
+        *([f"ranks={req.ranks}"] if req.ranks > 1 else []),
         f"out={req.out_dir}",
         *(extra or []),
     ]

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from ..errors import ColibriError
 from ..sizes import AUTO_MARGIN_BYTES, AutoBudget, format_size, parse_budget, parse_size  # noqa: F401 (used by callers too)
-from .layout import align_up, expert_groups
+from .layout import align_up, expert_groups, rank_image
 from .plan import Plan
 
 STORAGE_ALIGN = 4096  # O_DIRECT: file offsets, lengths and buffers in multiples of this
@@ -365,3 +365,49 @@ class AutoRan:
 def plan_as_ran(c: CacheConstants, ran: AutoRan) -> CachePlan:
     """The cache a firmware under auto ran with: its budget, and what it found where it ran."""
     return CachePlan(ran.budget, c, slots_for_budget(c, ran.budget) or 0, ran.choice)
+
+
+# ---- --memory-budget over MPI ranks: each rank's share (layout.rank_image) ----------------------
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """What one rank holds: its weight image (mapped, read in place) and the arenas every rank
+    holds whole (KV cache, scratch, tables), with the board's reserve: its memory."""
+
+    rank: int
+    image_bytes: int
+    arena_bytes: int
+    reserve_bytes: int
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.image_bytes + self.arena_bytes + self.reserve_bytes
+
+    def to_json(self) -> dict[str, int]:
+        return {"rank": self.rank, "image_bytes": self.image_bytes, "memory_bytes": self.memory_bytes}
+
+
+def rank_shares(plan, reserve_bytes: int) -> tuple[RankShare, ...]:
+    """Every rank's share of a build for plan.ranks ranks (`plan`: compile/plan.py's Plan)."""
+    arenas = plan.context_state_bytes + plan.scratch_bytes + plan.rope_table_bytes + plan.expanded_bytes
+    return tuple(
+        RankShare(r, rank_image(plan.spec, plan.tensors, r, plan.ranks).image.image_bytes, arenas, reserve_bytes)
+        for r in range(plan.ranks)
+    )
+
+
+def check_rank_budget(plan, reserve_bytes: int, budget: int, flag: str) -> tuple[RankShare, ...]:
+    """--memory-budget on ranks applies to each rank: every rank's share must fit it whole (a rank
+    maps its own image and reads it in place), or the first that does not is named."""
+    shares = rank_shares(plan, reserve_bytes)
+    for share in shares:
+        if budget and share.memory_bytes > budget:
+            need = max(s.memory_bytes for s in shares)
+            raise ColibriError(
+                f"{flag} does not hold rank {share.rank}'s share of {plan.spec.name} over {plan.ranks} ranks: "
+                f"{share.memory_bytes:,} B = its weight image {share.image_bytes:,} B + KV cache, scratch and "
+                f"tables {share.arena_bytes:,} B + reserve {share.reserve_bytes:,} B; give each rank at least "
+                f"{need:,} B, or run over more ranks"
+            )
+    return shares

@@ -27,7 +27,13 @@ from . import image_format
 from .arenas import KV_TILE
 from .cache_plan import STORAGE_ALIGN, cache_constants
 from .image_format import DTYPE_CODES, QUANT_CODES
-from .layout import ALIGN, align_up, expert_groups
+from .layout import (
+    ALIGN,
+    GEMMA4_LAYER_MATRICES,
+    align_up,
+    expert_groups,
+    is_matrix_part,
+)
 from .plan import Plan
 
 # A Gated DeltaNet layer's fields in ColibriLayerWeights (model_def.h), and which are matrices.
@@ -42,13 +48,10 @@ LINEAR_LAYER_PARTS = (
     "lin_norm",
     "lin_out",
 )
-LINEAR_LAYER_MATRICES = ("lin_qkv", "lin_z", "lin_b", "lin_a", "lin_out")
 # A gated short convolution layer's fields (LFM2): in_proj and out_proj (matrices), the taps.
 SHORT_CONV_LAYER_PARTS = ("conv_in", "conv_taps", "conv_out")
-SHORT_CONV_LAYER_MATRICES = ("conv_in", "conv_out")
 # A Mamba-2 layer's fields (Granite 4.0 hybrid): in_proj and out_proj (matrices), the rest vectors.
 MAMBA2_LAYER_PARTS = ("ssm_in", "ssm_conv", "ssm_conv_bias", "ssm_dt_bias", "ssm_a", "ssm_d", "ssm_norm", "ssm_out")
-MAMBA2_LAYER_MATRICES = ("ssm_in", "ssm_out")
 
 DTYPE_ORDER = sorted(DTYPE_CODES.items(), key=lambda kv: kv[1])  # (name, code), by code
 
@@ -60,7 +63,6 @@ ROUTER_LAYER_VECTORS = ("router_choice_bias",)
 GENERATED_FILES = ("model_def.h", "model_data.c", "board_def.h", "image_format.h")
 # Gemma 4's per-layer parts: the per-layer input's gate and projection (matrices) and norm, the
 # layer scalar, the MoE block's norms (the router's with its folded scale) and per-expert scales.
-GEMMA4_LAYER_MATRICES = ("ple_gate", "ple_proj")
 # Multi-head latent attention's per-layer parts (the matrices start with w).
 LATENT_LAYER_PARTS = ("wq_a", "q_a_norm", "wq_b", "wkv_a", "kv_a_norm", "wk_b", "wv_b")
 GEMMA4_LAYER_VECTORS = (
@@ -198,7 +200,49 @@ def _placements(tensors: list[dict], groups: list[dict]) -> list[tuple[dict, dic
     return list(zip(items, items[1:]))
 
 
-def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = bytes(32)) -> dict:
+def _c_bytes(digest: bytes) -> str:
+    return ", ".join(f"0x{b:02x}" for b in digest)
+
+
+HELD_FIELDS = ("rows", "offset", "nbytes", "scales_offset", "mins_offset")
+
+
+def _rank_tables(plan: Plan, groups: list[dict], named: list[dict], weights_sha256: bytes, rank_images) -> list[dict]:
+    """colibri_rank_images: each rank image's held tensors (rank_images: compile/layout.py's
+    RankImage with its identity), or, for a single board, the whole image as rank 0 of 1."""
+    if not rank_images:
+        held = [dict(first_row=0, **{k: t[k] for k in HELD_FIELDS}) for t in named]
+        offsets = ", ".join(str(g["offset"]) for g in groups) or "0"
+        return [
+            dict(
+                rank=0,
+                named=held,
+                group_offsets=offsets,
+                data_bytes=plan.image.data_bytes,
+                identity=_c_bytes(weights_sha256),
+            )
+        ]
+    tables = []
+    for image, identity in rank_images:
+        entries = [image.tensors[t["index"]] for t in named]
+        held = [
+            dict(first_row=image.first_rows[t["index"]], **{k: getattr(e, k) for k in HELD_FIELDS})
+            for t, e in zip(named, entries)
+        ]
+        offsets = ", ".join(map(str, image.group_offsets)) or "0"
+        tables.append(
+            dict(
+                rank=image.rank,
+                named=held,
+                group_offsets=offsets,
+                data_bytes=image.image.data_bytes,
+                identity=_c_bytes(identity),
+            )
+        )
+    return tables
+
+
+def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = bytes(32), rank_images=()) -> dict:
     spec = plan.spec
     # Each table's rows padded to the widest table's half (Gemma 4's global layers rotate wider heads).
     half = max(plan.rope_dims) // 2
@@ -262,17 +306,17 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         *SHORT_CONV_LAYER_PARTS,
         *MAMBA2_LAYER_PARTS,
     ):
-        matrix = (
-            part.startswith("w")
-            or part in LINEAR_LAYER_MATRICES
-            or part in GEMMA4_LAYER_MATRICES
-            or part in SHORT_CONV_LAYER_MATRICES
-            or part in MAMBA2_LAYER_MATRICES
-        )
         layer_fields.append(
-            dict(part=part, matrix=matrix, present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)])
+            dict(
+                part=part,
+                matrix=is_matrix_part(part),
+                present=[f"layers.{i}.{part}" in present for i in range(spec.n_layers)],
+            )
         )
     matrix_bindings, vector_bindings = _bindings(spec, {t["name"]: t for t in tensors}, layer_fields)
+    row_of = {t["name"]: n for n, t in enumerate(named_tensors)}
+    for binding in (*matrix_bindings, *vector_bindings):
+        binding["named"] = row_of[binding["t"]["name"]]
     return dict(
         fw_version=__version__,
         matrix_bindings=matrix_bindings,
@@ -308,6 +352,7 @@ def template_context(plan: Plan, model_hash: bytes, weights_sha256: bytes = byte
         named_tensors=named_tensors,
         expert_groups=groups,
         placement_pairs=_placements(tensors, groups),
+        rank_images=_rank_tables(plan, groups, named_tensors, weights_sha256, rank_images),
         layer_expert_group=", ".join(str(group_of_layer.get(i, -1)) for i in range(spec.n_layers)),
         tensor_by_name={t["name"]: t for t in tensors},
         layer_fields=layer_fields,
@@ -423,9 +468,9 @@ def cache_context(plan: Plan, board) -> dict:
     )
 
 
-def render(plan: Plan, model_hash: bytes, board, weights_sha256: bytes = bytes(32)) -> dict[str, str]:
+def render(plan: Plan, model_hash: bytes, board, weights_sha256: bytes = bytes(32), rank_images=()) -> dict[str, str]:
     env = environment()
-    context = template_context(plan, model_hash, weights_sha256)
+    context = template_context(plan, model_hash, weights_sha256, rank_images)
     context.update(board_context(board))
     context.update(cache_context(plan, board))
     return {name: env.get_template(name + ".j2").render(context) for name in GENERATED_FILES}

@@ -46,7 +46,7 @@ from ..numerics.quantize import (
     unpack_q4_1,
 )
 from . import image_format as fmt
-from .layout import TensorEntry
+from .layout import ImageLayout, RankImage, TensorEntry
 from .plan import Plan
 
 # Work is cut into pieces of whole rows of at most this many values (16 MB as float32): the
@@ -359,15 +359,21 @@ def write_image(plan: Plan, tensors, path: Path, jobs: int = 1, progress=None) -
         finally:
             written.close()  # stops the workers when something failed
         model_hash.update(directory)
-        header = image_header(plan, model_hash.digest())
-        front = bytearray(layout.data_offset)  # header, directory, zero padding up to the data
-        front[: len(header)] = header
-        front[layout.dir_offset : layout.dir_offset + len(directory)] = directory
-        f.seek(0)
-        f.write(front)
-        f.seek(layout.image_bytes - fmt.TRAILER_BYTES)
-        f.write(struct.pack("<I", zlib.crc32(front)) + fmt.END_MAGIC)
+        front = write_front(f, layout, image_header(plan, model_hash.digest()), directory)
     return ImageWritten(Path(path), model_hash.digest(), hashlib.sha256(bytes(front)).digest(), requantized)
+
+
+def write_front(f, layout: ImageLayout, header: bytes, directory: bytes) -> bytes:
+    """An image's header and directory (zero padded up to the data region) and its trailer; returns
+    the front, whose SHA-256 is the image's identity."""
+    front = bytearray(layout.data_offset)
+    front[: len(header)] = header
+    front[layout.dir_offset : layout.dir_offset + len(directory)] = directory
+    f.seek(0)
+    f.write(front)
+    f.seek(layout.image_bytes - fmt.TRAILER_BYTES)
+    f.write(struct.pack("<I", zlib.crc32(front)) + fmt.END_MAGIC)
+    return bytes(front)
 
 
 def directory_entry(t: TensorEntry, crc32: int) -> bytes:
@@ -387,21 +393,29 @@ def directory_entry(t: TensorEntry, crc32: int) -> bytes:
 
 def image_header(plan: Plan, model_hash: bytes) -> bytes:
     """The image's header for plan's layout, its tensor count and quantization, and model_hash."""
-    layout = plan.image
+    return header_for(plan.image, len(plan.tensors), fmt.QUANT_CODES[plan.quant], model_hash)
+
+
+def header_for(
+    layout: ImageLayout, tensor_count: int, quant_code: int, model_hash: bytes, rank: int = 0, ranks: int = 0
+) -> bytes:
+    """A header: a single board's whole image (rank and ranks 0), or rank `rank`'s of `ranks`."""
     return fmt.pack(
         fmt.HEADER,
         fmt.HEADER_BYTES,
         magic=fmt.MAGIC,
         version=fmt.FORMAT_VERSION,
         header_bytes=fmt.HEADER_BYTES,
-        tensor_count=len(plan.tensors),
+        tensor_count=tensor_count,
         dir_entry_bytes=fmt.DIR_ENTRY_BYTES,
         dir_offset=layout.dir_offset,
         data_offset=layout.data_offset,
         data_bytes=layout.data_bytes,
         image_bytes=layout.image_bytes,
         model_hash=model_hash,
-        quant=fmt.QUANT_CODES[plan.quant],
+        quant=quant_code,
+        rank=rank,
+        ranks=ranks,
     )
 
 
@@ -462,3 +476,48 @@ def identity_sha256(blob) -> bytes:
 def map_image(path) -> np.memmap:
     """The image file mapped read-only: readers take what they need without copying the file."""
     return np.memmap(path, dtype=np.uint8, mode="r")
+
+
+def _row_pieces(whole: TensorEntry, held: TensorEntry, begin: int) -> list[tuple[int, int, int]]:
+    """(from, to, length) within the tensors' own bytes: the held rows' quants, scales and minimums."""
+    if held.rows == whole.rows:
+        return [(0, 0, whole.nbytes)]
+    if whole.dtype in KEPT_BLOCK_TYPES:
+        row = kept_blocks.row_bytes(whole.dtype, whole.cols)
+        return [(begin * row, 0, held.rows * row)]
+    if whole.dtype in INTEGER_QUANTS:
+        row = whole.cols if whole.dtype == "q8_0" else whole.cols // 2
+        scales = whole.cols // QK * SCALE_BYTES
+        out = [
+            (begin * row, 0, held.rows * row),
+            (whole.scales_offset + begin * scales, held.scales_offset, held.rows * scales),
+        ]
+        if whole.dtype == "q4_1":
+            out.append((whole.mins_offset + begin * scales, held.mins_offset, held.rows * scales))
+        return out
+    return [(begin * whole.cols * 4, 0, held.rows * whole.cols * 4)]
+
+
+def write_rank_image(
+    whole_path: Path, whole: tuple[TensorEntry, ...], rank: RankImage, model_hash: bytes, quant_code: int, path: Path
+) -> bytes:
+    """Rank image `rank` at `path`, its bytes copied from the whole image at `whole_path`; returns
+    its identity (the SHA-256 of its header and directory, as image.identity_sha256)."""
+    layout = rank.image
+    with open(whole_path, "rb") as source, mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as image:
+        data_at = fmt.HEADER["data_offset"].read(image)
+        directory = bytearray()
+        with atomic_output(path, "r+b") as (out, _):
+            out.truncate(layout.image_bytes)  # zero everywhere nothing is written: padding is zero
+            for t, held, first, source_at in zip(whole, rank.tensors, rank.first_rows, rank.whole_offsets):
+                extent = bytearray(held.extent)
+                if held.nbytes:
+                    for start, to, length in _row_pieces(t, held, first):
+                        at = data_at + source_at + start
+                        extent[to : to + length] = image[at : at + length]
+                    out.seek(layout.data_offset + held.offset)
+                    out.write(extent)
+                directory += directory_entry(held, zlib.crc32(extent))
+            header = header_for(layout, len(rank.tensors), quant_code, model_hash, rank.rank, rank.ranks)
+            front = write_front(out, layout, header, directory)
+    return hashlib.sha256(bytes(front)).digest()

@@ -101,6 +101,8 @@ HEADER = _table(
     Field("image_bytes", 48, "Q", "bytes of the whole image, trailer included"),
     Field("model_hash", 56, "32s", "SHA-256 naming the model and its weights (image.py)"),
     Field("quant", 88, "I", "the model's quantization, a QUANT_CODES value"),
+    Field("rank", 92, "I", "a rank's image (compile/layout.py rank_image): which rank it is; else 0"),
+    Field("ranks", 96, "I", "a rank's image: the rank count it was made for; 0 for a whole (single board) image"),
 )
 
 DIR_ENTRY = _table(

@@ -155,6 +155,21 @@ def c_name(name: str) -> str:
     return name.replace(".", "_").upper()
 
 
+def tensor_bytes(dtype: str, rows: int, cols: int) -> tuple[int, int, int]:
+    """A tensor's bytes in the image and where its scales and minimums start (0 where it has none):
+    a kept GGUF type's blocks row after row; q8_0, q4_0, q4_1 quants, zero padding to ALIGN, binary16
+    scales (then q4_1's minimums); f32 values."""
+    if dtype in KEPT_BLOCK_TYPES:
+        return rows * blocks.row_bytes(dtype, cols), 0, 0
+    if dtype in INTEGER_QUANTS:
+        scales_offset = align_up(rows * cols if dtype == "q8_0" else rows * cols // 2)
+        nbytes = scales_offset + rows * (cols // QK) * SCALE_BYTES
+        if dtype == "q4_1":  # the binary16 minimums follow the scales
+            return nbytes + rows * (cols // QK) * SCALE_BYTES, scales_offset, nbytes
+        return nbytes, scales_offset, 0
+    return rows * cols * 4, 0, 0
+
+
 def tensor_layout(
     spec: ModelSpec, quant: str, gguf_types: dict[str, str], held_types: dict[str, str]
 ) -> tuple[tuple[TensorEntry, ...], int, tuple[str, ...]]:
@@ -176,25 +191,9 @@ def tensor_layout(
             quantized = False
         if verbatim and shape[1] % blocks.FORMATS[block_type].values:  # the GGUF reader refuses such a file
             raise ColibriError(f"{name}: rows of {shape[1]} are not whole {block_type} blocks")
-        if verbatim:  # the file's blocks, row after row
-            rows, cols = shape
-            scales_offset = mins_offset = 0
-            nbytes = rows * blocks.row_bytes(block_type, cols)
-            dtype = block_type
-        elif quantized:
-            rows, cols = shape
-            quant_bytes = rows * cols if block_type == "q8_0" else rows * cols // 2
-            scales_offset = align_up(quant_bytes)
-            nbytes = scales_offset + rows * (cols // QK) * SCALE_BYTES
-            # q4_1: the binary16 minimums follow the scales
-            mins_offset = nbytes if block_type == "q4_1" else 0
-            nbytes += rows * (cols // QK) * SCALE_BYTES if block_type == "q4_1" else 0
-            dtype = block_type
-        else:
-            rows, cols = shape if len(shape) == 2 else (1, shape[0])
-            scales_offset = mins_offset = 0
-            nbytes = rows * cols * 4
-            dtype = "f32"
+        rows, cols = shape if len(shape) == 2 else (1, shape[0])
+        dtype = block_type if verbatim or quantized else "f32"
+        nbytes, scales_offset, mins_offset = tensor_bytes(dtype, rows, cols)
         entries.append(
             TensorEntry(name, c_name(name), dtype, rows, cols, cursor, nbytes, scales_offset, mins_offset=mins_offset)
         )
@@ -227,3 +226,159 @@ def image_layout(n_tensors: int, data_bytes: int) -> ImageLayout:
         data_bytes,
         data_offset + data_bytes + image_format.TRAILER_BYTES,
     )
+
+
+# ---- A model split over MPI ranks (runtime/ranks.h): each rank's weight image ----------------
+# A build for N ranks writes one image per rank holding only what that rank computes (image.py
+# write_rank_image):
+# - a matrix whose product is split by output rows (split_tensors) holds the rank's rows
+#   [rows*r/N, rows*(r+1)/N) only: runtime/ranks/mpi.c's first_row, the same rule;
+# - routed expert e lives on rank e mod N: a rank holds its own experts, one after another at the
+#   layer's stride (expert e at local place e div N); another rank's expert is a directory entry of
+#   no rows and no bytes;
+# - what every rank reads whole (the embedding: a row per token, and the tied output; a per-layer
+#   embedding; latent attention's per-head blocks wk_b and wv_b; norms, biases) is whole in each.
+# Each rank image keeps the whole image's directory (the same entries, in the same order, each with
+# the rank's rows, place and CRC-32), so the firmware's checks are the single image's; its header
+# names the rank and the rank count and carries the whole model's hash (the model's identity).
+
+# A layer's matrices that are not named w*: ColibriMatrix fields (emit.py's bindings)
+LINEAR_LAYER_MATRICES = ("lin_qkv", "lin_z", "lin_b", "lin_a", "lin_out")
+SHORT_CONV_LAYER_MATRICES = ("conv_in", "conv_out")
+MAMBA2_LAYER_MATRICES = ("ssm_in", "ssm_out")
+GEMMA4_LAYER_MATRICES = ("ple_gate", "ple_proj")
+
+
+def is_matrix_part(part: str) -> bool:
+    """Whether a layer's tensor `part` (wq, conv_in, ...) is a ColibriMatrix field, not a vector."""
+    return (
+        part.startswith("w")
+        or part in LINEAR_LAYER_MATRICES
+        or part in GEMMA4_LAYER_MATRICES
+        or part in SHORT_CONV_LAYER_MATRICES
+        or part in MAMBA2_LAYER_MATRICES
+    )
+
+
+# Matrices read whole on every rank (never through a split product): by name, or by the end of it.
+WHOLE_MATRICES = ("embed", "ple_embed")
+WHOLE_MATRIX_PARTS = (".wk_b", ".wv_b")  # latent attention: one head's block of rows at a time
+
+
+MAX_RANKS = 1024  # as --hosts' slots (device/hosts.py)
+
+
+def check_ranks(board, ranks: int) -> int:
+    """A rank count for a board: more than one only where the board's runner runs ranks."""
+    if not 1 <= ranks <= MAX_RANKS:
+        raise ColibriError(f"ranks must be a count from 1 to {MAX_RANKS}, got {ranks}")
+    if ranks > 1 and not board.runner.runs_ranks:
+        raise ColibriError(
+            f"board {board.name} runs one process, not MPI ranks: build for ranks on an MPI board (host-mpi)"
+        )
+    return ranks
+
+
+def rank_image_name(rank: int) -> str:
+    return f"weights.rank{rank}.img"
+
+
+def first_row(rows: int, rank: int, ranks: int) -> int:
+    """Where rank `rank`'s rows of a split product start (ranks/mpi.c's first_row)."""
+    return rows * rank // ranks
+
+
+def bound_as_matrix(name: str) -> bool:
+    """Whether a tensor is a ColibriMatrix of the firmware's weights (emit.py's bindings)."""
+    if not name.startswith("layers."):
+        return name in ("embed", "ple_embed", "ple_model_proj", "lm_head")
+    part = name.split(".", 2)[2]
+    return part in ("router", "shared_gate") or part.startswith("shared.") or is_matrix_part(part)
+
+
+def split_tensors(spec: ModelSpec, tensors: tuple[TensorEntry, ...]) -> frozenset[str]:
+    """The tensors whose products are split by output rows: every matrix but the routed experts'
+    (computed whole where they live) and those read whole (WHOLE_MATRICES, WHOLE_MATRIX_PARTS)."""
+    experts = {
+        t.name for g in expert_groups(spec, tensors) for t in tensors[g.first_tensor : g.first_tensor + 3 * g.n_experts]
+    }
+    return frozenset(
+        t.name
+        for t in tensors
+        if bound_as_matrix(t.name)
+        and t.name not in experts
+        and t.name not in WHOLE_MATRICES
+        and not t.name.endswith(WHOLE_MATRIX_PARTS)
+    )
+
+
+@dataclass(frozen=True)
+class RankImage:
+    """One rank's weight image: its directory entries (the whole image's, each with the rank's
+    rows, place and bytes) and the first row each holds, where each layer's experts start."""
+
+    rank: int
+    ranks: int
+    tensors: tuple[TensorEntry, ...]
+    first_rows: tuple[int, ...]
+    group_offsets: tuple[int, ...]  # per expert group: the rank's first expert, from the data region
+    image: ImageLayout
+    whole_offsets: tuple[int, ...]  # where each entry's bytes come from in the whole image's data
+
+
+def _rows_of(t: TensorEntry, begin: int, end: int, offset: int) -> TensorEntry:
+    nbytes, scales_offset, mins_offset = tensor_bytes(t.dtype, end - begin, t.cols)
+    return replace(
+        t, rows=end - begin, offset=offset, nbytes=nbytes, scales_offset=scales_offset, mins_offset=mins_offset
+    )
+
+
+def rank_image(spec: ModelSpec, tensors: tuple[TensorEntry, ...], rank: int, ranks: int) -> RankImage:
+    """Rank `rank` of `ranks`: what its image holds, and where (with one rank: the whole image)."""
+    split = split_tensors(spec, tensors) if ranks > 1 else frozenset()
+    groups = {g.first_tensor: g for g in expert_groups(spec, tensors)}
+    entries: list[TensorEntry] = []
+    firsts: list[int] = []
+    sources: list[int] = []
+    group_offsets: list[int] = []
+    cursor, i = 0, 0
+    while i < len(tensors):
+        g = groups.get(i)
+        if g is not None:
+            group_offsets.append(cursor)
+            for e in range(g.n_experts):
+                for part in range(3):
+                    t = tensors[i + 3 * e + part]
+                    if e % ranks == rank:
+                        entries.append(replace(t, offset=cursor + e // ranks * g.stride + g.parts[part].at))
+                        sources.append(t.offset)
+                    else:  # another rank's: no rows, no bytes
+                        entries.append(replace(t, rows=0, offset=0, nbytes=0, scales_offset=0, mins_offset=0))
+                        sources.append(0)
+                    firsts.append(0)
+            cursor += len(range(rank, g.n_experts, ranks)) * g.stride
+            i += 3 * g.n_experts
+            continue
+        t = tensors[i]
+        begin, end = (
+            (first_row(t.rows, rank, ranks), first_row(t.rows, rank + 1, ranks)) if t.name in split else (0, t.rows)
+        )
+        held = _rows_of(t, begin, end, cursor) if t.name in split else replace(t, offset=cursor)
+        entries.append(held)
+        firsts.append(begin)
+        sources.append(t.offset)
+        cursor = align_up(cursor + held.nbytes)
+        i += 1
+    return RankImage(
+        rank,
+        ranks,
+        tuple(entries),
+        tuple(firsts),
+        tuple(group_offsets),
+        image_layout(len(entries), cursor),
+        tuple(sources),
+    )
+
+
+def rank_images(spec: ModelSpec, tensors: tuple[TensorEntry, ...], ranks: int) -> tuple[RankImage, ...]:
+    return tuple(rank_image(spec, tensors, r, ranks) for r in range(ranks))

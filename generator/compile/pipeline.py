@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..boards import Board
@@ -16,7 +16,9 @@ from ..files import write_atomic
 from ..model.load import Checkpoint, load_model
 from ..numerics.quantize import GGUF
 from .emit import GENERATED_FILES, check_c_limits, render
-from .image import default_jobs, write_image
+from .image import default_jobs, write_image, write_rank_image
+from .image_format import QUANT_CODES
+from .layout import check_ranks, rank_image, rank_image_name
 from .plan import Plan, plan_for_board
 
 WEIGHTS_FILE = "weights.img"
@@ -55,6 +57,7 @@ def plan_checkpoint(
     quant: str | None,
     ctx: int | None,
     kv_type: str | None = None,
+    ranks: int = 1,
 ) -> Plan:
     """The plan of a checkpoint for a board: --quant gguf takes each tensor's block type from the
     GGUF file it was read from; no --quant, the model's default (model_default_quant); no
@@ -77,6 +80,8 @@ def plan_checkpoint(
         held_types=held,
         kv_type=kv_type,
     )
+    if ranks != 1:
+        plan = replace(plan, ranks=check_ranks(board, ranks))
     check_c_limits(checkpoint.spec, plan)
     return plan
 
@@ -129,6 +134,20 @@ class QuantizeProgress:
             self.last = now
 
 
+def write_rank_images(plan: Plan, whole: Path, model_hash: bytes, out_dir: Path) -> tuple:
+    """A build for several ranks: each rank's image (compile/layout.py rank_image) beside the whole one, under
+    a hidden name until the sources naming their identities are written; ((RankImage, identity), ...)."""
+    if plan.ranks == 1:
+        return ()
+    written = []
+    for r in range(plan.ranks):
+        rank = rank_image(plan.spec, plan.tensors, r, plan.ranks)
+        staged = out_dir / f".{rank_image_name(rank.rank)}.staged"
+        identity = write_rank_image(whole, plan.tensors, rank, model_hash, QUANT_CODES[plan.quant], staged)
+        written.append((rank, identity))
+    return tuple(written)
+
+
 def generate(
     model_dir: Path,
     board: Board,
@@ -138,13 +157,14 @@ def generate(
     progress=None,
     jobs: int | None = None,
     kv_type: str | None = None,
+    ranks: int = 1,
 ) -> Generated:
     """Generate every file for (model, board, quant, ctx) into out_dir. The weight image streams
     tensor by tensor (quantized in `jobs` worker processes; default: every core): memory stays
     bounded by the largest piece of a tensor, whatever the model's size. The bytes are the same at
     any job count."""
     checkpoint = load_model(model_dir)
-    plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx, kv_type)
+    plan = plan_checkpoint(checkpoint, model_dir, board, quant, ctx, kv_type, ranks)
 
     report = None
     if progress:
@@ -163,14 +183,21 @@ def generate(
                 progress(requantized_note(plan, name, error))
         if progress and plan.held_summary():
             progress(f"note: {plan.held_summary()}")
-        sources = render(plan, image.model_hash, board, image.identity)
+        rank_images = write_rank_images(plan, staged, image.model_hash, out_dir)
+        sources = render(plan, image.model_hash, board, image.identity, rank_images)
         files = []
         for name, text in sources.items():
             write_atomic(out_dir / name, text)
             files.append(out_dir / name)
         write_atomic(out_dir / PLAN_FILE, plan.to_json())
         os.replace(staged, out_dir / WEIGHTS_FILE)
+        for image_of_rank, _ in rank_images:
+            name = rank_image_name(image_of_rank.rank)
+            os.replace(out_dir / f".{name}.staged", out_dir / name)
+            files.append(out_dir / name)
     finally:
         staged.unlink(missing_ok=True)
+        for stale in out_dir.glob(".weights.rank*.img.staged"):
+            stale.unlink()
     files += [out_dir / WEIGHTS_FILE, out_dir / PLAN_FILE]
     return Generated(plan, image.model_hash, tuple(files))

@@ -97,6 +97,7 @@ class Plan:
     linear_state_bytes: int = 0
     kv_type: str = DEFAULT_KV_TYPE  # how the KV cache holds keys and values: f32, f16 or q8_0
     attention_block: int = 1  # query tokens attention takes at once (each key tile read once for all)
+    ranks: int = 1  # MPI ranks the weights are split over: one weight image per rank (compile/layout.py rank_image)
 
     @property
     def kv_values(self) -> int:
@@ -322,6 +323,7 @@ class Plan:
             "image": asdict(self.image),
             "tensors": [asdict(t) for t in self.tensors],
             "scratch": {"bytes": self.scratch_bytes, "buffers": [asdict(b) for b in self.scratch]},
+            **({"ranks": {"count": self.ranks}} if self.ranks > 1 else {}),
             "kv_cache": {
                 "type": self.kv_type,
                 "bytes": self.kv_bytes,

@@ -10,6 +10,7 @@ The frames are interpreted the same way on every link, by Session.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -21,8 +22,12 @@ from types import TracebackType
 from typing import Self
 
 from ..boards import Board, EmulatedSystemRunner, MpiRunner, ProcessRunner, Runner, SerialRunner
+from ..compile import image_format as fmt
+from ..compile.image import map_image, read_header
+from ..compile.layout import rank_image_name
 from ..errors import ColibriError
-from .hosts import explain_ranks
+from ..files import read_text_limited
+from .hosts import HOSTFILE_BYTES, explain_ranks
 from .process import Explain, ProcessLink, explain_local, run_process
 from .remote import Remote, check_remote_machine, explain_remote, remote_command, remote_prefix, run_remote
 from .serial_link import SerialLink, Timeouts
@@ -64,6 +69,7 @@ class Firmware:
     expected_model: str
     flash_image: Path | None = None  # an emulated MCU's flash contents (default: the weight image)
     check_hello: HelloCheck | None = None  # see Session
+    rank_weights: tuple[Path, ...] = ()  # a build for several MPI ranks: each rank's image, rank 0 first
 
     def session(self, on_token: OnToken | None) -> Session:
         return Session(self.expected_model, on_token, self.check_hello)
@@ -126,22 +132,30 @@ class LinuxLink(Link):
 
     def explain(self) -> Explain:
         """How an early end is told: mpirun's ranks by rank and host, a process by its status."""
-        return explain_ranks if self.board.runner.runs_ranks else explain_local
+        return explain_rank_end if self.board.runner.runs_ranks else explain_local
 
     def local_argv(self) -> list[str]:
         runner = self.board.runner
         assert isinstance(runner, ProcessRunner)
-        argv = [
-            *local_prefix(),
-            *runner.start_prefix(self.how.hosts),
-            str(self.firmware.program),
-            "--weights",
-            str(self.firmware.weights),
-            *self.how.options,
-        ]
+        options = [*self.how.options]
         if self.how.logits_out is not None:
-            argv += ["--logits-out", str(self.how.logits_out)]
-        return argv
+            options += ["--logits-out", str(self.how.logits_out)]
+        images = self.firmware.rank_weights
+        if runner.runs_ranks:
+            check_rank_count(images, self.how.hosts)
+        if not images:
+            program = [str(self.firmware.program), "--weights", str(self.firmware.weights), *options]
+            return [*local_prefix(), *runner.start_prefix(self.how.hosts), *program]
+        check_rank_images(images, self.firmware.expected_model)
+        assert isinstance(runner, MpiRunner)
+        # One application context per rank (mpirun's A : B), each given its own image: rank r is the
+        # r-th; each rank's program under its emulator where this machine needs one.
+        under = runner.program_prefix()
+        contexts = [
+            ["-np", "1", *under, str(self.firmware.program), "--weights", str(image), *options] for image in images
+        ]
+        launcher = runner.launcher_prefix(self.how.hosts)
+        return [*local_prefix(), *launcher, *[a for c in contexts for a in [*c, ":"]][:-1]]
 
     def turn(self, request: RunRequest, on_token: OnToken | None = None, timeout: float | None = None) -> RunResult:
         session = self.firmware.session(on_token)
@@ -338,3 +352,75 @@ def open_link(
     firmware = Firmware(Path(program), Path(weights), expected_model, flash_image, check_hello)
     how = LinkOptions(tuple(options), logits_out, remote, progress, port, reset, keep_open, tuple(hosts))
     return open_firmware(board, firmware, how)
+
+
+# ---- Each MPI rank's own weight image (compile/layout.py rank_image), before mpirun starts anything ----
+
+
+# A rank's own one line (bsp/linux/main.c): which rank refused which image, and why.
+_RANK_REFUSED = re.compile(r"colibri: error: (rank \d+: weight image .*)")
+
+
+def explain_rank_end(status: int, stderr: str, tokens: int) -> str:
+    """The ranks' early end: a rank's own line when it refused its image (naming the rank and the
+    image), else what mpirun said (device/hosts.py)."""
+    found = _RANK_REFUSED.search(stderr)
+    if found:
+        return f"{found.group(1).strip()}; mpirun ended the other ranks"
+    return explain_ranks(status, stderr, tokens)
+
+
+def slots_given(hosts: tuple[str, ...]) -> int:
+    """The ranks mpirun's host arguments (device/hosts.py hosts_for, already checked) give: the sum
+    of their slots, a host without slots= counting one; none: one rank here."""
+    if "--host" in hosts:
+        listed = hosts[hosts.index("--host") + 1]
+        return sum(int(entry.partition(":")[2] or 1) for entry in listed.split(","))
+    if "--hostfile" in hosts:
+        path = Path(hosts[hosts.index("--hostfile") + 1])
+        total = 0
+        for line in read_text_limited(path, HOSTFILE_BYTES, f"hostfile {path}").splitlines():
+            words = line.split("#", 1)[0].split()
+            if words:
+                found = [w.split("=", 1)[1] for w in words[1:] if w.startswith("slots=")]
+                total += int(found[0]) if found else 1
+        return total
+    return 1
+
+
+def check_rank_count(images: tuple[Path, ...], hosts: tuple[str, ...]) -> None:
+    """The hosts give as many ranks as the build made images for, or the run is refused."""
+    given, made = slots_given(hosts), max(1, len(images))
+    if given != made:
+        raise ColibriError(
+            f"the weight images were made for {made} rank{'s' if made > 1 else ''} and the hosts give {given}: "
+            f"build for {given} (--ranks {given}), or give hosts whose slots add up to {made}"
+        )
+
+
+def check_rank_images(paths: tuple[Path, ...], model_hash: str) -> None:
+    """Before any rank starts: image r is rank r's of len(paths), of this model (its hash), so a rank
+    handed another rank's image, or another build's, is refused in one line naming both. (Each rank's
+    firmware checks its image's identity too: this says it before mpirun starts anything.)"""
+    for rank, path in enumerate(paths):
+        try:
+            blob = map_image(path)
+            header = read_header(blob)
+        except (OSError, ValueError) as e:
+            raise ColibriError(
+                f"rank {rank}: cannot read its weight image {path}: {getattr(e, 'strerror', None) or e}"
+            ) from None
+        except ColibriError as e:
+            raise ColibriError(f"rank {rank}: weight image {path}: {e}") from None
+        h = fmt.unpack(fmt.HEADER, blob)
+        if header.model_hash.hex() != model_hash:
+            raise ColibriError(
+                f"rank {rank}: weight image {path} is another build's (model hash {header.model_hash.hex()[:12]}..., "
+                f"this firmware's {model_hash[:12]}...): give each rank its image from this build"
+            )
+        if (h["rank"], h["ranks"]) != (rank, len(paths)):
+            held = f"rank {h['rank']}'s of {h['ranks']}" if h["ranks"] else "a single board's (whole) image"
+            raise ColibriError(
+                f"rank {rank}: weight image {path} is {held}, not rank {rank}'s of {len(paths)}: "
+                f"give rank {rank} {rank_image_name(rank)}"
+            )

@@ -110,6 +110,7 @@ def build(root, name, cc, flags):
         RUNTIME / "checksum.c",
         RUNTIME / "weights.c",
         RUNTIME / "tensor_table.c",
+        RUNTIME / "ranks" / "none.c",
         root / "gen" / "model_data.c",
     ]
     cmd = [
@@ -225,6 +226,7 @@ def fuzz(root, files, tmp_path, seconds):
         RUNTIME / "checksum.c",
         RUNTIME / "weights.c",
         RUNTIME / "tensor_table.c",
+        RUNTIME / "ranks" / "none.c",
         root / "gen" / "model_data.c",
     ]
     fuzzer = build_fuzzer(

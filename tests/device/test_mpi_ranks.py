@@ -1,9 +1,10 @@
 """One model over several MPI ranks (host-mpi, runtime/ranks/mpi.c): on 2 and 4 ranks of this
 machine, a dense, a MoE and a hybrid random-init checkpoint decode the single board's tokens and
-per-step logits hashes (the NumPy reference's), greedy and sampled; one build per model serves
-every rank count; two hosts through a real sshd on two loopback addresses. And the faults: a rank
-killed mid-decode, a rank stalled, a host that cannot be reached: one line naming the rank or host
-(or the timeout), no hang, no rank left running."""
+per-step logits hashes (the NumPy reference's), greedy and sampled, each rank mapping only its own
+weight image; one build per model and rank count, shared by every test; two hosts through a real
+sshd on two loopback addresses. And the faults: a rank killed mid-decode, a rank stalled, a host
+that cannot be reached, a rank given another rank's image or another build's: one line naming the
+rank or host (or the timeout), no hang, no rank left running; --memory-budget per rank."""
 
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from cli_runs import assert_decodes_as_the_reference, main_json
 
+from generator.compile import image_format as fmt
 from generator.device.hosts import hosts_for
 from generator.device.links import Firmware, LinkOptions
 from generator.device.runner import run_firmware
@@ -33,9 +35,15 @@ SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, seed=5)
 building = pytest.mark.slow
 
 
-def run_ranks(builder, model: Path, hosts: str | None, request: RunRequest, on_token=None, timeout=None):
-    board, art, plan = builder.build(model, "q8_0", 64, "host-mpi")
-    firmware = Firmware(art.program, art.weights, art.model_hash())
+def slots(hosts: str) -> int:
+    return sum(int(entry.partition(":")[2] or 1) for entry in hosts.split(","))
+
+
+def run_ranks(builder, model: Path, hosts: str, request: RunRequest, on_token=None, timeout=None, images=None):
+    """A run on `hosts`, the build made for as many ranks as they give, each rank given its own
+    image (or `images`)."""
+    board, art, plan = builder.build(model, "q8_0", 64, "host-mpi", ranks=slots(hosts))
+    firmware = Firmware(art.program, art.weights, art.model_hash(), rank_weights=images or art.rank_weights())
     how = LinkOptions(hosts=hosts_for(board, hosts, None))
     return board, art, plan, run_firmware(board, firmware, how, request, on_token, timeout)
 
@@ -51,11 +59,101 @@ def test_ranks_decode_the_single_boards_bits_greedy_and_sampled(kind, ranks, bui
         assert bool(result.expert_counts) == (kind != "dense")
 
 
+def directory(path: Path) -> tuple[dict, list[dict]]:
+    """An image's header fields and directory entries."""
+    blob = path.read_bytes()
+    header = fmt.unpack(fmt.HEADER, blob)
+    entries = [
+        fmt.unpack(fmt.DIR_ENTRY, blob, header["dir_offset"] + i * fmt.DIR_ENTRY_BYTES)
+        for i in range(header["tensor_count"])
+    ]
+    return header, entries
+
+
+@building
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_each_rank_image_holds_only_its_share(ranks, builder, checkpoints):
+    """The builds the decode test made: every routed expert in exactly one rank's image (e mod N),
+    every split matrix's rows once over the ranks, the embedding and norms in every one."""
+    _, art, plan = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=ranks)
+    whole_header, whole = directory(art.weights)
+    images = art.rank_weights()
+    assert [p.name for p in images] == [f"weights.rank{r}.img" for r in range(ranks)]
+    held = []
+    for rank, path in enumerate(images):
+        header, entries = directory(path)
+        assert (header["rank"], header["ranks"], header["model_hash"]) == (rank, ranks, whole_header["model_hash"])
+        assert path.stat().st_size < art.weights.stat().st_size
+        held.append({e["name"].rstrip(b"\0").decode(): e for e in entries})
+    for entry in whole:
+        name = entry["name"].rstrip(b"\0").decode()
+        rows = [h[name]["rows"] for h in held]
+        if ".experts." in name:
+            owner = int(name.split(".experts.")[1].split(".")[0]) % ranks
+            assert [r > 0 for r in rows] == [r == owner for r in range(ranks)], name
+        elif name in ("embed",) or name.endswith("norm"):
+            assert rows == [entry["rows"]] * ranks, name
+        elif name.endswith((".wq", ".w_down", "router")):  # split by output rows
+            assert sum(rows) == entry["rows"] and max(rows) < entry["rows"], name
+            # held once over the ranks: at most each rank's own padding after its quants more
+            assert sum(h[name]["bytes"] for h in held) <= entry["bytes"] + ranks * fmt.ALIGN, name
+
+
+def test_the_rank_count_the_images_were_made_for_is_the_one_run(builder, checkpoints):
+    board, art, _ = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=2)
+    firmware = Firmware(art.program, art.weights, art.model_hash(), rank_weights=art.rank_weights())
+    with pytest.raises(
+        ColibriError, match=r"^the weight images were made for 2 ranks and the hosts give 4: build for 4"
+    ):
+        run_firmware(board, firmware, LinkOptions(hosts=hosts_for(board, "localhost:4", None)), RunRequest(PROMPT, 2))
+    assert rank_processes(0) == []
+
+
+@building
+def test_a_rank_handed_another_ranks_image_is_refused_before_any_rank_starts(builder, checkpoints):
+    _, art, _ = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=2)
+    first, second = art.rank_weights()
+    with pytest.raises(ColibriError) as e:
+        run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", RunRequest(PROMPT, 2), images=(first, first))
+    assert str(e.value) == (
+        f"rank 1: weight image {first} is rank 0's of 2, not rank 1's of 2: give rank 1 weights.rank1.img"
+    )
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
+@building
+def test_a_rank_image_of_another_build_is_refused_naming_the_rank(builder, checkpoints):
+    _, dense, _ = builder.build(checkpoints(MODELS["dense"]), "q8_0", 64, "host-mpi", ranks=2)
+    _, moe, _ = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=2)
+    images = (moe.rank_weights()[0], dense.rank_weights()[1])
+    with pytest.raises(ColibriError, match=r"^rank 1: weight image \S+weights.rank1.img is another build's"):
+        run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", RunRequest(PROMPT, 2), images=images)
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
+@building
+def test_the_rank_itself_refuses_another_ranks_image_and_no_rank_is_left(builder, checkpoints, monkeypatch):
+    """The firmware's own check, as on a host whose file the CLI cannot read: the pre-check skipped."""
+    import generator.device.links as links
+
+    monkeypatch.setattr(links, "check_rank_images", lambda images, model: None)
+    _, art, _ = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=2)
+    first, _ = art.rank_weights()
+    start = time.monotonic()
+    with pytest.raises(ColibriError) as e:
+        run_ranks(
+            builder, checkpoints(MODELS["moe"]), "localhost:2", RunRequest(PROMPT, 2), images=(first, first), timeout=60
+        )
+    assert str(e.value).startswith(f"rank 1: weight image {first}: weight image is another rank's"), str(e.value)
+    assert time.monotonic() - start < 30
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
 @building
 def test_verify_with_hosts_passes_through_the_command(builder, checkpoints, capsys):
     model = checkpoints(MODELS["moe"])
-    builder.build(model, "q8_0", 64, "host-mpi")  # the build the other tests share: --out is its directory
-    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16"
+    builder.build(model, "q8_0", 64, "host-mpi", ranks=2)  # the other tests' build: --out is its directory
+    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16-ranks2"
     summary = main_json(
         capsys,
         "verify",
@@ -92,8 +190,8 @@ def test_aarch64_ranks_under_qemu_decode_the_single_boards_bits(builder, checkpo
 
     ensure_toolchain(load_board("linux-aarch64-mpi"))
     model, seen = checkpoints(MODELS["dense"]), []
-    board, art, plan = builder.build(model, "q8_0", 64, "linux-aarch64-mpi")
-    firmware = Firmware(art.program, art.weights, art.model_hash())
+    board, art, plan = builder.build(model, "q8_0", 64, "linux-aarch64-mpi", ranks=2)
+    firmware = Firmware(art.program, art.weights, art.model_hash(), rank_weights=art.rank_weights())
     how = LinkOptions(hosts=hosts_for(board, "localhost:2", None))
     request = RunRequest(PROMPT, 6, stop_at_eos=False)
     result = run_firmware(board, firmware, how, request, lambda step, token: seen.append(rank_processes(1)))
@@ -156,6 +254,36 @@ def test_the_bytes_on_the_wire_per_token_are_the_gathered_rows(builder, checkpoi
     config = json.loads((model / "config.json").read_text())
     messages = 2 * (7 * config["num_hidden_layers"] + 1)
     assert payload <= per_token <= payload + 300 * messages, (per_token, payload)
+
+
+@building
+def test_memory_budget_applies_to_each_rank(builder, checkpoints, capsys):
+    """report over 2 ranks: each rank's image and memory; a budget every rank's share fits but the
+    whole model does not (one board refuses it) is accepted; one a rank's share does not fit is
+    refused, naming the rank. The dense model: no expert cache that would let one board page."""
+    from generator.cli import main
+
+    model = checkpoints(MODELS["dense"])
+    builder.build(model, "q8_0", 64, "host-mpi", ranks=2)  # the decode test's build: report links it
+    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16-ranks2"
+    unlimited = main_json(capsys, "report", board="host-mpi", model=model, ctx=64, out=out, ranks=2)
+    shares = unlimited["ranks"]
+    assert [s["image_bytes"] for s in shares] == [
+        (out / "generated" / f"weights.rank{r}.img").stat().st_size for r in (0, 1)
+    ]
+    largest = max(shares, key=lambda s: s["memory_bytes"])
+    whole = (out / "generated" / "weights.img").stat().st_size
+    assert largest["memory_bytes"] < whole + largest["memory_bytes"] - largest["image_bytes"]
+    budget = largest["memory_bytes"]
+    fits = main_json(capsys, "report", board="host-mpi", model=model, ctx=64, out=out, ranks=2, memory_budget=budget)
+    assert fits["rank_budget"] == budget and fits["ranks"] == shares
+    assert main(["report", "--board", "host", "--model", str(model), "--ctx", "64", "--memory-budget", str(budget),
+                 "--out", str(builder.root / "one-board")]) == 2  # fmt: skip
+    assert "--memory-budget" in capsys.readouterr().err  # one board cannot hold the whole model in it
+    assert main(["report", "--board", "host-mpi", "--model", str(model), "--ctx", "64", "--ranks", "2",
+                 "--memory-budget", str(budget - 1), "--out", str(out)]) == 2  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and f"does not hold rank {largest['rank']}'s share" in err[0], err
 
 
 def rank_processes(rank: int) -> list[int]:
@@ -256,7 +384,7 @@ def test_a_stalled_rank_ends_in_the_timeout_and_no_rank_is_left(builder, checkpo
 def test_a_host_that_cannot_be_reached_is_named(builder, checkpoints):
     # 127.0.0.2: a loopback address with no sshd on port 22, so ssh is refused at once.
     model = checkpoints(MODELS["dense"])
-    builder.build(model, "q8_0", 64, "host-mpi")  # built before the clock starts
+    builder.build(model, "q8_0", 64, "host-mpi", ranks=2)  # built before the clock starts
     request = RunRequest(PROMPT, 4, stop_at_eos=False)
     start = time.monotonic()
     with pytest.raises(ColibriError) as e:
@@ -353,4 +481,19 @@ def test_the_command_refuses_hosts_it_cannot_use_in_one_line(args, line, capsys,
     assert main(["run", *args, "--prompt-ids", "1,2", "--out", str(tmp_path / "out")]) == 2
     err = [e for e in capsys.readouterr().err.splitlines() if e.strip()]
     assert len(err) == 1 and err[0].startswith("colibri: error: ") and line in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_ranks_on_a_board_that_runs_one_process_are_refused_in_one_line(capsys, tmp_path, checkpoints):
+    from generator.cli import main
+
+    model = checkpoints(MODELS["dense"])
+    capsys.readouterr()  # making the checkpoint says its progress
+    assert (
+        main(["build", "--board", "host", "--ranks", "2", "--model", str(model), "--out", str(tmp_path / "out")]) == 2
+    )
+    err = [e for e in capsys.readouterr().err.splitlines() if e.strip()]
+    assert err == [
+        "colibri: error: board host runs one process, not MPI ranks: build for ranks on an MPI board (host-mpi)"
+    ]
     assert not (tmp_path / "out").exists()

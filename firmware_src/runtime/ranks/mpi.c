@@ -62,6 +62,23 @@ int ranks_finish(int status)
     return status;
 }
 
+int ranks_rank(void)
+{
+    return rank;
+}
+
+int ranks_count(void)
+{
+    return n_ranks;
+}
+
+void ranks_missing_rows(int rows, int begin, int end)
+{
+    fprintf(stderr, "colibri: error: rank %d: its weight image lacks rows %d..%d of a product of %d rows\n", rank, begin,
+            end, rows);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 int ranks_leader(void)
 {
     return rank == 0;

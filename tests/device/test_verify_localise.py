@@ -102,22 +102,39 @@ def verify_json(*args, cwd=REPO) -> dict:
     return json.loads(done.stdout)
 
 
-@pytest.mark.slow
-def test_a_kernel_changed_in_a_scratch_copy_of_the_tree_is_named(tmp_path):
-    """The SwiGLU kernel of a copy of the tree made to scale its outputs by 1.0001 (a kernel a few
-    hundred ULPs off, as a port could bring): verify names layer 0's FFN activation, its inputs equal.
-    Slow: it compiles the copy's firmware (its other objects come from the build cache)."""
-    tree = tmp_path / "tree"
+@pytest.fixture(scope="module")
+def scratch_tree(tmp_path_factory):
+    """A copy of the tree whose SwiGLU kernels scale their outputs by 1.0001 (a kernel a few hundred
+    ULPs off, as a port could bring): the AVX2 set's, the RV32 set's own, and the fallback's that
+    the NEON set runs."""
+    tree = tmp_path_factory.mktemp("scratch") / "tree"
     for part in ("generator", "firmware_src", "templates", "targets", "SConstruct", "pyproject.toml"):
         (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, tree / part)
-    for kernel in ("x86_avx2/set.c", "fallback.h"):
+    for kernel, call in (
+        ("x86_avx2/set.c", "swiglu_avx2(up, gate, n);"),
+        ("rv32/vector.c", "up[i] = op_silu_inline(gate[i]) * up[i];"),
+        ("fallback.h", "kernel_scalar_swiglu(up, gate, n);"),
+    ):
         path = tree / "firmware_src/runtime/kernels" / kernel
         text = path.read_text()
-        call = "swiglu_avx2(up, gate, n);" if kernel.startswith("x86") else "kernel_scalar_swiglu(up, gate, n);"
         assert text.count(call) == 1
-        path.write_text(text.replace(call, call + " for (int i = 0; i < n; i++) up[i] = up[i] * 1.0001f;"))
+        scaled = (
+            " up[i] = up[i] * 1.0001f;" if "[i]" in call else " for (int i = 0; i < n; i++) up[i] = up[i] * 1.0001f;"
+        )
+        path.write_text(text.replace(call, call + scaled))
+    return tree
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("board", ["host", "linux-aarch64", "qemu-rv32"])
+def test_a_kernel_changed_in_a_scratch_copy_of_the_tree_is_named(scratch_tree, board, tmp_path):
+    """verify of the scratch tree's build names layer 0's FFN activation, its inputs equal, on each
+    kind of board (a process, user-mode emulation, an emulated MCU's serial link). Slow: it compiles
+    the copy's firmware for the board (its other objects come from the build cache)."""
     trace = tmp_path / "trace.jsonl"
-    doc = verify_json("--model", DEFAULT_MODEL, "--out", tmp_path / "build", "--trace", trace, cwd=tree)
+    doc = verify_json(
+        "--board", board, "--model", DEFAULT_MODEL, "--out", tmp_path / "build", "--trace", trace, cwd=scratch_tree
+    )
     loc = doc["localisation"]
     assert doc["first_divergent_step"] == 0
     assert (loc["kind"], loc["layer"], loc["op"], loc["inputs_equal"]) == ("operation", 0, "ffn_activation", True)

@@ -120,16 +120,22 @@ def plan_build(options: JobOptions) -> Planned:
     """The board, the options it takes, the model, its plan and fit: no compiler involved."""
     board = load_board(options.board)
     check_board_options(board, options, options.given, options.defaults)
-    request, plan = prepare_build(
+    return Planned(board, *prepare_for(board, options))
+
+
+def prepare_for(board: Board, options: JobOptions, check_fit: bool = True) -> tuple[BuildRequest, Plan]:
+    """The build's request and plan from the job's options (check_fit False: a plan that does not
+    fit the board is returned, for report to show where its bytes would go)."""
+    return prepare_build(
         board,
         options.model,
         options.quant,
         options.ctx,
         options.out,
+        check_fit=check_fit,
         kv_type=options.kv_type,
         ranks=ranks_of(board, options),
     )
-    return Planned(board, request, plan)
 
 
 def ranks_of(board: Board, options: JobOptions) -> int:
@@ -789,16 +795,7 @@ def report(options: JobOptions) -> MemoryReport:
         cache = report_budget(options, board, plan)
         rep = planned_report(board, plan)
     else:
-        request, plan = prepare_build(
-            board,
-            options.model,
-            options.quant,
-            options.ctx,
-            options.out,
-            check_fit=False,
-            kv_type=options.kv_type,
-            ranks=ranks_of(board, options),
-        )
+        request, plan = prepare_for(board, options, check_fit=False)
         cache = report_budget(options, board, plan)  # a budget too small is said before building
         if any(use.over_budget for use in planned_use(board, plan)):
             # It would be refused before compiling: show where the bytes would go, then say so.

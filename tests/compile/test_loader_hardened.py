@@ -102,17 +102,15 @@ def moe_images(tmp_path_factory, checkpoints):
     return root, files
 
 
+def loader_sources(root) -> list:
+    """The loader and what it links: the runtime's files and the model's generated data (one rank)."""
+    loader = ("image_loader.c", "checksum.c", "weights.c", "tensor_table.c", "ranks/none.c")
+    return [*(RUNTIME / name for name in loader), root / "gen" / "model_data.c"]
+
+
 def build(root, name, cc, flags):
     out = root / name
-    sources = [
-        C_TESTS / "loader_harness.c",
-        RUNTIME / "image_loader.c",
-        RUNTIME / "checksum.c",
-        RUNTIME / "weights.c",
-        RUNTIME / "tensor_table.c",
-        RUNTIME / "ranks" / "none.c",
-        root / "gen" / "model_data.c",
-    ]
+    sources = [C_TESTS / "loader_harness.c", *loader_sources(root)]
     cmd = [
         cc,
         "-std=c11",
@@ -220,15 +218,7 @@ def test_libfuzzer_on_a_moe_image_opened_both_ways(moe_images, tmp_path):
 
 
 def fuzz(root, files, tmp_path, seconds):
-    sources = [
-        C_TESTS / "fuzz_loader.c",
-        RUNTIME / "image_loader.c",
-        RUNTIME / "checksum.c",
-        RUNTIME / "weights.c",
-        RUNTIME / "tensor_table.c",
-        RUNTIME / "ranks" / "none.c",
-        root / "gen" / "model_data.c",
-    ]
+    sources = [C_TESTS / "fuzz_loader.c", *loader_sources(root)]
     fuzzer = build_fuzzer(
         tmp_path / "fuzz_loader",
         "-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION",

@@ -166,8 +166,8 @@ def llama(a, budget: int) -> dict:
     }
 
 
-def kv_bytes_per_position(a) -> dict:
-    """The KV cache's bytes a position at a.kv_positions: Colibri's plan (binary16 and q8_0) and
+def kv_bytes_per_position(a, positions: int) -> dict:
+    """The KV cache's bytes a position at `positions`: Colibri's plan (binary16 and q8_0) and
     llama.cpp's allocation for the file (binary16)."""
     import numpy as np
 
@@ -178,7 +178,7 @@ def kv_bytes_per_position(a) -> dict:
     spec = load_model(a.gguf).spec
     out = {}
     for kv_type in ("f16", "q8_0"):
-        plan = make_plan(spec, "host", "q8_0", a.kv_positions, kv_type=kv_type)
+        plan = make_plan(spec, "host", "q8_0", positions, kv_type=kv_type)
         out[f"colibri_{kv_type}"] = plan.kv_bytes_per_position
     meta = read_gguf(a.gguf).metadata
     arch = meta["general.architecture"]
@@ -216,7 +216,7 @@ def positions(a) -> list[tuple[int, int, dict, dict]]:
 
 
 def print_positions(a, rows) -> None:
-    kv = kv_bytes_per_position(a)
+    kv = kv_bytes_per_position(a, a.positions[-1])
     print(
         f"\nDecode after a context (unlimited; Colibri {a.steps} steps after --prompt-tokens P of the text, "
         f"llama-bench -d P -p 0 -n {a.llama_tokens}); KV cache bytes a token reads at P (binary16):\n"
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
             )
         )
     if a.kv_positions:
-        kv = kv_bytes_per_position(a)
+        kv = kv_bytes_per_position(a, a.kv_positions)
         n = a.kv_positions
         print(f"\nKV cache at {n:,} positions, bytes a position (all layers) and in all:")
         for name, what in (

@@ -221,13 +221,10 @@ def print_positions(a, rows) -> None:
         f"\nDecode after a context (unlimited; Colibri {a.steps} steps after --prompt-tokens P of the text, "
         f"llama-bench -d P -p 0 -n {a.llama_tokens}); KV cache bytes a token reads at P (binary16):\n"
     )
-    print(
-        "| round | positions | Colibri decode tok/s | llama.cpp decode tok/s | Colibri / llama.cpp | "
-        "KV MB read / token | load (Colibri, llama.cpp) |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---|")
+    numbers = ["Colibri decode tok/s", "llama.cpp decode tok/s", "Colibri / llama.cpp", "KV MB read / token"]
+    print_head(["round"], ["positions", *numbers])
     for rnd, depth, c, ll in rows:
-        ratio = c["decode_tok_s"] / ll["decode_tok_s"] if ll["decode_tok_s"] else None
+        ratio = decode_ratio(c, ll)
         print(
             f"| {rnd} | {depth:,} | {c['decode_tok_s']:.2f} | {cell(ll['decode_tok_s'])} | {cell(ratio, '{:.2f}×')} | "
             f"{kv['colibri_f16'] * depth / 1e6:.1f} | {c['load']:.1f}, {cell(ll['load'], '{:.1f}')} |"
@@ -240,6 +237,16 @@ def print_positions(a, rows) -> None:
                 print(
                     f"- {tool}, round {rnd}: at {last:,} positions {speeds[-1] / speeds[0]:.2f} of its speed at {first:,}"
                 )
+
+
+def print_head(labels: list[str], numbers: list[str]) -> None:
+    """A markdown table's head: the label columns, the right-aligned number columns, then the load."""
+    print("| " + " | ".join([*labels, *numbers, "load (Colibri, llama.cpp)"]) + " |")
+    print("|" + "---|" * len(labels) + "---:|" * len(numbers) + "---|")
+
+
+def decode_ratio(c: dict, ll: dict) -> float | None:
+    return c["decode_tok_s"] / ll["decode_tok_s"] if ll["decode_tok_s"] else None
 
 
 def cell(v, fmt="{:.2f}") -> str:
@@ -298,14 +305,11 @@ def main(argv=None) -> int:
         + (f", then -p {a.llama_prompt} -n 0" if a.llama_prompt else "")
         + " --repack 0 -lm mmap\n"
     )
-    print(
-        "| round | budget | slots | hit rate | MB read / token | read wait s / token | Colibri decode tok/s | "
-        "prefill tok/s | storage bound tok/s | of the bound | llama.cpp tok/s | llama.cpp prefill tok/s | "
-        "llama.cpp MB read / token | Colibri / llama.cpp | load (Colibri, llama.cpp) |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    numbers = ["slots", "hit rate", "MB read / token", "read wait s / token", "Colibri decode tok/s"]
+    numbers += ["prefill tok/s", "storage bound tok/s", "of the bound", "llama.cpp tok/s", "llama.cpp prefill tok/s"]
+    print_head(["round", "budget"], [*numbers, "llama.cpp MB read / token", "Colibri / llama.cpp"])
     for rnd, budget, c, ll in rows:
-        ratio = c["decode_tok_s"] / ll["decode_tok_s"] if ll["decode_tok_s"] else None
+        ratio = decode_ratio(c, ll)
         print(
             f"| {rnd} | {format_size(budget) if budget else 'unlimited'} | {c['slots'] or '—'} | "
             f"{cell(c['hit_rate'], '{:.1%}')} | {cell(c['mb_read_per_token'], '{:.0f}')} | "

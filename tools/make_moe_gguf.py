@@ -1,4 +1,4 @@
-"""Write a random-weight qwen3moe or deepseek2 GGUF file of any size, directly as blocks (no checkpoint,
+"""Write a random-weight qwen3moe, deepseek2 or granitehybrid GGUF file of any size, directly as blocks (no checkpoint,
 no torch): the real-scale MoE models of docs/performance.md and the > 4 GiB image of the tests.
 
     .venv/bin/python tools/make_moe_gguf.py OUT.gguf [--arch qwen3moe] [--layers 48] [--hidden 2048]
@@ -7,6 +7,8 @@ no torch): the real-scale MoE models of docs/performance.md and the > 4 GiB imag
         [--tokenizer-from FILE.gguf] [--seed 0]
     .venv/bin/python tools/make_moe_gguf.py OUT.gguf --arch deepseek2 [--latent 512] [--rope-dim 64]
         [--nope-dim 128] [--v-dim 128] [--shared-experts 2] [--dense-layers 1] [--dense-ffn 10944] ...
+    .venv/bin/python tools/make_moe_gguf.py OUT.gguf --arch granitehybrid [--attention-layers 5,15,25,35]
+        [--shared-ffn 1024] [--ssm-heads 48] [--ssm-groups 1] [--ssm-state 128] [--ssm-conv 4] ...
 
 qwen3moe's defaults are the Qwen3-30B-A3B shape (30.5 B parameters, 17.5 GB): Q4_0 experts, Q8_0
 attention, embeddings and output head, F32 norms and routers, every layer a mixture of experts.
@@ -14,7 +16,16 @@ deepseek2's are DeepSeek-V2-Lite's (27 layers, hidden 2048, 16 heads with latent
 of 512 and a shared RoPE key of 64, query heads of 128 + 64, value heads of 128, no low-rank query;
 64 routed experts of 1408, top-6 by softmax, 2 shared experts; a dense first layer of 10,944; YaRN
 factor 40 over 4,096 positions), the keys and tensor names llama.cpp's converter writes for it (the
-newer form: attn_k_b and attn_v_b split), the shared experts and the dense layer in --attn-type. The quants are
+newer form: attn_k_b and attn_v_b split), the shared experts and the dense layer in --attn-type.
+granitehybrid's are Granite-4.0-H-Tiny's (models/configs/granite-4.0-h-tiny: 40 layers, hidden 1536;
+Mamba-2 layers of 48 heads of 64 (inner 3072), one group, state 128, 4 conv taps, and attention at
+layers 5, 15, 25 and 35 with 12/4 heads of 128 and no RoPE; 64 experts of 512, top-6, beside a
+shared MLP of 1024; tied embeddings), the keys and tensor names llama.cpp's converter writes for it
+(head_count_kv per layer, 0 on a Mamba-2 layer; ssm.*; rope.scaling.finetuned false; no output.weight)
+and its Mamba-2 vectors as llama.cpp stores them (A as -exp(A_log), F32 taps); the in- and
+out-projections and the shared MLP in --attn-type, the multipliers left at 1 as the config has them. The
+Mamba-2 vectors are drawn as the layer is initialised: A in -16..-1, dt's bias so that softplus
+gives dt log-uniform in 0.001..0.1, D and the gated norm 1, the taps' bias 0. The quants are
 uniform random bytes and every block scale is drawn so that a row's values have a standard deviation
 near 1/sqrt(row length), which keeps activations in range through all layers; norms are 1. The
 embeddings have values of deviation 1 and the matrices that write into the residual stream
@@ -42,7 +53,7 @@ import numpy as np
 ALIGNMENT = 32
 CHUNK_BLOCKS = 1 << 21  # blocks generated and written at a time (36-68 MB)
 # GGUF metadata value types and tensor types (ggml.h)
-U32, F32_VALUE, STRING = 4, 6, 8
+U32, F32_VALUE, BOOL, STRING, ARRAY = 4, 6, 7, 8, 9
 TYPES = {"F32": (0, 1, 4), "Q4_0": (2, 32, 18), "Q8_0": (8, 32, 34)}  # id, values per block, bytes per block
 
 
@@ -79,13 +90,17 @@ def _tokenizer_kvs(path: Path) -> tuple[list[bytes], int]:
 SHAPES = {
     "qwen3moe": dict(layers=48, experts=128, top_k=8, expert_ffn=768, heads=32, vocab=49152, context=4096),
     "deepseek2": dict(layers=27, experts=64, top_k=6, expert_ffn=1408, heads=16, vocab=102400, context=163840),
+    "granitehybrid": dict(layers=40, hidden=1536, experts=64, top_k=6, expert_ffn=512, heads=12, vocab=100352),
 }
+HIDDEN = 2048  # qwen3moe's and deepseek2's width
 
 
 def tensors(a) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape as rows-major dims, type) in file order: llama.cpp's names for a.arch."""
     if a.arch == "deepseek2":
         return _deepseek2_tensors(a)
+    if a.arch == "granitehybrid":
+        return _granitehybrid_tensors(a)
     d, q, kv = a.hidden, a.heads * a.head_dim, a.kv_heads * a.head_dim
     out = [("token_embd.weight", (a.vocab, d), a.attn_type)]
     for i in range(a.layers):
@@ -149,9 +164,105 @@ def _deepseek2_tensors(a) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
+def _attention_layers(a) -> set[int]:
+    return {int(i) for i in a.attention_layers.split(",") if i}
+
+
+def _ssm_widths(a) -> tuple[int, int]:
+    """Mamba-2's inner width (twice the hidden: the only expansion llama.cpp takes) and its
+    convolution's channels (x, B and C)."""
+    inner = 2 * a.hidden
+    return inner, inner + 2 * a.ssm_groups * a.ssm_state
+
+
+def _granitehybrid_tensors(a) -> list[tuple[str, tuple[int, ...], str]]:
+    """granitehybrid as llama.cpp's converter writes Granite 4.0 H: per layer a Mamba-2 mixer (the
+    in-projection to z, xBC and dt; the taps [channels, kernel] and their bias; dt's bias, A and D
+    [heads, 1]; the gated norm [groups, inner / groups]; the out-projection) or, at
+    --attention-layers, attention without biases; then the experts with their router and the shared
+    MLP (gate, up, down) beside them; the output head tied to the embeddings."""
+    d, t = a.hidden, a.attn_type
+    q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+    inner, conv = _ssm_widths(a)
+    out = [("token_embd.weight", (a.vocab, d), t)]
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        out.append((p + "attn_norm.weight", (d,), "F32"))
+        if i in _attention_layers(a):
+            out += [
+                (p + "attn_q.weight", (q, d), t),
+                (p + "attn_k.weight", (kv, d), t),
+                (p + "attn_v.weight", (kv, d), t),
+                (p + "attn_output.weight", (d, q), t),
+            ]
+        else:
+            out += [
+                (p + "ssm_in.weight", (inner + conv + a.ssm_heads, d), t),
+                (p + "ssm_conv1d.weight", (conv, a.ssm_conv), "F32"),
+                (p + "ssm_conv1d.bias", (conv,), "F32"),
+                (p + "ssm_dt.bias", (a.ssm_heads,), "F32"),
+                (p + "ssm_a", (a.ssm_heads, 1), "F32"),
+                (p + "ssm_d", (a.ssm_heads, 1), "F32"),
+                (p + "ssm_norm.weight", (a.ssm_groups, inner // a.ssm_groups), "F32"),
+                (p + "ssm_out.weight", (d, inner), t),
+            ]
+        out += [
+            (p + "ffn_norm.weight", (d,), "F32"),
+            (p + "ffn_gate_inp.weight", (a.experts, d), "F32"),
+            (p + "ffn_gate_exps.weight", (a.experts, a.expert_ffn, d), a.expert_type),
+            (p + "ffn_up_exps.weight", (a.experts, a.expert_ffn, d), a.expert_type),
+            (p + "ffn_down_exps.weight", (a.experts, d, a.expert_ffn), a.expert_type),
+            (p + "ffn_gate_shexp.weight", (a.shared_ffn, d), t),
+            (p + "ffn_up_shexp.weight", (a.shared_ffn, d), t),
+            (p + "ffn_down_shexp.weight", (d, a.shared_ffn), t),
+        ]
+    return out + [("output_norm.weight", (d,), "F32")]
+
+
+def _kv_u32_array(key: str, values: list[int]) -> bytes:
+    return _string(key) + struct.pack("<IIQ", ARRAY, U32, len(values)) + struct.pack(f"<{len(values)}I", *values)
+
+
+def _kv_bool(key: str, value: bool) -> bytes:
+    return _string(key) + struct.pack("<I?", BOOL, value)
+
+
+def _granitehybrid_metadata(a) -> list[bytes]:
+    """GraniteHybridModel's keys (conversion/granite.py), those llama.cpp's granite-hybrid.cpp reads:
+    head_count_kv per layer (0 makes a layer recurrent), no RoPE and so a context of 2^20."""
+    attention = _attention_layers(a)
+    inner, _ = _ssm_widths(a)
+    return [
+        _kv_str("general.architecture", "granitehybrid"),
+        _kv_u32("granitehybrid.block_count", a.layers),
+        _kv_u32("granitehybrid.context_length", 1 << 20),
+        _kv_u32("granitehybrid.embedding_length", a.hidden),
+        _kv_u32("granitehybrid.feed_forward_length", a.expert_ffn),
+        _kv_u32("granitehybrid.attention.head_count", a.heads),
+        _kv_u32_array(
+            "granitehybrid.attention.head_count_kv", [a.kv_heads if i in attention else 0 for i in range(a.layers)]
+        ),
+        _kv_f32("granitehybrid.rope.freq_base", 10000.0),
+        _kv_f32("granitehybrid.attention.layer_norm_rms_epsilon", 1e-5),
+        _kv_u32("granitehybrid.expert_count", a.experts),
+        _kv_u32("granitehybrid.expert_used_count", a.top_k),
+        _kv_u32("granitehybrid.vocab_size", a.vocab),
+        _kv_u32("granitehybrid.rope.dimension_count", a.head_dim),
+        _kv_u32("granitehybrid.expert_shared_feed_forward_length", a.shared_ffn),
+        _kv_u32("granitehybrid.ssm.conv_kernel", a.ssm_conv),
+        _kv_u32("granitehybrid.ssm.state_size", a.ssm_state),
+        _kv_u32("granitehybrid.ssm.group_count", a.ssm_groups),
+        _kv_u32("granitehybrid.ssm.inner_size", inner),
+        _kv_u32("granitehybrid.ssm.time_step_rank", a.ssm_heads),
+        _kv_bool("granitehybrid.rope.scaling.finetuned", False),
+    ]
+
+
 def _metadata(a) -> list[bytes]:
     """The architecture's keys, as llama.cpp's converter writes them."""
     arch = a.arch
+    if arch == "granitehybrid":
+        return _granitehybrid_metadata(a)
     kvs = [
         _kv_str("general.architecture", arch),
         _kv_u32(f"{arch}.block_count", a.layers),
@@ -197,7 +308,29 @@ def _metadata(a) -> list[bytes]:
 
 
 # The matrices that write into the residual stream (scaled by --branch-gain).
-RESIDUAL_WRITERS = ("attn_output.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight", "ffn_down.weight")
+RESIDUAL_WRITERS = (
+    "attn_output.weight",
+    "ffn_down_exps.weight",
+    "ffn_down_shexp.weight",
+    "ffn_down.weight",
+    "ssm_out.weight",
+)
+
+
+def _mamba2_vector(rng: np.random.Generator, name: str, n: int) -> np.ndarray | None:
+    """A Mamba-2 layer's vector as the layer is initialised (None: not one): A = -exp(A_log) in
+    -16..-1, dt's bias the inverse softplus of a dt log-uniform in 0.001..0.1, D and the norm 1,
+    the taps' bias 0."""
+    if name.endswith(".ssm_a"):
+        return -rng.uniform(1.0, 16.0, n).astype(np.float32)
+    if name.endswith(".ssm_dt.bias"):
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), n))
+        return (dt + np.log(-np.expm1(-dt))).astype(np.float32)
+    if name.endswith((".ssm_d", ".ssm_norm.weight")):
+        return np.ones(n, np.float32)
+    if name.endswith(".ssm_conv1d.bias"):
+        return np.zeros(n, np.float32)
+    return None
 
 
 def _nbytes(shape: tuple[int, ...], ttype: str) -> int:
@@ -208,8 +341,14 @@ def _nbytes(shape: tuple[int, ...], ttype: str) -> int:
     return n // per_block * block_bytes
 
 
-def _write_tensor(f, rng: np.random.Generator, shape: tuple[int, ...], ttype: str, gain: float = 1.0) -> None:
+def _write_tensor(
+    f, rng: np.random.Generator, shape: tuple[int, ...], ttype: str, gain: float = 1.0, name: str = ""
+) -> None:
     row = shape[-1]
+    vector = _mamba2_vector(rng, name, int(np.prod(shape)))
+    if vector is not None:
+        f.write(vector.tobytes())
+        return
     if ttype == "F32":
         if len(shape) == 1:  # a norm: ones
             f.write(np.ones(shape, np.float32).tobytes())
@@ -259,7 +398,7 @@ def write(a, out: Path, progress=print) -> int:
                 if name == "token_embd.weight"
                 else 1.0
             )
-            _write_tensor(f, rng, shape, ttype, gain)
+            _write_tensor(f, rng, shape, ttype, gain, name)
             n = _nbytes(shape, ttype)
             f.write(bytes(-n % ALIGNMENT))
             written += n
@@ -276,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3moe")
     ap.add_argument("--layers", type=int)
-    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--hidden", type=int)
     ap.add_argument("--experts", type=int)
     ap.add_argument("--top-k", type=int)
     ap.add_argument("--expert-ffn", type=int)
@@ -292,6 +431,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shared-experts", type=int, default=2, help="deepseek2: shared experts of the experts' width")
     ap.add_argument("--dense-layers", type=int, default=1, help="deepseek2: leading dense layers")
     ap.add_argument("--dense-ffn", type=int, default=10944, help="deepseek2: the dense layers' width")
+    ap.add_argument(
+        "--attention-layers", default="5,15,25,35", help="granitehybrid: the attention layers (the rest Mamba-2)"
+    )
+    ap.add_argument("--shared-ffn", type=int, default=1024, help="granitehybrid: the shared MLP's width")
+    ap.add_argument("--ssm-heads", type=int, default=48, help="granitehybrid: Mamba-2 heads")
+    ap.add_argument("--ssm-groups", type=int, default=1, help="granitehybrid: Mamba-2 groups (of B and C)")
+    ap.add_argument("--ssm-state", type=int, default=128, help="granitehybrid: Mamba-2 state size")
+    ap.add_argument("--ssm-conv", type=int, default=4, help="granitehybrid: Mamba-2 convolution taps")
     ap.add_argument("--expert-type", choices=("Q4_0", "Q8_0"), default="Q4_0")
     ap.add_argument("--attn-type", choices=("Q4_0", "Q8_0"), default="Q8_0")
     ap.add_argument("--tokenizer-from", type=Path)
@@ -306,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in SHAPES[a.arch].items():
         if getattr(a, key) is None:
             setattr(a, key, value)
+    if a.hidden is None:
+        a.hidden = HIDDEN
     total = write(a, a.out)
     params = sum(int(np.prod(s)) for _, s, _ in tensors(a))
     print(f"wrote {a.out}: {total:,} bytes, {params / 1e9:.2f} B parameters")

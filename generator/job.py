@@ -29,7 +29,7 @@ from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan, check_rank
 from .compile.plan import Plan, largest_planned_ctx, speculation_notice
 from .console import TextStream, progress, warn
 from .device.hosts import hosts_for
-from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware, slots_given
+from .device.links import Firmware, Link, LinkOptions, OnToken, open_firmware, ranks_for
 from .device.remote import Remote, remote_for
 from .device.runner import run_firmware
 from .device.session import RunRequest, RunResult, Selftest, check_fits_context
@@ -124,8 +124,7 @@ def plan_build(options: JobOptions) -> Planned:
 
 
 def prepare_for(board: Board, options: JobOptions, check_fit: bool = True) -> tuple[BuildRequest, Plan]:
-    """The build's request and plan from the job's options (check_fit False: a plan that does not
-    fit the board is returned, for report to show where its bytes would go)."""
+    """The build's request and plan from the job's options (check_fit False: report's, unfitted)."""
     return prepare_build(
         board,
         options.model,
@@ -139,13 +138,9 @@ def prepare_for(board: Board, options: JobOptions, check_fit: bool = True) -> tu
 
 
 def ranks_of(board: Board, options: JobOptions) -> int:
-    """The ranks a build splits the weights over: --ranks, else as many as --hosts, --hostfile or
-    --inventory give (one image per rank, made at build time: docs/several-boards.md)."""
-    if options.ranks is not None:
-        return options.ranks
-    if not board.runner.runs_ranks:
-        return 1
-    return slots_given(hosts_for(board, options.hosts, options.hostfile, options.inventory))
+    """The ranks a build splits the weights over (one image each: docs/several-boards.md)."""
+    given = options.ranks
+    return given if given is not None else ranks_for(board, options.hosts, options.hostfile, options.inventory)
 
 
 def compile_build(
@@ -765,16 +760,6 @@ def report_budget(options: JobOptions, board: Board, plan: Plan) -> CachePlan | 
     return cache
 
 
-def with_margins(rep: MemoryReport, board: Board, art: Artifacts) -> MemoryReport:
-    """The report with the stack and heap margins the last verify of this very build measured
-    (an MCU's stats frame), against the stack its linked ELF reserves."""
-    from .compile.firmware_id import firmware_build_id
-    from .verify import planned_stack, recorded_margins
-
-    margins = recorded_margins(art.out_dir, firmware_build_id(board, art.program))
-    return replace(rep, margins=margins, planned_stack=planned_stack(board, art.program)) if margins else rep
-
-
 def report(options: JobOptions) -> MemoryReport:
     """Where every byte goes (report.linked_report, with the expert cache if any): from
     the linked ELF, or planned only when there is nothing to link (a configuration alone, a model
@@ -782,7 +767,7 @@ def report(options: JobOptions) -> MemoryReport:
     from .compile.elfsize import read_elf
     from .compile.plan import plan_for_board, planned_use
     from .model.load import config_only_held_types, config_only_spec
-    from .report import linked_report, planned_report
+    from .report import linked_report, planned_report, with_margins
 
     board = load_board(options.board)
     spec = config_only_spec(options.model)
@@ -801,9 +786,8 @@ def report(options: JobOptions) -> MemoryReport:
             # It would be refused before compiling: show where the bytes would go, then say so.
             rep = planned_report(board, plan)
         else:
-            art = compile_build(
-                Planned(board, request, plan), quiet=options.quiet, jobs=options.jobs, cache_dir=options.cache_dir
-            )
+            planned = Planned(board, request, plan)
+            art = compile_build(planned, quiet=options.quiet, jobs=options.jobs, cache_dir=options.cache_dir)
             if art.program.exists():
                 rep = linked_report(board, plan, read_elf(art.program))
                 rep = with_margins(rep, board, art)

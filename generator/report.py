@@ -23,6 +23,7 @@ from .errors import ColibriError
 from .numerics.kv_cache import VALUE_BYTES, kv_arena_bytes
 
 if TYPE_CHECKING:
+    from .compile.build import Artifacts
     from .verify import Margins
 
 WITH_CODE = ("stack", "other_data")  # linked beside the code, in whichever region holds it
@@ -558,3 +559,13 @@ def latent_cache_report(board: Board, plan: Plan, uses: Callable[[Plan], list[Re
             f"(plain attention: {said(longest_plain)})"
         ),
     }
+
+
+def with_margins(rep: MemoryReport, board: Board, art: Artifacts) -> MemoryReport:
+    """The report with the stack and heap margins the last verify of this very build measured
+    (an MCU's stats frame), against the stack its linked ELF reserves."""
+    from .compile.firmware_id import firmware_build_id
+    from .verify import planned_stack, recorded_margins
+
+    margins = recorded_margins(art.out_dir, firmware_build_id(board, art.program))
+    return replace(rep, margins=margins, planned_stack=planned_stack(board, art.program)) if margins else rep

@@ -27,7 +27,7 @@ from ..compile.image import map_image, read_header
 from ..compile.layout import rank_image_name
 from ..errors import ColibriError
 from ..files import read_text_limited
-from .hosts import HOSTFILE_BYTES, explain_ranks
+from .hosts import HOSTFILE_BYTES, explain_ranks, hosts_for
 from .process import Explain, ProcessLink, explain_local, run_process
 from .remote import Remote, check_remote_machine, explain_remote, remote_command, remote_prefix, run_remote
 from .serial_link import SerialLink, Timeouts
@@ -368,6 +368,11 @@ def explain_rank_end(status: int, stderr: str, tokens: int) -> str:
     if found:
         return f"{found.group(1).strip()}; mpirun ended the other ranks"
     return explain_ranks(status, stderr, tokens)
+
+
+def ranks_for(board: Board, hosts: str | None, hostfile: Path | None, inventory: Path | None) -> int:
+    """The ranks --hosts, --hostfile or --inventory give a board that runs them; one for any other."""
+    return slots_given(hosts_for(board, hosts, hostfile, inventory)) if board.runner.runs_ranks else 1
 
 
 def slots_given(hosts: tuple[str, ...]) -> int:

@@ -344,57 +344,60 @@ def test_two_loopback_addresses_through_the_local_sshd_are_two_hosts(builder, ch
         server.stop()
 
 
-@building
-def test_a_rank_killed_mid_decode_is_named_and_no_rank_is_left(builder, checkpoints):
-    """Rank 1 is killed while the ranks work: at the first token the host reads, or 0.2 s after both
-    ranks are running, whichever comes first (mpirun may forward the tokens late on a loaded
-    machine, and the whole decode could end before the host reads its first token)."""
-    killed, when, over = [], [], threading.Event()
-    lock = threading.Lock()
+class OnRank1WhileWorking:
+    """Does `act` to rank 1's processes once, while the ranks work: at the first token the host
+    reads (the on_token callback), or 0.2 s after both ranks are running, whichever comes first
+    (mpirun may forward the tokens late on a loaded machine, and the whole decode could end before
+    the host reads its first token)."""
 
-    def kill_rank_1(step: int = 0, token: int = 0) -> None:
-        with lock:
-            if not killed:
-                killed.extend(rank_processes(1))
-                when.append(time.monotonic())
-                for pid in killed:
-                    os.kill(pid, signal.SIGKILL)
+    def __init__(self, act):
+        self.act, self.done, self.when = act, [], []
+        self.lock, self.over = threading.Lock(), threading.Event()
+        self.watcher = threading.Thread(target=self.watch, daemon=True)
 
-    def watch() -> None:
-        while not killed and not over.wait(0.01):
+    def __call__(self, step: int = 0, token: int = 0) -> None:
+        with self.lock:
+            if not self.done:
+                self.done.extend(rank_processes(1))
+                self.when.append(time.monotonic())
+                for pid in self.done:
+                    self.act(pid)
+
+    def watch(self) -> None:
+        while not self.done and not self.over.wait(0.01):
             if rank_processes(1) and rank_processes(0):
                 time.sleep(0.2)
-                kill_rank_1()
+                self()
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    def __enter__(self):
+        self.watcher.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.over.set()
+        self.watcher.join()
+
+
+@building
+def test_a_rank_killed_mid_decode_is_named_and_no_rank_is_left(builder, checkpoints):
     request = RunRequest(PROMPT, 60, stop_at_eos=False)
-    try:
+    with OnRank1WhileWorking(lambda pid: os.kill(pid, signal.SIGKILL)) as kill_rank_1:
         with pytest.raises(ColibriError) as e:
             run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", request, kill_rank_1, timeout=60)
-    finally:
-        over.set()
-        watcher.join()
-    assert len(killed) == 1
+    assert len(kill_rank_1.done) == 1
     assert str(e.value).startswith("rank 1 on host ") and "killed by signal 9 (SIGKILL)" in str(e.value)
-    assert time.monotonic() - when[0] < 30  # mpirun's notice, not the timeout
+    assert time.monotonic() - kill_rank_1.when[0] < 30  # mpirun's notice, not the timeout
     assert rank_processes(0) == [] and rank_processes(1) == []
 
 
 @building
 def test_a_stalled_rank_ends_in_the_timeout_and_no_rank_is_left(builder, checkpoints):
-    stopped = []
-
-    def stop_rank_1(step: int, token: int) -> None:
-        if not stopped:
-            stopped.extend(rank_processes(1))
-            for pid in stopped:
-                os.kill(pid, signal.SIGSTOP)  # alive, silent: rank 0 waits for it in a collective
-
     request = RunRequest(PROMPT, 60, stop_at_eos=False)
-    with pytest.raises(ColibriError, match=r"no complete result from the firmware within 8 s"):
-        run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", request, stop_rank_1, timeout=8)
-    assert len(stopped) == 1
+    # SIGSTOP: alive, silent: rank 0 waits for it in a collective
+    with OnRank1WhileWorking(lambda pid: os.kill(pid, signal.SIGSTOP)) as stop_rank_1:
+        with pytest.raises(ColibriError, match=r"no complete result from the firmware within 8 s"):
+            run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", request, stop_rank_1, timeout=8)
+    assert len(stop_rank_1.done) == 1
     assert rank_processes(0) == [] and rank_processes(1) == []
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -35,6 +37,13 @@ _RUN_FOLDERS = []
 if not os.environ.get("PYTEST_XDIST_WORKER"):
     _RUN_FOLDERS = [tempfile.mkdtemp(prefix="colibri-test-cache-"), tempfile.mkdtemp(prefix="colibri-test-programs-")]
     os.environ["COLIBRI_CACHE_DIR"], os.environ["COLIBRI_TEST_PROGRAMS"] = _RUN_FOLDERS
+
+# A suite started as a background job of a non-interactive shell (`bash -c '... &'`, as CI
+# machines start it) inherits SIGINT ignored, and Python keeps it so: the tests that send a CLI
+# Ctrl-C then reached a deaf process, and ctrl_c_as_it_was blamed whichever test each worker ran
+# first. Every process of the run starts with Python's own handler instead.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(TESTS))
@@ -93,6 +102,30 @@ def heavy_files_first(items: list) -> list:
     worker busy for minutes after the other had finished."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     return sorted(items, key=lambda item: item.path not in slow_files)  # a stable sort
+
+
+# COLIBRI_TEST_TIMES=FILE: each test's wall time and CPU time (this process and the children it
+# waited for: compilers, firmware runs, CLI subprocesses) appended to FILE as one tab-separated line,
+# from every worker; the suite's time is planned from it (docs/verification.md, "The suite's time").
+_TIMES_FILE = os.environ.get("COLIBRI_TEST_TIMES")
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _TIMES_FILE:
+        yield
+        return
+    wall, cpu = time.monotonic(), _cpu_seconds()
+    yield
+    wall, cpu = time.monotonic() - wall, _cpu_seconds() - cpu
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(_TIMES_FILE, "a") as f:  # one short write per line: the workers' lines do not interleave
+        f.write(f"{item.nodeid}\t{wall:.2f}\t{cpu:.2f}\t{worker}\n")
 
 
 @pytest.fixture(autouse=True)

@@ -206,6 +206,28 @@ def _token_ids(meta: _Meta, vocab: int) -> tuple[int | None, tuple[int, ...]]:
     return bos, eos
 
 
+def _file_fields(gguf: GgufFile, meta: _Meta, family: Family) -> dict:
+    """The ModelSpec fields every architecture reads the same way: its names, the vocabulary and
+    its special tokens, the norms' epsilon, the context length, whether the output is tied."""
+    tensors = gguf.tensors
+    vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
+    eps = meta.float("attention.layer_norm_rms_epsilon", family.norms.gguf_eps)
+    if not 0 < eps < 1:
+        raise ColibriError(f"{meta.where}: layer_norm_rms_epsilon must be between 0 and 1")
+    bos, eos = _token_ids(meta, vocab)
+    return dict(
+        name=gguf.path.stem,
+        architecture=family.hf_architectures[0],
+        family=family.name,
+        vocab_size=vocab,
+        rms_norm_eps=eps,
+        max_position_embeddings=meta.int("context_length", 2048),
+        tie_embeddings="output.weight" not in tensors,
+        bos_token_id=bos,
+        eos_token_ids=eos,
+    )
+
+
 def parse_metadata(gguf: GgufFile) -> ModelSpec:
     """GGUF metadata (+ which tensors exist) -> ModelSpec, with every field checked."""
     arch, family = arch_of(gguf)
@@ -256,11 +278,7 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
             f"{meta.where}: partial rotary embeddings (rope.dimension_count "
             f"{meta.int('rope.dimension_count')} of {head_dim}) are not supported"
         )
-    vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
-    eps = meta.float("attention.layer_norm_rms_epsilon", family.norms.gguf_eps)
-    if not 0 < eps < 1:
-        raise ColibriError(f"{meta.where}: layer_norm_rms_epsilon must be between 0 and 1")
-    bos, eos = _token_ids(meta, vocab)
+    file_fields = _file_fields(gguf, meta, family)
 
     def present(part: str) -> bool:
         return f"blk.0.{part}" in tensors
@@ -310,26 +328,18 @@ def parse_metadata(gguf: GgufFile) -> ModelSpec:
         )
 
     spec = ModelSpec(
-        name=gguf.path.stem,
-        architecture=family.hf_architectures[0],
-        family=family.name,
-        vocab_size=vocab,
+        **file_fields,
         hidden_size=hidden,
         intermediate_size=intermediate,
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
-        rms_norm_eps=eps,
         rope=rope,
-        max_position_embeddings=meta.int("context_length", 2048),
-        tie_embeddings="output.weight" not in tensors,
         qkv_bias=qkv_bias,
         o_bias=present("attn_output.bias"),
         mlp_bias=present("ffn_gate.bias") or present("ffn_up.bias"),
         layer_windows=chunks.windows() if chunks else _windows(meta, n_layers, attention.window_period),
-        bos_token_id=bos,
-        eos_token_ids=eos,
         **(_row_settings(meta, family, hidden, head_dim) | latent),
         **moe,
         **(_hybrid_linear(meta, n_layers, head_dim, rope_dim) if family.deltanet else {}),
@@ -440,11 +450,7 @@ def _gemma4(gguf: GgufFile, meta: _Meta, family: Family, hidden: int, n_layers: 
     n_kv, n_global_kv = sliding_kv.pop(), global_kv.pop()
     if n_heads % n_kv or n_heads % n_global_kv:
         raise ColibriError(f"{meta.where}: head_count {n_heads} is not divisible by the layers' KV heads")
-    vocab = meta.int("vocab_size", tensors["token_embd.weight"].shape[0])
-    eps = meta.float("attention.layer_norm_rms_epsilon", family.norms.gguf_eps)
-    if not 0 < eps < 1:
-        raise ColibriError(f"{meta.where}: layer_norm_rms_epsilon must be between 0 and 1")
-    bos, eos = _token_ids(meta, vocab)
+    file_fields = _file_fields(gguf, meta, family)
     theta = meta.float("rope.freq_base", family.default_theta)
     if theta <= 0:
         raise ColibriError(f"{meta.where}: metadata '{meta.arch}.rope.freq_base' must be positive")
@@ -479,26 +485,18 @@ def _gemma4(gguf: GgufFile, meta: _Meta, family: Family, hidden: int, n_layers: 
         check_experts_per_token(meta.where, "expert_used_count", top_k, n_experts)
         moe = moe_beside_dense(family.moe, n_experts, top_k, meta.int("expert_feed_forward_length"), n_layers)
     return ModelSpec(
-        name=gguf.path.stem,
-        architecture=family.hf_architectures[0],
-        family=family.name,
-        vocab_size=vocab,
+        **file_fields,
         hidden_size=hidden,
         intermediate_size=intermediate,
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
-        rms_norm_eps=eps,
         rope=rope,
-        max_position_embeddings=meta.int("context_length", 2048),
-        tie_embeddings="output.weight" not in tensors,
         qkv_bias=False,
         o_bias=False,
         mlp_bias=False,
         layer_windows=windows,
-        bos_token_id=bos,
-        eos_token_ids=eos,
         **_row_settings(meta, family, hidden, head_dim),
         **moe,
         global_head_dim=0 if global_head_dim == head_dim else global_head_dim,

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -58,6 +56,9 @@ from generator.numerics.sampling import SamplingParams  # noqa: E402
 
 DEFAULT_MODEL = REPO / "models" / "kjv-tiny"
 
+# Each test's wall and CPU time, and the files that took the most at the end of every run.
+pytest_plugins = ["suite_times"]
+
 # A developer's own board settings must not send the suite's runs over SSH: no default remote, no
 # user config (test_remote.py sets what it needs, per test).
 for _name in ("COLIBRI_REMOTE", "COLIBRI_REMOTE_CACHE", "COLIBRI_REMOTE_PREFIX", "COLIBRI_SSH_COMMAND"):
@@ -102,30 +103,6 @@ def heavy_files_first(items: list) -> list:
     worker busy for minutes after the other had finished."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     return sorted(items, key=lambda item: item.path not in slow_files)  # a stable sort
-
-
-# COLIBRI_TEST_TIMES=FILE: each test's wall time and CPU time (this process and the children it
-# waited for: compilers, firmware runs, CLI subprocesses) appended to FILE as one tab-separated line,
-# from every worker; the suite's time is planned from it (docs/verification.md, "The suite's time").
-_TIMES_FILE = os.environ.get("COLIBRI_TEST_TIMES")
-
-
-def _cpu_seconds() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    if not _TIMES_FILE:
-        yield
-        return
-    wall, cpu = time.monotonic(), _cpu_seconds()
-    yield
-    wall, cpu = time.monotonic() - wall, _cpu_seconds() - cpu
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    with open(_TIMES_FILE, "a") as f:  # one short write per line: the workers' lines do not interleave
-        f.write(f"{item.nodeid}\t{wall:.2f}\t{cpu:.2f}\t{worker}\n")
 
 
 @pytest.fixture(autouse=True)

@@ -3,13 +3,17 @@ llama.cpp's test-gguf.cpp: bad magic or version, truncation in every section, co
 of 2^63, unknown value and tensor types, misaligned, overlapping and out-of-file data, shapes
 whose product overflows, duplicate names, an unsupported architecture. Each ends in one line,
 exit status 2, no traceback and no build directory. The 2024 GGUF parser advisories (huge
-counts and string lengths, overflowing shapes and offsets) are all in the table."""
+counts and string lengths, overflowing shapes and offsets) are all in the table.
+
+The tables' cases run the command in this process (`generator.cli.main`: the same parser, import
+and refusal, without 0.8 s of interpreter start-up each); one case of each table runs as a user
+runs it, a `python -m generator.cli` process, and must give the same line."""
 
 import struct
 
 import numpy as np
 import pytest
-from cli_runs import cli_build_refused
+from cli_runs import build_refused, cli_build_refused
 from conftest import run_cli
 from gguf_files import RawGguf, gguf_string, hf_to_gguf, kv, raw_gguf, set_kv, u32_kv
 
@@ -349,8 +353,8 @@ def qwen35_file(checkpoints, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", sorted(QWEN35_CASES))
-def test_broken_qwen35_metadata_is_refused_in_one_line(case, qwen35_file, tmp_path):
-    refused_at_import(*QWEN35_CASES[case], qwen35_file, tmp_path)
+def test_broken_qwen35_metadata_is_refused_in_one_line(case, qwen35_file, tmp_path, capsys):
+    refused_at_import(capsys, *QWEN35_CASES[case], qwen35_file, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -359,38 +363,46 @@ def moe_gguf(tmp_path_factory):
     return hf_to_gguf(make_checkpoint("qwen3_moe", root / "hf"), root / "moe.gguf")
 
 
-def refused_at_import(damage, message, good, tmp_path):
+def refused_at_import(capsys, damage, message, good, tmp_path) -> str:
+    """good's file damaged, built by the command in this process: one line naming the file."""
     path = tmp_path / "broken.gguf"
     path.write_bytes(damage(raw_gguf(good)))
-    out = tmp_path / "out"
-    line = cli_build_refused(path, out)
+    line = build_refused(capsys, path, tmp_path / "out")
     assert line.startswith("colibri: error: broken.gguf: ") and message in line, line
+    return line
 
 
 @pytest.mark.parametrize("case", sorted(MOE_CASES))
-def test_broken_moe_metadata_is_refused_in_one_line(case, moe_gguf, tmp_path):
-    refused_at_import(*MOE_CASES[case], moe_gguf, tmp_path)
+def test_broken_moe_metadata_is_refused_in_one_line(case, moe_gguf, tmp_path, capsys):
+    refused_at_import(capsys, *MOE_CASES[case], moe_gguf, tmp_path)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_broken_gguf_is_refused_in_one_line(case, good_gguf, tmp_path):
-    damage, message = CASES[case]
-    path = tmp_path / "broken.gguf"
-    path.write_bytes(damage(raw_gguf(good_gguf)))
-    out = tmp_path / "out"
-    line = cli_build_refused(path, out)
-    assert line.startswith("colibri: error: broken.gguf: ") and message in line, line
+def test_broken_gguf_is_refused_in_one_line(case, good_gguf, tmp_path, capsys):
+    refused_at_import(capsys, *CASES[case], good_gguf, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "table, case, file",
+    [
+        (CASES, "bad magic", "good_gguf"),
+        (MOE_CASES, "expert count 2^32 - 1", "moe_gguf"),
+        (QWEN35_CASES, "block_count 2^32 - 1", "qwen35_file"),
+    ],
+    ids=["llama", "moe", "qwen35"],
+)
+def test_a_tables_case_through_the_command_line_is_the_same_line(table, case, file, request, tmp_path, capsys):
+    """The command as a user runs it, in a process of its own: exit status 2, no traceback, no
+    build directory, and the line the in-process run gave."""
+    good = request.getfixturevalue(file)
+    in_process = refused_at_import(capsys, *table[case], good, tmp_path)
+    assert cli_build_refused(tmp_path / "broken.gguf", tmp_path / "out") == in_process
 
 
 @pytest.mark.slow  # llama.cpp's converter writes the file (~10 s), each broken copy built
 @pytest.mark.parametrize("case", sorted(GPT_OSS_CASES))
-def test_broken_gpt_oss_gguf_is_refused_in_one_line(case, gpt_oss_peer, tmp_path):
-    damage, message = GPT_OSS_CASES[case]
-    path = tmp_path / "broken.gguf"
-    path.write_bytes(damage(raw_gguf(gpt_oss_peer[1]["f32"])))
-    out = tmp_path / "out"
-    line = cli_build_refused(path, out)
-    assert line.startswith("colibri: error: broken.gguf: ") and message in line, line
+def test_broken_gpt_oss_gguf_is_refused_in_one_line(case, gpt_oss_peer, tmp_path, capsys):
+    refused_at_import(capsys, *GPT_OSS_CASES[case], gpt_oss_peer[1]["f32"], tmp_path)
 
 
 @pytest.mark.slow

@@ -100,6 +100,7 @@ def test_each_rank_image_holds_only_its_share(ranks, builder, checkpoints):
             assert sum(h[name]["bytes"] for h in held) <= entry["bytes"] + ranks * fmt.ALIGN, name
 
 
+@building
 def test_the_rank_count_the_images_were_made_for_is_the_one_run(builder, checkpoints):
     board, art, _ = builder.build(checkpoints(MODELS["moe"]), "q8_0", 64, "host-mpi", ranks=2)
     firmware = Firmware(art.program, art.weights, art.model_hash(), rank_weights=art.rank_weights())

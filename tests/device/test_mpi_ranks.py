@@ -23,7 +23,7 @@ from generator.compile import image_format as fmt
 from generator.device.hosts import hosts_for
 from generator.device.links import Firmware, LinkOptions
 from generator.device.runner import run_firmware
-from generator.device.session import RunRequest
+from generator.device.session import RunRequest, cache_stats
 from generator.errors import ColibriError
 from generator.numerics.sampling import SamplingParams
 
@@ -285,6 +285,37 @@ def test_memory_budget_applies_to_each_rank(builder, checkpoints, capsys):
                  "--memory-budget", str(budget - 1), "--out", str(out)]) == 2  # fmt: skip
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and f"does not hold rank {largest['rank']}'s share" in err[0], err
+
+
+@building
+def test_a_rank_whose_experts_do_not_fit_its_budget_runs_them_through_the_expert_cache(builder, checkpoints, capsys):
+    """A MoE over 2 ranks under the least budget every rank runs in (report's per-rank
+    min_budget): each rank caches only its own experts (e mod 2) in fewer slots than it owns and
+    decodes the single board's bits, greedy and sampled; the stats frame (hits, misses and slots
+    summed over the ranks) says experts were read from storage. Under a budget that holds every
+    rank's whole share (less than the whole model: one board pages there), no expert is read.
+    Slow: a build of its own (a MoE whose experts outweigh a token's slots), then three runs."""
+    model = checkpoints("qwen3_moe")  # 8 experts of 2 layers, top 3: each rank's 8 outweigh 3 slots
+    builder.build(model, "q8_0", 64, "host-mpi", ranks=2)
+    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16-ranks2"
+    shares = main_json(capsys, "report", board="host-mpi", model=model, ctx=64, out=out, ranks=2)["ranks"]
+    least = max(s["min_budget"] for s in shares)
+    planned = main_json(capsys, "report", board="host-mpi", model=model, ctx=64, out=out, ranks=2, memory_budget=least)
+    slots = [s["slots"] for s in planned["ranks"]]
+    assert all(0 < n < s["routed_experts"] for n, s in zip(slots, planned["ranks"])), planned["ranks"]
+    for sampling in (SamplingParams(), SAMPLED):
+        request = RunRequest(PROMPT, 8, sampling, stop_at_eos=False, memory_budget=least)
+        _, art, plan, result = run_ranks(builder, model, "localhost:2", request)
+        assert_decodes_as_the_reference(plan, art, request, result)
+        held = cache_stats(result)
+        assert (held.budget, held.slots) == (least, sum(slots)) and held.cache_misses > 0 and held.read_bytes > 0
+    whole_share = max(s["memory_bytes"] for s in shares)
+    assert whole_share < (out / "generated" / "weights.img").stat().st_size + whole_share - shares[0]["image_bytes"]
+    request = RunRequest(PROMPT, 8, SAMPLED, stop_at_eos=False, memory_budget=whole_share)
+    _, art, plan, result = run_ranks(builder, model, "localhost:2", request)
+    assert_decodes_as_the_reference(plan, art, request, result)
+    held = cache_stats(result)
+    assert (held.slots, held.cache_misses, held.read_bytes, held.prefill_read_bytes) == (0, 0, 0, 0)
 
 
 def rank_processes(rank: int) -> list[int]:

@@ -318,6 +318,31 @@ def test_a_rank_whose_experts_do_not_fit_its_budget_runs_them_through_the_expert
     assert (held.slots, held.cache_misses, held.read_bytes, held.prefill_read_bytes) == (0, 0, 0, 0)
 
 
+def test_a_rank_needs_slots_only_for_the_experts_it_holds(checkpoints, tmp_path):
+    """The MoE (6 experts, top 2) over 4 ranks, planned: ranks 0 and 1 hold 2 of each layer's
+    experts, ranks 2 and 3 one, so a token can route at most that many of its experts to each: its
+    least budget is its fixed part and that many slots. One byte below the largest least budget is
+    refused in one line naming that rank; at it, every rank has a slot per expert a token can bring
+    it, fewer than the experts it holds where it holds more; auto is refused with its reason."""
+    from generator.boards import load_board
+    from generator.compile.build import prepare
+    from generator.compile.cache_plan import AutoBudget, check_rank_budget
+
+    board = load_board("host-mpi")
+    _, plan = prepare(board, checkpoints(MODELS["moe"]), "q8_0", 64, tmp_path / "out", ranks=4)
+    shares = check_rank_budget(plan, board.budget_reserve, 0).shares
+    assert [s.experts_per_layer for s in shares] == [2, 2, 1, 1]
+    assert [s.min_slots for s in shares] == [2, 2, 1, 1]
+    assert all(s.min_budget == min(s.fixed_bytes + s.min_slots * s.slot_bytes, s.memory_bytes) for s in shares)
+    least = max(shares, key=lambda s: s.min_budget)
+    with pytest.raises(ColibriError, match=rf"^--memory-budget [0-9,]+ B does not hold rank {least.rank}'s share"):
+        check_rank_budget(plan, board.budget_reserve, least.min_budget - 1)
+    for share in check_rank_budget(plan, board.budget_reserve, least.min_budget).shares:
+        assert share.slots == 0 or share.min_slots <= share.slots <= share.max_slots
+    with pytest.raises(ColibriError, match="^--memory-budget auto is not taken on MPI ranks: ranks sharing a host"):
+        check_rank_budget(plan, board.budget_reserve, AutoBudget(0))
+
+
 def rank_processes(rank: int) -> list[int]:
     """This test's descendants that are MPI rank `rank` (their environment says which)."""
     found = []

@@ -443,7 +443,6 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
         }
         uses[layer * EXPERTS_PER_LAYER + ids[i]]++;
     }
-
     /* Every miss gets its slot and its read is queued at once: the storage sees them all in flight
      * together, and the forward pass computes the hits meanwhile. */
     for (int i = 0; i < k; i++) {

@@ -375,8 +375,8 @@ class RankShare:
     """What one rank holds: its weight image (mapped) and the arenas every rank holds whole (KV
     cache, scratch, tables), with the board's reserve: its memory. Under a budget that does not hold
     it whole, the rank keeps its resident part and pages its own routed experts (e mod ranks)
-    through slots, as one board does (runtime/expert_cache.c; model_def.h's colibri_rank_images
-    carries fixed_bytes and memory_bytes, so the firmware computes the same slots)."""
+    through slots, as one board does (runtime/expert_cache.c; model_data.c's colibri_rank_budgets
+    carries fixed_bytes, memory_bytes and experts_per_layer, so the firmware computes the same slots)."""
 
     rank: int
     image_bytes: int

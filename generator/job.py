@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .boards import Board, load_board
 from .compile.build import Artifacts, BuildRequest, run_scons
 from .compile.build import prepare as prepare_build
-from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan, check_rank_budget, rank_shares
+from .compile.cache_plan import AutoBudget, AutoElsewhere, CachePlan, RankBudget, check_rank_budget
 from .compile.plan import Plan, largest_planned_ctx, speculation_notice
 from .console import TextStream, progress, warn
 from .device.hosts import hosts_for
@@ -161,7 +161,7 @@ def compile_build(
 
 def budget_plan(
     options: JobOptions, board: Board, plan: Plan, remote: Remote | None = None, here: bool = False
-) -> CachePlan | AutoElsewhere | None:
+) -> CachePlan | AutoElsewhere | RankBudget | None:
     """The expert cache under --memory-budget (or the board file's default): refused here, with the
     numbers, when the budget cannot hold the resident weights, the arenas and top-k slots per MoE
     layer. None on boards that take no budget (MCUs: weights in flash). auto is resolved here when
@@ -174,22 +174,13 @@ def budget_plan(
     if not board.runner.takes_memory_budget:
         return None
     budget = options.memory_budget if options.memory_budget is not None else board.memory_budget
-    if plan.ranks > 1:
-        check_rank_budget(plan, board.budget_reserve, rank_budget(budget), f"--memory-budget {budget:,} B")
-        return None  # each rank maps its own image and reads it in place: no expert cache
+    if plan.ranks > 1:  # each rank pages its own experts through its slots, or maps its whole share
+        return check_rank_budget(plan, board.budget_reserve, budget)
     if not isinstance(budget, AutoBudget):
         return cache_plan(plan, board.budget_reserve, budget)
     if here or (remote is None and not local_prefix()):
         return auto_cache_plan(plan, board.budget_reserve, budget, find_memory())
     return AutoElsewhere(budget, cache_constants(plan, board.budget_reserve))
-
-
-def rank_budget(budget: int | AutoBudget) -> int:
-    """--memory-budget on ranks: a size (auto, which each rank would resolve where it runs, is not
-    taken yet)."""
-    if isinstance(budget, AutoBudget):
-        raise ColibriError("--memory-budget auto is not taken on MPI ranks yet: give each rank's budget as a size")
-    return budget
 
 
 def check_context(prompt: list[int], steps: int, board: Board, plan: Plan) -> None:
@@ -315,7 +306,7 @@ class Prepared(Generic[Inputs]):
     link: LinkOptions  # how the firmware is reached: --remote, the serial port, --reset, progress
     tokenizer: Tokenizer | None
     inputs: Inputs
-    cache: CachePlan | AutoElsewhere | None
+    cache: CachePlan | AutoElsewhere | RankBudget | None
     sampling: SamplingParams | None
 
     @property
@@ -751,9 +742,10 @@ def bench_built(prepared: Prepared[BenchRuns], built: Built, bench: BenchOptions
 # ---- report and flash: prepared and built, no link ------------------------------------------
 
 
-def report_budget(options: JobOptions, board: Board, plan: Plan) -> CachePlan | None:
-    """report's expert cache: shown when --memory-budget is given or the board file sets one."""
-    if options.memory_budget is None and not board.memory_budget:
+def report_budget(options: JobOptions, board: Board, plan: Plan) -> CachePlan | RankBudget | None:
+    """report's expert cache: shown when --memory-budget is given or the board file sets one (over
+    ranks, each rank's share always)."""
+    if options.memory_budget is None and not board.memory_budget and plan.ranks == 1:
         return None
     cache = budget_plan(options, board, plan, here=True)
     assert not isinstance(cache, AutoElsewhere)  # report sees this machine: auto is resolved here
@@ -793,7 +785,6 @@ def report(options: JobOptions) -> MemoryReport:
                 rep = with_margins(rep, board, art)
             else:  # an ESP-IDF project that idf.py has not built here
                 rep = planned_report(board, plan)
-    if plan.ranks > 1:  # report_budget checked the budget against each rank's share
-        budget = options.memory_budget if options.memory_budget is not None else board.memory_budget
-        rep = replace(rep, ranks=rank_shares(plan, board.budget_reserve), rank_budget=rank_budget(budget))
+    if isinstance(cache, RankBudget):  # report_budget checked the budget against each rank's share
+        return replace(rep, ranks=cache.shares, rank_budget=cache.budget)
     return replace(rep, memory_budget=cache) if cache is not None else rep

@@ -362,7 +362,7 @@ static void send_stats(const DecodeStats *s, int32_t prefilled, const SpecState 
          * (after the prompt) and the prompt's reads. */
         proto_u64("mapped", 1);
         proto_u64("budget", info->budget);
-        proto_u64("slots", (uint64_t)info->slots);
+        proto_u64("slots", c2->slots); /* over several ranks: summed, as the counters below */
         proto_u64("locked", info->locked_bytes);
         proto_u64("resident", info->resident_bytes);
         proto_u64("lock_refused", (uint64_t)info->lock_refused);

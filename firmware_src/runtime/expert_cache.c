@@ -5,6 +5,7 @@
 
 #include "decimal.h"
 #include "image_loader.h"
+#include "ranks.h"
 #include "tensor_table.h"
 
 #define EXPERTS_PER_LAYER (COLIBRI_N_EXPERTS > 0 ? COLIBRI_N_EXPERTS : 1)
@@ -130,20 +131,32 @@ static struct {
     Progress progress[MAX_K];
 } token;
 
+int64_t colibri_cache_least_slots(void)
+{
+    const int32_t held = colibri_rank_budget()->experts_per_layer;
+    return COLIBRI_N_MOE_LAYERS > 0 ? (COLIBRI_EXPERTS_PER_TOKEN < held ? COLIBRI_EXPERTS_PER_TOKEN : held) : 0;
+}
+
 int64_t colibri_cache_slots_for_budget(uint64_t budget)
 {
+    /* This rank's share (a single board's: the whole model): its fixed part, and its own experts. */
+    const ColibriRankBudget *share = colibri_rank_budget();
     if (budget == 0) {
         return 0;
     }
-    if (budget < (uint64_t)COLIBRI_BUDGET_FIXED_BYTES) {
+    if (COLIBRI_IMAGE_RANKS > 1 && budget >= share->memory_bytes) {
+        return 0; /* a rank's whole share: its image read in place, as with no budget */
+    }
+    if (budget < share->fixed_bytes) {
         return -1;
     }
 #if COLIBRI_N_MOE_LAYERS > 0
-    const uint64_t slots = (budget - COLIBRI_BUDGET_FIXED_BYTES) / COLIBRI_EXPERT_SLOT_BYTES;
-    if (slots < (uint64_t)COLIBRI_EXPERTS_PER_TOKEN) {
-        return -1; /* one token's experts of one layer must fit at once */
+    const uint64_t slots = (budget - share->fixed_bytes) / COLIBRI_EXPERT_SLOT_BYTES;
+    const uint64_t most = (uint64_t)COLIBRI_N_MOE_LAYERS * (uint64_t)share->experts_per_layer;
+    if (slots < (uint64_t)colibri_cache_least_slots()) {
+        return -1; /* one token's experts of one layer (those on this rank) must fit at once */
     }
-    return slots > (uint64_t)MAX_SLOTS ? MAX_SLOTS : (int64_t)slots;
+    return (int64_t)(slots > most ? most : slots);
 #else
     return 0; /* no routed experts: everything is resident */
 #endif
@@ -404,7 +417,7 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
     if (mode == IN_PLACE) {
         for (int i = 0; i < k; i++) {
             const int entry = layer * EXPERTS_PER_LAYER + ids[i];
-            if (check_in_place && !verified[entry]) {
+            if (check_in_place && !verified[entry] && ranks_owns_expert(ids[i])) {
                 uint64_t start, bytes;
                 expert_extent(layer, ids[i], &start, &bytes);
                 int status = check_expert(layer, ids[i], image_base + start);
@@ -434,6 +447,11 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
      * together, and the forward pass computes the hits meanwhile. */
     for (int i = 0; i < k; i++) {
         const int32_t entry = layer * EXPERTS_PER_LAYER + ids[i];
+        if (!ranks_owns_expert(ids[i])) { /* computed on its own rank (ranks.h): no slot here */
+            token.slot[i] = -1;
+            token.expert[i] = in_image(w, layer, ids[i]);
+            continue;
+        }
         int j = slot_of[entry];
         if (j >= 0) {
             stats.hits++;
@@ -463,7 +481,9 @@ int colibri_experts_acquire(const ColibriWeights *w, int layer, const int32_t *i
         token.expert[i] = &slots[j].w;
     }
     for (int i = 0; i < k; i++) {
-        slots[token.slot[i]].last_use = ++clock_tick;
+        if (token.slot[i] >= 0) {
+            slots[token.slot[i]].last_use = ++clock_tick;
+        }
     }
     return COLIBRI_OK;
 }
@@ -521,8 +541,8 @@ void colibri_experts_prefetch(int layer, const int32_t *ids, int k)
     }
     for (int i = 0; i < k; i++) {
         const int32_t entry = layer * EXPERTS_PER_LAYER + ids[i];
-        if (slot_of[entry] >= 0) {
-            continue; /* there, or on its way */
+        if (slot_of[entry] >= 0 || !ranks_owns_expert(ids[i])) {
+            continue; /* there, or on its way; or another rank's */
         }
         const int j = victim(1);
         if (j < 0) {
@@ -543,5 +563,20 @@ void colibri_experts_prefetch(int layer, const int32_t *ids, int k)
 
 void colibri_experts_stats(ColibriCacheStats *out)
 {
+    /* Over several ranks, each caching its own experts: the counters summed over the ranks (every
+     * rank calls this at the same point of a request), the most reads in flight this rank's. */
     *out = stats;
+    out->slots = mode == SLOTS ? (uint64_t)n_slots : 0;
+    uint64_t summed[] = {out->hits, out->misses, out->prefetches, out->prefetch_hits, out->bytes_read,
+                         out->wait_us, out->read_us, out->reordered, out->slots};
+    ranks_sum_u64(summed, (int)(sizeof summed / sizeof summed[0]));
+    out->hits = summed[0];
+    out->misses = summed[1];
+    out->prefetches = summed[2];
+    out->prefetch_hits = summed[3];
+    out->bytes_read = summed[4];
+    out->wait_us = summed[5];
+    out->read_us = summed[6];
+    out->reordered = summed[7];
+    out->slots = summed[8];
 }

@@ -50,14 +50,20 @@ typedef struct {
                               * each other or the compute */
     uint64_t max_in_flight;  /* the most reads queued or under way at once */
     uint64_t reordered;      /* experts computed while one of lower rank was still being read */
+    uint64_t slots;          /* the pool's slots (0: experts in place) */
 } ColibriCacheStats;
 
 /* Expert slots under a budget of `budget` bytes, from the constants compiled into this firmware
- * (compile/cache_plan.py computes the same): (budget - COLIBRI_BUDGET_FIXED_BYTES) /
- * COLIBRI_EXPERT_SLOT_BYTES, at most one per routed expert; 0 when budget is 0 (unlimited) or the
- * model has no routed experts; -1 when the budget cannot hold the fixed part and
- * COLIBRI_EXPERTS_PER_TOKEN slots (one token's experts of one layer at once). */
+ * (compile/cache_plan.py computes the same): (budget - this rank's fixed_bytes, a single board's
+ * COLIBRI_BUDGET_FIXED_BYTES) / COLIBRI_EXPERT_SLOT_BYTES, at most one per routed expert the rank
+ * holds; 0 when budget is 0 (unlimited) or the model has no routed experts; -1 when the budget
+ * cannot hold the fixed part and colibri_cache_least_slots() slots (one token's experts of one
+ * layer at once). */
 int64_t colibri_cache_slots_for_budget(uint64_t budget);
+
+/* The fewest slots that run: a token's experts of one layer that live on this rank (a single
+ * board's: COLIBRI_EXPERTS_PER_TOKEN); 0 without routed experts. */
+int64_t colibri_cache_least_slots(void);
 
 /* Experts read in place from `image` (the default, with every tensor checked at open). With
  * check_on_first_use, each expert is checked against its CRC-32 the first time it is used (an image

@@ -49,4 +49,8 @@ int ranks_owns_expert(int64_t expert);
  * computed them into every rank's terms, before they are summed in order. */
 void ranks_share_terms(float *terms, const int32_t *ids, int k, int dim);
 
+/* The ranks' values summed into every rank's `values` (n of them; the same call on every rank):
+ * the expert cache's counters, which each rank keeps for its own experts. */
+void ranks_sum_u64(uint64_t *values, int n);
+
 #endif

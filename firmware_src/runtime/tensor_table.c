@@ -103,6 +103,12 @@ const ColibriRankImage *colibri_rank_image(void)
     return &colibri_rank_images[rank < COLIBRI_IMAGE_RANKS ? rank : 0];
 }
 
+const ColibriRankBudget *colibri_rank_budget(void)
+{
+    const int rank = ranks_rank();
+    return &colibri_rank_budgets[rank < COLIBRI_IMAGE_RANKS ? rank : 0];
+}
+
 uint64_t colibri_expert_offset(const ColibriExpertGroup *group, int expert)
 {
     return colibri_rank_image()->group_offset[group - colibri_expert_groups] +

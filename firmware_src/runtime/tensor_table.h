@@ -34,6 +34,9 @@ const ColibriExpertGroup *colibri_layer_experts(int layer);
 /* This rank's weight image (colibri_rank_images; a single board's: the whole image). */
 const ColibriRankImage *colibri_rank_image(void);
 
+/* What this rank holds under a memory budget (colibri_rank_budgets; a single board's: the whole model). */
+const ColibriRankBudget *colibri_rank_budget(void);
+
 /* Expert `expert`'s first byte in this rank's image, from the data region's start (an expert of
  * this rank's: expert % COLIBRI_IMAGE_RANKS is its rank). */
 uint64_t colibri_expert_offset(const ColibriExpertGroup *group, int expert);

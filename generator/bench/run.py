@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..boards import Board
-from ..compile.cache_plan import AutoElsewhere, CachePlan
+from ..compile.cache_plan import AutoElsewhere, CachePlan, RankBudget
 from ..compile.plan import Plan
 from ..device.links import Firmware, LinkOptions
 from ..device.remote import Remote, remote_prefix
@@ -94,7 +94,7 @@ def run_bench(
     *,
     model: str,
     plot: Path | None = None,
-    cache: CachePlan | AutoElsewhere | None = None,
+    cache: CachePlan | AutoElsewhere | RankBudget | None = None,
     in_ram: bool = True,
 ) -> BenchResult:
     """Run the built `firmware`, reached as `how` says, `runs_of.repeat` times and return bench's

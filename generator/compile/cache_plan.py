@@ -372,42 +372,130 @@ def plan_as_ran(c: CacheConstants, ran: AutoRan) -> CachePlan:
 
 @dataclass(frozen=True)
 class RankShare:
-    """What one rank holds: its weight image (mapped, read in place) and the arenas every rank
-    holds whole (KV cache, scratch, tables), with the board's reserve: its memory."""
+    """What one rank holds: its weight image (mapped) and the arenas every rank holds whole (KV
+    cache, scratch, tables), with the board's reserve: its memory. Under a budget that does not hold
+    it whole, the rank keeps its resident part and pages its own routed experts (e mod ranks)
+    through slots, as one board does (runtime/expert_cache.c; model_data.c's colibri_rank_budgets
+    carries fixed_bytes, memory_bytes and experts_per_layer, so the firmware computes the same slots)."""
 
     rank: int
     image_bytes: int
     arena_bytes: int
     reserve_bytes: int
+    expert_bytes: int  # its routed experts' extents in its image
+    experts_per_layer: int  # routed experts of each MoE layer it holds (e mod ranks == rank)
+    n_moe_layers: int
+    experts_per_token: int
+    slot_bytes: int
+    paged_bytes: int = 0  # Gemma 4's per-layer input table: read through the mapping, never held
+    budget: int = 0  # --memory-budget each rank is given (0: none)
 
     @property
     def memory_bytes(self) -> int:
         return self.image_bytes + self.arena_bytes + self.reserve_bytes
 
+    @property
+    def fixed_bytes(self) -> int:
+        """What it holds whatever the budget: its image without its routed experts, the arenas, the reserve."""
+        return self.memory_bytes - self.expert_bytes - self.paged_bytes
+
+    @property
+    def max_slots(self) -> int:
+        return self.n_moe_layers * self.experts_per_layer
+
+    @property
+    def min_slots(self) -> int:
+        """A token's experts of one layer that can live on this rank at once."""
+        return min(self.experts_per_token, self.experts_per_layer) if self.n_moe_layers else 0
+
+    @property
+    def min_budget(self) -> int:
+        return min(self.fixed_bytes + self.min_slots * self.slot_bytes, self.memory_bytes)
+
+    @property
+    def slots(self) -> int:
+        """Expert slots under the budget (runtime/expert_cache.c computes the same); 0 when it holds
+        the whole share (the image read in place) or there is no budget."""
+        if not self.budget or self.budget >= self.memory_bytes:
+            return 0
+        return min((self.budget - self.fixed_bytes) // self.slot_bytes, self.max_slots)
+
     def to_json(self) -> dict[str, int]:
-        return {"rank": self.rank, "image_bytes": self.image_bytes, "memory_bytes": self.memory_bytes}
+        return {
+            "rank": self.rank,
+            "image_bytes": self.image_bytes,
+            "memory_bytes": self.memory_bytes,
+            "fixed_bytes": self.fixed_bytes,
+            "min_budget": self.min_budget,
+            "slot_bytes": self.slot_bytes,
+            "slots": self.slots,
+            "routed_experts": self.max_slots,
+        }
 
 
-def rank_shares(plan, reserve_bytes: int) -> tuple[RankShare, ...]:
-    """Every rank's share of a build for plan.ranks ranks (`plan`: compile/plan.py's Plan)."""
+def rank_shares(plan, reserve_bytes: int, budget: int = 0) -> tuple[RankShare, ...]:
+    """Every rank's share of a build for plan.ranks ranks (`plan`: compile/plan.py's Plan) under
+    `budget` (0: none)."""
     arenas = plan.context_state_bytes + plan.scratch_bytes + plan.rope_table_bytes + plan.expanded_bytes
-    return tuple(
-        RankShare(r, rank_image(plan.spec, plan.tensors, r, plan.ranks).image.image_bytes, arenas, reserve_bytes)
-        for r in range(plan.ranks)
-    )
+    c = cache_constants(plan, reserve_bytes)
+    groups = expert_groups(plan.spec, plan.tensors)
+    table = plan.paged_table
+    # What every rank shares: the arenas, the reserve, the cache's shape.
+    common = dict(arena_bytes=arenas, reserve_bytes=reserve_bytes, n_moe_layers=c.n_moe_layers,
+                  experts_per_token=c.experts_per_token, slot_bytes=c.slot_bytes,
+                  paged_bytes=table.nbytes if table else 0, budget=budget)  # fmt: skip
+    shares = []
+    for r in range(plan.ranks):
+        held = len(range(r, plan.spec.n_experts, plan.ranks)) if groups else 0
+        image = rank_image(plan.spec, plan.tensors, r, plan.ranks).image.image_bytes
+        experts = sum(held * g.stride for g in groups)
+        shares.append(RankShare(r, image, expert_bytes=experts, experts_per_layer=held, **common))
+    return tuple(shares)
 
 
-def check_rank_budget(plan, reserve_bytes: int, budget: int, flag: str) -> tuple[RankShare, ...]:
-    """--memory-budget on ranks applies to each rank: every rank's share must fit it whole (a rank
-    maps its own image and reads it in place), or the first that does not is named."""
-    shares = rank_shares(plan, reserve_bytes)
+@dataclass(frozen=True)
+class RankBudget:
+    """--memory-budget over MPI ranks: the size every rank is given (0: none), and each rank's share
+    under it (report shows them; the firmware of each rank computes its own slots the same way)."""
+
+    budget: int
+    shares: tuple[RankShare, ...]
+
+    @property
+    def firmware_budget(self) -> int:
+        return self.budget
+
+    def as_run(self, ran: AutoRan | None) -> None:
+        """bench's one-board cache plan: none over ranks (each rank's slots: report --ranks)."""
+        return None
+
+
+def check_rank_budget(plan, reserve_bytes: int, given: int | AutoBudget) -> RankBudget:
+    """--memory-budget on ranks applies to each rank: every rank must hold its fixed part (its image
+    without its routed experts, the arenas, the reserve) and one token's experts of one layer that
+    live on it; its other experts go through its slots. Else the first that cannot is named."""
+    if isinstance(given, AutoBudget):
+        # Ranks on one host would each find the same free memory and each take it all.
+        raise ColibriError(
+            "--memory-budget auto is not taken on MPI ranks: ranks sharing a host would each take all of "
+            "its free memory; give each rank's budget as a size (report --ranks N --memory-budget SIZE shows "
+            "each rank's least)"
+        )
+    budget, flag = given, f"--memory-budget {given:,} B"
+    shares = rank_shares(plan, reserve_bytes, budget)
     for share in shares:
-        if budget and share.memory_bytes > budget:
-            need = max(s.memory_bytes for s in shares)
+        if budget and budget < share.min_budget:
+            need = max(s.min_budget for s in shares)
+            slots_part = (
+                f" + {share.min_slots} expert slots (a token's experts of one layer on it) x {share.slot_bytes:,} B"
+                if share.min_slots
+                else ""
+            )
             raise ColibriError(
                 f"{flag} does not hold rank {share.rank}'s share of {plan.spec.name} over {plan.ranks} ranks: "
-                f"{share.memory_bytes:,} B = its weight image {share.image_bytes:,} B + KV cache, scratch and "
-                f"tables {share.arena_bytes:,} B + reserve {share.reserve_bytes:,} B; give each rank at least "
+                f"it needs at least {share.min_budget:,} B = its weight image without its routed experts "
+                f"{share.fixed_bytes - share.arena_bytes - share.reserve_bytes:,} B + KV cache, scratch and tables "
+                f"{share.arena_bytes:,} B + reserve {share.reserve_bytes:,} B{slots_part}; give each rank at least "
                 f"{need:,} B, or run over more ranks"
             )
-    return shares
+    return RankBudget(budget, shares)

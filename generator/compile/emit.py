@@ -25,7 +25,7 @@ from ..numerics.blocks import FORMATS
 from ..numerics.quantize import INTEGER_QUANTS, KEPT_BLOCK_TYPES, SCALE_BYTES
 from . import image_format
 from .arenas import KV_TILE
-from .cache_plan import STORAGE_ALIGN, cache_constants
+from .cache_plan import STORAGE_ALIGN, cache_constants, rank_shares
 from .image_format import DTYPE_CODES, QUANT_CODES
 from .layout import (
     ALIGN,
@@ -463,6 +463,7 @@ def cache_context(plan: Plan, board) -> dict:
     table = plan.paged_table
     return dict(
         cache=cache_constants(plan, board.budget_reserve),
+        rank_budgets=rank_shares(plan, board.budget_reserve),  # a single board's: rank 0 of 1, the whole image
         storage_align=STORAGE_ALIGN,
         paged_table=dict(offset=table.offset if table else 0, nbytes=table.nbytes if table else 0),
     )

@@ -145,18 +145,24 @@ def missing_for(board: Board) -> tuple[list[str], list[str]]:
 class BoardNeeds(JsonDocument):
     """What a board needs on this machine (`devices --probe` with no board plugged in): its programs
     and where they are (None: not on PATH), its Debian packages not installed, and for an ESP-IDF
-    board where idf.py is (None: not found: the project is generated, not built, here)."""
+    board where idf.py is (None: not found: the project is generated, not built, here); for a board
+    that links against a sysroot (linux-aarch64-mpi), where it goes while it is not made."""
 
     board: str
     programs: dict[str, str | None]
     packages_missing: list[str]
     idf: str | None = None
-    needs_idf: bool = json_field(False, then=("ready",))
+    needs_idf: bool = False
+    sysroot_missing: str | None = json_field(None, then=("ready",))
+    sysroot_arch: str = json_field("", skip=True)
 
     @property
     def ready(self) -> bool:
         return (
-            all(self.programs.values()) and not self.packages_missing and (self.idf is not None or not self.needs_idf)
+            all(self.programs.values())
+            and not self.packages_missing
+            and (self.idf is not None or not self.needs_idf)
+            and self.sysroot_missing is None
         )
 
     def line(self) -> str:
@@ -167,6 +173,11 @@ class BoardNeeds(JsonDocument):
             parts.append(
                 f"ESP-IDF's idf.py {self.idf or 'NOT FOUND (its project is generated here, built where ESP-IDF is)'}"
             )
+        if self.sysroot_missing:
+            parts.append(
+                f"the {self.sysroot_arch} sysroot {self.sysroot_missing} is not made: make it with "
+                f"`.venv/bin/python -m generator.device.setup_toolchain {self.board}` (mmdebstrap, about a minute)"
+            )
         return f"{self.board:<14} {'ready' if self.ready else 'NOT READY'}: {'; '.join(parts)}"
 
 
@@ -176,7 +187,10 @@ def board_needs(board: Board) -> BoardNeeds:
     packages, _ = missing_for(board)
     programs = {tool: shutil.which(tool) for tool in board.tools()}
     idf = find_idf() if board.idf is not None else None
-    return BoardNeeds(board.name, programs, packages, str(idf) if idf else None, board.idf is not None)
+    sysroot = board.sysroot
+    missing = str(sysroot.path()) if sysroot is not None and not sysroot.is_made() else None
+    arch = sysroot.arch if sysroot is not None else ""
+    return BoardNeeds(board.name, programs, packages, str(idf) if idf else None, board.idf is not None, missing, arch)
 
 
 def every_board_needs() -> list[BoardNeeds]:

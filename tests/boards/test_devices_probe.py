@@ -87,3 +87,34 @@ def test_with_no_board_it_lists_what_each_board_needs_here(capsys, monkeypatch):
 def test_probe_options_without_probe_are_refused(capsys):
     assert main(["devices", "--board", "esp32p4"]) == 2
     assert "--port, --board and --out go with --probe" in capsys.readouterr().err
+
+
+def test_a_board_whose_sysroot_is_not_made_says_so_and_how_to_make_it(capsys, monkeypatch, tmp_path):
+    """linux-aarch64-mpi links against an arm64 Open MPI sysroot the setup makes: with none made,
+    its line says NOT READY, where the sysroot goes and the setup step that makes it, and --json
+    the same; once made (its stamp written), that part is gone."""
+    from generator.boards import load_board
+    from generator.boards.board import MADE_STAMP
+    from generator.device import ports
+
+    monkeypatch.setattr(ports, "list_ports", lambda: [])
+    monkeypatch.setenv("COLIBRI_SYSROOTS", str(tmp_path))  # no sysroot made there
+    sysroot = load_board("linux-aarch64-mpi").sysroot.path()
+    capsys.readouterr()
+    assert main(["devices", "--probe"]) == 0
+    shown = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    line = shown["linux-aarch64-mpi"]
+    assert "NOT READY" in line
+    assert (
+        f"the arm64 sysroot {sysroot} is not made: make it with "
+        "`.venv/bin/python -m generator.device.setup_toolchain linux-aarch64-mpi` (mmdebstrap, about a minute)"
+    ) in line
+    assert "sysroot" not in shown["linux-aarch64"]
+    assert main(["devices", "--probe", "--json"]) == 0
+    needs = {b["board"]: b for b in json.loads(capsys.readouterr().out)["boards"]}
+    assert needs["linux-aarch64-mpi"]["sysroot_missing"] == str(sysroot)
+    assert needs["linux-aarch64-mpi"]["ready"] is False
+    (sysroot).mkdir(parents=True)
+    (sysroot / MADE_STAMP).write_text("")
+    assert main(["devices", "--probe"]) == 0
+    assert "sysroot" not in capsys.readouterr().out

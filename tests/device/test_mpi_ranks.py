@@ -23,7 +23,7 @@ from generator.compile import image_format as fmt
 from generator.device.hosts import hosts_for
 from generator.device.links import Firmware, LinkOptions
 from generator.device.runner import run_firmware
-from generator.device.session import RunRequest
+from generator.device.session import RunRequest, cache_stats
 from generator.errors import ColibriError
 from generator.numerics.sampling import SamplingParams
 
@@ -286,6 +286,62 @@ def test_memory_budget_applies_to_each_rank(builder, checkpoints, capsys):
                  "--memory-budget", str(budget - 1), "--out", str(out)]) == 2  # fmt: skip
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and f"does not hold rank {largest['rank']}'s share" in err[0], err
+
+
+@building
+def test_a_rank_whose_experts_do_not_fit_its_budget_runs_them_through_the_expert_cache(builder, checkpoints, capsys):
+    """A MoE over 2 ranks under the least budget every rank runs in (report's per-rank
+    min_budget): each rank caches only its own experts (e mod 2) in fewer slots than it owns and
+    decodes the single board's bits, greedy and sampled; the stats frame (hits, misses and slots
+    summed over the ranks) says experts were read from storage. Under a budget that holds every
+    rank's whole share (less than the whole model: one board pages there), no expert is read.
+    Slow: a build of its own (a MoE whose experts outweigh a token's slots), then three runs."""
+    model = checkpoints("qwen3_moe")  # 8 experts of 2 layers, top 3: each rank's 8 outweigh 3 slots
+    builder.build(model, "q8_0", 64, "host-mpi", ranks=2)
+    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16-ranks2"
+    shares = main_json(capsys, "report", board="host-mpi", model=model, ctx=64, out=out, ranks=2)["ranks"]
+    least = max(s["min_budget"] for s in shares)
+    planned = main_json(capsys, "report", board="host-mpi", model=model, ctx=64, out=out, ranks=2, memory_budget=least)
+    slots = [s["slots"] for s in planned["ranks"]]
+    assert all(0 < n < s["routed_experts"] for n, s in zip(slots, planned["ranks"])), planned["ranks"]
+    for sampling in (SamplingParams(), SAMPLED):
+        request = RunRequest(PROMPT, 8, sampling, stop_at_eos=False, memory_budget=least)
+        _, art, plan, result = run_ranks(builder, model, "localhost:2", request)
+        assert_decodes_as_the_reference(plan, art, request, result)
+        held = cache_stats(result)
+        assert (held.budget, held.slots) == (least, sum(slots)) and held.cache_misses > 0 and held.read_bytes > 0
+    whole_share = max(s["memory_bytes"] for s in shares)
+    assert whole_share < (out / "generated" / "weights.img").stat().st_size + whole_share - shares[0]["image_bytes"]
+    request = RunRequest(PROMPT, 8, SAMPLED, stop_at_eos=False, memory_budget=whole_share)
+    _, art, plan, result = run_ranks(builder, model, "localhost:2", request)
+    assert_decodes_as_the_reference(plan, art, request, result)
+    held = cache_stats(result)
+    assert (held.slots, held.cache_misses, held.read_bytes, held.prefill_read_bytes) == (0, 0, 0, 0)
+
+
+def test_a_rank_needs_slots_only_for_the_experts_it_holds(checkpoints, tmp_path):
+    """The MoE (6 experts, top 2) over 4 ranks, planned: ranks 0 and 1 hold 2 of each layer's
+    experts, ranks 2 and 3 one, so a token can route at most that many of its experts to each: its
+    least budget is its fixed part and that many slots. One byte below the largest least budget is
+    refused in one line naming that rank; at it, every rank has a slot per expert a token can bring
+    it, fewer than the experts it holds where it holds more; auto is refused with its reason."""
+    from generator.boards import load_board
+    from generator.compile.build import prepare
+    from generator.compile.cache_plan import AutoBudget, check_rank_budget
+
+    board = load_board("host-mpi")
+    _, plan = prepare(board, checkpoints(MODELS["moe"]), "q8_0", 64, tmp_path / "out", ranks=4)
+    shares = check_rank_budget(plan, board.budget_reserve, 0).shares
+    assert [s.experts_per_layer for s in shares] == [2, 2, 1, 1]
+    assert [s.min_slots for s in shares] == [2, 2, 1, 1]
+    assert all(s.min_budget == min(s.fixed_bytes + s.min_slots * s.slot_bytes, s.memory_bytes) for s in shares)
+    least = max(shares, key=lambda s: s.min_budget)
+    with pytest.raises(ColibriError, match=rf"^--memory-budget [0-9,]+ B does not hold rank {least.rank}'s share"):
+        check_rank_budget(plan, board.budget_reserve, least.min_budget - 1)
+    for share in check_rank_budget(plan, board.budget_reserve, least.min_budget).shares:
+        assert share.slots == 0 or share.min_slots <= share.slots <= share.max_slots
+    with pytest.raises(ColibriError, match="^--memory-budget auto is not taken on MPI ranks: ranks sharing a host"):
+        check_rank_budget(plan, board.budget_reserve, AutoBudget(0))
 
 
 def rank_processes(rank: int) -> list[int]:

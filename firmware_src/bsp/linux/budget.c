@@ -6,12 +6,17 @@
 
 #include "../../app/decode.h"
 #include "../../runtime/expert_cache.h"
+#include "../../runtime/tensor_table.h"
 #include "memory_limit.h"
 
 /* What the whole model takes when every expert is held: the resident weights, the arenas and the
- * reserve, and every expert in a slot of its own (cache_plan.py's arithmetic). */
+ * reserve, and every expert in a slot of its own (cache_plan.py's arithmetic); a rank's, its share
+ * (cache_plan.py RankShare: its image read in place, the arenas, the reserve). */
 static uint64_t whole_model_bytes(void)
 {
+    if (COLIBRI_IMAGE_RANKS > 1) {
+        return colibri_rank_budget()->memory_bytes;
+    }
     return (uint64_t)COLIBRI_BUDGET_FIXED_BYTES +
            (uint64_t)COLIBRI_N_MOE_LAYERS * COLIBRI_N_EXPERTS * COLIBRI_EXPERT_SLOT_BYTES;
 }
@@ -22,10 +27,11 @@ static uint64_t whole_model_bytes(void)
  * reserve F B + k expert slots x S B)", k the experts of a token where the model has MoE layers. */
 static void least_budget(char *out, size_t size)
 {
-    const int slots = COLIBRI_N_MOE_LAYERS > 0 ? COLIBRI_EXPERTS_PER_TOKEN : 0;
+    const int slots = (int)colibri_cache_least_slots();
+    const unsigned long long fixed = (unsigned long long)colibri_rank_budget()->fixed_bytes;
     snprintf(out, size, "at least %llu B (resident weights, arenas and reserve %llu B + %d expert slots x %llu B)",
-             (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES + (unsigned long long)slots * COLIBRI_EXPERT_SLOT_BYTES,
-             (unsigned long long)COLIBRI_BUDGET_FIXED_BYTES, slots, (unsigned long long)COLIBRI_EXPERT_SLOT_BYTES);
+             fixed + (unsigned long long)slots * COLIBRI_EXPERT_SLOT_BYTES, fixed, slots,
+             (unsigned long long)COLIBRI_EXPERT_SLOT_BYTES);
 }
 
 /* --memory-budget auto[-MARGIN]: the memory this process may use less the margin (memory_limit.h), as

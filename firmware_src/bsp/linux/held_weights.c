@@ -38,7 +38,7 @@ static int use_expert_slots(Options *opt, HeldWeights *w)
      * again, so the pool keeps the most used (LFU). Guessing the next layer's experts (--prefetch 1)
      * did not pay at any budget once a token's misses were read side by side, nor with all of them in
      * flight at once: wrong guesses read bytes nobody uses and evict experts that would have hit. */
-    const int roomy = w->slots >= (int64_t)COLIBRI_EXPERTS_PER_TOKEN * COLIBRI_N_MOE_LAYERS;
+    const int roomy = w->slots >= colibri_cache_least_slots() * COLIBRI_N_MOE_LAYERS;
     if (opt->eviction < 0) {
         opt->eviction = roomy ? COLIBRI_EVICT_LRU : COLIBRI_EVICT_LFU;
     }

@@ -225,8 +225,9 @@ static int layer_experts(int layer, uint64_t *start, uint64_t *end)
     if (group == NULL) {
         return 0;
     }
-    *start = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + group->offset;
-    *end = *start + (uint64_t)COLIBRI_N_EXPERTS * group->stride;
+    /* This rank's experts of the layer (a single board's: all of them), one after another. */
+    *start = (uint64_t)COLIBRI_IMAGE_DATA_OFFSET + colibri_expert_offset(group, 0);
+    *end = *start + (uint64_t)colibri_rank_budget()->experts_per_layer * group->stride;
     return 1;
 }
 

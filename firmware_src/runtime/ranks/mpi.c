@@ -184,3 +184,10 @@ void ranks_share_terms(float *terms, const int32_t *ids, int k, int dim)
         }
     }
 }
+
+void ranks_sum_u64(uint64_t *values, int n)
+{
+    if (n_ranks > 1) {
+        MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    }
+}

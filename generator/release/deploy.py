@@ -66,6 +66,7 @@ def payload_of(bundle: Path) -> Payload:
         program, weights = bundle / manifest["firmware"]["file"], bundle / manifest["weights"]["file"]
         build = (manifest["firmware"].get("build_id") or manifest["model_hash"])[:12]
         name = manifest["name"]
+        rank_weights, rank_files = rank_payload(bundle, manifest, name)
     except FileNotFoundError:
         raise ColibriError(
             f"{bundle} is not a release bundle (no {MANIFEST}): make one with ./colibri release"
@@ -81,7 +82,7 @@ def payload_of(bundle: Path) -> Payload:
             raise ColibriError(f"release {name} lacks {path.relative_to(bundle)}")
     if manifest.get("verified") is False:
         raise ColibriError(f"release {name} did not match the reference when it was made: it is not deployed")
-    return Payload(name, board.name, program, weights, f"{name}-{build}", *rank_payload(bundle, manifest, name))
+    return Payload(name, board.name, program, weights, f"{name}-{build}", rank_weights, rank_files)
 
 
 def rank_payload(bundle: Path, manifest: dict, name: str) -> tuple[tuple[Path, ...], tuple[str, ...]]:

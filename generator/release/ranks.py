@@ -33,6 +33,8 @@ def rank_image_file(rank: int) -> str:
 def image_fields(path: Path) -> dict[str, Any]:
     """What the manifest records of an image file (and verify-release compares): its header's rank,
     rank count and model hash, and its identity; a ColibriError when it is not a weight image."""
+    if path.stat().st_size == 0:  # np.memmap cannot map an empty file
+        raise ColibriError("weight image is 0 bytes, too short to be one")
     blob = map_image(path)
     header = read_header(blob)
     fields = fmt.unpack(fmt.HEADER, blob)

@@ -110,6 +110,18 @@ def test_verify_release_names_the_rank_of_a_missing_altered_or_swapped_image(ran
     [problem] = _problems(stale)
     assert problem.startswith("rank 1: weight image generated/weights.rank1.img: ") and "altered" in problem
 
+    # An empty file as rank 1's image, every hash made to agree with it.
+    empty = copy_release(ranked, tmp_path / "empty")
+    (empty / "generated/weights.rank1.img").write_bytes(b"")
+
+    def empty_image(manifest):
+        manifest["ranks"]["images"][1]["sha256"] = manifest["outputs"]["generated/weights.rank1.img"]["sha256"]
+
+    _rewrite_manifest(empty, empty_image)
+    assert _problems(empty) == [
+        "rank 1: weight image generated/weights.rank1.img: weight image is 0 bytes, too short to be one"
+    ]
+
     done = run_cli("verify-release", altered, "--no-rebuild")
     assert done.returncode == 1 and done.stdout.count("\n") == 1 and "rank 1" in done.stdout, done.stdout
 

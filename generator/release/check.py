@@ -35,6 +35,9 @@ from .bundle import (
     bundle_files,
     is_bundle_path,
     is_plain_name,
+    merged_rank_problems,
+    rank_count,
+    rank_problems,
     read_document,
     say,
     sha256_file,
@@ -43,7 +46,6 @@ from .bundle import (
 )
 from .make import Inputs, produce
 from .provenance import request_from, source_info, stage_model
-from .ranks import merged_rank_problems, rank_count, rank_problems
 from .signing import signature_problem
 
 

@@ -26,8 +26,7 @@ from ..device.protocol import parse_frame
 from ..device.remote import Remote, ssh_failure
 from ..device.session import Selftest
 from ..errors import ColibriError
-from .bundle import MANIFEST
-from .ranks import rank_count, rank_image_file
+from .bundle import MANIFEST, rank_count, rank_image_file
 
 HERE = Path(__file__).resolve().parent
 SLOT_SCRIPT = HERE / "board" / "colibri-slot"

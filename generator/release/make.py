@@ -15,7 +15,7 @@ Layout of `make_release(..., out_dir=OUT)` (docs/releases.md):
         memory-report.json / .txt   where every byte goes, per memory region (checked on the ELF)
         firmware/...                the ELF and every flashable image the board's build produced
         generated/...               model_def.h, model_data.c, board_def.h, image_format.h, plan.json, weights.img
-                                    (and a build for N MPI ranks, weights.rank0.img ... rank{N-1}: ranks.py)
+                                    (and a build for N MPI ranks, weights.rank0.img ... rank{N-1}: bundle.py)
     OUT/<name>.tar.gz               the bundle as a deterministic tarball
     OUT/<name>.measurements.json    wall-clock numbers: outside SHA256SUMS and the tarball
 
@@ -57,7 +57,9 @@ from .bundle import (
     firmware_files,
     flash_layout,
     json_bytes,
+    local_ranks,
     put,
+    rank_entries,
     say,
     sha256_file,
     write_file,
@@ -75,7 +77,6 @@ from .provenance import (
     stage_model,
     toolchain_info,
 )
-from .ranks import local_ranks, rank_entries
 from .signing import load_private_key, sign_manifest
 from .verification import verify_firmware
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..arguments import add_jobs_arg, add_model_args, out_dir
+from ..arguments import add_jobs_arg, add_model_args, add_ranks_arg, out_dir
 from ..boards import load_board
 from ..console import progress
 from ..documents import JsonDocument
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 def add_release_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_jobs_arg(p)
+    add_ranks_arg(p)
     p.add_argument(
         "--out", type=out_dir, help="directory for the bundle, its .tar.gz and <bundle>.measurements.json (required)"
     )
@@ -59,6 +60,11 @@ def release(args: argparse.Namespace) -> int:
     check_artifact_options(args.format, args.artifact_key, args.artifact_cert)
     if args.format is not None and not load_board(args.board).runner.takes_remote:
         raise ColibriError(f"--format {args.format} is for Linux boards (host, linux-aarch64), not {args.board}")
+    if args.format is not None and (args.ranks or 1) > 1:
+        raise ColibriError(
+            f"--format {args.format} packs one board's firmware and image; a release for {args.ranks} ranks "
+            "goes to its boards with deploy --inventory"
+        )
     made = make_release(
         args.board,
         args.model,
@@ -68,6 +74,7 @@ def release(args: argparse.Namespace) -> int:
         sign_key=args.sign,
         progress=None if args.json else progress,
         jobs=args.jobs,
+        ranks=args.ranks,
     )
     summary = made.summary()
     if args.format is not None:

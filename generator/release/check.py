@@ -35,6 +35,9 @@ from .bundle import (
     bundle_files,
     is_bundle_path,
     is_plain_name,
+    merged_rank_problems,
+    rank_count,
+    rank_problems,
     read_document,
     say,
     sha256_file,
@@ -290,6 +293,7 @@ class RebuildInputs:
     quant: str
     ctx: int
     request: RunRequest
+    ranks: int = 1  # MPI ranks the weights were split over (the manifest's ranks.count)
 
 
 def _malformed(what: str) -> ColibriError:
@@ -350,7 +354,13 @@ def rebuild_inputs(manifest: dict[str, Any], bundle: Path) -> RebuildInputs:
         raise _malformed("no inputs.verification")
     board = _release_board(manifest.get("board"), bundle, manifest["outputs"])
     return RebuildInputs(
-        board, model["name"], _model_files(model.get("files")), quant, ctx, request_from(inputs["verification"])
+        board,
+        model["name"],
+        _model_files(model.get("files")),
+        quant,
+        ctx,
+        request_from(inputs["verification"]),
+        rank_count(manifest),
     )
 
 
@@ -402,6 +412,7 @@ def check_release(
         say(progress, f"checking the hashes of {bundle_dir.name}")
         manifest_bytes = read_document(bundle_dir / MANIFEST) if (bundle_dir / MANIFEST).exists() else None
         manifest = check_hashes(bundle_dir, result, manifest_bytes)
+        result.problems[:] = merged_rank_problems(result.problems)
         signature = _read_signature(bundle_dir)
         if verify_key is not None:
             problem = signature_problem(signature, manifest_bytes, Path(verify_key))
@@ -410,8 +421,10 @@ def check_release(
                 result.problems.append(problem)
         elif signature is not None:
             result.notes.append(f"{SIGNATURE} is present but was not checked (no verify key given)")
+        if manifest is not None and not result.problems:
+            result.problems += rank_problems(bundle_dir, manifest)
         if manifest is None or result.problems:
-            result.notes.append("nothing rebuilt: the bundle's hashes or signature do not check")
+            result.notes.append("nothing rebuilt: the bundle's hashes, signature or rank images do not check")
             return result
         sde = manifest.get("source_date_epoch")
         if isinstance(sde, bool) or not isinstance(sde, int) or not 0 <= sde < 1 << 33:
@@ -454,7 +467,7 @@ def check_release(
         )
         say(progress, f"rebuilding {bundle_dir.name} from its manifest in a fresh directory")
         made = produce(
-            Inputs(inputs.board, staged, hashes, inputs.quant, inputs.ctx, sde, inputs.request),
+            Inputs(inputs.board, staged, hashes, inputs.quant, inputs.ctx, sde, inputs.request, ranks=inputs.ranks),
             tmp / "rebuild",
             progress,
             signature=signature,

@@ -26,7 +26,7 @@ from ..device.protocol import parse_frame
 from ..device.remote import Remote, ssh_failure
 from ..device.session import Selftest
 from ..errors import ColibriError
-from .bundle import MANIFEST
+from .bundle import MANIFEST, rank_count, rank_image_file
 
 HERE = Path(__file__).resolve().parent
 SLOT_SCRIPT = HERE / "board" / "colibri-slot"
@@ -46,6 +46,14 @@ class Payload:
     program: Path
     weights: Path
     slot: str  # <release name>-<build id, 12 hex digits>: a new build is a new slot
+    # A release for several MPI ranks: each rank's image (rank 0 first) and its slot's `rank` file
+    # ("RANK RANKS IMAGE_SHA256 FIRMWARE_SHA256", what colibri-slot checks the rank's slot against).
+    rank_weights: tuple[Path, ...] = ()
+    rank_files: tuple[str, ...] = ()
+
+    @property
+    def ranks(self) -> int:
+        return max(1, len(self.rank_weights))
 
 
 def payload_of(bundle: Path) -> Payload:
@@ -57,13 +65,14 @@ def payload_of(bundle: Path) -> Payload:
         program, weights = bundle / manifest["firmware"]["file"], bundle / manifest["weights"]["file"]
         build = (manifest["firmware"].get("build_id") or manifest["model_hash"])[:12]
         name = manifest["name"]
+        rank_weights, rank_files = rank_payload(bundle, manifest, name)
     except FileNotFoundError:
         raise ColibriError(
             f"{bundle} is not a release bundle (no {MANIFEST}): make one with ./colibri release"
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ColibriError(f"{bundle / MANIFEST}: not a release manifest ({e})") from None
-    if not board.runner.takes_remote:
+    if not board.runner.linux_program:  # host, linux-aarch64 and their MPI boards (host-mpi, ...)
         raise ColibriError(
             f"release {name} is for board {board.name}, which is not a Linux board: deploy is for host and linux-aarch64"
         )
@@ -72,7 +81,26 @@ def payload_of(bundle: Path) -> Payload:
             raise ColibriError(f"release {name} lacks {path.relative_to(bundle)}")
     if manifest.get("verified") is False:
         raise ColibriError(f"release {name} did not match the reference when it was made: it is not deployed")
-    return Payload(name, board.name, program, weights, f"{name}-{build}")
+    return Payload(name, board.name, program, weights, f"{name}-{build}", rank_weights, rank_files)
+
+
+def rank_payload(bundle: Path, manifest: dict, name: str) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """A release for several ranks: each rank's image and its slot's `rank` file (none otherwise)."""
+    count = rank_count(manifest)
+    if count == 1:
+        return (), ()
+    firmware_sha256 = manifest["outputs"][manifest["firmware"]["file"]]["sha256"]
+    images, files = [], []
+    for rank, entry in enumerate(manifest["ranks"]["images"]):
+        image = bundle / rank_image_file(rank)
+        if not image.is_file():
+            raise ColibriError(f"release {name} lacks rank {rank}'s weight image {rank_image_file(rank)}")
+        digest = str(entry.get("sha256", ""))
+        if not re.fullmatch(r"[0-9a-f]{64}", digest) or not re.fullmatch(r"[0-9a-f]{64}", firmware_sha256):
+            raise ColibriError(f"{bundle / MANIFEST}: rank {rank}'s image has no SHA-256")
+        images.append(image)
+        files.append(f"{rank} {count} {digest} {firmware_sha256}\n")
+    return tuple(images), tuple(files)
 
 
 class _Digesting:
@@ -171,10 +199,12 @@ def outcome_of(host: str, slot: str, status: int, output: str) -> Deployed:
     """What colibri-slot's output and exit status say happened on `host`."""
     selftest = selftest_of(output)
     current = current_of(output)
+    # A rank's slot is checked, not self-tested (colibri-slot's rank_check): its line says how.
+    checked = next((line.strip() for line in output.splitlines() if line.startswith("rank check ")), "")
     if status == 0:
-        return Deployed(host, slot, "pass", selftest, current)
+        return Deployed(host, slot, "pass", selftest, current, checked)
     if status == 1 and "rolled back:" in output:
-        return Deployed(host, slot, "rolled back", selftest, current)
+        return Deployed(host, slot, "rolled back", selftest, current, checked)
     last = next((line for line in reversed(output.splitlines()) if line.strip()), "no output")
     return Deployed(host, slot, "failed", selftest, current, last.strip())
 
@@ -222,6 +252,11 @@ def deploy_remote(remote: Remote, payload: Payload, root: str = DEFAULT_ROOT) ->
     """Install `payload` into a new slot under `root` on the board, run its self-test there and
     switch `current` only on PASS (one ssh session: the payload as a tar stream on its stdin). When
     the link drops, the board finishes on its own; this reconnects and says where it ended."""
+    if payload.ranks > 1:
+        raise ColibriError(
+            f"release {payload.name} was made for {payload.ranks} MPI ranks, one board each: deploy it with "
+            f"--inventory FILE naming {payload.ranks} hosts (rank r on the r-th by name), not --remote"
+        )
     try:
         status, output = _slot(
             remote, ["receive", root, payload.slot], payload_tar(payload), f"deploying {payload.slot}"
@@ -323,6 +358,14 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
     if not inventory.is_file():
         raise ColibriError(f"--inventory {inventory}: no such file")
     playbook = ansible_playbook()
+    env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING=os.environ.get("ANSIBLE_HOST_KEY_CHECKING", "True"))
+    ssh = os.environ.get("COLIBRI_SSH_COMMAND", "").strip()
+    if ssh:
+        # The same ssh the other commands use (an -F config, options): its arguments for Ansible.
+        env["ANSIBLE_SSH_ARGS"] = shlex.join([*shlex.split(ssh)[1:], "-o", "BatchMode=yes"])
+    env.setdefault("ANSIBLE_NOCOLOR", "1")
+    env.setdefault("ANSIBLE_PIPELINING", "True")  # one ssh session per task, not three
+    ranks = rank_hosts(inventory, payload, env) if payload.ranks > 1 else {}
     with tempfile.TemporaryDirectory(prefix="colibri-deploy-") as tmp:
         results = Path(tmp) / "results"
         results.mkdir()
@@ -332,14 +375,15 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
             "colibri_slot": payload.slot,
             "colibri_results": str(results),
             **({} if root is None else {"colibri_root": root}),
+            **(
+                {
+                    "colibri_rank_weights": {h: str(payload.rank_weights[r]) for h, r in ranks.items()},
+                    "colibri_rank_file": {h: payload.rank_files[r] for h, r in ranks.items()},
+                }
+                if ranks
+                else {}
+            ),
         }
-        env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING=os.environ.get("ANSIBLE_HOST_KEY_CHECKING", "True"))
-        ssh = os.environ.get("COLIBRI_SSH_COMMAND", "").strip()
-        if ssh:
-            # The same ssh the other commands use (an -F config, options): its arguments for Ansible.
-            env["ANSIBLE_SSH_ARGS"] = shlex.join([*shlex.split(ssh)[1:], "-o", "BatchMode=yes"])
-        env.setdefault("ANSIBLE_NOCOLOR", "1")
-        env.setdefault("ANSIBLE_PIPELINING", "True")  # one ssh session per task, not three
         done = subprocess.run(
             [playbook, "-i", str(inventory), str(PLAYBOOK), "-e", json.dumps(extra)],
             capture_output=True,
@@ -364,6 +408,27 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
     if not hosts:
         raise ColibriError(f"--inventory {inventory}: no hosts (ansible-playbook said: {done.stdout.decode()[-200:]})")
     return outcomes
+
+
+def rank_hosts(inventory: Path, payload: Payload, env: dict[str, str]) -> dict[str, int]:
+    """A release for several ranks: each host's rank, the hosts in the order that gives ranks on run
+    (--inventory: by name, rank r on the r-th), refused in one line before anything is copied unless
+    there is one host per rank."""
+    hostvars = inventory_hostvars(inventory, env)
+    hosts = sorted(hostvars)
+    for host in hosts:
+        if str(hostvars[host].get("colibri_slots", 1)) != "1":
+            raise ColibriError(
+                f"--inventory {inventory}, host {host}: colibri_slots={hostvars[host]['colibri_slots']}: deploy "
+                f"ships one rank's image to each host; give release {payload.name} one host per rank"
+            )
+    if len(hosts) != payload.ranks:
+        raise ColibriError(
+            f"--inventory {inventory} names {len(hosts)} host{'s' if len(hosts) != 1 else ''} and release "
+            f"{payload.name} was made for {payload.ranks} ranks: give one host per rank (rank r on the r-th by "
+            "name), or release for as many ranks as there are hosts (--ranks N); nothing was copied"
+        )
+    return {host: rank for rank, host in enumerate(hosts)}
 
 
 def hosts_of(inventory: Path, env: dict[str, str]) -> list[str]:

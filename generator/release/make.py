@@ -7,7 +7,7 @@
 
 Layout of `make_release(..., out_dir=OUT)` (docs/releases.md):
 
-    OUT/<name>/                     the bundle (name: colibri-<model>-<board>-<quant>-ctx<N>)
+    OUT/<name>/                     the bundle (name: colibri-<model>-<board>-<quant>-ctx<N>[-ranks<R>])
         manifest.json               inputs, generator, toolchain, flags, SOURCE_DATE_EPOCH, outputs
         manifest.json.sig           ed25519 signature of manifest.json (64 raw bytes), when signed
         SHA256SUMS                  every other file of the bundle (`sha256sum -c SHA256SUMS`)
@@ -15,6 +15,7 @@ Layout of `make_release(..., out_dir=OUT)` (docs/releases.md):
         memory-report.json / .txt   where every byte goes, per memory region (checked on the ELF)
         firmware/...                the ELF and every flashable image the board's build produced
         generated/...               model_def.h, model_data.c, board_def.h, image_format.h, plan.json, weights.img
+                                    (and a build for N MPI ranks, weights.rank0.img ... rank{N-1}: bundle.py)
     OUT/<name>.tar.gz               the bundle as a deterministic tarball
     OUT/<name>.measurements.json    wall-clock numbers: outside SHA256SUMS and the tarball
 
@@ -56,7 +57,9 @@ from .bundle import (
     firmware_files,
     flash_layout,
     json_bytes,
+    local_ranks,
     put,
+    rank_entries,
     say,
     sha256_file,
     write_file,
@@ -103,6 +106,7 @@ class Inputs:
     source_date_epoch: int
     request: RunRequest | None  # None: the default for the model and context
     jobs: int | None = None  # quantizing worker processes (not part of the release: same bytes at any count)
+    ranks: int = 1  # MPI ranks the weights are split over (one image each); 1: a single board's build
 
 
 @dataclass
@@ -127,7 +131,9 @@ def produce(
     t0 = time.monotonic()
     # Planned and compiled as every command's build is (job.py), in a private build directory.
     planned = plan_build(
-        JobOptions(board=board.name, model=inp.model_dir, quant=inp.quant, ctx=inp.ctx, out=work / "build")
+        JobOptions(
+            board=board.name, model=inp.model_dir, quant=inp.quant, ctx=inp.ctx, out=work / "build", ranks=inp.ranks
+        )
     )
     plan = planned.plan
     request = inp.request or default_request(plan.spec, plan.n_ctx)
@@ -137,7 +143,7 @@ def produce(
         raise ColibriError(
             f"the release's verification prompt is empty or not ids of the model's {plan.spec.vocab_size} tokens"
         )
-    name = bundle_name(plan.spec.name, board.name, plan.quant, plan.n_ctx)
+    name = bundle_name(plan.spec.name, board.name, plan.quant, plan.n_ctx, plan.ranks)
     say(progress, f"building {name} in a private build directory (SOURCE_DATE_EPOCH={inp.source_date_epoch})")
     echo = (lambda line: progress(f"  {line.strip()}")) if progress else None
     with _environ(SOURCE_DATE_EPOCH=str(inp.source_date_epoch)):
@@ -154,7 +160,7 @@ def produce(
         say(progress, f"verifying the {board.name} firmware against the NumPy reference")
     else:
         say(progress, f"computing the reference result a {board.name} board must reproduce (none here to run it)")
-    verification, measurements = verify_firmware(board, art, plan, request)
+    verification, measurements = verify_firmware(board, art, plan, request, hosts=local_ranks(plan.ranks))
     if verification["ran"] and not verification["passed"] and require_pass:
         step = verification["first_divergent_step"]
         if verification.get("identity_problems"):
@@ -179,6 +185,8 @@ def produce(
         )
     for gen_name in (*OUTPUT_FILES, SELFTEST_DATA_FILE, SELFTEST_CHECKS_FILE):  # the self-test's golden vectors too
         put(art.generated / gen_name, bundle / GENERATED_DIR / gen_name)
+    for image in art.rank_weights():
+        put(image, bundle / GENERATED_DIR / image.name)
     report = linked_report(board, plan, read_elf(art.program))
     write_file(bundle / REPORT_JSON, json_bytes(report.to_json()))
     write_file(bundle / REPORT_TEXT, (format_report(report) + "\n").encode())
@@ -224,6 +232,8 @@ def produce(
         "verified": verification["passed"],
         "outputs": outputs,
     }
+    if art.rank_weights():  # a single board's manifest stays as it was: no ranks key
+        manifest["ranks"] = rank_entries(art.rank_weights(), outputs)
     manifest_bytes = json_bytes(manifest)
     write_file(bundle / MANIFEST, manifest_bytes)
     if sign_key is not None:
@@ -269,6 +279,7 @@ class Release:
             "signed": (self.bundle / SIGNATURE).is_file(),
             "verification": {k: self.verification.get(k) for k in ("ran", "passed", "instructions")},
             "files": len(self.manifest["outputs"]),
+            **({"ranks": self.manifest["ranks"]["count"]} if "ranks" in self.manifest else {}),
         }
 
     def describe(self) -> str:
@@ -284,6 +295,8 @@ class Release:
         else:
             check = "not run here (a real board): verification.json holds the reference's expected result"
         signed = ", signed" if (self.bundle / SIGNATURE).is_file() else ""
+        if "ranks" in self.manifest:
+            check += f"\n  {self.manifest['ranks']['count']} ranks, each its own weight image in the bundle"
         return (
             f"release {self.bundle}{signed}\n  {check}\n  tarball {self.tarball} "
             f"(sha256 {sha256_file(self.tarball)})\n"
@@ -301,6 +314,7 @@ def make_release(
     progress: Progress = None,
     source_date_epoch: int | None = None,
     jobs: int | None = None,
+    ranks: int | None = None,
 ) -> Release:
     """Build, verify and bundle one firmware release into out_dir (see the module docstring).
 
@@ -316,12 +330,12 @@ def make_release(
         )
     model_dir = Path(model_dir)
     # Every check that needs no compiling comes first: the model, its fit, the key, the destination.
-    plan = plan_build(JobOptions(board=board.name, model=model_dir, quant=quant, ctx=ctx)).plan
+    plan = plan_build(JobOptions(board=board.name, model=model_dir, quant=quant, ctx=ctx, ranks=ranks)).plan
     names = model_files(model_dir)
     if sign_key is not None:
         load_private_key(Path(sign_key))
     sde = default_source_date_epoch() if source_date_epoch is None else int(source_date_epoch)
-    name = bundle_name(plan.spec.name, board.name, plan.quant, plan.n_ctx)
+    name = bundle_name(plan.spec.name, board.name, plan.quant, plan.n_ctx, plan.ranks)
     final, tarball, measurements_file = out / name, out / f"{name}.tar.gz", out / f"{name}{MEASUREMENTS_SUFFIX}"
     for path in (final, tarball, measurements_file):
         if path.exists():
@@ -338,7 +352,7 @@ def make_release(
     with tempfile.TemporaryDirectory(prefix="colibri-release-") as tmp:
         work = Path(tmp)
         staged, hashes = stage_model(model_dir, names, work / "model")
-        inputs = Inputs(board, staged, hashes, quant, plan.n_ctx, sde, None, jobs)
+        inputs = Inputs(board, staged, hashes, quant, plan.n_ctx, sde, None, jobs, plan.ranks)
         made = produce(inputs, work, progress, sign_key=Path(sign_key) if sign_key else None)
         if made.bundle.name != name:
             raise ColibriError(f"internal error: the bundle is named {made.bundle.name}, expected {name}")

@@ -238,8 +238,9 @@ def request_from(data: object) -> RunRequest:
     return RunRequest(list(prompt), steps, sampling, stop_at_eos)
 
 
-def bundle_name(model_name: str, board: str, quant: str, n_ctx: int) -> str:
-    return f"colibri-{slug(model_name)}-{board}-{quant}-ctx{n_ctx}"
+def bundle_name(model_name: str, board: str, quant: str, n_ctx: int, ranks: int = 1) -> str:
+    """The bundle's name; a build for several MPI ranks says how many (as its build directory does)."""
+    return f"colibri-{slug(model_name)}-{board}-{quant}-ctx{n_ctx}" + (f"-ranks{ranks}" if ranks > 1 else "")
 
 
 def version_report() -> list[str]:

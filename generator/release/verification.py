@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..boards import Board
 from ..compile.plan import Plan
-from ..device.runner import run_on_board
+from ..device.links import Firmware, LinkOptions
+from ..device.runner import run_firmware
 from ..device.session import RunRequest, RunResult
 from ..reference import Generation
 from ..verify import firmware_identity, instructions_scope, rates, reference_run, verify_run
@@ -34,9 +35,12 @@ def decoded(run: RunResult | Generation) -> dict[str, Any]:
     return out
 
 
-def verify_firmware(board: Board, art: Artifacts, plan: Plan, request: RunRequest) -> tuple[dict, dict]:
+def verify_firmware(
+    board: Board, art: Artifacts, plan: Plan, request: RunRequest, hosts: tuple[str, ...] = ()
+) -> tuple[dict, dict]:
     """(verification.json, measurements) for this exact firmware: verify.verify_run, the one verify,
-    on boards that run here; on the others the reference's result a board must reproduce."""
+    on boards that run here (a build for several MPI ranks: its ranks on `hosts`, each with its own
+    image); on the others the reference's result a board must reproduce."""
     verification: dict[str, Any] = {
         "format": RELEASE_FORMAT,
         "board": board.name,
@@ -57,8 +61,10 @@ def verify_firmware(board: Board, art: Artifacts, plan: Plan, request: RunReques
         )
         return verification, {"ran": False}
 
+    firmware = Firmware(art.program, art.weights, art.model_hash(), art.flash_image, None, art.rank_weights())
+
     def run(asked: RunRequest) -> RunResult:
-        return run_on_board(board, art.program, art.weights, asked, art.model_hash(), flash_image=art.flash_image)
+        return run_firmware(board, firmware, LinkOptions(hosts=hosts), asked)
 
     result = run(request)
     # The hello frame must name these very files: board, quantization, context, the weight image's

@@ -92,17 +92,9 @@ def pytest_collection_modifyitems(config, items):
         if slow:
             config.hook.pytest_deselected(items=slow)
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
-        return
-    items[:] = heavy_files_first(items)
+    from suite_times import file_order  # (loaded by pytest_plugins, with its asserts rewritten)
 
-
-def heavy_files_first(items: list) -> list:
-    """The files holding slow tests before the others, each file's tests in their own order.
-    The parallel workers take whole files in this order (--dist loadfile), so the long ones start
-    at once and the short ones fill the gaps; in file order a long file collected last kept one
-    worker busy for minutes after the other had finished."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    return sorted(items, key=lambda item: item.path not in slow_files)  # a stable sort
+    items[:] = file_order(config, items)
 
 
 @pytest.fixture(autouse=True)

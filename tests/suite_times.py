@@ -4,8 +4,9 @@ the worker that ran the test and carried to the main process in the test's repor
 parallel run adds them up like a serial one.
 
 Every run ends with the 15 test files that took the most (beside pytest's --durations=30 slowest
-tests): the suite's time is planned from it (docs/verification.md). COLIBRI_TEST_TIMES=FILE also
-writes every test's line to FILE (tab-separated: test, wall seconds, CPU seconds)."""
+tests): the suite's time is planned from it (docs/verification.md). Each file's wall time is kept
+in pytest's cache for the next run's order (file_order). COLIBRI_TEST_TIMES=FILE also writes every
+test's line to FILE (tab-separated: test, wall seconds, CPU seconds)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections import defaultdict
 import pytest
 
 FILES_SHOWN = 15
+FILE_SECONDS_KEY = "colibri/file-seconds"  # in pytest's cache (.pytest_cache): each file's last wall time
 _CPU_PROPERTY = "cpu_seconds"
 
 
@@ -84,11 +86,31 @@ class SuiteTimes:
         terminalreporter.write_line(
             f"{wall_sum:8.1f} {cpu_sum:8.1f} {len(self.tests):6d}  all tests (wall summed over the workers)"
         )
+        # Each file's wall time, kept for the next run's order (tests/conftest.py: longest first).
+        # A file this run did not run keeps its last time.
+        known = dict(terminalreporter.config.cache.get(FILE_SECONDS_KEY, {}))
+        known.update({name: round(wall, 1) for name, (wall, _, _) in files.items()})
+        terminalreporter.config.cache.set(FILE_SECONDS_KEY, known)
         path = os.environ.get("COLIBRI_TEST_TIMES")
         if path:
             with open(path, "w") as f:
                 for nodeid, (wall, cpu) in sorted(self.tests.items()):
                     f.write(f"{nodeid}\t{wall:.2f}\t{cpu:.2f}\n")
+
+
+def file_order(config, items: list) -> list:
+    """The files longest first, each file's tests in their own order: the parallel workers take
+    whole files in this order (--dist loadfile), so the long ones start at once and the short ones
+    fill the gaps at the end. A file's time is its last run's (pytest's cache); with none known
+    (a clean clone), the files holding slow tests come first."""
+    seconds = config.cache.get(FILE_SECONDS_KEY, {}) if config.cache is not None else {}
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def key(item) -> tuple[float, bool]:
+        name = item.nodeid.split("::", 1)[0]
+        return (-seconds.get(name, 0.0), item.path not in slow_files)
+
+    return sorted(items, key=key)  # a stable sort
 
 
 def pytest_configure(config) -> None:

@@ -213,6 +213,7 @@ def ping_rtt(links: Links, count: int = 50) -> tuple[float, float]:
 
 @dataclass
 class Row:
+    ranks: int
     name: str
     hosts: str
     devices: list[tuple[str, str]]  # (namespace, device) whose sent bytes are counted
@@ -262,7 +263,8 @@ def report(rows: list[Row], args) -> None:
         per_token = (min(b for _, b in row.runs) - row.short_bytes) / (many - few)
         tok_s = max(t for t, _ in row.runs)
         wire = f"{per_token:,.0f}" if "localhost:1" != row.hosts else "none"  # one rank: nothing to send
-        print(f"| {row.name} | {wire} | {tok_s:.1f} | {1000 / tok_s:.2f} | {min(row.loads):.1f}–{max(row.loads):.1f} |")
+        loads = f"{min(row.loads):.1f}–{max(row.loads):.1f}"
+        print(f"| {row.ranks} | {row.name} | {wire} | {tok_s:.1f} | {1000 / tok_s:.2f} | {loads} |")
 
 
 def main(argv: list[str]) -> int:
@@ -279,6 +281,10 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     args.steps = tuple(int(s) for s in args.steps.split(","))
     rank_counts = [int(n) for n in args.ranks.split(",")]
+    try:
+        bits_per_second(args.rate), nanoseconds(args.delay)
+    except ValueError as e:
+        p.error(str(e))
     if os.geteuid() != 0:
         sys.exit("rank_links: run as root (it creates network namespaces)")
     print(f"model {args.model.name}, decode steps {args.steps[0]} and {args.steps[1]}, best of {args.rounds}")
@@ -306,20 +312,20 @@ def main(argv: list[str]) -> int:
                 print(f"{ranks} ranks, {links.shaped}: ping rank 0 to rank 1 {low:.3f} ms min, {median:.3f} ms "
                       f"median (2 × delay {2 * nanoseconds(args.delay) / 1e6:.3f} ms), load {load():.1f}")  # fmt: skip
                 rows = [
-                    Row("one rank (no link)", "localhost:1", [(first, "lo")], "lo"),
-                    Row("loopback (TCP, one namespace)", f"localhost:{ranks}", [(first, "lo")], "lo"),
-                    Row(links.shaped,
+                    Row(1, "one rank (no link)", "localhost:1", [(first, "lo")], "lo"),
+                    Row(ranks, "loopback (TCP, one namespace)", f"localhost:{ranks}", [(first, "lo")], "lo"),
+                    Row(ranks, links.shaped,
                         ",".join(f"{a}:1" for a in links.addresses),
                         list(zip(links.namespaces, links.devices)), f"{SUBNET}.0/24"),
                 ]  # fmt: skip
                 if ranks != rank_counts[0]:
-                    rows = rows[1:]
+                    rows = rows[1:]  # one rank alone once
                 measure(rows, first, args, agent, out)
-                for row in rows:
-                    row.name = f"{ranks} | {row.name}"
                 report(rows, args)
     except RuntimeError as e:
         sys.exit(str(e))
+    except subprocess.CalledProcessError as e:  # e.g. --link netem on a kernel without sch_netem
+        sys.exit(f"rank_links: {shlex.join(e.cmd)} failed: {e.stderr.strip()}")
     return 0
 
 

@@ -8,7 +8,8 @@
  *     delay_line DELAY_NS RATE_BIT_S /run/netns/NS1:TAP1 /run/netns/NS2:TAP2 ...
  *
  * RATE_BIT_S 0: no rate limit. Prints "ready" once every TAP is attached; on SIGTERM or SIGINT it
- * prints what it forwarded and dropped to stderr and exits. Built by tools/rank_links.py. */
+ * prints what it forwarded and dropped to stderr and exits; also when the process that started it
+ * ends or a TAP goes away. Built by tools/rank_links.py. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -154,6 +155,8 @@ int main(int argc, char **argv) {
     struct sigaction sa = {.sa_handler = stop};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    prctl(PR_SET_PDEATHSIG, SIGTERM); /* the tool gone (even killed): nothing left running */
+    if (getppid() == 1) return 0;
     printf("ready\n");
     fflush(stdout);
 
@@ -181,6 +184,11 @@ int main(int argc, char **argv) {
         }
         if (ppoll(fds, (nfds_t)port_count, timeout, NULL) < 0 && errno != EINTR) break;
         for (int i = 0; i < port_count; i++) {
+            if (fds[i].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+                /* A TAP gone (its namespace deleted): stop, rather than spin at real-time priority. */
+                fprintf(stderr, "delay_line: port %d closed\n", i);
+                stopping = 1;
+            }
             if (!(fds[i].revents & POLLIN)) continue;
             for (int n = 0; n < 64; n++) { /* a burst at a time: the others' frames wait no longer */
                 ssize_t len = read(ports[i].fd, frame, sizeof frame);

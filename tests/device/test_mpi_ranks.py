@@ -233,12 +233,14 @@ def can_make_a_network_namespace() -> bool:
 
 @building
 @pytest.mark.skipif(not can_make_a_network_namespace(), reason="a network namespace of its own needs root")
-def test_the_bytes_on_the_wire_per_token_are_the_gathered_rows(builder, checkpoints, tmp_path, monkeypatch):
-    """Two ranks over Open MPI's TCP transport in a network namespace of the test's own (root: CI
-    runs as root): per decoded token its loopback carries every product's output rows once, 4
-    bytes each (the cost model's bytes per token, docs/several-boards.md), plus headers (TCP/IP's
-    and MPI's: under 300 bytes per message, one message each way per gathered product). Shares the
-    dense build; two runs of about a second."""
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_bytes_on_the_wire_per_token_are_the_gathered_rows(ranks, builder, checkpoints, tmp_path, monkeypatch):
+    """N ranks over Open MPI's TCP transport in a network namespace of the test's own (root: CI
+    runs as root): per decoded token its loopback carries every product's output rows N - 1 times,
+    4 bytes each (each rank's rows reach every other rank: the cost model's bytes per token,
+    docs/several-boards.md), plus headers (TCP/IP's and MPI's: under 300 bytes per message, at most
+    one message from each rank to each other per gathered product). Shares the dense builds; two
+    runs of about a second each."""
     counter = tmp_path / "counted"
     counter.write_text(COUNTED)
     counter.chmod(0o755)
@@ -248,13 +250,13 @@ def test_the_bytes_on_the_wire_per_token_are_the_gathered_rows(builder, checkpoi
     model, sent = checkpoints(MODELS["dense"]), {}
     for steps in (2, 10):
         request = RunRequest(PROMPT, steps, stop_at_eos=False)
-        _, art, plan, result = run_ranks(builder, model, "localhost:2", request)
+        _, art, plan, result = run_ranks(builder, model, f"localhost:{ranks}", request)
         assert_decodes_as_the_reference(plan, art, request, result)
         sent[steps] = loopback_bytes_sent(counter)
     per_token = (sent[10] - sent[2]) / 8
-    payload = 4 * gathered_floats_per_token(model)
+    payload = (ranks - 1) * 4 * gathered_floats_per_token(model)
     config = json.loads((model / "config.json").read_text())
-    messages = 2 * (7 * config["num_hidden_layers"] + 1)
+    messages = ranks * (ranks - 1) * (7 * config["num_hidden_layers"] + 1)
     assert payload <= per_token <= payload + 300 * messages, (per_token, payload)
 
 

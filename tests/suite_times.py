@@ -88,9 +88,11 @@ class SuiteTimes:
         )
         # Each file's wall time, kept for the next run's order (tests/conftest.py: longest first).
         # A file this run did not run keeps its last time.
-        known = dict(terminalreporter.config.cache.get(FILE_SECONDS_KEY, {}))
-        known.update({name: round(wall, 1) for name, (wall, _, _) in files.items()})
-        terminalreporter.config.cache.set(FILE_SECONDS_KEY, known)
+        cache = getattr(terminalreporter.config, "cache", None)  # (none with -p no:cacheprovider)
+        if cache is not None:
+            known = dict(cache.get(FILE_SECONDS_KEY, {}))
+            known.update({name: round(wall, 1) for name, (wall, _, _) in files.items()})
+            cache.set(FILE_SECONDS_KEY, known)
         path = os.environ.get("COLIBRI_TEST_TIMES")
         if path:
             with open(path, "w") as f:
@@ -103,7 +105,8 @@ def file_order(config, items: list) -> list:
     whole files in this order (--dist loadfile), so the long ones start at once and the short ones
     fill the gaps at the end. A file's time is its last run's (pytest's cache); with none known
     (a clean clone), the files holding slow tests come first."""
-    seconds = config.cache.get(FILE_SECONDS_KEY, {}) if config.cache is not None else {}
+    cache = getattr(config, "cache", None)  # (none with -p no:cacheprovider)
+    seconds = cache.get(FILE_SECONDS_KEY, {}) if cache is not None else {}
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
 
     def key(item) -> tuple[float, bool]:

@@ -441,14 +441,12 @@ def rank_lines(rep: MemoryReport) -> list[str]:
     each = f"--memory-budget {rep.rank_budget:,} B each" if rep.rank_budget else "no --memory-budget"
     lines = [f"  over {len(rep.ranks)} MPI ranks, each mapping its own weight image ({each}):"]
     for share in rep.ranks:
-        held = (
-            f"  {share.slots} of its {share.max_slots} routed experts in slots of {share.slot_bytes:,} B "
-            f"(fixed {share.fixed_bytes:,} B)"
-            if share.slots
-            else "  fits whole"
-            if rep.rank_budget
-            else ""
-        )
+        held = "  fits whole" if rep.rank_budget else ""
+        if share.slots:
+            held = (
+                f"  {share.slots} of its {share.max_slots} routed experts in slots of {share.slot_bytes:,} B "
+                f"(fixed {share.fixed_bytes:,} B)"
+            )
         lines.append(
             f"    rank {share.rank:<3} weight image {share.image_bytes:>14,} B  memory {share.memory_bytes:>14,} B{held}"
         )

@@ -447,7 +447,12 @@ def rank_shares(plan, reserve_bytes: int, budget: int = 0) -> tuple[RankShare, .
     shares = []
     for r in range(plan.ranks):
         held = len(range(r, plan.spec.n_experts, plan.ranks)) if groups else 0
-        image = rank_image(plan.spec, plan.tensors, r, plan.ranks).image.image_bytes
+        # (one rank's image is the whole one: not laid out again at every build's emission)
+        image = (
+            plan.image.image_bytes
+            if plan.ranks == 1
+            else rank_image(plan.spec, plan.tensors, r, plan.ranks).image.image_bytes
+        )
         experts = sum(held * g.stride for g in groups)
         shares.append(RankShare(r, image, expert_bytes=experts, experts_per_layer=held, **common))
     return tuple(shares)

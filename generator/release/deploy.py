@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..boards import load_board
-from ..device.hosts import inventory_hostvars
+from ..device.hosts import inventory_hostvars, rank_order
 from ..device.protocol import parse_frame
 from ..device.remote import Remote, ssh_failure
 from ..device.session import Selftest
@@ -390,7 +390,7 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
             env=env,
             timeout=DEPLOY_SECONDS * 2,
         )
-        hosts = hosts_of(inventory, env)
+        hosts = list(ranks) if ranks else hosts_of(inventory, env)  # (ranks: listed above, in rank order)
         outcomes = []
         for host in hosts:
             found = results / f"{host}.json"
@@ -415,7 +415,7 @@ def rank_hosts(inventory: Path, payload: Payload, env: dict[str, str]) -> dict[s
     (--inventory: by name, rank r on the r-th), refused in one line before anything is copied unless
     there is one host per rank."""
     hostvars = inventory_hostvars(inventory, env)
-    hosts = sorted(hostvars)
+    hosts = rank_order(hostvars)
     for host in hosts:
         if str(hostvars[host].get("colibri_slots", 1)) != "1":
             raise ColibriError(
@@ -433,7 +433,7 @@ def rank_hosts(inventory: Path, payload: Payload, env: dict[str, str]) -> dict[s
 
 def hosts_of(inventory: Path, env: dict[str, str]) -> list[str]:
     """The inventory's hosts, as ansible-inventory lists them."""
-    return sorted(inventory_hostvars(inventory, env))
+    return rank_order(inventory_hostvars(inventory, env))
 
 
 def unreachable_reason(stdout: bytes, host: str) -> str:

@@ -185,7 +185,8 @@ def produce(
         )
     for gen_name in (*OUTPUT_FILES, SELFTEST_DATA_FILE, SELFTEST_CHECKS_FILE):  # the self-test's golden vectors too
         put(art.generated / gen_name, bundle / GENERATED_DIR / gen_name)
-    for image in art.rank_weights():
+    rank_images = art.rank_weights()
+    for image in rank_images:
         put(image, bundle / GENERATED_DIR / image.name)
     report = linked_report(board, plan, read_elf(art.program))
     write_file(bundle / REPORT_JSON, json_bytes(report.to_json()))
@@ -232,8 +233,8 @@ def produce(
         "verified": verification["passed"],
         "outputs": outputs,
     }
-    if art.rank_weights():  # a single board's manifest stays as it was: no ranks key
-        manifest["ranks"] = rank_entries(art.rank_weights(), outputs)
+    if rank_images:  # a single board's manifest stays as it was: no ranks key
+        manifest["ranks"] = rank_entries(rank_images, outputs)
     manifest_bytes = json_bytes(manifest)
     write_file(bundle / MANIFEST, manifest_bytes)
     if sign_key is not None:

@@ -6,6 +6,7 @@ checks the same graph for cycles and stage order."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 GENERATOR = Path(__file__).resolve().parent.parent
@@ -27,12 +28,32 @@ def module_path(name: str) -> Path | None:
     return None
 
 
-def imports_of(path: Path) -> set[str]:
-    """Modules of the generator that `path` imports (at the top or inside functions)."""
+def _statements(tree: ast.Module):
+    """Every statement of a module, at any depth (in functions, classes, branches, handlers), but
+    no expression: an import is a statement, and a module has some fifty times more expression
+    nodes than statements (ast.walk over them was most of a no-op build's time)."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            todo += getattr(node, field, ())
+
+
+def imports_of(path: Path) -> frozenset[str]:
+    """Modules of the generator that `path` imports (at the top or inside functions). Read once per
+    process and version of the file: a build asks for the same modules' imports for each of its
+    steps."""
+    st = path.stat()
+    return _imports_of(path, st.st_mtime_ns, st.st_size, GENERATOR)
+
+
+@functools.lru_cache(maxsize=None)
+def _imports_of(path: Path, _mtime_ns: int, _size: int, _generator: Path) -> frozenset[str]:
     name = module_name(path)
     package = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _statements(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
@@ -55,7 +76,7 @@ def imports_of(path: Path) -> set[str]:
             for alias in node.names:
                 if alias.name.startswith("generator."):
                     found.add(alias.name[len("generator.") :])
-    return {m for m in found if m and module_path(m)}
+    return frozenset(m for m in found if m and module_path(m))
 
 
 def graph() -> dict[str, set[str]]:

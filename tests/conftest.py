@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -345,14 +347,29 @@ def release_keys(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def signed_host_release(tmp_path_factory, release_keys):
-    """A host release of the default model, signed with release.key: made once (about 70 s) for
-    every test that checks or tampers with a bundle (each tampers with its own copy_release)."""
-    from generator.release.make import make_release
+@dataclass(frozen=True)
+class MadeRelease:
+    """A release as `./colibri release --json` made it: its files and the command's document."""
 
-    out = tmp_path_factory.mktemp("release")
-    return make_release("host", DEFAULT_MODEL, "q8_0", 64, out, sign_key=release_keys / "release.key")
+    bundle: Path
+    tarball: Path
+    measurements_file: Path
+    summary: dict
+
+
+@pytest.fixture(scope="session")
+def signed_host_release(tmp_path_factory, release_keys) -> MadeRelease:
+    """A host release of the default model, signed with release.key, made once by the command as a
+    user runs it (about 50 s: a release compiles from source) for every test that checks or tampers
+    with a bundle (each tampers with its own copy_release)."""
+    out = tmp_path_factory.mktemp("release") / "out"
+    done = run_cli(
+        "release", "--board", "host", "--model", DEFAULT_MODEL, "--quant", "q8_0", "--ctx", "64", "--out", out,
+        "--sign", release_keys / "release.key", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    return MadeRelease(Path(summary["bundle"]), Path(summary["tarball"]), Path(summary["measurements"]), summary)
 
 
 def copy_release(release, dest: Path) -> Path:

@@ -191,15 +191,6 @@ def test_verify_release_passes_on_a_fresh_bundle(host_release, keys):
     assert verify_release(host_release.bundle, verify_key=keys / "release.pub", rebuild=False) == []
 
 
-def test_verify_release_from_the_tarball_with_a_renamed_model_dir(host_release, keys, tmp_path):
-    """A fresh bundle's tarball rebuilds byte for byte (about 45 s: verify-release compiles from
-    source). The model may live anywhere under any name: the manifest's hashes say which files."""
-    renamed = tmp_path / "my-copy-of-the-model"
-    shutil.copytree(DEFAULT_MODEL, renamed)
-    result = check_release(host_release.tarball, verify_key=keys / "release.pub", model_dir=renamed)
-    assert result.problems == [] and result.rebuilt and result.tarball_checked and result.signature_checked
-
-
 def test_verify_release_names_a_changed_file_and_rebuilds_nothing(host_release, tmp_path):
     bundle = copy_release(host_release, tmp_path)
     weights = bundle / "generated" / "weights.img"
@@ -406,39 +397,38 @@ def test_sources_and_source_date_epoch_come_from_git(monkeypatch):
 # ---- the command line (needs the `release` and `verify-release` subcommands in generator/cli.py) --
 
 
-def test_cli_release_and_verify_release(tmp_path, keys):
-    """The two commands as a user runs them, end to end (90 s in CI): a release compiles from source
-    on purpose (no build cache: what is signed was built here), and verify-release builds it again
-    to compare, so this test is two whole builds and cannot share the module's release."""
-    out = tmp_path / "rel"
-    done = run_cli(
-        "release",
-        "--board",
-        "host",
-        "--model",
-        DEFAULT_MODEL,
-        "--ctx",
-        "64",
-        "--out",
-        out,
-        "--sign",
-        keys / "release.key",
-        "--json",
+def test_cli_release_and_verify_release(host_release, keys, tmp_path):
+    """The two commands as a user runs them, end to end: the module's release was made by
+    `release --sign --json` (compiled from source on purpose: no build cache, what is signed was
+    built here); verify-release checks its tarball against the key and builds it again from source
+    with the model under another name in another place (about 45 s), byte for byte."""
+    info = host_release.summary
+    assert host_release.bundle.is_dir() and host_release.tarball.is_file() and info["signed"] is True
+    assert info["verification"]["passed"] is True and info["files"] == len(
+        json.loads((host_release.bundle / MANIFEST).read_text())["outputs"]
     )
-    assert done.returncode == 0, done.stderr
-    info = json.loads(done.stdout)
-    bundle = Path(info["bundle"])
-    assert bundle.is_dir() and Path(info["tarball"]).is_file() and info["signed"] is True
-    done = run_cli("verify-release", bundle, "--verify-key", keys / "release.pub")
+    renamed = tmp_path / "my-copy-of-the-model"
+    shutil.copytree(DEFAULT_MODEL, renamed)
+    done = run_cli(
+        "verify-release", host_release.tarball, "--verify-key", keys / "release.pub", "--model", renamed, "--json"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["problems"] == [] and result["rebuilt"] and result["tarball_checked"] and result["signature_checked"]
+    done = run_cli("verify-release", host_release.bundle, "--verify-key", keys / "release.pub", "--no-rebuild")
     assert done.returncode == 0 and done.stdout.startswith("PASS"), done.stdout + done.stderr
+
+    bundle = copy_release(host_release, tmp_path / "edited")
     report = bundle / "memory-report.txt"
     report.write_text(report.read_text() + "edited\n")
     done = run_cli("verify-release", bundle, "--json")
     assert done.returncode == 1, done.stdout + done.stderr
     problems = json.loads(done.stdout)["problems"]
     assert any(p.startswith("memory-report.txt:") for p in problems), problems
+    out = tmp_path / "rel"
     done = run_cli("release", "--board", "host", "--model", tmp_path / "missing", "--out", out)
     assert done.returncode == 2 and done.stderr.startswith("colibri: error:") and "Traceback" not in done.stderr
+    assert not out.exists()
 
 
 def test_verify_release_accepts_the_out_directory_holding_one_bundle(host_release, keys):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from conftest import DEFAULT_MODEL, REPO, run_cli
@@ -119,3 +120,19 @@ def test_a_cached_object_is_not_taken_for_a_changed_source(tmp_path, monkeypatch
     assert done.returncode == 0, done.stderr
     compiled = [line.split()[-1] for line in done.stderr.splitlines() if line.startswith("  CC ")]
     assert compiled == ["firmware_src/runtime/sampler.c"], compiled
+
+
+def test_a_test_define_recompiles_only_the_files_that_name_it(tmp_path):
+    """A diagnostic build (defines=, as tests make slower loaders or damaged self-tests) compiles
+    again only the sources naming the macro; the rest comes from the cache (SConstruct: a macro no
+    firmware file names, such as NDEBUG, still goes to every compile command)."""
+    import json
+
+    from generator.boards import load_board
+    from generator.compile.build import prepare, run_scons
+
+    build_lines(tmp_path / "plain")  # the cache holds the default firmware
+    req, _ = prepare(load_board("host"), DEFAULT_MODEL, None, 64, tmp_path / "check-all")
+    run_scons(req, defines=("COLIBRI_SELFTEST_CHECK_ALL",))
+    entries = json.loads((req.out_dir / "compile_commands.json").read_text())
+    assert [Path(e["file"]).name for e in entries if "COLIBRI_SELFTEST_CHECK_ALL" in e["command"]] == ["selftest.c"]

@@ -306,7 +306,13 @@ TOKENIZER_JSONS = {
 }
 
 
-@pytest.mark.parametrize("case", list(TOKENIZER_JSONS))
+def cases(table: dict) -> list:
+    """A table's cases; those past the vocabulary's size limits (a million tokens or two million
+    merges written and read: 5 to 20 s each) in the full tier only."""
+    return [pytest.param(case, marks=pytest.mark.slow) if "than the limit" in case else case for case in table]
+
+
+@pytest.mark.parametrize("case", cases(TOKENIZER_JSONS))
 def test_a_hostile_tokenizer_json_is_one_line_and_builds_nothing(model, tmp_path, case):
     edit, message = TOKENIZER_JSONS[case]
     if case == "not UTF-8":
@@ -373,7 +379,7 @@ def test_a_gguf_bos_text_in_templateprocessing_syntax_is_only_a_text(tmp_path):
     assert tok.decode([0, 4, 1]) == "ab"
 
 
-@pytest.mark.parametrize("case", list(GGUF_GPT2))
+@pytest.mark.parametrize("case", cases(GGUF_GPT2))
 def test_a_hostile_gguf_bpe_vocabulary_is_one_line(tmp_path, case):
     make, message = GGUF_GPT2[case]
     path = gpt2_vocab_gguf(tmp_path / "bpe.gguf", *make())
@@ -409,7 +415,7 @@ GGUF_SPM = {
 }
 
 
-@pytest.mark.parametrize("case", list(GGUF_SPM))
+@pytest.mark.parametrize("case", cases(GGUF_SPM))
 def test_a_hostile_gguf_sentencepiece_vocabulary_is_one_line(tmp_path, case):
     make, message = GGUF_SPM[case]
     path = spm_vocab_gguf(tmp_path / "spm.gguf", make())

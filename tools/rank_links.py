@@ -43,6 +43,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -267,7 +268,20 @@ def report(rows: list[Row], args) -> None:
         print(f"| {row.ranks} | {row.name} | {wire} | {tok_s:.1f} | {1000 / tok_s:.2f} | {loads} |")
 
 
+def end_cleanly_on_termination() -> None:
+    """SIGTERM or SIGHUP (a timeout's kill, a closed terminal) end the run as an exception would:
+    simulated_links then removes its namespaces and stops the relay on the way out, instead of
+    leaving them to the next run (Python's default for those signals ends the process at once)."""
+
+    def stop(signum, _frame):
+        sys.exit(f"rank_links: stopped by {signal.Signals(signum).name}; its namespaces and relay removed")
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
+
+
 def main(argv: list[str]) -> int:
+    end_cleanly_on_termination()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=REPO / "models" / "kjv-tiny")
     p.add_argument("--ctx", type=int, default=256)

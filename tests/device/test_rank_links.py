@@ -66,6 +66,38 @@ def test_the_links_are_removed_when_the_run_fails():
     assert relay is None or relay.poll() is not None
 
 
+STOPPED_WHILE_LINKED = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import rank_links
+rank_links.end_cleanly_on_termination()
+with rank_links.simulated_links(2, rate="1gbit", delay="1ms", kind="relay") as links:
+    print(" ".join([*links.namespaces, *links.own, str(links.relay.pid)]), flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_run_stopped_by_sigterm_removes_its_links_and_relay():
+    """What a timeout's kill or a closed terminal sends: the namespaces and the relay go with the run."""
+    import os
+    import signal
+
+    run = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_WHILE_LINKED, str(REPO / "tools")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    *made, relay_pid = run.stdout.readline().split()
+    assert set(made) <= namespaces_now()
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=30)
+    assert run.returncode == 1 and err.strip() == "rank_links: stopped by SIGTERM; its namespaces and relay removed"
+    assert not set(made) & namespaces_now()
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(relay_pid), 0)
+
+
 def test_the_delay_line_delays_each_way_and_holds_the_rate():
     """A relay between three TAPs (MAC learning: the echo and its answer reach the right namespace;
     the first ARP request broadcast): the round trip is twice the set delay plus a little (a loaded

@@ -371,20 +371,6 @@ def descends_from_us(pid: int) -> bool:
     return False
 
 
-def loopback_hosts_config(server, addresses: tuple[str, ...]) -> Path:
-    """An ssh config reaching the test's sshd at each loopback address, its host key known there."""
-    root = server.root
-    kind, key = (root / "host_key.pub").read_text().split()[:2]
-    (root / "known_hosts").write_text("".join(f"[{a}]:{server.port} {kind} {key}\n" for a in addresses))
-    config = root / "hosts_config"
-    config.write_text(
-        f"Host *\n    Port {server.port}\n    User root\n    IdentityFile {root}/id_ed25519\n"
-        f"    IdentitiesOnly yes\n    IdentityAgent none\n    UserKnownHostsFile {root}/known_hosts\n"
-        "    GlobalKnownHostsFile /dev/null\n    StrictHostKeyChecking yes\n    PasswordAuthentication no\n"
-    )
-    return config
-
-
 @building
 def test_two_loopback_addresses_through_the_local_sshd_are_two_hosts(builder, checkpoints, tmp_path, monkeypatch):
     from sshd import Sshd
@@ -392,7 +378,7 @@ def test_two_loopback_addresses_through_the_local_sshd_are_two_hosts(builder, ch
     addresses = ("127.0.0.2", "127.0.0.3")
     server = Sshd(tmp_path / "sshd", extra_config="".join(f"ListenAddress {a}\n" for a in addresses))
     try:
-        monkeypatch.setenv("COLIBRI_SSH_COMMAND", f"ssh -F {loopback_hosts_config(server, addresses)}")
+        monkeypatch.setenv("COLIBRI_SSH_COMMAND", f"ssh -F {server.hosts_config(addresses)}")
         request = RunRequest(PROMPT, 6, SAMPLED, stop_at_eos=False)
         _, art, plan, result = run_ranks(builder, checkpoints(MODELS["moe"]), "127.0.0.2:1,127.0.0.3:1", request)
         assert_decodes_as_the_reference(plan, art, request, result)

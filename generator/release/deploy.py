@@ -521,15 +521,15 @@ def switch_together(ranks: RankHosts, payload: Payload, staged: list[Deployed]) 
             outcomes.append(Deployed(host, payload.slot, "failed", selftest, before.current, f"{command}: {e}"))
             continue
         current = current_of(output)
-        if why:
+        if status != 0:
+            outcomes.append(Deployed(host, payload.slot, "failed", selftest, current, f"{command}: {_refusal(output)}"))
+        elif why:
             outcomes.append(
                 Deployed(host, payload.slot, "rolled back", before.selftest, current, f"{why}; no host switched")
             )
-        elif status == 0:
+        else:
             joint = f"the ranks' joint self-test PASS over {len(ranks.hosts)} hosts"
             outcomes.append(Deployed(host, payload.slot, "pass", selftest, current, f"{before.detail}; {joint}"))
-        else:
-            outcomes.append(Deployed(host, payload.slot, "failed", selftest, current, f"switch: {_refusal(output)}"))
     return outcomes
 
 

@@ -121,6 +121,20 @@ Host *
 """)
         return path
 
+    def hosts_config(self, addresses: tuple[str, ...]) -> Path:
+        """An ssh config reaching this sshd at each loopback address (its extra_config's
+        ListenAddress lines), its host key known there: several hosts, as mpirun and Ansible see them."""
+        root = self.root
+        kind, key = (root / "host_key.pub").read_text().split()[:2]
+        (root / "known_hosts").write_text("".join(f"[{a}]:{self.port} {kind} {key}\n" for a in addresses))
+        config = root / "hosts_config"
+        config.write_text(
+            f"Host *\n    Port {self.port}\n    User root\n    IdentityFile {root}/id_ed25519\n"
+            f"    IdentitiesOnly yes\n    IdentityAgent none\n    UserKnownHostsFile {root}/known_hosts\n"
+            "    GlobalKnownHostsFile /dev/null\n    StrictHostKeyChecking yes\n    PasswordAuthentication no\n"
+        )
+        return config
+
     def ssh_command(self, **config) -> str:
         """COLIBRI_SSH_COMMAND for a client config (see client_config)."""
         return shlex.join(["ssh", "-F", str(self.client_config(**config))])

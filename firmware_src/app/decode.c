@@ -10,6 +10,7 @@
 #include "../runtime/model.h"
 #include "../runtime/ops.h"
 #include "../runtime/parallel.h"
+#include "../runtime/ranks.h"
 #include "board_def.h"
 #include "bsp.h"
 #include "protocol.h"
@@ -213,11 +214,13 @@ static void send_score(const float *logits, int32_t index, int32_t token, int no
     proto_end();
 }
 
-/* A forward pass that failed (an expert that could not be brought in): its error frame. */
+/* A forward pass that failed (an expert that could not be brought in): its error frame; on several
+ * ranks the failing rank's line on stderr too, and every rank ended (runtime/ranks.h). */
 static int forward_failed(int status)
 {
     const char *why = colibri_experts_failure();
     colibri_report_error(status, why != NULL ? why : colibri_status_message(status));
+    ranks_fail(status, why != NULL ? why : colibri_status_message(status));
     return status;
 }
 

@@ -26,6 +26,12 @@ int ranks_count(void);
  * the runtime disagree on a split: a defect): every rank ends, saying so. */
 void ranks_missing_rows(int rows, int begin, int end);
 
+/* This rank cannot go on with the request every rank is computing (an expert it could not bring
+ * in: the loader's code and why): on several ranks it says so on stderr (which mpirun forwards; only rank 0 writes frames),
+ * naming its rank and host, and ends every rank, which would otherwise wait for its share in a
+ * gather until the run's timeout. On a single board it returns: the error frame says it. */
+void ranks_fail(int code, const char *why);
+
 /* Whether this rank talks the link protocol (rank 0; the only rank of a single board). */
 int ranks_leader(void);
 

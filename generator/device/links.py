@@ -357,13 +357,16 @@ def open_link(
 # ---- Each MPI rank's own weight image (compile/layout.py rank_image), before mpirun starts anything ----
 
 
-# A rank's own one line (bsp/linux/main.c): which rank refused which image, and why.
-_RANK_REFUSED = re.compile(r"colibri: error: (rank \d+: weight image .*)")
+# A rank's own one line before it ends every rank: which rank refused which image, and why
+# (bsp/linux/main.c), or which rank on which host could not go on (an expert it could not read,
+# runtime/ranks/mpi.c ranks_fail).
+_RANK_REFUSED = re.compile(r"colibri: error: (rank \d+(?: on host \S+)?: .*)")
 
 
 def explain_rank_end(status: int, stderr: str, tokens: int) -> str:
     """The ranks' early end: a rank's own line when it refused its image (naming the rank and the
-    image), else what mpirun said (device/hosts.py)."""
+    image) or could not go on (naming the rank, its host and why), else what mpirun said
+    (device/hosts.py)."""
     found = _RANK_REFUSED.search(stderr)
     if found:
         return f"{found.group(1).strip()}; mpirun ended the other ranks"

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..boards import load_board
-from ..device.hosts import inventory_hostvars, rank_order
+from ..boards.runners import MpiRunner
+from ..device.hosts import hosts_for, inventory_hostvars, rank_order
+from ..device.links import explain_rank_end
 from ..device.protocol import parse_frame
 from ..device.remote import Remote, ssh_failure
-from ..device.session import Selftest
+from ..device.session import RunRequest, Selftest, request_frame
 from ..errors import ColibriError
 from .bundle import MANIFEST, rank_count, rank_image_file
 
@@ -365,7 +367,7 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
         env["ANSIBLE_SSH_ARGS"] = shlex.join([*shlex.split(ssh)[1:], "-o", "BatchMode=yes"])
     env.setdefault("ANSIBLE_NOCOLOR", "1")
     env.setdefault("ANSIBLE_PIPELINING", "True")  # one ssh session per task, not three
-    ranks = rank_hosts(inventory, payload, env) if payload.ranks > 1 else {}
+    ranks = rank_hosts(inventory, payload, env, root) if payload.ranks > 1 else None
     with tempfile.TemporaryDirectory(prefix="colibri-deploy-") as tmp:
         results = Path(tmp) / "results"
         results.mkdir()
@@ -377,8 +379,9 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
             **({} if root is None else {"colibri_root": root}),
             **(
                 {
-                    "colibri_rank_weights": {h: str(payload.rank_weights[r]) for h, r in ranks.items()},
-                    "colibri_rank_file": {h: payload.rank_files[r] for h, r in ranks.items()},
+                    "colibri_rank_weights": {h: str(payload.rank_weights[r]) for r, h in enumerate(ranks.hosts)},
+                    "colibri_rank_file": {h: payload.rank_files[r] for r, h in enumerate(ranks.hosts)},
+                    "colibri_stage_only": True,  # switched below, after the ranks' joint self-test
                 }
                 if ranks
                 else {}
@@ -390,7 +393,7 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
             env=env,
             timeout=DEPLOY_SECONDS * 2,
         )
-        hosts = list(ranks) if ranks else hosts_of(inventory, env)  # (ranks: listed above, in rank order)
+        hosts = list(ranks.hosts) if ranks else hosts_of(inventory, env)  # (ranks: listed above, in rank order)
         outcomes = []
         for host in hosts:
             found = results / f"{host}.json"
@@ -407,13 +410,24 @@ def deploy_inventory(inventory: Path, payload: Payload, root: str | None = None)
                 )
     if not hosts:
         raise ColibriError(f"--inventory {inventory}: no hosts (ansible-playbook said: {done.stdout.decode()[-200:]})")
-    return outcomes
+    return switch_together(ranks, payload, outcomes) if ranks else outcomes
 
 
-def rank_hosts(inventory: Path, payload: Payload, env: dict[str, str]) -> dict[str, int]:
-    """A release for several ranks: each host's rank, the hosts in the order that gives ranks on run
-    (--inventory: by name, rank r on the r-th), refused in one line before anything is copied unless
-    there is one host per rank."""
+@dataclass(frozen=True)
+class RankHosts:
+    """A release for several ranks: the inventory's hosts in rank order (rank r on the r-th), each
+    host's address and slots' directory, and mpirun's arguments that start a rank on each."""
+
+    hosts: tuple[str, ...]
+    addresses: tuple[str, ...]
+    roots: tuple[str, ...]
+    mpirun_hosts: tuple[str, ...]
+
+
+def rank_hosts(inventory: Path, payload: Payload, env: dict[str, str], root: str | None) -> RankHosts:
+    """The ranks' hosts, in the order that gives ranks on run (--inventory: by name, rank r on the
+    r-th), refused in one line before anything is copied unless there is one host per rank and
+    mpirun can start a rank on each (its own host syntax, one ssh for all: device/hosts.py)."""
     hostvars = inventory_hostvars(inventory, env)
     hosts = rank_order(hostvars)
     for host in hosts:
@@ -428,7 +442,95 @@ def rank_hosts(inventory: Path, payload: Payload, env: dict[str, str]) -> dict[s
             f"{payload.name} was made for {payload.ranks} ranks: give one host per rank (rank r on the r-th by "
             "name), or release for as many ranks as there are hosts (--ranks N); nothing was copied"
         )
-    return {host: rank for rank, host in enumerate(hosts)}
+    mpirun_hosts = hosts_for(load_board(payload.board), None, None, inventory)
+    roots = tuple(
+        slots_root(root or str(hostvars[h].get("colibri_root", DEFAULT_ROOT)), f"--inventory {inventory}, host {h}")
+        for h in hosts
+    )
+    addresses = tuple(str(hostvars[h].get("ansible_host", h)) for h in hosts)  # checked by hosts_for
+    return RankHosts(tuple(hosts), addresses, roots, mpirun_hosts)
+
+
+def slots_root(root: str, where: str) -> str:
+    """A host's slots' directory, as it reaches mpirun's command line and the host's shell: an
+    absolute path of plain characters."""
+    if not re.fullmatch(r"/[A-Za-z0-9._+/-]*", root) or ".." in root.split("/"):
+        raise ColibriError(
+            f"{where}: colibri_root {root[:80]!r} is not an absolute path of letters, digits and ._+-/: "
+            "give the slots' directory as such a path"
+        )
+    return root
+
+
+JOINT_SELFTEST_SECONDS = 120
+
+
+def joint_selftest(ranks: RankHosts, payload: Payload) -> tuple[Selftest | None, str]:
+    """The self-test of every host's new slot at once: one mpirun over the hosts (rank r on the r-th,
+    the ssh --hosts uses), each rank started from its own host's slot. (the selftest frame, why it
+    failed: empty on PASS)."""
+    runner = load_board(payload.board).runner
+    assert isinstance(runner, MpiRunner)
+    contexts = [
+        ["-np", "1", f"{root}/slots/{payload.slot}/firmware", "--weights", f"{root}/slots/{payload.slot}/weights.img"]
+        for root in ranks.roots
+    ]
+    argv = [*runner.launcher_prefix(ranks.mpirun_hosts), *[a for c in contexts for a in [*c, ":"]][:-1]]
+    try:
+        done = subprocess.run(
+            argv,
+            input=request_frame(RunRequest([], 0, selftest=True)),
+            capture_output=True,
+            timeout=JOINT_SELFTEST_SECONDS,
+        )
+    except FileNotFoundError:
+        raise ColibriError(f"{argv[0]} is not installed (Debian: apt-get install openmpi-bin)") from None
+    except subprocess.TimeoutExpired:  # subprocess.run killed mpirun, which ends its ranks
+        return None, f"no selftest frame from the ranks in {JOINT_SELFTEST_SECONDS} s"
+    selftest = selftest_of(done.stdout.decode(errors="replace"))
+    if done.returncode == 0 and selftest is not None and selftest.passed:
+        return selftest, ""
+    if selftest is not None and not selftest.passed:
+        return selftest, selftest.line()
+    return selftest, explain_rank_end(done.returncode, done.stderr.decode(errors="replace"), 0)
+
+
+def switch_together(ranks: RankHosts, payload: Payload, staged: list[Deployed]) -> list[Deployed]:
+    """After every host's new slot is installed and checked (staged): the ranks' joint self-test,
+    then every host switched on its PASS; on its FAIL, or when a host's slot did not stage, the
+    staged slots removed and no host switched (each host's line says which rank and host failed)."""
+    failed = next((o for o in staged if not o.passed), None)
+    selftest = None
+    if failed is not None:
+        rank = ranks.hosts.index(failed.host)
+        why = f"rank {rank}'s host {failed.host} did not take its slot ({failed.outcome}: {failed.detail})"
+    else:
+        selftest, said = joint_selftest(ranks, payload)
+        found = re.match(r"rank (\d+)\b", said)
+        on = f" (rank {found.group(1)} is host {ranks.hosts[int(found.group(1))]})" if found else ""
+        why = f"the ranks' joint self-test over {len(ranks.hosts)} hosts failed: {said}{on}" if said else ""
+    outcomes = []
+    for host, address, root, before in zip(ranks.hosts, ranks.addresses, ranks.roots, staged):
+        if before.outcome in ("unreachable", "link dropped"):
+            outcomes.append(before)
+            continue
+        command = "discard" if why else "switch"
+        try:
+            status, output = _slot(Remote(address), [command, root, payload.slot], b"", f"{command}ing {payload.slot}")
+        except ColibriError as e:
+            outcomes.append(Deployed(host, payload.slot, "failed", selftest, before.current, f"{command}: {e}"))
+            continue
+        current = current_of(output)
+        if status != 0:
+            outcomes.append(Deployed(host, payload.slot, "failed", selftest, current, f"{command}: {_refusal(output)}"))
+        elif why:
+            outcomes.append(
+                Deployed(host, payload.slot, "rolled back", before.selftest, current, f"{why}; no host switched")
+            )
+        else:
+            joint = f"the ranks' joint self-test PASS over {len(ranks.hosts)} hosts"
+            outcomes.append(Deployed(host, payload.slot, "pass", selftest, current, f"{before.detail}; {joint}"))
+    return outcomes
 
 
 def hosts_of(inventory: Path, env: dict[str, str]) -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import assert_decodes_as_the_reference, main_json
+from damaged_images import tensor_edited
 
 from generator.compile import image_format as fmt
 from generator.device.hosts import hosts_for
@@ -370,20 +371,6 @@ def descends_from_us(pid: int) -> bool:
     return False
 
 
-def loopback_hosts_config(server, addresses: tuple[str, ...]) -> Path:
-    """An ssh config reaching the test's sshd at each loopback address, its host key known there."""
-    root = server.root
-    kind, key = (root / "host_key.pub").read_text().split()[:2]
-    (root / "known_hosts").write_text("".join(f"[{a}]:{server.port} {kind} {key}\n" for a in addresses))
-    config = root / "hosts_config"
-    config.write_text(
-        f"Host *\n    Port {server.port}\n    User root\n    IdentityFile {root}/id_ed25519\n"
-        f"    IdentitiesOnly yes\n    IdentityAgent none\n    UserKnownHostsFile {root}/known_hosts\n"
-        "    GlobalKnownHostsFile /dev/null\n    StrictHostKeyChecking yes\n    PasswordAuthentication no\n"
-    )
-    return config
-
-
 @building
 def test_two_loopback_addresses_through_the_local_sshd_are_two_hosts(builder, checkpoints, tmp_path, monkeypatch):
     from sshd import Sshd
@@ -391,7 +378,7 @@ def test_two_loopback_addresses_through_the_local_sshd_are_two_hosts(builder, ch
     addresses = ("127.0.0.2", "127.0.0.3")
     server = Sshd(tmp_path / "sshd", extra_config="".join(f"ListenAddress {a}\n" for a in addresses))
     try:
-        monkeypatch.setenv("COLIBRI_SSH_COMMAND", f"ssh -F {loopback_hosts_config(server, addresses)}")
+        monkeypatch.setenv("COLIBRI_SSH_COMMAND", f"ssh -F {server.hosts_config(addresses)}")
         request = RunRequest(PROMPT, 6, SAMPLED, stop_at_eos=False)
         _, art, plan, result = run_ranks(builder, checkpoints(MODELS["moe"]), "127.0.0.2:1,127.0.0.3:1", request)
         assert_decodes_as_the_reference(plan, art, request, result)
@@ -457,6 +444,38 @@ def test_a_stalled_rank_ends_in_the_timeout_and_no_rank_is_left(builder, checkpo
         with pytest.raises(ColibriError, match=r"no complete result from the firmware within 8 s"):
             run_ranks(builder, checkpoints(MODELS["moe"]), "localhost:2", request, stop_rank_1, timeout=8)
     assert len(stop_rank_1.done) == 1
+    assert rank_processes(0) == [] and rank_processes(1) == []
+
+
+@building
+def test_an_expert_read_that_fails_on_rank_1_is_named_with_its_host_and_no_rank_is_left(builder, checkpoints, tmp_path):
+    """Rank 1 pages its own experts (the least budget: fewer slots than it holds) from an image whose
+    experts' bytes are damaged (its header and directory intact, so it opens): its first read of one
+    fails the expert's CRC-32 while rank 0 waits for its share in a gather. Its line names rank 1,
+    its host and the expert; every rank ends at once, not at the run's timeout."""
+    from generator.boards import load_board
+    from generator.compile.cache_plan import check_rank_budget
+
+    model = checkpoints("qwen3_moe")  # the budget test's build: each rank's 8 experts outweigh its slots
+    _, art, plan = builder.build(model, "q8_0", 64, "host-mpi", ranks=2)
+    least = max(s.min_budget for s in check_rank_budget(plan, load_board("host-mpi").budget_reserve, 0).shares)
+    first, second = art.rank_weights()
+    blob = second.read_bytes()
+    for index, tensor in enumerate(directory(second)[1]):
+        if b".experts." in tensor["name"] and tensor["bytes"] > 0:  # rank 1's own experts (odd ids)
+            blob = tensor_edited(blob, index, tensor["bytes"] // 2, fix_directory=False)
+    damaged = tmp_path / second.name
+    damaged.write_bytes(blob)
+    request = RunRequest(PROMPT, 8, stop_at_eos=False, memory_budget=least)
+    start = time.monotonic()
+    with pytest.raises(ColibriError) as e:
+        run_ranks(builder, model, "localhost:2", request, images=(first, damaged), timeout=60)
+    took = time.monotonic() - start
+    message = str(e.value)
+    assert re.match(r"rank 1 on host \S+: error 17: weight image tensor data is corrupted .*: layer \d+ expert \d*[13579] "
+                    r".*its bytes fail their CRC-32", message), message  # fmt: skip
+    assert "\n" not in message and message.endswith("; mpirun ended the other ranks"), message
+    assert took < 30, took  # the failing rank ends every rank, not the run's timeout
     assert rank_processes(0) == [] and rank_processes(1) == []
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from conftest import DEFAULT_MODEL, REPO, copy_release, resign_sums, run_cli
+from damaged_images import entry as tensor_entry
+from damaged_images import tensor_edited
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sshd import Sshd  # noqa: E402
@@ -22,7 +24,7 @@ from sshd import Sshd  # noqa: E402
 from generator.compile.image import identity_sha256, map_image, read_header  # noqa: E402
 from generator.release.bundle import MANIFEST, json_bytes, sha256_file  # noqa: E402
 from generator.release.check import check_release  # noqa: E402
-from generator.release.deploy import SLOT_SCRIPT, payload_of  # noqa: E402
+from generator.release.deploy import SLOT_SCRIPT, outcome_of, payload_of, rank_hosts, switch_together  # noqa: E402
 from generator.release.make import make_release  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a release build for two ranks, its rebuild, real sshd and ansible-playbook
@@ -135,45 +137,48 @@ def test_release_for_ranks_on_a_board_that_runs_one_process_is_refused_before_bu
 # ---- deploy: each board its own rank's image ---------------------------------------------------
 
 
+# Two boards: one sshd listening on two loopback addresses, reached through one ssh config, as
+# mpirun (the ranks' joint self-test) and Ansible both reach them: no per-host port or user, which
+# mpirun's one ssh command cannot carry.
+ADDRESSES = ("127.0.0.2", "127.0.0.3")
+
+
 @pytest.fixture(scope="module")
 def boards(tmp_path_factory):
-    servers = [Sshd(tmp_path_factory.mktemp(f"sshd{i}")) for i in range(RANKS)]
-    # One client config for all: the others trust the first's key, one known_hosts for every board.
-    first = servers[0]
-    known = first.root / "known_hosts"
-    for other in servers[1:]:
-        (other.root / "authorized_keys").write_text((first.root / "id_ed25519.pub").read_text())
-        known.write_text(known.read_text() + (other.root / "known_hosts").read_text())
-    yield servers
-    for s in servers:
-        s.stop()
+    """COLIBRI_SSH_COMMAND for the two boards."""
+    server = Sshd(tmp_path_factory.mktemp("sshd"), extra_config="".join(f"ListenAddress {a}\n" for a in ADDRESSES))
+    yield f"ssh -F {server.hosts_config(ADDRESSES)}"
+    server.stop()
 
 
-def _inventory(path: Path, servers: list[Sshd], roots: dict[str, Path]) -> Path:
+def _inventory(path: Path, roots: dict[str, Path]) -> Path:
     lines = [
-        f"{name} ansible_host=127.0.0.1 ansible_port={s.port} ansible_user=root colibri_root={roots[name]}"
-        for name, s in zip(roots, servers * 2)
+        f"{name} ansible_host={ADDRESSES[i % len(ADDRESSES)]} colibri_root={root}"
+        for i, (name, root) in enumerate(roots.items())
     ]
     path.write_text("[boards]\n" + "\n".join(lines) + "\n[boards:vars]\nansible_python_interpreter=/usr/bin/python3\n")
     return path
 
 
-def _deploy(bundle: Path, inventory: Path, servers: list[Sshd]) -> subprocess.CompletedProcess:
+def _deploy(bundle: Path, inventory: Path, ssh_command: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "generator.cli", "deploy", str(bundle), "--inventory", str(inventory), "--json"],
         cwd=REPO,
         capture_output=True,
         text=True,
-        env=dict(os.environ, COLIBRI_SSH_COMMAND=servers[0].ssh_command()),
+        env=dict(os.environ, COLIBRI_SSH_COMMAND=ssh_command),
         timeout=300,
     )
 
 
-def test_deploy_ships_each_board_its_own_ranks_image_and_a_damaged_one_rolls_back(ranked, boards, tmp_path):
-    """One ansible-playbook run (about 40 s) to two boards; then the rank check of the board's slot
-    script on a damaged image, run here as the playbook runs it on the board."""
+def test_deploy_ships_each_board_its_own_ranks_image_and_a_damaged_one_rolls_back(
+    ranked, boards, tmp_path, monkeypatch
+):
+    """One ansible-playbook run (about 40 s) to two boards, every board switched after the ranks'
+    joint self-test over the new slots; then the rank check of the board's slot script on a damaged
+    image, run here as the playbook runs it on the board."""
     roots = {"board-a": tmp_path / "a", "board-b": tmp_path / "b"}  # by name: board-a rank 0, board-b rank 1
-    inventory = _inventory(tmp_path / "inventory.ini", boards, roots)
+    inventory = _inventory(tmp_path / "inventory.ini", roots)
     payload = payload_of(ranked.bundle)
     done = _deploy(ranked.bundle, inventory, boards)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -181,6 +186,8 @@ def test_deploy_ships_each_board_its_own_ranks_image_and_a_damaged_one_rolls_bac
     for rank, name in enumerate(roots):
         assert hosts[name]["outcome"] == "pass" and hosts[name]["current"] == payload.slot, hosts
         assert hosts[name]["detail"].startswith(f"rank check rank={rank} ranks=2 result=pass"), hosts
+        assert hosts[name]["detail"].endswith("; the ranks' joint self-test PASS over 2 hosts"), hosts
+        assert hosts[name]["selftest"]["pass"] is True, hosts
         held = roots[name] / "current"
         assert os.readlink(held) == f"slots/{payload.slot}"
         assert (held / "weights.img").read_bytes() == (ranked.bundle / f"generated/weights.rank{rank}.img").read_bytes()
@@ -188,20 +195,77 @@ def test_deploy_ships_each_board_its_own_ranks_image_and_a_damaged_one_rolls_bac
 
     # Rank 1's next slot with a damaged image, and one given rank 0's image: each removed, current kept.
     for name, image in (("damaged", _damaged(payload.rank_weights[1], tmp_path)), ("swapped", payload.rank_weights[0])):
-        incoming = tmp_path / name
-        incoming.mkdir()
-        shutil.copyfile(payload.program, incoming / "firmware")
-        shutil.copyfile(image, incoming / "weights.img")
-        (incoming / "rank").write_text(payload.rank_files[1])
-        slot = subprocess.run(
-            ["sh", str(SLOT_SCRIPT), "deploy", str(roots["board-b"]), name, str(incoming)],
-            capture_output=True,
-            text=True,
-        )
+        slot = _slot_script("deploy", roots["board-b"], name, _incoming(tmp_path / name, payload, image, 1))
         assert slot.returncode == 1 and "rolled back" in slot.stdout, slot.stdout + slot.stderr
         assert "rank check rank=1 ranks=2 result=fail: weights.img is not rank 1's image" in slot.stdout
         assert os.readlink(roots["board-b"] / "current") == f"slots/{payload.slot}"
         assert not (roots["board-b"] / "slots" / name).exists()
+
+    # The next release staged on both boards as the playbook stages it (slots checked, current kept),
+    # rank 1's image damaged with the manifest naming its SHA-256: each board's check passes, and
+    # rank 1's firmware refuses its image when the ranks self-test together: no board switches.
+    bad = payload_of(_release_whose_rank_1_only_the_ranks_refuse(ranked, tmp_path))
+    staged = []
+    for rank, (name, root) in enumerate(roots.items()):
+        slot = _slot_script(
+            "stage", root, bad.slot, _incoming(tmp_path / f"staged-{name}", bad, bad.rank_weights[rank], rank)
+        )
+        assert slot.returncode == 0 and f"staged={bad.slot} current={payload.slot}" in slot.stdout, slot.stdout
+        staged.append(outcome_of(name, bad.slot, slot.returncode, slot.stdout))
+    monkeypatch.setenv("COLIBRI_SSH_COMMAND", boards)  # deploy's last step in this process, over the boards' ssh
+    ranks = rank_hosts(inventory, bad, dict(os.environ), None)
+    for outcome in switch_together(ranks, bad, staged):
+        assert (outcome.outcome, outcome.current) == ("rolled back", payload.slot), outcome
+        assert outcome.detail.startswith("the ranks' joint self-test over 2 hosts failed: rank 1: weight image "), (
+            outcome
+        )
+        assert outcome.detail.endswith("(rank 1 is host board-b); no host switched"), outcome.detail
+    for root in roots.values():
+        assert os.readlink(root / "current") == f"slots/{payload.slot}" and not (root / "slots" / bad.slot).exists()
+
+    # A host whose slot does not stage (here rank 1's: its check fails) switches no host either.
+    good = _slot_script(
+        "stage", roots["board-a"], bad.slot, _incoming(tmp_path / "again-a", bad, bad.rank_weights[0], 0)
+    )
+    refused = _slot_script(
+        "stage", roots["board-b"], bad.slot, _incoming(tmp_path / "again-b", bad, payload.rank_weights[0], 1)
+    )
+    staged = [outcome_of(name, bad.slot, s.returncode, s.stdout) for name, s in zip(roots, (good, refused))]
+    for outcome in switch_together(ranks, bad, staged):
+        assert (outcome.outcome, outcome.current) == ("rolled back", payload.slot), outcome
+        assert outcome.detail.startswith("rank 1's host board-b did not take its slot (rolled back: rank check"), (
+            outcome
+        )
+    assert not (roots["board-a"] / "slots" / bad.slot).exists()
+
+
+def _incoming(where: Path, payload, image: Path, rank: int) -> Path:
+    """A rank's files as the playbook leaves them on its board for colibri-slot."""
+    where.mkdir()
+    shutil.copyfile(payload.program, where / "firmware")
+    shutil.copyfile(image, where / "weights.img")
+    (where / "rank").write_text(payload.rank_files[rank])
+    return where
+
+
+def _slot_script(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(SLOT_SCRIPT), *map(str, args)], capture_output=True, text=True)
+
+
+def _release_whose_rank_1_only_the_ranks_refuse(ranked, where: Path) -> Path:
+    """A copy of the release under another name (another slot), rank 1's image with its first
+    tensor's bytes damaged (its header and directory intact) and the manifest naming its SHA-256."""
+    bundle = copy_release(ranked, where / "rank-1-damaged")
+    image = bundle / "generated" / "weights.rank1.img"
+    blob = image.read_bytes()
+    image.write_bytes(tensor_edited(blob, 0, tensor_entry(blob, 0)[4] // 2, fix_directory=False))
+
+    def edit(manifest: dict) -> None:
+        manifest["name"] += "-rank-1-damaged"
+        manifest["ranks"]["images"][1]["sha256"] = sha256_file(image)
+
+    _rewrite_manifest(bundle, edit)
+    return bundle
 
 
 def _damaged(image: Path, where: Path) -> Path:
@@ -213,7 +277,7 @@ def _damaged(image: Path, where: Path) -> Path:
 
 def test_deploy_refuses_an_inventory_of_another_host_count_before_copying_anything(ranked, boards, tmp_path):
     roots = {f"board-{c}": tmp_path / c for c in "abc"}
-    inventory = _inventory(tmp_path / "three.ini", boards, roots)
+    inventory = _inventory(tmp_path / "three.ini", roots)
     done = _deploy(ranked.bundle, inventory, boards)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "names 3 hosts" in done.stderr and "made for 2 ranks" in done.stderr

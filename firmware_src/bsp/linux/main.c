@@ -134,16 +134,18 @@ static int serve(int argc, char **argv)
     if (status < 0) {
         return 1;
     }
-    if (status != 0 && req.selftest) {
-        colibri_selftest(status, NULL, 1); /* a refused image: the self-test's FAIL says why */
-    } else if (status != 0) {
-        colibri_report_error(status, colibri_status_message(status));
-        if (ranks_count() > 1) { /* the error frame is rank 0's alone: every rank says which image it refused */
+    if (status == 0) {
+        status = serve_requests(line, (int)sizeof line, len, &req, prompt);
+    } else {
+        if (req.selftest) {
+            colibri_selftest(status, NULL, 1); /* a refused image: the self-test's FAIL says why */
+        } else {
+            colibri_report_error(status, colibri_status_message(status));
+        }
+        if (ranks_count() > 1) { /* the frames are rank 0's alone: every rank says which image it refused */
             fprintf(stderr, "colibri: error: rank %d: weight image %s: %s\n", ranks_rank(), opt.weights_path,
                     colibri_status_message(status));
         }
-    } else {
-        status = serve_requests(line, (int)sizeof line, len, &req, prompt);
     }
     logits_out_close();
     release_weights(&opt, &w);

@@ -79,6 +79,19 @@ void ranks_missing_rows(int rows, int begin, int end)
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+void ranks_fail(int code, const char *why)
+{
+    if (n_ranks == 1) {
+        return;
+    }
+    char host[MPI_MAX_PROCESSOR_NAME];
+    int len = 0;
+    MPI_Get_processor_name(host, &len);
+    fprintf(stderr, "colibri: error: rank %d on host %.*s: error %d: %s\n", rank, len, host, code, why);
+    fflush(stdout); /* rank 0's error frame before the abort ends it */
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 int ranks_leader(void)
 {
     return rank == 0;

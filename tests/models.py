@@ -134,6 +134,23 @@ ORACLE_CONFIGS = {
             tie_word_embeddings=False,
         ),
     ),
+    # qwen3_qknorm's per-head q/k norms with 8 query heads over 4 KV groups of head_dim 64: the
+    # KV groups go round 2 and 4 MPI ranks (attention split by KV group, tests/device/test_mpi_ranks.py).
+    "qwen3_qknorm_kv4": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            vocab_size=160,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=64,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+    ),
     # Gemma 3: 5 sliding layers (window 4) + 1 global, each kind with its own RoPE (global scaled),
     # head_dim 32 independent of hidden/heads, query_pre_attn_scalar, both softcaps, vocab 262.
     "gemma3_text": (

@@ -23,7 +23,7 @@ from generator.compile import image_format as fmt
 from generator.device.hosts import hosts_for
 from generator.device.links import Firmware, LinkOptions
 from generator.device.runner import run_firmware
-from generator.device.session import RunRequest, cache_stats
+from generator.device.session import RunRequest, RunResult, cache_stats
 from generator.errors import ColibriError
 from generator.numerics.sampling import SamplingParams
 
@@ -152,6 +152,25 @@ def test_each_rank_keeps_only_its_kv_groups_cache(ranks, builder, checkpoints, c
     # keys and values (2) of binary16 (2 bytes), every layer, every position, 4 / N KV heads each
     share = 2 * 2 * c["num_hidden_layers"] * 64 * c["num_key_value_heads"] // ranks * c["head_dim"]
     assert [s["kv_cache_bytes"] for s in shares] == [share] * ranks
+
+
+@building
+@pytest.mark.parametrize("step", [0, 2])  # step 0: a prompt batch's last token; step 2: a decode pass
+def test_the_checkpoints_of_ranks_split_by_kv_group_are_the_single_boards(step, builder, checkpoints):
+    """verify's replay on 2 ranks of the dense model (its attention split by KV group): each rank
+    computes its heads' q, k and v only, yet every checkpoint, q, k, v and their RoPE'd rows among
+    them, hashes the single board's whole row (each gathered before it is hashed), so a replay
+    names the same layer and operation as on one board."""
+    from generator.verify_localise import localise_step
+
+    def replay(request: RunRequest) -> RunResult:
+        return run_ranks(builder, checkpoints(MODELS["dense"]), "localhost:2", request)[3]
+
+    request = RunRequest(PROMPT, 3, stop_at_eos=False)
+    _, art, plan = builder.build(checkpoints(MODELS["dense"]), "q8_0", 64, "host-mpi", ranks=2)
+    loc = localise_step(plan, art.weights, request, step, None, replay)
+    assert all(pair.equal for pair in loc.checkpoints), [(p.layer, p.op) for p in loc.checkpoints if not p.equal]
+    assert {"q", "k", "v", "q_rope", "k_rope", "attention"} <= {pair.op for pair in loc.checkpoints}
 
 
 @building

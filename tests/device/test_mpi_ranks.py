@@ -316,7 +316,8 @@ def test_the_bytes_on_the_wire_per_token_are_the_gathered_rows(ranks, builder, c
     docs/several-boards.md): the dense model's 4 KV groups go round 2 and 4 ranks, so attention's
     q, k and v are not gathered but its heads' outputs, once; plus headers (TCP/IP's and MPI's:
     under 300 bytes per message, at most one message from each rank to each other per gather: 5 a
-    layer). Shares the dense builds; two runs of about a second each."""
+    layer), which is less than q, k and v's rows alone took when they were gathered. Shares the
+    dense builds; two runs of about a second each."""
     counter = tmp_path / "counted"
     counter.write_text(COUNTED)
     counter.chmod(0o755)
@@ -335,6 +336,8 @@ def test_the_bytes_on_the_wire_per_token_are_the_gathered_rows(ranks, builder, c
     config = json.loads((model / "config.json").read_text())
     messages = ranks * (ranks - 1) * (5 * config["num_hidden_layers"] + 1)
     assert payload <= per_token <= payload + 300 * messages, (per_token, payload)
+    # less, headers and all, than the rows alone when q, k and v were gathered (7 gathers a layer)
+    assert per_token < (ranks - 1) * 4 * gathered_floats_per_token(model, split_by_kv_group=False), per_token
 
 
 @building

@@ -448,7 +448,8 @@ def rank_lines(rep: MemoryReport) -> list[str]:
                 f"(fixed {share.fixed_bytes:,} B)"
             )
         lines.append(
-            f"    rank {share.rank:<3} weight image {share.image_bytes:>14,} B  memory {share.memory_bytes:>14,} B{held}"
+            f"    rank {share.rank:<3} weight image {share.image_bytes:>14,} B  KV cache {share.kv_cache_bytes:>12,} B  "
+            f"memory {share.memory_bytes:>14,} B{held}"
         )
     return lines
 

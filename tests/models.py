@@ -44,6 +44,16 @@ GRANITE_HYBRID_LAYERS = dict(
     tie_word_embeddings=False,
 )
 
+# Qwen3's tiny shape (q/k norms per head), shared by "qwen3_qknorm" and "qwen3_qknorm_kv4".
+QWEN3_TINY = dict(
+    vocab_size=160,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+)
+
 ORACLE_CONFIGS = {
     # GQA 2:1, head_dim 48, vocab 250, untied, linear RoPE scaling.
     "llama_gqa_linear": (
@@ -122,17 +132,14 @@ ORACLE_CONFIGS = {
     "qwen3_qknorm": (
         "Qwen3Config",
         "Qwen3ForCausalLM",
-        dict(
-            vocab_size=160,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            max_position_embeddings=128,
-            tie_word_embeddings=False,
-        ),
+        dict(QWEN3_TINY, num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    ),
+    # qwen3_qknorm's per-head q/k norms with 8 query heads over 4 KV groups of head_dim 64: the
+    # KV groups go round 2 and 4 MPI ranks (attention split by KV group, tests/device/test_mpi_ranks.py).
+    "qwen3_qknorm_kv4": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(QWEN3_TINY, num_attention_heads=8, num_key_value_heads=4, head_dim=64),
     ),
     # Gemma 3: 5 sliding layers (window 4) + 1 global, each kind with its own RoPE (global scaled),
     # head_dim 32 independent of hidden/heads, query_pre_attn_scalar, both softcaps, vocab 262.

@@ -34,9 +34,10 @@ typedef struct {
     int q_dim;    /* a token's queries (and outputs): N_HEADS x hd */
     int kv_dim;   /* a token's keys (or values): kv_heads x hd */
     int cache;    /* the layer whose part of the arenas holds the keys and values */
+    int g_first;  /* the first KV head this rank keeps (a layer split by KV group over ranks; else 0) */
 } Geometry;
 
-static Geometry geometry(int layer)
+static Geometry geometry(int layer, int g_first)
 {
     Geometry g;
     g.hd = colibri_layer_head_dim[layer];
@@ -45,22 +46,26 @@ static Geometry geometry(int layer)
     g.q_dim = COLIBRI_N_HEADS * g.hd;
     g.kv_dim = g.kv_heads * g.hd;
     g.cache = colibri_layer_kv_source[layer];
+    g.g_first = g_first;
     return g;
 }
 
 /* Where a layer's cache keeps KV head g's key (or value) of ring slot `slot`, in values: a layer's
  * part of each arena is [KV head][slot][head width], so one KV head's positions are one contiguous
- * stream (read once per token, front to back, as the weights are). */
+ * stream (read once per token, front to back, as the weights are). A rank of a layer split by KV
+ * group keeps its own KV heads only, from g_first. */
 static int64_t kv_at(const Geometry *geo, int g, int slot)
 {
-    return colibri_kv_offset[geo->cache] + ((int64_t)g * colibri_kv_slots[geo->cache] + slot) * geo->hd;
+    return colibri_kv_offset[geo->cache] + ((int64_t)(g - geo->g_first) * colibri_kv_slots[geo->cache] + slot) * geo->hd;
 }
 
-/* One token's KV_DIM keys or values into the cache at ring slot `slot`, rounded to the cache's type
- * (kernels.h: kernel_round_f16, kernel_round_q8_0; head widths are whole q8_0 blocks). */
-static void store_row(ColibriKvValue *cache, uint16_t *scales, const Geometry *geo, int slot, const float *x)
+/* KV heads g_begin .. g_end - 1 of one token's KV_DIM keys or values into the cache at ring slot
+ * `slot`, rounded to the cache's type (kernels.h: kernel_round_f16, kernel_round_q8_0; head widths
+ * are whole q8_0 blocks). */
+static void store_row(ColibriKvValue *cache, uint16_t *scales, const Geometry *geo, int slot, const float *x,
+                      int g_begin, int g_end)
 {
-    for (int g = 0; g < geo->kv_heads; g++) {
+    for (int g = g_begin; g < g_end; g++) {
         const int64_t at = kv_at(geo, g, slot);
         const float *head = x + (int64_t)g * geo->hd;
 #if COLIBRI_KV_TYPE == COLIBRI_KV_F32
@@ -145,6 +150,7 @@ typedef struct {
     const float *q;     /* [n][geo.q_dim] their queries */
     float *out;         /* [n][geo.q_dim] their attention outputs */
     const float *sinks; /* [N_HEADS] each head's sink logit (gpt-oss), or NULL */
+    int g_begin;        /* the first KV head taken (this rank's first, on a layer split by KV group) */
 } AttentionJob;
 
 /* Scores (in_keys) or value sums over the positions the block sees, tile after tile of KV head g:
@@ -199,14 +205,14 @@ static void over_tiles(const AttentionJob *j, int g, int in_keys)
     }
 }
 
-/* KV heads g_begin .. g_end - 1 of a block: every score, the softmax of each (token, head), then
- * the weighted sums of the values. */
-static void attend_kv_heads(void *ctx, int g_begin, int g_end)
+/* The job's KV heads from - to - 1 (counted from its g_begin) of a block: every score, the softmax
+ * of each (token, head), then the weighted sums of the values. */
+static void attend_kv_heads(void *ctx, int from, int to)
 {
     const AttentionJob *j = ctx;
     const int32_t window = colibri_layer_window[j->layer];
     const int hd = j->geo.hd, group = j->geo.group;
-    for (int g = g_begin; g < g_end; g++) {
+    for (int g = j->g_begin + from; g < j->g_begin + to; g++) {
         over_tiles(j, g, 1);
         for (int a = 0; a < j->n; a++) {
             const int32_t p = j->pos + a;
@@ -229,9 +235,10 @@ static void attend_kv_heads(void *ctx, int g_begin, int g_end)
     }
 }
 
-void attention_layer(const ColibriBuffers *b, int layer, int32_t pos, int n, const float *sinks)
+void attention_layer(const ColibriBuffers *b, int layer, int32_t pos, int n, const float *sinks, int g_begin,
+                     int g_end)
 {
-    const Geometry geo = geometry(layer);
+    const Geometry geo = geometry(layer, g_begin);
     const int32_t slots = colibri_kv_slots[geo.cache];
     /* A sliding layer whose ring holds only its window attends token by token, right after each
      * token's keys and values enter: a block's later keys would overwrite positions its earlier
@@ -241,16 +248,16 @@ void attention_layer(const ColibriBuffers *b, int layer, int32_t pos, int n, con
         const int m = n - t0 < block ? n - t0 : block;
         for (int t = t0; geo.cache == layer && t < t0 + m; t++) {
             const int slot = (pos + t) % slots;
-            store_row(colibri_key_cache, KEY_SCALES, &geo, slot, b->k + (int64_t)t * geo.kv_dim);
-            store_row(colibri_value_cache, VALUE_SCALES, &geo, slot, b->v + (int64_t)t * geo.kv_dim);
+            store_row(colibri_key_cache, KEY_SCALES, &geo, slot, b->k + (int64_t)t * geo.kv_dim, g_begin, g_end);
+            store_row(colibri_value_cache, VALUE_SCALES, &geo, slot, b->v + (int64_t)t * geo.kv_dim, g_begin, g_end);
         }
         AttentionJob job = {b, layer, geo, pos + t0, m, b->q + (int64_t)t0 * geo.q_dim,
-                            b->attn_out + (int64_t)t0 * geo.q_dim, sinks};
-        const int64_t macs = 2 * (int64_t)COLIBRI_N_HEADS * (pos + t0 + m) * geo.hd * m;
+                            b->attn_out + (int64_t)t0 * geo.q_dim, sinks, g_begin};
+        const int64_t macs = 2 * (int64_t)geo.group * (g_end - g_begin) * (pos + t0 + m) * geo.hd * m;
         if (macs < ATTENTION_MIN_MACS) {
-            attend_kv_heads(&job, 0, geo.kv_heads);
+            attend_kv_heads(&job, 0, g_end - g_begin);
         } else {
-            parallel_for(attend_kv_heads, &job, geo.kv_heads);
+            parallel_for(attend_kv_heads, &job, g_end - g_begin);
         }
     }
 }

@@ -8,9 +8,12 @@
 #include "model.h"
 
 /* Layer `layer`, n tokens at positions pos .. pos + n - 1, their queries in b->q and keys in b->k
- * (RoPE applied), values in b->v: the keys and values enter the cache, and b->attn_out receives
- * every head's output, each token seeing exactly the positions up to its own (all of them, or the
- * layer's sliding window). sinks: [N_HEADS] each head's sink logit (gpt-oss), or NULL. */
-void attention_layer(const ColibriBuffers *b, int layer, int32_t pos, int n, const float *sinks);
+ * (RoPE applied), values in b->v: the keys and values of KV heads g_begin .. g_end - 1 enter the
+ * cache, and b->attn_out receives the output of every query head of those KV heads, each token
+ * seeing exactly the positions up to its own (all of them, or the layer's sliding window). Every
+ * KV head on a single board; a rank's own on a layer split by KV group (runtime/ranks.h), whose
+ * cache holds its KV heads only. sinks: [N_HEADS] each head's sink logit (gpt-oss), or NULL. */
+void attention_layer(const ColibriBuffers *b, int layer, int32_t pos, int n, const float *sinks, int g_begin,
+                     int g_end);
 
 #endif

@@ -154,10 +154,10 @@ static void matmul_rows(void *ctx, int begin, int end)
 /* Below this many multiply-adds a product is not worth waking the other threads for. */
 #define PARALLEL_MIN_MACS 32768
 
-void matmul(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows)
+/* Rows [begin, end) of a product of `rows` rows, each at its place in out (a token's rows `rows`
+ * apart), split over the threads. */
+static void product_rows(float *out, const MatmulInput *in, const ColibriMatrix *w, int rows, int begin, int end)
 {
-    int begin, end; /* this rank's rows (runtime/ranks.h): all of them on a single board */
-    ranks_rows(rows, &begin, &end);
     if (w->rows_held != 0 && end > begin && (begin < w->first_row || end > w->first_row + w->rows_held)) {
         ranks_missing_rows(rows, begin, end);
     }
@@ -167,15 +167,36 @@ void matmul(float *out, const MatmulInput *in, const ColibriMatrix *w, const flo
     } else {
         parallel_for(matmul_rows, &job, end - begin);
     }
-    ranks_gather_rows(out, in->n_tok, rows);
-    if (bias != NULL) {
-        for (int t = 0; t < in->n_tok; t++) {
-            float *o = out + (int64_t)t * rows;
-            for (int i = 0; i < rows; i++) {
-                o[i] = o[i] + bias[i];
-            }
+}
+
+/* out[i] += bias[i] for rows [begin, end) of each token's `rows`. */
+static void add_bias(float *out, const float *bias, int n_tok, int rows, int begin, int end)
+{
+    if (bias == NULL) {
+        return;
+    }
+    for (int t = 0; t < n_tok; t++) {
+        float *o = out + (int64_t)t * rows;
+        for (int i = begin; i < end; i++) {
+            o[i] = o[i] + bias[i];
         }
     }
+}
+
+void matmul(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows)
+{
+    int begin, end; /* this rank's rows (runtime/ranks.h): all of them on a single board */
+    ranks_rows(rows, &begin, &end);
+    product_rows(out, in, w, rows, begin, end);
+    ranks_gather_rows(out, in->n_tok, rows);
+    add_bias(out, bias, in->n_tok, rows, 0, rows);
+}
+
+void matmul_span(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows, int begin,
+                 int end)
+{
+    product_rows(out, in, w, rows, begin, end);
+    add_bias(out, bias, in->n_tok, rows, begin, end);
 }
 
 void matmul_rows_of(float *out, const MatmulInput *in, const ColibriMatrix *w, int first, int rows)

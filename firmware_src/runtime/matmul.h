@@ -29,6 +29,11 @@ MatmulInput matmul_input(const ColibriBuffers *b, const float *x, int n_tok, int
  * are not whole blocks), so the product picks its kernel by the matrix's element type. */
 void matmul(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows);
 
+/* Rows [begin, end) of matmul's product only, each at its place in out, on this rank alone (no
+ * other rank's rows, nothing gathered): an attention layer's heads of this rank's KV groups. */
+void matmul_span(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows, int begin,
+                 int end);
+
 /* Rows first .. first + rows - 1 of W times the input's rows (out[t] is `rows` long): one head's
  * block of a matrix that holds every head's (latent attention's wk_b, wv_b), the same bits as
  * those rows of matmul's product. */

@@ -255,24 +255,74 @@ static int layer_kv_dim(int layer)
     return colibri_layer_kv_heads[layer] * colibri_layer_head_dim[layer];
 }
 
+/* The heads an attention layer computes on this rank: all of them on a single board, and on a layer
+ * not split by KV group (its products split by rows and gathered, as every product); on a layer the
+ * plan splits by KV group (colibri_layer_kv_split, runtime/ranks.h), this rank's KV groups and
+ * their query heads only, its outputs gathered after attention. */
+typedef struct {
+    int split;          /* the layer is split by KV group over the ranks */
+    int kv_heads;       /* the layer's KV heads (groups) */
+    int g_begin, g_end; /* the KV heads computed here */
+    int h_begin, h_end; /* their query heads */
+} HeadSpan;
+
+static HeadSpan head_span(int layer)
+{
+    HeadSpan s;
+    s.split = colibri_layer_kv_split[layer];
+    s.kv_heads = colibri_layer_kv_heads[layer];
+    s.g_begin = 0;
+    s.g_end = s.kv_heads;
+    if (s.split) {
+        ranks_kv_groups(s.kv_heads, &s.g_begin, &s.g_end);
+    }
+    const int group = COLIBRI_N_HEADS / s.kv_heads;
+    s.h_begin = s.g_begin * group;
+    s.h_end = s.g_end * group;
+    return s;
+}
+
+/* A projection of a layer's heads (the queries, keys, values, output gate: `rows` rows in
+ * kv_heads equal blocks): the span's blocks alone on a layer split by KV group, else matmul's. */
+static void head_projection(float *out, const MatmulInput *in, const ColibriMatrix *w, const float *bias, int rows,
+                            const HeadSpan *s)
+{
+    if (!s->split) {
+        matmul(out, in, w, bias, rows);
+        return;
+    }
+    const int block = rows / s->kv_heads;
+    matmul_span(out, in, w, bias, rows, block * s->g_begin, block * s->g_end);
+}
+
+/* A checkpoint of rows of a layer's heads: on a layer split by KV group, each rank's heads gathered
+ * first (only while checkpoints are taken: verify's replay), so it hashes the single board's row. */
+static void checkpoint_heads(int layer, const char *op, float *rows, int n, int width, const HeadSpan *s)
+{
+    if (s->split && checkpoint_sink != 0) {
+        ranks_gather_groups(rows, n, width, s->kv_heads);
+    }
+    checkpoint_last(layer, op, rows, n, width);
+}
+
 /* Llama 4 (nothing for other models): on a RoPE layer with QK_L2_NORM the queries and keys
  * RMS-normalised per head without a weight, after RoPE (its table's half is 0 on a no-RoPE layer);
  * on a no-RoPE layer the queries times their temperature, log(1 + (pos + 1) / FLOOR) * SCALE + 1. */
-static void llama4_queries_keys(int layer, int32_t pos, float *q, float *k)
+static void llama4_queries_keys(int layer, int32_t pos, float *q, float *k, const HeadSpan *s)
 {
     const int hd = colibri_layer_head_dim[layer];
     if (colibri_layer_qk_l2_norm[layer]) {
-        for (int h = 0; h < COLIBRI_N_HEADS; h++) {
+        for (int h = s->h_begin; h < s->h_end; h++) {
             op_rmsnorm_unscaled(q + h * hd, q + h * hd, hd, COLIBRI_RMS_NORM_EPS);
         }
-        for (int h = 0; k != NULL && h < colibri_layer_kv_heads[layer]; h++) {
+        for (int h = s->g_begin; k != NULL && h < s->g_end; h++) {
             op_rmsnorm_unscaled(k + h * hd, k + h * hd, hd, COLIBRI_RMS_NORM_EPS);
         }
     }
 #if COLIBRI_ATTN_TEMPERATURE_FLOOR > 0
     if (colibri_layer_nope[layer]) {
         const float t = op_log((float)(1 + (pos + 1) / COLIBRI_ATTN_TEMPERATURE_FLOOR)) * COLIBRI_ATTN_TEMPERATURE_SCALE + 1.0f;
-        for (int i = 0; i < COLIBRI_N_HEADS * hd; i++) {
+        for (int i = s->h_begin * hd; i < s->h_end * hd; i++) {
             q[i] = q[i] * t;
         }
     }
@@ -281,10 +331,13 @@ static void llama4_queries_keys(int layer, int32_t pos, float *q, float *k)
 #endif
 }
 
-/* Queries, keys and values of one token at position pos: optional RMSNorm of the queries and keys
- * (per head, or with QK_NORM_WHOLE one over all the heads' queries and one over the keys), then RoPE (the layer's pairs: its table's row holds them first); with V_NORM the
- * values' unweighted RMSNorm (Gemma 4). k and v NULL: the queries only (a KV-sharing layer). */
-static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, float *q, float *k, float *v)
+/* Queries, keys and values of one token at position pos, the span's heads: optional RMSNorm of the
+ * queries and keys (per head, or with QK_NORM_WHOLE one over all the heads' queries and one over
+ * the keys: a layer the plan never splits by KV group), then RoPE (the layer's pairs: its table's
+ * row holds them first); with V_NORM the values' unweighted RMSNorm (Gemma 4). k and v NULL: the
+ * queries only (a KV-sharing layer). */
+static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, float *q, float *k, float *v,
+                         const HeadSpan *s)
 {
     const float eps = COLIBRI_RMS_NORM_EPS;
     const int hd = colibri_layer_head_dim[layer], half = colibri_layer_rope_half[layer];
@@ -297,14 +350,14 @@ static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, 
             op_rmsnorm(k, k, lw->k_norm, colibri_layer_kv_heads[layer] * hd, eps);
         }
     }
-    for (int h = 0; h < COLIBRI_N_HEADS; h++) {
+    for (int h = s->h_begin; h < s->h_end; h++) {
         float *qh = q + h * hd;
         if (!COLIBRI_QK_NORM_WHOLE && lw->q_norm != NULL) {
             op_rmsnorm(qh, qh, lw->q_norm, hd, eps);
         }
         op_rope(qh, cos, sin, half);
     }
-    for (int h = 0; k != NULL && h < colibri_layer_kv_heads[layer]; h++) {
+    for (int h = s->g_begin; k != NULL && h < s->g_end; h++) {
         float *kh = k + h * hd;
         if (!COLIBRI_QK_NORM_WHOLE && lw->k_norm != NULL) {
             op_rmsnorm(kh, kh, lw->k_norm, hd, eps);
@@ -314,7 +367,7 @@ static void position_qkv(const ColibriLayerWeights *lw, int layer, int32_t pos, 
             op_rmsnorm_unscaled(v + h * hd, v + h * hd, hd, eps);
         }
     }
-    llama4_queries_keys(layer, pos, q, k);
+    llama4_queries_keys(layer, pos, q, k, s);
 }
 
 /* x[t] += norm(proj[t]) (the norm only where the model has one) for each token of the batch. */
@@ -355,43 +408,54 @@ static void normalize(ColibriBuffers *b, const float *weight, const float *bias,
  * first, so a token sees exactly the positions up to its own), the output gate where the model has
  * one, and wo. A layer's widths are its own: Gemma 4's global layers have wider heads and fewer KV
  * heads. A Gemma 4 KV-sharing layer makes queries only and attends over its source's cache, which
- * that earlier layer has filled for these positions. */
+ * that earlier layer has filled for these positions. On a layer split by KV group over ranks, all
+ * of this up to the output projection is this rank's heads' (HeadSpan); their outputs are then
+ * gathered, once, and wo is split by rows as every product. */
 static void attention(ColibriBuffers *b, const ColibriLayerWeights *lw, int layer, int32_t pos, int n)
 {
     const int q_dim = COLIBRI_N_HEADS * colibri_layer_head_dim[layer], kv_dim = layer_kv_dim(layer);
     const int own_kv = colibri_layer_kv_source[layer] == layer;
+    const HeadSpan span = head_span(layer);
     const MatmulInput xn = matmul_input(b, b->xn, n, COLIBRI_DIM);
-    matmul(b->q, &xn, &lw->wq, lw->bq, q_dim);
-    checkpoint_last(layer, "q", b->q, n, q_dim);
+    head_projection(b->q, &xn, &lw->wq, lw->bq, q_dim, &span);
+    checkpoint_heads(layer, "q", b->q, n, q_dim, &span);
     if (own_kv) {
-        matmul(b->k, &xn, &lw->wk, lw->bk, kv_dim);
+        head_projection(b->k, &xn, &lw->wk, lw->bk, kv_dim, &span);
         if (colibri_layer_k_eq_v[layer]) { /* the values are the keys' projection, before its norm and RoPE */
             memcpy(b->v, b->k, (size_t)n * kv_dim * sizeof(float));
         } else {
-            matmul(b->v, &xn, &lw->wv, lw->bv, kv_dim);
+            head_projection(b->v, &xn, &lw->wv, lw->bv, kv_dim, &span);
         }
-        checkpoint_last(layer, "k", b->k, n, kv_dim);
-        checkpoint_last(layer, "v", b->v, n, kv_dim);
+        checkpoint_heads(layer, "k", b->k, n, kv_dim, &span);
+        checkpoint_heads(layer, "v", b->v, n, kv_dim, &span);
     }
 #if COLIBRI_ATTN_OUTPUT_GATE
-    matmul(b->q_gate, &xn, &lw->wq_gate, NULL, q_dim);
+    head_projection(b->q_gate, &xn, &lw->wq_gate, NULL, q_dim, &span);
 #endif
     for (int t = 0; t < n; t++) {
         float *q = b->q + (int64_t)t * q_dim;
         float *k = b->k + (int64_t)t * kv_dim;
         float *v = b->v + (int64_t)t * kv_dim;
-        position_qkv(lw, layer, pos + t, q, own_kv ? k : NULL, own_kv ? v : NULL);
+        position_qkv(lw, layer, pos + t, q, own_kv ? k : NULL, own_kv ? v : NULL, &span);
     }
-    checkpoint_last(layer, "q_rope", b->q, n, q_dim);
+    checkpoint_heads(layer, "q_rope", b->q, n, q_dim, &span);
     if (own_kv) {
-        checkpoint_last(layer, "k_rope", b->k, n, kv_dim);
+        checkpoint_heads(layer, "k_rope", b->k, n, kv_dim, &span);
     }
-    attention_layer(b, layer, pos, n, lw->sinks); /* runtime/attention.c: the cache, then attention */
+    /* runtime/attention.c: the span's keys and values into the cache, then its heads' attention */
+    attention_layer(b, layer, pos, n, lw->sinks, span.g_begin, span.g_end);
 #if COLIBRI_ATTN_OUTPUT_GATE
-    for (int64_t i = 0; i < (int64_t)n * q_dim; i++) {
-        b->attn_out[i] = b->attn_out[i] * op_sigmoid(b->q_gate[i]);
+    const int hd = colibri_layer_head_dim[layer];
+    for (int t = 0; t < n; t++) { /* the span's heads (every head but on a layer split by KV group) */
+        for (int i = span.h_begin * hd; i < span.h_end * hd; i++) {
+            const int64_t at = (int64_t)t * q_dim + i;
+            b->attn_out[at] = b->attn_out[at] * op_sigmoid(b->q_gate[at]);
+        }
     }
 #endif
+    if (span.split) {
+        ranks_gather_groups(b->attn_out, n, q_dim, span.kv_heads); /* every head's output on every rank */
+    }
     checkpoint_last(layer, "attention", b->attn_out, n, q_dim);
     const MatmulInput attn_out = matmul_input(b, b->attn_out, n, q_dim);
     matmul(b->proj, &attn_out, &lw->wo, lw->bo, COLIBRI_DIM);

@@ -1,11 +1,14 @@
 /* One model over several ranks (MPI processes, on one machine or several boards): ranks/mpi.c on
  * boards whose runner launches ranks, ranks/none.c (one rank, nothing shared) everywhere else.
  *
- * Every rank holds the whole state (the residual, the KV cache, the sampler) and runs the same
- * forward pass; the weight products are what is split. A dense matrix is split by output rows,
+ * Every rank holds the whole state (the residual, the sampler) and runs the same forward pass; the
+ * weight products are what is split. A dense matrix is split by output rows,
  * each row computed whole on one rank and gathered, so no sum changes order; a routed expert is
  * computed on the rank it lives on (expert % ranks), its weighted output gathered and summed in
- * the single board's order. So every rank ends each product with the single board's bits. Rank 0
+ * the single board's order. An attention layer the plan splits by KV group (model_def.h's
+ * colibri_layer_kv_split) is computed on the rank that owns the group: its heads' queries, keys
+ * and values, its part of the KV cache, its heads' attention; the heads' outputs are then
+ * gathered. So every rank ends each product with the single board's bits. Rank 0
  * alone reads requests (and shares each line) and writes frames; the others are silent. */
 #ifndef COLIBRI_RANKS_H
 #define COLIBRI_RANKS_H
@@ -44,6 +47,14 @@ void ranks_rows(int rows, int *begin, int *end);
 
 /* Every rank's rows into out (n_tok tokens of `rows` floats each), after each computed its own. */
 void ranks_gather_rows(float *out, int n_tok, int rows);
+
+/* This rank's KV groups [*begin, *end) of an attention layer of `groups` KV heads split by KV group:
+ * groups*r/N up to groups*(r+1)/N (all of them on a single board). */
+void ranks_kv_groups(int groups, int *begin, int *end);
+
+/* Every rank's heads into out (n_tok tokens of `rows` floats, `groups` equal blocks of rows each),
+ * after each computed the blocks of its own KV groups (ranks_kv_groups). */
+void ranks_gather_groups(float *out, int n_tok, int rows, int groups);
 
 /* On (1): products are computed whole by this rank (an expert where it lives); off (0): split. */
 void ranks_alone(int on);

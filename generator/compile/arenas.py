@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..model.spec import ModelSpec
 from ..numerics.quantize import QK
-from .layout import align_up
+from .layout import align_up, kv_heads_held
 
 # Attention reads the KV cache in tiles of KV_TILE positions of one KV head (widened to float32 in
 # scratch when the cache is f16 or q8_0), each tile once for every query head sharing that KV head
@@ -218,9 +218,19 @@ def scratch_arena(
     return _arena(items)
 
 
-def kv_layout(spec: ModelSpec, n_ctx: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+def layer_cache_dim(spec: ModelSpec, layer: int, kv_split: tuple[bool, ...] = (), ranks: int = 1) -> int:
+    """The values a layer's cache keeps per position (keys, or values): every KV head's, or on a
+    layer split by KV group over ranks (layout.kv_group_split) a rank's KV heads' only."""
+    if not kv_split or not kv_split[layer]:
+        return spec.layer_kv_dim(layer)
+    return kv_heads_held(spec, kv_split, ranks, layer) * spec.layer_head_dim(layer)
+
+
+def kv_layout(
+    spec: ModelSpec, n_ctx: int, kv_split: tuple[bool, ...] = (), ranks: int = 1
+) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """Per layer, the positions its KV cache holds and its first value in the K (or V) arena; and
-    the arena's length in values."""
+    the arena's length in values (a rank's, over ranks: layer_cache_dim)."""
     # Sliding-window layers keep only their window: position t lives in slot t % slots.
     # DeltaNet layers keep no keys or values: their state is the recurrent arena's.
     # Gemma 4's KV-sharing layers hold none either: they read their kv_source's (kv_offsets says where).
@@ -235,7 +245,7 @@ def kv_layout(spec: ModelSpec, n_ctx: int) -> tuple[tuple[int, ...], tuple[int, 
     kv_offsets, cursor = [], 0
     for i, slots in enumerate(kv_slots):
         kv_offsets.append(kv_offsets[spec.kv_source(i)] if spec.is_kv_consumer(i) else cursor)
-        cursor += slots * spec.layer_kv_dim(i)
+        cursor += slots * layer_cache_dim(spec, i, kv_split, ranks)
     return kv_slots, tuple(kv_offsets), cursor
 
 

@@ -372,8 +372,9 @@ def plan_as_ran(c: CacheConstants, ran: AutoRan) -> CachePlan:
 
 @dataclass(frozen=True)
 class RankShare:
-    """What one rank holds: its weight image (mapped) and the arenas every rank holds whole (KV
-    cache, scratch, tables), with the board's reserve: its memory. Under a budget that does not hold
+    """What one rank holds: its weight image (mapped) and its arenas (its KV cache: its KV groups'
+    part on layers split by KV group, the plan's kv_bytes being a rank's; the scratch and tables,
+    whole), with the board's reserve: its memory. Under a budget that does not hold
     it whole, the rank keeps its resident part and pages its own routed experts (e mod ranks)
     through slots, as one board does (runtime/expert_cache.c; model_data.c's colibri_rank_budgets
     carries fixed_bytes, memory_bytes and experts_per_layer, so the firmware computes the same slots)."""
@@ -389,6 +390,7 @@ class RankShare:
     slot_bytes: int
     paged_bytes: int = 0  # Gemma 4's per-layer input table: read through the mapping, never held
     budget: int = 0  # --memory-budget each rank is given (0: none)
+    kv_cache_bytes: int = 0  # its KV cache, in arena_bytes: its KV groups' only on layers split by KV group
 
     @property
     def memory_bytes(self) -> int:
@@ -430,6 +432,7 @@ class RankShare:
             "slot_bytes": self.slot_bytes,
             "slots": self.slots,
             "routed_experts": self.max_slots,
+            "kv_cache_bytes": self.kv_cache_bytes,
         }
 
 
@@ -443,7 +446,8 @@ def rank_shares(plan, reserve_bytes: int, budget: int = 0) -> tuple[RankShare, .
     # What every rank shares: the arenas, the reserve, the cache's shape.
     common = dict(arena_bytes=arenas, reserve_bytes=reserve_bytes, n_moe_layers=c.n_moe_layers,
                   experts_per_token=c.experts_per_token, slot_bytes=c.slot_bytes,
-                  paged_bytes=table.nbytes if table else 0, budget=budget)  # fmt: skip
+                  paged_bytes=table.nbytes if table else 0, budget=budget,
+                  kv_cache_bytes=plan.kv_bytes)  # fmt: skip
     shares = []
     for r in range(plan.ranks):
         held = len(range(r, plan.spec.n_experts, plan.ranks)) if groups else 0

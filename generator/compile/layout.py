@@ -232,7 +232,9 @@ def image_layout(n_tensors: int, data_bytes: int) -> ImageLayout:
 # A build for N ranks writes one image per rank holding only what that rank computes (image.py
 # write_rank_image):
 # - a matrix whose product is split by output rows (split_tensors) holds the rank's rows
-#   [rows*r/N, rows*(r+1)/N) only: runtime/ranks/mpi.c's first_row, the same rule;
+#   [rows*r/N, rows*(r+1)/N) only: runtime/ranks/mpi.c's first_row, the same rule; but the
+#   queries', keys', values' (and output gate's) matrices of an attention layer split by KV group
+#   (kv_group_split) hold the rows of the rank's KV groups [G*r/N, G*(r+1)/N) only, whole heads;
 # - routed expert e lives on rank e mod N: a rank holds its own experts, one after another at the
 #   layer's stride (expert e at local place e div N); another rank's expert is a directory entry of
 #   no rows and no bytes;
@@ -288,6 +290,62 @@ def first_row(rows: int, rank: int, ranks: int) -> int:
     return rows * rank // ranks
 
 
+def kv_group_split(spec: ModelSpec, ranks: int) -> tuple[bool, ...]:
+    """Per layer: whether its attention is split by KV group over `ranks` ranks, the one place
+    that decides (the plan's kv_split, model_def.h's colibri_layer_kv_split, the rank images' rows).
+    Rank r then computes KV groups [G*r/N, G*(r+1)/N) of the layer's G (kv_groups): their query
+    heads', keys' and values' rows, their RoPE and per-head norms, their part of the KV cache and
+    their heads' attention, each the single board's; the heads' outputs are gathered once, before
+    the output projection. Every other layer keeps the split by rows (q, k and v each gathered,
+    attention on every rank over the whole cache), where a split by group would not pay or not
+    keep the bits:
+    - fewer KV groups than ranks (a rank would hold none);
+    - q/k norms over all the heads' queries (qk_norm_whole, OLMoE): each needs the whole vector;
+    - latent attention (the DeepSeek line, GLM-4.x): one latent row per position for every head;
+    - DeltaNet, short convolution and Mamba-2 layers: no KV cache, no heads;
+    - a KV-sharing layer (Gemma 4) follows its source, whose cache it reads."""
+
+    def splits(layer: int) -> bool:
+        return (
+            ranks > 1
+            and layer >= 0
+            and not spec.kv_lora_rank
+            and not (spec.qk_norm and spec.qk_norm_whole)
+            and not (spec.is_linear(layer) or spec.is_short_conv(layer) or spec.is_mamba(layer))
+            and spec.layer_kv_heads(layer) >= ranks
+        )
+
+    return tuple(splits(spec.kv_source(i)) for i in range(spec.n_layers))
+
+
+def kv_groups(groups: int, rank: int, ranks: int) -> tuple[int, int]:
+    """Rank `rank`'s KV groups [begin, end) of a layer split by KV group (ranks/mpi.c's ranks_kv_groups)."""
+    return first_row(groups, rank, ranks), first_row(groups, rank + 1, ranks)
+
+
+def kv_heads_held(spec: ModelSpec, split: tuple[bool, ...], ranks: int, layer: int) -> int:
+    """The KV heads a rank's cache keeps of a layer: its KV groups where the layer is split by KV
+    group (every rank's part of the arena sized for the most any rank holds, G/N rounded up, so
+    one firmware serves every rank), else all of them."""
+    heads = spec.layer_kv_heads(layer)
+    return -(-heads // ranks) if split[layer] else heads
+
+
+# A split layer's matrices of its heads: the rows of the rank's KV groups
+HEAD_MATRIX_PARTS = ("wq", "wq_gate", "wk", "wv")
+
+
+def rank_rows(spec: ModelSpec, split: tuple[bool, ...], t: TensorEntry, rank: int, ranks: int) -> tuple[int, int]:
+    """The rows [begin, end) rank `rank` holds and computes of a matrix split over the ranks: its
+    KV groups' heads for a head matrix of a layer split by KV group, else its even share of rows."""
+    layer, _, part = t.name.removeprefix("layers.").partition(".")
+    if t.name.startswith("layers.") and part in HEAD_MATRIX_PARTS and split[int(layer)]:
+        groups = spec.layer_kv_heads(int(layer))
+        begin, end = kv_groups(groups, rank, ranks)
+        return t.rows // groups * begin, t.rows // groups * end
+    return first_row(t.rows, rank, ranks), first_row(t.rows, rank + 1, ranks)
+
+
 def bound_as_matrix(name: str) -> bool:
     """Whether a tensor is a ColibriMatrix of the firmware's weights (emit.py's bindings)."""
     if not name.startswith("layers."):
@@ -336,6 +394,7 @@ def _rows_of(t: TensorEntry, begin: int, end: int, offset: int) -> TensorEntry:
 def rank_image(spec: ModelSpec, tensors: tuple[TensorEntry, ...], rank: int, ranks: int) -> RankImage:
     """Rank `rank` of `ranks`: what its image holds, and where (with one rank: the whole image)."""
     split = split_tensors(spec, tensors) if ranks > 1 else frozenset()
+    by_group = kv_group_split(spec, ranks)
     groups = {g.first_tensor: g for g in expert_groups(spec, tensors)}
     entries: list[TensorEntry] = []
     firsts: list[int] = []
@@ -360,9 +419,7 @@ def rank_image(spec: ModelSpec, tensors: tuple[TensorEntry, ...], rank: int, ran
             i += 3 * g.n_experts
             continue
         t = tensors[i]
-        begin, end = (
-            (first_row(t.rows, rank, ranks), first_row(t.rows, rank + 1, ranks)) if t.name in split else (0, t.rows)
-        )
+        begin, end = rank_rows(spec, by_group, t, rank, ranks) if t.name in split else (0, t.rows)
         held = _rows_of(t, begin, end, cursor) if t.name in split else replace(t, offset=cursor)
         entries.append(held)
         firsts.append(begin)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..boards import Board
@@ -79,9 +79,8 @@ def plan_checkpoint(
         dict(gguf_types) if quant == GGUF else None,
         held_types=held,
         kv_type=kv_type,
+        ranks=check_ranks(board, ranks),
     )
-    if ranks != 1:
-        plan = replace(plan, ranks=check_ranks(board, ranks))
     check_c_limits(checkpoint.spec, plan)
     return plan
 

@@ -30,6 +30,7 @@ from .arenas import (
     ATTENTION_BLOCK,
     Buffer,
     kv_layout,
+    layer_cache_dim,
     linear_state_layout,
     mamba2_state_floats,
     mamba2_state_summary,
@@ -38,7 +39,7 @@ from .arenas import (
     scratch_arena,
     short_conv_ring_rows,
 )
-from .layout import ImageLayout, TensorEntry, expanded_layout, image_layout, tensor_layout
+from .layout import ImageLayout, TensorEntry, expanded_layout, image_layout, kv_group_split, tensor_layout
 
 PLAN_FORMAT = 1
 
@@ -98,11 +99,18 @@ class Plan:
     kv_type: str = DEFAULT_KV_TYPE  # how the KV cache holds keys and values: f32, f16 or q8_0
     attention_block: int = 1  # query tokens attention takes at once (each key tile read once for all)
     ranks: int = 1  # MPI ranks the weights are split over: one weight image per rank (compile/layout.py rank_image)
+    # Per layer: its attention split by KV group over the ranks (layout.kv_group_split; all False
+    # on one rank): a rank's cache keeps its KV groups only (kv_offsets, kv_bytes are a rank's)
+    kv_split: tuple[bool, ...] = ()
+
+    def layer_cache_dim(self, layer: int) -> int:
+        """Keys (or values) a layer's cache keeps per position, on each rank."""
+        return layer_cache_dim(self.spec, layer, self.kv_split, self.ranks)
 
     @property
     def kv_values(self) -> int:
-        """Keys (or values) of all layers, in values: the K (or V) arena's length."""
-        return sum(slots * self.spec.layer_kv_dim(i) for i, slots in enumerate(self.kv_slots))
+        """Keys (or values) of all layers, in values: the K (or V) arena's length (a rank's)."""
+        return sum(slots * self.layer_cache_dim(i) for i, slots in enumerate(self.kv_slots))
 
     @property
     def kv_scales(self) -> int:
@@ -120,7 +128,7 @@ class Plan:
         """What one more position costs the cache over every layer that keeps it (keys and values,
         or latent attention's row, with their q8_0 scales)."""
         arenas = 1 if self.spec.kv_lora_rank else 2
-        widths = sum(self.spec.layer_kv_dim(i) for i, slots in enumerate(self.kv_slots) if slots)
+        widths = sum(self.layer_cache_dim(i) for i, slots in enumerate(self.kv_slots) if slots)
         return arenas * kv_arena_bytes(widths, self.kv_type)
 
     @property
@@ -331,6 +339,7 @@ class Plan:
                 "kv_heads": self.spec.n_kv_heads,
                 "head_dim": self.spec.head_dim,
                 "bytes_per_position": self.kv_bytes_per_position,
+                **({"split_by_kv_group": [i for i, s in enumerate(self.kv_split) if s]} if self.ranks > 1 else {}),
             },
             **(
                 {
@@ -445,8 +454,9 @@ def make_plan(
     held_types: dict[str, str] | None = None,
     speculate_tokens: int = 0,
     kv_type: str = DEFAULT_KV_TYPE,
+    ranks: int = 1,
 ) -> Plan:
-    """The plan for `spec` on `board`. Buffers of per-token activations have room for
+    """The plan for `spec` on `board` (over `ranks` MPI ranks: every size a rank's). Buffers of per-token activations have room for
     `prefill_batch` tokens: the prompt goes through the model that many tokens at a time, each
     weight row read once for all of them; decoding uses the first slot. With expand_q4, q4_0
     matrices stay q4_0 in the image (flash) and get int8 copies in a RAM arena at load."""
@@ -474,7 +484,8 @@ def make_plan(
     attention_block = min(prefill_batch, ATTENTION_BLOCK)
     q8_inputs = any(t.dtype in Q8_INPUT_TYPES for t in tensors)
     scratch, scratch_bytes = scratch_arena(spec, n_ctx, prefill_batch, spec_tokens, attention_block, q8_inputs, kv_type)
-    kv_slots, kv_offsets, kv_values = kv_layout(spec, n_ctx)
+    kv_split = kv_group_split(spec, ranks)
+    kv_slots, kv_offsets, kv_values = kv_layout(spec, n_ctx, kv_split, ranks)
     linear_offsets, linear_floats = linear_state_layout(spec, spec_tokens)
     ropes, rope_dims, layer_rope = rope_tables(spec)
     return Plan(
@@ -505,6 +516,8 @@ def make_plan(
         linear_state_bytes=linear_floats * 4,
         kv_type=kv_type,
         attention_block=attention_block,
+        ranks=ranks,
+        kv_split=kv_split,
     )
 
 
@@ -522,6 +535,7 @@ def replan(plan: Plan, n_ctx: int, kv_type: str | None = None, expand_q4: bool |
         dict(plan.held_types),
         plan.speculate_tokens,
         kv_type or plan.kv_type,
+        plan.ranks,
     )
 
 
@@ -556,8 +570,9 @@ def plan_for_board(
     gguf_types: dict[str, str] | None = None,
     held_types: dict[str, str] | None = None,
     kv_type: str | None = None,
+    ranks: int = 1,
 ) -> Plan:
-    """The plan for a board. q4_0 weights are expanded to int8 in RAM at load (the q8_0 kernels
+    """The plan for a board (over `ranks` MPI ranks). q4_0 weights are expanded to int8 in RAM at load (the q8_0 kernels
     then read them, with no nibbles to unpack per token) when the board has a region for expanded
     weights and everything still fits; otherwise the q4_0 kernels read them in place.
     gguf_types: for --quant gguf, each tensor's block type in the file; held_types: the tensors the
@@ -572,6 +587,7 @@ def plan_for_board(
         held_types=held_types,
         speculate_tokens=board.speculate_tokens,
         kv_type=kv_type or board.kv_type,
+        ranks=ranks,
     )
     if quant == "q4_0" and board.region_holding("expanded_weights") is not None:
         expanded = replan(plan, n_ctx, expand_q4=True)

@@ -24,13 +24,15 @@ from generator.compile import image_format as fmt
 from generator.device.hosts import hosts_for
 from generator.device.links import Firmware, LinkOptions
 from generator.device.runner import run_firmware
-from generator.device.session import RunRequest, cache_stats
+from generator.device.session import RunRequest, RunResult, cache_stats
 from generator.errors import ColibriError
 from generator.numerics.sampling import SamplingParams
 
-# The MoE: 6 experts, top 2, a gated shared expert; the hybrid: LFM2-MoE's short convolutions
-# beside attention layers, and its experts.
-MODELS = {"dense": "qwen3_qknorm", "moe": "qwen2_moe_shared", "hybrid": "lfm2_moe"}
+# The dense: per-head q/k norms, 8 query heads over 4 KV groups (its attention split by KV group
+# over 2 and 4 ranks); the MoE: 6 experts, top 2, a gated shared expert; the hybrid: LFM2-MoE's
+# short convolutions beside attention layers, and its experts (both 2 KV groups: split over 2
+# ranks, split by rows over 4).
+MODELS = {"dense": "qwen3_qknorm_kv4", "moe": "qwen2_moe_shared", "hybrid": "lfm2_moe"}
 PROMPT = [1, 17, 42, 99, 7]  # a batch of five: the gather of a batch's rows too
 SAMPLED = SamplingParams(0.9, top_k=40, top_p=0.95, seed=5)
 # Builds a dense, a MoE and a hybrid host-mpi firmware (one each, shared by every rank count and fault).
@@ -99,6 +101,77 @@ def test_each_rank_image_holds_only_its_share(ranks, builder, checkpoints):
             assert sum(rows) == entry["rows"] and max(rows) < entry["rows"], name
             # held once over the ranks: at most each rank's own padding after its quants more
             assert sum(h[name]["bytes"] for h in held) <= entry["bytes"] + ranks * fmt.ALIGN, name
+
+
+def test_attention_splits_by_kv_group_where_the_groups_go_round_the_ranks(checkpoints):
+    """Planned, nothing built: the dense model's 4 KV groups over 3 ranks fall 1, 1 and 2 to the
+    ranks (G*r/N), and each rank's image holds the q, k and v rows of its groups' heads, whole heads
+    (not the even split of rows, which would cut a head), and its cache keeps 2 groups' heads (the
+    most a rank holds: one firmware serves every rank). Where it does not pay or cannot keep the
+    bits, a layer keeps the split by rows: fewer groups than ranks, q/k norms over every head's
+    queries (OLMoE), latent attention, layers without heads (the hybrid's short convolutions)."""
+    from dataclasses import replace
+
+    from generator.boards import load_board
+    from generator.compile.layout import kv_group_split, rank_images
+    from generator.compile.pipeline import plan_checkpoint
+    from generator.model.load import load_model
+
+    board, model = load_board("host-mpi"), checkpoints(MODELS["dense"])
+    dense = load_model(model, load_tensors=False)
+    one, plan = (plan_checkpoint(dense, model, board, "q8_0", 64, ranks=n) for n in (1, 3))
+    spec, head = plan.spec, plan.spec.head_dim
+    assert plan.kv_split == (True, True) and one.kv_split == (False, False)
+    held = [{t.name: t for t in image.tensors} for image in rank_images(spec, plan.tensors, 3)]
+    groups = [1, 1, 2]
+    group_heads = spec.n_heads // spec.n_kv_heads
+    assert [h["layers.0.wq"].rows for h in held] == [g * group_heads * head for g in groups]
+    assert [h["layers.1.wk"].rows for h in held] == [g * head for g in groups]
+    assert [h["layers.1.wv"].rows for h in held] == [g * head for g in groups]
+    assert [h["layers.0.w_gate"].rows for h in held] == [32, 32, 32]  # the FFN: split by rows as before
+    assert plan.kv_bytes == one.kv_bytes * 2 // 4  # 2 of the 4 groups' heads
+
+    assert kv_group_split(spec, 4) == (True, True) and kv_group_split(spec, 5) == (False, False)
+    assert kv_group_split(replace(spec, qk_norm_whole=True), 2) == (False, False)
+    assert kv_group_split(replace(spec, kv_lora_rank=32), 2) == (False, False)
+    hybrid = load_model(checkpoints(MODELS["hybrid"]), load_tensors=False).spec
+    assert kv_group_split(hybrid, 2) == (False, True, False, True)  # convolution, attention, ...
+    assert kv_group_split(hybrid, 4) == (False,) * 4  # 2 KV groups cannot go round 4 ranks
+
+
+@building
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_each_rank_keeps_only_its_kv_groups_cache(ranks, builder, checkpoints, capsys):
+    """The decode test's dense builds (4 KV groups) over 2 and 4 ranks: report shows each rank's KV
+    cache as its groups' share, the single board's / N (checked against the linked firmware's
+    arena by report itself), in each rank's memory."""
+    model = checkpoints(MODELS["dense"])
+    builder.build(model, "q8_0", 64, "host-mpi", ranks=ranks)
+    out = builder.root / f"{model.name}-q8_0-64-host-mpi-kvf16-ranks{ranks}"
+    shares = main_json(capsys, "report", board="host-mpi", model=model, ctx=64, out=out, ranks=ranks)["ranks"]
+    c = json.loads((model / "config.json").read_text())
+    # keys and values (2) of binary16 (2 bytes), every layer, every position, 4 / N KV heads each
+    share = 2 * 2 * c["num_hidden_layers"] * 64 * c["num_key_value_heads"] // ranks * c["head_dim"]
+    assert [s["kv_cache_bytes"] for s in shares] == [share] * ranks
+
+
+@building
+@pytest.mark.parametrize("step", [0, 2])  # step 0: a prompt batch's last token; step 2: a decode pass
+def test_the_checkpoints_of_ranks_split_by_kv_group_are_the_single_boards(step, builder, checkpoints):
+    """verify's replay on 2 ranks of the dense model (its attention split by KV group): each rank
+    computes its heads' q, k and v only, yet every checkpoint, q, k, v and their RoPE'd rows among
+    them, hashes the single board's whole row (each gathered before it is hashed), so a replay
+    names the same layer and operation as on one board."""
+    from generator.verify_localise import localise_step
+
+    def replay(request: RunRequest) -> RunResult:
+        return run_ranks(builder, checkpoints(MODELS["dense"]), "localhost:2", request)[3]
+
+    request = RunRequest(PROMPT, 3, stop_at_eos=False)
+    _, art, plan = builder.build(checkpoints(MODELS["dense"]), "q8_0", 64, "host-mpi", ranks=2)
+    loc = localise_step(plan, art.weights, request, step, None, replay)
+    assert all(pair.equal for pair in loc.checkpoints), [(p.layer, p.op) for p in loc.checkpoints if not p.equal]
+    assert {"q", "k", "v", "q_rope", "k_rope", "attention"} <= {pair.op for pair in loc.checkpoints}
 
 
 @building
@@ -202,13 +275,15 @@ def test_aarch64_ranks_under_qemu_decode_the_single_boards_bits(builder, checkpo
     assert seen[0], "rank 1 was running while the tokens came"
 
 
-def gathered_floats_per_token(model: Path) -> int:
-    """The split rules' bytes on the wire, in floats: every product's output rows once per decoded
-    token (attention's q, k, v and o, the FFN's gate, up and down per layer, then the vocabulary),
-    each row computed on one rank and sent to the other."""
+def gathered_floats_per_token(model: Path, split_by_kv_group: bool) -> int:
+    """The split rules' bytes on the wire, in floats: every gathered row once per decoded token
+    (attention's q, k and v, or on a layer split by KV group its heads' outputs instead; then o,
+    the FFN's gate, up and down per layer; then the vocabulary), each row computed on one rank and
+    sent to the others."""
     c = json.loads((model / "config.json").read_text())
     q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
-    per_layer = q + 2 * kv + c["hidden_size"] + 2 * c["intermediate_size"] + c["hidden_size"]
+    attention = q if split_by_kv_group else q + 2 * kv
+    per_layer = attention + c["hidden_size"] + 2 * c["intermediate_size"] + c["hidden_size"]
     return c["num_hidden_layers"] * per_layer + c["vocab_size"]
 
 
@@ -237,11 +312,13 @@ def can_make_a_network_namespace() -> bool:
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_the_bytes_on_the_wire_per_token_are_the_gathered_rows(ranks, builder, checkpoints, tmp_path, monkeypatch):
     """N ranks over Open MPI's TCP transport in a network namespace of the test's own (root: CI
-    runs as root): per decoded token its loopback carries every product's output rows N - 1 times,
-    4 bytes each (each rank's rows reach every other rank: the cost model's bytes per token,
-    docs/several-boards.md), plus headers (TCP/IP's and MPI's: under 300 bytes per message, at most
-    one message from each rank to each other per gathered product). Shares the dense builds; two
-    runs of about a second each."""
+    runs as root): per decoded token its loopback carries every gathered row N - 1 times, 4 bytes
+    each (each rank's rows reach every other rank: the cost model's bytes per token,
+    docs/several-boards.md): the dense model's 4 KV groups go round 2 and 4 ranks, so attention's
+    q, k and v are not gathered but its heads' outputs, once; plus headers (TCP/IP's and MPI's:
+    under 300 bytes per message, at most one message from each rank to each other per gather: 5 a
+    layer), which is less than q, k and v's rows alone took when they were gathered. Shares the
+    dense builds; two runs of about a second each."""
     counter = tmp_path / "counted"
     counter.write_text(COUNTED)
     counter.chmod(0o755)
@@ -255,10 +332,13 @@ def test_the_bytes_on_the_wire_per_token_are_the_gathered_rows(ranks, builder, c
         assert_decodes_as_the_reference(plan, art, request, result)
         sent[steps] = loopback_bytes_sent(counter)
     per_token = (sent[10] - sent[2]) / 8
-    payload = (ranks - 1) * 4 * gathered_floats_per_token(model)
+    assert all(plan.kv_split)
+    payload = (ranks - 1) * 4 * gathered_floats_per_token(model, split_by_kv_group=True)
     config = json.loads((model / "config.json").read_text())
-    messages = ranks * (ranks - 1) * (7 * config["num_hidden_layers"] + 1)
+    messages = ranks * (ranks - 1) * (5 * config["num_hidden_layers"] + 1)
     assert payload <= per_token <= payload + 300 * messages, (per_token, payload)
+    # less, headers and all, than the rows alone when q, k and v were gathered (7 gathers a layer)
+    assert per_token < (ranks - 1) * 4 * gathered_floats_per_token(model, split_by_kv_group=False), per_token
 
 
 @building

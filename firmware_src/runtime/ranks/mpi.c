@@ -118,21 +118,28 @@ void ranks_rows(int rows, int *begin, int *end)
     *end = split ? first_row(rows, rank + 1) : rows;
 }
 
-void ranks_gather_rows(float *out, int n_tok, int rows)
+/* Rank r's first row of a product of `rows` rows split in blocks of `unit` rows: a block is never
+ * cut (unit 1: ranks_rows' rows; a head's rows: ranks_kv_groups' groups). */
+static int first_row_of_blocks(int rows, int unit, int r)
 {
-    if (alone || n_ranks == 1) {
-        return;
-    }
+    return first_row(rows / unit, r) * unit;
+}
+
+/* Every rank's rows of n_tok tokens (each `rows` floats) into out, each rank's rows its blocks of
+ * `unit` rows (first_row_of_blocks). */
+static void gather_blocks(float *out, int n_tok, int rows, int unit)
+{
     for (int r = 0; r < n_ranks; r++) {
-        counts[r] = (first_row(rows, r + 1) - first_row(rows, r)) * n_tok;
-        displs[r] = first_row(rows, r) * n_tok;
+        counts[r] = (first_row_of_blocks(rows, unit, r + 1) - first_row_of_blocks(rows, unit, r)) * n_tok;
+        displs[r] = first_row_of_blocks(rows, unit, r) * n_tok;
     }
     if (n_tok == 1) {
         MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
         return;
     }
     /* A batch: each token's rows are `rows` apart, so each rank's block is packed token by token. */
-    const int begin = first_row(rows, rank), mine = first_row(rows, rank + 1) - begin;
+    const int begin = first_row_of_blocks(rows, unit, rank);
+    const int mine = first_row_of_blocks(rows, unit, rank + 1) - begin;
     packed = grown(packed, &packed_floats, (size_t)mine * n_tok);
     gathered = grown(gathered, &gathered_floats, (size_t)rows * n_tok);
     for (int t = 0; t < n_tok; t++) {
@@ -140,11 +147,33 @@ void ranks_gather_rows(float *out, int n_tok, int rows)
     }
     MPI_Allgatherv(packed, mine * n_tok, MPI_FLOAT, gathered, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
     for (int r = 0; r < n_ranks; r++) {
-        const int first = first_row(rows, r), width = first_row(rows, r + 1) - first;
+        const int first = first_row_of_blocks(rows, unit, r);
+        const int width = first_row_of_blocks(rows, unit, r + 1) - first;
         for (int t = 0; t < n_tok; t++) {
             memcpy(out + (int64_t)t * rows + first, gathered + displs[r] + (int64_t)t * width,
                    (size_t)width * sizeof(float));
         }
+    }
+}
+
+void ranks_gather_rows(float *out, int n_tok, int rows)
+{
+    if (alone || n_ranks == 1) {
+        return;
+    }
+    gather_blocks(out, n_tok, rows, 1);
+}
+
+void ranks_kv_groups(int groups, int *begin, int *end)
+{
+    *begin = first_row(groups, rank);
+    *end = first_row(groups, rank + 1);
+}
+
+void ranks_gather_groups(float *out, int n_tok, int rows, int groups)
+{
+    if (n_ranks > 1) {
+        gather_blocks(out, n_tok, rows, rows / groups);
     }
 }
 

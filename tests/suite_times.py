@@ -10,14 +10,17 @@ test's line to FILE (tab-separated: test, wall seconds, CPU seconds)."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 FILES_SHOWN = 15
 FILE_SECONDS_KEY = "colibri/file-seconds"  # in pytest's cache (.pytest_cache): each file's last wall time
+SEED = Path(__file__).with_name("file_seconds.json")  # a whole run's, for a clean clone
 _CPU_PROPERTY = "cpu_seconds"
 
 
@@ -104,9 +107,12 @@ def file_order(config, items: list) -> list:
     """The files longest first, each file's tests in their own order: the parallel workers take
     whole files in this order (--dist loadfile), so the long ones start at once and the short ones
     fill the gaps at the end. A file's time is its last run's (pytest's cache); with none known
-    (a clean clone), the files holding slow tests come first."""
+    (a clean clone) a whole CI run's (tests/file_seconds.json, files of 5 s and more; remake it
+    from COLIBRI_TEST_TIMES's table when files change much), then the files holding slow tests."""
     cache = getattr(config, "cache", None)  # (none with -p no:cacheprovider)
     seconds = cache.get(FILE_SECONDS_KEY, {}) if cache is not None else {}
+    if not seconds:  # a clean clone (CI): the files' wall times of a whole run, committed
+        seconds = json.loads(SEED.read_text()) if SEED.is_file() else {}
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
 
     def key(item) -> tuple[float, bool]:

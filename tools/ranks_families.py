@@ -61,6 +61,7 @@ def main(argv: list[str]) -> int:
     print("| model | ranks | layers split by KV group | greedy | sampled |")
     print("|---|---|---|---|---|")
     failed = 0
+    (args.work / "builds").mkdir(parents=True, exist_ok=True)  # verify's --out must have its parent
     for name in args.models.split(","):
         model = args.work / "models" / name
         if not (model / "config.json").is_file():
